@@ -1,0 +1,57 @@
+#include "storage/db.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace latentd::storage {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(base ? base : "/tmp") + "/" + name;
+  std::string cmd = "rm -rf '" + dir + "'";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  return dir;
+}
+
+TEST(Db, FamiliesAreSeparateAndSurviveReopen) {
+  std::string dir = TempDir("db_families");
+  {
+    auto db = Db::Open(dir);
+    ASSERT_TRUE(db.ok()) << db.status();
+    ASSERT_TRUE((*db)->Put(Family::kJobs, "k", "job", /*sync=*/true).ok());
+    ASSERT_TRUE((*db)->Put(Family::kMeta, "k", "meta", /*sync=*/true).ok());
+  }
+  auto db = Db::Open(dir);
+  ASSERT_TRUE(db.ok()) << db.status();
+  EXPECT_EQ(*(*db)->Get(Family::kJobs, "k"), "job");
+  EXPECT_EQ(*(*db)->Get(Family::kMeta, "k"), "meta");
+  EXPECT_EQ((*db)->Get(Family::kChunks, "k").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(Db, BatchIsAtomicAcrossFamilies) {
+  std::string dir = TempDir("db_batch");
+  auto db = Db::Open(dir);
+  ASSERT_TRUE(db.ok());
+  rocksdb::WriteBatch batch;
+  batch.Put((*db)->handle(Family::kChunks), "c", std::string(100000, 'x'));
+  batch.Put((*db)->handle(Family::kMeta), "w", "1");
+  ASSERT_TRUE((*db)->Write(&batch, /*sync=*/true).ok());
+  EXPECT_EQ((*db)->Get(Family::kChunks, "c")->size(), 100000u);
+  ASSERT_TRUE((*db)->CompactAll().ok());
+  auto bytes = (*db)->BytesOnDisk();
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_GT(*bytes, 0u);
+}
+
+TEST(Db, OpenMissingWithoutCreateFails) {
+  DbOptions options;
+  options.create_if_missing = false;
+  auto db = Db::Open(TempDir("db_missing"), options);
+  EXPECT_FALSE(db.ok());
+}
+
+}  // namespace
+}  // namespace latentd::storage
