@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "proto/latentd/v1/jobs.pb.h"
 
 namespace latentd::engine {
@@ -45,6 +46,12 @@ class JobContext {
   virtual void ReportTelemetry(const latentd::v1::Telemetry& sample) = 0;
   virtual void Log(latentd::v1::LogLine::Level level, const std::string& text) = 0;
 };
+
+// A runner that wants a reason other than the one its status code implies (e.g. NUMERICAL for a NaN
+// loss, which is an INTERNAL-looking failure to the code but not to the user) attaches it here.
+absl::Status WithReason(absl::Status status, latentd::v1::JobReason reason);
+// The reason attached by WithReason, or JOB_REASON_UNSPECIFIED.
+latentd::v1::JobReason AttachedReason(const absl::Status& status);
 
 }  // namespace latentd::engine
 

@@ -1,0 +1,22 @@
+// The few CUDA facts the device pool needs, behind a torch-free header. On Debian's CPU LibTorch
+// every device count is 0; on a CUDA build the figures come from LibTorch's CUDA runtime.
+#ifndef LATENTD_ENGINE_CUDA_INFO_H_
+#define LATENTD_ENGINE_CUDA_INFO_H_
+
+#include <cstdint>
+#include <string>
+
+namespace latentd::engine {
+
+struct CudaDeviceInfo {
+  std::string name;
+  int64_t memory_total_bytes = 0;
+  int64_t memory_used_bytes = 0;  // by LibTorch's caching allocator in this process (reserved)
+};
+
+int CudaDeviceCount();
+CudaDeviceInfo QueryCudaDevice(int index);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_CUDA_INFO_H_
