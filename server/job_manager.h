@@ -1,0 +1,140 @@
+// The job manager: the daemon's scheduler and the owner of every job's state machine.
+//
+//   SubmitJob -> PENDING --(devices free, its turn)--> RUNNING --> SUCCEEDED | FAILED
+//                   |                                    |  \--(CancelJob)--> CANCELLING --> CANCELLED
+//                   \--(CancelJob)--> CANCELLED          \--(shutdown or crash)--> PENDING (INTERRUPTED)
+//
+// Scheduling: strict priority order (higher first), FIFO by submission within one priority, and no
+// backfill: when the job at the head cannot get its devices, nothing behind it starts (a large job is
+// never starved by a stream of small ones). A device is given to one job at a time (DevicePool).
+//
+// Durability: every state change is written (synced) with the event that announces it before any
+// caller is told about it; on Start() a job that was RUNNING when the daemon died is re-queued
+// (reason INTERRUPTED) and its runner is called again, which may resume from its own checkpoint.
+//
+// Thread-safe. Runners execute on their own threads and talk back through engine::JobContext.
+#ifndef LATENTD_SERVER_JOB_MANAGER_H_
+#define LATENTD_SERVER_JOB_MANAGER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "engine/device_pool.h"
+#include "engine/job_context.h"
+#include "proto/latentd/v1/jobs.pb.h"
+#include "server/job_store.h"
+
+namespace latentd::server {
+
+// How one job type is checked and run. Both may be called from any thread.
+struct JobRunner {
+  // Cheap submit-time checks of the type-specific spec; an error is returned to the client as is.
+  // May be empty (accept everything).
+  std::function<absl::Status(const latentd::v1::JobSpec&)> validate;
+  // Runs the job to completion on the devices in the context. See engine/job_context.h for the
+  // contract (cancellation, error codes).
+  std::function<absl::StatusOr<latentd::v1::JobResult>(const latentd::v1::JobSpec&,
+                                                       engine::JobContext*)>
+      run;
+};
+
+struct JobManagerOptions {
+  // Progress events closer together than this are coalesced (the last one is always written).
+  // Default 200 ms.
+  absl::Duration progress_interval = absl::Milliseconds(200);
+  // How often a waiting watcher re-checks whether its client went away. Default 250 ms.
+  absl::Duration watch_poll = absl::Milliseconds(250);
+};
+
+struct ListJobsResult {
+  std::vector<latentd::v1::Job> jobs;
+  std::string next_page_token;
+};
+
+class JobManager {
+ public:
+  JobManager(JobStore* store, engine::DevicePool* pool,
+             std::map<latentd::v1::JobType, JobRunner> runners,
+             JobManagerOptions options = JobManagerOptions());
+  ~JobManager();  // calls Shutdown()
+
+  JobManager(const JobManager&) = delete;
+  JobManager& operator=(const JobManager&) = delete;
+
+  // Loads the stored jobs, re-queues interrupted ones and starts scheduling.
+  absl::Status Start();
+  // Stops scheduling, asks running jobs to stop at their next safe point (they go back to PENDING
+  // with reason INTERRUPTED, resumable on the next start), ends watchers and joins every thread.
+  // Idempotent.
+  void Shutdown();
+
+  // The same request_id returns the job it first created (ALREADY_EXISTS if the spec differs).
+  absl::StatusOr<latentd::v1::Job> Submit(const std::string& request_id,
+                                          const latentd::v1::JobSpec& spec);
+  absl::StatusOr<latentd::v1::Job> Get(uint64_t job_id) const;
+  // Newest first. page_token is the opaque next_page_token of the previous page.
+  absl::StatusOr<ListJobsResult> List(latentd::v1::JobState state, latentd::v1::JobType type,
+                                      int page_size, const std::string& page_token) const;
+  // PENDING -> CANCELLED; RUNNING -> CANCELLING (the runner stops at its next safe point);
+  // finished -> FAILED_PRECONDITION.
+  absl::StatusOr<latentd::v1::Job> Cancel(uint64_t job_id);
+
+  // Sends the job's events with sequence > after_sequence, in order, then waits for new ones, until
+  // the job's final event was sent (OK), `send` returns false (OK), `client_gone` returns true
+  // (CANCELLED) or the manager shuts down (UNAVAILABLE).
+  absl::Status Watch(uint64_t job_id, int64_t after_sequence,
+                     const std::function<bool(const latentd::v1::JobEvent&)>& send,
+                     const std::function<bool()>& client_gone) const;
+
+ private:
+  struct Entry;
+  class Context;
+
+  absl::Status ValidateSpec(const latentd::v1::JobSpec& spec) const;
+  // Appends one event to `entry` (updating its record) and writes both; caller holds mu_.
+  absl::Status AppendEventLocked(Entry* entry, latentd::v1::JobEvent event, bool sync)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SetStateLocked(Entry* entry, latentd::v1::JobState state,
+                              latentd::v1::JobReason reason, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SchedulerLoop();
+  void StartJobLocked(Entry* entry, std::vector<engine::DeviceRef> devices)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunJob(Entry* entry);
+  void FinishJob(Entry* entry, const absl::StatusOr<latentd::v1::JobResult>& result);
+  void JoinFinishedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  JobStore* const store_;
+  engine::DevicePool* const pool_;
+  const std::map<latentd::v1::JobType, JobRunner> runners_;
+  const JobManagerOptions options_;
+
+  mutable absl::Mutex mu_;
+  // Signalled on every event, state change, device release and on shutdown.
+  mutable absl::CondVar changed_;
+  std::map<uint64_t, std::unique_ptr<Entry>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> by_request_id_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool schedule_dirty_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> finished_threads_ ABSL_GUARDED_BY(mu_);
+  std::thread scheduler_;
+};
+
+// Whether no further state change can happen.
+bool IsTerminal(latentd::v1::JobState state);
+
+}  // namespace latentd::server
+
+#endif  // LATENTD_SERVER_JOB_MANAGER_H_

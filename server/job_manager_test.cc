@@ -1,0 +1,318 @@
+#include "server/job_manager.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace latentd::server {
+namespace {
+
+using latentd::v1::Job;
+using latentd::v1::JobEvent;
+using latentd::v1::JobSpec;
+
+std::string FreshDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(base ? base : "/tmp") + "/" + name;
+  EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+  return dir;
+}
+
+// A runner the test steers: each job blocks until released (or cancelled), then returns its
+// result. Records the order jobs started in.
+struct Gate {
+  absl::Mutex mu;
+  std::vector<uint64_t> started;
+  std::map<uint64_t, bool> released;
+  std::atomic<int> running{0};
+  std::atomic<int> max_running{0};
+
+  absl::StatusOr<latentd::v1::JobResult> Run(const JobSpec& spec, engine::JobContext* ctx) {
+    {
+      absl::MutexLock lock(&mu);
+      started.push_back(ctx->job_id());
+    }
+    int now = ++running;
+    int seen = max_running.load();
+    while (now > seen && !max_running.compare_exchange_weak(seen, now)) {
+    }
+    ctx->ReportProgress(1, 2, "steps");
+    ctx->Log(latentd::v1::LogLine::INFO, "working");
+    while (true) {
+      if (ctx->cancel_requested()) {
+        --running;
+        return absl::CancelledError("stopped");
+      }
+      {
+        absl::MutexLock lock(&mu);
+        if (released[ctx->job_id()]) break;
+      }
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    --running;
+    if (spec.label() == "fail") return absl::InvalidArgumentError("spec.label: bad on purpose");
+    latentd::v1::JobResult result;
+    result.mutable_probe()->add_devices()->set_device(ctx->devices()[0].name);
+    return result;
+  }
+
+  void Release(uint64_t id) {
+    absl::MutexLock lock(&mu);
+    released[id] = true;
+  }
+  std::vector<uint64_t> Started() {
+    absl::MutexLock lock(&mu);
+    return started;
+  }
+};
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  void Open(const std::string& devices = "cpu:2") {
+    db_ = std::move(*storage::Db::Open(dir_));
+    store_ = std::make_unique<JobStore>(db_.get());
+    pool_ = std::move(*engine::DevicePool::Create(devices));
+    JobRunner runner;
+    runner.run = [this](const JobSpec& spec, engine::JobContext* ctx) {
+      return gate_.Run(spec, ctx);
+    };
+    manager_ = std::make_unique<JobManager>(store_.get(), pool_.get(),
+                                            std::map<latentd::v1::JobType, JobRunner>{
+                                                {latentd::v1::PROBE, runner}});
+    ASSERT_TRUE(manager_->Start().ok());
+  }
+  void Close() {
+    manager_.reset();
+    pool_.reset();
+    store_.reset();
+    db_.reset();
+  }
+  void TearDown() override { Close(); }
+
+  JobSpec Probe(int devices = 1, int priority = 0, const std::string& label = "") {
+    JobSpec spec;
+    spec.set_type(latentd::v1::PROBE);
+    spec.set_num_devices(devices);
+    spec.set_priority(priority);
+    spec.set_label(label);
+    return spec;
+  }
+
+  Job WaitFor(uint64_t id, latentd::v1::JobState state) {
+    for (int i = 0; i < 5000; ++i) {
+      Job job = *manager_->Get(id);
+      if (job.state() == state) return job;
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    ADD_FAILURE() << "job " << id << " never reached " << latentd::v1::JobState_Name(state);
+    return *manager_->Get(id);
+  }
+
+  std::string dir_ = FreshDir("job_manager");
+  Gate gate_;
+  std::unique_ptr<storage::Db> db_;
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<engine::DevicePool> pool_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+TEST_F(JobManagerTest, RunsAJobToSucceededWithEventsInOrder) {
+  Open();
+  Job job = *manager_->Submit("", Probe());
+  EXPECT_EQ(job.state(), latentd::v1::PENDING);
+  WaitFor(job.id(), latentd::v1::RUNNING);
+  gate_.Release(job.id());
+  Job done = WaitFor(job.id(), latentd::v1::SUCCEEDED);
+  EXPECT_EQ(done.result().probe().devices(0).device(), "cpu:0");
+  EXPECT_TRUE(done.has_finished());
+  std::vector<JobEvent> events;
+  ASSERT_TRUE(manager_->Watch(job.id(), 0, [&](const JobEvent& e) {
+                events.push_back(e);
+                return true;
+              }, [] { return false; }).ok());
+  ASSERT_GE(events.size(), 4u);  // PENDING, RUNNING, progress, log, SUCCEEDED
+  for (size_t i = 0; i < events.size(); ++i) EXPECT_EQ(events[i].sequence(), int64_t(i + 1));
+  EXPECT_EQ(events.front().state().state(), latentd::v1::PENDING);
+  EXPECT_EQ(events.back().state().state(), latentd::v1::SUCCEEDED);
+  // Resuming from a sequence number sends only what follows it.
+  std::vector<JobEvent> tail;
+  ASSERT_TRUE(manager_->Watch(job.id(), events.size() - 1, [&](const JobEvent& e) {
+                tail.push_back(e);
+                return true;
+              }, [] { return false; }).ok());
+  ASSERT_EQ(tail.size(), 1u);
+  EXPECT_EQ(tail[0].sequence(), int64_t(events.size()));
+}
+
+TEST_F(JobManagerTest, SameRequestIdReturnsTheSameJob) {
+  Open();
+  Job a = *manager_->Submit("req-1", Probe());
+  Job b = *manager_->Submit("req-1", Probe());
+  EXPECT_EQ(a.id(), b.id());
+  auto conflict = manager_->Submit("req-1", Probe(1, 5));
+  EXPECT_EQ(conflict.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(manager_->List(latentd::v1::JOB_STATE_UNSPECIFIED, latentd::v1::JOB_TYPE_UNSPECIFIED,
+                           0, "")
+                ->jobs.size(),
+            1u);
+}
+
+TEST_F(JobManagerTest, DevicesAreNeverSharedAndFifoWithinPriority) {
+  Open("cpu:2");
+  Job big = *manager_->Submit("", Probe(2));
+  WaitFor(big.id(), latentd::v1::RUNNING);
+  Job low = *manager_->Submit("", Probe(1, 0));
+  Job high1 = *manager_->Submit("", Probe(1, 5));
+  Job high2 = *manager_->Submit("", Probe(1, 5));
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(manager_->Get(low.id())->state(), latentd::v1::PENDING);  // all devices are held
+  gate_.Release(big.id());
+  WaitFor(high1.id(), latentd::v1::RUNNING);
+  WaitFor(high2.id(), latentd::v1::RUNNING);
+  EXPECT_EQ(manager_->Get(low.id())->state(), latentd::v1::PENDING);
+  gate_.Release(high1.id());
+  gate_.Release(high2.id());
+  gate_.Release(low.id());
+  WaitFor(low.id(), latentd::v1::SUCCEEDED);
+  std::vector<uint64_t> order = gate_.Started();
+  ASSERT_EQ(order.size(), 4u);
+  EXPECT_EQ(order[0], big.id());
+  EXPECT_EQ(order[3], low.id());
+  EXPECT_LE(gate_.max_running.load(), 2);
+}
+
+TEST_F(JobManagerTest, NoBackfillPastAWaitingHead) {
+  Open("cpu:2");
+  Job one = *manager_->Submit("", Probe(1));
+  WaitFor(one.id(), latentd::v1::RUNNING);
+  Job two = *manager_->Submit("", Probe(2));   // head: needs both devices
+  Job small = *manager_->Submit("", Probe(1));  // would fit, but must not jump the queue
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(manager_->Get(small.id())->state(), latentd::v1::PENDING);
+  gate_.Release(one.id());
+  WaitFor(two.id(), latentd::v1::RUNNING);
+  EXPECT_EQ(manager_->Get(small.id())->state(), latentd::v1::PENDING);
+  gate_.Release(two.id());
+  gate_.Release(small.id());
+  WaitFor(small.id(), latentd::v1::SUCCEEDED);
+}
+
+TEST_F(JobManagerTest, CancelPendingRunningAndFinished) {
+  Open("cpu:1");
+  Job running = *manager_->Submit("", Probe());
+  Job pending = *manager_->Submit("", Probe());
+  WaitFor(running.id(), latentd::v1::RUNNING);
+  Job c = *manager_->Cancel(pending.id());
+  EXPECT_EQ(c.state(), latentd::v1::CANCELLED);
+  Job r = *manager_->Cancel(running.id());
+  EXPECT_EQ(r.state(), latentd::v1::CANCELLING);
+  Job done = WaitFor(running.id(), latentd::v1::CANCELLED);
+  EXPECT_EQ(done.reason(), latentd::v1::USER_CANCELLED);
+  EXPECT_EQ(manager_->Cancel(running.id()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(manager_->Cancel(999).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(pool_->free_count(), 1);
+}
+
+TEST_F(JobManagerTest, RunnerErrorsBecomeFailedWithReason) {
+  Open();
+  Job job = *manager_->Submit("", Probe(1, 0, "fail"));
+  WaitFor(job.id(), latentd::v1::RUNNING);
+  gate_.Release(job.id());
+  Job failed = WaitFor(job.id(), latentd::v1::FAILED);
+  EXPECT_EQ(failed.reason(), latentd::v1::INVALID_INPUT);
+  EXPECT_EQ(failed.message(), "spec.label: bad on purpose");
+}
+
+TEST_F(JobManagerTest, BadSpecsAreRejectedNamingTheField) {
+  Open("cpu:2");
+  JobSpec no_type;
+  EXPECT_EQ(manager_->Submit("", no_type).status().code(), absl::StatusCode::kInvalidArgument);
+  auto too_many = manager_->Submit("", Probe(3));
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_many.status().message().find("spec.num_devices"), absl::string_view::npos);
+  JobSpec train;
+  train.set_type(latentd::v1::TRAIN);
+  EXPECT_EQ(manager_->Submit("", train).status().code(), absl::StatusCode::kInvalidArgument);
+  JobSpec mismatched = Probe();
+  mismatched.mutable_extract();
+  EXPECT_EQ(manager_->Submit("", mismatched).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(manager_->Get(12345).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerTest, ListIsNewestFirstFilteredAndPaged) {
+  Open("cpu:1");
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back(manager_->Submit("", Probe())->id());
+  WaitFor(ids[0], latentd::v1::RUNNING);
+  auto page1 = *manager_->List(latentd::v1::PENDING, latentd::v1::JOB_TYPE_UNSPECIFIED, 3, "");
+  ASSERT_EQ(page1.jobs.size(), 3u);
+  EXPECT_EQ(page1.jobs[0].id(), ids[4]);
+  EXPECT_EQ(page1.jobs[2].id(), ids[2]);
+  ASSERT_FALSE(page1.next_page_token.empty());
+  auto page2 =
+      *manager_->List(latentd::v1::PENDING, latentd::v1::JOB_TYPE_UNSPECIFIED, 3,
+                      page1.next_page_token);
+  ASSERT_EQ(page2.jobs.size(), 1u);
+  EXPECT_EQ(page2.jobs[0].id(), ids[1]);
+  EXPECT_TRUE(page2.next_page_token.empty());
+  EXPECT_TRUE(manager_->List(latentd::v1::JOB_STATE_UNSPECIFIED, latentd::v1::EXTRACT, 0, "")
+                  ->jobs.empty());
+  EXPECT_EQ(manager_->List(latentd::v1::JOB_STATE_UNSPECIFIED, latentd::v1::JOB_TYPE_UNSPECIFIED,
+                           0, "garbage")
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  for (uint64_t id : ids) gate_.Release(id);
+}
+
+TEST_F(JobManagerTest, ShutdownLeavesRunningJobResumableAndRestartRunsIt) {
+  Open("cpu:1");
+  Job job = *manager_->Submit("keep", Probe());
+  WaitFor(job.id(), latentd::v1::RUNNING);
+  Close();  // shutdown: the runner sees cancel_requested and stops at a safe point
+
+  Open("cpu:1");
+  Job back = *manager_->Get(job.id());
+  EXPECT_EQ(back.reason(), latentd::v1::INTERRUPTED);
+  WaitFor(job.id(), latentd::v1::RUNNING);
+  EXPECT_EQ(manager_->Get(job.id())->attempts(), 2);
+  gate_.Release(job.id());
+  WaitFor(job.id(), latentd::v1::SUCCEEDED);
+  // The request id survives the restart too.
+  EXPECT_EQ(manager_->Submit("keep", Probe())->id(), job.id());
+  // New jobs get fresh ids after a restart.
+  Job next = *manager_->Submit("", Probe());
+  EXPECT_GT(next.id(), job.id());
+  gate_.Release(next.id());
+}
+
+TEST_F(JobManagerTest, WatchEndsWhenTheClientGoes) {
+  Open();
+  Job job = *manager_->Submit("", Probe());
+  WaitFor(job.id(), latentd::v1::RUNNING);
+  std::atomic<bool> gone{false};
+  absl::Notification finished;
+  absl::Status watch_status;
+  std::thread watcher([&] {
+    watch_status = manager_->Watch(job.id(), 0, [](const JobEvent&) { return true; },
+                                   [&] { return gone.load(); });
+    finished.Notify();
+  });
+  absl::SleepFor(absl::Milliseconds(30));
+  EXPECT_FALSE(finished.HasBeenNotified());
+  gone = true;
+  EXPECT_TRUE(finished.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  watcher.join();
+  EXPECT_EQ(watch_status.code(), absl::StatusCode::kCancelled);
+  gate_.Release(job.id());
+}
+
+}  // namespace
+}  // namespace latentd::server
