@@ -1,0 +1,131 @@
+#include "server/daemon.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/server_builder.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "engine/device_pool.h"
+#include "server/auth.h"
+#include "server/devices_service.h"
+#include "server/job_manager.h"
+#include "server/job_runners.h"
+#include "server/job_store.h"
+#include "server/jobs_service.h"
+#include "storage/db.h"
+
+namespace latentd::server {
+
+std::string DefaultDataDir() {
+  if (const char* xdg = std::getenv("XDG_DATA_HOME"); xdg != nullptr && *xdg != '\0') {
+    return absl::StrCat(xdg, "/latentd");
+  }
+  const char* home = std::getenv("HOME");
+  return absl::StrCat(home != nullptr ? home : "/tmp", "/.local/share/latentd");
+}
+
+bool IsLoopbackListenAddress(const std::string& listen) {
+  std::string host = listen;
+  if (auto colon = listen.rfind(':'); colon != std::string::npos) host = listen.substr(0, colon);
+  if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
+
+struct Daemon::State {
+  TokenAuth auth;
+  std::unique_ptr<storage::Db> db;
+  std::unique_ptr<JobStore> job_store;
+  std::unique_ptr<engine::DevicePool> pool;
+  std::unique_ptr<JobManager> manager;
+  std::unique_ptr<JobsService> jobs_service;
+  std::unique_ptr<DevicesService> devices_service;
+  std::unique_ptr<grpc::Server> server;
+  bool shut_down = false;
+};
+
+Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {}
+
+Daemon::~Daemon() { Shutdown(); }
+
+absl::Status Daemon::Start() {
+  if (state_) return absl::FailedPreconditionError("daemon already started");
+  auto state = std::make_unique<State>();
+  if (options_.data_dir.empty()) options_.data_dir = DefaultDataDir();
+  if (options_.export_root.empty()) options_.export_root = options_.data_dir + "/exports";
+  if (options_.data_roots.empty()) options_.data_roots = {options_.data_dir, "/tmp"};
+
+  if (!options_.auth_token_file.empty()) {
+    auto auth = TokenAuth::FromFile(options_.auth_token_file);
+    if (!auth.ok()) return auth.status();
+    state->auth = std::move(*auth);
+  }
+  if (!IsLoopbackListenAddress(options_.listen) && !state->auth.enabled() && !options_.insecure) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--listen=", options_.listen,
+        " is not a loopback address: give --auth_token_file, or --insecure to serve without auth"));
+  }
+
+  std::error_code ec;
+  std::filesystem::create_directories(options_.data_dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("--data_dir: cannot create ", options_.data_dir, ": ", ec.message()));
+  }
+  std::filesystem::create_directories(options_.export_root, ec);
+
+  auto db = storage::Db::Open(options_.data_dir + "/db");
+  if (!db.ok()) return db.status();
+  state->db = std::move(*db);
+  state->job_store = std::make_unique<JobStore>(state->db.get());
+  auto pool = engine::DevicePool::Create(options_.devices);
+  if (!pool.ok()) return pool.status();
+  state->pool = std::move(*pool);
+
+  RunnerEnvironment env;
+  env.data_roots = options_.data_roots;
+  env.artifact_dir = options_.data_dir + "/artifacts";
+  state->manager = std::make_unique<JobManager>(state->job_store.get(), state->pool.get(),
+                                                MakeJobRunners(env));
+  if (absl::Status s = state->manager->Start(); !s.ok()) return s;
+
+  state->jobs_service = std::make_unique<JobsService>(state->manager.get(), &state->auth);
+  state->devices_service = std::make_unique<DevicesService>(state->pool.get(), &state->auth);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &bound_port_);
+  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  builder.RegisterService(state->jobs_service.get());
+  builder.RegisterService(state->devices_service.get());
+  state->server = builder.BuildAndStart();
+  if (state->server == nullptr || bound_port_ == 0) {
+    state->manager->Shutdown();
+    return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", options_.listen));
+  }
+  state->server->GetHealthCheckService()->SetServingStatus(true);
+  state_ = std::move(state);
+  return absl::OkStatus();
+}
+
+void Daemon::Shutdown() {
+  if (!state_ || state_->shut_down) return;
+  state_->shut_down = true;
+  state_->server->GetHealthCheckService()->Shutdown();  // NOT_SERVING from now on
+  // Stop jobs first: their watchers end, their state is written while the database is open.
+  state_->manager->Shutdown();
+  state_->server->Shutdown(std::chrono::system_clock::now() +
+                           std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.grace)));
+  state_->server->Wait();
+  state_->manager.reset();
+  state_->job_store.reset();
+  state_->db.reset();  // closes RocksDB cleanly
+}
+
+}  // namespace latentd::server

@@ -1,0 +1,66 @@
+// The daemon: opens the database, builds the device pool, the job manager and the gRPC services,
+// serves until Shutdown(). main.cc only turns flags into DaemonOptions.
+#ifndef LATENTD_SERVER_DAEMON_H_
+#define LATENTD_SERVER_DAEMON_H_
+
+#include <grpcpp/server.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace latentd::server {
+
+struct DaemonOptions {
+  // host:port to listen on. Port 0 picks a free port (see bound_port()). Default 127.0.0.1:50051.
+  std::string listen = "127.0.0.1:50051";
+  // Where the RocksDB database (and exports, artifacts by default) live. Default DefaultDataDir().
+  std::string data_dir;
+  // Device spec, see engine/device_pool.h. Default "auto".
+  std::string devices = "auto";
+  // File whose first line is the bearer token; empty disables authentication.
+  std::string auth_token_file;
+  // Allow a non-loopback listen address without a token. Default false.
+  bool insecure = false;
+  // Directories job inputs (models, SAEs, tokens) must lie under. Default: the data dir and /tmp.
+  std::vector<std::string> data_roots;
+  // Directory server-side exports are written under. Default <data_dir>/exports.
+  std::string export_root;
+  // Largest request message accepted. Default 16 MiB.
+  int max_message_bytes = 16 << 20;
+  // How long in-flight RPCs may run on after Shutdown() begins. Default 5 s.
+  absl::Duration grace = absl::Seconds(5);
+};
+
+// $XDG_DATA_HOME/latentd, else $HOME/.local/share/latentd.
+std::string DefaultDataDir();
+
+// Whether `listen` (host:port) names a loopback address.
+bool IsLoopbackListenAddress(const std::string& listen);
+
+class Daemon {
+ public:
+  explicit Daemon(DaemonOptions options);
+  ~Daemon();
+
+  // Validates the options, opens everything and starts serving.
+  absl::Status Start();
+  // The port actually bound (useful with port 0).
+  int bound_port() const { return bound_port_; }
+  // Health NOT_SERVING, running jobs stopped at a safe point (left resumable), in-flight RPCs given
+  // the grace deadline, database closed. Idempotent.
+  void Shutdown();
+
+ private:
+  struct State;
+  DaemonOptions options_;
+  std::unique_ptr<State> state_;
+  int bound_port_ = 0;
+};
+
+}  // namespace latentd::server
+
+#endif  // LATENTD_SERVER_DAEMON_H_

@@ -1,0 +1,52 @@
+#include "server/daemon.h"
+
+#include <cstdlib>
+
+#include "gtest/gtest.h"
+
+namespace latentd::server {
+namespace {
+
+TEST(IsLoopbackListenAddress, KnowsLoopbackFromTheRest) {
+  EXPECT_TRUE(IsLoopbackListenAddress("127.0.0.1:50051"));
+  EXPECT_TRUE(IsLoopbackListenAddress("localhost:1"));
+  EXPECT_TRUE(IsLoopbackListenAddress("[::1]:50051"));
+  EXPECT_FALSE(IsLoopbackListenAddress("0.0.0.0:50051"));
+  EXPECT_FALSE(IsLoopbackListenAddress("[::]:50051"));
+  EXPECT_FALSE(IsLoopbackListenAddress("10.1.2.3:50051"));
+}
+
+TEST(Daemon, RefusesANonLoopbackAddressWithoutAToken) {
+  DaemonOptions options;
+  options.listen = "0.0.0.0:0";
+  options.data_dir = std::string(std::getenv("TEST_TMPDIR")) + "/d1";
+  options.devices = "cpu:1";
+  Daemon daemon(options);
+  absl::Status s = daemon.Start();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("--auth_token_file"), absl::string_view::npos);
+}
+
+TEST(Daemon, StartsOnAnEphemeralPortAndShutsDown) {
+  DaemonOptions options;
+  options.listen = "127.0.0.1:0";
+  options.data_dir = std::string(std::getenv("TEST_TMPDIR")) + "/d2";
+  options.devices = "cpu:1";
+  Daemon daemon(options);
+  ASSERT_TRUE(daemon.Start().ok());
+  EXPECT_GT(daemon.bound_port(), 0);
+  daemon.Shutdown();
+  daemon.Shutdown();  // idempotent
+}
+
+TEST(Daemon, BadDeviceSpecIsAnError) {
+  DaemonOptions options;
+  options.listen = "127.0.0.1:0";
+  options.data_dir = std::string(std::getenv("TEST_TMPDIR")) + "/d3";
+  options.devices = "gpu";
+  Daemon daemon(options);
+  EXPECT_EQ(daemon.Start().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace latentd::server
