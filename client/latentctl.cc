@@ -1,0 +1,674 @@
+// latentctl: the command-line client of latentd.
+//
+//   latentctl [--server=HOST:PORT] [--token_file=F] [--json] COMMAND [ARGS]
+//
+// Commands: submit, get, list, watch, cancel, devices, datasets, dataset, rows, latent, export,
+// delete-dataset, artifacts. `latentctl help` lists them with their flags. With --json every
+// response is printed in the protobuf JSON mapping, one object per line (streams: one per message).
+// Exit status: 0 on success; 1 on an RPC error (the gRPC code and message go to stderr); 2 on a
+// usage error; `watch` returns 3 when the job ends other than SUCCEEDED.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "client/telemetry_plot.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/time_util.h"
+#include "proto/latentd/v1/datasets.grpc.pb.h"
+#include "proto/latentd/v1/devices.grpc.pb.h"
+#include "proto/latentd/v1/jobs.grpc.pb.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "latentd address");
+ABSL_FLAG(std::string, token_file, "", "file holding the bearer token");
+ABSL_FLAG(bool, json, false, "print responses in the protobuf JSON mapping");
+ABSL_FLAG(std::string, type, "", "submit: PROBE, EXTRACT or TRAIN");
+ABSL_FLAG(std::string, spec, "", "submit: JSON file with a JobSpec or the type's spec");
+ABSL_FLAG(std::string, request_id, "", "submit: idempotency key (the same key returns the same job)");
+ABSL_FLAG(int, num_devices, 0, "submit: devices the job needs (default: the spec's, else 1)");
+ABSL_FLAG(int, priority, 0, "submit: higher runs first");
+ABSL_FLAG(std::string, label, "", "submit: a label shown by list");
+ABSL_FLAG(std::string, state, "", "list: only jobs in this state");
+ABSL_FLAG(int, page_size, 50, "list: jobs per page");
+ABSL_FLAG(bool, all, false, "list: follow page tokens to the end");
+ABSL_FLAG(int64_t, after, 0, "watch: resume after this event sequence number");
+ABSL_FLAG(int64_t, start, 0, "rows/export: first row");
+ABSL_FLAG(int64_t, count, 0, "rows/export: number of rows (0: to the end)");
+ABSL_FLAG(int, top, 20, "latent: top activations to show");
+ABSL_FLAG(int, before, 32, "latent: context tokens before");
+ABSL_FLAG(int, after_tokens, 8, "latent: context tokens after");
+ABSL_FLAG(std::string, format, "npz", "export: npz or hdf5");
+ABSL_FLAG(std::string, plot, "", "telemetry: write a PNG of loss and memory against steps here");
+
+namespace latentd::client {
+namespace {
+
+namespace v1 = ::latentd::v1;
+using google::protobuf::util::TimeUtil;
+
+constexpr int kExitRpcError = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitJobNotSucceeded = 3;
+
+std::string Json(const google::protobuf::Message& message) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = false;
+  google::protobuf::util::MessageToJsonString(message, &out, options).IgnoreError();
+  return out;
+}
+
+int Usage(const std::string& message) {
+  std::fprintf(stderr, "latentctl: %s\nRun 'latentctl help' for the commands.\n", message.c_str());
+  return kExitUsage;
+}
+
+int RpcError(const grpc::Status& status) {
+  static const std::map<int, const char*> kNames = {
+      {1, "CANCELLED"},          {2, "UNKNOWN"},           {3, "INVALID_ARGUMENT"},
+      {4, "DEADLINE_EXCEEDED"},  {5, "NOT_FOUND"},         {6, "ALREADY_EXISTS"},
+      {7, "PERMISSION_DENIED"},  {8, "RESOURCE_EXHAUSTED"}, {9, "FAILED_PRECONDITION"},
+      {10, "ABORTED"},           {11, "OUT_OF_RANGE"},     {12, "UNIMPLEMENTED"},
+      {13, "INTERNAL"},          {14, "UNAVAILABLE"},      {15, "DATA_LOSS"},
+      {16, "UNAUTHENTICATED"}};
+  auto it = kNames.find(status.error_code());
+  std::fprintf(stderr, "latentctl: %s: %s\n", it != kNames.end() ? it->second : "ERROR",
+               status.error_message().c_str());
+  return kExitRpcError;
+}
+
+std::string Time(const google::protobuf::Timestamp& t) {
+  if (t.seconds() == 0 && t.nanos() == 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixSeconds(t.seconds()),
+                          absl::LocalTimeZone());
+}
+
+std::string Bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  return absl::StrFormat(u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
+}
+
+class Client {
+ public:
+  Client() {
+    channel_ = grpc::CreateChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials());
+    jobs_ = v1::Jobs::NewStub(channel_);
+    devices_ = v1::Devices::NewStub(channel_);
+    datasets_ = v1::Datasets::NewStub(channel_);
+  }
+
+  // Reads the token file once; an unreadable file is a usage error reported by the caller.
+  bool LoadToken(std::string* error) {
+    const std::string path = absl::GetFlag(FLAGS_token_file);
+    if (path.empty()) return true;
+    std::ifstream in(path);
+    if (!in) {
+      *error = absl::StrCat("--token_file: cannot read ", path);
+      return false;
+    }
+    std::getline(in, token_);
+    while (!token_.empty() && isspace(static_cast<unsigned char>(token_.back()))) token_.pop_back();
+    return true;
+  }
+
+  std::unique_ptr<grpc::ClientContext> Context() const {
+    auto context = std::make_unique<grpc::ClientContext>();
+    if (!token_.empty()) context->AddMetadata("authorization", "Bearer " + token_);
+    return context;
+  }
+
+  v1::Jobs::Stub* jobs() { return jobs_.get(); }
+  v1::Devices::Stub* devices() { return devices_.get(); }
+  v1::Datasets::Stub* datasets() { return datasets_.get(); }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Jobs::Stub> jobs_;
+  std::unique_ptr<v1::Devices::Stub> devices_;
+  std::unique_ptr<v1::Datasets::Stub> datasets_;
+  std::string token_;
+};
+
+void PrintJobLine(const v1::Job& job) {
+  std::string progress = "-";
+  if (job.progress().units_total() > 0) {
+    progress = absl::StrFormat("%d/%d %s", job.progress().units_done(),
+                               job.progress().units_total(), job.progress().unit());
+  }
+  std::printf("%-6llu %-8s %-11s %-14s %-20s %s\n", static_cast<unsigned long long>(job.id()),
+              v1::JobType_Name(job.type()).c_str(), v1::JobState_Name(job.state()).c_str(),
+              job.reason() == v1::JOB_REASON_UNSPECIFIED ? "-" : v1::JobReason_Name(job.reason()).c_str(),
+              progress.c_str(), job.spec().label().c_str());
+}
+
+void PrintJob(const v1::Job& job) {
+  std::printf("job        %llu\n", static_cast<unsigned long long>(job.id()));
+  std::printf("type       %s\n", v1::JobType_Name(job.type()).c_str());
+  std::printf("state      %s%s\n", v1::JobState_Name(job.state()).c_str(),
+              job.reason() == v1::JOB_REASON_UNSPECIFIED
+                  ? ""
+                  : absl::StrCat(" (", v1::JobReason_Name(job.reason()), ")").c_str());
+  if (!job.message().empty()) std::printf("message    %s\n", job.message().c_str());
+  if (!job.spec().label().empty()) std::printf("label      %s\n", job.spec().label().c_str());
+  std::printf("created    %s\n", Time(job.created()).c_str());
+  std::printf("started    %s\n", Time(job.started()).c_str());
+  std::printf("finished   %s\n", Time(job.finished()).c_str());
+  std::printf("attempts   %d\n", job.attempts());
+  if (job.devices_size() > 0) {
+    std::printf("devices    %s\n", absl::StrJoin(job.devices(), ",").c_str());
+  }
+  if (job.progress().units_total() > 0) {
+    std::printf("progress   %lld/%lld %s (%.1f/s)\n",
+                static_cast<long long>(job.progress().units_done()),
+                static_cast<long long>(job.progress().units_total()),
+                job.progress().unit().c_str(), job.progress().rate());
+  }
+  const v1::JobResult& r = job.result();
+  if (r.has_probe()) {
+    for (const auto& d : r.probe().devices()) {
+      std::printf("probe      %-8s matmul %8.1f GFLOP/s   copy %7.2f GB/s\n", d.device().c_str(),
+                  d.matmul_gflops(), d.memory_bandwidth_gbps());
+    }
+  } else if (r.has_extract()) {
+    std::printf("dataset    %llu (%lld rows, %lld nonzeros, %.1f B/token, %.0f tokens/s)\n",
+                static_cast<unsigned long long>(r.extract().dataset_id()),
+                static_cast<long long>(r.extract().rows()), static_cast<long long>(r.extract().nnz()),
+                r.extract().bytes_per_token(), r.extract().tokens_per_second());
+  } else if (r.has_train()) {
+    std::printf("artifact   %llu at %s\n", static_cast<unsigned long long>(r.train().artifact_id()),
+                r.train().artifact_path().c_str());
+    std::printf("final      loss %.6g  fvu %.4f  L0 %.1f  after %lld steps\n", r.train().final_loss(),
+                r.train().final_fvu(), r.train().final_l0(), static_cast<long long>(r.train().steps()));
+    std::printf("optimizer  peak state %s\n", Bytes(r.train().peak_optimizer_state_bytes()).c_str());
+  }
+}
+
+bool ParseId(const std::vector<std::string>& args, size_t i, uint64_t* id) {
+  return i < args.size() && absl::SimpleAtoi(args[i], id) && *id > 0;
+}
+
+int Submit(Client& client) {
+  v1::SubmitJobRequest request;
+  request.set_request_id(absl::GetFlag(FLAGS_request_id));
+  v1::JobSpec* spec = request.mutable_spec();
+  const std::string spec_file = absl::GetFlag(FLAGS_spec);
+  if (!spec_file.empty()) {
+    std::ifstream in(spec_file);
+    if (!in) return Usage(absl::StrCat("--spec: cannot read ", spec_file));
+    std::stringstream text;
+    text << in.rdbuf();
+    // The file may hold a whole JobSpec or just the type's spec.
+    if (!google::protobuf::util::JsonStringToMessage(text.str(), spec).ok()) {
+      spec->Clear();
+      const std::string type = absl::GetFlag(FLAGS_type);
+      google::protobuf::Message* inner = type == "EXTRACT" ? static_cast<google::protobuf::Message*>(spec->mutable_extract())
+                                         : type == "TRAIN" ? static_cast<google::protobuf::Message*>(spec->mutable_train())
+                                                           : static_cast<google::protobuf::Message*>(spec->mutable_probe());
+      auto status = google::protobuf::util::JsonStringToMessage(text.str(), inner);
+      if (!status.ok()) {
+        return Usage(absl::StrCat("--spec: ", spec_file, " is neither a JobSpec nor a ",
+                                  type.empty() ? "PROBE" : type, " spec: ", status.ToString()));
+      }
+    }
+  }
+  if (const std::string type = absl::GetFlag(FLAGS_type); !type.empty()) {
+    v1::JobType parsed;
+    if (!v1::JobType_Parse(type, &parsed) || parsed == v1::JOB_TYPE_UNSPECIFIED) {
+      return Usage(absl::StrCat("--type: '", type, "' is not PROBE, EXTRACT or TRAIN"));
+    }
+    spec->set_type(parsed);
+  }
+  if (spec->type() == v1::JOB_TYPE_UNSPECIFIED) return Usage("submit needs --type");
+  if (absl::GetFlag(FLAGS_num_devices) != 0) spec->set_num_devices(absl::GetFlag(FLAGS_num_devices));
+  if (absl::GetFlag(FLAGS_priority) != 0) spec->set_priority(absl::GetFlag(FLAGS_priority));
+  if (!absl::GetFlag(FLAGS_label).empty()) spec->set_label(absl::GetFlag(FLAGS_label));
+  v1::Job job;
+  grpc::Status status = client.jobs()->SubmitJob(client.Context().get(), request, &job);
+  if (!status.ok()) return RpcError(status);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(job).c_str());
+  } else {
+    std::printf("%llu\n", static_cast<unsigned long long>(job.id()));
+  }
+  return 0;
+}
+
+int Get(Client& client, const std::vector<std::string>& args) {
+  v1::GetJobRequest request;
+  uint64_t id;
+  if (!ParseId(args, 1, &id)) return Usage("get needs a job id");
+  request.set_job_id(id);
+  v1::Job job;
+  grpc::Status status = client.jobs()->GetJob(client.Context().get(), request, &job);
+  if (!status.ok()) return RpcError(status);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(job).c_str());
+  } else {
+    PrintJob(job);
+  }
+  return 0;
+}
+
+int List(Client& client) {
+  v1::ListJobsRequest request;
+  request.set_page_size(absl::GetFlag(FLAGS_page_size));
+  if (const std::string state = absl::GetFlag(FLAGS_state); !state.empty()) {
+    v1::JobState parsed;
+    if (!v1::JobState_Parse(state, &parsed)) return Usage(absl::StrCat("--state: unknown '", state, "'"));
+    request.set_state(parsed);
+  }
+  if (const std::string type = absl::GetFlag(FLAGS_type); !type.empty()) {
+    v1::JobType parsed;
+    if (!v1::JobType_Parse(type, &parsed)) return Usage(absl::StrCat("--type: unknown '", type, "'"));
+    request.set_type(parsed);
+  }
+  if (!absl::GetFlag(FLAGS_json)) {
+    std::printf("%-6s %-8s %-11s %-14s %-20s %s\n", "ID", "TYPE", "STATE", "REASON", "PROGRESS", "LABEL");
+  }
+  while (true) {
+    v1::ListJobsResponse response;
+    grpc::Status status = client.jobs()->ListJobs(client.Context().get(), request, &response);
+    if (!status.ok()) return RpcError(status);
+    if (absl::GetFlag(FLAGS_json)) {
+      std::printf("%s\n", Json(response).c_str());
+    } else {
+      for (const auto& job : response.jobs()) PrintJobLine(job);
+    }
+    if (!absl::GetFlag(FLAGS_all) || response.next_page_token().empty()) break;
+    request.set_page_token(response.next_page_token());
+  }
+  return 0;
+}
+
+std::string DescribeEvent(const v1::JobEvent& event) {
+  std::string text = absl::StrFormat("#%-4d ", event.sequence());
+  if (event.has_state()) {
+    absl::StrAppend(&text, "state ", v1::JobState_Name(event.state().state()));
+    if (event.state().reason() != v1::JOB_REASON_UNSPECIFIED) {
+      absl::StrAppend(&text, " (", v1::JobReason_Name(event.state().reason()), ")");
+    }
+    if (!event.state().message().empty()) absl::StrAppend(&text, ": ", event.state().message());
+  } else if (event.has_progress()) {
+    const auto& p = event.progress();
+    double pct = p.units_total() > 0 ? 100.0 * p.units_done() / p.units_total() : 0;
+    absl::StrAppendFormat(&text, "progress %d/%d %s (%.1f%%, %.1f %s/s)", p.units_done(),
+                          p.units_total(), p.unit(), pct, p.rate(), p.unit());
+  } else if (event.has_log()) {
+    absl::StrAppend(&text, v1::LogLine::Level_Name(event.log().level()), " ", event.log().text());
+  } else if (event.has_telemetry()) {
+    const auto& t = event.telemetry();
+    if (t.has_train()) {
+      const auto& s = t.train();
+      absl::StrAppendFormat(&text, "train step %d loss %.5g fvu %.4f L0 %.1f opt-state %s (dense M-FAC %s) rss %s",
+                            s.step(), s.loss(), s.fvu(), s.l0(), Bytes(s.optimizer_state_total_bytes()),
+                            Bytes(s.dense_mfac_history_bytes()), Bytes(s.process_rss_bytes()));
+    } else if (t.has_extract()) {
+      const auto& s = t.extract();
+      absl::StrAppendFormat(&text, "extract %d/%d rows %.0f tok/s committed %s (%.1f B/token) mem %s",
+                            s.rows_done(), s.rows_total(), s.tokens_per_second(),
+                            Bytes(s.bytes_committed()), s.bytes_per_token(),
+                            Bytes(s.device_memory_bytes()));
+    } else {
+      absl::StrAppend(&text, "telemetry");
+    }
+  }
+  return text;
+}
+
+int Watch(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id)) return Usage("watch needs a job id");
+  const bool json = absl::GetFlag(FLAGS_json);
+  const bool live = !json && isatty(STDOUT_FILENO);
+  v1::WatchJobRequest request;
+  request.set_job_id(id);
+  request.set_after_sequence(absl::GetFlag(FLAGS_after));
+  auto context = client.Context();
+  auto reader = client.jobs()->WatchJob(context.get(), request);
+  v1::JobEvent event;
+  v1::JobState last_state = v1::JOB_STATE_UNSPECIFIED;
+  bool progress_line_open = false;
+  while (reader->Read(&event)) {
+    if (event.has_state()) last_state = event.state().state();
+    if (json) {
+      std::printf("%s\n", Json(event).c_str());
+    } else if (live && event.has_progress()) {
+      // On a terminal progress redraws one line instead of scrolling.
+      std::printf("\r\033[K%s", DescribeEvent(event).c_str());
+      progress_line_open = true;
+    } else {
+      if (progress_line_open) std::printf("\n");
+      progress_line_open = false;
+      std::printf("%s\n", DescribeEvent(event).c_str());
+    }
+    std::fflush(stdout);
+  }
+  if (progress_line_open) std::printf("\n");
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) return RpcError(status);
+  return last_state == v1::SUCCEEDED ? 0 : kExitJobNotSucceeded;
+}
+
+int Cancel(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id)) return Usage("cancel needs a job id");
+  v1::CancelJobRequest request;
+  request.set_job_id(id);
+  v1::Job job;
+  grpc::Status status = client.jobs()->CancelJob(client.Context().get(), request, &job);
+  if (!status.ok()) return RpcError(status);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(job).c_str());
+  } else {
+    std::printf("job %llu: %s\n", static_cast<unsigned long long>(job.id()),
+                v1::JobState_Name(job.state()).c_str());
+  }
+  return 0;
+}
+
+int Devices(Client& client) {
+  v1::ListDevicesResponse response;
+  grpc::Status status =
+      client.devices()->ListDevices(client.Context().get(), v1::ListDevicesRequest(), &response);
+  if (!status.ok()) return RpcError(status);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(response).c_str());
+    return 0;
+  }
+  std::printf("%-8s %-12s %-12s %-8s %s\n", "DEVICE", "MEM TOTAL", "MEM USED", "JOB", "DESCRIPTION");
+  for (const auto& d : response.devices()) {
+    std::printf("%-8s %-12s %-12s %-8s %s\n", d.name().c_str(),
+                Bytes(d.memory_total_bytes()).c_str(), Bytes(d.memory_used_bytes()).c_str(),
+                d.held_by_job() == 0 ? "-" : absl::StrCat(d.held_by_job()).c_str(),
+                d.description().c_str());
+  }
+  return 0;
+}
+
+void PrintDatasetLine(const v1::DatasetInfo& d) {
+  std::printf("%-5llu %-24s %-7s %-28s %-6d %-10lld %-9.5f %-8lld %s\n",
+              static_cast<unsigned long long>(d.id()), d.name().c_str(),
+              d.kind() == v1::DENSE_ACTIVATIONS ? "DENSE" : "SPARSE", d.hook_name().c_str(),
+              d.d_sae(), static_cast<long long>(d.rows_committed()), d.density(),
+              static_cast<long long>(d.dead_latents()), Bytes(d.bytes_on_disk()).c_str());
+}
+
+int Datasets(Client& client) {
+  v1::ListDatasetsResponse response;
+  grpc::Status status =
+      client.datasets()->ListDatasets(client.Context().get(), v1::ListDatasetsRequest(), &response);
+  if (!status.ok()) return RpcError(status);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(response).c_str());
+    return 0;
+  }
+  std::printf("%-5s %-24s %-7s %-28s %-6s %-10s %-9s %-8s %s\n", "ID", "NAME", "KIND", "HOOK",
+              "WIDTH", "ROWS", "DENSITY", "DEAD", "ON DISK");
+  for (const auto& d : response.datasets()) PrintDatasetLine(d);
+  return 0;
+}
+
+int Dataset(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id)) return Usage("dataset needs a dataset id");
+  v1::GetDatasetRequest request;
+  request.set_dataset_id(id);
+  v1::DatasetInfo info;
+  grpc::Status status = client.datasets()->GetDataset(client.Context().get(), request, &info);
+  if (!status.ok()) return RpcError(status);
+  // The JSON mapping is already the most complete human view of a dataset's metadata.
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = !absl::GetFlag(FLAGS_json);
+  options.always_print_primitive_fields = !absl::GetFlag(FLAGS_json);
+  std::string out;
+  google::protobuf::util::MessageToJsonString(info, &out, options).IgnoreError();
+  std::printf("%s\n", out.c_str());
+  return 0;
+}
+
+int Rows(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id)) return Usage("rows needs a dataset id");
+  v1::ReadRowsRequest request;
+  request.set_dataset_id(id);
+  request.set_row_start(absl::GetFlag(FLAGS_start));
+  request.set_row_count(absl::GetFlag(FLAGS_count) == 0 ? 10 : absl::GetFlag(FLAGS_count));
+  auto context = client.Context();
+  auto reader = client.datasets()->ReadRows(context.get(), request);
+  v1::CsrPiece piece;
+  while (reader->Read(&piece)) {
+    if (absl::GetFlag(FLAGS_json)) {
+      std::printf("%s\n", Json(piece).c_str());
+      continue;
+    }
+    for (int64_t r = 0; r < piece.num_rows(); ++r) {
+      std::string line = absl::StrFormat("row %-8d token %-6d", piece.row_start() + r,
+                                         r < piece.token_ids_size() ? piece.token_ids(r) : -1);
+      for (int64_t i = piece.indptr(r); i < piece.indptr(r + 1); ++i) {
+        absl::StrAppendFormat(&line, " %d:%.3g", piece.indices(i), piece.values(i));
+      }
+      std::printf("%s\n", line.c_str());
+    }
+  }
+  grpc::Status status = reader->Finish();
+  return status.ok() ? 0 : RpcError(status);
+}
+
+int Latent(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  int latent = -1;
+  if (!ParseId(args, 1, &id) || args.size() < 3 || !absl::SimpleAtoi(args[2], &latent)) {
+    return Usage("latent needs a dataset id and a latent index");
+  }
+  v1::GetLatentRequest request;
+  request.set_dataset_id(id);
+  request.set_latent(latent);
+  request.set_top_n(absl::GetFlag(FLAGS_top));
+  request.set_context_before(absl::GetFlag(FLAGS_before));
+  request.set_context_after(absl::GetFlag(FLAGS_after_tokens));
+  v1::GetLatentResponse response;
+  grpc::Status status = client.datasets()->GetLatent(client.Context().get(), request, &response);
+  if (!status.ok()) return RpcError(status);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(response).c_str());
+    return 0;
+  }
+  const auto& s = response.statistics();
+  std::printf("latent %d: fires %lld times (density %.5f), mean %.4g, std %.4g, max %.4g\n",
+              s.latent(), static_cast<long long>(s.firing_count()), s.density(), s.mean(),
+              s.stddev(), s.max());
+  if (s.histogram_size() > 0) {
+    int64_t peak = 1;
+    for (int64_t c : s.histogram()) peak = std::max(peak, c);
+    std::printf("histogram of nonzero values [%.3g, %.3g]:\n", s.histogram_min(), s.histogram_max());
+    const double width = (s.histogram_max() - s.histogram_min()) / s.histogram_size();
+    for (int b = 0; b < s.histogram_size(); ++b) {
+      if (s.histogram(b) == 0) continue;
+      std::printf("  %8.3g %s %lld\n", s.histogram_min() + width * b,
+                  std::string(1 + 40 * s.histogram(b) / peak, '#').c_str(),
+                  static_cast<long long>(s.histogram(b)));
+    }
+  }
+  std::printf("top activations:\n");
+  for (const auto& t : response.top()) {
+    std::printf("  row %-9lld value %-9.4g token %-6d context [%s]\n", static_cast<long long>(t.row()),
+                t.value(), t.token_id(), absl::StrJoin(t.context_token_ids(), " ").c_str());
+  }
+  return 0;
+}
+
+int Export(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id) || args.size() < 3) return Usage("export needs a dataset id and a path");
+  v1::ExportDatasetRequest request;
+  request.set_dataset_id(id);
+  request.set_path(args[2]);
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (format == "npz") {
+    request.set_format(v1::NPZ);
+  } else if (format == "hdf5" || format == "h5") {
+    request.set_format(v1::HDF5);
+  } else {
+    return Usage(absl::StrCat("--format: '", format, "' is not npz or hdf5"));
+  }
+  request.set_row_start(absl::GetFlag(FLAGS_start));
+  request.set_row_count(absl::GetFlag(FLAGS_count));
+  v1::ExportDatasetResponse response;
+  grpc::Status status = client.datasets()->ExportDataset(client.Context().get(), request, &response);
+  if (!status.ok()) return RpcError(status);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(response).c_str());
+  } else {
+    std::printf("wrote %s: %lld rows, %lld nonzeros, %s\n", response.path().c_str(),
+                static_cast<long long>(response.rows()), static_cast<long long>(response.nnz()),
+                Bytes(response.bytes()).c_str());
+  }
+  return 0;
+}
+
+int DeleteDataset(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id)) return Usage("delete-dataset needs a dataset id");
+  v1::DeleteDatasetRequest request;
+  request.set_dataset_id(id);
+  v1::DeleteDatasetResponse response;
+  grpc::Status status = client.datasets()->DeleteDataset(client.Context().get(), request, &response);
+  if (!status.ok()) return RpcError(status);
+  if (!absl::GetFlag(FLAGS_json)) std::printf("deleted dataset %llu\n", static_cast<unsigned long long>(id));
+  return 0;
+}
+
+int Artifacts(Client& client) {
+  v1::ListArtifactsResponse response;
+  grpc::Status status =
+      client.datasets()->ListArtifacts(client.Context().get(), v1::ListArtifactsRequest(), &response);
+  if (!status.ok()) return RpcError(status);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(response).c_str());
+    return 0;
+  }
+  std::printf("%-5s %-24s %-6s %s\n", "ID", "NAME", "JOB", "PATH");
+  for (const auto& a : response.artifacts()) {
+    std::printf("%-5llu %-24s %-6llu %s\n", static_cast<unsigned long long>(a.id()), a.name().c_str(),
+                static_cast<unsigned long long>(a.job_id()), a.path().c_str());
+  }
+  return 0;
+}
+
+// Reads every telemetry sample of a job (it may have ended) and prints a table, optionally a plot.
+int Telemetry(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id)) return Usage("telemetry needs a job id");
+  v1::WatchJobRequest request;
+  request.set_job_id(id);
+  auto context = client.Context();
+  // A job that is still running keeps the stream open; the table then shows what came so far
+  // once the job ends. Deadline-free on purpose: telemetry of a long job is worth the wait.
+  auto reader = client.jobs()->WatchJob(context.get(), request);
+  std::vector<v1::TrainTelemetry> samples;
+  v1::JobEvent event;
+  const bool json = absl::GetFlag(FLAGS_json);
+  while (reader->Read(&event)) {
+    if (!event.has_telemetry()) continue;
+    if (json) std::printf("%s\n", Json(event.telemetry()).c_str());
+    if (event.telemetry().has_train()) samples.push_back(event.telemetry().train());
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) return RpcError(status);
+  if (!json) {
+    std::printf("%-7s %-11s %-8s %-7s %-6s %-10s %-12s %-12s %-12s %s\n", "STEP", "LOSS", "FVU", "L0",
+                "DEAD", "ROWS/S", "OPT STATE", "DENSE MFAC", "PARAMS", "RSS");
+    for (const auto& s : samples) {
+      std::printf("%-7lld %-11.5g %-8.4f %-7.1f %-6lld %-10.0f %-12s %-12s %-12s %s\n",
+                  static_cast<long long>(s.step()), s.loss(), s.fvu(), s.l0(),
+                  static_cast<long long>(s.dead_latents()), s.rows_per_second(),
+                  Bytes(s.optimizer_state_total_bytes()).c_str(),
+                  Bytes(s.dense_mfac_history_bytes()).c_str(), Bytes(s.parameter_bytes()).c_str(),
+                  Bytes(s.process_rss_bytes()).c_str());
+    }
+  }
+  if (const std::string plot = absl::GetFlag(FLAGS_plot); !plot.empty()) {
+    absl::Status s = WriteTelemetryPlot(samples, absl::StrCat("job ", id), plot);
+    if (!s.ok()) {
+      std::fprintf(stderr, "latentctl: --plot: %s\n", std::string(s.message()).c_str());
+      return kExitRpcError;
+    }
+    if (!json) std::printf("wrote %s\n", plot.c_str());
+  }
+  return 0;
+}
+
+constexpr char kHelp[] = R"(latentctl [--server=HOST:PORT] [--token_file=F] [--json] COMMAND
+jobs:
+  submit --type=PROBE|EXTRACT|TRAIN [--spec=FILE.json] [--request_id=ID]
+         [--num_devices=N] [--priority=P] [--label=L]     prints the job id
+  get ID                         one job
+  list [--state=S] [--type=T] [--page_size=N] [--all]   newest first
+  watch ID [--after=SEQ]         events until the job ends (exit 3 unless it SUCCEEDED)
+  cancel ID
+  telemetry ID [--plot=FILE.png] training telemetry as a table (and a plot)
+  devices                        devices and who holds them
+datasets:
+  datasets                       list
+  dataset ID                     metadata and summary
+  rows ID [--start=R] [--count=N]              CSR rows with token ids
+  latent ID J [--top=N] [--before=B] [--after_tokens=A]   statistics and top activations
+  export ID PATH [--format=npz|hdf5] [--start=R] [--count=N]   server-side, under the export root
+  delete-dataset ID
+  artifacts                      trained SAEs
+)";
+
+int Run(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] == "help") {
+    std::printf("%s", kHelp);
+    return args.empty() ? kExitUsage : 0;
+  }
+  Client client;
+  std::string error;
+  if (!client.LoadToken(&error)) return Usage(error);
+  const std::string& command = args[0];
+  if (command == "submit") return Submit(client);
+  if (command == "get") return Get(client, args);
+  if (command == "list") return List(client);
+  if (command == "watch") return Watch(client, args);
+  if (command == "cancel") return Cancel(client, args);
+  if (command == "devices") return Devices(client);
+  if (command == "telemetry") return Telemetry(client, args);
+  if (command == "datasets") return Datasets(client);
+  if (command == "dataset") return Dataset(client, args);
+  if (command == "rows") return Rows(client, args);
+  if (command == "latent") return Latent(client, args);
+  if (command == "export") return Export(client, args);
+  if (command == "delete-dataset") return DeleteDataset(client, args);
+  if (command == "artifacts") return Artifacts(client);
+  return Usage(absl::StrCat("unknown command '", command, "'"));
+}
+
+}  // namespace
+}  // namespace latentd::client
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(latentd::client::kHelp);
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  std::vector<std::string> args(positional.begin() + 1, positional.end());
+  return latentd::client::Run(args);
+}

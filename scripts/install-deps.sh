@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages latentd builds, runs and tests with. Idempotent: installs only what
+# is missing, so a second run costs a few dpkg queries. Needs root (or sudo) when something is missing.
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap bazel-rules-java build-essential
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  librocksdb-dev libabsl-dev libtorch-dev libhdf5-dev nlohmann-json3-dev zlib1g-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  # Without an optimized BLAS, Debian's LibTorch falls back to the reference BLAS (50x slower).
+  libopenblas0-pthread
+  python3 python3-grpcio python3-protobuf python3-numpy python3-scipy python3-h5py python3-torch
+  python3-matplotlib
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  [[ "$p" == \#* ]] && continue
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+  [[ "$status" == "installed" ]] || missing+=("$p")
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what is missing, builds everything, runs every test.
+#   scripts/test.sh [extra bazel test flags...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+
+log=$(mktemp)
+status=0
+bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" || status=$?
+
+# One plain summary line, whatever Bazel printed.
+passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)
+failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log" || true)
+rm -f "$log"
+echo "${passed} passed, ${failed} failed"
+exit $status
