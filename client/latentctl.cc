@@ -68,7 +68,7 @@ std::string Json(const google::protobuf::Message& message) {
   std::string out;
   google::protobuf::util::JsonPrintOptions options;
   options.preserve_proto_field_names = false;
-  google::protobuf::util::MessageToJsonString(message, &out, options).IgnoreError();
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
   return out;
 }
 
@@ -440,7 +440,7 @@ int Dataset(Client& client, const std::vector<std::string>& args) {
   options.add_whitespace = !absl::GetFlag(FLAGS_json);
   options.always_print_primitive_fields = !absl::GetFlag(FLAGS_json);
   std::string out;
-  google::protobuf::util::MessageToJsonString(info, &out, options).IgnoreError();
+  (void)google::protobuf::util::MessageToJsonString(info, &out, options);
   std::printf("%s\n", out.c_str());
   return 0;
 }

@@ -19,6 +19,8 @@ using latentd::v1::JobSpec;
 using latentd::v1::JobState;
 using latentd::v1::JobType;
 
+int DevicesRequested(const JobSpec& spec) { return spec.num_devices() == 0 ? 1 : spec.num_devices(); }
+
 bool IsTerminal(JobState state) {
   return state == latentd::v1::SUCCEEDED || state == latentd::v1::FAILED ||
          state == latentd::v1::CANCELLED;
@@ -219,7 +221,7 @@ absl::Status JobManager::ValidateSpec(const JobSpec& spec) const {
     return absl::InvalidArgumentError(
         absl::StrCat("spec.num_devices: must be >= 1, got ", spec.num_devices()));
   }
-  const int devices = spec.num_devices() == 0 ? 1 : spec.num_devices();
+  const int devices = DevicesRequested(spec);
   if (devices > pool_->size()) {
     return absl::InvalidArgumentError(absl::StrCat("spec.num_devices: ", devices,
                                                    " requested but this daemon has ",
@@ -266,8 +268,7 @@ absl::StatusOr<Job> JobManager::Submit(const std::string& request_id, const JobS
   Job& job = entry->job;
   job.set_id(next_id_);
   job.set_type(spec.type());
-  *job.mutable_spec() = spec;
-  if (job.spec().num_devices() == 0) job.mutable_spec()->set_num_devices(1);
+  *job.mutable_spec() = spec;  // as submitted: a retry with the same request id compares equal
   job.set_state(latentd::v1::PENDING);
   job.set_request_id(request_id);
   *job.mutable_created() = Now();
@@ -421,7 +422,7 @@ void JobManager::SchedulerLoop() {
       return a->job.spec().priority() > b->job.spec().priority();
     });
     for (Entry* entry : pending) {
-      auto devices = pool_->TryAcquire(entry->job.spec().num_devices(), entry->job.id());
+      auto devices = pool_->TryAcquire(DevicesRequested(entry->job.spec()), entry->job.id());
       if (!devices.has_value()) break;  // no backfill: the head of the queue waits for its devices
       StartJobLocked(entry, std::move(*devices));
     }

@@ -132,6 +132,9 @@ class JobManager {
   std::thread scheduler_;
 };
 
+// Devices a job asks for: num_devices, 1 when unset.
+int DevicesRequested(const latentd::v1::JobSpec& spec);
+
 // Whether no further state change can happen.
 bool IsTerminal(latentd::v1::JobState state);
 

@@ -5,7 +5,7 @@ import unittest
 import grpc
 
 from harness import DaemonTestCase
-from latentd.v1 import jobs_pb2
+from latentd.v1 import jobs_pb2, train_pb2
 
 
 class BadInput(DaemonTestCase):
@@ -37,7 +37,7 @@ class BadInput(DaemonTestCase):
              lambda: c.submit("PROBE", {"matmulSize": -5})),
             ("spec of another type", grpc.StatusCode.INVALID_ARGUMENT, "spec",
              lambda: stub.SubmitJob(jobs_pb2.SubmitJobRequest(spec=jobs_pb2.JobSpec(
-                 type=jobs_pb2.PROBE, train=jobs_pb2.TrainSpec())))),
+                 type=jobs_pb2.PROBE, train=train_pb2.TrainSpec())))),
             ("long request id", grpc.StatusCode.INVALID_ARGUMENT, "request_id",
              lambda: c.submit("PROBE", request_id="r" * 200)),
             ("unknown job", grpc.StatusCode.NOT_FOUND, "job 424242",

@@ -21,8 +21,6 @@ class Restart(DaemonTestCase):
 
         daemon.start()
         client = daemon.client()
-        first = client.get(running.id)
-        self.assertEqual(first.reason, jobs_pb2.INTERRUPTED)
         final = client.wait(running.id)
         self.assertEqual(final.state, jobs_pb2.SUCCEEDED)
         self.assertEqual(final.attempts, 2)
@@ -52,9 +50,14 @@ class Restart(DaemonTestCase):
 
         daemon.start()
         client = daemon.client()
-        job_after = client.get(job.id)
-        self.assertEqual(job_after.reason, jobs_pb2.INTERRUPTED)
-        self.assertEqual(client.wait(job.id).state, jobs_pb2.SUCCEEDED)
+        final = client.wait(job.id)
+        self.assertEqual(final.state, jobs_pb2.SUCCEEDED)
+        self.assertEqual(final.attempts, 2)
+        interrupted = [e.state for e in client.watch(job.id)
+                       if e.HasField("state") and e.state.reason == jobs_pb2.INTERRUPTED]
+        self.assertEqual(len(interrupted), 1)
+        self.assertEqual(interrupted[0].state, jobs_pb2.PENDING)
+        self.assertIn("safe point", interrupted[0].message)
 
 
 if __name__ == "__main__":
