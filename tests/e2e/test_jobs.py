@@ -85,6 +85,17 @@ class JobsEndToEnd(DaemonTestCase):
         # watch exits 3 for a job that did not succeed.
         self.assertEqual(self.daemon.latentctl("watch", str(long.id), check=False).returncode, 3)
 
+    def test_health_and_reflection_are_served(self):
+        self.assertEqual(self.daemon.health(), 1)  # SERVING
+        # ServerReflectionRequest{list_services: ""} is field 7, length 0.
+        reflect = self.client.channel.stream_stream(
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+            request_serializer=None, response_deserializer=None)
+        responses = list(reflect(iter([b"\x3a\x00"]), timeout=10))
+        self.assertEqual(len(responses), 1)
+        for service in (b"latentd.v1.Jobs", b"latentd.v1.Devices", b"grpc.health.v1.Health"):
+            self.assertIn(service, responses[0])
+
 
 if __name__ == "__main__":
     unittest.main()
