@@ -38,7 +38,8 @@ ABSL_FLAG(std::string, token_file, "", "file holding the bearer token");
 ABSL_FLAG(bool, json, false, "print responses in the protobuf JSON mapping");
 ABSL_FLAG(std::string, type, "", "submit: PROBE, EXTRACT or TRAIN");
 ABSL_FLAG(std::string, spec, "", "submit: JSON file with a JobSpec or the type's spec");
-ABSL_FLAG(std::string, request_id, "", "submit: idempotency key (the same key returns the same job)");
+ABSL_FLAG(std::string, request_id, "",
+          "submit: idempotency key (the same key returns the same job)");
 ABSL_FLAG(int, num_devices, 0, "submit: devices the job needs (default: the spec's, else 1)");
 ABSL_FLAG(int, priority, 0, "submit: higher runs first");
 ABSL_FLAG(std::string, label, "", "submit: a label shown by list");
@@ -79,12 +80,14 @@ int Usage(const std::string& message) {
 
 int RpcError(const grpc::Status& status) {
   static const std::map<int, const char*> kNames = {
-      {1, "CANCELLED"},          {2, "UNKNOWN"},           {3, "INVALID_ARGUMENT"},
-      {4, "DEADLINE_EXCEEDED"},  {5, "NOT_FOUND"},         {6, "ALREADY_EXISTS"},
-      {7, "PERMISSION_DENIED"},  {8, "RESOURCE_EXHAUSTED"}, {9, "FAILED_PRECONDITION"},
-      {10, "ABORTED"},           {11, "OUT_OF_RANGE"},     {12, "UNIMPLEMENTED"},
-      {13, "INTERNAL"},          {14, "UNAVAILABLE"},      {15, "DATA_LOSS"},
-      {16, "UNAUTHENTICATED"}};
+      {1, "CANCELLED"},           {2, "UNKNOWN"},
+      {3, "INVALID_ARGUMENT"},    {4, "DEADLINE_EXCEEDED"},
+      {5, "NOT_FOUND"},           {6, "ALREADY_EXISTS"},
+      {7, "PERMISSION_DENIED"},   {8, "RESOURCE_EXHAUSTED"},
+      {9, "FAILED_PRECONDITION"}, {10, "ABORTED"},
+      {11, "OUT_OF_RANGE"},       {12, "UNIMPLEMENTED"},
+      {13, "INTERNAL"},           {14, "UNAVAILABLE"},
+      {15, "DATA_LOSS"},          {16, "UNAUTHENTICATED"}};
   auto it = kNames.find(status.error_code());
   std::fprintf(stderr, "latentctl: %s: %s\n", it != kNames.end() ? it->second : "ERROR",
                status.error_message().c_str());
@@ -154,10 +157,11 @@ void PrintJobLine(const v1::Job& job) {
     progress = absl::StrFormat("%d/%d %s", job.progress().units_done(),
                                job.progress().units_total(), job.progress().unit());
   }
-  std::printf("%-6llu %-8s %-11s %-14s %-20s %s\n", static_cast<unsigned long long>(job.id()),
-              v1::JobType_Name(job.type()).c_str(), v1::JobState_Name(job.state()).c_str(),
-              job.reason() == v1::JOB_REASON_UNSPECIFIED ? "-" : v1::JobReason_Name(job.reason()).c_str(),
-              progress.c_str(), job.spec().label().c_str());
+  std::printf(
+      "%-6llu %-8s %-11s %-14s %-20s %s\n", static_cast<unsigned long long>(job.id()),
+      v1::JobType_Name(job.type()).c_str(), v1::JobState_Name(job.state()).c_str(),
+      job.reason() == v1::JOB_REASON_UNSPECIFIED ? "-" : v1::JobReason_Name(job.reason()).c_str(),
+      progress.c_str(), job.spec().label().c_str());
 }
 
 void PrintJob(const v1::Job& job) {
@@ -179,8 +183,8 @@ void PrintJob(const v1::Job& job) {
   if (job.progress().units_total() > 0) {
     std::printf("progress   %lld/%lld %s (%.1f/s)\n",
                 static_cast<long long>(job.progress().units_done()),
-                static_cast<long long>(job.progress().units_total()),
-                job.progress().unit().c_str(), job.progress().rate());
+                static_cast<long long>(job.progress().units_total()), job.progress().unit().c_str(),
+                job.progress().rate());
   }
   const v1::JobResult& r = job.result();
   if (r.has_probe()) {
@@ -191,14 +195,17 @@ void PrintJob(const v1::Job& job) {
   } else if (r.has_extract()) {
     std::printf("dataset    %llu (%lld rows, %lld nonzeros, %.1f B/token, %.0f tokens/s)\n",
                 static_cast<unsigned long long>(r.extract().dataset_id()),
-                static_cast<long long>(r.extract().rows()), static_cast<long long>(r.extract().nnz()),
-                r.extract().bytes_per_token(), r.extract().tokens_per_second());
+                static_cast<long long>(r.extract().rows()),
+                static_cast<long long>(r.extract().nnz()), r.extract().bytes_per_token(),
+                r.extract().tokens_per_second());
   } else if (r.has_train()) {
     std::printf("artifact   %llu at %s\n", static_cast<unsigned long long>(r.train().artifact_id()),
                 r.train().artifact_path().c_str());
-    std::printf("final      loss %.6g  fvu %.4f  L0 %.1f  after %lld steps\n", r.train().final_loss(),
-                r.train().final_fvu(), r.train().final_l0(), static_cast<long long>(r.train().steps()));
-    std::printf("optimizer  peak state %s\n", Bytes(r.train().peak_optimizer_state_bytes()).c_str());
+    std::printf("final      loss %.6g  fvu %.4f  L0 %.1f  after %lld steps\n",
+                r.train().final_loss(), r.train().final_fvu(), r.train().final_l0(),
+                static_cast<long long>(r.train().steps()));
+    std::printf("optimizer  peak state %s\n",
+                Bytes(r.train().peak_optimizer_state_bytes()).c_str());
   }
 }
 
@@ -220,9 +227,10 @@ int Submit(Client& client) {
     if (!google::protobuf::util::JsonStringToMessage(text.str(), spec).ok()) {
       spec->Clear();
       const std::string type = absl::GetFlag(FLAGS_type);
-      google::protobuf::Message* inner = type == "EXTRACT" ? static_cast<google::protobuf::Message*>(spec->mutable_extract())
-                                         : type == "TRAIN" ? static_cast<google::protobuf::Message*>(spec->mutable_train())
-                                                           : static_cast<google::protobuf::Message*>(spec->mutable_probe());
+      google::protobuf::Message* inner =
+          type == "EXTRACT" ? static_cast<google::protobuf::Message*>(spec->mutable_extract())
+          : type == "TRAIN" ? static_cast<google::protobuf::Message*>(spec->mutable_train())
+                            : static_cast<google::protobuf::Message*>(spec->mutable_probe());
       auto status = google::protobuf::util::JsonStringToMessage(text.str(), inner);
       if (!status.ok()) {
         return Usage(absl::StrCat("--spec: ", spec_file, " is neither a JobSpec nor a ",
@@ -238,7 +246,8 @@ int Submit(Client& client) {
     spec->set_type(parsed);
   }
   if (spec->type() == v1::JOB_TYPE_UNSPECIFIED) return Usage("submit needs --type");
-  if (absl::GetFlag(FLAGS_num_devices) != 0) spec->set_num_devices(absl::GetFlag(FLAGS_num_devices));
+  if (absl::GetFlag(FLAGS_num_devices) != 0)
+    spec->set_num_devices(absl::GetFlag(FLAGS_num_devices));
   if (absl::GetFlag(FLAGS_priority) != 0) spec->set_priority(absl::GetFlag(FLAGS_priority));
   if (!absl::GetFlag(FLAGS_label).empty()) spec->set_label(absl::GetFlag(FLAGS_label));
   v1::Job job;
@@ -273,16 +282,19 @@ int List(Client& client) {
   request.set_page_size(absl::GetFlag(FLAGS_page_size));
   if (const std::string state = absl::GetFlag(FLAGS_state); !state.empty()) {
     v1::JobState parsed;
-    if (!v1::JobState_Parse(state, &parsed)) return Usage(absl::StrCat("--state: unknown '", state, "'"));
+    if (!v1::JobState_Parse(state, &parsed))
+      return Usage(absl::StrCat("--state: unknown '", state, "'"));
     request.set_state(parsed);
   }
   if (const std::string type = absl::GetFlag(FLAGS_type); !type.empty()) {
     v1::JobType parsed;
-    if (!v1::JobType_Parse(type, &parsed)) return Usage(absl::StrCat("--type: unknown '", type, "'"));
+    if (!v1::JobType_Parse(type, &parsed))
+      return Usage(absl::StrCat("--type: unknown '", type, "'"));
     request.set_type(parsed);
   }
   if (!absl::GetFlag(FLAGS_json)) {
-    std::printf("%-6s %-8s %-11s %-14s %-20s %s\n", "ID", "TYPE", "STATE", "REASON", "PROGRESS", "LABEL");
+    std::printf("%-6s %-8s %-11s %-14s %-20s %s\n", "ID", "TYPE", "STATE", "REASON", "PROGRESS",
+                "LABEL");
   }
   while (true) {
     v1::ListJobsResponse response;
@@ -318,15 +330,16 @@ std::string DescribeEvent(const v1::JobEvent& event) {
     const auto& t = event.telemetry();
     if (t.has_train()) {
       const auto& s = t.train();
-      absl::StrAppendFormat(&text, "train step %d loss %.5g fvu %.4f L0 %.1f opt-state %s (dense M-FAC %s) rss %s",
-                            s.step(), s.loss(), s.fvu(), s.l0(), Bytes(s.optimizer_state_total_bytes()),
-                            Bytes(s.dense_mfac_history_bytes()), Bytes(s.process_rss_bytes()));
+      absl::StrAppendFormat(
+          &text, "train step %d loss %.5g fvu %.4f L0 %.1f opt-state %s (dense M-FAC %s) rss %s",
+          s.step(), s.loss(), s.fvu(), s.l0(), Bytes(s.optimizer_state_total_bytes()),
+          Bytes(s.dense_mfac_history_bytes()), Bytes(s.process_rss_bytes()));
     } else if (t.has_extract()) {
       const auto& s = t.extract();
-      absl::StrAppendFormat(&text, "extract %d/%d rows %.0f tok/s committed %s (%.1f B/token) mem %s",
-                            s.rows_done(), s.rows_total(), s.tokens_per_second(),
-                            Bytes(s.bytes_committed()), s.bytes_per_token(),
-                            Bytes(s.device_memory_bytes()));
+      absl::StrAppendFormat(
+          &text, "extract %d/%d rows %.0f tok/s committed %s (%.1f B/token) mem %s", s.rows_done(),
+          s.rows_total(), s.tokens_per_second(), Bytes(s.bytes_committed()), s.bytes_per_token(),
+          Bytes(s.device_memory_bytes()));
     } else {
       absl::StrAppend(&text, "telemetry");
     }
@@ -394,7 +407,8 @@ int Devices(Client& client) {
     std::printf("%s\n", Json(response).c_str());
     return 0;
   }
-  std::printf("%-8s %-12s %-12s %-8s %s\n", "DEVICE", "MEM TOTAL", "MEM USED", "JOB", "DESCRIPTION");
+  std::printf("%-8s %-12s %-12s %-8s %s\n", "DEVICE", "MEM TOTAL", "MEM USED", "JOB",
+              "DESCRIPTION");
   for (const auto& d : response.devices()) {
     std::printf("%-8s %-12s %-12s %-8s %s\n", d.name().c_str(),
                 Bytes(d.memory_total_bytes()).c_str(), Bytes(d.memory_used_bytes()).c_str(),
@@ -499,7 +513,8 @@ int Latent(Client& client, const std::vector<std::string>& args) {
   if (s.histogram_size() > 0) {
     int64_t peak = 1;
     for (int64_t c : s.histogram()) peak = std::max(peak, c);
-    std::printf("histogram of nonzero values [%.3g, %.3g]:\n", s.histogram_min(), s.histogram_max());
+    std::printf("histogram of nonzero values [%.3g, %.3g]:\n", s.histogram_min(),
+                s.histogram_max());
     const double width = (s.histogram_max() - s.histogram_min()) / s.histogram_size();
     for (int b = 0; b < s.histogram_size(); ++b) {
       if (s.histogram(b) == 0) continue;
@@ -510,15 +525,17 @@ int Latent(Client& client, const std::vector<std::string>& args) {
   }
   std::printf("top activations:\n");
   for (const auto& t : response.top()) {
-    std::printf("  row %-9lld value %-9.4g token %-6d context [%s]\n", static_cast<long long>(t.row()),
-                t.value(), t.token_id(), absl::StrJoin(t.context_token_ids(), " ").c_str());
+    std::printf("  row %-9lld value %-9.4g token %-6d context [%s]\n",
+                static_cast<long long>(t.row()), t.value(), t.token_id(),
+                absl::StrJoin(t.context_token_ids(), " ").c_str());
   }
   return 0;
 }
 
 int Export(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
-  if (!ParseId(args, 1, &id) || args.size() < 3) return Usage("export needs a dataset id and a path");
+  if (!ParseId(args, 1, &id) || args.size() < 3)
+    return Usage("export needs a dataset id and a path");
   v1::ExportDatasetRequest request;
   request.set_dataset_id(id);
   request.set_path(args[2]);
@@ -533,7 +550,8 @@ int Export(Client& client, const std::vector<std::string>& args) {
   request.set_row_start(absl::GetFlag(FLAGS_start));
   request.set_row_count(absl::GetFlag(FLAGS_count));
   v1::ExportDatasetResponse response;
-  grpc::Status status = client.datasets()->ExportDataset(client.Context().get(), request, &response);
+  grpc::Status status =
+      client.datasets()->ExportDataset(client.Context().get(), request, &response);
   if (!status.ok()) return RpcError(status);
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", Json(response).c_str());
@@ -551,16 +569,18 @@ int DeleteDataset(Client& client, const std::vector<std::string>& args) {
   v1::DeleteDatasetRequest request;
   request.set_dataset_id(id);
   v1::DeleteDatasetResponse response;
-  grpc::Status status = client.datasets()->DeleteDataset(client.Context().get(), request, &response);
+  grpc::Status status =
+      client.datasets()->DeleteDataset(client.Context().get(), request, &response);
   if (!status.ok()) return RpcError(status);
-  if (!absl::GetFlag(FLAGS_json)) std::printf("deleted dataset %llu\n", static_cast<unsigned long long>(id));
+  if (!absl::GetFlag(FLAGS_json))
+    std::printf("deleted dataset %llu\n", static_cast<unsigned long long>(id));
   return 0;
 }
 
 int Artifacts(Client& client) {
   v1::ListArtifactsResponse response;
-  grpc::Status status =
-      client.datasets()->ListArtifacts(client.Context().get(), v1::ListArtifactsRequest(), &response);
+  grpc::Status status = client.datasets()->ListArtifacts(client.Context().get(),
+                                                         v1::ListArtifactsRequest(), &response);
   if (!status.ok()) return RpcError(status);
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", Json(response).c_str());
@@ -568,8 +588,8 @@ int Artifacts(Client& client) {
   }
   std::printf("%-5s %-24s %-6s %s\n", "ID", "NAME", "JOB", "PATH");
   for (const auto& a : response.artifacts()) {
-    std::printf("%-5llu %-24s %-6llu %s\n", static_cast<unsigned long long>(a.id()), a.name().c_str(),
-                static_cast<unsigned long long>(a.job_id()), a.path().c_str());
+    std::printf("%-5llu %-24s %-6llu %s\n", static_cast<unsigned long long>(a.id()),
+                a.name().c_str(), static_cast<unsigned long long>(a.job_id()), a.path().c_str());
   }
   return 0;
 }
@@ -595,8 +615,8 @@ int Telemetry(Client& client, const std::vector<std::string>& args) {
   grpc::Status status = reader->Finish();
   if (!status.ok()) return RpcError(status);
   if (!json) {
-    std::printf("%-7s %-11s %-8s %-7s %-6s %-10s %-12s %-12s %-12s %s\n", "STEP", "LOSS", "FVU", "L0",
-                "DEAD", "ROWS/S", "OPT STATE", "DENSE MFAC", "PARAMS", "RSS");
+    std::printf("%-7s %-11s %-8s %-7s %-6s %-10s %-12s %-12s %-12s %s\n", "STEP", "LOSS", "FVU",
+                "L0", "DEAD", "ROWS/S", "OPT STATE", "DENSE MFAC", "PARAMS", "RSS");
     for (const auto& s : samples) {
       std::printf("%-7lld %-11.5g %-8.4f %-7.1f %-6lld %-10.0f %-12s %-12s %-12s %s\n",
                   static_cast<long long>(s.step()), s.loss(), s.fvu(), s.l0(),

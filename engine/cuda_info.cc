@@ -24,7 +24,8 @@ CudaDeviceInfo QueryCudaDevice(int index) {
   }
   auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
   info.memory_used_bytes =
-      stats.reserved_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)]
+      stats
+          .reserved_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)]
           .current;
 #endif
   return info;

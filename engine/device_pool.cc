@@ -21,7 +21,8 @@ int64_t ProcessRssBytes() {
 }
 
 int64_t HostMemoryBytes() {
-  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) *
+         static_cast<int64_t>(sysconf(_SC_PAGESIZE));
 }
 
 namespace {

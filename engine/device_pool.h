@@ -1,9 +1,11 @@
-// The devices latentd owns, and which job holds each. A device is held by at most one job at a time.
+// The devices latentd owns, and which job holds each. A device is held by at most one job at a
+// time.
 //
 // Device specs (the --devices flag):
 //   "auto"        every CUDA device LibTorch sees, or one CPU device when there is none
-//   "cpu", "cpu:N"  N CPU devices (default 1); each is a share of the host, not an isolated core set
-//   "cuda", "cuda:0,2"  all CUDA devices, or the listed ones (INVALID_ARGUMENT if one does not exist)
+//   "cpu", "cpu:N"  N CPU devices (default 1); each is a share of the host, not an isolated core
+//   set "cuda", "cuda:0,2"  all CUDA devices, or the listed ones (INVALID_ARGUMENT if one does not
+//   exist)
 //
 // Thread-safe. Torch-free header: the torch calls live in device_pool.cc.
 #ifndef LATENTD_ENGINE_DEVICE_POOL_H_
@@ -24,9 +26,9 @@ namespace latentd::engine {
 
 struct DeviceStatus {
   DeviceRef device;
-  std::string description;     // "CPU (2 cores)" or the GPU's name
+  std::string description;  // "CPU (2 cores)" or the GPU's name
   int64_t memory_used_bytes = 0;
-  uint64_t held_by_job = 0;    // 0 when free
+  uint64_t held_by_job = 0;  // 0 when free
 };
 
 class DevicePool {

@@ -4,11 +4,13 @@
 //
 // Contract for runners:
 //  - check cancel_requested() at every safe point (between batches / steps, after a commit or
-//    checkpoint) and return absl::CancelledError() promptly when it is set; what was committed stays
-//    committed, and the job may be started again later (after a daemon restart) to resume;
-//  - return the error that explains a failure: INVALID_ARGUMENT / NOT_FOUND / PERMISSION_DENIED for bad
+//    checkpoint) and return absl::CancelledError() promptly when it is set; what was committed
+//    stays committed, and the job may be started again later (after a daemon restart) to resume;
+//  - return the error that explains a failure: INVALID_ARGUMENT / NOT_FOUND / PERMISSION_DENIED for
+//  bad
 //    input, RESOURCE_EXHAUSTED for out-of-memory, DATA_LOSS for corrupt stored data, INTERNAL else;
-//  - every Report*/Log call is thread-safe and cheap (it appends an event); rate-limit telemetry yourself.
+//  - every Report*/Log call is thread-safe and cheap (it appends an event); rate-limit telemetry
+//  yourself.
 #ifndef LATENTD_ENGINE_JOB_CONTEXT_H_
 #define LATENTD_ENGINE_JOB_CONTEXT_H_
 

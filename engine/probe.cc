@@ -67,7 +67,8 @@ absl::StatusOr<latentd::v1::ProbeResult> RunProbe(const latentd::v1::ProbeSpec& 
   if (absl::Status s = ValidateProbeSpec(spec); !s.ok()) return s;
   const int n = spec.matmul_size() > 0 ? spec.matmul_size() : kDefaultMatmulSize;
   const int iterations = spec.iterations() > 0 ? spec.iterations() : kDefaultIterations;
-  const int64_t bytes = spec.bandwidth_bytes() > 0 ? spec.bandwidth_bytes() : kDefaultBandwidthBytes;
+  const int64_t bytes =
+      spec.bandwidth_bytes() > 0 ? spec.bandwidth_bytes() : kDefaultBandwidthBytes;
   latentd::v1::ProbeResult result;
   const auto& devices = context->devices();
   const int64_t total = static_cast<int64_t>(devices.size());

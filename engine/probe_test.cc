@@ -10,7 +10,8 @@ namespace {
 class FakeContext : public JobContext {
  public:
   explicit FakeContext(int devices) {
-    for (int i = 0; i < devices; ++i) devices_.push_back({DeviceKind::kCpu, i, "cpu:" + std::to_string(i), 0});
+    for (int i = 0; i < devices; ++i)
+      devices_.push_back({DeviceKind::kCpu, i, "cpu:" + std::to_string(i), 0});
   }
   uint64_t job_id() const override { return 1; }
   int attempt() const override { return 1; }
@@ -66,7 +67,8 @@ TEST(Probe, RejectsBadSizesNamingTheField) {
   EXPECT_NE(s.message().find("probe.matmul_size"), absl::string_view::npos);
   spec.set_matmul_size(0);
   spec.set_bandwidth_bytes(int64_t{1} << 40);
-  EXPECT_NE(ValidateProbeSpec(spec).message().find("probe.bandwidth_bytes"), absl::string_view::npos);
+  EXPECT_NE(ValidateProbeSpec(spec).message().find("probe.bandwidth_bytes"),
+            absl::string_view::npos);
 }
 
 }  // namespace

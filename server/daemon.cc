@@ -90,8 +90,8 @@ absl::Status Daemon::Start() {
   RunnerEnvironment env;
   env.data_roots = options_.data_roots;
   env.artifact_dir = options_.data_dir + "/artifacts";
-  state->manager = std::make_unique<JobManager>(state->job_store.get(), state->pool.get(),
-                                                MakeJobRunners(env));
+  state->manager =
+      std::make_unique<JobManager>(state->job_store.get(), state->pool.get(), MakeJobRunners(env));
   if (absl::Status s = state->manager->Start(); !s.ok()) return s;
 
   state->jobs_service = std::make_unique<JobsService>(state->manager.get(), &state->auth);

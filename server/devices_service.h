@@ -10,7 +10,8 @@ namespace latentd::server {
 
 class DevicesService final : public latentd::v1::Devices::Service {
  public:
-  DevicesService(const engine::DevicePool* pool, const TokenAuth* auth) : pool_(pool), auth_(auth) {}
+  DevicesService(const engine::DevicePool* pool, const TokenAuth* auth)
+      : pool_(pool), auth_(auth) {}
 
   grpc::Status ListDevices(grpc::ServerContext* context,
                            const latentd::v1::ListDevicesRequest* request,

@@ -19,7 +19,9 @@ using latentd::v1::JobSpec;
 using latentd::v1::JobState;
 using latentd::v1::JobType;
 
-int DevicesRequested(const JobSpec& spec) { return spec.num_devices() == 0 ? 1 : spec.num_devices(); }
+int DevicesRequested(const JobSpec& spec) {
+  return spec.num_devices() == 0 ? 1 : spec.num_devices();
+}
 
 bool IsTerminal(JobState state) {
   return state == latentd::v1::SUCCEEDED || state == latentd::v1::FAILED ||
@@ -213,9 +215,9 @@ absl::Status JobManager::ValidateSpec(const JobSpec& spec) const {
                                      : spec.type() == latentd::v1::EXTRACT ? JobSpec::kExtract
                                                                            : JobSpec::kTrain;
   if (spec.spec_case() != JobSpec::SPEC_NOT_SET && spec.spec_case() != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec: the type is ", latentd::v1::JobType_Name(spec.type()),
-        " but the spec set is another type's"));
+    return absl::InvalidArgumentError(absl::StrCat("spec: the type is ",
+                                                   latentd::v1::JobType_Name(spec.type()),
+                                                   " but the spec set is another type's"));
   }
   if (spec.num_devices() < 0) {
     return absl::InvalidArgumentError(
@@ -224,8 +226,8 @@ absl::Status JobManager::ValidateSpec(const JobSpec& spec) const {
   const int devices = DevicesRequested(spec);
   if (devices > pool_->size()) {
     return absl::InvalidArgumentError(absl::StrCat("spec.num_devices: ", devices,
-                                                   " requested but this daemon has ",
-                                                   pool_->size(), " devices"));
+                                                   " requested but this daemon has ", pool_->size(),
+                                                   " devices"));
   }
   if (spec.label().size() > kMaxLabelLength) {
     return absl::InvalidArgumentError(
@@ -445,7 +447,8 @@ void JobManager::StartJobLocked(Entry* entry, std::vector<engine::DeviceRef> dev
   for (const auto& d : entry->devices) absl::StrAppend(&on, on.empty() ? "" : ",", d.name);
   absl::Status s = SetStateLocked(
       entry, latentd::v1::RUNNING, latentd::v1::JOB_REASON_UNSPECIFIED,
-      absl::StrCat("running on ", on, job.attempts() > 1 ? absl::StrCat(" (attempt ", job.attempts(), ")") : ""));
+      absl::StrCat("running on ", on,
+                   job.attempts() > 1 ? absl::StrCat(" (attempt ", job.attempts(), ")") : ""));
   if (!s.ok()) {
     // The record could not be written: do not run a job whose state nobody could read back.
     pool_->Release(job.id());

@@ -1,12 +1,14 @@
 // The job manager: the daemon's scheduler and the owner of every job's state machine.
 //
 //   SubmitJob -> PENDING --(devices free, its turn)--> RUNNING --> SUCCEEDED | FAILED
-//                   |                                    |  \--(CancelJob)--> CANCELLING --> CANCELLED
-//                   \--(CancelJob)--> CANCELLED          \--(shutdown or crash)--> PENDING (INTERRUPTED)
+//                   |                                    |  \--(CancelJob)--> CANCELLING -->
+//                   CANCELLED
+//                   \--(CancelJob)--> CANCELLED          \--(shutdown or crash)--> PENDING
+//                   (INTERRUPTED)
 //
 // Scheduling: strict priority order (higher first), FIFO by submission within one priority, and no
-// backfill: when the job at the head cannot get its devices, nothing behind it starts (a large job is
-// never starved by a stream of small ones). A device is given to one job at a time (DevicePool).
+// backfill: when the job at the head cannot get its devices, nothing behind it starts (a large job
+// is never starved by a stream of small ones). A device is given to one job at a time (DevicePool).
 //
 // Durability: every state change is written (synced) with the event that announces it before any
 // caller is told about it; on Start() a job that was RUNNING when the daemon died is re-queued

@@ -82,9 +82,9 @@ class JobManagerTest : public ::testing::Test {
     runner.run = [this](const JobSpec& spec, engine::JobContext* ctx) {
       return gate_.Run(spec, ctx);
     };
-    manager_ = std::make_unique<JobManager>(store_.get(), pool_.get(),
-                                            std::map<latentd::v1::JobType, JobRunner>{
-                                                {latentd::v1::PROBE, runner}});
+    manager_ = std::make_unique<JobManager>(
+        store_.get(), pool_.get(),
+        std::map<latentd::v1::JobType, JobRunner>{{latentd::v1::PROBE, runner}});
     ASSERT_TRUE(manager_->Start().ok());
   }
   void Close() {
@@ -132,20 +132,30 @@ TEST_F(JobManagerTest, RunsAJobToSucceededWithEventsInOrder) {
   EXPECT_EQ(done.result().probe().devices(0).device(), "cpu:0");
   EXPECT_TRUE(done.has_finished());
   std::vector<JobEvent> events;
-  ASSERT_TRUE(manager_->Watch(job.id(), 0, [&](const JobEvent& e) {
-                events.push_back(e);
-                return true;
-              }, [] { return false; }).ok());
+  ASSERT_TRUE(manager_
+                  ->Watch(
+                      job.id(), 0,
+                      [&](const JobEvent& e) {
+                        events.push_back(e);
+                        return true;
+                      },
+                      [] { return false; })
+                  .ok());
   ASSERT_GE(events.size(), 4u);  // PENDING, RUNNING, progress, log, SUCCEEDED
   for (size_t i = 0; i < events.size(); ++i) EXPECT_EQ(events[i].sequence(), int64_t(i + 1));
   EXPECT_EQ(events.front().state().state(), latentd::v1::PENDING);
   EXPECT_EQ(events.back().state().state(), latentd::v1::SUCCEEDED);
   // Resuming from a sequence number sends only what follows it.
   std::vector<JobEvent> tail;
-  ASSERT_TRUE(manager_->Watch(job.id(), events.size() - 1, [&](const JobEvent& e) {
-                tail.push_back(e);
-                return true;
-              }, [] { return false; }).ok());
+  ASSERT_TRUE(manager_
+                  ->Watch(
+                      job.id(), events.size() - 1,
+                      [&](const JobEvent& e) {
+                        tail.push_back(e);
+                        return true;
+                      },
+                      [] { return false; })
+                  .ok());
   ASSERT_EQ(tail.size(), 1u);
   EXPECT_EQ(tail[0].sequence(), int64_t(events.size()));
 }
@@ -157,10 +167,10 @@ TEST_F(JobManagerTest, SameRequestIdReturnsTheSameJob) {
   EXPECT_EQ(a.id(), b.id());
   auto conflict = manager_->Submit("req-1", Probe(1, 5));
   EXPECT_EQ(conflict.status().code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(manager_->List(latentd::v1::JOB_STATE_UNSPECIFIED, latentd::v1::JOB_TYPE_UNSPECIFIED,
-                           0, "")
-                ->jobs.size(),
-            1u);
+  EXPECT_EQ(
+      manager_->List(latentd::v1::JOB_STATE_UNSPECIFIED, latentd::v1::JOB_TYPE_UNSPECIFIED, 0, "")
+          ->jobs.size(),
+      1u);
 }
 
 TEST_F(JobManagerTest, DevicesAreNeverSharedAndFifoWithinPriority) {
@@ -191,7 +201,7 @@ TEST_F(JobManagerTest, NoBackfillPastAWaitingHead) {
   Open("cpu:2");
   Job one = *manager_->Submit("", Probe(1));
   WaitFor(one.id(), latentd::v1::RUNNING);
-  Job two = *manager_->Submit("", Probe(2));   // head: needs both devices
+  Job two = *manager_->Submit("", Probe(2));    // head: needs both devices
   Job small = *manager_->Submit("", Probe(1));  // would fit, but must not jump the queue
   absl::SleepFor(absl::Milliseconds(50));
   EXPECT_EQ(manager_->Get(small.id())->state(), latentd::v1::PENDING);
@@ -214,8 +224,7 @@ TEST_F(JobManagerTest, CancelPendingRunningAndFinished) {
   EXPECT_EQ(r.state(), latentd::v1::CANCELLING);
   Job done = WaitFor(running.id(), latentd::v1::CANCELLED);
   EXPECT_EQ(done.reason(), latentd::v1::USER_CANCELLED);
-  EXPECT_EQ(manager_->Cancel(running.id()).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(manager_->Cancel(running.id()).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(manager_->Cancel(999).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(pool_->free_count(), 1);
 }
@@ -256,16 +265,16 @@ TEST_F(JobManagerTest, ListIsNewestFirstFilteredAndPaged) {
   EXPECT_EQ(page1.jobs[0].id(), ids[4]);
   EXPECT_EQ(page1.jobs[2].id(), ids[2]);
   ASSERT_FALSE(page1.next_page_token.empty());
-  auto page2 =
-      *manager_->List(latentd::v1::PENDING, latentd::v1::JOB_TYPE_UNSPECIFIED, 3,
-                      page1.next_page_token);
+  auto page2 = *manager_->List(latentd::v1::PENDING, latentd::v1::JOB_TYPE_UNSPECIFIED, 3,
+                               page1.next_page_token);
   ASSERT_EQ(page2.jobs.size(), 1u);
   EXPECT_EQ(page2.jobs[0].id(), ids[1]);
   EXPECT_TRUE(page2.next_page_token.empty());
   EXPECT_TRUE(manager_->List(latentd::v1::JOB_STATE_UNSPECIFIED, latentd::v1::EXTRACT, 0, "")
                   ->jobs.empty());
-  EXPECT_EQ(manager_->List(latentd::v1::JOB_STATE_UNSPECIFIED, latentd::v1::JOB_TYPE_UNSPECIFIED,
-                           0, "garbage")
+  EXPECT_EQ(manager_
+                ->List(latentd::v1::JOB_STATE_UNSPECIFIED, latentd::v1::JOB_TYPE_UNSPECIFIED, 0,
+                       "garbage")
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
@@ -301,8 +310,8 @@ TEST_F(JobManagerTest, WatchEndsWhenTheClientGoes) {
   absl::Notification finished;
   absl::Status watch_status;
   std::thread watcher([&] {
-    watch_status = manager_->Watch(job.id(), 0, [](const JobEvent&) { return true; },
-                                   [&] { return gone.load(); });
+    watch_status = manager_->Watch(
+        job.id(), 0, [](const JobEvent&) { return true; }, [&] { return gone.load(); });
     finished.Notify();
   });
   absl::SleepFor(absl::Milliseconds(30));

@@ -76,8 +76,8 @@ absl::StatusOr<std::vector<latentd::v1::Job>> JobStore::LoadAll() const {
   for (it->Seek("J"); it->Valid() && it->key().starts_with("J"); it->Next()) {
     latentd::v1::Job job;
     if (!job.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
-      return absl::DataLossError(absl::StrCat("job record ", it->key().ToString(true),
-                                              " does not parse"));
+      return absl::DataLossError(
+          absl::StrCat("job record ", it->key().ToString(true), " does not parse"));
     }
     jobs.push_back(std::move(job));
   }

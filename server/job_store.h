@@ -6,9 +6,9 @@
 //   'R' request_id      -> id(8)             (idempotent SubmitJob)
 //   'N'                 -> next id(8)
 // A record and the events that explain its change are written in one WriteBatch, so a reader never
-// sees a state without its event. Writes that a client has been told about (submission, state changes)
-// are synced; progress and telemetry are not (they survive a process crash through the WAL, and losing
-// the newest few on a power cut is harmless).
+// sees a state without its event. Writes that a client has been told about (submission, state
+// changes) are synced; progress and telemetry are not (they survive a process crash through the
+// WAL, and losing the newest few on a power cut is harmless).
 #ifndef LATENTD_SERVER_JOB_STORE_H_
 #define LATENTD_SERVER_JOB_STORE_H_
 
@@ -34,7 +34,8 @@ class JobStore {
 
   // Writes a new job, its request id mapping and its first events, and advances the id counter, in
   // one synced batch.
-  absl::Status Create(const latentd::v1::Job& job, const std::vector<latentd::v1::JobEvent>& events);
+  absl::Status Create(const latentd::v1::Job& job,
+                      const std::vector<latentd::v1::JobEvent>& events);
 
   // Replaces the record of `job` and appends `events` in one batch.
   absl::Status Update(const latentd::v1::Job& job, const std::vector<latentd::v1::JobEvent>& events,

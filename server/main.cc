@@ -13,13 +13,17 @@
 #include "server/daemon.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "host:port to serve gRPC on (port 0: any free)");
-ABSL_FLAG(std::string, data_dir, "", "data directory (default $XDG_DATA_HOME/latentd or ~/.local/share/latentd)");
+ABSL_FLAG(std::string, data_dir, "",
+          "data directory (default $XDG_DATA_HOME/latentd or ~/.local/share/latentd)");
 ABSL_FLAG(std::string, devices, "auto", "devices to own: auto, cpu[:N], cuda[:i,j,...]");
 ABSL_FLAG(std::string, auth_token_file, "", "file holding the bearer token every RPC must present");
 ABSL_FLAG(bool, insecure, false, "allow a non-loopback --listen without --auth_token_file");
-ABSL_FLAG(std::string, data_roots, "", "comma-separated directories job inputs must lie under (default: data dir, /tmp)");
-ABSL_FLAG(std::string, export_root, "", "directory server-side exports go under (default <data_dir>/exports)");
-ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving (for tests and scripts)");
+ABSL_FLAG(std::string, data_roots, "",
+          "comma-separated directories job inputs must lie under (default: data dir, /tmp)");
+ABSL_FLAG(std::string, export_root, "",
+          "directory server-side exports go under (default <data_dir>/exports)");
+ABSL_FLAG(std::string, port_file, "",
+          "write the bound port to this file once serving (for tests and scripts)");
 ABSL_FLAG(int, grace_seconds, 5, "how long in-flight RPCs may run on after SIGTERM");
 
 int main(int argc, char** argv) {
@@ -39,7 +43,8 @@ int main(int argc, char** argv) {
   options.devices = absl::GetFlag(FLAGS_devices);
   options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   options.insecure = absl::GetFlag(FLAGS_insecure);
-  for (absl::string_view root : absl::StrSplit(absl::GetFlag(FLAGS_data_roots), ',', absl::SkipEmpty())) {
+  for (absl::string_view root :
+       absl::StrSplit(absl::GetFlag(FLAGS_data_roots), ',', absl::SkipEmpty())) {
     options.data_roots.emplace_back(root);
   }
   options.export_root = absl::GetFlag(FLAGS_export_root);

@@ -121,7 +121,8 @@ absl::Status Db::Write(rocksdb::WriteBatch* batch, bool sync) {
 absl::StatusOr<std::string> Db::Get(Family family, const rocksdb::Slice& key) const {
   std::string value;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), handle(family), key, &value);
-  if (s.IsNotFound()) return absl::NotFoundError(absl::StrCat("key not found in ", FamilyName(family)));
+  if (s.IsNotFound())
+    return absl::NotFoundError(absl::StrCat("key not found in ", FamilyName(family)));
   if (!s.ok()) return FromRocks(s, absl::StrCat("get from ", FamilyName(family)));
   return value;
 }

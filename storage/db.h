@@ -1,6 +1,6 @@
-// One RocksDB instance holds everything latentd keeps: datasets (metadata, chunks, per-latent index),
-// artifacts and job records. Column families split it by access pattern so that each can have its own
-// compression and block settings.
+// One RocksDB instance holds everything latentd keeps: datasets (metadata, chunks, per-latent
+// index), artifacts and job records. Column families split it by access pattern so that each can
+// have its own compression and block settings.
 //
 // Thread-safe: RocksDB handles concurrent readers and writers; Db adds no locks of its own.
 #ifndef LATENTD_STORAGE_DB_H_
@@ -19,8 +19,8 @@ namespace latentd::storage {
 
 // The column families. Their order is their index in Db's handle table.
 enum class Family {
-  kMeta = 0,         // dataset and artifact metadata, watermarks, id counters (small, hot)
-  kChunks = 1,       // row chunks: CSR or dense values + token ids (large, LZ4 / ZSTD at the bottom)
+  kMeta = 0,    // dataset and artifact metadata, watermarks, id counters (small, hot)
+  kChunks = 1,  // row chunks: CSR or dense values + token ids (large, LZ4 / ZSTD at the bottom)
   kLatentIndex = 2,  // per-latent statistics and top-N
   kPostings = 3,     // latent-major postings: (dataset, latent, chunk) -> rows and values
   kJobs = 4,         // job records and job events
@@ -33,7 +33,8 @@ const char* FamilyName(Family family);
 struct DbOptions {
   // Create the database when the directory holds none. Default true.
   bool create_if_missing = true;
-  // Values of the chunk family at least this large go to blob files. Default 64 KiB; 0 disables blobs.
+  // Values of the chunk family at least this large go to blob files. Default 64 KiB; 0 disables
+  // blobs.
   uint64_t min_blob_size = 64 << 10;
   // Block cache shared by all families, in bytes. Default 64 MiB.
   size_t block_cache_bytes = 64 << 20;
@@ -61,7 +62,8 @@ class Db {
   absl::Status Write(rocksdb::WriteBatch* batch, bool sync);
   // Single-key helpers. Get returns NOT_FOUND when the key is absent.
   absl::StatusOr<std::string> Get(Family family, const rocksdb::Slice& key) const;
-  absl::Status Put(Family family, const rocksdb::Slice& key, const rocksdb::Slice& value, bool sync);
+  absl::Status Put(Family family, const rocksdb::Slice& key, const rocksdb::Slice& value,
+                   bool sync);
 
   // A new iterator over one family; the caller must delete it before the Db goes away.
   std::unique_ptr<rocksdb::Iterator> NewIterator(Family family) const;
@@ -79,7 +81,8 @@ class Db {
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
 };
 
-// Converts a RocksDB status into an absl::Status with the same meaning; `context` prefixes the message.
+// Converts a RocksDB status into an absl::Status with the same meaning; `context` prefixes the
+// message.
 absl::Status FromRocks(const rocksdb::Status& status, const std::string& context);
 
 }  // namespace latentd::storage
