@@ -1,0 +1,89 @@
+// Self-contained PNG line plots of training telemetry: an in-memory RGB canvas with an embedded
+// 5x7 bitmap font, a PNG encoder on zlib, and the two-panel telemetry plot `latentctl telemetry
+// ID --plot=FILE.png` writes. No plotting library, no Python.
+#ifndef LATENTD_CLIENT_TELEMETRY_PLOT_H_
+#define LATENTD_CLIENT_TELEMETRY_PLOT_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "proto/latentd/v1/train.pb.h"
+
+namespace latentd::client {
+
+struct Rgb {
+  uint8_t r = 0;
+  uint8_t g = 0;
+  uint8_t b = 0;
+};
+inline bool operator==(Rgb a, Rgb b) { return a.r == b.r && a.g == b.g && a.b == b.b; }
+inline bool operator!=(Rgb a, Rgb b) { return !(a == b); }
+
+// A width x height RGB raster, row-major, top-left origin. Every drawing call clips to the
+// canvas, so callers may pass coordinates outside it.
+class Canvas {
+ public:
+  // Negative sizes are treated as 0 (an empty canvas, which WritePng rejects).
+  Canvas(int width, int height, Rgb background = {255, 255, 255});
+
+  int width() const { return width_; }
+  int height() const { return height_; }
+  // 3 bytes (R, G, B) per pixel, rows top to bottom; what WritePng encodes.
+  const std::vector<uint8_t>& rgb() const { return rgb_; }
+  // The pixel at (x, y); black outside the canvas.
+  Rgb Pixel(int x, int y) const;
+
+  // Fills the w x h rectangle whose top-left pixel is (x, y).
+  void FillRect(int x, int y, int w, int h, Rgb color);
+  // An anti-aliased segment of the given thickness in pixels, in continuous coordinates where
+  // pixel (i, j) covers [i, i+1) x [j, j+1): pixels the stroke covers fully get exactly `color`.
+  // A zero-length segment draws a round dot of diameter `thickness`.
+  void DrawLine(double x0, double y0, double x1, double y1, Rgb color, double thickness = 1.0);
+  // Text in the embedded 5x7 font, each font pixel drawn as a scale x scale block, (x, y) the
+  // top-left corner. Lowercase letters have their own glyphs; g j p q y , ; descend 2 * scale
+  // pixels below the TextHeight line. A character without a glyph is drawn as '?'. Each
+  // character advances 6 * scale pixels.
+  void DrawText(int x, int y, std::string_view text, Rgb color, int scale = 1);
+  static int TextWidth(std::string_view text, int scale = 1);
+  static int TextHeight(int scale = 1) { return 7 * scale; }
+
+ private:
+  void Blend(int x, int y, Rgb color, double alpha);
+
+  int width_;
+  int height_;
+  std::vector<uint8_t> rgb_;
+};
+
+// Writes `canvas` as an 8-bit truecolor PNG. INVALID_ARGUMENT for an empty canvas,
+// PERMISSION_DENIED (access refused) or UNAVAILABLE (any other failure) naming `path` when the
+// file cannot be written.
+absl::Status WritePng(const Canvas& canvas, const std::string& path);
+
+// The series colors of WriteTelemetryPlot, so tools and tests can find the lines.
+inline constexpr Rgb kPlotLossColor = {31, 119, 180};
+inline constexpr Rgb kPlotFvuColor = {255, 127, 14};
+inline constexpr Rgb kPlotOptimizerStateColor = {44, 160, 44};
+inline constexpr Rgb kPlotDenseMfacColor = {214, 39, 40};
+inline constexpr Rgb kPlotParameterColor = {148, 103, 189};
+inline constexpr Rgb kPlotRssColor = {140, 86, 75};
+inline constexpr Rgb kPlotDeviceAllocatedColor = {23, 190, 207};
+
+// Writes a PNG with two panels sharing the step axis: top, loss (and FVU on the same panel if
+// present) against step; bottom, memory against step: optimizer_state_total_bytes,
+// dense_mfac_history_bytes (the dense M-FAC history the EFCP optimizer avoids), parameter_bytes,
+// process_rss_bytes, device_allocated_bytes when nonzero — log10 y axis so that MB and GB both
+// read. Axes with tick labels (nice 1-2-5 ticks; bytes formatted as KiB/MiB/GiB), a legend with
+// colors, and `title` at the top. FVU, when present, reads on its own right-hand axis.
+// Samples may come in any step order; non-finite values and zero byte counts leave gaps.
+// INVALID_ARGUMENT when `samples` is empty, UNAVAILABLE/PERMISSION_DENIED naming the path when the
+// file cannot be written.
+absl::Status WriteTelemetryPlot(const std::vector<latentd::v1::TrainTelemetry>& samples,
+                                const std::string& title, const std::string& path);
+
+}  // namespace latentd::client
+
+#endif  // LATENTD_CLIENT_TELEMETRY_PLOT_H_

@@ -1,0 +1,298 @@
+#include "client/telemetry_plot.h"
+
+#include <zlib.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace latentd::client {
+namespace {
+
+using latentd::v1::TrainTelemetry;
+
+// An independent PNG reader for what WritePng produces (8-bit truecolor, no interlace), checking
+// everything a real decoder would: signature, chunk CRCs, IHDR, the inflated IDAT size, filters.
+struct Image {
+  int width = 0;
+  int height = 0;
+  std::vector<uint8_t> rgb;
+  Rgb At(int x, int y) const {
+    const size_t i = (static_cast<size_t>(y) * width + x) * 3;
+    return {rgb[i], rgb[i + 1], rgb[i + 2]};
+  }
+  size_t Count(Rgb c) const {
+    size_t n = 0;
+    for (int y = 0; y < height; ++y) {
+      for (int x = 0; x < width; ++x) n += At(x, y) == c;
+    }
+    return n;
+  }
+};
+
+uint32_t BigEndian32(const std::string& s, size_t at) {
+  return (uint32_t{static_cast<uint8_t>(s[at])} << 24) |
+         (uint32_t{static_cast<uint8_t>(s[at + 1])} << 16) |
+         (uint32_t{static_cast<uint8_t>(s[at + 2])} << 8) |
+         uint32_t{static_cast<uint8_t>(s[at + 3])};
+}
+
+int Paeth(int a, int b, int c) {
+  const int p = a + b - c, pa = std::abs(p - a), pb = std::abs(p - b), pc = std::abs(p - c);
+  return pa <= pb && pa <= pc ? a : pb <= pc ? b : c;
+}
+
+absl::StatusOr<Image> DecodePng(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(path);
+  const std::string png((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (png.compare(0, 8, std::string("\x89PNG\r\n\x1a\n", 8)) != 0) {
+    return absl::DataLossError("bad signature");
+  }
+  Image image;
+  std::string idat;
+  bool saw_ihdr = false, saw_iend = false;
+  for (size_t at = 8; at < png.size();) {
+    if (at + 12 > png.size()) return absl::DataLossError("truncated chunk header");
+    const uint32_t length = BigEndian32(png, at);
+    if (at + 12 + length > png.size()) return absl::DataLossError("truncated chunk");
+    const std::string type = png.substr(at + 4, 4);
+    const std::string data = png.substr(at + 8, length);
+    const uint32_t crc = BigEndian32(png, at + 8 + length);
+    const uLong expected =
+        crc32(0L, reinterpret_cast<const Bytef*>(png.data() + at + 4), 4 + length);
+    if (crc != expected) return absl::DataLossError(absl::StrCat("bad CRC in ", type));
+    if (type == "IHDR") {
+      if (length != 13) return absl::DataLossError("IHDR length");
+      image.width = static_cast<int>(BigEndian32(data, 0));
+      image.height = static_cast<int>(BigEndian32(data, 4));
+      if (data[8] != 8 || data[9] != 2 || data[10] != 0 || data[11] != 0 || data[12] != 0) {
+        return absl::DataLossError("IHDR: not 8-bit truecolor, deflate, no interlace");
+      }
+      saw_ihdr = true;
+    } else if (type == "IDAT") {
+      if (!saw_ihdr) return absl::DataLossError("IDAT before IHDR");
+      idat += data;
+    } else if (type == "IEND") {
+      saw_iend = true;
+      if (at + 12 != png.size()) return absl::DataLossError("bytes after IEND");
+    }
+    at += 12 + length;
+  }
+  if (!saw_ihdr || !saw_iend || idat.empty()) return absl::DataLossError("missing chunk");
+  const size_t stride = 1 + static_cast<size_t>(image.width) * 3;
+  const size_t expected_size = stride * image.height;
+  // One spare byte so that more data than expected shows up as a size mismatch.
+  std::vector<uint8_t> raw(expected_size + 1);
+  uLongf raw_size = raw.size();
+  if (uncompress(raw.data(), &raw_size, reinterpret_cast<const Bytef*>(idat.data()), idat.size()) !=
+      Z_OK) {
+    return absl::DataLossError("IDAT does not inflate");
+  }
+  if (raw_size != expected_size) {
+    return absl::DataLossError(
+        absl::StrCat("IDAT inflates to ", raw_size, " bytes, expected ", expected_size));
+  }
+  image.rgb.resize(expected_size - image.height);
+  const size_t row = stride - 1;
+  for (int y = 0; y < image.height; ++y) {
+    const uint8_t filter = raw[y * stride];
+    const uint8_t* src = &raw[y * stride + 1];
+    uint8_t* out = &image.rgb[y * row];
+    const uint8_t* up = y > 0 ? out - row : nullptr;
+    for (size_t i = 0; i < row; ++i) {
+      const int a = i >= 3 ? out[i - 3] : 0, b = up ? up[i] : 0, c = up && i >= 3 ? up[i - 3] : 0;
+      int predictor;
+      switch (filter) {
+        case 0:
+          predictor = 0;
+          break;
+        case 1:
+          predictor = a;
+          break;
+        case 2:
+          predictor = b;
+          break;
+        case 3:
+          predictor = (a + b) / 2;
+          break;
+        case 4:
+          predictor = Paeth(a, b, c);
+          break;
+        default:
+          return absl::DataLossError(absl::StrCat("bad filter ", filter, " on row ", y));
+      }
+      out[i] = static_cast<uint8_t>(src[i] + predictor);
+    }
+  }
+  return image;
+}
+
+std::string TmpPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
+}
+
+// A training run the shape the trainer reports: decaying loss and FVU, flat optimizer state
+// (EFCP) far below the dense M-FAC history it avoids, RSS growing slowly.
+std::vector<TrainTelemetry> SyntheticRun(int n) {
+  std::vector<TrainTelemetry> samples;
+  for (int i = 0; i < n; ++i) {
+    TrainTelemetry t;
+    t.set_step(i * 20);
+    t.set_steps_total(n * 20);
+    t.set_loss(0.05 + 0.9 * std::exp(-i / 8.0) + 0.01 * std::sin(i));
+    t.set_fvu(0.08 + 0.6 * std::exp(-i / 10.0));
+    t.set_optimizer_state_total_bytes(int64_t{48} << 20);
+    t.set_dense_mfac_history_bytes(int64_t{6} << 30);
+    t.set_parameter_bytes(int64_t{24} << 20);
+    t.set_process_rss_bytes((int64_t{900} << 20) + int64_t{i} * (4 << 20));
+    samples.push_back(t);
+  }
+  return samples;
+}
+
+TEST(WritePngTest, RoundTripsEveryPixel) {
+  Canvas canvas(7, 5, {10, 20, 30});
+  canvas.FillRect(2, 1, 3, 2, {200, 0, 0});
+  canvas.FillRect(-3, 4, 5, 10, {0, 255, 7});  // clipped at the left and bottom edges
+  const std::string path = TmpPath("roundtrip.png");
+  ASSERT_TRUE(WritePng(canvas, path).ok());
+  absl::StatusOr<Image> image = DecodePng(path);
+  ASSERT_TRUE(image.ok()) << image.status();
+  ASSERT_EQ(image->width, 7);
+  ASSERT_EQ(image->height, 5);
+  for (int y = 0; y < 5; ++y) {
+    for (int x = 0; x < 7; ++x) {
+      EXPECT_EQ(image->At(x, y), canvas.Pixel(x, y)) << x << "," << y;
+    }
+  }
+  EXPECT_EQ(image->At(2, 1), (Rgb{200, 0, 0}));
+  EXPECT_EQ(image->At(4, 2), (Rgb{200, 0, 0}));
+  EXPECT_EQ(image->At(5, 2), (Rgb{10, 20, 30}));
+  EXPECT_EQ(image->At(1, 4), (Rgb{0, 255, 7}));
+  EXPECT_EQ(image->At(2, 4), (Rgb{10, 20, 30}));
+}
+
+TEST(WritePngTest, RejectsEmptyCanvasAndUnwritablePaths) {
+  EXPECT_EQ(WritePng(Canvas(0, 10), TmpPath("empty.png")).code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::string missing_dir = TmpPath("no/such/dir/x.png");
+  absl::Status s = WritePng(Canvas(4, 4), missing_dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find(missing_dir), std::string::npos) << s;
+}
+
+TEST(CanvasTest, LinesAreSolidAtTheirCenterAndAbsentElsewhere) {
+  Canvas canvas(40, 20);
+  const Rgb blue = {0, 0, 255};
+  canvas.DrawLine(5, 10, 35, 10, blue, 3);
+  EXPECT_EQ(canvas.Pixel(20, 9), blue);
+  EXPECT_EQ(canvas.Pixel(20, 10), blue);
+  EXPECT_EQ(canvas.Pixel(20, 14), (Rgb{255, 255, 255}));
+  EXPECT_EQ(canvas.Pixel(38, 10), (Rgb{255, 255, 255}));
+  // Lines and text running off the canvas are clipped, not a crash.
+  canvas.DrawLine(-100, -100, 100, 100, blue, 2);
+  canvas.DrawText(30, 15, "clipped text", blue, 3);
+}
+
+TEST(CanvasTest, TextUsesTheEmbeddedFont) {
+  Canvas canvas(20, 10);
+  const Rgb ink = {0, 0, 0}, paper = {255, 255, 255};
+  canvas.DrawText(1, 1, "T", ink);
+  // 'T': a full top bar, then only the middle column.
+  for (int col = 0; col < 5; ++col) EXPECT_EQ(canvas.Pixel(1 + col, 1), ink) << col;
+  EXPECT_EQ(canvas.Pixel(3, 4), ink);
+  EXPECT_EQ(canvas.Pixel(2, 4), paper);
+  EXPECT_EQ(canvas.Pixel(1, 8), paper);  // below the 7 rows
+
+  Canvas scaled(20, 20);
+  scaled.DrawText(0, 0, "T", ink, 2);
+  EXPECT_EQ(scaled.Pixel(9, 1), ink);  // the bar spans 10 pixels at scale 2
+  EXPECT_EQ(scaled.Pixel(10, 1), paper);
+  EXPECT_EQ(Canvas::TextWidth("ab", 2), 22);
+
+  // Every character the plot labels need has a glyph of its own (not the '?' fallback).
+  Canvas unknown(10, 10);
+  unknown.DrawText(0, 0, "\x01", ink);
+  for (char c : std::string("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                            ".,-+e%/():_=")) {
+    Canvas glyph(10, 10);
+    glyph.DrawText(0, 0, std::string(1, c), ink);
+    EXPECT_NE(glyph.rgb(), unknown.rgb()) << "no glyph for '" << c << "'";
+  }
+}
+
+TEST(TelemetryPlotTest, WritesADecodablePlotWithTheSeriesColors) {
+  const std::string path = TmpPath("telemetry.png");
+  absl::Status s = WriteTelemetryPlot(SyntheticRun(50), "job 42: EFCP vs dense M-FAC", path);
+  ASSERT_TRUE(s.ok()) << s;
+  absl::StatusOr<Image> image = DecodePng(path);
+  ASSERT_TRUE(image.ok()) << image.status();
+  EXPECT_GE(image->width, 800);
+  EXPECT_GE(image->height, 500);
+  const size_t total = static_cast<size_t>(image->width) * image->height;
+  EXPECT_LT(image->Count(image->At(0, 0)), total) << "single-color image";
+  for (Rgb c : {kPlotLossColor, kPlotFvuColor, kPlotOptimizerStateColor, kPlotDenseMfacColor,
+                kPlotParameterColor, kPlotRssColor}) {
+    // A 2.5 px line across most of the width, plus its legend swatch.
+    EXPECT_GT(image->Count(c), 600u) << int{c.r} << "," << int{c.g} << "," << int{c.b};
+  }
+  // device_allocated_bytes is zero throughout (a CPU run): no line, no legend entry.
+  EXPECT_EQ(image->Count(kPlotDeviceAllocatedColor), 0u);
+}
+
+TEST(TelemetryPlotTest, PlotsOnlyTheSeriesThatArePresent) {
+  // Out of step order, no FVU, only device memory: still a valid plot.
+  std::vector<TrainTelemetry> samples;
+  for (int step : {30, 10, 20}) {
+    TrainTelemetry t;
+    t.set_step(step);
+    t.set_loss(1.0 / step);
+    t.set_device_allocated_bytes(int64_t{step} << 30);
+    samples.push_back(t);
+  }
+  const std::string path = TmpPath("partial.png");
+  ASSERT_TRUE(WriteTelemetryPlot(samples, "partial", path).ok());
+  absl::StatusOr<Image> image = DecodePng(path);
+  ASSERT_TRUE(image.ok()) << image.status();
+  EXPECT_GT(image->Count(kPlotLossColor), 100u);
+  EXPECT_GT(image->Count(kPlotDeviceAllocatedColor), 100u);
+  EXPECT_EQ(image->Count(kPlotFvuColor), 0u);
+  EXPECT_EQ(image->Count(kPlotDenseMfacColor), 0u);
+
+  // One sample, with NaN loss: a degenerate step range and nothing to draw on top.
+  TrainTelemetry one;
+  one.set_step(7);
+  one.set_loss(std::nan(""));
+  one.set_process_rss_bytes(1 << 20);
+  ASSERT_TRUE(WriteTelemetryPlot({one}, "one", TmpPath("one.png")).ok());
+  ASSERT_TRUE(DecodePng(TmpPath("one.png")).ok());
+}
+
+TEST(TelemetryPlotTest, RejectsEmptySamplesAndUnwritablePaths) {
+  absl::Status empty = WriteTelemetryPlot({}, "t", TmpPath("none.png"));
+  EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument) << empty;
+
+  const std::string bad = TmpPath("missing/dir/plot.png");
+  absl::Status s = WriteTelemetryPlot(SyntheticRun(3), "t", bad);
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(s.code() == absl::StatusCode::kUnavailable ||
+              s.code() == absl::StatusCode::kPermissionDenied)
+      << s;
+  EXPECT_NE(s.message().find(bad), std::string::npos) << s;
+  // A directory is not a writable file either.
+  EXPECT_FALSE(WriteTelemetryPlot(SyntheticRun(3), "t", TmpPath("")).ok());
+}
+
+}  // namespace
+}  // namespace latentd::client
