@@ -97,11 +97,16 @@ class JobManager::Context final : public engine::JobContext {
     if (entry_->rate_window_start == absl::InfinitePast()) {
       entry_->rate_window_start = now;
       entry_->rate_window_units = units_done;
-    } else if (now - entry_->rate_window_start >= absl::Seconds(1)) {
-      progress->set_rate(static_cast<double>(units_done - entry_->rate_window_units) /
-                         absl::ToDoubleSeconds(now - entry_->rate_window_start));
-      entry_->rate_window_start = now;
-      entry_->rate_window_units = units_done;
+    } else {
+      const double seconds = absl::ToDoubleSeconds(now - entry_->rate_window_start);
+      // Until a full window has passed the rate is over the time since the first report.
+      if (seconds > 0) {
+        progress->set_rate(static_cast<double>(units_done - entry_->rate_window_units) / seconds);
+      }
+      if (seconds >= 1.0) {
+        entry_->rate_window_start = now;
+        entry_->rate_window_units = units_done;
+      }
     }
     const bool last = units_total > 0 && units_done >= units_total;
     if (!last && now - entry_->last_progress_write < manager_->options_.progress_interval) return;
