@@ -74,6 +74,7 @@ struct JobManager::Entry {
   // Rate over the recent window: the (time, units) sample the window starts at.
   absl::Time rate_window_start = absl::InfinitePast();
   int64_t rate_window_units = 0;
+  bool rate_window_closed = false;
 };
 
 // The JobContext a runner sees. Calls come from the runner's thread (or threads it starts).
@@ -99,11 +100,13 @@ class JobManager::Context final : public engine::JobContext {
       entry_->rate_window_units = units_done;
     } else {
       const double seconds = absl::ToDoubleSeconds(now - entry_->rate_window_start);
-      // Until a full window has passed the rate is over the time since the first report.
-      if (seconds > 0) {
+      // The rate changes once a window (>= 1 s) closes; before the first one closes it is
+      // measured over the time since the first report, so short jobs show one too.
+      if (seconds >= 1.0 || (!entry_->rate_window_closed && seconds > 0)) {
         progress->set_rate(static_cast<double>(units_done - entry_->rate_window_units) / seconds);
       }
       if (seconds >= 1.0) {
+        entry_->rate_window_closed = true;
         entry_->rate_window_start = now;
         entry_->rate_window_units = units_done;
       }
@@ -448,6 +451,7 @@ void JobManager::StartJobLocked(Entry* entry, std::vector<engine::DeviceRef> dev
   job.clear_progress();
   entry->last_progress_write = absl::InfinitePast();
   entry->rate_window_start = absl::InfinitePast();
+  entry->rate_window_closed = false;
   std::string on;
   for (const auto& d : entry->devices) absl::StrAppend(&on, on.empty() ? "" : ",", d.name);
   absl::Status s = SetStateLocked(
