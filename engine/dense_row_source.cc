@@ -1,0 +1,32 @@
+#include "engine/dense_row_source.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace latentd::engine {
+
+InMemoryDenseRowSource::InMemoryDenseRowSource(std::vector<float> values, int64_t width,
+                                               int64_t chunk_rows)
+    : values_(std::move(values)),
+      width_(width),
+      chunk_rows_(std::max<int64_t>(chunk_rows, 1)),
+      num_rows_(width > 0 ? static_cast<int64_t>(values_.size()) / width : 0) {}
+
+std::vector<int64_t> InMemoryDenseRowSource::chunk_starts() const {
+  std::vector<int64_t> starts;
+  for (int64_t row = 0; row < num_rows_; row += chunk_rows_) starts.push_back(row);
+  return starts;
+}
+
+absl::Status InMemoryDenseRowSource::Read(int64_t row_start, int64_t row_count, float* out) {
+  if (row_start < 0 || row_count < 0 || row_start + row_count > num_rows_) {
+    return absl::OutOfRangeError(absl::StrCat("rows [", row_start, ", ", row_start + row_count,
+                                              ") past the end (", num_rows_, " rows)"));
+  }
+  std::memcpy(out, values_.data() + row_start * width_, sizeof(float) * row_count * width_);
+  return absl::OkStatus();
+}
+
+}  // namespace latentd::engine

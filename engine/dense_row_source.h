@@ -1,0 +1,50 @@
+// Where a TRAIN job reads its dense rows from: a DENSE dataset of the store (through an adapter) or
+// an in-memory matrix (tests, benchmarks). Torch-free.
+//
+// Rows are fp32, `width()` values each. Rows are grouped in chunks (the store's commit unit); the
+// trainer shuffles chunk order and rows within a window of chunks, so it reads whole chunks and
+// needs only their boundaries.
+#ifndef LATENTD_ENGINE_DENSE_ROW_SOURCE_H_
+#define LATENTD_ENGINE_DENSE_ROW_SOURCE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace latentd::engine {
+
+class DenseRowSource {
+ public:
+  virtual ~DenseRowSource() = default;
+
+  virtual int64_t num_rows() const = 0;
+  virtual int64_t width() const = 0;
+  // First row of each chunk, ascending, starting at 0; chunk i spans
+  // [chunk_starts()[i], chunk_starts()[i + 1]) (the last one ends at num_rows()).
+  virtual std::vector<int64_t> chunk_starts() const = 0;
+  // Copies rows [row_start, row_start + row_count) into `out` (row_count * width() floats).
+  // OUT_OF_RANGE past the end; DATA_LOSS naming the chunk for corrupt data.
+  virtual absl::Status Read(int64_t row_start, int64_t row_count, float* out) = 0;
+};
+
+// Rows held in memory, split into chunks of `chunk_rows` (the last may be shorter).
+class InMemoryDenseRowSource : public DenseRowSource {
+ public:
+  InMemoryDenseRowSource(std::vector<float> values, int64_t width, int64_t chunk_rows);
+
+  int64_t num_rows() const override { return num_rows_; }
+  int64_t width() const override { return width_; }
+  std::vector<int64_t> chunk_starts() const override;
+  absl::Status Read(int64_t row_start, int64_t row_count, float* out) override;
+
+ private:
+  std::vector<float> values_;
+  int64_t width_;
+  int64_t chunk_rows_;
+  int64_t num_rows_;
+};
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_DENSE_ROW_SOURCE_H_

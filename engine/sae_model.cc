@@ -1,0 +1,197 @@
+#include "engine/sae_model.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace latentd::engine {
+
+absl::StatusOr<SaeModelOptions> SaeModelOptionsFromProto(const latentd::v1::SaeTrainConfig& config,
+                                                         int64_t d_in, uint64_t seed) {
+  SaeModelOptions options;
+  options.architecture = config.architecture() == latentd::v1::SAE_ARCHITECTURE_UNSPECIFIED
+                             ? latentd::v1::TOPK
+                             : config.architecture();
+  if (!latentd::v1::SaeArchitecture_IsValid(options.architecture)) {
+    return absl::InvalidArgumentError(absl::StrCat("train.sae.architecture: unknown architecture ",
+                                                   static_cast<int>(config.architecture())));
+  }
+  if (d_in <= 0) return absl::InvalidArgumentError(absl::StrCat("train.sae: d_in is ", d_in));
+  if (config.d_sae() <= 0 || config.d_sae() > (1 << 24)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.sae.d_sae: must be in [1, 16777216], got ", config.d_sae()));
+  }
+  options.d_in = d_in;
+  options.d_sae = config.d_sae();
+  options.k = config.k() == 0 ? std::min<int64_t>(32, options.d_sae) : config.k();
+  if (options.architecture == latentd::v1::TOPK && (options.k < 1 || options.k > options.d_sae)) {
+    return absl::InvalidArgumentError(absl::StrCat("train.sae.k: must be in [1, d_sae = ",
+                                                   options.d_sae, "], got ", config.k()));
+  }
+  if (config.l1_coefficient() < 0 || !std::isfinite(config.l1_coefficient())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.sae.l1_coefficient: must be >= 0, got ", config.l1_coefficient()));
+  }
+  if (config.jumprelu_threshold() < 0 || config.jumprelu_bandwidth() < 0) {
+    return absl::InvalidArgumentError(
+        "train.sae.jumprelu_threshold / jumprelu_bandwidth: must be >= 0");
+  }
+  if (config.l1_coefficient() > 0) options.l1_coefficient = config.l1_coefficient();
+  if (config.jumprelu_threshold() > 0) options.jumprelu_threshold = config.jumprelu_threshold();
+  if (config.jumprelu_bandwidth() > 0) options.jumprelu_bandwidth = config.jumprelu_bandwidth();
+  // proto3 cannot tell an unset bool from false, so the default (true) is switched off through
+  // disable_apply_b_dec_to_input, like disable_error_feedback.
+  options.apply_b_dec_to_input = !config.disable_apply_b_dec_to_input();
+  options.seed = seed;
+  return options;
+}
+
+SaeModelImpl::SaeModelImpl(const SaeModelOptions& options) : options_(options) {
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  W_enc = register_parameter("W_enc", torch::zeros({options.d_in, options.d_sae}, f32));
+  b_enc = register_parameter("b_enc", torch::zeros({options.d_sae}, f32));
+  W_dec = register_parameter("W_dec", torch::zeros({options.d_sae, options.d_in}, f32));
+  b_dec = register_parameter("b_dec", torch::zeros({options.d_in}, f32));
+  if (options.architecture == latentd::v1::JUMPRELU) {
+    log_threshold = register_parameter(
+        "log_threshold", torch::full({options.d_sae}, std::log(options.jumprelu_threshold), f32));
+  }
+  InitWeights();
+}
+
+void SaeModelImpl::InitWeights() {
+  torch::NoGradGuard no_grad;
+  auto generator = at::detail::createCPUGenerator(options_.seed);
+  torch::Tensor w = at::randn({options_.d_sae, options_.d_in}, generator, torch::kFloat32);
+  w = w / w.norm(2, {1}, true).clamp_min(1e-12);
+  W_dec.copy_(w);
+  W_enc.copy_(w.t());
+  b_enc.zero_();
+  b_dec.zero_();
+}
+
+void SaeModelImpl::InitDecoderBiasFromData(const torch::Tensor& rows) {
+  torch::NoGradGuard no_grad;
+  b_dec.copy_(rows.to(torch::kFloat32).mean(0).to(b_dec.device()));
+}
+
+torch::Tensor SaeModelImpl::PreActivation(const torch::Tensor& x) {
+  torch::Tensor input = options_.apply_b_dec_to_input ? x - b_dec : x;
+  return torch::addmm(b_enc, input, W_enc);
+}
+
+torch::Tensor SaeModelImpl::JumpStep(const torch::Tensor& pre) {
+  // Straight-through: the forward value is H(pre - theta); d/dtheta is -K((pre - theta)/eps)/eps
+  // with the rectangle kernel K, so theta learns while pre's gradient passes where a latent fires.
+  torch::Tensor threshold = log_threshold.exp();
+  torch::Tensor above = (pre > threshold).to(pre.scalar_type()).detach();
+  const double eps = options_.jumprelu_bandwidth;
+  torch::Tensor kernel =
+      ((pre.detach() - threshold.detach()).abs() < eps / 2).to(pre.scalar_type()) / eps;
+  return above + (threshold.detach() - threshold) * kernel;
+}
+
+torch::Tensor SaeModelImpl::Activate(const torch::Tensor& pre) {
+  switch (options_.architecture) {
+    case latentd::v1::RELU:
+      return torch::relu(pre);
+    case latentd::v1::JUMPRELU:
+      return pre * JumpStep(pre);
+    default: {
+      auto top = torch::topk(pre, options_.k, /*dim=*/1);
+      return torch::zeros_like(pre).scatter(1, std::get<1>(top), torch::relu(std::get<0>(top)));
+    }
+  }
+}
+
+torch::Tensor SaeModelImpl::Encode(const torch::Tensor& x) { return Activate(PreActivation(x)); }
+
+SaeForward SaeModelImpl::Forward(const torch::Tensor& x) {
+  SaeForward out;
+  torch::Tensor pre = PreActivation(x);
+  torch::Tensor step;
+  if (options_.architecture == latentd::v1::JUMPRELU) {
+    step = JumpStep(pre);
+    out.latents = pre * step;
+  } else {
+    out.latents = Activate(pre);
+  }
+  out.x_hat = Decode(out.latents);
+  torch::Tensor sq = (x - out.x_hat).pow(2).sum(1);
+  torch::Tensor mse = sq.mean();
+  torch::Tensor loss = mse;
+  if (options_.architecture == latentd::v1::RELU) {
+    loss = loss + options_.l1_coefficient *
+                      (out.latents.abs() * W_dec.norm(2, {1}).unsqueeze(0)).sum(1).mean();
+  } else if (options_.architecture == latentd::v1::JUMPRELU) {
+    loss = loss + options_.l1_coefficient * step.sum(1).mean();
+  }
+  out.loss = loss;
+  torch::NoGradGuard no_grad;
+  out.mse = mse.item<double>();
+  const double variance = (x - x.mean(0, true)).pow(2).sum().item<double>();
+  out.fvu = variance > 0 ? sq.sum().item<double>() / variance : 0.0;
+  out.l0 = (out.latents != 0).sum(1).to(torch::kFloat64).mean().item<double>();
+  return out;
+}
+
+void SaeModelImpl::RemoveParallelDecoderGrad() {
+  if (options_.architecture == latentd::v1::RELU) return;
+  if (!W_dec.grad().defined()) return;
+  torch::NoGradGuard no_grad;
+  torch::Tensor grad = W_dec.mutable_grad();
+  torch::Tensor unit = W_dec / W_dec.norm(2, {1}, true).clamp_min(1e-12);
+  grad.sub_((grad * unit).sum(1, true) * unit);
+}
+
+void SaeModelImpl::NormalizeDecoder() {
+  if (options_.architecture == latentd::v1::RELU) return;
+  torch::NoGradGuard no_grad;
+  W_dec.div_(W_dec.norm(2, {1}, true).clamp_min(1e-12));
+}
+
+std::vector<torch::Tensor> SaeModelImpl::ordered_parameters() const {
+  std::vector<torch::Tensor> params = {W_enc, b_enc, W_dec, b_dec};
+  if (log_threshold.defined()) params.push_back(log_threshold);
+  return params;
+}
+
+std::map<std::string, torch::Tensor> SaeModelImpl::ExportWeights() const {
+  torch::NoGradGuard no_grad;
+  std::map<std::string, torch::Tensor> weights;
+  weights["W_enc"] = W_enc.detach().to(torch::kCPU).contiguous().clone();
+  weights["b_enc"] = b_enc.detach().to(torch::kCPU).contiguous().clone();
+  weights["W_dec"] = W_dec.detach().to(torch::kCPU).contiguous().clone();
+  weights["b_dec"] = b_dec.detach().to(torch::kCPU).contiguous().clone();
+  if (log_threshold.defined()) {
+    weights["threshold"] = log_threshold.detach().exp().to(torch::kCPU).contiguous();
+  }
+  return weights;
+}
+
+std::string SaeModelImpl::ConfigJson(const std::string& hook_name,
+                                     const std::string& model_name) const {
+  const char* architecture = options_.architecture == latentd::v1::RELU       ? "standard"
+                             : options_.architecture == latentd::v1::JUMPRELU ? "jumprelu"
+                                                                               : "topk";
+  std::string json = absl::StrFormat(
+      "{\n  \"architecture\": \"%s\",\n  \"d_in\": %d,\n  \"d_sae\": %d,\n", architecture,
+      options_.d_in, options_.d_sae);
+  if (options_.architecture == latentd::v1::TOPK) {
+    absl::StrAppendFormat(&json, "  \"k\": %d,\n  \"activation_fn_kwargs\": {\"k\": %d},\n",
+                          options_.k, options_.k);
+  }
+  absl::StrAppendFormat(&json,
+                        "  \"apply_b_dec_to_input\": %s,\n  \"dtype\": \"float32\",\n"
+                        "  \"hook_name\": \"%s\",\n  \"model_name\": \"%s\",\n"
+                        "  \"normalize_activations\": \"none\"\n}\n",
+                        options_.apply_b_dec_to_input ? "true" : "false", hook_name, model_name);
+  return json;
+}
+
+}  // namespace latentd::engine

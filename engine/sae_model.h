@@ -1,0 +1,92 @@
+// A trainable sparse autoencoder (TopK, ReLU + L1, JumpReLU; see shared/notes/sae.md) as a
+// torch::nn::Module, with the losses and metrics a TRAIN job reports.
+//
+//   pre   = (x - b_dec) @ W_enc + b_enc     (b_dec subtracted when apply_b_dec_to_input)
+//   TopK:     z = relu(topk_k(pre))          loss = mse
+//   ReLU:     z = relu(pre)                  loss = mse + l1 * sum_j |z_j| * ||W_dec[j]||
+//   JumpReLU: z = pre * H(pre - theta)       loss = mse + l1 * L0, with the straight-through
+//             rectangle-kernel gradient of width `bandwidth` for theta (Gemma Scope)
+//   x_hat = z @ W_dec + b_dec,   mse = mean over rows of ||x - x_hat||^2
+// Decoder rows are kept at unit norm (TopK, JumpReLU): after each optimizer step
+// NormalizeDecoder() rescales them, and RemoveParallelDecoderGrad() before the step removes the
+// gradient component that would only change their norm. Weights are float32.
+#ifndef LATENTD_ENGINE_SAE_MODEL_H_
+#define LATENTD_ENGINE_SAE_MODEL_H_
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "proto/latentd/v1/train.pb.h"
+
+namespace latentd::engine {
+
+struct SaeModelOptions {
+  latentd::v1::SaeArchitecture architecture = latentd::v1::TOPK;
+  int64_t d_in = 0;
+  int64_t d_sae = 0;
+  int64_t k = 32;                    // TopK
+  double l1_coefficient = 1e-3;      // ReLU: L1 weight; JumpReLU: L0 weight
+  double jumprelu_threshold = 1e-3;  // JumpReLU initial threshold
+  double jumprelu_bandwidth = 1e-3;  // JumpReLU straight-through kernel width
+  bool apply_b_dec_to_input = true;
+  uint64_t seed = 0;  // weight initialisation
+};
+
+// Checks `config` (fields named "train.sae.*") against `d_in` and fills in the defaults.
+absl::StatusOr<SaeModelOptions> SaeModelOptionsFromProto(const latentd::v1::SaeTrainConfig& config,
+                                                         int64_t d_in, uint64_t seed);
+
+struct SaeForward {
+  torch::Tensor loss;    // scalar, with graph
+  torch::Tensor x_hat;   // rows x d_in
+  torch::Tensor latents;  // rows x d_sae (dense, mostly zeros)
+  double mse = 0;
+  double fvu = 0;  // sum ||x - x_hat||^2 / sum ||x - mean(x)||^2 over the batch
+  double l0 = 0;   // mean nonzero latents per row
+};
+
+class SaeModelImpl : public torch::nn::Module {
+ public:
+  explicit SaeModelImpl(const SaeModelOptions& options);
+
+  // W_enc = W_dec^T with unit-norm decoder rows drawn from `seed`; b_enc = 0, b_dec = 0.
+  void InitWeights();
+  // b_dec := mean of `rows` (rows x d_in), the usual data initialisation (SAELens' "mean").
+  void InitDecoderBiasFromData(const torch::Tensor& rows);
+
+  torch::Tensor Encode(const torch::Tensor& x);
+  torch::Tensor Decode(const torch::Tensor& z) { return torch::addmm(b_dec, z, W_dec); }
+  SaeForward Forward(const torch::Tensor& x);
+
+  void RemoveParallelDecoderGrad();
+  void NormalizeDecoder();
+
+  // The tensors an SAELens-layout safetensors file holds: W_enc, b_enc, W_dec, b_dec (+ threshold
+  // for JumpReLU), detached float32 CPU copies.
+  std::map<std::string, torch::Tensor> ExportWeights() const;
+  // cfg.json fields: d_in, d_sae, architecture ("topk", "standard", "jumprelu"), k, ...
+  std::string ConfigJson(const std::string& hook_name, const std::string& model_name) const;
+
+  const SaeModelOptions& options() const { return options_; }
+  // Parameters in the fixed order the optimizer and checkpoints use.
+  std::vector<torch::Tensor> ordered_parameters() const;
+
+  torch::Tensor W_enc, b_enc, W_dec, b_dec, log_threshold;
+
+ private:
+  torch::Tensor PreActivation(const torch::Tensor& x);
+  torch::Tensor Activate(const torch::Tensor& pre);
+  torch::Tensor JumpStep(const torch::Tensor& pre);
+
+  SaeModelOptions options_;
+};
+TORCH_MODULE(SaeModel);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_SAE_MODEL_H_
