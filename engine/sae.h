@@ -1,0 +1,74 @@
+// A sparse autoencoder on a device: weights in float32, the ReLU / TopK / JumpReLU encoders of
+// ../shared/notes/sae.md, and SAELens-layout load/save.
+//
+//   pre = (x - b_dec) W_enc + b_enc   (b_dec subtracted only when apply_b_dec_to_input)
+//   ReLU:     z = relu(pre)
+//   TopK:     z = relu(topk_k(pre))   -- SAELens/OpenAI order: the k largest pre, then ReLU.
+//             Because sparse codes keep only non-zero entries, sparsify's relu-then-topk order gives
+//             the same stored set: {j in top-k of pre : pre_j > 0}. Ties at the k-th value are
+//             broken by at::topk (unspecified but deterministic on one device).
+//   JumpReLU: z = pre * (pre > threshold)
+// Sparse codes hold exactly the non-zero entries of z, column indices ascending within a row.
+#ifndef LATENTD_ENGINE_SAE_H_
+#define LATENTD_ENGINE_SAE_H_
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/sae_config.h"
+
+namespace latentd::engine {
+
+struct SaeWeights {
+  at::Tensor W_enc;      // [d_in, d_sae]
+  at::Tensor b_enc;      // [d_sae]
+  at::Tensor W_dec;      // [d_sae, d_in]
+  at::Tensor b_dec;      // [d_in]
+  at::Tensor threshold;  // [d_sae], JumpReLU only (undefined otherwise)
+};
+
+// Sparse codes of a batch of n rows, still on the device.
+struct SparseCodes {
+  // Fixed-k layout (TopK): indices int32 [n, k], values float32 [n, k]; zero values mean "not
+  // active" and are dropped when stored. row_counts undefined.
+  // Ragged layout (ReLU, JumpReLU): indices int32 [nnz], values float32 [nnz], row_counts int64 [n].
+  at::Tensor indices;
+  at::Tensor values;
+  at::Tensor row_counts;
+  bool fixed_k() const { return !row_counts.defined(); }
+};
+
+class Sae {
+ public:
+  // Checks shapes against cfg and that every weight is finite (INVALID_ARGUMENT otherwise).
+  static absl::StatusOr<Sae> Create(const SaeConfig& cfg, SaeWeights weights);
+  // Loads dir/cfg.json + the weights file (see sae_config.h), converting to float32 on the CPU.
+  static absl::StatusOr<Sae> Load(const std::string& dir);
+
+  const SaeConfig& config() const { return cfg_; }
+  const SaeWeights& weights() const { return w_; }
+  // A copy on `device` (a replica per device in multi-device jobs).
+  Sae To(const at::Device& device) const;
+
+  at::Tensor PreActivations(const at::Tensor& x) const;  // x: [n, d_in] float32
+  at::Tensor EncodeDense(const at::Tensor& x) const;     // z: [n, d_sae]
+  SparseCodes EncodeSparse(const at::Tensor& x) const;
+  at::Tensor Decode(const at::Tensor& z) const;  // x_hat = z W_dec + b_dec
+
+  // Bytes of the weights (for memory estimates).
+  int64_t weight_bytes() const;
+
+ private:
+  SaeConfig cfg_;
+  SaeWeights w_;
+};
+
+// Writes dir/sae_weights.safetensors (F32) and dir/cfg.json, creating dir when needed.
+absl::Status SaveSae(const std::string& dir, const SaeWeights& weights, const SaeConfig& cfg);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_SAE_H_

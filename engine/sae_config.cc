@@ -1,0 +1,183 @@
+#include "engine/sae_config.h"
+
+#include <dirent.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "engine/safetensors.h"
+
+namespace latentd::engine {
+
+using nlohmann::json;
+
+const char* SaeArchitectureName(SaeArchitecture a) {
+  switch (a) {
+    case SaeArchitecture::kRelu:
+      return "relu";
+    case SaeArchitecture::kTopK:
+      return "topk";
+    case SaeArchitecture::kJumpRelu:
+      return "jumprelu";
+  }
+  return "?";
+}
+
+absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError("cfg.json: not a JSON object");
+  }
+  auto get_int = [&](const char* key, int64_t* out) -> absl::Status {
+    if (!j.contains(key)) return absl::OkStatus();
+    if (!j[key].is_number_integer()) {
+      return absl::InvalidArgumentError(absl::StrCat("cfg.json: ", key, " is not an integer"));
+    }
+    *out = j[key].get<int64_t>();
+    return absl::OkStatus();
+  };
+  SaeConfig cfg;
+  int64_t k = 0;
+  RETURN_IF_ERROR(get_int("d_in", &cfg.d_in));
+  RETURN_IF_ERROR(get_int("num_latents", &cfg.d_sae));
+  RETURN_IF_ERROR(get_int("d_sae", &cfg.d_sae));
+  RETURN_IF_ERROR(get_int("k", &k));
+  if (j.contains("activation_fn_kwargs") && j["activation_fn_kwargs"].is_object() &&
+      j["activation_fn_kwargs"].contains("k") && j["activation_fn_kwargs"]["k"].is_number_integer()) {
+    k = j["activation_fn_kwargs"]["k"].get<int64_t>();
+  }
+  std::string arch;
+  if (j.contains("architecture")) {
+    if (!j["architecture"].is_string()) {
+      return absl::InvalidArgumentError("cfg.json: architecture is not a string");
+    }
+    arch = j["architecture"].get<std::string>();
+  } else if (j.contains("activation_fn") && j["activation_fn"].is_string() &&
+             j["activation_fn"].get<std::string>() == "topk") {
+    arch = "topk";
+  } else if (k > 0) {
+    arch = "topk";  // sparsify writes no architecture
+  } else {
+    arch = "standard";
+  }
+  if (arch == "standard" || arch == "relu") {
+    cfg.architecture = SaeArchitecture::kRelu;
+    if (j.contains("activation_fn") && j["activation_fn"].is_string() &&
+        j["activation_fn"].get<std::string>() == "topk") {
+      cfg.architecture = SaeArchitecture::kTopK;
+    }
+  } else if (arch == "topk") {
+    cfg.architecture = SaeArchitecture::kTopK;
+  } else if (arch == "jumprelu") {
+    cfg.architecture = SaeArchitecture::kJumpRelu;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("cfg.json: unsupported architecture \"", arch,
+                                                   "\" (standard, relu, topk, jumprelu)"));
+  }
+  if (cfg.d_in <= 0) return absl::InvalidArgumentError("cfg.json: d_in must be positive");
+  if (cfg.d_sae <= 0) return absl::InvalidArgumentError("cfg.json: d_sae must be positive");
+  if (cfg.architecture == SaeArchitecture::kTopK) {
+    if (k <= 0 || k > cfg.d_sae) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cfg.json: k = ", k, " must be in [1, d_sae = ", cfg.d_sae, "]"));
+    }
+    cfg.k = static_cast<int32_t>(k);
+  }
+  if (j.contains("apply_b_dec_to_input")) {
+    if (!j["apply_b_dec_to_input"].is_boolean()) {
+      return absl::InvalidArgumentError("cfg.json: apply_b_dec_to_input is not a boolean");
+    }
+    cfg.apply_b_dec_to_input = j["apply_b_dec_to_input"].get<bool>();
+  }
+  if (j.contains("hook_name") && j["hook_name"].is_string()) cfg.hook_name = j["hook_name"];
+  if (j.contains("model_name") && j["model_name"].is_string()) cfg.model_name = j["model_name"];
+  return cfg;
+}
+
+std::string SaeConfigToJson(const SaeConfig& cfg) {
+  json j = {{"d_in", cfg.d_in},
+            {"d_sae", cfg.d_sae},
+            {"architecture", cfg.architecture == SaeArchitecture::kRelu
+                                 ? "standard"
+                                 : SaeArchitectureName(cfg.architecture)},
+            {"apply_b_dec_to_input", cfg.apply_b_dec_to_input},
+            {"dtype", "float32"},
+            {"hook_name", cfg.hook_name},
+            {"model_name", cfg.model_name}};
+  if (cfg.architecture == SaeArchitecture::kTopK) {
+    j["k"] = cfg.k;
+    j["activation_fn_kwargs"] = {{"k", cfg.k}};
+  }
+  return j.dump(2);
+}
+
+absl::StatusOr<std::string> FindSaeWeightsFile(const std::string& dir) {
+  const std::string preferred = dir + "/sae_weights.safetensors";
+  if (std::ifstream(preferred).good()) return preferred;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return absl::NotFoundError(absl::StrCat("SAE directory ", dir, " not found"));
+  std::vector<std::string> found;
+  while (dirent* e = readdir(d)) {
+    if (absl::EndsWith(e->d_name, ".safetensors")) found.push_back(e->d_name);
+  }
+  closedir(d);
+  if (found.empty()) return absl::NotFoundError(absl::StrCat("no *.safetensors file in ", dir));
+  if (found.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("several *.safetensors files in ", dir, " (",
+                                                   absl::StrJoin(found, ", "),
+                                                   "); name the weights sae_weights.safetensors"));
+  }
+  return dir + "/" + found[0];
+}
+
+absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir) {
+  std::ifstream in(dir + "/cfg.json");
+  if (!in) return absl::NotFoundError(absl::StrCat(dir, "/cfg.json not found"));
+  std::stringstream text;
+  text << in.rdbuf();
+  auto cfg = ParseSaeConfigJson(text.str());
+  if (!cfg.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, "/", cfg.status().message()));
+  }
+  ASSIGN_OR_RETURN(std::string weights, FindSaeWeightsFile(dir));
+  ASSIGN_OR_RETURN(StHeader header, ReadStHeader(weights));
+  auto check = [&](const std::vector<std::string>& names, std::vector<int64_t> shape,
+                   bool transposed_ok, bool required) -> absl::Status {
+    for (const auto& name : names) {
+      const StTensorInfo* t = header.Find(name);
+      if (t == nullptr) continue;
+      std::vector<int64_t> want = shape;
+      if (transposed_ok && name == "encoder.weight") std::swap(want[0], want[1]);
+      if (t->shape != want) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            weights, ": tensor ", name, " has shape [", absl::StrJoin(t->shape, ", "),
+            "], cfg.json implies [", absl::StrJoin(want, ", "), "]"));
+      }
+      if (t->dtype != StDtype::kF32 && t->dtype != StDtype::kF16 && t->dtype != StDtype::kBF16 &&
+          t->dtype != StDtype::kF64) {
+        return absl::InvalidArgumentError(absl::StrCat(weights, ": tensor ", name, " has dtype ",
+                                                       StDtypeName(t->dtype),
+                                                       " (F32, F16, BF16 or F64 expected)"));
+      }
+      return absl::OkStatus();
+    }
+    if (!required) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(weights, ": tensor ", names[0], " missing"));
+  };
+  RETURN_IF_ERROR(check({"W_enc", "encoder.weight"}, {cfg->d_in, cfg->d_sae}, true, true));
+  RETURN_IF_ERROR(check({"b_enc", "encoder.bias"}, {cfg->d_sae}, false, true));
+  RETURN_IF_ERROR(check({"W_dec"}, {cfg->d_sae, cfg->d_in}, false, true));
+  RETURN_IF_ERROR(check({"b_dec"}, {cfg->d_in}, false, true));
+  RETURN_IF_ERROR(check({"threshold"}, {cfg->d_sae}, false,
+                        cfg->architecture == SaeArchitecture::kJumpRelu));
+  return *cfg;
+}
+
+}  // namespace latentd::engine

@@ -1,0 +1,46 @@
+// The cfg.json + safetensors layout SAELens and sparsify ship SAEs in, read without torch so that
+// submit-time validation stays cheap (it reads cfg.json and the safetensors header only).
+//
+// Accepted cfg.json fields: d_in, d_sae (sparsify: num_latents), architecture ("standard"/"relu",
+// "topk", "jumprelu"; absent with a k means topk, as sparsify writes), k (or
+// activation_fn_kwargs.k), apply_b_dec_to_input (default true), hook_name, model_name, dtype.
+// Weights: sae_weights.safetensors, else the only *.safetensors file in the directory, holding
+// W_enc [d_in, d_sae] (or sparsify's encoder.weight [d_sae, d_in]), b_enc (encoder.bias) [d_sae],
+// W_dec [d_sae, d_in], b_dec [d_in], and threshold [d_sae] for JumpReLU; F32, F16, BF16 or F64.
+#ifndef LATENTD_ENGINE_SAE_CONFIG_H_
+#define LATENTD_ENGINE_SAE_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace latentd::engine {
+
+enum class SaeArchitecture { kRelu, kTopK, kJumpRelu };
+const char* SaeArchitectureName(SaeArchitecture a);  // "relu", "topk", "jumprelu"
+
+struct SaeConfig {
+  int64_t d_in = 0;
+  int64_t d_sae = 0;
+  SaeArchitecture architecture = SaeArchitecture::kTopK;
+  int32_t k = 0;                      // TopK only; 1 <= k <= d_sae
+  bool apply_b_dec_to_input = true;   // pre = (x - b_dec) W_enc + b_enc when true
+  std::string hook_name;              // informational
+  std::string model_name;             // informational
+};
+
+absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text);
+std::string SaeConfigToJson(const SaeConfig& cfg);
+
+// Where the weights of the SAE in `dir` are (see above). NOT_FOUND when there are none.
+absl::StatusOr<std::string> FindSaeWeightsFile(const std::string& dir);
+
+// Reads dir/cfg.json and checks the safetensors header of the weights file against it: every
+// tensor present with the shape the config implies. INVALID_ARGUMENT naming the mismatch.
+absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_SAE_CONFIG_H_

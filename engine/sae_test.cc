@@ -1,0 +1,154 @@
+#include "engine/sae.h"
+
+#include <fstream>
+#include <set>
+
+#include "engine/safetensors.h"
+#include "gtest/gtest.h"
+
+namespace latentd::engine {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  std::string d = std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/" + name;
+  mkdir(d.c_str(), 0755);
+  return d;
+}
+
+SaeWeights RandomWeights(int64_t d_in, int64_t d_sae, uint64_t seed) {
+  at::manual_seed(seed);
+  return {at::randn({d_in, d_sae}), at::randn({d_sae}) * 0.1, at::randn({d_sae, d_in}),
+          at::randn({d_in}) * 0.1, at::rand({d_sae})};
+}
+
+SaeConfig Cfg(SaeArchitecture arch, int64_t d_in, int64_t d_sae, int k = 0) {
+  SaeConfig c;
+  c.d_in = d_in;
+  c.d_sae = d_sae;
+  c.architecture = arch;
+  c.k = k;
+  return c;
+}
+
+// The stored set of row r from sparse codes, as {index -> value}.
+std::map<int, float> Row(const SparseCodes& c, int64_t r) {
+  std::map<int, float> out;
+  if (c.fixed_k()) {
+    for (int64_t j = 0; j < c.indices.size(1); ++j) {
+      float v = c.values[r][j].item<float>();
+      if (v != 0) out[c.indices[r][j].item<int>()] = v;
+    }
+    return out;
+  }
+  int64_t start = r == 0 ? 0 : c.row_counts.slice(0, 0, r).sum().item<int64_t>();
+  for (int64_t j = start; j < start + c.row_counts[r].item<int64_t>(); ++j) {
+    out[c.indices[j].item<int>()] = c.values[j].item<float>();
+  }
+  return out;
+}
+
+TEST(SaeTest, SparseCodesEqualTheNonZerosOfTheDenseDefinition) {
+  for (auto arch : {SaeArchitecture::kRelu, SaeArchitecture::kTopK, SaeArchitecture::kJumpRelu}) {
+    auto sae = Sae::Create(Cfg(arch, 8, 40, 5), RandomWeights(8, 40, 1));
+    ASSERT_TRUE(sae.ok()) << sae.status();
+    at::Tensor x = at::randn({6, 8});
+    at::Tensor pre = (x - sae->weights().b_dec).matmul(sae->weights().W_enc) + sae->weights().b_enc;
+    SparseCodes codes = sae->EncodeSparse(x);
+    for (int64_t r = 0; r < 6; ++r) {
+      std::map<int, float> want;
+      std::vector<std::pair<float, int>> order;
+      for (int j = 0; j < 40; ++j) order.push_back({pre[r][j].item<float>(), j});
+      std::sort(order.rbegin(), order.rend());
+      for (int rank = 0; rank < 40; ++rank) {
+        auto [p, j] = order[rank];
+        bool keep = arch == SaeArchitecture::kRelu     ? p > 0
+                    : arch == SaeArchitecture::kTopK   ? rank < 5 && p > 0
+                                                       : p > sae->weights().threshold[j].item<float>();
+        if (keep) want[j] = p;
+      }
+      auto got = Row(codes, r);
+      ASSERT_EQ(got.size(), want.size()) << SaeArchitectureName(arch) << " row " << r;
+      for (auto& [j, v] : want) EXPECT_NEAR(got[j], v, 1e-5);
+      at::Tensor dense = sae->EncodeDense(x)[r];
+      EXPECT_EQ(dense.ne(0).sum().item<int64_t>(), static_cast<int64_t>(want.size()));
+    }
+  }
+}
+
+TEST(SaeTest, TopKWithFewerThanKPositiveKeepsOnlyThePositives) {
+  SaeWeights w = RandomWeights(4, 10, 2);
+  w.b_enc = at::full({10}, -100.0);
+  w.b_enc[3] = 100.0;  // exactly one latent can be positive
+  auto sae = Sae::Create(Cfg(SaeArchitecture::kTopK, 4, 10, 4), w);
+  ASSERT_TRUE(sae.ok());
+  auto got = Row(sae->EncodeSparse(at::randn({1, 4}) * 0.01), 0);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got.begin()->first, 3);
+}
+
+TEST(SaeTest, ApplyBDecToInputFalseSkipsTheSubtraction) {
+  SaeConfig cfg = Cfg(SaeArchitecture::kRelu, 4, 6);
+  cfg.apply_b_dec_to_input = false;
+  SaeWeights w = RandomWeights(4, 6, 3);
+  auto sae = Sae::Create(cfg, w);
+  at::Tensor x = at::randn({2, 4});
+  EXPECT_TRUE(at::allclose(sae->PreActivations(x), x.matmul(w.W_enc) + w.b_enc));
+}
+
+TEST(SaeTest, SaveThenLoadRoundTrips) {
+  std::string dir = TempDir("sae_rt");
+  SaeConfig cfg = Cfg(SaeArchitecture::kJumpRelu, 8, 16);
+  SaeWeights w = RandomWeights(8, 16, 4);
+  ASSERT_TRUE(SaveSae(dir, w, cfg).ok());
+  auto sae = Sae::Load(dir);
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  EXPECT_EQ(sae->config().architecture, SaeArchitecture::kJumpRelu);
+  EXPECT_TRUE(at::equal(sae->weights().W_enc, w.W_enc));
+  EXPECT_TRUE(at::equal(sae->weights().threshold, w.threshold));
+}
+
+TEST(SaeTest, LoadsTheSparsifyLayout) {
+  std::string dir = TempDir("sae_sparsify");
+  SaeWeights w = RandomWeights(4, 12, 5);
+  at::Tensor enc = w.W_enc.t().contiguous();  // encoder.weight is [d_sae, d_in]
+  ASSERT_TRUE(WriteSafetensors(dir + "/sae.safetensors",
+                               {{"encoder.weight", StDtype::kF32, {12, 4}, enc.data_ptr()},
+                                {"encoder.bias", StDtype::kF32, {12}, w.b_enc.data_ptr()},
+                                {"W_dec", StDtype::kF32, {12, 4}, w.W_dec.data_ptr()},
+                                {"b_dec", StDtype::kF32, {4}, w.b_dec.data_ptr()}})
+                  .ok());
+  std::ofstream(dir + "/cfg.json") << R"({"d_in": 4, "num_latents": 12, "k": 3})";
+  auto sae = Sae::Load(dir);
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  EXPECT_EQ(sae->config().architecture, SaeArchitecture::kTopK);
+  EXPECT_EQ(sae->config().k, 3);
+  EXPECT_TRUE(at::equal(sae->weights().W_enc, w.W_enc));
+}
+
+TEST(SaeTest, RejectsShapeMismatchMissingTensorsBadConfigAndNonFiniteWeights) {
+  std::string dir = TempDir("sae_bad");
+  SaeWeights w = RandomWeights(8, 16, 6);
+  ASSERT_TRUE(SaveSae(dir, w, Cfg(SaeArchitecture::kRelu, 8, 16)).ok());
+  std::ofstream(dir + "/cfg.json") << R"({"d_in": 8, "d_sae": 32, "architecture": "standard"})";
+  EXPECT_EQ(Sae::Load(dir).status().code(), absl::StatusCode::kInvalidArgument);
+  std::ofstream(dir + "/cfg.json") << R"({"d_in": 8, "d_sae": 16, "architecture": "jumprelu"})";
+  ASSERT_TRUE(SaveSae(dir, {w.W_enc, w.b_enc, w.W_dec, w.b_dec, at::Tensor()},
+                      Cfg(SaeArchitecture::kRelu, 8, 16))
+                  .ok());
+  std::ofstream(dir + "/cfg.json") << R"({"d_in": 8, "d_sae": 16, "architecture": "jumprelu"})";
+  EXPECT_EQ(Sae::Load(dir).status().code(), absl::StatusCode::kInvalidArgument);  // no threshold
+  std::ofstream(dir + "/cfg.json") << R"({"d_in": 8, "d_sae": 16, "architecture": "topk", "k": 99})";
+  EXPECT_EQ(Sae::Load(dir).status().code(), absl::StatusCode::kInvalidArgument);
+  std::ofstream(dir + "/cfg.json") << R"({"d_in": 8, "d_sae": 16, "architecture": "gated"})";
+  EXPECT_EQ(Sae::Load(dir).status().code(), absl::StatusCode::kInvalidArgument);
+  std::ofstream(dir + "/cfg.json") << "not json";
+  EXPECT_EQ(Sae::Load(dir).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Sae::Load(TempDir("sae_empty")).status().code(), absl::StatusCode::kNotFound);
+  SaeWeights nan = RandomWeights(8, 16, 7);
+  nan.W_dec[0][0] = std::nanf("");
+  EXPECT_EQ(Sae::Create(Cfg(SaeArchitecture::kRelu, 8, 16), nan).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace latentd::engine
