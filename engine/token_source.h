@@ -1,0 +1,63 @@
+// Token ids from a file, cut into sequences of context_length tokens (one row per token).
+//
+// Formats: .npy (little-endian uint16, int32 or int64, C order, 1-D or 2-D; a 2-D array is read
+// row-major as one stream) and raw little-endian uint16 / uint32 binaries (nanoGPT's train.bin).
+// Sequence i covers source tokens [i*L, (i+1)*L) with L = context_length, or, with prepend_bos,
+// is bos_token_id followed by source tokens [i*(L-1), (i+1)*(L-1)). A trailing partial sequence
+// is dropped. The shard [sequence_start, sequence_start + sequence_count) selects a row range of
+// the source (count 0: to the end). Reads use pread, so one source serves several threads.
+#ifndef LATENTD_ENGINE_TOKEN_SOURCE_H_
+#define LATENTD_ENGINE_TOKEN_SOURCE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/latentd/v1/extract.pb.h"
+
+namespace latentd::engine {
+
+class TokenSource {
+ public:
+  // INVALID_ARGUMENT naming "extract.tokens.<field>" for bad options or a malformed file;
+  // NOT_FOUND when the file is missing.
+  static absl::StatusOr<std::unique_ptr<TokenSource>> Open(const latentd::v1::TokenSource& spec);
+  ~TokenSource();
+
+  int32_t context_length() const { return context_length_; }
+  int64_t num_sequences() const { return num_sequences_; }  // in the shard
+  int64_t num_rows() const { return num_sequences_ * context_length_; }
+  int64_t source_tokens() const { return source_tokens_; }
+  // Global index of the shard's first sequence (token_order_start of the dataset, in sequences).
+  int64_t first_sequence() const { return first_sequence_; }
+
+  // Sequences [first, first + count) of the shard as int64 ids, count * context_length of them.
+  // INVALID_ARGUMENT for a negative id (signed formats).
+  absl::Status Read(int64_t first, int64_t count, int64_t* out) const;
+
+  // "npy:<path>[shard a..b]" etc., for the dataset metadata.
+  std::string Describe() const;
+
+ private:
+  TokenSource() = default;
+  absl::Status ReadTokens(int64_t first_token, int64_t count, int64_t* out) const;
+
+  std::string path_;
+  int fd_ = -1;
+  int64_t data_offset_ = 0;
+  int element_size_ = 2;
+  bool is_signed_ = false;
+  std::string format_name_;
+  int32_t context_length_ = 0;
+  bool prepend_bos_ = false;
+  int64_t bos_token_id_ = 0;
+  int64_t source_tokens_ = 0;
+  int64_t first_sequence_ = 0;
+  int64_t num_sequences_ = 0;
+};
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_TOKEN_SOURCE_H_
