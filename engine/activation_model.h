@@ -1,0 +1,32 @@
+// A model that turns token ids into the activations of one hook, on one device.
+#ifndef LATENTD_ENGINE_ACTIVATION_MODEL_H_
+#define LATENTD_ENGINE_ACTIVATION_MODEL_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+
+namespace latentd::engine {
+
+class ActivationModel {
+ public:
+  virtual ~ActivationModel() = default;
+
+  // tokens: int64 [batch, seq] on the model's device, ids < vocab_size(). Returns the hooked
+  // activations as float32 [batch, seq, hook_width()] on the same device. May throw c10::Error.
+  virtual at::Tensor Forward(const at::Tensor& tokens) = 0;
+
+  virtual int64_t hook_width() const = 0;
+  virtual int64_t vocab_size() const = 0;      // 0: unknown (no check)
+  virtual int64_t max_context() const = 0;     // 0: unbounded
+  virtual int64_t parameter_bytes() const = 0;
+  // Activation bytes one token costs inside Forward (a rough upper bound, for memory checks).
+  virtual int64_t activation_bytes_per_token(int64_t seq_len) const = 0;
+  virtual const std::string& model_id() const = 0;
+  virtual const std::string& weight_hash() const = 0;
+};
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_ACTIVATION_MODEL_H_

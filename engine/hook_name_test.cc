@@ -1,0 +1,32 @@
+#include "engine/hook_name.h"
+
+#include "gtest/gtest.h"
+
+namespace latentd::engine {
+namespace {
+
+TEST(HookNameTest, ParsesTransformerLensAndHiddenStateNames) {
+  auto h = ParseHookName("blocks.2.hook_resid_post");
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->point, HookPoint::kResidPost);
+  EXPECT_EQ(h->layer, 2);
+  EXPECT_EQ(*HiddenStateIndex(*h), 3);
+  EXPECT_EQ(ParseHookName("blocks.11.mlp.hook_post")->point, HookPoint::kMlpPost);
+  EXPECT_EQ(ParseHookName("blocks.0.hook_attn_out")->point, HookPoint::kAttnOut);
+  EXPECT_EQ(*HiddenStateIndex(*ParseHookName("blocks.4.hook_resid_pre")), 4);
+  EXPECT_EQ(*HiddenStateIndex(*ParseHookName("hidden_states.7")), 7);
+  EXPECT_FALSE(HiddenStateIndex(*ParseHookName("blocks.1.hook_mlp_out")).ok());
+}
+
+TEST(HookNameTest, RejectsMalformedNames) {
+  for (const char* bad : {"", "blocks", "blocks.x.hook_resid_post", "blocks.-1.hook_resid_post",
+                          "blocks.1.hook_resid", "blocks.1", "hidden_states.", "hidden_states.-2",
+                          "layers.1.hook_resid_post", "blocks.+1.hook_resid_post"}) {
+    auto h = ParseHookName(bad);
+    EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    if (!h.ok()) EXPECT_NE(std::string(h.status().message()).find("extract.hook_name"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace latentd::engine

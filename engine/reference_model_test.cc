@@ -1,0 +1,96 @@
+#include "engine/reference_model.h"
+
+#include "gtest/gtest.h"
+
+namespace latentd::engine {
+namespace {
+
+latentd::v1::ReferenceModelSpec Small(uint64_t seed) {
+  latentd::v1::ReferenceModelSpec s;
+  s.set_d_model(32);
+  s.set_n_layers(3);
+  s.set_n_heads(4);
+  s.set_vocab_size(100);
+  s.set_context_length(16);
+  s.set_seed(seed);
+  return s;
+}
+
+std::unique_ptr<ReferenceModel> Make(uint64_t seed, const std::string& hook) {
+  auto m = ReferenceModel::Create(Small(seed), *ParseHookName(hook), at::kCPU);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return std::move(*m);
+}
+
+at::Tensor Tokens() { return at::randint(0, 100, {2, 16}, at::kLong); }
+
+TEST(ReferenceModelTest, WeightsAreAFunctionOfTheSeed) {
+  at::Tensor t = Tokens();
+  auto a = Make(7, "blocks.1.hook_resid_post"), b = Make(7, "blocks.1.hook_resid_post");
+  auto c = Make(8, "blocks.1.hook_resid_post");
+  EXPECT_EQ(a->weight_hash(), b->weight_hash());
+  EXPECT_NE(a->weight_hash(), c->weight_hash());
+  EXPECT_TRUE(at::equal(a->Forward(t), b->Forward(t)));
+  EXPECT_FALSE(at::allclose(a->Forward(t), c->Forward(t)));
+}
+
+TEST(ReferenceModelTest, StoppingAtTheHookedBlockGivesTheFullRunsActivations) {
+  at::Tensor t = Tokens();
+  auto full = Make(1, "blocks.2.hook_resid_post")->AllResidPost(t);
+  ASSERT_EQ(full.size(), 3u);
+  for (int l = 0; l < 3; ++l) {
+    auto m = Make(1, "blocks." + std::to_string(l) + ".hook_resid_post");
+    EXPECT_TRUE(at::allclose(m->Forward(t), full[l], 1e-5, 1e-6)) << l;
+    if (l > 0) {
+      EXPECT_TRUE(at::allclose(Make(1, "blocks." + std::to_string(l) + ".hook_resid_pre")->Forward(t),
+                               full[l - 1], 1e-5, 1e-6));
+    }
+  }
+}
+
+TEST(ReferenceModelTest, HooksComposeLikeTheResidualStream) {
+  at::Tensor t = Tokens();
+  at::Tensor pre = Make(2, "blocks.1.hook_resid_pre")->Forward(t);
+  at::Tensor attn = Make(2, "blocks.1.hook_attn_out")->Forward(t);
+  at::Tensor mid = Make(2, "blocks.1.hook_resid_mid")->Forward(t);
+  at::Tensor mlp = Make(2, "blocks.1.hook_mlp_out")->Forward(t);
+  at::Tensor post = Make(2, "blocks.1.hook_resid_post")->Forward(t);
+  EXPECT_TRUE(at::allclose(pre + attn, mid, 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(mid + mlp, post, 1e-5, 1e-6));
+  auto hidden = Make(2, "blocks.1.mlp.hook_post");
+  EXPECT_EQ(hidden->hook_width(), 128);
+  EXPECT_EQ(hidden->Forward(t).size(2), 128);
+  // Activations are not degenerate: unit-scale LayerNorm inputs give a residual of spread ~0.02+.
+  EXPECT_GT(post.std().item<float>(), 0.01);
+}
+
+TEST(ReferenceModelTest, AttentionIsCausal) {
+  auto m = Make(3, "blocks.2.hook_resid_post");
+  at::Tensor t = Tokens();
+  at::Tensor u = t.clone();
+  u.select(1, 15).fill_(5);
+  u.select(1, 14).fill_(6);
+  at::Tensor a = m->Forward(t), b = m->Forward(u);
+  EXPECT_TRUE(at::allclose(a.slice(1, 0, 14), b.slice(1, 0, 14)));
+  EXPECT_FALSE(at::allclose(a.slice(1, 14), b.slice(1, 14)));
+}
+
+TEST(ReferenceModelTest, RejectsBadSpecsAndHooks) {
+  auto hook = *ParseHookName("blocks.3.hook_resid_post");
+  EXPECT_EQ(ReferenceModel::Create(Small(0), hook, at::kCPU).status().code(),
+            absl::StatusCode::kInvalidArgument);  // 3 layers: 0..2
+  auto spec = Small(0);
+  spec.set_n_heads(5);
+  EXPECT_EQ(ReferenceModel::Create(spec, *ParseHookName("blocks.0.hook_resid_post"), at::kCPU)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  auto resolved = ResolveReferenceSpec(latentd::v1::ReferenceModelSpec());
+  ASSERT_TRUE(resolved.ok());
+  EXPECT_EQ(resolved->d_model(), 256);
+  EXPECT_EQ(resolved->d_mlp(), 1024);
+  EXPECT_EQ(resolved->vocab_size(), 4096);
+}
+
+}  // namespace
+}  // namespace latentd::engine
