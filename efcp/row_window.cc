@@ -44,17 +44,16 @@ bool BlockRelative(IndexEncoding e) {
   return e == IndexEncoding::kInt16Block || e == IndexEncoding::kUInt16Block;
 }
 
-double EpsOf(at::ScalarType t) {
-  return t == at::kDouble ? std::numeric_limits<double>::epsilon()
-                          : static_cast<double>(std::numeric_limits<float>::epsilon());
-}
-
 }  // namespace
 
 absl::Status ValidateSparseConfig(const RowWindowConfig& c, const std::string& prefix) {
   if (!(c.density > 0.0 && c.density <= 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat(prefix, ".density must be in (0, 1], got ", c.density));
+  }
+  if (c.k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, ".k must be >= 0 (0: use density), got ", c.k));
   }
   if (c.value_dtype != at::kFloat && c.value_dtype != at::kBFloat16 &&
       c.value_dtype != at::kDouble && c.value_dtype != at::kHalf) {
@@ -86,14 +85,16 @@ SparseGeometry GeometryOf(int64_t numel, const RowWindowConfig& c) {
   if (c.topk_scope == TopKScope::kGlobal) {
     g.padded = numel;
     g.blocks = 1;
-    g.per_block = CeilFraction(c.density, numel);
+    g.per_block = c.k > 0 ? std::min(c.k, numel) : CeilFraction(c.density, numel);
     g.row_entries = g.per_block;
     return g;
   }
-  const int64_t block = std::min(c.block_size, numel);
-  g.blocks = (numel + block - 1) / block;
+  // Equal blocks of at most block_size: the padding stays below one entry per
+  // block, and a short last block does not keep as many entries as a full one.
+  g.blocks = (numel + c.block_size - 1) / c.block_size;
+  const int64_t block = (numel + g.blocks - 1) / g.blocks;
   g.padded = g.blocks * block;
-  g.per_block = CeilFraction(c.density, block);
+  g.per_block = c.k > 0 ? std::min(c.k, block) : CeilFraction(c.density, block);
   g.row_entries = g.blocks * g.per_block;
   return g;
 }
@@ -297,6 +298,22 @@ void RowWindowOptimizer::Combine(size_t s, const at::Tensor& coef64) {
                    coef.narrow(0, r0, nr).unsqueeze(1);
     st.scratch.index_add_(0, gidx.reshape(-1), v.reshape(-1));
   }
+}
+
+at::Tensor RowWindowOptimizer::DenseRow(size_t s, int64_t slot) const {
+  const ShardState& st = state_s_[s];
+  const int64_t numel = shards_[s].numel;
+  if (!config_.sparse) return st.history.select(0, slot).clone();
+  at::Tensor out = at::zeros({st.geo.padded}, st.scratch.options());
+  out.index_put_({DecodeIndices(s, slot, 1).reshape(-1)},
+                 st.history.select(0, slot).to(out.scalar_type()));
+  return out.narrow(0, 0, numel).clone();
+}
+
+at::Tensor RowWindowOptimizer::ErrorBuffer(size_t s) const {
+  const ShardState& st = state_s_[s];
+  if (!st.error.defined()) return at::Tensor();
+  return st.error.narrow(0, 0, shards_[s].numel).clone();
 }
 
 torch::Tensor RowWindowOptimizer::step(LossClosure closure) {

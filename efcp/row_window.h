@@ -25,6 +25,9 @@ struct RowWindowConfig {
   bool sparse = false;
   // Sparse rows only:
   double density = 1.0;
+  // When > 0, entries kept per row (kGlobal) or per block (kPerBlock),
+  // instead of ceil(density * n).
+  int64_t k = 0;
   bool error_feedback = true;
   TopKScope topk_scope = TopKScope::kPerBlock;
   int64_t block_size = 65535;
@@ -59,6 +62,11 @@ class RowWindowOptimizer : public AccountedOptimizer {
   // Rows currently in the window (min(steps, m)) and the ring slot of the newest.
   int64_t rows() const { return count_; }
   int64_t newest_slot() const { return (rows_written_ - 1) % config_.window; }
+  // Inspection (transient copies, for tests and debugging): the row in ring
+  // slot `slot` of device shard `shard` as a dense flat vector, and the
+  // error-feedback buffer (undefined without error feedback).
+  at::Tensor DenseRow(size_t shard, int64_t slot) const;
+  at::Tensor ErrorBuffer(size_t shard) const;
 
  protected:
   RowWindowOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,

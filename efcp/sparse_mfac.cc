@@ -1,0 +1,98 @@
+#include "efcp/sparse_mfac.h"
+
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "efcp/mfac.h"
+
+namespace efcp {
+namespace {
+
+RowWindowConfig ConfigOf(const SparseMFACOptions& o) {
+  RowWindowConfig c;
+  c.window = o.window();
+  c.sparse = true;
+  c.density = o.density();
+  c.k = o.k();
+  c.error_feedback = o.error_feedback();
+  c.topk_scope = o.topk_scope();
+  c.block_size = o.block_size();
+  c.index_encoding = o.index_encoding();
+  c.value_dtype = o.value_dtype();
+  return c;
+}
+
+MFACOptions DenseOf(const SparseMFACOptions& o) {
+  return MFACOptions(o.lr())
+      .damp(o.damp())
+      .window(o.window())
+      .momentum(o.momentum())
+      .weight_decay(o.weight_decay());
+}
+
+std::string Renamed(const absl::Status& st) {
+  std::string msg(st.message());
+  const std::string from = "MFACOptions.";
+  if (msg.rfind(from, 0) == 0) msg = "SparseMFACOptions." + msg.substr(from.size());
+  return msg;
+}
+
+RowWindowConfig Checked(const SparseMFACOptions& o,
+                        const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+  const absl::Status st = ValidateSparseMFACOptions(o);
+  TORCH_CHECK(st.ok(), std::string(st.message()));
+  if (o.memory_budget_bytes() > 0) {
+    std::vector<std::vector<int64_t>> shapes;
+    at::ScalarType dtype = at::kFloat;
+    for (const auto& g : groups) {
+      for (const auto& p : g.params()) {
+        shapes.push_back(p.sizes().vec());
+        dtype = p.scalar_type();
+      }
+    }
+    const absl::Status fit = AdmitMemory(SparseMFAC::EstimateMemory(shapes, o, dtype),
+                                         o.memory_budget_bytes(), "SparseMFAC");
+    TORCH_CHECK(fit.ok(), std::string(fit.message()));
+  }
+  return ConfigOf(o);
+}
+
+}  // namespace
+
+absl::Status ValidateSparseMFACOptions(const SparseMFACOptions& o) {
+  const absl::Status dense = ValidateMFACOptions(DenseOf(o));
+  if (!dense.ok()) return absl::InvalidArgumentError(Renamed(dense));
+  return ValidateSparseConfig(ConfigOf(o), "SparseMFACOptions");
+}
+
+SparseMFAC::SparseMFAC(std::vector<torch::optim::OptimizerParamGroup> groups,
+                       SparseMFACOptions options)
+    : RowWindowOptimizer(groups, std::make_unique<SparseMFACOptions>(options), "SparseMFAC",
+                         options.non_finite(), Checked(options, groups)),
+      options_(options) {
+  InitMomentum();
+}
+
+MemoryBreakdown SparseMFAC::EstimateMemory(const std::vector<std::vector<int64_t>>& shapes,
+                                           const SparseMFACOptions& options, at::ScalarType dtype) {
+  return EstimateRowWindow(shapes, dtype, ConfigOf(options), options.momentum());
+}
+
+AccountedOptimizer::Hyper SparseMFAC::HyperOf(const torch::optim::OptimizerOptions& options) const {
+  const auto& o = static_cast<const SparseMFACOptions&>(options);
+  return Hyper{o.lr(), o.momentum(), o.weight_decay(), o.weight_decay_kind()};
+}
+
+at::Tensor SparseMFAC::Coefficients(const at::Tensor& gram, int64_t count, int64_t newest) const {
+  const double s = options_.scaling() == Scaling::kCount ? static_cast<double>(count)
+                                                         : static_cast<double>(options_.window());
+  const double eps = shards_[0].dtype == at::kDouble
+                         ? std::numeric_limits<double>::epsilon()
+                         : static_cast<double>(std::numeric_limits<float>::epsilon());
+  return WoodburyCoefficients(gram, count, newest, s, options_.damp(), eps);
+}
+
+}  // namespace efcp
