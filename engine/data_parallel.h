@@ -1,0 +1,71 @@
+// Data parallelism for TRAIN jobs: every rank computes gradients on its slice of the global batch,
+// the gradients are summed across ranks before the optimizer step, so every rank applies the same
+// update and holds the same optimizer state.
+//
+// The transport is a LibTorch c10d process group: Gloo for CPU tensors, NCCL for CUDA tensors
+// (compiled only when LibTorch has NCCL, i.e. USE_C10D_NCCL). Ranks find each other through a
+// c10d Store: a HashStore for ranks that are threads of one latentd (one rank per device the job
+// holds), a TCPStore for ranks on several latentd nodes (docs/TRAIN.md, "Several nodes").
+#ifndef LATENTD_ENGINE_DATA_PARALLEL_H_
+#define LATENTD_ENGINE_DATA_PARALLEL_H_
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace latentd::engine {
+
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // Replaces each tensor by its sum over all ranks, in place. Every rank must call it with tensors
+  // of the same shapes in the same order. One flat buffer per call (one collective).
+  virtual absl::Status AllReduceSum(const std::vector<torch::Tensor>& tensors) = 0;
+};
+
+// World of one: AllReduceSum is a no-op.
+class SingleProcessSync : public GradientSync {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  absl::Status AllReduceSum(const std::vector<torch::Tensor>&) override {
+    return absl::OkStatus();
+  }
+};
+
+// Backend of a process group.
+enum class CollectiveBackend { kGloo, kNccl };
+
+struct ProcessGroupOptions {
+  CollectiveBackend backend = CollectiveBackend::kGloo;
+  int rank = 0;
+  int world_size = 1;
+  // Network interface host name for Gloo; empty = loopback ("127.0.0.1"), the in-process case.
+  std::string gloo_hostname;
+  // Collective timeout in seconds. Default 300.
+  int timeout_seconds = 300;
+};
+
+// Joins a process group through `store` (shared by all ranks). Blocks until all ranks have joined.
+// UNIMPLEMENTED for NCCL on a LibTorch without it.
+absl::StatusOr<std::unique_ptr<GradientSync>> JoinProcessGroup(
+    c10::intrusive_ptr<c10d::Store> store, const ProcessGroupOptions& options);
+
+// A store for ranks that are threads of this process.
+c10::intrusive_ptr<c10d::Store> NewInProcessStore();
+// A TCPStore rendezvous: rank 0 (is_master) listens on host:port, the others connect.
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> NewTcpStore(const std::string& host, int port,
+                                                         int world_size, bool is_master,
+                                                         int timeout_seconds);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_DATA_PARALLEL_H_

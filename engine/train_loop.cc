@@ -1,0 +1,308 @@
+#include "engine/train_loop.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "engine/device_pool.h"
+
+#ifdef LATENTD_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace latentd::engine {
+namespace {
+
+constexpr int kStatLoss = 0;
+constexpr int kStatFvu = 1;
+constexpr int kStatL0 = 2;
+constexpr int kStatCancel = 3;
+constexpr int kNumStats = 4;
+
+// Everything a resumed run needs besides the stream position (a function of the step).
+absl::StatusOr<std::string> SerializeState(int64_t steps_done, TrainableModel* model,
+                                           TrainOptimizer* optimizer,
+                                           const torch::Tensor& steps_since_fired,
+                                           int64_t peak_optimizer_bytes) {
+  try {
+    torch::serialize::OutputArchive archive;
+    archive.write("trainer/steps_done", torch::tensor({steps_done}, torch::kInt64));
+    archive.write("trainer/peak_optimizer_bytes",
+                  torch::tensor({peak_optimizer_bytes}, torch::kInt64));
+    if (steps_since_fired.defined()) archive.write("trainer/steps_since_fired", steps_since_fired);
+    const auto params = model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      archive.write(absl::StrCat("model/", i), params[i].detach().to(torch::kCPU));
+    }
+    torch::serialize::OutputArchive optimizer_archive;
+    RETURN_IF_ERROR(optimizer->Save(&optimizer_archive));
+    archive.write("optimizer", optimizer_archive);
+    std::string blob;
+    archive.save_to([&blob](const void* data, size_t size) {
+      blob.append(static_cast<const char*>(data), size);
+      return size;
+    });
+    return blob;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("writing the checkpoint: ", e.what_without_backtrace()));
+  }
+}
+
+absl::Status RestoreState(const std::string& blob, TrainableModel* model,
+                          TrainOptimizer* optimizer, int64_t* steps_done,
+                          torch::Tensor* steps_since_fired, int64_t* peak_optimizer_bytes) {
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(blob.data(), blob.size());
+    torch::Tensor t;
+    archive.read("trainer/steps_done", t);
+    *steps_done = t.item<int64_t>();
+    archive.read("trainer/peak_optimizer_bytes", t);
+    *peak_optimizer_bytes = t.item<int64_t>();
+    if (steps_since_fired->defined()) {
+      torch::Tensor counters;
+      archive.read("trainer/steps_since_fired", counters);
+      steps_since_fired->copy_(counters);
+    }
+    torch::NoGradGuard no_grad;
+    const auto params = model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      torch::Tensor value;
+      archive.read(absl::StrCat("model/", i), value);
+      if (!value.sizes().equals(params[i].sizes())) {
+        return absl::DataLossError(absl::StrCat("checkpoint parameter ", i, " has shape ",
+                                                c10::str(value.sizes()), ", the model ",
+                                                c10::str(params[i].sizes())));
+      }
+      params[i].copy_(value);
+    }
+    torch::serialize::InputArchive optimizer_archive;
+    archive.read("optimizer", optimizer_archive);
+    return optimizer->Load(&optimizer_archive);
+  } catch (const c10::Error& e) {
+    return absl::DataLossError(absl::StrCat("reading the checkpoint: ", e.what_without_backtrace()));
+  }
+}
+
+void FillDeviceMemory(const c10::Device& device, latentd::v1::TrainTelemetry* sample) {
+#ifdef LATENTD_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    constexpr size_t kAll = static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE);
+    sample->set_device_allocated_bytes(stats.allocated_bytes[kAll].current);
+    sample->set_device_reserved_bytes(stats.reserved_bytes[kAll].current);
+    sample->set_device_peak_bytes(stats.allocated_bytes[kAll].peak);
+  }
+#endif
+  (void)device;
+  sample->set_process_rss_bytes(ProcessRssBytes());
+}
+
+}  // namespace
+
+int64_t TensorListBytes(const std::vector<torch::Tensor>& tensors) {
+  int64_t bytes = 0;
+  for (const auto& t : tensors) {
+    if (t.defined()) bytes += static_cast<int64_t>(t.numel() * t.element_size());
+  }
+  return bytes;
+}
+
+absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options,
+                                             TrainableModel* model, TrainOptimizer* optimizer,
+                                             ShuffledRowStream* stream, int64_t width,
+                                             GradientSync* sync, CheckpointStore* checkpoints,
+                                             JobContext* context,
+                                             const std::function<bool()>& cancel) {
+  SingleProcessSync single;
+  if (sync == nullptr) sync = &single;
+  const int rank = sync->rank();
+  const int world = sync->world_size();
+  const bool leader = rank == 0;
+  const int64_t global_batch = options.batch_size;
+  const int64_t slice_begin = global_batch * rank / world;
+  const int64_t slice_end = global_batch * (rank + 1) / world;
+  const int64_t slice_rows = slice_end - slice_begin;
+  const double slice_weight = static_cast<double>(slice_rows) / static_cast<double>(global_batch);
+
+  std::vector<torch::Tensor> params = model->parameters();
+  const int64_t num_params = [&] {
+    int64_t n = 0;
+    for (const auto& p : params) n += p.numel();
+    return n;
+  }();
+  torch::Tensor steps_since_fired;
+  if (model->num_latents() > 0) steps_since_fired = torch::zeros({model->num_latents()}, torch::kInt64);
+
+  TrainLoopResult result;
+  int64_t start = 0;
+  int64_t peak_optimizer_bytes = 0;
+  // Every rank restores the same checkpoint (rank 0's store; the others read it through it too
+  // when they share the store, else they start from the same seed and state).
+  CheckpointStore* restore_from = checkpoints;
+  if (restore_from != nullptr) {
+    ASSIGN_OR_RETURN(std::optional<Checkpoint> latest, restore_from->LoadLatest());
+    if (latest.has_value()) {
+      RETURN_IF_ERROR(RestoreState(latest->blob, model, optimizer, &start, &steps_since_fired,
+                                   &peak_optimizer_bytes));
+      result.resumed_from_step = start;
+      if (leader && context != nullptr) {
+        context->Log(latentd::v1::LogLine::INFO,
+                     absl::StrCat("resumed from the checkpoint at step ", start));
+      }
+    }
+  }
+  if (start == 0) {
+    const int64_t init_rows = std::max<int64_t>(1, options.init_rows);
+    std::vector<float> rows(init_rows * width);
+    RETURN_IF_ERROR(stream->Read(0, init_rows, rows.data()));
+    model->InitFromData(
+        torch::from_blob(rows.data(), {init_rows, width}, torch::kFloat32).to(options.device));
+  }
+
+  auto checkpoint = [&](int64_t steps_done) -> absl::Status {
+    if (!leader || checkpoints == nullptr) return absl::OkStatus();
+    ASSIGN_OR_RETURN(std::string blob, SerializeState(steps_done, model, optimizer,
+                                                      steps_since_fired, peak_optimizer_bytes));
+    return checkpoints->Commit({steps_done, std::move(blob)});
+  };
+
+  std::vector<float> host_batch(slice_rows * width);
+  double window_seconds = 0;
+  int64_t window_steps = 0;
+  double last_loss = 0, last_fvu = 0, last_l0 = 0;
+  int64_t last_checkpoint_step = start;
+  for (int64_t step = start; step < options.total_steps; ++step) {
+    const absl::Time step_start = absl::Now();
+    const double lr = LrAt(options.lr, step);
+    optimizer->SetLr(lr);
+    RETURN_IF_ERROR(stream->Read(step * global_batch + slice_begin, slice_rows, host_batch.data()));
+    torch::Tensor batch = torch::from_blob(host_batch.data(), {slice_rows, width}, torch::kFloat32)
+                              .to(options.device);
+    for (auto& p : params) {
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    }
+    TrainableModel::Output out;
+    try {
+      ASSIGN_OR_RETURN(out, model->Forward(batch));
+      (out.loss * slice_weight).backward();
+    } catch (const c10::Error& e) {
+      return absl::InternalError(
+          absl::StrCat("forward/backward at step ", step, ": ", e.what_without_backtrace()));
+    }
+    torch::Tensor stats = torch::zeros({kNumStats}, torch::kFloat32);
+    {
+      auto acc = stats.accessor<float, 1>();
+      acc[kStatLoss] = static_cast<float>(out.loss.item<double>() * slice_weight);
+      acc[kStatFvu] = static_cast<float>((std::isnan(out.fvu) ? 0.0 : out.fvu) * slice_weight);
+      acc[kStatL0] = static_cast<float>((std::isnan(out.l0) ? 0.0 : out.l0) * slice_weight);
+      acc[kStatCancel] = (cancel && cancel()) ? 1.0f : 0.0f;
+    }
+    std::vector<torch::Tensor> reduced;
+    for (auto& p : params) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      reduced.push_back(p.mutable_grad());
+    }
+    reduced.push_back(stats);
+    torch::Tensor fired;
+    if (steps_since_fired.defined()) {
+      fired = out.fired.defined() ? out.fired.to(torch::kCPU, torch::kFloat32).clone()
+                                  : torch::zeros({model->num_latents()}, torch::kFloat32);
+      reduced.push_back(fired);
+    }
+    if (world > 1) RETURN_IF_ERROR(sync->AllReduceSum(reduced));
+    const double loss = stats[kStatLoss].item<double>();
+    if (stats[kStatCancel].item<float>() > 0) {
+      RETURN_IF_ERROR(checkpoint(step));
+      return absl::CancelledError(absl::StrCat("train cancelled at step ", step,
+                                               "; the checkpoint at that step is kept"));
+    }
+    if (!std::isfinite(loss)) {
+      return WithReason(
+          absl::InternalError(absl::StrFormat(
+              "non-finite loss (%f) at step %d; the last good checkpoint (step %d) is kept", loss,
+              step, last_checkpoint_step)),
+          latentd::v1::NUMERICAL);
+    }
+    model->BeforeOptimizerStep();
+    RETURN_IF_ERROR(optimizer->Step());
+    model->AfterOptimizerStep();
+    const int64_t done = step + 1;
+    if (steps_since_fired.defined()) {
+      steps_since_fired = torch::where(fired > 0, torch::zeros_like(steps_since_fired),
+                                       steps_since_fired + 1);
+    }
+    last_loss = loss;
+    last_fvu = stats[kStatFvu].item<double>();
+    last_l0 = stats[kStatL0].item<double>();
+    const OptimizerMemory memory = optimizer->Memory();
+    peak_optimizer_bytes = std::max(peak_optimizer_bytes, memory.total());
+    window_seconds += absl::ToDoubleSeconds(absl::Now() - step_start);
+    ++window_steps;
+
+    const bool last = done == options.total_steps;
+    if (leader && (last || (options.telemetry_every > 0 && done % options.telemetry_every == 0))) {
+      latentd::v1::TrainTelemetry sample;
+      sample.set_step(done);
+      sample.set_steps_total(options.total_steps);
+      sample.set_loss(loss);
+      sample.set_lr(lr);
+      if (model->num_latents() > 0) {
+        sample.set_fvu(last_fvu);
+        sample.set_l0(last_l0);
+        const int64_t window = std::min(options.dead_window_steps, done);
+        sample.set_dead_latents((steps_since_fired >= window).sum().item<int64_t>());
+      }
+      sample.set_step_seconds(window_seconds / window_steps);
+      sample.set_rows_per_second(window_seconds > 0
+                                     ? static_cast<double>(global_batch * window_steps) /
+                                           window_seconds
+                                     : 0);
+      for (const auto& [name, bytes] : memory.components) {
+        (*sample.mutable_optimizer_state_bytes())[name] = bytes;
+      }
+      sample.set_optimizer_state_total_bytes(memory.total());
+      std::vector<torch::Tensor> grads;
+      for (auto& p : params) grads.push_back(p.grad());
+      const int64_t param_bytes = TensorListBytes(params);
+      const int64_t grad_bytes = TensorListBytes(grads);
+      sample.set_parameter_bytes(param_bytes);
+      sample.set_gradient_bytes(grad_bytes);
+      sample.set_dense_mfac_history_bytes(DenseMfacHistoryBytes(num_params, options.mfac_window));
+      FillDeviceMemory(options.device, &sample);
+      sample.set_tracked_tensor_bytes(param_bytes + grad_bytes + memory.total() +
+                                      static_cast<int64_t>(host_batch.size() * sizeof(float)));
+      result.last_telemetry = sample;
+      if (context != nullptr) {
+        latentd::v1::Telemetry telemetry;
+        *telemetry.mutable_train() = sample;
+        context->ReportTelemetry(telemetry);
+        context->ReportProgress(done, options.total_steps, "steps");
+      }
+      window_seconds = 0;
+      window_steps = 0;
+    }
+    if (done == options.crash_after_step) {
+      return absl::AbortedError(absl::StrCat("simulated crash after step ", done));
+    }
+    if (!last && options.checkpoint_every > 0 && done % options.checkpoint_every == 0) {
+      RETURN_IF_ERROR(checkpoint(done));
+      last_checkpoint_step = done;
+    }
+  }
+  result.steps = options.total_steps;
+  result.final_loss = last_loss;
+  result.final_fvu = last_fvu;
+  result.final_l0 = last_l0;
+  result.peak_optimizer_state_bytes = peak_optimizer_bytes;
+  return result;
+}
+
+}  // namespace latentd::engine

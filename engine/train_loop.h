@@ -1,0 +1,99 @@
+// The training loop of a TRAIN job, independent of where rows come from and where checkpoints go:
+// step -> lr -> batch slice of this rank -> forward/backward -> all-reduce -> optimizer step, with
+// telemetry, checkpoints, NaN detection and cancellation at step boundaries.
+//
+// Determinism: the batch of step s is stream rows [s*B, (s+1)*B) (B = global batch), split into
+// contiguous rank slices, and the lr is a pure function of s. So the checkpoint needs only the
+// step, the model, the optimizer and the dead-latent counters, and a resumed run (or a run on more
+// ranks, up to summation order) computes what an uninterrupted one computes.
+#ifndef LATENTD_ENGINE_TRAIN_LOOP_H_
+#define LATENTD_ENGINE_TRAIN_LOOP_H_
+
+#include <torch/serialize/archive.h>
+#include <torch/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/checkpoint.h"
+#include "engine/data_parallel.h"
+#include "engine/job_context.h"
+#include "engine/lr_schedule.h"
+#include "engine/optimizer_factory.h"
+#include "engine/train_data.h"
+#include "proto/latentd/v1/train.pb.h"
+
+namespace latentd::engine {
+
+// What the loop trains: an SAE or a TorchScript module with a loss.
+class TrainableModel {
+ public:
+  struct Output {
+    torch::Tensor loss;  // scalar with graph, the mean over this rank's rows
+    double fvu = std::numeric_limits<double>::quiet_NaN();
+    double l0 = std::numeric_limits<double>::quiet_NaN();
+    torch::Tensor fired;  // SAEs: d_sae floats, 1 where a latent fired in the batch; else undefined
+  };
+  virtual ~TrainableModel() = default;
+  // Parameters, in a fixed order (optimizer, all-reduce and checkpoints rely on it).
+  virtual std::vector<torch::Tensor> parameters() = 0;
+  virtual absl::StatusOr<Output> Forward(const torch::Tensor& batch) = 0;
+  // Called once on a fresh (not resumed) run with the first rows of the stream.
+  virtual void InitFromData(const torch::Tensor& rows) {}
+  virtual void BeforeOptimizerStep() {}
+  virtual void AfterOptimizerStep() {}
+  virtual int64_t num_latents() const { return 0; }
+};
+
+struct TrainLoopOptions {
+  int64_t batch_size = 256;  // global rows per step, split over the ranks
+  int64_t total_steps = 1;
+  LrScheduleOptions lr;
+  int64_t checkpoint_every = 100;
+  int64_t telemetry_every = 10;
+  // A latent is dead when it has not fired in the last dead_window_steps steps (or in all steps so
+  // far, before that many). Default 1000.
+  int64_t dead_window_steps = 1000;
+  // Rows the model's data initialisation (b_dec) sees. Default 4096.
+  int64_t init_rows = 4096;
+  c10::Device device = c10::Device(c10::kCPU);
+  // For dense_mfac_history_bytes in telemetry.
+  int64_t mfac_window = 64;
+  // Tests: stop (as a kill would) once this step is done, without a final checkpoint. -1: never.
+  int64_t crash_after_step = -1;
+};
+
+struct TrainLoopResult {
+  int64_t steps = 0;
+  double final_loss = 0;
+  double final_fvu = 0;
+  double final_l0 = 0;
+  int64_t peak_optimizer_state_bytes = 0;
+  int64_t resumed_from_step = -1;  // -1 when the run started fresh
+  latentd::v1::TrainTelemetry last_telemetry;
+};
+
+// Runs steps until options.total_steps. `checkpoints` (may be null) is read by every rank to
+// resume and written by rank 0 only; `context` (may be null) is used on rank 0 only; `cancel` (may
+// be null) is polled by every rank, and the ranks agree on it through the all-reduce so that none
+// waits on a collective the others left.
+// Resumes from checkpoints->LoadLatest() when there is one. Returns CANCELLED on cancel, an
+// error with reason NUMERICAL (WithReason) on a non-finite loss, naming the step.
+absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options,
+                                             TrainableModel* model, TrainOptimizer* optimizer,
+                                             ShuffledRowStream* stream, int64_t width,
+                                             GradientSync* sync, CheckpointStore* checkpoints,
+                                             JobContext* context,
+                                             const std::function<bool()>& cancel);
+
+// Sum of bytes of the given tensors (defined ones only).
+int64_t TensorListBytes(const std::vector<torch::Tensor>& tensors);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_TRAIN_LOOP_H_

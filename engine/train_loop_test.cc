@@ -1,0 +1,224 @@
+#include "engine/train_loop.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/optim/adam.h>
+
+#include <cmath>
+#include <limits>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "engine/train_models.h"
+
+namespace latentd::engine {
+namespace {
+
+constexpr int64_t kWidth = 8;
+
+// Rows from a sparse dictionary of 16 directions plus an offset, so b_dec and the SAE matter.
+std::vector<float> DictionaryRows(int64_t n, uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  torch::Tensor dictionary = at::randn({16, kWidth}, gen, torch::kFloat32);
+  torch::Tensor codes = at::rand({n, 16}, gen, torch::kFloat32);
+  codes = codes * (at::rand({n, 16}, gen, torch::kFloat32) < 0.2);
+  torch::Tensor rows = (codes.matmul(dictionary) + 0.5).contiguous();
+  return std::vector<float>(rows.data_ptr<float>(), rows.data_ptr<float>() + rows.numel());
+}
+
+SaeModelOptions Sae() {
+  SaeModelOptions options;
+  options.architecture = latentd::v1::TOPK;
+  options.d_in = kWidth;
+  options.d_sae = 32;
+  options.k = 4;
+  options.seed = 5;
+  return options;
+}
+
+OptimizerConfig Adam() {
+  latentd::v1::OptimizerSpec spec;
+  spec.set_name("adam");
+  spec.set_lr(1e-2);
+  return *OptimizerConfigFromProto(spec);
+}
+
+TrainLoopOptions Loop(int64_t steps) {
+  TrainLoopOptions options;
+  options.batch_size = 32;
+  options.total_steps = steps;
+  options.lr.base_lr = 1e-2;
+  options.lr.total_steps = steps;
+  options.lr.kind = latentd::v1::COSINE;
+  options.checkpoint_every = 10;
+  options.telemetry_every = 5;
+  options.init_rows = 256;
+  return options;
+}
+
+// One fresh run (model, optimizer, stream) against `checkpoints`.
+struct Trainer {
+  explicit Trainer(InMemoryDenseRowSource* source, OptimizerConfig config = Adam())
+      : model(Sae(), c10::kCPU),
+        optimizer(*MakeOptimizer(config, model.parameters())),
+        stream(source, {.seed = 9, .window_chunks = 2}) {}
+  absl::StatusOr<TrainLoopResult> Go(const TrainLoopOptions& options, CheckpointStore* store,
+                                     GradientSync* sync = nullptr) {
+    return RunTrainLoop(options, &model, optimizer.get(), &stream, kWidth, sync, store, nullptr,
+                        nullptr);
+  }
+  SaeTrainable model;
+  std::unique_ptr<TrainOptimizer> optimizer;
+  ShuffledRowStream stream;
+};
+
+TEST(TrainLoopTest, LossFallsAndTelemetryMatchesTheOptimizersAccounting) {
+  InMemoryDenseRowSource source(DictionaryRows(1024, 1), kWidth, 64);
+  Trainer run(&source);
+  auto first = run.Go(Loop(1), nullptr);
+  ASSERT_TRUE(first.ok()) << first.status();
+  Trainer trained(&source);
+  auto result = trained.Go(Loop(200), nullptr);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_LT(result->final_loss, 0.5 * first->final_loss);
+  EXPECT_LT(result->final_fvu, 0.5);
+  EXPECT_LE(result->final_l0, 4.0);
+  const auto& t = result->last_telemetry;
+  EXPECT_EQ(t.step(), 200);
+  const OptimizerMemory memory = trained.optimizer->Memory();
+  EXPECT_EQ(t.optimizer_state_total_bytes(), memory.total());
+  for (const auto& [name, bytes] : memory.components) {
+    EXPECT_EQ(t.optimizer_state_bytes().at(name), bytes) << name;
+  }
+  // Adam: two fp32 moments per parameter; parameters and gradients fp32.
+  const int64_t d = kWidth * 32 * 2 + 32 + kWidth;
+  EXPECT_EQ(memory.total(), 8 * d);
+  EXPECT_EQ(t.parameter_bytes(), 4 * d);
+  EXPECT_EQ(t.gradient_bytes(), 4 * d);
+  EXPECT_EQ(t.dense_mfac_history_bytes(), 4 * 64 * d);
+  EXPECT_GT(t.process_rss_bytes(), 0);
+  EXPECT_GE(t.tracked_tensor_bytes(), t.parameter_bytes() + t.gradient_bytes() + memory.total());
+  EXPECT_EQ(result->peak_optimizer_state_bytes, memory.total());
+}
+
+TEST(TrainLoopTest, ResumeAfterACrashGivesTheWeightsOfAnUninterruptedRun) {
+  InMemoryDenseRowSource source(DictionaryRows(512, 2), kWidth, 32);
+  InMemoryCheckpointStore uninterrupted_store;
+  Trainer uninterrupted(&source);
+  ASSERT_TRUE(uninterrupted.Go(Loop(45), &uninterrupted_store).ok());
+
+  InMemoryCheckpointStore store;
+  {
+    Trainer crashed(&source);
+    TrainLoopOptions options = Loop(45);
+    options.crash_after_step = 27;  // the checkpoint at step 20 is the newest
+    auto status = crashed.Go(options, &store).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kAborted);
+    EXPECT_EQ((*store.LoadLatest())->step, 20);
+  }
+  Trainer resumed(&source);
+  auto result = resumed.Go(Loop(45), &store);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->resumed_from_step, 20);
+  auto a = uninterrupted.model.parameters();
+  auto b = resumed.model.parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+}
+
+// Rows turn NaN from the `poison_after`-th Read on, as a corrupt stretch of a dataset would.
+class PoisonedSource : public InMemoryDenseRowSource {
+ public:
+  PoisonedSource(std::vector<float> values, int poison_after)
+      : InMemoryDenseRowSource(std::move(values), kWidth, 8), poison_after_(poison_after) {}
+  absl::Status Read(int64_t row_start, int64_t row_count, float* out) override {
+    absl::Status status = InMemoryDenseRowSource::Read(row_start, row_count, out);
+    if (++reads_ > poison_after_) out[0] = std::numeric_limits<float>::quiet_NaN();
+    return status;
+  }
+
+ private:
+  int poison_after_;
+  int reads_ = 0;
+};
+
+TEST(TrainLoopTest, NanLossFailsWithNumericalReasonAndKeepsTheLastGoodCheckpoint) {
+  PoisonedSource source(DictionaryRows(256, 3), /*poison_after=*/40);
+  InMemoryCheckpointStore store;
+  Trainer run(&source);
+  TrainLoopOptions options = Loop(40);
+  options.checkpoint_every = 1;
+  auto result = run.Go(options, &store);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(AttachedReason(result.status()), latentd::v1::NUMERICAL);
+  auto latest = store.LoadLatest();
+  ASSERT_TRUE(latest->has_value());
+  const int64_t good = (*latest)->step;
+  EXPECT_GT(good, 0);
+  EXPECT_NE(result.status().message().find(absl::StrCat("at step ", good)), std::string::npos)
+      << result.status();
+  // The kept checkpoint holds finite weights.
+  InMemoryDenseRowSource clean(DictionaryRows(256, 3), kWidth, 8);
+  Trainer check(&clean);
+  ASSERT_TRUE(check.Go(Loop(good), &store).ok());
+  for (const auto& p : check.model.parameters()) {
+    EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
+  }
+}
+
+TEST(TrainLoopTest, CancelStopsAtAStepBoundaryAndCheckpoints) {
+  InMemoryDenseRowSource source(DictionaryRows(256, 4), kWidth, 32);
+  InMemoryCheckpointStore store;
+  Trainer run(&source);
+  int polls = 0;
+  auto result = RunTrainLoop(Loop(100), &run.model, run.optimizer.get(), &run.stream, kWidth,
+                             nullptr, &store, nullptr, [&polls] { return ++polls > 7; });
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ((*store.LoadLatest())->step, 7);
+}
+
+TEST(TrainLoopTest, TwoGlooRanksHoldIdenticalStateAfter50Steps) {
+  InMemoryDenseRowSource source(DictionaryRows(1024, 6), kWidth, 64);
+  auto store = NewInProcessStore();
+  Trainer rank0(&source), rank1(&source), single(&source);
+  absl::StatusOr<TrainLoopResult> r0, r1;
+  auto train = [&](Trainer* run, int rank, absl::StatusOr<TrainLoopResult>* out) {
+    auto sync = JoinProcessGroup(store, {.rank = rank, .world_size = 2});
+    if (!sync.ok()) {
+      *out = sync.status();
+      return;
+    }
+    *out = run->Go(Loop(50), nullptr, sync->get());
+  };
+  std::thread t0(train, &rank0, 0, &r0);
+  std::thread t1(train, &rank1, 1, &r1);
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(r0.ok()) << r0.status();
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  auto a = rank0.model.parameters();
+  auto b = rank1.model.parameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+  // Optimizer state too: Adam's moments of every parameter.
+  auto& state0 = rank0.optimizer->optimizer().state();
+  auto& state1 = rank1.optimizer->optimizer().state();
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto& s0 = static_cast<torch::optim::AdamParamState&>(
+        *state0.at(c10::guts::to_string(a[i].unsafeGetTensorImpl())));
+    auto& s1 = static_cast<torch::optim::AdamParamState&>(
+        *state1.at(c10::guts::to_string(b[i].unsafeGetTensorImpl())));
+    EXPECT_EQ(s0.step(), 50);
+    EXPECT_EQ(s0.step(), s1.step());
+    EXPECT_TRUE(torch::equal(s0.exp_avg(), s1.exp_avg())) << "exp_avg " << i;
+    EXPECT_TRUE(torch::equal(s0.exp_avg_sq(), s1.exp_avg_sq())) << "exp_avg_sq " << i;
+  }
+  // And the two-rank run trains the same model as one rank, up to summation order.
+  ASSERT_TRUE(single.Go(Loop(50), nullptr).ok());
+  auto c = single.model.parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(a[i], c[i], 1e-3, 1e-4)) << "parameter " << i;
+  }
+}
+
+}  // namespace
+}  // namespace latentd::engine

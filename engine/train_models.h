@@ -1,0 +1,40 @@
+// The models a TRAIN job trains, behind TrainableModel: an SAE (engine/sae_model.h) or a
+// user's TorchScript module whose forward(batch) returns a scalar loss.
+#ifndef LATENTD_ENGINE_TRAIN_MODELS_H_
+#define LATENTD_ENGINE_TRAIN_MODELS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/sae_model.h"
+#include "engine/train_loop.h"
+
+namespace latentd::engine {
+
+class SaeTrainable : public TrainableModel {
+ public:
+  SaeTrainable(const SaeModelOptions& options, c10::Device device);
+
+  std::vector<torch::Tensor> parameters() override { return sae_->ordered_parameters(); }
+  absl::StatusOr<Output> Forward(const torch::Tensor& batch) override;
+  void InitFromData(const torch::Tensor& rows) override { sae_->InitDecoderBiasFromData(rows); }
+  void BeforeOptimizerStep() override { sae_->RemoveParallelDecoderGrad(); }
+  void AfterOptimizerStep() override { sae_->NormalizeDecoder(); }
+  int64_t num_latents() const override { return sae_->options().d_sae; }
+
+  SaeModel& sae() { return sae_; }
+
+ private:
+  SaeModel sae_;
+};
+
+// Loads a TorchScript module from `path` (torch.jit.save of a scripted module). Its forward takes
+// one float32 tensor (rows x width) and returns a scalar loss. NOT_FOUND / INVALID_ARGUMENT naming
+// "train.torchscript_path" when the file is missing or not TorchScript.
+absl::StatusOr<std::unique_ptr<TrainableModel>> LoadTorchScriptTrainable(const std::string& path,
+                                                                         c10::Device device);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_TRAIN_MODELS_H_
