@@ -82,6 +82,7 @@ absl::StatusOr<std::unique_ptr<Db>> Db::Open(const std::string& path, const DbOp
   db_options.create_missing_column_families = true;
   db_options.max_background_jobs = options.background_jobs;
   db_options.keep_log_file_num = 4;
+  if (options.env != nullptr) db_options.env = options.env;
   std::shared_ptr<rocksdb::Cache> cache = rocksdb::NewLRUCache(options.block_cache_bytes);
 
   std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
@@ -97,6 +98,7 @@ absl::StatusOr<std::unique_ptr<Db>> Db::Open(const std::string& path, const DbOp
 
   std::unique_ptr<Db> db(new Db());
   db->path_ = path;
+  db->options_ = options;
   db->db_.reset(raw);
   // handles[0] is the default family, which latentd does not use.
   db->db_->DestroyColumnFamilyHandle(handles[0]);

@@ -40,6 +40,9 @@ struct DbOptions {
   size_t block_cache_bytes = 64 << 20;
   // Background compaction/flush threads. Default 2.
   int background_jobs = 2;
+  // File system environment; tests inject faults (a full disk) through it. Default nullptr, the
+  // process's default Env. Not owned; must outlive the Db.
+  rocksdb::Env* env = nullptr;
 };
 
 class Db {
@@ -57,6 +60,7 @@ class Db {
     return handles_[static_cast<int>(family)];
   }
   const std::string& path() const { return path_; }
+  const DbOptions& options() const { return options_; }
 
   // Applies `batch` atomically (across families). With `sync` it is durable once this returns OK.
   absl::Status Write(rocksdb::WriteBatch* batch, bool sync);
@@ -77,6 +81,7 @@ class Db {
   Db() = default;
 
   std::string path_;
+  DbOptions options_;
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
 };

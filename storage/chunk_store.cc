@@ -1,0 +1,1041 @@
+#include "storage/chunk_store.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/big_endian.h"
+#include "common/status_macros.h"
+#include "rocksdb/options.h"
+#include "storage/crc32c.h"
+#include "storage/keys.h"
+#include "storage/value_codec.h"
+
+namespace latentd::storage {
+namespace {
+
+// ---- small binary encoding helpers ------------------------------------------------------------
+
+template <typename T>
+void PutRaw(T v, std::string* out) {
+  char buf[sizeof(T)];
+  std::memcpy(buf, &v, sizeof(T));
+  out->append(buf, sizeof(T));
+}
+void PutString(const std::string& s, std::string* out) {
+  PutRaw<uint32_t>(static_cast<uint32_t>(s.size()), out);
+  out->append(s);
+}
+void PutVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+class Reader {
+ public:
+  explicit Reader(absl::string_view in) : in_(in) {}
+  template <typename T>
+  T Raw() {
+    T v{};
+    if (in_.size() < sizeof(T)) {
+      ok_ = false;
+      return v;
+    }
+    std::memcpy(&v, in_.data(), sizeof(T));
+    in_.remove_prefix(sizeof(T));
+    return v;
+  }
+  std::string String() {
+    uint32_t n = Raw<uint32_t>();
+    if (!ok_ || in_.size() < n) {
+      ok_ = false;
+      return "";
+    }
+    std::string s(in_.substr(0, n));
+    in_.remove_prefix(n);
+    return s;
+  }
+  uint64_t Varint() {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64 && !in_.empty(); shift += 7) {
+      uint8_t b = static_cast<uint8_t>(in_.front());
+      in_.remove_prefix(1);
+      v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if (!(b & 0x80)) return v;
+    }
+    ok_ = false;
+    return 0;
+  }
+  absl::string_view rest() const { return in_; }
+  bool ok() const { return ok_; }
+
+ private:
+  absl::string_view in_;
+  bool ok_ = true;
+};
+
+constexpr uint32_t kRecordVersion = 1;
+
+std::string EncodeRecord(const DatasetRecord& r) {
+  const DatasetMeta& m = r.meta;
+  std::string out;
+  PutRaw<uint32_t>(kRecordVersion, &out);
+  PutRaw<uint64_t>(r.id, &out);
+  PutRaw<int64_t>(r.created_unix_micros, &out);
+  PutString(m.name, &out);
+  PutRaw<uint8_t>(static_cast<uint8_t>(m.kind), &out);
+  PutRaw<uint8_t>(static_cast<uint8_t>(m.value_dtype), &out);
+  PutString(m.model_id, &out);
+  PutString(m.model_weight_hash, &out);
+  PutString(m.hook_name, &out);
+  PutRaw<int32_t>(m.layer, &out);
+  PutRaw<int32_t>(m.d_in, &out);
+  PutString(m.encoder, &out);
+  PutRaw<int32_t>(m.k, &out);
+  PutString(m.threshold_policy, &out);
+  PutRaw<uint8_t>(m.apply_b_dec_to_input, &out);
+  PutRaw<int32_t>(m.width, &out);
+  PutRaw<int32_t>(m.context_length, &out);
+  PutString(m.token_source, &out);
+  PutRaw<int64_t>(m.token_order_start, &out);
+  PutRaw<uint64_t>(m.job_id, &out);
+  PutRaw<int64_t>(m.rows_planned, &out);
+  PutRaw<int32_t>(m.top_n, &out);
+  PutRaw<uint8_t>(m.postings, &out);
+  return out;
+}
+
+absl::Status DecodeRecord(absl::string_view in, DatasetRecord* r) {
+  Reader rd(in);
+  DatasetMeta& m = r->meta;
+  uint32_t version = rd.Raw<uint32_t>();
+  r->id = rd.Raw<uint64_t>();
+  r->created_unix_micros = rd.Raw<int64_t>();
+  m.name = rd.String();
+  m.kind = static_cast<DatasetKind>(rd.Raw<uint8_t>());
+  m.value_dtype = static_cast<ValueDtype>(rd.Raw<uint8_t>());
+  m.model_id = rd.String();
+  m.model_weight_hash = rd.String();
+  m.hook_name = rd.String();
+  m.layer = rd.Raw<int32_t>();
+  m.d_in = rd.Raw<int32_t>();
+  m.encoder = rd.String();
+  m.k = rd.Raw<int32_t>();
+  m.threshold_policy = rd.String();
+  m.apply_b_dec_to_input = rd.Raw<uint8_t>() != 0;
+  m.width = rd.Raw<int32_t>();
+  m.context_length = rd.Raw<int32_t>();
+  m.token_source = rd.String();
+  m.token_order_start = rd.Raw<int64_t>();
+  m.job_id = rd.Raw<uint64_t>();
+  m.rows_planned = rd.Raw<int64_t>();
+  m.top_n = rd.Raw<int32_t>();
+  m.postings = rd.Raw<uint8_t>() != 0;
+  if (!rd.ok() || version != kRecordVersion) {
+    return absl::DataLossError("malformed dataset record");
+  }
+  return absl::OkStatus();
+}
+
+// The watermark record: everything a commit advances.
+struct Watermark {
+  int64_t rows = 0, nnz = 0, chunks = 0, live_latents = 0, blob_bytes = 0;
+  bool complete = false;
+};
+std::string EncodeWatermark(const DatasetRecord& r, int64_t blob_bytes) {
+  std::string out;
+  PutRaw<int64_t>(r.rows_committed, &out);
+  PutRaw<int64_t>(r.nnz, &out);
+  PutRaw<int64_t>(r.num_chunks, &out);
+  PutRaw<int64_t>(r.live_latents, &out);
+  PutRaw<int64_t>(blob_bytes, &out);
+  PutRaw<uint8_t>(r.complete, &out);
+  return out;
+}
+absl::Status DecodeWatermark(absl::string_view in, Watermark* w) {
+  Reader rd(in);
+  w->rows = rd.Raw<int64_t>();
+  w->nnz = rd.Raw<int64_t>();
+  w->chunks = rd.Raw<int64_t>();
+  w->live_latents = rd.Raw<int64_t>();
+  w->blob_bytes = rd.Raw<int64_t>();
+  w->complete = rd.Raw<uint8_t>() != 0;
+  if (!rd.ok() || !rd.rest().empty()) return absl::DataLossError("malformed watermark record");
+  return absl::OkStatus();
+}
+
+ChunkDtype ToChunkDtype(ValueDtype d) {
+  switch (d) {
+    case ValueDtype::kFloat16:
+      return ChunkDtype::kFloat16;
+    case ValueDtype::kBFloat16:
+      return ChunkDtype::kBFloat16;
+    case ValueDtype::kFloat32:
+      return ChunkDtype::kFloat32;
+  }
+  return ChunkDtype::kFloat32;
+}
+
+float RoundTo(ChunkDtype dtype, float v) {
+  switch (dtype) {
+    case ChunkDtype::kFloat16:
+      return HalfToFloat(FloatToHalf(v));
+    case ChunkDtype::kBFloat16:
+      return BFloat16ToFloat(FloatToBFloat16(v));
+    case ChunkDtype::kFloat32:
+      return v;
+  }
+  return v;
+}
+
+// Postings value: varint count, varint row deltas (first relative to the chunk's first row),
+// values in the dataset dtype, CRC32C.
+std::string EncodePosting(int64_t row_start, const int64_t* rows, const float* values, size_t n,
+                          ChunkDtype dtype) {
+  std::string out;
+  PutVarint(n, &out);
+  int64_t prev = row_start;
+  for (size_t i = 0; i < n; ++i) {
+    PutVarint(static_cast<uint64_t>(rows[i] - prev), &out);
+    prev = rows[i];
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (dtype == ChunkDtype::kFloat32) {
+      PutRaw<float>(values[i], &out);
+    } else {
+      PutRaw<uint16_t>(dtype == ChunkDtype::kFloat16 ? FloatToHalf(values[i])
+                                                     : FloatToBFloat16(values[i]),
+                       &out);
+    }
+  }
+  PutRaw<uint32_t>(Crc32c(out.data(), out.size()), &out);
+  return out;
+}
+
+absl::Status DecodePosting(absl::string_view in, int64_t row_start, ChunkDtype dtype,
+                           std::vector<int64_t>* rows, std::vector<float>* values) {
+  if (in.size() < 4) return absl::DataLossError("posting too short");
+  uint32_t crc;
+  std::memcpy(&crc, in.data() + in.size() - 4, 4);
+  if (crc != Crc32c(in.data(), in.size() - 4)) {
+    return absl::DataLossError("posting checksum mismatch");
+  }
+  Reader rd(in.substr(0, in.size() - 4));
+  uint64_t n = rd.Varint();
+  if (!rd.ok() || n > in.size()) return absl::DataLossError("malformed posting");
+  int64_t row = row_start;
+  for (uint64_t i = 0; i < n; ++i) {
+    row += static_cast<int64_t>(rd.Varint());
+    rows->push_back(row);
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    if (dtype == ChunkDtype::kFloat32) {
+      values->push_back(rd.Raw<float>());
+    } else {
+      uint16_t h = rd.Raw<uint16_t>();
+      values->push_back(dtype == ChunkDtype::kFloat16 ? HalfToFloat(h) : BFloat16ToFloat(h));
+    }
+  }
+  if (!rd.ok() || !rd.rest().empty()) return absl::DataLossError("malformed posting");
+  return absl::OkStatus();
+}
+
+class SnapshotHolder {
+ public:
+  explicit SnapshotHolder(rocksdb::DB* db) : db_(db), snap_(db->GetSnapshot()) {}
+  ~SnapshotHolder() { db_->ReleaseSnapshot(snap_); }
+  const rocksdb::Snapshot* get() const { return snap_; }
+
+ private:
+  rocksdb::DB* db_;
+  const rocksdb::Snapshot* snap_;
+};
+
+absl::Status GetAt(const Db* db, const rocksdb::Snapshot* snap, Family family,
+                   const std::string& key, std::string* value) {
+  rocksdb::ReadOptions ro;
+  ro.snapshot = snap;
+  rocksdb::Status s = db->raw()->Get(ro, db->handle(family), key, value);
+  if (s.IsNotFound()) return absl::NotFoundError("not found");
+  return FromRocks(s, absl::StrCat("reading ", FamilyName(family)));
+}
+
+absl::Status CheckRange(const DatasetRecord& rec, int64_t row_start, int64_t* row_count) {
+  if (*row_count < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("row_count ", *row_count, " is negative"));
+  }
+  if (row_start < 0 || row_start > rec.rows_committed) {
+    return absl::OutOfRangeError(absl::StrCat("row_start ", row_start, " is outside the ",
+                                              rec.rows_committed, " committed rows of dataset ",
+                                              rec.id));
+  }
+  if (*row_count == 0) *row_count = rec.rows_committed - row_start;
+  if (*row_count > rec.rows_committed - row_start) {
+    return absl::OutOfRangeError(absl::StrCat("rows [", row_start, ", ", row_start + *row_count,
+                                              ") reach past the ", rec.rows_committed,
+                                              " committed rows of dataset ", rec.id));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateMeta(const DatasetMeta& m) {
+  if (m.name.empty()) return absl::InvalidArgumentError("name: must not be empty");
+  if (m.width <= 0) return absl::InvalidArgumentError(absl::StrCat("width: ", m.width, " <= 0"));
+  if (m.context_length < 0) return absl::InvalidArgumentError("context_length: negative");
+  if (m.top_n < 0 || m.top_n > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat("top_n: ", m.top_n, " not in [0, 4096]"));
+  }
+  if (m.k < 0) return absl::InvalidArgumentError("k: negative");
+  if (m.kind != DatasetKind::kSparse && m.kind != DatasetKind::kDense) {
+    return absl::InvalidArgumentError("kind: unknown");
+  }
+  if (m.value_dtype != ValueDtype::kFloat16 && m.value_dtype != ValueDtype::kBFloat16 &&
+      m.value_dtype != ValueDtype::kFloat32) {
+    return absl::InvalidArgumentError("value_dtype: unknown");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChunkError(uint64_t id, int64_t row_start, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat("dataset ", id, " chunk at row ", row_start, ": ",
+                                             s.message()));
+}
+
+}  // namespace
+
+// ---- ChunkStore --------------------------------------------------------------------------------
+
+ChunkStore::ChunkStore(Db* db, const ChunkStoreOptions& options) : db_(db), options_(options) {}
+ChunkStore::~ChunkStore() = default;
+
+absl::StatusOr<uint64_t> ChunkStore::CreateDataset(const DatasetMeta& meta) {
+  RETURN_IF_ERROR(ValidateMeta(meta));
+  absl::MutexLock lock(&mu_);
+  auto existing = db_->Get(Family::kMeta, keys::DatasetName(meta.name));
+  if (existing.ok()) {
+    return absl::AlreadyExistsError(absl::StrCat("dataset name \"", meta.name, "\" is taken"));
+  }
+  if (!absl::IsNotFound(existing.status())) return existing.status();
+  uint64_t id = 1;
+  auto next = db_->Get(Family::kMeta, keys::kNextDatasetId);
+  if (next.ok() && next->size() == 8) id = ReadBigEndian64(next->data());
+  DatasetRecord rec;
+  rec.id = id;
+  rec.meta = meta;
+  rec.created_unix_micros = absl::ToUnixMicros(absl::Now());
+  std::string id_bytes, next_bytes;
+  AppendBigEndian64(id, &id_bytes);
+  AppendBigEndian64(id + 1, &next_bytes);
+  rocksdb::WriteBatch batch;
+  batch.Put(db_->handle(Family::kMeta), keys::DatasetRecord(id), EncodeRecord(rec));
+  batch.Put(db_->handle(Family::kMeta), keys::DatasetName(meta.name), id_bytes);
+  batch.Put(db_->handle(Family::kMeta), keys::Watermark(id), EncodeWatermark(rec, 0));
+  batch.Put(db_->handle(Family::kMeta), keys::kNextDatasetId, next_bytes);
+  RETURN_IF_ERROR(db_->Write(&batch, /*sync=*/true));
+  return id;
+}
+
+absl::StatusOr<uint64_t> ChunkStore::FindDataset(const std::string& name) const {
+  auto v = db_->Get(Family::kMeta, keys::DatasetName(name));
+  if (absl::IsNotFound(v.status())) {
+    return absl::NotFoundError(absl::StrCat("no dataset named \"", name, "\""));
+  }
+  if (!v.ok()) return v.status();
+  if (v->size() != 8) return absl::DataLossError("malformed dataset name index");
+  return ReadBigEndian64(v->data());
+}
+
+absl::StatusOr<DatasetRecord> ChunkStore::GetRecordAt(const rocksdb::Snapshot* snap,
+                                                      uint64_t id) const {
+  std::string value;
+  absl::Status s = GetAt(db_, snap, Family::kMeta, keys::DatasetRecord(id), &value);
+  if (absl::IsNotFound(s)) return absl::NotFoundError(absl::StrCat("no dataset with id ", id));
+  RETURN_IF_ERROR(s);
+  DatasetRecord rec;
+  RETURN_IF_ERROR(DecodeRecord(value, &rec));
+  RETURN_IF_ERROR(GetAt(db_, snap, Family::kMeta, keys::Watermark(id), &value));
+  Watermark w;
+  RETURN_IF_ERROR(DecodeWatermark(value, &w));
+  rec.rows_committed = w.rows;
+  rec.nnz = w.nnz;
+  rec.num_chunks = w.chunks;
+  rec.live_latents = w.live_latents;
+  rec.complete = w.complete;
+  return rec;
+}
+
+absl::StatusOr<DatasetRecord> ChunkStore::GetRecord(uint64_t id) const {
+  SnapshotHolder snap(db_->raw());
+  return GetRecordAt(snap.get(), id);
+}
+
+absl::StatusOr<uint64_t> ChunkStore::BytesOnDisk(uint64_t id) const {
+  std::string begin = keys::IdPrefix(id), end = keys::IdPrefix(id + 1);
+  rocksdb::SizeApproximationOptions opts;
+  opts.include_memtables = true;
+  opts.include_files = true;
+  uint64_t total = 0;
+  for (Family f : {Family::kChunks, Family::kLatentIndex, Family::kPostings}) {
+    rocksdb::Range range(begin, end);
+    uint64_t size = 0;
+    rocksdb::Status s = db_->raw()->GetApproximateSizes(opts, db_->handle(f), &range, 1, &size);
+    if (!s.ok()) return FromRocks(s, "approximate sizes");
+    total += size;
+  }
+  std::string dir_begin = keys::ChunkDirPrefix(id), dir_end = keys::PrefixEnd(dir_begin);
+  rocksdb::Range range(dir_begin, dir_end);
+  uint64_t size = 0;
+  db_->raw()->GetApproximateSizes(opts, db_->handle(Family::kMeta), &range, 1, &size)
+      .PermitUncheckedError();
+  total += size;
+  // Chunks in blob files are outside the SST ranges: add their encoded size.
+  std::string value;
+  SnapshotHolder snap(db_->raw());
+  if (GetAt(db_, snap.get(), Family::kMeta, keys::Watermark(id), &value).ok()) {
+    Watermark w;
+    if (DecodeWatermark(value, &w).ok()) total += static_cast<uint64_t>(w.blob_bytes);
+  }
+  return total;
+}
+
+namespace {
+latentd::v1::DatasetInfo ToInfo(const DatasetRecord& r, uint64_t bytes) {
+  latentd::v1::DatasetInfo info;
+  const DatasetMeta& m = r.meta;
+  info.set_id(r.id);
+  info.set_name(m.name);
+  info.set_kind(m.kind == DatasetKind::kSparse ? latentd::v1::SPARSE_LATENTS
+                                               : latentd::v1::DENSE_ACTIVATIONS);
+  info.set_value_dtype(m.value_dtype == ValueDtype::kFloat16    ? latentd::v1::FLOAT16
+                       : m.value_dtype == ValueDtype::kBFloat16 ? latentd::v1::BFLOAT16
+                                                                : latentd::v1::FLOAT32);
+  info.set_model_id(m.model_id);
+  info.set_model_weight_hash(m.model_weight_hash);
+  info.set_hook_name(m.hook_name);
+  info.set_layer(m.layer);
+  info.set_d_in(m.d_in);
+  info.set_encoder(m.encoder);
+  info.set_k(m.k);
+  info.set_threshold_policy(m.threshold_policy);
+  info.set_apply_b_dec_to_input(m.apply_b_dec_to_input);
+  info.set_d_sae(m.width);
+  info.set_context_length(m.context_length);
+  info.set_token_source(m.token_source);
+  info.set_token_order_start(m.token_order_start);
+  info.set_job_id(m.job_id);
+  info.mutable_created()->set_seconds(r.created_unix_micros / 1000000);
+  info.mutable_created()->set_nanos(static_cast<int32_t>(r.created_unix_micros % 1000000) * 1000);
+  info.set_rows_committed(r.rows_committed);
+  info.set_rows_planned(m.rows_planned);
+  const bool sparse = m.kind == DatasetKind::kSparse;
+  const int64_t nnz = sparse ? r.nnz : r.rows_committed * m.width;
+  info.set_nnz(nnz);
+  info.set_density(r.rows_committed > 0
+                       ? static_cast<double>(nnz) / (static_cast<double>(r.rows_committed) * m.width)
+                       : 0.0);
+  info.set_dead_latents(sparse ? m.width - r.live_latents : 0);
+  info.set_bytes_on_disk(static_cast<int64_t>(bytes));
+  info.set_complete(r.complete);
+  return info;
+}
+}  // namespace
+
+absl::StatusOr<latentd::v1::DatasetInfo> ChunkStore::GetDataset(uint64_t id) const {
+  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecord(id));
+  ASSIGN_OR_RETURN(uint64_t bytes, BytesOnDisk(id));
+  return ToInfo(rec, bytes);
+}
+
+absl::StatusOr<std::vector<latentd::v1::DatasetInfo>> ChunkStore::ListDatasets() const {
+  std::vector<latentd::v1::DatasetInfo> out;
+  std::vector<uint64_t> ids;
+  {
+    auto it = db_->NewIterator(Family::kMeta);
+    const std::string prefix = keys::kDatasetRecordPrefix;
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      if (it->key().size() != prefix.size() + 8) continue;
+      ids.push_back(ReadBigEndian64(it->key().data() + prefix.size()));
+    }
+    RETURN_IF_ERROR(FromRocks(it->status(), "listing datasets"));
+  }
+  for (uint64_t id : ids) {
+    auto info = GetDataset(id);
+    if (absl::IsNotFound(info.status())) continue;  // deleted meanwhile
+    if (!info.ok()) return info.status();
+    out.push_back(*std::move(info));
+  }
+  return out;
+}
+
+absl::Status ChunkStore::DeleteDataset(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  if (open_writers_.count(id)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset ", id, " has an open writer (its job is still running)"));
+  }
+  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecord(id));
+  rocksdb::WriteBatch batch;
+  const std::string begin = keys::IdPrefix(id), end = keys::IdPrefix(id + 1);
+  for (Family f : {Family::kChunks, Family::kLatentIndex, Family::kPostings}) {
+    batch.DeleteRange(db_->handle(f), begin, end);
+  }
+  const std::string dir = keys::ChunkDirPrefix(id);
+  batch.DeleteRange(db_->handle(Family::kMeta), dir, keys::PrefixEnd(dir));
+  batch.Delete(db_->handle(Family::kMeta), keys::Watermark(id));
+  batch.Delete(db_->handle(Family::kMeta), keys::DatasetName(rec.meta.name));
+  batch.Delete(db_->handle(Family::kMeta), keys::DatasetRecord(id));
+  return db_->Write(&batch, /*sync=*/true);
+}
+
+template <typename Visit>
+absl::Status ChunkStore::ForEachChunk(const rocksdb::Snapshot* snap, uint64_t id,
+                                      int64_t row_start, int64_t row_count, bool tokens_only,
+                                      Visit visit) const {
+  if (row_count <= 0) return absl::OkStatus();
+  rocksdb::ReadOptions ro;
+  ro.snapshot = snap;
+  const std::string upper = keys::IdPrefix(id + 1);
+  rocksdb::Slice upper_slice(upper);
+  ro.iterate_upper_bound = &upper_slice;
+  std::unique_ptr<rocksdb::Iterator> it(db_->raw()->NewIterator(ro, db_->handle(Family::kChunks)));
+  const std::string prefix = keys::IdPrefix(id);
+  it->SeekForPrev(keys::Chunk(id, row_start));
+  const int64_t row_end = row_start + row_count;
+  int64_t next = -1;
+  Chunk chunk;
+  while (true) {
+    if (!it->Valid() || !it->key().starts_with(prefix) || it->key().size() != 16) {
+      RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("reading chunks of dataset ", id)));
+      return absl::DataLossError(absl::StrCat("dataset ", id, " has no chunk holding row ",
+                                              next < 0 ? row_start : next));
+    }
+    const int64_t key_row = static_cast<int64_t>(ReadBigEndian64(it->key().data() + 8));
+    absl::string_view value(it->value().data(), it->value().size());
+    absl::Status s = tokens_only ? DecodeChunkTokens(value, &chunk) : DecodeChunk(value, &chunk);
+    if (!s.ok()) return ChunkError(id, key_row, s);
+    const bool continues = next < 0 ? (key_row <= row_start &&
+                                       key_row + chunk.num_rows > row_start)
+                                    : key_row == next;
+    if (chunk.row_start != key_row || !continues) {
+      return ChunkError(id, key_row, absl::DataLossError("chunk does not continue the rows"));
+    }
+    visit(chunk);
+    next = chunk.row_start + chunk.num_rows;
+    if (next >= row_end) return absl::OkStatus();
+    it->Next();
+  }
+}
+
+absl::StatusOr<CsrRows> ChunkStore::ReadRows(uint64_t id, int64_t row_start,
+                                             int64_t row_count) const {
+  SnapshotHolder snap(db_->raw());
+  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
+  if (rec.meta.kind != DatasetKind::kSparse) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset ", id, " is DENSE: read it with ReadDense"));
+  }
+  RETURN_IF_ERROR(CheckRange(rec, row_start, &row_count));
+  CsrRows out;
+  out.row_start = row_start;
+  out.num_rows = row_count;
+  out.num_cols = rec.meta.width;
+  out.indptr.reserve(row_count + 1);
+  out.token_ids.reserve(row_count);
+  const int64_t row_end = row_start + row_count;
+  RETURN_IF_ERROR(ForEachChunk(snap.get(), id, row_start, row_count, false, [&](const Chunk& c) {
+    const int64_t a = std::max(row_start, c.row_start) - c.row_start;
+    const int64_t b = std::min(row_end, c.row_start + c.num_rows) - c.row_start;
+    const int64_t base = out.indptr.back() - c.indptr[a];
+    for (int64_t r = a; r < b; ++r) {
+      out.indptr.push_back(c.indptr[r + 1] + base);
+      out.token_ids.push_back(c.token_ids[r]);
+    }
+    out.indices.insert(out.indices.end(), c.indices.begin() + c.indptr[a],
+                       c.indices.begin() + c.indptr[b]);
+    out.values.insert(out.values.end(), c.values.begin() + c.indptr[a],
+                      c.values.begin() + c.indptr[b]);
+  }));
+  return out;
+}
+
+absl::StatusOr<CsrRows> ChunkStore::RowLatents(uint64_t id, int64_t row) const {
+  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecord(id));
+  if (row < 0 || row >= rec.rows_committed) {
+    return absl::OutOfRangeError(absl::StrCat("row ", row, " is outside the ", rec.rows_committed,
+                                              " committed rows of dataset ", id));
+  }
+  return ReadRows(id, row, 1);
+}
+
+absl::Status ChunkStore::ReadDense(uint64_t id, int64_t row_start, int64_t row_count,
+                                   std::vector<float>* values,
+                                   std::vector<int32_t>* token_ids) const {
+  SnapshotHolder snap(db_->raw());
+  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
+  if (rec.meta.kind != DatasetKind::kDense) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset ", id, " is SPARSE: read it with ReadRows"));
+  }
+  RETURN_IF_ERROR(CheckRange(rec, row_start, &row_count));
+  const int64_t width = rec.meta.width, row_end = row_start + row_count;
+  values->clear();
+  values->reserve(row_count * width);
+  if (token_ids) token_ids->clear();
+  return ForEachChunk(snap.get(), id, row_start, row_count, false, [&](const Chunk& c) {
+    const int64_t a = std::max(row_start, c.row_start) - c.row_start;
+    const int64_t b = std::min(row_end, c.row_start + c.num_rows) - c.row_start;
+    values->insert(values->end(), c.values.begin() + a * width, c.values.begin() + b * width);
+    if (token_ids) {
+      token_ids->insert(token_ids->end(), c.token_ids.begin() + a, c.token_ids.begin() + b);
+    }
+  });
+}
+
+absl::Status ChunkStore::ReadTokens(uint64_t id, int64_t row_start, int64_t row_count,
+                                    std::vector<int32_t>* token_ids) const {
+  SnapshotHolder snap(db_->raw());
+  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
+  RETURN_IF_ERROR(CheckRange(rec, row_start, &row_count));
+  const int64_t row_end = row_start + row_count;
+  token_ids->clear();
+  return ForEachChunk(snap.get(), id, row_start, row_count, true, [&](const Chunk& c) {
+    const int64_t a = std::max(row_start, c.row_start) - c.row_start;
+    const int64_t b = std::min(row_end, c.row_start + c.num_rows) - c.row_start;
+    token_ids->insert(token_ids->end(), c.token_ids.begin() + a, c.token_ids.begin() + b);
+  });
+}
+
+absl::StatusOr<std::vector<int64_t>> ChunkStore::ChunkRowStarts(uint64_t id) const {
+  SnapshotHolder snap(db_->raw());
+  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
+  rocksdb::ReadOptions ro;
+  ro.snapshot = snap.get();
+  std::unique_ptr<rocksdb::Iterator> it(db_->raw()->NewIterator(ro, db_->handle(Family::kMeta)));
+  const std::string prefix = keys::ChunkDirPrefix(id);
+  std::vector<int64_t> starts;
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    const int64_t row = static_cast<int64_t>(ReadBigEndian64(it->key().data() + prefix.size()));
+    if (row < rec.rows_committed) starts.push_back(row);
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "reading the chunk directory"));
+  return starts;
+}
+
+absl::StatusOr<LatentStats> ChunkStore::GetLatentStats(uint64_t id, int32_t latent) const {
+  SnapshotHolder snap(db_->raw());
+  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
+  if (rec.meta.kind != DatasetKind::kSparse) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset ", id, " is DENSE: it has no latents"));
+  }
+  if (latent < 0 || latent >= rec.meta.width) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("latent: ", latent, " is outside [0, ", rec.meta.width, ")"));
+  }
+  std::string value;
+  LatentStats stats;
+  absl::Status s = GetAt(db_, snap.get(), Family::kLatentIndex,
+                         keys::LatentStats(id, static_cast<uint32_t>(latent)), &value);
+  if (absl::IsNotFound(s)) return stats;
+  RETURN_IF_ERROR(s);
+  RETURN_IF_ERROR(LatentStats::Decode(value, &stats));
+  return stats;
+}
+
+absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
+    uint64_t id, int32_t latent, int32_t top_n, int32_t before, int32_t after) const {
+  SnapshotHolder snap(db_->raw());
+  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
+  if (rec.meta.kind != DatasetKind::kSparse) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset ", id, " is DENSE: it has no latents"));
+  }
+  if (latent < 0 || latent >= rec.meta.width) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("latent: ", latent, " is outside [0, ", rec.meta.width, ")"));
+  }
+  if (before < 0 || after < 0) {
+    return absl::InvalidArgumentError("context_before/context_after: negative");
+  }
+  std::string value;
+  TopRows top;
+  absl::Status s = GetAt(db_, snap.get(), Family::kLatentIndex,
+                         keys::LatentTop(id, static_cast<uint32_t>(latent)), &value);
+  if (!absl::IsNotFound(s)) {
+    RETURN_IF_ERROR(s);
+    RETURN_IF_ERROR(TopRows::Decode(value, &top));
+  }
+  std::map<int64_t, std::vector<int32_t>> tokens_by_chunk;  // chunk start -> its token ids
+  auto token_at = [&](int64_t row, int32_t* token) -> absl::Status {
+    auto it = tokens_by_chunk.upper_bound(row);
+    if (it != tokens_by_chunk.begin()) {
+      --it;
+      if (row < it->first + static_cast<int64_t>(it->second.size())) {
+        *token = it->second[row - it->first];
+        return absl::OkStatus();
+      }
+    }
+    int64_t start = 0;
+    std::vector<int32_t> toks;
+    RETURN_IF_ERROR(ForEachChunk(snap.get(), id, row, 1, true, [&](const Chunk& c) {
+      start = c.row_start;
+      toks = c.token_ids;
+    }));
+    *token = toks[row - start];
+    tokens_by_chunk.emplace(start, std::move(toks));
+    return absl::OkStatus();
+  };
+  std::vector<TopActivationContext> out;
+  const int64_t seq = rec.meta.context_length > 0 ? rec.meta.context_length : 0;
+  for (const TopEntry& e : top.entries()) {
+    if (top_n > 0 && static_cast<int32_t>(out.size()) >= top_n) break;
+    if (e.row >= rec.rows_committed) continue;
+    TopActivationContext t;
+    t.row = e.row;
+    t.value = e.value;
+    const int64_t seq_start = seq > 0 ? e.row - e.row % seq : 0;
+    const int64_t seq_end = seq > 0 ? std::min(seq_start + seq, rec.rows_committed)
+                                    : rec.rows_committed;
+    t.context_start_row = std::max(seq_start, e.row - before);
+    const int64_t stop = std::min(seq_end, e.row + after + 1);
+    for (int64_t r = t.context_start_row; r < stop; ++r) {
+      int32_t token;
+      RETURN_IF_ERROR(token_at(r, &token));
+      t.context_token_ids.push_back(token);
+      if (r == e.row) t.token_id = token;
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+absl::Status ChunkStore::LatentPostings(uint64_t id, int32_t latent, std::vector<int64_t>* rows,
+                                        std::vector<float>* values) const {
+  SnapshotHolder snap(db_->raw());
+  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
+  if (rec.meta.kind != DatasetKind::kSparse || !rec.meta.postings) {
+    return absl::FailedPreconditionError(absl::StrCat("dataset ", id, " keeps no postings"));
+  }
+  if (latent < 0 || latent >= rec.meta.width) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("latent: ", latent, " is outside [0, ", rec.meta.width, ")"));
+  }
+  rows->clear();
+  values->clear();
+  rocksdb::ReadOptions ro;
+  ro.snapshot = snap.get();
+  std::unique_ptr<rocksdb::Iterator> it(
+      db_->raw()->NewIterator(ro, db_->handle(Family::kPostings)));
+  const std::string prefix = keys::PostingPrefix(id, static_cast<uint32_t>(latent));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    const int64_t start = static_cast<int64_t>(ReadBigEndian64(it->key().data() + prefix.size()));
+    if (start >= rec.rows_committed) break;
+    absl::Status s = DecodePosting(absl::string_view(it->value().data(), it->value().size()),
+                                   start, ToChunkDtype(rec.meta.value_dtype), rows, values);
+    if (!s.ok()) {
+      return absl::DataLossError(absl::StrCat("dataset ", id, " latent ", latent,
+                                              " posting at row ", start, ": ", s.message()));
+    }
+  }
+  return FromRocks(it->status(), "reading postings");
+}
+
+absl::StatusOr<std::unique_ptr<DatasetWriter>> ChunkStore::OpenWriter(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecord(id));
+  if (rec.complete) {
+    return absl::FailedPreconditionError(absl::StrCat("dataset ", id, " is complete"));
+  }
+  if (open_writers_.count(id)) {
+    return absl::FailedPreconditionError(absl::StrCat("dataset ", id, " already has a writer"));
+  }
+  std::unique_ptr<DatasetWriter> writer(new DatasetWriter(this, std::move(rec)));
+  open_writers_.insert(id);
+  RETURN_IF_ERROR(writer->LoadLatentState());  // on error the writer's destructor releases id
+  return writer;
+}
+
+void ChunkStore::ReleaseWriter(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  open_writers_.erase(id);
+}
+
+// ---- DatasetWriter -----------------------------------------------------------------------------
+
+DatasetWriter::DatasetWriter(ChunkStore* store, DatasetRecord record)
+    : store_(store), record_(std::move(record)), dtype_(ToChunkDtype(record_.meta.value_dtype)) {
+  pending_.kind =
+      record_.meta.kind == DatasetKind::kSparse ? ChunkKind::kSparse : ChunkKind::kDense;
+  pending_.dtype = dtype_;
+  pending_.width = record_.meta.width;
+  pending_.row_start = record_.rows_committed;
+  pending_.indptr.assign(1, 0);
+}
+
+DatasetWriter::~DatasetWriter() { store_->ReleaseWriter(record_.id); }
+
+absl::Status DatasetWriter::LoadLatentState() {
+  if (record_.meta.kind != DatasetKind::kSparse) return absl::OkStatus();
+  stats_.assign(record_.meta.width, LatentStats());
+  top_.assign(record_.meta.width, TopRows());
+  Db* db = store_->db();
+  auto it = db->NewIterator(Family::kLatentIndex);
+  const std::string prefix = keys::IdPrefix(record_.id);
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    if (it->key().size() != 13) return absl::DataLossError("malformed latent index key");
+    const uint32_t latent = ReadBigEndian32(it->key().data() + 8);
+    if (latent >= stats_.size()) return absl::DataLossError("latent index key out of range");
+    absl::string_view v(it->value().data(), it->value().size());
+    if (it->key()[12] == 'S') {
+      RETURN_IF_ERROR(LatentStats::Decode(v, &stats_[latent]));
+    } else {
+      RETURN_IF_ERROR(TopRows::Decode(v, &top_[latent]));
+    }
+  }
+  return FromRocks(it->status(), "loading latent statistics");
+}
+
+absl::Status DatasetWriter::Usable() const {
+  if (!failed_.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("writer of dataset ", record_.id,
+                     " failed earlier (reopen it to resume at the watermark): ", failed_.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DatasetWriter::AppendSparse(int64_t num_rows, const int64_t* indptr,
+                                         const int32_t* indices, const float* values,
+                                         const int32_t* token_ids) {
+  RETURN_IF_ERROR(Usable());
+  if (record_.meta.kind != DatasetKind::kSparse) {
+    return absl::FailedPreconditionError("AppendSparse on a DENSE dataset");
+  }
+  if (num_rows < 0) return absl::InvalidArgumentError("num_rows: negative");
+  if (num_rows == 0) return absl::OkStatus();
+  if (!indptr || !token_ids) return absl::InvalidArgumentError("indptr/token_ids: null");
+  if (indptr[0] != 0) return absl::InvalidArgumentError("indptr[0]: must be 0");
+  const int32_t width = record_.meta.width;
+  for (int64_t r = 0; r < num_rows; ++r) {
+    if (indptr[r + 1] < indptr[r]) {
+      return absl::InvalidArgumentError(absl::StrCat("indptr: decreases at row ", r));
+    }
+    if (indptr[r + 1] - indptr[r] > width) {
+      return absl::InvalidArgumentError(absl::StrCat("indptr: row ", r, " wider than ", width));
+    }
+  }
+  if (indptr[num_rows] > 0 && (!indices || !values)) {
+    return absl::InvalidArgumentError("indices/values: null");
+  }
+  // Validate everything before touching the pending buffer, so a bad call changes nothing.
+  std::vector<std::pair<int32_t, float>> row;
+  const size_t mark_idx = pending_.indices.size();
+  for (int64_t r = 0; r < num_rows; ++r) {
+    row.clear();
+    for (int64_t i = indptr[r]; i < indptr[r + 1]; ++i) {
+      if (indices[i] < 0 || indices[i] >= width) {
+        pending_.indices.resize(mark_idx);
+        pending_.values.resize(mark_idx);
+        return absl::InvalidArgumentError(
+            absl::StrCat("indices: ", indices[i], " in row ", r, " outside [0, ", width, ")"));
+      }
+      if (!std::isfinite(values[i])) {
+        pending_.indices.resize(mark_idx);
+        pending_.values.resize(mark_idx);
+        return absl::InvalidArgumentError(absl::StrCat("values: non-finite in row ", r));
+      }
+      row.emplace_back(indices[i], RoundTo(dtype_, values[i]));
+    }
+    std::sort(row.begin(), row.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (size_t i = 1; i < row.size(); ++i) {
+      if (row[i].first == row[i - 1].first) {
+        pending_.indices.resize(mark_idx);
+        pending_.values.resize(mark_idx);
+        return absl::InvalidArgumentError(
+            absl::StrCat("indices: column ", row[i].first, " repeats in row ", r));
+      }
+    }
+    for (const auto& [c, v] : row) {
+      pending_.indices.push_back(c);
+      pending_.values.push_back(v);
+    }
+  }
+  int64_t base = pending_.indptr.back();
+  for (int64_t r = 0; r < num_rows; ++r) {
+    pending_.indptr.push_back(base + indptr[r + 1]);
+    pending_.token_ids.push_back(token_ids[r]);
+  }
+  pending_.num_rows += num_rows;
+  return absl::OkStatus();
+}
+
+absl::Status DatasetWriter::AppendDense(int64_t num_rows, const float* values,
+                                        const int32_t* token_ids) {
+  RETURN_IF_ERROR(Usable());
+  if (record_.meta.kind != DatasetKind::kDense) {
+    return absl::FailedPreconditionError("AppendDense on a SPARSE dataset");
+  }
+  if (num_rows < 0) return absl::InvalidArgumentError("num_rows: negative");
+  if (num_rows == 0) return absl::OkStatus();
+  if (!values || !token_ids) return absl::InvalidArgumentError("values/token_ids: null");
+  const int64_t n = num_rows * record_.meta.width;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(values[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("values: non-finite in row ", i / record_.meta.width));
+    }
+  }
+  const size_t at = pending_.values.size();
+  pending_.values.resize(at + n);
+  for (int64_t i = 0; i < n; ++i) pending_.values[at + i] = RoundTo(dtype_, values[i]);
+  pending_.token_ids.insert(pending_.token_ids.end(), token_ids, token_ids + num_rows);
+  pending_.num_rows += num_rows;
+  return absl::OkStatus();
+}
+
+absl::Status DatasetWriter::Commit() {
+  RETURN_IF_ERROR(Usable());
+  const int64_t n = pending_.num_rows;
+  if (n == 0) return absl::OkStatus();
+  Db* db = store_->db();
+  const uint64_t id = record_.id;
+  const bool sparse = pending_.kind == ChunkKind::kSparse;
+  const int64_t chunk_rows = std::max<int64_t>(1, store_->options().chunk_rows);
+  const int32_t width = record_.meta.width;
+  const int top_n = record_.meta.top_n;
+  EncodeOptions enc;
+  enc.index_encoding = store_->options().index_encoding;
+  const uint64_t min_blob = db->options().min_blob_size;
+
+  DatasetRecord next = record_;
+  Watermark w;
+  {
+    auto got = db->Get(Family::kMeta, keys::Watermark(id));
+    RETURN_IF_ERROR(got.status());
+    RETURN_IF_ERROR(DecodeWatermark(*got, &w));
+  }
+  int64_t blob_bytes = w.blob_bytes;
+
+  rocksdb::WriteBatch batch;
+  std::vector<int64_t> counts, offsets;
+  std::vector<int64_t> post_rows;
+  std::vector<float> post_values;
+  std::vector<char> touched_top;
+  Chunk c;
+  c.kind = pending_.kind;
+  c.dtype = dtype_;
+  c.width = width;
+  for (int64_t off = 0; off < n; off += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, n - off);
+    c.row_start = pending_.row_start + off;
+    c.num_rows = rows;
+    c.token_ids.assign(pending_.token_ids.begin() + off, pending_.token_ids.begin() + off + rows);
+    int64_t nnz = 0;
+    if (sparse) {
+      const int64_t a = pending_.indptr[off], b = pending_.indptr[off + rows];
+      c.indptr.resize(rows + 1);
+      for (int64_t r = 0; r <= rows; ++r) c.indptr[r] = pending_.indptr[off + r] - a;
+      c.indices.assign(pending_.indices.begin() + a, pending_.indices.begin() + b);
+      c.values.assign(pending_.values.begin() + a, pending_.values.begin() + b);
+      nnz = b - a;
+    } else {
+      c.values.assign(pending_.values.begin() + off * width,
+                      pending_.values.begin() + (off + rows) * width);
+    }
+    std::string encoded = EncodeChunk(c, enc);
+    if (min_blob > 0 && encoded.size() >= min_blob) blob_bytes += encoded.size();
+    batch.Put(db->handle(Family::kChunks), keys::Chunk(id, c.row_start), encoded);
+    std::string dir;
+    PutRaw<uint32_t>(static_cast<uint32_t>(rows), &dir);
+    PutRaw<uint64_t>(static_cast<uint64_t>(nnz), &dir);
+    batch.Put(db->handle(Family::kMeta), keys::ChunkDir(id, c.row_start), dir);
+    ++next.num_chunks;
+    next.nnz += nnz;
+    if (!sparse) continue;
+
+    // Latent-major view of this chunk (counting sort by latent), then statistics and postings.
+    counts.assign(width + 1, 0);
+    for (int32_t col : c.indices) ++counts[col + 1];
+    for (int32_t l = 0; l < width; ++l) counts[l + 1] += counts[l];
+    offsets.assign(counts.begin(), counts.end() - 1);
+    post_rows.resize(nnz);
+    post_values.resize(nnz);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i = c.indptr[r]; i < c.indptr[r + 1]; ++i) {
+        const int64_t slot = offsets[c.indices[i]]++;
+        post_rows[slot] = c.row_start + r;
+        post_values[slot] = c.values[i];
+      }
+    }
+    touched_top.assign(width, 0);
+    for (int32_t l = 0; l < width; ++l) {
+      const int64_t begin = counts[l], end = counts[l + 1];
+      if (begin == end) continue;
+      LatentStats& st = stats_[l];
+      if (st.firing_count == 0) ++next.live_latents;
+      for (int64_t i = begin; i < end; ++i) {
+        st.Add(post_values[i]);
+        if (top_[l].Offer(post_rows[i], post_values[i], top_n)) touched_top[l] = 1;
+      }
+      if (record_.meta.postings) {
+        batch.Put(db->handle(Family::kPostings),
+                  keys::Posting(id, static_cast<uint32_t>(l), c.row_start),
+                  EncodePosting(c.row_start, &post_rows[begin], &post_values[begin], end - begin,
+                                dtype_));
+      }
+      batch.Put(db->handle(Family::kLatentIndex), keys::LatentStats(id, static_cast<uint32_t>(l)),
+                st.Encode());
+      if (touched_top[l]) {
+        batch.Put(db->handle(Family::kLatentIndex), keys::LatentTop(id, static_cast<uint32_t>(l)),
+                  top_[l].Encode());
+      }
+    }
+  }
+  next.rows_committed += n;
+  batch.Put(db->handle(Family::kMeta), keys::Watermark(id), EncodeWatermark(next, blob_bytes));
+  absl::Status s = db->Write(&batch, /*sync=*/true);
+  if (!s.ok()) {
+    // The in-memory statistics now run ahead of the store: refuse further use.
+    failed_ = absl::Status(s.code(), absl::StrCat("commit of rows [", record_.rows_committed, ", ",
+                                                  record_.rows_committed + n, ") of dataset ", id,
+                                                  " failed; the store keeps ",
+                                                  record_.rows_committed,
+                                                  " committed rows: ", s.message()));
+    return failed_;
+  }
+  record_ = next;
+  pending_.row_start = record_.rows_committed;
+  pending_.num_rows = 0;
+  pending_.indptr.assign(1, 0);
+  pending_.indices.clear();
+  pending_.values.clear();
+  pending_.token_ids.clear();
+  return absl::OkStatus();
+}
+
+absl::Status DatasetWriter::MarkComplete() {
+  RETURN_IF_ERROR(Commit());
+  Db* db = store_->db();
+  auto got = db->Get(Family::kMeta, keys::Watermark(record_.id));
+  RETURN_IF_ERROR(got.status());
+  Watermark w;
+  RETURN_IF_ERROR(DecodeWatermark(*got, &w));
+  DatasetRecord done = record_;
+  done.complete = true;
+  rocksdb::WriteBatch batch;
+  batch.Put(db->handle(Family::kMeta), keys::Watermark(record_.id),
+            EncodeWatermark(done, w.blob_bytes));
+  RETURN_IF_ERROR(db->Write(&batch, /*sync=*/true));
+  record_.complete = true;
+  return absl::OkStatus();
+}
+
+}  // namespace latentd::storage

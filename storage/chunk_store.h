@@ -1,0 +1,207 @@
+// The chunk store: datasets of extraction output (SPARSE SAE latents as CSR rows, or DENSE hidden
+// states), written by one DatasetWriter at a time in synced, atomic commits and read by anyone.
+//
+// Guarantees:
+//  - A commit is one synced WriteBatch holding the new chunks, their directory entries, the
+//    postings, the statistics deltas and the committed-row watermark. After a crash a dataset
+//    holds exactly its committed prefix; readers see only committed rows (every read runs on one
+//    RocksDB snapshot, so a concurrent commit is either wholly visible or not at all).
+//  - Chunk keys are (dataset, first row): a writer reopened after a crash resumes at the
+//    watermark and overwrites, never duplicates.
+//  - Every chunk carries a CRC32C; a mismatch is DATA_LOSS naming the dataset and chunk.
+//  - Per-latent statistics, top-N rows and latent-major postings are maintained at commit time.
+// See docs/STORAGE.md for the key layout and codec.
+//
+// Thread-safe. The Db must outlive the store, and the store every writer it opened.
+#ifndef LATENTD_STORAGE_CHUNK_STORE_H_
+#define LATENTD_STORAGE_CHUNK_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/latentd/v1/datasets.pb.h"
+#include "storage/chunk_codec.h"
+#include "storage/db.h"
+#include "storage/latent_stats.h"
+
+namespace latentd::storage {
+
+enum class DatasetKind { kSparse, kDense };
+enum class ValueDtype { kFloat16, kBFloat16, kFloat32 };
+
+struct DatasetMeta {  // what the creator fills in; the store adds id, created time, counters
+  std::string name;   // unique among datasets (ALREADY_EXISTS otherwise); not empty
+  DatasetKind kind = DatasetKind::kSparse;
+  ValueDtype value_dtype = ValueDtype::kFloat16;
+  std::string model_id, model_weight_hash, hook_name;
+  int32_t layer = 0;
+  int32_t d_in = 0;
+  std::string encoder;  // "topk", "relu", "jumprelu"; "" for dense
+  int32_t k = 0;
+  std::string threshold_policy;
+  bool apply_b_dec_to_input = true;
+  int32_t width = 0;           // d_sae for SPARSE, d_in for DENSE; > 0
+  int32_t context_length = 0;  // rows per sequence; 0 = one sequence (no boundaries)
+  std::string token_source;
+  int64_t token_order_start = 0;
+  uint64_t job_id = 0;
+  int64_t rows_planned = 0;
+  int32_t top_n = 64;  // rows kept per latent by value, 0..4096
+  // Maintain latent-major postings (latent -> rows, values). Default true; they roughly double
+  // the bytes stored per token (see docs/STORAGE.md).
+  bool postings = true;
+};
+
+// A dataset as the store knows it.
+struct DatasetRecord {
+  uint64_t id = 0;
+  DatasetMeta meta;
+  int64_t created_unix_micros = 0;
+  int64_t rows_committed = 0;
+  int64_t nnz = 0;
+  int64_t num_chunks = 0;
+  int64_t live_latents = 0;  // latents that fired at least once
+  bool complete = false;
+};
+
+// Rows [row_start, row_start + num_rows) as CSR (indptr starts at 0), with one token id per row.
+struct CsrRows {
+  int64_t row_start = 0;
+  int64_t num_rows = 0;
+  int32_t num_cols = 0;
+  std::vector<int64_t> indptr{0};
+  std::vector<int32_t> indices;
+  std::vector<float> values;
+  std::vector<int32_t> token_ids;
+};
+
+struct TopActivationContext {
+  int64_t row = 0;
+  float value = 0;
+  int32_t token_id = 0;
+  int64_t context_start_row = 0;  // first row of the window (clipped at the sequence start)
+  std::vector<int32_t> context_token_ids;
+};
+
+struct ChunkStoreOptions {
+  // Rows per chunk: a commit splits its rows into chunks of at most this many. Default 4096
+  // (about 420 KiB at X1's shape, so chunks go to blob files).
+  int64_t chunk_rows = 4096;
+  // Index encoding of new chunks. Default bit-packed gaps.
+  IndexEncoding index_encoding = IndexEncoding::kIndexBitPacked;
+};
+
+class DatasetWriter;
+
+class ChunkStore {
+ public:
+  explicit ChunkStore(Db* db, const ChunkStoreOptions& options = ChunkStoreOptions());
+  ~ChunkStore();
+
+  // INVALID_ARGUMENT naming the field; ALREADY_EXISTS for a taken name.
+  absl::StatusOr<uint64_t> CreateDataset(const DatasetMeta& meta);
+  absl::StatusOr<uint64_t> FindDataset(const std::string& name) const;  // NOT_FOUND
+  absl::StatusOr<DatasetRecord> GetRecord(uint64_t id) const;           // NOT_FOUND
+  // The summary as the API shows it (rows, nnz, density, dead latents, bytes on disk).
+  absl::StatusOr<latentd::v1::DatasetInfo> GetDataset(uint64_t id) const;
+  absl::StatusOr<std::vector<latentd::v1::DatasetInfo>> ListDatasets() const;
+  // Removes every key of the dataset. FAILED_PRECONDITION while a writer is open.
+  absl::Status DeleteDataset(uint64_t id);
+
+  // Rows [row_start, row_start + row_count) of a SPARSE dataset; row_count 0 means to the
+  // committed end. OUT_OF_RANGE past the watermark; DATA_LOSS for a corrupt chunk.
+  absl::StatusOr<CsrRows> ReadRows(uint64_t id, int64_t row_start, int64_t row_count) const;
+  // The latents firing on `row` (one CSR row).
+  absl::StatusOr<CsrRows> RowLatents(uint64_t id, int64_t row) const;
+  // Rows [row_start, row_start + row_count) of a DENSE dataset as row-major floats.
+  absl::Status ReadDense(uint64_t id, int64_t row_start, int64_t row_count,
+                         std::vector<float>* values, std::vector<int32_t>* token_ids) const;
+  // Token ids of committed rows [row_start, row_start + row_count).
+  absl::Status ReadTokens(uint64_t id, int64_t row_start, int64_t row_count,
+                          std::vector<int32_t>* token_ids) const;
+  // First row of every committed chunk, ascending (the last chunk ends at rows_committed):
+  // trainers shuffle chunk order and rows within a chunk.
+  absl::StatusOr<std::vector<int64_t>> ChunkRowStarts(uint64_t id) const;
+
+  // Statistics of latent `latent` (INVALID_ARGUMENT outside [0, width)).
+  absl::StatusOr<LatentStats> GetLatentStats(uint64_t id, int32_t latent) const;
+  // The top `top_n` rows of the latent by value (at most the dataset's top_n), each with the token
+  // ids of [row - before, row + after] clipped to the row's sequence and the committed rows.
+  absl::StatusOr<std::vector<TopActivationContext>> TopActivations(uint64_t id, int32_t latent,
+                                                                   int32_t top_n, int32_t before,
+                                                                   int32_t after) const;
+  // Every committed row where the latent fires, ascending, with its value: one range read of
+  // the postings. FAILED_PRECONDITION if the dataset keeps no postings.
+  absl::Status LatentPostings(uint64_t id, int32_t latent, std::vector<int64_t>* rows,
+                              std::vector<float>* values) const;
+
+  // The writer of a dataset, resuming at its watermark. FAILED_PRECONDITION if another writer
+  // of the dataset is open or the dataset is complete.
+  absl::StatusOr<std::unique_ptr<DatasetWriter>> OpenWriter(uint64_t id);
+
+  Db* db() const { return db_; }
+  const ChunkStoreOptions& options() const { return options_; }
+
+ private:
+  friend class DatasetWriter;
+  void ReleaseWriter(uint64_t id);
+  absl::StatusOr<DatasetRecord> GetRecordAt(const rocksdb::Snapshot* snap, uint64_t id) const;
+  absl::StatusOr<uint64_t> BytesOnDisk(uint64_t id) const;
+  // Visits the decoded chunks overlapping [row_start, row_start + row_count) in order.
+  template <typename Visit>
+  absl::Status ForEachChunk(const rocksdb::Snapshot* snap, uint64_t id, int64_t row_start,
+                            int64_t row_count, bool tokens_only, Visit visit) const;
+
+  Db* const db_;
+  const ChunkStoreOptions options_;
+  mutable absl::Mutex mu_;
+  std::set<uint64_t> open_writers_ ABSL_GUARDED_BY(mu_);
+};
+
+// Appends rows to one dataset and commits them. Not thread-safe (one thread drives a writer).
+// After a failed Commit the writer refuses further calls: reopen it to resume at the watermark.
+class DatasetWriter {
+ public:
+  ~DatasetWriter();
+
+  int64_t rows_committed() const { return record_.rows_committed; }  // the watermark
+  // Appended, not yet committed; the next row appended is rows_committed() + rows_pending().
+  int64_t rows_pending() const { return static_cast<int64_t>(pending_.token_ids.size()); }
+  uint64_t dataset_id() const { return record_.id; }
+
+  // CSR rows: indptr has num_rows + 1 entries starting at 0; indices need not be sorted (the
+  // writer sorts per row) but must be unique within a row and in [0, width); values finite.
+  absl::Status AppendSparse(int64_t num_rows, const int64_t* indptr, const int32_t* indices,
+                            const float* values, const int32_t* token_ids);
+  // Dense rows: num_rows x width floats, stored in the dataset's dtype.
+  absl::Status AppendDense(int64_t num_rows, const float* values, const int32_t* token_ids);
+  // Everything pending in one synced WriteBatch (chunks + watermark + stats deltas + postings).
+  absl::Status Commit();
+  // Commits, then flags the dataset complete (no writer can open it afterwards).
+  absl::Status MarkComplete();
+
+ private:
+  friend class ChunkStore;
+  DatasetWriter(ChunkStore* store, DatasetRecord record);
+  absl::Status LoadLatentState();
+  absl::Status Usable() const;
+
+  ChunkStore* const store_;
+  DatasetRecord record_;
+  ChunkDtype dtype_;
+  Chunk pending_;  // row_start = rows_committed(); values already rounded to the dtype
+  std::vector<LatentStats> stats_;
+  std::vector<TopRows> top_;
+  absl::Status failed_;
+};
+
+}  // namespace latentd::storage
+
+#endif  // LATENTD_STORAGE_CHUNK_STORE_H_

@@ -1,0 +1,342 @@
+#include "storage/chunk_store.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <set>
+
+#include "gtest/gtest.h"
+#include "storage/keys.h"
+#include "storage/value_codec.h"
+
+namespace latentd::storage {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(base ? base : "/tmp") + "/" + name;
+  std::string cmd = "rm -rf '" + dir + "'";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  return dir;
+}
+
+DatasetMeta SparseMeta(const std::string& name, int32_t width = 256) {
+  DatasetMeta m;
+  m.name = name;
+  m.kind = DatasetKind::kSparse;
+  m.value_dtype = ValueDtype::kFloat16;
+  m.model_id = "ref";
+  m.hook_name = "blocks.2.hook_resid_post";
+  m.encoder = "topk";
+  m.k = 8;
+  m.width = width;
+  m.context_length = 16;
+  m.top_n = 4;
+  return m;
+}
+
+// Deterministic rows: row r has up to 8 random latents (unsorted) with positive values.
+struct Rows {
+  std::vector<int64_t> indptr{0};
+  std::vector<int32_t> indices;
+  std::vector<float> values;
+  std::vector<int32_t> tokens;
+};
+Rows MakeRows(int64_t first, int64_t n, int32_t width) {
+  Rows rows;
+  for (int64_t r = first; r < first + n; ++r) {
+    std::mt19937 rng(static_cast<uint32_t>(r * 7919 + 1));
+    std::set<int32_t> cols;
+    int k = static_cast<int>(rng() % 9);
+    while (static_cast<int>(cols.size()) < k) cols.insert(static_cast<int32_t>(rng() % width));
+    std::vector<int32_t> shuffled(cols.begin(), cols.end());
+    std::shuffle(shuffled.begin(), shuffled.end(), rng);
+    for (int32_t c : shuffled) {
+      rows.indices.push_back(c);
+      rows.values.push_back(0.01f + static_cast<float>(rng() % 10000) / 997.0f);
+    }
+    rows.indptr.push_back(static_cast<int64_t>(rows.indices.size()));
+    rows.tokens.push_back(static_cast<int32_t>(r % 1000));
+  }
+  return rows;
+}
+
+absl::Status Append(DatasetWriter* w, const Rows& rows) {
+  return w->AppendSparse(static_cast<int64_t>(rows.tokens.size()), rows.indptr.data(),
+                         rows.indices.data(), rows.values.data(), rows.tokens.data());
+}
+
+class ChunkStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Open(TempDir(::testing::UnitTest::GetInstance()->current_test_info()->name())); }
+  void Open(const std::string& dir) {
+    dir_ = dir;
+    store_.reset();
+    db_.reset();
+    DbOptions o;
+    o.min_blob_size = 4096;  // exercise blob files with small chunks
+    auto db = Db::Open(dir, o);
+    ASSERT_TRUE(db.ok()) << db.status();
+    db_ = *std::move(db);
+    ChunkStoreOptions so;
+    so.chunk_rows = 100;
+    store_ = std::make_unique<ChunkStore>(db_.get(), so);
+  }
+  void Reopen() {
+    store_.reset();
+    db_.reset();
+    Open(dir_);
+  }
+  std::string dir_;
+  std::unique_ptr<Db> db_;
+  std::unique_ptr<ChunkStore> store_;
+};
+
+TEST_F(ChunkStoreTest, CreateFindAndBadMeta) {
+  auto id = store_->CreateDataset(SparseMeta("a"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(*store_->FindDataset("a"), *id);
+  EXPECT_EQ(store_->CreateDataset(SparseMeta("a")).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(store_->FindDataset("b").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->GetDataset(999).status().code(), absl::StatusCode::kNotFound);
+  DatasetMeta bad = SparseMeta("c");
+  bad.width = 0;
+  absl::Status s = store_->CreateDataset(bad).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("width"), std::string::npos);
+  auto info = store_->GetDataset(*id);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->hook_name(), "blocks.2.hook_resid_post");
+  EXPECT_EQ(info->d_sae(), 256);
+  EXPECT_EQ(info->rows_committed(), 0);
+  EXPECT_GT(info->created().seconds(), 0);
+}
+
+TEST_F(ChunkStoreTest, CommittedRowsReadBackAcrossChunksAndReopen) {
+  uint64_t id = *store_->CreateDataset(SparseMeta("x"));
+  const int64_t total = 730;
+  Rows all = MakeRows(0, total, 256);
+  {
+    auto w = store_->OpenWriter(id);
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(store_->OpenWriter(id).status().code(), absl::StatusCode::kFailedPrecondition);
+    for (int64_t at = 0; at < total;) {
+      int64_t n = std::min<int64_t>(total - at, 130);
+      ASSERT_TRUE(Append(w->get(), MakeRows(at, n, 256)).ok());
+      at += n;
+      EXPECT_EQ((*w)->rows_pending(), n);
+      // Uncommitted rows are invisible.
+      EXPECT_EQ(store_->GetDataset(id)->rows_committed(), (*w)->rows_committed());
+      ASSERT_TRUE((*w)->Commit().ok());
+      EXPECT_EQ((*w)->rows_committed(), at);
+    }
+    ASSERT_TRUE(Append(w->get(), MakeRows(total, 5, 256)).ok());  // dropped: never committed
+  }
+  Reopen();
+  auto info = store_->GetDataset(id);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->rows_committed(), total);
+  EXPECT_EQ(info->nnz(), static_cast<int64_t>(all.indices.size()));
+  EXPECT_GT(info->bytes_on_disk(), 0);
+  for (auto [start, count] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, 0}, {0, 1}, {99, 3}, {250, 300}, {729, 1}, {730, 0}}) {
+    auto rows = store_->ReadRows(id, start, count);
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    int64_t n = count == 0 ? total - start : count;
+    ASSERT_EQ(rows->num_rows, n);
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t g = start + r;
+      std::vector<std::pair<int32_t, float>> want, got;
+      for (int64_t i = all.indptr[g]; i < all.indptr[g + 1]; ++i) {
+        want.emplace_back(all.indices[i], HalfToFloat(FloatToHalf(all.values[i])));
+      }
+      std::sort(want.begin(), want.end());
+      for (int64_t i = rows->indptr[r]; i < rows->indptr[r + 1]; ++i) {
+        got.emplace_back(rows->indices[i], rows->values[i]);
+      }
+      ASSERT_EQ(got, want) << "row " << g;  // sorted per row, fp16-rounded
+      EXPECT_EQ(rows->token_ids[r], all.tokens[g]);
+    }
+  }
+  EXPECT_EQ(store_->ReadRows(id, 700, 31).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(store_->ReadRows(id, -1, 1).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(store_->RowLatents(id, 730).status().code(), absl::StatusCode::kOutOfRange);
+  auto starts = store_->ChunkRowStarts(id);
+  ASSERT_TRUE(starts.ok());
+  EXPECT_EQ(starts->front(), 0);
+  EXPECT_TRUE(std::is_sorted(starts->begin(), starts->end()));
+  EXPECT_EQ(static_cast<int64_t>(starts->size()), 11);  // 5 commits of 130 rows (2 chunks each), one of 80
+
+  // The writer resumes at the watermark.
+  auto w = store_->OpenWriter(id);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ((*w)->rows_committed(), total);
+  ASSERT_TRUE(Append(w->get(), MakeRows(total, 10, 256)).ok());
+  ASSERT_TRUE((*w)->MarkComplete().ok());
+  w->reset();
+  EXPECT_TRUE(store_->GetDataset(id)->complete());
+  EXPECT_EQ(store_->OpenWriter(id).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ChunkStoreTest, StatisticsTopNAndPostingsMatchBruteForce) {
+  uint64_t id = *store_->CreateDataset(SparseMeta("s", 64));
+  const int64_t total = 500;
+  Rows all = MakeRows(0, total, 64);
+  {
+    auto w = store_->OpenWriter(id);
+    ASSERT_TRUE(w.ok());
+    for (int64_t at = 0; at < total; at += 125) {
+      ASSERT_TRUE(Append(w->get(), MakeRows(at, 125, 64)).ok());
+      ASSERT_TRUE((*w)->Commit().ok());
+    }
+  }
+  std::map<int32_t, std::vector<std::pair<int64_t, float>>> by_latent;
+  for (int64_t r = 0; r < total; ++r) {
+    for (int64_t i = all.indptr[r]; i < all.indptr[r + 1]; ++i) {
+      by_latent[all.indices[i]].emplace_back(r, HalfToFloat(FloatToHalf(all.values[i])));
+    }
+  }
+  int dead = 0;
+  for (int32_t l = 0; l < 64; ++l) {
+    auto& want = by_latent[l];
+    if (want.empty()) ++dead;
+    auto st = store_->GetLatentStats(id, l);
+    ASSERT_TRUE(st.ok());
+    EXPECT_EQ(st->firing_count, static_cast<int64_t>(want.size()));
+    double sum = 0;
+    float mx = 0;
+    for (auto& [r, v] : want) sum += v, mx = std::max(mx, v);
+    EXPECT_NEAR(st->sum, sum, 1e-6 * std::max(1.0, sum));
+    EXPECT_EQ(st->max, mx);
+    std::vector<int64_t> rows;
+    std::vector<float> values;
+    ASSERT_TRUE(store_->LatentPostings(id, l, &rows, &values).ok());
+    ASSERT_EQ(rows.size(), want.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      EXPECT_EQ(rows[i], want[i].first);
+      EXPECT_EQ(values[i], want[i].second);
+    }
+    auto sorted = want;
+    std::sort(sorted.begin(), sorted.end(), [](auto& a, auto& b) {
+      return a.second != b.second ? a.second > b.second : a.first < b.first;
+    });
+    auto top = store_->TopActivations(id, l, 0, 5, 3);
+    ASSERT_TRUE(top.ok()) << top.status();
+    ASSERT_EQ(top->size(), std::min<size_t>(4, sorted.size()));
+    for (size_t i = 0; i < top->size(); ++i) {
+      const auto& t = (*top)[i];
+      EXPECT_EQ(t.row, sorted[i].first);
+      EXPECT_EQ(t.value, sorted[i].second);
+      EXPECT_EQ(t.token_id, all.tokens[t.row]);
+      // The window stays inside the row's 16-row sequence.
+      const int64_t seq_start = t.row / 16 * 16;
+      EXPECT_EQ(t.context_start_row, std::max(seq_start, t.row - 5));
+      const int64_t stop = std::min({seq_start + 16, t.row + 4, total});
+      ASSERT_EQ(static_cast<int64_t>(t.context_token_ids.size()), stop - t.context_start_row);
+      for (int64_t r = t.context_start_row; r < stop; ++r) {
+        EXPECT_EQ(t.context_token_ids[r - t.context_start_row], all.tokens[r]);
+      }
+    }
+  }
+  EXPECT_EQ(store_->GetDataset(id)->dead_latents(), dead);
+  EXPECT_EQ(store_->GetLatentStats(id, 64).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ChunkStoreTest, DenseRowsRoundTripInChunks) {
+  DatasetMeta m = SparseMeta("d", 12);
+  m.kind = DatasetKind::kDense;
+  m.value_dtype = ValueDtype::kFloat32;
+  uint64_t id = *store_->CreateDataset(m);
+  std::vector<float> values(250 * 12);
+  std::vector<int32_t> tokens(250);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f - 3;
+  for (int i = 0; i < 250; ++i) tokens[i] = 70000 + i;  // needs 4-byte token ids
+  {
+    auto w = store_->OpenWriter(id);
+    ASSERT_TRUE(w.ok());
+    EXPECT_EQ((*w)->AppendSparse(0, nullptr, nullptr, nullptr, nullptr).code(),
+              absl::StatusCode::kFailedPrecondition);
+    ASSERT_TRUE((*w)->AppendDense(250, values.data(), tokens.data()).ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+  }
+  std::vector<float> out;
+  std::vector<int32_t> toks;
+  ASSERT_TRUE(store_->ReadDense(id, 95, 110, &out, &toks).ok());
+  ASSERT_EQ(out.size(), 110u * 12);
+  EXPECT_EQ(out[0], values[95 * 12]);
+  EXPECT_EQ(out.back(), values[205 * 12 - 1]);
+  EXPECT_EQ(toks[0], 70095);
+  EXPECT_EQ(*store_->ChunkRowStarts(id), (std::vector<int64_t>{0, 100, 200}));
+  EXPECT_EQ(store_->ReadRows(id, 0, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->ReadDense(id, 200, 51, &out, &toks).code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST_F(ChunkStoreTest, BadAppendsChangeNothing) {
+  uint64_t id = *store_->CreateDataset(SparseMeta("b", 16));
+  auto w = store_->OpenWriter(id);
+  ASSERT_TRUE(w.ok());
+  int64_t indptr[] = {0, 2};
+  int32_t dup[] = {3, 3}, out_of_range[] = {1, 16}, tok[] = {1};
+  float vals[] = {1, 2}, nan_vals[] = {1, NAN};
+  int32_t ok_idx[] = {1, 2};
+  EXPECT_EQ((*w)->AppendSparse(1, indptr, dup, vals, tok).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*w)->AppendSparse(1, indptr, out_of_range, vals, tok).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*w)->AppendSparse(1, indptr, ok_idx, nan_vals, tok).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*w)->rows_pending(), 0);
+  ASSERT_TRUE((*w)->AppendSparse(1, indptr, ok_idx, vals, tok).ok());
+  ASSERT_TRUE((*w)->Commit().ok());
+  EXPECT_EQ(store_->GetDataset(id)->nnz(), 2);
+}
+
+TEST_F(ChunkStoreTest, CorruptChunkIsDataLossNamingTheChunk) {
+  uint64_t id = *store_->CreateDataset(SparseMeta("c"));
+  {
+    auto w = store_->OpenWriter(id);
+    ASSERT_TRUE(Append(w->get(), MakeRows(0, 250, 256)).ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+  }
+  auto value = db_->Get(Family::kChunks, keys::Chunk(id, 100));
+  ASSERT_TRUE(value.ok());
+  std::string bad = *value;
+  bad[bad.size() / 2] ^= 0x40;
+  ASSERT_TRUE(db_->Put(Family::kChunks, keys::Chunk(id, 100), bad, true).ok());
+  auto rows = store_->ReadRows(id, 0, 0);
+  EXPECT_EQ(rows.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(rows.status().message().find("chunk at row 100"), std::string::npos)
+      << rows.status();
+  EXPECT_TRUE(store_->ReadRows(id, 0, 100).ok());  // the other chunks still read
+  EXPECT_TRUE(store_->ReadRows(id, 200, 50).ok());
+}
+
+TEST_F(ChunkStoreTest, DeleteRemovesEverything) {
+  uint64_t id = *store_->CreateDataset(SparseMeta("del"));
+  uint64_t keep = *store_->CreateDataset(SparseMeta("keep"));
+  {
+    auto w = store_->OpenWriter(id);
+    ASSERT_TRUE(Append(w->get(), MakeRows(0, 150, 256)).ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+    EXPECT_EQ(store_->DeleteDataset(id).code(), absl::StatusCode::kFailedPrecondition);
+  }
+  ASSERT_TRUE(store_->DeleteDataset(id).ok());
+  EXPECT_EQ(store_->GetDataset(id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->FindDataset("del").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->DeleteDataset(id).code(), absl::StatusCode::kNotFound);
+  auto list = store_->ListDatasets();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].id(), keep);
+  for (Family f : {Family::kChunks, Family::kPostings, Family::kLatentIndex}) {
+    auto it = db_->NewIterator(f);
+    it->Seek(keys::IdPrefix(id));
+    EXPECT_TRUE(!it->Valid() || !it->key().starts_with(keys::IdPrefix(id)));
+  }
+  // The name can be reused.
+  EXPECT_TRUE(store_->CreateDataset(SparseMeta("del")).ok());
+}
+
+}  // namespace
+}  // namespace latentd::storage

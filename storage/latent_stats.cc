@@ -1,0 +1,170 @@
+#include "storage/latent_stats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace latentd::storage {
+namespace {
+
+int64_t FloorDiv2(int64_t v) { return v >= 0 ? v / 2 : -((-v + 1) / 2); }
+
+template <typename T>
+void PutRaw(T v, std::string* out) {
+  char buf[sizeof(T)];
+  std::memcpy(buf, &v, sizeof(T));
+  out->append(buf, sizeof(T));
+}
+template <typename T>
+bool GetRaw(absl::string_view* in, T* v) {
+  if (in->size() < sizeof(T)) return false;
+  std::memcpy(v, in->data(), sizeof(T));
+  in->remove_prefix(sizeof(T));
+  return true;
+}
+void PutVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+bool GetVarint(absl::string_view* in, uint64_t* v) {
+  *v = 0;
+  for (int shift = 0; shift < 64 && !in->empty(); shift += 7) {
+    uint8_t b = static_cast<uint8_t>(in->front());
+    in->remove_prefix(1);
+    *v |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if (!(b & 0x80)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+double LatentStats::bin_width() const { return std::ldexp(1.0, bin_exponent); }
+
+double LatentStats::stddev() const {
+  if (firing_count == 0) return 0;
+  double m = mean();
+  return std::sqrt(std::max(0.0, sum_squares / firing_count - m * m));
+}
+
+void LatentStats::Add(float value) {
+  const double v = value;
+  if (firing_count == 0) {
+    max = min = value;
+    double magnitude = std::max(std::fabs(v), 1e-30);
+    bin_exponent = static_cast<int32_t>(std::ceil(std::log2(magnitude / kHistogramBins)));
+    bin_low = v < 0 ? static_cast<int64_t>(std::floor(v / bin_width())) : 0;
+  } else {
+    max = std::max(max, value);
+    min = std::min(min, value);
+  }
+  ++firing_count;
+  sum += v;
+  sum_squares += v * v;
+  if (!std::isfinite(v)) return;  // the writer rejects these; never loop on them
+  // Fit the window [bin_low, bin_low + 50) around the occupied bins, the new value and 0:
+  // slide it when that suffices, else double the width (merging bin pairs exactly) and retry.
+  while (true) {
+    const int64_t vb = static_cast<int64_t>(std::floor(v / bin_width()));
+    int64_t first = vb, last = vb;
+    for (int i = 0; i < kHistogramBins; ++i) {
+      if (histogram[i] == 0) continue;
+      first = std::min(first, bin_low + i);
+      last = std::max(last, bin_low + i);
+    }
+    const int64_t new_low = std::min<int64_t>(first, 0);
+    if (last < new_low + kHistogramBins) {
+      if (new_low != bin_low) {
+        std::array<int64_t, kHistogramBins> moved{};
+        for (int i = 0; i < kHistogramBins; ++i) {
+          if (histogram[i]) moved[bin_low + i - new_low] = histogram[i];
+        }
+        histogram = moved;
+        bin_low = new_low;
+      }
+      break;
+    }
+    std::array<int64_t, kHistogramBins> merged{};
+    const int64_t merged_low = FloorDiv2(bin_low);
+    for (int i = 0; i < kHistogramBins; ++i) {
+      merged[FloorDiv2(bin_low + i) - merged_low] += histogram[i];
+    }
+    histogram = merged;
+    bin_low = merged_low;
+    ++bin_exponent;
+  }
+  int bin = static_cast<int>(std::floor(v / bin_width()) - bin_low);
+  histogram[std::clamp(bin, 0, kHistogramBins - 1)] += 1;
+}
+
+std::string LatentStats::Encode() const {
+  std::string out;
+  PutRaw<int64_t>(firing_count, &out);
+  PutRaw<double>(sum, &out);
+  PutRaw<double>(sum_squares, &out);
+  PutRaw<float>(max, &out);
+  PutRaw<float>(min, &out);
+  PutRaw<int32_t>(bin_exponent, &out);
+  PutRaw<int64_t>(bin_low, &out);
+  for (int64_t c : histogram) PutVarint(static_cast<uint64_t>(c), &out);
+  return out;
+}
+
+absl::Status LatentStats::Decode(absl::string_view in, LatentStats* out) {
+  bool ok = GetRaw(&in, &out->firing_count) && GetRaw(&in, &out->sum) &&
+            GetRaw(&in, &out->sum_squares) && GetRaw(&in, &out->max) && GetRaw(&in, &out->min) &&
+            GetRaw(&in, &out->bin_exponent) && GetRaw(&in, &out->bin_low);
+  for (int i = 0; ok && i < kHistogramBins; ++i) {
+    uint64_t c;
+    ok = GetVarint(&in, &c);
+    out->histogram[i] = static_cast<int64_t>(c);
+  }
+  if (!ok || !in.empty()) return absl::DataLossError("malformed latent statistics record");
+  return absl::OkStatus();
+}
+
+bool TopRows::Offer(int64_t row, float value, int capacity) {
+  if (capacity <= 0) return false;
+  auto better = [](const TopEntry& a, const TopEntry& b) {
+    return a.value != b.value ? a.value > b.value : a.row < b.row;
+  };
+  TopEntry e{row, value};
+  if (static_cast<int>(entries_.size()) >= capacity && !better(e, entries_.back())) return false;
+  for (const TopEntry& x : entries_) {
+    if (x.row == row) return false;  // a replayed row is already here
+  }
+  entries_.insert(std::upper_bound(entries_.begin(), entries_.end(), e, better), e);
+  if (static_cast<int>(entries_.size()) > capacity) entries_.pop_back();
+  return true;
+}
+
+std::string TopRows::Encode() const {
+  std::string out;
+  PutVarint(entries_.size(), &out);
+  for (const TopEntry& e : entries_) {
+    PutVarint(static_cast<uint64_t>(e.row), &out);
+    PutRaw<float>(e.value, &out);
+  }
+  return out;
+}
+
+absl::Status TopRows::Decode(absl::string_view in, TopRows* out) {
+  uint64_t n;
+  out->entries_.clear();
+  if (!GetVarint(&in, &n) || n > in.size()) return absl::DataLossError("malformed top-N record");
+  for (uint64_t i = 0; i < n; ++i) {
+    uint64_t row;
+    float value;
+    if (!GetVarint(&in, &row) || !GetRaw(&in, &value)) {
+      return absl::DataLossError("malformed top-N record");
+    }
+    out->entries_.push_back({static_cast<int64_t>(row), value});
+  }
+  if (!in.empty()) return absl::DataLossError("malformed top-N record");
+  return absl::OkStatus();
+}
+
+}  // namespace latentd::storage
