@@ -9,6 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "efcp/accounted_optimizer.h"
+#include "efcp/mfac.h"
+#include "efcp/sparse_mfac.h"
 
 namespace latentd::engine {
 namespace {
@@ -70,6 +73,51 @@ class TorchOptimizer : public TrainOptimizer {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 
+// The efcp optimizers: the state is what their own accounting reports.
+class EfcpOptimizer : public TrainOptimizer {
+ public:
+  explicit EfcpOptimizer(std::unique_ptr<efcp::AccountedOptimizer> optimizer)
+      : optimizer_(std::move(optimizer)) {}
+  torch::optim::Optimizer& optimizer() override { return *optimizer_; }
+  OptimizerMemory Memory() const override {
+    return OptimizerMemory{optimizer_->memory_breakdown().components};
+  }
+
+ private:
+  std::unique_ptr<efcp::AccountedOptimizer> optimizer_;
+};
+
+efcp::MFACOptions MfacOptions(const OptimizerConfig& config) {
+  return efcp::MFACOptions(config.lr)
+      .damp(config.damp)
+      .window(config.window)
+      .momentum(config.momentum)
+      .weight_decay(config.weight_decay);
+}
+
+efcp::SparseMFACOptions SmfacOptions(const OptimizerConfig& config) {
+  return efcp::SparseMFACOptions(config.lr)
+      .damp(config.damp)
+      .window(config.window)
+      .momentum(config.momentum)
+      .weight_decay(config.weight_decay)
+      .density(config.density)
+      .error_feedback(config.error_feedback);
+}
+
+// efcp's option messages name their own struct ("SparseMFACOptions.density ..."); users wrote
+// train.optimizer.<field>, so name that too.
+absl::Status EfcpInvalid(const absl::Status& status) {
+  std::string message(status.message());
+  std::string field = "name";
+  const size_t dot = message.find('.');
+  if (dot != std::string::npos) {
+    const size_t end = message.find(' ', dot);
+    field = message.substr(dot + 1, end == std::string::npos ? std::string::npos : end - dot - 1);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("train.optimizer.", field, ": ", message));
+}
+
 }  // namespace
 
 int64_t OptimizerMemory::total() const {
@@ -124,6 +172,13 @@ absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(const latentd::v1::Opti
     return Invalid("rank", absl::StrCat("must be in [1, 4096], got ", spec.rank()));
   }
   if (spec.rank() > 0) config.rank = spec.rank();
+  if (config.name == "mfac") {
+    absl::Status status = efcp::ValidateMFACOptions(MfacOptions(config));
+    if (!status.ok()) return EfcpInvalid(status);
+  } else if (config.name == "smfac") {
+    absl::Status status = efcp::ValidateSparseMFACOptions(SmfacOptions(config));
+    if (!status.ok()) return EfcpInvalid(status);
+  }
   return config;
 }
 
@@ -138,7 +193,12 @@ OptimizerMemory EstimateOptimizerMemory(const OptimizerConfig& config,
   } else if (config.name == "adam" || config.name == "adamw") {
     memory.components.emplace_back("exp_avg", 4 * d);
     memory.components.emplace_back("exp_avg_sq", 4 * d);
-  } else if (config.name == "mfac" || config.name == "ggt") {
+  } else if (config.name == "mfac") {
+    return OptimizerMemory{efcp::MFAC::EstimateMemory(shapes, MfacOptions(config)).components};
+  } else if (config.name == "smfac") {
+    return OptimizerMemory{
+        efcp::SparseMFAC::EstimateMemory(shapes, SmfacOptions(config)).components};
+  } else if (config.name == "ggt") {
     memory.components.emplace_back("history", DenseMfacHistoryBytes(d, m));
     memory.components.emplace_back("gram", 8 * m * m);
     if (config.momentum > 0) memory.components.emplace_back("momentum", 4 * d);
@@ -223,6 +283,22 @@ absl::StatusOr<std::unique_ptr<TrainOptimizer>> MakeOptimizer(const OptimizerCon
                     .betas({config.beta1, config.beta2})
                     .eps(config.eps)
                     .weight_decay(config.weight_decay));
+  } else if (config.name == "mfac" || config.name == "smfac") {
+    try {
+      std::unique_ptr<efcp::AccountedOptimizer> efcp_optimizer;
+      if (config.name == "mfac") {
+        efcp_optimizer = std::make_unique<efcp::MFAC>(
+            std::vector<torch::optim::OptimizerParamGroup>{
+                torch::optim::OptimizerParamGroup(params)},
+            MfacOptions(config));
+      } else {
+        efcp_optimizer = std::make_unique<efcp::SparseMFAC>(std::move(params), SmfacOptions(config));
+      }
+      return std::unique_ptr<TrainOptimizer>(new EfcpOptimizer(std::move(efcp_optimizer)));
+    } catch (const c10::Error& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("train.optimizer: ", e.what_without_backtrace()));
+    }
   } else {
     return absl::UnimplementedError(absl::StrCat(
         "train.optimizer.name: \"", config.name, "\" needs efcp/, which this build lacks"));

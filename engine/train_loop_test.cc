@@ -101,29 +101,47 @@ TEST(TrainLoopTest, LossFallsAndTelemetryMatchesTheOptimizersAccounting) {
   EXPECT_EQ(result->peak_optimizer_state_bytes, memory.total());
 }
 
-TEST(TrainLoopTest, ResumeAfterACrashGivesTheWeightsOfAnUninterruptedRun) {
-  InMemoryDenseRowSource source(DictionaryRows(512, 2), kWidth, 32);
-  InMemoryCheckpointStore uninterrupted_store;
-  Trainer uninterrupted(&source);
-  ASSERT_TRUE(uninterrupted.Go(Loop(45), &uninterrupted_store).ok());
+OptimizerConfig Smfac() {
+  latentd::v1::OptimizerSpec spec;
+  spec.set_name("smfac");
+  spec.set_lr(1e-2);
+  spec.set_window(8);
+  spec.set_density(0.05);
+  spec.set_damp(1e-2);
+  spec.set_momentum(0.5);
+  return *OptimizerConfigFromProto(spec);
+}
 
-  InMemoryCheckpointStore store;
-  {
-    Trainer crashed(&source);
-    TrainLoopOptions options = Loop(45);
-    options.crash_after_step = 27;  // the checkpoint at step 20 is the newest
-    auto status = crashed.Go(options, &store).status();
-    EXPECT_EQ(status.code(), absl::StatusCode::kAborted);
-    EXPECT_EQ((*store.LoadLatest())->step, 20);
+// Adam (moments, step count) and S-MFAC (ring buffer, error buffer, Gram matrix, momentum) alike.
+TEST(TrainLoopTest, ResumeAfterACrashGivesTheWeightsOfAnUninterruptedRun) {
+  for (const OptimizerConfig& config : {Adam(), Smfac()}) {
+    SCOPED_TRACE(config.name);
+    InMemoryDenseRowSource source(DictionaryRows(512, 2), kWidth, 32);
+    InMemoryCheckpointStore uninterrupted_store;
+    Trainer uninterrupted(&source, config);
+    ASSERT_TRUE(uninterrupted.Go(Loop(45), &uninterrupted_store).ok());
+
+    InMemoryCheckpointStore store;
+    {
+      Trainer crashed(&source, config);
+      TrainLoopOptions options = Loop(45);
+      options.crash_after_step = 27;  // the checkpoint at step 20 is the newest
+      auto status = crashed.Go(options, &store).status();
+      EXPECT_EQ(status.code(), absl::StatusCode::kAborted);
+      EXPECT_EQ((*store.LoadLatest())->step, 20);
+    }
+    Trainer resumed(&source, config);
+    auto result = resumed.Go(Loop(45), &store);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->resumed_from_step, 20);
+    auto a = uninterrupted.model.parameters();
+    auto b = resumed.model.parameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+    }
+    EXPECT_EQ(uninterrupted.optimizer->Memory().total(), resumed.optimizer->Memory().total());
   }
-  Trainer resumed(&source);
-  auto result = resumed.Go(Loop(45), &store);
-  ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(result->resumed_from_step, 20);
-  auto a = uninterrupted.model.parameters();
-  auto b = resumed.model.parameters();
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
 }
 
 // Rows turn NaN from the `poison_after`-th Read on, as a corrupt stretch of a dataset would.
