@@ -1,0 +1,79 @@
+#include "storage/artifact_store.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/big_endian.h"
+#include "common/status_macros.h"
+#include "storage/keys.h"
+
+namespace latentd::storage {
+
+absl::StatusOr<uint64_t> ArtifactStore::Register(const std::string& name, const std::string& path,
+                                                 uint64_t job_id) {
+  if (name.empty()) return absl::InvalidArgumentError("name: must not be empty");
+  if (path.empty()) return absl::InvalidArgumentError("path: must not be empty");
+  absl::MutexLock lock(&mu_);
+  auto existing = db_->Get(Family::kMeta, keys::ArtifactName(name));
+  if (existing.ok()) {
+    return absl::AlreadyExistsError(absl::StrCat("artifact name \"", name, "\" is taken"));
+  }
+  if (!absl::IsNotFound(existing.status())) return existing.status();
+  uint64_t id = 1;
+  auto next = db_->Get(Family::kMeta, keys::kNextArtifactId);
+  if (next.ok() && next->size() == 8) id = ReadBigEndian64(next->data());
+  latentd::v1::Artifact a;
+  a.set_id(id);
+  a.set_name(name);
+  a.set_path(path);
+  a.set_job_id(job_id);
+  const int64_t micros = absl::ToUnixMicros(absl::Now());
+  a.mutable_created()->set_seconds(micros / 1000000);
+  a.mutable_created()->set_nanos(static_cast<int32_t>(micros % 1000000) * 1000);
+  std::string id_bytes, next_bytes;
+  AppendBigEndian64(id, &id_bytes);
+  AppendBigEndian64(id + 1, &next_bytes);
+  rocksdb::WriteBatch batch;
+  batch.Put(db_->handle(Family::kMeta), keys::ArtifactRecord(id), a.SerializeAsString());
+  batch.Put(db_->handle(Family::kMeta), keys::ArtifactName(name), id_bytes);
+  batch.Put(db_->handle(Family::kMeta), keys::kNextArtifactId, next_bytes);
+  RETURN_IF_ERROR(db_->Write(&batch, /*sync=*/true));
+  return id;
+}
+
+absl::StatusOr<latentd::v1::Artifact> ArtifactStore::Get(uint64_t id) const {
+  auto v = db_->Get(Family::kMeta, keys::ArtifactRecord(id));
+  if (absl::IsNotFound(v.status())) {
+    return absl::NotFoundError(absl::StrCat("no artifact with id ", id));
+  }
+  RETURN_IF_ERROR(v.status());
+  latentd::v1::Artifact a;
+  if (!a.ParseFromString(*v)) return absl::DataLossError(absl::StrCat("artifact ", id, " record"));
+  return a;
+}
+
+absl::StatusOr<latentd::v1::Artifact> ArtifactStore::FindByName(const std::string& name) const {
+  auto v = db_->Get(Family::kMeta, keys::ArtifactName(name));
+  if (absl::IsNotFound(v.status())) {
+    return absl::NotFoundError(absl::StrCat("no artifact named \"", name, "\""));
+  }
+  RETURN_IF_ERROR(v.status());
+  if (v->size() != 8) return absl::DataLossError("malformed artifact name index");
+  return Get(ReadBigEndian64(v->data()));
+}
+
+absl::StatusOr<std::vector<latentd::v1::Artifact>> ArtifactStore::List() const {
+  std::vector<latentd::v1::Artifact> out;
+  auto it = db_->NewIterator(Family::kMeta);
+  const std::string prefix = keys::kArtifactRecordPrefix;
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    latentd::v1::Artifact a;
+    if (!a.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+      return absl::DataLossError("malformed artifact record");
+    }
+    out.push_back(std::move(a));
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "listing artifacts"));
+  return out;
+}
+
+}  // namespace latentd::storage

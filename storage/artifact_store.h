@@ -1,0 +1,36 @@
+// Records of trained SAEs written to disk (a directory with safetensors + cfg.json), kept in the
+// kMeta family under "art/" keys (storage/keys.h). Thread-safe.
+#ifndef LATENTD_STORAGE_ARTIFACT_STORE_H_
+#define LATENTD_STORAGE_ARTIFACT_STORE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/latentd/v1/datasets.pb.h"
+#include "storage/db.h"
+
+namespace latentd::storage {
+
+class ArtifactStore {
+ public:
+  explicit ArtifactStore(Db* db) : db_(db) {}
+
+  // A new record (synced). INVALID_ARGUMENT for an empty name or path; ALREADY_EXISTS for a taken
+  // name.
+  absl::StatusOr<uint64_t> Register(const std::string& name, const std::string& path,
+                                    uint64_t job_id);
+  absl::StatusOr<latentd::v1::Artifact> Get(uint64_t id) const;                 // NOT_FOUND
+  absl::StatusOr<latentd::v1::Artifact> FindByName(const std::string& name) const;  // NOT_FOUND
+  absl::StatusOr<std::vector<latentd::v1::Artifact>> List() const;  // ascending id
+
+ private:
+  Db* const db_;
+  absl::Mutex mu_;  // serializes Register (id counter, name uniqueness)
+};
+
+}  // namespace latentd::storage
+
+#endif  // LATENTD_STORAGE_ARTIFACT_STORE_H_
