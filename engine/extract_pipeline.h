@@ -1,0 +1,83 @@
+// The EXTRACT pipeline: token batches -> forward on each device -> SAE encode + TopK on the device
+// (only indices and values leave it) -> host buffers -> one committer (the calling thread)
+// appending rows in order and committing every commit_rows rows -> progress and telemetry.
+//
+// Batches lie on a fixed grid of the shard (batch b = sequences [b*B, (b+1)*B)). With n replicas,
+// batch b goes to replica b mod n: every replica works on its own contiguous sequence ranges and
+// holds its activations until the committer takes them, in order, from a bounded queue (depth
+// queue_depth per replica), so memory is bounded whatever the dataset size and device work
+// overlaps storage. Commits happen only at batch boundaries, so the watermark is always on the
+// grid: a resumed run (same spec) recomputes exactly the batches an uninterrupted run would have
+// computed after that point, and the final rows are identical.
+#ifndef LATENTD_ENGINE_EXTRACT_PIPELINE_H_
+#define LATENTD_ENGINE_EXTRACT_PIPELINE_H_
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/activation_model.h"
+#include "engine/row_sink.h"
+#include "engine/sae.h"
+#include "engine/token_source.h"
+#include "proto/latentd/v1/extract.pb.h"
+
+namespace latentd::engine {
+
+struct PipelineReplica {
+  std::unique_ptr<ActivationModel> model;
+  std::optional<Sae> sae;  // required when sparse; on `device`
+  at::Device device = at::kCPU;
+  int cpu_threads = 0;  // intra-op threads of this replica's worker; 0 = leave alone
+};
+
+struct PipelineOptions {
+  bool sparse = true;
+  int64_t batch_sequences = 32;  // sequences per forward
+  int64_t commit_rows = 16384;   // commit once this many rows are pending (rounded up to batches)
+  bool skip_non_finite = false;  // false: fail naming the row; true: store the row empty / zeros
+  int queue_depth = 2;           // finished batches a replica may hold before it waits
+  double telemetry_interval_seconds = 1.0;
+  int value_bytes = 2;  // bytes per stored value (fp16/bf16: 2, fp32: 4), for the bytes estimate
+};
+
+struct PipelineCallbacks {
+  std::function<bool()> cancelled;                                       // may be empty
+  std::function<void(int64_t rows_done, int64_t rows_total)> progress;  // after each commit
+  std::function<void(const latentd::v1::ExtractTelemetry&)> telemetry;  // rate-limited
+};
+
+struct PipelineResult {
+  int64_t rows = 0;               // rows in the sink at the end (committed)
+  int64_t rows_this_run = 0;      // rows computed and committed by this call
+  int64_t nnz_this_run = 0;
+  int64_t rows_skipped_non_finite = 0;
+  double seconds = 0;
+  double tokens_per_second = 0;   // rows_this_run / seconds
+  int64_t bytes_committed = 0;    // the sink's figure, else an estimate of the stored bytes
+};
+
+// Runs the shard from sink->rows_committed() to the end, then MarkComplete(). CANCELLED when
+// callbacks.cancelled() turns true (what was committed stays); on any failure nothing beyond the
+// last commit is written. Errors: INVALID_ARGUMENT (token id >= vocab, non-finite activations
+// under the fail policy, hook width != SAE d_in), RESOURCE_EXHAUSTED (device out of memory),
+// FAILED_PRECONDITION (a watermark off the sequence grid), the sink's errors.
+absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
+                                                  std::vector<PipelineReplica>* replicas,
+                                                  RowSink* sink, const PipelineOptions& options,
+                                                  const PipelineCallbacks& callbacks);
+
+// Forward + encode alone over the first `max_sequences` sequences on replica 0, nothing stored or
+// copied beyond what the encoder returns: the compute floor the bench compares the pipeline to.
+absl::StatusOr<double> MeasureComputeFloorTokensPerSecond(const TokenSource& tokens,
+                                                          PipelineReplica* replica,
+                                                          const PipelineOptions& options,
+                                                          int64_t max_sequences);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_EXTRACT_PIPELINE_H_

@@ -1,0 +1,305 @@
+#include "engine/extract_pipeline.h"
+
+#include <fstream>
+#include <random>
+
+#include "engine/reference_model.h"
+#include "gtest/gtest.h"
+
+namespace latentd::engine {
+namespace {
+
+constexpr int kCtx = 8;
+constexpr int kVocab = 50;
+
+std::string TokenFile(const std::string& name, int64_t n, int max_id = kVocab) {
+  std::string path = std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/" + name;
+  std::vector<uint16_t> ids(n);
+  std::mt19937 rng(5);
+  for (auto& t : ids) t = rng() % max_id;
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<char*>(ids.data()), n * 2);
+  return path;
+}
+
+std::unique_ptr<TokenSource> Tokens(const std::string& path) {
+  latentd::v1::TokenSource spec;
+  spec.set_path(path);
+  spec.set_context_length(kCtx);
+  auto src = TokenSource::Open(spec);
+  EXPECT_TRUE(src.ok()) << src.status();
+  return std::move(*src);
+}
+
+// Activations that are a fixed function of the token (NaN for token `nan_token`).
+class EmbeddingModel : public ActivationModel {
+ public:
+  explicit EmbeddingModel(int nan_token = -1) : table_(at::randn({kVocab, 16}, at::TensorOptions().dtype(at::kFloat))) {
+    if (nan_token >= 0) table_[nan_token].fill_(std::nanf(""));
+  }
+  at::Tensor Forward(const at::Tensor& tokens) override {
+    return table_.index_select(0, tokens.reshape({-1})).view({tokens.size(0), tokens.size(1), 16});
+  }
+  int64_t hook_width() const override { return 16; }
+  int64_t vocab_size() const override { return kVocab; }
+  int64_t max_context() const override { return 0; }
+  int64_t parameter_bytes() const override { return table_.numel() * 4; }
+  int64_t activation_bytes_per_token(int64_t) const override { return 64; }
+  const std::string& model_id() const override { return id_; }
+  const std::string& weight_hash() const override { return id_; }
+  at::Tensor table_;
+  std::string id_ = "embedding";
+};
+
+Sae MakeSae(SaeArchitecture arch, int64_t d_in, uint64_t seed) {
+  at::manual_seed(seed);
+  SaeConfig cfg;
+  cfg.d_in = d_in;
+  cfg.d_sae = 64;
+  cfg.architecture = arch;
+  cfg.k = 6;
+  auto sae = Sae::Create(cfg, {at::randn({d_in, 64}), at::randn({64}) * 0.1, at::randn({64, d_in}),
+                               at::randn({d_in}) * 0.1, at::rand({64})});
+  EXPECT_TRUE(sae.ok());
+  return *sae;
+}
+
+std::vector<PipelineReplica> Replicas(int n, int nan_token = -1,
+                                      SaeArchitecture arch = SaeArchitecture::kTopK) {
+  at::manual_seed(11);
+  std::vector<PipelineReplica> out;
+  auto proto = std::make_unique<EmbeddingModel>(nan_token);
+  for (int i = 0; i < n; ++i) {
+    PipelineReplica r;
+    auto m = std::make_unique<EmbeddingModel>(nan_token);
+    m->table_ = proto->table_.clone();
+    r.model = std::move(m);
+    r.sae = MakeSae(arch, 16, 3);
+    r.cpu_threads = 1;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+PipelineOptions Opts(bool sparse = true) {
+  PipelineOptions o;
+  o.sparse = sparse;
+  o.batch_sequences = 3;
+  o.commit_rows = 40;  // every 2 batches (24 rows per batch)
+  return o;
+}
+
+void ExpectSameDataset(const InMemoryDataset& a, const InMemoryDataset& b) {
+  EXPECT_EQ(a.token_ids, b.token_ids);
+  EXPECT_EQ(a.indptr, b.indptr);
+  EXPECT_EQ(a.indices, b.indices);
+  EXPECT_EQ(a.values, b.values);
+}
+
+TEST(ExtractPipelineTest, StoresExactlyTheEncodedLatentsOfEveryRow) {
+  for (auto arch : {SaeArchitecture::kTopK, SaeArchitecture::kRelu, SaeArchitecture::kJumpRelu}) {
+    auto tokens = Tokens(TokenFile("t1.bin", 100 * kCtx + 3));
+    auto replicas = Replicas(1, -1, arch);
+    InMemoryDataset ds;
+    ds.width = 64;
+    InMemoryRowSink sink(&ds);
+    auto result = RunExtractPipeline(*tokens, &replicas, &sink, Opts(), {});
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(ds.rows(), 100 * kCtx);
+    EXPECT_TRUE(ds.complete);
+    EXPECT_EQ(result->nnz_this_run, static_cast<int64_t>(ds.indices.size()));
+    std::vector<int64_t> ids(100 * kCtx);
+    ASSERT_TRUE(tokens->Read(0, 100, ids.data()).ok());
+    at::Tensor x = replicas[0].model->Forward(at::from_blob(ids.data(), {100, kCtx}, at::kLong)).reshape({-1, 16});
+    at::Tensor z = replicas[0].sae->EncodeDense(x);
+    for (int64_t r = 0; r < ds.rows(); ++r) {
+      ASSERT_EQ(ds.token_ids[r], ids[r]);
+      at::Tensor nz = z[r].nonzero().reshape({-1});
+      ASSERT_EQ(ds.indptr[r + 1] - ds.indptr[r], nz.numel()) << "row " << r;
+      for (int64_t j = 0; j < nz.numel(); ++j) {
+        const int64_t pos = ds.indptr[r] + j;
+        EXPECT_EQ(ds.indices[pos], nz[j].item<int64_t>());
+        EXPECT_NEAR(ds.values[pos], z[r][ds.indices[pos]].item<float>(), 1e-5);
+      }
+    }
+  }
+}
+
+TEST(ExtractPipelineTest, DenseModeStoresTheHiddenStates) {
+  auto tokens = Tokens(TokenFile("t2.bin", 20 * kCtx));
+  auto replicas = Replicas(2);
+  InMemoryDataset ds;
+  ds.width = 16;
+  InMemoryRowSink sink(&ds);
+  ASSERT_TRUE(RunExtractPipeline(*tokens, &replicas, &sink, Opts(false), {}).ok());
+  ASSERT_EQ(ds.values.size(), 20u * kCtx * 16);
+  for (int64_t r = 0; r < ds.rows(); r += 7) {
+    at::Tensor want = static_cast<EmbeddingModel*>(replicas[0].model.get())->table_[ds.token_ids[r]];
+    for (int j = 0; j < 16; ++j) EXPECT_EQ(ds.values[r * 16 + j], want[j].item<float>());
+  }
+}
+
+// Cancels at a random commit, resumes on the same dataset, and compares with an uninterrupted run.
+TEST(ExtractPipelineTest, ResumeAfterCancellationEqualsAnUninterruptedRun) {
+  const std::string path = TokenFile("t3.bin", 61 * kCtx);
+  for (int devices : {1, 2}) {
+    auto tokens = Tokens(path);
+    InMemoryDataset want;
+    want.width = 64;
+    {
+      auto replicas = Replicas(devices);
+      InMemoryRowSink sink(&want);
+      ASSERT_TRUE(RunExtractPipeline(*tokens, &replicas, &sink, Opts(), {}).ok());
+    }
+    std::mt19937 rng(devices);
+    for (int trial = 0; trial < 3; ++trial) {
+      InMemoryDataset got;
+      got.width = 64;
+      int runs = 0;
+      while (!got.complete) {
+        ASSERT_LT(++runs, 50);
+        auto replicas = Replicas(devices);
+        InMemoryRowSink sink(&got);  // a fresh writer: pending rows of the last run are gone
+        int checks = 0;
+        const int cancel_at = 1 + rng() % 8;
+        PipelineCallbacks cb;
+        cb.cancelled = [&] { return ++checks > cancel_at; };
+        auto result = RunExtractPipeline(*tokens, &replicas, &sink, Opts(), cb);
+        if (!result.ok()) {
+          ASSERT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
+          EXPECT_EQ(got.rows() % (3 * kCtx), 0);  // watermark on the batch grid
+        }
+      }
+      EXPECT_GT(runs, 1);
+      ExpectSameDataset(got, want);
+    }
+  }
+}
+
+TEST(ExtractPipelineTest, TwoDevicesStoreWhatOneDeviceStores) {
+  auto tokens = Tokens(TokenFile("t4.bin", 31 * kCtx));
+  InMemoryDataset one, two;
+  one.width = two.width = 64;
+  auto r1 = Replicas(1), r2 = Replicas(2);
+  InMemoryRowSink s1(&one), s2(&two);
+  ASSERT_TRUE(RunExtractPipeline(*tokens, &r1, &s1, Opts(), {}).ok());
+  ASSERT_TRUE(RunExtractPipeline(*tokens, &r2, &s2, Opts(), {}).ok());
+  ExpectSameDataset(one, two);
+}
+
+TEST(ExtractPipelineTest, AFailedCommitLeavesOnlyCommittedRowsAndTheRetryCompletes) {
+  auto tokens = Tokens(TokenFile("t5.bin", 30 * kCtx));
+  InMemoryDataset ds, want;
+  ds.width = want.width = 64;
+  {
+    auto replicas = Replicas(1);
+    InMemoryRowSink sink(&want);
+    ASSERT_TRUE(RunExtractPipeline(*tokens, &replicas, &sink, Opts(), {}).ok());
+  }
+  {
+    auto replicas = Replicas(2);
+    InMemoryRowSink sink(&ds, /*fail_commit_at=*/3);
+    auto r = RunExtractPipeline(*tokens, &replicas, &sink, Opts(), {});
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(ds.rows(), 2 * 48);  // two commits of two batches each
+  }
+  auto replicas = Replicas(2);
+  InMemoryRowSink sink(&ds);
+  ASSERT_TRUE(RunExtractPipeline(*tokens, &replicas, &sink, Opts(), {}).ok());
+  ExpectSameDataset(ds, want);
+}
+
+TEST(ExtractPipelineTest, TokenIdBeyondTheVocabularyFailsWithoutPartialData) {
+  auto tokens = Tokens(TokenFile("t6.bin", 30 * kCtx, kVocab + 1));
+  auto replicas = Replicas(1);
+  InMemoryDataset ds;
+  ds.width = 64;
+  InMemoryRowSink sink(&ds);
+  auto r = RunExtractPipeline(*tokens, &replicas, &sink, Opts(), {});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(r.status().message()).find("vocab_size"), std::string::npos);
+  EXPECT_EQ(ds.rows() % 48, 0);
+  EXPECT_FALSE(ds.complete);
+}
+
+TEST(ExtractPipelineTest, NonFiniteActivationsFailOrAreSkippedByPolicy) {
+  auto tokens = Tokens(TokenFile("t7.bin", 30 * kCtx));
+  std::vector<int64_t> ids(30 * kCtx);
+  ASSERT_TRUE(tokens->Read(0, 30, ids.data()).ok());
+  const int nan_token = static_cast<int>(ids[100]);
+  {
+    auto replicas = Replicas(1, nan_token);
+    InMemoryDataset ds;
+    ds.width = 64;
+    InMemoryRowSink sink(&ds);
+    auto r = RunExtractPipeline(*tokens, &replicas, &sink, Opts(), {});
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(r.status().message()).find("non-finite"), std::string::npos);
+    EXPECT_LE(ds.rows(), 100);
+  }
+  auto replicas = Replicas(1, nan_token);
+  InMemoryDataset ds;
+  ds.width = 64;
+  InMemoryRowSink sink(&ds);
+  PipelineOptions o = Opts();
+  o.skip_non_finite = true;
+  auto r = RunExtractPipeline(*tokens, &replicas, &sink, o, {});
+  ASSERT_TRUE(r.ok()) << r.status();
+  int64_t expected_skips = std::count(ids.begin(), ids.end(), nan_token);
+  EXPECT_EQ(r->rows_skipped_non_finite, expected_skips);
+  for (int64_t row = 0; row < ds.rows(); ++row) {
+    const bool empty = ds.indptr[row + 1] == ds.indptr[row];
+    if (ds.token_ids[row] == nan_token) {
+      EXPECT_TRUE(empty);
+    }
+  }
+  for (float v : ds.values) EXPECT_TRUE(std::isfinite(v));
+}
+
+TEST(ExtractPipelineTest, RunsTheReferenceModelAndReportsProgress) {
+  latentd::v1::ReferenceModelSpec spec;
+  spec.set_d_model(16);
+  spec.set_n_layers(2);
+  spec.set_n_heads(2);
+  spec.set_vocab_size(kVocab);
+  spec.set_context_length(kCtx);
+  auto tokens = Tokens(TokenFile("t8.bin", 12 * kCtx));
+  std::vector<PipelineReplica> replicas(1);
+  replicas[0].model = std::move(*ReferenceModel::Create(spec, *ParseHookName("blocks.1.hook_resid_post"), at::kCPU));
+  replicas[0].sae = MakeSae(SaeArchitecture::kTopK, 16, 4);
+  InMemoryDataset ds;
+  ds.width = 64;
+  InMemoryRowSink sink(&ds);
+  std::vector<int64_t> progress;
+  int telemetry = 0;
+  PipelineCallbacks cb;
+  cb.progress = [&](int64_t done, int64_t total) {
+    EXPECT_EQ(total, 12 * kCtx);
+    progress.push_back(done);
+  };
+  cb.telemetry = [&](const latentd::v1::ExtractTelemetry& t) {
+    ++telemetry;
+    EXPECT_GT(t.bytes_committed(), 0);
+    EXPECT_GT(t.host_rss_bytes(), 0);
+  };
+  auto r = RunExtractPipeline(*tokens, &replicas, &sink, Opts(), cb);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_FALSE(progress.empty());
+  EXPECT_EQ(progress.back(), 12 * kCtx);
+  EXPECT_TRUE(std::is_sorted(progress.begin(), progress.end()));
+  EXPECT_GE(telemetry, 1);
+  EXPECT_EQ(r->nnz_this_run, static_cast<int64_t>(ds.indices.size()));
+}
+
+TEST(ExtractPipelineTest, SaeWidthMismatchIsInvalidArgument) {
+  auto tokens = Tokens(TokenFile("t9.bin", 4 * kCtx));
+  auto replicas = Replicas(1);
+  replicas[0].sae = MakeSae(SaeArchitecture::kTopK, 8, 1);
+  InMemoryDataset ds;
+  ds.width = 64;
+  InMemoryRowSink sink(&ds);
+  EXPECT_EQ(RunExtractPipeline(*tokens, &replicas, &sink, Opts(), {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace latentd::engine
