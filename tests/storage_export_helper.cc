@@ -1,0 +1,123 @@
+// Helper of tests/python/test_export.py: writes a SPARSE (fp16) and a DENSE (fp32) dataset into a
+// fresh store under argv[1], exports them (NPZ and HDF5, whole and partial ranges) and writes the
+// store's own view of the rows (ReadRows / ReadDense) to expected.json for comparison.
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "storage/chunk_store.h"
+#include "storage/export.h"
+
+using namespace latentd::storage;  // NOLINT: a small test helper
+
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "%s\n", s.ToString().c_str());
+  return 1;
+}
+
+nlohmann::json CsrJson(const CsrRows& r) {
+  return {{"row_start", r.row_start}, {"shape", {r.num_rows, r.num_cols}}, {"indptr", r.indptr},
+          {"indices", r.indices},     {"values", r.values},                {"token_ids", r.token_ids}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) return 2;
+  const std::string out = argv[1];
+  auto db = Db::Open(out + "/db");
+  if (!db.ok()) return Fail(db.status());
+  ChunkStoreOptions options;
+  options.chunk_rows = 64;
+  ChunkStore store(db->get(), options);
+
+  DatasetMeta sm;
+  sm.name = "sparse";
+  sm.model_id = "ref-gpt2";
+  sm.hook_name = "blocks.2.hook_resid_post";
+  sm.layer = 2;
+  sm.d_in = 256;
+  sm.encoder = "topk";
+  sm.k = 12;
+  sm.width = 300;
+  sm.context_length = 50;
+  auto sid = store.CreateDataset(sm);
+  if (!sid.ok()) return Fail(sid.status());
+  {
+    auto w = store.OpenWriter(*sid);
+    if (!w.ok()) return Fail(w.status());
+    std::mt19937 rng(3);
+    for (int commit = 0; commit < 5; ++commit) {
+      std::vector<int64_t> indptr{0};
+      std::vector<int32_t> indices, tokens;
+      std::vector<float> values;
+      for (int r = 0; r < 100; ++r) {
+        std::set<int32_t> cols;
+        const int k = static_cast<int>(rng() % 13);
+        while (static_cast<int>(cols.size()) < k) cols.insert(static_cast<int32_t>(rng() % 300));
+        for (int32_t c : cols) {
+          indices.push_back(c);
+          values.push_back(std::uniform_real_distribution<float>(0.01f, 20.0f)(rng));
+        }
+        indptr.push_back(static_cast<int64_t>(indices.size()));
+        tokens.push_back(static_cast<int32_t>(rng() % 4096));
+      }
+      absl::Status s = (*w)->AppendSparse(100, indptr.data(), indices.data(), values.data(),
+                                          tokens.data());
+      if (s.ok()) s = (*w)->Commit();
+      if (!s.ok()) return Fail(s);
+    }
+  }
+  DatasetMeta dm = sm;
+  dm.name = "dense";
+  dm.kind = DatasetKind::kDense;
+  dm.value_dtype = ValueDtype::kFloat32;
+  dm.encoder = "";
+  dm.width = 8;
+  auto did = store.CreateDataset(dm);
+  if (!did.ok()) return Fail(did.status());
+  {
+    auto w = store.OpenWriter(*did);
+    if (!w.ok()) return Fail(w.status());
+    std::vector<float> values(40 * 8);
+    std::vector<int32_t> tokens(40);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) / 3.0f - 5.0f;
+    for (int i = 0; i < 40; ++i) tokens[i] = 100000 + i;
+    absl::Status s = (*w)->AppendDense(40, values.data(), tokens.data());
+    if (s.ok()) s = (*w)->Commit();
+    if (!s.ok()) return Fail(s);
+  }
+
+  struct Job {
+    uint64_t id;
+    int64_t start, count;
+    ExportFormat format;
+    std::string file;
+  };
+  for (const Job& j : std::vector<Job>{{*sid, 0, 0, ExportFormat::kNpz, "sparse_full.npz"},
+                                       {*sid, 0, 0, ExportFormat::kHdf5, "sparse_full.h5"},
+                                       {*sid, 120, 220, ExportFormat::kNpz, "sparse_part.npz"},
+                                       {*sid, 120, 220, ExportFormat::kHdf5, "sparse_part.h5"},
+                                       {*did, 0, 0, ExportFormat::kNpz, "dense.npz"},
+                                       {*did, 5, 30, ExportFormat::kHdf5, "dense_part.h5"}}) {
+    auto r = ExportDataset(store, j.id, j.start, j.count, j.format, out + "/" + j.file);
+    if (!r.ok()) return Fail(r.status());
+  }
+  auto full = store.ReadRows(*sid, 0, 0);
+  if (!full.ok()) return Fail(full.status());
+  std::vector<float> dense;
+  std::vector<int32_t> dense_tokens;
+  absl::Status s = store.ReadDense(*did, 0, 0, &dense, &dense_tokens);
+  if (!s.ok()) return Fail(s);
+  nlohmann::json expected = {
+      {"sparse", CsrJson(*full)},
+      {"dense", {{"shape", {40, 8}}, {"values", dense}, {"token_ids", dense_tokens}}},
+      {"meta", {{"model_id", sm.model_id}, {"hook_name", sm.hook_name}, {"k", sm.k}}}};
+  std::ofstream(out + "/expected.json") << expected.dump();
+  return 0;
+}
