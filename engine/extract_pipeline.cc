@@ -149,7 +149,7 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
   }
   const int64_t num_batches =
       (tokens.num_sequences() + options.batch_sequences - 1) / options.batch_sequences;
-  const int64_t first_batch = committed / batch_rows;
+  const int64_t first_batch = committed == tokens.num_rows() ? num_batches : committed / batch_rows;
   const int n = static_cast<int>(replicas->size());
   const int64_t commit_rows = std::max<int64_t>(options.commit_rows, 1);
 

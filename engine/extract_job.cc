@@ -1,0 +1,147 @@
+#include "engine/extract_job.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "storage/chunk_store.h"
+
+namespace latentd::engine {
+namespace {
+
+// RowSink over a storage::DatasetWriter.
+class ChunkStoreSink : public RowSink {
+ public:
+  ChunkStoreSink(storage::ChunkStore* store, uint64_t id,
+                 std::unique_ptr<storage::DatasetWriter> writer)
+      : store_(store), id_(id), writer_(std::move(writer)) {
+    RefreshBytes();
+  }
+  int64_t rows_committed() const override { return writer_->rows_committed(); }
+  int64_t rows_pending() const override { return writer_->rows_pending(); }
+  absl::Status AppendSparse(int64_t num_rows, const int64_t* indptr, const int32_t* indices,
+                            const float* values, const int32_t* token_ids) override {
+    return writer_->AppendSparse(num_rows, indptr, indices, values, token_ids);
+  }
+  absl::Status AppendDense(int64_t num_rows, const float* values,
+                           const int32_t* token_ids) override {
+    return writer_->AppendDense(num_rows, values, token_ids);
+  }
+  absl::Status Commit() override {
+    RETURN_IF_ERROR(writer_->Commit());
+    RefreshBytes();
+    return absl::OkStatus();
+  }
+  absl::Status MarkComplete() override {
+    RETURN_IF_ERROR(writer_->MarkComplete());
+    RefreshBytes();
+    return absl::OkStatus();
+  }
+  int64_t bytes_committed() const override { return bytes_; }
+
+ private:
+  void RefreshBytes() {
+    auto info = store_->GetDataset(id_);
+    if (info.ok()) bytes_ = info->bytes_on_disk();
+  }
+  storage::ChunkStore* store_;
+  uint64_t id_;
+  std::unique_ptr<storage::DatasetWriter> writer_;
+  int64_t bytes_ = -1;
+};
+
+// A dataset committed and flagged complete in an earlier run: nothing left to write.
+class CompleteSink : public RowSink {
+ public:
+  explicit CompleteSink(int64_t rows, int64_t bytes) : rows_(rows), bytes_(bytes) {}
+  int64_t rows_committed() const override { return rows_; }
+  int64_t rows_pending() const override { return 0; }
+  absl::Status AppendSparse(int64_t, const int64_t*, const int32_t*, const float*,
+                            const int32_t*) override {
+    return absl::FailedPreconditionError("dataset complete");
+  }
+  absl::Status AppendDense(int64_t, const float*, const int32_t*) override {
+    return absl::FailedPreconditionError("dataset complete");
+  }
+  absl::Status Commit() override { return absl::OkStatus(); }
+  absl::Status MarkComplete() override { return absl::OkStatus(); }
+  int64_t bytes_committed() const override { return bytes_; }
+
+ private:
+  int64_t rows_, bytes_;
+};
+
+storage::ValueDtype ToStorage(latentd::v1::ValueDtype d) {
+  switch (d) {
+    case latentd::v1::BFLOAT16:
+      return storage::ValueDtype::kBFloat16;
+    case latentd::v1::FLOAT32:
+      return storage::ValueDtype::kFloat32;
+    default:
+      return storage::ValueDtype::kFloat16;
+  }
+}
+
+}  // namespace
+
+SinkOpener ChunkStoreSinkOpener(storage::ChunkStore* store) {
+  return [store](const ExtractDatasetMeta& m) -> absl::StatusOr<OpenedSink> {
+    if (store == nullptr) return absl::FailedPreconditionError("no chunk store");
+    OpenedSink opened;
+    auto found = store->FindDataset(m.name);
+    if (found.ok()) {
+      ASSIGN_OR_RETURN(storage::DatasetRecord rec, store->GetRecord(*found));
+      if (rec.meta.job_id != m.job_id) {
+        return absl::AlreadyExistsError(absl::StrCat("extract.dataset_name: dataset ", m.name,
+                                                     " belongs to job ", rec.meta.job_id));
+      }
+      if (rec.meta.rows_planned != m.rows_planned || rec.meta.width != m.width ||
+          rec.meta.context_length != m.context_length ||
+          rec.meta.model_weight_hash != m.model_weight_hash) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "dataset ", m.name, " was started with other inputs (rows, width, context or model "
+            "weights differ); cannot resume it"));
+      }
+      opened.dataset_id = *found;
+      if (rec.complete) {
+        auto info = store->GetDataset(*found);
+        opened.sink = std::make_unique<CompleteSink>(rec.rows_committed,
+                                                     info.ok() ? info->bytes_on_disk() : -1);
+        return opened;
+      }
+    } else if (found.status().code() == absl::StatusCode::kNotFound) {
+      storage::DatasetMeta meta;
+      meta.name = m.name;
+      meta.kind = m.sparse ? storage::DatasetKind::kSparse : storage::DatasetKind::kDense;
+      meta.value_dtype = ToStorage(m.value_dtype);
+      meta.model_id = m.model_id;
+      meta.model_weight_hash = m.model_weight_hash;
+      meta.hook_name = m.hook_name;
+      meta.layer = m.layer;
+      meta.d_in = m.d_in;
+      meta.encoder = m.encoder;
+      meta.k = m.k;
+      meta.threshold_policy = m.threshold_policy;
+      meta.apply_b_dec_to_input = m.apply_b_dec_to_input;
+      meta.width = m.width;
+      meta.context_length = m.context_length;
+      meta.token_source = m.token_source;
+      meta.token_order_start = m.token_order_start;
+      meta.job_id = m.job_id;
+      meta.rows_planned = m.rows_planned;
+      ASSIGN_OR_RETURN(opened.dataset_id, store->CreateDataset(meta));
+    } else {
+      return found.status();
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<storage::DatasetWriter> writer,
+                     store->OpenWriter(opened.dataset_id));
+    opened.sink = std::make_unique<ChunkStoreSink>(store, opened.dataset_id, std::move(writer));
+    return opened;
+  };
+}
+
+absl::StatusOr<latentd::v1::ExtractResult> RunExtract(const latentd::v1::ExtractSpec& spec,
+                                                      const ExtractEnv& env, JobContext* ctx) {
+  if (env.store == nullptr) return absl::FailedPreconditionError("RunExtract: no chunk store");
+  return RunExtractToSink(spec, env, ctx, ChunkStoreSinkOpener(env.store));
+}
+
+}  // namespace latentd::engine

@@ -1,0 +1,28 @@
+// The EXTRACT job as the job runner calls it. Torch-free: the server includes this.
+//
+//   ValidateExtractSpec(spec, env)  -- at submit (see extract_runner.h for what it checks)
+//   RunExtract(spec, env, ctx)      -- in the job's thread
+//
+// RunExtract creates the dataset (dataset_name, default "extract-<job id>") in env.store, or, when
+// it exists for the same job id, resumes it at its watermark; the final dataset equals, row for
+// row, that of an uninterrupted run. It returns CANCELLED promptly after ctx->cancel_requested()
+// (committed rows stay), and on failure leaves nothing beyond the last commit.
+#ifndef LATENTD_ENGINE_EXTRACT_JOB_H_
+#define LATENTD_ENGINE_EXTRACT_JOB_H_
+
+#include "absl/status/statusor.h"
+#include "engine/extract_runner.h"
+#include "engine/job_context.h"
+#include "proto/latentd/v1/extract.pb.h"
+
+namespace latentd::engine {
+
+absl::StatusOr<latentd::v1::ExtractResult> RunExtract(const latentd::v1::ExtractSpec& spec,
+                                                      const ExtractEnv& env, JobContext* ctx);
+
+// The SinkOpener that creates or resumes datasets in `store` (what RunExtract uses).
+SinkOpener ChunkStoreSinkOpener(storage::ChunkStore* store);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_EXTRACT_JOB_H_

@@ -1,0 +1,224 @@
+#include "engine/extract_job.h"
+
+#include <sys/stat.h>
+
+#include <atomic>
+#include <fstream>
+#include <random>
+
+#include "engine/sae.h"
+#include "gtest/gtest.h"
+#include "storage/chunk_store.h"
+#include "storage/db.h"
+
+namespace latentd::engine {
+namespace {
+
+constexpr int kCtx = 8;
+
+std::string Tmp(const std::string& name) {
+  std::string d = std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/" + name;
+  mkdir(d.c_str(), 0755);
+  return d;
+}
+
+class FakeContext : public JobContext {
+ public:
+  FakeContext(uint64_t id, int devices) : id_(id) {
+    for (int i = 0; i < devices; ++i) devices_.push_back({DeviceKind::kCpu, i, "cpu:" + std::to_string(i), 0});
+  }
+  uint64_t job_id() const override { return id_; }
+  int attempt() const override { return 1; }
+  const std::vector<DeviceRef>& devices() const override { return devices_; }
+  bool cancel_requested() const override {
+    return cancel_after_ > 0 && ++checks_ > cancel_after_;
+  }
+  void ReportProgress(int64_t done, int64_t total, const std::string& unit) override {
+    progress_.push_back(done);
+    EXPECT_EQ(unit, "rows");
+  }
+  void ReportTelemetry(const latentd::v1::Telemetry& t) override {
+    EXPECT_TRUE(t.has_extract());
+    telemetry_.push_back(t.extract());
+  }
+  void Log(latentd::v1::LogLine::Level, const std::string&) override {}
+
+  uint64_t id_;
+  std::vector<DeviceRef> devices_;
+  int cancel_after_ = 0;
+  mutable int checks_ = 0;
+  std::vector<int64_t> progress_;
+  std::vector<latentd::v1::ExtractTelemetry> telemetry_;
+};
+
+class ExtractJobTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = Tmp("root");
+    std::vector<uint16_t> ids(40 * kCtx);
+    std::mt19937 rng(1);
+    for (auto& t : ids) t = rng() % 64;
+    std::ofstream(root_ + "/tokens.bin", std::ios::binary)
+        .write(reinterpret_cast<char*>(ids.data()), ids.size() * 2);
+    at::manual_seed(2);
+    SaeConfig cfg;
+    cfg.d_in = 16;
+    cfg.d_sae = 48;
+    cfg.k = 5;
+    cfg.architecture = SaeArchitecture::kTopK;
+    at::Tensor dec = at::randn({48, 16});
+    dec = dec / dec.norm(2, 1, true);
+    ASSERT_TRUE(SaveSae(Tmp("root/sae"), {dec.t().contiguous(), at::zeros({48}), dec, at::zeros({16}), {}}, cfg).ok());
+    env_.data_roots = {root_};
+  }
+
+  latentd::v1::ExtractSpec Spec() {
+    latentd::v1::ExtractSpec s;
+    auto* m = s.mutable_model()->mutable_reference();
+    m->set_d_model(16);
+    m->set_n_layers(2);
+    m->set_n_heads(2);
+    m->set_vocab_size(64);
+    m->set_context_length(kCtx);
+    s.set_hook_name("blocks.1.hook_resid_post");
+    s.mutable_tokens()->set_path(root_ + "/tokens.bin");
+    s.mutable_tokens()->set_context_length(kCtx);
+    s.mutable_sae()->set_path(root_ + "/sae");
+    s.set_batch_sequences(3);
+    s.set_commit_rows(30);
+    return s;
+  }
+
+  std::unique_ptr<storage::Db> OpenDb(const std::string& name) {
+    auto db = storage::Db::Open(Tmp(name));
+    EXPECT_TRUE(db.ok()) << db.status();
+    return std::move(*db);
+  }
+
+  std::string root_;
+  ExtractEnv env_;
+};
+
+absl::StatusCode Code(const latentd::v1::ExtractSpec& s, const ExtractEnv& env) {
+  return ValidateExtractSpec(s, env).code();
+}
+
+TEST_F(ExtractJobTest, ValidateRejectsBadSpecsNamingTheField) {
+  EXPECT_TRUE(ValidateExtractSpec(Spec(), env_).ok()) << ValidateExtractSpec(Spec(), env_);
+  auto s = Spec();
+  s.mutable_tokens()->set_path("/etc/passwd");
+  EXPECT_EQ(Code(s, env_), absl::StatusCode::kPermissionDenied);
+  s = Spec();
+  s.mutable_tokens()->set_path(root_ + "/../root/tokens.bin");  // resolves inside: fine
+  EXPECT_EQ(Code(s, env_), absl::StatusCode::kOk);
+  s.mutable_tokens()->set_path(root_ + "/missing.bin");
+  EXPECT_EQ(Code(s, env_), absl::StatusCode::kNotFound);
+  s = Spec();
+  s.set_hook_name("blocks.1.resid");
+  auto st = ValidateExtractSpec(s, env_);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(st.message()).find("extract.hook_name"), std::string::npos);
+  s.set_hook_name("blocks.2.hook_resid_post");  // 2 layers
+  EXPECT_EQ(Code(s, env_), absl::StatusCode::kInvalidArgument);
+  s = Spec();
+  s.set_hook_name("blocks.1.mlp.hook_post");  // width 64 != d_in 16
+  st = ValidateExtractSpec(s, env_);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(st.message()).find("d_in"), std::string::npos);
+  s = Spec();
+  s.set_batch_sequences(-1);
+  EXPECT_EQ(Code(s, env_), absl::StatusCode::kInvalidArgument);
+  s = Spec();
+  s.mutable_sae()->set_path(root_);  // no cfg.json
+  EXPECT_EQ(Code(s, env_), absl::StatusCode::kNotFound);
+  s = Spec();
+  s.mutable_tokens()->set_context_length(kCtx + 1);  // beyond the model's context
+  EXPECT_EQ(Code(s, env_), absl::StatusCode::kInvalidArgument);
+  s = Spec();
+  s.clear_model();
+  EXPECT_EQ(Code(s, env_), absl::StatusCode::kInvalidArgument);
+  ExtractEnv small = env_;
+  small.device_memory_bytes = 4096;
+  EXPECT_EQ(Code(Spec(), small), absl::StatusCode::kInvalidArgument);
+  ExtractEnv no_roots = env_;
+  no_roots.data_roots.clear();
+  EXPECT_EQ(Code(Spec(), no_roots), absl::StatusCode::kPermissionDenied);
+}
+
+TEST_F(ExtractJobTest, RunsIntoTheChunkStoreAndMatchesTheInMemoryRun) {
+  auto db = OpenDb("db1");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  FakeContext ctx(7, 1);
+  auto result = RunExtract(Spec(), env_, &ctx);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->rows(), 40 * kCtx);
+  EXPECT_GT(result->bytes_per_token(), 0);
+  auto id = store.FindDataset("extract-7");
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ(*id, result->dataset_id());
+  auto rows = store.ReadRows(*id, 0, 0);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+
+  InMemoryDataset mem;
+  mem.width = 48;
+  SinkOpener opener = [&](const ExtractDatasetMeta& m) -> absl::StatusOr<OpenedSink> {
+    EXPECT_EQ(m.encoder, "topk");
+    EXPECT_EQ(m.width, 48);
+    EXPECT_EQ(m.rows_planned, 40 * kCtx);
+    return OpenedSink{1, std::make_unique<InMemoryRowSink>(&mem)};
+  };
+  FakeContext ctx2(8, 1);
+  ASSERT_TRUE(RunExtractToSink(Spec(), env_, &ctx2, opener).ok());
+  EXPECT_EQ(rows->token_ids, mem.token_ids);
+  EXPECT_EQ(rows->indptr, mem.indptr);
+  ASSERT_EQ(rows->indices.size(), mem.indices.size());
+  for (size_t i = 0; i < mem.indices.size(); ++i) {
+    EXPECT_EQ(rows->indices[i], mem.indices[i]);
+    EXPECT_NEAR(rows->values[i], mem.values[i], 1e-3 * std::abs(mem.values[i]) + 1e-6);
+  }
+  EXPECT_EQ(ctx.progress_.back(), 40 * kCtx);
+  ASSERT_FALSE(ctx.telemetry_.empty());
+  EXPECT_EQ(ctx.telemetry_.back().rows_total(), 40 * kCtx);
+  EXPECT_GT(ctx.telemetry_.back().bytes_committed(), 0);
+
+  // A rerun of the finished job is a no-op returning the same dataset.
+  auto again = RunExtract(Spec(), env_, &ctx);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->dataset_id(), *id);
+  // The name taken by another job.
+  FakeContext other(9, 1);
+  auto spec = Spec();
+  spec.set_dataset_name("extract-7");
+  EXPECT_EQ(RunExtract(spec, env_, &other).status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(ExtractJobTest, CancelledJobsResumeToTheUninterruptedDataset) {
+  for (int devices : {1, 2}) {
+    auto db = OpenDb("db_resume" + std::to_string(devices));
+    storage::ChunkStore store(db.get());
+    env_.store = &store;
+    FakeContext straight(100, devices);
+    ASSERT_TRUE(RunExtract(Spec(), env_, &straight).ok());
+    int runs = 0;
+    absl::StatusOr<latentd::v1::ExtractResult> r = absl::CancelledError("");
+    while (!r.ok()) {
+      ASSERT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
+      ASSERT_LT(++runs, 40);
+      FakeContext ctx(200, devices);
+      ctx.cancel_after_ = 2 + runs % 3;
+      r = RunExtract(Spec(), env_, &ctx);
+    }
+    EXPECT_GT(runs, 1);
+    auto a = store.ReadRows(*store.FindDataset("extract-100"), 0, 0);
+    auto b = store.ReadRows(*store.FindDataset("extract-200"), 0, 0);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->token_ids, b->token_ids);
+    EXPECT_EQ(a->indptr, b->indptr);
+    EXPECT_EQ(a->indices, b->indices);
+    EXPECT_EQ(a->values, b->values);
+  }
+}
+
+}  // namespace
+}  // namespace latentd::engine

@@ -1,0 +1,79 @@
+// EXTRACT jobs without the chunk store: submit-time validation and the runner against any RowSink
+// (extract_job.h binds it to storage::ChunkStore). Torch-free header.
+#ifndef LATENTD_ENGINE_EXTRACT_RUNNER_H_
+#define LATENTD_ENGINE_EXTRACT_RUNNER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/job_context.h"
+#include "engine/row_sink.h"
+#include "proto/latentd/v1/extract.pb.h"
+
+namespace latentd::storage {
+class ChunkStore;
+}
+
+namespace latentd::engine {
+
+struct ExtractEnv {
+  storage::ChunkStore* store = nullptr;  // used by RunExtract (extract_job.h)
+  // Model, SAE and token paths must resolve (symlinks followed) under one of these directories;
+  // PERMISSION_DENIED otherwise (and with no roots at all).
+  std::vector<std::string> data_roots;
+  // SaeSource.artifact_id -> the SAE directory (NOT_FOUND for an unknown id). May be empty.
+  std::function<absl::StatusOr<std::string>(uint64_t)> sae_artifact_dir;
+  // Memory of the smallest device a job may get, for the submit-time memory check; 0: unknown.
+  int64_t device_memory_bytes = 0;
+};
+
+// What the dataset records about the job (mirrors storage::DatasetMeta).
+struct ExtractDatasetMeta {
+  std::string name;
+  bool sparse = true;
+  latentd::v1::ValueDtype value_dtype = latentd::v1::FLOAT16;
+  std::string model_id, model_weight_hash, hook_name;
+  int32_t layer = 0;
+  int32_t d_in = 0;
+  std::string encoder;  // "topk" | "relu" | "jumprelu" | "" (dense)
+  int32_t k = 0;
+  std::string threshold_policy;
+  bool apply_b_dec_to_input = true;
+  int32_t width = 0;
+  int32_t context_length = 0;
+  std::string token_source;
+  int64_t token_order_start = 0;  // first source sequence's first row: sequence_start * L
+  uint64_t job_id = 0;
+  int64_t rows_planned = 0;
+};
+
+struct OpenedSink {
+  uint64_t dataset_id = 0;
+  std::unique_ptr<RowSink> sink;
+};
+// Creates the dataset, or reopens it at its watermark when it exists for the same job id
+// (ALREADY_EXISTS when it belongs to another job).
+using SinkOpener = std::function<absl::StatusOr<OpenedSink>(const ExtractDatasetMeta&)>;
+
+// Cheap checks at submit: paths under the data roots (PERMISSION_DENIED), files present
+// (NOT_FOUND), hook name, token file header and shard, SAE cfg.json + safetensors header, hook
+// width == SAE d_in where it is known without loading the model, batch sizes, memory estimate
+// (INVALID_ARGUMENT naming the field, e.g. "extract.hook_name").
+absl::Status ValidateExtractSpec(const latentd::v1::ExtractSpec& spec, const ExtractEnv& env);
+
+// Runs the job into the sink `open_sink` gives (see RunExtract for the semantics).
+absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const latentd::v1::ExtractSpec& spec,
+                                                            const ExtractEnv& env, JobContext* ctx,
+                                                            const SinkOpener& open_sink);
+
+// The dataset name a spec gets: dataset_name, else "extract-<job id>".
+std::string ExtractDatasetName(const latentd::v1::ExtractSpec& spec, uint64_t job_id);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_EXTRACT_RUNNER_H_
