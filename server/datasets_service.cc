@@ -1,0 +1,227 @@
+#include "server/datasets_service.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/grpc_status.h"
+#include "storage/export.h"
+
+namespace latentd::server {
+namespace {
+
+constexpr int32_t kDefaultTopN = 20;
+constexpr int32_t kDefaultContextBefore = 32;
+constexpr int32_t kDefaultContextAfter = 8;
+// Rows fetched from the store per read while streaming (bounds server memory per stream).
+constexpr int64_t kRowsPerRead = 16384;
+
+// Upper bound of the serialized size of one row in a CsrPiece: indptr (varint <= 10 B), token id
+// (<= 10 B for negative ids), and per entry an index (<= 5 B) and a float (4 B).
+size_t RowBytesBound(int64_t nnz) { return 20 + static_cast<size_t>(nnz) * 9; }
+constexpr size_t kPieceOverhead = 128;  // field tags, length prefixes, row_start, num_rows...
+
+}  // namespace
+
+DatasetsService::DatasetsService(storage::ChunkStore* store, storage::ArtifactStore* artifacts,
+                                 std::string export_root, const TokenAuth* auth)
+    : store_(store), artifacts_(artifacts), export_root_(std::move(export_root)), auth_(auth) {}
+
+grpc::Status DatasetsService::Authorize(const grpc::ServerContext& context) const {
+  return auth_ ? auth_->Check(context) : grpc::Status::OK;
+}
+
+grpc::Status DatasetsService::ListDatasets(grpc::ServerContext* context,
+                                           const latentd::v1::ListDatasetsRequest*,
+                                           latentd::v1::ListDatasetsResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  auto list = store_->ListDatasets();
+  if (!list.ok()) return ToGrpcStatus(list.status());
+  for (auto& info : *list) *response->add_datasets() = std::move(info);
+  return grpc::Status::OK;
+}
+
+grpc::Status DatasetsService::GetDataset(grpc::ServerContext* context,
+                                         const latentd::v1::GetDatasetRequest* request,
+                                         latentd::v1::DatasetInfo* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  auto info = store_->GetDataset(request->dataset_id());
+  if (!info.ok()) return ToGrpcStatus(info.status());
+  *response = *std::move(info);
+  return grpc::Status::OK;
+}
+
+grpc::Status DatasetsService::ReadRows(grpc::ServerContext* context,
+                                       const latentd::v1::ReadRowsRequest* request,
+                                       grpc::ServerWriter<latentd::v1::CsrPiece>* writer) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  auto record = store_->GetRecord(request->dataset_id());
+  if (!record.ok()) return ToGrpcStatus(record.status());
+  const int64_t start = request->row_start();
+  int64_t count = request->row_count();
+  if (count < 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError("row_count: negative"));
+  }
+  if (start < 0 || start > record->rows_committed) {
+    return ToGrpcStatus(absl::OutOfRangeError(absl::StrCat(
+        "row_start ", start, " is outside the ", record->rows_committed, " committed rows")));
+  }
+  if (count == 0) count = record->rows_committed - start;
+  if (count > record->rows_committed - start) {
+    return ToGrpcStatus(absl::OutOfRangeError(
+        absl::StrCat("rows [", start, ", ", start + count, ") reach past the ",
+                     record->rows_committed, " committed rows of dataset ", record->id)));
+  }
+  const int64_t end = start + count;
+  for (int64_t at = start; at < end;) {
+    if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+    const int64_t n = std::min(kRowsPerRead, end - at);
+    auto rows = store_->ReadRows(request->dataset_id(), at, n);
+    if (!rows.ok()) return ToGrpcStatus(rows.status());
+    // Cut the window into pieces whose serialized size stays under kMaxPieceBytes.
+    for (int64_t r = 0; r < n;) {
+      size_t bytes = kPieceOverhead;
+      int64_t stop = r;
+      while (stop < n) {
+        size_t row = RowBytesBound(rows->indptr[stop + 1] - rows->indptr[stop]);
+        if (bytes + row > kMaxPieceBytes) break;
+        bytes += row;
+        ++stop;
+      }
+      if (stop == r) {
+        return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+            "row ", at + r, " alone exceeds the ", kMaxPieceBytes, "-byte piece limit")));
+      }
+      latentd::v1::CsrPiece piece;
+      piece.set_row_start(at + r);
+      piece.set_num_rows(stop - r);
+      piece.set_num_cols(rows->num_cols);
+      const int64_t base = rows->indptr[r];
+      for (int64_t i = r; i <= stop; ++i) piece.add_indptr(rows->indptr[i] - base);
+      piece.mutable_indices()->Add(rows->indices.begin() + base,
+                                   rows->indices.begin() + rows->indptr[stop]);
+      piece.mutable_values()->Add(rows->values.begin() + base,
+                                  rows->values.begin() + rows->indptr[stop]);
+      piece.mutable_token_ids()->Add(rows->token_ids.begin() + r, rows->token_ids.begin() + stop);
+      if (!writer->Write(piece)) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+      }
+      r = stop;
+    }
+    at += n;
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
+                                        const latentd::v1::GetLatentRequest* request,
+                                        latentd::v1::GetLatentResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  if (request->top_n() < 0 || request->context_before() < 0 || request->context_after() < 0) {
+    return ToGrpcStatus(
+        absl::InvalidArgumentError("top_n, context_before and context_after must be >= 0"));
+  }
+  auto record = store_->GetRecord(request->dataset_id());
+  if (!record.ok()) return ToGrpcStatus(record.status());
+  auto stats = store_->GetLatentStats(request->dataset_id(), request->latent());
+  if (!stats.ok()) return ToGrpcStatus(stats.status());
+  const int32_t top_n = std::min(request->top_n() > 0 ? request->top_n() : kDefaultTopN,
+                                 record->meta.top_n);
+  auto top = store_->TopActivations(
+      request->dataset_id(), request->latent(), top_n,
+      request->context_before() > 0 ? request->context_before() : kDefaultContextBefore,
+      request->context_after() > 0 ? request->context_after() : kDefaultContextAfter);
+  if (!top.ok()) return ToGrpcStatus(top.status());
+  latentd::v1::LatentStatistics* out = response->mutable_statistics();
+  out->set_latent(request->latent());
+  out->set_firing_count(stats->firing_count);
+  out->set_density(record->rows_committed > 0
+                       ? static_cast<double>(stats->firing_count) / record->rows_committed
+                       : 0.0);
+  out->set_mean(stats->mean());
+  out->set_stddev(stats->stddev());
+  out->set_max(stats->firing_count > 0 ? stats->max : 0.0);
+  if (stats->firing_count > 0) {
+    out->set_histogram_min(stats->histogram_min());
+    out->set_histogram_max(stats->histogram_max());
+  }
+  for (int64_t c : stats->histogram) out->add_histogram(c);
+  for (const auto& t : *top) {
+    latentd::v1::TopActivation* a = response->add_top();
+    a->set_row(t.row);
+    a->set_value(t.value);
+    a->set_token_id(t.token_id);
+    a->set_context_start_row(t.context_start_row);
+    a->mutable_context_token_ids()->Add(t.context_token_ids.begin(), t.context_token_ids.end());
+  }
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<std::string> DatasetsService::ResolveExportPath(const std::string& requested) const {
+  namespace fs = std::filesystem;
+  if (export_root_.empty()) {
+    return absl::FailedPreconditionError("the daemon has no export root configured");
+  }
+  if (requested.empty()) return absl::InvalidArgumentError("path: must not be empty");
+  std::error_code ec;
+  const fs::path root = fs::canonical(export_root_, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("export root ", export_root_, " is not usable: ", ec.message()));
+  }
+  fs::path target = fs::path(requested).is_absolute() ? fs::path(requested) : root / requested;
+  target = fs::weakly_canonical(target, ec);  // resolves symlinks of the existing prefix and ..
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("path: ", ec.message()));
+  auto rel = target.lexically_relative(root);
+  if (rel.empty() || rel == "." || *rel.begin() == "..") {
+    return absl::PermissionDeniedError(
+        absl::StrCat("path \"", requested, "\" is outside the export root ", root.string()));
+  }
+  return target.string();
+}
+
+grpc::Status DatasetsService::ExportDataset(grpc::ServerContext* context,
+                                            const latentd::v1::ExportDatasetRequest* request,
+                                            latentd::v1::ExportDatasetResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  auto path = ResolveExportPath(request->path());
+  if (!path.ok()) return ToGrpcStatus(path.status());
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(*path).parent_path(), ec);
+  if (ec) {
+    return ToGrpcStatus(absl::PermissionDeniedError(
+        absl::StrCat("creating the directory of ", *path, ": ", ec.message())));
+  }
+  const storage::ExportFormat format = request->format() == latentd::v1::HDF5
+                                           ? storage::ExportFormat::kHdf5
+                                           : storage::ExportFormat::kNpz;
+  auto result = storage::ExportDataset(*store_, request->dataset_id(), request->row_start(),
+                                       request->row_count(), format, *path);
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  response->set_path(*path);
+  response->set_rows(result->rows);
+  response->set_nnz(result->nnz);
+  response->set_bytes(result->bytes);
+  return grpc::Status::OK;
+}
+
+grpc::Status DatasetsService::DeleteDataset(grpc::ServerContext* context,
+                                            const latentd::v1::DeleteDatasetRequest* request,
+                                            latentd::v1::DeleteDatasetResponse*) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  return ToGrpcStatus(store_->DeleteDataset(request->dataset_id()));
+}
+
+grpc::Status DatasetsService::ListArtifacts(grpc::ServerContext* context,
+                                            const latentd::v1::ListArtifactsRequest*,
+                                            latentd::v1::ListArtifactsResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  auto list = artifacts_->List();
+  if (!list.ok()) return ToGrpcStatus(list.status());
+  for (auto& a : *list) *response->add_artifacts() = std::move(a);
+  return grpc::Status::OK;
+}
+
+}  // namespace latentd::server

@@ -1,0 +1,62 @@
+// gRPC handler of latentd.v1.Datasets: thin proto <-> domain conversion over the ChunkStore and
+// ArtifactStore; every error goes through ToGrpcStatus.
+//
+// ReadRows streams CSR pieces of at most kMaxPieceBytes serialized bytes. ExportDataset writes only
+// under `export_root` (".." and symlinks resolved; anything outside is PERMISSION_DENIED).
+#ifndef LATENTD_SERVER_DATASETS_SERVICE_H_
+#define LATENTD_SERVER_DATASETS_SERVICE_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "proto/latentd/v1/datasets.grpc.pb.h"
+#include "server/auth.h"
+#include "storage/artifact_store.h"
+#include "storage/chunk_store.h"
+
+namespace latentd::server {
+
+class DatasetsService final : public latentd::v1::Datasets::Service {
+ public:
+  static constexpr size_t kMaxPieceBytes = 4 << 20;
+
+  // `auth` may be null (no authentication, as in tests); otherwise every call is checked.
+  DatasetsService(storage::ChunkStore* store, storage::ArtifactStore* artifacts,
+                  std::string export_root, const TokenAuth* auth = nullptr);
+
+  grpc::Status ListDatasets(grpc::ServerContext* context,
+                            const latentd::v1::ListDatasetsRequest* request,
+                            latentd::v1::ListDatasetsResponse* response) override;
+  grpc::Status GetDataset(grpc::ServerContext* context,
+                          const latentd::v1::GetDatasetRequest* request,
+                          latentd::v1::DatasetInfo* response) override;
+  grpc::Status ReadRows(grpc::ServerContext* context, const latentd::v1::ReadRowsRequest* request,
+                        grpc::ServerWriter<latentd::v1::CsrPiece>* writer) override;
+  grpc::Status GetLatent(grpc::ServerContext* context, const latentd::v1::GetLatentRequest* request,
+                         latentd::v1::GetLatentResponse* response) override;
+  grpc::Status ExportDataset(grpc::ServerContext* context,
+                             const latentd::v1::ExportDatasetRequest* request,
+                             latentd::v1::ExportDatasetResponse* response) override;
+  grpc::Status DeleteDataset(grpc::ServerContext* context,
+                             const latentd::v1::DeleteDatasetRequest* request,
+                             latentd::v1::DeleteDatasetResponse* response) override;
+  grpc::Status ListArtifacts(grpc::ServerContext* context,
+                             const latentd::v1::ListArtifactsRequest* request,
+                             latentd::v1::ListArtifactsResponse* response) override;
+
+  // The absolute path `requested` (relative to the export root, or absolute) names, with ".."
+  // and symlinks resolved; PERMISSION_DENIED when it falls outside the export root.
+  absl::StatusOr<std::string> ResolveExportPath(const std::string& requested) const;
+
+ private:
+  grpc::Status Authorize(const grpc::ServerContext& context) const;
+
+  storage::ChunkStore* const store_;
+  storage::ArtifactStore* const artifacts_;
+  const std::string export_root_;
+  const TokenAuth* const auth_;
+};
+
+}  // namespace latentd::server
+
+#endif  // LATENTD_SERVER_DATASETS_SERVICE_H_

@@ -1,0 +1,231 @@
+#include "server/datasets_service.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <set>
+
+#include "gtest/gtest.h"
+
+namespace latentd::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+class DatasetsServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* base = std::getenv("TEST_TMPDIR");
+    dir_ = fs::path(base ? base : "/tmp") / "datasets_service";
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "exports");
+    auto db = storage::Db::Open((dir_ / "db").string());
+    ASSERT_TRUE(db.ok()) << db.status();
+    db_ = *std::move(db);
+    store_ = std::make_unique<storage::ChunkStore>(db_.get());
+    artifacts_ = std::make_unique<storage::ArtifactStore>(db_.get());
+    service_ = std::make_unique<DatasetsService>(store_.get(), artifacts_.get(),
+                                                 (dir_ / "exports").string());
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_GT(port, 0);
+    stub_ = latentd::v1::Datasets::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override {
+    server_->Shutdown();
+    server_.reset();
+  }
+
+  // A SPARSE dataset of `rows` rows, 16 latents each out of 4096, fp16.
+  uint64_t MakeDataset(const std::string& name, int64_t rows) {
+    storage::DatasetMeta m;
+    m.name = name;
+    m.width = 4096;
+    m.k = 16;
+    m.encoder = "topk";
+    m.context_length = 128;
+    uint64_t id = *store_->CreateDataset(m);
+    auto w = store_->OpenWriter(id);
+    EXPECT_TRUE(w.ok());
+    std::mt19937 rng(9);
+    std::vector<int64_t> indptr{0};
+    std::vector<int32_t> indices, tokens;
+    std::vector<float> values;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::set<int32_t> cols;
+      while (cols.size() < 16) cols.insert(static_cast<int32_t>(rng() % 4096));
+      for (int32_t c : cols) {
+        indices.push_back(c);
+        values.push_back(static_cast<float>(rng() % 1000) / 10.0f);
+      }
+      indptr.push_back(static_cast<int64_t>(indices.size()));
+      tokens.push_back(static_cast<int32_t>(rng() % 4096));
+    }
+    EXPECT_TRUE((*w)->AppendSparse(rows, indptr.data(), indices.data(), values.data(),
+                                   tokens.data()).ok());
+    EXPECT_TRUE((*w)->Commit().ok());
+    return id;
+  }
+
+  fs::path dir_;
+  std::unique_ptr<storage::Db> db_;
+  std::unique_ptr<storage::ChunkStore> store_;
+  std::unique_ptr<storage::ArtifactStore> artifacts_;
+  std::unique_ptr<DatasetsService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<latentd::v1::Datasets::Stub> stub_;
+};
+
+TEST_F(DatasetsServiceTest, ReadRowsStreamsPiecesUnderFourMiBThatReassemble) {
+  const int64_t rows = 40000;  // ~6 MB of CSR on the wire: at least two pieces
+  uint64_t id = MakeDataset("big", rows);
+  grpc::ClientContext ctx;
+  latentd::v1::ReadRowsRequest req;
+  req.set_dataset_id(id);
+  auto reader = stub_->ReadRows(&ctx, req);
+  latentd::v1::CsrPiece piece;
+  std::vector<int32_t> indices, tokens;
+  int64_t next = 0;
+  int pieces = 0;
+  while (reader->Read(&piece)) {
+    ++pieces;
+    EXPECT_LE(piece.ByteSizeLong(), DatasetsService::kMaxPieceBytes);
+    EXPECT_EQ(piece.row_start(), next);
+    EXPECT_EQ(piece.indptr_size(), piece.num_rows() + 1);
+    EXPECT_EQ(piece.indptr(0), 0);
+    EXPECT_EQ(piece.num_cols(), 4096);
+    next += piece.num_rows();
+    indices.insert(indices.end(), piece.indices().begin(), piece.indices().end());
+    tokens.insert(tokens.end(), piece.token_ids().begin(), piece.token_ids().end());
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_GE(pieces, 2);
+  EXPECT_EQ(next, rows);
+  auto want = store_->ReadRows(id, 0, 0);
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(indices, want->indices);
+  EXPECT_EQ(tokens, want->token_ids);
+}
+
+TEST_F(DatasetsServiceTest, BadInputCodes) {
+  uint64_t id = MakeDataset("small", 300);
+  {
+    grpc::ClientContext ctx;
+    latentd::v1::GetDatasetRequest req;
+    req.set_dataset_id(id + 100);
+    latentd::v1::DatasetInfo info;
+    EXPECT_EQ(stub_->GetDataset(&ctx, req, &info).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext ctx;
+    latentd::v1::ReadRowsRequest req;
+    req.set_dataset_id(id);
+    req.set_row_start(250);
+    req.set_row_count(51);
+    auto reader = stub_->ReadRows(&ctx, req);
+    latentd::v1::CsrPiece piece;
+    EXPECT_FALSE(reader->Read(&piece));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  }
+  {
+    grpc::ClientContext ctx;
+    latentd::v1::GetLatentRequest req;
+    req.set_dataset_id(id);
+    req.set_latent(4096);
+    latentd::v1::GetLatentResponse resp;
+    EXPECT_EQ(stub_->GetLatent(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+}
+
+TEST_F(DatasetsServiceTest, GetLatentListDeleteAndArtifacts) {
+  uint64_t id = MakeDataset("g", 1000);
+  latentd::v1::GetLatentRequest req;
+  req.set_dataset_id(id);
+  req.set_latent(7);
+  req.set_top_n(5);
+  latentd::v1::GetLatentResponse resp;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->GetLatent(&ctx, req, &resp).ok());
+  }
+  auto stats = store_->GetLatentStats(id, 7);
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(resp.statistics().firing_count(), stats->firing_count);
+  EXPECT_EQ(resp.statistics().histogram_size(), 50);
+  EXPECT_NEAR(resp.statistics().density(), stats->firing_count / 1000.0, 1e-12);
+  ASSERT_EQ(resp.top_size(), std::min<int64_t>(5, stats->firing_count));
+  for (int i = 0; i + 1 < resp.top_size(); ++i) {
+    EXPECT_GE(resp.top(i).value(), resp.top(i + 1).value());
+  }
+  if (resp.top_size() > 0) {
+    const auto& t = resp.top(0);
+    EXPECT_EQ(t.context_start_row(), std::max<int64_t>(t.row() / 128 * 128, t.row() - 32));
+    EXPECT_LE(t.context_token_ids_size(), 41);
+  }
+  artifacts_->Register("sae", "/models/sae", 3).IgnoreError();
+  {
+    grpc::ClientContext ctx;
+    latentd::v1::ListArtifactsResponse list;
+    ASSERT_TRUE(stub_->ListArtifacts(&ctx, {}, &list).ok());
+    ASSERT_EQ(list.artifacts_size(), 1);
+    EXPECT_EQ(list.artifacts(0).path(), "/models/sae");
+  }
+  {
+    grpc::ClientContext ctx;
+    latentd::v1::ListDatasetsResponse list;
+    ASSERT_TRUE(stub_->ListDatasets(&ctx, {}, &list).ok());
+    ASSERT_EQ(list.datasets_size(), 1);
+    EXPECT_EQ(list.datasets(0).rows_committed(), 1000);
+    EXPECT_EQ(list.datasets(0).nnz(), 16000);
+  }
+  {
+    grpc::ClientContext ctx;
+    latentd::v1::DeleteDatasetRequest del;
+    del.set_dataset_id(id);
+    latentd::v1::DeleteDatasetResponse out;
+    ASSERT_TRUE(stub_->DeleteDataset(&ctx, del, &out).ok());
+  }
+  grpc::ClientContext ctx;
+  latentd::v1::DatasetInfo info;
+  latentd::v1::GetDatasetRequest get;
+  get.set_dataset_id(id);
+  EXPECT_EQ(stub_->GetDataset(&ctx, get, &info).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(DatasetsServiceTest, ExportStaysInsideTheExportRoot) {
+  uint64_t id = MakeDataset("e", 200);
+  fs::create_directories(dir_ / "outside");
+  fs::create_symlink(dir_ / "outside", dir_ / "exports" / "escape");
+  auto call = [&](const std::string& path, latentd::v1::ExportDatasetResponse* resp) {
+    grpc::ClientContext ctx;
+    latentd::v1::ExportDatasetRequest req;
+    req.set_dataset_id(id);
+    req.set_path(path);
+    req.set_format(latentd::v1::HDF5);
+    return stub_->ExportDataset(&ctx, req, resp).error_code();
+  };
+  latentd::v1::ExportDatasetResponse resp;
+  ASSERT_EQ(call("sub/dir/e.h5", &resp), grpc::StatusCode::OK);
+  EXPECT_TRUE(fs::exists(resp.path()));
+  EXPECT_EQ(resp.rows(), 200);
+  EXPECT_EQ(resp.nnz(), 3200);
+  EXPECT_GT(resp.bytes(), 0);
+  EXPECT_EQ(call((dir_ / "exports" / "abs.h5").string(), &resp), grpc::StatusCode::OK);
+  EXPECT_EQ(call("../outside/x.h5", &resp), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(call("sub/../../x.h5", &resp), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(call("escape/x.h5", &resp), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(call("/tmp/x.h5", &resp), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(call(".", &resp), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_FALSE(fs::exists(dir_ / "outside" / "x.h5"));
+}
+
+}  // namespace
+}  // namespace latentd::server
