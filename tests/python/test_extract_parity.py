@@ -1,0 +1,175 @@
+"""Parity of latentd's EXTRACT with the same model and SAE run in Python (python3-torch).
+
+Builds a small TorchScript model whose forward returns the hidden states (as a Hugging Face model
+with output_hidden_states=True does), an SAE in the SAELens layout (safetensors + cfg.json), and
+uint16 tokens; runs engine/extract_tool (RunExtract into a real chunk store, rows read back), and
+compares with Python: the same latent index set per row (a swap at a tie within 1e-5 of the k-th
+pre-activation is allowed and counted), values within fp16 tolerance, identical token ids.
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+import torch
+
+VOCAB, D, LAYERS, CTX, D_SAE, K = 100, 32, 3, 16, 128, 8
+TOOL = os.environ["EXTRACT_TOOL"]
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, D)
+        self.pos = torch.nn.Parameter(torch.randn(64, D) * 0.1)
+        self.blocks = torch.nn.ModuleList(
+            [torch.nn.Sequential(torch.nn.LayerNorm(D), torch.nn.Linear(D, 4 * D), torch.nn.GELU(),
+                                 torch.nn.Linear(4 * D, D)) for _ in range(LAYERS)])
+
+    def forward(self, tokens: torch.Tensor):
+        x = self.emb(tokens) + self.pos[: tokens.shape[1]]
+        hidden = [x]
+        for block in self.blocks:
+            x = x + block(x)
+            hidden.append(x)
+        return hidden
+
+
+def write_safetensors(path, tensors):
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        b = t.detach().to(torch.float32).contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+class ExtractParityTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        torch.manual_seed(0)
+        cls.root = tempfile.mkdtemp(prefix="parity-")
+        cls.model = Tiny().eval()
+        torch.jit.script(cls.model).save(os.path.join(cls.root, "model.pt"))
+        rng = np.random.default_rng(1)
+        # Zipf-like ids, 37 sequences (a partial last batch) plus a trailing partial sequence.
+        ids = np.minimum(rng.zipf(1.3, size=37 * CTX + 5) - 1, VOCAB - 1).astype(np.uint16)
+        np.save(os.path.join(cls.root, "tokens.npy"), ids)
+        cls.ids = ids[: 37 * CTX].astype(np.int64)
+        with torch.no_grad():
+            cls.hidden = [h.reshape(-1, D) for h in cls.model(torch.from_numpy(cls.ids).view(-1, CTX))]
+
+    def make_sae(self, name, architecture, apply_b_dec=True):
+        d = os.path.join(self.root, name)
+        os.makedirs(d, exist_ok=True)
+        g = torch.Generator().manual_seed(hash(name) % 1000)
+        w_dec = torch.randn(D_SAE, D, generator=g)
+        w_dec = w_dec / w_dec.norm(dim=1, keepdim=True)
+        w = {"W_enc": w_dec.t().clone(), "b_enc": torch.randn(D_SAE, generator=g) * 0.1,
+             "W_dec": w_dec, "b_dec": torch.randn(D, generator=g) * 0.05}
+        cfg = {"d_in": D, "d_sae": D_SAE, "architecture": architecture,
+               "apply_b_dec_to_input": apply_b_dec, "hook_name": "hidden_states.2"}
+        if architecture == "topk":
+            cfg["k"] = K
+        if architecture == "jumprelu":
+            w["threshold"] = torch.rand(D_SAE, generator=g) * 0.5
+        write_safetensors(os.path.join(d, "sae_weights.safetensors"), w)
+        with open(os.path.join(d, "cfg.json"), "w") as f:
+            json.dump(cfg, f)
+        return d, w, cfg
+
+    def run_tool(self, spec, devices=1, expect_ok=True):
+        work = tempfile.mkdtemp(dir=self.root)
+        with open(os.path.join(work, "spec.json"), "w") as f:
+            json.dump(spec, f)
+        out = os.path.join(work, "out")
+        os.makedirs(out)
+        p = subprocess.run([TOOL, "--spec=" + os.path.join(work, "spec.json"), "--data_root=" + self.root,
+                            "--db=" + os.path.join(work, "db"), "--out=" + out, "--devices=%d" % devices],
+                           capture_output=True, text=True, timeout=300)
+        if not expect_ok:
+            return p
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return {name[:-4]: np.load(os.path.join(out, name)) for name in os.listdir(out)}
+
+    def spec(self, hook, sae_dir=None, **extra):
+        s = {"model": {"torchscript": {"path": os.path.join(self.root, "model.pt"), "vocabSize": VOCAB}},
+             "hookName": hook,
+             "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX},
+             "batchSequences": 5, "commitRows": 100}
+        if sae_dir:
+            s["sae"] = {"path": sae_dir}
+        s.update(extra)
+        return s
+
+    def check_sparse(self, got, x, w, cfg):
+        np.testing.assert_array_equal(got["token_ids"], self.ids)
+        with torch.no_grad():
+            inp = x - w["b_dec"] if cfg["apply_b_dec_to_input"] else x
+            pre = (inp @ w["W_enc"] + w["b_enc"]).numpy()
+        indptr, indices, values = got["indptr"], got["indices"], got["values"]
+        self.assertEqual(len(indptr), len(self.ids) + 1)
+        swaps = 0
+        for r in range(len(self.ids)):
+            row_idx = indices[indptr[r]:indptr[r + 1]]
+            row_val = values[indptr[r]:indptr[r + 1]]
+            p = pre[r]
+            if cfg["architecture"] == "topk":
+                top = np.argsort(-p, kind="stable")[:K]
+                want = set(int(j) for j in top if p[j] > 0)
+                kth = p[top[-1]]
+            else:
+                want = set(int(j) for j in np.nonzero(p > w["threshold"].numpy())[0])
+                kth = None
+            got_set = set(int(j) for j in row_idx)
+            self.assertEqual(len(got_set), len(row_idx), "duplicate index in row %d" % r)
+            for j in got_set ^ want:
+                self.assertIsNotNone(kth, "row %d: latent %d differs (not a TopK tie)" % (r, j))
+                self.assertLessEqual(abs(p[j] - kth), 1e-5, "row %d: latent %d is no tie" % (r, j))
+                swaps += 1
+            for j, v in zip(row_idx, row_val):
+                ref = p[j]
+                self.assertLessEqual(abs(v - ref), 2e-3 * abs(ref) + 1e-4, "row %d latent %d" % (r, j))
+        return swaps
+
+    def test_topk_sparse_two_devices_matches_python(self):
+        d, w, cfg = self.make_sae("sae_topk", "topk")
+        got = self.run_tool(self.spec("hidden_states.2", d), devices=2)
+        swaps = self.check_sparse(got, self.hidden[2], w, cfg)
+        print("topk: rows %d, nnz %d, tie swaps %d" % (len(self.ids), len(got["indices"]), swaps),
+              file=sys.stderr)
+
+    def test_jumprelu_without_b_dec_matches_python(self):
+        d, w, cfg = self.make_sae("sae_jump", "jumprelu", apply_b_dec=False)
+        # blocks.0.hook_resid_post is hidden_states[1]
+        got = self.run_tool(self.spec("blocks.0.hook_resid_post", d))
+        self.check_sparse(got, self.hidden[1], w, cfg)
+
+    def test_dense_fp32_stores_the_hidden_states(self):
+        got = self.run_tool(self.spec("hidden_states.3", mode="DENSE", valueDtype="FLOAT32"))
+        np.testing.assert_array_equal(got["token_ids"], self.ids)
+        np.testing.assert_allclose(got["dense"], self.hidden[3].numpy(), rtol=1e-5, atol=1e-5)
+
+    def test_bad_input_is_reported(self):
+        d, _, _ = self.make_sae("sae_topk", "topk")
+        small_vocab = self.spec("hidden_states.2", d)
+        small_vocab["model"]["torchscript"]["vocabSize"] = 5
+        p = self.run_tool(small_vocab, expect_ok=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("vocab_size", p.stderr)
+        p = self.run_tool(self.spec("hidden_states.9", d), expect_ok=False)
+        self.assertIn("out of range", p.stderr)
+        p = self.run_tool(self.spec("hidden_states.2", "/etc"), expect_ok=False)
+        self.assertIn("PERMISSION_DENIED", p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
