@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "efcp/accounted_optimizer.h"
+#include "efcp/ggt.h"
 #include "efcp/mfac.h"
 #include "efcp/sparse_mfac.h"
 
@@ -105,6 +106,16 @@ efcp::SparseMFACOptions SmfacOptions(const OptimizerConfig& config) {
       .error_feedback(config.error_feedback);
 }
 
+efcp::GGTOptions GgtOptions(const OptimizerConfig& config) {
+  return efcp::GGTOptions(config.lr)
+      .window(config.window)
+      .epsilon(config.eps)
+      .momentum(config.momentum)
+      .weight_decay(config.weight_decay)
+      .density(config.density)
+      .error_feedback(config.error_feedback);
+}
+
 // efcp's option messages name their own struct ("SparseMFACOptions.density ..."); users wrote
 // train.optimizer.<field>, so name that too.
 absl::Status EfcpInvalid(const absl::Status& status) {
@@ -166,7 +177,11 @@ absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(const latentd::v1::Opti
   if (spec.density() < 0 || spec.density() > 1) {
     return Invalid("density", absl::StrCat("must be in (0, 1], got ", spec.density()));
   }
-  if (spec.density() > 0) config.density = spec.density();
+  if (spec.density() > 0) {
+    config.density = spec.density();
+  } else if (config.name == "ggt") {
+    config.density = 1.0;  // GGT keeps dense rows unless asked to sparsify them
+  }
   config.error_feedback = !spec.disable_error_feedback();
   if (spec.rank() < 0 || spec.rank() > 4096) {
     return Invalid("rank", absl::StrCat("must be in [1, 4096], got ", spec.rank()));
@@ -177,6 +192,9 @@ absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(const latentd::v1::Opti
     if (!status.ok()) return EfcpInvalid(status);
   } else if (config.name == "smfac") {
     absl::Status status = efcp::ValidateSparseMFACOptions(SmfacOptions(config));
+    if (!status.ok()) return EfcpInvalid(status);
+  } else if (config.name == "ggt") {
+    absl::Status status = efcp::ValidateGGTOptions(GgtOptions(config));
     if (!status.ok()) return EfcpInvalid(status);
   }
   return config;
@@ -199,9 +217,7 @@ OptimizerMemory EstimateOptimizerMemory(const OptimizerConfig& config,
     return OptimizerMemory{
         efcp::SparseMFAC::EstimateMemory(shapes, SmfacOptions(config)).components};
   } else if (config.name == "ggt") {
-    memory.components.emplace_back("history", DenseMfacHistoryBytes(d, m));
-    memory.components.emplace_back("gram", 8 * m * m);
-    if (config.momentum > 0) memory.components.emplace_back("momentum", 4 * d);
+    return OptimizerMemory{efcp::GGT::EstimateMemory(shapes, GgtOptions(config)).components};
   } else if (config.name == "smfac") {
     const int64_t k = static_cast<int64_t>(std::ceil(config.density * static_cast<double>(d)));
     memory.components.emplace_back("history_values", 4 * m * k);
@@ -283,7 +299,7 @@ absl::StatusOr<std::unique_ptr<TrainOptimizer>> MakeOptimizer(const OptimizerCon
                     .betas({config.beta1, config.beta2})
                     .eps(config.eps)
                     .weight_decay(config.weight_decay));
-  } else if (config.name == "mfac" || config.name == "smfac") {
+  } else if (config.name == "mfac" || config.name == "smfac" || config.name == "ggt") {
     try {
       std::unique_ptr<efcp::AccountedOptimizer> efcp_optimizer;
       if (config.name == "mfac") {
@@ -291,8 +307,13 @@ absl::StatusOr<std::unique_ptr<TrainOptimizer>> MakeOptimizer(const OptimizerCon
             std::vector<torch::optim::OptimizerParamGroup>{
                 torch::optim::OptimizerParamGroup(params)},
             MfacOptions(config));
-      } else {
+      } else if (config.name == "smfac") {
         efcp_optimizer = std::make_unique<efcp::SparseMFAC>(std::move(params), SmfacOptions(config));
+      } else {
+        efcp_optimizer = std::make_unique<efcp::GGT>(
+            std::vector<torch::optim::OptimizerParamGroup>{
+                torch::optim::OptimizerParamGroup(params)},
+            GgtOptions(config));
       }
       return std::unique_ptr<TrainOptimizer>(new EfcpOptimizer(std::move(efcp_optimizer)));
     } catch (const c10::Error& e) {

@@ -174,24 +174,4 @@ std::map<std::string, torch::Tensor> SaeModelImpl::ExportWeights() const {
   return weights;
 }
 
-std::string SaeModelImpl::ConfigJson(const std::string& hook_name,
-                                     const std::string& model_name) const {
-  const char* architecture = options_.architecture == latentd::v1::RELU       ? "standard"
-                             : options_.architecture == latentd::v1::JUMPRELU ? "jumprelu"
-                                                                               : "topk";
-  std::string json = absl::StrFormat(
-      "{\n  \"architecture\": \"%s\",\n  \"d_in\": %d,\n  \"d_sae\": %d,\n", architecture,
-      options_.d_in, options_.d_sae);
-  if (options_.architecture == latentd::v1::TOPK) {
-    absl::StrAppendFormat(&json, "  \"k\": %d,\n  \"activation_fn_kwargs\": {\"k\": %d},\n",
-                          options_.k, options_.k);
-  }
-  absl::StrAppendFormat(&json,
-                        "  \"apply_b_dec_to_input\": %s,\n  \"dtype\": \"float32\",\n"
-                        "  \"hook_name\": \"%s\",\n  \"model_name\": \"%s\",\n"
-                        "  \"normalize_activations\": \"none\"\n}\n",
-                        options_.apply_b_dec_to_input ? "true" : "false", hook_name, model_name);
-  return json;
-}
-
 }  // namespace latentd::engine

@@ -69,8 +69,6 @@ class SaeModelImpl : public torch::nn::Module {
   // The tensors an SAELens-layout safetensors file holds: W_enc, b_enc, W_dec, b_dec (+ threshold
   // for JumpReLU), detached float32 CPU copies.
   std::map<std::string, torch::Tensor> ExportWeights() const;
-  // cfg.json fields: d_in, d_sae, architecture ("topk", "standard", "jumprelu"), k, ...
-  std::string ConfigJson(const std::string& hook_name, const std::string& model_name) const;
 
   const SaeModelOptions& options() const { return options_; }
   // Parameters in the fixed order the optimizer and checkpoints use.

@@ -292,7 +292,9 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options,
     if (done == options.crash_after_step) {
       return absl::AbortedError(absl::StrCat("simulated crash after step ", done));
     }
-    if (!last && options.checkpoint_every > 0 && done % options.checkpoint_every == 0) {
+    // The last step is checkpointed too: a crash between the end of training and the artifact's
+    // registration then resumes straight to writing the artifact.
+    if (last || (options.checkpoint_every > 0 && done % options.checkpoint_every == 0)) {
       RETURN_IF_ERROR(checkpoint(done));
       last_checkpoint_step = done;
     }

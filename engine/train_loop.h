@@ -17,6 +17,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -48,6 +49,8 @@ class TrainableModel {
   virtual void BeforeOptimizerStep() {}
   virtual void AfterOptimizerStep() {}
   virtual int64_t num_latents() const { return 0; }
+  // Writes the trained model into directory `dir` (created when missing).
+  virtual absl::Status Save(const std::string& dir) = 0;
 };
 
 struct TrainLoopOptions {

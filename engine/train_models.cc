@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "engine/sae.h"
 
 namespace latentd::engine {
 
@@ -23,6 +24,28 @@ absl::StatusOr<TrainableModel::Output> SaeTrainable::Forward(const torch::Tensor
   return out;
 }
 
+absl::Status SaeTrainable::Save(const std::string& dir) {
+  const SaeModelOptions& options = sae_->options();
+  std::map<std::string, torch::Tensor> exported = sae_->ExportWeights();
+  SaeWeights weights;
+  weights.W_enc = exported["W_enc"];
+  weights.b_enc = exported["b_enc"];
+  weights.W_dec = exported["W_dec"];
+  weights.b_dec = exported["b_dec"];
+  if (exported.count("threshold")) weights.threshold = exported["threshold"];
+  SaeConfig config;
+  config.d_in = options.d_in;
+  config.d_sae = options.d_sae;
+  config.architecture = options.architecture == latentd::v1::RELU       ? SaeArchitecture::kRelu
+                        : options.architecture == latentd::v1::JUMPRELU ? SaeArchitecture::kJumpRelu
+                                                                         : SaeArchitecture::kTopK;
+  config.k = options.architecture == latentd::v1::TOPK ? static_cast<int32_t>(options.k) : 0;
+  config.apply_b_dec_to_input = options.apply_b_dec_to_input;
+  config.hook_name = hook_name_;
+  config.model_name = model_name_;
+  return SaveSae(dir, weights, config);
+}
+
 namespace {
 
 class TorchScriptTrainable : public TrainableModel {
@@ -32,6 +55,20 @@ class TorchScriptTrainable : public TrainableModel {
   }
 
   std::vector<torch::Tensor> parameters() override { return params_; }
+
+  absl::Status Save(const std::string& dir) override {
+    std::error_code error;
+    std::filesystem::create_directories(dir, error);
+    if (error) return absl::InternalError(absl::StrCat("creating ", dir, ": ", error.message()));
+    try {
+      module_.save(dir + "/model.pt.tmp");
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("saving the module: ", e.what_without_backtrace()));
+    }
+    std::filesystem::rename(dir + "/model.pt.tmp", dir + "/model.pt", error);
+    if (error) return absl::InternalError(absl::StrCat("renaming model.pt: ", error.message()));
+    return absl::OkStatus();
+  }
 
   absl::StatusOr<Output> Forward(const torch::Tensor& batch) override {
     torch::jit::IValue value = module_.forward({batch});

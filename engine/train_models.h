@@ -22,14 +22,23 @@ class SaeTrainable : public TrainableModel {
   void BeforeOptimizerStep() override { sae_->RemoveParallelDecoderGrad(); }
   void AfterOptimizerStep() override { sae_->NormalizeDecoder(); }
   int64_t num_latents() const override { return sae_->options().d_sae; }
+  // SAELens layout through engine/sae.h's SaveSae: sae_weights.safetensors + cfg.json.
+  absl::Status Save(const std::string& dir) override;
+  // Recorded in cfg.json.
+  void set_provenance(std::string hook_name, std::string model_name) {
+    hook_name_ = std::move(hook_name);
+    model_name_ = std::move(model_name);
+  }
 
   SaeModel& sae() { return sae_; }
 
  private:
   SaeModel sae_;
+  std::string hook_name_;
+  std::string model_name_;
 };
 
-// Loads a TorchScript module from `path` (torch.jit.save of a scripted module). Its forward takes
+// Loads a TorchScript module from `path`; Save writes dir/model.pt (torch.jit.load-able). (torch.jit.save of a scripted module). Its forward takes
 // one float32 tensor (rows x width) and returns a scalar loss. NOT_FOUND / INVALID_ARGUMENT naming
 // "train.torchscript_path" when the file is missing or not TorchScript.
 absl::StatusOr<std::unique_ptr<TrainableModel>> LoadTorchScriptTrainable(const std::string& path,

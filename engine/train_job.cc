@@ -1,0 +1,375 @@
+#include "engine/train_job.h"
+
+#include <ATen/ATen.h>
+#include <torch/script.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "engine/checkpoint.h"
+#include "engine/data_parallel.h"
+#include "engine/lr_schedule.h"
+#include "engine/optimizer_factory.h"
+#include "engine/sae_model.h"
+#include "engine/train_data.h"
+#include "engine/train_loop.h"
+#include "engine/train_models.h"
+#include "engine/train_store_source.h"
+#include "storage/chunk_store.h"
+
+namespace latentd::engine {
+namespace {
+
+constexpr int64_t kDefaultBatchSize = 256;
+constexpr int64_t kDefaultCheckpointEvery = 100;
+constexpr int64_t kDefaultTelemetryEvery = 10;
+constexpr uint64_t kStreamSeedSalt = 0x5eed5eed5eed5eedULL;
+
+// Everything ValidateTrainSpec checks, resolved, so that RunTrain runs exactly what was admitted.
+struct TrainPlan {
+  storage::DatasetRecord record;
+  int64_t width = 0;
+  bool sae = true;
+  SaeModelOptions sae_options;
+  std::string torchscript_path;  // resolved
+  OptimizerConfig optimizer;
+  int64_t batch_size = kDefaultBatchSize;
+  int64_t total_steps = 1;
+  LrScheduleOptions lr;
+  int64_t checkpoint_every = kDefaultCheckpointEvery;
+  int64_t telemetry_every = kDefaultTelemetryEvery;
+  std::vector<std::vector<int64_t>> shapes;  // of the parameters
+  int64_t num_params = 0;
+};
+
+std::string Gb(int64_t bytes) {
+  return absl::StrFormat("%.2f GB", static_cast<double>(bytes) / 1e9);
+}
+
+absl::StatusOr<std::string> ResolveUnderRoots(const std::string& path,
+                                              const std::vector<std::string>& roots,
+                                              const std::string& field) {
+  std::error_code error;
+  const std::filesystem::path resolved = std::filesystem::weakly_canonical(path, error);
+  if (error) return absl::NotFoundError(absl::StrCat(field, ": cannot resolve ", path));
+  for (const std::string& root : roots) {
+    const std::filesystem::path canonical_root = std::filesystem::weakly_canonical(root, error);
+    if (error) continue;
+    auto mismatch = std::mismatch(canonical_root.begin(), canonical_root.end(), resolved.begin(),
+                                  resolved.end());
+    if (mismatch.first == canonical_root.end()) {
+      if (!std::filesystem::is_regular_file(resolved, error)) {
+        return absl::NotFoundError(absl::StrCat(field, ": no file at ", path));
+      }
+      return resolved.string();
+    }
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      field, ": ", path, " is not under a data root (", absl::StrJoin(roots, ", "), ")"));
+}
+
+std::vector<std::vector<int64_t>> SaeShapes(const SaeModelOptions& o) {
+  std::vector<std::vector<int64_t>> shapes = {{o.d_in, o.d_sae}, {o.d_sae}, {o.d_sae, o.d_in},
+                                              {o.d_in}};
+  if (o.architecture == latentd::v1::JUMPRELU) shapes.push_back({o.d_sae});
+  return shapes;
+}
+
+absl::Status CheckArtifactName(const std::string& name) {
+  if (name.empty()) return absl::OkStatus();
+  if (name.size() > 128 || name == "." || name == ".." ||
+      !std::all_of(name.begin(), name.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+      })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.artifact_name: \"", name, "\" must be 1..128 of [A-Za-z0-9._-] and not . or .."));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const TrainEnv& env) {
+  if (env.store == nullptr) return absl::FailedPreconditionError("TRAIN: no chunk store");
+  TrainPlan plan;
+  {
+    ASSIGN_OR_RETURN(auto source, StoreDenseRowSource::Open(env.store, spec.dataset_id()));
+    plan.record = source->record();
+    plan.width = source->width();
+  }
+  const bool has_sae = spec.has_sae();
+  const bool has_module = !spec.torchscript_path().empty();
+  if (has_sae == has_module) {
+    return absl::InvalidArgumentError(
+        "train.sae / train.torchscript_path: set exactly one (an SAE to train, or a module)");
+  }
+  if (spec.batch_size() < 0 || spec.batch_size() > (1 << 24)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.batch_size: must be in [1, 16777216], got ", spec.batch_size()));
+  }
+  if (spec.batch_size() > 0) plan.batch_size = spec.batch_size();
+  if (plan.batch_size < env.num_devices) {
+    return absl::InvalidArgumentError(absl::StrCat("train.batch_size: ", plan.batch_size,
+                                                   " rows cannot be split over ", env.num_devices,
+                                                   " devices"));
+  }
+  if (spec.steps() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("train.steps: must be >= 0, got ", spec.steps()));
+  }
+  if (spec.epochs() < 0 || !std::isfinite(spec.epochs())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.epochs: must be >= 0, got ", spec.epochs()));
+  }
+  if (spec.steps() > 0 && spec.epochs() > 0) {
+    return absl::InvalidArgumentError("train.steps / train.epochs: set one, not both");
+  }
+  if (spec.steps() > 0) {
+    plan.total_steps = spec.steps();
+  } else {
+    const double epochs = spec.epochs() > 0 ? spec.epochs() : 1.0;
+    plan.total_steps = std::max<int64_t>(
+        1, static_cast<int64_t>(std::ceil(epochs * static_cast<double>(plan.record.rows_committed) /
+                                          static_cast<double>(plan.batch_size))));
+  }
+  if (spec.checkpoint_every() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.checkpoint_every: must be >= 0, got ", spec.checkpoint_every()));
+  }
+  if (spec.checkpoint_every() > 0) plan.checkpoint_every = spec.checkpoint_every();
+  if (spec.telemetry_every() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.telemetry_every: must be >= 0, got ", spec.telemetry_every()));
+  }
+  if (spec.telemetry_every() > 0) plan.telemetry_every = spec.telemetry_every();
+  RETURN_IF_ERROR(CheckArtifactName(spec.artifact_name()));
+  ASSIGN_OR_RETURN(plan.optimizer, OptimizerConfigFromProto(spec.optimizer()));
+  ASSIGN_OR_RETURN(plan.lr,
+                   LrScheduleFromProto(spec.schedule(), plan.optimizer.lr, plan.total_steps));
+
+  if (has_sae) {
+    if (spec.sae().d_in() != 0 && spec.sae().d_in() != plan.width) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "train.sae.d_in: ", spec.sae().d_in(), " does not match the width of dataset ",
+          spec.dataset_id(), " (", plan.width, ")"));
+    }
+    ASSIGN_OR_RETURN(plan.sae_options,
+                     SaeModelOptionsFromProto(spec.sae(), plan.width, spec.seed()));
+    plan.shapes = SaeShapes(plan.sae_options);
+  } else {
+    plan.sae = false;
+    ASSIGN_OR_RETURN(plan.torchscript_path, ResolveUnderRoots(spec.torchscript_path(),
+                                                              env.data_roots,
+                                                              "train.torchscript_path"));
+    ASSIGN_OR_RETURN(auto model, LoadTorchScriptTrainable(plan.torchscript_path, c10::kCPU));
+    for (const auto& p : model->parameters()) plan.shapes.push_back(p.sizes().vec());
+  }
+  for (const auto& shape : plan.shapes) {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    plan.num_params += n;
+  }
+  return plan;
+}
+
+TrainMemoryEstimate Estimate(const TrainPlan& plan, int num_devices,
+                             const OptimizerConfig& optimizer) {
+  TrainMemoryEstimate estimate;
+  const int64_t params = plan.num_params;
+  const OptimizerMemory memory = EstimateOptimizerMemory(optimizer, plan.shapes);
+  const int64_t rows = (plan.batch_size + num_devices - 1) / std::max(num_devices, 1);
+  // Activations of one step and their gradients: the input, x_hat and their gradients (4 x d_in)
+  // plus pre-activations, latents and their gradients (~5 x d_sae) per row; a module: 4 x width.
+  const int64_t activations =
+      plan.sae ? 4 * rows * (4 * plan.width + 5 * plan.sae_options.d_sae) : 4 * rows * 4 * plan.width;
+  estimate.optimizer_bytes = memory.total();
+  estimate.total_bytes = 8 * params + memory.total() + activations;
+  std::vector<std::string> parts;
+  for (const auto& [name, bytes] : memory.components) {
+    if (bytes > 0) parts.push_back(absl::StrCat(name, " ", Gb(bytes)));
+  }
+  estimate.breakdown = absl::StrCat("parameters ", Gb(4 * params), ", gradients ", Gb(4 * params),
+                                    ", ", optimizer.name, " state ", Gb(memory.total()), " (",
+                                    absl::StrJoin(parts, ", "), "), activations ", Gb(activations));
+  return estimate;
+}
+
+c10::Device TorchDevice(const DeviceRef& device) {
+  return device.kind == DeviceKind::kCuda ? c10::Device(c10::kCUDA, device.index)
+                                          : c10::Device(c10::kCPU);
+}
+
+// One data-parallel rank's objects.
+struct Rank {
+  std::unique_ptr<StoreDenseRowSource> source;
+  std::unique_ptr<ShuffledRowStream> stream;
+  std::unique_ptr<TrainableModel> model;
+  std::unique_ptr<TrainOptimizer> optimizer;
+  absl::StatusOr<TrainLoopResult> result = absl::UnknownError("not run");
+};
+
+absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
+                                                    const latentd::v1::TrainSpec& spec,
+                                                    const TrainEnv& env, JobContext* context) {
+  std::vector<DeviceRef> devices = context->devices();
+  if (devices.empty()) devices.push_back(DeviceRef{DeviceKind::kCpu, 0, "cpu:0", 0});
+  const int world = static_cast<int>(devices.size());
+  if (plan.batch_size < world) {
+    return absl::InvalidArgumentError(absl::StrCat("train.batch_size: ", plan.batch_size,
+                                                   " rows cannot be split over ", world,
+                                                   " devices"));
+  }
+  std::vector<Rank> ranks(world);
+  for (int r = 0; r < world; ++r) {
+    const c10::Device device = TorchDevice(devices[r]);
+    ASSIGN_OR_RETURN(ranks[r].source, StoreDenseRowSource::Open(env.store, spec.dataset_id()));
+    ranks[r].stream = std::make_unique<ShuffledRowStream>(
+        ranks[r].source.get(), ShuffledRowStreamOptions{spec.seed() ^ kStreamSeedSalt, 4});
+    if (plan.sae) {
+      auto sae = std::make_unique<SaeTrainable>(plan.sae_options, device);
+      sae->set_provenance(plan.record.meta.hook_name, plan.record.meta.model_id);
+      ranks[r].model = std::move(sae);
+    } else {
+      ASSIGN_OR_RETURN(ranks[r].model, LoadTorchScriptTrainable(plan.torchscript_path, device));
+    }
+    ASSIGN_OR_RETURN(ranks[r].optimizer,
+                     MakeOptimizer(plan.optimizer, ranks[r].model->parameters()));
+  }
+  DbCheckpointStore checkpoints(env.store->db(), context->job_id());
+  auto cancel = [context] { return context->cancel_requested(); };
+  auto loop_options = [&](int r) {
+    TrainLoopOptions options;
+    options.batch_size = plan.batch_size;
+    options.total_steps = plan.total_steps;
+    options.lr = plan.lr;
+    options.checkpoint_every = plan.checkpoint_every;
+    options.telemetry_every = plan.telemetry_every;
+    options.device = TorchDevice(devices[r]);
+    options.mfac_window = plan.optimizer.window;
+    options.init_rows = std::min<int64_t>(4096, plan.record.rows_committed);
+    return options;
+  };
+  if (world == 1) {
+    ranks[0].result = RunTrainLoop(loop_options(0), ranks[0].model.get(),
+                                   ranks[0].optimizer.get(), ranks[0].stream.get(), plan.width,
+                                   nullptr, &checkpoints, context, cancel);
+  } else {
+    const bool cuda = devices[0].kind == DeviceKind::kCuda;
+    auto store = NewInProcessStore();
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          ProcessGroupOptions group;
+          group.backend = cuda ? CollectiveBackend::kNccl : CollectiveBackend::kGloo;
+          group.rank = r;
+          group.world_size = world;
+          auto sync = JoinProcessGroup(store, group);
+          if (!sync.ok()) {
+            ranks[r].result = sync.status();
+            return;
+          }
+          ranks[r].result = RunTrainLoop(loop_options(r), ranks[r].model.get(),
+                                         ranks[r].optimizer.get(), ranks[r].stream.get(),
+                                         plan.width, sync->get(), &checkpoints,
+                                         r == 0 ? context : nullptr, cancel);
+        } catch (const std::exception& e) {
+          ranks[r].result = absl::InternalError(absl::StrCat("rank ", r, ": ", e.what()));
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 1; r < world; ++r) {
+      if (ranks[0].result.ok() && !ranks[r].result.ok()) return ranks[r].result.status();
+    }
+  }
+  if (!ranks[0].result.ok()) return ranks[0].result.status();
+  const TrainLoopResult& loop = *ranks[0].result;
+
+  const std::string name = TrainArtifactName(spec, context->job_id());
+  const std::string dir = (std::filesystem::path(env.artifact_dir) / name).string();
+  RETURN_IF_ERROR(ranks[0].model->Save(dir));
+  latentd::v1::TrainResult result;
+  if (env.register_artifact) {
+    ASSIGN_OR_RETURN(uint64_t id, env.register_artifact(name, dir, context->job_id()));
+    result.set_artifact_id(id);
+  }
+  result.set_artifact_path(dir);
+  result.set_steps(loop.steps);
+  result.set_final_loss(loop.final_loss);
+  result.set_final_fvu(loop.final_fvu);
+  result.set_final_l0(loop.final_l0);
+  result.set_peak_optimizer_state_bytes(loop.peak_optimizer_state_bytes);
+  // The artifact is registered: the checkpoint has done its work.
+  absl::Status cleared = checkpoints.Clear();
+  if (!cleared.ok()) {
+    context->Log(latentd::v1::LogLine::WARNING,
+                 absl::StrCat("could not remove the checkpoint: ", cleared.ToString()));
+  }
+  return result;
+}
+
+}  // namespace
+
+std::string TrainArtifactName(const latentd::v1::TrainSpec& spec, uint64_t job_id) {
+  return spec.artifact_name().empty() ? absl::StrCat("sae-", job_id) : spec.artifact_name();
+}
+
+absl::StatusOr<TrainMemoryEstimate> EstimateTrainMemory(const latentd::v1::TrainSpec& spec,
+                                                        const TrainEnv& env) {
+  try {
+    ASSIGN_OR_RETURN(TrainPlan plan, MakePlan(spec, env));
+    return Estimate(plan, env.num_devices, plan.optimizer);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("train: ", e.what_without_backtrace()));
+  }
+}
+
+absl::Status ValidateTrainSpec(const latentd::v1::TrainSpec& spec, const TrainEnv& env) {
+  try {
+    ASSIGN_OR_RETURN(TrainPlan plan, MakePlan(spec, env));
+    if (env.device_memory_bytes <= 0) return absl::OkStatus();
+    const TrainMemoryEstimate estimate = Estimate(plan, env.num_devices, plan.optimizer);
+    if (estimate.total_bytes <= env.device_memory_bytes) return absl::OkStatus();
+    std::string message = absl::StrCat(
+        "train.optimizer: the job needs ", Gb(estimate.total_bytes), " per device (",
+        estimate.breakdown, "), the device has ", Gb(env.device_memory_bytes));
+    if (plan.optimizer.name == "mfac") {
+      message += absl::StrCat("; dense M-FAC needs ",
+                              Gb(DenseMfacHistoryBytes(plan.num_params, plan.optimizer.window)),
+                              " for the history");
+    }
+    if (plan.optimizer.name != "smfac" || plan.optimizer.density > 0.01) {
+      OptimizerConfig smfac = plan.optimizer;
+      smfac.name = "smfac";
+      smfac.density = 0.01;
+      const TrainMemoryEstimate alternative = Estimate(plan, env.num_devices, smfac);
+      message += absl::StrCat("; smfac at 1% needs ", Gb(alternative.optimizer_bytes),
+                              " for its state (", Gb(alternative.total_bytes), " in all)");
+    }
+    return absl::ResourceExhaustedError(message);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("train: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<latentd::v1::TrainResult> RunTrain(const latentd::v1::TrainSpec& spec,
+                                                  const TrainEnv& env, JobContext* context) {
+  if (env.artifact_dir.empty()) return absl::FailedPreconditionError("TRAIN: no artifact dir");
+  try {
+    ASSIGN_OR_RETURN(TrainPlan plan, MakePlan(spec, env));
+    return RunPlanned(plan, spec, env, context);
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    if (what.find("out of memory") != std::string::npos) {
+      return absl::ResourceExhaustedError(absl::StrCat("train: ", what));
+    }
+    return absl::InternalError(absl::StrCat("train: ", what));
+  }
+}
+
+}  // namespace latentd::engine

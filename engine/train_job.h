@@ -1,0 +1,73 @@
+// TRAIN jobs: submit-time validation with memory admission, and the runner (resume from the job's
+// last checkpoint, data parallel over the devices the job holds, artifact registration).
+// Torch-free header: the server includes it.
+#ifndef LATENTD_ENGINE_TRAIN_JOB_H_
+#define LATENTD_ENGINE_TRAIN_JOB_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/job_context.h"
+#include "proto/latentd/v1/train.pb.h"
+
+namespace latentd::storage {
+class ChunkStore;
+class Db;
+}  // namespace latentd::storage
+
+namespace latentd::engine {
+
+struct TrainEnv {
+  // Datasets (required). Checkpoints go to store->db() under "ckpt/" (see checkpoint.h).
+  storage::ChunkStore* store = nullptr;
+  // Trained models are written to <artifact_dir>/<artifact name>/ (required by RunTrain).
+  std::string artifact_dir;
+  // torchscript_path must resolve (symlinks followed) under one of these; PERMISSION_DENIED
+  // otherwise (and with no roots at all).
+  std::vector<std::string> data_roots;
+  // Registers the written model directory as an artifact and returns its id. Registering the same
+  // (name, path, job id) again must return the same id (a job resumed after a crash between the
+  // registration and the end of the job registers again). May be empty: artifact_id is then 0.
+  std::function<absl::StatusOr<uint64_t>(const std::string& name, const std::string& path,
+                                         uint64_t job_id)>
+      register_artifact;
+  // Memory of each device the job would get, for admission; 0: unknown (no check).
+  int64_t device_memory_bytes = 0;
+  // Devices the job asks for (JobSpec.num_devices), for the per-rank batch in the estimate.
+  int num_devices = 1;
+};
+
+// Cheap checks at submit (INVALID_ARGUMENT naming the field, e.g. "train.optimizer.density";
+// NOT_FOUND for a missing dataset or module; PERMISSION_DENIED for a path outside the data roots)
+// and admission: RESOURCE_EXHAUSTED with the numbers when the model, its gradients, the
+// optimizer's state (its static estimate) and the activations of a batch exceed the device.
+absl::Status ValidateTrainSpec(const latentd::v1::TrainSpec& spec, const TrainEnv& env);
+
+// What a job of `spec` is estimated to need per device, in bytes, with the breakdown as text
+// ("parameters 33.6 MB, gradients 33.6 MB, optimizer 1.2 GB (history_values ...), activations").
+struct TrainMemoryEstimate {
+  int64_t total_bytes = 0;
+  int64_t optimizer_bytes = 0;
+  std::string breakdown;
+};
+absl::StatusOr<TrainMemoryEstimate> EstimateTrainMemory(const latentd::v1::TrainSpec& spec,
+                                                        const TrainEnv& env);
+
+// Runs the job: resumes from its last checkpoint when there is one, trains on every device of
+// `context` (one data-parallel rank each: Gloo on CPU devices, NCCL on CUDA ones), writes the
+// model to <artifact_dir>/<name>, registers it, and returns the final metrics. CANCELLED at a
+// step boundary (after checkpointing); a non-finite loss fails with reason NUMERICAL naming the
+// step, the last good checkpoint kept.
+absl::StatusOr<latentd::v1::TrainResult> RunTrain(const latentd::v1::TrainSpec& spec,
+                                                  const TrainEnv& env, JobContext* context);
+
+// The artifact name a spec gets: artifact_name, else "sae-<job id>".
+std::string TrainArtifactName(const latentd::v1::TrainSpec& spec, uint64_t job_id);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_TRAIN_JOB_H_

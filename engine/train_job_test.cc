@@ -1,0 +1,284 @@
+#include "engine/train_job.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/types.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/synchronization/mutex.h"
+#include "engine/sae.h"
+#include "storage/chunk_store.h"
+#include "storage/db.h"
+
+namespace latentd::engine {
+namespace {
+
+constexpr int64_t kWidth = 16;
+
+class FakeContext : public JobContext {
+ public:
+  FakeContext(uint64_t job_id, int num_devices) : job_id_(job_id) {
+    for (int i = 0; i < num_devices; ++i) {
+      devices_.push_back(DeviceRef{DeviceKind::kCpu, i, "cpu:" + std::to_string(i), 0});
+    }
+  }
+  uint64_t job_id() const override { return job_id_; }
+  int attempt() const override { return 1; }
+  const std::vector<DeviceRef>& devices() const override { return devices_; }
+  bool cancel_requested() const override {
+    absl::MutexLock lock(&mu_);
+    return cancel_after_polls_ >= 0 && ++polls_ > cancel_after_polls_;
+  }
+  void ReportProgress(int64_t done, int64_t total, const std::string& unit) override {
+    absl::MutexLock lock(&mu_);
+    last_progress_ = done;
+  }
+  void ReportTelemetry(const latentd::v1::Telemetry& sample) override {
+    absl::MutexLock lock(&mu_);
+    telemetry_.push_back(sample.train());
+  }
+  void Log(latentd::v1::LogLine::Level, const std::string& text) override {
+    absl::MutexLock lock(&mu_);
+    logs_.push_back(text);
+  }
+  void CancelAfter(int polls) { cancel_after_polls_ = polls; }
+  std::vector<latentd::v1::TrainTelemetry> telemetry() const {
+    absl::MutexLock lock(&mu_);
+    return telemetry_;
+  }
+
+ private:
+  uint64_t job_id_;
+  std::vector<DeviceRef> devices_;
+  mutable absl::Mutex mu_;
+  int cancel_after_polls_ = -1;
+  mutable int polls_ = 0;
+  int64_t last_progress_ = 0;
+  std::vector<latentd::v1::TrainTelemetry> telemetry_;
+  std::vector<std::string> logs_;
+};
+
+class TrainJobTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    root_ = std::string(tmp ? tmp : "/tmp") + "/train_job_test_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(root_);
+    std::filesystem::create_directories(root_ + "/artifacts");
+    auto db = storage::Db::Open(root_ + "/db");
+    ASSERT_TRUE(db.ok()) << db.status();
+    db_ = std::move(*db);
+    storage::ChunkStoreOptions options;
+    options.chunk_rows = 64;
+    store_ = std::make_unique<storage::ChunkStore>(db_.get(), options);
+    dense_id_ = MakeDataset("dense", storage::DatasetKind::kDense, kWidth);
+    sparse_id_ = MakeDataset("sparse", storage::DatasetKind::kSparse, 32);
+    env_.store = store_.get();
+    env_.artifact_dir = root_ + "/artifacts";
+    env_.data_roots = {root_};
+    env_.register_artifact = [this](const std::string& name, const std::string& path,
+                                    uint64_t job_id) -> absl::StatusOr<uint64_t> {
+      registered_.push_back(path);
+      return 100 + registered_.size();
+    };
+  }
+
+  uint64_t MakeDataset(const std::string& name, storage::DatasetKind kind, int32_t width) {
+    storage::DatasetMeta meta;
+    meta.name = name;
+    meta.kind = kind;
+    meta.value_dtype = storage::ValueDtype::kFloat32;
+    meta.width = width;
+    meta.d_in = kWidth;
+    meta.hook_name = "blocks.2.hook_resid_post";
+    meta.model_id = "reference";
+    if (kind == storage::DatasetKind::kSparse) meta.encoder = "topk";
+    auto id = store_->CreateDataset(meta);
+    EXPECT_TRUE(id.ok()) << id.status();
+    auto writer = store_->OpenWriter(*id);
+    EXPECT_TRUE(writer.ok()) << writer.status();
+    const int64_t rows = 640;
+    std::vector<int32_t> tokens(rows, 1);
+    if (kind == storage::DatasetKind::kDense) {
+      auto gen = at::detail::createCPUGenerator(17);
+      torch::Tensor dictionary = at::randn({48, kWidth}, gen, torch::kFloat32);
+      torch::Tensor codes = at::rand({rows, 48}, gen, torch::kFloat32);
+      codes = codes * (at::rand({rows, 48}, gen, torch::kFloat32) < 0.1);
+      torch::Tensor x = (codes.matmul(dictionary) + 0.3).contiguous();
+      EXPECT_TRUE((*writer)->AppendDense(rows, x.data_ptr<float>(), tokens.data()).ok());
+    } else {
+      std::vector<int64_t> indptr(rows + 1);
+      std::vector<int32_t> indices(rows);
+      std::vector<float> values(rows, 1.0f);
+      for (int64_t r = 0; r <= rows; ++r) indptr[r] = r;
+      for (int64_t r = 0; r < rows; ++r) indices[r] = static_cast<int32_t>(r % width);
+      EXPECT_TRUE((*writer)
+                      ->AppendSparse(rows, indptr.data(), indices.data(), values.data(),
+                                     tokens.data())
+                      .ok());
+    }
+    EXPECT_TRUE((*writer)->Commit().ok());
+    return *id;
+  }
+
+  latentd::v1::TrainSpec SaeSpec(const std::string& optimizer) {
+    latentd::v1::TrainSpec spec;
+    spec.set_dataset_id(dense_id_);
+    spec.mutable_sae()->set_d_sae(64);
+    spec.mutable_sae()->set_k(4);
+    spec.mutable_optimizer()->set_name(optimizer);
+    spec.mutable_optimizer()->set_lr(optimizer == "adam" ? 5e-3 : 2e-2);
+    spec.mutable_optimizer()->set_window(8);
+    spec.mutable_optimizer()->set_damp(1e-2);
+    spec.mutable_optimizer()->set_density(0.05);
+    spec.mutable_schedule()->set_kind(latentd::v1::COSINE);
+    spec.mutable_schedule()->set_warmup_steps(5);
+    spec.set_batch_size(32);
+    spec.set_steps(60);
+    spec.set_seed(3);
+    spec.set_checkpoint_every(10);
+    spec.set_telemetry_every(10);
+    spec.set_artifact_name("test-sae");
+    return spec;
+  }
+
+  void ExpectError(const latentd::v1::TrainSpec& spec, absl::StatusCode code,
+                   const std::string& needle) {
+    absl::Status status = ValidateTrainSpec(spec, env_);
+    EXPECT_EQ(status.code(), code) << status;
+    EXPECT_NE(status.message().find(needle), std::string::npos) << status;
+  }
+
+  std::string root_;
+  std::unique_ptr<storage::Db> db_;
+  std::unique_ptr<storage::ChunkStore> store_;
+  uint64_t dense_id_ = 0;
+  uint64_t sparse_id_ = 0;
+  TrainEnv env_;
+  std::vector<std::string> registered_;
+};
+
+TEST_F(TrainJobTest, BadInputIsRefusedNamingTheField) {
+  EXPECT_TRUE(ValidateTrainSpec(SaeSpec("smfac"), env_).ok());
+  latentd::v1::TrainSpec spec = SaeSpec("smfac");
+  spec.set_dataset_id(999);
+  ExpectError(spec, absl::StatusCode::kNotFound, "train.dataset_id");
+  spec.set_dataset_id(sparse_id_);
+  ExpectError(spec, absl::StatusCode::kInvalidArgument, "DENSE");
+  spec = SaeSpec("smfac");
+  spec.mutable_sae()->set_d_in(kWidth + 1);
+  ExpectError(spec, absl::StatusCode::kInvalidArgument, "train.sae.d_in");
+  spec = SaeSpec("rmsprop");
+  ExpectError(spec, absl::StatusCode::kInvalidArgument, "train.optimizer.name");
+  spec = SaeSpec("smfac");
+  spec.mutable_optimizer()->set_density(2);
+  ExpectError(spec, absl::StatusCode::kInvalidArgument, "train.optimizer.density");
+  spec = SaeSpec("smfac");
+  spec.mutable_sae()->set_k(1000);
+  ExpectError(spec, absl::StatusCode::kInvalidArgument, "train.sae.k");
+  spec = SaeSpec("smfac");
+  spec.set_epochs(2);
+  ExpectError(spec, absl::StatusCode::kInvalidArgument, "train.steps");
+  spec = SaeSpec("smfac");
+  spec.clear_sae();
+  ExpectError(spec, absl::StatusCode::kInvalidArgument, "train.sae");
+  spec.set_torchscript_path("/etc/passwd");
+  ExpectError(spec, absl::StatusCode::kPermissionDenied, "train.torchscript_path");
+  spec.set_torchscript_path(root_ + "/missing.pt");
+  ExpectError(spec, absl::StatusCode::kNotFound, "train.torchscript_path");
+  spec = SaeSpec("smfac");
+  spec.set_artifact_name("../escape");
+  ExpectError(spec, absl::StatusCode::kInvalidArgument, "train.artifact_name");
+}
+
+TEST_F(TrainJobTest, AdmissionRefusesDenseMfacThatDoesNotFitAndNamesTheSparseAlternative) {
+  latentd::v1::TrainSpec spec = SaeSpec("mfac");
+  spec.mutable_optimizer()->set_window(1024);
+  spec.mutable_sae()->set_d_sae(8192);  // estimated only, never allocated
+  auto mfac = EstimateTrainMemory(spec, env_);
+  ASSERT_TRUE(mfac.ok()) << mfac.status();
+  spec.mutable_optimizer()->set_name("smfac");
+  spec.mutable_optimizer()->set_density(0.01);
+  auto smfac = EstimateTrainMemory(spec, env_);
+  ASSERT_TRUE(smfac.ok());
+  EXPECT_LT(smfac->optimizer_bytes * 5, mfac->optimizer_bytes);
+  // A device between the two: smfac fits, dense M-FAC does not.
+  env_.device_memory_bytes = (mfac->total_bytes + smfac->total_bytes) / 2;
+  EXPECT_TRUE(ValidateTrainSpec(spec, env_).ok());
+  spec.mutable_optimizer()->set_name("mfac");
+  ExpectError(spec, absl::StatusCode::kResourceExhausted, "dense M-FAC needs");
+  ExpectError(spec, absl::StatusCode::kResourceExhausted, "smfac at 1% needs");
+}
+
+TEST_F(TrainJobTest, TrainsATopKSaeWithSmfacAndWritesALoadableArtifact) {
+  FakeContext context(7, 1);
+  auto result = RunTrain(SaeSpec("smfac"), env_, &context);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->steps(), 60);
+  EXPECT_EQ(result->artifact_id(), 101u);
+  ASSERT_EQ(registered_.size(), 1u);
+  EXPECT_EQ(registered_[0], result->artifact_path());
+  auto telemetry = context.telemetry();
+  ASSERT_EQ(telemetry.size(), 6u);  // every 10 steps, the last at step 60
+  EXPECT_LT(telemetry.back().loss(), telemetry.front().loss());
+  EXPECT_LT(result->final_fvu(), 1.0);
+  EXPECT_EQ(telemetry.back().step(), 60);
+  EXPECT_GT(telemetry.back().optimizer_state_bytes().at("history_values"), 0);
+  EXPECT_EQ(result->peak_optimizer_state_bytes(), telemetry.back().optimizer_state_total_bytes());
+  EXPECT_GT(telemetry.back().dense_mfac_history_bytes(),
+            telemetry.back().optimizer_state_bytes().at("history_values"));
+  // The artifact loads as an SAE of the dataset's width, and the checkpoint is gone.
+  auto sae = Sae::Load(result->artifact_path());
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  EXPECT_EQ(sae->config().d_in, kWidth);
+  EXPECT_EQ(sae->config().d_sae, 64);
+  EXPECT_EQ(sae->config().k, 4);
+  EXPECT_EQ(sae->config().hook_name, "blocks.2.hook_resid_post");
+  EXPECT_TRUE(absl::IsNotFound(db_->Get(storage::Family::kMeta,
+                                        std::string("ckpt/") + std::string(7, '\0') + "\x07")
+                                   .status()));
+}
+
+TEST_F(TrainJobTest, InterruptedJobResumesToTheWeightsOfAnUninterruptedOne) {
+  FakeContext straight(1, 1);
+  latentd::v1::TrainSpec spec = SaeSpec("smfac");
+  spec.set_artifact_name("straight");
+  auto a = RunTrain(spec, env_, &straight);
+  ASSERT_TRUE(a.ok()) << a.status();
+
+  spec.set_artifact_name("interrupted");
+  FakeContext first(2, 1);
+  first.CancelAfter(23);
+  EXPECT_EQ(RunTrain(spec, env_, &first).status().code(), absl::StatusCode::kCancelled);
+  FakeContext second(2, 1);
+  auto b = RunTrain(spec, env_, &second);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_LT(second.telemetry().size(), straight.telemetry().size());
+  auto sa = Sae::Load(a->artifact_path());
+  auto sb = Sae::Load(b->artifact_path());
+  ASSERT_TRUE(sa.ok() && sb.ok());
+  EXPECT_TRUE(torch::equal(sa->weights().W_enc, sb->weights().W_enc));
+  EXPECT_TRUE(torch::equal(sa->weights().W_dec, sb->weights().W_dec));
+  EXPECT_TRUE(torch::equal(sa->weights().b_dec, sb->weights().b_dec));
+  EXPECT_EQ(a->final_loss(), b->final_loss());
+}
+
+TEST_F(TrainJobTest, TwoCpuDevicesTrainDataParallel) {
+  FakeContext context(9, 2);
+  latentd::v1::TrainSpec spec = SaeSpec("adam");
+  spec.set_steps(30);
+  auto result = RunTrain(spec, env_, &context);
+  ASSERT_TRUE(result.ok()) << result.status();
+  FakeContext single(10, 1);
+  spec.set_artifact_name("single");
+  auto reference = RunTrain(spec, env_, &single);
+  ASSERT_TRUE(reference.ok());
+  EXPECT_NEAR(result->final_loss(), reference->final_loss(), 1e-3 * (1 + reference->final_loss()));
+}
+
+}  // namespace
+}  // namespace latentd::engine
