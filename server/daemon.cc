@@ -16,7 +16,10 @@
 #include "server/job_runners.h"
 #include "server/job_store.h"
 #include "server/jobs_service.h"
+#include "storage/artifact_store.h"
+#include "storage/chunk_store.h"
 #include "storage/db.h"
+#include "server/datasets_service.h"
 
 namespace latentd::server {
 
@@ -41,10 +44,13 @@ struct Daemon::State {
   TokenAuth auth;
   std::unique_ptr<storage::Db> db;
   std::unique_ptr<JobStore> job_store;
+  std::unique_ptr<storage::ChunkStore> chunk_store;
+  std::unique_ptr<storage::ArtifactStore> artifacts;
   std::unique_ptr<engine::DevicePool> pool;
   std::unique_ptr<JobManager> manager;
   std::unique_ptr<JobsService> jobs_service;
   std::unique_ptr<DevicesService> devices_service;
+  std::unique_ptr<DatasetsService> datasets_service;
   std::unique_ptr<grpc::Server> server;
   bool shut_down = false;
 };
@@ -78,16 +84,22 @@ absl::Status Daemon::Start() {
         absl::StrCat("--data_dir: cannot create ", options_.data_dir, ": ", ec.message()));
   }
   std::filesystem::create_directories(options_.export_root, ec);
+  std::filesystem::create_directories(options_.data_dir + "/artifacts", ec);
 
   auto db = storage::Db::Open(options_.data_dir + "/db");
   if (!db.ok()) return db.status();
   state->db = std::move(*db);
   state->job_store = std::make_unique<JobStore>(state->db.get());
+  state->chunk_store = std::make_unique<storage::ChunkStore>(state->db.get());
+  state->artifacts = std::make_unique<storage::ArtifactStore>(state->db.get());
   auto pool = engine::DevicePool::Create(options_.devices);
   if (!pool.ok()) return pool.status();
   state->pool = std::move(*pool);
 
   RunnerEnvironment env;
+  env.store = state->chunk_store.get();
+  env.artifacts = state->artifacts.get();
+  env.pool = state->pool.get();
   env.data_roots = options_.data_roots;
   env.artifact_dir = options_.data_dir + "/artifacts";
   state->manager =
@@ -96,6 +108,8 @@ absl::Status Daemon::Start() {
 
   state->jobs_service = std::make_unique<JobsService>(state->manager.get(), &state->auth);
   state->devices_service = std::make_unique<DevicesService>(state->pool.get(), &state->auth);
+  state->datasets_service = std::make_unique<DatasetsService>(
+      state->chunk_store.get(), state->artifacts.get(), options_.export_root, &state->auth);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -104,6 +118,7 @@ absl::Status Daemon::Start() {
   builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
   builder.RegisterService(state->jobs_service.get());
   builder.RegisterService(state->devices_service.get());
+  builder.RegisterService(state->datasets_service.get());
   state->server = builder.BuildAndStart();
   if (state->server == nullptr || bound_port_ == 0) {
     state->manager->Shutdown();
@@ -125,6 +140,9 @@ void Daemon::Shutdown() {
   state_->server->Wait();
   state_->manager.reset();
   state_->job_store.reset();
+  state_->datasets_service.reset();
+  state_->artifacts.reset();
+  state_->chunk_store.reset();
   state_->db.reset();  // closes RocksDB cleanly
 }
 

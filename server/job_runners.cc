@@ -1,10 +1,69 @@
 #include "server/job_runners.h"
 
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "engine/extract_job.h"
 #include "engine/probe.h"
+#include "engine/train_job.h"
 
 namespace latentd::server {
+namespace {
 
-std::map<latentd::v1::JobType, JobRunner> MakeJobRunners(const RunnerEnvironment& /*env*/) {
+// The memory of the smallest device, the bound a job must fit whichever devices it gets.
+int64_t SmallestDeviceMemory(const engine::DevicePool* pool) {
+  int64_t smallest = std::numeric_limits<int64_t>::max();
+  for (const engine::DeviceRef& d : pool->devices()) {
+    smallest = std::min(smallest, d.memory_total_bytes);
+  }
+  return pool->devices().empty() ? 0 : smallest;
+}
+
+engine::ExtractEnv MakeExtractEnv(const RunnerEnvironment& env) {
+  engine::ExtractEnv extract;
+  extract.store = env.store;
+  extract.data_roots = env.data_roots;
+  // SAEs that TRAIN jobs wrote are inputs too, wherever the user's data roots are.
+  extract.data_roots.push_back(env.artifact_dir);
+  extract.device_memory_bytes = SmallestDeviceMemory(env.pool);
+  storage::ArtifactStore* artifacts = env.artifacts;
+  extract.sae_artifact_dir = [artifacts](uint64_t id) -> absl::StatusOr<std::string> {
+    auto artifact = artifacts->Get(id);
+    if (!artifact.ok()) {
+      return absl::NotFoundError(absl::StrCat("extract.sae.artifact_id: artifact ", id,
+                                              " not found"));
+    }
+    return artifact->path();
+  };
+  return extract;
+}
+
+engine::TrainEnv MakeTrainEnv(const RunnerEnvironment& env, const latentd::v1::JobSpec& spec) {
+  engine::TrainEnv train;
+  train.store = env.store;
+  train.artifact_dir = env.artifact_dir;
+  train.data_roots = env.data_roots;
+  train.device_memory_bytes = SmallestDeviceMemory(env.pool);
+  train.num_devices = DevicesRequested(spec);
+  storage::ArtifactStore* artifacts = env.artifacts;
+  train.register_artifact = [artifacts](const std::string& name, const std::string& path,
+                                        uint64_t job_id) -> absl::StatusOr<uint64_t> {
+    // A job resumed after a crash between registering and finishing registers again: the same
+    // record answers, a different one keeps the name taken.
+    if (auto existing = artifacts->FindByName(name); existing.ok()) {
+      if (existing->path() == path && existing->job_id() == job_id) return existing->id();
+      return absl::AlreadyExistsError(absl::StrCat("train.artifact_name: '", name,
+                                                   "' is taken by artifact ", existing->id()));
+    }
+    return artifacts->Register(name, path, job_id);
+  };
+  return train;
+}
+
+}  // namespace
+
+std::map<latentd::v1::JobType, JobRunner> MakeJobRunners(const RunnerEnvironment& env) {
   std::map<latentd::v1::JobType, JobRunner> runners;
 
   JobRunner probe;
@@ -20,6 +79,35 @@ std::map<latentd::v1::JobType, JobRunner> MakeJobRunners(const RunnerEnvironment
     return out;
   };
   runners[latentd::v1::PROBE] = probe;
+
+  const engine::ExtractEnv extract_env = MakeExtractEnv(env);
+  JobRunner extract;
+  extract.validate = [extract_env](const latentd::v1::JobSpec& spec) {
+    return engine::ValidateExtractSpec(spec.extract(), extract_env);
+  };
+  extract.run = [extract_env](const latentd::v1::JobSpec& spec, engine::JobContext* context)
+      -> absl::StatusOr<latentd::v1::JobResult> {
+    auto result = engine::RunExtract(spec.extract(), extract_env, context);
+    if (!result.ok()) return result.status();
+    latentd::v1::JobResult out;
+    *out.mutable_extract() = std::move(*result);
+    return out;
+  };
+  runners[latentd::v1::EXTRACT] = extract;
+
+  JobRunner train;
+  train.validate = [env](const latentd::v1::JobSpec& spec) {
+    return engine::ValidateTrainSpec(spec.train(), MakeTrainEnv(env, spec));
+  };
+  train.run = [env](const latentd::v1::JobSpec& spec,
+                    engine::JobContext* context) -> absl::StatusOr<latentd::v1::JobResult> {
+    auto result = engine::RunTrain(spec.train(), MakeTrainEnv(env, spec), context);
+    if (!result.ok()) return result.status();
+    latentd::v1::JobResult out;
+    *out.mutable_train() = std::move(*result);
+    return out;
+  };
+  runners[latentd::v1::TRAIN] = train;
   return runners;
 }
 

@@ -1,4 +1,5 @@
-// Which engine entry point runs each job type, and the environment those runners need.
+// Which engine entry point checks and runs each job type, and what those runners need of the
+// daemon (stores, data roots, devices).
 #ifndef LATENTD_SERVER_JOB_RUNNERS_H_
 #define LATENTD_SERVER_JOB_RUNNERS_H_
 
@@ -6,15 +7,24 @@
 #include <string>
 #include <vector>
 
+#include "engine/device_pool.h"
 #include "server/job_manager.h"
+#include "storage/artifact_store.h"
+#include "storage/chunk_store.h"
 
 namespace latentd::server {
 
 struct RunnerEnvironment {
+  storage::ChunkStore* store = nullptr;
+  storage::ArtifactStore* artifacts = nullptr;
+  const engine::DevicePool* pool = nullptr;
+  // Job inputs (models, SAEs, tokens) must lie under one of these.
   std::vector<std::string> data_roots;
+  // Trained SAEs are written under this directory.
   std::string artifact_dir;
 };
 
+// PROBE, EXTRACT and TRAIN. The environment's pointers must outlive the runners.
 std::map<latentd::v1::JobType, JobRunner> MakeJobRunners(const RunnerEnvironment& env);
 
 }  // namespace latentd::server

@@ -1,0 +1,97 @@
+"""EXTRACT through the daemon: kill -9 mid-job, restart, and the dataset equals, row for row, that of
+an uninterrupted run, for 1 and 2 devices (issue: EXTRACT jobs, "Resume")."""
+
+import os
+import subprocess
+import sys
+import time
+import unittest
+
+import numpy as np
+
+from harness import DaemonTestCase
+from latentd.v1 import jobs_pb2
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts")
+SEQUENCES = 192
+CONTEXT = 64
+
+
+def extract_spec(inputs, name, commit_rows=512):
+    return {
+        "model": {"reference": {"dModel": 128, "nLayers": 3, "nHeads": 4, "dMlp": 512,
+                                "vocabSize": 4096, "contextLength": CONTEXT, "seed": 7}},
+        "hookName": "blocks.1.hook_resid_post",
+        "tokens": {"path": os.path.join(inputs, "tokens.npy"), "contextLength": CONTEXT},
+        "sae": {"path": os.path.join(inputs, "sae")},
+        "mode": "SPARSE",
+        "batchSequences": 4,
+        "commitRows": commit_rows,
+        "datasetName": name,
+    }
+
+
+class ExtractResume(DaemonTestCase):
+    def make_inputs(self):
+        inputs = os.path.join(self.tmp, "inputs")
+        subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), inputs,
+                        "--sequences", str(SEQUENCES), "--context", str(CONTEXT), "--d_in", "128",
+                        "--d_sae", "1024", "--k", "16", "--seed", "3"],
+                       check=True, capture_output=True)
+        return inputs
+
+    def run_case(self, devices):
+        inputs = self.make_inputs()
+        daemon = self.start_daemon(name="d%d" % devices, devices="cpu:%d" % devices,
+                                   extra_args=["--data_roots=" + self.tmp])
+        client = daemon.client()
+        reference = client.wait(client.submit(
+            "EXTRACT", extract_spec(inputs, "uninterrupted"), num_devices=devices).id)
+        self.assertEqual(reference.state, jobs_pb2.SUCCEEDED, reference.message)
+        total = SEQUENCES * CONTEXT
+        self.assertEqual(reference.result.extract.rows, total)
+
+        job = client.submit("EXTRACT", extract_spec(inputs, "killed"), num_devices=devices)
+        # Kill once at least one commit landed and the job is not done.
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            j = client.get(job.id)
+            if j.state == jobs_pb2.RUNNING and 0 < j.progress.units_done < total:
+                break
+            self.assertNotEqual(j.state, jobs_pb2.SUCCEEDED, "finished before it could be killed")
+            time.sleep(0.005)
+        done_at_kill = client.get(job.id).progress.units_done
+        client.close()
+        daemon.kill9()
+
+        daemon.start()
+        client = daemon.client()
+        final = client.wait(job.id)
+        self.assertEqual(final.state, jobs_pb2.SUCCEEDED, final.message)
+        self.assertEqual(final.attempts, 2)
+        # The second attempt resumed: its first progress report is past zero.
+        events = list(client.watch(job.id))
+        runs = [i for i, e in enumerate(events) if e.HasField("state")
+                and e.state.state == jobs_pb2.RUNNING]
+        resumed = [e.progress.units_done for e in events[runs[1]:] if e.HasField("progress")]
+        self.assertGreater(resumed[0], 0, "second attempt started from row 0")
+        self.assertLessEqual(resumed[0], max(done_at_kill, resumed[0]))
+
+        a, a_tokens = client.read_rows(reference.result.extract.dataset_id)
+        b, b_tokens = client.read_rows(final.result.extract.dataset_id)
+        self.assertEqual(a.shape, (total, 1024))
+        self.assertEqual(a.shape, b.shape)
+        np.testing.assert_array_equal(a_tokens, b_tokens)
+        np.testing.assert_array_equal(a.indptr, b.indptr)
+        np.testing.assert_array_equal(a.indices, b.indices)
+        np.testing.assert_array_equal(a.data, b.data)
+
+    def test_resume_one_device(self):
+        self.run_case(1)
+
+    def test_resume_two_devices(self):
+        self.run_case(2)
+
+
+if __name__ == "__main__":
+    unittest.main()

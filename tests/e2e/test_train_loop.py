@@ -1,0 +1,72 @@
+"""The loop users need, through the daemon: extract DENSE hidden states of the reference model ->
+train a TopK SAE on them with smfac -> extract SPARSE latents with the trained SAE -> GetLatent."""
+
+import os
+import subprocess
+import sys
+import unittest
+
+from harness import DaemonTestCase
+from latentd.v1 import datasets_pb2, jobs_pb2
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts")
+MODEL = {"reference": {"dModel": 64, "nLayers": 2, "nHeads": 4, "dMlp": 256, "vocabSize": 4096,
+                       "contextLength": 32, "seed": 1}}
+
+
+class TrainLoop(DaemonTestCase):
+    def test_extract_train_extract_query(self):
+        inputs = os.path.join(self.tmp, "inputs")
+        subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), inputs,
+                        "--sequences", "64", "--context", "32", "--d_in", "64", "--d_sae", "256",
+                        "--k", "8"], check=True, capture_output=True)
+        daemon = self.start_daemon(devices="cpu:1", extra_args=["--data_roots=" + self.tmp])
+        c = daemon.client()
+        tokens = {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 32}
+
+        dense = c.wait(c.submit("EXTRACT", {
+            "model": MODEL, "hookName": "blocks.1.hook_resid_post", "tokens": tokens,
+            "mode": "DENSE", "valueDtype": "FLOAT32", "datasetName": "dense"}).id)
+        self.assertEqual(dense.state, jobs_pb2.SUCCEEDED, dense.message)
+        dense_id = dense.result.extract.dataset_id
+        info = c.datasets.GetDataset(datasets_pb2.GetDatasetRequest(dataset_id=dense_id))
+        self.assertEqual(info.kind, datasets_pb2.DENSE_ACTIVATIONS)
+        self.assertEqual(info.d_in, 64)
+
+        train = c.submit("TRAIN", {
+            "datasetId": str(dense_id),
+            "sae": {"architecture": "TOPK", "dSae": 256, "k": 8},
+            "optimizer": {"name": "smfac", "lr": 3e-3, "damp": 1e-4, "window": 16,
+                          "density": 0.05},
+            "schedule": {"kind": "COSINE", "warmupSteps": 5},
+            "batchSize": 64, "steps": 120, "seed": 5, "checkpointEvery": 40,
+            "telemetryEvery": 10, "artifactName": "loop-sae"})
+        events = list(c.watch(train.id))
+        trained = c.get(train.id)
+        self.assertEqual(trained.state, jobs_pb2.SUCCEEDED, trained.message)
+        samples = [e.telemetry.train for e in events
+                   if e.HasField("telemetry") and e.telemetry.HasField("train")]
+        self.assertGreaterEqual(len(samples), 10)
+        self.assertLess(samples[-1].loss, samples[0].loss)
+        for s in samples:
+            self.assertEqual(s.optimizer_state_total_bytes, sum(s.optimizer_state_bytes.values()))
+            self.assertGreater(s.dense_mfac_history_bytes, s.optimizer_state_total_bytes)
+        self.assertEqual(trained.result.train.steps, 120)
+        artifact = trained.result.train.artifact_id
+        self.assertGreater(artifact, 0)
+
+        sparse = c.wait(c.submit("EXTRACT", {
+            "model": MODEL, "hookName": "blocks.1.hook_resid_post", "tokens": tokens,
+            "sae": {"artifactId": str(artifact)}, "mode": "SPARSE", "datasetName": "sparse"}).id)
+        self.assertEqual(sparse.state, jobs_pb2.SUCCEEDED, sparse.message)
+        rows, _ = c.read_rows(sparse.result.extract.dataset_id, 0, 4)
+        self.assertEqual(rows.shape[1], 256)
+        latent = int(rows.indices[0])
+        answer = c.get_latent(sparse.result.extract.dataset_id, latent, top_n=5)
+        self.assertGreater(answer.statistics.firing_count, 0)
+        self.assertGreater(len(answer.top), 0)
+        self.assertTrue(all(len(t.context_token_ids) > 0 for t in answer.top))
+
+
+if __name__ == "__main__":
+    unittest.main()
