@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "efcp/accounted_optimizer.h"
 #include "efcp/ggt.h"
+#include "efcp/low_rank_mfac.h"
 #include "efcp/mfac.h"
 #include "efcp/sparse_mfac.h"
 
@@ -106,6 +107,17 @@ efcp::SparseMFACOptions SmfacOptions(const OptimizerConfig& config) {
       .error_feedback(config.error_feedback);
 }
 
+efcp::LowRankMFACOptions LrmfacOptions(const OptimizerConfig& config) {
+  return efcp::LowRankMFACOptions(config.lr)
+      .damp(config.damp)
+      .window(config.window)
+      .momentum(config.momentum)
+      .weight_decay(config.weight_decay)
+      .rank(config.rank)
+      .error_feedback(config.error_feedback)
+      .seed(config.seed);
+}
+
 efcp::GGTOptions GgtOptions(const OptimizerConfig& config) {
   return efcp::GGTOptions(config.lr)
       .window(config.window)
@@ -196,6 +208,9 @@ absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(const latentd::v1::Opti
   } else if (config.name == "ggt") {
     absl::Status status = efcp::ValidateGGTOptions(GgtOptions(config));
     if (!status.ok()) return EfcpInvalid(status);
+  } else if (config.name == "lrmfac") {
+    absl::Status status = efcp::ValidateLowRankMFACOptions(LrmfacOptions(config));
+    if (!status.ok()) return EfcpInvalid(status);
   }
   return config;
 }
@@ -226,19 +241,8 @@ OptimizerMemory EstimateOptimizerMemory(const OptimizerConfig& config,
     memory.components.emplace_back("gram", 8 * m * m);
     if (config.momentum > 0) memory.components.emplace_back("momentum", 4 * d);
   } else if (config.name == "lrmfac") {
-    int64_t factors = 0, dense_rows = 0, error = 0;
-    for (const auto& shape : shapes) {
-      if (shape.size() == 2) {
-        factors += 4 * m * config.rank * (shape[0] + shape[1]);
-        error += 4 * shape[0] * shape[1];
-      } else {
-        dense_rows += 4 * m * Numel(shape);
-      }
-    }
-    memory.components.emplace_back("history_factors", factors);
-    memory.components.emplace_back("history_dense", dense_rows);
-    if (config.error_feedback) memory.components.emplace_back("error", error);
-    memory.components.emplace_back("gram", 8 * m * m);
+    return OptimizerMemory{
+        efcp::LowRankMFAC::EstimateMemory(shapes, LrmfacOptions(config)).components};
   }
   return memory;
 }
@@ -299,7 +303,8 @@ absl::StatusOr<std::unique_ptr<TrainOptimizer>> MakeOptimizer(const OptimizerCon
                     .betas({config.beta1, config.beta2})
                     .eps(config.eps)
                     .weight_decay(config.weight_decay));
-  } else if (config.name == "mfac" || config.name == "smfac" || config.name == "ggt") {
+  } else if (config.name == "mfac" || config.name == "smfac" || config.name == "ggt" ||
+             config.name == "lrmfac") {
     try {
       std::unique_ptr<efcp::AccountedOptimizer> efcp_optimizer;
       if (config.name == "mfac") {
@@ -309,6 +314,9 @@ absl::StatusOr<std::unique_ptr<TrainOptimizer>> MakeOptimizer(const OptimizerCon
             MfacOptions(config));
       } else if (config.name == "smfac") {
         efcp_optimizer = std::make_unique<efcp::SparseMFAC>(std::move(params), SmfacOptions(config));
+      } else if (config.name == "lrmfac") {
+        efcp_optimizer = std::make_unique<efcp::LowRankMFAC>(std::move(params),
+                                                             LrmfacOptions(config));
       } else {
         efcp_optimizer = std::make_unique<efcp::GGT>(
             std::vector<torch::optim::OptimizerParamGroup>{

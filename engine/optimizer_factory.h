@@ -41,6 +41,7 @@ struct OptimizerConfig {
   double density = 0.01;
   bool error_feedback = true;
   int64_t rank = 4;
+  uint64_t seed = 0;  // lrmfac's power-iteration start; set from TrainSpec.seed by the job
 };
 
 // Checks `spec` (INVALID_ARGUMENT naming "train.optimizer.<field>") and fills in the defaults.

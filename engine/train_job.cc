@@ -148,6 +148,7 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
   if (spec.telemetry_every() > 0) plan.telemetry_every = spec.telemetry_every();
   RETURN_IF_ERROR(CheckArtifactName(spec.artifact_name()));
   ASSIGN_OR_RETURN(plan.optimizer, OptimizerConfigFromProto(spec.optimizer()));
+  plan.optimizer.seed = spec.seed();
   ASSIGN_OR_RETURN(plan.lr,
                    LrScheduleFromProto(spec.schedule(), plan.optimizer.lr, plan.total_steps));
 
