@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 bazel build //server:latentd //client:latentctl //proto:api_py
-LATENTD=bazel-bin/server/latentd
-LATENTCTL=bazel-bin/client/latentctl
+bin=$(bazel info bazel-bin 2>/dev/null)
+LATENTD=$bin/server/latentd
+export LATENTCTL=$bin/client/latentctl
 
 if ! $LATENTCTL devices >/dev/null 2>&1; then
   echo "demo: starting latentd (log: /tmp/latentd.log)"
@@ -30,4 +31,4 @@ if [[ -x scripts/demo-extract.sh ]]; then
   scripts/demo-extract.sh
 fi
 echo
-echo "demo: latentd is still running (pid $(cat /tmp/latentd.pid 2>/dev/null || echo '?')); try: $LATENTCTL list"
+echo "demo: latentd is still running (pid $(cat /tmp/latentd.pid 2>/dev/null || echo '?')); try: bazel-bin/client/latentctl list"

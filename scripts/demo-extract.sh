@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The EXTRACT part of the demo: a small X1-style run of the built-in reference transformer with a
+# TopK SAE over 64 x 128 Zipf tokens, then the stored latents queried back.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LATENTCTL=${LATENTCTL:-bazel-bin/client/latentctl}
+data_dir=${LATENTD_DATA_DIR:-${XDG_DATA_HOME:-$HOME/.local/share}/latentd}
+inputs="$data_dir/demo-inputs"
+[[ -f "$inputs/tokens.npy" ]] || /usr/bin/python3 scripts/make_demo_inputs.py "$inputs" --sequences 64
+name="demo-$(date +%Y%m%d-%H%M%S)"
+spec=$(mktemp --suffix=.json)
+cat > "$spec" <<JSON
+{
+  "model": {"reference": {"dModel": 256, "nLayers": 4, "nHeads": 4, "dMlp": 1024,
+                          "vocabSize": 4096, "contextLength": 128, "seed": 0}},
+  "hookName": "blocks.2.hook_resid_post",
+  "tokens": {"path": "$inputs/tokens.npy", "contextLength": 128},
+  "sae": {"path": "$inputs/sae"},
+  "mode": "SPARSE",
+  "commitRows": 2048,
+  "datasetName": "$name"
+}
+JSON
+echo
+echo "demo: EXTRACT job (reference transformer, blocks.2.hook_resid_post, TopK SAE k=32)"
+job=$($LATENTCTL submit --type=EXTRACT --spec="$spec" --label=demo-extract)
+rm -f "$spec"
+$LATENTCTL watch "$job"
+$LATENTCTL get "$job"
+dataset=$($LATENTCTL --json get "$job" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["result"]["extract"]["datasetId"])')
+echo
+$LATENTCTL datasets
+echo
+echo "demo: the first 3 rows (latent:value pairs)"
+$LATENTCTL rows "$dataset" --count=3
+latent=$($LATENTCTL --json rows "$dataset" --count=1 | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["indices"][0])')
+echo
+echo "demo: latent $latent"
+$LATENTCTL latent "$dataset" "$latent" --top=5 --before=8 --after_tokens=2
