@@ -148,6 +148,22 @@ at::Tensor ReferenceModel::Run(const at::Tensor& tokens, const HookName& hook,
   return x;
 }
 
+std::vector<std::pair<std::string, at::Tensor>> ReferenceModel::NamedWeights() const {
+  std::vector<std::pair<std::string, at::Tensor>> out = {{"embed.W_E", W_E_}, {"embed.W_pos", W_pos_}};
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const Block& b = blocks_[l];
+    const std::string p = absl::StrCat("blocks.", l, ".");
+    for (auto& [name, t] : std::vector<std::pair<const char*, const at::Tensor*>>{
+             {"ln1.w", &b.ln1_w}, {"ln1.b", &b.ln1_b}, {"attn.W_qkv", &b.W_qkv},
+             {"attn.b_qkv", &b.b_qkv}, {"attn.W_O", &b.W_O}, {"attn.b_O", &b.b_O},
+             {"ln2.w", &b.ln2_w}, {"ln2.b", &b.ln2_b}, {"mlp.W_in", &b.W_in}, {"mlp.b_in", &b.b_in},
+             {"mlp.W_out", &b.W_out}, {"mlp.b_out", &b.b_out}}) {
+      out.push_back({p + name, *t});
+    }
+  }
+  return out;
+}
+
 at::Tensor ReferenceModel::Forward(const at::Tensor& tokens) { return Run(tokens, hook_, nullptr); }
 
 std::vector<at::Tensor> ReferenceModel::AllResidPost(const at::Tensor& tokens) {

@@ -42,6 +42,11 @@ class ReferenceModel : public ActivationModel {
   const std::string& model_id() const override { return model_id_; }
   const std::string& weight_hash() const override { return weight_hash_; }
 
+  // Every weight by a GPT-2-like name (embed.W_E, embed.W_pos, blocks.L.ln1.w, blocks.L.attn.W_qkv
+  // [d, 3d] (q | k | v, heads contiguous), blocks.L.attn.W_O, blocks.L.mlp.W_in, ...), on the device:
+  // what bench/extract_python_peer.py loads to run the same model in Python.
+  std::vector<std::pair<std::string, at::Tensor>> NamedWeights() const;
+
   // The full residual stream after every block (for tests): element L is resid_post of block L.
   std::vector<at::Tensor> AllResidPost(const at::Tensor& tokens);
 

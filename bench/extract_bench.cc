@@ -1,0 +1,215 @@
+// X1 extraction benchmark (../shared/notes/workloads.md): the whole EXTRACT job (RunExtract into
+// a real chunk store) against forward + encode alone of the same model in the same run (the
+// compute floor), and against bench/extract_python_peer.py (python3-torch forward with a hook,
+// TopK, scipy save_npz per chunk), side by side, alternating, best of --rounds.
+//
+//   bazel run -c opt //bench:extract_bench -- [--tokens=65536] [--rounds=3] [--threads=N]
+//                                             [--no_peer]
+// Default is the quick 65,536-token variant; --tokens=1048576 is the full X1.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "engine/extract_job.h"
+#include "engine/extract_pipeline.h"
+#include "engine/reference_model.h"
+#include "engine/safetensors.h"
+#include "engine/sae.h"
+#include "engine/token_source.h"
+#include "storage/chunk_store.h"
+#include "storage/db.h"
+#include "rocksdb/db.h"
+
+namespace {
+
+using namespace latentd::engine;  // NOLINT: a benchmark binary
+
+class BenchContext : public JobContext {
+ public:
+  explicit BenchContext(uint64_t id) : id_(id) { devices_.push_back({DeviceKind::kCpu, 0, "cpu:0", 0}); }
+  uint64_t job_id() const override { return id_; }
+  int attempt() const override { return 1; }
+  const std::vector<DeviceRef>& devices() const override { return devices_; }
+  bool cancel_requested() const override { return false; }
+  void ReportProgress(int64_t, int64_t, const std::string&) override {}
+  void ReportTelemetry(const latentd::v1::Telemetry& t) override { last_ = t.extract(); }
+  void Log(latentd::v1::LogLine::Level, const std::string&) override {}
+  latentd::v1::ExtractTelemetry last_;
+
+ private:
+  uint64_t id_;
+  std::vector<DeviceRef> devices_;
+};
+
+void Check(const absl::Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+// Zipf(1.1) ids over the vocabulary, by inverse CDF.
+std::vector<uint16_t> ZipfTokens(int64_t n, int vocab, uint64_t seed) {
+  std::vector<double> cdf(vocab);
+  double sum = 0;
+  for (int i = 0; i < vocab; ++i) cdf[i] = (sum += std::pow(i + 1.0, -1.1));
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0, sum);
+  std::vector<uint16_t> ids(n);
+  for (auto& t : ids) t = static_cast<uint16_t>(std::lower_bound(cdf.begin(), cdf.end(), u(rng)) - cdf.begin());
+  return ids;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  int64_t num_tokens = 65536;
+  int rounds = 3;
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  bool peer = true;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (absl::StartsWith(a, "--tokens=")) num_tokens = std::atoll(a.c_str() + 9);
+    else if (absl::StartsWith(a, "--rounds=")) rounds = std::atoi(a.c_str() + 9);
+    else if (absl::StartsWith(a, "--threads=")) threads = std::atoi(a.c_str() + 10);
+    else if (a == "--no_peer") peer = false;
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  const int kCtx = 128, kVocab = 4096, kDsae = 4096, kK = 32;
+  char tmpl[] = "/tmp/extract-bench-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string tokens_path = dir + "/tokens.bin";
+  {
+    auto ids = ZipfTokens(num_tokens, kVocab, 1234);
+    std::ofstream(tokens_path, std::ios::binary).write(reinterpret_cast<char*>(ids.data()), ids.size() * 2);
+  }
+  // SAE: unit-norm decoder rows from a seed, W_enc = W_dec^T, zero biases.
+  at::manual_seed(42);
+  at::Tensor w_dec = at::randn({kDsae, 256});
+  w_dec = w_dec / w_dec.norm(2, 1, true);
+  SaeConfig sae_cfg;
+  sae_cfg.d_in = 256;
+  sae_cfg.d_sae = kDsae;
+  sae_cfg.k = kK;
+  sae_cfg.architecture = SaeArchitecture::kTopK;
+  sae_cfg.hook_name = "blocks.2.hook_resid_post";
+  Check(SaveSae(dir + "/sae", {w_dec.t().contiguous(), at::zeros({kDsae}), w_dec, at::zeros({256}), {}}, sae_cfg),
+        "SaveSae");
+
+  latentd::v1::ExtractSpec spec;
+  spec.mutable_model()->mutable_reference();  // X1 defaults, seed 0
+  spec.set_hook_name("blocks.2.hook_resid_post");
+  spec.mutable_tokens()->set_path(tokens_path);
+  spec.mutable_tokens()->set_context_length(kCtx);
+  spec.mutable_sae()->set_path(dir + "/sae");
+  // The reference weights for the Python peer.
+  auto hook = *ParseHookName(spec.hook_name());
+  auto model = ReferenceModel::Create(spec.model().reference(), hook, at::kCPU);
+  Check(model.status(), "model");
+  {
+    auto named = (*model)->NamedWeights();
+    std::vector<StTensorToWrite> tensors;
+    for (auto& [name, t] : named) tensors.push_back({name, StDtype::kF32, t.sizes().vec(), t.data_ptr()});
+    Check(WriteSafetensors(dir + "/reference.safetensors", tensors), "reference weights");
+  }
+  ExtractEnv env;
+  env.data_roots = {dir};
+  Check(ValidateExtractSpec(spec, env), "spec");
+
+  std::printf("X1 extraction: %lld tokens (%lld sequences x %d), hook %s, TopK d_sae %d k %d, %d threads\n",
+              static_cast<long long>(num_tokens), static_cast<long long>(num_tokens / kCtx), kCtx,
+              spec.hook_name().c_str(), kDsae, kK, threads);
+  double best_floor = 0, best_job = 0, best_peer = 0, bytes_per_token = 0;
+  int64_t device_mem = 0, rss = 0;
+  for (int round = 0; round < rounds; ++round) {
+    // Compute floor: forward + encode, nothing copied or stored.
+    {
+      auto tokens = TokenSource::Open(spec.tokens());
+      Check(tokens.status(), "tokens");
+      PipelineReplica r;
+      r.model = std::move(*ReferenceModel::Create(spec.model().reference(), hook, at::kCPU));
+      r.sae = *Sae::Load(dir + "/sae");
+      r.cpu_threads = threads;
+      PipelineOptions o;
+      o.batch_sequences = 32;
+      auto tps = MeasureComputeFloorTokensPerSecond(**tokens, &r, o, (*tokens)->num_sequences());
+      Check(tps.status(), "floor");
+      best_floor = std::max(best_floor, *tps);
+      std::printf("round %d  compute floor   %10.0f tokens/s\n", round, *tps);
+    }
+    // The whole job into a fresh chunk store.
+    {
+      const std::string db_dir = absl::StrCat(dir, "/db", round);
+      auto db = latentd::storage::Db::Open(db_dir);
+      Check(db.status(), "db");
+      latentd::storage::ChunkStore store(db->get());
+      env.store = &store;
+      BenchContext ctx(round + 1);
+      auto result = RunExtract(spec, env, &ctx);
+      Check(result.status(), "RunExtract");
+      best_job = std::max(best_job, result->tokens_per_second());
+      bytes_per_token = result->bytes_per_token();
+      device_mem = ctx.last_.device_memory_bytes();
+      rss = ctx.last_.host_rss_bytes();
+      // As stored once RocksDB has flushed and compacted (the live figure counts memtables).
+      for (int f = 0; f < latentd::storage::kNumFamilies; ++f) {
+        auto* h = (*db)->handle(static_cast<latentd::storage::Family>(f));
+        (*db)->raw()->Flush(rocksdb::FlushOptions(), h).PermitUncheckedError();
+        (*db)->raw()->CompactRange(rocksdb::CompactRangeOptions(), h, nullptr, nullptr)
+            .PermitUncheckedError();
+      }
+      auto info = store.GetDataset(result->dataset_id());
+      Check(info.status(), "GetDataset");
+      const double rows = static_cast<double>(result->rows());
+      bytes_per_token = info->bytes_on_disk() / rows;
+      std::printf("round %d  extract job     %10.0f tokens/s  (%.1f B/token live, %.1f B/token "
+                  "compacted, nnz/token %.1f)\n",
+                  round, result->tokens_per_second(), result->bytes_per_token(), bytes_per_token,
+                  result->nnz() / rows);
+    }
+    if (peer) {
+      const std::string cmd = absl::StrCat(
+          "/usr/bin/python3 bench/extract_python_peer.py --dir=", dir, " --threads=", threads,
+          " --out=", dir, "/peer", round);
+      FILE* p = popen(cmd.c_str(), "r");
+      char line[512];
+      double tps = 0;
+      while (p != nullptr && fgets(line, sizeof line, p) != nullptr) {
+        if (absl::StartsWith(line, "tokens_per_second ")) tps = std::atof(line + 18);
+      }
+      if (p == nullptr || pclose(p) != 0 || tps <= 0) {
+        std::fprintf(stderr, "python peer failed (%s)\n", cmd.c_str());
+        return 1;
+      }
+      best_peer = std::max(best_peer, tps);
+      std::printf("round %d  python peer     %10.0f tokens/s\n", round, tps);
+    }
+  }
+  std::printf("\nbest of %d rounds:\n", rounds);
+  std::printf("  compute floor (forward + encode)  %10.0f tokens/s\n", best_floor);
+  std::printf("  extract job (store, copies, ...)  %10.0f tokens/s  = %.3f of the floor (overhead %.1f%%)\n",
+              best_job, best_job / best_floor, 100.0 * (best_floor / best_job - 1));
+  if (peer) {
+    std::printf("  python peer (hooks, topk, npz)    %10.0f tokens/s  -> latentd %.2fx faster\n", best_peer,
+                best_job / best_peer);
+  }
+  std::printf("  bytes per token stored            %10.1f B (fixed-k u16 index + fp16 value: 128 B; floor ~100 B)\n",
+              bytes_per_token);
+  std::printf("  memory at the end                 RSS %lld MiB\n", static_cast<long long>(rss >> 20));
+  (void)device_mem;
+  return 0;
+}
