@@ -928,7 +928,6 @@ absl::Status DatasetWriter::Commit() {
   std::vector<int64_t> counts, offsets;
   std::vector<int64_t> post_rows;
   std::vector<float> post_values;
-  std::vector<char> touched_top;
   Chunk c;
   c.kind = pending_.kind;
   c.dtype = dtype_;
@@ -959,41 +958,45 @@ absl::Status DatasetWriter::Commit() {
     batch.Put(db->handle(Family::kMeta), keys::ChunkDir(id, c.row_start), dir);
     ++next.num_chunks;
     next.nnz += nnz;
-    if (!sparse) continue;
-
-    // Latent-major view of this chunk (counting sort by latent), then statistics and postings.
+  }
+  if (sparse) {
+    // Latent-major view of the whole commit (counting sort by latent), then statistics, top-N
+    // and one posting per latent touched, keyed by the commit's first row (deterministic: a
+    // replayed commit starts at the same watermark).
+    const int64_t nnz = pending_.indptr[n];
+    const int64_t first_row = pending_.row_start;
     counts.assign(width + 1, 0);
-    for (int32_t col : c.indices) ++counts[col + 1];
+    for (int64_t i = 0; i < nnz; ++i) ++counts[pending_.indices[i] + 1];
     for (int32_t l = 0; l < width; ++l) counts[l + 1] += counts[l];
     offsets.assign(counts.begin(), counts.end() - 1);
     post_rows.resize(nnz);
     post_values.resize(nnz);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t i = c.indptr[r]; i < c.indptr[r + 1]; ++i) {
-        const int64_t slot = offsets[c.indices[i]]++;
-        post_rows[slot] = c.row_start + r;
-        post_values[slot] = c.values[i];
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t i = pending_.indptr[r]; i < pending_.indptr[r + 1]; ++i) {
+        const int64_t slot = offsets[pending_.indices[i]]++;
+        post_rows[slot] = first_row + r;
+        post_values[slot] = pending_.values[i];
       }
     }
-    touched_top.assign(width, 0);
     for (int32_t l = 0; l < width; ++l) {
       const int64_t begin = counts[l], end = counts[l + 1];
       if (begin == end) continue;
       LatentStats& st = stats_[l];
       if (st.firing_count == 0) ++next.live_latents;
+      bool top_changed = false;
       for (int64_t i = begin; i < end; ++i) {
         st.Add(post_values[i]);
-        if (top_[l].Offer(post_rows[i], post_values[i], top_n)) touched_top[l] = 1;
+        if (top_[l].Offer(post_rows[i], post_values[i], top_n)) top_changed = true;
       }
       if (record_.meta.postings) {
         batch.Put(db->handle(Family::kPostings),
-                  keys::Posting(id, static_cast<uint32_t>(l), c.row_start),
-                  EncodePosting(c.row_start, &post_rows[begin], &post_values[begin], end - begin,
+                  keys::Posting(id, static_cast<uint32_t>(l), first_row),
+                  EncodePosting(first_row, &post_rows[begin], &post_values[begin], end - begin,
                                 dtype_));
       }
       batch.Put(db->handle(Family::kLatentIndex), keys::LatentStats(id, static_cast<uint32_t>(l)),
                 st.Encode());
-      if (touched_top[l]) {
+      if (top_changed) {
         batch.Put(db->handle(Family::kLatentIndex), keys::LatentTop(id, static_cast<uint32_t>(l)),
                   top_[l].Encode());
       }

@@ -91,9 +91,10 @@ struct TopActivationContext {
 };
 
 struct ChunkStoreOptions {
-  // Rows per chunk: a commit splits its rows into chunks of at most this many. Default 4096
-  // (about 420 KiB at X1's shape, so chunks go to blob files).
-  int64_t chunk_rows = 4096;
+  // Rows per chunk: a commit splits its rows into chunks of at most this many. Default 1024
+  // (about 105 KiB at X1's shape: chunks go to blob files, and a point read such as a top-N
+  // context window decodes at most that much).
+  int64_t chunk_rows = 1024;
   // Index encoding of new chunks. Default bit-packed gaps.
   IndexEncoding index_encoding = IndexEncoding::kIndexBitPacked;
 };

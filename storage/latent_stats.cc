@@ -65,6 +65,11 @@ void LatentStats::Add(float value) {
   sum += v;
   sum_squares += v * v;
   if (!std::isfinite(v)) return;  // the writer rejects these; never loop on them
+  if (v >= histogram_min() && v < histogram_max()) {  // the common case: no re-binning
+    const int bin = static_cast<int>(std::floor(v / bin_width()) - bin_low);
+    histogram[std::clamp(bin, 0, kHistogramBins - 1)] += 1;
+    return;
+  }
   // Fit the window [bin_low, bin_low + 50) around the occupied bins, the new value and 0:
   // slide it when that suffices, else double the width (merging bin pairs exactly) and retry.
   while (true) {

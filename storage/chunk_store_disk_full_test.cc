@@ -1,0 +1,117 @@
+// A full disk during a commit: the commit fails with RESOURCE_EXHAUSTED, the writer refuses
+// further use, the store stays readable with everything committed before, and after space
+// returns a reopened writer resumes at the watermark.
+#include <atomic>
+#include <cstdlib>
+
+#include "gtest/gtest.h"
+#include "rocksdb/env.h"
+#include "rocksdb/file_system.h"
+#include "storage/chunk_store.h"
+
+namespace latentd::storage {
+namespace {
+
+std::atomic<bool> disk_full{false};
+
+class FullDiskFile : public rocksdb::FSWritableFileOwnerWrapper {
+ public:
+  using FSWritableFileOwnerWrapper::FSWritableFileOwnerWrapper;
+  rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& o,
+                           rocksdb::IODebugContext* d) override {
+    if (disk_full) return rocksdb::IOStatus::NoSpace("injected: no space left on device");
+    return FSWritableFileOwnerWrapper::Append(data, o, d);
+  }
+  rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& o,
+                           const rocksdb::DataVerificationInfo& v,
+                           rocksdb::IODebugContext* d) override {
+    if (disk_full) return rocksdb::IOStatus::NoSpace("injected: no space left on device");
+    return FSWritableFileOwnerWrapper::Append(data, o, v, d);
+  }
+};
+
+class FullDiskFileSystem : public rocksdb::FileSystemWrapper {
+ public:
+  FullDiskFileSystem() : FileSystemWrapper(rocksdb::FileSystem::Default()) {}
+  const char* Name() const override { return "FullDiskFileSystem"; }
+  rocksdb::IOStatus NewWritableFile(const std::string& f, const rocksdb::FileOptions& o,
+                                    std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                    rocksdb::IODebugContext* d) override {
+    std::unique_ptr<rocksdb::FSWritableFile> inner;
+    rocksdb::IOStatus s = target()->NewWritableFile(f, o, &inner, d);
+    if (s.ok()) r->reset(new FullDiskFile(std::move(inner)));
+    return s;
+  }
+};
+
+DatasetMeta Meta() {
+  DatasetMeta m;
+  m.name = "full";
+  m.width = 32;
+  return m;
+}
+
+absl::Status AppendRows(DatasetWriter* w, int64_t n) {
+  std::vector<int64_t> indptr{0};
+  std::vector<int32_t> idx, tok;
+  std::vector<float> val;
+  for (int64_t r = 0; r < n; ++r) {
+    idx.push_back(static_cast<int32_t>((w->rows_committed() + w->rows_pending() + r) % 32));
+    val.push_back(1.5f);
+    indptr.push_back(static_cast<int64_t>(idx.size()));
+    tok.push_back(7);
+  }
+  return w->AppendSparse(n, indptr.data(), idx.data(), val.data(), tok.data());
+}
+
+TEST(ChunkStoreDiskFull, CommitFailsCleanlyAndCommittedRowsSurvive) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(base ? base : "/tmp") + "/disk_full";
+  ASSERT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+  auto fs = std::make_shared<FullDiskFileSystem>();
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
+  uint64_t id;
+  {
+    DbOptions o;
+    o.env = env.get();
+    auto db = Db::Open(dir, o);
+    ASSERT_TRUE(db.ok()) << db.status();
+    ChunkStore store(db->get());
+    id = *store.CreateDataset(Meta());
+    auto w = store.OpenWriter(id);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(AppendRows(w->get(), 100).ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+
+    disk_full = true;
+    ASSERT_TRUE(AppendRows(w->get(), 50).ok());
+    absl::Status s = (*w)->Commit();
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_NE(s.message().find("keeps 100 committed rows"), std::string::npos) << s;
+    EXPECT_EQ((*w)->Commit().code(), absl::StatusCode::kFailedPrecondition);  // must reopen
+
+    // Still readable, with exactly the committed rows.
+    auto info = store.GetDataset(id);
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->rows_committed(), 100);
+    auto rows = store.ReadRows(id, 0, 0);
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    EXPECT_EQ(rows->num_rows, 100);
+    disk_full = false;
+  }
+  DbOptions o;
+  o.env = env.get();
+  auto db = Db::Open(dir, o);
+  ASSERT_TRUE(db.ok()) << db.status();
+  ChunkStore store(db->get());
+  auto w = store.OpenWriter(id);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ((*w)->rows_committed(), 100);
+  ASSERT_TRUE(AppendRows(w->get(), 50).ok());
+  ASSERT_TRUE((*w)->Commit().ok());
+  EXPECT_EQ(store.ReadRows(id, 0, 0)->num_rows, 150);
+  EXPECT_EQ(store.GetLatentStats(id, 3)->firing_count, 5);  // rows 3, 35, 67, 99, 131
+}
+
+}  // namespace
+}  // namespace latentd::storage
