@@ -188,10 +188,11 @@ int main(int argc, char** argv) {
               static_cast<long long>(info.bytes_on_disk()));
   std::printf("  vs fixed-k u16+fp16 layout 128 B: %.3fx; vs ~100 B floor: %.3fx\n", bpt / 128,
               bpt / 100);
-  std::printf("commit: store %.2f s (%.0f rows/s), raw RocksDB same %llu bytes in %lld synced "
-              "batches %.2f s; store overhead %+.1f%%\n",
-              store_s, rows / store_s, static_cast<unsigned long long>(logical),
-              static_cast<long long>(commits), raw_s, (store_s / raw_s - 1) * 100);
+  std::printf(
+      "commit: store %.2f s (%.0f rows/s), raw RocksDB same %llu bytes in %lld synced "
+      "batches %.2f s; store overhead %+.1f%%\n",
+      store_s, rows / store_s, static_cast<unsigned long long>(logical),
+      static_cast<long long>(commits), raw_s, (store_s / raw_s - 1) * 100);
   auto p = Summarize(read_us);
   std::printf("ReadRows(1024 rows): p50 %.0f us, p99 %.0f us\n", p.p50, p.p99);
   p = Summarize(row_us);
@@ -200,8 +201,7 @@ int main(int argc, char** argv) {
   std::printf("GetLatent (stats + top-20, 32/8 context): p50 %.0f us, p99 %.0f us\n", p.p50, p.p99);
   if (postings) {
     p = Summarize(post_us);
-    std::printf("LatentPostings (all rows of a latent): p50 %.0f us, p99 %.0f us\n", p.p50,
-                p.p99);
+    std::printf("LatentPostings (all rows of a latent): p50 %.0f us, p99 %.0f us\n", p.p50, p.p99);
   }
   std::system(("rm -rf '" + base + "'").c_str());
   return 0;

@@ -127,8 +127,8 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
   if (!record.ok()) return ToGrpcStatus(record.status());
   auto stats = store_->GetLatentStats(request->dataset_id(), request->latent());
   if (!stats.ok()) return ToGrpcStatus(stats.status());
-  const int32_t top_n = std::min(request->top_n() > 0 ? request->top_n() : kDefaultTopN,
-                                 record->meta.top_n);
+  const int32_t top_n =
+      std::min(request->top_n() > 0 ? request->top_n() : kDefaultTopN, record->meta.top_n);
   auto top = store_->TopActivations(
       request->dataset_id(), request->latent(), top_n,
       request->context_before() > 0 ? request->context_before() : kDefaultContextBefore,

@@ -35,8 +35,8 @@ class DatasetsServiceTest : public ::testing::Test {
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
     ASSERT_GT(port, 0);
-    stub_ = latentd::v1::Datasets::NewStub(grpc::CreateChannel(
-        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+    stub_ = latentd::v1::Datasets::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                               grpc::InsecureChannelCredentials()));
   }
   void TearDown() override {
     server_->Shutdown();
@@ -68,8 +68,8 @@ class DatasetsServiceTest : public ::testing::Test {
       indptr.push_back(static_cast<int64_t>(indices.size()));
       tokens.push_back(static_cast<int32_t>(rng() % 4096));
     }
-    EXPECT_TRUE((*w)->AppendSparse(rows, indptr.data(), indices.data(), values.data(),
-                                   tokens.data()).ok());
+    EXPECT_TRUE(
+        (*w)->AppendSparse(rows, indptr.data(), indices.data(), values.data(), tokens.data()).ok());
     EXPECT_TRUE((*w)->Commit().ok());
     return id;
   }
@@ -140,8 +140,7 @@ TEST_F(DatasetsServiceTest, BadInputCodes) {
     req.set_dataset_id(id);
     req.set_latent(4096);
     latentd::v1::GetLatentResponse resp;
-    EXPECT_EQ(stub_->GetLatent(&ctx, req, &resp).error_code(),
-              grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(stub_->GetLatent(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   }
 }
 

@@ -22,9 +22,9 @@ class ArtifactStore {
   // name.
   absl::StatusOr<uint64_t> Register(const std::string& name, const std::string& path,
                                     uint64_t job_id);
-  absl::StatusOr<latentd::v1::Artifact> Get(uint64_t id) const;                 // NOT_FOUND
+  absl::StatusOr<latentd::v1::Artifact> Get(uint64_t id) const;                     // NOT_FOUND
   absl::StatusOr<latentd::v1::Artifact> FindByName(const std::string& name) const;  // NOT_FOUND
-  absl::StatusOr<std::vector<latentd::v1::Artifact>> List() const;  // ascending id
+  absl::StatusOr<std::vector<latentd::v1::Artifact>> List() const;                  // ascending id
 
  private:
   Db* const db_;

@@ -56,8 +56,8 @@ struct EncodeOptions {
   IndexEncoding index_encoding = IndexEncoding::kIndexBitPacked;
 };
 
-// Encodes `chunk` (indices sorted and unique within each row, all in [0, width); the caller checks).
-// Values are rounded to chunk.dtype.
+// Encodes `chunk` (indices sorted and unique within each row, all in [0, width); the caller
+// checks). Values are rounded to chunk.dtype.
 std::string EncodeChunk(const Chunk& chunk, const EncodeOptions& options = EncodeOptions());
 
 // Decodes a whole chunk. A checksum mismatch or malformed bytes is DATA_LOSS (the caller names

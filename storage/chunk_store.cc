@@ -210,9 +210,9 @@ std::string EncodePosting(int64_t row_start, const int64_t* rows, const float* v
     if (dtype == ChunkDtype::kFloat32) {
       PutRaw<float>(values[i], &out);
     } else {
-      PutRaw<uint16_t>(dtype == ChunkDtype::kFloat16 ? FloatToHalf(values[i])
-                                                     : FloatToBFloat16(values[i]),
-                       &out);
+      PutRaw<uint16_t>(
+          dtype == ChunkDtype::kFloat16 ? FloatToHalf(values[i]) : FloatToBFloat16(values[i]),
+          &out);
     }
   }
   PutRaw<uint32_t>(Crc32c(out.data(), out.size()), &out);
@@ -304,8 +304,8 @@ absl::Status ValidateMeta(const DatasetMeta& m) {
 }
 
 absl::Status ChunkError(uint64_t id, int64_t row_start, const absl::Status& s) {
-  return absl::Status(s.code(), absl::StrCat("dataset ", id, " chunk at row ", row_start, ": ",
-                                             s.message()));
+  return absl::Status(s.code(),
+                      absl::StrCat("dataset ", id, " chunk at row ", row_start, ": ", s.message()));
 }
 
 }  // namespace
@@ -392,7 +392,8 @@ absl::StatusOr<uint64_t> ChunkStore::BytesOnDisk(uint64_t id) const {
   std::string dir_begin = keys::ChunkDirPrefix(id), dir_end = keys::PrefixEnd(dir_begin);
   rocksdb::Range range(dir_begin, dir_end);
   uint64_t size = 0;
-  db_->raw()->GetApproximateSizes(opts, db_->handle(Family::kMeta), &range, 1, &size)
+  db_->raw()
+      ->GetApproximateSizes(opts, db_->handle(Family::kMeta), &range, 1, &size)
       .PermitUncheckedError();
   total += size;
   // Chunks in blob files are outside the SST ranges: add their encoded size.
@@ -437,9 +438,9 @@ latentd::v1::DatasetInfo ToInfo(const DatasetRecord& r, uint64_t bytes) {
   const bool sparse = m.kind == DatasetKind::kSparse;
   const int64_t nnz = sparse ? r.nnz : r.rows_committed * m.width;
   info.set_nnz(nnz);
-  info.set_density(r.rows_committed > 0
-                       ? static_cast<double>(nnz) / (static_cast<double>(r.rows_committed) * m.width)
-                       : 0.0);
+  info.set_density(r.rows_committed > 0 ? static_cast<double>(nnz) /
+                                              (static_cast<double>(r.rows_committed) * m.width)
+                                        : 0.0);
   info.set_dead_latents(sparse ? m.width - r.live_latents : 0);
   info.set_bytes_on_disk(static_cast<int64_t>(bytes));
   info.set_complete(r.complete);
@@ -495,9 +496,8 @@ absl::Status ChunkStore::DeleteDataset(uint64_t id) {
 }
 
 template <typename Visit>
-absl::Status ChunkStore::ForEachChunk(const rocksdb::Snapshot* snap, uint64_t id,
-                                      int64_t row_start, int64_t row_count, bool tokens_only,
-                                      Visit visit) const {
+absl::Status ChunkStore::ForEachChunk(const rocksdb::Snapshot* snap, uint64_t id, int64_t row_start,
+                                      int64_t row_count, bool tokens_only, Visit visit) const {
   if (row_count <= 0) return absl::OkStatus();
   rocksdb::ReadOptions ro;
   ro.snapshot = snap;
@@ -513,16 +513,15 @@ absl::Status ChunkStore::ForEachChunk(const rocksdb::Snapshot* snap, uint64_t id
   while (true) {
     if (!it->Valid() || !it->key().starts_with(prefix) || it->key().size() != 16) {
       RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("reading chunks of dataset ", id)));
-      return absl::DataLossError(absl::StrCat("dataset ", id, " has no chunk holding row ",
-                                              next < 0 ? row_start : next));
+      return absl::DataLossError(
+          absl::StrCat("dataset ", id, " has no chunk holding row ", next < 0 ? row_start : next));
     }
     const int64_t key_row = static_cast<int64_t>(ReadBigEndian64(it->key().data() + 8));
     absl::string_view value(it->value().data(), it->value().size());
     absl::Status s = tokens_only ? DecodeChunkTokens(value, &chunk) : DecodeChunk(value, &chunk);
     if (!s.ok()) return ChunkError(id, key_row, s);
-    const bool continues = next < 0 ? (key_row <= row_start &&
-                                       key_row + chunk.num_rows > row_start)
-                                    : key_row == next;
+    const bool continues =
+        next < 0 ? (key_row <= row_start && key_row + chunk.num_rows > row_start) : key_row == next;
     if (chunk.row_start != key_row || !continues) {
       return ChunkError(id, key_row, absl::DataLossError("chunk does not continue the rows"));
     }
@@ -701,8 +700,8 @@ absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
     t.row = e.row;
     t.value = e.value;
     const int64_t seq_start = seq > 0 ? e.row - e.row % seq : 0;
-    const int64_t seq_end = seq > 0 ? std::min(seq_start + seq, rec.rows_committed)
-                                    : rec.rows_committed;
+    const int64_t seq_end =
+        seq > 0 ? std::min(seq_start + seq, rec.rows_committed) : rec.rows_committed;
     t.context_start_row = std::max(seq_start, e.row - before);
     const int64_t stop = std::min(seq_end, e.row + after + 1);
     for (int64_t r = t.context_start_row; r < stop; ++r) {
@@ -737,8 +736,8 @@ absl::Status ChunkStore::LatentPostings(uint64_t id, int32_t latent, std::vector
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
     const int64_t start = static_cast<int64_t>(ReadBigEndian64(it->key().data() + prefix.size()));
     if (start >= rec.rows_committed) break;
-    absl::Status s = DecodePosting(absl::string_view(it->value().data(), it->value().size()),
-                                   start, ToChunkDtype(rec.meta.value_dtype), rows, values);
+    absl::Status s = DecodePosting(absl::string_view(it->value().data(), it->value().size()), start,
+                                   ToChunkDtype(rec.meta.value_dtype), rows, values);
     if (!s.ok()) {
       return absl::DataLossError(absl::StrCat("dataset ", id, " latent ", latent,
                                               " posting at row ", start, ": ", s.message()));
@@ -804,9 +803,9 @@ absl::Status DatasetWriter::LoadLatentState() {
 
 absl::Status DatasetWriter::Usable() const {
   if (!failed_.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("writer of dataset ", record_.id,
-                     " failed earlier (reopen it to resume at the watermark): ", failed_.message()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "writer of dataset ", record_.id,
+        " failed earlier (reopen it to resume at the watermark): ", failed_.message()));
   }
   return absl::OkStatus();
 }
@@ -989,10 +988,9 @@ absl::Status DatasetWriter::Commit() {
         if (top_[l].Offer(post_rows[i], post_values[i], top_n)) top_changed = true;
       }
       if (record_.meta.postings) {
-        batch.Put(db->handle(Family::kPostings),
-                  keys::Posting(id, static_cast<uint32_t>(l), first_row),
-                  EncodePosting(first_row, &post_rows[begin], &post_values[begin], end - begin,
-                                dtype_));
+        batch.Put(
+            db->handle(Family::kPostings), keys::Posting(id, static_cast<uint32_t>(l), first_row),
+            EncodePosting(first_row, &post_rows[begin], &post_values[begin], end - begin, dtype_));
       }
       batch.Put(db->handle(Family::kLatentIndex), keys::LatentStats(id, static_cast<uint32_t>(l)),
                 st.Encode());
@@ -1007,11 +1005,11 @@ absl::Status DatasetWriter::Commit() {
   absl::Status s = db->Write(&batch, /*sync=*/true);
   if (!s.ok()) {
     // The in-memory statistics now run ahead of the store: refuse further use.
-    failed_ = absl::Status(s.code(), absl::StrCat("commit of rows [", record_.rows_committed, ", ",
-                                                  record_.rows_committed + n, ") of dataset ", id,
-                                                  " failed; the store keeps ",
-                                                  record_.rows_committed,
-                                                  " committed rows: ", s.message()));
+    failed_ =
+        absl::Status(s.code(), absl::StrCat("commit of rows [", record_.rows_committed, ", ",
+                                            record_.rows_committed + n, ") of dataset ", id,
+                                            " failed; the store keeps ", record_.rows_committed,
+                                            " committed rows: ", s.message()));
     return failed_;
   }
   record_ = next;

@@ -69,7 +69,9 @@ absl::Status Append(DatasetWriter* w, const Rows& rows) {
 
 class ChunkStoreTest : public ::testing::Test {
  protected:
-  void SetUp() override { Open(TempDir(::testing::UnitTest::GetInstance()->current_test_info()->name())); }
+  void SetUp() override {
+    Open(TempDir(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+  }
   void Open(const std::string& dir) {
     dir_ = dir;
     store_.reset();
@@ -167,7 +169,8 @@ TEST_F(ChunkStoreTest, CommittedRowsReadBackAcrossChunksAndReopen) {
   ASSERT_TRUE(starts.ok());
   EXPECT_EQ(starts->front(), 0);
   EXPECT_TRUE(std::is_sorted(starts->begin(), starts->end()));
-  EXPECT_EQ(static_cast<int64_t>(starts->size()), 11);  // 5 commits of 130 rows (2 chunks each), one of 80
+  EXPECT_EQ(static_cast<int64_t>(starts->size()),
+            11);  // 5 commits of 130 rows (2 chunks each), one of 80
 
   // The writer resumes at the watermark.
   auto w = store_->OpenWriter(id);
@@ -281,7 +284,8 @@ TEST_F(ChunkStoreTest, BadAppendsChangeNothing) {
   int32_t dup[] = {3, 3}, out_of_range[] = {1, 16}, tok[] = {1};
   float vals[] = {1, 2}, nan_vals[] = {1, NAN};
   int32_t ok_idx[] = {1, 2};
-  EXPECT_EQ((*w)->AppendSparse(1, indptr, dup, vals, tok).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*w)->AppendSparse(1, indptr, dup, vals, tok).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*w)->AppendSparse(1, indptr, out_of_range, vals, tok).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*w)->AppendSparse(1, indptr, ok_idx, nan_vals, tok).code(),
@@ -306,8 +310,7 @@ TEST_F(ChunkStoreTest, CorruptChunkIsDataLossNamingTheChunk) {
   ASSERT_TRUE(db_->Put(Family::kChunks, keys::Chunk(id, 100), bad, true).ok());
   auto rows = store_->ReadRows(id, 0, 0);
   EXPECT_EQ(rows.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_NE(rows.status().message().find("chunk at row 100"), std::string::npos)
-      << rows.status();
+  EXPECT_NE(rows.status().message().find("chunk at row 100"), std::string::npos) << rows.status();
   EXPECT_TRUE(store_->ReadRows(id, 0, 100).ok());  // the other chunks still read
   EXPECT_TRUE(store_->ReadRows(id, 200, 50).ok());
 }

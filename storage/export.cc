@@ -42,7 +42,8 @@ Array ValuesArray(const std::string& name, std::vector<int64_t> shape,
 std::string NpyHeader(const Array& a) {
   std::string shape = "(";
   for (size_t i = 0; i < a.shape.size(); ++i) {
-    absl::StrAppend(&shape, a.shape[i], a.shape.size() == 1 ? "," : (i + 1 < a.shape.size() ? ", " : ""));
+    absl::StrAppend(&shape, a.shape[i],
+                    a.shape.size() == 1 ? "," : (i + 1 < a.shape.size() ? ", " : ""));
   }
   shape += ")";
   std::string dict =
@@ -69,8 +70,9 @@ absl::Status WriteAll(std::FILE* f, const std::string& s, const std::string& pat
 
 absl::Status WriteNpz(const std::vector<Array>& arrays, const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) return absl::PermissionDeniedError(absl::StrCat("cannot create ", path, ": ",
-                                                          std::strerror(errno)));
+  if (!f)
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
   std::string central;
   uint64_t offset = 0;
   absl::Status status;
@@ -79,9 +81,9 @@ absl::Status WriteNpz(const std::vector<Array>& arrays, const std::string& path)
     const std::string name = a.name + ".npy";
     const uint64_t size = header.size() + a.bytes.size();
     if (size >= 0xffffffffull || offset >= 0xffffffffull) {
-      status = absl::ResourceExhaustedError(
-          absl::StrCat("NPZ member ", name, " is ", size, " bytes; export a smaller row range "
-                       "(at most 4 GiB per member) or use HDF5"));
+      status = absl::ResourceExhaustedError(absl::StrCat("NPZ member ", name, " is ", size,
+                                                         " bytes; export a smaller row range "
+                                                         "(at most 4 GiB per member) or use HDF5"));
       break;
     }
     uLong crc = crc32(0, reinterpret_cast<const Bytef*>(header.data()), header.size());
@@ -92,10 +94,10 @@ absl::Status WriteNpz(const std::vector<Array>& arrays, const std::string& path)
     }
     std::string local;
     Put32(0x04034b50, &local);
-    Put16(20, &local);  // version needed
-    Put16(0, &local);   // flags
-    Put16(0, &local);   // stored
-    Put16(0, &local);   // time
+    Put16(20, &local);    // version needed
+    Put16(0, &local);     // flags
+    Put16(0, &local);     // stored
+    Put16(0, &local);     // time
     Put16(0x21, &local);  // date 1980-01-01
     Put32(static_cast<uint32_t>(crc), &local);
     Put32(static_cast<uint32_t>(size), &local);
@@ -145,7 +147,8 @@ absl::Status WriteNpz(const std::vector<Array>& arrays, const std::string& path)
     status = WriteAll(f, central + end, path);
   }
   if (std::fclose(f) != 0 && status.ok()) {
-    status = absl::ResourceExhaustedError(absl::StrCat("closing ", path, ": ", std::strerror(errno)));
+    status =
+        absl::ResourceExhaustedError(absl::StrCat("closing ", path, ": ", std::strerror(errno)));
   }
   return status;
 }
@@ -185,7 +188,8 @@ class Hdf5Writer {
     hid_t type = Hdf5Type(a.descr);
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
     hid_t set = H5Dcreate2(file_, a.name.c_str(), type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-    if (set < 0 || H5Dwrite(set, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, a.bytes.data()) < 0) ok_ = false;
+    if (set < 0 || H5Dwrite(set, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, a.bytes.data()) < 0)
+      ok_ = false;
     if (set >= 0) H5Dclose(set);
     H5Pclose(dcpl);
     H5Tclose(type);
@@ -265,9 +269,9 @@ absl::Status WriteHdf5(const std::vector<Array>& arrays, const DatasetRecord& re
 
 }  // namespace
 
-absl::StatusOr<ExportResult> ExportDataset(const ChunkStore& store, uint64_t id,
-                                           int64_t row_start, int64_t row_count,
-                                           ExportFormat format, const std::string& path) {
+absl::StatusOr<ExportResult> ExportDataset(const ChunkStore& store, uint64_t id, int64_t row_start,
+                                           int64_t row_count, ExportFormat format,
+                                           const std::string& path) {
   ASSIGN_OR_RETURN(DatasetRecord rec, store.GetRecord(id));
   std::vector<Array> arrays;
   std::vector<int64_t> shape;
@@ -306,8 +310,8 @@ absl::StatusOr<ExportResult> ExportDataset(const ChunkStore& store, uint64_t id,
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
-    return absl::PermissionDeniedError(absl::StrCat("renaming into ", path, ": ",
-                                                    std::strerror(errno)));
+    return absl::PermissionDeniedError(
+        absl::StrCat("renaming into ", path, ": ", std::strerror(errno)));
   }
   struct stat st;
   if (::stat(path.c_str(), &st) == 0) result.bytes = st.st_size;

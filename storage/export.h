@@ -29,9 +29,9 @@ struct ExportResult {
 // Rows [row_start, row_start + row_count) (row_count 0: to the committed end). The caller has
 // already checked that `path` is allowed. OUT_OF_RANGE / NOT_FOUND / DATA_LOSS as the readers;
 // RESOURCE_EXHAUSTED when an NPZ member would pass 4 GiB (no ZIP64 support).
-absl::StatusOr<ExportResult> ExportDataset(const ChunkStore& store, uint64_t id,
-                                           int64_t row_start, int64_t row_count,
-                                           ExportFormat format, const std::string& path);
+absl::StatusOr<ExportResult> ExportDataset(const ChunkStore& store, uint64_t id, int64_t row_start,
+                                           int64_t row_count, ExportFormat format,
+                                           const std::string& path);
 
 }  // namespace latentd::storage
 

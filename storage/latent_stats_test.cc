@@ -29,7 +29,8 @@ TEST(LatentStats, MomentsAndHistogramCoverEveryValue) {
   // Each bin counts exactly the values inside it.
   for (int b = 0; b < kHistogramBins; ++b) {
     const double lo = s.histogram_min() + b * s.bin_width(), hi = lo + s.bin_width();
-    int64_t expect = std::count_if(seen.begin(), seen.end(), [&](float v) { return v >= lo && v < hi; });
+    int64_t expect =
+        std::count_if(seen.begin(), seen.end(), [&](float v) { return v >= lo && v < hi; });
     EXPECT_EQ(s.histogram[b], expect) << b;
   }
 }

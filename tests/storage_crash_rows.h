@@ -27,7 +27,8 @@ inline CrashRows MakeCrashRows(int64_t first, int64_t n) {
     std::mt19937 rng(static_cast<uint32_t>(r * 2654435761u + 17));
     std::set<int32_t> cols;
     const int k = 4 + static_cast<int>(rng() % 13);
-    while (static_cast<int>(cols.size()) < k) cols.insert(static_cast<int32_t>(rng() % kCrashWidth));
+    while (static_cast<int>(cols.size()) < k)
+      cols.insert(static_cast<int32_t>(rng() % kCrashWidth));
     for (int32_t c : cols) {
       rows.indices.push_back(c);
       rows.values.push_back(static_cast<float>(rng() % 100000) / 1000.0f);

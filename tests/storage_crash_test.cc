@@ -98,8 +98,7 @@ TEST(StorageCrash, KilledWriterLeavesCommittedPrefixAndResumesToSameContent) {
   ASSERT_EQ(ref.rows, tests::kCrashRows);
 
   std::mt19937 rng(12345);
-  const int64_t full_us =
-      std::chrono::duration_cast<std::chrono::microseconds>(full_run).count();
+  const int64_t full_us = std::chrono::duration_cast<std::chrono::microseconds>(full_run).count();
   int interrupted = 0;
   for (int run = 0; run < 20; ++run) {
     const std::string dir = TempDir("crash_" + std::to_string(run));
@@ -114,8 +113,8 @@ TEST(StorageCrash, KilledWriterLeavesCommittedPrefixAndResumesToSameContent) {
     ASSERT_EQ(prefix.rows % tests::kCrashCommitRows, 0) << "run " << run;
     ASSERT_EQ(prefix.csr.num_rows, prefix.rows);
     const int64_t nnz = ref.csr.indptr[prefix.rows];
-    ASSERT_EQ(prefix.csr.indptr,
-              std::vector<int64_t>(ref.csr.indptr.begin(), ref.csr.indptr.begin() + prefix.rows + 1));
+    ASSERT_EQ(prefix.csr.indptr, std::vector<int64_t>(ref.csr.indptr.begin(),
+                                                      ref.csr.indptr.begin() + prefix.rows + 1));
     ASSERT_EQ(prefix.csr.indices,
               std::vector<int32_t>(ref.csr.indices.begin(), ref.csr.indices.begin() + nnz));
     ASSERT_EQ(prefix.csr.values,

@@ -36,6 +36,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", id.status().ToString().c_str());
     return 1;
   }
+  auto record = store.GetRecord(*id);
+  if (record.ok() && record->complete) return 0;  // killed after finishing: nothing to resume
   auto writer = store.OpenWriter(*id);
   if (!writer.ok()) {
     std::fprintf(stderr, "%s\n", writer.status().ToString().c_str());
@@ -44,9 +46,9 @@ int main(int argc, char** argv) {
   for (int64_t at = (*writer)->rows_committed(); at < latentd::tests::kCrashRows;
        at += latentd::tests::kCrashCommitRows) {
     auto rows = latentd::tests::MakeCrashRows(at, latentd::tests::kCrashCommitRows);
-    absl::Status s = (*writer)->AppendSparse(latentd::tests::kCrashCommitRows, rows.indptr.data(),
-                                             rows.indices.data(), rows.values.data(),
-                                             rows.tokens.data());
+    absl::Status s =
+        (*writer)->AppendSparse(latentd::tests::kCrashCommitRows, rows.indptr.data(),
+                                rows.indices.data(), rows.values.data(), rows.tokens.data());
     if (s.ok()) s = (*writer)->Commit();
     if (!s.ok()) {
       std::fprintf(stderr, "%s\n", s.ToString().c_str());

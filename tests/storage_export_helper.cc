@@ -3,10 +3,9 @@
 // store's own view of the rows (ReadRows / ReadDense) to expected.json for comparison.
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
-
-#include <nlohmann/json.hpp>
 
 #include "storage/chunk_store.h"
 #include "storage/export.h"
@@ -21,8 +20,9 @@ int Fail(const absl::Status& s) {
 }
 
 nlohmann::json CsrJson(const CsrRows& r) {
-  return {{"row_start", r.row_start}, {"shape", {r.num_rows, r.num_cols}}, {"indptr", r.indptr},
-          {"indices", r.indices},     {"values", r.values},                {"token_ids", r.token_ids}};
+  return {{"row_start", r.row_start}, {"shape", {r.num_rows, r.num_cols}},
+          {"indptr", r.indptr},       {"indices", r.indices},
+          {"values", r.values},       {"token_ids", r.token_ids}};
 }
 
 }  // namespace
@@ -67,8 +67,8 @@ int main(int argc, char** argv) {
         indptr.push_back(static_cast<int64_t>(indices.size()));
         tokens.push_back(static_cast<int32_t>(rng() % 4096));
       }
-      absl::Status s = (*w)->AppendSparse(100, indptr.data(), indices.data(), values.data(),
-                                          tokens.data());
+      absl::Status s =
+          (*w)->AppendSparse(100, indptr.data(), indices.data(), values.data(), tokens.data());
       if (s.ok()) s = (*w)->Commit();
       if (!s.ok()) return Fail(s);
     }
