@@ -206,14 +206,14 @@ at::Tensor RowWindowOptimizer::DecodeIndices(size_t s, int64_t row0, int64_t row
   at::Tensor rel;
   if (BlockRelative(config_.index_encoding)) {
     // uint16 lives in int16 storage: undo the sign extension.
-    rel = raw.to(at::kInt).bitwise_and(0xFFFF).to(at::kLong);
+    rel = raw.to(at::kLong).bitwise_and_(0xFFFF);
   } else {
     return raw.to(at::kLong);  // global indices stored for kPerBlock too
   }
   const int64_t block = st.geo.padded / st.geo.blocks;
   at::Tensor base = at::arange(st.geo.blocks, raw.options().dtype(at::kLong)).mul_(block);
-  return (rel.view({rows, st.geo.blocks, st.geo.per_block}) + base.view({1, st.geo.blocks, 1}))
-      .view({rows, st.geo.row_entries});
+  rel.view({rows, st.geo.blocks, st.geo.per_block}).add_(base.view({1, st.geo.blocks, 1}));
+  return rel.view({rows, st.geo.row_entries});
 }
 
 void RowWindowOptimizer::Ingest(size_t s, int64_t slot, const std::vector<at::Tensor>& grads) {
@@ -277,7 +277,7 @@ at::Tensor RowWindowOptimizer::Dots(size_t s, int64_t slot) const {
     at::Tensor gidx = DecodeIndices(s, r0, nr);
     at::Tensor v = st.history.narrow(0, r0, nr).to(st.scratch.scalar_type());
     at::Tensor x = st.scratch.index_select(0, gidx.reshape(-1)).view({nr, k});
-    dots.narrow(0, r0, nr).copy_((v * x).sum(1));
+    dots.narrow(0, r0, nr).copy_(x.mul_(v).sum(1));
   }
   return dots.to(at::kDouble);
 }
@@ -294,8 +294,9 @@ void RowWindowOptimizer::Combine(size_t s, const at::Tensor& coef64) {
   for (int64_t r0 = 0; r0 < count_; r0 += chunk) {
     const int64_t nr = std::min(chunk, count_ - r0);
     at::Tensor gidx = DecodeIndices(s, r0, nr);
-    at::Tensor v = st.history.narrow(0, r0, nr).to(st.scratch.scalar_type()) *
-                   coef.narrow(0, r0, nr).unsqueeze(1);
+    // copy = true: with fp32 values .to() would alias the history.
+    at::Tensor v = st.history.narrow(0, r0, nr).to(st.scratch.scalar_type(), false, true);
+    v.mul_(coef.narrow(0, r0, nr).unsqueeze(1));
     st.scratch.index_add_(0, gidx.reshape(-1), v.reshape(-1));
   }
 }
