@@ -247,6 +247,76 @@ absl::Status DecodePosting(absl::string_view in, int64_t row_start, ChunkDtype d
   return absl::OkStatus();
 }
 
+// Statistics are stored in blocks of kStatsBlock latents per key (one key per block instead of one
+// per latent: a commit touching every latent rewrites 64x fewer keys). Value: per latent of the
+// block a varint length and LatentStats::Encode() (length 0: never fired).
+constexpr int32_t kStatsBlock = 64;
+
+std::string EncodeStatsBlock(const std::vector<LatentStats>& stats, int32_t first) {
+  std::string out;
+  const int32_t end = std::min<int32_t>(first + kStatsBlock, static_cast<int32_t>(stats.size()));
+  for (int32_t l = first; l < end; ++l) {
+    if (stats[l].firing_count == 0) {
+      PutVarint(0, &out);
+      continue;
+    }
+    std::string e = stats[l].Encode();
+    PutVarint(e.size(), &out);
+    out += e;
+  }
+  return out;
+}
+
+// Decodes entries of a block into `out[0..n)` (n = latents in the block).
+absl::Status DecodeStatsBlock(absl::string_view in, LatentStats* out, int32_t n) {
+  Reader rd(in);
+  for (int32_t i = 0; i < n; ++i) {
+    const uint64_t len = rd.Varint();
+    if (!rd.ok() || len > rd.rest().size()) {
+      return absl::DataLossError("malformed latent statistics block");
+    }
+    out[i] = LatentStats();
+    if (len > 0) {
+      absl::string_view e = rd.rest().substr(0, len);
+      RETURN_IF_ERROR(LatentStats::Decode(e, &out[i]));
+      for (uint64_t k = 0; k < len; ++k) rd.Raw<uint8_t>();
+    }
+  }
+  if (!rd.rest().empty()) return absl::DataLossError("malformed latent statistics block");
+  return absl::OkStatus();
+}
+
+// Top-N lists, blocked the same way (length 0: empty list).
+std::string EncodeTopBlock(const std::vector<TopRows>& top, int32_t first) {
+  std::string out;
+  const int32_t end = std::min<int32_t>(first + kStatsBlock, static_cast<int32_t>(top.size()));
+  for (int32_t l = first; l < end; ++l) {
+    if (top[l].entries().empty()) {
+      PutVarint(0, &out);
+      continue;
+    }
+    std::string e = top[l].Encode();
+    PutVarint(e.size(), &out);
+    out += e;
+  }
+  return out;
+}
+
+absl::Status DecodeTopBlock(absl::string_view in, TopRows* out, int32_t n) {
+  Reader rd(in);
+  for (int32_t i = 0; i < n; ++i) {
+    const uint64_t len = rd.Varint();
+    if (!rd.ok() || len > rd.rest().size()) return absl::DataLossError("malformed top-N block");
+    out[i] = TopRows();
+    if (len > 0) {
+      RETURN_IF_ERROR(TopRows::Decode(rd.rest().substr(0, len), &out[i]));
+      for (uint64_t k = 0; k < len; ++k) rd.Raw<uint8_t>();
+    }
+  }
+  if (!rd.rest().empty()) return absl::DataLossError("malformed top-N block");
+  return absl::OkStatus();
+}
+
 class SnapshotHolder {
  public:
   explicit SnapshotHolder(rocksdb::DB* db) : db_(db), snap_(db->GetSnapshot()) {}
@@ -639,13 +709,14 @@ absl::StatusOr<LatentStats> ChunkStore::GetLatentStats(uint64_t id, int32_t late
         absl::StrCat("latent: ", latent, " is outside [0, ", rec.meta.width, ")"));
   }
   std::string value;
-  LatentStats stats;
+  const int32_t first = latent - latent % kStatsBlock;
   absl::Status s = GetAt(db_, snap.get(), Family::kLatentIndex,
-                         keys::LatentStats(id, static_cast<uint32_t>(latent)), &value);
-  if (absl::IsNotFound(s)) return stats;
+                         keys::LatentStats(id, static_cast<uint32_t>(first)), &value);
+  if (absl::IsNotFound(s)) return LatentStats();
   RETURN_IF_ERROR(s);
-  RETURN_IF_ERROR(LatentStats::Decode(value, &stats));
-  return stats;
+  std::vector<LatentStats> block(std::min(kStatsBlock, rec.meta.width - first));
+  RETURN_IF_ERROR(DecodeStatsBlock(value, block.data(), static_cast<int32_t>(block.size())));
+  return block[latent - first];
 }
 
 absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
@@ -665,11 +736,14 @@ absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
   }
   std::string value;
   TopRows top;
+  const int32_t first = latent - latent % kStatsBlock;
   absl::Status s = GetAt(db_, snap.get(), Family::kLatentIndex,
-                         keys::LatentTop(id, static_cast<uint32_t>(latent)), &value);
+                         keys::LatentTop(id, static_cast<uint32_t>(first)), &value);
   if (!absl::IsNotFound(s)) {
     RETURN_IF_ERROR(s);
-    RETURN_IF_ERROR(TopRows::Decode(value, &top));
+    std::vector<TopRows> block(std::min(kStatsBlock, rec.meta.width - first));
+    RETURN_IF_ERROR(DecodeTopBlock(value, block.data(), static_cast<int32_t>(block.size())));
+    top = std::move(block[latent - first]);
   }
   std::map<int64_t, std::vector<int32_t>> tokens_by_chunk;  // chunk start -> its token ids
   auto token_at = [&](int64_t row, int32_t* token) -> absl::Status {
@@ -793,9 +867,11 @@ absl::Status DatasetWriter::LoadLatentState() {
     if (latent >= stats_.size()) return absl::DataLossError("latent index key out of range");
     absl::string_view v(it->value().data(), it->value().size());
     if (it->key()[12] == 'S') {
-      RETURN_IF_ERROR(LatentStats::Decode(v, &stats_[latent]));
+      const int32_t n = std::min<int32_t>(kStatsBlock, record_.meta.width - latent);
+      RETURN_IF_ERROR(DecodeStatsBlock(v, &stats_[latent], n));
     } else {
-      RETURN_IF_ERROR(TopRows::Decode(v, &top_[latent]));
+      const int32_t n = std::min<int32_t>(kStatsBlock, record_.meta.width - latent);
+      RETURN_IF_ERROR(DecodeTopBlock(v, &top_[latent], n));
     }
   }
   return FromRocks(it->status(), "loading latent statistics");
@@ -964,6 +1040,8 @@ absl::Status DatasetWriter::Commit() {
     // replayed commit starts at the same watermark).
     const int64_t nnz = pending_.indptr[n];
     const int64_t first_row = pending_.row_start;
+    std::vector<char> touched_block(width / kStatsBlock + 1, 0);
+    std::vector<char> top_block_changed(width / kStatsBlock + 1, 0);
     counts.assign(width + 1, 0);
     for (int64_t i = 0; i < nnz; ++i) ++counts[pending_.indices[i] + 1];
     for (int32_t l = 0; l < width; ++l) counts[l + 1] += counts[l];
@@ -992,11 +1070,18 @@ absl::Status DatasetWriter::Commit() {
             db->handle(Family::kPostings), keys::Posting(id, static_cast<uint32_t>(l), first_row),
             EncodePosting(first_row, &post_rows[begin], &post_values[begin], end - begin, dtype_));
       }
-      batch.Put(db->handle(Family::kLatentIndex), keys::LatentStats(id, static_cast<uint32_t>(l)),
-                st.Encode());
-      if (top_changed) {
-        batch.Put(db->handle(Family::kLatentIndex), keys::LatentTop(id, static_cast<uint32_t>(l)),
-                  top_[l].Encode());
+      touched_block[l / kStatsBlock] = 1;
+      if (top_changed) top_block_changed[l / kStatsBlock] = 1;
+    }
+    for (size_t b = 0; b < touched_block.size(); ++b) {
+      if (!touched_block[b]) continue;
+      const int32_t first = static_cast<int32_t>(b) * kStatsBlock;
+      batch.Put(db->handle(Family::kLatentIndex),
+                keys::LatentStats(id, static_cast<uint32_t>(first)),
+                EncodeStatsBlock(stats_, first));
+      if (top_block_changed[b]) {
+        batch.Put(db->handle(Family::kLatentIndex),
+                  keys::LatentTop(id, static_cast<uint32_t>(first)), EncodeTopBlock(top_, first));
       }
     }
   }

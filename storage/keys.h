@@ -9,8 +9,8 @@
 //   kMeta         "ds/k" id row_start                  chunk directory: num_rows, nnz
 //   kMeta         "ds/next"                            next dataset id
 //   kChunks       id row_start                         encoded chunk (chunk_codec.h)
-//   kLatentIndex  id latent(u32) 'S'                   statistics (latent_stats.h)
-//   kLatentIndex  id latent(u32) 'T'                   top-N rows by value
+//   kLatentIndex  id first_latent(u32) 'S'             statistics of latents [first, first + 64)
+//   kLatentIndex  id first_latent(u32) 'T'             top-N rows of latents [first, first + 64)
 //   kPostings     id latent(u32) row_start             rows and values of the latent in the chunk
 //                                                      that starts at row_start
 //   kMeta         "art/a" id | "art/n" name | "art/next"   artifacts (artifact_store.h)
