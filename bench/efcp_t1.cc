@@ -141,7 +141,7 @@ RunResult Run(const Flags& f, const Problem& p, const Method& m, double lr, int 
 std::vector<Method> Methods(const Flags& f) {
   const int64_t m = f.window;
   std::vector<Method> out;
-  out.push_back({"SGD", {1, 2, 4, 8}, [](at::Tensor w, double lr) {
+  out.push_back({"SGD", {1, 2, 4, 8, 16}, [](at::Tensor w, double lr) {
                    return std::make_unique<torch::optim::SGD>(std::vector<at::Tensor>{w},
                                                               torch::optim::SGDOptions(lr));
                  }});
@@ -175,7 +175,7 @@ std::vector<Method> Methods(const Flags& f) {
                        std::vector<at::Tensor>{w},
                        efcp::LowRankMFACOptions(lr).window(m).damp(1e-4).rank(4));
                  }});
-  out.push_back({"GGT", {1e-3, 3e-3, 1e-2, 3e-2}, [m](at::Tensor w, double lr) {
+  out.push_back({"GGT", {1e-2, 3e-2, 1e-1, 3e-1}, [m](at::Tensor w, double lr) {
                    return std::make_unique<efcp::GGT>(std::vector<at::Tensor>{w},
                                                       efcp::GGTOptions(lr).window(m).epsilon(1e-4));
                  }});

@@ -1,0 +1,47 @@
+#!/usr/bin/python3
+"""Plots the T1 loss curves written by bench/efcp_t1 (--csv) as a PNG.
+
+  /usr/bin/python3 bench/efcp_plot.py /tmp/efcp_t1.csv docs/efcp_t1.png
+"""
+import collections
+import csv
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main(src, dst):
+    curves = collections.OrderedDict()
+    target = lstar = None
+    with open(src) as f:
+        for row in csv.reader(f):
+            if row[0] == "method":
+                continue
+            if row[0] == "#target":
+                target, lstar = float(row[1]), float(row[2])
+                continue
+            curves.setdefault(row[0], ([], []))
+            curves[row[0]][0].append(int(row[1]))
+            curves[row[0]][1].append(float(row[2]))
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for i, (name, (steps, loss)) in enumerate(curves.items()):
+        style = "--" if "noEF" in name else "-"
+        ax.plot(steps, loss, style, label=name, linewidth=1.2, color=plt.cm.tab20(i % 20))
+    if target is not None:
+        ax.axhline(target, color="k", linestyle=":", linewidth=1, label="target L*+5%(L0-L*)")
+        ax.axhline(lstar, color="grey", linestyle=":", linewidth=1, label="L*")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (full data)")
+    ax.set_ylim(lstar - 0.02 if lstar is not None else None, 0.75)
+    ax.set_title("T1: logistic regression, rotated ill-conditioned features (seed 0, best lr)")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(dst, dpi=110)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
