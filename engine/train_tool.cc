@@ -5,6 +5,10 @@
 //   train_tool --rows=FILE --width=W (--module=M.pt | --d_sae=N --k=K) --out=DIR
 //              [--optimizer=adam] [--lr=1e-2] [--steps=100] [--batch=32] [--seed=0]
 //              [--density=0.01] [--window=16] [--damp=1e-4] [--devices=1] [--schedule=constant]
+//              [--db=DIR --job=N --checkpoint_every=K]
+// With --db, checkpoints go to a RocksDB store in DIR under job N (as in the daemon), each commit
+// is announced on stderr as "checkpoint <step>", and a rerun resumes from the newest one (the
+// kill -9 test in tests/python/test_train_torchscript.py relies on both).
 // Writes DIR (model.pt, or the SAE in SAELens layout) and prints one JSON line of final metrics.
 // Exit status 2 for bad input, 1 for a failed run.
 #include <torch/types.h>
@@ -18,17 +22,42 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
+#include "engine/checkpoint.h"
 #include "engine/train_loop.h"
 #include "engine/train_models.h"
 
 namespace latentd::engine {
 namespace {
 
+// Announces each durable commit, so that a test can kill the process right after one.
+class AnnouncingStore : public CheckpointStore {
+ public:
+  explicit AnnouncingStore(CheckpointStore* inner) : inner_(inner) {}
+  absl::StatusOr<std::optional<Checkpoint>> LoadLatest() override {
+    auto latest = inner_->LoadLatest();
+    if (latest.ok() && latest->has_value()) {
+      std::fprintf(stderr, "resumed %lld\n", static_cast<long long>((*latest)->step));
+    }
+    return latest;
+  }
+  absl::Status Commit(const Checkpoint& checkpoint) override {
+    absl::Status status = inner_->Commit(checkpoint);
+    if (status.ok()) std::fprintf(stderr, "checkpoint %lld\n", static_cast<long long>(checkpoint.step));
+    std::fflush(stderr);
+    return status;
+  }
+  absl::Status Clear() override { return inner_->Clear(); }
+
+ private:
+  CheckpointStore* inner_;
+};
+
 int Main(int argc, char** argv) {
   std::map<std::string, std::string> flags = {
       {"optimizer", "adam"}, {"lr", "1e-2"}, {"steps", "100"},   {"batch", "32"},
       {"seed", "0"},         {"density", "0.01"}, {"window", "16"}, {"damp", "1e-4"},
-      {"devices", "1"},      {"schedule", "constant"}, {"k", "32"}, {"d_sae", "0"}};
+      {"devices", "1"},      {"schedule", "constant"}, {"k", "32"}, {"d_sae", "0"},
+      {"job", "1"},          {"checkpoint_every", "10"}};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     const size_t eq = arg.find('=');
@@ -82,6 +111,20 @@ int Main(int argc, char** argv) {
   options.checkpoint_every = 0;
   options.telemetry_every = 0;
   options.mfac_window = config->window;
+  std::unique_ptr<storage::Db> db;
+  std::unique_ptr<DbCheckpointStore> db_checkpoints;
+  std::unique_ptr<AnnouncingStore> checkpoints;
+  if (!flags["db"].empty()) {
+    auto opened = storage::Db::Open(flags["db"]);
+    if (!opened.ok()) {
+      std::cerr << "train_tool: " << opened.status() << "\n";
+      return 2;
+    }
+    db = std::move(*opened);
+    db_checkpoints = std::make_unique<DbCheckpointStore>(db.get(), std::stoull(flags["job"]));
+    checkpoints = std::make_unique<AnnouncingStore>(db_checkpoints.get());
+    options.checkpoint_every = std::stoll(flags["checkpoint_every"]);
+  }
 
   InMemoryDenseRowSource source(std::move(values), width, 256);
   const uint64_t seed = std::stoull(flags["seed"]);
@@ -121,8 +164,8 @@ int Main(int argc, char** argv) {
   }
   if (devices == 1) {
     ranks[0].result = RunTrainLoop(options, ranks[0].model.get(), ranks[0].optimizer.get(),
-                                   ranks[0].stream.get(), width, nullptr, nullptr, nullptr,
-                                   nullptr);
+                                   ranks[0].stream.get(), width, nullptr, checkpoints.get(),
+                                   nullptr, nullptr);
   } else {
     auto store = NewInProcessStore();
     std::vector<std::thread> threads;
@@ -137,8 +180,8 @@ int Main(int argc, char** argv) {
           return;
         }
         ranks[r].result = RunTrainLoop(options, ranks[r].model.get(), ranks[r].optimizer.get(),
-                                       ranks[r].stream.get(), width, sync->get(), nullptr,
-                                       nullptr, nullptr);
+                                       ranks[r].stream.get(), width, sync->get(),
+                                       checkpoints.get(), nullptr, nullptr);
       });
     }
     for (auto& t : threads) t.join();

@@ -1,9 +1,11 @@
 """TRAIN of a user's TorchScript module: a module scripted by python3-torch whose forward(batch)
 returns a scalar loss is trained by latentd's loop (engine/train_tool) and comes back as a
 TorchScript file that python3-torch loads, with the loss down and the weights where the data put
-them. Also: the same run on 2 Gloo ranks, an EFCP optimizer, and bad modules refused clearly."""
+them. Also: the same run on 2 Gloo ranks, an EFCP optimizer, bad modules refused clearly, and an SAE
+training process killed with SIGKILL right after a checkpoint resumes to the same weights."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -109,6 +111,44 @@ class TrainTorchScriptTest(unittest.TestCase):
         run = self.train(os.path.join(self.dir, "junk"), module=not_script)
         self.assertEqual(run.returncode, 2)
         self.assertIn("not a TorchScript module", run.stderr)
+
+
+class KillAndResumeTest(unittest.TestCase):
+    def test_sigkill_after_a_checkpoint_then_rerun_gives_the_uninterrupted_weights(self):
+        work = tempfile.mkdtemp()
+        rows = torch.randn(4096, 16, generator=torch.Generator().manual_seed(5))
+        rows_path = os.path.join(work, "rows.f32")
+        rows.numpy().astype("float32").tofile(rows_path)
+
+        def command(out, job):
+            return [TOOL, "--rows=" + rows_path, "--width=16", "--d_sae=64", "--k=4",
+                    "--optimizer=smfac", "--lr=0.01", "--density=0.05", "--window=8",
+                    "--steps=1500", "--batch=64", "--seed=3", "--schedule=cosine",
+                    "--db=" + os.path.join(work, "db"), "--job=%d" % job,
+                    "--checkpoint_every=20", "--out=" + out]
+
+        straight = os.path.join(work, "straight")
+        run = subprocess.run(command(straight, 1), capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+
+        resumed = os.path.join(work, "resumed")
+        process = subprocess.Popen(command(resumed, 2), stderr=subprocess.PIPE, text=True)
+        for line in process.stderr:
+            if line.strip() == "checkpoint 100":
+                process.send_signal(signal.SIGKILL)
+                break
+        process.wait()
+        self.assertEqual(process.returncode, -signal.SIGKILL)
+        self.assertFalse(os.path.exists(resumed))
+        run = subprocess.run(command(resumed, 2), capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        resumed_at = [int(l.split()[1]) for l in run.stderr.splitlines() if l.startswith("resumed")]
+        self.assertEqual(len(resumed_at), 1, run.stderr)
+        self.assertGreaterEqual(resumed_at[0], 100)
+        self.assertLess(resumed_at[0], 1500)
+        with open(os.path.join(straight, "sae_weights.safetensors"), "rb") as a, \
+                open(os.path.join(resumed, "sae_weights.safetensors"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
 
 
 if __name__ == "__main__":
