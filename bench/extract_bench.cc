@@ -43,7 +43,9 @@ class BenchContext : public JobContext {
   bool cancel_requested() const override { return false; }
   void ReportProgress(int64_t, int64_t, const std::string&) override {}
   void ReportTelemetry(const latentd::v1::Telemetry& t) override { last_ = t.extract(); }
-  void Log(latentd::v1::LogLine::Level, const std::string&) override {}
+  void Log(latentd::v1::LogLine::Level, const std::string& text) override {
+    if (absl::StartsWith(text, "extract: ")) std::printf("          %s\n", text.c_str());
+  }
   latentd::v1::ExtractTelemetry last_;
 
  private:

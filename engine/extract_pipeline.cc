@@ -1,7 +1,9 @@
 #include "engine/extract_pipeline.h"
 
 #include <c10/core/InferenceMode.h>
+#include <torch/cuda.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -73,6 +75,15 @@ absl::Status FromTorchError(const std::exception& e, const std::string& where) {
   return absl::InternalError(absl::StrCat(where, ": ", what));
 }
 
+// A host copy of `t`: on a CUDA device an asynchronous copy into pinned memory (the caller
+// synchronizes once for all of a batch's copies); CPU tensors are used in place.
+at::Tensor ToHost(const at::Tensor& t) {
+  if (!t.is_cuda()) return t.contiguous();
+  at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+  host.copy_(t, /*non_blocking=*/true);
+  return host;
+}
+
 // Everything a replica does to one batch: tokens in, host-side codes out.
 absl::Status ComputeBatch(const TokenSource& tokens, PipelineReplica* r,
                           const PipelineOptions& options, int64_t batch, BatchOutput* out) {
@@ -99,15 +110,16 @@ absl::Status ComputeBatch(const TokenSource& tokens, PipelineReplica* r,
     at::Tensor h = r->model->Forward(tok);
     at::Tensor x = h.reshape({seqs * L, h.size(-1)});
     at::Tensor finite = at::isfinite(x).all(1);
-    out->finite = finite.to(at::kCPU);
+    out->finite = ToHost(finite);
     if (options.sparse) {
       SparseCodes codes = r->sae->EncodeSparse(x);
-      out->indices = codes.indices.to(at::kCPU);
-      out->values = codes.values.to(at::kCPU);
-      if (!codes.fixed_k()) out->row_counts = codes.row_counts.to(at::kCPU);
+      out->indices = ToHost(codes.indices);
+      out->values = ToHost(codes.values);
+      if (!codes.fixed_k()) out->row_counts = ToHost(codes.row_counts);
     } else {
-      out->values = x.to(at::kCPU).contiguous();
+      out->values = ToHost(x);
     }
+    if (r->device.is_cuda()) torch::cuda::synchronize(r->device.index());
   } catch (const std::exception& e) {
     return FromTorchError(e, absl::StrCat("batch ", batch, " on ", r->device.str()));
   }
@@ -154,6 +166,7 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
   const int64_t commit_rows = std::max<int64_t>(options.commit_rows, 1);
 
   std::atomic<bool> stop{false};
+  std::vector<double> busy(n, 0.0);
   std::vector<std::unique_ptr<BoundedQueue>> queues;
   for (int i = 0; i < n; ++i) queues.push_back(std::make_unique<BoundedQueue>(std::max(1, options.queue_depth)));
   std::vector<std::thread> workers;
@@ -164,7 +177,9 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
       c10::InferenceMode inference;
       for (int64_t b = first_batch + w; b < num_batches && !stop.load(); b += n) {
         BatchOutput out;
+        const auto t0 = Clock::now();
         out.status = ComputeBatch(tokens, r, options, b, &out);
+        busy[w] += std::chrono::duration<double>(Clock::now() - t0).count();
         const bool failed = !out.status.ok();
         if (!queues[w]->Push(std::move(out), stop) || failed) break;
       }
@@ -313,13 +328,16 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
   result.seconds = seconds_since_start();
   result.tokens_per_second = result.seconds > 0 ? result.rows_this_run / result.seconds : 0;
   result.bytes_committed = bytes_committed();
+  result.device_busy_seconds = *std::max_element(busy.begin(), busy.end());
   return result;
 }
 
-absl::StatusOr<double> MeasureComputeFloorTokensPerSecond(const TokenSource& tokens,
-                                                          PipelineReplica* replica,
-                                                          const PipelineOptions& options,
-                                                          int64_t max_sequences) {
+namespace {
+
+absl::StatusOr<double> ComputeFloorInThisThread(const TokenSource& tokens,
+                                                PipelineReplica* replica,
+                                                const PipelineOptions& options,
+                                                int64_t max_sequences) {
   SetCpuThreadsForThisThread(replica->cpu_threads);
   c10::InferenceMode inference;
   const int64_t L = tokens.context_length();
@@ -347,6 +365,20 @@ absl::StatusOr<double> MeasureComputeFloorTokensPerSecond(const TokenSource& tok
   }
   const double s = std::chrono::duration<double>(Clock::now() - start).count();
   return s > 0 ? rows / s : 0;
+}
+
+}  // namespace
+
+absl::StatusOr<double> MeasureComputeFloorTokensPerSecond(const TokenSource& tokens,
+                                                          PipelineReplica* replica,
+                                                          const PipelineOptions& options,
+                                                          int64_t max_sequences) {
+  // In a thread of its own, as the pipeline's workers run: OpenMP and allocator state are per
+  // thread, so the floor and the job see the same conditions.
+  absl::StatusOr<double> result = absl::InternalError("not run");
+  std::thread t([&] { result = ComputeFloorInThisThread(tokens, replica, options, max_sequences); });
+  t.join();
+  return result;
 }
 
 }  // namespace latentd::engine

@@ -59,6 +59,9 @@ struct PipelineResult {
   double seconds = 0;
   double tokens_per_second = 0;   // rows_this_run / seconds
   int64_t bytes_committed = 0;    // the sink's figure, else an estimate of the stored bytes
+  // Seconds the busiest replica spent computing batches (tokens in, codes on the host); against
+  // `seconds` it shows how much of the wall time storage and bookkeeping add, in the same run.
+  double device_busy_seconds = 0;
 };
 
 // Runs the shard from sink->rows_committed() to the end, then MarkComplete(). CANCELLED when

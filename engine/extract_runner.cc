@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "engine/device_util.h"
@@ -329,6 +330,15 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
     if (absl::StrContains(s.message(), "non-finite")) return WithReason(s, latentd::v1::NUMERICAL);
     if (s.code() == absl::StatusCode::kResourceExhausted) return WithReason(s, latentd::v1::OOM);
     return s;
+  }
+  if (ctx != nullptr && run->rows_this_run > 0) {
+    ctx->Log(latentd::v1::LogLine::INFO,
+             absl::StrFormat("extract: %d rows in %.3f s wall, busiest device computing %.3f s "
+                             "(storage and bookkeeping beyond compute: %.1f%%)",
+                             run->rows_this_run, run->seconds, run->device_busy_seconds,
+                             run->device_busy_seconds > 0
+                                 ? 100.0 * (run->seconds / run->device_busy_seconds - 1)
+                                 : 0.0));
   }
   latentd::v1::ExtractResult result;
   result.set_dataset_id(opened.dataset_id);
