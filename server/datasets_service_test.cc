@@ -63,7 +63,7 @@ class DatasetsServiceTest : public ::testing::Test {
       while (cols.size() < 16) cols.insert(static_cast<int32_t>(rng() % 4096));
       for (int32_t c : cols) {
         indices.push_back(c);
-        values.push_back(static_cast<float>(rng() % 1000) / 10.0f);
+        values.push_back(0.5f + static_cast<float>(rng() % 1000) / 10.0f);  // never 0
       }
       indptr.push_back(static_cast<int64_t>(indices.size()));
       tokens.push_back(static_cast<int32_t>(rng() % 4096));

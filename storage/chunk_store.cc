@@ -912,6 +912,8 @@ absl::Status DatasetWriter::AppendSparse(int64_t num_rows, const int64_t* indptr
   // Validate everything before touching the pending buffer, so a bad call changes nothing.
   std::vector<std::pair<int32_t, float>> row;
   const size_t mark_idx = pending_.indices.size();
+  std::vector<int64_t> row_ends;
+  row_ends.reserve(num_rows);
   for (int64_t r = 0; r < num_rows; ++r) {
     row.clear();
     for (int64_t i = indptr[r]; i < indptr[r + 1]; ++i) {
@@ -926,6 +928,7 @@ absl::Status DatasetWriter::AppendSparse(int64_t num_rows, const int64_t* indptr
         pending_.values.resize(mark_idx);
         return absl::InvalidArgumentError(absl::StrCat("values: non-finite in row ", r));
       }
+      if (values[i] == 0.0f) continue;  // an explicit zero is no firing
       row.emplace_back(indices[i], RoundTo(dtype_, values[i]));
     }
     std::sort(row.begin(), row.end(),
@@ -942,10 +945,11 @@ absl::Status DatasetWriter::AppendSparse(int64_t num_rows, const int64_t* indptr
       pending_.indices.push_back(c);
       pending_.values.push_back(v);
     }
+    row_ends.push_back(static_cast<int64_t>(pending_.indices.size()));
   }
-  int64_t base = pending_.indptr.back();
+  const int64_t base = pending_.indptr.back() - static_cast<int64_t>(mark_idx);
   for (int64_t r = 0; r < num_rows; ++r) {
-    pending_.indptr.push_back(base + indptr[r + 1]);
+    pending_.indptr.push_back(base + row_ends[r]);
     pending_.token_ids.push_back(token_ids[r]);
   }
   pending_.num_rows += num_rows;

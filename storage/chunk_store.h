@@ -179,6 +179,8 @@ class DatasetWriter {
 
   // CSR rows: indptr has num_rows + 1 entries starting at 0; indices need not be sorted (the
   // writer sorts per row) but must be unique within a row and in [0, width); values finite.
+  // Entries whose value is exactly 0 are dropped (a zero is not a firing), so nnz, statistics
+  // and postings count only firings. (A tiny value that rounds to 0 in fp16 is kept.)
   absl::Status AppendSparse(int64_t num_rows, const int64_t* indptr, const int32_t* indices,
                             const float* values, const int32_t* token_ids);
   // Dense rows: num_rows x width floats, stored in the dataset's dtype.

@@ -296,6 +296,25 @@ TEST_F(ChunkStoreTest, BadAppendsChangeNothing) {
   EXPECT_EQ(store_->GetDataset(id)->nnz(), 2);
 }
 
+TEST_F(ChunkStoreTest, ExplicitZerosAreNotFirings) {
+  uint64_t id = *store_->CreateDataset(SparseMeta("z", 16));
+  auto w = store_->OpenWriter(id);
+  ASSERT_TRUE(w.ok());
+  int64_t indptr[] = {0, 3, 4};
+  int32_t idx[] = {5, 1, 9, 5};
+  float vals[] = {0.0f, 2.0f, 0.0f, 3.0f};
+  int32_t tok[] = {1, 2};
+  ASSERT_TRUE((*w)->AppendSparse(2, indptr, idx, vals, tok).ok());
+  ASSERT_TRUE((*w)->Commit().ok());
+  auto rows = store_->ReadRows(id, 0, 0);
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(rows->indptr, (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(rows->indices, (std::vector<int32_t>{1, 5}));
+  EXPECT_EQ(store_->GetLatentStats(id, 5)->firing_count, 1);
+  EXPECT_EQ(store_->GetLatentStats(id, 9)->firing_count, 0);
+  EXPECT_EQ(store_->GetDataset(id)->dead_latents(), 14);
+}
+
 TEST_F(ChunkStoreTest, CorruptChunkIsDataLossNamingTheChunk) {
   uint64_t id = *store_->CreateDataset(SparseMeta("c"));
   {
