@@ -93,10 +93,9 @@ Outcome Train(const std::string& name, double lr, double density, int64_t window
 std::string Mb(int64_t bytes) { return absl::StrFormat("%.2f MB", bytes / 1e6); }
 
 int Main(int argc, char** argv) {
-  std::map<std::string, double> flags = {{"steps", 300},       {"d_in", 256},
-                                         {"d_sae", 2048},      {"window", 32},
-                                         {"batch", 256},       {"adam_lr", 1e-3},
-                                         {"mfac_lr", 3e-2},    {"smfac_lr", 3e-2}};
+  std::map<std::string, double> flags = {{"steps", 300},    {"d_in", 256},     {"d_sae", 2048},
+                                         {"window", 32},    {"batch", 256},    {"adam_lr", 1e-3},
+                                         {"mfac_lr", 3e-2}, {"smfac_lr", 3e-2}};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     const size_t eq = arg.find('=');
@@ -111,10 +110,11 @@ int Main(int argc, char** argv) {
   std::vector<float> held = DictionaryRows(2048, d_in, 12);
   torch::Tensor held_out = torch::from_blob(held.data(), {2048, d_in}, torch::kFloat32);
   const int64_t d = 2 * d_in * d_sae + d_sae + d_in;
-  std::printf("TopK SAE d_in %lld, d_sae %lld, k 32 (d = %lld parameters); %lld steps of %lld rows"
-              " (%lld rows, cosine lr with warm-up); M-FAC window m = %lld\n\n",
-              (long long)d_in, (long long)d_sae, (long long)d, (long long)steps, (long long)batch,
-              (long long)rows, (long long)window);
+  std::printf(
+      "TopK SAE d_in %lld, d_sae %lld, k 32 (d = %lld parameters); %lld steps of %lld rows"
+      " (%lld rows, cosine lr with warm-up); M-FAC window m = %lld\n\n",
+      (long long)d_in, (long long)d_sae, (long long)d, (long long)steps, (long long)batch,
+      (long long)rows, (long long)window);
   struct Run {
     const char* label;
     const char* name;
@@ -132,8 +132,9 @@ int Main(int argc, char** argv) {
         Train(run.name, run.lr, run.density, window, &source, held_out, d_in, d_sae, steps, batch));
   }
   const Outcome& adam = outcomes[0];
-  std::printf("| optimizer | final FVU (held out) | peak optimizer state | vs adam | step time | "
-              "vs adam |\n|---|---|---|---|---|---|\n");
+  std::printf(
+      "| optimizer | final FVU (held out) | peak optimizer state | vs adam | step time | "
+      "vs adam |\n|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < outcomes.size(); ++i) {
     const Outcome& o = outcomes[i];
     std::printf("| %s | %.4f | %s | %.2fx | %.1f ms | %.2fx |\n", runs[i].label, o.fvu,

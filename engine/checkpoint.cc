@@ -70,8 +70,8 @@ absl::StatusOr<std::optional<Checkpoint>> DbCheckpointStore::LoadLatest() {
   const uint64_t size = ReadBigEndian64(pointer->data() + 16);
   auto blob = db_->Get(storage::Family::kChunks, BlobKey(checkpoint.step));
   if (absl::IsNotFound(blob.status())) {
-    return absl::DataLossError(absl::StrCat("checkpoint of job ", job_id_, " at step ",
-                                            checkpoint.step, " is missing"));
+    return absl::DataLossError(
+        absl::StrCat("checkpoint of job ", job_id_, " at step ", checkpoint.step, " is missing"));
   }
   if (!blob.ok()) return blob.status();
   if (blob->size() != size || Fnv1a(*blob) != checksum) {

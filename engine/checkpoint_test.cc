@@ -42,8 +42,9 @@ TEST(DbCheckpointStoreTest, NewestCommitWinsAndSurvivesReopen) {
   EXPECT_EQ((*latest)->blob, std::string(100000, 'x'));
   // The superseded blob was deleted in the same batch.
   EXPECT_TRUE(absl::IsNotFound(
-      db->get()->Get(storage::Family::kChunks, std::string("ckpt/") + std::string(7, '\0') +
-                                                   "*" + std::string(7, '\0') + "\n")
+      db->get()
+          ->Get(storage::Family::kChunks,
+                std::string("ckpt/") + std::string(7, '\0') + "*" + std::string(7, '\0') + "\n")
           .status()));
   ASSERT_TRUE(store.Clear().ok());
   EXPECT_FALSE(store.LoadLatest()->has_value());
@@ -56,8 +57,8 @@ TEST(DbCheckpointStoreTest, CorruptBlobIsDataLossNotAGoodCheckpoint) {
   ASSERT_TRUE(db.ok());
   DbCheckpointStore store(db->get(), 7);
   ASSERT_TRUE(store.Commit({3, "abcdef"}).ok());
-  std::string key = std::string("ckpt/") + std::string(7, '\0') + "\x07" + std::string(7, '\0') +
-                    "\x03";
+  std::string key =
+      std::string("ckpt/") + std::string(7, '\0') + "\x07" + std::string(7, '\0') + "\x03";
   ASSERT_TRUE(db->get()->Put(storage::Family::kChunks, key, "abcdeX", true).ok());
   auto latest = store.LoadLatest();
   EXPECT_EQ(latest.status().code(), absl::StatusCode::kDataLoss);

@@ -1,11 +1,11 @@
 #include "engine/data_parallel.h"
 
 #include <ATen/ATen.h>
+
+#include <chrono>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
-#include <chrono>
 
 #include "absl/strings/str_cat.h"
 
@@ -44,8 +44,8 @@ class ProcessGroupSync : public GradientSync {
       return absl::UnavailableError(
           absl::StrCat("all-reduce across ", world_size_, " ranks: ", e.what_without_backtrace()));
     } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat("all-reduce across ", world_size_, " ranks: ",
-                                                 e.what()));
+      return absl::UnavailableError(
+          absl::StrCat("all-reduce across ", world_size_, " ranks: ", e.what()));
     }
     return absl::OkStatus();
   }
@@ -58,11 +58,13 @@ class ProcessGroupSync : public GradientSync {
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Store> NewInProcessStore() { return c10::make_intrusive<c10d::HashStore>(); }
+c10::intrusive_ptr<c10d::Store> NewInProcessStore() {
+  return c10::make_intrusive<c10d::HashStore>();
+}
 
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> NewTcpStore(const std::string& host, int port,
-                                                         int world_size, bool is_master,
-                                                         int timeout_seconds) {
+                                                            int world_size, bool is_master,
+                                                            int timeout_seconds) {
   try {
     c10d::TCPStoreOptions options;
     options.port = static_cast<uint16_t>(port);
@@ -89,9 +91,8 @@ absl::StatusOr<std::unique_ptr<GradientSync>> JoinProcessGroup(
 #ifdef USE_C10D_NCCL
       auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
       nccl_options->timeout = timeout;
-      auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(
-          store,
-          options.rank, options.world_size, nccl_options);
+      auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, options.rank,
+                                                               options.world_size, nccl_options);
       return std::unique_ptr<GradientSync>(
           new ProcessGroupSync(group, options.rank, options.world_size));
 #else
@@ -102,9 +103,8 @@ absl::StatusOr<std::unique_ptr<GradientSync>> JoinProcessGroup(
     gloo_options->timeout = timeout;
     gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(
         options.gloo_hostname.empty() ? "127.0.0.1" : options.gloo_hostname));
-    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        store, options.rank,
-        options.world_size, gloo_options);
+    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, options.rank,
+                                                             options.world_size, gloo_options);
     return std::unique_ptr<GradientSync>(
         new ProcessGroupSync(group, options.rank, options.world_size));
   } catch (const std::exception& e) {

@@ -9,11 +9,11 @@
 #ifndef LATENTD_ENGINE_DATA_PARALLEL_H_
 #define LATENTD_ENGINE_DATA_PARALLEL_H_
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/types.h>
 
 #include <memory>
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -36,9 +36,7 @@ class SingleProcessSync : public GradientSync {
  public:
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
-  absl::Status AllReduceSum(const std::vector<torch::Tensor>&) override {
-    return absl::OkStatus();
-  }
+  absl::Status AllReduceSum(const std::vector<torch::Tensor>&) override { return absl::OkStatus(); }
 };
 
 // Backend of a process group.
@@ -63,8 +61,8 @@ absl::StatusOr<std::unique_ptr<GradientSync>> JoinProcessGroup(
 c10::intrusive_ptr<c10d::Store> NewInProcessStore();
 // A TCPStore rendezvous: rank 0 (is_master) listens on host:port, the others connect.
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> NewTcpStore(const std::string& host, int port,
-                                                         int world_size, bool is_master,
-                                                         int timeout_seconds);
+                                                            int world_size, bool is_master,
+                                                            int timeout_seconds);
 
 }  // namespace latentd::engine
 

@@ -11,7 +11,7 @@ absl::StatusOr<LrScheduleOptions> LrScheduleFromProto(const latentd::v1::LrSched
                                                       double base_lr, int64_t total_steps) {
   LrScheduleOptions options;
   options.kind = schedule.kind() == latentd::v1::LR_SCHEDULE_UNSPECIFIED ? latentd::v1::CONSTANT
-                                                                          : schedule.kind();
+                                                                         : schedule.kind();
   if (!latentd::v1::LrScheduleKind_IsValid(options.kind)) {
     return absl::InvalidArgumentError(
         absl::StrCat("train.schedule.kind: unknown schedule ", static_cast<int>(options.kind)));

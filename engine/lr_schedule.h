@@ -1,6 +1,6 @@
 // Learning-rate schedules for TRAIN jobs: constant, linear, cosine and step decay, each with an
-// optional linear warm-up. Torch-free and pure: the lr of a step depends only on the options and the
-// step, so a resumed job continues the same curve without storing schedule state.
+// optional linear warm-up. Torch-free and pure: the lr of a step depends only on the options and
+// the step, so a resumed job continues the same curve without storing schedule state.
 #ifndef LATENTD_ENGINE_LR_SCHEDULE_H_
 #define LATENTD_ENGINE_LR_SCHEDULE_H_
 

@@ -35,7 +35,8 @@ TEST(LrScheduleTest, LinearAndCosineEndAtFinalFraction) {
     }
   }
   // Cosine sits above linear in the first half of the decay.
-  EXPECT_GT(LrAt(Make(latentd::v1::COSINE, 0, 101), 25), LrAt(Make(latentd::v1::LINEAR, 0, 101), 25));
+  EXPECT_GT(LrAt(Make(latentd::v1::COSINE, 0, 101), 25),
+            LrAt(Make(latentd::v1::LINEAR, 0, 101), 25));
 }
 
 TEST(LrScheduleTest, StepDecaysByGammaEveryStepSize) {

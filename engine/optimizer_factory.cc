@@ -155,8 +155,8 @@ absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(const latentd::v1::Opti
   OptimizerConfig config;
   config.name = spec.name();
   if (std::find(KnownNames().begin(), KnownNames().end(), config.name) == KnownNames().end()) {
-    return Invalid("name", absl::StrCat("unknown optimizer \"", spec.name(), "\" (known: ",
-                                        absl::StrJoin(KnownNames(), ", "), ")"));
+    return Invalid("name", absl::StrCat("unknown optimizer \"", spec.name(),
+                                        "\" (known: ", absl::StrJoin(KnownNames(), ", "), ")"));
   }
   if (!(spec.lr() > 0) || !std::isfinite(spec.lr())) {
     return Invalid("lr", absl::StrCat("must be > 0, got ", spec.lr()));
@@ -256,7 +256,8 @@ absl::Status TrainOptimizer::Step() {
     optimizer().step();
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();
-    if (what.find("alloc") != std::string::npos || what.find("out of memory") != std::string::npos) {
+    if (what.find("alloc") != std::string::npos ||
+        what.find("out of memory") != std::string::npos) {
       return absl::ResourceExhaustedError(absl::StrCat("optimizer step: ", what));
     }
     return absl::InternalError(absl::StrCat("optimizer step: ", what));
@@ -268,7 +269,8 @@ absl::Status TrainOptimizer::Save(torch::serialize::OutputArchive* archive) {
   try {
     optimizer().save(*archive);
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("saving optimizer state: ", e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat("saving optimizer state: ", e.what_without_backtrace()));
   }
   return absl::OkStatus();
 }
@@ -287,22 +289,21 @@ absl::StatusOr<std::unique_ptr<TrainOptimizer>> MakeOptimizer(const OptimizerCon
                                                               std::vector<torch::Tensor> params) {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   if (config.name == "sgd") {
-    optimizer = std::make_unique<torch::optim::SGD>(
-        params,
-        torch::optim::SGDOptions(config.lr).momentum(config.momentum).weight_decay(
-            config.weight_decay));
+    optimizer = std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(config.lr)
+                                                                .momentum(config.momentum)
+                                                                .weight_decay(config.weight_decay));
   } else if (config.name == "adam") {
-    optimizer = std::make_unique<torch::optim::Adam>(
-        params, torch::optim::AdamOptions(config.lr)
-                    .betas({config.beta1, config.beta2})
-                    .eps(config.eps)
-                    .weight_decay(config.weight_decay));
+    optimizer =
+        std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(config.lr)
+                                                         .betas({config.beta1, config.beta2})
+                                                         .eps(config.eps)
+                                                         .weight_decay(config.weight_decay));
   } else if (config.name == "adamw") {
-    optimizer = std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(config.lr)
-                    .betas({config.beta1, config.beta2})
-                    .eps(config.eps)
-                    .weight_decay(config.weight_decay));
+    optimizer =
+        std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(config.lr)
+                                                          .betas({config.beta1, config.beta2})
+                                                          .eps(config.eps)
+                                                          .weight_decay(config.weight_decay));
   } else if (config.name == "mfac" || config.name == "smfac" || config.name == "ggt" ||
              config.name == "lrmfac") {
     try {
@@ -313,10 +314,11 @@ absl::StatusOr<std::unique_ptr<TrainOptimizer>> MakeOptimizer(const OptimizerCon
                 torch::optim::OptimizerParamGroup(params)},
             MfacOptions(config));
       } else if (config.name == "smfac") {
-        efcp_optimizer = std::make_unique<efcp::SparseMFAC>(std::move(params), SmfacOptions(config));
+        efcp_optimizer =
+            std::make_unique<efcp::SparseMFAC>(std::move(params), SmfacOptions(config));
       } else if (config.name == "lrmfac") {
-        efcp_optimizer = std::make_unique<efcp::LowRankMFAC>(std::move(params),
-                                                             LrmfacOptions(config));
+        efcp_optimizer =
+            std::make_unique<efcp::LowRankMFAC>(std::move(params), LrmfacOptions(config));
       } else {
         efcp_optimizer = std::make_unique<efcp::GGT>(
             std::vector<torch::optim::OptimizerParamGroup>{
@@ -329,8 +331,8 @@ absl::StatusOr<std::unique_ptr<TrainOptimizer>> MakeOptimizer(const OptimizerCon
           absl::StrCat("train.optimizer: ", e.what_without_backtrace()));
     }
   } else {
-    return absl::UnimplementedError(absl::StrCat(
-        "train.optimizer.name: \"", config.name, "\" needs efcp/, which this build lacks"));
+    return absl::UnimplementedError(absl::StrCat("train.optimizer.name: \"", config.name,
+                                                 "\" needs efcp/, which this build lacks"));
   }
   return std::unique_ptr<TrainOptimizer>(new TorchOptimizer(std::move(optimizer)));
 }

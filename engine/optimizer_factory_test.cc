@@ -43,8 +43,7 @@ TEST(OptimizerFactoryTest, BadSpecsNameTheField) {
 TEST(OptimizerFactoryTest, EachOptimizerDescendsAndItsEstimateEqualsItsAccounting) {
   for (const std::string name : {"sgd", "adam", "adamw", "mfac", "smfac", "lrmfac", "ggt"}) {
     SCOPED_TRACE(name);
-    const bool mfac_family = name == "mfac" || name == "smfac" || name == "ggt" ||
-                             name == "lrmfac";
+    const bool mfac_family = name == "mfac" || name == "smfac" || name == "ggt" || name == "lrmfac";
     latentd::v1::OptimizerSpec spec = Spec(name, mfac_family ? 1.0 : 0.05);
     // M-FAC's step is F^-1 g with F = damp*I + G^T G / s: a damp near the gradient scale keeps
     // the steps of a descent method on this tiny problem.

@@ -30,8 +30,8 @@ absl::StatusOr<SaeModelOptions> SaeModelOptionsFromProto(const latentd::v1::SaeT
   options.d_sae = config.d_sae();
   options.k = config.k() == 0 ? std::min<int64_t>(32, options.d_sae) : config.k();
   if (options.architecture == latentd::v1::TOPK && (options.k < 1 || options.k > options.d_sae)) {
-    return absl::InvalidArgumentError(absl::StrCat("train.sae.k: must be in [1, d_sae = ",
-                                                   options.d_sae, "], got ", config.k()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.sae.k: must be in [1, d_sae = ", options.d_sae, "], got ", config.k()));
   }
   if (config.l1_coefficient() < 0 || !std::isfinite(config.l1_coefficient())) {
     return absl::InvalidArgumentError(

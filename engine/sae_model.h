@@ -42,8 +42,8 @@ absl::StatusOr<SaeModelOptions> SaeModelOptionsFromProto(const latentd::v1::SaeT
                                                          int64_t d_in, uint64_t seed);
 
 struct SaeForward {
-  torch::Tensor loss;    // scalar, with graph
-  torch::Tensor x_hat;   // rows x d_in
+  torch::Tensor loss;     // scalar, with graph
+  torch::Tensor x_hat;    // rows x d_in
   torch::Tensor latents;  // rows x d_sae (dense, mostly zeros)
   double mse = 0;
   double fvu = 0;  // sum ||x - x_hat||^2 / sum ||x - mean(x)||^2 over the batch

@@ -73,7 +73,7 @@ absl::Status ShuffledRowStream::LoadWindow(int64_t epoch, int64_t in_epoch_posit
   std::vector<int64_t> order(rows);
   std::iota(order.begin(), order.end(), 0);
   Shuffle(&order, Mix(options_.seed ^ Mix(static_cast<uint64_t>(epoch) * 0x100000001ULL +
-                                           static_cast<uint64_t>(w) + 1)));
+                                          static_cast<uint64_t>(w) + 1)));
   window_.rows.resize(rows * width);
   for (int64_t i = 0; i < rows; ++i) {
     std::memcpy(window_.rows.data() + i * width, raw.data() + order[i] * width,

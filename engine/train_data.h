@@ -45,7 +45,7 @@ class ShuffledRowStream {
   ShuffledRowStreamOptions options_;
   std::vector<int64_t> starts_;  // chunk starts plus num_rows at the end
   int64_t epoch_order_epoch_ = -1;
-  std::vector<int64_t> epoch_order_;  // chunk order of the current epoch
+  std::vector<int64_t> epoch_order_;     // chunk order of the current epoch
   std::vector<int64_t> window_offsets_;  // in-epoch position of each window's first row
   Window window_;
 };

@@ -71,13 +71,13 @@ absl::StatusOr<std::string> ResolveUnderRoots(const std::string& path,
       return resolved.string();
     }
   }
-  return absl::PermissionDeniedError(absl::StrCat(
-      field, ": ", path, " is not under a data root (", absl::StrJoin(roots, ", "), ")"));
+  return absl::PermissionDeniedError(absl::StrCat(field, ": ", path, " is not under a data root (",
+                                                  absl::StrJoin(roots, ", "), ")"));
 }
 
 std::vector<std::vector<int64_t>> SaeShapes(const SaeModelOptions& o) {
-  std::vector<std::vector<int64_t>> shapes = {{o.d_in, o.d_sae}, {o.d_sae}, {o.d_sae, o.d_in},
-                                              {o.d_in}};
+  std::vector<std::vector<int64_t>> shapes = {
+      {o.d_in, o.d_sae}, {o.d_sae}, {o.d_sae, o.d_in}, {o.d_in}};
   if (o.architecture == latentd::v1::JUMPRELU) shapes.push_back({o.d_sae});
   return shapes;
 }
@@ -119,7 +119,8 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
                                                    " devices"));
   }
   if (spec.steps() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("train.steps: must be >= 0, got ", spec.steps()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.steps: must be >= 0, got ", spec.steps()));
   }
   if (spec.epochs() < 0 || !std::isfinite(spec.epochs())) {
     return absl::InvalidArgumentError(
@@ -154,18 +155,18 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
 
   if (has_sae) {
     if (spec.sae().d_in() != 0 && spec.sae().d_in() != plan.width) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "train.sae.d_in: ", spec.sae().d_in(), " does not match the width of dataset ",
-          spec.dataset_id(), " (", plan.width, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("train.sae.d_in: ", spec.sae().d_in(),
+                                                     " does not match the width of dataset ",
+                                                     spec.dataset_id(), " (", plan.width, ")"));
     }
     ASSIGN_OR_RETURN(plan.sae_options,
                      SaeModelOptionsFromProto(spec.sae(), plan.width, spec.seed()));
     plan.shapes = SaeShapes(plan.sae_options);
   } else {
     plan.sae = false;
-    ASSIGN_OR_RETURN(plan.torchscript_path, ResolveUnderRoots(spec.torchscript_path(),
-                                                              env.data_roots,
-                                                              "train.torchscript_path"));
+    ASSIGN_OR_RETURN(
+        plan.torchscript_path,
+        ResolveUnderRoots(spec.torchscript_path(), env.data_roots, "train.torchscript_path"));
     ASSIGN_OR_RETURN(auto model, LoadTorchScriptTrainable(plan.torchscript_path, c10::kCPU));
     for (const auto& p : model->parameters()) plan.shapes.push_back(p.sizes().vec());
   }
@@ -185,8 +186,8 @@ TrainMemoryEstimate Estimate(const TrainPlan& plan, int num_devices,
   const int64_t rows = (plan.batch_size + num_devices - 1) / std::max(num_devices, 1);
   // Activations of one step and their gradients: the input, x_hat and their gradients (4 x d_in)
   // plus pre-activations, latents and their gradients (~5 x d_sae) per row; a module: 4 x width.
-  const int64_t activations =
-      plan.sae ? 4 * rows * (4 * plan.width + 5 * plan.sae_options.d_sae) : 4 * rows * 4 * plan.width;
+  const int64_t activations = plan.sae ? 4 * rows * (4 * plan.width + 5 * plan.sae_options.d_sae)
+                                       : 4 * rows * 4 * plan.width;
   estimate.optimizer_bytes = memory.total();
   estimate.total_bytes = 8 * params + memory.total() + activations;
   std::vector<std::string> parts;
@@ -220,9 +221,8 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
   if (devices.empty()) devices.push_back(DeviceRef{DeviceKind::kCpu, 0, "cpu:0", 0});
   const int world = static_cast<int>(devices.size());
   if (plan.batch_size < world) {
-    return absl::InvalidArgumentError(absl::StrCat("train.batch_size: ", plan.batch_size,
-                                                   " rows cannot be split over ", world,
-                                                   " devices"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.batch_size: ", plan.batch_size, " rows cannot be split over ", world, " devices"));
   }
   std::vector<Rank> ranks(world);
   for (int r = 0; r < world; ++r) {
@@ -255,9 +255,9 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
     return options;
   };
   if (world == 1) {
-    ranks[0].result = RunTrainLoop(loop_options(0), ranks[0].model.get(),
-                                   ranks[0].optimizer.get(), ranks[0].stream.get(), plan.width,
-                                   nullptr, &checkpoints, context, cancel);
+    ranks[0].result =
+        RunTrainLoop(loop_options(0), ranks[0].model.get(), ranks[0].optimizer.get(),
+                     ranks[0].stream.get(), plan.width, nullptr, &checkpoints, context, cancel);
   } else {
     const bool cuda = devices[0].kind == DeviceKind::kCuda;
     auto store = NewInProcessStore();
@@ -274,10 +274,10 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
             ranks[r].result = sync.status();
             return;
           }
-          ranks[r].result = RunTrainLoop(loop_options(r), ranks[r].model.get(),
-                                         ranks[r].optimizer.get(), ranks[r].stream.get(),
-                                         plan.width, sync->get(), &checkpoints,
-                                         r == 0 ? context : nullptr, cancel);
+          ranks[r].result =
+              RunTrainLoop(loop_options(r), ranks[r].model.get(), ranks[r].optimizer.get(),
+                           ranks[r].stream.get(), plan.width, sync->get(), &checkpoints,
+                           r == 0 ? context : nullptr, cancel);
         } catch (const std::exception& e) {
           ranks[r].result = absl::InternalError(absl::StrCat("rank ", r, ": ", e.what()));
         }
@@ -336,9 +336,9 @@ absl::Status ValidateTrainSpec(const latentd::v1::TrainSpec& spec, const TrainEn
     if (env.device_memory_bytes <= 0) return absl::OkStatus();
     const TrainMemoryEstimate estimate = Estimate(plan, env.num_devices, plan.optimizer);
     if (estimate.total_bytes <= env.device_memory_bytes) return absl::OkStatus();
-    std::string message = absl::StrCat(
-        "train.optimizer: the job needs ", Gb(estimate.total_bytes), " per device (",
-        estimate.breakdown, "), the device has ", Gb(env.device_memory_bytes));
+    std::string message =
+        absl::StrCat("train.optimizer: the job needs ", Gb(estimate.total_bytes), " per device (",
+                     estimate.breakdown, "), the device has ", Gb(env.device_memory_bytes));
     if (plan.optimizer.name == "mfac") {
       message += absl::StrCat("; dense M-FAC needs ",
                               Gb(DenseMfacHistoryBytes(plan.num_params, plan.optimizer.window)),

@@ -116,10 +116,10 @@ class TrainJobTest : public ::testing::Test {
       std::vector<float> values(rows, 1.0f);
       for (int64_t r = 0; r <= rows; ++r) indptr[r] = r;
       for (int64_t r = 0; r < rows; ++r) indices[r] = static_cast<int32_t>(r % width);
-      EXPECT_TRUE((*writer)
-                      ->AppendSparse(rows, indptr.data(), indices.data(), values.data(),
-                                     tokens.data())
-                      .ok());
+      EXPECT_TRUE(
+          (*writer)
+              ->AppendSparse(rows, indptr.data(), indices.data(), values.data(), tokens.data())
+              .ok());
     }
     EXPECT_TRUE((*writer)->Commit().ok());
     return *id;
@@ -238,9 +238,9 @@ TEST_F(TrainJobTest, TrainsATopKSaeWithSmfacAndWritesALoadableArtifact) {
   EXPECT_EQ(sae->config().d_sae, 64);
   EXPECT_EQ(sae->config().k, 4);
   EXPECT_EQ(sae->config().hook_name, "blocks.2.hook_resid_post");
-  EXPECT_TRUE(absl::IsNotFound(db_->Get(storage::Family::kMeta,
-                                        std::string("ckpt/") + std::string(7, '\0') + "\x07")
-                                   .status()));
+  EXPECT_TRUE(absl::IsNotFound(
+      db_->Get(storage::Family::kMeta, std::string("ckpt/") + std::string(7, '\0') + "\x07")
+          .status()));
 }
 
 TEST_F(TrainJobTest, InterruptedJobResumesToTheWeightsOfAnUninterruptedOne) {

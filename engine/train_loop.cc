@@ -51,13 +51,14 @@ absl::StatusOr<std::string> SerializeState(int64_t steps_done, TrainableModel* m
     });
     return blob;
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("writing the checkpoint: ", e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat("writing the checkpoint: ", e.what_without_backtrace()));
   }
 }
 
-absl::Status RestoreState(const std::string& blob, TrainableModel* model,
-                          TrainOptimizer* optimizer, int64_t* steps_done,
-                          torch::Tensor* steps_since_fired, int64_t* peak_optimizer_bytes) {
+absl::Status RestoreState(const std::string& blob, TrainableModel* model, TrainOptimizer* optimizer,
+                          int64_t* steps_done, torch::Tensor* steps_since_fired,
+                          int64_t* peak_optimizer_bytes) {
   try {
     torch::serialize::InputArchive archive;
     archive.load_from(blob.data(), blob.size());
@@ -87,7 +88,8 @@ absl::Status RestoreState(const std::string& blob, TrainableModel* model,
     archive.read("optimizer", optimizer_archive);
     return optimizer->Load(&optimizer_archive);
   } catch (const c10::Error& e) {
-    return absl::DataLossError(absl::StrCat("reading the checkpoint: ", e.what_without_backtrace()));
+    return absl::DataLossError(
+        absl::StrCat("reading the checkpoint: ", e.what_without_backtrace()));
   }
 }
 
@@ -95,7 +97,8 @@ void FillDeviceMemory(const c10::Device& device, latentd::v1::TrainTelemetry* sa
 #ifdef LATENTD_WITH_CUDA
   if (device.is_cuda()) {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    constexpr size_t kAll = static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE);
+    constexpr size_t kAll =
+        static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE);
     sample->set_device_allocated_bytes(stats.allocated_bytes[kAll].current);
     sample->set_device_reserved_bytes(stats.reserved_bytes[kAll].current);
     sample->set_device_peak_bytes(stats.allocated_bytes[kAll].peak);
@@ -115,11 +118,10 @@ int64_t TensorListBytes(const std::vector<torch::Tensor>& tensors) {
   return bytes;
 }
 
-absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options,
-                                             TrainableModel* model, TrainOptimizer* optimizer,
-                                             ShuffledRowStream* stream, int64_t width,
-                                             GradientSync* sync, CheckpointStore* checkpoints,
-                                             JobContext* context,
+absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, TrainableModel* model,
+                                             TrainOptimizer* optimizer, ShuffledRowStream* stream,
+                                             int64_t width, GradientSync* sync,
+                                             CheckpointStore* checkpoints, JobContext* context,
                                              const std::function<bool()>& cancel) {
   SingleProcessSync single;
   if (sync == nullptr) sync = &single;
@@ -139,7 +141,8 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options,
     return n;
   }();
   torch::Tensor steps_since_fired;
-  if (model->num_latents() > 0) steps_since_fired = torch::zeros({model->num_latents()}, torch::kInt64);
+  if (model->num_latents() > 0)
+    steps_since_fired = torch::zeros({model->num_latents()}, torch::kInt64);
 
   TrainLoopResult result;
   int64_t start = 0;
@@ -221,8 +224,8 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options,
     const double loss = stats[kStatLoss].item<double>();
     if (stats[kStatCancel].item<float>() > 0) {
       RETURN_IF_ERROR(checkpoint(step));
-      return absl::CancelledError(absl::StrCat("train cancelled at step ", step,
-                                               "; the checkpoint at that step is kept"));
+      return absl::CancelledError(
+          absl::StrCat("train cancelled at step ", step, "; the checkpoint at that step is kept"));
     }
     if (!std::isfinite(loss)) {
       return WithReason(
@@ -236,8 +239,8 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options,
     model->AfterOptimizerStep();
     const int64_t done = step + 1;
     if (steps_since_fired.defined()) {
-      steps_since_fired = torch::where(fired > 0, torch::zeros_like(steps_since_fired),
-                                       steps_since_fired + 1);
+      steps_since_fired =
+          torch::where(fired > 0, torch::zeros_like(steps_since_fired), steps_since_fired + 1);
     }
     last_loss = loss;
     last_fvu = stats[kStatFvu].item<double>();
@@ -261,10 +264,9 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options,
         sample.set_dead_latents((steps_since_fired >= window).sum().item<int64_t>());
       }
       sample.set_step_seconds(window_seconds / window_steps);
-      sample.set_rows_per_second(window_seconds > 0
-                                     ? static_cast<double>(global_batch * window_steps) /
-                                           window_seconds
-                                     : 0);
+      sample.set_rows_per_second(
+          window_seconds > 0 ? static_cast<double>(global_batch * window_steps) / window_seconds
+                             : 0);
       for (const auto& [name, bytes] : memory.components) {
         (*sample.mutable_optimizer_state_bytes())[name] = bytes;
       }

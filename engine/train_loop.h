@@ -87,11 +87,10 @@ struct TrainLoopResult {
 // waits on a collective the others left.
 // Resumes from checkpoints->LoadLatest() when there is one. Returns CANCELLED on cancel, an
 // error with reason NUMERICAL (WithReason) on a non-finite loss, naming the step.
-absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options,
-                                             TrainableModel* model, TrainOptimizer* optimizer,
-                                             ShuffledRowStream* stream, int64_t width,
-                                             GradientSync* sync, CheckpointStore* checkpoints,
-                                             JobContext* context,
+absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, TrainableModel* model,
+                                             TrainOptimizer* optimizer, ShuffledRowStream* stream,
+                                             int64_t width, GradientSync* sync,
+                                             CheckpointStore* checkpoints, JobContext* context,
                                              const std::function<bool()>& cancel);
 
 // Sum of bytes of the given tensors (defined ones only).

@@ -9,8 +9,7 @@
 
 namespace latentd::engine {
 
-SaeTrainable::SaeTrainable(const SaeModelOptions& options, c10::Device device)
-    : sae_(options) {
+SaeTrainable::SaeTrainable(const SaeModelOptions& options, c10::Device device) : sae_(options) {
   sae_->to(device);
 }
 
@@ -38,7 +37,7 @@ absl::Status SaeTrainable::Save(const std::string& dir) {
   config.d_sae = options.d_sae;
   config.architecture = options.architecture == latentd::v1::RELU       ? SaeArchitecture::kRelu
                         : options.architecture == latentd::v1::JUMPRELU ? SaeArchitecture::kJumpRelu
-                                                                         : SaeArchitecture::kTopK;
+                                                                        : SaeArchitecture::kTopK;
   config.k = options.architecture == latentd::v1::TOPK ? static_cast<int32_t>(options.k) : 0;
   config.apply_b_dec_to_input = options.apply_b_dec_to_input;
   config.hook_name = hook_name_;
@@ -104,9 +103,9 @@ absl::StatusOr<std::unique_ptr<TrainableModel>> LoadTorchScriptTrainable(const s
     }
     return std::unique_ptr<TrainableModel>(std::move(model));
   } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(absl::StrCat("train.torchscript_path: ", path,
-                                                   " is not a TorchScript module: ",
-                                                   e.what_without_backtrace()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.torchscript_path: ", path,
+                     " is not a TorchScript module: ", e.what_without_backtrace()));
   }
 }
 

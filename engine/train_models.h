@@ -38,9 +38,10 @@ class SaeTrainable : public TrainableModel {
   std::string model_name_;
 };
 
-// Loads a TorchScript module from `path`; Save writes dir/model.pt (torch.jit.load-able). (torch.jit.save of a scripted module). Its forward takes
-// one float32 tensor (rows x width) and returns a scalar loss. NOT_FOUND / INVALID_ARGUMENT naming
-// "train.torchscript_path" when the file is missing or not TorchScript.
+// Loads a TorchScript module from `path`; Save writes dir/model.pt (torch.jit.load-able).
+// (torch.jit.save of a scripted module). Its forward takes one float32 tensor (rows x width) and
+// returns a scalar loss. NOT_FOUND / INVALID_ARGUMENT naming "train.torchscript_path" when the file
+// is missing or not TorchScript.
 absl::StatusOr<std::unique_ptr<TrainableModel>> LoadTorchScriptTrainable(const std::string& path,
                                                                          c10::Device device);
 

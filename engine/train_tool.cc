@@ -42,7 +42,8 @@ class AnnouncingStore : public CheckpointStore {
   }
   absl::Status Commit(const Checkpoint& checkpoint) override {
     absl::Status status = inner_->Commit(checkpoint);
-    if (status.ok()) std::fprintf(stderr, "checkpoint %lld\n", static_cast<long long>(checkpoint.step));
+    if (status.ok())
+      std::fprintf(stderr, "checkpoint %lld\n", static_cast<long long>(checkpoint.step));
     std::fflush(stderr);
     return status;
   }
@@ -53,11 +54,13 @@ class AnnouncingStore : public CheckpointStore {
 };
 
 int Main(int argc, char** argv) {
-  std::map<std::string, std::string> flags = {
-      {"optimizer", "adam"}, {"lr", "1e-2"}, {"steps", "100"},   {"batch", "32"},
-      {"seed", "0"},         {"density", "0.01"}, {"window", "16"}, {"damp", "1e-4"},
-      {"devices", "1"},      {"schedule", "constant"}, {"k", "32"}, {"d_sae", "0"},
-      {"job", "1"},          {"checkpoint_every", "10"}};
+  std::map<std::string, std::string> flags = {{"optimizer", "adam"}, {"lr", "1e-2"},
+                                              {"steps", "100"},      {"batch", "32"},
+                                              {"seed", "0"},         {"density", "0.01"},
+                                              {"window", "16"},      {"damp", "1e-4"},
+                                              {"devices", "1"},      {"schedule", "constant"},
+                                              {"k", "32"},           {"d_sae", "0"},
+                                              {"job", "1"},          {"checkpoint_every", "10"}};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     const size_t eq = arg.find('=');
@@ -163,9 +166,9 @@ int Main(int argc, char** argv) {
     rank.stream = std::make_unique<ShuffledRowStream>(&source, ShuffledRowStreamOptions{seed, 4});
   }
   if (devices == 1) {
-    ranks[0].result = RunTrainLoop(options, ranks[0].model.get(), ranks[0].optimizer.get(),
-                                   ranks[0].stream.get(), width, nullptr, checkpoints.get(),
-                                   nullptr, nullptr);
+    ranks[0].result =
+        RunTrainLoop(options, ranks[0].model.get(), ranks[0].optimizer.get(), ranks[0].stream.get(),
+                     width, nullptr, checkpoints.get(), nullptr, nullptr);
   } else {
     auto store = NewInProcessStore();
     std::vector<std::thread> threads;
@@ -180,8 +183,8 @@ int Main(int argc, char** argv) {
           return;
         }
         ranks[r].result = RunTrainLoop(options, ranks[r].model.get(), ranks[r].optimizer.get(),
-                                       ranks[r].stream.get(), width, sync->get(),
-                                       checkpoints.get(), nullptr, nullptr);
+                                       ranks[r].stream.get(), width, sync->get(), checkpoints.get(),
+                                       nullptr, nullptr);
       });
     }
     for (auto& t : threads) t.join();
