@@ -2,10 +2,19 @@
 
 #include <cstdlib>
 
+#include "common/test_dir.h"
 #include "gtest/gtest.h"
 
 namespace latentd::server {
 namespace {
+
+DaemonOptions TestOptions(const std::string& name) {
+  DaemonOptions options;
+  options.listen = "127.0.0.1:0";
+  options.data_dir = FreshTestDir(name);
+  options.devices = "cpu:1";
+  return options;
+}
 
 TEST(IsLoopbackListenAddress, KnowsLoopbackFromTheRest) {
   EXPECT_TRUE(IsLoopbackListenAddress("127.0.0.1:50051"));
@@ -17,10 +26,8 @@ TEST(IsLoopbackListenAddress, KnowsLoopbackFromTheRest) {
 }
 
 TEST(Daemon, RefusesANonLoopbackAddressWithoutAToken) {
-  DaemonOptions options;
+  DaemonOptions options = TestOptions("d1");
   options.listen = "0.0.0.0:0";
-  options.data_dir = std::string(std::getenv("TEST_TMPDIR")) + "/d1";
-  options.devices = "cpu:1";
   Daemon daemon(options);
   absl::Status s = daemon.Start();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
@@ -28,11 +35,7 @@ TEST(Daemon, RefusesANonLoopbackAddressWithoutAToken) {
 }
 
 TEST(Daemon, StartsOnAnEphemeralPortAndShutsDown) {
-  DaemonOptions options;
-  options.listen = "127.0.0.1:0";
-  options.data_dir = std::string(std::getenv("TEST_TMPDIR")) + "/d2";
-  options.devices = "cpu:1";
-  Daemon daemon(options);
+  Daemon daemon(TestOptions("d2"));
   ASSERT_TRUE(daemon.Start().ok());
   EXPECT_GT(daemon.bound_port(), 0);
   daemon.Shutdown();
@@ -40,9 +43,7 @@ TEST(Daemon, StartsOnAnEphemeralPortAndShutsDown) {
 }
 
 TEST(Daemon, BadDeviceSpecIsAnError) {
-  DaemonOptions options;
-  options.listen = "127.0.0.1:0";
-  options.data_dir = std::string(std::getenv("TEST_TMPDIR")) + "/d3";
+  DaemonOptions options = TestOptions("d3");
   options.devices = "gpu";
   Daemon daemon(options);
   EXPECT_EQ(daemon.Start().code(), absl::StatusCode::kInvalidArgument);

@@ -8,6 +8,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/test_dir.h"
 #include "gtest/gtest.h"
 
 namespace latentd::server {
@@ -16,13 +17,6 @@ namespace {
 using latentd::v1::Job;
 using latentd::v1::JobEvent;
 using latentd::v1::JobSpec;
-
-std::string FreshDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string dir = std::string(base ? base : "/tmp") + "/" + name;
-  EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
-  return dir;
-}
 
 // A runner the test steers: each job blocks until released (or cancelled), then returns its
 // result. Records the order jobs started in.
@@ -114,7 +108,7 @@ class JobManagerTest : public ::testing::Test {
     return *manager_->Get(id);
   }
 
-  std::string dir_ = FreshDir("job_manager");
+  std::string dir_ = FreshTestDir("job_manager");
   Gate gate_;
   std::unique_ptr<storage::Db> db_;
   std::unique_ptr<JobStore> store_;
@@ -287,13 +281,25 @@ TEST_F(JobManagerTest, ShutdownLeavesRunningJobResumableAndRestartRunsIt) {
   WaitFor(job.id(), latentd::v1::RUNNING);
   Close();  // shutdown: the runner sees cancel_requested and stops at a safe point
 
-  Open("cpu:1");
-  Job back = *manager_->Get(job.id());
-  EXPECT_EQ(back.reason(), latentd::v1::INTERRUPTED);
+  Open("cpu:1");  // the scheduler may start the job again at once: read its story from events
   WaitFor(job.id(), latentd::v1::RUNNING);
   EXPECT_EQ(manager_->Get(job.id())->attempts(), 2);
   gate_.Release(job.id());
   WaitFor(job.id(), latentd::v1::SUCCEEDED);
+  std::vector<latentd::v1::StateChange> states;
+  ASSERT_TRUE(manager_
+                  ->Watch(
+                      job.id(), 0,
+                      [&](const JobEvent& e) {
+                        if (e.has_state()) states.push_back(e.state());
+                        return true;
+                      },
+                      [] { return false; })
+                  .ok());
+  ASSERT_EQ(states.size(), 5u);  // PENDING, RUNNING, PENDING (INTERRUPTED), RUNNING, SUCCEEDED
+  EXPECT_EQ(states[2].state(), latentd::v1::PENDING);
+  EXPECT_EQ(states[2].reason(), latentd::v1::INTERRUPTED);
+  EXPECT_EQ(states[4].state(), latentd::v1::SUCCEEDED);
   // The request id survives the restart too.
   EXPECT_EQ(manager_->Submit("keep", Probe())->id(), job.id());
   // New jobs get fresh ids after a restart.

@@ -4,17 +4,11 @@
 #include <memory>
 #include <string>
 
+#include "common/test_dir.h"
 #include "gtest/gtest.h"
 
 namespace latentd::server {
 namespace {
-
-std::string FreshDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string dir = std::string(base ? base : "/tmp") + "/" + name;
-  EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
-  return dir;
-}
 
 latentd::v1::JobEvent Event(uint64_t job, int64_t seq) {
   latentd::v1::JobEvent e;
@@ -25,7 +19,7 @@ latentd::v1::JobEvent Event(uint64_t job, int64_t seq) {
 }
 
 TEST(JobStore, RecordsEventsAndCounterSurviveReopen) {
-  std::string dir = FreshDir("job_store");
+  std::string dir = FreshTestDir("job_store");
   {
     auto db = *storage::Db::Open(dir);
     JobStore store(db.get());

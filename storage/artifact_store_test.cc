@@ -2,15 +2,14 @@
 
 #include <cstdlib>
 
+#include "common/test_dir.h"
 #include "gtest/gtest.h"
 
 namespace latentd::storage {
 namespace {
 
 TEST(ArtifactStore, RegisterFindListSurviveReopen) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string dir = std::string(base ? base : "/tmp") + "/artifacts";
-  ASSERT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+  const std::string dir = FreshTestDir("artifacts");
   uint64_t first;
   {
     auto db = Db::Open(dir);

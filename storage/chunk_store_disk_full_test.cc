@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdlib>
 
+#include "common/test_dir.h"
 #include "gtest/gtest.h"
 #include "rocksdb/env.h"
 #include "rocksdb/file_system.h"
@@ -65,9 +66,7 @@ absl::Status AppendRows(DatasetWriter* w, int64_t n) {
 }
 
 TEST(ChunkStoreDiskFull, CommitFailsCleanlyAndCommittedRowsSurvive) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(base ? base : "/tmp") + "/disk_full";
-  ASSERT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+  const std::string dir = FreshTestDir("disk_full");
   auto fs = std::make_shared<FullDiskFileSystem>();
   std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
   uint64_t id;

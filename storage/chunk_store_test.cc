@@ -6,20 +6,13 @@
 #include <random>
 #include <set>
 
+#include "common/test_dir.h"
 #include "gtest/gtest.h"
 #include "storage/keys.h"
 #include "storage/value_codec.h"
 
 namespace latentd::storage {
 namespace {
-
-std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string dir = std::string(base ? base : "/tmp") + "/" + name;
-  std::string cmd = "rm -rf '" + dir + "'";
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
-  return dir;
-}
 
 DatasetMeta SparseMeta(const std::string& name, int32_t width = 256) {
   DatasetMeta m;
@@ -70,7 +63,7 @@ absl::Status Append(DatasetWriter* w, const Rows& rows) {
 class ChunkStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    Open(TempDir(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    Open(FreshTestDir(::testing::UnitTest::GetInstance()->current_test_info()->name()));
   }
   void Open(const std::string& dir) {
     dir_ = dir;

@@ -3,21 +3,14 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/test_dir.h"
 #include "gtest/gtest.h"
 
 namespace latentd::storage {
 namespace {
 
-std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string dir = std::string(base ? base : "/tmp") + "/" + name;
-  std::string cmd = "rm -rf '" + dir + "'";
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
-  return dir;
-}
-
 TEST(Db, FamiliesAreSeparateAndSurviveReopen) {
-  std::string dir = TempDir("db_families");
+  std::string dir = FreshTestDir("db_families");
   {
     auto db = Db::Open(dir);
     ASSERT_TRUE(db.ok()) << db.status();
@@ -32,7 +25,7 @@ TEST(Db, FamiliesAreSeparateAndSurviveReopen) {
 }
 
 TEST(Db, BatchIsAtomicAcrossFamilies) {
-  std::string dir = TempDir("db_batch");
+  std::string dir = FreshTestDir("db_batch");
   auto db = Db::Open(dir);
   ASSERT_TRUE(db.ok());
   rocksdb::WriteBatch batch;
@@ -49,7 +42,7 @@ TEST(Db, BatchIsAtomicAcrossFamilies) {
 TEST(Db, OpenMissingWithoutCreateFails) {
   DbOptions options;
   options.create_if_missing = false;
-  auto db = Db::Open(TempDir("db_missing"), options);
+  auto db = Db::Open(FreshTestDir("db_missing"), options);
   EXPECT_FALSE(db.ok());
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "common/test_dir.h"
 #include "gtest/gtest.h"
 #include "storage/chunk_store.h"
 #include "tests/storage_crash_rows.h"
@@ -20,13 +21,6 @@ namespace latentd::storage {
 namespace {
 
 const char* kWriter = "tests/storage_crash_writer";
-
-std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string dir = std::string(base ? base : "/tmp") + "/" + name;
-  EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
-  return dir;
-}
 
 pid_t Spawn(const std::string& dir) {
   pid_t pid = fork();
@@ -90,7 +84,7 @@ Content ReadContent(const std::string& dir, bool with_index) {
 }
 
 TEST(StorageCrash, KilledWriterLeavesCommittedPrefixAndResumesToSameContent) {
-  const std::string ref_dir = TempDir("crash_ref");
+  const std::string ref_dir = FreshTestDir("crash_ref");
   auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(RunToEnd(ref_dir), 0);
   const auto full_run = std::chrono::steady_clock::now() - t0;
@@ -101,7 +95,7 @@ TEST(StorageCrash, KilledWriterLeavesCommittedPrefixAndResumesToSameContent) {
   const int64_t full_us = std::chrono::duration_cast<std::chrono::microseconds>(full_run).count();
   int interrupted = 0;
   for (int run = 0; run < 20; ++run) {
-    const std::string dir = TempDir("crash_" + std::to_string(run));
+    const std::string dir = FreshTestDir("crash_" + std::to_string(run));
     pid_t pid = Spawn(dir);
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % std::max<int64_t>(full_us, 1)));
     kill(pid, SIGKILL);
