@@ -22,6 +22,7 @@
 #include "engine/train_loop.h"
 #include "engine/train_models.h"
 #include "engine/train_store_source.h"
+#include "engine/train_token_source.h"
 #include "storage/chunk_store.h"
 
 namespace latentd::engine {
@@ -34,7 +35,9 @@ constexpr uint64_t kStreamSeedSalt = 0x5eed5eed5eed5eedULL;
 
 // Everything ValidateTrainSpec checks, resolved, so that RunTrain runs exactly what was admitted.
 struct TrainPlan {
-  storage::DatasetRecord record;
+  storage::DatasetRecord record;  // rows_committed = sequences for a token file
+  bool tokens = false;            // rows come from spec.tokens (resolved path in token_spec)
+  latentd::v1::TokenSource token_spec;
   int64_t width = 0;
   bool sae = true;
   SaeModelOptions sae_options;
@@ -97,13 +100,28 @@ absl::Status CheckArtifactName(const std::string& name) {
 absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const TrainEnv& env) {
   if (env.store == nullptr) return absl::FailedPreconditionError("TRAIN: no chunk store");
   TrainPlan plan;
-  {
+  const bool has_sae = spec.has_sae();
+  const bool has_module = !spec.torchscript_path().empty();
+  if (spec.has_tokens()) {
+    if (!has_module || has_sae) {
+      return absl::InvalidArgumentError(
+          "train.tokens: token files train a torchscript_path module, not an SAE");
+    }
+    if (spec.dataset_id() != 0) {
+      return absl::InvalidArgumentError("train.dataset_id / train.tokens: set one, not both");
+    }
+    plan.tokens = true;
+    plan.token_spec = spec.tokens();
+    ASSIGN_OR_RETURN(*plan.token_spec.mutable_path(),
+                     ResolveUnderRoots(spec.tokens().path(), env.data_roots, "train.tokens.path"));
+    ASSIGN_OR_RETURN(auto source, TokenRowSource::Open(plan.token_spec));
+    plan.record.rows_committed = source->num_rows();
+    plan.width = source->width();
+  } else {
     ASSIGN_OR_RETURN(auto source, StoreDenseRowSource::Open(env.store, spec.dataset_id()));
     plan.record = source->record();
     plan.width = source->width();
   }
-  const bool has_sae = spec.has_sae();
-  const bool has_module = !spec.torchscript_path().empty();
   if (has_sae == has_module) {
     return absl::InvalidArgumentError(
         "train.sae / train.torchscript_path: set exactly one (an SAE to train, or a module)");
@@ -167,7 +185,8 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
     ASSIGN_OR_RETURN(
         plan.torchscript_path,
         ResolveUnderRoots(spec.torchscript_path(), env.data_roots, "train.torchscript_path"));
-    ASSIGN_OR_RETURN(auto model, LoadTorchScriptTrainable(plan.torchscript_path, c10::kCPU));
+    ASSIGN_OR_RETURN(auto model,
+                     LoadTorchScriptTrainable(plan.torchscript_path, c10::kCPU, plan.tokens));
     for (const auto& p : model->parameters()) plan.shapes.push_back(p.sizes().vec());
   }
   for (const auto& shape : plan.shapes) {
@@ -207,7 +226,7 @@ c10::Device TorchDevice(const DeviceRef& device) {
 
 // One data-parallel rank's objects.
 struct Rank {
-  std::unique_ptr<StoreDenseRowSource> source;
+  std::unique_ptr<DenseRowSource> source;
   std::unique_ptr<ShuffledRowStream> stream;
   std::unique_ptr<TrainableModel> model;
   std::unique_ptr<TrainOptimizer> optimizer;
@@ -227,7 +246,11 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
   std::vector<Rank> ranks(world);
   for (int r = 0; r < world; ++r) {
     const c10::Device device = TorchDevice(devices[r]);
-    ASSIGN_OR_RETURN(ranks[r].source, StoreDenseRowSource::Open(env.store, spec.dataset_id()));
+    if (plan.tokens) {
+      ASSIGN_OR_RETURN(ranks[r].source, TokenRowSource::Open(plan.token_spec));
+    } else {
+      ASSIGN_OR_RETURN(ranks[r].source, StoreDenseRowSource::Open(env.store, spec.dataset_id()));
+    }
     ranks[r].stream = std::make_unique<ShuffledRowStream>(
         ranks[r].source.get(), ShuffledRowStreamOptions{spec.seed() ^ kStreamSeedSalt, 4});
     if (plan.sae) {
@@ -235,7 +258,8 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
       sae->set_provenance(plan.record.meta.hook_name, plan.record.meta.model_id);
       ranks[r].model = std::move(sae);
     } else {
-      ASSIGN_OR_RETURN(ranks[r].model, LoadTorchScriptTrainable(plan.torchscript_path, device));
+      ASSIGN_OR_RETURN(ranks[r].model,
+                       LoadTorchScriptTrainable(plan.torchscript_path, device, plan.tokens));
     }
     ASSIGN_OR_RETURN(ranks[r].optimizer,
                      MakeOptimizer(plan.optimizer, ranks[r].model->parameters()));

@@ -191,6 +191,15 @@ TEST_F(TrainJobTest, BadInputIsRefusedNamingTheField) {
   spec.set_torchscript_path(root_ + "/missing.pt");
   ExpectError(spec, absl::StatusCode::kNotFound, "train.torchscript_path");
   spec = SaeSpec("smfac");
+  spec.mutable_tokens()->set_path(root_ + "/tokens.bin");
+  spec.mutable_tokens()->set_context_length(8);
+  ExpectError(spec, absl::StatusCode::kInvalidArgument, "train.tokens");
+  spec.clear_sae();
+  spec.set_dataset_id(0);
+  spec.set_torchscript_path(root_ + "/missing.pt");
+  spec.mutable_tokens()->set_path("/etc/passwd");
+  ExpectError(spec, absl::StatusCode::kPermissionDenied, "train.tokens.path");
+  spec = SaeSpec("smfac");
   spec.set_artifact_name("../escape");
   ExpectError(spec, absl::StatusCode::kInvalidArgument, "train.artifact_name");
 }

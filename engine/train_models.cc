@@ -49,7 +49,8 @@ namespace {
 
 class TorchScriptTrainable : public TrainableModel {
  public:
-  explicit TorchScriptTrainable(torch::jit::script::Module module) : module_(std::move(module)) {
+  TorchScriptTrainable(torch::jit::script::Module module, bool token_batches)
+      : module_(std::move(module)), token_batches_(token_batches) {
     for (const auto& p : module_.parameters()) params_.push_back(p);
   }
 
@@ -70,7 +71,7 @@ class TorchScriptTrainable : public TrainableModel {
   }
 
   absl::StatusOr<Output> Forward(const torch::Tensor& batch) override {
-    torch::jit::IValue value = module_.forward({batch});
+    torch::jit::IValue value = module_.forward({token_batches_ ? batch.to(torch::kInt64) : batch});
     if (!value.isTensor() || value.toTensor().numel() != 1) {
       return absl::InvalidArgumentError(
           "train.torchscript_path: forward(batch) must return a scalar loss tensor");
@@ -82,13 +83,15 @@ class TorchScriptTrainable : public TrainableModel {
 
  private:
   torch::jit::script::Module module_;
+  bool token_batches_;
   std::vector<torch::Tensor> params_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TrainableModel>> LoadTorchScriptTrainable(const std::string& path,
-                                                                         c10::Device device) {
+                                                                         c10::Device device,
+                                                                         bool token_batches) {
   std::error_code error;
   if (!std::filesystem::is_regular_file(path, error)) {
     return absl::NotFoundError(absl::StrCat("train.torchscript_path: no file at ", path));
@@ -96,7 +99,7 @@ absl::StatusOr<std::unique_ptr<TrainableModel>> LoadTorchScriptTrainable(const s
   try {
     torch::jit::script::Module module = torch::jit::load(path, device);
     module.train();
-    auto model = std::make_unique<TorchScriptTrainable>(std::move(module));
+    auto model = std::make_unique<TorchScriptTrainable>(std::move(module), token_batches);
     if (model->parameters().empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("train.torchscript_path: ", path, " has no parameters to train"));

@@ -42,8 +42,9 @@ class SaeTrainable : public TrainableModel {
 // (torch.jit.save of a scripted module). Its forward takes one float32 tensor (rows x width) and
 // returns a scalar loss. NOT_FOUND / INVALID_ARGUMENT naming "train.torchscript_path" when the file
 // is missing or not TorchScript.
-absl::StatusOr<std::unique_ptr<TrainableModel>> LoadTorchScriptTrainable(const std::string& path,
-                                                                         c10::Device device);
+// With `token_batches` the float rows of a TokenRowSource are handed to forward as int64 ids.
+absl::StatusOr<std::unique_ptr<TrainableModel>> LoadTorchScriptTrainable(
+    const std::string& path, c10::Device device, bool token_batches = false);
 
 }  // namespace latentd::engine
 

@@ -6,6 +6,8 @@
 //              [--optimizer=adam] [--lr=1e-2] [--steps=100] [--batch=32] [--seed=0]
 //              [--density=0.01] [--window=16] [--damp=1e-4] [--devices=1] [--schedule=constant]
 //              [--db=DIR --job=N --checkpoint_every=K]
+//   train_tool --tokens=FILE.bin|.npy --context=L --module=M.pt --out=DIR ...  (batches of int64
+//              token ids [batch, L], for a module trained on a token file)
 // With --db, checkpoints go to a RocksDB store in DIR under job N (as in the daemon), each commit
 // is announced on stderr as "checkpoint <step>", and a rerun resumes from the newest one (the
 // kill -9 test in tests/python/test_train_torchscript.py relies on both).
@@ -25,6 +27,7 @@
 #include "engine/checkpoint.h"
 #include "engine/train_loop.h"
 #include "engine/train_models.h"
+#include "engine/train_token_source.h"
 
 namespace latentd::engine {
 namespace {
@@ -70,24 +73,42 @@ int Main(int argc, char** argv) {
     }
     flags[arg.substr(2, eq - 2)] = arg.substr(eq + 1);
   }
-  if (flags["rows"].empty() || flags["width"].empty() || flags["out"].empty()) {
-    std::cerr << "train_tool: --rows, --width and --out are required\n";
+  const bool tokens = !flags["tokens"].empty();
+  if ((!tokens && (flags["rows"].empty() || flags["width"].empty())) || flags["out"].empty()) {
+    std::cerr << "train_tool: --rows and --width (or --tokens and --context) and --out are "
+                 "required\n";
     return 2;
   }
-  const int64_t width = std::stoll(flags["width"]);
-  std::ifstream in(flags["rows"], std::ios::binary);
-  if (!in) {
-    std::cerr << "train_tool: cannot read " << flags["rows"] << "\n";
-    return 2;
-  }
-  in.seekg(0, std::ios::end);
-  std::vector<float> values(static_cast<size_t>(in.tellg()) / sizeof(float));
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(values.data()), values.size() * sizeof(float));
-  if (width <= 0 || values.size() % width != 0 || values.empty()) {
-    std::cerr << "train_tool: " << values.size() << " floats are not rows of width " << width
-              << "\n";
-    return 2;
+  std::unique_ptr<DenseRowSource> source;
+  int64_t width = 0;
+  if (tokens) {
+    latentd::v1::TokenSource token_spec;
+    token_spec.set_path(flags["tokens"]);
+    token_spec.set_context_length(std::stoi(flags["context"].empty() ? "0" : flags["context"]));
+    auto opened = TokenRowSource::Open(token_spec);
+    if (!opened.ok()) {
+      std::cerr << "train_tool: " << opened.status() << "\n";
+      return 2;
+    }
+    width = (*opened)->width();
+    source = std::move(*opened);
+  } else {
+    width = std::stoll(flags["width"]);
+    std::ifstream in(flags["rows"], std::ios::binary);
+    if (!in) {
+      std::cerr << "train_tool: cannot read " << flags["rows"] << "\n";
+      return 2;
+    }
+    in.seekg(0, std::ios::end);
+    std::vector<float> values(static_cast<size_t>(in.tellg()) / sizeof(float));
+    in.seekg(0);
+    in.read(reinterpret_cast<char*>(values.data()), values.size() * sizeof(float));
+    if (width <= 0 || values.size() % width != 0 || values.empty()) {
+      std::cerr << "train_tool: " << values.size() << " floats are not rows of width " << width
+                << "\n";
+      return 2;
+    }
+    source = std::make_unique<InMemoryDenseRowSource>(std::move(values), width, 256);
   }
 
   latentd::v1::OptimizerSpec spec;
@@ -129,7 +150,6 @@ int Main(int argc, char** argv) {
     options.checkpoint_every = std::stoll(flags["checkpoint_every"]);
   }
 
-  InMemoryDenseRowSource source(std::move(values), width, 256);
   const uint64_t seed = std::stoull(flags["seed"]);
   struct RankState {
     std::unique_ptr<TrainableModel> model;
@@ -140,7 +160,7 @@ int Main(int argc, char** argv) {
   std::vector<RankState> ranks(devices);
   for (auto& rank : ranks) {
     if (!flags["module"].empty()) {
-      auto model = LoadTorchScriptTrainable(flags["module"], c10::kCPU);
+      auto model = LoadTorchScriptTrainable(flags["module"], c10::kCPU, tokens);
       if (!model.ok()) {
         std::cerr << "train_tool: " << model.status() << "\n";
         return 2;
@@ -163,7 +183,8 @@ int Main(int argc, char** argv) {
       return 2;
     }
     rank.optimizer = std::move(*optimizer);
-    rank.stream = std::make_unique<ShuffledRowStream>(&source, ShuffledRowStreamOptions{seed, 4});
+    rank.stream =
+        std::make_unique<ShuffledRowStream>(source.get(), ShuffledRowStreamOptions{seed, 4});
   }
   if (devices == 1) {
     ranks[0].result =

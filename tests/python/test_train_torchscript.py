@@ -113,6 +113,58 @@ class TrainTorchScriptTest(unittest.TestCase):
         self.assertIn("not a TorchScript module", run.stderr)
 
 
+class NextToken(torch.nn.Module):
+    """A bigram language model: forward(tokens int64 [batch, L]) -> mean next-token loss."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, 16)
+        self.out = torch.nn.Linear(16, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        logits = self.out(self.embed(tokens[:, :-1]))
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 tokens[:, 1:].reshape(-1))
+
+
+class TokenFileTest(unittest.TestCase):
+    def test_a_language_model_trains_on_a_uint16_token_file(self):
+        work = tempfile.mkdtemp()
+        vocab, context = 32, 16
+        # Each token is followed by (3 * token + 1) mod vocab: learnable by a bigram model.
+        generator = torch.Generator().manual_seed(0)
+        ids = []
+        for _ in range(256):
+            token = int(torch.randint(vocab, (1,), generator=generator))
+            for _ in range(context):
+                ids.append(token)
+                token = (3 * token + 1) % vocab
+        tokens = torch.tensor(ids, dtype=torch.int64)
+        path = os.path.join(work, "train.bin")
+        tokens.numpy().astype("uint16").tofile(path)
+        torch.manual_seed(2)
+        module_path = os.path.join(work, "bigram.pt")
+        torch.jit.script(NextToken(vocab)).save(module_path)
+        out = os.path.join(work, "trained")
+        run = subprocess.run([TOOL, "--tokens=" + path, "--context=%d" % context,
+                              "--module=" + module_path, "--out=" + out, "--optimizer=adam",
+                              "--lr=0.05", "--steps=150", "--batch=32"],
+                             capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        sequences = tokens.reshape(-1, context)
+        with torch.no_grad():
+            before = float(torch.jit.load(module_path)(sequences))
+            after = float(torch.jit.load(os.path.join(out, "model.pt"))(sequences))
+        self.assertGreater(before, 3.0)  # ~ log(32) untrained
+        self.assertLess(after, 0.3)
+        # A context longer than the file is refused naming the field.
+        run = subprocess.run([TOOL, "--tokens=" + path, "--context=100000",
+                              "--module=" + module_path, "--out=" + out],
+                             capture_output=True, text=True)
+        self.assertEqual(run.returncode, 2)
+        self.assertIn("train.tokens", run.stderr)
+
+
 class KillAndResumeTest(unittest.TestCase):
     def test_sigkill_after_a_checkpoint_then_rerun_gives_the_uninterrupted_weights(self):
         work = tempfile.mkdtemp()
