@@ -23,12 +23,12 @@
 #include "engine/extract_job.h"
 #include "engine/extract_pipeline.h"
 #include "engine/reference_model.h"
-#include "engine/safetensors.h"
 #include "engine/sae.h"
+#include "engine/safetensors.h"
 #include "engine/token_source.h"
+#include "rocksdb/db.h"
 #include "storage/chunk_store.h"
 #include "storage/db.h"
-#include "rocksdb/db.h"
 
 namespace {
 
@@ -36,7 +36,9 @@ using namespace latentd::engine;  // NOLINT: a benchmark binary
 
 class BenchContext : public JobContext {
  public:
-  explicit BenchContext(uint64_t id) : id_(id) { devices_.push_back({DeviceKind::kCpu, 0, "cpu:0", 0}); }
+  explicit BenchContext(uint64_t id) : id_(id) {
+    devices_.push_back({DeviceKind::kCpu, 0, "cpu:0", 0});
+  }
   uint64_t job_id() const override { return id_; }
   int attempt() const override { return 1; }
   const std::vector<DeviceRef>& devices() const override { return devices_; }
@@ -68,7 +70,8 @@ std::vector<uint16_t> ZipfTokens(int64_t n, int vocab, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(0, sum);
   std::vector<uint16_t> ids(n);
-  for (auto& t : ids) t = static_cast<uint16_t>(std::lower_bound(cdf.begin(), cdf.end(), u(rng)) - cdf.begin());
+  for (auto& t : ids)
+    t = static_cast<uint16_t>(std::lower_bound(cdf.begin(), cdf.end(), u(rng)) - cdf.begin());
   return ids;
 }
 
@@ -82,10 +85,14 @@ int main(int argc, char** argv) {
   bool peer = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (absl::StartsWith(a, "--tokens=")) num_tokens = std::atoll(a.c_str() + 9);
-    else if (absl::StartsWith(a, "--rounds=")) rounds = std::atoi(a.c_str() + 9);
-    else if (absl::StartsWith(a, "--threads=")) threads = std::atoi(a.c_str() + 10);
-    else if (a == "--no_peer") peer = false;
+    if (absl::StartsWith(a, "--tokens="))
+      num_tokens = std::atoll(a.c_str() + 9);
+    else if (absl::StartsWith(a, "--rounds="))
+      rounds = std::atoi(a.c_str() + 9);
+    else if (absl::StartsWith(a, "--threads="))
+      threads = std::atoi(a.c_str() + 10);
+    else if (a == "--no_peer")
+      peer = false;
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -97,7 +104,8 @@ int main(int argc, char** argv) {
   const std::string tokens_path = dir + "/tokens.bin";
   {
     auto ids = ZipfTokens(num_tokens, kVocab, 1234);
-    std::ofstream(tokens_path, std::ios::binary).write(reinterpret_cast<char*>(ids.data()), ids.size() * 2);
+    std::ofstream(tokens_path, std::ios::binary)
+        .write(reinterpret_cast<char*>(ids.data()), ids.size() * 2);
   }
   // SAE: unit-norm decoder rows from a seed, W_enc = W_dec^T, zero biases.
   at::manual_seed(42);
@@ -109,7 +117,8 @@ int main(int argc, char** argv) {
   sae_cfg.k = kK;
   sae_cfg.architecture = SaeArchitecture::kTopK;
   sae_cfg.hook_name = "blocks.2.hook_resid_post";
-  Check(SaveSae(dir + "/sae", {w_dec.t().contiguous(), at::zeros({kDsae}), w_dec, at::zeros({256}), {}}, sae_cfg),
+  Check(SaveSae(dir + "/sae",
+                {w_dec.t().contiguous(), at::zeros({kDsae}), w_dec, at::zeros({256}), {}}, sae_cfg),
         "SaveSae");
 
   latentd::v1::ExtractSpec spec;
@@ -125,16 +134,18 @@ int main(int argc, char** argv) {
   {
     auto named = (*model)->NamedWeights();
     std::vector<StTensorToWrite> tensors;
-    for (auto& [name, t] : named) tensors.push_back({name, StDtype::kF32, t.sizes().vec(), t.data_ptr()});
+    for (auto& [name, t] : named)
+      tensors.push_back({name, StDtype::kF32, t.sizes().vec(), t.data_ptr()});
     Check(WriteSafetensors(dir + "/reference.safetensors", tensors), "reference weights");
   }
   ExtractEnv env;
   env.data_roots = {dir};
   Check(ValidateExtractSpec(spec, env), "spec");
 
-  std::printf("X1 extraction: %lld tokens (%lld sequences x %d), hook %s, TopK d_sae %d k %d, %d threads\n",
-              static_cast<long long>(num_tokens), static_cast<long long>(num_tokens / kCtx), kCtx,
-              spec.hook_name().c_str(), kDsae, kK, threads);
+  std::printf(
+      "X1 extraction: %lld tokens (%lld sequences x %d), hook %s, TopK d_sae %d k %d, %d threads\n",
+      static_cast<long long>(num_tokens), static_cast<long long>(num_tokens / kCtx), kCtx,
+      spec.hook_name().c_str(), kDsae, kK, threads);
   double best_floor = 0, best_job = 0, best_peer = 0, bytes_per_token = 0;
   int64_t device_mem = 0, rss = 0;
   for (int round = 0; round < rounds; ++round) {
@@ -171,22 +182,25 @@ int main(int argc, char** argv) {
       for (int f = 0; f < latentd::storage::kNumFamilies; ++f) {
         auto* h = (*db)->handle(static_cast<latentd::storage::Family>(f));
         (*db)->raw()->Flush(rocksdb::FlushOptions(), h).PermitUncheckedError();
-        (*db)->raw()->CompactRange(rocksdb::CompactRangeOptions(), h, nullptr, nullptr)
+        (*db)
+            ->raw()
+            ->CompactRange(rocksdb::CompactRangeOptions(), h, nullptr, nullptr)
             .PermitUncheckedError();
       }
       auto info = store.GetDataset(result->dataset_id());
       Check(info.status(), "GetDataset");
       const double rows = static_cast<double>(result->rows());
       bytes_per_token = info->bytes_on_disk() / rows;
-      std::printf("round %d  extract job     %10.0f tokens/s  (%.1f B/token live, %.1f B/token "
-                  "compacted, nnz/token %.1f)\n",
-                  round, result->tokens_per_second(), result->bytes_per_token(), bytes_per_token,
-                  result->nnz() / rows);
+      std::printf(
+          "round %d  extract job     %10.0f tokens/s  (%.1f B/token live, %.1f B/token "
+          "compacted, nnz/token %.1f)\n",
+          round, result->tokens_per_second(), result->bytes_per_token(), bytes_per_token,
+          result->nnz() / rows);
     }
     if (peer) {
-      const std::string cmd = absl::StrCat(
-          "/usr/bin/python3 bench/extract_python_peer.py --dir=", dir, " --threads=", threads,
-          " --out=", dir, "/peer", round);
+      const std::string cmd =
+          absl::StrCat("/usr/bin/python3 bench/extract_python_peer.py --dir=", dir,
+                       " --threads=", threads, " --out=", dir, "/peer", round);
       FILE* p = popen(cmd.c_str(), "r");
       char line[512];
       double tps = 0;
@@ -203,15 +217,20 @@ int main(int argc, char** argv) {
   }
   std::printf("\nbest of %d rounds:\n", rounds);
   std::printf("  compute floor (forward + encode)  %10.0f tokens/s\n", best_floor);
-  std::printf("  extract job (store, copies, ...)  %10.0f tokens/s  = %.3f of the floor (overhead %.1f%%)\n",
-              best_job, best_job / best_floor, 100.0 * (best_floor / best_job - 1));
+  std::printf(
+      "  extract job (store, copies, ...)  %10.0f tokens/s  = %.3f of the floor (overhead "
+      "%.1f%%)\n",
+      best_job, best_job / best_floor, 100.0 * (best_floor / best_job - 1));
   if (peer) {
-    std::printf("  python peer (hooks, topk, npz)    %10.0f tokens/s  -> latentd %.2fx faster\n", best_peer,
-                best_job / best_peer);
+    std::printf("  python peer (hooks, topk, npz)    %10.0f tokens/s  -> latentd %.2fx faster\n",
+                best_peer, best_job / best_peer);
   }
-  std::printf("  bytes per token stored            %10.1f B (fixed-k u16 index + fp16 value: 128 B; floor ~100 B)\n",
-              bytes_per_token);
-  std::printf("  memory at the end                 RSS %lld MiB\n", static_cast<long long>(rss >> 20));
+  std::printf(
+      "  bytes per token stored            %10.1f B (fixed-k u16 index + fp16 value: 128 B; floor "
+      "~100 B)\n",
+      bytes_per_token);
+  std::printf("  memory at the end                 RSS %lld MiB\n",
+              static_cast<long long>(rss >> 20));
   (void)device_mem;
   return 0;
 }

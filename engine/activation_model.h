@@ -18,8 +18,8 @@ class ActivationModel {
   virtual at::Tensor Forward(const at::Tensor& tokens) = 0;
 
   virtual int64_t hook_width() const = 0;
-  virtual int64_t vocab_size() const = 0;      // 0: unknown (no check)
-  virtual int64_t max_context() const = 0;     // 0: unbounded
+  virtual int64_t vocab_size() const = 0;   // 0: unknown (no check)
+  virtual int64_t max_context() const = 0;  // 0: unbounded
   virtual int64_t parameter_bytes() const = 0;
   // Activation bytes one token costs inside Forward (a rough upper bound, for memory checks).
   virtual int64_t activation_bytes_per_token(int64_t seq_len) const = 0;

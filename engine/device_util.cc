@@ -13,8 +13,7 @@ namespace latentd::engine {
 
 absl::StatusOr<at::Device> ToAtDevice(const DeviceRef& ref) {
   if (ref.kind == DeviceKind::kCpu) return at::Device(at::kCPU);
-  if (!torch::cuda::is_available() ||
-      ref.index >= static_cast<int>(torch::cuda::device_count())) {
+  if (!torch::cuda::is_available() || ref.index >= static_cast<int>(torch::cuda::device_count())) {
     return absl::FailedPreconditionError(
         absl::StrCat("device ", ref.name, ": CUDA is not available in this build or machine"));
   }

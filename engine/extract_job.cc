@@ -96,9 +96,10 @@ SinkOpener ChunkStoreSinkOpener(storage::ChunkStore* store) {
       if (rec.meta.rows_planned != m.rows_planned || rec.meta.width != m.width ||
           rec.meta.context_length != m.context_length ||
           rec.meta.model_weight_hash != m.model_weight_hash) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "dataset ", m.name, " was started with other inputs (rows, width, context or model "
-            "weights differ); cannot resume it"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("dataset ", m.name,
+                         " was started with other inputs (rows, width, context or model "
+                         "weights differ); cannot resume it"));
       }
       opened.dataset_id = *found;
       if (rec.complete) {

@@ -25,14 +25,13 @@ std::string Tmp(const std::string& name) {
 class FakeContext : public JobContext {
  public:
   FakeContext(uint64_t id, int devices) : id_(id) {
-    for (int i = 0; i < devices; ++i) devices_.push_back({DeviceKind::kCpu, i, "cpu:" + std::to_string(i), 0});
+    for (int i = 0; i < devices; ++i)
+      devices_.push_back({DeviceKind::kCpu, i, "cpu:" + std::to_string(i), 0});
   }
   uint64_t job_id() const override { return id_; }
   int attempt() const override { return 1; }
   const std::vector<DeviceRef>& devices() const override { return devices_; }
-  bool cancel_requested() const override {
-    return cancel_after_ > 0 && ++checks_ > cancel_after_;
-  }
+  bool cancel_requested() const override { return cancel_after_ > 0 && ++checks_ > cancel_after_; }
   void ReportProgress(int64_t done, int64_t total, const std::string& unit) override {
     progress_.push_back(done);
     EXPECT_EQ(unit, "rows");
@@ -68,7 +67,9 @@ class ExtractJobTest : public ::testing::Test {
     cfg.architecture = SaeArchitecture::kTopK;
     at::Tensor dec = at::randn({48, 16});
     dec = dec / dec.norm(2, 1, true);
-    ASSERT_TRUE(SaveSae(Tmp("root/sae"), {dec.t().contiguous(), at::zeros({48}), dec, at::zeros({16}), {}}, cfg).ok());
+    ASSERT_TRUE(SaveSae(Tmp("root/sae"),
+                        {dec.t().contiguous(), at::zeros({48}), dec, at::zeros({16}), {}}, cfg)
+                    .ok());
     env_.data_roots = {root_};
   }
 

@@ -137,27 +137,27 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
   const int64_t L = tokens.context_length();
   const int64_t width = (*replicas)[0].model->hook_width();
   for (auto& r : *replicas) {
-    if (options.sparse && !r.sae.has_value()) return absl::InvalidArgumentError("extract.sae: missing");
+    if (options.sparse && !r.sae.has_value())
+      return absl::InvalidArgumentError("extract.sae: missing");
     if (options.sparse && r.sae->config().d_in != width) {
-      return absl::InvalidArgumentError(absl::StrCat("extract.sae: d_in ", r.sae->config().d_in,
-                                                     " != hook width ", width));
+      return absl::InvalidArgumentError(
+          absl::StrCat("extract.sae: d_in ", r.sae->config().d_in, " != hook width ", width));
     }
     if (r.model->max_context() > 0 && L > r.model->max_context()) {
-      return absl::InvalidArgumentError(absl::StrCat("extract.tokens.context_length: ", L,
-                                                     " > the model's context ",
-                                                     r.model->max_context()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "extract.tokens.context_length: ", L, " > the model's context ", r.model->max_context()));
     }
   }
   const int64_t committed = sink->rows_committed();
   const int64_t batch_rows = options.batch_sequences * L;
   if (committed % batch_rows != 0 && committed != tokens.num_rows()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dataset watermark ", committed, " is not on the batch grid of ", batch_rows,
-        " rows; was it written with another batch_sequences or context_length?"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset watermark ", committed, " is not on the batch grid of ", batch_rows,
+                     " rows; was it written with another batch_sequences or context_length?"));
   }
   if (committed > tokens.num_rows()) {
-    return absl::FailedPreconditionError(absl::StrCat("dataset holds ", committed,
-                                                      " rows, the shard only ", tokens.num_rows()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset holds ", committed, " rows, the shard only ", tokens.num_rows()));
   }
   const int64_t num_batches =
       (tokens.num_sequences() + options.batch_sequences - 1) / options.batch_sequences;
@@ -168,7 +168,8 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
   std::atomic<bool> stop{false};
   std::vector<double> busy(n, 0.0);
   std::vector<std::unique_ptr<BoundedQueue>> queues;
-  for (int i = 0; i < n; ++i) queues.push_back(std::make_unique<BoundedQueue>(std::max(1, options.queue_depth)));
+  for (int i = 0; i < n; ++i)
+    queues.push_back(std::make_unique<BoundedQueue>(std::max(1, options.queue_depth)));
   std::vector<std::thread> workers;
   for (int w = 0; w < n; ++w) {
     workers.emplace_back([&, w] {
@@ -224,7 +225,8 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
                               : 0);
     int64_t mem = 0;
     for (auto& r : *replicas) {
-      mem = r.device.is_cuda() ? mem + DeviceMemoryInUse(r.device) : std::max(mem, DeviceMemoryInUse(r.device));
+      mem = r.device.is_cuda() ? mem + DeviceMemoryInUse(r.device)
+                               : std::max(mem, DeviceMemoryInUse(r.device));
     }
     t.set_device_memory_bytes(mem);
     t.set_host_rss_bytes(HostRssBytes());
@@ -249,10 +251,10 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
       if (finite[i]) continue;
       if (!options.skip_non_finite) {
         const int64_t row = out.first_row + i;
-        status = absl::InvalidArgumentError(absl::StrCat(
-            "non-finite activation (NaN/Inf) at row ", row, " (sequence ",
-            tokens.first_sequence() + row / L, ", position ", row % L,
-            "); set extract.non_finite = NON_FINITE_SKIP to store such rows empty"));
+        status = absl::InvalidArgumentError(
+            absl::StrCat("non-finite activation (NaN/Inf) at row ", row, " (sequence ",
+                         tokens.first_sequence() + row / L, ", position ", row % L,
+                         "); set extract.non_finite = NON_FINITE_SKIP to store such rows empty"));
         break;
       }
       ++skipped;
@@ -334,8 +336,7 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
 
 namespace {
 
-absl::StatusOr<double> ComputeFloorInThisThread(const TokenSource& tokens,
-                                                PipelineReplica* replica,
+absl::StatusOr<double> ComputeFloorInThisThread(const TokenSource& tokens, PipelineReplica* replica,
                                                 const PipelineOptions& options,
                                                 int64_t max_sequences) {
   SetCpuThreadsForThisThread(replica->cpu_threads);
@@ -376,7 +377,8 @@ absl::StatusOr<double> MeasureComputeFloorTokensPerSecond(const TokenSource& tok
   // In a thread of its own, as the pipeline's workers run: OpenMP and allocator state are per
   // thread, so the floor and the job see the same conditions.
   absl::StatusOr<double> result = absl::InternalError("not run");
-  std::thread t([&] { result = ComputeFloorInThisThread(tokens, replica, options, max_sequences); });
+  std::thread t(
+      [&] { result = ComputeFloorInThisThread(tokens, replica, options, max_sequences); });
   t.join();
   return result;
 }

@@ -46,19 +46,19 @@ struct PipelineOptions {
 };
 
 struct PipelineCallbacks {
-  std::function<bool()> cancelled;                                       // may be empty
+  std::function<bool()> cancelled;                                      // may be empty
   std::function<void(int64_t rows_done, int64_t rows_total)> progress;  // after each commit
   std::function<void(const latentd::v1::ExtractTelemetry&)> telemetry;  // rate-limited
 };
 
 struct PipelineResult {
-  int64_t rows = 0;               // rows in the sink at the end (committed)
-  int64_t rows_this_run = 0;      // rows computed and committed by this call
+  int64_t rows = 0;           // rows in the sink at the end (committed)
+  int64_t rows_this_run = 0;  // rows computed and committed by this call
   int64_t nnz_this_run = 0;
   int64_t rows_skipped_non_finite = 0;
   double seconds = 0;
-  double tokens_per_second = 0;   // rows_this_run / seconds
-  int64_t bytes_committed = 0;    // the sink's figure, else an estimate of the stored bytes
+  double tokens_per_second = 0;  // rows_this_run / seconds
+  int64_t bytes_committed = 0;   // the sink's figure, else an estimate of the stored bytes
   // Seconds the busiest replica spent computing batches (tokens in, codes on the host); against
   // `seconds` it shows how much of the wall time storage and bookkeeping add, in the same run.
   double device_busy_seconds = 0;

@@ -13,7 +13,8 @@ constexpr int kCtx = 8;
 constexpr int kVocab = 50;
 
 std::string TokenFile(const std::string& name, int64_t n, int max_id = kVocab) {
-  std::string path = std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/" + name;
+  std::string path =
+      std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") + "/" + name;
   std::vector<uint16_t> ids(n);
   std::mt19937 rng(5);
   for (auto& t : ids) t = rng() % max_id;
@@ -33,7 +34,8 @@ std::unique_ptr<TokenSource> Tokens(const std::string& path) {
 // Activations that are a fixed function of the token (NaN for token `nan_token`).
 class EmbeddingModel : public ActivationModel {
  public:
-  explicit EmbeddingModel(int nan_token = -1) : table_(at::randn({kVocab, 16}, at::TensorOptions().dtype(at::kFloat))) {
+  explicit EmbeddingModel(int nan_token = -1)
+      : table_(at::randn({kVocab, 16}, at::TensorOptions().dtype(at::kFloat))) {
     if (nan_token >= 0) table_[nan_token].fill_(std::nanf(""));
   }
   at::Tensor Forward(const at::Tensor& tokens) override {
@@ -109,7 +111,9 @@ TEST(ExtractPipelineTest, StoresExactlyTheEncodedLatentsOfEveryRow) {
     EXPECT_EQ(result->nnz_this_run, static_cast<int64_t>(ds.indices.size()));
     std::vector<int64_t> ids(100 * kCtx);
     ASSERT_TRUE(tokens->Read(0, 100, ids.data()).ok());
-    at::Tensor x = replicas[0].model->Forward(at::from_blob(ids.data(), {100, kCtx}, at::kLong)).reshape({-1, 16});
+    at::Tensor x = replicas[0]
+                       .model->Forward(at::from_blob(ids.data(), {100, kCtx}, at::kLong))
+                       .reshape({-1, 16});
     at::Tensor z = replicas[0].sae->EncodeDense(x);
     for (int64_t r = 0; r < ds.rows(); ++r) {
       ASSERT_EQ(ds.token_ids[r], ids[r]);
@@ -133,7 +137,8 @@ TEST(ExtractPipelineTest, DenseModeStoresTheHiddenStates) {
   ASSERT_TRUE(RunExtractPipeline(*tokens, &replicas, &sink, Opts(false), {}).ok());
   ASSERT_EQ(ds.values.size(), 20u * kCtx * 16);
   for (int64_t r = 0; r < ds.rows(); r += 7) {
-    at::Tensor want = static_cast<EmbeddingModel*>(replicas[0].model.get())->table_[ds.token_ids[r]];
+    at::Tensor want =
+        static_cast<EmbeddingModel*>(replicas[0].model.get())->table_[ds.token_ids[r]];
     for (int j = 0; j < 16; ++j) EXPECT_EQ(ds.values[r * 16 + j], want[j].item<float>());
   }
 }
@@ -264,7 +269,8 @@ TEST(ExtractPipelineTest, RunsTheReferenceModelAndReportsProgress) {
   spec.set_context_length(kCtx);
   auto tokens = Tokens(TokenFile("t8.bin", 12 * kCtx));
   std::vector<PipelineReplica> replicas(1);
-  replicas[0].model = std::move(*ReferenceModel::Create(spec, *ParseHookName("blocks.1.hook_resid_post"), at::kCPU));
+  replicas[0].model = std::move(
+      *ReferenceModel::Create(spec, *ParseHookName("blocks.1.hook_resid_post"), at::kCPU));
   replicas[0].sae = MakeSae(SaeArchitecture::kTopK, 16, 4);
   InMemoryDataset ds;
   ds.width = 64;

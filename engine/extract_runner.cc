@@ -113,9 +113,9 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env) {
       RETURN_IF_ERROR(CheckReferenceHook(c.reference, c.hook));
       c.hook_width = ReferenceHookWidth(c.reference, c.hook);
       if (tokens.context_length() > c.reference.context_length()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "extract.tokens.context_length: ", tokens.context_length(), " > the model's context ",
-            c.reference.context_length()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("extract.tokens.context_length: ", tokens.context_length(),
+                         " > the model's context ", c.reference.context_length()));
       }
       break;
     }
@@ -204,9 +204,10 @@ std::string ExtractDatasetName(const ExtractSpec& spec, uint64_t job_id) {
 absl::Status ValidateExtractSpec(const ExtractSpec& spec, const ExtractEnv& env) {
   ASSIGN_OR_RETURN(Checked c, Check(spec, env));
   if (spec.model().has_reference() && env.device_memory_bytes > 0) {
-    const int64_t need = EstimateDeviceBytes(c, ReferenceParamBytes(c.reference),
-                                             ReferenceActBytes(c.reference, spec.tokens().context_length()),
-                                             spec.tokens().context_length());
+    const int64_t need =
+        EstimateDeviceBytes(c, ReferenceParamBytes(c.reference),
+                            ReferenceActBytes(c.reference, spec.tokens().context_length()),
+                            spec.tokens().context_length());
     absl::Status s = MemoryCheck(c, need, env.device_memory_bytes, "extract.batch_sequences");
     if (!s.ok()) return absl::InvalidArgumentError(s.message());
   }
@@ -231,7 +232,8 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   std::optional<Sae> sae_cpu;
   if (c.sparse) {
     auto sae = Sae::Load(c.sae_dir);
-    if (!sae.ok()) return absl::InvalidArgumentError(absl::StrCat("extract.sae: ", sae.status().message()));
+    if (!sae.ok())
+      return absl::InvalidArgumentError(absl::StrCat("extract.sae: ", sae.status().message()));
     sae_cpu = std::move(*sae);
   }
   std::vector<PipelineReplica> replicas;
@@ -250,18 +252,17 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
       }
       if (c.sparse) {
         if (sae_cpu->config().d_in != r.model->hook_width()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "extract.sae: d_in ", sae_cpu->config().d_in, " != width ", r.model->hook_width(),
-              " of hook ", spec.hook_name()));
+          return absl::InvalidArgumentError(
+              absl::StrCat("extract.sae: d_in ", sae_cpu->config().d_in, " != width ",
+                           r.model->hook_width(), " of hook ", spec.hook_name()));
         }
         r.sae = sae_cpu->To(r.device);
       }
       const int64_t need = EstimateDeviceBytes(
           c, r.model->parameter_bytes(),
           r.model->activation_bytes_per_token(tokens->context_length()), tokens->context_length());
-      RETURN_IF_ERROR(
-          WithReason(MemoryCheck(c, need, d.memory_total_bytes, "device " + d.name),
-                     latentd::v1::OOM));
+      RETURN_IF_ERROR(WithReason(MemoryCheck(c, need, d.memory_total_bytes, "device " + d.name),
+                                 latentd::v1::OOM));
       replicas.push_back(std::move(r));
     }
   } catch (const std::exception& e) {
@@ -286,9 +287,9 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
     meta.k = c.sae_cfg.k;
     meta.threshold_policy = c.sae_cfg.architecture == SaeArchitecture::kJumpRelu
                                 ? "per-latent threshold (pre > threshold)"
-                                : c.sae_cfg.architecture == SaeArchitecture::kTopK
-                                      ? "topk then relu, zeros dropped"
-                                      : "relu, zeros dropped";
+                            : c.sae_cfg.architecture == SaeArchitecture::kTopK
+                                ? "topk then relu, zeros dropped"
+                                : "relu, zeros dropped";
     meta.apply_b_dec_to_input = c.sae_cfg.apply_b_dec_to_input;
     meta.width = static_cast<int32_t>(c.sae_cfg.d_sae);
   } else {

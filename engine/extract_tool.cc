@@ -92,19 +92,26 @@ int main(int argc, char** argv) {
       std::string f = absl::StrCat(flag, "=");
       return absl::StartsWith(a, f) ? argv[i] + f.size() : nullptr;
     };
-    if (const char* v = value("--spec")) spec_path = v;
-    else if (const char* v = value("--data_root")) root = v;
-    else if (const char* v = value("--db")) db_path = v;
-    else if (const char* v = value("--out")) out = v;
-    else if (const char* v = value("--devices")) devices = std::atoi(v);
-    else if (const char* v = value("--job_id")) job_id = std::strtoull(v, nullptr, 10);
+    if (const char* v = value("--spec"))
+      spec_path = v;
+    else if (const char* v = value("--data_root"))
+      root = v;
+    else if (const char* v = value("--db"))
+      db_path = v;
+    else if (const char* v = value("--out"))
+      out = v;
+    else if (const char* v = value("--devices"))
+      devices = std::atoi(v);
+    else if (const char* v = value("--job_id"))
+      job_id = std::strtoull(v, nullptr, 10);
     else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);
       return 2;
     }
   }
   if (spec_path.empty() || root.empty() || db_path.empty()) {
-    std::fprintf(stderr, "usage: extract_tool --spec=F --data_root=D --db=D [--out=D] [--devices=N]\n");
+    std::fprintf(stderr,
+                 "usage: extract_tool --spec=F --data_root=D --db=D [--out=D] [--devices=N]\n");
     return 2;
   }
   std::ifstream in(spec_path);
@@ -135,9 +142,12 @@ int main(int argc, char** argv) {
   if (record->meta.kind == latentd::storage::DatasetKind::kSparse) {
     auto rows = store.ReadRows(result->dataset_id(), 0, 0);
     if (!rows.ok()) return Fail(rows.status());
-    WriteNpy(out + "/indptr.npy", "<i8", {static_cast<int64_t>(rows->indptr.size())}, rows->indptr.data());
-    WriteNpy(out + "/indices.npy", "<i4", {static_cast<int64_t>(rows->indices.size())}, rows->indices.data());
-    WriteNpy(out + "/values.npy", "<f4", {static_cast<int64_t>(rows->values.size())}, rows->values.data());
+    WriteNpy(out + "/indptr.npy", "<i8", {static_cast<int64_t>(rows->indptr.size())},
+             rows->indptr.data());
+    WriteNpy(out + "/indices.npy", "<i4", {static_cast<int64_t>(rows->indices.size())},
+             rows->indices.data());
+    WriteNpy(out + "/values.npy", "<f4", {static_cast<int64_t>(rows->values.size())},
+             rows->values.data());
     WriteNpy(out + "/token_ids.npy", "<i4", {static_cast<int64_t>(rows->token_ids.size())},
              rows->token_ids.data());
   } else {
@@ -145,7 +155,8 @@ int main(int argc, char** argv) {
     std::vector<int32_t> tokens;
     auto s = store.ReadDense(result->dataset_id(), 0, record->rows_committed, &values, &tokens);
     if (!s.ok()) return Fail(s);
-    WriteNpy(out + "/dense.npy", "<f4", {record->rows_committed, record->meta.width}, values.data());
+    WriteNpy(out + "/dense.npy", "<f4", {record->rows_committed, record->meta.width},
+             values.data());
     WriteNpy(out + "/token_ids.npy", "<i4", {static_cast<int64_t>(tokens.size())}, tokens.data());
   }
   return 0;

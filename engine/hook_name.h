@@ -9,7 +9,15 @@
 
 namespace latentd::engine {
 
-enum class HookPoint { kResidPre, kResidMid, kResidPost, kAttnOut, kMlpOut, kMlpPost, kHiddenStates };
+enum class HookPoint {
+  kResidPre,
+  kResidMid,
+  kResidPost,
+  kAttnOut,
+  kMlpOut,
+  kMlpPost,
+  kHiddenStates
+};
 
 struct HookName {
   HookPoint point = HookPoint::kResidPost;

@@ -24,7 +24,9 @@ TEST(HookNameTest, RejectsMalformedNames) {
                           "layers.1.hook_resid_post", "blocks.+1.hook_resid_post"}) {
     auto h = ParseHookName(bad);
     EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument) << bad;
-    if (!h.ok()) EXPECT_NE(std::string(h.status().message()).find("extract.hook_name"), std::string::npos);
+    if (!h.ok()) {
+      EXPECT_NE(std::string(h.status().message()).find("extract.hook_name"), std::string::npos);
+    }
   }
 }
 

@@ -28,7 +28,8 @@ absl::StatusOr<latentd::v1::ReferenceModelSpec> ResolveReferenceSpec(
     return bad("n_heads", absl::StrCat("must divide d_model = ", s.d_model()));
   }
   if (s.d_mlp() < 0 || s.d_mlp() > 1 << 20) return bad("d_mlp", "must be in [1, 2^20]");
-  if (s.vocab_size() < 0 || s.vocab_size() > 1 << 24) return bad("vocab_size", "must be in [1, 2^24]");
+  if (s.vocab_size() < 0 || s.vocab_size() > 1 << 24)
+    return bad("vocab_size", "must be in [1, 2^24]");
   if (s.context_length() < 0 || s.context_length() > 1 << 16) {
     return bad("context_length", "must be in [1, 65536]");
   }
@@ -149,15 +150,24 @@ at::Tensor ReferenceModel::Run(const at::Tensor& tokens, const HookName& hook,
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ReferenceModel::NamedWeights() const {
-  std::vector<std::pair<std::string, at::Tensor>> out = {{"embed.W_E", W_E_}, {"embed.W_pos", W_pos_}};
+  std::vector<std::pair<std::string, at::Tensor>> out = {{"embed.W_E", W_E_},
+                                                         {"embed.W_pos", W_pos_}};
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const Block& b = blocks_[l];
     const std::string p = absl::StrCat("blocks.", l, ".");
-    for (auto& [name, t] : std::vector<std::pair<const char*, const at::Tensor*>>{
-             {"ln1.w", &b.ln1_w}, {"ln1.b", &b.ln1_b}, {"attn.W_qkv", &b.W_qkv},
-             {"attn.b_qkv", &b.b_qkv}, {"attn.W_O", &b.W_O}, {"attn.b_O", &b.b_O},
-             {"ln2.w", &b.ln2_w}, {"ln2.b", &b.ln2_b}, {"mlp.W_in", &b.W_in}, {"mlp.b_in", &b.b_in},
-             {"mlp.W_out", &b.W_out}, {"mlp.b_out", &b.b_out}}) {
+    for (auto& [name, t] :
+         std::vector<std::pair<const char*, const at::Tensor*>>{{"ln1.w", &b.ln1_w},
+                                                                {"ln1.b", &b.ln1_b},
+                                                                {"attn.W_qkv", &b.W_qkv},
+                                                                {"attn.b_qkv", &b.b_qkv},
+                                                                {"attn.W_O", &b.W_O},
+                                                                {"attn.b_O", &b.b_O},
+                                                                {"ln2.w", &b.ln2_w},
+                                                                {"ln2.b", &b.ln2_b},
+                                                                {"mlp.W_in", &b.W_in},
+                                                                {"mlp.b_in", &b.b_in},
+                                                                {"mlp.W_out", &b.W_out},
+                                                                {"mlp.b_out", &b.b_out}}) {
       out.push_back({p + name, *t});
     }
   }

@@ -23,7 +23,8 @@ namespace latentd::engine {
 absl::StatusOr<latentd::v1::ReferenceModelSpec> ResolveReferenceSpec(
     const latentd::v1::ReferenceModelSpec& spec);
 // Checks that `hook` exists in the model (layer < n_layers; not hidden_states).
-absl::Status CheckReferenceHook(const latentd::v1::ReferenceModelSpec& resolved, const HookName& hook);
+absl::Status CheckReferenceHook(const latentd::v1::ReferenceModelSpec& resolved,
+                                const HookName& hook);
 // Width of the hooked activation: d_mlp for mlp.hook_post, else d_model.
 int64_t ReferenceHookWidth(const latentd::v1::ReferenceModelSpec& resolved, const HookName& hook);
 
@@ -43,8 +44,8 @@ class ReferenceModel : public ActivationModel {
   const std::string& weight_hash() const override { return weight_hash_; }
 
   // Every weight by a GPT-2-like name (embed.W_E, embed.W_pos, blocks.L.ln1.w, blocks.L.attn.W_qkv
-  // [d, 3d] (q | k | v, heads contiguous), blocks.L.attn.W_O, blocks.L.mlp.W_in, ...), on the device:
-  // what bench/extract_python_peer.py loads to run the same model in Python.
+  // [d, 3d] (q | k | v, heads contiguous), blocks.L.attn.W_O, blocks.L.mlp.W_in, ...), on the
+  // device: what bench/extract_python_peer.py loads to run the same model in Python.
   std::vector<std::pair<std::string, at::Tensor>> NamedWeights() const;
 
   // The full residual stream after every block (for tests): element L is resid_post of block L.

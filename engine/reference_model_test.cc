@@ -42,8 +42,9 @@ TEST(ReferenceModelTest, StoppingAtTheHookedBlockGivesTheFullRunsActivations) {
     auto m = Make(1, "blocks." + std::to_string(l) + ".hook_resid_post");
     EXPECT_TRUE(at::allclose(m->Forward(t), full[l], 1e-5, 1e-6)) << l;
     if (l > 0) {
-      EXPECT_TRUE(at::allclose(Make(1, "blocks." + std::to_string(l) + ".hook_resid_pre")->Forward(t),
-                               full[l - 1], 1e-5, 1e-6));
+      EXPECT_TRUE(
+          at::allclose(Make(1, "blocks." + std::to_string(l) + ".hook_resid_pre")->Forward(t),
+                       full[l - 1], 1e-5, 1e-6));
     }
   }
 }

@@ -13,14 +13,14 @@ namespace latentd::engine {
 namespace {
 
 absl::Status CheckShape(const at::Tensor& t, const char* name, std::vector<int64_t> want) {
-  if (!t.defined()) return absl::InvalidArgumentError(absl::StrCat("SAE tensor ", name, " missing"));
+  if (!t.defined())
+    return absl::InvalidArgumentError(absl::StrCat("SAE tensor ", name, " missing"));
   if (t.sizes().vec() != want) {
     std::ostringstream got;
     got << t.sizes();
-    return absl::InvalidArgumentError(absl::StrCat("SAE tensor ", name, " has shape ", got.str(),
-                                                   ", expected [", want[0],
-                                                   want.size() > 1 ? absl::StrCat(", ", want[1]) : "",
-                                                   "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("SAE tensor ", name, " has shape ", got.str(), ", expected [", want[0],
+                     want.size() > 1 ? absl::StrCat(", ", want[1]) : "", "]"));
   }
   if (!at::isfinite(t).all().item<bool>()) {
     return absl::InvalidArgumentError(absl::StrCat("SAE tensor ", name, " has NaN or Inf entries"));
@@ -63,7 +63,8 @@ absl::StatusOr<Sae> Sae::Create(const SaeConfig& cfg, SaeWeights w) {
     RETURN_IF_ERROR(CheckShape(w.threshold, "threshold", {cfg.d_sae}));
   }
   if (cfg.architecture == SaeArchitecture::kTopK && (cfg.k <= 0 || cfg.k > cfg.d_sae)) {
-    return absl::InvalidArgumentError(absl::StrCat("SAE k = ", cfg.k, " out of [1, ", cfg.d_sae, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("SAE k = ", cfg.k, " out of [1, ", cfg.d_sae, "]"));
   }
   Sae sae;
   sae.cfg_ = cfg;
@@ -93,7 +94,8 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir) {
   RETURN_IF_ERROR(load({"b_dec"}, &w.b_dec));
   RETURN_IF_ERROR(load({"threshold"}, &w.threshold));
   auto sae = Create(cfg, std::move(w));
-  if (!sae.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", sae.status().message()));
+  if (!sae.ok())
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", sae.status().message()));
   return sae;
 }
 

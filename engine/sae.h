@@ -4,9 +4,9 @@
 //   pre = (x - b_dec) W_enc + b_enc   (b_dec subtracted only when apply_b_dec_to_input)
 //   ReLU:     z = relu(pre)
 //   TopK:     z = relu(topk_k(pre))   -- SAELens/OpenAI order: the k largest pre, then ReLU.
-//             Because sparse codes keep only non-zero entries, sparsify's relu-then-topk order gives
-//             the same stored set: {j in top-k of pre : pre_j > 0}. Ties at the k-th value are
-//             broken by at::topk (unspecified but deterministic on one device).
+//             Because sparse codes keep only non-zero entries, sparsify's relu-then-topk order
+//             gives the same stored set: {j in top-k of pre : pre_j > 0}. Ties at the k-th value
+//             are broken by at::topk (unspecified but deterministic on one device).
 //   JumpReLU: z = pre * (pre > threshold)
 // Sparse codes hold exactly the non-zero entries of z, column indices ascending within a row.
 #ifndef LATENTD_ENGINE_SAE_H_
@@ -34,7 +34,8 @@ struct SaeWeights {
 struct SparseCodes {
   // Fixed-k layout (TopK): indices int32 [n, k], values float32 [n, k]; zero values mean "not
   // active" and are dropped when stored. row_counts undefined.
-  // Ragged layout (ReLU, JumpReLU): indices int32 [nnz], values float32 [nnz], row_counts int64 [n].
+  // Ragged layout (ReLU, JumpReLU): indices int32 [nnz], values float32 [nnz], row_counts int64
+  // [n].
   at::Tensor indices;
   at::Tensor values;
   at::Tensor row_counts;

@@ -49,7 +49,8 @@ absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
   RETURN_IF_ERROR(get_int("d_sae", &cfg.d_sae));
   RETURN_IF_ERROR(get_int("k", &k));
   if (j.contains("activation_fn_kwargs") && j["activation_fn_kwargs"].is_object() &&
-      j["activation_fn_kwargs"].contains("k") && j["activation_fn_kwargs"]["k"].is_number_integer()) {
+      j["activation_fn_kwargs"].contains("k") &&
+      j["activation_fn_kwargs"]["k"].is_number_integer()) {
     k = j["activation_fn_kwargs"]["k"].get<int64_t>();
   }
   std::string arch;
@@ -155,9 +156,9 @@ absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir) {
       std::vector<int64_t> want = shape;
       if (transposed_ok && name == "encoder.weight") std::swap(want[0], want[1]);
       if (t->shape != want) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            weights, ": tensor ", name, " has shape [", absl::StrJoin(t->shape, ", "),
-            "], cfg.json implies [", absl::StrJoin(want, ", "), "]"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(weights, ": tensor ", name, " has shape [", absl::StrJoin(t->shape, ", "),
+                         "], cfg.json implies [", absl::StrJoin(want, ", "), "]"));
       }
       if (t->dtype != StDtype::kF32 && t->dtype != StDtype::kF16 && t->dtype != StDtype::kBF16 &&
           t->dtype != StDtype::kF64) {
@@ -168,15 +169,14 @@ absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir) {
       return absl::OkStatus();
     }
     if (!required) return absl::OkStatus();
-    return absl::InvalidArgumentError(
-        absl::StrCat(weights, ": tensor ", names[0], " missing"));
+    return absl::InvalidArgumentError(absl::StrCat(weights, ": tensor ", names[0], " missing"));
   };
   RETURN_IF_ERROR(check({"W_enc", "encoder.weight"}, {cfg->d_in, cfg->d_sae}, true, true));
   RETURN_IF_ERROR(check({"b_enc", "encoder.bias"}, {cfg->d_sae}, false, true));
   RETURN_IF_ERROR(check({"W_dec"}, {cfg->d_sae, cfg->d_in}, false, true));
   RETURN_IF_ERROR(check({"b_dec"}, {cfg->d_in}, false, true));
-  RETURN_IF_ERROR(check({"threshold"}, {cfg->d_sae}, false,
-                        cfg->architecture == SaeArchitecture::kJumpRelu));
+  RETURN_IF_ERROR(
+      check({"threshold"}, {cfg->d_sae}, false, cfg->architecture == SaeArchitecture::kJumpRelu));
   return *cfg;
 }
 

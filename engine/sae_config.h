@@ -25,10 +25,10 @@ struct SaeConfig {
   int64_t d_in = 0;
   int64_t d_sae = 0;
   SaeArchitecture architecture = SaeArchitecture::kTopK;
-  int32_t k = 0;                      // TopK only; 1 <= k <= d_sae
-  bool apply_b_dec_to_input = true;   // pre = (x - b_dec) W_enc + b_enc when true
-  std::string hook_name;              // informational
-  std::string model_name;             // informational
+  int32_t k = 0;                     // TopK only; 1 <= k <= d_sae
+  bool apply_b_dec_to_input = true;  // pre = (x - b_dec) W_enc + b_enc when true
+  std::string hook_name;             // informational
+  std::string model_name;            // informational
 };
 
 absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text);

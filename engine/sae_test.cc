@@ -61,9 +61,10 @@ TEST(SaeTest, SparseCodesEqualTheNonZerosOfTheDenseDefinition) {
       std::sort(order.rbegin(), order.rend());
       for (int rank = 0; rank < 40; ++rank) {
         auto [p, j] = order[rank];
-        bool keep = arch == SaeArchitecture::kRelu     ? p > 0
-                    : arch == SaeArchitecture::kTopK   ? rank < 5 && p > 0
-                                                       : p > sae->weights().threshold[j].item<float>();
+        bool keep = arch == SaeArchitecture::kRelu ? p > 0
+                    : arch == SaeArchitecture::kTopK
+                        ? rank < 5 && p > 0
+                        : p > sae->weights().threshold[j].item<float>();
         if (keep) want[j] = p;
       }
       auto got = Row(codes, r);
@@ -137,7 +138,8 @@ TEST(SaeTest, RejectsShapeMismatchMissingTensorsBadConfigAndNonFiniteWeights) {
                   .ok());
   std::ofstream(dir + "/cfg.json") << R"({"d_in": 8, "d_sae": 16, "architecture": "jumprelu"})";
   EXPECT_EQ(Sae::Load(dir).status().code(), absl::StatusCode::kInvalidArgument);  // no threshold
-  std::ofstream(dir + "/cfg.json") << R"({"d_in": 8, "d_sae": 16, "architecture": "topk", "k": 99})";
+  std::ofstream(dir + "/cfg.json")
+      << R"({"d_in": 8, "d_sae": 16, "architecture": "topk", "k": 99})";
   EXPECT_EQ(Sae::Load(dir).status().code(), absl::StatusCode::kInvalidArgument);
   std::ofstream(dir + "/cfg.json") << R"({"d_in": 8, "d_sae": 16, "architecture": "gated"})";
   EXPECT_EQ(Sae::Load(dir).status().code(), absl::StatusCode::kInvalidArgument);

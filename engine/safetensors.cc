@@ -26,10 +26,10 @@ struct DtypeEntry {
   int size;
 };
 constexpr DtypeEntry kDtypes[] = {
-    {StDtype::kF64, "F64", 8},  {StDtype::kF32, "F32", 4},   {StDtype::kF16, "F16", 2},
-    {StDtype::kBF16, "BF16", 2}, {StDtype::kI64, "I64", 8},  {StDtype::kI32, "I32", 4},
-    {StDtype::kI16, "I16", 2},  {StDtype::kI8, "I8", 1},     {StDtype::kU64, "U64", 8},
-    {StDtype::kU32, "U32", 4},  {StDtype::kU16, "U16", 2},   {StDtype::kU8, "U8", 1},
+    {StDtype::kF64, "F64", 8},   {StDtype::kF32, "F32", 4}, {StDtype::kF16, "F16", 2},
+    {StDtype::kBF16, "BF16", 2}, {StDtype::kI64, "I64", 8}, {StDtype::kI32, "I32", 4},
+    {StDtype::kI16, "I16", 2},   {StDtype::kI8, "I8", 1},   {StDtype::kU64, "U64", 8},
+    {StDtype::kU32, "U32", 4},   {StDtype::kU16, "U16", 2}, {StDtype::kU8, "U8", 1},
     {StDtype::kBool, "BOOL", 1},
 };
 
@@ -90,7 +90,8 @@ const StTensorInfo* StHeader::Find(const std::string& name) const {
 absl::StatusOr<StHeader> ParseStHeader(const std::string& header_json, int64_t header_len,
                                        int64_t file_size) {
   if (header_len <= 0) return Bad("header length is 0");
-  if (header_len > kMaxHeaderBytes) return Bad(absl::StrCat("header length ", header_len, " > 100 MB"));
+  if (header_len > kMaxHeaderBytes)
+    return Bad(absl::StrCat("header length ", header_len, " > 100 MB"));
   if (header_len > file_size - 8) {
     return Bad(absl::StrCat("header length ", header_len, " exceeds the file size ", file_size));
   }
@@ -139,8 +140,10 @@ absl::StatusOr<StHeader> ParseStHeader(const std::string& header_json, int64_t h
       }
       const int64_t dim = d.get<int64_t>();
       info.shape.push_back(dim);
-      if (dim != 0 && bytes > data_size / dim + 1) bytes = data_size + 1;  // saturate
-      else bytes *= dim;
+      if (dim != 0 && bytes > data_size / dim + 1)
+        bytes = data_size + 1;  // saturate
+      else
+        bytes *= dim;
     }
     for (const json& o : v["data_offsets"]) {
       if (!o.is_number_integer() || o.get<int64_t>() < 0) {
@@ -166,7 +169,8 @@ absl::StatusOr<StHeader> ParseStHeader(const std::string& header_json, int64_t h
             });
   int64_t expected = 0;
   for (const auto& t : header.tensors) {
-    if (t.begin < expected) return Bad(absl::StrCat("tensor \"", t.name, "\" overlaps the previous one"));
+    if (t.begin < expected)
+      return Bad(absl::StrCat("tensor \"", t.name, "\" overlaps the previous one"));
     if (t.begin > expected) {
       return Bad(absl::StrCat("gap in the data section before tensor \"", t.name, "\""));
     }
@@ -188,8 +192,8 @@ absl::StatusOr<StHeader> ReadHeaderFromFd(int fd, const std::string& path, int64
   const uint64_t n = LoadLe64(len_bytes);
   if (n == 0 || n > static_cast<uint64_t>(kMaxHeaderBytes) ||
       static_cast<int64_t>(n) > file_size - 8) {
-    return Bad(absl::StrCat(path, ": header length ", n, " out of bounds for a file of ",
-                            file_size, " bytes"));
+    return Bad(absl::StrCat(path, ": header length ", n, " out of bounds for a file of ", file_size,
+                            " bytes"));
   }
   std::string json_text(n, '\0');
   if (pread(fd, json_text.data(), n, 8) != static_cast<ssize_t>(n)) {
@@ -252,7 +256,8 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<StTenso
   if (!metadata.empty()) j["__metadata__"] = metadata;
   int64_t offset = 0;
   for (const auto& t : tensors) {
-    if (t.name == "__metadata__" || t.name.empty()) return Bad("bad tensor name \"" + t.name + "\"");
+    if (t.name == "__metadata__" || t.name.empty())
+      return Bad("bad tensor name \"" + t.name + "\"");
     if (j.contains(t.name)) return Bad("duplicate tensor name \"" + t.name + "\"");
     int64_t bytes = StDtypeSize(t.dtype);
     for (int64_t d : t.shape) {

@@ -75,7 +75,8 @@ struct StTensorToWrite {
 };
 
 // Writes a safetensors file atomically (temporary file, fsync, rename). Tensors are laid out in the
-// order given; the header is padded with spaces to a multiple of 8 bytes as the reference writer does.
+// order given; the header is padded with spaces to a multiple of 8 bytes as the reference writer
+// does.
 absl::Status WriteSafetensors(const std::string& path, const std::vector<StTensorToWrite>& tensors,
                               const std::map<std::string, std::string>& metadata = {});
 

@@ -29,8 +29,9 @@ TEST(SafetensorsTest, RoundTripKeepsNamesShapesBytesAndMetadata) {
   std::vector<float> a = {1, 2, 3, 4, 5, 6};
   std::vector<int64_t> b = {7, -8};
   std::string path = TempPath("rt.safetensors");
-  ASSERT_TRUE(WriteSafetensors(path, {{"W_enc", StDtype::kF32, {2, 3}, a.data()},
-                                      {"step", StDtype::kI64, {2}, b.data()}},
+  ASSERT_TRUE(WriteSafetensors(path,
+                               {{"W_enc", StDtype::kF32, {2, 3}, a.data()},
+                                {"step", StDtype::kI64, {2}, b.data()}},
                                {{"format", "pt"}})
                   .ok());
   auto file = SafetensorsFile::Read(path);
@@ -74,7 +75,9 @@ TEST(SafetensorsTest, RejectsEveryMalformedHeaderField) {
       {"size mismatch", "{\"a\":{" + t + ",\"data_offsets\":[0,4]}}", 4, -1},
       {"beyond data", "{\"a\":{" + t + ",\"data_offsets\":[0,8]}}", 4, -1},
       {"end < begin", "{\"a\":{" + t + ",\"data_offsets\":[8,0]}}", 8, -1},
-      {"overlap", "{\"a\":{" + t + ",\"data_offsets\":[0,8]},\"b\":{" + t + ",\"data_offsets\":[4,12]}}", 12, -1},
+      {"overlap",
+       "{\"a\":{" + t + ",\"data_offsets\":[0,8]},\"b\":{" + t + ",\"data_offsets\":[4,12]}}", 12,
+       -1},
       {"gap", "{\"a\":{" + t + ",\"data_offsets\":[4,12]}}", 12, -1},
       {"trailing bytes", "{\"a\":{" + t + ",\"data_offsets\":[0,8]}}", 16, -1},
       {"missing offsets", "{\"a\":{" + t + "}}", 8, -1},
@@ -82,7 +85,8 @@ TEST(SafetensorsTest, RejectsEveryMalformedHeaderField) {
       {"metadata not strings", R"({"__metadata__":{"a":1}})", 0, -1},
       {"header length beyond file", "{}", 0, 1 << 20},
       {"header length zero", "", 0, 0},
-      {"huge shape overflow", R"({"a":{"dtype":"F64","shape":[4611686018427387904,4],"data_offsets":[0,8]}})", 8, -1},
+      {"huge shape overflow",
+       R"({"a":{"dtype":"F64","shape":[4611686018427387904,4],"data_offsets":[0,8]}})", 8, -1},
   };
   int i = 0;
   for (const auto& c : cases) {

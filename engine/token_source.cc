@@ -61,7 +61,8 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Open(
   src->bos_token_id_ = spec.bos_token_id();
   src->fd_ = open(spec.path().c_str(), O_RDONLY | O_CLOEXEC);
   if (src->fd_ < 0) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("extract.tokens.path: ", spec.path(), " not found"));
+    if (errno == ENOENT)
+      return absl::NotFoundError(absl::StrCat("extract.tokens.path: ", spec.path(), " not found"));
     return absl::PermissionDeniedError(
         absl::StrCat("extract.tokens.path: cannot open ", spec.path(), ": ", std::strerror(errno)));
   }
@@ -79,8 +80,8 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Open(
     } else if (absl::EndsWith(spec.path(), ".u32")) {
       format = latentd::v1::RAW_U32;
     } else {
-      return Bad("format", absl::StrCat("cannot infer the format of ", spec.path(),
-                                        " (.npy, .bin); set it"));
+      return Bad("format",
+                 absl::StrCat("cannot infer the format of ", spec.path(), " (.npy, .bin); set it"));
     }
   }
   switch (format) {
@@ -89,8 +90,8 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Open(
       src->element_size_ = format == latentd::v1::RAW_U16 ? 2 : 4;
       src->format_name_ = format == latentd::v1::RAW_U16 ? "u16" : "u32";
       if (file_size % src->element_size_ != 0) {
-        return Bad("path", absl::StrCat(spec.path(), ": size ", file_size,
-                                        " is not a multiple of ", src->element_size_));
+        return Bad("path", absl::StrCat(spec.path(), ": size ", file_size, " is not a multiple of ",
+                                        src->element_size_));
       }
       src->source_tokens_ = file_size / src->element_size_;
       break;
@@ -109,13 +110,15 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Open(
       } else if (major == 2 || major == 3) {
         if (file_size < 12 || pread(src->fd_, pre, 12, 0) != 12) return Bad("path", "short .npy");
         header_len = 0;
-        for (int i = 3; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(pre[8 + i]);
+        for (int i = 3; i >= 0; --i)
+          header_len = (header_len << 8) | static_cast<unsigned char>(pre[8 + i]);
         header_start = 12;
       } else {
         return Bad("path", absl::StrCat(spec.path(), ": unsupported .npy version ", major));
       }
       if (header_start + header_len > file_size) {
-        return Bad("path", absl::StrCat(spec.path(), ": .npy header runs past the end of the file"));
+        return Bad("path",
+                   absl::StrCat(spec.path(), ": .npy header runs past the end of the file"));
       }
       std::string header(header_len, '\0');
       if (pread(src->fd_, header.data(), header_len, header_start) != header_len) {
@@ -180,9 +183,9 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Open(
   src->num_sequences_ = total - spec.sequence_start();
   if (spec.sequence_count() > 0) {
     if (spec.sequence_count() > src->num_sequences_) {
-      return Bad("sequence_count", absl::StrCat(spec.sequence_count(), " sequences from ",
-                                                spec.sequence_start(), " exceed the ", total,
-                                                " sequences of ", spec.path()));
+      return Bad("sequence_count",
+                 absl::StrCat(spec.sequence_count(), " sequences from ", spec.sequence_start(),
+                              " exceed the ", total, " sequences of ", spec.path()));
     }
     src->num_sequences_ = spec.sequence_count();
   }

@@ -15,7 +15,8 @@ std::string TempPath(const std::string& name) {
 template <typename T>
 std::string WriteNpy(const std::string& name, const std::string& descr, const std::string& shape,
                      const std::vector<T>& data) {
-  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  std::string header =
+      "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
   while ((10 + header.size() + 1) % 64 != 0) header.push_back(' ');
   header.push_back('\n');
   std::string path = TempPath(name);
@@ -55,9 +56,9 @@ TEST(TokenSourceTest, EveryFormatYieldsTheSameSequences) {
   std::vector<uint16_t> u16(ids.begin(), ids.end());
   std::vector<uint32_t> u32(ids.begin(), ids.end());
   std::vector<int32_t> i32(ids.begin(), ids.end());
-  std::vector<std::string> paths = {
-      WriteNpy("a.npy", "<u2", "(50,)", u16), WriteNpy("b.npy", "<i4", "(5, 10)", i32),
-      WriteNpy("c.npy", "<i8", "(50,)", ids), WriteRaw("d.bin", u16)};
+  std::vector<std::string> paths = {WriteNpy("a.npy", "<u2", "(50,)", u16),
+                                    WriteNpy("b.npy", "<i4", "(5, 10)", i32),
+                                    WriteNpy("c.npy", "<i8", "(50,)", ids), WriteRaw("d.bin", u16)};
   for (const auto& p : paths) {
     auto src = TokenSource::Open(Spec(p, 8));
     ASSERT_TRUE(src.ok()) << p << ": " << src.status();
@@ -103,16 +104,19 @@ TEST(TokenSourceTest, BadInput) {
   shard.set_sequence_start(3);
   shard.set_sequence_count(3);
   EXPECT_EQ(TokenSource::Open(shard).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(TokenSource::Open(Spec(WriteRaw("odd.bin", std::vector<uint8_t>(41)), 8)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      TokenSource::Open(Spec(WriteRaw("odd.bin", std::vector<uint8_t>(41)), 8)).status().code(),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(TokenSource::Open(Spec(WriteNpy("f.npy", "<f4", "(10,)", std::vector<float>(10)), 2))
-                .status().code(),
+                .status()
+                .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(TokenSource::Open(Spec(WriteNpy("short.npy", "<u2", "(100,)", u16), 2)).status().code(),
             absl::StatusCode::kInvalidArgument);  // shape says 200 bytes, file holds 80
   EXPECT_EQ(TokenSource::Open(Spec(WriteRaw("junk.npy", u16), 2)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  auto neg = TokenSource::Open(Spec(WriteNpy("neg.npy", "<i4", "(4,)", std::vector<int32_t>{1, -2, 3, 4}), 2));
+  auto neg = TokenSource::Open(
+      Spec(WriteNpy("neg.npy", "<i4", "(4,)", std::vector<int32_t>{1, -2, 3, 4}), 2));
   ASSERT_TRUE(neg.ok());
   std::vector<int64_t> out(4);
   EXPECT_EQ((*neg)->Read(0, 2, out.data()).code(), absl::StatusCode::kInvalidArgument);

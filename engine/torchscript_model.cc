@@ -90,9 +90,9 @@ absl::StatusOr<std::unique_ptr<ActivationModel>> LoadTorchScriptModel(
       model->parameter_bytes_ += b.numel() * b.element_size();
     }
   } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(absl::StrCat("extract.model.torchscript.path: ", options.path,
-                                                   " is not a loadable TorchScript module: ",
-                                                   e.what_without_backtrace()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("extract.model.torchscript.path: ", options.path,
+                     " is not a loadable TorchScript module: ", e.what_without_backtrace()));
   }
   try {
     torch::NoGradGuard no_grad;
@@ -101,25 +101,25 @@ absl::StatusOr<std::unique_ptr<ActivationModel>> LoadTorchScriptModel(
     int64_t count = 0;
     at::Tensor h = TorchScriptModel::Pick(out, index, &count);
     if (count == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "extract.model.torchscript.path: forward of ", options.path,
-          " must return a tuple or list of hidden-state tensors"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("extract.model.torchscript.path: forward of ", options.path,
+                       " must return a tuple or list of hidden-state tensors"));
     }
     if (!h.defined()) {
       return absl::InvalidArgumentError(absl::StrCat("extract.hook_name: hidden state ", index,
                                                      " out of range, the model returns ", count));
     }
     if (h.dim() != 3 || h.size(0) != 1 || h.size(1) != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "extract.model.torchscript.path: hidden state ", index, " has ", h.dim(),
-          " dimensions; [batch, seq, d] expected"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("extract.model.torchscript.path: hidden state ", index, " has ", h.dim(),
+                       " dimensions; [batch, seq, d] expected"));
     }
     model->num_states_ = count;
     model->width_ = h.size(2);
   } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(absl::StrCat("extract.model.torchscript.path: probe forward of ",
-                                                   options.path, " failed: ",
-                                                   e.what_without_backtrace()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("extract.model.torchscript.path: probe forward of ", options.path,
+                     " failed: ", e.what_without_backtrace()));
   }
   return std::unique_ptr<ActivationModel>(std::move(model));
 }

@@ -37,8 +37,9 @@ TEST(TorchScriptModelTest, RejectsBadModulesAndHooks) {
   o.path = Runfile("hidden.pt");
   EXPECT_EQ(LoadTorchScriptModel(o, *ParseHookName("hidden_states.3"), at::kCPU).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(LoadTorchScriptModel(o, *ParseHookName("blocks.0.hook_mlp_out"), at::kCPU).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      LoadTorchScriptModel(o, *ParseHookName("blocks.0.hook_mlp_out"), at::kCPU).status().code(),
+      absl::StatusCode::kInvalidArgument);
   o.path = Runfile("tensor.pt");
   EXPECT_EQ(LoadTorchScriptModel(o, *ParseHookName("hidden_states.0"), at::kCPU).status().code(),
             absl::StatusCode::kInvalidArgument);  // a 2-D tensor, not [batch, seq, d]
