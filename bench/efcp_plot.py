@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-"""Plots the T1 loss curves written by bench/efcp_t1 (--csv) as a PNG.
+"""Plots the T1 loss curves written by bench/efcp_t1 (--csv) as a PNG, one panel per CSV.
 
-  /usr/bin/python3 bench/efcp_plot.py /tmp/efcp_t1.csv docs/efcp_t1.png
+  /usr/bin/python3 bench/efcp_plot.py docs/efcp_t1.png /tmp/efcp_t1_d16.csv /tmp/efcp_t1.csv
 """
 import collections
 import csv
@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def main(src, dst):
+def panel(ax, src):
     curves = collections.OrderedDict()
     target = lstar = None
     with open(src) as f:
@@ -26,7 +26,6 @@ def main(src, dst):
             curves.setdefault(row[0], ([], []))
             curves[row[0]][0].append(int(row[1]))
             curves[row[0]][1].append(float(row[2]))
-    fig, ax = plt.subplots(figsize=(9, 5.5))
     for i, (name, (steps, loss)) in enumerate(curves.items()):
         style = "--" if "noEF" in name else "-"
         ax.plot(steps, loss, style, label=name, linewidth=1.2, color=plt.cm.tab20(i % 20))
@@ -36,12 +35,19 @@ def main(src, dst):
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (full data)")
     ax.set_ylim(lstar - 0.02 if lstar is not None else None, 0.75)
-    ax.set_title("T1: logistic regression, rotated ill-conditioned features (seed 0, best lr)")
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(src.split("/")[-1], fontsize=9)
+    ax.legend(fontsize=6, ncol=2)
     ax.grid(alpha=0.3)
+
+
+def main(dst, sources):
+    fig, axes = plt.subplots(1, len(sources), figsize=(7.5 * len(sources), 5.5), squeeze=False)
+    for ax, src in zip(axes[0], sources):
+        panel(ax, src)
+    fig.suptitle("T1: logistic regression, rotated ill-conditioned features (seed 0, best lr of each)")
     fig.tight_layout()
-    fig.savefig(dst, dpi=110)
+    fig.savefig(dst, dpi=100)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2:])

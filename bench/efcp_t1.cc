@@ -5,7 +5,9 @@
 // the first seed (best lr of each optimizer) as CSV for bench/efcp_plot.py.
 //
 //   efcp_t1 --seeds=3 --n=32768 --eval_every=10 --max_steps=2000 --lrs=0.003,0.01,0.03 \
-//           --csv=/tmp/efcp_t1.csv
+//           --csv=/tmp/efcp_t1.csv                                   (T1, d = 1024, m = 64)
+//   efcp_t1 --seeds=3 --d=16 --window=16 --n=8192 --eval_every=5 --max_steps=3000 \
+//           --csv=/tmp/efcp_t1_d16.csv                               (the small setting)
 // (--d must be a square: the weights are held as a sqrt(d) x sqrt(d) matrix.)
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -141,16 +143,16 @@ RunResult Run(const Flags& f, const Problem& p, const Method& m, double lr, int 
 std::vector<Method> Methods(const Flags& f) {
   const int64_t m = f.window;
   std::vector<Method> out;
-  out.push_back({"SGD", {1, 2, 4, 8, 16}, [](at::Tensor w, double lr) {
+  out.push_back({"SGD", {2, 4, 8, 16, 32, 64}, [](at::Tensor w, double lr) {
                    return std::make_unique<torch::optim::SGD>(std::vector<at::Tensor>{w},
                                                               torch::optim::SGDOptions(lr));
                  }});
-  out.push_back({"Adam", {3e-3, 1e-2, 3e-2, 1e-1}, [](at::Tensor w, double lr) {
+  out.push_back({"Adam", {1e-2, 3e-2, 1e-1, 3e-1, 1, 3}, [](at::Tensor w, double lr) {
                    return std::make_unique<torch::optim::Adam>(std::vector<at::Tensor>{w},
                                                                torch::optim::AdamOptions(lr));
                  }});
   const std::vector<double> mfac_lrs =
-      f.lrs.empty() ? std::vector<double>{1e-2, 3e-2, 1e-1, 3e-1} : f.lrs;
+      f.lrs.empty() ? std::vector<double>{1e-3, 3e-3, 1e-2, 3e-2, 1e-1} : f.lrs;
   out.push_back({"MFAC", mfac_lrs, [m](at::Tensor w, double lr) {
                    return std::make_unique<efcp::MFAC>(std::vector<at::Tensor>{w},
                                                        efcp::MFACOptions(lr).window(m).damp(1e-4));
@@ -175,7 +177,7 @@ std::vector<Method> Methods(const Flags& f) {
                        std::vector<at::Tensor>{w},
                        efcp::LowRankMFACOptions(lr).window(m).damp(1e-4).rank(4));
                  }});
-  out.push_back({"GGT", {1e-2, 3e-2, 1e-1, 3e-1}, [m](at::Tensor w, double lr) {
+  out.push_back({"GGT", {3e-2, 1e-1, 3e-1, 1, 3}, [m](at::Tensor w, double lr) {
                    return std::make_unique<efcp::GGT>(std::vector<at::Tensor>{w},
                                                       efcp::GGTOptions(lr).window(m).epsilon(1e-4));
                  }});
