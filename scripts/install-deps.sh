@@ -7,6 +7,8 @@ PACKAGES=(
   bazel-bootstrap bazel-rules-java build-essential
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libabsl-dev libtorch-dev libhdf5-dev nlohmann-json3-dev zlib1g-dev
+  # Debian's LibTorch links Gloo but ships no Gloo headers; c10d data parallel needs them.
+  libgloo-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   # Without an optimized BLAS, Debian's LibTorch falls back to the reference BLAS (50x slower).
   libopenblas0-pthread
