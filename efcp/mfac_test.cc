@@ -89,6 +89,22 @@ TEST(MFACTest, SeveralShapesOneFisherAndMissingGradsSkipped) {
   EXPECT_TRUE(frozen.detach().eq(1).all().item<bool>());
 }
 
+TEST(MFACTest, PerGroupLearningRateSharesOneFisher) {
+  at::manual_seed(7);
+  at::Tensor a = Param(3), b = Param(2);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<at::Tensor>{a});
+  groups.emplace_back(std::vector<at::Tensor>{b}, std::make_unique<MFACOptions>(0.5));
+  MFAC opt(std::move(groups), MFACOptions(1.0).window(2).damp(1e-2));
+  at::Tensor g = Randn(1, 5)[0];
+  a.mutable_grad() = g.narrow(0, 0, 3).clone();
+  b.mutable_grad() = g.narrow(0, 3, 2).clone();
+  opt.step();
+  at::Tensor u = ExplicitMfac(g.unsqueeze(0), g, 1e-2, 1);
+  EXPECT_LT(RelErr(-a.detach(), u.narrow(0, 0, 3)), 1e-12);
+  EXPECT_LT(RelErr(-b.detach(), 0.5 * u.narrow(0, 3, 2)), 1e-12);
+}
+
 TEST(MFACTest, MemoryBreakdownEqualsEstimate) {
   at::Tensor w = at::zeros({30, 7}).set_requires_grad(true);
   at::Tensor b = at::zeros({7}).set_requires_grad(true);
