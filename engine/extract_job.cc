@@ -128,6 +128,8 @@ SinkOpener ChunkStoreSinkOpener(storage::ChunkStore* store) {
       meta.token_order_start = m.token_order_start;
       meta.job_id = m.job_id;
       meta.rows_planned = m.rows_planned;
+      meta.postings = m.postings;
+      meta.top_n = m.top_n;
       ASSIGN_OR_RETURN(opened.dataset_id, store->CreateDataset(meta));
     } else {
       return found.status();

@@ -157,6 +157,9 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env) {
     return absl::InvalidArgumentError("extract.commit_rows: must be in [1, 2^26] (0: 16384)");
   }
   if (spec.commit_rows() > 0) c.commit_rows = spec.commit_rows();
+  if (spec.top_n() < 0 || spec.top_n() > 4096) {
+    return absl::InvalidArgumentError("extract.top_n: must be in [1, 4096] (0: 64)");
+  }
   if (!latentd::v1::ValueDtype_IsValid(spec.value_dtype())) {
     return absl::InvalidArgumentError("extract.value_dtype: unknown");
   }
@@ -295,6 +298,8 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   } else {
     meta.width = meta.d_in;
   }
+  meta.postings = !spec.disable_postings();
+  if (spec.top_n() > 0) meta.top_n = spec.top_n();
   meta.context_length = tokens->context_length();
   meta.token_source = tokens->Describe();
   meta.token_order_start = tokens->first_sequence() * tokens->context_length();

@@ -50,6 +50,8 @@ struct ExtractDatasetMeta {
   int64_t token_order_start = 0;  // first source sequence's first row: sequence_start * L
   uint64_t job_id = 0;
   int64_t rows_planned = 0;
+  bool postings = true;
+  int32_t top_n = 64;
 };
 
 struct OpenedSink {
