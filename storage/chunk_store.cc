@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +14,7 @@
 #include "rocksdb/options.h"
 #include "storage/crc32c.h"
 #include "storage/keys.h"
+#include "storage/posting_codec.h"
 #include "storage/value_codec.h"
 
 namespace latentd::storage {
@@ -81,12 +83,15 @@ class Reader {
   bool ok_ = true;
 };
 
-constexpr uint32_t kRecordVersion = 1;
+// Version 1: postings as varint row deltas + values (EncodePostingV1). Version 2: postings in
+// storage/posting_codec.h (Elias-Fano rows, byte-planed values). A dataset keeps the version it
+// was created with, so its postings never mix formats.
+constexpr uint32_t kRecordVersion = 2;
 
 std::string EncodeRecord(const DatasetRecord& r) {
   const DatasetMeta& m = r.meta;
   std::string out;
-  PutRaw<uint32_t>(kRecordVersion, &out);
+  PutRaw<uint32_t>(r.format_version, &out);
   PutRaw<uint64_t>(r.id, &out);
   PutRaw<int64_t>(r.created_unix_micros, &out);
   PutString(m.name, &out);
@@ -138,9 +143,10 @@ absl::Status DecodeRecord(absl::string_view in, DatasetRecord* r) {
   m.rows_planned = rd.Raw<int64_t>();
   m.top_n = rd.Raw<int32_t>();
   m.postings = rd.Raw<uint8_t>() != 0;
-  if (!rd.ok() || version != kRecordVersion) {
+  if (!rd.ok() || version < 1 || version > kRecordVersion) {
     return absl::DataLossError("malformed dataset record");
   }
+  r->format_version = version;
   return absl::OkStatus();
 }
 
@@ -195,10 +201,10 @@ float RoundTo(ChunkDtype dtype, float v) {
   return v;
 }
 
-// Postings value: varint count, varint row deltas (first relative to the chunk's first row),
-// values in the dataset dtype, CRC32C.
-std::string EncodePosting(int64_t row_start, const int64_t* rows, const float* values, size_t n,
-                          ChunkDtype dtype) {
+// Format-1 postings (datasets of record version 1): varint count, varint row deltas (first
+// relative to the commit's first row), values in the dataset dtype, CRC32C.
+std::string EncodePostingV1(int64_t row_start, const int64_t* rows, const float* values, size_t n,
+                            ChunkDtype dtype) {
   std::string out;
   PutVarint(n, &out);
   int64_t prev = row_start;
@@ -219,8 +225,8 @@ std::string EncodePosting(int64_t row_start, const int64_t* rows, const float* v
   return out;
 }
 
-absl::Status DecodePosting(absl::string_view in, int64_t row_start, ChunkDtype dtype,
-                           std::vector<int64_t>* rows, std::vector<float>* values) {
+absl::Status DecodePostingV1(absl::string_view in, int64_t row_start, ChunkDtype dtype,
+                             std::vector<int64_t>* rows, std::vector<float>* values) {
   if (in.size() < 4) return absl::DataLossError("posting too short");
   uint32_t crc;
   std::memcpy(&crc, in.data() + in.size() - 4, 4);
@@ -251,6 +257,10 @@ absl::Status DecodePosting(absl::string_view in, int64_t row_start, ChunkDtype d
 // per latent: a commit touching every latent rewrites 64x fewer keys). Value: per latent of the
 // block a varint length and LatentStats::Encode() (length 0: never fired).
 constexpr int32_t kStatsBlock = 64;
+
+// Commits with at least this many entries split their per-latent work across two threads
+// (below it a thread start costs more than it saves).
+constexpr int64_t kParallelCommitEntries = 1 << 16;
 
 std::string EncodeStatsBlock(const std::vector<LatentStats>& stats, int32_t first) {
   std::string out;
@@ -295,9 +305,8 @@ std::string EncodeTopBlock(const std::vector<TopRows>& top, int32_t first) {
       PutVarint(0, &out);
       continue;
     }
-    std::string e = top[l].Encode();
-    PutVarint(e.size(), &out);
-    out += e;
+    PutVarint(top[l].EncodedSize(), &out);
+    top[l].AppendEncoded(&out);
   }
   return out;
 }
@@ -400,6 +409,7 @@ absl::StatusOr<uint64_t> ChunkStore::CreateDataset(const DatasetMeta& meta) {
   rec.id = id;
   rec.meta = meta;
   rec.created_unix_micros = absl::ToUnixMicros(absl::Now());
+  rec.format_version = kRecordVersion;
   std::string id_bytes, next_bytes;
   AppendBigEndian64(id, &id_bytes);
   AppendBigEndian64(id + 1, &next_bytes);
@@ -810,8 +820,10 @@ absl::Status ChunkStore::LatentPostings(uint64_t id, int32_t latent, std::vector
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
     const int64_t start = static_cast<int64_t>(ReadBigEndian64(it->key().data() + prefix.size()));
     if (start >= rec.rows_committed) break;
-    absl::Status s = DecodePosting(absl::string_view(it->value().data(), it->value().size()), start,
-                                   ToChunkDtype(rec.meta.value_dtype), rows, values);
+    const absl::string_view value(it->value().data(), it->value().size());
+    const ChunkDtype dtype = ToChunkDtype(rec.meta.value_dtype);
+    absl::Status s = rec.format_version >= 2 ? DecodePosting(value, start, dtype, rows, values)
+                                             : DecodePostingV1(value, start, dtype, rows, values);
     if (!s.ok()) {
       return absl::DataLossError(absl::StrCat("dataset ", id, " latent ", latent,
                                               " posting at row ", start, ": ", s.message()));
@@ -1007,45 +1019,48 @@ absl::Status DatasetWriter::Commit() {
   std::vector<int64_t> counts, offsets;
   std::vector<int64_t> post_rows;
   std::vector<float> post_values;
-  Chunk c;
-  c.kind = pending_.kind;
-  c.dtype = dtype_;
-  c.width = width;
-  for (int64_t off = 0; off < n; off += chunk_rows) {
-    const int64_t rows = std::min(chunk_rows, n - off);
-    c.row_start = pending_.row_start + off;
-    c.num_rows = rows;
-    c.token_ids.assign(pending_.token_ids.begin() + off, pending_.token_ids.begin() + off + rows);
-    int64_t nnz = 0;
-    if (sparse) {
-      const int64_t a = pending_.indptr[off], b = pending_.indptr[off + rows];
-      c.indptr.resize(rows + 1);
-      for (int64_t r = 0; r <= rows; ++r) c.indptr[r] = pending_.indptr[off + r] - a;
-      c.indices.assign(pending_.indices.begin() + a, pending_.indices.begin() + b);
-      c.values.assign(pending_.values.begin() + a, pending_.values.begin() + b);
-      nnz = b - a;
-    } else {
-      c.values.assign(pending_.values.begin() + off * width,
-                      pending_.values.begin() + (off + rows) * width);
+  // The chunks of the pending rows and their directory entries, into the batch.
+  auto encode_chunks = [&] {
+    Chunk c;
+    c.kind = pending_.kind;
+    c.dtype = dtype_;
+    c.width = width;
+    for (int64_t off = 0; off < n; off += chunk_rows) {
+      const int64_t rows = std::min(chunk_rows, n - off);
+      c.row_start = pending_.row_start + off;
+      c.num_rows = rows;
+      c.token_ids.assign(pending_.token_ids.begin() + off, pending_.token_ids.begin() + off + rows);
+      int64_t nnz = 0;
+      if (sparse) {
+        const int64_t a = pending_.indptr[off], b = pending_.indptr[off + rows];
+        c.indptr.resize(rows + 1);
+        for (int64_t r = 0; r <= rows; ++r) c.indptr[r] = pending_.indptr[off + r] - a;
+        c.indices.assign(pending_.indices.begin() + a, pending_.indices.begin() + b);
+        c.values.assign(pending_.values.begin() + a, pending_.values.begin() + b);
+        nnz = b - a;
+      } else {
+        c.values.assign(pending_.values.begin() + off * width,
+                        pending_.values.begin() + (off + rows) * width);
+      }
+      std::string encoded = EncodeChunk(c, enc);
+      if (min_blob > 0 && encoded.size() >= min_blob) blob_bytes += encoded.size();
+      batch.Put(db->handle(Family::kChunks), keys::Chunk(id, c.row_start), encoded);
+      std::string dir;
+      PutRaw<uint32_t>(static_cast<uint32_t>(rows), &dir);
+      PutRaw<uint64_t>(static_cast<uint64_t>(nnz), &dir);
+      batch.Put(db->handle(Family::kMeta), keys::ChunkDir(id, c.row_start), dir);
+      ++next.num_chunks;
+      next.nnz += nnz;
     }
-    std::string encoded = EncodeChunk(c, enc);
-    if (min_blob > 0 && encoded.size() >= min_blob) blob_bytes += encoded.size();
-    batch.Put(db->handle(Family::kChunks), keys::Chunk(id, c.row_start), encoded);
-    std::string dir;
-    PutRaw<uint32_t>(static_cast<uint32_t>(rows), &dir);
-    PutRaw<uint64_t>(static_cast<uint64_t>(nnz), &dir);
-    batch.Put(db->handle(Family::kMeta), keys::ChunkDir(id, c.row_start), dir);
-    ++next.num_chunks;
-    next.nnz += nnz;
-  }
+  };
   if (sparse) {
     // Latent-major view of the whole commit (counting sort by latent), then statistics, top-N
     // and one posting per latent touched, keyed by the commit's first row (deterministic: a
     // replayed commit starts at the same watermark).
     const int64_t nnz = pending_.indptr[n];
     const int64_t first_row = pending_.row_start;
-    std::vector<char> touched_block(width / kStatsBlock + 1, 0);
-    std::vector<char> top_block_changed(width / kStatsBlock + 1, 0);
+    const size_t blocks = width / kStatsBlock + 1;
+    std::vector<char> touched_block(blocks, 0), top_block_changed(blocks, 0);
     counts.assign(width + 1, 0);
     for (int64_t i = 0; i < nnz; ++i) ++counts[pending_.indices[i] + 1];
     for (int32_t l = 0; l < width; ++l) counts[l + 1] += counts[l];
@@ -1059,23 +1074,62 @@ absl::Status DatasetWriter::Commit() {
         post_values[slot] = pending_.values[i];
       }
     }
-    for (int32_t l = 0; l < width; ++l) {
-      const int64_t begin = counts[l], end = counts[l + 1];
-      if (begin == end) continue;
-      LatentStats& st = stats_[l];
-      if (st.firing_count == 0) ++next.live_latents;
-      bool top_changed = false;
-      for (int64_t i = begin; i < end; ++i) {
-        st.Add(post_values[i]);
-        if (top_[l].Offer(post_rows[i], post_values[i], top_n)) top_changed = true;
+    // Latents [lo, hi): statistics, top-N and the encoded postings (into `puts`). Latent ranges
+    // are disjoint and split at block boundaries, so two ranges can run on two threads.
+    struct LatentPass {
+      int64_t new_live = 0;
+      std::vector<std::pair<std::string, std::string>> puts;
+    };
+    auto run_pass = [&](int32_t lo, int32_t hi, LatentPass* out) {
+      std::string key = keys::Posting(id, 0, first_row);
+      for (int32_t l = lo; l < hi; ++l) {
+        const int64_t begin = counts[l], end = counts[l + 1];
+        if (begin == end) continue;
+        LatentStats& st = stats_[l];
+        if (st.firing_count == 0) ++out->new_live;
+        bool top_changed = false;
+        TopRows& top = top_[l];
+        for (int64_t i = begin; i < end; ++i) {
+          st.Add(post_values[i]);
+          if (top.MayAccept(post_rows[i], post_values[i], top_n) &&
+              top.Offer(post_rows[i], post_values[i], top_n)) {
+            top_changed = true;
+          }
+        }
+        if (record_.meta.postings) {
+          for (int b = 0; b < 4; ++b) {  // the latent field of keys::Posting, big-endian
+            key[8 + b] = static_cast<char>(static_cast<uint32_t>(l) >> (24 - 8 * b));
+          }
+          out->puts.emplace_back(key, std::string());
+          if (record_.format_version >= 2) {
+            EncodePosting(first_row, &post_rows[begin], &post_values[begin], end - begin, dtype_,
+                          &out->puts.back().second);
+          } else {
+            out->puts.back().second = EncodePostingV1(first_row, &post_rows[begin],
+                                                      &post_values[begin], end - begin, dtype_);
+          }
+        }
+        touched_block[l / kStatsBlock] = 1;
+        if (top_changed) top_block_changed[l / kStatsBlock] = 1;
       }
-      if (record_.meta.postings) {
-        batch.Put(
-            db->handle(Family::kPostings), keys::Posting(id, static_cast<uint32_t>(l), first_row),
-            EncodePosting(first_row, &post_rows[begin], &post_values[begin], end - begin, dtype_));
-      }
-      touched_block[l / kStatsBlock] = 1;
-      if (top_changed) top_block_changed[l / kStatsBlock] = 1;
+    };
+    // Large commits split the latents in two at a block boundary near 55% of the entries: the
+    // upper part runs on a second thread while this one encodes the chunks, then the lower part.
+    LatentPass lower, upper;
+    int32_t mid = 0;
+    if (nnz >= kParallelCommitEntries) {
+      const int64_t want = nnz * 45 / 100;
+      while (mid < width && counts[mid] < want) mid += kStatsBlock;
+      mid = std::min(mid, width);
+    }
+    std::thread worker;
+    if (mid > 0) worker = std::thread(run_pass, mid, width, &upper);
+    encode_chunks();
+    run_pass(0, mid > 0 ? mid : width, &lower);
+    if (worker.joinable()) worker.join();
+    next.live_latents += lower.new_live + upper.new_live;
+    for (LatentPass* pass : {&lower, &upper}) {
+      for (const auto& [k, v] : pass->puts) batch.Put(db->handle(Family::kPostings), k, v);
     }
     for (size_t b = 0; b < touched_block.size(); ++b) {
       if (!touched_block[b]) continue;
@@ -1088,6 +1142,8 @@ absl::Status DatasetWriter::Commit() {
                   keys::LatentTop(id, static_cast<uint32_t>(first)), EncodeTopBlock(top_, first));
       }
     }
+  } else {
+    encode_chunks();
   }
   next.rows_committed += n;
   batch.Put(db->handle(Family::kMeta), keys::Watermark(id), EncodeWatermark(next, blob_bytes));

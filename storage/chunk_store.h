@@ -69,6 +69,9 @@ struct DatasetRecord {
   int64_t num_chunks = 0;
   int64_t live_latents = 0;  // latents that fired at least once
   bool complete = false;
+  // On-disk format of the dataset's records (chunk_store.cc kRecordVersion): set at creation,
+  // kept for the dataset's life so its postings never mix encodings.
+  uint32_t format_version = 0;
 };
 
 // Rows [row_start, row_start + num_rows) as CSR (indptr starts at 0), with one token id per row.

@@ -42,7 +42,16 @@ bool GetVarint(absl::string_view* in, uint64_t* v) {
 
 }  // namespace
 
-double LatentStats::bin_width() const { return std::ldexp(1.0, bin_exponent); }
+// 2^e built from its bits (ldexp was a tenth of the commit profile); exact, as ldexp is.
+double LatentStats::bin_width() const {
+  if (bin_exponent > -1023 && bin_exponent < 1024) {
+    const uint64_t bits = static_cast<uint64_t>(bin_exponent + 1023) << 52;
+    double w;
+    std::memcpy(&w, &bits, sizeof(w));
+    return w;
+  }
+  return std::ldexp(1.0, bin_exponent);
+}
 
 double LatentStats::stddev() const {
   if (firing_count == 0) return 0;
@@ -65,10 +74,17 @@ void LatentStats::Add(float value) {
   sum += v;
   sum_squares += v * v;
   if (!std::isfinite(v)) return;  // the writer rejects these; never loop on them
-  if (v >= histogram_min() && v < histogram_max()) {  // the common case: no re-binning
-    const int bin = static_cast<int>(std::floor(v / bin_width()) - bin_low);
-    histogram[std::clamp(bin, 0, kHistogramBins - 1)] += 1;
-    return;
+  if (bin_exponent > -1023 && bin_exponent < 1023) {
+    // The common case: no re-binning. v * 2^-e equals v / 2^e exactly (a power of two).
+    const uint64_t bits = static_cast<uint64_t>(1023 - bin_exponent) << 52;
+    double inverse_width;
+    std::memcpy(&inverse_width, &bits, sizeof(inverse_width));
+    const double scaled = std::floor(v * inverse_width);
+    if (scaled >= static_cast<double>(bin_low) &&
+        scaled < static_cast<double>(bin_low + kHistogramBins)) {
+      histogram[static_cast<int>(scaled - static_cast<double>(bin_low))] += 1;
+      return;
+    }
   }
   // Fit the window [bin_low, bin_low + 50) around the occupied bins, the new value and 0:
   // slide it when that suffices, else double the width (merging bin pairs exactly) and retry.
@@ -138,27 +154,58 @@ bool TopRows::Offer(int64_t row, float value, int capacity) {
   };
   TopEntry e{row, value};
   if (static_cast<int>(entries_.size()) >= capacity && !better(e, entries_.back())) return false;
-  for (const TopEntry& x : entries_) {
-    if (x.row == row) return false;  // a replayed row is already here
+  if (row <= max_row_) {  // rows arrive ascending, so only a replay can be already here
+    for (const TopEntry& x : entries_) {
+      if (x.row == row) return false;
+    }
   }
+  max_row_ = std::max(max_row_, row);
   entries_.insert(std::upper_bound(entries_.begin(), entries_.end(), e, better), e);
   if (static_cast<int>(entries_.size()) > capacity) entries_.pop_back();
   return true;
 }
 
+static int VarintBytes(uint64_t v) {
+  int n = 1;
+  while (v >= 0x80) v >>= 7, ++n;
+  return n;
+}
+
 std::string TopRows::Encode() const {
   std::string out;
-  PutVarint(entries_.size(), &out);
-  for (const TopEntry& e : entries_) {
-    PutVarint(static_cast<uint64_t>(e.row), &out);
-    PutRaw<float>(e.value, &out);
-  }
+  AppendEncoded(&out);
   return out;
+}
+
+size_t TopRows::EncodedSize() const {
+  size_t n = VarintBytes(entries_.size()) + 4 * entries_.size();
+  for (const TopEntry& e : entries_) n += VarintBytes(static_cast<uint64_t>(e.row));
+  return n;
+}
+
+void TopRows::AppendEncoded(std::string* out) const {
+  const size_t at = out->size();
+  out->resize(at + EncodedSize());
+  char* p = &(*out)[at];
+  auto varint = [&p](uint64_t v) {
+    while (v >= 0x80) {
+      *p++ = static_cast<char>(v | 0x80);
+      v >>= 7;
+    }
+    *p++ = static_cast<char>(v);
+  };
+  varint(entries_.size());
+  for (const TopEntry& e : entries_) {
+    varint(static_cast<uint64_t>(e.row));
+    std::memcpy(p, &e.value, 4);
+    p += 4;
+  }
 }
 
 absl::Status TopRows::Decode(absl::string_view in, TopRows* out) {
   uint64_t n;
   out->entries_.clear();
+  out->max_row_ = -1;
   if (!GetVarint(&in, &n) || n > in.size()) return absl::DataLossError("malformed top-N record");
   for (uint64_t i = 0; i < n; ++i) {
     uint64_t row;
@@ -167,6 +214,7 @@ absl::Status TopRows::Decode(absl::string_view in, TopRows* out) {
       return absl::DataLossError("malformed top-N record");
     }
     out->entries_.push_back({static_cast<int64_t>(row), value});
+    out->max_row_ = std::max(out->max_row_, static_cast<int64_t>(row));
   }
   if (!in.empty()) return absl::DataLossError("malformed top-N record");
   return absl::OkStatus();

@@ -50,13 +50,25 @@ class TopRows {
  public:
   // Returns true when the list changed.
   bool Offer(int64_t row, float value, int capacity);
+  // False when Offer(row, value, capacity) would certainly leave the list unchanged (it is full
+  // and the entry ranks below its last): the inline check that spares most calls.
+  bool MayAccept(int64_t row, float value, int capacity) const {
+    if (capacity <= 0) return false;
+    if (static_cast<int>(entries_.size()) < capacity) return true;
+    const TopEntry& last = entries_.back();
+    return value != last.value ? value > last.value : row < last.row;
+  }
   const std::vector<TopEntry>& entries() const { return entries_; }
 
   std::string Encode() const;
+  // Encode() appended to *out without a temporary, and its length.
+  void AppendEncoded(std::string* out) const;
+  size_t EncodedSize() const;
   static absl::Status Decode(absl::string_view data, TopRows* out);
 
  private:
   std::vector<TopEntry> entries_;
+  int64_t max_row_ = -1;  // the largest row ever inserted (replay check)
 };
 
 }  // namespace latentd::storage

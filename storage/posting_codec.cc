@@ -1,0 +1,247 @@
+#include "storage/posting_codec.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "storage/crc32c.h"
+#include "storage/value_codec.h"
+
+namespace latentd::storage {
+namespace {
+
+size_t PutVarint(uint64_t v, char* p) {
+  size_t i = 0;
+  while (v >= 0x80) {
+    p[i++] = static_cast<char>(v | 0x80);
+    v >>= 7;
+  }
+  p[i++] = static_cast<char>(v);
+  return i;
+}
+
+int FloorLog2(uint64_t v) { return v == 0 ? -1 : 63 - __builtin_clzll(v); }
+
+int BitsFor(uint32_t v) { return v == 0 ? 0 : 32 - __builtin_clz(v); }
+
+int MantissaBits(ChunkDtype dtype) { return dtype == ChunkDtype::kFloat16 ? 10 : 7; }
+
+uint16_t ToBits16(ChunkDtype dtype, float v) {
+  return dtype == ChunkDtype::kFloat16 ? FloatToHalf(v) : FloatToBFloat16(v);
+}
+
+// LSB-first bit stream into a buffer the caller sized (fields of at most 32 bits).
+class BitSink {
+ public:
+  explicit BitSink(char* p) : p_(p) {}
+  void Put(uint32_t v, int bits) {
+    acc_ |= static_cast<uint64_t>(v) << used_;
+    used_ += bits;
+    while (used_ >= 8) {
+      *p_++ = static_cast<char>(acc_ & 0xff);
+      acc_ >>= 8;
+      used_ -= 8;
+    }
+  }
+  char* Finish() {
+    if (used_ > 0) *p_++ = static_cast<char>(acc_ & 0xff);
+    return p_;
+  }
+
+ private:
+  char* p_;
+  uint64_t acc_ = 0;
+  int used_ = 0;
+};
+
+class BitSource {
+ public:
+  BitSource(const uint8_t* p, const uint8_t* end) : p_(p), end_(end) {}
+  uint32_t Get(int bits) {
+    while (used_ < bits) {
+      if (p_ == end_) {
+        ok_ = false;
+        return 0;
+      }
+      acc_ |= static_cast<uint64_t>(*p_++) << used_;
+      used_ += 8;
+    }
+    const uint32_t v = static_cast<uint32_t>(acc_ & ((1ull << bits) - 1));
+    acc_ >>= bits;
+    used_ -= bits;
+    return v;
+  }
+  bool ok() const { return ok_; }
+  const uint8_t* position() const { return p_; }
+
+ private:
+  const uint8_t* p_;
+  const uint8_t* end_;
+  uint64_t acc_ = 0;
+  int used_ = 0;
+  bool ok_ = true;
+};
+
+absl::Status Malformed(const char* what) {
+  return absl::DataLossError(std::string("malformed posting: ") + what);
+}
+
+}  // namespace
+
+void EncodePosting(int64_t row_start, const int64_t* rows, const float* values, size_t n,
+                   ChunkDtype dtype, std::string* out) {
+  const uint64_t last = static_cast<uint64_t>(rows[n - 1] - row_start);
+  const uint64_t universe = last + 1;
+  const int l = universe > n ? FloorLog2(universe / n) : 0;  // <= 62
+  const size_t low_bytes = (static_cast<uint64_t>(n) * l + 7) / 8;
+  const size_t high_bytes = ((last >> l) + n + 7) / 8;
+  const int vbytes = DtypeBytes(dtype);
+  out->assign(1 + 10 + 1 + 3 + n * vbytes + 8 + low_bytes + high_bytes + 4, '\0');
+  char* const base = &(*out)[0];
+  char* p = base;
+  *p++ = static_cast<char>(kPostingFormat);
+  p += PutVarint(n, p);
+  *p++ = static_cast<char>(l);
+  if (vbytes == 2) {
+    // Sign + exponent (the "head": 6 bits of fp16, 9 of bf16) as offsets from the posting's
+    // smallest head in just enough bits (a latent's values span few binades), then the mantissa.
+    const int mbits = MantissaBits(dtype);
+    thread_local std::vector<uint16_t> bits16;  // converted once, reused across calls
+    bits16.resize(n);
+    for (size_t i = 0; i < n; ++i) bits16[i] = ToBits16(dtype, values[i]);
+    uint32_t lo_head = ~0u, hi_head = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t head = bits16[i] >> mbits;
+      lo_head = std::min(lo_head, head);
+      hi_head = std::max(hi_head, head);
+    }
+    const int hbits = BitsFor(hi_head - lo_head);
+    *p++ = static_cast<char>(lo_head & 0xff);
+    *p++ = static_cast<char>(lo_head >> 8);
+    *p++ = static_cast<char>(hbits);
+    BitSink sink(p);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t h = bits16[i];
+      sink.Put((((h >> mbits) - lo_head) << mbits) | (h & ((1u << mbits) - 1)), hbits + mbits);
+    }
+    p = sink.Finish();
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t f = FloatBits(values[i]);
+      for (int b = 0; b < 4; ++b) p[b * n + i] = static_cast<char>(f >> (8 * b));
+    }
+    p += 4 * n;
+  }
+  // Elias-Fano low parts, LSB first.
+  {
+    BitSink sink(p);
+    const uint64_t mask = l == 0 ? 0 : ~0ull >> (64 - l);
+    for (size_t i = 0; i < n && l > 0; ++i) {
+      const uint64_t x = static_cast<uint64_t>(rows[i] - row_start) & mask;
+      if (l > 32) {
+        sink.Put(static_cast<uint32_t>(x), 32);
+        sink.Put(static_cast<uint32_t>(x >> 32), l - 32);
+      } else {
+        sink.Put(static_cast<uint32_t>(x), l);
+      }
+    }
+    p = sink.Finish();
+  }
+  // High parts: bit (x_i >> l) + i, to the end of the value.
+  uint8_t* high = reinterpret_cast<uint8_t*>(p);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t bit = (static_cast<uint64_t>(rows[i] - row_start) >> l) + i;
+    high[bit >> 3] |= static_cast<uint8_t>(1u << (bit & 7));
+  }
+  p += high_bytes;
+  const uint32_t crc = Crc32c(base, p - base);
+  std::memcpy(p, &crc, 4);
+  p += 4;
+  out->resize(p - base);
+}
+
+absl::Status DecodePosting(absl::string_view in, int64_t row_start, ChunkDtype dtype,
+                           std::vector<int64_t>* rows, std::vector<float>* values) {
+  if (in.size() < 1 + 1 + 1 + 4) return Malformed("too short");
+  uint32_t crc;
+  std::memcpy(&crc, in.data() + in.size() - 4, 4);
+  if (crc != Crc32c(in.data(), in.size() - 4)) {
+    return absl::DataLossError("posting checksum mismatch");
+  }
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(in.data());
+  const uint8_t* const end = p + in.size() - 4;
+  if (*p++ != kPostingFormat) return Malformed("unknown format");
+  uint64_t n = 0;
+  for (int shift = 0;; shift += 7) {
+    if (p >= end || shift > 63) return Malformed("count");
+    const uint8_t b = *p++;
+    n |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if (!(b & 0x80)) break;
+  }
+  if (p >= end) return Malformed("count");
+  const int l = *p++;
+  if (n == 0 || l > 62 || n > static_cast<uint64_t>(end - p)) return Malformed("header");
+  const size_t vfirst = values->size();
+  values->resize(vfirst + n);
+  float* out_values = values->data() + vfirst;
+  if (DtypeBytes(dtype) == 2) {
+    if (end - p < 3) return Malformed("value header");
+    const uint32_t lo_head = p[0] | (p[1] << 8);
+    const int hbits = p[2];
+    const int mbits = MantissaBits(dtype);
+    p += 3;
+    if (hbits > 16 - mbits || ((n * (hbits + mbits) + 7) / 8) > static_cast<uint64_t>(end - p)) {
+      return Malformed("values");
+    }
+    BitSource src(p, end);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t v = src.Get(hbits + mbits);
+      const uint16_t h =
+          static_cast<uint16_t>((((v >> mbits) + lo_head) << mbits) | (v & ((1u << mbits) - 1)));
+      out_values[i] = dtype == ChunkDtype::kFloat16 ? HalfToFloat(h) : BFloat16ToFloat(h);
+    }
+    p += (n * (hbits + mbits) + 7) / 8;
+  } else {
+    if (4 * n > static_cast<uint64_t>(end - p)) return Malformed("values");
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t f = 0;
+      for (int b = 0; b < 4; ++b) f |= static_cast<uint32_t>(p[b * n + i]) << (8 * b);
+      out_values[i] = BitsFloat(f);
+    }
+    p += 4 * n;
+  }
+  const size_t low_bytes = (n * l + 7) / 8;
+  if (low_bytes > static_cast<size_t>(end - p)) return Malformed("row low bits");
+  const uint8_t* low = p;
+  const uint8_t* high = low + low_bytes;
+  const size_t high_bytes = end - high;
+  const size_t first = rows->size();
+  rows->resize(first + n);
+  int64_t* out_rows = rows->data() + first;
+  // High parts: the i-th set bit, at position b, gives high part b - i.
+  size_t i = 0;
+  for (size_t byte = 0; byte < high_bytes; ++byte) {
+    uint32_t bits = high[byte];
+    while (bits) {
+      if (i == n) return Malformed("extra high bits");
+      const size_t pos = byte * 8 + __builtin_ctz(bits);
+      bits &= bits - 1;
+      out_rows[i] = static_cast<int64_t>(pos - i);
+      ++i;
+    }
+  }
+  if (i != n) return Malformed("missing high bits");
+  BitSource src(low, high);
+  for (i = 0; i < n; ++i) {
+    uint64_t x = static_cast<uint64_t>(out_rows[i]) << l;
+    if (l > 32) {
+      x |= src.Get(32);
+      x |= static_cast<uint64_t>(src.Get(l - 32)) << 32;
+    } else {
+      x |= src.Get(l);
+    }
+    out_rows[i] = row_start + static_cast<int64_t>(x);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace latentd::storage
