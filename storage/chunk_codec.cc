@@ -1,6 +1,8 @@
 #include "storage/chunk_codec.h"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "storage/crc32c.h"
@@ -9,7 +11,8 @@
 namespace latentd::storage {
 namespace {
 
-constexpr uint32_t kMagic = 0x3143544c;  // "LTC1" little-endian
+constexpr uint32_t kMagic = 0x3143544c;        // "LTC1" little-endian: values as plain arrays
+constexpr uint32_t kMagicPacked = 0x3243544c;  // "LTC2": SPARSE 16-bit values bit-packed
 constexpr size_t kHeaderBytes = 4 + 4 + 4 + 4 + 8 + 8;
 constexpr uint32_t kVariableNnz = 0xffffffffu;
 
@@ -133,9 +136,50 @@ absl::Status Malformed(const std::string& what) {
   return absl::DataLossError(absl::StrCat("malformed chunk: ", what));
 }
 
+// 16-bit values as u16 smallest head h0, u8 head bits hb, then per value
+// ((head - h0) << m | mantissa) in hb + m bits (head = sign + exponent; m = 10 fp16, 7 bf16).
+int MantissaBits(ChunkDtype dtype) { return dtype == ChunkDtype::kFloat16 ? 10 : 7; }
+
+void PutPackedValues(const float* v, size_t n, ChunkDtype dtype, std::string* out) {
+  const int m = MantissaBits(dtype);
+  std::vector<uint16_t> h(n);
+  uint32_t lo = 0xffff, hi = 0;
+  for (size_t i = 0; i < n; ++i) {
+    h[i] = dtype == ChunkDtype::kFloat16 ? FloatToHalf(v[i]) : FloatToBFloat16(v[i]);
+    lo = std::min<uint32_t>(lo, h[i] >> m);
+    hi = std::max<uint32_t>(hi, h[i] >> m);
+  }
+  if (n == 0) lo = hi = 0;
+  const int hb = BitsFor(hi - lo);
+  PutRaw<uint16_t>(static_cast<uint16_t>(lo), out);
+  out->push_back(static_cast<char>(hb));
+  BitWriter bits(out);
+  for (size_t i = 0; i < n; ++i) {
+    bits.Write((((h[i] >> m) - lo) << m) | (h[i] & ((1u << m) - 1)), hb + m);
+  }
+  bits.Finish();
+}
+
+absl::Status GetPackedValues(const char* p, size_t size, uint64_t n, ChunkDtype dtype, float* v) {
+  const int m = MantissaBits(dtype);
+  if (size < 3) return Malformed("value header");
+  uint16_t lo;
+  std::memcpy(&lo, p, 2);
+  const int hb = static_cast<uint8_t>(p[2]);
+  if (hb > 16 - m || (n * (hb + m) + 7) / 8 != size - 3) return Malformed("value section size");
+  BitReader bits(reinterpret_cast<const uint8_t*>(p + 3), size - 3);
+  for (uint64_t i = 0; i < n; ++i) {
+    uint32_t x;
+    if (!bits.Read(hb + m, &x)) return Malformed("value bits");
+    const uint16_t h = static_cast<uint16_t>((((x >> m) + lo) << m) | (x & ((1u << m) - 1)));
+    v[i] = dtype == ChunkDtype::kFloat16 ? HalfToFloat(h) : BFloat16ToFloat(h);
+  }
+  return absl::OkStatus();
+}
+
 // Parses header and tokens; leaves `*cursor` after the tokens.
 absl::Status DecodeHead(absl::string_view data, Chunk* out, size_t* cursor, uint64_t* nnz,
-                        IndexEncoding* encoding) {
+                        IndexEncoding* encoding, bool* packed_values) {
   if (data.size() < kHeaderBytes + 4) return Malformed("shorter than its header");
   uint32_t stored_crc;
   std::memcpy(&stored_crc, data.data() + data.size() - 4, 4);
@@ -147,11 +191,13 @@ absl::Status DecodeHead(absl::string_view data, Chunk* out, size_t* cursor, uint
   const char* p = data.data();
   uint32_t magic;
   std::memcpy(&magic, p, 4);
-  if (magic != kMagic) return Malformed("bad magic");
+  if (magic != kMagic && magic != kMagicPacked) return Malformed("bad magic");
   uint8_t kind = p[4], dtype = p[5], enc = p[6], token_bytes = p[7];
   if (kind > 1 || dtype > 2 || enc > 2 || (token_bytes != 2 && token_bytes != 4)) {
     return Malformed("bad header fields");
   }
+  if (magic == kMagicPacked && (kind != 0 || dtype == 2)) return Malformed("bad header fields");
+  *packed_values = magic == kMagicPacked;
   uint32_t num_rows, width;
   uint64_t row_start;
   std::memcpy(&num_rows, p + 8, 4);
@@ -195,7 +241,8 @@ std::string EncodeChunk(const Chunk& chunk, const EncodeOptions& options) {
   for (int32_t t : chunk.token_ids) small_tokens &= (t >= 0 && t <= 0xffff);
   std::string out;
   out.reserve(kHeaderBytes + chunk.token_ids.size() * 4 + nnz * 6 + chunk.values.size() * 4 + 64);
-  PutRaw<uint32_t>(kMagic, &out);
+  const bool packed = sparse && chunk.dtype != ChunkDtype::kFloat32;
+  PutRaw<uint32_t>(packed ? kMagicPacked : kMagic, &out);
   out.push_back(static_cast<char>(chunk.kind));
   out.push_back(static_cast<char>(chunk.dtype));
   out.push_back(static_cast<char>(enc));
@@ -247,7 +294,11 @@ std::string EncodeChunk(const Chunk& chunk, const EncodeOptions& options) {
       for (int32_t c : chunk.indices) PutRaw<int32_t>(c, &out);
     }
   }
-  PutValues(chunk.values.data(), chunk.values.size(), chunk.dtype, &out);
+  if (packed) {
+    PutPackedValues(chunk.values.data(), chunk.values.size(), chunk.dtype, &out);
+  } else {
+    PutValues(chunk.values.data(), chunk.values.size(), chunk.dtype, &out);
+  }
   PutRaw<uint32_t>(Crc32c(out.data(), out.size()), &out);
   return out;
 }
@@ -256,14 +307,16 @@ absl::Status DecodeChunkTokens(absl::string_view data, Chunk* out) {
   size_t cursor;
   uint64_t nnz;
   IndexEncoding enc;
-  return DecodeHead(data, out, &cursor, &nnz, &enc);
+  bool packed;
+  return DecodeHead(data, out, &cursor, &nnz, &enc, &packed);
 }
 
 absl::Status DecodeChunk(absl::string_view data, Chunk* out) {
   size_t at;
   uint64_t nnz;
   IndexEncoding enc;
-  if (absl::Status s = DecodeHead(data, out, &at, &nnz, &enc); !s.ok()) return s;
+  bool packed;
+  if (absl::Status s = DecodeHead(data, out, &at, &nnz, &enc, &packed); !s.ok()) return s;
   const char* p = data.data();
   const size_t end = data.size() - 4;
   const int vbytes = DtypeBytes(out->dtype);
@@ -336,8 +389,11 @@ absl::Status DecodeChunk(absl::string_view data, Chunk* out) {
     }
     at += nnz * ib;
   }
-  if (nnz * vbytes != end - at) return Malformed("value section size");
   out->values.resize(nnz);
+  if (packed) {
+    return GetPackedValues(p + at, end - at, nnz, out->dtype, out->values.data());
+  }
+  if (nnz * vbytes != end - at) return Malformed("value section size");
   GetValues(p + at, nnz, out->dtype, out->values.data());
   return absl::OkStatus();
 }

@@ -3,7 +3,8 @@
 // A chunk holds rows [row_start, row_start + num_rows) with their token ids next to them (stored
 // once, never copied per split). Layout, little-endian:
 //
-//   u32 magic "LTC1" | u8 kind | u8 value dtype | u8 index encoding | u8 token bytes (2 or 4)
+//   u32 magic "LTC1" (values as arrays) or "LTC2" (SPARSE fp16/bf16, values bit-packed)
+//   u8 kind | u8 value dtype | u8 index encoding | u8 token bytes (2 or 4)
 //   u32 num_rows | u32 width | u64 row_start | u64 nnz
 //   token ids        num_rows x (u16 | i32)
 //   SPARSE only:
@@ -11,7 +12,9 @@
 //     indices        kIndexBitPacked: one bit stream; per non-empty row a 6-bit gap width b,
 //                    the first column in ceil(log2(width)) bits, then (n - 1) gaps
 //                    (col[i] - col[i-1] - 1) in b bits each. kIndexU16 / kIndexU32: plain arrays.
-//     values         nnz x dtype
+//     values         LTC1: nnz x dtype. LTC2: u16 smallest head h0, u8 head bits hb, then per
+//                    value ((head - h0) << m | mantissa) in hb + m bits, LSB first (head = sign
+//                    + exponent; m = 10 fp16, 7 bf16): 14 bits instead of 16 at X1's shape
 //   DENSE only:      values num_rows x width x dtype, row-major
 //   u32 CRC32C of every byte before it
 //

@@ -113,6 +113,42 @@ TEST(ChunkCodec, EveryFlippedByteIsDataLoss) {
   EXPECT_EQ(DecodeChunk(enc.substr(0, 10), &d).code(), absl::StatusCode::kDataLoss);
 }
 
+// SPARSE fp16 / bf16 chunks ("LTC2") bit-pack the values: exact (the stored 16 bits come back)
+// and smaller than 2 bytes a value when values span few binades; corruption is DATA_LOSS.
+TEST(ChunkCodec, PackedSixteenBitValuesRoundTripExactly) {
+  for (ChunkDtype dt : {ChunkDtype::kFloat16, ChunkDtype::kBFloat16}) {
+    for (bool mixed_signs : {false, true}) {
+      Chunk c = RandomSparse(256, 4096, 32, true, 100, 9);
+      c.dtype = dt;
+      std::mt19937 rng(4);
+      std::exponential_distribution<float> value(1.0f);
+      for (float& v : c.values) {
+        const float x = (mixed_signs && rng() % 8 == 0 ? -1.0f : 1.0f) * (0.05f + value(rng));
+        v = dt == ChunkDtype::kFloat16 ? HalfToFloat(FloatToHalf(x))
+                                       : BFloat16ToFloat(FloatToBFloat16(x));
+      }
+      const std::string enc = EncodeChunk(c);
+      Chunk d;
+      ASSERT_TRUE(DecodeChunk(enc, &d).ok());
+      ExpectSame(c, d);
+      Chunk plain = c;
+      plain.dtype = ChunkDtype::kFloat32;  // same indices, 4-byte values
+      // Positive values: the head (sign + exponent) spans a few binades, so fewer bits.
+      if (!mixed_signs) EXPECT_LT(enc.size(), EncodeChunk(plain).size() - c.values.size() * 2);
+      for (size_t i = 0; i < enc.size(); i += 7) {
+        std::string bad = enc;
+        bad[i] ^= 0x04;
+        EXPECT_EQ(DecodeChunk(bad, &d).code(), absl::StatusCode::kDataLoss) << i;
+      }
+    }
+  }
+  Chunk empty = RandomSparse(4, 64, 0, false, 10, 1);  // no values at all
+  empty.dtype = ChunkDtype::kFloat16;
+  Chunk d;
+  ASSERT_TRUE(DecodeChunk(EncodeChunk(empty), &d).ok());
+  ExpectSame(empty, d);
+}
+
 TEST(ValueCodec, HalfAndBFloat16Rounding) {
   EXPECT_EQ(FloatToHalf(1.0f), 0x3c00);
   EXPECT_EQ(FloatToHalf(65504.0f), 0x7bff);

@@ -1074,11 +1074,13 @@ absl::Status DatasetWriter::Commit() {
         post_values[slot] = pending_.values[i];
       }
     }
-    // Latents [lo, hi): statistics, top-N and the encoded postings (into `puts`). Latent ranges
-    // are disjoint and split at block boundaries, so two ranges can run on two threads.
+    // Latents [lo, hi) (lo a block start): statistics, top-N, the encoded postings and the
+    // statistics / top-N blocks. Ranges are disjoint and split at block boundaries, so two
+    // ranges can run on two threads.
     struct LatentPass {
       int64_t new_live = 0;
-      std::vector<std::pair<std::string, std::string>> puts;
+      std::vector<std::pair<std::string, std::string>> puts;        // postings family
+      std::vector<std::pair<std::string, std::string>> index_puts;  // latent_index family
     };
     auto run_pass = [&](int32_t lo, int32_t hi, LatentPass* out) {
       std::string key = keys::Posting(id, 0, first_row);
@@ -1112,6 +1114,16 @@ absl::Status DatasetWriter::Commit() {
         touched_block[l / kStatsBlock] = 1;
         if (top_changed) top_block_changed[l / kStatsBlock] = 1;
       }
+      for (int32_t first = lo; first < hi; first += kStatsBlock) {  // lo is a block start
+        const size_t b = first / kStatsBlock;
+        if (!touched_block[b]) continue;
+        out->index_puts.emplace_back(keys::LatentStats(id, static_cast<uint32_t>(first)),
+                                     EncodeStatsBlock(stats_, first));
+        if (top_block_changed[b]) {
+          out->index_puts.emplace_back(keys::LatentTop(id, static_cast<uint32_t>(first)),
+                                       EncodeTopBlock(top_, first));
+        }
+      }
     };
     // Large commits split the latents in two at a block boundary near 55% of the entries: the
     // upper part runs on a second thread while this one encodes the chunks, then the lower part.
@@ -1130,16 +1142,8 @@ absl::Status DatasetWriter::Commit() {
     next.live_latents += lower.new_live + upper.new_live;
     for (LatentPass* pass : {&lower, &upper}) {
       for (const auto& [k, v] : pass->puts) batch.Put(db->handle(Family::kPostings), k, v);
-    }
-    for (size_t b = 0; b < touched_block.size(); ++b) {
-      if (!touched_block[b]) continue;
-      const int32_t first = static_cast<int32_t>(b) * kStatsBlock;
-      batch.Put(db->handle(Family::kLatentIndex),
-                keys::LatentStats(id, static_cast<uint32_t>(first)),
-                EncodeStatsBlock(stats_, first));
-      if (top_block_changed[b]) {
-        batch.Put(db->handle(Family::kLatentIndex),
-                  keys::LatentTop(id, static_cast<uint32_t>(first)), EncodeTopBlock(top_, first));
+      for (const auto& [k, v] : pass->index_puts) {
+        batch.Put(db->handle(Family::kLatentIndex), k, v);
       }
     }
   } else {
