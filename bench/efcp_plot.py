@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Plots the T1 loss curves written by bench/efcp_t1 (--csv) as a PNG, one panel per CSV.
 
-  /usr/bin/python3 bench/efcp_plot.py docs/efcp_t1.png /tmp/efcp_t1_d16.csv /tmp/efcp2_t1.csv
+  /usr/bin/python3 bench/efcp_plot.py docs/efcp_t1.png /tmp/efcp2_t1_d16.csv /tmp/efcp2_t1.csv
 """
 import collections
 import csv

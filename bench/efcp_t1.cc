@@ -14,7 +14,7 @@
 //           --lrs=0.01,0.03 --damps=1e-2,1e-3 --ggt_lrs=0.3,1 --csv=/tmp/efcp2_t1.csv
 //                                                          (T1, d = 1024, m = 256, ~8 min)
 //   efcp_t1 --seeds=3 --d=16 --window=16 --n=8192 --eval_every=5 --max_steps=3000 \
-//           --csv=/tmp/efcp_t1_d16.csv                               (the small setting)
+//           --oracle_lrs=0.03,0.1,0.3,1 --csv=/tmp/efcp2_t1_d16.csv   (the small setting)
 // (--d must be a square: the weights are held as a sqrt(d) x sqrt(d) matrix.)
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
