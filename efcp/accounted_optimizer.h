@@ -57,6 +57,12 @@ class AccountedOptimizer : public torch::optim::Optimizer {
     double weight_decay = 0;
     WeightDecayKind weight_decay_kind = WeightDecayKind::kCoupled;
   };
+  // The Hyper of an efcp options struct (each has lr, momentum, weight_decay and its kind).
+  template <typename Options>
+  static Hyper HyperFrom(const torch::optim::OptimizerOptions& options) {
+    const auto& o = static_cast<const Options&>(options);
+    return Hyper{o.lr(), o.momentum(), o.weight_decay(), o.weight_decay_kind()};
+  }
   struct Slot {
     at::Tensor param;
     size_t group = 0;

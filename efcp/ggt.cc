@@ -80,8 +80,7 @@ MemoryBreakdown GGT::EstimateMemory(const std::vector<std::vector<int64_t>>& sha
 }
 
 AccountedOptimizer::Hyper GGT::HyperOf(const torch::optim::OptimizerOptions& options) const {
-  const auto& o = static_cast<const GGTOptions&>(options);
-  return Hyper{o.lr(), o.momentum(), o.weight_decay(), o.weight_decay_kind()};
+  return HyperFrom<GGTOptions>(options);
 }
 
 at::Tensor GGT::Coefficients(const at::Tensor& gram, int64_t count, int64_t newest) const {

@@ -103,8 +103,7 @@ LowRankMFAC::LowRankMFAC(std::vector<torch::optim::OptimizerParamGroup> groups,
 
 AccountedOptimizer::Hyper LowRankMFAC::HyperOf(
     const torch::optim::OptimizerOptions& options) const {
-  const auto& o = static_cast<const LowRankMFACOptions&>(options);
-  return Hyper{o.lr(), o.momentum(), o.weight_decay(), o.weight_decay_kind()};
+  return HyperFrom<LowRankMFACOptions>(options);
 }
 
 torch::Tensor LowRankMFAC::step(LossClosure closure) {

@@ -80,17 +80,12 @@ MemoryBreakdown MFAC::EstimateMemory(const std::vector<std::vector<int64_t>>& sh
 }
 
 AccountedOptimizer::Hyper MFAC::HyperOf(const torch::optim::OptimizerOptions& options) const {
-  const auto& o = static_cast<const MFACOptions&>(options);
-  return Hyper{o.lr(), o.momentum(), o.weight_decay(), o.weight_decay_kind()};
+  return HyperFrom<MFACOptions>(options);
 }
 
 at::Tensor MFAC::Coefficients(const at::Tensor& gram, int64_t count, int64_t newest) const {
-  const double s = options_.scaling() == Scaling::kCount ? static_cast<double>(count)
-                                                         : static_cast<double>(options_.window());
-  const double eps = shards_[0].dtype == at::kDouble
-                         ? std::numeric_limits<double>::epsilon()
-                         : static_cast<double>(std::numeric_limits<float>::epsilon());
-  return WoodburyCoefficients(gram, count, newest, s, options_.damp(), eps);
+  return MfacCoefficients(gram, count, newest, options_.scaling(), options_.window(),
+                          options_.damp(), shards_[0].dtype);
 }
 
 }  // namespace efcp

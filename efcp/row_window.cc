@@ -376,4 +376,14 @@ void RowWindowOptimizer::LoadState(torch::serialize::InputArchive& archive) {
   }
 }
 
+at::Tensor MfacCoefficients(const at::Tensor& gram, int64_t count, int64_t newest, Scaling scaling,
+                            int64_t window, double damp, at::ScalarType dtype) {
+  const double s =
+      scaling == Scaling::kCount ? static_cast<double>(count) : static_cast<double>(window);
+  const double eps = dtype == at::kDouble
+                         ? std::numeric_limits<double>::epsilon()
+                         : static_cast<double>(std::numeric_limits<float>::epsilon());
+  return WoodburyCoefficients(gram, count, newest, s, damp, eps);
+}
+
 }  // namespace efcp

@@ -111,6 +111,11 @@ class RowWindowOptimizer : public AccountedOptimizer {
 at::Tensor WoodburyCoefficients(const at::Tensor& gram, int64_t count, int64_t newest, double s,
                                 double damp, double floor_eps);
 
+// M-FAC's coefficients (MFAC and SparseMFAC): WoodburyCoefficients with s = count or the window as
+// `scaling` says, and the floor at the machine epsilon of the parameters' `dtype`.
+at::Tensor MfacCoefficients(const at::Tensor& gram, int64_t count, int64_t newest, Scaling scaling,
+                            int64_t window, double damp, at::ScalarType dtype);
+
 }  // namespace efcp
 
 #endif  // EFCP_ROW_WINDOW_H_

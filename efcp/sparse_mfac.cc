@@ -82,17 +82,12 @@ MemoryBreakdown SparseMFAC::EstimateMemory(const std::vector<std::vector<int64_t
 }
 
 AccountedOptimizer::Hyper SparseMFAC::HyperOf(const torch::optim::OptimizerOptions& options) const {
-  const auto& o = static_cast<const SparseMFACOptions&>(options);
-  return Hyper{o.lr(), o.momentum(), o.weight_decay(), o.weight_decay_kind()};
+  return HyperFrom<SparseMFACOptions>(options);
 }
 
 at::Tensor SparseMFAC::Coefficients(const at::Tensor& gram, int64_t count, int64_t newest) const {
-  const double s = options_.scaling() == Scaling::kCount ? static_cast<double>(count)
-                                                         : static_cast<double>(options_.window());
-  const double eps = shards_[0].dtype == at::kDouble
-                         ? std::numeric_limits<double>::epsilon()
-                         : static_cast<double>(std::numeric_limits<float>::epsilon());
-  return WoodburyCoefficients(gram, count, newest, s, options_.damp(), eps);
+  return MfacCoefficients(gram, count, newest, options_.scaling(), options_.window(),
+                          options_.damp(), shards_[0].dtype);
 }
 
 }  // namespace efcp
