@@ -89,33 +89,31 @@ class EfcpOptimizer : public TrainOptimizer {
   std::unique_ptr<efcp::AccountedOptimizer> optimizer_;
 };
 
-efcp::MFACOptions MfacOptions(const OptimizerConfig& config) {
-  return efcp::MFACOptions(config.lr)
-      .damp(config.damp)
+// The options every M-FAC-family optimizer shares, set from the config.
+template <typename Options>
+Options MfacFamilyOptions(const OptimizerConfig& config) {
+  Options options(config.lr);
+  options.damp(config.damp)
       .window(config.window)
       .momentum(config.momentum)
       .weight_decay(config.weight_decay);
+  return options;
+}
+
+efcp::MFACOptions MfacOptions(const OptimizerConfig& config) {
+  return MfacFamilyOptions<efcp::MFACOptions>(config);
 }
 
 efcp::SparseMFACOptions SmfacOptions(const OptimizerConfig& config) {
-  return efcp::SparseMFACOptions(config.lr)
-      .damp(config.damp)
-      .window(config.window)
-      .momentum(config.momentum)
-      .weight_decay(config.weight_decay)
-      .density(config.density)
-      .error_feedback(config.error_feedback);
+  efcp::SparseMFACOptions options = MfacFamilyOptions<efcp::SparseMFACOptions>(config);
+  options.density(config.density).error_feedback(config.error_feedback);
+  return options;
 }
 
 efcp::LowRankMFACOptions LrmfacOptions(const OptimizerConfig& config) {
-  return efcp::LowRankMFACOptions(config.lr)
-      .damp(config.damp)
-      .window(config.window)
-      .momentum(config.momentum)
-      .weight_decay(config.weight_decay)
-      .rank(config.rank)
-      .error_feedback(config.error_feedback)
-      .seed(config.seed);
+  efcp::LowRankMFACOptions options = MfacFamilyOptions<efcp::LowRankMFACOptions>(config);
+  options.rank(config.rank).error_feedback(config.error_feedback).seed(config.seed);
+  return options;
 }
 
 efcp::GGTOptions GgtOptions(const OptimizerConfig& config) {
