@@ -52,6 +52,15 @@ class TrainLoop(DaemonTestCase):
             self.assertEqual(s.optimizer_state_total_bytes, sum(s.optimizer_state_bytes.values()))
             self.assertGreater(s.dense_mfac_history_bytes, s.optimizer_state_total_bytes)
         self.assertEqual(trained.result.train.steps, 120)
+        # latentctl reads the kept telemetry after the job ended: a table and a PNG plot.
+        plot = os.path.join(self.tmp, "train.png")
+        table = daemon.latentctl("telemetry", str(train.id), "--plot=" + plot).stdout
+        rows = [line for line in table.splitlines() if line.split() and line.split()[0].isdigit()]
+        self.assertEqual(len(rows), len(samples))
+        self.assertEqual(int(rows[-1].split()[0]), 120)
+        with open(plot, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        self.assertGreater(os.path.getsize(plot), 10000)
         artifact = trained.result.train.artifact_id
         self.assertGreater(artifact, 0)
 
