@@ -180,6 +180,10 @@ TEST_F(JobManagerTest, DevicesAreNeverSharedAndFifoWithinPriority) {
   WaitFor(high1.id(), latentd::v1::RUNNING);
   WaitFor(high2.id(), latentd::v1::RUNNING);
   EXPECT_EQ(manager_->Get(low.id())->state(), latentd::v1::PENDING);
+  // RUNNING is set before a runner's thread gets going: wait until both have entered the runner,
+  // so the recorded order is the scheduler's.
+  for (int i = 0; i < 5000 && gate_.Started().size() < 3; ++i)
+    absl::SleepFor(absl::Milliseconds(1));
   gate_.Release(high1.id());
   gate_.Release(high2.id());
   gate_.Release(low.id());
