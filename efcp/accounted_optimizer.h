@@ -29,10 +29,40 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "efcp/memory.h"
 #include "efcp/options_common.h"
 
 namespace efcp {
+
+// Shapes of every parameter of `groups`, in order; *dtype gets the last parameter's dtype.
+inline std::vector<std::vector<int64_t>> ParamShapes(
+    const std::vector<torch::optim::OptimizerParamGroup>& groups, at::ScalarType* dtype) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& g : groups) {
+    for (const auto& p : g.params()) {
+      shapes.push_back(p.sizes().vec());
+      *dtype = p.scalar_type();
+    }
+  }
+  return shapes;
+}
+
+// What every efcp constructor checks before allocating: throws c10::Error with `valid`'s message
+// when it is not OK, and with AdmitMemory's when Optimizer::EstimateMemory for `groups` exceeds
+// options.memory_budget_bytes() (when that is > 0).
+template <typename Optimizer, typename Options>
+void CheckOptionsAndBudget(const absl::Status& valid, const Options& options,
+                           const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                           const char* name) {
+  TORCH_CHECK(valid.ok(), std::string(valid.message()));
+  if (options.memory_budget_bytes() <= 0) return;
+  at::ScalarType dtype = at::kFloat;
+  const std::vector<std::vector<int64_t>> shapes = ParamShapes(groups, &dtype);
+  const absl::Status fit = AdmitMemory(Optimizer::EstimateMemory(shapes, options, dtype),
+                                       options.memory_budget_bytes(), name);
+  TORCH_CHECK(fit.ok(), std::string(fit.message()));
+}
 
 // Bytes a tensor's elements occupy (0 when undefined).
 int64_t TensorBytes(const at::Tensor& t);

@@ -24,21 +24,7 @@ RowWindowConfig ConfigOf(const GGTOptions& o) {
 
 RowWindowConfig Checked(const GGTOptions& o,
                         const std::vector<torch::optim::OptimizerParamGroup>& groups) {
-  const absl::Status st = ValidateGGTOptions(o);
-  TORCH_CHECK(st.ok(), std::string(st.message()));
-  if (o.memory_budget_bytes() > 0) {
-    std::vector<std::vector<int64_t>> shapes;
-    at::ScalarType dtype = at::kFloat;
-    for (const auto& g : groups) {
-      for (const auto& p : g.params()) {
-        shapes.push_back(p.sizes().vec());
-        dtype = p.scalar_type();
-      }
-    }
-    const absl::Status fit =
-        AdmitMemory(GGT::EstimateMemory(shapes, o, dtype), o.memory_budget_bytes(), "GGT");
-    TORCH_CHECK(fit.ok(), std::string(fit.message()));
-  }
+  CheckOptionsAndBudget<GGT>(ValidateGGTOptions(o), o, groups, "GGT");
   return ConfigOf(o);
 }
 

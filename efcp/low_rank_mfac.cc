@@ -27,21 +27,7 @@ MatrixShape ShapeOf(const std::vector<int64_t>& shape, int64_t rank) {
 
 void Check(const LowRankMFACOptions& o,
            const std::vector<torch::optim::OptimizerParamGroup>& groups) {
-  const absl::Status st = ValidateLowRankMFACOptions(o);
-  TORCH_CHECK(st.ok(), std::string(st.message()));
-  if (o.memory_budget_bytes() > 0) {
-    std::vector<std::vector<int64_t>> shapes;
-    at::ScalarType dtype = at::kFloat;
-    for (const auto& g : groups) {
-      for (const auto& p : g.params()) {
-        shapes.push_back(p.sizes().vec());
-        dtype = p.scalar_type();
-      }
-    }
-    const absl::Status fit = AdmitMemory(LowRankMFAC::EstimateMemory(shapes, o, dtype),
-                                         o.memory_budget_bytes(), "LowRankMFAC");
-    TORCH_CHECK(fit.ok(), std::string(fit.message()));
-  }
+  CheckOptionsAndBudget<LowRankMFAC>(ValidateLowRankMFACOptions(o), o, groups, "LowRankMFAC");
 }
 
 }  // namespace

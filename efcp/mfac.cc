@@ -16,30 +16,6 @@ RowWindowConfig ConfigOf(const MFACOptions& o) {
   return c;
 }
 
-const MFACOptions& Checked(const MFACOptions& o, const std::vector<std::vector<int64_t>>& shapes,
-                           at::ScalarType dtype) {
-  const absl::Status st = ValidateMFACOptions(o);
-  TORCH_CHECK(st.ok(), std::string(st.message()));
-  if (o.memory_budget_bytes() > 0) {
-    const absl::Status fit =
-        AdmitMemory(MFAC::EstimateMemory(shapes, o, dtype), o.memory_budget_bytes(), "MFAC");
-    TORCH_CHECK(fit.ok(), std::string(fit.message()));
-  }
-  return o;
-}
-
-std::vector<std::vector<int64_t>> ShapesOf(
-    const std::vector<torch::optim::OptimizerParamGroup>& groups, at::ScalarType* dtype) {
-  std::vector<std::vector<int64_t>> shapes;
-  for (const auto& g : groups) {
-    for (const auto& p : g.params()) {
-      shapes.push_back(p.sizes().vec());
-      *dtype = p.scalar_type();
-    }
-  }
-  return shapes;
-}
-
 }  // namespace
 
 absl::Status ValidateMFACOptions(const MFACOptions& o) {
@@ -65,10 +41,10 @@ absl::Status ValidateMFACOptions(const MFACOptions& o) {
 
 MFAC::MFAC(std::vector<torch::optim::OptimizerParamGroup> groups, MFACOptions options)
     : RowWindowOptimizer(groups, std::make_unique<MFACOptions>(options), "MFAC",
-                         options.non_finite(), ConfigOf([&] {
-                           at::ScalarType dtype = at::kFloat;
-                           auto shapes = ShapesOf(groups, &dtype);
-                           return Checked(options, shapes, dtype);
+                         options.non_finite(), ConfigOf([&]() -> const MFACOptions& {
+                           CheckOptionsAndBudget<MFAC>(ValidateMFACOptions(options), options,
+                                                       groups, "MFAC");
+                           return options;
                          }())),
       options_(options) {
   InitMomentum();

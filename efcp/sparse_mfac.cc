@@ -42,21 +42,7 @@ std::string Renamed(const absl::Status& st) {
 
 RowWindowConfig Checked(const SparseMFACOptions& o,
                         const std::vector<torch::optim::OptimizerParamGroup>& groups) {
-  const absl::Status st = ValidateSparseMFACOptions(o);
-  TORCH_CHECK(st.ok(), std::string(st.message()));
-  if (o.memory_budget_bytes() > 0) {
-    std::vector<std::vector<int64_t>> shapes;
-    at::ScalarType dtype = at::kFloat;
-    for (const auto& g : groups) {
-      for (const auto& p : g.params()) {
-        shapes.push_back(p.sizes().vec());
-        dtype = p.scalar_type();
-      }
-    }
-    const absl::Status fit = AdmitMemory(SparseMFAC::EstimateMemory(shapes, o, dtype),
-                                         o.memory_budget_bytes(), "SparseMFAC");
-    TORCH_CHECK(fit.ok(), std::string(fit.message()));
-  }
+  CheckOptionsAndBudget<SparseMFAC>(ValidateSparseMFACOptions(o), o, groups, "SparseMFAC");
   return ConfigOf(o);
 }
 
