@@ -707,9 +707,10 @@ absl::StatusOr<std::vector<int64_t>> ChunkStore::ChunkRowStarts(uint64_t id) con
   return starts;
 }
 
-absl::StatusOr<LatentStats> ChunkStore::GetLatentStats(uint64_t id, int32_t latent) const {
-  SnapshotHolder snap(db_->raw());
-  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
+namespace {
+
+// A per-latent query needs a SPARSE dataset and a latent inside its width.
+absl::Status CheckLatentQuery(const DatasetRecord& rec, uint64_t id, int32_t latent) {
   if (rec.meta.kind != DatasetKind::kSparse) {
     return absl::FailedPreconditionError(
         absl::StrCat("dataset ", id, " is DENSE: it has no latents"));
@@ -718,6 +719,15 @@ absl::StatusOr<LatentStats> ChunkStore::GetLatentStats(uint64_t id, int32_t late
     return absl::InvalidArgumentError(
         absl::StrCat("latent: ", latent, " is outside [0, ", rec.meta.width, ")"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LatentStats> ChunkStore::GetLatentStats(uint64_t id, int32_t latent) const {
+  SnapshotHolder snap(db_->raw());
+  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
+  RETURN_IF_ERROR(CheckLatentQuery(rec, id, latent));
   std::string value;
   const int32_t first = latent - latent % kStatsBlock;
   absl::Status s = GetAt(db_, snap.get(), Family::kLatentIndex,
@@ -733,14 +743,7 @@ absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
     uint64_t id, int32_t latent, int32_t top_n, int32_t before, int32_t after) const {
   SnapshotHolder snap(db_->raw());
   ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
-  if (rec.meta.kind != DatasetKind::kSparse) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("dataset ", id, " is DENSE: it has no latents"));
-  }
-  if (latent < 0 || latent >= rec.meta.width) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("latent: ", latent, " is outside [0, ", rec.meta.width, ")"));
-  }
+  RETURN_IF_ERROR(CheckLatentQuery(rec, id, latent));
   if (before < 0 || after < 0) {
     return absl::InvalidArgumentError("context_before/context_after: negative");
   }
