@@ -1,20 +1,31 @@
 // Chunk store benchmark on the X1 shape (k = 32, d_sae = 4096, fp16, 128-row sequences).
 //
-//   bazel run -c opt //bench:storage_bench -- [rows] [postings 0|1]
+//   bazel build -c opt //bench:storage_bench
+//   bazel-bin/bench/storage_bench [rows=1048576] [configs=f3,f2] [threads=0] [chunk=4096]
+//                                 [slices=128] [reads=1]
 //
-// Prints, all from one run:
-//  - bytes per token on disk after compaction (whole database, keys and metadata included)
-//    against the 128 B fixed-k u16 + fp16 layout and the ~100 B information floor;
-//  - commit throughput of the store against raw synced RocksDB WriteBatches of the same final
-//    key/value bytes in the same number of commits (a fresh database, same options);
-//  - ReadRows (1024 rows), RowLatents, GetLatent (stats + top-20 with 32/8 context) and
-//    LatentPostings latency percentiles.
+// configs: a comma-separated list, each run on a fresh database in this one process, so their
+// figures compare side by side:
+//   f3         format 3 (latent-sliced chunks, the default layout)
+//   f2         format 2 with postings (row-major chunks + a latent-major copy of every value)
+//   f2nopost   format 2 without postings (row-major only: no latent-major reads)
+//   f3cN       format 3 with N-row chunks (e.g. f3c1024), for the chunk-size trade-off
+// For each: bytes per token on disk after compaction (whole database: keys, metadata, token ids)
+// against the 128 B fixed-k u16 + fp16 layout and the ~100 B floor; commit wall and process CPU
+// against two raw baselines in the same run (synced WriteBatches, same number of commits):
+//   raw-same   the store's own final key/value bytes (the encoding and indexing cost alone);
+//   raw-rows   the rows as a user would Put them without this store: per 1024-row chunk the
+//              fixed-k u16 indices + fp16 values + u16 token ids (128 + 2 B/token), no index;
+// then ReadRows (1024 rows), RowLatents, GetLatent (stats + top-20 with 32/8 context) and
+// LatentPostings latency percentiles.
 // Rows are synthetic: latents drawn from a Zipf-like distribution, exponential values, Zipf(1.1)
 // token ids; the extraction workload's own figures come from the EXTRACT benchmark.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <random>
 #include <set>
@@ -22,8 +33,10 @@
 #include <vector>
 
 #include "storage/chunk_store.h"
+#include "storage/value_codec.h"
 
 using latentd::storage::ChunkStore;
+using latentd::storage::ChunkStoreOptions;
 using latentd::storage::Db;
 using latentd::storage::Family;
 using Clock = std::chrono::steady_clock;
@@ -43,9 +56,10 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 }
 
 struct Percentiles {
-  double p50, p99;
+  double p50 = 0, p99 = 0;
 };
 Percentiles Summarize(std::vector<double> us) {
+  if (us.empty()) return {};
   std::sort(us.begin(), us.end());
   return {us[us.size() / 2], us[std::min(us.size() - 1, us.size() * 99 / 100)]};
 }
@@ -57,133 +71,197 @@ void Check(const absl::Status& s) {
   }
 }
 
-}  // namespace
+constexpr int32_t kWidth = 4096, kK = 32;
+constexpr int64_t kCommitRows = 16384;
 
-int main(int argc, char** argv) {
-  const int64_t rows = argc > 1 ? std::atoll(argv[1]) : 1048576;
-  const bool postings = argc > 2 ? std::atoi(argv[2]) != 0 : true;
-  const int32_t width = 4096, k = 32;
-  const int64_t commit_rows = 16384;
-  const std::string base = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") +
-                           "/latentd_storage_bench";
-  std::system(("rm -rf '" + base + "'").c_str());
-  std::system(("mkdir -p '" + base + "'").c_str());
+struct Rows {
+  std::vector<int64_t> indptr{0};
+  std::vector<int32_t> indices, tokens;
+  std::vector<float> values;
+};
 
-  // ---- synthetic X1-shaped rows ----
+Rows MakeRows(int64_t rows) {
   std::mt19937_64 rng(42);
-  std::vector<double> latent_weight(width), token_weight(4096);
-  for (int j = 0; j < width; ++j) latent_weight[j] = 1.0 / std::pow(j + 10.0, 0.8);
+  std::vector<double> latent_weight(kWidth), token_weight(4096);
+  for (int j = 0; j < kWidth; ++j) latent_weight[j] = 1.0 / std::pow(j + 10.0, 0.8);
   std::shuffle(latent_weight.begin(), latent_weight.end(), rng);
   for (int t = 0; t < 4096; ++t) token_weight[t] = 1.0 / std::pow(t + 1.0, 1.1);
   std::discrete_distribution<int32_t> pick_latent(latent_weight.begin(), latent_weight.end());
   std::discrete_distribution<int32_t> pick_token(token_weight.begin(), token_weight.end());
   std::exponential_distribution<float> value(1.0f);
-  std::vector<int64_t> indptr{0};
-  std::vector<int32_t> indices, tokens;
-  std::vector<float> values;
-  indices.reserve(rows * k);
-  values.reserve(rows * k);
+  Rows out;
+  out.indices.reserve(rows * kK);
+  out.values.reserve(rows * kK);
   for (int64_t r = 0; r < rows; ++r) {
     std::set<int32_t> cols;
-    while (static_cast<int>(cols.size()) < k) cols.insert(pick_latent(rng));
+    while (static_cast<int>(cols.size()) < kK) cols.insert(pick_latent(rng));
     for (int32_t c : cols) {
-      indices.push_back(c);
-      values.push_back(0.05f + value(rng));
+      out.indices.push_back(c);
+      out.values.push_back(0.05f + value(rng));
     }
-    indptr.push_back(static_cast<int64_t>(indices.size()));
-    tokens.push_back(pick_token(rng));
+    out.indptr.push_back(static_cast<int64_t>(out.indices.size()));
+    out.tokens.push_back(pick_token(rng));
   }
+  return out;
+}
 
-  // ---- the store ----
-  auto db_or = Db::Open(base + "/store");
+struct Kv {
+  Family family;
+  std::string key, value;
+};
+
+struct RawResult {
+  double wall = 1e30, cpu = 1e30;
+  uint64_t bytes = 0;
+};
+
+// Writes `batches` (each one synced WriteBatch) into a fresh database; the better of two runs.
+RawResult WriteRaw(const std::string& dir, const std::vector<std::vector<Kv>>& batches) {
+  RawResult out;
+  for (const auto& b : batches) {
+    for (const Kv& kv : b) out.bytes += kv.key.size() + kv.value.size();
+  }
+  for (int trial = 0; trial < 2; ++trial) {
+    std::system(("rm -rf '" + dir + "'").c_str());
+    auto raw_or = Db::Open(dir);
+    Check(raw_or.status());
+    std::unique_ptr<Db> raw = *std::move(raw_or);
+    const auto t0 = Clock::now();
+    const double c0 = CpuSeconds();
+    rocksdb::WriteBatch batch;
+    for (const auto& b : batches) {
+      batch.Clear();
+      for (const Kv& kv : b) batch.Put(raw->handle(kv.family), kv.key, kv.value);
+      Check(raw->Write(&batch, /*sync=*/true));
+    }
+    out.wall = std::min(out.wall, Seconds(t0, Clock::now()));
+    out.cpu = std::min(out.cpu, CpuSeconds() - c0);
+  }
+  std::system(("rm -rf '" + dir + "'").c_str());
+  return out;
+}
+
+// The rows as plain fixed-k records: per 1024-row chunk, u16 indices, fp16 values, u16 tokens.
+std::vector<std::vector<Kv>> PlainRowBatches(const Rows& rows, int64_t n) {
+  std::vector<std::vector<Kv>> batches;
+  for (int64_t at = 0; at < n; at += kCommitRows) {
+    batches.emplace_back();
+    const int64_t end = std::min(n, at + kCommitRows);
+    for (int64_t c = at; c < end; c += 1024) {
+      const int64_t stop = std::min(end, c + 1024);
+      Kv kv{Family::kChunks, std::string(16, '\0'), std::string()};
+      std::memcpy(&kv.key[8], &c, 8);
+      for (int64_t r = c; r < stop; ++r) {
+        for (int64_t i = rows.indptr[r]; i < rows.indptr[r + 1]; ++i) {
+          const uint16_t idx = static_cast<uint16_t>(rows.indices[i]);
+          const uint16_t h = latentd::storage::FloatToHalf(rows.values[i]);
+          kv.value.append(reinterpret_cast<const char*>(&idx), 2);
+          kv.value.append(reinterpret_cast<const char*>(&h), 2);
+        }
+        const uint16_t t = static_cast<uint16_t>(rows.tokens[r]);
+        kv.value.append(reinterpret_cast<const char*>(&t), 2);
+      }
+      batches.back().push_back(std::move(kv));
+    }
+  }
+  return batches;
+}
+
+struct Config {
+  std::string name;
+  uint32_t format = 3;
+  bool postings = true;
+  int64_t chunk_rows = 4096;
+};
+
+struct Result {
+  Config config;
+  uint64_t disk = 0;
+  int64_t info_bytes = 0;
+  double store_wall = 0, store_cpu = 0;
+  RawResult raw_same, raw_rows;
+  Percentiles read, row, latent, post;
+};
+
+Result RunConfig(const std::string& base, const Config& config, const Rows& rows, int64_t n,
+                 int threads, int slices, bool measure_reads) {
+  Result res;
+  res.config = config;
+  const std::string dir = base + "/" + config.name;
+  std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str());
+  auto db_or = Db::Open(dir + "/store");
   Check(db_or.status());
   std::unique_ptr<Db> db = *std::move(db_or);
-  ChunkStore store(db.get());
+  ChunkStoreOptions options;
+  options.record_version = config.format;
+  options.sparse_chunk_rows = config.chunk_rows;
+  options.latent_slices = slices;
+  options.commit_threads = threads;
+  ChunkStore store(db.get(), options);
   latentd::storage::DatasetMeta meta;
   meta.name = "x1";
-  meta.width = width;
-  meta.k = k;
+  meta.width = kWidth;
+  meta.k = kK;
   meta.encoder = "topk";
   meta.hook_name = "blocks.2.hook_resid_post";
   meta.context_length = 128;
-  meta.postings = postings;
+  meta.postings = config.postings;
   auto id_or = store.CreateDataset(meta);
   Check(id_or.status());
   const uint64_t id = *id_or;
   auto writer = store.OpenWriter(id);
   Check(writer.status());
   int64_t commits = 0;
-  auto t0 = Clock::now();
+  const auto t0 = Clock::now();
   const double c0 = CpuSeconds();
-  for (int64_t at = 0; at < rows; at += commit_rows) {
-    const int64_t n = std::min(commit_rows, rows - at);
-    std::vector<int64_t> local(indptr.begin() + at, indptr.begin() + at + n + 1);
-    for (int64_t& v : local) v -= indptr[at];
-    Check((*writer)->AppendSparse(n, local.data(), indices.data() + indptr[at],
-                                  values.data() + indptr[at], tokens.data() + at));
+  std::vector<int64_t> local;
+  for (int64_t at = 0; at < n; at += kCommitRows) {
+    const int64_t m = std::min(kCommitRows, n - at);
+    local.assign(rows.indptr.begin() + at, rows.indptr.begin() + at + m + 1);
+    for (int64_t& v : local) v -= rows.indptr[at];
+    Check((*writer)->AppendSparse(m, local.data(), rows.indices.data() + rows.indptr[at],
+                                  rows.values.data() + rows.indptr[at], rows.tokens.data() + at));
     Check((*writer)->Commit());
     ++commits;
   }
-  const double store_s = Seconds(t0, Clock::now());
-  const double store_cpu = CpuSeconds() - c0;
+  res.store_wall = Seconds(t0, Clock::now());
+  res.store_cpu = CpuSeconds() - c0;
   writer->reset();
   Check(db->CompactAll());
-  const uint64_t disk = *db->BytesOnDisk();
-  const auto info = *store.GetDataset(id);
+  res.disk = *db->BytesOnDisk();
+  res.info_bytes = store.GetDataset(id)->bytes_on_disk();
 
-  // ---- raw baseline: the same final key/value bytes, same number of synced batches ----
-  struct Kv {
-    Family family;
-    std::string key, value;
-  };
-  std::vector<Kv> kvs;
-  uint64_t logical = 0;
-  for (Family f : {Family::kChunks, Family::kPostings, Family::kLatentIndex, Family::kMeta}) {
-    auto it = db->NewIterator(f);
-    for (it->SeekToFirst(); it->Valid(); it->Next()) {
-      kvs.push_back({f, it->key().ToString(), it->value().ToString()});
-      logical += it->key().size() + it->value().size();
-    }
-  }
-  double raw_s = 1e30, raw_cpu = 1e30;
-  for (int trial = 0; trial < 2; ++trial) {
-    std::system(("rm -rf '" + base + "/raw'").c_str());
-    auto raw_or = Db::Open(base + "/raw");
-    Check(raw_or.status());
-    std::unique_ptr<Db> raw = *std::move(raw_or);
-    auto r0 = Clock::now();
-    const double rc0 = CpuSeconds();
-    rocksdb::WriteBatch batch;
-    // Spread: batch i takes every commits-th kv starting at i, so families mix evenly.
-    for (int64_t c = 0; c < commits; ++c) {
-      batch.Clear();
-      for (size_t i = c; i < kvs.size(); i += commits) {
-        batch.Put(raw->handle(kvs[i].family), kvs[i].key, kvs[i].value);
+  // raw-same: the store's final key/values, spread evenly over the same number of batches.
+  {
+    std::vector<std::vector<Kv>> batches(commits);
+    size_t i = 0;
+    for (Family f : {Family::kChunks, Family::kPostings, Family::kLatentIndex, Family::kMeta}) {
+      auto it = db->NewIterator(f);
+      for (it->SeekToFirst(); it->Valid(); it->Next(), ++i) {
+        batches[i % commits].push_back({f, it->key().ToString(), it->value().ToString()});
       }
-      Check(raw->Write(&batch, /*sync=*/true));
     }
-    raw_s = std::min(raw_s, Seconds(r0, Clock::now()));  // the better of two runs
-    raw_cpu = std::min(raw_cpu, CpuSeconds() - rc0);
+    res.raw_same = WriteRaw(dir + "/raw", batches);
   }
+  res.raw_rows = WriteRaw(dir + "/raw", PlainRowBatches(rows, n));
 
-  // ---- reads ----
   std::mt19937 qrng(7);
   std::vector<double> read_us, row_us, latent_us, post_us;
-  for (int i = 0; i < 200; ++i) {
-    const int64_t start = qrng() % std::max<int64_t>(1, rows - 1024);
+  const bool has_postings = config.format >= 3 || config.postings;
+  for (int i = 0; i < (measure_reads ? 200 : 0); ++i) {
+    const int64_t start = qrng() % std::max<int64_t>(1, n - 1024);
     auto a = Clock::now();
-    auto csr = store.ReadRows(id, start, std::min<int64_t>(1024, rows));
+    Check(store.ReadRows(id, start, std::min<int64_t>(1024, n)).status());
     read_us.push_back(Seconds(a, Clock::now()) * 1e6);
-    Check(csr.status());
     a = Clock::now();
-    Check(store.RowLatents(id, qrng() % rows).status());
+    Check(store.RowLatents(id, qrng() % n).status());
     row_us.push_back(Seconds(a, Clock::now()) * 1e6);
-    const int32_t latent = qrng() % width;
+    const int32_t latent = qrng() % kWidth;
     a = Clock::now();
     Check(store.GetLatentStats(id, latent).status());
     Check(store.TopActivations(id, latent, 20, 32, 8).status());
     latent_us.push_back(Seconds(a, Clock::now()) * 1e6);
-    if (postings) {
+    if (has_postings) {
       std::vector<int64_t> prow;
       std::vector<float> pval;
       a = Clock::now();
@@ -191,34 +269,106 @@ int main(int argc, char** argv) {
       post_us.push_back(Seconds(a, Clock::now()) * 1e6);
     }
   }
+  res.read = Summarize(read_us);
+  res.row = Summarize(row_us);
+  res.latent = Summarize(latent_us);
+  res.post = Summarize(post_us);
+  db.reset();
+  std::system(("rm -rf '" + dir + "'").c_str());
+  return res;
+}
 
-  const double bpt = static_cast<double>(disk) / rows;
-  std::printf("rows %lld, k %d, d_sae %d, fp16, postings %s, %lld commits of %lld rows\n",
-              static_cast<long long>(rows), k, width, postings ? "on" : "off",
-              static_cast<long long>(commits), static_cast<long long>(commit_rows));
-  std::printf("bytes on disk after compaction: %llu (%.1f B/token); dataset bytes_on_disk %lld\n",
-              static_cast<unsigned long long>(disk), bpt,
-              static_cast<long long>(info.bytes_on_disk()));
-  std::printf("  vs fixed-k u16+fp16 layout 128 B: %.3fx; vs ~100 B floor: %.3fx\n", bpt / 128,
-              bpt / 100);
-  std::printf(
-      "commit: store %.2f s (%.0f rows/s), raw RocksDB same %llu bytes in %lld synced "
-      "batches %.2f s; store overhead %+.1f%%\n",
-      store_s, rows / store_s, static_cast<unsigned long long>(logical),
-      static_cast<long long>(commits), raw_s, (store_s / raw_s - 1) * 100);
-  std::printf(
-      "commit CPU (process, RocksDB threads included): store %.2f s, raw %.2f s; store "
-      "CPU overhead %+.1f%%\n",
-      store_cpu, raw_cpu, (store_cpu / raw_cpu - 1) * 100);
-  auto p = Summarize(read_us);
-  std::printf("ReadRows(1024 rows): p50 %.0f us, p99 %.0f us\n", p.p50, p.p99);
-  p = Summarize(row_us);
-  std::printf("RowLatents(1 row): p50 %.0f us, p99 %.0f us\n", p.p50, p.p99);
-  p = Summarize(latent_us);
-  std::printf("GetLatent (stats + top-20, 32/8 context): p50 %.0f us, p99 %.0f us\n", p.p50, p.p99);
-  if (postings) {
-    p = Summarize(post_us);
-    std::printf("LatentPostings (all rows of a latent): p50 %.0f us, p99 %.0f us\n", p.p50, p.p99);
+std::string Arg(int argc, char** argv, const char* name, const char* fallback) {
+  const std::string prefix = std::string(name) + "=";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0) return argv[i] + prefix.size();
+  }
+  return fallback;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t n = std::atoll(Arg(argc, argv, "rows", "1048576").c_str());
+  const int threads = std::atoi(Arg(argc, argv, "threads", "0").c_str());
+  const int64_t chunk = std::atoll(Arg(argc, argv, "chunk", "4096").c_str());
+  const int slices = std::atoi(Arg(argc, argv, "slices", "128").c_str());
+  const bool reads = Arg(argc, argv, "reads", "1") != "0";
+  std::vector<Config> configs;
+  {
+    const std::string list = Arg(argc, argv, "configs", "f3,f2");
+    size_t at = 0;
+    while (at <= list.size()) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      const std::string name = list.substr(at, comma - at);
+      at = comma + 1;
+      if (name.empty()) continue;
+      Config c{name, 3, true, chunk};
+      if (name == "f2") {
+        c.format = 2;
+      } else if (name == "f2nopost") {
+        c.format = 2;
+        c.postings = false;
+      } else if (name.rfind("f3c", 0) == 0) {
+        c.chunk_rows = std::atoll(name.c_str() + 3);
+      } else if (name != "f3") {
+        std::fprintf(stderr, "unknown config %s\n", name.c_str());
+        return 2;
+      }
+      configs.push_back(c);
+    }
+  }
+  const std::string base = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") +
+                           "/latentd_storage_bench";
+  std::system(("mkdir -p '" + base + "'").c_str());
+  const Rows rows = MakeRows(n);
+
+  std::printf("rows %lld, k %d, d_sae %d, fp16, commits of %lld rows, latent slices %d\n",
+              static_cast<long long>(n), kK, kWidth, static_cast<long long>(kCommitRows), slices);
+  std::vector<Result> results;
+  for (const Config& c : configs) {
+    results.push_back(RunConfig(base, c, rows, n, threads, slices, reads));
+    const Result& r = results.back();
+    const double bpt = static_cast<double>(r.disk) / n;
+    std::printf(
+        "\n[%s] format %u%s, sparse chunks of %lld rows\n"
+        "  bytes on disk after compaction: %llu = %.1f B/token (x%.3f of 128 B, x%.3f of the "
+        "100 B floor); dataset bytes_on_disk %lld\n"
+        "  commit: store %.2f s wall (%.0f rows/s), %.2f s CPU\n"
+        "    raw-same (%llu B): %.2f s wall, %.2f s CPU -> store overhead %+.0f%% wall, %+.0f%% "
+        "CPU\n"
+        "    raw-rows (%llu B): %.2f s wall, %.2f s CPU -> store overhead %+.0f%% wall, %+.0f%% "
+        "CPU\n"
+        "  ReadRows(1024) p50 %.0f / p99 %.0f us; RowLatents p50 %.0f / p99 %.0f us\n"
+        "  GetLatent(stats + top-20, 32/8 context) p50 %.0f / p99 %.0f us\n",
+        c.name.c_str(), c.format,
+        c.format < 3 ? (c.postings ? " + postings" : ", no postings") : "",
+        static_cast<long long>(c.format >= 3 ? c.chunk_rows : 1024),
+        static_cast<unsigned long long>(r.disk), bpt, bpt / 128, bpt / 100,
+        static_cast<long long>(r.info_bytes), r.store_wall, n / r.store_wall, r.store_cpu,
+        static_cast<unsigned long long>(r.raw_same.bytes), r.raw_same.wall, r.raw_same.cpu,
+        (r.store_wall / r.raw_same.wall - 1) * 100, (r.store_cpu / r.raw_same.cpu - 1) * 100,
+        static_cast<unsigned long long>(r.raw_rows.bytes), r.raw_rows.wall, r.raw_rows.cpu,
+        (r.store_wall / r.raw_rows.wall - 1) * 100, (r.store_cpu / r.raw_rows.cpu - 1) * 100,
+        r.read.p50, r.read.p99, r.row.p50, r.row.p99, r.latent.p50, r.latent.p99);
+    if (r.post.p50 > 0) {
+      std::printf("  LatentPostings (every row of a latent) p50 %.0f / p99 %.0f us\n", r.post.p50,
+                  r.post.p99);
+    } else {
+      std::printf("  LatentPostings: not available\n");
+    }
+    std::fflush(stdout);
+  }
+  if (results.size() > 1) {
+    std::printf("\nratios against [%s]: bytes/token, store commit wall, store commit CPU\n",
+                results[0].config.name.c_str());
+    for (size_t i = 1; i < results.size(); ++i) {
+      const Result& a = results[0];
+      const Result& b = results[i];
+      std::printf("  [%s] / [%s]: %.3f, %.3f, %.3f\n", b.config.name.c_str(), a.config.name.c_str(),
+                  static_cast<double>(b.disk) / a.disk, b.store_wall / a.store_wall,
+                  b.store_cpu / a.store_cpu);
+    }
   }
   std::system(("rm -rf '" + base + "'").c_str());
   return 0;

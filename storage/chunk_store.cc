@@ -15,6 +15,7 @@
 #include "storage/crc32c.h"
 #include "storage/keys.h"
 #include "storage/posting_codec.h"
+#include "storage/sliced_chunk.h"
 #include "storage/value_codec.h"
 
 namespace latentd::storage {
@@ -83,10 +84,11 @@ class Reader {
   bool ok_ = true;
 };
 
-// Version 1: postings as varint row deltas + values (EncodePostingV1). Version 2: postings in
-// storage/posting_codec.h (Elias-Fano rows, byte-planed values). A dataset keeps the version it
-// was created with, so its postings never mix formats.
-constexpr uint32_t kRecordVersion = 2;
+// Version 1: row-major chunks + postings as varint row deltas + values (EncodePostingV1).
+// Version 2: the same with postings in storage/posting_codec.h (Elias-Fano rows, packed values).
+// Version 3: SPARSE chunks as latent slices (storage/sliced_chunk.h), no postings family. A
+// dataset keeps the version it was created with, so its chunks never mix layouts.
+constexpr uint32_t kRecordVersion = kLatestRecordVersion;
 
 std::string EncodeRecord(const DatasetRecord& r) {
   const DatasetMeta& m = r.meta;
@@ -258,7 +260,7 @@ absl::Status DecodePostingV1(absl::string_view in, int64_t row_start, ChunkDtype
 // block a varint length and LatentStats::Encode() (length 0: never fired).
 constexpr int32_t kStatsBlock = 64;
 
-// Commits with at least this many entries split their per-latent work across two threads
+// Commits with at least this many entries spread their per-latent work over commit_threads
 // (below it a thread start costs more than it saves).
 constexpr int64_t kParallelCommitEntries = 1 << 16;
 
@@ -391,11 +393,27 @@ absl::Status ChunkError(uint64_t id, int64_t row_start, const absl::Status& s) {
 
 // ---- ChunkStore --------------------------------------------------------------------------------
 
-ChunkStore::ChunkStore(Db* db, const ChunkStoreOptions& options) : db_(db), options_(options) {}
+namespace {
+ChunkStoreOptions Resolved(ChunkStoreOptions o) {
+  if (o.commit_threads <= 0) {
+    o.commit_threads =
+        static_cast<int32_t>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1u, 4u));
+  }
+  return o;
+}
+}  // namespace
+
+ChunkStore::ChunkStore(Db* db, const ChunkStoreOptions& options)
+    : db_(db), options_(Resolved(options)) {}
 ChunkStore::~ChunkStore() = default;
 
 absl::StatusOr<uint64_t> ChunkStore::CreateDataset(const DatasetMeta& meta) {
   RETURN_IF_ERROR(ValidateMeta(meta));
+  if (options_.record_version < 1 || options_.record_version > kRecordVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ChunkStoreOptions.record_version: ", options_.record_version, " not in [1, ",
+                     kRecordVersion, "]"));
+  }
   absl::MutexLock lock(&mu_);
   auto existing = db_->Get(Family::kMeta, keys::DatasetName(meta.name));
   if (existing.ok()) {
@@ -409,7 +427,7 @@ absl::StatusOr<uint64_t> ChunkStore::CreateDataset(const DatasetMeta& meta) {
   rec.id = id;
   rec.meta = meta;
   rec.created_unix_micros = absl::ToUnixMicros(absl::Now());
-  rec.format_version = kRecordVersion;
+  rec.format_version = options_.record_version;
   std::string id_bytes, next_bytes;
   AppendBigEndian64(id, &id_bytes);
   AppendBigEndian64(id + 1, &next_bytes);
@@ -576,9 +594,14 @@ absl::Status ChunkStore::DeleteDataset(uint64_t id) {
 }
 
 template <typename Visit>
-absl::Status ChunkStore::ForEachChunk(const rocksdb::Snapshot* snap, uint64_t id, int64_t row_start,
-                                      int64_t row_count, bool tokens_only, Visit visit) const {
+absl::Status ChunkStore::ForEachChunk(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
+                                      int64_t row_start, int64_t row_count, bool tokens_only,
+                                      Visit visit) const {
   if (row_count <= 0) return absl::OkStatus();
+  if (rec.format_version >= 3 && rec.meta.kind == DatasetKind::kSparse) {
+    return ForEachSlicedChunk(snap, rec, row_start, row_count, tokens_only, visit);
+  }
+  const uint64_t id = rec.id;
   rocksdb::ReadOptions ro;
   ro.snapshot = snap;
   const std::string upper = keys::IdPrefix(id + 1);
@@ -612,6 +635,123 @@ absl::Status ChunkStore::ForEachChunk(const rocksdb::Snapshot* snap, uint64_t id
   }
 }
 
+namespace {
+
+// True when `it` stands on `key` (a chunk part that must exist).
+bool AtPart(rocksdb::Iterator* it, const std::string& key) {
+  return it->Valid() && it->key() == rocksdb::Slice(key);
+}
+
+// The CSR rows of one format-3 chunk from its decoded slices (slice order = latent order, and
+// within a slice (latent, row) order, so every row's columns come out ascending).
+void AssembleRows(const SlicedChunkHeader& h, const std::vector<int32_t>& slice_ids,
+                  const std::vector<SliceEntries>& slices, Chunk* chunk) {
+  const int row_bits = RowBits(h.num_rows);
+  const int64_t mask = (int64_t{1} << row_bits) - 1;
+  chunk->indptr.assign(h.num_rows + 1, 0);
+  for (size_t i = 0; i < slice_ids.size(); ++i) {
+    for (int64_t x : slices[i].keys) ++chunk->indptr[(x & mask) + 1];
+  }
+  for (int64_t r = 0; r < h.num_rows; ++r) chunk->indptr[r + 1] += chunk->indptr[r];
+  chunk->indices.resize(h.nnz);
+  chunk->values.resize(h.nnz);
+  std::vector<int64_t> cursor(chunk->indptr.begin(), chunk->indptr.end() - 1);
+  for (size_t i = 0; i < slice_ids.size(); ++i) {
+    const int32_t first = h.layout.FirstLatent(slice_ids[i]);
+    const std::vector<int64_t>& keys = slices[i].keys;
+    const std::vector<float>& values = slices[i].values;
+    for (size_t e = 0; e < keys.size(); ++e) {
+      const int64_t at = cursor[keys[e] & mask]++;
+      chunk->indices[at] = first + static_cast<int32_t>(keys[e] >> row_bits);
+      chunk->values[at] = values[e];
+    }
+  }
+}
+
+}  // namespace
+
+template <typename Visit>
+absl::Status ChunkStore::ForEachSlicedChunk(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
+                                            int64_t row_start, int64_t row_count, bool tokens_only,
+                                            Visit visit) const {
+  const uint64_t id = rec.id;
+  rocksdb::ReadOptions ro;
+  ro.snapshot = snap;
+  const std::string upper = keys::IdPrefix(id + 1);
+  rocksdb::Slice upper_slice(upper);
+  ro.iterate_upper_bound = &upper_slice;
+  std::unique_ptr<rocksdb::Iterator> it(db_->raw()->NewIterator(ro, db_->handle(Family::kChunks)));
+  // The chunk holding row_start owns the last part key at or before (row_start, last part).
+  it->SeekForPrev(keys::ChunkPart(id, row_start, 0xffff));
+  const std::string prefix = keys::IdPrefix(id);
+  if (!it->Valid() || !it->key().starts_with(prefix) || it->key().size() != 18) {
+    RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("reading chunks of dataset ", id)));
+    return absl::DataLossError(
+        absl::StrCat("dataset ", id, " has no chunk holding row ", row_start));
+  }
+  int64_t chunk_start = static_cast<int64_t>(ReadBigEndian64(it->key().data() + 8));
+  const int64_t row_end = row_start + row_count;
+  Chunk chunk;
+  chunk.kind = ChunkKind::kSparse;
+  chunk.dtype = ToChunkDtype(rec.meta.value_dtype);
+  chunk.width = rec.meta.width;
+  SlicedChunkHeader header;
+  std::vector<int32_t> slice_ids;
+  std::vector<SliceEntries> slices;
+  while (true) {
+    std::string key = keys::ChunkPart(id, chunk_start, kPartHeader);
+    it->Seek(key);
+    if (!AtPart(it.get(), key)) {
+      RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("reading chunks of dataset ", id)));
+      return absl::DataLossError(absl::StrCat("dataset ", id, " has no chunk holding row ",
+                                              std::max(chunk_start, row_start)));
+    }
+    absl::Status s =
+        DecodeSlicedHeader(absl::string_view(it->value().data(), it->value().size()), &header);
+    if (!s.ok()) return ChunkError(id, chunk_start, s);
+    if (header.row_start != chunk_start || chunk_start + header.num_rows <= row_start ||
+        header.layout.width != rec.meta.width) {
+      return ChunkError(id, chunk_start, absl::DataLossError("chunk does not continue the rows"));
+    }
+    it->Next();
+    key = keys::ChunkPart(id, chunk_start, kPartTokens);
+    if (!AtPart(it.get(), key)) {
+      RETURN_IF_ERROR(FromRocks(it->status(), "reading token ids"));
+      return ChunkError(id, chunk_start, absl::DataLossError("token ids missing"));
+    }
+    s = DecodeTokenPart(absl::string_view(it->value().data(), it->value().size()),
+                        &chunk.token_ids);
+    if (s.ok() && static_cast<int64_t>(chunk.token_ids.size()) != header.num_rows) {
+      s = absl::DataLossError("token ids do not match the rows");
+    }
+    if (!s.ok()) return ChunkError(id, chunk_start, s);
+    chunk.row_start = chunk_start;
+    chunk.num_rows = header.num_rows;
+    if (!tokens_only) {
+      slice_ids.clear();
+      for (int32_t sl = 0; sl < header.layout.num_slices; ++sl) {
+        if (header.slice_nnz[sl] == 0) continue;
+        it->Next();
+        key = keys::ChunkPart(id, chunk_start, static_cast<uint16_t>(kPartFirstSlice + sl));
+        if (!AtPart(it.get(), key)) {
+          RETURN_IF_ERROR(FromRocks(it->status(), "reading latent slices"));
+          return ChunkError(id, chunk_start,
+                            absl::DataLossError(absl::StrCat("slice ", sl, " missing")));
+        }
+        if (slices.size() <= slice_ids.size()) slices.emplace_back();
+        s = DecodeSlice(absl::string_view(it->value().data(), it->value().size()), header, sl,
+                        &slices[slice_ids.size()]);
+        if (!s.ok()) return ChunkError(id, chunk_start, s);
+        slice_ids.push_back(sl);
+      }
+      AssembleRows(header, slice_ids, slices, &chunk);
+    }
+    visit(chunk);
+    chunk_start += header.num_rows;
+    if (chunk_start >= row_end) return absl::OkStatus();
+  }
+}
+
 absl::StatusOr<CsrRows> ChunkStore::ReadRows(uint64_t id, int64_t row_start,
                                              int64_t row_count) const {
   SnapshotHolder snap(db_->raw());
@@ -628,7 +768,7 @@ absl::StatusOr<CsrRows> ChunkStore::ReadRows(uint64_t id, int64_t row_start,
   out.indptr.reserve(row_count + 1);
   out.token_ids.reserve(row_count);
   const int64_t row_end = row_start + row_count;
-  RETURN_IF_ERROR(ForEachChunk(snap.get(), id, row_start, row_count, false, [&](const Chunk& c) {
+  RETURN_IF_ERROR(ForEachChunk(snap.get(), rec, row_start, row_count, false, [&](const Chunk& c) {
     const int64_t a = std::max(row_start, c.row_start) - c.row_start;
     const int64_t b = std::min(row_end, c.row_start + c.num_rows) - c.row_start;
     const int64_t base = out.indptr.back() - c.indptr[a];
@@ -667,7 +807,7 @@ absl::Status ChunkStore::ReadDense(uint64_t id, int64_t row_start, int64_t row_c
   values->clear();
   values->reserve(row_count * width);
   if (token_ids) token_ids->clear();
-  return ForEachChunk(snap.get(), id, row_start, row_count, false, [&](const Chunk& c) {
+  return ForEachChunk(snap.get(), rec, row_start, row_count, false, [&](const Chunk& c) {
     const int64_t a = std::max(row_start, c.row_start) - c.row_start;
     const int64_t b = std::min(row_end, c.row_start + c.num_rows) - c.row_start;
     values->insert(values->end(), c.values.begin() + a * width, c.values.begin() + b * width);
@@ -684,7 +824,7 @@ absl::Status ChunkStore::ReadTokens(uint64_t id, int64_t row_start, int64_t row_
   RETURN_IF_ERROR(CheckRange(rec, row_start, &row_count));
   const int64_t row_end = row_start + row_count;
   token_ids->clear();
-  return ForEachChunk(snap.get(), id, row_start, row_count, true, [&](const Chunk& c) {
+  return ForEachChunk(snap.get(), rec, row_start, row_count, true, [&](const Chunk& c) {
     const int64_t a = std::max(row_start, c.row_start) - c.row_start;
     const int64_t b = std::min(row_end, c.row_start + c.num_rows) - c.row_start;
     token_ids->insert(token_ids->end(), c.token_ids.begin() + a, c.token_ids.begin() + b);
@@ -770,7 +910,7 @@ absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
     }
     int64_t start = 0;
     std::vector<int32_t> toks;
-    RETURN_IF_ERROR(ForEachChunk(snap.get(), id, row, 1, true, [&](const Chunk& c) {
+    RETURN_IF_ERROR(ForEachChunk(snap.get(), rec, row, 1, true, [&](const Chunk& c) {
       start = c.row_start;
       toks = c.token_ids;
     }));
@@ -806,15 +946,13 @@ absl::Status ChunkStore::LatentPostings(uint64_t id, int32_t latent, std::vector
                                         std::vector<float>* values) const {
   SnapshotHolder snap(db_->raw());
   ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
-  if (rec.meta.kind != DatasetKind::kSparse || !rec.meta.postings) {
-    return absl::FailedPreconditionError(absl::StrCat("dataset ", id, " keeps no postings"));
-  }
-  if (latent < 0 || latent >= rec.meta.width) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("latent: ", latent, " is outside [0, ", rec.meta.width, ")"));
-  }
+  RETURN_IF_ERROR(CheckLatentQuery(rec, id, latent));
   rows->clear();
   values->clear();
+  if (rec.format_version >= 3) return SlicedLatentPostings(snap.get(), rec, latent, rows, values);
+  if (!rec.meta.postings) {
+    return absl::FailedPreconditionError(absl::StrCat("dataset ", id, " keeps no postings"));
+  }
   rocksdb::ReadOptions ro;
   ro.snapshot = snap.get();
   std::unique_ptr<rocksdb::Iterator> it(
@@ -833,6 +971,59 @@ absl::Status ChunkStore::LatentPostings(uint64_t id, int32_t latent, std::vector
     }
   }
   return FromRocks(it->status(), "reading postings");
+}
+
+absl::Status ChunkStore::SlicedLatentPostings(const rocksdb::Snapshot* snap,
+                                              const DatasetRecord& rec, int32_t latent,
+                                              std::vector<int64_t>* rows,
+                                              std::vector<float>* values) const {
+  const uint64_t id = rec.id;
+  rocksdb::ReadOptions ro;
+  ro.snapshot = snap;
+  const std::string upper = keys::IdPrefix(id + 1);
+  rocksdb::Slice upper_slice(upper);
+  ro.iterate_upper_bound = &upper_slice;
+  std::unique_ptr<rocksdb::Iterator> it(db_->raw()->NewIterator(ro, db_->handle(Family::kChunks)));
+  SlicedChunkHeader header;
+  SliceEntries slice;
+  // Chunk by chunk: its header (which slices exist), then the one slice holding the latent.
+  for (int64_t chunk_start = 0; chunk_start < rec.rows_committed; chunk_start += header.num_rows) {
+    std::string key = keys::ChunkPart(id, chunk_start, kPartHeader);
+    it->Seek(key);
+    if (!AtPart(it.get(), key)) {
+      RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("reading chunks of dataset ", id)));
+      return absl::DataLossError(
+          absl::StrCat("dataset ", id, " has no chunk holding row ", chunk_start));
+    }
+    absl::Status s =
+        DecodeSlicedHeader(absl::string_view(it->value().data(), it->value().size()), &header);
+    if (s.ok() && (header.row_start != chunk_start || header.layout.width != rec.meta.width)) {
+      s = absl::DataLossError("chunk does not continue the rows");
+    }
+    if (!s.ok()) return ChunkError(id, chunk_start, s);
+    const int32_t sl = header.layout.SliceOf(latent);
+    if (header.slice_nnz[sl] == 0) continue;
+    key = keys::ChunkPart(id, chunk_start, static_cast<uint16_t>(kPartFirstSlice + sl));
+    it->Seek(key);
+    if (!AtPart(it.get(), key)) {
+      RETURN_IF_ERROR(FromRocks(it->status(), "reading latent slices"));
+      return ChunkError(id, chunk_start,
+                        absl::DataLossError(absl::StrCat("slice ", sl, " missing")));
+    }
+    s = DecodeSlice(absl::string_view(it->value().data(), it->value().size()), header, sl, &slice);
+    if (!s.ok()) return ChunkError(id, chunk_start, s);
+    // The latent's entries are one run of the (latent, row)-ordered keys.
+    const int row_bits = RowBits(header.num_rows);
+    const int64_t offset = latent - header.layout.FirstLatent(sl);
+    const auto begin = std::lower_bound(slice.keys.begin(), slice.keys.end(), offset << row_bits);
+    const auto end = std::lower_bound(begin, slice.keys.end(), (offset + 1) << row_bits);
+    const int64_t mask = (int64_t{1} << row_bits) - 1;
+    for (auto k = begin; k != end; ++k) {
+      rows->push_back(chunk_start + (*k & mask));
+      values->push_back(slice.values[k - slice.keys.begin()]);
+    }
+  }
+  return FromRocks(it->status(), "reading latent slices");
 }
 
 absl::StatusOr<std::unique_ptr<DatasetWriter>> ChunkStore::OpenWriter(uint64_t id) {
@@ -995,166 +1186,295 @@ absl::Status DatasetWriter::AppendDense(int64_t num_rows, const float* values,
   return absl::OkStatus();
 }
 
+// Everything one commit writes, assembled before the one synced Write.
+struct DatasetWriter::CommitBatch {
+  rocksdb::WriteBatch batch;
+  DatasetRecord next;      // the record once the commit is durable
+  int64_t blob_bytes = 0;  // encoded bytes of chunk values that go to blob files
+  void PutChunkValue(Db* db, const std::string& key, const std::string& value) {
+    const uint64_t min_blob = db->options().min_blob_size;
+    if (min_blob > 0 && value.size() >= min_blob) blob_bytes += value.size();
+    batch.Put(db->handle(Family::kChunks), key, value);
+  }
+  void PutDirectory(Db* db, uint64_t id, int64_t row_start, int64_t rows, int64_t nnz) {
+    std::string dir;
+    PutRaw<uint32_t>(static_cast<uint32_t>(rows), &dir);
+    PutRaw<uint64_t>(static_cast<uint64_t>(nnz), &dir);
+    batch.Put(db->handle(Family::kMeta), keys::ChunkDir(id, row_start), dir);
+    ++next.num_chunks;
+    next.nnz += nnz;
+  }
+};
+
+namespace {
+
+// Splits latents [0, width) into at most `parts` ranges whose bounds are multiples of `align`
+// (or width), with about equal entry counts. Returns the bounds (first 0, last width).
+std::vector<int32_t> SplitLatents(const std::vector<int64_t>& counts, int32_t width, int32_t align,
+                                  int parts) {
+  std::vector<int32_t> bounds{0};
+  const int64_t total = counts[width];
+  for (int p = 1; p < parts; ++p) {
+    const int64_t want = total * p / parts;
+    int32_t l = bounds.back();
+    while (l < width && counts[l] < want) l += align;
+    l = std::min(l, width);
+    if (l > bounds.back() && l < width) bounds.push_back(l);
+  }
+  bounds.push_back(width);
+  return bounds;
+}
+
+// Runs task(p) for p in [0, parts): p = 0 on the calling thread, the others on threads of their
+// own. The tasks must touch disjoint state.
+template <typename Task>
+void RunParts(int parts, Task task) {
+  std::vector<std::thread> threads;
+  for (int p = 1; p < parts; ++p) threads.emplace_back(task, p);
+  task(0);
+  for (std::thread& t : threads) t.join();
+}
+
+using KeyValues = std::vector<std::pair<std::string, std::string>>;
+
+}  // namespace
+
+void DatasetWriter::AddRowMajorChunks(CommitBatch* commit) {
+  Db* db = store_->db();
+  const int64_t n = pending_.num_rows;
+  const int64_t chunk_rows = std::max<int64_t>(1, store_->options().chunk_rows);
+  const bool sparse = pending_.kind == ChunkKind::kSparse;
+  const int32_t width = record_.meta.width;
+  EncodeOptions enc;
+  enc.index_encoding = store_->options().index_encoding;
+  Chunk c;
+  c.kind = pending_.kind;
+  c.dtype = dtype_;
+  c.width = width;
+  for (int64_t off = 0; off < n; off += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, n - off);
+    c.row_start = pending_.row_start + off;
+    c.num_rows = rows;
+    c.token_ids.assign(pending_.token_ids.begin() + off, pending_.token_ids.begin() + off + rows);
+    int64_t nnz = 0;
+    if (sparse) {
+      const int64_t a = pending_.indptr[off], b = pending_.indptr[off + rows];
+      c.indptr.resize(rows + 1);
+      for (int64_t r = 0; r <= rows; ++r) c.indptr[r] = pending_.indptr[off + r] - a;
+      c.indices.assign(pending_.indices.begin() + a, pending_.indices.begin() + b);
+      c.values.assign(pending_.values.begin() + a, pending_.values.begin() + b);
+      nnz = b - a;
+    } else {
+      c.values.assign(pending_.values.begin() + off * width,
+                      pending_.values.begin() + (off + rows) * width);
+    }
+    commit->PutChunkValue(db, keys::Chunk(record_.id, c.row_start), EncodeChunk(c, enc));
+    commit->PutDirectory(db, record_.id, c.row_start, rows, nnz);
+  }
+}
+
+// The per-latent part of a SPARSE commit: statistics and top-N (every format), postings (formats
+// 1-2) or the latent-sliced chunks (format 3). Large commits spread it over commit_threads: the
+// latents are cut into ranges of about equal entry counts at statistics-block (and, for slices,
+// slice) boundaries, so every thread owns whole records and the batch comes out the same as a
+// one-thread commit.
+void DatasetWriter::AddLatentWork(CommitBatch* commit) {
+  Db* db = store_->db();
+  const uint64_t id = record_.id;
+  const int64_t n = pending_.num_rows;
+  const int64_t nnz = pending_.indptr[n];
+  const int64_t first_row = pending_.row_start;
+  const int32_t width = record_.meta.width;
+  const int top_n = record_.meta.top_n;
+  const bool sliced = record_.format_version >= 3;
+  const bool postings = !sliced && record_.meta.postings;
+  const int parts =
+      nnz >= kParallelCommitEntries ? std::max(1, store_->options().commit_threads) : 1;
+
+  // Latent-major view of the whole commit: latent l's entries are [counts[l], counts[l + 1]) of
+  // rows / values, rows ascending. The buffers live as long as the writer (no page faults per
+  // commit).
+  std::vector<int64_t>& counts = latent_major_.counts;
+  counts.assign(width + 1, 0);
+  for (int64_t i = 0; i < nnz; ++i) ++counts[pending_.indices[i] + 1];
+  for (int32_t l = 0; l < width; ++l) counts[l + 1] += counts[l];
+  {
+    std::vector<int64_t>& offsets = latent_major_.offsets;
+    offsets.assign(counts.begin(), counts.end() - 1);
+    latent_major_.rows.resize(nnz);
+    latent_major_.values.resize(nnz);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t i = pending_.indptr[r]; i < pending_.indptr[r + 1]; ++i) {
+        const int64_t slot = offsets[pending_.indices[i]]++;
+        latent_major_.rows[slot] = first_row + r;
+        latent_major_.values[slot] = pending_.values[i];
+      }
+    }
+  }
+  const std::vector<int64_t>& rows = latent_major_.rows;
+  const std::vector<float>& values = latent_major_.values;
+
+  // Statistics, top-N and (formats 1-2) postings of latents [lo, hi), lo a block start.
+  struct StatsOut {
+    int64_t new_live = 0;
+    KeyValues postings, index;
+  };
+  const size_t blocks = width / kStatsBlock + 1;
+  std::vector<char> touched_block(blocks, 0), top_block_changed(blocks, 0);
+  auto stats_pass = [&](int32_t lo, int32_t hi, StatsOut* out) {
+    std::string key = keys::Posting(id, 0, first_row);
+    for (int32_t l = lo; l < hi; ++l) {
+      const int64_t begin = counts[l], end = counts[l + 1];
+      if (begin == end) continue;
+      LatentStats& st = stats_[l];
+      if (st.firing_count == 0) ++out->new_live;
+      bool top_changed = false;
+      TopRows& top = top_[l];
+      for (int64_t i = begin; i < end; ++i) {
+        st.Add(values[i]);
+        if (top.MayAccept(rows[i], values[i], top_n) && top.Offer(rows[i], values[i], top_n)) {
+          top_changed = true;
+        }
+      }
+      if (postings) {
+        for (int b = 0; b < 4; ++b) {  // the latent field of keys::Posting, big-endian
+          key[8 + b] = static_cast<char>(static_cast<uint32_t>(l) >> (24 - 8 * b));
+        }
+        out->postings.emplace_back(key, std::string());
+        if (record_.format_version >= 2) {
+          EncodePosting(first_row, &rows[begin], &values[begin], end - begin, dtype_,
+                        &out->postings.back().second);
+        } else {
+          out->postings.back().second =
+              EncodePostingV1(first_row, &rows[begin], &values[begin], end - begin, dtype_);
+        }
+      }
+      touched_block[l / kStatsBlock] = 1;
+      if (top_changed) top_block_changed[l / kStatsBlock] = 1;
+    }
+    for (int32_t first = lo; first < hi; first += kStatsBlock) {
+      const size_t b = first / kStatsBlock;
+      if (!touched_block[b]) continue;
+      out->index.emplace_back(keys::LatentStats(id, static_cast<uint32_t>(first)),
+                              EncodeStatsBlock(stats_, first));
+      if (top_block_changed[b]) {
+        out->index.emplace_back(keys::LatentTop(id, static_cast<uint32_t>(first)),
+                                EncodeTopBlock(top_, first));
+      }
+    }
+  };
+
+  // Format 3: the commit's chunks, each cut into latent slices.
+  const int64_t chunk_rows = std::max<int64_t>(1, store_->options().sparse_chunk_rows);
+  const int64_t num_chunks = (n + chunk_rows - 1) / chunk_rows;
+  const SliceLayout layout = MakeSliceLayout(width, store_->options().latent_slices);
+  std::vector<uint32_t> slice_nnz(sliced ? num_chunks * layout.num_slices : 0, 0);
+  // Slices [s_lo, s_hi) of every chunk: a cursor per latent walks its (row-ordered) entries
+  // chunk by chunk, so each slice's keys come out in (latent, row) order.
+  auto slice_pass = [&](int32_t s_lo, int32_t s_hi, KeyValues* out) {
+    std::vector<int64_t> cursor, slice_keys;
+    std::vector<float> slice_values;
+    for (int32_t sl = s_lo; sl < s_hi; ++sl) {
+      const int32_t l0 = layout.FirstLatent(sl);
+      const int32_t l1 = std::min(l0 + layout.slice_width, width);
+      cursor.assign(counts.begin() + l0, counts.begin() + l1);
+      for (int64_t c = 0; c < num_chunks; ++c) {
+        const int64_t start = first_row + c * chunk_rows;
+        const int64_t end = start + std::min(chunk_rows, n - c * chunk_rows);
+        const int row_bits = RowBits(end - start);
+        slice_keys.clear();
+        slice_values.clear();
+        for (int32_t l = l0; l < l1; ++l) {
+          int64_t i = cursor[l - l0];
+          const int64_t stop = counts[l + 1];
+          for (; i < stop && rows[i] < end; ++i) {
+            slice_keys.push_back((static_cast<int64_t>(l - l0) << row_bits) | (rows[i] - start));
+            slice_values.push_back(values[i]);
+          }
+          cursor[l - l0] = i;
+        }
+        if (slice_keys.empty()) continue;
+        slice_nnz[c * layout.num_slices + sl] = static_cast<uint32_t>(slice_keys.size());
+        out->emplace_back(keys::ChunkPart(id, start, static_cast<uint16_t>(kPartFirstSlice + sl)),
+                          std::string());
+        EncodeSlice(slice_keys.data(), slice_values.data(), slice_keys.size(), dtype_,
+                    &out->back().second);
+      }
+    }
+  };
+
+  const std::vector<int32_t> stat_bounds = SplitLatents(counts, width, kStatsBlock, parts);
+  std::vector<int32_t> slice_bounds;
+  if (sliced) {
+    for (int32_t l : SplitLatents(counts, width, layout.slice_width, parts)) {
+      slice_bounds.push_back((l + layout.slice_width - 1) / layout.slice_width);
+    }
+  }
+  std::vector<StatsOut> stats_out(stat_bounds.size() - 1);
+  std::vector<KeyValues> slices_out(sliced ? slice_bounds.size() - 1 : 0);
+  const int tasks = static_cast<int>(std::max(stats_out.size(), slices_out.size()));
+  RunParts(tasks, [&](int p) {
+    // Formats 1-2 encode their row-major chunks here, beside the other threads' latent work.
+    if (p == 0 && !sliced) AddRowMajorChunks(commit);
+    if (p < static_cast<int>(stats_out.size())) {
+      stats_pass(stat_bounds[p], stat_bounds[p + 1], &stats_out[p]);
+    }
+    if (p < static_cast<int>(slices_out.size())) {
+      slice_pass(slice_bounds[p], slice_bounds[p + 1], &slices_out[p]);
+    }
+  });
+
+  for (const StatsOut& out : stats_out) {
+    commit->next.live_latents += out.new_live;
+    for (const auto& [k, v] : out.postings) commit->batch.Put(db->handle(Family::kPostings), k, v);
+    for (const auto& [k, v] : out.index) commit->batch.Put(db->handle(Family::kLatentIndex), k, v);
+  }
+  if (!sliced) return;
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    SlicedChunkHeader header;
+    header.dtype = dtype_;
+    header.row_start = first_row + c * chunk_rows;
+    header.num_rows = std::min(chunk_rows, n - c * chunk_rows);
+    header.layout = layout;
+    header.slice_nnz.assign(slice_nnz.begin() + c * layout.num_slices,
+                            slice_nnz.begin() + (c + 1) * layout.num_slices);
+    for (uint32_t k : header.slice_nnz) header.nnz += k;
+    commit->PutChunkValue(db, keys::ChunkPart(id, header.row_start, kPartHeader),
+                          EncodeSlicedHeader(header));
+    commit->PutChunkValue(
+        db, keys::ChunkPart(id, header.row_start, kPartTokens),
+        EncodeTokenPart(pending_.token_ids.data() + c * chunk_rows, header.num_rows));
+    commit->PutDirectory(db, id, header.row_start, header.num_rows, header.nnz);
+  }
+  for (const KeyValues& out : slices_out) {
+    for (const auto& [k, v] : out) commit->PutChunkValue(db, k, v);
+  }
+}
+
 absl::Status DatasetWriter::Commit() {
   RETURN_IF_ERROR(Usable());
   const int64_t n = pending_.num_rows;
   if (n == 0) return absl::OkStatus();
   Db* db = store_->db();
   const uint64_t id = record_.id;
-  const bool sparse = pending_.kind == ChunkKind::kSparse;
-  const int64_t chunk_rows = std::max<int64_t>(1, store_->options().chunk_rows);
-  const int32_t width = record_.meta.width;
-  const int top_n = record_.meta.top_n;
-  EncodeOptions enc;
-  enc.index_encoding = store_->options().index_encoding;
-  const uint64_t min_blob = db->options().min_blob_size;
-
-  DatasetRecord next = record_;
-  Watermark w;
+  CommitBatch commit;
+  commit.next = record_;
   {
     auto got = db->Get(Family::kMeta, keys::Watermark(id));
     RETURN_IF_ERROR(got.status());
+    Watermark w;
     RETURN_IF_ERROR(DecodeWatermark(*got, &w));
+    commit.blob_bytes = w.blob_bytes;
   }
-  int64_t blob_bytes = w.blob_bytes;
-
-  rocksdb::WriteBatch batch;
-  std::vector<int64_t> counts, offsets;
-  std::vector<int64_t> post_rows;
-  std::vector<float> post_values;
-  // The chunks of the pending rows and their directory entries, into the batch.
-  auto encode_chunks = [&] {
-    Chunk c;
-    c.kind = pending_.kind;
-    c.dtype = dtype_;
-    c.width = width;
-    for (int64_t off = 0; off < n; off += chunk_rows) {
-      const int64_t rows = std::min(chunk_rows, n - off);
-      c.row_start = pending_.row_start + off;
-      c.num_rows = rows;
-      c.token_ids.assign(pending_.token_ids.begin() + off, pending_.token_ids.begin() + off + rows);
-      int64_t nnz = 0;
-      if (sparse) {
-        const int64_t a = pending_.indptr[off], b = pending_.indptr[off + rows];
-        c.indptr.resize(rows + 1);
-        for (int64_t r = 0; r <= rows; ++r) c.indptr[r] = pending_.indptr[off + r] - a;
-        c.indices.assign(pending_.indices.begin() + a, pending_.indices.begin() + b);
-        c.values.assign(pending_.values.begin() + a, pending_.values.begin() + b);
-        nnz = b - a;
-      } else {
-        c.values.assign(pending_.values.begin() + off * width,
-                        pending_.values.begin() + (off + rows) * width);
-      }
-      std::string encoded = EncodeChunk(c, enc);
-      if (min_blob > 0 && encoded.size() >= min_blob) blob_bytes += encoded.size();
-      batch.Put(db->handle(Family::kChunks), keys::Chunk(id, c.row_start), encoded);
-      std::string dir;
-      PutRaw<uint32_t>(static_cast<uint32_t>(rows), &dir);
-      PutRaw<uint64_t>(static_cast<uint64_t>(nnz), &dir);
-      batch.Put(db->handle(Family::kMeta), keys::ChunkDir(id, c.row_start), dir);
-      ++next.num_chunks;
-      next.nnz += nnz;
-    }
-  };
-  if (sparse) {
-    // Latent-major view of the whole commit (counting sort by latent), then statistics, top-N
-    // and one posting per latent touched, keyed by the commit's first row (deterministic: a
-    // replayed commit starts at the same watermark).
-    const int64_t nnz = pending_.indptr[n];
-    const int64_t first_row = pending_.row_start;
-    const size_t blocks = width / kStatsBlock + 1;
-    std::vector<char> touched_block(blocks, 0), top_block_changed(blocks, 0);
-    counts.assign(width + 1, 0);
-    for (int64_t i = 0; i < nnz; ++i) ++counts[pending_.indices[i] + 1];
-    for (int32_t l = 0; l < width; ++l) counts[l + 1] += counts[l];
-    offsets.assign(counts.begin(), counts.end() - 1);
-    post_rows.resize(nnz);
-    post_values.resize(nnz);
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t i = pending_.indptr[r]; i < pending_.indptr[r + 1]; ++i) {
-        const int64_t slot = offsets[pending_.indices[i]]++;
-        post_rows[slot] = first_row + r;
-        post_values[slot] = pending_.values[i];
-      }
-    }
-    // Latents [lo, hi) (lo a block start): statistics, top-N, the encoded postings and the
-    // statistics / top-N blocks. Ranges are disjoint and split at block boundaries, so two
-    // ranges can run on two threads.
-    struct LatentPass {
-      int64_t new_live = 0;
-      std::vector<std::pair<std::string, std::string>> puts;        // postings family
-      std::vector<std::pair<std::string, std::string>> index_puts;  // latent_index family
-    };
-    auto run_pass = [&](int32_t lo, int32_t hi, LatentPass* out) {
-      std::string key = keys::Posting(id, 0, first_row);
-      for (int32_t l = lo; l < hi; ++l) {
-        const int64_t begin = counts[l], end = counts[l + 1];
-        if (begin == end) continue;
-        LatentStats& st = stats_[l];
-        if (st.firing_count == 0) ++out->new_live;
-        bool top_changed = false;
-        TopRows& top = top_[l];
-        for (int64_t i = begin; i < end; ++i) {
-          st.Add(post_values[i]);
-          if (top.MayAccept(post_rows[i], post_values[i], top_n) &&
-              top.Offer(post_rows[i], post_values[i], top_n)) {
-            top_changed = true;
-          }
-        }
-        if (record_.meta.postings) {
-          for (int b = 0; b < 4; ++b) {  // the latent field of keys::Posting, big-endian
-            key[8 + b] = static_cast<char>(static_cast<uint32_t>(l) >> (24 - 8 * b));
-          }
-          out->puts.emplace_back(key, std::string());
-          if (record_.format_version >= 2) {
-            EncodePosting(first_row, &post_rows[begin], &post_values[begin], end - begin, dtype_,
-                          &out->puts.back().second);
-          } else {
-            out->puts.back().second = EncodePostingV1(first_row, &post_rows[begin],
-                                                      &post_values[begin], end - begin, dtype_);
-          }
-        }
-        touched_block[l / kStatsBlock] = 1;
-        if (top_changed) top_block_changed[l / kStatsBlock] = 1;
-      }
-      for (int32_t first = lo; first < hi; first += kStatsBlock) {  // lo is a block start
-        const size_t b = first / kStatsBlock;
-        if (!touched_block[b]) continue;
-        out->index_puts.emplace_back(keys::LatentStats(id, static_cast<uint32_t>(first)),
-                                     EncodeStatsBlock(stats_, first));
-        if (top_block_changed[b]) {
-          out->index_puts.emplace_back(keys::LatentTop(id, static_cast<uint32_t>(first)),
-                                       EncodeTopBlock(top_, first));
-        }
-      }
-    };
-    // Large commits split the latents in two at a block boundary near 55% of the entries: the
-    // upper part runs on a second thread while this one encodes the chunks, then the lower part.
-    LatentPass lower, upper;
-    int32_t mid = 0;
-    if (nnz >= kParallelCommitEntries) {
-      const int64_t want = nnz * 45 / 100;
-      while (mid < width && counts[mid] < want) mid += kStatsBlock;
-      mid = std::min(mid, width);
-    }
-    std::thread worker;
-    if (mid > 0) worker = std::thread(run_pass, mid, width, &upper);
-    encode_chunks();
-    run_pass(0, mid > 0 ? mid : width, &lower);
-    if (worker.joinable()) worker.join();
-    next.live_latents += lower.new_live + upper.new_live;
-    for (LatentPass* pass : {&lower, &upper}) {
-      for (const auto& [k, v] : pass->puts) batch.Put(db->handle(Family::kPostings), k, v);
-      for (const auto& [k, v] : pass->index_puts) {
-        batch.Put(db->handle(Family::kLatentIndex), k, v);
-      }
-    }
+  if (pending_.kind == ChunkKind::kSparse) {
+    AddLatentWork(&commit);
   } else {
-    encode_chunks();
+    AddRowMajorChunks(&commit);
   }
-  next.rows_committed += n;
-  batch.Put(db->handle(Family::kMeta), keys::Watermark(id), EncodeWatermark(next, blob_bytes));
-  absl::Status s = db->Write(&batch, /*sync=*/true);
+  commit.next.rows_committed += n;
+  commit.batch.Put(db->handle(Family::kMeta), keys::Watermark(id),
+                   EncodeWatermark(commit.next, commit.blob_bytes));
+  absl::Status s = db->Write(&commit.batch, /*sync=*/true);
   if (!s.ok()) {
     // The in-memory statistics now run ahead of the store: refuse further use.
     failed_ =
@@ -1164,7 +1484,7 @@ absl::Status DatasetWriter::Commit() {
                                             " committed rows: ", s.message()));
     return failed_;
   }
-  record_ = next;
+  record_ = commit.next;
   pending_.row_start = record_.rows_committed;
   pending_.num_rows = 0;
   pending_.indptr.assign(1, 0);

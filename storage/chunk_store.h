@@ -3,14 +3,17 @@
 //
 // Guarantees:
 //  - A commit is one synced WriteBatch holding the new chunks, their directory entries, the
-//    postings, the statistics deltas and the committed-row watermark. After a crash a dataset
-//    holds exactly its committed prefix; readers see only committed rows (every read runs on one
-//    RocksDB snapshot, so a concurrent commit is either wholly visible or not at all).
-//  - Chunk keys are (dataset, first row): a writer reopened after a crash resumes at the
+//    statistics deltas and the committed-row watermark. After a crash a dataset holds exactly its
+//    committed prefix; readers see only committed rows (every read runs on one RocksDB snapshot,
+//    so a concurrent commit is either wholly visible or not at all).
+//  - Chunk keys are (dataset, first row[, part]): a writer reopened after a crash resumes at the
 //    watermark and overwrites, never duplicates.
-//  - Every chunk carries a CRC32C; a mismatch is DATA_LOSS naming the dataset and chunk.
-//  - Per-latent statistics, top-N rows and latent-major postings are maintained at commit time.
-// See docs/STORAGE.md for the key layout and codec.
+//  - Every stored chunk value carries a CRC32C; a mismatch is DATA_LOSS naming the dataset and
+//    chunk.
+//  - Per-latent statistics and top-N rows are maintained at commit time; SPARSE rows are readable
+//    both by row range and latent-major (every row where a latent fires) without a second copy of
+//    the values (format 3, storage/sliced_chunk.h).
+// See docs/STORAGE.md for the key layout and codecs.
 //
 // Thread-safe. The Db must outlive the store, and the store every writer it opened.
 #ifndef LATENTD_STORAGE_CHUNK_STORE_H_
@@ -54,8 +57,8 @@ struct DatasetMeta {  // what the creator fills in; the store adds id, created t
   uint64_t job_id = 0;
   int64_t rows_planned = 0;
   int32_t top_n = 64;  // rows kept per latent by value, 0..4096
-  // Maintain latent-major postings (latent -> rows, values). Default true; they roughly double
-  // the bytes stored per token (see docs/STORAGE.md).
+  // Format 2 only: maintain latent-major postings (a second copy of every value). Format-3
+  // datasets answer LatentPostings from their latent slices whatever this says.
   bool postings = true;
 };
 
@@ -69,8 +72,9 @@ struct DatasetRecord {
   int64_t num_chunks = 0;
   int64_t live_latents = 0;  // latents that fired at least once
   bool complete = false;
-  // On-disk format of the dataset's records (chunk_store.cc kRecordVersion): set at creation,
-  // kept for the dataset's life so its postings never mix encodings.
+  // On-disk format of the dataset (ChunkStoreOptions::record_version at creation), kept for the
+  // dataset's life so its chunks never mix layouts: 1 and 2 store SPARSE rows as row-major chunks
+  // plus optional postings (format 1 varint, format 2 Elias-Fano), 3 as latent-sliced chunks.
   uint32_t format_version = 0;
 };
 
@@ -93,12 +97,26 @@ struct TopActivationContext {
   std::vector<int32_t> context_token_ids;
 };
 
+inline constexpr uint32_t kLatestRecordVersion = 3;
+
 struct ChunkStoreOptions {
-  // Rows per chunk: a commit splits its rows into chunks of at most this many. Default 1024
-  // (about 105 KiB at X1's shape: chunks go to blob files, and a point read such as a top-N
-  // context window decodes at most that much).
+  // Rows per chunk of DENSE datasets and of SPARSE datasets of format 1-2: a commit splits its
+  // rows into chunks of at most this many. Default 1024 (1 MiB of fp32 rows at d_in 256).
   int64_t chunk_rows = 1024;
-  // Index encoding of new chunks. Default bit-packed gaps.
+  // Rows per chunk of SPARSE format-3 datasets. Default 4096: a row-range read decodes whole
+  // chunks (about 390 KiB at X1's shape), a latent read one slice per chunk (docs/STORAGE.md has
+  // the measured trade-off).
+  int64_t sparse_chunk_rows = 4096;
+  // Latent slices per SPARSE format-3 chunk (at most; never more than the width). Default 128:
+  // a latent read touches 1/128 of the data.
+  int32_t latent_slices = 128;
+  // Threads a large commit spreads its per-latent work over (statistics, top-N, slices),
+  // the calling thread included. 0 (default): min(4, hardware threads).
+  int32_t commit_threads = 0;
+  // Format of datasets created from now on: 3 (default) or 2 (row-major chunks + postings, kept
+  // for comparisons and for datasets written before format 3).
+  uint32_t record_version = kLatestRecordVersion;
+  // Index encoding of new row-major chunks (formats 1-2). Default bit-packed gaps.
   IndexEncoding index_encoding = IndexEncoding::kIndexBitPacked;
 };
 
@@ -141,8 +159,9 @@ class ChunkStore {
   absl::StatusOr<std::vector<TopActivationContext>> TopActivations(uint64_t id, int32_t latent,
                                                                    int32_t top_n, int32_t before,
                                                                    int32_t after) const;
-  // Every committed row where the latent fires, ascending, with its value: one range read of
-  // the postings. FAILED_PRECONDITION if the dataset keeps no postings.
+  // Every committed row where the latent fires, ascending, with its value: one small read per
+  // chunk (format 3) or one range read of the postings (format 2). FAILED_PRECONDITION for a
+  // format-2 dataset created without postings.
   absl::Status LatentPostings(uint64_t id, int32_t latent, std::vector<int64_t>* rows,
                               std::vector<float>* values) const;
 
@@ -158,10 +177,19 @@ class ChunkStore {
   void ReleaseWriter(uint64_t id);
   absl::StatusOr<DatasetRecord> GetRecordAt(const rocksdb::Snapshot* snap, uint64_t id) const;
   absl::StatusOr<uint64_t> BytesOnDisk(uint64_t id) const;
-  // Visits the decoded chunks overlapping [row_start, row_start + row_count) in order.
+  // Visits the decoded chunks overlapping [row_start, row_start + row_count) in order, whatever
+  // the dataset's format (format-3 chunks are assembled into CSR from their slices).
   template <typename Visit>
-  absl::Status ForEachChunk(const rocksdb::Snapshot* snap, uint64_t id, int64_t row_start,
-                            int64_t row_count, bool tokens_only, Visit visit) const;
+  absl::Status ForEachChunk(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
+                            int64_t row_start, int64_t row_count, bool tokens_only,
+                            Visit visit) const;
+  template <typename Visit>
+  absl::Status ForEachSlicedChunk(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
+                                  int64_t row_start, int64_t row_count, bool tokens_only,
+                                  Visit visit) const;
+  absl::Status SlicedLatentPostings(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
+                                    int32_t latent, std::vector<int64_t>* rows,
+                                    std::vector<float>* values) const;
 
   Db* const db_;
   const ChunkStoreOptions options_;
@@ -199,12 +227,21 @@ class DatasetWriter {
   absl::Status LoadLatentState();
   absl::Status Usable() const;
 
+  // Commit() pieces: the chunks (and directory entries) of the pending rows into *batch.
+  struct CommitBatch;
+  void AddRowMajorChunks(CommitBatch* commit);
+  void AddLatentWork(CommitBatch* commit);
+
   ChunkStore* const store_;
   DatasetRecord record_;
   ChunkDtype dtype_;
   Chunk pending_;  // row_start = rows_committed(); values already rounded to the dtype
   std::vector<LatentStats> stats_;
   std::vector<TopRows> top_;
+  struct LatentMajor {  // a SPARSE commit's entries sorted by latent; reused across commits
+    std::vector<int64_t> counts, offsets, rows;
+    std::vector<float> values;
+  } latent_major_;
   absl::Status failed_;
 };
 

@@ -60,7 +60,9 @@ absl::Status Append(DatasetWriter* w, const Rows& rows) {
                          rows.indices.data(), rows.values.data(), rows.tokens.data());
 }
 
-class ChunkStoreTest : public ::testing::Test {
+// Every test runs on datasets of format 3 (latent slices) and format 2 (row-major chunks +
+// postings, still written for datasets created before format 3).
+class ChunkStoreTest : public ::testing::TestWithParam<uint32_t> {
  protected:
   void SetUp() override {
     Open(FreshTestDir(::testing::UnitTest::GetInstance()->current_test_info()->name()));
@@ -76,6 +78,9 @@ class ChunkStoreTest : public ::testing::Test {
     db_ = *std::move(db);
     ChunkStoreOptions so;
     so.chunk_rows = 100;
+    so.sparse_chunk_rows = 100;
+    so.latent_slices = 16;
+    so.record_version = GetParam();
     store_ = std::make_unique<ChunkStore>(db_.get(), so);
   }
   void Reopen() {
@@ -88,7 +93,7 @@ class ChunkStoreTest : public ::testing::Test {
   std::unique_ptr<ChunkStore> store_;
 };
 
-TEST_F(ChunkStoreTest, CreateFindAndBadMeta) {
+TEST_P(ChunkStoreTest, CreateFindAndBadMeta) {
   auto id = store_->CreateDataset(SparseMeta("a"));
   ASSERT_TRUE(id.ok()) << id.status();
   EXPECT_EQ(*store_->FindDataset("a"), *id);
@@ -109,7 +114,7 @@ TEST_F(ChunkStoreTest, CreateFindAndBadMeta) {
   EXPECT_GT(info->created().seconds(), 0);
 }
 
-TEST_F(ChunkStoreTest, CommittedRowsReadBackAcrossChunksAndReopen) {
+TEST_P(ChunkStoreTest, CommittedRowsReadBackAcrossChunksAndReopen) {
   uint64_t id = *store_->CreateDataset(SparseMeta("x"));
   const int64_t total = 730;
   Rows all = MakeRows(0, total, 256);
@@ -176,7 +181,7 @@ TEST_F(ChunkStoreTest, CommittedRowsReadBackAcrossChunksAndReopen) {
   EXPECT_EQ(store_->OpenWriter(id).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_F(ChunkStoreTest, StatisticsTopNAndPostingsMatchBruteForce) {
+TEST_P(ChunkStoreTest, StatisticsTopNAndPostingsMatchBruteForce) {
   uint64_t id = *store_->CreateDataset(SparseMeta("s", 64));
   const int64_t total = 500;
   Rows all = MakeRows(0, total, 64);
@@ -240,7 +245,7 @@ TEST_F(ChunkStoreTest, StatisticsTopNAndPostingsMatchBruteForce) {
   EXPECT_EQ(store_->GetLatentStats(id, 64).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST_F(ChunkStoreTest, DenseRowsRoundTripInChunks) {
+TEST_P(ChunkStoreTest, DenseRowsRoundTripInChunks) {
   DatasetMeta m = SparseMeta("d", 12);
   m.kind = DatasetKind::kDense;
   m.value_dtype = ValueDtype::kFloat32;
@@ -269,7 +274,7 @@ TEST_F(ChunkStoreTest, DenseRowsRoundTripInChunks) {
   EXPECT_EQ(store_->ReadDense(id, 200, 51, &out, &toks).code(), absl::StatusCode::kOutOfRange);
 }
 
-TEST_F(ChunkStoreTest, BadAppendsChangeNothing) {
+TEST_P(ChunkStoreTest, BadAppendsChangeNothing) {
   uint64_t id = *store_->CreateDataset(SparseMeta("b", 16));
   auto w = store_->OpenWriter(id);
   ASSERT_TRUE(w.ok());
@@ -289,7 +294,7 @@ TEST_F(ChunkStoreTest, BadAppendsChangeNothing) {
   EXPECT_EQ(store_->GetDataset(id)->nnz(), 2);
 }
 
-TEST_F(ChunkStoreTest, ExplicitZerosAreNotFirings) {
+TEST_P(ChunkStoreTest, ExplicitZerosAreNotFirings) {
   uint64_t id = *store_->CreateDataset(SparseMeta("z", 16));
   auto w = store_->OpenWriter(id);
   ASSERT_TRUE(w.ok());
@@ -308,26 +313,53 @@ TEST_F(ChunkStoreTest, ExplicitZerosAreNotFirings) {
   EXPECT_EQ(store_->GetDataset(id)->dead_latents(), 14);
 }
 
-TEST_F(ChunkStoreTest, CorruptChunkIsDataLossNamingTheChunk) {
+TEST_P(ChunkStoreTest, CorruptChunkIsDataLossNamingTheChunk) {
   uint64_t id = *store_->CreateDataset(SparseMeta("c"));
   {
     auto w = store_->OpenWriter(id);
     ASSERT_TRUE(Append(w->get(), MakeRows(0, 250, 256)).ok());
     ASSERT_TRUE((*w)->Commit().ok());
   }
-  auto value = db_->Get(Family::kChunks, keys::Chunk(id, 100));
-  ASSERT_TRUE(value.ok());
-  std::string bad = *value;
-  bad[bad.size() / 2] ^= 0x40;
-  ASSERT_TRUE(db_->Put(Family::kChunks, keys::Chunk(id, 100), bad, true).ok());
-  auto rows = store_->ReadRows(id, 0, 0);
-  EXPECT_EQ(rows.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_NE(rows.status().message().find("chunk at row 100"), std::string::npos) << rows.status();
-  EXPECT_TRUE(store_->ReadRows(id, 0, 100).ok());  // the other chunks still read
-  EXPECT_TRUE(store_->ReadRows(id, 200, 50).ok());
+  // Format 2: the chunk at row 100. Format 3: each part of that chunk in turn (header, token
+  // ids, the slice holding latent 5).
+  std::vector<std::string> targets{keys::Chunk(id, 100)};
+  if (GetParam() >= 3) {
+    targets = {keys::ChunkPart(id, 100, 0), keys::ChunkPart(id, 100, 1),
+               keys::ChunkPart(id, 100, 2 + 5 / 16)};
+  }
+  for (const std::string& key : targets) {
+    auto value = db_->Get(Family::kChunks, key);
+    ASSERT_TRUE(value.ok());
+    std::string bad = *value;
+    bad[bad.size() / 2] ^= 0x40;
+    ASSERT_TRUE(db_->Put(Family::kChunks, key, bad, true).ok());
+    auto rows = store_->ReadRows(id, 0, 0);
+    EXPECT_EQ(rows.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(rows.status().message().find("chunk at row 100"), std::string::npos) << rows.status();
+    EXPECT_TRUE(store_->ReadRows(id, 0, 100).ok());  // the other chunks still read
+    EXPECT_TRUE(store_->ReadRows(id, 200, 50).ok());
+    std::vector<int64_t> post_rows;
+    std::vector<float> post_values;
+    if (GetParam() >= 3 && key != keys::ChunkPart(id, 100, 1)) {
+      absl::Status s = store_->LatentPostings(id, 5, &post_rows, &post_values);
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+      EXPECT_NE(s.message().find("chunk at row 100"), std::string::npos) << s;
+    }
+    ASSERT_TRUE(db_->Put(Family::kChunks, key, *value, true).ok());
+  }
+  if (GetParam() >= 3) {
+    // A slice the header lists but the store lacks is DATA_LOSS too, not an empty slice.
+    ASSERT_TRUE(db_->raw()
+                    ->Delete(rocksdb::WriteOptions(), db_->handle(Family::kChunks),
+                             keys::ChunkPart(id, 100, 2 + 5 / 16))
+                    .ok());
+    auto rows = store_->ReadRows(id, 100, 1);
+    EXPECT_EQ(rows.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(rows.status().message().find("slice 0 missing"), std::string::npos) << rows.status();
+  }
 }
 
-TEST_F(ChunkStoreTest, DeleteRemovesEverything) {
+TEST_P(ChunkStoreTest, DeleteRemovesEverything) {
   uint64_t id = *store_->CreateDataset(SparseMeta("del"));
   uint64_t keep = *store_->CreateDataset(SparseMeta("keep"));
   {
@@ -352,6 +384,11 @@ TEST_F(ChunkStoreTest, DeleteRemovesEverything) {
   // The name can be reused.
   EXPECT_TRUE(store_->CreateDataset(SparseMeta("del")).ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(Formats, ChunkStoreTest, ::testing::Values(3u, 2u),
+                         [](const ::testing::TestParamInfo<uint32_t>& info) {
+                           return "format" + std::to_string(info.param);
+                         });
 
 }  // namespace
 }  // namespace latentd::storage

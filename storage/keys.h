@@ -8,11 +8,14 @@
 //                                                      complete flag (rewritten by every commit)
 //   kMeta         "ds/k" id row_start                  chunk directory: num_rows, nnz
 //   kMeta         "ds/next"                            next dataset id
-//   kChunks       id row_start                         encoded chunk (chunk_codec.h)
+//   kChunks       id row_start                         encoded chunk (chunk_codec.h): DENSE
+//                                                      datasets, SPARSE ones of format 1-2
+//   kChunks       id row_start part(u16)               SPARSE format 3: header, token ids, latent
+//                                                      slices (sliced_chunk.h)
 //   kLatentIndex  id first_latent(u32) 'S'             statistics of latents [first, first + 64)
 //   kLatentIndex  id first_latent(u32) 'T'             top-N rows of latents [first, first + 64)
-//   kPostings     id latent(u32) row_start             rows and values of the latent in the chunk
-//                                                      that starts at row_start
+//   kPostings     id latent(u32) row_start             format 1-2 only: rows and values of the
+//                                                      latent in the commit starting at row_start
 //   kMeta         "art/a" id | "art/n" name | "art/next"   artifacts (artifact_store.h)
 //
 // Chunk keys are deterministic (the chunk's first row): a replayed commit overwrites.
@@ -47,6 +50,12 @@ inline std::string Chunk(uint64_t id, int64_t row_start) {
   std::string k;
   AppendBigEndian64(id, &k);
   AppendBigEndian64(static_cast<uint64_t>(row_start), &k);
+  return k;
+}
+inline std::string ChunkPart(uint64_t id, int64_t row_start, uint16_t part) {
+  std::string k = Chunk(id, row_start);
+  k.push_back(static_cast<char>(part >> 8));
+  k.push_back(static_cast<char>(part & 0xff));
   return k;
 }
 inline std::string IdPrefix(uint64_t id) {

@@ -81,6 +81,30 @@ class BitSource {
   bool ok_ = true;
 };
 
+// `bits` (<= 56) bits starting at bit `pos` of [p, end), LSB first, with one unaligned 8-byte
+// load where 8 bytes remain (the common case), else byte by byte. The caller checked that the
+// field lies inside [p, end).
+inline uint64_t BitsAt(const uint8_t* p, const uint8_t* end, uint64_t pos, int bits) {
+  const uint8_t* q = p + (pos >> 3);
+  uint64_t word = 0;
+  if (end - q >= 8) {
+    std::memcpy(&word, q, 8);
+  } else {
+    for (int i = 0; q + i < end; ++i) word |= static_cast<uint64_t>(q[i]) << (8 * i);
+  }
+  return (word >> (pos & 7)) & ((uint64_t{1} << bits) - 1);
+}
+
+// True when every fp16 head in [lo, lo + 2^bits) has a normal exponent (1..30), so a value
+// converts to float by moving its bits (no subnormal, infinity or NaN among them).
+bool AllHeadsNormalHalf(uint32_t lo, int bits) {
+  for (uint32_t head = lo; head < lo + (1u << bits); ++head) {
+    const uint32_t exponent = head & 0x1f;
+    if (exponent == 0 || exponent == 0x1f || head > 0x3f) return false;
+  }
+  return true;
+}
+
 absl::Status Malformed(const char* what) {
   return absl::DataLossError(std::string("malformed posting: ") + what);
 }
@@ -192,12 +216,27 @@ absl::Status DecodePosting(absl::string_view in, int64_t row_start, ChunkDtype d
     if (hbits > 16 - mbits || ((n * (hbits + mbits) + 7) / 8) > static_cast<uint64_t>(end - p)) {
       return Malformed("values");
     }
-    BitSource src(p, end);
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t v = src.Get(hbits + mbits);
-      const uint16_t h =
-          static_cast<uint16_t>((((v >> mbits) + lo_head) << mbits) | (v & ((1u << mbits) - 1)));
-      out_values[i] = dtype == ChunkDtype::kFloat16 ? HalfToFloat(h) : BFloat16ToFloat(h);
+    const int vbits = hbits + mbits;
+    const uint32_t mmask = (1u << mbits) - 1;
+    if (dtype == ChunkDtype::kBFloat16) {
+      for (size_t i = 0; i < n; ++i) {
+        const uint32_t v = static_cast<uint32_t>(BitsAt(p, end, i * vbits, vbits));
+        out_values[i] = BitsFloat((((v >> mbits) + lo_head) << mbits | (v & mmask)) << 16);
+      }
+    } else if (AllHeadsNormalHalf(lo_head, hbits)) {
+      // fp16 with a normal exponent: sign moves to bit 31, exponent and mantissa shift by 13
+      // and the exponent bias changes by 127 - 15.
+      for (size_t i = 0; i < n; ++i) {
+        const uint32_t v = static_cast<uint32_t>(BitsAt(p, end, i * vbits, vbits));
+        const uint32_t h = ((v >> mbits) + lo_head) << mbits | (v & mmask);
+        out_values[i] = BitsFloat(((h & 0x8000u) << 16) | (((h & 0x7fffu) << 13) + 0x38000000u));
+      }
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        const uint32_t v = static_cast<uint32_t>(BitsAt(p, end, i * vbits, vbits));
+        out_values[i] =
+            HalfToFloat(static_cast<uint16_t>(((v >> mbits) + lo_head) << mbits | (v & mmask)));
+      }
     }
     p += (n * (hbits + mbits) + 7) / 8;
   } else {
@@ -217,29 +256,33 @@ absl::Status DecodePosting(absl::string_view in, int64_t row_start, ChunkDtype d
   const size_t first = rows->size();
   rows->resize(first + n);
   int64_t* out_rows = rows->data() + first;
-  // High parts: the i-th set bit, at position b, gives high part b - i.
+  // High parts: the i-th set bit, at position b, gives high part b - i. Then the low parts.
   size_t i = 0;
-  for (size_t byte = 0; byte < high_bytes; ++byte) {
-    uint32_t bits = high[byte];
-    while (bits) {
+  for (size_t byte = 0; byte < high_bytes; byte += 8) {
+    uint64_t word = 0;
+    std::memcpy(&word, high + byte, std::min<size_t>(8, high_bytes - byte));
+    while (word) {
       if (i == n) return Malformed("extra high bits");
-      const size_t pos = byte * 8 + __builtin_ctz(bits);
-      bits &= bits - 1;
+      const size_t pos = byte * 8 + __builtin_ctzll(word);
+      word &= word - 1;
       out_rows[i] = static_cast<int64_t>(pos - i);
       ++i;
     }
   }
   if (i != n) return Malformed("missing high bits");
-  BitSource src(low, high);
-  for (i = 0; i < n; ++i) {
-    uint64_t x = static_cast<uint64_t>(out_rows[i]) << l;
-    if (l > 32) {
+  if (l <= 56) {
+    for (i = 0; i < n; ++i) {
+      const uint64_t x = static_cast<uint64_t>(out_rows[i]) << l | BitsAt(low, high, i * l, l);
+      out_rows[i] = row_start + static_cast<int64_t>(x);
+    }
+  } else {
+    BitSource src(low, high);
+    for (i = 0; i < n; ++i) {
+      uint64_t x = static_cast<uint64_t>(out_rows[i]) << l;
       x |= src.Get(32);
       x |= static_cast<uint64_t>(src.Get(l - 32)) << 32;
-    } else {
-      x |= src.Get(l);
+      out_rows[i] = row_start + static_cast<int64_t>(x);
     }
-    out_rows[i] = row_start + static_cast<int64_t>(x);
   }
   return absl::OkStatus();
 }

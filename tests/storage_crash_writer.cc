@@ -20,7 +20,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   latentd::storage::ChunkStoreOptions options;
-  options.chunk_rows = 32;  // several chunks per commit
+  options.sparse_chunk_rows = 32;  // several chunks per commit
+  options.latent_slices = 8;
   ChunkStore store(db->get(), options);
   auto id = store.FindDataset("crash");
   if (!id.ok()) {
