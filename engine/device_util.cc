@@ -1,10 +1,13 @@
 #include "engine/device_util.h"
 
 #include <ATen/Parallel.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/cuda.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda_info.h"
@@ -34,6 +37,27 @@ int64_t HostRssBytes() {
 int64_t DeviceMemoryInUse(const at::Device& device) {
   if (device.is_cuda()) return QueryCudaDevice(device.index()).memory_used_bytes;
   return HostRssBytes();
+}
+
+void DeviceFence::Record(const at::Device& device) {
+  if (!device.is_cuda()) return;
+  const c10::impl::VirtualGuardImpl guard(device.type());
+  event_.emplace(device.type());
+  event_->record(guard.getStream(device));
+}
+
+absl::Status DeviceFence::Wait() {
+  if (!event_.has_value()) return absl::OkStatus();
+  try {
+    // LibTorch 1.13's device-generic event offers query() but no blocking wait; a batch takes
+    // milliseconds, so polling every 20 us costs nothing measurable.
+    while (!event_->query()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  } catch (const std::exception& e) {
+    event_.reset();
+    return absl::InternalError(absl::StrCat("device error while waiting for a batch: ", e.what()));
+  }
+  event_.reset();
+  return absl::OkStatus();
 }
 
 }  // namespace latentd::engine

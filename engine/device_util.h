@@ -4,8 +4,10 @@
 #define LATENTD_ENGINE_DEVICE_UTIL_H_
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "engine/job_context.h"
@@ -24,6 +26,22 @@ void SetCpuThreadsForThisThread(int n);
 // device, the process RSS on the CPU.
 int64_t DeviceMemoryInUse(const at::Device& device);
 int64_t HostRssBytes();
+
+// A point in a device's work queue. Record() marks it after everything queued so far on the
+// device's current stream; Wait() returns once the device has passed it. The extraction workers
+// record one after a batch's asynchronous device-to-host copies and hand the batch on without
+// waiting, so the device already runs the next batch while the committer waits for this one.
+// CPU work is synchronous: on the CPU both calls do nothing. Movable, not copyable.
+class DeviceFence {
+ public:
+  void Record(const at::Device& device);
+  // OK once the device has passed the point (at once if nothing was recorded); INTERNAL with the
+  // device's message if it reported an error meanwhile.
+  absl::Status Wait();
+
+ private:
+  std::optional<c10::Event> event_;
+};
 
 }  // namespace latentd::engine
 

@@ -1,7 +1,6 @@
 #include "engine/extract_pipeline.h"
 
 #include <c10/core/InferenceMode.h>
-#include <torch/cuda.h>
 
 #include <algorithm>
 #include <atomic>
@@ -21,7 +20,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// One batch's output on the host.
+// One batch's output on the host. On a CUDA device the host tensors are filled by asynchronous
+// copies: read them only after ready.Wait().
 struct BatchOutput {
   int64_t batch = 0;
   int64_t first_row = 0;  // within the shard
@@ -31,6 +31,7 @@ struct BatchOutput {
   at::Tensor indices;     // sparse: int32 [n, k] (fixed) or [nnz]
   at::Tensor values;      // sparse: float [n, k] or [nnz]; dense: float [n, d]
   at::Tensor row_counts;  // sparse ragged: int64 [n]
+  DeviceFence ready;      // passed once the copies into the host tensors are done
   absl::Status status;
 };
 
@@ -75,8 +76,8 @@ absl::Status FromTorchError(const std::exception& e, const std::string& where) {
   return absl::InternalError(absl::StrCat(where, ": ", what));
 }
 
-// A host copy of `t`: on a CUDA device an asynchronous copy into pinned memory (the caller
-// synchronizes once for all of a batch's copies); CPU tensors are used in place.
+// A host copy of `t`: on a CUDA device an asynchronous copy into pinned memory (the batch's fence
+// tells when all of them are done); CPU tensors are used in place.
 at::Tensor ToHost(const at::Tensor& t) {
   if (!t.is_cuda()) return t.contiguous();
   at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
@@ -93,20 +94,24 @@ absl::Status ComputeBatch(const TokenSource& tokens, PipelineReplica* r,
   out->batch = batch;
   out->first_row = first_seq * L;
   out->num_rows = seqs * L;
-  std::vector<int64_t> ids(seqs * L);
-  RETURN_IF_ERROR(tokens.Read(first_seq, seqs, ids.data()));
+  // On a CUDA device the ids go through pinned memory, so their upload does not wait for the
+  // device to finish the previous batch (a pageable copy would synchronize the stream).
+  const bool cuda = r->device.is_cuda();
+  at::Tensor ids = at::empty({seqs, L}, at::TensorOptions(at::kLong).pinned_memory(cuda));
+  int64_t* id_data = ids.data_ptr<int64_t>();
+  RETURN_IF_ERROR(tokens.Read(first_seq, seqs, id_data));
   const int64_t vocab = r->model->vocab_size();
-  out->token_ids.resize(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if ((vocab > 0 && ids[i] >= vocab) || ids[i] > INT32_MAX) {
+  out->token_ids.resize(seqs * L);
+  for (int64_t i = 0; i < seqs * L; ++i) {
+    if ((vocab > 0 && id_data[i] >= vocab) || id_data[i] > INT32_MAX) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "extract.tokens: token id ", ids[i], " at row ", out->first_row + i, " (sequence ",
+          "extract.tokens: token id ", id_data[i], " at row ", out->first_row + i, " (sequence ",
           tokens.first_sequence() + first_seq + i / L, ") >= vocab_size ", vocab));
     }
-    out->token_ids[i] = static_cast<int32_t>(ids[i]);
+    out->token_ids[i] = static_cast<int32_t>(id_data[i]);
   }
   try {
-    at::Tensor tok = at::from_blob(ids.data(), {seqs, L}, at::kLong).to(r->device);
+    at::Tensor tok = ids.to(r->device, /*non_blocking=*/cuda);
     at::Tensor h = r->model->Forward(tok);
     at::Tensor x = h.reshape({seqs * L, h.size(-1)});
     at::Tensor finite = at::isfinite(x).all(1);
@@ -119,7 +124,7 @@ absl::Status ComputeBatch(const TokenSource& tokens, PipelineReplica* r,
     } else {
       out->values = ToHost(x);
     }
-    if (r->device.is_cuda()) torch::cuda::synchronize(r->device.index());
+    out->ready.Record(r->device);
   } catch (const std::exception& e) {
     return FromTorchError(e, absl::StrCat("batch ", batch, " on ", r->device.str()));
   }
@@ -240,6 +245,7 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
       break;
     }
     BatchOutput out = queues[(b - first_batch) % n]->Pop();
+    if (out.status.ok()) out.status = out.ready.Wait();
     if (!out.status.ok()) {
       status = out.status;
       break;

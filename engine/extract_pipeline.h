@@ -59,8 +59,10 @@ struct PipelineResult {
   double seconds = 0;
   double tokens_per_second = 0;  // rows_this_run / seconds
   int64_t bytes_committed = 0;   // the sink's figure, else an estimate of the stored bytes
-  // Seconds the busiest replica spent computing batches (tokens in, codes on the host); against
+  // Seconds the busiest replica's worker spent on batches (tokens in, codes on the host); against
   // `seconds` it shows how much of the wall time storage and bookkeeping add, in the same run.
+  // On CUDA devices the worker only queues the work (copies complete asynchronously), so this
+  // counts its host-side time and a device that keeps up shows less than the wall time.
   double device_busy_seconds = 0;
 };
 
