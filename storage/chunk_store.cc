@@ -985,8 +985,8 @@ absl::Status ChunkStore::SlicedLatentPostings(const rocksdb::Snapshot* snap,
   ro.iterate_upper_bound = &upper_slice;
   std::unique_ptr<rocksdb::Iterator> it(db_->raw()->NewIterator(ro, db_->handle(Family::kChunks)));
   SlicedChunkHeader header;
-  SliceEntries slice;
-  // Chunk by chunk: its header (which slices exist), then the one slice holding the latent.
+  // Chunk by chunk: its header (which slices exist), then the latent's run of the one slice
+  // holding it.
   for (int64_t chunk_start = 0; chunk_start < rec.rows_committed; chunk_start += header.num_rows) {
     std::string key = keys::ChunkPart(id, chunk_start, kPartHeader);
     it->Seek(key);
@@ -1010,18 +1010,9 @@ absl::Status ChunkStore::SlicedLatentPostings(const rocksdb::Snapshot* snap,
       return ChunkError(id, chunk_start,
                         absl::DataLossError(absl::StrCat("slice ", sl, " missing")));
     }
-    s = DecodeSlice(absl::string_view(it->value().data(), it->value().size()), header, sl, &slice);
+    s = DecodeSliceLatent(absl::string_view(it->value().data(), it->value().size()), header, sl,
+                          latent, rows, values);
     if (!s.ok()) return ChunkError(id, chunk_start, s);
-    // The latent's entries are one run of the (latent, row)-ordered keys.
-    const int row_bits = RowBits(header.num_rows);
-    const int64_t offset = latent - header.layout.FirstLatent(sl);
-    const auto begin = std::lower_bound(slice.keys.begin(), slice.keys.end(), offset << row_bits);
-    const auto end = std::lower_bound(begin, slice.keys.end(), (offset + 1) << row_bits);
-    const int64_t mask = (int64_t{1} << row_bits) - 1;
-    for (auto k = begin; k != end; ++k) {
-      rows->push_back(chunk_start + (*k & mask));
-      values->push_back(slice.values[k - slice.keys.begin()]);
-    }
   }
   return FromRocks(it->status(), "reading latent slices");
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/status_macros.h"
 #include "storage/crc32c.h"
 #include "storage/value_codec.h"
 
@@ -51,34 +52,6 @@ class BitSink {
   char* p_;
   uint64_t acc_ = 0;
   int used_ = 0;
-};
-
-class BitSource {
- public:
-  BitSource(const uint8_t* p, const uint8_t* end) : p_(p), end_(end) {}
-  uint32_t Get(int bits) {
-    while (used_ < bits) {
-      if (p_ == end_) {
-        ok_ = false;
-        return 0;
-      }
-      acc_ |= static_cast<uint64_t>(*p_++) << used_;
-      used_ += 8;
-    }
-    const uint32_t v = static_cast<uint32_t>(acc_ & ((1ull << bits) - 1));
-    acc_ >>= bits;
-    used_ -= bits;
-    return v;
-  }
-  bool ok() const { return ok_; }
-  const uint8_t* position() const { return p_; }
-
- private:
-  const uint8_t* p_;
-  const uint8_t* end_;
-  uint64_t acc_ = 0;
-  int used_ = 0;
-  bool ok_ = true;
 };
 
 // `bits` (<= 56) bits starting at bit `pos` of [p, end), LSB first, with one unaligned 8-byte
@@ -183,8 +156,25 @@ void EncodePosting(int64_t row_start, const int64_t* rows, const float* values, 
   out->resize(p - base);
 }
 
-absl::Status DecodePosting(absl::string_view in, int64_t row_start, ChunkDtype dtype,
-                           std::vector<int64_t>* rows, std::vector<float>* values) {
+namespace {
+
+// The sections of an encoded posting, checked against its length and checksum.
+struct Parsed {
+  uint64_t n = 0;
+  int l = 0;
+  ChunkDtype dtype = ChunkDtype::kFloat16;
+  // Values: 16-bit dtypes as (head - lo_head) << mbits | mantissa in hbits + mbits bits; fp32 as
+  // byte planes.
+  const uint8_t* values = nullptr;
+  uint32_t lo_head = 0;
+  int hbits = 0, mbits = 0;
+  bool normal_half = false;  // every possible head is a normal fp16 exponent: convert by shifting
+  const uint8_t* low = nullptr;
+  const uint8_t* high = nullptr;
+  const uint8_t* end = nullptr;  // of the high bits (the CRC follows)
+};
+
+absl::Status Parse(absl::string_view in, ChunkDtype dtype, Parsed* out) {
   if (in.size() < 1 + 1 + 1 + 4) return Malformed("too short");
   uint32_t crc;
   std::memcpy(&crc, in.data() + in.size() - 4, 4);
@@ -204,87 +194,129 @@ absl::Status DecodePosting(absl::string_view in, int64_t row_start, ChunkDtype d
   if (p >= end) return Malformed("count");
   const int l = *p++;
   if (n == 0 || l > 62 || n > static_cast<uint64_t>(end - p)) return Malformed("header");
-  const size_t vfirst = values->size();
-  values->resize(vfirst + n);
-  float* out_values = values->data() + vfirst;
+  out->n = n;
+  out->l = l;
+  out->dtype = dtype;
   if (DtypeBytes(dtype) == 2) {
     if (end - p < 3) return Malformed("value header");
-    const uint32_t lo_head = p[0] | (p[1] << 8);
-    const int hbits = p[2];
-    const int mbits = MantissaBits(dtype);
+    out->lo_head = p[0] | (p[1] << 8);
+    out->hbits = p[2];
+    out->mbits = MantissaBits(dtype);
     p += 3;
-    if (hbits > 16 - mbits || ((n * (hbits + mbits) + 7) / 8) > static_cast<uint64_t>(end - p)) {
+    if (out->hbits > 16 - out->mbits ||
+        ((n * (out->hbits + out->mbits) + 7) / 8) > static_cast<uint64_t>(end - p)) {
       return Malformed("values");
     }
-    const int vbits = hbits + mbits;
-    const uint32_t mmask = (1u << mbits) - 1;
-    if (dtype == ChunkDtype::kBFloat16) {
-      for (size_t i = 0; i < n; ++i) {
-        const uint32_t v = static_cast<uint32_t>(BitsAt(p, end, i * vbits, vbits));
-        out_values[i] = BitsFloat((((v >> mbits) + lo_head) << mbits | (v & mmask)) << 16);
-      }
-    } else if (AllHeadsNormalHalf(lo_head, hbits)) {
-      // fp16 with a normal exponent: sign moves to bit 31, exponent and mantissa shift by 13
-      // and the exponent bias changes by 127 - 15.
-      for (size_t i = 0; i < n; ++i) {
-        const uint32_t v = static_cast<uint32_t>(BitsAt(p, end, i * vbits, vbits));
-        const uint32_t h = ((v >> mbits) + lo_head) << mbits | (v & mmask);
-        out_values[i] = BitsFloat(((h & 0x8000u) << 16) | (((h & 0x7fffu) << 13) + 0x38000000u));
-      }
-    } else {
-      for (size_t i = 0; i < n; ++i) {
-        const uint32_t v = static_cast<uint32_t>(BitsAt(p, end, i * vbits, vbits));
-        out_values[i] =
-            HalfToFloat(static_cast<uint16_t>(((v >> mbits) + lo_head) << mbits | (v & mmask)));
-      }
-    }
-    p += (n * (hbits + mbits) + 7) / 8;
+    out->values = p;
+    out->normal_half = dtype == ChunkDtype::kFloat16 && AllHeadsNormalHalf(out->lo_head, out->hbits);
+    p += (n * (out->hbits + out->mbits) + 7) / 8;
   } else {
     if (4 * n > static_cast<uint64_t>(end - p)) return Malformed("values");
-    for (size_t i = 0; i < n; ++i) {
-      uint32_t f = 0;
-      for (int b = 0; b < 4; ++b) f |= static_cast<uint32_t>(p[b * n + i]) << (8 * b);
-      out_values[i] = BitsFloat(f);
-    }
+    out->values = p;
     p += 4 * n;
   }
   const size_t low_bytes = (n * l + 7) / 8;
   if (low_bytes > static_cast<size_t>(end - p)) return Malformed("row low bits");
-  const uint8_t* low = p;
-  const uint8_t* high = low + low_bytes;
-  const size_t high_bytes = end - high;
-  const size_t first = rows->size();
-  rows->resize(first + n);
-  int64_t* out_rows = rows->data() + first;
-  // High parts: the i-th set bit, at position b, gives high part b - i. Then the low parts.
-  size_t i = 0;
+  out->low = p;
+  out->high = p + low_bytes;
+  out->end = end;
+  return absl::OkStatus();
+}
+
+// Value i of the posting.
+inline float ValueAt(const Parsed& ps, uint64_t i) {
+  if (ps.dtype == ChunkDtype::kFloat32) {
+    uint32_t f = 0;
+    for (int b = 0; b < 4; ++b) f |= static_cast<uint32_t>(ps.values[b * ps.n + i]) << (8 * b);
+    return BitsFloat(f);
+  }
+  const int vbits = ps.hbits + ps.mbits;
+  const uint32_t v = static_cast<uint32_t>(BitsAt(ps.values, ps.end, i * vbits, vbits));
+  const uint32_t h = ((v >> ps.mbits) + ps.lo_head) << ps.mbits | (v & ((1u << ps.mbits) - 1));
+  if (ps.dtype == ChunkDtype::kBFloat16) return BitsFloat(h << 16);
+  if (ps.normal_half) {
+    // Sign to bit 31, exponent and mantissa up by 13, exponent bias up by 127 - 15.
+    return BitsFloat(((h & 0x8000u) << 16) | (((h & 0x7fffu) << 13) + 0x38000000u));
+  }
+  return HalfToFloat(static_cast<uint16_t>(h));
+}
+
+// Low part of key i.
+inline uint64_t LowAt(const Parsed& ps, uint64_t i) {
+  if (ps.l <= 56) return BitsAt(ps.low, ps.high, i * ps.l, ps.l);
+  return BitsAt(ps.low, ps.high, i * ps.l, 32) |
+         BitsAt(ps.low, ps.high, i * ps.l + 32, ps.l - 32) << 32;
+}
+
+// Calls visit(i, high part of key i) for the entries whose high part lies in [h_lo, h_hi], in
+// order, skipping whole 64-bit words of the unary high bits that end below h_lo. In the high
+// bits the i-th set bit, at position b, stands for high part b - i. Checks that there are exactly
+// n set bits when the whole stream is walked (h_hi = UINT64_MAX).
+template <typename Visit>
+absl::Status ForHighParts(const Parsed& ps, uint64_t h_lo, uint64_t h_hi, Visit visit) {
+  const size_t high_bytes = ps.end - ps.high;
+  uint64_t i = 0;
   for (size_t byte = 0; byte < high_bytes; byte += 8) {
+    const size_t len = std::min<size_t>(8, high_bytes - byte);
     uint64_t word = 0;
-    std::memcpy(&word, high + byte, std::min<size_t>(8, high_bytes - byte));
+    std::memcpy(&word, ps.high + byte, len);
+    const uint64_t ones = __builtin_popcountll(word);
+    // Zeros up to the end of this word bound every high part in it.
+    if (byte * 8 + len * 8 - (i + ones) < h_lo) {
+      i += ones;
+      if (i > ps.n) return Malformed("extra high bits");
+      continue;
+    }
     while (word) {
-      if (i == n) return Malformed("extra high bits");
-      const size_t pos = byte * 8 + __builtin_ctzll(word);
+      if (i == ps.n) return Malformed("extra high bits");
+      const uint64_t high = byte * 8 + __builtin_ctzll(word) - i;
       word &= word - 1;
-      out_rows[i] = static_cast<int64_t>(pos - i);
+      if (high > h_hi) return absl::OkStatus();
+      if (high >= h_lo) visit(i, high);
       ++i;
     }
   }
-  if (i != n) return Malformed("missing high bits");
-  if (l <= 56) {
-    for (i = 0; i < n; ++i) {
-      const uint64_t x = static_cast<uint64_t>(out_rows[i]) << l | BitsAt(low, high, i * l, l);
-      out_rows[i] = row_start + static_cast<int64_t>(x);
-    }
-  } else {
-    BitSource src(low, high);
-    for (i = 0; i < n; ++i) {
-      uint64_t x = static_cast<uint64_t>(out_rows[i]) << l;
-      x |= src.Get(32);
-      x |= static_cast<uint64_t>(src.Get(l - 32)) << 32;
-      out_rows[i] = row_start + static_cast<int64_t>(x);
-    }
+  if (i != ps.n) return Malformed("missing high bits");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DecodePosting(absl::string_view in, int64_t row_start, ChunkDtype dtype,
+                           std::vector<int64_t>* rows, std::vector<float>* values) {
+  Parsed ps;
+  RETURN_IF_ERROR(Parse(in, dtype, &ps));
+  const size_t first = rows->size();
+  rows->resize(first + ps.n);
+  values->resize(first + ps.n);
+  int64_t* out_rows = rows->data() + first;
+  float* out_values = values->data() + first;
+  for (uint64_t i = 0; i < ps.n; ++i) out_values[i] = ValueAt(ps, i);
+  RETURN_IF_ERROR(ForHighParts(ps, 0, UINT64_MAX, [&](uint64_t i, uint64_t high) {
+    out_rows[i] = static_cast<int64_t>(high);
+  }));
+  for (uint64_t i = 0; i < ps.n; ++i) {
+    out_rows[i] = row_start + static_cast<int64_t>(static_cast<uint64_t>(out_rows[i]) << ps.l |
+                                                   LowAt(ps, i));
   }
   return absl::OkStatus();
+}
+
+absl::Status DecodePostingRange(absl::string_view in, int64_t row_start, ChunkDtype dtype,
+                                int64_t lo, int64_t hi, std::vector<int64_t>* rows,
+                                std::vector<float>* values, uint64_t* total) {
+  Parsed ps;
+  RETURN_IF_ERROR(Parse(in, dtype, &ps));
+  if (total != nullptr) *total = ps.n;
+  if (hi <= lo || hi <= row_start) return absl::OkStatus();
+  const uint64_t x_lo = static_cast<uint64_t>(std::max<int64_t>(lo - row_start, 0));
+  const uint64_t x_hi = static_cast<uint64_t>(hi - row_start);  // exclusive
+  return ForHighParts(ps, x_lo >> ps.l, (x_hi - 1) >> ps.l, [&](uint64_t i, uint64_t high) {
+    const uint64_t x = high << ps.l | LowAt(ps, i);
+    if (x < x_lo || x >= x_hi) return;
+    rows->push_back(row_start + static_cast<int64_t>(x));
+    values->push_back(ValueAt(ps, i));
+  });
 }
 
 }  // namespace latentd::storage

@@ -40,6 +40,13 @@ void EncodePosting(int64_t row_start, const int64_t* rows, const float* values, 
 absl::Status DecodePosting(absl::string_view in, int64_t row_start, ChunkDtype dtype,
                            std::vector<int64_t>* rows, std::vector<float>* values);
 
+// Appends only the entries whose row lies in [lo, hi), decoding just those: the unary high
+// bits are skipped a 64-bit word at a time up to the first candidate. The whole value is still
+// checksummed (DATA_LOSS as above). *total, if given, receives the posting's entry count.
+absl::Status DecodePostingRange(absl::string_view in, int64_t row_start, ChunkDtype dtype,
+                                int64_t lo, int64_t hi, std::vector<int64_t>* rows,
+                                std::vector<float>* values, uint64_t* total = nullptr);
+
 }  // namespace latentd::storage
 
 #endif  // LATENTD_STORAGE_POSTING_CODEC_H_

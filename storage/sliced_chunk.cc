@@ -214,4 +214,30 @@ absl::Status DecodeSlice(absl::string_view in, const SlicedChunkHeader& header, 
   return absl::OkStatus();
 }
 
+absl::Status DecodeSliceLatent(absl::string_view in, const SlicedChunkHeader& header,
+                               int32_t slice, int32_t latent, std::vector<int64_t>* rows,
+                               std::vector<float>* values) {
+  const int row_bits = RowBits(header.num_rows);
+  const int64_t offset = latent - header.layout.FirstLatent(slice);
+  const size_t first = rows->size();
+  uint64_t total = 0;
+  absl::Status s = DecodePostingRange(in, 0, header.dtype, offset << row_bits,
+                                      (offset + 1) << row_bits, rows, values, &total);
+  if (!s.ok()) return absl::DataLossError(absl::StrCat("slice ", slice, ": ", s.message()));
+  if (total != header.slice_nnz[slice]) {
+    return absl::DataLossError(absl::StrCat("slice ", slice, " holds ", total,
+                                            " entries, the header says ",
+                                            header.slice_nnz[slice]));
+  }
+  const int64_t mask = (int64_t{1} << row_bits) - 1;
+  for (size_t i = first; i < rows->size(); ++i) {
+    const int64_t row = (*rows)[i] & mask;
+    if (row >= header.num_rows) {
+      return absl::DataLossError(absl::StrCat("slice ", slice, ": entry outside the chunk"));
+    }
+    (*rows)[i] = header.row_start + row;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace latentd::storage

@@ -78,6 +78,11 @@ void EncodeSlice(const int64_t* keys, const float* values, size_t n, ChunkDtype 
 // every key lies inside the slice (offsets < slice width, rows < num_rows). DATA_LOSS otherwise.
 absl::Status DecodeSlice(absl::string_view in, const SlicedChunkHeader& header, int32_t slice,
                          SliceEntries* out);
+// Appends the rows (absolute) and values of one latent of slice `slice`, decoding only its run of
+// the slice. DATA_LOSS as DecodeSlice.
+absl::Status DecodeSliceLatent(absl::string_view in, const SlicedChunkHeader& header,
+                               int32_t slice, int32_t latent, std::vector<int64_t>* rows,
+                               std::vector<float>* values);
 
 }  // namespace latentd::storage
 

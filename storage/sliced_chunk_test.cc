@@ -98,6 +98,24 @@ TEST(Slice, RoundTripsAndChecksItsBounds) {
   ASSERT_TRUE(DecodeSlice(enc, h, last, &got).ok());
   EXPECT_EQ(got.keys, keys);
   EXPECT_EQ(got.values, values);  // multiples of 1/64 below 16: exact in fp16
+  // One latent's run, decoded alone, is that latent's entries with absolute rows.
+  h.row_start = 5000;
+  for (int32_t off = 0; off < last_width; ++off) {
+    std::vector<int64_t> want_rows, rows{-1};
+    std::vector<float> want_values, vals{-1};
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if ((keys[i] >> bits) == off) {
+        want_rows.push_back(h.row_start + (keys[i] & ((1 << bits) - 1)));
+        want_values.push_back(values[i]);
+      }
+    }
+    ASSERT_TRUE(
+        DecodeSliceLatent(enc, h, last, h.layout.FirstLatent(last) + off, &rows, &vals).ok());
+    want_rows.insert(want_rows.begin(), -1);
+    want_values.insert(want_values.begin(), -1);
+    EXPECT_EQ(rows, want_rows) << off;
+    EXPECT_EQ(vals, want_values) << off;
+  }
 
   h.slice_nnz[last] += 1;
   EXPECT_EQ(DecodeSlice(enc, h, last, &got).code(), absl::StatusCode::kDataLoss);
