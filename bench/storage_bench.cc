@@ -10,6 +10,7 @@
 //   f2         format 2 with postings (row-major chunks + a latent-major copy of every value)
 //   f2nopost   format 2 without postings (row-major only: no latent-major reads)
 //   f3cN       format 3 with N-row chunks (e.g. f3c1024), for the chunk-size trade-off
+//   f3bN       format 3 with N KiB SST blocks in the chunk family (default 64)
 // For each: bytes per token on disk after compaction (whole database: keys, metadata, token ids)
 // against the 128 B fixed-k u16 + fp16 layout and the ~100 B floor; commit wall and process CPU
 // against two raw baselines in the same run (synced WriteBatches, same number of commits):
@@ -172,6 +173,7 @@ struct Config {
   uint32_t format = 3;
   bool postings = true;
   int64_t chunk_rows = 4096;
+  size_t block_bytes = 64 << 10;
 };
 
 struct Result {
@@ -189,7 +191,9 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
   res.config = config;
   const std::string dir = base + "/" + config.name;
   std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str());
-  auto db_or = Db::Open(dir + "/store");
+  latentd::storage::DbOptions db_options;
+  db_options.chunk_block_bytes = config.block_bytes;
+  auto db_or = Db::Open(dir + "/store", db_options);
   Check(db_or.status());
   std::unique_ptr<Db> db = *std::move(db_or);
   ChunkStoreOptions options;
@@ -311,6 +315,8 @@ int main(int argc, char** argv) {
         c.postings = false;
       } else if (name.rfind("f3c", 0) == 0) {
         c.chunk_rows = std::atoll(name.c_str() + 3);
+      } else if (name.rfind("f3b", 0) == 0) {
+        c.block_bytes = std::atoll(name.c_str() + 3) << 10;
       } else if (name != "f3") {
         std::fprintf(stderr, "unknown config %s\n", name.c_str());
         return 2;

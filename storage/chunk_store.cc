@@ -642,26 +642,31 @@ bool AtPart(rocksdb::Iterator* it, const std::string& key) {
   return it->Valid() && it->key() == rocksdb::Slice(key);
 }
 
-// The CSR rows of one format-3 chunk from its decoded slices (slice order = latent order, and
-// within a slice (latent, row) order, so every row's columns come out ascending).
-void AssembleRows(const SlicedChunkHeader& h, const std::vector<int32_t>& slice_ids,
-                  const std::vector<SliceEntries>& slices, Chunk* chunk) {
+// CSR rows [row_lo, row_hi) (chunk-local) of one format-3 chunk from its slices decoded for that
+// window (slice order = latent order, and within a slice (latent, row) order, so every row's
+// columns come out ascending).
+void AssembleRows(const SlicedChunkHeader& h, int64_t row_lo, int64_t row_hi,
+                  const std::vector<int32_t>& slice_ids, const std::vector<SliceEntries>& slices,
+                  Chunk* chunk) {
   const int row_bits = RowBits(h.num_rows);
   const int64_t mask = (int64_t{1} << row_bits) - 1;
-  chunk->indptr.assign(h.num_rows + 1, 0);
+  const int64_t rows = row_hi - row_lo;
+  chunk->indptr.assign(rows + 1, 0);
+  int64_t nnz = 0;
   for (size_t i = 0; i < slice_ids.size(); ++i) {
-    for (int64_t x : slices[i].keys) ++chunk->indptr[(x & mask) + 1];
+    for (int64_t x : slices[i].keys) ++chunk->indptr[(x & mask) - row_lo + 1];
+    nnz += static_cast<int64_t>(slices[i].keys.size());
   }
-  for (int64_t r = 0; r < h.num_rows; ++r) chunk->indptr[r + 1] += chunk->indptr[r];
-  chunk->indices.resize(h.nnz);
-  chunk->values.resize(h.nnz);
+  for (int64_t r = 0; r < rows; ++r) chunk->indptr[r + 1] += chunk->indptr[r];
+  chunk->indices.resize(nnz);
+  chunk->values.resize(nnz);
   std::vector<int64_t> cursor(chunk->indptr.begin(), chunk->indptr.end() - 1);
   for (size_t i = 0; i < slice_ids.size(); ++i) {
     const int32_t first = h.layout.FirstLatent(slice_ids[i]);
     const std::vector<int64_t>& keys = slices[i].keys;
     const std::vector<float>& values = slices[i].values;
     for (size_t e = 0; e < keys.size(); ++e) {
-      const int64_t at = cursor[keys[e] & mask]++;
+      const int64_t at = cursor[(keys[e] & mask) - row_lo]++;
       chunk->indices[at] = first + static_cast<int32_t>(keys[e] >> row_bits);
       chunk->values[at] = values[e];
     }
@@ -681,15 +686,15 @@ absl::Status ChunkStore::ForEachSlicedChunk(const rocksdb::Snapshot* snap, const
   rocksdb::Slice upper_slice(upper);
   ro.iterate_upper_bound = &upper_slice;
   std::unique_ptr<rocksdb::Iterator> it(db_->raw()->NewIterator(ro, db_->handle(Family::kChunks)));
-  // The chunk holding row_start owns the last part key at or before (row_start, last part).
-  it->SeekForPrev(keys::ChunkPart(id, row_start, 0xffff));
-  const std::string prefix = keys::IdPrefix(id);
+  // The chunk holding row_start has the last header key at or before (header, row_start).
+  it->SeekForPrev(keys::ChunkPart(id, row_start, kPartHeader));
+  const std::string prefix = keys::ChunkPart(id, 0, kPartHeader).substr(0, 10);
   if (!it->Valid() || !it->key().starts_with(prefix) || it->key().size() != 18) {
     RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("reading chunks of dataset ", id)));
     return absl::DataLossError(
         absl::StrCat("dataset ", id, " has no chunk holding row ", row_start));
   }
-  int64_t chunk_start = static_cast<int64_t>(ReadBigEndian64(it->key().data() + 8));
+  int64_t chunk_start = static_cast<int64_t>(ReadBigEndian64(it->key().data() + 10));
   const int64_t row_end = row_start + row_count;
   Chunk chunk;
   chunk.kind = ChunkKind::kSparse;
@@ -713,8 +718,8 @@ absl::Status ChunkStore::ForEachSlicedChunk(const rocksdb::Snapshot* snap, const
         header.layout.width != rec.meta.width) {
       return ChunkError(id, chunk_start, absl::DataLossError("chunk does not continue the rows"));
     }
-    it->Next();
     key = keys::ChunkPart(id, chunk_start, kPartTokens);
+    it->Seek(key);
     if (!AtPart(it.get(), key)) {
       RETURN_IF_ERROR(FromRocks(it->status(), "reading token ids"));
       return ChunkError(id, chunk_start, absl::DataLossError("token ids missing"));
@@ -725,14 +730,24 @@ absl::Status ChunkStore::ForEachSlicedChunk(const rocksdb::Snapshot* snap, const
       s = absl::DataLossError("token ids do not match the rows");
     }
     if (!s.ok()) return ChunkError(id, chunk_start, s);
-    chunk.row_start = chunk_start;
-    chunk.num_rows = header.num_rows;
+    // Only the rows the caller asked for are assembled (and their values decoded); token-only
+    // reads keep the whole chunk (callers cache it for context windows).
+    const int64_t row_lo = tokens_only ? 0 : std::max(row_start, chunk_start) - chunk_start;
+    const int64_t row_hi = tokens_only
+                               ? header.num_rows
+                               : std::min(row_end, chunk_start + header.num_rows) - chunk_start;
+    chunk.row_start = chunk_start + row_lo;
+    chunk.num_rows = row_hi - row_lo;
+    if (row_lo > 0 || row_hi < header.num_rows) {
+      chunk.token_ids.erase(chunk.token_ids.begin() + row_hi, chunk.token_ids.end());
+      chunk.token_ids.erase(chunk.token_ids.begin(), chunk.token_ids.begin() + row_lo);
+    }
     if (!tokens_only) {
       slice_ids.clear();
       for (int32_t sl = 0; sl < header.layout.num_slices; ++sl) {
         if (header.slice_nnz[sl] == 0) continue;
-        it->Next();
         key = keys::ChunkPart(id, chunk_start, static_cast<uint16_t>(kPartFirstSlice + sl));
+        it->Seek(key);
         if (!AtPart(it.get(), key)) {
           RETURN_IF_ERROR(FromRocks(it->status(), "reading latent slices"));
           return ChunkError(id, chunk_start,
@@ -740,11 +755,11 @@ absl::Status ChunkStore::ForEachSlicedChunk(const rocksdb::Snapshot* snap, const
         }
         if (slices.size() <= slice_ids.size()) slices.emplace_back();
         s = DecodeSlice(absl::string_view(it->value().data(), it->value().size()), header, sl,
-                        &slices[slice_ids.size()]);
+                        row_lo, row_hi, &slices[slice_ids.size()]);
         if (!s.ok()) return ChunkError(id, chunk_start, s);
         slice_ids.push_back(sl);
       }
-      AssembleRows(header, slice_ids, slices, &chunk);
+      AssembleRows(header, row_lo, row_hi, slice_ids, slices, &chunk);
     }
     visit(chunk);
     chunk_start += header.num_rows;
@@ -984,13 +999,20 @@ absl::Status ChunkStore::SlicedLatentPostings(const rocksdb::Snapshot* snap,
   rocksdb::Slice upper_slice(upper);
   ro.iterate_upper_bound = &upper_slice;
   std::unique_ptr<rocksdb::Iterator> it(db_->raw()->NewIterator(ro, db_->handle(Family::kChunks)));
+  std::unique_ptr<rocksdb::Iterator> slices(
+      db_->raw()->NewIterator(ro, db_->handle(Family::kChunks)));
+  // Lands `iter` on `key`: usually the next key already is (headers, and one slice across
+  // chunks, are contiguous ranges), else a seek.
+  auto land = [](rocksdb::Iterator* iter, const std::string& key) {
+    if (!AtPart(iter, key)) iter->Seek(key);
+    return AtPart(iter, key);
+  };
   SlicedChunkHeader header;
   // Chunk by chunk: its header (which slices exist), then the latent's run of the one slice
   // holding it.
   for (int64_t chunk_start = 0; chunk_start < rec.rows_committed; chunk_start += header.num_rows) {
     std::string key = keys::ChunkPart(id, chunk_start, kPartHeader);
-    it->Seek(key);
-    if (!AtPart(it.get(), key)) {
+    if (!land(it.get(), key)) {
       RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("reading chunks of dataset ", id)));
       return absl::DataLossError(
           absl::StrCat("dataset ", id, " has no chunk holding row ", chunk_start));
@@ -1001,19 +1023,21 @@ absl::Status ChunkStore::SlicedLatentPostings(const rocksdb::Snapshot* snap,
       s = absl::DataLossError("chunk does not continue the rows");
     }
     if (!s.ok()) return ChunkError(id, chunk_start, s);
+    it->Next();
     const int32_t sl = header.layout.SliceOf(latent);
     if (header.slice_nnz[sl] == 0) continue;
     key = keys::ChunkPart(id, chunk_start, static_cast<uint16_t>(kPartFirstSlice + sl));
-    it->Seek(key);
-    if (!AtPart(it.get(), key)) {
-      RETURN_IF_ERROR(FromRocks(it->status(), "reading latent slices"));
+    if (!land(slices.get(), key)) {
+      RETURN_IF_ERROR(FromRocks(slices->status(), "reading latent slices"));
       return ChunkError(id, chunk_start,
                         absl::DataLossError(absl::StrCat("slice ", sl, " missing")));
     }
-    s = DecodeSliceLatent(absl::string_view(it->value().data(), it->value().size()), header, sl,
-                          latent, rows, values);
+    s = DecodeSliceLatent(absl::string_view(slices->value().data(), slices->value().size()), header,
+                          sl, latent, rows, values);
     if (!s.ok()) return ChunkError(id, chunk_start, s);
+    slices->Next();
   }
+  RETURN_IF_ERROR(FromRocks(slices->status(), "reading latent slices"));
   return FromRocks(it->status(), "reading latent slices");
 }
 

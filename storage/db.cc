@@ -55,7 +55,7 @@ rocksdb::ColumnFamilyOptions FamilyOptions(Family family, const DbOptions& optio
   switch (family) {
     case Family::kChunks:
       // Chunks are written once and read in ranges: big blocks, blobs for large values.
-      table.block_size = 64 << 10;
+      table.block_size = options.chunk_block_bytes;
       if (options.min_blob_size > 0) {
         cf.enable_blob_files = true;
         cf.min_blob_size = options.min_blob_size;

@@ -36,6 +36,9 @@ struct DbOptions {
   // Values of the chunk family at least this large go to blob files. Default 64 KiB; 0 disables
   // blobs.
   uint64_t min_blob_size = 64 << 10;
+  // SST block size of the chunk family. Default 64 KiB (a row-range read loads few blocks; a
+  // latent read loads one block per chunk it touches).
+  size_t chunk_block_bytes = 64 << 10;
   // Block cache shared by all families, in bytes. Default 64 MiB.
   size_t block_cache_bytes = 64 << 20;
   // Background compaction/flush threads. Default 2.

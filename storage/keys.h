@@ -10,7 +10,7 @@
 //   kMeta         "ds/next"                            next dataset id
 //   kChunks       id row_start                         encoded chunk (chunk_codec.h): DENSE
 //                                                      datasets, SPARSE ones of format 1-2
-//   kChunks       id row_start part(u16)               SPARSE format 3: header, token ids, latent
+//   kChunks       id part(u16) row_start               SPARSE format 3: header, token ids, latent
 //                                                      slices (sliced_chunk.h)
 //   kLatentIndex  id first_latent(u32) 'S'             statistics of latents [first, first + 64)
 //   kLatentIndex  id first_latent(u32) 'T'             top-N rows of latents [first, first + 64)
@@ -52,10 +52,14 @@ inline std::string Chunk(uint64_t id, int64_t row_start) {
   AppendBigEndian64(static_cast<uint64_t>(row_start), &k);
   return k;
 }
+// Part first: every chunk's part p is one contiguous range (a latent slice across all chunks is
+// one range read).
 inline std::string ChunkPart(uint64_t id, int64_t row_start, uint16_t part) {
-  std::string k = Chunk(id, row_start);
+  std::string k;
+  AppendBigEndian64(id, &k);
   k.push_back(static_cast<char>(part >> 8));
   k.push_back(static_cast<char>(part & 0xff));
+  AppendBigEndian64(static_cast<uint64_t>(row_start), &k);
   return k;
 }
 inline std::string IdPrefix(uint64_t id) {

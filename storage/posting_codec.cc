@@ -208,7 +208,8 @@ absl::Status Parse(absl::string_view in, ChunkDtype dtype, Parsed* out) {
       return Malformed("values");
     }
     out->values = p;
-    out->normal_half = dtype == ChunkDtype::kFloat16 && AllHeadsNormalHalf(out->lo_head, out->hbits);
+    out->normal_half =
+        dtype == ChunkDtype::kFloat16 && AllHeadsNormalHalf(out->lo_head, out->hbits);
     p += (n * (out->hbits + out->mbits) + 7) / 8;
   } else {
     if (4 * n > static_cast<uint64_t>(end - p)) return Malformed("values");
@@ -244,8 +245,8 @@ inline float ValueAt(const Parsed& ps, uint64_t i) {
 // Low part of key i.
 inline uint64_t LowAt(const Parsed& ps, uint64_t i) {
   if (ps.l <= 56) return BitsAt(ps.low, ps.high, i * ps.l, ps.l);
-  return BitsAt(ps.low, ps.high, i * ps.l, 32) |
-         BitsAt(ps.low, ps.high, i * ps.l + 32, ps.l - 32) << 32;
+  return BitsAt(ps.low, ps.high, i * ps.l, 32) | BitsAt(ps.low, ps.high, i * ps.l + 32, ps.l - 32)
+                                                     << 32;
 }
 
 // Calls visit(i, high part of key i) for the entries whose high part lies in [h_lo, h_hi], in
@@ -296,10 +297,24 @@ absl::Status DecodePosting(absl::string_view in, int64_t row_start, ChunkDtype d
     out_rows[i] = static_cast<int64_t>(high);
   }));
   for (uint64_t i = 0; i < ps.n; ++i) {
-    out_rows[i] = row_start + static_cast<int64_t>(static_cast<uint64_t>(out_rows[i]) << ps.l |
-                                                   LowAt(ps, i));
+    out_rows[i] =
+        row_start + static_cast<int64_t>(static_cast<uint64_t>(out_rows[i]) << ps.l | LowAt(ps, i));
   }
   return absl::OkStatus();
+}
+
+absl::Status DecodePostingMasked(absl::string_view in, ChunkDtype dtype, uint64_t mask, uint64_t lo,
+                                 uint64_t hi, std::vector<int64_t>* keys,
+                                 std::vector<float>* values, uint64_t* total) {
+  Parsed ps;
+  RETURN_IF_ERROR(Parse(in, dtype, &ps));
+  if (total != nullptr) *total = ps.n;
+  return ForHighParts(ps, 0, UINT64_MAX, [&](uint64_t i, uint64_t high) {
+    const uint64_t x = high << ps.l | LowAt(ps, i);
+    if ((x & mask) - lo >= hi - lo) return;  // unsigned: outside [lo, hi)
+    keys->push_back(static_cast<int64_t>(x));
+    values->push_back(ValueAt(ps, i));
+  });
 }
 
 absl::Status DecodePostingRange(absl::string_view in, int64_t row_start, ChunkDtype dtype,

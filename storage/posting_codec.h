@@ -40,6 +40,13 @@ void EncodePosting(int64_t row_start, const int64_t* rows, const float* values, 
 absl::Status DecodePosting(absl::string_view in, int64_t row_start, ChunkDtype dtype,
                            std::vector<int64_t>* rows, std::vector<float>* values);
 
+// Appends the entries (keys x = rows - row_start, and values) whose masked key x & mask lies in
+// [lo, hi), decoding values only for those: a row window of a latent slice, whose keys carry the
+// chunk-local row in their low bits. DATA_LOSS as above.
+absl::Status DecodePostingMasked(absl::string_view in, ChunkDtype dtype, uint64_t mask, uint64_t lo,
+                                 uint64_t hi, std::vector<int64_t>* keys,
+                                 std::vector<float>* values, uint64_t* total = nullptr);
+
 // Appends only the entries whose row lies in [lo, hi), decoding just those: the unary high
 // bits are skipped a 64-bit word at a time up to the first candidate. The whole value is still
 // checksummed (DATA_LOSS as above). *total, if given, receives the posting's entry count.

@@ -26,9 +26,9 @@ float Round(ChunkDtype dtype, float v) {
 TEST(PostingCodec, RoundTripsRowsAndValuesExactly) {
   std::mt19937_64 rng(3);
   for (ChunkDtype dtype : {ChunkDtype::kFloat16, ChunkDtype::kBFloat16, ChunkDtype::kFloat32}) {
-    for (int64_t universe : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{64}, int64_t{1000},
-                             int64_t{16384}, int64_t{1} << 30, int64_t{1} << 45,
-                             int64_t{1} << 60}) {
+    for (int64_t universe :
+         {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{64}, int64_t{1000}, int64_t{16384},
+          int64_t{1} << 30, int64_t{1} << 45, int64_t{1} << 60}) {
       for (size_t want : {1, 2, 3, 50, 700}) {
         std::set<int64_t> picked;
         const size_t n = std::min<size_t>(want, universe);

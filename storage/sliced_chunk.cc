@@ -193,16 +193,25 @@ void EncodeSlice(const int64_t* keys, const float* values, size_t n, ChunkDtype 
 }
 
 absl::Status DecodeSlice(absl::string_view in, const SlicedChunkHeader& header, int32_t slice,
-                         SliceEntries* out) {
+                         int64_t row_lo, int64_t row_hi, SliceEntries* out) {
   out->keys.clear();
   out->values.clear();
-  absl::Status s = DecodePosting(in, 0, header.dtype, &out->keys, &out->values);
+  const int row_bits = RowBits(header.num_rows);
+  uint64_t total = 0;
+  absl::Status s;
+  if (row_lo <= 0 && row_hi >= header.num_rows) {
+    s = DecodePosting(in, 0, header.dtype, &out->keys, &out->values);
+    total = out->keys.size();
+  } else {
+    s = DecodePostingMasked(in, header.dtype, (uint64_t{1} << row_bits) - 1,
+                            static_cast<uint64_t>(row_lo), static_cast<uint64_t>(row_hi),
+                            &out->keys, &out->values, &total);
+  }
   if (!s.ok()) return absl::DataLossError(absl::StrCat("slice ", slice, ": ", s.message()));
-  if (out->keys.size() != header.slice_nnz[slice]) {
-    return absl::DataLossError(absl::StrCat("slice ", slice, " holds ", out->keys.size(),
+  if (total != header.slice_nnz[slice]) {
+    return absl::DataLossError(absl::StrCat("slice ", slice, " holds ", total,
                                             " entries, the header says ", header.slice_nnz[slice]));
   }
-  const int row_bits = RowBits(header.num_rows);
   const int64_t slice_latents =
       std::min(header.layout.slice_width, header.layout.width - header.layout.FirstLatent(slice));
   const int64_t row_mask = (int64_t{1} << row_bits) - 1;
@@ -214,8 +223,8 @@ absl::Status DecodeSlice(absl::string_view in, const SlicedChunkHeader& header, 
   return absl::OkStatus();
 }
 
-absl::Status DecodeSliceLatent(absl::string_view in, const SlicedChunkHeader& header,
-                               int32_t slice, int32_t latent, std::vector<int64_t>* rows,
+absl::Status DecodeSliceLatent(absl::string_view in, const SlicedChunkHeader& header, int32_t slice,
+                               int32_t latent, std::vector<int64_t>* rows,
                                std::vector<float>* values) {
   const int row_bits = RowBits(header.num_rows);
   const int64_t offset = latent - header.layout.FirstLatent(slice);
@@ -226,8 +235,7 @@ absl::Status DecodeSliceLatent(absl::string_view in, const SlicedChunkHeader& he
   if (!s.ok()) return absl::DataLossError(absl::StrCat("slice ", slice, ": ", s.message()));
   if (total != header.slice_nnz[slice]) {
     return absl::DataLossError(absl::StrCat("slice ", slice, " holds ", total,
-                                            " entries, the header says ",
-                                            header.slice_nnz[slice]));
+                                            " entries, the header says ", header.slice_nnz[slice]));
   }
   const int64_t mask = (int64_t{1} << row_bits) - 1;
   for (size_t i = first; i < rows->size(); ++i) {

@@ -74,14 +74,16 @@ struct SliceEntries {
 // Encodes n >= 1 keys (strictly ascending) and values (already rounded to dtype).
 void EncodeSlice(const int64_t* keys, const float* values, size_t n, ChunkDtype dtype,
                  std::string* out);
-// Replaces *out with the slice's entries and checks there are `expected_nnz` of them and that
-// every key lies inside the slice (offsets < slice width, rows < num_rows). DATA_LOSS otherwise.
+// Replaces *out with the slice's entries whose chunk-local row lies in [row_lo, row_hi) (values
+// are decoded only for those), checking that the slice holds as many entries as the header says
+// and that every entry returned lies inside the slice (offset < slice width, row < num_rows).
+// DATA_LOSS otherwise.
 absl::Status DecodeSlice(absl::string_view in, const SlicedChunkHeader& header, int32_t slice,
-                         SliceEntries* out);
+                         int64_t row_lo, int64_t row_hi, SliceEntries* out);
 // Appends the rows (absolute) and values of one latent of slice `slice`, decoding only its run of
 // the slice. DATA_LOSS as DecodeSlice.
-absl::Status DecodeSliceLatent(absl::string_view in, const SlicedChunkHeader& header,
-                               int32_t slice, int32_t latent, std::vector<int64_t>* rows,
+absl::Status DecodeSliceLatent(absl::string_view in, const SlicedChunkHeader& header, int32_t slice,
+                               int32_t latent, std::vector<int64_t>* rows,
                                std::vector<float>* values);
 
 }  // namespace latentd::storage

@@ -95,9 +95,24 @@ TEST(Slice, RoundTripsAndChecksItsBounds) {
   std::string enc;
   EncodeSlice(keys.data(), values.data(), keys.size(), h.dtype, &enc);
   SliceEntries got;
-  ASSERT_TRUE(DecodeSlice(enc, h, last, &got).ok());
+  ASSERT_TRUE(DecodeSlice(enc, h, last, 0, h.num_rows, &got).ok());
   EXPECT_EQ(got.keys, keys);
   EXPECT_EQ(got.values, values);  // multiples of 1/64 below 16: exact in fp16
+  // A row window returns exactly the entries of those rows.
+  for (auto [lo, hi] : std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {17, 18}, {100, 640}}) {
+    SliceEntries window;
+    ASSERT_TRUE(DecodeSlice(enc, h, last, lo, hi, &window).ok());
+    SliceEntries want;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const int64_t row = keys[i] & ((1 << bits) - 1);
+      if (row >= lo && row < hi) {
+        want.keys.push_back(keys[i]);
+        want.values.push_back(values[i]);
+      }
+    }
+    EXPECT_EQ(window.keys, want.keys) << lo;
+    EXPECT_EQ(window.values, want.values) << lo;
+  }
   // One latent's run, decoded alone, is that latent's entries with absolute rows.
   h.row_start = 5000;
   for (int32_t off = 0; off < last_width; ++off) {
@@ -118,17 +133,18 @@ TEST(Slice, RoundTripsAndChecksItsBounds) {
   }
 
   h.slice_nnz[last] += 1;
-  EXPECT_EQ(DecodeSlice(enc, h, last, &got).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodeSlice(enc, h, last, 0, h.num_rows, &got).code(), absl::StatusCode::kDataLoss);
   h.slice_nnz[last] -= 1;
   // The same keys read as slice 0 of a 600-row chunk: rows past the chunk.
   SlicedChunkHeader short_chunk = h;
   short_chunk.num_rows = 600;
   short_chunk.slice_nnz[0] = h.slice_nnz[last];
-  EXPECT_EQ(DecodeSlice(enc, short_chunk, 0, &got).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodeSlice(enc, short_chunk, 0, 0, 600, &got).code(), absl::StatusCode::kDataLoss);
   // Latent offsets past a narrower slice.
   SlicedChunkHeader narrow = h;
   narrow.layout.width = h.layout.FirstLatent(last) + 4;  // the last slice holds 4 latents
-  EXPECT_EQ(DecodeSlice(enc, narrow, last, &got).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodeSlice(enc, narrow, last, 0, h.num_rows, &got).code(),
+            absl::StatusCode::kDataLoss);
 }
 
 }  // namespace
