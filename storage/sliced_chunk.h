@@ -1,7 +1,7 @@
 // Format-3 SPARSE chunks: one copy of the data that serves both access paths.
 //
 // A chunk of R consecutive rows is stored as several RocksDB values of the `chunks` family, under
-// keys (dataset, chunk row_start, part) (keys::ChunkPart):
+// keys (dataset, part, chunk row_start) (keys::ChunkPart):
 //
 //   part 0       header: the row count, nnz and the entry count of every latent slice, CRC32C
 //   part 1       the chunk's token ids (stored once, here), CRC32C
@@ -11,9 +11,11 @@
 // A slice is an Elias-Fano posting (storage/posting_codec.h) of the keys
 //   x = (latent - s * slice_width) << row_bits | (row - row_start),   row_bits = ceil(log2(R)),
 // which are ascending in (latent, row), with the values packed exactly as the dtype stores them.
-// So a row range reads the chunk's parts in key order (one range scan) and a latent reads one small
-// value per chunk (1 / num_slices of the data), and no value is stored twice: about 96 B per token
-// at X1's shape with every query path served (format 2 needed 188 B for the same; STORAGE.md).
+// The part comes before the row in the key, so every part is one contiguous range over the
+// dataset's chunks: "every row where latent j fires" walks the headers and slice j / slice_width
+// forward (reading 1 / num_slices of the data), a row range reads each stored part of the chunks
+// it covers, and no value is stored twice: about 93 B per token at X1's shape with every query
+// path served (format 2 needed 188 B for the same; docs/STORAGE.md).
 // A slice with no entries is not written; the header says which exist, so a missing one is
 // DATA_LOSS, not an empty slice.
 #ifndef LATENTD_STORAGE_SLICED_CHUNK_H_
