@@ -2,7 +2,7 @@
 //
 //   bazel build -c opt //bench:storage_bench
 //   bazel-bin/bench/storage_bench [rows=1048576] [configs=f3,f2] [threads=0] [chunk=4096]
-//                                 [slices=128] [reads=1]
+//                                 [slices=32] [reads=1]
 //
 // configs: a comma-separated list, each run on a fresh database in this one process, so their
 // figures compare side by side:
@@ -10,7 +10,9 @@
 //   f2         format 2 with postings (row-major chunks + a latent-major copy of every value)
 //   f2nopost   format 2 without postings (row-major only: no latent-major reads)
 //   f3cN       format 3 with N-row chunks (e.g. f3c1024), for the chunk-size trade-off
-//   f3bN       format 3 with N KiB SST blocks in the chunk family (default 64)
+//   f3bN[n]    format 3 with N KiB SST blocks in the chunk family (default 64); n: uncompressed
+//   f3sync     format 3 committing with Commit() (every config above uses CommitAsync(), as
+//              EXTRACT does: the next commit is encoded while the previous one is written)
 // For each: bytes per token on disk after compaction (whole database: keys, metadata, token ids)
 // against the 128 B fixed-k u16 + fp16 layout and the ~100 B floor; commit wall and process CPU
 // against two raw baselines in the same run (synced WriteBatches, same number of commits):
@@ -174,6 +176,8 @@ struct Config {
   bool postings = true;
   int64_t chunk_rows = 4096;
   size_t block_bytes = 64 << 10;
+  bool compress = true;
+  bool async = true;  // CommitAsync (as EXTRACT commits) or Commit
 };
 
 struct Result {
@@ -193,6 +197,7 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
   std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str());
   latentd::storage::DbOptions db_options;
   db_options.chunk_block_bytes = config.block_bytes;
+  db_options.compress_chunks = config.compress;
   auto db_or = Db::Open(dir + "/store", db_options);
   Check(db_or.status());
   std::unique_ptr<Db> db = *std::move(db_or);
@@ -225,9 +230,10 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
     for (int64_t& v : local) v -= rows.indptr[at];
     Check((*writer)->AppendSparse(m, local.data(), rows.indices.data() + rows.indptr[at],
                                   rows.values.data() + rows.indptr[at], rows.tokens.data() + at));
-    Check((*writer)->Commit());
+    Check(config.async ? (*writer)->CommitAsync() : (*writer)->Commit());
     ++commits;
   }
+  Check((*writer)->WaitDurable());
   res.store_wall = Seconds(t0, Clock::now());
   res.store_cpu = CpuSeconds() - c0;
   writer->reset();
@@ -296,7 +302,7 @@ int main(int argc, char** argv) {
   const int64_t n = std::atoll(Arg(argc, argv, "rows", "1048576").c_str());
   const int threads = std::atoi(Arg(argc, argv, "threads", "0").c_str());
   const int64_t chunk = std::atoll(Arg(argc, argv, "chunk", "4096").c_str());
-  const int slices = std::atoi(Arg(argc, argv, "slices", "128").c_str());
+  const int slices = std::atoi(Arg(argc, argv, "slices", "32").c_str());
   const bool reads = Arg(argc, argv, "reads", "1") != "0";
   std::vector<Config> configs;
   {
@@ -313,10 +319,14 @@ int main(int argc, char** argv) {
       } else if (name == "f2nopost") {
         c.format = 2;
         c.postings = false;
+      } else if (name == "f3sync" || name == "f2sync") {
+        c.format = name[1] - '0';
+        c.async = false;
       } else if (name.rfind("f3c", 0) == 0) {
         c.chunk_rows = std::atoll(name.c_str() + 3);
       } else if (name.rfind("f3b", 0) == 0) {
         c.block_bytes = std::atoll(name.c_str() + 3) << 10;
+        c.compress = name.back() != 'n';
       } else if (name != "f3") {
         std::fprintf(stderr, "unknown config %s\n", name.c_str());
         return 2;
@@ -337,7 +347,7 @@ int main(int argc, char** argv) {
     const Result& r = results.back();
     const double bpt = static_cast<double>(r.disk) / n;
     std::printf(
-        "\n[%s] format %u%s, sparse chunks of %lld rows\n"
+        "\n[%s] format %u%s, sparse chunks of %lld rows, %s commits\n"
         "  bytes on disk after compaction: %llu = %.1f B/token (x%.3f of 128 B, x%.3f of the "
         "100 B floor); dataset bytes_on_disk %lld\n"
         "  commit: store %.2f s wall (%.0f rows/s), %.2f s CPU\n"
@@ -349,7 +359,7 @@ int main(int argc, char** argv) {
         "  GetLatent(stats + top-20, 32/8 context) p50 %.0f / p99 %.0f us\n",
         c.name.c_str(), c.format,
         c.format < 3 ? (c.postings ? " + postings" : ", no postings") : "",
-        static_cast<long long>(c.format >= 3 ? c.chunk_rows : 1024),
+        static_cast<long long>(c.format >= 3 ? c.chunk_rows : 1024), c.async ? "async" : "sync",
         static_cast<unsigned long long>(r.disk), bpt, bpt / 128, bpt / 100,
         static_cast<long long>(r.info_bytes), r.store_wall, n / r.store_wall, r.store_cpu,
         static_cast<unsigned long long>(r.raw_same.bytes), r.raw_same.wall, r.raw_same.cpu,

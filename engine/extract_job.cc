@@ -30,6 +30,16 @@ class ChunkStoreSink : public RowSink {
     RefreshBytes();
     return absl::OkStatus();
   }
+  absl::Status CommitAsync() override {
+    RETURN_IF_ERROR(writer_->CommitAsync());
+    RefreshBytes();  // what is durable so far
+    return absl::OkStatus();
+  }
+  absl::Status WaitDurable() override {
+    RETURN_IF_ERROR(writer_->WaitDurable());
+    RefreshBytes();
+    return absl::OkStatus();
+  }
   absl::Status MarkComplete() override {
     RETURN_IF_ERROR(writer_->MarkComplete());
     RefreshBytes();

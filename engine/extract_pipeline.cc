@@ -317,7 +317,9 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
     pending_skipped += skipped;
     const bool last = b + 1 == num_batches;
     if (sink->rows_pending() >= commit_rows || last) {
-      status = last ? sink->MarkComplete() : sink->Commit();
+      // Intermediate commits are written in the background while the next rows arrive; the
+      // progress below reports what is durable.
+      status = last ? sink->MarkComplete() : sink->CommitAsync();
       if (!status.ok()) break;
       result.rows_this_run += pending_rows;
       result.nnz_this_run += pending_nnz;
@@ -328,7 +330,10 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
     }
   }
   shutdown();
-  if (!status.ok()) return status;
+  if (!status.ok()) {
+    sink->WaitDurable().IgnoreError();  // a commit in flight lands (or fails) before we return
+    return status;
+  }
   if (first_batch >= num_batches && sink->rows_committed() == tokens.num_rows()) {
     RETURN_IF_ERROR(sink->MarkComplete());  // everything was committed before; only the flag
   }

@@ -25,6 +25,12 @@ class RowSink {
                                    const int32_t* token_ids) = 0;
   // Makes every pending row durable at once; on failure nothing of it is.
   virtual absl::Status Commit() = 0;
+  // Starts making every pending row durable and returns without waiting; rows_committed()
+  // advances once they are. At most one commit is in flight: the next CommitAsync, Commit or
+  // MarkComplete waits for it and reports its failure. Default: Commit().
+  virtual absl::Status CommitAsync() { return Commit(); }
+  // Waits for the commit in flight, if any; its status.
+  virtual absl::Status WaitDurable() { return absl::OkStatus(); }
   // Commit + flag the dataset complete.
   virtual absl::Status MarkComplete() = 0;
   // Bytes the committed rows occupy as stored; -1 when the sink cannot tell cheaply.

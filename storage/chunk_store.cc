@@ -1064,7 +1064,10 @@ void ChunkStore::ReleaseWriter(uint64_t id) {
 // ---- DatasetWriter -----------------------------------------------------------------------------
 
 DatasetWriter::DatasetWriter(ChunkStore* store, DatasetRecord record)
-    : store_(store), record_(std::move(record)), dtype_(ToChunkDtype(record_.meta.value_dtype)) {
+    : store_(store),
+      record_(std::move(record)),
+      ahead_(record_),
+      dtype_(ToChunkDtype(record_.meta.value_dtype)) {
   pending_.kind =
       record_.meta.kind == DatasetKind::kSparse ? ChunkKind::kSparse : ChunkKind::kDense;
   pending_.dtype = dtype_;
@@ -1073,9 +1076,19 @@ DatasetWriter::DatasetWriter(ChunkStore* store, DatasetRecord record)
   pending_.indptr.assign(1, 0);
 }
 
-DatasetWriter::~DatasetWriter() { store_->ReleaseWriter(record_.id); }
+DatasetWriter::~DatasetWriter() {
+  WaitDurable().IgnoreError();  // its failure is the store's: the watermark says what is durable
+  store_->ReleaseWriter(record_.id);
+}
 
 absl::Status DatasetWriter::LoadLatentState() {
+  {
+    auto got = store_->db()->Get(Family::kMeta, keys::Watermark(record_.id));
+    RETURN_IF_ERROR(got.status());
+    Watermark w;
+    RETURN_IF_ERROR(DecodeWatermark(*got, &w));
+    blob_bytes_ahead_ = w.blob_bytes;
+  }
   if (record_.meta.kind != DatasetKind::kSparse) return absl::OkStatus();
   stats_.assign(record_.meta.width, LatentStats());
   top_.assign(record_.meta.width, TopRows());
@@ -1466,61 +1479,74 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
   }
 }
 
-absl::Status DatasetWriter::Commit() {
+absl::Status DatasetWriter::CommitAsync() {
   RETURN_IF_ERROR(Usable());
   const int64_t n = pending_.num_rows;
-  if (n == 0) return absl::OkStatus();
   Db* db = store_->db();
   const uint64_t id = record_.id;
-  CommitBatch commit;
-  commit.next = record_;
-  {
-    auto got = db->Get(Family::kMeta, keys::Watermark(id));
-    RETURN_IF_ERROR(got.status());
-    Watermark w;
-    RETURN_IF_ERROR(DecodeWatermark(*got, &w));
-    commit.blob_bytes = w.blob_bytes;
+  std::unique_ptr<CommitBatch> commit;
+  if (n > 0) {
+    // Built while the previous batch (if any) is still being written.
+    commit = std::make_unique<CommitBatch>();
+    commit->next = ahead_;
+    commit->blob_bytes = blob_bytes_ahead_;
+    if (pending_.kind == ChunkKind::kSparse) {
+      AddLatentWork(commit.get());
+    } else {
+      AddRowMajorChunks(commit.get());
+    }
+    commit->next.rows_committed += n;
+    commit->batch.Put(db->handle(Family::kMeta), keys::Watermark(id),
+                      EncodeWatermark(commit->next, commit->blob_bytes));
   }
-  if (pending_.kind == ChunkKind::kSparse) {
-    AddLatentWork(&commit);
-  } else {
-    AddRowMajorChunks(&commit);
-  }
-  commit.next.rows_committed += n;
-  commit.batch.Put(db->handle(Family::kMeta), keys::Watermark(id),
-                   EncodeWatermark(commit.next, commit.blob_bytes));
-  absl::Status s = db->Write(&commit.batch, /*sync=*/true);
-  if (!s.ok()) {
-    // The in-memory statistics now run ahead of the store: refuse further use.
-    failed_ =
-        absl::Status(s.code(), absl::StrCat("commit of rows [", record_.rows_committed, ", ",
-                                            record_.rows_committed + n, ") of dataset ", id,
-                                            " failed; the store keeps ", record_.rows_committed,
-                                            " committed rows: ", s.message()));
-    return failed_;
-  }
-  record_ = commit.next;
-  pending_.row_start = record_.rows_committed;
+  RETURN_IF_ERROR(WaitDurable());
+  if (commit == nullptr) return absl::OkStatus();
+  ahead_ = commit->next;
+  blob_bytes_ahead_ = commit->blob_bytes;
+  pending_.row_start = ahead_.rows_committed;
   pending_.num_rows = 0;
   pending_.indptr.assign(1, 0);
   pending_.indices.clear();
   pending_.values.clear();
   pending_.token_ids.clear();
+  in_flight_ = std::move(commit);
+  writer_thread_ =
+      std::thread([this, db] { in_flight_status_ = db->Write(&in_flight_->batch, /*sync=*/true); });
   return absl::OkStatus();
+}
+
+absl::Status DatasetWriter::WaitDurable() {
+  if (!writer_thread_.joinable()) return failed_;
+  writer_thread_.join();
+  const DatasetRecord next = in_flight_->next;
+  in_flight_.reset();
+  if (!in_flight_status_.ok()) {
+    // The in-memory statistics now run ahead of the store: refuse further use.
+    const absl::Status& s = in_flight_status_;
+    failed_ =
+        absl::Status(s.code(), absl::StrCat("commit of rows [", record_.rows_committed, ", ",
+                                            next.rows_committed, ") of dataset ", record_.id,
+                                            " failed; the store keeps ", record_.rows_committed,
+                                            " committed rows: ", s.message()));
+    return failed_;
+  }
+  record_ = next;
+  return absl::OkStatus();
+}
+
+absl::Status DatasetWriter::Commit() {
+  RETURN_IF_ERROR(CommitAsync());
+  return WaitDurable();
 }
 
 absl::Status DatasetWriter::MarkComplete() {
   RETURN_IF_ERROR(Commit());
   Db* db = store_->db();
-  auto got = db->Get(Family::kMeta, keys::Watermark(record_.id));
-  RETURN_IF_ERROR(got.status());
-  Watermark w;
-  RETURN_IF_ERROR(DecodeWatermark(*got, &w));
   DatasetRecord done = record_;
   done.complete = true;
   rocksdb::WriteBatch batch;
   batch.Put(db->handle(Family::kMeta), keys::Watermark(record_.id),
-            EncodeWatermark(done, w.blob_bytes));
+            EncodeWatermark(done, blob_bytes_ahead_));
   RETURN_IF_ERROR(db->Write(&batch, /*sync=*/true));
   record_.complete = true;
   return absl::OkStatus();

@@ -23,6 +23,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -107,9 +108,10 @@ struct ChunkStoreOptions {
   // chunks (about 390 KiB at X1's shape), a latent read one slice per chunk (docs/STORAGE.md has
   // the measured trade-off).
   int64_t sparse_chunk_rows = 4096;
-  // Latent slices per SPARSE format-3 chunk (at most; never more than the width). Default 128:
-  // a latent read touches 1/128 of the data.
-  int32_t latent_slices = 128;
+  // Latent slices per SPARSE format-3 chunk (at most; never more than the width). Default 32: a
+  // latent read reads 1/32 of the data, a row-range read seeks to 34 parts per chunk (more slices
+  // trade row reads for latent reads; docs/STORAGE.md has the measured sweep).
+  int32_t latent_slices = 32;
   // Threads a large commit spreads its per-latent work over (statistics, top-N, slices),
   // the calling thread included. 0 (default): min(4, hardware threads).
   int32_t commit_threads = 0;
@@ -198,14 +200,17 @@ class ChunkStore {
 };
 
 // Appends rows to one dataset and commits them. Not thread-safe (one thread drives a writer).
-// After a failed Commit the writer refuses further calls: reopen it to resume at the watermark.
+// After a failed commit the writer refuses further calls: reopen it to resume at the watermark.
 class DatasetWriter {
  public:
-  ~DatasetWriter();
+  ~DatasetWriter();  // waits for a commit in flight
 
-  int64_t rows_committed() const { return record_.rows_committed; }  // the watermark
-  // Appended, not yet committed; the next row appended is rows_committed() + rows_pending().
+  // The durable watermark: rows of commits whose batch is synced.
+  int64_t rows_committed() const { return record_.rows_committed; }
+  // Appended rows not handed to a commit yet. The next row appended is
+  // rows_committed() + rows_in_flight() + rows_pending().
   int64_t rows_pending() const { return static_cast<int64_t>(pending_.token_ids.size()); }
+  int64_t rows_in_flight() const { return ahead_.rows_committed - record_.rows_committed; }
   uint64_t dataset_id() const { return record_.id; }
 
   // CSR rows: indptr has num_rows + 1 entries starting at 0; indices need not be sorted (the
@@ -216,8 +221,17 @@ class DatasetWriter {
                             const float* values, const int32_t* token_ids);
   // Dense rows: num_rows x width floats, stored in the dataset's dtype.
   absl::Status AppendDense(int64_t num_rows, const float* values, const int32_t* token_ids);
-  // Everything pending in one synced WriteBatch (chunks + watermark + stats deltas + postings).
+  // Everything pending in one synced WriteBatch (chunks + watermark + stats deltas + postings);
+  // returns once it is durable. CommitAsync() + WaitDurable().
   absl::Status Commit();
+  // Encodes everything pending into one batch on the calling thread, then has a background
+  // thread write it (synced) and returns: the caller appends and encodes the next rows while the
+  // batch is written. At most one batch is in flight: CommitAsync first waits for the previous
+  // one and returns its error if it failed. Batches reach the store in order, each atomic, so a
+  // crash still leaves exactly a committed prefix.
+  absl::Status CommitAsync();
+  // Waits for the batch in flight, if any; its status (OK when there is none).
+  absl::Status WaitDurable();
   // Commits, then flags the dataset complete (no writer can open it afterwards).
   absl::Status MarkComplete();
 
@@ -233,15 +247,20 @@ class DatasetWriter {
   void AddLatentWork(CommitBatch* commit);
 
   ChunkStore* const store_;
-  DatasetRecord record_;
+  DatasetRecord record_;  // as durable in the store
+  DatasetRecord ahead_;   // record_ plus the batch in flight: what the next commit builds on
+  int64_t blob_bytes_ahead_ = 0;
   ChunkDtype dtype_;
-  Chunk pending_;  // row_start = rows_committed(); values already rounded to the dtype
+  Chunk pending_;  // row_start = ahead_.rows_committed; values already rounded to the dtype
   std::vector<LatentStats> stats_;
   std::vector<TopRows> top_;
   struct LatentMajor {  // a SPARSE commit's entries sorted by latent; reused across commits
     std::vector<int64_t> counts, offsets, rows;
     std::vector<float> values;
   } latent_major_;
+  std::unique_ptr<CommitBatch> in_flight_;  // written by writer_thread_
+  std::thread writer_thread_;
+  absl::Status in_flight_status_;
   absl::Status failed_;
 };
 

@@ -57,7 +57,8 @@ absl::Status AppendRows(DatasetWriter* w, int64_t n) {
   std::vector<int32_t> idx, tok;
   std::vector<float> val;
   for (int64_t r = 0; r < n; ++r) {
-    idx.push_back(static_cast<int32_t>((w->rows_committed() + w->rows_pending() + r) % 32));
+    idx.push_back(static_cast<int32_t>(
+        (w->rows_committed() + w->rows_in_flight() + w->rows_pending() + r) % 32));
     val.push_back(1.5f);
     indptr.push_back(static_cast<int64_t>(idx.size()));
     tok.push_back(7);
@@ -110,6 +111,42 @@ TEST(ChunkStoreDiskFull, CommitFailsCleanlyAndCommittedRowsSurvive) {
   ASSERT_TRUE((*w)->Commit().ok());
   EXPECT_EQ(store.ReadRows(id, 0, 0)->num_rows, 150);
   EXPECT_EQ(store.GetLatentStats(id, 3)->firing_count, 5);  // rows 3, 35, 67, 99, 131
+}
+
+// A background write that fails is reported by the next call that waits for it, and nothing of
+// it (or of what was encoded after it) reaches the store.
+TEST(ChunkStoreDiskFull, AsyncCommitFailureSurfacesAtTheNextWait) {
+  const std::string dir = FreshTestDir("disk_full_async");
+  auto fs = std::make_shared<FullDiskFileSystem>();
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
+  DbOptions o;
+  o.env = env.get();
+  auto db = Db::Open(dir, o);
+  ASSERT_TRUE(db.ok()) << db.status();
+  ChunkStore store(db->get());
+  uint64_t id = *store.CreateDataset(Meta());
+  auto w = store.OpenWriter(id);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(AppendRows(w->get(), 100).ok());
+  ASSERT_TRUE((*w)->CommitAsync().ok());
+  ASSERT_TRUE((*w)->WaitDurable().ok());
+  EXPECT_EQ((*w)->rows_committed(), 100);
+
+  disk_full = true;
+  ASSERT_TRUE(AppendRows(w->get(), 50).ok());
+  ASSERT_TRUE((*w)->CommitAsync().ok());  // handed over; the write fails in the background
+  EXPECT_EQ((*w)->rows_in_flight(), 50);
+  ASSERT_TRUE(AppendRows(w->get(), 30).ok());
+  absl::Status s = (*w)->CommitAsync();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("rows [100, 150)"), std::string::npos) << s;
+  EXPECT_EQ((*w)->rows_committed(), 100);
+  EXPECT_EQ((*w)->WaitDurable().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ((*w)->Commit().code(), absl::StatusCode::kFailedPrecondition);  // must reopen
+  disk_full = false;
+  w->reset();
+  EXPECT_EQ(store.GetDataset(id)->rows_committed(), 100);
+  EXPECT_EQ(store.ReadRows(id, 0, 0)->num_rows, 100);
 }
 
 }  // namespace

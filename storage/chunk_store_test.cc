@@ -181,6 +181,44 @@ TEST_P(ChunkStoreTest, CommittedRowsReadBackAcrossChunksAndReopen) {
   EXPECT_EQ(store_->OpenWriter(id).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Commits written in the background while the next rows are appended and encoded give the same
+// dataset as synchronous ones; rows_committed() counts only durable commits.
+TEST_P(ChunkStoreTest, AsyncCommitsEqualSyncCommits) {
+  uint64_t sync_id = *store_->CreateDataset(SparseMeta("sync", 64));
+  uint64_t async_id = *store_->CreateDataset(SparseMeta("async", 64));
+  const int64_t total = 1000;
+  {
+    auto ws = store_->OpenWriter(sync_id);
+    auto wa = store_->OpenWriter(async_id);
+    ASSERT_TRUE(ws.ok() && wa.ok());
+    for (int64_t at = 0; at < total; at += 125) {
+      ASSERT_TRUE(Append(ws->get(), MakeRows(at, 125, 64)).ok());
+      ASSERT_TRUE((*ws)->Commit().ok());
+      ASSERT_TRUE(Append(wa->get(), MakeRows(at, 125, 64)).ok());
+      ASSERT_TRUE((*wa)->CommitAsync().ok());
+      EXPECT_EQ((*wa)->rows_committed() + (*wa)->rows_in_flight(), at + 125);
+      EXPECT_LE((*wa)->rows_committed(), at + 125);
+      // Readers never see the batch in flight half-written.
+      const int64_t visible = store_->GetDataset(async_id)->rows_committed();
+      EXPECT_TRUE(visible == at || visible == at + 125) << visible;
+    }
+    ASSERT_TRUE((*wa)->MarkComplete().ok());
+    EXPECT_EQ((*wa)->rows_committed(), total);
+  }
+  auto a = store_->ReadRows(async_id, 0, 0);
+  auto b = store_->ReadRows(sync_id, 0, 0);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->indptr, b->indptr);
+  EXPECT_EQ(a->indices, b->indices);
+  EXPECT_EQ(a->values, b->values);
+  EXPECT_EQ(a->token_ids, b->token_ids);
+  for (int32_t l = 0; l < 64; ++l) {
+    EXPECT_EQ(store_->GetLatentStats(async_id, l)->Encode(),
+              store_->GetLatentStats(sync_id, l)->Encode());
+  }
+  EXPECT_TRUE(store_->GetDataset(async_id)->complete());
+}
+
 TEST_P(ChunkStoreTest, StatisticsTopNAndPostingsMatchBruteForce) {
   uint64_t id = *store_->CreateDataset(SparseMeta("s", 64));
   const int64_t total = 500;

@@ -56,6 +56,10 @@ rocksdb::ColumnFamilyOptions FamilyOptions(Family family, const DbOptions& optio
     case Family::kChunks:
       // Chunks are written once and read in ranges: big blocks, blobs for large values.
       table.block_size = options.chunk_block_bytes;
+      if (!options.compress_chunks) {
+        cf.compression = rocksdb::kNoCompression;
+        cf.bottommost_compression = rocksdb::kNoCompression;
+      }
       if (options.min_blob_size > 0) {
         cf.enable_blob_files = true;
         cf.min_blob_size = options.min_blob_size;

@@ -39,6 +39,8 @@ struct DbOptions {
   // SST block size of the chunk family. Default 64 KiB (a row-range read loads few blocks; a
   // latent read loads one block per chunk it touches).
   size_t chunk_block_bytes = 64 << 10;
+  // Compress the chunk family's SST blocks (LZ4, ZSTD at the bottom level). Default true.
+  bool compress_chunks = true;
   // Block cache shared by all families, in bytes. Default 64 MiB.
   size_t block_cache_bytes = 64 << 20;
   // Background compaction/flush threads. Default 2.

@@ -14,7 +14,7 @@
 // The part comes before the row in the key, so every part is one contiguous range over the
 // dataset's chunks: "every row where latent j fires" walks the headers and slice j / slice_width
 // forward (reading 1 / num_slices of the data), a row range reads each stored part of the chunks
-// it covers, and no value is stored twice: about 93 B per token at X1's shape with every query
+// it covers, and no value is stored twice: about 94 B per token at X1's shape with every query
 // path served (format 2 needed 188 B for the same; docs/STORAGE.md).
 // A slice with no entries is not written; the header says which exist, so a missing one is
 // DATA_LOSS, not an empty slice.
