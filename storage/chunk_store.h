@@ -222,7 +222,7 @@ class DatasetWriter {
   // Dense rows: num_rows x width floats, stored in the dataset's dtype.
   absl::Status AppendDense(int64_t num_rows, const float* values, const int32_t* token_ids);
   // Everything pending in one synced WriteBatch (chunks + watermark + stats deltas + postings);
-  // returns once it is durable. CommitAsync() + WaitDurable().
+  // returns once it is durable (and a batch in flight before it).
   absl::Status Commit();
   // Encodes everything pending into one batch on the calling thread, then has a background
   // thread write it (synced) and returns: the caller appends and encodes the next rows while the
@@ -240,6 +240,9 @@ class DatasetWriter {
   DatasetWriter(ChunkStore* store, DatasetRecord record);
   absl::Status LoadLatentState();
   absl::Status Usable() const;
+  // Encodes the pending rows, waits for the batch in flight, then writes the new batch on a
+  // background thread (CommitAsync) or on this one (Commit).
+  absl::Status StartCommit(bool background);
 
   // Commit() pieces: the chunks (and directory entries) of the pending rows into *batch.
   struct CommitBatch;
@@ -258,9 +261,12 @@ class DatasetWriter {
     std::vector<int64_t> counts, offsets, rows;
     std::vector<float> values;
   } latent_major_;
-  std::unique_ptr<CommitBatch> in_flight_;  // written by writer_thread_
-  std::thread writer_thread_;
-  absl::Status in_flight_status_;
+  std::unique_ptr<CommitBatch> in_flight_;  // the batch handed over, durable or not yet
+  std::thread writer_thread_;               // started by the first CommitAsync
+  absl::Mutex write_mu_;
+  bool write_requested_ ABSL_GUARDED_BY(write_mu_) = false;  // in_flight_ awaits the thread
+  bool stop_writer_ ABSL_GUARDED_BY(write_mu_) = false;
+  absl::Status in_flight_status_;  // written by whoever wrote in_flight_
   absl::Status failed_;
 };
 
