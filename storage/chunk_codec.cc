@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "storage/byte_io.h"
 #include "storage/crc32c.h"
 #include "storage/value_codec.h"
 
@@ -15,21 +16,6 @@ constexpr uint32_t kMagic = 0x3143544c;        // "LTC1" little-endian: values a
 constexpr uint32_t kMagicPacked = 0x3243544c;  // "LTC2": SPARSE 16-bit values bit-packed
 constexpr size_t kHeaderBytes = 4 + 4 + 4 + 4 + 8 + 8;
 constexpr uint32_t kVariableNnz = 0xffffffffu;
-
-template <typename T>
-void PutRaw(T v, std::string* out) {
-  char buf[sizeof(T)];
-  std::memcpy(buf, &v, sizeof(T));
-  out->append(buf, sizeof(T));
-}
-
-void PutVarint(uint64_t v, std::string* out) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>(v | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
 
 int BitsFor(uint64_t v) {  // bits needed to write values in [0, v]
   int b = 0;

@@ -12,6 +12,7 @@
 #include "common/big_endian.h"
 #include "common/status_macros.h"
 #include "rocksdb/options.h"
+#include "storage/byte_io.h"
 #include "storage/crc32c.h"
 #include "storage/keys.h"
 #include "storage/posting_codec.h"
@@ -20,69 +21,6 @@
 
 namespace latentd::storage {
 namespace {
-
-// ---- small binary encoding helpers ------------------------------------------------------------
-
-template <typename T>
-void PutRaw(T v, std::string* out) {
-  char buf[sizeof(T)];
-  std::memcpy(buf, &v, sizeof(T));
-  out->append(buf, sizeof(T));
-}
-void PutString(const std::string& s, std::string* out) {
-  PutRaw<uint32_t>(static_cast<uint32_t>(s.size()), out);
-  out->append(s);
-}
-void PutVarint(uint64_t v, std::string* out) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>(v | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-
-class Reader {
- public:
-  explicit Reader(absl::string_view in) : in_(in) {}
-  template <typename T>
-  T Raw() {
-    T v{};
-    if (in_.size() < sizeof(T)) {
-      ok_ = false;
-      return v;
-    }
-    std::memcpy(&v, in_.data(), sizeof(T));
-    in_.remove_prefix(sizeof(T));
-    return v;
-  }
-  std::string String() {
-    uint32_t n = Raw<uint32_t>();
-    if (!ok_ || in_.size() < n) {
-      ok_ = false;
-      return "";
-    }
-    std::string s(in_.substr(0, n));
-    in_.remove_prefix(n);
-    return s;
-  }
-  uint64_t Varint() {
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64 && !in_.empty(); shift += 7) {
-      uint8_t b = static_cast<uint8_t>(in_.front());
-      in_.remove_prefix(1);
-      v |= static_cast<uint64_t>(b & 0x7f) << shift;
-      if (!(b & 0x80)) return v;
-    }
-    ok_ = false;
-    return 0;
-  }
-  absl::string_view rest() const { return in_; }
-  bool ok() const { return ok_; }
-
- private:
-  absl::string_view in_;
-  bool ok_ = true;
-};
 
 // Version 1: row-major chunks + postings as varint row deltas + values (EncodePostingV1).
 // Version 2: the same with postings in storage/posting_codec.h (Elias-Fano rows, packed values).
@@ -120,7 +58,7 @@ std::string EncodeRecord(const DatasetRecord& r) {
 }
 
 absl::Status DecodeRecord(absl::string_view in, DatasetRecord* r) {
-  Reader rd(in);
+  ByteReader rd(in);
   DatasetMeta& m = r->meta;
   uint32_t version = rd.Raw<uint32_t>();
   r->id = rd.Raw<uint64_t>();
@@ -168,7 +106,7 @@ std::string EncodeWatermark(const DatasetRecord& r, int64_t blob_bytes) {
   return out;
 }
 absl::Status DecodeWatermark(absl::string_view in, Watermark* w) {
-  Reader rd(in);
+  ByteReader rd(in);
   w->rows = rd.Raw<int64_t>();
   w->nnz = rd.Raw<int64_t>();
   w->chunks = rd.Raw<int64_t>();
@@ -235,7 +173,7 @@ absl::Status DecodePostingV1(absl::string_view in, int64_t row_start, ChunkDtype
   if (crc != Crc32c(in.data(), in.size() - 4)) {
     return absl::DataLossError("posting checksum mismatch");
   }
-  Reader rd(in.substr(0, in.size() - 4));
+  ByteReader rd(in.substr(0, in.size() - 4));
   uint64_t n = rd.Varint();
   if (!rd.ok() || n > in.size()) return absl::DataLossError("malformed posting");
   int64_t row = row_start;
@@ -281,7 +219,7 @@ std::string EncodeStatsBlock(const std::vector<LatentStats>& stats, int32_t firs
 
 // Decodes entries of a block into `out[0..n)` (n = latents in the block).
 absl::Status DecodeStatsBlock(absl::string_view in, LatentStats* out, int32_t n) {
-  Reader rd(in);
+  ByteReader rd(in);
   for (int32_t i = 0; i < n; ++i) {
     const uint64_t len = rd.Varint();
     if (!rd.ok() || len > rd.rest().size()) {
@@ -291,7 +229,7 @@ absl::Status DecodeStatsBlock(absl::string_view in, LatentStats* out, int32_t n)
     if (len > 0) {
       absl::string_view e = rd.rest().substr(0, len);
       RETURN_IF_ERROR(LatentStats::Decode(e, &out[i]));
-      for (uint64_t k = 0; k < len; ++k) rd.Raw<uint8_t>();
+      rd.Skip(len);
     }
   }
   if (!rd.rest().empty()) return absl::DataLossError("malformed latent statistics block");
@@ -314,14 +252,14 @@ std::string EncodeTopBlock(const std::vector<TopRows>& top, int32_t first) {
 }
 
 absl::Status DecodeTopBlock(absl::string_view in, TopRows* out, int32_t n) {
-  Reader rd(in);
+  ByteReader rd(in);
   for (int32_t i = 0; i < n; ++i) {
     const uint64_t len = rd.Varint();
     if (!rd.ok() || len > rd.rest().size()) return absl::DataLossError("malformed top-N block");
     out[i] = TopRows();
     if (len > 0) {
       RETURN_IF_ERROR(TopRows::Decode(rd.rest().substr(0, len), &out[i]));
-      for (uint64_t k = 0; k < len; ++k) rd.Raw<uint8_t>();
+      rd.Skip(len);
     }
   }
   if (!rd.rest().empty()) return absl::DataLossError("malformed top-N block");
@@ -593,6 +531,29 @@ absl::Status ChunkStore::DeleteDataset(uint64_t id) {
   return db_->Write(&batch, /*sync=*/true);
 }
 
+namespace {
+
+// An iterator over the chunk family on a snapshot, bounded to one dataset's keys.
+class ChunkIterator {
+ public:
+  ChunkIterator(const Db* db, const rocksdb::Snapshot* snap, uint64_t id)
+      : upper_(keys::IdPrefix(id + 1)), upper_slice_(upper_) {
+    rocksdb::ReadOptions ro;
+    ro.snapshot = snap;
+    ro.iterate_upper_bound = &upper_slice_;
+    it_.reset(db->raw()->NewIterator(ro, db->handle(Family::kChunks)));
+  }
+  rocksdb::Iterator* operator->() const { return it_.get(); }
+  rocksdb::Iterator* get() const { return it_.get(); }
+
+ private:
+  const std::string upper_;
+  const rocksdb::Slice upper_slice_;  // must outlive the iterator
+  std::unique_ptr<rocksdb::Iterator> it_;
+};
+
+}  // namespace
+
 template <typename Visit>
 absl::Status ChunkStore::ForEachChunk(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
                                       int64_t row_start, int64_t row_count, bool tokens_only,
@@ -602,12 +563,7 @@ absl::Status ChunkStore::ForEachChunk(const rocksdb::Snapshot* snap, const Datas
     return ForEachSlicedChunk(snap, rec, row_start, row_count, tokens_only, visit);
   }
   const uint64_t id = rec.id;
-  rocksdb::ReadOptions ro;
-  ro.snapshot = snap;
-  const std::string upper = keys::IdPrefix(id + 1);
-  rocksdb::Slice upper_slice(upper);
-  ro.iterate_upper_bound = &upper_slice;
-  std::unique_ptr<rocksdb::Iterator> it(db_->raw()->NewIterator(ro, db_->handle(Family::kChunks)));
+  ChunkIterator it(db_, snap, id);
   const std::string prefix = keys::IdPrefix(id);
   it->SeekForPrev(keys::Chunk(id, row_start));
   const int64_t row_end = row_start + row_count;
@@ -680,12 +636,7 @@ absl::Status ChunkStore::ForEachSlicedChunk(const rocksdb::Snapshot* snap, const
                                             int64_t row_start, int64_t row_count, bool tokens_only,
                                             Visit visit) const {
   const uint64_t id = rec.id;
-  rocksdb::ReadOptions ro;
-  ro.snapshot = snap;
-  const std::string upper = keys::IdPrefix(id + 1);
-  rocksdb::Slice upper_slice(upper);
-  ro.iterate_upper_bound = &upper_slice;
-  std::unique_ptr<rocksdb::Iterator> it(db_->raw()->NewIterator(ro, db_->handle(Family::kChunks)));
+  ChunkIterator it(db_, snap, id);
   // The chunk holding row_start has the last header key at or before (header, row_start).
   it->SeekForPrev(keys::ChunkPart(id, row_start, kPartHeader));
   const std::string prefix = keys::ChunkPart(id, 0, kPartHeader).substr(0, 10);
@@ -993,14 +944,8 @@ absl::Status ChunkStore::SlicedLatentPostings(const rocksdb::Snapshot* snap,
                                               std::vector<int64_t>* rows,
                                               std::vector<float>* values) const {
   const uint64_t id = rec.id;
-  rocksdb::ReadOptions ro;
-  ro.snapshot = snap;
-  const std::string upper = keys::IdPrefix(id + 1);
-  rocksdb::Slice upper_slice(upper);
-  ro.iterate_upper_bound = &upper_slice;
-  std::unique_ptr<rocksdb::Iterator> it(db_->raw()->NewIterator(ro, db_->handle(Family::kChunks)));
-  std::unique_ptr<rocksdb::Iterator> slices(
-      db_->raw()->NewIterator(ro, db_->handle(Family::kChunks)));
+  ChunkIterator it(db_, snap, id);
+  ChunkIterator slices(db_, snap, id);
   // Lands `iter` on `key`: usually the next key already is (headers, and one slice across
   // chunks, are contiguous ranges), else a seek.
   auto land = [](rocksdb::Iterator* iter, const std::string& key) {

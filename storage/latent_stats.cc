@@ -4,41 +4,12 @@
 #include <cmath>
 #include <cstring>
 
+#include "storage/byte_io.h"
+
 namespace latentd::storage {
 namespace {
 
 int64_t FloorDiv2(int64_t v) { return v >= 0 ? v / 2 : -((-v + 1) / 2); }
-
-template <typename T>
-void PutRaw(T v, std::string* out) {
-  char buf[sizeof(T)];
-  std::memcpy(buf, &v, sizeof(T));
-  out->append(buf, sizeof(T));
-}
-template <typename T>
-bool GetRaw(absl::string_view* in, T* v) {
-  if (in->size() < sizeof(T)) return false;
-  std::memcpy(v, in->data(), sizeof(T));
-  in->remove_prefix(sizeof(T));
-  return true;
-}
-void PutVarint(uint64_t v, std::string* out) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>(v | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-bool GetVarint(absl::string_view* in, uint64_t* v) {
-  *v = 0;
-  for (int shift = 0; shift < 64 && !in->empty(); shift += 7) {
-    uint8_t b = static_cast<uint8_t>(in->front());
-    in->remove_prefix(1);
-    *v |= static_cast<uint64_t>(b & 0x7f) << shift;
-    if (!(b & 0x80)) return true;
-  }
-  return false;
-}
 
 }  // namespace
 
@@ -135,15 +106,18 @@ std::string LatentStats::Encode() const {
 }
 
 absl::Status LatentStats::Decode(absl::string_view in, LatentStats* out) {
-  bool ok = GetRaw(&in, &out->firing_count) && GetRaw(&in, &out->sum) &&
-            GetRaw(&in, &out->sum_squares) && GetRaw(&in, &out->max) && GetRaw(&in, &out->min) &&
-            GetRaw(&in, &out->bin_exponent) && GetRaw(&in, &out->bin_low);
-  for (int i = 0; ok && i < kHistogramBins; ++i) {
-    uint64_t c;
-    ok = GetVarint(&in, &c);
-    out->histogram[i] = static_cast<int64_t>(c);
+  ByteReader rd(in);
+  out->firing_count = rd.Raw<int64_t>();
+  out->sum = rd.Raw<double>();
+  out->sum_squares = rd.Raw<double>();
+  out->max = rd.Raw<float>();
+  out->min = rd.Raw<float>();
+  out->bin_exponent = rd.Raw<int32_t>();
+  out->bin_low = rd.Raw<int64_t>();
+  for (int64_t& c : out->histogram) c = static_cast<int64_t>(rd.Varint());
+  if (!rd.ok() || !rd.rest().empty()) {
+    return absl::DataLossError("malformed latent statistics record");
   }
-  if (!ok || !in.empty()) return absl::DataLossError("malformed latent statistics record");
   return absl::OkStatus();
 }
 
@@ -203,20 +177,18 @@ void TopRows::AppendEncoded(std::string* out) const {
 }
 
 absl::Status TopRows::Decode(absl::string_view in, TopRows* out) {
-  uint64_t n;
+  ByteReader rd(in);
   out->entries_.clear();
   out->max_row_ = -1;
-  if (!GetVarint(&in, &n) || n > in.size()) return absl::DataLossError("malformed top-N record");
-  for (uint64_t i = 0; i < n; ++i) {
-    uint64_t row;
-    float value;
-    if (!GetVarint(&in, &row) || !GetRaw(&in, &value)) {
-      return absl::DataLossError("malformed top-N record");
-    }
-    out->entries_.push_back({static_cast<int64_t>(row), value});
-    out->max_row_ = std::max(out->max_row_, static_cast<int64_t>(row));
+  const uint64_t n = rd.Varint();
+  if (!rd.ok() || n > in.size()) return absl::DataLossError("malformed top-N record");
+  for (uint64_t i = 0; i < n && rd.ok(); ++i) {
+    const int64_t row = static_cast<int64_t>(rd.Varint());
+    const float value = rd.Raw<float>();
+    out->entries_.push_back({row, value});
+    out->max_row_ = std::max(out->max_row_, row);
   }
-  if (!in.empty()) return absl::DataLossError("malformed top-N record");
+  if (!rd.ok() || !rd.rest().empty()) return absl::DataLossError("malformed top-N record");
   return absl::OkStatus();
 }
 

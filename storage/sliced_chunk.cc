@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "storage/byte_io.h"
 #include "storage/crc32c.h"
 #include "storage/posting_codec.h"
 
@@ -12,21 +13,6 @@ namespace {
 
 constexpr uint32_t kHeaderMagic = 0x3348544c;  // "LTH3" little-endian
 constexpr uint32_t kTokensMagic = 0x3354544c;  // "LTT3"
-
-template <typename T>
-void PutRaw(T v, std::string* out) {
-  char buf[sizeof(T)];
-  std::memcpy(buf, &v, sizeof(T));
-  out->append(buf, sizeof(T));
-}
-
-void PutVarint(uint64_t v, std::string* out) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>(v | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
 
 void AppendCrc(std::string* out) { PutRaw<uint32_t>(Crc32c(out->data(), out->size()), out); }
 
@@ -41,40 +27,6 @@ absl::Status CheckCrc(absl::string_view* in, const char* what) {
   }
   return absl::OkStatus();
 }
-
-class Cursor {
- public:
-  explicit Cursor(absl::string_view in) : in_(in) {}
-  template <typename T>
-  T Raw() {
-    T v{};
-    if (in_.size() < sizeof(T)) {
-      ok_ = false;
-      return v;
-    }
-    std::memcpy(&v, in_.data(), sizeof(T));
-    in_.remove_prefix(sizeof(T));
-    return v;
-  }
-  uint64_t Varint() {
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64 && !in_.empty(); shift += 7) {
-      const uint8_t b = static_cast<uint8_t>(in_.front());
-      in_.remove_prefix(1);
-      v |= static_cast<uint64_t>(b & 0x7f) << shift;
-      if (!(b & 0x80)) return v;
-    }
-    ok_ = false;
-    return 0;
-  }
-  absl::string_view rest() const { return in_; }
-  void Skip(size_t n) { in_.remove_prefix(std::min(n, in_.size())); }
-  bool ok() const { return ok_; }
-
- private:
-  absl::string_view in_;
-  bool ok_ = true;
-};
 
 }  // namespace
 
@@ -111,7 +63,7 @@ std::string EncodeSlicedHeader(const SlicedChunkHeader& h) {
 absl::Status DecodeSlicedHeader(absl::string_view in, SlicedChunkHeader* h) {
   absl::Status crc = CheckCrc(&in, "chunk header");
   if (!crc.ok()) return crc;
-  Cursor c(in);
+  ByteReader c(in);
   const uint32_t magic = c.Raw<uint32_t>();
   const uint8_t dtype = c.Raw<uint8_t>();
   h->num_rows = c.Raw<uint32_t>();
@@ -165,7 +117,7 @@ std::string EncodeTokenPart(const int32_t* token_ids, int64_t n) {
 absl::Status DecodeTokenPart(absl::string_view in, std::vector<int32_t>* out) {
   absl::Status crc = CheckCrc(&in, "token ids");
   if (!crc.ok()) return crc;
-  Cursor c(in);
+  ByteReader c(in);
   const uint32_t magic = c.Raw<uint32_t>();
   const uint32_t n = c.Raw<uint32_t>();
   const uint8_t bytes = c.Raw<uint8_t>();
