@@ -1117,8 +1117,14 @@ absl::Status DatasetWriter::AppendSparse(int64_t num_rows, const int64_t* indptr
       if (values[i] == 0.0f) continue;  // an explicit zero is no firing
       row.emplace_back(indices[i], RoundTo(dtype_, values[i]));
     }
-    std::sort(row.begin(), row.end(),
-              [](const auto& a, const auto& b) { return a.first < b.first; });
+    // Rows usually arrive sorted (the SAE encoder sorts its TopK indices on the device): then
+    // strictly ascending columns also prove there is no duplicate, and nothing needs sorting.
+    const auto by_column = [](const auto& a, const auto& b) { return a.first < b.first; };
+    if (std::adjacent_find(row.begin(), row.end(), [](const auto& a, const auto& b) {
+          return a.first >= b.first;
+        }) != row.end()) {
+      std::sort(row.begin(), row.end(), by_column);
+    }
     for (size_t i = 1; i < row.size(); ++i) {
       if (row[i].first == row[i - 1].first) {
         pending_.indices.resize(mark_idx);
