@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -40,13 +41,17 @@ namespace gpu_kit {
 namespace {
 
 constexpr int kSteps = 20;
-// CPU and CUDA see bit-identical fp32 gradients and weights, and the windows hold identical rows;
-// they differ only in the order of fp32 reductions (dot products, mat-vec, Top-K order) and in the
-// float64 Cholesky / eigh. Over 20 steps that rounding (~1e-7 relative) is amplified by the damped
-// window system; 1e-4 of the weights' total displacement leaves two orders of margin over what fp32
-// rounding explains (the CPU run's own distance to a float64 run is printed for scale) and is still
-// far below what a wrong kernel or a lost row would give (order 1).
-constexpr double kTolerance = 1e-4;
+// CPU and CUDA see bit-identical gradients and initial weights, and their windows hold identical
+// rows (Top-K of identical inputs selects the same entries); they differ only in the order of
+// reductions (dot products, mat-vec, Top-K output order) and in the float64 Cholesky / eigh. The
+// damped window system amplifies rounding about 3000-fold over 20 steps: the fp32 CPU run lies
+// 1.5e-5 .. 1.7e-4 of the weights' total displacement from a float64 run (measured on Debian's
+// LibTorch 1.13; printed for scale). Two fp32 implementations may each be that far from the exact
+// result, so fp32 CUDA vs fp32 CPU must agree within 1e-3 of the displacement (TF32 matmuls, a
+// lost row or a wrong kernel give 1e-3 .. 1); float64 CUDA vs float64 CPU, where rounding is
+// 1e-16 and so the same amplification gives ~1e-13, within 1e-9.
+constexpr double kToleranceFp32 = 1e-3;
+constexpr double kToleranceFp64 = 1e-9;
 // A state tensor of these optimizers is at least a 64-entry coefficient vector or an 8 x 8 Gram
 // matrix (512 B); a host allocation of 256 B or more during a CUDA step means something went to
 // the CPU. Scalars that a step reads back (the finite-gradient check) take a few bytes.
@@ -75,9 +80,7 @@ class CountingCpuAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) {
     return static_cast<const CountingCpuAllocator*>(this)->allocate(n);
   }
-  void copy_data(void* dest, const void* src, size_t count) const {
-    std::memcpy(dest, src, count);
-  }
+  void copy_data(void* dest, const void* src, size_t count) const { std::memcpy(dest, src, count); }
   c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
 
   void Arm() {
@@ -138,15 +141,17 @@ bool CheckDevices(Report& r) {
     r.Guard(name, [&] {
       const auto t0 = std::chrono::steady_clock::now();
       const int64_t n = int64_t{1} << 28;  // 2^28 float32 = 1 GiB
-      at::Tensor t = at::empty({n}, at::TensorOptions()
-                                        .dtype(at::kFloat)
-                                        .device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(i))));
+      at::Tensor t =
+          at::empty({n}, at::TensorOptions()
+                             .dtype(at::kFloat)
+                             .device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(i))));
       t.fill_(2.5);
       const bool all = t.eq(2.5).all().item<bool>();
       const double sum = t.sum(at::kDouble).item<double>();
       t.reset();
-      r.Check(all && sum == 2.5 * static_cast<double>(n), name,
-              "wrote and read back 1 GiB (sum " + Sci(sum) + ") in " + Sci(SecondsSince(t0)) + " s");
+      r.Check(
+          all && sum == 2.5 * static_cast<double>(n), name,
+          "wrote and read back 1 GiB (sum " + Sci(sum) + ") in " + Sci(SecondsSince(t0)) + " s");
     });
   }
   return true;
@@ -188,8 +193,9 @@ std::vector<OptimizerCase> Cases() {
       {"ggt",
        [](std::vector<at::Tensor> p) {
          return std::make_unique<efcp::GGT>(
-             std::move(p), efcp::GGTOptions(1e-2).window(8).epsilon(1e-4).weight_decay(1e-2)
-                               .weight_decay_kind(efcp::WeightDecayKind::kDecoupled));
+             std::move(p),
+             efcp::GGTOptions(1e-2).window(8).epsilon(1e-4).weight_decay(1e-2).weight_decay_kind(
+                 efcp::WeightDecayKind::kDecoupled));
        }},
   };
 }
@@ -204,7 +210,8 @@ std::vector<Weights> Gradients() {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
   std::vector<Weights> out;
-  for (int t = 0; t < kSteps; ++t) out.push_back({at::randn({64, 32}, gen, f64), at::randn({32}, gen, f64)});
+  for (int t = 0; t < kSteps; ++t)
+    out.push_back({at::randn({64, 32}, gen, f64), at::randn({32}, gen, f64)});
   return out;
 }
 
@@ -243,7 +250,8 @@ Trajectory Run(const Factory& make, const at::Device& device, at::ScalarType dty
   std::vector<at::Tensor> params;
   for (const at::Tensor& w : w0) {
     // copy = true: a float64 CPU run must not alias (and step) the shared initial weights.
-    params.push_back(w.to(device, dtype, /*non_blocking=*/false, /*copy=*/true).set_requires_grad(true));
+    params.push_back(
+        w.to(device, dtype, /*non_blocking=*/false, /*copy=*/true).set_requires_grad(true));
   }
   // Converted on the CPU first, so that both devices get the same fp32 bits.
   std::vector<Weights> g;
@@ -321,42 +329,51 @@ void CheckOptimizers(Report& r, bool cuda) {
       const Trajectory a = Run(c.make, cpu, at::kFloat, w0, grads, nullptr);
       const Trajectory b = Run(c.make, cpu, at::kFloat, w0, grads, nullptr);
       const Trajectory ref = Run(c.make, cpu, at::kDouble, w0, grads, nullptr);
-      const double fp32_vs_fp64 = RelDiff(a.final_weights, ref.final_weights, ref.final_weights, w0);
+      const double fp32_vs_fp64 =
+          RelDiff(a.final_weights, ref.final_weights, ref.final_weights, w0);
       // The CPU smoke check: deterministic, accounted and kept on its device.
       const bool cpu_ok = Finite(a.final_weights) && BitEqual(a.final_weights, b.final_weights) &&
                           a.breakdown == b.breakdown && a.misplaced.empty() &&
-                          a.state_tensors > 0 && std::isfinite(fp32_vs_fp64);
+                          a.state_tensors > 0 && fp32_vs_fp64 <= kToleranceFp32;
       r.Check(cpu_ok, n + ".cpu",
-              "two fp32 CPU runs bit-equal " + std::string(BitEqual(a.final_weights, b.final_weights) ? "yes" : "NO") +
+              "two fp32 CPU runs bit-equal " +
+                  std::string(BitEqual(a.final_weights, b.final_weights) ? "yes" : "NO") +
                   ", state tensors " + std::to_string(a.state_tensors) + " misplaced [" +
                   Joined(a.misplaced) + "], fp32 vs fp64 " + Sci(fp32_vs_fp64) +
                   " of the displacement, memory " + Str(a.breakdown));
       if (!cuda) {
         r.Skip(n + ".cuda_vs_cpu", "SKIP (no CUDA)");
+        r.Skip(n + ".cuda_vs_cpu_fp64", "SKIP (no CUDA)");
         r.Skip(n + ".cuda_memory", "SKIP (no CUDA)");
         r.Skip(n + ".cuda_state_on_device", "SKIP (no CUDA)");
         r.Skip(n + ".cuda_no_host_copies", "SKIP (no CUDA)");
         return;
       }
       const Trajectory g = Run(c.make, gpu, at::kFloat, w0, grads, &count->counter());
+      const Trajectory g64 = Run(c.make, gpu, at::kDouble, w0, grads, nullptr);
       const double rel = RelDiff(g.final_weights, a.final_weights, a.final_weights, w0);
-      r.Check(Finite(g.final_weights) && rel <= kTolerance, n + ".cuda_vs_cpu",
-              "max |w_cuda - w_cpu| = " + Sci(rel) + " of the displacement after " +
-                  std::to_string(kSteps) + " steps (tolerance " + Sci(kTolerance) +
+      const double rel64 = RelDiff(g64.final_weights, ref.final_weights, ref.final_weights, w0);
+      r.Check(Finite(g.final_weights) && rel <= kToleranceFp32, n + ".cuda_vs_cpu",
+              "fp32: max |w_cuda - w_cpu| = " + Sci(rel) + " of the displacement after " +
+                  std::to_string(kSteps) + " steps (tolerance " + Sci(kToleranceFp32) +
                   "; CPU fp32 vs fp64: " + Sci(fp32_vs_fp64) + ")");
+      r.Check(Finite(g64.final_weights) && rel64 <= kToleranceFp64, n + ".cuda_vs_cpu_fp64",
+              "fp64: max |w_cuda - w_cpu| = " + Sci(rel64) + " of the displacement (tolerance " +
+                  Sci(kToleranceFp64) + ")");
       r.Check(g.breakdown == a.breakdown, n + ".cuda_memory",
               "cuda total " + std::to_string(g.breakdown.total()) + " B, cpu total " +
                   std::to_string(a.breakdown.total()) +
                   (g.breakdown == a.breakdown ? " B, all components equal"
                                               : " B; cuda " + Str(g.breakdown)));
-      r.Check(g.misplaced.empty() && g.state_tensors == a.state_tensors, n + ".cuda_state_on_device",
-              std::to_string(g.state_tensors) + " state tensors + parameters checked, not on cuda:0: [" +
-                  Joined(g.misplaced) + "]");
+      r.Check(
+          g.misplaced.empty() && g.state_tensors == a.state_tensors, n + ".cuda_state_on_device",
+          std::to_string(g.state_tensors) +
+              " state tensors + parameters checked, not on cuda:0: [" + Joined(g.misplaced) + "]");
       r.Check(g.largest_host_alloc < kHostAllocLimit, n + ".cuda_no_host_copies",
               std::to_string(g.host_allocs) + " CPU allocations (" + std::to_string(g.host_bytes) +
                   " B, largest " + std::to_string(g.largest_host_alloc) + " B; limit " +
                   std::to_string(kHostAllocLimit) + " B) during " + std::to_string(kSteps) +
-                  " CUDA steps; " + Sci(SecondsSince(t0)) + " s for 4 runs");
+                  " CUDA steps; " + Sci(SecondsSince(t0)) + " s for 5 runs");
     });
   }
 }
@@ -386,7 +403,8 @@ void CheckPinnedCopy(Report& r, bool cuda) {
     event.record(guard.getStream(dev));
     const double enqueue_s = SecondsSince(t0);
     const bool done_at_once = event.query();
-    // What DeviceFence::Wait does: poll query() (LibTorch 1.13's device-generic event cannot block).
+    // What DeviceFence::Wait does: poll query() (LibTorch 1.13's device-generic event cannot
+    // block).
     int64_t polls = 0;
     while (!event.query()) {
       ++polls;
@@ -408,9 +426,9 @@ void CheckPinnedCopy(Report& r, bool cuda) {
 
 int Main() {
   Report r;
-  r.Info("build", std::string("LibTorch ") + TORCH_VERSION + ", _GLIBCXX_USE_CXX11_ABI=" +
-                      std::to_string(_GLIBCXX_USE_CXX11_ABI) + ", intra-op threads " +
-                      std::to_string(at::get_num_threads()));
+  r.Info("build", std::string("LibTorch ") + TORCH_VERSION +
+                      ", _GLIBCXX_USE_CXX11_ABI=" + std::to_string(_GLIBCXX_USE_CXX11_ABI) +
+                      ", intra-op threads " + std::to_string(at::get_num_threads()));
   bool cuda = false;
   r.Guard("devices", [&] { cuda = CheckDevices(r); });
   CheckOptimizers(r, cuda);

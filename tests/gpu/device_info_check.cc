@@ -45,12 +45,12 @@ int Main() {
   cudaDriverGetVersion(&driver);
   const cudaError_t err = cudaGetDeviceCount(&count);
   r.Info("device_info.versions", "CUDA runtime " + std::to_string(runtime) + ", driver " +
-                                     std::to_string(driver) + ", cudaGetDeviceCount: " +
-                                     cudaGetErrorString(err));
+                                     std::to_string(driver) +
+                                     ", cudaGetDeviceCount: " + cudaGetErrorString(err));
   if (err != cudaSuccess || count == 0) {
     if (EnvFlag("KIT_EXPECT_CUDA")) {
-      r.Fail("device_info", std::string("no device through the CUDA runtime: ") +
-                                cudaGetErrorString(err));
+      r.Fail("device_info",
+             std::string("no device through the CUDA runtime: ") + cudaGetErrorString(err));
     } else {
       r.Skip("device_info", "SKIP (no CUDA)");
     }
@@ -77,8 +77,8 @@ int Main() {
   r.Guard("device_info.allocator_1gib", [&] {
     cudaSetDevice(0);
     const int64_t a0 = Allocated(0);
-    at::Tensor t = at::empty({int64_t{1} << 28},
-                             at::TensorOptions().dtype(at::kFloat).device(at::Device(at::kCUDA, 0)));
+    at::Tensor t = at::empty(
+        {int64_t{1} << 28}, at::TensorOptions().dtype(at::kFloat).device(at::Device(at::kCUDA, 0)));
     const int64_t a1 = Allocated(0);
     const int64_t r1 = Reserved(0);
     t.reset();
@@ -87,8 +87,8 @@ int Main() {
     const int64_t r2 = Reserved(0);
     const int64_t gib = int64_t{1} << 30;
     r.Check(a1 - a0 >= gib && a2 == a0 && r1 - r2 >= gib, "device_info.allocator_1gib",
-            "allocated " + Mib(a0) + " -> " + Mib(a1) + " -> " + Mib(a2) + " after free; reserved " +
-                Mib(r1) + " -> " + Mib(r2) + " after emptyCache()");
+            "allocated " + Mib(a0) + " -> " + Mib(a1) + " -> " + Mib(a2) +
+                " after free; reserved " + Mib(r1) + " -> " + Mib(r2) + " after emptyCache()");
   });
   return r.exit_code();
 }

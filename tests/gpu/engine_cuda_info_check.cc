@@ -46,8 +46,8 @@ int Main() {
   }
   r.Guard("engine.cuda_info.reserved_tracks_1gib", [&] {
     const int64_t before = latentd::engine::QueryCudaDevice(0).memory_used_bytes;
-    at::Tensor t = at::empty({int64_t{1} << 28},
-                             at::TensorOptions().dtype(at::kFloat).device(at::Device(at::kCUDA, 0)));
+    at::Tensor t = at::empty(
+        {int64_t{1} << 28}, at::TensorOptions().dtype(at::kFloat).device(at::Device(at::kCUDA, 0)));
     t.fill_(1.0);
     torch::cuda::synchronize(0);
     const int64_t during = latentd::engine::QueryCudaDevice(0).memory_used_bytes;

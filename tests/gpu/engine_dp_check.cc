@@ -7,13 +7,12 @@
 // (ProcessGroupGloo / ProcessGroupNCCL derive from c10d::Backend there, not c10d::ProcessGroup);
 // nccl_check covers NCCL with the kit's own code meanwhile.
 
+#include <ATen/ATen.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <unistd.h>
-
-#include <ATen/ATen.h>
 #include <torch/cuda.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -115,7 +114,8 @@ int Main() {
     std::vector<std::thread> ranks;
     for (int rank = 0; rank < 2; ++rank) {
       ranks.emplace_back([&, rank] {
-        auto sync = latentd::engine::JoinProcessGroup(store, Options(CollectiveBackend::kGloo, rank, 2));
+        auto sync =
+            latentd::engine::JoinProcessGroup(store, Options(CollectiveBackend::kGloo, rank, 2));
         if (!sync.ok()) {
           status[rank] = sync.status();
           return;
@@ -125,7 +125,8 @@ int Main() {
     }
     for (auto& t : ranks) t.join();
     const std::vector<at::Tensor> want = Grads(cpu, 3.0);
-    const bool ok = status[0].ok() && status[1].ok() && Equal(grads[0], want) && Equal(grads[1], want);
+    const bool ok =
+        status[0].ok() && status[1].ok() && Equal(grads[0], want) && Equal(grads[1], want);
     r.Check(ok, "engine.dp.gloo_cpu_two_threads",
             "rank 0 " + status[0].ToString() + ", rank 1 " + status[1].ToString() + ", sums " +
                 (ok ? "correct" : "WRONG") + " in " + Sci(SecondsSince(t0)) + " s");
@@ -147,7 +148,8 @@ int Main() {
 #else
   (void)cuda;
   if (EnvFlag("KIT_EXPECT_NCCL")) {
-    r.Fail("engine.dp.nccl", "Python's torch has NCCL but this binary was built without USE_C10D_NCCL");
+    r.Fail("engine.dp.nccl",
+           "Python's torch has NCCL but this binary was built without USE_C10D_NCCL");
   } else {
     r.Skip("engine.dp.nccl", "SKIP (no CUDA): this LibTorch has no NCCL");
   }

@@ -40,12 +40,13 @@ int Main() {
     auto cpu = latentd::engine::ToAtDevice(Ref(DeviceKind::kCpu, 0, "cpu:0"));
     auto gpu = latentd::engine::ToAtDevice(Ref(DeviceKind::kCuda, 0, "cuda:0"));
     const bool cpu_ok = cpu.ok() && cpu->type() == at::kCPU;
-    const bool gpu_ok = cuda ? (gpu.ok() && gpu->is_cuda() && gpu->index() == 0)
-                             : (!gpu.ok() && gpu.status().code() ==
-                                                 absl::StatusCode::kFailedPrecondition);
+    const bool gpu_ok =
+        cuda ? (gpu.ok() && gpu->is_cuda() && gpu->index() == 0)
+             : (!gpu.ok() && gpu.status().code() == absl::StatusCode::kFailedPrecondition);
     r.Check(cpu_ok && gpu_ok, "engine.to_at_device",
-            std::string("cpu:0 -> ") + (cpu.ok() ? cpu->str() : std::string(cpu.status().message())) +
-                ", cuda:0 -> " + (gpu.ok() ? gpu->str() : std::string(gpu.status().ToString())));
+            std::string("cpu:0 -> ") +
+                (cpu.ok() ? cpu->str() : std::string(cpu.status().message())) + ", cuda:0 -> " +
+                (gpu.ok() ? gpu->str() : std::string(gpu.status().ToString())));
   });
 
   r.Guard("engine.device_fence.cpu", [&] {
@@ -54,8 +55,9 @@ int Main() {
     const auto t0 = std::chrono::steady_clock::now();
     const absl::Status s = fence.Wait();
     const absl::Status again = DeviceFence().Wait();  // nothing recorded
-    r.Check(s.ok() && again.ok(), "engine.device_fence.cpu",
-            "Record(cpu) + Wait() returned " + s.ToString() + " in " + Sci(SecondsSince(t0)) + " s");
+    r.Check(
+        s.ok() && again.ok(), "engine.device_fence.cpu",
+        "Record(cpu) + Wait() returned " + s.ToString() + " in " + Sci(SecondsSince(t0)) + " s");
   });
 
   if (!cuda) {

@@ -7,13 +7,12 @@
 // NCCL is compiled only with USE_C10D_NCCL (which LibTorch's own header checks; run.sh defines it
 // when the wheel has NCCL and nccl.h is found); without it, or without CUDA, the checks print SKIP.
 
+#include <ATen/ATen.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <unistd.h>
-
-#include <ATen/ATen.h>
 #include <torch/cuda.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -112,8 +111,9 @@ int Main() {
   });
 #else
   if (EnvFlag("KIT_EXPECT_NCCL")) {
-    r.Fail("nccl", "Python's torch has NCCL but this binary was built without USE_C10D_NCCL "
-                   "(nccl.h not found? see configure.log)");
+    r.Fail("nccl",
+           "Python's torch has NCCL but this binary was built without USE_C10D_NCCL "
+           "(nccl.h not found? see configure.log)");
   } else {
     r.Skip("nccl", "SKIP (no CUDA): this LibTorch has no NCCL (built without USE_C10D_NCCL)");
   }

@@ -14,7 +14,7 @@
 # build.log and one <check>.log per binary go next to it. Exit status 1 when anything FAILed.
 #
 # Environment (all optional): OUT, KIT_WORK_DIR (build + unpacked debs; default
-# /tmp/latentd-gpu-kit), KIT_JOBS (default nproc), KIT_BUDGET_S (whole run, default 480),
+# /tmp/latentd-gpu-kit), KIT_JOBS (default nproc), KIT_BUDGET_S (whole run, default 470),
 # KIT_CHECK_TIMEOUT_S (per binary, default 150), KIT_PYTHON, KIT_FORCE_MANUAL=1 (skip
 # find_package(Torch)), KIT_TORCH_INCLUDE_DIR / KIT_TORCH_LIBRARY_DIR (manual mode layout),
 # KIT_ABSL_STATIC (default 1).
@@ -25,8 +25,8 @@ work="${KIT_WORK_DIR:-/tmp/latentd-gpu-kit}"
 out="${OUT:-$work/out}"
 build="$work/build"
 prefix="$work/prefix"
-jobs="${KIT_JOBS:-$(nproc)}"
-budget="${KIT_BUDGET_S:-480}"
+jobs="${KIT_JOBS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}"
+budget="${KIT_BUDGET_S:-470}"
 check_timeout="${KIT_CHECK_TIMEOUT_S:-150}"
 start="$(date +%s)"
 mkdir -p "$out" "$work"
@@ -35,16 +35,21 @@ report="$out/gpu_check.txt"
 
 say() { echo "$*" | tee -a "$report"; }
 elapsed() { echo $(($(date +%s) - start)); }
-# Seconds left of the budget for the next step (at least 10, so a late step still says why).
+# Seconds left of the budget for the next step (at least 5, so a late step still says why).
 left() {
   local l=$((budget - $(elapsed)))
-  ((l < 10)) && l=10
+  ((l < 5)) && l=5
   echo "$l"
 }
 # First match of a file glob under the nvidia-* wheels, or nothing.
 wheel_find() { [[ -d "$SITE/nvidia" ]] && find "$SITE/nvidia" "$@" 2>/dev/null | sort | head -1; }
+# The first of the given paths that exists, or nothing.
+first_file() {
+  local f
+  for f in "$@"; do [[ -e "$f" ]] && echo "$f" && return; done
+}
 
-say "== latentd GPU check kit, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uname -srm), $(nproc) cores"
+say "== latentd GPU check kit, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uname -srm), $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) cores"
 say "commit $(git -C "$kit" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$kit" diff --quiet HEAD -- . 2>/dev/null || echo ' (kit modified)')"
 if command -v nvidia-smi >/dev/null; then
   say "nvidia-smi: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | paste -sd';')"
@@ -55,33 +60,45 @@ fi
 say "tools: $(cmake --version 2>/dev/null | head -1); ninja $(ninja --version 2>/dev/null || echo none); $(c++ --version 2>/dev/null | head -1); $(ldd --version 2>/dev/null | head -1); nvcc $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo none)"
 
 # ---- LibTorch, as the Python side sees it ---------------------------------------------------------
+# The first interpreter whose torch is a CUDA build, else the first that imports torch at all (a
+# GPU machine may also carry Debian's CPU-only python3-torch).
 py=""
-for cand in ${KIT_PYTHON:-} python3 /usr/bin/python3; do
-  if "$cand" -c 'import torch' >/dev/null 2>&1; then
-    py="$cand"
-    break
-  fi
+cpu_py=""
+for cand in ${KIT_PYTHON:-} python3 /usr/local/bin/python3 /usr/bin/python3; do
+  command -v "$cand" >/dev/null || continue
+  "$cand" -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 3)' >/dev/null 2>&1
+  case $? in
+    0) py="$cand" && break ;;
+    3) [[ -z "$cpu_py" ]] && cpu_py="$cand" ;;
+  esac
 done
+[[ -z "$py" ]] && py="$cpu_py"
 if [[ -z "$py" ]]; then
   say "FAIL setup no python3 that imports torch (set KIT_PYTHON)"
   say "RESULT: FAIL after $(elapsed) s"
   exit 1
 fi
+TORCH_VERSION="?" TORCH_DIR="" SITE="" TORCH_CUDA="" CUDA_AVAILABLE=0 DEVICE_COUNT=0
+NCCL_AVAILABLE=0 NCCL_VERSION="" CXX11_ABI=1
 eval "$("$py" - <<'EOF'
 import os, shlex, torch
-def out(k, v): print(f"{k}={shlex.quote(str(v))}")
+def out(k, f):
+    try:
+        print(f"{k}={shlex.quote(str(f()))}")
+    except Exception as e:  # one missing fact must not lose the others
+        print(f"echo {shlex.quote(f'python: {k}: {e}')} >&2")
 d = os.path.dirname(torch.__file__)
 cuda = torch.cuda.is_available()
 nccl = cuda and torch.distributed.is_available() and torch.distributed.is_nccl_available()
-out("TORCH_VERSION", torch.__version__)
-out("TORCH_DIR", d)
-out("SITE", os.path.dirname(d))
-out("TORCH_CUDA", torch.version.cuda or "")
-out("CUDA_AVAILABLE", int(cuda))
-out("DEVICE_COUNT", torch.cuda.device_count() if cuda else 0)
-out("NCCL_AVAILABLE", int(nccl))
-out("NCCL_VERSION", ".".join(map(str, torch.cuda.nccl.version())) if nccl else "")
-out("CXX11_ABI", int(torch.compiled_with_cxx11_abi()))
+out("TORCH_VERSION", lambda: torch.__version__)
+out("TORCH_DIR", lambda: d)
+out("SITE", lambda: os.path.dirname(d))
+out("TORCH_CUDA", lambda: torch.version.cuda or "")
+out("CUDA_AVAILABLE", lambda: int(cuda))
+out("DEVICE_COUNT", lambda: torch.cuda.device_count() if cuda else 0)
+out("NCCL_AVAILABLE", lambda: int(nccl))
+out("NCCL_VERSION", lambda: ".".join(map(str, torch.cuda.nccl.version())) if nccl else "")
+out("CXX11_ABI", lambda: int(torch.compiled_with_cxx11_abi()))
 EOF
 )"
 say "torch $TORCH_VERSION at $TORCH_DIR ($py): built for CUDA ${TORCH_CUDA:-none}, CUDA available $CUDA_AVAILABLE, devices $DEVICE_COUNT, NCCL ${NCCL_VERSION:-none}, cxx11 ABI $CXX11_ABI"
@@ -124,19 +141,20 @@ if [[ -n "$TORCH_CUDA" ]]; then
   fi
   # The wheel's cudart first: it is the one libtorch_cuda.so loads through its RPATH.
   cudart="$(wheel_find -name 'libcudart.so*' -type f)"
-  for f in "$cuda_home/lib64/libcudart.so" "$cuda_home/targets/x86_64-linux/lib/libcudart.so"; do
-    [[ -z "$cudart" && -e "$f" ]] && cudart="$f"
-  done
+  [[ -z "$cudart" ]] && cudart="$(first_file "$cuda_home"/{lib64,lib,targets/x86_64-linux/lib}/libcudart.so)"
   h="$(wheel_find -name nccl.h)"
-  [[ -z "$h" && -f /usr/include/nccl.h ]] && h=/usr/include/nccl.h
+  [[ -z "$h" ]] && h="$(first_file "$cuda_home/include/nccl.h" /usr/include/nccl.h)"
   [[ -n "$h" ]] && nccl_inc="$(dirname "$h")"
   nccl_lib="$(wheel_find -name 'libnccl.so*' -type f)"
+  [[ -z "$nccl_lib" ]] && nccl_lib="$(first_file "$cuda_home"/{lib64,lib}/libnccl.so{,.2} /usr/lib/x86_64-linux-gnu/libnccl.so{,.2})"
   if [[ -d "$SITE/nvidia" ]]; then
     extra_inc="$(find "$SITE/nvidia" -maxdepth 3 -type d -name include 2>/dev/null | sort | paste -sd';')"
   fi
   h="$(wheel_find -name cudnn.h)"
+  [[ -z "$h" ]] && h="$(first_file "$cuda_home/include/cudnn.h")"
   [[ -n "$h" ]] && cudnn_inc="$(dirname "$h")"
   cudnn_lib="$(wheel_find -name 'libcudnn.so*' -type f)"
+  [[ -z "$cudnn_lib" ]] && cudnn_lib="$(first_file "$cuda_home"/{lib64,lib}/libcudnn.so)"
   say "cuda: headers ${cuda_inc:-NOT FOUND}; cudart ${cudart:-NOT FOUND}; nccl.h ${nccl_inc:-NOT FOUND}; libnccl ${nccl_lib:-NOT FOUND}; cudnn ${cudnn_inc:-none}"
 fi
 with_nccl=OFF
