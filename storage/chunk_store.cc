@@ -322,6 +322,21 @@ absl::Status ValidateMeta(const DatasetMeta& m) {
   return absl::OkStatus();
 }
 
+// Options that shape what a writer stores, checked before anything is written (a sparse chunk's
+// row count is a u32 in its header).
+absl::Status CheckWriteOptions(const ChunkStoreOptions& o) {
+  if (o.record_version < 1 || o.record_version > kRecordVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ChunkStoreOptions.record_version: ", o.record_version, " not in [1, ",
+                     kRecordVersion, "]"));
+  }
+  if (o.sparse_chunk_rows < 1 || o.sparse_chunk_rows > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ChunkStoreOptions.sparse_chunk_rows: ", o.sparse_chunk_rows, " not in [1, 2^31)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ChunkError(uint64_t id, int64_t row_start, const absl::Status& s) {
   return absl::Status(s.code(),
                       absl::StrCat("dataset ", id, " chunk at row ", row_start, ": ", s.message()));
@@ -347,11 +362,7 @@ ChunkStore::~ChunkStore() = default;
 
 absl::StatusOr<uint64_t> ChunkStore::CreateDataset(const DatasetMeta& meta) {
   RETURN_IF_ERROR(ValidateMeta(meta));
-  if (options_.record_version < 1 || options_.record_version > kRecordVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ChunkStoreOptions.record_version: ", options_.record_version, " not in [1, ",
-                     kRecordVersion, "]"));
-  }
+  RETURN_IF_ERROR(CheckWriteOptions(options_));
   absl::MutexLock lock(&mu_);
   auto existing = db_->Get(Family::kMeta, keys::DatasetName(meta.name));
   if (existing.ok()) {
@@ -987,6 +998,7 @@ absl::Status ChunkStore::SlicedLatentPostings(const rocksdb::Snapshot* snap,
 }
 
 absl::StatusOr<std::unique_ptr<DatasetWriter>> ChunkStore::OpenWriter(uint64_t id) {
+  RETURN_IF_ERROR(CheckWriteOptions(options_));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(DatasetRecord rec, GetRecord(id));
   if (rec.complete) {
@@ -1351,7 +1363,7 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
   };
 
   // Format 3: the commit's chunks, each cut into latent slices.
-  const int64_t chunk_rows = std::max<int64_t>(1, store_->options().sparse_chunk_rows);
+  const int64_t chunk_rows = store_->options().sparse_chunk_rows;  // checked >= 1 at open
   const int64_t num_chunks = (n + chunk_rows - 1) / chunk_rows;
   const SliceLayout layout = MakeSliceLayout(width, store_->options().latent_slices);
   std::vector<uint32_t> slice_nnz(sliced ? num_chunks * layout.num_slices : 0, 0);

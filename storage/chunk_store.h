@@ -106,11 +106,13 @@ struct ChunkStoreOptions {
   int64_t chunk_rows = 1024;
   // Rows per chunk of SPARSE format-3 datasets. Default 4096: a row-range read decodes whole
   // chunks (about 390 KiB at X1's shape), a latent read one slice per chunk (docs/STORAGE.md has
-  // the measured trade-off).
+  // the measured trade-off). In [1, 2^31): CreateDataset / OpenWriter are INVALID_ARGUMENT
+  // otherwise.
   int64_t sparse_chunk_rows = 4096;
   // Latent slices per SPARSE format-3 chunk (at most; never more than the width). Default 32: a
   // latent read reads 1/32 of the data, a row-range read seeks to 34 parts per chunk (more slices
-  // trade row reads for latent reads; docs/STORAGE.md has the measured sweep).
+  // trade row reads for latent reads; docs/STORAGE.md has the measured sweep). Clamped to
+  // [1, 65533] (the part field of a chunk key is 16 bits).
   int32_t latent_slices = 32;
   // Threads a large commit spreads its per-latent work over (statistics, top-N, slices),
   // the calling thread included. 0 (default): min(4, hardware threads).

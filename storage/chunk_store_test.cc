@@ -101,6 +101,15 @@ TEST_P(ChunkStoreTest, CreateFindAndBadMeta) {
             absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(store_->FindDataset("b").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store_->GetDataset(999).status().code(), absl::StatusCode::kNotFound);
+  {
+    ChunkStoreOptions huge;
+    huge.sparse_chunk_rows = int64_t{1} << 40;
+    ChunkStore bad_store(db_.get(), huge);
+    absl::Status s = bad_store.CreateDataset(SparseMeta("huge")).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("sparse_chunk_rows"), std::string::npos) << s;
+    EXPECT_EQ(bad_store.OpenWriter(*id).status().code(), absl::StatusCode::kInvalidArgument);
+  }
   DatasetMeta bad = SparseMeta("c");
   bad.width = 0;
   absl::Status s = store_->CreateDataset(bad).status();

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "storage/byte_io.h"
 #include "storage/crc32c.h"
 #include "storage/posting_codec.h"
@@ -28,12 +29,19 @@ absl::Status CheckCrc(absl::string_view* in, const char* what) {
   return absl::OkStatus();
 }
 
+// A slice must hold exactly the entries its chunk header lists.
+absl::Status CheckSliceCount(const SlicedChunkHeader& header, int32_t slice, uint64_t total) {
+  if (total == header.slice_nnz[slice]) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("slice ", slice, " holds ", total,
+                                          " entries, the header says ", header.slice_nnz[slice]));
+}
+
 }  // namespace
 
 SliceLayout MakeSliceLayout(int32_t width, int32_t max_slices) {
   SliceLayout layout;
   layout.width = width;
-  const int32_t slices = std::max(1, std::min(max_slices, std::max(width, 1)));
+  const int32_t slices = std::max(1, std::min({max_slices, kMaxLatentSlices, std::max(width, 1)}));
   layout.slice_width = (width + slices - 1) / slices;
   if (layout.slice_width < 1) layout.slice_width = 1;
   layout.num_slices = (width + layout.slice_width - 1) / layout.slice_width;
@@ -79,6 +87,9 @@ absl::Status DecodeSlicedHeader(absl::string_view in, SlicedChunkHeader* h) {
   h->layout.width = static_cast<int32_t>(width);
   h->layout.slice_width = static_cast<int32_t>(slice_width);
   h->layout.num_slices = static_cast<int32_t>((width + slice_width - 1) / slice_width);
+  if (h->layout.num_slices > kMaxLatentSlices) {
+    return absl::DataLossError("malformed chunk header: too many slices");
+  }
   h->slice_nnz.resize(h->layout.num_slices);
   int64_t total = 0;
   for (uint32_t& n : h->slice_nnz) {
@@ -160,10 +171,7 @@ absl::Status DecodeSlice(absl::string_view in, const SlicedChunkHeader& header, 
                             &out->keys, &out->values, &total);
   }
   if (!s.ok()) return absl::DataLossError(absl::StrCat("slice ", slice, ": ", s.message()));
-  if (total != header.slice_nnz[slice]) {
-    return absl::DataLossError(absl::StrCat("slice ", slice, " holds ", total,
-                                            " entries, the header says ", header.slice_nnz[slice]));
-  }
+  RETURN_IF_ERROR(CheckSliceCount(header, slice, total));
   const int64_t slice_latents =
       std::min(header.layout.slice_width, header.layout.width - header.layout.FirstLatent(slice));
   const int64_t row_mask = (int64_t{1} << row_bits) - 1;
@@ -185,10 +193,7 @@ absl::Status DecodeSliceLatent(absl::string_view in, const SlicedChunkHeader& he
   absl::Status s = DecodePostingRange(in, 0, header.dtype, offset << row_bits,
                                       (offset + 1) << row_bits, rows, values, &total);
   if (!s.ok()) return absl::DataLossError(absl::StrCat("slice ", slice, ": ", s.message()));
-  if (total != header.slice_nnz[slice]) {
-    return absl::DataLossError(absl::StrCat("slice ", slice, " holds ", total,
-                                            " entries, the header says ", header.slice_nnz[slice]));
-  }
+  RETURN_IF_ERROR(CheckSliceCount(header, slice, total));
   const int64_t mask = (int64_t{1} << row_bits) - 1;
   for (size_t i = first; i < rows->size(); ++i) {
     const int64_t row = (*rows)[i] & mask;

@@ -34,6 +34,8 @@ namespace latentd::storage {
 inline constexpr uint16_t kPartHeader = 0;
 inline constexpr uint16_t kPartTokens = 1;
 inline constexpr uint16_t kPartFirstSlice = 2;
+// The part field is 16 bits: at most this many slices per chunk.
+inline constexpr int32_t kMaxLatentSlices = 0xffff - kPartFirstSlice;
 
 // How a dataset's latents are cut into slices: num_slices = ceil(width / slice_width).
 struct SliceLayout {
@@ -43,7 +45,8 @@ struct SliceLayout {
   int32_t SliceOf(int32_t latent) const { return latent / slice_width; }
   int32_t FirstLatent(int32_t slice) const { return slice * slice_width; }
 };
-// The layout with at most `max_slices` (>= 1) slices of equal width.
+// The layout with at most `max_slices` slices of equal width (max_slices is clamped to
+// [1, kMaxLatentSlices]).
 SliceLayout MakeSliceLayout(int32_t width, int32_t max_slices);
 
 // Bits of the row part of a slice key: ceil(log2(num_rows)), 0 for one row.

@@ -19,6 +19,8 @@ TEST(SliceLayout, CoversTheWidthWithEqualSlices) {
     }
   }
   EXPECT_EQ(MakeSliceLayout(4096, 128).slice_width, 32);
+  // More slices than a 16-bit key part can name are clamped, never wrapped.
+  EXPECT_LE(MakeSliceLayout(1 << 20, 1 << 20).num_slices, kMaxLatentSlices);
 }
 
 TEST(RowBits, IsCeilLog2) {
