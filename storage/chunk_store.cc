@@ -236,36 +236,6 @@ absl::Status DecodeStatsBlock(absl::string_view in, LatentStats* out, int32_t n)
   return absl::OkStatus();
 }
 
-// Top-N lists, blocked the same way (length 0: empty list).
-std::string EncodeTopBlock(const std::vector<TopRows>& top, int32_t first) {
-  std::string out;
-  const int32_t end = std::min<int32_t>(first + kStatsBlock, static_cast<int32_t>(top.size()));
-  for (int32_t l = first; l < end; ++l) {
-    if (top[l].entries().empty()) {
-      PutVarint(0, &out);
-      continue;
-    }
-    PutVarint(top[l].EncodedSize(), &out);
-    top[l].AppendEncoded(&out);
-  }
-  return out;
-}
-
-absl::Status DecodeTopBlock(absl::string_view in, TopRows* out, int32_t n) {
-  ByteReader rd(in);
-  for (int32_t i = 0; i < n; ++i) {
-    const uint64_t len = rd.Varint();
-    if (!rd.ok() || len > rd.rest().size()) return absl::DataLossError("malformed top-N block");
-    out[i] = TopRows();
-    if (len > 0) {
-      RETURN_IF_ERROR(TopRows::Decode(rd.rest().substr(0, len), &out[i]));
-      rd.Skip(len);
-    }
-  }
-  if (!rd.rest().empty()) return absl::DataLossError("malformed top-N block");
-  return absl::OkStatus();
-}
-
 class SnapshotHolder {
  public:
   explicit SnapshotHolder(rocksdb::DB* db) : db_(db), snap_(db->GetSnapshot()) {}
@@ -1107,50 +1077,69 @@ absl::Status DatasetWriter::AppendSparse(int64_t num_rows, const int64_t* indptr
   if (indptr[num_rows] > 0 && (!indices || !values)) {
     return absl::InvalidArgumentError("indices/values: null");
   }
-  // Validate everything before touching the pending buffer, so a bad call changes nothing.
-  std::vector<std::pair<int32_t, float>> row;
-  const size_t mark_idx = pending_.indices.size();
+  // Entries go straight into the pending buffer; a bad call truncates it back to `mark`, so it
+  // changes nothing.
+  const size_t mark = pending_.indices.size();
+  pending_.indices.resize(mark + indptr[num_rows]);
+  pending_.values.resize(mark + indptr[num_rows]);
+  int32_t* const out_indices = pending_.indices.data() + mark;
+  float* const out_values = pending_.values.data() + mark;
+  size_t kept = 0;
+  auto fail = [&](std::string message) {
+    pending_.indices.resize(mark);
+    pending_.values.resize(mark);
+    return absl::InvalidArgumentError(std::move(message));
+  };
   std::vector<int64_t> row_ends;
   row_ends.reserve(num_rows);
+  std::vector<std::pair<int32_t, float>> row;
   for (int64_t r = 0; r < num_rows; ++r) {
+    const int64_t a = indptr[r], b = indptr[r + 1];
+    // The common row (the SAE encoder sorts its TopK indices on the device): columns strictly
+    // ascending inside [0, width), values finite and nonzero. It is copied as it is.
+    bool plain = true;
+    int32_t prev = -1;
+    for (int64_t i = a; i < b; ++i) {
+      plain &= (indices[i] > prev) & (indices[i] < width) & std::isfinite(values[i]) &
+               (values[i] != 0.0f);
+      prev = indices[i];
+    }
+    if (plain) {
+      for (int64_t i = a; i < b; ++i, ++kept) {
+        out_indices[kept] = indices[i];
+        out_values[kept] = RoundTo(dtype_, values[i]);
+      }
+      row_ends.push_back(static_cast<int64_t>(mark + kept));
+      continue;
+    }
     row.clear();
-    for (int64_t i = indptr[r]; i < indptr[r + 1]; ++i) {
+    for (int64_t i = a; i < b; ++i) {
       if (indices[i] < 0 || indices[i] >= width) {
-        pending_.indices.resize(mark_idx);
-        pending_.values.resize(mark_idx);
-        return absl::InvalidArgumentError(
+        return fail(
             absl::StrCat("indices: ", indices[i], " in row ", r, " outside [0, ", width, ")"));
       }
       if (!std::isfinite(values[i])) {
-        pending_.indices.resize(mark_idx);
-        pending_.values.resize(mark_idx);
-        return absl::InvalidArgumentError(absl::StrCat("values: non-finite in row ", r));
+        return fail(absl::StrCat("values: non-finite in row ", r));
       }
       if (values[i] == 0.0f) continue;  // an explicit zero is no firing
       row.emplace_back(indices[i], RoundTo(dtype_, values[i]));
     }
-    // Rows usually arrive sorted (the SAE encoder sorts its TopK indices on the device): then
-    // strictly ascending columns also prove there is no duplicate, and nothing needs sorting.
-    const auto by_column = [](const auto& a, const auto& b) { return a.first < b.first; };
-    if (std::adjacent_find(row.begin(), row.end(), [](const auto& a, const auto& b) {
-          return a.first >= b.first;
-        }) != row.end()) {
-      std::sort(row.begin(), row.end(), by_column);
-    }
+    std::sort(row.begin(), row.end(),
+              [](const auto& x, const auto& y) { return x.first < y.first; });
     for (size_t i = 1; i < row.size(); ++i) {
       if (row[i].first == row[i - 1].first) {
-        pending_.indices.resize(mark_idx);
-        pending_.values.resize(mark_idx);
-        return absl::InvalidArgumentError(
-            absl::StrCat("indices: column ", row[i].first, " repeats in row ", r));
+        return fail(absl::StrCat("indices: column ", row[i].first, " repeats in row ", r));
       }
     }
     for (const auto& [c, v] : row) {
-      pending_.indices.push_back(c);
-      pending_.values.push_back(v);
+      out_indices[kept] = c;
+      out_values[kept++] = v;
     }
-    row_ends.push_back(static_cast<int64_t>(pending_.indices.size()));
+    row_ends.push_back(static_cast<int64_t>(mark + kept));
   }
+  pending_.indices.resize(mark + kept);
+  pending_.values.resize(mark + kept);
+  const size_t mark_idx = mark;
   const int64_t base = pending_.indptr.back() - static_cast<int64_t>(mark_idx);
   for (int64_t r = 0; r < num_rows; ++r) {
     pending_.indptr.push_back(base + row_ends[r]);
@@ -1272,10 +1261,14 @@ void DatasetWriter::AddRowMajorChunks(CommitBatch* commit) {
 }
 
 // The per-latent part of a SPARSE commit: statistics and top-N (every format), postings (formats
-// 1-2) or the latent-sliced chunks (format 3). Large commits spread it over commit_threads: the
-// latents are cut into ranges of about equal entry counts at statistics-block (and, for slices,
-// slice) boundaries, so every thread owns whole records and the batch comes out the same as a
-// one-thread commit.
+// 1-2) or the latent-sliced chunks (format 3).
+//
+// First the entries are sorted latent-major by a counting sort, unit by unit: a unit is one chunk
+// in format 3 (its 4096 rows' entries stay in L2 while they are scattered, and each latent slice
+// of the chunk comes out as one contiguous run), the whole commit in formats 1-2 (their postings
+// are per commit). Then the latents are cut into ranges of about equal entry counts at
+// statistics-block (and slice) boundaries, one per commit thread, so every thread owns whole
+// records and the batch comes out the same whatever the thread count.
 void DatasetWriter::AddLatentWork(CommitBatch* commit) {
   Db* db = store_->db();
   const uint64_t id = record_.id;
@@ -1289,62 +1282,92 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
   const int parts =
       nnz >= kParallelCommitEntries ? std::max(1, store_->options().commit_threads) : 1;
 
-  // Latent-major view of the whole commit: latent l's entries are [counts[l], counts[l + 1]) of
-  // rows / values, rows ascending. The buffers live as long as the writer (no page faults per
-  // commit).
-  std::vector<int64_t>& counts = latent_major_.counts;
-  counts.assign(width + 1, 0);
-  for (int64_t i = 0; i < nnz; ++i) ++counts[pending_.indices[i] + 1];
-  for (int32_t l = 0; l < width; ++l) counts[l + 1] += counts[l];
-  {
-    std::vector<int64_t>& offsets = latent_major_.offsets;
-    offsets.assign(counts.begin(), counts.end() - 1);
-    latent_major_.rows.resize(nnz);
-    latent_major_.values.resize(nnz);
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t i = pending_.indptr[r]; i < pending_.indptr[r + 1]; ++i) {
-        const int64_t slot = offsets[pending_.indices[i]]++;
-        latent_major_.rows[slot] = first_row + r;
-        latent_major_.values[slot] = pending_.values[i];
+  // Unit u holds rows [u * unit_rows, ...) of the commit; within it latent l's entries are
+  // [starts[u * (width + 1) + l], starts[u * (width + 1) + l + 1]) of offsets (row - unit's
+  // first row, ascending) and values. The buffers live as long as the writer.
+  const int64_t unit_rows = sliced ? store_->options().sparse_chunk_rows : n;  // checked >= 1
+  const int64_t units = (n + unit_rows - 1) / unit_rows;
+  LatentMajor& lm = latent_major_;
+  lm.starts.resize(units * (width + 1));
+  lm.offsets.resize(nnz);
+  lm.values.resize(nnz);
+  auto unit_starts = [&](int64_t u) { return &lm.starts[u * (width + 1)]; };
+  const int sort_parts = static_cast<int>(std::min<int64_t>(parts, units));
+  RunParts(sort_parts, [&](int p) {
+    std::vector<int64_t> cursor;
+    const int32_t* indices = pending_.indices.data();
+    const int64_t* indptr = pending_.indptr.data();
+    for (int64_t u = p; u < units; u += sort_parts) {
+      const int64_t r0 = u * unit_rows, r1 = std::min(n, r0 + unit_rows);
+      int64_t* starts = unit_starts(u);
+      std::fill(starts, starts + width + 1, 0);
+      for (int64_t i = indptr[r0]; i < indptr[r1]; ++i) ++starts[indices[i] + 1];
+      starts[0] = indptr[r0];
+      for (int32_t l = 0; l < width; ++l) starts[l + 1] += starts[l];
+      cursor.assign(starts, starts + width);
+      int64_t* pos = cursor.data();
+      for (int64_t r = r0; r < r1; ++r) {
+        const uint32_t offset = static_cast<uint32_t>(r - r0);
+        for (int64_t i = indptr[r]; i < indptr[r + 1]; ++i) {
+          const int64_t slot = pos[indices[i]]++;
+          lm.offsets[slot] = offset;
+          lm.values[slot] = pending_.values[i];
+        }
       }
     }
+  });
+  // Entries per latent over the whole commit, cumulative: what the ranges are balanced on.
+  std::vector<int64_t>& counts = lm.counts;
+  counts.assign(width + 1, 0);
+  for (int64_t u = 0; u < units; ++u) {
+    const int64_t* starts = unit_starts(u);
+    for (int32_t l = 0; l < width; ++l) counts[l + 1] += starts[l + 1] - starts[l];
   }
-  const std::vector<int64_t>& rows = latent_major_.rows;
-  const std::vector<float>& values = latent_major_.values;
+  for (int32_t l = 0; l < width; ++l) counts[l + 1] += counts[l];
 
-  // Statistics, top-N and (formats 1-2) postings of latents [lo, hi), lo a block start.
+  // Statistics, top-N operands and (formats 1-2) postings of latents [lo, hi), lo a block start.
   struct StatsOut {
     int64_t new_live = 0;
-    KeyValues postings, index;
+    KeyValues postings, index, top;
   };
   const size_t blocks = width / kStatsBlock + 1;
   std::vector<char> touched_block(blocks, 0), top_block_changed(blocks, 0);
   auto stats_pass = [&](int32_t lo, int32_t hi, StatsOut* out) {
     std::string key = keys::Posting(id, 0, first_row);
+    std::vector<int64_t> posting_rows;
     for (int32_t l = lo; l < hi; ++l) {
-      const int64_t begin = counts[l], end = counts[l + 1];
-      if (begin == end) continue;
+      if (counts[l] == counts[l + 1]) continue;
       LatentStats& st = stats_[l];
       if (st.firing_count == 0) ++out->new_live;
       bool top_changed = false;
       TopRows& top = top_[l];
-      for (int64_t i = begin; i < end; ++i) {
-        st.Add(values[i]);
-        if (top.MayAccept(rows[i], values[i], top_n) && top.Offer(rows[i], values[i], top_n)) {
-          top_changed = true;
+      for (int64_t u = 0; u < units; ++u) {
+        const int64_t* starts = unit_starts(u);
+        const int64_t begin = starts[l], end = starts[l + 1];
+        if (begin == end) continue;
+        st.AddBatch(&lm.values[begin], end - begin);
+        const int64_t unit_first = first_row + u * unit_rows;
+        for (int64_t i = begin; i < end; ++i) {
+          const int64_t row = unit_first + lm.offsets[i];
+          if (top.MayAccept(row, lm.values[i], top_n) && top.Offer(row, lm.values[i], top_n)) {
+            top_changed = true;
+          }
         }
       }
-      if (postings) {
+      if (postings) {  // one unit: the whole commit
+        const int64_t begin = counts[l], end = counts[l + 1];
+        posting_rows.resize(end - begin);
+        for (int64_t i = begin; i < end; ++i) posting_rows[i - begin] = first_row + lm.offsets[i];
         for (int b = 0; b < 4; ++b) {  // the latent field of keys::Posting, big-endian
           key[8 + b] = static_cast<char>(static_cast<uint32_t>(l) >> (24 - 8 * b));
         }
         out->postings.emplace_back(key, std::string());
         if (record_.format_version >= 2) {
-          EncodePosting(first_row, &rows[begin], &values[begin], end - begin, dtype_,
+          EncodePosting(first_row, posting_rows.data(), &lm.values[begin], end - begin, dtype_,
                         &out->postings.back().second);
         } else {
-          out->postings.back().second =
-              EncodePostingV1(first_row, &rows[begin], &values[begin], end - begin, dtype_);
+          out->postings.back().second = EncodePostingV1(first_row, posting_rows.data(),
+                                                        &lm.values[begin], end - begin, dtype_);
         }
       }
       touched_block[l / kStatsBlock] = 1;
@@ -1356,47 +1379,38 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
       out->index.emplace_back(keys::LatentStats(id, static_cast<uint32_t>(first)),
                               EncodeStatsBlock(stats_, first));
       if (top_block_changed[b]) {
-        out->index.emplace_back(keys::LatentTop(id, static_cast<uint32_t>(first)),
-                                EncodeTopBlock(top_, first));
+        const int32_t size = std::min(kStatsBlock, width - first);
+        out->top.emplace_back(keys::LatentTop(id, static_cast<uint32_t>(first)),
+                              EncodeTopDelta(&top_[first], size, top_n, first_row));
       }
     }
   };
 
-  // Format 3: the commit's chunks, each cut into latent slices.
-  const int64_t chunk_rows = store_->options().sparse_chunk_rows;  // checked >= 1 at open
-  const int64_t num_chunks = (n + chunk_rows - 1) / chunk_rows;
+  // Format 3: slices [s_lo, s_hi) of every chunk (unit), slice by slice.
   const SliceLayout layout = MakeSliceLayout(width, store_->options().latent_slices);
-  std::vector<uint32_t> slice_nnz(sliced ? num_chunks * layout.num_slices : 0, 0);
-  // Slices [s_lo, s_hi) of every chunk: a cursor per latent walks its (row-ordered) entries
-  // chunk by chunk, so each slice's keys come out in (latent, row) order.
+  std::vector<uint32_t> slice_nnz(sliced ? units * layout.num_slices : 0, 0);
   auto slice_pass = [&](int32_t s_lo, int32_t s_hi, KeyValues* out) {
-    std::vector<int64_t> cursor, slice_keys;
-    std::vector<float> slice_values;
+    std::vector<int64_t> slice_keys;
     for (int32_t sl = s_lo; sl < s_hi; ++sl) {
       const int32_t l0 = layout.FirstLatent(sl);
       const int32_t l1 = std::min(l0 + layout.slice_width, width);
-      cursor.assign(counts.begin() + l0, counts.begin() + l1);
-      for (int64_t c = 0; c < num_chunks; ++c) {
-        const int64_t start = first_row + c * chunk_rows;
-        const int64_t end = start + std::min(chunk_rows, n - c * chunk_rows);
-        const int row_bits = RowBits(end - start);
-        slice_keys.clear();
-        slice_values.clear();
+      for (int64_t u = 0; u < units; ++u) {
+        const int64_t* starts = unit_starts(u);
+        const int64_t begin = starts[l0], end = starts[l1];
+        if (begin == end) continue;
+        const int row_bits = RowBits(std::min(unit_rows, n - u * unit_rows));
+        slice_keys.resize(end - begin);
         for (int32_t l = l0; l < l1; ++l) {
-          int64_t i = cursor[l - l0];
-          const int64_t stop = counts[l + 1];
-          for (; i < stop && rows[i] < end; ++i) {
-            slice_keys.push_back((static_cast<int64_t>(l - l0) << row_bits) | (rows[i] - start));
-            slice_values.push_back(values[i]);
+          const int64_t high = static_cast<int64_t>(l - l0) << row_bits;
+          for (int64_t i = starts[l]; i < starts[l + 1]; ++i) {
+            slice_keys[i - begin] = high | lm.offsets[i];
           }
-          cursor[l - l0] = i;
         }
-        if (slice_keys.empty()) continue;
-        slice_nnz[c * layout.num_slices + sl] = static_cast<uint32_t>(slice_keys.size());
-        out->emplace_back(keys::ChunkPart(id, start, static_cast<uint16_t>(kPartFirstSlice + sl)),
+        slice_nnz[u * layout.num_slices + sl] = static_cast<uint32_t>(end - begin);
+        out->emplace_back(keys::ChunkPart(id, first_row + u * unit_rows,
+                                          static_cast<uint16_t>(kPartFirstSlice + sl)),
                           std::string());
-        EncodeSlice(slice_keys.data(), slice_values.data(), slice_keys.size(), dtype_,
-                    &out->back().second);
+        EncodeSlice(slice_keys.data(), &lm.values[begin], end - begin, dtype_, &out->back().second);
       }
     }
   };
@@ -1426,13 +1440,14 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
     commit->next.live_latents += out.new_live;
     for (const auto& [k, v] : out.postings) commit->batch.Put(db->handle(Family::kPostings), k, v);
     for (const auto& [k, v] : out.index) commit->batch.Put(db->handle(Family::kLatentIndex), k, v);
+    for (const auto& [k, v] : out.top) commit->batch.Merge(db->handle(Family::kLatentIndex), k, v);
   }
   if (!sliced) return;
-  for (int64_t c = 0; c < num_chunks; ++c) {
+  for (int64_t c = 0; c < units; ++c) {
     SlicedChunkHeader header;
     header.dtype = dtype_;
-    header.row_start = first_row + c * chunk_rows;
-    header.num_rows = std::min(chunk_rows, n - c * chunk_rows);
+    header.row_start = first_row + c * unit_rows;
+    header.num_rows = std::min(unit_rows, n - c * unit_rows);
     header.layout = layout;
     header.slice_nnz.assign(slice_nnz.begin() + c * layout.num_slices,
                             slice_nnz.begin() + (c + 1) * layout.num_slices);
@@ -1441,7 +1456,7 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
                           EncodeSlicedHeader(header));
     commit->PutChunkValue(
         db, keys::ChunkPart(id, header.row_start, kPartTokens),
-        EncodeTokenPart(pending_.token_ids.data() + c * chunk_rows, header.num_rows));
+        EncodeTokenPart(pending_.token_ids.data() + c * unit_rows, header.num_rows));
     commit->PutDirectory(db, id, header.row_start, header.num_rows, header.nnz);
   }
   for (const KeyValues& out : slices_out) {

@@ -259,8 +259,9 @@ class DatasetWriter {
   Chunk pending_;  // row_start = ahead_.rows_committed; values already rounded to the dtype
   std::vector<LatentStats> stats_;
   std::vector<TopRows> top_;
-  struct LatentMajor {  // a SPARSE commit's entries sorted by latent; reused across commits
-    std::vector<int64_t> counts, offsets, rows;
+  struct LatentMajor {  // a SPARSE commit's entries sorted by latent (AddLatentWork); reused
+    std::vector<int64_t> starts, counts;
+    std::vector<uint32_t> offsets;
     std::vector<float> values;
   } latent_major_;
   std::unique_ptr<CommitBatch> in_flight_;  // the batch handed over, durable or not yet

@@ -292,6 +292,48 @@ TEST_P(ChunkStoreTest, StatisticsTopNAndPostingsMatchBruteForce) {
   EXPECT_EQ(store_->GetLatentStats(id, 64).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Commits store top-N lists as merge operands (only the entries each commit added); what a reader
+// sees after flushes, compaction, a reopen and a writer that resumes from the merged lists must
+// equal a single writer's lists, which the brute force gives.
+TEST_P(ChunkStoreTest, TopNSurvivesCompactionReopenAndResume) {
+  DatasetMeta meta = SparseMeta("top", 32);
+  meta.top_n = 6;
+  uint64_t id = *store_->CreateDataset(meta);
+  const int64_t total = 600;
+  for (int64_t at = 0; at < total;) {
+    auto w = store_->OpenWriter(id);  // reopened every 150 rows: state loads from merged values
+    ASSERT_TRUE(w.ok()) << w.status();
+    for (int64_t stop = at + 150; at < stop; at += 50) {
+      ASSERT_TRUE(Append(w->get(), MakeRows(at, 50, 32)).ok());
+      ASSERT_TRUE((*w)->CommitAsync().ok());
+    }
+    ASSERT_TRUE((*w)->WaitDurable().ok());
+    w->reset();
+    if (at == 300) ASSERT_TRUE(db_->CompactAll().ok());
+    if (at == 450) Reopen();
+  }
+  Rows all = MakeRows(0, total, 32);
+  for (int32_t l = 0; l < 32; ++l) {
+    std::vector<std::pair<float, int64_t>> want;
+    for (int64_t r = 0; r < total; ++r) {
+      for (int64_t i = all.indptr[r]; i < all.indptr[r + 1]; ++i) {
+        if (all.indices[i] == l) want.emplace_back(HalfToFloat(FloatToHalf(all.values[i])), r);
+      }
+    }
+    std::sort(want.begin(), want.end(), [](auto& a, auto& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
+    want.resize(std::min<size_t>(want.size(), 6));
+    auto top = store_->TopActivations(id, l, 0, 0, 0);
+    ASSERT_TRUE(top.ok()) << top.status();
+    ASSERT_EQ(top->size(), want.size()) << "latent " << l;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ((*top)[i].row, want[i].second) << "latent " << l << " rank " << i;
+      EXPECT_EQ((*top)[i].value, want[i].first);
+    }
+  }
+}
+
 TEST_P(ChunkStoreTest, DenseRowsRoundTripInChunks) {
   DatasetMeta m = SparseMeta("d", 12);
   m.kind = DatasetKind::kDense;

@@ -7,6 +7,7 @@
 #include "rocksdb/filter_policy.h"
 #include "rocksdb/options.h"
 #include "rocksdb/table.h"
+#include "storage/latent_index_merge.h"
 
 namespace latentd::storage {
 
@@ -69,6 +70,10 @@ rocksdb::ColumnFamilyOptions FamilyOptions(Family family, const DbOptions& optio
       break;
     case Family::kPostings:
       table.block_size = 32 << 10;
+      break;
+    case Family::kLatentIndex:
+      table.block_size = 8 << 10;
+      cf.merge_operator = NewLatentIndexMergeOperator();
       break;
     default:
       table.block_size = 8 << 10;

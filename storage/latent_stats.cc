@@ -4,12 +4,20 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/status/statusor.h"
+#include "common/status_macros.h"
 #include "storage/byte_io.h"
 
 namespace latentd::storage {
 namespace {
 
 int64_t FloorDiv2(int64_t v) { return v >= 0 ? v / 2 : -((-v + 1) / 2); }
+
+// floor(x) for |x| < 2^62, without the libm call std::floor is on baseline x86-64.
+inline int64_t FloorToInt(double x) {
+  const int64_t t = static_cast<int64_t>(x);  // rounds toward zero
+  return t - (static_cast<double>(t) > x);
+}
 
 }  // namespace
 
@@ -57,11 +65,23 @@ void LatentStats::Add(float value) {
       return;
     }
   }
-  // Fit the window [bin_low, bin_low + 50) around the occupied bins, the new value and 0:
-  // slide it when that suffices, else double the width (merging bin pairs exactly) and retry.
+  FitWindow(v, v);
+  int bin = static_cast<int>(std::floor(v / bin_width()) - bin_low);
+  histogram[std::clamp(bin, 0, kHistogramBins - 1)] += 1;
+}
+
+// Fits the window [bin_low, bin_low + 50) around the occupied bins, lo, hi and 0: slides it when
+// that suffices, else doubles the width (merging bin pairs exactly) and retries. The window that
+// results is the narrowest at or above the current width, so fitting a batch's extremes first
+// ends where fitting its values one by one would.
+void LatentStats::FitWindow(double lo, double hi) {
   while (true) {
-    const int64_t vb = static_cast<int64_t>(std::floor(v / bin_width()));
-    int64_t first = vb, last = vb;
+    const double w = bin_width();
+    const int64_t lo_bin = static_cast<int64_t>(std::floor(lo / w));
+    const int64_t hi_bin = static_cast<int64_t>(std::floor(hi / w));
+    // The window always covers the occupied bins: inside it there is nothing to do.
+    if (lo_bin >= bin_low && hi_bin < bin_low + kHistogramBins) return;
+    int64_t first = lo_bin, last = hi_bin;
     for (int i = 0; i < kHistogramBins; ++i) {
       if (histogram[i] == 0) continue;
       first = std::min(first, bin_low + i);
@@ -69,15 +89,13 @@ void LatentStats::Add(float value) {
     }
     const int64_t new_low = std::min<int64_t>(first, 0);
     if (last < new_low + kHistogramBins) {
-      if (new_low != bin_low) {
-        std::array<int64_t, kHistogramBins> moved{};
-        for (int i = 0; i < kHistogramBins; ++i) {
-          if (histogram[i]) moved[bin_low + i - new_low] = histogram[i];
-        }
-        histogram = moved;
-        bin_low = new_low;
+      std::array<int64_t, kHistogramBins> moved{};
+      for (int i = 0; i < kHistogramBins; ++i) {
+        if (histogram[i]) moved[bin_low + i - new_low] = histogram[i];
       }
-      break;
+      histogram = moved;
+      bin_low = new_low;
+      return;
     }
     std::array<int64_t, kHistogramBins> merged{};
     const int64_t merged_low = FloorDiv2(bin_low);
@@ -88,8 +106,40 @@ void LatentStats::Add(float value) {
     bin_low = merged_low;
     ++bin_exponent;
   }
-  int bin = static_cast<int>(std::floor(v / bin_width()) - bin_low);
-  histogram[std::clamp(bin, 0, kHistogramBins - 1)] += 1;
+}
+
+void LatentStats::AddBatch(const float* values, size_t n) {
+  size_t i = 0;
+  if (n > 0 && firing_count == 0) Add(values[i++]);  // the first value sets the initial width
+  if (i >= n) return;
+  float lo = values[i], hi = values[i];
+  bool finite = true;
+  for (size_t j = i; j < n; ++j) {
+    lo = std::min(lo, values[j]);
+    hi = std::max(hi, values[j]);
+    finite &= std::isfinite(values[j]);
+  }
+  if (!finite || bin_exponent <= -1023 || bin_exponent >= 1023) {
+    for (; i < n; ++i) Add(values[i]);
+    return;
+  }
+  FitWindow(lo, hi);
+  max = std::max(max, hi);
+  min = std::min(min, lo);
+  firing_count += static_cast<int64_t>(n - i);
+  const uint64_t bits = static_cast<uint64_t>(1023 - bin_exponent) << 52;
+  double inverse_width;  // 2^-e, exact
+  std::memcpy(&inverse_width, &bits, sizeof(inverse_width));
+  double s = sum, ss = sum_squares;
+  for (; i < n; ++i) {
+    const double v = values[i];
+    s += v;
+    ss += v * v;
+    const int64_t bin = FloorToInt(v * inverse_width) - bin_low;
+    histogram[std::clamp<int64_t>(bin, 0, kHistogramBins - 1)] += 1;
+  }
+  sum = s;
+  sum_squares = ss;
 }
 
 std::string LatentStats::Encode() const {
@@ -121,11 +171,18 @@ absl::Status LatentStats::Decode(absl::string_view in, LatentStats* out) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The order of a top-N list: value descending, then row ascending.
+bool Better(const TopEntry& a, const TopEntry& b) {
+  return a.value != b.value ? a.value > b.value : a.row < b.row;
+}
+
+}  // namespace
+
 bool TopRows::Offer(int64_t row, float value, int capacity) {
   if (capacity <= 0) return false;
-  auto better = [](const TopEntry& a, const TopEntry& b) {
-    return a.value != b.value ? a.value > b.value : a.row < b.row;
-  };
+  const auto better = Better;
   TopEntry e{row, value};
   if (static_cast<int>(entries_.size()) >= capacity && !better(e, entries_.back())) return false;
   if (row <= max_row_) {  // rows arrive ascending, so only a replay can be already here
@@ -176,6 +233,17 @@ void TopRows::AppendEncoded(std::string* out) const {
   }
 }
 
+void TopRows::AppendEncodedSince(int64_t min_row, std::string* out) const {
+  size_t n = 0;
+  for (const TopEntry& e : entries_) n += e.row >= min_row;
+  PutVarint(n, out);
+  for (const TopEntry& e : entries_) {
+    if (e.row < min_row) continue;
+    PutVarint(static_cast<uint64_t>(e.row), out);
+    PutRaw<float>(e.value, out);
+  }
+}
+
 absl::Status TopRows::Decode(absl::string_view in, TopRows* out) {
   ByteReader rd(in);
   out->entries_.clear();
@@ -189,6 +257,129 @@ absl::Status TopRows::Decode(absl::string_view in, TopRows* out) {
     out->max_row_ = std::max(out->max_row_, row);
   }
   if (!rd.ok() || !rd.rest().empty()) return absl::DataLossError("malformed top-N record");
+  return absl::OkStatus();
+}
+
+std::string EncodeTopBlock(const TopRows* lists, int32_t n) {
+  std::string out;
+  for (int32_t i = 0; i < n; ++i) {
+    if (lists[i].entries().empty()) {
+      PutVarint(0, &out);
+      continue;
+    }
+    PutVarint(lists[i].EncodedSize(), &out);
+    lists[i].AppendEncoded(&out);
+  }
+  return out;
+}
+
+namespace {
+
+// Calls visit(i, list_bytes) for each list of a block body; the number of lists, or DATA_LOSS.
+template <typename Visit>
+absl::StatusOr<int32_t> ForEachTopList(absl::string_view in, Visit visit) {
+  ByteReader rd(in);
+  int32_t i = 0;
+  while (!rd.rest().empty()) {
+    const uint64_t len = rd.Varint();
+    if (!rd.ok() || len > rd.rest().size()) return absl::DataLossError("malformed top-N block");
+    absl::Status s = visit(i++, rd.rest().substr(0, len));
+    if (!s.ok()) return s;
+    rd.Skip(len);
+  }
+  return i;
+}
+
+}  // namespace
+
+absl::Status DecodeTopBlock(absl::string_view in, TopRows* out, int32_t n) {
+  auto lists = ForEachTopList(in, [&](int32_t i, absl::string_view list) {
+    if (i >= n) return absl::DataLossError("malformed top-N block: too many lists");
+    out[i] = TopRows();
+    return list.empty() ? absl::OkStatus() : TopRows::Decode(list, &out[i]);
+  });
+  if (!lists.ok()) return lists.status();
+  if (*lists != n) return absl::DataLossError("malformed top-N block: too few lists");
+  return absl::OkStatus();
+}
+
+std::string EncodeTopDelta(const TopRows* lists, int32_t n, int capacity, int64_t min_row) {
+  std::string out, list;
+  PutVarint(static_cast<uint64_t>(capacity), &out);
+  for (int32_t i = 0; i < n; ++i) {
+    if (lists[i].max_row() < min_row) {  // nothing new in this list
+      PutVarint(0, &out);
+      continue;
+    }
+    list.clear();
+    lists[i].AppendEncodedSince(min_row, &list);
+    PutVarint(list.size(), &out);
+    out += list;
+  }
+  return out;
+}
+
+absl::Status MergeTopBlocks(const absl::string_view* base,
+                            const std::vector<absl::string_view>& operands, bool as_operand,
+                            std::string* out) {
+  std::vector<std::vector<TopEntry>> lists;
+  int32_t latents = -1;  // every input must hold this many lists
+  auto gather = [&](absl::string_view block) -> absl::Status {
+    auto n = ForEachTopList(block, [&](int32_t i, absl::string_view bytes) {
+      if (static_cast<size_t>(i) >= lists.size()) lists.resize(i + 1);
+      if (bytes.empty()) return absl::OkStatus();
+      TopRows add;
+      absl::Status s = TopRows::Decode(bytes, &add);
+      if (!s.ok()) return s;
+      // Each piece is sorted best first: merge it in.
+      std::vector<TopEntry>& list = lists[i];
+      const size_t mid = list.size();
+      list.insert(list.end(), add.entries().begin(), add.entries().end());
+      std::inplace_merge(list.begin(), list.begin() + mid, list.end(), Better);
+      return absl::OkStatus();
+    });
+    if (!n.ok()) return n.status();
+    if (latents >= 0 && *n != latents) {
+      return absl::DataLossError("top-N merge: blocks of different latent counts");
+    }
+    latents = *n;
+    return absl::OkStatus();
+  };
+  if (base != nullptr) RETURN_IF_ERROR(gather(*base));
+  int64_t capacity = -1;  // every operand of a dataset carries the same
+  for (absl::string_view op : operands) {
+    ByteReader rd(op);
+    const uint64_t cap = rd.Varint();
+    if (!rd.ok() || cap > (uint64_t{1} << 31))
+      return absl::DataLossError("malformed top-N operand");
+    if (capacity >= 0 && static_cast<int64_t>(cap) != capacity) {
+      return absl::DataLossError("top-N merge: operands of different capacities");
+    }
+    capacity = static_cast<int64_t>(cap);
+    RETURN_IF_ERROR(gather(rd.rest()));
+  }
+  out->clear();
+  if (as_operand) PutVarint(static_cast<uint64_t>(std::max<int64_t>(capacity, 0)), out);
+  std::string list_bytes;
+  for (std::vector<TopEntry>& list : lists) {
+    // A replayed operand repeats (row, value) pairs, which the merge left side by side.
+    list.erase(std::unique(list.begin(), list.end(),
+                           [](const TopEntry& a, const TopEntry& b) {
+                             return a.row == b.row && a.value == b.value;
+                           }),
+               list.end());
+    if (capacity >= 0 && static_cast<int64_t>(list.size()) > capacity) list.resize(capacity);
+    list_bytes.clear();
+    if (!list.empty()) {
+      PutVarint(list.size(), &list_bytes);
+      for (const TopEntry& e : list) {
+        PutVarint(static_cast<uint64_t>(e.row), &list_bytes);
+        PutRaw<float>(e.value, &list_bytes);
+      }
+    }
+    PutVarint(list_bytes.size(), out);
+    *out += list_bytes;
+  }
   return absl::OkStatus();
 }
 

@@ -30,6 +30,10 @@ struct LatentStats {
   std::array<int64_t, kHistogramBins> histogram{};
 
   void Add(float value);
+  // Add() of values[0..n) in order, with the same result bit for bit (sums accumulate in the
+  // same order; the histogram depends only on the values and the first one ever added), at a
+  // fraction of the cost: the window is fitted once to the batch's extremes.
+  void AddBatch(const float* values, size_t n);
   double bin_width() const;
   double histogram_min() const { return bin_low * bin_width(); }
   double histogram_max() const { return (bin_low + kHistogramBins) * bin_width(); }
@@ -38,6 +42,11 @@ struct LatentStats {
 
   std::string Encode() const;
   static absl::Status Decode(absl::string_view data, LatentStats* out);
+
+ private:
+  // Slides or widens the window (merging bin pairs) so that it covers the occupied bins, 0 and
+  // the bins of lo and hi (finite, lo <= hi), counting nothing.
+  void FitWindow(double lo, double hi);
 };
 
 struct TopEntry {
@@ -59,17 +68,44 @@ class TopRows {
     return value != last.value ? value > last.value : row < last.row;
   }
   const std::vector<TopEntry>& entries() const { return entries_; }
+  // The largest row ever inserted, -1 for none.
+  int64_t max_row() const { return max_row_; }
 
   std::string Encode() const;
   // Encode() appended to *out without a temporary, and its length.
   void AppendEncoded(std::string* out) const;
   size_t EncodedSize() const;
+  // The encoding of the sub-list of entries whose row is >= min_row, appended to *out (what a
+  // commit of rows [min_row, ...) added to the list).
+  void AppendEncodedSince(int64_t min_row, std::string* out) const;
   static absl::Status Decode(absl::string_view data, TopRows* out);
 
  private:
   std::vector<TopEntry> entries_;
   int64_t max_row_ = -1;  // the largest row ever inserted (replay check)
 };
+
+// Top-N lists of a block of consecutive latents, one RocksDB value (keys::LatentTop):
+// per latent a varint length and the TopRows encoding (length 0: an empty list).
+std::string EncodeTopBlock(const TopRows* lists, int32_t n);
+// Decodes a block of exactly n lists into out[0..n). DATA_LOSS when malformed.
+absl::Status DecodeTopBlock(absl::string_view in, TopRows* out, int32_t n);
+
+// A commit does not rewrite a block: it adds a merge operand holding, per latent, only the
+// entries its own rows [min_row, ...) placed in the list:
+//   varint capacity (the dataset's top_n), then a block as above of those entries.
+// Folding operands into the stored block in commit order (MergeTopBlocks) gives the block the
+// writer holds in memory: the union of the lists, best `capacity` kept. Union-then-truncate is
+// associative and ignores repeated rows, so operands may also be folded among themselves
+// (compaction) and a replayed operand changes nothing.
+std::string EncodeTopDelta(const TopRows* lists, int32_t n, int capacity, int64_t min_row);
+
+// Folds `operands` (EncodeTopDelta values) into `base` (an EncodeTopBlock value, or null when
+// the key has none yet). With as_operand the result is itself an operand (a partial merge),
+// else a block. DATA_LOSS when any input is malformed or the latent counts disagree.
+absl::Status MergeTopBlocks(const absl::string_view* base,
+                            const std::vector<absl::string_view>& operands, bool as_operand,
+                            std::string* out);
 
 }  // namespace latentd::storage
 

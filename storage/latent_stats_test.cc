@@ -1,7 +1,10 @@
 #include "storage/latent_stats.h"
 
 #include <algorithm>
+#include <cmath>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -64,6 +67,104 @@ TEST(TopRows, KeepsLargestDeterministicallyAndIgnoresReplays) {
   TopRows d;
   ASSERT_TRUE(TopRows::Decode(t.Encode(), &d).ok());
   EXPECT_EQ(d.entries().front().row, 500);
+}
+
+// AddBatch is how commits feed statistics; it must equal Add() value by value, whatever the batch
+// cut, including the windows that slide (negative values) and widen (a tiny first value).
+TEST(LatentStats, AddBatchEqualsAddOneByOne) {
+  std::mt19937 rng(7);
+  std::exponential_distribution<float> exp_dist(2.0f);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int trial = 0; trial < 40; ++trial) {
+    std::vector<float> values;
+    if (trial % 4 == 3) values.push_back(1e-6f);  // the initial width is set by a tiny value
+    for (int i = 0; i < 3000; ++i) {
+      float v = trial % 2 ? normal(rng) : exp_dist(rng);
+      if (i == 1500 && trial % 3 == 0) v *= 1e4f;  // a late outlier widens the window
+      if (v != 0.0f) values.push_back(v);
+    }
+    LatentStats one, batched;
+    for (float v : values) one.Add(v);
+    std::uniform_int_distribution<size_t> cut(0, 300);
+    for (size_t at = 0; at < values.size();) {
+      const size_t n = std::min(values.size() - at, cut(rng));
+      batched.AddBatch(values.data() + at, n);
+      at += n;
+    }
+    EXPECT_EQ(batched.Encode(), one.Encode()) << "trial " << trial;
+  }
+}
+
+// Commits write top-N deltas that RocksDB folds; the fold must give the list the writer holds,
+// however the operands are grouped (compaction merges operands among themselves) and if one is
+// applied twice.
+TEST(TopBlocks, DeltasFoldToTheWritersLists) {
+  std::mt19937 rng(3);
+  std::exponential_distribution<float> dist(1.0f);
+  constexpr int kLatents = 5, kCapacity = 6;
+  std::vector<TopRows> lists(kLatents);
+  std::vector<std::string> operands;
+  int64_t row = 0;
+  for (int commit = 0; commit < 12; ++commit) {
+    const int64_t first = row;
+    for (int r = 0; r < 40; ++r, ++row) {
+      const int latent = static_cast<int>(rng() % kLatents);
+      if (latent == 4 && commit > 0) continue;  // latent 4 fires in the first commit only
+      lists[latent].Offer(row, std::round(dist(rng) * 8) / 8, kCapacity);  // ties happen
+    }
+    operands.push_back(EncodeTopDelta(lists.data(), kLatents, kCapacity, first));
+  }
+  const std::string want = EncodeTopBlock(lists.data(), kLatents);
+  std::vector<absl::string_view> all(operands.begin(), operands.end());
+
+  std::string folded;
+  ASSERT_TRUE(MergeTopBlocks(nullptr, all, false, &folded).ok());
+  EXPECT_EQ(folded, want);
+
+  // One operand at a time onto the stored block, as reads between commits see it.
+  std::string block;
+  ASSERT_TRUE(MergeTopBlocks(nullptr, {all[0]}, false, &block).ok());
+  for (size_t i = 1; i < all.size(); ++i) {
+    absl::string_view base(block);
+    std::string next;
+    ASSERT_TRUE(MergeTopBlocks(&base, {all[i]}, false, &next).ok());
+    block = next;
+  }
+  EXPECT_EQ(block, want);
+
+  // Operands folded among themselves in two groups first, one operand replayed.
+  std::string left, right;
+  ASSERT_TRUE(MergeTopBlocks(nullptr, {all.begin(), all.begin() + 5}, true, &left).ok());
+  ASSERT_TRUE(MergeTopBlocks(nullptr, {all.begin() + 4, all.end()}, true, &right).ok());
+  std::string regrouped;
+  ASSERT_TRUE(MergeTopBlocks(nullptr, {left, right}, false, &regrouped).ok());
+  EXPECT_EQ(regrouped, want);
+
+  std::vector<TopRows> decoded(kLatents);
+  ASSERT_TRUE(DecodeTopBlock(folded, decoded.data(), kLatents).ok());
+  for (int l = 0; l < kLatents; ++l) {
+    ASSERT_EQ(decoded[l].entries().size(), lists[l].entries().size());
+    for (size_t i = 0; i < lists[l].entries().size(); ++i) {
+      EXPECT_EQ(decoded[l].entries()[i].row, lists[l].entries()[i].row);
+    }
+  }
+}
+
+TEST(TopBlocks, MalformedInputIsDataLoss) {
+  std::vector<TopRows> lists(2);
+  lists[0].Offer(3, 1.5f, 4);
+  const std::string op = EncodeTopDelta(lists.data(), 2, 4, 0);
+  std::string out;
+  const std::string truncated = op.substr(0, op.size() - 2);
+  EXPECT_EQ(MergeTopBlocks(nullptr, {truncated}, false, &out).code(), absl::StatusCode::kDataLoss);
+  std::vector<TopRows> three(3);
+  const std::string other = EncodeTopDelta(three.data(), 3, 4, 0);
+  EXPECT_EQ(MergeTopBlocks(nullptr, {op, other}, false, &out).code(), absl::StatusCode::kDataLoss);
+  const std::string other_capacity = EncodeTopDelta(lists.data(), 2, 5, 0);
+  EXPECT_EQ(MergeTopBlocks(nullptr, {op, other_capacity}, false, &out).code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodeTopBlock(EncodeTopBlock(lists.data(), 2), three.data(), 3).code(),
+            absl::StatusCode::kDataLoss);
 }
 
 }  // namespace

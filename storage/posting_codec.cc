@@ -30,21 +30,28 @@ uint16_t ToBits16(ChunkDtype dtype, float v) {
   return dtype == ChunkDtype::kFloat16 ? FloatToHalf(v) : FloatToBFloat16(v);
 }
 
-// LSB-first bit stream into a buffer the caller sized (fields of at most 32 bits).
+// LSB-first bit stream into a buffer the caller sized with kSinkSlack bytes to spare (fields of
+// at most 32 bits; whole 32-bit words are stored at once).
+constexpr size_t kSinkSlack = 8;
 class BitSink {
  public:
   explicit BitSink(char* p) : p_(p) {}
   void Put(uint32_t v, int bits) {
     acc_ |= static_cast<uint64_t>(v) << used_;
     used_ += bits;
-    while (used_ >= 8) {
-      *p_++ = static_cast<char>(acc_ & 0xff);
-      acc_ >>= 8;
-      used_ -= 8;
+    if (used_ >= 32) {
+      for (int b = 0; b < 4; ++b) p_[b] = static_cast<char>(acc_ >> (8 * b));
+      p_ += 4;
+      acc_ >>= 32;
+      used_ -= 32;
     }
   }
   char* Finish() {
-    if (used_ > 0) *p_++ = static_cast<char>(acc_ & 0xff);
+    for (; used_ > 0; used_ -= 8) {
+      *p_++ = static_cast<char>(acc_ & 0xff);
+      acc_ >>= 8;
+    }
+    used_ = 0;
     return p_;
   }
 
@@ -92,7 +99,7 @@ void EncodePosting(int64_t row_start, const int64_t* rows, const float* values, 
   const size_t low_bytes = (static_cast<uint64_t>(n) * l + 7) / 8;
   const size_t high_bytes = ((last >> l) + n + 7) / 8;
   const int vbytes = DtypeBytes(dtype);
-  out->assign(1 + 10 + 1 + 3 + n * vbytes + 8 + low_bytes + high_bytes + 4, '\0');
+  out->assign(1 + 10 + 1 + 3 + n * vbytes + 8 + low_bytes + high_bytes + 4 + kSinkSlack, '\0');
   char* const base = &(*out)[0];
   char* p = base;
   *p++ = static_cast<char>(kPostingFormat);

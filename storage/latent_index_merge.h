@@ -1,0 +1,19 @@
+// The RocksDB merge operator of the latent_index family: commits add top-N operands
+// (EncodeTopDelta) instead of rewriting whole top-N blocks, and RocksDB folds them at read and
+// compaction time (MergeTopBlocks). Statistics blocks are plain Puts and never reach it.
+#ifndef LATENTD_STORAGE_LATENT_INDEX_MERGE_H_
+#define LATENTD_STORAGE_LATENT_INDEX_MERGE_H_
+
+#include <memory>
+
+#include "rocksdb/merge_operator.h"
+
+namespace latentd::storage {
+
+// A malformed operand or base fails the merge, which RocksDB reports as Corruption (DATA_LOSS
+// to callers of Db). The name is part of the on-disk contract: keep it.
+std::shared_ptr<rocksdb::MergeOperator> NewLatentIndexMergeOperator();
+
+}  // namespace latentd::storage
+
+#endif  // LATENTD_STORAGE_LATENT_INDEX_MERGE_H_
