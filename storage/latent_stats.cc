@@ -174,15 +174,18 @@ absl::Status LatentStats::Decode(absl::string_view in, LatentStats* out) {
 namespace {
 
 // The order of a top-N list: value descending, then row ascending.
-bool Better(const TopEntry& a, const TopEntry& b) {
-  return a.value != b.value ? a.value > b.value : a.row < b.row;
-}
+// (A function object, so that sorts and searches inline it.)
+struct Better {
+  bool operator()(const TopEntry& a, const TopEntry& b) const {
+    return a.value != b.value ? a.value > b.value : a.row < b.row;
+  }
+};
 
 }  // namespace
 
 bool TopRows::Offer(int64_t row, float value, int capacity) {
   if (capacity <= 0) return false;
-  const auto better = Better;
+  const Better better;
   TopEntry e{row, value};
   if (static_cast<int>(entries_.size()) >= capacity && !better(e, entries_.back())) return false;
   if (row <= max_row_) {  // rows arrive ascending, so only a replay can be already here
@@ -234,14 +237,23 @@ void TopRows::AppendEncoded(std::string* out) const {
 }
 
 void TopRows::AppendEncodedSince(int64_t min_row, std::string* out) const {
-  size_t n = 0;
-  for (const TopEntry& e : entries_) n += e.row >= min_row;
-  PutVarint(n, out);
+  // One pass: the entries go after a one-byte count, which a longer count then moves.
+  const size_t at = out->size();
+  out->push_back(0);
+  uint64_t n = 0;
   for (const TopEntry& e : entries_) {
     if (e.row < min_row) continue;
+    ++n;
     PutVarint(static_cast<uint64_t>(e.row), out);
     PutRaw<float>(e.value, out);
   }
+  if (n < 0x80) {
+    (*out)[at] = static_cast<char>(n);
+    return;
+  }
+  std::string count;
+  PutVarint(n, &count);
+  out->replace(at, 1, count);
 }
 
 absl::Status TopRows::Decode(absl::string_view in, TopRows* out) {
@@ -335,7 +347,7 @@ absl::Status MergeTopBlocks(const absl::string_view* base,
       std::vector<TopEntry>& list = lists[i];
       const size_t mid = list.size();
       list.insert(list.end(), add.entries().begin(), add.entries().end());
-      std::inplace_merge(list.begin(), list.begin() + mid, list.end(), Better);
+      std::inplace_merge(list.begin(), list.begin() + mid, list.end(), Better());
       return absl::OkStatus();
     });
     if (!n.ok()) return n.status();
