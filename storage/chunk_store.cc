@@ -210,9 +210,19 @@ std::string EncodeStatsBlock(const std::vector<LatentStats>& stats, int32_t firs
       PutVarint(0, &out);
       continue;
     }
-    std::string e = stats[l].Encode();
-    PutVarint(e.size(), &out);
-    out += e;
+    // The record after a two-byte length (records are 44 to ~550 bytes), shortened to one
+    // byte when the length fits.
+    const size_t at = out.size();
+    out.append(2, '\0');
+    stats[l].AppendEncoded(&out);
+    const size_t len = out.size() - at - 2;
+    if (len < 0x80) {
+      out[at] = static_cast<char>(len);
+      out.erase(at + 1, 1);
+    } else {
+      out[at] = static_cast<char>(len | 0x80);
+      out[at + 1] = static_cast<char>(len >> 7);
+    }
   }
   return out;
 }
@@ -1347,12 +1357,8 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
         if (begin == end) continue;
         st.AddBatch(&lm.values[begin], end - begin);
         const int64_t unit_first = first_row + u * unit_rows;
-        for (int64_t i = begin; i < end; ++i) {
-          const int64_t row = unit_first + lm.offsets[i];
-          if (top.MayAccept(row, lm.values[i], top_n) && top.Offer(row, lm.values[i], top_n)) {
-            top_changed = true;
-          }
-        }
+        top_changed |=
+            top.OfferRun(unit_first, &lm.offsets[begin], &lm.values[begin], end - begin, top_n);
       }
       if (postings) {  // one unit: the whole commit
         const int64_t begin = counts[l], end = counts[l + 1];

@@ -144,15 +144,19 @@ void LatentStats::AddBatch(const float* values, size_t n) {
 
 std::string LatentStats::Encode() const {
   std::string out;
-  PutRaw<int64_t>(firing_count, &out);
-  PutRaw<double>(sum, &out);
-  PutRaw<double>(sum_squares, &out);
-  PutRaw<float>(max, &out);
-  PutRaw<float>(min, &out);
-  PutRaw<int32_t>(bin_exponent, &out);
-  PutRaw<int64_t>(bin_low, &out);
-  for (int64_t c : histogram) PutVarint(static_cast<uint64_t>(c), &out);
+  AppendEncoded(&out);
   return out;
+}
+
+void LatentStats::AppendEncoded(std::string* out) const {
+  PutRaw<int64_t>(firing_count, out);
+  PutRaw<double>(sum, out);
+  PutRaw<double>(sum_squares, out);
+  PutRaw<float>(max, out);
+  PutRaw<float>(min, out);
+  PutRaw<int32_t>(bin_exponent, out);
+  PutRaw<int64_t>(bin_low, out);
+  for (int64_t c : histogram) PutVarint(static_cast<uint64_t>(c), out);
 }
 
 absl::Status LatentStats::Decode(absl::string_view in, LatentStats* out) {
@@ -197,6 +201,22 @@ bool TopRows::Offer(int64_t row, float value, int capacity) {
   entries_.insert(std::upper_bound(entries_.begin(), entries_.end(), e, better), e);
   if (static_cast<int>(entries_.size()) > capacity) entries_.pop_back();
   return true;
+}
+
+bool TopRows::OfferRun(int64_t row_base, const uint32_t* offsets, const float* values, size_t n,
+                       int capacity) {
+  if (capacity <= 0) return false;
+  bool changed = false;
+  for (size_t i = 0; i < n; ++i) {
+    if (static_cast<int>(entries_.size()) >= capacity) {
+      // Below the last value nothing can enter (a tie may: Offer orders it by row).
+      const float last = entries_.back().value;
+      while (i < n && values[i] < last) ++i;
+      if (i == n) break;
+    }
+    changed |= Offer(row_base + offsets[i], values[i], capacity);
+  }
+  return changed;
 }
 
 static int VarintBytes(uint64_t v) {

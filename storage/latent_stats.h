@@ -41,6 +41,8 @@ struct LatentStats {
   double stddev() const;
 
   std::string Encode() const;
+  // Encode() appended to *out.
+  void AppendEncoded(std::string* out) const;
   static absl::Status Decode(absl::string_view data, LatentStats* out);
 
  private:
@@ -59,14 +61,10 @@ class TopRows {
  public:
   // Returns true when the list changed.
   bool Offer(int64_t row, float value, int capacity);
-  // False when Offer(row, value, capacity) would certainly leave the list unchanged (it is full
-  // and the entry ranks below its last): the inline check that spares most calls.
-  bool MayAccept(int64_t row, float value, int capacity) const {
-    if (capacity <= 0) return false;
-    if (static_cast<int>(entries_.size()) < capacity) return true;
-    const TopEntry& last = entries_.back();
-    return value != last.value ? value > last.value : row < last.row;
-  }
+  // Offer() of the entries (row_base + offsets[i], values[i]) for i in [0, n), in order; true
+  // when the list changed. Entries below the list's last value are skipped in a tight loop.
+  bool OfferRun(int64_t row_base, const uint32_t* offsets, const float* values, size_t n,
+                int capacity);
   const std::vector<TopEntry>& entries() const { return entries_; }
   // The largest row ever inserted, -1 for none.
   int64_t max_row() const { return max_row_; }

@@ -69,6 +69,25 @@ TEST(TopRows, KeepsLargestDeterministicallyAndIgnoresReplays) {
   EXPECT_EQ(d.entries().front().row, 500);
 }
 
+// OfferRun is how commits feed the lists: it must equal Offer() entry by entry, ties included.
+TEST(TopRows, OfferRunEqualsOffer) {
+  std::mt19937 rng(5);
+  TopRows one, run;
+  for (int64_t base = 0; base < 20000; base += 1000) {
+    std::vector<uint32_t> offsets;
+    std::vector<float> values;
+    for (uint32_t off = 0; off < 1000; off += 1 + rng() % 3) {
+      offsets.push_back(off);
+      values.push_back(static_cast<float>(rng() % 50) / 4);  // many ties
+    }
+    bool changed = false;
+    for (size_t i = 0; i < offsets.size(); ++i)
+      changed |= one.Offer(base + offsets[i], values[i], 8);
+    EXPECT_EQ(run.OfferRun(base, offsets.data(), values.data(), offsets.size(), 8), changed);
+    EXPECT_EQ(run.Encode(), one.Encode());
+  }
+}
+
 // AddBatch is how commits feed statistics; it must equal Add() value by value, whatever the batch
 // cut, including the windows that slide (negative values) and widen (a tiny first value).
 TEST(LatentStats, AddBatchEqualsAddOneByOne) {
