@@ -14,8 +14,17 @@ struct CudaDeviceInfo {
   int64_t memory_used_bytes = 0;  // by LibTorch's caching allocator in this process (reserved)
 };
 
+// LibTorch's caching allocator on one CUDA device, in this process (all pools).
+struct CudaAllocatorStats {
+  int64_t allocated_bytes = 0;       // held by live tensors
+  int64_t reserved_bytes = 0;        // taken from the driver by the cache
+  int64_t peak_allocated_bytes = 0;  // since the process started (or the peaks were reset)
+};
+
 int CudaDeviceCount();
 CudaDeviceInfo QueryCudaDevice(int index);
+// Zeros on a build without CUDA.
+CudaAllocatorStats QueryCudaAllocator(int index);
 
 }  // namespace latentd::engine
 

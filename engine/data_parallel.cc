@@ -1,6 +1,7 @@
 #include "engine/data_parallel.h"
 
 #include <ATen/ATen.h>
+#include <torch/version.h>
 
 #include <chrono>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -16,9 +17,18 @@
 namespace latentd::engine {
 namespace {
 
+// What ProcessGroupGloo / ProcessGroupNCCL derive from: c10d::ProcessGroup up to LibTorch 1.13;
+// since 2.0 a c10d::Backend (the ProcessGroup became a dispatcher in front of backends). Both
+// bases offer the allreduce(tensors, options) used here.
+#if TORCH_VERSION_MAJOR >= 2
+using CollectiveGroup = c10d::Backend;
+#else
+using CollectiveGroup = c10d::ProcessGroup;
+#endif
+
 class ProcessGroupSync : public GradientSync {
  public:
-  ProcessGroupSync(c10::intrusive_ptr<c10d::ProcessGroup> group, int rank, int world_size)
+  ProcessGroupSync(c10::intrusive_ptr<CollectiveGroup> group, int rank, int world_size)
       : group_(std::move(group)), rank_(rank), world_size_(world_size) {}
 
   int rank() const override { return rank_; }
@@ -51,7 +61,7 @@ class ProcessGroupSync : public GradientSync {
   }
 
  private:
-  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  c10::intrusive_ptr<CollectiveGroup> group_;
   int rank_;
   int world_size_;
 };

@@ -11,11 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "engine/cuda_info.h"
 #include "engine/device_pool.h"
-
-#ifdef LATENTD_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
 
 namespace latentd::engine {
 namespace {
@@ -94,17 +91,12 @@ absl::Status RestoreState(const std::string& blob, TrainableModel* model, TrainO
 }
 
 void FillDeviceMemory(const c10::Device& device, latentd::v1::TrainTelemetry* sample) {
-#ifdef LATENTD_WITH_CUDA
   if (device.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    constexpr size_t kAll =
-        static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE);
-    sample->set_device_allocated_bytes(stats.allocated_bytes[kAll].current);
-    sample->set_device_reserved_bytes(stats.reserved_bytes[kAll].current);
-    sample->set_device_peak_bytes(stats.allocated_bytes[kAll].peak);
+    const CudaAllocatorStats stats = QueryCudaAllocator(device.index());
+    sample->set_device_allocated_bytes(stats.allocated_bytes);
+    sample->set_device_reserved_bytes(stats.reserved_bytes);
+    sample->set_device_peak_bytes(stats.peak_allocated_bytes);
   }
-#endif
-  (void)device;
   sample->set_process_rss_bytes(ProcessRssBytes());
 }
 
