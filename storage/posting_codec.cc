@@ -316,7 +316,19 @@ absl::Status DecodePostingMasked(absl::string_view in, ChunkDtype dtype, uint64_
   Parsed ps;
   RETURN_IF_ERROR(Parse(in, dtype, &ps));
   if (total != nullptr) *total = ps.n;
+  if (hi <= lo) return ForHighParts(ps, 0, UINT64_MAX, [](uint64_t, uint64_t) {});
+  // When the mask is 2^b - 1 with b >= l (a slice: the row in the low b bits, l of them in the
+  // low part), the row's top b - l bits sit in the high part: entries whose high part rules the
+  // window out are skipped before their low part is read (most of them for a small window).
+  uint64_t high_mask = 0, high_lo = 0, high_span = UINT64_MAX;
+  const int b = 64 - __builtin_clzll(mask | 1);
+  if (mask != 0 && (mask & (mask + 1)) == 0 && hi <= mask + 1 && b >= ps.l && b - ps.l < 64) {
+    high_mask = (uint64_t{1} << (b - ps.l)) - 1;
+    high_lo = lo >> ps.l;
+    high_span = ((hi - 1) >> ps.l) - high_lo;
+  }
   return ForHighParts(ps, 0, UINT64_MAX, [&](uint64_t i, uint64_t high) {
+    if ((high & high_mask) - high_lo > high_span) return;  // unsigned: outside the window
     const uint64_t x = high << ps.l | LowAt(ps, i);
     if ((x & mask) - lo >= hi - lo) return;  // unsigned: outside [lo, hi)
     keys->push_back(static_cast<int64_t>(x));

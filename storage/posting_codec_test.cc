@@ -101,6 +101,59 @@ TEST(PostingCodec, RangeDecodeEqualsFilteredFullDecode) {
   }
 }
 
+// The masked decode serves row windows of latent slices (keys (latent << b) | row): it must equal
+// a filtered full decode for every row width b, including windows of one row (where it skips
+// entries by their high part) and windows reaching past the chunk.
+TEST(PostingCodec, MaskedDecodeEqualsFilteredFullDecode) {
+  std::mt19937_64 rng(13);
+  for (int b : {0, 1, 5, 12, 20}) {
+    for (int latents : {1, 7, 128}) {
+      for (size_t per_latent : {1, 30, 2000}) {
+        const uint64_t rows_in_chunk = uint64_t{1} << b;
+        std::set<int64_t> picked;
+        for (int j = 0; j < latents; ++j) {
+          for (size_t k = 0; k < std::min<uint64_t>(per_latent, rows_in_chunk); ++k) {
+            picked.insert((static_cast<int64_t>(j) << b) |
+                          static_cast<int64_t>(rng() % rows_in_chunk));
+          }
+        }
+        std::vector<int64_t> keys(picked.begin(), picked.end());
+        std::vector<float> values;
+        for (size_t i = 0; i < keys.size(); ++i)
+          values.push_back(Round(ChunkDtype::kFloat16, 0.5f + i % 97));
+        std::string enc;
+        EncodePosting(0, keys.data(), values.data(), keys.size(), ChunkDtype::kFloat16, &enc);
+        const uint64_t mask = rows_in_chunk - 1;
+        for (int trial = 0; trial < 30; ++trial) {
+          uint64_t lo = rng() % rows_in_chunk;
+          uint64_t hi = lo + (trial % 3 == 0 ? 1 : rng() % (rows_in_chunk + 2));
+          if (trial == 1) lo = 0, hi = rows_in_chunk;
+          if (trial == 2) hi = rows_in_chunk + 5;  // past the chunk
+          std::vector<int64_t> got_keys;
+          std::vector<float> got_values;
+          uint64_t total = 0;
+          ASSERT_TRUE(DecodePostingMasked(enc, ChunkDtype::kFloat16, mask, lo, hi, &got_keys,
+                                          &got_values, &total)
+                          .ok());
+          EXPECT_EQ(total, keys.size());
+          std::vector<int64_t> want_keys;
+          std::vector<float> want_values;
+          for (size_t i = 0; i < keys.size(); ++i) {
+            const uint64_t row = static_cast<uint64_t>(keys[i]) & mask;
+            if (row >= lo && row < hi) {
+              want_keys.push_back(keys[i]);
+              want_values.push_back(values[i]);
+            }
+          }
+          ASSERT_EQ(got_keys, want_keys)
+              << "b " << b << " latents " << latents << " [" << lo << ", " << hi << ")";
+          ASSERT_EQ(got_values, want_values);
+        }
+      }
+    }
+  }
+}
+
 TEST(PostingCodec, RowsCostAboutTwoPlusLogGapBits) {
   std::vector<int64_t> rows;
   std::vector<float> values;

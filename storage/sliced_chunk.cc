@@ -167,8 +167,9 @@ absl::Status DecodeSlice(absl::string_view in, const SlicedChunkHeader& header, 
     total = out->keys.size();
   } else {
     s = DecodePostingMasked(in, header.dtype, (uint64_t{1} << row_bits) - 1,
-                            static_cast<uint64_t>(row_lo), static_cast<uint64_t>(row_hi),
-                            &out->keys, &out->values, &total);
+                            static_cast<uint64_t>(std::max<int64_t>(row_lo, 0)),
+                            static_cast<uint64_t>(std::min(row_hi, header.num_rows)), &out->keys,
+                            &out->values, &total);
   }
   if (!s.ok()) return absl::DataLossError(absl::StrCat("slice ", slice, ": ", s.message()));
   RETURN_IF_ERROR(CheckSliceCount(header, slice, total));
