@@ -187,6 +187,7 @@ struct Result {
   double store_wall = 0, store_cpu = 0;
   RawResult raw_same, raw_rows;
   Percentiles read, row, latent, post;
+  Percentiles latent_fresh;  // GetLatent before compaction
 };
 
 Result RunConfig(const std::string& base, const Config& config, const Rows& rows, int64_t n,
@@ -237,6 +238,18 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
   res.store_wall = Seconds(t0, Clock::now());
   res.store_cpu = CpuSeconds() - c0;
   writer->reset();
+  // GetLatent right after the last commit, before any compaction: top-N blocks are then still
+  // the stored block plus the merge operands of recent commits, which every read folds.
+  std::vector<double> fresh_us;
+  std::mt19937 frng(11);
+  for (int i = 0; i < (measure_reads ? 200 : 0); ++i) {
+    const int32_t latent = frng() % kWidth;
+    auto a = Clock::now();
+    Check(store.GetLatentStats(id, latent).status());
+    Check(store.TopActivations(id, latent, 20, 32, 8).status());
+    fresh_us.push_back(Seconds(a, Clock::now()) * 1e6);
+  }
+  res.latent_fresh = Summarize(fresh_us);
   Check(db->CompactAll());
   res.disk = *db->BytesOnDisk();
   res.info_bytes = store.GetDataset(id)->bytes_on_disk();
@@ -356,7 +369,8 @@ int main(int argc, char** argv) {
         "    raw-rows (%llu B): %.2f s wall, %.2f s CPU -> store overhead %+.0f%% wall, %+.0f%% "
         "CPU\n"
         "  ReadRows(1024) p50 %.0f / p99 %.0f us; RowLatents p50 %.0f / p99 %.0f us\n"
-        "  GetLatent(stats + top-20, 32/8 context) p50 %.0f / p99 %.0f us\n",
+        "  GetLatent(stats + top-20, 32/8 context) p50 %.0f / p99 %.0f us (before compaction: "
+        "%.0f / %.0f us)\n",
         c.name.c_str(), c.format,
         c.format < 3 ? (c.postings ? " + postings" : ", no postings") : "",
         static_cast<long long>(c.format >= 3 ? c.chunk_rows : 1024), c.async ? "async" : "sync",
@@ -366,7 +380,8 @@ int main(int argc, char** argv) {
         (r.store_wall / r.raw_same.wall - 1) * 100, (r.store_cpu / r.raw_same.cpu - 1) * 100,
         static_cast<unsigned long long>(r.raw_rows.bytes), r.raw_rows.wall, r.raw_rows.cpu,
         (r.store_wall / r.raw_rows.wall - 1) * 100, (r.store_cpu / r.raw_rows.cpu - 1) * 100,
-        r.read.p50, r.read.p99, r.row.p50, r.row.p99, r.latent.p50, r.latent.p99);
+        r.read.p50, r.read.p99, r.row.p50, r.row.p99, r.latent.p50, r.latent.p99,
+        r.latent_fresh.p50, r.latent_fresh.p99);
     if (r.post.p50 > 0) {
       std::printf("  LatentPostings (every row of a latent) p50 %.0f / p99 %.0f us\n", r.post.p50,
                   r.post.p99);

@@ -198,6 +198,11 @@ absl::Status DecodePostingV1(absl::string_view in, int64_t row_start, ChunkDtype
 // block a varint length and LatentStats::Encode() (length 0: never fired).
 constexpr int32_t kStatsBlock = 64;
 
+// Commits add top-N merge operands (only the entries they placed), and every this many changes
+// of a block its whole lists instead (a Put): a read folds at most this many operands, however
+// long ago the last compaction was, for a write of 1/this of the blocks a commit.
+constexpr int kTopDeltasPerBlockWrite = 16;
+
 // Commits with at least this many entries spread their per-latent work over commit_threads
 // (below it a thread start costs more than it saves).
 constexpr int64_t kParallelCommitEntries = 1 << 16;
@@ -1036,6 +1041,9 @@ absl::Status DatasetWriter::LoadLatentState() {
   if (record_.meta.kind != DatasetKind::kSparse) return absl::OkStatus();
   stats_.assign(record_.meta.width, LatentStats());
   top_.assign(record_.meta.width, TopRows());
+  // Staggered, so that the blocks written whole are spread evenly over the commits.
+  top_deltas_.resize(record_.meta.width / kStatsBlock + 1);
+  for (size_t b = 0; b < top_deltas_.size(); ++b) top_deltas_[b] = b % kTopDeltasPerBlockWrite;
   Db* db = store_->db();
   auto it = db->NewIterator(Family::kLatentIndex);
   const std::string prefix = keys::IdPrefix(record_.id);
@@ -1338,7 +1346,7 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
   // Statistics, top-N operands and (formats 1-2) postings of latents [lo, hi), lo a block start.
   struct StatsOut {
     int64_t new_live = 0;
-    KeyValues postings, index, top;
+    KeyValues postings, index, top, top_whole;  // top: merge operands; top_whole: blocks
   };
   const size_t blocks = width / kStatsBlock + 1;
   std::vector<char> touched_block(blocks, 0), top_block_changed(blocks, 0);
@@ -1386,8 +1394,13 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
                               EncodeStatsBlock(stats_, first));
       if (top_block_changed[b]) {
         const int32_t size = std::min(kStatsBlock, width - first);
-        out->top.emplace_back(keys::LatentTop(id, static_cast<uint32_t>(first)),
-                              EncodeTopDelta(&top_[first], size, top_n, first_row));
+        const std::string key = keys::LatentTop(id, static_cast<uint32_t>(first));
+        if (++top_deltas_[b] >= kTopDeltasPerBlockWrite) {
+          top_deltas_[b] = 0;
+          out->top_whole.emplace_back(key, EncodeTopBlock(&top_[first], size));
+        } else {
+          out->top.emplace_back(key, EncodeTopDelta(&top_[first], size, top_n, first_row));
+        }
       }
     }
   };
@@ -1447,6 +1460,9 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
     for (const auto& [k, v] : out.postings) commit->batch.Put(db->handle(Family::kPostings), k, v);
     for (const auto& [k, v] : out.index) commit->batch.Put(db->handle(Family::kLatentIndex), k, v);
     for (const auto& [k, v] : out.top) commit->batch.Merge(db->handle(Family::kLatentIndex), k, v);
+    for (const auto& [k, v] : out.top_whole) {
+      commit->batch.Put(db->handle(Family::kLatentIndex), k, v);
+    }
   }
   if (!sliced) return;
   for (int64_t c = 0; c < units; ++c) {

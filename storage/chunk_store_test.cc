@@ -299,18 +299,20 @@ TEST_P(ChunkStoreTest, TopNSurvivesCompactionReopenAndResume) {
   DatasetMeta meta = SparseMeta("top", 32);
   meta.top_n = 6;
   uint64_t id = *store_->CreateDataset(meta);
-  const int64_t total = 600;
+  // 24 commits a writer: more than the 16 after which a block is written whole, so the lists
+  // pass through operands, a whole block, and operands on top of it.
+  const int64_t total = 960;
   for (int64_t at = 0; at < total;) {
-    auto w = store_->OpenWriter(id);  // reopened every 150 rows: state loads from merged values
+    auto w = store_->OpenWriter(id);  // reopened every 480 rows: state loads from merged values
     ASSERT_TRUE(w.ok()) << w.status();
-    for (int64_t stop = at + 150; at < stop; at += 50) {
-      ASSERT_TRUE(Append(w->get(), MakeRows(at, 50, 32)).ok());
+    for (int64_t stop = at + 480; at < stop; at += 20) {
+      ASSERT_TRUE(Append(w->get(), MakeRows(at, 20, 32)).ok());
       ASSERT_TRUE((*w)->CommitAsync().ok());
+      if (at == 300) ASSERT_TRUE(db_->CompactAll().ok());
     }
     ASSERT_TRUE((*w)->WaitDurable().ok());
     w->reset();
-    if (at == 300) ASSERT_TRUE(db_->CompactAll().ok());
-    if (at == 450) Reopen();
+    if (at == 480) Reopen();
   }
   Rows all = MakeRows(0, total, 32);
   for (int32_t l = 0; l < 32; ++l) {

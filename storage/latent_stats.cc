@@ -354,47 +354,64 @@ std::string EncodeTopDelta(const TopRows* lists, int32_t n, int capacity, int64_
 absl::Status MergeTopBlocks(const absl::string_view* base,
                             const std::vector<absl::string_view>& operands, bool as_operand,
                             std::string* out) {
+  int64_t capacity = -1;  // every operand of a dataset carries the same
+  std::vector<absl::string_view> bodies;
+  bodies.reserve(operands.size() + 1);
+  if (base != nullptr) bodies.push_back(*base);
+  for (absl::string_view op : operands) {
+    ByteReader rd(op);
+    const uint64_t cap = rd.Varint();
+    if (!rd.ok() || cap > (uint64_t{1} << 31)) {
+      return absl::DataLossError("malformed top-N operand");
+    }
+    if (capacity >= 0 && static_cast<int64_t>(cap) != capacity) {
+      return absl::DataLossError("top-N merge: operands of different capacities");
+    }
+    capacity = static_cast<int64_t>(cap);
+    bodies.push_back(rd.rest());
+  }
+  // Every list's entries from every input, parsed in place (reads fold many small operands).
+  // The first input's part of each list is sorted already; first_run marks where it ends.
   std::vector<std::vector<TopEntry>> lists;
+  std::vector<size_t> first_run;
   int32_t latents = -1;  // every input must hold this many lists
-  auto gather = [&](absl::string_view block) -> absl::Status {
-    auto n = ForEachTopList(block, [&](int32_t i, absl::string_view bytes) {
+  for (absl::string_view body : bodies) {
+    auto n = ForEachTopList(body, [&](int32_t i, absl::string_view bytes) {
       if (static_cast<size_t>(i) >= lists.size()) lists.resize(i + 1);
       if (bytes.empty()) return absl::OkStatus();
-      TopRows add;
-      absl::Status s = TopRows::Decode(bytes, &add);
-      if (!s.ok()) return s;
-      // Each piece is sorted best first: merge it in.
+      ByteReader rd(bytes);
+      const uint64_t count = rd.Varint();
+      if (!rd.ok() || count > bytes.size()) return absl::DataLossError("malformed top-N record");
       std::vector<TopEntry>& list = lists[i];
-      const size_t mid = list.size();
-      list.insert(list.end(), add.entries().begin(), add.entries().end());
-      std::inplace_merge(list.begin(), list.begin() + mid, list.end(), Better());
+      for (uint64_t k = 0; k < count && rd.ok(); ++k) {
+        const int64_t row = static_cast<int64_t>(rd.Varint());
+        list.push_back({row, rd.Raw<float>()});
+      }
+      if (!rd.ok() || !rd.rest().empty()) return absl::DataLossError("malformed top-N record");
       return absl::OkStatus();
     });
     if (!n.ok()) return n.status();
     if (latents >= 0 && *n != latents) {
       return absl::DataLossError("top-N merge: blocks of different latent counts");
     }
-    latents = *n;
-    return absl::OkStatus();
-  };
-  if (base != nullptr) RETURN_IF_ERROR(gather(*base));
-  int64_t capacity = -1;  // every operand of a dataset carries the same
-  for (absl::string_view op : operands) {
-    ByteReader rd(op);
-    const uint64_t cap = rd.Varint();
-    if (!rd.ok() || cap > (uint64_t{1} << 31))
-      return absl::DataLossError("malformed top-N operand");
-    if (capacity >= 0 && static_cast<int64_t>(cap) != capacity) {
-      return absl::DataLossError("top-N merge: operands of different capacities");
+    if (first_run.empty()) {
+      for (const std::vector<TopEntry>& list : lists) first_run.push_back(list.size());
     }
-    capacity = static_cast<int64_t>(cap);
-    RETURN_IF_ERROR(gather(rd.rest()));
+    latents = *n;
   }
   out->clear();
   if (as_operand) PutVarint(static_cast<uint64_t>(std::max<int64_t>(capacity, 0)), out);
   std::string list_bytes;
-  for (std::vector<TopEntry>& list : lists) {
-    // A replayed operand repeats (row, value) pairs, which the merge left side by side.
+  std::vector<TopEntry> merged;
+  for (size_t i = 0; i < lists.size(); ++i) {
+    std::vector<TopEntry>& list = lists[i];
+    // Sort what the later inputs added (a few entries each), then merge it with the first run.
+    const auto mid = list.begin() + static_cast<std::ptrdiff_t>(first_run[i]);
+    std::sort(mid, list.end(), Better());
+    merged.resize(list.size());
+    std::merge(list.begin(), mid, mid, list.end(), merged.begin(), Better());
+    list.swap(merged);
+    // A replayed operand repeats (row, value) pairs, which the sort puts side by side.
     list.erase(std::unique(list.begin(), list.end(),
                            [](const TopEntry& a, const TopEntry& b) {
                              return a.row == b.row && a.value == b.value;
