@@ -2,7 +2,7 @@
 //
 //   bazel build -c opt //bench:storage_bench
 //   bazel-bin/bench/storage_bench [rows=1048576] [configs=f3,f2] [threads=0] [chunk=4096]
-//                                 [slices=32] [reads=1]
+//                                 [slices=32] [reads=1] [commit=16384]
 //
 // configs: a comma-separated list, each run on a fresh database in this one process, so their
 // figures compare side by side:
@@ -75,7 +75,7 @@ void Check(const absl::Status& s) {
 }
 
 constexpr int32_t kWidth = 4096, kK = 32;
-constexpr int64_t kCommitRows = 16384;
+int64_t g_commit_rows = 16384;  // rows per commit: the commit= argument (EXTRACT's default)
 
 struct Rows {
   std::vector<int64_t> indptr{0};
@@ -147,9 +147,9 @@ RawResult WriteRaw(const std::string& dir, const std::vector<std::vector<Kv>>& b
 // The rows as plain fixed-k records: per 1024-row chunk, u16 indices, fp16 values, u16 tokens.
 std::vector<std::vector<Kv>> PlainRowBatches(const Rows& rows, int64_t n) {
   std::vector<std::vector<Kv>> batches;
-  for (int64_t at = 0; at < n; at += kCommitRows) {
+  for (int64_t at = 0; at < n; at += g_commit_rows) {
     batches.emplace_back();
-    const int64_t end = std::min(n, at + kCommitRows);
+    const int64_t end = std::min(n, at + g_commit_rows);
     for (int64_t c = at; c < end; c += 1024) {
       const int64_t stop = std::min(end, c + 1024);
       Kv kv{Family::kChunks, std::string(16, '\0'), std::string()};
@@ -225,8 +225,8 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
   const auto t0 = Clock::now();
   const double c0 = CpuSeconds();
   std::vector<int64_t> local;
-  for (int64_t at = 0; at < n; at += kCommitRows) {
-    const int64_t m = std::min(kCommitRows, n - at);
+  for (int64_t at = 0; at < n; at += g_commit_rows) {
+    const int64_t m = std::min(g_commit_rows, n - at);
     local.assign(rows.indptr.begin() + at, rows.indptr.begin() + at + m + 1);
     for (int64_t& v : local) v -= rows.indptr[at];
     Check((*writer)->AppendSparse(m, local.data(), rows.indices.data() + rows.indptr[at],
@@ -317,6 +317,7 @@ int main(int argc, char** argv) {
   const int64_t chunk = std::atoll(Arg(argc, argv, "chunk", "4096").c_str());
   const int slices = std::atoi(Arg(argc, argv, "slices", "32").c_str());
   const bool reads = Arg(argc, argv, "reads", "1") != "0";
+  g_commit_rows = std::max<int64_t>(1, std::atoll(Arg(argc, argv, "commit", "16384").c_str()));
   std::vector<Config> configs;
   {
     const std::string list = Arg(argc, argv, "configs", "f3,f2");
@@ -353,7 +354,7 @@ int main(int argc, char** argv) {
   const Rows rows = MakeRows(n);
 
   std::printf("rows %lld, k %d, d_sae %d, fp16, commits of %lld rows, latent slices %d\n",
-              static_cast<long long>(n), kK, kWidth, static_cast<long long>(kCommitRows), slices);
+              static_cast<long long>(n), kK, kWidth, static_cast<long long>(g_commit_rows), slices);
   std::vector<Result> results;
   for (const Config& c : configs) {
     results.push_back(RunConfig(base, c, rows, n, threads, slices, reads));
