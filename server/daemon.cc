@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/device_pool.h"
 #include "server/auth.h"
+#include "server/datasets_service.h"
 #include "server/devices_service.h"
 #include "server/job_manager.h"
 #include "server/job_runners.h"
@@ -19,7 +20,6 @@
 #include "storage/artifact_store.h"
 #include "storage/chunk_store.h"
 #include "storage/db.h"
-#include "server/datasets_service.h"
 
 namespace latentd::server {
 
@@ -66,6 +66,10 @@ absl::Status Daemon::Start() {
   if (options_.export_root.empty()) options_.export_root = options_.data_dir + "/exports";
   if (options_.data_roots.empty()) options_.data_roots = {options_.data_dir, "/tmp"};
 
+  if (options_.block_cache_mb < 1 || options_.block_cache_mb > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--block_cache_mb: ", options_.block_cache_mb, " outside [1, 2^30]"));
+  }
   if (!options_.auth_token_file.empty()) {
     auto auth = TokenAuth::FromFile(options_.auth_token_file);
     if (!auth.ok()) return auth.status();
@@ -86,7 +90,9 @@ absl::Status Daemon::Start() {
   std::filesystem::create_directories(options_.export_root, ec);
   std::filesystem::create_directories(options_.data_dir + "/artifacts", ec);
 
-  auto db = storage::Db::Open(options_.data_dir + "/db");
+  storage::DbOptions db_options;
+  db_options.block_cache_bytes = static_cast<size_t>(options_.block_cache_mb) << 20;
+  auto db = storage::Db::Open(options_.data_dir + "/db", db_options);
   if (!db.ok()) return db.status();
   state->db = std::move(*db);
   state->job_store = std::make_unique<JobStore>(state->db.get());

@@ -5,6 +5,7 @@
 
 #include <grpcpp/server.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,9 @@ struct DaemonOptions {
   int max_message_bytes = 16 << 20;
   // How long in-flight RPCs may run on after Shutdown() begins. Default 5 s.
   absl::Duration grace = absl::Seconds(5);
+  // RocksDB block cache shared by every family, in MiB: what repeated dataset queries (row
+  // ranges, latent scans, top-N contexts) find in memory. Default 256; at least 1.
+  int64_t block_cache_mb = 256;
 };
 
 // $XDG_DATA_HOME/latentd, else $HOME/.local/share/latentd.

@@ -49,5 +49,14 @@ TEST(Daemon, BadDeviceSpecIsAnError) {
   EXPECT_EQ(daemon.Start().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(Daemon, BadBlockCacheSizeIsAnErrorNamingTheFlag) {
+  DaemonOptions options = TestOptions("d4");
+  options.block_cache_mb = 0;
+  Daemon daemon(options);
+  absl::Status s = daemon.Start();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--block_cache_mb"), absl::string_view::npos);
+}
+
 }  // namespace
 }  // namespace latentd::server

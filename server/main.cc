@@ -25,6 +25,8 @@ ABSL_FLAG(std::string, export_root, "",
 ABSL_FLAG(std::string, port_file, "",
           "write the bound port to this file once serving (for tests and scripts)");
 ABSL_FLAG(int, grace_seconds, 5, "how long in-flight RPCs may run on after SIGTERM");
+ABSL_FLAG(int64_t, block_cache_mb, 256,
+          "RocksDB block cache in MiB, shared by every dataset query");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("latentd: the Latentd daemon (see README.md)");
@@ -49,6 +51,7 @@ int main(int argc, char** argv) {
   }
   options.export_root = absl::GetFlag(FLAGS_export_root);
   options.grace = absl::Seconds(absl::GetFlag(FLAGS_grace_seconds));
+  options.block_cache_mb = absl::GetFlag(FLAGS_block_cache_mb);
 
   latentd::server::Daemon daemon(options);
   if (absl::Status s = daemon.Start(); !s.ok()) {
