@@ -41,8 +41,9 @@ struct DbOptions {
   size_t chunk_block_bytes = 64 << 10;
   // Compress the chunk family's SST blocks (LZ4, ZSTD at the bottom level). Default true.
   bool compress_chunks = true;
-  // Block cache shared by all families, in bytes. Default 64 MiB.
-  size_t block_cache_bytes = 64 << 20;
+  // Block cache shared by all families, in bytes (an LRU cache: memory is taken as blocks are
+  // read, up to this). Default 256 MiB, as latentd's --block_cache_mb.
+  size_t block_cache_bytes = size_t{256} << 20;
   // Background compaction/flush threads. Default 2.
   int background_jobs = 2;
   // File system environment; tests inject faults (a full disk) through it. Default nullptr, the
