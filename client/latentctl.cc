@@ -52,6 +52,9 @@ ABSL_FLAG(int64_t, count, 0, "rows/export: number of rows (0: to the end)");
 ABSL_FLAG(int, top, 20, "latent: top activations to show");
 ABSL_FLAG(int, before, 32, "latent: context tokens before");
 ABSL_FLAG(int, after_tokens, 8, "latent: context tokens after");
+ABSL_FLAG(int, intervals, 0,
+          "latent: also sample rows from this many equal intervals of the value range");
+ABSL_FLAG(int, interval_samples, 5, "latent: rows per interval (with --intervals)");
 ABSL_FLAG(std::string, format, "npz", "export: npz or hdf5");
 ABSL_FLAG(std::string, plot, "", "telemetry: write a PNG of loss and memory against steps here");
 
@@ -499,6 +502,8 @@ int Latent(Client& client, const std::vector<std::string>& args) {
   request.set_top_n(absl::GetFlag(FLAGS_top));
   request.set_context_before(absl::GetFlag(FLAGS_before));
   request.set_context_after(absl::GetFlag(FLAGS_after_tokens));
+  request.set_intervals(absl::GetFlag(FLAGS_intervals));
+  request.set_interval_samples(absl::GetFlag(FLAGS_interval_samples));
   v1::GetLatentResponse response;
   grpc::Status status = client.datasets()->GetLatent(client.Context().get(), request, &response);
   if (!status.ok()) return RpcError(status);
@@ -523,11 +528,19 @@ int Latent(Client& client, const std::vector<std::string>& args) {
                   static_cast<long long>(s.histogram(b)));
     }
   }
-  std::printf("top activations:\n");
-  for (const auto& t : response.top()) {
+  auto print_row = [](const v1::TopActivation& t) {
     std::printf("  row %-9lld value %-9.4g token %-6d context [%s]\n",
                 static_cast<long long>(t.row()), t.value(), t.token_id(),
                 absl::StrJoin(t.context_token_ids(), " ").c_str());
+  };
+  std::printf("top activations:\n");
+  for (const auto& t : response.top()) print_row(t);
+  for (int i = 0; i < response.intervals_size(); ++i) {
+    const auto& interval = response.intervals(i);
+    const bool last = i + 1 == response.intervals_size();  // includes its high end
+    std::printf("interval [%.4g, %.4g%c: %lld firings\n", interval.low(), interval.high(),
+                last ? ']' : ')', static_cast<long long>(interval.count()));
+    for (const auto& t : interval.samples()) print_row(t);
   }
   return 0;
 }
@@ -651,7 +664,8 @@ datasets:
   datasets                       list
   dataset ID                     metadata and summary
   rows ID [--start=R] [--count=N]              CSR rows with token ids
-  latent ID J [--top=N] [--before=B] [--after_tokens=A]   statistics and top activations
+  latent ID J [--top=N] [--before=B] [--after_tokens=A] [--intervals=I [--interval_samples=S]]
+                                                      statistics, top activations, interval samples
   export ID PATH [--format=npz|hdf5] [--start=R] [--count=N]   server-side, under the export root
   delete-dataset ID
   artifacts                      trained SAEs

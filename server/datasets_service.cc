@@ -15,6 +15,7 @@ namespace {
 constexpr int32_t kDefaultTopN = 20;
 constexpr int32_t kDefaultContextBefore = 32;
 constexpr int32_t kDefaultContextAfter = 8;
+constexpr int32_t kDefaultIntervalSamples = 5;
 // Rows fetched from the store per read while streaming (bounds server memory per stream).
 constexpr int64_t kRowsPerRead = 16384;
 
@@ -22,6 +23,14 @@ constexpr int64_t kRowsPerRead = 16384;
 // (<= 10 B for negative ids), and per entry an index (<= 5 B) and a float (4 B).
 size_t RowBytesBound(int64_t nnz) { return 20 + static_cast<size_t>(nnz) * 9; }
 constexpr size_t kPieceOverhead = 128;  // field tags, length prefixes, row_start, num_rows...
+
+void ToProto(const storage::TopActivationContext& t, latentd::v1::TopActivation* out) {
+  out->set_row(t.row);
+  out->set_value(t.value);
+  out->set_token_id(t.token_id);
+  out->set_context_start_row(t.context_start_row);
+  out->mutable_context_token_ids()->Add(t.context_token_ids.begin(), t.context_token_ids.end());
+}
 
 }  // namespace
 
@@ -123,17 +132,30 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
     return ToGrpcStatus(
         absl::InvalidArgumentError("top_n, context_before and context_after must be >= 0"));
   }
+  if (request->intervals() < 0 || request->interval_samples() < 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError("intervals and interval_samples must be >= 0"));
+  }
   auto record = store_->GetRecord(request->dataset_id());
   if (!record.ok()) return ToGrpcStatus(record.status());
   auto stats = store_->GetLatentStats(request->dataset_id(), request->latent());
   if (!stats.ok()) return ToGrpcStatus(stats.status());
   const int32_t top_n =
       std::min(request->top_n() > 0 ? request->top_n() : kDefaultTopN, record->meta.top_n);
-  auto top = store_->TopActivations(
-      request->dataset_id(), request->latent(), top_n,
-      request->context_before() > 0 ? request->context_before() : kDefaultContextBefore,
-      request->context_after() > 0 ? request->context_after() : kDefaultContextAfter);
+  const int32_t before =
+      request->context_before() > 0 ? request->context_before() : kDefaultContextBefore;
+  const int32_t after =
+      request->context_after() > 0 ? request->context_after() : kDefaultContextAfter;
+  auto top = store_->TopActivations(request->dataset_id(), request->latent(), top_n, before, after);
   if (!top.ok()) return ToGrpcStatus(top.status());
+  std::vector<storage::ActivationInterval> intervals;
+  if (request->intervals() > 0) {
+    auto sampled = store_->IntervalSamples(
+        request->dataset_id(), request->latent(), request->intervals(),
+        request->interval_samples() > 0 ? request->interval_samples() : kDefaultIntervalSamples,
+        before, after);
+    if (!sampled.ok()) return ToGrpcStatus(sampled.status());
+    intervals = *std::move(sampled);
+  }
   latentd::v1::LatentStatistics* out = response->mutable_statistics();
   out->set_latent(request->latent());
   out->set_firing_count(stats->firing_count);
@@ -148,13 +170,13 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
     out->set_histogram_max(stats->histogram_max());
   }
   for (int64_t c : stats->histogram) out->add_histogram(c);
-  for (const auto& t : *top) {
-    latentd::v1::TopActivation* a = response->add_top();
-    a->set_row(t.row);
-    a->set_value(t.value);
-    a->set_token_id(t.token_id);
-    a->set_context_start_row(t.context_start_row);
-    a->mutable_context_token_ids()->Add(t.context_token_ids.begin(), t.context_token_ids.end());
+  for (const auto& t : *top) ToProto(t, response->add_top());
+  for (const storage::ActivationInterval& interval : intervals) {
+    latentd::v1::ActivationInterval* out_interval = response->add_intervals();
+    out_interval->set_low(interval.low);
+    out_interval->set_high(interval.high);
+    out_interval->set_count(interval.count);
+    for (const auto& t : interval.samples) ToProto(t, out_interval->add_samples());
   }
   return grpc::Status::OK;
 }

@@ -169,6 +169,34 @@ TEST_F(DatasetsServiceTest, GetLatentListDeleteAndArtifacts) {
     EXPECT_EQ(t.context_start_row(), std::max<int64_t>(t.row() / 128 * 128, t.row() - 32));
     EXPECT_LE(t.context_token_ids_size(), 41);
   }
+  EXPECT_EQ(resp.intervals_size(), 0);  // only on request
+  {
+    // Interval samples: the counts add up to the firings, samples lie in their interval.
+    req.set_intervals(4);
+    grpc::ClientContext ctx;
+    latentd::v1::GetLatentResponse with;
+    ASSERT_TRUE(stub_->GetLatent(&ctx, req, &with).ok());
+    ASSERT_GT(stats->firing_count, 0);
+    ASSERT_EQ(with.intervals_size(), 4);
+    int64_t counted = 0;
+    for (const auto& interval : with.intervals()) {
+      counted += interval.count();
+      EXPECT_EQ(interval.samples_size(), std::min<int64_t>(5, interval.count()));
+      for (const auto& sample : interval.samples()) {
+        EXPECT_GE(sample.value(), interval.low());
+        EXPECT_LE(sample.value(), interval.high());
+        EXPECT_EQ(sample.context_start_row(),
+                  std::max<int64_t>(sample.row() / 128 * 128, sample.row() - 32));
+      }
+    }
+    EXPECT_EQ(counted, stats->firing_count);
+    EXPECT_EQ(with.intervals(3).high(), resp.statistics().max());
+    req.set_intervals(-1);
+    grpc::ClientContext bad_ctx;
+    EXPECT_EQ(stub_->GetLatent(&bad_ctx, req, &with).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+    req.set_intervals(0);
+  }
   artifacts_->Register("sae", "/models/sae", 3).IgnoreError();
   {
     grpc::ClientContext ctx;

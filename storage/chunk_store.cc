@@ -860,10 +860,26 @@ absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
     RETURN_IF_ERROR(DecodeTopBlock(value, block.data(), static_cast<int32_t>(block.size())));
     top = std::move(block[latent - first]);
   }
-  std::map<int64_t, std::vector<int32_t>> tokens_by_chunk;  // chunk start -> its token ids
+  TokenCache tokens;
+  std::vector<TopActivationContext> out;
+  for (const TopEntry& e : top.entries()) {
+    if (top_n > 0 && static_cast<int32_t>(out.size()) >= top_n) break;
+    if (e.row >= rec.rows_committed) continue;
+    TopActivationContext t;
+    t.row = e.row;
+    t.value = e.value;
+    RETURN_IF_ERROR(FillContext(snap.get(), rec, before, after, &tokens, &t));
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+absl::Status ChunkStore::FillContext(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
+                                     int32_t before, int32_t after, TokenCache* cache,
+                                     TopActivationContext* t) const {
   auto token_at = [&](int64_t row, int32_t* token) -> absl::Status {
-    auto it = tokens_by_chunk.upper_bound(row);
-    if (it != tokens_by_chunk.begin()) {
+    auto it = cache->upper_bound(row);
+    if (it != cache->begin()) {
       --it;
       if (row < it->first + static_cast<int64_t>(it->second.size())) {
         *token = it->second[row - it->first];
@@ -872,34 +888,83 @@ absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
     }
     int64_t start = 0;
     std::vector<int32_t> toks;
-    RETURN_IF_ERROR(ForEachChunk(snap.get(), rec, row, 1, true, [&](const Chunk& c) {
+    RETURN_IF_ERROR(ForEachChunk(snap, rec, row, 1, true, [&](const Chunk& c) {
       start = c.row_start;
       toks = c.token_ids;
     }));
     *token = toks[row - start];
-    tokens_by_chunk.emplace(start, std::move(toks));
+    cache->emplace(start, std::move(toks));
     return absl::OkStatus();
   };
-  std::vector<TopActivationContext> out;
   const int64_t seq = rec.meta.context_length > 0 ? rec.meta.context_length : 0;
-  for (const TopEntry& e : top.entries()) {
-    if (top_n > 0 && static_cast<int32_t>(out.size()) >= top_n) break;
-    if (e.row >= rec.rows_committed) continue;
-    TopActivationContext t;
-    t.row = e.row;
-    t.value = e.value;
-    const int64_t seq_start = seq > 0 ? e.row - e.row % seq : 0;
-    const int64_t seq_end =
-        seq > 0 ? std::min(seq_start + seq, rec.rows_committed) : rec.rows_committed;
-    t.context_start_row = std::max(seq_start, e.row - before);
-    const int64_t stop = std::min(seq_end, e.row + after + 1);
-    for (int64_t r = t.context_start_row; r < stop; ++r) {
-      int32_t token;
-      RETURN_IF_ERROR(token_at(r, &token));
-      t.context_token_ids.push_back(token);
-      if (r == e.row) t.token_id = token;
+  const int64_t row = t->row;
+  const int64_t seq_start = seq > 0 ? row - row % seq : 0;
+  const int64_t seq_end =
+      seq > 0 ? std::min(seq_start + seq, rec.rows_committed) : rec.rows_committed;
+  t->context_start_row = std::max(seq_start, row - before);
+  const int64_t stop = std::min(seq_end, row + after + 1);
+  t->context_token_ids.clear();
+  for (int64_t r = t->context_start_row; r < stop; ++r) {
+    int32_t token;
+    RETURN_IF_ERROR(token_at(r, &token));
+    t->context_token_ids.push_back(token);
+    if (r == row) t->token_id = token;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ActivationInterval>> ChunkStore::IntervalSamples(
+    uint64_t id, int32_t latent, int32_t intervals, int32_t per_interval, int32_t before,
+    int32_t after) const {
+  if (intervals < 1 || intervals > 1000) {
+    return absl::InvalidArgumentError(absl::StrCat("intervals: ", intervals, " outside [1, 1000]"));
+  }
+  if (per_interval < 1 || per_interval > 1000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("interval_samples: ", per_interval, " outside [1, 1000]"));
+  }
+  if (before < 0 || after < 0) {
+    return absl::InvalidArgumentError("context_before/context_after: negative");
+  }
+  SnapshotHolder snap(db_->raw());
+  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
+  RETURN_IF_ERROR(CheckLatentQuery(rec, id, latent));
+  std::vector<int64_t> rows;
+  std::vector<float> values;
+  RETURN_IF_ERROR(LatentPostingsAt(snap.get(), rec, latent, &rows, &values));
+  std::vector<ActivationInterval> out;
+  if (rows.empty()) return out;
+  const auto [lo_it, hi_it] = std::minmax_element(values.begin(), values.end());
+  const double lo = *lo_it, hi = *hi_it;
+  if (lo == hi) intervals = 1;
+  // The edges as reported (floats), and each entry placed by them, so that the counts agree
+  // with the bounds a client sees.
+  std::vector<float> edges(intervals + 1);
+  for (int b = 0; b < intervals; ++b) edges[b] = static_cast<float>(lo + (hi - lo) * b / intervals);
+  edges[intervals] = static_cast<float>(hi);
+  std::vector<std::vector<size_t>> members(intervals);  // entries of each interval, row order
+  for (size_t i = 0; i < values.size(); ++i) {
+    const auto inner = std::upper_bound(edges.begin() + 1, edges.end() - 1, values[i]);
+    members[inner - (edges.begin() + 1)].push_back(i);
+  }
+  TokenCache tokens;
+  for (int b = 0; b < intervals; ++b) {
+    ActivationInterval interval;
+    interval.low = edges[b];
+    interval.high = edges[b + 1];
+    const std::vector<size_t>& m = members[b];
+    interval.count = static_cast<int64_t>(m.size());
+    const size_t take = std::min<size_t>(m.size(), per_interval);
+    for (size_t j = 0; j < take; ++j) {
+      // The j-th of `take` evenly spaced picks: the middle of its share of the interval's rows.
+      const size_t pick = m[(2 * j + 1) * m.size() / (2 * take)];
+      TopActivationContext t;
+      t.row = rows[pick];
+      t.value = values[pick];
+      RETURN_IF_ERROR(FillContext(snap.get(), rec, before, after, &tokens, &t));
+      interval.samples.push_back(std::move(t));
     }
-    out.push_back(std::move(t));
+    out.push_back(std::move(interval));
   }
   return out;
 }
@@ -909,14 +974,21 @@ absl::Status ChunkStore::LatentPostings(uint64_t id, int32_t latent, std::vector
   SnapshotHolder snap(db_->raw());
   ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
   RETURN_IF_ERROR(CheckLatentQuery(rec, id, latent));
+  return LatentPostingsAt(snap.get(), rec, latent, rows, values);
+}
+
+absl::Status ChunkStore::LatentPostingsAt(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
+                                          int32_t latent, std::vector<int64_t>* rows,
+                                          std::vector<float>* values) const {
+  const uint64_t id = rec.id;
   rows->clear();
   values->clear();
-  if (rec.format_version >= 3) return SlicedLatentPostings(snap.get(), rec, latent, rows, values);
+  if (rec.format_version >= 3) return SlicedLatentPostings(snap, rec, latent, rows, values);
   if (!rec.meta.postings) {
     return absl::FailedPreconditionError(absl::StrCat("dataset ", id, " keeps no postings"));
   }
   rocksdb::ReadOptions ro;
-  ro.snapshot = snap.get();
+  ro.snapshot = snap;
   std::unique_ptr<rocksdb::Iterator> it(
       db_->raw()->NewIterator(ro, db_->handle(Family::kPostings)));
   const std::string prefix = keys::PostingPrefix(id, static_cast<uint32_t>(latent));

@@ -20,6 +20,7 @@
 #define LATENTD_STORAGE_CHUNK_STORE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -98,6 +99,15 @@ struct TopActivationContext {
   std::vector<int32_t> context_token_ids;
 };
 
+// Rows of one value interval of a latent, sampled across it (SAEDashboard's "interval samples":
+// what the latent does at moderate activations, which the top-N never shows).
+struct ActivationInterval {
+  float low = 0;  // [low, high); the last interval includes high (the latent's max)
+  float high = 0;
+  int64_t count = 0;  // entries of the latent whose value lies in it
+  std::vector<TopActivationContext> samples;
+};
+
 inline constexpr uint32_t kLatestRecordVersion = 3;
 
 struct ChunkStoreOptions {
@@ -163,6 +173,17 @@ class ChunkStore {
   absl::StatusOr<std::vector<TopActivationContext>> TopActivations(uint64_t id, int32_t latent,
                                                                    int32_t top_n, int32_t before,
                                                                    int32_t after) const;
+  // The latent's value range [min, max] cut into `intervals` intervals of equal width (one when
+  // min == max), each with its entry count and up to `per_interval` of its rows, spread evenly
+  // over them in row order (deterministic), with context windows as TopActivations gives them.
+  // Reads every row of the latent (LatentPostings). INVALID_ARGUMENT naming the field for
+  // intervals or per_interval outside [1, 1000] or a negative window; an empty vector for a
+  // latent that never fired.
+  absl::StatusOr<std::vector<ActivationInterval>> IntervalSamples(uint64_t id, int32_t latent,
+                                                                  int32_t intervals,
+                                                                  int32_t per_interval,
+                                                                  int32_t before,
+                                                                  int32_t after) const;
   // Every committed row where the latent fires, ascending, with its value: one small read per
   // chunk (format 3) or one range read of the postings (format 2). FAILED_PRECONDITION for a
   // format-2 dataset created without postings.
@@ -191,6 +212,16 @@ class ChunkStore {
   absl::Status ForEachSlicedChunk(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
                                   int64_t row_start, int64_t row_count, bool tokens_only,
                                   Visit visit) const;
+  // LatentPostings at a snapshot (rows and values cleared first).
+  absl::Status LatentPostingsAt(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
+                                int32_t latent, std::vector<int64_t>* rows,
+                                std::vector<float>* values) const;
+  // Token ids of committed chunks read so far by a query: chunk start row -> ids.
+  using TokenCache = std::map<int64_t, std::vector<int32_t>>;
+  // Fills t's token id and the window [row - before, row + after] clipped to the row's sequence
+  // and the committed rows (t->row set by the caller).
+  absl::Status FillContext(const rocksdb::Snapshot* snap, const DatasetRecord& rec, int32_t before,
+                           int32_t after, TokenCache* cache, TopActivationContext* t) const;
   absl::Status SlicedLatentPostings(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
                                     int32_t latent, std::vector<int64_t>* rows,
                                     std::vector<float>* values) const;

@@ -336,6 +336,79 @@ TEST_P(ChunkStoreTest, TopNSurvivesCompactionReopenAndResume) {
   }
 }
 
+// Interval samples: every entry of the latent counted in exactly one interval of its value range,
+// samples drawn from inside their interval, spread over its rows, with the same context windows
+// as the top-N.
+TEST_P(ChunkStoreTest, IntervalSamplesCoverTheValueRange) {
+  uint64_t id = *store_->CreateDataset(SparseMeta("iv", 16));
+  const int64_t total = 400;
+  Rows all = MakeRows(0, total, 16);
+  {
+    auto w = store_->OpenWriter(id);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(Append(w->get(), all).ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+  }
+  for (int32_t l = 0; l < 16; ++l) {
+    std::vector<std::pair<int64_t, float>> want;  // (row, stored value), rows ascending
+    for (int64_t r = 0; r < total; ++r) {
+      for (int64_t i = all.indptr[r]; i < all.indptr[r + 1]; ++i) {
+        if (all.indices[i] == l) want.emplace_back(r, HalfToFloat(FloatToHalf(all.values[i])));
+      }
+    }
+    auto got = store_->IntervalSamples(id, l, 5, 3, 2, 1);
+    ASSERT_TRUE(got.ok()) << got.status();
+    if (want.empty()) {
+      EXPECT_TRUE(got->empty());
+      continue;
+    }
+    ASSERT_EQ(got->size(), 5u) << "latent " << l;
+    float lo = want[0].second, hi = want[0].second;
+    for (auto& [r, v] : want) lo = std::min(lo, v), hi = std::max(hi, v);
+    EXPECT_EQ(got->front().low, lo);
+    EXPECT_EQ(got->back().high, hi);
+    int64_t counted = 0;
+    for (size_t b = 0; b < got->size(); ++b) {
+      const ActivationInterval& iv = (*got)[b];
+      const bool last = b + 1 == got->size();
+      int64_t inside = 0;
+      for (auto& [r, v] : want) inside += v >= iv.low && (v < iv.high || (last && v <= iv.high));
+      EXPECT_EQ(iv.count, inside) << "latent " << l << " interval " << b;
+      counted += iv.count;
+      EXPECT_EQ(iv.samples.size(), std::min<size_t>(3, iv.count));
+      for (size_t j = 0; j < iv.samples.size(); ++j) {
+        const TopActivationContext& t = iv.samples[j];
+        if (j > 0) EXPECT_GT(t.row, iv.samples[j - 1].row);  // spread in row order, distinct
+        EXPECT_GE(t.value, iv.low);
+        EXPECT_LE(t.value, iv.high);
+        auto it = std::find_if(want.begin(), want.end(), [&](auto& e) { return e.first == t.row; });
+        ASSERT_NE(it, want.end());
+        EXPECT_EQ(it->second, t.value);
+        EXPECT_EQ(t.token_id, all.tokens[t.row]);
+        EXPECT_EQ(t.context_start_row, std::max(t.row / 16 * 16, t.row - 2));
+      }
+    }
+    EXPECT_EQ(counted, static_cast<int64_t>(want.size()));
+  }
+  auto again = store_->IntervalSamples(id, 3, 5, 3, 2, 1);
+  auto first = store_->IntervalSamples(id, 3, 5, 3, 2, 1);
+  ASSERT_TRUE(again.ok() && first.ok());
+  ASSERT_EQ(again->size(), first->size());
+  for (size_t b = 0; b < again->size(); ++b) {
+    for (size_t j = 0; j < (*again)[b].samples.size(); ++j) {
+      EXPECT_EQ((*again)[b].samples[j].row, (*first)[b].samples[j].row);
+    }
+  }
+  EXPECT_EQ(store_->IntervalSamples(id, 3, 0, 3, 2, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(store_->IntervalSamples(id, 3, 5, 0, 2, 1).status().message().find("interval_samples"),
+            absl::string_view::npos);
+  EXPECT_EQ(store_->IntervalSamples(id, 16, 5, 3, 2, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->IntervalSamples(id + 100, 3, 5, 3, 2, 1).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST_P(ChunkStoreTest, DenseRowsRoundTripInChunks) {
   DatasetMeta m = SparseMeta("d", 12);
   m.kind = DatasetKind::kDense;

@@ -111,8 +111,12 @@ class Client:
              np.asarray(indptr, np.int64)), shape=(len(indptr) - 1, cols))
         return matrix, np.asarray(tokens, np.int32)
 
-    def get_latent(self, dataset_id, latent, top_n=20, context_before=32, context_after=8):
+    def get_latent(self, dataset_id, latent, top_n=20, context_before=32, context_after=8,
+                   intervals=0, interval_samples=5):
+        """Statistics, top rows with context and, with intervals > 0, interval samples: the value
+        range cut into that many equal intervals, each with its count and a few of its rows."""
         request = datasets_pb2.GetLatentRequest(dataset_id=dataset_id, latent=latent, top_n=top_n,
                                                 context_before=context_before,
-                                                context_after=context_after)
+                                                context_after=context_after, intervals=intervals,
+                                                interval_samples=interval_samples)
         return self.datasets.GetLatent(request, metadata=self.metadata, timeout=self.timeout)
