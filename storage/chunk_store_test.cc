@@ -88,6 +88,17 @@ class ChunkStoreTest : public ::testing::TestWithParam<uint32_t> {
     db_.reset();
     Open(dir_);
   }
+  // A SPARSE dataset of MakeRows(0, total, width) written in synced commits of commit_rows.
+  uint64_t WriteSparse(const std::string& name, int32_t width, int64_t total, int64_t commit_rows) {
+    const uint64_t id = *store_->CreateDataset(SparseMeta(name, width));
+    auto w = store_->OpenWriter(id);
+    EXPECT_TRUE(w.ok()) << w.status();
+    for (int64_t at = 0; w.ok() && at < total; at += commit_rows) {
+      EXPECT_TRUE(Append(w->get(), MakeRows(at, std::min(commit_rows, total - at), width)).ok());
+      EXPECT_TRUE((*w)->Commit().ok());
+    }
+    return id;
+  }
   std::string dir_;
   std::unique_ptr<Db> db_;
   std::unique_ptr<ChunkStore> store_;
@@ -229,17 +240,9 @@ TEST_P(ChunkStoreTest, AsyncCommitsEqualSyncCommits) {
 }
 
 TEST_P(ChunkStoreTest, StatisticsTopNAndPostingsMatchBruteForce) {
-  uint64_t id = *store_->CreateDataset(SparseMeta("s", 64));
   const int64_t total = 500;
+  const uint64_t id = WriteSparse("s", 64, total, 125);
   Rows all = MakeRows(0, total, 64);
-  {
-    auto w = store_->OpenWriter(id);
-    ASSERT_TRUE(w.ok());
-    for (int64_t at = 0; at < total; at += 125) {
-      ASSERT_TRUE(Append(w->get(), MakeRows(at, 125, 64)).ok());
-      ASSERT_TRUE((*w)->Commit().ok());
-    }
-  }
   std::map<int32_t, std::vector<std::pair<int64_t, float>>> by_latent;
   for (int64_t r = 0; r < total; ++r) {
     for (int64_t i = all.indptr[r]; i < all.indptr[r + 1]; ++i) {
@@ -340,15 +343,9 @@ TEST_P(ChunkStoreTest, TopNSurvivesCompactionReopenAndResume) {
 // samples drawn from inside their interval, spread over its rows, with the same context windows
 // as the top-N.
 TEST_P(ChunkStoreTest, IntervalSamplesCoverTheValueRange) {
-  uint64_t id = *store_->CreateDataset(SparseMeta("iv", 16));
   const int64_t total = 400;
+  const uint64_t id = WriteSparse("iv", 16, total, 400);
   Rows all = MakeRows(0, total, 16);
-  {
-    auto w = store_->OpenWriter(id);
-    ASSERT_TRUE(w.ok());
-    ASSERT_TRUE(Append(w->get(), all).ok());
-    ASSERT_TRUE((*w)->Commit().ok());
-  }
   for (int32_t l = 0; l < 16; ++l) {
     std::vector<std::pair<int64_t, float>> want;  // (row, stored value), rows ascending
     for (int64_t r = 0; r < total; ++r) {
