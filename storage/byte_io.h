@@ -28,6 +28,24 @@ inline void PutVarint(uint64_t v, std::string* out) {
   out->push_back(static_cast<char>(v));
 }
 
+// A varint written before bytes that are appended after it, without a temporary string:
+// ReserveVarint leaves `guess` bytes for it and returns where the bytes start; PatchVarint then
+// writes the value there (canonical, so the bytes move when it needs another size than guessed).
+inline size_t ReserveVarint(int guess, std::string* out) {
+  out->append(guess, '\0');
+  return out->size();
+}
+inline void PatchVarint(size_t start, int guess, uint64_t v, std::string* out) {
+  char buf[10];
+  int n = 0;
+  while (v >= 0x80) {
+    buf[n++] = static_cast<char>(v | 0x80);
+    v >>= 7;
+  }
+  buf[n++] = static_cast<char>(v);
+  out->replace(start - guess, guess, buf, n);
+}
+
 // u32 length + bytes.
 inline void PutString(const std::string& s, std::string* out) {
   PutRaw<uint32_t>(static_cast<uint32_t>(s.size()), out);

@@ -215,19 +215,9 @@ std::string EncodeStatsBlock(const std::vector<LatentStats>& stats, int32_t firs
       PutVarint(0, &out);
       continue;
     }
-    // The record after a two-byte length (records are 44 to ~550 bytes), shortened to one
-    // byte when the length fits.
-    const size_t at = out.size();
-    out.append(2, '\0');
+    const size_t start = ReserveVarint(2, &out);  // records are 44 to ~550 bytes
     stats[l].AppendEncoded(&out);
-    const size_t len = out.size() - at - 2;
-    if (len < 0x80) {
-      out[at] = static_cast<char>(len);
-      out.erase(at + 1, 1);
-    } else {
-      out[at] = static_cast<char>(len | 0x80);
-      out[at + 1] = static_cast<char>(len >> 7);
-    }
+    PatchVarint(start, 2, out.size() - start, &out);
   }
   return out;
 }

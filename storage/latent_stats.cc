@@ -257,9 +257,7 @@ void TopRows::AppendEncoded(std::string* out) const {
 }
 
 void TopRows::AppendEncodedSince(int64_t min_row, std::string* out) const {
-  // One pass: the entries go after a one-byte count, which a longer count then moves.
-  const size_t at = out->size();
-  out->push_back(0);
+  const size_t start = ReserveVarint(1, out);  // the count, known after one pass
   uint64_t n = 0;
   for (const TopEntry& e : entries_) {
     if (e.row < min_row) continue;
@@ -267,13 +265,7 @@ void TopRows::AppendEncodedSince(int64_t min_row, std::string* out) const {
     PutVarint(static_cast<uint64_t>(e.row), out);
     PutRaw<float>(e.value, out);
   }
-  if (n < 0x80) {
-    (*out)[at] = static_cast<char>(n);
-    return;
-  }
-  std::string count;
-  PutVarint(n, &count);
-  out->replace(at, 1, count);
+  PatchVarint(start, 1, n, out);
 }
 
 absl::Status TopRows::Decode(absl::string_view in, TopRows* out) {
