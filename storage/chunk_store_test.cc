@@ -386,6 +386,21 @@ TEST_P(ChunkStoreTest, IntervalSamplesCoverTheValueRange) {
       }
     }
     EXPECT_EQ(counted, static_cast<int64_t>(want.size()));
+    // One sample an interval: the middle of its rows (spread, not the first ones).
+    auto one = store_->IntervalSamples(id, l, 5, 1, 0, 0);
+    ASSERT_TRUE(one.ok());
+    for (size_t b = 0; b < one->size(); ++b) {
+      const ActivationInterval& iv = (*one)[b];
+      std::vector<int64_t> inside;
+      for (auto& [r, v] : want) {
+        if (v >= iv.low && (v < iv.high || (b + 1 == one->size() && v <= iv.high))) {
+          inside.push_back(r);
+        }
+      }
+      if (inside.empty()) continue;
+      ASSERT_EQ(iv.samples.size(), 1u);
+      EXPECT_EQ(iv.samples[0].row, inside[inside.size() / 2]) << "latent " << l;
+    }
   }
   auto again = store_->IntervalSamples(id, 3, 5, 3, 2, 1);
   auto first = store_->IntervalSamples(id, 3, 5, 3, 2, 1);
