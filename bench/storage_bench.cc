@@ -33,9 +33,11 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "storage/chunk_store.h"
+#include "storage/export.h"
 #include "storage/value_codec.h"
 
 using latentd::storage::ChunkStore;
@@ -187,7 +189,9 @@ struct Result {
   double store_wall = 0, store_cpu = 0;
   RawResult raw_same, raw_rows;
   Percentiles read, row, latent, post;
-  Percentiles latent_fresh;  // GetLatent before compaction
+  Percentiles latent_fresh;                  // GetLatent before compaction
+  double export_npz_s = 0, export_h5_s = 0;  // whole-dataset exports (format 3 only)
+  int64_t export_npz_b = 0, export_h5_b = 0;
 };
 
 Result RunConfig(const std::string& base, const Config& config, const Rows& rows, int64_t n,
@@ -292,6 +296,18 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
       post_us.push_back(Seconds(a, Clock::now()) * 1e6);
     }
   }
+  if (measure_reads && config.format >= 3) {
+    // The whole dataset exported as scipy .npz and as HDF5, as ExportDataset writes them.
+    for (auto [format, seconds, bytes] :
+         {std::tuple{latentd::storage::ExportFormat::kNpz, &res.export_npz_s, &res.export_npz_b},
+          std::tuple{latentd::storage::ExportFormat::kHdf5, &res.export_h5_s, &res.export_h5_b}}) {
+      const auto a = Clock::now();
+      auto exported = latentd::storage::ExportDataset(store, id, 0, 0, format, dir + "/export");
+      Check(exported.status());
+      *seconds = Seconds(a, Clock::now());
+      *bytes = exported->bytes;
+    }
+  }
   res.read = Summarize(read_us);
   res.row = Summarize(row_us);
   res.latent = Summarize(latent_us);
@@ -383,6 +399,10 @@ int main(int argc, char** argv) {
         (r.store_wall / r.raw_rows.wall - 1) * 100, (r.store_cpu / r.raw_rows.cpu - 1) * 100,
         r.read.p50, r.read.p99, r.row.p50, r.row.p99, r.latent.p50, r.latent.p99,
         r.latent_fresh.p50, r.latent_fresh.p99);
+    if (r.export_npz_s > 0) {
+      std::printf("  export, whole dataset: npz %.2f s (%.0f MB), HDF5 %.2f s (%.0f MB)\n",
+                  r.export_npz_s, r.export_npz_b / 1e6, r.export_h5_s, r.export_h5_b / 1e6);
+    }
     if (r.post.p50 > 0) {
       std::printf("  LatentPostings (every row of a latent) p50 %.0f / p99 %.0f us\n", r.post.p50,
                   r.post.p99);

@@ -231,6 +231,49 @@ absl::Status Parse(absl::string_view in, ChunkDtype dtype, Parsed* out) {
   return absl::OkStatus();
 }
 
+// LSB-first bits of [p, end), read front to back (fields of at most 32 bits): the sequential
+// counterpart of BitsAt for whole-posting decodes.
+class BitSource {
+ public:
+  BitSource(const uint8_t* p, const uint8_t* end) : p_(p), end_(end) {}
+  uint32_t Get(int bits) {
+    if (avail_ < bits) {
+      uint64_t word = 0;
+      if (end_ - p_ >= 4) {
+        uint32_t w;
+        std::memcpy(&w, p_, 4);
+        word = w;
+        p_ += 4;
+      } else {
+        for (int i = 0; p_ < end_ && i < 4; ++i) word |= static_cast<uint64_t>(*p_++) << (8 * i);
+      }
+      buffer_ |= word << avail_;
+      avail_ += 32;
+    }
+    const uint32_t v = static_cast<uint32_t>(buffer_ & ((uint64_t{1} << bits) - 1));
+    buffer_ >>= bits;
+    avail_ -= bits;
+    return v;
+  }
+
+ private:
+  const uint8_t* p_;
+  const uint8_t* end_;
+  uint64_t buffer_ = 0;
+  int avail_ = 0;
+};
+
+// A 16-bit dtype's stored field (head offset and mantissa) as a float.
+inline float ValueFromField(const Parsed& ps, uint32_t v) {
+  const uint32_t h = ((v >> ps.mbits) + ps.lo_head) << ps.mbits | (v & ((1u << ps.mbits) - 1));
+  if (ps.dtype == ChunkDtype::kBFloat16) return BitsFloat(h << 16);
+  if (ps.normal_half) {
+    // Sign to bit 31, exponent and mantissa up by 13, exponent bias up by 127 - 15.
+    return BitsFloat(((h & 0x8000u) << 16) | (((h & 0x7fffu) << 13) + 0x38000000u));
+  }
+  return HalfToFloat(static_cast<uint16_t>(h));
+}
+
 // Value i of the posting.
 inline float ValueAt(const Parsed& ps, uint64_t i) {
   if (ps.dtype == ChunkDtype::kFloat32) {
@@ -239,14 +282,7 @@ inline float ValueAt(const Parsed& ps, uint64_t i) {
     return BitsFloat(f);
   }
   const int vbits = ps.hbits + ps.mbits;
-  const uint32_t v = static_cast<uint32_t>(BitsAt(ps.values, ps.end, i * vbits, vbits));
-  const uint32_t h = ((v >> ps.mbits) + ps.lo_head) << ps.mbits | (v & ((1u << ps.mbits) - 1));
-  if (ps.dtype == ChunkDtype::kBFloat16) return BitsFloat(h << 16);
-  if (ps.normal_half) {
-    // Sign to bit 31, exponent and mantissa up by 13, exponent bias up by 127 - 15.
-    return BitsFloat(((h & 0x8000u) << 16) | (((h & 0x7fffu) << 13) + 0x38000000u));
-  }
-  return HalfToFloat(static_cast<uint16_t>(h));
+  return ValueFromField(ps, static_cast<uint32_t>(BitsAt(ps.values, ps.end, i * vbits, vbits)));
 }
 
 // Low part of key i.
@@ -299,13 +335,27 @@ absl::Status DecodePosting(absl::string_view in, int64_t row_start, ChunkDtype d
   values->resize(first + ps.n);
   int64_t* out_rows = rows->data() + first;
   float* out_values = values->data() + first;
-  for (uint64_t i = 0; i < ps.n; ++i) out_values[i] = ValueAt(ps, i);
+  if (ps.dtype == ChunkDtype::kFloat32) {
+    for (uint64_t i = 0; i < ps.n; ++i) out_values[i] = ValueAt(ps, i);
+  } else {
+    BitSource fields(ps.values, ps.end);
+    const int vbits = ps.hbits + ps.mbits;
+    for (uint64_t i = 0; i < ps.n; ++i) out_values[i] = ValueFromField(ps, fields.Get(vbits));
+  }
   RETURN_IF_ERROR(ForHighParts(ps, 0, UINT64_MAX, [&](uint64_t i, uint64_t high) {
     out_rows[i] = static_cast<int64_t>(high);
   }));
+  BitSource lows(ps.low, ps.high);
   for (uint64_t i = 0; i < ps.n; ++i) {
+    uint64_t low = 0;
+    if (ps.l <= 32) {
+      low = ps.l > 0 ? lows.Get(ps.l) : 0;
+    } else {
+      low = lows.Get(32);
+      low |= static_cast<uint64_t>(lows.Get(ps.l - 32)) << 32;
+    }
     out_rows[i] =
-        row_start + static_cast<int64_t>(static_cast<uint64_t>(out_rows[i]) << ps.l | LowAt(ps, i));
+        row_start + static_cast<int64_t>(static_cast<uint64_t>(out_rows[i]) << ps.l | low);
   }
   return absl::OkStatus();
 }
