@@ -75,6 +75,19 @@ class TrainLoop(DaemonTestCase):
         self.assertGreater(answer.statistics.firing_count, 0)
         self.assertGreater(len(answer.top), 0)
         self.assertTrue(all(len(t.context_token_ids) > 0 for t in answer.top))
+        self.assertEqual(len(answer.intervals), 0)  # only on request
+        # Interval samples: every firing counted once, each sample inside its interval.
+        sampled = c.get_latent(sparse.result.extract.dataset_id, latent, top_n=5, intervals=4,
+                               interval_samples=2)
+        self.assertGreaterEqual(len(sampled.intervals), 1)
+        self.assertEqual(sum(i.count for i in sampled.intervals),
+                         sampled.statistics.firing_count)
+        self.assertAlmostEqual(sampled.intervals[-1].high, sampled.statistics.max, places=5)
+        for interval in sampled.intervals:
+            self.assertEqual(len(interval.samples), min(2, interval.count))
+            for sample in interval.samples:
+                self.assertTrue(interval.low <= sample.value <= interval.high)
+                self.assertGreater(len(sample.context_token_ids), 0)
 
 
 if __name__ == "__main__":
