@@ -242,16 +242,19 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
   res.store_wall = Seconds(t0, Clock::now());
   res.store_cpu = CpuSeconds() - c0;
   writer->reset();
-  // GetLatent right after the last commit, before any compaction: top-N blocks are then still
-  // the stored block plus the merge operands of recent commits, which every read folds.
+  // What GetLatent reads: statistics, then the top 20 rows with 32/8 tokens of context.
+  auto get_latent_us = [&](int32_t latent) {
+    const auto a = Clock::now();
+    Check(store.GetLatentStats(id, latent).status());
+    Check(store.TopActivations(id, latent, 20, 32, 8).status());
+    return Seconds(a, Clock::now()) * 1e6;
+  };
+  // Right after the last commit, before any compaction: top-N blocks are then still the stored
+  // block plus the merge operands of recent commits, which every read folds.
   std::vector<double> fresh_us;
   std::mt19937 frng(11);
   for (int i = 0; i < (measure_reads ? 200 : 0); ++i) {
-    const int32_t latent = frng() % kWidth;
-    auto a = Clock::now();
-    Check(store.GetLatentStats(id, latent).status());
-    Check(store.TopActivations(id, latent, 20, 32, 8).status());
-    fresh_us.push_back(Seconds(a, Clock::now()) * 1e6);
+    fresh_us.push_back(get_latent_us(static_cast<int32_t>(frng() % kWidth)));
   }
   res.latent_fresh = Summarize(fresh_us);
   Check(db->CompactAll());
@@ -284,10 +287,7 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
     Check(store.RowLatents(id, qrng() % n).status());
     row_us.push_back(Seconds(a, Clock::now()) * 1e6);
     const int32_t latent = qrng() % kWidth;
-    a = Clock::now();
-    Check(store.GetLatentStats(id, latent).status());
-    Check(store.TopActivations(id, latent, 20, 32, 8).status());
-    latent_us.push_back(Seconds(a, Clock::now()) * 1e6);
+    latent_us.push_back(get_latent_us(latent));
     if (has_postings) {
       std::vector<int64_t> prow;
       std::vector<float> pval;

@@ -1219,8 +1219,7 @@ absl::Status DatasetWriter::AppendSparse(int64_t num_rows, const int64_t* indptr
   }
   pending_.indices.resize(mark + kept);
   pending_.values.resize(mark + kept);
-  const size_t mark_idx = mark;
-  const int64_t base = pending_.indptr.back() - static_cast<int64_t>(mark_idx);
+  const int64_t base = pending_.indptr.back() - static_cast<int64_t>(mark);
   for (int64_t r = 0; r < num_rows; ++r) {
     pending_.indptr.push_back(base + row_ends[r]);
     pending_.token_ids.push_back(token_ids[r]);
@@ -1408,7 +1407,9 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
   // Statistics, top-N operands and (formats 1-2) postings of latents [lo, hi), lo a block start.
   struct StatsOut {
     int64_t new_live = 0;
-    KeyValues postings, index, top, top_whole;  // top: merge operands; top_whole: blocks
+    KeyValues postings;
+    KeyValues index;  // Puts: statistics blocks, and top-N blocks written whole
+    KeyValues top;    // Merges: top-N operands
   };
   const size_t blocks = width / kStatsBlock + 1;
   std::vector<char> touched_block(blocks, 0), top_block_changed(blocks, 0);
@@ -1459,7 +1460,7 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
         const std::string key = keys::LatentTop(id, static_cast<uint32_t>(first));
         if (++top_deltas_[b] >= kTopDeltasPerBlockWrite) {
           top_deltas_[b] = 0;
-          out->top_whole.emplace_back(key, EncodeTopBlock(&top_[first], size));
+          out->index.emplace_back(key, EncodeTopBlock(&top_[first], size));
         } else {
           out->top.emplace_back(key, EncodeTopDelta(&top_[first], size, top_n, first_row));
         }
@@ -1522,9 +1523,6 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
     for (const auto& [k, v] : out.postings) commit->batch.Put(db->handle(Family::kPostings), k, v);
     for (const auto& [k, v] : out.index) commit->batch.Put(db->handle(Family::kLatentIndex), k, v);
     for (const auto& [k, v] : out.top) commit->batch.Merge(db->handle(Family::kLatentIndex), k, v);
-    for (const auto& [k, v] : out.top_whole) {
-      commit->batch.Put(db->handle(Family::kLatentIndex), k, v);
-    }
   }
   if (!sliced) return;
   for (int64_t c = 0; c < units; ++c) {

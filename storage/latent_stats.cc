@@ -13,6 +13,15 @@ namespace {
 
 int64_t FloorDiv2(int64_t v) { return v >= 0 ? v / 2 : -((-v + 1) / 2); }
 
+// 2^e for -1023 < e < 1024, built from its bits (ldexp was a tenth of the commit profile);
+// exact, as ldexp is.
+inline double PowerOfTwo(int e) {
+  const uint64_t bits = static_cast<uint64_t>(e + 1023) << 52;
+  double v;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
 // floor(x) for |x| < 2^62, without the libm call std::floor is on baseline x86-64.
 inline int64_t FloorToInt(double x) {
   const int64_t t = static_cast<int64_t>(x);  // rounds toward zero
@@ -21,14 +30,8 @@ inline int64_t FloorToInt(double x) {
 
 }  // namespace
 
-// 2^e built from its bits (ldexp was a tenth of the commit profile); exact, as ldexp is.
 double LatentStats::bin_width() const {
-  if (bin_exponent > -1023 && bin_exponent < 1024) {
-    const uint64_t bits = static_cast<uint64_t>(bin_exponent + 1023) << 52;
-    double w;
-    std::memcpy(&w, &bits, sizeof(w));
-    return w;
-  }
+  if (bin_exponent > -1023 && bin_exponent < 1024) return PowerOfTwo(bin_exponent);
   return std::ldexp(1.0, bin_exponent);
 }
 
@@ -55,10 +58,7 @@ void LatentStats::Add(float value) {
   if (!std::isfinite(v)) return;  // the writer rejects these; never loop on them
   if (bin_exponent > -1023 && bin_exponent < 1023) {
     // The common case: no re-binning. v * 2^-e equals v / 2^e exactly (a power of two).
-    const uint64_t bits = static_cast<uint64_t>(1023 - bin_exponent) << 52;
-    double inverse_width;
-    std::memcpy(&inverse_width, &bits, sizeof(inverse_width));
-    const double scaled = std::floor(v * inverse_width);
+    const double scaled = std::floor(v * PowerOfTwo(-bin_exponent));
     if (scaled >= static_cast<double>(bin_low) &&
         scaled < static_cast<double>(bin_low + kHistogramBins)) {
       histogram[static_cast<int>(scaled - static_cast<double>(bin_low))] += 1;
@@ -127,9 +127,7 @@ void LatentStats::AddBatch(const float* values, size_t n) {
   max = std::max(max, hi);
   min = std::min(min, lo);
   firing_count += static_cast<int64_t>(n - i);
-  const uint64_t bits = static_cast<uint64_t>(1023 - bin_exponent) << 52;
-  double inverse_width;  // 2^-e, exact
-  std::memcpy(&inverse_width, &bits, sizeof(inverse_width));
+  const double inverse_width = PowerOfTwo(-bin_exponent);  // exact
   double s = sum, ss = sum_squares;
   for (; i < n; ++i) {
     const double v = values[i];
@@ -219,48 +217,16 @@ bool TopRows::OfferRun(int64_t row_base, const uint32_t* offsets, const float* v
   return changed;
 }
 
-static int VarintBytes(uint64_t v) {
-  int n = 1;
-  while (v >= 0x80) v >>= 7, ++n;
-  return n;
-}
+namespace {
 
-std::string TopRows::Encode() const {
-  std::string out;
-  AppendEncoded(&out);
-  return out;
-}
-
-size_t TopRows::EncodedSize() const {
-  size_t n = VarintBytes(entries_.size()) + 4 * entries_.size();
-  for (const TopEntry& e : entries_) n += VarintBytes(static_cast<uint64_t>(e.row));
-  return n;
-}
-
-void TopRows::AppendEncoded(std::string* out) const {
-  const size_t at = out->size();
-  out->resize(at + EncodedSize());
-  char* p = &(*out)[at];
-  auto varint = [&p](uint64_t v) {
-    while (v >= 0x80) {
-      *p++ = static_cast<char>(v | 0x80);
-      v >>= 7;
-    }
-    *p++ = static_cast<char>(v);
-  };
-  varint(entries_.size());
-  for (const TopEntry& e : entries_) {
-    varint(static_cast<uint64_t>(e.row));
-    std::memcpy(p, &e.value, 4);
-    p += 4;
-  }
-}
-
-void TopRows::AppendEncodedSince(int64_t min_row, std::string* out) const {
-  const size_t start = ReserveVarint(1, out);  // the count, known after one pass
+// A top-N list: varint count, then per entry varint row and f32 value; only the entries `keep`
+// accepts. (The count is known after the pass: written into a reserved byte.)
+template <typename Keep>
+void AppendList(const std::vector<TopEntry>& entries, Keep keep, std::string* out) {
+  const size_t start = ReserveVarint(1, out);
   uint64_t n = 0;
-  for (const TopEntry& e : entries_) {
-    if (e.row < min_row) continue;
+  for (const TopEntry& e : entries) {
+    if (!keep(e)) continue;
     ++n;
     PutVarint(static_cast<uint64_t>(e.row), out);
     PutRaw<float>(e.value, out);
@@ -268,36 +234,30 @@ void TopRows::AppendEncodedSince(int64_t min_row, std::string* out) const {
   PatchVarint(start, 1, n, out);
 }
 
-absl::Status TopRows::Decode(absl::string_view in, TopRows* out) {
+// One list of a block: its byte length, then the list; a list with no entry kept is the length
+// 0 alone.
+template <typename Keep>
+void AppendBlockList(const std::vector<TopEntry>& entries, Keep keep, std::string* out) {
+  const size_t start = ReserveVarint(2, out);
+  AppendList(entries, keep, out);
+  if (out->size() - start == 1 && (*out)[start] == 0) out->resize(start);  // count 0
+  PatchVarint(start, 2, out->size() - start, out);
+}
+
+const auto kKeepAll = [](const TopEntry&) { return true; };
+
+// Appends the entries of one encoded list to *entries. DATA_LOSS when malformed.
+absl::Status ParseList(absl::string_view in, std::vector<TopEntry>* entries) {
   ByteReader rd(in);
-  out->entries_.clear();
-  out->max_row_ = -1;
   const uint64_t n = rd.Varint();
   if (!rd.ok() || n > in.size()) return absl::DataLossError("malformed top-N record");
   for (uint64_t i = 0; i < n && rd.ok(); ++i) {
     const int64_t row = static_cast<int64_t>(rd.Varint());
-    const float value = rd.Raw<float>();
-    out->entries_.push_back({row, value});
-    out->max_row_ = std::max(out->max_row_, row);
+    entries->push_back({row, rd.Raw<float>()});
   }
   if (!rd.ok() || !rd.rest().empty()) return absl::DataLossError("malformed top-N record");
   return absl::OkStatus();
 }
-
-std::string EncodeTopBlock(const TopRows* lists, int32_t n) {
-  std::string out;
-  for (int32_t i = 0; i < n; ++i) {
-    if (lists[i].entries().empty()) {
-      PutVarint(0, &out);
-      continue;
-    }
-    PutVarint(lists[i].EncodedSize(), &out);
-    lists[i].AppendEncoded(&out);
-  }
-  return out;
-}
-
-namespace {
 
 // Calls visit(i, list_bytes) for each list of a block body; the number of lists, or DATA_LOSS.
 template <typename Visit>
@@ -316,6 +276,26 @@ absl::StatusOr<int32_t> ForEachTopList(absl::string_view in, Visit visit) {
 
 }  // namespace
 
+std::string TopRows::Encode() const {
+  std::string out;
+  AppendList(entries_, kKeepAll, &out);
+  return out;
+}
+
+absl::Status TopRows::Decode(absl::string_view in, TopRows* out) {
+  out->entries_.clear();
+  out->max_row_ = -1;
+  RETURN_IF_ERROR(ParseList(in, &out->entries_));
+  for (const TopEntry& e : out->entries_) out->max_row_ = std::max(out->max_row_, e.row);
+  return absl::OkStatus();
+}
+
+std::string EncodeTopBlock(const TopRows* lists, int32_t n) {
+  std::string out;
+  for (int32_t i = 0; i < n; ++i) AppendBlockList(lists[i].entries(), kKeepAll, &out);
+  return out;
+}
+
 absl::Status DecodeTopBlock(absl::string_view in, TopRows* out, int32_t n) {
   auto lists = ForEachTopList(in, [&](int32_t i, absl::string_view list) {
     if (i >= n) return absl::DataLossError("malformed top-N block: too many lists");
@@ -328,17 +308,15 @@ absl::Status DecodeTopBlock(absl::string_view in, TopRows* out, int32_t n) {
 }
 
 std::string EncodeTopDelta(const TopRows* lists, int32_t n, int capacity, int64_t min_row) {
-  std::string out, list;
+  std::string out;
   PutVarint(static_cast<uint64_t>(capacity), &out);
   for (int32_t i = 0; i < n; ++i) {
-    if (lists[i].max_row() < min_row) {  // nothing new in this list
+    if (lists[i].max_row() < min_row) {  // nothing new in this list: skip the scan
       PutVarint(0, &out);
       continue;
     }
-    list.clear();
-    lists[i].AppendEncodedSince(min_row, &list);
-    PutVarint(list.size(), &out);
-    out += list;
+    AppendBlockList(
+        lists[i].entries(), [min_row](const TopEntry& e) { return e.row >= min_row; }, &out);
   }
   return out;
 }
@@ -362,25 +340,15 @@ absl::Status MergeTopBlocks(const absl::string_view* base,
     capacity = static_cast<int64_t>(cap);
     bodies.push_back(rd.rest());
   }
-  // Every list's entries from every input, parsed in place (reads fold many small operands).
-  // The first input's part of each list is sorted already; first_run marks where it ends.
+  // Every list's entries from every input. The first input's part of each list is sorted
+  // already; first_run marks where it ends.
   std::vector<std::vector<TopEntry>> lists;
   std::vector<size_t> first_run;
   int32_t latents = -1;  // every input must hold this many lists
   for (absl::string_view body : bodies) {
     auto n = ForEachTopList(body, [&](int32_t i, absl::string_view bytes) {
       if (static_cast<size_t>(i) >= lists.size()) lists.resize(i + 1);
-      if (bytes.empty()) return absl::OkStatus();
-      ByteReader rd(bytes);
-      const uint64_t count = rd.Varint();
-      if (!rd.ok() || count > bytes.size()) return absl::DataLossError("malformed top-N record");
-      std::vector<TopEntry>& list = lists[i];
-      for (uint64_t k = 0; k < count && rd.ok(); ++k) {
-        const int64_t row = static_cast<int64_t>(rd.Varint());
-        list.push_back({row, rd.Raw<float>()});
-      }
-      if (!rd.ok() || !rd.rest().empty()) return absl::DataLossError("malformed top-N record");
-      return absl::OkStatus();
+      return bytes.empty() ? absl::OkStatus() : ParseList(bytes, &lists[i]);
     });
     if (!n.ok()) return n.status();
     if (latents >= 0 && *n != latents) {
@@ -393,7 +361,6 @@ absl::Status MergeTopBlocks(const absl::string_view* base,
   }
   out->clear();
   if (as_operand) PutVarint(static_cast<uint64_t>(std::max<int64_t>(capacity, 0)), out);
-  std::string list_bytes;
   std::vector<TopEntry> merged;
   for (size_t i = 0; i < lists.size(); ++i) {
     std::vector<TopEntry>& list = lists[i];
@@ -403,23 +370,14 @@ absl::Status MergeTopBlocks(const absl::string_view* base,
     merged.resize(list.size());
     std::merge(list.begin(), mid, mid, list.end(), merged.begin(), Better());
     list.swap(merged);
-    // A replayed operand repeats (row, value) pairs, which the sort puts side by side.
+    // A replayed operand repeats (row, value) pairs, which the merge puts side by side.
     list.erase(std::unique(list.begin(), list.end(),
                            [](const TopEntry& a, const TopEntry& b) {
                              return a.row == b.row && a.value == b.value;
                            }),
                list.end());
     if (capacity >= 0 && static_cast<int64_t>(list.size()) > capacity) list.resize(capacity);
-    list_bytes.clear();
-    if (!list.empty()) {
-      PutVarint(list.size(), &list_bytes);
-      for (const TopEntry& e : list) {
-        PutVarint(static_cast<uint64_t>(e.row), &list_bytes);
-        PutRaw<float>(e.value, &list_bytes);
-      }
-    }
-    PutVarint(list_bytes.size(), out);
-    *out += list_bytes;
+    AppendBlockList(list, kKeepAll, out);
   }
   return absl::OkStatus();
 }

@@ -69,13 +69,8 @@ class TopRows {
   // The largest row ever inserted, -1 for none.
   int64_t max_row() const { return max_row_; }
 
+  // Varint count, then per entry varint row and f32 value.
   std::string Encode() const;
-  // Encode() appended to *out without a temporary, and its length.
-  void AppendEncoded(std::string* out) const;
-  size_t EncodedSize() const;
-  // The encoding of the sub-list of entries whose row is >= min_row, appended to *out (what a
-  // commit of rows [min_row, ...) added to the list).
-  void AppendEncodedSince(int64_t min_row, std::string* out) const;
   static absl::Status Decode(absl::string_view data, TopRows* out);
 
  private:

@@ -30,9 +30,8 @@ uint16_t ToBits16(ChunkDtype dtype, float v) {
   return dtype == ChunkDtype::kFloat16 ? FloatToHalf(v) : FloatToBFloat16(v);
 }
 
-// LSB-first bit stream into a buffer the caller sized with kSinkSlack bytes to spare (fields of
-// at most 32 bits; whole 32-bit words are stored at once).
-constexpr size_t kSinkSlack = 8;
+// LSB-first bit stream into a buffer the caller sized (fields of at most 32 bits; a word is
+// stored once its 32 bits are complete, so nothing is written past the stream's last byte).
 class BitSink {
  public:
   explicit BitSink(char* p) : p_(p) {}
@@ -99,7 +98,7 @@ void EncodePosting(int64_t row_start, const int64_t* rows, const float* values, 
   const size_t low_bytes = (static_cast<uint64_t>(n) * l + 7) / 8;
   const size_t high_bytes = ((last >> l) + n + 7) / 8;
   const int vbytes = DtypeBytes(dtype);
-  out->assign(1 + 10 + 1 + 3 + n * vbytes + 8 + low_bytes + high_bytes + 4 + kSinkSlack, '\0');
+  out->assign(1 + 10 + 1 + 3 + n * vbytes + 8 + low_bytes + high_bytes + 4, '\0');
   char* const base = &(*out)[0];
   char* p = base;
   *p++ = static_cast<char>(kPostingFormat);
@@ -231,7 +230,7 @@ absl::Status Parse(absl::string_view in, ChunkDtype dtype, Parsed* out) {
   return absl::OkStatus();
 }
 
-// LSB-first bits of [p, end), read front to back (fields of at most 32 bits): the sequential
+// LSB-first bits of [p, end), read front to back (fields of 0 to 32 bits): the sequential
 // counterpart of BitsAt for whole-posting decodes.
 class BitSource {
  public:
@@ -254,6 +253,12 @@ class BitSource {
     buffer_ >>= bits;
     avail_ -= bits;
     return v;
+  }
+  // A field of up to 64 bits.
+  uint64_t GetWide(int bits) {
+    if (bits <= 32) return Get(bits);
+    const uint64_t low = Get(32);
+    return low | static_cast<uint64_t>(Get(bits - 32)) << 32;
   }
 
  private:
@@ -347,15 +352,8 @@ absl::Status DecodePosting(absl::string_view in, int64_t row_start, ChunkDtype d
   }));
   BitSource lows(ps.low, ps.high);
   for (uint64_t i = 0; i < ps.n; ++i) {
-    uint64_t low = 0;
-    if (ps.l <= 32) {
-      low = ps.l > 0 ? lows.Get(ps.l) : 0;
-    } else {
-      low = lows.Get(32);
-      low |= static_cast<uint64_t>(lows.Get(ps.l - 32)) << 32;
-    }
-    out_rows[i] =
-        row_start + static_cast<int64_t>(static_cast<uint64_t>(out_rows[i]) << ps.l | low);
+    out_rows[i] = row_start + static_cast<int64_t>(static_cast<uint64_t>(out_rows[i]) << ps.l |
+                                                   lows.GetWide(ps.l));
   }
   return absl::OkStatus();
 }
