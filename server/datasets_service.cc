@@ -1,6 +1,7 @@
 #include "server/datasets_service.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 #include <utility>
@@ -8,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/grpc_status.h"
 #include "storage/export.h"
+#include "storage/value_codec.h"
 
 namespace latentd::server {
 namespace {
@@ -19,10 +21,96 @@ constexpr int32_t kDefaultIntervalSamples = 5;
 // Rows fetched from the store per read while streaming (bounds server memory per stream).
 constexpr int64_t kRowsPerRead = 16384;
 
-// Upper bound of the serialized size of one row in a CsrPiece: indptr (varint <= 10 B), token id
-// (<= 10 B for negative ids), and per entry an index (<= 5 B) and a float (4 B).
-size_t RowBytesBound(int64_t nnz) { return 20 + static_cast<size_t>(nnz) * 9; }
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "PackedCsr copies host words as they are");
+
 constexpr size_t kPieceOverhead = 128;  // field tags, length prefixes, row_start, num_rows...
+
+// How one ReadRows stream lays out its pieces.
+struct PieceLayout {
+  bool packed = false;
+  int index_bytes = 4;  // packed: 2 when num_cols <= 65536
+  int value_bytes = 4;  // packed: the dataset dtype's width
+  latentd::v1::ValueDtype value_dtype = latentd::v1::FLOAT32;
+
+  // Upper bound of the serialized size of one row of `nnz` entries. Repeated fields: indptr
+  // (varint <= 10 B), token id (<= 10 B for negative ids), per entry an index (<= 5 B) and a
+  // float (4 B). Packed: 8 + 4 B a row, index_bytes + value_bytes an entry.
+  size_t RowBytesBound(int64_t nnz) const {
+    return packed ? 12 + static_cast<size_t>(nnz) * (index_bytes + value_bytes)
+                  : 20 + static_cast<size_t>(nnz) * 9;
+  }
+};
+
+PieceLayout LayoutFor(bool packed, const storage::DatasetRecord& record) {
+  PieceLayout layout;
+  layout.packed = packed;
+  if (!packed) return layout;
+  layout.index_bytes = record.meta.width <= 65536 ? 2 : 4;
+  switch (record.meta.value_dtype) {
+    case storage::ValueDtype::kFloat16:
+      layout.value_bytes = 2;
+      layout.value_dtype = latentd::v1::FLOAT16;
+      break;
+    case storage::ValueDtype::kBFloat16:
+      layout.value_bytes = 2;
+      layout.value_dtype = latentd::v1::BFLOAT16;
+      break;
+    case storage::ValueDtype::kFloat32:
+      break;
+  }
+  return layout;
+}
+
+template <typename T>
+void AppendWord(T value, std::string* out) {
+  const size_t at = out->size();
+  out->resize(at + sizeof(T));
+  std::memcpy(&(*out)[at], &value, sizeof(T));
+}
+
+// Rows [r, stop) of `rows` into piece's arrays, as the layout says.
+void FillPiece(const storage::CsrRows& rows, int64_t r, int64_t stop, const PieceLayout& layout,
+               latentd::v1::CsrPiece* piece) {
+  const int64_t base = rows.indptr[r], end = rows.indptr[stop];
+  if (!layout.packed) {
+    for (int64_t i = r; i <= stop; ++i) piece->add_indptr(rows.indptr[i] - base);
+    piece->mutable_indices()->Add(rows.indices.begin() + base, rows.indices.begin() + end);
+    piece->mutable_values()->Add(rows.values.begin() + base, rows.values.begin() + end);
+    piece->mutable_token_ids()->Add(rows.token_ids.begin() + r, rows.token_ids.begin() + stop);
+    return;
+  }
+  latentd::v1::PackedCsr* packed = piece->mutable_packed();
+  packed->set_index_bytes(layout.index_bytes);
+  packed->set_value_dtype(layout.value_dtype);
+  std::string* indptr = packed->mutable_indptr();
+  indptr->reserve((stop - r + 1) * sizeof(int64_t));
+  for (int64_t i = r; i <= stop; ++i) AppendWord<int64_t>(rows.indptr[i] - base, indptr);
+  std::string* indices = packed->mutable_indices();
+  std::string* values = packed->mutable_values();
+  indices->reserve((end - base) * layout.index_bytes);
+  values->reserve((end - base) * layout.value_bytes);
+  for (int64_t i = base; i < end; ++i) {
+    if (layout.index_bytes == 2) {
+      AppendWord<uint16_t>(static_cast<uint16_t>(rows.indices[i]), indices);
+    } else {
+      AppendWord<int32_t>(rows.indices[i], indices);
+    }
+    // The store's values are exactly representable in its dtype: the conversion is lossless.
+    switch (layout.value_dtype) {
+      case latentd::v1::FLOAT16:
+        AppendWord<uint16_t>(storage::FloatToHalf(rows.values[i]), values);
+        break;
+      case latentd::v1::BFLOAT16:
+        AppendWord<uint16_t>(storage::FloatToBFloat16(rows.values[i]), values);
+        break;
+      default:
+        AppendWord<float>(rows.values[i], values);
+        break;
+    }
+  }
+  packed->mutable_token_ids()->assign(reinterpret_cast<const char*>(rows.token_ids.data() + r),
+                                      (stop - r) * sizeof(int32_t));
+}
 
 void ToProto(const storage::TopActivationContext& t, latentd::v1::TopActivation* out) {
   out->set_row(t.row);
@@ -84,6 +172,7 @@ grpc::Status DatasetsService::ReadRows(grpc::ServerContext* context,
                      record->rows_committed, " committed rows of dataset ", record->id)));
   }
   const int64_t end = start + count;
+  const PieceLayout layout = LayoutFor(request->packed(), *record);
   for (int64_t at = start; at < end;) {
     if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
     const int64_t n = std::min(kRowsPerRead, end - at);
@@ -94,7 +183,7 @@ grpc::Status DatasetsService::ReadRows(grpc::ServerContext* context,
       size_t bytes = kPieceOverhead;
       int64_t stop = r;
       while (stop < n) {
-        size_t row = RowBytesBound(rows->indptr[stop + 1] - rows->indptr[stop]);
+        size_t row = layout.RowBytesBound(rows->indptr[stop + 1] - rows->indptr[stop]);
         if (bytes + row > kMaxPieceBytes) break;
         bytes += row;
         ++stop;
@@ -107,13 +196,7 @@ grpc::Status DatasetsService::ReadRows(grpc::ServerContext* context,
       piece.set_row_start(at + r);
       piece.set_num_rows(stop - r);
       piece.set_num_cols(rows->num_cols);
-      const int64_t base = rows->indptr[r];
-      for (int64_t i = r; i <= stop; ++i) piece.add_indptr(rows->indptr[i] - base);
-      piece.mutable_indices()->Add(rows->indices.begin() + base,
-                                   rows->indices.begin() + rows->indptr[stop]);
-      piece.mutable_values()->Add(rows->values.begin() + base,
-                                  rows->values.begin() + rows->indptr[stop]);
-      piece.mutable_token_ids()->Add(rows->token_ids.begin() + r, rows->token_ids.begin() + stop);
+      FillPiece(*rows, r, stop, layout, &piece);
       if (!writer->Write(piece)) {
         return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
       }

@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <set>
 
 #include "gtest/gtest.h"
+#include "storage/value_codec.h"
 
 namespace latentd::server {
 namespace {
@@ -43,11 +45,13 @@ class DatasetsServiceTest : public ::testing::Test {
     server_.reset();
   }
 
-  // A SPARSE dataset of `rows` rows, 16 latents each out of 4096, fp16.
-  uint64_t MakeDataset(const std::string& name, int64_t rows) {
+  // A SPARSE dataset of `rows` rows, 16 latents each out of `width`.
+  uint64_t MakeDataset(const std::string& name, int64_t rows, int32_t width = 4096,
+                       storage::ValueDtype dtype = storage::ValueDtype::kFloat16) {
     storage::DatasetMeta m;
     m.name = name;
-    m.width = 4096;
+    m.width = width;
+    m.value_dtype = dtype;
     m.k = 16;
     m.encoder = "topk";
     m.context_length = 128;
@@ -60,7 +64,7 @@ class DatasetsServiceTest : public ::testing::Test {
     std::vector<float> values;
     for (int64_t r = 0; r < rows; ++r) {
       std::set<int32_t> cols;
-      while (cols.size() < 16) cols.insert(static_cast<int32_t>(rng() % 4096));
+      while (cols.size() < 16) cols.insert(static_cast<int32_t>(rng() % width));
       for (int32_t c : cols) {
         indices.push_back(c);
         values.push_back(0.5f + static_cast<float>(rng() % 1000) / 10.0f);  // never 0
@@ -112,6 +116,82 @@ TEST_F(DatasetsServiceTest, ReadRowsStreamsPiecesUnderFourMiBThatReassemble) {
   ASSERT_TRUE(want.ok());
   EXPECT_EQ(indices, want->indices);
   EXPECT_EQ(tokens, want->token_ids);
+}
+
+// Little-endian words of type T from a PackedCsr byte string.
+template <typename T>
+std::vector<T> Words(const std::string& bytes) {
+  EXPECT_EQ(bytes.size() % sizeof(T), 0u);
+  std::vector<T> out(bytes.size() / sizeof(T));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
+  return out;
+}
+
+TEST_F(DatasetsServiceTest, PackedReadRowsCarryTheStoredBitsInNarrowWords) {
+  struct Case {
+    int32_t width;
+    storage::ValueDtype dtype;
+    int index_bytes;
+    latentd::v1::ValueDtype wire_dtype;
+  };
+  for (const Case& c : {Case{4096, storage::ValueDtype::kFloat16, 2, latentd::v1::FLOAT16},
+                        Case{70000, storage::ValueDtype::kBFloat16, 4, latentd::v1::BFLOAT16},
+                        Case{65536, storage::ValueDtype::kFloat32, 2, latentd::v1::FLOAT32}}) {
+    SCOPED_TRACE(c.width);
+    const int64_t rows = 70000;  // ~5 MB packed at 2 + 2 bytes an entry: at least two pieces
+    const uint64_t id = MakeDataset("packed" + std::to_string(c.width), rows, c.width, c.dtype);
+    grpc::ClientContext ctx;
+    latentd::v1::ReadRowsRequest req;
+    req.set_dataset_id(id);
+    req.set_row_start(5);
+    req.set_row_count(rows - 10);
+    req.set_packed(true);
+    auto reader = stub_->ReadRows(&ctx, req);
+    latentd::v1::CsrPiece piece;
+    std::vector<int64_t> indptr{0};
+    std::vector<int32_t> indices, tokens;
+    std::vector<float> values;
+    int64_t next = 5;
+    int pieces = 0;
+    while (reader->Read(&piece)) {
+      ++pieces;
+      EXPECT_LE(piece.ByteSizeLong(), DatasetsService::kMaxPieceBytes);
+      EXPECT_EQ(piece.row_start(), next);
+      EXPECT_EQ(piece.indptr_size() + piece.indices_size() + piece.values_size(), 0);
+      const latentd::v1::PackedCsr& p = piece.packed();
+      ASSERT_EQ(p.index_bytes(), c.index_bytes);
+      ASSERT_EQ(p.value_dtype(), c.wire_dtype);
+      const std::vector<int64_t> offsets = Words<int64_t>(p.indptr());
+      ASSERT_EQ(static_cast<int64_t>(offsets.size()), piece.num_rows() + 1);
+      EXPECT_EQ(offsets[0], 0);
+      for (size_t i = 1; i < offsets.size(); ++i)
+        indptr.push_back(indptr.back() + offsets[i] - offsets[i - 1]);
+      if (c.index_bytes == 2) {
+        for (uint16_t x : Words<uint16_t>(p.indices())) indices.push_back(x);
+      } else {
+        for (int32_t x : Words<int32_t>(p.indices())) indices.push_back(x);
+      }
+      if (c.wire_dtype == latentd::v1::FLOAT32) {
+        for (float x : Words<float>(p.values())) values.push_back(x);
+      } else {
+        for (uint16_t x : Words<uint16_t>(p.values())) {
+          values.push_back(c.wire_dtype == latentd::v1::FLOAT16 ? storage::HalfToFloat(x)
+                                                                : storage::BFloat16ToFloat(x));
+        }
+      }
+      for (int32_t t : Words<int32_t>(p.token_ids())) tokens.push_back(t);
+      next += piece.num_rows();
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+    EXPECT_GE(pieces, 2);
+    EXPECT_EQ(next, rows - 5);
+    auto want = store_->ReadRows(id, 5, rows - 10);
+    ASSERT_TRUE(want.ok());
+    EXPECT_EQ(indptr, want->indptr);
+    EXPECT_EQ(indices, want->indices);
+    EXPECT_EQ(values, want->values);
+    EXPECT_EQ(tokens, want->token_ids);
+  }
 }
 
 TEST_F(DatasetsServiceTest, BadInputCodes) {

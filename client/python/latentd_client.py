@@ -90,26 +90,38 @@ class Client:
         return self.devices.ListDevices(devices_pb2.ListDevicesRequest(), metadata=self.metadata,
                                         timeout=self.timeout).devices
 
-    def read_rows(self, dataset_id, row_start=0, row_count=0):
-        """Rows as (scipy.sparse.csr_matrix, numpy token ids)."""
+    def read_rows(self, dataset_id, row_start=0, row_count=0, packed=True):
+        """Rows as (scipy.sparse.csr_matrix of float32, numpy int32 token ids).
+
+        packed (the default) asks for pieces of little-endian byte strings (16-bit indices and
+        values for fp16/bf16 datasets of <= 65536 latents), turned into arrays by
+        numpy.frombuffer; packed=False reads the repeated fields element by element (slower)."""
         import numpy as np
         import scipy.sparse
 
         request = datasets_pb2.ReadRowsRequest(dataset_id=dataset_id, row_start=row_start,
-                                               row_count=row_count)
-        data, indices, indptr, tokens = [], [], [0], []
-        cols = 0
+                                               row_count=row_count, packed=packed)
+        data, indices, indptr, tokens = [], [], [np.zeros(1, np.int64)], []
+        base, cols = 0, 0
         for piece in self.datasets.ReadRows(request, metadata=self.metadata):
-            base = indptr[-1]
-            data.extend(piece.values)
-            indices.extend(piece.indices)
-            indptr.extend(base + p for p in piece.indptr[1:])
-            tokens.extend(piece.token_ids)
             cols = piece.num_cols
+            if packed:
+                offsets, piece_indices, values, piece_tokens = _unpack(piece.packed)
+            else:
+                offsets = np.fromiter(piece.indptr, np.int64, len(piece.indptr))
+                piece_indices = np.fromiter(piece.indices, np.int32, len(piece.indices))
+                values = np.fromiter(piece.values, np.float32, len(piece.values))
+                piece_tokens = np.fromiter(piece.token_ids, np.int32, len(piece.token_ids))
+            indptr.append(offsets[1:] + base)
+            base += int(offsets[-1])
+            indices.append(piece_indices)
+            data.append(values)
+            tokens.append(piece_tokens)
+        indptr = np.concatenate(indptr)
         matrix = scipy.sparse.csr_matrix(
-            (np.asarray(data, np.float32), np.asarray(indices, np.int32),
-             np.asarray(indptr, np.int64)), shape=(len(indptr) - 1, cols))
-        return matrix, np.asarray(tokens, np.int32)
+            (_concat(data, np.float32), _concat(indices, np.int32), indptr),
+            shape=(len(indptr) - 1, cols))
+        return matrix, _concat(tokens, np.int32)
 
     def get_latent(self, dataset_id, latent, top_n=20, context_before=32, context_after=8,
                    intervals=0, interval_samples=5):
@@ -120,3 +132,24 @@ class Client:
                                                 context_after=context_after, intervals=intervals,
                                                 interval_samples=interval_samples)
         return self.datasets.GetLatent(request, metadata=self.metadata, timeout=self.timeout)
+
+
+def _concat(parts, dtype):
+    import numpy as np
+
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+
+def _unpack(packed):
+    """The arrays of a PackedCsr: int64 offsets, int32 indices, float32 values, int32 tokens."""
+    import numpy as np
+
+    offsets = np.frombuffer(packed.indptr, "<i8")
+    indices = np.frombuffer(packed.indices, "<u2" if packed.index_bytes == 2 else "<i4")
+    if packed.value_dtype == datasets_pb2.FLOAT32:
+        values = np.frombuffer(packed.values, "<f4")
+    elif packed.value_dtype == datasets_pb2.BFLOAT16:  # the high half of a float32
+        values = (np.frombuffer(packed.values, "<u2").astype(np.uint32) << 16).view(np.float32)
+    else:
+        values = np.frombuffer(packed.values, "<f2").astype(np.float32)
+    return offsets, indices.astype(np.int32), values, np.frombuffer(packed.token_ids, "<i4")

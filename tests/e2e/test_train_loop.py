@@ -70,6 +70,15 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual(sparse.state, jobs_pb2.SUCCEEDED, sparse.message)
         rows, _ = c.read_rows(sparse.result.extract.dataset_id, 0, 4)
         self.assertEqual(rows.shape[1], 256)
+        # Packed pieces (numpy.frombuffer of 16-bit words) and repeated fields give the same rows.
+        dataset = sparse.result.extract.dataset_id
+        packed, packed_tokens = c.read_rows(dataset, 3, 0)
+        plain, plain_tokens = c.read_rows(dataset, 3, 0, packed=False)
+        self.assertGreater(packed.nnz, 0)
+        self.assertEqual(packed.dtype, plain.dtype)
+        self.assertEqual((packed != plain).nnz, 0)
+        self.assertTrue((packed.indptr == plain.indptr).all())
+        self.assertTrue((packed_tokens == plain_tokens).all())
         latent = int(rows.indices[0])
         answer = c.get_latent(sparse.result.extract.dataset_id, latent, top_n=5)
         self.assertGreater(answer.statistics.firing_count, 0)
