@@ -1,0 +1,107 @@
+"""ReadRows into Python: a whole SPARSE dataset as a scipy CSR matrix through the Python client,
+three ways side by side in one run against one latentd on loopback:
+
+  lists    the client before packed pieces: repeated fields appended to Python lists, then numpy;
+  repeated read_rows(packed=False): repeated fields through numpy.fromiter;
+  packed   read_rows() (the default): PackedCsr byte strings through numpy.frombuffer.
+
+The dataset is a real EXTRACT of the X1 reference transformer (docs/EXTRACT.md) with a TopK SAE
+(k = 32, d_sae = 4096, fp16), so its values and latents are what users read.
+
+    bazel build //server:latentd //client:latentctl //proto:api_py
+    PYTHONPATH=bazel-bin/proto/py:client/python:tests/e2e /usr/bin/python3 \\
+        bench/read_rows_bench.py [--sequences 1024] [--repeats 3]
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import scipy.sparse
+
+from harness import Daemon
+from latentd.v1 import datasets_pb2, jobs_pb2
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def read_lists(client, dataset_id):
+    """The pre-packed client's reader, kept here as the baseline."""
+    request = datasets_pb2.ReadRowsRequest(dataset_id=dataset_id)
+    data, indices, indptr, tokens = [], [], [0], []
+    cols = 0
+    for piece in client.datasets.ReadRows(request, metadata=client.metadata):
+        base = indptr[-1]
+        data.extend(piece.values)
+        indices.extend(piece.indices)
+        indptr.extend(base + p for p in piece.indptr[1:])
+        tokens.extend(piece.token_ids)
+        cols = piece.num_cols
+    matrix = scipy.sparse.csr_matrix(
+        (np.asarray(data, np.float32), np.asarray(indices, np.int32),
+         np.asarray(indptr, np.int64)), shape=(len(indptr) - 1, cols))
+    return matrix, np.asarray(tokens, np.int32)
+
+
+def wire_bytes(client, dataset_id, packed):
+    request = datasets_pb2.ReadRowsRequest(dataset_id=dataset_id, packed=packed)
+    return sum(p.ByteSize() for p in client.datasets.ReadRows(request, metadata=client.metadata))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sequences", type=int, default=1024, help="128-token sequences to extract")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        inputs = os.path.join(tmp, "inputs")
+        subprocess.run([sys.executable, os.path.join(HERE, "..", "scripts", "make_demo_inputs.py"),
+                        inputs, "--sequences", str(args.sequences)], check=True,
+                       stdout=subprocess.DEVNULL)
+        daemon = Daemon(os.path.join(tmp, "d"), devices="cpu:1").start()
+        try:
+            client = daemon.client(timeout=600)
+            job = client.wait(client.submit("EXTRACT", {
+                "model": {"reference": {"dModel": 256, "nLayers": 4, "nHeads": 4, "dMlp": 1024,
+                                        "vocabSize": 4096, "contextLength": 128, "seed": 0}},
+                "hookName": "blocks.2.hook_resid_post",
+                "tokens": {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 128},
+                "sae": {"path": os.path.join(inputs, "sae")}, "mode": "SPARSE",
+                "datasetName": "read-bench"}).id)
+            if job.state != jobs_pb2.SUCCEEDED:
+                raise RuntimeError("EXTRACT failed: " + job.message)
+            dataset = job.result.extract.dataset_id
+            readers = {
+                "lists": lambda: read_lists(client, dataset),
+                "repeated": lambda: client.read_rows(dataset, packed=False),
+                "packed": lambda: client.read_rows(dataset),
+            }
+            reference, reference_tokens = readers["lists"]()
+            times = {name: [] for name in readers}
+            for _ in range(args.repeats):  # alternating, so drift hits every reader alike
+                for name, read in readers.items():
+                    start = time.perf_counter()
+                    matrix, tokens = read()
+                    times[name].append(time.perf_counter() - start)
+                    if (matrix != reference).nnz or not (tokens == reference_tokens).all():
+                        raise RuntimeError(name + " read different rows")
+            rows, nnz = reference.shape[0], reference.nnz
+            print("dataset: %d rows, %d entries (k = 32, d_sae = 4096, fp16)" % (rows, nnz))
+            print("reader     best s   rows/s      entries/s   wire B/entry   vs lists")
+            best_lists = min(times["lists"])
+            for name in readers:
+                best = min(times[name])
+                wire = wire_bytes(client, dataset, name == "packed") / nnz
+                print("%-9s  %6.3f   %9.0f   %9.2fM   %8.2f      x%.1f" % (
+                    name, best, rows / best, nnz / best / 1e6, wire, best_lists / best))
+                print("           all runs: " + " ".join("%.3f" % t for t in times[name]))
+        finally:
+            daemon.stop()
+
+
+if __name__ == "__main__":
+    main()
