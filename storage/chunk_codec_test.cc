@@ -163,5 +163,30 @@ TEST(ValueCodec, HalfAndBFloat16Rounding) {
   EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(3.140625f)), 3.140625f);
 }
 
+// The branch-free rounding the writer applies to whole arrays must give the stored value's
+// exact bits: checked at every half, at every tie between neighbouring halves and one float
+// either side of it, in both signs, and over a sweep of all float bit patterns (NaN, infinity,
+// overflow, subnormals included).
+TEST(ValueCodec, ArrayRoundingEqualsTheStoredRoundTrip) {
+  auto expect_same = [](float v) {
+    ASSERT_EQ(FloatBits(RoundToHalf(v)), FloatBits(HalfToFloat(FloatToHalf(v)))) << v;
+    ASSERT_EQ(FloatBits(RoundToBFloat16(v)), FloatBits(BFloat16ToFloat(FloatToBFloat16(v)))) << v;
+  };
+  for (uint32_t h = 0; h < 0x7c00; ++h) {
+    const float a = HalfToFloat(static_cast<uint16_t>(h));
+    const float tie = (a + HalfToFloat(static_cast<uint16_t>(h + 1))) / 2;  // exact in float
+    for (float v : {a, tie, std::nextafter(tie, 0.0f), std::nextafter(tie, 1e9f)}) {
+      expect_same(v);
+      expect_same(-v);
+    }
+  }
+  for (uint64_t bits = 0; bits <= 0xffffffffu; bits += 4093) {
+    expect_same(BitsFloat(static_cast<uint32_t>(bits)));
+  }
+  for (float v : {NAN, -NAN, INFINITY, -INFINITY, 65519.99f, 65520.0f, 1e-30f, 0.0f, -0.0f}) {
+    expect_same(v);
+  }
+}
+
 }  // namespace
 }  // namespace latentd::storage

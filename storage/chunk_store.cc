@@ -129,16 +129,17 @@ ChunkDtype ToChunkDtype(ValueDtype d) {
   return ChunkDtype::kFloat32;
 }
 
-float RoundTo(ChunkDtype dtype, float v) {
+// Rounds values[0, n) in place to what the dataset's dtype stores, so that pending rows, the
+// statistics and top-N hold exactly the values readers will decode.
+void RoundAllTo(ChunkDtype dtype, float* values, int64_t n) {
   switch (dtype) {
     case ChunkDtype::kFloat16:
-      return HalfToFloat(FloatToHalf(v));
+      return RoundArrayToHalf(values, n);
     case ChunkDtype::kBFloat16:
-      return BFloat16ToFloat(FloatToBFloat16(v));
+      return RoundArrayToBFloat16(values, n);
     case ChunkDtype::kFloat32:
-      return v;
+      return;
   }
-  return v;
 }
 
 // Format-1 postings (datasets of record version 1): varint count, varint row deltas (first
@@ -1187,7 +1188,7 @@ absl::Status DatasetWriter::AppendSparse(int64_t num_rows, const int64_t* indptr
     if (plain) {
       for (int64_t i = a; i < b; ++i, ++kept) {
         out_indices[kept] = indices[i];
-        out_values[kept] = RoundTo(dtype_, values[i]);
+        out_values[kept] = values[i];
       }
       row_ends.push_back(static_cast<int64_t>(mark + kept));
       continue;
@@ -1202,7 +1203,7 @@ absl::Status DatasetWriter::AppendSparse(int64_t num_rows, const int64_t* indptr
         return fail(absl::StrCat("values: non-finite in row ", r));
       }
       if (values[i] == 0.0f) continue;  // an explicit zero is no firing
-      row.emplace_back(indices[i], RoundTo(dtype_, values[i]));
+      row.emplace_back(indices[i], values[i]);
     }
     std::sort(row.begin(), row.end(),
               [](const auto& x, const auto& y) { return x.first < y.first; });
@@ -1219,6 +1220,7 @@ absl::Status DatasetWriter::AppendSparse(int64_t num_rows, const int64_t* indptr
   }
   pending_.indices.resize(mark + kept);
   pending_.values.resize(mark + kept);
+  RoundAllTo(dtype_, pending_.values.data() + mark, static_cast<int64_t>(kept));
   const int64_t base = pending_.indptr.back() - static_cast<int64_t>(mark);
   for (int64_t r = 0; r < num_rows; ++r) {
     pending_.indptr.push_back(base + row_ends[r]);
@@ -1246,7 +1248,8 @@ absl::Status DatasetWriter::AppendDense(int64_t num_rows, const float* values,
   }
   const size_t at = pending_.values.size();
   pending_.values.resize(at + n);
-  for (int64_t i = 0; i < n; ++i) pending_.values[at + i] = RoundTo(dtype_, values[i]);
+  std::copy(values, values + n, pending_.values.begin() + at);
+  RoundAllTo(dtype_, pending_.values.data() + at, n);
   pending_.token_ids.insert(pending_.token_ids.end(), token_ids, token_ids + num_rows);
   pending_.num_rows += num_rows;
   return absl::OkStatus();
