@@ -90,6 +90,31 @@ class Client:
         return self.devices.ListDevices(devices_pb2.ListDevicesRequest(), metadata=self.metadata,
                                         timeout=self.timeout).devices
 
+    def list_datasets(self):
+        """Every dataset's DatasetInfo (rows committed, nnz, density, dead latents, bytes...)."""
+        return self.datasets.ListDatasets(datasets_pb2.ListDatasetsRequest(),
+                                          metadata=self.metadata, timeout=self.timeout).datasets
+
+    def get_dataset(self, dataset_id):
+        return self.datasets.GetDataset(datasets_pb2.GetDatasetRequest(dataset_id=dataset_id),
+                                        metadata=self.metadata, timeout=self.timeout)
+
+    def export(self, dataset_id, path, format="npz", row_start=0, row_count=0):
+        """Writes rows on the server under its export root (path relative to it, or absolute
+        inside it) as "npz" (scipy.sparse.load_npz reads it) or "hdf5"; returns the response
+        with the absolute path written."""
+        formats = {"npz": datasets_pb2.NPZ, "hdf5": datasets_pb2.HDF5}
+        if format not in formats:
+            raise ValueError("format must be one of %s, not %r" % (sorted(formats), format))
+        request = datasets_pb2.ExportDatasetRequest(dataset_id=dataset_id, path=path,
+                                                    format=formats[format], row_start=row_start,
+                                                    row_count=row_count)
+        return self.datasets.ExportDataset(request, metadata=self.metadata, timeout=self.timeout)
+
+    def delete_dataset(self, dataset_id):
+        self.datasets.DeleteDataset(datasets_pb2.DeleteDatasetRequest(dataset_id=dataset_id),
+                                    metadata=self.metadata, timeout=self.timeout)
+
     def read_rows(self, dataset_id, row_start=0, row_count=0, packed=True):
         """Rows as (scipy.sparse.csr_matrix of float32, numpy int32 token ids).
 

@@ -6,12 +6,20 @@ import subprocess
 import sys
 import unittest
 
+import grpc
+import scipy.sparse
+
 from harness import DaemonTestCase
 from latentd.v1 import datasets_pb2, jobs_pb2
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts")
 MODEL = {"reference": {"dModel": 64, "nLayers": 2, "nHeads": 4, "dMlp": 256, "vocabSize": 4096,
                        "contextLength": 32, "seed": 1}}
+
+
+def rows_before(client, dataset_id, row):
+    """Entries in rows [0, row)."""
+    return client.read_rows(dataset_id, 0, row)[0].nnz
 
 
 class TrainLoop(DaemonTestCase):
@@ -79,6 +87,20 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual((packed != plain).nnz, 0)
         self.assertTrue((packed.indptr == plain.indptr).all())
         self.assertTrue((packed_tokens == plain_tokens).all())
+        # The dataset helpers: listing, a server-side export scipy reads back, deletion.
+        names = {d.id: d.name for d in c.list_datasets()}
+        self.assertEqual(names, {dense_id: "dense", dataset: "sparse"})
+        self.assertEqual(c.get_dataset(dataset).nnz, packed.nnz + rows_before(c, dataset, 3))
+        exported = c.export(dataset, "loop.npz")
+        whole, _ = c.read_rows(dataset)
+        self.assertEqual((scipy.sparse.load_npz(exported.path) != whole).nnz, 0)
+        with self.assertRaises(ValueError):
+            c.export(dataset, "loop.csv", format="csv")
+        c.delete_dataset(dense_id)
+        self.assertEqual([d.id for d in c.list_datasets()], [dataset])
+        with self.assertRaises(grpc.RpcError) as missing:
+            c.get_dataset(dense_id)
+        self.assertEqual(missing.exception.code(), grpc.StatusCode.NOT_FOUND)
         latent = int(rows.indices[0])
         answer = c.get_latent(sparse.result.extract.dataset_id, latent, top_n=5)
         self.assertGreater(answer.statistics.firing_count, 0)
