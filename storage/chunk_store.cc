@@ -325,8 +325,8 @@ absl::Status ChunkError(uint64_t id, int64_t row_start, const absl::Status& s) {
 namespace {
 ChunkStoreOptions Resolved(ChunkStoreOptions o) {
   if (o.commit_threads <= 0) {
-    o.commit_threads =
-        static_cast<int32_t>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1u, 4u));
+    const int32_t cores = static_cast<int32_t>(std::thread::hardware_concurrency());
+    o.commit_threads = std::clamp(cores - 1, 1, 4);
   }
   return o;
 }

@@ -125,7 +125,9 @@ struct ChunkStoreOptions {
   // [1, 65533] (the part field of a chunk key is 16 bits).
   int32_t latent_slices = 32;
   // Threads a large commit spreads its per-latent work over (statistics, top-N, slices),
-  // the calling thread included. 0 (default): min(4, hardware threads).
+  // the calling thread included. 0 (default): hardware threads - 1, within [1, 4]: one core is
+  // left to the writer thread and RocksDB (on 2 cores a second commit thread bought no wall time
+  // and cost 17% more CPU, docs/STORAGE.md).
   int32_t commit_threads = 0;
   // Format of datasets created from now on: 3 (default) or 2 (row-major chunks + postings, kept
   // for comparisons and for datasets written before format 3).

@@ -561,6 +561,42 @@ TEST_P(ChunkStoreTest, DeleteRemovesEverything) {
   EXPECT_TRUE(store_->CreateDataset(SparseMeta("del")).ok());
 }
 
+// Commits of at least kParallelCommitEntries entries split their per-latent work (statistics,
+// top-N, slices or postings) over commit_threads; whatever the split, the stored bytes are those
+// one thread writes. (The default is 1 thread on 2 cores, so this is what runs the split here.)
+TEST_P(ChunkStoreTest, ParallelCommitsStoreTheBytesOfOneThread) {
+  std::vector<std::map<std::string, std::string>> stored;
+  for (int32_t threads : {1, 3}) {
+    const std::string dir = dir_ + "/threads" + std::to_string(threads);
+    auto db = Db::Open(dir);
+    ASSERT_TRUE(db.ok()) << db.status();
+    ChunkStoreOptions options;
+    options.sparse_chunk_rows = 4096;
+    options.record_version = GetParam();
+    options.commit_threads = threads;
+    {
+      ChunkStore store(db->get(), options);
+      const uint64_t id = *store.CreateDataset(SparseMeta("wide", 1024));
+      auto w = store.OpenWriter(id);
+      ASSERT_TRUE(w.ok()) << w.status();
+      for (int64_t at = 0; at < 60000; at += 30000) {  // ~120k entries a commit
+        ASSERT_TRUE(Append(w->get(), MakeRows(at, 30000, 1024)).ok());
+        ASSERT_TRUE((*w)->Commit().ok());
+      }
+    }
+    stored.emplace_back();
+    for (Family f : {Family::kChunks, Family::kPostings, Family::kLatentIndex}) {
+      auto it = (*db)->NewIterator(f);
+      for (it->SeekToFirst(); it->Valid(); it->Next()) {
+        stored.back()[std::to_string(static_cast<int>(f)) + it->key().ToString()] =
+            it->value().ToString();
+      }
+    }
+  }
+  EXPECT_GT(stored[0].size(), 100u);
+  EXPECT_TRUE(stored[0] == stored[1]);
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, ChunkStoreTest, ::testing::Values(3u, 2u),
                          [](const ::testing::TestParamInfo<uint32_t>& info) {
                            return "format" + std::to_string(info.param);
