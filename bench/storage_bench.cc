@@ -2,7 +2,7 @@
 //
 //   bazel build -c opt //bench:storage_bench
 //   bazel-bin/bench/storage_bench [rows=1048576] [configs=f3,f2] [threads=0] [chunk=4096]
-//                                 [slices=32] [reads=1] [commit=16384]
+//                                 [slices=32] [reads=1] [commit=16384] [width=4096]
 //
 // configs: a comma-separated list, each run on a fresh database in this one process, so their
 // figures compare side by side:
@@ -19,7 +19,8 @@
 // write, the store's and the baselines', is the better of two runs on fresh databases):
 //   raw-same   the store's own final key/value bytes (the encoding and indexing cost alone);
 //   raw-rows   the rows as a user would Put them without this store: per 1024-row chunk the
-//              fixed-k u16 indices + fp16 values + u16 token ids (128 + 2 B/token), no index;
+//              fixed-k u16 indices (u32 above 65536 latents) + fp16 values + u16 token ids
+//              (128 + 2 B/token at X1), no index;
 // then ReadRows (1024 rows), RowLatents, GetLatent (stats + top-20 with 32/8 context) and
 // LatentPostings latency percentiles.
 // Rows are synthetic: latents drawn from a Zipf-like distribution, exponential values, Zipf(1.1)
@@ -78,7 +79,8 @@ void Check(const absl::Status& s) {
   }
 }
 
-constexpr int32_t kWidth = 4096, kK = 32;
+constexpr int32_t kK = 32;
+int32_t g_width = 4096;  // d_sae: the width= argument (X1's 4096; wide SAEs reach 1M)
 int64_t g_commit_rows = 16384;  // rows per commit: the commit= argument (EXTRACT's default)
 
 struct Rows {
@@ -89,8 +91,8 @@ struct Rows {
 
 Rows MakeRows(int64_t rows) {
   std::mt19937_64 rng(42);
-  std::vector<double> latent_weight(kWidth), token_weight(4096);
-  for (int j = 0; j < kWidth; ++j) latent_weight[j] = 1.0 / std::pow(j + 10.0, 0.8);
+  std::vector<double> latent_weight(g_width), token_weight(4096);
+  for (int j = 0; j < g_width; ++j) latent_weight[j] = 1.0 / std::pow(j + 10.0, 0.8);
   std::shuffle(latent_weight.begin(), latent_weight.end(), rng);
   for (int t = 0; t < 4096; ++t) token_weight[t] = 1.0 / std::pow(t + 1.0, 1.1);
   std::discrete_distribution<int32_t> pick_latent(latent_weight.begin(), latent_weight.end());
@@ -160,9 +162,9 @@ std::vector<std::vector<Kv>> PlainRowBatches(const Rows& rows, int64_t n) {
       std::memcpy(&kv.key[8], &c, 8);
       for (int64_t r = c; r < stop; ++r) {
         for (int64_t i = rows.indptr[r]; i < rows.indptr[r + 1]; ++i) {
-          const uint16_t idx = static_cast<uint16_t>(rows.indices[i]);
+          const uint32_t idx = static_cast<uint32_t>(rows.indices[i]);  // little-endian
           const uint16_t h = latentd::storage::FloatToHalf(rows.values[i]);
-          kv.value.append(reinterpret_cast<const char*>(&idx), 2);
+          kv.value.append(reinterpret_cast<const char*>(&idx), g_width <= 65536 ? 2 : 4);
           kv.value.append(reinterpret_cast<const char*>(&h), 2);
         }
         const uint16_t t = static_cast<uint16_t>(rows.tokens[r]);
@@ -229,7 +231,7 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
     store_ptr = std::make_unique<ChunkStore>(db.get(), options);
     latentd::storage::DatasetMeta meta;
     meta.name = "x1";
-    meta.width = kWidth;
+    meta.width = g_width;
     meta.k = kK;
     meta.encoder = "topk";
     meta.hook_name = "blocks.2.hook_resid_post";
@@ -271,7 +273,7 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
   std::vector<double> fresh_us;
   std::mt19937 frng(11);
   for (int i = 0; i < (measure_reads ? 200 : 0); ++i) {
-    fresh_us.push_back(get_latent_us(static_cast<int32_t>(frng() % kWidth)));
+    fresh_us.push_back(get_latent_us(static_cast<int32_t>(frng() % g_width)));
   }
   res.latent_fresh = Summarize(fresh_us);
   Check(db->CompactAll());
@@ -303,7 +305,7 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
     a = Clock::now();
     Check(store.RowLatents(id, qrng() % n).status());
     row_us.push_back(Seconds(a, Clock::now()) * 1e6);
-    const int32_t latent = qrng() % kWidth;
+    const int32_t latent = qrng() % g_width;
     latent_us.push_back(get_latent_us(latent));
     if (has_postings) {
       std::vector<int64_t> prow;
@@ -350,6 +352,7 @@ int main(int argc, char** argv) {
   const int64_t chunk = std::atoll(Arg(argc, argv, "chunk", "4096").c_str());
   const int slices = std::atoi(Arg(argc, argv, "slices", "32").c_str());
   const bool reads = Arg(argc, argv, "reads", "1") != "0";
+  g_width = std::max(kK, std::atoi(Arg(argc, argv, "width", "4096").c_str()));
   g_commit_rows = std::max<int64_t>(1, std::atoll(Arg(argc, argv, "commit", "16384").c_str()));
   std::vector<Config> configs;
   {
@@ -387,7 +390,7 @@ int main(int argc, char** argv) {
   const Rows rows = MakeRows(n);
 
   std::printf("rows %lld, k %d, d_sae %d, fp16, commits of %lld rows, latent slices %d\n",
-              static_cast<long long>(n), kK, kWidth, static_cast<long long>(g_commit_rows), slices);
+              static_cast<long long>(n), kK, g_width, static_cast<long long>(g_commit_rows), slices);
   std::vector<Result> results;
   for (const Config& c : configs) {
     results.push_back(RunConfig(base, c, rows, n, threads, slices, reads));

@@ -194,53 +194,19 @@ absl::Status DecodePostingV1(absl::string_view in, int64_t row_start, ChunkDtype
   return absl::OkStatus();
 }
 
-// Statistics are stored in blocks of kStatsBlock latents per key (one key per block instead of one
-// per latent: a commit touching every latent rewrites 64x fewer keys). Value: per latent of the
-// block a varint length and LatentStats::Encode() (length 0: never fired).
+// Statistics and top-N lists are stored in blocks of kStatsBlock latents per key (one key per
+// block instead of one per latent: 64x fewer keys), EncodeStatsBlock / EncodeTopBlock.
 constexpr int32_t kStatsBlock = 64;
 
-// Commits add top-N merge operands (only the entries they placed), and every this many changes
-// of a block its whole lists instead (a Put): a read folds at most this many operands, however
-// long ago the last compaction was, for a write of 1/this of the blocks a commit.
-constexpr int kTopDeltasPerBlockWrite = 16;
+// Commits add merge operands to the blocks they change (StatsDeltaBuilder: the statistics of
+// their own values; EncodeTopDelta: only the top-N entries they placed), and every this many
+// changes of a block its whole value instead (a Put): a read folds at most this many operands,
+// however long ago the last compaction was, for a write of 1/this of the blocks a commit.
+constexpr int kDeltasPerBlockWrite = 16;
 
 // Commits with at least this many entries spread their per-latent work over commit_threads
 // (below it a thread start costs more than it saves).
 constexpr int64_t kParallelCommitEntries = 1 << 16;
-
-std::string EncodeStatsBlock(const std::vector<LatentStats>& stats, int32_t first) {
-  std::string out;
-  const int32_t end = std::min<int32_t>(first + kStatsBlock, static_cast<int32_t>(stats.size()));
-  for (int32_t l = first; l < end; ++l) {
-    if (stats[l].firing_count == 0) {
-      PutVarint(0, &out);
-      continue;
-    }
-    const size_t start = ReserveVarint(2, &out);  // records are 44 to ~550 bytes
-    stats[l].AppendEncoded(&out);
-    PatchVarint(start, 2, out.size() - start, &out);
-  }
-  return out;
-}
-
-// Decodes entries of a block into `out[0..n)` (n = latents in the block).
-absl::Status DecodeStatsBlock(absl::string_view in, LatentStats* out, int32_t n) {
-  ByteReader rd(in);
-  for (int32_t i = 0; i < n; ++i) {
-    const uint64_t len = rd.Varint();
-    if (!rd.ok() || len > rd.rest().size()) {
-      return absl::DataLossError("malformed latent statistics block");
-    }
-    out[i] = LatentStats();
-    if (len > 0) {
-      absl::string_view e = rd.rest().substr(0, len);
-      RETURN_IF_ERROR(LatentStats::Decode(e, &out[i]));
-      rd.Skip(len);
-    }
-  }
-  if (!rd.rest().empty()) return absl::DataLossError("malformed latent statistics block");
-  return absl::OkStatus();
-}
 
 class SnapshotHolder {
  public:
@@ -1106,7 +1072,8 @@ absl::Status DatasetWriter::LoadLatentState() {
   top_.assign(record_.meta.width, TopRows());
   // Staggered, so that the blocks written whole are spread evenly over the commits.
   top_deltas_.resize(record_.meta.width / kStatsBlock + 1);
-  for (size_t b = 0; b < top_deltas_.size(); ++b) top_deltas_[b] = b % kTopDeltasPerBlockWrite;
+  for (size_t b = 0; b < top_deltas_.size(); ++b) top_deltas_[b] = b % kDeltasPerBlockWrite;
+  stats_deltas_ = top_deltas_;
   Db* db = store_->db();
   auto it = db->NewIterator(Family::kLatentIndex);
   const std::string prefix = keys::IdPrefix(record_.id);
@@ -1407,65 +1374,77 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
   }
   for (int32_t l = 0; l < width; ++l) counts[l + 1] += counts[l];
 
-  // Statistics, top-N operands and (formats 1-2) postings of latents [lo, hi), lo a block start.
+  // Statistics, top-N and (formats 1-2) postings of latents [lo, hi), lo a block start.
   struct StatsOut {
     int64_t new_live = 0;
     KeyValues postings;
-    KeyValues index;  // Puts: statistics blocks, and top-N blocks written whole
-    KeyValues top;    // Merges: top-N operands
+    KeyValues index;   // Puts: statistics and top-N blocks written whole
+    KeyValues merges;  // Merges: statistics and top-N operands
   };
-  const size_t blocks = width / kStatsBlock + 1;
-  std::vector<char> touched_block(blocks, 0), top_block_changed(blocks, 0);
   auto stats_pass = [&](int32_t lo, int32_t hi, StatsOut* out) {
     std::string key = keys::Posting(id, 0, first_row);
     std::vector<int64_t> posting_rows;
-    for (int32_t l = lo; l < hi; ++l) {
-      if (counts[l] == counts[l + 1]) continue;
-      LatentStats& st = stats_[l];
-      if (st.firing_count == 0) ++out->new_live;
-      bool top_changed = false;
-      TopRows& top = top_[l];
-      for (int64_t u = 0; u < units; ++u) {
-        const int64_t* starts = unit_starts(u);
-        const int64_t begin = starts[l], end = starts[l + 1];
-        if (begin == end) continue;
-        st.AddBatch(&lm.values[begin], end - begin);
-        const int64_t unit_first = first_row + u * unit_rows;
-        top_changed |=
-            top.OfferRun(unit_first, &lm.offsets[begin], &lm.values[begin], end - begin, top_n);
-      }
-      if (postings) {  // one unit: the whole commit
-        const int64_t begin = counts[l], end = counts[l + 1];
-        posting_rows.resize(end - begin);
-        for (int64_t i = begin; i < end; ++i) posting_rows[i - begin] = first_row + lm.offsets[i];
-        for (int b = 0; b < 4; ++b) {  // the latent field of keys::Posting, big-endian
-          key[8 + b] = static_cast<char>(static_cast<uint32_t>(l) >> (24 - 8 * b));
-        }
-        out->postings.emplace_back(key, std::string());
-        if (record_.format_version >= 2) {
-          EncodePosting(first_row, posting_rows.data(), &lm.values[begin], end - begin, dtype_,
-                        &out->postings.back().second);
-        } else {
-          out->postings.back().second = EncodePostingV1(first_row, posting_rows.data(),
-                                                        &lm.values[begin], end - begin, dtype_);
-        }
-      }
-      touched_block[l / kStatsBlock] = 1;
-      if (top_changed) top_block_changed[l / kStatsBlock] = 1;
-    }
+    std::vector<float> raw;  // a latent's values when few: the operand carries them as they are
     for (int32_t first = lo; first < hi; first += kStatsBlock) {
+      const int32_t size = std::min(kStatsBlock, hi - first);
+      if (counts[first] == counts[first + size]) continue;  // no value in this block
       const size_t b = first / kStatsBlock;
-      if (!touched_block[b]) continue;
-      out->index.emplace_back(keys::LatentStats(id, static_cast<uint32_t>(first)),
-                              EncodeStatsBlock(stats_, first));
-      if (top_block_changed[b]) {
-        const int32_t size = std::min(kStatsBlock, width - first);
-        const std::string key = keys::LatentTop(id, static_cast<uint32_t>(first));
-        if (++top_deltas_[b] >= kTopDeltasPerBlockWrite) {
+      const bool stats_whole = ++stats_deltas_[b] >= kDeltasPerBlockWrite;
+      if (stats_whole) stats_deltas_[b] = 0;
+      StatsDeltaBuilder stats_delta(size);
+      bool top_changed = false;
+      for (int32_t l = first; l < first + size; ++l) {
+        if (counts[l] == counts[l + 1]) continue;
+        LatentStats& st = stats_[l];
+        if (st.firing_count == 0) ++out->new_live;
+        LatentStats delta;
+        raw.clear();
+        const bool few = counts[l + 1] - counts[l] <= kRawStatsValues;
+        TopRows& top = top_[l];
+        for (int64_t u = 0; u < units; ++u) {
+          const int64_t* starts = unit_starts(u);
+          const int64_t begin = starts[l], end = starts[l + 1];
+          if (begin == end) continue;
+          delta.AddBatch(&lm.values[begin], end - begin);
+          if (few) raw.insert(raw.end(), &lm.values[begin], &lm.values[end]);
+          const int64_t unit_first = first_row + u * unit_rows;
+          top_changed |=
+              top.OfferRun(unit_first, &lm.offsets[begin], &lm.values[begin], end - begin, top_n);
+        }
+        st.Merge(delta);  // the arithmetic every reader's fold of the operand repeats
+        if (!stats_whole) stats_delta.Add(l - first, delta, raw.data());
+        if (postings) {  // one unit: the whole commit
+          const int64_t begin = counts[l], end = counts[l + 1];
+          posting_rows.resize(end - begin);
+          for (int64_t i = begin; i < end; ++i) {
+            posting_rows[i - begin] = first_row + lm.offsets[i];
+          }
+          for (int k = 0; k < 4; ++k) {  // the latent field of keys::Posting, big-endian
+            key[8 + k] = static_cast<char>(static_cast<uint32_t>(l) >> (24 - 8 * k));
+          }
+          out->postings.emplace_back(key, std::string());
+          if (record_.format_version >= 2) {
+            EncodePosting(first_row, posting_rows.data(), &lm.values[begin], end - begin, dtype_,
+                          &out->postings.back().second);
+          } else {
+            out->postings.back().second = EncodePostingV1(first_row, posting_rows.data(),
+                                                          &lm.values[begin], end - begin, dtype_);
+          }
+        }
+      }
+      const std::string stats_key = keys::LatentStats(id, static_cast<uint32_t>(first));
+      if (stats_whole) {
+        out->index.emplace_back(stats_key, EncodeStatsBlock(&stats_[first], size));
+      } else {
+        out->merges.emplace_back(stats_key, stats_delta.Finish());
+      }
+      if (top_changed) {
+        const std::string top_key = keys::LatentTop(id, static_cast<uint32_t>(first));
+        if (++top_deltas_[b] >= kDeltasPerBlockWrite) {
           top_deltas_[b] = 0;
-          out->index.emplace_back(key, EncodeTopBlock(&top_[first], size));
+          out->index.emplace_back(top_key, EncodeTopBlock(&top_[first], size));
         } else {
-          out->top.emplace_back(key, EncodeTopDelta(&top_[first], size, top_n, first_row));
+          out->merges.emplace_back(top_key, EncodeTopDelta(&top_[first], size, top_n, first_row));
         }
       }
     }
@@ -1525,7 +1504,8 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
     commit->next.live_latents += out.new_live;
     for (const auto& [k, v] : out.postings) commit->batch.Put(db->handle(Family::kPostings), k, v);
     for (const auto& [k, v] : out.index) commit->batch.Put(db->handle(Family::kLatentIndex), k, v);
-    for (const auto& [k, v] : out.top) commit->batch.Merge(db->handle(Family::kLatentIndex), k, v);
+    for (const auto& [k, v] : out.merges)
+      commit->batch.Merge(db->handle(Family::kLatentIndex), k, v);
   }
   if (!sliced) return;
   for (int64_t c = 0; c < units; ++c) {

@@ -292,7 +292,8 @@ class DatasetWriter {
   Chunk pending_;  // row_start = ahead_.rows_committed; values already rounded to the dtype
   std::vector<LatentStats> stats_;
   std::vector<TopRows> top_;
-  std::vector<int> top_deltas_;  // per top-N block: operands written since it was last whole
+  std::vector<int> top_deltas_;    // per top-N block: operands written since it was last whole
+  std::vector<int> stats_deltas_;  // per statistics block: the same
   struct LatentMajor {  // a SPARSE commit's entries sorted by latent (AddLatentWork); reused
     std::vector<int64_t> starts, counts;
     std::vector<uint32_t> offsets;

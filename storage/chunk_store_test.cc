@@ -298,12 +298,12 @@ TEST_P(ChunkStoreTest, StatisticsTopNAndPostingsMatchBruteForce) {
 // Commits store top-N lists as merge operands (only the entries each commit added); what a reader
 // sees after flushes, compaction, a reopen and a writer that resumes from the merged lists must
 // equal a single writer's lists, which the brute force gives.
-TEST_P(ChunkStoreTest, TopNSurvivesCompactionReopenAndResume) {
+TEST_P(ChunkStoreTest, TopNAndStatisticsSurviveCompactionReopenAndResume) {
   DatasetMeta meta = SparseMeta("top", 32);
   meta.top_n = 6;
   uint64_t id = *store_->CreateDataset(meta);
   // 24 commits a writer: more than the 16 after which a block is written whole, so the lists
-  // pass through operands, a whole block, and operands on top of it.
+  // and statistics pass through operands, a whole block, and operands on top of it.
   const int64_t total = 960;
   for (int64_t at = 0; at < total;) {
     auto w = store_->OpenWriter(id);  // reopened every 480 rows: state loads from merged values
@@ -318,6 +318,28 @@ TEST_P(ChunkStoreTest, TopNSurvivesCompactionReopenAndResume) {
     if (at == 480) Reopen();
   }
   Rows all = MakeRows(0, total, 32);
+  // The statistics, bit for bit: each commit's values of a latent (in row order) as one delta,
+  // folded in commit order, as the writer did before and after every reopen.
+  std::vector<LatentStats> want_stats(32);
+  for (int64_t at = 0; at < total; at += 20) {
+    std::vector<std::vector<float>> commit(32);
+    for (int64_t i = all.indptr[at]; i < all.indptr[at + 20]; ++i) {
+      commit[all.indices[i]].push_back(HalfToFloat(FloatToHalf(all.values[i])));
+    }
+    for (int32_t l = 0; l < 32; ++l) {
+      LatentStats delta;
+      delta.AddBatch(commit[l].data(), commit[l].size());
+      want_stats[l].Merge(delta);
+    }
+  }
+  for (bool compacted : {false, true}) {
+    if (compacted) ASSERT_TRUE(db_->CompactAll().ok());
+    for (int32_t l = 0; l < 32; ++l) {
+      auto st = store_->GetLatentStats(id, l);
+      ASSERT_TRUE(st.ok()) << st.status();
+      EXPECT_EQ(st->Encode(), want_stats[l].Encode()) << "latent " << l;
+    }
+  }
   for (int32_t l = 0; l < 32; ++l) {
     std::vector<std::pair<float, int64_t>> want;
     for (int64_t r = 0; r < total; ++r) {

@@ -1,6 +1,7 @@
-// The RocksDB merge operator of the latent_index family: commits add top-N operands
-// (EncodeTopDelta) instead of rewriting whole top-N blocks, and RocksDB folds them at read and
-// compaction time (MergeTopBlocks). Statistics blocks are plain Puts and never reach it.
+// The RocksDB merge operator of the latent_index family: commits add operands instead of
+// rewriting whole blocks, and RocksDB folds them at read and compaction time: top-N operands
+// (EncodeTopDelta, MergeTopBlocks; also folded among themselves) and statistics operands
+// (StatsDeltaBuilder, MergeStatsBlocks; only ever folded onto a block, in order).
 #ifndef LATENTD_STORAGE_LATENT_INDEX_MERGE_H_
 #define LATENTD_STORAGE_LATENT_INDEX_MERGE_H_
 

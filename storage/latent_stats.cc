@@ -97,15 +97,49 @@ void LatentStats::FitWindow(double lo, double hi) {
       bin_low = new_low;
       return;
     }
-    std::array<int64_t, kHistogramBins> merged{};
-    const int64_t merged_low = FloorDiv2(bin_low);
-    for (int i = 0; i < kHistogramBins; ++i) {
-      merged[FloorDiv2(bin_low + i) - merged_low] += histogram[i];
-    }
-    histogram = merged;
-    bin_low = merged_low;
-    ++bin_exponent;
+    Widen();
   }
+}
+
+void LatentStats::Widen() {
+  std::array<int64_t, kHistogramBins> merged{};
+  const int64_t merged_low = FloorDiv2(bin_low);
+  for (int i = 0; i < kHistogramBins; ++i) {
+    merged[FloorDiv2(bin_low + i) - merged_low] += histogram[i];
+  }
+  histogram = merged;
+  bin_low = merged_low;
+  ++bin_exponent;
+}
+
+void LatentStats::Merge(const LatentStats& later) {
+  if (later.firing_count == 0) return;
+  if (firing_count == 0) {
+    *this = later;
+    return;
+  }
+  const bool binnable = std::isfinite(later.min) && std::isfinite(later.max) &&
+                        later.min <= later.max && bin_exponent > -1023 && bin_exponent < 1023 &&
+                        later.bin_exponent > -1023 && later.bin_exponent < 1023;
+  if (binnable) {
+    FitWindow(later.min, later.max);
+    // The fitted window is never narrower than later's own (any window holding 0 and later's
+    // first value is at least as wide as later started), except after values below 1e-30,
+    // where later's start was clamped: widen to it then.
+    while (bin_exponent < later.bin_exponent) Widen();
+    const int shift = std::min(bin_exponent - later.bin_exponent, 62);
+    for (int i = 0; i < kHistogramBins; ++i) {
+      if (later.histogram[i] == 0) continue;
+      const int64_t fine = later.bin_low + i;  // floor(fine / 2^shift), also below zero
+      const int64_t bin = fine >= 0 ? fine >> shift : -((-fine - 1) >> shift) - 1;
+      histogram[std::clamp<int64_t>(bin - bin_low, 0, kHistogramBins - 1)] += later.histogram[i];
+    }
+  }
+  firing_count += later.firing_count;
+  sum += later.sum;
+  sum_squares += later.sum_squares;
+  max = std::max(max, later.max);
+  min = std::min(min, later.min);
 }
 
 void LatentStats::AddBatch(const float* values, size_t n) {
@@ -379,6 +413,117 @@ absl::Status MergeTopBlocks(const absl::string_view* base,
     if (capacity >= 0 && static_cast<int64_t>(list.size()) > capacity) list.resize(capacity);
     AppendBlockList(list, kKeepAll, out);
   }
+  return absl::OkStatus();
+}
+
+std::string EncodeStatsBlock(const LatentStats* stats, int32_t n) {
+  std::string out;
+  for (int32_t l = 0; l < n; ++l) {
+    if (stats[l].firing_count == 0) {
+      PutVarint(0, &out);
+      continue;
+    }
+    const size_t start = ReserveVarint(2, &out);  // records are 44 to ~550 bytes
+    stats[l].AppendEncoded(&out);
+    PatchVarint(start, 2, out.size() - start, &out);
+  }
+  return out;
+}
+
+namespace {
+
+// The records of a block, however many it holds.
+absl::Status DecodeStatsRecords(absl::string_view in, std::vector<LatentStats>* out) {
+  ByteReader rd(in);
+  while (!rd.rest().empty()) {
+    const uint64_t len = rd.Varint();
+    if (!rd.ok() || len > rd.rest().size()) {
+      return absl::DataLossError("malformed latent statistics block");
+    }
+    out->emplace_back();
+    if (len > 0) {
+      RETURN_IF_ERROR(LatentStats::Decode(rd.rest().substr(0, len), &out->back()));
+      rd.Skip(len);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DecodeStatsBlock(absl::string_view in, LatentStats* out, int32_t n) {
+  std::vector<LatentStats> records;
+  RETURN_IF_ERROR(DecodeStatsRecords(in, &records));
+  if (static_cast<int64_t>(records.size()) != n) {
+    return absl::DataLossError("malformed latent statistics block");
+  }
+  std::copy(records.begin(), records.end(), out);
+  return absl::OkStatus();
+}
+
+StatsDeltaBuilder::StatsDeltaBuilder(int32_t block_size) : block_size_(block_size) {}
+
+void StatsDeltaBuilder::Add(int32_t offset, const LatentStats& delta, const float* values) {
+  ++entries_;
+  PutVarint(static_cast<uint64_t>(offset), &body_);
+  PutVarint(static_cast<uint64_t>(delta.firing_count), &body_);
+  if (delta.firing_count <= kRawStatsValues) {
+    for (int64_t i = 0; i < delta.firing_count; ++i) PutRaw<float>(values[i], &body_);
+    return;
+  }
+  const size_t start = ReserveVarint(2, &body_);
+  delta.AppendEncoded(&body_);
+  PatchVarint(start, 2, body_.size() - start, &body_);
+}
+
+std::string StatsDeltaBuilder::Finish() {
+  std::string out;
+  PutVarint(static_cast<uint64_t>(block_size_), &out);
+  PutVarint(entries_, &out);
+  out += body_;
+  body_.clear();
+  entries_ = 0;
+  return out;
+}
+
+absl::Status MergeStatsBlocks(const absl::string_view* base,
+                              const std::vector<absl::string_view>& operands, std::string* out) {
+  const absl::Status malformed = absl::DataLossError("malformed latent statistics operand");
+  std::vector<LatentStats> block;
+  if (base != nullptr) RETURN_IF_ERROR(DecodeStatsRecords(*base, &block));
+  bool sized = base != nullptr;
+  float raw[kRawStatsValues];
+  for (absl::string_view op : operands) {
+    ByteReader rd(op);
+    const uint64_t n = rd.Varint();
+    const uint64_t entries = rd.Varint();
+    if (!rd.ok() || n > (uint64_t{1} << 31)) return malformed;
+    if (!sized) {
+      block.resize(n);
+      sized = true;
+    }
+    if (n != block.size()) return malformed;
+    for (uint64_t e = 0; e < entries; ++e) {
+      const uint64_t offset = rd.Varint();
+      const uint64_t count = rd.Varint();
+      if (!rd.ok() || offset >= n) return malformed;
+      LatentStats delta;
+      if (count <= kRawStatsValues) {
+        for (uint64_t i = 0; i < count; ++i) raw[i] = rd.Raw<float>();
+        if (!rd.ok()) return malformed;
+        delta.AddBatch(raw, count);
+      } else {
+        const uint64_t len = rd.Varint();
+        if (!rd.ok() || len > rd.rest().size()) return malformed;
+        RETURN_IF_ERROR(LatentStats::Decode(rd.rest().substr(0, len), &delta));
+        rd.Skip(len);
+        if (delta.firing_count != static_cast<int64_t>(count)) return malformed;
+      }
+      block[offset].Merge(delta);
+    }
+    if (!rd.ok() || !rd.rest().empty()) return malformed;
+  }
+  *out = EncodeStatsBlock(block.data(), static_cast<int32_t>(block.size()));
   return absl::OkStatus();
 }
 

@@ -34,6 +34,13 @@ struct LatentStats {
   // same order; the histogram depends only on the values and the first one ever added), at a
   // fraction of the cost: the window is fitted once to the batch's extremes.
   void AddBatch(const float* values, size_t n);
+  // Folds in `later`, the statistics of values added after these: counts, extremes and the
+  // histogram come out as adding those values here one by one would give them (the window
+  // depends only on the values and the first one; bins of the narrower window nest in the
+  // wider one); the sums are this sum plus later's, which may differ from adding one by one in
+  // the last bits. Deterministic: the writer folds its commits' deltas with it, as RocksDB does
+  // with the stored operands, so both hold the same bits.
+  void Merge(const LatentStats& later);
   double bin_width() const;
   double histogram_min() const { return bin_low * bin_width(); }
   double histogram_max() const { return (bin_low + kHistogramBins) * bin_width(); }
@@ -49,7 +56,45 @@ struct LatentStats {
   // Slides or widens the window (merging bin pairs) so that it covers the occupied bins, 0 and
   // the bins of lo and hi (finite, lo <= hi), counting nothing.
   void FitWindow(double lo, double hi);
+  // Doubles the bin width, merging pairs of bins.
+  void Widen();
 };
+
+// Statistics of a block of consecutive latents, one RocksDB value (keys::LatentStats): per
+// latent a varint length and LatentStats::Encode() (length 0: never fired).
+std::string EncodeStatsBlock(const LatentStats* stats, int32_t n);
+// Decodes a block of exactly n records into out[0..n). DATA_LOSS when malformed.
+absl::Status DecodeStatsBlock(absl::string_view in, LatentStats* out, int32_t n);
+
+// A commit's change to a statistics block, written as a merge operand instead of the whole
+// block (on wide SAEs a commit touches most blocks, and rewriting them cost more than the rows):
+//   varint n (latents in the block), varint entries, then per entry varint offset (< n),
+//   varint c (values the commit added to that latent), then either, for c <= kRawStatsValues,
+//   the c values (f32, in the order the writer added them: their delta is AddBatch of them), or
+//   a varint length and the delta's LatentStats::Encode().
+inline constexpr int kRawStatsValues = 8;
+class StatsDeltaBuilder {
+ public:
+  explicit StatsDeltaBuilder(int32_t block_size);
+  // `delta` holds the commit's values of latent first + offset; `values` are those values in
+  // the order they were added when delta.firing_count <= kRawStatsValues (else unused).
+  void Add(int32_t offset, const LatentStats& delta, const float* values);
+  bool empty() const { return entries_ == 0; }
+  // The operand; the builder is empty again afterwards.
+  std::string Finish();
+
+ private:
+  int32_t block_size_;
+  uint64_t entries_ = 0;
+  std::string body_;
+};
+
+// Folds `operands` (StatsDeltaBuilder values) in order into `base` (an EncodeStatsBlock value,
+// or null when the key has none yet) with LatentStats::Merge, giving a block. Not associative
+// in the sums' last bits, so operands are never folded among themselves. DATA_LOSS when any
+// input is malformed or the block sizes disagree.
+absl::Status MergeStatsBlocks(const absl::string_view* base,
+                              const std::vector<absl::string_view>& operands, std::string* out);
 
 struct TopEntry {
   int64_t row;

@@ -114,6 +114,106 @@ TEST(LatentStats, AddBatchEqualsAddOneByOne) {
   }
 }
 
+// A commit's statistics are folded into the dataset's with Merge: counts, extremes and the
+// histogram (window and bins) must be those of adding every value one by one, whatever the
+// commit boundaries; the sums may differ only in the last bits.
+TEST(LatentStats, MergeOfCommitsEqualsAddOneByOne) {
+  std::mt19937 rng(11);
+  std::exponential_distribution<float> exp_dist(2.0f);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int trial = 0; trial < 60; ++trial) {
+    std::vector<float> values;
+    if (trial % 4 == 3) values.push_back(1e-6f);  // a tiny first value: a narrow start
+    for (int i = 0; i < 2000; ++i) {
+      float v = trial % 2 ? normal(rng) : exp_dist(rng);
+      if (i == 1000 && trial % 3 == 0) v *= 1e4f;     // a late outlier widens the window
+      if (trial % 5 == 4 && i % 7 == 0) v = -v * 50;  // far negatives slide the window down
+      if (v != 0.0f) values.push_back(v);
+    }
+    LatentStats one, merged;
+    for (float v : values) one.Add(v);
+    std::uniform_int_distribution<size_t> cut(1, trial % 2 ? 5 : 400);
+    for (size_t at = 0; at < values.size();) {
+      const size_t n = std::min(values.size() - at, cut(rng));
+      LatentStats commit;
+      commit.AddBatch(values.data() + at, n);
+      merged.Merge(commit);
+      at += n;
+    }
+    EXPECT_EQ(merged.firing_count, one.firing_count);
+    EXPECT_EQ(merged.max, one.max);
+    EXPECT_EQ(merged.min, one.min);
+    EXPECT_EQ(merged.bin_exponent, one.bin_exponent) << "trial " << trial;
+    EXPECT_EQ(merged.bin_low, one.bin_low) << "trial " << trial;
+    EXPECT_EQ(merged.histogram, one.histogram) << "trial " << trial;
+    EXPECT_NEAR(merged.sum, one.sum, 1e-9 * std::fabs(one.sum) + 1e-9);
+    EXPECT_NEAR(merged.sum_squares, one.sum_squares, 1e-9 * one.sum_squares);
+  }
+}
+
+// The writer folds each commit's delta into its statistics and writes the same delta as an
+// operand (few values as they are, more as a record); RocksDB folds the operands onto the
+// stored block in order. Both must hold the same bits, with or without a stored block.
+TEST(StatsBlocks, OperandsFoldToTheWritersStatistics) {
+  std::mt19937 rng(5);
+  std::exponential_distribution<float> dist(1.0f);
+  constexpr int kLatents = 6;
+  std::vector<LatentStats> writer(kLatents);
+  std::vector<std::string> operands;
+  for (int commit = 0; commit < 10; ++commit) {
+    StatsDeltaBuilder builder(kLatents);
+    for (int l = 0; l < kLatents; ++l) {
+      if (l == 5 || (l == 4 && commit % 3)) continue;           // 5 never fires, 4 now and then
+      std::vector<float> values(1 + rng() % (l < 2 ? 4 : 40));  // raw and record forms
+      for (float& v : values) v = dist(rng) * (commit == 7 ? 300.0f : 1.0f);
+      LatentStats delta;
+      delta.AddBatch(values.data(), values.size());
+      writer[l].Merge(delta);
+      builder.Add(l, delta, values.data());
+    }
+    operands.push_back(builder.Finish());
+  }
+  const std::string want = EncodeStatsBlock(writer.data(), kLatents);
+  std::vector<absl::string_view> all(operands.begin(), operands.end());
+  std::string folded;
+  ASSERT_TRUE(MergeStatsBlocks(nullptr, all, &folded).ok());
+  EXPECT_EQ(folded, want);
+  // Onto a stored block written whole after the fourth commit, as the writer does now and then.
+  std::string stored;
+  ASSERT_TRUE(MergeStatsBlocks(nullptr, {all.begin(), all.begin() + 4}, &stored).ok());
+  absl::string_view base(stored);
+  std::string rest;
+  ASSERT_TRUE(MergeStatsBlocks(&base, {all.begin() + 4, all.end()}, &rest).ok());
+  EXPECT_EQ(rest, want);
+  std::vector<LatentStats> decoded(kLatents);
+  ASSERT_TRUE(DecodeStatsBlock(folded, decoded.data(), kLatents).ok());
+  EXPECT_EQ(decoded[5].firing_count, 0);
+  EXPECT_EQ(decoded[0].Encode(), writer[0].Encode());
+}
+
+TEST(StatsBlocks, MalformedInputIsDataLoss) {
+  StatsDeltaBuilder builder(3);
+  LatentStats delta;
+  const float v = 2.5f;
+  delta.Add(v);
+  builder.Add(1, delta, &v);
+  const std::string op = builder.Finish();
+  std::string out;
+  const std::string truncated = op.substr(0, op.size() - 1);
+  EXPECT_EQ(MergeStatsBlocks(nullptr, {truncated}, &out).code(), absl::StatusCode::kDataLoss);
+  StatsDeltaBuilder wider(4);
+  wider.Add(3, delta, &v);
+  EXPECT_EQ(MergeStatsBlocks(nullptr, {op, wider.Finish()}, &out).code(),
+            absl::StatusCode::kDataLoss);
+  StatsDeltaBuilder outside(3);
+  outside.Add(3, delta, &v);  // offset 3 of a 3-latent block
+  EXPECT_EQ(MergeStatsBlocks(nullptr, {outside.Finish()}, &out).code(),
+            absl::StatusCode::kDataLoss);
+  std::vector<LatentStats> two(2);
+  ASSERT_TRUE(MergeStatsBlocks(nullptr, {op}, &out).ok());
+  EXPECT_EQ(DecodeStatsBlock(out, two.data(), 2).code(), absl::StatusCode::kDataLoss);
+}
+
 // Commits write top-N deltas that RocksDB folds; the fold must give the list the writer holds,
 // however the operands are grouped (compaction merges operands among themselves) and if one is
 // applied twice.
