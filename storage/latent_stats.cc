@@ -11,7 +11,11 @@
 namespace latentd::storage {
 namespace {
 
-int64_t FloorDiv2(int64_t v) { return v >= 0 ? v / 2 : -((-v + 1) / 2); }
+// floor(v / 2^k), also below zero; k >= 63 leaves the sign.
+int64_t FloorShift(int64_t v, int k) {
+  k = std::min(k, 63);
+  return v >= 0 ? v >> k : -((-(v + 1)) >> k) - 1;
+}
 
 // 2^e for -1023 < e < 1024, built from its bits (ldexp was a tenth of the commit profile);
 // exact, as ldexp is.
@@ -87,8 +91,15 @@ void LatentStats::FitWindow(double lo, double hi) {
       first = std::min(first, bin_low + i);
       last = std::max(last, bin_low + i);
     }
-    const int64_t new_low = std::min<int64_t>(first, 0);
-    if (last < new_low + kHistogramBins) {
+    // The fewest doublings after which a slide suffices (bins nest: floor(b / 2^k) is the bin
+    // at k doublings), done at once; doubling one at a time would stop there too, since a
+    // window that already holds everything is one a slide could reach.
+    int k = 0;
+    while (FloorShift(last, k) >= std::min<int64_t>(FloorShift(first, k), 0) + kHistogramBins) {
+      ++k;
+    }
+    if (k == 0) {
+      const int64_t new_low = std::min<int64_t>(first, 0);
       std::array<int64_t, kHistogramBins> moved{};
       for (int i = 0; i < kHistogramBins; ++i) {
         if (histogram[i]) moved[bin_low + i - new_low] = histogram[i];
@@ -97,19 +108,19 @@ void LatentStats::FitWindow(double lo, double hi) {
       bin_low = new_low;
       return;
     }
-    Widen();
+    Widen(k);
   }
 }
 
-void LatentStats::Widen() {
+void LatentStats::Widen(int doublings) {
   std::array<int64_t, kHistogramBins> merged{};
-  const int64_t merged_low = FloorDiv2(bin_low);
+  const int64_t merged_low = FloorShift(bin_low, doublings);
   for (int i = 0; i < kHistogramBins; ++i) {
-    merged[FloorDiv2(bin_low + i) - merged_low] += histogram[i];
+    merged[FloorShift(bin_low + i, doublings) - merged_low] += histogram[i];
   }
   histogram = merged;
   bin_low = merged_low;
-  ++bin_exponent;
+  bin_exponent += doublings;
 }
 
 void LatentStats::Merge(const LatentStats& later) {
@@ -126,12 +137,11 @@ void LatentStats::Merge(const LatentStats& later) {
     // The fitted window is never narrower than later's own (any window holding 0 and later's
     // first value is at least as wide as later started), except after values below 1e-30,
     // where later's start was clamped: widen to it then.
-    while (bin_exponent < later.bin_exponent) Widen();
-    const int shift = std::min(bin_exponent - later.bin_exponent, 62);
+    if (bin_exponent < later.bin_exponent) Widen(later.bin_exponent - bin_exponent);
+    const int shift = bin_exponent - later.bin_exponent;
     for (int i = 0; i < kHistogramBins; ++i) {
       if (later.histogram[i] == 0) continue;
-      const int64_t fine = later.bin_low + i;  // floor(fine / 2^shift), also below zero
-      const int64_t bin = fine >= 0 ? fine >> shift : -((-fine - 1) >> shift) - 1;
+      const int64_t bin = FloorShift(later.bin_low + i, shift);
       histogram[std::clamp<int64_t>(bin - bin_low, 0, kHistogramBins - 1)] += later.histogram[i];
     }
   }

@@ -56,8 +56,8 @@ struct LatentStats {
   // Slides or widens the window (merging bin pairs) so that it covers the occupied bins, 0 and
   // the bins of lo and hi (finite, lo <= hi), counting nothing.
   void FitWindow(double lo, double hi);
-  // Doubles the bin width, merging pairs of bins.
-  void Widen();
+  // Doubles the bin width `doublings` times, merging runs of 2^doublings bins.
+  void Widen(int doublings);
 };
 
 // Statistics of a block of consecutive latents, one RocksDB value (keys::LatentStats): per

@@ -86,6 +86,26 @@ TEST(TopRows, OfferRunEqualsOffer) {
     EXPECT_EQ(run.OfferRun(base, offsets.data(), values.data(), offsets.size(), 8), changed);
     EXPECT_EQ(run.Encode(), one.Encode());
   }
+  // Lists still filling (short runs, a large capacity), and runs replayed over rows seen.
+  TopRows few, few_run;
+  for (int64_t base = 0; base < 4000; base += 100) {
+    const bool replay = base % 700 == 600;
+    const int64_t at = replay ? base - 300 : base;
+    std::vector<uint32_t> offsets;
+    std::vector<float> values;
+    for (uint32_t off = 0; off < 100; off += 1 + rng() % 40) {
+      offsets.push_back(off);
+      values.push_back(static_cast<float>(rng() % 20) / 4);
+    }
+    bool changed = false;
+    for (size_t i = 0; i < offsets.size(); ++i) {
+      changed |= few.Offer(at + offsets[i], values[i], 64);
+    }
+    EXPECT_EQ(few_run.OfferRun(at, offsets.data(), values.data(), offsets.size(), 64), changed)
+        << "base " << base;
+    EXPECT_EQ(few_run.Encode(), few.Encode()) << "base " << base;
+  }
+  EXPECT_EQ(few.entries().size(), 64u);
 }
 
 // AddBatch is how commits feed statistics; it must equal Add() value by value, whatever the batch
