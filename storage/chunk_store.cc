@@ -204,6 +204,12 @@ constexpr int32_t kStatsBlock = 64;
 // however long ago the last compaction was, for a write of 1/this of the blocks a commit.
 constexpr int kDeltasPerBlockWrite = 16;
 
+// A commit writes a statistics block whole when it added more than this many values per latent
+// of the block on average, else an operand (see AddLatentWork). Measured (docs/STORAGE.md): at
+// 4096 latents, 128 values a latent a commit, operands cost 8% more commit CPU and 33% on
+// GetLatent before compaction; at 1M latents, 0.5 a latent, they made commits 3.1x faster.
+constexpr int64_t kFewStatsValues = 4;
+
 // Commits with at least this many entries spread their per-latent work over commit_threads
 // (below it a thread start costs more than it saves).
 constexpr int64_t kParallelCommitEntries = 1 << 16;
@@ -1389,7 +1395,13 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
       const int32_t size = std::min(kStatsBlock, hi - first);
       if (counts[first] == counts[first + size]) continue;  // no value in this block
       const size_t b = first / kStatsBlock;
-      const bool stats_whole = ++stats_deltas_[b] >= kDeltasPerBlockWrite;
+      // An operand only pays where the commit gave the block's latents few values (wide SAEs):
+      // with many, its records are as large as the block's, and reads would fold them. Which
+      // arithmetic a block's statistics take (values added one run at a time, or the commit's
+      // delta merged, as a fold of operands does) depends on this alone, i.e. on the commit's
+      // rows, so a resumed writer computes the same bits as an uninterrupted one.
+      const bool few_values = counts[first + size] - counts[first] <= kFewStatsValues * size;
+      const bool stats_whole = !few_values || ++stats_deltas_[b] >= kDeltasPerBlockWrite;
       if (stats_whole) stats_deltas_[b] = 0;
       StatsDeltaBuilder stats_delta(size);
       bool top_changed = false;
@@ -1405,14 +1417,20 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
           const int64_t* starts = unit_starts(u);
           const int64_t begin = starts[l], end = starts[l + 1];
           if (begin == end) continue;
-          delta.AddBatch(&lm.values[begin], end - begin);
-          if (few) raw.insert(raw.end(), &lm.values[begin], &lm.values[end]);
+          if (few_values) {
+            delta.AddBatch(&lm.values[begin], end - begin);
+            if (few) raw.insert(raw.end(), &lm.values[begin], &lm.values[end]);
+          } else {
+            st.AddBatch(&lm.values[begin], end - begin);
+          }
           const int64_t unit_first = first_row + u * unit_rows;
           top_changed |=
               top.OfferRun(unit_first, &lm.offsets[begin], &lm.values[begin], end - begin, top_n);
         }
-        st.Merge(delta);  // the arithmetic every reader's fold of the operand repeats
-        if (!stats_whole) stats_delta.Add(l - first, delta, raw.data());
+        if (few_values) {
+          st.Merge(delta);  // the arithmetic every reader's fold of the operand repeats
+          if (!stats_whole) stats_delta.Add(l - first, delta, raw.data());
+        }
         if (postings) {  // one unit: the whole commit
           const int64_t begin = counts[l], end = counts[l + 1];
           posting_rows.resize(end - begin);
