@@ -110,18 +110,28 @@ TEST(TopRows, OfferRunEqualsOffer) {
 
 // AddBatch is how commits feed statistics; it must equal Add() value by value, whatever the batch
 // cut, including the windows that slide (negative values) and widen (a tiny first value).
-TEST(LatentStats, AddBatchEqualsAddOneByOne) {
-  std::mt19937 rng(7);
+// Nonzero values for statistics trials that exercise every window change: exponential or
+// normal by trial; every 4th trial starts with a tiny value (a narrow initial width), every 3rd
+// has a late outlier (the window widens), and with far_negatives every 5th has values far below
+// zero (the window slides down).
+std::vector<float> TrialValues(std::mt19937* rng, int trial, int count, bool far_negatives) {
   std::exponential_distribution<float> exp_dist(2.0f);
   std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> values;
+  if (trial % 4 == 3) values.push_back(1e-6f);
+  for (int i = 0; i < count; ++i) {
+    float v = trial % 2 ? normal(*rng) : exp_dist(*rng);
+    if (i == count / 2 && trial % 3 == 0) v *= 1e4f;
+    if (far_negatives && trial % 5 == 4 && i % 7 == 0) v = -v * 50;
+    if (v != 0.0f) values.push_back(v);
+  }
+  return values;
+}
+
+TEST(LatentStats, AddBatchEqualsAddOneByOne) {
+  std::mt19937 rng(7);
   for (int trial = 0; trial < 40; ++trial) {
-    std::vector<float> values;
-    if (trial % 4 == 3) values.push_back(1e-6f);  // the initial width is set by a tiny value
-    for (int i = 0; i < 3000; ++i) {
-      float v = trial % 2 ? normal(rng) : exp_dist(rng);
-      if (i == 1500 && trial % 3 == 0) v *= 1e4f;  // a late outlier widens the window
-      if (v != 0.0f) values.push_back(v);
-    }
+    const std::vector<float> values = TrialValues(&rng, trial, 3000, /*far_negatives=*/false);
     LatentStats one, batched;
     for (float v : values) one.Add(v);
     std::uniform_int_distribution<size_t> cut(0, 300);
@@ -139,17 +149,8 @@ TEST(LatentStats, AddBatchEqualsAddOneByOne) {
 // commit boundaries; the sums may differ only in the last bits.
 TEST(LatentStats, MergeOfCommitsEqualsAddOneByOne) {
   std::mt19937 rng(11);
-  std::exponential_distribution<float> exp_dist(2.0f);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
   for (int trial = 0; trial < 60; ++trial) {
-    std::vector<float> values;
-    if (trial % 4 == 3) values.push_back(1e-6f);  // a tiny first value: a narrow start
-    for (int i = 0; i < 2000; ++i) {
-      float v = trial % 2 ? normal(rng) : exp_dist(rng);
-      if (i == 1000 && trial % 3 == 0) v *= 1e4f;     // a late outlier widens the window
-      if (trial % 5 == 4 && i % 7 == 0) v = -v * 50;  // far negatives slide the window down
-      if (v != 0.0f) values.push_back(v);
-    }
+    const std::vector<float> values = TrialValues(&rng, trial, 2000, /*far_negatives=*/true);
     LatentStats one, merged;
     for (float v : values) one.Add(v);
     std::uniform_int_distribution<size_t> cut(1, trial % 2 ? 5 : 400);
