@@ -194,9 +194,9 @@ absl::Status DecodePostingV1(absl::string_view in, int64_t row_start, ChunkDtype
   return absl::OkStatus();
 }
 
-// Statistics and top-N lists are stored in blocks of kStatsBlock latents per key (one key per
-// block instead of one per latent: 64x fewer keys), EncodeStatsBlock / EncodeTopBlock.
-constexpr int32_t kStatsBlock = 64;
+// Statistics and top-N lists are stored in blocks of kLatentsPerBlock latents per key
+// (EncodeStatsBlock / EncodeTopBlock).
+constexpr int32_t kStatsBlock = kLatentsPerBlock;
 
 // Commits add merge operands to the blocks they change (StatsDeltaBuilder: the statistics of
 // their own values; EncodeTopDelta: only the top-N entries they placed), and every this many

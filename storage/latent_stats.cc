@@ -507,7 +507,7 @@ absl::Status MergeStatsBlocks(const absl::string_view* base,
     ByteReader rd(op);
     const uint64_t n = rd.Varint();
     const uint64_t entries = rd.Varint();
-    if (!rd.ok() || n > (uint64_t{1} << 31)) return malformed;
+    if (!rd.ok() || n == 0 || n > static_cast<uint64_t>(kLatentsPerBlock)) return malformed;
     if (!sized) {
       block.resize(n);
       sized = true;

@@ -60,6 +60,10 @@ struct LatentStats {
   void Widen(int doublings);
 };
 
+// Latents per statistics block and per top-N block (one key per block instead of one per
+// latent: 64x fewer keys).
+inline constexpr int32_t kLatentsPerBlock = 64;
+
 // Statistics of a block of consecutive latents, one RocksDB value (keys::LatentStats): per
 // latent a varint length and LatentStats::Encode() (length 0: never fired).
 std::string EncodeStatsBlock(const LatentStats* stats, int32_t n);

@@ -230,6 +230,9 @@ TEST(StatsBlocks, MalformedInputIsDataLoss) {
   outside.Add(3, delta, &v);  // offset 3 of a 3-latent block
   EXPECT_EQ(MergeStatsBlocks(nullptr, {outside.Finish()}, &out).code(),
             absl::StatusCode::kDataLoss);
+  StatsDeltaBuilder huge(kLatentsPerBlock + 1);  // a corrupt size must not allocate blindly
+  huge.Add(0, delta, &v);
+  EXPECT_EQ(MergeStatsBlocks(nullptr, {huge.Finish()}, &out).code(), absl::StatusCode::kDataLoss);
   std::vector<LatentStats> two(2);
   ASSERT_TRUE(MergeStatsBlocks(nullptr, {op}, &out).ok());
   EXPECT_EQ(DecodeStatsBlock(out, two.data(), 2).code(), absl::StatusCode::kDataLoss);
