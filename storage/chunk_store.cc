@@ -1390,6 +1390,7 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
   auto stats_pass = [&](int32_t lo, int32_t hi, StatsOut* out) {
     std::string key = keys::Posting(id, 0, first_row);
     std::vector<int64_t> posting_rows;
+    LatentStats delta;       // a latent's statistics of this commit (blocks given few values)
     std::vector<float> raw;  // a latent's values when few: the operand carries them as they are
     for (int32_t first = lo; first < hi; first += kStatsBlock) {
       const int32_t size = std::min(kStatsBlock, hi - first);
@@ -1409,7 +1410,7 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
         if (counts[l] == counts[l + 1]) continue;
         LatentStats& st = stats_[l];
         if (st.firing_count == 0) ++out->new_live;
-        LatentStats delta;
+        if (few_values) delta = LatentStats();
         raw.clear();
         const bool few = counts[l + 1] - counts[l] <= kRawStatsValues;
         TopRows& top = top_[l];
