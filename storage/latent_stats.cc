@@ -240,8 +240,10 @@ bool TopRows::Offer(int64_t row, float value, int capacity) {
     }
   }
   max_row_ = std::max(max_row_, row);
+  // e beats a full list's last entry (checked above): drop that one first, so that the vector
+  // never grows past `capacity` (its doubling would hold 2x the list for every latent).
+  if (static_cast<int>(entries_.size()) >= capacity) entries_.pop_back();
   entries_.insert(std::upper_bound(entries_.begin(), entries_.end(), e, better), e);
-  if (static_cast<int>(entries_.size()) > capacity) entries_.pop_back();
   return true;
 }
 
