@@ -80,7 +80,7 @@ void Check(const absl::Status& s) {
 }
 
 constexpr int32_t kK = 32;
-int32_t g_width = 4096;  // d_sae: the width= argument (X1's 4096; wide SAEs reach 1M)
+int32_t g_width = 4096;         // d_sae: the width= argument (X1's 4096; wide SAEs reach 1M)
 int64_t g_commit_rows = 16384;  // rows per commit: the commit= argument (EXTRACT's default)
 
 struct Rows {
@@ -198,6 +198,63 @@ struct Result {
   int64_t export_npz_b = 0, export_h5_b = 0;
 };
 
+// One timed write of `rows` into a fresh store at `dir`, committing every g_commit_rows rows as
+// `config` says; the store stays open for the reads.
+struct StoreRun {
+  std::unique_ptr<Db> db;
+  std::unique_ptr<ChunkStore> store;  // declared after db: destroyed first
+  uint64_t id = 0;
+  int64_t commits = 0;
+  double wall = 0, cpu = 0;
+};
+
+StoreRun WriteStore(const std::string& dir, const Config& config, const Rows& rows, int64_t n,
+                    int threads, int slices) {
+  StoreRun run;
+  std::system(("rm -rf '" + dir + "'").c_str());
+  latentd::storage::DbOptions db_options;
+  db_options.chunk_block_bytes = config.block_bytes;
+  db_options.compress_chunks = config.compress;
+  auto db_or = Db::Open(dir, db_options);
+  Check(db_or.status());
+  run.db = *std::move(db_or);
+  ChunkStoreOptions options;
+  options.record_version = config.format;
+  options.sparse_chunk_rows = config.chunk_rows;
+  options.latent_slices = slices;
+  options.commit_threads = threads;
+  run.store = std::make_unique<ChunkStore>(run.db.get(), options);
+  latentd::storage::DatasetMeta meta;
+  meta.name = "x1";
+  meta.width = g_width;
+  meta.k = kK;
+  meta.encoder = "topk";
+  meta.hook_name = "blocks.2.hook_resid_post";
+  meta.context_length = 128;
+  meta.postings = config.postings;
+  auto id_or = run.store->CreateDataset(meta);
+  Check(id_or.status());
+  run.id = *id_or;
+  auto writer = run.store->OpenWriter(run.id);
+  Check(writer.status());
+  const auto t0 = Clock::now();
+  const double c0 = CpuSeconds();
+  std::vector<int64_t> local;
+  for (int64_t at = 0; at < n; at += g_commit_rows) {
+    const int64_t m = std::min(g_commit_rows, n - at);
+    local.assign(rows.indptr.begin() + at, rows.indptr.begin() + at + m + 1);
+    for (int64_t& v : local) v -= rows.indptr[at];
+    Check((*writer)->AppendSparse(m, local.data(), rows.indices.data() + rows.indptr[at],
+                                  rows.values.data() + rows.indptr[at], rows.tokens.data() + at));
+    Check(config.async ? (*writer)->CommitAsync() : (*writer)->Commit());
+    ++run.commits;
+  }
+  Check((*writer)->WaitDurable());
+  run.wall = Seconds(t0, Clock::now());
+  run.cpu = CpuSeconds() - c0;
+  return run;
+}
+
 Result RunConfig(const std::string& base, const Config& config, const Rows& rows, int64_t n,
                  int threads, int slices, bool measure_reads) {
   Result res;
@@ -207,60 +264,20 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
   // The better of two writes, each into a fresh database, as WriteRaw times its baselines: the
   // first write also pays for reading the 268 MB of input rows from memory last touched while
   // they were generated (on this VM nearly as slow as a page fault: 0.2-0.4 s), which EXTRACT,
-  // handing the store rows fresh from the encoder, never pays.
-  std::unique_ptr<Db> db;
-  std::unique_ptr<ChunkStore> store_ptr;
-  uint64_t id = 0;
-  int64_t commits = 0;
+  // handing the store rows fresh from the encoder, never pays. The reads use the second.
+  StoreRun run;
   res.store_wall = res.store_cpu = 1e30;
   for (int trial = 0; trial < 2; ++trial) {
-    store_ptr.reset();
-    db.reset();
-    std::system(("rm -rf '" + dir + "/store'").c_str());
-    latentd::storage::DbOptions db_options;
-    db_options.chunk_block_bytes = config.block_bytes;
-    db_options.compress_chunks = config.compress;
-    auto db_or = Db::Open(dir + "/store", db_options);
-    Check(db_or.status());
-    db = *std::move(db_or);
-    ChunkStoreOptions options;
-    options.record_version = config.format;
-    options.sparse_chunk_rows = config.chunk_rows;
-    options.latent_slices = slices;
-    options.commit_threads = threads;
-    store_ptr = std::make_unique<ChunkStore>(db.get(), options);
-    latentd::storage::DatasetMeta meta;
-    meta.name = "x1";
-    meta.width = g_width;
-    meta.k = kK;
-    meta.encoder = "topk";
-    meta.hook_name = "blocks.2.hook_resid_post";
-    meta.context_length = 128;
-    meta.postings = config.postings;
-    auto id_or = store_ptr->CreateDataset(meta);
-    Check(id_or.status());
-    id = *id_or;
-    auto writer = store_ptr->OpenWriter(id);
-    Check(writer.status());
-    commits = 0;
-    const auto t0 = Clock::now();
-    const double c0 = CpuSeconds();
-    std::vector<int64_t> local;
-    for (int64_t at = 0; at < n; at += g_commit_rows) {
-      const int64_t m = std::min(g_commit_rows, n - at);
-      local.assign(rows.indptr.begin() + at, rows.indptr.begin() + at + m + 1);
-      for (int64_t& v : local) v -= rows.indptr[at];
-      Check((*writer)->AppendSparse(m, local.data(), rows.indices.data() + rows.indptr[at],
-                                    rows.values.data() + rows.indptr[at], rows.tokens.data() + at));
-      Check(config.async ? (*writer)->CommitAsync() : (*writer)->Commit());
-      ++commits;
-    }
-    Check((*writer)->WaitDurable());
-    res.store_wall = std::min(res.store_wall, Seconds(t0, Clock::now()));
-    res.store_cpu = std::min(res.store_cpu, CpuSeconds() - c0);
-    writer->reset();
+    run.store.reset();  // the previous trial's store closes before its database
+    run.db.reset();
+    run = WriteStore(dir + "/store", config, rows, n, threads, slices);
+    res.store_wall = std::min(res.store_wall, run.wall);
+    res.store_cpu = std::min(res.store_cpu, run.cpu);
   }
-  ChunkStore& store = *store_ptr;
+  Db* db = run.db.get();
+  ChunkStore& store = *run.store;
+  const uint64_t id = run.id;
+  const int64_t commits = run.commits;
   // What GetLatent reads: statistics, then the top 20 rows with 32/8 tokens of context.
   auto get_latent_us = [&](int32_t latent) {
     const auto a = Clock::now();
@@ -331,7 +348,8 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
   res.row = Summarize(row_us);
   res.latent = Summarize(latent_us);
   res.post = Summarize(post_us);
-  db.reset();
+  run.store.reset();
+  run.db.reset();
   std::system(("rm -rf '" + dir + "'").c_str());
   return res;
 }
@@ -390,7 +408,8 @@ int main(int argc, char** argv) {
   const Rows rows = MakeRows(n);
 
   std::printf("rows %lld, k %d, d_sae %d, fp16, commits of %lld rows, latent slices %d\n",
-              static_cast<long long>(n), kK, g_width, static_cast<long long>(g_commit_rows), slices);
+              static_cast<long long>(n), kK, g_width, static_cast<long long>(g_commit_rows),
+              slices);
   std::vector<Result> results;
   for (const Config& c : configs) {
     results.push_back(RunConfig(base, c, rows, n, threads, slices, reads));

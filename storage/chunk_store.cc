@@ -194,10 +194,6 @@ absl::Status DecodePostingV1(absl::string_view in, int64_t row_start, ChunkDtype
   return absl::OkStatus();
 }
 
-// Statistics and top-N lists are stored in blocks of kLatentsPerBlock latents per key
-// (EncodeStatsBlock / EncodeTopBlock).
-constexpr int32_t kStatsBlock = kLatentsPerBlock;
-
 // Commits add merge operands to the blocks they change (StatsDeltaBuilder: the statistics of
 // their own values; EncodeTopDelta: only the top-N entries they placed), and every this many
 // changes of a block its whole value instead (a Put): a read folds at most this many operands,
@@ -794,12 +790,12 @@ absl::StatusOr<LatentStats> ChunkStore::GetLatentStats(uint64_t id, int32_t late
   ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
   RETURN_IF_ERROR(CheckLatentQuery(rec, id, latent));
   std::string value;
-  const int32_t first = latent - latent % kStatsBlock;
+  const int32_t first = latent - latent % kLatentsPerBlock;
   absl::Status s = GetAt(db_, snap.get(), Family::kLatentIndex,
                          keys::LatentStats(id, static_cast<uint32_t>(first)), &value);
   if (absl::IsNotFound(s)) return LatentStats();
   RETURN_IF_ERROR(s);
-  std::vector<LatentStats> block(std::min(kStatsBlock, rec.meta.width - first));
+  std::vector<LatentStats> block(std::min(kLatentsPerBlock, rec.meta.width - first));
   RETURN_IF_ERROR(DecodeStatsBlock(value, block.data(), static_cast<int32_t>(block.size())));
   return block[latent - first];
 }
@@ -814,12 +810,12 @@ absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
   }
   std::string value;
   TopRows top;
-  const int32_t first = latent - latent % kStatsBlock;
+  const int32_t first = latent - latent % kLatentsPerBlock;
   absl::Status s = GetAt(db_, snap.get(), Family::kLatentIndex,
                          keys::LatentTop(id, static_cast<uint32_t>(first)), &value);
   if (!absl::IsNotFound(s)) {
     RETURN_IF_ERROR(s);
-    std::vector<TopRows> block(std::min(kStatsBlock, rec.meta.width - first));
+    std::vector<TopRows> block(std::min(kLatentsPerBlock, rec.meta.width - first));
     RETURN_IF_ERROR(DecodeTopBlock(value, block.data(), static_cast<int32_t>(block.size())));
     top = std::move(block[latent - first]);
   }
@@ -1077,7 +1073,7 @@ absl::Status DatasetWriter::LoadLatentState() {
   stats_.assign(record_.meta.width, LatentStats());
   top_.assign(record_.meta.width, TopRows());
   // Staggered, so that the blocks written whole are spread evenly over the commits.
-  top_deltas_.resize(record_.meta.width / kStatsBlock + 1);
+  top_deltas_.resize(record_.meta.width / kLatentsPerBlock + 1);
   for (size_t b = 0; b < top_deltas_.size(); ++b) top_deltas_[b] = b % kDeltasPerBlockWrite;
   stats_deltas_ = top_deltas_;
   Db* db = store_->db();
@@ -1089,10 +1085,10 @@ absl::Status DatasetWriter::LoadLatentState() {
     if (latent >= stats_.size()) return absl::DataLossError("latent index key out of range");
     absl::string_view v(it->value().data(), it->value().size());
     if (it->key()[12] == 'S') {
-      const int32_t n = std::min<int32_t>(kStatsBlock, record_.meta.width - latent);
+      const int32_t n = std::min<int32_t>(kLatentsPerBlock, record_.meta.width - latent);
       RETURN_IF_ERROR(DecodeStatsBlock(v, &stats_[latent], n));
     } else {
-      const int32_t n = std::min<int32_t>(kStatsBlock, record_.meta.width - latent);
+      const int32_t n = std::min<int32_t>(kLatentsPerBlock, record_.meta.width - latent);
       RETURN_IF_ERROR(DecodeTopBlock(v, &top_[latent], n));
     }
   }
@@ -1392,10 +1388,10 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
     std::vector<int64_t> posting_rows;
     LatentStats delta;       // a latent's statistics of this commit (blocks given few values)
     std::vector<float> raw;  // a latent's values when few: the operand carries them as they are
-    for (int32_t first = lo; first < hi; first += kStatsBlock) {
-      const int32_t size = std::min(kStatsBlock, hi - first);
+    for (int32_t first = lo; first < hi; first += kLatentsPerBlock) {
+      const int32_t size = std::min(kLatentsPerBlock, hi - first);
       if (counts[first] == counts[first + size]) continue;  // no value in this block
-      const size_t b = first / kStatsBlock;
+      const size_t b = first / kLatentsPerBlock;
       // An operand only pays where the commit gave the block's latents few values (wide SAEs):
       // with many, its records are as large as the block's, and reads would fold them. Which
       // arithmetic a block's statistics take (values added one run at a time, or the commit's
@@ -1498,7 +1494,7 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
     }
   };
 
-  const std::vector<int32_t> stat_bounds = SplitLatents(counts, width, kStatsBlock, parts);
+  const std::vector<int32_t> stat_bounds = SplitLatents(counts, width, kLatentsPerBlock, parts);
   std::vector<int32_t> slice_bounds;
   if (sliced) {
     for (int32_t l : SplitLatents(counts, width, layout.slice_width, parts)) {

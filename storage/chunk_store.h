@@ -127,7 +127,7 @@ struct ChunkStoreOptions {
   // Threads a large commit spreads its per-latent work over (statistics, top-N, slices),
   // the calling thread included. 0 (default): hardware threads - 1, within [1, 4]: one core is
   // left to the writer thread and RocksDB (on 2 cores a second commit thread bought no wall time
-  // and cost 17% more CPU, docs/STORAGE.md).
+  // and cost 13% more CPU, docs/STORAGE.md).
   int32_t commit_threads = 0;
   // Format of datasets created from now on: 3 (default) or 2 (row-major chunks + postings, kept
   // for comparisons and for datasets written before format 3).

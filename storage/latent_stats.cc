@@ -444,32 +444,31 @@ std::string EncodeStatsBlock(const LatentStats* stats, int32_t n) {
 
 namespace {
 
-// The records of a block, however many it holds.
-absl::Status DecodeStatsRecords(absl::string_view in, std::vector<LatentStats>* out) {
+// Decodes the records of a block into out[0, count), count <= capacity; DATA_LOSS when
+// malformed or holding more than capacity.
+absl::StatusOr<int32_t> DecodeStatsRecords(absl::string_view in, LatentStats* out,
+                                           int32_t capacity) {
+  const absl::Status malformed = absl::DataLossError("malformed latent statistics block");
   ByteReader rd(in);
+  int32_t count = 0;
   while (!rd.rest().empty()) {
     const uint64_t len = rd.Varint();
-    if (!rd.ok() || len > rd.rest().size()) {
-      return absl::DataLossError("malformed latent statistics block");
-    }
-    out->emplace_back();
+    if (!rd.ok() || len > rd.rest().size() || count == capacity) return malformed;
+    LatentStats& record = out[count++];
+    record = LatentStats();
     if (len > 0) {
-      RETURN_IF_ERROR(LatentStats::Decode(rd.rest().substr(0, len), &out->back()));
+      RETURN_IF_ERROR(LatentStats::Decode(rd.rest().substr(0, len), &record));
       rd.Skip(len);
     }
   }
-  return absl::OkStatus();
+  return count;
 }
 
 }  // namespace
 
 absl::Status DecodeStatsBlock(absl::string_view in, LatentStats* out, int32_t n) {
-  std::vector<LatentStats> records;
-  RETURN_IF_ERROR(DecodeStatsRecords(in, &records));
-  if (static_cast<int64_t>(records.size()) != n) {
-    return absl::DataLossError("malformed latent statistics block");
-  }
-  std::copy(records.begin(), records.end(), out);
+  ASSIGN_OR_RETURN(const int32_t count, DecodeStatsRecords(in, out, n));
+  if (count != n) return absl::DataLossError("malformed latent statistics block");
   return absl::OkStatus();
 }
 
@@ -501,9 +500,13 @@ std::string StatsDeltaBuilder::Finish() {
 absl::Status MergeStatsBlocks(const absl::string_view* base,
                               const std::vector<absl::string_view>& operands, std::string* out) {
   const absl::Status malformed = absl::DataLossError("malformed latent statistics operand");
-  std::vector<LatentStats> block;
-  if (base != nullptr) RETURN_IF_ERROR(DecodeStatsRecords(*base, &block));
+  std::vector<LatentStats> block(kLatentsPerBlock);
   bool sized = base != nullptr;
+  if (sized) {
+    ASSIGN_OR_RETURN(const int32_t count,
+                     DecodeStatsRecords(*base, block.data(), kLatentsPerBlock));
+    block.resize(count);
+  }
   float raw[kRawStatsValues];
   for (absl::string_view op : operands) {
     ByteReader rd(op);

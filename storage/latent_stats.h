@@ -83,7 +83,6 @@ class StatsDeltaBuilder {
   // `delta` holds the commit's values of latent first + offset; `values` are those values in
   // the order they were added when delta.firing_count <= kRawStatsValues (else unused).
   void Add(int32_t offset, const LatentStats& delta, const float* values);
-  bool empty() const { return entries_ == 0; }
   // The operand; the builder is empty again afterwards.
   std::string Finish();
 
