@@ -1,6 +1,7 @@
 #include "storage/chunk_codec.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -188,6 +189,7 @@ absl::Status DecodeHead(absl::string_view data, Chunk* out, size_t* cursor, uint
   uint64_t row_start;
   std::memcpy(&num_rows, p + 8, 4);
   std::memcpy(&width, p + 12, 4);
+  if (width == 0 || width > static_cast<uint32_t>(INT32_MAX)) return Malformed("width");
   std::memcpy(&row_start, p + 16, 8);
   std::memcpy(nnz, p + 24, 8);
   out->kind = static_cast<ChunkKind>(kind);
@@ -339,6 +341,9 @@ absl::Status DecodeChunk(absl::string_view data, Chunk* out) {
     out->indptr[r + 1] = out->indptr[r] + static_cast<int64_t>(n);
   }
   if (static_cast<uint64_t>(out->indptr[out->num_rows]) != nnz) return Malformed("nnz");
+  // Every entry takes at least 7 bits of value: a larger count is corrupt (and must not size
+  // an allocation).
+  if (nnz > 2 * static_cast<uint64_t>(end - at)) return Malformed("nnz");
   out->indices.resize(nnz);
   if (enc == IndexEncoding::kIndexBitPacked) {
     const int first_bits = BitsFor(out->width > 0 ? out->width - 1 : 0);
@@ -374,6 +379,15 @@ absl::Status DecodeChunk(absl::string_view data, Chunk* out) {
       }
     }
     at += nnz * ib;
+    // The plain forms carry no structure that keeps columns in range and ascending: check.
+    for (int64_t r = 0; r < out->num_rows; ++r) {
+      int64_t prev = -1;
+      for (int64_t i = out->indptr[r]; i < out->indptr[r + 1]; ++i) {
+        const int64_t c = out->indices[i];
+        if (c <= prev || c >= out->width) return Malformed("columns out of range or order");
+        prev = c;
+      }
+    }
   }
   out->values.resize(nnz);
   if (packed) {

@@ -57,6 +57,8 @@ std::string EncodeRecord(const DatasetRecord& r) {
   return out;
 }
 
+absl::Status ValidateMeta(const DatasetMeta& m);
+
 absl::Status DecodeRecord(absl::string_view in, DatasetRecord* r) {
   ByteReader rd(in);
   DatasetMeta& m = r->meta;
@@ -86,6 +88,11 @@ absl::Status DecodeRecord(absl::string_view in, DatasetRecord* r) {
   if (!rd.ok() || version < 1 || version > kRecordVersion) {
     return absl::DataLossError("malformed dataset record");
   }
+  // Readers size buffers by these fields: a record the creator could not have written is
+  // corrupt, not a dataset.
+  if (absl::Status valid = ValidateMeta(m); !valid.ok()) {
+    return absl::DataLossError(absl::StrCat("malformed dataset record: ", valid.message()));
+  }
   r->format_version = version;
   return absl::OkStatus();
 }
@@ -113,7 +120,10 @@ absl::Status DecodeWatermark(absl::string_view in, Watermark* w) {
   w->live_latents = rd.Raw<int64_t>();
   w->blob_bytes = rd.Raw<int64_t>();
   w->complete = rd.Raw<uint8_t>() != 0;
-  if (!rd.ok() || !rd.rest().empty()) return absl::DataLossError("malformed watermark record");
+  if (!rd.ok() || !rd.rest().empty() || w->rows < 0 || w->nnz < 0 || w->chunks < 0 ||
+      w->live_latents < 0 || w->blob_bytes < 0) {
+    return absl::DataLossError("malformed watermark record");
+  }
   return absl::OkStatus();
 }
 
@@ -280,6 +290,11 @@ absl::Status CheckWriteOptions(const ChunkStoreOptions& o) {
   }
   return absl::OkStatus();
 }
+
+// How many elements a reader reserves for what the watermark promises: up to 2^26, beyond
+// that the vector grows as chunks arrive (a corrupt watermark must not size an allocation
+// before the chunks show it wrong).
+size_t ReserveAhead(int64_t n) { return static_cast<size_t>(std::min<int64_t>(n, 1 << 26)); }
 
 absl::Status ChunkError(uint64_t id, int64_t row_start, const absl::Status& s) {
   return absl::Status(s.code(),
@@ -621,7 +636,7 @@ absl::Status ChunkStore::ForEachSlicedChunk(const rocksdb::Snapshot* snap, const
         DecodeSlicedHeader(absl::string_view(it->value().data(), it->value().size()), &header);
     if (!s.ok()) return ChunkError(id, chunk_start, s);
     if (header.row_start != chunk_start || chunk_start + header.num_rows <= row_start ||
-        header.layout.width != rec.meta.width) {
+        header.layout.width != rec.meta.width || header.dtype != chunk.dtype) {
       return ChunkError(id, chunk_start, absl::DataLossError("chunk does not continue the rows"));
     }
     key = keys::ChunkPart(id, chunk_start, kPartTokens);
@@ -686,8 +701,8 @@ absl::StatusOr<CsrRows> ChunkStore::ReadRows(uint64_t id, int64_t row_start,
   out.row_start = row_start;
   out.num_rows = row_count;
   out.num_cols = rec.meta.width;
-  out.indptr.reserve(row_count + 1);
-  out.token_ids.reserve(row_count);
+  out.indptr.reserve(ReserveAhead(row_count + 1));
+  out.token_ids.reserve(ReserveAhead(row_count));
   const int64_t row_end = row_start + row_count;
   RETURN_IF_ERROR(ForEachChunk(snap.get(), rec, row_start, row_count, false, [&](const Chunk& c) {
     const int64_t a = std::max(row_start, c.row_start) - c.row_start;
@@ -726,7 +741,7 @@ absl::Status ChunkStore::ReadDense(uint64_t id, int64_t row_start, int64_t row_c
   RETURN_IF_ERROR(CheckRange(rec, row_start, &row_count));
   const int64_t width = rec.meta.width, row_end = row_start + row_count;
   values->clear();
-  values->reserve(row_count * width);
+  values->reserve(ReserveAhead(row_count * width));
   if (token_ids) token_ids->clear();
   return ForEachChunk(snap.get(), rec, row_start, row_count, false, [&](const Chunk& c) {
     const int64_t a = std::max(row_start, c.row_start) - c.row_start;
@@ -795,9 +810,10 @@ absl::StatusOr<LatentStats> ChunkStore::GetLatentStats(uint64_t id, int32_t late
                          keys::LatentStats(id, static_cast<uint32_t>(first)), &value);
   if (absl::IsNotFound(s)) return LatentStats();
   RETURN_IF_ERROR(s);
-  std::vector<LatentStats> block(std::min(kLatentsPerBlock, rec.meta.width - first));
-  RETURN_IF_ERROR(DecodeStatsBlock(value, block.data(), static_cast<int32_t>(block.size())));
-  return block[latent - first];
+  LatentStats stats;
+  RETURN_IF_ERROR(DecodeStatsBlockRecord(value, std::min(kLatentsPerBlock, rec.meta.width - first),
+                                         latent - first, &stats));
+  return stats;
 }
 
 absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
@@ -815,9 +831,8 @@ absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
                          keys::LatentTop(id, static_cast<uint32_t>(first)), &value);
   if (!absl::IsNotFound(s)) {
     RETURN_IF_ERROR(s);
-    std::vector<TopRows> block(std::min(kLatentsPerBlock, rec.meta.width - first));
-    RETURN_IF_ERROR(DecodeTopBlock(value, block.data(), static_cast<int32_t>(block.size())));
-    top = std::move(block[latent - first]);
+    RETURN_IF_ERROR(DecodeTopBlockList(value, std::min(kLatentsPerBlock, rec.meta.width - first),
+                                       latent - first, &top));
   }
   TokenCache tokens;
   std::vector<TopActivationContext> out;
@@ -956,8 +971,15 @@ absl::Status ChunkStore::LatentPostingsAt(const rocksdb::Snapshot* snap, const D
     if (start >= rec.rows_committed) break;
     const absl::string_view value(it->value().data(), it->value().size());
     const ChunkDtype dtype = ToChunkDtype(rec.meta.value_dtype);
+    const size_t before = rows->size();
     absl::Status s = rec.format_version >= 2 ? DecodePosting(value, start, dtype, rows, values)
                                              : DecodePostingV1(value, start, dtype, rows, values);
+    // Each posting ascends on its own; together they must too, inside the committed rows.
+    if (s.ok() && rows->size() > before &&
+        ((before > 0 && (*rows)[before] <= (*rows)[before - 1]) ||
+         rows->back() >= rec.rows_committed)) {
+      s = absl::DataLossError("rows outside the posting's commit");
+    }
     if (!s.ok()) {
       return absl::DataLossError(absl::StrCat("dataset ", id, " latent ", latent,
                                               " posting at row ", start, ": ", s.message()));
@@ -991,7 +1013,8 @@ absl::Status ChunkStore::SlicedLatentPostings(const rocksdb::Snapshot* snap,
     }
     absl::Status s =
         DecodeSlicedHeader(absl::string_view(it->value().data(), it->value().size()), &header);
-    if (s.ok() && (header.row_start != chunk_start || header.layout.width != rec.meta.width)) {
+    if (s.ok() && (header.row_start != chunk_start || header.layout.width != rec.meta.width ||
+                   header.dtype != ToChunkDtype(rec.meta.value_dtype))) {
       s = absl::DataLossError("chunk does not continue the rows");
     }
     if (!s.ok()) return ChunkError(id, chunk_start, s);

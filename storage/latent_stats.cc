@@ -11,6 +11,21 @@
 namespace latentd::storage {
 namespace {
 
+// Bounds of a decoded record (LatentStats::Decode): counts up to 2^48 (sums of a few thousand
+// such never overflow), bin exponents inside the range where the window arithmetic is exact.
+constexpr uint64_t kMaxCount = uint64_t{1} << 48;
+constexpr int32_t kMaxBinExponent = 1023;
+constexpr int64_t kMaxBinLow = int64_t{1} << 40;
+
+// floor(x / w) as a bin number, clamped to +-2^62: a bin that far out only asks the window for
+// more doublings, and converting a larger double would be undefined.
+inline int64_t FloorBin(double x, double w) {
+  const double q = std::floor(x / w);
+  if (!(q > -0x1p62)) return -(int64_t{1} << 62);
+  if (q > 0x1p62) return int64_t{1} << 62;
+  return static_cast<int64_t>(q);
+}
+
 // floor(v / 2^k), also below zero; k >= 63 leaves the sign.
 int64_t FloorShift(int64_t v, int k) {
   k = std::min(k, 63);
@@ -47,7 +62,12 @@ double LatentStats::stddev() const {
 
 void LatentStats::Add(float value) {
   const double v = value;
-  if (firing_count == 0) {
+  if (firing_count == 0 && !std::isfinite(v)) {
+    // Never stored (the writer rejects these); a window from it would be undefined.
+    max = min = value;
+    bin_exponent = 0;
+    bin_low = 0;
+  } else if (firing_count == 0) {
     max = min = value;
     double magnitude = std::max(std::fabs(v), 1e-30);
     bin_exponent = static_cast<int32_t>(std::ceil(std::log2(magnitude / kHistogramBins)));
@@ -70,8 +90,8 @@ void LatentStats::Add(float value) {
     }
   }
   FitWindow(v, v);
-  int bin = static_cast<int>(std::floor(v / bin_width()) - bin_low);
-  histogram[std::clamp(bin, 0, kHistogramBins - 1)] += 1;
+  const int64_t bin = FloorBin(v, bin_width()) - bin_low;
+  histogram[std::clamp<int64_t>(bin, 0, kHistogramBins - 1)] += 1;
 }
 
 // Fits the window [bin_low, bin_low + 50) around the occupied bins, lo, hi and 0: slides it when
@@ -81,8 +101,10 @@ void LatentStats::Add(float value) {
 void LatentStats::FitWindow(double lo, double hi) {
   while (true) {
     const double w = bin_width();
-    const int64_t lo_bin = static_cast<int64_t>(std::floor(lo / w));
-    const int64_t hi_bin = static_cast<int64_t>(std::floor(hi / w));
+    // Clamped bins under-count the doublings needed, never over-count: the loop goes on until
+    // the exact bins fit, so the window ends as narrow as without clamping.
+    const int64_t lo_bin = FloorBin(lo, w);
+    const int64_t hi_bin = FloorBin(hi, w);
     // The window always covers the occupied bins: inside it there is nothing to do.
     if (lo_bin >= bin_low && hi_bin < bin_low + kHistogramBins) return;
     int64_t first = lo_bin, last = hi_bin;
@@ -210,10 +232,25 @@ absl::Status LatentStats::Decode(absl::string_view in, LatentStats* out) {
   out->min = rd.Raw<float>();
   out->bin_exponent = rd.Raw<int32_t>();
   out->bin_low = rd.Raw<int64_t>();
-  for (int64_t& c : out->histogram) c = static_cast<int64_t>(rd.Varint());
-  if (!rd.ok() || !rd.rest().empty()) {
-    return absl::DataLossError("malformed latent statistics record");
+  uint64_t binned = 0;
+  for (int64_t& c : out->histogram) {
+    const uint64_t v = rd.Varint();
+    binned += std::min(v, kMaxCount + 1);
+    c = static_cast<int64_t>(std::min(v, kMaxCount + 1));
   }
+  // What every record the writer makes satisfies, and what the arithmetic on records (Merge,
+  // the histogram's window) relies on: a corrupt record that passed would otherwise overflow
+  // counts or index bins by garbage. The window never starts above bin 0.
+  const bool valid = rd.ok() && rd.rest().empty() && out->firing_count >= 0 &&
+                     static_cast<uint64_t>(out->firing_count) <= kMaxCount &&
+                     binned <= static_cast<uint64_t>(out->firing_count) &&
+                     std::isfinite(out->sum) && std::isfinite(out->sum_squares) &&
+                     out->sum_squares >= 0 && out->bin_exponent > -kMaxBinExponent &&
+                     out->bin_exponent < kMaxBinExponent && out->bin_low <= 0 &&
+                     out->bin_low >= -kMaxBinLow &&
+                     (out->firing_count == 0 ||
+                      (std::isfinite(out->min) && std::isfinite(out->max) && out->min <= out->max));
+  if (!valid) return absl::DataLossError("malformed latent statistics record");
   return absl::OkStatus();
 }
 
@@ -297,11 +334,19 @@ absl::Status ParseList(absl::string_view in, std::vector<TopEntry>* entries) {
   ByteReader rd(in);
   const uint64_t n = rd.Varint();
   if (!rd.ok() || n > in.size()) return absl::DataLossError("malformed top-N record");
+  // Lists are stored in their order (Better), rows non-negative and values finite, as the
+  // writer keeps them; merges and readers rely on it.
+  const size_t first = entries->size();
+  bool ordered = true;
   for (uint64_t i = 0; i < n && rd.ok(); ++i) {
-    const int64_t row = static_cast<int64_t>(rd.Varint());
-    entries->push_back({row, rd.Raw<float>()});
+    const TopEntry e{static_cast<int64_t>(rd.Varint()), rd.Raw<float>()};
+    ordered &= e.row >= 0 && std::isfinite(e.value) &&
+               (entries->size() == first || Better()(entries->back(), e));
+    entries->push_back(e);
   }
-  if (!rd.ok() || !rd.rest().empty()) return absl::DataLossError("malformed top-N record");
+  if (!rd.ok() || !rd.rest().empty() || !ordered) {
+    return absl::DataLossError("malformed top-N record");
+  }
   return absl::OkStatus();
 }
 
@@ -347,6 +392,17 @@ absl::Status DecodeTopBlock(absl::string_view in, TopRows* out, int32_t n) {
     if (i >= n) return absl::DataLossError("malformed top-N block: too many lists");
     out[i] = TopRows();
     return list.empty() ? absl::OkStatus() : TopRows::Decode(list, &out[i]);
+  });
+  if (!lists.ok()) return lists.status();
+  if (*lists != n) return absl::DataLossError("malformed top-N block: too few lists");
+  return absl::OkStatus();
+}
+
+absl::Status DecodeTopBlockList(absl::string_view in, int32_t n, int32_t index, TopRows* out) {
+  *out = TopRows();
+  auto lists = ForEachTopList(in, [&](int32_t i, absl::string_view list) {
+    if (i >= n) return absl::DataLossError("malformed top-N block: too many lists");
+    return i != index || list.empty() ? absl::OkStatus() : TopRows::Decode(list, out);
   });
   if (!lists.ok()) return lists.status();
   if (*lists != n) return absl::DataLossError("malformed top-N block: too few lists");
@@ -444,27 +500,44 @@ std::string EncodeStatsBlock(const LatentStats* stats, int32_t n) {
 
 namespace {
 
-// Decodes the records of a block into out[0, count), count <= capacity; DATA_LOSS when
-// malformed or holding more than capacity.
-absl::StatusOr<int32_t> DecodeStatsRecords(absl::string_view in, LatentStats* out,
-                                           int32_t capacity) {
-  const absl::Status malformed = absl::DataLossError("malformed latent statistics block");
+// Calls visit(i, record_bytes) for each record of a statistics block (at most `capacity`);
+// the number of records, or DATA_LOSS.
+template <typename Visit>
+absl::StatusOr<int32_t> ForEachStatsRecord(absl::string_view in, int32_t capacity, Visit visit) {
   ByteReader rd(in);
   int32_t count = 0;
   while (!rd.rest().empty()) {
     const uint64_t len = rd.Varint();
-    if (!rd.ok() || len > rd.rest().size() || count == capacity) return malformed;
-    LatentStats& record = out[count++];
-    record = LatentStats();
-    if (len > 0) {
-      RETURN_IF_ERROR(LatentStats::Decode(rd.rest().substr(0, len), &record));
-      rd.Skip(len);
+    if (!rd.ok() || len > rd.rest().size() || count == capacity) {
+      return absl::DataLossError("malformed latent statistics block");
     }
+    RETURN_IF_ERROR(visit(count++, rd.rest().substr(0, len)));
+    rd.Skip(len);
   }
   return count;
 }
 
+// Decodes the records of a block into out[0, count), count <= capacity.
+absl::StatusOr<int32_t> DecodeStatsRecords(absl::string_view in, LatentStats* out,
+                                           int32_t capacity) {
+  return ForEachStatsRecord(in, capacity, [&](int32_t i, absl::string_view record) {
+    out[i] = LatentStats();
+    return record.empty() ? absl::OkStatus() : LatentStats::Decode(record, &out[i]);
+  });
+}
+
 }  // namespace
+
+absl::Status DecodeStatsBlockRecord(absl::string_view in, int32_t n, int32_t index,
+                                    LatentStats* out) {
+  *out = LatentStats();
+  ASSIGN_OR_RETURN(
+      const int32_t count, ForEachStatsRecord(in, n, [&](int32_t i, absl::string_view record) {
+        return i != index || record.empty() ? absl::OkStatus() : LatentStats::Decode(record, out);
+      }));
+  if (count != n) return absl::DataLossError("malformed latent statistics block");
+  return absl::OkStatus();
+}
 
 absl::Status DecodeStatsBlock(absl::string_view in, LatentStats* out, int32_t n) {
   ASSIGN_OR_RETURN(const int32_t count, DecodeStatsRecords(in, out, n));
@@ -524,8 +597,12 @@ absl::Status MergeStatsBlocks(const absl::string_view* base,
       if (!rd.ok() || offset >= n) return malformed;
       LatentStats delta;
       if (count <= kRawStatsValues) {
-        for (uint64_t i = 0; i < count; ++i) raw[i] = rd.Raw<float>();
-        if (!rd.ok()) return malformed;
+        bool finite = true;
+        for (uint64_t i = 0; i < count; ++i) {
+          raw[i] = rd.Raw<float>();
+          finite &= std::isfinite(raw[i]);
+        }
+        if (!rd.ok() || !finite) return malformed;  // the writer stores finite values only
         delta.AddBatch(raw, count);
       } else {
         const uint64_t len = rd.Varint();

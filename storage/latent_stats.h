@@ -69,6 +69,10 @@ inline constexpr int32_t kLatentsPerBlock = 64;
 std::string EncodeStatsBlock(const LatentStats* stats, int32_t n);
 // Decodes a block of exactly n records into out[0..n). DATA_LOSS when malformed.
 absl::Status DecodeStatsBlock(absl::string_view in, LatentStats* out, int32_t n);
+// Decodes only record `index` of such a block (the others are skipped by their lengths; the
+// count is still checked): what a query of one latent needs.
+absl::Status DecodeStatsBlockRecord(absl::string_view in, int32_t n, int32_t index,
+                                    LatentStats* out);
 
 // A commit's change to a statistics block, written as a merge operand instead of the whole
 // block (on wide SAEs a commit touches most blocks, and rewriting them cost more than the rows):
@@ -131,6 +135,8 @@ class TopRows {
 std::string EncodeTopBlock(const TopRows* lists, int32_t n);
 // Decodes a block of exactly n lists into out[0..n). DATA_LOSS when malformed.
 absl::Status DecodeTopBlock(absl::string_view in, TopRows* out, int32_t n);
+// Decodes only list `index` of a block of n lists, skipping the others by their lengths.
+absl::Status DecodeTopBlockList(absl::string_view in, int32_t n, int32_t index, TopRows* out);
 
 // A commit does not rewrite a block: it adds a merge operand holding, per latent, only the
 // entries its own rows [min_row, ...) placed in the list:

@@ -53,6 +53,34 @@ TEST(LatentStats, NegativeValuesAndRoundTrip) {
   EXPECT_FALSE(LatentStats::Decode("xyz", &d).ok());
 }
 
+// A tiny first value sets a very narrow window; a huge later one lies ~2^140 bins out, far past
+// any integer (the conversion was undefined before bins were clamped). The window must still end
+// as the narrowest power-of-two width holding both, whichever way the values arrive.
+TEST(LatentStats, HugeValueAfterTinyFirstValueGetsTheNarrowestWindow) {
+  for (float big : {1e10f, 3e38f, -2e20f}) {
+    LatentStats one_by_one, batch, merged;
+    one_by_one.Add(1e-30f);
+    one_by_one.Add(big);
+    const float both[] = {1e-30f, big};
+    batch.AddBatch(both, 2);
+    LatentStats later;
+    later.Add(big);
+    merged.Add(1e-30f);
+    merged.Merge(later);
+    for (const LatentStats* s : {&one_by_one, &batch, &merged}) {
+      int64_t total = 0;
+      for (int64_t c : s->histogram) total += c;
+      EXPECT_EQ(total, 2) << big;
+      EXPECT_LE(s->histogram_min(), std::min(0.0, static_cast<double>(big)));
+      EXPECT_GT(s->histogram_max(), std::max(0.0, static_cast<double>(big)));
+      // One halving too many: the window no longer holds 0 and big.
+      EXPECT_GT(std::fabs(static_cast<double>(big)), 24 * s->bin_width()) << big;
+    }
+    EXPECT_EQ(one_by_one.bin_exponent, batch.bin_exponent);
+    EXPECT_EQ(one_by_one.histogram, batch.histogram);
+  }
+}
+
 TEST(TopRows, KeepsLargestDeterministicallyAndIgnoresReplays) {
   TopRows t;
   for (int r = 0; r < 100; ++r) t.Offer(r, static_cast<float>(r % 10), 5);
@@ -291,6 +319,35 @@ TEST(TopBlocks, DeltasFoldToTheWritersLists) {
       EXPECT_EQ(decoded[l].entries()[i].row, lists[l].entries()[i].row);
     }
   }
+}
+
+// A query of one latent decodes only its record of the block: the same record as the whole
+// block's decode, and a block of the wrong count is still refused.
+TEST(Blocks, OneRecordDecodesAsInTheWholeBlock) {
+  std::vector<LatentStats> stats(kLatentsPerBlock);
+  std::vector<TopRows> top(kLatentsPerBlock);
+  for (int32_t l = 0; l < kLatentsPerBlock; l += 3) {
+    for (int i = 0; i <= l; ++i) {
+      stats[l].Add(0.25f * (i + 1));
+      top[l].Offer(100 * l + i, 0.25f * ((i * 7) % 11 + 1), 8);
+    }
+  }
+  const std::string stats_block = EncodeStatsBlock(stats.data(), kLatentsPerBlock);
+  const std::string top_block = EncodeTopBlock(top.data(), kLatentsPerBlock);
+  for (int32_t l : {0, 1, 3, 30, kLatentsPerBlock - 1}) {
+    LatentStats one;
+    ASSERT_TRUE(DecodeStatsBlockRecord(stats_block, kLatentsPerBlock, l, &one).ok());
+    EXPECT_EQ(one.Encode(), stats[l].Encode()) << l;
+    TopRows list;
+    ASSERT_TRUE(DecodeTopBlockList(top_block, kLatentsPerBlock, l, &list).ok());
+    EXPECT_EQ(list.Encode(), top[l].Encode()) << l;
+  }
+  LatentStats one;
+  TopRows list;
+  EXPECT_EQ(DecodeStatsBlockRecord(stats_block, kLatentsPerBlock - 1, 0, &one).code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodeTopBlockList(top_block, kLatentsPerBlock + 1, 0, &list).code(),
+            absl::StatusCode::kDataLoss);
 }
 
 TEST(TopBlocks, MalformedInputIsDataLoss) {

@@ -1,6 +1,7 @@
 #include "storage/posting_codec.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "common/status_macros.h"
@@ -350,10 +351,16 @@ absl::Status DecodePosting(absl::string_view in, int64_t row_start, ChunkDtype d
   RETURN_IF_ERROR(ForHighParts(ps, 0, UINT64_MAX, [&](uint64_t i, uint64_t high) {
     out_rows[i] = static_cast<int64_t>(high);
   }));
+  // Keys must ascend strictly and the rows stay representable: the high parts alone cannot
+  // ensure that once a low part or the width l is corrupt, and every reader relies on it.
   BitSource lows(ps.low, ps.high);
+  const uint64_t x_max = static_cast<uint64_t>(INT64_MAX - std::max<int64_t>(row_start, 0));
+  uint64_t prev = 0;
   for (uint64_t i = 0; i < ps.n; ++i) {
-    out_rows[i] = row_start + static_cast<int64_t>(static_cast<uint64_t>(out_rows[i]) << ps.l |
-                                                   lows.GetWide(ps.l));
+    const uint64_t x = static_cast<uint64_t>(out_rows[i]) << ps.l | lows.GetWide(ps.l);
+    if ((i > 0 && x <= prev) || x > x_max) return Malformed("keys not ascending");
+    prev = x;
+    out_rows[i] = row_start + static_cast<int64_t>(x);
   }
   return absl::OkStatus();
 }
@@ -375,13 +382,19 @@ absl::Status DecodePostingMasked(absl::string_view in, ChunkDtype dtype, uint64_
     high_lo = lo >> ps.l;
     high_span = ((hi - 1) >> ps.l) - high_lo;
   }
-  return ForHighParts(ps, 0, UINT64_MAX, [&](uint64_t i, uint64_t high) {
+  const size_t first = keys->size();
+  bool ascending = true;
+  RETURN_IF_ERROR(ForHighParts(ps, 0, UINT64_MAX, [&](uint64_t i, uint64_t high) {
     if ((high & high_mask) - high_lo > high_span) return;  // unsigned: outside the window
     const uint64_t x = high << ps.l | LowAt(ps, i);
     if ((x & mask) - lo >= hi - lo) return;  // unsigned: outside [lo, hi)
+    // The keys returned ascend strictly and are non-negative, as in an intact posting.
+    ascending &= x <= static_cast<uint64_t>(INT64_MAX) &&
+                 (keys->size() == first || static_cast<int64_t>(x) > keys->back());
     keys->push_back(static_cast<int64_t>(x));
     values->push_back(ValueAt(ps, i));
-  });
+  }));
+  return ascending ? absl::OkStatus() : Malformed("keys not ascending");
 }
 
 absl::Status DecodePostingRange(absl::string_view in, int64_t row_start, ChunkDtype dtype,
@@ -393,12 +406,18 @@ absl::Status DecodePostingRange(absl::string_view in, int64_t row_start, ChunkDt
   if (hi <= lo || hi <= row_start) return absl::OkStatus();
   const uint64_t x_lo = static_cast<uint64_t>(std::max<int64_t>(lo - row_start, 0));
   const uint64_t x_hi = static_cast<uint64_t>(hi - row_start);  // exclusive
-  return ForHighParts(ps, x_lo >> ps.l, (x_hi - 1) >> ps.l, [&](uint64_t i, uint64_t high) {
-    const uint64_t x = high << ps.l | LowAt(ps, i);
-    if (x < x_lo || x >= x_hi) return;
-    rows->push_back(row_start + static_cast<int64_t>(x));
-    values->push_back(ValueAt(ps, i));
-  });
+  const size_t first = rows->size();
+  bool ascending = true;
+  RETURN_IF_ERROR(
+      ForHighParts(ps, x_lo >> ps.l, (x_hi - 1) >> ps.l, [&](uint64_t i, uint64_t high) {
+        const uint64_t x = high << ps.l | LowAt(ps, i);
+        if (x < x_lo || x >= x_hi) return;  // x_hi <= INT64_MAX - row_start: no overflow
+        const int64_t row = row_start + static_cast<int64_t>(x);
+        ascending &= rows->size() == first || row > rows->back();
+        rows->push_back(row);
+        values->push_back(ValueAt(ps, i));
+      }));
+  return ascending ? absl::OkStatus() : Malformed("rows not ascending");
 }
 
 }  // namespace latentd::storage
