@@ -18,6 +18,9 @@ constexpr int32_t kDefaultTopN = 20;
 constexpr int32_t kDefaultContextBefore = 32;
 constexpr int32_t kDefaultContextAfter = 8;
 constexpr int32_t kDefaultIntervalSamples = 5;
+// A GetLatent answer carries at most this many context tokens (about 3 MB on the wire): more
+// would pass gRPC's 4 MiB default receive limit of the client after the server built it all.
+constexpr int64_t kMaxContextTokens = int64_t{1} << 20;
 // Rows fetched from the store per read while streaming (bounds server memory per stream).
 constexpr int64_t kRowsPerRead = 16384;
 
@@ -228,14 +231,28 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
       request->context_before() > 0 ? request->context_before() : kDefaultContextBefore;
   const int32_t after =
       request->context_after() > 0 ? request->context_after() : kDefaultContextAfter;
+  // Windows never cross a sequence, so a dataset with sequences bounds them too.
+  const int64_t seq = record->meta.context_length;
+  const int64_t window =
+      std::min<int64_t>(int64_t{before} + after + 1, seq > 0 ? seq : record->rows_committed);
+  const int64_t samples =
+      request->interval_samples() > 0 ? request->interval_samples() : kDefaultIntervalSamples;
+  const int64_t windows =
+      std::max(top_n, 0) + (request->intervals() > 0 ? int64_t{request->intervals()} * samples : 0);
+  if (windows * window > kMaxContextTokens) {
+    return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+        "GetLatent would return up to ", windows, " context windows of up to ", window, " tokens (",
+        windows * window, " tokens), above the ", kMaxContextTokens,
+        " one answer carries: ask for fewer intervals, interval_samples or top_n, or shorter "
+        "context_before / context_after")));
+  }
   auto top = store_->TopActivations(request->dataset_id(), request->latent(), top_n, before, after);
   if (!top.ok()) return ToGrpcStatus(top.status());
   std::vector<storage::ActivationInterval> intervals;
   if (request->intervals() > 0) {
-    auto sampled = store_->IntervalSamples(
-        request->dataset_id(), request->latent(), request->intervals(),
-        request->interval_samples() > 0 ? request->interval_samples() : kDefaultIntervalSamples,
-        before, after);
+    auto sampled =
+        store_->IntervalSamples(request->dataset_id(), request->latent(), request->intervals(),
+                                static_cast<int32_t>(samples), before, after);
     if (!sampled.ok()) return ToGrpcStatus(sampled.status());
     intervals = *std::move(sampled);
   }

@@ -3,9 +3,11 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <set>
 
@@ -332,6 +334,131 @@ TEST_F(DatasetsServiceTest, ExportStaysInsideTheExportRoot) {
   EXPECT_EQ(call("/tmp/x.h5", &resp), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_EQ(call(".", &resp), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_FALSE(fs::exists(dir_ / "outside" / "x.h5"));
+}
+
+// Every Datasets RPC with hostile field values (extremes of each integer type, off-by-one
+// around the dataset's bounds, unknown ids, paths that try to leave the export root, NUL bytes):
+// each call ends with OK or a client-error code, never INTERNAL, UNKNOWN or a dead server, and
+// nothing is written outside the export root.
+TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
+  const uint64_t id = MakeDataset("hostile", 300, 512);
+  std::mt19937_64 rng(17);
+  auto pick = [&](std::vector<int64_t> values) { return values[rng() % values.size()]; };
+  const std::vector<int64_t> ints{0,         1,         -1,        2,         299,          300,
+                                  301,       511,       512,       513,       4096,         1 << 20,
+                                  INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, INT64_MAX - 1};
+  auto int32_of = [&]() { return static_cast<int32_t>(pick(ints)); };
+  auto dataset = [&]() -> uint64_t {
+    return pick({static_cast<int64_t>(id), static_cast<int64_t>(id), 0, 999, -1});
+  };
+  const std::set<grpc::StatusCode> allowed{grpc::StatusCode::OK,
+                                           grpc::StatusCode::INVALID_ARGUMENT,
+                                           grpc::StatusCode::NOT_FOUND,
+                                           grpc::StatusCode::OUT_OF_RANGE,
+                                           grpc::StatusCode::FAILED_PRECONDITION,
+                                           grpc::StatusCode::PERMISSION_DENIED,
+                                           grpc::StatusCode::RESOURCE_EXHAUSTED};
+  const std::vector<std::string> paths{"",
+                                       "/",
+                                       ".",
+                                       "..",
+                                       "../x.npz",
+                                       "a/../../x.npz",
+                                       "/etc/passwd",
+                                       std::string("a\0b.npz", 7),
+                                       std::string(5000, 'a'),
+                                       "ok.npz",
+                                       "dir/ok.h5",
+                                       (dir_ / "exports" / ".." / "x.npz").string()};
+  std::map<grpc::StatusCode, int> seen;
+  for (int i = 0; i < 400; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    grpc::Status status;
+    std::string what;
+    switch (i % 4) {
+      case 0: {
+        latentd::v1::ReadRowsRequest req;
+        req.set_dataset_id(dataset());
+        req.set_row_start(pick(ints));
+        req.set_row_count(pick(ints));
+        req.set_packed(rng() & 1);
+        what = req.ShortDebugString();
+        auto reader = stub_->ReadRows(&ctx, req);
+        latentd::v1::CsrPiece piece;
+        int64_t rows = 0;
+        while (reader->Read(&piece)) rows += piece.num_rows();
+        status = reader->Finish();
+        if (status.ok()) EXPECT_LE(rows, 300) << what;
+        break;
+      }
+      case 1: {
+        latentd::v1::GetLatentRequest req;
+        req.set_dataset_id(dataset());
+        req.set_latent(int32_of());
+        req.set_top_n(int32_of());
+        req.set_context_before(int32_of());
+        req.set_context_after(int32_of());
+        req.set_intervals(rng() % 3 ? 0 : int32_of());
+        req.set_interval_samples(int32_of());
+        what = req.ShortDebugString();
+        latentd::v1::GetLatentResponse resp;
+        status = stub_->GetLatent(&ctx, req, &resp);
+        if (status.ok()) {
+          for (const auto& t : resp.top()) {
+            EXPECT_LE(t.context_token_ids_size(), 128) << what;  // one sequence at most
+          }
+        }
+        break;
+      }
+      case 2: {
+        latentd::v1::ExportDatasetRequest req;
+        req.set_dataset_id(dataset());
+        req.set_path(paths[rng() % paths.size()]);
+        req.set_format(static_cast<latentd::v1::ExportFormat>(pick({0, 1, 2, 3, -7})));
+        req.set_row_start(pick(ints));
+        req.set_row_count(pick(ints));
+        what = req.ShortDebugString();
+        latentd::v1::ExportDatasetResponse resp;
+        status = stub_->ExportDataset(&ctx, req, &resp);
+        break;
+      }
+      case 3: {
+        latentd::v1::GetDatasetRequest req;
+        req.set_dataset_id(dataset());
+        what = req.ShortDebugString();
+        latentd::v1::DatasetInfo info;
+        status = stub_->GetDataset(&ctx, req, &info);
+        break;
+      }
+    }
+    ++seen[status.error_code()];
+    ASSERT_TRUE(allowed.count(status.error_code()))
+        << what << " -> " << status.error_code() << " " << status.error_message();
+  }
+  {
+    // An answer too large to carry is refused up front, with the numbers.
+    grpc::ClientContext ctx;
+    latentd::v1::GetLatentRequest req;
+    req.set_dataset_id(id);
+    req.set_latent(3);
+    req.set_intervals(1000);
+    req.set_interval_samples(1000);
+    latentd::v1::GetLatentResponse resp;
+    const grpc::Status s = stub_->GetLatent(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_NE(s.error_message().find("1000020 context windows of up to 41 tokens"),
+              std::string::npos)
+        << s.error_message();
+  }
+  // Nothing escaped the export root; the dataset is intact.
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_TRUE(name == "db" || name == "exports") << name;
+  }
+  EXPECT_EQ(store_->GetRecord(id)->rows_committed, 300);
+  EXPECT_GT(seen[grpc::StatusCode::OK], 10);
+  EXPECT_GT(seen[grpc::StatusCode::INVALID_ARGUMENT] + seen[grpc::StatusCode::OUT_OF_RANGE], 50);
 }
 
 }  // namespace
