@@ -8,10 +8,15 @@ scripts/install-deps.sh
 log=$(mktemp)
 status=0
 bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" || status=$?
+# The torch-free storage layer once more under AddressSanitizer + UBSan (its own output tree):
+# its hand-written decoders and //storage:corruption_fuzz_test are where an out-of-bounds read
+# or undefined arithmetic on corrupt bytes would hide (docs/STORAGE.md, "Corrupt values").
+bazel test --config=asan //storage/... //common/... --test_output=errors "$@" 2>&1 |
+  tee -a "$log" || status=$?
 
 # One plain summary line, whatever Bazel printed.
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)
 failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log" || true)
 rm -f "$log"
-echo "${passed} passed, ${failed} failed"
+echo "${passed} passed, ${failed} failed (storage and common run twice: also under ASan/UBSan)"
 exit $status
