@@ -296,6 +296,13 @@ absl::Status CheckWriteOptions(const ChunkStoreOptions& o) {
 // before the chunks show it wrong).
 size_t ReserveAhead(int64_t n) { return static_cast<size_t>(std::min<int64_t>(n, 1 << 26)); }
 
+// A malformed statistics record or top-N list, named for the reader.
+absl::Status LatentIndexError(uint64_t id, int32_t latent, const char* what,
+                              const absl::Status& s) {
+  return absl::Status(
+      s.code(), absl::StrCat("dataset ", id, " latent ", latent, " ", what, ": ", s.message()));
+}
+
 absl::Status ChunkError(uint64_t id, int64_t row_start, const absl::Status& s) {
   return absl::Status(s.code(),
                       absl::StrCat("dataset ", id, " chunk at row ", row_start, ": ", s.message()));
@@ -365,10 +372,11 @@ absl::StatusOr<DatasetRecord> ChunkStore::GetRecordAt(const rocksdb::Snapshot* s
   if (absl::IsNotFound(s)) return absl::NotFoundError(absl::StrCat("no dataset with id ", id));
   RETURN_IF_ERROR(s);
   DatasetRecord rec;
-  RETURN_IF_ERROR(DecodeRecord(value, &rec));
-  RETURN_IF_ERROR(GetAt(db_, snap, Family::kMeta, keys::Watermark(id), &value));
+  s = DecodeRecord(value, &rec);
+  if (s.ok()) s = GetAt(db_, snap, Family::kMeta, keys::Watermark(id), &value);
   Watermark w;
-  RETURN_IF_ERROR(DecodeWatermark(value, &w));
+  if (s.ok()) s = DecodeWatermark(value, &w);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("dataset ", id, ": ", s.message()));
   rec.rows_committed = w.rows;
   rec.nnz = w.nnz;
   rec.num_chunks = w.chunks;
@@ -811,8 +819,9 @@ absl::StatusOr<LatentStats> ChunkStore::GetLatentStats(uint64_t id, int32_t late
   if (absl::IsNotFound(s)) return LatentStats();
   RETURN_IF_ERROR(s);
   LatentStats stats;
-  RETURN_IF_ERROR(DecodeStatsBlockRecord(value, std::min(kLatentsPerBlock, rec.meta.width - first),
-                                         latent - first, &stats));
+  s = DecodeStatsBlockRecord(value, std::min(kLatentsPerBlock, rec.meta.width - first),
+                             latent - first, &stats);
+  if (!s.ok()) return LatentIndexError(id, latent, "statistics", s);
   return stats;
 }
 
@@ -831,8 +840,9 @@ absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
                          keys::LatentTop(id, static_cast<uint32_t>(first)), &value);
   if (!absl::IsNotFound(s)) {
     RETURN_IF_ERROR(s);
-    RETURN_IF_ERROR(DecodeTopBlockList(value, std::min(kLatentsPerBlock, rec.meta.width - first),
-                                       latent - first, &top));
+    s = DecodeTopBlockList(value, std::min(kLatentsPerBlock, rec.meta.width - first),
+                           latent - first, &top);
+    if (!s.ok()) return LatentIndexError(id, latent, "top-N list", s);
   }
   TokenCache tokens;
   std::vector<TopActivationContext> out;

@@ -554,11 +554,16 @@ TEST_P(StoreCorruptionFuzz, EveryQueryOnEveryCorruptValueFailsCleanlyOrKeepsItsC
 
   // Every query a client can send, with the contract of its answer checked; the answers of
   // the intact store are the reference the restored store must give again.
+  const std::string named = "dataset " + std::to_string(sparse);  // in every DATA_LOSS message
   std::mt19937 qrng(41);
   int64_t data_loss = 0;  // queries answered DATA_LOSS
   auto run_queries = [&](std::string* transcript, int32_t focus_latent) {
     auto note = [&](const absl::Status& s) {
-      if (s.code() == absl::StatusCode::kDataLoss) ++data_loss;
+      if (s.code() == absl::StatusCode::kDataLoss) {
+        ++data_loss;
+        // Named for the reader: which dataset (and chunk, latent or record) is damaged.
+        EXPECT_NE(s.message().find("dataset "), std::string::npos) << s;
+      }
       if (!s.ok()) {
         // What a corrupt value may yield: DATA_LOSS where a stored value is malformed; a
         // corrupt record or watermark may also shrink what exists (NOT_FOUND, OUT_OF_RANGE,
@@ -598,12 +603,19 @@ TEST_P(StoreCorruptionFuzz, EveryQueryOnEveryCorruptValueFailsCleanlyOrKeepsItsC
     for (int32_t latent : {focus_latent, static_cast<int32_t>(qrng() % kWidth), kWidth - 1}) {
       auto st = store.GetLatentStats(sparse, latent);
       note(st.status());
+      if (!st.ok() && st.status().code() == absl::StatusCode::kDataLoss) {
+        // Named for the reader: which dataset and latent (or chunk) is damaged.
+        EXPECT_NE(st.status().message().find(named), std::string::npos) << st.status();
+      }
       if (st.ok()) {
         UseStats(*st);
         if (transcript) absl::StrAppend(transcript, st->firing_count, ",", st->sum, ",");
       }
       auto top = store.TopActivations(sparse, latent, 5, 32, 8);
       note(top.status());
+      if (top.status().code() == absl::StatusCode::kDataLoss) {
+        EXPECT_NE(top.status().message().find(named), std::string::npos) << top.status();
+      }
       if (top.ok()) {
         EXPECT_LE(top->size(), 5u);
         for (const TopActivationContext& t : *top) {
