@@ -817,10 +817,11 @@ absl::StatusOr<LatentStats> ChunkStore::GetLatentStats(uint64_t id, int32_t late
   absl::Status s = GetAt(db_, snap.get(), Family::kLatentIndex,
                          keys::LatentStats(id, static_cast<uint32_t>(first)), &value);
   if (absl::IsNotFound(s)) return LatentStats();
-  RETURN_IF_ERROR(s);
   LatentStats stats;
-  s = DecodeStatsBlockRecord(value, std::min(kLatentsPerBlock, rec.meta.width - first),
-                             latent - first, &stats);
+  if (s.ok()) {  // (a malformed merge operand fails the read itself: RocksDB's Corruption)
+    s = DecodeStatsBlockRecord(value, std::min(kLatentsPerBlock, rec.meta.width - first),
+                               latent - first, &stats);
+  }
   if (!s.ok()) return LatentIndexError(id, latent, "statistics", s);
   return stats;
 }
@@ -839,9 +840,10 @@ absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
   absl::Status s = GetAt(db_, snap.get(), Family::kLatentIndex,
                          keys::LatentTop(id, static_cast<uint32_t>(first)), &value);
   if (!absl::IsNotFound(s)) {
-    RETURN_IF_ERROR(s);
-    s = DecodeTopBlockList(value, std::min(kLatentsPerBlock, rec.meta.width - first),
-                           latent - first, &top);
+    if (s.ok()) {
+      s = DecodeTopBlockList(value, std::min(kLatentsPerBlock, rec.meta.width - first),
+                             latent - first, &top);
+    }
     if (!s.ok()) return LatentIndexError(id, latent, "top-N list", s);
   }
   TokenCache tokens;

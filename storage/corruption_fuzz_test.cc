@@ -702,8 +702,43 @@ TEST_P(StoreCorruptionFuzz, EveryQueryOnEveryCorruptValueFailsCleanlyOrKeepsItsC
     }
     ASSERT_TRUE(db->Put(s.family, s.key, s.value, false).ok());
   }
-  std::printf("%zu stored values, %d corrupt versions, every query run on each: %lld DATA_LOSS\n",
-              stored.size(), runs, static_cast<long long>(data_loss));
+  // Damaged merge operands on the statistics and top-N blocks (what a commit adds to them): the
+  // read that folds one fails as a whole (RocksDB's Corruption, DATA_LOSS naming the dataset and
+  // latent) or answers within contract; the block Put back afterwards replaces them.
+  int operands = 0;
+  const int64_t data_loss_before_operands = data_loss;
+  for (const Stored& s : stored) {
+    if (s.family != Family::kLatentIndex || s.key.size() != 13) continue;
+    const int32_t first = static_cast<int32_t>(focus_of(s) / kLatentsPerBlock * kLatentsPerBlock);
+    const int32_t n = std::min(kLatentsPerBlock, kWidth - first);
+    std::string operand;
+    if (s.key.back() == 'S') {
+      StatsDeltaBuilder builder(n);
+      const float v[] = {1.5f, 0.25f};
+      LatentStats delta;
+      delta.AddBatch(v, 2);
+      builder.Add(1, delta, v);
+      operand = builder.Finish();
+    } else {
+      std::vector<TopRows> lists(n);
+      lists[1].Offer(kRows + 5, 99.0f, 5);  // a row past the committed ones: never shown
+      operand = EncodeTopDelta(lists.data(), n, 5, kRows);
+    }
+    for (int i = 0; i < 6; ++i, ++operands) {
+      const std::string bad = i == 0 ? operand : MutateBytes(operand, &rng);
+      ASSERT_TRUE(db->raw()->Merge(rocksdb::WriteOptions(), db->handle(s.family), s.key, bad).ok());
+      run_queries(nullptr, first + 1);
+      if (::testing::Test::HasFailure())
+        FAIL() << "operand " << i << " on " << absl::CEscape(s.key);
+    }
+    ASSERT_TRUE(db->Put(s.family, s.key, s.value, false).ok());
+  }
+  ASSERT_GT(operands, 0);
+  EXPECT_GT(data_loss, data_loss_before_operands);  // damaged operands did reach the readers
+  std::printf(
+      "%zu stored values, %d corrupt versions and %d merge operands, every query run on each: "
+      "%lld DATA_LOSS\n",
+      stored.size(), runs, operands, static_cast<long long>(data_loss));
   EXPECT_GT(data_loss, runs / 2);  // the corruption did reach the readers
   std::string restored;
   qrng = query_seed;
