@@ -387,26 +387,34 @@ std::string EncodeTopBlock(const TopRows* lists, int32_t n) {
   return out;
 }
 
-absl::Status DecodeTopBlock(absl::string_view in, TopRows* out, int32_t n) {
+namespace {
+
+// ForEachTopList over a block that must hold exactly n lists.
+template <typename Visit>
+absl::Status ForEachListOfBlock(absl::string_view in, int32_t n, Visit visit) {
   auto lists = ForEachTopList(in, [&](int32_t i, absl::string_view list) {
     if (i >= n) return absl::DataLossError("malformed top-N block: too many lists");
-    out[i] = TopRows();
-    return list.empty() ? absl::OkStatus() : TopRows::Decode(list, &out[i]);
+    return visit(i, list);
   });
   if (!lists.ok()) return lists.status();
   if (*lists != n) return absl::DataLossError("malformed top-N block: too few lists");
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::Status DecodeTopBlock(absl::string_view in, TopRows* out, int32_t n) {
+  return ForEachListOfBlock(in, n, [&](int32_t i, absl::string_view list) {
+    out[i] = TopRows();
+    return list.empty() ? absl::OkStatus() : TopRows::Decode(list, &out[i]);
+  });
+}
+
 absl::Status DecodeTopBlockList(absl::string_view in, int32_t n, int32_t index, TopRows* out) {
   *out = TopRows();
-  auto lists = ForEachTopList(in, [&](int32_t i, absl::string_view list) {
-    if (i >= n) return absl::DataLossError("malformed top-N block: too many lists");
+  return ForEachListOfBlock(in, n, [&](int32_t i, absl::string_view list) {
     return i != index || list.empty() ? absl::OkStatus() : TopRows::Decode(list, out);
   });
-  if (!lists.ok()) return lists.status();
-  if (*lists != n) return absl::DataLossError("malformed top-N block: too few lists");
-  return absl::OkStatus();
 }
 
 std::string EncodeTopDelta(const TopRows* lists, int32_t n, int capacity, int64_t min_row) {
