@@ -1,6 +1,7 @@
 #include "server/datasets_service.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
@@ -237,12 +238,16 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
       std::min<int64_t>(int64_t{before} + after + 1, seq > 0 ? seq : record->rows_committed);
   const int64_t samples =
       request->interval_samples() > 0 ? request->interval_samples() : kDefaultIntervalSamples;
+  // intervals x samples < 2^62 fits; windows x window need not (2^31 intervals x 2^31 samples
+  // x a long window), so it is compared by division.
   const int64_t windows =
-      std::max(top_n, 0) + (request->intervals() > 0 ? int64_t{request->intervals()} * samples : 0);
-  if (windows * window > kMaxContextTokens) {
+      top_n + (request->intervals() > 0 ? int64_t{request->intervals()} * samples : 0);
+  if (window > 0 && windows > kMaxContextTokens / window) {
+    const std::string tokens = windows <= INT64_MAX / window ? absl::StrCat(windows * window)
+                                                             : std::string("more than 2^63");
     return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
         "GetLatent would return up to ", windows, " context windows of up to ", window, " tokens (",
-        windows * window, " tokens), above the ", kMaxContextTokens,
+        tokens, " tokens), above the ", kMaxContextTokens,
         " one answer carries: ask for fewer intervals, interval_samples or top_n, or shorter "
         "context_before / context_after")));
   }

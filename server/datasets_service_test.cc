@@ -450,6 +450,13 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
     EXPECT_NE(s.error_message().find("1000020 context windows of up to 41 tokens"),
               std::string::npos)
         << s.error_message();
+    // Counts whose token product passes 2^63 (undefined before the check divided).
+    grpc::ClientContext huge_ctx;
+    req.set_intervals(INT32_MAX);
+    req.set_interval_samples(INT32_MAX);
+    req.set_context_before(INT32_MAX);
+    EXPECT_EQ(stub_->GetLatent(&huge_ctx, req, &resp).error_code(),
+              grpc::StatusCode::RESOURCE_EXHAUSTED);
   }
   // Nothing escaped the export root; the dataset is intact.
   for (const auto& entry : fs::directory_iterator(dir_)) {

@@ -291,10 +291,13 @@ absl::Status CheckWriteOptions(const ChunkStoreOptions& o) {
   return absl::OkStatus();
 }
 
-// How many elements a reader reserves for what the watermark promises: up to 2^26, beyond
-// that the vector grows as chunks arrive (a corrupt watermark must not size an allocation
-// before the chunks show it wrong).
-size_t ReserveAhead(int64_t n) { return static_cast<size_t>(std::min<int64_t>(n, 1 << 26)); }
+// How many elements a reader reserves for `count` items of `per_item` elements that the
+// watermark promises: up to 2^26, beyond that the vector grows as chunks arrive (a corrupt
+// watermark, up to 2^63 rows, must neither size an allocation nor overflow the product).
+size_t ReserveAhead(int64_t count, int64_t per_item = 1) {
+  constexpr int64_t kMax = int64_t{1} << 26;
+  return static_cast<size_t>(std::min(count, kMax / std::max<int64_t>(per_item, 1)) * per_item);
+}
 
 // A malformed statistics record or top-N list, named for the reader.
 absl::Status LatentIndexError(uint64_t id, int32_t latent, const char* what,
@@ -709,7 +712,7 @@ absl::StatusOr<CsrRows> ChunkStore::ReadRows(uint64_t id, int64_t row_start,
   out.row_start = row_start;
   out.num_rows = row_count;
   out.num_cols = rec.meta.width;
-  out.indptr.reserve(ReserveAhead(row_count + 1));
+  out.indptr.reserve(ReserveAhead(row_count) + 1);
   out.token_ids.reserve(ReserveAhead(row_count));
   const int64_t row_end = row_start + row_count;
   RETURN_IF_ERROR(ForEachChunk(snap.get(), rec, row_start, row_count, false, [&](const Chunk& c) {
@@ -749,7 +752,7 @@ absl::Status ChunkStore::ReadDense(uint64_t id, int64_t row_start, int64_t row_c
   RETURN_IF_ERROR(CheckRange(rec, row_start, &row_count));
   const int64_t width = rec.meta.width, row_end = row_start + row_count;
   values->clear();
-  values->reserve(ReserveAhead(row_count * width));
+  values->reserve(ReserveAhead(row_count, width));
   if (token_ids) token_ids->clear();
   return ForEachChunk(snap.get(), rec, row_start, row_count, false, [&](const Chunk& c) {
     const int64_t a = std::max(row_start, c.row_start) - c.row_start;
