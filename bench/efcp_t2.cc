@@ -14,29 +14,19 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/process_memory.h"
 #include "efcp/memory.h"
 #include "efcp/mfac.h"
 #include "efcp/sparse_mfac.h"
 
 namespace {
 
-int64_t ProcKb(const char* file, const char* key) {
-  std::ifstream in(file);
-  std::string line;
-  const size_t n = std::strlen(key);
-  while (std::getline(in, line)) {
-    if (line.compare(0, n, key) == 0) return std::atoll(line.c_str() + n + 1);
-  }
-  return -1;
-}
-double PeakMiB() { return ProcKb("/proc/self/status", "VmHWM") / 1024.0; }
-double RssMiB() { return ProcKb("/proc/self/status", "VmRSS") / 1024.0; }
-void ResetPeak() { std::ofstream("/proc/self/clear_refs") << "5"; }
+double PeakMiB() { return latentd::ProcessPeakRssBytes() / 1048576.0; }
+double RssMiB() { return latentd::ProcessRssBytes() / 1048576.0; }
 double MiB(int64_t b) { return b / 1048576.0; }
 
 std::vector<at::Tensor> SaeParams() {
@@ -129,7 +119,7 @@ int main(int argc, char** argv) {
       static_cast<double>(est.total()) / adam);
 
   // --- Dense MFAC at m = 1024 would not fit: refused from the estimate.
-  const int64_t available = ProcKb("/proc/meminfo", "MemAvailable") * 1024;
+  const int64_t available = latentd::HostAvailableMemoryBytes();
   const efcp::MFACOptions dense_opts =
       efcp::MFACOptions(1e-3).window(m).memory_budget_bytes(available);
   const absl::Status admit =
@@ -153,7 +143,7 @@ int main(int argc, char** argv) {
     std::printf("RSS: parameters %.1f MiB, + optimizer %.1f MiB (held %.1f MiB)\n", rss_params,
                 RssMiB() - rss_params, MiB(held.total()));
     FillWindow(smfac, so, static_cast<int64_t>(params.size()));
-    ResetPeak();
+    latentd::ResetProcessPeakRss();
     const double t_smfac = TimeSteps(smfac, params, steps);
     std::printf(
         "SparseMFAC(m=1024, 1%%) step at full window: %.3f s   peak RSS during steps %.1f MiB\n",

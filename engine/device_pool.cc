@@ -1,29 +1,15 @@
 #include "engine/device_pool.h"
 
-#include <unistd.h>
-
-#include <fstream>
 #include <string>
 #include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/process_memory.h"
 #include "engine/cuda_info.h"
 
 namespace latentd::engine {
-
-int64_t ProcessRssBytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t size_pages = 0, resident_pages = 0;
-  if (!(statm >> size_pages >> resident_pages)) return 0;
-  return resident_pages * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
-}
-
-int64_t HostMemoryBytes() {
-  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) *
-         static_cast<int64_t>(sysconf(_SC_PAGESIZE));
-}
 
 namespace {
 

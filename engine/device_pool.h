@@ -55,10 +55,6 @@ class DevicePool {
   std::vector<uint64_t> holder_ ABSL_GUARDED_BY(mu_);
 };
 
-// Resident set size of this process in bytes (0 if /proc is unreadable).
-int64_t ProcessRssBytes();
-// Total host memory in bytes.
-int64_t HostMemoryBytes();
 
 }  // namespace latentd::engine
 

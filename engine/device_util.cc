@@ -3,13 +3,12 @@
 #include <ATen/Parallel.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/cuda.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/process_memory.h"
 #include "engine/cuda_info.h"
 
 namespace latentd::engine {
@@ -27,16 +26,9 @@ void SetCpuThreadsForThisThread(int n) {
   if (n > 0) at::set_num_threads(n);
 }
 
-int64_t HostRssBytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  statm >> size >> resident;
-  return resident * sysconf(_SC_PAGESIZE);
-}
-
 int64_t DeviceMemoryInUse(const at::Device& device) {
   if (device.is_cuda()) return QueryCudaDevice(device.index()).memory_used_bytes;
-  return HostRssBytes();
+  return ProcessRssBytes();
 }
 
 void DeviceFence::Record(const at::Device& device) {

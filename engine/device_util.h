@@ -25,7 +25,6 @@ void SetCpuThreadsForThisThread(int n);
 // Memory the process uses on `device`: the CUDA caching allocator's reserved bytes on a CUDA
 // device, the process RSS on the CPU.
 int64_t DeviceMemoryInUse(const at::Device& device);
-int64_t HostRssBytes();
 
 // A point in a device's work queue. Record() marks it after everything queued so far on the
 // device's current stream; Wait() returns once the device has passed it. The extraction workers

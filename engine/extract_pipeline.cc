@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/process_memory.h"
 #include "common/status_macros.h"
 #include "engine/device_util.h"
 
@@ -234,7 +235,7 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
                                : std::max(mem, DeviceMemoryInUse(r.device));
     }
     t.set_device_memory_bytes(mem);
-    t.set_host_rss_bytes(HostRssBytes());
+    t.set_host_rss_bytes(ProcessRssBytes());
     callbacks.telemetry(t);
   };
   int64_t pending_nnz = 0, pending_rows = 0, pending_skipped = 0;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/process_memory.h"
 #include "common/status_macros.h"
 #include "engine/cuda_info.h"
 #include "engine/device_pool.h"
