@@ -13,6 +13,9 @@
 //   f3bN[n]    format 3 with N KiB SST blocks in the chunk family (default 64); n: uncompressed
 //   f3sync     format 3 committing with Commit() (every config above uses CommitAsync(), as
 //              EXTRACT does: the next commit is encoded while the previous one is written)
+//   f3wide     format 3 with a writer that keeps no per-latent state (what widths above
+//              ChunkStoreOptions::resident_latent_state_max_width get), f3resident with one
+//              that keeps all of it, whatever the width
 // For each: bytes per token on disk after compaction (whole database: keys, metadata, token ids)
 // against the 128 B fixed-k u16 + fp16 layout and the ~100 B floor; commit wall and process CPU
 // against two raw baselines in the same run (synced WriteBatches, same number of commits; every
@@ -32,6 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <memory>
 #include <random>
 #include <set>
@@ -39,6 +43,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/process_memory.h"
 #include "storage/chunk_store.h"
 #include "storage/export.h"
 #include "storage/value_codec.h"
@@ -184,6 +189,7 @@ struct Config {
   size_t block_bytes = 64 << 10;
   bool compress = true;
   bool async = true;  // CommitAsync (as EXTRACT commits) or Commit
+  int32_t resident_max_width = ChunkStoreOptions().resident_latent_state_max_width;
 };
 
 struct Result {
@@ -191,6 +197,7 @@ struct Result {
   uint64_t disk = 0;
   int64_t info_bytes = 0;
   double store_wall = 0, store_cpu = 0;
+  int64_t write_peak_growth = 0;  // bytes (the larger of the two writes)
   RawResult raw_same, raw_rows;
   Percentiles read, row, latent, post;
   Percentiles latent_fresh;                  // GetLatent before compaction
@@ -206,6 +213,7 @@ struct StoreRun {
   uint64_t id = 0;
   int64_t commits = 0;
   double wall = 0, cpu = 0;
+  int64_t peak_growth = 0;  // the write's peak RSS above the RSS before the writer opened
 };
 
 StoreRun WriteStore(const std::string& dir, const Config& config, const Rows& rows, int64_t n,
@@ -223,6 +231,7 @@ StoreRun WriteStore(const std::string& dir, const Config& config, const Rows& ro
   options.sparse_chunk_rows = config.chunk_rows;
   options.latent_slices = slices;
   options.commit_threads = threads;
+  options.resident_latent_state_max_width = config.resident_max_width;
   run.store = std::make_unique<ChunkStore>(run.db.get(), options);
   latentd::storage::DatasetMeta meta;
   meta.name = "x1";
@@ -235,6 +244,8 @@ StoreRun WriteStore(const std::string& dir, const Config& config, const Rows& ro
   auto id_or = run.store->CreateDataset(meta);
   Check(id_or.status());
   run.id = *id_or;
+  latentd::ResetProcessPeakRss();
+  const int64_t rss_before = latentd::ProcessRssBytes();
   auto writer = run.store->OpenWriter(run.id);
   Check(writer.status());
   const auto t0 = Clock::now();
@@ -252,6 +263,7 @@ StoreRun WriteStore(const std::string& dir, const Config& config, const Rows& ro
   Check((*writer)->WaitDurable());
   run.wall = Seconds(t0, Clock::now());
   run.cpu = CpuSeconds() - c0;
+  run.peak_growth = latentd::ProcessPeakRssBytes() - rss_before;
   return run;
 }
 
@@ -273,6 +285,7 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
     run = WriteStore(dir + "/store", config, rows, n, threads, slices);
     res.store_wall = std::min(res.store_wall, run.wall);
     res.store_cpu = std::min(res.store_cpu, run.cpu);
+    res.write_peak_growth = std::max(res.write_peak_growth, run.peak_growth);
   }
   Db* db = run.db.get();
   ChunkStore& store = *run.store;
@@ -390,6 +403,10 @@ int main(int argc, char** argv) {
       } else if (name == "f3sync" || name == "f2sync") {
         c.format = name[1] - '0';
         c.async = false;
+      } else if (name == "f3wide") {
+        c.resident_max_width = 0;
+      } else if (name == "f3resident") {
+        c.resident_max_width = std::numeric_limits<int32_t>::max();
       } else if (name.rfind("f3c", 0) == 0) {
         c.chunk_rows = std::atoll(name.c_str() + 3);
       } else if (name.rfind("f3b", 0) == 0) {
@@ -419,7 +436,8 @@ int main(int argc, char** argv) {
         "\n[%s] format %u%s, sparse chunks of %lld rows, %s commits\n"
         "  bytes on disk after compaction: %llu = %.1f B/token (x%.3f of 128 B, x%.3f of the "
         "100 B floor); dataset bytes_on_disk %lld\n"
-        "  commit: store %.2f s wall (%.0f rows/s), %.2f s CPU\n"
+        "  commit: store %.2f s wall (%.0f rows/s), %.2f s CPU, peak RSS +%.0f MB (writer, "
+        "memtables, block cache)\n"
         "    raw-same (%llu B): %.2f s wall, %.2f s CPU -> store overhead %+.0f%% wall, %+.0f%% "
         "CPU\n"
         "    raw-rows (%llu B): %.2f s wall, %.2f s CPU -> store overhead %+.0f%% wall, %+.0f%% "
@@ -432,12 +450,12 @@ int main(int argc, char** argv) {
         static_cast<long long>(c.format >= 3 ? c.chunk_rows : 1024), c.async ? "async" : "sync",
         static_cast<unsigned long long>(r.disk), bpt, bpt / 128, bpt / 100,
         static_cast<long long>(r.info_bytes), r.store_wall, n / r.store_wall, r.store_cpu,
-        static_cast<unsigned long long>(r.raw_same.bytes), r.raw_same.wall, r.raw_same.cpu,
-        (r.store_wall / r.raw_same.wall - 1) * 100, (r.store_cpu / r.raw_same.cpu - 1) * 100,
-        static_cast<unsigned long long>(r.raw_rows.bytes), r.raw_rows.wall, r.raw_rows.cpu,
-        (r.store_wall / r.raw_rows.wall - 1) * 100, (r.store_cpu / r.raw_rows.cpu - 1) * 100,
-        r.read.p50, r.read.p99, r.row.p50, r.row.p99, r.latent.p50, r.latent.p99,
-        r.latent_fresh.p50, r.latent_fresh.p99);
+        r.write_peak_growth / 1e6, static_cast<unsigned long long>(r.raw_same.bytes),
+        r.raw_same.wall, r.raw_same.cpu, (r.store_wall / r.raw_same.wall - 1) * 100,
+        (r.store_cpu / r.raw_same.cpu - 1) * 100, static_cast<unsigned long long>(r.raw_rows.bytes),
+        r.raw_rows.wall, r.raw_rows.cpu, (r.store_wall / r.raw_rows.wall - 1) * 100,
+        (r.store_cpu / r.raw_rows.cpu - 1) * 100, r.read.p50, r.read.p99, r.row.p50, r.row.p99,
+        r.latent.p50, r.latent.p99, r.latent_fresh.p50, r.latent_fresh.p99);
     if (r.export_npz_s > 0) {
       std::printf("  export, whole dataset: npz %.2f s (%.0f MB), HDF5 %.2f s (%.0f MB)\n",
                   r.export_npz_s, r.export_npz_b / 1e6, r.export_h5_s, r.export_h5_b / 1e6);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <thread>
 #include <utility>
@@ -1108,8 +1109,15 @@ absl::Status DatasetWriter::LoadLatentState() {
     blob_bytes_ahead_ = w.blob_bytes;
   }
   if (record_.meta.kind != DatasetKind::kSparse) return absl::OkStatus();
-  stats_.assign(record_.meta.width, LatentStats());
-  top_.assign(record_.meta.width, TopRows());
+  const int32_t width = record_.meta.width;
+  resident_ = width <= store_->options().resident_latent_state_max_width;
+  if (resident_) {
+    stats_.assign(width, LatentStats());
+    top_.assign(width, TopRows());
+  } else {
+    top_floor_.assign(width, -std::numeric_limits<float>::infinity());
+    fired_.assign(width / kLatentsPerBlock + 1, 0);
+  }
   // Staggered, so that the blocks written whole are spread evenly over the commits.
   top_deltas_.resize(record_.meta.width / kLatentsPerBlock + 1);
   for (size_t b = 0; b < top_deltas_.size(); ++b) top_deltas_[b] = b % kDeltasPerBlockWrite;
@@ -1117,17 +1125,33 @@ absl::Status DatasetWriter::LoadLatentState() {
   Db* db = store_->db();
   auto it = db->NewIterator(Family::kLatentIndex);
   const std::string prefix = keys::IdPrefix(record_.id);
+  std::vector<LatentStats> block_stats(resident_ ? 0 : kLatentsPerBlock);
+  std::vector<TopRows> block_top(resident_ ? 0 : kLatentsPerBlock);
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
     if (it->key().size() != 13) return absl::DataLossError("malformed latent index key");
     const uint32_t latent = ReadBigEndian32(it->key().data() + 8);
-    if (latent >= stats_.size()) return absl::DataLossError("latent index key out of range");
+    if (latent >= static_cast<uint32_t>(width) || latent % kLatentsPerBlock != 0) {
+      return absl::DataLossError("latent index key out of range");
+    }
     absl::string_view v(it->value().data(), it->value().size());
+    const int32_t n = std::min<int32_t>(kLatentsPerBlock, width - latent);
     if (it->key()[12] == 'S') {
-      const int32_t n = std::min<int32_t>(kLatentsPerBlock, record_.meta.width - latent);
-      RETURN_IF_ERROR(DecodeStatsBlock(v, &stats_[latent], n));
+      LatentStats* out = resident_ ? &stats_[latent] : block_stats.data();
+      RETURN_IF_ERROR(DecodeStatsBlock(v, out, n));
+      if (resident_) continue;
+      for (int32_t i = 0; i < n; ++i) {
+        if (out[i].firing_count > 0) fired_[latent / kLatentsPerBlock] |= uint64_t{1} << i;
+      }
     } else {
-      const int32_t n = std::min<int32_t>(kLatentsPerBlock, record_.meta.width - latent);
-      RETURN_IF_ERROR(DecodeTopBlock(v, &top_[latent], n));
+      TopRows* out = resident_ ? &top_[latent] : block_top.data();
+      RETURN_IF_ERROR(DecodeTopBlock(v, out, n));
+      if (resident_) continue;
+      for (int32_t i = 0; i < n; ++i) {
+        const std::vector<TopEntry>& e = out[i].entries();
+        if (!e.empty() && static_cast<int>(e.size()) >= record_.meta.top_n) {
+          top_floor_[latent + i] = e.back().value;
+        }
+      }
     }
   }
   return FromRocks(it->status(), "loading latent statistics");
@@ -1280,6 +1304,46 @@ struct DatasetWriter::CommitBatch {
     ++next.num_chunks;
     next.nnz += nnz;
   }
+
+  // Wide datasets (non-resident writer state): latent-index blocks that reached their 16th
+  // operand. Before the batch, the writer folds each from the store (a Get merges its
+  // operands) and writes it back whole: the same value, so this needs no atomicity with the
+  // batch, and a crash between the two changes nothing a reader sees.
+  struct Fold {
+    std::string key;
+    int32_t first = 0;  // first latent of the block
+    int32_t size = 0;   // latents in the block
+    bool top = false;   // a top-N block (else statistics)
+  };
+  std::vector<Fold> folds;
+  int top_n = 0;
+  // Filled by Write(): (latent, last value) of every full list among the folded top-N blocks.
+  std::vector<std::pair<int32_t, float>> floors;
+
+  // The folds, then the batch, synced.
+  absl::Status Write(Db* db) {
+    if (!folds.empty()) {
+      rocksdb::WriteBatch whole;
+      std::vector<TopRows> lists(kLatentsPerBlock);
+      for (const Fold& f : folds) {
+        absl::StatusOr<std::string> value = db->Get(Family::kLatentIndex, f.key);
+        if (absl::IsNotFound(value.status())) continue;  // nothing stored, nothing to fold
+        RETURN_IF_ERROR(value.status());
+        if (f.top) {
+          RETURN_IF_ERROR(DecodeTopBlock(*value, lists.data(), f.size));
+          for (int32_t i = 0; i < f.size; ++i) {
+            const std::vector<TopEntry>& e = lists[i].entries();
+            if (!e.empty() && static_cast<int>(e.size()) >= top_n) {
+              floors.emplace_back(f.first + i, e.back().value);
+            }
+          }
+        }
+        whole.Put(db->handle(Family::kLatentIndex), f.key, *value);
+      }
+      RETURN_IF_ERROR(db->Write(&whole, /*sync=*/false));
+    }
+    return db->Write(&batch, /*sync=*/true);
+  }
 };
 
 namespace {
@@ -1420,12 +1484,15 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
     KeyValues postings;
     KeyValues index;   // Puts: statistics and top-N blocks written whole
     KeyValues merges;  // Merges: statistics and top-N operands
+    std::vector<CommitBatch::Fold> folds;
   };
   auto stats_pass = [&](int32_t lo, int32_t hi, StatsOut* out) {
     std::string key = keys::Posting(id, 0, first_row);
     std::vector<int64_t> posting_rows;
     LatentStats delta;       // a latent's statistics of this commit (blocks given few values)
     std::vector<float> raw;  // a latent's values when few: the operand carries them as they are
+    // Wide datasets: the block's top-N candidates of this commit (each a list of its own).
+    std::vector<TopRows> candidates(resident_ ? 0 : kLatentsPerBlock);
     for (int32_t first = lo; first < hi; first += kLatentsPerBlock) {
       const int32_t size = std::min(kLatentsPerBlock, hi - first);
       if (counts[first] == counts[first + size]) continue;  // no value in this block
@@ -1434,36 +1501,44 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
       // with many, its records are as large as the block's, and reads would fold them. Which
       // arithmetic a block's statistics take (values added one run at a time, or the commit's
       // delta merged, as a fold of operands does) depends on this alone, i.e. on the commit's
-      // rows, so a resumed writer computes the same bits as an uninterrupted one.
-      const bool few_values = counts[first + size] - counts[first] <= kFewStatsValues * size;
-      const bool stats_whole = !few_values || ++stats_deltas_[b] >= kDeltasPerBlockWrite;
+      // rows, so a resumed writer computes the same bits as an uninterrupted one. A writer
+      // without resident state always writes the delta (and the fold of operands is the sum).
+      const bool as_delta =
+          !resident_ || counts[first + size] - counts[first] <= kFewStatsValues * size;
+      const bool stats_whole =
+          resident_ && (!as_delta || ++stats_deltas_[b] >= kDeltasPerBlockWrite);
       if (stats_whole) stats_deltas_[b] = 0;
       StatsDeltaBuilder stats_delta(size);
       bool top_changed = false;
+      for (TopRows& c : candidates) c.Clear();
       for (int32_t l = first; l < first + size; ++l) {
         if (counts[l] == counts[l + 1]) continue;
-        LatentStats& st = stats_[l];
-        if (st.firing_count == 0) ++out->new_live;
-        if (few_values) delta = LatentStats();
+        LatentStats* st = resident_ ? &stats_[l] : nullptr;
+        if (resident_ ? st->firing_count == 0 : (fired_[b] >> (l - first) & 1) == 0) {
+          ++out->new_live;
+          if (!resident_) fired_[b] |= uint64_t{1} << (l - first);
+        }
+        if (as_delta) delta = LatentStats();
         raw.clear();
         const bool few = counts[l + 1] - counts[l] <= kRawStatsValues;
-        TopRows& top = top_[l];
+        TopRows& top = resident_ ? top_[l] : candidates[l - first];
+        const float floor = resident_ ? -std::numeric_limits<float>::infinity() : top_floor_[l];
         for (int64_t u = 0; u < units; ++u) {
           const int64_t* starts = unit_starts(u);
           const int64_t begin = starts[l], end = starts[l + 1];
           if (begin == end) continue;
-          if (few_values) {
+          if (as_delta) {
             delta.AddBatch(&lm.values[begin], end - begin);
             if (few) raw.insert(raw.end(), &lm.values[begin], &lm.values[end]);
           } else {
-            st.AddBatch(&lm.values[begin], end - begin);
+            st->AddBatch(&lm.values[begin], end - begin);
           }
           const int64_t unit_first = first_row + u * unit_rows;
-          top_changed |=
-              top.OfferRun(unit_first, &lm.offsets[begin], &lm.values[begin], end - begin, top_n);
+          top_changed |= top.OfferRun(unit_first, &lm.offsets[begin], &lm.values[begin],
+                                      end - begin, top_n, floor);
         }
-        if (few_values) {
-          st.Merge(delta);  // the arithmetic every reader's fold of the operand repeats
+        if (as_delta) {
+          if (resident_) st->Merge(delta);  // the arithmetic every reader's fold repeats
           if (!stats_whole) stats_delta.Add(l - first, delta, raw.data());
         }
         if (postings) {  // one unit: the whole commit
@@ -1490,14 +1565,21 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
         out->index.emplace_back(stats_key, EncodeStatsBlock(&stats_[first], size));
       } else {
         out->merges.emplace_back(stats_key, stats_delta.Finish());
+        if (!resident_ && ++stats_deltas_[b] >= kDeltasPerBlockWrite) {
+          stats_deltas_[b] = 0;
+          out->folds.push_back({stats_key, first, size, /*top=*/false});
+        }
       }
       if (top_changed) {
         const std::string top_key = keys::LatentTop(id, static_cast<uint32_t>(first));
-        if (++top_deltas_[b] >= kDeltasPerBlockWrite) {
-          top_deltas_[b] = 0;
+        const bool top_due = ++top_deltas_[b] >= kDeltasPerBlockWrite;
+        if (top_due) top_deltas_[b] = 0;
+        if (resident_ && top_due) {
           out->index.emplace_back(top_key, EncodeTopBlock(&top_[first], size));
         } else {
-          out->merges.emplace_back(top_key, EncodeTopDelta(&top_[first], size, top_n, first_row));
+          const TopRows* lists = resident_ ? &top_[first] : candidates.data();
+          out->merges.emplace_back(top_key, EncodeTopDelta(lists, size, top_n, first_row));
+          if (top_due) out->folds.push_back({top_key, first, size, /*top=*/true});
         }
       }
     }
@@ -1553,8 +1635,10 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
     }
   });
 
+  commit->top_n = top_n;
   for (const StatsOut& out : stats_out) {
     commit->next.live_latents += out.new_live;
+    commit->folds.insert(commit->folds.end(), out.folds.begin(), out.folds.end());
     for (const auto& [k, v] : out.postings) commit->batch.Put(db->handle(Family::kPostings), k, v);
     for (const auto& [k, v] : out.index) commit->batch.Put(db->handle(Family::kLatentIndex), k, v);
     for (const auto& [k, v] : out.merges)
@@ -1614,7 +1698,7 @@ absl::Status DatasetWriter::StartCommit(bool background) {
   pending_.token_ids.clear();
   in_flight_ = std::move(commit);
   if (!background) {
-    in_flight_status_ = db->Write(&in_flight_->batch, /*sync=*/true);
+    in_flight_status_ = in_flight_->Write(db);
     return WaitDurable();
   }
   // One long-lived thread writes every batch of this writer: RocksDB writes from a fresh thread
@@ -1627,7 +1711,7 @@ absl::Status DatasetWriter::StartCommit(bool background) {
             +[](DatasetWriter* w) { return w->write_requested_ || w->stop_writer_; }, this));
         if (!write_requested_) return;  // stopping with nothing to write
         write_mu_.Unlock();
-        absl::Status s = db->Write(&in_flight_->batch, /*sync=*/true);
+        absl::Status s = in_flight_->Write(db);
         write_mu_.Lock();
         in_flight_status_ = s;
         write_requested_ = false;
@@ -1651,6 +1735,10 @@ absl::Status DatasetWriter::WaitDurable() {
         +[](DatasetWriter* w) { return !w->write_requested_; }, this));
   }
   const DatasetRecord next = in_flight_->next;
+  // Floors only rise: each was a full list's last value, and a list's last value never falls.
+  for (const auto& [latent, floor] : in_flight_->floors) {
+    top_floor_[latent] = std::max(top_floor_[latent], floor);
+  }
   in_flight_.reset();
   if (!in_flight_status_.ok()) {
     // The in-memory statistics now run ahead of the store: refuse further use.

@@ -134,6 +134,15 @@ struct ChunkStoreOptions {
   uint32_t record_version = kLatestRecordVersion;
   // Index encoding of new row-major chunks (formats 1-2). Default bit-packed gaps.
   IndexEncoding index_encoding = IndexEncoding::kIndexBitPacked;
+  // A writer of a SPARSE dataset at most this wide (default 131072) holds every latent's
+  // statistics and top-N list in memory (~0.5 KiB + 16 B per list entry a latent, ~1.5 GiB at
+  // 1M latents with full lists). A wider one holds 4 bytes and a bit a latent: its commits
+  // write only merge operands, a latent's top-N candidates are cut at a floor learned from the
+  // stored lists, and every 16th operand of a block the writer thread folds the block from the
+  // store and writes it back whole (docs/STORAGE.md "Wide SAEs"). Readers see the same counts,
+  // extremes, histograms and lists either way; statistics sums may differ in their last bits,
+  // so keep the value for the life of a dataset (the daemon never changes it).
+  int32_t resident_latent_state_max_width = 1 << 17;
 };
 
 class DatasetWriter;
@@ -290,8 +299,16 @@ class DatasetWriter {
   int64_t blob_bytes_ahead_ = 0;
   ChunkDtype dtype_;
   Chunk pending_;  // row_start = ahead_.rows_committed; values already rounded to the dtype
+  // Per-latent state of SPARSE datasets. Resident (width <= resident_latent_state_max_width):
+  // stats_ and top_ hold every latent's statistics and list, as the store has them after the
+  // batch in flight. Otherwise only top_floor_ (a value at or below which nothing can enter the
+  // latent's stored list: its last value when full, as last read from the store; -inf) and
+  // fired_ (a bit per latent that ever fired; a 64-bit word per block of kLatentsPerBlock).
+  bool resident_ = true;
   std::vector<LatentStats> stats_;
   std::vector<TopRows> top_;
+  std::vector<float> top_floor_;
+  std::vector<uint64_t> fired_;
   std::vector<int> top_deltas_;    // per top-N block: operands written since it was last whole
   std::vector<int> stats_deltas_;  // per statistics block: the same
   struct LatentMajor {  // a SPARSE commit's entries sorted by latent (AddLatentWork); reused

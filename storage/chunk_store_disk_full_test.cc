@@ -149,5 +149,61 @@ TEST(ChunkStoreDiskFull, AsyncCommitFailureSurfacesAtTheNextWait) {
   EXPECT_EQ(store.ReadRows(id, 0, 0)->num_rows, 100);
 }
 
+// A writer without resident per-latent state folds a block from the store before the batch
+// that brings its 16th operand; when the disk fills there, that commit fails like any other
+// and a resumed writer continues from the committed rows.
+TEST(ChunkStoreDiskFull, WideWriterFailsCleanlyWhileFoldingABlock) {
+  const std::string dir = FreshTestDir("disk_full_wide");
+  auto fs = std::make_shared<FullDiskFileSystem>();
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
+  ChunkStoreOptions wide;
+  wide.resident_latent_state_max_width = 0;
+  uint64_t id;
+  {
+    DbOptions o;
+    o.env = env.get();
+    auto db = Db::Open(dir, o);
+    ASSERT_TRUE(db.ok()) << db.status();
+    ChunkStore store(db->get(), wide);
+    id = *store.CreateDataset(Meta());
+    auto w = store.OpenWriter(id);
+    ASSERT_TRUE(w.ok());
+    for (int c = 0; c < 15; ++c) {  // 15 operands on the one block
+      ASSERT_TRUE(AppendRows(w->get(), 4).ok());
+      ASSERT_TRUE((*w)->Commit().ok());
+    }
+    disk_full = true;
+    ASSERT_TRUE(AppendRows(w->get(), 4).ok());
+    absl::Status s = (*w)->Commit();  // the 16th: the block is folded first
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_NE(s.message().find("keeps 60 committed rows"), std::string::npos) << s;
+    EXPECT_EQ(store.GetDataset(id)->rows_committed(), 60);
+    EXPECT_EQ(store.GetLatentStats(id, 3)->firing_count, 2);  // rows 3, 35
+    disk_full = false;
+  }
+  DbOptions o;
+  o.env = env.get();
+  auto db = Db::Open(dir, o);
+  ASSERT_TRUE(db.ok()) << db.status();
+  ChunkStore store(db->get(), wide);
+  auto w = store.OpenWriter(id);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ((*w)->rows_committed(), 60);
+  for (int c = 0; c < 20; ++c) {  // through the fold and past it
+    ASSERT_TRUE(AppendRows(w->get(), 4).ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+  }
+  EXPECT_EQ(store.ReadRows(id, 0, 0)->num_rows, 140);
+  auto st = store.GetLatentStats(id, 3);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->firing_count, 5);  // rows 3, 35, 67, 99, 131
+  EXPECT_EQ(st->sum, 7.5);
+  auto top = store.TopActivations(id, 3, 0, 0, 0);
+  ASSERT_TRUE(top.ok()) << top.status();
+  ASSERT_EQ(top->size(), 5u);  // equal values: ordered by row
+  EXPECT_EQ((*top)[0].row, 3);
+  EXPECT_EQ((*top)[4].row, 131);
+}
+
 }  // namespace
 }  // namespace latentd::storage

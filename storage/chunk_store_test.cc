@@ -61,9 +61,18 @@ absl::Status Append(DatasetWriter* w, const Rows& rows) {
 }
 
 // Every test runs on datasets of format 3 (latent slices) and format 2 (row-major chunks +
-// postings, still written for datasets created before format 3).
-class ChunkStoreTest : public ::testing::TestWithParam<uint32_t> {
+// postings, still written for datasets created before format 3), each with a writer that holds
+// every latent's statistics and top-N list (resident, what datasets up to 2^17 latents get) and
+// with one that holds neither (what wider datasets get).
+struct StoreParam {
+  uint32_t format;
+  bool resident;
+};
+
+class ChunkStoreTest : public ::testing::TestWithParam<StoreParam> {
  protected:
+  uint32_t Format() const { return GetParam().format; }
+  int32_t ResidentMaxWidth() const { return GetParam().resident ? 1 << 17 : 0; }
   void SetUp() override {
     Open(FreshTestDir(::testing::UnitTest::GetInstance()->current_test_info()->name()));
   }
@@ -80,7 +89,8 @@ class ChunkStoreTest : public ::testing::TestWithParam<uint32_t> {
     so.chunk_rows = 100;
     so.sparse_chunk_rows = 100;
     so.latent_slices = 16;
-    so.record_version = GetParam();
+    so.record_version = Format();
+    so.resident_latent_state_max_width = ResidentMaxWidth();
     store_ = std::make_unique<ChunkStore>(db_.get(), so);
   }
   void Reopen() {
@@ -361,6 +371,86 @@ TEST_P(ChunkStoreTest, TopNAndStatisticsSurviveCompactionReopenAndResume) {
   }
 }
 
+// A writer above resident_latent_state_max_width keeps no per-latent state: commits write
+// operands only, top-N candidates are cut at floors read back from folded blocks, and every
+// 16th operand of a block is folded into a whole value. Readers must see what the resident
+// writer gives: the same counts, extremes, histograms and lists; sums equal where both fold
+// per-commit deltas (commits of few values a latent) and within rounding elsewhere.
+TEST_P(ChunkStoreTest, WideWriterAnswersAsTheResidentWriterDoes) {
+  if (!GetParam().resident) GTEST_SKIP() << "compares against the resident writer itself";
+  constexpr int32_t kWidth = 96;  // a block and a half
+  struct Written {
+    std::unique_ptr<Db> db;
+    std::unique_ptr<ChunkStore> store;
+    uint64_t id = 0;
+  };
+  auto write = [&](int32_t resident_max, const std::string& dir) {
+    Written out;
+    ChunkStoreOptions so;
+    so.sparse_chunk_rows = 64;
+    so.latent_slices = 4;
+    so.record_version = Format();
+    so.resident_latent_state_max_width = resident_max;
+    auto open = [&] {
+      out.store.reset();
+      out.db.reset();
+      out.db = *Db::Open(dir);
+      out.store = std::make_unique<ChunkStore>(out.db.get(), so);
+    };
+    open();
+    DatasetMeta meta = SparseMeta("wide", kWidth);
+    meta.top_n = 3;  // lists fill after a few commits, so floors cut most candidates
+    out.id = *out.store->CreateDataset(meta);
+    int64_t at = 0;
+    for (int session = 0; session < 2; ++session) {  // the second resumes from the store
+      auto w = out.store->OpenWriter(out.id);
+      EXPECT_TRUE(w.ok()) << w.status();
+      if (!w.ok()) return out;
+      for (int c = 0; c < 40; ++c) {
+        // Mostly a fraction of a value a latent; every 10th commit ~20 a latent.
+        const int64_t rows = c % 10 == 9 ? 500 : 12;
+        EXPECT_TRUE(Append(w->get(), MakeRows(at, rows, kWidth)).ok());
+        EXPECT_TRUE((c % 3 == 0 ? (*w)->Commit() : (*w)->CommitAsync()).ok());
+        at += rows;
+      }
+      EXPECT_TRUE((*w)->WaitDurable().ok());
+      w->reset();
+      open();
+    }
+    return out;
+  };
+  Written resident = write(1 << 17, dir_ + "/resident");
+  Written wide = write(kWidth - 1, dir_ + "/wide");
+  for (bool compacted : {false, true}) {
+    if (compacted) ASSERT_TRUE(wide.db->CompactAll().ok());
+    EXPECT_EQ(wide.store->GetDataset(wide.id)->dead_latents(),
+              resident.store->GetDataset(resident.id)->dead_latents());
+    for (int32_t l = 0; l < kWidth; ++l) {
+      auto a = resident.store->GetLatentStats(resident.id, l);
+      auto b = wide.store->GetLatentStats(wide.id, l);
+      ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+      ASSERT_GT(a->firing_count, 40) << "latent " << l;
+      EXPECT_EQ(b->firing_count, a->firing_count) << "latent " << l;
+      EXPECT_EQ(b->max, a->max);
+      EXPECT_EQ(b->min, a->min);
+      EXPECT_EQ(b->bin_exponent, a->bin_exponent);
+      EXPECT_EQ(b->bin_low, a->bin_low);
+      EXPECT_EQ(b->histogram, a->histogram) << "latent " << l;
+      EXPECT_NEAR(b->sum, a->sum, 1e-12 * a->sum);
+      EXPECT_NEAR(b->sum_squares, a->sum_squares, 1e-12 * a->sum_squares);
+      auto ta = resident.store->TopActivations(resident.id, l, 0, 0, 0);
+      auto tb = wide.store->TopActivations(wide.id, l, 0, 0, 0);
+      ASSERT_TRUE(ta.ok() && tb.ok()) << ta.status() << tb.status();
+      ASSERT_EQ(ta->size(), 3u);
+      ASSERT_EQ(tb->size(), ta->size()) << "latent " << l;
+      for (size_t i = 0; i < ta->size(); ++i) {
+        EXPECT_EQ((*tb)[i].row, (*ta)[i].row) << "latent " << l << " rank " << i;
+        EXPECT_EQ((*tb)[i].value, (*ta)[i].value);
+      }
+    }
+  }
+}
+
 // Interval samples: every entry of the latent counted in exactly one interval of its value range,
 // samples drawn from inside their interval, spread over its rows, with the same context windows
 // as the top-N.
@@ -521,7 +611,7 @@ TEST_P(ChunkStoreTest, CorruptChunkIsDataLossNamingTheChunk) {
   // Format 2: the chunk at row 100. Format 3: each part of that chunk in turn (header, token
   // ids, the slice holding latent 5).
   std::vector<std::string> targets{keys::Chunk(id, 100)};
-  if (GetParam() >= 3) {
+  if (Format() >= 3) {
     targets = {keys::ChunkPart(id, 100, 0), keys::ChunkPart(id, 100, 1),
                keys::ChunkPart(id, 100, 2 + 5 / 16)};
   }
@@ -538,14 +628,14 @@ TEST_P(ChunkStoreTest, CorruptChunkIsDataLossNamingTheChunk) {
     EXPECT_TRUE(store_->ReadRows(id, 200, 50).ok());
     std::vector<int64_t> post_rows;
     std::vector<float> post_values;
-    if (GetParam() >= 3 && key != keys::ChunkPart(id, 100, 1)) {
+    if (Format() >= 3 && key != keys::ChunkPart(id, 100, 1)) {
       absl::Status s = store_->LatentPostings(id, 5, &post_rows, &post_values);
       EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
       EXPECT_NE(s.message().find("chunk at row 100"), std::string::npos) << s;
     }
     ASSERT_TRUE(db_->Put(Family::kChunks, key, *value, true).ok());
   }
-  if (GetParam() >= 3) {
+  if (Format() >= 3) {
     // A slice the header lists but the store lacks is DATA_LOSS too, not an empty slice.
     ASSERT_TRUE(db_->raw()
                     ->Delete(rocksdb::WriteOptions(), db_->handle(Family::kChunks),
@@ -594,7 +684,8 @@ TEST_P(ChunkStoreTest, ParallelCommitsStoreTheBytesOfOneThread) {
     ASSERT_TRUE(db.ok()) << db.status();
     ChunkStoreOptions options;
     options.sparse_chunk_rows = 4096;
-    options.record_version = GetParam();
+    options.record_version = Format();
+    options.resident_latent_state_max_width = ResidentMaxWidth();
     options.commit_threads = threads;
     {
       ChunkStore store(db->get(), options);
@@ -619,9 +710,12 @@ TEST_P(ChunkStoreTest, ParallelCommitsStoreTheBytesOfOneThread) {
   EXPECT_TRUE(stored[0] == stored[1]);
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, ChunkStoreTest, ::testing::Values(3u, 2u),
-                         [](const ::testing::TestParamInfo<uint32_t>& info) {
-                           return "format" + std::to_string(info.param);
+INSTANTIATE_TEST_SUITE_P(Formats, ChunkStoreTest,
+                         ::testing::Values(StoreParam{3, true}, StoreParam{2, true},
+                                           StoreParam{3, false}, StoreParam{2, false}),
+                         [](const ::testing::TestParamInfo<StoreParam>& info) {
+                           return "format" + std::to_string(info.param.format) +
+                                  (info.param.resident ? "" : "_wide");
                          });
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/status/statusor.h"
 #include "common/status_macros.h"
@@ -285,16 +286,16 @@ bool TopRows::Offer(int64_t row, float value, int capacity) {
 }
 
 bool TopRows::OfferRun(int64_t row_base, const uint32_t* offsets, const float* values, size_t n,
-                       int capacity) {
+                       int capacity, float floor) {
   if (capacity <= 0) return false;
   bool changed = false;
   for (size_t i = 0; i < n; ++i) {
-    if (static_cast<int>(entries_.size()) >= capacity) {
-      // Below the last value nothing can enter (a tie may: Offer orders it by row).
-      const float last = entries_.back().value;
-      while (i < n && values[i] < last) ++i;
-      if (i == n) break;
-    }
+    // Below a full list's last value nothing can enter (a tie may: Offer orders it by row).
+    const float last = static_cast<int>(entries_.size()) >= capacity
+                           ? entries_.back().value
+                           : -std::numeric_limits<float>::infinity();
+    while (i < n && (values[i] < last || values[i] <= floor)) ++i;
+    if (i == n) break;
     changed |= Offer(row_base + offsets[i], values[i], capacity);
   }
   return changed;

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -114,10 +115,16 @@ class TopRows {
   // Returns true when the list changed.
   bool Offer(int64_t row, float value, int capacity);
   // Offer() of the entries (row_base + offsets[i], values[i]) for i in [0, n), in order; true
-  // when the list changed. Entries below the list's last value are skipped in a tight loop.
+  // when the list changed. Entries below the list's last value, and values <= `floor` (a bound
+  // the caller knows nothing at or below can enter), are skipped in a tight loop.
   bool OfferRun(int64_t row_base, const uint32_t* offsets, const float* values, size_t n,
-                int capacity);
+                int capacity, float floor = -std::numeric_limits<float>::infinity());
   const std::vector<TopEntry>& entries() const { return entries_; }
+  // Empties the list (keeping its buffer).
+  void Clear() {
+    entries_.clear();
+    max_row_ = -1;
+  }
   // The largest row ever inserted, -1 for none.
   int64_t max_row() const { return max_row_; }
 

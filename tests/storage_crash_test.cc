@@ -22,18 +22,19 @@ namespace {
 
 const char* kWriter = "tests/storage_crash_writer";
 
-pid_t Spawn(const std::string& dir) {
+// mode: "resident" or "wide" (see storage_crash_writer.cc).
+pid_t Spawn(const std::string& dir, const char* mode) {
   pid_t pid = fork();
   if (pid == 0) {
-    execl(kWriter, kWriter, dir.c_str(), static_cast<char*>(nullptr));
+    execl(kWriter, kWriter, dir.c_str(), mode, static_cast<char*>(nullptr));
     _exit(127);
   }
   return pid;
 }
 
-int RunToEnd(const std::string& dir) {
+int RunToEnd(const std::string& dir, const char* mode) {
   int status = 0;
-  waitpid(Spawn(dir), &status, 0);
+  waitpid(Spawn(dir, mode), &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
@@ -83,10 +84,15 @@ Content ReadContent(const std::string& dir, bool with_index) {
   return c;
 }
 
-TEST(StorageCrash, KilledWriterLeavesCommittedPrefixAndResumesToSameContent) {
-  const std::string ref_dir = FreshTestDir("crash_ref");
+// Both writers: with every latent's statistics and top-N list resident, and without (commits
+// of operands only, blocks folded back from the store by the writer thread).
+class StorageCrash : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(StorageCrash, KilledWriterLeavesCommittedPrefixAndResumesToSameContent) {
+  const char* mode = GetParam();
+  const std::string ref_dir = FreshTestDir(std::string("crash_ref_") + mode);
   auto t0 = std::chrono::steady_clock::now();
-  ASSERT_EQ(RunToEnd(ref_dir), 0);
+  ASSERT_EQ(RunToEnd(ref_dir, mode), 0);
   const auto full_run = std::chrono::steady_clock::now() - t0;
   Content ref = ReadContent(ref_dir, true);
   ASSERT_EQ(ref.rows, tests::kCrashRows);
@@ -95,8 +101,8 @@ TEST(StorageCrash, KilledWriterLeavesCommittedPrefixAndResumesToSameContent) {
   const int64_t full_us = std::chrono::duration_cast<std::chrono::microseconds>(full_run).count();
   int interrupted = 0;
   for (int run = 0; run < 20; ++run) {
-    const std::string dir = FreshTestDir("crash_" + std::to_string(run));
-    pid_t pid = Spawn(dir);
+    const std::string dir = FreshTestDir("crash_" + std::string(mode) + std::to_string(run));
+    pid_t pid = Spawn(dir, mode);
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % std::max<int64_t>(full_us, 1)));
     kill(pid, SIGKILL);
     int status;
@@ -116,7 +122,7 @@ TEST(StorageCrash, KilledWriterLeavesCommittedPrefixAndResumesToSameContent) {
     ASSERT_EQ(prefix.csr.token_ids, std::vector<int32_t>(ref.csr.token_ids.begin(),
                                                          ref.csr.token_ids.begin() + prefix.rows));
 
-    ASSERT_EQ(RunToEnd(dir), 0) << "run " << run;  // resume at the watermark
+    ASSERT_EQ(RunToEnd(dir, mode), 0) << "run " << run;  // resume at the watermark
     Content full = ReadContent(dir, true);
     ASSERT_EQ(full.rows, ref.rows);
     EXPECT_EQ(full.csr.indptr, ref.csr.indptr);
@@ -133,6 +139,11 @@ TEST(StorageCrash, KilledWriterLeavesCommittedPrefixAndResumesToSameContent) {
   // Kill points are random over the uninterrupted run's duration: most land mid-run.
   EXPECT_GT(interrupted, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Writers, StorageCrash, ::testing::Values("resident", "wide"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
 
 }  // namespace
 }  // namespace latentd::storage

@@ -1,7 +1,9 @@
 // Child process of storage_crash_test: writes (or resumes) dataset "crash" in the database at
 // argv[1], committing every kCrashCommitRows rows, then marks it complete. The parent kills it
-// with SIGKILL at random points.
+// with SIGKILL at random points. argv[2] "wide" runs the writer without resident per-latent
+// state (as datasets wider than ChunkStoreOptions::resident_latent_state_max_width get).
 #include <cstdio>
+#include <string>
 
 #include "storage/chunk_store.h"
 #include "tests/storage_crash_rows.h"
@@ -10,8 +12,8 @@ using latentd::storage::ChunkStore;
 using latentd::storage::DatasetMeta;
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s DB_DIR\n", argv[0]);
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s DB_DIR resident|wide\n", argv[0]);
     return 2;
   }
   auto db = latentd::storage::Db::Open(argv[1]);
@@ -22,6 +24,7 @@ int main(int argc, char** argv) {
   latentd::storage::ChunkStoreOptions options;
   options.sparse_chunk_rows = 32;  // several chunks per commit
   options.latent_slices = 8;
+  if (std::string(argv[2]) == "wide") options.resident_latent_state_max_width = 0;
   ChunkStore store(db->get(), options);
   auto id = store.FindDataset("crash");
   if (!id.ok()) {
