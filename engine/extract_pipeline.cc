@@ -240,6 +240,9 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
   };
   int64_t pending_nnz = 0, pending_rows = 0, pending_skipped = 0;
   absl::Status status;
+  // Where this run starts (0, or the watermark it resumes at): watchers see the total at once,
+  // and the rate of the first commit is measured from here, even when it is the only one.
+  if (callbacks.progress) callbacks.progress(committed, tokens.num_rows());
   for (int64_t b = first_batch; b < num_batches; ++b) {
     if (callbacks.cancelled && callbacks.cancelled()) {
       status = absl::CancelledError("extract cancelled");

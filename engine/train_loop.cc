@@ -175,6 +175,8 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
   int64_t window_steps = 0;
   double last_loss = 0, last_fvu = 0, last_l0 = 0;
   int64_t last_checkpoint_step = start;
+  // Where this run starts: watchers see the total at once, and the first rate has a baseline.
+  if (context != nullptr) context->ReportProgress(start, options.total_steps, "steps");
   for (int64_t step = start; step < options.total_steps; ++step) {
     const absl::Time step_start = absl::Now();
     const double lr = LrAt(options.lr, step);
