@@ -174,7 +174,8 @@ int64_t EstimateDeviceBytes(const Checked& c, int64_t model_param_bytes,
   int64_t bytes = model_param_bytes + rows * model_act_bytes_per_token;
   if (c.sparse) {
     bytes += 4 * (2 * c.sae_cfg.d_in * c.sae_cfg.d_sae + 3 * c.sae_cfg.d_sae);
-    bytes += rows * 4 * 2 * c.sae_cfg.d_sae;  // pre-activations + the encoder's working copy
+    // Pre-activations + the encoder's working copy, for one encoder pass of the batch.
+    bytes += std::min(rows, EncodeRowsPerPass(c.sae_cfg.d_sae)) * 4 * 2 * c.sae_cfg.d_sae;
   }
   return bytes;
 }

@@ -2,8 +2,10 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -127,23 +129,47 @@ at::Tensor Sae::EncodeDense(const at::Tensor& x) const {
   return pre;
 }
 
-SparseCodes Sae::EncodeSparse(const at::Tensor& x) const {
-  at::Tensor pre = PreActivations(x);
+namespace {
+
+// The codes of the rows whose pre-activations are `pre`.
+SparseCodes EncodePass(const at::Tensor& pre, const SaeConfig& cfg, const at::Tensor& threshold) {
   SparseCodes codes;
-  if (cfg_.architecture == SaeArchitecture::kTopK) {
-    auto [vals, idx] = pre.topk(cfg_.k, /*dim=*/1, /*largest=*/true, /*sorted=*/false);
+  if (cfg.architecture == SaeArchitecture::kTopK) {
+    auto [vals, idx] = pre.topk(cfg.k, /*dim=*/1, /*largest=*/true, /*sorted=*/false);
     auto [sorted_idx, perm] = idx.sort(/*dim=*/1);
     codes.indices = sorted_idx.to(at::kInt);
     codes.values = at::relu(vals.gather(1, perm));
     return codes;
   }
-  at::Tensor z = cfg_.architecture == SaeArchitecture::kRelu
+  at::Tensor z = cfg.architecture == SaeArchitecture::kRelu
                      ? at::relu(pre)
-                     : pre * (pre > w_.threshold).to(pre.scalar_type());
+                     : pre * (pre > threshold).to(pre.scalar_type());
   at::Tensor mask = z != 0;
   codes.row_counts = mask.sum(1, /*keepdim=*/false, at::kLong);
   codes.indices = mask.nonzero().select(1, 1).to(at::kInt);  // row-major, columns ascending
   codes.values = z.masked_select(mask);
+  return codes;
+}
+
+}  // namespace
+
+SparseCodes Sae::EncodeSparse(const at::Tensor& x, int64_t rows_per_pass) const {
+  const int64_t n = x.size(0);
+  const int64_t per_pass = rows_per_pass > 0 ? rows_per_pass : EncodeRowsPerPass(cfg_.d_sae);
+  if (n <= per_pass) return EncodePass(PreActivations(x), cfg_, w_.threshold);
+  std::vector<at::Tensor> indices, values, row_counts;
+  for (int64_t a = 0; a < n; a += per_pass) {
+    SparseCodes part =
+        EncodePass(PreActivations(x.narrow(0, a, std::min(per_pass, n - a))), cfg_, w_.threshold);
+    indices.push_back(part.indices);
+    values.push_back(part.values);
+    if (!part.fixed_k()) row_counts.push_back(part.row_counts);
+  }
+  // Rows stay in order: fixed-k parts stack, ragged parts (row-major) concatenate.
+  SparseCodes codes;
+  codes.indices = at::cat(indices);
+  codes.values = at::cat(values);
+  if (!row_counts.empty()) codes.row_counts = at::cat(row_counts);
   return codes;
 }
 

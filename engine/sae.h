@@ -14,6 +14,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -21,6 +23,14 @@
 #include "engine/sae_config.h"
 
 namespace latentd::engine {
+
+// Device memory the sparse encoder's scratch (pre-activations and a working copy, float32) may
+// take at once: 512 MiB, one pass of 4096 rows up to d_sae = 16384, 64 rows at 1M latents.
+inline constexpr int64_t kEncodeScratchBytes = int64_t{512} << 20;
+// Rows per pass of Sae::EncodeSparse: kEncodeScratchBytes / (8 * d_sae), at least 1.
+inline int64_t EncodeRowsPerPass(int64_t d_sae) {
+  return d_sae > 0 ? std::max<int64_t>(1, kEncodeScratchBytes / (8 * d_sae)) : 1;
+}
 
 struct SaeWeights {
   at::Tensor W_enc;      // [d_in, d_sae]
@@ -56,7 +66,12 @@ class Sae {
 
   at::Tensor PreActivations(const at::Tensor& x) const;  // x: [n, d_in] float32
   at::Tensor EncodeDense(const at::Tensor& x) const;     // z: [n, d_sae]
-  SparseCodes EncodeSparse(const at::Tensor& x) const;
+  // The codes of x, encoded rows_per_pass rows at a time (0: EncodeRowsPerPass(d_sae)), so that
+  // the [rows, d_sae] pre-activations and the encoder's working copy stay within
+  // kEncodeScratchBytes however wide the SAE (1M latents x 4096 rows would be 32 GiB at once).
+  // The default pass size depends on d_sae alone, so a resumed job encodes every row as the
+  // uninterrupted one did.
+  SparseCodes EncodeSparse(const at::Tensor& x, int64_t rows_per_pass = 0) const;
   at::Tensor Decode(const at::Tensor& z) const;  // x_hat = z W_dec + b_dec
 
   // Bytes of the weights (for memory estimates).

@@ -76,6 +76,34 @@ TEST(SaeTest, SparseCodesEqualTheNonZerosOfTheDenseDefinition) {
   }
 }
 
+// Wide SAEs encode a batch in passes of a bounded number of rows (EncodeRowsPerPass): the codes
+// must be each pass's codes, in row order, whatever the architecture's layout.
+TEST(SaeTest, EncodingInPassesStitchesThePassesInRowOrder) {
+  EXPECT_EQ(EncodeRowsPerPass(4096), 16384);
+  EXPECT_EQ(EncodeRowsPerPass(int64_t{1} << 20), 64);
+  EXPECT_EQ(EncodeRowsPerPass(int64_t{1} << 30), 1);
+  for (auto arch : {SaeArchitecture::kRelu, SaeArchitecture::kTopK, SaeArchitecture::kJumpRelu}) {
+    auto sae = Sae::Create(Cfg(arch, 8, 40, 5), RandomWeights(8, 40, 11));
+    ASSERT_TRUE(sae.ok()) << sae.status();
+    at::Tensor x = at::randn({11, 8});
+    SparseCodes passes = sae->EncodeSparse(x, /*rows_per_pass=*/4);  // rows 0-3, 4-7, 8-10
+    for (int64_t first = 0; first < 11; first += 4) {
+      const int64_t rows = std::min<int64_t>(4, 11 - first);
+      SparseCodes one = sae->EncodeSparse(x.narrow(0, first, rows), /*rows_per_pass=*/4);
+      for (int64_t r = 0; r < rows; ++r) {
+        EXPECT_EQ(Row(passes, first + r), Row(one, r))
+            << SaeArchitectureName(arch) << " row " << first + r;
+      }
+    }
+    if (!passes.fixed_k()) {
+      EXPECT_EQ(passes.row_counts.size(0), 11);
+      EXPECT_EQ(passes.row_counts.sum().item<int64_t>(), passes.indices.size(0));
+    } else {
+      EXPECT_EQ(passes.indices.size(0), 11);
+    }
+  }
+}
+
 TEST(SaeTest, TopKWithFewerThanKPositiveKeepsOnlyThePositives) {
   SaeWeights w = RandomWeights(4, 10, 2);
   w.b_enc = at::full({10}, -100.0);
