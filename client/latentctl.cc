@@ -10,6 +10,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -628,12 +629,17 @@ int Telemetry(Client& client, const std::vector<std::string>& args) {
   grpc::Status status = reader->Finish();
   if (!status.ok()) return RpcError(status);
   if (!json) {
-    std::printf("%-7s %-11s %-8s %-7s %-6s %-10s %-12s %-12s %-12s %s\n", "STEP", "LOSS", "FVU",
-                "L0", "DEAD", "ROWS/S", "OPT STATE", "DENSE MFAC", "PARAMS", "RSS");
+    // The AuxK column only for jobs that train with it (TopK SAEs with aux_k_coefficient > 0).
+    const bool aux_k = std::any_of(samples.begin(), samples.end(),
+                                   [](const v1::TrainTelemetry& s) { return s.aux_k_loss() > 0; });
+    std::printf("%-7s %-11s %-8s %-7s %-6s %s%-10s %-12s %-12s %-12s %s\n", "STEP", "LOSS", "FVU",
+                "L0", "DEAD", aux_k ? "AUXK        " : "", "ROWS/S", "OPT STATE", "DENSE MFAC",
+                "PARAMS", "RSS");
     for (const auto& s : samples) {
-      std::printf("%-7lld %-11.5g %-8.4f %-7.1f %-6lld %-10.0f %-12s %-12s %-12s %s\n",
+      const std::string aux = aux_k ? absl::StrFormat("%-11.5g ", s.aux_k_loss()) : "";
+      std::printf("%-7lld %-11.5g %-8.4f %-7.1f %-6lld %s%-10.0f %-12s %-12s %-12s %s\n",
                   static_cast<long long>(s.step()), s.loss(), s.fvu(), s.l0(),
-                  static_cast<long long>(s.dead_latents()), s.rows_per_second(),
+                  static_cast<long long>(s.dead_latents()), aux.c_str(), s.rows_per_second(),
                   Bytes(s.optimizer_state_total_bytes()).c_str(),
                   Bytes(s.dense_mfac_history_bytes()).c_str(), Bytes(s.parameter_bytes()).c_str(),
                   Bytes(s.process_rss_bytes()).c_str());

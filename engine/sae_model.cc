@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -41,6 +42,17 @@ absl::StatusOr<SaeModelOptions> SaeModelOptionsFromProto(const latentd::v1::SaeT
     return absl::InvalidArgumentError(
         "train.sae.jumprelu_threshold / jumprelu_bandwidth: must be >= 0");
   }
+  if (config.aux_k() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.sae.aux_k: must be >= 0 (0: d_in / 2), got ", config.aux_k()));
+  }
+  if (config.aux_k_coefficient() < 0 || !std::isfinite(config.aux_k_coefficient())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.sae.aux_k_coefficient: must be >= 0 (0: no AuxK), got ",
+                     config.aux_k_coefficient()));
+  }
+  options.aux_k = config.aux_k() > 0 ? config.aux_k() : std::max<int64_t>(1, d_in / 2);
+  options.aux_k_coefficient = config.aux_k_coefficient();
   if (config.l1_coefficient() > 0) options.l1_coefficient = config.l1_coefficient();
   if (config.jumprelu_threshold() > 0) options.jumprelu_threshold = config.jumprelu_threshold();
   if (config.jumprelu_bandwidth() > 0) options.jumprelu_bandwidth = config.jumprelu_bandwidth();
@@ -111,7 +123,7 @@ torch::Tensor SaeModelImpl::Activate(const torch::Tensor& pre) {
 
 torch::Tensor SaeModelImpl::Encode(const torch::Tensor& x) { return Activate(PreActivation(x)); }
 
-SaeForward SaeModelImpl::Forward(const torch::Tensor& x) {
+SaeForward SaeModelImpl::Forward(const torch::Tensor& x, const torch::Tensor& dead) {
   SaeForward out;
   torch::Tensor pre = PreActivation(x);
   torch::Tensor step;
@@ -131,9 +143,30 @@ SaeForward SaeModelImpl::Forward(const torch::Tensor& x) {
   } else if (options_.architecture == latentd::v1::JUMPRELU) {
     loss = loss + options_.l1_coefficient * step.sum(1).mean();
   }
+  torch::Tensor aux;
+  if (options_.architecture == latentd::v1::TOPK && options_.aux_k_coefficient > 0 &&
+      dead.defined()) {
+    const int64_t num_dead = dead.sum().item<int64_t>();
+    if (num_dead > 0) {
+      const int64_t aux_k =
+          options_.aux_k > 0 ? options_.aux_k : std::max<int64_t>(1, options_.d_in / 2);
+      const int64_t k = std::min(aux_k, num_dead);
+      torch::Tensor masked =
+          pre.masked_fill(dead.logical_not().unsqueeze(0), -std::numeric_limits<float>::infinity());
+      auto [values, indices] = masked.topk(k, /*dim=*/1, /*largest=*/true, /*sorted=*/false);
+      // Negative pre-activations give 0 (k <= |D|, so no -inf is taken).
+      torch::Tensor acts = torch::zeros_like(pre).scatter(1, indices, torch::relu(values));
+      torch::Tensor e_hat = acts.matmul(W_dec);
+      torch::Tensor residual = (x - out.x_hat).detach();
+      aux = (residual - e_hat).pow(2).sum(1).mean();
+      const double scale = std::min(1.0, static_cast<double>(num_dead) / aux_k);
+      loss = loss + options_.aux_k_coefficient * scale * aux;
+    }
+  }
   out.loss = loss;
   torch::NoGradGuard no_grad;
   out.mse = mse.item<double>();
+  if (aux.defined()) out.aux_k_loss = aux.item<double>();
   const double variance = (x - x.mean(0, true)).pow(2).sum().item<double>();
   out.fvu = variance > 0 ? sq.sum().item<double>() / variance : 0.0;
   out.l0 = (out.latents != 0).sum(1).to(torch::kFloat64).mean().item<double>();

@@ -7,6 +7,11 @@
 //   JumpReLU: z = pre * H(pre - theta)       loss = mse + l1 * L0, with the straight-through
 //             rectangle-kernel gradient of width `bandwidth` for theta (Gemma Scope)
 //   x_hat = z @ W_dec + b_dec,   mse = mean over rows of ||x - x_hat||^2
+// TopK with dead latents D (not fired for a window of steps; the trainer keeps the counters):
+//   AuxK (Gao et al. 2024): a = relu(topk_{k_aux}(pre restricted to D)), k_aux = min(aux_k, |D|),
+//   e_hat = a @ W_dec (no bias), aux = mean over rows of ||(x - x_hat).detach() - e_hat||^2,
+//   loss += aux_k_coefficient * min(|D| / aux_k, 1) * aux: the dead latents closest to firing
+//   learn to explain what the live ones miss (the scale damps the term while few are dead).
 // Decoder rows are kept at unit norm (TopK, JumpReLU): after each optimizer step
 // NormalizeDecoder() rescales them, and RemoveParallelDecoderGrad() before the step removes the
 // gradient component that would only change their norm. Weights are float32.
@@ -35,6 +40,9 @@ struct SaeModelOptions {
   double jumprelu_bandwidth = 1e-3;  // JumpReLU straight-through kernel width
   bool apply_b_dec_to_input = true;
   uint64_t seed = 0;  // weight initialisation
+  // TopK: AuxK over the latents Forward() is told are dead (see SaeModelImpl::Forward).
+  int64_t aux_k = 0;             // 0: d_in / 2
+  double aux_k_coefficient = 0;  // 0 (default): no AuxK; the paper's value is 1/32
 };
 
 // Checks `config` (fields named "train.sae.*") against `d_in` and fills in the defaults.
@@ -46,8 +54,9 @@ struct SaeForward {
   torch::Tensor x_hat;    // rows x d_in
   torch::Tensor latents;  // rows x d_sae (dense, mostly zeros)
   double mse = 0;
-  double fvu = 0;  // sum ||x - x_hat||^2 / sum ||x - mean(x)||^2 over the batch
-  double l0 = 0;   // mean nonzero latents per row
+  double fvu = 0;         // sum ||x - x_hat||^2 / sum ||x - mean(x)||^2 over the batch
+  double l0 = 0;          // mean nonzero latents per row
+  double aux_k_loss = 0;  // the AuxK term before its weights; 0 without dead latents
 };
 
 class SaeModelImpl : public torch::nn::Module {
@@ -61,7 +70,8 @@ class SaeModelImpl : public torch::nn::Module {
 
   torch::Tensor Encode(const torch::Tensor& x);
   torch::Tensor Decode(const torch::Tensor& z) { return torch::addmm(b_dec, z, W_dec); }
-  SaeForward Forward(const torch::Tensor& x);
+  // dead: optional bool [d_sae] on the model's device, true for dead latents (TopK's AuxK).
+  SaeForward Forward(const torch::Tensor& x, const torch::Tensor& dead = torch::Tensor());
 
   void RemoveParallelDecoderGrad();
   void NormalizeDecoder();

@@ -4,6 +4,10 @@
 #include <gtest/gtest.h>
 #include <torch/optim/adam.h>
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 namespace latentd::engine {
 namespace {
 
@@ -90,6 +94,79 @@ TEST(SaeModelTest, EveryArchitectureReducesFvuUnderTraining) {
   }
 }
 
+// AuxK, term by term: among the dead latents, each row's aux_k largest pre-activations (ReLU'd)
+// decode, without the bias, an estimate of the (detached) residual x - x_hat.
+TEST(SaeModelTest, AuxKTermMatchesItsDefinition) {
+  SaeModelOptions options = Options(latentd::v1::TOPK);
+  options.aux_k = 3;
+  options.aux_k_coefficient = 1.0 / 32;
+  SaeModel sae(options);
+  torch::manual_seed(5);
+  torch::Tensor x = torch::randn({6, 8});
+  torch::Tensor dead = torch::zeros({32}, torch::kBool);
+  for (int j : {1, 4, 7, 9, 20, 31}) dead[j] = true;
+  SaeForward plain = sae->Forward(x);
+  SaeForward with = sae->Forward(x, dead);
+  EXPECT_EQ(plain.aux_k_loss, 0);
+  EXPECT_NEAR(plain.loss.item<double>(), plain.mse, 1e-5);
+  torch::NoGradGuard no_grad;
+  torch::Tensor pre = torch::addmm(sae->b_enc, x - sae->b_dec, sae->W_enc);
+  double aux = 0;
+  for (int64_t r = 0; r < 6; ++r) {
+    std::vector<std::pair<float, int>> candidates;
+    for (int j = 0; j < 32; ++j) {
+      if (dead[j].item<bool>()) candidates.emplace_back(pre[r][j].item<float>(), j);
+    }
+    std::sort(candidates.rbegin(), candidates.rend());
+    torch::Tensor e_hat = torch::zeros({8});
+    for (int i = 0; i < 3; ++i) {
+      e_hat += std::max(0.0f, candidates[i].first) * sae->W_dec[candidates[i].second];
+    }
+    aux += ((x[r] - plain.x_hat[r]) - e_hat).pow(2).sum().item<double>();
+  }
+  aux /= 6;
+  EXPECT_NEAR(with.aux_k_loss, aux, 1e-4 * std::max(1.0, aux));
+  // 6 dead >= aux_k: full weight 1/32.
+  EXPECT_NEAR(with.loss.item<double>(), plain.mse + aux / 32, 1e-4);
+  EXPECT_EQ(with.fvu, plain.fvu);  // AuxK changes the loss, not the reconstruction
+
+  // Fewer dead latents than aux_k: all of them, weighted |D| / aux_k.
+  torch::Tensor one_dead = torch::zeros({32}, torch::kBool);
+  one_dead[4] = true;
+  SaeForward single = sae->Forward(x, one_dead);
+  double aux1 = 0;
+  for (int64_t r = 0; r < 6; ++r) {
+    torch::Tensor e_hat = std::max(0.0f, pre[r][4].item<float>()) * sae->W_dec[4];
+    aux1 += ((x[r] - plain.x_hat[r]) - e_hat).pow(2).sum().item<double>();
+  }
+  aux1 /= 6;
+  EXPECT_NEAR(single.aux_k_loss, aux1, 1e-4 * std::max(1.0, aux1));
+  EXPECT_NEAR(single.loss.item<double>(), plain.mse + aux1 / 32 / 3, 1e-4);
+}
+
+// The residual is detached and only dead latents decode it: the AuxK term moves the decoder rows
+// of dead latents, never those of live ones.
+TEST(SaeModelTest, AuxKGradientReachesOnlyDeadDecoderRows) {
+  SaeModelOptions options = Options(latentd::v1::TOPK);
+  options.aux_k = 32;  // every dead latent with a positive pre-activation takes part
+  options.aux_k_coefficient = 1.0 / 32;
+  SaeModel sae(options);
+  torch::manual_seed(6);
+  torch::Tensor x = torch::randn({16, 8});
+  torch::Tensor dead = torch::zeros({32}, torch::kBool);
+  for (int j = 0; j < 32; j += 3) dead[j] = true;
+  sae->Forward(x).loss.backward();
+  torch::Tensor without = sae->W_dec.grad().clone();
+  sae->W_dec.mutable_grad().zero_();
+  for (auto& p : sae->ordered_parameters()) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+  sae->Forward(x, dead).loss.backward();
+  torch::Tensor changed = (sae->W_dec.grad() - without).abs().sum(1) > 1e-7;
+  EXPECT_TRUE(torch::equal(changed & dead.logical_not(), torch::zeros({32}, torch::kBool)));
+  EXPECT_GT((changed & dead).sum().item<int64_t>(), 0);
+}
+
 TEST(SaeModelTest, OptionsFromProtoNameTheBadField) {
   latentd::v1::SaeTrainConfig config;
   EXPECT_NE(SaeModelOptionsFromProto(config, 8, 0).status().message().find("train.sae.d_sae"),
@@ -101,7 +178,19 @@ TEST(SaeModelTest, OptionsFromProtoNameTheBadField) {
   config.set_k(0);
   auto options = SaeModelOptionsFromProto(config, 8, 0);
   ASSERT_TRUE(options.ok());
-  EXPECT_EQ(options->k, 16);  // the default 32, capped at d_sae
+  EXPECT_EQ(options->k, 16);                 // the default 32, capped at d_sae
+  EXPECT_EQ(options->aux_k, 4);              // d_in / 2
+  EXPECT_EQ(options->aux_k_coefficient, 0);  // AuxK is opt-in
+  config.set_aux_k(-1);
+  EXPECT_NE(SaeModelOptionsFromProto(config, 8, 0).status().message().find("train.sae.aux_k"),
+            std::string::npos);
+  config.set_aux_k(0);
+  config.set_aux_k_coefficient(-0.5);
+  EXPECT_NE(
+      SaeModelOptionsFromProto(config, 8, 0).status().message().find("train.sae.aux_k_coefficient"),
+      std::string::npos);
+  config.set_aux_k_coefficient(0.25);
+  EXPECT_EQ(SaeModelOptionsFromProto(config, 8, 0)->aux_k_coefficient, 0.25);
 }
 
 }  // namespace

@@ -48,6 +48,7 @@ struct TrainPlan {
   LrScheduleOptions lr;
   int64_t checkpoint_every = kDefaultCheckpointEvery;
   int64_t telemetry_every = kDefaultTelemetryEvery;
+  int64_t dead_window_steps = TrainLoopOptions().dead_window_steps;
   std::vector<std::vector<int64_t>> shapes;  // of the parameters
   int64_t num_params = 0;
 };
@@ -165,6 +166,11 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
         absl::StrCat("train.telemetry_every: must be >= 0, got ", spec.telemetry_every()));
   }
   if (spec.telemetry_every() > 0) plan.telemetry_every = spec.telemetry_every();
+  if (spec.dead_window_steps() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.dead_window_steps: must be >= 0 (0: 1000), got ", spec.dead_window_steps()));
+  }
+  if (spec.dead_window_steps() > 0) plan.dead_window_steps = spec.dead_window_steps();
   RETURN_IF_ERROR(CheckArtifactName(spec.artifact_name()));
   ASSIGN_OR_RETURN(plan.optimizer, OptimizerConfigFromProto(spec.optimizer()));
   plan.optimizer.seed = spec.seed();
@@ -273,6 +279,7 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
     options.lr = plan.lr;
     options.checkpoint_every = plan.checkpoint_every;
     options.telemetry_every = plan.telemetry_every;
+    options.dead_window_steps = plan.dead_window_steps;
     options.device = TorchDevice(devices[r]);
     options.mfac_window = plan.optimizer.window;
     options.init_rows = std::min<int64_t>(4096, plan.record.rows_committed);

@@ -22,7 +22,8 @@ constexpr int kStatLoss = 0;
 constexpr int kStatFvu = 1;
 constexpr int kStatL0 = 2;
 constexpr int kStatCancel = 3;
-constexpr int kNumStats = 4;
+constexpr int kStatAuxK = 4;
+constexpr int kNumStats = 5;
 
 // Everything a resumed run needs besides the stream position (a function of the step).
 absl::StatusOr<std::string> SerializeState(int64_t steps_done, TrainableModel* model,
@@ -173,7 +174,7 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
   std::vector<float> host_batch(slice_rows * width);
   double window_seconds = 0;
   int64_t window_steps = 0;
-  double last_loss = 0, last_fvu = 0, last_l0 = 0;
+  double last_loss = 0, last_fvu = 0, last_l0 = 0, last_aux_k = 0;
   int64_t last_checkpoint_step = start;
   // Where this run starts: watchers see the total at once, and the first rate has a baseline.
   if (context != nullptr) context->ReportProgress(start, options.total_steps, "steps");
@@ -186,6 +187,10 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
                               .to(options.device);
     for (auto& p : params) {
       if (p.grad().defined()) p.mutable_grad().zero_();
+    }
+    if (steps_since_fired
+            .defined()) {  // the same on every rank: counters follow all-reduced firing
+      model->SetDeadLatents((steps_since_fired >= options.dead_window_steps).to(options.device));
     }
     TrainableModel::Output out;
     try {
@@ -202,6 +207,7 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
       acc[kStatFvu] = static_cast<float>((std::isnan(out.fvu) ? 0.0 : out.fvu) * slice_weight);
       acc[kStatL0] = static_cast<float>((std::isnan(out.l0) ? 0.0 : out.l0) * slice_weight);
       acc[kStatCancel] = (cancel && cancel()) ? 1.0f : 0.0f;
+      acc[kStatAuxK] = static_cast<float>(out.aux_k_loss * slice_weight);
     }
     std::vector<torch::Tensor> reduced;
     for (auto& p : params) {
@@ -240,6 +246,7 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
     last_loss = loss;
     last_fvu = stats[kStatFvu].item<double>();
     last_l0 = stats[kStatL0].item<double>();
+    last_aux_k = stats[kStatAuxK].item<double>();
     const OptimizerMemory memory = optimizer->Memory();
     peak_optimizer_bytes = std::max(peak_optimizer_bytes, memory.total());
     window_seconds += absl::ToDoubleSeconds(absl::Now() - step_start);
@@ -255,6 +262,7 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
       if (model->num_latents() > 0) {
         sample.set_fvu(last_fvu);
         sample.set_l0(last_l0);
+        sample.set_aux_k_loss(last_aux_k);
         const int64_t window = std::min(options.dead_window_steps, done);
         sample.set_dead_latents((steps_since_fired >= window).sum().item<int64_t>());
       }

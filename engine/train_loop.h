@@ -39,6 +39,7 @@ class TrainableModel {
     double fvu = std::numeric_limits<double>::quiet_NaN();
     double l0 = std::numeric_limits<double>::quiet_NaN();
     torch::Tensor fired;  // SAEs: d_sae floats, 1 where a latent fired in the batch; else undefined
+    double aux_k_loss = 0;  // TopK SAEs: the AuxK term (0 when no latent is dead)
   };
   virtual ~TrainableModel() = default;
   // Parameters, in a fixed order (optimizer, all-reduce and checkpoints rely on it).
@@ -49,6 +50,10 @@ class TrainableModel {
   virtual void BeforeOptimizerStep() {}
   virtual void AfterOptimizerStep() {}
   virtual int64_t num_latents() const { return 0; }
+  // Before each Forward of a model with latents: bool [num_latents()] on the training device,
+  // true for latents that have not fired for a full dead_window_steps (TopK SAEs train their
+  // AuxK loss on them).
+  virtual void SetDeadLatents(const torch::Tensor& dead) {}
   // Writes the trained model into directory `dir` (created when missing).
   virtual absl::Status Save(const std::string& dir) = 0;
 };
@@ -59,8 +64,8 @@ struct TrainLoopOptions {
   LrScheduleOptions lr;
   int64_t checkpoint_every = 100;
   int64_t telemetry_every = 10;
-  // A latent is dead when it has not fired in the last dead_window_steps steps (or in all steps so
-  // far, before that many). Default 1000.
+  // A latent is dead when it has not fired in the last dead_window_steps steps (telemetry: or in
+  // all steps so far, before that many; AuxK waits for the full window). Default 1000.
   int64_t dead_window_steps = 1000;
   // Rows the model's data initialisation (b_dec) sees. Default 4096.
   int64_t init_rows = 4096;

@@ -58,8 +58,9 @@ TrainLoopOptions Loop(int64_t steps) {
 
 // One fresh run (model, optimizer, stream) against `checkpoints`.
 struct Trainer {
-  explicit Trainer(InMemoryDenseRowSource* source, OptimizerConfig config = Adam())
-      : model(Sae(), c10::kCPU),
+  explicit Trainer(InMemoryDenseRowSource* source, OptimizerConfig config = Adam(),
+                   SaeModelOptions sae = Sae())
+      : model(sae, c10::kCPU),
         optimizer(*MakeOptimizer(config, model.parameters())),
         stream(source, {.seed = 9, .window_chunks = 2}) {}
   absl::StatusOr<TrainLoopResult> Go(const TrainLoopOptions& options, CheckpointStore* store,
@@ -142,6 +143,52 @@ TEST(TrainLoopTest, ResumeAfterACrashGivesTheWeightsOfAnUninterruptedRun) {
     }
     EXPECT_EQ(uninterrupted.optimizer->Memory().total(), resumed.optimizer->Memory().total());
   }
+}
+
+// TopK's AuxK runs on the latents the loop's counters call dead (here after 3 steps without
+// firing): it shows in telemetry whenever latents are dead, and since the counters are part of
+// the checkpoint a resumed run still ends with the uninterrupted run's weights.
+TEST(TrainLoopTest, AuxKFollowsTheDeadCountersAndResumesExactly) {
+  SaeModelOptions sae = Sae();
+  sae.d_sae = 96;  // more latents than the data needs: some stop firing
+  sae.aux_k_coefficient = 1.0 / 32;
+  TrainLoopOptions options = Loop(45);
+  options.dead_window_steps = 3;
+  options.telemetry_every = 1;
+  InMemoryDenseRowSource source(DictionaryRows(512, 2), kWidth, 32);
+  InMemoryCheckpointStore uninterrupted_store;
+  Trainer uninterrupted(&source, Adam(), sae);
+  auto full = uninterrupted.Go(options, &uninterrupted_store);
+  ASSERT_TRUE(full.ok()) << full.status();
+  const auto& t = full->last_telemetry;
+  ASSERT_GT(t.dead_latents(), 0);
+  EXPECT_GT(t.aux_k_loss(), 0);
+
+  InMemoryCheckpointStore store;
+  {
+    Trainer crashed(&source, Adam(), sae);
+    TrainLoopOptions crash = options;
+    crash.crash_after_step = 27;
+    EXPECT_EQ(crashed.Go(crash, &store).status().code(), absl::StatusCode::kAborted);
+  }
+  Trainer resumed(&source, Adam(), sae);
+  auto result = resumed.Go(options, &store);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->resumed_from_step, 20);
+  auto a = uninterrupted.model.parameters();
+  auto b = resumed.model.parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+  }
+  // Without AuxK the same run ends elsewhere: the term did act.
+  sae.aux_k_coefficient = 0;
+  Trainer plain(&source, Adam(), sae);
+  InMemoryCheckpointStore plain_store;
+  auto plain_result = plain.Go(options, &plain_store);
+  ASSERT_TRUE(plain_result.ok()) << plain_result.status();
+  EXPECT_GT(plain_result->last_telemetry.dead_latents(), 0);
+  EXPECT_EQ(plain_result->last_telemetry.aux_k_loss(), 0);
+  EXPECT_FALSE(torch::equal(plain.model.parameters()[2], a[2]));  // W_dec
 }
 
 // Rows turn NaN from the `poison_after`-th Read on, as a corrupt stretch of a dataset would.

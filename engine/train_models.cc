@@ -14,9 +14,10 @@ SaeTrainable::SaeTrainable(const SaeModelOptions& options, c10::Device device) :
 }
 
 absl::StatusOr<TrainableModel::Output> SaeTrainable::Forward(const torch::Tensor& batch) {
-  SaeForward forward = sae_->Forward(batch);
+  SaeForward forward = sae_->Forward(batch, dead_);
   Output out;
   out.loss = forward.loss;
+  out.aux_k_loss = forward.aux_k_loss;
   out.fvu = forward.fvu;
   out.l0 = forward.l0;
   out.fired = (forward.latents.detach() != 0).any(0).to(torch::kFloat32);

@@ -22,6 +22,7 @@ class SaeTrainable : public TrainableModel {
   void BeforeOptimizerStep() override { sae_->RemoveParallelDecoderGrad(); }
   void AfterOptimizerStep() override { sae_->NormalizeDecoder(); }
   int64_t num_latents() const override { return sae_->options().d_sae; }
+  void SetDeadLatents(const torch::Tensor& dead) override { dead_ = dead; }
   // SAELens layout through engine/sae.h's SaveSae: sae_weights.safetensors + cfg.json.
   absl::Status Save(const std::string& dir) override;
   // Recorded in cfg.json.
@@ -34,6 +35,7 @@ class SaeTrainable : public TrainableModel {
 
  private:
   SaeModel sae_;
+  torch::Tensor dead_;  // from SetDeadLatents
   std::string hook_name_;
   std::string model_name_;
 };
