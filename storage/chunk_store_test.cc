@@ -376,8 +376,11 @@ TEST_P(ChunkStoreTest, TopNAndStatisticsSurviveCompactionReopenAndResume) {
 // 16th operand of a block is folded into a whole value. Readers must see what the resident
 // writer gives: the same counts, extremes, histograms and lists; sums equal where both fold
 // per-commit deltas (commits of few values a latent) and within rounding elsewhere.
-TEST_P(ChunkStoreTest, WideWriterAnswersAsTheResidentWriterDoes) {
-  if (!GetParam().resident) GTEST_SKIP() << "compares against the resident writer itself";
+class WideWriterTest : public ::testing::TestWithParam<uint32_t> {};  // the format
+
+TEST_P(WideWriterTest, AnswersAsTheResidentWriterDoes) {
+  const std::string dir =
+      FreshTestDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
   constexpr int32_t kWidth = 96;  // a block and a half
   struct Written {
     std::unique_ptr<Db> db;
@@ -389,7 +392,7 @@ TEST_P(ChunkStoreTest, WideWriterAnswersAsTheResidentWriterDoes) {
     ChunkStoreOptions so;
     so.sparse_chunk_rows = 64;
     so.latent_slices = 4;
-    so.record_version = Format();
+    so.record_version = GetParam();
     so.resident_latent_state_max_width = resident_max;
     auto open = [&] {
       out.store.reset();
@@ -419,8 +422,8 @@ TEST_P(ChunkStoreTest, WideWriterAnswersAsTheResidentWriterDoes) {
     }
     return out;
   };
-  Written resident = write(1 << 17, dir_ + "/resident");
-  Written wide = write(kWidth - 1, dir_ + "/wide");
+  Written resident = write(1 << 17, dir + "/resident");
+  Written wide = write(kWidth - 1, dir + "/wide");
   for (bool compacted : {false, true}) {
     if (compacted) ASSERT_TRUE(wide.db->CompactAll().ok());
     EXPECT_EQ(wide.store->GetDataset(wide.id)->dead_latents(),
@@ -450,6 +453,11 @@ TEST_P(ChunkStoreTest, WideWriterAnswersAsTheResidentWriterDoes) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Formats, WideWriterTest, ::testing::Values(3u, 2u),
+                         [](const ::testing::TestParamInfo<uint32_t>& info) {
+                           return "format" + std::to_string(info.param);
+                         });
 
 // Interval samples: every entry of the latent counted in exactly one interval of its value range,
 // samples drawn from inside their interval, spread over its rows, with the same context windows
