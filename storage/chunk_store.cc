@@ -1350,14 +1350,16 @@ namespace {
 
 // Splits latents [0, width) into at most `parts` ranges whose bounds are multiples of `align`
 // (or width), with about equal entry counts. Returns the bounds (first 0, last width).
-std::vector<int32_t> SplitLatents(const std::vector<int64_t>& counts, int32_t width, int32_t align,
+// entries_before(l): the commit's entries of latents below l.
+template <typename EntriesBefore>
+std::vector<int32_t> SplitLatents(EntriesBefore entries_before, int32_t width, int32_t align,
                                   int parts) {
   std::vector<int32_t> bounds{0};
-  const int64_t total = counts[width];
+  const int64_t total = entries_before(width);
   for (int p = 1; p < parts; ++p) {
     const int64_t want = total * p / parts;
     int32_t l = bounds.back();
-    while (l < width && counts[l] < want) l += align;
+    while (l < width && entries_before(l) < want) l += align;
     l = std::min(l, width);
     if (l > bounds.back() && l < width) bounds.push_back(l);
   }
@@ -1435,48 +1437,89 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
   const int parts =
       nnz >= kParallelCommitEntries ? std::max(1, store_->options().commit_threads) : 1;
 
-  // Unit u holds rows [u * unit_rows, ...) of the commit; within it latent l's entries are
-  // [starts[u * (width + 1) + l], starts[u * (width + 1) + l + 1]) of offsets (row - unit's
-  // first row, ascending) and values. The buffers live as long as the writer.
+  // The commit's latent space. Dense: every latent of the width, position c is latent c.
+  // Compact (writers without resident state, i.e. wide SAEs): only the latents with an entry,
+  // ascending, so a range of latents is a range of positions and the buffers below grow with the
+  // commit, not the width (dense, at 16M latents they were 0.5 GB a commit, walked per chunk).
+  LatentMajor& lm = latent_major_;
+  const bool compact = !resident_;
+  int32_t space = width;
+  const int32_t* columns = pending_.indices.data();  // each entry's position
+  if (compact) {
+    const size_t words = static_cast<size_t>(width) / 64 + 1;
+    lm.touched_bits.assign(words, 0);
+    for (int64_t i = 0; i < nnz; ++i) {
+      lm.touched_bits[columns[i] >> 6] |= uint64_t{1} << (columns[i] & 63);
+    }
+    lm.word_rank.resize(words);
+    lm.touched.clear();
+    int32_t rank = 0;
+    for (size_t w = 0; w < words; ++w) {
+      lm.word_rank[w] = rank;
+      for (uint64_t bits = lm.touched_bits[w]; bits != 0; bits &= bits - 1) {
+        lm.touched.push_back(static_cast<int32_t>(w * 64 + __builtin_ctzll(bits)));
+      }
+      rank += __builtin_popcountll(lm.touched_bits[w]);
+    }
+    space = rank;
+    lm.columns.resize(nnz);
+    for (int64_t i = 0; i < nnz; ++i) {
+      const int32_t l = columns[i];
+      const uint64_t below = lm.touched_bits[l >> 6] & ((uint64_t{1} << (l & 63)) - 1);
+      lm.columns[i] = lm.word_rank[l >> 6] + __builtin_popcountll(below);
+    }
+    columns = lm.columns.data();
+  }
+  // The latent at position c, and the first position whose latent is >= l (l <= width).
+  auto latent_at = [&](int32_t c) { return compact ? lm.touched[c] : c; };
+  auto position_of = [&](int32_t l) -> int32_t {
+    if (!compact) return l;
+    if (l >= width) return space;
+    const uint64_t below = lm.touched_bits[l >> 6] & ((uint64_t{1} << (l & 63)) - 1);
+    return lm.word_rank[l >> 6] + __builtin_popcountll(below);
+  };
+
+  // Unit u holds rows [u * unit_rows, ...) of the commit; within it the entries of the latent at
+  // position c are [starts[u * (space + 1) + c], starts[u * (space + 1) + c + 1]) of offsets
+  // (row - unit's first row, ascending) and values. The buffers live as long as the writer.
   const int64_t unit_rows = sliced ? store_->options().sparse_chunk_rows : n;  // checked >= 1
   const int64_t units = (n + unit_rows - 1) / unit_rows;
-  LatentMajor& lm = latent_major_;
-  lm.starts.resize(units * (width + 1));
+  lm.starts.resize(units * (space + 1));
   lm.offsets.resize(nnz);
   lm.values.resize(nnz);
-  auto unit_starts = [&](int64_t u) { return &lm.starts[u * (width + 1)]; };
+  auto unit_starts = [&](int64_t u) { return &lm.starts[u * (space + 1)]; };
   const int sort_parts = static_cast<int>(std::min<int64_t>(parts, units));
   RunParts(sort_parts, [&](int p) {
     std::vector<int64_t> cursor;
-    const int32_t* indices = pending_.indices.data();
     const int64_t* indptr = pending_.indptr.data();
     for (int64_t u = p; u < units; u += sort_parts) {
       const int64_t r0 = u * unit_rows, r1 = std::min(n, r0 + unit_rows);
       int64_t* starts = unit_starts(u);
-      std::fill(starts, starts + width + 1, 0);
-      for (int64_t i = indptr[r0]; i < indptr[r1]; ++i) ++starts[indices[i] + 1];
+      std::fill(starts, starts + space + 1, 0);
+      for (int64_t i = indptr[r0]; i < indptr[r1]; ++i) ++starts[columns[i] + 1];
       starts[0] = indptr[r0];
-      for (int32_t l = 0; l < width; ++l) starts[l + 1] += starts[l];
-      cursor.assign(starts, starts + width);
+      for (int32_t c = 0; c < space; ++c) starts[c + 1] += starts[c];
+      cursor.assign(starts, starts + space);
       int64_t* pos = cursor.data();
       for (int64_t r = r0; r < r1; ++r) {
         const uint32_t offset = static_cast<uint32_t>(r - r0);
         for (int64_t i = indptr[r]; i < indptr[r + 1]; ++i) {
-          const int64_t slot = pos[indices[i]]++;
+          const int64_t slot = pos[columns[i]]++;
           lm.offsets[slot] = offset;
           lm.values[slot] = pending_.values[i];
         }
       }
     }
   });
-  // Entries per latent over the whole commit, cumulative: what the ranges are balanced on.
+  // Entries per position over the whole commit, cumulative: what the ranges are balanced on.
   std::vector<int64_t>& counts = lm.counts;
-  counts.assign(width + 1, 0);
+  counts.assign(space + 1, 0);
   for (int64_t u = 0; u < units; ++u) {
     const int64_t* starts = unit_starts(u);
-    for (int32_t l = 0; l < width; ++l) counts[l + 1] += starts[l + 1] - starts[l];
+    for (int32_t c = 0; c < space; ++c) counts[c + 1] += starts[c + 1] - starts[c];
   }
-  for (int32_t l = 0; l < width; ++l) counts[l + 1] += counts[l];
+  for (int32_t c = 0; c < space; ++c) counts[c + 1] += counts[c];
+  auto entries_before = [&](int32_t l) { return counts[position_of(l)]; };
 
   // Statistics, top-N and (formats 1-2) postings of latents [lo, hi), lo a block start.
   struct StatsOut {
@@ -1493,9 +1536,12 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
     std::vector<float> raw;  // a latent's values when few: the operand carries them as they are
     // Wide datasets: the block's top-N candidates of this commit (each a list of its own).
     std::vector<TopRows> candidates(resident_ ? 0 : kLatentsPerBlock);
-    for (int32_t first = lo; first < hi; first += kLatentsPerBlock) {
+    for (int32_t c = position_of(lo), c_end = position_of(hi); c < c_end;) {
+      const int32_t first = latent_at(c) / kLatentsPerBlock * kLatentsPerBlock;
       const int32_t size = std::min(kLatentsPerBlock, hi - first);
-      if (counts[first] == counts[first + size]) continue;  // no value in this block
+      const int32_t block_begin = c, block_end = position_of(first + size);  // positions
+      c = block_end;
+      if (counts[block_begin] == counts[block_end]) continue;  // no value in this block
       const size_t b = first / kLatentsPerBlock;
       // An operand only pays where the commit gave the block's latents few values (wide SAEs):
       // with many, its records are as large as the block's, and reads would fold them. Which
@@ -1504,15 +1550,16 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
       // rows, so a resumed writer computes the same bits as an uninterrupted one. A writer
       // without resident state always writes the delta (and the fold of operands is the sum).
       const bool as_delta =
-          !resident_ || counts[first + size] - counts[first] <= kFewStatsValues * size;
+          !resident_ || counts[block_end] - counts[block_begin] <= kFewStatsValues * size;
       const bool stats_whole =
           resident_ && (!as_delta || ++stats_deltas_[b] >= kDeltasPerBlockWrite);
       if (stats_whole) stats_deltas_[b] = 0;
       StatsDeltaBuilder stats_delta(size);
       bool top_changed = false;
       for (TopRows& c : candidates) c.Clear();
-      for (int32_t l = first; l < first + size; ++l) {
-        if (counts[l] == counts[l + 1]) continue;
+      for (int32_t c = block_begin; c < block_end; ++c) {
+        if (counts[c] == counts[c + 1]) continue;
+        const int32_t l = latent_at(c);
         LatentStats* st = resident_ ? &stats_[l] : nullptr;
         if (resident_ ? st->firing_count == 0 : (fired_[b] >> (l - first) & 1) == 0) {
           ++out->new_live;
@@ -1520,12 +1567,12 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
         }
         if (as_delta) delta = LatentStats();
         raw.clear();
-        const bool few = counts[l + 1] - counts[l] <= kRawStatsValues;
+        const bool few = counts[c + 1] - counts[c] <= kRawStatsValues;
         TopRows& top = resident_ ? top_[l] : candidates[l - first];
         const float floor = resident_ ? -std::numeric_limits<float>::infinity() : top_floor_[l];
         for (int64_t u = 0; u < units; ++u) {
           const int64_t* starts = unit_starts(u);
-          const int64_t begin = starts[l], end = starts[l + 1];
+          const int64_t begin = starts[c], end = starts[c + 1];
           if (begin == end) continue;
           if (as_delta) {
             delta.AddBatch(&lm.values[begin], end - begin);
@@ -1542,7 +1589,7 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
           if (!stats_whole) stats_delta.Add(l - first, delta, raw.data());
         }
         if (postings) {  // one unit: the whole commit
-          const int64_t begin = counts[l], end = counts[l + 1];
+          const int64_t begin = counts[c], end = counts[c + 1];
           posting_rows.resize(end - begin);
           for (int64_t i = begin; i < end; ++i) {
             posting_rows[i - begin] = first_row + lm.offsets[i];
@@ -1593,15 +1640,16 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
     for (int32_t sl = s_lo; sl < s_hi; ++sl) {
       const int32_t l0 = layout.FirstLatent(sl);
       const int32_t l1 = std::min(l0 + layout.slice_width, width);
+      const int32_t c0 = position_of(l0), c1 = position_of(l1);
       for (int64_t u = 0; u < units; ++u) {
         const int64_t* starts = unit_starts(u);
-        const int64_t begin = starts[l0], end = starts[l1];
+        const int64_t begin = starts[c0], end = starts[c1];
         if (begin == end) continue;
         const int row_bits = RowBits(std::min(unit_rows, n - u * unit_rows));
         slice_keys.resize(end - begin);
-        for (int32_t l = l0; l < l1; ++l) {
-          const int64_t high = static_cast<int64_t>(l - l0) << row_bits;
-          for (int64_t i = starts[l]; i < starts[l + 1]; ++i) {
+        for (int32_t c = c0; c < c1; ++c) {
+          const int64_t high = static_cast<int64_t>(latent_at(c) - l0) << row_bits;
+          for (int64_t i = starts[c]; i < starts[c + 1]; ++i) {
             slice_keys[i - begin] = high | lm.offsets[i];
           }
         }
@@ -1614,10 +1662,11 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
     }
   };
 
-  const std::vector<int32_t> stat_bounds = SplitLatents(counts, width, kLatentsPerBlock, parts);
+  const std::vector<int32_t> stat_bounds =
+      SplitLatents(entries_before, width, kLatentsPerBlock, parts);
   std::vector<int32_t> slice_bounds;
   if (sliced) {
-    for (int32_t l : SplitLatents(counts, width, layout.slice_width, parts)) {
+    for (int32_t l : SplitLatents(entries_before, width, layout.slice_width, parts)) {
       slice_bounds.push_back((l + layout.slice_width - 1) / layout.slice_width);
     }
   }

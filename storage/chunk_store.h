@@ -315,6 +315,11 @@ class DatasetWriter {
     std::vector<int64_t> starts, counts;
     std::vector<uint32_t> offsets;
     std::vector<float> values;
+    // The compact latent space of writers without resident state: a bit per latent that has an
+    // entry in the commit, the touched latents before each 64-bit word, the touched latents in
+    // order, and each entry's position among them.
+    std::vector<uint64_t> touched_bits;
+    std::vector<int32_t> word_rank, touched, columns;
   } latent_major_;
   std::unique_ptr<CommitBatch> in_flight_;  // the batch handed over, durable or not yet
   std::thread writer_thread_;               // started by the first CommitAsync
