@@ -211,6 +211,16 @@ absl::Status DecodePostingV1(absl::string_view in, int64_t row_start, ChunkDtype
 // however long ago the last compaction was, for a write of 1/this of the blocks a commit.
 constexpr int kDeltasPerBlockWrite = 16;
 
+// A writer without resident state cuts a latent's top-N candidates at a floor: the last value of
+// its stored list once that holds top_n entries (nothing at or below it can enter). False while
+// the list has room.
+bool FullListFloor(const TopRows& list, int top_n, float* floor) {
+  const std::vector<TopEntry>& entries = list.entries();
+  if (entries.empty() || static_cast<int>(entries.size()) < top_n) return false;
+  *floor = entries.back().value;
+  return true;
+}
+
 // A commit writes a statistics block whole when it added more than this many values per latent
 // of the block on average, else an operand (see AddLatentWork). Measured (docs/STORAGE.md): at
 // 4096 latents, 128 values a latent a commit, operands cost 8% more commit CPU and 33% on
@@ -1146,12 +1156,8 @@ absl::Status DatasetWriter::LoadLatentState() {
       TopRows* out = resident_ ? &top_[latent] : block_top.data();
       RETURN_IF_ERROR(DecodeTopBlock(v, out, n));
       if (resident_) continue;
-      for (int32_t i = 0; i < n; ++i) {
-        const std::vector<TopEntry>& e = out[i].entries();
-        if (!e.empty() && static_cast<int>(e.size()) >= record_.meta.top_n) {
-          top_floor_[latent + i] = e.back().value;
-        }
-      }
+      for (int32_t i = 0; i < n; ++i)
+        FullListFloor(out[i], record_.meta.top_n, &top_floor_[latent + i]);
     }
   }
   return FromRocks(it->status(), "loading latent statistics");
@@ -1332,10 +1338,8 @@ struct DatasetWriter::CommitBatch {
         if (f.top) {
           RETURN_IF_ERROR(DecodeTopBlock(*value, lists.data(), f.size));
           for (int32_t i = 0; i < f.size; ++i) {
-            const std::vector<TopEntry>& e = lists[i].entries();
-            if (!e.empty() && static_cast<int>(e.size()) >= top_n) {
-              floors.emplace_back(f.first + i, e.back().value);
-            }
+            float floor;
+            if (FullListFloor(lists[i], top_n, &floor)) floors.emplace_back(f.first + i, floor);
           }
         }
         whole.Put(db->handle(Family::kLatentIndex), f.key, *value);
@@ -1462,13 +1466,6 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
       rank += __builtin_popcountll(lm.touched_bits[w]);
     }
     space = rank;
-    lm.columns.resize(nnz);
-    for (int64_t i = 0; i < nnz; ++i) {
-      const int32_t l = columns[i];
-      const uint64_t below = lm.touched_bits[l >> 6] & ((uint64_t{1} << (l & 63)) - 1);
-      lm.columns[i] = lm.word_rank[l >> 6] + __builtin_popcountll(below);
-    }
-    columns = lm.columns.data();
   }
   // The latent at position c, and the first position whose latent is >= l (l <= width).
   auto latent_at = [&](int32_t c) { return compact ? lm.touched[c] : c; };
@@ -1478,6 +1475,11 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
     const uint64_t below = lm.touched_bits[l >> 6] & ((uint64_t{1} << (l & 63)) - 1);
     return lm.word_rank[l >> 6] + __builtin_popcountll(below);
   };
+  if (compact) {
+    lm.columns.resize(nnz);
+    for (int64_t i = 0; i < nnz; ++i) lm.columns[i] = position_of(columns[i]);
+    columns = lm.columns.data();
+  }
 
   // Unit u holds rows [u * unit_rows, ...) of the commit; within it the entries of the latent at
   // position c are [starts[u * (space + 1) + c], starts[u * (space + 1) + c + 1]) of offsets

@@ -454,6 +454,49 @@ TEST_P(WideWriterTest, AnswersAsTheResidentWriterDoes) {
   }
 }
 
+// The floor at work: once a folded block shows a latent's list full, the writer stops sending
+// candidates at or below its last value (they could never enter). Latent 0 fires once a commit
+// with falling values, so after the list of 2 fills nothing new belongs in it: from the fold
+// on, the block gets no more operands (without floors it would get one every commit).
+TEST_P(WideWriterTest, FloorsStopCandidatesThatCannotEnterTheList) {
+  const std::string dir =
+      FreshTestDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  auto db = Db::Open(dir);
+  ASSERT_TRUE(db.ok()) << db.status();
+  ChunkStoreOptions so;
+  so.record_version = GetParam();
+  so.resident_latent_state_max_width = 0;
+  ChunkStore store(db->get(), so);
+  DatasetMeta meta = SparseMeta("floors", 64);
+  meta.top_n = 2;
+  const uint64_t id = *store.CreateDataset(meta);
+  auto w = store.OpenWriter(id);
+  ASSERT_TRUE(w.ok()) << w.status();
+  for (int r = 0; r < 40; ++r) {
+    const int64_t indptr[] = {0, 1};
+    const int32_t index = 0, token = 7;
+    const float value = 1000.0f - r;
+    ASSERT_TRUE((*w)->AppendSparse(1, indptr, &index, &value, &token).ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+  }
+  rocksdb::GetMergeOperandsOptions options;
+  options.expected_max_number_of_operands = 64;
+  std::vector<rocksdb::PinnableSlice> operands(64);
+  int count = 0;
+  ASSERT_TRUE((*db)
+                  ->raw()
+                  ->GetMergeOperands(rocksdb::ReadOptions(), (*db)->handle(Family::kLatentIndex),
+                                     keys::LatentTop(id, 0), operands.data(), &options, &count)
+                  .ok());
+  // The whole block the 16th commit's fold wrote, and that commit's own operand.
+  EXPECT_LE(count, 3);
+  auto top = store.TopActivations(id, 0, 0, 0, 0);
+  ASSERT_TRUE(top.ok()) << top.status();
+  ASSERT_EQ(top->size(), 2u);
+  EXPECT_EQ((*top)[0].row, 0);
+  EXPECT_EQ((*top)[1].row, 1);
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, WideWriterTest, ::testing::Values(3u, 2u),
                          [](const ::testing::TestParamInfo<uint32_t>& info) {
                            return "format" + std::to_string(info.param);
