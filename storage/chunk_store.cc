@@ -1156,8 +1156,9 @@ absl::Status DatasetWriter::LoadLatentState() {
       TopRows* out = resident_ ? &top_[latent] : block_top.data();
       RETURN_IF_ERROR(DecodeTopBlock(v, out, n));
       if (resident_) continue;
-      for (int32_t i = 0; i < n; ++i)
+      for (int32_t i = 0; i < n; ++i) {
         FullListFloor(out[i], record_.meta.top_n, &top_floor_[latent + i]);
+      }
     }
   }
   return FromRocks(it->status(), "loading latent statistics");
