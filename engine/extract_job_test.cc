@@ -2,8 +2,10 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include "engine/sae.h"
@@ -192,6 +194,70 @@ TEST_F(ExtractJobTest, RunsIntoTheChunkStoreAndMatchesTheInMemoryRun) {
   auto spec = Spec();
   spec.set_dataset_name("extract-7");
   EXPECT_EQ(RunExtract(spec, env_, &other).status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+// An SAE wider than 2^17 latents: the store's writer keeps no per-latent state (operands,
+// floors, folds) and sorts each commit in its compact latent space. The job must store what the
+// in-memory run holds, and the per-latent index must answer as a brute force over those rows.
+TEST_F(ExtractJobTest, WideSaeIsStoredAndIndexedAsTheInMemoryRun) {
+  constexpr int32_t kWide = (1 << 17) + 64;
+  SaeConfig cfg;
+  cfg.d_in = 16;
+  cfg.d_sae = kWide;
+  cfg.k = 5;
+  cfg.architecture = SaeArchitecture::kTopK;
+  at::manual_seed(3);
+  at::Tensor dec = at::randn({kWide, 16});
+  dec = dec / dec.norm(2, 1, true);
+  ASSERT_TRUE(SaveSae(Tmp("root/wide_sae"),
+                      {dec.t().contiguous(), at::zeros({kWide}), dec, at::zeros({16}), {}}, cfg)
+                  .ok());
+  latentd::v1::ExtractSpec spec = Spec();
+  spec.mutable_sae()->set_path(root_ + "/wide_sae");
+  spec.set_commit_rows(16);  // 20 commits: operands, folds and floors all happen
+
+  auto db = OpenDb("db_wide");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  FakeContext ctx(11, 1);
+  auto result = RunExtract(spec, env_, &ctx);
+  ASSERT_TRUE(result.ok()) << result.status();
+  InMemoryDataset mem;
+  mem.width = kWide;
+  SinkOpener opener = [&](const ExtractDatasetMeta&) -> absl::StatusOr<OpenedSink> {
+    return OpenedSink{1, std::make_unique<InMemoryRowSink>(&mem)};
+  };
+  FakeContext ctx2(12, 1);
+  ASSERT_TRUE(RunExtractToSink(spec, env_, &ctx2, opener).ok());
+  auto rows = store.ReadRows(result->dataset_id(), 0, 0);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->indptr, mem.indptr);
+  ASSERT_EQ(rows->indices, mem.indices);
+
+  // Brute force over the stored rows: every latent's firings and its best row.
+  std::map<int32_t, std::vector<std::pair<float, int64_t>>> by_latent;
+  for (int64_t r = 0; r + 1 < static_cast<int64_t>(rows->indptr.size()); ++r) {
+    for (int64_t i = rows->indptr[r]; i < rows->indptr[r + 1]; ++i) {
+      by_latent[rows->indices[i]].emplace_back(rows->values[i], r);
+    }
+  }
+  ASSERT_GT(by_latent.size(), 100u);
+  for (auto& [latent, firings] : by_latent) {
+    auto stats = store.GetLatentStats(result->dataset_id(), latent);
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    ASSERT_EQ(stats->firing_count, static_cast<int64_t>(firings.size())) << "latent " << latent;
+    std::sort(firings.begin(), firings.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
+    EXPECT_EQ(stats->max, firings.front().first);
+    auto top = store.TopActivations(result->dataset_id(), latent, 1, 0, 0);
+    ASSERT_TRUE(top.ok()) << top.status();
+    ASSERT_EQ(top->size(), 1u);
+    EXPECT_EQ((*top)[0].row, firings.front().second) << "latent " << latent;
+  }
+  auto info = store.GetDataset(result->dataset_id());
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->dead_latents(), kWide - static_cast<int64_t>(by_latent.size()));
 }
 
 TEST_F(ExtractJobTest, CancelledJobsResumeToTheUninterruptedDataset) {
