@@ -139,7 +139,8 @@ struct ChunkStoreOptions {
   // 1M latents with full lists). A wider one holds 4 bytes and a bit a latent: its commits
   // write only merge operands, a latent's top-N candidates are cut at a floor learned from the
   // stored lists, and every 16th operand of a block the writer thread folds the block from the
-  // store and writes it back whole (docs/STORAGE.md "Wide SAEs"). Readers see the same counts,
+  // store and writes it back whole; a commit's latent-major sort covers only the latents it
+  // touches, not the width (docs/STORAGE.md "Wide SAEs"). Readers see the same counts,
   // extremes, histograms and lists either way; statistics sums may differ in their last bits,
   // so keep the value for the life of a dataset (the daemon never changes it).
   int32_t resident_latent_state_max_width = 1 << 17;
