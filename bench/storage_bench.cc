@@ -195,6 +195,7 @@ struct Config {
 struct Result {
   Config config;
   uint64_t disk = 0;
+  uint64_t family_disk[latentd::storage::kNumFamilies] = {};  // the same, by column family
   int64_t info_bytes = 0;
   double store_wall = 0, store_cpu = 0;
   int64_t write_peak_growth = 0;  // bytes (the larger of the two writes)
@@ -308,6 +309,9 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
   res.latent_fresh = Summarize(fresh_us);
   Check(db->CompactAll());
   res.disk = *db->BytesOnDisk();
+  for (int f = 0; f < latentd::storage::kNumFamilies; ++f) {
+    res.family_disk[f] = db->BytesOnDisk(static_cast<Family>(f));
+  }
   res.info_bytes = store.GetDataset(id)->bytes_on_disk();
 
   // raw-same: the store's final key/values, spread evenly over the same number of batches.
@@ -456,6 +460,13 @@ int main(int argc, char** argv) {
         r.raw_rows.wall, r.raw_rows.cpu, (r.store_wall / r.raw_rows.wall - 1) * 100,
         (r.store_cpu / r.raw_rows.cpu - 1) * 100, r.read.p50, r.read.p99, r.row.p50, r.row.p99,
         r.latent.p50, r.latent.p99, r.latent_fresh.p50, r.latent_fresh.p99);
+    std::printf("  on disk by family (B/token):");
+    for (int f = 0; f < latentd::storage::kNumFamilies; ++f) {
+      if (r.family_disk[f] == 0) continue;
+      std::printf(" %s %.1f", latentd::storage::FamilyName(static_cast<Family>(f)),
+                  static_cast<double>(r.family_disk[f]) / n);
+    }
+    std::printf("\n");
     if (r.export_npz_s > 0) {
       std::printf("  export, whole dataset: npz %.2f s (%.0f MB), HDF5 %.2f s (%.0f MB)\n",
                   r.export_npz_s, r.export_npz_b / 1e6, r.export_h5_s, r.export_h5_b / 1e6);

@@ -165,14 +165,16 @@ absl::Status Db::CompactAll() {
   return absl::OkStatus();
 }
 
+uint64_t Db::BytesOnDisk(Family family) const {
+  uint64_t sst = 0, blob = 0;
+  db_->GetIntProperty(handle(family), rocksdb::DB::Properties::kLiveSstFilesSize, &sst);
+  db_->GetIntProperty(handle(family), rocksdb::DB::Properties::kLiveBlobFileSize, &blob);
+  return sst + blob;
+}
+
 absl::StatusOr<uint64_t> Db::BytesOnDisk() const {
   uint64_t total = 0;
-  for (rocksdb::ColumnFamilyHandle* h : handles_) {
-    uint64_t sst = 0, blob = 0;
-    db_->GetIntProperty(h, rocksdb::DB::Properties::kLiveSstFilesSize, &sst);
-    db_->GetIntProperty(h, rocksdb::DB::Properties::kLiveBlobFileSize, &blob);
-    total += sst + blob;
-  }
+  for (int f = 0; f < kNumFamilies; ++f) total += BytesOnDisk(static_cast<Family>(f));
   return total;
 }
 

@@ -80,8 +80,9 @@ class Db {
 
   // Flushes memtables and compacts every family (benchmarks measure bytes on disk after this).
   absl::Status CompactAll();
-  // Bytes of SST and blob files on disk (live files only).
+  // Bytes of SST and blob files on disk (live files only), of every family or of one.
   absl::StatusOr<uint64_t> BytesOnDisk() const;
+  uint64_t BytesOnDisk(Family family) const;
 
  private:
   Db() = default;
