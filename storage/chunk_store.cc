@@ -1064,17 +1064,22 @@ absl::Status ChunkStore::SlicedLatentPostings(const rocksdb::Snapshot* snap,
 
 absl::StatusOr<std::unique_ptr<DatasetWriter>> ChunkStore::OpenWriter(uint64_t id) {
   RETURN_IF_ERROR(CheckWriteOptions(options_));
-  absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecord(id));
-  if (rec.complete) {
-    return absl::FailedPreconditionError(absl::StrCat("dataset ", id, " is complete"));
+  std::unique_ptr<DatasetWriter> writer;
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(DatasetRecord rec, GetRecord(id));
+    if (rec.complete) {
+      return absl::FailedPreconditionError(absl::StrCat("dataset ", id, " is complete"));
+    }
+    if (open_writers_.count(id)) {
+      return absl::FailedPreconditionError(absl::StrCat("dataset ", id, " already has a writer"));
+    }
+    writer.reset(new DatasetWriter(this, std::move(rec)));
+    open_writers_.insert(id);
   }
-  if (open_writers_.count(id)) {
-    return absl::FailedPreconditionError(absl::StrCat("dataset ", id, " already has a writer"));
-  }
-  std::unique_ptr<DatasetWriter> writer(new DatasetWriter(this, std::move(rec)));
-  open_writers_.insert(id);
-  RETURN_IF_ERROR(writer->LoadLatentState());  // on error the writer's destructor releases id
+  // Outside the lock: the scan can be long (every block of a wide SAE), and on error the
+  // writer's destructor releases the id, which takes the lock.
+  RETURN_IF_ERROR(writer->LoadLatentState());
   return writer;
 }
 
@@ -1147,21 +1152,26 @@ absl::Status DatasetWriter::LoadLatentState() {
     const int32_t n = std::min<int32_t>(kLatentsPerBlock, width - latent);
     if (it->key()[12] == 'S') {
       LatentStats* out = resident_ ? &stats_[latent] : block_stats.data();
-      RETURN_IF_ERROR(DecodeStatsBlock(v, out, n));
+      if (absl::Status s = DecodeStatsBlock(v, out, n); !s.ok()) {
+        return LatentIndexError(record_.id, latent, "statistics block", s);
+      }
       if (resident_) continue;
       for (int32_t i = 0; i < n; ++i) {
         if (out[i].firing_count > 0) fired_[latent / kLatentsPerBlock] |= uint64_t{1} << i;
       }
     } else {
       TopRows* out = resident_ ? &top_[latent] : block_top.data();
-      RETURN_IF_ERROR(DecodeTopBlock(v, out, n));
+      if (absl::Status s = DecodeTopBlock(v, out, n); !s.ok()) {
+        return LatentIndexError(record_.id, latent, "top-N block", s);
+      }
       if (resident_) continue;
       for (int32_t i = 0; i < n; ++i) {
         FullListFloor(out[i], record_.meta.top_n, &top_floor_[latent + i]);
       }
     }
   }
-  return FromRocks(it->status(), "loading latent statistics");
+  return FromRocks(it->status(),
+                   absl::StrCat("dataset ", record_.id, ": loading latent statistics and top-N"));
 }
 
 absl::Status DatasetWriter::Usable() const {
@@ -1323,6 +1333,7 @@ struct DatasetWriter::CommitBatch {
     bool top = false;   // a top-N block (else statistics)
   };
   std::vector<Fold> folds;
+  uint64_t dataset_id = 0;
   int top_n = 0;
   // Filled by Write(): (latent, last value) of every full list among the folded top-N blocks.
   std::vector<std::pair<int32_t, float>> floors;
@@ -1333,11 +1344,14 @@ struct DatasetWriter::CommitBatch {
       rocksdb::WriteBatch whole;
       std::vector<TopRows> lists(kLatentsPerBlock);
       for (const Fold& f : folds) {
+        const char* what = f.top ? "top-N block" : "statistics block";
         absl::StatusOr<std::string> value = db->Get(Family::kLatentIndex, f.key);
         if (absl::IsNotFound(value.status())) continue;  // nothing stored, nothing to fold
-        RETURN_IF_ERROR(value.status());
+        if (!value.ok()) return LatentIndexError(dataset_id, f.first, what, value.status());
         if (f.top) {
-          RETURN_IF_ERROR(DecodeTopBlock(*value, lists.data(), f.size));
+          if (absl::Status s = DecodeTopBlock(*value, lists.data(), f.size); !s.ok()) {
+            return LatentIndexError(dataset_id, f.first, what, s);
+          }
           for (int32_t i = 0; i < f.size; ++i) {
             float floor;
             if (FullListFloor(lists[i], top_n, &floor)) floors.emplace_back(f.first + i, floor);
@@ -1688,6 +1702,7 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
   });
 
   commit->top_n = top_n;
+  commit->dataset_id = id;
   for (const StatsOut& out : stats_out) {
     commit->next.live_latents += out.new_live;
     commit->folds.insert(commit->folds.end(), out.folds.begin(), out.folds.end());

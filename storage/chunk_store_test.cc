@@ -6,6 +6,7 @@
 #include <random>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "common/test_dir.h"
 #include "gtest/gtest.h"
 #include "storage/keys.h"
@@ -497,10 +498,62 @@ TEST_P(WideWriterTest, FloorsStopCandidatesThatCannotEnterTheList) {
   EXPECT_EQ((*top)[1].row, 1);
 }
 
+// The writer thread folds a block from the store; a block damaged under an open writer fails
+// the commit that folds it, like a failed write: DATA_LOSS naming the dataset and the block,
+// and the store keeps every earlier commit.
+TEST_P(WideWriterTest, FoldOfADamagedBlockFailsItsCommitNamingIt) {
+  const std::string dir =
+      FreshTestDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  auto db = Db::Open(dir);
+  ASSERT_TRUE(db.ok()) << db.status();
+  ChunkStoreOptions so;
+  so.record_version = GetParam();
+  so.resident_latent_state_max_width = 0;
+  ChunkStore store(db->get(), so);
+  const uint64_t id = *store.CreateDataset(SparseMeta("damaged", 64));
+  auto w = store.OpenWriter(id);
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto commit_one = [&](int r) {
+    const int64_t indptr[] = {0, 1};
+    const int32_t index = 0, token = 7;
+    const float value = 1.0f + r;
+    EXPECT_TRUE((*w)->AppendSparse(1, indptr, &index, &value, &token).ok());
+    return (*w)->Commit();
+  };
+  for (int r = 0; r < 5; ++r) ASSERT_TRUE(commit_one(r).ok());
+  ASSERT_TRUE((*db)->Put(Family::kLatentIndex, keys::LatentTop(id, 0), "\x05garbage", true).ok());
+  absl::Status failed;
+  int r = 5;
+  for (; r < 40 && failed.ok(); ++r) failed = commit_one(r);  // the fold comes by the 16th
+  ASSERT_EQ(failed.code(), absl::StatusCode::kDataLoss) << failed;
+  EXPECT_NE(failed.message().find(absl::StrCat("dataset ", id, " latent 0 top-N block")),
+            std::string::npos)
+      << failed;
+  EXPECT_EQ(store.GetRecord(id)->rows_committed, r - 1);
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, WideWriterTest, ::testing::Values(3u, 2u),
                          [](const ::testing::TestParamInfo<uint32_t>& info) {
                            return "format" + std::to_string(info.param);
                          });
+
+// A damaged statistics or top-N block stops a writer from opening (it would build on garbage)
+// with DATA_LOSS naming the dataset and the block's first latent; repaired, the writer opens.
+TEST_P(ChunkStoreTest, CorruptLatentIndexBlockKeepsTheWriterClosedNamingIt) {
+  const uint64_t id = WriteSparse("corrupt", 64, 200, 50);
+  for (const std::string& key : {keys::LatentStats(id, 0), keys::LatentTop(id, 0)}) {
+    auto good = db_->Get(Family::kLatentIndex, key);
+    ASSERT_TRUE(good.ok()) << good.status();
+    ASSERT_TRUE(db_->Put(Family::kLatentIndex, key, "\x05garbage", /*sync=*/true).ok());
+    auto w = store_->OpenWriter(id);
+    ASSERT_EQ(w.status().code(), absl::StatusCode::kDataLoss) << w.status();
+    EXPECT_NE(w.status().message().find(absl::StrCat("dataset ", id, " latent 0 ")),
+              std::string::npos)
+        << w.status();
+    ASSERT_TRUE(db_->Put(Family::kLatentIndex, key, *good, /*sync=*/true).ok());
+    EXPECT_TRUE(store_->OpenWriter(id).ok());
+  }
+}
 
 // Interval samples: every entry of the latent counted in exactly one interval of its value range,
 // samples drawn from inside their interval, spread over its rows, with the same context windows

@@ -598,6 +598,12 @@ TEST_P(StoreCorruptionFuzz, EveryQueryOnEveryCorruptValueFailsCleanlyOrKeepsItsC
       }
     }
     note(store.RowLatents(sparse, static_cast<int64_t>(qrng() % kRows)).status());
+    {
+      // A writer resuming the dataset loads every statistics and top-N block (the store was
+      // left without MarkComplete): damage there keeps it closed, named, never hung or crashed.
+      auto w = store.OpenWriter(sparse);
+      note(w.status());
+    }
     for (int32_t latent : {focus_latent, static_cast<int32_t>(qrng() % kWidth), kWidth - 1}) {
       auto st = store.GetLatentStats(sparse, latent);
       note(st.status());
