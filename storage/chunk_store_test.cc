@@ -377,11 +377,33 @@ TEST_P(ChunkStoreTest, TopNAndStatisticsSurviveCompactionReopenAndResume) {
 // 16th operand of a block is folded into a whole value. Readers must see what the resident
 // writer gives: the same counts, extremes, histograms and lists; sums equal where both fold
 // per-commit deltas (commits of few values a latent) and within rounding elsewhere.
-class WideWriterTest : public ::testing::TestWithParam<uint32_t> {};  // the format
+// A store whose writers keep no per-latent state, whatever the width; the parameter is the format.
+class WideWriterTest : public ::testing::TestWithParam<uint32_t> {
+ protected:
+  void SetUp() override {
+    dir_ = FreshTestDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    auto db = Db::Open(dir_ + "/wide_store");
+    ASSERT_TRUE(db.ok()) << db.status();
+    db_ = *std::move(db);
+    ChunkStoreOptions so;
+    so.record_version = GetParam();
+    so.resident_latent_state_max_width = 0;
+    store_ = std::make_unique<ChunkStore>(db_.get(), so);
+  }
+  // Appends one row in which latent 0 fires with `value`, and commits it.
+  static absl::Status CommitLatent0(DatasetWriter* w, float value) {
+    const int64_t indptr[] = {0, 1};
+    const int32_t index = 0, token = 7;
+    absl::Status s = w->AppendSparse(1, indptr, &index, &value, &token);
+    return s.ok() ? w->Commit() : s;
+  }
+  std::string dir_;
+  std::unique_ptr<Db> db_;
+  std::unique_ptr<ChunkStore> store_;  // declared after db_: destroyed first
+};
 
 TEST_P(WideWriterTest, AnswersAsTheResidentWriterDoes) {
-  const std::string dir =
-      FreshTestDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  const std::string& dir = dir_;
   constexpr int32_t kWidth = 96;  // a block and a half
   struct Written {
     std::unique_ptr<Db> db;
@@ -460,38 +482,23 @@ TEST_P(WideWriterTest, AnswersAsTheResidentWriterDoes) {
 // with falling values, so after the list of 2 fills nothing new belongs in it: from the fold
 // on, the block gets no more operands (without floors it would get one every commit).
 TEST_P(WideWriterTest, FloorsStopCandidatesThatCannotEnterTheList) {
-  const std::string dir =
-      FreshTestDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
-  auto db = Db::Open(dir);
-  ASSERT_TRUE(db.ok()) << db.status();
-  ChunkStoreOptions so;
-  so.record_version = GetParam();
-  so.resident_latent_state_max_width = 0;
-  ChunkStore store(db->get(), so);
   DatasetMeta meta = SparseMeta("floors", 64);
   meta.top_n = 2;
-  const uint64_t id = *store.CreateDataset(meta);
-  auto w = store.OpenWriter(id);
+  const uint64_t id = *store_->CreateDataset(meta);
+  auto w = store_->OpenWriter(id);
   ASSERT_TRUE(w.ok()) << w.status();
-  for (int r = 0; r < 40; ++r) {
-    const int64_t indptr[] = {0, 1};
-    const int32_t index = 0, token = 7;
-    const float value = 1000.0f - r;
-    ASSERT_TRUE((*w)->AppendSparse(1, indptr, &index, &value, &token).ok());
-    ASSERT_TRUE((*w)->Commit().ok());
-  }
+  for (int r = 0; r < 40; ++r) ASSERT_TRUE(CommitLatent0(w->get(), 1000.0f - r).ok());
   rocksdb::GetMergeOperandsOptions options;
   options.expected_max_number_of_operands = 64;
   std::vector<rocksdb::PinnableSlice> operands(64);
   int count = 0;
-  ASSERT_TRUE((*db)
-                  ->raw()
-                  ->GetMergeOperands(rocksdb::ReadOptions(), (*db)->handle(Family::kLatentIndex),
+  ASSERT_TRUE(db_->raw()
+                  ->GetMergeOperands(rocksdb::ReadOptions(), db_->handle(Family::kLatentIndex),
                                      keys::LatentTop(id, 0), operands.data(), &options, &count)
                   .ok());
   // The whole block the 16th commit's fold wrote, and that commit's own operand.
   EXPECT_LE(count, 3);
-  auto top = store.TopActivations(id, 0, 0, 0, 0);
+  auto top = store_->TopActivations(id, 0, 0, 0, 0);
   ASSERT_TRUE(top.ok()) << top.status();
   ASSERT_EQ(top->size(), 2u);
   EXPECT_EQ((*top)[0].row, 0);
@@ -502,34 +509,19 @@ TEST_P(WideWriterTest, FloorsStopCandidatesThatCannotEnterTheList) {
 // the commit that folds it, like a failed write: DATA_LOSS naming the dataset and the block,
 // and the store keeps every earlier commit.
 TEST_P(WideWriterTest, FoldOfADamagedBlockFailsItsCommitNamingIt) {
-  const std::string dir =
-      FreshTestDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
-  auto db = Db::Open(dir);
-  ASSERT_TRUE(db.ok()) << db.status();
-  ChunkStoreOptions so;
-  so.record_version = GetParam();
-  so.resident_latent_state_max_width = 0;
-  ChunkStore store(db->get(), so);
-  const uint64_t id = *store.CreateDataset(SparseMeta("damaged", 64));
-  auto w = store.OpenWriter(id);
+  const uint64_t id = *store_->CreateDataset(SparseMeta("damaged", 64));
+  auto w = store_->OpenWriter(id);
   ASSERT_TRUE(w.ok()) << w.status();
-  auto commit_one = [&](int r) {
-    const int64_t indptr[] = {0, 1};
-    const int32_t index = 0, token = 7;
-    const float value = 1.0f + r;
-    EXPECT_TRUE((*w)->AppendSparse(1, indptr, &index, &value, &token).ok());
-    return (*w)->Commit();
-  };
-  for (int r = 0; r < 5; ++r) ASSERT_TRUE(commit_one(r).ok());
-  ASSERT_TRUE((*db)->Put(Family::kLatentIndex, keys::LatentTop(id, 0), "\x05garbage", true).ok());
+  for (int r = 0; r < 5; ++r) ASSERT_TRUE(CommitLatent0(w->get(), 1.0f + r).ok());
+  ASSERT_TRUE(db_->Put(Family::kLatentIndex, keys::LatentTop(id, 0), "\x05garbage", true).ok());
   absl::Status failed;
   int r = 5;
-  for (; r < 40 && failed.ok(); ++r) failed = commit_one(r);  // the fold comes by the 16th
+  for (; r < 40 && failed.ok(); ++r) failed = CommitLatent0(w->get(), 1.0f + r);  // fold by 16th
   ASSERT_EQ(failed.code(), absl::StatusCode::kDataLoss) << failed;
   EXPECT_NE(failed.message().find(absl::StrCat("dataset ", id, " latent 0 top-N block")),
             std::string::npos)
       << failed;
-  EXPECT_EQ(store.GetRecord(id)->rows_committed, r - 1);
+  EXPECT_EQ(store_->GetRecord(id)->rows_committed, r - 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, WideWriterTest, ::testing::Values(3u, 2u),
