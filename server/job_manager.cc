@@ -518,8 +518,8 @@ void JobManager::JoinFinishedLocked() {
       finished_threads_.push_back(std::move(entry->thread));
     }
   }
-  // A finished runner thread only has its return left to do; joining it outside the lock would be
-  // nicer but it holds no lock we need, so joining here never waits long.
+  // A finished runner thread only has its return left to do; it is joined outside the lock all
+  // the same, so that nothing it still runs on the way out can wait for us.
   std::vector<std::thread> threads = std::move(finished_threads_);
   finished_threads_.clear();
   mu_.Unlock();
