@@ -188,8 +188,8 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
     for (auto& p : params) {
       if (p.grad().defined()) p.mutable_grad().zero_();
     }
-    if (steps_since_fired
-            .defined()) {  // the same on every rank: counters follow all-reduced firing
+    // The same mask on every rank: the counters follow the all-reduced firing.
+    if (steps_since_fired.defined() && model->uses_dead_latents()) {
       model->SetDeadLatents((steps_since_fired >= options.dead_window_steps).to(options.device));
     }
     TrainableModel::Output out;

@@ -50,10 +50,13 @@ class TrainableModel {
   virtual void BeforeOptimizerStep() {}
   virtual void AfterOptimizerStep() {}
   virtual int64_t num_latents() const { return 0; }
-  // Before each Forward of a model with latents: bool [num_latents()] on the training device,
-  // true for latents that have not fired for a full dead_window_steps (TopK SAEs train their
-  // AuxK loss on them).
+  // Before each Forward of a model that uses_dead_latents(): bool [num_latents()] on the
+  // training device, true for latents that have not fired for a full dead_window_steps (TopK
+  // SAEs train their AuxK loss on them).
   virtual void SetDeadLatents(const torch::Tensor& dead) {}
+  // Whether the model takes that mask (it costs a compare and a copy to the device every step):
+  // TopK SAEs training with AuxK.
+  virtual bool uses_dead_latents() const { return false; }
   // Writes the trained model into directory `dir` (created when missing).
   virtual absl::Status Save(const std::string& dir) = 0;
 };

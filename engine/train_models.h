@@ -23,6 +23,10 @@ class SaeTrainable : public TrainableModel {
   void AfterOptimizerStep() override { sae_->NormalizeDecoder(); }
   int64_t num_latents() const override { return sae_->options().d_sae; }
   void SetDeadLatents(const torch::Tensor& dead) override { dead_ = dead; }
+  bool uses_dead_latents() const override {
+    return sae_->options().architecture == latentd::v1::TOPK &&
+           sae_->options().aux_k_coefficient > 0;
+  }
   // SAELens layout through engine/sae.h's SaveSae: sae_weights.safetensors + cfg.json.
   absl::Status Save(const std::string& dir) override;
   // Recorded in cfg.json.
