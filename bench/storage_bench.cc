@@ -203,6 +203,8 @@ struct Result {
   Percentiles read, row, latent, post;
   Percentiles latent_fresh;                  // GetLatent before compaction
   double export_npz_s = 0, export_h5_s = 0;  // whole-dataset exports (format 3 only)
+  double delete_s = 0;            // DeleteDataset, its compaction included
+  uint64_t disk_after_delete = 0;  // bytes on disk once it returned
   int64_t export_npz_b = 0, export_h5_b = 0;
 };
 
@@ -365,6 +367,12 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
   res.row = Summarize(row_us);
   res.latent = Summarize(latent_us);
   res.post = Summarize(post_us);
+  {
+    const auto a = Clock::now();
+    Check(store.DeleteDataset(id));
+    res.delete_s = Seconds(a, Clock::now());
+    res.disk_after_delete = *db->BytesOnDisk();
+  }
   run.store.reset();
   run.db.reset();
   std::system(("rm -rf '" + dir + "'").c_str());
@@ -471,6 +479,8 @@ int main(int argc, char** argv) {
       std::printf("  export, whole dataset: npz %.2f s (%.0f MB), HDF5 %.2f s (%.0f MB)\n",
                   r.export_npz_s, r.export_npz_b / 1e6, r.export_h5_s, r.export_h5_b / 1e6);
     }
+    std::printf("  DeleteDataset %.2f s; on disk after it returned %.2f MB\n", r.delete_s,
+                r.disk_after_delete / 1e6);
     if (r.post.p50 > 0) {
       std::printf("  LatentPostings (every row of a latent) p50 %.0f / p99 %.0f us\n", r.post.p50,
                   r.post.p99);

@@ -160,7 +160,9 @@ class ChunkStore {
   // The summary as the API shows it (rows, nnz, density, dead latents, bytes on disk).
   absl::StatusOr<latentd::v1::DatasetInfo> GetDataset(uint64_t id) const;
   absl::StatusOr<std::vector<latentd::v1::DatasetInfo>> ListDatasets() const;
-  // Removes every key of the dataset. FAILED_PRECONDITION while a writer is open.
+  // Removes every key of the dataset in one synced batch, then compacts its key ranges so that
+  // its files are freed before this returns (files a concurrent reader's snapshot still needs
+  // stay until a later compaction). FAILED_PRECONDITION while a writer is open.
   absl::Status DeleteDataset(uint64_t id);
 
   // Rows [row_start, row_start + row_count) of a SPARSE dataset; row_count 0 means to the

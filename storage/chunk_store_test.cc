@@ -769,6 +769,45 @@ TEST_P(ChunkStoreTest, DeleteRemovesEverything) {
   EXPECT_TRUE(store_->CreateDataset(SparseMeta("del")).ok());
 }
 
+// A deleted dataset's files go with it: users delete datasets to get their disk back, and a
+// range tombstone alone frees nothing until some later compaction happens to cover the range.
+TEST_P(ChunkStoreTest, DeleteGivesTheDiskSpaceBack) {
+  const uint64_t keep = WriteSparse("keep", 256, 300, 100);
+  ASSERT_TRUE(db_->CompactAll().ok());
+  const uint64_t kept_bytes = *db_->BytesOnDisk();
+  const uint64_t sparse = WriteSparse("big", 256, 20000, 2000);
+  // Dense chunks of 100 x 64 floats are blobs here (min_blob_size 4096).
+  DatasetMeta m = SparseMeta("big_dense", 64);
+  m.kind = DatasetKind::kDense;
+  m.value_dtype = ValueDtype::kFloat32;
+  const uint64_t dense = *store_->CreateDataset(m);
+  {
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal;
+    std::vector<float> values(4000 * 64);
+    for (float& v : values) v = normal(rng);
+    std::vector<int32_t> tokens(4000, 7);
+    auto w = store_->OpenWriter(dense);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->AppendDense(4000, values.data(), tokens.data()).ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+  }
+  ASSERT_TRUE(db_->CompactAll().ok());
+  const uint64_t with_big = *db_->BytesOnDisk();
+  uint64_t blob_bytes = 0;
+  db_->raw()->GetIntProperty(db_->handle(Family::kChunks),
+                             rocksdb::DB::Properties::kLiveBlobFileSize, &blob_bytes);
+  ASSERT_GT(blob_bytes, 500000u);
+  ASSERT_TRUE(store_->DeleteDataset(sparse).ok());
+  ASSERT_TRUE(store_->DeleteDataset(dense).ok());
+  EXPECT_LT(*db_->BytesOnDisk(), kept_bytes + (with_big - kept_bytes) / 20)
+      << "before " << with_big << " B (" << blob_bytes << " B of blobs), the kept dataset alone "
+      << kept_bytes << " B";
+  auto rows = store_->ReadRows(keep, 0, 0);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(rows->num_rows, 300);
+}
+
 // Commits of at least kParallelCommitEntries entries split their per-latent work (statistics,
 // top-N, slices or postings) over commit_threads; whatever the split, the stored bytes are those
 // one thread writes. (The default is 1 thread on 2 cores, so this is what runs the split here.)

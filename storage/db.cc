@@ -165,6 +165,13 @@ absl::Status Db::CompactAll() {
   return absl::OkStatus();
 }
 
+absl::Status Db::CompactRange(Family family, const rocksdb::Slice& begin,
+                              const rocksdb::Slice& end) {
+  rocksdb::CompactRangeOptions co;
+  return FromRocks(db_->CompactRange(co, handle(family), &begin, &end),
+                   absl::StrCat("compact ", FamilyName(family)));
+}
+
 uint64_t Db::BytesOnDisk(Family family) const {
   uint64_t sst = 0, blob = 0;
   db_->GetIntProperty(handle(family), rocksdb::DB::Properties::kLiveSstFilesSize, &sst);

@@ -80,6 +80,10 @@ class Db {
 
   // Flushes memtables and compacts every family (benchmarks measure bytes on disk after this).
   absl::Status CompactAll();
+  // Compacts the keys of `family` in [begin, end) down to the last level, so that keys a range
+  // tombstone covers leave the disk (blob files whose every value they held go too). Keys that a
+  // live snapshot still sees are kept until a later compaction.
+  absl::Status CompactRange(Family family, const rocksdb::Slice& begin, const rocksdb::Slice& end);
   // Bytes of SST and blob files on disk (live files only), of every family or of one.
   absl::StatusOr<uint64_t> BytesOnDisk() const;
   uint64_t BytesOnDisk(Family family) const;
