@@ -203,8 +203,8 @@ struct Result {
   Percentiles read, row, latent, post;
   Percentiles latent_fresh;                  // GetLatent before compaction
   double export_npz_s = 0, export_h5_s = 0;  // whole-dataset exports (format 3 only)
-  double delete_s = 0;            // DeleteDataset, its compaction included
-  uint64_t disk_after_delete = 0;  // bytes on disk once it returned
+  double delete_s = 0;                       // DeleteDataset, its compaction included
+  uint64_t disk_after_delete = 0;            // bytes on disk once it returned
   int64_t export_npz_b = 0, export_h5_b = 0;
 };
 
