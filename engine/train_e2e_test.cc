@@ -7,12 +7,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <random>
 
+#include "common/status_macros.h"
 #include "engine/extract_job.h"
 #include "engine/optimizer_factory.h"
 #include "engine/train_job.h"
+#include "storage/artifact_store.h"
 #include "storage/chunk_store.h"
 #include "storage/db.h"
 
@@ -56,15 +57,14 @@ TEST(TrainEndToEndTest, ExtractDenseTrainSmfacExtractSparseQuery) {
   storage::ChunkStoreOptions store_options;
   store_options.chunk_rows = 128;
   storage::ChunkStore store(db->get(), store_options);
-  std::map<uint64_t, std::string> artifacts;
+  storage::ArtifactStore artifacts(db->get());
 
   ExtractEnv extract_env;
   extract_env.store = &store;
   extract_env.data_roots = {root};
   extract_env.sae_artifact_dir = [&](uint64_t id) -> absl::StatusOr<std::string> {
-    auto it = artifacts.find(id);
-    if (it == artifacts.end()) return absl::NotFoundError("no artifact");
-    return it->second;
+    ASSIGN_OR_RETURN(latentd::v1::Artifact artifact, artifacts.Get(id));
+    return artifact.path();
   };
   latentd::v1::ExtractSpec dense;
   auto* model = dense.mutable_model()->mutable_reference();
@@ -89,12 +89,7 @@ TEST(TrainEndToEndTest, ExtractDenseTrainSmfacExtractSparseQuery) {
   train_env.store = &store;
   train_env.artifact_dir = root + "/artifacts";
   train_env.data_roots = {root};
-  train_env.register_artifact = [&](const std::string& name, const std::string& path,
-                                    uint64_t job_id) -> absl::StatusOr<uint64_t> {
-    const uint64_t id = 500 + artifacts.size();
-    artifacts[id] = path;
-    return id;
-  };
+  train_env.artifacts = &artifacts;
   latentd::v1::TrainSpec train;
   train.set_dataset_id(dense_result->dataset_id());
   train.mutable_sae()->set_d_sae(64);

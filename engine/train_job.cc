@@ -23,6 +23,7 @@
 #include "engine/train_models.h"
 #include "engine/train_store_source.h"
 #include "engine/train_token_source.h"
+#include "storage/artifact_store.h"
 #include "storage/chunk_store.h"
 
 namespace latentd::engine {
@@ -86,9 +87,11 @@ std::vector<std::vector<int64_t>> SaeShapes(const SaeModelOptions& o) {
   return shapes;
 }
 
+constexpr size_t kMaxArtifactName = 128;
+
 absl::Status CheckArtifactName(const std::string& name) {
   if (name.empty()) return absl::OkStatus();
-  if (name.size() > 128 || name == "." || name == ".." ||
+  if (name.size() > kMaxArtifactName || name == "." || name == ".." ||
       !std::all_of(name.begin(), name.end(), [](char c) {
         return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
       })) {
@@ -239,6 +242,35 @@ struct Rank {
   absl::StatusOr<TrainLoopResult> result = absl::UnknownError("not run");
 };
 
+// The name the trained model is saved and registered under: the spec's (or "sae-<job id>"),
+// unless another job's artifact holds it by now (two jobs submitted with one name, or a name
+// registered while this one ran). Saving over that artifact would change the SAE its users
+// extract with, so this job takes "<name>.job<id>" instead. Resuming is unaffected: a name this
+// job registered before a crash is still its own.
+absl::StatusOr<std::string> ClaimArtifactName(const latentd::v1::TrainSpec& spec,
+                                              const TrainEnv& env, JobContext* context) {
+  const uint64_t job_id = context->job_id();
+  const std::string wanted = TrainArtifactName(spec, job_id);
+  if (env.artifacts == nullptr) return wanted;
+  std::string name = wanted;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto owner = env.artifacts->FindByName(name);
+    if (absl::IsNotFound(owner.status())) return name;
+    RETURN_IF_ERROR(owner.status());
+    if (owner->job_id() == job_id) return name;
+    if (attempt == 0) {
+      const std::string suffix = absl::StrCat(".job", job_id);
+      name = wanted.substr(0, kMaxArtifactName - suffix.size()) + suffix;
+      context->Log(latentd::v1::LogLine::WARNING,
+                   absl::StrCat("train.artifact_name: \"", wanted, "\" was taken by artifact ",
+                                owner->id(), " (job ", owner->job_id(),
+                                ") while this job ran; the SAE is saved as \"", name, "\""));
+    }
+  }
+  return absl::AlreadyExistsError(absl::StrCat("train.artifact_name: \"", wanted, "\" and \"", name,
+                                               "\" are both taken by other jobs"));
+}
+
 absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
                                                     const latentd::v1::TrainSpec& spec,
                                                     const TrainEnv& env, JobContext* context) {
@@ -322,12 +354,12 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
   if (!ranks[0].result.ok()) return ranks[0].result.status();
   const TrainLoopResult& loop = *ranks[0].result;
 
-  const std::string name = TrainArtifactName(spec, context->job_id());
+  ASSIGN_OR_RETURN(const std::string name, ClaimArtifactName(spec, env, context));
   const std::string dir = (std::filesystem::path(env.artifact_dir) / name).string();
   RETURN_IF_ERROR(ranks[0].model->Save(dir));
   latentd::v1::TrainResult result;
-  if (env.register_artifact) {
-    ASSIGN_OR_RETURN(uint64_t id, env.register_artifact(name, dir, context->job_id()));
+  if (env.artifacts != nullptr) {
+    ASSIGN_OR_RETURN(uint64_t id, env.artifacts->Register(name, dir, context->job_id()));
     result.set_artifact_id(id);
   }
   result.set_artifact_path(dir);
@@ -364,6 +396,16 @@ absl::StatusOr<TrainMemoryEstimate> EstimateTrainMemory(const latentd::v1::Train
 absl::Status ValidateTrainSpec(const latentd::v1::TrainSpec& spec, const TrainEnv& env) {
   try {
     ASSIGN_OR_RETURN(TrainPlan plan, MakePlan(spec, env));
+    if (env.artifacts != nullptr && !spec.artifact_name().empty()) {
+      auto owner = env.artifacts->FindByName(spec.artifact_name());
+      if (owner.ok()) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "train.artifact_name: \"", spec.artifact_name(), "\" is taken by artifact ",
+            owner->id(), " (job ", owner->job_id(), "); name another, or delete that one first (",
+            "latentctl delete-artifact ", owner->id(), ")"));
+      }
+      if (!absl::IsNotFound(owner.status())) return owner.status();
+    }
     if (env.device_memory_bytes <= 0) return absl::OkStatus();
     const TrainMemoryEstimate estimate = Estimate(plan, env.num_devices, plan.optimizer);
     if (estimate.total_bytes <= env.device_memory_bytes) return absl::OkStatus();

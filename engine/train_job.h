@@ -15,6 +15,7 @@
 #include "proto/latentd/v1/train.pb.h"
 
 namespace latentd::storage {
+class ArtifactStore;
 class ChunkStore;
 class Db;
 }  // namespace latentd::storage
@@ -29,12 +30,12 @@ struct TrainEnv {
   // torchscript_path must resolve (symlinks followed) under one of these; PERMISSION_DENIED
   // otherwise (and with no roots at all).
   std::vector<std::string> data_roots;
-  // Registers the written model directory as an artifact and returns its id. Registering the same
-  // (name, path, job id) again must return the same id (a job resumed after a crash between the
-  // registration and the end of the job registers again). May be empty: artifact_id is then 0.
-  std::function<absl::StatusOr<uint64_t>(const std::string& name, const std::string& path,
-                                         uint64_t job_id)>
-      register_artifact;
+  // Where the trained model is registered as an artifact; null: not registered (artifact_id is
+  // then 0). With a store, a spec naming a taken artifact_name is refused at submit
+  // (ALREADY_EXISTS), and a job that finds its name taken at the end (another job registered it
+  // meanwhile) neither overwrites that artifact's files nor loses its own model: it saves under
+  // "<name>.job<id>" and says so in a WARNING log line.
+  storage::ArtifactStore* artifacts = nullptr;
   // Memory of each device the job would get, for admission; 0: unknown (no check).
   int64_t device_memory_bytes = 0;
   // Devices the job asks for (JobSpec.num_devices), for the per-rank batch in the estimate.

@@ -10,6 +10,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "engine/sae.h"
+#include "storage/artifact_store.h"
 #include "storage/chunk_store.h"
 #include "storage/db.h"
 
@@ -49,6 +50,10 @@ class FakeContext : public JobContext {
     absl::MutexLock lock(&mu_);
     return telemetry_;
   }
+  std::vector<std::string> logs() const {
+    absl::MutexLock lock(&mu_);
+    return logs_;
+  }
 
  private:
   uint64_t job_id_;
@@ -80,11 +85,8 @@ class TrainJobTest : public ::testing::Test {
     env_.store = store_.get();
     env_.artifact_dir = root_ + "/artifacts";
     env_.data_roots = {root_};
-    env_.register_artifact = [this](const std::string& name, const std::string& path,
-                                    uint64_t job_id) -> absl::StatusOr<uint64_t> {
-      registered_.push_back(path);
-      return 100 + registered_.size();
-    };
+    artifacts_ = std::make_unique<storage::ArtifactStore>(db_.get());
+    env_.artifacts = artifacts_.get();
   }
 
   uint64_t MakeDataset(const std::string& name, storage::DatasetKind kind, int32_t width) {
@@ -158,8 +160,8 @@ class TrainJobTest : public ::testing::Test {
   std::unique_ptr<storage::ChunkStore> store_;
   uint64_t dense_id_ = 0;
   uint64_t sparse_id_ = 0;
+  std::unique_ptr<storage::ArtifactStore> artifacts_;
   TrainEnv env_;
-  std::vector<std::string> registered_;
 };
 
 TEST_F(TrainJobTest, BadInputIsRefusedNamingTheField) {
@@ -228,9 +230,11 @@ TEST_F(TrainJobTest, TrainsATopKSaeWithSmfacAndWritesALoadableArtifact) {
   auto result = RunTrain(SaeSpec("smfac"), env_, &context);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->steps(), 60);
-  EXPECT_EQ(result->artifact_id(), 101u);
-  ASSERT_EQ(registered_.size(), 1u);
-  EXPECT_EQ(registered_[0], result->artifact_path());
+  auto artifact = artifacts_->Get(result->artifact_id());
+  ASSERT_TRUE(artifact.ok()) << artifact.status();
+  EXPECT_EQ(artifact->name(), "test-sae");
+  EXPECT_EQ(artifact->path(), result->artifact_path());
+  EXPECT_EQ(artifact->job_id(), 7u);
   auto telemetry = context.telemetry();
   ASSERT_EQ(telemetry.size(), 6u);  // every 10 steps, the last at step 60
   EXPECT_LT(telemetry.back().loss(), telemetry.front().loss());
@@ -274,6 +278,52 @@ TEST_F(TrainJobTest, InterruptedJobResumesToTheWeightsOfAnUninterruptedOne) {
   EXPECT_TRUE(torch::equal(sa->weights().W_dec, sb->weights().W_dec));
   EXPECT_TRUE(torch::equal(sa->weights().b_dec, sb->weights().b_dec));
   EXPECT_EQ(a->final_loss(), b->final_loss());
+}
+
+TEST_F(TrainJobTest, TakenArtifactNameIsRefusedAtSubmit) {
+  ASSERT_TRUE(artifacts_->Register("mine", root_ + "/artifacts/mine", 3).ok());
+  latentd::v1::TrainSpec spec = SaeSpec("adam");
+  spec.set_artifact_name("mine");
+  ExpectError(spec, absl::StatusCode::kAlreadyExists, "train.artifact_name");
+  spec.set_artifact_name("free");
+  EXPECT_TRUE(ValidateTrainSpec(spec, env_).ok());
+}
+
+// Two jobs submitted with one name both pass the submit check; the second to finish must not
+// write its weights over the first one's artifact (extractions name it by id and would silently
+// use other weights), nor throw its own training away.
+TEST_F(TrainJobTest, NameTakenWhileTrainingNeitherOverwritesTheOtherArtifactNorLosesTheModel) {
+  latentd::v1::TrainSpec spec = SaeSpec("adam");
+  spec.set_steps(10);
+  spec.set_artifact_name("race");
+  ASSERT_TRUE(ValidateTrainSpec(spec, env_).ok());
+  FakeContext first(4, 1);
+  auto a = RunTrain(spec, env_, &first);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->artifact_path(), root_ + "/artifacts/race");
+  auto before = Sae::Load(a->artifact_path());
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  spec.set_seed(spec.seed() + 1);  // other weights
+  FakeContext second(5, 1);
+  auto b = RunTrain(spec, env_, &second);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->artifact_path(), root_ + "/artifacts/race.job5");
+  EXPECT_NE(b->artifact_id(), a->artifact_id());
+  EXPECT_EQ(artifacts_->FindByName("race.job5")->job_id(), 5u);
+  ASSERT_EQ(second.logs().size(), 1u);
+  EXPECT_NE(second.logs()[0].find("race.job5"), std::string::npos) << second.logs()[0];
+  auto after = Sae::Load(a->artifact_path());
+  auto other = Sae::Load(b->artifact_path());
+  ASSERT_TRUE(after.ok() && other.ok());
+  EXPECT_TRUE(torch::equal(before->weights().W_enc, after->weights().W_enc));
+  EXPECT_FALSE(torch::equal(after->weights().W_enc, other->weights().W_enc));
+
+  // Resumed after registering (a crash before the job's end): the job's own name still.
+  FakeContext second_again(5, 1);
+  auto again = RunTrain(spec, env_, &second_again);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->artifact_id(), b->artifact_id());
 }
 
 TEST_F(TrainJobTest, TwoCpuDevicesTrainDataParallel) {

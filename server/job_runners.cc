@@ -31,8 +31,8 @@ engine::ExtractEnv MakeExtractEnv(const RunnerEnvironment& env) {
   extract.sae_artifact_dir = [artifacts](uint64_t id) -> absl::StatusOr<std::string> {
     auto artifact = artifacts->Get(id);
     if (!artifact.ok()) {
-      return absl::NotFoundError(absl::StrCat("extract.sae.artifact_id: artifact ", id,
-                                              " not found"));
+      return absl::NotFoundError(
+          absl::StrCat("extract.sae.artifact_id: artifact ", id, " not found"));
     }
     return artifact->path();
   };
@@ -46,18 +46,7 @@ engine::TrainEnv MakeTrainEnv(const RunnerEnvironment& env, const latentd::v1::J
   train.data_roots = env.data_roots;
   train.device_memory_bytes = SmallestDeviceMemory(env.pool);
   train.num_devices = DevicesRequested(spec);
-  storage::ArtifactStore* artifacts = env.artifacts;
-  train.register_artifact = [artifacts](const std::string& name, const std::string& path,
-                                        uint64_t job_id) -> absl::StatusOr<uint64_t> {
-    // A job resumed after a crash between registering and finishing registers again: the same
-    // record answers, a different one keeps the name taken.
-    if (auto existing = artifacts->FindByName(name); existing.ok()) {
-      if (existing->path() == path && existing->job_id() == job_id) return existing->id();
-      return absl::AlreadyExistsError(absl::StrCat("train.artifact_name: '", name,
-                                                   "' is taken by artifact ", existing->id()));
-    }
-    return artifacts->Register(name, path, job_id);
-  };
+  train.artifacts = env.artifacts;
   return train;
 }
 
@@ -85,8 +74,9 @@ std::map<latentd::v1::JobType, JobRunner> MakeJobRunners(const RunnerEnvironment
   extract.validate = [extract_env](const latentd::v1::JobSpec& spec) {
     return engine::ValidateExtractSpec(spec.extract(), extract_env);
   };
-  extract.run = [extract_env](const latentd::v1::JobSpec& spec, engine::JobContext* context)
-      -> absl::StatusOr<latentd::v1::JobResult> {
+  extract.run = [extract_env](
+                    const latentd::v1::JobSpec& spec,
+                    engine::JobContext* context) -> absl::StatusOr<latentd::v1::JobResult> {
     auto result = engine::RunExtract(spec.extract(), extract_env, context);
     if (!result.ok()) return result.status();
     latentd::v1::JobResult out;

@@ -13,9 +13,12 @@ absl::StatusOr<uint64_t> ArtifactStore::Register(const std::string& name, const 
   if (name.empty()) return absl::InvalidArgumentError("name: must not be empty");
   if (path.empty()) return absl::InvalidArgumentError("path: must not be empty");
   absl::MutexLock lock(&mu_);
-  auto existing = db_->Get(Family::kMeta, keys::ArtifactName(name));
+  auto existing = FindByName(name);
   if (existing.ok()) {
-    return absl::AlreadyExistsError(absl::StrCat("artifact name \"", name, "\" is taken"));
+    if (existing->path() == path && existing->job_id() == job_id) return existing->id();
+    return absl::AlreadyExistsError(absl::StrCat("artifact name \"", name,
+                                                 "\" is taken by artifact ", existing->id(),
+                                                 " (job ", existing->job_id(), ")"));
   }
   if (!absl::IsNotFound(existing.status())) return existing.status();
   uint64_t id = 1;
@@ -38,6 +41,16 @@ absl::StatusOr<uint64_t> ArtifactStore::Register(const std::string& name, const 
   batch.Put(db_->handle(Family::kMeta), keys::kNextArtifactId, next_bytes);
   RETURN_IF_ERROR(db_->Write(&batch, /*sync=*/true));
   return id;
+}
+
+absl::StatusOr<latentd::v1::Artifact> ArtifactStore::Delete(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(latentd::v1::Artifact a, Get(id));
+  rocksdb::WriteBatch batch;
+  batch.Delete(db_->handle(Family::kMeta), keys::ArtifactRecord(id));
+  batch.Delete(db_->handle(Family::kMeta), keys::ArtifactName(a.name()));
+  RETURN_IF_ERROR(db_->Write(&batch, /*sync=*/true));
+  return a;
 }
 
 absl::StatusOr<latentd::v1::Artifact> ArtifactStore::Get(uint64_t id) const {

@@ -18,17 +18,21 @@ class ArtifactStore {
  public:
   explicit ArtifactStore(Db* db) : db_(db) {}
 
-  // A new record (synced). INVALID_ARGUMENT for an empty name or path; ALREADY_EXISTS for a taken
-  // name.
+  // A new record (synced). Registering the same (name, path, job_id) again returns the first
+  // record's id: a job resumed after a crash between its registration and its end registers
+  // again. INVALID_ARGUMENT for an empty name or path; ALREADY_EXISTS for a name taken otherwise.
   absl::StatusOr<uint64_t> Register(const std::string& name, const std::string& path,
                                     uint64_t job_id);
+  // Removes the record and its name (synced) and returns it; the files at its path are the
+  // caller's to remove. NOT_FOUND for an unknown id.
+  absl::StatusOr<latentd::v1::Artifact> Delete(uint64_t id);
   absl::StatusOr<latentd::v1::Artifact> Get(uint64_t id) const;                     // NOT_FOUND
   absl::StatusOr<latentd::v1::Artifact> FindByName(const std::string& name) const;  // NOT_FOUND
   absl::StatusOr<std::vector<latentd::v1::Artifact>> List() const;                  // ascending id
 
  private:
   Db* const db_;
-  absl::Mutex mu_;  // serializes Register (id counter, name uniqueness)
+  absl::Mutex mu_;  // serializes Register and Delete (id counter, name uniqueness)
 };
 
 }  // namespace latentd::storage

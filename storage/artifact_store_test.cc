@@ -19,6 +19,9 @@ TEST(ArtifactStore, RegisterFindListSurviveReopen) {
     ASSERT_TRUE(id.ok()) << id.status();
     first = *id;
     EXPECT_EQ(store.Register("sae-a", "/x", 8).status().code(), absl::StatusCode::kAlreadyExists);
+    EXPECT_EQ(store.Register("sae-a", "/data/sae-a", 8).status().code(),
+              absl::StatusCode::kAlreadyExists);
+    EXPECT_EQ(*store.Register("sae-a", "/data/sae-a", 7), first);  // a resumed job registers again
     EXPECT_EQ(store.Register("", "/x", 8).status().code(), absl::StatusCode::kInvalidArgument);
     ASSERT_TRUE(store.Register("sae-b", "/data/sae-b", 9).ok());
   }
@@ -38,6 +41,27 @@ TEST(ArtifactStore, RegisterFindListSurviveReopen) {
   ASSERT_EQ(list->size(), 2u);
   EXPECT_EQ((*list)[0].id(), first);
   EXPECT_GT((*list)[1].id(), first);
+}
+
+TEST(ArtifactStore, DeleteFreesTheNameAndKeepsTheIdsUnique) {
+  auto db = Db::Open(FreshTestDir("artifacts_delete"));
+  ASSERT_TRUE(db.ok());
+  ArtifactStore store(db->get());
+  const uint64_t a = *store.Register("sae", "/data/sae", 1);
+  const uint64_t b = *store.Register("other", "/data/other", 2);
+  auto deleted = store.Delete(a);
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_EQ(deleted->path(), "/data/sae");
+  EXPECT_EQ(store.Get(a).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.FindByName("sae").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Delete(a).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.List()->size(), 1u);
+  EXPECT_EQ(store.FindByName("other")->id(), b);
+  // The name is free again; the new record gets a new id, so a job naming the old id cannot
+  // silently load the new SAE.
+  auto again = store.Register("sae", "/data/sae", 3);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_GT(*again, b);
 }
 
 }  // namespace
