@@ -3,10 +3,10 @@
 //   latentctl [--server=HOST:PORT] [--token_file=F] [--json] COMMAND [ARGS]
 //
 // Commands: submit, get, list, watch, cancel, devices, datasets, dataset, rows, latent, export,
-// delete-dataset, artifacts. `latentctl help` lists them with their flags. With --json every
-// response is printed in the protobuf JSON mapping, one object per line (streams: one per message).
-// Exit status: 0 on success; 1 on an RPC error (the gRPC code and message go to stderr); 2 on a
-// usage error; `watch` returns 3 when the job ends other than SUCCEEDED.
+// delete-dataset, artifacts, delete-artifact. `latentctl help` lists them with their flags. With
+// --json every response is printed in the protobuf JSON mapping, one object per line (streams: one
+// per message). Exit status: 0 on success; 1 on an RPC error (the gRPC code and message go to
+// stderr); 2 on a usage error; `watch` returns 3 when the job ends other than SUCCEEDED.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -608,6 +608,24 @@ int Artifacts(Client& client) {
   return 0;
 }
 
+int DeleteArtifact(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id)) return Usage("delete-artifact needs an artifact id");
+  v1::DeleteArtifactRequest request;
+  request.set_artifact_id(id);
+  v1::DeleteArtifactResponse response;
+  grpc::Status status =
+      client.datasets()->DeleteArtifact(client.Context().get(), request, &response);
+  if (!status.ok()) return RpcError(status);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(response).c_str());
+  } else {
+    std::printf("deleted artifact %llu (%s, %s freed)\n", static_cast<unsigned long long>(id),
+                response.path().c_str(), Bytes(response.bytes_freed()).c_str());
+  }
+  return 0;
+}
+
 // Reads every telemetry sample of a job (it may have ended) and prints a table, optionally a plot.
 int Telemetry(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
@@ -675,6 +693,7 @@ datasets:
   export ID PATH [--format=npz|hdf5] [--start=R] [--count=N]   server-side, under the export root
   delete-dataset ID
   artifacts                      trained SAEs
+  delete-artifact ID             its record and files (refused while an unfinished job uses it)
 )";
 
 int Run(const std::vector<std::string>& args) {
@@ -700,6 +719,7 @@ int Run(const std::vector<std::string>& args) {
   if (command == "export") return Export(client, args);
   if (command == "delete-dataset") return DeleteDataset(client, args);
   if (command == "artifacts") return Artifacts(client);
+  if (command == "delete-artifact") return DeleteArtifact(client, args);
   return Usage(absl::StrCat("unknown command '", command, "'"));
 }
 

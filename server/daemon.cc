@@ -114,8 +114,13 @@ absl::Status Daemon::Start() {
 
   state->jobs_service = std::make_unique<JobsService>(state->manager.get(), &state->auth);
   state->devices_service = std::make_unique<DevicesService>(state->pool.get(), &state->auth);
+  DatasetsServiceOptions datasets_options;
+  datasets_options.export_root = options_.export_root;
+  datasets_options.artifact_dir = env.artifact_dir;
+  JobManager* manager = state->manager.get();
+  datasets_options.unfinished_jobs = [manager] { return manager->UnfinishedJobs(); };
   state->datasets_service = std::make_unique<DatasetsService>(
-      state->chunk_store.get(), state->artifacts.get(), options_.export_root, &state->auth);
+      state->chunk_store.get(), state->artifacts.get(), std::move(datasets_options), &state->auth);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

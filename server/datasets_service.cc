@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/artifact_deletion.h"
 #include "server/grpc_status.h"
 #include "storage/export.h"
 #include "storage/value_codec.h"
@@ -127,8 +128,8 @@ void ToProto(const storage::TopActivationContext& t, latentd::v1::TopActivation*
 }  // namespace
 
 DatasetsService::DatasetsService(storage::ChunkStore* store, storage::ArtifactStore* artifacts,
-                                 std::string export_root, const TokenAuth* auth)
-    : store_(store), artifacts_(artifacts), export_root_(std::move(export_root)), auth_(auth) {}
+                                 DatasetsServiceOptions options, const TokenAuth* auth)
+    : store_(store), artifacts_(artifacts), options_(std::move(options)), auth_(auth) {}
 
 grpc::Status DatasetsService::Authorize(const grpc::ServerContext& context) const {
   return auth_ ? auth_->Check(context) : grpc::Status::OK;
@@ -288,15 +289,15 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
 
 absl::StatusOr<std::string> DatasetsService::ResolveExportPath(const std::string& requested) const {
   namespace fs = std::filesystem;
-  if (export_root_.empty()) {
+  if (options_.export_root.empty()) {
     return absl::FailedPreconditionError("the daemon has no export root configured");
   }
   if (requested.empty()) return absl::InvalidArgumentError("path: must not be empty");
   std::error_code ec;
-  const fs::path root = fs::canonical(export_root_, ec);
+  const fs::path root = fs::canonical(options_.export_root, ec);
   if (ec) {
     return absl::FailedPreconditionError(
-        absl::StrCat("export root ", export_root_, " is not usable: ", ec.message()));
+        absl::StrCat("export root ", options_.export_root, " is not usable: ", ec.message()));
   }
   fs::path target = fs::path(requested).is_absolute() ? fs::path(requested) : root / requested;
   target = fs::weakly_canonical(target, ec);  // resolves symlinks of the existing prefix and ..
@@ -348,6 +349,20 @@ grpc::Status DatasetsService::ListArtifacts(grpc::ServerContext* context,
   auto list = artifacts_->List();
   if (!list.ok()) return ToGrpcStatus(list.status());
   for (auto& a : *list) *response->add_artifacts() = std::move(a);
+  return grpc::Status::OK;
+}
+
+grpc::Status DatasetsService::DeleteArtifact(grpc::ServerContext* context,
+                                             const latentd::v1::DeleteArtifactRequest* request,
+                                             latentd::v1::DeleteArtifactResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  const std::vector<latentd::v1::Job> unfinished =
+      options_.unfinished_jobs ? options_.unfinished_jobs() : std::vector<latentd::v1::Job>();
+  auto deleted =
+      server::DeleteArtifact(artifacts_, options_.artifact_dir, unfinished, request->artifact_id());
+  if (!deleted.ok()) return ToGrpcStatus(deleted.status());
+  response->set_path(deleted->path);
+  response->set_bytes_freed(deleted->bytes_freed);
   return grpc::Status::OK;
 }
 

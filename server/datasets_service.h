@@ -3,18 +3,33 @@
 //
 // ReadRows streams CSR pieces of at most kMaxPieceBytes serialized bytes. ExportDataset writes only
 // under `export_root` (".." and symlinks resolved; anything outside is PERMISSION_DENIED).
+// DeleteArtifact is server/artifact_deletion.h's DeleteArtifact.
 #ifndef LATENTD_SERVER_DATASETS_SERVICE_H_
 #define LATENTD_SERVER_DATASETS_SERVICE_H_
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "proto/latentd/v1/datasets.grpc.pb.h"
+#include "proto/latentd/v1/jobs.pb.h"
 #include "server/auth.h"
 #include "storage/artifact_store.h"
 #include "storage/chunk_store.h"
 
 namespace latentd::server {
+
+struct DatasetsServiceOptions {
+  // Server-side exports go only under this directory. Required.
+  std::string export_root;
+  // DeleteArtifact removes an artifact's files only under this directory (where TRAIN writes).
+  // Default empty: records are deleted, files never.
+  std::string artifact_dir;
+  // The jobs that have not finished, for DeleteArtifact's check that none needs the SAE.
+  // Default null: none.
+  std::function<std::vector<latentd::v1::Job>()> unfinished_jobs;
+};
 
 class DatasetsService final : public latentd::v1::Datasets::Service {
  public:
@@ -22,7 +37,7 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
 
   // `auth` may be null (no authentication, as in tests); otherwise every call is checked.
   DatasetsService(storage::ChunkStore* store, storage::ArtifactStore* artifacts,
-                  std::string export_root, const TokenAuth* auth = nullptr);
+                  DatasetsServiceOptions options, const TokenAuth* auth = nullptr);
 
   grpc::Status ListDatasets(grpc::ServerContext* context,
                             const latentd::v1::ListDatasetsRequest* request,
@@ -43,6 +58,9 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
   grpc::Status ListArtifacts(grpc::ServerContext* context,
                              const latentd::v1::ListArtifactsRequest* request,
                              latentd::v1::ListArtifactsResponse* response) override;
+  grpc::Status DeleteArtifact(grpc::ServerContext* context,
+                              const latentd::v1::DeleteArtifactRequest* request,
+                              latentd::v1::DeleteArtifactResponse* response) override;
 
   // The absolute path `requested` (relative to the export root, or absolute) names, with ".."
   // and symlinks resolved; PERMISSION_DENIED when it falls outside the export root.
@@ -53,7 +71,7 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
 
   storage::ChunkStore* const store_;
   storage::ArtifactStore* const artifacts_;
-  const std::string export_root_;
+  const DatasetsServiceOptions options_;
   const TokenAuth* const auth_;
 };
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <set>
@@ -31,8 +32,11 @@ class DatasetsServiceTest : public ::testing::Test {
     db_ = *std::move(db);
     store_ = std::make_unique<storage::ChunkStore>(db_.get());
     artifacts_ = std::make_unique<storage::ArtifactStore>(db_.get());
-    service_ = std::make_unique<DatasetsService>(store_.get(), artifacts_.get(),
-                                                 (dir_ / "exports").string());
+    DatasetsServiceOptions options;
+    options.export_root = (dir_ / "exports").string();
+    options.artifact_dir = (dir_ / "artifacts").string();
+    options.unfinished_jobs = [this] { return unfinished_jobs_; };
+    service_ = std::make_unique<DatasetsService>(store_.get(), artifacts_.get(), options);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -85,6 +89,7 @@ class DatasetsServiceTest : public ::testing::Test {
   std::unique_ptr<storage::ChunkStore> store_;
   std::unique_ptr<storage::ArtifactStore> artifacts_;
   std::unique_ptr<DatasetsService> service_;
+  std::vector<latentd::v1::Job> unfinished_jobs_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<latentd::v1::Datasets::Stub> stub_;
 };
@@ -307,6 +312,36 @@ TEST_F(DatasetsServiceTest, GetLatentListDeleteAndArtifacts) {
   latentd::v1::GetDatasetRequest get;
   get.set_dataset_id(id);
   EXPECT_EQ(stub_->GetDataset(&ctx, get, &info).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(DatasetsServiceTest, DeleteArtifactWaitsForItsJobsThenRemovesItsFiles) {
+  const fs::path sae_dir = dir_ / "artifacts" / "sae-4";
+  fs::create_directories(sae_dir);
+  std::ofstream(sae_dir / "cfg.json") << std::string(100, 'c');
+  const uint64_t id = *artifacts_->Register("sae-4", sae_dir.string(), 4);
+  latentd::v1::Job job;
+  job.set_id(12);
+  job.set_state(latentd::v1::PENDING);
+  job.mutable_spec()->mutable_extract()->mutable_sae()->set_artifact_id(id);
+  unfinished_jobs_ = {job};
+  auto call = [&](latentd::v1::DeleteArtifactResponse* out) {
+    grpc::ClientContext ctx;
+    latentd::v1::DeleteArtifactRequest request;
+    request.set_artifact_id(id);
+    return stub_->DeleteArtifact(&ctx, request, out);
+  };
+  latentd::v1::DeleteArtifactResponse out;
+  grpc::Status refused = call(&out);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(refused.error_message().find("job 12"), std::string::npos) << refused.error_message();
+  EXPECT_TRUE(fs::exists(sae_dir / "cfg.json"));
+
+  unfinished_jobs_.clear();  // the job finished
+  ASSERT_TRUE(call(&out).ok());
+  EXPECT_EQ(out.path(), sae_dir.string());
+  EXPECT_EQ(out.bytes_freed(), 100);
+  EXPECT_FALSE(fs::exists(sae_dir));
+  EXPECT_EQ(call(&out).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
 TEST_F(DatasetsServiceTest, ExportStaysInsideTheExportRoot) {

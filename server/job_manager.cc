@@ -306,6 +306,15 @@ absl::StatusOr<Job> JobManager::Get(uint64_t job_id) const {
   return it->second->job;
 }
 
+std::vector<Job> JobManager::UnfinishedJobs() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<Job> out;
+  for (const auto& [id, entry] : jobs_) {
+    if (!IsTerminal(entry->job.state())) out.push_back(entry->job);
+  }
+  return out;
+}
+
 absl::StatusOr<ListJobsResult> JobManager::List(JobState state, JobType type, int page_size,
                                                 const std::string& page_token) const {
   if (page_size < 0) return absl::InvalidArgumentError("page_size: must be >= 0");

@@ -84,6 +84,8 @@ class JobManager {
   absl::StatusOr<latentd::v1::Job> Submit(const std::string& request_id,
                                           const latentd::v1::JobSpec& spec);
   absl::StatusOr<latentd::v1::Job> Get(uint64_t job_id) const;
+  // Every job not yet SUCCEEDED, FAILED or CANCELLED, ascending id.
+  std::vector<latentd::v1::Job> UnfinishedJobs() const;
   // Newest first. page_token is the opaque next_page_token of the previous page.
   absl::StatusOr<ListJobsResult> List(latentd::v1::JobState state, latentd::v1::JobType type,
                                       int page_size, const std::string& page_token) const;

@@ -227,6 +227,28 @@ TEST_F(JobManagerTest, CancelPendingRunningAndFinished) {
   EXPECT_EQ(pool_->free_count(), 1);
 }
 
+TEST_F(JobManagerTest, UnfinishedJobsArePendingRunningAndCancelling) {
+  Open("cpu:1");
+  Job done = *manager_->Submit("", Probe());
+  gate_.Release(done.id());
+  WaitFor(done.id(), latentd::v1::SUCCEEDED);
+  Job running = *manager_->Submit("", Probe());
+  Job pending = *manager_->Submit("", Probe());
+  Job cancelled = *manager_->Submit("", Probe());
+  WaitFor(running.id(), latentd::v1::RUNNING);
+  ASSERT_TRUE(manager_->Cancel(cancelled.id()).ok());
+  auto ids = [this] {
+    std::vector<uint64_t> out;
+    for (const Job& job : manager_->UnfinishedJobs()) out.push_back(job.id());
+    return out;
+  };
+  EXPECT_EQ(ids(), (std::vector<uint64_t>{running.id(), pending.id()}));
+  gate_.Release(running.id());
+  gate_.Release(pending.id());
+  WaitFor(pending.id(), latentd::v1::SUCCEEDED);
+  EXPECT_TRUE(ids().empty());
+}
+
 TEST_F(JobManagerTest, RunnerErrorsBecomeFailedWithReason) {
   Open();
   Job job = *manager_->Submit("", Probe(1, 0, "fail"));

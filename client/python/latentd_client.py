@@ -115,6 +115,20 @@ class Client:
         self.datasets.DeleteDataset(datasets_pb2.DeleteDatasetRequest(dataset_id=dataset_id),
                                     metadata=self.metadata, timeout=self.timeout)
 
+    def list_artifacts(self):
+        """Trained SAEs (TRAIN jobs' outputs): a list of Artifact messages."""
+        return list(self.datasets.ListArtifacts(datasets_pb2.ListArtifactsRequest(),
+                                                metadata=self.metadata,
+                                                timeout=self.timeout).artifacts)
+
+    def delete_artifact(self, artifact_id):
+        """Deletes a trained SAE's record and files; returns the bytes freed.
+
+        FAILED_PRECONDITION (grpc.RpcError) while an unfinished job uses it."""
+        return self.datasets.DeleteArtifact(
+            datasets_pb2.DeleteArtifactRequest(artifact_id=artifact_id),
+            metadata=self.metadata, timeout=self.timeout).bytes_freed
+
     def read_rows(self, dataset_id, row_start=0, row_count=0, packed=True):
         """Rows as (scipy.sparse.csr_matrix of float32, numpy int32 token ids).
 

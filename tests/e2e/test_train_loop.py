@@ -87,6 +87,27 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual((packed != plain).nnz, 0)
         self.assertTrue((packed.indptr == plain.indptr).all())
         self.assertTrue((packed_tokens == plain_tokens).all())
+        # The trained SAE as an artifact: its name is taken until it is deleted, and deleting it
+        # removes its files.
+        listed = c.list_artifacts()
+        self.assertEqual([(a.id, a.name) for a in listed], [(artifact, "loop-sae")])
+        again = {"datasetId": str(dense_id), "sae": {"architecture": "TOPK", "dSae": 256, "k": 8},
+                 "optimizer": {"name": "adam", "lr": 1e-3}, "steps": 1, "batchSize": 64,
+                 "artifactName": "loop-sae"}
+        with self.assertRaises(grpc.RpcError) as taken:
+            c.submit("TRAIN", again)
+        self.assertEqual(taken.exception.code(), grpc.StatusCode.ALREADY_EXISTS)
+        self.assertIn("train.artifact_name", taken.exception.details())
+        self.assertTrue(os.path.isdir(listed[0].path))
+        out = daemon.latentctl("delete-artifact", str(artifact)).stdout
+        self.assertIn("deleted artifact %d" % artifact, out)
+        self.assertFalse(os.path.exists(listed[0].path))
+        self.assertEqual(c.list_artifacts(), [])
+        with self.assertRaises(grpc.RpcError) as gone:
+            c.delete_artifact(artifact)
+        self.assertEqual(gone.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.assertEqual(c.wait(c.submit("TRAIN", again).id).state, jobs_pb2.SUCCEEDED)
+
         # The dataset helpers: listing, a server-side export scipy reads back, deletion.
         names = {d.id: d.name for d in c.list_datasets()}
         self.assertEqual(names, {dense_id: "dense", dataset: "sparse"})

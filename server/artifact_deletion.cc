@@ -1,0 +1,69 @@
+#include "server/artifact_deletion.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace latentd::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+// `path` with symlinks and ".." resolved as far as it exists; empty when it cannot be.
+fs::path Resolved(const std::string& path) {
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  return ec ? fs::path() : p;
+}
+
+bool IsWithin(const fs::path& inner, const fs::path& outer) {
+  if (inner.empty() || outer.empty()) return false;
+  auto [o, i] = std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end());
+  return o == outer.end();
+}
+
+}  // namespace
+
+absl::StatusOr<ArtifactDeletion> DeleteArtifact(
+    storage::ArtifactStore* artifacts, const std::string& artifact_dir,
+    const std::vector<latentd::v1::Job>& unfinished_jobs, uint64_t id) {
+  ASSIGN_OR_RETURN(latentd::v1::Artifact artifact, artifacts->Get(id));
+  const fs::path dir = Resolved(artifact.path());
+  for (const latentd::v1::Job& job : unfinished_jobs) {
+    if (!job.spec().has_extract()) continue;
+    const latentd::v1::SaeSource& sae = job.spec().extract().sae();
+    const bool names_it =
+        (sae.source_case() == latentd::v1::SaeSource::kArtifactId && sae.artifact_id() == id) ||
+        (sae.source_case() == latentd::v1::SaeSource::kPath && IsWithin(Resolved(sae.path()), dir));
+    if (names_it) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "artifact ", id, " (\"", artifact.name(), "\") is the SAE of job ", job.id(), " (",
+          latentd::v1::JobState_Name(job.state()), "); cancel it or let it finish first"));
+    }
+  }
+  RETURN_IF_ERROR(artifacts->Delete(id).status());
+
+  ArtifactDeletion deletion;
+  deletion.path = artifact.path();
+  const fs::path root = artifact_dir.empty() ? fs::path() : Resolved(artifact_dir);
+  if (dir == root || !IsWithin(dir, root)) return deletion;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code size_ec;
+    if (it->is_regular_file(size_ec)) {
+      const auto size = it->file_size(size_ec);
+      if (!size_ec) deletion.bytes_freed += static_cast<int64_t>(size);
+    }
+  }
+  fs::remove_all(dir, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat("artifact ", id, " deleted, but removing ",
+                                            dir.string(), " failed: ", ec.message()));
+  }
+  return deletion;
+}
+
+}  // namespace latentd::server
