@@ -103,6 +103,41 @@ absl::Status DbCheckpointStore::Commit(const Checkpoint& checkpoint) {
   return db_->Write(&batch, /*sync=*/true);
 }
 
+absl::StatusOr<std::optional<int64_t>> DbCheckpointStore::LatestStep() const {
+  auto pointer = db_->Get(storage::Family::kMeta, PointerKey());
+  if (absl::IsNotFound(pointer.status())) return std::optional<int64_t>();
+  if (!pointer.ok()) return pointer.status();
+  if (pointer->size() != 24) {
+    return absl::DataLossError(absl::StrCat("checkpoint pointer of job ", job_id_, " has ",
+                                            pointer->size(), " bytes, expected 24"));
+  }
+  return std::optional<int64_t>(static_cast<int64_t>(ReadBigEndian64(pointer->data())));
+}
+
+absl::StatusOr<std::optional<int64_t>> DbCheckpointStore::AdoptFrom(uint64_t from_job) {
+  ASSIGN_OR_RETURN(std::optional<int64_t> own, LatestStep());
+  if (own.has_value()) return std::optional<int64_t>();
+  DbCheckpointStore from(db_, from_job);
+  ASSIGN_OR_RETURN(std::optional<Checkpoint> latest, from.LoadLatest());
+  if (!latest.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", from_job,
+                     " holds no checkpoint (it finished, or another job took "
+                     "its checkpoint over)"));
+  }
+  std::string pointer;
+  AppendBigEndian64(static_cast<uint64_t>(latest->step), &pointer);
+  AppendBigEndian64(Fnv1a(latest->blob), &pointer);
+  AppendBigEndian64(latest->blob.size(), &pointer);
+  rocksdb::WriteBatch batch;
+  batch.Put(db_->handle(storage::Family::kChunks), BlobKey(latest->step), latest->blob);
+  batch.Put(db_->handle(storage::Family::kMeta), PointerKey(), pointer);
+  batch.Delete(db_->handle(storage::Family::kChunks), from.BlobKey(latest->step));
+  batch.Delete(db_->handle(storage::Family::kMeta), from.PointerKey());
+  RETURN_IF_ERROR(db_->Write(&batch, /*sync=*/true));
+  return std::optional<int64_t>(latest->step);
+}
+
 absl::Status DbCheckpointStore::Clear() {
   auto previous = db_->Get(storage::Family::kMeta, PointerKey());
   if (absl::IsNotFound(previous.status())) return absl::OkStatus();

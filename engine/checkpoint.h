@@ -61,6 +61,15 @@ class DbCheckpointStore : public CheckpointStore {
   absl::Status Commit(const Checkpoint& checkpoint) override;
   absl::Status Clear() override;
 
+  // The newest checkpoint's step, reading only its pointer (cheap: no blob); nullopt when none.
+  absl::StatusOr<std::optional<int64_t>> LatestStep() const;
+  // Makes job `from_job`'s newest checkpoint this job's, in ONE synced WriteBatch that also
+  // removes it from `from_job`, so exactly one job holds it after a crash at any instant. Returns
+  // the adopted step, or nullopt when this job already holds a checkpoint (it adopted one, or got
+  // further, before it was interrupted: that one is newer). FAILED_PRECONDITION when `from_job`
+  // holds none; DATA_LOSS when its blob does not match its pointer.
+  absl::StatusOr<std::optional<int64_t>> AdoptFrom(uint64_t from_job);
+
  private:
   std::string PointerKey() const;
   std::string BlobKey(int64_t step) const;

@@ -51,6 +51,31 @@ TEST(DbCheckpointStoreTest, NewestCommitWinsAndSurvivesReopen) {
   EXPECT_TRUE(DbCheckpointStore(db->get(), 43).LoadLatest()->has_value());
 }
 
+TEST(DbCheckpointStoreTest, AdoptionMovesTheCheckpointToTheNewJob) {
+  auto db = storage::Db::Open(TempDir("ckpt_adopt"));
+  ASSERT_TRUE(db.ok()) << db.status();
+  DbCheckpointStore cancelled(db->get(), 5), next(db->get(), 6), third(db->get(), 7);
+  EXPECT_EQ(next.AdoptFrom(5).status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(cancelled.Commit({30, "state at thirty"}).ok());
+  EXPECT_EQ(**cancelled.LatestStep(), 30);
+
+  auto adopted = next.AdoptFrom(5);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  EXPECT_EQ(**adopted, 30);
+  EXPECT_EQ((*next.LoadLatest())->blob, "state at thirty");
+  EXPECT_FALSE(cancelled.LatestStep()->has_value());
+  EXPECT_FALSE(cancelled.LoadLatest()->has_value());
+  // Only one job may continue from it.
+  EXPECT_EQ(third.AdoptFrom(5).status().code(), absl::StatusCode::kFailedPrecondition);
+  // The adopting job, resumed after a crash, keeps what it holds (here a newer checkpoint).
+  ASSERT_TRUE(next.Commit({40, "state at forty"}).ok());
+  ASSERT_TRUE(cancelled.Commit({30, "stale"}).ok());
+  auto again = next.AdoptFrom(5);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->has_value());
+  EXPECT_EQ((*next.LoadLatest())->step, 40);
+}
+
 TEST(DbCheckpointStoreTest, CorruptBlobIsDataLossNotAGoodCheckpoint) {
   const std::string dir = TempDir("ckpt_corrupt");
   auto db = storage::Db::Open(dir);

@@ -55,7 +55,6 @@ class DevicePool {
   std::vector<uint64_t> holder_ ABSL_GUARDED_BY(mu_);
 };
 
-
 }  // namespace latentd::engine
 
 #endif  // LATENTD_ENGINE_DEVICE_POOL_H_

@@ -23,6 +23,7 @@
 #include "engine/train_models.h"
 #include "engine/train_store_source.h"
 #include "engine/train_token_source.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "storage/artifact_store.h"
 #include "storage/chunk_store.h"
 
@@ -271,6 +272,61 @@ absl::StatusOr<std::string> ClaimArtifactName(const latentd::v1::TrainSpec& spec
                                                "\" are both taken by other jobs"));
 }
 
+// resume_from_job_id at submit: a finished TRAIN job that failed or was cancelled, still
+// holding its checkpoint, trained with the same spec but for what may change from one run to
+// its continuation.
+absl::Status CheckResumeSource(const latentd::v1::TrainSpec& spec, const TrainEnv& env) {
+  const uint64_t from = spec.resume_from_job_id();
+  if (from == 0) return absl::OkStatus();
+  if (!env.find_job) {
+    return absl::FailedPreconditionError("train.resume_from_job_id: no job records here");
+  }
+  auto job = env.find_job(from);
+  if (absl::IsNotFound(job.status())) {
+    return absl::NotFoundError(absl::StrCat("train.resume_from_job_id: no job ", from));
+  }
+  RETURN_IF_ERROR(job.status());
+  if (!job->spec().has_train()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.resume_from_job_id: job ", from, " is not a TRAIN job"));
+  }
+  if (job->state() != latentd::v1::FAILED && job->state() != latentd::v1::CANCELLED) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "train.resume_from_job_id: job ", from, " is ", latentd::v1::JobState_Name(job->state()),
+        "; only a FAILED or CANCELLED job can be continued (an interrupted one resumes itself, "
+        "a SUCCEEDED one keeps no checkpoint)"));
+  }
+  latentd::v1::TrainSpec mine = spec, theirs = job->spec().train();
+  for (latentd::v1::TrainSpec* s : {&mine, &theirs}) {
+    s->clear_steps();
+    s->clear_epochs();
+    s->mutable_optimizer()->clear_lr();
+    s->clear_schedule();
+    s->clear_checkpoint_every();
+    s->clear_telemetry_every();
+    s->clear_artifact_name();
+    s->clear_resume_from_job_id();
+  }
+  google::protobuf::util::MessageDifferencer differencer;
+  std::string report;
+  differencer.ReportDifferencesToString(&report);
+  if (!differencer.Compare(theirs, mine)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.resume_from_job_id: this spec differs from job ", from,
+        "'s: ", report.substr(0, report.find('\n')),
+        "; only steps, epochs, optimizer.lr, schedule, checkpoint_every, telemetry_every and "
+        "artifact_name may change"));
+  }
+  ASSIGN_OR_RETURN(std::optional<int64_t> step,
+                   DbCheckpointStore(env.store->db(), from).LatestStep());
+  if (!step.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "train.resume_from_job_id: job ", from,
+        " holds no checkpoint (another job took it over, or it failed before its first)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
                                                     const latentd::v1::TrainSpec& spec,
                                                     const TrainEnv& env, JobContext* context) {
@@ -303,6 +359,18 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
                      MakeOptimizer(plan.optimizer, ranks[r].model->parameters()));
   }
   DbCheckpointStore checkpoints(env.store->db(), context->job_id());
+  if (spec.resume_from_job_id() != 0) {
+    auto adopted = checkpoints.AdoptFrom(spec.resume_from_job_id());
+    if (!adopted.ok()) {
+      return absl::Status(adopted.status().code(),
+                          absl::StrCat("train.resume_from_job_id: ", adopted.status().message()));
+    }
+    if (adopted->has_value()) {
+      context->Log(latentd::v1::LogLine::INFO,
+                   absl::StrCat("took over job ", spec.resume_from_job_id(),
+                                "'s checkpoint at step ", **adopted));
+    }
+  }
   auto cancel = [context] { return context->cancel_requested(); };
   auto loop_options = [&](int r) {
     TrainLoopOptions options;
@@ -396,6 +464,7 @@ absl::StatusOr<TrainMemoryEstimate> EstimateTrainMemory(const latentd::v1::Train
 absl::Status ValidateTrainSpec(const latentd::v1::TrainSpec& spec, const TrainEnv& env) {
   try {
     ASSIGN_OR_RETURN(TrainPlan plan, MakePlan(spec, env));
+    RETURN_IF_ERROR(CheckResumeSource(spec, env));
     if (env.artifacts != nullptr && !spec.artifact_name().empty()) {
       auto owner = env.artifacts->FindByName(spec.artifact_name());
       if (owner.ok()) {

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/job_context.h"
+#include "proto/latentd/v1/jobs.pb.h"
 #include "proto/latentd/v1/train.pb.h"
 
 namespace latentd::storage {
@@ -40,6 +41,9 @@ struct TrainEnv {
   int64_t device_memory_bytes = 0;
   // Devices the job asks for (JobSpec.num_devices), for the per-rank batch in the estimate.
   int num_devices = 1;
+  // The daemon's job records, for resume_from_job_id (its type, state and spec). Null: such
+  // specs are refused (FAILED_PRECONDITION).
+  std::function<absl::StatusOr<latentd::v1::Job>(uint64_t job_id)> find_job;
 };
 
 // Cheap checks at submit (INVALID_ARGUMENT naming the field, e.g. "train.optimizer.density";

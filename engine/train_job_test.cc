@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "absl/synchronization/mutex.h"
 #include "engine/sae.h"
@@ -324,6 +325,63 @@ TEST_F(TrainJobTest, NameTakenWhileTrainingNeitherOverwritesTheOtherArtifactNorL
   auto again = RunTrain(spec, env_, &second_again);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->artifact_id(), b->artifact_id());
+}
+
+TEST_F(TrainJobTest, CancelledJobIsContinuedByANewJobToTheWeightsOfAnUninterruptedOne) {
+  latentd::v1::TrainSpec spec = SaeSpec("smfac");
+  spec.set_artifact_name("straight");
+  FakeContext straight(1, 1);
+  auto a = RunTrain(spec, env_, &straight);
+  ASSERT_TRUE(a.ok()) << a.status();
+
+  spec.set_artifact_name("cancelled");
+  FakeContext first(2, 1);
+  first.CancelAfter(23);
+  absl::Status cancelled = RunTrain(spec, env_, &first).status();
+  ASSERT_EQ(cancelled.code(), absl::StatusCode::kCancelled);
+  EXPECT_NE(cancelled.message().find("resume_from_job_id 2"), std::string::npos) << cancelled;
+  std::map<uint64_t, latentd::v1::Job> jobs;
+  auto record = [&jobs](uint64_t id, latentd::v1::JobState state,
+                        const latentd::v1::TrainSpec& train) {
+    latentd::v1::Job& job = jobs[id];
+    job.set_id(id);
+    job.set_state(state);
+    *job.mutable_spec()->mutable_train() = train;
+  };
+  record(2, latentd::v1::CANCELLED, spec);
+  record(4, latentd::v1::RUNNING, spec);
+  env_.find_job = [&jobs](uint64_t id) -> absl::StatusOr<latentd::v1::Job> {
+    auto it = jobs.find(id);
+    if (it == jobs.end()) return absl::NotFoundError("no such job");
+    return it->second;
+  };
+
+  latentd::v1::TrainSpec next = spec;
+  next.set_artifact_name("continued");
+  next.set_telemetry_every(5);  // may change
+  next.set_resume_from_job_id(2);
+  latentd::v1::TrainSpec wider = next;
+  wider.mutable_sae()->set_d_sae(128);
+  ExpectError(wider, absl::StatusCode::kInvalidArgument, "sae.d_sae");
+  next.set_resume_from_job_id(99);
+  ExpectError(next, absl::StatusCode::kNotFound, "train.resume_from_job_id");
+  next.set_resume_from_job_id(4);
+  ExpectError(next, absl::StatusCode::kFailedPrecondition, "RUNNING");
+  next.set_resume_from_job_id(2);
+  ASSERT_TRUE(ValidateTrainSpec(next, env_).ok());
+
+  FakeContext continued(3, 1);
+  auto b = RunTrain(next, env_, &continued);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(continued.telemetry().front().step(), 25);  // the first sample after step 23
+  auto sa = Sae::Load(a->artifact_path());
+  auto sb = Sae::Load(b->artifact_path());
+  ASSERT_TRUE(sa.ok() && sb.ok());
+  EXPECT_TRUE(torch::equal(sa->weights().W_enc, sb->weights().W_enc));
+  EXPECT_TRUE(torch::equal(sa->weights().W_dec, sb->weights().W_dec));
+  EXPECT_EQ(a->final_loss(), b->final_loss());
+  // The checkpoint moved to job 3 (and went with its artifact): job 2 holds none to continue.
+  ExpectError(next, absl::StatusCode::kFailedPrecondition, "holds no checkpoint");
 }
 
 TEST_F(TrainJobTest, TwoCpuDevicesTrainDataParallel) {

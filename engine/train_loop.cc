@@ -164,6 +164,12 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
         torch::from_blob(rows.data(), {init_rows, width}, torch::kFloat32).to(options.device));
   }
 
+  // How a user picks a stopped run up again: a new job that takes this one's checkpoint over.
+  auto continue_with = [context]() -> std::string {
+    if (context == nullptr) return "";
+    return absl::StrCat(" (a TRAIN job with resume_from_job_id ", context->job_id(),
+                        " continues from it)");
+  };
   auto checkpoint = [&](int64_t steps_done) -> absl::Status {
     if (!leader || checkpoints == nullptr) return absl::OkStatus();
     ASSIGN_OR_RETURN(std::string blob, SerializeState(steps_done, model, optimizer,
@@ -225,14 +231,17 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
     const double loss = stats[kStatLoss].item<double>();
     if (stats[kStatCancel].item<float>() > 0) {
       RETURN_IF_ERROR(checkpoint(step));
-      return absl::CancelledError(
-          absl::StrCat("train cancelled at step ", step, "; the checkpoint at that step is kept"));
+      return absl::CancelledError(absl::StrCat("train cancelled at step ", step,
+                                               "; the checkpoint at that step is kept",
+                                               continue_with()));
     }
     if (!std::isfinite(loss)) {
       return WithReason(
-          absl::InternalError(absl::StrFormat(
-              "non-finite loss (%f) at step %d; the last good checkpoint (step %d) is kept", loss,
-              step, last_checkpoint_step)),
+          absl::InternalError(absl::StrCat(
+              absl::StrFormat(
+                  "non-finite loss (%f) at step %d; the last good checkpoint (step %d) is kept",
+                  loss, step, last_checkpoint_step),
+              continue_with())),
           latentd::v1::NUMERICAL);
     }
     model->BeforeOptimizerStep();

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -108,8 +109,15 @@ absl::Status Daemon::Start() {
   env.pool = state->pool.get();
   env.data_roots = options_.data_roots;
   env.artifact_dir = options_.data_dir + "/artifacts";
+  // The runners are built before the manager they serve; they ask it for jobs only at submit.
+  auto manager_slot = std::make_shared<JobManager*>(nullptr);
+  env.find_job = [manager_slot](uint64_t job_id) -> absl::StatusOr<latentd::v1::Job> {
+    if (*manager_slot == nullptr) return absl::UnavailableError("latentd is starting");
+    return (*manager_slot)->Get(job_id);
+  };
   state->manager =
       std::make_unique<JobManager>(state->job_store.get(), state->pool.get(), MakeJobRunners(env));
+  *manager_slot = state->manager.get();
   if (absl::Status s = state->manager->Start(); !s.ok()) return s;
 
   state->jobs_service = std::make_unique<JobsService>(state->manager.get(), &state->auth);

@@ -507,7 +507,11 @@ void JobManager::FinishJob(Entry* entry, const absl::StatusOr<JobResult>& result
     s = SetStateLocked(entry, latentd::v1::PENDING, latentd::v1::INTERRUPTED,
                        "stopped at a safe point by daemon shutdown; resumes on restart");
   } else if (absl::IsCancelled(result.status()) && entry->cancel_requested) {
-    s = SetStateLocked(entry, latentd::v1::CANCELLED, latentd::v1::USER_CANCELLED, "cancelled");
+    // The runner says where it stopped and what it kept (a TRAIN job: its checkpoint and how to
+    // continue from it).
+    const absl::string_view said = result.status().message();
+    s = SetStateLocked(entry, latentd::v1::CANCELLED, latentd::v1::USER_CANCELLED,
+                       said.empty() ? "cancelled" : std::string(said));
   } else {
     s = SetStateLocked(entry, latentd::v1::FAILED, ReasonFor(result.status()),
                        std::string(result.status().message()));

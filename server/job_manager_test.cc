@@ -222,6 +222,7 @@ TEST_F(JobManagerTest, CancelPendingRunningAndFinished) {
   EXPECT_EQ(r.state(), latentd::v1::CANCELLING);
   Job done = WaitFor(running.id(), latentd::v1::CANCELLED);
   EXPECT_EQ(done.reason(), latentd::v1::USER_CANCELLED);
+  EXPECT_EQ(done.message(), "stopped");  // what the runner said, not a generic word
   EXPECT_EQ(manager_->Cancel(running.id()).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(manager_->Cancel(999).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(pool_->free_count(), 1);

@@ -47,6 +47,7 @@ engine::TrainEnv MakeTrainEnv(const RunnerEnvironment& env, const latentd::v1::J
   train.device_memory_bytes = SmallestDeviceMemory(env.pool);
   train.num_devices = DevicesRequested(spec);
   train.artifacts = env.artifacts;
+  train.find_job = env.find_job;
   return train;
 }
 

@@ -3,6 +3,7 @@
 #ifndef LATENTD_SERVER_JOB_RUNNERS_H_
 #define LATENTD_SERVER_JOB_RUNNERS_H_
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,6 +23,9 @@ struct RunnerEnvironment {
   std::vector<std::string> data_roots;
   // Trained SAEs are written under this directory.
   std::string artifact_dir;
+  // The daemon's job records (TRAIN's resume_from_job_id reads the job it continues). Called
+  // only from validation at submit, so it may reach a JobManager built after the runners.
+  std::function<absl::StatusOr<latentd::v1::Job>(uint64_t job_id)> find_job;
 };
 
 // PROBE, EXTRACT and TRAIN. The environment's pointers must outlive the runners.

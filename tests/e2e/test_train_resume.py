@@ -1,5 +1,6 @@
 """TRAIN through the daemon: kill -9 after a checkpoint, restart, and the job resumes from it; with a
-fixed seed the trained weights equal, byte for byte, those of an uninterrupted run."""
+fixed seed the trained weights equal, byte for byte, those of an uninterrupted run. The same holds
+for a cancelled job that a new job continues (resume_from_job_id)."""
 
 import os
 import subprocess
@@ -28,6 +29,19 @@ def train_spec(dataset_id, name):
         "telemetryEvery": 25, "artifactName": name}
 
 
+def wait_until_midway(client, job_id):
+    """Until the job has passed two checkpoints and has 50 steps or more to go."""
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        j = client.get(job_id)
+        if j.state == jobs_pb2.RUNNING and 2 * CHECKPOINT_EVERY < j.progress.units_done < STEPS - 50:
+            return
+        if j.state == jobs_pb2.SUCCEEDED:
+            raise AssertionError("job %d finished before it could be stopped" % job_id)
+        time.sleep(0.005)
+    raise AssertionError("job %d never got midway" % job_id)
+
+
 class TrainResume(DaemonTestCase):
     def test_kill9_resumes_from_the_checkpoint_to_identical_weights(self):
         inputs = os.path.join(self.tmp, "inputs")
@@ -47,13 +61,7 @@ class TrainResume(DaemonTestCase):
         self.assertEqual(reference.state, jobs_pb2.SUCCEEDED, reference.message)
 
         job = c.submit("TRAIN", train_spec(dataset, "killed"))
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            j = c.get(job.id)
-            if j.state == jobs_pb2.RUNNING and 2 * CHECKPOINT_EVERY < j.progress.units_done < STEPS - 50:
-                break
-            self.assertNotEqual(j.state, jobs_pb2.SUCCEEDED, "finished before it could be killed")
-            time.sleep(0.005)
+        wait_until_midway(c, job.id)
         c.close()
         daemon.kill9()
 
@@ -75,6 +83,21 @@ class TrainResume(DaemonTestCase):
 
         self.assertEqual(weights(reference), weights(final))
         self.assertEqual(reference.result.train.final_loss, final.result.train.final_loss)
+
+        # Cancelled, then continued by a new job that takes its checkpoint over: the same weights.
+        job = c.submit("TRAIN", train_spec(dataset, "cancelled"))
+        wait_until_midway(c, job.id)
+        c.cancel(job.id)
+        cancelled = c.wait(job.id)
+        self.assertEqual(cancelled.state, jobs_pb2.CANCELLED, cancelled.message)
+        self.assertIn("resume_from_job_id %d" % job.id, cancelled.message)
+        spec = train_spec(dataset, "continued")
+        spec["resumeFromJobId"] = str(job.id)
+        continued = c.wait(c.submit("TRAIN", spec).id)
+        self.assertEqual(continued.state, jobs_pb2.SUCCEEDED, continued.message)
+        progress = [e.progress.units_done for e in c.watch(continued.id) if e.HasField("progress")]
+        self.assertGreaterEqual(progress[0], CHECKPOINT_EVERY, "the continuation began at step 0")
+        self.assertEqual(weights(reference), weights(continued))
 
 
 if __name__ == "__main__":
