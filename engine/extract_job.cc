@@ -111,6 +111,14 @@ SinkOpener ChunkStoreSinkOpener(storage::ChunkStore* store) {
                          " was started with other inputs (rows, width, context or model "
                          "weights differ); cannot resume it"));
       }
+      // Datasets from before the SAE's hash was recorded carry none: nothing to compare.
+      if (rec.meta.encoder != m.encoder || rec.meta.k != m.k ||
+          (!rec.meta.sae_weight_hash.empty() && rec.meta.sae_weight_hash != m.sae_weight_hash)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "dataset ", m.name, " was started with another SAE (", rec.meta.encoder,
+            " k=", rec.meta.k, ", weights ", rec.meta.sae_weight_hash, "; now ", m.encoder,
+            " k=", m.k, ", weights ", m.sae_weight_hash, "); cannot resume it"));
+      }
       opened.dataset_id = *found;
       if (rec.complete) {
         auto info = store->GetDataset(*found);
@@ -125,6 +133,7 @@ SinkOpener ChunkStoreSinkOpener(storage::ChunkStore* store) {
       meta.value_dtype = ToStorage(m.value_dtype);
       meta.model_id = m.model_id;
       meta.model_weight_hash = m.model_weight_hash;
+      meta.sae_weight_hash = m.sae_weight_hash;
       meta.hook_name = m.hook_name;
       meta.layer = m.layer;
       meta.d_in = m.d_in;

@@ -287,5 +287,36 @@ TEST_F(ExtractJobTest, CancelledJobsResumeToTheUninterruptedDataset) {
   }
 }
 
+// A job resumed after a restart must not finish its dataset with other SAE weights than it
+// started with (the user replaced the file in between): the rows would mix two dictionaries.
+TEST_F(ExtractJobTest, ResumeWithChangedSaeWeightsIsRefused) {
+  auto db = OpenDb("db_sae_changed");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  FakeContext first(300, 1);
+  first.cancel_after_ = 2;
+  ASSERT_EQ(RunExtract(Spec(), env_, &first).status().code(), absl::StatusCode::kCancelled);
+  const uint64_t id = *store.FindDataset("extract-300");
+  const std::string recorded = store.GetDataset(id)->sae_weight_hash();
+  EXPECT_EQ(recorded.rfind("crc32c:", 0), 0u) << recorded;
+  EXPECT_GT(store.GetRecord(id)->rows_committed, 0);
+
+  SaeConfig cfg;
+  cfg.d_in = 16;
+  cfg.d_sae = 48;
+  cfg.k = 5;
+  cfg.architecture = SaeArchitecture::kTopK;
+  at::manual_seed(3);
+  at::Tensor dec = at::randn({48, 16});
+  ASSERT_TRUE(SaveSae(root_ + "/sae",
+                      {dec.t().contiguous(), at::zeros({48}), dec, at::zeros({16}), {}}, cfg)
+                  .ok());
+  FakeContext again(300, 1);
+  absl::Status refused = RunExtract(Spec(), env_, &again).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("another SAE"), std::string::npos) << refused;
+  EXPECT_EQ(store.GetDataset(id)->sae_weight_hash(), recorded);
+}
+
 }  // namespace
 }  // namespace latentd::engine

@@ -296,6 +296,7 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
                                 : "relu, zeros dropped";
     meta.apply_b_dec_to_input = c.sae_cfg.apply_b_dec_to_input;
     meta.width = static_cast<int32_t>(c.sae_cfg.d_sae);
+    meta.sae_weight_hash = sae_cpu->weight_hash();
   } else {
     meta.width = meta.d_in;
   }

@@ -8,8 +8,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "engine/safetensors.h"
+#include "storage/crc32c.h"
 
 namespace latentd::engine {
 namespace {
@@ -98,6 +100,11 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir) {
   auto sae = Create(cfg, std::move(w));
   if (!sae.ok())
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", sae.status().message()));
+  // CRC32C runs at memory speed (SSE4.2), so even a 1M-latent SAE's gigabytes cost little
+  // next to reading them; it guards against a changed file, not against an adversary.
+  const std::string& bytes = file.bytes();
+  sae->weight_hash_ =
+      absl::StrFormat("crc32c:%08x:%d", storage::Crc32c(bytes.data(), bytes.size()), bytes.size());
   return sae;
 }
 

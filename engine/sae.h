@@ -60,6 +60,9 @@ class Sae {
   static absl::StatusOr<Sae> Load(const std::string& dir);
 
   const SaeConfig& config() const { return cfg_; }
+  // "crc32c:<8 hex>:<bytes>" of the weights file an SAE was loaded from (Load only; "" for one
+  // made by Create): what a dataset records so that a resumed job cannot switch SAEs midway.
+  const std::string& weight_hash() const { return weight_hash_; }
   const SaeWeights& weights() const { return w_; }
   // A copy on `device` (a replica per device in multi-device jobs).
   Sae To(const at::Device& device) const;
@@ -79,6 +82,7 @@ class Sae {
 
  private:
   SaeConfig cfg_;
+  std::string weight_hash_;
   SaeWeights w_;
 };
 

@@ -57,6 +57,8 @@ class SafetensorsFile {
   static absl::StatusOr<SafetensorsFile> Read(const std::string& path);
 
   const StHeader& header() const { return header_; }
+  // The whole file as read.
+  const std::string& bytes() const { return bytes_; }
   // The bytes of `info` (one of header().tensors).
   const char* data(const StTensorInfo& info) const {
     return bytes_.data() + header_.data_start + info.begin;

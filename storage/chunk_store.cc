@@ -55,6 +55,8 @@ std::string EncodeRecord(const DatasetRecord& r) {
   PutRaw<int64_t>(m.rows_planned, &out);
   PutRaw<int32_t>(m.top_n, &out);
   PutRaw<uint8_t>(m.postings, &out);
+  // Fields added later follow, so older records (which end here) still decode.
+  PutString(m.sae_weight_hash, &out);
   return out;
 }
 
@@ -86,6 +88,7 @@ absl::Status DecodeRecord(absl::string_view in, DatasetRecord* r) {
   m.rows_planned = rd.Raw<int64_t>();
   m.top_n = rd.Raw<int32_t>();
   m.postings = rd.Raw<uint8_t>() != 0;
+  if (!rd.rest().empty()) m.sae_weight_hash = rd.String();
   if (!rd.ok() || version < 1 || version > kRecordVersion) {
     return absl::DataLossError("malformed dataset record");
   }
@@ -447,6 +450,7 @@ latentd::v1::DatasetInfo ToInfo(const DatasetRecord& r, uint64_t bytes) {
                                                                 : latentd::v1::FLOAT32);
   info.set_model_id(m.model_id);
   info.set_model_weight_hash(m.model_weight_hash);
+  info.set_sae_weight_hash(m.sae_weight_hash);
   info.set_hook_name(m.hook_name);
   info.set_layer(m.layer);
   info.set_d_in(m.d_in);

@@ -46,6 +46,9 @@ struct DatasetMeta {  // what the creator fills in; the store adds id, created t
   DatasetKind kind = DatasetKind::kSparse;
   ValueDtype value_dtype = ValueDtype::kFloat16;
   std::string model_id, model_weight_hash, hook_name;
+  // SPARSE: identifies the SAE's weights, so a resumed writer cannot mix two SAEs in one
+  // dataset. Stored after every older field, so records without it read as "".
+  std::string sae_weight_hash;
   int32_t layer = 0;
   int32_t d_in = 0;
   std::string encoder;  // "topk", "relu", "jumprelu"; "" for dense

@@ -743,6 +743,25 @@ TEST_P(ChunkStoreTest, CorruptChunkIsDataLossNamingTheChunk) {
   }
 }
 
+// The SAE's weight hash came after the first datasets: their records end before it and must
+// still open, reading an empty hash.
+TEST_P(ChunkStoreTest, RecordsWithoutTheSaeHashStillOpen) {
+  DatasetMeta meta = SparseMeta("hashed");
+  meta.sae_weight_hash = "crc32c:0123abcd:4096";
+  const uint64_t id = *store_->CreateDataset(meta);
+  EXPECT_EQ(store_->GetRecord(id)->meta.sae_weight_hash, meta.sae_weight_hash);
+  EXPECT_EQ(store_->GetDataset(id)->sae_weight_hash(), meta.sae_weight_hash);
+  std::string stored = *db_->Get(Family::kMeta, keys::DatasetRecord(id));
+  stored.resize(stored.size() - 4 - meta.sae_weight_hash.size());
+  ASSERT_TRUE(db_->Put(Family::kMeta, keys::DatasetRecord(id), stored, true).ok());
+  Reopen();
+  auto old = store_->GetRecord(id);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->meta.sae_weight_hash, "");
+  EXPECT_EQ(old->meta.name, "hashed");
+  EXPECT_EQ(old->meta.top_n, meta.top_n);
+}
+
 TEST_P(ChunkStoreTest, DeleteRemovesEverything) {
   uint64_t id = *store_->CreateDataset(SparseMeta("del"));
   uint64_t keep = *store_->CreateDataset(SparseMeta("keep"));

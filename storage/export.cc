@@ -249,6 +249,7 @@ absl::Status WriteHdf5(const std::vector<Array>& arrays, const DatasetRecord& re
   w.AttrString("name", m.name);
   w.AttrString("model_id", m.model_id);
   w.AttrString("model_weight_hash", m.model_weight_hash);
+  w.AttrString("sae_weight_hash", m.sae_weight_hash);
   w.AttrString("hook_name", m.hook_name);
   w.AttrString("encoder", m.encoder);
   w.AttrString("threshold_policy", m.threshold_policy);
