@@ -99,7 +99,8 @@ SinkOpener ChunkStoreSinkOpener(storage::ChunkStore* store) {
     auto found = store->FindDataset(m.name);
     if (found.ok()) {
       ASSIGN_OR_RETURN(storage::DatasetRecord rec, store->GetRecord(*found));
-      if (rec.meta.job_id != m.job_id) {
+      const bool adopting = m.adopt_from_job != 0 && rec.meta.job_id == m.adopt_from_job;
+      if (rec.meta.job_id != m.job_id && !adopting) {
         return absl::AlreadyExistsError(absl::StrCat("extract.dataset_name: dataset ", m.name,
                                                      " belongs to job ", rec.meta.job_id));
       }
@@ -119,6 +120,7 @@ SinkOpener ChunkStoreSinkOpener(storage::ChunkStore* store) {
             " k=", rec.meta.k, ", weights ", rec.meta.sae_weight_hash, "; now ", m.encoder,
             " k=", m.k, ", weights ", m.sae_weight_hash, "); cannot resume it"));
       }
+      if (adopting) RETURN_IF_ERROR(store->ReassignDataset(*found, m.adopt_from_job, m.job_id));
       opened.dataset_id = *found;
       if (rec.complete) {
         auto info = store->GetDataset(*found);
@@ -126,6 +128,11 @@ SinkOpener ChunkStoreSinkOpener(storage::ChunkStore* store) {
                                                      info.ok() ? info->bytes_on_disk() : -1);
         return opened;
       }
+    } else if (found.status().code() == absl::StatusCode::kNotFound && m.adopt_from_job != 0) {
+      // Starting over would look like a continuation while recomputing everything.
+      return absl::FailedPreconditionError(absl::StrCat("extract.resume_from_job_id: job ",
+                                                        m.adopt_from_job, "'s dataset ", m.name,
+                                                        " no longer exists"));
     } else if (found.status().code() == absl::StatusCode::kNotFound) {
       storage::DatasetMeta meta;
       meta.name = m.name;
@@ -158,6 +165,26 @@ SinkOpener ChunkStoreSinkOpener(storage::ChunkStore* store) {
     opened.sink = std::make_unique<ChunkStoreSink>(store, opened.dataset_id, std::move(writer));
     return opened;
   };
+}
+
+absl::Status ValidateExtractJob(const latentd::v1::ExtractSpec& spec, const ExtractEnv& env) {
+  RETURN_IF_ERROR(ValidateExtractSpec(spec, env));
+  const uint64_t from = spec.resume_from_job_id();
+  if (from == 0 || env.store == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const std::string name, ExtractDatasetNameFor(spec, env, 0));
+  auto id = env.store->FindDataset(name);
+  if (absl::IsNotFound(id.status())) {
+    return absl::FailedPreconditionError(absl::StrCat("extract.resume_from_job_id: job ", from,
+                                                      "'s dataset ", name, " no longer exists"));
+  }
+  RETURN_IF_ERROR(id.status());
+  ASSIGN_OR_RETURN(storage::DatasetRecord record, env.store->GetRecord(*id));
+  if (record.meta.job_id != from) {
+    return absl::FailedPreconditionError(absl::StrCat("extract.resume_from_job_id: dataset ", name,
+                                                      " was taken over by job ",
+                                                      record.meta.job_id));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<latentd::v1::ExtractResult> RunExtract(const latentd::v1::ExtractSpec& spec,

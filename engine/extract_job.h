@@ -1,12 +1,14 @@
 // The EXTRACT job as the job runner calls it. Torch-free: the server includes this.
 //
-//   ValidateExtractSpec(spec, env)  -- at submit (see extract_runner.h for what it checks)
+//   ValidateExtractJob(spec, env)   -- at submit
 //   RunExtract(spec, env, ctx)      -- in the job's thread
 //
 // RunExtract creates the dataset (dataset_name, default "extract-<job id>") in env.store, or, when
 // it exists for the same job id, resumes it at its watermark; the final dataset equals, row for
 // row, that of an uninterrupted run. It returns CANCELLED promptly after ctx->cancel_requested()
-// (committed rows stay), and on failure leaves nothing beyond the last commit.
+// (committed rows stay), and on failure leaves nothing beyond the last commit. With
+// resume_from_job_id it takes the dataset of that FAILED or CANCELLED job over and continues it
+// the same way.
 #ifndef LATENTD_ENGINE_EXTRACT_JOB_H_
 #define LATENTD_ENGINE_EXTRACT_JOB_H_
 
@@ -16,6 +18,10 @@
 #include "proto/latentd/v1/extract.pb.h"
 
 namespace latentd::engine {
+
+// ValidateExtractSpec (extract_runner.h), and with resume_from_job_id that the continued job's
+// dataset still exists and is still that job's (FAILED_PRECONDITION otherwise).
+absl::Status ValidateExtractJob(const latentd::v1::ExtractSpec& spec, const ExtractEnv& env);
 
 absl::StatusOr<latentd::v1::ExtractResult> RunExtract(const latentd::v1::ExtractSpec& spec,
                                                       const ExtractEnv& env, JobContext* ctx);

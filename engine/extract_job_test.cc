@@ -287,6 +287,73 @@ TEST_F(ExtractJobTest, CancelledJobsResumeToTheUninterruptedDataset) {
   }
 }
 
+// A job that failed (disk full) or was cancelled keeps its committed rows; a new job with the
+// same spec continues its dataset and ends with the uninterrupted run's rows.
+TEST_F(ExtractJobTest, CancelledJobIsContinuedByANewJobToTheUninterruptedDataset) {
+  auto db = OpenDb("db_continue");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  FakeContext straight(400, 1);
+  ASSERT_TRUE(RunExtract(Spec(), env_, &straight).ok());
+  FakeContext first(500, 1);
+  first.cancel_after_ = 3;
+  absl::Status cancelled = RunExtract(Spec(), env_, &first).status();
+  ASSERT_EQ(cancelled.code(), absl::StatusCode::kCancelled);
+  EXPECT_NE(cancelled.message().find("resume_from_job_id 500"), std::string::npos) << cancelled;
+  const uint64_t id = *store.FindDataset("extract-500");
+  const int64_t kept = store.GetRecord(id)->rows_committed;
+  EXPECT_GT(kept, 0);
+
+  std::map<uint64_t, latentd::v1::Job> jobs;
+  for (auto [job_id, state] : {std::pair{uint64_t{500}, latentd::v1::CANCELLED},
+                               std::pair{uint64_t{501}, latentd::v1::RUNNING}}) {
+    jobs[job_id].set_id(job_id);
+    jobs[job_id].set_state(state);
+    *jobs[job_id].mutable_spec()->mutable_extract() = Spec();
+  }
+  env_.find_job = [&jobs](uint64_t job_id) -> absl::StatusOr<latentd::v1::Job> {
+    auto it = jobs.find(job_id);
+    if (it == jobs.end()) return absl::NotFoundError("no such job");
+    return it->second;
+  };
+  latentd::v1::ExtractSpec next = Spec();
+  next.set_resume_from_job_id(500);
+  latentd::v1::ExtractSpec other = next;
+  other.set_batch_sequences(4);
+  absl::Status s = ValidateExtractJob(other, env_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("batch_sequences"), std::string::npos) << s;
+  other = next;
+  other.set_dataset_name("elsewhere");
+  EXPECT_EQ(ValidateExtractJob(other, env_).code(), absl::StatusCode::kInvalidArgument);
+  other.set_dataset_name("extract-500");
+  EXPECT_TRUE(ValidateExtractJob(other, env_).ok());
+  other = next;
+  other.set_resume_from_job_id(501);
+  EXPECT_EQ(ValidateExtractJob(other, env_).code(), absl::StatusCode::kFailedPrecondition);
+  other.set_resume_from_job_id(77);
+  EXPECT_EQ(ValidateExtractJob(other, env_).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(ValidateExtractJob(next, env_).ok()) << ValidateExtractJob(next, env_);
+
+  FakeContext continued(600, 1);
+  auto r = RunExtract(next, env_, &continued);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->dataset_id(), id);
+  EXPECT_EQ(continued.progress_.front(), kept);  // it began at the kept rows
+  EXPECT_EQ(store.GetRecord(id)->meta.job_id, 600u);
+  auto a = store.ReadRows(*store.FindDataset("extract-400"), 0, 0);
+  auto b = store.ReadRows(id, 0, 0);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->token_ids, b->token_ids);
+  EXPECT_EQ(a->indptr, b->indptr);
+  EXPECT_EQ(a->indices, b->indices);
+  EXPECT_EQ(a->values, b->values);
+  // Taken over: job 500 has no dataset left to continue.
+  s = ValidateExtractJob(next, env_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("job 600"), std::string::npos) << s;
+}
+
 // A job resumed after a restart must not finish its dataset with other SAE weights than it
 // started with (the user replaced the file in between): the rows would mix two dictionaries.
 TEST_F(ExtractJobTest, ResumeWithChangedSaeWeightsIsRefused) {

@@ -20,6 +20,7 @@
 #include "engine/sae_config.h"
 #include "engine/token_source.h"
 #include "engine/torchscript_model.h"
+#include "google/protobuf/util/message_differencer.h"
 
 namespace latentd::engine {
 namespace {
@@ -205,8 +206,54 @@ std::string ExtractDatasetName(const ExtractSpec& spec, uint64_t job_id) {
   return spec.dataset_name().empty() ? absl::StrCat("extract-", job_id) : spec.dataset_name();
 }
 
+absl::StatusOr<std::string> ExtractDatasetNameFor(const ExtractSpec& spec, const ExtractEnv& env,
+                                                  uint64_t job_id) {
+  const uint64_t from = spec.resume_from_job_id();
+  if (from == 0) return ExtractDatasetName(spec, job_id);
+  if (!env.find_job) {
+    return absl::FailedPreconditionError("extract.resume_from_job_id: no job records here");
+  }
+  auto job = env.find_job(from);
+  if (absl::IsNotFound(job.status())) {
+    return absl::NotFoundError(absl::StrCat("extract.resume_from_job_id: no job ", from));
+  }
+  RETURN_IF_ERROR(job.status());
+  if (!job->spec().has_extract()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("extract.resume_from_job_id: job ", from, " is not an EXTRACT job"));
+  }
+  if (job->state() != latentd::v1::FAILED && job->state() != latentd::v1::CANCELLED) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "extract.resume_from_job_id: job ", from, " is ", latentd::v1::JobState_Name(job->state()),
+        "; only a FAILED or CANCELLED job can be continued (an interrupted one resumes itself)"));
+  }
+  const std::string name = ExtractDatasetName(job->spec().extract(), from);
+  if (!spec.dataset_name().empty() && spec.dataset_name() != name) {
+    return absl::InvalidArgumentError(absl::StrCat("extract.dataset_name: job ", from,
+                                                   " wrote dataset ", name, ", not ",
+                                                   spec.dataset_name()));
+  }
+  // Every field shapes the rows (batching too: a matmul's blocking can change the last bits), so
+  // the continuation computes exactly what the first job would have.
+  ExtractSpec mine = spec, theirs = job->spec().extract();
+  for (ExtractSpec* s : {&mine, &theirs}) {
+    s->clear_dataset_name();
+    s->clear_resume_from_job_id();
+  }
+  google::protobuf::util::MessageDifferencer differencer;
+  std::string report;
+  differencer.ReportDifferencesToString(&report);
+  if (!differencer.Compare(theirs, mine)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("extract.resume_from_job_id: this spec differs from job ", from,
+                     "'s: ", report.substr(0, report.find('\n'))));
+  }
+  return name;
+}
+
 absl::Status ValidateExtractSpec(const ExtractSpec& spec, const ExtractEnv& env) {
   ASSIGN_OR_RETURN(Checked c, Check(spec, env));
+  RETURN_IF_ERROR(ExtractDatasetNameFor(spec, env, 0).status());
   if (spec.model().has_reference() && env.device_memory_bytes > 0) {
     const int64_t need =
         EstimateDeviceBytes(c, ReferenceParamBytes(c.reference),
@@ -276,7 +323,8 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
 
   const uint64_t job_id = ctx != nullptr ? ctx->job_id() : 0;
   ExtractDatasetMeta meta;
-  meta.name = ExtractDatasetName(spec, job_id);
+  ASSIGN_OR_RETURN(meta.name, ExtractDatasetNameFor(spec, env, job_id));
+  meta.adopt_from_job = spec.resume_from_job_id();
   meta.sparse = c.sparse;
   meta.value_dtype = spec.value_dtype() == latentd::v1::VALUE_DTYPE_UNSPECIFIED
                          ? latentd::v1::FLOAT16
@@ -335,6 +383,17 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   auto run = RunExtractPipeline(*tokens, &replicas, opened.sink.get(), options, callbacks);
   if (!run.ok()) {
     absl::Status s = run.status();
+    // How a user picks the rows up again once the cause is fixed (disk space, a cancel).
+    if (ctx != nullptr) {
+      absl::Status hinted(s.code(), absl::StrCat(s.message(),
+                                                 " (rows up to the last commit are kept; an "
+                                                 "EXTRACT job with resume_from_job_id ",
+                                                 job_id, " continues dataset ", meta.name, ")"));
+      s.ForEachPayload([&hinted](absl::string_view url, const absl::Cord& payload) {
+        hinted.SetPayload(url, payload);
+      });
+      s = std::move(hinted);
+    }
     if (absl::StrContains(s.message(), "non-finite")) return WithReason(s, latentd::v1::NUMERICAL);
     if (s.code() == absl::StatusCode::kResourceExhausted) return WithReason(s, latentd::v1::OOM);
     return s;

@@ -14,6 +14,7 @@
 #include "engine/job_context.h"
 #include "engine/row_sink.h"
 #include "proto/latentd/v1/extract.pb.h"
+#include "proto/latentd/v1/jobs.pb.h"
 
 namespace latentd::storage {
 class ChunkStore;
@@ -30,6 +31,8 @@ struct ExtractEnv {
   std::function<absl::StatusOr<std::string>(uint64_t)> sae_artifact_dir;
   // Memory of the smallest device a job may get, for the submit-time memory check; 0: unknown.
   int64_t device_memory_bytes = 0;
+  // The daemon's job records, for resume_from_job_id. Null: such specs are FAILED_PRECONDITION.
+  std::function<absl::StatusOr<latentd::v1::Job>(uint64_t job_id)> find_job;
 };
 
 // What the dataset records about the job (mirrors storage::DatasetMeta).
@@ -50,6 +53,8 @@ struct ExtractDatasetMeta {
   std::string token_source;
   int64_t token_order_start = 0;  // first source sequence's first row: sequence_start * L
   uint64_t job_id = 0;
+  // resume_from_job_id: a dataset of this job is taken over (after the same checks as a resume).
+  uint64_t adopt_from_job = 0;
   int64_t rows_planned = 0;
   bool postings = true;
   int32_t top_n = 64;
@@ -59,8 +64,8 @@ struct OpenedSink {
   uint64_t dataset_id = 0;
   std::unique_ptr<RowSink> sink;
 };
-// Creates the dataset, or reopens it at its watermark when it exists for the same job id
-// (ALREADY_EXISTS when it belongs to another job).
+// Creates the dataset, or reopens it at its watermark when it exists for the same job id, or for
+// adopt_from_job (then it becomes this job's); ALREADY_EXISTS when it belongs to another job.
 using SinkOpener = std::function<absl::StatusOr<OpenedSink>(const ExtractDatasetMeta&)>;
 
 // Cheap checks at submit: paths under the data roots (PERMISSION_DENIED), files present
@@ -76,6 +81,14 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const latentd::v1::E
 
 // The dataset name a spec gets: dataset_name, else "extract-<job id>".
 std::string ExtractDatasetName(const latentd::v1::ExtractSpec& spec, uint64_t job_id);
+
+// The dataset a job of `spec` writes: dataset_name; else, with resume_from_job_id, the dataset
+// of the job it continues; else "extract-<job id>". With resume_from_job_id it first checks that
+// job: a FAILED or CANCELLED EXTRACT job whose spec equals this one but for dataset_name (which
+// must be empty or name its dataset). NOT_FOUND for an unknown job, INVALID_ARGUMENT quoting the
+// first difference, FAILED_PRECONDITION for a job in another state.
+absl::StatusOr<std::string> ExtractDatasetNameFor(const latentd::v1::ExtractSpec& spec,
+                                                  const ExtractEnv& env, uint64_t job_id);
 
 }  // namespace latentd::engine
 

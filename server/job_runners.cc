@@ -27,6 +27,7 @@ engine::ExtractEnv MakeExtractEnv(const RunnerEnvironment& env) {
   // SAEs that TRAIN jobs wrote are inputs too, wherever the user's data roots are.
   extract.data_roots.push_back(env.artifact_dir);
   extract.device_memory_bytes = SmallestDeviceMemory(env.pool);
+  extract.find_job = env.find_job;
   storage::ArtifactStore* artifacts = env.artifacts;
   extract.sae_artifact_dir = [artifacts](uint64_t id) -> absl::StatusOr<std::string> {
     auto artifact = artifacts->Get(id);
@@ -73,7 +74,7 @@ std::map<latentd::v1::JobType, JobRunner> MakeJobRunners(const RunnerEnvironment
   const engine::ExtractEnv extract_env = MakeExtractEnv(env);
   JobRunner extract;
   extract.validate = [extract_env](const latentd::v1::JobSpec& spec) {
-    return engine::ValidateExtractSpec(spec.extract(), extract_env);
+    return engine::ValidateExtractJob(spec.extract(), extract_env);
   };
   extract.run = [extract_env](
                     const latentd::v1::JobSpec& spec,

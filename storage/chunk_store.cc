@@ -507,6 +507,22 @@ absl::StatusOr<std::vector<latentd::v1::DatasetInfo>> ChunkStore::ListDatasets()
   return out;
 }
 
+absl::Status ChunkStore::ReassignDataset(uint64_t id, uint64_t from_job, uint64_t to_job) {
+  absl::MutexLock lock(&mu_);
+  if (open_writers_.count(id)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset ", id, " has an open writer (its job is still running)"));
+  }
+  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecord(id));
+  if (rec.meta.job_id != from_job) {
+    return absl::FailedPreconditionError(absl::StrCat("dataset ", id, " (", rec.meta.name,
+                                                      ") belongs to job ", rec.meta.job_id,
+                                                      ", not job ", from_job));
+  }
+  rec.meta.job_id = to_job;
+  return db_->Put(Family::kMeta, keys::DatasetRecord(id), EncodeRecord(rec), /*sync=*/true);
+}
+
 absl::Status ChunkStore::DeleteDataset(uint64_t id) {
   static constexpr Family kDataFamilies[] = {Family::kChunks, Family::kLatentIndex,
                                              Family::kPostings};

@@ -163,6 +163,10 @@ class ChunkStore {
   // The summary as the API shows it (rows, nnz, density, dead latents, bytes on disk).
   absl::StatusOr<latentd::v1::DatasetInfo> GetDataset(uint64_t id) const;
   absl::StatusOr<std::vector<latentd::v1::DatasetInfo>> ListDatasets() const;
+  // Hands an unfinished dataset from job `from_job` (which failed or was cancelled) to `to_job`,
+  // which then resumes it at its watermark: one synced write of the record. FAILED_PRECONDITION
+  // while a writer is open or when the dataset is not `from_job`'s.
+  absl::Status ReassignDataset(uint64_t id, uint64_t from_job, uint64_t to_job);
   // Removes every key of the dataset in one synced batch, then compacts its key ranges so that
   // its files are freed before this returns (files a concurrent reader's snapshot still needs
   // stay until a later compaction). FAILED_PRECONDITION while a writer is open.

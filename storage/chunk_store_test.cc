@@ -762,6 +762,27 @@ TEST_P(ChunkStoreTest, RecordsWithoutTheSaeHashStillOpen) {
   EXPECT_EQ(old->meta.top_n, meta.top_n);
 }
 
+TEST_P(ChunkStoreTest, ReassignHandsAnIdleDatasetToTheNextJob) {
+  DatasetMeta meta = SparseMeta("handed");
+  meta.job_id = 5;
+  const uint64_t id = *store_->CreateDataset(meta);
+  {
+    auto w = store_->OpenWriter(id);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(Append(w->get(), MakeRows(0, 150, 256)).ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+    EXPECT_EQ(store_->ReassignDataset(id, 5, 6).code(), absl::StatusCode::kFailedPrecondition);
+  }
+  EXPECT_EQ(store_->ReassignDataset(id, 4, 6).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(store_->ReassignDataset(id, 5, 6).ok());
+  Reopen();
+  auto rec = store_->GetRecord(id);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_EQ(rec->meta.job_id, 6u);
+  EXPECT_EQ(rec->rows_committed, 150);  // the watermark is untouched
+  EXPECT_EQ(store_->ReassignDataset(id, 5, 7).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_P(ChunkStoreTest, DeleteRemovesEverything) {
   uint64_t id = *store_->CreateDataset(SparseMeta("del"));
   uint64_t keep = *store_->CreateDataset(SparseMeta("keep"));

@@ -1,5 +1,6 @@
 """EXTRACT through the daemon: kill -9 mid-job, restart, and the dataset equals, row for row, that of
-an uninterrupted run, for 1 and 2 devices (issue: EXTRACT jobs, "Resume")."""
+an uninterrupted run, for 1 and 2 devices (issue: EXTRACT jobs, "Resume"); and a cancelled job's
+dataset, continued by a new job (resume_from_job_id), ends the same."""
 
 import os
 import subprocess
@@ -88,6 +89,41 @@ class ExtractResume(DaemonTestCase):
 
     def test_resume_one_device(self):
         self.run_case(1)
+
+    def test_cancelled_job_is_continued_by_a_new_job(self):
+        inputs = self.make_inputs()
+        daemon = self.start_daemon(name="continue", devices="cpu:1",
+                                   extra_args=["--data_roots=" + self.tmp])
+        client = daemon.client()
+        reference = client.wait(client.submit("EXTRACT", extract_spec(inputs, "whole")).id)
+        self.assertEqual(reference.state, jobs_pb2.SUCCEEDED, reference.message)
+        total = SEQUENCES * CONTEXT
+        job = client.submit("EXTRACT", extract_spec(inputs, "halted"))
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            j = client.get(job.id)
+            if j.state == jobs_pb2.RUNNING and 0 < j.progress.units_done < total // 2:
+                break
+            self.assertNotEqual(j.state, jobs_pb2.SUCCEEDED, "finished before it was cancelled")
+            time.sleep(0.005)
+        client.cancel(job.id)
+        cancelled = client.wait(job.id)
+        self.assertEqual(cancelled.state, jobs_pb2.CANCELLED, cancelled.message)
+        self.assertIn("resume_from_job_id %d" % job.id, cancelled.message)
+        spec = extract_spec(inputs, "")
+        del spec["datasetName"]  # the continued job's dataset
+        spec["resumeFromJobId"] = str(job.id)
+        continued = client.wait(client.submit("EXTRACT", spec).id)
+        self.assertEqual(continued.state, jobs_pb2.SUCCEEDED, continued.message)
+        dataset = continued.result.extract.dataset_id
+        self.assertEqual(client.get_dataset(dataset).name, "halted")
+        self.assertEqual(client.get_dataset(dataset).job_id, continued.id)
+        a, a_tokens = client.read_rows(reference.result.extract.dataset_id)
+        b, b_tokens = client.read_rows(dataset)
+        self.assertEqual(a.shape, b.shape)
+        np.testing.assert_array_equal(a_tokens, b_tokens)
+        np.testing.assert_array_equal(a.indices, b.indices)
+        np.testing.assert_array_equal(a.data, b.data)
 
     def test_resume_two_devices(self):
         self.run_case(2)
