@@ -15,12 +15,12 @@
 #include "engine/device_util.h"
 #include "engine/extract_pipeline.h"
 #include "engine/hook_name.h"
+#include "engine/job_continuation.h"
 #include "engine/reference_model.h"
 #include "engine/sae.h"
 #include "engine/sae_config.h"
 #include "engine/token_source.h"
 #include "engine/torchscript_model.h"
-#include "google/protobuf/util/message_differencer.h"
 
 namespace latentd::engine {
 namespace {
@@ -210,44 +210,24 @@ absl::StatusOr<std::string> ExtractDatasetNameFor(const ExtractSpec& spec, const
                                                   uint64_t job_id) {
   const uint64_t from = spec.resume_from_job_id();
   if (from == 0) return ExtractDatasetName(spec, job_id);
-  if (!env.find_job) {
-    return absl::FailedPreconditionError("extract.resume_from_job_id: no job records here");
-  }
-  auto job = env.find_job(from);
-  if (absl::IsNotFound(job.status())) {
-    return absl::NotFoundError(absl::StrCat("extract.resume_from_job_id: no job ", from));
-  }
-  RETURN_IF_ERROR(job.status());
-  if (!job->spec().has_extract()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("extract.resume_from_job_id: job ", from, " is not an EXTRACT job"));
-  }
-  if (job->state() != latentd::v1::FAILED && job->state() != latentd::v1::CANCELLED) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "extract.resume_from_job_id: job ", from, " is ", latentd::v1::JobState_Name(job->state()),
-        "; only a FAILED or CANCELLED job can be continued (an interrupted one resumes itself)"));
-  }
-  const std::string name = ExtractDatasetName(job->spec().extract(), from);
+  constexpr absl::string_view kField = "extract.resume_from_job_id";
+  ASSIGN_OR_RETURN(latentd::v1::Job job,
+                   FindContinuableJob(env.find_job, from, latentd::v1::JobSpec::kExtract, kField));
+  const std::string name = ExtractDatasetName(job.spec().extract(), from);
   if (!spec.dataset_name().empty() && spec.dataset_name() != name) {
     return absl::InvalidArgumentError(absl::StrCat("extract.dataset_name: job ", from,
                                                    " wrote dataset ", name, ", not ",
                                                    spec.dataset_name()));
   }
-  // Every field shapes the rows (batching too: a matmul's blocking can change the last bits), so
-  // the continuation computes exactly what the first job would have.
-  ExtractSpec mine = spec, theirs = job->spec().extract();
-  for (ExtractSpec* s : {&mine, &theirs}) {
-    s->clear_dataset_name();
-    s->clear_resume_from_job_id();
-  }
-  google::protobuf::util::MessageDifferencer differencer;
-  std::string report;
-  differencer.ReportDifferencesToString(&report);
-  if (!differencer.Compare(theirs, mine)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("extract.resume_from_job_id: this spec differs from job ", from,
-                     "'s: ", report.substr(0, report.find('\n'))));
-  }
+  // Every other field shapes the rows (batching too: a matmul's blocking can change the last
+  // bits), so the continuation computes exactly what the first job would have.
+  RETURN_IF_ERROR(CheckSameSpecBut<ExtractSpec>(
+      job.spec().extract(), spec,
+      [](ExtractSpec* s) {
+        s->clear_dataset_name();
+        s->clear_resume_from_job_id();
+      },
+      from, kField, ""));
   return name;
 }
 

@@ -15,6 +15,7 @@
 #include "common/status_macros.h"
 #include "engine/checkpoint.h"
 #include "engine/data_parallel.h"
+#include "engine/job_continuation.h"
 #include "engine/lr_schedule.h"
 #include "engine/optimizer_factory.h"
 #include "engine/sae_model.h"
@@ -23,7 +24,6 @@
 #include "engine/train_models.h"
 #include "engine/train_store_source.h"
 #include "engine/train_token_source.h"
-#include "google/protobuf/util/message_differencer.h"
 #include "storage/artifact_store.h"
 #include "storage/chunk_store.h"
 
@@ -278,45 +278,24 @@ absl::StatusOr<std::string> ClaimArtifactName(const latentd::v1::TrainSpec& spec
 absl::Status CheckResumeSource(const latentd::v1::TrainSpec& spec, const TrainEnv& env) {
   const uint64_t from = spec.resume_from_job_id();
   if (from == 0) return absl::OkStatus();
-  if (!env.find_job) {
-    return absl::FailedPreconditionError("train.resume_from_job_id: no job records here");
-  }
-  auto job = env.find_job(from);
-  if (absl::IsNotFound(job.status())) {
-    return absl::NotFoundError(absl::StrCat("train.resume_from_job_id: no job ", from));
-  }
-  RETURN_IF_ERROR(job.status());
-  if (!job->spec().has_train()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("train.resume_from_job_id: job ", from, " is not a TRAIN job"));
-  }
-  if (job->state() != latentd::v1::FAILED && job->state() != latentd::v1::CANCELLED) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "train.resume_from_job_id: job ", from, " is ", latentd::v1::JobState_Name(job->state()),
-        "; only a FAILED or CANCELLED job can be continued (an interrupted one resumes itself, "
-        "a SUCCEEDED one keeps no checkpoint)"));
-  }
-  latentd::v1::TrainSpec mine = spec, theirs = job->spec().train();
-  for (latentd::v1::TrainSpec* s : {&mine, &theirs}) {
-    s->clear_steps();
-    s->clear_epochs();
-    s->mutable_optimizer()->clear_lr();
-    s->clear_schedule();
-    s->clear_checkpoint_every();
-    s->clear_telemetry_every();
-    s->clear_artifact_name();
-    s->clear_resume_from_job_id();
-  }
-  google::protobuf::util::MessageDifferencer differencer;
-  std::string report;
-  differencer.ReportDifferencesToString(&report);
-  if (!differencer.Compare(theirs, mine)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train.resume_from_job_id: this spec differs from job ", from,
-        "'s: ", report.substr(0, report.find('\n')),
-        "; only steps, epochs, optimizer.lr, schedule, checkpoint_every, telemetry_every and "
-        "artifact_name may change"));
-  }
+  constexpr absl::string_view kField = "train.resume_from_job_id";
+  ASSIGN_OR_RETURN(latentd::v1::Job job,
+                   FindContinuableJob(env.find_job, from, latentd::v1::JobSpec::kTrain, kField));
+  RETURN_IF_ERROR(CheckSameSpecBut<latentd::v1::TrainSpec>(
+      job.spec().train(), spec,
+      [](latentd::v1::TrainSpec* s) {
+        s->clear_steps();
+        s->clear_epochs();
+        s->mutable_optimizer()->clear_lr();
+        s->clear_schedule();
+        s->clear_checkpoint_every();
+        s->clear_telemetry_every();
+        s->clear_artifact_name();
+        s->clear_resume_from_job_id();
+      },
+      from, kField,
+      "only steps, epochs, optimizer.lr, schedule, checkpoint_every, telemetry_every and "
+      "artifact_name may change"));
   ASSIGN_OR_RETURN(std::optional<int64_t> step,
                    DbCheckpointStore(env.store->db(), from).LatestStep());
   if (!step.has_value()) {
