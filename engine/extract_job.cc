@@ -46,22 +46,25 @@ class ChunkStoreSink : public RowSink {
     return absl::OkStatus();
   }
   int64_t bytes_committed() const override { return bytes_; }
+  int64_t nnz_committed() const override { return nnz_; }
 
  private:
   void RefreshBytes() {
     auto info = store_->GetDataset(id_);
-    if (info.ok()) bytes_ = info->bytes_on_disk();
+    if (!info.ok()) return;
+    bytes_ = info->bytes_on_disk();
+    nnz_ = info->nnz();
   }
   storage::ChunkStore* store_;
   uint64_t id_;
   std::unique_ptr<storage::DatasetWriter> writer_;
-  int64_t bytes_ = -1;
+  int64_t bytes_ = -1, nnz_ = -1;
 };
 
 // A dataset committed and flagged complete in an earlier run: nothing left to write.
 class CompleteSink : public RowSink {
  public:
-  explicit CompleteSink(int64_t rows, int64_t bytes) : rows_(rows), bytes_(bytes) {}
+  CompleteSink(int64_t rows, int64_t bytes, int64_t nnz) : rows_(rows), bytes_(bytes), nnz_(nnz) {}
   int64_t rows_committed() const override { return rows_; }
   int64_t rows_pending() const override { return 0; }
   absl::Status AppendSparse(int64_t, const int64_t*, const int32_t*, const float*,
@@ -74,9 +77,10 @@ class CompleteSink : public RowSink {
   absl::Status Commit() override { return absl::OkStatus(); }
   absl::Status MarkComplete() override { return absl::OkStatus(); }
   int64_t bytes_committed() const override { return bytes_; }
+  int64_t nnz_committed() const override { return nnz_; }
 
  private:
-  int64_t rows_, bytes_;
+  int64_t rows_, bytes_, nnz_;
 };
 
 storage::ValueDtype ToStorage(latentd::v1::ValueDtype d) {
@@ -124,8 +128,8 @@ SinkOpener ChunkStoreSinkOpener(storage::ChunkStore* store) {
       opened.dataset_id = *found;
       if (rec.complete) {
         auto info = store->GetDataset(*found);
-        opened.sink = std::make_unique<CompleteSink>(rec.rows_committed,
-                                                     info.ok() ? info->bytes_on_disk() : -1);
+        opened.sink = std::make_unique<CompleteSink>(
+            rec.rows_committed, info.ok() ? info->bytes_on_disk() : -1, rec.nnz);
         return opened;
       }
     } else if (found.status().code() == absl::StatusCode::kNotFound && m.adopt_from_job != 0) {

@@ -348,6 +348,7 @@ TEST_F(ExtractJobTest, CancelledJobIsContinuedByANewJobToTheUninterruptedDataset
   EXPECT_EQ(a->indptr, b->indptr);
   EXPECT_EQ(a->indices, b->indices);
   EXPECT_EQ(a->values, b->values);
+  EXPECT_EQ(r->nnz(), static_cast<int64_t>(b->indices.size()));  // the dataset's, not this run's
   // Taken over: job 500 has no dataset left to continue.
   s = ValidateExtractJob(next, env_);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;

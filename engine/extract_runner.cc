@@ -390,7 +390,8 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   latentd::v1::ExtractResult result;
   result.set_dataset_id(opened.dataset_id);
   result.set_rows(run->rows);
-  result.set_nnz(run->nnz_this_run);
+  const int64_t nnz = opened.sink->nnz_committed();
+  result.set_nnz(nnz >= 0 ? nnz : run->nnz_this_run);
   result.set_rows_skipped_non_finite(run->rows_skipped_non_finite);
   result.set_tokens_per_second(run->tokens_per_second);
   result.set_bytes_per_token(run->rows > 0 ? static_cast<double>(run->bytes_committed) / run->rows

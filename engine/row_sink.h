@@ -35,6 +35,8 @@ class RowSink {
   virtual absl::Status MarkComplete() = 0;
   // Bytes the committed rows occupy as stored; -1 when the sink cannot tell cheaply.
   virtual int64_t bytes_committed() const { return -1; }
+  // Nonzeros of every committed row, earlier runs' included; -1 when the sink cannot tell.
+  virtual int64_t nnz_committed() const { return -1; }
 };
 
 // The committed content of an in-memory dataset; outlives the sinks (writers) opened on it, the
