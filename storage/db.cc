@@ -168,6 +168,9 @@ absl::Status Db::CompactAll() {
 absl::Status Db::CompactRange(Family family, const rocksdb::Slice& begin,
                               const rocksdb::Slice& end) {
   rocksdb::CompactRangeOptions co;
+  // Writers of other datasets keep their background compactions meanwhile (the default would
+  // hold them back until this one ends, and a long one could stall their writes).
+  co.exclusive_manual_compaction = false;
   return FromRocks(db_->CompactRange(co, handle(family), &begin, &end),
                    absl::StrCat("compact ", FamilyName(family)));
 }
