@@ -385,6 +385,20 @@ int Watch(Client& client, const std::vector<std::string>& args) {
   return last_state == v1::SUCCEEDED ? 0 : kExitJobNotSucceeded;
 }
 
+int DeleteJob(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id)) return Usage("delete-job needs a job id");
+  v1::DeleteJobRequest request;
+  request.set_job_id(id);
+  v1::DeleteJobResponse response;
+  grpc::Status status = client.jobs()->DeleteJob(client.Context().get(), request, &response);
+  if (!status.ok()) return RpcError(status);
+  if (!absl::GetFlag(FLAGS_json)) {
+    std::printf("deleted job %llu\n", static_cast<unsigned long long>(id));
+  }
+  return 0;
+}
+
 int Cancel(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
   if (!ParseId(args, 1, &id)) return Usage("cancel needs a job id");
@@ -682,6 +696,7 @@ jobs:
   list [--state=S] [--type=T] [--page_size=N] [--all]   newest first
   watch ID [--after=SEQ]         events until the job ends (exit 3 unless it SUCCEEDED)
   cancel ID
+  delete-job ID                  forget a finished job (record, events, a TRAIN checkpoint)
   telemetry ID [--plot=FILE.png] training telemetry as a table (and a plot)
   devices                        devices and who holds them
 datasets:
@@ -710,6 +725,7 @@ int Run(const std::vector<std::string>& args) {
   if (command == "list") return List(client);
   if (command == "watch") return Watch(client, args);
   if (command == "cancel") return Cancel(client, args);
+  if (command == "delete-job") return DeleteJob(client, args);
   if (command == "devices") return Devices(client);
   if (command == "telemetry") return Telemetry(client, args);
   if (command == "datasets") return Datasets(client);

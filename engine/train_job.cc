@@ -430,6 +430,10 @@ std::string TrainArtifactName(const latentd::v1::TrainSpec& spec, uint64_t job_i
   return spec.artifact_name().empty() ? absl::StrCat("sae-", job_id) : spec.artifact_name();
 }
 
+absl::Status ForgetTrainJob(storage::ChunkStore* store, uint64_t job_id) {
+  return DbCheckpointStore(store->db(), job_id).Clear();
+}
+
 absl::StatusOr<TrainMemoryEstimate> EstimateTrainMemory(const latentd::v1::TrainSpec& spec,
                                                         const TrainEnv& env) {
   try {

@@ -46,6 +46,10 @@ struct TrainEnv {
   std::function<absl::StatusOr<latentd::v1::Job>(uint64_t job_id)> find_job;
 };
 
+// Removes what a TRAIN job keeps in `store` besides its job record: its checkpoint, if any (a
+// cancelled or failed job's, kept for resume_from_job_id).
+absl::Status ForgetTrainJob(storage::ChunkStore* store, uint64_t job_id);
+
 // Cheap checks at submit (INVALID_ARGUMENT naming the field, e.g. "train.optimizer.density";
 // NOT_FOUND for a missing dataset or module; PERMISSION_DENIED for a path outside the data roots)
 // and admission: RESOURCE_EXHAUSTED with the numbers when the model, its gradients, the

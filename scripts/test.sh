@@ -10,13 +10,14 @@ status=0
 bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" || status=$?
 # The torch-free storage layer once more under AddressSanitizer + UBSan (its own output tree):
 # its hand-written decoders and //storage:corruption_fuzz_test are where an out-of-bounds read
-# or undefined arithmetic on corrupt bytes would hide (docs/STORAGE.md, "Corrupt values").
-bazel test --config=asan //storage/... //common/... --test_output=errors "$@" 2>&1 |
-  tee -a "$log" || status=$?
+# or undefined arithmetic on corrupt bytes would hide (docs/STORAGE.md, "Corrupt values"). The
+# job manager and its store join them: watchers, runner threads and deletion share job entries.
+bazel test --config=asan //storage/... //common/... //server:job_manager_test \
+  //server:job_store_test --test_output=errors "$@" 2>&1 | tee -a "$log" || status=$?
 
 # One plain summary line, whatever Bazel printed.
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)
 failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log" || true)
 rm -f "$log"
-echo "${passed} passed, ${failed} failed (storage and common run twice: also under ASan/UBSan)"
+echo "${passed} passed, ${failed} failed (storage, common and the job manager run twice: also under ASan/UBSan)"
 exit $status

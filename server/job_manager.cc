@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/util/time_util.h"
 
@@ -341,6 +342,50 @@ absl::StatusOr<ListJobsResult> JobManager::List(JobState state, JobType type, in
   return result;
 }
 
+namespace {
+
+// The job `spec` continues, or 0.
+uint64_t ContinuedJob(const JobSpec& spec) {
+  if (spec.has_train()) return spec.train().resume_from_job_id();
+  if (spec.has_extract()) return spec.extract().resume_from_job_id();
+  return 0;
+}
+
+}  // namespace
+
+absl::Status JobManager::Delete(uint64_t job_id) {
+  absl::MutexLock lock(&mu_);
+  // A finished job's runner thread may still be on its way out; it must be gone before the
+  // entry it points to is.
+  JoinFinishedLocked();
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  Entry* entry = it->second.get();
+  if (!IsTerminal(entry->job.state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is ", latentd::v1::JobState_Name(entry->job.state()),
+                     "; cancel it, or wait for it to finish, first"));
+  }
+  for (const auto& [id, other] : jobs_) {
+    if (!IsTerminal(other->job.state()) && ContinuedJob(other->job.spec()) == job_id) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, " continues job ", job_id, " (resume_from_job_id) and has not finished"));
+    }
+  }
+  if (entry->thread.joinable()) {
+    return absl::UnavailableError(absl::StrCat("job ", job_id, " is still shutting down"));
+  }
+  auto runner = runners_.find(entry->job.spec().type());
+  if (runner != runners_.end() && runner->second.forget) {
+    RETURN_IF_ERROR(runner->second.forget(job_id));
+  }
+  RETURN_IF_ERROR(store_->Delete(entry->job));
+  if (!entry->job.request_id().empty()) by_request_id_.erase(entry->job.request_id());
+  jobs_.erase(it);
+  changed_.SignalAll();  // watchers of the job find it gone
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Job> JobManager::Cancel(uint64_t job_id) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
@@ -391,9 +436,15 @@ absl::Status JobManager::Watch(uint64_t job_id, int64_t after_sequence,
     }
     if (static_cast<int>(events->size()) == kEventsPerRead) continue;
     absl::MutexLock lock(&mu_);
-    const Entry& entry = *jobs_.at(job_id);
-    while (entry.job.last_event_sequence() <= sent) {
-      if (IsTerminal(entry.job.state())) return absl::OkStatus();
+    // Looked up after every wait: a job that finished meanwhile may have been deleted too.
+    while (true) {
+      auto it = jobs_.find(job_id);
+      if (it == jobs_.end()) {
+        return absl::NotFoundError(absl::StrCat("job ", job_id, " was deleted"));
+      }
+      const Job& job = it->second->job;
+      if (job.last_event_sequence() > sent) break;  // new events to read
+      if (IsTerminal(job.state())) return absl::OkStatus();
       if (shutting_down_) return absl::UnavailableError("latentd is shutting down");
       if (client_gone()) return absl::CancelledError("watcher went away");
       changed_.WaitWithTimeout(&mu_, options_.watch_poll);

@@ -48,6 +48,9 @@ struct JobRunner {
   std::function<absl::StatusOr<latentd::v1::JobResult>(const latentd::v1::JobSpec&,
                                                        engine::JobContext*)>
       run;
+  // Removes what a finished job of this type keeps besides its record and events (TRAIN: its
+  // checkpoint), when the job is deleted. May be empty (nothing).
+  std::function<absl::Status(uint64_t job_id)> forget;
 };
 
 struct JobManagerOptions {
@@ -92,6 +95,11 @@ class JobManager {
   // PENDING -> CANCELLED; RUNNING -> CANCELLING (the runner stops at its next safe point);
   // finished -> FAILED_PRECONDITION.
   absl::StatusOr<latentd::v1::Job> Cancel(uint64_t job_id);
+  // Forgets a finished job: its record, its events and what its runner keeps for it (a TRAIN
+  // job's checkpoint); the datasets and artifacts it made stay. FAILED_PRECONDITION while it
+  // has not finished, or while an unfinished job continues it (resume_from_job_id); NOT_FOUND
+  // for an unknown id. Its id is never given out again; its request id may be.
+  absl::Status Delete(uint64_t job_id);
 
   // Sends the job's events with sequence > after_sequence, in order, then waits for new ones, until
   // the job's final event was sent (OK), `send` returns false (OK), `client_gone` returns true

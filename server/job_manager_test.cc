@@ -4,8 +4,10 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/test_dir.h"
@@ -76,9 +78,14 @@ class JobManagerTest : public ::testing::Test {
     runner.run = [this](const JobSpec& spec, engine::JobContext* ctx) {
       return gate_.Run(spec, ctx);
     };
+    runner.forget = [this](uint64_t job_id) {
+      forgotten_.push_back(job_id);
+      return absl::OkStatus();
+    };
     manager_ = std::make_unique<JobManager>(
         store_.get(), pool_.get(),
-        std::map<latentd::v1::JobType, JobRunner>{{latentd::v1::PROBE, runner}});
+        std::map<latentd::v1::JobType, JobRunner>{{latentd::v1::PROBE, runner},
+                                                  {latentd::v1::EXTRACT, runner}});
     ASSERT_TRUE(manager_->Start().ok());
   }
   void Close() {
@@ -114,6 +121,7 @@ class JobManagerTest : public ::testing::Test {
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<engine::DevicePool> pool_;
   std::unique_ptr<JobManager> manager_;
+  std::vector<uint64_t> forgotten_;  // ids the runner was asked to forget
 };
 
 TEST_F(JobManagerTest, RunsAJobToSucceededWithEventsInOrder) {
@@ -248,6 +256,82 @@ TEST_F(JobManagerTest, UnfinishedJobsArePendingRunningAndCancelling) {
   gate_.Release(pending.id());
   WaitFor(pending.id(), latentd::v1::SUCCEEDED);
   EXPECT_TRUE(ids().empty());
+}
+
+TEST_F(JobManagerTest, DeleteForgetsAFinishedJobForGood) {
+  Open("cpu:1");
+  Job done = *manager_->Submit("key", Probe());
+  Job running = *manager_->Submit("", Probe());
+  EXPECT_EQ(manager_->Delete(done.id()).code(), absl::StatusCode::kFailedPrecondition);
+  gate_.Release(done.id());
+  WaitFor(done.id(), latentd::v1::SUCCEEDED);
+  WaitFor(running.id(), latentd::v1::RUNNING);
+  EXPECT_EQ(manager_->Delete(running.id()).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(manager_->Delete(done.id()).ok());
+  EXPECT_EQ(forgotten_, (std::vector<uint64_t>{done.id()}));
+  EXPECT_EQ(manager_->Get(done.id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->Delete(done.id()).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_
+                ->Watch(
+                    done.id(), 0, [](const JobEvent&) { return true; }, [] { return false; })
+                .code(),
+            absl::StatusCode::kNotFound);
+  auto list =
+      manager_->List(latentd::v1::JOB_STATE_UNSPECIFIED, latentd::v1::JOB_TYPE_UNSPECIFIED, 0, "");
+  ASSERT_EQ(list->jobs.size(), 1u);
+  EXPECT_EQ(list->jobs[0].id(), running.id());
+  // The request id is free again: the same key makes a new job, with a new id.
+  Job again = *manager_->Submit("key", Probe());
+  EXPECT_GT(again.id(), running.id());
+  gate_.Release(running.id());
+  gate_.Release(again.id());
+  WaitFor(again.id(), latentd::v1::SUCCEEDED);
+  Close();
+  Open("cpu:1");  // and it stays gone
+  EXPECT_EQ(manager_->Get(done.id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(manager_->Get(running.id()).ok());
+}
+
+// A watcher waiting on a job sees it end, and then its deletion, without touching freed memory
+// (the job is looked up again after every wait).
+TEST_F(JobManagerTest, WatchersOfADeletedJobEndCleanly) {
+  Open("cpu:1");
+  Job job = *manager_->Submit("", Probe());
+  WaitFor(job.id(), latentd::v1::RUNNING);
+  std::vector<std::thread> watchers;
+  std::atomic<int> ended{0};
+  for (int i = 0; i < 4; ++i) {
+    watchers.emplace_back([&] {
+      absl::Status s = manager_->Watch(
+          job.id(), 0, [](const JobEvent&) { return true; }, [] { return false; });
+      EXPECT_TRUE(s.ok() || absl::IsNotFound(s)) << s;
+      ++ended;
+    });
+  }
+  gate_.Release(job.id());
+  WaitFor(job.id(), latentd::v1::SUCCEEDED);
+  while (!manager_->Delete(job.id()).ok()) absl::SleepFor(absl::Milliseconds(1));
+  for (auto& w : watchers) w.join();
+  EXPECT_EQ(ended.load(), 4);
+}
+
+TEST_F(JobManagerTest, AJobThatAnUnfinishedJobContinuesCannotBeDeleted) {
+  Open("cpu:1");
+  Job first = *manager_->Submit("", Probe());
+  WaitFor(first.id(), latentd::v1::RUNNING);
+  ASSERT_TRUE(manager_->Cancel(first.id()).ok());
+  WaitFor(first.id(), latentd::v1::CANCELLED);
+  JobSpec next = Probe();
+  next.set_type(latentd::v1::EXTRACT);
+  next.mutable_extract()->set_resume_from_job_id(first.id());  // what the manager checks
+  Job second = *manager_->Submit("", next);
+  absl::Status s = manager_->Delete(first.id());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find(absl::StrCat("job ", second.id())), std::string::npos) << s;
+  WaitFor(second.id(), latentd::v1::RUNNING);
+  gate_.Release(second.id());
+  WaitFor(second.id(), latentd::v1::SUCCEEDED);
+  EXPECT_TRUE(manager_->Delete(first.id()).ok());
 }
 
 TEST_F(JobManagerTest, RunnerErrorsBecomeFailedWithReason) {

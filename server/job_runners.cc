@@ -99,6 +99,8 @@ std::map<latentd::v1::JobType, JobRunner> MakeJobRunners(const RunnerEnvironment
     *out.mutable_train() = std::move(*result);
     return out;
   };
+  storage::ChunkStore* store = env.store;
+  train.forget = [store](uint64_t job_id) { return engine::ForgetTrainJob(store, job_id); };
   runners[latentd::v1::TRAIN] = train;
   return runners;
 }

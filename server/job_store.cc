@@ -62,6 +62,15 @@ absl::Status JobStore::Create(const latentd::v1::Job& job,
   return db_->Write(&batch, /*sync=*/true);
 }
 
+absl::Status JobStore::Delete(const latentd::v1::Job& job) {
+  rocksdb::WriteBatch batch;
+  auto* cf = db_->handle(storage::Family::kJobs);
+  batch.Delete(cf, JobKey(job.id()));
+  batch.DeleteRange(cf, EventKey(job.id(), 0), EventKey(job.id() + 1, 0));
+  if (!job.request_id().empty()) batch.Delete(cf, RequestKey(job.request_id()));
+  return db_->Write(&batch, /*sync=*/true);
+}
+
 absl::Status JobStore::Update(const latentd::v1::Job& job,
                               const std::vector<latentd::v1::JobEvent>& events, bool sync) {
   rocksdb::WriteBatch batch;

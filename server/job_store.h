@@ -4,7 +4,7 @@
 //   'J' id(8)           -> latentd.v1.Job (the latest record)
 //   'E' id(8) seq(8)    -> latentd.v1.JobEvent
 //   'R' request_id      -> id(8)             (idempotent SubmitJob)
-//   'N'                 -> next id(8)
+//   'N'                 -> next id(8)             (never reused, also after a job is deleted)
 // A record and the events that explain its change are written in one WriteBatch, so a reader never
 // sees a state without its event. Writes that a client has been told about (submission, state
 // changes) are synced; progress and telemetry are not (they survive a process crash through the
@@ -41,6 +41,8 @@ class JobStore {
   absl::Status Update(const latentd::v1::Job& job, const std::vector<latentd::v1::JobEvent>& events,
                       bool sync);
 
+  // Removes the record of `job`, its events and its request id mapping, in one synced batch.
+  absl::Status Delete(const latentd::v1::Job& job);
   // Every job record, oldest first.
   absl::StatusOr<std::vector<latentd::v1::Job>> LoadAll() const;
 

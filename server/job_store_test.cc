@@ -49,5 +49,25 @@ TEST(JobStore, RecordsEventsAndCounterSurviveReopen) {
   EXPECT_EQ(tail[0].sequence(), 2);
 }
 
+TEST(JobStore, DeleteRemovesRecordEventsAndRequestIdButNotTheCounter) {
+  auto db = *storage::Db::Open(FreshTestDir("job_store_delete"));
+  JobStore store(db.get());
+  latentd::v1::Job job;
+  job.set_id(1);
+  job.set_request_id("r");
+  ASSERT_TRUE(store.Create(job, {Event(1, 1), Event(1, 2)}).ok());
+  latentd::v1::Job other;
+  other.set_id(2);
+  ASSERT_TRUE(store.Create(other, {Event(2, 1)}).ok());
+  ASSERT_TRUE(store.Delete(job).ok());
+  auto jobs = *store.LoadAll();
+  ASSERT_EQ(jobs.size(), 1u);
+  EXPECT_EQ(jobs[0].id(), 2u);
+  EXPECT_TRUE(store.ReadEvents(1, 0, 100)->empty());
+  EXPECT_EQ(store.ReadEvents(2, 0, 100)->size(), 1u);
+  EXPECT_EQ(*store.LoadNextId(), 3u);  // ids are never reused
+  EXPECT_TRUE(absl::IsNotFound(db->Get(storage::Family::kJobs, "Rr").status()));
+}
+
 }  // namespace
 }  // namespace latentd::server

@@ -59,4 +59,11 @@ grpc::Status JobsService::CancelJob(grpc::ServerContext* context,
   return Reply(manager_->Cancel(request->job_id()), response);
 }
 
+grpc::Status JobsService::DeleteJob(grpc::ServerContext* context,
+                                    const latentd::v1::DeleteJobRequest* request,
+                                    latentd::v1::DeleteJobResponse*) {
+  if (grpc::Status s = auth_->Check(*context); !s.ok()) return s;
+  return ToGrpcStatus(manager_->Delete(request->job_id()));
+}
+
 }  // namespace latentd::server

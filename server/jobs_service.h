@@ -22,6 +22,8 @@ class JobsService final : public latentd::v1::Jobs::Service {
                         grpc::ServerWriter<latentd::v1::JobEvent>* writer) override;
   grpc::Status CancelJob(grpc::ServerContext* context, const latentd::v1::CancelJobRequest* request,
                          latentd::v1::Job* response) override;
+  grpc::Status DeleteJob(grpc::ServerContext* context, const latentd::v1::DeleteJobRequest* request,
+                         latentd::v1::DeleteJobResponse* response) override;
 
  private:
   JobManager* const manager_;

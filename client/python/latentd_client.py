@@ -86,6 +86,11 @@ class Client:
         return self.jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job_id),
                                    metadata=self.metadata, timeout=self.timeout)
 
+    def delete_job(self, job_id):
+        """Forgets a finished job: its record, events and a TRAIN job's checkpoint."""
+        self.jobs.DeleteJob(jobs_pb2.DeleteJobRequest(job_id=job_id),
+                            metadata=self.metadata, timeout=self.timeout)
+
     def list_devices(self):
         return self.devices.ListDevices(devices_pb2.ListDevicesRequest(), metadata=self.metadata,
                                         timeout=self.timeout).devices

@@ -8,6 +8,8 @@ import sys
 import time
 import unittest
 
+import grpc
+
 from harness import DaemonTestCase
 from latentd.v1 import jobs_pb2
 
@@ -98,6 +100,14 @@ class TrainResume(DaemonTestCase):
         progress = [e.progress.units_done for e in c.watch(continued.id) if e.HasField("progress")]
         self.assertGreaterEqual(progress[0], CHECKPOINT_EVERY, "the continuation began at step 0")
         self.assertEqual(weights(reference), weights(continued))
+        # Finished jobs can be forgotten; what they made stays.
+        out = daemon.latentctl("delete-job", str(job.id)).stdout
+        self.assertIn("deleted job %d" % job.id, out)
+        with self.assertRaises(grpc.RpcError) as gone:
+            c.get(job.id)
+        self.assertEqual(gone.exception.code(), grpc.StatusCode.NOT_FOUND)
+        c.delete_job(continued.id)
+        self.assertTrue(os.path.isdir(continued.result.train.artifact_path))
 
 
 if __name__ == "__main__":
