@@ -56,62 +56,82 @@ std::string DbCheckpointStore::BlobKey(int64_t step) const {
   return key;
 }
 
-absl::StatusOr<std::optional<Checkpoint>> DbCheckpointStore::LoadLatest() {
-  auto pointer = db_->Get(storage::Family::kMeta, PointerKey());
-  if (absl::IsNotFound(pointer.status())) return std::optional<Checkpoint>();
-  if (!pointer.ok()) return pointer.status();
-  if (pointer->size() != 24) {
+absl::StatusOr<std::optional<DbCheckpointStore::Pointer>> DbCheckpointStore::ReadPointer() const {
+  auto value = db_->Get(storage::Family::kMeta, PointerKey());
+  if (absl::IsNotFound(value.status())) return std::optional<Pointer>();
+  if (!value.ok()) return value.status();
+  if (value->size() != 24) {
     return absl::DataLossError(absl::StrCat("checkpoint pointer of job ", job_id_, " has ",
-                                            pointer->size(), " bytes, expected 24"));
+                                            value->size(), " bytes, expected 24"));
   }
-  Checkpoint checkpoint;
-  checkpoint.step = static_cast<int64_t>(ReadBigEndian64(pointer->data()));
-  const uint64_t checksum = ReadBigEndian64(pointer->data() + 8);
-  const uint64_t size = ReadBigEndian64(pointer->data() + 16);
-  auto blob = db_->Get(storage::Family::kChunks, BlobKey(checkpoint.step));
-  if (absl::IsNotFound(blob.status())) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint of job ", job_id_, " at step ", checkpoint.step, " is missing"));
-  }
-  if (!blob.ok()) return blob.status();
-  if (blob->size() != size || Fnv1a(*blob) != checksum) {
-    return absl::DataLossError(absl::StrCat("checkpoint of job ", job_id_, " at step ",
-                                            checkpoint.step, " is corrupt (", blob->size(),
-                                            " bytes, expected ", size, ")"));
-  }
-  checkpoint.blob = std::move(*blob);
-  return std::optional<Checkpoint>(std::move(checkpoint));
+  Pointer pointer;
+  pointer.step = static_cast<int64_t>(ReadBigEndian64(value->data()));
+  pointer.checksum = ReadBigEndian64(value->data() + 8);
+  pointer.size = ReadBigEndian64(value->data() + 16);
+  return std::optional<Pointer>(pointer);
 }
 
-absl::Status DbCheckpointStore::Commit(const Checkpoint& checkpoint) {
-  rocksdb::WriteBatch batch;
-  auto previous = db_->Get(storage::Family::kMeta, PointerKey());
-  if (previous.ok() && previous->size() == 24) {
-    const int64_t previous_step = static_cast<int64_t>(ReadBigEndian64(previous->data()));
-    if (previous_step != checkpoint.step) {
-      batch.Delete(db_->handle(storage::Family::kChunks), BlobKey(previous_step));
-    }
-  } else if (!previous.ok() && !absl::IsNotFound(previous.status())) {
-    return previous.status();
-  }
+void DbCheckpointStore::PutCheckpoint(const Checkpoint& checkpoint,
+                                      rocksdb::WriteBatch* batch) const {
   std::string pointer;
   AppendBigEndian64(static_cast<uint64_t>(checkpoint.step), &pointer);
   AppendBigEndian64(Fnv1a(checkpoint.blob), &pointer);
   AppendBigEndian64(checkpoint.blob.size(), &pointer);
-  batch.Put(db_->handle(storage::Family::kChunks), BlobKey(checkpoint.step), checkpoint.blob);
-  batch.Put(db_->handle(storage::Family::kMeta), PointerKey(), pointer);
+  batch->Put(db_->handle(storage::Family::kChunks), BlobKey(checkpoint.step), checkpoint.blob);
+  batch->Put(db_->handle(storage::Family::kMeta), PointerKey(), pointer);
+}
+
+void DbCheckpointStore::DeleteCurrent(const std::optional<Pointer>& pointer,
+                                      rocksdb::WriteBatch* batch) const {
+  if (pointer.has_value()) {
+    batch->Delete(db_->handle(storage::Family::kChunks), BlobKey(pointer->step));
+  }
+  batch->Delete(db_->handle(storage::Family::kMeta), PointerKey());
+}
+
+absl::StatusOr<std::optional<Checkpoint>> DbCheckpointStore::LoadLatest() {
+  ASSIGN_OR_RETURN(std::optional<Pointer> pointer, ReadPointer());
+  if (!pointer.has_value()) return std::optional<Checkpoint>();
+  auto blob = db_->Get(storage::Family::kChunks, BlobKey(pointer->step));
+  if (absl::IsNotFound(blob.status())) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint of job ", job_id_, " at step ", pointer->step, " is missing"));
+  }
+  if (!blob.ok()) return blob.status();
+  if (blob->size() != pointer->size || Fnv1a(*blob) != pointer->checksum) {
+    return absl::DataLossError(absl::StrCat("checkpoint of job ", job_id_, " at step ",
+                                            pointer->step, " is corrupt (", blob->size(),
+                                            " bytes, expected ", pointer->size, ")"));
+  }
+  return std::optional<Checkpoint>(Checkpoint{pointer->step, std::move(*blob)});
+}
+
+// A malformed pointer (DATA_LOSS on read) is replaced or removed like a good one; only the blob
+// it names cannot be found to delete.
+absl::Status DbCheckpointStore::Commit(const Checkpoint& checkpoint) {
+  auto previous = ReadPointer();
+  if (!previous.ok() && !absl::IsDataLoss(previous.status())) return previous.status();
+  rocksdb::WriteBatch batch;
+  if (previous.ok() && previous->has_value() && (*previous)->step != checkpoint.step) {
+    batch.Delete(db_->handle(storage::Family::kChunks), BlobKey((*previous)->step));
+  }
+  PutCheckpoint(checkpoint, &batch);
+  return db_->Write(&batch, /*sync=*/true);
+}
+
+absl::Status DbCheckpointStore::Clear() {
+  auto previous = ReadPointer();
+  if (previous.ok() && !previous->has_value()) return absl::OkStatus();
+  if (!previous.ok() && !absl::IsDataLoss(previous.status())) return previous.status();
+  rocksdb::WriteBatch batch;
+  DeleteCurrent(previous.ok() ? *previous : std::nullopt, &batch);
   return db_->Write(&batch, /*sync=*/true);
 }
 
 absl::StatusOr<std::optional<int64_t>> DbCheckpointStore::LatestStep() const {
-  auto pointer = db_->Get(storage::Family::kMeta, PointerKey());
-  if (absl::IsNotFound(pointer.status())) return std::optional<int64_t>();
-  if (!pointer.ok()) return pointer.status();
-  if (pointer->size() != 24) {
-    return absl::DataLossError(absl::StrCat("checkpoint pointer of job ", job_id_, " has ",
-                                            pointer->size(), " bytes, expected 24"));
-  }
-  return std::optional<int64_t>(static_cast<int64_t>(ReadBigEndian64(pointer->data())));
+  ASSIGN_OR_RETURN(std::optional<Pointer> pointer, ReadPointer());
+  if (!pointer.has_value()) return std::optional<int64_t>();
+  return std::optional<int64_t>(pointer->step);
 }
 
 absl::StatusOr<std::optional<int64_t>> DbCheckpointStore::AdoptFrom(uint64_t from_job) {
@@ -120,35 +140,14 @@ absl::StatusOr<std::optional<int64_t>> DbCheckpointStore::AdoptFrom(uint64_t fro
   DbCheckpointStore from(db_, from_job);
   ASSIGN_OR_RETURN(std::optional<Checkpoint> latest, from.LoadLatest());
   if (!latest.has_value()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job ", from_job,
-                     " holds no checkpoint (it finished, or another job took "
-                     "its checkpoint over)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", from_job, " holds no checkpoint (it finished, or another job took it over)"));
   }
-  std::string pointer;
-  AppendBigEndian64(static_cast<uint64_t>(latest->step), &pointer);
-  AppendBigEndian64(Fnv1a(latest->blob), &pointer);
-  AppendBigEndian64(latest->blob.size(), &pointer);
   rocksdb::WriteBatch batch;
-  batch.Put(db_->handle(storage::Family::kChunks), BlobKey(latest->step), latest->blob);
-  batch.Put(db_->handle(storage::Family::kMeta), PointerKey(), pointer);
-  batch.Delete(db_->handle(storage::Family::kChunks), from.BlobKey(latest->step));
-  batch.Delete(db_->handle(storage::Family::kMeta), from.PointerKey());
+  PutCheckpoint(*latest, &batch);
+  from.DeleteCurrent(Pointer{latest->step, 0, 0}, &batch);
   RETURN_IF_ERROR(db_->Write(&batch, /*sync=*/true));
   return std::optional<int64_t>(latest->step);
-}
-
-absl::Status DbCheckpointStore::Clear() {
-  auto previous = db_->Get(storage::Family::kMeta, PointerKey());
-  if (absl::IsNotFound(previous.status())) return absl::OkStatus();
-  if (!previous.ok()) return previous.status();
-  rocksdb::WriteBatch batch;
-  if (previous->size() == 24) {
-    batch.Delete(db_->handle(storage::Family::kChunks),
-                 BlobKey(static_cast<int64_t>(ReadBigEndian64(previous->data()))));
-  }
-  batch.Delete(db_->handle(storage::Family::kMeta), PointerKey());
-  return db_->Write(&batch, /*sync=*/true);
 }
 
 }  // namespace latentd::engine

@@ -71,8 +71,19 @@ class DbCheckpointStore : public CheckpointStore {
   absl::StatusOr<std::optional<int64_t>> AdoptFrom(uint64_t from_job);
 
  private:
+  struct Pointer {  // the kMeta value: which blob is the newest, and how to check it
+    int64_t step = 0;
+    uint64_t checksum = 0;
+    uint64_t size = 0;
+  };
   std::string PointerKey() const;
   std::string BlobKey(int64_t step) const;
+  // nullopt when the job holds no checkpoint; DATA_LOSS for a malformed pointer.
+  absl::StatusOr<std::optional<Pointer>> ReadPointer() const;
+  // Puts `checkpoint`'s blob and the pointer naming it into `batch`.
+  void PutCheckpoint(const Checkpoint& checkpoint, rocksdb::WriteBatch* batch) const;
+  // Deletes the pointer and, when known, the blob it names.
+  void DeleteCurrent(const std::optional<Pointer>& pointer, rocksdb::WriteBatch* batch) const;
 
   storage::Db* db_;
   uint64_t job_id_;
