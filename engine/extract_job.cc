@@ -1,6 +1,7 @@
 #include "engine/extract_job.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "storage/chunk_store.h"
 
@@ -174,7 +175,18 @@ SinkOpener ChunkStoreSinkOpener(storage::ChunkStore* store) {
 absl::Status ValidateExtractJob(const latentd::v1::ExtractSpec& spec, const ExtractEnv& env) {
   RETURN_IF_ERROR(ValidateExtractSpec(spec, env));
   const uint64_t from = spec.resume_from_job_id();
-  if (from == 0 || env.store == nullptr) return absl::OkStatus();
+  if (env.store == nullptr) return absl::OkStatus();
+  if (from == 0) {
+    // Hours into a job is a bad time to learn that the disk was always too small.
+    ASSIGN_OR_RETURN(DatasetBytesFloor floor, ExtractDatasetBytesFloor(spec, env));
+    const int64_t free_bytes = env.store->db()->FreeDiskBytes();
+    if (floor.bytes > 0 && free_bytes >= 0 && floor.bytes > free_bytes) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "extract: the dataset needs at least %.1f GB (%s), the data dir has %.1f GB free",
+          floor.bytes / 1e9, floor.how, free_bytes / 1e9));
+    }
+    return absl::OkStatus();
+  }
   ASSIGN_OR_RETURN(const std::string name, ExtractDatasetNameFor(spec, env, 0));
   auto id = env.store->FindDataset(name);
   if (absl::IsNotFound(id.status())) {

@@ -1,9 +1,11 @@
 #include "engine/extract_job.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <random>
@@ -285,6 +287,33 @@ TEST_F(ExtractJobTest, CancelledJobsResumeToTheUninterruptedDataset) {
     EXPECT_EQ(a->indices, b->indices);
     EXPECT_EQ(a->values, b->values);
   }
+}
+
+// A job whose dataset cannot fit is refused at submit, with the numbers, not hours later.
+TEST_F(ExtractJobTest, ADatasetLargerThanTheFreeDiskIsRefusedAtSubmit) {
+  auto db = OpenDb("db_disk_floor");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  EXPECT_TRUE(ValidateExtractJob(Spec(), env_).ok()) << ValidateExtractJob(Spec(), env_);
+  // 2^40 bytes of uint16 token ids that take no disk (a sparse file): 2^39 tokens, whose TopK
+  // latents need terabytes however well they compress.
+  const std::string huge = root_ + "/huge_tokens.bin";
+  {
+    std::ofstream(huge, std::ios::binary).put('\0');
+    ASSERT_EQ(truncate(huge.c_str(), int64_t{1} << 40), 0);
+  }
+  latentd::v1::ExtractSpec spec = Spec();
+  spec.mutable_tokens()->set_path(huge);
+  absl::Status s = ValidateExtractJob(spec, env_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("x 5 latents x 2 B values"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("GB free"), std::string::npos) << s;
+  spec.set_mode(latentd::v1::DENSE);
+  spec.clear_sae();
+  s = ValidateExtractJob(spec, env_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("x 16 x 2 B values"), std::string::npos) << s;
+  std::remove(huge.c_str());
 }
 
 // A job that failed (disk full) or was cancelled keeps its committed rows; a new job with the

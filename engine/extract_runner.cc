@@ -100,6 +100,7 @@ struct Checked {
   int64_t batch_sequences = kDefaultBatchSequences;
   int64_t commit_rows = kDefaultCommitRows;
   int64_t hook_width = 0;  // 0 until the model is loaded (TorchScript)
+  int64_t rows = 0;        // rows of the token shard
 };
 
 absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env) {
@@ -132,7 +133,10 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env) {
     default:
       return absl::InvalidArgumentError("extract.model: set reference or torchscript");
   }
-  RETURN_IF_ERROR(TokenSource::Open(tokens).status());
+  {
+    ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> source, TokenSource::Open(tokens));
+    c.rows = source->num_rows();
+  }
   c.sparse = WantsSparse(spec);
   if (c.sparse) {
     ASSIGN_OR_RETURN(c.sae_dir, SaeDir(spec, env));
@@ -204,6 +208,25 @@ absl::Status MemoryCheck(const Checked& c, int64_t need, int64_t have, const std
 
 std::string ExtractDatasetName(const ExtractSpec& spec, uint64_t job_id) {
   return spec.dataset_name().empty() ? absl::StrCat("extract-", job_id) : spec.dataset_name();
+}
+
+absl::StatusOr<DatasetBytesFloor> ExtractDatasetBytesFloor(const ExtractSpec& spec,
+                                                           const ExtractEnv& env) {
+  ASSIGN_OR_RETURN(Checked c, Check(spec, env));
+  DatasetBytesFloor floor;
+  const int value_bytes = ValueBytes(spec.value_dtype());
+  // Values are stored exactly and compress little (sign, exponent and a few mantissa bits are
+  // all LZ4/ZSTD find); 3/4 of their raw size is less than any dataset measured takes.
+  if (c.sparse && c.sae_cfg.architecture == SaeArchitecture::kTopK) {
+    floor.bytes = c.rows * c.sae_cfg.k * value_bytes * 3 / 4;
+    floor.how = absl::StrCat(c.rows, " rows x ", c.sae_cfg.k, " latents x ", value_bytes,
+                             " B values, 3/4 of them after compression at best");
+  } else if (!c.sparse && c.hook_width > 0) {
+    floor.bytes = c.rows * c.hook_width * value_bytes * 3 / 4;
+    floor.how = absl::StrCat(c.rows, " rows x ", c.hook_width, " x ", value_bytes,
+                             " B values, 3/4 of them after compression at best");
+  }
+  return floor;
 }
 
 absl::StatusOr<std::string> ExtractDatasetNameFor(const ExtractSpec& spec, const ExtractEnv& env,

@@ -82,6 +82,16 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const latentd::v1::E
 // The dataset name a spec gets: dataset_name, else "extract-<job id>".
 std::string ExtractDatasetName(const latentd::v1::ExtractSpec& spec, uint64_t job_id);
 
+// A lower bound of the bytes a job's dataset will take on disk, for the submit-time check
+// against free space; bytes 0 when no useful bound is known (ReLU and JumpReLU SAEs fire a
+// data-dependent number of latents; a TorchScript model's hook width is known once loaded).
+struct DatasetBytesFloor {
+  int64_t bytes = 0;
+  std::string how;  // the arithmetic, for the error message
+};
+absl::StatusOr<DatasetBytesFloor> ExtractDatasetBytesFloor(const latentd::v1::ExtractSpec& spec,
+                                                           const ExtractEnv& env);
+
 // The dataset a job of `spec` writes: dataset_name; else, with resume_from_job_id, the dataset
 // of the job it continues; else "extract-<job id>". With resume_from_job_id it first checks that
 // job: a FAILED or CANCELLED EXTRACT job whose spec equals this one but for dataset_name (which

@@ -1,5 +1,7 @@
 #include "storage/db.h"
 
+#include <sys/statvfs.h>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -173,6 +175,12 @@ absl::Status Db::CompactRange(Family family, const rocksdb::Slice& begin,
   co.exclusive_manual_compaction = false;
   return FromRocks(db_->CompactRange(co, handle(family), &begin, &end),
                    absl::StrCat("compact ", FamilyName(family)));
+}
+
+int64_t Db::FreeDiskBytes() const {
+  struct statvfs fs;
+  if (statvfs(path_.c_str(), &fs) != 0) return -1;
+  return static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
 }
 
 uint64_t Db::BytesOnDisk(Family family) const {

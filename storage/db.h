@@ -84,6 +84,9 @@ class Db {
   // tombstone covers leave the disk (blob files whose every value they held go too). Keys that a
   // live snapshot still sees are kept until a later compaction.
   absl::Status CompactRange(Family family, const rocksdb::Slice& begin, const rocksdb::Slice& end);
+  // Bytes the file system holding the database still has for unprivileged writers; -1 when the
+  // file system cannot say.
+  int64_t FreeDiskBytes() const;
   // Bytes of SST and blob files on disk (live files only), of every family or of one.
   absl::StatusOr<uint64_t> BytesOnDisk() const;
   uint64_t BytesOnDisk(Family family) const;

@@ -1,5 +1,7 @@
 #include "storage/db.h"
 
+#include <sys/statvfs.h>
+
 #include <cstdlib>
 #include <string>
 
@@ -44,6 +46,18 @@ TEST(Db, OpenMissingWithoutCreateFails) {
   options.create_if_missing = false;
   auto db = Db::Open(FreshTestDir("db_missing"), options);
   EXPECT_FALSE(db.ok());
+}
+
+TEST(Db, FreeDiskBytesIsWhatTheFileSystemSays) {
+  std::string dir = FreshTestDir("db_free");
+  auto db = Db::Open(dir);
+  ASSERT_TRUE(db.ok());
+  struct statvfs fs;
+  ASSERT_EQ(statvfs(dir.c_str(), &fs), 0);
+  const int64_t expected = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+  // Other processes write meanwhile: the same to within 1 GB.
+  EXPECT_NEAR(static_cast<double>((*db)->FreeDiskBytes()), static_cast<double>(expected), 1e9);
+  EXPECT_GT((*db)->FreeDiskBytes(), 0);
 }
 
 }  // namespace
