@@ -216,15 +216,17 @@ absl::StatusOr<DatasetBytesFloor> ExtractDatasetBytesFloor(const ExtractSpec& sp
   DatasetBytesFloor floor;
   const int value_bytes = ValueBytes(spec.value_dtype());
   // Values are stored exactly and compress little (sign, exponent and a few mantissa bits are
-  // all LZ4/ZSTD find); 3/4 of their raw size is less than any dataset measured takes.
+  // all LZ4/ZSTD find): TopK latents are nonzero by construction, 3/4 of their raw size is less
+  // than any dataset measured takes. Hidden states may hold many exact zeros (a ReLU MLP's
+  // hook_post), so DENSE gets 1/2.
   if (c.sparse && c.sae_cfg.architecture == SaeArchitecture::kTopK) {
     floor.bytes = c.rows * c.sae_cfg.k * value_bytes * 3 / 4;
     floor.how = absl::StrCat(c.rows, " rows x ", c.sae_cfg.k, " latents x ", value_bytes,
                              " B values, 3/4 of them after compression at best");
   } else if (!c.sparse && c.hook_width > 0) {
-    floor.bytes = c.rows * c.hook_width * value_bytes * 3 / 4;
+    floor.bytes = c.rows * c.hook_width * value_bytes / 2;
     floor.how = absl::StrCat(c.rows, " rows x ", c.hook_width, " x ", value_bytes,
-                             " B values, 3/4 of them after compression at best");
+                             " B values, 1/2 of them after compression at best");
   }
   return floor;
 }
