@@ -5,8 +5,9 @@
 // Commands: submit, get, list, watch, cancel, delete-job, telemetry, devices, datasets, dataset,
 // rows, latent, export, delete-dataset, artifacts, delete-artifact. `latentctl help` lists them
 // with their flags. With --json every response is printed in the protobuf JSON mapping, one
-// object per line (streams: one per message). Exit status: 0 on success; 1 on an RPC error (the gRPC code and message go to
-// stderr); 2 on a usage error; `watch` returns 3 when the job ends other than SUCCEEDED.
+// object per line (streams: one per message). Exit status: 0 on success; 1 on an RPC error
+// (the gRPC code and message go to stderr); 2 on a usage error; `watch` returns 3 when the job
+// ends other than SUCCEEDED.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
