@@ -44,7 +44,7 @@ ABSL_FLAG(std::string, request_id, "",
           "submit: idempotency key (the same key returns the same job)");
 ABSL_FLAG(int, num_devices, 0, "submit: devices the job needs (default: the spec's, else 1)");
 ABSL_FLAG(int, priority, 0, "submit: higher runs first");
-ABSL_FLAG(std::string, label, "", "submit: a label shown by list");
+ABSL_FLAG(std::string, label, "", "submit: a label shown by list; list: only jobs with this label");
 ABSL_FLAG(std::string, state, "", "list: only jobs in this state");
 ABSL_FLAG(int, page_size, 50, "list: jobs per page");
 ABSL_FLAG(bool, all, false, "list: follow page tokens to the end");
@@ -297,6 +297,7 @@ int List(Client& client) {
       return Usage(absl::StrCat("--type: unknown '", type, "'"));
     request.set_type(parsed);
   }
+  request.set_label(absl::GetFlag(FLAGS_label));
   if (!absl::GetFlag(FLAGS_json)) {
     std::printf("%-6s %-8s %-11s %-14s %-20s %s\n", "ID", "TYPE", "STATE", "REASON", "PROGRESS",
                 "LABEL");
@@ -694,7 +695,7 @@ jobs:
   submit --type=PROBE|EXTRACT|TRAIN [--spec=FILE.json] [--request_id=ID]
          [--num_devices=N] [--priority=P] [--label=L]     prints the job id
   get ID                         one job
-  list [--state=S] [--type=T] [--page_size=N] [--all]   newest first
+  list [--state=S] [--type=T] [--label=L] [--page_size=N] [--all]   newest first
   watch ID [--after=SEQ]         events until the job ends (exit 3 unless it SUCCEEDED)
   cancel ID
   delete-job ID                  forget a finished job (record, events, a TRAIN checkpoint)

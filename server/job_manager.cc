@@ -316,7 +316,7 @@ std::vector<Job> JobManager::UnfinishedJobs() const {
   return out;
 }
 
-absl::StatusOr<ListJobsResult> JobManager::List(JobState state, JobType type, int page_size,
+absl::StatusOr<ListJobsResult> JobManager::List(const JobFilter& filter, int page_size,
                                                 const std::string& page_token) const {
   if (page_size < 0) return absl::InvalidArgumentError("page_size: must be >= 0");
   if (page_size == 0) page_size = kDefaultPageSize;
@@ -331,8 +331,9 @@ absl::StatusOr<ListJobsResult> JobManager::List(JobState state, JobType type, in
     --it;
     if (it->first >= below) continue;
     const Job& job = it->second->job;
-    if (state != latentd::v1::JOB_STATE_UNSPECIFIED && job.state() != state) continue;
-    if (type != latentd::v1::JOB_TYPE_UNSPECIFIED && job.type() != type) continue;
+    if (filter.state != latentd::v1::JOB_STATE_UNSPECIFIED && job.state() != filter.state) continue;
+    if (filter.type != latentd::v1::JOB_TYPE_UNSPECIFIED && job.type() != filter.type) continue;
+    if (!filter.label.empty() && job.spec().label() != filter.label) continue;
     if (static_cast<int>(result.jobs.size()) == page_size) {
       result.next_page_token = absl::StrCat(result.jobs.back().id());
       break;

@@ -61,6 +61,13 @@ struct JobManagerOptions {
   absl::Duration watch_poll = absl::Milliseconds(250);
 };
 
+// Which jobs List returns; each field unset (UNSPECIFIED, empty) matches every job.
+struct JobFilter {
+  latentd::v1::JobState state = latentd::v1::JOB_STATE_UNSPECIFIED;
+  latentd::v1::JobType type = latentd::v1::JOB_TYPE_UNSPECIFIED;
+  std::string label;  // JobSpec.label, exactly
+};
+
 struct ListJobsResult {
   std::vector<latentd::v1::Job> jobs;
   std::string next_page_token;
@@ -90,8 +97,8 @@ class JobManager {
   // Every job not yet SUCCEEDED, FAILED or CANCELLED, ascending id.
   std::vector<latentd::v1::Job> UnfinishedJobs() const;
   // Newest first. page_token is the opaque next_page_token of the previous page.
-  absl::StatusOr<ListJobsResult> List(latentd::v1::JobState state, latentd::v1::JobType type,
-                                      int page_size, const std::string& page_token) const;
+  absl::StatusOr<ListJobsResult> List(const JobFilter& filter, int page_size,
+                                      const std::string& page_token) const;
   // PENDING -> CANCELLED; RUNNING -> CANCELLING (the runner stops at its next safe point);
   // finished -> FAILED_PRECONDITION.
   absl::StatusOr<latentd::v1::Job> Cancel(uint64_t job_id);

@@ -169,10 +169,7 @@ TEST_F(JobManagerTest, SameRequestIdReturnsTheSameJob) {
   EXPECT_EQ(a.id(), b.id());
   auto conflict = manager_->Submit("req-1", Probe(1, 5));
   EXPECT_EQ(conflict.status().code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(
-      manager_->List(latentd::v1::JOB_STATE_UNSPECIFIED, latentd::v1::JOB_TYPE_UNSPECIFIED, 0, "")
-          ->jobs.size(),
-      1u);
+  EXPECT_EQ(manager_->List({}, 0, "")->jobs.size(), 1u);
 }
 
 TEST_F(JobManagerTest, DevicesAreNeverSharedAndFifoWithinPriority) {
@@ -276,8 +273,7 @@ TEST_F(JobManagerTest, DeleteForgetsAFinishedJobForGood) {
                     done.id(), 0, [](const JobEvent&) { return true; }, [] { return false; })
                 .code(),
             absl::StatusCode::kNotFound);
-  auto list =
-      manager_->List(latentd::v1::JOB_STATE_UNSPECIFIED, latentd::v1::JOB_TYPE_UNSPECIFIED, 0, "");
+  auto list = manager_->List({}, 0, "");
   ASSERT_EQ(list->jobs.size(), 1u);
   EXPECT_EQ(list->jobs[0].id(), running.id());
   // The request id is free again: the same key makes a new job, with a new id.
@@ -363,26 +359,28 @@ TEST_F(JobManagerTest, BadSpecsAreRejectedNamingTheField) {
 TEST_F(JobManagerTest, ListIsNewestFirstFilteredAndPaged) {
   Open("cpu:1");
   std::vector<uint64_t> ids;
-  for (int i = 0; i < 5; ++i) ids.push_back(manager_->Submit("", Probe())->id());
+  for (int i = 0; i < 5; ++i) {
+    ids.push_back(manager_->Submit("", Probe(1, 0, i % 2 == 1 ? "sweep" : ""))->id());
+  }
   WaitFor(ids[0], latentd::v1::RUNNING);
-  auto page1 = *manager_->List(latentd::v1::PENDING, latentd::v1::JOB_TYPE_UNSPECIFIED, 3, "");
+  auto page1 = *manager_->List({latentd::v1::PENDING}, 3, "");
   ASSERT_EQ(page1.jobs.size(), 3u);
   EXPECT_EQ(page1.jobs[0].id(), ids[4]);
   EXPECT_EQ(page1.jobs[2].id(), ids[2]);
   ASSERT_FALSE(page1.next_page_token.empty());
-  auto page2 = *manager_->List(latentd::v1::PENDING, latentd::v1::JOB_TYPE_UNSPECIFIED, 3,
-                               page1.next_page_token);
+  auto page2 = *manager_->List({latentd::v1::PENDING}, 3, page1.next_page_token);
   ASSERT_EQ(page2.jobs.size(), 1u);
   EXPECT_EQ(page2.jobs[0].id(), ids[1]);
   EXPECT_TRUE(page2.next_page_token.empty());
-  EXPECT_TRUE(manager_->List(latentd::v1::JOB_STATE_UNSPECIFIED, latentd::v1::EXTRACT, 0, "")
+  EXPECT_TRUE(manager_->List({latentd::v1::JOB_STATE_UNSPECIFIED, latentd::v1::EXTRACT}, 0, "")
                   ->jobs.empty());
-  EXPECT_EQ(manager_
-                ->List(latentd::v1::JOB_STATE_UNSPECIFIED, latentd::v1::JOB_TYPE_UNSPECIFIED, 0,
-                       "garbage")
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  JobFilter sweep;
+  sweep.label = "sweep";
+  auto labelled = *manager_->List(sweep, 0, "");
+  ASSERT_EQ(labelled.jobs.size(), 2u);
+  EXPECT_EQ(labelled.jobs[0].id(), ids[3]);
+  EXPECT_EQ(labelled.jobs[1].id(), ids[1]);
+  EXPECT_EQ(manager_->List({}, 0, "garbage").status().code(), absl::StatusCode::kInvalidArgument);
   for (uint64_t id : ids) gate_.Release(id);
 }
 

@@ -33,8 +33,11 @@ grpc::Status JobsService::ListJobs(grpc::ServerContext* context,
                                    const latentd::v1::ListJobsRequest* request,
                                    latentd::v1::ListJobsResponse* response) {
   if (grpc::Status s = auth_->Check(*context); !s.ok()) return s;
-  auto result = manager_->List(request->state(), request->type(), request->page_size(),
-                               request->page_token());
+  JobFilter filter;
+  filter.state = request->state();
+  filter.type = request->type();
+  filter.label = request->label();
+  auto result = manager_->List(filter, request->page_size(), request->page_token());
   if (!result.ok()) return ToGrpcStatus(result.status());
   for (auto& job : result->jobs) *response->add_jobs() = std::move(job);
   response->set_next_page_token(result->next_page_token);

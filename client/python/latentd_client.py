@@ -56,11 +56,11 @@ class Client:
         return self.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job_id), metadata=self.metadata,
                                 timeout=self.timeout)
 
-    def list(self, state=None, job_type=None, page_size=0):
-        """All jobs, newest first, following page tokens."""
+    def list(self, state=None, job_type=None, page_size=0, label=""):
+        """All jobs (or those of a state, type or label), newest first, following page tokens."""
         token = ""
         while True:
-            request = jobs_pb2.ListJobsRequest(page_size=page_size, page_token=token)
+            request = jobs_pb2.ListJobsRequest(page_size=page_size, page_token=token, label=label)
             if state:
                 request.state = jobs_pb2.JobState.Value(state)
             if job_type:
