@@ -48,6 +48,7 @@ class ChunkStoreSink : public RowSink {
   }
   int64_t bytes_committed() const override { return bytes_; }
   int64_t nnz_committed() const override { return nnz_; }
+  int64_t free_disk_bytes() const override { return store_->db()->FreeDiskBytes(); }
 
  private:
   void RefreshBytes() {

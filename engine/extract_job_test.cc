@@ -44,7 +44,9 @@ class FakeContext : public JobContext {
     EXPECT_TRUE(t.has_extract());
     telemetry_.push_back(t.extract());
   }
-  void Log(latentd::v1::LogLine::Level, const std::string&) override {}
+  void Log(latentd::v1::LogLine::Level level, const std::string& text) override {
+    if (level == latentd::v1::LogLine::WARNING) warnings_.push_back(text);
+  }
 
   uint64_t id_;
   std::vector<DeviceRef> devices_;
@@ -52,6 +54,7 @@ class FakeContext : public JobContext {
   mutable int checks_ = 0;
   std::vector<int64_t> progress_;
   std::vector<latentd::v1::ExtractTelemetry> telemetry_;
+  std::vector<std::string> warnings_;
 };
 
 class ExtractJobTest : public ::testing::Test {
@@ -286,6 +289,37 @@ TEST_F(ExtractJobTest, CancelledJobsResumeToTheUninterruptedDataset) {
     EXPECT_EQ(a->indptr, b->indptr);
     EXPECT_EQ(a->indices, b->indices);
     EXPECT_EQ(a->values, b->values);
+  }
+}
+
+// A sink that stores 100 B a row on a disk with `free` bytes left.
+class SmallDiskSink : public InMemoryRowSink {
+ public:
+  SmallDiskSink(InMemoryDataset* ds, int64_t free) : InMemoryRowSink(ds), free_(free) {}
+  int64_t bytes_committed() const override { return rows_committed() * 100; }
+  int64_t free_disk_bytes() const override { return free_; }
+
+ private:
+  int64_t free_;
+};
+
+// When the first commits show the rest will not fit, the job says so once, with the numbers.
+TEST_F(ExtractJobTest, WarnsOnceWhenTheRemainingRowsWillNotFitOnTheDisk) {
+  for (int64_t free : {int64_t{1} << 40, int64_t{500}}) {
+    InMemoryDataset mem;
+    mem.width = 48;
+    SinkOpener opener = [&](const ExtractDatasetMeta&) -> absl::StatusOr<OpenedSink> {
+      return OpenedSink{1, std::make_unique<SmallDiskSink>(&mem, free)};
+    };
+    FakeContext ctx(11, 1);
+    ASSERT_TRUE(RunExtractToSink(Spec(), env_, &ctx, opener).ok());
+    if (free > 500) {
+      EXPECT_TRUE(ctx.warnings_.empty());
+      continue;
+    }
+    ASSERT_EQ(ctx.warnings_.size(), 1u);  // commits of 30 rows: 10 chances, one warning
+    EXPECT_NE(ctx.warnings_[0].find("at the 100.0 B/row"), std::string::npos) << ctx.warnings_[0];
+    EXPECT_NE(ctx.warnings_[0].find("0.0 MB free"), std::string::npos) << ctx.warnings_[0];
   }
 }
 

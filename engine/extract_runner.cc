@@ -376,8 +376,23 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   PipelineCallbacks callbacks;
   if (ctx != nullptr) {
     callbacks.cancelled = [ctx] { return ctx->cancel_requested(); };
-    callbacks.progress = [ctx](int64_t done, int64_t total) {
+    // Once the first commits show what a row costs on disk, say (once) when the rest will not
+    // fit: the user can free space or stop the job while it is cheap to.
+    callbacks.progress = [ctx, sink = opened.sink.get(), warned = false](int64_t done,
+                                                                         int64_t total) mutable {
       ctx->ReportProgress(done, total, "rows");
+      const int64_t bytes = sink->bytes_committed();
+      if (warned || done <= 0 || done >= total || bytes <= 0) return;
+      const int64_t free_bytes = sink->free_disk_bytes();
+      const double per_row = static_cast<double>(bytes) / done;
+      const double need = per_row * static_cast<double>(total - done);
+      if (free_bytes < 0 || need <= static_cast<double>(free_bytes)) return;
+      warned = true;
+      ctx->Log(latentd::v1::LogLine::WARNING,
+               absl::StrFormat("the remaining %d rows need about %.1f MB at the %.1f B/row "
+                               "stored so far, and the data dir has %.1f MB free: the job will "
+                               "fail with a full disk unless space is freed (committed rows stay)",
+                               total - done, need / 1e6, per_row, free_bytes / 1e6));
     };
     callbacks.telemetry = [ctx](const latentd::v1::ExtractTelemetry& t) {
       latentd::v1::Telemetry sample;

@@ -37,6 +37,8 @@ class RowSink {
   virtual int64_t bytes_committed() const { return -1; }
   // Nonzeros of every committed row, earlier runs' included; -1 when the sink cannot tell.
   virtual int64_t nnz_committed() const { return -1; }
+  // Bytes the sink's disk has left; -1 when it has none or cannot tell.
+  virtual int64_t free_disk_bytes() const { return -1; }
 };
 
 // The committed content of an in-memory dataset; outlives the sinks (writers) opened on it, the
