@@ -1,0 +1,36 @@
+#include "server/job_runners.h"
+
+#include <memory>
+
+#include "common/test_dir.h"
+#include "engine/checkpoint.h"
+#include "gtest/gtest.h"
+
+namespace latentd::server {
+namespace {
+
+// Deleting a cancelled TRAIN job must take its kept checkpoint with it.
+TEST(JobRunners, ForgettingATrainJobRemovesItsCheckpoint) {
+  auto db = storage::Db::Open(FreshTestDir("job_runners"));
+  ASSERT_TRUE(db.ok()) << db.status();
+  storage::ChunkStore store(db->get());
+  storage::ArtifactStore artifacts(db->get());
+  auto pool = engine::DevicePool::Create("cpu:1");
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  RunnerEnvironment env;
+  env.pool = pool->get();
+  env.store = &store;
+  env.artifacts = &artifacts;
+  auto runners = MakeJobRunners(env);
+  ASSERT_TRUE(runners.at(latentd::v1::TRAIN).forget);
+  engine::DbCheckpointStore kept(db->get(), 7), other(db->get(), 8);
+  ASSERT_TRUE(kept.Commit({40, "state at forty"}).ok());
+  ASSERT_TRUE(other.Commit({10, "another job's"}).ok());
+  ASSERT_TRUE(runners.at(latentd::v1::TRAIN).forget(7).ok());
+  EXPECT_FALSE(kept.LatestStep()->has_value());
+  EXPECT_TRUE(other.LatestStep()->has_value());
+  EXPECT_TRUE(runners.at(latentd::v1::TRAIN).forget(7).ok());  // nothing left: still fine
+}
+
+}  // namespace
+}  // namespace latentd::server
