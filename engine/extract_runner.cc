@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/path_within.h"
 #include "common/status_macros.h"
 #include "engine/device_util.h"
 #include "engine/extract_pipeline.h"
@@ -57,7 +58,7 @@ absl::StatusOr<std::string> ResolveUnderRoots(const std::string& path, const Ext
   for (const std::string& root : env.data_roots) {
     char rbuf[PATH_MAX];
     const std::string r = realpath(root.c_str(), rbuf) != nullptr ? std::string(rbuf) : root;
-    if (resolved == r || absl::StartsWith(resolved, r == "/" ? r : r + "/")) {
+    if (PathIsWithin(resolved, r)) {
       if (!exists) return absl::NotFoundError(absl::StrCat(field, ": ", path, " not found"));
       return resolved;
     }

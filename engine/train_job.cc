@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/path_within.h"
 #include "common/status_macros.h"
 #include "engine/checkpoint.h"
 #include "engine/data_parallel.h"
@@ -68,9 +69,7 @@ absl::StatusOr<std::string> ResolveUnderRoots(const std::string& path,
   for (const std::string& root : roots) {
     const std::filesystem::path canonical_root = std::filesystem::weakly_canonical(root, error);
     if (error) continue;
-    auto mismatch = std::mismatch(canonical_root.begin(), canonical_root.end(), resolved.begin(),
-                                  resolved.end());
-    if (mismatch.first == canonical_root.end()) {
+    if (PathIsWithin(resolved, canonical_root)) {
       if (!std::filesystem::is_regular_file(resolved, error)) {
         return absl::NotFoundError(absl::StrCat(field, ": no file at ", path));
       }

@@ -1,10 +1,10 @@
 #include "server/artifact_deletion.h"
 
-#include <algorithm>
 #include <filesystem>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "common/path_within.h"
 #include "common/status_macros.h"
 
 namespace latentd::server {
@@ -19,12 +19,6 @@ fs::path Resolved(const std::string& path) {
   return ec ? fs::path() : p;
 }
 
-bool IsWithin(const fs::path& inner, const fs::path& outer) {
-  if (inner.empty() || outer.empty()) return false;
-  auto [o, i] = std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end());
-  return o == outer.end();
-}
-
 }  // namespace
 
 absl::StatusOr<ArtifactDeletion> DeleteArtifact(
@@ -37,7 +31,8 @@ absl::StatusOr<ArtifactDeletion> DeleteArtifact(
     const latentd::v1::SaeSource& sae = job.spec().extract().sae();
     const bool names_it =
         (sae.source_case() == latentd::v1::SaeSource::kArtifactId && sae.artifact_id() == id) ||
-        (sae.source_case() == latentd::v1::SaeSource::kPath && IsWithin(Resolved(sae.path()), dir));
+        (sae.source_case() == latentd::v1::SaeSource::kPath &&
+         PathIsWithin(Resolved(sae.path()), dir));
     if (names_it) {
       return absl::FailedPreconditionError(absl::StrCat(
           "artifact ", id, " (\"", artifact.name(), "\") is the SAE of job ", job.id(), " (",
@@ -49,7 +44,7 @@ absl::StatusOr<ArtifactDeletion> DeleteArtifact(
   ArtifactDeletion deletion;
   deletion.path = artifact.path();
   const fs::path root = artifact_dir.empty() ? fs::path() : Resolved(artifact_dir);
-  if (dir == root || !IsWithin(dir, root)) return deletion;
+  if (dir == root || !PathIsWithin(dir, root)) return deletion;
   std::error_code ec;
   for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code size_ec;

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/path_within.h"
 #include "server/artifact_deletion.h"
 #include "server/grpc_status.h"
 #include "storage/export.h"
@@ -302,8 +303,7 @@ absl::StatusOr<std::string> DatasetsService::ResolveExportPath(const std::string
   fs::path target = fs::path(requested).is_absolute() ? fs::path(requested) : root / requested;
   target = fs::weakly_canonical(target, ec);  // resolves symlinks of the existing prefix and ..
   if (ec) return absl::InvalidArgumentError(absl::StrCat("path: ", ec.message()));
-  auto rel = target.lexically_relative(root);
-  if (rel.empty() || rel == "." || *rel.begin() == "..") {
+  if (target == root || !PathIsWithin(target, root)) {
     return absl::PermissionDeniedError(
         absl::StrCat("path \"", requested, "\" is outside the export root ", root.string()));
   }
