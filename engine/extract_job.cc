@@ -1,7 +1,6 @@
 #include "engine/extract_job.h"
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "storage/chunk_store.h"
 
@@ -85,6 +84,12 @@ class CompleteSink : public RowSink {
   int64_t rows_, bytes_, nnz_;
 };
 
+// resume_from_job_id named a job whose dataset was deleted since.
+absl::Status ContinuedDatasetGone(uint64_t from_job, const std::string& name) {
+  return absl::FailedPreconditionError(absl::StrCat("extract.resume_from_job_id: job ", from_job,
+                                                    "'s dataset ", name, " no longer exists"));
+}
+
 storage::ValueDtype ToStorage(latentd::v1::ValueDtype d) {
   switch (d) {
     case latentd::v1::BFLOAT16:
@@ -136,9 +141,7 @@ SinkOpener ChunkStoreSinkOpener(storage::ChunkStore* store) {
       }
     } else if (found.status().code() == absl::StatusCode::kNotFound && m.adopt_from_job != 0) {
       // Starting over would look like a continuation while recomputing everything.
-      return absl::FailedPreconditionError(absl::StrCat("extract.resume_from_job_id: job ",
-                                                        m.adopt_from_job, "'s dataset ", m.name,
-                                                        " no longer exists"));
+      return ContinuedDatasetGone(m.adopt_from_job, m.name);
     } else if (found.status().code() == absl::StatusCode::kNotFound) {
       storage::DatasetMeta meta;
       meta.name = m.name;
@@ -174,26 +177,17 @@ SinkOpener ChunkStoreSinkOpener(storage::ChunkStore* store) {
 }
 
 absl::Status ValidateExtractJob(const latentd::v1::ExtractSpec& spec, const ExtractEnv& env) {
-  RETURN_IF_ERROR(ValidateExtractSpec(spec, env));
-  const uint64_t from = spec.resume_from_job_id();
-  if (env.store == nullptr) return absl::OkStatus();
-  if (from == 0) {
-    // Hours into a job is a bad time to learn that the disk was always too small.
-    ASSIGN_OR_RETURN(DatasetBytesFloor floor, ExtractDatasetBytesFloor(spec, env));
-    const int64_t free_bytes = env.store->db()->FreeDiskBytes();
-    if (floor.bytes > 0 && free_bytes >= 0 && floor.bytes > free_bytes) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "extract: the dataset needs at least %.1f GB (%s), the data dir has %.1f GB free",
-          floor.bytes / 1e9, floor.how, free_bytes / 1e9));
-    }
-    return absl::OkStatus();
+  ExtractEnv checked = env;
+  if (!checked.free_disk_bytes && env.store != nullptr) {
+    storage::Db* db = env.store->db();
+    checked.free_disk_bytes = [db] { return db->FreeDiskBytes(); };
   }
+  RETURN_IF_ERROR(ValidateExtractSpec(spec, checked));
+  const uint64_t from = spec.resume_from_job_id();
+  if (from == 0 || env.store == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(const std::string name, ExtractDatasetNameFor(spec, env, 0));
   auto id = env.store->FindDataset(name);
-  if (absl::IsNotFound(id.status())) {
-    return absl::FailedPreconditionError(absl::StrCat("extract.resume_from_job_id: job ", from,
-                                                      "'s dataset ", name, " no longer exists"));
-  }
+  if (absl::IsNotFound(id.status())) return ContinuedDatasetGone(from, name);
   RETURN_IF_ERROR(id.status());
   ASSIGN_OR_RETURN(storage::DatasetRecord record, env.store->GetRecord(*id));
   if (record.meta.job_id != from) {

@@ -19,10 +19,9 @@
 
 namespace latentd::engine {
 
-// ValidateExtractSpec (extract_runner.h); RESOURCE_EXHAUSTED with the numbers when even a lower
-// bound of the new dataset's size exceeds the free space of the store's disk (TopK and DENSE;
-// ExtractDatasetBytesFloor); and with resume_from_job_id that the continued job's dataset still
-// exists and is still that job's (FAILED_PRECONDITION otherwise).
+// ValidateExtractSpec (extract_runner.h) with free_disk_bytes, when unset, read from the store's
+// disk; and with resume_from_job_id that the continued job's dataset still exists and is still
+// that job's (FAILED_PRECONDITION otherwise).
 absl::Status ValidateExtractJob(const latentd::v1::ExtractSpec& spec, const ExtractEnv& env);
 
 absl::StatusOr<latentd::v1::ExtractResult> RunExtract(const latentd::v1::ExtractSpec& spec,

@@ -205,15 +205,14 @@ absl::Status MemoryCheck(const Checked& c, int64_t need, int64_t have, const std
   return absl::OkStatus();
 }
 
-}  // namespace
-
-std::string ExtractDatasetName(const ExtractSpec& spec, uint64_t job_id) {
-  return spec.dataset_name().empty() ? absl::StrCat("extract-", job_id) : spec.dataset_name();
-}
-
-absl::StatusOr<DatasetBytesFloor> ExtractDatasetBytesFloor(const ExtractSpec& spec,
-                                                           const ExtractEnv& env) {
-  ASSIGN_OR_RETURN(Checked c, Check(spec, env));
+// A lower bound of the bytes the dataset will take on disk, for the check against free space;
+// bytes 0 when no useful bound is known (ReLU and JumpReLU SAEs fire a data-dependent number of
+// latents; a TorchScript model's hook width is known once loaded).
+struct DatasetBytesFloor {
+  int64_t bytes = 0;
+  std::string how;  // the arithmetic, for the error message
+};
+DatasetBytesFloor EstimateDatasetBytesFloor(const Checked& c, const ExtractSpec& spec) {
   DatasetBytesFloor floor;
   const int value_bytes = ValueBytes(spec.value_dtype());
   // Values are stored exactly and compress little (sign, exponent and a few mantissa bits are
@@ -230,6 +229,12 @@ absl::StatusOr<DatasetBytesFloor> ExtractDatasetBytesFloor(const ExtractSpec& sp
                              " B values, 1/2 of them after compression at best");
   }
   return floor;
+}
+
+}  // namespace
+
+std::string ExtractDatasetName(const ExtractSpec& spec, uint64_t job_id) {
+  return spec.dataset_name().empty() ? absl::StrCat("extract-", job_id) : spec.dataset_name();
 }
 
 absl::StatusOr<std::string> ExtractDatasetNameFor(const ExtractSpec& spec, const ExtractEnv& env,
@@ -260,6 +265,17 @@ absl::StatusOr<std::string> ExtractDatasetNameFor(const ExtractSpec& spec, const
 absl::Status ValidateExtractSpec(const ExtractSpec& spec, const ExtractEnv& env) {
   ASSIGN_OR_RETURN(Checked c, Check(spec, env));
   RETURN_IF_ERROR(ExtractDatasetNameFor(spec, env, 0).status());
+  // Hours into a job is a bad time to learn that the disk was always too small. (A continued
+  // dataset already holds part of its rows.)
+  if (env.free_disk_bytes && spec.resume_from_job_id() == 0) {
+    const DatasetBytesFloor floor = EstimateDatasetBytesFloor(c, spec);
+    const int64_t free_bytes = floor.bytes > 0 ? env.free_disk_bytes() : -1;
+    if (free_bytes >= 0 && floor.bytes > free_bytes) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "extract: the dataset needs at least %.1f GB (%s), the data dir has %.1f GB free",
+          floor.bytes / 1e9, floor.how, free_bytes / 1e9));
+    }
+  }
   if (spec.model().has_reference() && env.device_memory_bytes > 0) {
     const int64_t need =
         EstimateDeviceBytes(c, ReferenceParamBytes(c.reference),

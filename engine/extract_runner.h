@@ -31,6 +31,9 @@ struct ExtractEnv {
   std::function<absl::StatusOr<std::string>(uint64_t)> sae_artifact_dir;
   // Memory of the smallest device a job may get, for the submit-time memory check; 0: unknown.
   int64_t device_memory_bytes = 0;
+  // Bytes free on the disk the dataset will go to: a new dataset that cannot fit (a lower bound
+  // of its size; TopK and DENSE) is RESOURCE_EXHAUSTED at submit. Null: no check.
+  std::function<int64_t()> free_disk_bytes;
   // The daemon's job records, for resume_from_job_id. Null: such specs are FAILED_PRECONDITION.
   std::function<absl::StatusOr<latentd::v1::Job>(uint64_t job_id)> find_job;
 };
@@ -81,16 +84,6 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const latentd::v1::E
 
 // The dataset name a spec gets: dataset_name, else "extract-<job id>".
 std::string ExtractDatasetName(const latentd::v1::ExtractSpec& spec, uint64_t job_id);
-
-// A lower bound of the bytes a job's dataset will take on disk, for the submit-time check
-// against free space; bytes 0 when no useful bound is known (ReLU and JumpReLU SAEs fire a
-// data-dependent number of latents; a TorchScript model's hook width is known once loaded).
-struct DatasetBytesFloor {
-  int64_t bytes = 0;
-  std::string how;  // the arithmetic, for the error message
-};
-absl::StatusOr<DatasetBytesFloor> ExtractDatasetBytesFloor(const latentd::v1::ExtractSpec& spec,
-                                                           const ExtractEnv& env);
 
 // The dataset a job of `spec` writes: dataset_name; else, with resume_from_job_id, the dataset
 // of the job it continues; else "extract-<job id>". With resume_from_job_id it first checks that
