@@ -422,14 +422,10 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
     absl::Status s = run.status();
     // How a user picks the rows up again once the cause is fixed (disk space, a cancel).
     if (ctx != nullptr) {
-      absl::Status hinted(s.code(), absl::StrCat(s.message(),
-                                                 " (rows up to the last commit are kept; an "
-                                                 "EXTRACT job with resume_from_job_id ",
-                                                 job_id, " continues dataset ", meta.name, ")"));
-      s.ForEachPayload([&hinted](absl::string_view url, const absl::Cord& payload) {
-        hinted.SetPayload(url, payload);
-      });
-      s = std::move(hinted);
+      s = WithMessage(s, absl::StrCat(s.message(),
+                                      " (rows up to the last commit are kept; an EXTRACT job with "
+                                      "resume_from_job_id ",
+                                      job_id, " continues dataset ", meta.name, ")"));
     }
     if (absl::StrContains(s.message(), "non-finite")) return WithReason(s, latentd::v1::NUMERICAL);
     if (s.code() == absl::StatusCode::kResourceExhausted) return WithReason(s, latentd::v1::OOM);

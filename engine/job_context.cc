@@ -14,6 +14,13 @@ absl::Status WithReason(absl::Status status, latentd::v1::JobReason reason) {
   return status;
 }
 
+absl::Status WithMessage(const absl::Status& status, absl::string_view message) {
+  absl::Status out(status.code(), message);
+  status.ForEachPayload(
+      [&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
+}
+
 latentd::v1::JobReason AttachedReason(const absl::Status& status) {
   auto payload = status.GetPayload(kReasonPayload);
   latentd::v1::JobReason reason = latentd::v1::JOB_REASON_UNSPECIFIED;

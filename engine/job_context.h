@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "proto/latentd/v1/jobs.pb.h"
 
 namespace latentd::engine {
@@ -52,6 +53,9 @@ class JobContext {
 // A runner that wants a reason other than the one its status code implies (e.g. NUMERICAL for a NaN
 // loss, which is an INTERNAL-looking failure to the code but not to the user) attaches it here.
 absl::Status WithReason(absl::Status status, latentd::v1::JobReason reason);
+// `status` with its message replaced by `message`; its code and payloads (a reason attached by
+// WithReason) stay. For runners that add what the user can do next to an error from below.
+absl::Status WithMessage(const absl::Status& status, absl::string_view message);
 // The reason attached by WithReason, or JOB_REASON_UNSPECIFIED.
 latentd::v1::JobReason AttachedReason(const absl::Status& status);
 

@@ -340,8 +340,8 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
   if (spec.resume_from_job_id() != 0) {
     auto adopted = checkpoints.AdoptFrom(spec.resume_from_job_id());
     if (!adopted.ok()) {
-      return absl::Status(adopted.status().code(),
-                          absl::StrCat("train.resume_from_job_id: ", adopted.status().message()));
+      return WithMessage(adopted.status(),
+                         absl::StrCat("train.resume_from_job_id: ", adopted.status().message()));
     }
     if (adopted->has_value()) {
       context->Log(latentd::v1::LogLine::INFO,
