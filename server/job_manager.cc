@@ -343,17 +343,6 @@ absl::StatusOr<ListJobsResult> JobManager::List(const JobFilter& filter, int pag
   return result;
 }
 
-namespace {
-
-// The job `spec` continues, or 0.
-uint64_t ContinuedJob(const JobSpec& spec) {
-  if (spec.has_train()) return spec.train().resume_from_job_id();
-  if (spec.has_extract()) return spec.extract().resume_from_job_id();
-  return 0;
-}
-
-}  // namespace
-
 absl::Status JobManager::Delete(uint64_t job_id) {
   absl::MutexLock lock(&mu_);
   // A finished job's runner thread may still be on its way out; it must be gone before the
@@ -368,7 +357,10 @@ absl::Status JobManager::Delete(uint64_t job_id) {
                      "; cancel it, or wait for it to finish, first"));
   }
   for (const auto& [id, other] : jobs_) {
-    if (!IsTerminal(other->job.state()) && ContinuedJob(other->job.spec()) == job_id) {
+    if (IsTerminal(other->job.state())) continue;
+    auto other_runner = runners_.find(other->job.spec().type());
+    if (other_runner != runners_.end() && other_runner->second.continues &&
+        other_runner->second.continues(other->job.spec()) == job_id) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job ", id, " continues job ", job_id, " (resume_from_job_id) and has not finished"));
     }

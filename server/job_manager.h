@@ -51,6 +51,9 @@ struct JobRunner {
   // Removes what a finished job of this type keeps besides its record and events (TRAIN: its
   // checkpoint), when the job is deleted. May be empty (nothing).
   std::function<absl::Status(uint64_t job_id)> forget;
+  // The job whose leftovers a job of `spec` takes over (resume_from_job_id), or 0; that job
+  // cannot be deleted while this one has not finished. May be empty (never).
+  std::function<uint64_t(const latentd::v1::JobSpec& spec)> continues;
 };
 
 struct JobManagerOptions {

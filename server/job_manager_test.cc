@@ -82,6 +82,7 @@ class JobManagerTest : public ::testing::Test {
       forgotten_.push_back(job_id);
       return absl::OkStatus();
     };
+    runner.continues = [](const JobSpec& spec) { return spec.extract().resume_from_job_id(); };
     manager_ = std::make_unique<JobManager>(
         store_.get(), pool_.get(),
         std::map<latentd::v1::JobType, JobRunner>{{latentd::v1::PROBE, runner},
@@ -319,7 +320,7 @@ TEST_F(JobManagerTest, AJobThatAnUnfinishedJobContinuesCannotBeDeleted) {
   WaitFor(first.id(), latentd::v1::CANCELLED);
   JobSpec next = Probe();
   next.set_type(latentd::v1::EXTRACT);
-  next.mutable_extract()->set_resume_from_job_id(first.id());  // what the manager checks
+  next.mutable_extract()->set_resume_from_job_id(first.id());  // what `continues` reads
   Job second = *manager_->Submit("", next);
   absl::Status s = manager_->Delete(first.id());
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;

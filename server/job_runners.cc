@@ -85,6 +85,9 @@ std::map<latentd::v1::JobType, JobRunner> MakeJobRunners(const RunnerEnvironment
     *out.mutable_extract() = std::move(*result);
     return out;
   };
+  extract.continues = [](const latentd::v1::JobSpec& spec) {
+    return spec.extract().resume_from_job_id();
+  };
   runners[latentd::v1::EXTRACT] = extract;
 
   JobRunner train;
@@ -101,6 +104,9 @@ std::map<latentd::v1::JobType, JobRunner> MakeJobRunners(const RunnerEnvironment
   };
   storage::ChunkStore* store = env.store;
   train.forget = [store](uint64_t job_id) { return engine::ForgetTrainJob(store, job_id); };
+  train.continues = [](const latentd::v1::JobSpec& spec) {
+    return spec.train().resume_from_job_id();
+  };
   runners[latentd::v1::TRAIN] = train;
   return runners;
 }

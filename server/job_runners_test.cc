@@ -30,6 +30,14 @@ TEST(JobRunners, ForgettingATrainJobRemovesItsCheckpoint) {
   EXPECT_FALSE(kept.LatestStep()->has_value());
   EXPECT_TRUE(other.LatestStep()->has_value());
   EXPECT_TRUE(runners.at(latentd::v1::TRAIN).forget(7).ok());  // nothing left: still fine
+
+  // Which job each type continues, so that job is not deleted under it.
+  latentd::v1::JobSpec train, extract;
+  train.mutable_train()->set_resume_from_job_id(7);
+  extract.mutable_extract()->set_resume_from_job_id(9);
+  EXPECT_EQ(runners.at(latentd::v1::TRAIN).continues(train), 7u);
+  EXPECT_EQ(runners.at(latentd::v1::EXTRACT).continues(extract), 9u);
+  EXPECT_FALSE(runners.at(latentd::v1::PROBE).continues);
 }
 
 }  // namespace
