@@ -868,6 +868,33 @@ absl::StatusOr<LatentStats> ChunkStore::GetLatentStats(uint64_t id, int32_t late
   return stats;
 }
 
+absl::Status ChunkStore::ForEachLatentStats(
+    uint64_t id, int64_t* rows_committed,
+    const std::function<void(int32_t latent, const LatentStats& stats)>& visit) const {
+  SnapshotHolder snap(db_->raw());
+  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
+  RETURN_IF_ERROR(CheckLatentQuery(rec, id, 0));
+  if (rows_committed != nullptr) *rows_committed = rec.rows_committed;
+  std::vector<LatentStats> block(kLatentsPerBlock);
+  std::string value;
+  // Point reads, not an iterator over the family: the top-N blocks interleave with the
+  // statistics blocks, and an iterator would merge their operands only to skip them.
+  for (int32_t first = 0; first < rec.meta.width; first += kLatentsPerBlock) {
+    const int32_t n = std::min(kLatentsPerBlock, rec.meta.width - first);
+    absl::Status s = GetAt(db_, snap.get(), Family::kLatentIndex,
+                           keys::LatentStats(id, static_cast<uint32_t>(first)), &value);
+    if (absl::IsNotFound(s)) {
+      std::fill(block.begin(), block.begin() + n, LatentStats());
+      s = absl::OkStatus();
+    } else if (s.ok()) {
+      s = DecodeStatsBlock(value, block.data(), n);
+    }
+    if (!s.ok()) return LatentIndexError(id, first, "statistics block", s);
+    for (int32_t i = 0; i < n; ++i) visit(first + i, block[i]);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
     uint64_t id, int32_t latent, int32_t top_n, int32_t before, int32_t after) const {
   SnapshotHolder snap(db_->raw());

@@ -20,6 +20,7 @@
 #define LATENTD_STORAGE_CHUNK_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -189,6 +190,15 @@ class ChunkStore {
 
   // Statistics of latent `latent` (INVALID_ARGUMENT outside [0, width)).
   absl::StatusOr<LatentStats> GetLatentStats(uint64_t id, int32_t latent) const;
+  // The statistics of every latent of a SPARSE dataset, from its statistics blocks at one
+  // snapshot (one read per 64 latents, never the rows): visit(latent, stats) for latents 0, 1, ...
+  // width - 1 in order, those that never fired included (firing_count 0). *rows_committed, when
+  // not null, is the committed row count at the same snapshot, set before the first visit.
+  // FAILED_PRECONDITION for a DENSE
+  // dataset; DATA_LOSS naming the block for a malformed one (nothing more is visited).
+  absl::Status ForEachLatentStats(
+      uint64_t id, int64_t* rows_committed,
+      const std::function<void(int32_t latent, const LatentStats& stats)>& visit) const;
   // The top `top_n` rows of the latent by value (at most the dataset's top_n), each with the token
   // ids of [row - before, row + after] clipped to the row's sequence and the committed rows.
   absl::StatusOr<std::vector<TopActivationContext>> TopActivations(uint64_t id, int32_t latent,

@@ -306,6 +306,41 @@ TEST_P(ChunkStoreTest, StatisticsTopNAndPostingsMatchBruteForce) {
   EXPECT_EQ(store_->GetLatentStats(id, 64).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The whole-SAE scan answers exactly what per-latent reads answer, for a width that is not a
+// multiple of the 64-latent block, and names a damaged block.
+TEST_P(ChunkStoreTest, ForEachLatentStatsVisitsEveryLatentAsGetLatentStatsReadsIt) {
+  const int32_t width = 150;
+  const uint64_t id = WriteSparse("scan", width, 40, 13);
+  int64_t rows = -1;
+  std::vector<int32_t> visited;
+  int64_t dead = 0;
+  absl::Status s = store_->ForEachLatentStats(id, &rows, [&](int32_t l, const LatentStats& st) {
+    visited.push_back(l);
+    if (st.firing_count == 0) ++dead;
+    auto want = store_->GetLatentStats(id, l);
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_EQ(st.Encode(), want->Encode()) << "latent " << l;
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(rows, 40);
+  ASSERT_EQ(visited.size(), static_cast<size_t>(width));
+  for (int32_t l = 0; l < width; ++l) EXPECT_EQ(visited[l], l);
+  EXPECT_GT(dead, 0);  // 150 latents, at most 8 a row over 40 rows: some never fire
+  EXPECT_EQ(store_->GetDataset(id)->dead_latents(), dead);
+
+  ASSERT_TRUE(
+      db_->Put(Family::kLatentIndex, keys::LatentStats(id, 64), "\x05garbage", /*sync=*/true).ok());
+  int64_t after_damage = 0;
+  s = store_->ForEachLatentStats(id, nullptr, [&](int32_t, const LatentStats&) { ++after_damage; });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(absl::StrCat("dataset ", id, " latent 64 ")), std::string::npos) << s;
+  EXPECT_EQ(after_damage, 64);  // the blocks before the damaged one, nothing after it
+
+  EXPECT_EQ(
+      store_->ForEachLatentStats(id + 100, nullptr, [](int32_t, const LatentStats&) {}).code(),
+      absl::StatusCode::kNotFound);
+}
+
 // Commits store top-N lists as merge operands (only the entries each commit added); what a reader
 // sees after flushes, compaction, a reopen and a writer that resumes from the merged lists must
 // equal a single writer's lists, which the brute force gives.
@@ -655,6 +690,8 @@ TEST_P(ChunkStoreTest, DenseRowsRoundTripInChunks) {
   EXPECT_EQ(toks[0], 70095);
   EXPECT_EQ(*store_->ChunkRowStarts(id), (std::vector<int64_t>{0, 100, 200}));
   EXPECT_EQ(store_->ReadRows(id, 0, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->ForEachLatentStats(id, nullptr, [](int32_t, const LatentStats&) {}).code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(store_->ReadDense(id, 200, 51, &out, &toks).code(), absl::StatusCode::kOutOfRange);
 }
 
