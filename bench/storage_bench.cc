@@ -24,8 +24,8 @@
 //   raw-rows   the rows as a user would Put them without this store: per 1024-row chunk the
 //              fixed-k u16 indices (u32 above 65536 latents) + fp16 values + u16 token ids
 //              (128 + 2 B/token at X1), no index;
-// then ReadRows (1024 rows), RowLatents, GetLatent (stats + top-20 with 32/8 context) and
-// LatentPostings latency percentiles.
+// then ReadRows (1024 rows), RowLatents, GetLatent (stats + top-20 with 32/8 context),
+// LatentPostings and ListLatents (the whole SAE ranked) latency percentiles.
 // Rows are synthetic: latents drawn from a Zipf-like distribution, exponential values, Zipf(1.1)
 // token ids; the extraction workload's own figures come from the EXTRACT benchmark.
 #include <algorithm>
@@ -46,6 +46,7 @@
 #include "common/process_memory.h"
 #include "storage/chunk_store.h"
 #include "storage/export.h"
+#include "storage/latent_overview.h"
 #include "storage/value_codec.h"
 
 using latentd::storage::ChunkStore;
@@ -203,8 +204,12 @@ struct Result {
   Percentiles read, row, latent, post;
   Percentiles latent_fresh;                  // GetLatent before compaction
   double export_npz_s = 0, export_h5_s = 0;  // whole-dataset exports (format 3 only)
-  double delete_s = 0;                       // DeleteDataset, its compaction included
-  uint64_t disk_after_delete = 0;            // bytes on disk once it returned
+  // ListLatents over the whole SAE (SummarizeLatents: MOST_FREQUENT, a page of 100), against
+  // what a dashboard does without it: one GetLatentStats per latent, in the same run.
+  Percentiles overview;
+  double stats_one_by_one_ms = 0;
+  double delete_s = 0;             // DeleteDataset, its compaction included
+  uint64_t disk_after_delete = 0;  // bytes on disk once it returned
   int64_t export_npz_b = 0, export_h5_b = 0;
 };
 
@@ -363,6 +368,20 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
       *bytes = exported->bytes;
     }
   }
+  if (measure_reads) {
+    std::vector<double> overview_us;
+    latentd::storage::LatentOverviewOptions overview;
+    overview.order = latentd::storage::LatentOrder::kMostFrequent;
+    for (int i = 0; i < 20; ++i) {
+      const auto a = Clock::now();
+      Check(latentd::storage::SummarizeLatents(store, id, overview).status());
+      overview_us.push_back(Seconds(a, Clock::now()) * 1e6);
+    }
+    res.overview = Summarize(overview_us);
+    const auto a = Clock::now();
+    for (int32_t l = 0; l < g_width; ++l) Check(store.GetLatentStats(id, l).status());
+    res.stats_one_by_one_ms = Seconds(a, Clock::now()) * 1e3;
+  }
   res.read = Summarize(read_us);
   res.row = Summarize(row_us);
   res.latent = Summarize(latent_us);
@@ -478,6 +497,13 @@ int main(int argc, char** argv) {
     if (r.export_npz_s > 0) {
       std::printf("  export, whole dataset: npz %.2f s (%.0f MB), HDF5 %.2f s (%.0f MB)\n",
                   r.export_npz_s, r.export_npz_b / 1e6, r.export_h5_s, r.export_h5_b / 1e6);
+    }
+    if (r.overview.p50 > 0) {
+      std::printf(
+          "  ListLatents(whole SAE, by firing count, page of 100) p50 %.2f / p99 %.2f ms; "
+          "GetLatentStats of every latent one by one %.1f ms (x%.1f)\n",
+          r.overview.p50 / 1e3, r.overview.p99 / 1e3, r.stats_one_by_one_ms,
+          r.stats_one_by_one_ms * 1e3 / r.overview.p50);
     }
     std::printf("  DeleteDataset %.2f s; on disk after it returned %.2f MB\n", r.delete_s,
                 r.disk_after_delete / 1e6);

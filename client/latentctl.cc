@@ -3,8 +3,8 @@
 //   latentctl [--server=HOST:PORT] [--token_file=F] [--json] COMMAND [ARGS]
 //
 // Commands: submit, get, list, watch, cancel, delete-job, telemetry, devices, datasets, dataset,
-// rows, latent, export, delete-dataset, artifacts, delete-artifact. `latentctl help` lists them
-// with their flags. With --json every response is printed in the protobuf JSON mapping, one
+// rows, latent, latents, export, delete-dataset, artifacts, delete-artifact. `latentctl help` lists
+// them with their flags. With --json every response is printed in the protobuf JSON mapping, one
 // object per line (streams: one per message). Exit status: 0 on success; 1 on an RPC error
 // (the gRPC code and message go to stderr); 2 on a usage error; `watch` returns 3 when the job
 // ends other than SUCCEEDED.
@@ -58,7 +58,16 @@ ABSL_FLAG(int, intervals, 0,
           "latent: also sample rows from this many equal intervals of the value range");
 ABSL_FLAG(int, interval_samples, 5, "latent: rows per interval (with --intervals)");
 ABSL_FLAG(std::string, format, "npz", "export: npz or hdf5");
-ABSL_FLAG(std::string, plot, "", "telemetry: write a PNG of loss and memory against steps here");
+ABSL_FLAG(std::string, plot, "",
+          "telemetry: write a PNG of loss and memory against steps here; latents: a PNG of the "
+          "log10 feature-density histogram");
+ABSL_FLAG(std::string, order, "latent",
+          "latents: latent, frequent, rare (dead first), max or mean (ties by latent index)");
+ABSL_FLAG(int, limit, 20, "latents: latents to show");
+ABSL_FLAG(int64_t, offset, 0, "latents: skip this many in the order");
+ABSL_FLAG(int64_t, min_count, 0, "latents: only latents firing at least this often");
+ABSL_FLAG(int64_t, max_count, -1,
+          "latents: only latents firing at most this often (-1: no bound; 0: the dead ones)");
 
 namespace latentd::client {
 namespace {
@@ -562,6 +571,59 @@ int Latent(Client& client, const std::vector<std::string>& args) {
   return 0;
 }
 
+// The SAE at a glance: a page of its latents in the order asked, the dead count, and the log10
+// feature-density histogram as a PNG with --plot.
+int Latents(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id)) return Usage("latents needs a dataset id");
+  static const std::map<std::string, v1::LatentOrder> kOrders = {{"latent", v1::BY_LATENT},
+                                                                 {"frequent", v1::MOST_FREQUENT},
+                                                                 {"rare", v1::LEAST_FREQUENT},
+                                                                 {"max", v1::HIGHEST_MAX},
+                                                                 {"mean", v1::HIGHEST_MEAN}};
+  const auto order = kOrders.find(absl::GetFlag(FLAGS_order));
+  if (order == kOrders.end()) {
+    return Usage(absl::StrCat("--order=", absl::GetFlag(FLAGS_order),
+                              ": use latent, frequent, rare, max or mean"));
+  }
+  v1::ListLatentsRequest request;
+  request.set_dataset_id(id);
+  request.set_order(order->second);
+  request.set_limit(absl::GetFlag(FLAGS_limit));
+  request.set_offset(absl::GetFlag(FLAGS_offset));
+  request.set_min_firing_count(absl::GetFlag(FLAGS_min_count));
+  if (absl::GetFlag(FLAGS_max_count) >= 0)
+    request.set_max_firing_count(absl::GetFlag(FLAGS_max_count));
+  v1::ListLatentsResponse response;
+  grpc::Status status = client.datasets()->ListLatents(client.Context().get(), request, &response);
+  if (!status.ok()) return RpcError(status);
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (json) {
+    std::printf("%s\n", Json(response).c_str());
+  } else {
+    std::printf("dataset %llu: %lld rows, %d latents, %lld dead (%.2f%%); %lld match\n",
+                static_cast<unsigned long long>(id), static_cast<long long>(response.rows()),
+                response.d_sae(), static_cast<long long>(response.dead_latents()),
+                response.d_sae() > 0 ? 100.0 * response.dead_latents() / response.d_sae() : 0.0,
+                static_cast<long long>(response.matching()));
+    std::printf("%-8s %-10s %-10s %-10s %s\n", "LATENT", "FIRINGS", "DENSITY", "MEAN", "MAX");
+    for (const v1::LatentSummary& l : response.latents()) {
+      std::printf("%-8d %-10lld %-10.4g %-10.4g %.4g\n", l.latent(),
+                  static_cast<long long>(l.firing_count()), l.density(), l.mean(), l.max());
+    }
+  }
+  if (const std::string plot = absl::GetFlag(FLAGS_plot); !plot.empty()) {
+    absl::Status s = WriteDensityHistogramPlot(
+        response, absl::StrCat("dataset ", id, ": feature density"), plot);
+    if (!s.ok()) {
+      std::fprintf(stderr, "latentctl: --plot: %s\n", std::string(s.message()).c_str());
+      return kExitRpcError;
+    }
+    if (!json) std::printf("wrote %s\n", plot.c_str());
+  }
+  return 0;
+}
+
 int Export(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
   if (!ParseId(args, 1, &id) || args.size() < 3)
@@ -707,6 +769,9 @@ datasets:
   rows ID [--start=R] [--count=N]              CSR rows with token ids
   latent ID J [--top=N] [--before=B] [--after_tokens=A] [--intervals=I [--interval_samples=S]]
                                                       statistics, top activations, interval samples
+  latents ID [--order=latent|frequent|rare|max|mean] [--limit=N] [--offset=N]
+             [--min_count=C] [--max_count=C] [--plot=FILE.png]
+                                 the SAE at a glance: latents ranked, dead count, density plot
   export ID PATH [--format=npz|hdf5] [--start=R] [--count=N]   server-side, under the export root
   delete-dataset ID
   artifacts                      trained SAEs
@@ -734,6 +799,7 @@ int Run(const std::vector<std::string>& args) {
   if (command == "dataset") return Dataset(client, args);
   if (command == "rows") return Rows(client, args);
   if (command == "latent") return Latent(client, args);
+  if (command == "latents") return Latents(client, args);
   if (command == "export") return Export(client, args);
   if (command == "delete-dataset") return DeleteDataset(client, args);
   if (command == "artifacts") return Artifacts(client);

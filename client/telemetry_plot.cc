@@ -488,15 +488,15 @@ class Plotter {
     c_->FillRect(r.right(), r.top, 1, r.height, kFrame);
   }
 
-  void StepAxis(const Rect& r, bool with_title) {
+  // Integer ticks of the x axis with grid lines, and `title` (if any) centered below them.
+  void XAxis(const Rect& r, const std::string& title) {
     for (const Tick& t : LinearTicks(x_.lo, x_.hi, 8, /*integers=*/true)) {
       const int x = static_cast<int>(std::lround(X(r, t.value)));
       c_->FillRect(x, r.top + 1, 1, r.height - 1, kGrid);
       c_->FillRect(x, r.bottom(), 1, 5, kFrame);
       c_->DrawText(x - Canvas::TextWidth(t.label, 2) / 2, r.bottom() + 9, t.label, kMutedInk, 2);
     }
-    if (with_title) {
-      const std::string title = "step";
+    if (!title.empty()) {
       c_->DrawText(r.left + r.width / 2 - Canvas::TextWidth(title, 2) / 2, r.bottom() + 30, title,
                    kInk, 2);
     }
@@ -683,7 +683,7 @@ absl::Status WriteTelemetryPlot(const std::vector<latentd::v1::TrainTelemetry>& 
     canvas.DrawText(top.right() - Canvas::TextWidth("FVU", 2) / 2, top.top - 20, "FVU",
                     kPlotFvuColor, 2);
   }
-  plot.StepAxis(top, false);
+  plot.XAxis(top, "");
   std::vector<std::pair<const Series*, const Scale*>> top_legend;
   if (has_loss) {
     plot.Line(top, loss_scale, loss);
@@ -705,7 +705,7 @@ absl::Status WriteTelemetryPlot(const std::vector<latentd::v1::TrainTelemetry>& 
     memory_scale = LogScale(lo, hi);
     plot.ValueAxis(bottom, memory_scale, ByteTicks(memory_scale.lo, memory_scale.hi), false);
   }
-  plot.StepAxis(bottom, true);
+  plot.XAxis(bottom, "step");
   std::vector<std::pair<const Series*, const Scale*>> bottom_legend;
   for (const Series& s : memory) {
     plot.Line(bottom, memory_scale, s);
@@ -717,6 +717,46 @@ absl::Status WriteTelemetryPlot(const std::vector<latentd::v1::TrainTelemetry>& 
   plot.Frame(bottom);
   if (!bottom_legend.empty()) plot.Legend(bottom, bottom_legend);
 
+  return WritePng(canvas, path);
+}
+
+absl::Status WriteDensityHistogramPlot(const latentd::v1::ListLatentsResponse& overview,
+                                       const std::string& title, const std::string& path) {
+  const auto& bins = overview.log10_density_histogram();
+  if (bins.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the dataset has no committed rows: no density histogram to plot into '", path, "'"));
+  }
+  // One committed row puts every live latent at density 1: show the decade below it too.
+  const double lo = overview.log10_density_min() < 0 ? overview.log10_density_min() : -1.0;
+  const double bin_width = -lo / bins.size();
+  int64_t peak = 1;
+  for (int64_t c : bins) peak = std::max(peak, c);
+
+  constexpr int kWidth = 960, kHeight = 560;
+  Canvas canvas(kWidth, kHeight);
+  const std::vector<double> x_range = {lo, 0.0};
+  Plotter plot(&canvas, x_range);
+  const Rect r{118, 110, kWidth - 118 - 40, 360};
+  canvas.DrawText(kWidth / 2 - Canvas::TextWidth(title, 3) / 2, 14, title, kInk, 3);
+  const std::string subtitle =
+      absl::StrCat(overview.rows(), " rows, ", overview.d_sae(), " latents, ",
+                   overview.dead_latents(), " dead (never fired, not shown)");
+  canvas.DrawText(kWidth / 2 - Canvas::TextWidth(subtitle, 2) / 2, 48, subtitle, kMutedInk, 2);
+  canvas.DrawText(r.left, r.top - 20, "latents", kInk, 2);
+
+  const Scale y{0, peak * 1.08, false};
+  plot.ValueAxis(r, y, LinearTicks(0, y.hi, 5, /*integers=*/true), false);
+  plot.XAxis(r, "log10 firing density (firings / rows)");
+  for (int i = 0; i < bins.size(); ++i) {
+    if (bins[i] == 0) continue;
+    const int x0 = static_cast<int>(std::lround(plot.X(r, lo + i * bin_width)));
+    const int x1 = static_cast<int>(std::lround(plot.X(r, lo + (i + 1) * bin_width)));
+    const int top = static_cast<int>(std::lround(plot.Y(r, y, static_cast<double>(bins[i]))));
+    // A pixel of background between neighbours, so that bars of one height stay readable.
+    canvas.FillRect(x0 + 1, top, std::max(1, x1 - x0 - 1), r.bottom() - top, kPlotDensityColor);
+  }
+  plot.Frame(r);
   return WritePng(canvas, path);
 }
 

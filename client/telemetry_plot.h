@@ -1,6 +1,7 @@
-// Self-contained PNG line plots of training telemetry: an in-memory RGB canvas with an embedded
-// 5x7 bitmap font, a PNG encoder on zlib, and the two-panel telemetry plot `latentctl telemetry
-// ID --plot=FILE.png` writes. No plotting library, no Python.
+// Self-contained PNG plots: an in-memory RGB canvas with an embedded 5x7 bitmap font, a PNG
+// encoder on zlib, the two-panel telemetry plot `latentctl telemetry ID --plot=FILE.png` writes
+// and the feature-density histogram of `latentctl latents ID --plot=FILE.png`. No plotting
+// library, no Python.
 #ifndef LATENTD_CLIENT_TELEMETRY_PLOT_H_
 #define LATENTD_CLIENT_TELEMETRY_PLOT_H_
 
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "proto/latentd/v1/datasets.pb.h"
 #include "proto/latentd/v1/train.pb.h"
 
 namespace latentd::client {
@@ -83,6 +85,17 @@ inline constexpr Rgb kPlotDeviceAllocatedColor = {23, 190, 207};
 // file cannot be written.
 absl::Status WriteTelemetryPlot(const std::vector<latentd::v1::TrainTelemetry>& samples,
                                 const std::string& title, const std::string& path);
+
+// The color of WriteDensityHistogramPlot's bars.
+inline constexpr Rgb kPlotDensityColor = {31, 119, 180};
+
+// Writes a PNG of an SAE's log10 feature-density histogram (ListLatents): a bar per bin of
+// log10(firings / rows) over [log10_density_min, 0], bar heights in latents, and a subtitle with
+// the rows, the width and the dead latents (which have no density and no bar). INVALID_ARGUMENT
+// when the histogram is empty (no committed rows); UNAVAILABLE/PERMISSION_DENIED naming the path
+// when the file cannot be written.
+absl::Status WriteDensityHistogramPlot(const latentd::v1::ListLatentsResponse& overview,
+                                       const std::string& title, const std::string& path);
 
 }  // namespace latentd::client
 

@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -292,6 +293,49 @@ TEST(TelemetryPlotTest, RejectsEmptySamplesAndUnwritablePaths) {
   EXPECT_NE(s.message().find(bad), std::string::npos) << s;
   // A directory is not a writable file either.
   EXPECT_FALSE(WriteTelemetryPlot(SyntheticRun(3), "t", TmpPath("")).ok());
+}
+
+// Bars of the density histogram: one per nonzero bin, as tall as its count says, in bin order.
+TEST(DensityHistogramPlotTest, DrawsABarPerNonEmptyBinWithHeightsInProportion) {
+  latentd::v1::ListLatentsResponse overview;
+  overview.set_rows(100000);
+  overview.set_d_sae(4096);
+  overview.set_dead_latents(96);
+  overview.set_log10_density_min(-5);
+  for (int i = 0; i < 50; ++i) overview.add_log10_density_histogram(0);
+  overview.set_log10_density_histogram(10, 300);
+  overview.set_log10_density_histogram(30, 600);
+  overview.set_log10_density_histogram(49, 150);
+  const std::string path = TmpPath("density.png");
+  absl::Status s = WriteDensityHistogramPlot(overview, "dataset 3", path);
+  ASSERT_TRUE(s.ok()) << s;
+  absl::StatusOr<Image> image = DecodePng(path);
+  ASSERT_TRUE(image.ok()) << image.status();
+  // Runs of columns holding bar pixels, left to right, with each run's tallest column.
+  std::vector<std::pair<int, int>> bars;  // (first column, height)
+  bool in_bar = false;
+  for (int x = 0; x < image->width; ++x) {
+    int height = 0;
+    for (int y = 0; y < image->height; ++y) height += image->At(x, y) == kPlotDensityColor;
+    if (height == 0) {
+      in_bar = false;
+      continue;
+    }
+    if (!in_bar) bars.push_back({x, 0});
+    in_bar = true;
+    bars.back().second = std::max(bars.back().second, height);
+  }
+  ASSERT_EQ(bars.size(), 3u);
+  EXPECT_LT(bars[0].first, bars[1].first);
+  EXPECT_NEAR(static_cast<double>(bars[1].second) / bars[0].second, 2.0, 0.02);
+  EXPECT_NEAR(static_cast<double>(bars[2].second) / bars[0].second, 0.5, 0.02);
+  // Bin 30 of 50 starts 20 bins after bin 10: the gap between bars is 20 bin widths.
+  const double bin = (bars[2].first - bars[0].first) / 39.0;
+  EXPECT_NEAR(bars[1].first - bars[0].first, 20 * bin, 2);
+
+  overview.clear_log10_density_histogram();
+  EXPECT_EQ(WriteDensityHistogramPlot(overview, "empty", TmpPath("empty.png")).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -37,3 +37,6 @@ latent=$($LATENTCTL --json rows "$dataset" --count=1 | /usr/bin/python3 -c 'impo
 echo
 echo "demo: latent $latent"
 $LATENTCTL latent "$dataset" "$latent" --top=5 --before=8 --after_tokens=2
+echo
+echo "demo: the SAE at a glance (most frequent latents; --plot=FILE.png draws the density histogram)"
+$LATENTCTL latents "$dataset" --order=frequent --limit=5

@@ -12,6 +12,7 @@
 #include "server/artifact_deletion.h"
 #include "server/grpc_status.h"
 #include "storage/export.h"
+#include "storage/latent_overview.h"
 #include "storage/value_codec.h"
 
 namespace latentd::server {
@@ -285,6 +286,57 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
     out_interval->set_count(interval.count);
     for (const auto& t : interval.samples) ToProto(t, out_interval->add_samples());
   }
+  return grpc::Status::OK;
+}
+
+grpc::Status DatasetsService::ListLatents(grpc::ServerContext* context,
+                                          const latentd::v1::ListLatentsRequest* request,
+                                          latentd::v1::ListLatentsResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  storage::LatentOverviewOptions options;
+  switch (request->order()) {
+    case latentd::v1::LATENT_ORDER_UNSPECIFIED:
+    case latentd::v1::BY_LATENT:
+      options.order = storage::LatentOrder::kByLatent;
+      break;
+    case latentd::v1::MOST_FREQUENT:
+      options.order = storage::LatentOrder::kMostFrequent;
+      break;
+    case latentd::v1::LEAST_FREQUENT:
+      options.order = storage::LatentOrder::kLeastFrequent;
+      break;
+    case latentd::v1::HIGHEST_MAX:
+      options.order = storage::LatentOrder::kHighestMax;
+      break;
+    case latentd::v1::HIGHEST_MEAN:
+      options.order = storage::LatentOrder::kHighestMean;
+      break;
+    default:
+      return ToGrpcStatus(
+          absl::InvalidArgumentError(absl::StrCat("order: unknown value ", request->order())));
+  }
+  if (request->limit() != 0) options.limit = request->limit();
+  options.offset = request->offset();
+  options.min_firing_count = request->min_firing_count();
+  if (request->has_max_firing_count()) options.max_firing_count = request->max_firing_count();
+  if (request->density_bins() != 0) options.density_bins = request->density_bins();
+  auto overview = storage::SummarizeLatents(*store_, request->dataset_id(), options);
+  if (!overview.ok()) return ToGrpcStatus(overview.status());
+  response->set_rows(overview->rows);
+  response->set_d_sae(overview->width);
+  response->set_dead_latents(overview->dead);
+  response->set_matching(overview->matching);
+  const double rows = static_cast<double>(overview->rows);
+  for (const storage::LatentSummary& s : overview->latents) {
+    latentd::v1::LatentSummary* out = response->add_latents();
+    out->set_latent(s.latent);
+    out->set_firing_count(s.firing_count);
+    out->set_density(rows > 0 ? s.firing_count / rows : 0.0);
+    out->set_mean(s.mean);
+    out->set_max(s.max);
+  }
+  response->set_log10_density_min(overview->log10_density_min);
+  for (int64_t c : overview->log10_density_histogram) response->add_log10_density_histogram(c);
   return grpc::Status::OK;
 }
 

@@ -49,6 +49,9 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
                         grpc::ServerWriter<latentd::v1::CsrPiece>* writer) override;
   grpc::Status GetLatent(grpc::ServerContext* context, const latentd::v1::GetLatentRequest* request,
                          latentd::v1::GetLatentResponse* response) override;
+  grpc::Status ListLatents(grpc::ServerContext* context,
+                           const latentd::v1::ListLatentsRequest* request,
+                           latentd::v1::ListLatentsResponse* response) override;
   grpc::Status ExportDataset(grpc::ServerContext* context,
                              const latentd::v1::ExportDatasetRequest* request,
                              latentd::v1::ExportDatasetResponse* response) override;

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -231,6 +232,92 @@ TEST_F(DatasetsServiceTest, BadInputCodes) {
   }
 }
 
+TEST_F(DatasetsServiceTest, ListLatentsRanksFromTheStoredStatistics) {
+  const int32_t width = 512;
+  const int64_t rows = 100;  // 1600 firings over 512 latents: some dead, counts with ties
+  const uint64_t id = MakeDataset("overview", rows, width);
+  std::vector<std::pair<int64_t, int32_t>> by_count;  // (-count, latent): MOST_FREQUENT order
+  int64_t dead = 0;
+  for (int32_t l = 0; l < width; ++l) {
+    const int64_t count = store_->GetLatentStats(id, l)->firing_count;
+    by_count.emplace_back(-count, l);
+    dead += count == 0;
+  }
+  std::sort(by_count.begin(), by_count.end());
+  ASSERT_GT(dead, 0);
+
+  latentd::v1::ListLatentsRequest req;
+  req.set_dataset_id(id);
+  req.set_order(latentd::v1::MOST_FREQUENT);
+  req.set_limit(10);
+  req.set_offset(5);
+  latentd::v1::ListLatentsResponse resp;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->ListLatents(&ctx, req, &resp).ok());
+  }
+  EXPECT_EQ(resp.rows(), rows);
+  EXPECT_EQ(resp.d_sae(), width);
+  EXPECT_EQ(resp.dead_latents(), dead);
+  EXPECT_EQ(resp.matching(), width);
+  EXPECT_EQ(resp.log10_density_histogram_size(), 50);  // the default bins
+  int64_t live = 0;
+  for (int64_t c : resp.log10_density_histogram()) live += c;
+  EXPECT_EQ(live, width - dead);
+  EXPECT_DOUBLE_EQ(resp.log10_density_min(), -2.0);
+  ASSERT_EQ(resp.latents_size(), 10);
+  for (int i = 0; i < 10; ++i) {
+    const latentd::v1::LatentSummary& got = resp.latents(i);
+    EXPECT_EQ(got.latent(), by_count[5 + i].second) << i;
+    auto stats = store_->GetLatentStats(id, got.latent());
+    EXPECT_EQ(got.firing_count(), stats->firing_count);
+    EXPECT_DOUBLE_EQ(got.density(), stats->firing_count / 100.0);
+    EXPECT_DOUBLE_EQ(got.mean(), stats->mean());
+    EXPECT_EQ(got.max(), stats->max);
+  }
+
+  // max_firing_count set to 0 lists the dead latents; unset it means no bound.
+  req.Clear();
+  req.set_dataset_id(id);
+  req.set_max_firing_count(0);
+  req.set_limit(width);
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->ListLatents(&ctx, req, &resp).ok());
+  }
+  EXPECT_EQ(resp.matching(), dead);
+  ASSERT_EQ(resp.latents_size(), dead);
+  for (const auto& l : resp.latents()) EXPECT_EQ(l.firing_count(), 0);
+  EXPECT_EQ(store_->GetDataset(id)->dead_latents(), dead);
+  req.clear_max_firing_count();
+  req.clear_limit();
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->ListLatents(&ctx, req, &resp).ok());
+  }
+  EXPECT_EQ(resp.matching(), width);
+  EXPECT_EQ(resp.latents_size(), 100);  // the default page
+
+  auto code = [&](const latentd::v1::ListLatentsRequest& r, std::string* message) {
+    grpc::ClientContext ctx;
+    latentd::v1::ListLatentsResponse ignored;
+    grpc::Status s = stub_->ListLatents(&ctx, r, &ignored);
+    *message = s.error_message();
+    return s.error_code();
+  };
+  std::string message;
+  req.set_order(static_cast<latentd::v1::LatentOrder>(42));
+  EXPECT_EQ(code(req, &message), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(message.find("order"), std::string::npos) << message;
+  req.set_order(latentd::v1::BY_LATENT);
+  req.set_limit(1 << 20);
+  EXPECT_EQ(code(req, &message), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(message.find("limit"), std::string::npos) << message;
+  req.clear_limit();
+  req.set_dataset_id(id + 1000);
+  EXPECT_EQ(code(req, &message), grpc::StatusCode::NOT_FOUND);
+}
+
 TEST_F(DatasetsServiceTest, GetLatentListDeleteAndArtifacts) {
   uint64_t id = MakeDataset("g", 1000);
   latentd::v1::GetLatentRequest req;
@@ -411,7 +498,7 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     grpc::Status status;
     std::string what;
-    switch (i % 4) {
+    switch (i % 5) {
       case 0: {
         latentd::v1::ReadRowsRequest req;
         req.set_dataset_id(dataset());
@@ -464,6 +551,24 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
         what = req.ShortDebugString();
         latentd::v1::DatasetInfo info;
         status = stub_->GetDataset(&ctx, req, &info);
+        break;
+      }
+      case 4: {
+        latentd::v1::ListLatentsRequest req;
+        req.set_dataset_id(dataset());
+        req.set_order(static_cast<latentd::v1::LatentOrder>(pick({0, 1, 2, 3, 4, 5, 6, -1})));
+        req.set_limit(int32_of());
+        req.set_offset(pick(ints));
+        req.set_min_firing_count(rng() % 2 ? 0 : pick(ints));
+        if (rng() % 2) req.set_max_firing_count(pick(ints));
+        req.set_density_bins(int32_of());
+        what = req.ShortDebugString();
+        latentd::v1::ListLatentsResponse resp;
+        status = stub_->ListLatents(&ctx, req, &resp);
+        if (status.ok()) {
+          EXPECT_LE(resp.latents_size(), 512) << what;
+          EXPECT_LE(resp.log10_density_histogram_size(), 1000) << what;
+        }
         break;
       }
     }

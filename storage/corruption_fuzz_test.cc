@@ -644,6 +644,23 @@ TEST_P(StoreCorruptionFuzz, EveryQueryOnEveryCorruptValueFailsCleanlyOrKeepsItsC
       note(s);
       if (s.ok()) ExpectRowsAscendingFrom(post_rows, post_values.size(), 0, rows);
     }
+    {
+      // The whole-SAE scan (ListLatents) decodes every statistics block.
+      int64_t scan_rows = -1, visited = 0;
+      absl::Status scan =
+          store.ForEachLatentStats(sparse, &scan_rows, [&](int32_t, const LatentStats& st) {
+            ++visited;
+            UseStats(st);
+          });
+      note(scan);
+      if (scan.code() == absl::StatusCode::kDataLoss) {
+        EXPECT_NE(scan.message().find(named), std::string::npos) << scan;
+      }
+      if (scan.ok()) {
+        EXPECT_EQ(visited, kWidth);
+        EXPECT_EQ(scan_rows, rows);
+      }
+    }
     std::vector<float> dense_values;
     std::vector<int32_t> dense_tokens;
     absl::Status s = store.ReadDense(dense, 0, 0, &dense_values, &dense_tokens);

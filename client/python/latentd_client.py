@@ -177,6 +177,27 @@ class Client:
                                                 interval_samples=interval_samples)
         return self.datasets.GetLatent(request, metadata=self.metadata, timeout=self.timeout)
 
+    _LATENT_ORDERS = {"latent": "BY_LATENT", "frequent": "MOST_FREQUENT", "rare": "LEAST_FREQUENT",
+                      "max": "HIGHEST_MAX", "mean": "HIGHEST_MEAN"}
+
+    def list_latents(self, dataset_id, order="latent", limit=100, offset=0, min_firing_count=0,
+                     max_firing_count=None, density_bins=50):
+        """The SAE at a glance from its stored statistics (never the rows): a page of latents in
+        `order` ("latent", "frequent", "rare", "max", "mean"; ties by latent index) whose firing
+        count lies in [min_firing_count, max_firing_count] (None: no bound; 0 lists the dead
+        latents), with rows, d_sae, dead_latents, matching and the log10 density histogram
+        (log10_density_min, log10_density_histogram over [log10_density_min, 0])."""
+        if order not in self._LATENT_ORDERS:
+            raise ValueError("order must be one of %s, not %r" % (sorted(self._LATENT_ORDERS),
+                                                                  order))
+        request = datasets_pb2.ListLatentsRequest(
+            dataset_id=dataset_id, order=datasets_pb2.LatentOrder.Value(self._LATENT_ORDERS[order]),
+            limit=limit, offset=offset, min_firing_count=min_firing_count,
+            density_bins=density_bins)
+        if max_firing_count is not None:
+            request.max_firing_count = max_firing_count
+        return self.datasets.ListLatents(request, metadata=self.metadata, timeout=self.timeout)
+
 
 def _concat(parts, dtype):
     import numpy as np

@@ -7,6 +7,7 @@ import sys
 import unittest
 
 import grpc
+import numpy
 import scipy.sparse
 
 from harness import DaemonTestCase
@@ -117,6 +118,23 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual((scipy.sparse.load_npz(exported.path) != whole).nnz, 0)
         with self.assertRaises(ValueError):
             c.export(dataset, "loop.csv", format="csv")
+        # The SAE at a glance: counts from the stored statistics equal the rows' own columns.
+        counts = numpy.bincount(whole.indices, minlength=whole.shape[1])
+        glance = c.list_latents(dataset, order="frequent", limit=whole.shape[1])
+        self.assertEqual((glance.rows, glance.d_sae), whole.shape)
+        self.assertEqual(glance.dead_latents, int((counts == 0).sum()))
+        self.assertEqual(glance.dead_latents, c.get_dataset(dataset).dead_latents)
+        want = sorted(range(whole.shape[1]), key=lambda l: (-counts[l], l))
+        self.assertEqual([l.latent for l in glance.latents], want)
+        self.assertEqual([l.firing_count for l in glance.latents], [int(counts[l]) for l in want])
+        self.assertEqual(sum(glance.log10_density_histogram), int((counts > 0).sum()))
+        dead = c.list_latents(dataset, max_firing_count=0, limit=whole.shape[1])
+        self.assertEqual([l.latent for l in dead.latents], list(numpy.flatnonzero(counts == 0)))
+        shown = daemon.latentctl("latents", str(dataset), "--order=rare", "--limit=2",
+                                 "--min_count=1").stdout
+        rarest = min(l for l in range(whole.shape[1]) if counts[l] == counts[counts > 0].min())
+        self.assertIn("%d dead" % glance.dead_latents, shown)
+        self.assertEqual(int(shown.splitlines()[2].split()[0]), rarest)
         c.delete_dataset(dense_id)
         self.assertEqual([d.id for d in c.list_datasets()], [dataset])
         with self.assertRaises(grpc.RpcError) as missing:
