@@ -19,6 +19,15 @@ constexpr int64_t kRows = 22;
 int64_t Count(int32_t l) { return l % 23; }
 float Value(int32_t l, int64_t row) { return static_cast<float>(l % 7 + 1) + row / 64.0f; }
 
+DatasetMeta Meta(const std::string& name, DatasetKind kind, ValueDtype dtype, int32_t width) {
+  DatasetMeta m;
+  m.name = name;
+  m.kind = kind;
+  m.value_dtype = dtype;
+  m.width = width;
+  return m;
+}
+
 class LatentOverviewTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -28,12 +37,8 @@ class LatentOverviewTest : public ::testing::Test {
     ChunkStoreOptions so;
     so.sparse_chunk_rows = 8;
     store_ = std::make_unique<ChunkStore>(db_.get(), so);
-    DatasetMeta m;
-    m.name = "sae";
-    m.kind = DatasetKind::kSparse;
-    m.value_dtype = ValueDtype::kFloat32;
+    DatasetMeta m = Meta("sae", DatasetKind::kSparse, ValueDtype::kFloat32, kWidth);
     m.encoder = "relu";
-    m.width = kWidth;
     m.context_length = 11;
     auto id = store_->CreateDataset(m);
     ASSERT_TRUE(id.ok()) << id.status();
@@ -186,23 +191,23 @@ TEST_F(LatentOverviewTest, DensityHistogramBinsEveryLiveLatentByItsLog10Density)
 }
 
 TEST_F(LatentOverviewTest, BadOptionsNameTheFieldAndBadDatasetsAreRefused) {
-  auto code_and_message = [&](LatentOverviewOptions o) {
+  auto error_message = [&](LatentOverviewOptions o) {
     auto got = SummarizeLatents(*store_, id_, o);
     return got.ok() ? std::string("OK") : std::string(got.status().message());
   };
   LatentOverviewOptions o;
   o.limit = 0;
-  EXPECT_NE(code_and_message(o).find("limit"), std::string::npos);
+  EXPECT_NE(error_message(o).find("limit"), std::string::npos);
   o = {};
   o.limit = kMaxLatentPage + 1;
-  EXPECT_NE(code_and_message(o).find("limit"), std::string::npos);
+  EXPECT_NE(error_message(o).find("limit"), std::string::npos);
   o = {};
   o.offset = -1;
-  EXPECT_NE(code_and_message(o).find("offset"), std::string::npos);
+  EXPECT_NE(error_message(o).find("offset"), std::string::npos);
   o = {};
   o.order = LatentOrder::kMostFrequent;
   o.offset = kMaxLatentRank;
-  EXPECT_NE(code_and_message(o).find("offset"), std::string::npos);
+  EXPECT_NE(error_message(o).find("offset"), std::string::npos);
   o.order = LatentOrder::kByLatent;  // latent order pages anywhere: an empty page past the end
   auto far = SummarizeLatents(*store_, id_, o);
   ASSERT_TRUE(far.ok()) << far.status();
@@ -211,33 +216,24 @@ TEST_F(LatentOverviewTest, BadOptionsNameTheFieldAndBadDatasetsAreRefused) {
   o = {};
   o.min_firing_count = 4;
   o.max_firing_count = 3;
-  EXPECT_NE(code_and_message(o).find("max_firing_count"), std::string::npos);
+  EXPECT_NE(error_message(o).find("max_firing_count"), std::string::npos);
   o = {};
   o.density_bins = 0;
-  EXPECT_NE(code_and_message(o).find("density_bins"), std::string::npos);
+  EXPECT_NE(error_message(o).find("density_bins"), std::string::npos);
   o = {};
   o.order = static_cast<LatentOrder>(99);
-  EXPECT_NE(code_and_message(o).find("order"), std::string::npos);
+  EXPECT_NE(error_message(o).find("order"), std::string::npos);
   EXPECT_EQ(SummarizeLatents(*store_, id_ + 1, {}).status().code(), absl::StatusCode::kNotFound);
 
-  DatasetMeta dense;
-  dense.name = "dense";
-  dense.kind = DatasetKind::kDense;
-  dense.value_dtype = ValueDtype::kFloat32;
-  dense.width = 4;
-  auto dense_id = store_->CreateDataset(dense);
+  auto dense_id =
+      store_->CreateDataset(Meta("dense", DatasetKind::kDense, ValueDtype::kFloat32, 4));
   ASSERT_TRUE(dense_id.ok());
   EXPECT_EQ(SummarizeLatents(*store_, *dense_id, {}).status().code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(LatentOverviewTest, EmptyDatasetHasEveryLatentDeadAndNoHistogram) {
-  DatasetMeta m;
-  m.name = "empty";
-  m.kind = DatasetKind::kSparse;
-  m.value_dtype = ValueDtype::kFloat16;
-  m.width = 70;
-  auto id = store_->CreateDataset(m);
+  auto id = store_->CreateDataset(Meta("empty", DatasetKind::kSparse, ValueDtype::kFloat16, 70));
   ASSERT_TRUE(id.ok());
   auto got = SummarizeLatents(*store_, *id, {});
   ASSERT_TRUE(got.ok()) << got.status();
