@@ -76,9 +76,19 @@ SaeModelImpl::SaeModelImpl(const SaeModelOptions& options) : options_(options) {
   InitWeights();
 }
 
+uint64_t SaeInitStreamSeed(uint64_t seed) {
+  // splitmix64 of the seed and a constant: a different stream from every plain seed, so that no
+  // other seeded component (the reference model seeds its generator with its own seed) shares it.
+  uint64_t z = seed ^ 0x5ae1a7e5eed0f5aeULL;
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
 void SaeModelImpl::InitWeights() {
   torch::NoGradGuard no_grad;
-  auto generator = at::detail::createCPUGenerator(options_.seed);
+  auto generator = at::detail::createCPUGenerator(SaeInitStreamSeed(options_.seed));
   torch::Tensor w = at::randn({options_.d_sae, options_.d_in}, generator, torch::kFloat32);
   w = w / w.norm(2, {1}, true).clamp_min(1e-12);
   W_dec.copy_(w);

@@ -45,6 +45,12 @@ struct SaeModelOptions {
   double aux_k_coefficient = 0;  // 0 (default): no AuxK; the paper's value is 1/32
 };
 
+// The seed of the generator InitWeights draws from: `seed` mixed with a constant. Drawn from
+// `seed` itself, an SAE trained on the reference model with the same seed (0 for both by default)
+// started with decoder row i parallel to the model's token embedding i, and the latents of the
+// most frequent token ids fired most from then on.
+uint64_t SaeInitStreamSeed(uint64_t seed);
+
 // Checks `config` (fields named "train.sae.*") against `d_in` and fills in the defaults.
 absl::StatusOr<SaeModelOptions> SaeModelOptionsFromProto(const latentd::v1::SaeTrainConfig& config,
                                                          int64_t d_in, uint64_t seed);
@@ -63,7 +69,8 @@ class SaeModelImpl : public torch::nn::Module {
  public:
   explicit SaeModelImpl(const SaeModelOptions& options);
 
-  // W_enc = W_dec^T with unit-norm decoder rows drawn from `seed`; b_enc = 0, b_dec = 0.
+  // W_enc = W_dec^T with unit-norm decoder rows drawn from the generator seeded with
+  // SaeInitStreamSeed(seed); b_enc = 0, b_dec = 0.
   void InitWeights();
   // b_dec := mean of `rows` (rows x d_in), the usual data initialisation (SAELens' "mean").
   void InitDecoderBiasFromData(const torch::Tensor& rows);

@@ -1,6 +1,7 @@
 #include "engine/sae_model.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/optim/adam.h>
 
@@ -46,6 +47,28 @@ TEST(SaeModelTest, InitHasUnitDecoderRowsTiedEncoderAndDataBias) {
   torch::Tensor rows = torch::randn({64, 8}) + 3.0;
   sae->InitDecoderBiasFromData(rows);
   EXPECT_TRUE(torch::allclose(sae->b_dec, rows.mean(0)));
+}
+
+// Components seeded with the plain job seed (the reference model draws its token embedding first
+// from a generator seeded with its seed, 0 by default like TRAIN's) must not hand the SAE their
+// directions: with the old init, decoder row i was token embedding i.
+TEST(SaeModelTest, InitDoesNotRepeatThePlainSeedsStream) {
+  for (uint64_t seed : {0ULL, 1ULL, 9ULL}) {
+    SaeModelOptions o;
+    o.d_in = 64;
+    o.d_sae = 256;
+    o.k = 8;
+    o.seed = seed;
+    SaeModel sae(o);
+    SaeModel again(o);
+    EXPECT_TRUE(torch::equal(sae->W_dec, again->W_dec)) << "init is deterministic per seed";
+    auto plain_generator = at::detail::createCPUGenerator(seed);
+    torch::Tensor plain = at::randn({o.d_sae, o.d_in}, plain_generator, torch::kFloat32);
+    torch::Tensor cosine = (sae->W_dec * plain).sum(1) / plain.norm(2, {1});
+    // Independent directions in 64 dimensions: |cos| about 0.125, rarely above 0.5.
+    EXPECT_LT(cosine.abs().max().item<float>(), 0.6f) << "seed " << seed;
+  }
+  EXPECT_NE(SaeInitStreamSeed(0), SaeInitStreamSeed(1));
 }
 
 TEST(SaeModelTest, FvuAndMseMatchTheirDefinitions) {
