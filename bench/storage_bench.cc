@@ -202,7 +202,8 @@ struct Result {
   int64_t write_peak_growth = 0;  // bytes (the larger of the two writes)
   RawResult raw_same, raw_rows;
   Percentiles read, row, latent, post;
-  Percentiles latent_fresh;                  // GetLatent before compaction
+  Percentiles top_sequences;  // GetLatent with distinct_sequences: top-20 sequences, 32/8
+  Percentiles latent_fresh;   // GetLatent before compaction
   double export_npz_s = 0, export_h5_s = 0;  // whole-dataset exports (format 3 only)
   // ListLatents over the whole SAE (SummarizeLatents: MOST_FREQUENT, a page of 100), against
   // what a dashboard does without it: one GetLatentStats per latent, in the same run.
@@ -336,7 +337,7 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
   res.raw_rows = WriteRaw(dir + "/raw", PlainRowBatches(rows, n));
 
   std::mt19937 qrng(7);
-  std::vector<double> read_us, row_us, latent_us, post_us;
+  std::vector<double> read_us, row_us, latent_us, post_us, sequences_us;
   const bool has_postings = config.format >= 3 || config.postings;
   for (int i = 0; i < (measure_reads ? 200 : 0); ++i) {
     const int64_t start = qrng() % std::max<int64_t>(1, n - 1024);
@@ -354,6 +355,9 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
       a = Clock::now();
       Check(store.LatentPostings(id, latent, &prow, &pval));
       post_us.push_back(Seconds(a, Clock::now()) * 1e6);
+      a = Clock::now();
+      Check(store.TopSequences(id, latent, 20, 32, 8).status());
+      sequences_us.push_back(Seconds(a, Clock::now()) * 1e6);
     }
   }
   if (measure_reads && config.format >= 3) {
@@ -386,6 +390,7 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
   res.row = Summarize(row_us);
   res.latent = Summarize(latent_us);
   res.post = Summarize(post_us);
+  res.top_sequences = Summarize(sequences_us);
   {
     const auto a = Clock::now();
     Check(store.DeleteDataset(id));
@@ -510,6 +515,8 @@ int main(int argc, char** argv) {
     if (r.post.p50 > 0) {
       std::printf("  LatentPostings (every row of a latent) p50 %.0f / p99 %.0f us\n", r.post.p50,
                   r.post.p99);
+      std::printf("  TopSequences (top-20 sequences, 32/8 context) p50 %.0f / p99 %.0f us\n",
+                  r.top_sequences.p50, r.top_sequences.p99);
     } else {
       std::printf("  LatentPostings: not available\n");
     }

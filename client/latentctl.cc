@@ -57,6 +57,8 @@ ABSL_FLAG(int, after_tokens, 8, "latent: context tokens after");
 ABSL_FLAG(int, intervals, 0,
           "latent: also sample rows from this many equal intervals of the value range");
 ABSL_FLAG(int, interval_samples, 5, "latent: rows per interval (with --intervals)");
+ABSL_FLAG(bool, distinct, false,
+          "latent: top sequences (one row each, its maximum) instead of top rows");
 ABSL_FLAG(std::string, format, "npz", "export: npz or hdf5");
 ABSL_FLAG(std::string, plot, "",
           "telemetry: write a PNG of loss and memory against steps here; latents: a PNG of the "
@@ -530,6 +532,7 @@ int Latent(Client& client, const std::vector<std::string>& args) {
   request.set_context_after(absl::GetFlag(FLAGS_after_tokens));
   request.set_intervals(absl::GetFlag(FLAGS_intervals));
   request.set_interval_samples(absl::GetFlag(FLAGS_interval_samples));
+  request.set_distinct_sequences(absl::GetFlag(FLAGS_distinct));
   v1::GetLatentResponse response;
   grpc::Status status = client.datasets()->GetLatent(client.Context().get(), request, &response);
   if (!status.ok()) return RpcError(status);
@@ -559,7 +562,8 @@ int Latent(Client& client, const std::vector<std::string>& args) {
                 static_cast<long long>(t.row()), t.value(), t.token_id(),
                 absl::StrJoin(t.context_token_ids(), " ").c_str());
   };
-  std::printf("top activations:\n");
+  std::printf(absl::GetFlag(FLAGS_distinct) ? "top sequences (each at its largest value):\n"
+                                            : "top activations:\n");
   for (const auto& t : response.top()) print_row(t);
   for (int i = 0; i < response.intervals_size(); ++i) {
     const auto& interval = response.intervals(i);
@@ -768,7 +772,8 @@ datasets:
   dataset ID                     metadata and summary
   rows ID [--start=R] [--count=N]              CSR rows with token ids
   latent ID J [--top=N] [--before=B] [--after_tokens=A] [--intervals=I [--interval_samples=S]]
-                                                      statistics, top activations, interval samples
+              [--distinct]                            statistics, top activations (--distinct: one
+                                                      per sequence), interval samples
   latents ID [--order=latent|frequent|rare|max|mean] [--limit=N] [--offset=N]
              [--min_count=C] [--max_count=C] [--plot=FILE.png]
                                  the SAE at a glance: latents ranked, dead count, density plot

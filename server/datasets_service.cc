@@ -22,6 +22,7 @@ constexpr int32_t kDefaultTopN = 20;
 constexpr int32_t kDefaultContextBefore = 32;
 constexpr int32_t kDefaultContextAfter = 8;
 constexpr int32_t kDefaultIntervalSamples = 5;
+constexpr int32_t kMaxTopSequences = 1000;  // GetLatent with distinct_sequences
 // A GetLatent answer carries at most this many context tokens (about 3 MB on the wire): more
 // would pass gRPC's 4 MiB default receive limit of the client after the server built it all.
 constexpr int64_t kMaxContextTokens = int64_t{1} << 20;
@@ -229,8 +230,10 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
   if (!record.ok()) return ToGrpcStatus(record.status());
   auto stats = store_->GetLatentStats(request->dataset_id(), request->latent());
   if (!stats.ok()) return ToGrpcStatus(stats.status());
+  // The stored top-N list bounds plain top rows; distinct sequences come from every firing.
   const int32_t top_n =
-      std::min(request->top_n() > 0 ? request->top_n() : kDefaultTopN, record->meta.top_n);
+      std::min(request->top_n() > 0 ? request->top_n() : kDefaultTopN,
+               request->distinct_sequences() ? kMaxTopSequences : record->meta.top_n);
   const int32_t before =
       request->context_before() > 0 ? request->context_before() : kDefaultContextBefore;
   const int32_t after =
@@ -254,7 +257,10 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
         " one answer carries: ask for fewer intervals, interval_samples or top_n, or shorter "
         "context_before / context_after")));
   }
-  auto top = store_->TopActivations(request->dataset_id(), request->latent(), top_n, before, after);
+  auto top =
+      request->distinct_sequences()
+          ? store_->TopSequences(request->dataset_id(), request->latent(), top_n, before, after)
+          : store_->TopActivations(request->dataset_id(), request->latent(), top_n, before, after);
   if (!top.ok()) return ToGrpcStatus(top.status());
   std::vector<storage::ActivationInterval> intervals;
   if (request->intervals() > 0) {

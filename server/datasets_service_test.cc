@@ -318,6 +318,46 @@ TEST_F(DatasetsServiceTest, ListLatentsRanksFromTheStoredStatistics) {
   EXPECT_EQ(code(req, &message), grpc::StatusCode::NOT_FOUND);
 }
 
+TEST_F(DatasetsServiceTest, GetLatentDistinctSequencesGivesOneRowPerSequence) {
+  // 16 of 64 latents a row: latent 5 fires on about a quarter of each 128-row sequence.
+  const uint64_t id = MakeDataset("distinct", 3000, 64);
+  latentd::v1::GetLatentRequest req;
+  req.set_dataset_id(id);
+  req.set_latent(5);
+  req.set_top_n(100);  // above the 64 the dataset stores per latent
+  req.set_context_before(4);
+  req.set_context_after(2);
+  latentd::v1::GetLatentResponse plain, distinct;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->GetLatent(&ctx, req, &plain).ok());
+  }
+  req.set_distinct_sequences(true);
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->GetLatent(&ctx, req, &distinct).ok());
+  }
+  EXPECT_EQ(plain.top_size(), 64);  // capped by the stored top-N list
+  std::set<int64_t> sequences;
+  for (const auto& t : plain.top()) sequences.insert(t.row() / 128);
+  EXPECT_LT(sequences.size(), 64u) << "rows of one sequence repeat in the plain list";
+  // 3000 rows = 24 sequences (the last partial), each with firings of latent 5.
+  ASSERT_EQ(distinct.top_size(), 24);
+  sequences.clear();
+  for (const auto& t : distinct.top()) sequences.insert(t.row() / 128);
+  EXPECT_EQ(sequences.size(), 24u);
+  EXPECT_EQ(distinct.top(0).row(), plain.top(0).row());
+  auto want = store_->TopSequences(id, 5, 100, 4, 2);
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (int i = 0; i < distinct.top_size(); ++i) {
+    EXPECT_EQ(distinct.top(i).row(), (*want)[i].row);
+    EXPECT_EQ(distinct.top(i).value(), (*want)[i].value);
+    EXPECT_EQ(distinct.top(i).context_token_ids_size(),
+              static_cast<int>((*want)[i].context_token_ids.size()));
+  }
+  EXPECT_EQ(distinct.statistics().firing_count(), plain.statistics().firing_count());
+}
+
 TEST_F(DatasetsServiceTest, GetLatentListDeleteAndArtifacts) {
   uint64_t id = MakeDataset("g", 1000);
   latentd::v1::GetLatentRequest req;
@@ -523,6 +563,7 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
         req.set_context_after(int32_of());
         req.set_intervals(rng() % 3 ? 0 : int32_of());
         req.set_interval_samples(int32_of());
+        req.set_distinct_sequences(rng() & 1);
         what = req.ShortDebugString();
         latentd::v1::GetLatentResponse resp;
         status = stub_->GetLatent(&ctx, req, &resp);

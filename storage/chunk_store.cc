@@ -929,6 +929,45 @@ absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
   return out;
 }
 
+absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopSequences(
+    uint64_t id, int32_t latent, int32_t top_n, int32_t before, int32_t after) const {
+  if (top_n < 1 || top_n > 1000) {
+    return absl::InvalidArgumentError(absl::StrCat("top_n: ", top_n, " outside [1, 1000]"));
+  }
+  if (before < 0 || after < 0) {
+    return absl::InvalidArgumentError("context_before/context_after: negative");
+  }
+  SnapshotHolder snap(db_->raw());
+  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
+  RETURN_IF_ERROR(CheckLatentQuery(rec, id, latent));
+  std::vector<int64_t> rows;
+  std::vector<float> values;
+  RETURN_IF_ERROR(LatentPostingsAt(snap.get(), rec, latent, &rows, &values));
+  // Rows come ascending, so a sequence's entries are one run: keep the first of its maxima.
+  const int64_t seq = rec.meta.context_length > 0 ? rec.meta.context_length : 1;
+  std::vector<size_t> best;  // an entry per sequence that fired
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (!best.empty() && rows[best.back()] / seq == rows[i] / seq) {
+      if (values[i] > values[best.back()]) best.back() = i;
+    } else {
+      best.push_back(i);
+    }
+  }
+  auto before_in_rank = [&](size_t a, size_t b) {
+    return values[a] != values[b] ? values[a] > values[b] : rows[a] < rows[b];
+  };
+  const size_t n = std::min(best.size(), static_cast<size_t>(top_n));
+  std::partial_sort(best.begin(), best.begin() + n, best.end(), before_in_rank);
+  TokenCache tokens;
+  std::vector<TopActivationContext> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    out[i].row = rows[best[i]];
+    out[i].value = values[best[i]];
+    RETURN_IF_ERROR(FillContext(snap.get(), rec, before, after, &tokens, &out[i]));
+  }
+  return out;
+}
+
 absl::Status ChunkStore::FillContext(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
                                      int32_t before, int32_t after, TokenCache* cache,
                                      TopActivationContext* t) const {

@@ -204,6 +204,16 @@ class ChunkStore {
   absl::StatusOr<std::vector<TopActivationContext>> TopActivations(uint64_t id, int32_t latent,
                                                                    int32_t top_n, int32_t before,
                                                                    int32_t after) const;
+  // The top `top_n` sequences of the latent (delphi's and SAEDashboard's "top examples"): per
+  // sequence of context_length rows (every row its own when the dataset has none) the row of its
+  // largest value (the earliest on ties), ranked by value descending then row ascending, with
+  // context windows as TopActivations gives them. Unlike TopActivations, neighbouring rows of one
+  // sequence never crowd the list, and top_n is not bounded by the stored top-N: it reads every
+  // row of the latent (LatentPostings). INVALID_ARGUMENT for top_n outside [1, 1000] or a
+  // negative window.
+  absl::StatusOr<std::vector<TopActivationContext>> TopSequences(uint64_t id, int32_t latent,
+                                                                 int32_t top_n, int32_t before,
+                                                                 int32_t after) const;
   // The latent's value range [min, max] cut into `intervals` intervals of equal width (one when
   // min == max), each with its entry count and up to `per_interval` of its rows, spread evenly
   // over them in row order (deterministic), with context windows as TopActivations gives them.

@@ -585,6 +585,52 @@ TEST_P(ChunkStoreTest, CorruptLatentIndexBlockKeepsTheWriterClosedNamingIt) {
 // Interval samples: every entry of the latent counted in exactly one interval of its value range,
 // samples drawn from inside their interval, spread over its rows, with the same context windows
 // as the top-N.
+// One row per sequence (its maximum), ranked across sequences, against a brute force over the
+// rows; the overall top row always leads both lists.
+TEST_P(ChunkStoreTest, TopSequencesTakeEachSequencesMaximumOnce) {
+  const int64_t total = 500;  // sequences of 16 rows (SparseMeta), the last one partial
+  const uint64_t id = WriteSparse("seq", 64, total, 125);
+  Rows all = MakeRows(0, total, 64);
+  for (int32_t l = 0; l < 64; ++l) {
+    std::map<int64_t, std::pair<float, int64_t>> best;  // sequence -> (value, row)
+    for (int64_t r = 0; r < total; ++r) {
+      for (int64_t i = all.indptr[r]; i < all.indptr[r + 1]; ++i) {
+        if (all.indices[i] != l) continue;
+        const float v = HalfToFloat(FloatToHalf(all.values[i]));
+        auto [it, fresh] = best.emplace(r / 16, std::make_pair(v, r));
+        if (!fresh && v > it->second.first) it->second = {v, r};
+      }
+    }
+    std::vector<std::pair<float, int64_t>> want;
+    for (const auto& [sequence, entry] : best) want.push_back(entry);
+    std::sort(want.begin(), want.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
+    auto got = store_->TopSequences(id, l, 1000, 5, 3);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), want.size()) << "latent " << l;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ((*got)[i].row, want[i].second) << "latent " << l << " rank " << i;
+      EXPECT_EQ((*got)[i].value, want[i].first);
+      EXPECT_EQ((*got)[i].token_id, all.tokens[(*got)[i].row]);
+      EXPECT_EQ((*got)[i].context_start_row, std::max((*got)[i].row / 16 * 16, (*got)[i].row - 5));
+    }
+    auto three = store_->TopSequences(id, l, 3, 5, 3);
+    ASSERT_TRUE(three.ok());
+    EXPECT_EQ(three->size(), std::min<size_t>(3, want.size()));
+    auto top = store_->TopActivations(id, l, 1, 5, 3);
+    if (!want.empty()) EXPECT_EQ(top->front().row, three->front().row);
+  }
+  EXPECT_EQ(store_->TopSequences(id, 0, 0, 5, 3).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->TopSequences(id, 0, 1001, 5, 3).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->TopSequences(id, 0, 5, -1, 3).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->TopSequences(id, 64, 5, 5, 3).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_P(ChunkStoreTest, IntervalSamplesCoverTheValueRange) {
   const int64_t total = 400;
   const uint64_t id = WriteSparse("iv", 16, total, 400);

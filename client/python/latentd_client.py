@@ -168,13 +168,15 @@ class Client:
         return matrix, _concat(tokens, np.int32)
 
     def get_latent(self, dataset_id, latent, top_n=20, context_before=32, context_after=8,
-                   intervals=0, interval_samples=5):
+                   intervals=0, interval_samples=5, distinct_sequences=False):
         """Statistics, top rows with context and, with intervals > 0, interval samples: the value
-        range cut into that many equal intervals, each with its count and a few of its rows."""
+        range cut into that many equal intervals, each with its count and a few of its rows.
+        distinct_sequences=True: the top sequences instead, one row each (its largest value)."""
         request = datasets_pb2.GetLatentRequest(dataset_id=dataset_id, latent=latent, top_n=top_n,
                                                 context_before=context_before,
                                                 context_after=context_after, intervals=intervals,
-                                                interval_samples=interval_samples)
+                                                interval_samples=interval_samples,
+                                                distinct_sequences=distinct_sequences)
         return self.datasets.GetLatent(request, metadata=self.metadata, timeout=self.timeout)
 
     _LATENT_ORDERS = {"latent": "BY_LATENT", "frequent": "MOST_FREQUENT", "rare": "LEAST_FREQUENT",

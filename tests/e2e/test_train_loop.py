@@ -146,6 +146,12 @@ class TrainLoop(DaemonTestCase):
         self.assertGreater(len(answer.top), 0)
         self.assertTrue(all(len(t.context_token_ids) > 0 for t in answer.top))
         self.assertEqual(len(answer.intervals), 0)  # only on request
+        # Top sequences: one row per 32-token sequence, led by the top row.
+        per_sequence = c.get_latent(sparse.result.extract.dataset_id, latent, top_n=50,
+                                    distinct_sequences=True)
+        sequences = [t.row // 32 for t in per_sequence.top]
+        self.assertEqual(len(sequences), len(set(sequences)))
+        self.assertEqual(per_sequence.top[0].row, answer.top[0].row)
         # Interval samples: every firing counted once, each sample inside its interval.
         sampled = c.get_latent(sparse.result.extract.dataset_id, latent, top_n=5, intervals=4,
                                interval_samples=2)
