@@ -629,6 +629,20 @@ TEST_P(StoreCorruptionFuzz, EveryQueryOnEveryCorruptValueFailsCleanlyOrKeepsItsC
           if (transcript) absl::StrAppend(transcript, t.row, ":", t.value, ",");
         }
       }
+      auto sequences = store.TopSequences(sparse, latent, 5, 4, 2);
+      note(sequences.status());
+      if (sequences.status().code() == absl::StatusCode::kDataLoss) {
+        EXPECT_NE(sequences.status().message().find(named), std::string::npos)
+            << sequences.status();
+      }
+      if (sequences.ok()) {
+        EXPECT_LE(sequences->size(), 5u);
+        for (const TopActivationContext& t : *sequences) {
+          EXPECT_GE(t.row, 0);
+          EXPECT_LT(t.row, rows);
+          EXPECT_LE(t.context_token_ids.size(), 7u);
+        }
+      }
       auto intervals = store.IntervalSamples(sparse, latent, 4, 3, 4, 2);
       note(intervals.status());
       if (intervals.ok()) {
