@@ -200,6 +200,26 @@ class Client:
             request.max_firing_count = max_firing_count
         return self.datasets.ListLatents(request, metadata=self.metadata, timeout=self.timeout)
 
+    def latent_table(self, dataset_id, page_size=65536):
+        """Every latent's firing_count, density, mean and max as numpy arrays indexed by latent
+        (a dict, with "rows" and "dead_latents"), from ListLatents pages of page_size latents:
+        what a notebook plots or filters without paging by hand."""
+        import numpy as np
+
+        page = page_size
+        first = self.list_latents(dataset_id, limit=page)
+        pages = [first]
+        while len(pages) * page < first.d_sae:
+            pages.append(self.list_latents(dataset_id, limit=page, offset=len(pages) * page))
+        latents = [l for p in pages for l in p.latents]
+        table = {"rows": first.rows, "dead_latents": first.dead_latents}
+        table["firing_count"] = np.fromiter((l.firing_count for l in latents), np.int64,
+                                            len(latents))
+        for name in ("density", "mean", "max"):
+            table[name] = np.fromiter((getattr(l, name) for l in latents), np.float64,
+                                      len(latents))
+        return table
+
 
 def _concat(parts, dtype):
     import numpy as np

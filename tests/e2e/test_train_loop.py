@@ -128,6 +128,13 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual([l.latent for l in glance.latents], want)
         self.assertEqual([l.firing_count for l in glance.latents], [int(counts[l]) for l in want])
         self.assertEqual(sum(glance.log10_density_histogram), int((counts > 0).sum()))
+        table = c.latent_table(dataset)
+        self.assertEqual(table["firing_count"].tolist(), counts.tolist())
+        self.assertEqual(table["dead_latents"], glance.dead_latents)
+        numpy.testing.assert_allclose(table["density"], counts / whole.shape[0])
+        paged = c.latent_table(dataset, page_size=7)  # pages that do not divide the width
+        self.assertEqual(paged["firing_count"].tolist(), counts.tolist())
+        numpy.testing.assert_array_equal(paged["max"], table["max"])
         dead = c.list_latents(dataset, max_firing_count=0, limit=whole.shape[1])
         self.assertEqual([l.latent for l in dead.latents], list(numpy.flatnonzero(counts == 0)))
         shown = daemon.latentctl("latents", str(dataset), "--order=rare", "--limit=2",
