@@ -610,6 +610,24 @@ int Latents(Client& client, const std::vector<std::string>& args) {
                 response.d_sae(), static_cast<long long>(response.dead_latents()),
                 response.d_sae() > 0 ? 100.0 * response.dead_latents() / response.d_sae() : 0.0,
                 static_cast<long long>(response.matching()));
+    // The log10 density histogram in the terminal: the 50 bins merged five at a time (exact:
+    // merged bins keep equal widths), each line [low, high) in log10(firings / rows).
+    const auto& bins = response.log10_density_histogram();
+    if (!bins.empty()) {
+      constexpr int kMerge = 5;
+      const double width = -response.log10_density_min() / bins.size();
+      std::vector<int64_t> merged((bins.size() + kMerge - 1) / kMerge, 0);
+      for (int i = 0; i < bins.size(); ++i) merged[i / kMerge] += bins[i];
+      const int64_t peak = std::max<int64_t>(1, *std::max_element(merged.begin(), merged.end()));
+      std::printf("log10 density of the latents that fired:\n");
+      for (size_t m = 0; m < merged.size(); ++m) {
+        const double low = response.log10_density_min() + width * kMerge * m;
+        const double high = std::min(0.0, low + width * kMerge);
+        std::printf("  [%6.2f, %6.2f%c %-41s %lld\n", low, high, m + 1 == merged.size() ? ']' : ')',
+                    std::string(merged[m] > 0 ? 1 + 40 * merged[m] / peak : 0, '#').c_str(),
+                    static_cast<long long>(merged[m]));
+      }
+    }
     std::printf("%-8s %-10s %-10s %-10s %s\n", "LATENT", "FIRINGS", "DENSITY", "MEAN", "MAX");
     for (const v1::LatentSummary& l : response.latents()) {
       std::printf("%-8d %-10lld %-10.4g %-10.4g %.4g\n", l.latent(),

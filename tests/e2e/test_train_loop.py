@@ -141,7 +141,10 @@ class TrainLoop(DaemonTestCase):
                                  "--min_count=1").stdout
         rarest = min(l for l in range(whole.shape[1]) if counts[l] == counts[counts > 0].min())
         self.assertIn("%d dead" % glance.dead_latents, shown)
-        self.assertEqual(int(shown.splitlines()[2].split()[0]), rarest)
+        lines = shown.splitlines()
+        self.assertIn("log10 density of the latents that fired:", lines)
+        first_row = lines[[l.split()[0] for l in lines].index("LATENT") + 1]
+        self.assertEqual(int(first_row.split()[0]), rarest)
         c.delete_dataset(dense_id)
         self.assertEqual([d.id for d in c.list_datasets()], [dataset])
         with self.assertRaises(grpc.RpcError) as missing:
