@@ -929,20 +929,29 @@ absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
   return out;
 }
 
+absl::StatusOr<ChunkStore::LatentFirings> ChunkStore::FiringsForWindows(
+    const rocksdb::Snapshot* snap, uint64_t id, int32_t latent, int32_t before,
+    int32_t after) const {
+  if (before < 0 || after < 0) {
+    return absl::InvalidArgumentError("context_before/context_after: negative");
+  }
+  LatentFirings out;
+  ASSIGN_OR_RETURN(out.record, GetRecordAt(snap, id));
+  RETURN_IF_ERROR(CheckLatentQuery(out.record, id, latent));
+  RETURN_IF_ERROR(LatentPostingsAt(snap, out.record, latent, &out.rows, &out.values));
+  return out;
+}
+
 absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopSequences(
     uint64_t id, int32_t latent, int32_t top_n, int32_t before, int32_t after) const {
   if (top_n < 1 || top_n > 1000) {
     return absl::InvalidArgumentError(absl::StrCat("top_n: ", top_n, " outside [1, 1000]"));
   }
-  if (before < 0 || after < 0) {
-    return absl::InvalidArgumentError("context_before/context_after: negative");
-  }
   SnapshotHolder snap(db_->raw());
-  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
-  RETURN_IF_ERROR(CheckLatentQuery(rec, id, latent));
-  std::vector<int64_t> rows;
-  std::vector<float> values;
-  RETURN_IF_ERROR(LatentPostingsAt(snap.get(), rec, latent, &rows, &values));
+  ASSIGN_OR_RETURN(LatentFirings firings, FiringsForWindows(snap.get(), id, latent, before, after));
+  const DatasetRecord& rec = firings.record;
+  const std::vector<int64_t>& rows = firings.rows;
+  const std::vector<float>& values = firings.values;
   // Rows come ascending, so a sequence's entries are one run: keep the first of its maxima.
   const int64_t seq = rec.meta.context_length > 0 ? rec.meta.context_length : 1;
   std::vector<size_t> best;  // an entry per sequence that fired
@@ -1017,15 +1026,11 @@ absl::StatusOr<std::vector<ActivationInterval>> ChunkStore::IntervalSamples(
     return absl::InvalidArgumentError(
         absl::StrCat("interval_samples: ", per_interval, " outside [1, 1000]"));
   }
-  if (before < 0 || after < 0) {
-    return absl::InvalidArgumentError("context_before/context_after: negative");
-  }
   SnapshotHolder snap(db_->raw());
-  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
-  RETURN_IF_ERROR(CheckLatentQuery(rec, id, latent));
-  std::vector<int64_t> rows;
-  std::vector<float> values;
-  RETURN_IF_ERROR(LatentPostingsAt(snap.get(), rec, latent, &rows, &values));
+  ASSIGN_OR_RETURN(LatentFirings firings, FiringsForWindows(snap.get(), id, latent, before, after));
+  const DatasetRecord& rec = firings.record;
+  const std::vector<int64_t>& rows = firings.rows;
+  const std::vector<float>& values = firings.values;
   std::vector<ActivationInterval> out;
   if (rows.empty()) return out;
   const auto [lo_it, hi_it] = std::minmax_element(values.begin(), values.end());

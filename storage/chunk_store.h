@@ -253,6 +253,17 @@ class ChunkStore {
   absl::Status ForEachSlicedChunk(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
                                   int64_t row_start, int64_t row_count, bool tokens_only,
                                   Visit visit) const;
+  // What a query showing a latent's firings with context windows starts from: the window
+  // checked (INVALID_ARGUMENT when negative), then the record and every committed firing of the
+  // latent at `snap`.
+  struct LatentFirings {
+    DatasetRecord record;
+    std::vector<int64_t> rows;  // ascending
+    std::vector<float> values;
+  };
+  absl::StatusOr<LatentFirings> FiringsForWindows(const rocksdb::Snapshot* snap, uint64_t id,
+                                                  int32_t latent, int32_t before,
+                                                  int32_t after) const;
   // LatentPostings at a snapshot (rows and values cleared first).
   absl::Status LatentPostingsAt(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
                                 int32_t latent, std::vector<int64_t>* rows,

@@ -357,7 +357,9 @@ TEST_P(ChunkStoreTest, TopNAndStatisticsSurviveCompactionReopenAndResume) {
     for (int64_t stop = at + 480; at < stop; at += 20) {
       ASSERT_TRUE(Append(w->get(), MakeRows(at, 20, 32)).ok());
       ASSERT_TRUE((*w)->CommitAsync().ok());
-      if (at == 300) ASSERT_TRUE(db_->CompactAll().ok());
+      if (at == 300) {
+        ASSERT_TRUE(db_->CompactAll().ok());
+      }
     }
     ASSERT_TRUE((*w)->WaitDurable().ok());
     w->reset();
@@ -379,7 +381,9 @@ TEST_P(ChunkStoreTest, TopNAndStatisticsSurviveCompactionReopenAndResume) {
     }
   }
   for (bool compacted : {false, true}) {
-    if (compacted) ASSERT_TRUE(db_->CompactAll().ok());
+    if (compacted) {
+      ASSERT_TRUE(db_->CompactAll().ok());
+    }
     for (int32_t l = 0; l < 32; ++l) {
       auto st = store_->GetLatentStats(id, l);
       ASSERT_TRUE(st.ok()) << st.status();
@@ -483,7 +487,9 @@ TEST_P(WideWriterTest, AnswersAsTheResidentWriterDoes) {
   Written resident = write(1 << 17, dir + "/resident");
   Written wide = write(kWidth - 1, dir + "/wide");
   for (bool compacted : {false, true}) {
-    if (compacted) ASSERT_TRUE(wide.db->CompactAll().ok());
+    if (compacted) {
+      ASSERT_TRUE(wide.db->CompactAll().ok());
+    }
     EXPECT_EQ(wide.store->GetDataset(wide.id)->dead_latents(),
               resident.store->GetDataset(resident.id)->dead_latents());
     for (int32_t l = 0; l < kWidth; ++l) {
@@ -619,7 +625,9 @@ TEST_P(ChunkStoreTest, TopSequencesTakeEachSequencesMaximumOnce) {
     ASSERT_TRUE(three.ok());
     EXPECT_EQ(three->size(), std::min<size_t>(3, want.size()));
     auto top = store_->TopActivations(id, l, 1, 5, 3);
-    if (!want.empty()) EXPECT_EQ(top->front().row, three->front().row);
+    if (!want.empty()) {
+      EXPECT_EQ(top->front().row, three->front().row);
+    }
   }
   EXPECT_EQ(store_->TopSequences(id, 0, 0, 5, 3).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -664,7 +672,9 @@ TEST_P(ChunkStoreTest, IntervalSamplesCoverTheValueRange) {
       EXPECT_EQ(iv.samples.size(), std::min<size_t>(3, iv.count));
       for (size_t j = 0; j < iv.samples.size(); ++j) {
         const TopActivationContext& t = iv.samples[j];
-        if (j > 0) EXPECT_GT(t.row, iv.samples[j - 1].row);  // spread in row order, distinct
+        if (j > 0) {
+          EXPECT_GT(t.row, iv.samples[j - 1].row);  // spread in row order, distinct
+        }
         EXPECT_GE(t.value, iv.low);
         EXPECT_LE(t.value, iv.high);
         auto it = std::find_if(want.begin(), want.end(), [&](auto& e) { return e.first == t.row; });

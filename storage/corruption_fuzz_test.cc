@@ -107,7 +107,9 @@ void ExpectSparseChunkValid(const Chunk& c) {
     for (int64_t i = c.indptr[r]; i < c.indptr[r + 1]; ++i) {
       ASSERT_GE(c.indices[i], 0);
       ASSERT_LT(c.indices[i], c.width);
-      if (i > c.indptr[r]) ASSERT_LT(c.indices[i - 1], c.indices[i]);
+      if (i > c.indptr[r]) {
+        ASSERT_LT(c.indices[i - 1], c.indices[i]);
+      }
     }
   }
 }
@@ -131,7 +133,9 @@ void ExpectSliceValid(const SliceEntries& e, const SlicedChunkHeader& h, int64_t
     ASSERT_LT(e.keys[i] >> bits, h.layout.slice_width);
     ASSERT_GE(row, lo);
     ASSERT_LT(row, std::min(hi, h.num_rows));
-    if (i > 0) ASSERT_LT(e.keys[i - 1], e.keys[i]);
+    if (i > 0) {
+      ASSERT_LT(e.keys[i - 1], e.keys[i]);
+    }
   }
 }
 
@@ -141,7 +145,9 @@ void ExpectRowsAscendingFrom(const std::vector<int64_t>& rows, size_t values, in
   for (size_t i = 0; i < rows.size(); ++i) {
     ASSERT_GE(rows[i], lo);
     ASSERT_LT(rows[i], hi);
-    if (i > 0) ASSERT_LT(rows[i - 1], rows[i]);
+    if (i > 0) {
+      ASSERT_LT(rows[i - 1], rows[i]);
+    }
   }
 }
 
@@ -213,7 +219,9 @@ TEST(CorruptionFuzz, ChunksDecodeOrFailWithDataLoss) {
           if (s.ok()) ExpectSparseChunkValid(c);
           Chunk t;
           absl::Status st = DecodeChunkTokens(bad, &t);
-          if (st.ok()) EXPECT_EQ(t.token_ids.size(), static_cast<size_t>(t.num_rows));
+          if (st.ok()) {
+            EXPECT_EQ(t.token_ids.size(), static_cast<size_t>(t.num_rows));
+          }
           return s;
         },
         seed++);
@@ -436,7 +444,9 @@ TEST(CorruptionFuzz, StatisticsAndTopNBlocksDecodeOrFailWithDataLoss) {
     std::vector<TopRows> out(kLatentsPerBlock);
     ASSERT_TRUE(DecodeTopBlock(block, out.data(), kLatentsPerBlock).ok());
     for (const TopRows& list : out) {
-      if (capacity > 0) EXPECT_LE(list.entries().size(), static_cast<size_t>(capacity));
+      if (capacity > 0) {
+        EXPECT_LE(list.entries().size(), static_cast<size_t>(capacity));
+      }
       for (size_t i = 1; i < list.entries().size(); ++i) {
         const TopEntry &a = list.entries()[i - 1], &b = list.entries()[i];
         EXPECT_TRUE(a.value > b.value || (a.value == b.value && a.row < b.row));
@@ -679,7 +689,9 @@ TEST_P(StoreCorruptionFuzz, EveryQueryOnEveryCorruptValueFailsCleanlyOrKeepsItsC
     std::vector<int32_t> dense_tokens;
     absl::Status s = store.ReadDense(dense, 0, 0, &dense_values, &dense_tokens);
     note(s);
-    if (s.ok()) EXPECT_EQ(dense_values.size(), dense_tokens.size() * 12);
+    if (s.ok()) {
+      EXPECT_EQ(dense_values.size(), dense_tokens.size() * 12);
+    }
   };
 
   // Compacted, so that every key holds one value (merge operands folded): a Put then replaces
