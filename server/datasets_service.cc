@@ -22,7 +22,6 @@ constexpr int32_t kDefaultTopN = 20;
 constexpr int32_t kDefaultContextBefore = 32;
 constexpr int32_t kDefaultContextAfter = 8;
 constexpr int32_t kDefaultIntervalSamples = 5;
-constexpr int32_t kMaxTopSequences = 1000;  // GetLatent with distinct_sequences
 // A GetLatent answer carries at most this many context tokens (about 3 MB on the wire): more
 // would pass gRPC's 4 MiB default receive limit of the client after the server built it all.
 constexpr int64_t kMaxContextTokens = int64_t{1} << 20;
@@ -233,7 +232,7 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
   // The stored top-N list bounds plain top rows; distinct sequences come from every firing.
   const int32_t top_n =
       std::min(request->top_n() > 0 ? request->top_n() : kDefaultTopN,
-               request->distinct_sequences() ? kMaxTopSequences : record->meta.top_n);
+               request->distinct_sequences() ? storage::kMaxTopSequences : record->meta.top_n);
   const int32_t before =
       request->context_before() > 0 ? request->context_before() : kDefaultContextBefore;
   const int32_t after =

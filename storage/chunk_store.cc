@@ -944,8 +944,9 @@ absl::StatusOr<ChunkStore::LatentFirings> ChunkStore::FiringsForWindows(
 
 absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopSequences(
     uint64_t id, int32_t latent, int32_t top_n, int32_t before, int32_t after) const {
-  if (top_n < 1 || top_n > 1000) {
-    return absl::InvalidArgumentError(absl::StrCat("top_n: ", top_n, " outside [1, 1000]"));
+  if (top_n < 1 || top_n > kMaxTopSequences) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_n: ", top_n, " outside [1, ", kMaxTopSequences, "]"));
   }
   SnapshotHolder snap(db_->raw());
   ASSIGN_OR_RETURN(LatentFirings firings, FiringsForWindows(snap.get(), id, latent, before, after));

@@ -152,6 +152,9 @@ struct ChunkStoreOptions {
 
 class DatasetWriter;
 
+// The most sequences ChunkStore::TopSequences returns.
+inline constexpr int32_t kMaxTopSequences = 1000;
+
 class ChunkStore {
  public:
   explicit ChunkStore(Db* db, const ChunkStoreOptions& options = ChunkStoreOptions());
@@ -209,8 +212,8 @@ class ChunkStore {
   // largest value (the earliest on ties), ranked by value descending then row ascending, with
   // context windows as TopActivations gives them. Unlike TopActivations, neighbouring rows of one
   // sequence never crowd the list, and top_n is not bounded by the stored top-N: it reads every
-  // row of the latent (LatentPostings). INVALID_ARGUMENT for top_n outside [1, 1000] or a
-  // negative window.
+  // row of the latent (LatentPostings). INVALID_ARGUMENT for top_n outside [1, kMaxTopSequences] or
+  // a negative window.
   absl::StatusOr<std::vector<TopActivationContext>> TopSequences(uint64_t id, int32_t latent,
                                                                  int32_t top_n, int32_t before,
                                                                  int32_t after) const;

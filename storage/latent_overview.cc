@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -65,6 +66,28 @@ bool Before(LatentOrder order, const LatentSummary& a, const LatentSummary& b) {
   return a.latent < b.latent;
 }
 
+// The histogram spans [log10(1 / rows), 0]; out->rows must be set (ForEachLatentStats sets it
+// before its first visit). Nothing to bin without rows.
+void StartDensityHistogram(int32_t bins, LatentOverview* out) {
+  if (out->rows == 0) return;
+  out->log10_density_min = -std::log10(static_cast<double>(out->rows));
+  out->log10_density_histogram.assign(bins, 0);
+}
+
+// log10(count / rows) - log10(1 / rows) = log10(count): a latent's bin is log10(count) over the
+// span log10(rows), so a latent firing once lands in bin 0 exactly and one firing on every row in
+// the last (one row: a span of 0, every latent in the last bin).
+void AddDensity(int64_t firing_count, LatentOverview* out) {
+  std::vector<int64_t>& histogram = out->log10_density_histogram;
+  if (histogram.empty()) return;
+  const int64_t bins = static_cast<int64_t>(histogram.size());
+  const double span = -out->log10_density_min;
+  const int64_t bin = span > 0 ? static_cast<int64_t>(std::floor(
+                                     std::log10(static_cast<double>(firing_count)) / span * bins))
+                               : bins - 1;
+  ++histogram[std::clamp<int64_t>(bin, 0, bins - 1)];
+}
+
 }  // namespace
 
 absl::StatusOr<LatentOverview> SummarizeLatents(const ChunkStore& store, uint64_t dataset_id,
@@ -75,29 +98,17 @@ absl::StatusOr<LatentOverview> SummarizeLatents(const ChunkStore& store, uint64_
   // Ranked: the best offset + limit candidates so far, as a heap whose front is the worst of
   // them. In latent order the page is simply the matching latents at positions [offset, end).
   const size_t keep = static_cast<size_t>(options.offset) + static_cast<size_t>(options.limit);
-  auto worse_first = [&](const LatentSummary& a, const LatentSummary& b) {
+  auto ranks_before = [&](const LatentSummary& a, const LatentSummary& b) {
     return Before(options.order, a, b);
   };
   std::vector<LatentSummary> candidates;
-  // log10(count / rows) - log10(1 / rows) = log10(count): a latent's bin is log10(count) over
-  // the histogram's span log10(rows), so a latent firing once lands in bin 0 exactly.
-  double span = 0;
   RETURN_IF_ERROR(store.ForEachLatentStats(
       dataset_id, &out.rows, [&](int32_t latent, const LatentStats& stats) {
-        if (out.width++ == 0 && out.rows > 0) {  // rows is set before the first visit
-          span = std::log10(static_cast<double>(out.rows));
-          out.log10_density_min = -span;
-          out.log10_density_histogram.assign(options.density_bins, 0);
-        }
+        if (out.width++ == 0) StartDensityHistogram(options.density_bins, &out);
         if (stats.firing_count == 0) {
           ++out.dead;
-        } else if (out.rows > 0) {
-          int64_t bin = options.density_bins - 1;
-          if (span > 0) {
-            bin = static_cast<int64_t>(std::floor(
-                std::log10(static_cast<double>(stats.firing_count)) / span * options.density_bins));
-          }
-          ++out.log10_density_histogram[std::clamp<int64_t>(bin, 0, options.density_bins - 1)];
+        } else {
+          AddDensity(stats.firing_count, &out);
         }
         if (stats.firing_count < options.min_firing_count ||
             stats.firing_count > options.max_firing_count) {
@@ -120,15 +131,15 @@ absl::StatusOr<LatentOverview> SummarizeLatents(const ChunkStore& store, uint64_
         }
         if (candidates.size() < keep) {
           candidates.push_back(s);
-          std::push_heap(candidates.begin(), candidates.end(), worse_first);
+          std::push_heap(candidates.begin(), candidates.end(), ranks_before);
         } else if (Before(options.order, s, candidates.front())) {
-          std::pop_heap(candidates.begin(), candidates.end(), worse_first);
+          std::pop_heap(candidates.begin(), candidates.end(), ranks_before);
           candidates.back() = s;
-          std::push_heap(candidates.begin(), candidates.end(), worse_first);
+          std::push_heap(candidates.begin(), candidates.end(), ranks_before);
         }
       }));
   if (ranked) {
-    std::sort_heap(candidates.begin(), candidates.end(), worse_first);
+    std::sort_heap(candidates.begin(), candidates.end(), ranks_before);
     if (candidates.size() > static_cast<size_t>(options.offset)) {
       out.latents.assign(candidates.begin() + options.offset, candidates.end());
     }
