@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -28,7 +29,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "client/latent_view.h"
 #include "client/telemetry_plot.h"
+#include "client/vocabulary.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/time_util.h"
 #include "proto/latentd/v1/datasets.grpc.pb.h"
@@ -59,6 +62,12 @@ ABSL_FLAG(int, intervals, 0,
 ABSL_FLAG(int, interval_samples, 5, "latent: rows per interval (with --intervals)");
 ABSL_FLAG(bool, distinct, false,
           "latent: top sequences (one row each, its maximum) instead of top rows");
+ABSL_FLAG(std::string, vocab, "",
+          "latent: show tokens as text, decoded with this tokenizer.json, vocab.json, JSON list "
+          "or one-token-a-line file");
+ABSL_FLAG(std::string, html, "",
+          "latent: also write an HTML page here: statistics, histogram, every example's tokens "
+          "shaded by the latent's value on them");
 ABSL_FLAG(std::string, format, "npz", "export: npz or hdf5");
 ABSL_FLAG(std::string, plot, "",
           "telemetry: write a PNG of loss and memory against steps here; latents: a PNG of the "
@@ -524,6 +533,13 @@ int Latent(Client& client, const std::vector<std::string>& args) {
   if (!ParseId(args, 1, &id) || args.size() < 3 || !absl::SimpleAtoi(args[2], &latent)) {
     return Usage("latent needs a dataset id and a latent index");
   }
+  std::optional<Vocabulary> vocab;
+  if (const std::string path = absl::GetFlag(FLAGS_vocab); !path.empty()) {
+    absl::StatusOr<Vocabulary> loaded = Vocabulary::Load(path);
+    if (!loaded.ok()) return Usage(absl::StrCat("--vocab: ", loaded.status().message()));
+    vocab = *std::move(loaded);
+  }
+  const Vocabulary* decoder = vocab ? &*vocab : nullptr;
   v1::GetLatentRequest request;
   request.set_dataset_id(id);
   request.set_latent(latent);
@@ -536,6 +552,16 @@ int Latent(Client& client, const std::vector<std::string>& args) {
   v1::GetLatentResponse response;
   grpc::Status status = client.datasets()->GetLatent(client.Context().get(), request, &response);
   if (!status.ok()) return RpcError(status);
+  if (const std::string html = absl::GetFlag(FLAGS_html); !html.empty()) {
+    std::ofstream out(html, std::ios::binary | std::ios::trunc);
+    out << LatentHtml(response, {id, decoder, absl::GetFlag(FLAGS_distinct)});
+    out.close();
+    if (!out) {
+      std::fprintf(stderr, "latentctl: --html: cannot write %s\n", html.c_str());
+      return kExitRpcError;
+    }
+    if (!absl::GetFlag(FLAGS_json)) std::printf("wrote %s\n", html.c_str());
+  }
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", Json(response).c_str());
     return 0;
@@ -557,10 +583,9 @@ int Latent(Client& client, const std::vector<std::string>& args) {
                   static_cast<long long>(s.histogram(b)));
     }
   }
-  auto print_row = [](const v1::TopActivation& t) {
-    std::printf("  row %-9lld value %-9.4g token %-6d context [%s]\n",
-                static_cast<long long>(t.row()), t.value(), t.token_id(),
-                absl::StrJoin(t.context_token_ids(), " ").c_str());
+  auto print_row = [&](const v1::TopActivation& t) {
+    std::printf("  row %-9lld value %-9.4g token %-6d %s\n", static_cast<long long>(t.row()),
+                t.value(), t.token_id(), ContextLine(t, decoder).c_str());
   };
   std::printf(absl::GetFlag(FLAGS_distinct) ? "top sequences (each at its largest value):\n"
                                             : "top activations:\n");
@@ -790,8 +815,10 @@ datasets:
   dataset ID                     metadata and summary
   rows ID [--start=R] [--count=N]              CSR rows with token ids
   latent ID J [--top=N] [--before=B] [--after_tokens=A] [--intervals=I [--interval_samples=S]]
-              [--distinct]                            statistics, top activations (--distinct: one
-                                                      per sequence), interval samples
+              [--distinct] [--vocab=tokenizer.json] [--html=FILE.html]
+                                 statistics, top activations (--distinct: one per sequence),
+                                 interval samples; --vocab shows text, --html a page where
+                                 each token is shaded by the latent's value on it
   latents ID [--order=latent|frequent|rare|max|mean] [--limit=N] [--offset=N]
              [--min_count=C] [--max_count=C] [--plot=FILE.png]
                                  the SAE at a glance: latents ranked, dead count, density plot

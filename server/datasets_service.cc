@@ -125,6 +125,7 @@ void ToProto(const storage::TopActivationContext& t, latentd::v1::TopActivation*
   out->set_token_id(t.token_id);
   out->set_context_start_row(t.context_start_row);
   out->mutable_context_token_ids()->Add(t.context_token_ids.begin(), t.context_token_ids.end());
+  out->mutable_context_values()->Add(t.context_values.begin(), t.context_values.end());
 }
 
 }  // namespace

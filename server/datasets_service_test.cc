@@ -354,6 +354,9 @@ TEST_F(DatasetsServiceTest, GetLatentDistinctSequencesGivesOneRowPerSequence) {
     EXPECT_EQ(distinct.top(i).value(), (*want)[i].value);
     EXPECT_EQ(distinct.top(i).context_token_ids_size(),
               static_cast<int>((*want)[i].context_token_ids.size()));
+    EXPECT_EQ(std::vector<float>(distinct.top(i).context_values().begin(),
+                                 distinct.top(i).context_values().end()),
+              (*want)[i].context_values);
   }
   EXPECT_EQ(distinct.statistics().firing_count(), plain.statistics().firing_count());
 }
@@ -382,6 +385,13 @@ TEST_F(DatasetsServiceTest, GetLatentListDeleteAndArtifacts) {
     const auto& t = resp.top(0);
     EXPECT_EQ(t.context_start_row(), std::max<int64_t>(t.row() / 128 * 128, t.row() - 32));
     EXPECT_LE(t.context_token_ids_size(), 41);
+    // The latent's value on every token of the window, its own row's the top value.
+    ASSERT_EQ(t.context_values_size(), t.context_token_ids_size());
+    EXPECT_EQ(t.context_values(t.row() - t.context_start_row()), t.value());
+    auto top = store_->TopActivations(id, 7, 1, 32, 8);
+    ASSERT_TRUE(top.ok()) << top.status();
+    EXPECT_EQ(std::vector<float>(t.context_values().begin(), t.context_values().end()),
+              top->front().context_values);
   }
   EXPECT_EQ(resp.intervals_size(), 0);  // only on request
   {
@@ -551,7 +561,9 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
         int64_t rows = 0;
         while (reader->Read(&piece)) rows += piece.num_rows();
         status = reader->Finish();
-        if (status.ok()) EXPECT_LE(rows, 300) << what;
+        if (status.ok()) {
+          EXPECT_LE(rows, 300) << what;
+        }
         break;
       }
       case 1: {

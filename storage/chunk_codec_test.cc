@@ -134,7 +134,9 @@ TEST(ChunkCodec, PackedSixteenBitValuesRoundTripExactly) {
       Chunk plain = c;
       plain.dtype = ChunkDtype::kFloat32;  // same indices, 4-byte values
       // Positive values: the head (sign + exponent) spans a few binades, so fewer bits.
-      if (!mixed_signs) EXPECT_LT(enc.size(), EncodeChunk(plain).size() - c.values.size() * 2);
+      if (!mixed_signs) {
+        EXPECT_LT(enc.size(), EncodeChunk(plain).size() - c.values.size() * 2);
+      }
       for (size_t i = 0; i < enc.size(); i += 7) {
         std::string bad = enc;
         bad[i] ^= 0x04;

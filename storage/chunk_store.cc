@@ -572,6 +572,18 @@ class ChunkIterator {
   std::unique_ptr<rocksdb::Iterator> it_;
 };
 
+// The first row of the format-3 chunk holding `row`: the one whose header key is the last at or
+// before (row, header). Leaves `it` there. DATA_LOSS when there is none.
+absl::StatusOr<int64_t> ChunkHolding(rocksdb::Iterator* it, uint64_t id, int64_t row) {
+  it->SeekForPrev(keys::ChunkPart(id, row, kPartHeader));
+  const std::string prefix = keys::ChunkPart(id, 0, kPartHeader).substr(0, 10);
+  if (!it->Valid() || !it->key().starts_with(prefix) || it->key().size() != 18) {
+    RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("reading chunks of dataset ", id)));
+    return absl::DataLossError(absl::StrCat("dataset ", id, " has no chunk holding row ", row));
+  }
+  return static_cast<int64_t>(ReadBigEndian64(it->key().data() + 10));
+}
+
 }  // namespace
 
 template <typename Visit>
@@ -657,15 +669,7 @@ absl::Status ChunkStore::ForEachSlicedChunk(const rocksdb::Snapshot* snap, const
                                             Visit visit) const {
   const uint64_t id = rec.id;
   ChunkIterator it(db_, snap, id);
-  // The chunk holding row_start has the last header key at or before (header, row_start).
-  it->SeekForPrev(keys::ChunkPart(id, row_start, kPartHeader));
-  const std::string prefix = keys::ChunkPart(id, 0, kPartHeader).substr(0, 10);
-  if (!it->Valid() || !it->key().starts_with(prefix) || it->key().size() != 18) {
-    RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("reading chunks of dataset ", id)));
-    return absl::DataLossError(
-        absl::StrCat("dataset ", id, " has no chunk holding row ", row_start));
-  }
-  int64_t chunk_start = static_cast<int64_t>(ReadBigEndian64(it->key().data() + 10));
+  ASSIGN_OR_RETURN(int64_t chunk_start, ChunkHolding(it.get(), id, row_start));
   const int64_t row_end = row_start + row_count;
   Chunk chunk;
   chunk.kind = ChunkKind::kSparse;
@@ -923,7 +927,7 @@ absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
     TopActivationContext t;
     t.row = e.row;
     t.value = e.value;
-    RETURN_IF_ERROR(FillContext(snap.get(), rec, before, after, &tokens, &t));
+    RETURN_IF_ERROR(FillContext(snap.get(), rec, latent, before, after, nullptr, &tokens, &t));
     out.push_back(std::move(t));
   }
   return out;
@@ -938,7 +942,8 @@ absl::StatusOr<ChunkStore::LatentFirings> ChunkStore::FiringsForWindows(
   LatentFirings out;
   ASSIGN_OR_RETURN(out.record, GetRecordAt(snap, id));
   RETURN_IF_ERROR(CheckLatentQuery(out.record, id, latent));
-  RETURN_IF_ERROR(LatentPostingsAt(snap, out.record, latent, &out.rows, &out.values));
+  RETURN_IF_ERROR(LatentPostingsAt(snap, out.record, latent, 0, out.record.rows_committed,
+                                   &out.rows, &out.values));
   return out;
 }
 
@@ -973,13 +978,15 @@ absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopSequences(
   for (size_t i = 0; i < n; ++i) {
     out[i].row = rows[best[i]];
     out[i].value = values[best[i]];
-    RETURN_IF_ERROR(FillContext(snap.get(), rec, before, after, &tokens, &out[i]));
+    RETURN_IF_ERROR(
+        FillContext(snap.get(), rec, latent, before, after, &firings, &tokens, &out[i]));
   }
   return out;
 }
 
 absl::Status ChunkStore::FillContext(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
-                                     int32_t before, int32_t after, TokenCache* cache,
+                                     int32_t latent, int32_t before, int32_t after,
+                                     const LatentFirings* firings, TokenCache* cache,
                                      TopActivationContext* t) const {
   auto token_at = [&](int64_t row, int32_t* token) -> absl::Status {
     auto it = cache->upper_bound(row);
@@ -1013,6 +1020,31 @@ absl::Status ChunkStore::FillContext(const rocksdb::Snapshot* snap, const Datase
     RETURN_IF_ERROR(token_at(r, &token));
     t->context_token_ids.push_back(token);
     if (r == row) t->token_id = token;
+  }
+  // The latent's value on every row of the window (what a dashboard shades each token by): from
+  // the firings the caller holds, else from the latent's run in the one or two chunks the
+  // window spans.
+  std::vector<int64_t> window_rows;
+  std::vector<float> window_values;
+  const std::vector<int64_t>* rows = &window_rows;
+  const std::vector<float>* values = &window_values;
+  if (firings != nullptr) {
+    rows = &firings->rows;
+    values = &firings->values;
+  } else {
+    absl::Status s = LatentPostingsAt(snap, rec, latent, t->context_start_row, stop, &window_rows,
+                                      &window_values);
+    // A format-2 dataset written without postings has no latent-major layout to read.
+    if (absl::IsFailedPrecondition(s)) {
+      t->context_values.clear();
+      return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(s);
+  }
+  t->context_values.assign(t->context_token_ids.size(), 0.0f);
+  for (auto it = std::lower_bound(rows->begin(), rows->end(), t->context_start_row);
+       it != rows->end() && *it < stop; ++it) {
+    t->context_values[*it - t->context_start_row] = (*values)[it - rows->begin()];
   }
   return absl::OkStatus();
 }
@@ -1061,7 +1093,7 @@ absl::StatusOr<std::vector<ActivationInterval>> ChunkStore::IntervalSamples(
       TopActivationContext t;
       t.row = rows[pick];
       t.value = values[pick];
-      RETURN_IF_ERROR(FillContext(snap.get(), rec, before, after, &tokens, &t));
+      RETURN_IF_ERROR(FillContext(snap.get(), rec, latent, before, after, &firings, &tokens, &t));
       interval.samples.push_back(std::move(t));
     }
     out.push_back(std::move(interval));
@@ -1074,16 +1106,40 @@ absl::Status ChunkStore::LatentPostings(uint64_t id, int32_t latent, std::vector
   SnapshotHolder snap(db_->raw());
   ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
   RETURN_IF_ERROR(CheckLatentQuery(rec, id, latent));
-  return LatentPostingsAt(snap.get(), rec, latent, rows, values);
+  return LatentPostingsAt(snap.get(), rec, latent, 0, rec.rows_committed, rows, values);
 }
 
 absl::Status ChunkStore::LatentPostingsAt(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
-                                          int32_t latent, std::vector<int64_t>* rows,
+                                          int32_t latent, int64_t row_begin, int64_t row_end,
+                                          std::vector<int64_t>* rows,
                                           std::vector<float>* values) const {
-  const uint64_t id = rec.id;
   rows->clear();
   values->clear();
-  if (rec.format_version >= 3) return SlicedLatentPostings(snap, rec, latent, rows, values);
+  row_end = std::min(row_end, rec.rows_committed);
+  if (row_begin >= row_end) return absl::OkStatus();
+  absl::Status s;
+  if (rec.format_version >= 3) {
+    s = SlicedLatentPostings(snap, rec, latent, row_begin, row_end, rows, values);
+  } else {
+    s = RowMajorLatentPostings(snap, rec, latent, row_begin, row_end, rows, values);
+  }
+  RETURN_IF_ERROR(s);
+  // Postings and slices hold whole commits or chunks: keep the rows asked for.
+  const auto first = std::lower_bound(rows->begin(), rows->end(), row_begin);
+  const auto last = std::lower_bound(first, rows->end(), row_end);
+  values->erase(values->begin() + (last - rows->begin()), values->end());
+  values->erase(values->begin(), values->begin() + (first - rows->begin()));
+  rows->erase(last, rows->end());
+  rows->erase(rows->begin(), first);
+  return absl::OkStatus();
+}
+
+absl::Status ChunkStore::RowMajorLatentPostings(const rocksdb::Snapshot* snap,
+                                                const DatasetRecord& rec, int32_t latent,
+                                                int64_t row_begin, int64_t row_end,
+                                                std::vector<int64_t>* rows,
+                                                std::vector<float>* values) const {
+  const uint64_t id = rec.id;
   if (!rec.meta.postings) {
     return absl::FailedPreconditionError(absl::StrCat("dataset ", id, " keeps no postings"));
   }
@@ -1092,9 +1148,13 @@ absl::Status ChunkStore::LatentPostingsAt(const rocksdb::Snapshot* snap, const D
   std::unique_ptr<rocksdb::Iterator> it(
       db_->raw()->NewIterator(ro, db_->handle(Family::kPostings)));
   const std::string prefix = keys::PostingPrefix(id, static_cast<uint32_t>(latent));
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+  // A posting holds one commit's rows from its key's row on: the one holding row_begin is the
+  // last at or before it.
+  it->SeekForPrev(keys::Posting(id, static_cast<uint32_t>(latent), row_begin));
+  if (!it->Valid() || !it->key().starts_with(prefix)) it->Seek(prefix);
+  for (; it->Valid() && it->key().starts_with(prefix); it->Next()) {
     const int64_t start = static_cast<int64_t>(ReadBigEndian64(it->key().data() + prefix.size()));
-    if (start >= rec.rows_committed) break;
+    if (start >= row_end) break;
     const absl::string_view value(it->value().data(), it->value().size());
     const ChunkDtype dtype = ToChunkDtype(rec.meta.value_dtype);
     const size_t before = rows->size();
@@ -1116,11 +1176,13 @@ absl::Status ChunkStore::LatentPostingsAt(const rocksdb::Snapshot* snap, const D
 
 absl::Status ChunkStore::SlicedLatentPostings(const rocksdb::Snapshot* snap,
                                               const DatasetRecord& rec, int32_t latent,
+                                              int64_t row_begin, int64_t row_end,
                                               std::vector<int64_t>* rows,
                                               std::vector<float>* values) const {
   const uint64_t id = rec.id;
   ChunkIterator it(db_, snap, id);
   ChunkIterator slices(db_, snap, id);
+  ASSIGN_OR_RETURN(const int64_t first_chunk, ChunkHolding(it.get(), id, row_begin));
   // Lands `iter` on `key`: usually the next key already is (headers, and one slice across
   // chunks, are contiguous ranges), else a seek.
   auto land = [](rocksdb::Iterator* iter, const std::string& key) {
@@ -1130,7 +1192,7 @@ absl::Status ChunkStore::SlicedLatentPostings(const rocksdb::Snapshot* snap,
   SlicedChunkHeader header;
   // Chunk by chunk: its header (which slices exist), then the latent's run of the one slice
   // holding it.
-  for (int64_t chunk_start = 0; chunk_start < rec.rows_committed; chunk_start += header.num_rows) {
+  for (int64_t chunk_start = first_chunk; chunk_start < row_end; chunk_start += header.num_rows) {
     std::string key = keys::ChunkPart(id, chunk_start, kPartHeader);
     if (!land(it.get(), key)) {
       RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("reading chunks of dataset ", id)));

@@ -101,6 +101,9 @@ struct TopActivationContext {
   int32_t token_id = 0;
   int64_t context_start_row = 0;  // first row of the window (clipped at the sequence start)
   std::vector<int32_t> context_token_ids;
+  // The latent's value on each row of the window (0 where it does not fire), parallel to
+  // context_token_ids; empty for a format-2 dataset kept without postings.
+  std::vector<float> context_values;
 };
 
 // Rows of one value interval of a latent, sampled across it (SAEDashboard's "interval samples":
@@ -267,19 +270,28 @@ class ChunkStore {
   absl::StatusOr<LatentFirings> FiringsForWindows(const rocksdb::Snapshot* snap, uint64_t id,
                                                   int32_t latent, int32_t before,
                                                   int32_t after) const;
-  // LatentPostings at a snapshot (rows and values cleared first).
+  // LatentPostings at a snapshot, of the committed rows in [row_begin, row_end) (rows and values
+  // cleared first).
   absl::Status LatentPostingsAt(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
-                                int32_t latent, std::vector<int64_t>* rows,
-                                std::vector<float>* values) const;
+                                int32_t latent, int64_t row_begin, int64_t row_end,
+                                std::vector<int64_t>* rows, std::vector<float>* values) const;
   // Token ids of committed chunks read so far by a query: chunk start row -> ids.
   using TokenCache = std::map<int64_t, std::vector<int32_t>>;
-  // Fills t's token id and the window [row - before, row + after] clipped to the row's sequence
-  // and the committed rows (t->row set by the caller).
-  absl::Status FillContext(const rocksdb::Snapshot* snap, const DatasetRecord& rec, int32_t before,
-                           int32_t after, TokenCache* cache, TopActivationContext* t) const;
+  // Fills t's token id, the window [row - before, row + after] clipped to the row's sequence
+  // and the committed rows, and the latent's value on each of its rows (t->row set by the
+  // caller). `firings`, when not null, holds every firing of the latent at `snap`; else the
+  // window's are read.
+  absl::Status FillContext(const rocksdb::Snapshot* snap, const DatasetRecord& rec, int32_t latent,
+                           int32_t before, int32_t after, const LatentFirings* firings,
+                           TokenCache* cache, TopActivationContext* t) const;
+  // The two layouts' halves of LatentPostingsAt: they may append rows outside the range of the
+  // chunks or commits holding its ends (the caller trims them).
   absl::Status SlicedLatentPostings(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
-                                    int32_t latent, std::vector<int64_t>* rows,
-                                    std::vector<float>* values) const;
+                                    int32_t latent, int64_t row_begin, int64_t row_end,
+                                    std::vector<int64_t>* rows, std::vector<float>* values) const;
+  absl::Status RowMajorLatentPostings(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
+                                      int32_t latent, int64_t row_begin, int64_t row_end,
+                                      std::vector<int64_t>* rows, std::vector<float>* values) const;
 
   Db* const db_;
   const ChunkStoreOptions options_;

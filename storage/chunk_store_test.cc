@@ -56,6 +56,19 @@ Rows MakeRows(int64_t first, int64_t n, int32_t width) {
   return rows;
 }
 
+// The latent's stored (fp16-rounded) value on every row of t's window, 0 where it does not
+// fire: what context_values must hold.
+std::vector<float> WindowValues(const Rows& all, int32_t latent, const TopActivationContext& t) {
+  std::vector<float> want(t.context_token_ids.size(), 0.0f);
+  for (size_t w = 0; w < want.size(); ++w) {
+    const int64_t r = t.context_start_row + static_cast<int64_t>(w);
+    for (int64_t i = all.indptr[r]; i < all.indptr[r + 1]; ++i) {
+      if (all.indices[i] == latent) want[w] = HalfToFloat(FloatToHalf(all.values[i]));
+    }
+  }
+  return want;
+}
+
 absl::Status Append(DatasetWriter* w, const Rows& rows) {
   return w->AppendSparse(static_cast<int64_t>(rows.tokens.size()), rows.indptr.data(),
                          rows.indices.data(), rows.values.data(), rows.tokens.data());
@@ -300,6 +313,9 @@ TEST_P(ChunkStoreTest, StatisticsTopNAndPostingsMatchBruteForce) {
       for (int64_t r = t.context_start_row; r < stop; ++r) {
         EXPECT_EQ(t.context_token_ids[r - t.context_start_row], all.tokens[r]);
       }
+      // Windows cross chunk (100 rows) and commit (125 rows) boundaries: rows 96-111, 112-127.
+      EXPECT_EQ(t.context_values, WindowValues(all, l, t)) << "latent " << l << " row " << t.row;
+      EXPECT_EQ(t.context_values[t.row - t.context_start_row], t.value);
     }
   }
   EXPECT_EQ(store_->GetDataset(id)->dead_latents(), dead);
@@ -620,6 +636,7 @@ TEST_P(ChunkStoreTest, TopSequencesTakeEachSequencesMaximumOnce) {
       EXPECT_EQ((*got)[i].value, want[i].first);
       EXPECT_EQ((*got)[i].token_id, all.tokens[(*got)[i].row]);
       EXPECT_EQ((*got)[i].context_start_row, std::max((*got)[i].row / 16 * 16, (*got)[i].row - 5));
+      EXPECT_EQ((*got)[i].context_values, WindowValues(all, l, (*got)[i]));
     }
     auto three = store_->TopSequences(id, l, 3, 5, 3);
     ASSERT_TRUE(three.ok());
@@ -637,6 +654,27 @@ TEST_P(ChunkStoreTest, TopSequencesTakeEachSequencesMaximumOnce) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(store_->TopSequences(id, 64, 5, 5, 3).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A format-2 dataset written without postings has no latent-major layout: its top rows still
+// come with their windows, only without the latent's values on them.
+TEST_P(ChunkStoreTest, WindowsWithoutPostingsCarryNoValues) {
+  if (Format() != 2) GTEST_SKIP() << "postings are a format-2 option";
+  DatasetMeta meta = SparseMeta("nopost", 64);
+  meta.postings = false;
+  const uint64_t id = *store_->CreateDataset(meta);
+  auto w = store_->OpenWriter(id);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE(Append(w->get(), MakeRows(0, 200, 64)).ok());
+  ASSERT_TRUE((*w)->Commit().ok());
+  for (int32_t l = 0; l < 64; ++l) {
+    auto top = store_->TopActivations(id, l, 0, 5, 3);
+    ASSERT_TRUE(top.ok()) << top.status();
+    for (const TopActivationContext& t : *top) {
+      EXPECT_FALSE(t.context_token_ids.empty());
+      EXPECT_TRUE(t.context_values.empty());
+    }
+  }
 }
 
 TEST_P(ChunkStoreTest, IntervalSamplesCoverTheValueRange) {
@@ -682,6 +720,7 @@ TEST_P(ChunkStoreTest, IntervalSamplesCoverTheValueRange) {
         EXPECT_EQ(it->second, t.value);
         EXPECT_EQ(t.token_id, all.tokens[t.row]);
         EXPECT_EQ(t.context_start_row, std::max(t.row / 16 * 16, t.row - 2));
+        EXPECT_EQ(t.context_values, WindowValues(all, l, t));
       }
     }
     EXPECT_EQ(counted, static_cast<int64_t>(want.size()));

@@ -174,6 +174,30 @@ class TrainLoop(DaemonTestCase):
             for sample in interval.samples:
                 self.assertTrue(interval.low <= sample.value <= interval.high)
                 self.assertGreater(len(sample.context_token_ids), 0)
+        # Every example's window carries the latent's value on each of its tokens: the rows'.
+        column = whole[:, latent].toarray().ravel().astype(numpy.float32)
+        examples = list(answer.top) + list(per_sequence.top)
+        examples += [s for interval in sampled.intervals for s in interval.samples]
+        for example in examples:
+            start = example.context_start_row
+            want = column[start:start + len(example.context_token_ids)]
+            self.assertEqual(list(example.context_values), want.tolist())
+        # latentctl shows them as text decoded by a vocabulary, and as an HTML page.
+        vocab = os.path.join(self.tmp, "vocab.txt")
+        with open(vocab, "w") as f:
+            f.write("".join(" w%d\n" % i for i in range(8192)))
+        page = os.path.join(self.tmp, "latent.html")
+        shown = daemon.latentctl("latent", str(dataset), str(latent), "--top=3",
+                                 "--vocab=" + vocab, "--html=" + page).stdout
+        self.assertIn("\u00ab w%d\u00bb" % answer.top[0].token_id, shown)
+        with open(page, encoding="utf-8") as f:
+            html = f.read()
+        self.assertTrue(html.startswith("<!DOCTYPE html>"))
+        shown_top = answer.top[:3]
+        self.assertEqual(html.count('<span class="t'),
+                         sum(len(t.context_token_ids) for t in shown_top))
+        self.assertEqual(html.count('<span class="t at"'), len(shown_top))
+        self.assertIn(">w%d<" % answer.top[0].token_id, html.replace("> w", ">w"))
 
 
 if __name__ == "__main__":
