@@ -22,9 +22,14 @@ constexpr int32_t kDefaultTopN = 20;
 constexpr int32_t kDefaultContextBefore = 32;
 constexpr int32_t kDefaultContextAfter = 8;
 constexpr int32_t kDefaultIntervalSamples = 5;
-// A GetLatent answer carries at most this many context tokens (about 3 MB on the wire): more
-// would pass gRPC's 4 MiB default receive limit of the client after the server built it all.
-constexpr int64_t kMaxContextTokens = int64_t{1} << 20;
+// A GetLatent answer is refused up front when its bound passes this many bytes: more could pass
+// gRPC's 4 MiB default receive limit of the client after the server built it all.
+constexpr int64_t kMaxLatentAnswerBytes = int64_t{7} << 19;  // 3.5 MiB
+// The most a context token adds to it (a varint id, at most 5 bytes, and its float value) and
+// the most a window adds besides (row, value, token id, start row, two packed-field headers,
+// its own tag and length).
+constexpr int64_t kContextTokenBytes = 9;
+constexpr int64_t kWindowBytes = 64;
 // Rows fetched from the store per read while streaming (bounds server memory per stream).
 constexpr int64_t kRowsPerRead = 16384;
 
@@ -248,12 +253,15 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
   // x a long window), so it is compared by division.
   const int64_t windows =
       top_n + (request->intervals() > 0 ? int64_t{request->intervals()} * samples : 0);
-  if (window > 0 && windows > kMaxContextTokens / window) {
-    const std::string tokens = windows <= INT64_MAX / window ? absl::StrCat(windows * window)
-                                                             : std::string("more than 2^63");
+  // window <= 2^32, so window_bytes < 2^36 and windows x window_bytes is compared by division.
+  const int64_t window_bytes = kWindowBytes + window * kContextTokenBytes;
+  if (windows > kMaxLatentAnswerBytes / window_bytes) {
+    const std::string bytes = windows <= INT64_MAX / window_bytes
+                                  ? absl::StrCat(windows * window_bytes)
+                                  : std::string("more than 2^63");
     return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
-        "GetLatent would return up to ", windows, " context windows of up to ", window, " tokens (",
-        tokens, " tokens), above the ", kMaxContextTokens,
+        "GetLatent would return up to ", windows, " context windows of up to ", window,
+        " tokens (up to ", bytes, " bytes), above the ", kMaxLatentAnswerBytes,
         " one answer carries: ask for fewer intervals, interval_samples or top_n, or shorter "
         "context_before / context_after")));
   }

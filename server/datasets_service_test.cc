@@ -361,6 +361,46 @@ TEST_F(DatasetsServiceTest, GetLatentDistinctSequencesGivesOneRowPerSequence) {
   EXPECT_EQ(distinct.statistics().firing_count(), plain.statistics().firing_count());
 }
 
+// The bound GetLatent checks up front is one the client can receive: an answer just inside it
+// (8020 windows of 41 tokens, every token with its value) arrives under gRPC's default 4 MiB
+// receive limit, and one window more per interval is refused.
+TEST_F(DatasetsServiceTest, TheLargestAdmittedLatentAnswerReachesTheClient) {
+  const uint64_t id = MakeDataset("big", 40000, /*width=*/16);  // every latent on every row
+  latentd::v1::GetLatentRequest req;
+  req.set_dataset_id(id);
+  req.set_latent(2);
+  req.set_intervals(500);
+  req.set_interval_samples(16);
+  latentd::v1::GetLatentResponse resp;
+  {
+    grpc::ClientContext ctx;
+    const grpc::Status s = stub_->GetLatent(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  int64_t windows = resp.top_size(), tokens = 0, values = 0;
+  auto count = [&](const latentd::v1::TopActivation& t) {
+    tokens += t.context_token_ids_size();
+    values += t.context_values_size();
+  };
+  for (const auto& t : resp.top()) count(t);
+  for (const auto& interval : resp.intervals()) {
+    windows += interval.samples_size();
+    for (const auto& t : interval.samples()) count(t);
+  }
+  EXPECT_GT(windows, 7000);
+  EXPECT_EQ(values, tokens);
+  EXPECT_GT(tokens, windows * 30);  // windows near a sequence start are clipped
+  // The up-front bound holds for the real answer, and the answer is large.
+  EXPECT_LE(resp.ByteSizeLong(), windows * (64 + 41 * 9) + 500 * 32);
+  EXPECT_GT(resp.ByteSizeLong(), 3u << 19);
+  req.set_interval_samples(17);
+  grpc::ClientContext ctx;
+  const grpc::Status s = stub_->GetLatent(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(s.error_message().find("8520 context windows of up to 41 tokens"), std::string::npos)
+      << s.error_message();
+}
+
 TEST_F(DatasetsServiceTest, GetLatentListDeleteAndArtifacts) {
   uint64_t id = MakeDataset("g", 1000);
   latentd::v1::GetLatentRequest req;
