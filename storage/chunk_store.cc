@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -572,6 +573,24 @@ class ChunkIterator {
   std::unique_ptr<rocksdb::Iterator> it_;
 };
 
+}  // namespace
+
+struct ChunkStore::WindowCache {
+  WindowCache(const Db* db, const rocksdb::Snapshot* snap, uint64_t id)
+      : db(db), snap(snap), id(id) {}
+  const Db* const db;
+  const rocksdb::Snapshot* const snap;
+  const uint64_t id;
+  std::map<int64_t, std::vector<int32_t>> tokens;  // chunk start row -> its token ids
+  // Format 3: chunk start row -> the latent's rows and values in the chunk, read through two
+  // iterators made on the first read and kept for the query.
+  std::map<int64_t, std::pair<std::vector<int64_t>, std::vector<float>>> runs;
+  std::optional<ChunkIterator> headers;
+  std::optional<ChunkIterator> slices;
+};
+
+namespace {
+
 // The first row of the format-3 chunk holding `row`: the one whose header key is the last at or
 // before (row, header). Leaves `it` there. DATA_LOSS when there is none.
 absl::StatusOr<int64_t> ChunkHolding(rocksdb::Iterator* it, uint64_t id, int64_t row) {
@@ -628,6 +647,50 @@ namespace {
 // True when `it` stands on `key` (a chunk part that must exist).
 bool AtPart(rocksdb::Iterator* it, const std::string& key) {
   return it->Valid() && it->key() == rocksdb::Slice(key);
+}
+
+// Lands `it` on `key`: usually the next key already is (headers, and one slice across chunks,
+// are contiguous ranges), else a seek.
+bool LandOn(rocksdb::Iterator* it, const std::string& key) {
+  if (!AtPart(it, key)) it->Seek(key);
+  return AtPart(it, key);
+}
+
+// Appends the latent's run in the format-3 chunk starting at chunk_start (rows ascending):
+// its header through `headers`, then the one slice holding the latent through `slices`, each
+// iterator left past what it read. *header is the chunk's (its num_rows says where the next
+// chunk starts).
+absl::Status ReadLatentRun(rocksdb::Iterator* headers, rocksdb::Iterator* slices,
+                           const DatasetRecord& rec, int32_t latent, int64_t chunk_start,
+                           SlicedChunkHeader* header, std::vector<int64_t>* rows,
+                           std::vector<float>* values) {
+  const uint64_t id = rec.id;
+  std::string key = keys::ChunkPart(id, chunk_start, kPartHeader);
+  if (!LandOn(headers, key)) {
+    RETURN_IF_ERROR(FromRocks(headers->status(), absl::StrCat("reading chunks of dataset ", id)));
+    return absl::DataLossError(
+        absl::StrCat("dataset ", id, " has no chunk holding row ", chunk_start));
+  }
+  absl::Status s = DecodeSlicedHeader(
+      absl::string_view(headers->value().data(), headers->value().size()), header);
+  if (s.ok() && (header->row_start != chunk_start || header->layout.width != rec.meta.width ||
+                 header->dtype != ToChunkDtype(rec.meta.value_dtype))) {
+    s = absl::DataLossError("chunk does not continue the rows");
+  }
+  if (!s.ok()) return ChunkError(id, chunk_start, s);
+  headers->Next();
+  const int32_t sl = header->layout.SliceOf(latent);
+  if (header->slice_nnz[sl] == 0) return absl::OkStatus();
+  key = keys::ChunkPart(id, chunk_start, static_cast<uint16_t>(kPartFirstSlice + sl));
+  if (!LandOn(slices, key)) {
+    RETURN_IF_ERROR(FromRocks(slices->status(), "reading latent slices"));
+    return ChunkError(id, chunk_start, absl::DataLossError(absl::StrCat("slice ", sl, " missing")));
+  }
+  s = DecodeSliceLatent(absl::string_view(slices->value().data(), slices->value().size()), *header,
+                        sl, latent, rows, values);
+  if (!s.ok()) return ChunkError(id, chunk_start, s);
+  slices->Next();
+  return absl::OkStatus();
 }
 
 // CSR rows [row_lo, row_hi) (chunk-local) of one format-3 chunk from its slices decoded for that
@@ -919,7 +982,7 @@ absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
     }
     if (!s.ok()) return LatentIndexError(id, latent, "top-N list", s);
   }
-  TokenCache tokens;
+  WindowCache cache(db_, snap.get(), id);
   std::vector<TopActivationContext> out;
   for (const TopEntry& e : top.entries()) {
     if (top_n > 0 && static_cast<int32_t>(out.size()) >= top_n) break;
@@ -927,7 +990,7 @@ absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
     TopActivationContext t;
     t.row = e.row;
     t.value = e.value;
-    RETURN_IF_ERROR(FillContext(snap.get(), rec, latent, before, after, nullptr, &tokens, &t));
+    RETURN_IF_ERROR(FillContext(snap.get(), rec, latent, before, after, nullptr, &cache, &t));
     out.push_back(std::move(t));
   }
   return out;
@@ -973,24 +1036,23 @@ absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopSequences(
   };
   const size_t n = std::min(best.size(), static_cast<size_t>(top_n));
   std::partial_sort(best.begin(), best.begin() + n, best.end(), before_in_rank);
-  TokenCache tokens;
+  WindowCache cache(db_, snap.get(), id);
   std::vector<TopActivationContext> out(n);
   for (size_t i = 0; i < n; ++i) {
     out[i].row = rows[best[i]];
     out[i].value = values[best[i]];
-    RETURN_IF_ERROR(
-        FillContext(snap.get(), rec, latent, before, after, &firings, &tokens, &out[i]));
+    RETURN_IF_ERROR(FillContext(snap.get(), rec, latent, before, after, &firings, &cache, &out[i]));
   }
   return out;
 }
 
 absl::Status ChunkStore::FillContext(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
                                      int32_t latent, int32_t before, int32_t after,
-                                     const LatentFirings* firings, TokenCache* cache,
+                                     const LatentFirings* firings, WindowCache* cache,
                                      TopActivationContext* t) const {
   auto token_at = [&](int64_t row, int32_t* token) -> absl::Status {
-    auto it = cache->upper_bound(row);
-    if (it != cache->begin()) {
+    auto it = cache->tokens.upper_bound(row);
+    if (it != cache->tokens.begin()) {
       --it;
       if (row < it->first + static_cast<int64_t>(it->second.size())) {
         *token = it->second[row - it->first];
@@ -1004,7 +1066,7 @@ absl::Status ChunkStore::FillContext(const rocksdb::Snapshot* snap, const Datase
       toks = c.token_ids;
     }));
     *token = toks[row - start];
-    cache->emplace(start, std::move(toks));
+    cache->tokens.emplace(start, std::move(toks));
     return absl::OkStatus();
   };
   const int64_t seq = rec.meta.context_length > 0 ? rec.meta.context_length : 0;
@@ -1023,28 +1085,46 @@ absl::Status ChunkStore::FillContext(const rocksdb::Snapshot* snap, const Datase
   }
   // The latent's value on every row of the window (what a dashboard shades each token by): from
   // the firings the caller holds, else from the latent's run in the one or two chunks the
-  // window spans.
-  std::vector<int64_t> window_rows;
-  std::vector<float> window_values;
-  const std::vector<int64_t>* rows = &window_rows;
-  const std::vector<float>* values = &window_values;
+  // window spans (format 3: their starts are the token cache's), else from its postings.
+  t->context_values.assign(t->context_token_ids.size(), 0.0f);
+  auto place = [&](const std::vector<int64_t>& rows, const std::vector<float>& values) {
+    for (auto it = std::lower_bound(rows.begin(), rows.end(), t->context_start_row);
+         it != rows.end() && *it < stop; ++it) {
+      t->context_values[*it - t->context_start_row] = values[it - rows.begin()];
+    }
+  };
   if (firings != nullptr) {
-    rows = &firings->rows;
-    values = &firings->values;
+    place(firings->rows, firings->values);
+  } else if (rec.format_version >= 3) {
+    for (int64_t r = t->context_start_row; r < stop;) {
+      const int64_t chunk_start = std::prev(cache->tokens.upper_bound(r))->first;
+      auto run = cache->runs.find(chunk_start);
+      if (run == cache->runs.end()) {
+        if (!cache->headers) {
+          cache->headers.emplace(cache->db, cache->snap, cache->id);
+          cache->slices.emplace(cache->db, cache->snap, cache->id);
+        }
+        run = cache->runs.emplace(chunk_start, decltype(run->second)()).first;
+        SlicedChunkHeader header;
+        RETURN_IF_ERROR(ReadLatentRun(cache->headers->get(), cache->slices->get(), rec, latent,
+                                      chunk_start, &header, &run->second.first,
+                                      &run->second.second));
+      }
+      place(run->second.first, run->second.second);
+      r = chunk_start + static_cast<int64_t>(cache->tokens[chunk_start].size());
+    }
   } else {
-    absl::Status s = LatentPostingsAt(snap, rec, latent, t->context_start_row, stop, &window_rows,
-                                      &window_values);
+    std::vector<int64_t> rows;
+    std::vector<float> values;
+    absl::Status s =
+        LatentPostingsAt(snap, rec, latent, t->context_start_row, stop, &rows, &values);
     // A format-2 dataset written without postings has no latent-major layout to read.
     if (absl::IsFailedPrecondition(s)) {
       t->context_values.clear();
       return absl::OkStatus();
     }
     RETURN_IF_ERROR(s);
-  }
-  t->context_values.assign(t->context_token_ids.size(), 0.0f);
-  for (auto it = std::lower_bound(rows->begin(), rows->end(), t->context_start_row);
-       it != rows->end() && *it < stop; ++it) {
-    t->context_values[*it - t->context_start_row] = (*values)[it - rows->begin()];
+    place(rows, values);
   }
   return absl::OkStatus();
 }
@@ -1079,7 +1159,7 @@ absl::StatusOr<std::vector<ActivationInterval>> ChunkStore::IntervalSamples(
     const auto inner = std::upper_bound(edges.begin() + 1, edges.end() - 1, values[i]);
     members[inner - (edges.begin() + 1)].push_back(i);
   }
-  TokenCache tokens;
+  WindowCache cache(db_, snap.get(), id);
   for (int b = 0; b < intervals; ++b) {
     ActivationInterval interval;
     interval.low = edges[b];
@@ -1093,7 +1173,7 @@ absl::StatusOr<std::vector<ActivationInterval>> ChunkStore::IntervalSamples(
       TopActivationContext t;
       t.row = rows[pick];
       t.value = values[pick];
-      RETURN_IF_ERROR(FillContext(snap.get(), rec, latent, before, after, &firings, &tokens, &t));
+      RETURN_IF_ERROR(FillContext(snap.get(), rec, latent, before, after, &firings, &cache, &t));
       interval.samples.push_back(std::move(t));
     }
     out.push_back(std::move(interval));
@@ -1183,42 +1263,10 @@ absl::Status ChunkStore::SlicedLatentPostings(const rocksdb::Snapshot* snap,
   ChunkIterator it(db_, snap, id);
   ChunkIterator slices(db_, snap, id);
   ASSIGN_OR_RETURN(const int64_t first_chunk, ChunkHolding(it.get(), id, row_begin));
-  // Lands `iter` on `key`: usually the next key already is (headers, and one slice across
-  // chunks, are contiguous ranges), else a seek.
-  auto land = [](rocksdb::Iterator* iter, const std::string& key) {
-    if (!AtPart(iter, key)) iter->Seek(key);
-    return AtPart(iter, key);
-  };
   SlicedChunkHeader header;
-  // Chunk by chunk: its header (which slices exist), then the latent's run of the one slice
-  // holding it.
   for (int64_t chunk_start = first_chunk; chunk_start < row_end; chunk_start += header.num_rows) {
-    std::string key = keys::ChunkPart(id, chunk_start, kPartHeader);
-    if (!land(it.get(), key)) {
-      RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("reading chunks of dataset ", id)));
-      return absl::DataLossError(
-          absl::StrCat("dataset ", id, " has no chunk holding row ", chunk_start));
-    }
-    absl::Status s =
-        DecodeSlicedHeader(absl::string_view(it->value().data(), it->value().size()), &header);
-    if (s.ok() && (header.row_start != chunk_start || header.layout.width != rec.meta.width ||
-                   header.dtype != ToChunkDtype(rec.meta.value_dtype))) {
-      s = absl::DataLossError("chunk does not continue the rows");
-    }
-    if (!s.ok()) return ChunkError(id, chunk_start, s);
-    it->Next();
-    const int32_t sl = header.layout.SliceOf(latent);
-    if (header.slice_nnz[sl] == 0) continue;
-    key = keys::ChunkPart(id, chunk_start, static_cast<uint16_t>(kPartFirstSlice + sl));
-    if (!land(slices.get(), key)) {
-      RETURN_IF_ERROR(FromRocks(slices->status(), "reading latent slices"));
-      return ChunkError(id, chunk_start,
-                        absl::DataLossError(absl::StrCat("slice ", sl, " missing")));
-    }
-    s = DecodeSliceLatent(absl::string_view(slices->value().data(), slices->value().size()), header,
-                          sl, latent, rows, values);
-    if (!s.ok()) return ChunkError(id, chunk_start, s);
-    slices->Next();
+    RETURN_IF_ERROR(
+        ReadLatentRun(it.get(), slices.get(), rec, latent, chunk_start, &header, rows, values));
   }
   RETURN_IF_ERROR(FromRocks(slices->status(), "reading latent slices"));
   return FromRocks(it->status(), "reading latent slices");

@@ -275,15 +275,16 @@ class ChunkStore {
   absl::Status LatentPostingsAt(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
                                 int32_t latent, int64_t row_begin, int64_t row_end,
                                 std::vector<int64_t>* rows, std::vector<float>* values) const;
-  // Token ids of committed chunks read so far by a query: chunk start row -> ids.
-  using TokenCache = std::map<int64_t, std::vector<int32_t>>;
+  // What one query's context windows have read so far (chunks' token ids, the latent's run in
+  // chunks), so that windows sharing a chunk read it once. Defined in the .cc.
+  struct WindowCache;
   // Fills t's token id, the window [row - before, row + after] clipped to the row's sequence
   // and the committed rows, and the latent's value on each of its rows (t->row set by the
   // caller). `firings`, when not null, holds every firing of the latent at `snap`; else the
   // window's are read.
   absl::Status FillContext(const rocksdb::Snapshot* snap, const DatasetRecord& rec, int32_t latent,
                            int32_t before, int32_t after, const LatentFirings* firings,
-                           TokenCache* cache, TopActivationContext* t) const;
+                           WindowCache* cache, TopActivationContext* t) const;
   // The two layouts' halves of LatentPostingsAt: they may append rows outside the range of the
   // chunks or commits holding its ends (the caller trims them).
   absl::Status SlicedLatentPostings(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
