@@ -171,7 +171,10 @@ class Client:
                    intervals=0, interval_samples=5, distinct_sequences=False):
         """Statistics, top rows with context and, with intervals > 0, interval samples: the value
         range cut into that many equal intervals, each with its count and a few of its rows.
-        distinct_sequences=True: the top sequences instead, one row each (its largest value)."""
+        distinct_sequences=True: the top sequences instead, one row each (its largest value).
+        Each example's window comes as context_token_ids with the latent's value on each token in
+        context_values (0 where it does not fire): decode the ids with your tokenizer, e.g.
+        tokenizer.convert_ids_to_tokens(example.context_token_ids), and shade by the values."""
         request = datasets_pb2.GetLatentRequest(dataset_id=dataset_id, latent=latent, top_n=top_n,
                                                 context_before=context_before,
                                                 context_after=context_after, intervals=intervals,
