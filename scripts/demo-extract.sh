@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 LATENTCTL=${LATENTCTL:-bazel-bin/client/latentctl}
 data_dir=${LATENTD_DATA_DIR:-${XDG_DATA_HOME:-$HOME/.local/share}/latentd}
 inputs="$data_dir/demo-inputs"
-[[ -f "$inputs/tokens.npy" ]] || /usr/bin/python3 scripts/make_demo_inputs.py "$inputs" --sequences 64
+[[ -f "$inputs/vocab.json" ]] || /usr/bin/python3 scripts/make_demo_inputs.py "$inputs" --sequences 64
 name="demo-$(date +%Y%m%d-%H%M%S)"
 spec=$(mktemp --suffix=.json)
 cat > "$spec" <<JSON
@@ -36,7 +36,9 @@ $LATENTCTL rows "$dataset" --count=3
 latent=$($LATENTCTL --json rows "$dataset" --count=1 | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["indices"][0])')
 echo
 echo "demo: latent $latent"
-$LATENTCTL latent "$dataset" "$latent" --top=5 --before=8 --after_tokens=2
+$LATENTCTL latent "$dataset" "$latent" --top=5 --before=8 --after_tokens=2 \
+  --vocab="$inputs/vocab.json" --html="$data_dir/demo-latent.html"
+echo "(open $data_dir/demo-latent.html in a browser: every token shaded by the latent's value)"
 echo
 echo "demo: the SAE at a glance (most frequent latents; --plot=FILE.png draws the density histogram)"
 $LATENTCTL latents "$dataset" --order=frequent --limit=5

@@ -3,6 +3,8 @@
   tokens.npy           Zipf(1.1)-distributed token ids (uint16), `--sequences` x 128
   sae/cfg.json         SAELens-style config of a TopK SAE (d_in 256, d_sae 4096, k 32)
   sae/sae_weights.safetensors   W_enc, b_enc, W_dec, b_dec; unit-norm decoder rows, W_enc = W_dec^T
+  vocab.json           a made-up vocabulary in GPT-2's byte-level form ("\u0120" for a leading
+                       space), so that `latentctl latent --vocab` shows text instead of ids
 
     /usr/bin/python3 scripts/make_demo_inputs.py OUT_DIR [--sequences N] [--seed S]
 
@@ -33,6 +35,21 @@ def write_safetensors(path, tensors):
         f.write(text)
         for blob in blobs:
             f.write(blob)
+
+
+def made_up_vocab(size):
+    """A few common words for the commonest (Zipf: lowest) ids, then syllable pairs; most tokens
+    start a word (byte-level BPE's "\u0120" prefix), every fifth continues one."""
+    common = ["\u0120the", ",", "\u0120of", "\u0120and", ".", "\u0120to", "\u0120a", "\u0120in",
+              "\u010a", "\u0120is", "\u0120that", "\u0120for", "\u0120it", "'s", "\u0120was"]
+    syllables = [c + v for c in "bdfghklmnprstvz" for v in "aeiou"]
+    words = list(common)
+    i = 0
+    while len(words) < size:
+        word = syllables[i % len(syllables)] + syllables[(i // len(syllables)) % len(syllables)]
+        words.append(word if i % 5 == 4 else "\u0120" + word)
+        i += 1
+    return {word: token for token, word in enumerate(words[:size])}
 
 
 def main():
@@ -66,6 +83,8 @@ def main():
         json.dump({"architecture": "topk", "d_in": args.d_in, "d_sae": args.d_sae, "k": args.k,
                    "hook_name": "blocks.2.hook_resid_post", "apply_b_dec_to_input": True,
                    "dtype": "float32", "model_name": "latentd-reference"}, f, indent=1)
+    with open(os.path.join(args.out, "vocab.json"), "w") as f:
+        json.dump(made_up_vocab(args.vocab), f)
     print("wrote %s: %d tokens, SAE %dx%d k=%d" % (args.out, n, args.d_in, args.d_sae, args.k))
 
 

@@ -1,6 +1,7 @@
 """The loop users need, through the daemon: extract DENSE hidden states of the reference model ->
 train a TopK SAE on them with smfac -> extract SPARSE latents with the trained SAE -> GetLatent."""
 
+import json
 import os
 import subprocess
 import sys
@@ -182,14 +183,20 @@ class TrainLoop(DaemonTestCase):
             start = example.context_start_row
             want = column[start:start + len(example.context_token_ids)]
             self.assertEqual(list(example.context_values), want.tolist())
-        # latentctl shows them as text decoded by a vocabulary, and as an HTML page.
-        vocab = os.path.join(self.tmp, "vocab.txt")
-        with open(vocab, "w") as f:
-            f.write("".join(" w%d\n" % i for i in range(8192)))
+        # latentctl shows them as text decoded by the inputs' byte-level vocab.json ("\u0120" is a
+        # leading space, "\u010a" a newline), and as an HTML page.
+        vocab_path = os.path.join(inputs, "vocab.json")
+        with open(vocab_path) as f:
+            vocab = {token: word for word, token in json.load(f).items()}
+        def text(token):
+            return vocab[token].replace("\u0120", " ").replace("\u010a", "\u21b5")
         page = os.path.join(self.tmp, "latent.html")
         shown = daemon.latentctl("latent", str(dataset), str(latent), "--top=3",
-                                 "--vocab=" + vocab, "--html=" + page).stdout
-        self.assertIn("\u00ab w%d\u00bb" % answer.top[0].token_id, shown)
+                                 "--vocab=" + vocab_path, "--html=" + page).stdout
+        first = answer.top[0]
+        line = "".join(("\u00ab%s\u00bb" if first.context_start_row + i == first.row else "%s")
+                       % text(token) for i, token in enumerate(first.context_token_ids))
+        self.assertIn(line, shown)
         with open(page, encoding="utf-8") as f:
             html = f.read()
         self.assertTrue(html.startswith("<!DOCTYPE html>"))
@@ -197,7 +204,9 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual(html.count('<span class="t'),
                          sum(len(t.context_token_ids) for t in shown_top))
         self.assertEqual(html.count('<span class="t at"'), len(shown_top))
-        self.assertIn(">w%d<" % answer.top[0].token_id, html.replace("> w", ">w"))
+        at = html.index('<span class="t at"')
+        self.assertIn(">%s</span>" % text(first.token_id).replace("'", "&#39;"),
+                      html[at:at + 300])
 
 
 if __name__ == "__main__":
