@@ -89,6 +89,8 @@ void AppendHistogram(const v1::LatentStatistics& s, std::string* html) {
                           b * bar + 1, height - h, bar - 2, h, s.histogram_min() + bin * b,
                           s.histogram_min() + bin * (b + 1), s.histogram(b));
   }
+  absl::StrAppendFormat(html, "<line x1=\"0\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#999\"/>",
+                        height, width, height);
   absl::StrAppendFormat(html,
                         "<text x=\"0\" y=\"%d\">%.4g</text><text x=\"%d\" y=\"%d\" "
                         "text-anchor=\"end\">%.4g</text></svg>\n",

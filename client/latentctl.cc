@@ -62,9 +62,10 @@ ABSL_FLAG(int, intervals, 0,
 ABSL_FLAG(int, interval_samples, 5, "latent: rows per interval (with --intervals)");
 ABSL_FLAG(bool, distinct, false,
           "latent: top sequences (one row each, its maximum) instead of top rows");
-ABSL_FLAG(std::string, vocab, "",
-          "latent: show tokens as text, decoded with this tokenizer.json, vocab.json, JSON list "
-          "or one-token-a-line file");
+ABSL_FLAG(
+    std::string, vocab, "",
+    "latent, rows: show tokens as text, decoded with this tokenizer.json, vocab.json, JSON list "
+    "or one-token-a-line file");
 ABSL_FLAG(std::string, html, "",
           "latent: also write an HTML page here: statistics, histogram, every example's tokens "
           "shaded by the latent's value on them");
@@ -499,9 +500,24 @@ int Dataset(Client& client, const std::vector<std::string>& args) {
   return 0;
 }
 
+// The vocabulary --vocab names, if any; false (with *error) for a file it cannot use.
+bool LoadVocabFlag(std::optional<Vocabulary>* vocab, std::string* error) {
+  const std::string path = absl::GetFlag(FLAGS_vocab);
+  if (path.empty()) return true;
+  absl::StatusOr<Vocabulary> loaded = Vocabulary::Load(path);
+  if (!loaded.ok()) {
+    *error = absl::StrCat("--vocab: ", loaded.status().message());
+    return false;
+  }
+  *vocab = *std::move(loaded);
+  return true;
+}
+
 int Rows(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
   if (!ParseId(args, 1, &id)) return Usage("rows needs a dataset id");
+  std::optional<Vocabulary> vocab;
+  if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
   v1::ReadRowsRequest request;
   request.set_dataset_id(id);
   request.set_row_start(absl::GetFlag(FLAGS_start));
@@ -515,8 +531,10 @@ int Rows(Client& client, const std::vector<std::string>& args) {
       continue;
     }
     for (int64_t r = 0; r < piece.num_rows(); ++r) {
-      std::string line = absl::StrFormat("row %-8d token %-6d", piece.row_start() + r,
-                                         r < piece.token_ids_size() ? piece.token_ids(r) : -1);
+      const int32_t token = r < piece.token_ids_size() ? piece.token_ids(r) : -1;
+      std::string line = absl::StrFormat("row %-8d token %-6d", piece.row_start() + r, token);
+      if (vocab)
+        absl::StrAppendFormat(&line, " %-12s", absl::StrCat("\"", vocab->Display(token), "\""));
       for (int64_t i = piece.indptr(r); i < piece.indptr(r + 1); ++i) {
         absl::StrAppendFormat(&line, " %d:%.3g", piece.indices(i), piece.values(i));
       }
@@ -534,11 +552,7 @@ int Latent(Client& client, const std::vector<std::string>& args) {
     return Usage("latent needs a dataset id and a latent index");
   }
   std::optional<Vocabulary> vocab;
-  if (const std::string path = absl::GetFlag(FLAGS_vocab); !path.empty()) {
-    absl::StatusOr<Vocabulary> loaded = Vocabulary::Load(path);
-    if (!loaded.ok()) return Usage(absl::StrCat("--vocab: ", loaded.status().message()));
-    vocab = *std::move(loaded);
-  }
+  if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
   const Vocabulary* decoder = vocab ? &*vocab : nullptr;
   v1::GetLatentRequest request;
   request.set_dataset_id(id);
@@ -813,7 +827,7 @@ jobs:
 datasets:
   datasets                       list
   dataset ID                     metadata and summary
-  rows ID [--start=R] [--count=N]              CSR rows with token ids
+  rows ID [--start=R] [--count=N] [--vocab=F]  CSR rows with token ids (--vocab: and text)
   latent ID J [--top=N] [--before=B] [--after_tokens=A] [--intervals=I [--interval_samples=S]]
               [--distinct] [--vocab=tokenizer.json] [--html=FILE.html]
                                  statistics, top activations (--distinct: one per sequence),
