@@ -25,7 +25,8 @@
 //              fixed-k u16 indices (u32 above 65536 latents) + fp16 values + u16 token ids
 //              (128 + 2 B/token at X1), no index;
 // then ReadRows (1024 rows), RowLatents, GetLatent (stats + top-20 with 32/8 context),
-// LatentPostings and ListLatents (the whole SAE ranked) latency percentiles.
+// LatentPostings and ListLatents (the whole SAE ranked) latency percentiles; LatentsOnRows
+// (what fires with a latent, on a token) against the rescan a user does without it.
 // Rows are synthetic: latents drawn from a Zipf-like distribution, exponential values, Zipf(1.1)
 // token ids; the extraction workload's own figures come from the EXTRACT benchmark.
 #include <algorithm>
@@ -47,6 +48,7 @@
 #include "storage/chunk_store.h"
 #include "storage/export.h"
 #include "storage/latent_overview.h"
+#include "storage/latents_on_rows.h"
 #include "storage/value_codec.h"
 
 using latentd::storage::ChunkStore;
@@ -209,6 +211,11 @@ struct Result {
   // what a dashboard does without it: one GetLatentStats per latent, in the same run.
   Percentiles overview;
   double stats_one_by_one_ms = 0;
+  // LatentsOnRows for random latents and for tokens of ranks 1, 10, 100 and 1000 (ids 0, 9, 99,
+  // 999 of the Zipf draw), against one pass over every row counting the latents on a token's
+  // rows (what a user without it does).
+  Percentiles cofiring, on_token;
+  double rescan_ms = 0;
   double delete_s = 0;             // DeleteDataset, its compaction included
   uint64_t disk_after_delete = 0;  // bytes on disk once it returned
   int64_t export_npz_b = 0, export_h5_b = 0;
@@ -385,6 +392,31 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
     const auto a = Clock::now();
     for (int32_t l = 0; l < g_width; ++l) Check(store.GetLatentStats(id, l).status());
     res.stats_one_by_one_ms = Seconds(a, Clock::now()) * 1e3;
+    std::vector<double> cofiring_us, token_us;
+    for (int i = 0; i < 20; ++i) {
+      const int32_t latent = qrng() % g_width;
+      const auto b = Clock::now();
+      Check(latentd::storage::LatentsFiringWith(store, id, latent, {}).status());
+      cofiring_us.push_back(Seconds(b, Clock::now()) * 1e6);
+    }
+    for (int32_t token : {0, 9, 99, 999}) {
+      const auto b = Clock::now();
+      Check(latentd::storage::LatentsFiringOnToken(store, id, token, {}).status());
+      token_us.push_back(Seconds(b, Clock::now()) * 1e6);
+    }
+    res.cofiring = Summarize(cofiring_us);
+    res.on_token = Summarize(token_us);
+    const auto c = Clock::now();
+    std::vector<int64_t> counts(g_width, 0);
+    for (int64_t start = 0; start < n; start += 65536) {
+      auto csr = store.ReadRows(id, start, std::min<int64_t>(65536, n - start));
+      Check(csr.status());
+      for (int64_t r = 0; r < csr->num_rows; ++r) {
+        if (csr->token_ids[r] != 9) continue;
+        for (int64_t e = csr->indptr[r]; e < csr->indptr[r + 1]; ++e) ++counts[csr->indices[e]];
+      }
+    }
+    res.rescan_ms = Seconds(c, Clock::now()) * 1e3;
   }
   res.read = Summarize(read_us);
   res.row = Summarize(row_us);
@@ -509,6 +541,13 @@ int main(int argc, char** argv) {
           "GetLatentStats of every latent one by one %.1f ms (x%.1f)\n",
           r.overview.p50 / 1e3, r.overview.p99 / 1e3, r.stats_one_by_one_ms,
           r.stats_one_by_one_ms * 1e3 / r.overview.p50);
+    }
+    if (r.cofiring.p50 > 0) {
+      std::printf(
+          "  LatentsOnRows: with a latent p50 %.1f / p99 %.1f ms; on a token (ranks 1, 10, "
+          "100, 1000) p50 %.1f / p99 %.1f ms; a rescan of every row for one token %.0f ms\n",
+          r.cofiring.p50 / 1e3, r.cofiring.p99 / 1e3, r.on_token.p50 / 1e3, r.on_token.p99 / 1e3,
+          r.rescan_ms);
     }
     std::printf("  DeleteDataset %.2f s; on disk after it returned %.2f MB\n", r.delete_s,
                 r.disk_after_delete / 1e6);

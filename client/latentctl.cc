@@ -75,9 +75,17 @@ ABSL_FLAG(std::string, plot, "",
           "log10 feature-density histogram");
 ABSL_FLAG(std::string, order, "latent",
           "latents: latent, frequent, rare (dead first), max or mean (ties by latent index)");
-ABSL_FLAG(int, limit, 20, "latents: latents to show");
+ABSL_FLAG(int, limit, 20, "latents, cofiring, token: latents to show");
 ABSL_FLAG(int64_t, offset, 0, "latents: skip this many in the order");
-ABSL_FLAG(int64_t, min_count, 0, "latents: only latents firing at least this often");
+ABSL_FLAG(int64_t, min_count, 0,
+          "latents: only latents firing at least this often; cofiring/token: at least this "
+          "often on the rows read (default 1)");
+ABSL_FLAG(std::string, rank, "count",
+          "cofiring/token: count (firings on the rows) or lift (their rate there over the "
+          "latent's density)");
+ABSL_FLAG(int64_t, max_rows, 0,
+          "cofiring/token: count at most this many of the selected rows (from chunks spread "
+          "over the dataset; default 2048)");
 ABSL_FLAG(int64_t, max_count, -1,
           "latents: only latents firing at most this often (-1: no bound; 0: the dead ones)");
 
@@ -614,6 +622,64 @@ int Latent(Client& client, const std::vector<std::string>& args) {
   return 0;
 }
 
+// The latents firing on a set of rows (LatentsOnRows): `cofiring ID J` (the rows where J fires)
+// or `token ID T` (the rows holding token T: an id, or with --vocab the token's text).
+int OnRows(Client& client, const std::vector<std::string>& args, bool by_token) {
+  const char* what = by_token ? "token" : "cofiring";
+  uint64_t id;
+  if (!ParseId(args, 1, &id) || args.size() < 3) {
+    return Usage(absl::StrCat(what, " needs a dataset id and a ",
+                              by_token ? "token (id, or text with --vocab)" : "latent index"));
+  }
+  std::optional<Vocabulary> vocab;
+  if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
+  v1::LatentsOnRowsRequest request;
+  request.set_dataset_id(id);
+  int32_t selector = 0;
+  if (!absl::SimpleAtoi(args[2], &selector)) {
+    if (!by_token || !vocab)
+      return Usage(absl::StrCat(what, ": '", args[2], "' is not an integer"));
+    const std::vector<int32_t> ids = vocab->Find(args[2]);
+    if (ids.size() != 1) {
+      return Usage(absl::StrCat("token '", args[2], "': ", ids.size(),
+                                " tokens of the vocabulary are exactly that text"));
+    }
+    selector = ids[0];
+  }
+  if (by_token) {
+    request.set_token_id(selector);
+  } else {
+    request.set_with_latent(selector);
+  }
+  const std::string rank = absl::GetFlag(FLAGS_rank);
+  if (rank != "count" && rank != "lift") return Usage("--rank: use count or lift");
+  request.set_order(rank == "lift" ? v1::BY_LIFT : v1::BY_COUNT);
+  request.set_limit(absl::GetFlag(FLAGS_limit));
+  request.set_max_rows(absl::GetFlag(FLAGS_max_rows));
+  request.set_min_count(absl::GetFlag(FLAGS_min_count));
+  v1::LatentsOnRowsResponse response;
+  grpc::Status status =
+      client.datasets()->LatentsOnRows(client.Context().get(), request, &response);
+  if (!status.ok()) return RpcError(status);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(response).c_str());
+    return 0;
+  }
+  const std::string selection =
+      by_token ? absl::StrCat("of token ", selector,
+                              vocab ? absl::StrCat(" \"", vocab->Display(selector), "\"") : "")
+               : absl::StrCat("where latent ", selector, " fires");
+  std::printf("dataset %llu: latents on the %lld rows %s (%lld read)\n",
+              static_cast<unsigned long long>(id), static_cast<long long>(response.rows_selected()),
+              selection.c_str(), static_cast<long long>(response.rows_read()));
+  std::printf("%-8s %-9s %-9s %-10s %s\n", "LATENT", "COUNT", "FRACTION", "MEAN", "LIFT");
+  for (const v1::RowLatent& l : response.latents()) {
+    std::printf("%-8d %-9lld %-9.4f %-10.4g %.4g\n", l.latent(), static_cast<long long>(l.count()),
+                l.fraction(), l.mean(), l.lift());
+  }
+  return 0;
+}
+
 // The SAE at a glance: a page of its latents in the order asked, the dead count, and the log10
 // feature-density histogram as a PNG with --plot.
 int Latents(Client& client, const std::vector<std::string>& args) {
@@ -836,6 +902,10 @@ datasets:
   latents ID [--order=latent|frequent|rare|max|mean] [--limit=N] [--offset=N]
              [--min_count=C] [--max_count=C] [--plot=FILE.png]
                                  the SAE at a glance: latents ranked, dead count, density plot
+  cofiring ID J [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
+                                 the latents that fire on the rows where latent J fires
+  token ID T [--vocab=F] [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
+                                 the latents that fire on token T (an id, or its text with --vocab)
   export ID PATH [--format=npz|hdf5] [--start=R] [--count=N]   server-side, under the export root
   delete-dataset ID
   artifacts                      trained SAEs
@@ -864,6 +934,8 @@ int Run(const std::vector<std::string>& args) {
   if (command == "rows") return Rows(client, args);
   if (command == "latent") return Latent(client, args);
   if (command == "latents") return Latents(client, args);
+  if (command == "cofiring") return OnRows(client, args, /*by_token=*/false);
+  if (command == "token") return OnRows(client, args, /*by_token=*/true);
   if (command == "export") return Export(client, args);
   if (command == "delete-dataset") return DeleteDataset(client, args);
   if (command == "artifacts") return Artifacts(client);

@@ -239,6 +239,14 @@ std::optional<std::string> Vocabulary::Bytes(int32_t id) const {
   return bytes_[id];
 }
 
+std::vector<int32_t> Vocabulary::Find(absl::string_view bytes) const {
+  std::vector<int32_t> ids;
+  for (int32_t id = 0; id < size(); ++id) {
+    if (bytes_[id] && *bytes_[id] == bytes) ids.push_back(id);
+  }
+  return ids;
+}
+
 std::string Vocabulary::Display(int32_t id) const {
   std::optional<std::string> bytes = Bytes(id);
   return bytes ? Printable(*bytes) : absl::StrCat("<id ", id, ">");

@@ -36,6 +36,8 @@ class Vocabulary {
   std::optional<std::string> Bytes(int32_t id) const;
   // Bytes(id) made fit for one line of a terminal (Printable), or "<id N>" for an unknown id.
   std::string Display(int32_t id) const;
+  // The ids whose bytes are exactly `bytes`, ascending (a vocabulary may repeat a token).
+  std::vector<int32_t> Find(absl::string_view bytes) const;
   // Ids 0 .. size() - 1 may be known (some may be gaps).
   int32_t size() const { return static_cast<int32_t>(bytes_.size()); }
 

@@ -30,6 +30,8 @@ TEST(VocabularyTest, ByteLevelTokenizerJsonMapsBackToBytes) {
   EXPECT_EQ(vocab->Display(7), "<id 7>");
   EXPECT_EQ(vocab->Display(-1), "<id -1>");
   EXPECT_EQ(vocab->Bytes(7), std::nullopt);
+  EXPECT_EQ(vocab->Find(" world"), std::vector<int32_t>{1});
+  EXPECT_EQ(vocab->Find("\u0120world"), std::vector<int32_t>{});  // bytes, not the spelling
 }
 
 TEST(VocabularyTest, SentencePieceTokensBecomeSpacesAndBytes) {

@@ -13,6 +13,7 @@
 #include "server/grpc_status.h"
 #include "storage/export.h"
 #include "storage/latent_overview.h"
+#include "storage/latents_on_rows.h"
 #include "storage/value_codec.h"
 
 namespace latentd::server {
@@ -351,6 +352,53 @@ grpc::Status DatasetsService::ListLatents(grpc::ServerContext* context,
   }
   response->set_log10_density_min(overview->log10_density_min);
   for (int64_t c : overview->log10_density_histogram) response->add_log10_density_histogram(c);
+  return grpc::Status::OK;
+}
+
+grpc::Status DatasetsService::LatentsOnRows(grpc::ServerContext* context,
+                                            const latentd::v1::LatentsOnRowsRequest* request,
+                                            latentd::v1::LatentsOnRowsResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  storage::LatentsOnRowsOptions options;
+  switch (request->order()) {
+    case latentd::v1::ROW_LATENT_ORDER_UNSPECIFIED:
+    case latentd::v1::BY_COUNT:
+      options.order = storage::LatentsOnRowsOrder::kByCount;
+      break;
+    case latentd::v1::BY_LIFT:
+      options.order = storage::LatentsOnRowsOrder::kByLift;
+      break;
+    default:
+      return ToGrpcStatus(
+          absl::InvalidArgumentError(absl::StrCat("order: unknown value ", request->order())));
+  }
+  if (request->limit() != 0) options.limit = request->limit();
+  if (request->max_rows() != 0) options.max_rows = request->max_rows();
+  if (request->min_count() != 0) options.min_count = request->min_count();
+  absl::StatusOr<storage::LatentsOnRows> found;
+  switch (request->rows_case()) {
+    case latentd::v1::LatentsOnRowsRequest::kWithLatent:
+      found = storage::LatentsFiringWith(*store_, request->dataset_id(), request->with_latent(),
+                                         options);
+      break;
+    case latentd::v1::LatentsOnRowsRequest::kTokenId:
+      found = storage::LatentsFiringOnToken(*store_, request->dataset_id(), request->token_id(),
+                                            options);
+      break;
+    default:
+      return ToGrpcStatus(absl::InvalidArgumentError("rows: set with_latent or token_id"));
+  }
+  if (!found.ok()) return ToGrpcStatus(found.status());
+  response->set_rows_selected(found->rows_selected);
+  response->set_rows_read(found->rows_read);
+  for (const storage::LatentOnRows& l : found->latents) {
+    latentd::v1::RowLatent* out = response->add_latents();
+    out->set_latent(l.latent);
+    out->set_count(l.count);
+    out->set_fraction(found->rows_read > 0 ? static_cast<double>(l.count) / found->rows_read : 0.0);
+    out->set_mean(l.mean);
+    out->set_lift(l.lift);
+  }
   return grpc::Status::OK;
 }
 

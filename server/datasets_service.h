@@ -52,6 +52,9 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
   grpc::Status ListLatents(grpc::ServerContext* context,
                            const latentd::v1::ListLatentsRequest* request,
                            latentd::v1::ListLatentsResponse* response) override;
+  grpc::Status LatentsOnRows(grpc::ServerContext* context,
+                             const latentd::v1::LatentsOnRowsRequest* request,
+                             latentd::v1::LatentsOnRowsResponse* response) override;
   grpc::Status ExportDataset(grpc::ServerContext* context,
                              const latentd::v1::ExportDatasetRequest* request,
                              latentd::v1::ExportDatasetResponse* response) override;

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "gtest/gtest.h"
+#include "storage/latents_on_rows.h"
 #include "storage/value_codec.h"
 
 namespace latentd::server {
@@ -230,6 +231,66 @@ TEST_F(DatasetsServiceTest, BadInputCodes) {
     latentd::v1::GetLatentResponse resp;
     EXPECT_EQ(stub_->GetLatent(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   }
+}
+
+// LatentsOnRows answers what the storage functions answer, for both selections and orders, with
+// the fraction computed from the rows read; a request without a selection or with an unknown
+// order names the field.
+TEST_F(DatasetsServiceTest, LatentsOnRowsConvertsBothSelections) {
+  const uint64_t id = MakeDataset("onrows", 400, 64);
+  auto call = [&](const latentd::v1::LatentsOnRowsRequest& req,
+                  latentd::v1::LatentsOnRowsResponse* resp) {
+    grpc::ClientContext ctx;
+    return stub_->LatentsOnRows(&ctx, req, resp);
+  };
+  latentd::v1::LatentsOnRowsRequest req;
+  req.set_dataset_id(id);
+  req.set_with_latent(7);
+  latentd::v1::LatentsOnRowsResponse resp;
+  ASSERT_TRUE(call(req, &resp).ok());
+  auto want = storage::LatentsFiringWith(*store_, id, 7, storage::LatentsOnRowsOptions());
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(resp.rows_selected(), want->rows_selected);
+  EXPECT_EQ(resp.rows_read(), want->rows_read);
+  ASSERT_EQ(resp.latents_size(), 20);  // the default limit
+  for (int i = 0; i < resp.latents_size(); ++i) {
+    EXPECT_EQ(resp.latents(i).latent(), want->latents[i].latent);
+    EXPECT_EQ(resp.latents(i).count(), want->latents[i].count);
+    EXPECT_DOUBLE_EQ(resp.latents(i).fraction(),
+                     static_cast<double>(want->latents[i].count) / want->rows_read);
+    EXPECT_EQ(resp.latents(i).lift(), want->latents[i].lift);
+  }
+  std::vector<int32_t> first_token;
+  ASSERT_TRUE(store_->ReadTokens(id, 0, 1, &first_token).ok());
+  req.set_token_id(first_token[0]);  // replaces with_latent (a oneof)
+  req.set_order(latentd::v1::BY_LIFT);
+  req.set_limit(3);
+  req.set_min_count(2);
+  ASSERT_TRUE(call(req, &resp).ok());
+  storage::LatentsOnRowsOptions o;
+  o.order = storage::LatentsOnRowsOrder::kByLift;
+  o.limit = 3;
+  o.min_count = 2;
+  want = storage::LatentsFiringOnToken(*store_, id, first_token[0], o);
+  ASSERT_TRUE(want.ok());
+  EXPECT_GE(resp.rows_selected(), 1);
+  EXPECT_EQ(resp.rows_selected(), want->rows_selected);
+  ASSERT_EQ(resp.latents_size(), static_cast<int>(want->latents.size()));
+  for (int i = 0; i < resp.latents_size(); ++i) {
+    EXPECT_EQ(resp.latents(i).latent(), want->latents[i].latent);
+  }
+  req.clear_token_id();
+  grpc::Status s = call(req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("with_latent or token_id"), std::string::npos);
+  req.set_with_latent(1);
+  req.set_order(static_cast<latentd::v1::RowLatentOrder>(9));
+  s = call(req, &resp);
+  EXPECT_NE(s.error_message().find("order"), std::string::npos);
+  req.set_order(latentd::v1::BY_COUNT);
+  req.set_max_rows(-1);
+  s = call(req, &resp);
+  EXPECT_NE(s.error_message().find("max_rows"), std::string::npos);
 }
 
 TEST_F(DatasetsServiceTest, ListLatentsRanksFromTheStoredStatistics) {
@@ -583,12 +644,12 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
                                        "dir/ok.h5",
                                        (dir_ / "exports" / ".." / "x.npz").string()};
   std::map<grpc::StatusCode, int> seen;
-  for (int i = 0; i < 400; ++i) {
+  for (int i = 0; i < 480; ++i) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     grpc::Status status;
     std::string what;
-    switch (i % 5) {
+    switch (i % 6) {
       case 0: {
         latentd::v1::ReadRowsRequest req;
         req.set_dataset_id(dataset());
@@ -661,6 +722,32 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
         if (status.ok()) {
           EXPECT_LE(resp.latents_size(), 512) << what;
           EXPECT_LE(resp.log10_density_histogram_size(), 1000) << what;
+        }
+        break;
+      }
+      case 5: {
+        latentd::v1::LatentsOnRowsRequest req;
+        req.set_dataset_id(dataset());
+        switch (rng() % 3) {
+          case 0:
+            req.set_with_latent(int32_of());
+            break;
+          case 1:
+            req.set_token_id(int32_of());
+            break;
+          default:
+            break;  // neither
+        }
+        req.set_order(static_cast<latentd::v1::RowLatentOrder>(pick({0, 1, 2, 3, -1})));
+        req.set_limit(int32_of());
+        req.set_max_rows(pick(ints));
+        req.set_min_count(pick(ints));
+        what = req.ShortDebugString();
+        latentd::v1::LatentsOnRowsResponse resp;
+        status = stub_->LatentsOnRows(&ctx, req, &resp);
+        if (status.ok()) {
+          EXPECT_LE(resp.rows_read(), 300) << what;
+          EXPECT_LE(resp.latents_size(), 512) << what;
         }
         break;
       }

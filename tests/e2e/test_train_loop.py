@@ -115,7 +115,7 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual(names, {dense_id: "dense", dataset: "sparse"})
         self.assertEqual(c.get_dataset(dataset).nnz, packed.nnz + rows_before(c, dataset, 3))
         exported = c.export(dataset, "loop.npz")
-        whole, _ = c.read_rows(dataset)
+        whole, whole_tokens = c.read_rows(dataset)
         self.assertEqual((scipy.sparse.load_npz(exported.path) != whole).nnz, 0)
         with self.assertRaises(ValueError):
             c.export(dataset, "loop.csv", format="csv")
@@ -183,6 +183,24 @@ class TrainLoop(DaemonTestCase):
             start = example.context_start_row
             want = column[start:start + len(example.context_token_ids)]
             self.assertEqual(list(example.context_values), want.tolist())
+        # What fires with the latent, and on its top token: counts equal the rows' own.
+        def expected(selected, leave_out):
+            counts = numpy.bincount(whole[selected].indices, minlength=whole.shape[1])
+            if leave_out is not None:
+                counts[leave_out] = 0
+            return sorted(((-int(n), l) for l, n in enumerate(counts) if n > 0))
+        fires = numpy.flatnonzero(column > 0)
+        cofiring = c.latents_on_rows(dataset, with_latent=latent, limit=whole.shape[1])
+        self.assertEqual((cofiring.rows_selected, cofiring.rows_read), (len(fires), len(fires)))
+        self.assertEqual([(-l.count, l.latent) for l in cofiring.latents],
+                         expected(fires, latent))
+        token = answer.top[0].token_id
+        on_token = numpy.flatnonzero(whole_tokens == token)
+        seen = c.latents_on_rows(dataset, token_id=token, limit=whole.shape[1])
+        self.assertEqual(seen.rows_selected, len(on_token))
+        self.assertEqual([(-l.count, l.latent) for l in seen.latents], expected(on_token, None))
+        with self.assertRaises(ValueError):
+            c.latents_on_rows(dataset)
         # latentctl shows them as text decoded by the inputs' byte-level vocab.json ("\u0120" is a
         # leading space, "\u010a" a newline), and as an HTML page.
         vocab_path = os.path.join(inputs, "vocab.json")
@@ -207,6 +225,11 @@ class TrainLoop(DaemonTestCase):
         at = html.index('<span class="t at"')
         self.assertIn(">%s</span>" % text(first.token_id).replace("'", "&#39;"),
                       html[at:at + 300])
+        # latentctl token takes the token's text with --vocab.
+        if list(vocab.values()).count(vocab[token]) == 1:
+            shown = daemon.latentctl("token", str(dataset), text(token).replace("\u21b5", "\n"),
+                                     "--vocab=" + vocab_path, "--limit=3").stdout
+            self.assertIn("latents on the %d rows of token %d" % (len(on_token), token), shown)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,71 @@
+// Which latents fire on a set of rows: the rows where one latent fires ("what fires with latent
+// j": feature splitting and absorption show up as latents that always co-fire) or the rows that
+// hold one token id ("what does the SAE see in this token"). Users answer both today by loading
+// every row. Here the selection comes from the latent's latent-major run (one small read per
+// chunk) or from the token-id parts (8 KiB per 4096 rows); then only chunks holding selected
+// rows are read, whole (a row's latents lie in every slice of its chunk), in an order spread over
+// the dataset, until `max_rows` selected rows have been counted. A selection larger than that is
+// thus sampled by chunks: the cost follows max_rows, not the dataset, for common latents and
+// tokens, while a rare one is counted exactly from the few chunks it touches.
+#ifndef LATENTD_STORAGE_LATENTS_ON_ROWS_H_
+#define LATENTD_STORAGE_LATENTS_ON_ROWS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "storage/chunk_store.h"
+
+namespace latentd::storage {
+
+// Bounds of LatentsOnRowsOptions.
+inline constexpr int32_t kMaxLatentsOnRows = 65536;
+inline constexpr int64_t kMaxRowsOnRows = int64_t{1} << 20;
+
+enum class LatentsOnRowsOrder {
+  kByCount,  // firings on the rows read, descending (ties by latent index)
+  kByLift,   // fraction of the rows read / the latent's density over the dataset, descending
+};
+
+struct LatentsOnRowsOptions {
+  LatentsOnRowsOrder order = LatentsOnRowsOrder::kByCount;
+  // Latents returned, in [1, kMaxLatentsOnRows]. Default 20.
+  int32_t limit = 20;
+  // Selected rows counted at most, in [1, kMaxRowsOnRows]: chunks are read in bit-reversed
+  // order (every prefix spread over the dataset; deterministic) until this many are counted, the
+  // last chunk's first ones. Default 2048.
+  int64_t max_rows = 2048;
+  // Only latents firing at least this often on the rows read are ranked (>= 1; lift is noisy
+  // for a latent seen once or twice). Default 1.
+  int64_t min_count = 1;
+};
+
+struct LatentOnRows {
+  int32_t latent = 0;
+  int64_t count = 0;  // firings on the rows read
+  double mean = 0;    // mean value of those firings
+  double lift = 0;    // (count / rows_read) / (firing_count / rows) over the whole dataset
+};
+
+struct LatentsOnRows {
+  int64_t rows_selected = 0;  // rows the selection matched (committed ones, at its snapshot)
+  int64_t rows_read = 0;      // of them, counted: all, or max_rows from chunks spread over it
+  std::vector<LatentOnRows> latents;  // the `limit` first in the order asked
+};
+
+// The latents firing on the rows where `latent` fires, `latent` itself left out.
+// INVALID_ARGUMENT naming the field for bad options or a latent outside [0, width); NOT_FOUND;
+// FAILED_PRECONDITION for a DENSE dataset; DATA_LOSS naming what is damaged.
+absl::StatusOr<LatentsOnRows> LatentsFiringWith(const ChunkStore& store, uint64_t id,
+                                                int32_t latent,
+                                                const LatentsOnRowsOptions& options);
+
+// The latents firing on the rows whose token id is `token_id` (a negative id selects nothing).
+// Errors as LatentsFiringWith.
+absl::StatusOr<LatentsOnRows> LatentsFiringOnToken(const ChunkStore& store, uint64_t id,
+                                                   int32_t token_id,
+                                                   const LatentsOnRowsOptions& options);
+
+}  // namespace latentd::storage
+
+#endif  // LATENTD_STORAGE_LATENTS_ON_ROWS_H_

@@ -1,0 +1,247 @@
+#include "storage/latents_on_rows.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+
+#include "common/test_dir.h"
+#include "gtest/gtest.h"
+
+namespace latentd::storage {
+namespace {
+
+constexpr int32_t kWidth = 64;
+constexpr int64_t kRows = 1500;
+constexpr int32_t kTokens = 12;
+
+// Row r: up to 6 random latents with fp32 values, and a token id in [0, kTokens).
+struct Data {
+  std::vector<std::map<int32_t, float>> rows;
+  std::vector<int32_t> tokens;
+};
+
+Data MakeData() {
+  Data d;
+  std::mt19937 rng(17);
+  for (int64_t r = 0; r < kRows; ++r) {
+    std::map<int32_t, float> row;
+    const int n = static_cast<int>(rng() % 7);
+    // Latent 0 fires on every third row and only there, 1 and 2 beside it: co-firing to find.
+    if (r % 3 == 0) row[0] = 1.0f, row[1] = 0.5f, row[2] = static_cast<float>(r % 5 + 1);
+    while (static_cast<int>(row.size()) < n + (r % 3 == 0 ? 3 : 0)) {
+      row[static_cast<int32_t>(3 + rng() % (kWidth - 3))] =
+          0.25f * static_cast<float>(1 + rng() % 16);
+    }
+    d.rows.push_back(row);
+    d.tokens.push_back(static_cast<int32_t>(rng() % kTokens));
+  }
+  return d;
+}
+
+class LatentsOnRowsTest : public ::testing::TestWithParam<uint32_t> {
+ protected:
+  void SetUp() override {
+    auto db = Db::Open(FreshTestDir("latents_on_rows"), DbOptions());
+    ASSERT_TRUE(db.ok()) << db.status();
+    db_ = *std::move(db);
+    ChunkStoreOptions so;
+    so.chunk_rows = 100;
+    so.sparse_chunk_rows = 100;
+    so.latent_slices = 8;
+    so.record_version = GetParam();
+    store_ = std::make_unique<ChunkStore>(db_.get(), so);
+    DatasetMeta m;
+    m.name = "sae";
+    m.kind = DatasetKind::kSparse;
+    m.value_dtype = ValueDtype::kFloat32;
+    m.width = kWidth;
+    m.encoder = "relu";
+    auto id = store_->CreateDataset(m);
+    ASSERT_TRUE(id.ok()) << id.status();
+    id_ = *id;
+    auto w = store_->OpenWriter(id_);
+    ASSERT_TRUE(w.ok()) << w.status();
+    for (int64_t at = 0; at < kRows; at += 250) {  // commits that do not align with chunks
+      std::vector<int64_t> indptr{0};
+      std::vector<int32_t> indices;
+      std::vector<float> values;
+      for (int64_t r = at; r < at + 250; ++r) {
+        for (const auto& [l, v] : data_.rows[r]) indices.push_back(l), values.push_back(v);
+        indptr.push_back(static_cast<int64_t>(indices.size()));
+      }
+      ASSERT_TRUE((*w)->AppendSparse(250, indptr.data(), indices.data(), values.data(),
+                                     data_.tokens.data() + at)
+                      .ok());
+      ASSERT_TRUE((*w)->Commit().ok());
+    }
+  }
+
+  // The answer computed from the rows alone, over `rows` (all of them read).
+  LatentsOnRows Expected(const std::vector<int64_t>& rows, int32_t exclude,
+                         LatentsOnRowsOrder order, int64_t min_count) const {
+    std::vector<int64_t> firing(kWidth, 0), count(kWidth, 0);
+    std::vector<double> sum(kWidth, 0);
+    for (const auto& row : data_.rows) {
+      for (const auto& [l, v] : row) ++firing[l];
+    }
+    for (int64_t r : rows) {
+      for (const auto& [l, v] : data_.rows[r]) ++count[l], sum[l] += v;
+    }
+    LatentsOnRows out;
+    out.rows_selected = out.rows_read = static_cast<int64_t>(rows.size());
+    for (int32_t l = 0; l < kWidth; ++l) {
+      if (l == exclude || count[l] < min_count) continue;
+      const double lift =
+          (static_cast<double>(count[l]) / rows.size()) / (static_cast<double>(firing[l]) / kRows);
+      out.latents.push_back({l, count[l], sum[l] / count[l], lift});
+    }
+    std::sort(out.latents.begin(), out.latents.end(), [&](const auto& a, const auto& b) {
+      if (order == LatentsOnRowsOrder::kByLift && a.lift != b.lift) return a.lift > b.lift;
+      return a.count != b.count ? a.count > b.count : a.latent < b.latent;
+    });
+    return out;
+  }
+
+  static void ExpectSame(const LatentsOnRows& got, const LatentsOnRows& want, size_t limit) {
+    EXPECT_EQ(got.rows_selected, want.rows_selected);
+    EXPECT_EQ(got.rows_read, want.rows_read);
+    ASSERT_EQ(got.latents.size(), std::min(limit, want.latents.size()));
+    for (size_t i = 0; i < got.latents.size(); ++i) {
+      EXPECT_EQ(got.latents[i].latent, want.latents[i].latent) << "rank " << i;
+      EXPECT_EQ(got.latents[i].count, want.latents[i].count) << "rank " << i;
+      EXPECT_DOUBLE_EQ(got.latents[i].mean, want.latents[i].mean) << "rank " << i;
+      EXPECT_NEAR(got.latents[i].lift, want.latents[i].lift, 1e-9) << "rank " << i;
+    }
+  }
+
+  Data data_ = MakeData();
+  std::unique_ptr<Db> db_;
+  std::unique_ptr<ChunkStore> store_;
+  uint64_t id_ = 0;
+};
+
+TEST_P(LatentsOnRowsTest, FiringWithALatentMatchesTheRows) {
+  for (int32_t j : {0, 1, 5, 63}) {
+    std::vector<int64_t> rows;
+    for (int64_t r = 0; r < kRows; ++r) {
+      if (data_.rows[r].count(j)) rows.push_back(r);
+    }
+    for (auto order : {LatentsOnRowsOrder::kByCount, LatentsOnRowsOrder::kByLift}) {
+      LatentsOnRowsOptions o;
+      o.order = order;
+      o.limit = kWidth;
+      o.min_count = order == LatentsOnRowsOrder::kByLift ? 3 : 1;
+      auto got = LatentsFiringWith(*store_, id_, j, o);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ExpectSame(*got, Expected(rows, j, order, o.min_count), kWidth);
+    }
+  }
+  // Latent 0's companions lead: 1 and 2 fire on every one of its rows.
+  auto with0 = LatentsFiringWith(*store_, id_, 0, LatentsOnRowsOptions());
+  ASSERT_TRUE(with0.ok());
+  ASSERT_GE(with0->latents.size(), 2u);
+  EXPECT_EQ(with0->latents[0].latent, 1);
+  EXPECT_EQ(with0->latents[1].latent, 2);
+  EXPECT_EQ(with0->latents[0].count, kRows / 3);
+  EXPECT_EQ(with0->latents.size(), 20u);  // the default limit
+}
+
+TEST_P(LatentsOnRowsTest, FiringOnATokenMatchesTheRows) {
+  for (int32_t t : {0, 7, kTokens - 1}) {
+    std::vector<int64_t> rows;
+    for (int64_t r = 0; r < kRows; ++r) {
+      if (data_.tokens[r] == t) rows.push_back(r);
+    }
+    LatentsOnRowsOptions o;
+    o.limit = 10;
+    auto got = LatentsFiringOnToken(*store_, id_, t, o);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectSame(*got, Expected(rows, -1, LatentsOnRowsOrder::kByCount, 1), 10);
+  }
+  auto none = LatentsFiringOnToken(*store_, id_, kTokens + 5, LatentsOnRowsOptions());
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->rows_selected, 0);
+  EXPECT_TRUE(none->latents.empty());
+}
+
+TEST_P(LatentsOnRowsTest, LargeSelectionsAreSampledByChunksSpreadOverTheDataset) {
+  // Chunks are read in bit-reversed order: the first, then the one in the middle (index 8 of
+  // 9..16 chunks), ... until max_rows selected rows are counted, the last chunk's first ones.
+  auto starts = store_->ChunkRowStarts(id_);
+  ASSERT_TRUE(starts.ok());
+  starts->push_back(kRows);
+  const size_t chunks = starts->size() - 1;
+  size_t middle = 1;
+  while (middle * 2 < chunks) middle *= 2;
+  auto first_of = [&](auto selected, size_t n) {
+    std::vector<int64_t> rows;
+    for (size_t c : {size_t{0}, middle}) {
+      for (int64_t r = (*starts)[c]; r < (*starts)[c + 1] && rows.size() < n; ++r) {
+        if (selected(r)) rows.push_back(r);
+      }
+    }
+    return rows;
+  };
+  // Latent 0 fires on 500 rows (every third): 37 of them from the first chunk and the middle one.
+  LatentsOnRowsOptions o;
+  o.max_rows = 37;
+  o.limit = kWidth;
+  auto got = LatentsFiringWith(*store_, id_, 0, o);
+  ASSERT_TRUE(got.ok()) << got.status();
+  const std::vector<int64_t> sample = first_of([](int64_t r) { return r % 3 == 0; }, 37);
+  ASSERT_EQ(sample.size(), 37u);
+  ASSERT_GT(sample.back(), (*starts)[middle]);  // both chunks contribute
+  LatentsOnRows want = Expected(sample, 0, LatentsOnRowsOrder::kByCount, 1);
+  want.rows_selected = kRows / 3;
+  ExpectSame(*got, want, kWidth);
+  // A token's rows (about 125): 10 of them.
+  o.max_rows = 10;
+  auto token = LatentsFiringOnToken(*store_, id_, 3, o);
+  ASSERT_TRUE(token.ok()) << token.status();
+  const std::vector<int64_t> ten = first_of([&](int64_t r) { return data_.tokens[r] == 3; }, 10);
+  LatentsOnRows want_token = Expected(ten, -1, LatentsOnRowsOrder::kByCount, 1);
+  want_token.rows_selected = std::count(data_.tokens.begin(), data_.tokens.end(), 3);
+  ExpectSame(*token, want_token, kWidth);
+}
+
+TEST_P(LatentsOnRowsTest, BadRequestsNameTheProblem) {
+  LatentsOnRowsOptions o;
+  auto code = [&](int32_t latent) { return LatentsFiringWith(*store_, id_, latent, o).status(); };
+  o.limit = 0;
+  EXPECT_NE(code(0).message().find("limit"), std::string::npos);
+  o.limit = kMaxLatentsOnRows + 1;
+  EXPECT_EQ(code(0).code(), absl::StatusCode::kInvalidArgument);
+  o = LatentsOnRowsOptions();
+  o.max_rows = 0;
+  EXPECT_NE(code(0).message().find("max_rows"), std::string::npos);
+  o.max_rows = kMaxRowsOnRows + 1;
+  EXPECT_NE(code(0).message().find("max_rows"), std::string::npos);
+  o = LatentsOnRowsOptions();
+  o.min_count = 0;
+  EXPECT_NE(code(0).message().find("min_count"), std::string::npos);
+  o = LatentsOnRowsOptions();
+  EXPECT_NE(code(kWidth).message().find("latent"), std::string::npos);
+  EXPECT_EQ(code(-1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LatentsFiringWith(*store_, id_ + 9, 0, o).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(LatentsFiringOnToken(*store_, id_ + 9, 0, o).status().code(),
+            absl::StatusCode::kNotFound);
+  DatasetMeta dense;
+  dense.name = "dense";
+  dense.kind = DatasetKind::kDense;
+  dense.value_dtype = ValueDtype::kFloat32;
+  dense.width = 4;
+  auto dense_id = store_->CreateDataset(dense);
+  ASSERT_TRUE(dense_id.ok());
+  EXPECT_EQ(LatentsFiringWith(*store_, *dense_id, 0, o).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(LatentsFiringOnToken(*store_, *dense_id, 0, o).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, LatentsOnRowsTest, ::testing::Values(3u, 2u),
+                         [](const auto& info) { return "Format" + std::to_string(info.param); });
+
+}  // namespace
+}  // namespace latentd::storage
