@@ -26,6 +26,7 @@
 #include "storage/crc32c.h"
 #include "storage/keys.h"
 #include "storage/latent_stats.h"
+#include "storage/latents_on_rows.h"
 #include "storage/posting_codec.h"
 #include "storage/sliced_chunk.h"
 #include "storage/value_codec.h"
@@ -636,7 +637,12 @@ TEST_P(StoreCorruptionFuzz, EveryQueryOnEveryCorruptValueFailsCleanlyOrKeepsItsC
           EXPECT_GE(t.row, 0);
           EXPECT_LT(t.row, rows);
           EXPECT_LE(t.context_token_ids.size(), 41u);
-          if (transcript) absl::StrAppend(transcript, t.row, ":", t.value, ",");
+          EXPECT_TRUE(t.context_values.empty() ||
+                      t.context_values.size() == t.context_token_ids.size());
+          if (transcript) {
+            absl::StrAppend(transcript, t.row, ":", t.value, ",");
+            for (float v : t.context_values) absl::StrAppend(transcript, v, ",");
+          }
         }
       }
       auto sequences = store.TopSequences(sparse, latent, 5, 4, 2);
@@ -667,6 +673,28 @@ TEST_P(StoreCorruptionFuzz, EveryQueryOnEveryCorruptValueFailsCleanlyOrKeepsItsC
       absl::Status s = store.LatentPostings(sparse, latent, &post_rows, &post_values);
       note(s);
       if (s.ok()) ExpectRowsAscendingFrom(post_rows, post_values.size(), 0, rows);
+    }
+    {
+      // What fires with a latent, and on a token: whole chunks, the latent's runs, the token
+      // parts and every statistics block.
+      LatentsOnRowsOptions on;
+      on.limit = 5;
+      for (const auto& found : {LatentsFiringWith(store, sparse, focus_latent, on),
+                                LatentsFiringOnToken(store, sparse, 3, on)}) {
+        note(found.status());
+        if (found.status().code() == absl::StatusCode::kDataLoss) {
+          EXPECT_NE(found.status().message().find(named), std::string::npos) << found.status();
+        }
+        if (!found.ok()) continue;
+        EXPECT_LE(found->rows_read, found->rows_selected);
+        EXPECT_LE(found->latents.size(), 5u);
+        for (const LatentOnRows& l : found->latents) {
+          EXPECT_GE(l.latent, 0);
+          EXPECT_LT(l.latent, kWidth);
+          EXPECT_LE(l.count, found->rows_read);
+          if (transcript) absl::StrAppend(transcript, l.latent, ":", l.count, ",");
+        }
+      }
     }
     {
       // The whole-SAE scan (ListLatents) decodes every statistics block.
