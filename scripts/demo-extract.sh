@@ -40,5 +40,9 @@ $LATENTCTL latent "$dataset" "$latent" --top=5 --before=8 --after_tokens=2 \
   --vocab="$inputs/vocab.json" --html="$data_dir/demo-latent.html"
 echo "(open $data_dir/demo-latent.html in a browser: every token shaded by the latent's value)"
 echo
+echo "demo: the latents that fire with latent $latent (by count), and on the token \" the\" (by lift)"
+$LATENTCTL cofiring "$dataset" "$latent" --limit=5
+$LATENTCTL token "$dataset" " the" --vocab="$inputs/vocab.json" --rank=lift --min_count=20 --limit=5
+echo
 echo "demo: the SAE at a glance (most frequent latents; --plot=FILE.png draws the density histogram)"
 $LATENTCTL latents "$dataset" --order=frequent --limit=5
