@@ -69,32 +69,40 @@ void AppendExample(const v1::TopActivation& example, double max, const Vocabular
   *html += "</span></div>\n";
 }
 
-// The histogram of nonzero values as SVG bars, min and max under the axis.
-void AppendHistogram(const v1::LatentStatistics& s, std::string* html) {
-  if (s.histogram_size() == 0) return;
+// Equal-width bins over [lo, hi] as SVG bars, lo and hi under the axis, each bar's range and
+// count in its tooltip.
+void AppendBars(const google::protobuf::RepeatedField<int64_t>& counts, double lo, double hi,
+                const char* label, const char* color, std::string* html) {
+  if (counts.empty()) return;
   int64_t peak = 1;
-  for (int64_t c : s.histogram()) peak = std::max(peak, c);
-  const int bar = 12, height = 120, width = bar * s.histogram_size();
+  for (int64_t c : counts) peak = std::max(peak, c);
+  const int bar = std::max(3, 600 / counts.size()), height = 120;
+  const int width = bar * counts.size();
   absl::StrAppendFormat(html,
                         "<svg class=\"hist\" width=\"%d\" height=\"%d\" "
-                        "viewBox=\"0 0 %d %d\" role=\"img\" aria-label=\"value histogram\">",
-                        width, height + 18, width, height + 18);
-  const double bin = (s.histogram_max() - s.histogram_min()) / s.histogram_size();
-  for (int b = 0; b < s.histogram_size(); ++b) {
-    const int h =
-        static_cast<int>(std::lround(static_cast<double>(height) * s.histogram(b) / peak));
+                        "viewBox=\"0 0 %d %d\" role=\"img\" aria-label=\"%s\">",
+                        width, height + 18, width, height + 18, label);
+  const double bin = (hi - lo) / counts.size();
+  for (int b = 0; b < counts.size(); ++b) {
+    const int h = static_cast<int>(std::lround(static_cast<double>(height) * counts[b] / peak));
     absl::StrAppendFormat(html,
-                          "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#ff6600\">"
+                          "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\">"
                           "<title>[%.4g, %.4g): %d</title></rect>",
-                          b * bar + 1, height - h, bar - 2, h, s.histogram_min() + bin * b,
-                          s.histogram_min() + bin * (b + 1), s.histogram(b));
+                          b * bar + 1, height - h, bar - 2, h, color, lo + bin * b,
+                          lo + bin * (b + 1), counts[b]);
   }
   absl::StrAppendFormat(html, "<line x1=\"0\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#999\"/>",
                         height, width, height);
   absl::StrAppendFormat(html,
                         "<text x=\"0\" y=\"%d\">%.4g</text><text x=\"%d\" y=\"%d\" "
                         "text-anchor=\"end\">%.4g</text></svg>\n",
-                        height + 14, s.histogram_min(), width, height + 14, s.histogram_max());
+                        height + 14, lo, width, height + 14, hi);
+}
+
+// A latent's number, a link to its page when the pages are siblings.
+std::string LatentRef(int32_t latent, bool link) {
+  return link ? absl::StrFormat("<a href=\"%s\">%d</a>", LatentPageName(latent), latent)
+              : absl::StrCat(latent);
 }
 
 constexpr char kStyle[] = R"(<style>
@@ -107,6 +115,9 @@ h2{margin-top:1.5em;font-size:1.1em}
 .t{border-radius:2px}
 .at{outline:1.5px solid #c03000}
 .hist text{font-size:11px;fill:#555}
+table{border-collapse:collapse;font-size:14px;font-variant-numeric:tabular-nums}
+td,th{padding:2px 12px;text-align:right}
+th{border-bottom:1px solid #ccc}
 </style>
 )";
 
@@ -136,7 +147,9 @@ std::string LatentHtml(const v1::GetLatentResponse& response, const LatentPageOp
   absl::StrAppendFormat(&html,
                         "<p>fires %d times (density %.5f); mean %.4g, std %.4g, max %.4g</p>\n",
                         s.firing_count(), s.density(), s.mean(), s.stddev(), s.max());
-  AppendHistogram(s, &html);
+  if (options.in_dashboard) html += "<p><a href=\"index.html\">all latents</a></p>\n";
+  AppendBars(s.histogram(), s.histogram_min(), s.histogram_max(), "value histogram", "#ff6600",
+             &html);
   absl::StrAppendFormat(
       &html, "<h2>%s</h2>\n",
       options.distinct_sequences ? "Top sequences (each at its largest value)" : "Top activations");
@@ -152,7 +165,56 @@ std::string LatentHtml(const v1::GetLatentResponse& response, const LatentPageOp
       AppendExample(example, s.max(), options.vocab, &html);
     }
   }
+  if (options.cofiring != nullptr) {
+    const v1::LatentsOnRowsResponse& c = *options.cofiring;
+    absl::StrAppendFormat(&html,
+                          "<h2>Fires with</h2>\n<p>latents on the %d rows where it fires "
+                          "(%d read)</p>\n<table><tr><th>latent</th><th>count</th>"
+                          "<th>fraction</th><th>mean</th><th>lift</th></tr>\n",
+                          c.rows_selected(), c.rows_read());
+    for (const v1::RowLatent& l : c.latents()) {
+      absl::StrAppendFormat(&html,
+                            "<tr><td>%s</td><td>%d</td><td>%.4f</td><td>%.4g</td><td>%.4g</td>"
+                            "</tr>\n",
+                            LatentRef(l.latent(), options.in_dashboard), l.count(), l.fraction(),
+                            l.mean(), l.lift());
+    }
+    html += "</table>\n";
+  }
   html += "</body></html>\n";
+  return html;
+}
+
+std::string LatentPageName(int32_t latent) { return absl::StrCat("latent-", latent, ".html"); }
+
+std::string LatentIndexHtml(const v1::ListLatentsResponse& overview,
+                            const IndexPageOptions& options) {
+  std::string html = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">";
+  absl::StrAppendFormat(&html, "<title>dataset %d latents</title>\n", options.dataset_id);
+  html += kStyle;
+  html += "</head><body>\n";
+  absl::StrAppendFormat(&html, "<h1>Dataset %d &middot; %d latents</h1>\n", options.dataset_id,
+                        overview.d_sae());
+  const double dead_share =
+      overview.d_sae() > 0 ? 100.0 * overview.dead_latents() / overview.d_sae() : 0.0;
+  absl::StrAppendFormat(&html,
+                        "<p>%d rows; %d dead latents (%.2f%%); %d match the filter</p>\n"
+                        "<h2>log10 feature density of the latents that fired</h2>\n",
+                        overview.rows(), overview.dead_latents(), dead_share, overview.matching());
+  AppendBars(overview.log10_density_histogram(), overview.log10_density_min(), 0.0,
+             "log10 density histogram", "#1f77b4", &html);
+  absl::StrAppendFormat(&html,
+                        "<h2>%s</h2>\n<table><tr><th>latent</th><th>firings</th><th>density</th>"
+                        "<th>mean</th><th>max</th></tr>\n",
+                        HtmlEscape(options.heading));
+  for (const v1::LatentSummary& l : overview.latents()) {
+    absl::StrAppendFormat(&html,
+                          "<tr><td>%s</td><td>%d</td><td>%.4g</td><td>%.4g</td><td>%.4g</td>"
+                          "</tr>\n",
+                          LatentRef(l.latent(), options.link_pages), l.firing_count(), l.density(),
+                          l.mean(), l.max());
+  }
+  html += "</table>\n</body></html>\n";
   return html;
 }
 

@@ -24,6 +24,12 @@ struct LatentPageOptions {
   // The response's top list holds one row per sequence (GetLatentRequest.distinct_sequences):
   // only the heading says so.
   bool distinct_sequences = false;
+  // The latents firing on the rows where this one fires (LatentsOnRows with_latent), shown as a
+  // table under the examples; null: no such section.
+  const v1::LatentsOnRowsResponse* cofiring = nullptr;
+  // The page is one of a dashboard's (latentctl dashboard): it links to index.html, and latent
+  // numbers link to their pages (LatentPageName) beside it.
+  bool in_dashboard = false;
 };
 
 // A whole HTML page (no scripts, no external resources): the latent's statistics, its value
@@ -31,6 +37,22 @@ struct LatentPageOptions {
 // background is the latent's value on it over the latent's max (from context_values; the
 // example's own token alone when the dataset keeps none), its tooltip the row, id and value.
 std::string LatentHtml(const v1::GetLatentResponse& response, const LatentPageOptions& options);
+
+// The file name of a latent's page in a dashboard directory: "latent-<j>.html".
+std::string LatentPageName(int32_t latent);
+
+struct IndexPageOptions {
+  uint64_t dataset_id = 0;
+  // Above the table: what the listed latents are (e.g. "the 100 most frequent latents").
+  std::string heading;
+  // Latent numbers link to their pages (LatentPageName) beside the index.
+  bool link_pages = false;
+};
+
+// A dashboard's index page: rows, dead latents, the log10 feature-density histogram (SVG), then
+// the listed latents as a table (firings, density, mean, max).
+std::string LatentIndexHtml(const v1::ListLatentsResponse& overview,
+                            const IndexPageOptions& options);
 
 }  // namespace latentd::client
 

@@ -86,5 +86,53 @@ TEST(LatentViewTest, WithoutContextValuesOnlyTheRowIsShaded) {
             (std::vector<std::string>{" 0", " 1", " 2", " 3"}));
 }
 
+TEST(LatentViewTest, DashboardPagesLinkToEachOther) {
+  v1::LatentsOnRowsResponse cofiring;
+  cofiring.set_rows_selected(9);
+  cofiring.set_rows_read(9);
+  v1::RowLatent* with = cofiring.add_latents();
+  with->set_latent(11);
+  with->set_count(6);
+  with->set_fraction(6.0 / 9);
+  with->set_lift(3.5);
+  LatentPageOptions options{3, nullptr, false};
+  options.cofiring = &cofiring;
+  options.in_dashboard = true;
+  const std::string page = LatentHtml(Response(), options);
+  EXPECT_NE(page.find("<a href=\"index.html\">"), std::string::npos);
+  EXPECT_NE(page.find("latents on the 9 rows where it fires (9 read)"), std::string::npos);
+  EXPECT_EQ(All(page, R"re(<tr><td><a href="([^"]+)">11</a></td><td>6</td><td>0.6667</td>)re"),
+            std::vector<std::string>{"latent-11.html"});
+  // Outside a dashboard the same table names latents without links.
+  options.in_dashboard = false;
+  const std::string alone = LatentHtml(Response(), options);
+  EXPECT_EQ(alone.find("<a href"), std::string::npos);
+  EXPECT_NE(alone.find("<tr><td>11</td><td>6</td>"), std::string::npos);
+
+  v1::ListLatentsResponse overview;
+  overview.set_rows(1000);
+  overview.set_d_sae(8);
+  overview.set_dead_latents(2);
+  overview.set_matching(6);
+  overview.set_log10_density_min(-3);
+  for (int64_t c : {1, 3, 2}) overview.add_log10_density_histogram(c);
+  for (int32_t l : {5, 0}) {
+    v1::LatentSummary* s = overview.add_latents();
+    s->set_latent(l);
+    s->set_firing_count(100 - l);
+    s->set_density((100 - l) / 1000.0);
+  }
+  const std::string index = LatentIndexHtml(overview, {3, "the 2 <most> frequent", true});
+  EXPECT_NE(index.find("1000 rows; 2 dead latents (25.00%); 6 match the filter"),
+            std::string::npos);
+  EXPECT_NE(index.find("the 2 &lt;most&gt; frequent"), std::string::npos);
+  EXPECT_EQ(All(index, R"re(<td><a href="([^"]+)">)re"),
+            (std::vector<std::string>{"latent-5.html", "latent-0.html"}));
+  EXPECT_EQ(All(index, R"re(<rect [^>]*height="(\d+)")re"),
+            (std::vector<std::string>{"40", "120", "80"}));
+  EXPECT_NE(index.find(">-3</text>"), std::string::npos);  // the axis from log10(1 / rows)
+  EXPECT_EQ(LatentPageName(42), "latent-42.html");
+}
+
 }  // namespace
 }  // namespace latentd::client

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -54,18 +55,18 @@ ABSL_FLAG(bool, all, false, "list: follow page tokens to the end");
 ABSL_FLAG(int64_t, after, 0, "watch: resume after this event sequence number");
 ABSL_FLAG(int64_t, start, 0, "rows/export: first row");
 ABSL_FLAG(int64_t, count, 0, "rows/export: number of rows (0: to the end)");
-ABSL_FLAG(int, top, 20, "latent: top activations to show");
-ABSL_FLAG(int, before, 32, "latent: context tokens before");
-ABSL_FLAG(int, after_tokens, 8, "latent: context tokens after");
+ABSL_FLAG(int, top, 20, "latent, dashboard: top activations to show");
+ABSL_FLAG(int, before, 32, "latent, dashboard: context tokens before");
+ABSL_FLAG(int, after_tokens, 8, "latent, dashboard: context tokens after");
 ABSL_FLAG(int, intervals, 0,
-          "latent: also sample rows from this many equal intervals of the value range");
-ABSL_FLAG(int, interval_samples, 5, "latent: rows per interval (with --intervals)");
+          "latent, dashboard: also sample rows from this many equal intervals of the value range");
+ABSL_FLAG(int, interval_samples, 5, "latent, dashboard: rows per interval (with --intervals)");
 ABSL_FLAG(bool, distinct, false,
-          "latent: top sequences (one row each, its maximum) instead of top rows");
-ABSL_FLAG(
-    std::string, vocab, "",
-    "latent, rows: show tokens as text, decoded with this tokenizer.json, vocab.json, JSON list "
-    "or one-token-a-line file");
+          "latent, dashboard: top sequences (one row each, its maximum) instead of top rows");
+ABSL_FLAG(std::string, vocab, "",
+          "latent, rows, token, dashboard: show tokens as text, decoded with this tokenizer.json, "
+          "vocab.json, JSON list "
+          "or one-token-a-line file");
 ABSL_FLAG(std::string, html, "",
           "latent: also write an HTML page here: statistics, histogram, every example's tokens "
           "shaded by the latent's value on them");
@@ -74,9 +75,10 @@ ABSL_FLAG(std::string, plot, "",
           "telemetry: write a PNG of loss and memory against steps here; latents: a PNG of the "
           "log10 feature-density histogram");
 ABSL_FLAG(std::string, order, "latent",
-          "latents: latent, frequent, rare (dead first), max or mean (ties by latent index)");
-ABSL_FLAG(int, limit, 20, "latents, cofiring, token: latents to show");
-ABSL_FLAG(int64_t, offset, 0, "latents: skip this many in the order");
+          "latents, dashboard: latent, frequent, rare (dead first), max or mean (ties by latent "
+          "index)");
+ABSL_FLAG(int, limit, 20, "latents, dashboard, cofiring, token: latents to show");
+ABSL_FLAG(int64_t, offset, 0, "latents, dashboard: skip this many in the order");
 ABSL_FLAG(int64_t, min_count, 0,
           "latents: only latents firing at least this often; cofiring/token: at least this "
           "often on the rows read (default 1)");
@@ -553,15 +555,9 @@ int Rows(Client& client, const std::vector<std::string>& args) {
   return status.ok() ? 0 : RpcError(status);
 }
 
-int Latent(Client& client, const std::vector<std::string>& args) {
-  uint64_t id;
-  int latent = -1;
-  if (!ParseId(args, 1, &id) || args.size() < 3 || !absl::SimpleAtoi(args[2], &latent)) {
-    return Usage("latent needs a dataset id and a latent index");
-  }
-  std::optional<Vocabulary> vocab;
-  if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
-  const Vocabulary* decoder = vocab ? &*vocab : nullptr;
+// GetLatent of latent `latent` as the flags ask (--top, --before, --after_tokens, --intervals,
+// --interval_samples, --distinct).
+v1::GetLatentRequest LatentRequest(uint64_t id, int32_t latent) {
   v1::GetLatentRequest request;
   request.set_dataset_id(id);
   request.set_latent(latent);
@@ -571,6 +567,19 @@ int Latent(Client& client, const std::vector<std::string>& args) {
   request.set_intervals(absl::GetFlag(FLAGS_intervals));
   request.set_interval_samples(absl::GetFlag(FLAGS_interval_samples));
   request.set_distinct_sequences(absl::GetFlag(FLAGS_distinct));
+  return request;
+}
+
+int Latent(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  int latent = -1;
+  if (!ParseId(args, 1, &id) || args.size() < 3 || !absl::SimpleAtoi(args[2], &latent)) {
+    return Usage("latent needs a dataset id and a latent index");
+  }
+  std::optional<Vocabulary> vocab;
+  if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
+  const Vocabulary* decoder = vocab ? &*vocab : nullptr;
+  const v1::GetLatentRequest request = LatentRequest(id, latent);
   v1::GetLatentResponse response;
   grpc::Status status = client.datasets()->GetLatent(client.Context().get(), request, &response);
   if (!status.ok()) return RpcError(status);
@@ -682,9 +691,9 @@ int OnRows(Client& client, const std::vector<std::string>& args, bool by_token) 
 
 // The SAE at a glance: a page of its latents in the order asked, the dead count, and the log10
 // feature-density histogram as a PNG with --plot.
-int Latents(Client& client, const std::vector<std::string>& args) {
-  uint64_t id;
-  if (!ParseId(args, 1, &id)) return Usage("latents needs a dataset id");
+// ListLatents as the flags ask (--order, --limit, --offset, --min_count, --max_count); false,
+// with *error, for an unknown order.
+bool LatentListRequest(uint64_t id, v1::ListLatentsRequest* request, std::string* error) {
   static const std::map<std::string, v1::LatentOrder> kOrders = {{"latent", v1::BY_LATENT},
                                                                  {"frequent", v1::MOST_FREQUENT},
                                                                  {"rare", v1::LEAST_FREQUENT},
@@ -692,17 +701,26 @@ int Latents(Client& client, const std::vector<std::string>& args) {
                                                                  {"mean", v1::HIGHEST_MEAN}};
   const auto order = kOrders.find(absl::GetFlag(FLAGS_order));
   if (order == kOrders.end()) {
-    return Usage(absl::StrCat("--order=", absl::GetFlag(FLAGS_order),
-                              ": use latent, frequent, rare, max or mean"));
+    *error = absl::StrCat("--order=", absl::GetFlag(FLAGS_order),
+                          ": use latent, frequent, rare, max or mean");
+    return false;
   }
+  request->set_dataset_id(id);
+  request->set_order(order->second);
+  request->set_limit(absl::GetFlag(FLAGS_limit));
+  request->set_offset(absl::GetFlag(FLAGS_offset));
+  request->set_min_firing_count(absl::GetFlag(FLAGS_min_count));
+  if (absl::GetFlag(FLAGS_max_count) >= 0) {
+    request->set_max_firing_count(absl::GetFlag(FLAGS_max_count));
+  }
+  return true;
+}
+
+int Latents(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id)) return Usage("latents needs a dataset id");
   v1::ListLatentsRequest request;
-  request.set_dataset_id(id);
-  request.set_order(order->second);
-  request.set_limit(absl::GetFlag(FLAGS_limit));
-  request.set_offset(absl::GetFlag(FLAGS_offset));
-  request.set_min_firing_count(absl::GetFlag(FLAGS_min_count));
-  if (absl::GetFlag(FLAGS_max_count) >= 0)
-    request.set_max_firing_count(absl::GetFlag(FLAGS_max_count));
+  if (std::string error; !LatentListRequest(id, &request, &error)) return Usage(error);
   v1::ListLatentsResponse response;
   grpc::Status status = client.datasets()->ListLatents(client.Context().get(), request, &response);
   if (!status.ok()) return RpcError(status);
@@ -879,6 +897,66 @@ int Telemetry(Client& client, const std::vector<std::string>& args) {
   return 0;
 }
 
+// Writes a static dashboard of an SAE into a directory: index.html (summary, density histogram,
+// the listed latents) and one page per listed latent (statistics, histogram, examples shaded
+// by value, interval samples, the latents it fires with), every page linking to the others.
+int Dashboard(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id) || args.size() < 3) {
+    return Usage("dashboard needs a dataset id and a directory");
+  }
+  const std::filesystem::path dir = args[2];
+  std::optional<Vocabulary> vocab;
+  if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
+  v1::ListLatentsRequest list;
+  if (std::string error; !LatentListRequest(id, &list, &error)) return Usage(error);
+  v1::ListLatentsResponse overview;
+  grpc::Status status = client.datasets()->ListLatents(client.Context().get(), list, &overview);
+  if (!status.ok()) return RpcError(status);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "latentctl: %s: %s\n", dir.c_str(), ec.message().c_str());
+    return kExitRpcError;
+  }
+  auto write = [&](const std::string& name, const std::string& html) {
+    std::ofstream out(dir / name, std::ios::binary | std::ios::trunc);
+    out << html;
+    out.close();
+    if (!out) std::fprintf(stderr, "latentctl: cannot write %s\n", (dir / name).c_str());
+    return static_cast<bool>(out);
+  };
+  const int total = overview.latents_size();
+  const bool progress = isatty(fileno(stderr));  // a counter rewritten in place
+  for (int i = 0; i < total; ++i) {
+    const int32_t latent = overview.latents(i).latent();
+    v1::GetLatentResponse response;
+    status =
+        client.datasets()->GetLatent(client.Context().get(), LatentRequest(id, latent), &response);
+    if (!status.ok()) return RpcError(status);
+    v1::LatentsOnRowsRequest cofiring_request;
+    cofiring_request.set_dataset_id(id);
+    cofiring_request.set_with_latent(latent);
+    cofiring_request.set_limit(10);
+    v1::LatentsOnRowsResponse cofiring;
+    status = client.datasets()->LatentsOnRows(client.Context().get(), cofiring_request, &cofiring);
+    if (!status.ok()) return RpcError(status);
+    LatentPageOptions page{id, vocab ? &*vocab : nullptr, absl::GetFlag(FLAGS_distinct)};
+    page.cofiring = &cofiring;
+    page.in_dashboard = true;
+    if (!write(LatentPageName(latent), LatentHtml(response, page))) return kExitRpcError;
+    if (progress) std::fprintf(stderr, "\rlatent pages: %d/%d", i + 1, total);
+  }
+  if (progress && total > 0) std::fprintf(stderr, "\n");
+  IndexPageOptions index{id,
+                         absl::StrCat(total, " latents by --order=", absl::GetFlag(FLAGS_order),
+                                      ", from offset ", list.offset()),
+                         /*link_pages=*/true};
+  if (!write("index.html", LatentIndexHtml(overview, index))) return kExitRpcError;
+  std::printf("wrote %s with %d latent pages\n", (dir / "index.html").c_str(), total);
+  return 0;
+}
+
 constexpr char kHelp[] = R"(latentctl [--server=HOST:PORT] [--token_file=F] [--json] COMMAND
 jobs:
   submit --type=PROBE|EXTRACT|TRAIN [--spec=FILE.json] [--request_id=ID]
@@ -902,6 +980,11 @@ datasets:
   latents ID [--order=latent|frequent|rare|max|mean] [--limit=N] [--offset=N]
              [--min_count=C] [--max_count=C] [--plot=FILE.png]
                                  the SAE at a glance: latents ranked, dead count, density plot
+  dashboard ID DIR [--order=...] [--limit=N] [--offset=N] [--min_count=C] [--max_count=C]
+                 [--vocab=F] [--top=N] [--intervals=I] [--distinct]
+                                 a static HTML dashboard: DIR/index.html (density histogram,
+                                 the listed latents) and a page per latent (examples shaded
+                                 by value, interval samples, the latents it fires with)
   cofiring ID J [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
                                  the latents that fire on the rows where latent J fires
   token ID T [--vocab=F] [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
@@ -934,6 +1017,7 @@ int Run(const std::vector<std::string>& args) {
   if (command == "rows") return Rows(client, args);
   if (command == "latent") return Latent(client, args);
   if (command == "latents") return Latents(client, args);
+  if (command == "dashboard") return Dashboard(client, args);
   if (command == "cofiring") return OnRows(client, args, /*by_token=*/false);
   if (command == "token") return OnRows(client, args, /*by_token=*/true);
   if (command == "export") return Export(client, args);

@@ -3,6 +3,7 @@ train a TopK SAE on them with smfac -> extract SPARSE latents with the trained S
 
 import json
 import os
+import re
 import subprocess
 import sys
 import unittest
@@ -225,6 +226,21 @@ class TrainLoop(DaemonTestCase):
         at = html.index('<span class="t at"')
         self.assertIn(">%s</span>" % text(first.token_id).replace("'", "&#39;"),
                       html[at:at + 300])
+        # A dashboard: index.html links the listed latents' pages, each with its examples, its
+        # interval samples and the latents it fires with.
+        board = os.path.join(self.tmp, "board")
+        made = daemon.latentctl("dashboard", str(dataset), board, "--order=frequent", "--limit=4",
+                                "--intervals=3", "--vocab=" + vocab_path).stdout
+        self.assertIn("with 4 latent pages", made)
+        with open(os.path.join(board, "index.html"), encoding="utf-8") as f:
+            index = f.read()
+        linked = re.findall(r'<a href="(latent-\d+\.html)">', index)
+        self.assertEqual(linked, ["latent-%d.html" % l.latent for l in glance.latents[:4]])
+        for name in linked:
+            with open(os.path.join(board, name), encoding="utf-8") as f:
+                page = f.read()
+            for part in ("Top activations", "Interval [", "Fires with", '<a href="index.html">'):
+                self.assertIn(part, page)
         # latentctl token takes the token's text with --vocab.
         if list(vocab.values()).count(vocab[token]) == 1:
             shown = daemon.latentctl("token", str(dataset), text(token).replace("\u21b5", "\n"),
