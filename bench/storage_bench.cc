@@ -26,7 +26,8 @@
 //              (128 + 2 B/token at X1), no index;
 // then ReadRows (1024 rows), RowLatents, GetLatent (stats + top-20 with 32/8 context),
 // LatentPostings and ListLatents (the whole SAE ranked) latency percentiles; LatentsOnRows
-// (what fires with a latent, on a token) against the rescan a user does without it.
+// (what fires with a latent, on a token; on the machine's threads) against the single-threaded
+// rescan a user does without it.
 // Rows are synthetic: latents drawn from a Zipf-like distribution, exponential values, Zipf(1.1)
 // token ids; the extraction workload's own figures come from the EXTRACT benchmark.
 #include <algorithm>

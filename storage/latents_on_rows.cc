@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -18,6 +20,9 @@ absl::Status CheckOptions(const LatentsOnRowsOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_rows: ", o.max_rows, " outside [1, ", kMaxRowsOnRows, "]"));
   }
+  if (o.threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("threads: ", o.threads, " is negative"));
+  }
   if (o.min_count < 1) {
     return absl::InvalidArgumentError(absl::StrCat("min_count: ", o.min_count, " is below 1"));
   }
@@ -33,11 +38,19 @@ absl::StatusOr<DatasetRecord> SparseRecord(const ChunkStore& store, uint64_t id)
   return rec;
 }
 
-// The selection within one committed chunk [start, end): how many rows it holds, and which.
+// The selection within one committed chunk [start, end): how many rows it holds, the first and
+// the last of them (only [first, last] is read: a chunk's slices are (latent, row)-ordered, so
+// every key is scanned, but values are decoded and rows assembled for that range alone).
 struct ChunkPick {
   int64_t start = 0;
   int64_t end = 0;
   int64_t selected = 0;
+  int64_t first = 0;
+  int64_t last = -1;
+  void Add(int64_t row) {
+    if (selected++ == 0) first = row;
+    last = row;
+  }
 };
 
 // 0 .. n - 1 in an order whose every prefix is spread over the whole range (bit-reversed
@@ -55,9 +68,23 @@ std::vector<size_t> SpreadOrder(size_t n) {
   return order;
 }
 
+// One chunk to read, and how many of its selected rows (its first ones) count.
+struct ChunkRead {
+  size_t chunk = 0;
+  int64_t take = 0;
+};
+
+// Per-latent firing counts and value sums over the rows counted.
+struct LatentTally {
+  explicit LatentTally(int32_t width) : counts(width, 0), sums(width, 0.0) {}
+  std::vector<int64_t> counts;
+  std::vector<double> sums;
+};
+
 // Counts and ranks the latents of the selected rows: chunks in SpreadOrder until max_rows rows
-// are read (the last chunk's first ones), `is_selected(row, token)` telling which rows of a chunk
-// count; `exclude` is left out.
+// are counted (the last chunk's first ones), `is_selected(row, token)` telling which rows of a
+// chunk count; `exclude` is left out. The chunks are read on up to `threads` threads, each
+// tallying its own share (chunk i of the plan on thread i % threads), merged in thread order.
 template <typename IsSelected>
 absl::StatusOr<LatentsOnRows> Tally(const ChunkStore& store, const DatasetRecord& rec,
                                     const std::vector<ChunkPick>& chunks, int32_t exclude,
@@ -66,20 +93,56 @@ absl::StatusOr<LatentsOnRows> Tally(const ChunkStore& store, const DatasetRecord
   const int32_t width = rec.meta.width;
   LatentsOnRows out;
   for (const ChunkPick& c : chunks) out.rows_selected += c.selected;
-  std::vector<int64_t> counts(width, 0);
-  std::vector<double> sums(width, 0.0);
+  std::vector<ChunkRead> plan;
   for (size_t c : SpreadOrder(chunks.size())) {
     if (out.rows_read >= o.max_rows) break;
     if (chunks[c].selected == 0) continue;
-    ASSIGN_OR_RETURN(const CsrRows csr,
-                     store.ReadRows(id, chunks[c].start, chunks[c].end - chunks[c].start));
-    for (int64_t r = 0; r < csr.num_rows && out.rows_read < o.max_rows; ++r) {
-      if (!is_selected(csr.row_start + r, csr.token_ids[r])) continue;
-      ++out.rows_read;
-      for (int64_t e = csr.indptr[r]; e < csr.indptr[r + 1]; ++e) {
-        ++counts[csr.indices[e]];
-        sums[csr.indices[e]] += csr.values[e];
+    plan.push_back({c, std::min(chunks[c].selected, o.max_rows - out.rows_read)});
+    out.rows_read += plan.back().take;
+  }
+  // Each thread holds a tally as wide as the SAE: at most 64 MiB of them together.
+  const int64_t tally_bytes = int64_t{16} * width;
+  int threads = o.threads > 0 ? o.threads
+                              : static_cast<int>(std::min(8u, std::thread::hardware_concurrency()));
+  threads = static_cast<int>(
+      std::min<int64_t>({int64_t{std::max(threads, 1)}, static_cast<int64_t>(plan.size()),
+                         std::max<int64_t>(1, (int64_t{64} << 20) / tally_bytes)}));
+  threads = std::max(threads, 1);
+  std::vector<LatentTally> tallies(threads, LatentTally(width));
+  std::vector<std::pair<size_t, absl::Status>> errors(threads, {plan.size(), absl::OkStatus()});
+  auto work = [&](int t) {
+    for (size_t i = t; i < plan.size(); i += threads) {
+      const ChunkPick& c = chunks[plan[i].chunk];
+      absl::StatusOr<CsrRows> csr = store.ReadRows(id, c.first, c.last - c.first + 1);
+      if (!csr.ok()) {
+        errors[t] = {i, csr.status()};
+        return;
       }
+      int64_t taken = 0;
+      for (int64_t r = 0; r < csr->num_rows && taken < plan[i].take; ++r) {
+        if (!is_selected(csr->row_start + r, csr->token_ids[r])) continue;
+        ++taken;
+        for (int64_t e = csr->indptr[r]; e < csr->indptr[r + 1]; ++e) {
+          ++tallies[t].counts[csr->indices[e]];
+          tallies[t].sums[csr->indices[e]] += csr->values[e];
+        }
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (std::thread& thread : pool) thread.join();
+  // The error of the earliest chunk in the plan, whichever thread met it.
+  const auto first_error = std::min_element(
+      errors.begin(), errors.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  if (!first_error->second.ok()) return first_error->second;
+  std::vector<int64_t>& counts = tallies[0].counts;
+  std::vector<double>& sums = tallies[0].sums;
+  for (int t = 1; t < threads; ++t) {
+    for (int32_t l = 0; l < width; ++l) {
+      counts[l] += tallies[t].counts[l];
+      sums[l] += tallies[t].sums[l];
     }
   }
   // Densities over the whole dataset, from the statistics it keeps (never the rows).
@@ -144,9 +207,10 @@ absl::StatusOr<LatentsOnRows> LatentsFiringWith(const ChunkStore& store, uint64_
   // Rows past the record's watermark (committed since it was read) are left out.
   rows.erase(std::lower_bound(rows.begin(), rows.end(), rec.rows_committed), rows.end());
   ASSIGN_OR_RETURN(std::vector<ChunkPick> chunks, Chunks(store, rec));
-  for (ChunkPick& c : chunks) {
-    c.selected = std::lower_bound(rows.begin(), rows.end(), c.end) -
-                 std::lower_bound(rows.begin(), rows.end(), c.start);
+  size_t chunk = 0;
+  for (int64_t row : rows) {
+    while (chunks[chunk].end <= row) ++chunk;  // rows ascend; the chunks tile them
+    chunks[chunk].Add(row);
   }
   return Tally(store, rec, chunks, latent, options, [&](int64_t row, int32_t) {
     return std::binary_search(rows.begin(), rows.end(), row);
@@ -170,7 +234,7 @@ absl::StatusOr<LatentsOnRows> LatentsFiringOnToken(const ChunkStore& store, uint
     for (int64_t r = 0; r < count; ++r) {
       if (tokens[r] != token_id) continue;
       while (chunks[chunk].end <= start + r) ++chunk;  // rows ascend; the chunks tile them
-      ++chunks[chunk].selected;
+      chunks[chunk].Add(start + r);
     }
   }
   return Tally(store, rec, chunks, /*exclude=*/-1, options,

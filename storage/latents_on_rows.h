@@ -38,6 +38,10 @@ struct LatentsOnRowsOptions {
   // Only latents firing at least this often on the rows read are ranked (>= 1; lift is noisy
   // for a latent seen once or twice). Default 1.
   int64_t min_count = 1;
+  // Threads reading chunks: 0 (default) takes the machine's, at most 8; fewer when the SAE is so
+  // wide that their per-latent tallies (16 B a latent each) would pass 64 MiB together. The
+  // counts never depend on it; a mean may differ in its last bits (sums merged per thread).
+  int32_t threads = 0;
 };
 
 struct LatentOnRows {

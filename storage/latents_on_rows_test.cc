@@ -129,13 +129,16 @@ TEST_P(LatentsOnRowsTest, FiringWithALatentMatchesTheRows) {
       if (data_.rows[r].count(j)) rows.push_back(r);
     }
     for (auto order : {LatentsOnRowsOrder::kByCount, LatentsOnRowsOrder::kByLift}) {
-      LatentsOnRowsOptions o;
-      o.order = order;
-      o.limit = kWidth;
-      o.min_count = order == LatentsOnRowsOrder::kByLift ? 3 : 1;
-      auto got = LatentsFiringWith(*store_, id_, j, o);
-      ASSERT_TRUE(got.ok()) << got.status();
-      ExpectSame(*got, Expected(rows, j, order, o.min_count), kWidth);
+      for (int32_t threads : {1, 3}) {  // chunks read on one thread, or shared by three
+        LatentsOnRowsOptions o;
+        o.order = order;
+        o.limit = kWidth;
+        o.min_count = order == LatentsOnRowsOrder::kByLift ? 3 : 1;
+        o.threads = threads;
+        auto got = LatentsFiringWith(*store_, id_, j, o);
+        ASSERT_TRUE(got.ok()) << got.status();
+        ExpectSame(*got, Expected(rows, j, order, o.min_count), kWidth);
+      }
     }
   }
   // Latent 0's companions lead: 1 and 2 fire on every one of its rows.
@@ -188,6 +191,7 @@ TEST_P(LatentsOnRowsTest, LargeSelectionsAreSampledByChunksSpreadOverTheDataset)
   LatentsOnRowsOptions o;
   o.max_rows = 37;
   o.limit = kWidth;
+  o.threads = 2;  // the two chunks on two threads, the second counting its first 3 rows
   auto got = LatentsFiringWith(*store_, id_, 0, o);
   ASSERT_TRUE(got.ok()) << got.status();
   const std::vector<int64_t> sample = first_of([](int64_t r) { return r % 3 == 0; }, 37);
@@ -221,6 +225,9 @@ TEST_P(LatentsOnRowsTest, BadRequestsNameTheProblem) {
   o = LatentsOnRowsOptions();
   o.min_count = 0;
   EXPECT_NE(code(0).message().find("min_count"), std::string::npos);
+  o = LatentsOnRowsOptions();
+  o.threads = -1;
+  EXPECT_NE(code(0).message().find("threads"), std::string::npos);
   o = LatentsOnRowsOptions();
   EXPECT_NE(code(kWidth).message().find("latent"), std::string::npos);
   EXPECT_EQ(code(-1).code(), absl::StatusCode::kInvalidArgument);
