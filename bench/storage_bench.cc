@@ -216,6 +216,7 @@ struct Result {
   // 999 of the Zipf draw), against one pass over every row counting the latents on a token's
   // rows (what a user without it does).
   Percentiles cofiring, on_token;
+  Percentiles tokens_of;  // GetLatent's top_tokens: the 20 tokens a random latent fires on most
   double rescan_ms = 0;
   double delete_s = 0;             // DeleteDataset, its compaction included
   uint64_t disk_after_delete = 0;  // bytes on disk once it returned
@@ -393,12 +394,15 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
     const auto a = Clock::now();
     for (int32_t l = 0; l < g_width; ++l) Check(store.GetLatentStats(id, l).status());
     res.stats_one_by_one_ms = Seconds(a, Clock::now()) * 1e3;
-    std::vector<double> cofiring_us, token_us;
+    std::vector<double> cofiring_us, token_us, tokens_of_us;
     for (int i = 0; i < 20; ++i) {
       const int32_t latent = qrng() % g_width;
       const auto b = Clock::now();
       Check(latentd::storage::LatentsFiringWith(store, id, latent, {}).status());
       cofiring_us.push_back(Seconds(b, Clock::now()) * 1e6);
+      const auto t = Clock::now();
+      Check(latentd::storage::TokensLatentFiresOn(store, id, latent, 20).status());
+      tokens_of_us.push_back(Seconds(t, Clock::now()) * 1e6);
     }
     for (int32_t token : {0, 9, 99, 999}) {
       const auto b = Clock::now();
@@ -407,6 +411,7 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
     }
     res.cofiring = Summarize(cofiring_us);
     res.on_token = Summarize(token_us);
+    res.tokens_of = Summarize(tokens_of_us);
     const auto c = Clock::now();
     std::vector<int64_t> counts(g_width, 0);
     for (int64_t start = 0; start < n; start += 65536) {
@@ -549,6 +554,10 @@ int main(int argc, char** argv) {
           "100, 1000) p50 %.1f / p99 %.1f ms; a rescan of every row for one token %.0f ms\n",
           r.cofiring.p50 / 1e3, r.cofiring.p99 / 1e3, r.on_token.p50 / 1e3, r.on_token.p99 / 1e3,
           r.rescan_ms);
+      std::printf(
+          "  GetLatent's top_tokens (the 20 tokens a latent fires on most) p50 %.1f / "
+          "p99 %.1f ms\n",
+          r.tokens_of.p50 / 1e3, r.tokens_of.p99 / 1e3);
     }
     std::printf("  DeleteDataset %.2f s; on disk after it returned %.2f MB\n", r.delete_s,
                 r.disk_after_delete / 1e6);

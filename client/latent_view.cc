@@ -165,6 +165,19 @@ std::string LatentHtml(const v1::GetLatentResponse& response, const LatentPageOp
       AppendExample(example, s.max(), options.vocab, &html);
     }
   }
+  if (response.top_tokens_size() > 0) {
+    html +=
+        "<h2>Fires most on</h2>\n<table><tr><th>token</th><th>id</th><th>count</th>"
+        "<th>of its firings</th><th>mean</th></tr>\n";
+    for (const v1::TokenCount& t : response.top_tokens()) {
+      absl::StrAppendFormat(&html,
+                            "<tr><td class=\"ctx\">%s</td><td>%d</td><td>%d</td><td>%.1f%%</td>"
+                            "<td>%.4g</td></tr>\n",
+                            HtmlEscape(TokenText(t.token_id(), options.vocab)), t.token_id(),
+                            t.count(), 100 * t.fraction(), t.mean());
+    }
+    html += "</table>\n";
+  }
   if (options.cofiring != nullptr) {
     const v1::LatentsOnRowsResponse& c = *options.cofiring;
     absl::StrAppendFormat(&html,

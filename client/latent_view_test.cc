@@ -74,6 +74,24 @@ TEST(LatentViewTest, HtmlShadesEveryTokenByItsValue) {
   EXPECT_EQ(html.find("<script"), std::string::npos);
 }
 
+TEST(LatentViewTest, TheTokensItFiresOnAreATable) {
+  v1::GetLatentResponse r = Response();
+  v1::TokenCount* t = r.add_top_tokens();
+  t->set_token_id(2);
+  t->set_count(6);
+  t->set_fraction(6.0 / 9);
+  t->set_mean(3.5);
+  auto vocab = Vocabulary::Parse("a\nb\n<sat>\n");
+  ASSERT_TRUE(vocab.ok());
+  const std::string html = LatentHtml(r, {3, &*vocab, false});
+  EXPECT_NE(html.find("<h2>Fires most on</h2>"), std::string::npos);
+  EXPECT_NE(html.find("<tr><td class=\"ctx\">&lt;sat&gt;</td><td>2</td><td>6</td><td>66.7%</td>"
+                      "<td>3.5</td></tr>"),
+            std::string::npos)
+      << html;
+  EXPECT_EQ(LatentHtml(Response(), {3, nullptr, false}).find("Fires most on"), std::string::npos);
+}
+
 TEST(LatentViewTest, WithoutContextValuesOnlyTheRowIsShaded) {
   v1::GetLatentResponse r = Response();
   r.mutable_top(0)->clear_context_values();

@@ -61,6 +61,8 @@ ABSL_FLAG(int, after_tokens, 8, "latent, dashboard: context tokens after");
 ABSL_FLAG(int, intervals, 0,
           "latent, dashboard: also sample rows from this many equal intervals of the value range");
 ABSL_FLAG(int, interval_samples, 5, "latent, dashboard: rows per interval (with --intervals)");
+ABSL_FLAG(int, tokens, 0,
+          "latent: also the tokens the latent fires on most, this many (dashboard: default 10)");
 ABSL_FLAG(bool, distinct, false,
           "latent, dashboard: top sequences (one row each, its maximum) instead of top rows");
 ABSL_FLAG(std::string, vocab, "",
@@ -567,6 +569,7 @@ v1::GetLatentRequest LatentRequest(uint64_t id, int32_t latent) {
   request.set_intervals(absl::GetFlag(FLAGS_intervals));
   request.set_interval_samples(absl::GetFlag(FLAGS_interval_samples));
   request.set_distinct_sequences(absl::GetFlag(FLAGS_distinct));
+  request.set_top_tokens(absl::GetFlag(FLAGS_tokens));
   return request;
 }
 
@@ -618,6 +621,13 @@ int Latent(Client& client, const std::vector<std::string>& args) {
     std::printf("  row %-9lld value %-9.4g token %-6d %s\n", static_cast<long long>(t.row()),
                 t.value(), t.token_id(), ContextLine(t, decoder).c_str());
   };
+  if (response.top_tokens_size() > 0) std::printf("fires most on tokens:\n");
+  for (const v1::TokenCount& t : response.top_tokens()) {
+    const std::string text =
+        decoder ? absl::StrCat("\"", decoder->Display(t.token_id()), "\"") : "";
+    std::printf("  token %-7d %-16s %-8lld %5.1f%%  mean %.4g\n", t.token_id(), text.c_str(),
+                static_cast<long long>(t.count()), 100 * t.fraction(), t.mean());
+  }
   std::printf(absl::GetFlag(FLAGS_distinct) ? "top sequences (each at its largest value):\n"
                                             : "top activations:\n");
   for (const auto& t : response.top()) print_row(t);
@@ -930,9 +940,10 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
   const bool progress = isatty(fileno(stderr));  // a counter rewritten in place
   for (int i = 0; i < total; ++i) {
     const int32_t latent = overview.latents(i).latent();
+    v1::GetLatentRequest request = LatentRequest(id, latent);
+    if (request.top_tokens() == 0) request.set_top_tokens(10);
     v1::GetLatentResponse response;
-    status =
-        client.datasets()->GetLatent(client.Context().get(), LatentRequest(id, latent), &response);
+    status = client.datasets()->GetLatent(client.Context().get(), request, &response);
     if (!status.ok()) return RpcError(status);
     v1::LatentsOnRowsRequest cofiring_request;
     cofiring_request.set_dataset_id(id);
@@ -973,10 +984,11 @@ datasets:
   dataset ID                     metadata and summary
   rows ID [--start=R] [--count=N] [--vocab=F]  CSR rows with token ids (--vocab: and text)
   latent ID J [--top=N] [--before=B] [--after_tokens=A] [--intervals=I [--interval_samples=S]]
-              [--distinct] [--vocab=tokenizer.json] [--html=FILE.html]
+              [--distinct] [--tokens=N] [--vocab=tokenizer.json] [--html=FILE.html]
                                  statistics, top activations (--distinct: one per sequence),
-                                 interval samples; --vocab shows text, --html a page where
-                                 each token is shaded by the latent's value on it
+                                 interval samples, the N tokens it fires on most; --vocab
+                                 shows text, --html a page where each token is shaded by the
+                                 latent's value on it
   latents ID [--order=latent|frequent|rare|max|mean] [--limit=N] [--offset=N]
              [--min_count=C] [--max_count=C] [--plot=FILE.png]
                                  the SAE at a glance: latents ranked, dead count, density plot

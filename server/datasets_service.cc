@@ -301,6 +301,18 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
     out_interval->set_count(interval.count);
     for (const auto& t : interval.samples) ToProto(t, out_interval->add_samples());
   }
+  if (request->top_tokens() != 0) {
+    auto tokens = storage::TokensLatentFiresOn(*store_, request->dataset_id(), request->latent(),
+                                               request->top_tokens());
+    if (!tokens.ok()) return ToGrpcStatus(tokens.status());
+    for (const storage::TokenOfLatent& t : tokens->tokens) {
+      latentd::v1::TokenCount* out = response->add_top_tokens();
+      out->set_token_id(t.token_id);
+      out->set_count(t.count);
+      out->set_fraction(static_cast<double>(t.count) / tokens->firings);
+      out->set_mean(t.mean);
+    }
+  }
   return grpc::Status::OK;
 }
 

@@ -494,6 +494,30 @@ TEST_F(DatasetsServiceTest, GetLatentListDeleteAndArtifacts) {
     EXPECT_EQ(std::vector<float>(t.context_values().begin(), t.context_values().end()),
               top->front().context_values);
   }
+  {
+    // The tokens it fires on: what the storage function counts, with the fraction of its
+    // firings; a bad count names the field.
+    latentd::v1::GetLatentRequest tokens_req = req;
+    tokens_req.set_top_tokens(3);
+    latentd::v1::GetLatentResponse tokens_resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->GetLatent(&ctx, tokens_req, &tokens_resp).ok());
+    auto want = storage::TokensLatentFiresOn(*store_, id, 7, 3);
+    ASSERT_TRUE(want.ok());
+    ASSERT_EQ(tokens_resp.top_tokens_size(), static_cast<int>(want->tokens.size()));
+    ASSERT_GT(tokens_resp.top_tokens_size(), 0);
+    for (int i = 0; i < tokens_resp.top_tokens_size(); ++i) {
+      EXPECT_EQ(tokens_resp.top_tokens(i).token_id(), want->tokens[i].token_id);
+      EXPECT_EQ(tokens_resp.top_tokens(i).count(), want->tokens[i].count);
+      EXPECT_DOUBLE_EQ(tokens_resp.top_tokens(i).fraction(),
+                       static_cast<double>(want->tokens[i].count) / stats->firing_count);
+    }
+    tokens_req.set_top_tokens(-2);
+    grpc::ClientContext bad_ctx;
+    const grpc::Status bad = stub_->GetLatent(&bad_ctx, tokens_req, &tokens_resp);
+    EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(bad.error_message().find("top_tokens"), std::string::npos);
+  }
   EXPECT_EQ(resp.intervals_size(), 0);  // only on request
   {
     // Interval samples: the counts add up to the firings, samples lie in their interval.
@@ -677,10 +701,12 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
         req.set_intervals(rng() % 3 ? 0 : int32_of());
         req.set_interval_samples(int32_of());
         req.set_distinct_sequences(rng() & 1);
+        req.set_top_tokens(rng() % 2 ? 0 : int32_of());
         what = req.ShortDebugString();
         latentd::v1::GetLatentResponse resp;
         status = stub_->GetLatent(&ctx, req, &resp);
         if (status.ok()) {
+          EXPECT_LE(resp.top_tokens_size(), 1000) << what;
           for (const auto& t : resp.top()) {
             EXPECT_LE(t.context_token_ids_size(), 128) << what;  // one sequence at most
           }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <thread>
 #include <utility>
 
@@ -239,6 +240,49 @@ absl::StatusOr<LatentsOnRows> LatentsFiringOnToken(const ChunkStore& store, uint
   }
   return Tally(store, rec, chunks, /*exclude=*/-1, options,
                [&](int64_t, int32_t token) { return token == token_id; });
+}
+
+absl::StatusOr<TokensOfLatent> TokensLatentFiresOn(const ChunkStore& store, uint64_t id,
+                                                   int32_t latent, int32_t limit) {
+  if (limit < 1 || limit > kMaxTokensOfLatent) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_tokens: ", limit, " outside [1, ", kMaxTokensOfLatent, "]"));
+  }
+  ASSIGN_OR_RETURN(const DatasetRecord rec, SparseRecord(store, id));
+  std::vector<int64_t> rows;
+  std::vector<float> values;
+  RETURN_IF_ERROR(store.LatentPostings(id, latent, &rows, &values));
+  ASSIGN_OR_RETURN(const std::vector<ChunkPick> chunks, Chunks(store, rec));
+  // Per token: firings and value sum. Token ids of each chunk's span from its first to its last
+  // firing, read once.
+  std::map<int32_t, std::pair<int64_t, double>> by_token;
+  std::vector<int32_t> tokens;
+  size_t i = 0;
+  for (const ChunkPick& c : chunks) {
+    if (i == rows.size()) break;
+    if (rows[i] >= c.end) continue;
+    size_t j = i;
+    while (j < rows.size() && rows[j] < c.end) ++j;
+    RETURN_IF_ERROR(store.ReadTokens(id, rows[i], rows[j - 1] - rows[i] + 1, &tokens));
+    for (size_t k = i; k < j; ++k) {
+      auto& [count, sum] = by_token[tokens[rows[k] - rows[i]]];
+      ++count;
+      sum += values[k];
+    }
+    i = j;
+  }
+  TokensOfLatent out;
+  out.firings = static_cast<int64_t>(i);  // rows past the record's watermark are left out
+  for (const auto& [token, tally] : by_token) {
+    out.tokens.push_back({token, tally.first, tally.second / tally.first});
+  }
+  const size_t n = std::min(out.tokens.size(), static_cast<size_t>(limit));
+  std::partial_sort(out.tokens.begin(), out.tokens.begin() + n, out.tokens.end(),
+                    [](const TokenOfLatent& a, const TokenOfLatent& b) {
+                      return a.count != b.count ? a.count > b.count : a.token_id < b.token_id;
+                    });
+  out.tokens.resize(n);
+  return out;
 }
 
 }  // namespace latentd::storage

@@ -70,6 +70,27 @@ absl::StatusOr<LatentsOnRows> LatentsFiringOnToken(const ChunkStore& store, uint
                                                    int32_t token_id,
                                                    const LatentsOnRowsOptions& options);
 
+// The tokens a latent fires on most: at most this many asked for.
+inline constexpr int32_t kMaxTokensOfLatent = 1000;
+
+struct TokenOfLatent {
+  int32_t token_id = 0;
+  int64_t count = 0;  // firings of the latent on rows holding this token
+  double mean = 0;    // their mean value
+};
+
+struct TokensOfLatent {
+  int64_t firings = 0;                // the latent's committed firings, all counted
+  std::vector<TokenOfLatent> tokens;  // count descending, ties by token id; the first `limit`
+};
+
+// Which tokens the latent fires on, over every firing: its rows from its latent-major runs, their
+// token ids from the token parts of the chunks they lie in (2 B a row, never the values).
+// INVALID_ARGUMENT for limit outside [1, kMaxTokensOfLatent] or a latent outside [0, width);
+// otherwise errors as LatentsFiringWith.
+absl::StatusOr<TokensOfLatent> TokensLatentFiresOn(const ChunkStore& store, uint64_t id,
+                                                   int32_t latent, int32_t limit);
+
 }  // namespace latentd::storage
 
 #endif  // LATENTD_STORAGE_LATENTS_ON_ROWS_H_

@@ -210,6 +210,44 @@ TEST_P(LatentsOnRowsTest, LargeSelectionsAreSampledByChunksSpreadOverTheDataset)
   ExpectSame(*token, want_token, kWidth);
 }
 
+TEST_P(LatentsOnRowsTest, TokensALatentFiresOnMatchTheRows) {
+  for (int32_t j : {0, 4, 63}) {
+    std::map<int32_t, std::pair<int64_t, double>> want;  // token -> firings, value sum
+    int64_t firings = 0;
+    for (int64_t r = 0; r < kRows; ++r) {
+      auto it = data_.rows[r].find(j);
+      if (it == data_.rows[r].end()) continue;
+      ++firings;
+      ++want[data_.tokens[r]].first;
+      want[data_.tokens[r]].second += it->second;
+    }
+    std::vector<TokenOfLatent> sorted;
+    for (const auto& [t, w] : want) sorted.push_back({t, w.first, w.second / w.first});
+    std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
+      return a.count != b.count ? a.count > b.count : a.token_id < b.token_id;
+    });
+    for (int32_t limit : {1, 5, 1000}) {
+      auto got = TokensLatentFiresOn(*store_, id_, j, limit);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(got->firings, firings);
+      ASSERT_EQ(got->tokens.size(), std::min<size_t>(limit, sorted.size())) << "latent " << j;
+      for (size_t i = 0; i < got->tokens.size(); ++i) {
+        EXPECT_EQ(got->tokens[i].token_id, sorted[i].token_id) << "latent " << j << " rank " << i;
+        EXPECT_EQ(got->tokens[i].count, sorted[i].count);
+        EXPECT_DOUBLE_EQ(got->tokens[i].mean, sorted[i].mean);
+      }
+    }
+  }
+  EXPECT_NE(TokensLatentFiresOn(*store_, id_, 0, 0).status().message().find("top_tokens"),
+            std::string::npos);
+  EXPECT_EQ(TokensLatentFiresOn(*store_, id_, 0, 1001).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(TokensLatentFiresOn(*store_, id_, kWidth, 5).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(TokensLatentFiresOn(*store_, id_ + 9, 0, 5).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST_P(LatentsOnRowsTest, BadRequestsNameTheProblem) {
   LatentsOnRowsOptions o;
   auto code = [&](int32_t latent) { return LatentsFiringWith(*store_, id_, latent, o).status(); };

@@ -202,6 +202,12 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual([(-l.count, l.latent) for l in seen.latents], expected(on_token, None))
         with self.assertRaises(ValueError):
             c.latents_on_rows(dataset)
+        # The tokens it fires on, over every firing.
+        ids, counts = numpy.unique(whole_tokens[fires], return_counts=True)
+        on = c.get_latent(dataset, latent, top_n=1, top_tokens=1000).top_tokens
+        self.assertEqual([(-t.count, t.token_id) for t in on],
+                         sorted(zip((-counts).tolist(), ids.tolist())))
+        self.assertAlmostEqual(sum(t.fraction for t in on), 1.0)
         # latentctl shows them as text decoded by the inputs' byte-level vocab.json ("\u0120" is a
         # leading space, "\u010a" a newline), and as an HTML page.
         vocab_path = os.path.join(inputs, "vocab.json")
