@@ -117,6 +117,7 @@ h2{margin-top:1.5em;font-size:1.1em}
 .hist text{font-size:11px;fill:#555}
 table{border-collapse:collapse;font-size:14px;font-variant-numeric:tabular-nums}
 td,th{padding:2px 12px;text-align:right}
+td.ctx{text-align:left}
 th{border-bottom:1px solid #ccc}
 </style>
 )";
