@@ -190,8 +190,9 @@ std::string LatentHtml(const v1::GetLatentResponse& response, const LatentPageOp
       absl::StrAppendFormat(&html,
                             "<tr><td>%s</td><td>%d</td><td>%.4f</td><td>%.4g</td><td>%.4g</td>"
                             "</tr>\n",
-                            LatentRef(l.latent(), options.in_dashboard), l.count(), l.fraction(),
-                            l.mean(), l.lift());
+                            LatentRef(l.latent(), options.linked_latents != nullptr &&
+                                                      options.linked_latents->count(l.latent())),
+                            l.count(), l.fraction(), l.mean(), l.lift());
     }
     html += "</table>\n";
   }

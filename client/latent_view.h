@@ -5,6 +5,7 @@
 #define LATENTD_CLIENT_LATENT_VIEW_H_
 
 #include <cstdint>
+#include <set>
 #include <string>
 
 #include "client/vocabulary.h"
@@ -27,9 +28,11 @@ struct LatentPageOptions {
   // The latents firing on the rows where this one fires (LatentsOnRows with_latent), shown as a
   // table under the examples; null: no such section.
   const v1::LatentsOnRowsResponse* cofiring = nullptr;
-  // The page is one of a dashboard's (latentctl dashboard): it links to index.html, and latent
-  // numbers link to their pages (LatentPageName) beside it.
+  // The page is one of a dashboard's (latentctl dashboard): it links to index.html beside it.
   bool in_dashboard = false;
+  // The latents whose pages lie beside this one (LatentPageName): their numbers become links;
+  // null: none.
+  const std::set<int32_t>* linked_latents = nullptr;
 };
 
 // A whole HTML page (no scripts, no external resources): the latent's statistics, its value

@@ -113,16 +113,23 @@ TEST(LatentViewTest, DashboardPagesLinkToEachOther) {
   with->set_count(6);
   with->set_fraction(6.0 / 9);
   with->set_lift(3.5);
+  v1::RowLatent* without_page = cofiring.add_latents();
+  without_page->set_latent(12);
+  without_page->set_count(2);
+  const std::set<int32_t> with_pages{7, 11};
   LatentPageOptions options{3, nullptr, false};
   options.cofiring = &cofiring;
   options.in_dashboard = true;
+  options.linked_latents = &with_pages;
   const std::string page = LatentHtml(Response(), options);
   EXPECT_NE(page.find("<a href=\"index.html\">"), std::string::npos);
   EXPECT_NE(page.find("latents on the 9 rows where it fires (9 read)"), std::string::npos);
   EXPECT_EQ(All(page, R"re(<tr><td><a href="([^"]+)">11</a></td><td>6</td><td>0.6667</td>)re"),
             std::vector<std::string>{"latent-11.html"});
+  EXPECT_NE(page.find("<tr><td>12</td><td>2</td>"), std::string::npos);  // no page: no link
   // Outside a dashboard the same table names latents without links.
   options.in_dashboard = false;
+  options.linked_latents = nullptr;
   const std::string alone = LatentHtml(Response(), options);
   EXPECT_EQ(alone.find("<a href"), std::string::npos);
   EXPECT_NE(alone.find("<tr><td>11</td><td>6</td>"), std::string::npos);

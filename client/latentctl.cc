@@ -18,6 +18,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -937,6 +938,8 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
     return static_cast<bool>(out);
   };
   const int total = overview.latents_size();
+  std::set<int32_t> with_pages;
+  for (const v1::LatentSummary& l : overview.latents()) with_pages.insert(l.latent());
   const bool progress = isatty(fileno(stderr));  // a counter rewritten in place
   for (int i = 0; i < total; ++i) {
     const int32_t latent = overview.latents(i).latent();
@@ -955,6 +958,7 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
     LatentPageOptions page{id, vocab ? &*vocab : nullptr, absl::GetFlag(FLAGS_distinct)};
     page.cofiring = &cofiring;
     page.in_dashboard = true;
+    page.linked_latents = &with_pages;
     if (!write(LatentPageName(latent), LatentHtml(response, page))) return kExitRpcError;
     if (progress) std::fprintf(stderr, "\rlatent pages: %d/%d", i + 1, total);
   }

@@ -245,8 +245,11 @@ class TrainLoop(DaemonTestCase):
         for name in linked:
             with open(os.path.join(board, name), encoding="utf-8") as f:
                 page = f.read()
-            for part in ("Top activations", "Interval [", "Fires with", '<a href="index.html">'):
+            for part in ("Top activations", "Interval [", "Fires most on", "Fires with",
+                         '<a href="index.html">'):
                 self.assertIn(part, page)
+            for target in re.findall(r'<a href="([^"]+)">', page):  # no link leads nowhere
+                self.assertTrue(os.path.exists(os.path.join(board, target)), target)
         # latentctl token takes the token's text with --vocab.
         if list(vocab.values()).count(vocab[token]) == 1:
             shown = daemon.latentctl("token", str(dataset), text(token).replace("\u21b5", "\n"),
