@@ -225,6 +225,13 @@ class Client:
             request.token_id = token_id
         return self.datasets.LatentsOnRows(request, metadata=self.metadata, timeout=self.timeout)
 
+    def show_latent(self, dataset_id, latent, decode=None, **get_latent_args):
+        """GetLatent's answer as a LatentView, which a notebook shows as the latent's examples
+        with each token shaded by the latent's value on it. decode maps a list of token ids to
+        their strings (e.g. tokenizer.convert_ids_to_tokens); without it the ids are shown.
+        get_latent_args go to get_latent (top_n, intervals, distinct_sequences, ...)."""
+        return LatentView(self.get_latent(dataset_id, latent, **get_latent_args), decode)
+
     def latent_table(self, dataset_id, page_size=65536):
         """Every latent's firing_count, density, mean and max as numpy arrays indexed by latent
         (a dict, with "rows" and "dead_latents"), from ListLatents pages of page_size latents:
@@ -244,6 +251,50 @@ class Client:
             table[name] = np.fromiter((getattr(l, name) for l in latents), np.float64,
                                       len(latents))
         return table
+
+
+class LatentView:
+    """A GetLatent answer that Jupyter renders (_repr_html_): statistics, then the top examples
+    and interval samples, each token's background the latent's value on it over the latent's
+    max (context_values), the example's own token outlined, row/id/value in each tooltip. The
+    same picture as `latentctl latent --html`, inline."""
+
+    def __init__(self, answer, decode=None):
+        self.answer = answer
+        self.decode = decode
+
+    def _example(self, example, peak):
+        import html
+
+        ids = list(example.context_token_ids)
+        words = self.decode(ids) if self.decode else [" %d" % i for i in ids]
+        values = list(example.context_values)
+        if len(values) != len(ids):  # a dataset kept without postings: the row's own value only
+            values = [example.value if example.context_start_row + i == example.row else 0.0
+                      for i in range(len(ids))]
+        spans = []
+        for i, (token, word, value) in enumerate(zip(ids, words, values)):
+            row = example.context_start_row + i
+            style = "background:rgba(255,102,0,%.3f)" % (min(max(value / peak, 0.0), 1.0)
+                                                          if peak > 0 else 0.0)
+            if row == example.row:
+                style += ";outline:1.5px solid #c03000"
+            spans.append('<span style="%s" title="row %d · token %d · value %.4g">%s</span>' % (
+                style, row, token, value, html.escape(str(word))))
+        return ('<div style="font-family:monospace;white-space:pre;margin:2px 0">'
+                '<span style="display:inline-block;width:6em;text-align:right">%.4g</span>  %s'
+                '</div>' % (example.value, "".join(spans)))
+
+    def _repr_html_(self):
+        s = self.answer.statistics
+        parts = ["<div><b>latent %d</b>: fires %d times (density %.5f), mean %.4g, max %.4g</div>"
+                 % (s.latent, s.firing_count, s.density, s.mean, s.max)]
+        parts += [self._example(e, s.max) for e in self.answer.top]
+        for interval in self.answer.intervals:
+            parts.append("<div><i>[%.4g, %.4g]: %d firings</i></div>" % (
+                interval.low, interval.high, interval.count))
+            parts += [self._example(e, s.max) for e in interval.samples]
+        return "\n".join(parts)
 
 
 def _concat(parts, dtype):
