@@ -151,6 +151,13 @@ std::string LatentHtml(const v1::GetLatentResponse& response, const LatentPageOp
   if (options.in_dashboard) html += "<p><a href=\"index.html\">all latents</a></p>\n";
   AppendBars(s.histogram(), s.histogram_min(), s.histogram_max(), "value histogram", "#ff6600",
              &html);
+  if (response.position_histogram_size() > 0) {
+    html += "<h2>Where in its sequences it fires</h2>\n";
+    AppendBars(
+        response.position_histogram(), 0,
+        static_cast<double>(response.position_histogram_size()) * response.position_bin_width(),
+        "position histogram", "#2ca02c", &html);
+  }
   absl::StrAppendFormat(
       &html, "<h2>%s</h2>\n",
       options.distinct_sequences ? "Top sequences (each at its largest value)" : "Top activations");

@@ -92,6 +92,20 @@ TEST(LatentViewTest, TheTokensItFiresOnAreATable) {
   EXPECT_EQ(LatentHtml(Response(), {3, nullptr, false}).find("Fires most on"), std::string::npos);
 }
 
+TEST(LatentViewTest, PositionsAreBarsOverTheSequence) {
+  v1::GetLatentResponse r = Response();
+  for (int64_t c : {8, 2, 0, 4}) r.add_position_histogram(c);
+  r.set_position_bin_width(32);  // sequences of 128 positions
+  const std::string html = LatentHtml(r, {3, nullptr, false});
+  const size_t at = html.find("<h2>Where in its sequences it fires</h2>");
+  ASSERT_NE(at, std::string::npos);
+  const std::string bars = html.substr(at, html.find("</svg>", at) - at);
+  EXPECT_EQ(All(bars, R"re(<rect [^>]*height="(\d+)")re"),
+            (std::vector<std::string>{"120", "30", "0", "60"}));
+  EXPECT_NE(bars.find(">128</text>"), std::string::npos);
+  EXPECT_EQ(LatentHtml(Response(), {3, nullptr, false}).find("Where in its"), std::string::npos);
+}
+
 TEST(LatentViewTest, WithoutContextValuesOnlyTheRowIsShaded) {
   v1::GetLatentResponse r = Response();
   r.mutable_top(0)->clear_context_values();

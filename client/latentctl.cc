@@ -64,6 +64,9 @@ ABSL_FLAG(int, intervals, 0,
 ABSL_FLAG(int, interval_samples, 5, "latent, dashboard: rows per interval (with --intervals)");
 ABSL_FLAG(int, tokens, 0,
           "latent: also the tokens the latent fires on most, this many (dashboard: default 10)");
+ABSL_FLAG(bool, positions, false,
+          "latent: also where in its sequences the latent fires (dashboard: always, when the "
+          "dataset has sequences)");
 ABSL_FLAG(bool, distinct, false,
           "latent, dashboard: top sequences (one row each, its maximum) instead of top rows");
 ABSL_FLAG(std::string, vocab, "",
@@ -571,6 +574,7 @@ v1::GetLatentRequest LatentRequest(uint64_t id, int32_t latent) {
   request.set_interval_samples(absl::GetFlag(FLAGS_interval_samples));
   request.set_distinct_sequences(absl::GetFlag(FLAGS_distinct));
   request.set_top_tokens(absl::GetFlag(FLAGS_tokens));
+  request.set_positions(absl::GetFlag(FLAGS_positions));
   return request;
 }
 
@@ -622,6 +626,22 @@ int Latent(Client& client, const std::vector<std::string>& args) {
     std::printf("  row %-9lld value %-9.4g token %-6d %s\n", static_cast<long long>(t.row()),
                 t.value(), t.token_id(), ContextLine(t, decoder).c_str());
   };
+  if (const int bins = response.position_histogram_size(); bins > 0) {
+    // At most 16 lines: neighbouring bins merged.
+    const int merge = (bins + 15) / 16;
+    const int64_t width = response.position_bin_width();
+    std::vector<int64_t> merged((bins + merge - 1) / merge, 0);
+    for (int b = 0; b < bins; ++b) merged[b / merge] += response.position_histogram(b);
+    int64_t peak = 1;
+    for (int64_t c : merged) peak = std::max(peak, c);
+    std::printf("where in its sequences it fires (positions):\n");
+    for (size_t m = 0; m < merged.size(); ++m) {
+      std::printf("  [%5lld, %5lld) %-41s %lld\n", static_cast<long long>(m * merge * width),
+                  static_cast<long long>(std::min<int64_t>((m + 1) * merge, bins) * width),
+                  std::string(merged[m] > 0 ? 1 + 40 * merged[m] / peak : 0, '#').c_str(),
+                  static_cast<long long>(merged[m]));
+    }
+  }
   if (response.top_tokens_size() > 0) std::printf("fires most on tokens:\n");
   for (const v1::TokenCount& t : response.top_tokens()) {
     const std::string text =
@@ -924,6 +944,11 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
   v1::ListLatentsResponse overview;
   grpc::Status status = client.datasets()->ListLatents(client.Context().get(), list, &overview);
   if (!status.ok()) return RpcError(status);
+  v1::GetDatasetRequest info_request;
+  info_request.set_dataset_id(id);
+  v1::DatasetInfo info;  // its context length: position histograms need sequences
+  status = client.datasets()->GetDataset(client.Context().get(), info_request, &info);
+  if (!status.ok()) return RpcError(status);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
@@ -945,6 +970,7 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
     const int32_t latent = overview.latents(i).latent();
     v1::GetLatentRequest request = LatentRequest(id, latent);
     if (request.top_tokens() == 0) request.set_top_tokens(10);
+    request.set_positions(info.context_length() > 0);
     v1::GetLatentResponse response;
     status = client.datasets()->GetLatent(client.Context().get(), request, &response);
     if (!status.ok()) return RpcError(status);
@@ -988,9 +1014,11 @@ datasets:
   dataset ID                     metadata and summary
   rows ID [--start=R] [--count=N] [--vocab=F]  CSR rows with token ids (--vocab: and text)
   latent ID J [--top=N] [--before=B] [--after_tokens=A] [--intervals=I [--interval_samples=S]]
-              [--distinct] [--tokens=N] [--vocab=tokenizer.json] [--html=FILE.html]
+              [--distinct] [--tokens=N] [--positions] [--vocab=tokenizer.json]
+              [--html=FILE.html]
                                  statistics, top activations (--distinct: one per sequence),
-                                 interval samples, the N tokens it fires on most; --vocab
+                                 interval samples, the N tokens it fires on most, where in
+                                 its sequences it fires; --vocab
                                  shows text, --html a page where each token is shaded by the
                                  latent's value on it
   latents ID [--order=latent|frequent|rare|max|mean] [--limit=N] [--offset=N]

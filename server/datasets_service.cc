@@ -301,6 +301,13 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
     out_interval->set_count(interval.count);
     for (const auto& t : interval.samples) ToProto(t, out_interval->add_samples());
   }
+  if (request->positions()) {
+    auto positions =
+        storage::PositionsLatentFiresAt(*store_, request->dataset_id(), request->latent());
+    if (!positions.ok()) return ToGrpcStatus(positions.status());
+    response->mutable_position_histogram()->Add(positions->counts.begin(), positions->counts.end());
+    response->set_position_bin_width(positions->bin_width);
+  }
   if (request->top_tokens() != 0) {
     auto tokens = storage::TokensLatentFiresOn(*store_, request->dataset_id(), request->latent(),
                                                request->top_tokens());

@@ -512,6 +512,18 @@ TEST_F(DatasetsServiceTest, GetLatentListDeleteAndArtifacts) {
       EXPECT_DOUBLE_EQ(tokens_resp.top_tokens(i).fraction(),
                        static_cast<double>(want->tokens[i].count) / stats->firing_count);
     }
+    // Where in its 128-row sequences it fires: the storage function's bins.
+    latentd::v1::GetLatentRequest positions_req = req;
+    positions_req.set_positions(true);
+    grpc::ClientContext positions_ctx;
+    ASSERT_TRUE(stub_->GetLatent(&positions_ctx, positions_req, &tokens_resp).ok());
+    auto placed = storage::PositionsLatentFiresAt(*store_, id, 7);
+    ASSERT_TRUE(placed.ok());
+    EXPECT_EQ(std::vector<int64_t>(tokens_resp.position_histogram().begin(),
+                                   tokens_resp.position_histogram().end()),
+              placed->counts);
+    EXPECT_EQ(tokens_resp.position_bin_width(), 1);
+    EXPECT_EQ(tokens_resp.position_histogram_size(), 128);
     tokens_req.set_top_tokens(-2);
     grpc::ClientContext bad_ctx;
     const grpc::Status bad = stub_->GetLatent(&bad_ctx, tokens_req, &tokens_resp);
@@ -702,6 +714,7 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
         req.set_interval_samples(int32_of());
         req.set_distinct_sequences(rng() & 1);
         req.set_top_tokens(rng() % 2 ? 0 : int32_of());
+        req.set_positions(rng() & 1);
         what = req.ShortDebugString();
         latentd::v1::GetLatentResponse resp;
         status = stub_->GetLatent(&ctx, req, &resp);

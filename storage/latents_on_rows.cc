@@ -285,4 +285,25 @@ absl::StatusOr<TokensOfLatent> TokensLatentFiresOn(const ChunkStore& store, uint
   return out;
 }
 
+absl::StatusOr<LatentPositions> PositionsLatentFiresAt(const ChunkStore& store, uint64_t id,
+                                                       int32_t latent) {
+  ASSIGN_OR_RETURN(const DatasetRecord rec, SparseRecord(store, id));
+  if (rec.meta.context_length <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset ", id, " has no sequences (context_length 0): no positions"));
+  }
+  std::vector<int64_t> rows;
+  std::vector<float> values;
+  RETURN_IF_ERROR(store.LatentPostings(id, latent, &rows, &values));
+  LatentPositions out;
+  out.context_length = rec.meta.context_length;
+  out.bin_width = (out.context_length + kMaxPositionBins - 1) / kMaxPositionBins;
+  out.counts.assign((out.context_length + out.bin_width - 1) / out.bin_width, 0);
+  for (int64_t row : rows) {
+    ++out.counts[row % out.context_length / out.bin_width];
+  }
+  out.firings = static_cast<int64_t>(rows.size());
+  return out;
+}
+
 }  // namespace latentd::storage

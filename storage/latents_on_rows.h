@@ -91,6 +91,24 @@ struct TokensOfLatent {
 absl::StatusOr<TokensOfLatent> TokensLatentFiresOn(const ChunkStore& store, uint64_t id,
                                                    int32_t latent, int32_t limit);
 
+// Where in its sequences a latent fires: firings per position (the row's index within its
+// sequence of context_length rows), in at most kMaxPositionBins bins of equal width. A latent
+// that fires mostly at position 0 is a position (or attention-sink) latent, whatever its
+// examples look like.
+inline constexpr int32_t kMaxPositionBins = 128;
+
+struct LatentPositions {
+  int64_t firings = 0;          // the latent's committed firings, all counted
+  int32_t context_length = 0;   // positions 0 .. context_length - 1
+  int32_t bin_width = 1;        // positions per bin: ceil(context_length / kMaxPositionBins)
+  std::vector<int64_t> counts;  // bin b: positions [b * bin_width, (b + 1) * bin_width)
+};
+
+// From the latent's latent-major runs alone. FAILED_PRECONDITION for a dataset without
+// sequences (context_length 0); otherwise errors as LatentsFiringWith.
+absl::StatusOr<LatentPositions> PositionsLatentFiresAt(const ChunkStore& store, uint64_t id,
+                                                       int32_t latent);
+
 }  // namespace latentd::storage
 
 #endif  // LATENTD_STORAGE_LATENTS_ON_ROWS_H_

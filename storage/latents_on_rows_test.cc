@@ -248,6 +248,50 @@ TEST_P(LatentsOnRowsTest, TokensALatentFiresOnMatchTheRows) {
             absl::StatusCode::kNotFound);
 }
 
+TEST_P(LatentsOnRowsTest, PositionsCountFiringsByPlaceInTheSequence) {
+  EXPECT_EQ(PositionsLatentFiresAt(*store_, id_, 0).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // this dataset has no sequences
+  // The same rows with sequences of 7 rows (one bin a position) and of 300 (bins of 3).
+  for (int32_t context_length : {7, 300}) {
+    DatasetMeta m;
+    m.name = "seq" + std::to_string(context_length);
+    m.kind = DatasetKind::kSparse;
+    m.value_dtype = ValueDtype::kFloat32;
+    m.width = kWidth;
+    m.encoder = "relu";
+    m.context_length = context_length;
+    auto id = store_->CreateDataset(m);
+    ASSERT_TRUE(id.ok());
+    auto w = store_->OpenWriter(*id);
+    ASSERT_TRUE(w.ok());
+    std::vector<int64_t> indptr{0};
+    std::vector<int32_t> indices;
+    std::vector<float> values;
+    for (const auto& row : data_.rows) {
+      for (const auto& [l, v] : row) indices.push_back(l), values.push_back(v);
+      indptr.push_back(static_cast<int64_t>(indices.size()));
+    }
+    ASSERT_TRUE(
+        (*w)->AppendSparse(kRows, indptr.data(), indices.data(), values.data(), data_.tokens.data())
+            .ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+    const int32_t width = context_length <= 128 ? 1 : 3;
+    for (int32_t j : {0, 9}) {
+      std::vector<int64_t> want((context_length + width - 1) / width, 0);
+      int64_t firings = 0;
+      for (int64_t r = 0; r < kRows; ++r) {
+        if (data_.rows[r].count(j)) ++want[r % context_length / width], ++firings;
+      }
+      auto got = PositionsLatentFiresAt(*store_, *id, j);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(got->context_length, context_length);
+      EXPECT_EQ(got->bin_width, width);
+      EXPECT_EQ(got->counts, want) << "latent " << j << ", sequences of " << context_length;
+      EXPECT_EQ(got->firings, firings);
+    }
+  }
+}
+
 TEST_P(LatentsOnRowsTest, BadRequestsNameTheProblem) {
   LatentsOnRowsOptions o;
   auto code = [&](int32_t latent) { return LatentsFiringWith(*store_, id_, latent, o).status(); };

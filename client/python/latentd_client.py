@@ -168,20 +168,23 @@ class Client:
         return matrix, _concat(tokens, np.int32)
 
     def get_latent(self, dataset_id, latent, top_n=20, context_before=32, context_after=8,
-                   intervals=0, interval_samples=5, distinct_sequences=False, top_tokens=0):
+                   intervals=0, interval_samples=5, distinct_sequences=False, top_tokens=0,
+                   positions=False):
         """Statistics, top rows with context and, with intervals > 0, interval samples: the value
         range cut into that many equal intervals, each with its count and a few of its rows.
         distinct_sequences=True: the top sequences instead, one row each (its largest value).
         Each example's window comes as context_token_ids with the latent's value on each token in
         context_values (0 where it does not fire): decode the ids with your tokenizer, e.g.
         tokenizer.convert_ids_to_tokens(example.context_token_ids), and shade by the values.
-        top_tokens > 0: also the tokens it fires on most (token_id, count, fraction, mean)."""
+        top_tokens > 0: also the tokens it fires on most (token_id, count, fraction, mean).
+        positions=True: also position_histogram (firings by place in the sequence, bins of
+        position_bin_width positions)."""
         request = datasets_pb2.GetLatentRequest(dataset_id=dataset_id, latent=latent, top_n=top_n,
                                                 context_before=context_before,
                                                 context_after=context_after, intervals=intervals,
                                                 interval_samples=interval_samples,
                                                 distinct_sequences=distinct_sequences,
-                                                top_tokens=top_tokens)
+                                                top_tokens=top_tokens, positions=positions)
         return self.datasets.GetLatent(request, metadata=self.metadata, timeout=self.timeout)
 
     _LATENT_ORDERS = {"latent": "BY_LATENT", "frequent": "MOST_FREQUENT", "rare": "LEAST_FREQUENT",

@@ -208,6 +208,11 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual([(-t.count, t.token_id) for t in on],
                          sorted(zip((-counts).tolist(), ids.tolist())))
         self.assertAlmostEqual(sum(t.fraction for t in on), 1.0)
+        # Where in its 32-token sequences it fires.
+        placed = c.get_latent(dataset, latent, top_n=1, positions=True)
+        self.assertEqual(placed.position_bin_width, 1)
+        self.assertEqual(list(placed.position_histogram),
+                         numpy.bincount(fires % 32, minlength=32).tolist())
         # latentctl shows them as text decoded by the inputs' byte-level vocab.json ("\u0120" is a
         # leading space, "\u010a" a newline), and as an HTML page.
         vocab_path = os.path.join(inputs, "vocab.json")
@@ -256,6 +261,7 @@ class TrainLoop(DaemonTestCase):
             with open(os.path.join(board, name), encoding="utf-8") as f:
                 page = f.read()
             for part in ("Top activations", "Interval [", "Fires most on", "Fires with",
+                         "Where in its sequences it fires",
                          '<a href="index.html">'):
                 self.assertIn(part, page)
             for target in re.findall(r'<a href="([^"]+)">', page):  # no link leads nowhere
