@@ -7,6 +7,10 @@
 // the dataset, until `max_rows` selected rows have been counted. A selection larger than that is
 // thus sampled by chunks: the cost follows max_rows, not the dataset, for common latents and
 // tokens, while a rare one is counted exactly from the few chunks it touches.
+//
+// Two questions about one latent's rows sit here too, answered from its latent-major runs and
+// the token parts only: the tokens it fires on (TokensLatentFiresOn) and where in its sequences
+// (PositionsLatentFiresAt).
 #ifndef LATENTD_STORAGE_LATENTS_ON_ROWS_H_
 #define LATENTD_STORAGE_LATENTS_ON_ROWS_H_
 
