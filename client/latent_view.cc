@@ -117,7 +117,8 @@ h2{margin-top:1.5em;font-size:1.1em}
 .hist text{font-size:11px;fill:#555}
 table{border-collapse:collapse;font-size:14px;font-variant-numeric:tabular-nums}
 td,th{padding:2px 12px;text-align:right}
-td.ctx{text-align:left}
+td.ctx,th.ctx{text-align:left}
+.tok{background:#ffe0cc;border-radius:2px}
 th{border-bottom:1px solid #ccc}
 </style>
 )";
@@ -225,16 +226,32 @@ std::string LatentIndexHtml(const v1::ListLatentsResponse& overview,
                         overview.rows(), overview.dead_latents(), dead_share, overview.matching());
   AppendBars(overview.log10_density_histogram(), overview.log10_density_min(), 0.0,
              "log10 density histogram", "#1f77b4", &html);
-  absl::StrAppendFormat(&html,
-                        "<h2>%s</h2>\n<table><tr><th>latent</th><th>firings</th><th>density</th>"
-                        "<th>mean</th><th>max</th></tr>\n",
-                        HtmlEscape(options.heading));
+  absl::StrAppendFormat(
+      &html,
+      "<h2>%s</h2>\n<table><tr><th>latent</th><th>firings</th><th>density</th>"
+      "<th>mean</th><th>max</th>%s</tr>\n",
+      HtmlEscape(options.heading),
+      options.top_tokens != nullptr ? "<th class=\"ctx\">fires most on</th>" : "");
   for (const v1::LatentSummary& l : overview.latents()) {
     absl::StrAppendFormat(&html,
-                          "<tr><td>%s</td><td>%d</td><td>%.4g</td><td>%.4g</td><td>%.4g</td>"
-                          "</tr>\n",
+                          "<tr><td>%s</td><td>%d</td><td>%.4g</td><td>%.4g</td><td>%.4g</td>",
                           LatentRef(l.latent(), options.link_pages), l.firing_count(), l.density(),
                           l.mean(), l.max());
+    if (options.top_tokens != nullptr) {
+      // "token (share of its firings)", the three commonest.
+      std::vector<std::string> shown;
+      const auto it = options.top_tokens->find(l.latent());
+      if (it != options.top_tokens->end()) {
+        for (size_t i = 0; i < std::min<size_t>(3, it->second.size()); ++i) {
+          const v1::TokenCount& t = it->second[i];
+          shown.push_back(absl::StrFormat("<span class=\"tok\">%s</span> %.0f%%",
+                                          HtmlEscape(TokenText(t.token_id(), options.vocab)),
+                                          100 * t.fraction()));
+        }
+      }
+      absl::StrAppendFormat(&html, "<td class=\"ctx\">%s</td>", absl::StrJoin(shown, ", "));
+    }
+    html += "</tr>\n";
   }
   html += "</table>\n</body></html>\n";
   return html;

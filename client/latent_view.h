@@ -5,8 +5,10 @@
 #define LATENTD_CLIENT_LATENT_VIEW_H_
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "client/vocabulary.h"
 #include "proto/latentd/v1/datasets.pb.h"
@@ -50,6 +52,11 @@ struct IndexPageOptions {
   std::string heading;
   // Latent numbers link to their pages (LatentPageName) beside the index.
   bool link_pages = false;
+  // Per latent, the tokens it fires on most (GetLatent top_tokens), shown in a last column so
+  // that the index alone tells e.g. a " the" latent; latents without an entry show none.
+  const std::map<int32_t, std::vector<v1::TokenCount>>* top_tokens = nullptr;
+  // Decodes those tokens; null shows ids.
+  const Vocabulary* vocab = nullptr;
 };
 
 // A dashboard's index page: rows, dead latents, the log10 feature-density histogram (SVG), then

@@ -161,7 +161,21 @@ TEST(LatentViewTest, DashboardPagesLinkToEachOther) {
     s->set_firing_count(100 - l);
     s->set_density((100 - l) / 1000.0);
   }
-  const std::string index = LatentIndexHtml(overview, {3, "the 2 <most> frequent", true});
+  std::map<int32_t, std::vector<v1::TokenCount>> tokens;
+  v1::TokenCount the;
+  the.set_token_id(1);
+  the.set_fraction(0.75);
+  tokens[5] = {the, the, the, the};  // only the first three are shown
+  auto vocab = Vocabulary::Parse("a\n the\n");
+  ASSERT_TRUE(vocab.ok());
+  const std::string index =
+      LatentIndexHtml(overview, {3, "the 2 <most> frequent", true, &tokens, &*vocab});
+  EXPECT_NE(index.find("<td class=\"ctx\"><span class=\"tok\"> the</span> 75%, "
+                       "<span class=\"tok\"> the</span> 75%, "
+                       "<span class=\"tok\"> the</span> 75%</td></tr>"),
+            std::string::npos)
+      << index;
+  EXPECT_NE(index.find("<td class=\"ctx\"></td></tr>"), std::string::npos);  // latent 0: none
   EXPECT_NE(index.find("1000 rows; 2 dead latents (25.00%); 6 match the filter"),
             std::string::npos);
   EXPECT_NE(index.find("the 2 &lt;most&gt; frequent"), std::string::npos);

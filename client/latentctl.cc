@@ -963,6 +963,7 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
     return static_cast<bool>(out);
   };
   const int total = overview.latents_size();
+  std::map<int32_t, std::vector<v1::TokenCount>> top_tokens;  // for the index
   std::set<int32_t> with_pages;
   for (const v1::LatentSummary& l : overview.latents()) with_pages.insert(l.latent());
   const bool progress = isatty(fileno(stderr));  // a counter rewritten in place
@@ -986,13 +987,14 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
     page.in_dashboard = true;
     page.linked_latents = &with_pages;
     if (!write(LatentPageName(latent), LatentHtml(response, page))) return kExitRpcError;
+    top_tokens[latent].assign(response.top_tokens().begin(), response.top_tokens().end());
     if (progress) std::fprintf(stderr, "\rlatent pages: %d/%d", i + 1, total);
   }
   if (progress && total > 0) std::fprintf(stderr, "\n");
   IndexPageOptions index{id,
                          absl::StrCat(total, " latents by --order=", absl::GetFlag(FLAGS_order),
                                       ", from offset ", list.offset()),
-                         /*link_pages=*/true};
+                         /*link_pages=*/true, &top_tokens, vocab ? &*vocab : nullptr};
   if (!write("index.html", LatentIndexHtml(overview, index))) return kExitRpcError;
   std::printf("wrote %s with %d latent pages\n", (dir / "index.html").c_str(), total);
   return 0;
