@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "storage/latent_stats.h"
 
 namespace latentd::storage {
 namespace {
@@ -146,13 +147,6 @@ absl::StatusOr<LatentsOnRows> Tally(const ChunkStore& store, const DatasetRecord
       sums[l] += tallies[t].sums[l];
     }
   }
-  // Densities over the whole dataset, from the statistics it keeps (never the rows).
-  std::vector<int64_t> firing_counts(width, 0);
-  int64_t rows_committed = 0;
-  RETURN_IF_ERROR(
-      store.ForEachLatentStats(id, &rows_committed, [&](int32_t latent, const LatentStats& stats) {
-        firing_counts[latent] = stats.firing_count;
-      }));
   std::vector<LatentOnRows> ranked;
   for (int32_t l = 0; l < width; ++l) {
     if (l == exclude || counts[l] < o.min_count) continue;
@@ -160,13 +154,12 @@ absl::StatusOr<LatentsOnRows> Tally(const ChunkStore& store, const DatasetRecord
     entry.latent = l;
     entry.count = counts[l];
     entry.mean = sums[l] / counts[l];
-    // The statistics are at a later snapshot than the rows read, so they count those rows.
-    if (firing_counts[l] > 0) {
-      entry.lift = (static_cast<double>(counts[l]) / out.rows_read) /
-                   (static_cast<double>(firing_counts[l]) / rows_committed);
-    }
     ranked.push_back(entry);
   }
+  // Lift needs each latent's density over the whole dataset, from the statistics the store
+  // keeps (never the rows). Ranked by count, only the latents returned need it: a point read
+  // each when they are fewer than the 64-latent statistics blocks, else one scan of them all
+  // (ranked by lift, always the scan).
   auto by_count = [](const LatentOnRows& a, const LatentOnRows& b) {
     return a.count != b.count ? a.count > b.count : a.latent < b.latent;
   };
@@ -174,12 +167,45 @@ absl::StatusOr<LatentsOnRows> Tally(const ChunkStore& store, const DatasetRecord
     return a.lift != b.lift ? a.lift > b.lift : by_count(a, b);
   };
   const size_t n = std::min(ranked.size(), static_cast<size_t>(o.limit));
-  if (o.order == LatentsOnRowsOrder::kByLift) {
-    std::partial_sort(ranked.begin(), ranked.begin() + n, ranked.end(), by_lift);
-  } else {
+  auto set_lift = [&](LatentOnRows* entry, int64_t firing_count, int64_t rows_committed) {
+    // The statistics are at a later snapshot than the rows read, so they count those rows.
+    if (firing_count > 0) {
+      entry->lift = (static_cast<double>(entry->count) / out.rows_read) /
+                    (static_cast<double>(firing_count) / rows_committed);
+    }
+  };
+  if (o.order == LatentsOnRowsOrder::kByCount &&
+      static_cast<int64_t>(n) * kLatentsPerBlock < width) {
     std::partial_sort(ranked.begin(), ranked.begin() + n, ranked.end(), by_count);
+    ranked.resize(n);
+    std::vector<int64_t> firing_counts;
+    for (const LatentOnRows& entry : ranked) {
+      ASSIGN_OR_RETURN(const LatentStats stats, store.GetLatentStats(id, entry.latent));
+      firing_counts.push_back(stats.firing_count);
+    }
+    // The rows committed when the last statistics were read, or later (a writer may be
+    // appending): lift rounds down, never up, while the dataset grows.
+    ASSIGN_OR_RETURN(const DatasetRecord now, store.GetRecord(id));
+    for (size_t i = 0; i < ranked.size(); ++i) {
+      set_lift(&ranked[i], firing_counts[i], now.rows_committed);
+    }
+  } else {
+    std::vector<int64_t> firing_counts(width, 0);
+    int64_t rows_committed = 0;
+    RETURN_IF_ERROR(store.ForEachLatentStats(id, &rows_committed,
+                                             [&](int32_t latent, const LatentStats& stats) {
+                                               firing_counts[latent] = stats.firing_count;
+                                             }));
+    for (LatentOnRows& entry : ranked) {
+      set_lift(&entry, firing_counts[entry.latent], rows_committed);
+    }
+    if (o.order == LatentsOnRowsOrder::kByLift) {
+      std::partial_sort(ranked.begin(), ranked.begin() + n, ranked.end(), by_lift);
+    } else {
+      std::partial_sort(ranked.begin(), ranked.begin() + n, ranked.end(), by_count);
+    }
+    ranked.resize(n);
   }
-  ranked.resize(n);
   out.latents = std::move(ranked);
   return out;
 }

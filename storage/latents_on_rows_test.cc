@@ -12,7 +12,7 @@
 namespace latentd::storage {
 namespace {
 
-constexpr int32_t kWidth = 64;
+constexpr int32_t kWidth = 200;  // > 3 statistics blocks: a top-3 by count reads 3 latents
 constexpr int64_t kRows = 1500;
 constexpr int32_t kTokens = 12;
 
@@ -129,15 +129,17 @@ TEST_P(LatentsOnRowsTest, FiringWithALatentMatchesTheRows) {
       if (data_.rows[r].count(j)) rows.push_back(r);
     }
     for (auto order : {LatentsOnRowsOrder::kByCount, LatentsOnRowsOrder::kByLift}) {
-      for (int32_t threads : {1, 3}) {  // chunks read on one thread, or shared by three
+      for (auto [threads, limit] : {std::pair{1, kWidth}, std::pair{3, kWidth}, std::pair{2, 3}}) {
+        // Chunks read on one thread or shared; lift from every statistics block, or (by count,
+        // 3 latents < 200 / 64 blocks) from those latents' own.
         LatentsOnRowsOptions o;
         o.order = order;
-        o.limit = kWidth;
+        o.limit = limit;
         o.min_count = order == LatentsOnRowsOrder::kByLift ? 3 : 1;
         o.threads = threads;
         auto got = LatentsFiringWith(*store_, id_, j, o);
         ASSERT_TRUE(got.ok()) << got.status();
-        ExpectSame(*got, Expected(rows, j, order, o.min_count), kWidth);
+        ExpectSame(*got, Expected(rows, j, order, o.min_count), limit);
       }
     }
   }
