@@ -1,8 +1,10 @@
 #include "storage/latents_on_rows.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <map>
+#include <memory>
 #include <thread>
 #include <utility>
 
@@ -76,11 +78,37 @@ struct ChunkRead {
   int64_t take = 0;
 };
 
-// Per-latent firing counts and value sums over the rows counted.
-struct LatentTally {
-  explicit LatentTally(int32_t width) : counts(width, 0), sums(width, 0.0) {}
-  std::vector<int64_t> counts;
-  std::vector<double> sums;
+// Per-latent firing counts and value sums over the rows counted, and which latents were seen.
+// The arrays come from calloc: the pages of a wide SAE's arrays that no firing touches are never
+// written, and merging and ranking walk the latents seen, not the width.
+class LatentTally {
+ public:
+  explicit LatentTally(int32_t width)
+      : counts_(static_cast<int64_t*>(std::calloc(width, sizeof(int64_t)))),
+        sums_(static_cast<double*>(std::calloc(width, sizeof(double)))) {}
+  bool ok() const { return counts_ != nullptr && sums_ != nullptr; }
+  void Add(int32_t latent, double value) {
+    if (counts_.get()[latent]++ == 0) seen_.push_back(latent);
+    sums_.get()[latent] += value;
+  }
+  void Merge(const LatentTally& other) {
+    for (int32_t latent : other.seen_) {
+      if (counts_.get()[latent] == 0) seen_.push_back(latent);
+      counts_.get()[latent] += other.counts_.get()[latent];
+      sums_.get()[latent] += other.sums_.get()[latent];
+    }
+  }
+  const std::vector<int32_t>& seen() const { return seen_; }
+  int64_t count(int32_t latent) const { return counts_.get()[latent]; }
+  double sum(int32_t latent) const { return sums_.get()[latent]; }
+
+ private:
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<int64_t, Free> counts_;
+  std::unique_ptr<double, Free> sums_;
+  std::vector<int32_t> seen_;
 };
 
 // Counts and ranks the latents of the selected rows: chunks in SpreadOrder until max_rows rows
@@ -102,7 +130,8 @@ absl::StatusOr<LatentsOnRows> Tally(const ChunkStore& store, const DatasetRecord
     plan.push_back({c, std::min(chunks[c].selected, o.max_rows - out.rows_read)});
     out.rows_read += plan.back().take;
   }
-  // Each thread holds a tally as wide as the SAE: at most 64 MiB of them together.
+  // Each thread holds a tally as wide as the SAE (only its touched pages resident): at most
+  // 64 MiB of them together.
   const int64_t tally_bytes = int64_t{16} * width;
   int threads = o.threads > 0 ? o.threads
                               : static_cast<int>(std::min(8u, std::thread::hardware_concurrency()));
@@ -110,7 +139,14 @@ absl::StatusOr<LatentsOnRows> Tally(const ChunkStore& store, const DatasetRecord
       std::min<int64_t>({int64_t{std::max(threads, 1)}, static_cast<int64_t>(plan.size()),
                          std::max<int64_t>(1, (int64_t{64} << 20) / tally_bytes)}));
   threads = std::max(threads, 1);
-  std::vector<LatentTally> tallies(threads, LatentTally(width));
+  std::vector<LatentTally> tallies;
+  for (int t = 0; t < threads; ++t) {
+    tallies.emplace_back(width);
+    if (!tallies.back().ok()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("no memory for a tally of ", width, " latents (", tally_bytes, " bytes)"));
+    }
+  }
   std::vector<std::pair<size_t, absl::Status>> errors(threads, {plan.size(), absl::OkStatus()});
   auto work = [&](int t) {
     for (size_t i = t; i < plan.size(); i += threads) {
@@ -125,8 +161,7 @@ absl::StatusOr<LatentsOnRows> Tally(const ChunkStore& store, const DatasetRecord
         if (!is_selected(csr->row_start + r, csr->token_ids[r])) continue;
         ++taken;
         for (int64_t e = csr->indptr[r]; e < csr->indptr[r + 1]; ++e) {
-          ++tallies[t].counts[csr->indices[e]];
-          tallies[t].sums[csr->indices[e]] += csr->values[e];
+          tallies[t].Add(csr->indices[e], csr->values[e]);
         }
       }
     }
@@ -139,21 +174,15 @@ absl::StatusOr<LatentsOnRows> Tally(const ChunkStore& store, const DatasetRecord
   const auto first_error = std::min_element(
       errors.begin(), errors.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   if (!first_error->second.ok()) return first_error->second;
-  std::vector<int64_t>& counts = tallies[0].counts;
-  std::vector<double>& sums = tallies[0].sums;
-  for (int t = 1; t < threads; ++t) {
-    for (int32_t l = 0; l < width; ++l) {
-      counts[l] += tallies[t].counts[l];
-      sums[l] += tallies[t].sums[l];
-    }
-  }
+  LatentTally& tally = tallies[0];
+  for (int t = 1; t < threads; ++t) tally.Merge(tallies[t]);
   std::vector<LatentOnRows> ranked;
-  for (int32_t l = 0; l < width; ++l) {
-    if (l == exclude || counts[l] < o.min_count) continue;
+  for (int32_t l : tally.seen()) {
+    if (l == exclude || tally.count(l) < o.min_count) continue;
     LatentOnRows entry;
     entry.latent = l;
-    entry.count = counts[l];
-    entry.mean = sums[l] / counts[l];
+    entry.count = tally.count(l);
+    entry.mean = tally.sum(l) / tally.count(l);
     ranked.push_back(entry);
   }
   // Lift needs each latent's density over the whole dataset, from the statistics the store
