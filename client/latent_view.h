@@ -40,7 +40,8 @@ struct LatentPageOptions {
 // A whole HTML page (no scripts, no external resources): the latent's statistics, its value
 // histogram as inline SVG, then the top examples and each interval's samples. A token's
 // background is the latent's value on it over the latent's max (from context_values; the
-// example's own token alone when the dataset keeps none), its tooltip the row, id and value.
+// example's own token alone in an answer without them, from a daemon that predates them), its
+// tooltip the row, id and value.
 std::string LatentHtml(const v1::GetLatentResponse& response, const LatentPageOptions& options);
 
 // The file name of a latent's page in a dashboard directory: "latent-<j>.html".

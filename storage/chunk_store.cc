@@ -1118,12 +1118,23 @@ absl::Status ChunkStore::FillContext(const rocksdb::Snapshot* snap, const Datase
     std::vector<float> values;
     absl::Status s =
         LatentPostingsAt(snap, rec, latent, t->context_start_row, stop, &rows, &values);
-    // A format-2 dataset written without postings has no latent-major layout to read.
     if (absl::IsFailedPrecondition(s)) {
-      t->context_values.clear();
-      return absl::OkStatus();
+      // A format-2 dataset written without postings has no latent-major layout: the window's
+      // rows themselves (one or two row-major chunks).
+      rows.clear();
+      values.clear();
+      const int64_t first = t->context_start_row;
+      RETURN_IF_ERROR(ForEachChunk(snap, rec, first, stop - first, false, [&](const Chunk& c) {
+        for (int64_t r = std::max(c.row_start, first); r < std::min(c.row_start + c.num_rows, stop);
+             ++r) {
+          for (int64_t e = c.indptr[r - c.row_start]; e < c.indptr[r - c.row_start + 1]; ++e) {
+            if (c.indices[e] == latent) rows.push_back(r), values.push_back(c.values[e]);
+          }
+        }
+      }));
+    } else {
+      RETURN_IF_ERROR(s);
     }
-    RETURN_IF_ERROR(s);
     place(rows, values);
   }
   return absl::OkStatus();

@@ -102,7 +102,7 @@ struct TopActivationContext {
   int64_t context_start_row = 0;  // first row of the window (clipped at the sequence start)
   std::vector<int32_t> context_token_ids;
   // The latent's value on each row of the window (0 where it does not fire), parallel to
-  // context_token_ids; empty for a format-2 dataset kept without postings.
+  // context_token_ids.
   std::vector<float> context_values;
 };
 

@@ -272,7 +272,7 @@ class LatentView:
         ids = list(example.context_token_ids)
         words = self.decode(ids) if self.decode else [" %d" % i for i in ids]
         values = list(example.context_values)
-        if len(values) != len(ids):  # a dataset kept without postings: the row's own value only
+        if len(values) != len(ids):  # a daemon that predates them: the row's own value only
             values = [example.value if example.context_start_row + i == example.row else 0.0
                       for i in range(len(ids))]
         spans = []
