@@ -292,6 +292,14 @@ class LatentView:
         s = self.answer.statistics
         parts = ["<div><b>latent %d</b>: fires %d times (density %.5f), mean %.4g, max %.4g</div>"
                  % (s.latent, s.firing_count, s.density, s.mean, s.max)]
+        if self.answer.top_tokens:  # get_latent(..., top_tokens=N)
+            import html
+
+            ids = [t.token_id for t in self.answer.top_tokens]
+            words = self.decode(ids) if self.decode else [str(i) for i in ids]
+            parts.append("<div>fires most on: %s</div>" % ", ".join(
+                "<code>%s</code> %.0f%%" % (html.escape(str(w)), 100 * t.fraction)
+                for w, t in zip(words, self.answer.top_tokens)))
         parts += [self._example(e, s.max) for e in self.answer.top]
         for interval in self.answer.intervals:
             parts.append("<div><i>[%.4g, %.4g]: %d firings</i></div>" % (

@@ -239,13 +239,15 @@ class TrainLoop(DaemonTestCase):
                       html[at:at + 300])
         # In a notebook: the same examples as HTML, tokens decoded by the caller, shaded.
         view = c.show_latent(dataset, latent, decode=lambda ids: [text(i) for i in ids], top_n=3,
-                             intervals=2, interval_samples=1)
+                             intervals=2, interval_samples=1, top_tokens=2)
         shown_html = view._repr_html_()
         examples = list(view.answer.top) + [e for i in view.answer.intervals for e in i.samples]
         self.assertEqual(shown_html.count("<span style=\"background"),
                          sum(len(e.context_token_ids) for e in examples))
         self.assertEqual(shown_html.count("outline"), len(examples))
         self.assertIn("rgba(255,102,0,1.000);outline", shown_html)  # the top row: the max
+        self.assertIn("fires most on: <code>%s</code>" % text(on[0].token_id).replace(
+            "'", "&#x27;"), shown_html)
         self.assertIn(">%s</span>" % text(first.token_id).replace("'", "&#x27;"), shown_html)
         # A dashboard: index.html links the listed latents' pages, each with its examples, its
         # interval samples and the latents it fires with.
