@@ -582,10 +582,13 @@ struct ChunkStore::WindowCache {
   const rocksdb::Snapshot* const snap;
   const uint64_t id;
   std::map<int64_t, std::vector<int32_t>> tokens;  // chunk start row -> its token ids
-  // Format 3: chunk start row -> the latent's rows and values in the chunk, read through two
-  // iterators made on the first read and kept for the query.
+  // Format 3: chunk start row -> the latent's rows and values in the chunk. Both maps are filled
+  // together, a chunk's header read once, through three iterators (headers, token parts,
+  // slices: each a range of its own in the key order) made on the first read and kept for the
+  // query.
   std::map<int64_t, std::pair<std::vector<int64_t>, std::vector<float>>> runs;
   std::optional<ChunkIterator> headers;
+  std::optional<ChunkIterator> token_parts;
   std::optional<ChunkIterator> slices;
 };
 
@@ -656,13 +659,14 @@ bool LandOn(rocksdb::Iterator* it, const std::string& key) {
   return AtPart(it, key);
 }
 
-// Appends the latent's run in the format-3 chunk starting at chunk_start (rows ascending):
-// its header through `headers`, then the one slice holding the latent through `slices`, each
-// iterator left past what it read. *header is the chunk's (its num_rows says where the next
-// chunk starts).
-absl::Status ReadLatentRun(rocksdb::Iterator* headers, rocksdb::Iterator* slices,
-                           const DatasetRecord& rec, int32_t latent, int64_t chunk_start,
-                           SlicedChunkHeader* header, std::vector<int64_t>* rows,
+// Reads the format-3 chunk starting at chunk_start: its header through `headers`; when
+// `tokens` is given, its token ids through `token_parts`; when latent >= 0, appends the latent's
+// run (rows ascending) through `slices` from the one slice holding it. Each iterator is left past
+// what it read. *header is the chunk's (its num_rows says where the next chunk starts).
+absl::Status ReadLatentRun(rocksdb::Iterator* headers, rocksdb::Iterator* token_parts,
+                           rocksdb::Iterator* slices, const DatasetRecord& rec, int32_t latent,
+                           int64_t chunk_start, SlicedChunkHeader* header,
+                           std::vector<int32_t>* tokens, std::vector<int64_t>* rows,
                            std::vector<float>* values) {
   const uint64_t id = rec.id;
   std::string key = keys::ChunkPart(id, chunk_start, kPartHeader);
@@ -679,6 +683,21 @@ absl::Status ReadLatentRun(rocksdb::Iterator* headers, rocksdb::Iterator* slices
   }
   if (!s.ok()) return ChunkError(id, chunk_start, s);
   headers->Next();
+  if (tokens != nullptr) {
+    key = keys::ChunkPart(id, chunk_start, kPartTokens);
+    if (!LandOn(token_parts, key)) {
+      RETURN_IF_ERROR(FromRocks(token_parts->status(), "reading token ids"));
+      return ChunkError(id, chunk_start, absl::DataLossError("token ids missing"));
+    }
+    s = DecodeTokenPart(absl::string_view(token_parts->value().data(), token_parts->value().size()),
+                        tokens);
+    if (s.ok() && static_cast<int64_t>(tokens->size()) != header->num_rows) {
+      s = absl::DataLossError("token ids do not match the rows");
+    }
+    if (!s.ok()) return ChunkError(id, chunk_start, s);
+    token_parts->Next();
+  }
+  if (latent < 0) return absl::OkStatus();
   const int32_t sl = header->layout.SliceOf(latent);
   if (header->slice_nnz[sl] == 0) return absl::OkStatus();
   key = keys::ChunkPart(id, chunk_start, static_cast<uint16_t>(kPartFirstSlice + sl));
@@ -1050,6 +1069,7 @@ absl::Status ChunkStore::FillContext(const rocksdb::Snapshot* snap, const Datase
                                      int32_t latent, int32_t before, int32_t after,
                                      const LatentFirings* firings, WindowCache* cache,
                                      TopActivationContext* t) const {
+  const bool sliced = rec.format_version >= 3;
   auto token_at = [&](int64_t row, int32_t* token) -> absl::Status {
     auto it = cache->tokens.upper_bound(row);
     if (it != cache->tokens.begin()) {
@@ -1061,10 +1081,30 @@ absl::Status ChunkStore::FillContext(const rocksdb::Snapshot* snap, const Datase
     }
     int64_t start = 0;
     std::vector<int32_t> toks;
-    RETURN_IF_ERROR(ForEachChunk(snap, rec, row, 1, true, [&](const Chunk& c) {
-      start = c.row_start;
-      toks = c.token_ids;
-    }));
+    if (sliced) {
+      // The chunk's header once, its token ids and (unless the caller holds every firing) the
+      // latent's run in it.
+      if (!cache->headers) {
+        cache->headers.emplace(cache->db, cache->snap, cache->id);
+        cache->token_parts.emplace(cache->db, cache->snap, cache->id);
+        cache->slices.emplace(cache->db, cache->snap, cache->id);
+      }
+      ASSIGN_OR_RETURN(start, ChunkHolding(cache->headers->get(), rec.id, row));
+      SlicedChunkHeader header;
+      auto& run = cache->runs[start];
+      RETURN_IF_ERROR(ReadLatentRun(cache->headers->get(), cache->token_parts->get(),
+                                    cache->slices->get(), rec, firings != nullptr ? -1 : latent,
+                                    start, &header, &toks, &run.first, &run.second));
+      if (row >= start + header.num_rows) {
+        return absl::DataLossError(
+            absl::StrCat("dataset ", rec.id, " has no chunk holding row ", row));
+      }
+    } else {
+      RETURN_IF_ERROR(ForEachChunk(snap, rec, row, 1, true, [&](const Chunk& c) {
+        start = c.row_start;
+        toks = c.token_ids;
+      }));
+    }
     *token = toks[row - start];
     cache->tokens.emplace(start, std::move(toks));
     return absl::OkStatus();
@@ -1095,22 +1135,12 @@ absl::Status ChunkStore::FillContext(const rocksdb::Snapshot* snap, const Datase
   };
   if (firings != nullptr) {
     place(firings->rows, firings->values);
-  } else if (rec.format_version >= 3) {
+  } else if (sliced) {
+    // Every chunk the window spans was read with its run when its token ids were.
     for (int64_t r = t->context_start_row; r < stop;) {
       const int64_t chunk_start = std::prev(cache->tokens.upper_bound(r))->first;
-      auto run = cache->runs.find(chunk_start);
-      if (run == cache->runs.end()) {
-        if (!cache->headers) {
-          cache->headers.emplace(cache->db, cache->snap, cache->id);
-          cache->slices.emplace(cache->db, cache->snap, cache->id);
-        }
-        run = cache->runs.emplace(chunk_start, decltype(run->second)()).first;
-        SlicedChunkHeader header;
-        RETURN_IF_ERROR(ReadLatentRun(cache->headers->get(), cache->slices->get(), rec, latent,
-                                      chunk_start, &header, &run->second.first,
-                                      &run->second.second));
-      }
-      place(run->second.first, run->second.second);
+      const auto& run = cache->runs[chunk_start];
+      place(run.first, run.second);
       r = chunk_start + static_cast<int64_t>(cache->tokens[chunk_start].size());
     }
   } else {
@@ -1276,8 +1306,8 @@ absl::Status ChunkStore::SlicedLatentPostings(const rocksdb::Snapshot* snap,
   ASSIGN_OR_RETURN(const int64_t first_chunk, ChunkHolding(it.get(), id, row_begin));
   SlicedChunkHeader header;
   for (int64_t chunk_start = first_chunk; chunk_start < row_end; chunk_start += header.num_rows) {
-    RETURN_IF_ERROR(
-        ReadLatentRun(it.get(), slices.get(), rec, latent, chunk_start, &header, rows, values));
+    RETURN_IF_ERROR(ReadLatentRun(it.get(), nullptr, slices.get(), rec, latent, chunk_start,
+                                  &header, nullptr, rows, values));
   }
   RETURN_IF_ERROR(FromRocks(slices->status(), "reading latent slices"));
   return FromRocks(it->status(), "reading latent slices");
