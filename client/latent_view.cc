@@ -40,8 +40,8 @@ std::string HtmlEscape(absl::string_view text) {
   return out;
 }
 
-// The latent's value on the window's i-th token: context_values where the dataset keeps them,
-// else the example's own value on its row and nothing elsewhere.
+// The latent's value on the window's i-th token: context_values when the answer carries them
+// (a daemon older than them does not), else the example's own value on its row, 0 elsewhere.
 float ValueAt(const v1::TopActivation& example, int i) {
   if (example.context_values_size() == example.context_token_ids_size()) {
     return example.context_values(i);
