@@ -1020,17 +1020,17 @@ datasets:
               [--html=FILE.html]
                                  statistics, top activations (--distinct: one per sequence),
                                  interval samples, the N tokens it fires on most, where in
-                                 its sequences it fires; --vocab
-                                 shows text, --html a page where each token is shaded by the
-                                 latent's value on it
+                                 its sequences it fires; --vocab shows text, --html a page
+                                 where each token is shaded by the latent's value on it
   latents ID [--order=latent|frequent|rare|max|mean] [--limit=N] [--offset=N]
              [--min_count=C] [--max_count=C] [--plot=FILE.png]
                                  the SAE at a glance: latents ranked, dead count, density plot
   dashboard ID DIR [--order=...] [--limit=N] [--offset=N] [--min_count=C] [--max_count=C]
                  [--vocab=F] [--top=N] [--intervals=I] [--distinct]
                                  a static HTML dashboard: DIR/index.html (density histogram,
-                                 the listed latents) and a page per latent (examples shaded
-                                 by value, interval samples, the latents it fires with)
+                                 the listed latents and their top tokens) and a page per
+                                 latent (examples shaded by value, interval samples, tokens,
+                                 positions, the latents it fires with)
   cofiring ID J [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
                                  the latents that fire on the rows where latent J fires
   token ID T [--vocab=F] [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
