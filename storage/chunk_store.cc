@@ -611,10 +611,10 @@ absl::StatusOr<int64_t> ChunkHolding(rocksdb::Iterator* it, uint64_t id, int64_t
 template <typename Visit>
 absl::Status ChunkStore::ForEachChunk(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
                                       int64_t row_start, int64_t row_count, bool tokens_only,
-                                      Visit visit) const {
+                                      Visit visit, const uint64_t* keep) const {
   if (row_count <= 0) return absl::OkStatus();
   if (rec.format_version >= 3 && rec.meta.kind == DatasetKind::kSparse) {
-    return ForEachSlicedChunk(snap, rec, row_start, row_count, tokens_only, visit);
+    return ForEachSlicedChunk(snap, rec, row_start, row_count, tokens_only, visit, keep);
   }
   const uint64_t id = rec.id;
   ChunkIterator it(db_, snap, id);
@@ -748,7 +748,7 @@ void AssembleRows(const SlicedChunkHeader& h, int64_t row_lo, int64_t row_hi,
 template <typename Visit>
 absl::Status ChunkStore::ForEachSlicedChunk(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
                                             int64_t row_start, int64_t row_count, bool tokens_only,
-                                            Visit visit) const {
+                                            Visit visit, const uint64_t* keep) const {
   const uint64_t id = rec.id;
   ChunkIterator it(db_, snap, id);
   ASSIGN_OR_RETURN(int64_t chunk_start, ChunkHolding(it.get(), id, row_start));
@@ -811,8 +811,10 @@ absl::Status ChunkStore::ForEachSlicedChunk(const rocksdb::Snapshot* snap, const
                             absl::DataLossError(absl::StrCat("slice ", sl, " missing")));
         }
         if (slices.size() <= slice_ids.size()) slices.emplace_back();
+        // keep's bit for the chunk-local row r is r + chunk_start - row_start.
         s = DecodeSlice(absl::string_view(it->value().data(), it->value().size()), header, sl,
-                        row_lo, row_hi, &slices[slice_ids.size()]);
+                        row_lo, row_hi, &slices[slice_ids.size()], keep,
+                        static_cast<uint64_t>(chunk_start + row_lo - row_start));
         if (!s.ok()) return ChunkError(id, chunk_start, s);
         slice_ids.push_back(sl);
       }
@@ -826,6 +828,20 @@ absl::Status ChunkStore::ForEachSlicedChunk(const rocksdb::Snapshot* snap, const
 
 absl::StatusOr<CsrRows> ChunkStore::ReadRows(uint64_t id, int64_t row_start,
                                              int64_t row_count) const {
+  return ReadRowsKeeping(id, row_start, row_count, nullptr);
+}
+
+absl::StatusOr<CsrRows> ChunkStore::ReadRowSet(uint64_t id, int64_t row_start, int64_t row_count,
+                                               const std::vector<uint64_t>& keep) const {
+  if (row_count <= 0 || static_cast<uint64_t>(row_count) > keep.size() * 64) {
+    return absl::InvalidArgumentError(absl::StrCat("keep: ", keep.size(), " words for ", row_count,
+                                                   " rows (row_count must be > 0)"));
+  }
+  return ReadRowsKeeping(id, row_start, row_count, keep.data());
+}
+
+absl::StatusOr<CsrRows> ChunkStore::ReadRowsKeeping(uint64_t id, int64_t row_start,
+                                                    int64_t row_count, const uint64_t* keep) const {
   SnapshotHolder snap(db_->raw());
   ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
   if (rec.meta.kind != DatasetKind::kSparse) {
@@ -840,19 +856,22 @@ absl::StatusOr<CsrRows> ChunkStore::ReadRows(uint64_t id, int64_t row_start,
   out.indptr.reserve(ReserveAhead(row_count) + 1);
   out.token_ids.reserve(ReserveAhead(row_count));
   const int64_t row_end = row_start + row_count;
-  RETURN_IF_ERROR(ForEachChunk(snap.get(), rec, row_start, row_count, false, [&](const Chunk& c) {
-    const int64_t a = std::max(row_start, c.row_start) - c.row_start;
-    const int64_t b = std::min(row_end, c.row_start + c.num_rows) - c.row_start;
-    const int64_t base = out.indptr.back() - c.indptr[a];
-    for (int64_t r = a; r < b; ++r) {
-      out.indptr.push_back(c.indptr[r + 1] + base);
-      out.token_ids.push_back(c.token_ids[r]);
-    }
-    out.indices.insert(out.indices.end(), c.indices.begin() + c.indptr[a],
-                       c.indices.begin() + c.indptr[b]);
-    out.values.insert(out.values.end(), c.values.begin() + c.indptr[a],
-                      c.values.begin() + c.indptr[b]);
-  }));
+  RETURN_IF_ERROR(ForEachChunk(
+      snap.get(), rec, row_start, row_count, false,
+      [&](const Chunk& c) {
+        const int64_t a = std::max(row_start, c.row_start) - c.row_start;
+        const int64_t b = std::min(row_end, c.row_start + c.num_rows) - c.row_start;
+        const int64_t base = out.indptr.back() - c.indptr[a];
+        for (int64_t r = a; r < b; ++r) {
+          out.indptr.push_back(c.indptr[r + 1] + base);
+          out.token_ids.push_back(c.token_ids[r]);
+        }
+        out.indices.insert(out.indices.end(), c.indices.begin() + c.indptr[a],
+                           c.indices.begin() + c.indptr[b]);
+        out.values.insert(out.values.end(), c.values.begin() + c.indptr[a],
+                          c.values.begin() + c.indptr[b]);
+      },
+      keep));
   return out;
 }
 

@@ -182,6 +182,13 @@ class ChunkStore {
   // Rows [row_start, row_start + row_count) of a SPARSE dataset; row_count 0 means to the
   // committed end. OUT_OF_RANGE past the watermark; DATA_LOSS for a corrupt chunk.
   absl::StatusOr<CsrRows> ReadRows(uint64_t id, int64_t row_start, int64_t row_count) const;
+  // ReadRows of a set of rows: of [row_start, row_start + row_count) (row_count > 0), the rows
+  // whose bit row - row_start is set in `keep` come back with their latents, the others may come
+  // back empty (format 3 decodes no value of theirs and assembles nothing for them; a format-2
+  // chunk returns them whole). Token ids come for every row. INVALID_ARGUMENT when `keep` is
+  // shorter than (row_count + 63) / 64 words; otherwise errors as ReadRows.
+  absl::StatusOr<CsrRows> ReadRowSet(uint64_t id, int64_t row_start, int64_t row_count,
+                                     const std::vector<uint64_t>& keep) const;
   // The latents firing on `row` (one CSR row).
   absl::StatusOr<CsrRows> RowLatents(uint64_t id, int64_t row) const;
   // Rows [row_start, row_start + row_count) of a DENSE dataset as row-major floats.
@@ -250,15 +257,19 @@ class ChunkStore {
   absl::StatusOr<DatasetRecord> GetRecordAt(const rocksdb::Snapshot* snap, uint64_t id) const;
   absl::StatusOr<uint64_t> BytesOnDisk(uint64_t id) const;
   // Visits the decoded chunks overlapping [row_start, row_start + row_count) in order, whatever
-  // the dataset's format (format-3 chunks are assembled into CSR from their slices).
+  // the dataset's format (format-3 chunks are assembled into CSR from their slices). With `keep`
+  // (a bitmap, bit row - row_start), format-3 rows outside it come back empty.
   template <typename Visit>
   absl::Status ForEachChunk(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
-                            int64_t row_start, int64_t row_count, bool tokens_only,
-                            Visit visit) const;
+                            int64_t row_start, int64_t row_count, bool tokens_only, Visit visit,
+                            const uint64_t* keep = nullptr) const;
   template <typename Visit>
   absl::Status ForEachSlicedChunk(const rocksdb::Snapshot* snap, const DatasetRecord& rec,
                                   int64_t row_start, int64_t row_count, bool tokens_only,
-                                  Visit visit) const;
+                                  Visit visit, const uint64_t* keep) const;
+  // ReadRows and ReadRowSet (keep null: every row).
+  absl::StatusOr<CsrRows> ReadRowsKeeping(uint64_t id, int64_t row_start, int64_t row_count,
+                                          const uint64_t* keep) const;
   // What a query showing a latent's firings with context windows starts from: the window
   // checked (INVALID_ARGUMENT when negative), then the record and every committed firing of the
   // latent at `snap`.

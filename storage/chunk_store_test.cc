@@ -656,6 +656,44 @@ TEST_P(ChunkStoreTest, TopSequencesTakeEachSequencesMaximumOnce) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A row set read back: kept rows as ReadRows gives them, the others empty (format 3) or whole
+// (format 2), for sets spanning chunks at offsets that are not multiples of 64.
+TEST_P(ChunkStoreTest, RowSetsReadTheKeptRows) {
+  const int64_t total = 500;
+  const uint64_t id = WriteSparse("set", 64, total, 125);
+  std::mt19937 rng(5);
+  for (auto [start, count] : {std::pair<int64_t, int64_t>{0, 100}, {37, 250}, {99, 2}, {450, 50}}) {
+    std::vector<uint64_t> keep((count + 63) / 64, 0);
+    for (int64_t r = 0; r < count; ++r) {
+      if (rng() % 4 == 0 || r == count - 1) keep[r >> 6] |= uint64_t{1} << (r & 63);
+    }
+    auto set = store_->ReadRowSet(id, start, count, keep);
+    ASSERT_TRUE(set.ok()) << set.status();
+    auto all = store_->ReadRows(id, start, count);
+    ASSERT_TRUE(all.ok());
+    ASSERT_EQ(set->num_rows, count);
+    EXPECT_EQ(set->token_ids, all->token_ids);
+    for (int64_t r = 0; r < count; ++r) {
+      const bool kept = (keep[r >> 6] >> (r & 63)) & 1;
+      auto row = [&](const CsrRows& c) {
+        return std::make_pair(
+            std::vector<int32_t>(c.indices.begin() + c.indptr[r],
+                                 c.indices.begin() + c.indptr[r + 1]),
+            std::vector<float>(c.values.begin() + c.indptr[r], c.values.begin() + c.indptr[r + 1]));
+      };
+      if (kept || Format() == 2) {
+        EXPECT_EQ(row(*set), row(*all)) << "row " << start + r;
+      } else {
+        EXPECT_EQ(set->indptr[r + 1], set->indptr[r]) << "row " << start + r << " not kept";
+      }
+    }
+  }
+  EXPECT_EQ(store_->ReadRowSet(id, 0, 65, std::vector<uint64_t>(1, ~uint64_t{0})).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->ReadRowSet(id, 490, 64, std::vector<uint64_t>(1, 1)).status().code(),
+            absl::StatusCode::kOutOfRange);
+}
+
 // A format-2 dataset written without postings has no latent-major layout: its windows' values
 // come from the rows themselves.
 TEST_P(ChunkStoreTest, WindowsWithoutPostingsReadValuesFromTheRows) {

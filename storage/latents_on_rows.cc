@@ -112,13 +112,14 @@ class LatentTally {
 };
 
 // Counts and ranks the latents of the selected rows: chunks in SpreadOrder until max_rows rows
-// are counted (the last chunk's first ones), `is_selected(row, token)` telling which rows of a
-// chunk count; `exclude` is left out. The chunks are read on up to `threads` threads, each
+// are counted (the last chunk's first ones), `rows_of(chunk, &rows)` giving a chunk's selected
+// rows, ascending; `exclude` is left out. Each chunk is read as a row set (ReadRowSet: values are
+// decoded and rows assembled for the selected rows alone), on up to `threads` threads, each
 // tallying its own share (chunk i of the plan on thread i % threads), merged in thread order.
-template <typename IsSelected>
+template <typename RowsOf>
 absl::StatusOr<LatentsOnRows> Tally(const ChunkStore& store, const DatasetRecord& rec,
                                     const std::vector<ChunkPick>& chunks, int32_t exclude,
-                                    const LatentsOnRowsOptions& o, IsSelected is_selected) {
+                                    const LatentsOnRowsOptions& o, RowsOf rows_of) {
   const uint64_t id = rec.id;
   const int32_t width = rec.meta.width;
   LatentsOnRows out;
@@ -149,17 +150,29 @@ absl::StatusOr<LatentsOnRows> Tally(const ChunkStore& store, const DatasetRecord
   }
   std::vector<std::pair<size_t, absl::Status>> errors(threads, {plan.size(), absl::OkStatus()});
   auto work = [&](int t) {
+    std::vector<int64_t> rows;
+    std::vector<uint64_t> keep;
     for (size_t i = t; i < plan.size(); i += threads) {
-      const ChunkPick& c = chunks[plan[i].chunk];
-      absl::StatusOr<CsrRows> csr = store.ReadRows(id, c.first, c.last - c.first + 1);
+      absl::Status s = rows_of(chunks[plan[i].chunk], &rows);
+      if (s.ok() && static_cast<int64_t>(rows.size()) < plan[i].take) {
+        s = absl::DataLossError(absl::StrCat("dataset ", id, ": the rows of chunk ",
+                                             chunks[plan[i].chunk].start, " changed"));
+      }
+      if (!s.ok()) {
+        errors[t] = {i, s};
+        return;
+      }
+      rows.resize(plan[i].take);
+      const int64_t first = rows.front(), span = rows.back() - first + 1;
+      keep.assign((span + 63) / 64, 0);
+      for (int64_t row : rows) keep[(row - first) >> 6] |= uint64_t{1} << ((row - first) & 63);
+      absl::StatusOr<CsrRows> csr = store.ReadRowSet(id, first, span, keep);
       if (!csr.ok()) {
         errors[t] = {i, csr.status()};
         return;
       }
-      int64_t taken = 0;
-      for (int64_t r = 0; r < csr->num_rows && taken < plan[i].take; ++r) {
-        if (!is_selected(csr->row_start + r, csr->token_ids[r])) continue;
-        ++taken;
+      for (int64_t row : rows) {
+        const int64_t r = row - first;
         for (int64_t e = csr->indptr[r]; e < csr->indptr[r + 1]; ++e) {
           tallies[t].Add(csr->indices[e], csr->values[e]);
         }
@@ -268,9 +281,12 @@ absl::StatusOr<LatentsOnRows> LatentsFiringWith(const ChunkStore& store, uint64_
     while (chunks[chunk].end <= row) ++chunk;  // rows ascend; the chunks tile them
     chunks[chunk].Add(row);
   }
-  return Tally(store, rec, chunks, latent, options, [&](int64_t row, int32_t) {
-    return std::binary_search(rows.begin(), rows.end(), row);
-  });
+  return Tally(store, rec, chunks, latent, options,
+               [&](const ChunkPick& c, std::vector<int64_t>* selected) {
+                 selected->assign(std::lower_bound(rows.begin(), rows.end(), c.start),
+                                  std::lower_bound(rows.begin(), rows.end(), c.end));
+                 return absl::OkStatus();
+               });
 }
 
 absl::StatusOr<LatentsOnRows> LatentsFiringOnToken(const ChunkStore& store, uint64_t id,
@@ -293,8 +309,18 @@ absl::StatusOr<LatentsOnRows> LatentsFiringOnToken(const ChunkStore& store, uint
       chunks[chunk].Add(start + r);
     }
   }
+  // A chunk's rows of the token, from its token ids again (cheap) rather than kept for every
+  // chunk while scanning.
   return Tally(store, rec, chunks, /*exclude=*/-1, options,
-               [&](int64_t, int32_t token) { return token == token_id; });
+               [&](const ChunkPick& c, std::vector<int64_t>* selected) -> absl::Status {
+                 std::vector<int32_t> ids;
+                 RETURN_IF_ERROR(store.ReadTokens(id, c.first, c.last - c.first + 1, &ids));
+                 selected->clear();
+                 for (size_t r = 0; r < ids.size(); ++r) {
+                   if (ids[r] == token_id) selected->push_back(c.first + static_cast<int64_t>(r));
+                 }
+                 return absl::OkStatus();
+               });
 }
 
 absl::StatusOr<TokensOfLatent> TokensLatentFiresOn(const ChunkStore& store, uint64_t id,

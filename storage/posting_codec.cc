@@ -367,7 +367,8 @@ absl::Status DecodePosting(absl::string_view in, int64_t row_start, ChunkDtype d
 
 absl::Status DecodePostingMasked(absl::string_view in, ChunkDtype dtype, uint64_t mask, uint64_t lo,
                                  uint64_t hi, std::vector<int64_t>* keys,
-                                 std::vector<float>* values, uint64_t* total) {
+                                 std::vector<float>* values, uint64_t* total, const uint64_t* keep,
+                                 uint64_t keep_offset) {
   Parsed ps;
   RETURN_IF_ERROR(Parse(in, dtype, &ps));
   if (total != nullptr) *total = ps.n;
@@ -388,6 +389,10 @@ absl::Status DecodePostingMasked(absl::string_view in, ChunkDtype dtype, uint64_
     if ((high & high_mask) - high_lo > high_span) return;  // unsigned: outside the window
     const uint64_t x = high << ps.l | LowAt(ps, i);
     if ((x & mask) - lo >= hi - lo) return;  // unsigned: outside [lo, hi)
+    if (keep != nullptr) {
+      const uint64_t bit = keep_offset + (x & mask) - lo;
+      if (((keep[bit >> 6] >> (bit & 63)) & 1) == 0) return;
+    }
     // The keys returned ascend strictly and are non-negative, as in an intact posting.
     ascending &= x <= static_cast<uint64_t>(INT64_MAX) &&
                  (keys->size() == first || static_cast<int64_t>(x) > keys->back());

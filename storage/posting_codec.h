@@ -42,10 +42,12 @@ absl::Status DecodePosting(absl::string_view in, int64_t row_start, ChunkDtype d
 
 // Appends the entries (keys x = rows - row_start, and values) whose masked key x & mask lies in
 // [lo, hi), decoding values only for those: a row window of a latent slice, whose keys carry the
-// chunk-local row in their low bits. DATA_LOSS as above.
+// chunk-local row in their low bits. With `keep`, only those whose bit keep_offset +
+// (x & mask) - lo is set in it (a bitmap covering [lo, hi)): a set of rows. DATA_LOSS as above.
 absl::Status DecodePostingMasked(absl::string_view in, ChunkDtype dtype, uint64_t mask, uint64_t lo,
                                  uint64_t hi, std::vector<int64_t>* keys,
-                                 std::vector<float>* values, uint64_t* total = nullptr);
+                                 std::vector<float>* values, uint64_t* total = nullptr,
+                                 const uint64_t* keep = nullptr, uint64_t keep_offset = 0);
 
 // Appends only the entries whose row lies in [lo, hi), decoding just those: the unary high
 // bits are skipped a 64-bit word at a time up to the first candidate. The whole value is still

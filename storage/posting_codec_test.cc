@@ -148,6 +148,30 @@ TEST(PostingCodec, MaskedDecodeEqualsFilteredFullDecode) {
           ASSERT_EQ(got_keys, want_keys)
               << "b " << b << " latents " << latents << " [" << lo << ", " << hi << ")";
           ASSERT_EQ(got_values, want_values);
+          // A row set inside the window: a random bitmap at a random bit offset.
+          const uint64_t offset = rng() % 100;
+          std::vector<uint64_t> keep((offset + (hi - lo) + 63) / 64 + 1, 0);
+          for (uint64_t r = lo; r < hi; ++r) {
+            if (rng() % 3 == 0)
+              keep[(offset + r - lo) >> 6] |= uint64_t{1} << ((offset + r - lo) & 63);
+          }
+          got_keys.clear();
+          got_values.clear();
+          ASSERT_TRUE(DecodePostingMasked(enc, ChunkDtype::kFloat16, mask, lo, hi, &got_keys,
+                                          &got_values, nullptr, keep.data(), offset)
+                          .ok());
+          want_keys.clear();
+          want_values.clear();
+          for (size_t i = 0; i < keys.size(); ++i) {
+            const uint64_t row = static_cast<uint64_t>(keys[i]) & mask;
+            const uint64_t bit = offset + row - lo;
+            if (row >= lo && row < hi && ((keep[bit >> 6] >> (bit & 63)) & 1)) {
+              want_keys.push_back(keys[i]);
+              want_values.push_back(values[i]);
+            }
+          }
+          ASSERT_EQ(got_keys, want_keys) << "row set, b " << b << " offset " << offset;
+          ASSERT_EQ(got_values, want_values);
         }
       }
     }

@@ -156,20 +156,21 @@ void EncodeSlice(const int64_t* keys, const float* values, size_t n, ChunkDtype 
 }
 
 absl::Status DecodeSlice(absl::string_view in, const SlicedChunkHeader& header, int32_t slice,
-                         int64_t row_lo, int64_t row_hi, SliceEntries* out) {
+                         int64_t row_lo, int64_t row_hi, SliceEntries* out, const uint64_t* keep,
+                         uint64_t keep_offset) {
   out->keys.clear();
   out->values.clear();
   const int row_bits = RowBits(header.num_rows);
   uint64_t total = 0;
   absl::Status s;
-  if (row_lo <= 0 && row_hi >= header.num_rows) {
+  if (keep == nullptr && row_lo <= 0 && row_hi >= header.num_rows) {
     s = DecodePosting(in, 0, header.dtype, &out->keys, &out->values);
     total = out->keys.size();
   } else {
     s = DecodePostingMasked(in, header.dtype, (uint64_t{1} << row_bits) - 1,
                             static_cast<uint64_t>(std::max<int64_t>(row_lo, 0)),
                             static_cast<uint64_t>(std::min(row_hi, header.num_rows)), &out->keys,
-                            &out->values, &total);
+                            &out->values, &total, keep, keep_offset);
   }
   if (!s.ok()) return absl::DataLossError(absl::StrCat("slice ", slice, ": ", s.message()));
   RETURN_IF_ERROR(CheckSliceCount(header, slice, total));

@@ -82,9 +82,11 @@ void EncodeSlice(const int64_t* keys, const float* values, size_t n, ChunkDtype 
 // Replaces *out with the slice's entries whose chunk-local row lies in [row_lo, row_hi) (values
 // are decoded only for those), checking that the slice holds as many entries as the header says
 // and that every entry returned lies inside the slice (offset < slice width, row < num_rows).
-// DATA_LOSS otherwise.
+// DATA_LOSS otherwise. With `keep` (a bitmap), only the rows r whose bit keep_offset + r - row_lo
+// is set: a set of rows, whose values alone are decoded.
 absl::Status DecodeSlice(absl::string_view in, const SlicedChunkHeader& header, int32_t slice,
-                         int64_t row_lo, int64_t row_hi, SliceEntries* out);
+                         int64_t row_lo, int64_t row_hi, SliceEntries* out,
+                         const uint64_t* keep = nullptr, uint64_t keep_offset = 0);
 // Appends the rows (absolute) and values of one latent of slice `slice`, decoding only its run of
 // the slice. DATA_LOSS as DecodeSlice.
 absl::Status DecodeSliceLatent(absl::string_view in, const SlicedChunkHeader& header, int32_t slice,
