@@ -36,9 +36,14 @@ $LATENTCTL rows "$dataset" --count=3
 latent=$($LATENTCTL --json rows "$dataset" --count=1 | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["indices"][0])')
 echo
 echo "demo: latent $latent"
-$LATENTCTL latent "$dataset" "$latent" --top=5 --before=8 --after_tokens=2 \
+$LATENTCTL latent "$dataset" "$latent" --top=5 --before=8 --after_tokens=2 --tokens=3 \
   --vocab="$inputs/vocab.json" --html="$data_dir/demo-latent.html"
 echo "(open $data_dir/demo-latent.html in a browser: every token shaded by the latent's value)"
+echo
+echo "demo: a dashboard of the 20 most frequent latents"
+$LATENTCTL dashboard "$dataset" "$data_dir/demo-dashboard" --order=frequent --limit=20 \
+  --intervals=3 --interval_samples=3 --before=12 --after_tokens=4 --vocab="$inputs/vocab.json"
+echo "(open $data_dir/demo-dashboard/index.html in a browser)"
 echo
 echo "demo: the latents that fire with latent $latent (by count), and on the token \" the\" (by lift)"
 $LATENTCTL cofiring "$dataset" "$latent" --limit=5
