@@ -115,6 +115,19 @@ std::string Json(const google::protobuf::Message& message) {
   return out;
 }
 
+// A terminal bar for `count` against the largest count shown, `peak`: 1 to 40 '#', none for 0.
+std::string Bar(int64_t count, int64_t peak) {
+  return std::string(count > 0 ? 1 + 40 * count / std::max<int64_t>(peak, 1) : 0, '#');
+}
+
+// Histogram bins summed `merge` at a time (the last group may hold fewer), so that a long
+// histogram fits a few terminal lines.
+std::vector<int64_t> MergeBins(const google::protobuf::RepeatedField<int64_t>& bins, int merge) {
+  std::vector<int64_t> merged((bins.size() + merge - 1) / merge, 0);
+  for (int i = 0; i < bins.size(); ++i) merged[i / merge] += bins[i];
+  return merged;
+}
+
 int Usage(const std::string& message) {
   std::fprintf(stderr, "latentctl: %s\nRun 'latentctl help' for the commands.\n", message.c_str());
   return kExitUsage;
@@ -610,16 +623,14 @@ int Latent(Client& client, const std::vector<std::string>& args) {
               s.latent(), static_cast<long long>(s.firing_count()), s.density(), s.mean(),
               s.stddev(), s.max());
   if (s.histogram_size() > 0) {
-    int64_t peak = 1;
-    for (int64_t c : s.histogram()) peak = std::max(peak, c);
+    const int64_t peak = *std::max_element(s.histogram().begin(), s.histogram().end());
     std::printf("histogram of nonzero values [%.3g, %.3g]:\n", s.histogram_min(),
                 s.histogram_max());
     const double width = (s.histogram_max() - s.histogram_min()) / s.histogram_size();
     for (int b = 0; b < s.histogram_size(); ++b) {
       if (s.histogram(b) == 0) continue;
       std::printf("  %8.3g %s %lld\n", s.histogram_min() + width * b,
-                  std::string(1 + 40 * s.histogram(b) / peak, '#').c_str(),
-                  static_cast<long long>(s.histogram(b)));
+                  Bar(s.histogram(b), peak).c_str(), static_cast<long long>(s.histogram(b)));
     }
   }
   auto print_row = [&](const v1::TopActivation& t) {
@@ -630,16 +641,13 @@ int Latent(Client& client, const std::vector<std::string>& args) {
     // At most 16 lines: neighbouring bins merged.
     const int merge = (bins + 15) / 16;
     const int64_t width = response.position_bin_width();
-    std::vector<int64_t> merged((bins + merge - 1) / merge, 0);
-    for (int b = 0; b < bins; ++b) merged[b / merge] += response.position_histogram(b);
-    int64_t peak = 1;
-    for (int64_t c : merged) peak = std::max(peak, c);
+    const std::vector<int64_t> merged = MergeBins(response.position_histogram(), merge);
+    const int64_t peak = *std::max_element(merged.begin(), merged.end());
     std::printf("where in its sequences it fires (positions):\n");
     for (size_t m = 0; m < merged.size(); ++m) {
       std::printf("  [%5lld, %5lld) %-41s %lld\n", static_cast<long long>(m * merge * width),
                   static_cast<long long>(std::min<int64_t>((m + 1) * merge, bins) * width),
-                  std::string(merged[m] > 0 ? 1 + 40 * merged[m] / peak : 0, '#').c_str(),
-                  static_cast<long long>(merged[m]));
+                  Bar(merged[m], peak).c_str(), static_cast<long long>(merged[m]));
     }
   }
   if (response.top_tokens_size() > 0) std::printf("fires most on tokens:\n");
@@ -770,16 +778,14 @@ int Latents(Client& client, const std::vector<std::string>& args) {
     if (!bins.empty()) {
       constexpr int kMerge = 5;
       const double width = -response.log10_density_min() / bins.size();
-      std::vector<int64_t> merged((bins.size() + kMerge - 1) / kMerge, 0);
-      for (int i = 0; i < bins.size(); ++i) merged[i / kMerge] += bins[i];
-      const int64_t peak = std::max<int64_t>(1, *std::max_element(merged.begin(), merged.end()));
+      const std::vector<int64_t> merged = MergeBins(bins, kMerge);
+      const int64_t peak = *std::max_element(merged.begin(), merged.end());
       std::printf("log10 density of the latents that fired:\n");
       for (size_t m = 0; m < merged.size(); ++m) {
         const double low = response.log10_density_min() + width * kMerge * m;
         const double high = std::min(0.0, low + width * kMerge);
         std::printf("  [%6.2f, %6.2f%c %-41s %lld\n", low, high, m + 1 == merged.size() ? ']' : ')',
-                    std::string(merged[m] > 0 ? 1 + 40 * merged[m] / peak : 0, '#').c_str(),
-                    static_cast<long long>(merged[m]));
+                    Bar(merged[m], peak).c_str(), static_cast<long long>(merged[m]));
       }
     }
     std::printf("%-8s %-10s %-10s %-10s %s\n", "LATENT", "FIRINGS", "DENSITY", "MEAN", "MAX");
