@@ -263,25 +263,46 @@ absl::StatusOr<std::vector<ChunkPick>> Chunks(const ChunkStore& store, const Dat
   return chunks;
 }
 
+// What the per-latent questions start from: the dataset's record and every firing of the latent
+// committed by it, rows ascending. Firings committed after the record was read (the postings are
+// read at a later snapshot) are left out, so every answer is about one prefix of the rows.
+struct LatentRows {
+  DatasetRecord rec;
+  std::vector<int64_t> rows;
+  std::vector<float> values;
+};
+
+absl::StatusOr<LatentRows> ReadLatentRows(const ChunkStore& store, uint64_t id, int32_t latent) {
+  LatentRows out;
+  ASSIGN_OR_RETURN(out.rec, SparseRecord(store, id));
+  RETURN_IF_ERROR(store.LatentPostings(id, latent, &out.rows, &out.values));
+  const size_t committed =
+      std::lower_bound(out.rows.begin(), out.rows.end(), out.rec.rows_committed) - out.rows.begin();
+  out.rows.resize(committed);
+  out.values.resize(committed);
+  return out;
+}
+
+// Adds each of `rows` (ascending, committed) to the chunk holding it.
+void AddRows(const std::vector<int64_t>& rows, std::vector<ChunkPick>* chunks) {
+  size_t chunk = 0;
+  for (int64_t row : rows) {
+    while ((*chunks)[chunk].end <= row) ++chunk;  // rows ascend; the chunks tile them
+    (*chunks)[chunk].Add(row);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<LatentsOnRows> LatentsFiringWith(const ChunkStore& store, uint64_t id,
                                                 int32_t latent,
                                                 const LatentsOnRowsOptions& options) {
   RETURN_IF_ERROR(CheckOptions(options));
-  ASSIGN_OR_RETURN(const DatasetRecord rec, SparseRecord(store, id));
-  std::vector<int64_t> rows;
-  std::vector<float> values;
-  RETURN_IF_ERROR(store.LatentPostings(id, latent, &rows, &values));
-  // Rows past the record's watermark (committed since it was read) are left out.
-  rows.erase(std::lower_bound(rows.begin(), rows.end(), rec.rows_committed), rows.end());
-  ASSIGN_OR_RETURN(std::vector<ChunkPick> chunks, Chunks(store, rec));
-  size_t chunk = 0;
-  for (int64_t row : rows) {
-    while (chunks[chunk].end <= row) ++chunk;  // rows ascend; the chunks tile them
-    chunks[chunk].Add(row);
-  }
-  return Tally(store, rec, chunks, latent, options,
+  ASSIGN_OR_RETURN(const LatentRows firings, ReadLatentRows(store, id, latent));
+  const std::vector<int64_t>& rows = firings.rows;
+  ASSIGN_OR_RETURN(std::vector<ChunkPick> chunks, Chunks(store, firings.rec));
+  AddRows(rows, &chunks);
+  return Tally(store, firings.rec, chunks, latent, options,
                [&](const ChunkPick& c, std::vector<int64_t>* selected) {
                  selected->assign(std::lower_bound(rows.begin(), rows.end(), c.start),
                                   std::lower_bound(rows.begin(), rows.end(), c.end));
@@ -329,31 +350,26 @@ absl::StatusOr<TokensOfLatent> TokensLatentFiresOn(const ChunkStore& store, uint
     return absl::InvalidArgumentError(
         absl::StrCat("top_tokens: ", limit, " outside [1, ", kMaxTokensOfLatent, "]"));
   }
-  ASSIGN_OR_RETURN(const DatasetRecord rec, SparseRecord(store, id));
-  std::vector<int64_t> rows;
-  std::vector<float> values;
-  RETURN_IF_ERROR(store.LatentPostings(id, latent, &rows, &values));
-  ASSIGN_OR_RETURN(const std::vector<ChunkPick> chunks, Chunks(store, rec));
+  ASSIGN_OR_RETURN(const LatentRows firings, ReadLatentRows(store, id, latent));
+  const std::vector<int64_t>& rows = firings.rows;
+  ASSIGN_OR_RETURN(std::vector<ChunkPick> chunks, Chunks(store, firings.rec));
+  AddRows(rows, &chunks);
   // Per token: firings and value sum. Token ids of each chunk's span from its first to its last
-  // firing, read once.
+  // firing, read once; the chunks' firings are consecutive in `rows`.
   std::map<int32_t, std::pair<int64_t, double>> by_token;
   std::vector<int32_t> tokens;
   size_t i = 0;
   for (const ChunkPick& c : chunks) {
-    if (i == rows.size()) break;
-    if (rows[i] >= c.end) continue;
-    size_t j = i;
-    while (j < rows.size() && rows[j] < c.end) ++j;
-    RETURN_IF_ERROR(store.ReadTokens(id, rows[i], rows[j - 1] - rows[i] + 1, &tokens));
-    for (size_t k = i; k < j; ++k) {
-      auto& [count, sum] = by_token[tokens[rows[k] - rows[i]]];
+    if (c.selected == 0) continue;
+    RETURN_IF_ERROR(store.ReadTokens(id, c.first, c.last - c.first + 1, &tokens));
+    for (const size_t end = i + c.selected; i < end; ++i) {
+      auto& [count, sum] = by_token[tokens[rows[i] - c.first]];
       ++count;
-      sum += values[k];
+      sum += firings.values[i];
     }
-    i = j;
   }
   TokensOfLatent out;
-  out.firings = static_cast<int64_t>(i);  // rows past the record's watermark are left out
+  out.firings = static_cast<int64_t>(rows.size());
   for (const auto& [token, tally] : by_token) {
     out.tokens.push_back({token, tally.first, tally.second / tally.first});
   }
@@ -368,16 +384,14 @@ absl::StatusOr<TokensOfLatent> TokensLatentFiresOn(const ChunkStore& store, uint
 
 absl::StatusOr<LatentPositions> PositionsLatentFiresAt(const ChunkStore& store, uint64_t id,
                                                        int32_t latent) {
-  ASSIGN_OR_RETURN(const DatasetRecord rec, SparseRecord(store, id));
-  if (rec.meta.context_length <= 0) {
+  ASSIGN_OR_RETURN(const LatentRows firings, ReadLatentRows(store, id, latent));
+  if (firings.rec.meta.context_length <= 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("dataset ", id, " has no sequences (context_length 0): no positions"));
   }
-  std::vector<int64_t> rows;
-  std::vector<float> values;
-  RETURN_IF_ERROR(store.LatentPostings(id, latent, &rows, &values));
+  const std::vector<int64_t>& rows = firings.rows;
   LatentPositions out;
-  out.context_length = rec.meta.context_length;
+  out.context_length = firings.rec.meta.context_length;
   out.bin_width = (out.context_length + kMaxPositionBins - 1) / kMaxPositionBins;
   out.counts.assign((out.context_length + out.bin_width - 1) / out.bin_width, 0);
   for (int64_t row : rows) {
