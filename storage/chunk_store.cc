@@ -581,12 +581,16 @@ struct ChunkStore::WindowCache {
   const Db* const db;
   const rocksdb::Snapshot* const snap;
   const uint64_t id;
-  std::map<int64_t, std::vector<int32_t>> tokens;  // chunk start row -> its token ids
-  // Format 3: chunk start row -> the latent's rows and values in the chunk. Both maps are filled
-  // together, a chunk's header read once, through three iterators (headers, token parts,
-  // slices: each a range of its own in the key order) made on the first read and kept for the
-  // query.
-  std::map<int64_t, std::pair<std::vector<int64_t>, std::vector<float>>> runs;
+  // A chunk read so far: its token ids and (format 3, when the query needs them) the latent's
+  // rows and values in it, both from one read of its header.
+  struct Chunk {
+    std::vector<int32_t> tokens;
+    std::vector<int64_t> rows;
+    std::vector<float> values;
+  };
+  std::map<int64_t, Chunk> chunks;  // by first row
+  // Format 3 reads go through three iterators (headers, token parts, slices: each a range of its
+  // own in the key order) made on the first read and kept for the query.
   std::optional<ChunkIterator> headers;
   std::optional<ChunkIterator> token_parts;
   std::optional<ChunkIterator> slices;
@@ -663,11 +667,11 @@ bool LandOn(rocksdb::Iterator* it, const std::string& key) {
 // `tokens` is given, its token ids through `token_parts`; when latent >= 0, appends the latent's
 // run (rows ascending) through `slices` from the one slice holding it. Each iterator is left past
 // what it read. *header is the chunk's (its num_rows says where the next chunk starts).
-absl::Status ReadLatentRun(rocksdb::Iterator* headers, rocksdb::Iterator* token_parts,
-                           rocksdb::Iterator* slices, const DatasetRecord& rec, int32_t latent,
-                           int64_t chunk_start, SlicedChunkHeader* header,
-                           std::vector<int32_t>* tokens, std::vector<int64_t>* rows,
-                           std::vector<float>* values) {
+absl::Status ReadChunkParts(rocksdb::Iterator* headers, rocksdb::Iterator* token_parts,
+                            rocksdb::Iterator* slices, const DatasetRecord& rec, int32_t latent,
+                            int64_t chunk_start, SlicedChunkHeader* header,
+                            std::vector<int32_t>* tokens, std::vector<int64_t>* rows,
+                            std::vector<float>* values) {
   const uint64_t id = rec.id;
   std::string key = keys::ChunkPart(id, chunk_start, kPartHeader);
   if (!LandOn(headers, key)) {
@@ -1089,17 +1093,16 @@ absl::Status ChunkStore::FillContext(const rocksdb::Snapshot* snap, const Datase
                                      const LatentFirings* firings, WindowCache* cache,
                                      TopActivationContext* t) const {
   const bool sliced = rec.format_version >= 3;
-  auto token_at = [&](int64_t row, int32_t* token) -> absl::Status {
-    auto it = cache->tokens.upper_bound(row);
-    if (it != cache->tokens.begin()) {
+  // The cached chunk holding `row`, read first if need be.
+  auto chunk_of =
+      [&](int64_t row) -> absl::StatusOr<std::map<int64_t, WindowCache::Chunk>::iterator> {
+    auto it = cache->chunks.upper_bound(row);
+    if (it != cache->chunks.begin()) {
       --it;
-      if (row < it->first + static_cast<int64_t>(it->second.size())) {
-        *token = it->second[row - it->first];
-        return absl::OkStatus();
-      }
+      if (row < it->first + static_cast<int64_t>(it->second.tokens.size())) return it;
     }
     int64_t start = 0;
-    std::vector<int32_t> toks;
+    WindowCache::Chunk chunk;
     if (sliced) {
       // The chunk's header once, its token ids and (unless the caller holds every firing) the
       // latent's run in it.
@@ -1110,10 +1113,9 @@ absl::Status ChunkStore::FillContext(const rocksdb::Snapshot* snap, const Datase
       }
       ASSIGN_OR_RETURN(start, ChunkHolding(cache->headers->get(), rec.id, row));
       SlicedChunkHeader header;
-      auto& run = cache->runs[start];
-      RETURN_IF_ERROR(ReadLatentRun(cache->headers->get(), cache->token_parts->get(),
-                                    cache->slices->get(), rec, firings != nullptr ? -1 : latent,
-                                    start, &header, &toks, &run.first, &run.second));
+      RETURN_IF_ERROR(ReadChunkParts(cache->headers->get(), cache->token_parts->get(),
+                                     cache->slices->get(), rec, firings != nullptr ? -1 : latent,
+                                     start, &header, &chunk.tokens, &chunk.rows, &chunk.values));
       if (row >= start + header.num_rows) {
         return absl::DataLossError(
             absl::StrCat("dataset ", rec.id, " has no chunk holding row ", row));
@@ -1121,12 +1123,10 @@ absl::Status ChunkStore::FillContext(const rocksdb::Snapshot* snap, const Datase
     } else {
       RETURN_IF_ERROR(ForEachChunk(snap, rec, row, 1, true, [&](const Chunk& c) {
         start = c.row_start;
-        toks = c.token_ids;
+        chunk.tokens = c.token_ids;
       }));
     }
-    *token = toks[row - start];
-    cache->tokens.emplace(start, std::move(toks));
-    return absl::OkStatus();
+    return cache->chunks.emplace(start, std::move(chunk)).first;
   };
   const int64_t seq = rec.meta.context_length > 0 ? rec.meta.context_length : 0;
   const int64_t row = t->row;
@@ -1137,8 +1137,8 @@ absl::Status ChunkStore::FillContext(const rocksdb::Snapshot* snap, const Datase
   const int64_t stop = std::min(seq_end, row + after + 1);
   t->context_token_ids.clear();
   for (int64_t r = t->context_start_row; r < stop; ++r) {
-    int32_t token;
-    RETURN_IF_ERROR(token_at(r, &token));
+    ASSIGN_OR_RETURN(const auto chunk, chunk_of(r));
+    const int32_t token = chunk->second.tokens[r - chunk->first];
     t->context_token_ids.push_back(token);
     if (r == row) t->token_id = token;
   }
@@ -1157,10 +1157,9 @@ absl::Status ChunkStore::FillContext(const rocksdb::Snapshot* snap, const Datase
   } else if (sliced) {
     // Every chunk the window spans was read with its run when its token ids were.
     for (int64_t r = t->context_start_row; r < stop;) {
-      const int64_t chunk_start = std::prev(cache->tokens.upper_bound(r))->first;
-      const auto& run = cache->runs[chunk_start];
-      place(run.first, run.second);
-      r = chunk_start + static_cast<int64_t>(cache->tokens[chunk_start].size());
+      ASSIGN_OR_RETURN(const auto chunk, chunk_of(r));
+      place(chunk->second.rows, chunk->second.values);
+      r = chunk->first + static_cast<int64_t>(chunk->second.tokens.size());
     }
   } else {
     std::vector<int64_t> rows;
@@ -1325,8 +1324,8 @@ absl::Status ChunkStore::SlicedLatentPostings(const rocksdb::Snapshot* snap,
   ASSIGN_OR_RETURN(const int64_t first_chunk, ChunkHolding(it.get(), id, row_begin));
   SlicedChunkHeader header;
   for (int64_t chunk_start = first_chunk; chunk_start < row_end; chunk_start += header.num_rows) {
-    RETURN_IF_ERROR(ReadLatentRun(it.get(), nullptr, slices.get(), rec, latent, chunk_start,
-                                  &header, nullptr, rows, values));
+    RETURN_IF_ERROR(ReadChunkParts(it.get(), nullptr, slices.get(), rec, latent, chunk_start,
+                                   &header, nullptr, rows, values));
   }
   RETURN_IF_ERROR(FromRocks(slices->status(), "reading latent slices"));
   return FromRocks(it->status(), "reading latent slices");
