@@ -31,7 +31,8 @@ using latentd::v1::ExtractSpec;
 constexpr int64_t kDefaultBatchSequences = 32;
 constexpr int64_t kDefaultCommitRows = 16384;
 
-// Resolves `path` and checks it lies under a data root.
+}  // namespace
+
 absl::StatusOr<std::string> ResolveUnderRoots(const std::string& path, const ExtractEnv& env,
                                               const std::string& field) {
   if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": empty path"));
@@ -67,13 +68,7 @@ absl::StatusOr<std::string> ResolveUnderRoots(const std::string& path, const Ext
       absl::StrCat(field, ": ", path, " is not under a configured data root"));
 }
 
-bool WantsSparse(const ExtractSpec& spec) {
-  if (spec.mode() == latentd::v1::SPARSE) return true;
-  if (spec.mode() == latentd::v1::DENSE) return false;
-  return spec.has_sae() && spec.sae().source_case() != latentd::v1::SaeSource::SOURCE_NOT_SET;
-}
-
-absl::StatusOr<std::string> SaeDir(const ExtractSpec& spec, const ExtractEnv& env) {
+absl::StatusOr<std::string> ResolveSaeDir(const ExtractSpec& spec, const ExtractEnv& env) {
   switch (spec.sae().source_case()) {
     case latentd::v1::SaeSource::kPath:
       return ResolveUnderRoots(spec.sae().path(), env, "extract.sae.path");
@@ -85,6 +80,14 @@ absl::StatusOr<std::string> SaeDir(const ExtractSpec& spec, const ExtractEnv& en
     default:
       return absl::InvalidArgumentError("extract.sae: required in SPARSE mode");
   }
+}
+
+namespace {
+
+bool WantsSparse(const ExtractSpec& spec) {
+  if (spec.mode() == latentd::v1::SPARSE) return true;
+  if (spec.mode() == latentd::v1::DENSE) return false;
+  return spec.has_sae() && spec.sae().source_case() != latentd::v1::SaeSource::SOURCE_NOT_SET;
 }
 
 int ValueBytes(latentd::v1::ValueDtype d) { return d == latentd::v1::FLOAT32 ? 4 : 2; }
@@ -140,7 +143,7 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env) {
   }
   c.sparse = WantsSparse(spec);
   if (c.sparse) {
-    ASSIGN_OR_RETURN(c.sae_dir, SaeDir(spec, env));
+    ASSIGN_OR_RETURN(c.sae_dir, ResolveSaeDir(spec, env));
     auto cfg = ReadAndCheckSae(c.sae_dir);
     if (!cfg.ok()) {
       if (cfg.status().code() == absl::StatusCode::kNotFound) return cfg.status();

@@ -82,6 +82,14 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const latentd::v1::E
                                                             const ExtractEnv& env, JobContext* ctx,
                                                             const SinkOpener& open_sink);
 
+// `path` with symlinks resolved, when it lies under one of env.data_roots: PERMISSION_DENIED
+// naming `field` otherwise (and with no roots), NOT_FOUND when it does not exist.
+absl::StatusOr<std::string> ResolveUnderRoots(const std::string& path, const ExtractEnv& env,
+                                              const std::string& field);
+// The SAE directory of a SPARSE spec (its path under the data roots, or its artifact's).
+absl::StatusOr<std::string> ResolveSaeDir(const latentd::v1::ExtractSpec& spec,
+                                          const ExtractEnv& env);
+
 // The dataset name a spec gets: dataset_name, else "extract-<job id>".
 std::string ExtractDatasetName(const latentd::v1::ExtractSpec& spec, uint64_t job_id);
 

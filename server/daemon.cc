@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/device_pool.h"
+#include "engine/latent_weights.h"
 #include "server/auth.h"
 #include "server/datasets_service.h"
 #include "server/devices_service.h"
@@ -51,6 +52,7 @@ struct Daemon::State {
   std::unique_ptr<JobManager> manager;
   std::unique_ptr<JobsService> jobs_service;
   std::unique_ptr<DevicesService> devices_service;
+  std::unique_ptr<engine::LatentWeightsReader> latent_weights;
   std::unique_ptr<DatasetsService> datasets_service;
   std::unique_ptr<grpc::Server> server;
   bool shut_down = false;
@@ -127,6 +129,8 @@ absl::Status Daemon::Start() {
   datasets_options.artifact_dir = env.artifact_dir;
   JobManager* manager = state->manager.get();
   datasets_options.unfinished_jobs = [manager] { return manager->UnfinishedJobs(); };
+  state->latent_weights = std::make_unique<engine::LatentWeightsReader>(MakeExtractEnv(env));
+  datasets_options.latent_weights = state->latent_weights.get();
   state->datasets_service = std::make_unique<DatasetsService>(
       state->chunk_store.get(), state->artifacts.get(), std::move(datasets_options), &state->auth);
 

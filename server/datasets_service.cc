@@ -421,6 +421,54 @@ grpc::Status DatasetsService::LatentsOnRows(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status DatasetsService::GetLatentWeights(grpc::ServerContext* context,
+                                               const latentd::v1::GetLatentWeightsRequest* request,
+                                               latentd::v1::GetLatentWeightsResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  auto record = store_->GetRecord(request->dataset_id());
+  if (!record.ok()) return ToGrpcStatus(record.status());
+  if (record->meta.kind != storage::DatasetKind::kSparse) {
+    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+        "dataset ", request->dataset_id(), " holds dense activations: it has no SAE latents")));
+  }
+  if (options_.latent_weights == nullptr) {
+    return ToGrpcStatus(absl::FailedPreconditionError("this daemon reads no SAE weights"));
+  }
+  engine::DatasetWeightsSource source;
+  source.dataset_id = request->dataset_id();
+  source.job_id = record->meta.job_id;
+  source.sae_weight_hash = record->meta.sae_weight_hash;
+  source.model_weight_hash = record->meta.model_weight_hash;
+  source.d_sae = record->meta.width;
+  engine::LatentWeightsQuery query;
+  query.latent = request->latent();
+  query.top_n = request->top_n();
+  query.unembedding = request->unembedding();
+  auto weights = options_.latent_weights->Read(source, query);
+  if (!weights.ok()) return ToGrpcStatus(weights.status());
+  response->set_latent(request->latent());
+  response->set_decoder_norm(weights->decoder_norm);
+  response->set_encoder_norm(weights->encoder_norm);
+  response->set_encoder_decoder_cosine(weights->encoder_decoder_cosine);
+  for (const engine::ScoredIndex& n : weights->neighbors) {
+    latentd::v1::LatentNeighbor* out = response->add_neighbors();
+    out->set_latent(static_cast<int32_t>(n.index));
+    out->set_cosine(n.score);
+  }
+  for (const auto& [from, to] :
+       {std::pair{&weights->positive_logits, response->mutable_positive_logits()},
+        std::pair{&weights->negative_logits, response->mutable_negative_logits()}}) {
+    for (const engine::ScoredIndex& l : *from) {
+      latentd::v1::TokenLogit* out = to->Add();
+      out->set_token_id(static_cast<int32_t>(l.index));
+      out->set_logit(l.score);
+    }
+  }
+  response->set_logits_source(weights->logits_source);
+  response->set_logits_unavailable(weights->logits_unavailable);
+  return grpc::Status::OK;
+}
+
 absl::StatusOr<std::string> DatasetsService::ResolveExportPath(const std::string& requested) const {
   namespace fs = std::filesystem;
   if (options_.export_root.empty()) {

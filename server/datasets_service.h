@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/latent_weights.h"
 #include "proto/latentd/v1/datasets.grpc.pb.h"
 #include "proto/latentd/v1/jobs.pb.h"
 #include "server/auth.h"
@@ -29,6 +30,8 @@ struct DatasetsServiceOptions {
   // The jobs that have not finished, for DeleteArtifact's check that none needs the SAE.
   // Default null: none.
   std::function<std::vector<latentd::v1::Job>()> unfinished_jobs;
+  // Reads SAE and model weights for GetLatentWeights. Default null: FAILED_PRECONDITION.
+  engine::LatentWeightsReader* latent_weights = nullptr;
 };
 
 class DatasetsService final : public latentd::v1::Datasets::Service {
@@ -55,6 +58,9 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
   grpc::Status LatentsOnRows(grpc::ServerContext* context,
                              const latentd::v1::LatentsOnRowsRequest* request,
                              latentd::v1::LatentsOnRowsResponse* response) override;
+  grpc::Status GetLatentWeights(grpc::ServerContext* context,
+                                const latentd::v1::GetLatentWeightsRequest* request,
+                                latentd::v1::GetLatentWeightsResponse* response) override;
   grpc::Status ExportDataset(grpc::ServerContext* context,
                              const latentd::v1::ExportDatasetRequest* request,
                              latentd::v1::ExportDatasetResponse* response) override;

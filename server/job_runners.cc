@@ -20,6 +20,20 @@ int64_t SmallestDeviceMemory(const engine::DevicePool* pool) {
   return pool->devices().empty() ? 0 : smallest;
 }
 
+engine::TrainEnv MakeTrainEnv(const RunnerEnvironment& env, const latentd::v1::JobSpec& spec) {
+  engine::TrainEnv train;
+  train.store = env.store;
+  train.artifact_dir = env.artifact_dir;
+  train.data_roots = env.data_roots;
+  train.device_memory_bytes = SmallestDeviceMemory(env.pool);
+  train.num_devices = DevicesRequested(spec);
+  train.artifacts = env.artifacts;
+  train.find_job = env.find_job;
+  return train;
+}
+
+}  // namespace
+
 engine::ExtractEnv MakeExtractEnv(const RunnerEnvironment& env) {
   engine::ExtractEnv extract;
   extract.store = env.store;
@@ -39,20 +53,6 @@ engine::ExtractEnv MakeExtractEnv(const RunnerEnvironment& env) {
   };
   return extract;
 }
-
-engine::TrainEnv MakeTrainEnv(const RunnerEnvironment& env, const latentd::v1::JobSpec& spec) {
-  engine::TrainEnv train;
-  train.store = env.store;
-  train.artifact_dir = env.artifact_dir;
-  train.data_roots = env.data_roots;
-  train.device_memory_bytes = SmallestDeviceMemory(env.pool);
-  train.num_devices = DevicesRequested(spec);
-  train.artifacts = env.artifacts;
-  train.find_job = env.find_job;
-  return train;
-}
-
-}  // namespace
 
 std::map<latentd::v1::JobType, JobRunner> MakeJobRunners(const RunnerEnvironment& env) {
   std::map<latentd::v1::JobType, JobRunner> runners;

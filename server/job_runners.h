@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/device_pool.h"
+#include "engine/extract_runner.h"
 #include "server/job_manager.h"
 #include "storage/artifact_store.h"
 #include "storage/chunk_store.h"
@@ -27,6 +28,10 @@ struct RunnerEnvironment {
   // only from validation at submit, so it may reach a JobManager built after the runners.
   std::function<absl::StatusOr<latentd::v1::Job>(uint64_t job_id)> find_job;
 };
+
+// What EXTRACT jobs (and readers of their inputs, as GetLatentWeights) resolve paths against:
+// the data roots plus the artifact directory, trained SAEs by artifact id, the job records.
+engine::ExtractEnv MakeExtractEnv(const RunnerEnvironment& env);
 
 // PROBE, EXTRACT and TRAIN. The environment's pointers must outlive the runners.
 std::map<latentd::v1::JobType, JobRunner> MakeJobRunners(const RunnerEnvironment& env);

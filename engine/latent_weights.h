@@ -1,0 +1,104 @@
+// What an SAE latent's weights say about it, with no activations read: the latents whose decoder
+// directions lie nearest (cosine), and the direct effect of its decoder direction on the model's
+// output logits (SAEDashboard's neighbour and top/bottom logit tables). The weights are the ones
+// that made a SPARSE dataset: its EXTRACT job's SAE and model, checked against the hashes the
+// dataset recorded, so an answer never describes a different SAE than the stored latents.
+//
+// Direct logits: u = W_dec[j]; for mlp.hook_post hooks u = u W_out of the hooked block (the
+// direction in the residual stream); logits = W_U^T u. The final norm is not folded in (as
+// SAEDashboard on a model loaded without fold_ln), so logits rank tokens, their scale is
+// indicative only.
+//
+// Torch-free header (the Datasets service includes it).
+#ifndef LATENTD_ENGINE_LATENT_WEIGHTS_H_
+#define LATENTD_ENGINE_LATENT_WEIGHTS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/extract_runner.h"
+
+namespace latentd::engine {
+
+// The unembedding names tried, in order, on a TorchScript model when the query names none:
+// untied heads first, then tied input embeddings (Hugging Face drops a tied lm_head.weight from
+// named_parameters, leaving only the embedding).
+inline constexpr const char* kUnembeddingCandidates[] = {
+    "lm_head.weight",         "embed_out.weight",          "unembed.W_U", "W_U",
+    "transformer.wte.weight", "model.embed_tokens.weight", "embed.W_E"};
+
+inline constexpr int kMaxLatentWeightsTopN = 1000;
+
+struct LatentWeightsQuery {
+  int64_t latent = 0;
+  // Neighbours, and logits of each sign; 0: 10. At most kMaxLatentWeightsTopN.
+  int top_n = 0;
+  // TorchScript models: the parameter holding the unembedding; empty: the first of
+  // kUnembeddingCandidates the module has. Must be empty for the reference model.
+  std::string unembedding;
+};
+
+struct ScoredIndex {
+  int64_t index = 0;  // a latent (neighbours) or a token id (logits)
+  float score = 0;    // cosine or logit
+};
+
+struct LatentWeights {
+  float decoder_norm = 0;                    // |W_dec[j]|
+  float encoder_norm = 0;                    // |W_enc[:, j]|
+  float encoder_decoder_cosine = 0;          // cos(W_enc[:, j], W_dec[j]); 0 when either is 0
+  std::vector<ScoredIndex> neighbors;        // other latents, cosine descending, ties by index
+  std::vector<ScoredIndex> positive_logits;  // logit descending
+  std::vector<ScoredIndex> negative_logits;  // logit ascending
+  std::string logits_source;       // "embed.W_E (tied)", "lm_head.weight", ...; "" without logits
+  std::string logits_unavailable;  // why there are no logits; "" with them
+};
+
+// Which weights made a dataset (from its metadata).
+struct DatasetWeightsSource {
+  uint64_t dataset_id = 0;
+  uint64_t job_id = 0;            // the EXTRACT job that wrote it (its spec names SAE and model)
+  std::string sae_weight_hash;    // "" for datasets written before it was recorded: not checked
+  std::string model_weight_hash;  // "" : not checked
+  int64_t d_sae = 0;
+};
+
+struct LatentWeightsOptions {
+  // Bytes of prepared weights (unit decoder rows, unembeddings) kept between queries, least
+  // recently used dropped first; an SAE or model larger than this is read for each query.
+  // Default 2 GiB.
+  int64_t cache_bytes = int64_t{2} << 30;
+};
+
+// Thread-safe. Weights are read on the CPU (a query is two matrix-vector products, no device
+// lease needed) and kept prepared in the cache.
+class LatentWeightsReader {
+ public:
+  // env: data roots, the artifact directory and find_job (required).
+  explicit LatentWeightsReader(ExtractEnv env, LatentWeightsOptions options = {});
+  ~LatentWeightsReader();
+  LatentWeightsReader(const LatentWeightsReader&) = delete;
+  LatentWeightsReader& operator=(const LatentWeightsReader&) = delete;
+
+  // INVALID_ARGUMENT for top_n outside [0, 1000] or an unembedding named for the reference model
+  // or absent from the module; OUT_OF_RANGE for latent outside [0, d_sae); FAILED_PRECONDITION
+  // when the job record is gone or is not an EXTRACT job with an SAE, or the SAE's file no
+  // longer has the recorded hash; the paths' errors (NOT_FOUND, PERMISSION_DENIED) otherwise.
+  // A model that changed since, or has no unembedding, leaves the logits empty and says why.
+  absl::StatusOr<LatentWeights> Read(const DatasetWeightsSource& dataset,
+                                     const LatentWeightsQuery& query);
+
+  // Bytes the cache holds now (for tests and telemetry).
+  int64_t cached_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_LATENT_WEIGHTS_H_

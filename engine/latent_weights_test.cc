@@ -1,0 +1,387 @@
+#include "engine/latent_weights.h"
+
+#include <torch/script.h>
+
+#include <map>
+#include <set>
+
+#include "common/test_dir.h"
+#include "engine/reference_model.h"
+#include "engine/sae.h"
+#include "engine/torchscript_model.h"
+#include "gtest/gtest.h"
+
+namespace latentd::engine {
+namespace {
+
+constexpr int64_t kDSae = 12;
+
+// A reference model small enough to draw in milliseconds.
+latentd::v1::ReferenceModelSpec SmallModel() {
+  latentd::v1::ReferenceModelSpec m;
+  m.set_d_model(16);
+  m.set_n_layers(2);
+  m.set_n_heads(2);
+  m.set_d_mlp(32);
+  m.set_vocab_size(64);
+  m.set_context_length(8);
+  m.set_seed(3);
+  return m;
+}
+
+// Random weights, with latent 1's decoder direction close to latent 0's and latent 2's opposite
+// to it, so the nearest neighbour of 0 is known.
+SaeWeights MakeWeights(int64_t d_in, uint64_t seed) {
+  at::manual_seed(seed);
+  SaeWeights w;
+  w.W_enc = at::randn({d_in, kDSae});
+  w.b_enc = at::zeros({kDSae});
+  w.W_dec = at::randn({kDSae, d_in});
+  w.W_dec[1] = w.W_dec[0] * 3 + 0.05 * at::randn({d_in});
+  w.W_dec[2] = -w.W_dec[0];
+  w.b_dec = at::zeros({d_in});
+  return w;
+}
+
+std::string WriteSae(const std::string& dir, const SaeWeights& w) {
+  SaeConfig cfg;
+  cfg.d_in = w.W_dec.size(1);
+  cfg.d_sae = kDSae;
+  cfg.architecture = SaeArchitecture::kTopK;
+  cfg.k = 4;
+  EXPECT_TRUE(SaveSae(dir, w, cfg).ok());
+  auto sae = Sae::Load(dir);
+  EXPECT_TRUE(sae.ok()) << sae.status();
+  return sae.ok() ? sae->weight_hash() : "";
+}
+
+double Cosine(const at::Tensor& a, const at::Tensor& b) {
+  at::Tensor x = a.to(at::kDouble), y = b.to(at::kDouble);
+  return (x.dot(y) / (x.norm() * y.norm())).item<double>();
+}
+
+class LatentWeightsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = FreshTestDir("latent_weights");
+    env_.data_roots = {root_};
+    env_.find_job = [this](uint64_t id) -> absl::StatusOr<latentd::v1::Job> {
+      auto it = jobs_.find(id);
+      if (it == jobs_.end()) return absl::NotFoundError("no such job");
+      return it->second;
+    };
+  }
+
+  // Records an EXTRACT job of the reference model with the SAE in `sae_dir`.
+  void AddReferenceJob(uint64_t id, const std::string& hook, const std::string& sae_dir) {
+    latentd::v1::Job job;
+    job.set_id(id);
+    latentd::v1::ExtractSpec* spec = job.mutable_spec()->mutable_extract();
+    *spec->mutable_model()->mutable_reference() = SmallModel();
+    spec->set_hook_name(hook);
+    spec->mutable_sae()->set_path(sae_dir);
+    jobs_[id] = job;
+  }
+
+  void AddTorchScriptJob(uint64_t id, const std::string& model_path, const std::string& sae_dir) {
+    latentd::v1::Job job;
+    job.set_id(id);
+    latentd::v1::ExtractSpec* spec = job.mutable_spec()->mutable_extract();
+    spec->mutable_model()->mutable_torchscript()->set_path(model_path);
+    spec->set_hook_name("hidden_states.2");
+    spec->mutable_sae()->set_path(sae_dir);
+    jobs_[id] = job;
+  }
+
+  std::string ReferenceHash(const std::string& hook) {
+    auto model = ReferenceModel::Create(SmallModel(), *ParseHookName(hook), at::Device(at::kCPU));
+    EXPECT_TRUE(model.ok());
+    return (*model)->weight_hash();
+  }
+
+  at::Tensor ReferenceWeight(const std::string& name) {
+    auto model = ReferenceModel::Create(SmallModel(), *ParseHookName("blocks.1.hook_resid_post"),
+                                        at::Device(at::kCPU));
+    for (const auto& [n, t] : (*model)->NamedWeights()) {
+      if (n == name) return t;
+    }
+    ADD_FAILURE() << "no weight " << name;
+    return at::Tensor();
+  }
+
+  std::string root_;
+  ExtractEnv env_;
+  std::map<uint64_t, latentd::v1::Job> jobs_;
+};
+
+// The logits the reader returns are the largest / smallest of `expected`, in order, with their
+// values.
+void ExpectLogits(const LatentWeights& got, const at::Tensor& expected, int64_t n) {
+  ASSERT_EQ(static_cast<int64_t>(got.positive_logits.size()), n);
+  ASSERT_EQ(static_cast<int64_t>(got.negative_logits.size()), n);
+  auto top = at::topk(expected, n);
+  auto bottom = at::topk(-expected, n);
+  for (int64_t r = 0; r < n; ++r) {
+    EXPECT_NEAR(got.positive_logits[r].score, std::get<0>(top)[r].item<double>(), 1e-4);
+    EXPECT_NEAR(got.positive_logits[r].score,
+                expected[got.positive_logits[r].index].item<double>(), 1e-4);
+    EXPECT_NEAR(got.negative_logits[r].score, -std::get<0>(bottom)[r].item<double>(), 1e-4);
+    EXPECT_NEAR(got.negative_logits[r].score,
+                expected[got.negative_logits[r].index].item<double>(), 1e-4);
+  }
+}
+
+TEST_F(LatentWeightsTest, NeighboursAndLogitsOfAResidualStreamSae) {
+  const std::string dir = root_ + "/sae";
+  const SaeWeights w = MakeWeights(16, 1);
+  const std::string hash = WriteSae(dir, w);
+  AddReferenceJob(7, "blocks.1.hook_resid_post", dir);
+  LatentWeightsReader reader(env_);
+  DatasetWeightsSource source{1, 7, hash, ReferenceHash("blocks.1.hook_resid_post"), kDSae};
+
+  LatentWeightsQuery q;
+  q.latent = 0;
+  q.top_n = 5;
+  auto got = reader.Read(source, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_NEAR(got->decoder_norm, w.W_dec[0].norm().item<double>(), 1e-4);
+  EXPECT_NEAR(got->encoder_norm, w.W_enc.select(1, 0).norm().item<double>(), 1e-4);
+  EXPECT_NEAR(got->encoder_decoder_cosine, Cosine(w.W_enc.select(1, 0), w.W_dec[0]), 1e-5);
+  ASSERT_EQ(got->neighbors.size(), 5u);
+  EXPECT_EQ(got->neighbors[0].index, 1);  // the near copy; 2 (opposite) is the farthest
+  for (size_t r = 0; r < got->neighbors.size(); ++r) {
+    const ScoredIndex& n = got->neighbors[r];
+    EXPECT_NE(n.index, 0);
+    EXPECT_NE(n.index, 2);
+    EXPECT_NEAR(n.score, Cosine(w.W_dec[n.index], w.W_dec[0]), 1e-5);
+    if (r > 0) EXPECT_GE(got->neighbors[r - 1].score, n.score);
+  }
+  // Every latent not listed is no nearer than the last one listed.
+  std::set<int64_t> listed;
+  for (const ScoredIndex& n : got->neighbors) listed.insert(n.index);
+  for (int64_t j = 1; j < kDSae; ++j) {
+    if (listed.count(j) == 0) {
+      EXPECT_LE(Cosine(w.W_dec[j], w.W_dec[0]), got->neighbors.back().score + 1e-6);
+    }
+  }
+  EXPECT_EQ(got->logits_source, "embed.W_E (tied)");
+  EXPECT_EQ(got->logits_unavailable, "");
+  const at::Tensor W_E = ReferenceWeight("embed.W_E").to(at::kDouble);
+  ExpectLogits(*got, W_E.mv(w.W_dec[0].to(at::kDouble)), 5);
+
+  // The default top_n is 10; at most d_sae - 1 neighbours exist.
+  q.top_n = 0;
+  got = reader.Read(source, q);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->neighbors.size(), 10u);
+  EXPECT_EQ(got->positive_logits.size(), 10u);
+  q.top_n = 1000;
+  got = reader.Read(source, q);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->neighbors.size(), static_cast<size_t>(kDSae - 1));
+  EXPECT_EQ(got->positive_logits.size(), 64u);  // the whole vocabulary
+  EXPECT_EQ(got->neighbors.back().index, 2);   // the opposite direction, cosine -1
+  EXPECT_NEAR(got->neighbors.back().score, -1.0, 1e-5);
+  EXPECT_GT(reader.cached_bytes(), 0);
+}
+
+TEST_F(LatentWeightsTest, MlpPostDirectionsGoThroughTheBlocksOutputProjection) {
+  const std::string dir = root_ + "/sae_mlp";
+  const SaeWeights w = MakeWeights(32, 2);  // d_mlp wide
+  const std::string hash = WriteSae(dir, w);
+  AddReferenceJob(8, "blocks.1.mlp.hook_post", dir);
+  LatentWeightsReader reader(env_);
+  LatentWeightsQuery q;
+  q.latent = 3;
+  q.top_n = 4;
+  auto got = reader.Read({2, 8, hash, ReferenceHash("blocks.1.mlp.hook_post"), kDSae}, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->logits_source, "blocks.1.mlp.W_out then embed.W_E (tied)");
+  const at::Tensor W_E = ReferenceWeight("embed.W_E").to(at::kDouble);
+  const at::Tensor W_out = ReferenceWeight("blocks.1.mlp.W_out").to(at::kDouble);
+  ExpectLogits(*got, W_E.mv(W_out.t().mv(w.W_dec[3].to(at::kDouble))), 4);
+}
+
+TEST_F(LatentWeightsTest, BadQueriesAndChangedFilesAreNamed) {
+  const std::string dir = root_ + "/sae_bad";
+  const std::string hash = WriteSae(dir, MakeWeights(16, 3));
+  AddReferenceJob(9, "blocks.0.hook_resid_pre", dir);
+  const std::string model_hash = ReferenceHash("blocks.0.hook_resid_pre");
+  DatasetWeightsSource source{3, 9, hash, model_hash, kDSae};
+  LatentWeightsQuery q;
+
+  q.top_n = 1001;
+  EXPECT_EQ(LatentWeightsReader(env_).Read(source, q).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  q.top_n = -1;
+  EXPECT_EQ(LatentWeightsReader(env_).Read(source, q).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  q.top_n = 0;
+  q.latent = kDSae;
+  auto s = LatentWeightsReader(env_).Read(source, q).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(s.message().find("latent 12"), std::string::npos) << s;
+  q.latent = -1;
+  EXPECT_EQ(LatentWeightsReader(env_).Read(source, q).status().code(),
+            absl::StatusCode::kOutOfRange);
+  q.latent = 0;
+  q.unembedding = "lm_head.weight";
+  s = LatentWeightsReader(env_).Read(source, q).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("unembedding"), std::string::npos) << s;
+  q.unembedding.clear();
+
+  // The job record is gone.
+  DatasetWeightsSource orphan = source;
+  orphan.job_id = 99;
+  s = LatentWeightsReader(env_).Read(orphan, q).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("job 99"), std::string::npos) << s;
+
+  // A DENSE job has no SAE.
+  jobs_[10] = jobs_[9];
+  jobs_[10].mutable_spec()->mutable_extract()->clear_sae();
+  orphan.job_id = 10;
+  EXPECT_EQ(LatentWeightsReader(env_).Read(orphan, q).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // The SAE outside the data roots.
+  env_.data_roots = {root_ + "/elsewhere"};
+  EXPECT_EQ(LatentWeightsReader(env_).Read(source, q).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  env_.data_roots = {root_};
+
+  // The model's recorded hash differs: neighbours still, no logits, and why.
+  DatasetWeightsSource other_model = source;
+  other_model.model_weight_hash = "fnv1a64:0000000000000000";
+  auto got = LatentWeightsReader(env_).Read(other_model, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(got->neighbors.empty());
+  EXPECT_TRUE(got->positive_logits.empty());
+  EXPECT_NE(got->logits_unavailable.find("recorded fnv1a64:0000000000000000"), std::string::npos)
+      << got->logits_unavailable;
+
+  // The SAE file changed after the dataset was made.
+  WriteSae(dir, MakeWeights(16, 4));
+  s = LatentWeightsReader(env_).Read(source, q).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("changed"), std::string::npos) << s;
+}
+
+// A TorchScript module holding only weights (its forward is not needed to read them).
+void SaveModule(const std::string& path, const std::string& child, const std::string& param,
+                const at::Tensor& value) {
+  torch::jit::Module module("Model");
+  torch::jit::Module head("Head");
+  head.register_parameter(param, value, /*is_buffer=*/false);
+  module.register_module(child, head);
+  module.save(path);
+}
+
+TEST_F(LatentWeightsTest, TorchScriptUnembeddingsAreFoundByNameAndChecked) {
+  const std::string dir = root_ + "/sae_ts";
+  const SaeWeights w = MakeWeights(16, 5);
+  const std::string hash = WriteSae(dir, w);
+  LatentWeightsQuery q;
+  q.latent = 4;
+  q.top_n = 3;
+
+  // An untied head, [vocab, d] as Hugging Face's Linear stores it.
+  const std::string head_path = root_ + "/head.pt";
+  at::manual_seed(11);
+  const at::Tensor lm_head = at::randn({40, 16});
+  SaveModule(head_path, "lm_head", "weight", lm_head);
+  AddTorchScriptJob(20, head_path, dir);
+  auto head_hash = HashFile(head_path);
+  ASSERT_TRUE(head_hash.ok());
+  DatasetWeightsSource source{4, 20, hash, *head_hash, kDSae};
+  auto got = LatentWeightsReader(env_).Read(source, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->logits_source, "lm_head.weight");
+  ExpectLogits(*got, lm_head.to(at::kDouble).mv(w.W_dec[4].to(at::kDouble)), 3);
+
+  // Asked for by a name the module lacks.
+  q.unembedding = "unembed.W_U";
+  auto s = LatentWeightsReader(env_).Read(source, q).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("unembed.W_U"), std::string::npos) << s;
+  q.unembedding.clear();
+
+  // A TransformerLens-style W_U [d, vocab] is read transposed.
+  const std::string wu_path = root_ + "/wu.pt";
+  SaveModule(wu_path, "unembed", "W_U", lm_head.t().contiguous());
+  AddTorchScriptJob(21, wu_path, dir);
+  got = LatentWeightsReader(env_).Read({4, 21, hash, "", kDSae}, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->logits_source, "unembed.W_U");
+  ExpectLogits(*got, lm_head.to(at::kDouble).mv(w.W_dec[4].to(at::kDouble)), 3);
+
+  // A tied GPT-2 embedding.
+  const std::string wte_path = root_ + "/wte.pt";
+  SaveModule(wte_path, "transformer", "wte", lm_head);
+  AddTorchScriptJob(22, wte_path, dir);
+  got = LatentWeightsReader(env_).Read({4, 22, hash, "", kDSae}, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->positive_logits.empty());  // "transformer.wte", not "transformer.wte.weight"
+  EXPECT_NE(got->logits_unavailable.find("name one"), std::string::npos);
+  q.unembedding = "transformer.wte";
+  got = LatentWeightsReader(env_).Read({4, 22, hash, "", kDSae}, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->logits_source, "transformer.wte (tied)");
+  q.unembedding.clear();
+
+  // A parameter of the wrong width.
+  const std::string narrow_path = root_ + "/narrow.pt";
+  SaveModule(narrow_path, "lm_head", "weight", at::randn({40, 9}));
+  AddTorchScriptJob(23, narrow_path, dir);
+  got = LatentWeightsReader(env_).Read({4, 23, hash, "", kDSae}, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->positive_logits.empty());
+  EXPECT_NE(got->logits_unavailable.find("[40, 9]"), std::string::npos) << got->logits_unavailable;
+  q.unembedding = "lm_head.weight";  // named: the misfit is the caller's
+  s = LatentWeightsReader(env_).Read({4, 23, hash, "", kDSae}, q).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("[40, 9]"), std::string::npos) << s;
+  q.unembedding.clear();
+
+  // The module changed after the dataset was made: no logits, and why.
+  SaveModule(head_path, "lm_head", "weight", at::randn({40, 16}));
+  got = LatentWeightsReader(env_).Read(source, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->positive_logits.empty());
+  EXPECT_NE(got->logits_unavailable.find("changed"), std::string::npos);
+  EXPECT_EQ(got->neighbors.size(), 3u);
+}
+
+TEST_F(LatentWeightsTest, TheCacheKeepsWithinItsBudget) {
+  const std::string dir = root_ + "/sae_cache";
+  const std::string hash = WriteSae(dir, MakeWeights(16, 6));
+  AddReferenceJob(30, "blocks.1.hook_resid_post", dir);
+  DatasetWeightsSource source{5, 30, hash, "", kDSae};
+  LatentWeightsQuery q;
+  LatentWeightsOptions none;
+  none.cache_bytes = 0;
+  LatentWeightsReader uncached(env_, none);
+  auto a = uncached.Read(source, q);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(uncached.cached_bytes(), 0);
+
+  LatentWeightsReader cached(env_);
+  auto b = cached.Read(source, q);
+  ASSERT_TRUE(b.ok());
+  const int64_t bytes = cached.cached_bytes();
+  // The unit decoder, three norms / cosines, and the 64 x 16 embedding, all float32.
+  EXPECT_EQ(bytes, (kDSae * 16 + 3 * kDSae + 64 * 16) * 4);
+  auto c = cached.Read(source, q);  // served from the cache: the same answer, no growth
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(cached.cached_bytes(), bytes);
+  ASSERT_EQ(b->neighbors.size(), c->neighbors.size());
+  for (size_t r = 0; r < b->neighbors.size(); ++r) {
+    EXPECT_EQ(b->neighbors[r].index, a->neighbors[r].index);
+    EXPECT_EQ(b->neighbors[r].index, c->neighbors[r].index);
+    EXPECT_EQ(b->neighbors[r].score, c->neighbors[r].score);
+  }
+}
+
+}  // namespace
+}  // namespace latentd::engine
