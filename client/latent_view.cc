@@ -105,6 +105,56 @@ std::string LatentRef(int32_t latent, bool link) {
               : absl::StrCat(latent);
 }
 
+// One column of direct logits: the tokens and their logits, shaded by |logit| over the largest.
+void AppendLogitTable(const char* heading,
+                      const google::protobuf::RepeatedPtrField<v1::TokenLogit>& logits, float scale,
+                      const char* rgb, const Vocabulary* vocab, std::string* html) {
+  absl::StrAppendFormat(html, "<table><tr><th class=\"ctx\">%s</th><th>logit</th></tr>\n", heading);
+  for (const v1::TokenLogit& l : logits) {
+    const double alpha = scale > 0 ? std::min(1.0, std::abs(l.logit()) / double{scale}) : 0.0;
+    absl::StrAppendFormat(
+        html,
+        "<tr><td class=\"ctx\"><span class=\"t\" style=\"background:rgba(%s,%.3f)\" "
+        "title=\"id %d\">%s</span></td><td>%+.3f</td></tr>\n",
+        rgb, alpha, l.token_id(), HtmlEscape(TokenText(l.token_id(), vocab)), l.logit());
+  }
+  *html += "</table>\n";
+}
+
+// The weights section of a latent's page (GetLatentWeights).
+void AppendWeights(const v1::GetLatentWeightsResponse& w, const LatentPageOptions& options,
+                   std::string* html) {
+  absl::StrAppendFormat(html,
+                        "<h2>From its weights</h2>\n<p>|W_dec| %.4g, |W_enc| %.4g, "
+                        "cos(W_enc, W_dec) %.3f</p>\n",
+                        w.decoder_norm(), w.encoder_norm(), w.encoder_decoder_cosine());
+  if (w.positive_logits_size() > 0) {
+    float scale = 0;
+    for (const auto* list : {&w.positive_logits(), &w.negative_logits()}) {
+      for (const v1::TokenLogit& l : *list) scale = std::max(scale, std::abs(l.logit()));
+    }
+    absl::StrAppendFormat(
+        html, "<p>direct logit effect through %s</p>\n<div style=\"display:flex;gap:3em\">",
+        HtmlEscape(w.logits_source()));
+    AppendLogitTable("raises", w.positive_logits(), scale, "31,119,180", options.vocab, html);
+    AppendLogitTable("lowers", w.negative_logits(), scale, "214,39,40", options.vocab, html);
+    *html += "</div>\n";
+  } else if (!w.logits_unavailable().empty()) {
+    absl::StrAppendFormat(html, "<p>no logits: %s</p>\n", HtmlEscape(w.logits_unavailable()));
+  }
+  if (w.neighbors_size() > 0) {
+    *html +=
+        "<h2>Nearest decoder directions</h2>\n<table><tr><th>latent</th><th>cosine</th></tr>\n";
+    for (const v1::LatentNeighbor& n : w.neighbors()) {
+      absl::StrAppendFormat(html, "<tr><td>%s</td><td>%.4f</td></tr>\n",
+                            LatentRef(n.latent(), options.linked_latents != nullptr &&
+                                                      options.linked_latents->count(n.latent())),
+                            n.cosine());
+    }
+    *html += "</table>\n";
+  }
+}
+
 constexpr char kStyle[] = R"(<style>
 body{font-family:system-ui,sans-serif;margin:2em;color:#222}
 h2{margin-top:1.5em;font-size:1.1em}
@@ -204,6 +254,7 @@ std::string LatentHtml(const v1::GetLatentResponse& response, const LatentPageOp
     }
     html += "</table>\n";
   }
+  if (options.weights != nullptr) AppendWeights(*options.weights, options, &html);
   html += "</body></html>\n";
   return html;
 }

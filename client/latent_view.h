@@ -30,6 +30,9 @@ struct LatentPageOptions {
   // The latents firing on the rows where this one fires (LatentsOnRows with_latent), shown as a
   // table under the examples; null: no such section.
   const v1::LatentsOnRowsResponse* cofiring = nullptr;
+  // What the latent's weights say (GetLatentWeights): the logits its decoder direction raises
+  // and lowers most, side by side, and its nearest decoder directions; null: no such section.
+  const v1::GetLatentWeightsResponse* weights = nullptr;
   // The page is one of a dashboard's (latentctl dashboard): it links to index.html beside it.
   bool in_dashboard = false;
   // The latents whose pages lie beside this one (LatentPageName): their numbers become links;

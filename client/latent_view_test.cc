@@ -118,6 +118,55 @@ TEST(LatentViewTest, WithoutContextValuesOnlyTheRowIsShaded) {
             (std::vector<std::string>{" 0", " 1", " 2", " 3"}));
 }
 
+TEST(LatentViewTest, WeightsShowLogitsSideBySideAndNeighbours) {
+  auto vocab = Vocabulary::Parse("a\n<b>\n the\n");
+  ASSERT_TRUE(vocab.ok());
+  v1::GetLatentWeightsResponse w;
+  w.set_decoder_norm(1.0f);
+  w.set_encoder_norm(0.5f);
+  w.set_encoder_decoder_cosine(0.875f);
+  w.set_logits_source("embed.W_E (tied)");
+  v1::TokenLogit* up = w.add_positive_logits();
+  up->set_token_id(2);
+  up->set_logit(2.0f);
+  v1::TokenLogit* down = w.add_negative_logits();
+  down->set_token_id(1);
+  down->set_logit(-1.0f);
+  v1::LatentNeighbor* n = w.add_neighbors();
+  n->set_latent(11);
+  n->set_cosine(0.9f);
+  n = w.add_neighbors();
+  n->set_latent(12);
+  n->set_cosine(0.5f);
+  const std::set<int32_t> with_pages{11};
+  LatentPageOptions options{3, &*vocab, false};
+  options.weights = &w;
+  options.linked_latents = &with_pages;
+  const std::string page = LatentHtml(Response(), options);
+  EXPECT_NE(page.find("cos(W_enc, W_dec) 0.875"), std::string::npos);
+  EXPECT_NE(page.find("direct logit effect through embed.W_E (tied)"), std::string::npos);
+  // Raised tokens in blue at full strength for the largest |logit|, lowered ones in red at half.
+  EXPECT_EQ(All(page, R"re(rgba\(31,119,180,([0-9.]+)\)" title="id 2"> the<)re"),
+            std::vector<std::string>{"1.000"});
+  EXPECT_EQ(All(page, R"re(rgba\(214,39,40,([0-9.]+)\)" title="id 1">&lt;b&gt;<)re"),
+            std::vector<std::string>{"0.500"});
+  EXPECT_NE(page.find("<td>+2.000</td>"), std::string::npos);
+  EXPECT_NE(page.find("<td>-1.000</td>"), std::string::npos);
+  EXPECT_NE(page.find("<tr><td><a href=\"latent-11.html\">11</a></td><td>0.9000</td>"),
+            std::string::npos);
+  EXPECT_NE(page.find("<tr><td>12</td><td>0.5000</td>"), std::string::npos);
+
+  // Without logits the page says why.
+  w.clear_positive_logits();
+  w.clear_negative_logits();
+  w.set_logits_source("");
+  w.set_logits_unavailable("the model <m> changed");
+  const std::string without = LatentHtml(Response(), options);
+  EXPECT_EQ(without.find("direct logit effect"), std::string::npos);
+  EXPECT_NE(without.find("no logits: the model &lt;m&gt; changed"), std::string::npos);
+  EXPECT_NE(without.find("Nearest decoder directions"), std::string::npos);
+}
+
 TEST(LatentViewTest, DashboardPagesLinkToEachOther) {
   v1::LatentsOnRowsResponse cofiring;
   cofiring.set_rows_selected(9);

@@ -76,6 +76,9 @@ ABSL_FLAG(std::string, vocab, "",
 ABSL_FLAG(std::string, html, "",
           "latent: also write an HTML page here: statistics, histogram, every example's tokens "
           "shaded by the latent's value on them");
+ABSL_FLAG(std::string, unembedding, "",
+          "weights, latent --html, dashboard: the TorchScript model's unembedding parameter "
+          "(default: lm_head.weight and the other usual names)");
 ABSL_FLAG(std::string, format, "npz", "export: npz or hdf5");
 ABSL_FLAG(std::string, plot, "",
           "telemetry: write a PNG of loss and memory against steps here; latents: a PNG of the "
@@ -83,7 +86,8 @@ ABSL_FLAG(std::string, plot, "",
 ABSL_FLAG(std::string, order, "latent",
           "latents, dashboard: latent, frequent, rare (dead first), max or mean (ties by latent "
           "index)");
-ABSL_FLAG(int, limit, 20, "latents, dashboard, cofiring, token: latents to show");
+ABSL_FLAG(int, limit, 20,
+          "latents, dashboard, cofiring, token: latents to show; weights: neighbours and logits");
 ABSL_FLAG(int64_t, offset, 0, "latents, dashboard: skip this many in the order");
 ABSL_FLAG(int64_t, min_count, 0,
           "latents: only latents firing at least this often; cofiring/token: at least this "
@@ -591,6 +595,82 @@ v1::GetLatentRequest LatentRequest(uint64_t id, int32_t latent) {
   return request;
 }
 
+// GetLatentWeights with `top_n` (and --unembedding) for a page's weights section: true with
+// *response filled, or false after saying once on stderr why the pages go without one (e.g. the
+// dataset's job record was deleted); *warned keeps it to once.
+bool PageWeights(Client& client, uint64_t id, int32_t latent, int top_n,
+                 v1::GetLatentWeightsResponse* response, bool* warned) {
+  v1::GetLatentWeightsRequest request;
+  request.set_dataset_id(id);
+  request.set_latent(latent);
+  request.set_top_n(top_n);
+  request.set_unembedding(absl::GetFlag(FLAGS_unembedding));
+  const grpc::Status status =
+      client.datasets()->GetLatentWeights(client.Context().get(), request, response);
+  if (status.ok()) return true;
+  if (!*warned) {
+    std::fprintf(stderr, "latentctl: pages without a weights section: %s\n",
+                 status.error_message().c_str());
+    *warned = true;
+  }
+  return false;
+}
+
+// What a latent's weights say: its nearest decoder directions and the tokens its decoder
+// direction raises and lowers most (GetLatentWeights).
+int Weights(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  int latent = -1;
+  if (!ParseId(args, 1, &id) || args.size() < 3 || !absl::SimpleAtoi(args[2], &latent)) {
+    return Usage("weights needs a dataset id and a latent index");
+  }
+  std::optional<Vocabulary> vocab;
+  if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
+  v1::GetLatentWeightsRequest request;
+  request.set_dataset_id(id);
+  request.set_latent(latent);
+  request.set_top_n(absl::GetFlag(FLAGS_limit));
+  request.set_unembedding(absl::GetFlag(FLAGS_unembedding));
+  v1::GetLatentWeightsResponse response;
+  grpc::Status status =
+      client.datasets()->GetLatentWeights(client.Context().get(), request, &response);
+  if (!status.ok()) return RpcError(status);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(response).c_str());
+    return 0;
+  }
+  std::printf("dataset %llu latent %d: |W_dec| %.4g, |W_enc| %.4g, cos(W_enc, W_dec) %.3f\n",
+              static_cast<unsigned long long>(id), latent, response.decoder_norm(),
+              response.encoder_norm(), response.encoder_decoder_cosine());
+  auto token = [&](int32_t t) {
+    return vocab ? absl::StrCat("\"", vocab->Display(t), "\"") : absl::StrCat(t);
+  };
+  if (response.positive_logits_size() > 0) {
+    std::printf("direct logits through %s:\n%-24s %-9s  %-24s %s\n",
+                response.logits_source().c_str(), "RAISES", "LOGIT", "LOWERS", "LOGIT");
+    const int n = std::max(response.positive_logits_size(), response.negative_logits_size());
+    for (int i = 0; i < n; ++i) {
+      std::string left(34, ' '), right;
+      if (i < response.positive_logits_size()) {
+        const v1::TokenLogit& l = response.positive_logits(i);
+        left = absl::StrFormat("%-24s %-+9.4f", token(l.token_id()), l.logit());
+      }
+      if (i < response.negative_logits_size()) {
+        const v1::TokenLogit& l = response.negative_logits(i);
+        right = absl::StrFormat("%-24s %+.4f", token(l.token_id()), l.logit());
+      }
+      std::printf("%s  %s\n", left.c_str(), right.c_str());
+    }
+  } else {
+    std::printf("no logits: %s\n", response.logits_unavailable().c_str());
+  }
+  std::printf("nearest decoder directions:\n%-8s %s\n", "LATENT", "COSINE");
+  for (const v1::LatentNeighbor& n : response.neighbors()) {
+    std::printf("%-8d %.4f\n", n.latent(), n.cosine());
+  }
+  return 0;
+}
+
 int Latent(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
   int latent = -1;
@@ -605,8 +685,12 @@ int Latent(Client& client, const std::vector<std::string>& args) {
   grpc::Status status = client.datasets()->GetLatent(client.Context().get(), request, &response);
   if (!status.ok()) return RpcError(status);
   if (const std::string html = absl::GetFlag(FLAGS_html); !html.empty()) {
+    LatentPageOptions page{id, decoder, absl::GetFlag(FLAGS_distinct)};
+    v1::GetLatentWeightsResponse weights;
+    bool warned = false;
+    if (PageWeights(client, id, latent, 10, &weights, &warned)) page.weights = &weights;
     std::ofstream out(html, std::ios::binary | std::ios::trunc);
-    out << LatentHtml(response, {id, decoder, absl::GetFlag(FLAGS_distinct)});
+    out << LatentHtml(response, page);
     out.close();
     if (!out) {
       std::fprintf(stderr, "latentctl: --html: cannot write %s\n", html.c_str());
@@ -973,6 +1057,7 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
   std::set<int32_t> with_pages;
   for (const v1::LatentSummary& l : overview.latents()) with_pages.insert(l.latent());
   const bool progress = isatty(fileno(stderr));  // a counter rewritten in place
+  bool weights_warned = false;                   // after one failure the pages go without weights
   for (int i = 0; i < total; ++i) {
     const int32_t latent = overview.latents(i).latent();
     v1::GetLatentRequest request = LatentRequest(id, latent);
@@ -990,6 +1075,10 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
     if (!status.ok()) return RpcError(status);
     LatentPageOptions page{id, vocab ? &*vocab : nullptr, absl::GetFlag(FLAGS_distinct)};
     page.cofiring = &cofiring;
+    v1::GetLatentWeightsResponse weights;
+    if (!weights_warned && PageWeights(client, id, latent, 10, &weights, &weights_warned)) {
+      page.weights = &weights;
+    }
     page.in_dashboard = true;
     page.linked_latents = &with_pages;
     if (!write(LatentPageName(latent), LatentHtml(response, page))) return kExitRpcError;
@@ -1036,7 +1125,12 @@ datasets:
                                  a static HTML dashboard: DIR/index.html (density histogram,
                                  the listed latents and their top tokens) and a page per
                                  latent (examples shaded by value, interval samples, tokens,
-                                 positions, the latents it fires with)
+                                 positions, the latents it fires with, its
+                                 direct logits and decoder neighbours)
+  weights ID J [--limit=N] [--vocab=F] [--unembedding=NAME]
+                                 from the SAE and model that made the dataset: the tokens the
+                                 latent's decoder direction raises and lowers most (direct
+                                 logits) and the latents with the nearest decoder directions
   cofiring ID J [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
                                  the latents that fire on the rows where latent J fires
   token ID T [--vocab=F] [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
@@ -1070,6 +1164,7 @@ int Run(const std::vector<std::string>& args) {
   if (command == "latent") return Latent(client, args);
   if (command == "latents") return Latents(client, args);
   if (command == "dashboard") return Dashboard(client, args);
+  if (command == "weights") return Weights(client, args);
   if (command == "cofiring") return OnRows(client, args, /*by_token=*/false);
   if (command == "token") return OnRows(client, args, /*by_token=*/true);
   if (command == "export") return Export(client, args);

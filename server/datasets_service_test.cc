@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +14,8 @@
 #include <random>
 #include <set>
 
+#include "engine/sae_config.h"
+#include "engine/safetensors.h"
 #include "gtest/gtest.h"
 #include "storage/latents_on_rows.h"
 #include "storage/value_codec.h"
@@ -38,6 +41,15 @@ class DatasetsServiceTest : public ::testing::Test {
     options.export_root = (dir_ / "exports").string();
     options.artifact_dir = (dir_ / "artifacts").string();
     options.unfinished_jobs = [this] { return unfinished_jobs_; };
+    engine::ExtractEnv weights_env;
+    weights_env.data_roots = {dir_.string()};
+    weights_env.find_job = [this](uint64_t id) -> absl::StatusOr<latentd::v1::Job> {
+      auto it = jobs_.find(id);
+      if (it == jobs_.end()) return absl::NotFoundError("no such job");
+      return it->second;
+    };
+    latent_weights_ = std::make_unique<engine::LatentWeightsReader>(weights_env);
+    options.latent_weights = latent_weights_.get();
     service_ = std::make_unique<DatasetsService>(store_.get(), artifacts_.get(), options);
     grpc::ServerBuilder builder;
     int port = 0;
@@ -55,9 +67,11 @@ class DatasetsServiceTest : public ::testing::Test {
 
   // A SPARSE dataset of `rows` rows, 16 latents each out of `width`.
   uint64_t MakeDataset(const std::string& name, int64_t rows, int32_t width = 4096,
-                       storage::ValueDtype dtype = storage::ValueDtype::kFloat16) {
+                       storage::ValueDtype dtype = storage::ValueDtype::kFloat16,
+                       uint64_t job_id = 0) {
     storage::DatasetMeta m;
     m.name = name;
+    m.job_id = job_id;
     m.width = width;
     m.value_dtype = dtype;
     m.k = 16;
@@ -92,6 +106,8 @@ class DatasetsServiceTest : public ::testing::Test {
   std::unique_ptr<storage::ArtifactStore> artifacts_;
   std::unique_ptr<DatasetsService> service_;
   std::vector<latentd::v1::Job> unfinished_jobs_;
+  std::map<uint64_t, latentd::v1::Job> jobs_;  // what GetLatentWeights' reader finds
+  std::unique_ptr<engine::LatentWeightsReader> latent_weights_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<latentd::v1::Datasets::Stub> stub_;
 };
@@ -649,6 +665,102 @@ TEST_F(DatasetsServiceTest, ExportStaysInsideTheExportRoot) {
 // around the dataset's bounds, unknown ids, paths that try to leave the export root, NUL bytes):
 // each call ends with OK or a client-error code, never INTERNAL, UNKNOWN or a dead server, and
 // nothing is written outside the export root.
+// An SAE over a 4-wide residual stream whose latent j points at angle j / 100 in its first plane:
+// the nearest directions of latent j are j - 1 and j + 1 (equal cosines), then j - 2 and j + 2.
+void WritePlaneSae(const std::string& dir, int32_t d_sae) {
+  std::vector<float> W_dec(d_sae * 4, 0.0f), W_enc(4 * d_sae, 0.0f), b_enc(d_sae, 0.0f),
+      b_dec(4, 0.0f);
+  for (int32_t j = 0; j < d_sae; ++j) {
+    W_dec[j * 4] = std::cos(j / 100.0f);
+    W_dec[j * 4 + 1] = std::sin(j / 100.0f);
+    W_enc[j] = W_dec[j * 4];  // W_enc = W_dec^T
+    W_enc[d_sae + j] = W_dec[j * 4 + 1];
+  }
+  fs::create_directories(dir);
+  using engine::StDtype;
+  ASSERT_TRUE(engine::WriteSafetensors(dir + "/sae_weights.safetensors",
+                                       {{"W_enc", StDtype::kF32, {4, d_sae}, W_enc.data()},
+                                        {"b_enc", StDtype::kF32, {d_sae}, b_enc.data()},
+                                        {"W_dec", StDtype::kF32, {d_sae, 4}, W_dec.data()},
+                                        {"b_dec", StDtype::kF32, {4}, b_dec.data()}})
+                  .ok());
+  engine::SaeConfig cfg;
+  cfg.d_in = 4;
+  cfg.d_sae = d_sae;
+  cfg.architecture = engine::SaeArchitecture::kTopK;
+  cfg.k = 16;
+  std::ofstream(dir + "/cfg.json") << engine::SaeConfigToJson(cfg);
+}
+
+TEST_F(DatasetsServiceTest, GetLatentWeightsAnswersFromTheDatasetsSaeAndModel) {
+  WritePlaneSae((dir_ / "sae").string(), 512);
+  latentd::v1::Job job;
+  job.set_id(41);
+  latentd::v1::ExtractSpec* spec = job.mutable_spec()->mutable_extract();
+  latentd::v1::ReferenceModelSpec* model = spec->mutable_model()->mutable_reference();
+  model->set_d_model(4);
+  model->set_n_heads(1);
+  model->set_n_layers(1);
+  model->set_vocab_size(16);
+  spec->set_hook_name("blocks.0.hook_resid_post");
+  spec->mutable_sae()->set_path((dir_ / "sae").string());
+  jobs_[41] = job;
+  const uint64_t id = MakeDataset("weights", 64, 512, storage::ValueDtype::kFloat16, 41);
+
+  grpc::ClientContext ctx;
+  latentd::v1::GetLatentWeightsRequest req;
+  req.set_dataset_id(id);
+  req.set_latent(100);
+  req.set_top_n(4);
+  latentd::v1::GetLatentWeightsResponse resp;
+  grpc::Status s = stub_->GetLatentWeights(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.latent(), 100);
+  EXPECT_NEAR(resp.decoder_norm(), 1.0, 1e-6);
+  EXPECT_NEAR(resp.encoder_norm(), 1.0, 1e-6);
+  EXPECT_NEAR(resp.encoder_decoder_cosine(), 1.0, 1e-6);
+  ASSERT_EQ(resp.neighbors_size(), 4);
+  const int expected[] = {99, 101, 98, 102};  // equal cosines go by latent index
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(resp.neighbors(r).latent(), expected[r]);
+    EXPECT_NEAR(resp.neighbors(r).cosine(), std::cos((r / 2 + 1) / 100.0), 1e-5);
+  }
+  EXPECT_EQ(resp.logits_source(), "embed.W_E (tied)");
+  EXPECT_EQ(resp.logits_unavailable(), "");
+  ASSERT_EQ(resp.positive_logits_size(), 4);
+  ASSERT_EQ(resp.negative_logits_size(), 4);
+  for (int r = 1; r < 4; ++r) {
+    EXPECT_GE(resp.positive_logits(r - 1).logit(), resp.positive_logits(r).logit());
+    EXPECT_LE(resp.negative_logits(r - 1).logit(), resp.negative_logits(r).logit());
+  }
+  EXPECT_GT(resp.positive_logits(0).logit(), resp.negative_logits(0).logit());
+
+  auto code = [&](uint64_t dataset, int32_t latent, int32_t top_n) {
+    grpc::ClientContext c;
+    latentd::v1::GetLatentWeightsRequest r;
+    r.set_dataset_id(dataset);
+    r.set_latent(latent);
+    r.set_top_n(top_n);
+    latentd::v1::GetLatentWeightsResponse out;
+    return stub_->GetLatentWeights(&c, r, &out).error_code();
+  };
+  EXPECT_EQ(code(id, 512, 4), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_EQ(code(id, -1, 4), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_EQ(code(id, 0, 1001), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(code(999, 0, 4), grpc::StatusCode::NOT_FOUND);
+  // A dataset whose job record is gone, and a DENSE dataset.
+  const uint64_t orphan = MakeDataset("orphan", 8, 512, storage::ValueDtype::kFloat16, 77);
+  EXPECT_EQ(code(orphan, 0, 4), grpc::StatusCode::FAILED_PRECONDITION);
+  storage::DatasetMeta dense;
+  dense.name = "dense";
+  dense.kind = storage::DatasetKind::kDense;
+  dense.width = 4;
+  dense.job_id = 41;
+  auto dense_id = store_->CreateDataset(dense);
+  ASSERT_TRUE(dense_id.ok()) << dense_id.status();
+  EXPECT_EQ(code(*dense_id, 0, 4), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
 TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
   const uint64_t id = MakeDataset("hostile", 300, 512);
   std::mt19937_64 rng(17);

@@ -228,6 +228,19 @@ class Client:
             request.token_id = token_id
         return self.datasets.LatentsOnRows(request, metadata=self.metadata, timeout=self.timeout)
 
+    def latent_weights(self, dataset_id, latent, top_n=10, unembedding=""):
+        """What the latent's weights say, from the SAE and model that made the dataset (no rows):
+        neighbors (the top_n latents with the nearest decoder directions: latent, cosine),
+        positive_logits / negative_logits (the tokens its decoder direction raises and lowers
+        most through the model's unembedding: token_id, logit), decoder_norm, encoder_norm,
+        encoder_decoder_cosine. logits_source names the unembedding used; for a TorchScript
+        model without a usual one, name its parameter in `unembedding` (logits_unavailable says
+        why there are no logits)."""
+        request = datasets_pb2.GetLatentWeightsRequest(dataset_id=dataset_id, latent=latent,
+                                                       top_n=top_n, unembedding=unembedding)
+        return self.datasets.GetLatentWeights(request, metadata=self.metadata,
+                                              timeout=self.timeout)
+
     def show_latent(self, dataset_id, latent, decode=None, **get_latent_args):
         """GetLatent's answer as a LatentView, which a notebook shows as the latent's examples
         with each token shaded by the latent's value on it. decode maps a list of token ids to
