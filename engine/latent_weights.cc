@@ -317,8 +317,12 @@ absl::StatusOr<LatentWeights> LatentWeightsReader::Read(const DatasetWeightsSour
   }
   auto dir = ResolveSaeDir(spec, impl_->env);
   if (!dir.ok()) {
-    return absl::Status(dir.status().code(), absl::StrCat("dataset ", dataset.dataset_id,
-                                                          "'s SAE: ", dir.status().message()));
+    // The dataset exists; its SAE file or artifact was deleted since: a state, not a bad name.
+    const absl::StatusCode code = dir.status().code() == absl::StatusCode::kNotFound
+                                      ? absl::StatusCode::kFailedPrecondition
+                                      : dir.status().code();
+    return absl::Status(code, absl::StrCat("dataset ", dataset.dataset_id,
+                                           "'s SAE is not readable: ", dir.status().message()));
   }
   ASSIGN_OR_RETURN(HookName hook, ParseHookName(spec.hook_name()));
   try {

@@ -85,8 +85,9 @@ class LatentWeightsReader {
 
   // INVALID_ARGUMENT for top_n outside [0, 1000] or an unembedding named for the reference model
   // or absent from the module; OUT_OF_RANGE for latent outside [0, d_sae); FAILED_PRECONDITION
-  // when the job record is gone or is not an EXTRACT job with an SAE, or the SAE's file no
-  // longer has the recorded hash; the paths' errors (NOT_FOUND, PERMISSION_DENIED) otherwise.
+  // when the job record is gone or is not an EXTRACT job with an SAE, or its SAE (file or
+  // artifact) was deleted or no longer has the recorded hash; PERMISSION_DENIED when the SAE no
+  // longer lies under a data root.
   // A model that changed since, or has no unembedding, leaves the logits empty and says why.
   absl::StatusOr<LatentWeights> Read(const DatasetWeightsSource& dataset,
                                      const LatentWeightsQuery& query);

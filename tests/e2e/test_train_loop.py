@@ -4,6 +4,7 @@ train a TopK SAE on them with smfac -> extract SPARSE latents with the trained S
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import unittest
@@ -18,6 +19,23 @@ from latentd.v1 import datasets_pb2, jobs_pb2
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts")
 MODEL = {"reference": {"dModel": 64, "nLayers": 2, "nHeads": 4, "dMlp": 256, "vocabSize": 4096,
                        "contextLength": 32, "seed": 1}}
+
+
+def read_safetensors(path):
+    """{name: float32 array} of an F32 safetensors file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        assert info["dtype"] == "F32", info
+        out[name] = numpy.frombuffer(data[8 + n + begin:8 + n + end],
+                                     numpy.float32).reshape(info["shape"])
+    return out
 
 
 def rows_before(client, dataset_id, row):
@@ -90,9 +108,37 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual((packed != plain).nnz, 0)
         self.assertTrue((packed.indptr == plain.indptr).all())
         self.assertTrue((packed_tokens == plain_tokens).all())
+        # What the trained SAE's weights say about a latent: its nearest decoder directions
+        # (numpy on the artifact's safetensors agrees) and its direct logits through the
+        # reference model's tied embedding.
+        listed = c.list_artifacts()
+        w_dec = read_safetensors(os.path.join(listed[0].path, "sae_weights.safetensors"))["W_dec"]
+        unit = w_dec / numpy.maximum(numpy.linalg.norm(w_dec, axis=1, keepdims=True), 1e-30)
+        cosines = unit @ unit[5]
+        cosines[5] = -numpy.inf
+        weights = c.latent_weights(dataset, 5, top_n=6)
+        self.assertEqual([n.latent for n in weights.neighbors],
+                         sorted(range(256), key=lambda j: (-cosines[j], j))[:6])
+        numpy.testing.assert_allclose([n.cosine for n in weights.neighbors],
+                                      numpy.sort(cosines)[::-1][:6], atol=1e-5)
+        self.assertAlmostEqual(weights.decoder_norm, float(numpy.linalg.norm(w_dec[5])), places=4)
+        self.assertEqual(weights.logits_source, "embed.W_E (tied)")
+        up = [l.logit for l in weights.positive_logits]
+        down = [l.logit for l in weights.negative_logits]
+        self.assertEqual((len(up), len(down)), (6, 6))
+        self.assertEqual(up, sorted(up, reverse=True))
+        self.assertEqual(down, sorted(down))
+        self.assertGreater(up[-1], down[-1])
+        shown = daemon.latentctl("weights", str(dataset), "5", "--limit=3").stdout
+        self.assertIn("direct logits through embed.W_E (tied)", shown)
+        self.assertIn("%-8d %.4f" % (weights.neighbors[0].latent, weights.neighbors[0].cosine),
+                      shown)
+        with self.assertRaises(grpc.RpcError) as dense_weights:
+            c.latent_weights(dense_id, 0)
+        self.assertEqual(dense_weights.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+
         # The trained SAE as an artifact: its name is taken until it is deleted, and deleting it
         # removes its files.
-        listed = c.list_artifacts()
         self.assertEqual([(a.id, a.name) for a in listed], [(artifact, "loop-sae")])
         again = {"datasetId": str(dense_id), "sae": {"architecture": "TOPK", "dSae": 256, "k": 8},
                  "optimizer": {"name": "adam", "lr": 1e-3}, "steps": 1, "batchSize": 64,
@@ -110,6 +156,11 @@ class TrainLoop(DaemonTestCase):
             c.delete_artifact(artifact)
         self.assertEqual(gone.exception.code(), grpc.StatusCode.NOT_FOUND)
         self.assertEqual(c.wait(c.submit("TRAIN", again).id).state, jobs_pb2.SUCCEEDED)
+        # The dataset's SAE is gone now: its weights cannot be read, and the error says why.
+        with self.assertRaises(grpc.RpcError) as sae_gone:
+            c.latent_weights(dataset, 5)
+        self.assertEqual(sae_gone.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("artifact %d" % artifact, sae_gone.exception.details())
 
         # The dataset helpers: listing, a server-side export scipy reads back, deletion.
         names = {d.id: d.name for d in c.list_datasets()}
