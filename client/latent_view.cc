@@ -136,8 +136,8 @@ void AppendWeights(const v1::GetLatentWeightsResponse& w, const LatentPageOption
     absl::StrAppendFormat(
         html, "<p>direct logit effect through %s</p>\n<div style=\"display:flex;gap:3em\">",
         HtmlEscape(w.logits_source()));
-    AppendLogitTable("raises", w.positive_logits(), scale, "31,119,180", options.vocab, html);
-    AppendLogitTable("lowers", w.negative_logits(), scale, "214,39,40", options.vocab, html);
+    AppendLogitTable("raises", w.positive_logits(), scale, "110,170,240", options.vocab, html);
+    AppendLogitTable("lowers", w.negative_logits(), scale, "250,120,120", options.vocab, html);
     *html += "</div>\n";
   } else if (!w.logits_unavailable().empty()) {
     absl::StrAppendFormat(html, "<p>no logits: %s</p>\n", HtmlEscape(w.logits_unavailable()));

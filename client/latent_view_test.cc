@@ -146,9 +146,9 @@ TEST(LatentViewTest, WeightsShowLogitsSideBySideAndNeighbours) {
   EXPECT_NE(page.find("cos(W_enc, W_dec) 0.875"), std::string::npos);
   EXPECT_NE(page.find("direct logit effect through embed.W_E (tied)"), std::string::npos);
   // Raised tokens in blue at full strength for the largest |logit|, lowered ones in red at half.
-  EXPECT_EQ(All(page, R"re(rgba\(31,119,180,([0-9.]+)\)" title="id 2"> the<)re"),
+  EXPECT_EQ(All(page, R"re(rgba\(110,170,240,([0-9.]+)\)" title="id 2"> the<)re"),
             std::vector<std::string>{"1.000"});
-  EXPECT_EQ(All(page, R"re(rgba\(214,39,40,([0-9.]+)\)" title="id 1">&lt;b&gt;<)re"),
+  EXPECT_EQ(All(page, R"re(rgba\(250,120,120,([0-9.]+)\)" title="id 1">&lt;b&gt;<)re"),
             std::vector<std::string>{"0.500"});
   EXPECT_NE(page.find("<td>+2.000</td>"), std::string::npos);
   EXPECT_NE(page.find("<td>-1.000</td>"), std::string::npos);

@@ -40,6 +40,10 @@ $LATENTCTL latent "$dataset" "$latent" --top=5 --before=8 --after_tokens=2 --tok
   --vocab="$inputs/vocab.json" --html="$data_dir/demo-latent.html"
 echo "(open $data_dir/demo-latent.html in a browser: every token shaded by the latent's value)"
 echo
+echo "demo: what latent $latent's weights say (the tokens its decoder direction raises and lowers"
+echo "through the model's unembedding, and its nearest decoder directions)"
+$LATENTCTL weights "$dataset" "$latent" --limit=5 --vocab="$inputs/vocab.json"
+echo
 echo "demo: a dashboard of the 20 most frequent latents"
 $LATENTCTL dashboard "$dataset" "$data_dir/demo-dashboard" --order=frequent --limit=20 \
   --intervals=3 --interval_samples=3 --before=12 --after_tokens=4 --vocab="$inputs/vocab.json"

@@ -1,0 +1,123 @@
+// GetLatentWeights' engine side (engine/latent_weights) on SAEs of growing width: the first query
+// of an SAE (read the safetensors, check its hash, prepare unit decoder rows; draw the reference
+// model for its embedding) against later ones served from the prepared weights (two
+// matrix-vector products and two top-k), side by side in one run.
+//
+//   bazel run -c opt //bench:latent_weights_bench -- [widths=4096,32768,131072] [d_in=768]
+//       [vocab=50257] [queries=50]
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/process_memory.h"
+#include "engine/latent_weights.h"
+#include "engine/sae.h"
+
+namespace {
+
+using latentd::engine::DatasetWeightsSource;
+using latentd::engine::LatentWeightsQuery;
+using latentd::engine::LatentWeightsReader;
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> widths = {4096, 32768, 131072};
+  int64_t d_in = 768, vocab = 50257, queries = 50;
+  for (int i = 1; i < argc; ++i) {
+    std::vector<std::string> kv = absl::StrSplit(argv[i], absl::MaxSplits('=', 1));
+    if (kv.size() != 2) continue;
+    if (kv[0] == "widths") {
+      widths.clear();
+      for (absl::string_view w : absl::StrSplit(kv[1], ',')) {
+        int64_t v;
+        if (absl::SimpleAtoi(w, &v)) widths.push_back(v);
+      }
+    } else if (kv[0] == "d_in") {
+      absl::SimpleAtoi(kv[1], &d_in);
+    } else if (kv[0] == "vocab") {
+      absl::SimpleAtoi(kv[1], &vocab);
+    } else if (kv[0] == "queries") {
+      absl::SimpleAtoi(kv[1], &queries);
+    }
+  }
+  const std::string root =
+      (std::filesystem::temp_directory_path() / "latent_weights_bench").string();
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root);
+  std::printf(
+      "latent_weights_bench: d_in %lld, reference model vocab %lld, %lld queries each, %d "
+      "threads\n",
+      static_cast<long long>(d_in), static_cast<long long>(vocab), static_cast<long long>(queries),
+      at::get_num_threads());
+  std::printf("%-8s %-10s %-12s %-10s %-10s %-12s %s\n", "D_SAE", "SAE_MB", "FIRST_S", "WARM_P50",
+              "WARM_P90", "CACHE_MB", "RSS_MB");
+  for (const int64_t d_sae : widths) {
+    const std::string dir = root + "/sae-" + std::to_string(d_sae);
+    std::string hash;
+    {
+      at::manual_seed(1);
+      latentd::engine::SaeWeights w;
+      w.W_dec = at::randn({d_sae, d_in});
+      w.W_enc = w.W_dec.t().contiguous();
+      w.b_enc = at::zeros({d_sae});
+      w.b_dec = at::zeros({d_in});
+      latentd::engine::SaeConfig cfg;
+      cfg.d_in = d_in;
+      cfg.d_sae = d_sae;
+      cfg.k = 32;
+      if (!latentd::engine::SaveSae(dir, w, cfg).ok()) return 1;
+      hash = latentd::engine::Sae::Load(dir)->weight_hash();
+    }
+    latentd::v1::Job job;
+    latentd::v1::ExtractSpec* spec = job.mutable_spec()->mutable_extract();
+    latentd::v1::ReferenceModelSpec* model = spec->mutable_model()->mutable_reference();
+    model->set_d_model(d_in);
+    model->set_n_layers(2);
+    model->set_n_heads(12);
+    model->set_vocab_size(vocab);
+    model->set_context_length(128);
+    spec->set_hook_name("blocks.1.hook_resid_post");
+    spec->mutable_sae()->set_path(dir);
+    latentd::engine::ExtractEnv env;
+    env.data_roots = {root};
+    env.find_job = [&job](uint64_t) -> absl::StatusOr<latentd::v1::Job> { return job; };
+    LatentWeightsReader reader(env);
+    const DatasetWeightsSource source{1, 1, hash, "", d_sae};
+    LatentWeightsQuery q;
+    q.top_n = 10;
+    auto start = std::chrono::steady_clock::now();
+    auto first = reader.Read(source, q);
+    const double first_s = Seconds(start);
+    if (!first.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(first.status().message()).c_str());
+      return 1;
+    }
+    std::vector<double> warm;
+    for (int64_t i = 0; i < queries; ++i) {
+      q.latent = (i * 7919) % d_sae;
+      start = std::chrono::steady_clock::now();
+      if (!reader.Read(source, q).ok()) return 1;
+      warm.push_back(Seconds(start));
+    }
+    std::sort(warm.begin(), warm.end());
+    std::printf("%-8lld %-10.0f %-12.3f %-10.2f %-10.2f %-12.0f %.0f\n",
+                static_cast<long long>(d_sae), 2.0 * d_sae * d_in * 4 / 1e6, first_s,
+                warm[warm.size() / 2] * 1e3, warm[warm.size() * 9 / 10] * 1e3,
+                reader.cached_bytes() / 1e6, latentd::ProcessRssBytes() / 1e6);
+  }
+  std::printf("(WARM_P50 / WARM_P90 in ms; SAE_MB: W_enc + W_dec as float32)\n");
+  std::filesystem::remove_all(root);
+  return 0;
+}
