@@ -595,16 +595,22 @@ v1::GetLatentRequest LatentRequest(uint64_t id, int32_t latent) {
   return request;
 }
 
-// GetLatentWeights with `top_n` (and --unembedding) for a page's weights section: true with
-// *response filled, or false after saying once on stderr why the pages go without one (e.g. the
-// dataset's job record was deleted); *warned keeps it to once.
-bool PageWeights(Client& client, uint64_t id, int32_t latent, int top_n,
-                 v1::GetLatentWeightsResponse* response, bool* warned) {
+// GetLatentWeights of latent J with top_n neighbours and logits, --unembedding as the flag says.
+v1::GetLatentWeightsRequest WeightsRequest(uint64_t id, int32_t latent, int top_n) {
   v1::GetLatentWeightsRequest request;
   request.set_dataset_id(id);
   request.set_latent(latent);
   request.set_top_n(top_n);
   request.set_unembedding(absl::GetFlag(FLAGS_unembedding));
+  return request;
+}
+
+// GetLatentWeights with `top_n` (and --unembedding) for a page's weights section: true with
+// *response filled, or false after saying once on stderr why the pages go without one (e.g. the
+// dataset's job record was deleted); *warned keeps it to once.
+bool PageWeights(Client& client, uint64_t id, int32_t latent, int top_n,
+                 v1::GetLatentWeightsResponse* response, bool* warned) {
+  const v1::GetLatentWeightsRequest request = WeightsRequest(id, latent, top_n);
   const grpc::Status status =
       client.datasets()->GetLatentWeights(client.Context().get(), request, response);
   if (status.ok()) return true;
@@ -626,11 +632,8 @@ int Weights(Client& client, const std::vector<std::string>& args) {
   }
   std::optional<Vocabulary> vocab;
   if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
-  v1::GetLatentWeightsRequest request;
-  request.set_dataset_id(id);
-  request.set_latent(latent);
-  request.set_top_n(absl::GetFlag(FLAGS_limit));
-  request.set_unembedding(absl::GetFlag(FLAGS_unembedding));
+  const v1::GetLatentWeightsRequest request =
+      WeightsRequest(id, latent, absl::GetFlag(FLAGS_limit));
   v1::GetLatentWeightsResponse response;
   grpc::Status status =
       client.datasets()->GetLatentWeights(client.Context().get(), request, &response);

@@ -3,16 +3,20 @@
 #include <torch/script.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <limits>
 #include <list>
 #include <mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/process_memory.h"
 #include "common/status_macros.h"
 #include "engine/hook_name.h"
 #include "engine/reference_model.h"
 #include "engine/sae.h"
+#include "engine/sae_config.h"
 #include "engine/torchscript_model.h"
 
 namespace latentd::engine {
@@ -145,6 +149,8 @@ struct LatentWeightsReader::Impl {
     }
   }
 
+  // RESOURCE_EXHAUSTED when loading the SAE in `dir` would take more than the memory limit.
+  absl::Status CheckSaeFits(const DatasetWeightsSource& dataset, const std::string& dir) const;
   absl::StatusOr<std::shared_ptr<const PreparedSae>> SaeFor(const DatasetWeightsSource& dataset,
                                                             const std::string& dir);
   // The unembedding, or null with *unavailable saying why there is none.
@@ -153,10 +159,32 @@ struct LatentWeightsReader::Impl {
       const HookName& hook, int64_t d_in, const std::string& requested, std::string* unavailable);
 };
 
+absl::Status LatentWeightsReader::Impl::CheckSaeFits(const DatasetWeightsSource& dataset,
+                                                     const std::string& dir) const {
+  ASSIGN_OR_RETURN(SaeConfig cfg, ReadAndCheckSae(dir));
+  ASSIGN_OR_RETURN(std::string file, FindSaeWeightsFile(dir));
+  std::error_code ec;
+  const auto file_bytes = static_cast<int64_t>(std::filesystem::file_size(file, ec));
+  if (ec) return absl::NotFoundError(absl::StrCat(file, ": ", ec.message()));
+  // Sae::Load holds the file and float32 copies of W_enc and W_dec at once; Prepare adds the
+  // unit rows (the biases are small next to these).
+  const int64_t need = file_bytes + 3 * cfg.d_sae * cfg.d_in * int64_t{4};
+  const int64_t limit =
+      options.memory_limit_bytes > 0 ? options.memory_limit_bytes : HostAvailableMemoryBytes();
+  if (limit > 0 && need > limit) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "dataset %d: reading its SAE (%s, d_sae %d x d_in %d) takes about %.2f GB (the file, "
+        "W_enc and W_dec as float32, the unit decoder rows); %.2f GB are available",
+        dataset.dataset_id, dir, cfg.d_sae, cfg.d_in, need / 1e9, limit / 1e9));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<const PreparedSae>> LatentWeightsReader::Impl::SaeFor(
     const DatasetWeightsSource& dataset, const std::string& dir) {
   const std::string key = absl::StrCat("sae\n", dir, "\n", dataset.sae_weight_hash);
   if (auto hit = Find<PreparedSae>(key)) return hit;
+  RETURN_IF_ERROR(CheckSaeFits(dataset, dir));
   ASSIGN_OR_RETURN(Sae sae, Sae::Load(dir));
   if (!dataset.sae_weight_hash.empty() && sae.weight_hash() != dataset.sae_weight_hash) {
     return absl::FailedPreconditionError(

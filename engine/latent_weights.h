@@ -71,6 +71,10 @@ struct LatentWeightsOptions {
   // recently used dropped first; an SAE or model larger than this is read for each query.
   // Default 2 GiB.
   int64_t cache_bytes = int64_t{2} << 30;
+  // Host memory reading an SAE may take (its file, W_enc and W_dec as float32, the unit
+  // decoder rows); more is RESOURCE_EXHAUSTED with the numbers instead of an allocation that
+  // could take the daemon down. Default 0: the host's available memory at the time.
+  int64_t memory_limit_bytes = 0;
 };
 
 // Thread-safe. Weights are read on the CPU (a query is two matrix-vector products, no device
@@ -83,6 +87,7 @@ class LatentWeightsReader {
   LatentWeightsReader(const LatentWeightsReader&) = delete;
   LatentWeightsReader& operator=(const LatentWeightsReader&) = delete;
 
+  // RESOURCE_EXHAUSTED when the SAE does not fit in memory_limit_bytes (with the numbers);
   // INVALID_ARGUMENT for top_n outside [0, 1000] or an unembedding named for the reference model
   // or absent from the module; OUT_OF_RANGE for latent outside [0, d_sae); FAILED_PRECONDITION
   // when the job record is gone or is not an EXTRACT job with an SAE, or its SAE (file or

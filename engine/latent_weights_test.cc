@@ -123,11 +123,11 @@ void ExpectLogits(const LatentWeights& got, const at::Tensor& expected, int64_t 
   auto bottom = at::topk(-expected, n);
   for (int64_t r = 0; r < n; ++r) {
     EXPECT_NEAR(got.positive_logits[r].score, std::get<0>(top)[r].item<double>(), 1e-4);
-    EXPECT_NEAR(got.positive_logits[r].score,
-                expected[got.positive_logits[r].index].item<double>(), 1e-4);
+    EXPECT_NEAR(got.positive_logits[r].score, expected[got.positive_logits[r].index].item<double>(),
+                1e-4);
     EXPECT_NEAR(got.negative_logits[r].score, -std::get<0>(bottom)[r].item<double>(), 1e-4);
-    EXPECT_NEAR(got.negative_logits[r].score,
-                expected[got.negative_logits[r].index].item<double>(), 1e-4);
+    EXPECT_NEAR(got.negative_logits[r].score, expected[got.negative_logits[r].index].item<double>(),
+                1e-4);
   }
 }
 
@@ -180,7 +180,7 @@ TEST_F(LatentWeightsTest, NeighboursAndLogitsOfAResidualStreamSae) {
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->neighbors.size(), static_cast<size_t>(kDSae - 1));
   EXPECT_EQ(got->positive_logits.size(), 64u);  // the whole vocabulary
-  EXPECT_EQ(got->neighbors.back().index, 2);   // the opposite direction, cosine -1
+  EXPECT_EQ(got->neighbors.back().index, 2);    // the opposite direction, cosine -1
   EXPECT_NEAR(got->neighbors.back().score, -1.0, 1e-5);
   EXPECT_GT(reader.cached_bytes(), 0);
 }
@@ -351,6 +351,21 @@ TEST_F(LatentWeightsTest, TorchScriptUnembeddingsAreFoundByNameAndChecked) {
   EXPECT_TRUE(got->positive_logits.empty());
   EXPECT_NE(got->logits_unavailable.find("changed"), std::string::npos);
   EXPECT_EQ(got->neighbors.size(), 3u);
+}
+
+TEST_F(LatentWeightsTest, AnSaeLargerThanTheMemoryLimitIsRefusedWithTheNumbers) {
+  const std::string dir = root_ + "/sae_big";
+  const std::string hash = WriteSae(dir, MakeWeights(16, 7));
+  AddReferenceJob(31, "blocks.1.hook_resid_post", dir);
+  LatentWeightsOptions small;
+  small.memory_limit_bytes = 4000;  // the file alone is larger
+  const auto s = LatentWeightsReader(env_, small).Read({6, 31, hash, "", kDSae}, {}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("d_sae 12 x d_in 16"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("0.00 GB are available"), std::string::npos) << s;
+  LatentWeightsOptions enough;
+  enough.memory_limit_bytes = 1 << 20;
+  EXPECT_TRUE(LatentWeightsReader(env_, enough).Read({6, 31, hash, "", kDSae}, {}).ok());
 }
 
 TEST_F(LatentWeightsTest, TheCacheKeepsWithinItsBudget) {
