@@ -692,10 +692,12 @@ void WritePlaneSae(const std::string& dir, int32_t d_sae) {
   std::ofstream(dir + "/cfg.json") << engine::SaeConfigToJson(cfg);
 }
 
-TEST_F(DatasetsServiceTest, GetLatentWeightsAnswersFromTheDatasetsSaeAndModel) {
-  WritePlaneSae((dir_ / "sae").string(), 512);
+// Records EXTRACT job `id` of a 4-wide reference model (vocabulary 16) with a plane SAE of 512
+// latents, for GetLatentWeights.
+void AddPlaneSaeJob(const fs::path& dir, uint64_t id, std::map<uint64_t, latentd::v1::Job>* jobs) {
+  WritePlaneSae((dir / "sae").string(), 512);
   latentd::v1::Job job;
-  job.set_id(41);
+  job.set_id(id);
   latentd::v1::ExtractSpec* spec = job.mutable_spec()->mutable_extract();
   latentd::v1::ReferenceModelSpec* model = spec->mutable_model()->mutable_reference();
   model->set_d_model(4);
@@ -703,8 +705,12 @@ TEST_F(DatasetsServiceTest, GetLatentWeightsAnswersFromTheDatasetsSaeAndModel) {
   model->set_n_layers(1);
   model->set_vocab_size(16);
   spec->set_hook_name("blocks.0.hook_resid_post");
-  spec->mutable_sae()->set_path((dir_ / "sae").string());
-  jobs_[41] = job;
+  spec->mutable_sae()->set_path((dir / "sae").string());
+  (*jobs)[id] = job;
+}
+
+TEST_F(DatasetsServiceTest, GetLatentWeightsAnswersFromTheDatasetsSaeAndModel) {
+  AddPlaneSaeJob(dir_, 41, &jobs_);
   const uint64_t id = MakeDataset("weights", 64, 512, storage::ValueDtype::kFloat16, 41);
 
   grpc::ClientContext ctx;
@@ -762,7 +768,8 @@ TEST_F(DatasetsServiceTest, GetLatentWeightsAnswersFromTheDatasetsSaeAndModel) {
 }
 
 TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
-  const uint64_t id = MakeDataset("hostile", 300, 512);
+  AddPlaneSaeJob(dir_, 42, &jobs_);  // GetLatentWeights reads real weights
+  const uint64_t id = MakeDataset("hostile", 300, 512, storage::ValueDtype::kFloat16, 42);
   std::mt19937_64 rng(17);
   auto pick = [&](std::vector<int64_t> values) { return values[rng() % values.size()]; };
   const std::vector<int64_t> ints{0,         1,         -1,        2,         299,          300,
@@ -792,12 +799,13 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
                                        "dir/ok.h5",
                                        (dir_ / "exports" / ".." / "x.npz").string()};
   std::map<grpc::StatusCode, int> seen;
-  for (int i = 0; i < 480; ++i) {
+  int weights_answered = 0;
+  for (int i = 0; i < 560; ++i) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     grpc::Status status;
     std::string what;
-    switch (i % 6) {
+    switch (i % 7) {
       case 0: {
         latentd::v1::ReadRowsRequest req;
         req.set_dataset_id(dataset());
@@ -902,6 +910,22 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
         }
         break;
       }
+      case 6: {
+        latentd::v1::GetLatentWeightsRequest req;
+        req.set_dataset_id(dataset());
+        req.set_latent(int32_of());
+        req.set_top_n(int32_of());
+        req.set_unembedding(pick({0, 0, 1}) ? paths[rng() % paths.size()] : "");
+        what = req.ShortDebugString();
+        latentd::v1::GetLatentWeightsResponse resp;
+        status = stub_->GetLatentWeights(&ctx, req, &resp);
+        if (status.ok()) {
+          ++weights_answered;
+          EXPECT_LE(resp.neighbors_size(), 511) << what;
+          EXPECT_LE(resp.positive_logits_size(), 16) << what;
+        }
+        break;
+      }
     }
     ++seen[status.error_code()];
     ASSERT_TRUE(allowed.count(status.error_code()))
@@ -929,13 +953,14 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
     EXPECT_EQ(stub_->GetLatent(&huge_ctx, req, &resp).error_code(),
               grpc::StatusCode::RESOURCE_EXHAUSTED);
   }
-  // Nothing escaped the export root; the dataset is intact.
+  // Nothing escaped the export root (beside it: the store and the SAE); the dataset is intact.
   for (const auto& entry : fs::directory_iterator(dir_)) {
     const std::string name = entry.path().filename().string();
-    EXPECT_TRUE(name == "db" || name == "exports") << name;
+    EXPECT_TRUE(name == "db" || name == "exports" || name == "sae") << name;
   }
   EXPECT_EQ(store_->GetRecord(id)->rows_committed, 300);
   EXPECT_GT(seen[grpc::StatusCode::OK], 10);
+  EXPECT_GT(weights_answered, 0);  // the weights were read, not only the requests refused
   EXPECT_GT(seen[grpc::StatusCode::INVALID_ARGUMENT] + seen[grpc::StatusCode::OUT_OF_RANGE], 50);
 }
 
