@@ -241,12 +241,15 @@ class Client:
         return self.datasets.GetLatentWeights(request, metadata=self.metadata,
                                               timeout=self.timeout)
 
-    def show_latent(self, dataset_id, latent, decode=None, **get_latent_args):
+    def show_latent(self, dataset_id, latent, decode=None, weights=False, **get_latent_args):
         """GetLatent's answer as a LatentView, which a notebook shows as the latent's examples
         with each token shaded by the latent's value on it. decode maps a list of token ids to
         their strings (e.g. tokenizer.convert_ids_to_tokens); without it the ids are shown.
+        weights=True: also its direct logits and decoder neighbours (latent_weights).
         get_latent_args go to get_latent (top_n, intervals, distinct_sequences, ...)."""
-        return LatentView(self.get_latent(dataset_id, latent, **get_latent_args), decode)
+        answer = self.get_latent(dataset_id, latent, **get_latent_args)
+        found = self.latent_weights(dataset_id, latent, top_n=5) if weights else None
+        return LatentView(answer, decode, found)
 
     def latent_table(self, dataset_id, page_size=65536):
         """Every latent's firing_count, density, mean and max as numpy arrays indexed by latent
@@ -273,11 +276,21 @@ class LatentView:
     """A GetLatent answer that Jupyter renders (_repr_html_): statistics, then the top examples
     and interval samples, each token's background the latent's value on it over the latent's
     max (context_values), the example's own token outlined, row/id/value in each tooltip. The
-    same picture as `latentctl latent --html`, inline."""
+    same picture as `latentctl latent --html`, inline. With weights (a GetLatentWeights answer)
+    also the tokens its decoder direction raises and lowers most and its nearest latents."""
 
-    def __init__(self, answer, decode=None):
+    def __init__(self, answer, decode=None, weights=None):
         self.answer = answer
         self.decode = decode
+        self.weights = weights
+
+    def _logits(self, logits):
+        import html
+
+        ids = [l.token_id for l in logits]
+        words = self.decode(ids) if self.decode else [str(i) for i in ids]
+        return ", ".join("<code>%s</code> %+.3g" % (html.escape(str(w)), l.logit)
+                         for w, l in zip(words, logits))
 
     def _example(self, example, peak):
         import html
@@ -313,6 +326,13 @@ class LatentView:
             parts.append("<div>fires most on: %s</div>" % ", ".join(
                 "<code>%s</code> %.0f%%" % (html.escape(str(w)), 100 * t.fraction)
                 for w, t in zip(words, self.answer.top_tokens)))
+        w = self.weights
+        if w is not None and w.positive_logits:
+            parts.append("<div>raises: %s</div><div>lowers: %s</div>" % (
+                self._logits(w.positive_logits), self._logits(w.negative_logits)))
+        if w is not None and w.neighbors:
+            parts.append("<div>nearest decoder directions: %s</div>" % ", ".join(
+                "%d (%.3f)" % (n.latent, n.cosine) for n in w.neighbors))
         parts += [self._example(e, s.max) for e in self.answer.top]
         for interval in self.answer.intervals:
             parts.append("<div><i>[%.4g, %.4g]: %d firings</i></div>" % (

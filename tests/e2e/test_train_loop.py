@@ -129,6 +129,12 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual(up, sorted(up, reverse=True))
         self.assertEqual(down, sorted(down))
         self.assertGreater(up[-1], down[-1])
+        view = c.show_latent(dataset, 5, decode=lambda ids: ["<%d>" % i for i in ids], top_n=1,
+                             weights=True)
+        shown_html = view._repr_html_()
+        self.assertIn("raises: <code>&lt;%d&gt;</code>" % view.weights.positive_logits[0].token_id,
+                      shown_html)
+        self.assertIn("nearest decoder directions: %d (" % weights.neighbors[0].latent, shown_html)
         shown = daemon.latentctl("weights", str(dataset), "5", "--limit=3").stdout
         self.assertIn("direct logits through embed.W_E (tied)", shown)
         self.assertIn("%-8d %.4f" % (weights.neighbors[0].latent, weights.neighbors[0].cosine),
