@@ -10,8 +10,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "engine/dataset_models.h"
 #include "engine/device_pool.h"
-#include "engine/latent_weights.h"
 #include "server/auth.h"
 #include "server/datasets_service.h"
 #include "server/devices_service.h"
@@ -52,7 +52,7 @@ struct Daemon::State {
   std::unique_ptr<JobManager> manager;
   std::unique_ptr<JobsService> jobs_service;
   std::unique_ptr<DevicesService> devices_service;
-  std::unique_ptr<engine::LatentWeightsReader> latent_weights;
+  std::unique_ptr<engine::DatasetModels> dataset_models;
   std::unique_ptr<DatasetsService> datasets_service;
   std::unique_ptr<grpc::Server> server;
   bool shut_down = false;
@@ -129,8 +129,8 @@ absl::Status Daemon::Start() {
   datasets_options.artifact_dir = env.artifact_dir;
   JobManager* manager = state->manager.get();
   datasets_options.unfinished_jobs = [manager] { return manager->UnfinishedJobs(); };
-  state->latent_weights = std::make_unique<engine::LatentWeightsReader>(MakeExtractEnv(env));
-  datasets_options.latent_weights = state->latent_weights.get();
+  state->dataset_models = std::make_unique<engine::DatasetModels>(MakeExtractEnv(env));
+  datasets_options.dataset_models = state->dataset_models.get();
   state->datasets_service = std::make_unique<DatasetsService>(
       state->chunk_store.get(), state->artifacts.get(), std::move(datasets_options), &state->auth);
 

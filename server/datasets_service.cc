@@ -431,10 +431,10 @@ grpc::Status DatasetsService::GetLatentWeights(grpc::ServerContext* context,
     return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
         "dataset ", request->dataset_id(), " holds dense activations: it has no SAE latents")));
   }
-  if (options_.latent_weights == nullptr) {
+  if (options_.dataset_models == nullptr) {
     return ToGrpcStatus(absl::FailedPreconditionError("this daemon reads no SAE weights"));
   }
-  engine::DatasetWeightsSource source;
+  engine::DatasetSource source;
   source.dataset_id = request->dataset_id();
   source.job_id = record->meta.job_id;
   source.sae_weight_hash = record->meta.sae_weight_hash;
@@ -444,7 +444,7 @@ grpc::Status DatasetsService::GetLatentWeights(grpc::ServerContext* context,
   query.latent = request->latent();
   query.top_n = request->top_n();
   query.unembedding = request->unembedding();
-  auto weights = options_.latent_weights->Read(source, query);
+  auto weights = options_.dataset_models->ReadLatentWeights(source, query);
   if (!weights.ok()) return ToGrpcStatus(weights.status());
   response->set_latent(request->latent());
   response->set_decoder_norm(weights->decoder_norm);

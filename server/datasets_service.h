@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/latent_weights.h"
+#include "engine/dataset_models.h"
 #include "proto/latentd/v1/datasets.grpc.pb.h"
 #include "proto/latentd/v1/jobs.pb.h"
 #include "server/auth.h"
@@ -31,7 +31,7 @@ struct DatasetsServiceOptions {
   // Default null: none.
   std::function<std::vector<latentd::v1::Job>()> unfinished_jobs;
   // Reads SAE and model weights for GetLatentWeights. Default null: FAILED_PRECONDITION.
-  engine::LatentWeightsReader* latent_weights = nullptr;
+  engine::DatasetModels* dataset_models = nullptr;
 };
 
 class DatasetsService final : public latentd::v1::Datasets::Service {

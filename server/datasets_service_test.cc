@@ -48,8 +48,8 @@ class DatasetsServiceTest : public ::testing::Test {
       if (it == jobs_.end()) return absl::NotFoundError("no such job");
       return it->second;
     };
-    latent_weights_ = std::make_unique<engine::LatentWeightsReader>(weights_env);
-    options.latent_weights = latent_weights_.get();
+    dataset_models_ = std::make_unique<engine::DatasetModels>(weights_env);
+    options.dataset_models = dataset_models_.get();
     service_ = std::make_unique<DatasetsService>(store_.get(), artifacts_.get(), options);
     grpc::ServerBuilder builder;
     int port = 0;
@@ -107,7 +107,7 @@ class DatasetsServiceTest : public ::testing::Test {
   std::unique_ptr<DatasetsService> service_;
   std::vector<latentd::v1::Job> unfinished_jobs_;
   std::map<uint64_t, latentd::v1::Job> jobs_;  // what GetLatentWeights' reader finds
-  std::unique_ptr<engine::LatentWeightsReader> latent_weights_;
+  std::unique_ptr<engine::DatasetModels> dataset_models_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<latentd::v1::Datasets::Stub> stub_;
 };

@@ -10,8 +10,8 @@
 // indicative only.
 //
 // Torch-free header (the Datasets service includes it).
-#ifndef LATENTD_ENGINE_LATENT_WEIGHTS_H_
-#define LATENTD_ENGINE_LATENT_WEIGHTS_H_
+#ifndef LATENTD_ENGINE_DATASET_MODELS_H_
+#define LATENTD_ENGINE_DATASET_MODELS_H_
 
 #include <cstdint>
 #include <memory>
@@ -58,7 +58,7 @@ struct LatentWeights {
 };
 
 // Which weights made a dataset (from its metadata).
-struct DatasetWeightsSource {
+struct DatasetSource {
   uint64_t dataset_id = 0;
   uint64_t job_id = 0;            // the EXTRACT job that wrote it (its spec names SAE and model)
   std::string sae_weight_hash;    // "" for datasets written before it was recorded: not checked
@@ -66,7 +66,7 @@ struct DatasetWeightsSource {
   int64_t d_sae = 0;
 };
 
-struct LatentWeightsOptions {
+struct DatasetModelsOptions {
   // Bytes of prepared weights (unit decoder rows, unembeddings) kept between queries, least
   // recently used dropped first; an SAE or model larger than this is read for each query.
   // Default 2 GiB.
@@ -79,13 +79,13 @@ struct LatentWeightsOptions {
 
 // Thread-safe. Weights are read on the CPU (a query is two matrix-vector products, no device
 // lease needed) and kept prepared in the cache.
-class LatentWeightsReader {
+class DatasetModels {
  public:
   // env: data roots, the artifact directory and find_job (required).
-  explicit LatentWeightsReader(ExtractEnv env, LatentWeightsOptions options = {});
-  ~LatentWeightsReader();
-  LatentWeightsReader(const LatentWeightsReader&) = delete;
-  LatentWeightsReader& operator=(const LatentWeightsReader&) = delete;
+  explicit DatasetModels(ExtractEnv env, DatasetModelsOptions options = {});
+  ~DatasetModels();
+  DatasetModels(const DatasetModels&) = delete;
+  DatasetModels& operator=(const DatasetModels&) = delete;
 
   // RESOURCE_EXHAUSTED when the SAE does not fit in memory_limit_bytes (with the numbers);
   // INVALID_ARGUMENT for top_n outside [0, 1000] or an unembedding named for the reference model
@@ -94,8 +94,8 @@ class LatentWeightsReader {
   // artifact) was deleted or no longer has the recorded hash; PERMISSION_DENIED when the SAE no
   // longer lies under a data root.
   // A model that changed since, or has no unembedding, leaves the logits empty and says why.
-  absl::StatusOr<LatentWeights> Read(const DatasetWeightsSource& dataset,
-                                     const LatentWeightsQuery& query);
+  absl::StatusOr<LatentWeights> ReadLatentWeights(const DatasetSource& dataset,
+                                                  const LatentWeightsQuery& query);
 
   // Bytes the cache holds now (for tests and telemetry).
   int64_t cached_bytes() const;
@@ -107,4 +107,4 @@ class LatentWeightsReader {
 
 }  // namespace latentd::engine
 
-#endif  // LATENTD_ENGINE_LATENT_WEIGHTS_H_
+#endif  // LATENTD_ENGINE_DATASET_MODELS_H_

@@ -1,9 +1,9 @@
-// GetLatentWeights' engine side (engine/latent_weights) on SAEs of growing width: the first query
+// GetLatentWeights' engine side (engine/dataset_models) on SAEs of growing width: the first query
 // of an SAE (read the safetensors, check its hash, prepare unit decoder rows; draw the reference
 // model for its embedding) against later ones served from the prepared weights (two
 // matrix-vector products and two top-k), side by side in one run.
 //
-//   bazel run -c opt //bench:latent_weights_bench -- [widths=4096,32768,131072] [d_in=768]
+//   bazel run -c opt //bench:dataset_models_bench -- [widths=4096,32768,131072] [d_in=768]
 //       [vocab=50257] [queries=50]
 #include <torch/torch.h>
 
@@ -17,14 +17,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/process_memory.h"
-#include "engine/latent_weights.h"
+#include "engine/dataset_models.h"
 #include "engine/sae.h"
 
 namespace {
 
-using latentd::engine::DatasetWeightsSource;
+using latentd::engine::DatasetModels;
+using latentd::engine::DatasetSource;
 using latentd::engine::LatentWeightsQuery;
-using latentd::engine::LatentWeightsReader;
 
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
@@ -53,11 +53,11 @@ int main(int argc, char** argv) {
     }
   }
   const std::string root =
-      (std::filesystem::temp_directory_path() / "latent_weights_bench").string();
+      (std::filesystem::temp_directory_path() / "dataset_models_bench").string();
   std::filesystem::remove_all(root);
   std::filesystem::create_directories(root);
   std::printf(
-      "latent_weights_bench: d_in %lld, reference model vocab %lld, %lld queries each, %d "
+      "dataset_models_bench: d_in %lld, reference model vocab %lld, %lld queries each, %d "
       "threads\n",
       static_cast<long long>(d_in), static_cast<long long>(vocab), static_cast<long long>(queries),
       at::get_num_threads());
@@ -93,12 +93,12 @@ int main(int argc, char** argv) {
     latentd::engine::ExtractEnv env;
     env.data_roots = {root};
     env.find_job = [&job](uint64_t) -> absl::StatusOr<latentd::v1::Job> { return job; };
-    LatentWeightsReader reader(env);
-    const DatasetWeightsSource source{1, 1, hash, "", d_sae};
+    DatasetModels reader(env);
+    const DatasetSource source{1, 1, hash, "", d_sae};
     LatentWeightsQuery q;
     q.top_n = 10;
     auto start = std::chrono::steady_clock::now();
-    auto first = reader.Read(source, q);
+    auto first = reader.ReadLatentWeights(source, q);
     const double first_s = Seconds(start);
     if (!first.ok()) {
       std::fprintf(stderr, "%s\n", std::string(first.status().message()).c_str());
@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < queries; ++i) {
       q.latent = (i * 7919) % d_sae;
       start = std::chrono::steady_clock::now();
-      if (!reader.Read(source, q).ok()) return 1;
+      if (!reader.ReadLatentWeights(source, q).ok()) return 1;
       warm.push_back(Seconds(start));
     }
     std::sort(warm.begin(), warm.end());

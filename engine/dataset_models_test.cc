@@ -1,4 +1,4 @@
-#include "engine/latent_weights.h"
+#include "engine/dataset_models.h"
 
 #include <torch/script.h>
 
@@ -60,10 +60,10 @@ double Cosine(const at::Tensor& a, const at::Tensor& b) {
   return (x.dot(y) / (x.norm() * y.norm())).item<double>();
 }
 
-class LatentWeightsTest : public ::testing::Test {
+class DatasetModelsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = FreshTestDir("latent_weights");
+    root_ = FreshTestDir("dataset_models");
     env_.data_roots = {root_};
     env_.find_job = [this](uint64_t id) -> absl::StatusOr<latentd::v1::Job> {
       auto it = jobs_.find(id);
@@ -131,18 +131,18 @@ void ExpectLogits(const LatentWeights& got, const at::Tensor& expected, int64_t 
   }
 }
 
-TEST_F(LatentWeightsTest, NeighboursAndLogitsOfAResidualStreamSae) {
+TEST_F(DatasetModelsTest, NeighboursAndLogitsOfAResidualStreamSae) {
   const std::string dir = root_ + "/sae";
   const SaeWeights w = MakeWeights(16, 1);
   const std::string hash = WriteSae(dir, w);
   AddReferenceJob(7, "blocks.1.hook_resid_post", dir);
-  LatentWeightsReader reader(env_);
-  DatasetWeightsSource source{1, 7, hash, ReferenceHash("blocks.1.hook_resid_post"), kDSae};
+  DatasetModels reader(env_);
+  DatasetSource source{1, 7, hash, ReferenceHash("blocks.1.hook_resid_post"), kDSae};
 
   LatentWeightsQuery q;
   q.latent = 0;
   q.top_n = 5;
-  auto got = reader.Read(source, q);
+  auto got = reader.ReadLatentWeights(source, q);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_NEAR(got->decoder_norm, w.W_dec[0].norm().item<double>(), 1e-4);
   EXPECT_NEAR(got->encoder_norm, w.W_enc.select(1, 0).norm().item<double>(), 1e-4);
@@ -171,12 +171,12 @@ TEST_F(LatentWeightsTest, NeighboursAndLogitsOfAResidualStreamSae) {
 
   // The default top_n is 10; at most d_sae - 1 neighbours exist.
   q.top_n = 0;
-  got = reader.Read(source, q);
+  got = reader.ReadLatentWeights(source, q);
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->neighbors.size(), 10u);
   EXPECT_EQ(got->positive_logits.size(), 10u);
   q.top_n = 1000;
-  got = reader.Read(source, q);
+  got = reader.ReadLatentWeights(source, q);
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->neighbors.size(), static_cast<size_t>(kDSae - 1));
   EXPECT_EQ(got->positive_logits.size(), 64u);  // the whole vocabulary
@@ -185,16 +185,17 @@ TEST_F(LatentWeightsTest, NeighboursAndLogitsOfAResidualStreamSae) {
   EXPECT_GT(reader.cached_bytes(), 0);
 }
 
-TEST_F(LatentWeightsTest, MlpPostDirectionsGoThroughTheBlocksOutputProjection) {
+TEST_F(DatasetModelsTest, MlpPostDirectionsGoThroughTheBlocksOutputProjection) {
   const std::string dir = root_ + "/sae_mlp";
   const SaeWeights w = MakeWeights(32, 2);  // d_mlp wide
   const std::string hash = WriteSae(dir, w);
   AddReferenceJob(8, "blocks.1.mlp.hook_post", dir);
-  LatentWeightsReader reader(env_);
+  DatasetModels reader(env_);
   LatentWeightsQuery q;
   q.latent = 3;
   q.top_n = 4;
-  auto got = reader.Read({2, 8, hash, ReferenceHash("blocks.1.mlp.hook_post"), kDSae}, q);
+  auto got =
+      reader.ReadLatentWeights({2, 8, hash, ReferenceHash("blocks.1.mlp.hook_post"), kDSae}, q);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->logits_source, "blocks.1.mlp.W_out then embed.W_E (tied)");
   const at::Tensor W_E = ReferenceWeight("embed.W_E").to(at::kDouble);
@@ -202,39 +203,39 @@ TEST_F(LatentWeightsTest, MlpPostDirectionsGoThroughTheBlocksOutputProjection) {
   ExpectLogits(*got, W_E.mv(W_out.t().mv(w.W_dec[3].to(at::kDouble))), 4);
 }
 
-TEST_F(LatentWeightsTest, BadQueriesAndChangedFilesAreNamed) {
+TEST_F(DatasetModelsTest, BadQueriesAndChangedFilesAreNamed) {
   const std::string dir = root_ + "/sae_bad";
   const std::string hash = WriteSae(dir, MakeWeights(16, 3));
   AddReferenceJob(9, "blocks.0.hook_resid_pre", dir);
   const std::string model_hash = ReferenceHash("blocks.0.hook_resid_pre");
-  DatasetWeightsSource source{3, 9, hash, model_hash, kDSae};
+  DatasetSource source{3, 9, hash, model_hash, kDSae};
   LatentWeightsQuery q;
 
   q.top_n = 1001;
-  EXPECT_EQ(LatentWeightsReader(env_).Read(source, q).status().code(),
+  EXPECT_EQ(DatasetModels(env_).ReadLatentWeights(source, q).status().code(),
             absl::StatusCode::kInvalidArgument);
   q.top_n = -1;
-  EXPECT_EQ(LatentWeightsReader(env_).Read(source, q).status().code(),
+  EXPECT_EQ(DatasetModels(env_).ReadLatentWeights(source, q).status().code(),
             absl::StatusCode::kInvalidArgument);
   q.top_n = 0;
   q.latent = kDSae;
-  auto s = LatentWeightsReader(env_).Read(source, q).status();
+  auto s = DatasetModels(env_).ReadLatentWeights(source, q).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
   EXPECT_NE(s.message().find("latent 12"), std::string::npos) << s;
   q.latent = -1;
-  EXPECT_EQ(LatentWeightsReader(env_).Read(source, q).status().code(),
+  EXPECT_EQ(DatasetModels(env_).ReadLatentWeights(source, q).status().code(),
             absl::StatusCode::kOutOfRange);
   q.latent = 0;
   q.unembedding = "lm_head.weight";
-  s = LatentWeightsReader(env_).Read(source, q).status();
+  s = DatasetModels(env_).ReadLatentWeights(source, q).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("unembedding"), std::string::npos) << s;
   q.unembedding.clear();
 
   // The job record is gone.
-  DatasetWeightsSource orphan = source;
+  DatasetSource orphan = source;
   orphan.job_id = 99;
-  s = LatentWeightsReader(env_).Read(orphan, q).status();
+  s = DatasetModels(env_).ReadLatentWeights(orphan, q).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("job 99"), std::string::npos) << s;
 
@@ -242,19 +243,19 @@ TEST_F(LatentWeightsTest, BadQueriesAndChangedFilesAreNamed) {
   jobs_[10] = jobs_[9];
   jobs_[10].mutable_spec()->mutable_extract()->clear_sae();
   orphan.job_id = 10;
-  EXPECT_EQ(LatentWeightsReader(env_).Read(orphan, q).status().code(),
+  EXPECT_EQ(DatasetModels(env_).ReadLatentWeights(orphan, q).status().code(),
             absl::StatusCode::kFailedPrecondition);
 
   // The SAE outside the data roots.
   env_.data_roots = {root_ + "/elsewhere"};
-  EXPECT_EQ(LatentWeightsReader(env_).Read(source, q).status().code(),
+  EXPECT_EQ(DatasetModels(env_).ReadLatentWeights(source, q).status().code(),
             absl::StatusCode::kPermissionDenied);
   env_.data_roots = {root_};
 
   // The model's recorded hash differs: neighbours still, no logits, and why.
-  DatasetWeightsSource other_model = source;
+  DatasetSource other_model = source;
   other_model.model_weight_hash = "fnv1a64:0000000000000000";
-  auto got = LatentWeightsReader(env_).Read(other_model, q);
+  auto got = DatasetModels(env_).ReadLatentWeights(other_model, q);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_FALSE(got->neighbors.empty());
   EXPECT_TRUE(got->positive_logits.empty());
@@ -263,7 +264,7 @@ TEST_F(LatentWeightsTest, BadQueriesAndChangedFilesAreNamed) {
 
   // The SAE file changed after the dataset was made.
   WriteSae(dir, MakeWeights(16, 4));
-  s = LatentWeightsReader(env_).Read(source, q).status();
+  s = DatasetModels(env_).ReadLatentWeights(source, q).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("changed"), std::string::npos) << s;
 }
@@ -278,7 +279,7 @@ void SaveModule(const std::string& path, const std::string& child, const std::st
   module.save(path);
 }
 
-TEST_F(LatentWeightsTest, TorchScriptUnembeddingsAreFoundByNameAndChecked) {
+TEST_F(DatasetModelsTest, TorchScriptUnembeddingsAreFoundByNameAndChecked) {
   const std::string dir = root_ + "/sae_ts";
   const SaeWeights w = MakeWeights(16, 5);
   const std::string hash = WriteSae(dir, w);
@@ -294,15 +295,15 @@ TEST_F(LatentWeightsTest, TorchScriptUnembeddingsAreFoundByNameAndChecked) {
   AddTorchScriptJob(20, head_path, dir);
   auto head_hash = HashFile(head_path);
   ASSERT_TRUE(head_hash.ok());
-  DatasetWeightsSource source{4, 20, hash, *head_hash, kDSae};
-  auto got = LatentWeightsReader(env_).Read(source, q);
+  DatasetSource source{4, 20, hash, *head_hash, kDSae};
+  auto got = DatasetModels(env_).ReadLatentWeights(source, q);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->logits_source, "lm_head.weight");
   ExpectLogits(*got, lm_head.to(at::kDouble).mv(w.W_dec[4].to(at::kDouble)), 3);
 
   // Asked for by a name the module lacks.
   q.unembedding = "unembed.W_U";
-  auto s = LatentWeightsReader(env_).Read(source, q).status();
+  auto s = DatasetModels(env_).ReadLatentWeights(source, q).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("unembed.W_U"), std::string::npos) << s;
   q.unembedding.clear();
@@ -311,7 +312,7 @@ TEST_F(LatentWeightsTest, TorchScriptUnembeddingsAreFoundByNameAndChecked) {
   const std::string wu_path = root_ + "/wu.pt";
   SaveModule(wu_path, "unembed", "W_U", lm_head.t().contiguous());
   AddTorchScriptJob(21, wu_path, dir);
-  got = LatentWeightsReader(env_).Read({4, 21, hash, "", kDSae}, q);
+  got = DatasetModels(env_).ReadLatentWeights({4, 21, hash, "", kDSae}, q);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->logits_source, "unembed.W_U");
   ExpectLogits(*got, lm_head.to(at::kDouble).mv(w.W_dec[4].to(at::kDouble)), 3);
@@ -320,12 +321,12 @@ TEST_F(LatentWeightsTest, TorchScriptUnembeddingsAreFoundByNameAndChecked) {
   const std::string wte_path = root_ + "/wte.pt";
   SaveModule(wte_path, "transformer", "wte", lm_head);
   AddTorchScriptJob(22, wte_path, dir);
-  got = LatentWeightsReader(env_).Read({4, 22, hash, "", kDSae}, q);
+  got = DatasetModels(env_).ReadLatentWeights({4, 22, hash, "", kDSae}, q);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(got->positive_logits.empty());  // "transformer.wte", not "transformer.wte.weight"
   EXPECT_NE(got->logits_unavailable.find("name one"), std::string::npos);
   q.unembedding = "transformer.wte";
-  got = LatentWeightsReader(env_).Read({4, 22, hash, "", kDSae}, q);
+  got = DatasetModels(env_).ReadLatentWeights({4, 22, hash, "", kDSae}, q);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->logits_source, "transformer.wte (tied)");
   q.unembedding.clear();
@@ -334,60 +335,62 @@ TEST_F(LatentWeightsTest, TorchScriptUnembeddingsAreFoundByNameAndChecked) {
   const std::string narrow_path = root_ + "/narrow.pt";
   SaveModule(narrow_path, "lm_head", "weight", at::randn({40, 9}));
   AddTorchScriptJob(23, narrow_path, dir);
-  got = LatentWeightsReader(env_).Read({4, 23, hash, "", kDSae}, q);
+  got = DatasetModels(env_).ReadLatentWeights({4, 23, hash, "", kDSae}, q);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(got->positive_logits.empty());
   EXPECT_NE(got->logits_unavailable.find("[40, 9]"), std::string::npos) << got->logits_unavailable;
   q.unembedding = "lm_head.weight";  // named: the misfit is the caller's
-  s = LatentWeightsReader(env_).Read({4, 23, hash, "", kDSae}, q).status();
+  s = DatasetModels(env_).ReadLatentWeights({4, 23, hash, "", kDSae}, q).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("[40, 9]"), std::string::npos) << s;
   q.unembedding.clear();
 
   // The module changed after the dataset was made: no logits, and why.
   SaveModule(head_path, "lm_head", "weight", at::randn({40, 16}));
-  got = LatentWeightsReader(env_).Read(source, q);
+  got = DatasetModels(env_).ReadLatentWeights(source, q);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(got->positive_logits.empty());
   EXPECT_NE(got->logits_unavailable.find("changed"), std::string::npos);
   EXPECT_EQ(got->neighbors.size(), 3u);
 }
 
-TEST_F(LatentWeightsTest, AnSaeLargerThanTheMemoryLimitIsRefusedWithTheNumbers) {
+TEST_F(DatasetModelsTest, AnSaeLargerThanTheMemoryLimitIsRefusedWithTheNumbers) {
   const std::string dir = root_ + "/sae_big";
   const std::string hash = WriteSae(dir, MakeWeights(16, 7));
   AddReferenceJob(31, "blocks.1.hook_resid_post", dir);
-  LatentWeightsOptions small;
+  DatasetModelsOptions small;
   small.memory_limit_bytes = 4000;  // the file alone is larger
-  const auto s = LatentWeightsReader(env_, small).Read({6, 31, hash, "", kDSae}, {}).status();
+  const auto s =
+      DatasetModels(env_, small).ReadLatentWeights({6, 31, hash, "", kDSae}, {}).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_NE(s.message().find("d_sae 12 x d_in 16"), std::string::npos) << s;
   EXPECT_NE(s.message().find("0.00 GB are available"), std::string::npos) << s;
-  LatentWeightsOptions enough;
+  DatasetModelsOptions enough;
   enough.memory_limit_bytes = 1 << 20;
-  EXPECT_TRUE(LatentWeightsReader(env_, enough).Read({6, 31, hash, "", kDSae}, {}).ok());
+  EXPECT_TRUE(DatasetModels(env_, enough).ReadLatentWeights({6, 31, hash, "", kDSae}, {}).ok());
 }
 
-TEST_F(LatentWeightsTest, TheCacheKeepsWithinItsBudget) {
+TEST_F(DatasetModelsTest, TheCacheKeepsWithinItsBudget) {
   const std::string dir = root_ + "/sae_cache";
   const std::string hash = WriteSae(dir, MakeWeights(16, 6));
   AddReferenceJob(30, "blocks.1.hook_resid_post", dir);
-  DatasetWeightsSource source{5, 30, hash, "", kDSae};
+  DatasetSource source{5, 30, hash, "", kDSae};
   LatentWeightsQuery q;
-  LatentWeightsOptions none;
+  DatasetModelsOptions none;
   none.cache_bytes = 0;
-  LatentWeightsReader uncached(env_, none);
-  auto a = uncached.Read(source, q);
+  DatasetModels uncached(env_, none);
+  auto a = uncached.ReadLatentWeights(source, q);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(uncached.cached_bytes(), 0);
 
-  LatentWeightsReader cached(env_);
-  auto b = cached.Read(source, q);
+  DatasetModels cached(env_);
+  auto b = cached.ReadLatentWeights(source, q);
   ASSERT_TRUE(b.ok());
   const int64_t bytes = cached.cached_bytes();
   // The unit decoder, three norms / cosines, and the 64 x 16 embedding, all float32.
   EXPECT_EQ(bytes, (kDSae * 16 + 3 * kDSae + 64 * 16) * 4);
-  auto c = cached.Read(source, q);  // served from the cache: the same answer, no growth
+  auto c =
+      cached.ReadLatentWeights(source, q);  // served from the cache: the same answer, no growth
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(cached.cached_bytes(), bytes);
   ASSERT_EQ(b->neighbors.size(), c->neighbors.size());

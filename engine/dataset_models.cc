@@ -1,4 +1,4 @@
-#include "engine/latent_weights.h"
+#include "engine/dataset_models.h"
 
 #include <torch/script.h>
 
@@ -106,9 +106,9 @@ absl::StatusOr<at::Tensor> AsUnembedding(const std::string& name, const at::Tens
 
 }  // namespace
 
-struct LatentWeightsReader::Impl {
+struct DatasetModels::Impl {
   ExtractEnv env;
-  LatentWeightsOptions options;
+  DatasetModelsOptions options;
 
   mutable std::mutex mu;
   struct Entry {
@@ -150,17 +150,17 @@ struct LatentWeightsReader::Impl {
   }
 
   // RESOURCE_EXHAUSTED when loading the SAE in `dir` would take more than the memory limit.
-  absl::Status CheckSaeFits(const DatasetWeightsSource& dataset, const std::string& dir) const;
-  absl::StatusOr<std::shared_ptr<const PreparedSae>> SaeFor(const DatasetWeightsSource& dataset,
+  absl::Status CheckSaeFits(const DatasetSource& dataset, const std::string& dir) const;
+  absl::StatusOr<std::shared_ptr<const PreparedSae>> SaeFor(const DatasetSource& dataset,
                                                             const std::string& dir);
   // The unembedding, or null with *unavailable saying why there is none.
   absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> UnembeddingFor(
-      const DatasetWeightsSource& dataset, const latentd::v1::ExtractSpec& spec,
-      const HookName& hook, int64_t d_in, const std::string& requested, std::string* unavailable);
+      const DatasetSource& dataset, const latentd::v1::ExtractSpec& spec, const HookName& hook,
+      int64_t d_in, const std::string& requested, std::string* unavailable);
 };
 
-absl::Status LatentWeightsReader::Impl::CheckSaeFits(const DatasetWeightsSource& dataset,
-                                                     const std::string& dir) const {
+absl::Status DatasetModels::Impl::CheckSaeFits(const DatasetSource& dataset,
+                                               const std::string& dir) const {
   ASSIGN_OR_RETURN(SaeConfig cfg, ReadAndCheckSae(dir));
   ASSIGN_OR_RETURN(std::string file, FindSaeWeightsFile(dir));
   std::error_code ec;
@@ -180,8 +180,8 @@ absl::Status LatentWeightsReader::Impl::CheckSaeFits(const DatasetWeightsSource&
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<const PreparedSae>> LatentWeightsReader::Impl::SaeFor(
-    const DatasetWeightsSource& dataset, const std::string& dir) {
+absl::StatusOr<std::shared_ptr<const PreparedSae>> DatasetModels::Impl::SaeFor(
+    const DatasetSource& dataset, const std::string& dir) {
   const std::string key = absl::StrCat("sae\n", dir, "\n", dataset.sae_weight_hash);
   if (auto hit = Find<PreparedSae>(key)) return hit;
   RETURN_IF_ERROR(CheckSaeFits(dataset, dir));
@@ -202,11 +202,9 @@ absl::StatusOr<std::shared_ptr<const PreparedSae>> LatentWeightsReader::Impl::Sa
   return prepared;
 }
 
-absl::StatusOr<std::shared_ptr<const PreparedUnembedding>>
-LatentWeightsReader::Impl::UnembeddingFor(const DatasetWeightsSource& dataset,
-                                          const latentd::v1::ExtractSpec& spec,
-                                          const HookName& hook, int64_t d_in,
-                                          const std::string& requested, std::string* unavailable) {
+absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> DatasetModels::Impl::UnembeddingFor(
+    const DatasetSource& dataset, const latentd::v1::ExtractSpec& spec, const HookName& hook,
+    int64_t d_in, const std::string& requested, std::string* unavailable) {
   if (spec.model().has_reference()) {
     if (!requested.empty()) {
       return absl::InvalidArgumentError(
@@ -303,21 +301,21 @@ LatentWeightsReader::Impl::UnembeddingFor(const DatasetWeightsSource& dataset,
   return std::shared_ptr<const PreparedUnembedding>(prepared);
 }
 
-LatentWeightsReader::LatentWeightsReader(ExtractEnv env, LatentWeightsOptions options)
+DatasetModels::DatasetModels(ExtractEnv env, DatasetModelsOptions options)
     : impl_(std::make_unique<Impl>()) {
   impl_->env = std::move(env);
   impl_->options = options;
 }
 
-LatentWeightsReader::~LatentWeightsReader() = default;
+DatasetModels::~DatasetModels() = default;
 
-int64_t LatentWeightsReader::cached_bytes() const {
+int64_t DatasetModels::cached_bytes() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->bytes;
 }
 
-absl::StatusOr<LatentWeights> LatentWeightsReader::Read(const DatasetWeightsSource& dataset,
-                                                        const LatentWeightsQuery& query) {
+absl::StatusOr<LatentWeights> DatasetModels::ReadLatentWeights(const DatasetSource& dataset,
+                                                               const LatentWeightsQuery& query) {
   if (query.top_n < 0 || query.top_n > kMaxLatentWeightsTopN) {
     return absl::InvalidArgumentError(
         absl::StrCat("top_n: must be in [0, ", kMaxLatentWeightsTopN, "] (0: 10)"));
