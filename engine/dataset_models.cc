@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <limits>
 #include <list>
+#include <map>
 #include <mutex>
 #include <utility>
 
@@ -44,6 +45,24 @@ struct PreparedUnembedding {
   at::Tensor W_out;  // [d_mlp, d_resid] for mlp.hook_post hooks; undefined otherwise
   std::string source;
   int64_t bytes() const { return TensorBytes(W_U) + TensorBytes(W_out); }
+};
+
+// What a dataset was made from, as its EXTRACT job's spec says.
+struct DatasetInputs {
+  latentd::v1::ExtractSpec spec;
+  std::string sae_dir;
+  HookName hook;
+};
+
+// A dataset's model and SAE on the CPU. Forward runs one prompt at a time (a TorchScript module
+// is not promised to be reentrant).
+struct PromptEncoder {
+  PromptEncoder(std::unique_ptr<ActivationModel> m, Sae s)
+      : model(std::move(m)), sae(std::move(s)) {}
+  const std::unique_ptr<ActivationModel> model;
+  const Sae sae;
+  mutable std::mutex mu;
+  int64_t bytes() const { return model->parameter_bytes() + sae.weight_bytes(); }
 };
 
 // num / den where den > 0, else 0 (a zero decoder row has no direction).
@@ -149,8 +168,16 @@ struct DatasetModels::Impl {
     }
   }
 
+  // The dataset's EXTRACT spec, SAE directory and hook, FAILED_PRECONDITION when the job
+  // record or the SAE is gone.
+  absl::StatusOr<DatasetInputs> InputsOf(const DatasetSource& dataset) const;
   // RESOURCE_EXHAUSTED when loading the SAE in `dir` would take more than the memory limit.
   absl::Status CheckSaeFits(const DatasetSource& dataset, const std::string& dir) const;
+  // The SAE in `dir`, checked against the dataset (hash, d_sae) and the memory limit.
+  absl::StatusOr<Sae> LoadSae(const DatasetSource& dataset, const std::string& dir) const;
+  // The model and SAE on the CPU, for EncodePrompt.
+  absl::StatusOr<std::shared_ptr<const PromptEncoder>> EncoderFor(const DatasetSource& dataset,
+                                                                  const DatasetInputs& inputs);
   absl::StatusOr<std::shared_ptr<const PreparedSae>> SaeFor(const DatasetSource& dataset,
                                                             const std::string& dir);
   // The unembedding, or null with *unavailable saying why there is none.
@@ -158,6 +185,74 @@ struct DatasetModels::Impl {
       const DatasetSource& dataset, const latentd::v1::ExtractSpec& spec, const HookName& hook,
       int64_t d_in, const std::string& requested, std::string* unavailable);
 };
+
+absl::StatusOr<DatasetInputs> DatasetModels::Impl::InputsOf(const DatasetSource& dataset) const {
+  if (!env.find_job) return absl::FailedPreconditionError("the daemon keeps no job records");
+  auto job = env.find_job(dataset.job_id);
+  if (!job.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dataset ", dataset.dataset_id, ": the record of job ", dataset.job_id,
+        " that wrote it, which names its SAE and model, is gone (", job.status().message(), ")"));
+  }
+  DatasetInputs inputs;
+  inputs.spec = job->spec().extract();
+  if (!job->spec().has_extract() || !inputs.spec.has_sae() ||
+      inputs.spec.sae().source_case() == latentd::v1::SaeSource::SOURCE_NOT_SET) {
+    return absl::FailedPreconditionError(absl::StrCat("dataset ", dataset.dataset_id, ": job ",
+                                                      dataset.job_id,
+                                                      " is not an EXTRACT job with an SAE"));
+  }
+  auto dir = ResolveSaeDir(inputs.spec, env);
+  if (!dir.ok()) {
+    // The dataset exists; its SAE file or artifact was deleted since: a state, not a bad name.
+    const absl::StatusCode code = dir.status().code() == absl::StatusCode::kNotFound
+                                      ? absl::StatusCode::kFailedPrecondition
+                                      : dir.status().code();
+    return absl::Status(code, absl::StrCat("dataset ", dataset.dataset_id,
+                                           "'s SAE is not readable: ", dir.status().message()));
+  }
+  inputs.sae_dir = *std::move(dir);
+  ASSIGN_OR_RETURN(inputs.hook, ParseHookName(inputs.spec.hook_name()));
+  return inputs;
+}
+
+absl::StatusOr<std::shared_ptr<const PromptEncoder>> DatasetModels::Impl::EncoderFor(
+    const DatasetSource& dataset, const DatasetInputs& inputs) {
+  const latentd::v1::ModelSpec& model = inputs.spec.model();
+  const std::string key = absl::StrCat("encoder\n", inputs.sae_dir, "\n", dataset.sae_weight_hash,
+                                       "\n", model.SerializeAsString(), "\n",
+                                       dataset.model_weight_hash, "\n", inputs.spec.hook_name());
+  if (auto hit = Find<PromptEncoder>(key)) return hit;
+  ASSIGN_OR_RETURN(Sae sae, LoadSae(dataset, inputs.sae_dir));
+  const at::Device cpu(at::kCPU);
+  std::unique_ptr<ActivationModel> activations;
+  if (model.has_reference()) {
+    ASSIGN_OR_RETURN(latentd::v1::ReferenceModelSpec resolved,
+                     ResolveReferenceSpec(model.reference()));
+    ASSIGN_OR_RETURN(activations, ReferenceModel::Create(resolved, inputs.hook, cpu));
+  } else if (model.has_torchscript()) {
+    auto path =
+        ResolveUnderRoots(model.torchscript().path(), env, "extract.model.torchscript.path");
+    if (!path.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "dataset ", dataset.dataset_id, "'s model is not readable: ", path.status().message()));
+    }
+    ASSIGN_OR_RETURN(activations, LoadTorchScriptModel({*path, model.torchscript().vocab_size()},
+                                                       inputs.hook, cpu));
+  } else {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset ", dataset.dataset_id, ": its job's spec names no model"));
+  }
+  if (!dataset.model_weight_hash.empty() &&
+      activations->weight_hash() != dataset.model_weight_hash) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dataset ", dataset.dataset_id, ": the model changed since the dataset was made (",
+        activations->weight_hash(), ", recorded ", dataset.model_weight_hash, ")"));
+  }
+  auto encoder = std::make_shared<const PromptEncoder>(std::move(activations), std::move(sae));
+  Insert<PromptEncoder>(key, encoder, encoder->bytes());
+  return encoder;
+}
 
 absl::Status DatasetModels::Impl::CheckSaeFits(const DatasetSource& dataset,
                                                const std::string& dir) const {
@@ -180,10 +275,8 @@ absl::Status DatasetModels::Impl::CheckSaeFits(const DatasetSource& dataset,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<const PreparedSae>> DatasetModels::Impl::SaeFor(
-    const DatasetSource& dataset, const std::string& dir) {
-  const std::string key = absl::StrCat("sae\n", dir, "\n", dataset.sae_weight_hash);
-  if (auto hit = Find<PreparedSae>(key)) return hit;
+absl::StatusOr<Sae> DatasetModels::Impl::LoadSae(const DatasetSource& dataset,
+                                                 const std::string& dir) const {
   RETURN_IF_ERROR(CheckSaeFits(dataset, dir));
   ASSIGN_OR_RETURN(Sae sae, Sae::Load(dir));
   if (!dataset.sae_weight_hash.empty() && sae.weight_hash() != dataset.sae_weight_hash) {
@@ -197,6 +290,14 @@ absl::StatusOr<std::shared_ptr<const PreparedSae>> DatasetModels::Impl::SaeFor(
         absl::StrCat("dataset ", dataset.dataset_id, ": the SAE in ", dir, " has d_sae ",
                      sae.config().d_sae, ", the dataset ", dataset.d_sae));
   }
+  return sae;
+}
+
+absl::StatusOr<std::shared_ptr<const PreparedSae>> DatasetModels::Impl::SaeFor(
+    const DatasetSource& dataset, const std::string& dir) {
+  const std::string key = absl::StrCat("sae\n", dir, "\n", dataset.sae_weight_hash);
+  if (auto hit = Find<PreparedSae>(key)) return hit;
+  ASSIGN_OR_RETURN(Sae sae, LoadSae(dataset, dir));
   auto prepared = std::make_shared<const PreparedSae>(Prepare(sae.weights()));
   Insert<PreparedSae>(key, prepared, prepared->bytes());
   return prepared;
@@ -325,34 +426,12 @@ absl::StatusOr<LatentWeights> DatasetModels::ReadLatentWeights(const DatasetSour
                                               dataset.d_sae, ") of dataset ", dataset.dataset_id));
   }
   const int64_t top_n = query.top_n > 0 ? query.top_n : kDefaultTopN;
-  if (!impl_->env.find_job) {
-    return absl::FailedPreconditionError("the daemon keeps no job records");
-  }
-  auto job = impl_->env.find_job(dataset.job_id);
-  if (!job.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dataset ", dataset.dataset_id, ": the record of job ", dataset.job_id,
-        " that wrote it, which names its SAE and model, is gone (", job.status().message(), ")"));
-  }
-  const latentd::v1::ExtractSpec& spec = job->spec().extract();
-  if (!job->spec().has_extract() || !spec.has_sae() ||
-      spec.sae().source_case() == latentd::v1::SaeSource::SOURCE_NOT_SET) {
-    return absl::FailedPreconditionError(absl::StrCat("dataset ", dataset.dataset_id, ": job ",
-                                                      dataset.job_id,
-                                                      " is not an EXTRACT job with an SAE"));
-  }
-  auto dir = ResolveSaeDir(spec, impl_->env);
-  if (!dir.ok()) {
-    // The dataset exists; its SAE file or artifact was deleted since: a state, not a bad name.
-    const absl::StatusCode code = dir.status().code() == absl::StatusCode::kNotFound
-                                      ? absl::StatusCode::kFailedPrecondition
-                                      : dir.status().code();
-    return absl::Status(code, absl::StrCat("dataset ", dataset.dataset_id,
-                                           "'s SAE is not readable: ", dir.status().message()));
-  }
-  ASSIGN_OR_RETURN(HookName hook, ParseHookName(spec.hook_name()));
+  ASSIGN_OR_RETURN(const DatasetInputs inputs, impl_->InputsOf(dataset));
+  const latentd::v1::ExtractSpec& spec = inputs.spec;
+  const HookName& hook = inputs.hook;
   try {
-    ASSIGN_OR_RETURN(std::shared_ptr<const PreparedSae> sae, impl_->SaeFor(dataset, *dir));
+    ASSIGN_OR_RETURN(std::shared_ptr<const PreparedSae> sae,
+                     impl_->SaeFor(dataset, inputs.sae_dir));
     const int64_t j = query.latent;
     LatentWeights out;
     out.decoder_norm = sae->dec_norm[j].item<float>();
@@ -383,6 +462,106 @@ absl::StatusOr<LatentWeights> DatasetModels::ReadLatentWeights(const DatasetSour
     return out;
   } catch (const c10::Error& e) {
     return TorchStatus(e, absl::StrCat("reading the weights of dataset ", dataset.dataset_id));
+  }
+}
+
+absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& dataset,
+                                                          const PromptQuery& query) {
+  const std::vector<int64_t>& ids = query.token_ids;
+  if (ids.empty()) return absl::InvalidArgumentError("token_ids: empty");
+  if (static_cast<int64_t>(ids.size()) > kMaxPromptTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token_ids: ", ids.size(), " tokens, at most ", kMaxPromptTokens));
+  }
+  for (const auto& [value, name] : {std::pair{query.latents_per_token, "latents_per_token"},
+                                    std::pair{query.top_latents, "top_latents"}}) {
+    if (value < 0 || value > kMaxLatentWeightsTopN) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": must be in [0, ", kMaxLatentWeightsTopN, "]"));
+    }
+  }
+  const int64_t per_token = query.latents_per_token > 0 ? query.latents_per_token : 10;
+  const int64_t top_latents = query.top_latents > 0 ? query.top_latents : 20;
+  ASSIGN_OR_RETURN(const DatasetInputs inputs, impl_->InputsOf(dataset));
+  PromptLatents out;
+  std::vector<int64_t> tokens;
+  if (inputs.spec.tokens().prepend_bos()) {
+    tokens.push_back(inputs.spec.tokens().bos_token_id());
+    out.bos_prepended = true;
+  }
+  tokens.insert(tokens.end(), ids.begin(), ids.end());
+  try {
+    ASSIGN_OR_RETURN(std::shared_ptr<const PromptEncoder> encoder,
+                     impl_->EncoderFor(dataset, inputs));
+    const int64_t vocab = encoder->model->vocab_size();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || (vocab > 0 && ids[i] >= vocab)) {
+        return absl::InvalidArgumentError(absl::StrCat("token_ids[", i, "]: id ", ids[i],
+                                                       " outside the vocabulary [0, ", vocab, ")"));
+      }
+    }
+    const int64_t context = encoder->model->max_context();
+    if (context > 0 && static_cast<int64_t>(tokens.size()) > context) {
+      return absl::InvalidArgumentError(absl::StrCat("token_ids: ", tokens.size(), " tokens",
+                                                     out.bos_prepended ? " with BOS" : "",
+                                                     ", the model takes at most ", context));
+    }
+    const at::Tensor input = at::tensor(tokens, at::TensorOptions().dtype(at::kLong)).view({1, -1});
+    at::Tensor x;
+    {
+      std::lock_guard<std::mutex> lock(encoder->mu);
+      at::NoGradGuard no_grad;
+      x = encoder->model->Forward(input).view({static_cast<int64_t>(tokens.size()), -1});
+    }
+    if (!x.isfinite().all().item<bool>()) {
+      return absl::FailedPreconditionError(
+          "the model's activations on this prompt are not all finite (NaN or Inf)");
+    }
+    const SparseCodes codes = encoder->sae.EncodeSparse(x);
+    // Each position's non-zero latents, in either layout.
+    const at::Tensor indices = codes.indices.to(at::kLong).contiguous();
+    const at::Tensor values = codes.values.contiguous();
+    const int64_t* index = indices.data_ptr<int64_t>();
+    const float* value = values.data_ptr<float>();
+    std::vector<int64_t> begin(tokens.size() + 1, 0);
+    if (codes.fixed_k()) {
+      for (size_t r = 0; r <= tokens.size(); ++r) begin[r] = r * indices.size(1);
+    } else {
+      const at::Tensor counts = codes.row_counts.cumsum(0).contiguous();
+      for (size_t r = 0; r < tokens.size(); ++r) begin[r + 1] = counts[r].item<int64_t>();
+    }
+    std::map<int64_t, PromptLatent> seen;
+    for (size_t r = 0; r < tokens.size(); ++r) {
+      PromptToken token;
+      token.token_id = tokens[r];
+      for (int64_t e = begin[r]; e < begin[r + 1]; ++e) {
+        if (value[e] == 0.0f) continue;  // fixed-k slots that did not fire
+        token.latents.push_back({index[e], value[e]});
+        PromptLatent& l = seen[index[e]];
+        l.latent = index[e];
+        if (l.positions == 0 || value[e] > l.max_value) {
+          l.max_value = value[e];
+          l.position = static_cast<int64_t>(r);
+        }
+        ++l.positions;
+      }
+      token.active = static_cast<int64_t>(token.latents.size());
+      std::sort(token.latents.begin(), token.latents.end(),
+                [](const ScoredIndex& a, const ScoredIndex& b) {
+                  return a.score != b.score ? a.score > b.score : a.index < b.index;
+                });
+      if (static_cast<int64_t>(token.latents.size()) > per_token) token.latents.resize(per_token);
+      out.tokens.push_back(std::move(token));
+    }
+    for (auto& [latent, l] : seen) out.top.push_back(l);
+    std::sort(out.top.begin(), out.top.end(), [](const PromptLatent& a, const PromptLatent& b) {
+      return a.max_value != b.max_value ? a.max_value > b.max_value : a.latent < b.latent;
+    });
+    if (static_cast<int64_t>(out.top.size()) > top_latents) out.top.resize(top_latents);
+    return out;
+  } catch (const c10::Error& e) {
+    return TorchStatus(
+        e, absl::StrCat("encoding a prompt with dataset ", dataset.dataset_id, "'s model and SAE"));
   }
 }
 

@@ -1,8 +1,13 @@
-// What an SAE latent's weights say about it, with no activations read: the latents whose decoder
+// The SAE and model that made a SPARSE dataset, loaded on demand, checked against the hashes the
+// dataset recorded and cached, for two questions no stored row answers:
+//
+// 1. What an SAE latent's weights say about it, with no activations read: the latents whose decoder
 // directions lie nearest (cosine), and the direct effect of its decoder direction on the model's
 // output logits (SAEDashboard's neighbour and top/bottom logit tables). The weights are the ones
 // that made a SPARSE dataset: its EXTRACT job's SAE and model, checked against the hashes the
 // dataset recorded, so an answer never describes a different SAE than the stored latents.
+//
+// 2. Which latents fire on a new prompt (EncodePrompt), what Neuronpedia's search by text does.
 //
 // Direct logits: u = W_dec[j]; for mlp.hook_post hooks u = u W_out of the hooked block (the
 // direction in the residual stream); logits = W_U^T u. The final norm is not folded in (as
@@ -57,6 +62,33 @@ struct LatentWeights {
   std::string logits_unavailable;  // why there are no logits; "" with them
 };
 
+inline constexpr int64_t kMaxPromptTokens = 4096;
+
+struct PromptQuery {
+  std::vector<int64_t> token_ids;  // the prompt, without BOS; 1 to kMaxPromptTokens ids
+  int latents_per_token = 0;       // latents listed per token, value descending; 0: 10
+  int top_latents = 0;             // latents over the whole prompt, by max value; 0: 20
+};
+
+struct PromptToken {
+  int64_t token_id = 0;
+  int64_t active = 0;                // latents firing on it
+  std::vector<ScoredIndex> latents;  // the largest latents_per_token, value descending
+};
+
+struct PromptLatent {
+  int64_t latent = 0;
+  float max_value = 0;    // its largest value over the prompt
+  int64_t position = 0;   // where (first on ties), counting a prepended BOS
+  int64_t positions = 0;  // tokens it fires on
+};
+
+struct PromptLatents {
+  bool bos_prepended = false;       // the dataset's spec prepends BOS, so the prompt got one
+  std::vector<PromptToken> tokens;  // one per position, BOS included
+  std::vector<PromptLatent> top;    // by max value, ties by latent
+};
+
 // Which weights made a dataset (from its metadata).
 struct DatasetSource {
   uint64_t dataset_id = 0;
@@ -96,6 +128,16 @@ class DatasetModels {
   // A model that changed since, or has no unembedding, leaves the logits empty and says why.
   absl::StatusOr<LatentWeights> ReadLatentWeights(const DatasetSource& dataset,
                                                   const LatentWeightsQuery& query);
+
+  // The dataset's latents on a new prompt: its model and SAE (loaded on the CPU, checked against
+  // the recorded hashes, cached) run over the tokens as EXTRACT ran over each sequence, with BOS
+  // prepended when the dataset's spec did; per token its largest latents, and the latents with
+  // the largest values anywhere in the prompt. INVALID_ARGUMENT naming token_ids (empty, too
+  // long for the model or kMaxPromptTokens, an id outside the vocabulary), latents_per_token or
+  // top_latents; FAILED_PRECONDITION as ReadLatentWeights, and when the model changed since or
+  // gives non-finite activations.
+  absl::StatusOr<PromptLatents> EncodePrompt(const DatasetSource& dataset,
+                                             const PromptQuery& query);
 
   // Bytes the cache holds now (for tests and telemetry).
   int64_t cached_bytes() const;

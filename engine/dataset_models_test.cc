@@ -370,6 +370,101 @@ TEST_F(DatasetModelsTest, AnSaeLargerThanTheMemoryLimitIsRefusedWithTheNumbers) 
   EXPECT_TRUE(DatasetModels(env_, enough).ReadLatentWeights({6, 31, hash, "", kDSae}, {}).ok());
 }
 
+TEST_F(DatasetModelsTest, APromptGetsTheLatentsTheModelAndSaeGiveIt) {
+  const std::string dir = root_ + "/sae_prompt";
+  const SaeWeights w = MakeWeights(16, 8);
+  const std::string hash = WriteSae(dir, w);
+  AddReferenceJob(40, "blocks.1.hook_resid_post", dir);
+  const std::string model_hash = ReferenceHash("blocks.1.hook_resid_post");
+  DatasetModels models(env_);
+  PromptQuery q;
+  q.token_ids = {1, 5, 9, 3, 63};
+  q.latents_per_token = 1000;  // all of them
+  auto got = models.EncodePrompt({7, 40, hash, model_hash, kDSae}, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(got->bos_prepended);
+
+  // The same model and SAE by hand: every token's non-zero latents, value descending.
+  auto model = ReferenceModel::Create(SmallModel(), *ParseHookName("blocks.1.hook_resid_post"),
+                                      at::Device(at::kCPU));
+  auto sae = Sae::Load(dir);
+  ASSERT_TRUE(model.ok() && sae.ok());
+  const at::Tensor x = (*model)
+                           ->Forward(at::tensor(std::vector<int64_t>{1, 5, 9, 3, 63}).view({1, -1}))
+                           .view({5, -1});
+  const at::Tensor z = sae->EncodeDense(x);
+  ASSERT_EQ(got->tokens.size(), 5u);
+  std::map<int64_t, float> max_value;
+  for (int64_t r = 0; r < 5; ++r) {
+    const PromptToken& token = got->tokens[r];
+    EXPECT_EQ(token.token_id, q.token_ids[r]);
+    const at::Tensor nonzero = z[r].nonzero().view(-1);
+    ASSERT_EQ(token.active, nonzero.numel());
+    ASSERT_EQ(static_cast<int64_t>(token.latents.size()), token.active);
+    EXPECT_GT(token.active, 0);
+    for (size_t e = 0; e < token.latents.size(); ++e) {
+      EXPECT_NEAR(token.latents[e].score, z[r][token.latents[e].index].item<float>(), 1e-5);
+      if (e > 0) EXPECT_GE(token.latents[e - 1].score, token.latents[e].score);
+      float& m = max_value[token.latents[e].index];
+      m = std::max(m, token.latents[e].score);
+    }
+  }
+  // Over the prompt: each latent at its largest value, the largest first.
+  ASSERT_FALSE(got->top.empty());
+  for (size_t i = 0; i < got->top.size(); ++i) {
+    const PromptLatent& l = got->top[i];
+    EXPECT_EQ(l.max_value, max_value[l.latent]);
+    EXPECT_NEAR(z[l.position][l.latent].item<float>(), l.max_value, 1e-5);
+    EXPECT_EQ(l.positions, (z.select(1, l.latent) > 0).sum().item<int64_t>());
+    if (i > 0) EXPECT_GE(got->top[i - 1].max_value, l.max_value);
+  }
+  // Defaults: 10 latents per token at most (k is 4 here), 20 over the prompt.
+  q.latents_per_token = 2;
+  q.top_latents = 3;
+  got = models.EncodePrompt({7, 40, hash, model_hash, kDSae}, q);
+  ASSERT_TRUE(got.ok());
+  EXPECT_LE(got->tokens[0].latents.size(), 2u);
+  EXPECT_LE(got->top.size(), 3u);
+
+  // A dataset whose spec prepends BOS: the prompt gets it too.
+  jobs_[41] = jobs_[40];
+  jobs_[41].mutable_spec()->mutable_extract()->mutable_tokens()->set_prepend_bos(true);
+  jobs_[41].mutable_spec()->mutable_extract()->mutable_tokens()->set_bos_token_id(50);
+  got = models.EncodePrompt({8, 41, hash, model_hash, kDSae}, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->bos_prepended);
+  ASSERT_EQ(got->tokens.size(), 6u);
+  EXPECT_EQ(got->tokens[0].token_id, 50);
+  EXPECT_EQ(got->tokens[5].token_id, 63);
+
+  auto code = [&](std::vector<int64_t> ids, int per_token = 0, uint64_t job = 40,
+                  const std::string& recorded_model = "") {
+    PromptQuery bad;
+    bad.token_ids = std::move(ids);
+    bad.latents_per_token = per_token;
+    return models.EncodePrompt({7, job, hash, recorded_model, kDSae}, bad).status();
+  };
+  EXPECT_EQ(code({}).code(), absl::StatusCode::kInvalidArgument);
+  auto s = code({1, 64});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("token_ids[1]: id 64 outside the vocabulary [0, 64)"),
+            std::string::npos)
+      << s;
+  s = code({1, 2, 3, 4, 5, 6, 7, 8, 9});  // the model's context is 8
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("at most 8"), std::string::npos) << s;
+  s = code({1, 2, 3, 4, 5, 6, 7, 8}, 0, 41);  // 8 tokens and BOS
+  EXPECT_NE(s.message().find("9 tokens with BOS"), std::string::npos) << s;
+  EXPECT_EQ(code({1}, -1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({1}, 1001).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(std::vector<int64_t>(kMaxPromptTokens + 1, 1)).code(),
+            absl::StatusCode::kInvalidArgument);
+  s = code({1}, 0, 40, "fnv1a64:0000000000000000");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("the model changed"), std::string::npos) << s;
+  EXPECT_EQ(code({1}, 0, 99).code(), absl::StatusCode::kFailedPrecondition);  // no such job
+}
+
 TEST_F(DatasetModelsTest, TheCacheKeepsWithinItsBudget) {
   const std::string dir = root_ + "/sae_cache";
   const std::string hash = WriteSae(dir, MakeWeights(16, 6));
