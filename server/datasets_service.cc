@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/path_within.h"
+#include "common/status_macros.h"
 #include "server/artifact_deletion.h"
 #include "server/grpc_status.h"
 #include "storage/export.h"
@@ -421,30 +422,35 @@ grpc::Status DatasetsService::LatentsOnRows(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+absl::StatusOr<engine::DatasetSource> DatasetsService::ModelSource(uint64_t dataset_id) const {
+  ASSIGN_OR_RETURN(const storage::DatasetRecord record, store_->GetRecord(dataset_id));
+  if (record.meta.kind != storage::DatasetKind::kSparse) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset ", dataset_id, " holds dense activations: it has no SAE latents"));
+  }
+  if (options_.dataset_models == nullptr) {
+    return absl::FailedPreconditionError("this daemon loads no SAEs or models");
+  }
+  engine::DatasetSource source;
+  source.dataset_id = dataset_id;
+  source.job_id = record.meta.job_id;
+  source.sae_weight_hash = record.meta.sae_weight_hash;
+  source.model_weight_hash = record.meta.model_weight_hash;
+  source.d_sae = record.meta.width;
+  return source;
+}
+
 grpc::Status DatasetsService::GetLatentWeights(grpc::ServerContext* context,
                                                const latentd::v1::GetLatentWeightsRequest* request,
                                                latentd::v1::GetLatentWeightsResponse* response) {
   if (grpc::Status s = Authorize(*context); !s.ok()) return s;
-  auto record = store_->GetRecord(request->dataset_id());
-  if (!record.ok()) return ToGrpcStatus(record.status());
-  if (record->meta.kind != storage::DatasetKind::kSparse) {
-    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
-        "dataset ", request->dataset_id(), " holds dense activations: it has no SAE latents")));
-  }
-  if (options_.dataset_models == nullptr) {
-    return ToGrpcStatus(absl::FailedPreconditionError("this daemon reads no SAE weights"));
-  }
-  engine::DatasetSource source;
-  source.dataset_id = request->dataset_id();
-  source.job_id = record->meta.job_id;
-  source.sae_weight_hash = record->meta.sae_weight_hash;
-  source.model_weight_hash = record->meta.model_weight_hash;
-  source.d_sae = record->meta.width;
+  auto source = ModelSource(request->dataset_id());
+  if (!source.ok()) return ToGrpcStatus(source.status());
   engine::LatentWeightsQuery query;
   query.latent = request->latent();
   query.top_n = request->top_n();
   query.unembedding = request->unembedding();
-  auto weights = options_.dataset_models->ReadLatentWeights(source, query);
+  auto weights = options_.dataset_models->ReadLatentWeights(*source, query);
   if (!weights.ok()) return ToGrpcStatus(weights.status());
   response->set_latent(request->latent());
   response->set_decoder_norm(weights->decoder_norm);
@@ -466,6 +472,38 @@ grpc::Status DatasetsService::GetLatentWeights(grpc::ServerContext* context,
   }
   response->set_logits_source(weights->logits_source);
   response->set_logits_unavailable(weights->logits_unavailable);
+  return grpc::Status::OK;
+}
+
+grpc::Status DatasetsService::EncodePrompt(grpc::ServerContext* context,
+                                           const latentd::v1::EncodePromptRequest* request,
+                                           latentd::v1::EncodePromptResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  auto source = ModelSource(request->dataset_id());
+  if (!source.ok()) return ToGrpcStatus(source.status());
+  engine::PromptQuery query;
+  query.token_ids.assign(request->token_ids().begin(), request->token_ids().end());
+  query.latents_per_token = request->latents_per_token();
+  query.top_latents = request->top_latents();
+  auto found = options_.dataset_models->EncodePrompt(*source, query);
+  if (!found.ok()) return ToGrpcStatus(found.status());
+  response->set_bos_prepended(found->bos_prepended);
+  for (const engine::PromptToken& token : found->tokens) {
+    latentd::v1::PromptToken* out = response->add_tokens();
+    out->set_token_id(static_cast<int32_t>(token.token_id));
+    out->set_active(static_cast<int32_t>(token.active));
+    for (const engine::ScoredIndex& l : token.latents) {
+      out->add_latents(static_cast<int32_t>(l.index));
+      out->add_values(l.score);
+    }
+  }
+  for (const engine::PromptLatent& l : found->top) {
+    latentd::v1::PromptLatent* out = response->add_top_latents();
+    out->set_latent(static_cast<int32_t>(l.latent));
+    out->set_max_value(l.max_value);
+    out->set_position(static_cast<int32_t>(l.position));
+    out->set_positions(static_cast<int32_t>(l.positions));
+  }
   return grpc::Status::OK;
 }
 

@@ -30,7 +30,8 @@ struct DatasetsServiceOptions {
   // The jobs that have not finished, for DeleteArtifact's check that none needs the SAE.
   // Default null: none.
   std::function<std::vector<latentd::v1::Job>()> unfinished_jobs;
-  // Reads SAE and model weights for GetLatentWeights. Default null: FAILED_PRECONDITION.
+  // Loads datasets' SAEs and models for GetLatentWeights and EncodePrompt. Default null: those
+  // calls are FAILED_PRECONDITION.
   engine::DatasetModels* dataset_models = nullptr;
 };
 
@@ -61,6 +62,9 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
   grpc::Status GetLatentWeights(grpc::ServerContext* context,
                                 const latentd::v1::GetLatentWeightsRequest* request,
                                 latentd::v1::GetLatentWeightsResponse* response) override;
+  grpc::Status EncodePrompt(grpc::ServerContext* context,
+                            const latentd::v1::EncodePromptRequest* request,
+                            latentd::v1::EncodePromptResponse* response) override;
   grpc::Status ExportDataset(grpc::ServerContext* context,
                              const latentd::v1::ExportDatasetRequest* request,
                              latentd::v1::ExportDatasetResponse* response) override;
@@ -80,6 +84,9 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
 
  private:
   grpc::Status Authorize(const grpc::ServerContext& context) const;
+  // Which EXTRACT job, SAE and model made a SPARSE dataset, for the calls DatasetModels answers:
+  // NOT_FOUND for an unknown dataset, FAILED_PRECONDITION for a DENSE one or without models.
+  absl::StatusOr<engine::DatasetSource> ModelSource(uint64_t dataset_id) const;
 
   storage::ChunkStore* const store_;
   storage::ArtifactStore* const artifacts_;

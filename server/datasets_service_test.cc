@@ -14,6 +14,7 @@
 #include <random>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "engine/sae_config.h"
 #include "engine/safetensors.h"
 #include "gtest/gtest.h"
@@ -767,6 +768,68 @@ TEST_F(DatasetsServiceTest, GetLatentWeightsAnswersFromTheDatasetsSaeAndModel) {
   EXPECT_EQ(code(*dense_id, 0, 4), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+TEST_F(DatasetsServiceTest, EncodePromptConvertsTokensAndTopLatents) {
+  AddPlaneSaeJob(dir_, 43, &jobs_);
+  const uint64_t id = MakeDataset("prompt", 16, 512, storage::ValueDtype::kFloat16, 43);
+  grpc::ClientContext ctx;
+  latentd::v1::EncodePromptRequest req;
+  req.set_dataset_id(id);
+  for (int32_t t : {3, 1, 4, 1, 5}) req.add_token_ids(t);
+  req.set_latents_per_token(4);
+  req.set_top_latents(6);
+  latentd::v1::EncodePromptResponse resp;
+  grpc::Status s = stub_->EncodePrompt(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(resp.bos_prepended());
+  ASSERT_EQ(resp.tokens_size(), 5);
+  std::map<int32_t, float> max_value;
+  for (int r = 0; r < 5; ++r) {
+    const latentd::v1::PromptToken& t = resp.tokens(r);
+    EXPECT_EQ(t.token_id(), req.token_ids(r));
+    EXPECT_GT(t.active(), 0);
+    EXPECT_LE(t.active(), 16);  // the plane SAE's k
+    ASSERT_EQ(t.latents_size(), std::min(t.active(), 4));
+    ASSERT_EQ(t.values_size(), t.latents_size());
+    for (int e = 0; e < t.latents_size(); ++e) {
+      EXPECT_GT(t.values(e), 0.0f);
+      if (e > 0) EXPECT_GE(t.values(e - 1), t.values(e));
+      max_value[t.latents(e)] = std::max(max_value[t.latents(e)], t.values(e));
+    }
+  }
+  ASSERT_GT(resp.top_latents_size(), 0);
+  EXPECT_LE(resp.top_latents_size(), 6);
+  // The prompt's best latent is the best latent of the token it names.
+  const latentd::v1::PromptLatent& best = resp.top_latents(0);
+  EXPECT_EQ(resp.tokens(best.position()).latents(0), best.latent());
+  EXPECT_EQ(resp.tokens(best.position()).values(0), best.max_value());
+  for (int i = 1; i < resp.top_latents_size(); ++i) {
+    EXPECT_GE(resp.top_latents(i - 1).max_value(), resp.top_latents(i).max_value());
+  }
+
+  auto code = [&](uint64_t dataset, std::vector<int32_t> ids) {
+    grpc::ClientContext c;
+    latentd::v1::EncodePromptRequest r;
+    r.set_dataset_id(dataset);
+    for (int32_t t : ids) r.add_token_ids(t);
+    latentd::v1::EncodePromptResponse out;
+    return stub_->EncodePrompt(&c, r, &out);
+  };
+  EXPECT_EQ(code(id, {}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  s = code(id, {1, 16});  // the model's vocabulary is 16
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("token_ids[1]"), std::string::npos) << s.error_message();
+  EXPECT_EQ(code(id, {-1}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(code(999, {1}).error_code(), grpc::StatusCode::NOT_FOUND);
+  storage::DatasetMeta dense;
+  dense.name = "dense-prompt";
+  dense.kind = storage::DatasetKind::kDense;
+  dense.width = 4;
+  dense.job_id = 43;
+  auto dense_id = store_->CreateDataset(dense);
+  ASSERT_TRUE(dense_id.ok());
+  EXPECT_EQ(code(*dense_id, {1}).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
 TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
   AddPlaneSaeJob(dir_, 42, &jobs_);  // GetLatentWeights reads real weights
   const uint64_t id = MakeDataset("hostile", 300, 512, storage::ValueDtype::kFloat16, 42);
@@ -799,13 +862,13 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
                                        "dir/ok.h5",
                                        (dir_ / "exports" / ".." / "x.npz").string()};
   std::map<grpc::StatusCode, int> seen;
-  int weights_answered = 0;
-  for (int i = 0; i < 560; ++i) {
+  int weights_answered = 0, prompts_answered = 0;
+  for (int i = 0; i < 640; ++i) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     grpc::Status status;
     std::string what;
-    switch (i % 7) {
+    switch (i % 8) {
       case 0: {
         latentd::v1::ReadRowsRequest req;
         req.set_dataset_id(dataset());
@@ -926,6 +989,24 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
         }
         break;
       }
+      case 7: {
+        latentd::v1::EncodePromptRequest req;
+        req.set_dataset_id(dataset());
+        const int64_t n = pick({0, 1, 2, 127, 128, 129, 5000});
+        for (int64_t t = 0; t < n; ++t) req.add_token_ids(static_cast<int32_t>(pick(ints)) % 17);
+        req.set_latents_per_token(int32_of());
+        req.set_top_latents(int32_of());
+        what = absl::StrCat("EncodePrompt of ", n, " tokens, ", req.latents_per_token(), " / ",
+                            req.top_latents());
+        latentd::v1::EncodePromptResponse resp;
+        status = stub_->EncodePrompt(&ctx, req, &resp);
+        if (status.ok()) {
+          ++prompts_answered;
+          EXPECT_EQ(resp.tokens_size(), n) << what;
+          EXPECT_LE(resp.top_latents_size(), 1000) << what;
+        }
+        break;
+      }
     }
     ++seen[status.error_code()];
     ASSERT_TRUE(allowed.count(status.error_code()))
@@ -961,6 +1042,7 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
   EXPECT_EQ(store_->GetRecord(id)->rows_committed, 300);
   EXPECT_GT(seen[grpc::StatusCode::OK], 10);
   EXPECT_GT(weights_answered, 0);  // the weights were read, not only the requests refused
+  EXPECT_GT(prompts_answered, 0);
   EXPECT_GT(seen[grpc::StatusCode::INVALID_ARGUMENT] + seen[grpc::StatusCode::OUT_OF_RANGE], 50);
 }
 
