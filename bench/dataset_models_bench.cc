@@ -1,7 +1,8 @@
-// GetLatentWeights' engine side (engine/dataset_models) on SAEs of growing width: the first query
-// of an SAE (read the safetensors, check its hash, prepare unit decoder rows; draw the reference
-// model for its embedding) against later ones served from the prepared weights (two
-// matrix-vector products and two top-k), side by side in one run.
+// engine/dataset_models on SAEs of growing width. GetLatentWeights: the first query of an SAE
+// (read the safetensors, check its hash, prepare unit decoder rows; draw the reference model for
+// its embedding) against later ones served from the prepared weights (two matrix-vector products
+// and two top-k). EncodePrompt of 128 tokens: the first (loads model and SAE for encoding)
+// against later ones. Side by side in one run.
 //
 //   bazel run -c opt //bench:dataset_models_bench -- [widths=4096,32768,131072] [d_in=768]
 //       [vocab=50257] [queries=50]
@@ -61,8 +62,8 @@ int main(int argc, char** argv) {
       "threads\n",
       static_cast<long long>(d_in), static_cast<long long>(vocab), static_cast<long long>(queries),
       at::get_num_threads());
-  std::printf("%-8s %-10s %-12s %-10s %-10s %-12s %s\n", "D_SAE", "SAE_MB", "FIRST_S", "WARM_P50",
-              "WARM_P90", "CACHE_MB", "RSS_MB");
+  std::printf("%-8s %-8s %-9s %-9s %-9s %-13s %-13s %-9s %s\n", "D_SAE", "SAE_MB", "FIRST_S",
+              "WARM_P50", "WARM_P90", "PROMPT_FIRST", "PROMPT_P50", "CACHE_MB", "RSS_MB");
   for (const int64_t d_sae : widths) {
     const std::string dir = root + "/sae-" + std::to_string(d_sae);
     std::string hash;
@@ -112,12 +113,29 @@ int main(int argc, char** argv) {
       warm.push_back(Seconds(start));
     }
     std::sort(warm.begin(), warm.end());
-    std::printf("%-8lld %-10.0f %-12.3f %-10.2f %-10.2f %-12.0f %.0f\n",
+    // A 128-token prompt: the first call loads the model and the SAE for encoding.
+    latentd::engine::PromptQuery prompt;
+    for (int64_t t = 0; t < 128; ++t) prompt.token_ids.push_back((t * 104729) % vocab);
+    start = std::chrono::steady_clock::now();
+    if (!reader.EncodePrompt(source, prompt).ok()) return 1;
+    const double prompt_first_s = Seconds(start);
+    std::vector<double> prompts;
+    for (int64_t i = 0; i < std::max<int64_t>(queries / 5, 1); ++i) {
+      prompt.token_ids[0] = i % vocab;
+      start = std::chrono::steady_clock::now();
+      if (!reader.EncodePrompt(source, prompt).ok()) return 1;
+      prompts.push_back(Seconds(start));
+    }
+    std::sort(prompts.begin(), prompts.end());
+    std::printf("%-8lld %-8.0f %-9.3f %-9.2f %-9.2f %-13.3f %-13.2f %-9.0f %.0f\n",
                 static_cast<long long>(d_sae), 2.0 * d_sae * d_in * 4 / 1e6, first_s,
-                warm[warm.size() / 2] * 1e3, warm[warm.size() * 9 / 10] * 1e3,
-                reader.cached_bytes() / 1e6, latentd::ProcessRssBytes() / 1e6);
+                warm[warm.size() / 2] * 1e3, warm[warm.size() * 9 / 10] * 1e3, prompt_first_s,
+                prompts[prompts.size() / 2] * 1e3, reader.cached_bytes() / 1e6,
+                latentd::ProcessRssBytes() / 1e6);
   }
-  std::printf("(WARM_P50 / WARM_P90 in ms; SAE_MB: W_enc + W_dec as float32)\n");
+  std::printf(
+      "(FIRST_S, PROMPT_FIRST in s; WARM_P50 / WARM_P90 / PROMPT_P50 (128 tokens) in ms; SAE_MB: "
+      "W_enc + W_dec as float32)\n");
   std::filesystem::remove_all(root);
   return 0;
 }

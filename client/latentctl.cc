@@ -70,7 +70,8 @@ ABSL_FLAG(bool, positions, false,
 ABSL_FLAG(bool, distinct, false,
           "latent, dashboard: top sequences (one row each, its maximum) instead of top rows");
 ABSL_FLAG(std::string, vocab, "",
-          "latent, rows, token, dashboard: show tokens as text, decoded with this tokenizer.json, "
+          "latent, rows, token, dashboard, weights, prompt: show tokens as text, decoded with this "
+          "tokenizer.json, "
           "vocab.json, JSON list "
           "or one-token-a-line file");
 ABSL_FLAG(std::string, html, "",
@@ -87,7 +88,8 @@ ABSL_FLAG(std::string, order, "latent",
           "latents, dashboard: latent, frequent, rare (dead first), max or mean (ties by latent "
           "index)");
 ABSL_FLAG(int, limit, 20,
-          "latents, dashboard, cofiring, token: latents to show; weights: neighbours and logits");
+          "latents, dashboard, cofiring, token: latents to show; weights: neighbours and logits; "
+          "prompt: top latents over the prompt");
 ABSL_FLAG(int64_t, offset, 0, "latents, dashboard: skip this many in the order");
 ABSL_FLAG(int64_t, min_count, 0,
           "latents: only latents firing at least this often; cofiring/token: at least this "
@@ -674,6 +676,63 @@ int Weights(Client& client, const std::vector<std::string>& args) {
   return 0;
 }
 
+// Which latents fire on a prompt (EncodePrompt): `prompt ID T1 T2 ...`, each token an id or,
+// with --vocab, the text of one vocabulary entry.
+int Prompt(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id) || args.size() < 3) {
+    return Usage("prompt needs a dataset id and tokens (ids, or texts with --vocab)");
+  }
+  std::optional<Vocabulary> vocab;
+  if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
+  v1::EncodePromptRequest request;
+  request.set_dataset_id(id);
+  for (size_t i = 2; i < args.size(); ++i) {
+    int32_t token = 0;
+    if (!absl::SimpleAtoi(args[i], &token)) {
+      if (!vocab) return Usage(absl::StrCat("prompt: '", args[i], "' is not a token id"));
+      const std::vector<int32_t> ids = vocab->Find(args[i]);
+      if (ids.size() != 1) {
+        return Usage(absl::StrCat("token '", args[i], "': ", ids.size(),
+                                  " tokens of the vocabulary are exactly that text"));
+      }
+      token = ids[0];
+    }
+    request.add_token_ids(token);
+  }
+  request.set_latents_per_token(5);
+  request.set_top_latents(absl::GetFlag(FLAGS_limit));
+  v1::EncodePromptResponse response;
+  grpc::Status status = client.datasets()->EncodePrompt(client.Context().get(), request, &response);
+  if (!status.ok()) return RpcError(status);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(response).c_str());
+    return 0;
+  }
+  auto token = [&](int32_t t) {
+    return vocab ? absl::StrCat("\"", vocab->Display(t), "\"") : absl::StrCat(t);
+  };
+  std::printf("dataset %llu: %d tokens%s\n%-4s %-18s %-7s %s\n",
+              static_cast<unsigned long long>(id), response.tokens_size(),
+              response.bos_prepended() ? " (BOS prepended, as the dataset's spec did)" : "", "POS",
+              "TOKEN", "ACTIVE", "LARGEST LATENTS (value)");
+  for (int r = 0; r < response.tokens_size(); ++r) {
+    const v1::PromptToken& t = response.tokens(r);
+    std::string latents;
+    for (int e = 0; e < t.latents_size(); ++e) {
+      absl::StrAppendFormat(&latents, "%s%d %.3g", e > 0 ? ", " : "", t.latents(e), t.values(e));
+    }
+    std::printf("%-4d %-18s %-7d %s\n", r, token(t.token_id()).c_str(), t.active(),
+                latents.c_str());
+  }
+  std::printf("top latents over the prompt:\n%-8s %-10s %-4s %s\n", "LATENT", "MAX", "POS",
+              "TOKENS");
+  for (const v1::PromptLatent& l : response.top_latents()) {
+    std::printf("%-8d %-10.4g %-4d %d\n", l.latent(), l.max_value(), l.position(), l.positions());
+  }
+  return 0;
+}
+
 int Latent(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
   int latent = -1;
@@ -1134,6 +1193,10 @@ datasets:
                                  from the SAE and model that made the dataset: the tokens the
                                  latent's decoder direction raises and lowers most (direct
                                  logits) and the latents with the nearest decoder directions
+  prompt ID T1 T2 ... [--vocab=F] [--limit=N]
+                                 the latents a new prompt gets from the dataset's model and
+                                 SAE: each token's largest, and the prompt's N top latents
+                                 (tokens: ids, or with --vocab each one's text)
   cofiring ID J [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
                                  the latents that fire on the rows where latent J fires
   token ID T [--vocab=F] [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
@@ -1168,6 +1231,7 @@ int Run(const std::vector<std::string>& args) {
   if (command == "latents") return Latents(client, args);
   if (command == "dashboard") return Dashboard(client, args);
   if (command == "weights") return Weights(client, args);
+  if (command == "prompt") return Prompt(client, args);
   if (command == "cofiring") return OnRows(client, args, /*by_token=*/false);
   if (command == "token") return OnRows(client, args, /*by_token=*/true);
   if (command == "export") return Export(client, args);

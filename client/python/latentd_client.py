@@ -241,6 +241,17 @@ class Client:
         return self.datasets.GetLatentWeights(request, metadata=self.metadata,
                                               timeout=self.timeout)
 
+    def encode_prompt(self, dataset_id, token_ids, latents_per_token=10, top_latents=20):
+        """The latents a new prompt gets from the model and SAE that made the dataset, encoded
+        as EXTRACT encoded its sequences (bos_prepended says whether BOS went first, as the
+        dataset's spec had it): tokens (per position: token_id, active, latents and values,
+        largest first) and top_latents (latent, max_value, position, positions). token_ids come
+        from the model's tokenizer, e.g. tokenizer.encode(text)."""
+        request = datasets_pb2.EncodePromptRequest(
+            dataset_id=dataset_id, token_ids=[int(t) for t in token_ids],
+            latents_per_token=latents_per_token, top_latents=top_latents)
+        return self.datasets.EncodePrompt(request, metadata=self.metadata, timeout=self.timeout)
+
     def show_latent(self, dataset_id, latent, decode=None, weights=False, **get_latent_args):
         """GetLatent's answer as a LatentView, which a notebook shows as the latent's examples
         with each token shaded by the latent's value on it. decode maps a list of token ids to

@@ -139,6 +139,37 @@ class TrainLoop(DaemonTestCase):
         self.assertIn("direct logits through embed.W_E (tied)", shown)
         self.assertIn("%-8d %.4f" % (weights.neighbors[0].latent, weights.neighbors[0].cosine),
                       shown)
+        # A new prompt through the same model and SAE: the first sequence's tokens get the
+        # latents stored for its rows (values within fp16's rounding).
+        first_rows, first_tokens = c.read_rows(dataset, 0, 32)
+        prompt = c.encode_prompt(dataset, first_tokens, latents_per_token=1000, top_latents=1000)
+        self.assertFalse(prompt.bos_prepended)
+        self.assertEqual([t.token_id for t in prompt.tokens], first_tokens.tolist())
+        differing = 0
+        for r, t in enumerate(prompt.tokens):
+            stored = dict(zip(first_rows[r].indices.tolist(), first_rows[r].data.tolist()))
+            encoded = dict(zip(t.latents, t.values))
+            self.assertEqual(t.active, len(encoded))
+            differing += len(set(stored) ^ set(encoded))  # a swap at a TopK tie
+            for j in set(stored) & set(encoded):
+                self.assertLessEqual(abs(stored[j] - encoded[j]), 1e-3 * abs(encoded[j]) + 1e-4)
+        self.assertLessEqual(differing, 2)
+        best = max(((v, r, j) for r, t in enumerate(prompt.tokens)
+                    for j, v in zip(t.latents, t.values)), key=lambda e: (e[0], -e[1]))
+        self.assertEqual((prompt.top_latents[0].latent, prompt.top_latents[0].position),
+                         (best[2], best[1]))
+        # latentctl: a causal model gives the first 4 tokens the same latents alone.
+        shown = daemon.latentctl("prompt", str(dataset), *[str(t) for t in first_tokens[:4]],
+                                 "--limit=3").stdout
+        self.assertIn("dataset %d: 4 tokens" % dataset, shown)
+        best4 = max(((v, r, j) for r, t in enumerate(prompt.tokens[:4])
+                     for j, v in zip(t.latents, t.values)), key=lambda e: (e[0], -e[1]))
+        top_line = shown.split("top latents over the prompt:\n")[1].splitlines()[1].split()
+        self.assertEqual((int(top_line[0]), int(top_line[2])), (best4[2], best4[1]))
+        with self.assertRaises(grpc.RpcError) as bad_prompt:
+            c.encode_prompt(dataset, [4096])
+        self.assertEqual(bad_prompt.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("token_ids[0]", bad_prompt.exception.details())
         with self.assertRaises(grpc.RpcError) as dense_weights:
             c.latent_weights(dense_id, 0)
         self.assertEqual(dense_weights.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
