@@ -18,6 +18,7 @@
 #include "engine/reference_model.h"
 #include "engine/sae.h"
 #include "engine/sae_config.h"
+#include "engine/torch_status.h"
 #include "engine/torchscript_model.h"
 
 namespace latentd::engine {
@@ -102,15 +103,6 @@ std::vector<ScoredIndex> Largest(at::Tensor scores, int64_t n, int64_t skip, boo
     return a.index < b.index;
   });
   return out;
-}
-
-absl::Status TorchStatus(const c10::Error& e, const std::string& what) {
-  const std::string message = e.what_without_backtrace();
-  if (message.find("alloc") != std::string::npos ||
-      message.find("out of memory") != std::string::npos) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, ": ", message));
-  }
-  return absl::InternalError(absl::StrCat(what, ": ", message));
 }
 
 // A parameter read as an unembedding [vocab, d]: [vocab, d] as stored, or transposed when only
@@ -461,7 +453,7 @@ absl::StatusOr<LatentWeights> DatasetModels::ReadLatentWeights(const DatasetSour
     out.logits_source = unembedding->source;
     return out;
   } catch (const c10::Error& e) {
-    return TorchStatus(e, absl::StrCat("reading the weights of dataset ", dataset.dataset_id));
+    return TorchErrorStatus(e, absl::StrCat("reading the weights of dataset ", dataset.dataset_id));
   }
 }
 
@@ -560,7 +552,7 @@ absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& d
     if (static_cast<int64_t>(out.top.size()) > top_latents) out.top.resize(top_latents);
     return out;
   } catch (const c10::Error& e) {
-    return TorchStatus(
+    return TorchErrorStatus(
         e, absl::StrCat("encoding a prompt with dataset ", dataset.dataset_id, "'s model and SAE"));
   }
 }

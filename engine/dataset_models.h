@@ -1,18 +1,15 @@
-// The SAE and model that made a SPARSE dataset, loaded on demand, checked against the hashes the
-// dataset recorded and cached, for two questions no stored row answers:
+// The SAE and model that made a SPARSE dataset (named by its EXTRACT job's spec), loaded on the
+// CPU on demand, checked against the hashes the dataset recorded (so no answer describes other
+// weights than the stored latents') and cached, for two questions no stored row answers:
 //
-// 1. What an SAE latent's weights say about it, with no activations read: the latents whose decoder
-// directions lie nearest (cosine), and the direct effect of its decoder direction on the model's
-// output logits (SAEDashboard's neighbour and top/bottom logit tables). The weights are the ones
-// that made a SPARSE dataset: its EXTRACT job's SAE and model, checked against the hashes the
-// dataset recorded, so an answer never describes a different SAE than the stored latents.
-//
-// 2. Which latents fire on a new prompt (EncodePrompt), what Neuronpedia's search by text does.
-//
-// Direct logits: u = W_dec[j]; for mlp.hook_post hooks u = u W_out of the hooked block (the
-// direction in the residual stream); logits = W_U^T u. The final norm is not folded in (as
-// SAEDashboard on a model loaded without fold_ln), so logits rank tokens, their scale is
-// indicative only.
+// 1. What a latent's weights say (ReadLatentWeights): the latents whose decoder directions lie
+//    nearest (cosine), and the direct effect of its decoder direction on the output logits
+//    (SAEDashboard's neighbour and top/bottom logit tables). u = W_dec[j]; for mlp.hook_post
+//    hooks u = u W_out of the hooked block (into the residual stream); logits = W_U^T u. The
+//    final norm is not folded in (as SAEDashboard on a model loaded without fold_ln): logits rank
+//    tokens, their scale is indicative only.
+// 2. Which latents fire on a new prompt (EncodePrompt), Neuronpedia's search by text, encoded as
+//    EXTRACT encoded the dataset's sequences.
 //
 // Torch-free header (the Datasets service includes it).
 #ifndef LATENTD_ENGINE_DATASET_MODELS_H_
@@ -99,9 +96,9 @@ struct DatasetSource {
 };
 
 struct DatasetModelsOptions {
-  // Bytes of prepared weights (unit decoder rows, unembeddings) kept between queries, least
-  // recently used dropped first; an SAE or model larger than this is read for each query.
-  // Default 2 GiB.
+  // Bytes kept loaded between queries (for weights: unit decoder rows and unembeddings; for
+  // prompts: the SAE and the model), least recently used dropped first; what is larger than
+  // this is loaded for each query. Default 2 GiB.
   int64_t cache_bytes = int64_t{2} << 30;
   // Host memory reading an SAE may take (its file, W_enc and W_dec as float32, the unit
   // decoder rows); more is RESOURCE_EXHAUSTED with the numbers instead of an allocation that
@@ -109,8 +106,8 @@ struct DatasetModelsOptions {
   int64_t memory_limit_bytes = 0;
 };
 
-// Thread-safe. Weights are read on the CPU (a query is two matrix-vector products, no device
-// lease needed) and kept prepared in the cache.
+// Thread-safe. Everything runs on the CPU: a weights query is two matrix-vector products, a
+// prompt one short forward and encode, and the devices belong to jobs.
 class DatasetModels {
  public:
   // env: data roots, the artifact directory and find_job (required).

@@ -15,6 +15,7 @@
 #include "common/process_memory.h"
 #include "common/status_macros.h"
 #include "engine/device_util.h"
+#include "engine/torch_status.h"
 
 namespace latentd::engine {
 namespace {
@@ -68,15 +69,6 @@ class BoundedQueue {
   size_t capacity_;
 };
 
-absl::Status FromTorchError(const std::exception& e, const std::string& where) {
-  std::string what = e.what();
-  if (const auto* c10e = dynamic_cast<const c10::Error*>(&e)) what = c10e->what_without_backtrace();
-  if (absl::StrContains(what, "out of memory") || absl::StrContains(what, "DefaultCPUAllocator")) {
-    return absl::ResourceExhaustedError(absl::StrCat(where, ": out of memory: ", what));
-  }
-  return absl::InternalError(absl::StrCat(where, ": ", what));
-}
-
 // A host copy of `t`: on a CUDA device an asynchronous copy into pinned memory (the batch's fence
 // tells when all of them are done); CPU tensors are used in place.
 at::Tensor ToHost(const at::Tensor& t) {
@@ -127,7 +119,7 @@ absl::Status ComputeBatch(const TokenSource& tokens, PipelineReplica* r,
     }
     out->ready.Record(r->device);
   } catch (const std::exception& e) {
-    return FromTorchError(e, absl::StrCat("batch ", batch, " on ", r->device.str()));
+    return TorchErrorStatus(e, absl::StrCat("batch ", batch, " on ", r->device.str()));
   }
   return absl::OkStatus();
 }
@@ -377,7 +369,7 @@ absl::StatusOr<double> ComputeFloorInThisThread(const TokenSource& tokens, Pipel
       rows += seqs * L;
     }
   } catch (const std::exception& e) {
-    return FromTorchError(e, "compute floor");
+    return TorchErrorStatus(e, "compute floor");
   }
   const double s = std::chrono::duration<double>(Clock::now() - start).count();
   return s > 0 ? rows / s : 0;

@@ -14,6 +14,7 @@
 #include "efcp/low_rank_mfac.h"
 #include "efcp/mfac.h"
 #include "efcp/sparse_mfac.h"
+#include "engine/torch_status.h"
 
 namespace latentd::engine {
 namespace {
@@ -253,12 +254,7 @@ absl::Status TrainOptimizer::Step() {
   try {
     optimizer().step();
   } catch (const c10::Error& e) {
-    const std::string what = e.what_without_backtrace();
-    if (what.find("alloc") != std::string::npos ||
-        what.find("out of memory") != std::string::npos) {
-      return absl::ResourceExhaustedError(absl::StrCat("optimizer step: ", what));
-    }
-    return absl::InternalError(absl::StrCat("optimizer step: ", what));
+    return TorchErrorStatus(e, "optimizer step");
   }
   return absl::OkStatus();
 }

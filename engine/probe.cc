@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "engine/torch_status.h"
 
 namespace latentd::engine {
 namespace {
@@ -102,11 +103,7 @@ absl::StatusOr<latentd::v1::ProbeResult> RunProbe(const latentd::v1::ProbeSpec& 
       context->ReportProgress(static_cast<int64_t>(i + 1), total, "devices");
     }
   } catch (const c10::Error& e) {
-    std::string what = e.what_without_backtrace();
-    if (what.find("out of memory") != std::string::npos) {
-      return absl::ResourceExhaustedError(absl::StrCat("probe: ", what));
-    }
-    return absl::InternalError(absl::StrCat("probe: ", what));
+    return TorchErrorStatus(e, "probe");
   }
   return result;
 }

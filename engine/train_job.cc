@@ -20,6 +20,7 @@
 #include "engine/lr_schedule.h"
 #include "engine/optimizer_factory.h"
 #include "engine/sae_model.h"
+#include "engine/torch_status.h"
 #include "engine/train_data.h"
 #include "engine/train_loop.h"
 #include "engine/train_models.h"
@@ -489,11 +490,7 @@ absl::StatusOr<latentd::v1::TrainResult> RunTrain(const latentd::v1::TrainSpec& 
     ASSIGN_OR_RETURN(TrainPlan plan, MakePlan(spec, env));
     return RunPlanned(plan, spec, env, context);
   } catch (const c10::Error& e) {
-    const std::string what = e.what_without_backtrace();
-    if (what.find("out of memory") != std::string::npos) {
-      return absl::ResourceExhaustedError(absl::StrCat("train: ", what));
-    }
-    return absl::InternalError(absl::StrCat("train: ", what));
+    return TorchErrorStatus(e, "train");
   }
 }
 
