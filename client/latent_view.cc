@@ -49,6 +49,19 @@ float ValueAt(const v1::TopActivation& example, int i) {
   return example.context_start_row() + i == example.row() ? example.value() : 0.0f;
 }
 
+// One token shaded by value / max (outlined when `at`), `where` and its id and value in the
+// tooltip.
+void AppendToken(int32_t id, float value, double max, bool at, const std::string& where,
+                 const Vocabulary* vocab, std::string* html) {
+  const double alpha = max > 0 ? std::clamp(value / max, 0.0, 1.0) : 0.0;
+  std::string text = HtmlEscape(TokenText(id, vocab));
+  if (vocab == nullptr) text = absl::StrCat(" ", text);  // ids need a gap; text has its own
+  absl::StrAppendFormat(html,
+                        "<span class=\"t%s\" style=\"background:rgba(255,102,0,%.3f)\" "
+                        "title=\"%s &middot; token %d &middot; value %.4g\">%s</span>",
+                        at ? " at" : "", alpha, where, id, value, text);
+}
+
 // One example: its value and row, then the window's tokens, each shaded by value / max.
 void AppendExample(const v1::TopActivation& example, double max, const Vocabulary* vocab,
                    std::string* html) {
@@ -56,15 +69,8 @@ void AppendExample(const v1::TopActivation& example, double max, const Vocabular
   absl::StrAppendFormat(html, "<span class=\"r\">row %d</span><span class=\"ctx\">", example.row());
   for (int i = 0; i < example.context_token_ids_size(); ++i) {
     const int64_t row = example.context_start_row() + i;
-    const int32_t id = example.context_token_ids(i);
-    const float value = ValueAt(example, i);
-    const double alpha = max > 0 ? std::clamp(value / max, 0.0, 1.0) : 0.0;
-    std::string text = HtmlEscape(TokenText(id, vocab));
-    if (vocab == nullptr) text = absl::StrCat(" ", text);  // ids need a gap; text has its own
-    absl::StrAppendFormat(html,
-                          "<span class=\"t%s\" style=\"background:rgba(255,102,0,%.3f)\" "
-                          "title=\"row %d &middot; token %d &middot; value %.4g\">%s</span>",
-                          row == example.row() ? " at" : "", alpha, row, id, value, text);
+    AppendToken(example.context_token_ids(i), ValueAt(example, i), max, row == example.row(),
+                absl::StrCat("row ", row), vocab, html);
   }
   *html += "</span></div>\n";
 }
@@ -103,6 +109,11 @@ void AppendBars(const google::protobuf::RepeatedField<int64_t>& counts, double l
 std::string LatentRef(int32_t latent, bool link) {
   return link ? absl::StrFormat("<a href=\"%s\">%d</a>", LatentPageName(latent), latent)
               : absl::StrCat(latent);
+}
+
+// A latent's number, a link when its page is among `pages` (null: none).
+std::string LatentRef(int32_t latent, const std::set<int32_t>* pages) {
+  return LatentRef(latent, pages != nullptr && pages->count(latent) != 0);
 }
 
 // One column of direct logits: the tokens and their logits, shaded by |logit| over the largest.
@@ -147,9 +158,7 @@ void AppendWeights(const v1::GetLatentWeightsResponse& w, const LatentPageOption
         "<h2>Nearest decoder directions</h2>\n<table><tr><th>latent</th><th>cosine</th></tr>\n";
     for (const v1::LatentNeighbor& n : w.neighbors()) {
       absl::StrAppendFormat(html, "<tr><td>%s</td><td>%.4f</td></tr>\n",
-                            LatentRef(n.latent(), options.linked_latents != nullptr &&
-                                                      options.linked_latents->count(n.latent())),
-                            n.cosine());
+                            LatentRef(n.latent(), options.linked_latents), n.cosine());
     }
     *html += "</table>\n";
   }
@@ -248,13 +257,56 @@ std::string LatentHtml(const v1::GetLatentResponse& response, const LatentPageOp
       absl::StrAppendFormat(&html,
                             "<tr><td>%s</td><td>%d</td><td>%.4f</td><td>%.4g</td><td>%.4g</td>"
                             "</tr>\n",
-                            LatentRef(l.latent(), options.linked_latents != nullptr &&
-                                                      options.linked_latents->count(l.latent())),
-                            l.count(), l.fraction(), l.mean(), l.lift());
+                            LatentRef(l.latent(), options.linked_latents), l.count(), l.fraction(),
+                            l.mean(), l.lift());
     }
     html += "</table>\n";
   }
   if (options.weights != nullptr) AppendWeights(*options.weights, options, &html);
+  html += "</body></html>\n";
+  return html;
+}
+
+std::string PromptHtml(const v1::EncodePromptResponse& response, const PromptPageOptions& options) {
+  std::string html = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">";
+  absl::StrAppendFormat(&html, "<title>dataset %d prompt</title>\n", options.dataset_id);
+  html += kStyle;
+  html += "</head><body>\n";
+  absl::StrAppendFormat(&html, "<h1>Dataset %d &middot; a prompt of %d tokens</h1>\n",
+                        options.dataset_id, response.tokens_size());
+  if (response.bos_prepended()) html += "<p>BOS prepended, as the dataset's spec did</p>\n";
+  // The prompt, each token's largest latents in its tooltip.
+  html += "<p class=\"ctx\">";
+  for (int r = 0; r < response.tokens_size(); ++r) {
+    const v1::PromptToken& t = response.tokens(r);
+    std::string latents;
+    for (int e = 0; e < std::min(t.latents_size(), 5); ++e) {
+      absl::StrAppendFormat(&latents, "%s%d: %.3g", e > 0 ? ", " : "", t.latents(e), t.values(e));
+    }
+    std::string text = HtmlEscape(TokenText(t.token_id(), options.vocab));
+    if (options.vocab == nullptr) text = absl::StrCat(" ", text);
+    absl::StrAppendFormat(&html,
+                          "<span class=\"t\" title=\"position %d &middot; token %d &middot; "
+                          "%d latents &middot; %s\">%s</span>",
+                          r, t.token_id(), t.active(), latents, text);
+  }
+  html += "</p>\n<h2>Its top latents, each shading the tokens by its value</h2>\n";
+  for (const v1::PromptLatent& l : response.top_latents()) {
+    absl::StrAppendFormat(&html,
+                          "<div class=\"ex\"><span class=\"v\">%.4g</span>"
+                          "<span class=\"r\">latent %s</span><span class=\"ctx\">",
+                          l.max_value(), LatentRef(l.latent(), options.linked_latents));
+    for (int r = 0; r < response.tokens_size(); ++r) {
+      const v1::PromptToken& t = response.tokens(r);
+      float value = 0;  // not among the token's listed latents: 0 (or below the listed ones)
+      for (int e = 0; e < t.latents_size(); ++e) {
+        if (t.latents(e) == l.latent()) value = t.values(e);
+      }
+      AppendToken(t.token_id(), value, l.max_value(), r == l.position(),
+                  absl::StrCat("position ", r), options.vocab, &html);
+    }
+    html += "</span></div>\n";
+  }
   html += "</body></html>\n";
   return html;
 }

@@ -50,6 +50,20 @@ std::string LatentHtml(const v1::GetLatentResponse& response, const LatentPageOp
 // The file name of a latent's page in a dashboard directory: "latent-<j>.html".
 std::string LatentPageName(int32_t latent);
 
+struct PromptPageOptions {
+  uint64_t dataset_id = 0;
+  // Decodes the tokens; null shows token ids.
+  const Vocabulary* vocab = nullptr;
+  // The latents whose pages (LatentPageName) lie beside the page: their numbers become links.
+  const std::set<int32_t>* linked_latents = nullptr;
+};
+
+// A page for one EncodePrompt answer: the prompt (each token's largest latents in its tooltip),
+// then a line per top latent with the prompt's tokens shaded by that latent's value on each (from
+// the tokens' latent lists: ask latents_per_token large enough to hold every active latent, else
+// a token where it ranks lower shows unshaded), its largest outlined.
+std::string PromptHtml(const v1::EncodePromptResponse& response, const PromptPageOptions& options);
+
 struct IndexPageOptions {
   uint64_t dataset_id = 0;
   // Above the table: what the listed latents are (e.g. "the 100 most frequent latents").

@@ -167,6 +167,50 @@ TEST(LatentViewTest, WeightsShowLogitsSideBySideAndNeighbours) {
   EXPECT_NE(without.find("Nearest decoder directions"), std::string::npos);
 }
 
+TEST(LatentViewTest, APromptPageShadesItsTokensByEachTopLatent) {
+  auto vocab = Vocabulary::Parse("a\n b\n<c>\n");
+  ASSERT_TRUE(vocab.ok());
+  v1::EncodePromptResponse r;
+  r.set_bos_prepended(true);
+  // Latent 5 fires 2.0 on position 1 and 1.0 on position 2; latent 6 only on position 0.
+  const std::vector<std::vector<std::pair<int32_t, float>>> fires = {
+      {{6, 0.5f}}, {{5, 2.0f}}, {{5, 1.0f}, {6, 0.25f}}};
+  for (int p = 0; p < 3; ++p) {
+    v1::PromptToken* t = r.add_tokens();
+    t->set_token_id(p);
+    t->set_active(static_cast<int32_t>(fires[p].size()));
+    for (const auto& [latent, value] : fires[p]) {
+      t->add_latents(latent);
+      t->add_values(value);
+    }
+  }
+  v1::PromptLatent* five = r.add_top_latents();
+  five->set_latent(5);
+  five->set_max_value(2.0f);
+  five->set_position(1);
+  five->set_positions(2);
+  v1::PromptLatent* six = r.add_top_latents();
+  six->set_latent(6);
+  six->set_max_value(0.5f);
+  six->set_position(0);
+  six->set_positions(2);
+  const std::set<int32_t> pages{6};
+  const std::string page = PromptHtml(r, {3, &*vocab, &pages});
+  EXPECT_NE(page.find("a prompt of 3 tokens"), std::string::npos);
+  EXPECT_NE(page.find("BOS prepended"), std::string::npos);
+  EXPECT_NE(page.find("position 2 &middot; token 2 &middot; 2 latents &middot; 5: 1, 6: 0.25\">"
+                      "&lt;c&gt;</span>"),
+            std::string::npos);
+  // One line per top latent: its shading over the three tokens, its largest outlined.
+  EXPECT_EQ(All(page, R"re(rgba\(255,102,0,([0-9.]+)\)" title="position)re"),
+            (std::vector<std::string>{"0.000", "1.000", "0.500", "1.000", "0.000", "0.500"}));
+  EXPECT_EQ(All(page, R"re(<span class="t at"[^>]*title="(position \d))re"),
+            (std::vector<std::string>{"position 1", "position 0"}));
+  // Only latent 6 has a page beside this one.
+  EXPECT_NE(page.find("latent 5</span>"), std::string::npos);
+  EXPECT_NE(page.find("latent <a href=\"latent-6.html\">6</a></span>"), std::string::npos);
+}
+
 TEST(LatentViewTest, DashboardPagesLinkToEachOther) {
   v1::LatentsOnRowsResponse cofiring;
   cofiring.set_rows_selected(9);

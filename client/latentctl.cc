@@ -75,7 +75,8 @@ ABSL_FLAG(std::string, vocab, "",
           "vocab.json, JSON list "
           "or one-token-a-line file");
 ABSL_FLAG(std::string, html, "",
-          "latent: also write an HTML page here: statistics, histogram, every example's tokens "
+          "latent, prompt: also write an HTML page here (prompt: the prompt shaded by each top "
+          "latent); latent: statistics, histogram, every example's tokens "
           "shaded by the latent's value on them");
 ABSL_FLAG(std::string, unembedding, "",
           "weights, latent --html, dashboard: the TorchScript model's unembedding parameter "
@@ -700,11 +701,31 @@ int Prompt(Client& client, const std::vector<std::string>& args) {
     }
     request.add_token_ids(token);
   }
-  request.set_latents_per_token(5);
+  const std::string html = absl::GetFlag(FLAGS_html);
+  // The page shades the prompt by each top latent, so it needs every active latent per token.
+  request.set_latents_per_token(html.empty() ? 5 : 1000);
   request.set_top_latents(absl::GetFlag(FLAGS_limit));
   v1::EncodePromptResponse response;
   grpc::Status status = client.datasets()->EncodePrompt(client.Context().get(), request, &response);
   if (!status.ok()) return RpcError(status);
+  if (!html.empty()) {
+    // Latent numbers link to the pages of a dashboard the page is written into.
+    std::set<int32_t> pages;
+    const std::filesystem::path dir = std::filesystem::path(html).parent_path();
+    for (const v1::PromptLatent& l : response.top_latents()) {
+      if (std::filesystem::exists((dir.empty() ? "." : dir) / LatentPageName(l.latent()))) {
+        pages.insert(l.latent());
+      }
+    }
+    std::ofstream out(html, std::ios::binary | std::ios::trunc);
+    out << PromptHtml(response, {id, vocab ? &*vocab : nullptr, &pages});
+    out.close();
+    if (!out) {
+      std::fprintf(stderr, "latentctl: --html: cannot write %s\n", html.c_str());
+      return kExitRpcError;
+    }
+    if (!absl::GetFlag(FLAGS_json)) std::printf("wrote %s\n", html.c_str());
+  }
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", Json(response).c_str());
     return 0;
@@ -719,7 +740,7 @@ int Prompt(Client& client, const std::vector<std::string>& args) {
   for (int r = 0; r < response.tokens_size(); ++r) {
     const v1::PromptToken& t = response.tokens(r);
     std::string latents;
-    for (int e = 0; e < t.latents_size(); ++e) {
+    for (int e = 0; e < std::min(t.latents_size(), 5); ++e) {
       absl::StrAppendFormat(&latents, "%s%d %.3g", e > 0 ? ", " : "", t.latents(e), t.values(e));
     }
     std::printf("%-4d %-18s %-7d %s\n", r, token(t.token_id()).c_str(), t.active(),
@@ -1193,10 +1214,12 @@ datasets:
                                  from the SAE and model that made the dataset: the tokens the
                                  latent's decoder direction raises and lowers most (direct
                                  logits) and the latents with the nearest decoder directions
-  prompt ID T1 T2 ... [--vocab=F] [--limit=N]
+  prompt ID T1 T2 ... [--vocab=F] [--limit=N] [--html=FILE.html]
                                  the latents a new prompt gets from the dataset's model and
                                  SAE: each token's largest, and the prompt's N top latents
-                                 (tokens: ids, or with --vocab each one's text)
+                                 (tokens: ids, or with --vocab each one's text); --html: a
+                                 page shading the prompt by each top latent (written into a
+                                 dashboard directory, latents link to their pages)
   cofiring ID J [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
                                  the latents that fire on the rows where latent J fires
   token ID T [--vocab=F] [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]

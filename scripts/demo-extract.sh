@@ -44,14 +44,15 @@ echo "demo: what latent $latent's weights say (the tokens its decoder direction 
 echo "through the model's unembedding, and its nearest decoder directions)"
 $LATENTCTL weights "$dataset" "$latent" --limit=5 --vocab="$inputs/vocab.json"
 echo
-echo "demo: a new prompt through the dataset's model and SAE (tokens given as vocabulary texts)"
-$LATENTCTL prompt "$dataset" " the" " baba" " of" " the" " moba" "." --limit=5 \
-  --vocab="$inputs/vocab.json" || echo "(a token above is not in this demo's vocabulary)"
-echo
 echo "demo: a dashboard of the 20 most frequent latents"
 $LATENTCTL dashboard "$dataset" "$data_dir/demo-dashboard" --order=frequent --limit=20 \
   --intervals=3 --interval_samples=3 --before=12 --after_tokens=4 --vocab="$inputs/vocab.json"
 echo "(open $data_dir/demo-dashboard/index.html in a browser)"
+echo
+echo "demo: a new prompt through the dataset's model and SAE (tokens given as vocabulary texts)"
+$LATENTCTL prompt "$dataset" " the" " baba" " of" " the" " moba" "." --limit=5 \
+  --vocab="$inputs/vocab.json" --html="$data_dir/demo-dashboard/prompt.html"
+echo "(open $data_dir/demo-dashboard/prompt.html: the prompt shaded by each top latent)"
 echo
 echo "demo: the latents that fire with latent $latent (by count), and on the token \" the\" (by lift)"
 $LATENTCTL cofiring "$dataset" "$latent" --limit=5

@@ -252,6 +252,14 @@ class Client:
             latents_per_token=latents_per_token, top_latents=top_latents)
         return self.datasets.EncodePrompt(request, metadata=self.metadata, timeout=self.timeout)
 
+    def show_prompt(self, dataset_id, token_ids, decode=None, top_latents=10):
+        """encode_prompt's answer as a PromptView, which a notebook shows as the prompt once per
+        top latent, each time with the tokens shaded by that latent's value on them. decode maps
+        a list of token ids to their strings (e.g. tokenizer.convert_ids_to_tokens)."""
+        answer = self.encode_prompt(dataset_id, token_ids, latents_per_token=1000,
+                                    top_latents=top_latents)
+        return PromptView(answer, decode)
+
     def show_latent(self, dataset_id, latent, decode=None, weights=False, **get_latent_args):
         """GetLatent's answer as a LatentView, which a notebook shows as the latent's examples
         with each token shaded by the latent's value on it. decode maps a list of token ids to
@@ -349,6 +357,43 @@ class LatentView:
             parts.append("<div><i>[%.4g, %.4g]: %d firings</i></div>" % (
                 interval.low, interval.high, interval.count))
             parts += [self._example(e, s.max) for e in interval.samples]
+        return "\n".join(parts)
+
+
+class PromptView:
+    """An EncodePrompt answer (asked with latents_per_token large enough to hold every active
+    latent) that Jupyter renders: per top latent its number and largest value, then the prompt's
+    tokens shaded by that latent's value on each, its largest outlined; a token's tooltip lists
+    its own largest latents. The same picture as `latentctl prompt --html`."""
+
+    def __init__(self, answer, decode=None):
+        self.answer = answer
+        self.decode = decode
+
+    def _repr_html_(self):
+        import html
+
+        ids = [t.token_id for t in self.answer.tokens]
+        words = self.decode(ids) if self.decode else [" %d" % i for i in ids]
+        parts = ["<div><b>%d tokens</b>%s</div>" % (
+            len(ids), " (BOS prepended, as the dataset's spec did)"
+            if self.answer.bos_prepended else "")]
+        for latent in self.answer.top_latents:
+            spans = []
+            for r, (token, word) in enumerate(zip(self.answer.tokens, words)):
+                value = dict(zip(token.latents, token.values)).get(latent.latent, 0.0)
+                alpha = min(max(value / latent.max_value, 0.0), 1.0) if latent.max_value > 0 else 0
+                style = "background:rgba(255,102,0,%.3f)" % alpha
+                if r == latent.position:
+                    style += ";outline:1.5px solid #c03000"
+                top = ", ".join("%d: %.3g" % (j, v)
+                                for j, v in list(zip(token.latents, token.values))[:5])
+                spans.append('<span style="%s" title="position %d · token %d · value %.4g · %s">'
+                             "%s</span>" % (style, r, token.token_id, value, top,
+                                            html.escape(str(word))))
+            parts.append('<div style="font-family:monospace;white-space:pre;margin:2px 0">'
+                         '<span style="display:inline-block;width:10em">latent %d (%.4g)</span>'
+                         "  %s</div>" % (latent.latent, latent.max_value, "".join(spans)))
         return "\n".join(parts)
 
 

@@ -174,30 +174,6 @@ class TrainLoop(DaemonTestCase):
             c.latent_weights(dense_id, 0)
         self.assertEqual(dense_weights.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
 
-        # The trained SAE as an artifact: its name is taken until it is deleted, and deleting it
-        # removes its files.
-        self.assertEqual([(a.id, a.name) for a in listed], [(artifact, "loop-sae")])
-        again = {"datasetId": str(dense_id), "sae": {"architecture": "TOPK", "dSae": 256, "k": 8},
-                 "optimizer": {"name": "adam", "lr": 1e-3}, "steps": 1, "batchSize": 64,
-                 "artifactName": "loop-sae"}
-        with self.assertRaises(grpc.RpcError) as taken:
-            c.submit("TRAIN", again)
-        self.assertEqual(taken.exception.code(), grpc.StatusCode.ALREADY_EXISTS)
-        self.assertIn("train.artifact_name", taken.exception.details())
-        self.assertTrue(os.path.isdir(listed[0].path))
-        out = daemon.latentctl("delete-artifact", str(artifact)).stdout
-        self.assertIn("deleted artifact %d" % artifact, out)
-        self.assertFalse(os.path.exists(listed[0].path))
-        self.assertEqual(c.list_artifacts(), [])
-        with self.assertRaises(grpc.RpcError) as gone:
-            c.delete_artifact(artifact)
-        self.assertEqual(gone.exception.code(), grpc.StatusCode.NOT_FOUND)
-        self.assertEqual(c.wait(c.submit("TRAIN", again).id).state, jobs_pb2.SUCCEEDED)
-        # The dataset's SAE is gone now: its weights cannot be read, and the error says why.
-        with self.assertRaises(grpc.RpcError) as sae_gone:
-            c.latent_weights(dataset, 5)
-        self.assertEqual(sae_gone.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
-        self.assertIn("artifact %d" % artifact, sae_gone.exception.details())
 
         # The dataset helpers: listing, a server-side export scipy reads back, deletion.
         names = {d.id: d.name for d in c.list_datasets()}
@@ -235,11 +211,6 @@ class TrainLoop(DaemonTestCase):
         self.assertIn("log10 density of the latents that fired:", lines)
         first_row = lines[[l.split()[0] for l in lines].index("LATENT") + 1]
         self.assertEqual(int(first_row.split()[0]), rarest)
-        c.delete_dataset(dense_id)
-        self.assertEqual([d.id for d in c.list_datasets()], [dataset])
-        with self.assertRaises(grpc.RpcError) as missing:
-            c.get_dataset(dense_id)
-        self.assertEqual(missing.exception.code(), grpc.StatusCode.NOT_FOUND)
         latent = int(rows.indices[0])
         answer = c.get_latent(sparse.result.extract.dataset_id, latent, top_n=5)
         self.assertGreater(answer.statistics.firing_count, 0)
@@ -319,8 +290,9 @@ class TrainLoop(DaemonTestCase):
             html = f.read()
         self.assertTrue(html.startswith("<!DOCTYPE html>"))
         shown_top = answer.top[:3]
-        self.assertEqual(html.count('<span class="t'),
+        self.assertEqual(len(re.findall(r'<span class="t[^"]*" [^>]*title="row ', html)),
                          sum(len(t.context_token_ids) for t in shown_top))
+        self.assertIn("From its weights", html)
         self.assertEqual(html.count('<span class="t at"'), len(shown_top))
         at = html.index('<span class="t at"')
         self.assertIn(">%s</span>" % text(first.token_id).replace("'", "&#39;"),
@@ -351,16 +323,68 @@ class TrainLoop(DaemonTestCase):
             with open(os.path.join(board, name), encoding="utf-8") as f:
                 page = f.read()
             for part in ("Top activations", "Interval [", "Fires most on", "Fires with",
-                         "Where in its sequences it fires",
+                         "Where in its sequences it fires", "From its weights",
+                         "direct logit effect through embed.W_E (tied)",
+                         "Nearest decoder directions",
                          '<a href="index.html">'):
                 self.assertIn(part, page)
             for target in re.findall(r'<a href="([^"]+)">', page):  # no link leads nowhere
                 self.assertTrue(os.path.exists(os.path.join(board, target)), target)
+        # A prompt's page written into the dashboard: its top latents that have pages there
+        # link to them, and every link resolves.
+        prompt_page = os.path.join(board, "prompt.html")
+        made = daemon.latentctl("prompt", str(dataset), *[str(t) for t in first_tokens[:12]],
+                                "--limit=6", "--vocab=" + vocab_path,
+                                "--html=" + prompt_page).stdout
+        self.assertIn("wrote " + prompt_page, made)
+        with open(prompt_page, encoding="utf-8") as f:
+            page = f.read()
+        shown_top = c.encode_prompt(dataset, first_tokens[:12], top_latents=6).top_latents
+        self.assertEqual(len(re.findall(r'<div class="ex">', page)), len(shown_top))
+        self.assertEqual(page.count('<span class="t at"'), len(shown_top))
+        for target in re.findall(r'<a href="([^"]+)">', page):
+            self.assertTrue(os.path.exists(os.path.join(board, target)), target)
+        view = c.show_prompt(dataset, first_tokens[:12], decode=lambda ids: [text(i) for i in ids],
+                             top_latents=6)
+        shown_html = view._repr_html_()
+        self.assertEqual(shown_html.count("outline"), len(shown_top))
+        self.assertEqual(shown_html.count('<span style="background'), 12 * len(shown_top))
+        self.assertIn("latent %d (" % shown_top[0].latent, shown_html)
         # latentctl token takes the token's text with --vocab.
         if list(vocab.values()).count(vocab[token]) == 1:
             shown = daemon.latentctl("token", str(dataset), text(token).replace("\u21b5", "\n"),
                                      "--vocab=" + vocab_path, "--limit=3").stdout
             self.assertIn("latents on the %d rows of token %d" % (len(on_token), token), shown)
+        # The trained SAE as an artifact: its name is taken until it is deleted, and deleting it
+        # removes its files.
+        self.assertEqual([(a.id, a.name) for a in listed], [(artifact, "loop-sae")])
+        again = {"datasetId": str(dense_id), "sae": {"architecture": "TOPK", "dSae": 256, "k": 8},
+                 "optimizer": {"name": "adam", "lr": 1e-3}, "steps": 1, "batchSize": 64,
+                 "artifactName": "loop-sae"}
+        with self.assertRaises(grpc.RpcError) as taken:
+            c.submit("TRAIN", again)
+        self.assertEqual(taken.exception.code(), grpc.StatusCode.ALREADY_EXISTS)
+        self.assertIn("train.artifact_name", taken.exception.details())
+        self.assertTrue(os.path.isdir(listed[0].path))
+        out = daemon.latentctl("delete-artifact", str(artifact)).stdout
+        self.assertIn("deleted artifact %d" % artifact, out)
+        self.assertFalse(os.path.exists(listed[0].path))
+        self.assertEqual(c.list_artifacts(), [])
+        with self.assertRaises(grpc.RpcError) as gone:
+            c.delete_artifact(artifact)
+        self.assertEqual(gone.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.assertEqual(c.wait(c.submit("TRAIN", again).id).state, jobs_pb2.SUCCEEDED)
+        # The dataset's SAE is gone now: its weights cannot be read, and the error says why.
+        with self.assertRaises(grpc.RpcError) as sae_gone:
+            c.latent_weights(dataset, 5)
+        self.assertEqual(sae_gone.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("artifact %d" % artifact, sae_gone.exception.details())
+        # Deleting the DENSE dataset leaves the SPARSE one.
+        c.delete_dataset(dense_id)
+        self.assertEqual([d.id for d in c.list_datasets()], [dataset])
+        with self.assertRaises(grpc.RpcError) as missing:
+            c.get_dataset(dense_id)
+        self.assertEqual(missing.exception.code(), grpc.StatusCode.NOT_FOUND)
 
 
 if __name__ == "__main__":
