@@ -549,6 +549,25 @@ bool LoadVocabFlag(std::optional<Vocabulary>* vocab, std::string* error) {
   return true;
 }
 
+// A token for a terminal table: its id, or with a vocabulary its text in quotes.
+std::string TokenCell(int32_t token, const std::optional<Vocabulary>& vocab) {
+  return vocab ? absl::StrCat("\"", vocab->Display(token), "\"") : absl::StrCat(token);
+}
+
+// Writes `html` to the --html path; false, after saying so, when it cannot. Prints "wrote PATH"
+// unless --json.
+bool WriteHtmlFlag(const std::string& path, const std::string& html) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << html;
+  out.close();
+  if (!out) {
+    std::fprintf(stderr, "latentctl: --html: cannot write %s\n", path.c_str());
+    return false;
+  }
+  if (!absl::GetFlag(FLAGS_json)) std::printf("wrote %s\n", path.c_str());
+  return true;
+}
+
 int Rows(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
   if (!ParseId(args, 1, &id)) return Usage("rows needs a dataset id");
@@ -569,8 +588,7 @@ int Rows(Client& client, const std::vector<std::string>& args) {
     for (int64_t r = 0; r < piece.num_rows(); ++r) {
       const int32_t token = r < piece.token_ids_size() ? piece.token_ids(r) : -1;
       std::string line = absl::StrFormat("row %-8d token %-6d", piece.row_start() + r, token);
-      if (vocab)
-        absl::StrAppendFormat(&line, " %-12s", absl::StrCat("\"", vocab->Display(token), "\""));
+      if (vocab) absl::StrAppendFormat(&line, " %-12s", TokenCell(token, vocab));
       for (int64_t i = piece.indptr(r); i < piece.indptr(r + 1); ++i) {
         absl::StrAppendFormat(&line, " %d:%.3g", piece.indices(i), piece.values(i));
       }
@@ -648,9 +666,7 @@ int Weights(Client& client, const std::vector<std::string>& args) {
   std::printf("dataset %llu latent %d: |W_dec| %.4g, |W_enc| %.4g, cos(W_enc, W_dec) %.3f\n",
               static_cast<unsigned long long>(id), latent, response.decoder_norm(),
               response.encoder_norm(), response.encoder_decoder_cosine());
-  auto token = [&](int32_t t) {
-    return vocab ? absl::StrCat("\"", vocab->Display(t), "\"") : absl::StrCat(t);
-  };
+  auto token = [&](int32_t t) { return TokenCell(t, vocab); };
   if (response.positive_logits_size() > 0) {
     std::printf("direct logits through %s:\n%-24s %-9s  %-24s %s\n",
                 response.logits_source().c_str(), "RAISES", "LOGIT", "LOWERS", "LOGIT");
@@ -717,22 +733,15 @@ int Prompt(Client& client, const std::vector<std::string>& args) {
         pages.insert(l.latent());
       }
     }
-    std::ofstream out(html, std::ios::binary | std::ios::trunc);
-    out << PromptHtml(response, {id, vocab ? &*vocab : nullptr, &pages});
-    out.close();
-    if (!out) {
-      std::fprintf(stderr, "latentctl: --html: cannot write %s\n", html.c_str());
+    if (!WriteHtmlFlag(html, PromptHtml(response, {id, vocab ? &*vocab : nullptr, &pages}))) {
       return kExitRpcError;
     }
-    if (!absl::GetFlag(FLAGS_json)) std::printf("wrote %s\n", html.c_str());
   }
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", Json(response).c_str());
     return 0;
   }
-  auto token = [&](int32_t t) {
-    return vocab ? absl::StrCat("\"", vocab->Display(t), "\"") : absl::StrCat(t);
-  };
+  auto token = [&](int32_t t) { return TokenCell(t, vocab); };
   std::printf("dataset %llu: %d tokens%s\n%-4s %-18s %-7s %s\n",
               static_cast<unsigned long long>(id), response.tokens_size(),
               response.bos_prepended() ? " (BOS prepended, as the dataset's spec did)" : "", "POS",
@@ -772,14 +781,7 @@ int Latent(Client& client, const std::vector<std::string>& args) {
     v1::GetLatentWeightsResponse weights;
     bool warned = false;
     if (PageWeights(client, id, latent, 10, &weights, &warned)) page.weights = &weights;
-    std::ofstream out(html, std::ios::binary | std::ios::trunc);
-    out << LatentHtml(response, page);
-    out.close();
-    if (!out) {
-      std::fprintf(stderr, "latentctl: --html: cannot write %s\n", html.c_str());
-      return kExitRpcError;
-    }
-    if (!absl::GetFlag(FLAGS_json)) std::printf("wrote %s\n", html.c_str());
+    if (!WriteHtmlFlag(html, LatentHtml(response, page))) return kExitRpcError;
   }
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", Json(response).c_str());

@@ -101,6 +101,22 @@ class Daemon:
         return result
 
 
+def assert_prompt_matches_rows(test, prompt, rows, max_swaps=2):
+    """An EncodePrompt answer (asked with every active latent per token) against the stored CSR
+    rows of the same tokens: each token's latents are the row's, values within fp16 rounding,
+    except at most max_swaps latents in all (a swap at a TopK tie)."""
+    differing = 0
+    for r, token in enumerate(prompt.tokens):
+        stored = dict(zip(rows[r].indices.tolist(), rows[r].data.tolist()))
+        encoded = dict(zip(token.latents, token.values))
+        test.assertEqual(token.active, len(encoded))
+        differing += len(set(stored) ^ set(encoded))
+        for j in set(stored) & set(encoded):
+            test.assertLessEqual(abs(stored[j] - encoded[j]), 1e-3 * abs(encoded[j]) + 1e-4,
+                                 "position %d latent %d" % (r, j))
+    test.assertLessEqual(differing, max_swaps)
+
+
 class DaemonTestCase(unittest.TestCase):
     """A test case with a scratch directory removed afterwards and daemons stopped."""
 

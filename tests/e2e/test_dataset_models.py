@@ -13,7 +13,7 @@ import grpc
 import numpy
 import torch
 
-from harness import DaemonTestCase
+from harness import DaemonTestCase, assert_prompt_matches_rows
 from latentd.v1 import jobs_pb2
 
 VOCAB, D, LAYERS, CTX, D_SAE, K, BOS = 96, 32, 3, 16, 128, 8, 95
@@ -116,14 +116,7 @@ class DatasetModelsTest(DaemonTestCase):
         prompt = c.encode_prompt(dataset, tokens[1:], latents_per_token=K, top_latents=5)
         self.assertTrue(prompt.bos_prepended)
         self.assertEqual([t.token_id for t in prompt.tokens], tokens.tolist())
-        differing = 0
-        for r, t in enumerate(prompt.tokens):
-            stored = dict(zip(rows[r].indices.tolist(), rows[r].data.tolist()))
-            encoded = dict(zip(t.latents, t.values))
-            differing += len(set(stored) ^ set(encoded))
-            for j in set(stored) & set(encoded):
-                self.assertLessEqual(abs(stored[j] - encoded[j]), 1e-3 * abs(encoded[j]) + 1e-4)
-        self.assertLessEqual(differing, 2)
+        assert_prompt_matches_rows(self, prompt, rows)
         # A prefix alone gets the same latents on its tokens (the model is causal).
         prefix = c.encode_prompt(dataset, tokens[1:5], latents_per_token=K)
         self.assertEqual([list(t.latents) for t in prefix.tokens],
