@@ -115,6 +115,76 @@ absl::StatusOr<at::Tensor> AsUnembedding(const std::string& name, const at::Tens
                                                  ", the width the SAE's directions live in"));
 }
 
+// The reference model's tied embedding (after the hooked block's W_out for mlp.hook_post), or
+// null with *unavailable saying why.
+absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> ReferenceUnembedding(
+    const DatasetSource& dataset, const latentd::v1::ReferenceModelSpec& resolved,
+    const HookName& hook, std::string* unavailable) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ReferenceModel> model,
+                   ReferenceModel::Create(resolved, hook, at::Device(at::kCPU)));
+  if (!dataset.model_weight_hash.empty() && model->weight_hash() != dataset.model_weight_hash) {
+    *unavailable = absl::StrCat("the reference model's weights hash to ", model->weight_hash(),
+                                ", the dataset recorded ", dataset.model_weight_hash);
+    return nullptr;
+  }
+  auto prepared = std::make_shared<PreparedUnembedding>();
+  const std::string w_out = absl::StrCat("blocks.", hook.layer, ".mlp.W_out");
+  for (const auto& [name, tensor] : model->NamedWeights()) {
+    if (name == "embed.W_E") prepared->W_U = tensor.contiguous();
+    if (hook.point == HookPoint::kMlpPost && name == w_out) prepared->W_out = tensor.contiguous();
+  }
+  prepared->source = hook.point == HookPoint::kMlpPost
+                         ? absl::StrCat(w_out, " then embed.W_E (tied)")
+                         : std::string("embed.W_E (tied)");
+  return prepared;
+}
+
+// The unembedding parameter of the TorchScript module at `path`: `requested`, else the first of
+// kUnembeddingCandidates it has; null with *unavailable saying why when there is none that fits
+// (INVALID_ARGUMENT when the requested one is absent or does not fit).
+absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> TorchScriptUnembedding(
+    const std::string& path, const std::string& requested, int64_t d_in, std::string* unavailable) {
+  torch::jit::Module module;
+  try {
+    module = torch::jit::load(path, at::Device(at::kCPU));
+  } catch (const c10::Error& e) {
+    *unavailable = absl::StrCat("the model ", path, " does not load: ", e.what_without_backtrace());
+    return nullptr;
+  }
+  std::map<std::string, at::Tensor> parameters;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) parameters[p.name] = p.value;
+  for (const auto& b : module.named_buffers(/*recurse=*/true)) parameters.emplace(b.name, b.value);
+  std::string name = requested;
+  if (name.empty()) {
+    for (const char* candidate : kUnembeddingCandidates) {
+      if (parameters.count(candidate) != 0) {
+        name = candidate;
+        break;
+      }
+    }
+    if (name.empty()) {
+      *unavailable =
+          "the model has none of the usual unembedding parameters; name one with `unembedding`";
+      return nullptr;
+    }
+  } else if (parameters.count(name) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unembedding: the model ", path, " has no parameter ", name));
+  }
+  auto W_U = AsUnembedding(name, parameters[name].detach(), d_in);
+  if (!W_U.ok()) {
+    if (!requested.empty()) return W_U.status();
+    *unavailable = std::string(W_U.status().message());
+    return nullptr;
+  }
+  auto prepared = std::make_shared<PreparedUnembedding>();
+  prepared->W_U = *std::move(W_U);
+  const bool tied = std::find(std::begin(kTiedEmbeddings), std::end(kTiedEmbeddings), name) !=
+                    std::end(kTiedEmbeddings);
+  prepared->source = tied ? absl::StrCat(name, " (tied)") : name;
+  return prepared;
+}
+
 }  // namespace
 
 struct DatasetModels::Impl {
@@ -158,6 +228,16 @@ struct DatasetModels::Impl {
       bytes -= lru.back().bytes;
       lru.pop_back();
     }
+  }
+
+  // The value cached under `key`, else what load() gives (StatusOr<shared_ptr<const T>>), kept
+  // unless it is null (nothing to keep, e.g. no unembedding; the caller was told why).
+  template <typename T, typename Load>
+  absl::StatusOr<std::shared_ptr<const T>> Cached(const std::string& key, Load load) {
+    if (auto hit = Find<T>(key)) return hit;
+    ASSIGN_OR_RETURN(std::shared_ptr<const T> value, load());
+    if (value != nullptr) Insert<T>(key, value, value->bytes());
+    return value;
   }
 
   // The dataset's EXTRACT spec, SAE directory and hook, FAILED_PRECONDITION when the job
@@ -214,36 +294,35 @@ absl::StatusOr<std::shared_ptr<const PromptEncoder>> DatasetModels::Impl::Encode
   const std::string key = absl::StrCat("encoder\n", inputs.sae_dir, "\n", dataset.sae_weight_hash,
                                        "\n", model.SerializeAsString(), "\n",
                                        dataset.model_weight_hash, "\n", inputs.spec.hook_name());
-  if (auto hit = Find<PromptEncoder>(key)) return hit;
-  ASSIGN_OR_RETURN(Sae sae, LoadSae(dataset, inputs.sae_dir));
-  const at::Device cpu(at::kCPU);
-  std::unique_ptr<ActivationModel> activations;
-  if (model.has_reference()) {
-    ASSIGN_OR_RETURN(latentd::v1::ReferenceModelSpec resolved,
-                     ResolveReferenceSpec(model.reference()));
-    ASSIGN_OR_RETURN(activations, ReferenceModel::Create(resolved, inputs.hook, cpu));
-  } else if (model.has_torchscript()) {
-    auto path =
-        ResolveUnderRoots(model.torchscript().path(), env, "extract.model.torchscript.path");
-    if (!path.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "dataset ", dataset.dataset_id, "'s model is not readable: ", path.status().message()));
+  return Cached<PromptEncoder>(key, [&]() -> absl::StatusOr<std::shared_ptr<const PromptEncoder>> {
+    ASSIGN_OR_RETURN(Sae sae, LoadSae(dataset, inputs.sae_dir));
+    const at::Device cpu(at::kCPU);
+    std::unique_ptr<ActivationModel> activations;
+    if (model.has_reference()) {
+      ASSIGN_OR_RETURN(latentd::v1::ReferenceModelSpec resolved,
+                       ResolveReferenceSpec(model.reference()));
+      ASSIGN_OR_RETURN(activations, ReferenceModel::Create(resolved, inputs.hook, cpu));
+    } else if (model.has_torchscript()) {
+      auto path =
+          ResolveUnderRoots(model.torchscript().path(), env, "extract.model.torchscript.path");
+      if (!path.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "dataset ", dataset.dataset_id, "'s model is not readable: ", path.status().message()));
+      }
+      ASSIGN_OR_RETURN(activations, LoadTorchScriptModel({*path, model.torchscript().vocab_size()},
+                                                         inputs.hook, cpu));
+    } else {
+      return absl::FailedPreconditionError(
+          absl::StrCat("dataset ", dataset.dataset_id, ": its job's spec names no model"));
     }
-    ASSIGN_OR_RETURN(activations, LoadTorchScriptModel({*path, model.torchscript().vocab_size()},
-                                                       inputs.hook, cpu));
-  } else {
-    return absl::FailedPreconditionError(
-        absl::StrCat("dataset ", dataset.dataset_id, ": its job's spec names no model"));
-  }
-  if (!dataset.model_weight_hash.empty() &&
-      activations->weight_hash() != dataset.model_weight_hash) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dataset ", dataset.dataset_id, ": the model changed since the dataset was made (",
-        activations->weight_hash(), ", recorded ", dataset.model_weight_hash, ")"));
-  }
-  auto encoder = std::make_shared<const PromptEncoder>(std::move(activations), std::move(sae));
-  Insert<PromptEncoder>(key, encoder, encoder->bytes());
-  return encoder;
+    if (!dataset.model_weight_hash.empty() &&
+        activations->weight_hash() != dataset.model_weight_hash) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "dataset ", dataset.dataset_id, ": the model changed since the dataset was made (",
+          activations->weight_hash(), ", recorded ", dataset.model_weight_hash, ")"));
+    }
+    return std::make_shared<const PromptEncoder>(std::move(activations), std::move(sae));
+  });
 }
 
 absl::Status DatasetModels::Impl::CheckSaeFits(const DatasetSource& dataset,
@@ -287,12 +366,11 @@ absl::StatusOr<Sae> DatasetModels::Impl::LoadSae(const DatasetSource& dataset,
 
 absl::StatusOr<std::shared_ptr<const PreparedSae>> DatasetModels::Impl::SaeFor(
     const DatasetSource& dataset, const std::string& dir) {
-  const std::string key = absl::StrCat("sae\n", dir, "\n", dataset.sae_weight_hash);
-  if (auto hit = Find<PreparedSae>(key)) return hit;
-  ASSIGN_OR_RETURN(Sae sae, LoadSae(dataset, dir));
-  auto prepared = std::make_shared<const PreparedSae>(Prepare(sae.weights()));
-  Insert<PreparedSae>(key, prepared, prepared->bytes());
-  return prepared;
+  return Cached<PreparedSae>(absl::StrCat("sae\n", dir, "\n", dataset.sae_weight_hash),
+                             [&]() -> absl::StatusOr<std::shared_ptr<const PreparedSae>> {
+                               ASSIGN_OR_RETURN(Sae sae, LoadSae(dataset, dir));
+                               return std::make_shared<const PreparedSae>(Prepare(sae.weights()));
+                             });
 }
 
 absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> DatasetModels::Impl::UnembeddingFor(
@@ -306,27 +384,11 @@ absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> DatasetModels::Impl::
     }
     ASSIGN_OR_RETURN(latentd::v1::ReferenceModelSpec resolved,
                      ResolveReferenceSpec(spec.model().reference()));
-    const std::string key =
-        absl::StrCat("reference\n", resolved.SerializeAsString(), "\n", spec.hook_name());
-    if (auto hit = Find<PreparedUnembedding>(key)) return hit;
-    ASSIGN_OR_RETURN(std::unique_ptr<ReferenceModel> model,
-                     ReferenceModel::Create(resolved, hook, at::Device(at::kCPU)));
-    if (!dataset.model_weight_hash.empty() && model->weight_hash() != dataset.model_weight_hash) {
-      *unavailable = absl::StrCat("the reference model's weights hash to ", model->weight_hash(),
-                                  ", the dataset recorded ", dataset.model_weight_hash);
-      return nullptr;
-    }
-    auto prepared = std::make_shared<PreparedUnembedding>();
-    const std::string w_out = absl::StrCat("blocks.", hook.layer, ".mlp.W_out");
-    for (const auto& [name, tensor] : model->NamedWeights()) {
-      if (name == "embed.W_E") prepared->W_U = tensor.contiguous();
-      if (hook.point == HookPoint::kMlpPost && name == w_out) prepared->W_out = tensor.contiguous();
-    }
-    prepared->source = hook.point == HookPoint::kMlpPost
-                           ? absl::StrCat(w_out, " then embed.W_E (tied)")
-                           : std::string("embed.W_E (tied)");
-    Insert<PreparedUnembedding>(key, prepared, prepared->bytes());
-    return std::shared_ptr<const PreparedUnembedding>(prepared);
+    return Cached<PreparedUnembedding>(
+        absl::StrCat("reference\n", resolved.SerializeAsString(), "\n", spec.hook_name()),
+        [&]() -> absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> {
+          return ReferenceUnembedding(dataset, resolved, hook, unavailable);
+        });
   }
   if (!spec.model().has_torchscript()) {
     *unavailable = "the job's spec names no model";
@@ -338,60 +400,20 @@ absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> DatasetModels::Impl::
     *unavailable = std::string(path.status().message());
     return nullptr;
   }
-  const std::string key =
-      absl::StrCat("torchscript\n", *path, "\n", dataset.model_weight_hash, "\n", requested);
-  if (auto hit = Find<PreparedUnembedding>(key)) return hit;
-  if (!dataset.model_weight_hash.empty()) {
-    ASSIGN_OR_RETURN(std::string hash, HashFile(*path));
-    if (hash != dataset.model_weight_hash) {
-      *unavailable = absl::StrCat("the model ", *path, " changed since the dataset was made (",
-                                  hash, ", recorded ", dataset.model_weight_hash, ")");
-      return nullptr;
-    }
-  }
-  torch::jit::Module module;
-  try {
-    module = torch::jit::load(*path, at::Device(at::kCPU));
-  } catch (const c10::Error& e) {
-    *unavailable =
-        absl::StrCat("the model ", *path, " does not load: ", e.what_without_backtrace());
-    return nullptr;
-  }
-  std::map<std::string, at::Tensor> parameters;
-  for (const auto& p : module.named_parameters(/*recurse=*/true)) parameters[p.name] = p.value;
-  for (const auto& b : module.named_buffers(/*recurse=*/true)) parameters.emplace(b.name, b.value);
-  std::string name = requested;
-  if (name.empty()) {
-    for (const char* candidate : kUnembeddingCandidates) {
-      if (parameters.count(candidate) != 0) {
-        name = candidate;
-        break;
-      }
-    }
-    if (name.empty()) {
-      *unavailable =
-          "the model has none of the usual unembedding parameters; name one with `unembedding`";
-      return nullptr;
-    }
-  } else if (parameters.count(name) == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unembedding: the model ", *path, " has no parameter ", name));
-  }
-  auto prepared = std::make_shared<PreparedUnembedding>();
-  auto W_U = AsUnembedding(name, parameters[name].detach(), d_in);
-  if (!W_U.ok()) {
-    if (!requested.empty()) return W_U.status();
-    *unavailable = std::string(W_U.status().message());
-    return nullptr;
-  }
-  prepared->W_U = *std::move(W_U);
-  prepared->source = name;
-  if (name.find("wte") != std::string::npos || name.find("embed_tokens") != std::string::npos ||
-      name == "embed.W_E") {
-    prepared->source += " (tied)";
-  }
-  Insert<PreparedUnembedding>(key, prepared, prepared->bytes());
-  return std::shared_ptr<const PreparedUnembedding>(prepared);
+  return Cached<PreparedUnembedding>(
+      absl::StrCat("torchscript\n", *path, "\n", dataset.model_weight_hash, "\n", requested),
+      [&]() -> absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> {
+        if (!dataset.model_weight_hash.empty()) {
+          ASSIGN_OR_RETURN(std::string hash, HashFile(*path));
+          if (hash != dataset.model_weight_hash) {
+            *unavailable =
+                absl::StrCat("the model ", *path, " changed since the dataset was made (", hash,
+                             ", recorded ", dataset.model_weight_hash, ")");
+            return nullptr;
+          }
+        }
+        return TorchScriptUnembedding(*path, requested, d_in, unavailable);
+      });
 }
 
 DatasetModels::DatasetModels(ExtractEnv env, DatasetModelsOptions options)

@@ -31,6 +31,9 @@ namespace latentd::engine {
 inline constexpr const char* kUnembeddingCandidates[] = {
     "lm_head.weight",         "embed_out.weight",          "unembed.W_U", "W_U",
     "transformer.wte.weight", "model.embed_tokens.weight", "embed.W_E"};
+// Of those, the input embeddings (the answer says "(tied)").
+inline constexpr const char* kTiedEmbeddings[] = {"transformer.wte.weight",
+                                                  "model.embed_tokens.weight", "embed.W_E"};
 
 inline constexpr int kMaxLatentWeightsTopN = 1000;
 

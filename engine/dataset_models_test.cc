@@ -328,7 +328,7 @@ TEST_F(DatasetModelsTest, TorchScriptUnembeddingsAreFoundByNameAndChecked) {
   q.unembedding = "transformer.wte";
   got = DatasetModels(env_).ReadLatentWeights({4, 22, hash, "", kDSae}, q);
   ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->logits_source, "transformer.wte (tied)");
+  EXPECT_EQ(got->logits_source, "transformer.wte");  // named by the caller: not known as tied
   q.unembedding.clear();
 
   // A parameter of the wrong width.
