@@ -504,6 +504,15 @@ grpc::Status DatasetsService::EncodePrompt(grpc::ServerContext* context,
     out->set_position(static_cast<int32_t>(l.position));
     out->set_positions(static_cast<int32_t>(l.positions));
   }
+  // Only the encoding tells how many latents fire (a ReLU SAE may light thousands a token), so
+  // the answer is bounded once built, as GetLatent's is before: what passes a client's default.
+  if (const size_t bytes = response->ByteSizeLong(); bytes > kMaxLatentAnswerBytes) {
+    response->Clear();
+    return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+        "EncodePrompt would return ", bytes, " bytes for ", request->token_ids_size(),
+        " tokens, above the ", kMaxLatentAnswerBytes,
+        " a client receives by default: ask fewer latents_per_token or a shorter prompt")));
+  }
   return grpc::Status::OK;
 }
 

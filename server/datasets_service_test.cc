@@ -668,8 +668,10 @@ TEST_F(DatasetsServiceTest, ExportStaysInsideTheExportRoot) {
 // nothing is written outside the export root.
 // An SAE over a 4-wide residual stream whose latent j points at angle j / 100 in its first plane:
 // the nearest directions of latent j are j - 1 and j + 1 (equal cosines), then j - 2 and j + 2.
-void WritePlaneSae(const std::string& dir, int32_t d_sae) {
-  std::vector<float> W_dec(d_sae * 4, 0.0f), W_enc(4 * d_sae, 0.0f), b_enc(d_sae, 0.0f),
+// With relu_bias > 0 it is a ReLU SAE whose every latent fires on every token (b_enc beyond any
+// pre-activation's negative part).
+void WritePlaneSae(const std::string& dir, int32_t d_sae, float relu_bias = 0.0f) {
+  std::vector<float> W_dec(d_sae * 4, 0.0f), W_enc(4 * d_sae, 0.0f), b_enc(d_sae, relu_bias),
       b_dec(4, 0.0f);
   for (int32_t j = 0; j < d_sae; ++j) {
     W_dec[j * 4] = std::cos(j / 100.0f);
@@ -688,8 +690,9 @@ void WritePlaneSae(const std::string& dir, int32_t d_sae) {
   engine::SaeConfig cfg;
   cfg.d_in = 4;
   cfg.d_sae = d_sae;
-  cfg.architecture = engine::SaeArchitecture::kTopK;
-  cfg.k = 16;
+  cfg.architecture =
+      relu_bias > 0 ? engine::SaeArchitecture::kRelu : engine::SaeArchitecture::kTopK;
+  cfg.k = relu_bias > 0 ? 0 : 16;
   std::ofstream(dir + "/cfg.json") << engine::SaeConfigToJson(cfg);
 }
 
@@ -828,6 +831,43 @@ TEST_F(DatasetsServiceTest, EncodePromptConvertsTokensAndTopLatents) {
   auto dense_id = store_->CreateDataset(dense);
   ASSERT_TRUE(dense_id.ok());
   EXPECT_EQ(code(*dense_id, {1}).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_F(DatasetsServiceTest, AnEncodedPromptTooLargeToReceiveIsRefusedWithTheNumbers) {
+  // 4096 latents that all fire on each of 1024 tokens: 1000 of them a token is about 6 MB.
+  WritePlaneSae((dir_ / "dense_sae").string(), 4096, /*relu_bias=*/1e3f);
+  latentd::v1::Job job;
+  job.set_id(44);
+  latentd::v1::ExtractSpec* spec = job.mutable_spec()->mutable_extract();
+  latentd::v1::ReferenceModelSpec* model = spec->mutable_model()->mutable_reference();
+  model->set_d_model(4);
+  model->set_n_heads(1);
+  model->set_n_layers(1);
+  model->set_vocab_size(16);
+  model->set_context_length(1024);
+  spec->set_hook_name("blocks.0.hook_resid_post");
+  spec->mutable_sae()->set_path((dir_ / "dense_sae").string());
+  jobs_[44] = job;
+  const uint64_t id = MakeDataset("all-firing", 16, 4096, storage::ValueDtype::kFloat16, 44);
+  auto encode = [&](int tokens, int per_token, latentd::v1::EncodePromptResponse* out) {
+    grpc::ClientContext c;
+    latentd::v1::EncodePromptRequest r;
+    r.set_dataset_id(id);
+    for (int t = 0; t < tokens; ++t) r.add_token_ids(t % 16);
+    r.set_latents_per_token(per_token);
+    return stub_->EncodePrompt(&c, r, out);
+  };
+  latentd::v1::EncodePromptResponse out;
+  grpc::Status s = encode(1024, 1000, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("for 1024 tokens, above the 3670016"), std::string::npos)
+      << s.error_message();
+  // Fewer latents a token: answered, each token saying all 4096 fire.
+  s = encode(1024, 10, &out);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(out.tokens_size(), 1024);
+  EXPECT_EQ(out.tokens(0).active(), 4096);
+  EXPECT_EQ(out.tokens(0).latents_size(), 10);
 }
 
 TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
