@@ -436,8 +436,10 @@ absl::StatusOr<LatentWeights> DatasetModels::ReadLatentWeights(const DatasetSour
         absl::StrCat("top_n: must be in [0, ", kMaxLatentWeightsTopN, "] (0: 10)"));
   }
   if (query.latent < 0 || query.latent >= dataset.d_sae) {
-    return absl::OutOfRangeError(absl::StrCat("latent ", query.latent, " outside [0, ",
-                                              dataset.d_sae, ") of dataset ", dataset.dataset_id));
+    // As GetLatent and every other per-latent query: the field named, INVALID_ARGUMENT.
+    return absl::InvalidArgumentError(absl::StrCat("latent: ", query.latent, " is outside [0, ",
+                                                   dataset.d_sae, ") of dataset ",
+                                                   dataset.dataset_id));
   }
   const int64_t top_n = query.top_n > 0 ? query.top_n : kDefaultTopN;
   ASSIGN_OR_RETURN(const DatasetInputs inputs, impl_->InputsOf(dataset));

@@ -121,7 +121,7 @@ class DatasetModels {
 
   // RESOURCE_EXHAUSTED when the SAE does not fit in memory_limit_bytes (with the numbers);
   // INVALID_ARGUMENT for top_n outside [0, 1000] or an unembedding named for the reference model
-  // or absent from the module; OUT_OF_RANGE for latent outside [0, d_sae); FAILED_PRECONDITION
+  // or absent from the module, or latent outside [0, d_sae); FAILED_PRECONDITION
   // when the job record is gone or is not an EXTRACT job with an SAE, or its SAE (file or
   // artifact) was deleted or no longer has the recorded hash; PERMISSION_DENIED when the SAE no
   // longer lies under a data root.

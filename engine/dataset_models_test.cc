@@ -220,11 +220,11 @@ TEST_F(DatasetModelsTest, BadQueriesAndChangedFilesAreNamed) {
   q.top_n = 0;
   q.latent = kDSae;
   auto s = DatasetModels(env_).ReadLatentWeights(source, q).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
-  EXPECT_NE(s.message().find("latent 12"), std::string::npos) << s;
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("latent: 12 is outside [0, 12)"), std::string::npos) << s;
   q.latent = -1;
   EXPECT_EQ(DatasetModels(env_).ReadLatentWeights(source, q).status().code(),
-            absl::StatusCode::kOutOfRange);
+            absl::StatusCode::kInvalidArgument);
   q.latent = 0;
   q.unembedding = "lm_head.weight";
   s = DatasetModels(env_).ReadLatentWeights(source, q).status();

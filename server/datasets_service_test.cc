@@ -754,8 +754,8 @@ TEST_F(DatasetsServiceTest, GetLatentWeightsAnswersFromTheDatasetsSaeAndModel) {
     latentd::v1::GetLatentWeightsResponse out;
     return stub_->GetLatentWeights(&c, r, &out).error_code();
   };
-  EXPECT_EQ(code(id, 512, 4), grpc::StatusCode::OUT_OF_RANGE);
-  EXPECT_EQ(code(id, -1, 4), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_EQ(code(id, 512, 4), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(code(id, -1, 4), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(code(id, 0, 1001), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(code(999, 0, 4), grpc::StatusCode::NOT_FOUND);
   // A dataset whose job record is gone, and a DENSE dataset.
