@@ -5,6 +5,9 @@ three ways side by side in one run against one latentd on loopback:
   repeated read_rows(packed=False): repeated fields through numpy.fromiter;
   packed   read_rows() (the default): PackedCsr byte strings through numpy.frombuffer.
 
+Then one latent's firings through latent_firings (ReadLatentFirings, latent-major) against
+taking its column from the whole matrix.
+
 The dataset is a real EXTRACT of the X1 reference transformer (docs/EXTRACT.md) with a TopK SAE
 (k = 32, d_sae = 4096, fp16), so its values and latents are what users read.
 
@@ -99,6 +102,27 @@ def main():
                 print("%-9s  %6.3f   %9.0f   %9.2fM   %8.2f      x%.1f" % (
                     name, best, rows / best, nnz / best / 1e6, wire, best_lists / best))
                 print("           all runs: " + " ".join("%.3f" % t for t in times[name]))
+            # One latent's firings: latent-major through ReadLatentFirings against the column
+            # of the whole matrix read packed (what a user without it does), same latents.
+            columns = reference.tocsc()
+            counts = np.diff(columns.indptr)
+            latents = np.argsort(-counts, kind="stable")[np.linspace(0, 4095, 20).astype(int)]
+            per_latent = []
+            for j in latents:
+                start = time.perf_counter()
+                rows_j, values_j = client.latent_firings(dataset, int(j))
+                per_latent.append(time.perf_counter() - start)
+                column = columns[:, int(j)].tocoo()
+                order = np.argsort(column.row)
+                if rows_j.tolist() != column.row[order].tolist() or \
+                        not (values_j == column.data[order]).all():
+                    raise RuntimeError("latent %d: firings differ from the rows' column" % j)
+            per_latent.sort()
+            print("latent_firings of 20 latents spread over the frequency ranks (%d to %d "
+                  "firings): p50 %.2f ms, max %.2f ms; the whole matrix packed: %.3f s (x%.0f)" % (
+                      counts[latents].min(), counts[latents].max(), per_latent[10] * 1e3,
+                      per_latent[-1] * 1e3, min(times["packed"]),
+                      min(times["packed"]) / per_latent[10]))
         finally:
             daemon.stop()
 

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -54,8 +55,8 @@ ABSL_FLAG(std::string, state, "", "list: only jobs in this state");
 ABSL_FLAG(int, page_size, 50, "list: jobs per page");
 ABSL_FLAG(bool, all, false, "list: follow page tokens to the end");
 ABSL_FLAG(int64_t, after, 0, "watch: resume after this event sequence number");
-ABSL_FLAG(int64_t, start, 0, "rows/export: first row");
-ABSL_FLAG(int64_t, count, 0, "rows/export: number of rows (0: to the end)");
+ABSL_FLAG(int64_t, start, 0, "rows/export/firings: first row");
+ABSL_FLAG(int64_t, count, 0, "rows/export/firings: number of rows (0: to the end; rows: 10)");
 ABSL_FLAG(int, top, 20, "latent, dashboard: top activations to show");
 ABSL_FLAG(int, before, 32, "latent, dashboard: context tokens before");
 ABSL_FLAG(int, after_tokens, 8, "latent, dashboard: context tokens after");
@@ -566,6 +567,49 @@ bool WriteHtmlFlag(const std::string& path, const std::string& html) {
   }
   if (!absl::GetFlag(FLAGS_json)) std::printf("wrote %s\n", path.c_str());
   return true;
+}
+
+// Every firing of one latent (ReadLatentFirings) in --start/--count: "row value" lines, or with
+// --json {"rows": [...], "values": [...]}; a count line on stderr.
+int Firings(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  int latent = -1;
+  if (!ParseId(args, 1, &id) || args.size() < 3 || !absl::SimpleAtoi(args[2], &latent)) {
+    return Usage("firings needs a dataset id and a latent index");
+  }
+  v1::ReadLatentFiringsRequest request;
+  request.set_dataset_id(id);
+  request.set_latent(latent);
+  request.set_row_start(absl::GetFlag(FLAGS_start));
+  request.set_row_count(absl::GetFlag(FLAGS_count));
+  auto context = client.Context();
+  auto reader = client.datasets()->ReadLatentFirings(context.get(), request);
+  v1::LatentFiringsPiece piece;
+  const bool json = absl::GetFlag(FLAGS_json);
+  std::string rows_json, values_json;
+  int64_t total = 0;
+  while (reader->Read(&piece)) {
+    const size_t n = piece.rows().size() / sizeof(int64_t);
+    for (size_t i = 0; i < n; ++i) {
+      int64_t row;
+      float value;
+      std::memcpy(&row, piece.rows().data() + i * sizeof(row), sizeof(row));
+      std::memcpy(&value, piece.values().data() + i * sizeof(value), sizeof(value));
+      if (json) {
+        absl::StrAppend(&rows_json, total + i > 0 ? "," : "", row);
+        absl::StrAppendFormat(&values_json, "%s%.9g", total + i > 0 ? "," : "", value);
+      } else {
+        std::printf("%lld %.6g\n", static_cast<long long>(row), value);
+      }
+    }
+    total += static_cast<int64_t>(n);
+  }
+  const grpc::Status status = reader->Finish();
+  if (!status.ok()) return RpcError(status);
+  if (json)
+    std::printf("{\"rows\": [%s], \"values\": [%s]}\n", rows_json.c_str(), values_json.c_str());
+  std::fprintf(stderr, "latent %d: %lld firings\n", latent, static_cast<long long>(total));
+  return 0;
 }
 
 int Rows(Client& client, const std::vector<std::string>& args) {
@@ -1202,6 +1246,8 @@ datasets:
                                  interval samples, the N tokens it fires on most, where in
                                  its sequences it fires; --vocab shows text, --html a page
                                  where each token is shaded by the latent's value on it
+  firings ID J [--start=R] [--count=N]   every row where latent J fires, with its value
+                                 (latent-major: reads the latent's runs only)
   latents ID [--order=latent|frequent|rare|max|mean] [--limit=N] [--offset=N]
              [--min_count=C] [--max_count=C] [--plot=FILE.png]
                                  the SAE at a glance: latents ranked, dead count, density plot
@@ -1254,6 +1300,7 @@ int Run(const std::vector<std::string>& args) {
   if (command == "rows") return Rows(client, args);
   if (command == "latent") return Latent(client, args);
   if (command == "latents") return Latents(client, args);
+  if (command == "firings") return Firings(client, args);
   if (command == "dashboard") return Dashboard(client, args);
   if (command == "weights") return Weights(client, args);
   if (command == "prompt") return Prompt(client, args);

@@ -34,8 +34,12 @@ constexpr int64_t kContextTokenBytes = 9;
 constexpr int64_t kWindowBytes = 64;
 // Rows fetched from the store per read while streaming (bounds server memory per stream).
 constexpr int64_t kRowsPerRead = 16384;
+// ReadLatentFirings: rows scanned per store read, and firings per piece (12 B each: 3 MiB).
+constexpr int64_t kFiringRowsPerRead = int64_t{1} << 20;
+constexpr size_t kFiringsPerPiece = size_t{1} << 18;
 
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "PackedCsr copies host words as they are");
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "packed pieces copy host words as they are");
 
 constexpr size_t kPieceOverhead = 128;  // field tags, length prefixes, row_start, num_rows...
 
@@ -165,28 +169,33 @@ grpc::Status DatasetsService::GetDataset(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+// [start, end) of the committed rows that a request's row_start and row_count (0: to the end)
+// name: INVALID_ARGUMENT for a negative count, OUT_OF_RANGE for rows past the watermark.
+absl::StatusOr<std::pair<int64_t, int64_t>> CommittedRange(const storage::DatasetRecord& record,
+                                                           int64_t start, int64_t count) {
+  if (count < 0) return absl::InvalidArgumentError("row_count: negative");
+  if (start < 0 || start > record.rows_committed) {
+    return absl::OutOfRangeError(absl::StrCat("row_start ", start, " is outside the ",
+                                              record.rows_committed, " committed rows"));
+  }
+  if (count == 0) count = record.rows_committed - start;
+  if (count > record.rows_committed - start) {
+    return absl::OutOfRangeError(absl::StrCat("rows [", start, ", ", start + count,
+                                              ") reach past the ", record.rows_committed,
+                                              " committed rows of dataset ", record.id));
+  }
+  return std::pair{start, start + count};
+}
+
 grpc::Status DatasetsService::ReadRows(grpc::ServerContext* context,
                                        const latentd::v1::ReadRowsRequest* request,
                                        grpc::ServerWriter<latentd::v1::CsrPiece>* writer) {
   if (grpc::Status s = Authorize(*context); !s.ok()) return s;
   auto record = store_->GetRecord(request->dataset_id());
   if (!record.ok()) return ToGrpcStatus(record.status());
-  const int64_t start = request->row_start();
-  int64_t count = request->row_count();
-  if (count < 0) {
-    return ToGrpcStatus(absl::InvalidArgumentError("row_count: negative"));
-  }
-  if (start < 0 || start > record->rows_committed) {
-    return ToGrpcStatus(absl::OutOfRangeError(absl::StrCat(
-        "row_start ", start, " is outside the ", record->rows_committed, " committed rows")));
-  }
-  if (count == 0) count = record->rows_committed - start;
-  if (count > record->rows_committed - start) {
-    return ToGrpcStatus(absl::OutOfRangeError(
-        absl::StrCat("rows [", start, ", ", start + count, ") reach past the ",
-                     record->rows_committed, " committed rows of dataset ", record->id)));
-  }
-  const int64_t end = start + count;
+  auto range = CommittedRange(*record, request->row_start(), request->row_count());
+  if (!range.ok()) return ToGrpcStatus(range.status());
+  const auto [start, end] = *range;
   const PieceLayout layout = LayoutFor(request->packed(), *record);
   for (int64_t at = start; at < end;) {
     if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
@@ -219,6 +228,44 @@ grpc::Status DatasetsService::ReadRows(grpc::ServerContext* context,
     }
     at += n;
   }
+  return grpc::Status::OK;
+}
+
+grpc::Status DatasetsService::ReadLatentFirings(
+    grpc::ServerContext* context, const latentd::v1::ReadLatentFiringsRequest* request,
+    grpc::ServerWriter<latentd::v1::LatentFiringsPiece>* writer) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  auto record = store_->GetRecord(request->dataset_id());
+  if (!record.ok()) return ToGrpcStatus(record.status());
+  auto range = CommittedRange(*record, request->row_start(), request->row_count());
+  if (!range.ok()) return ToGrpcStatus(range.status());
+  const auto [start, end] = *range;
+  std::vector<int64_t> rows;
+  std::vector<float> values;
+  latentd::v1::LatentFiringsPiece piece;
+  auto flush = [&]() {
+    const bool sent = piece.rows().empty() || writer->Write(piece);
+    piece.Clear();
+    return sent;
+  };
+  // Rows a window at a time, so memory follows the window however often the latent fires.
+  for (int64_t at = start; at < end; at += kFiringRowsPerRead) {
+    if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+    const absl::Status s =
+        store_->LatentPostings(request->dataset_id(), request->latent(), &rows, &values, at,
+                               std::min(end, at + kFiringRowsPerRead));
+    if (!s.ok()) return ToGrpcStatus(s);
+    for (size_t i = 0; i < rows.size();) {
+      const size_t n = std::min(rows.size() - i, kFiringsPerPiece - piece.rows().size() / 8);
+      piece.mutable_rows()->append(reinterpret_cast<const char*>(rows.data() + i), n * 8);
+      piece.mutable_values()->append(reinterpret_cast<const char*>(values.data() + i), n * 4);
+      i += n;
+      if (piece.rows().size() / 8 == kFiringsPerPiece && !flush()) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+      }
+    }
+  }
+  if (!flush()) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
   return grpc::Status::OK;
 }
 

@@ -53,6 +53,9 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
                         grpc::ServerWriter<latentd::v1::CsrPiece>* writer) override;
   grpc::Status GetLatent(grpc::ServerContext* context, const latentd::v1::GetLatentRequest* request,
                          latentd::v1::GetLatentResponse* response) override;
+  grpc::Status ReadLatentFirings(
+      grpc::ServerContext* context, const latentd::v1::ReadLatentFiringsRequest* request,
+      grpc::ServerWriter<latentd::v1::LatentFiringsPiece>* writer) override;
   grpc::Status ListLatents(grpc::ServerContext* context,
                            const latentd::v1::ListLatentsRequest* request,
                            latentd::v1::ListLatentsResponse* response) override;

@@ -870,6 +870,92 @@ TEST_F(DatasetsServiceTest, AnEncodedPromptTooLargeToReceiveIsRefusedWithTheNumb
   EXPECT_EQ(out.tokens(0).latents_size(), 10);
 }
 
+// Every firing of `latent` in rows [start, start + count) through ReadLatentFirings, and the
+// number of pieces they came in.
+struct Firings {
+  std::vector<int64_t> rows;
+  std::vector<float> values;
+  int pieces = 0;
+};
+Firings ReadFirings(latentd::v1::Datasets::Stub* stub, uint64_t id, int32_t latent,
+                    int64_t start = 0, int64_t count = 0, grpc::Status* status = nullptr) {
+  grpc::ClientContext ctx;
+  latentd::v1::ReadLatentFiringsRequest req;
+  req.set_dataset_id(id);
+  req.set_latent(latent);
+  req.set_row_start(start);
+  req.set_row_count(count);
+  auto reader = stub->ReadLatentFirings(&ctx, req);
+  Firings out;
+  latentd::v1::LatentFiringsPiece piece;
+  while (reader->Read(&piece)) {
+    ++out.pieces;
+    EXPECT_EQ(piece.rows().size() / 8, piece.values().size() / 4);
+    EXPECT_LE(piece.rows().size() / 8, size_t{1} << 18);
+    const size_t n = piece.rows().size() / 8;
+    const size_t at = out.rows.size();
+    out.rows.resize(at + n);
+    out.values.resize(at + n);
+    std::memcpy(out.rows.data() + at, piece.rows().data(), n * 8);
+    std::memcpy(out.values.data() + at, piece.values().data(), n * 4);
+  }
+  const grpc::Status s = reader->Finish();
+  if (status != nullptr) *status = s;
+  return out;
+}
+
+TEST_F(DatasetsServiceTest, ReadLatentFiringsStreamsEveryFiringInRowOrder) {
+  // 16 latents, all firing on each of 300000 rows: 300000 firings each, more than one piece.
+  const uint64_t id = MakeDataset("firings", 300000, 16);
+  auto all = store_->ReadRows(id, 0, 0);
+  ASSERT_TRUE(all.ok());
+  for (int32_t latent : {0, 9}) {
+    std::vector<int64_t> want_rows;
+    std::vector<float> want_values;
+    for (int64_t r = 0; r < 300000; ++r) {
+      for (int64_t i = all->indptr[r]; i < all->indptr[r + 1]; ++i) {
+        if (all->indices[i] != latent) continue;
+        want_rows.push_back(r);
+        want_values.push_back(all->values[i]);
+      }
+    }
+    grpc::Status s;
+    Firings got = ReadFirings(stub_.get(), id, latent, 0, 0, &s);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(got.pieces, 2);  // 262144 + 37856
+    EXPECT_EQ(got.rows, want_rows);
+    EXPECT_EQ(got.values, want_values);
+    // A range, across a commit and a store read window.
+    got = ReadFirings(stub_.get(), id, latent, 1000, 5000, &s);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    std::vector<int64_t> want_range;
+    for (int64_t r : want_rows) {
+      if (r >= 1000 && r < 6000) want_range.push_back(r);
+    }
+    EXPECT_EQ(got.rows, want_range);
+  }
+  // A latent of a sparser dataset: only its rows.
+  const uint64_t sparse = MakeDataset("sparse-firings", 500, 512);
+  auto rows = store_->ReadRows(sparse, 0, 0);
+  std::vector<int64_t> want;
+  for (int64_t r = 0; r < 500; ++r) {
+    for (int64_t i = rows->indptr[r]; i < rows->indptr[r + 1]; ++i) {
+      if (rows->indices[i] == 77) want.push_back(r);
+    }
+  }
+  EXPECT_EQ(ReadFirings(stub_.get(), sparse, 77).rows, want);
+
+  grpc::Status s;
+  ReadFirings(stub_.get(), sparse, 512, 0, 0, &s);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  ReadFirings(stub_.get(), sparse, 3, 400, 101, &s);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE) << s.error_message();
+  ReadFirings(stub_.get(), sparse, 3, 0, -1, &s);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  ReadFirings(stub_.get(), 999, 3, 0, 0, &s);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+}
+
 TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
   AddPlaneSaeJob(dir_, 42, &jobs_);  // GetLatentWeights reads real weights
   const uint64_t id = MakeDataset("hostile", 300, 512, storage::ValueDtype::kFloat16, 42);
@@ -903,12 +989,12 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
                                        (dir_ / "exports" / ".." / "x.npz").string()};
   std::map<grpc::StatusCode, int> seen;
   int weights_answered = 0, prompts_answered = 0;
-  for (int i = 0; i < 640; ++i) {
+  for (int i = 0; i < 720; ++i) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     grpc::Status status;
     std::string what;
-    switch (i % 8) {
+    switch (i % 9) {
       case 0: {
         latentd::v1::ReadRowsRequest req;
         req.set_dataset_id(dataset());
@@ -1045,6 +1131,17 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
           EXPECT_EQ(resp.tokens_size(), n) << what;
           EXPECT_LE(resp.top_latents_size(), 1000) << what;
         }
+        break;
+      }
+      case 8: {
+        const uint64_t dataset_id = dataset();
+        const int32_t latent = int32_of();
+        const int64_t start = pick(ints), count = pick(ints);
+        what = absl::StrCat("ReadLatentFirings ", dataset_id, " latent ", latent, " rows ", start,
+                            " + ", count);
+        Firings got = ReadFirings(stub_.get(), dataset_id, latent, start, count, &status);
+        for (int64_t r : got.rows) ASSERT_TRUE(r >= 0 && r < 300) << what;
+        EXPECT_TRUE(std::is_sorted(got.rows.begin(), got.rows.end())) << what;
         break;
       }
     }

@@ -1241,11 +1241,15 @@ absl::StatusOr<std::vector<ActivationInterval>> ChunkStore::IntervalSamples(
 }
 
 absl::Status ChunkStore::LatentPostings(uint64_t id, int32_t latent, std::vector<int64_t>* rows,
-                                        std::vector<float>* values) const {
+                                        std::vector<float>* values, int64_t row_begin,
+                                        int64_t row_end) const {
+  if (row_begin < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("row_begin: ", row_begin, " is negative"));
+  }
   SnapshotHolder snap(db_->raw());
   ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
   RETURN_IF_ERROR(CheckLatentQuery(rec, id, latent));
-  return LatentPostingsAt(snap.get(), rec, latent, 0, rec.rows_committed, rows, values);
+  return LatentPostingsAt(snap.get(), rec, latent, row_begin, row_end, rows, values);
 }
 
 absl::Status ChunkStore::LatentPostingsAt(const rocksdb::Snapshot* snap, const DatasetRecord& rec,

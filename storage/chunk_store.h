@@ -238,11 +238,13 @@ class ChunkStore {
                                                                   int32_t per_interval,
                                                                   int32_t before,
                                                                   int32_t after) const;
-  // Every committed row where the latent fires, ascending, with its value: one small read per
-  // chunk (format 3) or one range read of the postings (format 2). FAILED_PRECONDITION for a
-  // format-2 dataset created without postings.
+  // Every committed row in [row_begin, row_end) where the latent fires, ascending, with its
+  // value: one small read per chunk (format 3) or one range read of the postings (format 2).
+  // The range is clipped to the committed rows; INVALID_ARGUMENT for a negative row_begin.
+  // FAILED_PRECONDITION for a format-2 dataset created without postings.
   absl::Status LatentPostings(uint64_t id, int32_t latent, std::vector<int64_t>* rows,
-                              std::vector<float>* values) const;
+                              std::vector<float>* values, int64_t row_begin = 0,
+                              int64_t row_end = INT64_MAX) const;
 
   // The writer of a dataset, resuming at its watermark. FAILED_PRECONDITION if another writer
   // of the dataset is open or the dataset is complete.

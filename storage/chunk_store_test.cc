@@ -273,6 +273,12 @@ TEST_P(ChunkStoreTest, StatisticsTopNAndPostingsMatchBruteForce) {
       by_latent[all.indices[i]].emplace_back(r, HalfToFloat(FloatToHalf(all.values[i])));
     }
   }
+  {
+    std::vector<int64_t> rows;
+    std::vector<float> values;
+    EXPECT_EQ(store_->LatentPostings(id, 3, &rows, &values, -1, 10).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
   int dead = 0;
   for (int32_t l = 0; l < 64; ++l) {
     auto& want = by_latent[l];
@@ -292,6 +298,17 @@ TEST_P(ChunkStoreTest, StatisticsTopNAndPostingsMatchBruteForce) {
     for (size_t i = 0; i < rows.size(); ++i) {
       EXPECT_EQ(rows[i], want[i].first);
       EXPECT_EQ(values[i], want[i].second);
+    }
+    // A row range (inside a commit, across commits, past the end) holds exactly its firings.
+    for (const auto& [begin, end] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, 1}, {37, 200}, {125, 250}, {total - 5, INT64_MAX}, {total, total + 10}}) {
+      ASSERT_TRUE(store_->LatentPostings(id, l, &rows, &values, begin, end).ok());
+      std::vector<std::pair<int64_t, float>> got, in_range;
+      for (size_t i = 0; i < rows.size(); ++i) got.emplace_back(rows[i], values[i]);
+      for (const auto& f : want) {
+        if (f.first >= begin && f.first < end) in_range.push_back(f);
+      }
+      EXPECT_EQ(got, in_range) << "latent " << l << " rows [" << begin << ", " << end << ")";
     }
     auto sorted = want;
     std::sort(sorted.begin(), sorted.end(), [](auto& a, auto& b) {

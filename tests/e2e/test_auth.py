@@ -42,6 +42,9 @@ class Auth(DaemonTestCase):
         with self.assertRaises(grpc.RpcError) as ctx:
             client.encode_prompt(1, [1, 2])
         self.assertEqual(ctx.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+        with self.assertRaises(grpc.RpcError) as ctx:
+            client.latent_firings(1, 0)
+        self.assertEqual(ctx.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
 
     def test_rpcs_need_the_token(self):
         self.assert_unauthenticated(Client(self.daemon.address))

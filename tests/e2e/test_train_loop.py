@@ -178,6 +178,22 @@ class TrainLoop(DaemonTestCase):
             c.export(dataset, "loop.csv", format="csv")
         # The SAE at a glance: counts from the stored statistics equal the rows' own columns.
         counts = numpy.bincount(whole.indices, minlength=whole.shape[1])
+        # Every firing of a latent, latent-major: the column of the rows, in row order.
+        for j in (5, int(numpy.argmax(counts))):
+            firing_rows, firing_values = c.latent_firings(dataset, j)
+            column = whole[:, j].tocoo()
+            order = numpy.argsort(column.row)
+            self.assertEqual(firing_rows.tolist(), column.row[order].tolist())
+            numpy.testing.assert_array_equal(firing_values, column.data[order])
+        part_rows, _ = c.latent_firings(dataset, 5, row_start=100, row_count=300)
+        self.assertEqual(part_rows.tolist(),
+                         [r for r in c.latent_firings(dataset, 5)[0] if 100 <= r < 400])
+        shown = daemon.latentctl("firings", str(dataset), "5", "--count=200")
+        self.assertEqual(shown.stdout.split(),
+                         [w for r, v in zip(*c.latent_firings(dataset, 5, row_count=200))
+                          for w in (str(r), "%.6g" % v)])
+        self.assertIn("latent 5: %d firings" % len(c.latent_firings(dataset, 5, row_count=200)[0]),
+                      shown.stderr)
         glance = c.list_latents(dataset, order="frequent", limit=whole.shape[1])
         self.assertEqual((glance.rows, glance.d_sae), whole.shape)
         self.assertEqual(glance.dead_latents, int((counts == 0).sum()))
