@@ -154,7 +154,9 @@ TEST_F(DatasetModelsTest, NeighboursAndLogitsOfAResidualStreamSae) {
     EXPECT_NE(n.index, 0);
     EXPECT_NE(n.index, 2);
     EXPECT_NEAR(n.score, Cosine(w.W_dec[n.index], w.W_dec[0]), 1e-5);
-    if (r > 0) EXPECT_GE(got->neighbors[r - 1].score, n.score);
+    if (r > 0) {
+      EXPECT_GE(got->neighbors[r - 1].score, n.score);
+    }
   }
   // Every latent not listed is no nearer than the last one listed.
   std::set<int64_t> listed;
@@ -404,7 +406,9 @@ TEST_F(DatasetModelsTest, APromptGetsTheLatentsTheModelAndSaeGiveIt) {
     EXPECT_GT(token.active, 0);
     for (size_t e = 0; e < token.latents.size(); ++e) {
       EXPECT_NEAR(token.latents[e].score, z[r][token.latents[e].index].item<float>(), 1e-5);
-      if (e > 0) EXPECT_GE(token.latents[e - 1].score, token.latents[e].score);
+      if (e > 0) {
+        EXPECT_GE(token.latents[e - 1].score, token.latents[e].score);
+      }
       float& m = max_value[token.latents[e].index];
       m = std::max(m, token.latents[e].score);
     }
@@ -416,7 +420,9 @@ TEST_F(DatasetModelsTest, APromptGetsTheLatentsTheModelAndSaeGiveIt) {
     EXPECT_EQ(l.max_value, max_value[l.latent]);
     EXPECT_NEAR(z[l.position][l.latent].item<float>(), l.max_value, 1e-5);
     EXPECT_EQ(l.positions, (z.select(1, l.latent) > 0).sum().item<int64_t>());
-    if (i > 0) EXPECT_GE(got->top[i - 1].max_value, l.max_value);
+    if (i > 0) {
+      EXPECT_GE(got->top[i - 1].max_value, l.max_value);
+    }
   }
   // Defaults: 10 latents per token at most (k is 4 here), 20 over the prompt.
   q.latents_per_token = 2;

@@ -4,6 +4,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_builder.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -129,7 +130,10 @@ absl::Status Daemon::Start() {
   datasets_options.artifact_dir = env.artifact_dir;
   JobManager* manager = state->manager.get();
   datasets_options.unfinished_jobs = [manager] { return manager->UnfinishedJobs(); };
-  state->dataset_models = std::make_unique<engine::DatasetModels>(MakeExtractEnv(env));
+  engine::DatasetModelsOptions models_options;
+  models_options.cache_bytes = std::max<int64_t>(0, options_.dataset_models_cache_mb) << 20;
+  state->dataset_models =
+      std::make_unique<engine::DatasetModels>(MakeExtractEnv(env), models_options);
   datasets_options.dataset_models = state->dataset_models.get();
   state->datasets_service = std::make_unique<DatasetsService>(
       state->chunk_store.get(), state->artifacts.get(), std::move(datasets_options), &state->auth);

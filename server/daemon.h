@@ -37,6 +37,9 @@ struct DaemonOptions {
   // RocksDB block cache shared by every family, in MiB: what repeated dataset queries (row
   // ranges, latent scans, top-N contexts) find in memory. Default 256; at least 1.
   int64_t block_cache_mb = 256;
+  // Memory for the SAEs and models GetLatentWeights and EncodePrompt keep loaded between calls
+  // (engine::DatasetModelsOptions::cache_bytes), in MiB. Default 2048; 0 keeps nothing.
+  int64_t dataset_models_cache_mb = 2048;
 };
 
 // $XDG_DATA_HOME/latentd, else $HOME/.local/share/latentd.

@@ -795,7 +795,9 @@ TEST_F(DatasetsServiceTest, EncodePromptConvertsTokensAndTopLatents) {
     ASSERT_EQ(t.values_size(), t.latents_size());
     for (int e = 0; e < t.latents_size(); ++e) {
       EXPECT_GT(t.values(e), 0.0f);
-      if (e > 0) EXPECT_GE(t.values(e - 1), t.values(e));
+      if (e > 0) {
+        EXPECT_GE(t.values(e - 1), t.values(e));
+      }
       max_value[t.latents(e)] = std::max(max_value[t.latents(e)], t.values(e));
     }
   }

@@ -27,6 +27,8 @@ ABSL_FLAG(std::string, port_file, "",
 ABSL_FLAG(int, grace_seconds, 5, "how long in-flight RPCs may run on after SIGTERM");
 ABSL_FLAG(int64_t, block_cache_mb, 256,
           "RocksDB block cache in MiB, shared by every dataset query");
+ABSL_FLAG(int64_t, dataset_models_cache_mb, 2048,
+          "MiB of SAEs and models kept loaded for GetLatentWeights and EncodePrompt (0: none)");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("latentd: the Latentd daemon (see README.md)");
@@ -52,6 +54,7 @@ int main(int argc, char** argv) {
   options.export_root = absl::GetFlag(FLAGS_export_root);
   options.grace = absl::Seconds(absl::GetFlag(FLAGS_grace_seconds));
   options.block_cache_mb = absl::GetFlag(FLAGS_block_cache_mb);
+  options.dataset_models_cache_mb = absl::GetFlag(FLAGS_dataset_models_cache_mb);
 
   latentd::server::Daemon daemon(options);
   if (absl::Status s = daemon.Start(); !s.ok()) {

@@ -126,18 +126,23 @@ class DatasetModelsTest(DaemonTestCase):
         self.assertEqual(bad.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
         self.assertIn("token_ids[1]", bad.exception.details())
 
-        # The model file changes after the dataset was made: after a restart (the daemon keeps
-        # the weights it verified while they stay cached) the neighbours still come, the logits
-        # do not, and a prompt is refused rather than encoded by other weights.
+        # The model file changes after the dataset was made: the daemon keeps serving the
+        # weights it verified while they stay cached; after a restart that keeps none
+        # (--dataset_models_cache_mb=0) the neighbours still come, the logits do not, and a
+        # prompt is refused rather than encoded by other weights.
         torch.manual_seed(5)
         torch.jit.script(CausalLM().eval()).save(model_path)
+        self.assertEqual(c.latent_weights(dataset, 6, top_n=5).logits_source, "lm_head.weight")
         daemon.stop()
+        daemon.extra_args.append("--dataset_models_cache_mb=0")
         daemon.start()
         c = daemon.client()
         weights = c.latent_weights(dataset, 6, top_n=5)
         self.assertEqual(weights.neighbors[0].latent, 7)
         self.assertEqual(len(weights.positive_logits), 0)
         self.assertIn("changed since the dataset was made", weights.logits_unavailable)
+        self.assertEqual(c.latent_weights(dataset, 6).logits_unavailable,
+                         weights.logits_unavailable)
         with self.assertRaises(grpc.RpcError) as changed:
             c.encode_prompt(dataset, tokens[1:4])
         self.assertEqual(changed.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
