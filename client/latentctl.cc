@@ -569,15 +569,19 @@ bool WriteHtmlFlag(const std::string& path, const std::string& html) {
   return true;
 }
 
-// Every firing of one latent (ReadLatentFirings) in --start/--count: "row value" lines, or with
-// --json {"rows": [...], "values": [...]}; a count line on stderr.
+// Every firing of one latent (ReadLatentFirings) in --start/--count: "row value" lines (with
+// --vocab also the row's token), or with --json {"rows": [...], "values": [...]}; a count line
+// on stderr.
 int Firings(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
   int latent = -1;
   if (!ParseId(args, 1, &id) || args.size() < 3 || !absl::SimpleAtoi(args[2], &latent)) {
     return Usage("firings needs a dataset id and a latent index");
   }
+  std::optional<Vocabulary> vocab;
+  if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
   v1::ReadLatentFiringsRequest request;
+  request.set_token_ids(vocab.has_value());
   request.set_dataset_id(id);
   request.set_latent(latent);
   request.set_row_start(absl::GetFlag(FLAGS_start));
@@ -598,6 +602,11 @@ int Firings(Client& client, const std::vector<std::string>& args) {
       if (json) {
         absl::StrAppend(&rows_json, total + i > 0 ? "," : "", row);
         absl::StrAppendFormat(&values_json, "%s%.9g", total + i > 0 ? "," : "", value);
+      } else if (vocab) {
+        int32_t token;
+        std::memcpy(&token, piece.token_ids().data() + i * sizeof(token), sizeof(token));
+        std::printf("%lld %.6g %s\n", static_cast<long long>(row), value,
+                    TokenCell(token, vocab).c_str());
       } else {
         std::printf("%lld %.6g\n", static_cast<long long>(row), value);
       }
@@ -1246,8 +1255,9 @@ datasets:
                                  interval samples, the N tokens it fires on most, where in
                                  its sequences it fires; --vocab shows text, --html a page
                                  where each token is shaded by the latent's value on it
-  firings ID J [--start=R] [--count=N]   every row where latent J fires, with its value
-                                 (latent-major: reads the latent's runs only)
+  firings ID J [--start=R] [--count=N] [--vocab=F]
+                                 every row where latent J fires, with its value (and with
+                                 --vocab its token; latent-major: reads the latent's runs only)
   latents ID [--order=latent|frequent|rare|max|mean] [--limit=N] [--offset=N]
              [--min_count=C] [--max_count=C] [--plot=FILE.png]
                                  the SAE at a glance: latents ranked, dead count, density plot

@@ -34,9 +34,11 @@ constexpr int64_t kContextTokenBytes = 9;
 constexpr int64_t kWindowBytes = 64;
 // Rows fetched from the store per read while streaming (bounds server memory per stream).
 constexpr int64_t kRowsPerRead = 16384;
-// ReadLatentFirings: rows scanned per store read, and firings per piece (12 B each: 3 MiB).
+// ReadLatentFirings: rows scanned per store read, and payload bytes per piece (2^18 firings of
+// 12 B, 196608 of 16 B with token ids: well under a client's 4 MiB).
 constexpr int64_t kFiringRowsPerRead = int64_t{1} << 20;
-constexpr size_t kFiringsPerPiece = size_t{1} << 18;
+constexpr size_t kFiringPieceBytes = size_t{3} << 20;
+constexpr int64_t kTokenSpanRows = 4096;
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "packed pieces copy host words as they are");
@@ -242,6 +244,8 @@ grpc::Status DatasetsService::ReadLatentFirings(
   const auto [start, end] = *range;
   std::vector<int64_t> rows;
   std::vector<float> values;
+  std::vector<int32_t> tokens, span;
+  const size_t per_piece = kFiringPieceBytes / (request->token_ids() ? 16 : 12);
   latentd::v1::LatentFiringsPiece piece;
   auto flush = [&]() {
     const bool sent = piece.rows().empty() || writer->Write(piece);
@@ -255,12 +259,29 @@ grpc::Status DatasetsService::ReadLatentFirings(
         store_->LatentPostings(request->dataset_id(), request->latent(), &rows, &values, at,
                                std::min(end, at + kFiringRowsPerRead));
     if (!s.ok()) return ToGrpcStatus(s);
+    if (request->token_ids()) {
+      // Token ids of spans of at most kTokenSpanRows rows starting at a firing: a latent that
+      // fires everywhere reads each row's id once, a rare one only near its firings.
+      tokens.resize(rows.size());
+      for (size_t i = 0; i < rows.size();) {
+        size_t j = i + 1;
+        while (j < rows.size() && rows[j] - rows[i] < kTokenSpanRows) ++j;
+        const absl::Status t =
+            store_->ReadTokens(request->dataset_id(), rows[i], rows[j - 1] - rows[i] + 1, &span);
+        if (!t.ok()) return ToGrpcStatus(t);
+        for (size_t k = i; k < j; ++k) tokens[k] = span[rows[k] - rows[i]];
+        i = j;
+      }
+    }
     for (size_t i = 0; i < rows.size();) {
-      const size_t n = std::min(rows.size() - i, kFiringsPerPiece - piece.rows().size() / 8);
+      const size_t n = std::min(rows.size() - i, per_piece - piece.rows().size() / 8);
       piece.mutable_rows()->append(reinterpret_cast<const char*>(rows.data() + i), n * 8);
       piece.mutable_values()->append(reinterpret_cast<const char*>(values.data() + i), n * 4);
+      if (request->token_ids()) {
+        piece.mutable_token_ids()->append(reinterpret_cast<const char*>(tokens.data() + i), n * 4);
+      }
       i += n;
-      if (piece.rows().size() / 8 == kFiringsPerPiece && !flush()) {
+      if (piece.rows().size() / 8 == per_piece && !flush()) {
         return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
       }
     }

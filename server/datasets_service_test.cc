@@ -877,29 +877,37 @@ TEST_F(DatasetsServiceTest, AnEncodedPromptTooLargeToReceiveIsRefusedWithTheNumb
 struct Firings {
   std::vector<int64_t> rows;
   std::vector<float> values;
+  std::vector<int32_t> token_ids;  // with token_ids
   int pieces = 0;
 };
 Firings ReadFirings(latentd::v1::Datasets::Stub* stub, uint64_t id, int32_t latent,
-                    int64_t start = 0, int64_t count = 0, grpc::Status* status = nullptr) {
+                    int64_t start = 0, int64_t count = 0, grpc::Status* status = nullptr,
+                    bool token_ids = false) {
   grpc::ClientContext ctx;
   latentd::v1::ReadLatentFiringsRequest req;
   req.set_dataset_id(id);
   req.set_latent(latent);
   req.set_row_start(start);
   req.set_row_count(count);
+  req.set_token_ids(token_ids);
   auto reader = stub->ReadLatentFirings(&ctx, req);
   Firings out;
   latentd::v1::LatentFiringsPiece piece;
   while (reader->Read(&piece)) {
     ++out.pieces;
     EXPECT_EQ(piece.rows().size() / 8, piece.values().size() / 4);
-    EXPECT_LE(piece.rows().size() / 8, size_t{1} << 18);
+    EXPECT_LE(piece.rows().size() / 8, token_ids ? size_t{196608} : size_t{1} << 18);
     const size_t n = piece.rows().size() / 8;
     const size_t at = out.rows.size();
     out.rows.resize(at + n);
     out.values.resize(at + n);
     std::memcpy(out.rows.data() + at, piece.rows().data(), n * 8);
     std::memcpy(out.values.data() + at, piece.values().data(), n * 4);
+    EXPECT_EQ(piece.token_ids().size(), token_ids ? n * 4 : 0);
+    if (token_ids) {
+      out.token_ids.resize(at + n);
+      std::memcpy(out.token_ids.data() + at, piece.token_ids().data(), n * 4);
+    }
   }
   const grpc::Status s = reader->Finish();
   if (status != nullptr) *status = s;
@@ -946,6 +954,19 @@ TEST_F(DatasetsServiceTest, ReadLatentFiringsStreamsEveryFiringInRowOrder) {
     }
   }
   EXPECT_EQ(ReadFirings(stub_.get(), sparse, 77).rows, want);
+  // With each firing row's token id (spans of rows far apart and close together).
+  grpc::Status with_tokens;
+  const Firings tokens = ReadFirings(stub_.get(), sparse, 77, 0, 0, &with_tokens, true);
+  ASSERT_TRUE(with_tokens.ok()) << with_tokens.error_message();
+  ASSERT_EQ(tokens.rows, want);
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(tokens.token_ids[i], rows->token_ids[want[i]]) << "row " << want[i];
+  }
+  const Firings dense_tokens = ReadFirings(stub_.get(), id, 3, 0, 0, &with_tokens, true);
+  ASSERT_TRUE(with_tokens.ok()) << with_tokens.error_message();
+  ASSERT_EQ(dense_tokens.token_ids.size(), size_t{300000});
+  EXPECT_EQ(dense_tokens.pieces, 2);                  // 196608 + 103392
+  EXPECT_EQ(dense_tokens.token_ids, all->token_ids);  // latent 3 fires on every row
 
   grpc::Status s;
   ReadFirings(stub_.get(), sparse, 512, 0, 0, &s);

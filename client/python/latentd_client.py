@@ -187,19 +187,23 @@ class Client:
                                                 top_tokens=top_tokens, positions=positions)
         return self.datasets.GetLatent(request, metadata=self.metadata, timeout=self.timeout)
 
-    def latent_firings(self, dataset_id, latent, row_start=0, row_count=0):
+    def latent_firings(self, dataset_id, latent, row_start=0, row_count=0, token_ids=False):
         """Every row where the latent fires, ascending, and its value there: (rows int64,
-        values float32) numpy arrays, read latent-major (the latent's runs only, streamed).
-        E.g. its activation over the dataset: a = np.zeros(n); a[rows] = values."""
+        values float32) numpy arrays, read latent-major (the latent's runs only, streamed), and
+        with token_ids=True a third array, each firing row's token id. E.g. its activation over
+        the dataset: a = np.zeros(n); a[rows] = values."""
         import numpy as np
 
-        request = datasets_pb2.ReadLatentFiringsRequest(dataset_id=dataset_id, latent=latent,
-                                                        row_start=row_start, row_count=row_count)
-        rows, values = [], []
+        request = datasets_pb2.ReadLatentFiringsRequest(
+            dataset_id=dataset_id, latent=latent, row_start=row_start, row_count=row_count,
+            token_ids=token_ids)
+        rows, values, tokens = [], [], []
         for piece in self.datasets.ReadLatentFirings(request, metadata=self.metadata):
             rows.append(np.frombuffer(piece.rows, "<i8"))
             values.append(np.frombuffer(piece.values, "<f4"))
-        return _concat(rows, np.int64), _concat(values, np.float32)
+            tokens.append(np.frombuffer(piece.token_ids, "<i4"))
+        out = (_concat(rows, np.int64), _concat(values, np.float32))
+        return out + (_concat(tokens, np.int32),) if token_ids else out
 
     _LATENT_ORDERS = {"latent": "BY_LATENT", "frequent": "MOST_FREQUENT", "rare": "LEAST_FREQUENT",
                       "max": "HIGHEST_MAX", "mean": "HIGHEST_MEAN"}

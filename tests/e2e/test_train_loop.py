@@ -185,6 +185,8 @@ class TrainLoop(DaemonTestCase):
             order = numpy.argsort(column.row)
             self.assertEqual(firing_rows.tolist(), column.row[order].tolist())
             numpy.testing.assert_array_equal(firing_values, column.data[order])
+        firing_rows, _, firing_tokens = c.latent_firings(dataset, 5, token_ids=True)
+        self.assertEqual(firing_tokens.tolist(), whole_tokens[firing_rows].tolist())
         part_rows, _ = c.latent_firings(dataset, 5, row_start=100, row_count=300)
         self.assertEqual(part_rows.tolist(),
                          [r for r in c.latent_firings(dataset, 5)[0] if 100 <= r < 400])
