@@ -360,6 +360,13 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual(shown_html.count("outline"), len(shown_top))
         self.assertEqual(shown_html.count('<span style="background'), 12 * len(shown_top))
         self.assertIn("latent %d (" % shown_top[0].latent, shown_html)
+        # latentctl firings --vocab: each firing row with its token's text.
+        shown = daemon.latentctl("firings", str(dataset), "5", "--count=300",
+                                 "--vocab=" + vocab_path).stdout.splitlines()
+        rows5, values5, tokens5 = c.latent_firings(dataset, 5, row_count=300, token_ids=True)
+        self.assertEqual(len(shown), len(rows5))
+        for line, r, v, t in zip(shown, rows5, values5, tokens5):
+            self.assertEqual(line, '%d %.6g "%s"' % (r, v, text(t)))
         # latentctl token takes the token's text with --vocab.
         if list(vocab.values()).count(vocab[token]) == 1:
             shown = daemon.latentctl("token", str(dataset), text(token).replace("\u21b5", "\n"),
