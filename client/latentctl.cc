@@ -91,7 +91,9 @@ ABSL_FLAG(std::string, order, "latent",
           "index)");
 ABSL_FLAG(int, limit, 20,
           "latents, dashboard, cofiring, token: latents to show; weights: neighbours and logits; "
-          "prompt: top latents over the prompt");
+          "prompt: top latents over the prompt; compare: the latents matched worst");
+ABSL_FLAG(int64_t, sample, 0,
+          "compare: compare this many of the first SAE's latents, evenly spread (0: all)");
 ABSL_FLAG(int64_t, offset, 0, "latents, dashboard: skip this many in the order");
 ABSL_FLAG(int64_t, min_count, 0,
           "latents: only latents firing at least this often; cofiring/token: at least this "
@@ -816,6 +818,58 @@ int Prompt(Client& client, const std::vector<std::string>& args) {
   return 0;
 }
 
+// How far two datasets' SAEs learned the same directions (CompareSaes): the mean best cosine,
+// its histogram, and the --limit latents of the first SAE the second matches worst.
+int Compare(Client& client, const std::vector<std::string>& args) {
+  uint64_t id, other;
+  if (!ParseId(args, 1, &id) || !ParseId(args, 2, &other)) {
+    return Usage("compare needs two dataset ids");
+  }
+  v1::CompareSaesRequest request;
+  request.set_dataset_id(id);
+  request.set_other_dataset_id(other);
+  request.set_sample(absl::GetFlag(FLAGS_sample));
+  v1::CompareSaesResponse response;
+  grpc::Status status = client.datasets()->CompareSaes(client.Context().get(), request, &response);
+  if (!status.ok()) return RpcError(status);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(response).c_str());
+    return 0;
+  }
+  const size_t n = static_cast<size_t>(response.compared());
+  std::vector<int32_t> latents(n), best(n);
+  std::vector<float> cosines(n);
+  std::memcpy(latents.data(), response.latents().data(), n * sizeof(int32_t));
+  std::memcpy(best.data(), response.best_latents().data(), n * sizeof(int32_t));
+  std::memcpy(cosines.data(), response.best_cosines().data(), n * sizeof(float));
+  std::printf(
+      "dataset %llu's SAE against dataset %llu's: %zu latents compared, mean best decoder "
+      "cosine %.4f\nbest cosine:\n",
+      static_cast<unsigned long long>(id), static_cast<unsigned long long>(other), n,
+      response.mean_best_cosine());
+  const int bins = response.histogram_size();
+  const int64_t peak =
+      bins > 0 ? *std::max_element(response.histogram().begin(), response.histogram().end()) : 0;
+  for (int b = 0; b < bins; ++b) {
+    std::printf("  [%+.2f, %+.2f%c %-41s %lld\n", -1.0 + 2.0 * b / bins,
+                -1.0 + 2.0 * (b + 1) / bins, b + 1 == bins ? ']' : ')',
+                Bar(response.histogram(b), peak).c_str(),
+                static_cast<long long>(response.histogram(b)));
+  }
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  const size_t shown = std::min(n, static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_limit))));
+  std::partial_sort(order.begin(), order.begin() + shown, order.end(), [&](size_t a, size_t b) {
+    return cosines[a] != cosines[b] ? cosines[a] < cosines[b] : latents[a] < latents[b];
+  });
+  std::printf("matched worst (the first SAE's directions the second lacks):\n%-8s %-8s %s\n",
+              "LATENT", "NEAREST", "COSINE");
+  for (size_t i = 0; i < shown; ++i) {
+    std::printf("%-8d %-8d %.4f\n", latents[order[i]], best[order[i]], cosines[order[i]]);
+  }
+  return 0;
+}
+
 int Latent(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
   int latent = -1;
@@ -1266,8 +1320,8 @@ datasets:
                                  a static HTML dashboard: DIR/index.html (density histogram,
                                  the listed latents and their top tokens) and a page per
                                  latent (examples shaded by value, interval samples, tokens,
-                                 positions, the latents it fires with, its
-                                 direct logits and decoder neighbours)
+                                 positions, the latents it fires with, its direct logits
+                                 and decoder neighbours)
   weights ID J [--limit=N] [--vocab=F] [--unembedding=NAME]
                                  from the SAE and model that made the dataset: the tokens the
                                  latent's decoder direction raises and lowers most (direct
@@ -1278,6 +1332,10 @@ datasets:
                                  (tokens: ids, or with --vocab each one's text); --html: a
                                  page shading the prompt by each top latent (written into a
                                  dashboard directory, latents link to their pages)
+  compare ID OTHER [--sample=N] [--limit=N]
+                                 how far two datasets' SAEs learned the same directions: each
+                                 latent's nearest decoder direction in the other SAE (mean,
+                                 histogram), and the N matched worst
   cofiring ID J [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
                                  the latents that fire on the rows where latent J fires
   token ID T [--vocab=F] [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
@@ -1314,6 +1372,7 @@ int Run(const std::vector<std::string>& args) {
   if (command == "dashboard") return Dashboard(client, args);
   if (command == "weights") return Weights(client, args);
   if (command == "prompt") return Prompt(client, args);
+  if (command == "compare") return Compare(client, args);
   if (command == "cofiring") return OnRows(client, args, /*by_token=*/false);
   if (command == "token") return OnRows(client, args, /*by_token=*/true);
   if (command == "export") return Export(client, args);

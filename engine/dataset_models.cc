@@ -481,6 +481,83 @@ absl::StatusOr<LatentWeights> DatasetModels::ReadLatentWeights(const DatasetSour
   }
 }
 
+absl::StatusOr<SaeComparison> DatasetModels::CompareSaes(const DatasetSource& dataset,
+                                                         const DatasetSource& other,
+                                                         const SaeComparisonQuery& query) {
+  if (query.bins < 0 || query.bins > 1000) {
+    return absl::InvalidArgumentError("bins: must be in [0, 1000] (0: 20)");
+  }
+  if (query.sample < 0) return absl::InvalidArgumentError("sample: negative");
+  SaeComparison out;
+  if (!query.latents.empty()) {
+    out.latents = query.latents;
+    std::sort(out.latents.begin(), out.latents.end());
+    out.latents.erase(std::unique(out.latents.begin(), out.latents.end()), out.latents.end());
+    if (out.latents.front() < 0 || out.latents.back() >= dataset.d_sae) {
+      const int64_t bad = out.latents.front() < 0 ? out.latents.front() : out.latents.back();
+      return absl::InvalidArgumentError(absl::StrCat("latents: ", bad, " is outside [0, ",
+                                                     dataset.d_sae, ") of dataset ",
+                                                     dataset.dataset_id));
+    }
+  } else {
+    const int64_t n = query.sample > 0 ? std::min(query.sample, dataset.d_sae) : dataset.d_sae;
+    for (int64_t i = 0; i < n; ++i) out.latents.push_back(i * dataset.d_sae / n);
+  }
+  ASSIGN_OR_RETURN(const DatasetInputs inputs, impl_->InputsOf(dataset));
+  ASSIGN_OR_RETURN(const DatasetInputs other_inputs, impl_->InputsOf(other));
+  try {
+    ASSIGN_OR_RETURN(std::shared_ptr<const PreparedSae> a, impl_->SaeFor(dataset, inputs.sae_dir));
+    ASSIGN_OR_RETURN(std::shared_ptr<const PreparedSae> b,
+                     impl_->SaeFor(other, other_inputs.sae_dir));
+    const int64_t d_in = a->unit_dec.size(1);
+    if (b->unit_dec.size(1) != d_in) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("dataset ", dataset.dataset_id, "'s SAE reads d_in ", d_in, ", dataset ",
+                       other.dataset_id, "'s ", b->unit_dec.size(1),
+                       ": their directions live in different "
+                       "spaces"));
+    }
+    const int64_t width = b->unit_dec.size(0);
+    const int64_t n = static_cast<int64_t>(out.latents.size());
+    const int64_t budget = impl_->options.max_compare_macs;
+    if (n > budget / (width * d_in)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("comparing ", n, " latents with ", width, " of d_in ", d_in, " takes ",
+                       n * width * d_in, " multiply-adds, above ", budget,
+                       "; ask a sample of at most ", budget / (width * d_in), " latents"));
+    }
+    const at::Tensor picked =
+        a->unit_dec.index_select(0, at::tensor(out.latents, at::TensorOptions().dtype(at::kLong)));
+    out.best.resize(n);
+    out.best_cosine.resize(n);
+    // Blocks of compared latents, so the [block, width] cosines stay within 256 MiB.
+    const int64_t block = std::max<int64_t>(1, (int64_t{64} << 20) / width);
+    for (int64_t start = 0; start < n; start += block) {
+      const int64_t stop = std::min(n, start + block);
+      auto [values, indices] = picked.slice(0, start, stop).mm(b->unit_dec.t()).max(1);
+      const float* v = values.data_ptr<float>();
+      const int64_t* i = indices.data_ptr<int64_t>();
+      for (int64_t r = start; r < stop; ++r) {
+        out.best_cosine[r] = v[r - start];
+        out.best[r] = i[r - start];
+      }
+    }
+    const int bins = query.bins > 0 ? query.bins : 20;
+    out.histogram.assign(bins, 0);
+    double sum = 0;
+    for (float c : out.best_cosine) {
+      sum += c;
+      const int bin = static_cast<int>((std::clamp(c, -1.0f, 1.0f) + 1.0) / 2.0 * bins);
+      ++out.histogram[std::min(bin, bins - 1)];
+    }
+    out.mean_best_cosine = n > 0 ? sum / n : 0.0;
+    return out;
+  } catch (const c10::Error& e) {
+    return TorchErrorStatus(e, absl::StrCat("comparing the SAEs of datasets ", dataset.dataset_id,
+                                            " and ", other.dataset_id));
+  }
+}
+
 absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& dataset,
                                                           const PromptQuery& query) {
   const std::vector<int64_t>& ids = query.token_ids;

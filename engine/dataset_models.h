@@ -89,6 +89,20 @@ struct PromptLatents {
   std::vector<PromptLatent> top;    // by max value, ties by latent
 };
 
+struct SaeComparisonQuery {
+  std::vector<int64_t> latents;  // the first SAE's latents to match; empty: all, or a sample
+  int64_t sample = 0;            // with no latents: this many, evenly spread; 0: every latent
+  int bins = 0;                  // histogram bins over [-1, 1]; 0: 20, at most 1000
+};
+
+struct SaeComparison {
+  std::vector<int64_t> latents;    // compared, ascending
+  std::vector<int64_t> best;       // per compared latent: the other SAE's nearest latent
+  std::vector<float> best_cosine;  // and its decoder cosine
+  double mean_best_cosine = 0;
+  std::vector<int64_t> histogram;  // best cosines in equal bins over [-1, 1]
+};
+
 // Which weights made a dataset (from its metadata).
 struct DatasetSource {
   uint64_t dataset_id = 0;
@@ -107,6 +121,9 @@ struct DatasetModelsOptions {
   // decoder rows); more is RESOURCE_EXHAUSTED with the numbers instead of an allocation that
   // could take the daemon down. Default 0: the host's available memory at the time.
   int64_t memory_limit_bytes = 0;
+  // Work one CompareSaes call may do, in multiply-adds (compared latents x the other SAE's
+  // latents x d_in). Default 2^36, about 2 s on two cores.
+  int64_t max_compare_macs = int64_t{1} << 36;
 };
 
 // Thread-safe. Everything runs on the CPU: a weights query is two matrix-vector products, a
@@ -128,6 +145,17 @@ class DatasetModels {
   // A model that changed since, or has no unembedding, leaves the logits empty and says why.
   absl::StatusOr<LatentWeights> ReadLatentWeights(const DatasetSource& dataset,
                                                   const LatentWeightsQuery& query);
+
+  // How far two SAEs learned the same directions (two SAEs trained on the same activations
+  // with different optimizers, seeds or widths): for each compared latent of `dataset`'s SAE
+  // the latent of `other`'s SAE with the nearest decoder direction (cosine), their mean and
+  // histogram, the measure of SAE universality papers report. INVALID_ARGUMENT for a latent
+  // outside the first SAE, a negative sample, bins outside [0, 1000]; FAILED_PRECONDITION for
+  // SAEs of different d_in (their directions live in different spaces); RESOURCE_EXHAUSTED with
+  // the numbers above max_compare_macs (ask a sample).
+  absl::StatusOr<SaeComparison> CompareSaes(const DatasetSource& dataset,
+                                            const DatasetSource& other,
+                                            const SaeComparisonQuery& query);
 
   // The dataset's latents on a new prompt: its model and SAE (loaded on the CPU, checked against
   // the recorded hashes, cached) run over the tokens as EXTRACT ran over each sequence, with BOS

@@ -471,6 +471,87 @@ TEST_F(DatasetModelsTest, APromptGetsTheLatentsTheModelAndSaeGiveIt) {
   EXPECT_EQ(code({1}, 0, 99).code(), absl::StatusCode::kFailedPrecondition);  // no such job
 }
 
+TEST_F(DatasetModelsTest, ComparingSaesFindsEachLatentsNearestDirection) {
+  // B holds A's decoder rows in another order (slightly perturbed) and its own first rows.
+  const SaeWeights a = MakeWeights(16, 9);
+  const std::vector<int64_t> perm = {5, 11, 0, 7, 2, 9, 4, 1, 10, 3, 8, 6};
+  SaeWeights b = MakeWeights(16, 10);
+  for (int64_t j = 2; j < kDSae; ++j) {
+    b.W_dec[perm[j]] = a.W_dec[j] * 2.0 + 0.01 * at::randn({16});
+  }
+  const std::string hash_a = WriteSae(root_ + "/cmp_a", a);
+  const std::string hash_b = WriteSae(root_ + "/cmp_b", b);
+  AddReferenceJob(50, "blocks.1.hook_resid_post", root_ + "/cmp_a");
+  AddReferenceJob(51, "blocks.1.hook_resid_post", root_ + "/cmp_b");
+  const DatasetSource da{10, 50, hash_a, "", kDSae}, db{11, 51, hash_b, "", kDSae};
+  DatasetModels models(env_);
+  auto got = models.CompareSaes(da, db, {});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->latents.size(), static_cast<size_t>(kDSae));
+  double sum = 0;
+  for (size_t r = 0; r < got->latents.size(); ++r) {
+    const int64_t j = got->latents[r];
+    EXPECT_EQ(j, static_cast<int64_t>(r));
+    // The best match is the largest cosine with any of B's rows, whichever that is.
+    double best = -2;
+    int64_t arg = -1;
+    for (int64_t k = 0; k < kDSae; ++k) {
+      const double c = Cosine(a.W_dec[j], b.W_dec[k]);
+      if (c > best) best = c, arg = k;
+    }
+    EXPECT_EQ(got->best[r], arg) << "latent " << j;
+    EXPECT_NEAR(got->best_cosine[r], best, 1e-5);
+    if (j >= 2) {
+      EXPECT_EQ(got->best[r], perm[j]);
+      EXPECT_GT(got->best_cosine[r], 0.99);
+    }
+    sum += got->best_cosine[r];
+  }
+  EXPECT_NEAR(got->mean_best_cosine, sum / kDSae, 1e-6);
+  ASSERT_EQ(got->histogram.size(), 20u);
+  EXPECT_GE(got->histogram.back(), 10);  // the ten moved rows, cosine > 0.99 (0.9 to 1.0)
+  int64_t counted = 0;
+  for (int64_t c : got->histogram) counted += c;
+  EXPECT_EQ(counted, kDSae);
+
+  // A sample, explicit latents (sorted, duplicates dropped), bins.
+  SaeComparisonQuery q;
+  q.sample = 4;
+  q.bins = 4;
+  got = models.CompareSaes(da, db, q);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->latents, (std::vector<int64_t>{0, 3, 6, 9}));
+  EXPECT_EQ(got->histogram.size(), 4u);
+  q = {};
+  q.latents = {7, 3, 7};
+  got = models.CompareSaes(da, db, q);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->latents, (std::vector<int64_t>{3, 7}));
+  EXPECT_EQ(got->best, (std::vector<int64_t>{perm[3], perm[7]}));
+
+  // Bad input.
+  q.latents = {12};
+  EXPECT_EQ(models.CompareSaes(da, db, q).status().code(), absl::StatusCode::kInvalidArgument);
+  q = {};
+  q.sample = -1;
+  EXPECT_EQ(models.CompareSaes(da, db, q).status().code(), absl::StatusCode::kInvalidArgument);
+  q = {};
+  q.bins = 1001;
+  EXPECT_EQ(models.CompareSaes(da, db, q).status().code(), absl::StatusCode::kInvalidArgument);
+  // An SAE of another width of input.
+  const std::string hash_wide = WriteSae(root_ + "/cmp_wide", MakeWeights(32, 11));
+  AddReferenceJob(52, "blocks.1.mlp.hook_post", root_ + "/cmp_wide");
+  auto s = models.CompareSaes(da, {12, 52, hash_wide, "", kDSae}, {}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("d_in 16"), std::string::npos) << s;
+  // More work than allowed: the numbers, and how large a sample fits.
+  DatasetModelsOptions small;
+  small.max_compare_macs = 12 * 16 * 5;  // five latents' worth
+  s = DatasetModels(env_, small).CompareSaes(da, db, {}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("ask a sample of at most 5 latents"), std::string::npos) << s;
+}
+
 TEST_F(DatasetModelsTest, TheCacheKeepsWithinItsBudget) {
   const std::string dir = root_ + "/sae_cache";
   const std::string hash = WriteSae(dir, MakeWeights(16, 6));

@@ -543,6 +543,40 @@ grpc::Status DatasetsService::GetLatentWeights(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status DatasetsService::CompareSaes(grpc::ServerContext* context,
+                                          const latentd::v1::CompareSaesRequest* request,
+                                          latentd::v1::CompareSaesResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  auto source = ModelSource(request->dataset_id());
+  if (!source.ok()) return ToGrpcStatus(source.status());
+  auto other = ModelSource(request->other_dataset_id());
+  if (!other.ok()) return ToGrpcStatus(other.status());
+  engine::SaeComparisonQuery query;
+  query.latents.assign(request->latents().begin(), request->latents().end());
+  query.sample = request->sample();
+  query.bins = request->bins();
+  auto found = options_.dataset_models->CompareSaes(*source, *other, query);
+  if (!found.ok()) return ToGrpcStatus(found.status());
+  const size_t n = found->latents.size();
+  response->set_compared(static_cast<int64_t>(n));
+  response->set_mean_best_cosine(found->mean_best_cosine);
+  for (int64_t c : found->histogram) response->add_histogram(c);
+  std::vector<int32_t> latents(found->latents.begin(), found->latents.end());
+  std::vector<int32_t> best(found->best.begin(), found->best.end());
+  response->set_latents(reinterpret_cast<const char*>(latents.data()), n * sizeof(int32_t));
+  response->set_best_latents(reinterpret_cast<const char*>(best.data()), n * sizeof(int32_t));
+  response->set_best_cosines(reinterpret_cast<const char*>(found->best_cosine.data()),
+                             n * sizeof(float));
+  if (const size_t bytes = response->ByteSizeLong(); bytes > kMaxLatentAnswerBytes) {
+    response->Clear();
+    return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+        "CompareSaes would return ", bytes, " bytes for ", n, " latents, above the ",
+        kMaxLatentAnswerBytes, " a client receives by default: ask a sample of at most ",
+        kMaxLatentAnswerBytes / 12 - 1000, " latents")));
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status DatasetsService::EncodePrompt(grpc::ServerContext* context,
                                            const latentd::v1::EncodePromptRequest* request,
                                            latentd::v1::EncodePromptResponse* response) {

@@ -65,6 +65,9 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
   grpc::Status GetLatentWeights(grpc::ServerContext* context,
                                 const latentd::v1::GetLatentWeightsRequest* request,
                                 latentd::v1::GetLatentWeightsResponse* response) override;
+  grpc::Status CompareSaes(grpc::ServerContext* context,
+                           const latentd::v1::CompareSaesRequest* request,
+                           latentd::v1::CompareSaesResponse* response) override;
   grpc::Status EncodePrompt(grpc::ServerContext* context,
                             const latentd::v1::EncodePromptRequest* request,
                             latentd::v1::EncodePromptResponse* response) override;

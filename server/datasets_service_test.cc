@@ -979,6 +979,59 @@ TEST_F(DatasetsServiceTest, ReadLatentFiringsStreamsEveryFiringInRowOrder) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
 }
 
+TEST_F(DatasetsServiceTest, CompareSaesMatchesEachLatentToTheNearestDirection) {
+  AddPlaneSaeJob(dir_, 45, &jobs_);                // 512 latents at angles j / 100
+  WritePlaneSae((dir_ / "sae256").string(), 256);  // the first 256 of those angles
+  jobs_[46] = jobs_[45];
+  jobs_[46].mutable_spec()->mutable_extract()->mutable_sae()->set_path((dir_ / "sae256").string());
+  const uint64_t a = MakeDataset("plane-512", 16, 512, storage::ValueDtype::kFloat16, 45);
+  const uint64_t b = MakeDataset("plane-256", 16, 256, storage::ValueDtype::kFloat16, 46);
+  grpc::ClientContext ctx;
+  latentd::v1::CompareSaesRequest req;
+  req.set_dataset_id(a);
+  req.set_other_dataset_id(b);
+  req.set_bins(10);
+  latentd::v1::CompareSaesResponse resp;
+  grpc::Status s = stub_->CompareSaes(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(resp.compared(), 512);
+  ASSERT_EQ(resp.latents().size(), 512 * 4);
+  std::vector<int32_t> latents(512), best(512);
+  std::vector<float> cosines(512);
+  std::memcpy(latents.data(), resp.latents().data(), 512 * 4);
+  std::memcpy(best.data(), resp.best_latents().data(), 512 * 4);
+  std::memcpy(cosines.data(), resp.best_cosines().data(), 512 * 4);
+  double sum = 0;
+  for (int j = 0; j < 512; ++j) {
+    EXPECT_EQ(latents[j], j);
+    // Its own angle when B has it, else the nearest of B's (round the circle: 5.11 rad lies
+    // nearer 0 than 2.55).
+    int want = 0;
+    for (int k = 1; k < 256; ++k) {
+      if (std::cos((j - k) / 100.0) > std::cos((j - want) / 100.0) + 1e-9) want = k;
+    }
+    EXPECT_EQ(best[j], want) << "latent " << j;
+    EXPECT_NEAR(cosines[j], std::cos((j - want) / 100.0), 1e-5);
+    sum += cosines[j];
+  }
+  EXPECT_NEAR(resp.mean_best_cosine(), sum / 512, 1e-6);
+  ASSERT_EQ(resp.histogram_size(), 10);
+  EXPECT_GE(resp.histogram(9), 256);  // the shared angles: cosine 1
+
+  auto code = [&](uint64_t first, uint64_t second, int32_t sample) {
+    grpc::ClientContext c;
+    latentd::v1::CompareSaesRequest r;
+    r.set_dataset_id(first);
+    r.set_other_dataset_id(second);
+    r.set_sample(sample);
+    latentd::v1::CompareSaesResponse out;
+    return stub_->CompareSaes(&c, r, &out).error_code();
+  };
+  EXPECT_EQ(code(b, a, 16), grpc::StatusCode::OK);
+  EXPECT_EQ(code(a, 999, 0), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(code(a, b, -1), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
   AddPlaneSaeJob(dir_, 42, &jobs_);  // GetLatentWeights reads real weights
   const uint64_t id = MakeDataset("hostile", 300, 512, storage::ValueDtype::kFloat16, 42);

@@ -270,6 +270,23 @@ class Client:
             latents_per_token=latents_per_token, top_latents=top_latents)
         return self.datasets.EncodePrompt(request, metadata=self.metadata, timeout=self.timeout)
 
+    def compare_saes(self, dataset_id, other_dataset_id, latents=None, sample=0, bins=20):
+        """How far two datasets' SAEs learned the same directions: for each compared latent of
+        the first (all, the given latents, or `sample` of them evenly spread) the other SAE's
+        latent with the nearest decoder direction. A dict: latents, best_latents (int32 numpy),
+        best_cosines (float32), mean_best_cosine, histogram (equal bins over [-1, 1])."""
+        import numpy as np
+
+        request = datasets_pb2.CompareSaesRequest(
+            dataset_id=dataset_id, other_dataset_id=other_dataset_id, latents=latents or [],
+            sample=sample, bins=bins)
+        answer = self.datasets.CompareSaes(request, metadata=self.metadata, timeout=self.timeout)
+        return {"latents": np.frombuffer(answer.latents, "<i4"),
+                "best_latents": np.frombuffer(answer.best_latents, "<i4"),
+                "best_cosines": np.frombuffer(answer.best_cosines, "<f4"),
+                "mean_best_cosine": answer.mean_best_cosine,
+                "histogram": np.array(answer.histogram, np.int64)}
+
     def show_prompt(self, dataset_id, token_ids, decode=None, top_latents=10):
         """encode_prompt's answer as a PromptView, which a notebook shows as the prompt once per
         top latent, each time with the tokens shaded by that latent's value on them. decode maps

@@ -372,6 +372,40 @@ class TrainLoop(DaemonTestCase):
             shown = daemon.latentctl("token", str(dataset), text(token).replace("\u21b5", "\n"),
                                      "--vocab=" + vocab_path, "--limit=3").stdout
             self.assertIn("latents on the %d rows of token %d" % (len(on_token), token), shown)
+        # The same SAE trained with adam instead of smfac: how far the two learned the same
+        # directions (CompareSaes) against numpy on both artifacts' decoders.
+        adam = c.wait(c.submit("TRAIN", {
+            "datasetId": str(dense_id), "sae": {"architecture": "TOPK", "dSae": 128, "k": 8},
+            "optimizer": {"name": "adam", "lr": 3e-3}, "batchSize": 64, "steps": 40, "seed": 6,
+            "artifactName": "loop-sae-adam"}).id)
+        self.assertEqual(adam.state, jobs_pb2.SUCCEEDED, adam.message)
+        adam_sparse = c.wait(c.submit("EXTRACT", {
+            "model": MODEL, "hookName": "blocks.1.hook_resid_post", "tokens": tokens,
+            "sae": {"artifactId": str(adam.result.train.artifact_id)}, "mode": "SPARSE",
+            "datasetName": "sparse-adam"}).id)
+        self.assertEqual(adam_sparse.state, jobs_pb2.SUCCEEDED, adam_sparse.message)
+        adam_dataset = adam_sparse.result.extract.dataset_id
+        adam_path = [a.path for a in c.list_artifacts() if a.name == "loop-sae-adam"][0]
+        adam_dec = read_safetensors(os.path.join(adam_path, "sae_weights.safetensors"))["W_dec"]
+        adam_unit = adam_dec / numpy.maximum(
+            numpy.linalg.norm(adam_dec, axis=1, keepdims=True), 1e-30)
+        cosines = unit @ adam_unit.T  # the smfac SAE's 256 latents against adam's 128
+        compared = c.compare_saes(dataset, adam_dataset, bins=10)
+        self.assertEqual(compared["latents"].tolist(), list(range(256)))
+        self.assertEqual(compared["best_latents"].tolist(), cosines.argmax(axis=1).tolist())
+        numpy.testing.assert_allclose(compared["best_cosines"], cosines.max(axis=1), atol=1e-5)
+        self.assertAlmostEqual(compared["mean_best_cosine"], float(cosines.max(axis=1).mean()),
+                               places=5)
+        self.assertEqual(int(compared["histogram"].sum()), 256)
+        shown = daemon.latentctl("compare", str(dataset), str(adam_dataset), "--limit=3").stdout
+        self.assertIn("256 latents compared, mean best decoder cosine %.4f"
+                      % compared["mean_best_cosine"], shown)
+        worst = int(numpy.argmin(cosines.max(axis=1)))
+        self.assertIn("%-8d %-8d %.4f" % (worst, int(cosines[worst].argmax()),
+                                          cosines[worst].max()), shown)
+        c.delete_dataset(adam_dataset)
+        c.delete_artifact(adam.result.train.artifact_id)
+
         # The trained SAE as an artifact: its name is taken until it is deleted, and deleting it
         # removes its files.
         self.assertEqual([(a.id, a.name) for a in listed], [(artifact, "loop-sae")])
