@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/process_memory.h"
 #include "engine/dataset_models.h"
@@ -62,8 +63,9 @@ int main(int argc, char** argv) {
       "threads\n",
       static_cast<long long>(d_in), static_cast<long long>(vocab), static_cast<long long>(queries),
       at::get_num_threads());
-  std::printf("%-8s %-8s %-9s %-9s %-9s %-13s %-13s %-9s %s\n", "D_SAE", "SAE_MB", "FIRST_S",
-              "WARM_P50", "WARM_P90", "PROMPT_FIRST", "PROMPT_P50", "CACHE_MB", "RSS_MB");
+  std::printf("%-8s %-8s %-9s %-9s %-9s %-13s %-11s %-17s %-9s %s\n", "D_SAE", "SAE_MB", "FIRST_S",
+              "WARM_P50", "WARM_P90", "PROMPT_FIRST", "PROMPT_P50", "COMPARE (N, S)", "CACHE_MB",
+              "RSS_MB");
   for (const int64_t d_sae : widths) {
     const std::string dir = root + "/sae-" + std::to_string(d_sae);
     std::string hash;
@@ -127,15 +129,28 @@ int main(int argc, char** argv) {
       prompts.push_back(Seconds(start));
     }
     std::sort(prompts.begin(), prompts.end());
-    std::printf("%-8lld %-8.0f %-9.3f %-9.2f %-9.2f %-13.3f %-13.2f %-9.0f %.0f\n",
-                static_cast<long long>(d_sae), 2.0 * d_sae * d_in * 4 / 1e6, first_s,
-                warm[warm.size() / 2] * 1e3, warm[warm.size() * 9 / 10] * 1e3, prompt_first_s,
-                prompts[prompts.size() / 2] * 1e3, reader.cached_bytes() / 1e6,
-                latentd::ProcessRssBytes() / 1e6);
+    // CompareSaes of the SAE with itself: every latent, or the sample the work budget allows.
+    latentd::engine::SaeComparisonQuery compare;
+    compare.sample = std::min<int64_t>(d_sae, (int64_t{1} << 36) / (d_sae * d_in));
+    start = std::chrono::steady_clock::now();
+    auto compared = reader.CompareSaes(source, source, compare);
+    const double compare_s = Seconds(start);
+    if (!compared.ok() || compared->mean_best_cosine < 0.999) {
+      std::fprintf(stderr, "CompareSaes of an SAE with itself did not match it\n");
+      return 1;
+    }
+    std::printf(
+        "%-8lld %-8.0f %-9.3f %-9.2f %-9.2f %-13.3f %-11.2f %-17s %-9.0f %.0f\n",
+        static_cast<long long>(d_sae), 2.0 * d_sae * d_in * 4 / 1e6, first_s,
+        warm[warm.size() / 2] * 1e3, warm[warm.size() * 9 / 10] * 1e3, prompt_first_s,
+        prompts[prompts.size() / 2] * 1e3,
+        absl::StrFormat("%lld, %.2f", static_cast<long long>(compare.sample), compare_s).c_str(),
+        reader.cached_bytes() / 1e6, latentd::ProcessRssBytes() / 1e6);
   }
   std::printf(
-      "(FIRST_S, PROMPT_FIRST in s; WARM_P50 / WARM_P90 / PROMPT_P50 (128 tokens) in ms; SAE_MB: "
-      "W_enc + W_dec as float32)\n");
+      "(FIRST_S, PROMPT_FIRST in s; WARM_P50 / WARM_P90 / PROMPT_P50 (128 tokens) in ms; "
+      "COMPARE: latents compared with the SAE itself (the 2^36 budget's sample) and seconds; "
+      "SAE_MB: W_enc + W_dec as float32)\n");
   std::filesystem::remove_all(root);
   return 0;
 }
