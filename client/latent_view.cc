@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -291,18 +293,26 @@ std::string PromptHtml(const v1::EncodePromptResponse& response, const PromptPag
                           r, t.token_id(), t.active(), latents, text);
   }
   html += "</p>\n<h2>Its top latents, each shading the tokens by its value</h2>\n";
+  // Each top latent's value on every token, from one pass over the tokens' lists (0 where it is
+  // not listed: it does not fire there, or ranks below the listed ones).
+  std::map<int32_t, std::vector<float>> shade;
+  for (const v1::PromptLatent& l : response.top_latents()) {
+    shade[l.latent()].assign(response.tokens_size(), 0.0f);
+  }
+  for (int r = 0; r < response.tokens_size(); ++r) {
+    const v1::PromptToken& t = response.tokens(r);
+    for (int e = 0; e < t.latents_size(); ++e) {
+      if (auto it = shade.find(t.latents(e)); it != shade.end()) it->second[r] = t.values(e);
+    }
+  }
   for (const v1::PromptLatent& l : response.top_latents()) {
     absl::StrAppendFormat(&html,
                           "<div class=\"ex\"><span class=\"v\">%.4g</span>"
                           "<span class=\"r\">latent %s</span><span class=\"ctx\">",
                           l.max_value(), LatentRef(l.latent(), options.linked_latents));
+    const std::vector<float>& values = shade[l.latent()];
     for (int r = 0; r < response.tokens_size(); ++r) {
-      const v1::PromptToken& t = response.tokens(r);
-      float value = 0;  // not among the token's listed latents: 0 (or below the listed ones)
-      for (int e = 0; e < t.latents_size(); ++e) {
-        if (t.latents(e) == l.latent()) value = t.values(e);
-      }
-      AppendToken(t.token_id(), value, l.max_value(), r == l.position(),
+      AppendToken(response.tokens(r).token_id(), values[r], l.max_value(), r == l.position(),
                   absl::StrCat("position ", r), options.vocab, &html);
     }
     html += "</span></div>\n";

@@ -620,8 +620,8 @@ absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& d
     if (codes.fixed_k()) {
       for (size_t r = 0; r <= tokens.size(); ++r) begin[r] = r * indices.size(1);
     } else {
-      const at::Tensor counts = codes.row_counts.cumsum(0).contiguous();
-      for (size_t r = 0; r < tokens.size(); ++r) begin[r + 1] = counts[r].item<int64_t>();
+      const at::Tensor ends = codes.row_counts.cumsum(0).to(at::kLong).contiguous();
+      std::copy_n(ends.data_ptr<int64_t>(), tokens.size(), begin.begin() + 1);
     }
     std::map<int64_t, PromptLatent> seen;
     for (size_t r = 0; r < tokens.size(); ++r) {

@@ -413,18 +413,20 @@ class PromptView:
         parts = ["<div><b>%d tokens</b>%s</div>" % (
             len(ids), " (BOS prepended, as the dataset's spec did)"
             if self.answer.bos_prepended else "")]
+        # Per token, once: its latents' values and its own top five for the tooltip.
+        values = [dict(zip(t.latents, t.values)) for t in self.answer.tokens]
+        tops = [", ".join("%d: %.3g" % (j, v) for j, v in list(zip(t.latents, t.values))[:5])
+                for t in self.answer.tokens]
         for latent in self.answer.top_latents:
             spans = []
             for r, (token, word) in enumerate(zip(self.answer.tokens, words)):
-                value = dict(zip(token.latents, token.values)).get(latent.latent, 0.0)
+                value = values[r].get(latent.latent, 0.0)
                 alpha = min(max(value / latent.max_value, 0.0), 1.0) if latent.max_value > 0 else 0
                 style = "background:rgba(255,102,0,%.3f)" % alpha
                 if r == latent.position:
                     style += ";outline:1.5px solid #c03000"
-                top = ", ".join("%d: %.3g" % (j, v)
-                                for j, v in list(zip(token.latents, token.values))[:5])
                 spans.append('<span style="%s" title="position %d · token %d · value %.4g · %s">'
-                             "%s</span>" % (style, r, token.token_id, value, top,
+                             "%s</span>" % (style, r, token.token_id, value, tops[r],
                                             html.escape(str(word))))
             parts.append('<div style="font-family:monospace;white-space:pre;margin:2px 0">'
                          '<span style="display:inline-block;width:10em">latent %d (%.4g)</span>'
