@@ -141,6 +141,36 @@ void ToProto(const storage::TopActivationContext& t, latentd::v1::TopActivation*
   out->mutable_context_values()->Add(t.context_values.begin(), t.context_values.end());
 }
 
+// OK when a built answer passes a client's default receive limit (the bound GetLatent keeps up
+// front); else RESOURCE_EXHAUSTED with its size and what to ask instead, the answer cleared.
+absl::Status BoundAnswer(absl::string_view rpc, absl::string_view what, absl::string_view instead,
+                         google::protobuf::Message* response) {
+  const size_t bytes = response->ByteSizeLong();
+  if (bytes <= static_cast<size_t>(kMaxLatentAnswerBytes)) return absl::OkStatus();
+  response->Clear();
+  return absl::ResourceExhaustedError(absl::StrCat(rpc, " would return ", bytes, " bytes ", what,
+                                                   ", above the ", kMaxLatentAnswerBytes,
+                                                   " a client receives by default: ", instead));
+}
+
+// [start, end) of the committed rows that a request's row_start and row_count (0: to the end)
+// name: INVALID_ARGUMENT for a negative count, OUT_OF_RANGE for rows past the watermark.
+absl::StatusOr<std::pair<int64_t, int64_t>> CommittedRange(const storage::DatasetRecord& record,
+                                                           int64_t start, int64_t count) {
+  if (count < 0) return absl::InvalidArgumentError("row_count: negative");
+  if (start < 0 || start > record.rows_committed) {
+    return absl::OutOfRangeError(absl::StrCat("row_start ", start, " is outside the ",
+                                              record.rows_committed, " committed rows"));
+  }
+  if (count == 0) count = record.rows_committed - start;
+  if (count > record.rows_committed - start) {
+    return absl::OutOfRangeError(absl::StrCat("rows [", start, ", ", start + count,
+                                              ") reach past the ", record.rows_committed,
+                                              " committed rows of dataset ", record.id));
+  }
+  return std::pair{start, start + count};
+}
+
 }  // namespace
 
 DatasetsService::DatasetsService(storage::ChunkStore* store, storage::ArtifactStore* artifacts,
@@ -169,24 +199,6 @@ grpc::Status DatasetsService::GetDataset(grpc::ServerContext* context,
   if (!info.ok()) return ToGrpcStatus(info.status());
   *response = *std::move(info);
   return grpc::Status::OK;
-}
-
-// [start, end) of the committed rows that a request's row_start and row_count (0: to the end)
-// name: INVALID_ARGUMENT for a negative count, OUT_OF_RANGE for rows past the watermark.
-absl::StatusOr<std::pair<int64_t, int64_t>> CommittedRange(const storage::DatasetRecord& record,
-                                                           int64_t start, int64_t count) {
-  if (count < 0) return absl::InvalidArgumentError("row_count: negative");
-  if (start < 0 || start > record.rows_committed) {
-    return absl::OutOfRangeError(absl::StrCat("row_start ", start, " is outside the ",
-                                              record.rows_committed, " committed rows"));
-  }
-  if (count == 0) count = record.rows_committed - start;
-  if (count > record.rows_committed - start) {
-    return absl::OutOfRangeError(absl::StrCat("rows [", start, ", ", start + count,
-                                              ") reach past the ", record.rows_committed,
-                                              " committed rows of dataset ", record.id));
-  }
-  return std::pair{start, start + count};
 }
 
 grpc::Status DatasetsService::ReadRows(grpc::ServerContext* context,
@@ -567,14 +579,10 @@ grpc::Status DatasetsService::CompareSaes(grpc::ServerContext* context,
   response->set_best_latents(reinterpret_cast<const char*>(best.data()), n * sizeof(int32_t));
   response->set_best_cosines(reinterpret_cast<const char*>(found->best_cosine.data()),
                              n * sizeof(float));
-  if (const size_t bytes = response->ByteSizeLong(); bytes > kMaxLatentAnswerBytes) {
-    response->Clear();
-    return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
-        "CompareSaes would return ", bytes, " bytes for ", n, " latents, above the ",
-        kMaxLatentAnswerBytes, " a client receives by default: ask a sample of at most ",
-        kMaxLatentAnswerBytes / 12 - 1000, " latents")));
-  }
-  return grpc::Status::OK;
+  return ToGrpcStatus(BoundAnswer(
+      "CompareSaes", absl::StrCat("for ", n, " latents"),
+      absl::StrCat("ask a sample of at most ", kMaxLatentAnswerBytes / 12 - 1000, " latents"),
+      response));
 }
 
 grpc::Status DatasetsService::EncodePrompt(grpc::ServerContext* context,
@@ -606,16 +614,10 @@ grpc::Status DatasetsService::EncodePrompt(grpc::ServerContext* context,
     out->set_position(static_cast<int32_t>(l.position));
     out->set_positions(static_cast<int32_t>(l.positions));
   }
-  // Only the encoding tells how many latents fire (a ReLU SAE may light thousands a token), so
-  // the answer is bounded once built, as GetLatent's is before: what passes a client's default.
-  if (const size_t bytes = response->ByteSizeLong(); bytes > kMaxLatentAnswerBytes) {
-    response->Clear();
-    return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
-        "EncodePrompt would return ", bytes, " bytes for ", request->token_ids_size(),
-        " tokens, above the ", kMaxLatentAnswerBytes,
-        " a client receives by default: ask fewer latents_per_token or a shorter prompt")));
-  }
-  return grpc::Status::OK;
+  // Only the encoding tells how many latents fire (a ReLU SAE may light thousands a token).
+  return ToGrpcStatus(BoundAnswer("EncodePrompt",
+                                  absl::StrCat("for ", request->token_ids_size(), " tokens"),
+                                  "ask fewer latents_per_token or a shorter prompt", response));
 }
 
 absl::StatusOr<std::string> DatasetsService::ResolveExportPath(const std::string& requested) const {
