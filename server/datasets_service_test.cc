@@ -696,10 +696,19 @@ void WritePlaneSae(const std::string& dir, int32_t d_sae, float relu_bias = 0.0f
   std::ofstream(dir + "/cfg.json") << engine::SaeConfigToJson(cfg);
 }
 
-// Records EXTRACT job `id` of a 4-wide reference model (vocabulary 16) with a plane SAE of 512
-// latents, for GetLatentWeights.
-void AddPlaneSaeJob(const fs::path& dir, uint64_t id, std::map<uint64_t, latentd::v1::Job>* jobs) {
-  WritePlaneSae((dir / "sae").string(), 512);
+// The plane SAE a test job names (WritePlaneSae's arguments) and its model's context.
+struct PlaneSae {
+  std::string name = "sae";  // its directory under the test's
+  int32_t d_sae = 512;
+  float relu_bias = 0.0f;
+  int32_t context_length = 0;  // 0: the reference model's default
+};
+
+// Records EXTRACT job `id` of a 4-wide reference model (vocabulary 16) with a plane SAE, for the
+// calls that read a dataset's SAE and model.
+void AddPlaneSaeJob(const fs::path& dir, uint64_t id, std::map<uint64_t, latentd::v1::Job>* jobs,
+                    const PlaneSae& sae = {}) {
+  WritePlaneSae((dir / sae.name).string(), sae.d_sae, sae.relu_bias);
   latentd::v1::Job job;
   job.set_id(id);
   latentd::v1::ExtractSpec* spec = job.mutable_spec()->mutable_extract();
@@ -708,8 +717,9 @@ void AddPlaneSaeJob(const fs::path& dir, uint64_t id, std::map<uint64_t, latentd
   model->set_n_heads(1);
   model->set_n_layers(1);
   model->set_vocab_size(16);
+  model->set_context_length(sae.context_length);
   spec->set_hook_name("blocks.0.hook_resid_post");
-  spec->mutable_sae()->set_path((dir / "sae").string());
+  spec->mutable_sae()->set_path((dir / sae.name).string());
   (*jobs)[id] = job;
 }
 
@@ -837,19 +847,8 @@ TEST_F(DatasetsServiceTest, EncodePromptConvertsTokensAndTopLatents) {
 
 TEST_F(DatasetsServiceTest, AnEncodedPromptTooLargeToReceiveIsRefusedWithTheNumbers) {
   // 4096 latents that all fire on each of 1024 tokens: 1000 of them a token is about 6 MB.
-  WritePlaneSae((dir_ / "dense_sae").string(), 4096, /*relu_bias=*/1e3f);
-  latentd::v1::Job job;
-  job.set_id(44);
-  latentd::v1::ExtractSpec* spec = job.mutable_spec()->mutable_extract();
-  latentd::v1::ReferenceModelSpec* model = spec->mutable_model()->mutable_reference();
-  model->set_d_model(4);
-  model->set_n_heads(1);
-  model->set_n_layers(1);
-  model->set_vocab_size(16);
-  model->set_context_length(1024);
-  spec->set_hook_name("blocks.0.hook_resid_post");
-  spec->mutable_sae()->set_path((dir_ / "dense_sae").string());
-  jobs_[44] = job;
+  AddPlaneSaeJob(dir_, 44, &jobs_,
+                 {"dense_sae", 4096, /*relu_bias=*/1e3f, /*context_length=*/1024});
   const uint64_t id = MakeDataset("all-firing", 16, 4096, storage::ValueDtype::kFloat16, 44);
   auto encode = [&](int tokens, int per_token, latentd::v1::EncodePromptResponse* out) {
     grpc::ClientContext c;
@@ -980,10 +979,8 @@ TEST_F(DatasetsServiceTest, ReadLatentFiringsStreamsEveryFiringInRowOrder) {
 }
 
 TEST_F(DatasetsServiceTest, CompareSaesMatchesEachLatentToTheNearestDirection) {
-  AddPlaneSaeJob(dir_, 45, &jobs_);                // 512 latents at angles j / 100
-  WritePlaneSae((dir_ / "sae256").string(), 256);  // the first 256 of those angles
-  jobs_[46] = jobs_[45];
-  jobs_[46].mutable_spec()->mutable_extract()->mutable_sae()->set_path((dir_ / "sae256").string());
+  AddPlaneSaeJob(dir_, 45, &jobs_);                   // 512 latents at angles j / 100
+  AddPlaneSaeJob(dir_, 46, &jobs_, {"sae256", 256});  // the first 256 of those angles
   const uint64_t a = MakeDataset("plane-512", 16, 512, storage::ValueDtype::kFloat16, 45);
   const uint64_t b = MakeDataset("plane-256", 16, 256, storage::ValueDtype::kFloat16, 46);
   grpc::ClientContext ctx;
