@@ -217,6 +217,9 @@ struct Result {
   // rows (what a user without it does).
   Percentiles cofiring, on_token;
   Percentiles tokens_of;  // GetLatent's top_tokens: the 20 tokens a random latent fires on most
+  // GetLatent's top_tokens and positions together: two reads of the firings, against one
+  // (ProfileLatent), alternating on the same latents.
+  Percentiles tokens_positions_apart, tokens_positions_together;
   double rescan_ms = 0;
   double delete_s = 0;             // DeleteDataset, its compaction included
   uint64_t disk_after_delete = 0;  // bytes on disk once it returned
@@ -394,7 +397,7 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
     const auto a = Clock::now();
     for (int32_t l = 0; l < g_width; ++l) Check(store.GetLatentStats(id, l).status());
     res.stats_one_by_one_ms = Seconds(a, Clock::now()) * 1e3;
-    std::vector<double> cofiring_us, token_us, tokens_of_us;
+    std::vector<double> cofiring_us, token_us, tokens_of_us, apart_us, together_us;
     for (int i = 0; i < 20; ++i) {
       const int32_t latent = qrng() % g_width;
       const auto b = Clock::now();
@@ -403,6 +406,19 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
       const auto t = Clock::now();
       Check(latentd::storage::TokensLatentFiresOn(store, id, latent, 20).status());
       tokens_of_us.push_back(Seconds(t, Clock::now()) * 1e6);
+      // Which goes first alternates, so neither always finds the other's blocks cached.
+      for (int order = 0; order < 2; ++order) {
+        if ((order == 0) == (i % 2 == 0)) {
+          const auto p = Clock::now();
+          Check(latentd::storage::TokensLatentFiresOn(store, id, latent, 20).status());
+          Check(latentd::storage::PositionsLatentFiresAt(store, id, latent).status());
+          apart_us.push_back(Seconds(p, Clock::now()) * 1e6);
+        } else {
+          const auto q = Clock::now();
+          Check(latentd::storage::ProfileLatent(store, id, latent, 20, true).status());
+          together_us.push_back(Seconds(q, Clock::now()) * 1e6);
+        }
+      }
     }
     for (int32_t token : {0, 9, 99, 999}) {
       const auto b = Clock::now();
@@ -412,6 +428,8 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
     res.cofiring = Summarize(cofiring_us);
     res.on_token = Summarize(token_us);
     res.tokens_of = Summarize(tokens_of_us);
+    res.tokens_positions_apart = Summarize(apart_us);
+    res.tokens_positions_together = Summarize(together_us);
     const auto c = Clock::now();
     std::vector<int64_t> counts(g_width, 0);
     for (int64_t start = 0; start < n; start += 65536) {
@@ -558,6 +576,10 @@ int main(int argc, char** argv) {
           "  GetLatent's top_tokens (the 20 tokens a latent fires on most) p50 %.1f / "
           "p99 %.1f ms\n",
           r.tokens_of.p50 / 1e3, r.tokens_of.p99 / 1e3);
+      std::printf(
+          "  GetLatent's top_tokens + positions: p50 %.2f ms from two reads of the firings, "
+          "%.2f ms from one (ProfileLatent)\n",
+          r.tokens_positions_apart.p50 / 1e3, r.tokens_positions_together.p50 / 1e3);
     }
     std::printf("  DeleteDataset %.2f s; on disk after it returned %.2f MB\n", r.delete_s,
                 r.disk_after_delete / 1e6);

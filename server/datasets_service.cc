@@ -382,17 +382,15 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
     out_interval->set_count(interval.count);
     for (const auto& t : interval.samples) ToProto(t, out_interval->add_samples());
   }
-  if (request->positions()) {
-    auto positions =
-        storage::PositionsLatentFiresAt(*store_, request->dataset_id(), request->latent());
-    if (!positions.ok()) return ToGrpcStatus(positions.status());
+  // Tokens and positions from one read of the latent's firings.
+  auto profile = storage::ProfileLatent(*store_, request->dataset_id(), request->latent(),
+                                        request->top_tokens(), request->positions());
+  if (!profile.ok()) return ToGrpcStatus(profile.status());
+  if (const auto& positions = profile->positions) {
     response->mutable_position_histogram()->Add(positions->counts.begin(), positions->counts.end());
     response->set_position_bin_width(positions->bin_width);
   }
-  if (request->top_tokens() != 0) {
-    auto tokens = storage::TokensLatentFiresOn(*store_, request->dataset_id(), request->latent(),
-                                               request->top_tokens());
-    if (!tokens.ok()) return ToGrpcStatus(tokens.status());
+  if (const auto& tokens = profile->tokens) {
     for (const storage::TokenOfLatent& t : tokens->tokens) {
       latentd::v1::TokenCount* out = response->add_top_tokens();
       out->set_token_id(t.token_id);

@@ -344,13 +344,19 @@ absl::StatusOr<LatentsOnRows> LatentsFiringOnToken(const ChunkStore& store, uint
                });
 }
 
-absl::StatusOr<TokensOfLatent> TokensLatentFiresOn(const ChunkStore& store, uint64_t id,
-                                                   int32_t latent, int32_t limit) {
+namespace {
+
+absl::Status CheckTokenLimit(int32_t limit) {
   if (limit < 1 || limit > kMaxTokensOfLatent) {
     return absl::InvalidArgumentError(
         absl::StrCat("top_tokens: ", limit, " outside [1, ", kMaxTokensOfLatent, "]"));
   }
-  ASSIGN_OR_RETURN(const LatentRows firings, ReadLatentRows(store, id, latent));
+  return absl::OkStatus();
+}
+
+// TokensLatentFiresOn over firings already read.
+absl::StatusOr<TokensOfLatent> TokensOf(const ChunkStore& store, uint64_t id,
+                                        const LatentRows& firings, int32_t limit) {
   const std::vector<int64_t>& rows = firings.rows;
   ASSIGN_OR_RETURN(std::vector<ChunkPick> chunks, Chunks(store, firings.rec));
   AddRows(rows, &chunks);
@@ -382,22 +388,50 @@ absl::StatusOr<TokensOfLatent> TokensLatentFiresOn(const ChunkStore& store, uint
   return out;
 }
 
-absl::StatusOr<LatentPositions> PositionsLatentFiresAt(const ChunkStore& store, uint64_t id,
-                                                       int32_t latent) {
-  ASSIGN_OR_RETURN(const LatentRows firings, ReadLatentRows(store, id, latent));
+// PositionsLatentFiresAt over firings already read.
+absl::StatusOr<LatentPositions> PositionsOf(uint64_t id, const LatentRows& firings) {
   if (firings.rec.meta.context_length <= 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("dataset ", id, " has no sequences (context_length 0): no positions"));
   }
-  const std::vector<int64_t>& rows = firings.rows;
   LatentPositions out;
   out.context_length = firings.rec.meta.context_length;
   out.bin_width = (out.context_length + kMaxPositionBins - 1) / kMaxPositionBins;
   out.counts.assign((out.context_length + out.bin_width - 1) / out.bin_width, 0);
-  for (int64_t row : rows) {
+  for (int64_t row : firings.rows) {
     ++out.counts[row % out.context_length / out.bin_width];
   }
-  out.firings = static_cast<int64_t>(rows.size());
+  out.firings = static_cast<int64_t>(firings.rows.size());
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<TokensOfLatent> TokensLatentFiresOn(const ChunkStore& store, uint64_t id,
+                                                   int32_t latent, int32_t limit) {
+  RETURN_IF_ERROR(CheckTokenLimit(limit));
+  ASSIGN_OR_RETURN(const LatentRows firings, ReadLatentRows(store, id, latent));
+  return TokensOf(store, id, firings, limit);
+}
+
+absl::StatusOr<LatentPositions> PositionsLatentFiresAt(const ChunkStore& store, uint64_t id,
+                                                       int32_t latent) {
+  ASSIGN_OR_RETURN(const LatentRows firings, ReadLatentRows(store, id, latent));
+  return PositionsOf(id, firings);
+}
+
+absl::StatusOr<LatentProfile> ProfileLatent(const ChunkStore& store, uint64_t id, int32_t latent,
+                                            int32_t token_limit, bool positions) {
+  if (token_limit != 0) RETURN_IF_ERROR(CheckTokenLimit(token_limit));
+  LatentProfile out;
+  if (token_limit == 0 && !positions) return out;
+  ASSIGN_OR_RETURN(const LatentRows firings, ReadLatentRows(store, id, latent));
+  if (positions) {
+    ASSIGN_OR_RETURN(out.positions, PositionsOf(id, firings));
+  }
+  if (token_limit != 0) {
+    ASSIGN_OR_RETURN(out.tokens, TokensOf(store, id, firings, token_limit));
+  }
   return out;
 }
 

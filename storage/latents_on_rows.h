@@ -15,6 +15,7 @@
 #define LATENTD_STORAGE_LATENTS_ON_ROWS_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -112,6 +113,16 @@ struct LatentPositions {
 // sequences (context_length 0); otherwise errors as LatentsFiringWith.
 absl::StatusOr<LatentPositions> PositionsLatentFiresAt(const ChunkStore& store, uint64_t id,
                                                        int32_t latent);
+
+// Both of the above from one read of the latent's firings (GetLatent asking for both, as every
+// dashboard page does): tokens when token_limit > 0 (else absent; INVALID_ARGUMENT outside
+// [0, kMaxTokensOfLatent]), positions when asked. Errors as the two.
+struct LatentProfile {
+  std::optional<TokensOfLatent> tokens;
+  std::optional<LatentPositions> positions;
+};
+absl::StatusOr<LatentProfile> ProfileLatent(const ChunkStore& store, uint64_t id, int32_t latent,
+                                            int32_t token_limit, bool positions);
 
 }  // namespace latentd::storage
 

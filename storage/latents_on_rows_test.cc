@@ -290,8 +290,32 @@ TEST_P(LatentsOnRowsTest, PositionsCountFiringsByPlaceInTheSequence) {
       EXPECT_EQ(got->bin_width, width);
       EXPECT_EQ(got->counts, want) << "latent " << j << ", sequences of " << context_length;
       EXPECT_EQ(got->firings, firings);
+      // Both from one read equal each on its own.
+      auto profile = ProfileLatent(*store_, *id, j, 7, /*positions=*/true);
+      ASSERT_TRUE(profile.ok()) << profile.status();
+      ASSERT_TRUE(profile->positions.has_value() && profile->tokens.has_value());
+      EXPECT_EQ(profile->positions->counts, want);
+      auto tokens = TokensLatentFiresOn(*store_, *id, j, 7);
+      ASSERT_TRUE(tokens.ok());
+      ASSERT_EQ(profile->tokens->tokens.size(), tokens->tokens.size());
+      for (size_t t = 0; t < tokens->tokens.size(); ++t) {
+        EXPECT_EQ(profile->tokens->tokens[t].token_id, tokens->tokens[t].token_id);
+        EXPECT_EQ(profile->tokens->tokens[t].count, tokens->tokens[t].count);
+        EXPECT_EQ(profile->tokens->tokens[t].mean, tokens->tokens[t].mean);
+      }
     }
   }
+  // Only what is asked; bad limits and a dataset without sequences as the two alone.
+  auto nothing = ProfileLatent(*store_, id_, 0, 0, false);
+  ASSERT_TRUE(nothing.ok());
+  EXPECT_FALSE(nothing->tokens.has_value() || nothing->positions.has_value());
+  auto tokens_only = ProfileLatent(*store_, id_, 0, 5, false);
+  ASSERT_TRUE(tokens_only.ok()) << tokens_only.status();
+  EXPECT_TRUE(tokens_only->tokens.has_value() && !tokens_only->positions.has_value());
+  EXPECT_EQ(ProfileLatent(*store_, id_, 0, 1001, false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ProfileLatent(*store_, id_, 0, 5, true).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_P(LatentsOnRowsTest, BadRequestsNameTheProblem) {
