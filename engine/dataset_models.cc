@@ -514,8 +514,7 @@ absl::StatusOr<SaeComparison> DatasetModels::CompareSaes(const DatasetSource& da
       return absl::FailedPreconditionError(
           absl::StrCat("dataset ", dataset.dataset_id, "'s SAE reads d_in ", d_in, ", dataset ",
                        other.dataset_id, "'s ", b->unit_dec.size(1),
-                       ": their directions live in different "
-                       "spaces"));
+                       ": their directions live in different spaces"));
     }
     const int64_t width = b->unit_dec.size(0);
     const int64_t n = static_cast<int64_t>(out.latents.size());
