@@ -38,7 +38,6 @@ constexpr int64_t kRowsPerRead = 16384;
 // 12 B, 196608 of 16 B with token ids: well under a client's 4 MiB).
 constexpr int64_t kFiringRowsPerRead = int64_t{1} << 20;
 constexpr size_t kFiringPieceBytes = size_t{3} << 20;
-constexpr int64_t kTokenSpanRows = 4096;
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "packed pieces copy host words as they are");
@@ -256,7 +255,7 @@ grpc::Status DatasetsService::ReadLatentFirings(
   const auto [start, end] = *range;
   std::vector<int64_t> rows;
   std::vector<float> values;
-  std::vector<int32_t> tokens, span;
+  std::vector<int32_t> tokens;
   const size_t per_piece = kFiringPieceBytes / (request->token_ids() ? 16 : 12);
   latentd::v1::LatentFiringsPiece piece;
   auto flush = [&]() {
@@ -272,18 +271,8 @@ grpc::Status DatasetsService::ReadLatentFirings(
                                std::min(end, at + kFiringRowsPerRead));
     if (!s.ok()) return ToGrpcStatus(s);
     if (request->token_ids()) {
-      // Token ids of spans of at most kTokenSpanRows rows starting at a firing: a latent that
-      // fires everywhere reads each row's id once, a rare one only near its firings.
-      tokens.resize(rows.size());
-      for (size_t i = 0; i < rows.size();) {
-        size_t j = i + 1;
-        while (j < rows.size() && rows[j] - rows[i] < kTokenSpanRows) ++j;
-        const absl::Status t =
-            store_->ReadTokens(request->dataset_id(), rows[i], rows[j - 1] - rows[i] + 1, &span);
-        if (!t.ok()) return ToGrpcStatus(t);
-        for (size_t k = i; k < j; ++k) tokens[k] = span[rows[k] - rows[i]];
-        i = j;
-      }
+      const absl::Status t = storage::TokensOfRows(*store_, request->dataset_id(), rows, &tokens);
+      if (!t.ok()) return ToGrpcStatus(t);
     }
     for (size_t i = 0; i < rows.size();) {
       const size_t n = std::min(rows.size() - i, per_piece - piece.rows().size() / 8);

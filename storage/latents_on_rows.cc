@@ -354,25 +354,36 @@ absl::Status CheckTokenLimit(int32_t limit) {
   return absl::OkStatus();
 }
 
-// TokensLatentFiresOn over firings already read.
-absl::StatusOr<TokensOfLatent> TokensOf(const ChunkStore& store, uint64_t id,
-                                        const LatentRows& firings, int32_t limit) {
-  const std::vector<int64_t>& rows = firings.rows;
-  ASSIGN_OR_RETURN(std::vector<ChunkPick> chunks, Chunks(store, firings.rec));
+// TokensOfRows of a record already read.
+absl::Status TokensOfRowsIn(const ChunkStore& store, const DatasetRecord& rec,
+                            const std::vector<int64_t>& rows, std::vector<int32_t>* tokens) {
+  ASSIGN_OR_RETURN(std::vector<ChunkPick> chunks, Chunks(store, rec));
   AddRows(rows, &chunks);
-  // Per token: firings and value sum. Token ids of each chunk's span from its first to its last
-  // firing, read once; the chunks' firings are consecutive in `rows`.
-  std::map<int32_t, std::pair<int64_t, double>> by_token;
-  std::vector<int32_t> tokens;
+  // Each chunk's span from its first to its last listed row, read once; the chunks' rows are
+  // consecutive in `rows`.
+  tokens->resize(rows.size());
+  std::vector<int32_t> span;
   size_t i = 0;
   for (const ChunkPick& c : chunks) {
     if (c.selected == 0) continue;
-    RETURN_IF_ERROR(store.ReadTokens(id, c.first, c.last - c.first + 1, &tokens));
-    for (const size_t end = i + c.selected; i < end; ++i) {
-      auto& [count, sum] = by_token[tokens[rows[i] - c.first]];
-      ++count;
-      sum += firings.values[i];
-    }
+    RETURN_IF_ERROR(store.ReadTokens(rec.id, c.first, c.last - c.first + 1, &span));
+    for (const size_t end = i + c.selected; i < end; ++i) (*tokens)[i] = span[rows[i] - c.first];
+  }
+  return absl::OkStatus();
+}
+
+// TokensLatentFiresOn over firings already read.
+absl::StatusOr<TokensOfLatent> TokensOf(const ChunkStore& store, const LatentRows& firings,
+                                        int32_t limit) {
+  const std::vector<int64_t>& rows = firings.rows;
+  std::vector<int32_t> tokens;
+  RETURN_IF_ERROR(TokensOfRowsIn(store, firings.rec, rows, &tokens));
+  // Per token: firings and value sum.
+  std::map<int32_t, std::pair<int64_t, double>> by_token;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    auto& [count, sum] = by_token[tokens[i]];
+    ++count;
+    sum += firings.values[i];
   }
   TokensOfLatent out;
   out.firings = static_cast<int64_t>(rows.size());
@@ -411,13 +422,27 @@ absl::StatusOr<TokensOfLatent> TokensLatentFiresOn(const ChunkStore& store, uint
                                                    int32_t latent, int32_t limit) {
   RETURN_IF_ERROR(CheckTokenLimit(limit));
   ASSIGN_OR_RETURN(const LatentRows firings, ReadLatentRows(store, id, latent));
-  return TokensOf(store, id, firings, limit);
+  return TokensOf(store, firings, limit);
 }
 
 absl::StatusOr<LatentPositions> PositionsLatentFiresAt(const ChunkStore& store, uint64_t id,
                                                        int32_t latent) {
   ASSIGN_OR_RETURN(const LatentRows firings, ReadLatentRows(store, id, latent));
   return PositionsOf(id, firings);
+}
+
+absl::Status TokensOfRows(const ChunkStore& store, uint64_t id, const std::vector<int64_t>& rows,
+                          std::vector<int32_t>* tokens) {
+  ASSIGN_OR_RETURN(const DatasetRecord rec, SparseRecord(store, id));
+  if (!std::is_sorted(rows.begin(), rows.end())) {
+    return absl::InvalidArgumentError("rows: not ascending");
+  }
+  if (!rows.empty() && (rows.front() < 0 || rows.back() >= rec.rows_committed)) {
+    return absl::OutOfRangeError(
+        absl::StrCat("rows: ", rows.front() < 0 ? rows.front() : rows.back(), " is outside the ",
+                     rec.rows_committed, " committed rows of dataset ", id));
+  }
+  return TokensOfRowsIn(store, rec, rows, tokens);
 }
 
 absl::StatusOr<LatentProfile> ProfileLatent(const ChunkStore& store, uint64_t id, int32_t latent,
@@ -430,7 +455,7 @@ absl::StatusOr<LatentProfile> ProfileLatent(const ChunkStore& store, uint64_t id
     ASSIGN_OR_RETURN(out.positions, PositionsOf(id, firings));
   }
   if (token_limit != 0) {
-    ASSIGN_OR_RETURN(out.tokens, TokensOf(store, id, firings, token_limit));
+    ASSIGN_OR_RETURN(out.tokens, TokensOf(store, firings, token_limit));
   }
   return out;
 }

@@ -114,6 +114,12 @@ struct LatentPositions {
 absl::StatusOr<LatentPositions> PositionsLatentFiresAt(const ChunkStore& store, uint64_t id,
                                                        int32_t latent);
 
+// The token id of each of `rows` (ascending, committed: INVALID_ARGUMENT / OUT_OF_RANGE
+// otherwise), reading each chunk's token ids from its first to its last listed row once: cheap
+// for the firing rows of a latent, however rare or common.
+absl::Status TokensOfRows(const ChunkStore& store, uint64_t id, const std::vector<int64_t>& rows,
+                          std::vector<int32_t>* tokens);
+
 // Both of the above from one read of the latent's firings (GetLatent asking for both, as every
 // dashboard page does): tokens when token_limit > 0 (else absent; INVALID_ARGUMENT outside
 // [0, kMaxTokensOfLatent]), positions when asked. Errors as the two.

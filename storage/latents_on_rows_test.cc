@@ -212,6 +212,20 @@ TEST_P(LatentsOnRowsTest, LargeSelectionsAreSampledByChunksSpreadOverTheDataset)
   ExpectSame(*token, want_token, kWidth);
 }
 
+TEST_P(LatentsOnRowsTest, TokensOfRowsReadsTheListedRowsTokens) {
+  // Rows in one chunk, far apart, the first and the last.
+  const std::vector<int64_t> rows = {0, 1, 2, 7, 300, 301, kRows / 2, kRows - 1};
+  std::vector<int32_t> tokens;
+  ASSERT_TRUE(TokensOfRows(*store_, id_, rows, &tokens).ok());
+  ASSERT_EQ(tokens.size(), rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(tokens[i], data_.tokens[rows[i]]) << rows[i];
+  ASSERT_TRUE(TokensOfRows(*store_, id_, {}, &tokens).ok());
+  EXPECT_TRUE(tokens.empty());
+  EXPECT_EQ(TokensOfRows(*store_, id_, {5, 3}, &tokens).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(TokensOfRows(*store_, id_, {3, kRows}, &tokens).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(TokensOfRows(*store_, id_, {-1}, &tokens).code(), absl::StatusCode::kOutOfRange);
+}
+
 TEST_P(LatentsOnRowsTest, TokensALatentFiresOnMatchTheRows) {
   for (int32_t j : {0, 4, 63}) {
     std::map<int32_t, std::pair<int64_t, double>> want;  // token -> firings, value sum
