@@ -552,6 +552,14 @@ bool LoadVocabFlag(std::optional<Vocabulary>* vocab, std::string* error) {
   return true;
 }
 
+// The little-endian words of a packed byte string (the service's packed arrays).
+template <typename T>
+std::vector<T> Words(const std::string& bytes) {
+  std::vector<T> out(bytes.size() / sizeof(T));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
+  return out;
+}
+
 // A token for a terminal table: its id, or with a vocabulary its text in quotes.
 std::string TokenCell(int32_t token, const std::optional<Vocabulary>& vocab) {
   return vocab ? absl::StrCat("\"", vocab->Display(token), "\"") : absl::StrCat(token);
@@ -595,25 +603,21 @@ int Firings(Client& client, const std::vector<std::string>& args) {
   std::string rows_json, values_json;
   int64_t total = 0;
   while (reader->Read(&piece)) {
-    const size_t n = piece.rows().size() / sizeof(int64_t);
-    for (size_t i = 0; i < n; ++i) {
-      int64_t row;
-      float value;
-      std::memcpy(&row, piece.rows().data() + i * sizeof(row), sizeof(row));
-      std::memcpy(&value, piece.values().data() + i * sizeof(value), sizeof(value));
+    const std::vector<int64_t> rows = Words<int64_t>(piece.rows());
+    const std::vector<float> values = Words<float>(piece.values());
+    const std::vector<int32_t> tokens = Words<int32_t>(piece.token_ids());
+    for (size_t i = 0; i < rows.size(); ++i) {
       if (json) {
-        absl::StrAppend(&rows_json, total + i > 0 ? "," : "", row);
-        absl::StrAppendFormat(&values_json, "%s%.9g", total + i > 0 ? "," : "", value);
+        absl::StrAppend(&rows_json, total + i > 0 ? "," : "", rows[i]);
+        absl::StrAppendFormat(&values_json, "%s%.9g", total + i > 0 ? "," : "", values[i]);
       } else if (vocab) {
-        int32_t token;
-        std::memcpy(&token, piece.token_ids().data() + i * sizeof(token), sizeof(token));
-        std::printf("%lld %.6g %s\n", static_cast<long long>(row), value,
-                    TokenCell(token, vocab).c_str());
+        std::printf("%lld %.6g %s\n", static_cast<long long>(rows[i]), values[i],
+                    TokenCell(tokens[i], vocab).c_str());
       } else {
-        std::printf("%lld %.6g\n", static_cast<long long>(row), value);
+        std::printf("%lld %.6g\n", static_cast<long long>(rows[i]), values[i]);
       }
     }
-    total += static_cast<int64_t>(n);
+    total += static_cast<int64_t>(rows.size());
   }
   const grpc::Status status = reader->Finish();
   if (!status.ok()) return RpcError(status);
@@ -836,12 +840,10 @@ int Compare(Client& client, const std::vector<std::string>& args) {
     std::printf("%s\n", Json(response).c_str());
     return 0;
   }
-  const size_t n = static_cast<size_t>(response.compared());
-  std::vector<int32_t> latents(n), best(n);
-  std::vector<float> cosines(n);
-  std::memcpy(latents.data(), response.latents().data(), n * sizeof(int32_t));
-  std::memcpy(best.data(), response.best_latents().data(), n * sizeof(int32_t));
-  std::memcpy(cosines.data(), response.best_cosines().data(), n * sizeof(float));
+  const std::vector<int32_t> latents = Words<int32_t>(response.latents());
+  const std::vector<int32_t> best = Words<int32_t>(response.best_latents());
+  const std::vector<float> cosines = Words<float>(response.best_cosines());
+  const size_t n = latents.size();
   std::printf(
       "dataset %llu's SAE against dataset %llu's: %zu latents compared, mean best decoder "
       "cosine %.4f\nbest cosine:\n",
