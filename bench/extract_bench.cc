@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
       Check(tokens.status(), "tokens");
       PipelineReplica r;
       r.model = std::move(*ReferenceModel::Create(spec.model().reference(), hook, at::kCPU));
-      r.sae = *Sae::Load(dir + "/sae");
+      r.saes.push_back(*Sae::Load(dir + "/sae"));
       r.cpu_threads = threads;
       PipelineOptions o;
       o.batch_sequences = 32;

@@ -1,4 +1,4 @@
-// A model that turns token ids into the activations of one hook, on one device.
+// A model that turns token ids into the activations of one or more hooks, on one device.
 #ifndef LATENTD_ENGINE_ACTIVATION_MODEL_H_
 #define LATENTD_ENGINE_ACTIVATION_MODEL_H_
 
@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace latentd::engine {
 
@@ -15,9 +16,17 @@ class ActivationModel {
 
   // tokens: int64 [batch, seq] on the model's device, ids < vocab_size(). Returns the hooked
   // activations as float32 [batch, seq, hook_width()] on the same device. May throw c10::Error.
+  // The model's first hook when it has several.
   virtual at::Tensor Forward(const at::Tensor& tokens) = 0;
+  // The activations of every hook the model was built with, in that order, from one forward pass
+  // (which stops after the deepest hook where the model can stop early). Same contract as
+  // Forward; a one-hook model returns {Forward(tokens)}.
+  virtual std::vector<at::Tensor> ForwardHooks(const at::Tensor& tokens) {
+    return {Forward(tokens)};
+  }
 
-  virtual int64_t hook_width() const = 0;
+  virtual int64_t hook_width() const = 0;  // of the first hook
+  virtual std::vector<int64_t> hook_widths() const { return {hook_width()}; }
   virtual int64_t vocab_size() const = 0;   // 0: unknown (no check)
   virtual int64_t max_context() const = 0;  // 0: unbounded
   virtual int64_t parameter_bytes() const = 0;

@@ -267,7 +267,24 @@ absl::StatusOr<DatasetInputs> DatasetModels::Impl::InputsOf(const DatasetSource&
         " that wrote it, which names its SAE and model, is gone (", job.status().message(), ")"));
   }
   DatasetInputs inputs;
-  inputs.spec = job->spec().extract();
+  const latentd::v1::ExtractSpec& job_spec = job->spec().extract();
+  int output = 0;
+  if (job_spec.more_outputs_size() > 0 && !dataset.name.empty()) {
+    auto names = ExtractDatasetNamesFor(job_spec, env, dataset.job_id);
+    if (!names.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("dataset ", dataset.dataset_id, ": cannot tell which output of job ",
+                       dataset.job_id, " wrote it (", names.status().message(), ")"));
+    }
+    output =
+        static_cast<int>(std::find(names->begin(), names->end(), dataset.name) - names->begin());
+    if (output == static_cast<int>(names->size())) {
+      return absl::FailedPreconditionError(absl::StrCat("dataset ", dataset.dataset_id, " (",
+                                                        dataset.name, ") is none of job ",
+                                                        dataset.job_id, "'s outputs"));
+    }
+  }
+  inputs.spec = ExtractOutputSpec(job_spec, output);
   if (!job->spec().has_extract() || !inputs.spec.has_sae() ||
       inputs.spec.sae().source_case() == latentd::v1::SaeSource::SOURCE_NOT_SET) {
     return absl::FailedPreconditionError(absl::StrCat("dataset ", dataset.dataset_id, ": job ",

@@ -110,6 +110,8 @@ struct DatasetSource {
   std::string sae_weight_hash;    // "" for datasets written before it was recorded: not checked
   std::string model_weight_hash;  // "" : not checked
   int64_t d_sae = 0;
+  // Which of the job's outputs (ExtractSpec.more_outputs) wrote it; "": the first.
+  std::string name;
 };
 
 struct DatasetModelsOptions {

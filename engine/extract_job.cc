@@ -185,15 +185,17 @@ absl::Status ValidateExtractJob(const latentd::v1::ExtractSpec& spec, const Extr
   RETURN_IF_ERROR(ValidateExtractSpec(spec, checked));
   const uint64_t from = spec.resume_from_job_id();
   if (from == 0 || env.store == nullptr) return absl::OkStatus();
-  ASSIGN_OR_RETURN(const std::string name, ExtractDatasetNameFor(spec, env, 0));
-  auto id = env.store->FindDataset(name);
-  if (absl::IsNotFound(id.status())) return ContinuedDatasetGone(from, name);
-  RETURN_IF_ERROR(id.status());
-  ASSIGN_OR_RETURN(storage::DatasetRecord record, env.store->GetRecord(*id));
-  if (record.meta.job_id != from) {
-    return absl::FailedPreconditionError(absl::StrCat("extract.resume_from_job_id: dataset ", name,
-                                                      " was taken over by job ",
-                                                      record.meta.job_id));
+  ASSIGN_OR_RETURN(const std::vector<std::string> names, ExtractDatasetNamesFor(spec, env, 0));
+  for (const std::string& name : names) {
+    auto id = env.store->FindDataset(name);
+    if (absl::IsNotFound(id.status())) return ContinuedDatasetGone(from, name);
+    RETURN_IF_ERROR(id.status());
+    ASSIGN_OR_RETURN(storage::DatasetRecord record, env.store->GetRecord(*id));
+    if (record.meta.job_id != from) {
+      return absl::FailedPreconditionError(absl::StrCat("extract.resume_from_job_id: dataset ",
+                                                        name, " was taken over by job ",
+                                                        record.meta.job_id));
+    }
   }
   return absl::OkStatus();
 }

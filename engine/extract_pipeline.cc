@@ -22,6 +22,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// One hook's codes of a batch, on the host.
+struct HookCodes {
+  at::Tensor finite;      // bool [n]
+  at::Tensor indices;     // sparse: int32 [n, k] (fixed) or [nnz]
+  at::Tensor values;      // sparse: float [n, k] or [nnz]; dense: float [n, d]
+  at::Tensor row_counts;  // sparse ragged: int64 [n]
+};
+
 // One batch's output on the host. On a CUDA device the host tensors are filled by asynchronous
 // copies: read them only after ready.Wait().
 struct BatchOutput {
@@ -29,11 +37,8 @@ struct BatchOutput {
   int64_t first_row = 0;  // within the shard
   int64_t num_rows = 0;
   std::vector<int32_t> token_ids;
-  at::Tensor finite;      // bool [n]
-  at::Tensor indices;     // sparse: int32 [n, k] (fixed) or [nnz]
-  at::Tensor values;      // sparse: float [n, k] or [nnz]; dense: float [n, d]
-  at::Tensor row_counts;  // sparse ragged: int64 [n]
-  DeviceFence ready;      // passed once the copies into the host tensors are done
+  std::vector<HookCodes> hooks;  // one per output, in the model's hook order
+  DeviceFence ready;             // passed once the copies into the host tensors are done
   absl::Status status;
 };
 
@@ -105,17 +110,20 @@ absl::Status ComputeBatch(const TokenSource& tokens, PipelineReplica* r,
   }
   try {
     at::Tensor tok = ids.to(r->device, /*non_blocking=*/cuda);
-    at::Tensor h = r->model->Forward(tok);
-    at::Tensor x = h.reshape({seqs * L, h.size(-1)});
-    at::Tensor finite = at::isfinite(x).all(1);
-    out->finite = ToHost(finite);
-    if (options.sparse) {
-      SparseCodes codes = r->sae->EncodeSparse(x);
-      out->indices = ToHost(codes.indices);
-      out->values = ToHost(codes.values);
-      if (!codes.fixed_k()) out->row_counts = ToHost(codes.row_counts);
-    } else {
-      out->values = ToHost(x);
+    const std::vector<at::Tensor> hooked = r->model->ForwardHooks(tok);
+    out->hooks.resize(hooked.size());
+    for (size_t o = 0; o < hooked.size(); ++o) {
+      HookCodes& codes_out = out->hooks[o];
+      at::Tensor x = hooked[o].reshape({seqs * L, hooked[o].size(-1)});
+      codes_out.finite = ToHost(at::isfinite(x).all(1));
+      if (options.sparse) {
+        SparseCodes codes = r->saes[o].EncodeSparse(x);
+        codes_out.indices = ToHost(codes.indices);
+        codes_out.values = ToHost(codes.values);
+        if (!codes.fixed_k()) codes_out.row_counts = ToHost(codes.row_counts);
+      } else {
+        codes_out.values = ToHost(x);
+      }
     }
     out->ready.Record(r->device);
   } catch (const std::exception& e) {
@@ -126,36 +134,126 @@ absl::Status ComputeBatch(const TokenSource& tokens, PipelineReplica* r,
 
 }  // namespace
 
+namespace {
+
+// The committer's buffers for a batch's CSR rows, kept across batches.
+struct CsrScratch {
+  std::vector<int64_t> indptr;
+  std::vector<int32_t> indices;
+  std::vector<float> values;
+};
+
+// Appends one hook's codes of a batch to its sink (rows with NaN/Inf stored empty or as zeros;
+// the caller has checked the policy allows them). Adds the nonzeros appended to *nnz.
+absl::Status AppendBatch(const BatchOutput& out, const HookCodes& codes, bool sparse,
+                         CsrScratch* scratch, RowSink* sink, int64_t* nnz) {
+  const int64_t rows = out.num_rows;
+  const bool* finite = codes.finite.data_ptr<bool>();
+  if (!sparse) {
+    float* val = codes.values.data_ptr<float>();
+    const int64_t d = codes.values.size(1);
+    for (int64_t i = 0; i < rows; ++i) {
+      if (!finite[i]) std::fill(val + i * d, val + (i + 1) * d, 0.0f);
+    }
+    return sink->AppendDense(rows, val, out.token_ids.data());
+  }
+  std::vector<int64_t>& indptr = scratch->indptr;
+  std::vector<int32_t>& indices = scratch->indices;
+  std::vector<float>& values = scratch->values;
+  indptr.assign(1, 0);
+  indices.clear();
+  values.clear();
+  const int32_t* idx = codes.indices.data_ptr<int32_t>();
+  const float* val = codes.values.data_ptr<float>();
+  if (!codes.row_counts.defined()) {
+    const int64_t k = codes.indices.size(1);
+    indices.reserve(rows * k);
+    values.reserve(rows * k);
+    for (int64_t i = 0; i < rows; ++i) {
+      if (finite[i]) {
+        for (int64_t j = i * k; j < (i + 1) * k; ++j) {
+          if (val[j] != 0) {
+            indices.push_back(idx[j]);
+            values.push_back(val[j]);
+          }
+        }
+      }
+      indptr.push_back(static_cast<int64_t>(indices.size()));
+    }
+  } else {
+    const int64_t* counts = codes.row_counts.data_ptr<int64_t>();
+    int64_t pos = 0;
+    for (int64_t i = 0; i < rows; ++i) {
+      if (finite[i]) {
+        indices.insert(indices.end(), idx + pos, idx + pos + counts[i]);
+        values.insert(values.end(), val + pos, val + pos + counts[i]);
+      }
+      pos += counts[i];
+      indptr.push_back(static_cast<int64_t>(indices.size()));
+    }
+  }
+  *nnz += static_cast<int64_t>(indices.size());
+  return sink->AppendSparse(rows, indptr.data(), indices.data(), values.data(),
+                            out.token_ids.data());
+}
+
+}  // namespace
+
 absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
                                                   std::vector<PipelineReplica>* replicas,
                                                   RowSink* sink, const PipelineOptions& options,
                                                   const PipelineCallbacks& callbacks) {
+  return RunExtractPipeline(tokens, replicas, std::vector<RowSink*>{sink}, options, callbacks);
+}
+
+absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
+                                                  std::vector<PipelineReplica>* replicas,
+                                                  const std::vector<RowSink*>& sinks,
+                                                  const PipelineOptions& options,
+                                                  const PipelineCallbacks& callbacks) {
   if (replicas->empty()) return absl::InvalidArgumentError("no device");
   if (options.batch_sequences < 1) return absl::InvalidArgumentError("extract.batch_sequences < 1");
   const int64_t L = tokens.context_length();
-  const int64_t width = (*replicas)[0].model->hook_width();
+  const size_t outputs = sinks.size();
   for (auto& r : *replicas) {
-    if (options.sparse && !r.sae.has_value())
-      return absl::InvalidArgumentError("extract.sae: missing");
-    if (options.sparse && r.sae->config().d_in != width) {
+    const std::vector<int64_t> widths = r.model->hook_widths();
+    if (widths.size() != outputs) {
       return absl::InvalidArgumentError(
-          absl::StrCat("extract.sae: d_in ", r.sae->config().d_in, " != hook width ", width));
+          absl::StrCat("the model reads ", widths.size(), " hooks for ", outputs, " datasets"));
+    }
+    if (options.sparse && r.saes.size() != outputs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("extract.sae: ", r.saes.size(), " SAEs for ", outputs, " hooks"));
+    }
+    for (size_t o = 0; options.sparse && o < outputs; ++o) {
+      if (r.saes[o].config().d_in != widths[o]) {
+        return absl::InvalidArgumentError(absl::StrCat("extract.sae of output ", o, ": d_in ",
+                                                       r.saes[o].config().d_in, " != hook width ",
+                                                       widths[o]));
+      }
     }
     if (r.model->max_context() > 0 && L > r.model->max_context()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "extract.tokens.context_length: ", L, " > the model's context ", r.model->max_context()));
     }
   }
-  const int64_t committed = sink->rows_committed();
   const int64_t batch_rows = options.batch_sequences * L;
-  if (committed % batch_rows != 0 && committed != tokens.num_rows()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("dataset watermark ", committed, " is not on the batch grid of ", batch_rows,
-                     " rows; was it written with another batch_sequences or context_length?"));
-  }
-  if (committed > tokens.num_rows()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("dataset holds ", committed, " rows, the shard only ", tokens.num_rows()));
+  // Each output resumes at its own watermark (a crash can fall between two outputs' commits):
+  // the model runs from the earliest one, and an output takes only the batches past its own.
+  std::vector<int64_t> next_row(outputs);
+  int64_t committed = tokens.num_rows();
+  for (size_t o = 0; o < outputs; ++o) {
+    next_row[o] = sinks[o]->rows_committed();
+    if (next_row[o] % batch_rows != 0 && next_row[o] != tokens.num_rows()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "dataset watermark ", next_row[o], " is not on the batch grid of ", batch_rows,
+          " rows; was it written with another batch_sequences or context_length?"));
+    }
+    if (next_row[o] > tokens.num_rows()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("dataset holds ", next_row[o], " rows, the shard only ", tokens.num_rows()));
+    }
+    committed = std::min(committed, next_row[o]);
   }
   const int64_t num_batches =
       (tokens.num_sequences() + options.batch_sequences - 1) / options.batch_sequences;
@@ -191,18 +289,22 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
   };
 
   PipelineResult result;
+  result.outputs.resize(outputs);
   const auto start = Clock::now();
   auto last_telemetry = start;
-  int64_t bytes_estimate = 0;
-  std::vector<int64_t> indptr;
-  std::vector<int32_t> indices;
-  std::vector<float> values;
+  std::vector<int64_t> bytes_estimate(outputs, 0);
   auto seconds_since_start = [&] {
     return std::chrono::duration<double>(Clock::now() - start).count();
   };
-  auto bytes_committed = [&] {
-    int64_t b = sink->bytes_committed();
-    return b >= 0 ? b : bytes_estimate;
+  auto bytes_committed = [&](size_t o) {
+    int64_t b = sinks[o]->bytes_committed();
+    return b >= 0 ? b : bytes_estimate[o];
+  };
+  // What every output holds: the rows progress reports.
+  auto rows_done = [&] {
+    int64_t rows = tokens.num_rows();
+    for (RowSink* sink : sinks) rows = std::min(rows, sink->rows_committed());
+    return rows;
   };
   auto telemetry = [&](bool force) {
     if (!callbacks.telemetry) return;
@@ -213,14 +315,18 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
     }
     last_telemetry = now;
     latentd::v1::ExtractTelemetry t;
-    t.set_rows_done(sink->rows_committed());
+    const int64_t done = rows_done();
+    t.set_rows_done(done);
     t.set_rows_total(tokens.num_rows());
     const double s = seconds_since_start();
-    t.set_tokens_per_second(s > 0 ? result.rows_this_run / s : 0);
-    t.set_bytes_committed(bytes_committed());
-    t.set_bytes_per_token(sink->rows_committed() > 0
-                              ? static_cast<double>(bytes_committed()) / sink->rows_committed()
-                              : 0);
+    t.set_tokens_per_second(s > 0 ? (done - committed) / s : 0);
+    int64_t bytes = 0, rows_stored = 0;
+    for (size_t o = 0; o < outputs; ++o) {
+      bytes += bytes_committed(o);
+      rows_stored += sinks[o]->rows_committed();
+    }
+    t.set_bytes_committed(bytes);
+    t.set_bytes_per_token(rows_stored > 0 ? static_cast<double>(bytes) / rows_stored : 0);
     int64_t mem = 0;
     for (auto& r : *replicas) {
       mem = r.device.is_cuda() ? mem + DeviceMemoryInUse(r.device)
@@ -230,12 +336,16 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
     t.set_host_rss_bytes(ProcessRssBytes());
     callbacks.telemetry(t);
   };
-  int64_t pending_nnz = 0, pending_rows = 0, pending_skipped = 0;
+  struct Pending {
+    int64_t rows = 0, nnz = 0, skipped = 0;
+  };
+  std::vector<Pending> pending(outputs);
+  CsrScratch scratch;
   absl::Status status;
   // Where this run starts (0, or the watermark it resumes at): watchers see the total at once,
   // and the rate of the first commit is measured from here, even when it is the only one.
   if (callbacks.progress) callbacks.progress(committed, tokens.num_rows());
-  for (int64_t b = first_batch; b < num_batches; ++b) {
+  for (int64_t b = first_batch; b < num_batches && status.ok(); ++b) {
     if (callbacks.cancelled && callbacks.cancelled()) {
       status = absl::CancelledError("extract cancelled");
       break;
@@ -246,97 +356,81 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
       status = out.status;
       break;
     }
-    const int64_t rows = out.num_rows;
-    const bool* finite = out.finite.data_ptr<bool>();
-    int64_t skipped = 0;
-    for (int64_t i = 0; i < rows; ++i) {
-      if (finite[i]) continue;
-      if (!options.skip_non_finite) {
-        const int64_t row = out.first_row + i;
-        status = absl::InvalidArgumentError(
-            absl::StrCat("non-finite activation (NaN/Inf) at row ", row, " (sequence ",
-                         tokens.first_sequence() + row / L, ", position ", row % L,
-                         "); set extract.non_finite = NON_FINITE_SKIP to store such rows empty"));
-        break;
-      }
-      ++skipped;
-    }
-    if (!status.ok()) break;
-    if (options.sparse) {
-      indptr.assign(1, 0);
-      indices.clear();
-      values.clear();
-      const int32_t* idx = out.indices.data_ptr<int32_t>();
-      const float* val = out.values.data_ptr<float>();
-      if (!out.row_counts.defined()) {
-        const int64_t k = out.indices.size(1);
-        indices.reserve(rows * k);
-        values.reserve(rows * k);
-        for (int64_t i = 0; i < rows; ++i) {
-          if (finite[i]) {
-            for (int64_t j = i * k; j < (i + 1) * k; ++j) {
-              if (val[j] != 0) {
-                indices.push_back(idx[j]);
-                values.push_back(val[j]);
-              }
-            }
-          }
-          indptr.push_back(static_cast<int64_t>(indices.size()));
-        }
-      } else {
-        const int64_t* counts = out.row_counts.data_ptr<int64_t>();
-        int64_t pos = 0;
-        for (int64_t i = 0; i < rows; ++i) {
-          if (finite[i]) {
-            indices.insert(indices.end(), idx + pos, idx + pos + counts[i]);
-            values.insert(values.end(), val + pos, val + pos + counts[i]);
-          }
-          pos += counts[i];
-          indptr.push_back(static_cast<int64_t>(indices.size()));
-        }
-      }
-      status = sink->AppendSparse(rows, indptr.data(), indices.data(), values.data(),
-                                  out.token_ids.data());
-      pending_nnz += static_cast<int64_t>(indices.size());
-      bytes_estimate += rows * 4 + static_cast<int64_t>(indices.size()) * (4 + options.value_bytes);
-    } else {
-      float* val = out.values.data_ptr<float>();
-      const int64_t d = out.values.size(1);
-      for (int64_t i = 0; i < rows; ++i) {
-        if (!finite[i]) std::fill(val + i * d, val + (i + 1) * d, 0.0f);
-      }
-      status = sink->AppendDense(rows, val, out.token_ids.data());
-      bytes_estimate += rows * (4 + d * options.value_bytes);
-    }
-    if (!status.ok()) break;
-    pending_rows += rows;
-    pending_skipped += skipped;
     const bool last = b + 1 == num_batches;
-    if (sink->rows_pending() >= commit_rows || last) {
-      // Intermediate commits are written in the background while the next rows arrive; the
-      // progress below reports what is durable.
-      status = last ? sink->MarkComplete() : sink->CommitAsync();
+    bool committed_any = false;
+    for (size_t o = 0; o < outputs && status.ok(); ++o) {
+      if (out.first_row < next_row[o]) continue;  // this output committed the batch before
+      const HookCodes& codes = out.hooks[o];
+      const bool* finite = codes.finite.data_ptr<bool>();
+      int64_t skipped = 0;
+      for (int64_t i = 0; i < out.num_rows; ++i) {
+        if (finite[i]) continue;
+        if (!options.skip_non_finite) {
+          const int64_t row = out.first_row + i;
+          status = absl::InvalidArgumentError(
+              absl::StrCat("non-finite activation (NaN/Inf) at row ", row, " (sequence ",
+                           tokens.first_sequence() + row / L, ", position ", row % L, ")",
+                           outputs > 1 ? absl::StrCat(" of output ", o) : "",
+                           "; set extract.non_finite = NON_FINITE_SKIP to store such rows empty"));
+          break;
+        }
+        ++skipped;
+      }
       if (!status.ok()) break;
-      result.rows_this_run += pending_rows;
-      result.nnz_this_run += pending_nnz;
-      result.rows_skipped_non_finite += pending_skipped;
-      pending_rows = pending_nnz = pending_skipped = 0;
-      if (callbacks.progress) callbacks.progress(sink->rows_committed(), tokens.num_rows());
+      int64_t nnz = 0;
+      status = AppendBatch(out, codes, options.sparse, &scratch, sinks[o], &nnz);
+      if (!status.ok()) break;
+      next_row[o] += out.num_rows;
+      bytes_estimate[o] +=
+          out.num_rows * 4 + (options.sparse ? nnz * (4 + options.value_bytes)
+                                             : codes.values.numel() * options.value_bytes);
+      pending[o].rows += out.num_rows;
+      pending[o].nnz += nnz;
+      pending[o].skipped += skipped;
+      if (pending[o].rows >= commit_rows || last) {
+        // Intermediate commits are written in the background while the next rows arrive; the
+        // progress below reports what is durable.
+        status = last ? sinks[o]->MarkComplete() : sinks[o]->CommitAsync();
+        if (!status.ok()) break;
+        PipelineOutputResult& done = result.outputs[o];
+        done.rows_this_run += pending[o].rows;
+        done.nnz_this_run += pending[o].nnz;
+        done.rows_skipped_non_finite += pending[o].skipped;
+        pending[o] = Pending();
+        committed_any = true;
+      }
+    }
+    if (!status.ok()) break;
+    if (committed_any) {
+      if (callbacks.progress) callbacks.progress(rows_done(), tokens.num_rows());
       telemetry(last);
     }
   }
   shutdown();
   if (!status.ok()) {
-    sink->WaitDurable().IgnoreError();  // a commit in flight lands (or fails) before we return
+    // Commits in flight land (or fail) before we return.
+    for (RowSink* sink : sinks) sink->WaitDurable().IgnoreError();
     return status;
   }
-  if (first_batch >= num_batches && sink->rows_committed() == tokens.num_rows()) {
-    RETURN_IF_ERROR(sink->MarkComplete());  // everything was committed before; only the flag
+  for (size_t o = 0; o < outputs; ++o) {
+    // Everything was committed before (a resumed complete dataset); only the flag.
+    if (next_row[o] == tokens.num_rows() && result.outputs[o].rows_this_run == 0) {
+      RETURN_IF_ERROR(sinks[o]->MarkComplete());
+    }
+    PipelineOutputResult& done = result.outputs[o];
+    done.rows = sinks[o]->rows_committed();
+    done.bytes_committed = bytes_committed(o);
+    result.nnz_this_run += done.nnz_this_run;
+    result.rows_skipped_non_finite += done.rows_skipped_non_finite;
   }
-  result.rows = sink->rows_committed();
+  result.rows = rows_done();
+  result.rows_this_run = result.rows - committed;
   result.seconds = seconds_since_start();
   result.tokens_per_second = result.seconds > 0 ? result.rows_this_run / result.seconds : 0;
-  result.bytes_committed = bytes_committed();
+  result.bytes_committed = 0;
+  for (const PipelineOutputResult& done : result.outputs) {
+    result.bytes_committed += done.bytes_committed;
+  }
   result.device_busy_seconds = *std::max_element(busy.begin(), busy.end());
   return result;
 }
@@ -358,13 +452,15 @@ absl::StatusOr<double> ComputeFloorInThisThread(const TokenSource& tokens, Pipel
       const int64_t seqs = std::min(options.batch_sequences, total - s);
       RETURN_IF_ERROR(tokens.Read(s, seqs, ids.data()));
       at::Tensor tok = at::from_blob(ids.data(), {seqs, L}, at::kLong).to(replica->device);
-      at::Tensor h = replica->model->Forward(tok);
-      at::Tensor x = h.reshape({seqs * L, h.size(-1)});
-      if (options.sparse) {
-        SparseCodes codes = replica->sae->EncodeSparse(x);
-        codes.values.sum().item<float>();  // waits for the device
-      } else {
-        x.sum().item<float>();
+      const std::vector<at::Tensor> hooked = replica->model->ForwardHooks(tok);
+      for (size_t o = 0; o < hooked.size(); ++o) {
+        at::Tensor x = hooked[o].reshape({seqs * L, hooked[o].size(-1)});
+        if (options.sparse) {
+          SparseCodes codes = replica->saes[o].EncodeSparse(x);
+          codes.values.sum().item<float>();  // waits for the device
+        } else {
+          x.sum().item<float>();
+        }
       }
       rows += seqs * L;
     }

@@ -1,6 +1,8 @@
 // The EXTRACT pipeline: token batches -> forward on each device -> SAE encode + TopK on the device
 // (only indices and values leave it) -> host buffers -> one committer (the calling thread)
 // appending rows in order and committing every commit_rows rows -> progress and telemetry.
+// A model with several hooks fills several sinks (outputs) from one forward pass, each hook
+// encoded by its own SAE.
 //
 // Batches lie on a fixed grid of the shard (batch b = sequences [b*B, (b+1)*B)). With n replicas,
 // batch b goes to replica b mod n: every replica works on its own contiguous sequence ranges and
@@ -8,7 +10,8 @@
 // queue_depth per replica), so memory is bounded whatever the dataset size and device work
 // overlaps storage. Commits happen only at batch boundaries, so the watermark is always on the
 // grid: a resumed run (same spec) recomputes exactly the batches an uninterrupted run would have
-// computed after that point, and the final rows are identical.
+// computed after that point, and the final rows are identical. Outputs keep their own
+// watermarks: the model runs from the earliest, and each output takes the batches past its own.
 #ifndef LATENTD_ENGINE_EXTRACT_PIPELINE_H_
 #define LATENTD_ENGINE_EXTRACT_PIPELINE_H_
 
@@ -30,7 +33,7 @@ namespace latentd::engine {
 
 struct PipelineReplica {
   std::unique_ptr<ActivationModel> model;
-  std::optional<Sae> sae;  // required when sparse; on `device`
+  std::vector<Sae> saes;  // sparse: one per model hook (hook_widths() order), on `device`
   at::Device device = at::kCPU;
   int cpu_threads = 0;  // intra-op threads of this replica's worker; 0 = leave alone
 };
@@ -51,14 +54,23 @@ struct PipelineCallbacks {
   std::function<void(const latentd::v1::ExtractTelemetry&)> telemetry;  // rate-limited
 };
 
-struct PipelineResult {
-  int64_t rows = 0;           // rows in the sink at the end (committed)
-  int64_t rows_this_run = 0;  // rows computed and committed by this call
+struct PipelineOutputResult {
+  int64_t rows = 0;  // rows in the output's sink at the end (committed)
+  int64_t rows_this_run = 0;
   int64_t nnz_this_run = 0;
   int64_t rows_skipped_non_finite = 0;
+  int64_t bytes_committed = 0;  // the sink's figure, else an estimate of the stored bytes
+};
+
+struct PipelineResult {
+  int64_t rows = 0;           // rows every sink holds at the end (committed)
+  int64_t rows_this_run = 0;  // rows the model ran over in this call (from the earliest watermark)
+  int64_t nnz_this_run = 0;   // over all outputs
+  int64_t rows_skipped_non_finite = 0;  // over all outputs
   double seconds = 0;
-  double tokens_per_second = 0;  // rows_this_run / seconds
-  int64_t bytes_committed = 0;   // the sink's figure, else an estimate of the stored bytes
+  double tokens_per_second = 0;               // rows_this_run / seconds
+  int64_t bytes_committed = 0;                // over all outputs
+  std::vector<PipelineOutputResult> outputs;  // one per sink
   // Seconds the busiest replica's worker spent on batches (tokens in, codes on the host); against
   // `seconds` it shows how much of the wall time storage and bookkeeping add, in the same run.
   // On CUDA devices the worker only queues the work (copies complete asynchronously), so this
@@ -75,9 +87,18 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
                                                   std::vector<PipelineReplica>* replicas,
                                                   RowSink* sink, const PipelineOptions& options,
                                                   const PipelineCallbacks& callbacks);
+// One sink per model hook: sinks[o] gets hook o's rows (encoded by saes[o] when sparse). Each sink
+// commits on its own; progress reports the rows every sink holds. A failure leaves every sink at
+// its last commit.
+absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
+                                                  std::vector<PipelineReplica>* replicas,
+                                                  const std::vector<RowSink*>& sinks,
+                                                  const PipelineOptions& options,
+                                                  const PipelineCallbacks& callbacks);
 
-// Forward + encode alone over the first `max_sequences` sequences on replica 0, nothing stored or
-// copied beyond what the encoder returns: the compute floor the bench compares the pipeline to.
+// Forward + encode (every hook) alone over the first `max_sequences` sequences on replica 0,
+// nothing stored or copied beyond what the encoder returns: the compute floor the bench compares
+// the pipeline to.
 absl::StatusOr<double> MeasureComputeFloorTokensPerSecond(const TokenSource& tokens,
                                                           PipelineReplica* replica,
                                                           const PipelineOptions& options,

@@ -75,7 +75,7 @@ std::vector<PipelineReplica> Replicas(int n, int nan_token = -1,
     auto m = std::make_unique<EmbeddingModel>(nan_token);
     m->table_ = proto->table_.clone();
     r.model = std::move(m);
-    r.sae = MakeSae(arch, 16, 3);
+    r.saes.push_back(MakeSae(arch, 16, 3));
     r.cpu_threads = 1;
     out.push_back(std::move(r));
   }
@@ -114,7 +114,7 @@ TEST(ExtractPipelineTest, StoresExactlyTheEncodedLatentsOfEveryRow) {
     at::Tensor x = replicas[0]
                        .model->Forward(at::from_blob(ids.data(), {100, kCtx}, at::kLong))
                        .reshape({-1, 16});
-    at::Tensor z = replicas[0].sae->EncodeDense(x);
+    at::Tensor z = replicas[0].saes[0].EncodeDense(x);
     for (int64_t r = 0; r < ds.rows(); ++r) {
       ASSERT_EQ(ds.token_ids[r], ids[r]);
       at::Tensor nz = z[r].nonzero().reshape({-1});
@@ -276,7 +276,7 @@ TEST(ExtractPipelineTest, RunsTheReferenceModelAndReportsProgress) {
   std::vector<PipelineReplica> replicas(1);
   replicas[0].model = std::move(
       *ReferenceModel::Create(spec, *ParseHookName("blocks.1.hook_resid_post"), at::kCPU));
-  replicas[0].sae = MakeSae(SaeArchitecture::kTopK, 16, 4);
+  replicas[0].saes = {MakeSae(SaeArchitecture::kTopK, 16, 4)};
   InMemoryDataset ds;
   ds.width = 64;
   InMemoryRowSink sink(&ds);
@@ -306,7 +306,7 @@ TEST(ExtractPipelineTest, RunsTheReferenceModelAndReportsProgress) {
 TEST(ExtractPipelineTest, SaeWidthMismatchIsInvalidArgument) {
   auto tokens = Tokens(TokenFile("t9.bin", 4 * kCtx));
   auto replicas = Replicas(1);
-  replicas[0].sae = MakeSae(SaeArchitecture::kTopK, 8, 1);
+  replicas[0].saes = {MakeSae(SaeArchitecture::kTopK, 8, 1)};
   InMemoryDataset ds;
   ds.width = 64;
   InMemoryRowSink sink(&ds);

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/path_within.h"
 #include "common/status_macros.h"
@@ -82,7 +83,44 @@ absl::StatusOr<std::string> ResolveSaeDir(const ExtractSpec& spec, const Extract
   }
 }
 
+int ExtractOutputCount(const ExtractSpec& spec) { return 1 + spec.more_outputs_size(); }
+
+ExtractSpec ExtractOutputSpec(const ExtractSpec& spec, int output) {
+  ExtractSpec one = spec;
+  one.clear_more_outputs();
+  if (output > 0) {
+    const latentd::v1::ExtractOutput& more = spec.more_outputs(output - 1);
+    one.set_hook_name(more.hook_name());
+    if (more.has_sae()) {
+      *one.mutable_sae() = more.sae();
+    } else {
+      one.clear_sae();
+    }
+    one.set_dataset_name(more.dataset_name());
+  }
+  return one;
+}
+
+std::string ExtractOutputField(int output, absl::string_view field) {
+  return output == 0 ? absl::StrCat("extract.", field)
+                     : absl::StrCat("extract.more_outputs[", output - 1, "].", field);
+}
+
 namespace {
+
+// `status` about output `output` when it says "extract.hook_name..." or "extract.sae...": the
+// checks below run on ExtractOutputSpec, whose messages name the first output's fields.
+absl::Status ForOutput(const absl::Status& status, int output) {
+  if (status.ok() || output == 0) return status;
+  for (absl::string_view field : {"hook_name", "sae"}) {
+    const std::string prefix = absl::StrCat("extract.", field);
+    if (absl::StartsWith(status.message(), prefix)) {
+      return WithMessage(status, absl::StrCat(ExtractOutputField(output, field),
+                                              status.message().substr(prefix.size())));
+    }
+  }
+  return WithMessage(status, absl::StrCat(ExtractOutputField(output, ""), " ", status.message()));
+}
 
 bool WantsSparse(const ExtractSpec& spec) {
   if (spec.mode() == latentd::v1::SPARSE) return true;
@@ -92,32 +130,70 @@ bool WantsSparse(const ExtractSpec& spec) {
 
 int ValueBytes(latentd::v1::ValueDtype d) { return d == latentd::v1::FLOAT32 ? 4 : 2; }
 
+constexpr int kMaxMoreOutputs = 63;
+
+// One output (hook, and SAE when sparse) after the cheap checks.
+struct CheckedOutput {
+  std::string hook_name;
+  HookName hook;
+  std::string sae_dir;
+  SaeConfig sae_cfg;
+  int64_t hook_width = 0;  // 0 until the model is loaded (TorchScript)
+};
+
 // What the spec resolves to after the cheap checks.
 struct Checked {
-  HookName hook;
+  std::vector<CheckedOutput> outputs;
   latentd::v1::ReferenceModelSpec reference;  // resolved, when the model is the reference one
   std::string model_path;                     // resolved TorchScript path
   std::string tokens_path;
-  std::string sae_dir;
-  SaeConfig sae_cfg;
   bool sparse = true;
   int64_t batch_sequences = kDefaultBatchSequences;
   int64_t commit_rows = kDefaultCommitRows;
-  int64_t hook_width = 0;  // 0 until the model is loaded (TorchScript)
-  int64_t rows = 0;        // rows of the token shard
+  int64_t rows = 0;  // rows of the token shard
 };
+
+// Hook and SAE of output `output` (ExtractOutputSpec), with c.sparse and the model known.
+absl::StatusOr<CheckedOutput> CheckOutput(const ExtractSpec& one, const ExtractEnv& env,
+                                          const Checked& c) {
+  CheckedOutput out;
+  out.hook_name = one.hook_name();
+  ASSIGN_OR_RETURN(out.hook, ParseHookName(one.hook_name()));
+  if (one.model().has_reference()) {
+    RETURN_IF_ERROR(CheckReferenceHook(c.reference, out.hook));
+    out.hook_width = ReferenceHookWidth(c.reference, out.hook);
+  } else {
+    RETURN_IF_ERROR(HiddenStateIndex(out.hook).status());
+  }
+  const bool has_sae =
+      one.has_sae() && one.sae().source_case() != latentd::v1::SaeSource::SOURCE_NOT_SET;
+  if (c.sparse) {
+    ASSIGN_OR_RETURN(out.sae_dir, ResolveSaeDir(one, env));
+    auto cfg = ReadAndCheckSae(out.sae_dir);
+    if (!cfg.ok()) {
+      if (cfg.status().code() == absl::StatusCode::kNotFound) return cfg.status();
+      return absl::InvalidArgumentError(absl::StrCat("extract.sae: ", cfg.status().message()));
+    }
+    out.sae_cfg = *cfg;
+    if (out.hook_width > 0 && out.sae_cfg.d_in != out.hook_width) {
+      return absl::InvalidArgumentError(absl::StrCat("extract.sae: d_in ", out.sae_cfg.d_in,
+                                                     " != width ", out.hook_width, " of hook ",
+                                                     one.hook_name()));
+    }
+  } else if (has_sae) {
+    return absl::InvalidArgumentError("extract.sae: given with mode DENSE (drop it or use SPARSE)");
+  }
+  return out;
+}
 
 absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env) {
   Checked c;
-  ASSIGN_OR_RETURN(c.hook, ParseHookName(spec.hook_name()));
   latentd::v1::TokenSource tokens = spec.tokens();
   ASSIGN_OR_RETURN(c.tokens_path, ResolveUnderRoots(tokens.path(), env, "extract.tokens.path"));
   tokens.set_path(c.tokens_path);
   switch (spec.model().model_case()) {
     case latentd::v1::ModelSpec::kReference: {
       ASSIGN_OR_RETURN(c.reference, ResolveReferenceSpec(spec.model().reference()));
-      RETURN_IF_ERROR(CheckReferenceHook(c.reference, c.hook));
-      c.hook_width = ReferenceHookWidth(c.reference, c.hook);
       if (tokens.context_length() > c.reference.context_length()) {
         return absl::InvalidArgumentError(
             absl::StrCat("extract.tokens.context_length: ", tokens.context_length(),
@@ -128,7 +204,6 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env) {
     case latentd::v1::ModelSpec::kTorchscript: {
       ASSIGN_OR_RETURN(c.model_path, ResolveUnderRoots(spec.model().torchscript().path(), env,
                                                        "extract.model.torchscript.path"));
-      RETURN_IF_ERROR(HiddenStateIndex(c.hook).status());
       if (spec.model().torchscript().vocab_size() < 0) {
         return absl::InvalidArgumentError("extract.model.torchscript.vocab_size: must be >= 0");
       }
@@ -137,26 +212,19 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env) {
     default:
       return absl::InvalidArgumentError("extract.model: set reference or torchscript");
   }
+  if (spec.more_outputs_size() > kMaxMoreOutputs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "extract.more_outputs: at most ", kMaxMoreOutputs, ", not ", spec.more_outputs_size()));
+  }
+  c.sparse = WantsSparse(spec);
+  for (int i = 0; i < ExtractOutputCount(spec); ++i) {
+    auto out = CheckOutput(ExtractOutputSpec(spec, i), env, c);
+    if (!out.ok()) return ForOutput(out.status(), i);
+    c.outputs.push_back(*std::move(out));
+  }
   {
     ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> source, TokenSource::Open(tokens));
     c.rows = source->num_rows();
-  }
-  c.sparse = WantsSparse(spec);
-  if (c.sparse) {
-    ASSIGN_OR_RETURN(c.sae_dir, ResolveSaeDir(spec, env));
-    auto cfg = ReadAndCheckSae(c.sae_dir);
-    if (!cfg.ok()) {
-      if (cfg.status().code() == absl::StatusCode::kNotFound) return cfg.status();
-      return absl::InvalidArgumentError(absl::StrCat("extract.sae: ", cfg.status().message()));
-    }
-    c.sae_cfg = *cfg;
-    if (c.hook_width > 0 && c.sae_cfg.d_in != c.hook_width) {
-      return absl::InvalidArgumentError(absl::StrCat("extract.sae: d_in ", c.sae_cfg.d_in,
-                                                     " != width ", c.hook_width, " of hook ",
-                                                     spec.hook_name()));
-    }
-  } else if (spec.has_sae() && spec.sae().source_case() != latentd::v1::SaeSource::SOURCE_NOT_SET) {
-    return absl::InvalidArgumentError("extract.sae: given with mode DENSE (drop it or use SPARSE)");
   }
   if (spec.batch_sequences() < 0 || spec.batch_sequences() > 65536) {
     return absl::InvalidArgumentError("extract.batch_sequences: must be in [1, 65536] (0: 32)");
@@ -175,18 +243,26 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env) {
   return c;
 }
 
-// Device bytes one replica needs: weights + one batch in flight (activations, pre-activations,
-// top-k scratch) + the queue of finished batches.
-int64_t EstimateDeviceBytes(const Checked& c, int64_t model_param_bytes,
-                            int64_t model_act_bytes_per_token, int64_t context_length) {
+// Device bytes one replica needs: weights + one batch in flight (every hook's activations, an
+// encoder pass's pre-activations and top-k scratch) + the queue of finished batches.
+int64_t EstimateDeviceBytes(const Checked& c, const std::vector<int64_t>& hook_widths,
+                            int64_t model_param_bytes, int64_t model_act_bytes_per_token,
+                            int64_t context_length) {
   const int64_t rows = c.batch_sequences * context_length;
   int64_t bytes = model_param_bytes + rows * model_act_bytes_per_token;
-  if (c.sparse) {
-    bytes += 4 * (2 * c.sae_cfg.d_in * c.sae_cfg.d_sae + 3 * c.sae_cfg.d_sae);
-    // Pre-activations + the encoder's working copy, for one encoder pass of the batch.
-    bytes += std::min(rows, EncodeRowsPerPass(c.sae_cfg.d_sae)) * 4 * 2 * c.sae_cfg.d_sae;
+  int64_t encoder_scratch = 0;
+  for (size_t o = 0; o < c.outputs.size(); ++o) {
+    // The first hook's activations are part of the model's figure; the others are kept too.
+    if (o > 0 && o < hook_widths.size()) bytes += rows * 4 * hook_widths[o];
+    if (!c.sparse) continue;
+    const SaeConfig& cfg = c.outputs[o].sae_cfg;
+    bytes += 4 * (2 * cfg.d_in * cfg.d_sae + 3 * cfg.d_sae);
+    // Pre-activations + the encoder's working copy, for one encoder pass of the batch (the
+    // outputs are encoded one after another).
+    encoder_scratch =
+        std::max(encoder_scratch, std::min(rows, EncodeRowsPerPass(cfg.d_sae)) * 4 * 2 * cfg.d_sae);
   }
-  return bytes;
+  return bytes + encoder_scratch;
 }
 
 int64_t ReferenceParamBytes(const latentd::v1::ReferenceModelSpec& s) {
@@ -208,7 +284,7 @@ absl::Status MemoryCheck(const Checked& c, int64_t need, int64_t have, const std
   return absl::OkStatus();
 }
 
-// A lower bound of the bytes the dataset will take on disk, for the check against free space;
+// A lower bound of the bytes the datasets will take on disk, for the check against free space;
 // bytes 0 when no useful bound is known (ReLU and JumpReLU SAEs fire a data-dependent number of
 // latents; a TorchScript model's hook width is known once loaded).
 struct DatasetBytesFloor {
@@ -222,52 +298,95 @@ DatasetBytesFloor EstimateDatasetBytesFloor(const Checked& c, const ExtractSpec&
   // all LZ4/ZSTD find): TopK latents are nonzero by construction, 3/4 of their raw size is less
   // than any dataset measured takes. Hidden states may hold many exact zeros (a ReLU MLP's
   // hook_post), so DENSE gets 1/2.
-  if (c.sparse && c.sae_cfg.architecture == SaeArchitecture::kTopK) {
-    floor.bytes = c.rows * c.sae_cfg.k * value_bytes * 3 / 4;
-    floor.how = absl::StrCat(c.rows, " rows x ", c.sae_cfg.k, " latents x ", value_bytes,
-                             " B values, 3/4 of them after compression at best");
-  } else if (!c.sparse && c.hook_width > 0) {
-    floor.bytes = c.rows * c.hook_width * value_bytes / 2;
-    floor.how = absl::StrCat(c.rows, " rows x ", c.hook_width, " x ", value_bytes,
-                             " B values, 1/2 of them after compression at best");
+  for (const CheckedOutput& out : c.outputs) {
+    std::string how;
+    if (c.sparse && out.sae_cfg.architecture == SaeArchitecture::kTopK) {
+      floor.bytes += c.rows * out.sae_cfg.k * value_bytes * 3 / 4;
+      how = absl::StrCat(c.rows, " rows x ", out.sae_cfg.k, " latents x ", value_bytes,
+                         " B values, 3/4 of them after compression at best");
+    } else if (!c.sparse && out.hook_width > 0) {
+      floor.bytes += c.rows * out.hook_width * value_bytes / 2;
+      how = absl::StrCat(c.rows, " rows x ", out.hook_width, " x ", value_bytes,
+                         " B values, 1/2 of them after compression at best");
+    }
+    if (!how.empty()) absl::StrAppend(&floor.how, floor.how.empty() ? "" : " + ", how);
   }
   return floor;
+}
+
+// The names a spec gives its outputs' datasets, before any continuation.
+std::vector<std::string> ExtractDatasetNames(const ExtractSpec& spec, uint64_t job_id) {
+  std::vector<std::string> names;
+  names.push_back(spec.dataset_name().empty() ? absl::StrCat("extract-", job_id)
+                                              : spec.dataset_name());
+  for (const latentd::v1::ExtractOutput& more : spec.more_outputs()) {
+    names.push_back(more.dataset_name().empty() ? absl::StrCat(names[0], ".", more.hook_name())
+                                                : more.dataset_name());
+  }
+  return names;
 }
 
 }  // namespace
 
 std::string ExtractDatasetName(const ExtractSpec& spec, uint64_t job_id) {
-  return spec.dataset_name().empty() ? absl::StrCat("extract-", job_id) : spec.dataset_name();
+  return ExtractDatasetNames(spec, job_id)[0];
 }
 
-absl::StatusOr<std::string> ExtractDatasetNameFor(const ExtractSpec& spec, const ExtractEnv& env,
-                                                  uint64_t job_id) {
+absl::StatusOr<std::vector<std::string>> ExtractDatasetNamesFor(const ExtractSpec& spec,
+                                                                const ExtractEnv& env,
+                                                                uint64_t job_id) {
+  std::vector<std::string> names;
   const uint64_t from = spec.resume_from_job_id();
-  if (from == 0) return ExtractDatasetName(spec, job_id);
-  constexpr absl::string_view kField = "extract.resume_from_job_id";
-  ASSIGN_OR_RETURN(latentd::v1::Job job,
-                   FindContinuableJob(env.find_job, from, latentd::v1::JobSpec::kExtract, kField));
-  const std::string name = ExtractDatasetName(job.spec().extract(), from);
-  if (!spec.dataset_name().empty() && spec.dataset_name() != name) {
-    return absl::InvalidArgumentError(absl::StrCat("extract.dataset_name: job ", from,
-                                                   " wrote dataset ", name, ", not ",
-                                                   spec.dataset_name()));
+  if (from == 0) {
+    names = ExtractDatasetNames(spec, job_id);
+  } else {
+    constexpr absl::string_view kField = "extract.resume_from_job_id";
+    ASSIGN_OR_RETURN(
+        latentd::v1::Job job,
+        FindContinuableJob(env.find_job, from, latentd::v1::JobSpec::kExtract, kField));
+    // Every other field shapes the rows (batching too: a matmul's blocking can change the last
+    // bits), so the continuation computes exactly what the first job would have.
+    auto names_cleared = [](ExtractSpec* s) {
+      s->clear_dataset_name();
+      s->clear_resume_from_job_id();
+      for (auto& more : *s->mutable_more_outputs()) more.clear_dataset_name();
+    };
+    RETURN_IF_ERROR(
+        CheckSameSpecBut<ExtractSpec>(job.spec().extract(), spec, names_cleared, from, kField, ""));
+    // The datasets that job wrote, which it may itself have continued from an earlier one.
+    auto theirs = ExtractDatasetNamesFor(job.spec().extract(), env, from);
+    if (!theirs.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(kField, ": cannot tell which datasets job ",
+                                                        from,
+                                                        " wrote: ", theirs.status().message()));
+    }
+    names = *std::move(theirs);
+    const std::vector<std::string> mine = ExtractDatasetNames(spec, job_id);
+    for (int i = 0; i < ExtractOutputCount(spec); ++i) {
+      const std::string& given =
+          i == 0 ? spec.dataset_name() : spec.more_outputs(i - 1).dataset_name();
+      if (!given.empty() && given != names[i]) {
+        return absl::InvalidArgumentError(absl::StrCat(ExtractOutputField(i, "dataset_name"),
+                                                       ": job ", from, " wrote dataset ", names[i],
+                                                       ", not ", given));
+      }
+    }
   }
-  // Every other field shapes the rows (batching too: a matmul's blocking can change the last
-  // bits), so the continuation computes exactly what the first job would have.
-  RETURN_IF_ERROR(CheckSameSpecBut<ExtractSpec>(
-      job.spec().extract(), spec,
-      [](ExtractSpec* s) {
-        s->clear_dataset_name();
-        s->clear_resume_from_job_id();
-      },
-      from, kField, ""));
-  return name;
+  for (size_t i = 1; i < names.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (names[i] == names[j]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(ExtractOutputField(static_cast<int>(i), "dataset_name"), ": ", names[i],
+                         " is output ", j, "'s dataset too; give each output its own name"));
+      }
+    }
+  }
+  return names;
 }
 
 absl::Status ValidateExtractSpec(const ExtractSpec& spec, const ExtractEnv& env) {
   ASSIGN_OR_RETURN(Checked c, Check(spec, env));
-  RETURN_IF_ERROR(ExtractDatasetNameFor(spec, env, 0).status());
+  RETURN_IF_ERROR(ExtractDatasetNamesFor(spec, env, 0).status());
   // Hours into a job is a bad time to learn that the disk was always too small. (A continued
   // dataset already holds part of its rows.)
   if (env.free_disk_bytes && spec.resume_from_job_id() == 0) {
@@ -275,13 +394,16 @@ absl::Status ValidateExtractSpec(const ExtractSpec& spec, const ExtractEnv& env)
     const int64_t free_bytes = floor.bytes > 0 ? env.free_disk_bytes() : -1;
     if (free_bytes >= 0 && floor.bytes > free_bytes) {
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "extract: the dataset needs at least %.1f GB (%s), the data dir has %.1f GB free",
-          floor.bytes / 1e9, floor.how, free_bytes / 1e9));
+          "extract: the dataset%s at least %.1f GB (%s), the data dir has %.1f GB free",
+          c.outputs.size() > 1 ? "s need" : " needs", floor.bytes / 1e9, floor.how,
+          free_bytes / 1e9));
     }
   }
   if (spec.model().has_reference() && env.device_memory_bytes > 0) {
+    std::vector<int64_t> widths;
+    for (const CheckedOutput& out : c.outputs) widths.push_back(out.hook_width);
     const int64_t need =
-        EstimateDeviceBytes(c, ReferenceParamBytes(c.reference),
+        EstimateDeviceBytes(c, widths, ReferenceParamBytes(c.reference),
                             ReferenceActBytes(c.reference, spec.tokens().context_length()),
                             spec.tokens().context_length());
     absl::Status s = MemoryCheck(c, need, env.device_memory_bytes, "extract.batch_sequences");
@@ -297,6 +419,7 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   latentd::v1::TokenSource token_spec = spec.tokens();
   token_spec.set_path(c.tokens_path);
   ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, TokenSource::Open(token_spec));
+  const int num_outputs = static_cast<int>(c.outputs.size());
 
   std::vector<DeviceRef> devices = ctx != nullptr ? ctx->devices() : std::vector<DeviceRef>{};
   if (devices.empty()) devices.push_back(DeviceRef{DeviceKind::kCpu, 0, "cpu:0", 0});
@@ -305,12 +428,16 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   const int host_cores = std::max(1u, std::thread::hardware_concurrency());
   const int cpu_threads = cpu_devices > 0 ? std::max(1, host_cores / cpu_devices) : 0;
 
-  std::optional<Sae> sae_cpu;
-  if (c.sparse) {
-    auto sae = Sae::Load(c.sae_dir);
-    if (!sae.ok())
-      return absl::InvalidArgumentError(absl::StrCat("extract.sae: ", sae.status().message()));
-    sae_cpu = std::move(*sae);
+  std::vector<HookName> hooks;
+  for (const CheckedOutput& out : c.outputs) hooks.push_back(out.hook);
+  std::vector<Sae> saes_cpu;
+  for (int o = 0; c.sparse && o < num_outputs; ++o) {
+    auto sae = Sae::Load(c.outputs[o].sae_dir);
+    if (!sae.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(ExtractOutputField(o, "sae"), ": ", sae.status().message()));
+    }
+    saes_cpu.push_back(*std::move(sae));
   }
   std::vector<PipelineReplica> replicas;
   try {
@@ -319,23 +446,24 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
       ASSIGN_OR_RETURN(r.device, ToAtDevice(d));
       r.cpu_threads = d.kind == DeviceKind::kCpu ? cpu_threads : 0;
       if (spec.model().has_reference()) {
-        ASSIGN_OR_RETURN(r.model, ReferenceModel::Create(c.reference, c.hook, r.device));
+        ASSIGN_OR_RETURN(r.model, ReferenceModel::Create(c.reference, hooks, r.device));
       } else {
         TorchScriptModelOptions o;
         o.path = c.model_path;
         o.vocab_size = spec.model().torchscript().vocab_size();
-        ASSIGN_OR_RETURN(r.model, LoadTorchScriptModel(o, c.hook, r.device));
+        ASSIGN_OR_RETURN(r.model, LoadTorchScriptModel(o, hooks, r.device));
       }
-      if (c.sparse) {
-        if (sae_cpu->config().d_in != r.model->hook_width()) {
+      const std::vector<int64_t> widths = r.model->hook_widths();
+      for (int o = 0; c.sparse && o < num_outputs; ++o) {
+        if (saes_cpu[o].config().d_in != widths[o]) {
           return absl::InvalidArgumentError(
-              absl::StrCat("extract.sae: d_in ", sae_cpu->config().d_in, " != width ",
-                           r.model->hook_width(), " of hook ", spec.hook_name()));
+              absl::StrCat(ExtractOutputField(o, "sae"), ": d_in ", saes_cpu[o].config().d_in,
+                           " != width ", widths[o], " of hook ", c.outputs[o].hook_name));
         }
-        r.sae = sae_cpu->To(r.device);
+        r.saes.push_back(saes_cpu[o].To(r.device));
       }
       const int64_t need = EstimateDeviceBytes(
-          c, r.model->parameter_bytes(),
+          c, widths, r.model->parameter_bytes(),
           r.model->activation_bytes_per_token(tokens->context_length()), tokens->context_length());
       RETURN_IF_ERROR(WithReason(MemoryCheck(c, need, d.memory_total_bytes, "device " + d.name),
                                  latentd::v1::OOM));
@@ -345,46 +473,57 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
     return absl::InternalError(absl::StrCat("loading the model: ", e.what()));
   }
   const ActivationModel& model = *replicas[0].model;
+  const std::vector<int64_t> widths = model.hook_widths();
 
   const uint64_t job_id = ctx != nullptr ? ctx->job_id() : 0;
-  ExtractDatasetMeta meta;
-  ASSIGN_OR_RETURN(meta.name, ExtractDatasetNameFor(spec, env, job_id));
-  meta.adopt_from_job = spec.resume_from_job_id();
-  meta.sparse = c.sparse;
-  meta.value_dtype = spec.value_dtype() == latentd::v1::VALUE_DTYPE_UNSPECIFIED
-                         ? latentd::v1::FLOAT16
-                         : spec.value_dtype();
-  meta.model_id = model.model_id();
-  meta.model_weight_hash = model.weight_hash();
-  meta.hook_name = spec.hook_name();
-  meta.layer = c.hook.layer;
-  meta.d_in = static_cast<int32_t>(model.hook_width());
-  if (c.sparse) {
-    meta.encoder = SaeArchitectureName(c.sae_cfg.architecture);
-    meta.k = c.sae_cfg.k;
-    meta.threshold_policy = c.sae_cfg.architecture == SaeArchitecture::kJumpRelu
-                                ? "per-latent threshold (pre > threshold)"
-                            : c.sae_cfg.architecture == SaeArchitecture::kTopK
-                                ? "topk then relu, zeros dropped"
-                                : "relu, zeros dropped";
-    meta.apply_b_dec_to_input = c.sae_cfg.apply_b_dec_to_input;
-    meta.width = static_cast<int32_t>(c.sae_cfg.d_sae);
-    meta.sae_weight_hash = sae_cpu->weight_hash();
-  } else {
-    meta.width = meta.d_in;
-  }
-  meta.postings = !spec.disable_postings();
-  if (spec.top_n() > 0) meta.top_n = spec.top_n();
-  meta.context_length = tokens->context_length();
-  meta.token_source = tokens->Describe();
-  meta.token_order_start = tokens->first_sequence() * tokens->context_length();
-  meta.job_id = job_id;
-  meta.rows_planned = tokens->num_rows();
-  ASSIGN_OR_RETURN(OpenedSink opened, open_sink(meta));
-  if (ctx != nullptr && opened.sink->rows_committed() > 0) {
-    ctx->Log(latentd::v1::LogLine::INFO,
-             absl::StrCat("resuming dataset ", meta.name, " at row ", opened.sink->rows_committed(),
-                          " of ", meta.rows_planned));
+  ASSIGN_OR_RETURN(const std::vector<std::string> names, ExtractDatasetNamesFor(spec, env, job_id));
+  const latentd::v1::ValueDtype value_dtype =
+      spec.value_dtype() == latentd::v1::VALUE_DTYPE_UNSPECIFIED ? latentd::v1::FLOAT16
+                                                                 : spec.value_dtype();
+  std::vector<OpenedSink> opened;
+  std::vector<RowSink*> sinks;
+  for (int o = 0; o < num_outputs; ++o) {
+    const CheckedOutput& out = c.outputs[o];
+    ExtractDatasetMeta meta;
+    meta.name = names[o];
+    meta.adopt_from_job = spec.resume_from_job_id();
+    meta.sparse = c.sparse;
+    meta.value_dtype = value_dtype;
+    meta.model_id = model.model_id();
+    meta.model_weight_hash = model.weight_hash();
+    meta.hook_name = out.hook_name;
+    meta.layer = out.hook.layer;
+    meta.d_in = static_cast<int32_t>(widths[o]);
+    if (c.sparse) {
+      meta.encoder = SaeArchitectureName(out.sae_cfg.architecture);
+      meta.k = out.sae_cfg.k;
+      meta.threshold_policy = out.sae_cfg.architecture == SaeArchitecture::kJumpRelu
+                                  ? "per-latent threshold (pre > threshold)"
+                              : out.sae_cfg.architecture == SaeArchitecture::kTopK
+                                  ? "topk then relu, zeros dropped"
+                                  : "relu, zeros dropped";
+      meta.apply_b_dec_to_input = out.sae_cfg.apply_b_dec_to_input;
+      meta.width = static_cast<int32_t>(out.sae_cfg.d_sae);
+      meta.sae_weight_hash = saes_cpu[o].weight_hash();
+    } else {
+      meta.width = meta.d_in;
+    }
+    meta.postings = !spec.disable_postings();
+    if (spec.top_n() > 0) meta.top_n = spec.top_n();
+    meta.context_length = tokens->context_length();
+    meta.token_source = tokens->Describe();
+    meta.token_order_start = tokens->first_sequence() * tokens->context_length();
+    meta.job_id = job_id;
+    meta.rows_planned = tokens->num_rows();
+    auto sink = open_sink(meta);
+    if (!sink.ok()) return num_outputs > 1 ? ForOutput(sink.status(), o) : sink.status();
+    if (ctx != nullptr && sink->sink->rows_committed() > 0) {
+      ctx->Log(latentd::v1::LogLine::INFO,
+               absl::StrCat("resuming dataset ", meta.name, " at row ",
+                            sink->sink->rows_committed(), " of ", meta.rows_planned));
+    }
+    sinks.push_back(sink->sink.get());
+    opened.push_back(*std::move(sink));
   }
 
   PipelineOptions options;
@@ -392,18 +531,18 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   options.batch_sequences = c.batch_sequences;
   options.commit_rows = c.commit_rows;
   options.skip_non_finite = spec.non_finite() == latentd::v1::NON_FINITE_SKIP;
-  options.value_bytes = ValueBytes(meta.value_dtype);
+  options.value_bytes = ValueBytes(value_dtype);
   PipelineCallbacks callbacks;
   if (ctx != nullptr) {
     callbacks.cancelled = [ctx] { return ctx->cancel_requested(); };
     // Once the first commits show what a row costs on disk, say (once) when the rest will not
     // fit: the user can free space or stop the job while it is cheap to.
-    callbacks.progress = [ctx, sink = opened.sink.get(), warned = false](int64_t done,
-                                                                         int64_t total) mutable {
+    callbacks.progress = [ctx, &sinks, warned = false](int64_t done, int64_t total) mutable {
       ctx->ReportProgress(done, total, "rows");
-      const int64_t bytes = sink->bytes_committed();
+      int64_t bytes = 0;
+      for (RowSink* sink : sinks) bytes += std::max<int64_t>(sink->bytes_committed(), 0);
       if (warned || done <= 0 || done >= total || bytes <= 0) return;
-      const int64_t free_bytes = sink->free_disk_bytes();
+      const int64_t free_bytes = sinks[0]->free_disk_bytes();
       const double per_row = static_cast<double>(bytes) / done;
       const double need = per_row * static_cast<double>(total - done);
       if (free_bytes < 0 || need <= static_cast<double>(free_bytes)) return;
@@ -420,7 +559,7 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
       ctx->ReportTelemetry(sample);
     };
   }
-  auto run = RunExtractPipeline(*tokens, &replicas, opened.sink.get(), options, callbacks);
+  auto run = RunExtractPipeline(*tokens, &replicas, sinks, options, callbacks);
   if (!run.ok()) {
     absl::Status s = run.status();
     // How a user picks the rows up again once the cause is fixed (disk space, a cancel).
@@ -428,7 +567,8 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
       s = WithMessage(s, absl::StrCat(s.message(),
                                       " (rows up to the last commit are kept; an EXTRACT job with "
                                       "resume_from_job_id ",
-                                      job_id, " continues dataset ", meta.name, ")"));
+                                      job_id, " continues dataset", names.size() > 1 ? "s " : " ",
+                                      absl::StrJoin(names, ", "), ")"));
     }
     if (absl::StrContains(s.message(), "non-finite")) return WithReason(s, latentd::v1::NUMERICAL);
     if (s.code() == absl::StatusCode::kResourceExhausted) return WithReason(s, latentd::v1::OOM);
@@ -444,14 +584,30 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
                                  : 0.0));
   }
   latentd::v1::ExtractResult result;
-  result.set_dataset_id(opened.dataset_id);
-  result.set_rows(run->rows);
-  const int64_t nnz = opened.sink->nnz_committed();
-  result.set_nnz(nnz >= 0 ? nnz : run->nnz_this_run);
-  result.set_rows_skipped_non_finite(run->rows_skipped_non_finite);
-  result.set_tokens_per_second(run->tokens_per_second);
-  result.set_bytes_per_token(run->rows > 0 ? static_cast<double>(run->bytes_committed) / run->rows
-                                           : 0);
+  for (int o = 0; o < num_outputs; ++o) {
+    const PipelineOutputResult& done = run->outputs[o];
+    const int64_t stored_nnz = opened[o].sink->nnz_committed();
+    const int64_t nnz = stored_nnz >= 0 ? stored_nnz : done.nnz_this_run;
+    const double bytes_per_token =
+        done.rows > 0 ? static_cast<double>(done.bytes_committed) / done.rows : 0;
+    if (o == 0) {
+      result.set_dataset_id(opened[o].dataset_id);
+      result.set_rows(done.rows);
+      result.set_nnz(nnz);
+      result.set_rows_skipped_non_finite(done.rows_skipped_non_finite);
+      result.set_tokens_per_second(run->tokens_per_second);
+      result.set_bytes_per_token(bytes_per_token);
+      continue;
+    }
+    latentd::v1::ExtractOutputResult* more = result.add_more_outputs();
+    more->set_dataset_id(opened[o].dataset_id);
+    more->set_dataset_name(names[o]);
+    more->set_hook_name(c.outputs[o].hook_name);
+    more->set_rows(done.rows);
+    more->set_nnz(nnz);
+    more->set_rows_skipped_non_finite(done.rows_skipped_non_finite);
+    more->set_bytes_per_token(bytes_per_token);
+  }
   return result;
 }
 

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "engine/job_context.h"
 #include "engine/row_sink.h"
 #include "proto/latentd/v1/extract.pb.h"
@@ -90,16 +91,28 @@ absl::StatusOr<std::string> ResolveUnderRoots(const std::string& path, const Ext
 absl::StatusOr<std::string> ResolveSaeDir(const latentd::v1::ExtractSpec& spec,
                                           const ExtractEnv& env);
 
-// The dataset name a spec gets: dataset_name, else "extract-<job id>".
+// A spec's outputs: 1 + more_outputs. Output 0 is the spec's own hook_name, sae and
+// dataset_name; output i >= 1 is more_outputs[i - 1].
+int ExtractOutputCount(const latentd::v1::ExtractSpec& spec);
+// The spec with output `output`'s hook_name, sae and dataset_name in place of its own and no
+// more_outputs: what that output's dataset was computed from (DatasetModels reads it).
+latentd::v1::ExtractSpec ExtractOutputSpec(const latentd::v1::ExtractSpec& spec, int output);
+// The field path of an output's field in error messages: "extract.sae" for output 0,
+// "extract.more_outputs[0].sae" for output 1.
+std::string ExtractOutputField(int output, absl::string_view field);
+
+// The first output's dataset name: dataset_name, else "extract-<job id>".
 std::string ExtractDatasetName(const latentd::v1::ExtractSpec& spec, uint64_t job_id);
 
-// The dataset a job of `spec` writes: dataset_name; else, with resume_from_job_id, the dataset
-// of the job it continues; else "extract-<job id>". With resume_from_job_id it first checks that
-// job: a FAILED or CANCELLED EXTRACT job whose spec equals this one but for dataset_name (which
-// must be empty or name its dataset). NOT_FOUND for an unknown job, INVALID_ARGUMENT quoting the
-// first difference, FAILED_PRECONDITION for a job in another state.
-absl::StatusOr<std::string> ExtractDatasetNameFor(const latentd::v1::ExtractSpec& spec,
-                                                  const ExtractEnv& env, uint64_t job_id);
+// The datasets a job of `spec` writes, one per output: output 0's is dataset_name, else
+// "extract-<job id>"; output i's is its dataset_name, else output 0's + "." + its hook name. With
+// resume_from_job_id they are the datasets of the job it continues (following that job's own
+// continuation), after checking that job: a FAILED or CANCELLED EXTRACT job whose spec equals this
+// one but for the dataset names (which must be empty or name its datasets). NOT_FOUND for an
+// unknown job, INVALID_ARGUMENT quoting the first difference, FAILED_PRECONDITION for a job in
+// another state. Two outputs naming one dataset: INVALID_ARGUMENT.
+absl::StatusOr<std::vector<std::string>> ExtractDatasetNamesFor(
+    const latentd::v1::ExtractSpec& spec, const ExtractEnv& env, uint64_t job_id);
 
 }  // namespace latentd::engine
 

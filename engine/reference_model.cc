@@ -54,13 +54,20 @@ int64_t ReferenceHookWidth(const latentd::v1::ReferenceModelSpec& s, const HookN
 }
 
 absl::StatusOr<std::unique_ptr<ReferenceModel>> ReferenceModel::Create(
-    const latentd::v1::ReferenceModelSpec& in, const HookName& hook, const at::Device& device) {
+    const latentd::v1::ReferenceModelSpec& spec, const HookName& hook, const at::Device& device) {
+  return Create(spec, std::vector<HookName>{hook}, device);
+}
+
+absl::StatusOr<std::unique_ptr<ReferenceModel>> ReferenceModel::Create(
+    const latentd::v1::ReferenceModelSpec& in, const std::vector<HookName>& hooks,
+    const at::Device& device) {
   ASSIGN_OR_RETURN(latentd::v1::ReferenceModelSpec s, ResolveReferenceSpec(in));
-  RETURN_IF_ERROR(CheckReferenceHook(s, hook));
+  if (hooks.empty()) return absl::InvalidArgumentError("extract.hook_name: no hook");
+  for (const HookName& hook : hooks) RETURN_IF_ERROR(CheckReferenceHook(s, hook));
   std::unique_ptr<ReferenceModel> m(new ReferenceModel());
   m->spec_ = s;
-  m->hook_ = hook;
-  m->hook_width_ = ReferenceHookWidth(s, hook);
+  m->hooks_ = hooks;
+  m->hook_width_ = ReferenceHookWidth(s, hooks[0]);
   const int64_t d = s.d_model(), f = s.d_mlp();
   at::Generator gen = at::detail::createCPUGenerator(s.seed());
   const double out_scale = 1.0 / std::sqrt(2.0 * s.n_layers());
@@ -111,19 +118,30 @@ int64_t ReferenceModel::activation_bytes_per_token(int64_t seq_len) const {
               2 * spec_.d_mlp());
 }
 
-at::Tensor ReferenceModel::Run(const at::Tensor& tokens, const HookName& hook,
-                               std::vector<at::Tensor>* all) {
+std::vector<at::Tensor> ReferenceModel::Run(const at::Tensor& tokens,
+                                            const std::vector<HookName>& hooks,
+                                            std::vector<at::Tensor>* all) {
   const int64_t B = tokens.size(0), S = tokens.size(1), d = spec_.d_model();
   const int64_t H = spec_.n_heads(), dh = d / H;
+  std::vector<at::Tensor> hooked(hooks.size());
+  size_t remaining = hooks.size();
+  // Keeps `t` for every hook at (layer, point); true once every hook has its activation.
+  auto capture = [&](int layer, HookPoint point, const at::Tensor& t) {
+    for (size_t i = 0; i < hooks.size(); ++i) {
+      if (hooks[i].layer == layer && hooks[i].point == point && !hooked[i].defined()) {
+        hooked[i] = t;
+        --remaining;
+      }
+    }
+    return remaining == 0 && all == nullptr;
+  };
   at::Tensor x = W_E_.index_select(0, tokens.reshape({-1})).view({B, S, d}) +
                  W_pos_.slice(0, 0, S).unsqueeze(0);
   at::Tensor causal = at::ones({S, S}, tokens.options().dtype(at::kBool)).triu(1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
-  const int last = all != nullptr ? spec_.n_layers() - 1 : hook.layer;
-  for (int l = 0; l <= last; ++l) {
+  for (int l = 0; l < spec_.n_layers(); ++l) {
     const Block& b = blocks_[l];
-    const bool hooked = all == nullptr && l == hook.layer;
-    if (hooked && hook.point == HookPoint::kResidPre) return x;
+    if (capture(l, HookPoint::kResidPre, x)) break;
     at::Tensor h = at::layer_norm(x, {d}, b.ln1_w, b.ln1_b, 1e-5);
     at::Tensor qkv = at::addmm(b.b_qkv, h.view({B * S, d}), b.W_qkv).view({B, S, 3, H, dh});
     at::Tensor q = qkv.select(2, 0).transpose(1, 2);  // [B, H, S, dh]
@@ -134,19 +152,19 @@ at::Tensor ReferenceModel::Run(const at::Tensor& tokens, const HookName& hook,
     att = at::softmax(att, -1);
     at::Tensor z = at::matmul(att, v).transpose(1, 2).reshape({B * S, d});
     at::Tensor attn_out = at::addmm(b.b_O, z, b.W_O).view({B, S, d});
-    if (hooked && hook.point == HookPoint::kAttnOut) return attn_out;
+    if (capture(l, HookPoint::kAttnOut, attn_out)) break;
     x = x + attn_out;
-    if (hooked && hook.point == HookPoint::kResidMid) return x;
+    if (capture(l, HookPoint::kResidMid, x)) break;
     at::Tensor h2 = at::layer_norm(x, {d}, b.ln2_w, b.ln2_b, 1e-5);
     at::Tensor post = at::gelu(at::addmm(b.b_in, h2.view({B * S, d}), b.W_in), "tanh");
-    if (hooked && hook.point == HookPoint::kMlpPost) return post.view({B, S, -1});
+    if (capture(l, HookPoint::kMlpPost, post.view({B, S, -1}))) break;
     at::Tensor mlp_out = at::addmm(b.b_out, post, b.W_out).view({B, S, d});
-    if (hooked && hook.point == HookPoint::kMlpOut) return mlp_out;
+    if (capture(l, HookPoint::kMlpOut, mlp_out)) break;
     x = x + mlp_out;
     if (all != nullptr) all->push_back(x);
-    if (hooked) return x;  // kResidPost
+    if (capture(l, HookPoint::kResidPost, x)) break;
   }
-  return x;
+  return hooked;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ReferenceModel::NamedWeights() const {
@@ -174,11 +192,23 @@ std::vector<std::pair<std::string, at::Tensor>> ReferenceModel::NamedWeights() c
   return out;
 }
 
-at::Tensor ReferenceModel::Forward(const at::Tensor& tokens) { return Run(tokens, hook_, nullptr); }
+at::Tensor ReferenceModel::Forward(const at::Tensor& tokens) {
+  return Run(tokens, {hooks_[0]}, nullptr)[0];
+}
+
+std::vector<at::Tensor> ReferenceModel::ForwardHooks(const at::Tensor& tokens) {
+  return Run(tokens, hooks_, nullptr);
+}
+
+std::vector<int64_t> ReferenceModel::hook_widths() const {
+  std::vector<int64_t> widths;
+  for (const HookName& hook : hooks_) widths.push_back(ReferenceHookWidth(spec_, hook));
+  return widths;
+}
 
 std::vector<at::Tensor> ReferenceModel::AllResidPost(const at::Tensor& tokens) {
   std::vector<at::Tensor> all;
-  Run(tokens, hook_, &all);
+  Run(tokens, {}, &all);
   return all;
 }
 

@@ -1,7 +1,8 @@
 // The built-in reference transformer (the X1 workload): GPT-2-style pre-LayerNorm, learned
 // positional embeddings, tanh-GELU MLP, weights N(0, 0.02) drawn from the seed, attention and MLP
 // output projections scaled by 1/sqrt(2 * n_layers), LayerNorm gains 1 and all biases 0.
-// Forward stops after the hooked block (TransformerLens stop_at_layer).
+// Forward stops after the hooked block (TransformerLens stop_at_layer); with several hooks, after
+// the deepest.
 #ifndef LATENTD_ENGINE_REFERENCE_MODEL_H_
 #define LATENTD_ENGINE_REFERENCE_MODEL_H_
 
@@ -33,9 +34,15 @@ class ReferenceModel : public ActivationModel {
   // Weights are drawn on the CPU (identical for a seed on every machine), then moved to `device`.
   static absl::StatusOr<std::unique_ptr<ReferenceModel>> Create(
       const latentd::v1::ReferenceModelSpec& spec, const HookName& hook, const at::Device& device);
+  // Several hooks (at least one), read in one forward pass (ForwardHooks).
+  static absl::StatusOr<std::unique_ptr<ReferenceModel>> Create(
+      const latentd::v1::ReferenceModelSpec& spec, const std::vector<HookName>& hooks,
+      const at::Device& device);
 
   at::Tensor Forward(const at::Tensor& tokens) override;
+  std::vector<at::Tensor> ForwardHooks(const at::Tensor& tokens) override;
   int64_t hook_width() const override { return hook_width_; }
+  std::vector<int64_t> hook_widths() const override;
   int64_t vocab_size() const override { return spec_.vocab_size(); }
   int64_t max_context() const override { return spec_.context_length(); }
   int64_t parameter_bytes() const override;
@@ -56,10 +63,13 @@ class ReferenceModel : public ActivationModel {
     at::Tensor ln1_w, ln1_b, W_qkv, b_qkv, W_O, b_O, ln2_w, ln2_b, W_in, b_in, W_out, b_out;
   };
   ReferenceModel() = default;
-  at::Tensor Run(const at::Tensor& tokens, const HookName& hook, std::vector<at::Tensor>* all);
+  // The activations of `hooks` (in that order) from one pass that stops once it has them all;
+  // with `all`, every block runs and each one's resid_post is appended to it.
+  std::vector<at::Tensor> Run(const at::Tensor& tokens, const std::vector<HookName>& hooks,
+                              std::vector<at::Tensor>* all);
 
   latentd::v1::ReferenceModelSpec spec_;
-  HookName hook_;
+  std::vector<HookName> hooks_;
   int64_t hook_width_ = 0;
   at::Tensor W_E_, W_pos_;
   std::vector<Block> blocks_;

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/activation_model.h"
@@ -27,6 +28,10 @@ struct TorchScriptModelOptions {
 // out of range; NOT_FOUND for a missing file.
 absl::StatusOr<std::unique_ptr<ActivationModel>> LoadTorchScriptModel(
     const TorchScriptModelOptions& options, const HookName& hook, const at::Device& device);
+// Several hooks (at least one), all read from the one forward pass (ForwardHooks).
+absl::StatusOr<std::unique_ptr<ActivationModel>> LoadTorchScriptModel(
+    const TorchScriptModelOptions& options, const std::vector<HookName>& hooks,
+    const at::Device& device);
 
 // A hash of the file's bytes ("fnv1a64:..."), the dataset's model_weight_hash.
 absl::StatusOr<std::string> HashFile(const std::string& path);

@@ -1,5 +1,6 @@
 #include "server/artifact_deletion.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
 
@@ -28,11 +29,14 @@ absl::StatusOr<ArtifactDeletion> DeleteArtifact(
   const fs::path dir = Resolved(artifact.path());
   for (const latentd::v1::Job& job : unfinished_jobs) {
     if (!job.spec().has_extract()) continue;
-    const latentd::v1::SaeSource& sae = job.spec().extract().sae();
-    const bool names_it =
-        (sae.source_case() == latentd::v1::SaeSource::kArtifactId && sae.artifact_id() == id) ||
-        (sae.source_case() == latentd::v1::SaeSource::kPath &&
-         PathIsWithin(Resolved(sae.path()), dir));
+    std::vector<const latentd::v1::SaeSource*> saes = {&job.spec().extract().sae()};
+    for (const auto& more : job.spec().extract().more_outputs()) saes.push_back(&more.sae());
+    const bool names_it = std::any_of(saes.begin(), saes.end(), [&](const auto* sae) {
+      return (sae->source_case() == latentd::v1::SaeSource::kArtifactId &&
+              sae->artifact_id() == id) ||
+             (sae->source_case() == latentd::v1::SaeSource::kPath &&
+              PathIsWithin(Resolved(sae->path()), dir));
+    });
     if (names_it) {
       return absl::FailedPreconditionError(absl::StrCat(
           "artifact ", id, " (\"", artifact.name(), "\") is the SAE of job ", job.id(), " (",

@@ -69,8 +69,16 @@ TEST_F(ArtifactDeletionTest, RefusedWhileAnUnfinishedExtractNamesIt) {
   by_path.mutable_spec()->mutable_extract()->mutable_sae()->set_path(artifact_dir_ + "/./sae-1/");
   latentd::v1::Job elsewhere = ExtractJob(9, latentd::v1::RUNNING);
   elsewhere.mutable_spec()->mutable_extract()->mutable_sae()->set_path(artifact_dir_ + "/sae-10");
+  // A job of several outputs names it for its second hook.
+  latentd::v1::Job second_output = elsewhere;
+  second_output.set_id(10);
+  second_output.mutable_spec()
+      ->mutable_extract()
+      ->add_more_outputs()
+      ->mutable_sae()
+      ->set_artifact_id(id);
 
-  for (const latentd::v1::Job& job : {by_id, by_path}) {
+  for (const latentd::v1::Job& job : {by_id, by_path, second_output}) {
     auto refused = DeleteArtifact(artifacts_.get(), artifact_dir_, {elsewhere, job}, id);
     ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
     EXPECT_NE(refused.status().message().find(absl::StrCat("job ", job.id())), std::string::npos)

@@ -504,6 +504,7 @@ absl::StatusOr<engine::DatasetSource> DatasetsService::ModelSource(uint64_t data
   source.sae_weight_hash = record.meta.sae_weight_hash;
   source.model_weight_hash = record.meta.model_weight_hash;
   source.d_sae = record.meta.width;
+  source.name = record.meta.name;
   return source;
 }
 
