@@ -372,6 +372,63 @@ TEST_F(DatasetModelsTest, AnSaeLargerThanTheMemoryLimitIsRefusedWithTheNumbers) 
   EXPECT_TRUE(DatasetModels(env_, enough).ReadLatentWeights({6, 31, hash, "", kDSae}, {}).ok());
 }
 
+// A job with more_outputs wrote several datasets: each is answered with its own hook and SAE,
+// found by the dataset's name.
+TEST_F(DatasetModelsTest, EachOutputOfAJobIsAnsweredWithItsOwnHookAndSae) {
+  const std::string resid = root_ + "/sae_out0", mlp = root_ + "/sae_out1";
+  const SaeWeights w_resid = MakeWeights(16, 11), w_mlp = MakeWeights(32, 12);
+  const std::string resid_hash = WriteSae(resid, w_resid), mlp_hash = WriteSae(mlp, w_mlp);
+  AddReferenceJob(60, "blocks.1.hook_resid_post", resid);
+  latentd::v1::ExtractOutput* more =
+      jobs_[60].mutable_spec()->mutable_extract()->add_more_outputs();
+  more->set_hook_name("blocks.0.mlp.hook_post");
+  more->mutable_sae()->set_path(mlp);
+  AddReferenceJob(61, "blocks.0.mlp.hook_post", mlp);  // the same output as a job of its own
+  const std::string model_hash = ReferenceHash("blocks.1.hook_resid_post");
+  DatasetModels models(env_);
+  LatentWeightsQuery q;
+  q.latent = 3;
+  q.top_n = 4;
+
+  DatasetSource first{20, 60, resid_hash, model_hash, kDSae, "extract-60"};
+  auto got = models.ReadLatentWeights(first, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->logits_source, "embed.W_E (tied)");
+  EXPECT_NEAR(got->decoder_norm, w_resid.W_dec[3].norm().item<double>(), 1e-4);
+
+  DatasetSource second{21, 60, mlp_hash, model_hash, kDSae, "extract-60.blocks.0.mlp.hook_post"};
+  got = models.ReadLatentWeights(second, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->logits_source, "blocks.0.mlp.W_out then embed.W_E (tied)");
+  EXPECT_NEAR(got->decoder_norm, w_mlp.W_dec[3].norm().item<double>(), 1e-4);
+
+  PromptQuery prompt;
+  prompt.token_ids = {4, 8, 15, 16, 23};
+  prompt.latents_per_token = 1000;
+  auto encoded = models.EncodePrompt(second, prompt);
+  auto alone = models.EncodePrompt({22, 61, mlp_hash, model_hash, kDSae}, prompt);
+  ASSERT_TRUE(encoded.ok() && alone.ok()) << encoded.status() << alone.status();
+  ASSERT_EQ(encoded->tokens.size(), alone->tokens.size());
+  for (size_t r = 0; r < alone->tokens.size(); ++r) {
+    ASSERT_EQ(encoded->tokens[r].latents.size(), alone->tokens[r].latents.size());
+    for (size_t e = 0; e < alone->tokens[r].latents.size(); ++e) {
+      EXPECT_EQ(encoded->tokens[r].latents[e].index, alone->tokens[r].latents[e].index);
+      EXPECT_EQ(encoded->tokens[r].latents[e].score, alone->tokens[r].latents[e].score);
+    }
+  }
+
+  // A name that is none of the job's outputs, or an SAE other than the dataset's.
+  DatasetSource stranger = second;
+  stranger.name = "renamed";
+  auto s = models.ReadLatentWeights(stranger, q).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("none of job 60's outputs"), std::string::npos) << s;
+  DatasetSource swapped = second;
+  swapped.sae_weight_hash = resid_hash;
+  EXPECT_EQ(models.ReadLatentWeights(swapped, q).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(DatasetModelsTest, APromptGetsTheLatentsTheModelAndSaeGiveIt) {
   const std::string dir = root_ + "/sae_prompt";
   const SaeWeights w = MakeWeights(16, 8);

@@ -77,7 +77,26 @@ class ExtractJobTest : public ::testing::Test {
     ASSERT_TRUE(SaveSae(Tmp("root/sae"),
                         {dec.t().contiguous(), at::zeros({48}), dec, at::zeros({16}), {}}, cfg)
                     .ok());
+    at::Tensor dec2 = at::randn({48, 16});
+    dec2 = dec2 / dec2.norm(2, 1, true);
+    ASSERT_TRUE(SaveSae(Tmp("root/sae2"),
+                        {dec2.t().contiguous(), at::zeros({48}), dec2, at::zeros({16}), {}}, cfg)
+                    .ok());
     env_.data_roots = {root_};
+  }
+
+  // Spec() with two more outputs: an earlier layer encoded by sae2, and the first output's hook
+  // encoded by sae2 into a dataset named "second".
+  latentd::v1::ExtractSpec MultiSpec() {
+    latentd::v1::ExtractSpec s = Spec();
+    latentd::v1::ExtractOutput* early = s.add_more_outputs();
+    early->set_hook_name("blocks.0.hook_resid_mid");
+    early->mutable_sae()->set_path(root_ + "/sae2");
+    latentd::v1::ExtractOutput* same_hook = s.add_more_outputs();
+    same_hook->set_hook_name("blocks.1.hook_resid_post");
+    same_hook->mutable_sae()->set_path(root_ + "/sae2");
+    same_hook->set_dataset_name("second");
+    return s;
   }
 
   latentd::v1::ExtractSpec Spec() {
@@ -289,6 +308,153 @@ TEST_F(ExtractJobTest, CancelledJobsResumeToTheUninterruptedDataset) {
     EXPECT_EQ(a->indptr, b->indptr);
     EXPECT_EQ(a->indices, b->indices);
     EXPECT_EQ(a->values, b->values);
+  }
+}
+
+void ExpectSameRows(storage::ChunkStore* store, uint64_t a_id, uint64_t b_id) {
+  auto a = store->ReadRows(a_id, 0, 0);
+  auto b = store->ReadRows(b_id, 0, 0);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  EXPECT_EQ(a->token_ids, b->token_ids);
+  EXPECT_EQ(a->indptr, b->indptr);
+  EXPECT_EQ(a->indices, b->indices);
+  EXPECT_EQ(a->values, b->values);
+}
+
+// One job of three outputs stores, in three datasets, exactly what three one-hook jobs store.
+TEST_F(ExtractJobTest, MoreOutputsStoreWhatOneHookJobsStore) {
+  auto db = OpenDb("db_multi");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  const latentd::v1::ExtractSpec multi = MultiSpec();
+  ASSERT_TRUE(ValidateExtractJob(multi, env_).ok()) << ValidateExtractJob(multi, env_);
+  FakeContext ctx(20, 1);
+  auto result = RunExtract(multi, env_, &ctx);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const std::vector<std::string> names = {"extract-20", "extract-20.blocks.0.hook_resid_mid",
+                                          "second"};
+  ASSERT_EQ(result->more_outputs_size(), 2);
+  EXPECT_EQ(result->dataset_id(), *store.FindDataset(names[0]));
+  for (int o = 0; o < 3; ++o) {
+    auto id = store.FindDataset(names[o]);
+    ASSERT_TRUE(id.ok()) << names[o];
+    auto info = store.GetDataset(*id);
+    ASSERT_TRUE(info.ok());
+    EXPECT_TRUE(info->complete());
+    EXPECT_EQ(info->rows_committed(), 40 * kCtx);
+    EXPECT_EQ(info->hook_name(), ExtractOutputSpec(multi, o).hook_name());
+    if (o > 0) {
+      const latentd::v1::ExtractOutputResult& more = result->more_outputs(o - 1);
+      EXPECT_EQ(more.dataset_id(), *id);
+      EXPECT_EQ(more.dataset_name(), names[o]);
+      EXPECT_EQ(more.hook_name(), info->hook_name());
+      EXPECT_EQ(more.rows(), 40 * kCtx);
+      EXPECT_EQ(more.nnz(), info->nnz());
+      EXPECT_GT(more.bytes_per_token(), 0);
+    }
+    latentd::v1::ExtractSpec one = ExtractOutputSpec(multi, o);
+    one.set_dataset_name("alone-" + std::to_string(o));
+    FakeContext alone(30 + o, 1);
+    auto single = RunExtract(one, env_, &alone);
+    ASSERT_TRUE(single.ok()) << single.status();
+    ExpectSameRows(&store, *id, single->dataset_id());
+  }
+  // The same SAE on two hooks, and two SAEs on one hook, give different rows.
+  auto first = store.ReadRows(*store.FindDataset(names[0]), 0, 0);
+  auto second = store.ReadRows(*store.FindDataset(names[2]), 0, 0);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_NE(first->indices, second->indices);
+  EXPECT_EQ(ctx.progress_.back(), 40 * kCtx);
+}
+
+TEST_F(ExtractJobTest, MoreOutputsAreCheckedNamingTheOutput) {
+  auto expect_invalid = [&](const latentd::v1::ExtractSpec& spec, const std::string& field) {
+    absl::Status s = ValidateExtractSpec(spec, env_);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(field), std::string::npos) << field << ": " << s;
+  };
+  ASSERT_TRUE(ValidateExtractSpec(MultiSpec(), env_).ok())
+      << ValidateExtractSpec(MultiSpec(), env_);
+  auto s = MultiSpec();
+  s.mutable_more_outputs(0)->set_hook_name("blocks.0.resid");
+  expect_invalid(s, "extract.more_outputs[0].hook_name");
+  s.mutable_more_outputs(0)->set_hook_name("blocks.5.hook_resid_post");  // 2 layers
+  expect_invalid(s, "extract.more_outputs[0].hook_name: layer 5");
+  s = MultiSpec();
+  s.mutable_more_outputs(1)->set_hook_name("blocks.1.mlp.hook_post");  // 64 wide, sae2 d_in 16
+  expect_invalid(s, "extract.more_outputs[1].sae: d_in 16 != width 64");
+  s = MultiSpec();
+  s.mutable_more_outputs(1)->clear_sae();
+  expect_invalid(s, "extract.more_outputs[1].sae");
+  s = MultiSpec();
+  s.mutable_more_outputs(1)->set_dataset_name("extract-0.blocks.0.hook_resid_mid");
+  expect_invalid(s,
+                 "extract.more_outputs[1].dataset_name: extract-0.blocks.0.hook_resid_mid is "
+                 "output 1's dataset too");
+  s = MultiSpec();
+  s.mutable_more_outputs(1)->clear_dataset_name();  // same hook as output 0: same default name?
+  EXPECT_TRUE(ValidateExtractSpec(s, env_).ok());   // no: output 0's is "extract-<id>"
+  s.set_mode(latentd::v1::DENSE);
+  s.clear_sae();
+  expect_invalid(s, "extract.more_outputs[0].sae: given with mode DENSE");
+  for (auto& more : *s.mutable_more_outputs()) more.clear_sae();
+  s.mutable_more_outputs(1)->set_hook_name("blocks.0.hook_resid_mid");  // a second copy
+  expect_invalid(s, "extract.more_outputs[1].dataset_name");
+  s.mutable_more_outputs(1)->set_dataset_name("copy");
+  EXPECT_TRUE(ValidateExtractSpec(s, env_).ok()) << ValidateExtractSpec(s, env_);
+  s = MultiSpec();
+  s.mutable_more_outputs(0)->mutable_sae()->set_path("/etc");
+  EXPECT_EQ(Code(s, env_), absl::StatusCode::kPermissionDenied);
+  s = MultiSpec();
+  while (s.more_outputs_size() < 64) *s.add_more_outputs() = s.more_outputs(0);
+  expect_invalid(s, "extract.more_outputs: at most 63");
+}
+
+// Cancelled (or failed) several times, each time continued by a new job that names the one
+// before: the datasets end as the uninterrupted job's, whatever the chain.
+TEST_F(ExtractJobTest, MoreOutputsContinueThroughAChainOfJobs) {
+  auto db = OpenDb("db_multi_chain");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  latentd::v1::ExtractSpec uninterrupted = MultiSpec();
+  uninterrupted.mutable_more_outputs(1)->set_dataset_name("second-straight");
+  FakeContext straight(40, 1);
+  ASSERT_TRUE(RunExtract(uninterrupted, env_, &straight).ok());
+
+  std::map<uint64_t, latentd::v1::Job> jobs;
+  env_.find_job = [&jobs](uint64_t job_id) -> absl::StatusOr<latentd::v1::Job> {
+    auto it = jobs.find(job_id);
+    if (it == jobs.end()) return absl::NotFoundError("no such job");
+    return it->second;
+  };
+  latentd::v1::ExtractSpec spec = MultiSpec();
+  uint64_t job_id = 50;
+  absl::StatusOr<latentd::v1::ExtractResult> r = absl::CancelledError("");
+  for (int run = 0; !r.ok(); ++run, ++job_id) {
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
+    ASSERT_LT(run, 20);
+    if (run > 0) {
+      spec = MultiSpec();
+      spec.set_resume_from_job_id(job_id - 1);
+      spec.mutable_more_outputs(1)->clear_dataset_name();  // names come from the first job
+      ASSERT_TRUE(ValidateExtractJob(spec, env_).ok()) << ValidateExtractJob(spec, env_);
+    }
+    FakeContext ctx(job_id, 1);
+    ctx.cancel_after_ = 3;
+    r = RunExtract(spec, env_, &ctx);
+    jobs[job_id].set_id(job_id);
+    jobs[job_id].set_state(r.ok() ? latentd::v1::SUCCEEDED : latentd::v1::CANCELLED);
+    *jobs[job_id].mutable_spec()->mutable_extract() = spec;
+  }
+  EXPECT_GT(job_id, 52u);  // at least two continuations
+  EXPECT_EQ(r->more_outputs(0).dataset_name(), "extract-50.blocks.0.hook_resid_mid");
+  EXPECT_EQ(r->more_outputs(1).dataset_name(), "second");
+  for (const auto& [mine, theirs] : std::vector<std::pair<std::string, std::string>>{
+           {"extract-50", "extract-40"},
+           {"extract-50.blocks.0.hook_resid_mid", "extract-40.blocks.0.hook_resid_mid"},
+           {"second", "second-straight"}}) {
+    ExpectSameRows(&store, *store.FindDataset(mine), *store.FindDataset(theirs));
+    EXPECT_EQ(store.GetRecord(*store.FindDataset(mine))->meta.job_id, job_id - 1);
   }
 }
 

@@ -357,12 +357,12 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
       break;
     }
     const bool last = b + 1 == num_batches;
-    bool committed_any = false;
+    // Every output's rows are checked before any output stores the batch, so a failure leaves
+    // all of them at their last commit before it.
+    std::vector<int64_t> skipped(outputs, 0);
     for (size_t o = 0; o < outputs && status.ok(); ++o) {
       if (out.first_row < next_row[o]) continue;  // this output committed the batch before
-      const HookCodes& codes = out.hooks[o];
-      const bool* finite = codes.finite.data_ptr<bool>();
-      int64_t skipped = 0;
+      const bool* finite = out.hooks[o].finite.data_ptr<bool>();
       for (int64_t i = 0; i < out.num_rows; ++i) {
         if (finite[i]) continue;
         if (!options.skip_non_finite) {
@@ -374,9 +374,13 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
                            "; set extract.non_finite = NON_FINITE_SKIP to store such rows empty"));
           break;
         }
-        ++skipped;
+        ++skipped[o];
       }
-      if (!status.ok()) break;
+    }
+    bool committed_any = false;
+    for (size_t o = 0; o < outputs && status.ok(); ++o) {
+      if (out.first_row < next_row[o]) continue;
+      const HookCodes& codes = out.hooks[o];
       int64_t nnz = 0;
       status = AppendBatch(out, codes, options.sparse, &scratch, sinks[o], &nnz);
       if (!status.ok()) break;
@@ -386,7 +390,7 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
                                              : codes.values.numel() * options.value_bytes);
       pending[o].rows += out.num_rows;
       pending[o].nnz += nnz;
-      pending[o].skipped += skipped;
+      pending[o].skipped += skipped[o];
       if (pending[o].rows >= commit_rows || last) {
         // Intermediate commits are written in the background while the next rows arrive; the
         // progress below reports what is durable.

@@ -52,6 +52,42 @@ class EmbeddingModel : public ActivationModel {
   std::string id_ = "embedding";
 };
 
+// Two hooks, each a fixed function of the token: table 0, and table 1 (NaN for `nan_token`),
+// of which the model returns those in `hooks`.
+class TwoHookModel : public ActivationModel {
+ public:
+  TwoHookModel(std::vector<int> hooks, int nan_token = -1) : hooks_(std::move(hooks)) {
+    at::manual_seed(21);
+    tables_ = {at::randn({kVocab, 16}), at::randn({kVocab, 16})};
+    if (nan_token >= 0) tables_[1][nan_token].fill_(std::nanf(""));
+  }
+  at::Tensor Forward(const at::Tensor& tokens) override { return ForwardHooks(tokens)[0]; }
+  std::vector<at::Tensor> ForwardHooks(const at::Tensor& tokens) override {
+    std::vector<at::Tensor> out;
+    for (int h : hooks_) {
+      out.push_back(tables_[h]
+                        .index_select(0, tokens.reshape({-1}))
+                        .view({tokens.size(0), tokens.size(1), 16}));
+    }
+    return out;
+  }
+  int64_t hook_width() const override { return 16; }
+  std::vector<int64_t> hook_widths() const override {
+    return std::vector<int64_t>(hooks_.size(), 16);
+  }
+  int64_t vocab_size() const override { return kVocab; }
+  int64_t max_context() const override { return 0; }
+  int64_t parameter_bytes() const override { return 2 * kVocab * 16 * 4; }
+  int64_t activation_bytes_per_token(int64_t) const override { return 128; }
+  const std::string& model_id() const override { return id_; }
+  const std::string& weight_hash() const override { return id_; }
+
+ private:
+  std::vector<int> hooks_;
+  std::vector<at::Tensor> tables_;
+  std::string id_ = "two-hooks";
+};
+
 Sae MakeSae(SaeArchitecture arch, int64_t d_in, uint64_t seed) {
   at::manual_seed(seed);
   SaeConfig cfg;
@@ -312,6 +348,131 @@ TEST(ExtractPipelineTest, SaeWidthMismatchIsInvalidArgument) {
   InMemoryRowSink sink(&ds);
   EXPECT_EQ(RunExtractPipeline(*tokens, &replicas, &sink, Opts(), {}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Replicas of a TwoHookModel returning `hooks`, hook h encoded by SAE seed 30 + h.
+std::vector<PipelineReplica> HookReplicas(int n, std::vector<int> hooks, int nan_token = -1) {
+  std::vector<PipelineReplica> out;
+  for (int i = 0; i < n; ++i) {
+    PipelineReplica r;
+    r.model = std::make_unique<TwoHookModel>(hooks, nan_token);
+    for (int h : hooks) r.saes.push_back(MakeSae(SaeArchitecture::kRelu, 16, 30 + h));
+    r.cpu_threads = 1;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+// What each hook's dataset holds when the model reads it alone.
+std::vector<InMemoryDataset> OneHookRuns(const TokenSource& tokens) {
+  std::vector<InMemoryDataset> want(2);
+  for (int h = 0; h < 2; ++h) {
+    want[h].width = 64;
+    auto replicas = HookReplicas(1, {h});
+    InMemoryRowSink sink(&want[h]);
+    auto r = RunExtractPipeline(tokens, &replicas, &sink, Opts(), {});
+    EXPECT_TRUE(r.ok()) << r.status();
+  }
+  return want;
+}
+
+TEST(ExtractPipelineTest, TwoHooksFillTwoSinksAsTwoOneHookRuns) {
+  auto tokens = Tokens(TokenFile("t10.bin", 25 * kCtx));
+  const std::vector<InMemoryDataset> want = OneHookRuns(*tokens);
+  EXPECT_NE(want[0].indices, want[1].indices);
+  for (int devices : {1, 2}) {
+    std::vector<InMemoryDataset> got(2);
+    got[0].width = got[1].width = 64;
+    InMemoryRowSink s0(&got[0]), s1(&got[1]);
+    auto replicas = HookReplicas(devices, {0, 1});
+    auto r = RunExtractPipeline(*tokens, &replicas, {&s0, &s1}, Opts(), {});
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->outputs.size(), 2u);
+    for (int h = 0; h < 2; ++h) {
+      ExpectSameDataset(got[h], want[h]);
+      EXPECT_TRUE(got[h].complete);
+      EXPECT_EQ(r->outputs[h].rows, 25 * kCtx);
+      EXPECT_EQ(r->outputs[h].nnz_this_run, static_cast<int64_t>(got[h].indices.size()));
+    }
+    EXPECT_EQ(r->rows_this_run, 25 * kCtx);  // the model ran over each row once
+    EXPECT_EQ(r->nnz_this_run, r->outputs[0].nnz_this_run + r->outputs[1].nnz_this_run);
+  }
+  // Hooks in the other order fill the sinks in that order.
+  std::vector<InMemoryDataset> swapped(2);
+  swapped[0].width = swapped[1].width = 64;
+  InMemoryRowSink s0(&swapped[0]), s1(&swapped[1]);
+  auto replicas = HookReplicas(1, {1, 0});
+  ASSERT_TRUE(RunExtractPipeline(*tokens, &replicas, {&s0, &s1}, Opts(), {}).ok());
+  ExpectSameDataset(swapped[0], want[1]);
+  ExpectSameDataset(swapped[1], want[0]);
+  // One sink per hook, no fewer.
+  InMemoryDataset lone;
+  lone.width = 64;
+  InMemoryRowSink sink(&lone);
+  EXPECT_EQ(RunExtractPipeline(*tokens, &replicas, &sink, Opts(), {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// A crash between two outputs' commits leaves them at different watermarks: the next run
+// starts the model at the earlier one and each output takes only the rows past its own.
+TEST(ExtractPipelineTest, OutputsResumeAtTheirOwnWatermarks) {
+  auto tokens = Tokens(TokenFile("t11.bin", 30 * kCtx));
+  const std::vector<InMemoryDataset> want = OneHookRuns(*tokens);
+  std::vector<InMemoryDataset> got(2);
+  got[0].width = got[1].width = 64;
+  {
+    InMemoryRowSink s0(&got[0]), s1(&got[1], /*fail_commit_at=*/2);
+    auto replicas = HookReplicas(2, {0, 1});
+    auto r = RunExtractPipeline(*tokens, &replicas, {&s0, &s1}, Opts(), {});
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  }
+  ASSERT_EQ(got[0].rows(), 2 * 48);  // output 0 committed its second commit, output 1 did not
+  ASSERT_EQ(got[1].rows(), 48);
+  InMemoryRowSink s0(&got[0]), s1(&got[1]);
+  auto replicas = HookReplicas(2, {0, 1});
+  std::vector<int64_t> progress;
+  PipelineCallbacks cb;
+  cb.progress = [&](int64_t done, int64_t) { progress.push_back(done); };
+  auto r = RunExtractPipeline(*tokens, &replicas, {&s0, &s1}, Opts(), cb);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(progress.front(), 48);  // what both outputs held
+  EXPECT_EQ(r->rows_this_run, 30 * kCtx - 48);
+  EXPECT_EQ(r->outputs[0].rows_this_run, 30 * kCtx - 96);
+  EXPECT_EQ(r->outputs[1].rows_this_run, 30 * kCtx - 48);
+  ExpectSameDataset(got[0], want[0]);
+  ExpectSameDataset(got[1], want[1]);
+}
+
+TEST(ExtractPipelineTest, NonFiniteRowsAreJudgedPerOutput) {
+  auto tokens = Tokens(TokenFile("t12.bin", 20 * kCtx));
+  std::vector<int64_t> ids(20 * kCtx);
+  ASSERT_TRUE(tokens->Read(0, 20, ids.data()).ok());
+  const int nan_token = static_cast<int>(ids[50]);
+  {
+    std::vector<InMemoryDataset> got(2);
+    got[0].width = got[1].width = 64;
+    InMemoryRowSink s0(&got[0]), s1(&got[1]);
+    auto replicas = HookReplicas(1, {0, 1}, nan_token);
+    auto r = RunExtractPipeline(*tokens, &replicas, {&s0, &s1}, Opts(), {});
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("of output 1"), std::string::npos) << r.status();
+    EXPECT_EQ(got[0].rows(), got[1].rows());  // nothing beyond the last commit of either
+  }
+  std::vector<InMemoryDataset> got(2);
+  got[0].width = got[1].width = 64;
+  InMemoryRowSink s0(&got[0]), s1(&got[1]);
+  auto replicas = HookReplicas(1, {0, 1}, nan_token);
+  PipelineOptions o = Opts();
+  o.skip_non_finite = true;
+  auto r = RunExtractPipeline(*tokens, &replicas, {&s0, &s1}, o, {});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->outputs[0].rows_skipped_non_finite, 0);
+  EXPECT_EQ(r->outputs[1].rows_skipped_non_finite, std::count(ids.begin(), ids.end(), nan_token));
+  for (int64_t row = 0; row < got[0].rows(); ++row) {
+    if (ids[row] != nan_token) continue;
+    EXPECT_GT(got[0].indptr[row + 1], got[0].indptr[row]);  // hook 0 is finite there
+    EXPECT_EQ(got[1].indptr[row + 1], got[1].indptr[row]);  // hook 1's row is stored empty
+  }
 }
 
 }  // namespace

@@ -65,6 +65,32 @@ TEST(ReferenceModelTest, HooksComposeLikeTheResidualStream) {
   EXPECT_GT(post.std().item<float>(), 0.01);
 }
 
+// Several hooks from one pass: each equal to the one-hook model's, in the order asked, the same
+// hook twice included; widths follow the hooks.
+TEST(ReferenceModelTest, SeveralHooksInOnePassEqualOneHookModels) {
+  at::Tensor t = Tokens();
+  const std::vector<std::string> names = {"blocks.2.hook_resid_pre", "blocks.0.hook_attn_out",
+                                          "blocks.1.mlp.hook_post", "blocks.0.hook_attn_out",
+                                          "blocks.1.hook_resid_post"};
+  std::vector<HookName> hooks;
+  for (const auto& name : names) hooks.push_back(*ParseHookName(name));
+  auto m = ReferenceModel::Create(Small(4), hooks, at::kCPU);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->hook_widths(), (std::vector<int64_t>{32, 32, 128, 32, 32}));
+  EXPECT_EQ((*m)->hook_width(), 32);
+  const std::vector<at::Tensor> got = (*m)->ForwardHooks(t);
+  ASSERT_EQ(got.size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_TRUE(at::equal(got[i], Make(4, names[i])->Forward(t))) << names[i];
+  }
+  EXPECT_TRUE(at::equal((*m)->Forward(t), got[0]));
+  hooks.push_back(*ParseHookName("blocks.3.hook_resid_post"));  // 3 layers
+  EXPECT_EQ(ReferenceModel::Create(Small(4), hooks, at::kCPU).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReferenceModel::Create(Small(4), std::vector<HookName>{}, at::kCPU).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ReferenceModelTest, AttentionIsCausal) {
   auto m = Make(3, "blocks.2.hook_resid_post");
   at::Tensor t = Tokens();

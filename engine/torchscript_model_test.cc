@@ -32,6 +32,30 @@ TEST(TorchScriptModelTest, PicksTheHiddenStateTheHookNames) {
   EXPECT_FALSE(at::allclose(a, (*last)->Forward(t)));
 }
 
+TEST(TorchScriptModelTest, ReadsSeveralHiddenStatesFromOneForward) {
+  TorchScriptModelOptions o;
+  o.path = Runfile("hidden.pt");
+  std::vector<HookName> hooks = {*ParseHookName("hidden_states.2"),
+                                 *ParseHookName("blocks.0.hook_resid_post"),
+                                 *ParseHookName("hidden_states.0")};
+  auto both = LoadTorchScriptModel(o, hooks, at::kCPU);
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ((*both)->hook_widths(), (std::vector<int64_t>{8, 8, 8}));
+  at::Tensor t = at::randint(0, 20, {3, 5}, at::kLong);
+  const std::vector<at::Tensor> got = (*both)->ForwardHooks(t);
+  ASSERT_EQ(got.size(), 3u);
+  for (size_t i = 0; i < hooks.size(); ++i) {
+    auto one = LoadTorchScriptModel(o, hooks[i], at::kCPU);
+    ASSERT_TRUE(one.ok());
+    EXPECT_TRUE(at::equal(got[i], (*one)->Forward(t))) << i;
+  }
+  hooks.push_back(*ParseHookName("hidden_states.3"));
+  auto bad = LoadTorchScriptModel(o, hooks, at::kCPU);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("hidden state 3 out of range"), std::string::npos)
+      << bad.status();
+}
+
 TEST(TorchScriptModelTest, RejectsBadModulesAndHooks) {
   TorchScriptModelOptions o;
   o.path = Runfile("hidden.pt");
