@@ -263,6 +263,12 @@ void PrintJob(const v1::Job& job) {
                 static_cast<long long>(r.extract().rows()),
                 static_cast<long long>(r.extract().nnz()), r.extract().bytes_per_token(),
                 r.extract().tokens_per_second());
+    for (const v1::ExtractOutputResult& more : r.extract().more_outputs()) {
+      std::printf("dataset    %llu %s <- %s (%lld rows, %lld nonzeros, %.1f B/token)\n",
+                  static_cast<unsigned long long>(more.dataset_id()), more.dataset_name().c_str(),
+                  more.hook_name().c_str(), static_cast<long long>(more.rows()),
+                  static_cast<long long>(more.nnz()), more.bytes_per_token());
+    }
   } else if (r.has_train()) {
     std::printf("artifact   %llu at %s\n", static_cast<unsigned long long>(r.train().artifact_id()),
                 r.train().artifact_path().c_str());

@@ -1,6 +1,7 @@
 """EXTRACT through the daemon: kill -9 mid-job, restart, and the dataset equals, row for row, that of
-an uninterrupted run, for 1 and 2 devices (issue: EXTRACT jobs, "Resume"); and a cancelled job's
-dataset, continued by a new job (resume_from_job_id), ends the same."""
+an uninterrupted run, for 1 and 2 devices (issue: EXTRACT jobs, "Resume"), also for a job that
+fills two hooks' datasets from one forward pass (more_outputs); and a cancelled job's dataset,
+continued by a new job (resume_from_job_id), ends the same."""
 
 import os
 import subprocess
@@ -18,8 +19,8 @@ SEQUENCES = 192
 CONTEXT = 64
 
 
-def extract_spec(inputs, name, commit_rows=512):
-    return {
+def extract_spec(inputs, name, commit_rows=512, more_outputs=False):
+    spec = {
         "model": {"reference": {"dModel": 128, "nLayers": 3, "nHeads": 4, "dMlp": 512,
                                 "vocabSize": 4096, "contextLength": CONTEXT, "seed": 7}},
         "hookName": "blocks.1.hook_resid_post",
@@ -30,6 +31,11 @@ def extract_spec(inputs, name, commit_rows=512):
         "commitRows": commit_rows,
         "datasetName": name,
     }
+    if more_outputs:
+        # A second hook of the same forward pass, into a dataset of its own.
+        spec["moreOutputs"] = [{"hookName": "blocks.0.hook_resid_mid",
+                                "sae": {"path": os.path.join(inputs, "sae")}}]
+    return spec
 
 
 class ExtractResume(DaemonTestCase):
@@ -41,18 +47,20 @@ class ExtractResume(DaemonTestCase):
                        check=True, capture_output=True)
         return inputs
 
-    def run_case(self, devices):
+    def run_case(self, devices, more_outputs=False):
         inputs = self.make_inputs()
         daemon = self.start_daemon(name="d%d" % devices, devices="cpu:%d" % devices,
                                    extra_args=["--data_roots=" + self.tmp])
         client = daemon.client()
         reference = client.wait(client.submit(
-            "EXTRACT", extract_spec(inputs, "uninterrupted"), num_devices=devices).id)
+            "EXTRACT", extract_spec(inputs, "uninterrupted", more_outputs=more_outputs),
+            num_devices=devices).id)
         self.assertEqual(reference.state, jobs_pb2.SUCCEEDED, reference.message)
         total = SEQUENCES * CONTEXT
         self.assertEqual(reference.result.extract.rows, total)
 
-        job = client.submit("EXTRACT", extract_spec(inputs, "killed"), num_devices=devices)
+        job = client.submit("EXTRACT", extract_spec(inputs, "killed", more_outputs=more_outputs),
+                            num_devices=devices)
         # Kill once at least one commit landed and the job is not done.
         deadline = time.time() + 300
         while time.time() < deadline:
@@ -78,14 +86,28 @@ class ExtractResume(DaemonTestCase):
         self.assertGreater(resumed[0], 0, "second attempt started from row 0")
         self.assertLessEqual(resumed[0], max(done_at_kill, resumed[0]))
 
-        a, a_tokens = client.read_rows(reference.result.extract.dataset_id)
-        b, b_tokens = client.read_rows(final.result.extract.dataset_id)
-        self.assertEqual(a.shape, (total, 1024))
-        self.assertEqual(a.shape, b.shape)
-        np.testing.assert_array_equal(a_tokens, b_tokens)
-        np.testing.assert_array_equal(a.indptr, b.indptr)
-        np.testing.assert_array_equal(a.indices, b.indices)
-        np.testing.assert_array_equal(a.data, b.data)
+        pairs = [(reference.result.extract.dataset_id, final.result.extract.dataset_id)]
+        if more_outputs:
+            more = final.result.extract.more_outputs
+            self.assertEqual([m.dataset_name for m in more], ["killed.blocks.0.hook_resid_mid"])
+            self.assertEqual(more[0].rows, total)
+            pairs.append((reference.result.extract.more_outputs[0].dataset_id,
+                          more[0].dataset_id))
+            self.assertEqual(client.get_dataset(more[0].dataset_id).hook_name,
+                             "blocks.0.hook_resid_mid")
+        for reference_id, final_id in pairs:
+            a, a_tokens = client.read_rows(reference_id)
+            b, b_tokens = client.read_rows(final_id)
+            self.assertEqual(a.shape, (total, 1024))
+            self.assertEqual(a.shape, b.shape)
+            np.testing.assert_array_equal(a_tokens, b_tokens)
+            np.testing.assert_array_equal(a.indptr, b.indptr)
+            np.testing.assert_array_equal(a.indices, b.indices)
+            np.testing.assert_array_equal(a.data, b.data)
+        if more_outputs:  # two hooks, two different matrices
+            first, _ = client.read_rows(pairs[0][1])
+            second, _ = client.read_rows(pairs[1][1])
+            self.assertFalse(np.array_equal(first.indices, second.indices))
 
     def test_resume_one_device(self):
         self.run_case(1)
@@ -125,8 +147,8 @@ class ExtractResume(DaemonTestCase):
         np.testing.assert_array_equal(a.indices, b.indices)
         np.testing.assert_array_equal(a.data, b.data)
 
-    def test_resume_two_devices(self):
-        self.run_case(2)
+    def test_resume_two_devices_two_hooks(self):
+        self.run_case(2, more_outputs=True)
 
 
 if __name__ == "__main__":
