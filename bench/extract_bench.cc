@@ -4,12 +4,15 @@
 // TopK, scipy save_npz per chunk), side by side, alternating, best of --rounds.
 //
 //   bazel run -c opt //bench:extract_bench -- [--tokens=65536] [--rounds=3] [--threads=N]
-//                                             [--no_peer]
-// Default is the quick 65,536-token variant; --tokens=1048576 is the full X1.
+//                                             [--no_peer] [--hooks=N]
+// Default is the quick 65,536-token variant; --tokens=1048576 is the full X1. --hooks=N (2..4)
+// measures instead one job of N outputs (blocks.0..N-1.hook_resid_post, each with the SAE) against
+// N one-hook jobs of the same outputs, alternating which goes first, in the same run.
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -75,6 +78,63 @@ std::vector<uint16_t> ZipfTokens(int64_t n, int vocab, uint64_t seed) {
   return ids;
 }
 
+using Clock = std::chrono::steady_clock;
+
+// Wall seconds of RunExtract of `spec` as job `job_id` into a fresh store under `db_dir`.
+double TimedJob(const latentd::v1::ExtractSpec& spec, ExtractEnv env, const std::string& db_dir,
+                uint64_t job_id) {
+  auto db = latentd::storage::Db::Open(db_dir);
+  Check(db.status(), "db");
+  latentd::storage::ChunkStore store(db->get());
+  env.store = &store;
+  BenchContext ctx(job_id);
+  const auto start = Clock::now();
+  Check(RunExtract(spec, env, &ctx).status(), "RunExtract");
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// One job of `hooks` outputs against `hooks` one-hook jobs (each a dataset of its own too).
+void CompareHooks(const latentd::v1::ExtractSpec& base, const ExtractEnv& env,
+                  const std::string& dir, int hooks, int rounds) {
+  latentd::v1::ExtractSpec multi = base;
+  std::vector<latentd::v1::ExtractSpec> singles;
+  for (int h = 0; h < hooks; ++h) {
+    latentd::v1::ExtractSpec one = base;
+    one.set_hook_name(absl::StrCat("blocks.", h, ".hook_resid_post"));
+    singles.push_back(one);
+    if (h == 0) {
+      multi.set_hook_name(one.hook_name());
+    } else {
+      latentd::v1::ExtractOutput* more = multi.add_more_outputs();
+      more->set_hook_name(one.hook_name());
+      *more->mutable_sae() = base.sae();
+    }
+  }
+  Check(ValidateExtractSpec(multi, env), "spec");
+  std::printf("%d hooks (blocks.0..%d.hook_resid_post), one job against %d one-hook jobs\n", hooks,
+              hooks - 1, hooks);
+  double best_multi = 1e30, best_singles = 1e30;
+  uint64_t job_id = 100;
+  for (int round = 0; round < rounds; ++round) {
+    for (int turn = 0; turn < 2; ++turn) {
+      if ((turn == 0) == (round % 2 == 0)) {
+        const double s = TimedJob(multi, env, absl::StrCat(dir, "/multi", round), ++job_id);
+        best_multi = std::min(best_multi, s);
+        std::printf("round %d  one job of %d outputs   %8.2f s\n", round, hooks, s);
+      } else {
+        double s = 0;
+        for (int h = 0; h < hooks; ++h) {
+          s += TimedJob(singles[h], env, absl::StrCat(dir, "/single", round, "-", h), ++job_id);
+        }
+        best_singles = std::min(best_singles, s);
+        std::printf("round %d  %d one-hook jobs        %8.2f s\n", round, hooks, s);
+      }
+    }
+  }
+  std::printf("\nbest of %d rounds: one job %.2f s, %d jobs %.2f s -> %.2fx less wall\n", rounds,
+              best_multi, hooks, best_singles, best_singles / best_multi);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -83,6 +143,7 @@ int main(int argc, char** argv) {
   int rounds = 3;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool peer = true;
+  int hooks = 1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (absl::StartsWith(a, "--tokens="))
@@ -93,6 +154,8 @@ int main(int argc, char** argv) {
       threads = std::atoi(a.c_str() + 10);
     else if (a == "--no_peer")
       peer = false;
+    else if (absl::StartsWith(a, "--hooks="))
+      hooks = std::atoi(a.c_str() + 8);
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -141,6 +204,16 @@ int main(int argc, char** argv) {
   ExtractEnv env;
   env.data_roots = {dir};
   Check(ValidateExtractSpec(spec, env), "spec");
+  if (hooks > 1) {
+    if (hooks > 4) {
+      std::fprintf(stderr, "--hooks: at most 4 (the reference model's layers)\n");
+      return 2;
+    }
+    std::printf("X1 extraction: %lld tokens, TopK d_sae %d k %d, %d threads\n",
+                static_cast<long long>(num_tokens), kDsae, kK, threads);
+    CompareHooks(spec, env, dir, hooks, rounds);
+    return 0;
+  }
 
   std::printf(
       "X1 extraction: %lld tokens (%lld sequences x %d), hook %s, TopK d_sae %d k %d, %d threads\n",
