@@ -98,6 +98,9 @@ ABSL_FLAG(int64_t, offset, 0, "latents, dashboard: skip this many in the order")
 ABSL_FLAG(int64_t, min_count, 0,
           "latents: only latents firing at least this often; cofiring/token: at least this "
           "often on the rows read (default 1)");
+ABSL_FLAG(uint64_t, in_dataset, 0,
+          "cofiring/token: count the latents of this dataset on the selected rows (another "
+          "output of the same EXTRACT job, or a dataset over the same tokens)");
 ABSL_FLAG(std::string, rank, "count",
           "cofiring/token: count (firings on the rows) or lift (their rate there over the "
           "latent's density)");
@@ -989,6 +992,7 @@ int OnRows(Client& client, const std::vector<std::string>& args, bool by_token) 
   request.set_limit(absl::GetFlag(FLAGS_limit));
   request.set_max_rows(absl::GetFlag(FLAGS_max_rows));
   request.set_min_count(absl::GetFlag(FLAGS_min_count));
+  request.set_in_dataset_id(absl::GetFlag(FLAGS_in_dataset));
   v1::LatentsOnRowsResponse response;
   grpc::Status status =
       client.datasets()->LatentsOnRows(client.Context().get(), request, &response);
@@ -1001,9 +1005,12 @@ int OnRows(Client& client, const std::vector<std::string>& args, bool by_token) 
       by_token ? absl::StrCat("of token ", selector,
                               vocab ? absl::StrCat(" \"", vocab->Display(selector), "\"") : "")
                : absl::StrCat("where latent ", selector, " fires");
-  std::printf("dataset %llu: latents on the %lld rows %s (%lld read)\n",
-              static_cast<unsigned long long>(id), static_cast<long long>(response.rows_selected()),
-              selection.c_str(), static_cast<long long>(response.rows_read()));
+  const uint64_t counted = request.in_dataset_id() != 0 ? request.in_dataset_id() : id;
+  std::printf("dataset %llu: latents on the %lld rows %s%s (%lld read)\n",
+              static_cast<unsigned long long>(counted),
+              static_cast<long long>(response.rows_selected()), selection.c_str(),
+              counted != id ? absl::StrCat(" in dataset ", id).c_str() : "",
+              static_cast<long long>(response.rows_read()));
   std::printf("%-8s %-9s %-9s %-10s %s\n", "LATENT", "COUNT", "FRACTION", "MEAN", "LIFT");
   for (const v1::RowLatent& l : response.latents()) {
     std::printf("%-8d %-9lld %-9.4f %-10.4g %.4g\n", l.latent(), static_cast<long long>(l.count()),
@@ -1344,8 +1351,9 @@ datasets:
                                  how far two datasets' SAEs learned the same directions: each
                                  latent's nearest decoder direction in the other SAE (mean,
                                  histogram), and the N matched worst
-  cofiring ID J [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
-                                 the latents that fire on the rows where latent J fires
+  cofiring ID J [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C] [--in_dataset=D]
+                                 the latents that fire on the rows where latent J fires (with
+                                 --in_dataset: D's latents, e.g. another layer of the same job)
   token ID T [--vocab=F] [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
                                  the latents that fire on token T (an id, or its text with --vocab)
   export ID PATH [--format=npz|hdf5] [--start=R] [--count=N]   server-side, under the export root

@@ -462,6 +462,7 @@ grpc::Status DatasetsService::LatentsOnRows(grpc::ServerContext* context,
   if (request->limit() != 0) options.limit = request->limit();
   if (request->max_rows() != 0) options.max_rows = request->max_rows();
   if (request->min_count() != 0) options.min_count = request->min_count();
+  options.in_dataset = request->in_dataset_id();
   absl::StatusOr<storage::LatentsOnRows> found;
   switch (request->rows_case()) {
     case latentd::v1::LatentsOnRowsRequest::kWithLatent:

@@ -252,6 +252,23 @@ absl::StatusOr<LatentsOnRows> Tally(const ChunkStore& store, const DatasetRecord
   return out;
 }
 
+// The record of the dataset whose latents are counted: options.in_dataset's when it names
+// another one that holds the same rows as `selecting`, else `selecting` itself.
+absl::StatusOr<DatasetRecord> CountedRecord(const ChunkStore& store, const DatasetRecord& selecting,
+                                            const LatentsOnRowsOptions& options) {
+  if (options.in_dataset == 0 || options.in_dataset == selecting.id) return selecting;
+  ASSIGN_OR_RETURN(DatasetRecord other, SparseRecord(store, options.in_dataset));
+  const DatasetMeta &a = selecting.meta, &b = other.meta;
+  if (a.token_source != b.token_source || a.token_order_start != b.token_order_start ||
+      a.context_length != b.context_length) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("in_dataset: dataset ", other.id, " holds other rows than dataset ",
+                     selecting.id, " (tokens ", b.token_source, " from row ", b.token_order_start,
+                     ", not ", a.token_source, " from row ", a.token_order_start, ")"));
+  }
+  return other;
+}
+
 // The committed chunks of the dataset, as picks with nothing selected yet.
 absl::StatusOr<std::vector<ChunkPick>> Chunks(const ChunkStore& store, const DatasetRecord& rec) {
   ASSIGN_OR_RETURN(const std::vector<int64_t> starts, store.ChunkRowStarts(rec.id));
@@ -298,11 +315,14 @@ absl::StatusOr<LatentsOnRows> LatentsFiringWith(const ChunkStore& store, uint64_
                                                 int32_t latent,
                                                 const LatentsOnRowsOptions& options) {
   RETURN_IF_ERROR(CheckOptions(options));
-  ASSIGN_OR_RETURN(const LatentRows firings, ReadLatentRows(store, id, latent));
-  const std::vector<int64_t>& rows = firings.rows;
-  ASSIGN_OR_RETURN(std::vector<ChunkPick> chunks, Chunks(store, firings.rec));
+  ASSIGN_OR_RETURN(LatentRows firings, ReadLatentRows(store, id, latent));
+  ASSIGN_OR_RETURN(const DatasetRecord counted, CountedRecord(store, firings.rec, options));
+  std::vector<int64_t>& rows = firings.rows;
+  rows.resize(std::lower_bound(rows.begin(), rows.end(), counted.rows_committed) - rows.begin());
+  ASSIGN_OR_RETURN(std::vector<ChunkPick> chunks, Chunks(store, counted));
   AddRows(rows, &chunks);
-  return Tally(store, firings.rec, chunks, latent, options,
+  const int32_t exclude = counted.id == id ? latent : -1;
+  return Tally(store, counted, chunks, exclude, options,
                [&](const ChunkPick& c, std::vector<int64_t>* selected) {
                  selected->assign(std::lower_bound(rows.begin(), rows.end(), c.start),
                                   std::lower_bound(rows.begin(), rows.end(), c.end));
@@ -314,7 +334,11 @@ absl::StatusOr<LatentsOnRows> LatentsFiringOnToken(const ChunkStore& store, uint
                                                    int32_t token_id,
                                                    const LatentsOnRowsOptions& options) {
   RETURN_IF_ERROR(CheckOptions(options));
-  ASSIGN_OR_RETURN(const DatasetRecord rec, SparseRecord(store, id));
+  ASSIGN_OR_RETURN(const DatasetRecord selecting, SparseRecord(store, id));
+  // The rows holding the token are the same in a dataset of the same rows: select and count
+  // there.
+  ASSIGN_OR_RETURN(const DatasetRecord rec, CountedRecord(store, selecting, options));
+  id = rec.id;
   ASSIGN_OR_RETURN(std::vector<ChunkPick> chunks, Chunks(store, rec));
   // How many rows of each chunk hold the token, from the token-id parts alone; the chunks read
   // afterwards carry their token ids again, so no row list is kept.

@@ -43,6 +43,13 @@ struct LatentsOnRowsOptions {
   // Only latents firing at least this often on the rows read are ranked (>= 1; lift is noisy
   // for a latent seen once or twice). Default 1.
   int64_t min_count = 1;
+  // Count the latents of this dataset on the selected rows (0, the default: the selecting
+  // dataset's own). It must hold the same rows: the same token source, first row and context
+  // length (another output of the same EXTRACT job, or a job over the same tokens with another
+  // hook or SAE), else FAILED_PRECONDITION; selected rows past its committed prefix are left
+  // out. "Which latents of layer 1 fire where latent j of layer 3 fires": lift is then against
+  // the other dataset's densities, and no latent is left out.
+  uint64_t in_dataset = 0;
   // Threads reading chunks: 0 (default) takes the machine's, at most 8; fewer when the SAE is so
   // wide that their per-latent tallies (16 B a latent each) would pass 64 MiB together. The
   // counts never depend on it; a mean may differ in its last bits (sums merged per thread).
@@ -62,9 +69,10 @@ struct LatentsOnRows {
   std::vector<LatentOnRows> latents;  // the `limit` first in the order asked
 };
 
-// The latents firing on the rows where `latent` fires, `latent` itself left out.
-// INVALID_ARGUMENT naming the field for bad options or a latent outside [0, width); NOT_FOUND;
-// FAILED_PRECONDITION for a DENSE dataset; DATA_LOSS naming what is damaged.
+// The latents firing on the rows where `latent` fires, `latent` itself left out (unless they are
+// counted in another dataset). INVALID_ARGUMENT naming the field for bad options or a latent
+// outside [0, width); NOT_FOUND; FAILED_PRECONDITION for a DENSE dataset or an in_dataset with
+// other rows; DATA_LOSS naming what is damaged.
 absl::StatusOr<LatentsOnRows> LatentsFiringWith(const ChunkStore& store, uint64_t id,
                                                 int32_t latent,
                                                 const LatentsOnRowsOptions& options);

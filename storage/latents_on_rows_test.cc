@@ -171,6 +171,96 @@ TEST_P(LatentsOnRowsTest, FiringOnATokenMatchesTheRows) {
   EXPECT_TRUE(none->latents.empty());
 }
 
+// Another dataset over the same rows (another layer of the same job): its latents are counted
+// on the rows the first one selects, up to its own committed prefix, and nothing is left out.
+TEST_P(LatentsOnRowsTest, LatentsOfAnotherDatasetOverTheSameRows) {
+  // Row r of the other dataset: each latent l of row r as (l * 7 + 3) % kWidth, value doubled;
+  // 1000 of the 1500 rows committed.
+  constexpr int64_t kOtherRows = 1000;
+  auto other_latent = [](int32_t l) { return (l * 7 + 3) % kWidth; };
+  DatasetMeta m;
+  m.name = "layer2";
+  m.kind = DatasetKind::kSparse;
+  m.value_dtype = ValueDtype::kFloat32;
+  m.width = kWidth;
+  auto other = store_->CreateDataset(m);
+  ASSERT_TRUE(other.ok()) << other.status();
+  {
+    auto w = store_->OpenWriter(*other);
+    ASSERT_TRUE(w.ok());
+    std::vector<int64_t> indptr{0};
+    std::vector<int32_t> indices;
+    std::vector<float> values;
+    for (int64_t r = 0; r < kOtherRows; ++r) {
+      std::map<int32_t, float> row;
+      for (const auto& [l, v] : data_.rows[r]) row[other_latent(l)] = 2 * v;
+      for (const auto& [l, v] : row) indices.push_back(l), values.push_back(v);
+      indptr.push_back(static_cast<int64_t>(indices.size()));
+    }
+    ASSERT_TRUE((*w)->AppendSparse(kOtherRows, indptr.data(), indices.data(), values.data(),
+                                   data_.tokens.data())
+                    .ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+  }
+  for (int32_t j : {0, 5}) {
+    std::vector<int64_t> firing(kWidth, 0), count(kWidth, 0);
+    std::vector<double> sum(kWidth, 0);
+    int64_t selected = 0;
+    for (int64_t r = 0; r < kOtherRows; ++r) {
+      for (const auto& [l, v] : data_.rows[r]) {
+        ++firing[other_latent(l)];
+        if (data_.rows[r].count(j)) ++count[other_latent(l)], sum[other_latent(l)] += 2 * v;
+      }
+      selected += data_.rows[r].count(j);
+    }
+    LatentsOnRowsOptions o;
+    o.in_dataset = *other;
+    o.limit = kWidth;
+    o.order = LatentsOnRowsOrder::kByLift;
+    auto got = LatentsFiringWith(*store_, id_, j, o);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->rows_selected, selected);
+    EXPECT_EQ(got->rows_read, selected);
+    int32_t nonzero = 0;
+    for (int32_t l = 0; l < kWidth; ++l) nonzero += count[l] > 0;
+    ASSERT_EQ(static_cast<int32_t>(got->latents.size()), nonzero);
+    for (size_t i = 0; i < got->latents.size(); ++i) {
+      const LatentOnRows& e = got->latents[i];
+      EXPECT_EQ(e.count, count[e.latent]) << e.latent;
+      EXPECT_DOUBLE_EQ(e.mean, sum[e.latent] / count[e.latent]) << e.latent;
+      EXPECT_NEAR(e.lift,
+                  (static_cast<double>(count[e.latent]) / selected) /
+                      (static_cast<double>(firing[e.latent]) / kOtherRows),
+                  1e-9);
+      if (i > 0) EXPECT_GE(got->latents[i - 1].lift, e.lift);
+    }
+    // j's own image is there: it fires on every selected row.
+    EXPECT_EQ(count[other_latent(j)], selected);
+  }
+  // Rows of a token: the same rows in either dataset, so the other one's own answer.
+  LatentsOnRowsOptions o;
+  o.limit = 10;
+  auto own = LatentsFiringOnToken(*store_, *other, 3, o);
+  o.in_dataset = *other;
+  auto via = LatentsFiringOnToken(*store_, id_, 3, o);
+  ASSERT_TRUE(own.ok() && via.ok());
+  ExpectSame(*via, *own, 10);
+
+  // A dataset of other tokens, or a DENSE one, is refused.
+  m.name = "elsewhere";
+  m.token_source = "u16:/other.bin[sequences 0..10, L=8]";
+  auto stranger = store_->CreateDataset(m);
+  ASSERT_TRUE(stranger.ok());
+  o.in_dataset = *stranger;
+  absl::Status s = LatentsFiringWith(*store_, id_, 0, o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("in_dataset: dataset"), std::string::npos) << s;
+  EXPECT_EQ(LatentsFiringOnToken(*store_, id_, 0, o).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  o.in_dataset = 999;
+  EXPECT_EQ(LatentsFiringWith(*store_, id_, 0, o).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_P(LatentsOnRowsTest, LargeSelectionsAreSampledByChunksSpreadOverTheDataset) {
   // Chunks are read in bit-reversed order: the first, then the one in the middle (index 8 of
   // 9..16 chunks), ... until max_rows selected rows are counted, the last chunk's first ones.

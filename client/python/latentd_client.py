@@ -227,19 +227,22 @@ class Client:
         return self.datasets.ListLatents(request, metadata=self.metadata, timeout=self.timeout)
 
     def latents_on_rows(self, dataset_id, with_latent=None, token_id=None, order="count",
-                        limit=20, max_rows=0, min_count=0):
+                        limit=20, max_rows=0, min_count=0, in_dataset=0):
         """The latents firing on the rows where `with_latent` fires (what fires with it; it is
         left out) or on the rows holding `token_id` (what the SAE sees in that token): give one.
         Ranked by "count" (firings there) or "lift" (their rate there over the latent's density
         in the whole dataset); rows_selected, rows_read (at most max_rows, 0: 2048, taken from
-        chunks spread over the dataset) and latents with latent, count, fraction, mean, lift."""
+        chunks spread over the dataset) and latents with latent, count, fraction, mean, lift.
+        in_dataset: count that dataset's latents on the selected rows instead (another output of
+        the same EXTRACT job, e.g. another layer, or any dataset over the same tokens)."""
         if (with_latent is None) == (token_id is None):
             raise ValueError("give exactly one of with_latent and token_id")
         if order not in ("count", "lift"):
             raise ValueError("order must be 'count' or 'lift', not %r" % (order,))
         request = datasets_pb2.LatentsOnRowsRequest(
             dataset_id=dataset_id, order=datasets_pb2.BY_LIFT if order == "lift" else
-            datasets_pb2.BY_COUNT, limit=limit, max_rows=max_rows, min_count=min_count)
+            datasets_pb2.BY_COUNT, limit=limit, max_rows=max_rows, min_count=min_count,
+            in_dataset_id=in_dataset)
         if with_latent is not None:
             request.with_latent = with_latent
         else:

@@ -108,6 +108,19 @@ class ExtractResume(DaemonTestCase):
             first, _ = client.read_rows(pairs[0][1])
             second, _ = client.read_rows(pairs[1][1])
             self.assertFalse(np.array_equal(first.indices, second.indices))
+            # Which latents of the second hook fire where a latent of the first fires: counted
+            # against the two matrices by hand.
+            latent = int(np.bincount(first.indices).argmax())
+            rows = np.flatnonzero(first[:, latent].toarray().ravel())
+            answer = client.latents_on_rows(pairs[0][1], with_latent=latent,
+                                            in_dataset=pairs[1][1], limit=50, max_rows=total)
+            self.assertEqual(answer.rows_selected, len(rows))
+            self.assertEqual(answer.rows_read, len(rows))
+            counts = np.bincount(second[rows].indices, minlength=second.shape[1])
+            self.assertGreater(len(answer.latents), 0)
+            for entry in answer.latents:
+                self.assertEqual(entry.count, counts[entry.latent])
+            self.assertEqual(answer.latents[0].count, counts.max())
 
     def test_resume_one_device(self):
         self.run_case(1)
