@@ -341,6 +341,11 @@ absl::StatusOr<std::vector<std::string>> ExtractDatasetNamesFor(const ExtractSpe
     names = ExtractDatasetNames(spec, job_id);
   } else {
     constexpr absl::string_view kField = "extract.resume_from_job_id";
+    // A job continues an earlier one, so following the chain ends (ids decrease).
+    if (job_id != 0 && from >= job_id) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kField, ": job ", job_id, " cannot continue job ", from, ", a later one"));
+    }
     ASSIGN_OR_RETURN(
         latentd::v1::Job job,
         FindContinuableJob(env.find_job, from, latentd::v1::JobSpec::kExtract, kField));

@@ -232,7 +232,9 @@ TEST_P(LatentsOnRowsTest, LatentsOfAnotherDatasetOverTheSameRows) {
                   (static_cast<double>(count[e.latent]) / selected) /
                       (static_cast<double>(firing[e.latent]) / kOtherRows),
                   1e-9);
-      if (i > 0) EXPECT_GE(got->latents[i - 1].lift, e.lift);
+      if (i > 0) {
+        EXPECT_GE(got->latents[i - 1].lift, e.lift);
+      }
     }
     // j's own image is there: it fires on every selected row.
     EXPECT_EQ(count[other_latent(j)], selected);
