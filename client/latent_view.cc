@@ -184,6 +184,25 @@ th{border-bottom:1px solid #ccc}
 </style>
 )";
 
+// A "fires with" table (LatentsOnRows) under `title` (plain text); latents in `linked` link to
+// their pages.
+void AppendCofiring(const std::string& title, const v1::LatentsOnRowsResponse& c,
+                    const std::set<int32_t>* linked, std::string* html) {
+  absl::StrAppendFormat(html,
+                        "<h2>%s</h2>\n<p>latents on the %d rows where it fires "
+                        "(%d read)</p>\n<table><tr><th>latent</th><th>count</th>"
+                        "<th>fraction</th><th>mean</th><th>lift</th></tr>\n",
+                        HtmlEscape(title), c.rows_selected(), c.rows_read());
+  for (const v1::RowLatent& l : c.latents()) {
+    absl::StrAppendFormat(html,
+                          "<tr><td>%s</td><td>%d</td><td>%.4f</td><td>%.4g</td><td>%.4g</td>"
+                          "</tr>\n",
+                          LatentRef(l.latent(), linked), l.count(), l.fraction(), l.mean(),
+                          l.lift());
+  }
+  *html += "</table>\n";
+}
+
 }  // namespace
 
 std::string ContextLine(const v1::TopActivation& example, const Vocabulary* vocab) {
@@ -249,20 +268,11 @@ std::string LatentHtml(const v1::GetLatentResponse& response, const LatentPageOp
     html += "</table>\n";
   }
   if (options.cofiring != nullptr) {
-    const v1::LatentsOnRowsResponse& c = *options.cofiring;
-    absl::StrAppendFormat(&html,
-                          "<h2>Fires with</h2>\n<p>latents on the %d rows where it fires "
-                          "(%d read)</p>\n<table><tr><th>latent</th><th>count</th>"
-                          "<th>fraction</th><th>mean</th><th>lift</th></tr>\n",
-                          c.rows_selected(), c.rows_read());
-    for (const v1::RowLatent& l : c.latents()) {
-      absl::StrAppendFormat(&html,
-                            "<tr><td>%s</td><td>%d</td><td>%.4f</td><td>%.4g</td><td>%.4g</td>"
-                            "</tr>\n",
-                            LatentRef(l.latent(), options.linked_latents), l.count(), l.fraction(),
-                            l.mean(), l.lift());
-    }
-    html += "</table>\n";
+    AppendCofiring("Fires with", *options.cofiring, options.linked_latents, &html);
+  }
+  for (const LatentPageOptions::CofiringElsewhere& other : options.cofiring_elsewhere) {
+    AppendCofiring(absl::StrCat("Fires with, in ", other.heading), *other.cofiring,
+                   /*linked=*/nullptr, &html);
   }
   if (options.weights != nullptr) AppendWeights(*options.weights, options, &html);
   html += "</body></html>\n";

@@ -30,6 +30,14 @@ struct LatentPageOptions {
   // The latents firing on the rows where this one fires (LatentsOnRows with_latent), shown as a
   // table under the examples; null: no such section.
   const v1::LatentsOnRowsResponse* cofiring = nullptr;
+  // The same question asked of other datasets over the same rows (LatentsOnRows in_dataset_id:
+  // other hooks of the same EXTRACT job): a table each, under its heading. Their latents are not
+  // linked (their pages belong to other dashboards).
+  struct CofiringElsewhere {
+    std::string heading;  // plain text, e.g. "dataset 3 (blocks.1.hook_resid_post)"
+    const v1::LatentsOnRowsResponse* cofiring = nullptr;
+  };
+  std::vector<CofiringElsewhere> cofiring_elsewhere;
   // What the latent's weights say (GetLatentWeights): the logits its decoder direction raises
   // and lowers most, side by side, and its nearest decoder directions; null: no such section.
   const v1::GetLatentWeightsResponse* weights = nullptr;

@@ -234,6 +234,22 @@ TEST(LatentViewTest, DashboardPagesLinkToEachOther) {
   EXPECT_EQ(All(page, R"re(<tr><td><a href="([^"]+)">11</a></td><td>6</td><td>0.6667</td>)re"),
             std::vector<std::string>{"latent-11.html"});
   EXPECT_NE(page.find("<tr><td>12</td><td>2</td>"), std::string::npos);  // no page: no link
+  // Another hook's dataset over the same rows: its own table, its latents never linked (their
+  // pages are another dashboard's), its heading escaped.
+  v1::LatentsOnRowsResponse other;
+  other.set_rows_selected(9);
+  other.set_rows_read(9);
+  v1::RowLatent* in_other = other.add_latents();
+  in_other->set_latent(11);
+  in_other->set_count(4);
+  options.cofiring_elsewhere.push_back({"dataset 4 (l<1>, blocks.1.hook_resid_post)", &other});
+  const std::string with_other = LatentHtml(Response(), options);
+  EXPECT_NE(with_other.find("<h2>Fires with, in dataset 4 (l&lt;1&gt;, blocks.1.hook_resid_post)"
+                            "</h2>"),
+            std::string::npos);
+  EXPECT_NE(with_other.find("<tr><td>11</td><td>4</td>"), std::string::npos);
+  EXPECT_EQ(All(with_other, R"re(<a href="(latent-11.html)">)re").size(), 1u);  // the own table's
+  options.cofiring_elsewhere.clear();
   // Outside a dashboard the same table names latents without links.
   options.in_dashboard = false;
   options.linked_latents = nullptr;

@@ -27,6 +27,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -1246,6 +1247,18 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
   v1::DatasetInfo info;  // its context length: position histograms need sequences
   status = client.datasets()->GetDataset(client.Context().get(), info_request, &info);
   if (!status.ok()) return RpcError(status);
+  // The other SPARSE datasets of the same rows from the same job (its more_outputs: other hooks,
+  // other SAEs): each page says which of their latents fire where its latent fires.
+  v1::ListDatasetsResponse all;
+  status = client.datasets()->ListDatasets(client.Context().get(), v1::ListDatasetsRequest(), &all);
+  if (!status.ok()) return RpcError(status);
+  std::vector<v1::DatasetInfo> siblings;
+  for (const v1::DatasetInfo& d : all.datasets()) {
+    if (d.id() != id && d.job_id() == info.job_id() && d.kind() != v1::DENSE_ACTIVATIONS &&
+        d.token_source() == info.token_source()) {
+      siblings.push_back(d);
+    }
+  }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
@@ -1282,6 +1295,20 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
     if (!status.ok()) return RpcError(status);
     LatentPageOptions page{id, vocab ? &*vocab : nullptr, absl::GetFlag(FLAGS_distinct)};
     page.cofiring = &cofiring;
+    std::vector<v1::LatentsOnRowsResponse> elsewhere(siblings.size());
+    for (size_t s = 0; s < siblings.size(); ++s) {
+      cofiring_request.set_in_dataset_id(siblings[s].id());
+      status =
+          client.datasets()->LatentsOnRows(client.Context().get(), cofiring_request, &elsewhere[s]);
+      if (!status.ok()) return RpcError(status);
+      // Default names of more_outputs end in their hook already.
+      const v1::DatasetInfo& d = siblings[s];
+      const std::string what = absl::StrContains(d.name(), d.hook_name())
+                                   ? d.name()
+                                   : absl::StrCat(d.name(), ", ", d.hook_name());
+      page.cofiring_elsewhere.push_back(
+          {absl::StrCat("dataset ", d.id(), " (", what, ")"), &elsewhere[s]});
+    }
     v1::GetLatentWeightsResponse weights;
     if (!weights_warned && PageWeights(client, id, latent, 10, &weights, &weights_warned)) {
       page.weights = &weights;
@@ -1335,8 +1362,9 @@ datasets:
                                  a static HTML dashboard: DIR/index.html (density histogram,
                                  the listed latents and their top tokens) and a page per
                                  latent (examples shaded by value, interval samples, tokens,
-                                 positions, the latents it fires with, its direct logits
-                                 and decoder neighbours)
+                                 positions, the latents it fires with (and those of the
+                                 job's other hooks' datasets), its direct logits and decoder
+                                 neighbours)
   weights ID J [--limit=N] [--vocab=F] [--unembedding=NAME]
                                  from the SAE and model that made the dataset: the tokens the
                                  latent's decoder direction raises and lowers most (direct

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The EXTRACT part of the demo: a small X1-style run of the built-in reference transformer with a
-# TopK SAE over 64 x 128 Zipf tokens, then the stored latents queried back.
+# TopK SAE over 64 x 128 Zipf tokens (two hooks from one forward pass, a dataset each), then the
+# stored latents queried back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LATENTCTL=${LATENTCTL:-bazel-bin/client/latentctl}
@@ -18,16 +19,18 @@ cat > "$spec" <<JSON
   "sae": {"path": "$inputs/sae"},
   "mode": "SPARSE",
   "commitRows": 2048,
-  "datasetName": "$name"
+  "datasetName": "$name",
+  "moreOutputs": [{"hookName": "blocks.1.hook_resid_post", "sae": {"path": "$inputs/sae"}}]
 }
 JSON
 echo
-echo "demo: EXTRACT job (reference transformer, blocks.2.hook_resid_post, TopK SAE k=32)"
+echo "demo: EXTRACT job (reference transformer, TopK SAE k=32 on blocks.2.hook_resid_post, and on"
+echo "blocks.1.hook_resid_post from the same forward pass into a second dataset)"
 job=$($LATENTCTL submit --type=EXTRACT --spec="$spec" --label=demo-extract)
 rm -f "$spec"
 $LATENTCTL watch "$job"
 $LATENTCTL get "$job"
-dataset=$($LATENTCTL --json get "$job" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["result"]["extract"]["datasetId"])')
+read -r dataset layer1 < <($LATENTCTL --json get "$job" | /usr/bin/python3 -c 'import json,sys; e=json.load(sys.stdin)["result"]["extract"]; print(e["datasetId"], e["moreOutputs"][0]["datasetId"])')
 echo
 $LATENTCTL datasets
 echo
@@ -56,6 +59,8 @@ echo "(open $data_dir/demo-dashboard/prompt.html: the prompt shaded by each top 
 echo
 echo "demo: the latents that fire with latent $latent (by count), and on the token \" the\" (by lift)"
 $LATENTCTL cofiring "$dataset" "$latent" --limit=5
+echo "demo: the latents of the layer-1 dataset that fire where layer-2 latent $latent fires"
+$LATENTCTL cofiring "$dataset" "$latent" --in_dataset="$layer1" --rank=lift --min_count=5 --limit=5
 $LATENTCTL token "$dataset" " the" --vocab="$inputs/vocab.json" --rank=lift --min_count=20 --limit=5
 echo
 echo "demo: the SAE at a glance (most frequent latents; --plot=FILE.png draws the density histogram)"
