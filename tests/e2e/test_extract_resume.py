@@ -121,6 +121,18 @@ class ExtractResume(DaemonTestCase):
             for entry in answer.latents:
                 self.assertEqual(entry.count, counts[entry.latent])
             self.assertEqual(answer.latents[0].count, counts.max())
+            # A dashboard of the first hook's dataset: each page has the same table for the
+            # second hook's dataset, under its name.
+            board = os.path.join(self.tmp, "board")
+            daemon.latentctl("dashboard", str(pairs[0][1]), board, "--order=frequent",
+                             "--limit=2")
+            pages = [p for p in os.listdir(board) if p.startswith("latent-")]
+            self.assertEqual(len(pages), 2)
+            for page in pages:
+                with open(os.path.join(board, page), encoding="utf-8") as f:
+                    html = f.read()
+                self.assertIn("Fires with, in dataset %d (killed.blocks.0.hook_resid_mid)"
+                              % pairs[1][1], html)
 
     def test_resume_one_device(self):
         self.run_case(1)
