@@ -110,11 +110,12 @@ absl::Status ComputeBatch(const TokenSource& tokens, PipelineReplica* r,
   }
   try {
     at::Tensor tok = ids.to(r->device, /*non_blocking=*/cuda);
-    const std::vector<at::Tensor> hooked = r->model->ForwardHooks(tok);
+    std::vector<at::Tensor> hooked = r->model->ForwardHooks(tok);
     out->hooks.resize(hooked.size());
     for (size_t o = 0; o < hooked.size(); ++o) {
       HookCodes& codes_out = out->hooks[o];
       at::Tensor x = hooked[o].reshape({seqs * L, hooked[o].size(-1)});
+      hooked[o].reset();  // freed once encoded (or copied), before the next hook's encoder runs
       codes_out.finite = ToHost(at::isfinite(x).all(1));
       if (options.sparse) {
         SparseCodes codes = r->saes[o].EncodeSparse(x);
@@ -131,10 +132,6 @@ absl::Status ComputeBatch(const TokenSource& tokens, PipelineReplica* r,
   }
   return absl::OkStatus();
 }
-
-}  // namespace
-
-namespace {
 
 // The committer's buffers for a batch's CSR rows, kept across batches.
 struct CsrScratch {
