@@ -108,18 +108,19 @@ std::string ExtractOutputField(int output, absl::string_view field) {
 
 namespace {
 
-// `status` about output `output` when it says "extract.hook_name..." or "extract.sae...": the
-// checks below run on ExtractOutputSpec, whose messages name the first output's fields.
+// `status` about output `output`, naming its field where it names output 0's ("extract.sae...",
+// ...): the checks below run on ExtractOutputSpec, whose messages name the first output's fields.
 absl::Status ForOutput(const absl::Status& status, int output) {
   if (status.ok() || output == 0) return status;
-  for (absl::string_view field : {"hook_name", "sae"}) {
+  for (absl::string_view field : {"hook_name", "sae", "dataset_name"}) {
     const std::string prefix = absl::StrCat("extract.", field);
     if (absl::StartsWith(status.message(), prefix)) {
       return WithMessage(status, absl::StrCat(ExtractOutputField(output, field),
                                               status.message().substr(prefix.size())));
     }
   }
-  return WithMessage(status, absl::StrCat(ExtractOutputField(output, ""), " ", status.message()));
+  return WithMessage(status,
+                     absl::StrCat("extract.more_outputs[", output - 1, "]: ", status.message()));
 }
 
 bool WantsSparse(const ExtractSpec& spec) {
@@ -328,10 +329,6 @@ std::vector<std::string> ExtractDatasetNames(const ExtractSpec& spec, uint64_t j
 
 }  // namespace
 
-std::string ExtractDatasetName(const ExtractSpec& spec, uint64_t job_id) {
-  return ExtractDatasetNames(spec, job_id)[0];
-}
-
 absl::StatusOr<std::vector<std::string>> ExtractDatasetNamesFor(const ExtractSpec& spec,
                                                                 const ExtractEnv& env,
                                                                 uint64_t job_id) {
@@ -366,7 +363,6 @@ absl::StatusOr<std::vector<std::string>> ExtractDatasetNamesFor(const ExtractSpe
                                                         " wrote: ", theirs.status().message()));
     }
     names = *std::move(theirs);
-    const std::vector<std::string> mine = ExtractDatasetNames(spec, job_id);
     for (int i = 0; i < ExtractOutputCount(spec); ++i) {
       const std::string& given =
           i == 0 ? spec.dataset_name() : spec.more_outputs(i - 1).dataset_name();

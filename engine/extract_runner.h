@@ -101,9 +101,6 @@ latentd::v1::ExtractSpec ExtractOutputSpec(const latentd::v1::ExtractSpec& spec,
 // "extract.more_outputs[0].sae" for output 1.
 std::string ExtractOutputField(int output, absl::string_view field);
 
-// The first output's dataset name: dataset_name, else "extract-<job id>".
-std::string ExtractDatasetName(const latentd::v1::ExtractSpec& spec, uint64_t job_id);
-
 // The datasets a job of `spec` writes, one per output: output 0's is dataset_name, else
 // "extract-<job id>"; output i's is its dataset_name, else output 0's + "." + its hook name. With
 // resume_from_job_id they are the datasets of the job it continues (following that job's own
