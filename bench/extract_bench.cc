@@ -4,10 +4,12 @@
 // TopK, scipy save_npz per chunk), side by side, alternating, best of --rounds.
 //
 //   bazel run -c opt //bench:extract_bench -- [--tokens=65536] [--rounds=3] [--threads=N]
-//                                             [--no_peer] [--hooks=N]
+//                                             [--no_peer] [--hooks=N [--torchscript]]
 // Default is the quick 65,536-token variant; --tokens=1048576 is the full X1. --hooks=N (2..4)
 // measures instead one job of N outputs (blocks.0..N-1.hook_resid_post, each with the SAE) against
-// N one-hook jobs of the same outputs, alternating which goes first, in the same run.
+// N one-hook jobs of the same outputs, alternating which goes first, in the same run; with
+// --torchscript the model is the same transformer as a TorchScript module returning every hidden
+// state (bench/reference_torchscript.py, the Hugging Face export layout), which has no early exit.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <string>
@@ -144,6 +147,7 @@ int main(int argc, char** argv) {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool peer = true;
   int hooks = 1;
+  bool torchscript = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (absl::StartsWith(a, "--tokens="))
@@ -156,6 +160,8 @@ int main(int argc, char** argv) {
       peer = false;
     else if (absl::StartsWith(a, "--hooks="))
       hooks = std::atoi(a.c_str() + 8);
+    else if (a == "--torchscript")
+      torchscript = true;
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -209,8 +215,19 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "--hooks: at most 4 (the reference model's layers)\n");
       return 2;
     }
-    std::printf("X1 extraction: %lld tokens, TopK d_sae %d k %d, %d threads\n",
-                static_cast<long long>(num_tokens), kDsae, kK, threads);
+    if (torchscript) {
+      const std::string cmd =
+          absl::StrCat("cd bench && /usr/bin/python3 reference_torchscript.py --dir=", dir);
+      if (std::system(cmd.c_str()) != 0) {
+        std::fprintf(stderr, "scripting the model failed (%s)\n", cmd.c_str());
+        return 1;
+      }
+      spec.mutable_model()->mutable_torchscript()->set_path(dir + "/reference.pt");
+      spec.mutable_model()->mutable_torchscript()->set_vocab_size(kVocab);
+    }
+    std::printf("X1 extraction: %lld tokens, %s model, TopK d_sae %d k %d, %d threads\n",
+                static_cast<long long>(num_tokens), torchscript ? "TorchScript" : "reference",
+                kDsae, kK, threads);
     CompareHooks(spec, env, dir, hooks, rounds);
     return 0;
   }
