@@ -233,6 +233,14 @@ void PrintJobLine(const v1::Job& job) {
       progress.c_str(), job.spec().label().c_str());
 }
 
+// How well an EXTRACT output's SAE reconstructs its hook (nothing for DENSE outputs).
+void PrintFit(const v1::SaeFit& fit) {
+  if (fit.rows() == 0) return;
+  std::printf("  sae fit  explained variance %.4f, mse %.4g, cosine %.4f (over %lld rows)\n",
+              fit.explained_variance(), fit.mse(), fit.cosine_similarity(),
+              static_cast<long long>(fit.rows()));
+}
+
 void PrintJob(const v1::Job& job) {
   std::printf("job        %llu\n", static_cast<unsigned long long>(job.id()));
   std::printf("type       %s\n", v1::JobType_Name(job.type()).c_str());
@@ -267,11 +275,13 @@ void PrintJob(const v1::Job& job) {
                 static_cast<long long>(r.extract().rows()),
                 static_cast<long long>(r.extract().nnz()), r.extract().bytes_per_token(),
                 r.extract().tokens_per_second());
+    PrintFit(r.extract().fit());
     for (const v1::ExtractOutputResult& more : r.extract().more_outputs()) {
       std::printf("dataset    %llu %s <- %s (%lld rows, %lld nonzeros, %.1f B/token)\n",
                   static_cast<unsigned long long>(more.dataset_id()), more.dataset_name().c_str(),
                   more.hook_name().c_str(), static_cast<long long>(more.rows()),
                   static_cast<long long>(more.nnz()), more.bytes_per_token());
+      PrintFit(more.fit());
     }
   } else if (r.has_train()) {
     std::printf("artifact   %llu at %s\n", static_cast<unsigned long long>(r.train().artifact_id()),
@@ -416,6 +426,9 @@ std::string DescribeEvent(const v1::JobEvent& event) {
           &text, "extract %d/%d rows %.0f tok/s committed %s (%.1f B/token) mem %s", s.rows_done(),
           s.rows_total(), s.tokens_per_second(), Bytes(s.bytes_committed()), s.bytes_per_token(),
           Bytes(s.device_memory_bytes()));
+      if (s.explained_variance() != 0) {
+        absl::StrAppendFormat(&text, " sae explained variance %.4f", s.explained_variance());
+      }
     } else {
       absl::StrAppend(&text, "telemetry");
     }

@@ -367,6 +367,59 @@ TEST_F(ExtractJobTest, MoreOutputsStoreWhatOneHookJobsStore) {
   EXPECT_EQ(ctx.progress_.back(), 40 * kCtx);
 }
 
+// Every SPARSE output reports how well its SAE reconstructs the hook; one that does worse than
+// the mean is called out: the usual sign of an SAE for another hook or model.
+TEST_F(ExtractJobTest, TheSaeFitIsReportedAndAMisfitIsWarned) {
+  // A ReLU SAE that reconstructs exactly: latents j and 16 + j are relu(x_j) and relu(-x_j).
+  SaeConfig exact_cfg;
+  exact_cfg.d_in = 16;
+  exact_cfg.d_sae = 48;
+  exact_cfg.architecture = SaeArchitecture::kRelu;
+  at::Tensor dec = at::zeros({48, 16});
+  dec.slice(0, 0, 16) = at::eye(16);
+  dec.slice(0, 16, 32) = -at::eye(16);
+  ASSERT_TRUE(SaveSae(Tmp("root/exact_sae"),
+                      {dec.t().contiguous(), at::zeros({48}), dec, at::zeros({16}), {}}, exact_cfg)
+                  .ok());
+  // The test's TopK SAE with its decoder 1000 times too long.
+  auto sae = Sae::Load(root_ + "/sae");
+  ASSERT_TRUE(sae.ok());
+  SaeWeights scaled = sae->weights();
+  scaled.W_dec = scaled.W_dec * 1000;
+  ASSERT_TRUE(SaveSae(Tmp("root/scaled_sae"), scaled, sae->config()).ok());
+
+  auto db = OpenDb("db_fit");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  latentd::v1::ExtractSpec spec = Spec();
+  spec.mutable_sae()->set_path(root_ + "/exact_sae");
+  latentd::v1::ExtractOutput* more = spec.add_more_outputs();
+  more->set_hook_name(spec.hook_name());
+  more->mutable_sae()->set_path(root_ + "/scaled_sae");
+  more->set_dataset_name("scaled");
+  FakeContext ctx(70, 1);
+  auto result = RunExtract(spec, env_, &ctx);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const latentd::v1::SaeFit& exact = result->fit();
+  EXPECT_EQ(exact.rows(), 40 * kCtx);
+  EXPECT_NEAR(exact.explained_variance(), 1.0, 1e-5);
+  EXPECT_NEAR(exact.cosine_similarity(), 1.0, 1e-5);
+  EXPECT_LT(exact.mse(), 1e-9);
+  EXPECT_NEAR(ctx.telemetry_.back().explained_variance(), 1.0, 1e-5);
+  const latentd::v1::SaeFit& misfit = result->more_outputs(0).fit();
+  EXPECT_EQ(misfit.rows(), 40 * kCtx);
+  EXPECT_LT(misfit.explained_variance(), -100);
+  ASSERT_EQ(ctx.warnings_.size(), 1u);
+  EXPECT_NE(ctx.warnings_[0].find("dataset scaled: the SAE reconstructs hook "
+                                  "blocks.1.hook_resid_post worse than the rows' mean"),
+            std::string::npos)
+      << ctx.warnings_[0];
+  // A rerun of the finished job computes nothing, so it reports no fit.
+  auto again = RunExtract(spec, env_, &ctx);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->has_fit());
+}
+
 TEST_F(ExtractJobTest, MoreOutputsAreCheckedNamingTheOutput) {
   auto expect_invalid = [&](const latentd::v1::ExtractSpec& spec, const std::string& field) {
     absl::Status s = ValidateExtractSpec(spec, env_);

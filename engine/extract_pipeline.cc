@@ -24,6 +24,7 @@ using Clock = std::chrono::steady_clock;
 
 // One hook's codes of a batch, on the host.
 struct HookCodes {
+  at::Tensor fit;         // sparse: ReconstructionSums, float64 [4 + d]
   at::Tensor finite;      // bool [n]
   at::Tensor indices;     // sparse: int32 [n, k] (fixed) or [nnz]
   at::Tensor values;      // sparse: float [n, k] or [nnz]; dense: float [n, d]
@@ -116,9 +117,12 @@ absl::Status ComputeBatch(const TokenSource& tokens, PipelineReplica* r,
       HookCodes& codes_out = out->hooks[o];
       at::Tensor x = hooked[o].reshape({seqs * L, hooked[o].size(-1)});
       hooked[o].reset();  // freed once encoded (or copied), before the next hook's encoder runs
-      codes_out.finite = ToHost(at::isfinite(x).all(1));
+      const at::Tensor finite = at::isfinite(x).all(1);
+      codes_out.finite = ToHost(finite);
       if (options.sparse) {
-        SparseCodes codes = r->saes[o].EncodeSparse(x);
+        const Sae& sae = r->saes[o];
+        SparseCodes codes = sae.EncodeSparse(x);
+        codes_out.fit = ToHost(ReconstructionSums(x, sae.DecodeSparse(codes, x.size(0)), finite));
         codes_out.indices = ToHost(codes.indices);
         codes_out.values = ToHost(codes.values);
         if (!codes.fixed_k()) codes_out.row_counts = ToHost(codes.row_counts);
@@ -195,6 +199,32 @@ absl::Status AppendBatch(const BatchOutput& out, const HookCodes& codes, bool sp
 }
 
 }  // namespace
+
+void ReconstructionFit::Add(const at::Tensor& sums) {
+  const double* s = sums.data_ptr<double>();
+  squared_error += s[0];
+  sum_squares += s[1];
+  cosine_sum += s[2];
+  rows += static_cast<int64_t>(s[3]);
+  const int64_t d = sums.numel() - 4;
+  sum_x.resize(d, 0.0);
+  for (int64_t i = 0; i < d; ++i) sum_x[i] += s[4 + i];
+}
+
+double ReconstructionFit::explained_variance() const {
+  if (rows == 0) return 0;
+  double mean_sq = 0;  // ||sum x||^2 / rows: what the mean takes out of sum ||x||^2
+  for (double v : sum_x) mean_sq += v * v;
+  const double total = sum_squares - mean_sq / static_cast<double>(rows);
+  return total > 0 ? 1.0 - squared_error / total : 0.0;
+}
+
+double ReconstructionFit::mse() const {
+  return rows > 0 && !sum_x.empty() ? squared_error / (static_cast<double>(rows) * sum_x.size())
+                                    : 0.0;
+}
+
+double ReconstructionFit::mean_cosine() const { return rows > 0 ? cosine_sum / rows : 0.0; }
 
 absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
                                                   std::vector<PipelineReplica>* replicas,
@@ -331,6 +361,9 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
     }
     t.set_device_memory_bytes(mem);
     t.set_host_rss_bytes(ProcessRssBytes());
+    if (result.outputs[0].fit.rows > 0) {
+      t.set_explained_variance(result.outputs[0].fit.explained_variance());
+    }
     callbacks.telemetry(t);
   };
   struct Pending {
@@ -388,6 +421,7 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
       pending[o].rows += out.num_rows;
       pending[o].nnz += nnz;
       pending[o].skipped += skipped[o];
+      if (codes.fit.defined()) result.outputs[o].fit.Add(codes.fit);
       if (pending[o].rows >= commit_rows || last) {
         // Intermediate commits are written in the background while the next rows arrive; the
         // progress below reports what is durable.

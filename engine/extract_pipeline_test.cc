@@ -151,6 +151,14 @@ TEST(ExtractPipelineTest, StoresExactlyTheEncodedLatentsOfEveryRow) {
                        .model->Forward(at::from_blob(ids.data(), {100, kCtx}, at::kLong))
                        .reshape({-1, 16});
     at::Tensor z = replicas[0].saes[0].EncodeDense(x);
+    // How well the SAE reconstructs the rows, as a user computes it from x and x_hat.
+    const at::Tensor err = x - replicas[0].saes[0].Decode(z);
+    const double sse = err.to(at::kDouble).pow(2).sum().item<double>();
+    const double sst = (x.to(at::kDouble) - x.to(at::kDouble).mean(0)).pow(2).sum().item<double>();
+    const ReconstructionFit& fit = result->outputs[0].fit;
+    EXPECT_EQ(fit.rows, 100 * kCtx);
+    EXPECT_NEAR(fit.explained_variance(), 1 - sse / sst, 1e-6 * std::max(1.0, sse / sst));
+    EXPECT_NEAR(fit.mse(), sse / (100 * kCtx * 16), 1e-6 * fit.mse());
     for (int64_t r = 0; r < ds.rows(); ++r) {
       ASSERT_EQ(ds.token_ids[r], ids[r]);
       at::Tensor nz = z[r].nonzero().reshape({-1});
@@ -397,6 +405,17 @@ TEST(ExtractPipelineTest, TwoHooksFillTwoSinksAsTwoOneHookRuns) {
     EXPECT_EQ(r->rows_this_run, 25 * kCtx);  // the model ran over each row once
     EXPECT_EQ(r->nnz_this_run, r->outputs[0].nnz_this_run + r->outputs[1].nnz_this_run);
   }
+  // DENSE outputs have no SAE to fit.
+  {
+    std::vector<InMemoryDataset> dense(2);
+    dense[0].width = dense[1].width = 16;
+    InMemoryRowSink d0(&dense[0]), d1(&dense[1]);
+    auto replicas = HookReplicas(1, {0, 1});
+    auto r = RunExtractPipeline(*tokens, &replicas, {&d0, &d1}, Opts(false), {});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outputs[0].fit.rows, 0);
+    EXPECT_EQ(dense[1].values.size(), 25u * kCtx * 16);
+  }
   // Hooks in the other order fill the sinks in that order.
   std::vector<InMemoryDataset> swapped(2);
   swapped[0].width = swapped[1].width = 64;
@@ -439,6 +458,8 @@ TEST(ExtractPipelineTest, OutputsResumeAtTheirOwnWatermarks) {
   EXPECT_EQ(r->rows_this_run, 30 * kCtx - 48);
   EXPECT_EQ(r->outputs[0].rows_this_run, 30 * kCtx - 96);
   EXPECT_EQ(r->outputs[1].rows_this_run, 30 * kCtx - 48);
+  EXPECT_EQ(r->outputs[0].fit.rows, 30 * kCtx - 96);  // the rows this run stored
+  EXPECT_EQ(r->outputs[1].fit.rows, 30 * kCtx - 48);
   ExpectSameDataset(got[0], want[0]);
   ExpectSameDataset(got[1], want[1]);
 }
@@ -468,6 +489,11 @@ TEST(ExtractPipelineTest, NonFiniteRowsAreJudgedPerOutput) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->outputs[0].rows_skipped_non_finite, 0);
   EXPECT_EQ(r->outputs[1].rows_skipped_non_finite, std::count(ids.begin(), ids.end(), nan_token));
+  // NaN rows count for nothing in the fit, which stays finite.
+  EXPECT_EQ(r->outputs[0].fit.rows, 20 * kCtx);
+  EXPECT_EQ(r->outputs[1].fit.rows, 20 * kCtx - r->outputs[1].rows_skipped_non_finite);
+  EXPECT_TRUE(std::isfinite(r->outputs[1].fit.explained_variance()));
+  EXPECT_TRUE(std::isfinite(r->outputs[1].fit.mean_cosine()));
   for (int64_t row = 0; row < got[0].rows(); ++row) {
     if (ids[row] != nan_token) continue;
     EXPECT_GT(got[0].indptr[row + 1], got[0].indptr[row]);  // hook 0 is finite there

@@ -587,6 +587,23 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   latentd::v1::ExtractResult result;
   for (int o = 0; o < num_outputs; ++o) {
     const PipelineOutputResult& done = run->outputs[o];
+    latentd::v1::SaeFit fit;
+    if (done.fit.rows > 0) {
+      fit.set_rows(done.fit.rows);
+      fit.set_explained_variance(done.fit.explained_variance());
+      fit.set_mse(done.fit.mse());
+      fit.set_cosine_similarity(done.fit.mean_cosine());
+      // Worse than predicting every row's mean: almost always an SAE for another hook or model
+      // (resid_pre against resid_post, another checkpoint), rarely a bad SAE.
+      if (ctx != nullptr && fit.explained_variance() < 0) {
+        ctx->Log(latentd::v1::LogLine::WARNING,
+                 absl::StrFormat("dataset %s: the SAE reconstructs hook %s worse than the rows' "
+                                 "mean does (explained variance %.3f, cosine %.3f over %d rows); "
+                                 "was it trained on this hook of this model?",
+                                 names[o], c.outputs[o].hook_name, fit.explained_variance(),
+                                 fit.cosine_similarity(), fit.rows()));
+      }
+    }
     const int64_t stored_nnz = opened[o].sink->nnz_committed();
     const int64_t nnz = stored_nnz >= 0 ? stored_nnz : done.nnz_this_run;
     const double bytes_per_token =
@@ -598,6 +615,7 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
       result.set_rows_skipped_non_finite(done.rows_skipped_non_finite);
       result.set_tokens_per_second(run->tokens_per_second);
       result.set_bytes_per_token(bytes_per_token);
+      if (fit.rows() > 0) *result.mutable_fit() = fit;
       continue;
     }
     latentd::v1::ExtractOutputResult* more = result.add_more_outputs();
@@ -608,6 +626,7 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
     more->set_nnz(nnz);
     more->set_rows_skipped_non_finite(done.rows_skipped_non_finite);
     more->set_bytes_per_token(bytes_per_token);
+    if (fit.rows() > 0) *more->mutable_fit() = fit;
   }
   return result;
 }

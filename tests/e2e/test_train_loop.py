@@ -97,6 +97,14 @@ class TrainLoop(DaemonTestCase):
             "model": MODEL, "hookName": "blocks.1.hook_resid_post", "tokens": tokens,
             "sae": {"artifactId": str(artifact)}, "mode": "SPARSE", "datasetName": "sparse"}).id)
         self.assertEqual(sparse.state, jobs_pb2.SUCCEEDED, sparse.message)
+        # How well the trained SAE reconstructs the hook, measured by EXTRACT over every row,
+        # agrees with what training measured on its last batches.
+        fit = sparse.result.extract.fit
+        self.assertEqual(fit.rows, 64 * 32)
+        self.assertGreater(fit.explained_variance, 0.3)
+        self.assertAlmostEqual(fit.explained_variance, 1 - trained.result.train.final_fvu,
+                               delta=0.1)
+        self.assertGreater(fit.cosine_similarity, 0.5)
         rows, _ = c.read_rows(sparse.result.extract.dataset_id, 0, 4)
         self.assertEqual(rows.shape[1], 256)
         # Packed pieces (numpy.frombuffer of 16-bit words) and repeated fields give the same rows.
