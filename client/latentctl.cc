@@ -522,11 +522,15 @@ int Devices(Client& client) {
 }
 
 void PrintDatasetLine(const v1::DatasetInfo& d) {
-  std::printf("%-5llu %-24s %-7s %-28s %-6d %-10lld %-9.5f %-8lld %s\n",
+  // The SAE's explained variance on the rows, where it was measured.
+  const std::string fit =
+      d.fit().rows() > 0 ? absl::StrFormat("%.4f", d.fit().explained_variance()) : "-";
+  std::printf("%-5llu %-24s %-7s %-28s %-6d %-10lld %-9.5f %-8lld %-8s %s\n",
               static_cast<unsigned long long>(d.id()), d.name().c_str(),
               d.kind() == v1::DENSE_ACTIVATIONS ? "DENSE" : "SPARSE", d.hook_name().c_str(),
               d.d_sae(), static_cast<long long>(d.rows_committed()), d.density(),
-              static_cast<long long>(d.dead_latents()), Bytes(d.bytes_on_disk()).c_str());
+              static_cast<long long>(d.dead_latents()), fit.c_str(),
+              Bytes(d.bytes_on_disk()).c_str());
 }
 
 int Datasets(Client& client) {
@@ -538,8 +542,8 @@ int Datasets(Client& client) {
     std::printf("%s\n", Json(response).c_str());
     return 0;
   }
-  std::printf("%-5s %-24s %-7s %-28s %-6s %-10s %-9s %-8s %s\n", "ID", "NAME", "KIND", "HOOK",
-              "WIDTH", "ROWS", "DENSITY", "DEAD", "ON DISK");
+  std::printf("%-5s %-24s %-7s %-28s %-6s %-10s %-9s %-8s %-8s %s\n", "ID", "NAME", "KIND", "HOOK",
+              "WIDTH", "ROWS", "DENSITY", "DEAD", "SAE EV", "ON DISK");
   for (const auto& d : response.datasets()) PrintDatasetLine(d);
   return 0;
 }

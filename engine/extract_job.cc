@@ -25,6 +25,13 @@ class ChunkStoreSink : public RowSink {
                            const int32_t* token_ids) override {
     return writer_->AppendDense(num_rows, values, token_ids);
   }
+  absl::Status AddReconstructionSums(const storage::ReconstructionFit& sums) override {
+    return writer_->AddReconstructionSums(sums);
+  }
+  storage::ReconstructionFit fit_committed() const override {
+    auto fit = store_->GetReconstructionFit(id_);
+    return fit.ok() ? *std::move(fit) : storage::ReconstructionFit();
+  }
   absl::Status Commit() override {
     RETURN_IF_ERROR(writer_->Commit());
     RefreshBytes();
@@ -65,7 +72,8 @@ class ChunkStoreSink : public RowSink {
 // A dataset committed and flagged complete in an earlier run: nothing left to write.
 class CompleteSink : public RowSink {
  public:
-  CompleteSink(int64_t rows, int64_t bytes, int64_t nnz) : rows_(rows), bytes_(bytes), nnz_(nnz) {}
+  CompleteSink(int64_t rows, int64_t bytes, int64_t nnz, storage::ReconstructionFit fit)
+      : rows_(rows), bytes_(bytes), nnz_(nnz), fit_(std::move(fit)) {}
   int64_t rows_committed() const override { return rows_; }
   int64_t rows_pending() const override { return 0; }
   absl::Status AppendSparse(int64_t, const int64_t*, const int32_t*, const float*,
@@ -79,9 +87,11 @@ class CompleteSink : public RowSink {
   absl::Status MarkComplete() override { return absl::OkStatus(); }
   int64_t bytes_committed() const override { return bytes_; }
   int64_t nnz_committed() const override { return nnz_; }
+  storage::ReconstructionFit fit_committed() const override { return fit_; }
 
  private:
   int64_t rows_, bytes_, nnz_;
+  storage::ReconstructionFit fit_;
 };
 
 // resume_from_job_id named a job whose dataset was deleted since.
@@ -135,8 +145,10 @@ SinkOpener ChunkStoreSinkOpener(storage::ChunkStore* store) {
       opened.dataset_id = *found;
       if (rec.complete) {
         auto info = store->GetDataset(*found);
+        auto fit = store->GetReconstructionFit(*found);
         opened.sink = std::make_unique<CompleteSink>(
-            rec.rows_committed, info.ok() ? info->bytes_on_disk() : -1, rec.nnz);
+            rec.rows_committed, info.ok() ? info->bytes_on_disk() : -1, rec.nnz,
+            fit.ok() ? *std::move(fit) : storage::ReconstructionFit());
         return opened;
       }
     } else if (found.status().code() == absl::StatusCode::kNotFound && m.adopt_from_job != 0) {

@@ -301,6 +301,13 @@ TEST_F(ExtractJobTest, CancelledJobsResumeToTheUninterruptedDataset) {
       r = RunExtract(Spec(), env_, &ctx);
     }
     EXPECT_GT(runs, 1);
+    // The SAE's fit over every row, although each run computed only some of them.
+    const latentd::v1::SaeFit straight_fit =
+        store.GetDataset(*store.FindDataset("extract-100"))->fit();
+    EXPECT_EQ(straight_fit.rows(), 40 * kCtx);
+    EXPECT_EQ(r->fit().rows(), 40 * kCtx);
+    EXPECT_NEAR(r->fit().explained_variance(), straight_fit.explained_variance(), 1e-9);
+    EXPECT_NEAR(r->fit().cosine_similarity(), straight_fit.cosine_similarity(), 1e-9);
     auto a = store.ReadRows(*store.FindDataset("extract-100"), 0, 0);
     auto b = store.ReadRows(*store.FindDataset("extract-200"), 0, 0);
     ASSERT_TRUE(a.ok() && b.ok());
@@ -414,10 +421,18 @@ TEST_F(ExtractJobTest, TheSaeFitIsReportedAndAMisfitIsWarned) {
                                   "blocks.1.hook_resid_post worse than the rows' mean"),
             std::string::npos)
       << ctx.warnings_[0];
-  // A rerun of the finished job computes nothing, so it reports no fit.
-  auto again = RunExtract(spec, env_, &ctx);
+  // The datasets keep their totals: a rerun of the finished job computes nothing and reports
+  // them, and so does the dataset summary.
+  FakeContext rerun(70, 1);
+  auto again = RunExtract(spec, env_, &rerun);
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_FALSE(again->has_fit());
+  EXPECT_EQ(again->fit().rows(), 40 * kCtx);
+  EXPECT_EQ(again->fit().explained_variance(), exact.explained_variance());
+  EXPECT_EQ(again->more_outputs(0).fit().explained_variance(), misfit.explained_variance());
+  auto info = store.GetDataset(result->dataset_id());
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->fit().rows(), 40 * kCtx);
+  EXPECT_EQ(info->fit().explained_variance(), exact.explained_variance());
 }
 
 TEST_F(ExtractJobTest, MoreOutputsAreCheckedNamingTheOutput) {

@@ -200,32 +200,6 @@ absl::Status AppendBatch(const BatchOutput& out, const HookCodes& codes, bool sp
 
 }  // namespace
 
-void ReconstructionFit::Add(const at::Tensor& sums) {
-  const double* s = sums.data_ptr<double>();
-  squared_error += s[0];
-  sum_squares += s[1];
-  cosine_sum += s[2];
-  rows += static_cast<int64_t>(s[3]);
-  const int64_t d = sums.numel() - 4;
-  sum_x.resize(d, 0.0);
-  for (int64_t i = 0; i < d; ++i) sum_x[i] += s[4 + i];
-}
-
-double ReconstructionFit::explained_variance() const {
-  if (rows == 0) return 0;
-  double mean_sq = 0;  // ||sum x||^2 / rows: what the mean takes out of sum ||x||^2
-  for (double v : sum_x) mean_sq += v * v;
-  const double total = sum_squares - mean_sq / static_cast<double>(rows);
-  return total > 0 ? 1.0 - squared_error / total : 0.0;
-}
-
-double ReconstructionFit::mse() const {
-  return rows > 0 && !sum_x.empty() ? squared_error / (static_cast<double>(rows) * sum_x.size())
-                                    : 0.0;
-}
-
-double ReconstructionFit::mean_cosine() const { return rows > 0 ? cosine_sum / rows : 0.0; }
-
 absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
                                                   std::vector<PipelineReplica>* replicas,
                                                   RowSink* sink, const PipelineOptions& options,
@@ -421,7 +395,14 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
       pending[o].rows += out.num_rows;
       pending[o].nnz += nnz;
       pending[o].skipped += skipped[o];
-      if (codes.fit.defined()) result.outputs[o].fit.Add(codes.fit);
+      if (codes.fit.defined()) {  // (no early return here: the workers must be stopped first)
+        auto fit =
+            storage::ReconstructionFit::FromSums(codes.fit.data_ptr<double>(), codes.fit.numel());
+        status = fit.status();
+        if (status.ok()) status = sinks[o]->AddReconstructionSums(*fit);
+        if (status.ok()) status = result.outputs[o].fit.Add(*fit);
+        if (!status.ok()) break;
+      }
       if (pending[o].rows >= commit_rows || last) {
         // Intermediate commits are written in the background while the next rows arrive; the
         // progress below reports what is durable.

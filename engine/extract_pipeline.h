@@ -28,6 +28,7 @@
 #include "engine/sae.h"
 #include "engine/token_source.h"
 #include "proto/latentd/v1/extract.pb.h"
+#include "storage/reconstruction_fit.h"
 
 namespace latentd::engine {
 
@@ -54,29 +55,15 @@ struct PipelineCallbacks {
   std::function<void(const latentd::v1::ExtractTelemetry&)> telemetry;  // rate-limited
 };
 
-// How well an output's SAE reconstructs its hook, over the rows a run stored (rows with NaN/Inf
-// left out): the sums of ReconstructionSums (sae.h), batch after batch.
-struct ReconstructionFit {
-  int64_t rows = 0;
-  double squared_error = 0;   // sum of ||x - x_hat||^2
-  double sum_squares = 0;     // sum of ||x||^2
-  double cosine_sum = 0;      // sum of cos(x, x_hat)
-  std::vector<double> sum_x;  // per hook dimension
-
-  void Add(const at::Tensor& sums);  // ReconstructionSums' figures, on the host
-  // 1 - SSE / (sum of squared deviations from the rows' mean); 0 with no rows.
-  double explained_variance() const;
-  double mse() const;  // per element
-  double mean_cosine() const;
-};
-
 struct PipelineOutputResult {
   int64_t rows = 0;  // rows in the output's sink at the end (committed)
   int64_t rows_this_run = 0;
   int64_t nnz_this_run = 0;
   int64_t rows_skipped_non_finite = 0;
   int64_t bytes_committed = 0;  // the sink's figure, else an estimate of the stored bytes
-  ReconstructionFit fit;        // sparse: over the rows this run stored
+  // Sparse: how well the SAE reconstructs the rows this run stored (rows with NaN/Inf left
+  // out); the same sums went to the sink with the rows.
+  storage::ReconstructionFit fit;
 };
 
 struct PipelineResult {

@@ -155,7 +155,8 @@ TEST(ExtractPipelineTest, StoresExactlyTheEncodedLatentsOfEveryRow) {
     const at::Tensor err = x - replicas[0].saes[0].Decode(z);
     const double sse = err.to(at::kDouble).pow(2).sum().item<double>();
     const double sst = (x.to(at::kDouble) - x.to(at::kDouble).mean(0)).pow(2).sum().item<double>();
-    const ReconstructionFit& fit = result->outputs[0].fit;
+    const storage::ReconstructionFit& fit = result->outputs[0].fit;
+    EXPECT_EQ(ds.fit.rows, fit.rows);  // the sink got the same sums with the rows
     EXPECT_EQ(fit.rows, 100 * kCtx);
     EXPECT_NEAR(fit.explained_variance(), 1 - sse / sst, 1e-6 * std::max(1.0, sse / sst));
     EXPECT_NEAR(fit.mse(), sse / (100 * kCtx * 16), 1e-6 * fit.mse());
@@ -225,6 +226,12 @@ TEST(ExtractPipelineTest, ResumeAfterCancellationEqualsAnUninterruptedRun) {
       }
       EXPECT_GT(runs, 1);
       ExpectSameDataset(got, want);
+      // The sums given with rows that never committed died with them: the dataset's totals
+      // are those of the uninterrupted run.
+      EXPECT_EQ(got.fit.rows, 61 * kCtx);
+      EXPECT_EQ(want.fit.rows, 61 * kCtx);
+      EXPECT_NEAR(got.fit.explained_variance(), want.fit.explained_variance(), 1e-9);
+      EXPECT_NEAR(got.fit.squared_error, want.fit.squared_error, 1e-9 * want.fit.squared_error);
     }
   }
 }

@@ -587,12 +587,11 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   latentd::v1::ExtractResult result;
   for (int o = 0; o < num_outputs; ++o) {
     const PipelineOutputResult& done = run->outputs[o];
-    latentd::v1::SaeFit fit;
-    if (done.fit.rows > 0) {
-      fit.set_rows(done.fit.rows);
-      fit.set_explained_variance(done.fit.explained_variance());
-      fit.set_mse(done.fit.mse());
-      fit.set_cosine_similarity(done.fit.mean_cosine());
+    // The dataset's totals (every committed row, earlier runs' included) where the sink keeps
+    // them, else this run's.
+    const storage::ReconstructionFit committed = opened[o].sink->fit_committed();
+    const latentd::v1::SaeFit fit = storage::ToSaeFit(committed.rows > 0 ? committed : done.fit);
+    if (fit.rows() > 0) {
       // Worse than predicting every row's mean: almost always an SAE for another hook or model
       // (resid_pre against resid_post, another checkpoint), rarely a bad SAE.
       if (ctx != nullptr && fit.explained_variance() < 0) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "storage/reconstruction_fit.h"
 
 namespace latentd::engine {
 
@@ -23,6 +24,13 @@ class RowSink {
   // Dense rows: num_rows x width row-major floats.
   virtual absl::Status AppendDense(int64_t num_rows, const float* values,
                                    const int32_t* token_ids) = 0;
+  // How well the SAE reconstructs the rows appended since the last commit: committed with them
+  // (added to the dataset's totals) or lost with them. Default: not kept.
+  virtual absl::Status AddReconstructionSums(const storage::ReconstructionFit&) {
+    return absl::OkStatus();
+  }
+  // The totals over the committed rows; no rows when the sink keeps none.
+  virtual storage::ReconstructionFit fit_committed() const { return {}; }
   // Makes every pending row durable at once; on failure nothing of it is.
   virtual absl::Status Commit() = 0;
   // Starts making every pending row durable and returns without waiting; rows_committed()
@@ -52,6 +60,7 @@ struct InMemoryDataset {
   int64_t rows() const { return static_cast<int64_t>(token_ids.size()); }
   int64_t commits = 0;
   bool complete = false;
+  storage::ReconstructionFit fit;  // of the committed rows
 };
 
 // A writer on an InMemoryDataset. Pending rows die with it (as after a crash). `fail_commit_at`
@@ -89,10 +98,16 @@ class InMemoryRowSink : public RowSink {
     token_ids_.insert(token_ids_.end(), token_ids, token_ids + num_rows);
     return absl::OkStatus();
   }
+  absl::Status AddReconstructionSums(const storage::ReconstructionFit& sums) override {
+    return pending_fit_.Add(sums);
+  }
+  storage::ReconstructionFit fit_committed() const override { return ds_->fit; }
   absl::Status Commit() override {
     if (fail_commit_at_ > 0 && ds_->commits + 1 == fail_commit_at_) {
       return absl::UnavailableError("injected commit failure");
     }
+    if (absl::Status s = ds_->fit.Add(pending_fit_); !s.ok()) return s;
+    pending_fit_ = storage::ReconstructionFit();
     const int64_t base = ds_->indptr.back();
     for (int64_t p : indptr_) ds_->indptr.push_back(base + p);
     ds_->indices.insert(ds_->indices.end(), indices_.begin(), indices_.end());
@@ -118,6 +133,7 @@ class InMemoryRowSink : public RowSink {
   std::vector<int32_t> indices_;
   std::vector<float> values_;
   std::vector<int32_t> token_ids_;
+  storage::ReconstructionFit pending_fit_;
 };
 
 }  // namespace latentd::engine

@@ -484,7 +484,21 @@ latentd::v1::DatasetInfo ToInfo(const DatasetRecord& r, uint64_t bytes) {
 absl::StatusOr<latentd::v1::DatasetInfo> ChunkStore::GetDataset(uint64_t id) const {
   ASSIGN_OR_RETURN(DatasetRecord rec, GetRecord(id));
   ASSIGN_OR_RETURN(uint64_t bytes, BytesOnDisk(id));
-  return ToInfo(rec, bytes);
+  latentd::v1::DatasetInfo info = ToInfo(rec, bytes);
+  ASSIGN_OR_RETURN(const ReconstructionFit fit, GetReconstructionFit(id));
+  if (fit.rows > 0) *info.mutable_fit() = ToSaeFit(fit);
+  return info;
+}
+
+absl::StatusOr<ReconstructionFit> ChunkStore::GetReconstructionFit(uint64_t id) const {
+  auto stored = db_->Get(Family::kMeta, keys::Fit(id));
+  if (absl::IsNotFound(stored.status())) return ReconstructionFit();
+  RETURN_IF_ERROR(stored.status());
+  auto fit = ReconstructionFit::Decode(*stored);
+  if (!fit.ok()) {
+    return absl::DataLossError(absl::StrCat("dataset ", id, ": ", fit.status().message()));
+  }
+  return fit;
 }
 
 absl::StatusOr<std::vector<latentd::v1::DatasetInfo>> ChunkStore::ListDatasets() const {
@@ -540,6 +554,7 @@ absl::Status ChunkStore::DeleteDataset(uint64_t id) {
     const std::string dir = keys::ChunkDirPrefix(id);
     batch.DeleteRange(db_->handle(Family::kMeta), dir, keys::PrefixEnd(dir));
     batch.Delete(db_->handle(Family::kMeta), keys::Watermark(id));
+    batch.Delete(db_->handle(Family::kMeta), keys::Fit(id));
     batch.Delete(db_->handle(Family::kMeta), keys::DatasetName(rec.meta.name));
     batch.Delete(db_->handle(Family::kMeta), keys::DatasetRecord(id));
     RETURN_IF_ERROR(db_->Write(&batch, /*sync=*/true));
@@ -1396,6 +1411,7 @@ absl::Status DatasetWriter::LoadLatentState() {
     RETURN_IF_ERROR(DecodeWatermark(*got, &w));
     blob_bytes_ahead_ = w.blob_bytes;
   }
+  ASSIGN_OR_RETURN(fit_ahead_, store_->GetReconstructionFit(record_.id));
   if (record_.meta.kind != DatasetKind::kSparse) return absl::OkStatus();
   const int32_t width = record_.meta.width;
   resident_ = width <= store_->options().resident_latent_state_max_width;
@@ -1581,6 +1597,7 @@ struct DatasetWriter::CommitBatch {
   rocksdb::WriteBatch batch;
   DatasetRecord next;      // the record once the commit is durable
   int64_t blob_bytes = 0;  // encoded bytes of chunk values that go to blob files
+  ReconstructionFit fit;   // the dataset's totals once durable (when the commit has sums)
   void PutChunkValue(Db* db, const std::string& key, const std::string& value) {
     const uint64_t min_blob = db->options().min_blob_size;
     if (min_blob > 0 && value.size() >= min_blob) blob_bytes += value.size();
@@ -2006,6 +2023,16 @@ void DatasetWriter::AddLatentWork(CommitBatch* commit) {
   }
 }
 
+absl::Status DatasetWriter::AddReconstructionSums(const ReconstructionFit& sums) {
+  RETURN_IF_ERROR(Usable());
+  if (sums.rows > 0 && fit_ahead_.rows > 0 && fit_ahead_.sum_x.size() != sums.sum_x.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reconstruction sums of ", sums.sum_x.size(), " dimensions for dataset ",
+                     record_.id, ", whose totals have ", fit_ahead_.sum_x.size()));
+  }
+  return pending_fit_.Add(sums);
+}
+
 absl::Status DatasetWriter::StartCommit(bool background) {
   RETURN_IF_ERROR(Usable());
   const int64_t n = pending_.num_rows;
@@ -2025,11 +2052,18 @@ absl::Status DatasetWriter::StartCommit(bool background) {
     commit->next.rows_committed += n;
     commit->batch.Put(db->handle(Family::kMeta), keys::Watermark(id),
                       EncodeWatermark(commit->next, commit->blob_bytes));
+    if (pending_fit_.rows > 0) {
+      commit->fit = fit_ahead_;
+      RETURN_IF_ERROR(commit->fit.Add(pending_fit_));
+      commit->batch.Put(db->handle(Family::kMeta), keys::Fit(id), commit->fit.Encode());
+    }
   }
   RETURN_IF_ERROR(WaitDurable());
   if (commit == nullptr) return absl::OkStatus();
   ahead_ = commit->next;
   blob_bytes_ahead_ = commit->blob_bytes;
+  if (pending_fit_.rows > 0) fit_ahead_ = commit->fit;
+  pending_fit_ = ReconstructionFit();
   pending_.row_start = ahead_.rows_committed;
   pending_.num_rows = 0;
   pending_.indptr.assign(1, 0);

@@ -36,6 +36,7 @@
 #include "storage/chunk_codec.h"
 #include "storage/db.h"
 #include "storage/latent_stats.h"
+#include "storage/reconstruction_fit.h"
 
 namespace latentd::storage {
 
@@ -170,6 +171,9 @@ class ChunkStore {
   // The summary as the API shows it (rows, nnz, density, dead latents, bytes on disk).
   absl::StatusOr<latentd::v1::DatasetInfo> GetDataset(uint64_t id) const;
   absl::StatusOr<std::vector<latentd::v1::DatasetInfo>> ListDatasets() const;
+  // The reconstruction totals of the committed rows (DatasetWriter::AddReconstructionSums); no
+  // rows when none were given. DATA_LOSS naming the dataset for damaged totals.
+  absl::StatusOr<ReconstructionFit> GetReconstructionFit(uint64_t id) const;
   // Hands an unfinished dataset from job `from_job` (which failed or was cancelled) to `to_job`,
   // which then resumes it at its watermark: one synced write of the record. FAILED_PRECONDITION
   // while a writer is open or when the dataset is not `from_job`'s.
@@ -335,6 +339,13 @@ class DatasetWriter {
                             const float* values, const int32_t* token_ids);
   // Dense rows: num_rows x width floats, stored in the dataset's dtype.
   absl::Status AppendDense(int64_t num_rows, const float* values, const int32_t* token_ids);
+  // How well the SAE that encoded the rows appended since the last commit reconstructs their
+  // activations (the caller computes the sums; several calls add up). The commit that makes
+  // those rows durable adds them to the dataset's totals in the same batch, and they are lost
+  // with the rows otherwise, so the totals (DatasetInfo.fit) always describe committed rows,
+  // however often a job was interrupted. INVALID_ARGUMENT for sums of another dimension than
+  // before.
+  absl::Status AddReconstructionSums(const ReconstructionFit& sums);
   // Everything pending in one synced WriteBatch (chunks + watermark + stats deltas + postings);
   // returns once it is durable (and a batch in flight before it).
   absl::Status Commit();
@@ -369,6 +380,8 @@ class DatasetWriter {
   int64_t blob_bytes_ahead_ = 0;
   ChunkDtype dtype_;
   Chunk pending_;  // row_start = ahead_.rows_committed; values already rounded to the dtype
+  ReconstructionFit pending_fit_;  // of the pending rows
+  ReconstructionFit fit_ahead_;    // the dataset's totals, the batch in flight included
   // Per-latent state of SPARSE datasets. Resident (width <= resident_latent_state_max_width):
   // stats_ and top_ hold every latent's statistics and list, as the store has them after the
   // batch in flight. Otherwise only top_floor_ (a value at or below which nothing can enter the

@@ -971,6 +971,71 @@ TEST_P(ChunkStoreTest, ReassignHandsAnIdleDatasetToTheNextJob) {
   EXPECT_EQ(store_->ReassignDataset(id, 5, 7).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Reconstruction sums given with rows reach the dataset's totals with the commit that makes the
+// rows durable, and die with them otherwise: the totals always describe committed rows.
+TEST_P(ChunkStoreTest, ReconstructionTotalsFollowTheCommittedRows) {
+  const uint64_t id = *store_->CreateDataset(SparseMeta("fit"));
+  auto sums = [](int64_t rows, double error) {
+    ReconstructionFit f;
+    f.rows = rows;
+    f.squared_error = error * rows;
+    f.sum_squares = 10.0 * rows;
+    f.cosine_sum = 0.9 * rows;
+    f.sum_x = {1.0 * rows, -1.0 * rows};
+    return f;
+  };
+  auto fit_of = [&]() {
+    auto info = store_->GetDataset(id);
+    EXPECT_TRUE(info.ok()) << info.status();
+    return info.ok() ? info->fit() : latentd::v1::SaeFit();
+  };
+  EXPECT_FALSE(store_->GetDataset(id)->has_fit());  // nothing measured yet
+  {
+    auto w = store_->OpenWriter(id);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(Append(w->get(), MakeRows(0, 60, 256)).ok());
+    ASSERT_TRUE((*w)->AddReconstructionSums(sums(40, 1.0)).ok());  // two calls add up
+    ASSERT_TRUE((*w)->AddReconstructionSums(sums(20, 1.0)).ok());
+    ASSERT_TRUE((*w)->CommitAsync().ok());
+    ASSERT_TRUE(Append(w->get(), MakeRows(60, 40, 256)).ok());
+    ASSERT_TRUE((*w)->AddReconstructionSums(sums(40, 4.0)).ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+    // Rows and sums that never commit (the writer dies, as in a crash).
+    ASSERT_TRUE(Append(w->get(), MakeRows(100, 30, 256)).ok());
+    ASSERT_TRUE((*w)->AddReconstructionSums(sums(30, 100.0)).ok());
+    ReconstructionFit other_width = sums(5, 1.0);
+    other_width.sum_x.push_back(0);
+    EXPECT_EQ((*w)->AddReconstructionSums(other_width).code(), absl::StatusCode::kInvalidArgument);
+  }
+  latentd::v1::SaeFit fit = fit_of();
+  EXPECT_EQ(fit.rows(), 100);
+  // SSE 60 + 160; SST = 1000 - (100^2 + 100^2) / 100 = 800.
+  EXPECT_NEAR(fit.explained_variance(), 1 - 220.0 / 800, 1e-12);
+  EXPECT_NEAR(fit.mse(), 220.0 / 200, 1e-12);
+  EXPECT_NEAR(fit.cosine_similarity(), 0.9, 1e-12);
+  // A writer opened later resumes from the stored totals.
+  Reopen();
+  {
+    auto w = store_->OpenWriter(id);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(Append(w->get(), MakeRows(100, 100, 256)).ok());
+    ASSERT_TRUE((*w)->AddReconstructionSums(sums(100, 2.0)).ok());
+    ASSERT_TRUE((*w)->MarkComplete().ok());
+  }
+  fit = fit_of();
+  EXPECT_EQ(fit.rows(), 200);
+  EXPECT_NEAR(fit.explained_variance(), 1 - 420.0 / (2000 - (200.0 * 200 * 2) / 200), 1e-12);
+
+  // Damaged totals: DATA_LOSS naming the dataset.
+  ASSERT_TRUE(db_->Put(Family::kMeta, keys::Fit(id), "junk", /*sync=*/true).ok());
+  absl::Status s = store_->GetDataset(id).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(absl::StrCat("dataset ", id)), std::string::npos) << s;
+  // Deleting the dataset deletes its totals.
+  ASSERT_TRUE(store_->DeleteDataset(id).ok());
+  EXPECT_TRUE(absl::IsNotFound(db_->Get(Family::kMeta, keys::Fit(id)).status()));
+}
+
 TEST_P(ChunkStoreTest, DeleteRemovesEverything) {
   uint64_t id = *store_->CreateDataset(SparseMeta("del"));
   uint64_t keep = *store_->CreateDataset(SparseMeta("keep"));

@@ -6,6 +6,9 @@
 //   kMeta         "ds/n" name                          id (name index, unique)
 //   kMeta         "ds/w" id                            watermark: rows, nnz, chunks, live latents,
 //                                                      complete flag (rewritten by every commit)
+//   kMeta         "ds/f" id                            reconstruction totals of the SAE that
+//                                                      encoded the rows (reconstruction_fit.h),
+//                                                      rewritten by every commit that has sums
 //   kMeta         "ds/k" id row_start                  chunk directory: num_rows, nnz
 //   kMeta         "ds/next"                            next dataset id
 //   kChunks       id row_start                         encoded chunk (chunk_codec.h): DENSE
@@ -37,6 +40,7 @@ inline std::string WithId(const char* prefix, uint64_t id) {
 inline std::string DatasetRecord(uint64_t id) { return WithId("ds/d", id); }
 inline std::string DatasetName(const std::string& name) { return "ds/n" + name; }
 inline std::string Watermark(uint64_t id) { return WithId("ds/w", id); }
+inline std::string Fit(uint64_t id) { return WithId("ds/f", id); }
 inline std::string ChunkDir(uint64_t id, int64_t row_start) {
   std::string k = WithId("ds/k", id);
   AppendBigEndian64(static_cast<uint64_t>(row_start), &k);

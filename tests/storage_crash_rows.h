@@ -8,6 +8,8 @@
 #include <set>
 #include <vector>
 
+#include "storage/reconstruction_fit.h"
+
 namespace latentd::tests {
 
 inline constexpr int32_t kCrashWidth = 512;
@@ -37,6 +39,22 @@ inline CrashRows MakeCrashRows(int64_t first, int64_t n) {
     rows.tokens.push_back(static_cast<int32_t>(rng() % 50257));
   }
   return rows;
+}
+
+// The reconstruction sums the writer gives with rows [first, first + n): integer-valued, so that
+// any grouping of them adds up to the same doubles and the parent can check the totals exactly.
+inline storage::ReconstructionFit MakeCrashSums(int64_t first, int64_t n) {
+  storage::ReconstructionFit fit;
+  fit.rows = n;
+  fit.sum_x.assign(2, 0.0);
+  for (int64_t r = first; r < first + n; ++r) {
+    fit.squared_error += static_cast<double>(r % 7);
+    fit.sum_squares += static_cast<double>(r % 11 + 20);
+    fit.cosine_sum += 1;
+    fit.sum_x[0] += static_cast<double>(r);
+    fit.sum_x[1] -= 1;
+  }
+  return fit;
 }
 
 }  // namespace latentd::tests

@@ -41,6 +41,7 @@ int RunToEnd(const std::string& dir, const char* mode) {
 // Everything a reader can observe of the dataset, as one comparable string.
 struct Content {
   int64_t rows = 0;
+  ReconstructionFit fit;
   CsrRows csr;
   std::vector<std::string> stats, top, postings;
 };
@@ -56,6 +57,9 @@ Content ReadContent(const std::string& dir, bool with_index) {
   auto info = store.GetDataset(*id);
   EXPECT_TRUE(info.ok()) << info.status();
   c.rows = info->rows_committed();
+  auto fit = store.GetReconstructionFit(*id);
+  EXPECT_TRUE(fit.ok()) << fit.status();
+  if (fit.ok()) c.fit = *std::move(fit);
   auto csr = store.ReadRows(*id, 0, 0);  // verifies every chunk's checksum
   EXPECT_TRUE(csr.ok()) << csr.status();
   if (csr.ok()) c.csr = *std::move(csr);
@@ -121,6 +125,13 @@ TEST_P(StorageCrash, KilledWriterLeavesCommittedPrefixAndResumesToSameContent) {
               std::vector<float>(ref.csr.values.begin(), ref.csr.values.begin() + nnz));
     ASSERT_EQ(prefix.csr.token_ids, std::vector<int32_t>(ref.csr.token_ids.begin(),
                                                          ref.csr.token_ids.begin() + prefix.rows));
+    // The reconstruction totals are exactly those of the committed rows (the sums of rows that
+    // died with the writer are not in them).
+    const ReconstructionFit want_fit = tests::MakeCrashSums(0, prefix.rows);
+    ASSERT_EQ(prefix.fit.rows, prefix.rows) << "run " << run;
+    ASSERT_EQ(prefix.fit.squared_error, want_fit.squared_error) << "run " << run;
+    ASSERT_EQ(prefix.fit.sum_squares, want_fit.sum_squares) << "run " << run;
+    if (prefix.rows > 0) ASSERT_EQ(prefix.fit.sum_x, want_fit.sum_x) << "run " << run;
 
     ASSERT_EQ(RunToEnd(dir, mode), 0) << "run " << run;  // resume at the watermark
     Content full = ReadContent(dir, true);
@@ -132,6 +143,9 @@ TEST_P(StorageCrash, KilledWriterLeavesCommittedPrefixAndResumesToSameContent) {
     EXPECT_EQ(full.stats, ref.stats) << "run " << run;
     EXPECT_EQ(full.top, ref.top) << "run " << run;
     EXPECT_EQ(full.postings, ref.postings) << "run " << run;
+    EXPECT_EQ(full.fit.rows, tests::kCrashRows) << "run " << run;
+    EXPECT_EQ(full.fit.squared_error, ref.fit.squared_error) << "run " << run;
+    EXPECT_EQ(full.fit.sum_x, ref.fit.sum_x) << "run " << run;
     std::system(("rm -rf '" + dir + "'").c_str());
     std::printf("run %d: killed at %lld committed rows\n", run,
                 static_cast<long long>(prefix.rows));

@@ -54,6 +54,10 @@ int main(int argc, char** argv) {
     absl::Status s =
         (*writer)->AppendSparse(latentd::tests::kCrashCommitRows, rows.indptr.data(),
                                 rows.indices.data(), rows.values.data(), rows.tokens.data());
+    if (s.ok()) {
+      s = (*writer)->AddReconstructionSums(
+          latentd::tests::MakeCrashSums(at, latentd::tests::kCrashCommitRows));
+    }
     if (s.ok()) s = (*writer)->CommitAsync();  // as EXTRACT commits: the next rows overlap
     if (!s.ok()) {
       std::fprintf(stderr, "%s\n", s.ToString().c_str());

@@ -105,6 +105,13 @@ class TrainLoop(DaemonTestCase):
         self.assertAlmostEqual(fit.explained_variance, 1 - trained.result.train.final_fvu,
                                delta=0.1)
         self.assertGreater(fit.cosine_similarity, 0.5)
+        # The dataset keeps the figures (with its commits), for anyone who lists it later.
+        kept = c.get_dataset(sparse.result.extract.dataset_id).fit
+        self.assertEqual(kept.rows, fit.rows)
+        self.assertAlmostEqual(kept.explained_variance, fit.explained_variance, places=12)
+        listed = daemon.latentctl("datasets").stdout
+        self.assertIn("SAE EV", listed)
+        self.assertIn("%.4f" % fit.explained_variance, listed)
         rows, _ = c.read_rows(sparse.result.extract.dataset_id, 0, 4)
         self.assertEqual(rows.shape[1], 256)
         # Packed pieces (numpy.frombuffer of 16-bit words) and repeated fields give the same rows.
