@@ -98,7 +98,9 @@ class ExtractParityTest(unittest.TestCase):
         if not expect_ok:
             return p
         self.assertEqual(p.returncode, 0, p.stderr)
-        return {name[:-4]: np.load(os.path.join(out, name)) for name in os.listdir(out)}
+        got = {name[:-4]: np.load(os.path.join(out, name)) for name in os.listdir(out)}
+        got["result"] = json.loads(p.stdout)  # the job's ExtractResult, protobuf JSON mapping
+        return got
 
     def spec(self, hook, sae_dir=None, **extra):
         s = {"model": {"torchscript": {"path": os.path.join(self.root, "model.pt"), "vocabSize": VOCAB}},
@@ -140,10 +142,32 @@ class ExtractParityTest(unittest.TestCase):
                 self.assertLessEqual(abs(v - ref), 2e-3 * abs(ref) + 1e-4, "row %d latent %d" % (r, j))
         return swaps
 
+    def check_fit(self, fit, x, w, cfg):
+        """The SAE's fit as latentd reports it against the SAELens-style figures from x and
+        x_hat = z W_dec + b_dec, z encoded here."""
+        with torch.no_grad():
+            inp = x - w["b_dec"] if cfg["apply_b_dec_to_input"] else x
+            pre = inp @ w["W_enc"] + w["b_enc"]
+            if cfg["architecture"] == "topk":
+                top = pre.topk(K, dim=1)
+                z = torch.zeros_like(pre).scatter(1, top.indices, top.values.relu())
+            else:
+                z = pre * (pre > w["threshold"])
+            x_hat = z @ w["W_dec"] + w["b_dec"]
+            x64, h64 = x.double(), x_hat.double()
+            sse = ((x64 - h64) ** 2).sum().item()
+            sst = ((x64 - x64.mean(0)) ** 2).sum().item()
+            cos = torch.nn.functional.cosine_similarity(x64, h64, dim=1).mean().item()
+        self.assertEqual(int(fit["rows"]), x.shape[0])
+        self.assertAlmostEqual(fit["explainedVariance"], 1 - sse / sst, delta=1e-4)
+        self.assertAlmostEqual(fit["mse"], sse / x.numel(), delta=1e-4 * sse / x.numel())
+        self.assertAlmostEqual(fit["cosineSimilarity"], cos, delta=1e-4)
+
     def test_topk_sparse_two_devices_matches_python(self):
         d, w, cfg = self.make_sae("sae_topk", "topk")
         got = self.run_tool(self.spec("hidden_states.2", d), devices=2)
         swaps = self.check_sparse(got, self.hidden[2], w, cfg)
+        self.check_fit(got["result"]["fit"], self.hidden[2], w, cfg)
         print("topk: rows %d, nnz %d, tie swaps %d" % (len(self.ids), len(got["indices"]), swaps),
               file=sys.stderr)
 
@@ -152,6 +176,7 @@ class ExtractParityTest(unittest.TestCase):
         # blocks.0.hook_resid_post is hidden_states[1]
         got = self.run_tool(self.spec("blocks.0.hook_resid_post", d))
         self.check_sparse(got, self.hidden[1], w, cfg)
+        self.check_fit(got["result"]["fit"], self.hidden[1], w, cfg)
 
     def test_dense_fp32_stores_the_hidden_states(self):
         got = self.run_tool(self.spec("hidden_states.3", mode="DENSE", valueDtype="FLOAT32"))
