@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The EXTRACT part of the demo: a small X1-style run of the built-in reference transformer with a
-# TopK SAE over 64 x 128 Zipf tokens (two hooks from one forward pass, a dataset each), then the
-# stored latents queried back.
+# The EXTRACT and TRAIN part of the demo, the loop users run: dense hidden states of the built-in
+# reference transformer over 64 x 128 Zipf tokens -> a TopK SAE trained on them with sparse M-FAC
+# (its memory against dense M-FAC's, live) -> sparse latents of two hooks from one forward pass, a
+# dataset each, with the SAE's fit -> the stored latents queried back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LATENTCTL=${LATENTCTL:-bazel-bin/client/latentctl}
@@ -10,27 +11,59 @@ inputs="$data_dir/demo-inputs"
 [[ -f "$inputs/vocab.json" ]] || /usr/bin/python3 scripts/make_demo_inputs.py "$inputs" --sequences 64
 name="demo-$(date +%Y%m%d-%H%M%S)"
 spec=$(mktemp --suffix=.json)
-cat > "$spec" <<JSON
-{
-  "model": {"reference": {"dModel": 256, "nLayers": 4, "nHeads": 4, "dMlp": 1024,
-                          "vocabSize": 4096, "contextLength": 128, "seed": 0}},
-  "hookName": "blocks.2.hook_resid_post",
-  "tokens": {"path": "$inputs/tokens.npy", "contextLength": 128},
-  "sae": {"path": "$inputs/sae"},
-  "mode": "SPARSE",
-  "commitRows": 2048,
-  "datasetName": "$name",
-  "moreOutputs": [{"hookName": "blocks.1.hook_resid_post", "sae": {"path": "$inputs/sae"}}]
+trap 'rm -f "$spec"' EXIT
+model='{"reference": {"dModel": 256, "nLayers": 4, "nHeads": 4, "dMlp": 1024, "vocabSize": 4096,
+                      "contextLength": 128, "seed": 0}}'
+tokens="{\"path\": \"$inputs/tokens.npy\", \"contextLength\": 128}"
+# The value of FIELD (a.b.c) in job JOB's result.
+result() {
+  $LATENTCTL --json get "$1" |
+    /usr/bin/python3 -c 'import json,sys; v=json.load(sys.stdin)["result"]
+for k in sys.argv[1].split("."): v=v[int(k)] if k.isdigit() else v[k]
+print(v)' "$2"
 }
-JSON
+
 echo
-echo "demo: EXTRACT job (reference transformer, TopK SAE k=32 on blocks.2.hook_resid_post, and on"
-echo "blocks.1.hook_resid_post from the same forward pass into a second dataset)"
+echo "demo: EXTRACT job, DENSE: the hidden states of blocks.2.hook_resid_post"
+cat > "$spec" <<JSON
+{"model": $model, "hookName": "blocks.2.hook_resid_post", "tokens": $tokens,
+ "mode": "DENSE", "datasetName": "$name-dense"}
+JSON
+job=$($LATENTCTL submit --type=EXTRACT --spec="$spec" --label=demo-dense)
+$LATENTCTL watch "$job" >/dev/null
+dense=$(result "$job" extract.datasetId)
+$LATENTCTL get "$job" | grep '^dataset'
+
+echo
+echo "demo: TRAIN job: a TopK SAE (4096 latents, k=32) on them, optimizer sparse M-FAC at 1% density"
+echo "(each telemetry line: its state in memory against what dense M-FAC's history would take)"
+cat > "$spec" <<JSON
+{"datasetId": "$dense", "sae": {"architecture": "TOPK", "dSae": 4096, "k": 32},
+ "optimizer": {"name": "smfac", "lr": 0.006, "window": 16, "density": 0.01},
+ "batchSize": 256, "steps": 300, "seed": 1, "telemetryEvery": 50, "artifactName": "$name-sae"}
+JSON
+job=$($LATENTCTL submit --type=TRAIN --spec="$spec" --label=demo-train)
+$LATENTCTL watch "$job" | grep --line-buffered 'train step'
+artifact=$(result "$job" train.artifactId)
+$LATENTCTL get "$job" | grep -E '^(artifact|final|optimizer)'
+$LATENTCTL telemetry "$job" --plot="$data_dir/demo-train.png" >/dev/null
+echo "(loss and memory against steps: $data_dir/demo-train.png)"
+
+echo
+echo "demo: EXTRACT job, SPARSE: the trained SAE on blocks.2.hook_resid_post, and the same SAE on"
+echo "blocks.1.hook_resid_post from the same forward pass into a second dataset (an SAE on a layer"
+echo "it was not trained on: see its fit)"
+cat > "$spec" <<JSON
+{"model": $model, "hookName": "blocks.2.hook_resid_post", "tokens": $tokens,
+ "sae": {"artifactId": "$artifact"}, "mode": "SPARSE", "commitRows": 2048,
+ "datasetName": "$name",
+ "moreOutputs": [{"hookName": "blocks.1.hook_resid_post", "sae": {"artifactId": "$artifact"}}]}
+JSON
 job=$($LATENTCTL submit --type=EXTRACT --spec="$spec" --label=demo-extract)
-rm -f "$spec"
 $LATENTCTL watch "$job"
 $LATENTCTL get "$job"
-read -r dataset layer1 < <($LATENTCTL --json get "$job" | /usr/bin/python3 -c 'import json,sys; e=json.load(sys.stdin)["result"]["extract"]; print(e["datasetId"], e["moreOutputs"][0]["datasetId"])')
+dataset=$(result "$job" extract.datasetId)
+layer1=$(result "$job" extract.moreOutputs.0.datasetId)
 echo
 $LATENTCTL datasets
 echo

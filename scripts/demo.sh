@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts latentd on its embedded default (127.0.0.1:50051, data under ~/.local/share/latentd) and
-# runs a short demo against it: a PROBE of every device, then a small EXTRACT of the reference
-# transformer, queried back. latentd keeps running afterwards; stop it with `kill $(cat /tmp/latentd.pid)`.
+# runs a short demo against it: a PROBE of every device, then the loop users run on the reference
+# transformer (DENSE hidden states -> an SAE trained with sparse M-FAC -> SPARSE latents of two
+# hooks in one pass), queried back. latentd keeps running afterwards; stop it with `kill $(cat /tmp/latentd.pid)`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh

@@ -846,6 +846,43 @@ TEST_P(ChunkStoreTest, DenseRowsRoundTripInChunks) {
   EXPECT_EQ(store_->ReadDense(id, 200, 51, &out, &toks).code(), absl::StatusCode::kOutOfRange);
 }
 
+// A dataset's size is its own bytes, whatever else shares the memtable: a TRAIN checkpoint (one
+// huge value in the chunks family) once made a small SPARSE dataset read as tens of MB, and a
+// DENSE dataset's blob-bound values were counted twice before their flush.
+TEST_P(ChunkStoreTest, BytesOnDiskCountOnlyTheDatasetsOwnBytes) {
+  const uint64_t sparse = WriteSparse("small", 256, 300, 100);
+  DatasetMeta m = SparseMeta("dense", 64);
+  m.kind = DatasetKind::kDense;
+  m.value_dtype = ValueDtype::kFloat32;
+  const uint64_t dense = *store_->CreateDataset(m);
+  {
+    std::vector<float> values(400 * 64, 0.25f);
+    std::vector<int32_t> tokens(400, 7);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 977);
+    auto w = store_->OpenWriter(dense);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->AppendDense(400, values.data(), tokens.data()).ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+  }
+  const int64_t sparse_before = store_->GetDataset(sparse)->bytes_on_disk();
+  const int64_t dense_before = store_->GetDataset(dense)->bytes_on_disk();
+  // 400 rows x 64 float32: about 100 KB of values; stored once.
+  EXPECT_GT(dense_before, 400 * 64 * 4 / 2);
+  EXPECT_LT(dense_before, 400 * 64 * 4 * 3 / 2);
+  // 16 MB under another key of the chunks family, in the same memtable.
+  ASSERT_TRUE(db_->Put(Family::kChunks, "zz-checkpoint", std::string(16 << 20, 'c'), false).ok());
+  EXPECT_EQ(store_->GetDataset(sparse)->bytes_on_disk(), sparse_before);
+  EXPECT_EQ(store_->GetDataset(dense)->bytes_on_disk(), dense_before);
+  // Flushed and compacted, the figures stay of the same size.
+  ASSERT_TRUE(db_->raw()->Flush(rocksdb::FlushOptions()).ok());
+  for (Family f : {Family::kChunks, Family::kLatentIndex, Family::kMeta}) {
+    ASSERT_TRUE(db_->raw()->Flush(rocksdb::FlushOptions(), db_->handle(f)).ok());
+  }
+  EXPECT_LT(store_->GetDataset(dense)->bytes_on_disk(), dense_before * 3 / 2);
+  EXPECT_GT(store_->GetDataset(dense)->bytes_on_disk(), dense_before / 2);
+  EXPECT_LT(store_->GetDataset(sparse)->bytes_on_disk(), sparse_before * 3 / 2 + 4096);
+}
+
 TEST_P(ChunkStoreTest, BadAppendsChangeNothing) {
   uint64_t id = *store_->CreateDataset(SparseMeta("b", 16));
   auto w = store_->OpenWriter(id);
