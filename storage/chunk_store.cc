@@ -410,39 +410,43 @@ absl::StatusOr<DatasetRecord> ChunkStore::GetRecord(uint64_t id) const {
 
 absl::StatusOr<uint64_t> ChunkStore::BytesOnDisk(uint64_t id) const {
   std::string begin = keys::IdPrefix(id), end = keys::IdPrefix(id + 1);
-  // Files: RocksDB's estimate from the SST index blocks. Memtables: the dataset's own entries,
-  // counted. (RocksDB's memtable estimate multiplies the range's entry count by the memtable's
-  // average entry size, which a TRAIN checkpoint or DENSE chunks in the same memtable inflate:
-  // a 1.7 MB SPARSE dataset read as 27 MB.) A dataset's memtable entries are few (a key per
-  // chunk part and per latent block), so counting them costs well under a millisecond.
-  rocksdb::SizeApproximationOptions opts;
-  opts.include_memtables = false;
-  opts.include_files = true;
+  // Files: RocksDB's estimate from the SST index blocks. Memtables of the chunk and meta
+  // families: the dataset's own entries, counted. RocksDB's memtable estimate multiplies the
+  // range's entry count by the memtable's average entry size, which a TRAIN checkpoint or DENSE
+  // chunks in the same memtable inflate (a 1.7 MB SPARSE dataset read as 27 MB); a dataset's
+  // entries there are few (a key per chunk part), so counting them costs well under a
+  // millisecond. The latent-index and postings families hold entries of one kind and size, so
+  // their estimate stands (and counting would have to merge their operands).
+  const uint64_t min_blob = db_->options().min_blob_size;
   uint64_t total = 0;
-  auto add_range = [&](Family f, const std::string& from, const std::string& to) -> absl::Status {
+  auto add_range = [&](Family f, const std::string& from, const std::string& to,
+                       bool count_memtable) -> absl::Status {
+    rocksdb::SizeApproximationOptions opts;
+    opts.include_memtables = !count_memtable;
+    opts.include_files = true;
     rocksdb::Range range(from, to);
     uint64_t size = 0;
     rocksdb::Status s = db_->raw()->GetApproximateSizes(opts, db_->handle(f), &range, 1, &size);
     if (!s.ok()) return FromRocks(s, "approximate sizes");
     total += size;
+    if (!count_memtable) return absl::OkStatus();
     rocksdb::ReadOptions memtable_only;
     memtable_only.read_tier = rocksdb::kMemtableTier;
     const rocksdb::Slice upper(to);
     memtable_only.iterate_upper_bound = &upper;
     std::unique_ptr<rocksdb::Iterator> it(db_->raw()->NewIterator(memtable_only, db_->handle(f)));
-    // Values headed for blob files are in the watermark's blob bytes (added below) already.
-    const uint64_t min_blob = db_->options().min_blob_size;
     for (it->Seek(from); it->Valid(); it->Next()) {
+      // Values headed for blob files are in the watermark's blob bytes (added below) already.
       const uint64_t value = it->value().size();
       total += it->key().size() + (min_blob > 0 && value >= min_blob ? 0 : value);
     }
-    return FromRocks(it->status(), "memtable sizes");
+    return FromRocks(it->status(), absl::StrCat("dataset ", id, ": memtable sizes"));
   };
-  for (Family f : {Family::kChunks, Family::kLatentIndex, Family::kPostings}) {
-    RETURN_IF_ERROR(add_range(f, begin, end));
-  }
+  RETURN_IF_ERROR(add_range(Family::kChunks, begin, end, /*count_memtable=*/true));
+  RETURN_IF_ERROR(add_range(Family::kLatentIndex, begin, end, /*count_memtable=*/false));
+  RETURN_IF_ERROR(add_range(Family::kPostings, begin, end, /*count_memtable=*/false));
   const std::string dir_begin = keys::ChunkDirPrefix(id);
-  RETURN_IF_ERROR(add_range(Family::kMeta, dir_begin, keys::PrefixEnd(dir_begin)));
+  RETURN_IF_ERROR(add_range(Family::kMeta, dir_begin, keys::PrefixEnd(dir_begin), true));
   // Chunks in blob files are outside the SST ranges: add their encoded size.
   std::string value;
   SnapshotHolder snap(db_->raw());

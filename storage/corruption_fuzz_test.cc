@@ -550,6 +550,13 @@ TEST_P(StoreCorruptionFuzz, EveryQueryOnEveryCorruptValueFailsCleanlyOrKeepsItsC
       }
       ASSERT_TRUE(
           (*w)->AppendSparse(70, indptr.data(), indices.data(), values.data(), tokens.data()).ok());
+      ReconstructionFit fit;  // the SAE's fit on these rows, as EXTRACT gives it
+      fit.rows = 70;
+      fit.squared_error = 3.5;
+      fit.sum_squares = 70;
+      fit.cosine_sum = 60;
+      fit.sum_x = {1.0, -2.0, 0.5};
+      ASSERT_TRUE((*w)->AddReconstructionSums(fit).ok());
       ASSERT_TRUE((*w)->Commit().ok());
     }
     auto d = store.OpenWriter(dense);

@@ -1,9 +1,11 @@
 #include "storage/reconstruction_fit.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "storage/byte_io.h"
+#include "storage/crc32c.h"
 
 namespace latentd::storage {
 
@@ -66,10 +68,19 @@ std::string ReconstructionFit::Encode() const {
   PutRaw<double>(cosine_sum, &out);
   PutRaw<uint32_t>(static_cast<uint32_t>(sum_x.size()), &out);
   for (double v : sum_x) PutRaw<double>(v, &out);
+  PutRaw<uint32_t>(Crc32c(out.data(), out.size()), &out);
   return out;
 }
 
 absl::StatusOr<ReconstructionFit> ReconstructionFit::Decode(absl::string_view bytes) {
+  // Sums read back wrong would be a quality figure that lies: a checksum, like the chunks'.
+  uint32_t crc = 0;
+  if (bytes.size() < sizeof(crc)) return absl::DataLossError("malformed reconstruction totals");
+  std::memcpy(&crc, bytes.data() + bytes.size() - sizeof(crc), sizeof(crc));
+  bytes.remove_suffix(sizeof(crc));
+  if (Crc32c(bytes.data(), bytes.size()) != crc) {
+    return absl::DataLossError("reconstruction totals fail their checksum");
+  }
   ByteReader rd(bytes);
   const uint8_t version = rd.Raw<uint8_t>();
   ReconstructionFit fit;
