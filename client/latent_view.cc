@@ -343,10 +343,16 @@ std::string LatentIndexHtml(const v1::ListLatentsResponse& overview,
                         overview.d_sae());
   const double dead_share =
       overview.d_sae() > 0 ? 100.0 * overview.dead_latents() / overview.d_sae() : 0.0;
-  absl::StrAppendFormat(&html,
-                        "<p>%d rows; %d dead latents (%.2f%%); %d match the filter</p>\n"
-                        "<h2>log10 feature density of the latents that fired</h2>\n",
+  absl::StrAppendFormat(&html, "<p>%d rows; %d dead latents (%.2f%%); %d match the filter</p>\n",
                         overview.rows(), overview.dead_latents(), dead_share, overview.matching());
+  if (options.fit != nullptr && options.fit->rows() > 0) {
+    absl::StrAppendFormat(&html,
+                          "<p>the SAE reconstructs the hook with explained variance %.4f, "
+                          "MSE %.4g, cosine %.4f (over %d rows)</p>\n",
+                          options.fit->explained_variance(), options.fit->mse(),
+                          options.fit->cosine_similarity(), options.fit->rows());
+  }
+  html += "<h2>log10 feature density of the latents that fired</h2>\n";
   AppendBars(overview.log10_density_histogram(), overview.log10_density_min(), 0.0,
              "log10 density histogram", "#1f77b4", &html);
   absl::StrAppendFormat(

@@ -83,10 +83,13 @@ struct IndexPageOptions {
   const std::map<int32_t, std::vector<v1::TokenCount>>* top_tokens = nullptr;
   // Decodes those tokens; null shows ids.
   const Vocabulary* vocab = nullptr;
+  // How well the SAE reconstructs the rows (DatasetInfo.fit), under the heading; null or no
+  // rows: not shown.
+  const v1::SaeFit* fit = nullptr;
 };
 
-// A dashboard's index page: rows, dead latents, the log10 feature-density histogram (SVG), then
-// the listed latents as a table (firings, density, mean, max).
+// A dashboard's index page: rows, dead latents, the SAE's fit, the log10 feature-density
+// histogram (SVG), then the listed latents as a table (firings, density, mean, max).
 std::string LatentIndexHtml(const v1::ListLatentsResponse& overview,
                             const IndexPageOptions& options);
 

@@ -292,7 +292,19 @@ TEST(LatentViewTest, DashboardPagesLinkToEachOther) {
             (std::vector<std::string>{"latent-5.html", "latent-0.html"}));
   EXPECT_EQ(All(index, R"re(<rect [^>]*height="(\d+)")re"),
             (std::vector<std::string>{"40", "120", "80"}));
-  EXPECT_NE(index.find(">-3</text>"), std::string::npos);  // the axis from log10(1 / rows)
+  EXPECT_NE(index.find(">-3</text>"), std::string::npos);          // the axis from log10(1 / rows)
+  EXPECT_EQ(index.find("explained variance"), std::string::npos);  // no fit given
+  // The SAE's fit, where the dataset has one.
+  v1::SaeFit fit;
+  fit.set_rows(1000);
+  fit.set_explained_variance(0.8125);
+  fit.set_mse(0.002);
+  fit.set_cosine_similarity(0.9);
+  const std::string with_fit =
+      LatentIndexHtml(overview, {3, "the 2 frequent", true, nullptr, nullptr, &fit});
+  EXPECT_NE(with_fit.find("explained variance 0.8125, MSE 0.002, cosine 0.9000 (over 1000 rows)"),
+            std::string::npos)
+      << with_fit;
   EXPECT_EQ(LatentPageName(42), "latent-42.html");
 }
 

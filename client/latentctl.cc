@@ -1340,7 +1340,10 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
   IndexPageOptions index{id,
                          absl::StrCat(total, " latents by --order=", absl::GetFlag(FLAGS_order),
                                       ", from offset ", list.offset()),
-                         /*link_pages=*/true, &top_tokens, vocab ? &*vocab : nullptr};
+                         /*link_pages=*/true,
+                         &top_tokens,
+                         vocab ? &*vocab : nullptr,
+                         &info.fit()};
   if (!write("index.html", LatentIndexHtml(overview, index))) return kExitRpcError;
   std::printf("wrote %s with %d latent pages\n", (dir / "index.html").c_str(), total);
   return 0;
