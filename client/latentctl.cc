@@ -1081,6 +1081,13 @@ int Latents(Client& client, const std::vector<std::string>& args) {
                 response.d_sae(), static_cast<long long>(response.dead_latents()),
                 response.d_sae() > 0 ? 100.0 * response.dead_latents() / response.d_sae() : 0.0,
                 static_cast<long long>(response.matching()));
+    // How well the SAE reconstructs the rows, where the dataset keeps it.
+    v1::GetDatasetRequest info_request;
+    info_request.set_dataset_id(id);
+    v1::DatasetInfo info;
+    if (client.datasets()->GetDataset(client.Context().get(), info_request, &info).ok()) {
+      PrintFit(info.fit());
+    }
     // The log10 density histogram in the terminal: the 50 bins merged five at a time (exact:
     // merged bins keep equal widths), each line [low, high) in log10(firings / rows).
     const auto& bins = response.log10_density_histogram();
