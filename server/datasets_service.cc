@@ -302,6 +302,10 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
   if (request->intervals() < 0 || request->interval_samples() < 0) {
     return ToGrpcStatus(absl::InvalidArgumentError("intervals and interval_samples must be >= 0"));
   }
+  if (request->silent_samples() < 0 || request->silent_samples() > 1000) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("silent_samples: ", request->silent_samples(), " outside [0, 1000]")));
+  }
   auto record = store_->GetRecord(request->dataset_id());
   if (!record.ok()) return ToGrpcStatus(record.status());
   auto stats = store_->GetLatentStats(request->dataset_id(), request->latent());
@@ -322,8 +326,8 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
       request->interval_samples() > 0 ? request->interval_samples() : kDefaultIntervalSamples;
   // intervals x samples < 2^62 fits; windows x window need not (2^31 intervals x 2^31 samples
   // x a long window), so it is compared by division.
-  const int64_t windows =
-      top_n + (request->intervals() > 0 ? int64_t{request->intervals()} * samples : 0);
+  const int64_t windows = top_n + request->silent_samples() +
+                          (request->intervals() > 0 ? int64_t{request->intervals()} * samples : 0);
   // window <= 2^32, so window_bytes < 2^36 and windows x window_bytes is compared by division.
   const int64_t window_bytes = kWindowBytes + window * kContextTokenBytes;
   if (windows > kMaxLatentAnswerBytes / window_bytes) {
@@ -333,7 +337,8 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
     return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
         "GetLatent would return up to ", windows, " context windows of up to ", window,
         " tokens (up to ", bytes, " bytes), above the ", kMaxLatentAnswerBytes,
-        " one answer carries: ask for fewer intervals, interval_samples or top_n, or shorter "
+        " one answer carries: ask for fewer intervals, interval_samples, silent_samples or "
+        "top_n, or shorter "
         "context_before / context_after")));
   }
   auto top =
@@ -348,6 +353,13 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
                                 static_cast<int32_t>(samples), before, after);
     if (!sampled.ok()) return ToGrpcStatus(sampled.status());
     intervals = *std::move(sampled);
+  }
+  if (request->silent_samples() > 0) {
+    auto silent =
+        store_->SilentSamples(request->dataset_id(), request->latent(), request->silent_samples(),
+                              before, after, request->silent_seed());
+    if (!silent.ok()) return ToGrpcStatus(silent.status());
+    for (const auto& t : *silent) ToProto(t, response->add_silent());
   }
   latentd::v1::LatentStatistics* out = response->mutable_statistics();
   out->set_latent(request->latent());

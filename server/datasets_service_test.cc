@@ -437,6 +437,35 @@ TEST_F(DatasetsServiceTest, GetLatentDistinctSequencesGivesOneRowPerSequence) {
               (*want)[i].context_values);
   }
   EXPECT_EQ(distinct.statistics().firing_count(), plain.statistics().firing_count());
+
+  // Silent windows: the store's, reproducible by seed; out of range INVALID_ARGUMENT naming the
+  // field; they count in the answer's bound.
+  req.set_distinct_sequences(false);
+  req.set_top_n(3);
+  req.set_silent_samples(6);
+  req.set_silent_seed(11);
+  latentd::v1::GetLatentResponse quiet;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->GetLatent(&ctx, req, &quiet).ok());
+  }
+  auto silent = store_->SilentSamples(id, 5, 6, 4, 2, 11);
+  ASSERT_TRUE(silent.ok()) << silent.status();
+  ASSERT_EQ(quiet.silent_size(), static_cast<int>(silent->size()));
+  ASSERT_GT(quiet.silent_size(), 0);
+  for (int i = 0; i < quiet.silent_size(); ++i) {
+    EXPECT_EQ(quiet.silent(i).row(), (*silent)[i].row);
+    EXPECT_EQ(quiet.silent(i).context_token_ids_size(),
+              static_cast<int>((*silent)[i].context_token_ids.size()));
+    for (float v : quiet.silent(i).context_values()) EXPECT_EQ(v, 0.0f);
+  }
+  for (int32_t bad : {-1, 1001}) {
+    req.set_silent_samples(bad);
+    grpc::ClientContext ctx;
+    const grpc::Status s = stub_->GetLatent(&ctx, req, &quiet);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("silent_samples"), std::string::npos) << s.error_message();
+  }
 }
 
 // The bound GetLatent checks up front is one the client can receive: an answer just inside it
@@ -472,11 +501,20 @@ TEST_F(DatasetsServiceTest, TheLargestAdmittedLatentAnswerReachesTheClient) {
   EXPECT_LE(resp.ByteSizeLong(), windows * (64 + 41 * 9) + 500 * 32);
   EXPECT_GT(resp.ByteSizeLong(), 3u << 19);
   req.set_interval_samples(17);
+  {
+    grpc::ClientContext ctx;
+    const grpc::Status s = stub_->GetLatent(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_NE(s.error_message().find("8520 context windows of up to 41 tokens"), std::string::npos)
+        << s.error_message();
+  }
+  // Silent windows count too: 8020 + 600 is over.
+  req.set_interval_samples(16);
+  req.set_silent_samples(600);
   grpc::ClientContext ctx;
   const grpc::Status s = stub_->GetLatent(&ctx, req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_NE(s.error_message().find("8520 context windows of up to 41 tokens"), std::string::npos)
-      << s.error_message();
+  EXPECT_NE(s.error_message().find("8620 context windows"), std::string::npos) << s.error_message();
 }
 
 TEST_F(DatasetsServiceTest, GetLatentListDeleteAndArtifacts) {

@@ -6,6 +6,8 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <random>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -1072,6 +1074,22 @@ absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
   return out;
 }
 
+namespace {
+
+// The context window of `row`: [*start, *stop), `before` rows before it and `after` after, clipped
+// to its sequence and the committed rows.
+void ContextWindow(const DatasetRecord& rec, int64_t row, int32_t before, int32_t after,
+                   int64_t* start, int64_t* stop) {
+  const int64_t seq = rec.meta.context_length > 0 ? rec.meta.context_length : 0;
+  const int64_t seq_start = seq > 0 ? row - row % seq : 0;
+  const int64_t seq_end =
+      seq > 0 ? std::min(seq_start + seq, rec.rows_committed) : rec.rows_committed;
+  *start = std::max(seq_start, row - before);
+  *stop = std::min(seq_end, row + after + 1);
+}
+
+}  // namespace
+
 absl::StatusOr<ChunkStore::LatentFirings> ChunkStore::FiringsForWindows(
     const rocksdb::Snapshot* snap, uint64_t id, int32_t latent, int32_t before,
     int32_t after) const {
@@ -1162,13 +1180,9 @@ absl::Status ChunkStore::FillContext(const rocksdb::Snapshot* snap, const Datase
     }
     return cache->chunks.emplace(start, std::move(chunk)).first;
   };
-  const int64_t seq = rec.meta.context_length > 0 ? rec.meta.context_length : 0;
   const int64_t row = t->row;
-  const int64_t seq_start = seq > 0 ? row - row % seq : 0;
-  const int64_t seq_end =
-      seq > 0 ? std::min(seq_start + seq, rec.rows_committed) : rec.rows_committed;
-  t->context_start_row = std::max(seq_start, row - before);
-  const int64_t stop = std::min(seq_end, row + after + 1);
+  int64_t stop = 0;
+  ContextWindow(rec, row, before, after, &t->context_start_row, &stop);
   t->context_token_ids.clear();
   for (int64_t r = t->context_start_row; r < stop; ++r) {
     ASSIGN_OR_RETURN(const auto chunk, chunk_of(r));
@@ -1270,6 +1284,42 @@ absl::StatusOr<std::vector<ActivationInterval>> ChunkStore::IntervalSamples(
       interval.samples.push_back(std::move(t));
     }
     out.push_back(std::move(interval));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::SilentSamples(
+    uint64_t id, int32_t latent, int32_t count, int32_t before, int32_t after,
+    uint64_t seed) const {
+  if (count < 1 || count > 1000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("silent_samples: ", count, " outside [1, 1000]"));
+  }
+  SnapshotHolder snap(db_->raw());
+  ASSIGN_OR_RETURN(LatentFirings firings, FiringsForWindows(snap.get(), id, latent, before, after));
+  const DatasetRecord& rec = firings.record;
+  const std::vector<int64_t>& rows = firings.rows;
+  std::vector<TopActivationContext> out;
+  if (rec.rows_committed == 0) return out;
+  // Seeded by the latent too: each latent gets its own rows, the same ones every time.
+  std::mt19937_64 rng(seed ^ (static_cast<uint64_t>(latent) * 0x9e3779b97f4a7c15ull));
+  std::uniform_int_distribution<int64_t> pick(0, rec.rows_committed - 1);
+  std::set<int64_t> chosen;
+  for (int64_t draw = 0; draw < int64_t{64} * count && static_cast<int32_t>(chosen.size()) < count;
+       ++draw) {
+    const int64_t row = pick(rng);
+    int64_t start = 0, stop = 0;
+    ContextWindow(rec, row, before, after, &start, &stop);
+    const auto next_firing = std::lower_bound(rows.begin(), rows.end(), start);
+    if (next_firing != rows.end() && *next_firing < stop) continue;  // it fires in the window
+    chosen.insert(row);
+  }
+  WindowCache cache(db_, snap.get(), id);
+  for (int64_t row : chosen) {  // ascending
+    TopActivationContext t;
+    t.row = row;
+    RETURN_IF_ERROR(FillContext(snap.get(), rec, latent, before, after, &firings, &cache, &t));
+    out.push_back(std::move(t));
   }
   return out;
 }

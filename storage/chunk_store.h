@@ -242,6 +242,17 @@ class ChunkStore {
                                                                   int32_t per_interval,
                                                                   int32_t before,
                                                                   int32_t after) const;
+  // Up to `count` rows where the latent does not fire, each with a window (as TopActivations
+  // gives them) in which it never fires: the contrast an explanation of the latent is scored
+  // against (delphi's non-activating examples), and what a reader compares its top examples
+  // with. Rows are drawn uniformly from the committed rows by a generator seeded with `seed` and
+  // the latent, so an answer is reproducible; fewer come back when the latent fires almost
+  // everywhere (64 draws per row asked). Row order. INVALID_ARGUMENT for count outside
+  // [1, 1000] or a negative window.
+  absl::StatusOr<std::vector<TopActivationContext>> SilentSamples(uint64_t id, int32_t latent,
+                                                                  int32_t count, int32_t before,
+                                                                  int32_t after,
+                                                                  uint64_t seed) const;
   // Every committed row in [row_begin, row_end) where the latent fires, ascending, with its
   // value: one small read per chunk (format 3) or one range read of the postings (format 2).
   // The range is clipped to the committed rows; INVALID_ARGUMENT for a negative row_begin.

@@ -815,6 +815,68 @@ TEST_P(ChunkStoreTest, IntervalSamplesCoverTheValueRange) {
             absl::StatusCode::kNotFound);
 }
 
+// Windows where the latent is silent: drawn at random, reproducibly, none holding a firing.
+TEST_P(ChunkStoreTest, SilentSamplesAreWindowsWithoutAFiring) {
+  const int64_t total = 400;
+  const uint64_t id = WriteSparse("quiet", 64, total, 400);
+  const Rows all = MakeRows(0, total, 64);
+  auto fires_in = [&](int32_t latent, int64_t from, int64_t to) {
+    for (int64_t r = from; r < to; ++r) {
+      for (int64_t i = all.indptr[r]; i < all.indptr[r + 1]; ++i) {
+        if (all.indices[i] == latent) return true;
+      }
+    }
+    return false;
+  };
+  for (int32_t l : {0, 5, 63}) {
+    auto got = store_->SilentSamples(id, l, 12, 3, 2, /*seed=*/7);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), 12u) << "latent " << l;  // a latent of 64 leaves many quiet windows
+    for (size_t j = 0; j < got->size(); ++j) {
+      const TopActivationContext& t = (*got)[j];
+      if (j > 0) {
+        EXPECT_GT(t.row, (*got)[j - 1].row);  // row order, distinct
+      }
+      EXPECT_EQ(t.value, 0);
+      EXPECT_EQ(t.token_id, all.tokens[t.row]);
+      EXPECT_EQ(t.context_start_row, std::max(t.row / 16 * 16, t.row - 3));
+      const int64_t stop = std::min(t.row / 16 * 16 + 16, t.row + 3);
+      ASSERT_EQ(static_cast<int64_t>(t.context_token_ids.size()), stop - t.context_start_row);
+      for (size_t w = 0; w < t.context_token_ids.size(); ++w) {
+        EXPECT_EQ(t.context_token_ids[w], all.tokens[t.context_start_row + w]);
+      }
+      EXPECT_FALSE(fires_in(l, t.context_start_row, stop)) << "latent " << l << " row " << t.row;
+      EXPECT_EQ(t.context_values, std::vector<float>(t.context_token_ids.size(), 0.0f));
+    }
+    // The same seed draws the same rows; another seed, others; another latent, others.
+    auto again = store_->SilentSamples(id, l, 12, 3, 2, 7);
+    auto other = store_->SilentSamples(id, l, 12, 3, 2, 8);
+    ASSERT_TRUE(again.ok() && other.ok());
+    std::vector<int64_t> a, b, c;
+    for (const auto& t : *got) a.push_back(t.row);
+    for (const auto& t : *again) b.push_back(t.row);
+    for (const auto& t : *other) c.push_back(t.row);
+    EXPECT_EQ(a, b);
+    EXPECT_NE(a, c);
+  }
+  // A window as wide as a sequence leaves fewer rows where a frequent latent is silent: fewer
+  // come back rather than a window with a firing.
+  auto wide = store_->SilentSamples(id, 0, 1000, 16, 16, 1);
+  ASSERT_TRUE(wide.ok());
+  for (const auto& t : *wide) {
+    EXPECT_FALSE(fires_in(0, t.context_start_row,
+                          t.context_start_row + static_cast<int64_t>(t.context_token_ids.size())));
+  }
+  EXPECT_EQ(store_->SilentSamples(id, 0, 0, 3, 2, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->SilentSamples(id, 0, 1001, 3, 2, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->SilentSamples(id, 64, 5, 3, 2, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->SilentSamples(id + 100, 0, 5, 3, 2, 1).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST_P(ChunkStoreTest, DenseRowsRoundTripInChunks) {
   DatasetMeta m = SparseMeta("d", 12);
   m.kind = DatasetKind::kDense;
