@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -254,6 +255,15 @@ std::string LatentHtml(const v1::GetLatentResponse& response, const LatentPageOp
       AppendExample(example, s.max(), options.vocab, &html);
     }
   }
+  if (response.silent_size() > 0) {
+    absl::StrAppendFormat(&html,
+                          "<h2>Silent windows</h2>\n<p>%d drawn at random where it fires on no "
+                          "token: what its examples are read against</p>\n",
+                          response.silent_size());
+    for (const v1::TopActivation& example : response.silent()) {
+      AppendExample(example, s.max(), options.vocab, &html);
+    }
+  }
   if (response.top_tokens_size() > 0) {
     html +=
         "<h2>Fires most on</h2>\n<table><tr><th>token</th><th>id</th><th>count</th>"
@@ -384,6 +394,53 @@ std::string LatentIndexHtml(const v1::ListLatentsResponse& overview,
   }
   html += "</table>\n</body></html>\n";
   return html;
+}
+
+std::string LatentExamplesJson(const v1::GetLatentResponse& response, uint64_t dataset_id,
+                               const Vocabulary* vocab) {
+  auto example = [&](const v1::TopActivation& t) {
+    nlohmann::json e = {
+        {"row", t.row()},
+        {"value", t.value()},
+        {"token_ids",
+         std::vector<int32_t>(t.context_token_ids().begin(), t.context_token_ids().end())},
+        {"values", std::vector<float>(t.context_values().begin(), t.context_values().end())}};
+    if (vocab != nullptr) {
+      // Each token's exact text (newlines and all: an explainer reads it as the model did);
+      // null for an id the vocabulary lacks.
+      nlohmann::json tokens = nlohmann::json::array();
+      for (int32_t id : t.context_token_ids()) {
+        const std::optional<std::string> bytes = vocab->Bytes(id);
+        tokens.push_back(bytes ? nlohmann::json(*bytes) : nlohmann::json(nullptr));
+      }
+      e["tokens"] = std::move(tokens);
+    }
+    return e;
+  };
+  auto examples = [&](const auto& list) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const v1::TopActivation& t : list) out.push_back(example(t));
+    return out;
+  };
+  const v1::LatentStatistics& s = response.statistics();
+  nlohmann::json line = {{"dataset_id", dataset_id},
+                         {"latent", s.latent()},
+                         {"firing_count", s.firing_count()},
+                         {"density", s.density()},
+                         {"mean", s.mean()},
+                         {"max", s.max()},
+                         {"top", examples(response.top())},
+                         {"silent", examples(response.silent())}};
+  nlohmann::json intervals = nlohmann::json::array();
+  for (const v1::ActivationInterval& interval : response.intervals()) {
+    intervals.push_back({{"low", interval.low()},
+                         {"high", interval.high()},
+                         {"count", interval.count()},
+                         {"examples", examples(interval.samples())}});
+  }
+  line["intervals"] = std::move(intervals);
+  // Invalid UTF-8 in a token's text (a byte-level piece) is replaced, not an exception.
+  return line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace latentd::client

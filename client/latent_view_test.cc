@@ -1,5 +1,6 @@
 #include "client/latent_view.h"
 
+#include <nlohmann/json.hpp>
 #include <regex>
 
 #include "gtest/gtest.h"
@@ -306,6 +307,38 @@ TEST(LatentViewTest, DashboardPagesLinkToEachOther) {
             std::string::npos)
       << with_fit;
   EXPECT_EQ(LatentPageName(42), "latent-42.html");
+}
+
+// One JSON line per latent for auto-interpretation: everything the answer holds, token texts
+// exactly as the vocabulary has them (a newline stays a newline), silent windows included.
+TEST(LatentViewTest, ExamplesAreOneJsonLineWithTheTokensText) {
+  v1::GetLatentResponse r = Response();
+  v1::TopActivation* quiet = r.add_silent();
+  quiet->set_row(40);
+  for (int32_t id : {3, 1, 9}) quiet->add_context_token_ids(id);
+  for (int i = 0; i < 3; ++i) quiet->add_context_values(0.0f);
+  auto vocab = Vocabulary::Parse(R"(["a", "b\nc", "\u00e9", "<d>"])");
+  ASSERT_TRUE(vocab.ok()) << vocab.status();
+  const std::string line = LatentExamplesJson(r, 3, &*vocab);
+  EXPECT_EQ(line.find('\n'), std::string::npos);  // one line
+  const nlohmann::json j = nlohmann::json::parse(line);
+  EXPECT_EQ(j["dataset_id"], 3);
+  EXPECT_EQ(j["latent"], 7);
+  EXPECT_EQ(j["firing_count"], 9);
+  ASSERT_EQ(j["top"].size(), 1u);
+  EXPECT_EQ(j["top"][0]["row"], 12);
+  EXPECT_EQ(j["top"][0]["token_ids"], nlohmann::json({0, 1, 2, 3}));
+  EXPECT_EQ(j["top"][0]["values"], nlohmann::json({0.0, 1.0, 4.0, 0.0}));
+  EXPECT_EQ(j["top"][0]["tokens"], nlohmann::json({"a", "b\nc", "\u00e9", "<d>"}));
+  ASSERT_EQ(j["intervals"].size(), 1u);
+  EXPECT_EQ(j["intervals"][0]["count"], 9);
+  EXPECT_EQ(j["intervals"][0]["examples"][0]["row"], 12);
+  ASSERT_EQ(j["silent"].size(), 1u);
+  EXPECT_EQ(j["silent"][0]["row"], 40);
+  EXPECT_EQ(j["silent"][0]["tokens"], nlohmann::json({"<d>", "b\nc", nullptr}));  // 9: unknown
+  // Without a vocabulary: ids and values only.
+  const nlohmann::json bare = nlohmann::json::parse(LatentExamplesJson(r, 3, nullptr));
+  EXPECT_FALSE(bare["top"][0].contains("tokens"));
 }
 
 }  // namespace

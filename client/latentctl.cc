@@ -99,6 +99,9 @@ ABSL_FLAG(int64_t, offset, 0, "latents, dashboard: skip this many in the order")
 ABSL_FLAG(int64_t, min_count, 0,
           "latents: only latents firing at least this often; cofiring/token: at least this "
           "often on the rows read (default 1)");
+ABSL_FLAG(int32_t, silent, 0,
+          "latent, dashboard, examples: also this many windows where the latent never fires, "
+          "drawn at random (reproducibly), to read its examples against");
 ABSL_FLAG(uint64_t, in_dataset, 0,
           "cofiring/token: count the latents of this dataset on the selected rows (another "
           "output of the same EXTRACT job, or a dataset over the same tokens)");
@@ -699,6 +702,7 @@ v1::GetLatentRequest LatentRequest(uint64_t id, int32_t latent) {
   request.set_distinct_sequences(absl::GetFlag(FLAGS_distinct));
   request.set_top_tokens(absl::GetFlag(FLAGS_tokens));
   request.set_positions(absl::GetFlag(FLAGS_positions));
+  request.set_silent_samples(absl::GetFlag(FLAGS_silent));
   return request;
 }
 
@@ -972,6 +976,8 @@ int Latent(Client& client, const std::vector<std::string>& args) {
                 last ? ']' : ')', static_cast<long long>(interval.count()));
     for (const auto& t : interval.samples()) print_row(t);
   }
+  if (response.silent_size() > 0) std::printf("silent windows (it fires nowhere in them):\n");
+  for (const auto& t : response.silent()) print_row(t);
   return 0;
 }
 
@@ -1356,6 +1362,43 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
   return 0;
 }
 
+// One JSON line per latent (LatentExamplesJson) for auto-interpretation: the latents the
+// list flags choose (as `dashboard`), each with its top examples, interval samples and silent
+// windows as --top, --intervals and --silent ask, written to a local file.
+int Examples(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id) || args.size() < 3) {
+    return Usage("examples needs a dataset id and an output file");
+  }
+  std::optional<Vocabulary> vocab;
+  if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
+  v1::ListLatentsRequest list;
+  if (std::string error; !LatentListRequest(id, &list, &error)) return Usage(error);
+  v1::ListLatentsResponse overview;
+  grpc::Status status = client.datasets()->ListLatents(client.Context().get(), list, &overview);
+  if (!status.ok()) return RpcError(status);
+  std::ofstream out(args[2], std::ios::binary | std::ios::trunc);
+  if (!out) return Usage(absl::StrCat("cannot write ", args[2]));
+  const bool progress = isatty(fileno(stderr));
+  int written = 0;
+  for (const v1::LatentSummary& l : overview.latents()) {
+    v1::GetLatentResponse response;
+    status = client.datasets()->GetLatent(client.Context().get(), LatentRequest(id, l.latent()),
+                                          &response);
+    if (!status.ok()) return RpcError(status);
+    out << LatentExamplesJson(response, id, vocab ? &*vocab : nullptr) << '\n';
+    if (progress) std::fprintf(stderr, "\rlatents: %d/%d", ++written, overview.latents_size());
+  }
+  if (progress && overview.latents_size() > 0) std::fprintf(stderr, "\n");
+  out.close();
+  if (!out) {
+    std::fprintf(stderr, "latentctl: writing %s failed\n", args[2].c_str());
+    return kExitRpcError;
+  }
+  std::printf("wrote %s: %d latents\n", args[2].c_str(), overview.latents_size());
+  return 0;
+}
+
 constexpr char kHelp[] = R"(latentctl [--server=HOST:PORT] [--token_file=F] [--json] COMMAND
 jobs:
   submit --type=PROBE|EXTRACT|TRAIN [--spec=FILE.json] [--request_id=ID]
@@ -1372,12 +1415,13 @@ datasets:
   dataset ID                     metadata and summary
   rows ID [--start=R] [--count=N] [--vocab=F]  CSR rows with token ids (--vocab: and text)
   latent ID J [--top=N] [--before=B] [--after_tokens=A] [--intervals=I [--interval_samples=S]]
-              [--distinct] [--tokens=N] [--positions] [--vocab=tokenizer.json]
+              [--silent=N] [--distinct] [--tokens=N] [--positions] [--vocab=tokenizer.json]
               [--html=FILE.html]
                                  statistics, top activations (--distinct: one per sequence),
                                  interval samples, the N tokens it fires on most, where in
-                                 its sequences it fires; --vocab shows text, --html a page
-                                 where each token is shaded by the latent's value on it
+                                 its sequences it fires, N windows where it is silent; --vocab
+                                 shows text, --html a page where each token is shaded by the
+                                 latent's value on it
   firings ID J [--start=R] [--count=N] [--vocab=F]
                                  every row where latent J fires, with its value (and with
                                  --vocab its token; latent-major: reads the latent's runs only)
@@ -1392,6 +1436,11 @@ datasets:
                                  positions, the latents it fires with (and those of the
                                  job's other hooks' datasets), its direct logits and decoder
                                  neighbours)
+  examples ID FILE.jsonl [--order=...] [--limit=N] [--offset=N] [--top=N] [--intervals=I]
+                        [--silent=N] [--distinct] [--before=B] [--after_tokens=A] [--vocab=F]
+                                 one JSON line per latent (stats, top examples, interval
+                                 samples, silent windows; token ids, values and with --vocab
+                                 each token's text): the input of auto-interpretation
   weights ID J [--limit=N] [--vocab=F] [--unembedding=NAME]
                                  from the SAE and model that made the dataset: the tokens the
                                  latent's decoder direction raises and lowers most (direct
@@ -1441,6 +1490,7 @@ int Run(const std::vector<std::string>& args) {
   if (command == "latents") return Latents(client, args);
   if (command == "firings") return Firings(client, args);
   if (command == "dashboard") return Dashboard(client, args);
+  if (command == "examples") return Examples(client, args);
   if (command == "weights") return Weights(client, args);
   if (command == "prompt") return Prompt(client, args);
   if (command == "compare") return Compare(client, args);

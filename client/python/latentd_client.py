@@ -169,7 +169,7 @@ class Client:
 
     def get_latent(self, dataset_id, latent, top_n=20, context_before=32, context_after=8,
                    intervals=0, interval_samples=5, distinct_sequences=False, top_tokens=0,
-                   positions=False):
+                   positions=False, silent_samples=0, silent_seed=0):
         """Statistics, top rows with context and, with intervals > 0, interval samples: the value
         range cut into that many equal intervals, each with its count and a few of its rows.
         distinct_sequences=True: the top sequences instead, one row each (its largest value).
@@ -178,13 +178,17 @@ class Client:
         tokenizer.convert_ids_to_tokens(example.context_token_ids), and shade by the values.
         top_tokens > 0: also the tokens it fires on most (token_id, count, fraction, mean).
         positions=True: also position_histogram (firings by place in the sequence, bins of
-        position_bin_width positions)."""
+        position_bin_width positions). silent_samples > 0: also `silent`, that many windows drawn
+        at random (reproducibly, by silent_seed) where the latent fires on no token: the
+        non-activating examples an explanation is scored against."""
         request = datasets_pb2.GetLatentRequest(dataset_id=dataset_id, latent=latent, top_n=top_n,
                                                 context_before=context_before,
                                                 context_after=context_after, intervals=intervals,
                                                 interval_samples=interval_samples,
                                                 distinct_sequences=distinct_sequences,
-                                                top_tokens=top_tokens, positions=positions)
+                                                top_tokens=top_tokens, positions=positions,
+                                                silent_samples=silent_samples,
+                                                silent_seed=silent_seed)
         return self.datasets.GetLatent(request, metadata=self.metadata, timeout=self.timeout)
 
     def latent_firings(self, dataset_id, latent, row_start=0, row_count=0, token_ids=False):

@@ -355,6 +355,34 @@ class TrainLoop(DaemonTestCase):
                 self.assertIn(part, page)
             for target in re.findall(r'<a href="([^"]+)">', page):  # no link leads nowhere
                 self.assertTrue(os.path.exists(os.path.join(board, target)), target)
+        # The examples of the 5 most frequent latents as JSON Lines for auto-interpretation:
+        # top examples as GetLatent gives them, silent windows where the latent fires on no row.
+        examples_path = os.path.join(self.tmp, "examples.jsonl")
+        made = daemon.latentctl("examples", str(dataset), examples_path, "--order=frequent",
+                                "--limit=5", "--top=4", "--silent=6", "--before=3",
+                                "--after_tokens=1", "--vocab=" + vocab_path).stdout
+        self.assertIn("5 latents", made)
+        with open(examples_path, encoding="utf-8") as f:
+            lines = [json.loads(line) for line in f]
+        self.assertEqual([e["latent"] for e in lines], [l.latent for l in glance.latents[:5]])
+        for e in lines:
+            column = whole[:, e["latent"]].toarray().ravel()
+            self.assertEqual(e["firing_count"], int((column != 0).sum()))
+            self.assertEqual(len(e["top"]), 4)
+            self.assertEqual(len(e["silent"]), 6)
+            for ex in e["top"]:
+                self.assertGreater(column[ex["row"]], 0)
+            for ex in e["silent"]:
+                # The window: 3 rows before, 1 after, within the row's 32-token sequence.
+                rows_in = [r for r in range(ex["row"] - 3, ex["row"] + 2)
+                           if r // 32 == ex["row"] // 32 and 0 <= r < whole.shape[0]]
+                self.assertEqual(len(rows_in), len(ex["token_ids"]))
+                self.assertTrue((column[rows_in] == 0).all(), ex)
+                self.assertEqual(ex["values"], [0.0] * len(rows_in))
+                self.assertEqual(ex["token_ids"], [int(t) for t in whole_tokens[rows_in]])
+                # Each token's exact text: the byte-level "\u0120" a space, "\u010a" a newline.
+                self.assertEqual(ex["tokens"], [vocab[t].replace("\u0120", " ").replace(
+                    "\u010a", "\n") for t in ex["token_ids"]])
         # A prompt's page written into the dashboard: its top latents that have pages there
         # link to them, and every link resolves.
         prompt_page = os.path.join(board, "prompt.html")
