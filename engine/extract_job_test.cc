@@ -435,6 +435,53 @@ TEST_F(ExtractJobTest, TheSaeFitIsReportedAndAMisfitIsWarned) {
   EXPECT_EQ(info->fit().explained_variance(), exact.explained_variance());
 }
 
+// One SAE on several hooks is loaded once, and the memory check counts it once: a device that
+// holds the job with one SAE shared refuses it with three copies of that SAE in three places.
+TEST_F(ExtractJobTest, AnSaeOnSeveralHooksCountsOnce) {
+  auto sae = Sae::Load(root_ + "/sae");
+  ASSERT_TRUE(sae.ok());
+  for (const char* copy : {"/sae_copy1", "/sae_copy2"}) {
+    ASSERT_TRUE(SaveSae(Tmp(std::string("root") + copy), sae->weights(), sae->config()).ok());
+  }
+  latentd::v1::ExtractSpec shared = Spec(), copies = Spec();
+  for (const char* hook : {"blocks.0.hook_resid_post", "blocks.0.hook_resid_mid"}) {
+    latentd::v1::ExtractOutput* a = shared.add_more_outputs();
+    a->set_hook_name(hook);
+    a->mutable_sae()->set_path(root_ + "/sae");
+    latentd::v1::ExtractOutput* b = copies.add_more_outputs();
+    b->set_hook_name(hook);
+  }
+  copies.mutable_more_outputs(0)->mutable_sae()->set_path(root_ + "/sae_copy1");
+  copies.mutable_more_outputs(1)->mutable_sae()->set_path(root_ + "/sae_copy2");
+  // The least device memory the shared job passes with (bisection over the submit check).
+  auto fits = [&](const latentd::v1::ExtractSpec& spec, int64_t bytes) {
+    ExtractEnv env = env_;
+    env.device_memory_bytes = bytes;
+    return ValidateExtractSpec(spec, env).ok();
+  };
+  int64_t lo = 1, hi = int64_t{1} << 40;
+  while (lo + 1 < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(shared, mid) ? hi : lo) = mid;
+  }
+  EXPECT_TRUE(fits(shared, hi));
+  EXPECT_FALSE(fits(copies, hi));
+  // And the shared job stores what the job of copies stores.
+  auto db = OpenDb("db_shared_sae");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  shared.set_dataset_name("shared");
+  copies.set_dataset_name("copies");
+  FakeContext a(80, 1), b(81, 1);
+  auto ra = RunExtract(shared, env_, &a);
+  auto rb = RunExtract(copies, env_, &b);
+  ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status() << rb.status();
+  ExpectSameRows(&store, ra->dataset_id(), rb->dataset_id());
+  for (int o = 0; o < 2; ++o) {
+    ExpectSameRows(&store, ra->more_outputs(o).dataset_id(), rb->more_outputs(o).dataset_id());
+  }
+}
+
 TEST_F(ExtractJobTest, MoreOutputsAreCheckedNamingTheOutput) {
   auto expect_invalid = [&](const latentd::v1::ExtractSpec& spec, const std::string& field) {
     absl::Status s = ValidateExtractSpec(spec, env_);

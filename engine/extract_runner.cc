@@ -140,6 +140,9 @@ struct CheckedOutput {
   std::string sae_dir;
   SaeConfig sae_cfg;
   int64_t hook_width = 0;  // 0 until the model is loaded (TorchScript)
+  // An earlier output with the same SAE directory, whose loaded weights this one shares (one
+  // SAE on several hooks costs its memory once); -1 for none.
+  int sae_of = -1;
 };
 
 // What the spec resolves to after the cheap checks.
@@ -221,6 +224,9 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env) {
   for (int i = 0; i < ExtractOutputCount(spec); ++i) {
     auto out = CheckOutput(ExtractOutputSpec(spec, i), env, c);
     if (!out.ok()) return ForOutput(out.status(), i);
+    for (int j = 0; c.sparse && j < i && out->sae_of < 0; ++j) {
+      if (c.outputs[j].sae_dir == out->sae_dir) out->sae_of = j;
+    }
     c.outputs.push_back(*std::move(out));
   }
   {
@@ -257,7 +263,7 @@ int64_t EstimateDeviceBytes(const Checked& c, const std::vector<int64_t>& hook_w
     if (o > 0 && o < hook_widths.size()) bytes += rows * 4 * hook_widths[o];
     if (!c.sparse) continue;
     const SaeConfig& cfg = c.outputs[o].sae_cfg;
-    bytes += 4 * (2 * cfg.d_in * cfg.d_sae + 3 * cfg.d_sae);
+    if (c.outputs[o].sae_of < 0) bytes += 4 * (2 * cfg.d_in * cfg.d_sae + 3 * cfg.d_sae);
     // Pre-activations + the encoder's working copy, for one encoder pass of the batch (the
     // outputs are encoded one after another).
     encoder_scratch =
@@ -433,6 +439,10 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   for (const CheckedOutput& out : c.outputs) hooks.push_back(out.hook);
   std::vector<Sae> saes_cpu;
   for (int o = 0; c.sparse && o < num_outputs; ++o) {
+    if (const int shared = c.outputs[o].sae_of; shared >= 0) {
+      saes_cpu.push_back(saes_cpu[shared]);  // the same tensors
+      continue;
+    }
     auto sae = Sae::Load(c.outputs[o].sae_dir);
     if (!sae.ok()) {
       return absl::InvalidArgumentError(
@@ -461,7 +471,8 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
               absl::StrCat(ExtractOutputField(o, "sae"), ": d_in ", saes_cpu[o].config().d_in,
                            " != width ", widths[o], " of hook ", c.outputs[o].hook_name));
         }
-        r.saes.push_back(saes_cpu[o].To(r.device));
+        const int shared = c.outputs[o].sae_of;
+        r.saes.push_back(shared >= 0 ? r.saes[shared] : saes_cpu[o].To(r.device));
       }
       const int64_t need = EstimateDeviceBytes(
           c, widths, r.model->parameter_bytes(),
