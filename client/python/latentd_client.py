@@ -307,7 +307,8 @@ class Client:
         with each token shaded by the latent's value on it. decode maps a list of token ids to
         their strings (e.g. tokenizer.convert_ids_to_tokens); without it the ids are shown.
         weights=True: also its direct logits and decoder neighbours (latent_weights).
-        get_latent_args go to get_latent (top_n, intervals, distinct_sequences, ...)."""
+        get_latent_args go to get_latent (top_n, intervals, distinct_sequences, silent_samples,
+        ...)."""
         answer = self.get_latent(dataset_id, latent, **get_latent_args)
         found = self.latent_weights(dataset_id, latent, top_n=5) if weights else None
         return LatentView(answer, decode, found)
@@ -399,6 +400,9 @@ class LatentView:
             parts.append("<div><i>[%.4g, %.4g]: %d firings</i></div>" % (
                 interval.low, interval.high, interval.count))
             parts += [self._example(e, s.max) for e in interval.samples]
+        if self.answer.silent:  # get_latent(..., silent_samples=N)
+            parts.append("<div><i>silent windows: it fires on no token</i></div>")
+            parts += [self._example(e, s.max) for e in self.answer.silent]
         return "\n".join(parts)
 
 

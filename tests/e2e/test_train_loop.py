@@ -145,8 +145,13 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual(down, sorted(down))
         self.assertGreater(up[-1], down[-1])
         view = c.show_latent(dataset, 5, decode=lambda ids: ["<%d>" % i for i in ids], top_n=1,
-                             weights=True)
+                             weights=True, silent_samples=2, silent_seed=3)
         shown_html = view._repr_html_()
+        self.assertEqual(len(view.answer.silent), 2)
+        self.assertIn("silent windows: it fires on no token", shown_html)
+        self.assertEqual([e.row for e in view.answer.silent],
+                         [e.row for e in c.get_latent(dataset, 5, silent_samples=2,
+                                                      silent_seed=3).silent])
         self.assertIn("raises: <code>&lt;%d&gt;</code>" % view.weights.positive_logits[0].token_id,
                       shown_html)
         self.assertIn("nearest decoder directions: %d (" % weights.neighbors[0].latent, shown_html)
