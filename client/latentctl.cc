@@ -1387,7 +1387,8 @@ int Examples(Client& client, const std::vector<std::string>& args) {
                                           &response);
     if (!status.ok()) return RpcError(status);
     out << LatentExamplesJson(response, id, vocab ? &*vocab : nullptr) << '\n';
-    if (progress) std::fprintf(stderr, "\rlatents: %d/%d", ++written, overview.latents_size());
+    ++written;
+    if (progress) std::fprintf(stderr, "\rlatents: %d/%d", written, overview.latents_size());
   }
   if (progress && overview.latents_size() > 0) std::fprintf(stderr, "\n");
   out.close();
@@ -1395,7 +1396,7 @@ int Examples(Client& client, const std::vector<std::string>& args) {
     std::fprintf(stderr, "latentctl: writing %s failed\n", args[2].c_str());
     return kExitRpcError;
   }
-  std::printf("wrote %s: %d latents\n", args[2].c_str(), overview.latents_size());
+  std::printf("wrote %s: %d latents\n", args[2].c_str(), written);
   return 0;
 }
 
