@@ -1430,7 +1430,7 @@ datasets:
              [--min_count=C] [--max_count=C] [--plot=FILE.png]
                                  the SAE at a glance: latents ranked, dead count, density plot
   dashboard ID DIR [--order=...] [--limit=N] [--offset=N] [--min_count=C] [--max_count=C]
-                 [--vocab=F] [--top=N] [--intervals=I] [--distinct]
+                 [--vocab=F] [--top=N] [--intervals=I] [--silent=N] [--distinct]
                                  a static HTML dashboard: DIR/index.html (density histogram,
                                  the listed latents and their top tokens) and a page per
                                  latent (examples shaded by value, interval samples, tokens,

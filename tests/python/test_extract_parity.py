@@ -171,6 +171,24 @@ class ExtractParityTest(unittest.TestCase):
         print("topk: rows %d, nnz %d, tie swaps %d" % (len(self.ids), len(got["indices"]), swaps),
               file=sys.stderr)
 
+    def test_two_hooks_of_one_forward_match_python(self):
+        # One job, the TorchScript model's forward once per batch: hidden_states.2 through a TopK
+        # SAE (the rows, written out) and blocks.0.hook_resid_post (hidden_states[1]) through a
+        # JumpReLU SAE (its dataset's fit, in the result).
+        d_topk, w_topk, cfg_topk = self.make_sae("sae_topk2", "topk")
+        d_jump, w_jump, cfg_jump = self.make_sae("sae_jump2", "jumprelu")
+        spec = self.spec("hidden_states.2", d_topk,
+                         moreOutputs=[{"hookName": "blocks.0.hook_resid_post",
+                                       "sae": {"path": d_jump}}])
+        got = self.run_tool(spec)
+        self.check_sparse(got, self.hidden[2], w_topk, cfg_topk)
+        self.check_fit(got["result"]["fit"], self.hidden[2], w_topk, cfg_topk)
+        more = got["result"]["moreOutputs"]
+        self.assertEqual(len(more), 1)
+        self.assertEqual(more[0]["hookName"], "blocks.0.hook_resid_post")
+        self.assertEqual(int(more[0]["rows"]), len(self.ids))
+        self.check_fit(more[0]["fit"], self.hidden[1], w_jump, cfg_jump)
+
     def test_jumprelu_without_b_dec_matches_python(self):
         d, w, cfg = self.make_sae("sae_jump", "jumprelu", apply_b_dec=False)
         # blocks.0.hook_resid_post is hidden_states[1]
