@@ -220,6 +220,7 @@ struct Result {
   // GetLatent's top_tokens and positions together: two reads of the firings, against one
   // (ProfileLatent), alternating on the same latents.
   Percentiles tokens_positions_apart, tokens_positions_together;
+  Percentiles silent;  // GetLatent's silent windows: 20 of a random latent, 32/8 context
   double rescan_ms = 0;
   double delete_s = 0;             // DeleteDataset, its compaction included
   uint64_t disk_after_delete = 0;  // bytes on disk once it returned
@@ -397,7 +398,7 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
     const auto a = Clock::now();
     for (int32_t l = 0; l < g_width; ++l) Check(store.GetLatentStats(id, l).status());
     res.stats_one_by_one_ms = Seconds(a, Clock::now()) * 1e3;
-    std::vector<double> cofiring_us, token_us, tokens_of_us, apart_us, together_us;
+    std::vector<double> cofiring_us, token_us, tokens_of_us, apart_us, together_us, silent_us;
     for (int i = 0; i < 20; ++i) {
       const int32_t latent = qrng() % g_width;
       const auto b = Clock::now();
@@ -406,6 +407,9 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
       const auto t = Clock::now();
       Check(latentd::storage::TokensLatentFiresOn(store, id, latent, 20).status());
       tokens_of_us.push_back(Seconds(t, Clock::now()) * 1e6);
+      const auto q = Clock::now();
+      Check(store.SilentSamples(id, latent, 20, 32, 8, /*seed=*/i).status());
+      silent_us.push_back(Seconds(q, Clock::now()) * 1e6);
       // Which goes first alternates, so neither always finds the other's blocks cached.
       for (int order = 0; order < 2; ++order) {
         if ((order == 0) == (i % 2 == 0)) {
@@ -428,6 +432,7 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
     res.cofiring = Summarize(cofiring_us);
     res.on_token = Summarize(token_us);
     res.tokens_of = Summarize(tokens_of_us);
+    res.silent = Summarize(silent_us);
     res.tokens_positions_apart = Summarize(apart_us);
     res.tokens_positions_together = Summarize(together_us);
     const auto c = Clock::now();
@@ -576,6 +581,10 @@ int main(int argc, char** argv) {
           "  GetLatent's top_tokens (the 20 tokens a latent fires on most) p50 %.1f / "
           "p99 %.1f ms\n",
           r.tokens_of.p50 / 1e3, r.tokens_of.p99 / 1e3);
+      std::printf(
+          "  GetLatent's silent windows (20 where a random latent fires on no token, 32/8 "
+          "context) p50 %.1f / p99 %.1f ms\n",
+          r.silent.p50 / 1e3, r.silent.p99 / 1e3);
       std::printf(
           "  GetLatent's top_tokens + positions: p50 %.2f ms from two reads of the firings, "
           "%.2f ms from one (ProfileLatent)\n",
