@@ -102,6 +102,8 @@ ABSL_FLAG(int64_t, min_count, 0,
 ABSL_FLAG(int32_t, silent, 0,
           "latent, dashboard, examples: also this many windows where the latent never fires, "
           "drawn at random (reproducibly), to read its examples against");
+ABSL_FLAG(bool, all_hooks, false,
+          "prompt: also through the other hooks (and SAEs) of the dataset's EXTRACT job");
 ABSL_FLAG(uint64_t, in_dataset, 0,
           "cofiring/token: count the latents of this dataset on the selected rows (another "
           "output of the same EXTRACT job, or a dataset over the same tokens)");
@@ -785,6 +787,53 @@ int Weights(Client& client, const std::vector<std::string>& args) {
 
 // Which latents fire on a prompt (EncodePrompt): `prompt ID T1 T2 ...`, each token an id or,
 // with --vocab, the text of one vocabulary entry.
+// The other SPARSE datasets its EXTRACT job filled over the same rows as dataset `info` (its
+// more_outputs: other hooks, other SAEs), in id order.
+absl::StatusOr<std::vector<v1::DatasetInfo>> SiblingDatasets(Client& client,
+                                                             const v1::DatasetInfo& info) {
+  v1::ListDatasetsResponse all;
+  grpc::Status status =
+      client.datasets()->ListDatasets(client.Context().get(), v1::ListDatasetsRequest(), &all);
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  }
+  std::vector<v1::DatasetInfo> siblings;
+  for (const v1::DatasetInfo& d : all.datasets()) {
+    if (d.id() != info.id() && d.job_id() == info.job_id() && d.kind() != v1::DENSE_ACTIVATIONS &&
+        d.token_source() == info.token_source()) {
+      siblings.push_back(d);
+    }
+  }
+  return siblings;
+}
+
+// "dataset D (name)" for a heading, the hook added unless the name (a more_outputs default)
+// ends in it already.
+std::string DatasetLabel(const v1::DatasetInfo& d) {
+  const std::string what = absl::StrContains(d.name(), d.hook_name())
+                               ? d.name()
+                               : absl::StrCat(d.name(), ", ", d.hook_name());
+  return absl::StrCat("dataset ", d.id(), " (", what, ")");
+}
+
+// A prompt's tokens, each with its largest latents (EncodePrompt), as a table.
+void PrintPromptTokens(uint64_t id, const v1::EncodePromptResponse& response,
+                       const std::optional<Vocabulary>& vocab) {
+  std::printf("dataset %llu: %d tokens%s\n%-4s %-18s %-7s %s\n",
+              static_cast<unsigned long long>(id), response.tokens_size(),
+              response.bos_prepended() ? " (BOS prepended, as the dataset's spec did)" : "", "POS",
+              "TOKEN", "ACTIVE", "LARGEST LATENTS (value)");
+  for (int r = 0; r < response.tokens_size(); ++r) {
+    const v1::PromptToken& t = response.tokens(r);
+    std::string latents;
+    for (int e = 0; e < std::min(t.latents_size(), 5); ++e) {
+      absl::StrAppendFormat(&latents, "%s%d %.3g", e > 0 ? ", " : "", t.latents(e), t.values(e));
+    }
+    std::printf("%-4d %-18s %-7d %s\n", r, TokenCell(t.token_id(), vocab).c_str(), t.active(),
+                latents.c_str());
+  }
+}
+
 int Prompt(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
   if (!ParseId(args, 1, &id) || args.size() < 3) {
@@ -827,28 +876,43 @@ int Prompt(Client& client, const std::vector<std::string>& args) {
       return kExitRpcError;
     }
   }
-  if (absl::GetFlag(FLAGS_json)) {
-    std::printf("%s\n", Json(response).c_str());
-    return 0;
-  }
-  auto token = [&](int32_t t) { return TokenCell(t, vocab); };
-  std::printf("dataset %llu: %d tokens%s\n%-4s %-18s %-7s %s\n",
-              static_cast<unsigned long long>(id), response.tokens_size(),
-              response.bos_prepended() ? " (BOS prepended, as the dataset's spec did)" : "", "POS",
-              "TOKEN", "ACTIVE", "LARGEST LATENTS (value)");
-  for (int r = 0; r < response.tokens_size(); ++r) {
-    const v1::PromptToken& t = response.tokens(r);
-    std::string latents;
-    for (int e = 0; e < std::min(t.latents_size(), 5); ++e) {
-      absl::StrAppendFormat(&latents, "%s%d %.3g", e > 0 ? ", " : "", t.latents(e), t.values(e));
+  const bool json = absl::GetFlag(FLAGS_json);  // one JSON document a line, a line a dataset
+  auto print_top = [json](const v1::EncodePromptResponse& r) {
+    if (json) {
+      std::printf("%s\n", Json(r).c_str());
+      return;
     }
-    std::printf("%-4d %-18s %-7d %s\n", r, token(t.token_id()).c_str(), t.active(),
-                latents.c_str());
+    std::printf("%-8s %-10s %-4s %s\n", "LATENT", "MAX", "POS", "TOKENS");
+    for (const v1::PromptLatent& l : r.top_latents()) {
+      std::printf("%-8d %-10.4g %-4d %d\n", l.latent(), l.max_value(), l.position(), l.positions());
+    }
+  };
+  if (json) {
+    print_top(response);
+  } else {
+    PrintPromptTokens(id, response, vocab);
+    std::printf("top latents over the prompt:\n");
+    print_top(response);
   }
-  std::printf("top latents over the prompt:\n%-8s %-10s %-4s %s\n", "LATENT", "MAX", "POS",
-              "TOKENS");
-  for (const v1::PromptLatent& l : response.top_latents()) {
-    std::printf("%-8d %-10.4g %-4d %d\n", l.latent(), l.max_value(), l.position(), l.positions());
+  if (!absl::GetFlag(FLAGS_all_hooks)) return 0;
+  // The same prompt through the other hooks (and SAEs) of the dataset's job.
+  v1::GetDatasetRequest info_request;
+  info_request.set_dataset_id(id);
+  v1::DatasetInfo info;
+  status = client.datasets()->GetDataset(client.Context().get(), info_request, &info);
+  if (!status.ok()) return RpcError(status);
+  auto siblings = SiblingDatasets(client, info);
+  if (!siblings.ok()) {
+    std::fprintf(stderr, "latentctl: %s\n", siblings.status().ToString().c_str());
+    return kExitRpcError;
+  }
+  for (const v1::DatasetInfo& d : *siblings) {
+    request.set_dataset_id(d.id());
+    v1::EncodePromptResponse other;
+    status = client.datasets()->EncodePrompt(client.Context().get(), request, &other);
+    if (!status.ok()) return RpcError(status);
+    if (!json) std::printf("%s: top latents over the prompt:\n", DatasetLabel(d).c_str());
+    print_top(other);
   }
   return 0;
 }
@@ -1277,18 +1341,14 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
   v1::DatasetInfo info;  // its context length: position histograms need sequences
   status = client.datasets()->GetDataset(client.Context().get(), info_request, &info);
   if (!status.ok()) return RpcError(status);
-  // The other SPARSE datasets of the same rows from the same job (its more_outputs: other hooks,
-  // other SAEs): each page says which of their latents fire where its latent fires.
-  v1::ListDatasetsResponse all;
-  status = client.datasets()->ListDatasets(client.Context().get(), v1::ListDatasetsRequest(), &all);
-  if (!status.ok()) return RpcError(status);
-  std::vector<v1::DatasetInfo> siblings;
-  for (const v1::DatasetInfo& d : all.datasets()) {
-    if (d.id() != id && d.job_id() == info.job_id() && d.kind() != v1::DENSE_ACTIVATIONS &&
-        d.token_source() == info.token_source()) {
-      siblings.push_back(d);
-    }
+  // The other datasets of the same rows from the same job: each page says which of their
+  // latents fire where its latent fires.
+  auto found_siblings = SiblingDatasets(client, info);
+  if (!found_siblings.ok()) {
+    std::fprintf(stderr, "latentctl: %s\n", found_siblings.status().ToString().c_str());
+    return kExitRpcError;
   }
+  const std::vector<v1::DatasetInfo>& siblings = *found_siblings;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
@@ -1331,13 +1391,7 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
       status =
           client.datasets()->LatentsOnRows(client.Context().get(), cofiring_request, &elsewhere[s]);
       if (!status.ok()) return RpcError(status);
-      // Default names of more_outputs end in their hook already.
-      const v1::DatasetInfo& d = siblings[s];
-      const std::string what = absl::StrContains(d.name(), d.hook_name())
-                                   ? d.name()
-                                   : absl::StrCat(d.name(), ", ", d.hook_name());
-      page.cofiring_elsewhere.push_back(
-          {absl::StrCat("dataset ", d.id(), " (", what, ")"), &elsewhere[s]});
+      page.cofiring_elsewhere.push_back({DatasetLabel(siblings[s]), &elsewhere[s]});
     }
     v1::GetLatentWeightsResponse weights;
     if (!weights_warned && PageWeights(client, id, latent, 10, &weights, &weights_warned)) {
@@ -1446,12 +1500,13 @@ datasets:
                                  from the SAE and model that made the dataset: the tokens the
                                  latent's decoder direction raises and lowers most (direct
                                  logits) and the latents with the nearest decoder directions
-  prompt ID T1 T2 ... [--vocab=F] [--limit=N] [--html=FILE.html]
+  prompt ID T1 T2 ... [--vocab=F] [--limit=N] [--html=FILE.html] [--all_hooks]
                                  the latents a new prompt gets from the dataset's model and
                                  SAE: each token's largest, and the prompt's N top latents
                                  (tokens: ids, or with --vocab each one's text); --html: a
                                  page shading the prompt by each top latent (written into a
-                                 dashboard directory, latents link to their pages)
+                                 dashboard directory, latents link to their pages);
+                                 --all_hooks: also each other hook of the dataset's job
   compare ID OTHER [--sample=N] [--limit=N]
                                  how far two datasets' SAEs learned the same directions: each
                                  latent's nearest decoder direction in the other SAE (mean,

@@ -3,6 +3,7 @@ an uninterrupted run, for 1 and 2 devices (issue: EXTRACT jobs, "Resume"), also 
 fills two hooks' datasets from one forward pass (more_outputs); and a cancelled job's dataset,
 continued by a new job (resume_from_job_id), ends the same."""
 
+import json
 import os
 import subprocess
 import sys
@@ -121,6 +122,19 @@ class ExtractResume(DaemonTestCase):
             for entry in answer.latents:
                 self.assertEqual(entry.count, counts[entry.latent])
             self.assertEqual(answer.latents[0].count, counts.max())
+            # One prompt through both hooks: a JSON line per dataset, each the answer of that
+            # dataset's own EncodePrompt.
+            tokens = [int(t) for t in client.read_rows(pairs[0][1], 0, 6)[1]]
+            lines = daemon.latentctl("--json", "prompt", str(pairs[0][1]),
+                                     *[str(t) for t in tokens], "--limit=4",
+                                     "--all_hooks").stdout.splitlines()
+            self.assertEqual(len(lines), 2)
+            for line, dataset_id in zip(lines, (pairs[0][1], pairs[1][1])):
+                want = client.encode_prompt(dataset_id, tokens, latents_per_token=5,
+                                            top_latents=4)
+                got = json.loads(line)
+                self.assertEqual([int(l["latent"]) for l in got["topLatents"]],
+                                 [l.latent for l in want.top_latents])
             # A dashboard of the first hook's dataset: each page has the same table for the
             # second hook's dataset, under its name.
             board = os.path.join(self.tmp, "board")
