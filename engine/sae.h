@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/sae_config.h"
+#include "engine/sparse_codes.h"
 
 namespace latentd::engine {
 
@@ -38,18 +39,6 @@ struct SaeWeights {
   at::Tensor W_dec;      // [d_sae, d_in]
   at::Tensor b_dec;      // [d_in]
   at::Tensor threshold;  // [d_sae], JumpReLU only (undefined otherwise)
-};
-
-// Sparse codes of a batch of n rows, still on the device.
-struct SparseCodes {
-  // Fixed-k layout (TopK): indices int32 [n, k], values float32 [n, k]; zero values mean "not
-  // active" and are dropped when stored. row_counts undefined.
-  // Ragged layout (ReLU, JumpReLU): indices int32 [nnz], values float32 [nnz], row_counts int64
-  // [n].
-  at::Tensor indices;
-  at::Tensor values;
-  at::Tensor row_counts;
-  bool fixed_k() const { return !row_counts.defined(); }
 };
 
 class Sae {
@@ -76,10 +65,11 @@ class Sae {
   // uninterrupted one did.
   SparseCodes EncodeSparse(const at::Tensor& x, int64_t rows_per_pass = 0) const;
   at::Tensor Decode(const at::Tensor& z) const;  // x_hat = z W_dec + b_dec
-  // x_hat of `rows` rows from their codes (EncodeSparse's layout) without forming z: each row a
-  // value-weighted sum of its latents' W_dec rows (k x d_in multiply-adds a row, against the
-  // encoder's d_in x d_sae), + b_dec.
-  at::Tensor DecodeSparse(const SparseCodes& codes, int64_t rows) const;
+  // x_hat of `rows` rows from their codes (EncodeSparse's layout) without forming z
+  // (DecodeSparseCodes: k x d_in multiply-adds a row, against the encoder's d_in x d_sae).
+  at::Tensor DecodeSparse(const SparseCodes& codes, int64_t rows) const {
+    return DecodeSparseCodes(w_.W_dec, w_.b_dec, codes, rows);
+  }
 
   // Bytes of the weights (for memory estimates).
   int64_t weight_bytes() const;
@@ -89,13 +79,6 @@ class Sae {
   std::string weight_hash_;
   SaeWeights w_;
 };
-
-// What reconstruction figures are made of, over the rows of x [n, d] where `keep` (bool [n])
-// holds, as one float64 tensor on x's device: [sum of ||x - x_hat||^2, sum of ||x||^2, sum of
-// cos(x, x_hat), rows, then sum of x per dimension (d)]. Summed over many batches these give
-// explained variance around the mean of all rows exactly (ReconstructionFit), with nothing
-// synchronized per batch.
-at::Tensor ReconstructionSums(const at::Tensor& x, const at::Tensor& x_hat, const at::Tensor& keep);
 
 // Writes dir/sae_weights.safetensors (F32) and dir/cfg.json, creating dir when needed.
 absl::Status SaveSae(const std::string& dir, const SaeWeights& weights, const SaeConfig& cfg);

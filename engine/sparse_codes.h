@@ -1,0 +1,40 @@
+// What an SAE's sparse encoder returns, and what can be done with it without the SAE: decoding
+// (a weighted sum of decoder rows per row) and the sums reconstruction figures are made of. Only
+// ATen: the GPU check kit (tests/gpu) builds this file alone.
+#ifndef LATENTD_ENGINE_SPARSE_CODES_H_
+#define LATENTD_ENGINE_SPARSE_CODES_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace latentd::engine {
+
+// Sparse codes of a batch of n rows, still on the device.
+struct SparseCodes {
+  // Fixed-k layout (TopK): indices int32 [n, k], values float32 [n, k]; zero values mean "not
+  // active" and are dropped when stored. row_counts undefined.
+  // Ragged layout (ReLU, JumpReLU): indices int32 [nnz], values float32 [nnz], row_counts int64
+  // [n].
+  at::Tensor indices;
+  at::Tensor values;
+  at::Tensor row_counts;
+  bool fixed_k() const { return !row_counts.defined(); }
+};
+
+// x_hat of `rows` rows from their codes, without forming z: each row the value-weighted sum of
+// its latents' rows of W_dec [d_sae, d_in] (an embedding_bag; k x d_in multiply-adds a row),
+// + b_dec [d_in]. On the weights' device.
+at::Tensor DecodeSparseCodes(const at::Tensor& W_dec, const at::Tensor& b_dec,
+                             const SparseCodes& codes, int64_t rows);
+
+// What reconstruction figures are made of, over the rows of x [n, d] where `keep` (bool [n])
+// holds, as one float64 tensor on x's device: [sum of ||x - x_hat||^2, sum of ||x||^2, sum of
+// cos(x, x_hat), rows, then sum of x per dimension (d)]. Summed over many batches these give
+// explained variance around the mean of all rows exactly (storage::ReconstructionFit), with
+// nothing synchronized per batch.
+at::Tensor ReconstructionSums(const at::Tensor& x, const at::Tensor& x_hat, const at::Tensor& keep);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_SPARSE_CODES_H_
