@@ -1,7 +1,6 @@
 #include "engine/sae.h"
 
 #include <fstream>
-#include <limits>
 #include <set>
 
 #include "engine/safetensors.h"
@@ -117,25 +116,6 @@ TEST(SaeTest, DecodingSparseCodesEqualsDecodingTheDenseCodes) {
     const at::Tensor got = sae->DecodeSparse(sae->EncodeSparse(x, /*rows_per_pass=*/10), 33);
     EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-5)) << SaeArchitectureName(arch);
   }
-}
-
-// The sums reconstruction figures are made of, rows that are not kept (NaN ones) left out.
-TEST(SaeTest, ReconstructionSumsLeaveOutTheRowsNotKept) {
-  at::manual_seed(8);
-  at::Tensor x = at::randn({6, 4}), x_hat = x + 0.1 * at::randn({6, 4});
-  x[2].fill_(std::nanf(""));
-  x_hat[4].fill_(std::numeric_limits<float>::infinity());
-  const at::Tensor keep = at::tensor(std::vector<uint8_t>{1, 1, 0, 1, 0, 1}).to(at::kBool);
-  const at::Tensor sums = ReconstructionSums(x, x_hat, keep);
-  ASSERT_EQ(sums.numel(), 4 + 4);
-  const at::Tensor kept = at::tensor(std::vector<int64_t>{0, 1, 3, 5});
-  const at::Tensor xs = x.index_select(0, kept).to(at::kDouble);
-  const at::Tensor hs = x_hat.index_select(0, kept).to(at::kDouble);
-  EXPECT_NEAR(sums[0].item<double>(), (xs - hs).pow(2).sum().item<double>(), 1e-5);
-  EXPECT_NEAR(sums[1].item<double>(), xs.pow(2).sum().item<double>(), 1e-5);
-  EXPECT_NEAR(sums[2].item<double>(), at::cosine_similarity(xs, hs, 1).sum().item<double>(), 1e-5);
-  EXPECT_EQ(sums[3].item<double>(), 4);
-  EXPECT_TRUE(at::allclose(sums.slice(0, 4), xs.sum(0), 1e-5, 1e-6));
 }
 
 TEST(SaeTest, TopKWithFewerThanKPositiveKeepsOnlyThePositives) {

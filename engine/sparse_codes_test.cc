@@ -1,0 +1,49 @@
+#include "engine/sparse_codes.h"
+
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace latentd::engine {
+namespace {
+
+// Decoding ragged codes, an empty row among them, gives z W_dec + b_dec of the dense codes.
+TEST(SparseCodesTest, RaggedCodesDecodeAsTheirDenseCodes) {
+  at::manual_seed(3);
+  const at::Tensor W_dec = at::randn({10, 4}), b_dec = at::randn({4});
+  SparseCodes codes;
+  codes.indices =
+      at::tensor(std::vector<int32_t>{2, 7, 9, 0}, at::kInt);  // rows: {2, 7}, {}, {9, 0}
+  codes.values = at::tensor(std::vector<float>{0.5f, 2.0f, 1.0f, -1.0f});
+  codes.row_counts = at::tensor(std::vector<int64_t>{2, 0, 2});
+  at::Tensor z = at::zeros({3, 10});
+  z[0][2] = 0.5;
+  z[0][7] = 2.0;
+  z[2][9] = 1.0;
+  z[2][0] = -1.0;
+  EXPECT_TRUE(
+      at::allclose(DecodeSparseCodes(W_dec, b_dec, codes, 3), z.mm(W_dec) + b_dec, 1e-5, 1e-6));
+}
+
+// The sums reconstruction figures are made of, rows that are not kept (NaN ones) left out.
+TEST(SparseCodesTest, ReconstructionSumsLeaveOutTheRowsNotKept) {
+  at::manual_seed(8);
+  at::Tensor x = at::randn({6, 4}), x_hat = x + 0.1 * at::randn({6, 4});
+  x[2].fill_(std::nanf(""));
+  x_hat[4].fill_(std::numeric_limits<float>::infinity());
+  const at::Tensor keep = at::tensor(std::vector<uint8_t>{1, 1, 0, 1, 0, 1}).to(at::kBool);
+  const at::Tensor sums = ReconstructionSums(x, x_hat, keep);
+  ASSERT_EQ(sums.numel(), 4 + 4);
+  const at::Tensor kept = at::tensor(std::vector<int64_t>{0, 1, 3, 5});
+  const at::Tensor xs = x.index_select(0, kept).to(at::kDouble);
+  const at::Tensor hs = x_hat.index_select(0, kept).to(at::kDouble);
+  EXPECT_NEAR(sums[0].item<double>(), (xs - hs).pow(2).sum().item<double>(), 1e-5);
+  EXPECT_NEAR(sums[1].item<double>(), xs.pow(2).sum().item<double>(), 1e-5);
+  EXPECT_NEAR(sums[2].item<double>(), at::cosine_similarity(xs, hs, 1).sum().item<double>(), 1e-5);
+  EXPECT_EQ(sums[3].item<double>(), 4);
+  EXPECT_TRUE(at::allclose(sums.slice(0, 4), xs.sum(0), 1e-5, 1e-6));
+}
+
+}  // namespace
+}  // namespace latentd::engine
