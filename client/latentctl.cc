@@ -526,12 +526,13 @@ int Devices(Client& client) {
   return 0;
 }
 
-void PrintDatasetLine(const v1::DatasetInfo& d) {
+// One line of the datasets table, the name column `name_width` wide.
+void PrintDatasetLine(const v1::DatasetInfo& d, int name_width) {
   // The SAE's explained variance on the rows, where it was measured.
   const std::string fit =
       d.fit().rows() > 0 ? absl::StrFormat("%.4f", d.fit().explained_variance()) : "-";
-  std::printf("%-5llu %-24s %-7s %-28s %-6d %-10lld %-9.5f %-8lld %-8s %s\n",
-              static_cast<unsigned long long>(d.id()), d.name().c_str(),
+  std::printf("%-5llu %-*s %-7s %-28s %-6d %-10lld %-9.5f %-8lld %-8s %s\n",
+              static_cast<unsigned long long>(d.id()), name_width, d.name().c_str(),
               d.kind() == v1::DENSE_ACTIVATIONS ? "DENSE" : "SPARSE", d.hook_name().c_str(),
               d.d_sae(), static_cast<long long>(d.rows_committed()), d.density(),
               static_cast<long long>(d.dead_latents()), fit.c_str(),
@@ -547,9 +548,14 @@ int Datasets(Client& client) {
     std::printf("%s\n", Json(response).c_str());
     return 0;
   }
-  std::printf("%-5s %-24s %-7s %-28s %-6s %-10s %-9s %-8s %-8s %s\n", "ID", "NAME", "KIND", "HOOK",
-              "WIDTH", "ROWS", "DENSITY", "DEAD", "SAE EV", "ON DISK");
-  for (const auto& d : response.datasets()) PrintDatasetLine(d);
+  // As wide as the longest name (those of more_outputs carry their hook).
+  int name_width = 24;
+  for (const auto& d : response.datasets()) {
+    name_width = std::max(name_width, static_cast<int>(d.name().size()));
+  }
+  std::printf("%-5s %-*s %-7s %-28s %-6s %-10s %-9s %-8s %-8s %s\n", "ID", name_width, "NAME",
+              "KIND", "HOOK", "WIDTH", "ROWS", "DENSITY", "DEAD", "SAE EV", "ON DISK");
+  for (const auto& d : response.datasets()) PrintDatasetLine(d, name_width);
   return 0;
 }
 
