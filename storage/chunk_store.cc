@@ -1076,6 +1076,15 @@ absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopActivations(
 
 namespace {
 
+// The most windows IntervalSamples (per interval, and intervals) and SilentSamples return.
+constexpr int64_t kMaxSamples = 1000;
+
+// INVALID_ARGUMENT "field: n outside [1, max]" unless n lies there.
+absl::Status CheckCount(absl::string_view field, int64_t n, int64_t max) {
+  if (n >= 1 && n <= max) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", n, " outside [1, ", max, "]"));
+}
+
 // The context window of `row`: [*start, *stop), `before` rows before it and `after` after, clipped
 // to its sequence and the committed rows.
 void ContextWindow(const DatasetRecord& rec, int64_t row, int32_t before, int32_t after,
@@ -1106,10 +1115,7 @@ absl::StatusOr<ChunkStore::LatentFirings> ChunkStore::FiringsForWindows(
 
 absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::TopSequences(
     uint64_t id, int32_t latent, int32_t top_n, int32_t before, int32_t after) const {
-  if (top_n < 1 || top_n > kMaxTopSequences) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("top_n: ", top_n, " outside [1, ", kMaxTopSequences, "]"));
-  }
+  RETURN_IF_ERROR(CheckCount("top_n", top_n, kMaxTopSequences));
   SnapshotHolder snap(db_->raw());
   ASSIGN_OR_RETURN(LatentFirings firings, FiringsForWindows(snap.get(), id, latent, before, after));
   const DatasetRecord& rec = firings.record;
@@ -1239,13 +1245,8 @@ absl::Status ChunkStore::FillContext(const rocksdb::Snapshot* snap, const Datase
 absl::StatusOr<std::vector<ActivationInterval>> ChunkStore::IntervalSamples(
     uint64_t id, int32_t latent, int32_t intervals, int32_t per_interval, int32_t before,
     int32_t after) const {
-  if (intervals < 1 || intervals > 1000) {
-    return absl::InvalidArgumentError(absl::StrCat("intervals: ", intervals, " outside [1, 1000]"));
-  }
-  if (per_interval < 1 || per_interval > 1000) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("interval_samples: ", per_interval, " outside [1, 1000]"));
-  }
+  RETURN_IF_ERROR(CheckCount("intervals", intervals, kMaxSamples));
+  RETURN_IF_ERROR(CheckCount("interval_samples", per_interval, kMaxSamples));
   SnapshotHolder snap(db_->raw());
   ASSIGN_OR_RETURN(LatentFirings firings, FiringsForWindows(snap.get(), id, latent, before, after));
   const DatasetRecord& rec = firings.record;
@@ -1291,10 +1292,7 @@ absl::StatusOr<std::vector<ActivationInterval>> ChunkStore::IntervalSamples(
 absl::StatusOr<std::vector<TopActivationContext>> ChunkStore::SilentSamples(
     uint64_t id, int32_t latent, int32_t count, int32_t before, int32_t after,
     uint64_t seed) const {
-  if (count < 1 || count > 1000) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("silent_samples: ", count, " outside [1, 1000]"));
-  }
+  RETURN_IF_ERROR(CheckCount("silent_samples", count, kMaxSamples));
   SnapshotHolder snap(db_->raw());
   ASSIGN_OR_RETURN(LatentFirings firings, FiringsForWindows(snap.get(), id, latent, before, after));
   const DatasetRecord& rec = firings.record;
