@@ -59,9 +59,20 @@ double ReconstructionFit::mean_cosine() const {
   return rows > 0 ? cosine_sum / static_cast<double>(rows) : 0.0;
 }
 
+namespace {
+
+// Layouts: 2: version, rows, the three sums, d, sum_x, then a CRC32C of everything before it.
+// 1 (main for a few hours of 2026-12-04): the same fields, with or (earlier) without the CRC.
+constexpr uint8_t kUnchecked = 1;
+constexpr uint8_t kChecked = 2;
+// Bytes of layout 1 without its CRC for d dimensions.
+constexpr size_t UncheckedSize(uint32_t d) { return 1 + 8 * 4 + 4 + size_t{8} * d; }
+
+}  // namespace
+
 std::string ReconstructionFit::Encode() const {
   std::string out;
-  PutRaw<uint8_t>(1, &out);  // layout version
+  PutRaw<uint8_t>(kChecked, &out);
   PutRaw<int64_t>(rows, &out);
   PutRaw<double>(squared_error, &out);
   PutRaw<double>(sum_squares, &out);
@@ -73,24 +84,38 @@ std::string ReconstructionFit::Encode() const {
 }
 
 absl::StatusOr<ReconstructionFit> ReconstructionFit::Decode(absl::string_view bytes) {
-  // Sums read back wrong would be a quality figure that lies: a checksum, like the chunks'.
-  uint32_t crc = 0;
-  if (bytes.size() < sizeof(crc)) return absl::DataLossError("malformed reconstruction totals");
-  std::memcpy(&crc, bytes.data() + bytes.size() - sizeof(crc), sizeof(crc));
-  bytes.remove_suffix(sizeof(crc));
-  if (Crc32c(bytes.data(), bytes.size()) != crc) {
-    return absl::DataLossError("reconstruction totals fail their checksum");
+  if (bytes.empty()) return absl::DataLossError("malformed reconstruction totals");
+  const uint8_t version = static_cast<uint8_t>(bytes[0]);
+  bool has_crc = version == kChecked;
+  if (version == kUnchecked && bytes.size() >= UncheckedSize(0)) {
+    uint32_t d = 0;
+    std::memcpy(&d, bytes.data() + 1 + 8 * 4, sizeof(d));
+    has_crc = d <= kMaxFitDimensions && bytes.size() == UncheckedSize(d) + sizeof(uint32_t);
+  }
+  if (has_crc) {
+    // Sums read back wrong would be a quality figure that lies: a checksum, like the chunks'.
+    uint32_t crc = 0;
+    if (bytes.size() < 1 + sizeof(crc)) {
+      return absl::DataLossError("malformed reconstruction totals");
+    }
+    std::memcpy(&crc, bytes.data() + bytes.size() - sizeof(crc), sizeof(crc));
+    bytes.remove_suffix(sizeof(crc));
+    if (Crc32c(bytes.data(), bytes.size()) != crc) {
+      return absl::DataLossError("reconstruction totals fail their checksum");
+    }
+  }
+  if (version != kChecked && version != kUnchecked) {
+    return absl::DataLossError("malformed reconstruction totals");
   }
   ByteReader rd(bytes);
-  const uint8_t version = rd.Raw<uint8_t>();
+  rd.Skip(1);
   ReconstructionFit fit;
   fit.rows = rd.Raw<int64_t>();
   fit.squared_error = rd.Raw<double>();
   fit.sum_squares = rd.Raw<double>();
   fit.cosine_sum = rd.Raw<double>();
   const uint32_t d = rd.Raw<uint32_t>();
-  if (!rd.ok() || version != 1 || fit.rows < 0 || d > kMaxFitDimensions ||
-      rd.rest().size() != d * sizeof(double)) {
+  if (!rd.ok() || fit.rows < 0 || d > kMaxFitDimensions || rd.rest().size() != d * sizeof(double)) {
     return absl::DataLossError("malformed reconstruction totals");
   }
   fit.sum_x.resize(d);

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "storage/crc32c.h"
 
 namespace latentd::storage {
 namespace {
@@ -95,6 +96,22 @@ TEST(ReconstructionFitTest, EncodesAndRejectsWhatItDidNotWrite) {
         << cut;
   }
   EXPECT_EQ(ReconstructionFit::Decode(bytes + "x").status().code(), absl::StatusCode::kDataLoss);
+  // Totals written before they carried a checksum (layout 1: the same fields, no CRC) still
+  // read.
+  std::string unchecked = bytes.substr(0, bytes.size() - 4);
+  unchecked[0] = 1;
+  auto legacy = ReconstructionFit::Decode(unchecked);
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  EXPECT_EQ(legacy->rows, 9);
+  EXPECT_EQ(legacy->sum_x, fit.sum_x);
+  std::string checked_v1 = unchecked;  // and layout 1 with the CRC, as written a while
+  const uint32_t crc = Crc32c(checked_v1.data(), checked_v1.size());
+  checked_v1.append(reinterpret_cast<const char*>(&crc), sizeof(crc));
+  auto legacy_crc = ReconstructionFit::Decode(checked_v1);
+  ASSERT_TRUE(legacy_crc.ok()) << legacy_crc.status();
+  EXPECT_EQ(legacy_crc->squared_error, fit.squared_error);
+  checked_v1[3] ^= 0x10;
+  EXPECT_EQ(ReconstructionFit::Decode(checked_v1).status().code(), absl::StatusCode::kDataLoss);
   for (size_t i = 0; i < bytes.size(); ++i) {  // any byte changed: the checksum catches it
     std::string flipped = bytes;
     flipped[i] = static_cast<char>(flipped[i] ^ 0x10);
