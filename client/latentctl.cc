@@ -590,6 +590,23 @@ bool LoadVocabFlag(std::optional<Vocabulary>* vocab, std::string* error) {
   return true;
 }
 
+// What a `COMMAND ID J` command (latent, firings, weights) works on: the dataset, the latent
+// and the --vocab vocabulary.
+struct LatentArgs {
+  uint64_t id = 0;
+  int32_t latent = -1;
+  std::optional<Vocabulary> vocab;
+};
+
+// false, with *error the message to show, for missing or malformed arguments or --vocab.
+bool ParseLatentArgs(const std::vector<std::string>& args, LatentArgs* out, std::string* error) {
+  if (!ParseId(args, 1, &out->id) || args.size() < 3 || !absl::SimpleAtoi(args[2], &out->latent)) {
+    *error = absl::StrCat(args[0], " needs a dataset id and a latent index");
+    return false;
+  }
+  return LoadVocabFlag(&out->vocab, error);
+}
+
 // The little-endian words of a packed byte string (the service's packed arrays).
 template <typename T>
 std::vector<T> Words(const std::string& bytes) {
@@ -621,13 +638,11 @@ bool WriteHtmlFlag(const std::string& path, const std::string& html) {
 // --vocab also the row's token), or with --json {"rows": [...], "values": [...]}; a count line
 // on stderr.
 int Firings(Client& client, const std::vector<std::string>& args) {
-  uint64_t id;
-  int latent = -1;
-  if (!ParseId(args, 1, &id) || args.size() < 3 || !absl::SimpleAtoi(args[2], &latent)) {
-    return Usage("firings needs a dataset id and a latent index");
-  }
-  std::optional<Vocabulary> vocab;
-  if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
+  LatentArgs parsed;
+  if (std::string error; !ParseLatentArgs(args, &parsed, &error)) return Usage(error);
+  const uint64_t id = parsed.id;
+  const int32_t latent = parsed.latent;
+  const std::optional<Vocabulary>& vocab = parsed.vocab;
   v1::ReadLatentFiringsRequest request;
   request.set_token_ids(vocab.has_value());
   request.set_dataset_id(id);
@@ -744,13 +759,11 @@ bool PageWeights(Client& client, uint64_t id, int32_t latent, int top_n,
 // What a latent's weights say: its nearest decoder directions and the tokens its decoder
 // direction raises and lowers most (GetLatentWeights).
 int Weights(Client& client, const std::vector<std::string>& args) {
-  uint64_t id;
-  int latent = -1;
-  if (!ParseId(args, 1, &id) || args.size() < 3 || !absl::SimpleAtoi(args[2], &latent)) {
-    return Usage("weights needs a dataset id and a latent index");
-  }
-  std::optional<Vocabulary> vocab;
-  if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
+  LatentArgs parsed;
+  if (std::string error; !ParseLatentArgs(args, &parsed, &error)) return Usage(error);
+  const uint64_t id = parsed.id;
+  const int32_t latent = parsed.latent;
+  const std::optional<Vocabulary>& vocab = parsed.vocab;
   const v1::GetLatentWeightsRequest request =
       WeightsRequest(id, latent, absl::GetFlag(FLAGS_limit));
   v1::GetLatentWeightsResponse response;
@@ -974,13 +987,11 @@ int Compare(Client& client, const std::vector<std::string>& args) {
 }
 
 int Latent(Client& client, const std::vector<std::string>& args) {
-  uint64_t id;
-  int latent = -1;
-  if (!ParseId(args, 1, &id) || args.size() < 3 || !absl::SimpleAtoi(args[2], &latent)) {
-    return Usage("latent needs a dataset id and a latent index");
-  }
-  std::optional<Vocabulary> vocab;
-  if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
+  LatentArgs parsed;
+  if (std::string error; !ParseLatentArgs(args, &parsed, &error)) return Usage(error);
+  const uint64_t id = parsed.id;
+  const int32_t latent = parsed.latent;
+  const std::optional<Vocabulary>& vocab = parsed.vocab;
   const Vocabulary* decoder = vocab ? &*vocab : nullptr;
   const v1::GetLatentRequest request = LatentRequest(id, latent);
   v1::GetLatentResponse response;
