@@ -4,6 +4,7 @@
 #include "absl/time/clock.h"
 #include "common/big_endian.h"
 #include "common/status_macros.h"
+#include "storage/id_counter.h"
 #include "storage/keys.h"
 
 namespace latentd::storage {
@@ -21,9 +22,10 @@ absl::StatusOr<uint64_t> ArtifactStore::Register(const std::string& name, const 
                                                  " (job ", existing->job_id(), ")"));
   }
   if (!absl::IsNotFound(existing.status())) return existing.status();
-  uint64_t id = 1;
-  auto next = db_->Get(Family::kMeta, keys::kNextArtifactId);
-  if (next.ok() && next->size() == 8) id = ReadBigEndian64(next->data());
+  ASSIGN_OR_RETURN(
+      const IdAllocation allocation,
+      IdAllocation::Read(*db_, {keys::kArtifactIdCounter, keys::kLegacyArtifactIdCounter}));
+  const uint64_t id = allocation.id();
   latentd::v1::Artifact a;
   a.set_id(id);
   a.set_name(name);
@@ -32,13 +34,12 @@ absl::StatusOr<uint64_t> ArtifactStore::Register(const std::string& name, const 
   const int64_t micros = absl::ToUnixMicros(absl::Now());
   a.mutable_created()->set_seconds(micros / 1000000);
   a.mutable_created()->set_nanos(static_cast<int32_t>(micros % 1000000) * 1000);
-  std::string id_bytes, next_bytes;
+  std::string id_bytes;
   AppendBigEndian64(id, &id_bytes);
-  AppendBigEndian64(id + 1, &next_bytes);
   rocksdb::WriteBatch batch;
+  allocation.AddAdvance(*db_, &batch);
   batch.Put(db_->handle(Family::kMeta), keys::ArtifactRecord(id), a.SerializeAsString());
   batch.Put(db_->handle(Family::kMeta), keys::ArtifactName(name), id_bytes);
-  batch.Put(db_->handle(Family::kMeta), keys::kNextArtifactId, next_bytes);
   RETURN_IF_ERROR(db_->Write(&batch, /*sync=*/true));
   return id;
 }

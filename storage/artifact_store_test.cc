@@ -64,5 +64,23 @@ TEST(ArtifactStore, DeleteFreesTheNameAndKeepsTheIdsUnique) {
   EXPECT_GT(*again, b);
 }
 
+// Names are free text: "ext" once made the name key ("art/n" + name) the id counter's key
+// ("art/next"), so the name resolved to a later artifact and deleting it reset the counter,
+// reusing the ids of live artifacts.
+TEST(ArtifactStore, ANameLikeACounterKeyIsAnOrdinaryName) {
+  auto db = Db::Open(FreshTestDir("artifacts_ext"));
+  ASSERT_TRUE(db.ok());
+  ArtifactStore store(db->get());
+  const uint64_t ext = *store.Register("ext", "/data/ext", 1);
+  const uint64_t b = *store.Register("b", "/data/b", 2);
+  EXPECT_EQ(store.FindByName("ext")->id(), ext);
+  EXPECT_EQ(store.FindByName("ext")->path(), "/data/ext");
+  ASSERT_TRUE(store.Delete(ext).ok());
+  const uint64_t c = *store.Register("c", "/data/c", 3);
+  EXPECT_GT(c, b);
+  EXPECT_EQ(store.Get(b)->path(), "/data/b");
+  EXPECT_EQ(store.FindByName("ext").status().code(), absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace latentd::storage

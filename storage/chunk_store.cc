@@ -18,6 +18,7 @@
 #include "rocksdb/options.h"
 #include "storage/byte_io.h"
 #include "storage/crc32c.h"
+#include "storage/id_counter.h"
 #include "storage/keys.h"
 #include "storage/posting_codec.h"
 #include "storage/sliced_chunk.h"
@@ -350,27 +351,28 @@ absl::StatusOr<uint64_t> ChunkStore::CreateDataset(const DatasetMeta& meta) {
   RETURN_IF_ERROR(ValidateMeta(meta));
   RETURN_IF_ERROR(CheckWriteOptions(options_));
   absl::MutexLock lock(&mu_);
-  auto existing = db_->Get(Family::kMeta, keys::DatasetName(meta.name));
-  if (existing.ok()) {
+  ASSIGN_OR_RETURN(
+      const IdAllocation allocation,
+      IdAllocation::Read(*db_, {keys::kDatasetIdCounter, keys::kLegacyDatasetIdCounter}));
+  const std::string name_key = keys::DatasetName(meta.name);
+  auto existing = db_->Get(Family::kMeta, name_key);
+  if (existing.ok() && !allocation.HoldsCounter(name_key)) {
     return absl::AlreadyExistsError(absl::StrCat("dataset name \"", meta.name, "\" is taken"));
   }
-  if (!absl::IsNotFound(existing.status())) return existing.status();
-  uint64_t id = 1;
-  auto next = db_->Get(Family::kMeta, keys::kNextDatasetId);
-  if (next.ok() && next->size() == 8) id = ReadBigEndian64(next->data());
+  if (!existing.ok() && !absl::IsNotFound(existing.status())) return existing.status();
+  const uint64_t id = allocation.id();
   DatasetRecord rec;
   rec.id = id;
   rec.meta = meta;
   rec.created_unix_micros = absl::ToUnixMicros(absl::Now());
   rec.format_version = options_.record_version;
-  std::string id_bytes, next_bytes;
+  std::string id_bytes;
   AppendBigEndian64(id, &id_bytes);
-  AppendBigEndian64(id + 1, &next_bytes);
   rocksdb::WriteBatch batch;
+  allocation.AddAdvance(*db_, &batch);
   batch.Put(db_->handle(Family::kMeta), keys::DatasetRecord(id), EncodeRecord(rec));
-  batch.Put(db_->handle(Family::kMeta), keys::DatasetName(meta.name), id_bytes);
+  batch.Put(db_->handle(Family::kMeta), name_key, id_bytes);
   batch.Put(db_->handle(Family::kMeta), keys::Watermark(id), EncodeWatermark(rec, 0));
-  batch.Put(db_->handle(Family::kMeta), keys::kNextDatasetId, next_bytes);
   RETURN_IF_ERROR(db_->Write(&batch, /*sync=*/true));
   return id;
 }

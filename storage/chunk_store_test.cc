@@ -1161,6 +1161,39 @@ TEST_P(ChunkStoreTest, DeleteRemovesEverything) {
   EXPECT_TRUE(store_->CreateDataset(SparseMeta("del")).ok());
 }
 
+// Names are free text: "ext" once made the name key ("ds/n" + name) the id counter's key
+// ("ds/next"): on a new store the name resolved to the next dataset, on any other it was "taken",
+// and deleting it reset the counter, so a later dataset reused a live dataset's id.
+TEST_P(ChunkStoreTest, ANameLikeACounterKeyIsAnOrdinaryName) {
+  auto ext = store_->CreateDataset(SparseMeta("ext"));
+  ASSERT_TRUE(ext.ok()) << ext.status();
+  const uint64_t b = *store_->CreateDataset(SparseMeta("b"));
+  EXPECT_EQ(*store_->FindDataset("ext"), *ext);
+  ASSERT_TRUE(store_->DeleteDataset(*ext).ok());
+  const uint64_t c = *store_->CreateDataset(SparseMeta("c"));
+  EXPECT_GT(c, b);
+  EXPECT_EQ(store_->GetRecord(b)->meta.name, "b");
+  EXPECT_EQ(*store_->FindDataset("c"), c);
+  auto again = store_->CreateDataset(SparseMeta("ext"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_GT(*again, c);
+}
+
+// A store written before the counter moved keeps its counter under "ds/next", the name key of
+// "ext": its ids go on from there, and the name is free.
+TEST_P(ChunkStoreTest, AStoreWithTheLegacyCounterGoesOnFromIt) {
+  std::string seven;
+  AppendBigEndian64(7, &seven);
+  ASSERT_TRUE(db_->Put(Family::kMeta, keys::kLegacyDatasetIdCounter, seven, true).ok());
+  auto ext = store_->CreateDataset(SparseMeta("ext"));
+  ASSERT_TRUE(ext.ok()) << ext.status();
+  EXPECT_EQ(*ext, 7u);
+  EXPECT_EQ(*store_->FindDataset("ext"), 7u);
+  EXPECT_EQ(*store_->CreateDataset(SparseMeta("next")), 8u);
+  EXPECT_EQ(store_->CreateDataset(SparseMeta("ext")).status().code(),
+            absl::StatusCode::kAlreadyExists);
+}
+
 // A deleted dataset's files go with it: users delete datasets to get their disk back, and a
 // range tombstone alone frees nothing until some later compaction happens to cover the range.
 TEST_P(ChunkStoreTest, DeleteGivesTheDiskSpaceBack) {

@@ -10,7 +10,8 @@
 //                                                      encoded the rows (reconstruction_fit.h),
 //                                                      rewritten by every commit that has sums
 //   kMeta         "ds/k" id row_start                  chunk directory: num_rows, nnz
-//   kMeta         "ds/next"                            next dataset id
+//   kMeta         "ds/i"                               next dataset id (id_counter.h; stores
+//                                                      written before it: "ds/next")
 //   kChunks       id row_start                         encoded chunk (chunk_codec.h): DENSE
 //                                                      datasets, SPARSE ones of format 1-2
 //   kChunks       id part(u16) row_start               SPARSE format 3: header, token ids, latent
@@ -19,7 +20,7 @@
 //   kLatentIndex  id first_latent(u32) 'T'             top-N rows of latents [first, first + 64)
 //   kPostings     id latent(u32) row_start             format 1-2 only: rows and values of the
 //                                                      latent in the commit starting at row_start
-//   kMeta         "art/a" id | "art/n" name | "art/next"   artifacts (artifact_store.h)
+//   kMeta         "art/a" id | "art/n" name | "art/i"   artifacts (artifact_store.h)
 //
 // Chunk keys are deterministic (the chunk's first row): a replayed commit overwrites.
 #ifndef LATENTD_STORAGE_KEYS_H_
@@ -47,7 +48,9 @@ inline std::string ChunkDir(uint64_t id, int64_t row_start) {
   return k;
 }
 inline std::string ChunkDirPrefix(uint64_t id) { return WithId("ds/k", id); }
-inline const char* kNextDatasetId = "ds/next";
+// Id counters (id_counter.h): no name key ("ds/n" + name) can equal these.
+inline const char* kDatasetIdCounter = "ds/i";
+inline const char* kLegacyDatasetIdCounter = "ds/next";
 inline const char* kDatasetRecordPrefix = "ds/d";
 
 inline std::string Chunk(uint64_t id, int64_t row_start) {
@@ -102,7 +105,8 @@ inline std::string PrefixEnd(std::string prefix) {
 
 inline std::string ArtifactRecord(uint64_t id) { return WithId("art/a", id); }
 inline std::string ArtifactName(const std::string& name) { return "art/n" + name; }
-inline const char* kNextArtifactId = "art/next";
+inline const char* kArtifactIdCounter = "art/i";
+inline const char* kLegacyArtifactIdCounter = "art/next";
 inline const char* kArtifactRecordPrefix = "art/a";
 
 }  // namespace latentd::storage::keys
