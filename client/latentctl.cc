@@ -556,6 +556,13 @@ int Datasets(Client& client) {
   std::printf("%-5s %-*s %-7s %-28s %-6s %-10s %-9s %-8s %-8s %s\n", "ID", name_width, "NAME",
               "KIND", "HOOK", "WIDTH", "ROWS", "DENSITY", "DEAD", "SAE EV", "ON DISK");
   for (const auto& d : response.datasets()) PrintDatasetLine(d, name_width);
+  if (response.unreadable_size() > 0) {
+    std::printf("\nunreadable (damaged metadata; `latentctl delete-dataset ID` removes one):\n");
+    for (const auto& u : response.unreadable()) {
+      std::printf("%-5llu %-*s %s\n", static_cast<unsigned long long>(u.dataset_id()), name_width,
+                  u.name().empty() ? "?" : u.name().c_str(), u.error().c_str());
+    }
+  }
   return 0;
 }
 

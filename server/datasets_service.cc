@@ -186,7 +186,7 @@ grpc::Status DatasetsService::ListDatasets(grpc::ServerContext* context,
   if (grpc::Status s = Authorize(*context); !s.ok()) return s;
   auto list = store_->ListDatasets();
   if (!list.ok()) return ToGrpcStatus(list.status());
-  for (auto& info : *list) *response->add_datasets() = std::move(info);
+  *response = *std::move(list);
   return grpc::Status::OK;
 }
 

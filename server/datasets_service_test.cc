@@ -18,6 +18,7 @@
 #include "engine/sae_config.h"
 #include "engine/safetensors.h"
 #include "gtest/gtest.h"
+#include "storage/keys.h"
 #include "storage/latents_on_rows.h"
 #include "storage/value_codec.h"
 
@@ -641,6 +642,39 @@ TEST_F(DatasetsServiceTest, GetLatentListDeleteAndArtifacts) {
   latentd::v1::GetDatasetRequest get;
   get.set_dataset_id(id);
   EXPECT_EQ(stub_->GetDataset(&ctx, get, &info).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// A dataset with damaged metadata (here its SAE-fit totals) comes back among the unreadable with
+// its name and error, the others as usual, and DeleteDataset removes it.
+TEST_F(DatasetsServiceTest, ListDatasetsReportsADamagedDatasetWithoutHidingTheOthers) {
+  const uint64_t good = MakeDataset("good", 100);
+  const uint64_t damaged = MakeDataset("damaged", 100);
+  ASSERT_TRUE(db_->Put(storage::Family::kMeta, storage::keys::Fit(damaged), "junk", true).ok());
+  {
+    grpc::ClientContext ctx;
+    latentd::v1::ListDatasetsResponse list;
+    ASSERT_TRUE(stub_->ListDatasets(&ctx, {}, &list).ok());
+    ASSERT_EQ(list.datasets_size(), 1);
+    EXPECT_EQ(list.datasets(0).id(), good);
+    ASSERT_EQ(list.unreadable_size(), 1);
+    EXPECT_EQ(list.unreadable(0).dataset_id(), damaged);
+    EXPECT_EQ(list.unreadable(0).name(), "damaged");
+    EXPECT_NE(list.unreadable(0).error().find("DATA_LOSS: dataset " + std::to_string(damaged)),
+              std::string::npos)
+        << list.unreadable(0).error();
+  }
+  {
+    grpc::ClientContext ctx;
+    latentd::v1::DeleteDatasetRequest del;
+    del.set_dataset_id(damaged);
+    latentd::v1::DeleteDatasetResponse out;
+    ASSERT_TRUE(stub_->DeleteDataset(&ctx, del, &out).ok());
+  }
+  grpc::ClientContext ctx;
+  latentd::v1::ListDatasetsResponse list;
+  ASSERT_TRUE(stub_->ListDatasets(&ctx, {}, &list).ok());
+  EXPECT_EQ(list.datasets_size(), 1);
+  EXPECT_EQ(list.unreadable_size(), 0);
 }
 
 TEST_F(DatasetsServiceTest, DeleteArtifactWaitsForItsJobsThenRemovesItsFiles) {

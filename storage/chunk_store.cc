@@ -524,8 +524,8 @@ absl::StatusOr<ReconstructionFit> ChunkStore::GetReconstructionFit(uint64_t id) 
   return fit;
 }
 
-absl::StatusOr<std::vector<latentd::v1::DatasetInfo>> ChunkStore::ListDatasets() const {
-  std::vector<latentd::v1::DatasetInfo> out;
+absl::StatusOr<latentd::v1::ListDatasetsResponse> ChunkStore::ListDatasets() const {
+  latentd::v1::ListDatasetsResponse out;
   std::vector<uint64_t> ids;
   {
     auto it = db_->NewIterator(Family::kMeta);
@@ -539,10 +539,30 @@ absl::StatusOr<std::vector<latentd::v1::DatasetInfo>> ChunkStore::ListDatasets()
   for (uint64_t id : ids) {
     auto info = GetDataset(id);
     if (absl::IsNotFound(info.status())) continue;  // deleted meanwhile
-    if (!info.ok()) return info.status();
-    out.push_back(*std::move(info));
+    if (info.ok()) {
+      *out.add_datasets() = *std::move(info);
+      continue;
+    }
+    latentd::v1::UnreadableDataset* unreadable = out.add_unreadable();
+    unreadable->set_dataset_id(id);
+    unreadable->set_error(info.status().ToString());
+    auto names = NamesOf(id);
+    if (names.ok() && !names->empty()) unreadable->set_name(names->front());
   }
   return out;
+}
+
+absl::StatusOr<std::vector<std::string>> ChunkStore::NamesOf(uint64_t id) const {
+  std::vector<std::string> names;
+  const std::string prefix = keys::DatasetName("");
+  auto it = db_->NewIterator(Family::kMeta);
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    if (it->value().size() == 8 && ReadBigEndian64(it->value().data()) == id) {
+      names.push_back(it->key().ToString().substr(prefix.size()));
+    }
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "reading the dataset name index"));
+  return names;
 }
 
 absl::Status ChunkStore::ReassignDataset(uint64_t id, uint64_t from_job, uint64_t to_job) {
@@ -571,14 +591,23 @@ absl::Status ChunkStore::DeleteDataset(uint64_t id) {
       return absl::FailedPreconditionError(
           absl::StrCat("dataset ", id, " has an open writer (its job is still running)"));
     }
-    ASSIGN_OR_RETURN(DatasetRecord rec, GetRecord(id));
+    // The names come from the name index, not the record: a dataset whose record or watermark
+    // is damaged (ListDatasets reports it unreadable) must still be removable.
+    auto record = db_->Get(Family::kMeta, keys::DatasetRecord(id));
+    if (absl::IsNotFound(record.status())) {
+      return absl::NotFoundError(absl::StrCat("no dataset with id ", id));
+    }
+    RETURN_IF_ERROR(record.status());
+    ASSIGN_OR_RETURN(const std::vector<std::string> names, NamesOf(id));
     rocksdb::WriteBatch batch;
     for (Family f : kDataFamilies) batch.DeleteRange(db_->handle(f), begin, end);
     const std::string dir = keys::ChunkDirPrefix(id);
     batch.DeleteRange(db_->handle(Family::kMeta), dir, keys::PrefixEnd(dir));
     batch.Delete(db_->handle(Family::kMeta), keys::Watermark(id));
     batch.Delete(db_->handle(Family::kMeta), keys::Fit(id));
-    batch.Delete(db_->handle(Family::kMeta), keys::DatasetName(rec.meta.name));
+    for (const std::string& name : names) {
+      batch.Delete(db_->handle(Family::kMeta), keys::DatasetName(name));
+    }
     batch.Delete(db_->handle(Family::kMeta), keys::DatasetRecord(id));
     RETURN_IF_ERROR(db_->Write(&batch, /*sync=*/true));
   }

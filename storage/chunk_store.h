@@ -170,7 +170,9 @@ class ChunkStore {
   absl::StatusOr<DatasetRecord> GetRecord(uint64_t id) const;           // NOT_FOUND
   // The summary as the API shows it (rows, nnz, density, dead latents, bytes on disk).
   absl::StatusOr<latentd::v1::DatasetInfo> GetDataset(uint64_t id) const;
-  absl::StatusOr<std::vector<latentd::v1::DatasetInfo>> ListDatasets() const;
+  // Every dataset's summary; a dataset whose metadata cannot be read is listed as unreadable
+  // (with its error) instead of failing the listing. Fails only when the store cannot be read.
+  absl::StatusOr<latentd::v1::ListDatasetsResponse> ListDatasets() const;
   // The reconstruction totals of the committed rows (DatasetWriter::AddReconstructionSums); no
   // rows when none were given. DATA_LOSS naming the dataset for damaged totals.
   absl::StatusOr<ReconstructionFit> GetReconstructionFit(uint64_t id) const;
@@ -180,7 +182,8 @@ class ChunkStore {
   absl::Status ReassignDataset(uint64_t id, uint64_t from_job, uint64_t to_job);
   // Removes every key of the dataset in one synced batch, then compacts its key ranges so that
   // its files are freed before this returns (files a concurrent reader's snapshot still needs
-  // stay until a later compaction). FAILED_PRECONDITION while a writer is open.
+  // stay until a later compaction). FAILED_PRECONDITION while a writer is open. A dataset whose
+  // record or watermark is damaged is deleted too (its names come from the name index).
   absl::Status DeleteDataset(uint64_t id);
 
   // Rows [row_start, row_start + row_count) of a SPARSE dataset; row_count 0 means to the
@@ -273,6 +276,9 @@ class ChunkStore {
   void ReleaseWriter(uint64_t id);
   absl::StatusOr<DatasetRecord> GetRecordAt(const rocksdb::Snapshot* snap, uint64_t id) const;
   absl::StatusOr<uint64_t> BytesOnDisk(uint64_t id) const;
+  // The names the name index maps to `id` (one, unless the store is damaged); a scan of the
+  // index, for the rare paths that cannot take the name from the record.
+  absl::StatusOr<std::vector<std::string>> NamesOf(uint64_t id) const;
   // Visits the decoded chunks overlapping [row_start, row_start + row_count) in order, whatever
   // the dataset's format (format-3 chunks are assembled into CSR from their slices). With `keep`
   // (a bitmap, bit row - row_start), format-3 rows outside it come back empty.

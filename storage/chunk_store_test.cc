@@ -6,6 +6,7 @@
 #include <random>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/test_dir.h"
 #include "gtest/gtest.h"
@@ -1150,8 +1151,9 @@ TEST_P(ChunkStoreTest, DeleteRemovesEverything) {
   EXPECT_EQ(store_->DeleteDataset(id).code(), absl::StatusCode::kNotFound);
   auto list = store_->ListDatasets();
   ASSERT_TRUE(list.ok());
-  ASSERT_EQ(list->size(), 1u);
-  EXPECT_EQ((*list)[0].id(), keep);
+  ASSERT_EQ(list->datasets_size(), 1);
+  EXPECT_EQ(list->datasets(0).id(), keep);
+  EXPECT_EQ(list->unreadable_size(), 0);
   for (Family f : {Family::kChunks, Family::kPostings, Family::kLatentIndex}) {
     auto it = db_->NewIterator(f);
     it->Seek(keys::IdPrefix(id));
@@ -1159,6 +1161,48 @@ TEST_P(ChunkStoreTest, DeleteRemovesEverything) {
   }
   // The name can be reused.
   EXPECT_TRUE(store_->CreateDataset(SparseMeta("del")).ok());
+}
+
+// One damaged dataset must not hide the others (users list datasets to find what to read, and
+// to find what to delete), and a damaged one can still be deleted.
+TEST_P(ChunkStoreTest, DamagedDatasetsAreListedAsUnreadableAndCanBeDeleted) {
+  const uint64_t good = WriteSparse("good", 256, 200, 100);
+  const uint64_t bad_record = WriteSparse("bad_record", 256, 200, 100);
+  const uint64_t bad_watermark = WriteSparse("bad_watermark", 256, 200, 100);
+  ASSERT_TRUE(db_->Put(Family::kMeta, keys::DatasetRecord(bad_record), "junk", true).ok());
+  ASSERT_TRUE(db_->Put(Family::kMeta, keys::Watermark(bad_watermark), "junk", true).ok());
+
+  auto list = store_->ListDatasets();
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->datasets_size(), 1);
+  EXPECT_EQ(list->datasets(0).id(), good);
+  EXPECT_EQ(list->datasets(0).rows_committed(), 200);
+  ASSERT_EQ(list->unreadable_size(), 2);
+  EXPECT_EQ(list->unreadable(0).dataset_id(), bad_record);
+  EXPECT_EQ(list->unreadable(0).name(), "bad_record");
+  EXPECT_EQ(list->unreadable(0).error(), store_->GetDataset(bad_record).status().ToString());
+  EXPECT_TRUE(absl::StartsWith(list->unreadable(0).error(), "DATA_LOSS: dataset "))
+      << list->unreadable(0).error();
+  EXPECT_EQ(list->unreadable(1).dataset_id(), bad_watermark);
+  EXPECT_EQ(list->unreadable(1).name(), "bad_watermark");
+
+  for (uint64_t id : {bad_record, bad_watermark}) {
+    ASSERT_TRUE(store_->DeleteDataset(id).ok()) << id;
+    EXPECT_EQ(store_->GetDataset(id).status().code(), absl::StatusCode::kNotFound);
+    for (Family f : {Family::kChunks, Family::kLatentIndex}) {
+      auto it = db_->NewIterator(f);
+      it->Seek(keys::IdPrefix(id));
+      EXPECT_TRUE(!it->Valid() || !it->key().starts_with(keys::IdPrefix(id))) << id;
+    }
+  }
+  list = store_->ListDatasets();
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->datasets_size(), 1);
+  EXPECT_EQ(list->unreadable_size(), 0);
+  // Their names are free again, and the good dataset reads as before.
+  EXPECT_TRUE(store_->CreateDataset(SparseMeta("bad_record")).ok());
+  EXPECT_TRUE(store_->CreateDataset(SparseMeta("bad_watermark")).ok());
+  EXPECT_EQ(store_->ReadRows(good, 0, 0)->token_ids.size(), 200u);
 }
 
 // Names are free text: "ext" once made the name key ("ds/n" + name) the id counter's key

@@ -11,6 +11,8 @@ put that directory and this one on PYTHONPATH (scripts/latentd-python does it fo
     print(c.get(job.id).result)
 """
 
+import warnings
+
 import grpc
 from google.protobuf import json_format
 
@@ -96,9 +98,16 @@ class Client:
                                         timeout=self.timeout).devices
 
     def list_datasets(self):
-        """Every dataset's DatasetInfo (rows committed, nnz, density, dead latents, bytes...)."""
-        return self.datasets.ListDatasets(datasets_pb2.ListDatasetsRequest(),
-                                          metadata=self.metadata, timeout=self.timeout).datasets
+        """Every dataset's DatasetInfo (rows committed, nnz, density, dead latents, bytes...).
+
+        A dataset whose metadata is damaged is left out with a warning naming it and the error
+        (delete_dataset removes it)."""
+        response = self.datasets.ListDatasets(datasets_pb2.ListDatasetsRequest(),
+                                              metadata=self.metadata, timeout=self.timeout)
+        for u in response.unreadable:
+            warnings.warn("dataset %d (%s) is unreadable: %s" % (u.dataset_id, u.name or "?",
+                                                                 u.error), stacklevel=2)
+        return response.datasets
 
     def get_dataset(self, dataset_id):
         return self.datasets.GetDataset(datasets_pb2.GetDatasetRequest(dataset_id=dataset_id),
