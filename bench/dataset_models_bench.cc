@@ -6,12 +6,18 @@
 //
 //   bazel run -c opt //bench:dataset_models_bench -- [widths=4096,32768,131072] [d_in=768]
 //       [vocab=50257] [queries=50]
+//
+// With suite=N: an SAE suite instead (N layers, an SAE of 4096 latents on each layer's residual
+// stream) and a prompt through every layer's dataset in turn, as `latentctl prompt --all_hooks`
+// asks: the suite extracted by one job (its datasets share one model) against the same suite
+// extracted by N one-hook jobs (a model per dataset), rounds=R times each.
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -32,11 +38,109 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
+latentd::v1::ReferenceModelSpec BenchModel(int64_t d_in, int64_t vocab, int64_t layers) {
+  latentd::v1::ReferenceModelSpec model;
+  model.set_d_model(d_in);
+  model.set_n_layers(layers);
+  model.set_n_heads(12);
+  model.set_vocab_size(vocab);
+  model.set_context_length(128);
+  return model;
+}
+
+// Writes a TopK SAE (k 32) of random weights to `dir`; its weight hash, or "" on failure.
+std::string WriteBenchSae(const std::string& dir, int64_t d_sae, int64_t d_in, uint64_t seed) {
+  at::manual_seed(seed);
+  latentd::engine::SaeWeights w;
+  w.W_dec = at::randn({d_sae, d_in});
+  w.W_enc = w.W_dec.t().contiguous();
+  w.b_enc = at::zeros({d_sae});
+  w.b_dec = at::zeros({d_in});
+  latentd::engine::SaeConfig cfg;
+  cfg.d_in = d_in;
+  cfg.d_sae = d_sae;
+  cfg.k = 32;
+  if (!latentd::engine::SaveSae(dir, w, cfg).ok()) return "";
+  return latentd::engine::Sae::Load(dir)->weight_hash();
+}
+
+// The suite=N mode (see the top of the file).
+int RunSuite(const std::string& root, int64_t layers, int64_t d_in, int64_t vocab, int64_t rounds) {
+  std::vector<std::string> dirs, hashes, hooks;
+  for (int64_t l = 0; l < layers; ++l) {
+    dirs.push_back(root + "/suite-" + std::to_string(l));
+    hashes.push_back(WriteBenchSae(dirs.back(), 4096, d_in, 10 + l));
+    if (hashes.back().empty()) return 1;
+    hooks.push_back("blocks." + std::to_string(l) + ".hook_resid_post");
+  }
+  std::map<uint64_t, latentd::v1::Job> jobs;
+  // Job 1: every layer; jobs 2 .. N + 1: one layer each.
+  for (int64_t l = 0; l < layers; ++l) {
+    latentd::v1::ExtractSpec* spec = jobs[2 + l].mutable_spec()->mutable_extract();
+    *spec->mutable_model()->mutable_reference() = BenchModel(d_in, vocab, layers);
+    spec->set_hook_name(hooks[l]);
+    spec->mutable_sae()->set_path(dirs[l]);
+    if (l == 0) {
+      *jobs[1].mutable_spec() = jobs[2].spec();
+    } else {
+      latentd::v1::ExtractOutput* out =
+          jobs[1].mutable_spec()->mutable_extract()->add_more_outputs();
+      out->set_hook_name(hooks[l]);
+      out->mutable_sae()->set_path(dirs[l]);
+    }
+  }
+  latentd::engine::ExtractEnv env;
+  env.data_roots = {root};
+  env.find_job = [&jobs](uint64_t id) -> absl::StatusOr<latentd::v1::Job> { return jobs.at(id); };
+  latentd::engine::PromptQuery prompt;
+  for (int64_t t = 0; t < 32; ++t) prompt.token_ids.push_back((t * 104729) % vocab);
+  std::printf(
+      "dataset_models_bench suite: %lld layers, d_model %lld, vocab %lld, SAEs of 4096, "
+      "a 32-token prompt through every layer's dataset, %lld rounds\n",
+      static_cast<long long>(layers), static_cast<long long>(d_in), static_cast<long long>(vocab),
+      static_cast<long long>(rounds));
+  std::printf("%-22s %-14s %-16s %-9s %s\n", "SUITE", "FIRST_ROUND_S", "LATER_ROUND_P50_S",
+              "CACHE_MB", "RSS_MB");
+  for (const bool one_job : {true, false}) {
+    DatasetModels reader(env);
+    std::vector<double> later;
+    double first = 0;
+    for (int64_t r = 0; r <= rounds; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int64_t l = 0; l < layers; ++l) {
+        const std::string name = l == 0 ? "extract-1" : "extract-1." + hooks[l];
+        const DatasetSource source{static_cast<uint64_t>(100 + l),
+                                   one_job ? 1 : static_cast<uint64_t>(2 + l),
+                                   hashes[l],
+                                   "",
+                                   4096,
+                                   one_job ? name : ""};
+        auto got = reader.EncodePrompt(source, prompt);
+        if (!got.ok()) {
+          std::fprintf(stderr, "%s\n", std::string(got.status().message()).c_str());
+          return 1;
+        }
+      }
+      if (r == 0) {
+        first = Seconds(start);  // loads models and SAEs
+      } else {
+        later.push_back(Seconds(start));
+      }
+    }
+    std::sort(later.begin(), later.end());
+    std::printf("%-22s %-14.3f %-16.3f %-9.0f %.0f\n",
+                one_job ? "one job, N hooks" : "N jobs, one hook each", first,
+                later.empty() ? 0.0 : later[later.size() / 2], reader.cached_bytes() / 1e6,
+                latentd::ProcessRssBytes() / 1e6);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<int64_t> widths = {4096, 32768, 131072};
-  int64_t d_in = 768, vocab = 50257, queries = 50;
+  int64_t d_in = 768, vocab = 50257, queries = 50, suite = 0, rounds = 5;
   for (int i = 1; i < argc; ++i) {
     std::vector<std::string> kv = absl::StrSplit(argv[i], absl::MaxSplits('=', 1));
     if (kv.size() != 2) continue;
@@ -52,12 +156,21 @@ int main(int argc, char** argv) {
       absl::SimpleAtoi(kv[1], &vocab);
     } else if (kv[0] == "queries") {
       absl::SimpleAtoi(kv[1], &queries);
+    } else if (kv[0] == "suite") {
+      absl::SimpleAtoi(kv[1], &suite);
+    } else if (kv[0] == "rounds") {
+      absl::SimpleAtoi(kv[1], &rounds);
     }
   }
   const std::string root =
       (std::filesystem::temp_directory_path() / "dataset_models_bench").string();
   std::filesystem::remove_all(root);
   std::filesystem::create_directories(root);
+  if (suite > 0) {
+    const int rc = RunSuite(root, suite, d_in, vocab, rounds);
+    std::filesystem::remove_all(root);
+    return rc;
+  }
   std::printf(
       "dataset_models_bench: d_in %lld, reference model vocab %lld, %lld queries each, %d "
       "threads\n",
@@ -68,29 +181,11 @@ int main(int argc, char** argv) {
               "RSS_MB");
   for (const int64_t d_sae : widths) {
     const std::string dir = root + "/sae-" + std::to_string(d_sae);
-    std::string hash;
-    {
-      at::manual_seed(1);
-      latentd::engine::SaeWeights w;
-      w.W_dec = at::randn({d_sae, d_in});
-      w.W_enc = w.W_dec.t().contiguous();
-      w.b_enc = at::zeros({d_sae});
-      w.b_dec = at::zeros({d_in});
-      latentd::engine::SaeConfig cfg;
-      cfg.d_in = d_in;
-      cfg.d_sae = d_sae;
-      cfg.k = 32;
-      if (!latentd::engine::SaveSae(dir, w, cfg).ok()) return 1;
-      hash = latentd::engine::Sae::Load(dir)->weight_hash();
-    }
+    const std::string hash = WriteBenchSae(dir, d_sae, d_in, 1);
+    if (hash.empty()) return 1;
     latentd::v1::Job job;
     latentd::v1::ExtractSpec* spec = job.mutable_spec()->mutable_extract();
-    latentd::v1::ReferenceModelSpec* model = spec->mutable_model()->mutable_reference();
-    model->set_d_model(d_in);
-    model->set_n_layers(2);
-    model->set_n_heads(12);
-    model->set_vocab_size(vocab);
-    model->set_context_length(128);
+    *spec->mutable_model()->mutable_reference() = BenchModel(d_in, vocab, 2);
     spec->set_hook_name("blocks.1.hook_resid_post");
     spec->mutable_sae()->set_path(dir);
     latentd::engine::ExtractEnv env;

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/process_memory.h"
 #include "common/status_macros.h"
 #include "engine/hook_name.h"
@@ -50,20 +51,54 @@ struct PreparedUnembedding {
 
 // What a dataset was made from, as its EXTRACT job's spec says.
 struct DatasetInputs {
-  latentd::v1::ExtractSpec spec;
+  latentd::v1::ExtractSpec spec;  // the dataset's output of the job
   std::string sae_dir;
   HookName hook;
+  // Every hook of the job's outputs, each once, in output order, and where `hook` is among them:
+  // a prompt runs the model built with all of them, which every dataset of the job shares.
+  std::vector<std::string> job_hooks;
+  int hook_index = 0;
 };
 
-// A dataset's model and SAE on the CPU. Forward runs one prompt at a time (a TorchScript module
-// is not promised to be reentrant).
-struct PromptEncoder {
-  PromptEncoder(std::unique_ptr<ActivationModel> m, Sae s)
-      : model(std::move(m)), sae(std::move(s)) {}
+// A job's model on the CPU, built with every hook of its outputs, so that the prompts of all its
+// datasets (an SAE suite: one per layer) share one copy of the weights; a model per hook would
+// keep n copies, or, past the cache budget, reload the model for every dataset of the suite in
+// turn. Forward runs one prompt at a time (a TorchScript module is not promised to be
+// reentrant).
+struct PromptModel {
+  explicit PromptModel(std::unique_ptr<ActivationModel> m) : model(std::move(m)) {}
+
+  // Every hook's activations on `tokens` ([1, n] int64): one forward pass, or none when the
+  // last call had the same tokens (`latentctl prompt --all_hooks` sends one prompt to each
+  // dataset of the job in turn: the suite costs one forward and an encode per SAE).
+  std::vector<at::Tensor> HookActivations(const std::vector<int64_t>& tokens) const {
+    std::lock_guard<std::mutex> lock(mu);
+    if (tokens == last_tokens) return last_activations;
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> activations =
+        model->ForwardHooks(at::tensor(tokens, at::TensorOptions().dtype(at::kLong)).view({1, -1}));
+    int64_t bytes = 0;
+    for (const at::Tensor& a : activations) bytes += a.numel() * a.element_size();
+    last_tokens = bytes <= kLastPromptActivationBytes ? tokens : std::vector<int64_t>();
+    last_activations =
+        bytes <= kLastPromptActivationBytes ? activations : std::vector<at::Tensor>();
+    return activations;
+  }
+
   const std::unique_ptr<ActivationModel> model;
+  int64_t bytes() const { return model->parameter_bytes() + kLastPromptActivationBytes; }
+
+ private:
+  mutable std::mutex mu;  // guards the model's forward and the last prompt
+  mutable std::vector<int64_t> last_tokens;
+  mutable std::vector<at::Tensor> last_activations;
+};
+
+// A dataset's SAE on the CPU, for prompts (encoding is reentrant).
+struct PromptSae {
+  explicit PromptSae(Sae s) : sae(std::move(s)) {}
   const Sae sae;
-  mutable std::mutex mu;
-  int64_t bytes() const { return model->parameter_bytes() + sae.weight_bytes(); }
+  int64_t bytes() const { return sae.weight_bytes(); }
 };
 
 // num / den where den > 0, else 0 (a zero decoder row has no direction).
@@ -247,9 +282,12 @@ struct DatasetModels::Impl {
   absl::Status CheckSaeFits(const DatasetSource& dataset, const std::string& dir) const;
   // The SAE in `dir`, checked against the dataset (hash, d_sae) and the memory limit.
   absl::StatusOr<Sae> LoadSae(const DatasetSource& dataset, const std::string& dir) const;
-  // The model and SAE on the CPU, for EncodePrompt.
-  absl::StatusOr<std::shared_ptr<const PromptEncoder>> EncoderFor(const DatasetSource& dataset,
-                                                                  const DatasetInputs& inputs);
+  // The model (with every hook of the dataset's job) and the dataset's SAE on the CPU, cached
+  // apart, for EncodePrompt.
+  absl::StatusOr<std::shared_ptr<const PromptModel>> ModelFor(const DatasetSource& dataset,
+                                                              const DatasetInputs& inputs);
+  absl::StatusOr<std::shared_ptr<const PromptSae>> PromptSaeFor(const DatasetSource& dataset,
+                                                                const std::string& dir);
   absl::StatusOr<std::shared_ptr<const PreparedSae>> SaeFor(const DatasetSource& dataset,
                                                             const std::string& dir);
   // The unembedding, or null with *unavailable saying why there is none.
@@ -302,23 +340,37 @@ absl::StatusOr<DatasetInputs> DatasetModels::Impl::InputsOf(const DatasetSource&
   }
   inputs.sae_dir = *std::move(dir);
   ASSIGN_OR_RETURN(inputs.hook, ParseHookName(inputs.spec.hook_name()));
+  for (int i = 0; i < ExtractOutputCount(job_spec); ++i) {
+    const std::string hook = ExtractOutputSpec(job_spec, i).hook_name();
+    if (std::find(inputs.job_hooks.begin(), inputs.job_hooks.end(), hook) ==
+        inputs.job_hooks.end()) {
+      inputs.job_hooks.push_back(hook);
+    }
+  }
+  inputs.hook_index = static_cast<int>(
+      std::find(inputs.job_hooks.begin(), inputs.job_hooks.end(), inputs.spec.hook_name()) -
+      inputs.job_hooks.begin());
   return inputs;
 }
 
-absl::StatusOr<std::shared_ptr<const PromptEncoder>> DatasetModels::Impl::EncoderFor(
+absl::StatusOr<std::shared_ptr<const PromptModel>> DatasetModels::Impl::ModelFor(
     const DatasetSource& dataset, const DatasetInputs& inputs) {
   const latentd::v1::ModelSpec& model = inputs.spec.model();
-  const std::string key = absl::StrCat("encoder\n", inputs.sae_dir, "\n", dataset.sae_weight_hash,
-                                       "\n", model.SerializeAsString(), "\n",
-                                       dataset.model_weight_hash, "\n", inputs.spec.hook_name());
-  return Cached<PromptEncoder>(key, [&]() -> absl::StatusOr<std::shared_ptr<const PromptEncoder>> {
-    ASSIGN_OR_RETURN(Sae sae, LoadSae(dataset, inputs.sae_dir));
+  const std::string key =
+      absl::StrCat("model\n", model.SerializeAsString(), "\n", dataset.model_weight_hash, "\n",
+                   absl::StrJoin(inputs.job_hooks, ","));
+  return Cached<PromptModel>(key, [&]() -> absl::StatusOr<std::shared_ptr<const PromptModel>> {
+    std::vector<HookName> hooks;
+    for (const std::string& name : inputs.job_hooks) {
+      ASSIGN_OR_RETURN(HookName hook, ParseHookName(name));
+      hooks.push_back(hook);
+    }
     const at::Device cpu(at::kCPU);
     std::unique_ptr<ActivationModel> activations;
     if (model.has_reference()) {
       ASSIGN_OR_RETURN(latentd::v1::ReferenceModelSpec resolved,
                        ResolveReferenceSpec(model.reference()));
-      ASSIGN_OR_RETURN(activations, ReferenceModel::Create(resolved, inputs.hook, cpu));
+      ASSIGN_OR_RETURN(activations, ReferenceModel::Create(resolved, hooks, cpu));
     } else if (model.has_torchscript()) {
       auto path =
           ResolveUnderRoots(model.torchscript().path(), env, "extract.model.torchscript.path");
@@ -326,8 +378,8 @@ absl::StatusOr<std::shared_ptr<const PromptEncoder>> DatasetModels::Impl::Encode
         return absl::FailedPreconditionError(absl::StrCat(
             "dataset ", dataset.dataset_id, "'s model is not readable: ", path.status().message()));
       }
-      ASSIGN_OR_RETURN(activations, LoadTorchScriptModel({*path, model.torchscript().vocab_size()},
-                                                         inputs.hook, cpu));
+      ASSIGN_OR_RETURN(activations,
+                       LoadTorchScriptModel({*path, model.torchscript().vocab_size()}, hooks, cpu));
     } else {
       return absl::FailedPreconditionError(
           absl::StrCat("dataset ", dataset.dataset_id, ": its job's spec names no model"));
@@ -338,8 +390,17 @@ absl::StatusOr<std::shared_ptr<const PromptEncoder>> DatasetModels::Impl::Encode
           "dataset ", dataset.dataset_id, ": the model changed since the dataset was made (",
           activations->weight_hash(), ", recorded ", dataset.model_weight_hash, ")"));
     }
-    return std::make_shared<const PromptEncoder>(std::move(activations), std::move(sae));
+    return std::make_shared<const PromptModel>(std::move(activations));
   });
+}
+
+absl::StatusOr<std::shared_ptr<const PromptSae>> DatasetModels::Impl::PromptSaeFor(
+    const DatasetSource& dataset, const std::string& dir) {
+  return Cached<PromptSae>(absl::StrCat("prompt sae\n", dir, "\n", dataset.sae_weight_hash),
+                           [&]() -> absl::StatusOr<std::shared_ptr<const PromptSae>> {
+                             ASSIGN_OR_RETURN(Sae sae, LoadSae(dataset, dir));
+                             return std::make_shared<const PromptSae>(std::move(sae));
+                           });
 }
 
 absl::Status DatasetModels::Impl::CheckSaeFits(const DatasetSource& dataset,
@@ -600,33 +661,29 @@ absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& d
   }
   tokens.insert(tokens.end(), ids.begin(), ids.end());
   try {
-    ASSIGN_OR_RETURN(std::shared_ptr<const PromptEncoder> encoder,
-                     impl_->EncoderFor(dataset, inputs));
-    const int64_t vocab = encoder->model->vocab_size();
+    ASSIGN_OR_RETURN(std::shared_ptr<const PromptModel> model, impl_->ModelFor(dataset, inputs));
+    ASSIGN_OR_RETURN(std::shared_ptr<const PromptSae> sae,
+                     impl_->PromptSaeFor(dataset, inputs.sae_dir));
+    const int64_t vocab = model->model->vocab_size();
     for (size_t i = 0; i < ids.size(); ++i) {
       if (ids[i] < 0 || (vocab > 0 && ids[i] >= vocab)) {
         return absl::InvalidArgumentError(absl::StrCat("token_ids[", i, "]: id ", ids[i],
                                                        " outside the vocabulary [0, ", vocab, ")"));
       }
     }
-    const int64_t context = encoder->model->max_context();
+    const int64_t context = model->model->max_context();
     if (context > 0 && static_cast<int64_t>(tokens.size()) > context) {
       return absl::InvalidArgumentError(absl::StrCat("token_ids: ", tokens.size(), " tokens",
                                                      out.bos_prepended ? " with BOS" : "",
                                                      ", the model takes at most ", context));
     }
-    const at::Tensor input = at::tensor(tokens, at::TensorOptions().dtype(at::kLong)).view({1, -1});
-    at::Tensor x;
-    {
-      std::lock_guard<std::mutex> lock(encoder->mu);
-      at::NoGradGuard no_grad;
-      x = encoder->model->Forward(input).view({static_cast<int64_t>(tokens.size()), -1});
-    }
+    const at::Tensor x = model->HookActivations(tokens)[inputs.hook_index].view(
+        {static_cast<int64_t>(tokens.size()), -1});
     if (!x.isfinite().all().item<bool>()) {
       return absl::FailedPreconditionError(
           "the model's activations on this prompt are not all finite (NaN or Inf)");
     }
-    const SparseCodes codes = encoder->sae.EncodeSparse(x);
+    const SparseCodes codes = sae->sae.EncodeSparse(x);
     // Each position's non-zero latents, in either layout.
     const at::Tensor indices = codes.indices.to(at::kLong).contiguous();
     const at::Tensor values = codes.values.contiguous();

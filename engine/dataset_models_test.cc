@@ -429,6 +429,59 @@ TEST_F(DatasetModelsTest, EachOutputOfAJobIsAnsweredWithItsOwnHookAndSae) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// A prompt on each dataset of an SAE suite (one job, a hook per output) loads the model once:
+// the cache holds one model and the SAEs, not a model per dataset.
+TEST_F(DatasetModelsTest, TheDatasetsOfAJobShareOneModelForPrompts) {
+  const std::string first_dir = root_ + "/sae_suite0", second_dir = root_ + "/sae_suite1";
+  const std::string first_hash = WriteSae(first_dir, MakeWeights(16, 21));
+  const std::string second_hash = WriteSae(second_dir, MakeWeights(16, 22));
+  AddReferenceJob(70, "blocks.1.hook_resid_post", first_dir);
+  latentd::v1::ExtractOutput* more =
+      jobs_[70].mutable_spec()->mutable_extract()->add_more_outputs();
+  more->set_hook_name("blocks.0.hook_resid_post");
+  more->mutable_sae()->set_path(second_dir);
+  const std::string model_hash = ReferenceHash("blocks.1.hook_resid_post");
+  const int64_t model_bytes = (*ReferenceModel::Create(SmallModel(),
+                                                       {*ParseHookName("blocks.1.hook_resid_post"),
+                                                        *ParseHookName("blocks.0.hook_resid_post")},
+                                                       at::Device(at::kCPU)))
+                                  ->parameter_bytes() +
+                              kLastPromptActivationBytes;
+  const int64_t sae_bytes = Sae::Load(first_dir)->weight_bytes();
+  DatasetModels models(env_);
+  PromptQuery prompt;
+  prompt.token_ids = {4, 8, 15};
+  auto first = models.EncodePrompt({30, 70, first_hash, model_hash, kDSae, "extract-70"}, prompt);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(models.cached_bytes(), model_bytes + sae_bytes);
+  auto second = models.EncodePrompt(
+      {31, 70, second_hash, model_hash, kDSae, "extract-70.blocks.0.hook_resid_post"}, prompt);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(models.cached_bytes(), model_bytes + 2 * sae_bytes);
+
+  // The second dataset's latents are its hook's: what a job of that hook alone gives.
+  AddReferenceJob(71, "blocks.0.hook_resid_post", second_dir);
+  auto alone = models.EncodePrompt({32, 71, second_hash, model_hash, kDSae}, prompt);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  auto expect_same_top = [](const PromptLatents& got, const PromptLatents& want) {
+    ASSERT_EQ(got.top.size(), want.top.size());
+    for (size_t i = 0; i < want.top.size(); ++i) {
+      EXPECT_EQ(got.top[i].latent, want.top[i].latent);
+      EXPECT_FLOAT_EQ(got.top[i].max_value, want.top[i].max_value);
+    }
+  };
+  expect_same_top(*second, *alone);
+  // The model keeps the last prompt's activations (the second dataset above reused the first's
+  // forward); another prompt gets its own.
+  prompt.token_ids = {42, 8, 15, 16};
+  second = models.EncodePrompt(
+      {31, 70, second_hash, model_hash, kDSae, "extract-70.blocks.0.hook_resid_post"}, prompt);
+  alone = models.EncodePrompt({32, 71, second_hash, model_hash, kDSae}, prompt);
+  ASSERT_TRUE(second.ok() && alone.ok());
+  ASSERT_EQ(second->tokens.size(), 4u);
+  expect_same_top(*second, *alone);
+}
+
 TEST_F(DatasetModelsTest, APromptGetsTheLatentsTheModelAndSaeGiveIt) {
   const std::string dir = root_ + "/sae_prompt";
   const SaeWeights w = MakeWeights(16, 8);
