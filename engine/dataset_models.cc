@@ -12,7 +12,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "common/process_memory.h"
 #include "common/status_macros.h"
 #include "engine/hook_name.h"
@@ -54,19 +53,24 @@ struct DatasetInputs {
   latentd::v1::ExtractSpec spec;  // the dataset's output of the job
   std::string sae_dir;
   HookName hook;
-  // Every hook of the job's outputs, each once, in output order, and where `hook` is among them:
-  // a prompt runs the model built with all of them, which every dataset of the job shares.
+  // Every hook of the job's outputs, each once, in output order: the model for prompts is built
+  // with all of them, since the job's other datasets are likely asked next (--all_hooks).
   std::vector<std::string> job_hooks;
-  int hook_index = 0;
 };
 
-// A job's model on the CPU, built with every hook of its outputs, so that the prompts of all its
-// datasets (an SAE suite: one per layer) share one copy of the weights; a model per hook would
-// keep n copies, or, past the cache budget, reload the model for every dataset of the suite in
-// turn. Forward runs one prompt at a time (a TorchScript module is not promised to be
-// reentrant).
+// A model on the CPU for prompts, built with the hooks of every dataset asked so far whose job
+// ran these weights, so that all their prompts (an SAE suite: one per layer, from one job or a
+// job per layer) share one copy of the weights; a model per hook would keep n copies, or, past
+// the cache budget, reload the model for every dataset of the suite in turn. Forward runs one
+// prompt at a time (a TorchScript module is not promised to be reentrant).
 struct PromptModel {
-  explicit PromptModel(std::unique_ptr<ActivationModel> m) : model(std::move(m)) {}
+  PromptModel(std::unique_ptr<ActivationModel> m, std::vector<std::string> hook_names)
+      : model(std::move(m)), hooks(std::move(hook_names)) {}
+
+  // Where `hook` is among the model's hooks; hooks.size() when it is not.
+  size_t IndexOf(const std::string& hook) const {
+    return std::find(hooks.begin(), hooks.end(), hook) - hooks.begin();
+  }
 
   // Every hook's activations on `tokens` ([1, n] int64): one forward pass, or none when the
   // last call had the same tokens (`latentctl prompt --all_hooks` sends one prompt to each
@@ -86,6 +90,7 @@ struct PromptModel {
   }
 
   const std::unique_ptr<ActivationModel> model;
+  const std::vector<std::string> hooks;  // what HookActivations returns, in order
   int64_t bytes() const { return model->parameter_bytes() + kLastPromptActivationBytes; }
 
  private:
@@ -282,10 +287,14 @@ struct DatasetModels::Impl {
   absl::Status CheckSaeFits(const DatasetSource& dataset, const std::string& dir) const;
   // The SAE in `dir`, checked against the dataset (hash, d_sae) and the memory limit.
   absl::StatusOr<Sae> LoadSae(const DatasetSource& dataset, const std::string& dir) const;
-  // The model (with every hook of the dataset's job) and the dataset's SAE on the CPU, cached
-  // apart, for EncodePrompt.
+  // The model (with every hook of the dataset's job, and those of earlier queries on the same
+  // weights) and the dataset's SAE on the CPU, cached apart, for EncodePrompt.
   absl::StatusOr<std::shared_ptr<const PromptModel>> ModelFor(const DatasetSource& dataset,
                                                               const DatasetInputs& inputs);
+  // A model of `model`'s weights with these hooks, checked against the dataset's model hash.
+  absl::StatusOr<std::shared_ptr<const PromptModel>> BuildPromptModel(
+      const DatasetSource& dataset, const latentd::v1::ModelSpec& model,
+      const std::vector<std::string>& hook_names) const;
   absl::StatusOr<std::shared_ptr<const PromptSae>> PromptSaeFor(const DatasetSource& dataset,
                                                                 const std::string& dir);
   absl::StatusOr<std::shared_ptr<const PreparedSae>> SaeFor(const DatasetSource& dataset,
@@ -347,9 +356,6 @@ absl::StatusOr<DatasetInputs> DatasetModels::Impl::InputsOf(const DatasetSource&
       inputs.job_hooks.push_back(hook);
     }
   }
-  inputs.hook_index = static_cast<int>(
-      std::find(inputs.job_hooks.begin(), inputs.job_hooks.end(), inputs.spec.hook_name()) -
-      inputs.job_hooks.begin());
   return inputs;
 }
 
@@ -357,41 +363,58 @@ absl::StatusOr<std::shared_ptr<const PromptModel>> DatasetModels::Impl::ModelFor
     const DatasetSource& dataset, const DatasetInputs& inputs) {
   const latentd::v1::ModelSpec& model = inputs.spec.model();
   const std::string key =
-      absl::StrCat("model\n", model.SerializeAsString(), "\n", dataset.model_weight_hash, "\n",
-                   absl::StrJoin(inputs.job_hooks, ","));
-  return Cached<PromptModel>(key, [&]() -> absl::StatusOr<std::shared_ptr<const PromptModel>> {
-    std::vector<HookName> hooks;
-    for (const std::string& name : inputs.job_hooks) {
-      ASSIGN_OR_RETURN(HookName hook, ParseHookName(name));
-      hooks.push_back(hook);
+      absl::StrCat("model\n", model.SerializeAsString(), "\n", dataset.model_weight_hash);
+  std::vector<std::string> hook_names;
+  if (std::shared_ptr<const PromptModel> cached = Find<PromptModel>(key)) {
+    hook_names = cached->hooks;
+    for (const std::string& hook : inputs.job_hooks) {
+      if (cached->IndexOf(hook) == hook_names.size()) hook_names.push_back(hook);
     }
-    const at::Device cpu(at::kCPU);
-    std::unique_ptr<ActivationModel> activations;
-    if (model.has_reference()) {
-      ASSIGN_OR_RETURN(latentd::v1::ReferenceModelSpec resolved,
-                       ResolveReferenceSpec(model.reference()));
-      ASSIGN_OR_RETURN(activations, ReferenceModel::Create(resolved, hooks, cpu));
-    } else if (model.has_torchscript()) {
-      auto path =
-          ResolveUnderRoots(model.torchscript().path(), env, "extract.model.torchscript.path");
-      if (!path.ok()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "dataset ", dataset.dataset_id, "'s model is not readable: ", path.status().message()));
-      }
-      ASSIGN_OR_RETURN(activations,
-                       LoadTorchScriptModel({*path, model.torchscript().vocab_size()}, hooks, cpu));
-    } else {
-      return absl::FailedPreconditionError(
-          absl::StrCat("dataset ", dataset.dataset_id, ": its job's spec names no model"));
-    }
-    if (!dataset.model_weight_hash.empty() &&
-        activations->weight_hash() != dataset.model_weight_hash) {
+    if (hook_names.size() == cached->hooks.size()) return cached;
+    // A dataset of another job of the same weights, at a hook the model lacks: it is rebuilt with
+    // the hooks of both, and replaces the cached one (queries holding the old one finish on it).
+  } else {
+    hook_names = inputs.job_hooks;
+  }
+  auto built = BuildPromptModel(dataset, model, hook_names);
+  if (built.ok()) Insert<PromptModel>(key, *built, (*built)->bytes());
+  return built;
+}
+
+absl::StatusOr<std::shared_ptr<const PromptModel>> DatasetModels::Impl::BuildPromptModel(
+    const DatasetSource& dataset, const latentd::v1::ModelSpec& model,
+    const std::vector<std::string>& hook_names) const {
+  std::vector<HookName> hooks;
+  for (const std::string& name : hook_names) {
+    ASSIGN_OR_RETURN(HookName hook, ParseHookName(name));
+    hooks.push_back(hook);
+  }
+  const at::Device cpu(at::kCPU);
+  std::unique_ptr<ActivationModel> activations;
+  if (model.has_reference()) {
+    ASSIGN_OR_RETURN(latentd::v1::ReferenceModelSpec resolved,
+                     ResolveReferenceSpec(model.reference()));
+    ASSIGN_OR_RETURN(activations, ReferenceModel::Create(resolved, hooks, cpu));
+  } else if (model.has_torchscript()) {
+    auto path =
+        ResolveUnderRoots(model.torchscript().path(), env, "extract.model.torchscript.path");
+    if (!path.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "dataset ", dataset.dataset_id, ": the model changed since the dataset was made (",
-          activations->weight_hash(), ", recorded ", dataset.model_weight_hash, ")"));
+          "dataset ", dataset.dataset_id, "'s model is not readable: ", path.status().message()));
     }
-    return std::make_shared<const PromptModel>(std::move(activations));
-  });
+    ASSIGN_OR_RETURN(activations,
+                     LoadTorchScriptModel({*path, model.torchscript().vocab_size()}, hooks, cpu));
+  } else {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset ", dataset.dataset_id, ": its job's spec names no model"));
+  }
+  if (!dataset.model_weight_hash.empty() &&
+      activations->weight_hash() != dataset.model_weight_hash) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dataset ", dataset.dataset_id, ": the model changed since the dataset was made (",
+        activations->weight_hash(), ", recorded ", dataset.model_weight_hash, ")"));
+  }
+  return std::make_shared<const PromptModel>(std::move(activations), hook_names);
 }
 
 absl::StatusOr<std::shared_ptr<const PromptSae>> DatasetModels::Impl::PromptSaeFor(
@@ -677,8 +700,9 @@ absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& d
                                                      out.bos_prepended ? " with BOS" : "",
                                                      ", the model takes at most ", context));
     }
-    const at::Tensor x = model->HookActivations(tokens)[inputs.hook_index].view(
-        {static_cast<int64_t>(tokens.size()), -1});
+    const at::Tensor x =
+        model->HookActivations(tokens)[model->IndexOf(inputs.spec.hook_name())].view(
+            {static_cast<int64_t>(tokens.size()), -1});
     if (!x.isfinite().all().item<bool>()) {
       return absl::FailedPreconditionError(
           "the model's activations on this prompt are not all finite (NaN or Inf)");

@@ -429,9 +429,9 @@ TEST_F(DatasetModelsTest, EachOutputOfAJobIsAnsweredWithItsOwnHookAndSae) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-// A prompt on each dataset of an SAE suite (one job, a hook per output) loads the model once:
-// the cache holds one model and the SAEs, not a model per dataset.
-TEST_F(DatasetModelsTest, TheDatasetsOfAJobShareOneModelForPrompts) {
+// A prompt on each dataset of an SAE suite (one job with a hook per output, or a job per hook)
+// loads the model once: the cache holds one model and the SAEs, not a model per dataset.
+TEST_F(DatasetModelsTest, PromptsOnDatasetsOfTheSameWeightsShareOneModel) {
   const std::string first_dir = root_ + "/sae_suite0", second_dir = root_ + "/sae_suite1";
   const std::string first_hash = WriteSae(first_dir, MakeWeights(16, 21));
   const std::string second_hash = WriteSae(second_dir, MakeWeights(16, 22));
@@ -459,10 +459,12 @@ TEST_F(DatasetModelsTest, TheDatasetsOfAJobShareOneModelForPrompts) {
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(models.cached_bytes(), model_bytes + 2 * sae_bytes);
 
-  // The second dataset's latents are its hook's: what a job of that hook alone gives.
+  // The second dataset's latents are its hook's: what a job of that hook alone gives. That job
+  // ran the same weights: its prompts use the same model (and the same SAE).
   AddReferenceJob(71, "blocks.0.hook_resid_post", second_dir);
   auto alone = models.EncodePrompt({32, 71, second_hash, model_hash, kDSae}, prompt);
   ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ(models.cached_bytes(), model_bytes + 2 * sae_bytes);
   auto expect_same_top = [](const PromptLatents& got, const PromptLatents& want) {
     ASSERT_EQ(got.top.size(), want.top.size());
     for (size_t i = 0; i < want.top.size(); ++i) {
@@ -480,6 +482,20 @@ TEST_F(DatasetModelsTest, TheDatasetsOfAJobShareOneModelForPrompts) {
   ASSERT_TRUE(second.ok() && alone.ok());
   ASSERT_EQ(second->tokens.size(), 4u);
   expect_same_top(*second, *alone);
+
+  // A job of the same weights at a hook the model lacks: the model is rebuilt with it too and
+  // replaces the cached one (the weights are the same, so is their size); the earlier hooks
+  // answer as before.
+  const std::string mlp_dir = root_ + "/sae_suite_mlp";
+  const std::string mlp_hash = WriteSae(mlp_dir, MakeWeights(32, 23));
+  AddReferenceJob(72, "blocks.0.mlp.hook_post", mlp_dir);
+  auto mlp = models.EncodePrompt({33, 72, mlp_hash, model_hash, kDSae}, prompt);
+  ASSERT_TRUE(mlp.ok()) << mlp.status();
+  const int64_t mlp_sae_bytes = Sae::Load(mlp_dir)->weight_bytes();
+  EXPECT_EQ(models.cached_bytes(), model_bytes + 2 * sae_bytes + mlp_sae_bytes);
+  auto again = models.EncodePrompt({32, 71, second_hash, model_hash, kDSae}, prompt);
+  ASSERT_TRUE(again.ok());
+  expect_same_top(*again, *alone);
 }
 
 TEST_F(DatasetModelsTest, APromptGetsTheLatentsTheModelAndSaeGiveIt) {
