@@ -63,9 +63,9 @@ struct LatentWeights {
 };
 
 inline constexpr int64_t kMaxPromptTokens = 4096;
-// A job's model keeps the last prompt's activations at every hook when they take at most this
-// many bytes (128 tokens x 768 x 12 hooks x 4 B: 4.7 MB), so that the same prompt sent to each
-// dataset of the job runs the model once; counted in the cache with the model.
+// The model for prompts keeps the last prompt's activations at every hook when they take at most
+// this many bytes (128 tokens x 768 x 12 hooks x 4 B: 4.7 MB), so that the same prompt sent to
+// each dataset of an SAE suite runs the model once; counted in the cache with the model.
 inline constexpr int64_t kLastPromptActivationBytes = int64_t{16} << 20;
 
 struct PromptQuery {
@@ -120,9 +120,9 @@ struct DatasetSource {
 
 struct DatasetModelsOptions {
   // Bytes kept loaded between queries (for weights: unit decoder rows and unembeddings; for
-  // prompts: the SAE, and the model, built with every hook of the job and shared by all its
-  // datasets), least recently used dropped first; what is larger than this is loaded for each
-  // query. Default 2 GiB.
+  // prompts: the SAE, and the model, one for all datasets made with the same weights, built with
+  // the hooks they were asked at), least recently used dropped first; what is larger than this
+  // is loaded for each query. Default 2 GiB.
   int64_t cache_bytes = int64_t{2} << 30;
   // Host memory reading an SAE may take (its file, W_enc and W_dec as float32, the unit
   // decoder rows); more is RESOURCE_EXHAUSTED with the numbers instead of an allocation that
