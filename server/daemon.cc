@@ -63,6 +63,11 @@ Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {}
 
 Daemon::~Daemon() { Shutdown(); }
 
+std::vector<std::string> Daemon::startup_warnings() const {
+  if (state_ == nullptr || state_->manager == nullptr) return {};
+  return state_->manager->startup_warnings();
+}
+
 absl::Status Daemon::Start() {
   if (state_) return absl::FailedPreconditionError("daemon already started");
   auto state = std::make_unique<State>();

@@ -57,6 +57,8 @@ class Daemon {
   absl::Status Start();
   // The port actually bound (useful with port 0).
   int bound_port() const { return bound_port_; }
+  // What Start() found damaged and left out (unreadable job records), one line each, for the log.
+  std::vector<std::string> startup_warnings() const;
   // Health NOT_SERVING, running jobs stopped at a safe point (left resumable), in-flight RPCs given
   // the grace deadline, database closed. Idempotent.
   void Shutdown();

@@ -155,9 +155,13 @@ absl::Status JobManager::Start() {
   auto next_id = store_->LoadNextId();
   if (!next_id.ok()) return next_id.status();
   next_id_ = *next_id;
-  auto jobs = store_->LoadAll();
-  if (!jobs.ok()) return jobs.status();
-  for (Job& job : *jobs) {
+  auto loaded = store_->LoadAll();
+  if (!loaded.ok()) return loaded.status();
+  for (const std::string& unreadable : loaded->unreadable) {
+    startup_warnings_.push_back(
+        absl::StrCat(unreadable, "; left out (its id stays taken, its datasets stay)"));
+  }
+  for (Job& job : loaded->jobs) {
     auto entry = std::make_unique<Entry>();
     entry->job = std::move(job);
     Entry* e = entry.get();

@@ -86,8 +86,11 @@ class JobManager {
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;
 
-  // Loads the stored jobs, re-queues interrupted ones and starts scheduling.
+  // Loads the stored jobs, re-queues interrupted ones and starts scheduling. A job record that
+  // cannot be read is left out, with a line in startup_warnings().
   absl::Status Start();
+  // What Start() left out and why, for the daemon's log; set by Start(), read after it.
+  const std::vector<std::string>& startup_warnings() const { return startup_warnings_; }
   // Stops scheduling, asks running jobs to stop at their next safe point (they go back to PENDING
   // with reason INTERRUPTED, resumable on the next start), ends watchers and joins every thread.
   // Idempotent.
@@ -152,6 +155,7 @@ class JobManager {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> finished_threads_ ABSL_GUARDED_BY(mu_);
   std::thread scheduler_;
+  std::vector<std::string> startup_warnings_;
 };
 
 // Devices a job asks for: num_devices, 1 when unset.

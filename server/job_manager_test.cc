@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/big_endian.h"
 #include "common/test_dir.h"
 #include "gtest/gtest.h"
 
@@ -416,6 +417,36 @@ TEST_F(JobManagerTest, ShutdownLeavesRunningJobResumableAndRestartRunsIt) {
   Job next = *manager_->Submit("", Probe());
   EXPECT_GT(next.id(), job.id());
   gate_.Release(next.id());
+}
+
+// A damaged job record does not keep the daemon from starting: it is left out with a warning,
+// every other job is there, and its id is never handed out again.
+TEST_F(JobManagerTest, ADamagedJobRecordIsLeftOutAndTheRestStarts) {
+  Open("cpu:1");
+  Job first = *manager_->Submit("", Probe());
+  gate_.Release(first.id());
+  WaitFor(first.id(), latentd::v1::SUCCEEDED);
+  Job second = *manager_->Submit("", Probe());
+  gate_.Release(second.id());
+  WaitFor(second.id(), latentd::v1::SUCCEEDED);
+  Close();
+  {
+    auto db = *storage::Db::Open(dir_);
+    std::string key = "J";
+    AppendBigEndian64(second.id(), &key);
+    ASSERT_TRUE(db->Put(storage::Family::kJobs, key, "\xff\xff\xff", true).ok());
+  }
+  Open("cpu:1");
+  EXPECT_EQ(manager_->Get(first.id())->state(), latentd::v1::SUCCEEDED);
+  EXPECT_EQ(manager_->Get(second.id()).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_EQ(manager_->startup_warnings().size(), 1u);
+  EXPECT_EQ(manager_->startup_warnings()[0],
+            absl::StrCat("job record ", second.id(),
+                         ": does not parse; left out (its id stays taken, its datasets stay)"));
+  Job next = *manager_->Submit("", Probe());
+  EXPECT_GT(next.id(), second.id());
+  gate_.Release(next.id());
+  WaitFor(next.id(), latentd::v1::SUCCEEDED);
 }
 
 TEST_F(JobManagerTest, WatchEndsWhenTheClientGoes) {

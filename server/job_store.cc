@@ -79,19 +79,25 @@ absl::Status JobStore::Update(const latentd::v1::Job& job,
   return db_->Write(&batch, sync);
 }
 
-absl::StatusOr<std::vector<latentd::v1::Job>> JobStore::LoadAll() const {
-  std::vector<latentd::v1::Job> jobs;
+absl::StatusOr<JobStore::Loaded> JobStore::LoadAll() const {
+  Loaded loaded;
   std::unique_ptr<rocksdb::Iterator> it = db_->NewIterator(storage::Family::kJobs);
   for (it->Seek("J"); it->Valid() && it->key().starts_with("J"); it->Next()) {
+    const std::string name = it->key().size() == 9
+                                 ? absl::StrCat(ReadBigEndian64(it->key().data() + 1))
+                                 : it->key().ToString(/*hex=*/true);
     latentd::v1::Job job;
     if (!job.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
-      return absl::DataLossError(
-          absl::StrCat("job record ", it->key().ToString(true), " does not parse"));
+      loaded.unreadable.push_back(absl::StrCat("job record ", name, ": does not parse"));
+    } else if (it->key() != JobKey(job.id())) {
+      loaded.unreadable.push_back(
+          absl::StrCat("job record ", name, ": holds job id ", job.id(), ", not its own"));
+    } else {
+      loaded.jobs.push_back(std::move(job));
     }
-    jobs.push_back(std::move(job));
   }
   if (!it->status().ok()) return storage::FromRocks(it->status(), "loading jobs");
-  return jobs;
+  return loaded;
 }
 
 absl::StatusOr<std::vector<latentd::v1::JobEvent>> JobStore::ReadEvents(uint64_t job_id,

@@ -43,8 +43,14 @@ class JobStore {
 
   // Removes the record of `job`, its events and its request id mapping, in one synced batch.
   absl::Status Delete(const latentd::v1::Job& job);
-  // Every job record, oldest first.
-  absl::StatusOr<std::vector<latentd::v1::Job>> LoadAll() const;
+  // Every job record, oldest first. A record that does not parse, or names another id than its
+  // key, is left out and described in `unreadable` ("job record 7: ..."): one damaged record
+  // must not keep the daemon from starting and serving every other job and dataset.
+  struct Loaded {
+    std::vector<latentd::v1::Job> jobs;
+    std::vector<std::string> unreadable;
+  };
+  absl::StatusOr<Loaded> LoadAll() const;
 
   // Events of `job_id` with sequence > after_sequence, in order, at most `limit`.
   absl::StatusOr<std::vector<latentd::v1::JobEvent>> ReadEvents(uint64_t job_id,

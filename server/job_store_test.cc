@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "common/big_endian.h"
 #include "common/test_dir.h"
 #include "gtest/gtest.h"
 
@@ -37,7 +38,7 @@ TEST(JobStore, RecordsEventsAndCounterSurviveReopen) {
   auto db = *storage::Db::Open(dir);
   JobStore store(db.get());
   EXPECT_EQ(*store.LoadNextId(), 3u);
-  auto jobs = *store.LoadAll();
+  auto jobs = store.LoadAll()->jobs;
   ASSERT_EQ(jobs.size(), 2u);
   EXPECT_EQ(jobs[0].state(), latentd::v1::RUNNING);
   EXPECT_EQ(jobs[0].request_id(), "r");
@@ -60,13 +61,41 @@ TEST(JobStore, DeleteRemovesRecordEventsAndRequestIdButNotTheCounter) {
   other.set_id(2);
   ASSERT_TRUE(store.Create(other, {Event(2, 1)}).ok());
   ASSERT_TRUE(store.Delete(job).ok());
-  auto jobs = *store.LoadAll();
+  auto jobs = store.LoadAll()->jobs;
   ASSERT_EQ(jobs.size(), 1u);
   EXPECT_EQ(jobs[0].id(), 2u);
   EXPECT_TRUE(store.ReadEvents(1, 0, 100)->empty());
   EXPECT_EQ(store.ReadEvents(2, 0, 100)->size(), 1u);
   EXPECT_EQ(*store.LoadNextId(), 3u);  // ids are never reused
   EXPECT_TRUE(absl::IsNotFound(db->Get(storage::Family::kJobs, "Rr").status()));
+}
+
+// A damaged record (one that does not parse, or one naming another job's id) is left out and
+// described; the others load.
+TEST(JobStore, UnreadableRecordsAreLeftOutAndNamed) {
+  auto db = *storage::Db::Open(FreshTestDir("job_store_damaged"));
+  JobStore store(db.get());
+  for (uint64_t id : {1, 2, 3}) {
+    latentd::v1::Job job;
+    job.set_id(id);
+    ASSERT_TRUE(store.Create(job, {Event(id, 1)}).ok());
+  }
+  std::string key = "J";
+  AppendBigEndian64(2, &key);
+  ASSERT_TRUE(db->Put(storage::Family::kJobs, key, "\xff\xff\xff", true).ok());
+  latentd::v1::Job impostor;
+  impostor.set_id(1);
+  key = "J";
+  AppendBigEndian64(3, &key);
+  ASSERT_TRUE(db->Put(storage::Family::kJobs, key, impostor.SerializeAsString(), true).ok());
+
+  auto loaded = store.LoadAll();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->jobs.size(), 1u);
+  EXPECT_EQ(loaded->jobs[0].id(), 1u);
+  ASSERT_EQ(loaded->unreadable.size(), 2u);
+  EXPECT_EQ(loaded->unreadable[0], "job record 2: does not parse");
+  EXPECT_EQ(loaded->unreadable[1], "job record 3: holds job id 1, not its own");
 }
 
 }  // namespace

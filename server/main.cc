@@ -61,6 +61,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "latentd: %s\n", std::string(s.message()).c_str());
     return 1;
   }
+  for (const std::string& warning : daemon.startup_warnings()) {
+    std::fprintf(stderr, "latentd: WARNING: %s\n", warning.c_str());
+  }
   std::fprintf(stderr, "latentd: serving on port %d\n", daemon.bound_port());
   if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
     const std::string tmp = port_file + ".tmp";
