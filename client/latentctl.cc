@@ -1275,6 +1275,10 @@ int Artifacts(Client& client) {
     std::printf("%-5llu %-24s %-6llu %s\n", static_cast<unsigned long long>(a.id()),
                 a.name().c_str(), static_cast<unsigned long long>(a.job_id()), a.path().c_str());
   }
+  for (const auto& u : response.unreadable()) {
+    std::printf("%-5llu unreadable: %s\n", static_cast<unsigned long long>(u.artifact_id()),
+                u.error().c_str());
+  }
   return 0;
 }
 

@@ -681,7 +681,7 @@ grpc::Status DatasetsService::ListArtifacts(grpc::ServerContext* context,
   if (grpc::Status s = Authorize(*context); !s.ok()) return s;
   auto list = artifacts_->List();
   if (!list.ok()) return ToGrpcStatus(list.status());
-  for (auto& a : *list) *response->add_artifacts() = std::move(a);
+  *response = *std::move(list);
   return grpc::Status::OK;
 }
 

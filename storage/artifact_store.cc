@@ -61,7 +61,9 @@ absl::StatusOr<latentd::v1::Artifact> ArtifactStore::Get(uint64_t id) const {
   }
   RETURN_IF_ERROR(v.status());
   latentd::v1::Artifact a;
-  if (!a.ParseFromString(*v)) return absl::DataLossError(absl::StrCat("artifact ", id, " record"));
+  if (!a.ParseFromString(*v)) {
+    return absl::DataLossError(absl::StrCat("artifact ", id, ": the record does not parse"));
+  }
   return a;
 }
 
@@ -75,16 +77,20 @@ absl::StatusOr<latentd::v1::Artifact> ArtifactStore::FindByName(const std::strin
   return Get(ReadBigEndian64(v->data()));
 }
 
-absl::StatusOr<std::vector<latentd::v1::Artifact>> ArtifactStore::List() const {
-  std::vector<latentd::v1::Artifact> out;
+absl::StatusOr<latentd::v1::ListArtifactsResponse> ArtifactStore::List() const {
+  latentd::v1::ListArtifactsResponse out;
   auto it = db_->NewIterator(Family::kMeta);
   const std::string prefix = keys::kArtifactRecordPrefix;
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    if (it->key().size() != prefix.size() + 8) continue;
     latentd::v1::Artifact a;
     if (!a.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
-      return absl::DataLossError("malformed artifact record");
+      latentd::v1::UnreadableArtifact* unreadable = out.add_unreadable();
+      unreadable->set_artifact_id(ReadBigEndian64(it->key().data() + prefix.size()));
+      unreadable->set_error("DATA_LOSS: the artifact record does not parse");
+      continue;
     }
-    out.push_back(std::move(a));
+    *out.add_artifacts() = std::move(a);
   }
   RETURN_IF_ERROR(FromRocks(it->status(), "listing artifacts"));
   return out;

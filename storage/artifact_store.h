@@ -28,7 +28,9 @@ class ArtifactStore {
   absl::StatusOr<latentd::v1::Artifact> Delete(uint64_t id);
   absl::StatusOr<latentd::v1::Artifact> Get(uint64_t id) const;                     // NOT_FOUND
   absl::StatusOr<latentd::v1::Artifact> FindByName(const std::string& name) const;  // NOT_FOUND
-  absl::StatusOr<std::vector<latentd::v1::Artifact>> List() const;                  // ascending id
+  // Every artifact, ascending id; a record that does not parse is listed as unreadable instead
+  // of failing the listing.
+  absl::StatusOr<latentd::v1::ListArtifactsResponse> List() const;
 
  private:
   Db* const db_;

@@ -4,6 +4,7 @@
 
 #include "common/test_dir.h"
 #include "gtest/gtest.h"
+#include "storage/keys.h"
 
 namespace latentd::storage {
 namespace {
@@ -38,9 +39,10 @@ TEST(ArtifactStore, RegisterFindListSurviveReopen) {
   EXPECT_EQ(store.Get(99).status().code(), absl::StatusCode::kNotFound);
   auto list = store.List();
   ASSERT_TRUE(list.ok());
-  ASSERT_EQ(list->size(), 2u);
-  EXPECT_EQ((*list)[0].id(), first);
-  EXPECT_GT((*list)[1].id(), first);
+  ASSERT_EQ(list->artifacts_size(), 2);
+  EXPECT_EQ(list->artifacts(0).id(), first);
+  EXPECT_GT(list->artifacts(1).id(), first);
+  EXPECT_EQ(list->unreadable_size(), 0);
 }
 
 TEST(ArtifactStore, DeleteFreesTheNameAndKeepsTheIdsUnique) {
@@ -55,13 +57,30 @@ TEST(ArtifactStore, DeleteFreesTheNameAndKeepsTheIdsUnique) {
   EXPECT_EQ(store.Get(a).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store.FindByName("sae").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store.Delete(a).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(store.List()->size(), 1u);
+  EXPECT_EQ(store.List()->artifacts_size(), 1);
   EXPECT_EQ(store.FindByName("other")->id(), b);
   // The name is free again; the new record gets a new id, so a job naming the old id cannot
   // silently load the new SAE.
   auto again = store.Register("sae", "/data/sae", 3);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_GT(*again, b);
+}
+
+// A record that does not parse is listed as unreadable; the others list as usual.
+TEST(ArtifactStore, ADamagedRecordDoesNotHideTheOthers) {
+  auto db = Db::Open(FreshTestDir("artifacts_damaged"));
+  ASSERT_TRUE(db.ok());
+  ArtifactStore store(db->get());
+  const uint64_t a = *store.Register("a", "/data/a", 1);
+  const uint64_t b = *store.Register("b", "/data/b", 2);
+  ASSERT_TRUE((*db)->Put(Family::kMeta, keys::ArtifactRecord(a), "\xff\xff\xff", true).ok());
+  auto list = store.List();
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->artifacts_size(), 1);
+  EXPECT_EQ(list->artifacts(0).id(), b);
+  ASSERT_EQ(list->unreadable_size(), 1);
+  EXPECT_EQ(list->unreadable(0).artifact_id(), a);
+  EXPECT_EQ(store.Get(a).status().code(), absl::StatusCode::kDataLoss);
 }
 
 // Names are free text: "ext" once made the name key ("art/n" + name) the id counter's key

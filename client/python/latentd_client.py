@@ -130,10 +130,15 @@ class Client:
                                     metadata=self.metadata, timeout=self.timeout)
 
     def list_artifacts(self):
-        """Trained SAEs (TRAIN jobs' outputs): a list of Artifact messages."""
-        return list(self.datasets.ListArtifacts(datasets_pb2.ListArtifactsRequest(),
-                                                metadata=self.metadata,
-                                                timeout=self.timeout).artifacts)
+        """Trained SAEs (TRAIN jobs' outputs): a list of Artifact messages.
+
+        A record that does not parse is left out with a warning naming it."""
+        response = self.datasets.ListArtifacts(datasets_pb2.ListArtifactsRequest(),
+                                               metadata=self.metadata, timeout=self.timeout)
+        for u in response.unreadable:
+            warnings.warn("artifact %d is unreadable: %s" % (u.artifact_id, u.error),
+                          stacklevel=2)
+        return list(response.artifacts)
 
     def delete_artifact(self, artifact_id):
         """Deletes a trained SAE's record and files; returns the bytes freed.
