@@ -700,9 +700,13 @@ absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& d
                                                      out.bos_prepended ? " with BOS" : "",
                                                      ", the model takes at most ", context));
     }
+    const size_t hook = model->IndexOf(inputs.spec.hook_name());
+    if (hook == model->hooks.size()) {  // ModelFor builds the model with the dataset's hook
+      return absl::InternalError(
+          absl::StrCat("the model for prompts lacks hook ", inputs.spec.hook_name()));
+    }
     const at::Tensor x =
-        model->HookActivations(tokens)[model->IndexOf(inputs.spec.hook_name())].view(
-            {static_cast<int64_t>(tokens.size()), -1});
+        model->HookActivations(tokens)[hook].view({static_cast<int64_t>(tokens.size()), -1});
     if (!x.isfinite().all().item<bool>()) {
       return absl::FailedPreconditionError(
           "the model's activations on this prompt are not all finite (NaN or Inf)");
