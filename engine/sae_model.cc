@@ -30,7 +30,9 @@ absl::StatusOr<SaeModelOptions> SaeModelOptionsFromProto(const latentd::v1::SaeT
   options.d_in = d_in;
   options.d_sae = config.d_sae();
   options.k = config.k() == 0 ? std::min<int64_t>(32, options.d_sae) : config.k();
-  if (options.architecture == latentd::v1::TOPK && (options.k < 1 || options.k > options.d_sae)) {
+  if ((options.architecture == latentd::v1::TOPK ||
+       options.architecture == latentd::v1::BATCHTOPK) &&
+      (options.k < 1 || options.k > options.d_sae)) {
     return absl::InvalidArgumentError(
         absl::StrCat("train.sae.k: must be in [1, d_sae = ", options.d_sae, "], got ", config.k()));
   }
@@ -72,6 +74,9 @@ SaeModelImpl::SaeModelImpl(const SaeModelOptions& options) : options_(options) {
   if (options.architecture == latentd::v1::JUMPRELU) {
     log_threshold = register_parameter(
         "log_threshold", torch::full({options.d_sae}, std::log(options.jumprelu_threshold), f32));
+  }
+  if (options.architecture == latentd::v1::BATCHTOPK) {
+    batch_threshold = register_buffer("batch_threshold", torch::zeros({}, f32));
   }
   InitWeights();
 }
@@ -118,12 +123,38 @@ torch::Tensor SaeModelImpl::JumpStep(const torch::Tensor& pre) {
   return above + (threshold.detach() - threshold) * kernel;
 }
 
+torch::Tensor SaeModelImpl::BatchTopK(const torch::Tensor& pre) const {
+  const torch::Tensor acts = torch::relu(pre);
+  const int64_t keep = std::min(options_.k * pre.size(0), acts.numel());
+  auto [values, indices] = acts.flatten().topk(keep, /*dim=*/0, /*largest=*/true, /*sorted=*/false);
+  return torch::zeros_like(acts).flatten().scatter(0, indices, values).view_as(acts);
+}
+
+void SaeModelImpl::CalibrateBatchThreshold(const std::vector<torch::Tensor>& batches) {
+  if (!batch_threshold.defined()) return;
+  torch::NoGradGuard no_grad;
+  double sum = 0;
+  int64_t counted = 0;
+  for (const torch::Tensor& x : batches) {
+    const torch::Tensor acts = torch::relu(PreActivation(x)).flatten();
+    const int64_t keep = std::min(options_.k * x.size(0), acts.numel());
+    const torch::Tensor kept = std::get<0>(acts.topk(keep, 0, /*largest=*/true, /*sorted=*/false));
+    const torch::Tensor positive = kept.masked_select(kept > 0);
+    if (positive.numel() == 0) continue;
+    sum += positive.min().item<double>();
+    ++counted;
+  }
+  if (counted > 0) batch_threshold.fill_(sum / static_cast<double>(counted));
+}
+
 torch::Tensor SaeModelImpl::Activate(const torch::Tensor& pre) {
   switch (options_.architecture) {
     case latentd::v1::RELU:
       return torch::relu(pre);
     case latentd::v1::JUMPRELU:
       return pre * JumpStep(pre);
+    case latentd::v1::BATCHTOPK:
+      return pre * (pre > batch_threshold).to(pre.scalar_type());
     default: {
       auto top = torch::topk(pre, options_.k, /*dim=*/1);
       return torch::zeros_like(pre).scatter(1, std::get<1>(top), torch::relu(std::get<0>(top)));
@@ -140,6 +171,8 @@ SaeForward SaeModelImpl::Forward(const torch::Tensor& x, const torch::Tensor& de
   if (options_.architecture == latentd::v1::JUMPRELU) {
     step = JumpStep(pre);
     out.latents = pre * step;
+  } else if (options_.architecture == latentd::v1::BATCHTOPK) {
+    out.latents = BatchTopK(pre);
   } else {
     out.latents = Activate(pre);
   }
@@ -154,8 +187,7 @@ SaeForward SaeModelImpl::Forward(const torch::Tensor& x, const torch::Tensor& de
     loss = loss + options_.l1_coefficient * step.sum(1).mean();
   }
   torch::Tensor aux;
-  if (options_.architecture == latentd::v1::TOPK && options_.aux_k_coefficient > 0 &&
-      dead.defined()) {
+  if (has_aux_k() && options_.aux_k_coefficient > 0 && dead.defined()) {
     const int64_t num_dead = dead.sum().item<int64_t>();
     if (num_dead > 0) {
       const int64_t aux_k =
@@ -204,6 +236,11 @@ std::vector<torch::Tensor> SaeModelImpl::ordered_parameters() const {
   return params;
 }
 
+std::vector<torch::Tensor> SaeModelImpl::ordered_buffers() const {
+  if (batch_threshold.defined()) return {batch_threshold};
+  return {};
+}
+
 std::map<std::string, torch::Tensor> SaeModelImpl::ExportWeights() const {
   torch::NoGradGuard no_grad;
   std::map<std::string, torch::Tensor> weights;
@@ -213,6 +250,10 @@ std::map<std::string, torch::Tensor> SaeModelImpl::ExportWeights() const {
   weights["b_dec"] = b_dec.detach().to(torch::kCPU).contiguous().clone();
   if (log_threshold.defined()) {
     weights["threshold"] = log_threshold.detach().exp().to(torch::kCPU).contiguous();
+  }
+  if (batch_threshold.defined()) {
+    weights["threshold"] =
+        batch_threshold.detach().to(torch::kCPU).expand({options_.d_sae}).contiguous();
   }
   return weights;
 }

@@ -1,18 +1,24 @@
-// A trainable sparse autoencoder (TopK, ReLU + L1, JumpReLU; see shared/notes/sae.md) as a
-// torch::nn::Module, with the losses and metrics a TRAIN job reports.
+// A trainable sparse autoencoder (TopK, BatchTopK, ReLU + L1, JumpReLU; see
+// shared/notes/sae.md) as a torch::nn::Module, with the losses and metrics a TRAIN job reports.
 //
 //   pre   = (x - b_dec) @ W_enc + b_enc     (b_dec subtracted when apply_b_dec_to_input)
 //   TopK:     z = relu(topk_k(pre))          loss = mse
+//   BatchTopK: z = the k * rows largest of relu(pre) over the whole batch, the rest 0;
+//             loss = mse. Encode() and the exported SAE are a JumpReLU with one threshold theta
+//             for every latent (Bussmann et al. 2024): CalibrateBatchThreshold sets theta, after
+//             training, to the mean over batches of each batch's smallest kept value, so that
+//             without a batch the SAE fires about k latents a row
 //   ReLU:     z = relu(pre)                  loss = mse + l1 * sum_j |z_j| * ||W_dec[j]||
 //   JumpReLU: z = pre * H(pre - theta)       loss = mse + l1 * L0, with the straight-through
 //             rectangle-kernel gradient of width `bandwidth` for theta (Gemma Scope)
 //   x_hat = z @ W_dec + b_dec,   mse = mean over rows of ||x - x_hat||^2
-// TopK with dead latents D (not fired for a window of steps; the trainer keeps the counters):
+// TopK or BatchTopK with dead latents D (not fired for a window of steps; the trainer keeps the
+// counters):
 //   AuxK (Gao et al. 2024): a = relu(topk_{k_aux}(pre restricted to D)), k_aux = min(aux_k, |D|),
 //   e_hat = a @ W_dec (no bias), aux = mean over rows of ||(x - x_hat).detach() - e_hat||^2,
 //   loss += aux_k_coefficient * min(|D| / aux_k, 1) * aux: the dead latents closest to firing
 //   learn to explain what the live ones miss (the scale damps the term while few are dead).
-// Decoder rows are kept at unit norm (TopK, JumpReLU): after each optimizer step
+// Decoder rows are kept at unit norm (all but ReLU): after each optimizer step
 // NormalizeDecoder() rescales them, and RemoveParallelDecoderGrad() before the step removes the
 // gradient component that would only change their norm. Weights are float32.
 #ifndef LATENTD_ENGINE_SAE_MODEL_H_
@@ -34,13 +40,13 @@ struct SaeModelOptions {
   latentd::v1::SaeArchitecture architecture = latentd::v1::TOPK;
   int64_t d_in = 0;
   int64_t d_sae = 0;
-  int64_t k = 32;                    // TopK
+  int64_t k = 32;                    // TopK; BatchTopK: the mean per row
   double l1_coefficient = 1e-3;      // ReLU: L1 weight; JumpReLU: L0 weight
   double jumprelu_threshold = 1e-3;  // JumpReLU initial threshold
   double jumprelu_bandwidth = 1e-3;  // JumpReLU straight-through kernel width
   bool apply_b_dec_to_input = true;
   uint64_t seed = 0;  // weight initialisation
-  // TopK: AuxK over the latents Forward() is told are dead (see SaeModelImpl::Forward).
+  // TopK, BatchTopK: AuxK over the latents Forward() is told are dead (SaeModelImpl::Forward).
   int64_t aux_k = 0;             // 0: d_in / 2
   double aux_k_coefficient = 0;  // 0 (default): no AuxK; the paper's value is 1/32
 };
@@ -75,28 +81,45 @@ class SaeModelImpl : public torch::nn::Module {
   // b_dec := mean of `rows` (rows x d_in), the usual data initialisation (SAELens' "mean").
   void InitDecoderBiasFromData(const torch::Tensor& rows);
 
+  // Inference: what the exported SAE computes (BatchTopK: the JumpReLU of its threshold).
   torch::Tensor Encode(const torch::Tensor& x);
   torch::Tensor Decode(const torch::Tensor& z) { return torch::addmm(b_dec, z, W_dec); }
-  // dead: optional bool [d_sae] on the model's device, true for dead latents (TopK's AuxK).
+  // Training: the loss and metrics of a batch. dead: optional bool [d_sae] on the model's
+  // device, true for dead latents (AuxK).
   SaeForward Forward(const torch::Tensor& x, const torch::Tensor& dead = torch::Tensor());
+
+  // BatchTopK: theta := the mean over `batches` (rows x d_in each, on the model's device) of the
+  // smallest of each batch's k * rows largest activations that is positive (batches without one
+  // are skipped). Deterministic: ranks holding the same weights and batches agree.
+  void CalibrateBatchThreshold(const std::vector<torch::Tensor>& batches);
 
   void RemoveParallelDecoderGrad();
   void NormalizeDecoder();
 
   // The tensors an SAELens-layout safetensors file holds: W_enc, b_enc, W_dec, b_dec (+ threshold
-  // for JumpReLU), detached float32 CPU copies.
+  // for JumpReLU and BatchTopK), detached float32 CPU copies.
   std::map<std::string, torch::Tensor> ExportWeights() const;
 
   const SaeModelOptions& options() const { return options_; }
   // Parameters in the fixed order the optimizer and checkpoints use.
   std::vector<torch::Tensor> ordered_parameters() const;
+  // State that is not trained by the optimizer but belongs in checkpoints (BatchTopK's
+  // threshold), in a fixed order.
+  std::vector<torch::Tensor> ordered_buffers() const;
 
   torch::Tensor W_enc, b_enc, W_dec, b_dec, log_threshold;
+  torch::Tensor batch_threshold;  // BatchTopK: scalar float32; 0 until calibrated
 
  private:
   torch::Tensor PreActivation(const torch::Tensor& x);
   torch::Tensor Activate(const torch::Tensor& pre);
   torch::Tensor JumpStep(const torch::Tensor& pre);
+  // BatchTopK's training activation.
+  torch::Tensor BatchTopK(const torch::Tensor& pre) const;
+  bool has_aux_k() const {
+    return options_.architecture == latentd::v1::TOPK ||
+           options_.architecture == latentd::v1::BATCHTOPK;
+  }
 
   SaeModelOptions options_;
 };

@@ -81,10 +81,59 @@ TEST(SaeModelTest, FvuAndMseMatchTheirDefinitions) {
   EXPECT_NEAR(out.l0, (out.latents != 0).sum().item<double>() / 32, 1e-9);
 }
 
+// BatchTopK keeps the k x rows largest activations of the whole batch (rows keep different
+// counts); calibrated on batches, its threshold is the mean of their cutoffs, which Encode() and
+// the exported SAE use.
+TEST(SaeModelTest, BatchTopKKeepsTheBatchsLargestAndCalibratesItsThreshold) {
+  SaeModel sae(Options(latentd::v1::BATCHTOPK));
+  torch::manual_seed(0);
+  torch::Tensor x = torch::randn({16, 8});
+  SaeForward out = sae->Forward(x);
+  auto activations = [&](const torch::Tensor& rows) {
+    return torch::relu(torch::addmm(sae->b_enc, rows - sae->b_dec, sae->W_enc)).detach();
+  };
+  torch::Tensor acts = activations(x);
+  ASSERT_GT((acts > 0).sum().item<int64_t>(), 16 * 4);  // enough positives to keep k x rows
+  const torch::Tensor kept = acts.masked_select(out.latents != 0);
+  EXPECT_EQ(kept.numel(), 16 * 4);
+  EXPECT_GE(kept.min().item<float>(), acts.masked_select(out.latents == 0).max().item<float>());
+  EXPECT_TRUE(torch::equal(out.latents.masked_select(out.latents != 0).detach(), kept));
+  EXPECT_NE((out.latents != 0).sum(1).min().item<int64_t>(),
+            (out.latents != 0).sum(1).max().item<int64_t>());  // not k on every row
+  EXPECT_DOUBLE_EQ(out.l0, 4.0);
+  EXPECT_EQ(sae->batch_threshold.item<float>(), 0.0f);  // training leaves it alone
+
+  // The threshold: the mean of each batch's cutoff (its k x rows-th largest activation).
+  std::vector<torch::Tensor> batches = {torch::randn({16, 8}), torch::randn({16, 8}),
+                                        torch::randn({16, 8})};
+  double cutoffs = 0;
+  for (const auto& b : batches) {
+    cutoffs += std::get<0>(activations(b).flatten().sort(0, /*descending=*/true))[16 * 4 - 1]
+                   .item<double>();
+  }
+  sae->CalibrateBatchThreshold(batches);
+  const float threshold = sae->batch_threshold.item<float>();
+  EXPECT_FLOAT_EQ(threshold, static_cast<float>(cutoffs / 3));
+
+  // Inference: a JumpReLU with the threshold on every latent, no batch needed; on the batches it
+  // was calibrated on it fires about k latents a row.
+  torch::NoGradGuard no_grad;
+  torch::Tensor pre = torch::addmm(sae->b_enc, x - sae->b_dec, sae->W_enc);
+  EXPECT_TRUE(torch::equal(sae->Encode(x), pre * (pre > threshold).to(torch::kFloat32)));
+  const double l0 =
+      (sae->Encode(torch::cat(batches)) != 0).sum(1).to(torch::kFloat64).mean().item<double>();
+  EXPECT_NEAR(l0, 4.0, 1.0);
+  const auto exported = sae->ExportWeights();
+  ASSERT_EQ(exported.count("threshold"), 1u);
+  EXPECT_TRUE(torch::equal(exported.at("threshold"), torch::full({32}, threshold)));
+  ASSERT_EQ(sae->ordered_buffers().size(), 1u);  // checkpointed with the parameters
+}
+
 // Each architecture learns: a few hundred Adam steps on rows from a sparse dictionary bring the
 // FVU well below where it starts.
 TEST(SaeModelTest, EveryArchitectureReducesFvuUnderTraining) {
-  for (auto architecture : {latentd::v1::TOPK, latentd::v1::RELU, latentd::v1::JUMPRELU}) {
+  for (auto architecture :
+       {latentd::v1::TOPK, latentd::v1::RELU, latentd::v1::JUMPRELU, latentd::v1::BATCHTOPK}) {
     SaeModelOptions options = Options(architecture);
     options.l1_coefficient = architecture == latentd::v1::JUMPRELU ? 1e-4 : 1e-3;
     options.jumprelu_threshold = 0.05;
@@ -214,6 +263,10 @@ TEST(SaeModelTest, OptionsFromProtoNameTheBadField) {
       std::string::npos);
   config.set_aux_k_coefficient(0.25);
   EXPECT_EQ(SaeModelOptionsFromProto(config, 8, 0)->aux_k_coefficient, 0.25);
+  config.set_architecture(latentd::v1::BATCHTOPK);
+  config.set_k(17);
+  EXPECT_NE(SaeModelOptionsFromProto(config, 8, 0).status().message().find("train.sae.k"),
+            std::string::npos);
 }
 
 }  // namespace

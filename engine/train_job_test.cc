@@ -257,6 +257,33 @@ TEST_F(TrainJobTest, TrainsATopKSaeWithSmfacAndWritesALoadableArtifact) {
           .status()));
 }
 
+// A BatchTopK SAE trains like a TopK one and is saved as what it computes without a batch: a
+// JumpReLU SAE with its learnt threshold on every latent, which fires about k latents a row on
+// the rows it was trained on.
+TEST_F(TrainJobTest, ABatchTopKSaeIsSavedAsAJumpReluWithItsThreshold) {
+  FakeContext context(8, 1);
+  latentd::v1::TrainSpec spec = SaeSpec("adam");
+  spec.mutable_sae()->set_architecture(latentd::v1::BATCHTOPK);
+  spec.set_steps(200);
+  auto result = RunTrain(spec, env_, &context);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_NEAR(result->final_l0(), 4.0, 1e-6);  // k a row on average in training, by construction
+  auto sae = Sae::Load(result->artifact_path());
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  EXPECT_EQ(sae->config().architecture, SaeArchitecture::kJumpRelu);
+  const at::Tensor threshold = sae->weights().threshold;
+  ASSERT_TRUE(threshold.defined());
+  EXPECT_GT(threshold.min().item<float>(), 0.0f);
+  EXPECT_EQ(threshold.min().item<float>(), threshold.max().item<float>());
+  std::vector<float> rows;
+  std::vector<int32_t> tokens;
+  ASSERT_TRUE(store_->ReadDense(dense_id_, 0, 640, &rows, &tokens).ok());
+  const at::Tensor x = torch::from_blob(rows.data(), {640, kWidth}, torch::kFloat32);
+  const double l0 = (sae->EncodeDense(x) != 0).sum(1).to(torch::kFloat64).mean().item<double>();
+  EXPECT_GT(l0, 2.0);
+  EXPECT_LT(l0, 8.0);
+}
+
 TEST_F(TrainJobTest, InterruptedJobResumesToTheWeightsOfAnUninterruptedOne) {
   FakeContext straight(1, 1);
   latentd::v1::TrainSpec spec = SaeSpec("smfac");

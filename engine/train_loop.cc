@@ -40,6 +40,10 @@ absl::StatusOr<std::string> SerializeState(int64_t steps_done, TrainableModel* m
     for (size_t i = 0; i < params.size(); ++i) {
       archive.write(absl::StrCat("model/", i), params[i].detach().to(torch::kCPU));
     }
+    const auto buffers = model->buffers();
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      archive.write(absl::StrCat("model_buffer/", i), buffers[i].detach().to(torch::kCPU));
+    }
     torch::serialize::OutputArchive optimizer_archive;
     RETURN_IF_ERROR(optimizer->Save(&optimizer_archive));
     archive.write("optimizer", optimizer_archive);
@@ -82,6 +86,17 @@ absl::Status RestoreState(const std::string& blob, TrainableModel* model, TrainO
                                                 c10::str(params[i].sizes())));
       }
       params[i].copy_(value);
+    }
+    const auto buffers = model->buffers();
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      torch::Tensor value;
+      if (!archive.try_read(absl::StrCat("model_buffer/", i), value) ||
+          !value.sizes().equals(buffers[i].sizes())) {
+        return absl::DataLossError(absl::StrCat("checkpoint buffer ", i,
+                                                " is missing or has "
+                                                "another shape than the model's"));
+      }
+      buffers[i].copy_(value);
     }
     torch::serialize::InputArchive optimizer_archive;
     archive.read("optimizer", optimizer_archive);
@@ -262,6 +277,24 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
     ++window_steps;
 
     const bool last = done == options.total_steps;
+    if (last && model->wants_calibration()) {
+      const int64_t batches = std::max<int64_t>(1, options.init_rows / slice_rows);
+      std::vector<float> rows(batches * slice_rows * width);
+      RETURN_IF_ERROR(stream->Read(0, batches * slice_rows, rows.data()));
+      const torch::Tensor all =
+          torch::from_blob(rows.data(), {batches * slice_rows, width}, torch::kFloat32)
+              .to(options.device);
+      std::string line;
+      try {
+        line = model->Calibrate(all.split(slice_rows));
+      } catch (const c10::Error& e) {
+        return absl::InternalError(
+            absl::StrCat("calibrating after the last step: ", e.what_without_backtrace()));
+      }
+      if (leader && context != nullptr && !line.empty()) {
+        context->Log(latentd::v1::LogLine::INFO, line);
+      }
+    }
     if (leader && (last || (options.telemetry_every > 0 && done % options.telemetry_every == 0))) {
       latentd::v1::TrainTelemetry sample;
       sample.set_step(done);

@@ -44,6 +44,10 @@ class TrainableModel {
   virtual ~TrainableModel() = default;
   // Parameters, in a fixed order (optimizer, all-reduce and checkpoints rely on it).
   virtual std::vector<torch::Tensor> parameters() = 0;
+  // State the optimizer does not train but a resumed run needs (BatchTopK's threshold), in a
+  // fixed order; checkpointed with the parameters. Each rank keeps its own (from its rows);
+  // rank 0's is checkpointed and saved.
+  virtual std::vector<torch::Tensor> buffers() { return {}; }
   virtual absl::StatusOr<Output> Forward(const torch::Tensor& batch) = 0;
   // Called once on a fresh (not resumed) run with the first rows of the stream.
   virtual void InitFromData(const torch::Tensor& rows) {}
@@ -55,8 +59,13 @@ class TrainableModel {
   // SAEs train their AuxK loss on them).
   virtual void SetDeadLatents(const torch::Tensor& dead) {}
   // Whether the model takes that mask (it costs a compare and a copy to the device every step):
-  // TopK SAEs training with AuxK.
+  // TopK and BatchTopK SAEs training with AuxK.
   virtual bool uses_dead_latents() const { return false; }
+  // After the last step, before the final checkpoint, for models whose inference differs from
+  // their training (BatchTopK's threshold): `batches` of the training stream's first rows, each
+  // as many rows as a rank trains on, the same on every rank. Returns a line for the job's log.
+  virtual bool wants_calibration() const { return false; }
+  virtual std::string Calibrate(const std::vector<torch::Tensor>& batches) { return ""; }
   // Writes the trained model into directory `dir` (created when missing).
   virtual absl::Status Save(const std::string& dir) = 0;
 };

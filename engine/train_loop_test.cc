@@ -145,6 +145,37 @@ TEST(TrainLoopTest, ResumeAfterACrashGivesTheWeightsOfAnUninterruptedRun) {
   }
 }
 
+// BatchTopK's threshold is state outside the parameters: it is checkpointed with them, so a
+// resumed run ends with the uninterrupted run's threshold as well as its weights.
+TEST(TrainLoopTest, BatchTopKResumesToTheSameThreshold) {
+  SaeModelOptions batch_topk = Sae();
+  batch_topk.architecture = latentd::v1::BATCHTOPK;
+  InMemoryDenseRowSource source(DictionaryRows(512, 2), kWidth, 32);
+  InMemoryCheckpointStore uninterrupted_store;
+  Trainer uninterrupted(&source, Adam(), batch_topk);
+  auto straight = uninterrupted.Go(Loop(45), &uninterrupted_store);
+  ASSERT_TRUE(straight.ok()) << straight.status();
+  EXPECT_NEAR(straight->final_l0, 4.0, 1e-6);  // k a row on average, by construction
+
+  InMemoryCheckpointStore store;
+  {
+    Trainer crashed(&source, Adam(), batch_topk);
+    TrainLoopOptions options = Loop(45);
+    options.crash_after_step = 27;
+    EXPECT_EQ(crashed.Go(options, &store).status().code(), absl::StatusCode::kAborted);
+  }
+  Trainer resumed(&source, Adam(), batch_topk);
+  auto result = resumed.Go(Loop(45), &store);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->resumed_from_step, 20);
+  const float threshold = uninterrupted.model.sae()->batch_threshold.item<float>();
+  EXPECT_GT(threshold, 0.0f);
+  EXPECT_EQ(resumed.model.sae()->batch_threshold.item<float>(), threshold);
+  auto a = uninterrupted.model.parameters();
+  auto b = resumed.model.parameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+}
+
 // TopK's AuxK runs on the latents the loop's counters call dead (here after 3 steps without
 // firing): it shows in telemetry whenever latents are dead, and since the counters are part of
 // the checkpoint a resumed run still ends with the uninterrupted run's weights.

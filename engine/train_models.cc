@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "engine/sae.h"
 
 namespace latentd::engine {
@@ -24,6 +25,23 @@ absl::StatusOr<TrainableModel::Output> SaeTrainable::Forward(const torch::Tensor
   return out;
 }
 
+std::string SaeTrainable::Calibrate(const std::vector<torch::Tensor>& batches) {
+  sae_->CalibrateBatchThreshold(batches);
+  torch::NoGradGuard no_grad;
+  double fired = 0;
+  int64_t rows = 0;
+  for (const torch::Tensor& x : batches) {
+    fired += (sae_->Encode(x) != 0).sum().item<double>();
+    rows += x.size(0);
+  }
+  return absl::StrFormat(
+      "BatchTopK threshold %.6g, the mean cutoff of %d batches of %d rows; at it the SAE fires "
+      "%.2f latents a row on those rows (k %d)",
+      sae_->batch_threshold.item<double>(), batches.size(),
+      batches.empty() ? 0 : batches[0].size(0), rows > 0 ? fired / static_cast<double>(rows) : 0.0,
+      sae_->options().k);
+}
+
 absl::Status SaeTrainable::Save(const std::string& dir) {
   const SaeModelOptions& options = sae_->options();
   std::map<std::string, torch::Tensor> exported = sae_->ExportWeights();
@@ -36,9 +54,17 @@ absl::Status SaeTrainable::Save(const std::string& dir) {
   SaeConfig config;
   config.d_in = options.d_in;
   config.d_sae = options.d_sae;
-  config.architecture = options.architecture == latentd::v1::RELU       ? SaeArchitecture::kRelu
-                        : options.architecture == latentd::v1::JUMPRELU ? SaeArchitecture::kJumpRelu
-                                                                        : SaeArchitecture::kTopK;
+  switch (options.architecture) {
+    case latentd::v1::RELU:
+      config.architecture = SaeArchitecture::kRelu;
+      break;
+    case latentd::v1::JUMPRELU:
+    case latentd::v1::BATCHTOPK:  // what it computes without a batch: a JumpReLU
+      config.architecture = SaeArchitecture::kJumpRelu;
+      break;
+    default:
+      config.architecture = SaeArchitecture::kTopK;
+  }
   config.k = options.architecture == latentd::v1::TOPK ? static_cast<int32_t>(options.k) : 0;
   config.apply_b_dec_to_input = options.apply_b_dec_to_input;
   config.hook_name = hook_name_;

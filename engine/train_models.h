@@ -17,17 +17,26 @@ class SaeTrainable : public TrainableModel {
   SaeTrainable(const SaeModelOptions& options, c10::Device device);
 
   std::vector<torch::Tensor> parameters() override { return sae_->ordered_parameters(); }
+  std::vector<torch::Tensor> buffers() override { return sae_->ordered_buffers(); }
   absl::StatusOr<Output> Forward(const torch::Tensor& batch) override;
   void InitFromData(const torch::Tensor& rows) override { sae_->InitDecoderBiasFromData(rows); }
   void BeforeOptimizerStep() override { sae_->RemoveParallelDecoderGrad(); }
   void AfterOptimizerStep() override { sae_->NormalizeDecoder(); }
   int64_t num_latents() const override { return sae_->options().d_sae; }
   void SetDeadLatents(const torch::Tensor& dead) override { dead_ = dead; }
+  bool wants_calibration() const override {
+    return sae_->options().architecture == latentd::v1::BATCHTOPK;
+  }
+  // BatchTopK: sets the threshold (SaeModelImpl::CalibrateBatchThreshold) and says how many
+  // latents fire at it on the batches.
+  std::string Calibrate(const std::vector<torch::Tensor>& batches) override;
   bool uses_dead_latents() const override {
-    return sae_->options().architecture == latentd::v1::TOPK &&
+    const auto architecture = sae_->options().architecture;
+    return (architecture == latentd::v1::TOPK || architecture == latentd::v1::BATCHTOPK) &&
            sae_->options().aux_k_coefficient > 0;
   }
-  // SAELens layout through engine/sae.h's SaveSae: sae_weights.safetensors + cfg.json.
+  // SAELens layout through engine/sae.h's SaveSae: sae_weights.safetensors + cfg.json
+  // (BatchTopK as a JumpReLU SAE with its threshold on every latent).
   absl::Status Save(const std::string& dir) override;
   // Recorded in cfg.json.
   void set_provenance(std::string hook_name, std::string model_name) {
