@@ -176,6 +176,34 @@ TEST(TrainLoopTest, BatchTopKResumesToTheSameThreshold) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
 }
 
+// Two ranks each keep the k x rows largest of their own slice; both calibrate the threshold on
+// the same rows with the same weights, so they agree on it as on the weights.
+TEST(TrainLoopTest, TwoGlooRanksAgreeOnTheBatchTopKThreshold) {
+  SaeModelOptions batch_topk = Sae();
+  batch_topk.architecture = latentd::v1::BATCHTOPK;
+  InMemoryDenseRowSource source(DictionaryRows(1024, 6), kWidth, 64);
+  auto store = NewInProcessStore();
+  Trainer rank0(&source, Adam(), batch_topk), rank1(&source, Adam(), batch_topk);
+  absl::StatusOr<TrainLoopResult> r0, r1;
+  auto train = [&](Trainer* run, int rank, absl::StatusOr<TrainLoopResult>* out) {
+    auto sync = JoinProcessGroup(store, {.rank = rank, .world_size = 2});
+    *out = sync.ok() ? run->Go(Loop(20), nullptr, sync->get())
+                     : absl::StatusOr<TrainLoopResult>(sync.status());
+  };
+  std::thread t0(train, &rank0, 0, &r0);
+  std::thread t1(train, &rank1, 1, &r1);
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(r0.ok()) << r0.status();
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  const float threshold = rank0.model.sae()->batch_threshold.item<float>();
+  EXPECT_GT(threshold, 0.0f);
+  EXPECT_EQ(rank1.model.sae()->batch_threshold.item<float>(), threshold);
+  auto a = rank0.model.parameters();
+  auto b = rank1.model.parameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+}
+
 // TopK's AuxK runs on the latents the loop's counters call dead (here after 3 steps without
 // firing): it shows in telemetry whenever latents are dead, and since the counters are part of
 // the checkpoint a resumed run still ends with the uninterrupted run's weights.
