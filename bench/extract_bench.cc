@@ -5,11 +5,15 @@
 //
 //   bazel run -c opt //bench:extract_bench -- [--tokens=65536] [--rounds=3] [--threads=N]
 //                                             [--no_peer] [--hooks=N [--torchscript]]
+//                                             [--sae=topk|jumprelu]
 // Default is the quick 65,536-token variant; --tokens=1048576 is the full X1. --hooks=N (2..4)
 // measures instead one job of N outputs (blocks.0..N-1.hook_resid_post, each with the SAE) against
 // N one-hook jobs of the same outputs, alternating which goes first, in the same run; with
 // --torchscript the model is the same transformer as a TorchScript module returning every hidden
 // state (bench/reference_torchscript.py, the Hugging Face export layout), which has no early exit.
+// --sae=jumprelu encodes with a JumpReLU SAE instead (Gemma Scope's kind; also what a BatchTopK SAE
+// becomes), the same weights with one threshold set on the model's activations so that k latents
+// fire a row on average: its codes are ragged (a count per row), not k a row (no Python peer).
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -148,6 +152,7 @@ int main(int argc, char** argv) {
   bool peer = true;
   int hooks = 1;
   bool torchscript = false;
+  bool jumprelu = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (absl::StartsWith(a, "--tokens="))
@@ -162,6 +167,10 @@ int main(int argc, char** argv) {
       hooks = std::atoi(a.c_str() + 8);
     else if (a == "--torchscript")
       torchscript = true;
+    else if (a == "--sae=jumprelu")
+      jumprelu = true;
+    else if (a == "--sae=topk")
+      jumprelu = false;
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -180,16 +189,6 @@ int main(int argc, char** argv) {
   at::manual_seed(42);
   at::Tensor w_dec = at::randn({kDsae, 256});
   w_dec = w_dec / w_dec.norm(2, 1, true);
-  SaeConfig sae_cfg;
-  sae_cfg.d_in = 256;
-  sae_cfg.d_sae = kDsae;
-  sae_cfg.k = kK;
-  sae_cfg.architecture = SaeArchitecture::kTopK;
-  sae_cfg.hook_name = "blocks.2.hook_resid_post";
-  Check(SaveSae(dir + "/sae",
-                {w_dec.t().contiguous(), at::zeros({kDsae}), w_dec, at::zeros({256}), {}}, sae_cfg),
-        "SaveSae");
-
   latentd::v1::ExtractSpec spec;
   spec.mutable_model()->mutable_reference();  // X1 defaults, seed 0
   spec.set_hook_name("blocks.2.hook_resid_post");
@@ -200,6 +199,31 @@ int main(int argc, char** argv) {
   auto hook = *ParseHookName(spec.hook_name());
   auto model = ReferenceModel::Create(spec.model().reference(), hook, at::kCPU);
   Check(model.status(), "model");
+  SaeConfig sae_cfg;
+  sae_cfg.d_in = 256;
+  sae_cfg.d_sae = kDsae;
+  sae_cfg.k = jumprelu ? 0 : kK;
+  sae_cfg.architecture = jumprelu ? SaeArchitecture::kJumpRelu : SaeArchitecture::kTopK;
+  sae_cfg.hook_name = "blocks.2.hook_resid_post";
+  at::Tensor threshold;
+  if (jumprelu) {
+    // One threshold: the (1 - k / d_sae) quantile of the pre-activations on 8 sequences.
+    auto tokens = TokenSource::Open(spec.tokens());
+    Check(tokens.status(), "tokens");
+    std::vector<int64_t> ids(8 * (*tokens)->context_length());
+    Check((*tokens)->Read(0, 8, ids.data()), "sample tokens");
+    at::NoGradGuard no_grad;
+    const at::Tensor x = (*model)->Forward(at::tensor(ids).view({8, -1})).reshape({-1, 256});
+    const at::Tensor pre = at::matmul(x, w_dec.t()).flatten();
+    const int64_t above = pre.numel() * kK / kDsae;
+    const float cut = std::get<0>(pre.topk(above)).min().item<float>();
+    threshold = at::full({kDsae}, cut);
+  }
+  Check(SaveSae(dir + "/sae",
+                {w_dec.t().contiguous(), at::zeros({kDsae}), w_dec, at::zeros({256}), threshold},
+                sae_cfg),
+        "SaveSae");
+  if (jumprelu) peer = false;  // the peer encodes TopK
   {
     auto named = (*model)->NamedWeights();
     std::vector<StTensorToWrite> tensors;
@@ -233,9 +257,9 @@ int main(int argc, char** argv) {
   }
 
   std::printf(
-      "X1 extraction: %lld tokens (%lld sequences x %d), hook %s, TopK d_sae %d k %d, %d threads\n",
+      "X1 extraction: %lld tokens (%lld sequences x %d), hook %s, %s d_sae %d k %d, %d threads\n",
       static_cast<long long>(num_tokens), static_cast<long long>(num_tokens / kCtx), kCtx,
-      spec.hook_name().c_str(), kDsae, kK, threads);
+      spec.hook_name().c_str(), jumprelu ? "JumpReLU (k on average)" : "TopK", kDsae, kK, threads);
   double best_floor = 0, best_job = 0, best_peer = 0, bytes_per_token = 0;
   int64_t device_mem = 0, rss = 0;
   for (int round = 0; round < rounds; ++round) {

@@ -148,14 +148,7 @@ SparseCodes EncodePass(const at::Tensor& pre, const SaeConfig& cfg, const at::Te
     codes.values = at::relu(vals.gather(1, perm));
     return codes;
   }
-  at::Tensor z = cfg.architecture == SaeArchitecture::kRelu
-                     ? at::relu(pre)
-                     : pre * (pre > threshold).to(pre.scalar_type());
-  at::Tensor mask = z != 0;
-  codes.row_counts = mask.sum(1, /*keepdim=*/false, at::kLong);
-  codes.indices = mask.nonzero().select(1, 1).to(at::kInt);  // row-major, columns ascending
-  codes.values = z.masked_select(mask);
-  return codes;
+  return RaggedCodes(pre, cfg.architecture == SaeArchitecture::kRelu ? at::Tensor() : threshold);
 }
 
 }  // namespace

@@ -1,9 +1,80 @@
 #include "engine/sparse_codes.h"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <tuple>
+#include <vector>
 
 namespace latentd::engine {
+
+namespace {
+
+// Whether an entry of pre survives: relu(v) != 0, i.e. !(v <= 0) (a NaN stays, as in ATen), or
+// for JumpReLU v > threshold and v != 0.
+inline bool Kept(float v, const float* threshold, int64_t j) {
+  return threshold == nullptr ? !(v <= 0.0f) : (v > threshold[j] && v != 0.0f);
+}
+
+SparseCodes RaggedCodesAten(const at::Tensor& pre, const at::Tensor& threshold) {
+  const at::Tensor z =
+      threshold.defined() ? pre * (pre > threshold).to(pre.scalar_type()) : at::relu(pre);
+  const at::Tensor mask = z != 0;
+  SparseCodes codes;
+  codes.row_counts = mask.sum(1, /*keepdim=*/false, at::kLong);
+  codes.indices = mask.nonzero().select(1, 1).to(at::kInt);  // row-major, columns ascending
+  codes.values = z.masked_select(mask);
+  return codes;
+}
+
+}  // namespace
+
+SparseCodes RaggedCodes(const at::Tensor& pre, const at::Tensor& threshold) {
+  if (!pre.device().is_cpu() || pre.scalar_type() != at::kFloat || pre.dim() != 2 ||
+      (threshold.defined() &&
+       (!threshold.device().is_cpu() || threshold.scalar_type() != at::kFloat ||
+        threshold.numel() != pre.size(1)))) {
+    return RaggedCodesAten(pre, threshold);
+  }
+  const at::Tensor p = pre.contiguous();
+  const at::Tensor t = threshold.defined() ? threshold.contiguous() : at::Tensor();
+  const int64_t n = p.size(0), width = p.size(1);
+  const float* data = p.data_ptr<float>();
+  const float* cut = t.defined() ? t.data_ptr<float>() : nullptr;
+  SparseCodes codes;
+  codes.row_counts = at::empty({n}, at::kLong);
+  int64_t* counts = codes.row_counts.data_ptr<int64_t>();
+  // About 64 Ki entries a task: enough to pay for the task, small enough to spread the rows.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(width, 1));
+  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = data + r * width;
+      int64_t count = 0;
+      for (int64_t j = 0; j < width; ++j) count += Kept(row[j], cut, j);
+      counts[r] = count;
+    }
+  });
+  std::vector<int64_t> offsets(n + 1, 0);
+  for (int64_t r = 0; r < n; ++r) offsets[r + 1] = offsets[r] + counts[r];
+  codes.indices = at::empty({offsets[n]}, at::kInt);
+  codes.values = at::empty({offsets[n]}, at::kFloat);
+  int32_t* indices = codes.indices.data_ptr<int32_t>();
+  float* values = codes.values.data_ptr<float>();
+  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = data + r * width;
+      int64_t at = offsets[r];
+      for (int64_t j = 0; j < width; ++j) {
+        if (Kept(row[j], cut, j)) {
+          indices[at] = static_cast<int32_t>(j);
+          values[at] = row[j];
+          ++at;
+        }
+      }
+    }
+  });
+  return codes;
+}
 
 at::Tensor DecodeSparseCodes(const at::Tensor& W_dec, const at::Tensor& b_dec,
                              const SparseCodes& codes, int64_t rows) {

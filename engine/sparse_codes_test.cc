@@ -27,6 +27,31 @@ TEST(SparseCodesTest, RaggedCodesDecodeAsTheirDenseCodes) {
 }
 
 // The sums reconstruction figures are made of, rows that are not kept (NaN ones) left out.
+// The fused CPU pass keeps exactly the non-zero entries of z, by row, columns ascending, for
+// ReLU and JumpReLU (thresholds of both signs, exact zeros, an empty row, a strided input), as
+// the dense z the ATen ops build.
+TEST(SparseCodesTest, RaggedCodesAreTheNonZerosOfTheDenseCodes) {
+  at::manual_seed(5);
+  at::Tensor pre = at::randn({300, 70});
+  pre.index_put_({at::rand({300, 70}) < 0.05}, 0.0f);   // exact zeros
+  pre[7].fill_(-1.0f);                                  // a row that fires nothing
+  const at::Tensor threshold = at::randn({70}) * 0.5;   // some thresholds below zero
+  const at::Tensor strided = at::randn({70, 300}).t();  // not contiguous
+  for (const at::Tensor& p : {pre, strided}) {
+    for (const at::Tensor& t : {at::Tensor(), threshold}) {
+      const at::Tensor z = t.defined() ? p * (p > t).to(at::kFloat) : at::relu(p);
+      const SparseCodes codes = RaggedCodes(p, t);
+      ASSERT_FALSE(codes.fixed_k());
+      const at::Tensor mask = z != 0;
+      EXPECT_TRUE(at::equal(codes.row_counts, mask.sum(1, false, at::kLong)));
+      EXPECT_TRUE(at::equal(codes.indices, mask.nonzero().select(1, 1).to(at::kInt)));
+      EXPECT_TRUE(at::equal(codes.values, z.masked_select(mask)));
+    }
+  }
+  EXPECT_EQ(RaggedCodes(pre, threshold).row_counts[7].item<int64_t>(),
+            (threshold < -1.0f).sum().item<int64_t>());
+}
+
 TEST(SparseCodesTest, ReconstructionSumsLeaveOutTheRowsNotKept) {
   at::manual_seed(8);
   at::Tensor x = at::randn({6, 4}), x_hat = x + 0.1 * at::randn({6, 4});
