@@ -63,12 +63,12 @@ SparseCodes RaggedCodes(const at::Tensor& pre, const at::Tensor& threshold) {
   at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* row = data + r * width;
-      int64_t at = offsets[r];
+      int64_t next = offsets[r];
       for (int64_t j = 0; j < width; ++j) {
         if (Kept(row[j], cut, j)) {
-          indices[at] = static_cast<int32_t>(j);
-          values[at] = row[j];
-          ++at;
+          indices[next] = static_cast<int32_t>(j);
+          values[next] = row[j];
+          ++next;
         }
       }
     }
