@@ -3,7 +3,9 @@
 //   - DecodeSparseCodes (an embedding_bag of decoder rows weighted by the codes' values) equals
 //     z W_dec + b_dec of the dense codes, for fixed-k (TopK) and ragged (ReLU) layouts;
 //   - ReconstructionSums equals the same sums computed in float64, rows not kept (NaN) left out;
-//   - on CUDA both give the CPU's answers for the same inputs.
+//   - on CUDA both give the CPU's answers for the same inputs;
+//   - RaggedCodes (the ReLU / JumpReLU encoder's codes) on CUDA, where the ATen ops build them,
+//     keeps the same entries as the CPU's fused kernel.
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
@@ -19,6 +21,7 @@ namespace gpu_kit {
 namespace {
 
 using latentd::engine::DecodeSparseCodes;
+using latentd::engine::RaggedCodes;
 using latentd::engine::ReconstructionSums;
 using latentd::engine::SparseCodes;
 
@@ -110,10 +113,44 @@ int Main() {
                 " (one NaN row left out); SSE off by " + Sci(rel) + " (relative)");
   });
 
+  // The fused CPU kernel against the ATen formulation it replaces (what CUDA runs).
+  const at::Tensor pre = at::randn({300, 512});
+  const at::Tensor threshold = at::randn({512}) * 0.5;
+  r.Guard("engine.ragged_codes.cpu", [&] {
+    bool same = true;
+    for (const at::Tensor& t : {at::Tensor(), threshold}) {
+      const at::Tensor z = t.defined() ? pre * (pre > t).to(at::kFloat) : pre.relu();
+      const at::Tensor mask = z != 0;
+      const SparseCodes codes = RaggedCodes(pre, t);
+      same = same && at::equal(codes.row_counts, mask.sum(1, false, at::kLong)) &&
+             at::equal(codes.indices, mask.nonzero().select(1, 1).to(at::kInt)) &&
+             at::equal(codes.values, z.masked_select(mask));
+    }
+    r.Check(same, "engine.ragged_codes.cpu",
+            same ? "ReLU and JumpReLU codes equal the dense codes' non-zeros"
+                 : "the fused kernel's codes differ from the dense codes' non-zeros");
+  });
+
   if (!cuda) {
     r.Skip("engine.sparse_decode.cuda", "SKIP (no CUDA)");
+    r.Skip("engine.ragged_codes.cuda", "SKIP (no CUDA)");
     return r.exit_code();
   }
+  r.Guard("engine.ragged_codes.cuda", [&] {
+    const at::Device dev(at::kCUDA, 0);
+    bool same = true;
+    for (const at::Tensor& t : {at::Tensor(), threshold}) {
+      const SparseCodes on_cpu = RaggedCodes(pre, t);
+      const SparseCodes on_gpu = RaggedCodes(pre.to(dev), t.defined() ? t.to(dev) : t);
+      same = same && on_gpu.indices.device().is_cuda() &&
+             at::equal(on_gpu.row_counts.to(at::kCPU), on_cpu.row_counts) &&
+             at::equal(on_gpu.indices.to(at::kCPU), on_cpu.indices) &&
+             at::equal(on_gpu.values.to(at::kCPU), on_cpu.values);
+    }
+    r.Check(same, "engine.ragged_codes.cuda",
+            same ? "the device's codes equal the CPU kernel's (ReLU, JumpReLU)"
+                 : "the device's codes differ from the CPU kernel's");
+  });
   r.Guard("engine.sparse_decode.cuda", [&] {
     const at::Device dev(at::kCUDA, 0);
     const at::Tensor W = in.W_dec.to(dev), b = in.b_dec.to(dev);
