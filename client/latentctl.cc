@@ -1321,7 +1321,8 @@ int Telemetry(Client& client, const std::vector<std::string>& args) {
   grpc::Status status = reader->Finish();
   if (!status.ok()) return RpcError(status);
   if (!json) {
-    // The AuxK column only for jobs that train with it (TopK SAEs with aux_k_coefficient > 0).
+    // The AuxK column only for jobs that train with it (TopK and BatchTopK SAEs with
+    // aux_k_coefficient > 0).
     const bool aux_k = std::any_of(samples.begin(), samples.end(),
                                    [](const v1::TrainTelemetry& s) { return s.aux_k_loss() > 0; });
     std::printf("%-7s %-11s %-8s %-7s %-6s %s%-10s %-12s %-12s %-12s %s\n", "STEP", "LOSS", "FVU",
