@@ -140,14 +140,7 @@ namespace {
 
 // The codes of the rows whose pre-activations are `pre`.
 SparseCodes EncodePass(const at::Tensor& pre, const SaeConfig& cfg, const at::Tensor& threshold) {
-  SparseCodes codes;
-  if (cfg.architecture == SaeArchitecture::kTopK) {
-    auto [vals, idx] = pre.topk(cfg.k, /*dim=*/1, /*largest=*/true, /*sorted=*/false);
-    auto [sorted_idx, perm] = idx.sort(/*dim=*/1);
-    codes.indices = sorted_idx.to(at::kInt);
-    codes.values = at::relu(vals.gather(1, perm));
-    return codes;
-  }
+  if (cfg.architecture == SaeArchitecture::kTopK) return FixedKCodes(pre, cfg.k);
   return RaggedCodes(pre, cfg.architecture == SaeArchitecture::kRelu ? at::Tensor() : threshold);
 }
 

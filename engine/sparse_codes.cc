@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace latentd::engine {
@@ -27,7 +28,72 @@ SparseCodes RaggedCodesAten(const at::Tensor& pre, const at::Tensor& threshold) 
   return codes;
 }
 
+SparseCodes FixedKCodesAten(const at::Tensor& pre, int64_t k) {
+  auto [values, indices] = pre.topk(k, /*dim=*/1, /*largest=*/true, /*sorted=*/false);
+  auto [sorted_indices, order] = indices.sort(/*dim=*/1);
+  SparseCodes codes;
+  codes.indices = sorted_indices.to(at::kInt);
+  codes.values = at::relu(values.gather(1, order));
+  return codes;
+}
+
+// Restores the min-heap order of (value, index) pairs below `at` (the root is the smallest).
+void SiftDown(float* value, int32_t* index, int64_t k, int64_t at) {
+  while (true) {
+    const int64_t left = 2 * at + 1, right = left + 1;
+    int64_t smallest = at;
+    if (left < k && value[left] < value[smallest]) smallest = left;
+    if (right < k && value[right] < value[smallest]) smallest = right;
+    if (smallest == at) return;
+    std::swap(value[at], value[smallest]);
+    std::swap(index[at], index[smallest]);
+    at = smallest;
+  }
+}
+
 }  // namespace
+
+SparseCodes FixedKCodes(const at::Tensor& pre, int64_t k) {
+  if (!pre.device().is_cpu() || pre.scalar_type() != at::kFloat || pre.dim() != 2 || k < 1 ||
+      k > pre.size(1)) {
+    return FixedKCodesAten(pre, k);
+  }
+  const at::Tensor p = pre.contiguous();
+  const int64_t n = p.size(0), width = p.size(1);
+  const float* data = p.data_ptr<float>();
+  SparseCodes codes;
+  codes.indices = at::empty({n, k}, at::kInt);
+  codes.values = at::empty({n, k}, at::kFloat);
+  int32_t* out_index = codes.indices.data_ptr<int32_t>();
+  float* out_value = codes.values.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / width);
+  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> value(k);
+    std::vector<int32_t> index(k);
+    std::vector<std::pair<int32_t, float>> kept(k);
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = data + r * width;
+      for (int64_t j = 0; j < k; ++j) {
+        value[j] = row[j];
+        index[j] = static_cast<int32_t>(j);
+      }
+      for (int64_t j = k / 2 - 1; j >= 0; --j) SiftDown(value.data(), index.data(), k, j);
+      for (int64_t j = k; j < width; ++j) {
+        if (row[j] <= value[0]) continue;
+        value[0] = row[j];
+        index[0] = static_cast<int32_t>(j);
+        SiftDown(value.data(), index.data(), k, 0);
+      }
+      for (int64_t j = 0; j < k; ++j) kept[j] = {index[j], value[j]};
+      std::sort(kept.begin(), kept.end());
+      for (int64_t j = 0; j < k; ++j) {
+        out_index[r * k + j] = kept[j].first;
+        out_value[r * k + j] = std::max(kept[j].second, 0.0f);
+      }
+    }
+  });
+  return codes;
+}
 
 SparseCodes RaggedCodes(const at::Tensor& pre, const at::Tensor& threshold) {
   if (!pre.device().is_cpu() || pre.scalar_type() != at::kFloat || pre.dim() != 2 ||

@@ -31,6 +31,14 @@ struct SparseCodes {
 // entries in the same order for finite pre.
 SparseCodes RaggedCodes(const at::Tensor& pre, const at::Tensor& threshold);
 
+// The fixed-k codes of the rows whose pre-activations are `pre` [n, d_sae] (TopK: the k largest
+// of each row, then ReLU'd), indices ascending within a row. A float32 CPU `pre` takes one pass
+// per row keeping a k-entry min-heap (most entries fail one comparison with its root), over the
+// cores, instead of at::topk, a sort of the indices and a gather; other devices and dtypes take
+// those ATen ops. The two agree except where entries tie at the k-th value, which each breaks its
+// own way (both keep k of them).
+SparseCodes FixedKCodes(const at::Tensor& pre, int64_t k);
+
 // x_hat of `rows` rows from their codes, without forming z: each row the value-weighted sum of
 // its latents' rows of W_dec [d_sae, d_in] (an embedding_bag; k x d_in multiply-adds a row),
 // + b_dec [d_in]. On the weights' device.

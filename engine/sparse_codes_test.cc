@@ -52,6 +52,31 @@ TEST(SparseCodesTest, RaggedCodesAreTheNonZerosOfTheDenseCodes) {
             (threshold < -1.0f).sum().item<int64_t>());
 }
 
+// The heap kernel keeps each row's k largest entries, indices ascending, ReLU'd, as at::topk +
+// sort + gather do (no ties here: random floats), for k from 1 to the width, and keeps k of tied
+// entries.
+TEST(SparseCodesTest, FixedKCodesAreEachRowsKLargest) {
+  at::manual_seed(6);
+  at::Tensor pre = at::randn({257, 90});
+  pre[3] = -2.0f - at::rand({90});  // all negative: k entries, all 0 once ReLU'd
+  const at::Tensor strided = at::randn({90, 257}).t();
+  for (const at::Tensor& p : {pre, strided}) {
+    for (int64_t k : {1, 7, 32, 90}) {
+      SCOPED_TRACE(k);
+      const SparseCodes codes = FixedKCodes(p, k);
+      ASSERT_TRUE(codes.fixed_k());
+      auto [values, indices] = p.topk(k, 1, /*largest=*/true, /*sorted=*/false);
+      auto [sorted_indices, order] = indices.sort(1);
+      EXPECT_TRUE(at::equal(codes.indices, sorted_indices.to(at::kInt)));
+      EXPECT_TRUE(at::equal(codes.values, values.gather(1, order).relu()));
+    }
+  }
+  EXPECT_EQ(FixedKCodes(pre, 7).values[3].abs().sum().item<float>(), 0.0f);
+  const SparseCodes tied = FixedKCodes(at::ones({2, 10}), 4);
+  EXPECT_EQ(std::get<0>(at::_unique(tied.indices[0])).numel(), 4);
+  EXPECT_TRUE(at::equal(tied.values, at::ones({2, 4})));
+}
+
 TEST(SparseCodesTest, ReconstructionSumsLeaveOutTheRowsNotKept) {
   at::manual_seed(8);
   at::Tensor x = at::randn({6, 4}), x_hat = x + 0.1 * at::randn({6, 4});
