@@ -73,6 +73,21 @@ struct Trainer {
   ShuffledRowStream stream;
 };
 
+// Runs `rank0` and `rank1` for `steps` steps as the two ranks of one Gloo group (no checkpoints).
+absl::Status TrainTwoRanks(Trainer* rank0, Trainer* rank1, int64_t steps) {
+  auto store = NewInProcessStore();
+  absl::Status status[2];
+  auto train = [&](Trainer* run, int rank) {
+    auto sync = JoinProcessGroup(store, {.rank = rank, .world_size = 2});
+    status[rank] = sync.ok() ? run->Go(Loop(steps), nullptr, sync->get()).status() : sync.status();
+  };
+  std::thread t0(train, rank0, 0);
+  std::thread t1(train, rank1, 1);
+  t0.join();
+  t1.join();
+  return status[0].ok() ? status[1] : status[0];
+}
+
 TEST(TrainLoopTest, LossFallsAndTelemetryMatchesTheOptimizersAccounting) {
   InMemoryDenseRowSource source(DictionaryRows(1024, 1), kWidth, 64);
   Trainer run(&source);
@@ -113,25 +128,38 @@ OptimizerConfig Smfac() {
   return *OptimizerConfigFromProto(spec);
 }
 
-// Adam (moments, step count) and S-MFAC (ring buffer, error buffer, Gram matrix, momentum) alike.
+SaeModelOptions BatchTopKSae() {
+  SaeModelOptions options = Sae();
+  options.architecture = latentd::v1::BATCHTOPK;
+  return options;
+}
+
+// Adam (moments, step count) and S-MFAC (ring buffer, error buffer, Gram matrix, momentum) alike,
+// and a BatchTopK SAE's threshold (state outside the parameters, checkpointed with them).
 TEST(TrainLoopTest, ResumeAfterACrashGivesTheWeightsOfAnUninterruptedRun) {
-  for (const OptimizerConfig& config : {Adam(), Smfac()}) {
-    SCOPED_TRACE(config.name);
+  const std::pair<OptimizerConfig, SaeModelOptions> runs[] = {
+      {Adam(), Sae()}, {Smfac(), Sae()}, {Adam(), BatchTopKSae()}};
+  for (const auto& [config, sae] : runs) {
+    SCOPED_TRACE(config.name + " architecture " + std::to_string(sae.architecture));
     InMemoryDenseRowSource source(DictionaryRows(512, 2), kWidth, 32);
     InMemoryCheckpointStore uninterrupted_store;
-    Trainer uninterrupted(&source, config);
-    ASSERT_TRUE(uninterrupted.Go(Loop(45), &uninterrupted_store).ok());
+    Trainer uninterrupted(&source, config, sae);
+    auto straight = uninterrupted.Go(Loop(45), &uninterrupted_store);
+    ASSERT_TRUE(straight.ok()) << straight.status();
+    if (sae.architecture == latentd::v1::BATCHTOPK) {
+      EXPECT_NEAR(straight->final_l0, 4.0, 1e-6);  // k a row on average, by construction
+    }
 
     InMemoryCheckpointStore store;
     {
-      Trainer crashed(&source, config);
+      Trainer crashed(&source, config, sae);
       TrainLoopOptions options = Loop(45);
       options.crash_after_step = 27;  // the checkpoint at step 20 is the newest
       auto status = crashed.Go(options, &store).status();
       EXPECT_EQ(status.code(), absl::StatusCode::kAborted);
       EXPECT_EQ((*store.LoadLatest())->step, 20);
     }
-    Trainer resumed(&source, config);
+    Trainer resumed(&source, config, sae);
     auto result = resumed.Go(Loop(45), &store);
     ASSERT_TRUE(result.ok()) << result.status();
     EXPECT_EQ(result->resumed_from_step, 20);
@@ -141,61 +169,24 @@ TEST(TrainLoopTest, ResumeAfterACrashGivesTheWeightsOfAnUninterruptedRun) {
     for (size_t i = 0; i < a.size(); ++i) {
       EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
     }
+    auto buffers_a = uninterrupted.model.buffers();
+    auto buffers_b = resumed.model.buffers();
+    ASSERT_EQ(buffers_a.size(), sae.architecture == latentd::v1::BATCHTOPK ? 1u : 0u);
+    ASSERT_EQ(buffers_a.size(), buffers_b.size());
+    for (size_t i = 0; i < buffers_a.size(); ++i) {
+      EXPECT_GT(buffers_a[i].item<float>(), 0.0f);  // calibrated after the last step
+      EXPECT_TRUE(torch::equal(buffers_a[i], buffers_b[i])) << "buffer " << i;
+    }
     EXPECT_EQ(uninterrupted.optimizer->Memory().total(), resumed.optimizer->Memory().total());
   }
-}
-
-// BatchTopK's threshold is state outside the parameters: it is checkpointed with them, so a
-// resumed run ends with the uninterrupted run's threshold as well as its weights.
-TEST(TrainLoopTest, BatchTopKResumesToTheSameThreshold) {
-  SaeModelOptions batch_topk = Sae();
-  batch_topk.architecture = latentd::v1::BATCHTOPK;
-  InMemoryDenseRowSource source(DictionaryRows(512, 2), kWidth, 32);
-  InMemoryCheckpointStore uninterrupted_store;
-  Trainer uninterrupted(&source, Adam(), batch_topk);
-  auto straight = uninterrupted.Go(Loop(45), &uninterrupted_store);
-  ASSERT_TRUE(straight.ok()) << straight.status();
-  EXPECT_NEAR(straight->final_l0, 4.0, 1e-6);  // k a row on average, by construction
-
-  InMemoryCheckpointStore store;
-  {
-    Trainer crashed(&source, Adam(), batch_topk);
-    TrainLoopOptions options = Loop(45);
-    options.crash_after_step = 27;
-    EXPECT_EQ(crashed.Go(options, &store).status().code(), absl::StatusCode::kAborted);
-  }
-  Trainer resumed(&source, Adam(), batch_topk);
-  auto result = resumed.Go(Loop(45), &store);
-  ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(result->resumed_from_step, 20);
-  const float threshold = uninterrupted.model.sae()->batch_threshold.item<float>();
-  EXPECT_GT(threshold, 0.0f);
-  EXPECT_EQ(resumed.model.sae()->batch_threshold.item<float>(), threshold);
-  auto a = uninterrupted.model.parameters();
-  auto b = resumed.model.parameters();
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
 }
 
 // Two ranks each keep the k x rows largest of their own slice; both calibrate the threshold on
 // the same rows with the same weights, so they agree on it as on the weights.
 TEST(TrainLoopTest, TwoGlooRanksAgreeOnTheBatchTopKThreshold) {
-  SaeModelOptions batch_topk = Sae();
-  batch_topk.architecture = latentd::v1::BATCHTOPK;
   InMemoryDenseRowSource source(DictionaryRows(1024, 6), kWidth, 64);
-  auto store = NewInProcessStore();
-  Trainer rank0(&source, Adam(), batch_topk), rank1(&source, Adam(), batch_topk);
-  absl::StatusOr<TrainLoopResult> r0, r1;
-  auto train = [&](Trainer* run, int rank, absl::StatusOr<TrainLoopResult>* out) {
-    auto sync = JoinProcessGroup(store, {.rank = rank, .world_size = 2});
-    *out = sync.ok() ? run->Go(Loop(20), nullptr, sync->get())
-                     : absl::StatusOr<TrainLoopResult>(sync.status());
-  };
-  std::thread t0(train, &rank0, 0, &r0);
-  std::thread t1(train, &rank1, 1, &r1);
-  t0.join();
-  t1.join();
-  ASSERT_TRUE(r0.ok()) << r0.status();
-  ASSERT_TRUE(r1.ok()) << r1.status();
+  Trainer rank0(&source, Adam(), BatchTopKSae()), rank1(&source, Adam(), BatchTopKSae());
+  ASSERT_TRUE(TrainTwoRanks(&rank0, &rank1, 20).ok());
   const float threshold = rank0.model.sae()->batch_threshold.item<float>();
   EXPECT_GT(threshold, 0.0f);
   EXPECT_EQ(rank1.model.sae()->batch_threshold.item<float>(), threshold);
@@ -303,23 +294,8 @@ TEST(TrainLoopTest, CancelStopsAtAStepBoundaryAndCheckpoints) {
 
 TEST(TrainLoopTest, TwoGlooRanksHoldIdenticalStateAfter50Steps) {
   InMemoryDenseRowSource source(DictionaryRows(1024, 6), kWidth, 64);
-  auto store = NewInProcessStore();
   Trainer rank0(&source), rank1(&source), single(&source);
-  absl::StatusOr<TrainLoopResult> r0, r1;
-  auto train = [&](Trainer* run, int rank, absl::StatusOr<TrainLoopResult>* out) {
-    auto sync = JoinProcessGroup(store, {.rank = rank, .world_size = 2});
-    if (!sync.ok()) {
-      *out = sync.status();
-      return;
-    }
-    *out = run->Go(Loop(50), nullptr, sync->get());
-  };
-  std::thread t0(train, &rank0, 0, &r0);
-  std::thread t1(train, &rank1, 1, &r1);
-  t0.join();
-  t1.join();
-  ASSERT_TRUE(r0.ok()) << r0.status();
-  ASSERT_TRUE(r1.ok()) << r1.status();
+  ASSERT_TRUE(TrainTwoRanks(&rank0, &rank1, 50).ok());
   auto a = rank0.model.parameters();
   auto b = rank1.model.parameters();
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
