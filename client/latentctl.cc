@@ -531,10 +531,14 @@ void PrintDatasetLine(const v1::DatasetInfo& d, int name_width) {
   // The SAE's explained variance on the rows, where it was measured.
   const std::string fit =
       d.fit().rows() > 0 ? absl::StrFormat("%.4f", d.fit().explained_variance()) : "-";
-  std::printf("%-5llu %-*s %-7s %-28s %-6d %-10lld %-9.5f %-8lld %-8s %s\n",
+  // Which encoder made the latents: "topk 32", "jumprelu", "relu"; "-" for hidden states.
+  const std::string encoder = d.encoder().empty()     ? "-"
+                              : d.encoder() == "topk" ? absl::StrCat(d.encoder(), " ", d.k())
+                                                      : d.encoder();
+  std::printf("%-5llu %-*s %-7s %-28s %-9s %-6d %-10lld %-9.5f %-8lld %-8s %s\n",
               static_cast<unsigned long long>(d.id()), name_width, d.name().c_str(),
               d.kind() == v1::DENSE_ACTIVATIONS ? "DENSE" : "SPARSE", d.hook_name().c_str(),
-              d.d_sae(), static_cast<long long>(d.rows_committed()), d.density(),
+              encoder.c_str(), d.d_sae(), static_cast<long long>(d.rows_committed()), d.density(),
               static_cast<long long>(d.dead_latents()), fit.c_str(),
               Bytes(d.bytes_on_disk()).c_str());
 }
@@ -553,8 +557,8 @@ int Datasets(Client& client) {
   for (const auto& d : response.datasets()) {
     name_width = std::max(name_width, static_cast<int>(d.name().size()));
   }
-  std::printf("%-5s %-*s %-7s %-28s %-6s %-10s %-9s %-8s %-8s %s\n", "ID", name_width, "NAME",
-              "KIND", "HOOK", "WIDTH", "ROWS", "DENSITY", "DEAD", "SAE EV", "ON DISK");
+  std::printf("%-5s %-*s %-7s %-28s %-9s %-6s %-10s %-9s %-8s %-8s %s\n", "ID", name_width, "NAME",
+              "KIND", "HOOK", "ENCODER", "WIDTH", "ROWS", "DENSITY", "DEAD", "SAE EV", "ON DISK");
   for (const auto& d : response.datasets()) PrintDatasetLine(d, name_width);
   if (response.unreadable_size() > 0) {
     std::printf("\nunreadable (damaged metadata; `latentctl delete-dataset ID` removes one):\n");

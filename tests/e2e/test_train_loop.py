@@ -112,6 +112,9 @@ class TrainLoop(DaemonTestCase):
         listed = daemon.latentctl("datasets").stdout
         self.assertIn("SAE EV", listed)
         self.assertIn("%.4f" % fit.explained_variance, listed)
+        line = next(l for l in listed.splitlines()
+                    if l.startswith("%-5d " % sparse.result.extract.dataset_id))
+        self.assertIn(" topk 8 ", line)  # the encoder that made the latents
         rows, _ = c.read_rows(sparse.result.extract.dataset_id, 0, 4)
         self.assertEqual(rows.shape[1], 256)
         # Packed pieces (numpy.frombuffer of 16-bit words) and repeated fields give the same rows.
