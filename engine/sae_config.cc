@@ -98,6 +98,21 @@ absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
   }
   if (j.contains("hook_name") && j["hook_name"].is_string()) cfg.hook_name = j["hook_name"];
   if (j.contains("model_name") && j["model_name"].is_string()) cfg.model_name = j["model_name"];
+  // SAELens options that change what the encoder computes from the hook's activations: encoding
+  // without them would store latents the SAE never gives, silently, so they are refused.
+  if (j.contains("normalize_activations") && !j["normalize_activations"].is_null() &&
+      !(j["normalize_activations"].is_string() &&
+        (j["normalize_activations"] == "none" || j["normalize_activations"] == ""))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cfg.json: normalize_activations ", j["normalize_activations"].dump(),
+        " rescales the encoder's input, which latentd does not do (it encodes the hook's "
+        "activations as they are): the latents would not be this SAE's. Supported: \"none\""));
+  }
+  if (j.contains("rescale_acts_by_decoder_norm") && j["rescale_acts_by_decoder_norm"] == true) {
+    return absl::InvalidArgumentError(
+        "cfg.json: rescale_acts_by_decoder_norm true scales each latent by its decoder norm "
+        "before the activation, which latentd does not do: the latents would not be this SAE's");
+  }
   return cfg;
 }
 

@@ -187,6 +187,24 @@ TEST(SaeTest, RejectsShapeMismatchMissingTensorsBadConfigAndNonFiniteWeights) {
   EXPECT_EQ(Sae::Load(dir).status().code(), absl::StatusCode::kInvalidArgument);
   std::ofstream(dir + "/cfg.json") << "not json";
   EXPECT_EQ(Sae::Load(dir).status().code(), absl::StatusCode::kInvalidArgument);
+  // SAELens options the encoder would have to apply: refused, naming the field (the latents
+  // would otherwise silently not be the SAE's); their neutral values load.
+  for (const char* option : {R"("normalize_activations": "constant_norm_rescale")",
+                             R"("normalize_activations": "expected_average_only_in")",
+                             R"("rescale_acts_by_decoder_norm": true)"}) {
+    std::ofstream(dir + "/cfg.json")
+        << R"({"d_in": 8, "d_sae": 16, "architecture": "standard", )" << option << "}";
+    const absl::Status s = Sae::Load(dir).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << option;
+    EXPECT_NE(s.message().find(std::string(option).substr(1, 12)), std::string::npos) << s;
+  }
+  for (const char* option :
+       {R"("normalize_activations": "none")", R"("normalize_activations": null)",
+        R"("rescale_acts_by_decoder_norm": false)"}) {
+    std::ofstream(dir + "/cfg.json")
+        << R"({"d_in": 8, "d_sae": 16, "architecture": "standard", )" << option << "}";
+    EXPECT_TRUE(Sae::Load(dir).ok()) << option;
+  }
   EXPECT_EQ(Sae::Load(TempDir("sae_empty")).status().code(), absl::StatusCode::kNotFound);
   SaeWeights nan = RandomWeights(8, 16, 7);
   nan.W_dec[0][0] = std::nanf("");
