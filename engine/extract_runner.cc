@@ -108,6 +108,21 @@ std::string ExtractOutputField(int output, absl::string_view field) {
 
 namespace {
 
+// How an encoder chose the stored entries, for the dataset's metadata.
+const char* ThresholdPolicy(SaeArchitecture architecture) {
+  switch (architecture) {
+    case SaeArchitecture::kJumpRelu:
+      return "per-latent threshold (pre > threshold)";
+    case SaeArchitecture::kTopK:
+      return "topk then relu, zeros dropped";
+    case SaeArchitecture::kGated:
+      return "gate (pre_gate > 0) times relu(magnitude), zeros dropped";
+    case SaeArchitecture::kRelu:
+      break;
+  }
+  return "relu, zeros dropped";
+}
+
 // `status` about output `output`, naming its field where it names output 0's ("extract.sae...",
 // ...): the checks below run on ExtractOutputSpec, whose messages name the first output's fields.
 absl::Status ForOutput(const absl::Status& status, int output) {
@@ -509,11 +524,7 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
     if (c.sparse) {
       meta.encoder = SaeArchitectureName(out.sae_cfg.architecture);
       meta.k = out.sae_cfg.k;
-      meta.threshold_policy = out.sae_cfg.architecture == SaeArchitecture::kJumpRelu
-                                  ? "per-latent threshold (pre > threshold)"
-                              : out.sae_cfg.architecture == SaeArchitecture::kTopK
-                                  ? "topk then relu, zeros dropped"
-                                  : "relu, zeros dropped";
+      meta.threshold_policy = ThresholdPolicy(out.sae_cfg.architecture);
       meta.apply_b_dec_to_input = out.sae_cfg.apply_b_dec_to_input;
       meta.width = static_cast<int32_t>(out.sae_cfg.d_sae);
       meta.sae_weight_hash = saes_cpu[o].weight_hash();

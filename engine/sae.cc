@@ -58,6 +58,21 @@ absl::StatusOr<at::Tensor> ToTensor(const SafetensorsFile& file, const StTensorI
 
 }  // namespace
 
+std::vector<std::pair<const char*, const at::Tensor*>> SaeWeights::Named(bool gated) const {
+  std::vector<std::pair<const char*, const at::Tensor*>> named;
+  for (const auto& [name, t] : std::initializer_list<std::pair<const char*, const at::Tensor*>>{
+           {"W_enc", &W_enc},
+           {gated ? "b_gate" : "b_enc", &b_enc},
+           {"W_dec", &W_dec},
+           {"b_dec", &b_dec},
+           {"threshold", &threshold},
+           {"r_mag", &r_mag},
+           {"b_mag", &b_mag}}) {
+    if (t->defined()) named.emplace_back(name, t);
+  }
+  return named;
+}
+
 absl::StatusOr<Sae> Sae::Create(const SaeConfig& cfg, SaeWeights w) {
   RETURN_IF_ERROR(CheckShape(w.W_enc, "W_enc", {cfg.d_in, cfg.d_sae}));
   RETURN_IF_ERROR(CheckShape(w.b_enc, "b_enc", {cfg.d_sae}));
@@ -66,14 +81,17 @@ absl::StatusOr<Sae> Sae::Create(const SaeConfig& cfg, SaeWeights w) {
   if (cfg.architecture == SaeArchitecture::kJumpRelu) {
     RETURN_IF_ERROR(CheckShape(w.threshold, "threshold", {cfg.d_sae}));
   }
+  if (cfg.architecture == SaeArchitecture::kGated) {
+    RETURN_IF_ERROR(CheckShape(w.r_mag, "r_mag", {cfg.d_sae}));
+    RETURN_IF_ERROR(CheckShape(w.b_mag, "b_mag", {cfg.d_sae}));
+  }
   if (cfg.architecture == SaeArchitecture::kTopK && (cfg.k <= 0 || cfg.k > cfg.d_sae)) {
     return absl::InvalidArgumentError(
         absl::StrCat("SAE k = ", cfg.k, " out of [1, ", cfg.d_sae, "]"));
   }
   Sae sae;
   sae.cfg_ = cfg;
-  auto f = [](const at::Tensor& t) { return t.defined() ? t.to(at::kFloat).contiguous() : t; };
-  sae.w_ = {f(w.W_enc), f(w.b_enc), f(w.W_dec), f(w.b_dec), f(w.threshold)};
+  sae.w_ = w.Map([](const at::Tensor& t) { return t.to(at::kFloat).contiguous(); });
   return sae;
 }
 
@@ -93,10 +111,12 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir) {
     return absl::OkStatus();
   };
   RETURN_IF_ERROR(load({"W_enc", "encoder.weight"}, &w.W_enc));
-  RETURN_IF_ERROR(load({"b_enc", "encoder.bias"}, &w.b_enc));
+  RETURN_IF_ERROR(load({"b_enc", "encoder.bias", "b_gate"}, &w.b_enc));
   RETURN_IF_ERROR(load({"W_dec"}, &w.W_dec));
   RETURN_IF_ERROR(load({"b_dec"}, &w.b_dec));
   RETURN_IF_ERROR(load({"threshold"}, &w.threshold));
+  RETURN_IF_ERROR(load({"r_mag"}, &w.r_mag));
+  RETURN_IF_ERROR(load({"b_mag"}, &w.b_mag));
   auto sae = Create(cfg, std::move(w));
   if (!sae.ok())
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", sae.status().message()));
@@ -111,8 +131,7 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir) {
 Sae Sae::To(const at::Device& device) const {
   Sae copy;
   copy.cfg_ = cfg_;
-  auto mv = [&](const at::Tensor& t) { return t.defined() ? t.to(device) : t; };
-  copy.w_ = {mv(w_.W_enc), mv(w_.b_enc), mv(w_.W_dec), mv(w_.b_dec), mv(w_.threshold)};
+  copy.w_ = w_.Map([&](const at::Tensor& t) { return t.to(device); });
   return copy;
 }
 
@@ -121,7 +140,17 @@ at::Tensor Sae::PreActivations(const at::Tensor& x) const {
   return at::addmm(w_.b_enc, in, w_.W_enc);
 }
 
+at::Tensor Sae::GatedActivations(const at::Tensor& x) const {
+  const at::Tensor in = cfg_.apply_b_dec_to_input ? x - w_.b_dec : x;
+  // In place on m: one [rows, d_sae] float tensor and a bool mask, within the pass's scratch.
+  at::Tensor m = at::mm(in, w_.W_enc);
+  const at::Tensor gate = m > w_.b_enc.neg();  // m + b_gate > 0, without a float temporary
+  m.mul_(w_.r_mag.exp()).add_(w_.b_mag).relu_();
+  return m.mul_(gate);
+}
+
 at::Tensor Sae::EncodeDense(const at::Tensor& x) const {
+  if (cfg_.architecture == SaeArchitecture::kGated) return GatedActivations(x);
   at::Tensor pre = PreActivations(x);
   switch (cfg_.architecture) {
     case SaeArchitecture::kRelu:
@@ -132,28 +161,33 @@ at::Tensor Sae::EncodeDense(const at::Tensor& x) const {
       auto [vals, idx] = pre.topk(cfg_.k, /*dim=*/1);
       return at::zeros_like(pre).scatter_(1, idx, at::relu(vals));
     }
+    case SaeArchitecture::kGated:
+      break;  // above
   }
   return pre;
 }
 
-namespace {
-
-// The codes of the rows whose pre-activations are `pre`.
-SparseCodes EncodePass(const at::Tensor& pre, const SaeConfig& cfg, const at::Tensor& threshold) {
-  if (cfg.architecture == SaeArchitecture::kTopK) return FixedKCodes(pre, cfg.k);
-  return RaggedCodes(pre, cfg.architecture == SaeArchitecture::kRelu ? at::Tensor() : threshold);
+SparseCodes Sae::EncodePass(const at::Tensor& x) const {
+  switch (cfg_.architecture) {
+    case SaeArchitecture::kTopK:
+      return FixedKCodes(PreActivations(x), cfg_.k);
+    case SaeArchitecture::kJumpRelu:
+      return RaggedCodes(PreActivations(x), w_.threshold);
+    case SaeArchitecture::kGated:  // z >= 0: its ReLU codes are its non-zeros
+      return RaggedCodes(GatedActivations(x), at::Tensor());
+    case SaeArchitecture::kRelu:
+      break;
+  }
+  return RaggedCodes(PreActivations(x), at::Tensor());
 }
-
-}  // namespace
 
 SparseCodes Sae::EncodeSparse(const at::Tensor& x, int64_t rows_per_pass) const {
   const int64_t n = x.size(0);
   const int64_t per_pass = rows_per_pass > 0 ? rows_per_pass : EncodeRowsPerPass(cfg_.d_sae);
-  if (n <= per_pass) return EncodePass(PreActivations(x), cfg_, w_.threshold);
+  if (n <= per_pass) return EncodePass(x);
   std::vector<at::Tensor> indices, values, row_counts;
   for (int64_t a = 0; a < n; a += per_pass) {
-    SparseCodes part =
-        EncodePass(PreActivations(x.narrow(0, a, std::min(per_pass, n - a))), cfg_, w_.threshold);
+    SparseCodes part = EncodePass(x.narrow(0, a, std::min(per_pass, n - a)));
     indices.push_back(part.indices);
     values.push_back(part.values);
     if (!part.fixed_k()) row_counts.push_back(part.row_counts);
@@ -170,9 +204,7 @@ at::Tensor Sae::Decode(const at::Tensor& z) const { return at::addmm(w_.b_dec, z
 
 int64_t Sae::weight_bytes() const {
   int64_t n = 0;
-  for (const at::Tensor* t : {&w_.W_enc, &w_.b_enc, &w_.W_dec, &w_.b_dec, &w_.threshold}) {
-    if (t->defined()) n += t->numel() * 4;
-  }
+  for (const auto& [name, t] : w_.Named(false)) n += t->numel() * 4;
   return n;
 }
 
@@ -187,11 +219,7 @@ absl::Status SaveSae(const std::string& dir, const SaeWeights& weights, const Sa
     cpu.push_back(t.to(at::kCPU).contiguous());
     tensors.push_back({name, StDtype::kF32, t.sizes().vec(), nullptr});
   };
-  add("W_enc", w.W_enc);
-  add("b_enc", w.b_enc);
-  add("W_dec", w.W_dec);
-  add("b_dec", w.b_dec);
-  add("threshold", w.threshold);
+  for (const auto& [name, t] : w.Named(cfg.architecture == SaeArchitecture::kGated)) add(name, *t);
   for (size_t i = 0; i < tensors.size(); ++i) tensors[i].data = cpu[i].data_ptr();
   RETURN_IF_ERROR(WriteSafetensors(dir + "/sae_weights.safetensors", tensors, {{"format", "pt"}}));
   const std::string tmp = dir + "/cfg.json.tmp";

@@ -8,6 +8,9 @@
 //             gives the same stored set: {j in top-k of pre : pre_j > 0}. Ties at the k-th value
 //             are broken by at::topk (unspecified but deterministic on one device).
 //   JumpReLU: z = pre * (pre > threshold)
+//   Gated (SAELens' GatedSAE; b_enc holds b_gate): with m = (x - b_dec) W_enc,
+//             z = (m + b_gate > 0) * relu(m * exp(r_mag) + b_mag)   -- the gate and the magnitude
+//             share W_enc, the magnitude path rescaled per latent
 // Sparse codes hold exactly the non-zero entries of z, column indices ascending within a row.
 #ifndef LATENTD_ENGINE_SAE_H_
 #define LATENTD_ENGINE_SAE_H_
@@ -17,6 +20,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -35,10 +40,21 @@ inline int64_t EncodeRowsPerPass(int64_t d_sae) {
 
 struct SaeWeights {
   at::Tensor W_enc;      // [d_in, d_sae]
-  at::Tensor b_enc;      // [d_sae]
+  at::Tensor b_enc;      // [d_sae]; Gated: b_gate
   at::Tensor W_dec;      // [d_sae, d_in]
   at::Tensor b_dec;      // [d_in]
   at::Tensor threshold;  // [d_sae], JumpReLU only (undefined otherwise)
+  at::Tensor r_mag;      // [d_sae], Gated only: log of the magnitude path's scale per latent
+  at::Tensor b_mag;      // [d_sae], Gated only: the magnitude path's bias
+
+  // Every tensor through f (undefined ones stay undefined), in declaration order.
+  template <typename F>
+  SaeWeights Map(F f) const {
+    auto g = [&](const at::Tensor& t) { return t.defined() ? f(t) : t; };
+    return {g(W_enc), g(b_enc), g(W_dec), g(b_dec), g(threshold), g(r_mag), g(b_mag)};
+  }
+  // The tensors with their SAELens names (b_enc as "b_gate" for Gated), defined ones only.
+  std::vector<std::pair<const char*, const at::Tensor*>> Named(bool gated) const;
 };
 
 class Sae {
@@ -75,6 +91,11 @@ class Sae {
   int64_t weight_bytes() const;
 
  private:
+  // The codes of one pass of rows (EncodeSparse).
+  SparseCodes EncodePass(const at::Tensor& x) const;
+  // Gated: the codes' dense z.
+  at::Tensor GatedActivations(const at::Tensor& x) const;
+
   SaeConfig cfg_;
   std::string weight_hash_;
   SaeWeights w_;

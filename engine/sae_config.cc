@@ -25,6 +25,8 @@ const char* SaeArchitectureName(SaeArchitecture a) {
       return "topk";
     case SaeArchitecture::kJumpRelu:
       return "jumprelu";
+    case SaeArchitecture::kGated:
+      return "gated";
   }
   return "?";
 }
@@ -77,9 +79,11 @@ absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
     cfg.architecture = SaeArchitecture::kTopK;
   } else if (arch == "jumprelu") {
     cfg.architecture = SaeArchitecture::kJumpRelu;
+  } else if (arch == "gated") {
+    cfg.architecture = SaeArchitecture::kGated;
   } else {
     return absl::InvalidArgumentError(absl::StrCat("cfg.json: unsupported architecture \"", arch,
-                                                   "\" (standard, relu, topk, jumprelu)"));
+                                                   "\" (standard, relu, topk, jumprelu, gated)"));
   }
   if (cfg.d_in <= 0) return absl::InvalidArgumentError("cfg.json: d_in must be positive");
   if (cfg.d_sae <= 0) return absl::InvalidArgumentError("cfg.json: d_sae must be positive");
@@ -187,7 +191,12 @@ absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir) {
     return absl::InvalidArgumentError(absl::StrCat(weights, ": tensor ", names[0], " missing"));
   };
   RETURN_IF_ERROR(check({"W_enc", "encoder.weight"}, {cfg->d_in, cfg->d_sae}, true, true));
-  RETURN_IF_ERROR(check({"b_enc", "encoder.bias"}, {cfg->d_sae}, false, true));
+  const bool gated = cfg->architecture == SaeArchitecture::kGated;
+  RETURN_IF_ERROR(check(gated ? std::vector<std::string>{"b_gate"}
+                              : std::vector<std::string>{"b_enc", "encoder.bias"},
+                        {cfg->d_sae}, false, true));
+  RETURN_IF_ERROR(check({"r_mag"}, {cfg->d_sae}, false, gated));
+  RETURN_IF_ERROR(check({"b_mag"}, {cfg->d_sae}, false, gated));
   RETURN_IF_ERROR(check({"W_dec"}, {cfg->d_sae, cfg->d_in}, false, true));
   RETURN_IF_ERROR(check({"b_dec"}, {cfg->d_in}, false, true));
   RETURN_IF_ERROR(

@@ -2,13 +2,15 @@
 // submit-time validation stays cheap (it reads cfg.json and the safetensors header only).
 //
 // Accepted cfg.json fields: d_in, d_sae (sparsify: num_latents), architecture ("standard"/"relu",
-// "topk", "jumprelu"; absent with a k means topk, as sparsify writes), k (or
+// "topk", "jumprelu", "gated"; absent with a k means topk, as sparsify writes), k (or
 // activation_fn_kwargs.k), apply_b_dec_to_input (default true), hook_name, model_name, dtype.
 // Refused (INVALID_ARGUMENT naming the field), because they change what the encoder computes:
 // SAELens' normalize_activations other than "none", rescale_acts_by_decoder_norm true.
 // Weights: sae_weights.safetensors, else the only *.safetensors file in the directory, holding
 // W_enc [d_in, d_sae] (or sparsify's encoder.weight [d_sae, d_in]), b_enc (encoder.bias) [d_sae],
-// W_dec [d_sae, d_in], b_dec [d_in], and threshold [d_sae] for JumpReLU; F32, F16, BF16 or F64.
+// W_dec [d_sae, d_in], b_dec [d_in], threshold [d_sae] for JumpReLU, and for Gated (SAELens'
+// GatedSAE, Rajamanoharan et al. 2024) b_gate (in place of b_enc), r_mag and b_mag [d_sae];
+// F32, F16, BF16 or F64.
 #ifndef LATENTD_ENGINE_SAE_CONFIG_H_
 #define LATENTD_ENGINE_SAE_CONFIG_H_
 
@@ -20,8 +22,8 @@
 
 namespace latentd::engine {
 
-enum class SaeArchitecture { kRelu, kTopK, kJumpRelu };
-const char* SaeArchitectureName(SaeArchitecture a);  // "relu", "topk", "jumprelu"
+enum class SaeArchitecture { kRelu, kTopK, kJumpRelu, kGated };
+const char* SaeArchitectureName(SaeArchitecture a);  // "relu", "topk", "jumprelu", "gated"
 
 struct SaeConfig {
   int64_t d_in = 0;

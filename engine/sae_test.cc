@@ -17,8 +17,10 @@ std::string TempDir(const std::string& name) {
 
 SaeWeights RandomWeights(int64_t d_in, int64_t d_sae, uint64_t seed) {
   at::manual_seed(seed);
-  return {at::randn({d_in, d_sae}), at::randn({d_sae}) * 0.1, at::randn({d_sae, d_in}),
-          at::randn({d_in}) * 0.1, at::rand({d_sae})};
+  // threshold for JumpReLU; r_mag and b_mag for Gated (the others ignore what they do not use).
+  return {at::randn({d_in, d_sae}),      at::randn({d_sae}) * 0.1, at::randn({d_sae, d_in}),
+          at::randn({d_in}) * 0.1,       at::rand({d_sae}),        at::randn({d_sae}) * 0.3,
+          at::randn({d_sae}) * 0.5 - 0.2};
 }
 
 SaeConfig Cfg(SaeArchitecture arch, int64_t d_in, int64_t d_sae, int k = 0) {
@@ -48,11 +50,15 @@ std::map<int, float> Row(const SparseCodes& c, int64_t r) {
 }
 
 TEST(SaeTest, SparseCodesEqualTheNonZerosOfTheDenseDefinition) {
-  for (auto arch : {SaeArchitecture::kRelu, SaeArchitecture::kTopK, SaeArchitecture::kJumpRelu}) {
+  for (auto arch : {SaeArchitecture::kRelu, SaeArchitecture::kTopK, SaeArchitecture::kJumpRelu,
+                    SaeArchitecture::kGated}) {
     auto sae = Sae::Create(Cfg(arch, 8, 40, 5), RandomWeights(8, 40, 1));
     ASSERT_TRUE(sae.ok()) << sae.status();
     at::Tensor x = at::randn({6, 8});
-    at::Tensor pre = (x - sae->weights().b_dec).matmul(sae->weights().W_enc) + sae->weights().b_enc;
+    const SaeWeights& w = sae->weights();
+    at::Tensor pre = (x - w.b_dec).matmul(w.W_enc) + w.b_enc;
+    // Gated: the magnitude path (SAELens' GatedSAE: W_enc scaled by exp(r_mag), bias b_mag).
+    at::Tensor magnitude = ((x - w.b_dec).matmul(w.W_enc * w.r_mag.exp()) + w.b_mag).relu();
     SparseCodes codes = sae->EncodeSparse(x);
     for (int64_t r = 0; r < 6; ++r) {
       std::map<int, float> want;
@@ -61,11 +67,12 @@ TEST(SaeTest, SparseCodesEqualTheNonZerosOfTheDenseDefinition) {
       std::sort(order.rbegin(), order.rend());
       for (int rank = 0; rank < 40; ++rank) {
         auto [p, j] = order[rank];
-        bool keep = arch == SaeArchitecture::kRelu ? p > 0
-                    : arch == SaeArchitecture::kTopK
-                        ? rank < 5 && p > 0
-                        : p > sae->weights().threshold[j].item<float>();
-        if (keep) want[j] = p;
+        const float mag = magnitude[r][j].item<float>();
+        bool keep = arch == SaeArchitecture::kRelu    ? p > 0
+                    : arch == SaeArchitecture::kTopK  ? rank < 5 && p > 0
+                    : arch == SaeArchitecture::kGated ? p > 0 && mag > 0
+                                                      : p > w.threshold[j].item<float>();
+        if (keep) want[j] = arch == SaeArchitecture::kGated ? mag : p;
       }
       auto got = Row(codes, r);
       ASSERT_EQ(got.size(), want.size()) << SaeArchitectureName(arch) << " row " << r;
@@ -82,7 +89,8 @@ TEST(SaeTest, EncodingInPassesStitchesThePassesInRowOrder) {
   EXPECT_EQ(EncodeRowsPerPass(4096), 16384);
   EXPECT_EQ(EncodeRowsPerPass(int64_t{1} << 20), 64);
   EXPECT_EQ(EncodeRowsPerPass(int64_t{1} << 30), 1);
-  for (auto arch : {SaeArchitecture::kRelu, SaeArchitecture::kTopK, SaeArchitecture::kJumpRelu}) {
+  for (auto arch : {SaeArchitecture::kRelu, SaeArchitecture::kTopK, SaeArchitecture::kJumpRelu,
+                    SaeArchitecture::kGated}) {
     auto sae = Sae::Create(Cfg(arch, 8, 40, 5), RandomWeights(8, 40, 11));
     ASSERT_TRUE(sae.ok()) << sae.status();
     at::Tensor x = at::randn({11, 8});
@@ -106,8 +114,9 @@ TEST(SaeTest, EncodingInPassesStitchesThePassesInRowOrder) {
 
 // The sparse decoder gives z W_dec + b_dec of the dense codes, for both code layouts.
 TEST(SaeTest, DecodingSparseCodesEqualsDecodingTheDenseCodes) {
-  for (auto [arch, k] : {std::pair{SaeArchitecture::kTopK, 5}, std::pair{SaeArchitecture::kRelu, 0},
-                         std::pair{SaeArchitecture::kJumpRelu, 0}}) {
+  for (auto [arch, k] :
+       {std::pair{SaeArchitecture::kTopK, 5}, std::pair{SaeArchitecture::kRelu, 0},
+        std::pair{SaeArchitecture::kJumpRelu, 0}, std::pair{SaeArchitecture::kGated, 0}}) {
     auto sae = Sae::Create(Cfg(arch, 12, 40, k), RandomWeights(12, 40, 6));
     ASSERT_TRUE(sae.ok()) << sae.status();
     at::manual_seed(7);
@@ -150,6 +159,32 @@ TEST(SaeTest, SaveThenLoadRoundTrips) {
   EXPECT_TRUE(at::equal(sae->weights().threshold, w.threshold));
 }
 
+// A Gated SAE in SAELens' layout: b_gate (no b_enc), r_mag, b_mag; a file without r_mag is
+// refused naming it.
+TEST(SaeTest, GatedSaesSaveAndLoadInSaeLensLayout) {
+  std::string dir = TempDir("sae_gated");
+  SaeWeights w = RandomWeights(8, 16, 9);
+  ASSERT_TRUE(SaveSae(dir, w, Cfg(SaeArchitecture::kGated, 8, 16)).ok());
+  auto header = ReadStHeader(dir + "/sae_weights.safetensors");
+  ASSERT_TRUE(header.ok());
+  EXPECT_NE(header->Find("b_gate"), nullptr);
+  EXPECT_EQ(header->Find("b_enc"), nullptr);
+  auto sae = Sae::Load(dir);
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  EXPECT_EQ(sae->config().architecture, SaeArchitecture::kGated);
+  EXPECT_TRUE(at::equal(sae->weights().b_enc, w.b_enc));
+  EXPECT_TRUE(at::equal(sae->weights().r_mag, w.r_mag));
+  const at::Tensor x = at::randn({5, 8});
+  auto made = Sae::Create(Cfg(SaeArchitecture::kGated, 8, 16), w);
+  ASSERT_TRUE(made.ok());
+  EXPECT_TRUE(at::equal(sae->EncodeDense(x), made->EncodeDense(x)));
+  SaeWeights no_r_mag = w;
+  no_r_mag.r_mag = at::Tensor();
+  const absl::Status missing = Sae::Create(Cfg(SaeArchitecture::kGated, 8, 16), no_r_mag).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.message().find("r_mag"), std::string::npos) << missing;
+}
+
 TEST(SaeTest, LoadsTheSparsifyLayout) {
   std::string dir = TempDir("sae_sparsify");
   SaeWeights w = RandomWeights(4, 12, 5);
@@ -183,7 +218,7 @@ TEST(SaeTest, RejectsShapeMismatchMissingTensorsBadConfigAndNonFiniteWeights) {
   std::ofstream(dir + "/cfg.json")
       << R"({"d_in": 8, "d_sae": 16, "architecture": "topk", "k": 99})";
   EXPECT_EQ(Sae::Load(dir).status().code(), absl::StatusCode::kInvalidArgument);
-  std::ofstream(dir + "/cfg.json") << R"({"d_in": 8, "d_sae": 16, "architecture": "gated"})";
+  std::ofstream(dir + "/cfg.json") << R"({"d_in": 8, "d_sae": 16, "architecture": "gated2"})";
   EXPECT_EQ(Sae::Load(dir).status().code(), absl::StatusCode::kInvalidArgument);
   std::ofstream(dir + "/cfg.json") << "not json";
   EXPECT_EQ(Sae::Load(dir).status().code(), absl::StatusCode::kInvalidArgument);

@@ -81,6 +81,10 @@ class ExtractParityTest(unittest.TestCase):
             cfg["k"] = K
         if architecture == "jumprelu":
             w["threshold"] = torch.rand(D_SAE, generator=g) * 0.5
+        if architecture == "gated":  # SAELens' GatedSAE: b_gate in place of b_enc
+            w["b_gate"] = w.pop("b_enc")
+            w["r_mag"] = torch.randn(D_SAE, generator=g) * 0.3
+            w["b_mag"] = torch.randn(D_SAE, generator=g) * 0.1 - 0.05
         write_safetensors(os.path.join(d, "sae_weights.safetensors"), w)
         with open(os.path.join(d, "cfg.json"), "w") as f:
             json.dump(cfg, f)
@@ -112,11 +116,26 @@ class ExtractParityTest(unittest.TestCase):
         s.update(extra)
         return s
 
-    def check_sparse(self, got, x, w, cfg):
-        np.testing.assert_array_equal(got["token_ids"], self.ids)
+    @staticmethod
+    def encode(x, w, cfg):
+        """(z, pre) as SAELens encodes x: TopK keeps the k largest pre, then ReLU; Gated multiplies
+        the gate (pre_gate > 0) into the ReLU of the magnitude path (pre is then pre_gate)."""
         with torch.no_grad():
             inp = x - w["b_dec"] if cfg["apply_b_dec_to_input"] else x
-            pre = (inp @ w["W_enc"] + w["b_enc"]).numpy()
+            if cfg["architecture"] == "gated":
+                pre = inp @ w["W_enc"] + w["b_gate"]
+                magnitude = (inp @ (w["W_enc"] * w["r_mag"].exp()) + w["b_mag"]).relu()
+                return magnitude * (pre > 0), pre
+            pre = inp @ w["W_enc"] + w["b_enc"]
+            if cfg["architecture"] == "topk":
+                top = pre.topk(K, dim=1)
+                return torch.zeros_like(pre).scatter(1, top.indices, top.values.relu()), pre
+            return pre * (pre > w["threshold"]), pre
+
+    def check_sparse(self, got, x, w, cfg):
+        np.testing.assert_array_equal(got["token_ids"], self.ids)
+        z, pre = self.encode(x, w, cfg)
+        z, pre = z.numpy(), pre.numpy()
         indptr, indices, values = got["indptr"], got["indices"], got["values"]
         self.assertEqual(len(indptr), len(self.ids) + 1)
         swaps = 0
@@ -129,7 +148,7 @@ class ExtractParityTest(unittest.TestCase):
                 want = set(int(j) for j in top if p[j] > 0)
                 kth = p[top[-1]]
             else:
-                want = set(int(j) for j in np.nonzero(p > w["threshold"].numpy())[0])
+                want = set(int(j) for j in np.nonzero(z[r])[0])
                 kth = None
             got_set = set(int(j) for j in row_idx)
             self.assertEqual(len(got_set), len(row_idx), "duplicate index in row %d" % r)
@@ -138,21 +157,15 @@ class ExtractParityTest(unittest.TestCase):
                 self.assertLessEqual(abs(p[j] - kth), 1e-5, "row %d: latent %d is no tie" % (r, j))
                 swaps += 1
             for j, v in zip(row_idx, row_val):
-                ref = p[j]
+                ref = p[j] if cfg["architecture"] == "topk" else z[r][j]
                 self.assertLessEqual(abs(v - ref), 2e-3 * abs(ref) + 1e-4, "row %d latent %d" % (r, j))
         return swaps
 
     def check_fit(self, fit, x, w, cfg):
         """The SAE's fit as latentd reports it against the SAELens-style figures from x and
         x_hat = z W_dec + b_dec, z encoded here."""
+        z, _ = self.encode(x, w, cfg)
         with torch.no_grad():
-            inp = x - w["b_dec"] if cfg["apply_b_dec_to_input"] else x
-            pre = inp @ w["W_enc"] + w["b_enc"]
-            if cfg["architecture"] == "topk":
-                top = pre.topk(K, dim=1)
-                z = torch.zeros_like(pre).scatter(1, top.indices, top.values.relu())
-            else:
-                z = pre * (pre > w["threshold"])
             x_hat = z @ w["W_dec"] + w["b_dec"]
             x64, h64 = x.double(), x_hat.double()
             sse = ((x64 - h64) ** 2).sum().item()
@@ -195,6 +208,13 @@ class ExtractParityTest(unittest.TestCase):
         got = self.run_tool(self.spec("blocks.0.hook_resid_post", d))
         self.check_sparse(got, self.hidden[1], w, cfg)
         self.check_fit(got["result"]["fit"], self.hidden[1], w, cfg)
+
+    def test_gated_matches_python(self):
+        d, w, cfg = self.make_sae("sae_gated", "gated")
+        got = self.run_tool(self.spec("hidden_states.2", d))
+        self.check_sparse(got, self.hidden[2], w, cfg)
+        self.check_fit(got["result"]["fit"], self.hidden[2], w, cfg)
+        self.assertGreater(len(got["indices"]), 0)
 
     def test_dense_fp32_stores_the_hidden_states(self):
         got = self.run_tool(self.spec("hidden_states.3", mode="DENSE", valueDtype="FLOAT32"))
