@@ -33,6 +33,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "client/dataset_siblings.h"
 #include "client/latent_view.h"
 #include "client/telemetry_plot.h"
 #include "client/vocabulary.h"
@@ -103,7 +104,8 @@ ABSL_FLAG(int32_t, silent, 0,
           "latent, dashboard, examples: also this many windows where the latent never fires, "
           "drawn at random (reproducibly), to read its examples against");
 ABSL_FLAG(bool, all_hooks, false,
-          "prompt: also through the other hooks (and SAEs) of the dataset's EXTRACT job");
+          "prompt: also through the other hooks (and SAEs) of the dataset's EXTRACT job, and "
+          "other jobs' over the same tokens and model (a suite extracted a job per layer)");
 ABSL_FLAG(uint64_t, in_dataset, 0,
           "cofiring/token: count the latents of this dataset on the selected rows (another "
           "output of the same EXTRACT job, or a dataset over the same tokens)");
@@ -815,10 +817,7 @@ int Weights(Client& client, const std::vector<std::string>& args) {
   return 0;
 }
 
-// Which latents fire on a prompt (EncodePrompt): `prompt ID T1 T2 ...`, each token an id or,
-// with --vocab, the text of one vocabulary entry.
-// The other SPARSE datasets its EXTRACT job filled over the same rows as dataset `info` (its
-// more_outputs: other hooks, other SAEs), in id order.
+// The datasets `info` is compared with (client/dataset_siblings.h), from the daemon's list.
 absl::StatusOr<std::vector<v1::DatasetInfo>> SiblingDatasets(Client& client,
                                                              const v1::DatasetInfo& info) {
   v1::ListDatasetsResponse all;
@@ -827,14 +826,7 @@ absl::StatusOr<std::vector<v1::DatasetInfo>> SiblingDatasets(Client& client,
   if (!status.ok()) {
     return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
   }
-  std::vector<v1::DatasetInfo> siblings;
-  for (const v1::DatasetInfo& d : all.datasets()) {
-    if (d.id() != info.id() && d.job_id() == info.job_id() && d.kind() != v1::DENSE_ACTIVATIONS &&
-        d.token_source() == info.token_source()) {
-      siblings.push_back(d);
-    }
-  }
-  return siblings;
+  return latentd::client::SiblingDatasets(info, all);
 }
 
 // "dataset D (name)" for a heading, the hook added unless the name (a more_outputs default)
@@ -864,6 +856,8 @@ void PrintPromptTokens(uint64_t id, const v1::EncodePromptResponse& response,
   }
 }
 
+// Which latents fire on a prompt (EncodePrompt): `prompt ID T1 T2 ...`, each token an id or,
+// with --vocab, the text of one vocabulary entry.
 int Prompt(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
   if (!ParseId(args, 1, &id) || args.size() < 3) {
@@ -1540,6 +1534,7 @@ datasets:
                                  page shading the prompt by each top latent (written into a
                                  dashboard directory, latents link to their pages);
                                  --all_hooks: also each other hook of the dataset's job
+                                 (and of other jobs over the same tokens and model)
   compare ID OTHER [--sample=N] [--limit=N]
                                  how far two datasets' SAEs learned the same directions: each
                                  latent's nearest decoder direction in the other SAE (mean,
