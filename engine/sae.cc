@@ -75,7 +75,8 @@ std::vector<std::pair<const char*, const at::Tensor*>> SaeWeights::Named(bool ga
 
 absl::StatusOr<Sae> Sae::Create(const SaeConfig& cfg, SaeWeights w) {
   RETURN_IF_ERROR(CheckShape(w.W_enc, "W_enc", {cfg.d_in, cfg.d_sae}));
-  RETURN_IF_ERROR(CheckShape(w.b_enc, "b_enc", {cfg.d_sae}));
+  RETURN_IF_ERROR(CheckShape(
+      w.b_enc, cfg.architecture == SaeArchitecture::kGated ? "b_gate" : "b_enc", {cfg.d_sae}));
   RETURN_IF_ERROR(CheckShape(w.W_dec, "W_dec", {cfg.d_sae, cfg.d_in}));
   RETURN_IF_ERROR(CheckShape(w.b_dec, "b_dec", {cfg.d_in}));
   if (cfg.architecture == SaeArchitecture::kJumpRelu) {
