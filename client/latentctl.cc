@@ -1274,8 +1274,9 @@ int Artifacts(Client& client) {
                 a.name().c_str(), static_cast<unsigned long long>(a.job_id()), a.path().c_str());
   }
   for (const auto& u : response.unreadable()) {
-    std::printf("%-5llu unreadable: %s\n", static_cast<unsigned long long>(u.artifact_id()),
-                u.error().c_str());
+    std::printf("%-5llu unreadable: %s (`latentctl delete-artifact %llu` removes the record)\n",
+                static_cast<unsigned long long>(u.artifact_id()), u.error().c_str(),
+                static_cast<unsigned long long>(u.artifact_id()));
   }
   return 0;
 }

@@ -25,8 +25,15 @@ fs::path Resolved(const std::string& path) {
 absl::StatusOr<ArtifactDeletion> DeleteArtifact(
     storage::ArtifactStore* artifacts, const std::string& artifact_dir,
     const std::vector<latentd::v1::Job>& unfinished_jobs, uint64_t id) {
-  ASSIGN_OR_RETURN(latentd::v1::Artifact artifact, artifacts->Get(id));
-  const fs::path dir = Resolved(artifact.path());
+  auto found = artifacts->Get(id);
+  // A record that does not parse can still be deleted: jobs are checked by its id, and its
+  // files, whose path it no longer gives, stay.
+  if (!found.ok() && found.status().code() != absl::StatusCode::kDataLoss) return found.status();
+  latentd::v1::Artifact artifact;
+  artifact.set_id(id);
+  if (found.ok()) artifact = *std::move(found);
+  // Resolved("") would be the daemon's working directory: an unknown path stays empty.
+  const fs::path dir = artifact.path().empty() ? fs::path() : Resolved(artifact.path());
   for (const latentd::v1::Job& job : unfinished_jobs) {
     if (!job.spec().has_extract()) continue;
     std::vector<const latentd::v1::SaeSource*> saes = {&job.spec().extract().sae()};
@@ -34,7 +41,7 @@ absl::StatusOr<ArtifactDeletion> DeleteArtifact(
     const bool names_it = std::any_of(saes.begin(), saes.end(), [&](const auto* sae) {
       return (sae->source_case() == latentd::v1::SaeSource::kArtifactId &&
               sae->artifact_id() == id) ||
-             (sae->source_case() == latentd::v1::SaeSource::kPath &&
+             (sae->source_case() == latentd::v1::SaeSource::kPath && !dir.empty() &&
               PathIsWithin(Resolved(sae->path()), dir));
     });
     if (names_it) {
@@ -48,7 +55,7 @@ absl::StatusOr<ArtifactDeletion> DeleteArtifact(
   ArtifactDeletion deletion;
   deletion.path = artifact.path();
   const fs::path root = artifact_dir.empty() ? fs::path() : Resolved(artifact_dir);
-  if (dir == root || !PathIsWithin(dir, root)) return deletion;
+  if (dir.empty() || dir == root || !PathIsWithin(dir, root)) return deletion;
   std::error_code ec;
   for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code size_ec;

@@ -22,10 +22,12 @@ struct ArtifactDeletion {
 // Deletes artifact `id`. FAILED_PRECONDITION naming the job while one of `unfinished_jobs` is an
 // EXTRACT naming the artifact (by id, or by a path inside its directory): a PENDING job would
 // fail when it starts, and one resumed after a restart could not finish its dataset. NOT_FOUND
-// for an unknown id. The files are removed only when the directory lies under `artifact_dir`
-// (symlinks resolved; TRAIN writes nowhere else), so a record can never make the daemon remove
-// anything outside it; an empty `artifact_dir` removes nothing. A job submitted between the check
-// and the delete fails at its start with NOT_FOUND naming extract.sae.artifact_id.
+// for an unknown id. A record that does not parse is deleted too (jobs checked by its id); its
+// files stay, since it no longer says where they are. The files are removed only when the directory
+// lies under `artifact_dir` (symlinks resolved; TRAIN writes nowhere else), so a record can never
+// make the daemon remove anything outside it; an empty `artifact_dir` removes nothing. A job
+// submitted between the check and the delete fails at its start with NOT_FOUND naming
+// extract.sae.artifact_id.
 absl::StatusOr<ArtifactDeletion> DeleteArtifact(
     storage::ArtifactStore* artifacts, const std::string& artifact_dir,
     const std::vector<latentd::v1::Job>& unfinished_jobs, uint64_t id);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/test_dir.h"
 #include "gtest/gtest.h"
+#include "storage/keys.h"
 
 namespace latentd::server {
 namespace {
@@ -91,6 +92,27 @@ TEST_F(ArtifactDeletionTest, RefusedWhileAnUnfinishedExtractNamesIt) {
 
 // A record is data the daemon wrote, but its path is never trusted to delete outside the
 // artifact dir (a symlink inside it pointing out counts as outside).
+// A record that does not parse (listed as unreadable) can be deleted: refused while a job names
+// its id, then removed with its name; no file is touched, since its path is unknown (an empty
+// path must not become the working directory).
+TEST_F(ArtifactDeletionTest, AnUnreadableRecordIsDeletedWithoutTouchingFiles) {
+  const uint64_t id = MakeArtifact("damaged", artifact_dir_ + "/damaged");
+  ASSERT_TRUE(
+      db_->Put(storage::Family::kMeta, storage::keys::ArtifactRecord(id), "\xff\xff", true).ok());
+  latentd::v1::Job job = ExtractJob(9, latentd::v1::PENDING);
+  job.mutable_spec()->mutable_extract()->mutable_sae()->set_artifact_id(id);
+  EXPECT_EQ(DeleteArtifact(artifacts_.get(), artifact_dir_, {job}, id).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto deleted = DeleteArtifact(artifacts_.get(), artifact_dir_, {}, id);
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_EQ(deleted->path, "");
+  EXPECT_EQ(deleted->bytes_freed, 0);
+  EXPECT_TRUE(fs::exists(artifact_dir_ + "/damaged/cfg.json"));
+  EXPECT_EQ(artifacts_->Get(id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(artifacts_->List()->unreadable_size(), 0);
+  EXPECT_TRUE(artifacts_->Register("damaged", artifact_dir_ + "/again", 2).ok());  // name freed
+}
+
 TEST_F(ArtifactDeletionTest, NeverRemovesFilesOutsideTheArtifactDir) {
   const std::string outside = root_ + "/user_sae";
   const uint64_t a = MakeArtifact("outside", outside);

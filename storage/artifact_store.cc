@@ -46,10 +46,26 @@ absl::StatusOr<uint64_t> ArtifactStore::Register(const std::string& name, const 
 
 absl::StatusOr<latentd::v1::Artifact> ArtifactStore::Delete(uint64_t id) {
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(latentd::v1::Artifact a, Get(id));
+  auto found = Get(id);
+  if (!found.ok() && found.status().code() != absl::StatusCode::kDataLoss) return found.status();
+  latentd::v1::Artifact a;
+  a.set_id(id);
+  if (found.ok()) a = *std::move(found);
   rocksdb::WriteBatch batch;
   batch.Delete(db_->handle(Family::kMeta), keys::ArtifactRecord(id));
-  batch.Delete(db_->handle(Family::kMeta), keys::ArtifactName(a.name()));
+  if (found.ok()) {
+    batch.Delete(db_->handle(Family::kMeta), keys::ArtifactName(a.name()));
+  } else {
+    // A record that does not parse names nothing: its names are found in the name index.
+    const std::string prefix = keys::ArtifactName("");
+    auto it = db_->NewIterator(Family::kMeta);
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      if (it->value().size() == 8 && ReadBigEndian64(it->value().data()) == id) {
+        batch.Delete(db_->handle(Family::kMeta), it->key());
+      }
+    }
+    RETURN_IF_ERROR(FromRocks(it->status(), "reading the artifact name index"));
+  }
   RETURN_IF_ERROR(db_->Write(&batch, /*sync=*/true));
   return a;
 }

@@ -24,7 +24,8 @@ class ArtifactStore {
   absl::StatusOr<uint64_t> Register(const std::string& name, const std::string& path,
                                     uint64_t job_id);
   // Removes the record and its name (synced) and returns it; the files at its path are the
-  // caller's to remove. NOT_FOUND for an unknown id.
+  // caller's to remove. NOT_FOUND for an unknown id. A record that does not parse (List shows it
+  // unreadable) is removed with every name mapped to its id, and comes back with the id alone.
   absl::StatusOr<latentd::v1::Artifact> Delete(uint64_t id);
   absl::StatusOr<latentd::v1::Artifact> Get(uint64_t id) const;                     // NOT_FOUND
   absl::StatusOr<latentd::v1::Artifact> FindByName(const std::string& name) const;  // NOT_FOUND
