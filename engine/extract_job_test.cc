@@ -374,6 +374,40 @@ TEST_F(ExtractJobTest, MoreOutputsStoreWhatOneHookJobsStore) {
   EXPECT_EQ(ctx.progress_.back(), 40 * kCtx);
 }
 
+// An SAE whose cfg.json names the hook it was trained on is checked against the hook it is given
+// (other names of the same activation count as the same): a mismatch is warned at the start.
+TEST_F(ExtractJobTest, AnSaeTrainedOnAnotherHookIsWarnedAtTheStart) {
+  auto sae = Sae::Load(root_ + "/sae");
+  ASSERT_TRUE(sae.ok());
+  SaeConfig elsewhere = sae->config();
+  elsewhere.hook_name = "blocks.0.hook_resid_post";
+  ASSERT_TRUE(SaveSae(Tmp("root/sae_layer0"), sae->weights(), elsewhere).ok());
+  SaeConfig same = sae->config();
+  same.hook_name = "blocks.2.hook_resid_pre";  // what blocks.1.hook_resid_post is, named after
+  ASSERT_TRUE(SaveSae(Tmp("root/sae_next_pre"), sae->weights(), same).ok());
+  auto db = OpenDb("db_hook_warning");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  latentd::v1::ExtractSpec spec = Spec();  // blocks.1.hook_resid_post
+  spec.mutable_sae()->set_path(root_ + "/sae_next_pre");
+  latentd::v1::ExtractOutput* more = spec.add_more_outputs();
+  more->set_hook_name(spec.hook_name());
+  more->mutable_sae()->set_path(root_ + "/sae_layer0");
+  more->set_dataset_name("layer0");
+  FakeContext ctx(71, 1);
+  ASSERT_TRUE(RunExtract(spec, env_, &ctx).ok());
+  std::vector<std::string> hook_warnings;
+  for (const std::string& w : ctx.warnings_) {
+    if (w.find("was trained on hook") != std::string::npos) hook_warnings.push_back(w);
+  }
+  ASSERT_EQ(hook_warnings.size(), 1u);
+  EXPECT_NE(hook_warnings[0].find("dataset layer0: its SAE was trained on hook "
+                                  "blocks.0.hook_resid_post (its cfg.json says), and this output "
+                                  "reads blocks.1.hook_resid_post"),
+            std::string::npos)
+      << hook_warnings[0];
+}
+
 // Every SPARSE output reports how well its SAE reconstructs the hook; one that does worse than
 // the mean is called out: the usual sign of an SAE for another hook or model.
 TEST_F(ExtractJobTest, TheSaeFitIsReportedAndAMisfitIsWarned) {

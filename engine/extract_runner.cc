@@ -549,6 +549,21 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
     opened.push_back(*std::move(sink));
   }
 
+  // An SAE that says which hook it was trained on (SAELens' cfg.json hook_name) but is given
+  // another: usually the wrong layer, which the fit shows only at the end of a long job.
+  for (int o = 0; ctx != nullptr && c.sparse && o < num_outputs; ++o) {
+    const CheckedOutput& out = c.outputs[o];
+    if (out.sae_cfg.hook_name.empty()) continue;
+    const absl::StatusOr<HookName> trained = ParseHookName(out.sae_cfg.hook_name);
+    if (!trained.ok() || SameActivation(*trained, out.hook)) continue;  // another naming: no say
+    ctx->Log(
+        latentd::v1::LogLine::WARNING,
+        absl::StrCat("dataset ", names[o], ": its SAE was trained on hook ", out.sae_cfg.hook_name,
+                     " (its cfg.json says), and this output reads ", out.hook_name,
+                     "; is it the SAE for this layer? (the fit at the end "
+                     "says how well it reconstructs this hook)"));
+  }
+
   PipelineOptions options;
   options.sparse = c.sparse;
   options.batch_sequences = c.batch_sequences;

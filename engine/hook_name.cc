@@ -60,4 +60,10 @@ absl::StatusOr<int> HiddenStateIndex(const HookName& hook) {
   }
 }
 
+bool SameActivation(const HookName& a, const HookName& b) {
+  if (a.point == b.point && a.layer == b.layer) return true;
+  const absl::StatusOr<int> x = HiddenStateIndex(a), y = HiddenStateIndex(b);
+  return x.ok() && y.ok() && *x == *y;
+}
+
 }  // namespace latentd::engine

@@ -34,6 +34,11 @@ absl::StatusOr<HookName> ParseHookName(const std::string& name);
 // are not in hidden_states: INVALID_ARGUMENT.
 absl::StatusOr<int> HiddenStateIndex(const HookName& hook);
 
+// Whether two hooks read the same activation: the same point of the same block, or the same
+// residual-stream position under its other names (blocks.L.hook_resid_post is
+// blocks.{L+1}.hook_resid_pre and hidden_states.{L+1}).
+bool SameActivation(const HookName& a, const HookName& b);
+
 }  // namespace latentd::engine
 
 #endif  // LATENTD_ENGINE_HOOK_NAME_H_

@@ -18,6 +18,21 @@ TEST(HookNameTest, ParsesTransformerLensAndHiddenStateNames) {
   EXPECT_FALSE(HiddenStateIndex(*ParseHookName("blocks.1.hook_mlp_out")).ok());
 }
 
+TEST(HookNameTest, SameActivationKnowsTheResidualStreamsOtherNames) {
+  auto same = [](const char* a, const char* b) {
+    return SameActivation(*ParseHookName(a), *ParseHookName(b));
+  };
+  EXPECT_TRUE(same("blocks.3.hook_resid_post", "blocks.3.hook_resid_post"));
+  EXPECT_TRUE(same("blocks.3.hook_resid_post", "blocks.4.hook_resid_pre"));
+  EXPECT_TRUE(same("blocks.3.hook_resid_post", "hidden_states.4"));
+  EXPECT_TRUE(same("hidden_states.0", "blocks.0.hook_resid_pre"));
+  EXPECT_TRUE(same("blocks.2.mlp.hook_post", "blocks.2.mlp.hook_post"));
+  EXPECT_FALSE(same("blocks.3.hook_resid_post", "blocks.3.hook_resid_pre"));
+  EXPECT_FALSE(same("blocks.3.hook_resid_post", "hidden_states.3"));
+  EXPECT_FALSE(same("blocks.3.hook_mlp_out", "blocks.3.hook_attn_out"));
+  EXPECT_FALSE(same("blocks.3.hook_resid_mid", "blocks.4.hook_resid_mid"));
+}
+
 TEST(HookNameTest, RejectsMalformedNames) {
   for (const char* bad : {"", "blocks", "blocks.x.hook_resid_post", "blocks.-1.hook_resid_post",
                           "blocks.1.hook_resid", "blocks.1", "hidden_states.", "hidden_states.-2",
