@@ -462,9 +462,15 @@ TEST_F(DatasetModelsTest, PromptsOnDatasetsOfTheSameWeightsShareOneModel) {
   // The second dataset's latents are its hook's: what a job of that hook alone gives. That job
   // ran the same weights: its prompts use the same model (and the same SAE).
   AddReferenceJob(71, "blocks.0.hook_resid_post", second_dir);
-  auto alone = models.EncodePrompt({32, 71, second_hash, model_hash, kDSae}, prompt);
-  ASSERT_TRUE(alone.ok()) << alone.status();
+  auto shared = models.EncodePrompt({32, 71, second_hash, model_hash, kDSae}, prompt);
+  ASSERT_TRUE(shared.ok()) << shared.status();
   EXPECT_EQ(models.cached_bytes(), model_bytes + 2 * sae_bytes);
+  // The answers to compare with come from a DatasetModels of its own: there job 71's model holds
+  // its one hook and has seen no other prompt, so neither the shared model's hook order nor the
+  // activations it keeps can make both sides wrong alike.
+  DatasetModels reference(env_);
+  auto alone = reference.EncodePrompt({32, 71, second_hash, model_hash, kDSae}, prompt);
+  ASSERT_TRUE(alone.ok()) << alone.status();
   auto expect_same_top = [](const PromptLatents& got, const PromptLatents& want) {
     ASSERT_EQ(got.top.size(), want.top.size());
     for (size_t i = 0; i < want.top.size(); ++i) {
@@ -473,12 +479,13 @@ TEST_F(DatasetModelsTest, PromptsOnDatasetsOfTheSameWeightsShareOneModel) {
     }
   };
   expect_same_top(*second, *alone);
+  expect_same_top(*shared, *alone);
   // The model keeps the last prompt's activations (the second dataset above reused the first's
   // forward); another prompt gets its own.
   prompt.token_ids = {42, 8, 15, 16};
   second = models.EncodePrompt(
       {31, 70, second_hash, model_hash, kDSae, "extract-70.blocks.0.hook_resid_post"}, prompt);
-  alone = models.EncodePrompt({32, 71, second_hash, model_hash, kDSae}, prompt);
+  alone = reference.EncodePrompt({32, 71, second_hash, model_hash, kDSae}, prompt);
   ASSERT_TRUE(second.ok() && alone.ok());
   ASSERT_EQ(second->tokens.size(), 4u);
   expect_same_top(*second, *alone);

@@ -280,8 +280,9 @@ TEST_F(TrainJobTest, ABatchTopKSaeIsSavedAsAJumpReluWithItsThreshold) {
   ASSERT_TRUE(store_->ReadDense(dense_id_, 0, 640, &rows, &tokens).ok());
   const at::Tensor x = torch::from_blob(rows.data(), {640, kWidth}, torch::kFloat32);
   const double l0 = (sae->EncodeDense(x) != 0).sum(1).to(torch::kFloat64).mean().item<double>();
-  EXPECT_GT(l0, 2.0);
-  EXPECT_LT(l0, 8.0);
+  // 3.97 with the calibrated threshold; SAELens' running average of the batches' cutoffs, tried
+  // first, gave 3.03 here (it still remembers the early batches), which this bound refuses.
+  EXPECT_NEAR(l0, 4.0, 0.5);
 }
 
 TEST_F(TrainJobTest, InterruptedJobResumesToTheWeightsOfAnUninterruptedOne) {
