@@ -57,14 +57,11 @@ absl::StatusOr<latentd::v1::Artifact> ArtifactStore::Delete(uint64_t id) {
     batch.Delete(db_->handle(Family::kMeta), keys::ArtifactName(a.name()));
   } else {
     // A record that does not parse names nothing: its names are found in the name index.
-    const std::string prefix = keys::ArtifactName("");
-    auto it = db_->NewIterator(Family::kMeta);
-    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-      if (it->value().size() == 8 && ReadBigEndian64(it->value().data()) == id) {
-        batch.Delete(db_->handle(Family::kMeta), it->key());
-      }
+    ASSIGN_OR_RETURN(const std::vector<std::string> names,
+                     NamesMappedTo(*db_, keys::ArtifactName(""), id));
+    for (const std::string& name : names) {
+      batch.Delete(db_->handle(Family::kMeta), keys::ArtifactName(name));
     }
-    RETURN_IF_ERROR(FromRocks(it->status(), "reading the artifact name index"));
   }
   RETURN_IF_ERROR(db_->Write(&batch, /*sync=*/true));
   return a;

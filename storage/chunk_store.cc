@@ -546,23 +546,10 @@ absl::StatusOr<latentd::v1::ListDatasetsResponse> ChunkStore::ListDatasets() con
     latentd::v1::UnreadableDataset* unreadable = out.add_unreadable();
     unreadable->set_dataset_id(id);
     unreadable->set_error(info.status().ToString());
-    auto names = NamesOf(id);
+    auto names = NamesMappedTo(*db_, keys::DatasetName(""), id);
     if (names.ok() && !names->empty()) unreadable->set_name(names->front());
   }
   return out;
-}
-
-absl::StatusOr<std::vector<std::string>> ChunkStore::NamesOf(uint64_t id) const {
-  std::vector<std::string> names;
-  const std::string prefix = keys::DatasetName("");
-  auto it = db_->NewIterator(Family::kMeta);
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-    if (it->value().size() == 8 && ReadBigEndian64(it->value().data()) == id) {
-      names.push_back(it->key().ToString().substr(prefix.size()));
-    }
-  }
-  RETURN_IF_ERROR(FromRocks(it->status(), "reading the dataset name index"));
-  return names;
 }
 
 absl::Status ChunkStore::ReassignDataset(uint64_t id, uint64_t from_job, uint64_t to_job) {
@@ -598,7 +585,8 @@ absl::Status ChunkStore::DeleteDataset(uint64_t id) {
       return absl::NotFoundError(absl::StrCat("no dataset with id ", id));
     }
     RETURN_IF_ERROR(record.status());
-    ASSIGN_OR_RETURN(const std::vector<std::string> names, NamesOf(id));
+    ASSIGN_OR_RETURN(const std::vector<std::string> names,
+                     NamesMappedTo(*db_, keys::DatasetName(""), id));
     rocksdb::WriteBatch batch;
     for (Family f : kDataFamilies) batch.DeleteRange(db_->handle(f), begin, end);
     const std::string dir = keys::ChunkDirPrefix(id);

@@ -276,9 +276,6 @@ class ChunkStore {
   void ReleaseWriter(uint64_t id);
   absl::StatusOr<DatasetRecord> GetRecordAt(const rocksdb::Snapshot* snap, uint64_t id) const;
   absl::StatusOr<uint64_t> BytesOnDisk(uint64_t id) const;
-  // The names the name index maps to `id` (one, unless the store is damaged); a scan of the
-  // index, for the rare paths that cannot take the name from the record.
-  absl::StatusOr<std::vector<std::string>> NamesOf(uint64_t id) const;
   // Visits the decoded chunks overlapping [row_start, row_start + row_count) in order, whatever
   // the dataset's format (format-3 chunks are assembled into CSR from their slices). With `keep`
   // (a bitmap, bit row - row_start), format-3 rows outside it come back empty.

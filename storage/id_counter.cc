@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/big_endian.h"
+#include "common/status_macros.h"
 
 namespace latentd::storage {
 
@@ -31,6 +32,19 @@ void IdAllocation::AddAdvance(const Db& db, rocksdb::WriteBatch* batch) const {
   std::string next;
   AppendBigEndian64(id_ + 1, &next);
   batch->Put(meta, key_, next);
+}
+
+absl::StatusOr<std::vector<std::string>> NamesMappedTo(const Db& db, const std::string& name_prefix,
+                                                       uint64_t id) {
+  std::vector<std::string> names;
+  auto it = db.NewIterator(Family::kMeta);
+  for (it->Seek(name_prefix); it->Valid() && it->key().starts_with(name_prefix); it->Next()) {
+    if (it->value().size() == 8 && ReadBigEndian64(it->value().data()) == id) {
+      names.push_back(it->key().ToString().substr(name_prefix.size()));
+    }
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "reading the name index"));
+  return names;
 }
 
 }  // namespace latentd::storage

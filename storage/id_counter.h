@@ -1,5 +1,6 @@
-// The id counters of the meta family (dataset ids, artifact ids). Ids only grow and are never
-// reused, so a job or client that names a deleted id can never reach a newer object.
+// The ids of the meta family's objects (datasets, artifacts): their counters, and the reverse
+// look-up of the name index that maps names to them. Ids only grow and are never reused, so a job
+// or client that names a deleted id can never reach a newer object.
 //
 // A counter's key lies under a prefix that no name key shares. Until this layout the counters
 // were "ds/next" and "art/next", which are also the name keys of a dataset or artifact named
@@ -12,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "rocksdb/write_batch.h"
@@ -52,6 +54,12 @@ class IdAllocation {
   uint64_t id_;
   bool from_legacy_;
 };
+
+// The names the name index under `name_prefix` (keys::DatasetName(""), keys::ArtifactName(""))
+// maps to `id`: one, unless the store is damaged. A scan of the whole index, for the rare paths
+// that cannot take the name from the object's record because the record is damaged.
+absl::StatusOr<std::vector<std::string>> NamesMappedTo(const Db& db, const std::string& name_prefix,
+                                                       uint64_t id);
 
 }  // namespace latentd::storage
 
