@@ -99,6 +99,20 @@ class ExtractJobTest : public ::testing::Test {
     return s;
   }
 
+  // Spec() with the SAE in `sae_dir`, and a second output on the same hook encoded by the SAE in
+  // `second_sae_dir` into the dataset `second_name`.
+  latentd::v1::ExtractSpec TwoSaesOnOneHook(const std::string& sae_dir,
+                                            const std::string& second_sae_dir,
+                                            const std::string& second_name) {
+    latentd::v1::ExtractSpec s = Spec();
+    s.mutable_sae()->set_path(sae_dir);
+    latentd::v1::ExtractOutput* more = s.add_more_outputs();
+    more->set_hook_name(s.hook_name());
+    more->mutable_sae()->set_path(second_sae_dir);
+    more->set_dataset_name(second_name);
+    return s;
+  }
+
   latentd::v1::ExtractSpec Spec() {
     latentd::v1::ExtractSpec s;
     auto* m = s.mutable_model()->mutable_reference();
@@ -388,12 +402,9 @@ TEST_F(ExtractJobTest, AnSaeTrainedOnAnotherHookIsWarnedAtTheStart) {
   auto db = OpenDb("db_hook_warning");
   storage::ChunkStore store(db.get());
   env_.store = &store;
-  latentd::v1::ExtractSpec spec = Spec();  // blocks.1.hook_resid_post
-  spec.mutable_sae()->set_path(root_ + "/sae_next_pre");
-  latentd::v1::ExtractOutput* more = spec.add_more_outputs();
-  more->set_hook_name(spec.hook_name());
-  more->mutable_sae()->set_path(root_ + "/sae_layer0");
-  more->set_dataset_name("layer0");
+  // Both on blocks.1.hook_resid_post.
+  const latentd::v1::ExtractSpec spec =
+      TwoSaesOnOneHook(root_ + "/sae_next_pre", root_ + "/sae_layer0", "layer0");
   FakeContext ctx(71, 1);
   ASSERT_TRUE(RunExtract(spec, env_, &ctx).ok());
   std::vector<std::string> hook_warnings;
@@ -432,12 +443,8 @@ TEST_F(ExtractJobTest, TheSaeFitIsReportedAndAMisfitIsWarned) {
   auto db = OpenDb("db_fit");
   storage::ChunkStore store(db.get());
   env_.store = &store;
-  latentd::v1::ExtractSpec spec = Spec();
-  spec.mutable_sae()->set_path(root_ + "/exact_sae");
-  latentd::v1::ExtractOutput* more = spec.add_more_outputs();
-  more->set_hook_name(spec.hook_name());
-  more->mutable_sae()->set_path(root_ + "/scaled_sae");
-  more->set_dataset_name("scaled");
+  latentd::v1::ExtractSpec spec =
+      TwoSaesOnOneHook(root_ + "/exact_sae", root_ + "/scaled_sae", "scaled");
   FakeContext ctx(70, 1);
   auto result = RunExtract(spec, env_, &ctx);
   ASSERT_TRUE(result.ok()) << result.status();
