@@ -151,21 +151,22 @@ at::Tensor Sae::GatedActivations(const at::Tensor& x) const {
 }
 
 at::Tensor Sae::EncodeDense(const at::Tensor& x) const {
-  if (cfg_.architecture == SaeArchitecture::kGated) return GatedActivations(x);
-  at::Tensor pre = PreActivations(x);
   switch (cfg_.architecture) {
     case SaeArchitecture::kRelu:
-      return at::relu(pre);
-    case SaeArchitecture::kJumpRelu:
+      return at::relu(PreActivations(x));
+    case SaeArchitecture::kJumpRelu: {
+      const at::Tensor pre = PreActivations(x);
       return pre * (pre > w_.threshold).to(pre.scalar_type());
+    }
     case SaeArchitecture::kTopK: {
+      const at::Tensor pre = PreActivations(x);
       auto [vals, idx] = pre.topk(cfg_.k, /*dim=*/1);
       return at::zeros_like(pre).scatter_(1, idx, at::relu(vals));
     }
     case SaeArchitecture::kGated:
-      break;  // above
+      return GatedActivations(x);
   }
-  return pre;
+  return at::Tensor();
 }
 
 SparseCodes Sae::EncodePass(const at::Tensor& x) const {
