@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
   spec.mutable_sae()->set_path(dir + "/sae");
   // The reference weights for the Python peer.
   auto hook = *ParseHookName(spec.hook_name());
-  auto model = ReferenceModel::Create(spec.model().reference(), hook, at::kCPU);
+  auto model = CreateReferenceModel(spec.model().reference(), hook, at::kCPU);
   Check(model.status(), "model");
   SaeConfig sae_cfg;
   sae_cfg.d_in = 256;
@@ -268,7 +268,7 @@ int main(int argc, char** argv) {
       auto tokens = TokenSource::Open(spec.tokens());
       Check(tokens.status(), "tokens");
       PipelineReplica r;
-      r.model = std::move(*ReferenceModel::Create(spec.model().reference(), hook, at::kCPU));
+      r.model = std::move(*CreateReferenceModel(spec.model().reference(), hook, at::kCPU));
       r.saes.push_back(*Sae::Load(dir + "/sae"));
       r.cpu_threads = threads;
       PipelineOptions o;

@@ -14,6 +14,8 @@
 #include "absl/strings/str_format.h"
 #include "common/process_memory.h"
 #include "common/status_macros.h"
+#include "engine/gpt2_model.h"
+#include "engine/hf_gpt2.h"
 #include "engine/hook_name.h"
 #include "engine/reference_model.h"
 #include "engine/sae.h"
@@ -155,16 +157,31 @@ absl::StatusOr<at::Tensor> AsUnembedding(const std::string& name, const at::Tens
                                                  ", the width the SAE's directions live in"));
 }
 
-// The reference model's tied embedding (after the hooked block's W_out for mlp.hook_post), or
-// null with *unavailable saying why.
-absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> ReferenceUnembedding(
-    const DatasetSource& dataset, const latentd::v1::ReferenceModelSpec& resolved,
-    const HookName& hook, std::string* unavailable) {
-  ASSIGN_OR_RETURN(std::unique_ptr<ReferenceModel> model,
-                   ReferenceModel::Create(resolved, hook, at::Device(at::kCPU)));
+// The tied unembedding of a GPT-2 model, the reference one or a Hugging Face checkpoint (after
+// the hooked block's W_out for mlp.hook_post), or null with *unavailable saying why when its
+// weights are not those the dataset was made with.
+// How to load the Hugging Face model a dataset was made with; FAILED_PRECONDITION when its
+// directory is no longer under a data root.
+absl::StatusOr<HfGpt2Options> HfOptions(const ExtractEnv& env, const DatasetSource& dataset,
+                                        const latentd::v1::HuggingFaceModelSpec& spec) {
+  auto dir = ResolveUnderRoots(spec.path(), env, "extract.model.huggingface.path");
+  if (!dir.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dataset ", dataset.dataset_id, "'s model is not readable: ", dir.status().message()));
+  }
+  HfGpt2Options options;
+  options.dir = *dir;
+  options.center_writing_weights = spec.center_writing_weights();
+  return options;
+}
+
+absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> Gpt2Unembedding(
+    const DatasetSource& dataset, std::unique_ptr<Gpt2Model> model, const HookName& hook,
+    std::string* unavailable) {
   if (!dataset.model_weight_hash.empty() && model->weight_hash() != dataset.model_weight_hash) {
-    *unavailable = absl::StrCat("the reference model's weights hash to ", model->weight_hash(),
-                                ", the dataset recorded ", dataset.model_weight_hash);
+    *unavailable =
+        absl::StrCat("the model's weights (", model->model_id(), ") hash to ", model->weight_hash(),
+                     ", the dataset recorded ", dataset.model_weight_hash);
     return nullptr;
   }
   auto prepared = std::make_shared<PreparedUnembedding>();
@@ -392,9 +409,10 @@ absl::StatusOr<std::shared_ptr<const PromptModel>> DatasetModels::Impl::BuildPro
   const at::Device cpu(at::kCPU);
   std::unique_ptr<ActivationModel> activations;
   if (model.has_reference()) {
-    ASSIGN_OR_RETURN(latentd::v1::ReferenceModelSpec resolved,
-                     ResolveReferenceSpec(model.reference()));
-    ASSIGN_OR_RETURN(activations, ReferenceModel::Create(resolved, hooks, cpu));
+    ASSIGN_OR_RETURN(activations, CreateReferenceModel(model.reference(), hooks, cpu));
+  } else if (model.has_huggingface()) {
+    ASSIGN_OR_RETURN(HfGpt2Options options, HfOptions(env, dataset, model.huggingface()));
+    ASSIGN_OR_RETURN(activations, LoadHfGpt2Model(options, hooks, cpu));
   } else if (model.has_torchscript()) {
     auto path =
         ResolveUnderRoots(model.torchscript().path(), env, "extract.model.torchscript.path");
@@ -477,18 +495,38 @@ absl::StatusOr<std::shared_ptr<const PreparedSae>> DatasetModels::Impl::SaeFor(
 absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> DatasetModels::Impl::UnembeddingFor(
     const DatasetSource& dataset, const latentd::v1::ExtractSpec& spec, const HookName& hook,
     int64_t d_in, const std::string& requested, std::string* unavailable) {
-  if (spec.model().has_reference()) {
+  if (spec.model().has_reference() || spec.model().has_huggingface()) {
     if (!requested.empty()) {
       return absl::InvalidArgumentError(
-          "unembedding: only for TorchScript models (the reference model's unembedding is its "
-          "tied embedding)");
+          "unembedding: only for TorchScript models (a GPT-2's unembedding is its tied "
+          "embedding)");
     }
-    ASSIGN_OR_RETURN(latentd::v1::ReferenceModelSpec resolved,
-                     ResolveReferenceSpec(spec.model().reference()));
+    if (spec.model().has_reference()) {
+      ASSIGN_OR_RETURN(latentd::v1::ReferenceModelSpec resolved,
+                       ResolveReferenceSpec(spec.model().reference()));
+      return Cached<PreparedUnembedding>(
+          absl::StrCat("reference\n", resolved.SerializeAsString(), "\n", spec.hook_name()),
+          [&]() -> absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> {
+            ASSIGN_OR_RETURN(std::unique_ptr<Gpt2Model> model,
+                             CreateReferenceModel(resolved, hook, at::Device(at::kCPU)));
+            return Gpt2Unembedding(dataset, std::move(model), hook, unavailable);
+          });
+    }
+    auto options = HfOptions(env, dataset, spec.model().huggingface());
+    if (!options.ok()) {
+      *unavailable = std::string(options.status().message());
+      return nullptr;
+    }
     return Cached<PreparedUnembedding>(
-        absl::StrCat("reference\n", resolved.SerializeAsString(), "\n", spec.hook_name()),
+        absl::StrCat("huggingface\n", options->dir, "\n", options->center_writing_weights, "\n",
+                     dataset.model_weight_hash, "\n", spec.hook_name()),
         [&]() -> absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> {
-          return ReferenceUnembedding(dataset, resolved, hook, unavailable);
+          auto model = LoadHfGpt2Model(*options, {hook}, at::Device(at::kCPU));
+          if (!model.ok()) {
+            *unavailable = std::string(model.status().message());
+            return nullptr;
+          }
+          return Gpt2Unembedding(dataset, *std::move(model), hook, unavailable);
         });
   }
   if (!spec.model().has_torchscript()) {

@@ -6,6 +6,8 @@
 #include <set>
 
 #include "common/test_dir.h"
+#include "engine/hf_gpt2.h"
+#include "engine/hf_gpt2_testing.h"
 #include "engine/reference_model.h"
 #include "engine/sae.h"
 #include "engine/torchscript_model.h"
@@ -83,6 +85,18 @@ class DatasetModelsTest : public ::testing::Test {
     jobs_[id] = job;
   }
 
+  // Records an EXTRACT job of the Hugging Face GPT-2 checkpoint in `model_dir`.
+  void AddHuggingFaceJob(uint64_t id, const std::string& model_dir, const std::string& hook,
+                         const std::string& sae_dir) {
+    latentd::v1::Job job;
+    job.set_id(id);
+    latentd::v1::ExtractSpec* spec = job.mutable_spec()->mutable_extract();
+    spec->mutable_model()->mutable_huggingface()->set_path(model_dir);
+    spec->set_hook_name(hook);
+    spec->mutable_sae()->set_path(sae_dir);
+    jobs_[id] = job;
+  }
+
   void AddTorchScriptJob(uint64_t id, const std::string& model_path, const std::string& sae_dir) {
     latentd::v1::Job job;
     job.set_id(id);
@@ -94,14 +108,14 @@ class DatasetModelsTest : public ::testing::Test {
   }
 
   std::string ReferenceHash(const std::string& hook) {
-    auto model = ReferenceModel::Create(SmallModel(), *ParseHookName(hook), at::Device(at::kCPU));
+    auto model = CreateReferenceModel(SmallModel(), *ParseHookName(hook), at::Device(at::kCPU));
     EXPECT_TRUE(model.ok());
     return (*model)->weight_hash();
   }
 
   at::Tensor ReferenceWeight(const std::string& name) {
-    auto model = ReferenceModel::Create(SmallModel(), *ParseHookName("blocks.1.hook_resid_post"),
-                                        at::Device(at::kCPU));
+    auto model = CreateReferenceModel(SmallModel(), *ParseHookName("blocks.1.hook_resid_post"),
+                                      at::Device(at::kCPU));
     for (const auto& [n, t] : (*model)->NamedWeights()) {
       if (n == name) return t;
     }
@@ -441,10 +455,10 @@ TEST_F(DatasetModelsTest, PromptsOnDatasetsOfTheSameWeightsShareOneModel) {
   more->set_hook_name("blocks.0.hook_resid_post");
   more->mutable_sae()->set_path(second_dir);
   const std::string model_hash = ReferenceHash("blocks.1.hook_resid_post");
-  const int64_t model_bytes = (*ReferenceModel::Create(SmallModel(),
-                                                       {*ParseHookName("blocks.1.hook_resid_post"),
-                                                        *ParseHookName("blocks.0.hook_resid_post")},
-                                                       at::Device(at::kCPU)))
+  const int64_t model_bytes = (*CreateReferenceModel(SmallModel(),
+                                                     {*ParseHookName("blocks.1.hook_resid_post"),
+                                                      *ParseHookName("blocks.0.hook_resid_post")},
+                                                     at::Device(at::kCPU)))
                                   ->parameter_bytes() +
                               kLastPromptActivationBytes;
   const int64_t sae_bytes = Sae::Load(first_dir)->weight_bytes();
@@ -520,8 +534,8 @@ TEST_F(DatasetModelsTest, APromptGetsTheLatentsTheModelAndSaeGiveIt) {
   EXPECT_FALSE(got->bos_prepended);
 
   // The same model and SAE by hand: every token's non-zero latents, value descending.
-  auto model = ReferenceModel::Create(SmallModel(), *ParseHookName("blocks.1.hook_resid_post"),
-                                      at::Device(at::kCPU));
+  auto model = CreateReferenceModel(SmallModel(), *ParseHookName("blocks.1.hook_resid_post"),
+                                    at::Device(at::kCPU));
   auto sae = Sae::Load(dir);
   ASSERT_TRUE(model.ok() && sae.ok());
   const at::Tensor x = (*model)
@@ -602,6 +616,71 @@ TEST_F(DatasetModelsTest, APromptGetsTheLatentsTheModelAndSaeGiveIt) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("the model changed"), std::string::npos) << s;
   EXPECT_EQ(code({1}, 0, 99).code(), absl::StatusCode::kFailedPrecondition);  // no such job
+}
+
+// A dataset made from a Hugging Face GPT-2 checkpoint is answered from that checkpoint: here the
+// reference model's weights written as one, so every answer equals the reference dataset's. A
+// checkpoint changed since is named, not used.
+TEST_F(DatasetModelsTest, AHuggingFaceGpt2DatasetIsAnsweredFromItsCheckpoint) {
+  const std::string sae_dir = root_ + "/sae_hf";
+  const std::string hash = WriteSae(sae_dir, MakeWeights(16, 9));
+  const std::string model_dir = root_ + "/gpt2";
+  auto resolved = ResolveReferenceSpec(SmallModel());
+  ASSERT_TRUE(resolved.ok());
+  ASSERT_TRUE(WriteHfGpt2Checkpoint(model_dir, DrawReferenceWeights(*resolved)));
+  const std::string hook = "blocks.1.hook_resid_post";
+  AddReferenceJob(50, hook, sae_dir);
+  AddHuggingFaceJob(51, model_dir, hook, sae_dir);
+  auto hf_model = LoadHfGpt2Model({model_dir}, {*ParseHookName(hook)}, at::Device(at::kCPU));
+  ASSERT_TRUE(hf_model.ok()) << hf_model.status();
+  const std::string hf_hash = (*hf_model)->weight_hash();
+  const DatasetSource reference{1, 50, hash, ReferenceHash(hook), kDSae};
+  const DatasetSource hf{2, 51, hash, hf_hash, kDSae};
+
+  DatasetModels models(env_);
+  PromptQuery q;
+  q.token_ids = {4, 17, 33, 2, 60, 8};
+  q.latents_per_token = 1000;
+  auto want = models.EncodePrompt(reference, q);
+  auto got = models.EncodePrompt(hf, q);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->tokens.size(), want->tokens.size());
+  for (size_t r = 0; r < got->tokens.size(); ++r) {
+    ASSERT_EQ(got->tokens[r].latents.size(), want->tokens[r].latents.size()) << r;
+    for (size_t e = 0; e < got->tokens[r].latents.size(); ++e) {
+      EXPECT_EQ(got->tokens[r].latents[e].index, want->tokens[r].latents[e].index);
+      EXPECT_EQ(got->tokens[r].latents[e].score, want->tokens[r].latents[e].score);
+    }
+  }
+  LatentWeightsQuery wq;
+  wq.latent = 3;
+  wq.top_n = 5;
+  auto want_logits = models.ReadLatentWeights(reference, wq);
+  auto got_logits = models.ReadLatentWeights(hf, wq);
+  ASSERT_TRUE(want_logits.ok() && got_logits.ok()) << got_logits.status();
+  EXPECT_EQ(got_logits->logits_unavailable, "");
+  ASSERT_EQ(got_logits->positive_logits.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(got_logits->positive_logits[i].index, want_logits->positive_logits[i].index);
+    EXPECT_NEAR(got_logits->positive_logits[i].score, want_logits->positive_logits[i].score, 1e-5);
+  }
+
+  // The checkpoint changes on disk: a fresh reader (nothing cached) refuses to use it.
+  auto changed = DrawReferenceWeights(*resolved);
+  changed.W_E = changed.W_E * 2;
+  ASSERT_TRUE(WriteHfGpt2Checkpoint(model_dir, changed));
+  DatasetModels fresh(env_);
+  auto refused = fresh.EncodePrompt(hf, q);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("changed since the dataset was made"),
+            std::string::npos)
+      << refused.status();
+  auto logits = fresh.ReadLatentWeights(hf, wq);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_TRUE(logits->positive_logits.empty());
+  EXPECT_NE(logits->logits_unavailable.find(hf_hash), std::string::npos)
+      << logits->logits_unavailable;
 }
 
 TEST_F(DatasetModelsTest, ComparingSaesFindsEachLatentsNearestDirection) {

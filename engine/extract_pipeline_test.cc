@@ -325,8 +325,8 @@ TEST(ExtractPipelineTest, RunsTheReferenceModelAndReportsProgress) {
   spec.set_context_length(kCtx);
   auto tokens = Tokens(TokenFile("t8.bin", 12 * kCtx));
   std::vector<PipelineReplica> replicas(1);
-  replicas[0].model = std::move(
-      *ReferenceModel::Create(spec, *ParseHookName("blocks.1.hook_resid_post"), at::kCPU));
+  replicas[0].model =
+      std::move(*CreateReferenceModel(spec, *ParseHookName("blocks.1.hook_resid_post"), at::kCPU));
   replicas[0].saes = {MakeSae(SaeArchitecture::kTopK, 16, 4)};
   InMemoryDataset ds;
   ds.width = 64;

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -16,6 +17,8 @@
 #include "common/status_macros.h"
 #include "engine/device_util.h"
 #include "engine/extract_pipeline.h"
+#include "engine/gpt2_model.h"
+#include "engine/hf_gpt2.h"
 #include "engine/hook_name.h"
 #include "engine/job_continuation.h"
 #include "engine/reference_model.h"
@@ -164,7 +167,8 @@ struct CheckedOutput {
 struct Checked {
   std::vector<CheckedOutput> outputs;
   latentd::v1::ReferenceModelSpec reference;  // resolved, when the model is the reference one
-  std::string model_path;                     // resolved TorchScript path
+  std::optional<Gpt2Config> gpt2;             // the reference or a Hugging Face GPT-2 model
+  std::string model_path;                     // resolved TorchScript path or Hugging Face dir
   std::string tokens_path;
   bool sparse = true;
   int64_t batch_sequences = kDefaultBatchSequences;
@@ -178,9 +182,9 @@ absl::StatusOr<CheckedOutput> CheckOutput(const ExtractSpec& one, const ExtractE
   CheckedOutput out;
   out.hook_name = one.hook_name();
   ASSIGN_OR_RETURN(out.hook, ParseHookName(one.hook_name()));
-  if (one.model().has_reference()) {
-    RETURN_IF_ERROR(CheckReferenceHook(c.reference, out.hook));
-    out.hook_width = ReferenceHookWidth(c.reference, out.hook);
+  if (c.gpt2) {
+    RETURN_IF_ERROR(CheckGpt2Hook(*c.gpt2, out.hook));
+    out.hook_width = Gpt2HookWidth(*c.gpt2, out.hook);
   } else {
     RETURN_IF_ERROR(HiddenStateIndex(out.hook).status());
   }
@@ -213,11 +217,18 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env) {
   switch (spec.model().model_case()) {
     case latentd::v1::ModelSpec::kReference: {
       ASSIGN_OR_RETURN(c.reference, ResolveReferenceSpec(spec.model().reference()));
-      if (tokens.context_length() > c.reference.context_length()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("extract.tokens.context_length: ", tokens.context_length(),
-                         " > the model's context ", c.reference.context_length()));
+      c.gpt2 = ReferenceGpt2Config(c.reference);
+      break;
+    }
+    case latentd::v1::ModelSpec::kHuggingface: {
+      ASSIGN_OR_RETURN(c.model_path, ResolveUnderRoots(spec.model().huggingface().path(), env,
+                                                       "extract.model.huggingface.path"));
+      auto config = CheckHfGpt2(c.model_path);
+      if (!config.ok()) {
+        return absl::Status(config.status().code(), absl::StrCat("extract.model.huggingface.path: ",
+                                                                 config.status().message()));
       }
+      c.gpt2 = *config;
       break;
     }
     case latentd::v1::ModelSpec::kTorchscript: {
@@ -229,7 +240,12 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env) {
       break;
     }
     default:
-      return absl::InvalidArgumentError("extract.model: set reference or torchscript");
+      return absl::InvalidArgumentError("extract.model: set reference, huggingface or torchscript");
+  }
+  if (c.gpt2 && tokens.context_length() > c.gpt2->context_length) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("extract.tokens.context_length: ", tokens.context_length(),
+                     " > the model's context ", c.gpt2->context_length));
   }
   if (spec.more_outputs_size() > kMaxMoreOutputs) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -285,15 +301,6 @@ int64_t EstimateDeviceBytes(const Checked& c, const std::vector<int64_t>& hook_w
         std::max(encoder_scratch, std::min(rows, EncodeRowsPerPass(cfg.d_sae)) * 4 * 2 * cfg.d_sae);
   }
   return bytes + encoder_scratch;
-}
-
-int64_t ReferenceParamBytes(const latentd::v1::ReferenceModelSpec& s) {
-  const int64_t d = s.d_model(), f = s.d_mlp();
-  return 4 * ((s.vocab_size() + s.context_length()) * d + s.n_layers() * (4 * d * d + 2 * d * f));
-}
-
-int64_t ReferenceActBytes(const latentd::v1::ReferenceModelSpec& s, int64_t L) {
-  return 4 * (11 * s.d_model() + 2 * s.n_heads() * L + 2 * s.d_mlp());
 }
 
 absl::Status MemoryCheck(const Checked& c, int64_t need, int64_t have, const std::string& what) {
@@ -421,12 +428,12 @@ absl::Status ValidateExtractSpec(const ExtractSpec& spec, const ExtractEnv& env)
           free_bytes / 1e9));
     }
   }
-  if (spec.model().has_reference() && env.device_memory_bytes > 0) {
+  if (c.gpt2 && env.device_memory_bytes > 0) {
     std::vector<int64_t> widths;
     for (const CheckedOutput& out : c.outputs) widths.push_back(out.hook_width);
     const int64_t need =
-        EstimateDeviceBytes(c, widths, ReferenceParamBytes(c.reference),
-                            ReferenceActBytes(c.reference, spec.tokens().context_length()),
+        EstimateDeviceBytes(c, widths, Gpt2ParameterBytes(*c.gpt2),
+                            Gpt2ActivationBytesPerToken(*c.gpt2, spec.tokens().context_length()),
                             spec.tokens().context_length());
     absl::Status s = MemoryCheck(c, need, env.device_memory_bytes, "extract.batch_sequences");
     if (!s.ok()) return absl::InvalidArgumentError(s.message());
@@ -467,12 +474,28 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   }
   std::vector<PipelineReplica> replicas;
   try {
+    // A GPT-2's weights are made once and each replica takes them to its device (CPU replicas
+    // share the tensors).
+    std::optional<Gpt2Weights> gpt2_weights;
+    if (spec.model().has_reference()) {
+      gpt2_weights = DrawReferenceWeights(c.reference);
+    } else if (spec.model().has_huggingface()) {
+      HfGpt2Options o;
+      o.dir = c.model_path;
+      o.center_writing_weights = spec.model().huggingface().center_writing_weights();
+      auto loaded = LoadHfGpt2Weights(o);
+      if (!loaded.ok()) {
+        return absl::Status(loaded.status().code(), absl::StrCat("extract.model.huggingface.path: ",
+                                                                 loaded.status().message()));
+      }
+      gpt2_weights = *std::move(loaded);
+    }
     for (const auto& d : devices) {
       PipelineReplica r;
       ASSIGN_OR_RETURN(r.device, ToAtDevice(d));
       r.cpu_threads = d.kind == DeviceKind::kCpu ? cpu_threads : 0;
-      if (spec.model().has_reference()) {
-        ASSIGN_OR_RETURN(r.model, ReferenceModel::Create(c.reference, hooks, r.device));
+      if (gpt2_weights) {
+        ASSIGN_OR_RETURN(r.model, Gpt2Model::Create(*gpt2_weights, hooks, r.device));
       } else {
         TorchScriptModelOptions o;
         o.path = c.model_path;
@@ -562,6 +585,23 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
                      " (its cfg.json says), and this output reads ", out.hook_name,
                      "; is it the SAE for this layer? (the fit at the end "
                      "says how well it reconstructs this hook)"));
+  }
+  // The same for TransformerLens' centering of a Hugging Face GPT-2, which SAELens records.
+  for (int o = 0; ctx != nullptr && c.sparse && spec.model().has_huggingface() && o < num_outputs;
+       ++o) {
+    const std::optional<bool> trained = c.outputs[o].sae_cfg.center_writing_weights;
+    const bool centered = spec.model().huggingface().center_writing_weights();
+    if (!trained.has_value() || *trained == centered) continue;
+    ctx->Log(latentd::v1::LogLine::WARNING,
+             absl::StrCat("dataset ", names[o],
+                          ": its SAE's cfg.json says the model it was trained "
+                          "on had center_writing_weights ",
+                          *trained ? "true" : "false", ", and this job's model has it ",
+                          centered ? "true" : "false",
+                          "; set extract.model.huggingface."
+                          "center_writing_weights to ",
+                          *trained ? "true" : "false",
+                          " to give the SAE the activations it was trained on"));
   }
 
   PipelineOptions options;

@@ -16,8 +16,8 @@ latentd::v1::ReferenceModelSpec Small(uint64_t seed) {
   return s;
 }
 
-std::unique_ptr<ReferenceModel> Make(uint64_t seed, const std::string& hook) {
-  auto m = ReferenceModel::Create(Small(seed), *ParseHookName(hook), at::kCPU);
+std::unique_ptr<Gpt2Model> Make(uint64_t seed, const std::string& hook) {
+  auto m = CreateReferenceModel(Small(seed), *ParseHookName(hook), at::kCPU);
   EXPECT_TRUE(m.ok()) << m.status();
   return std::move(*m);
 }
@@ -32,6 +32,19 @@ TEST(ReferenceModelTest, WeightsAreAFunctionOfTheSeed) {
   EXPECT_NE(a->weight_hash(), c->weight_hash());
   EXPECT_TRUE(at::equal(a->Forward(t), b->Forward(t)));
   EXPECT_FALSE(at::allclose(a->Forward(t), c->Forward(t)));
+}
+
+// Datasets record their model's weight hash and prompt/weights queries rebuild the model and
+// compare: a release that drew or hashed the weights differently would orphan every dataset made
+// before it. These values come from the release before the GPT-2 forward was split out.
+TEST(ReferenceModelTest, WeightHashIsStableAcrossReleases) {
+  auto m = Make(7, "blocks.0.hook_resid_post");
+  EXPECT_EQ(m->weight_hash(), "fnv1a64:004230146fed8803");
+  EXPECT_EQ(m->model_id(), "reference:d32-l3-h4-f128-v100-c16-seed7");
+  auto d = CreateReferenceModel(latentd::v1::ReferenceModelSpec(),
+                                *ParseHookName("blocks.0.hook_resid_post"), at::kCPU);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->weight_hash(), "fnv1a64:97abfe1d8b673a64");
 }
 
 TEST(ReferenceModelTest, StoppingAtTheHookedBlockGivesTheFullRunsActivations) {
@@ -74,7 +87,7 @@ TEST(ReferenceModelTest, SeveralHooksInOnePassEqualOneHookModels) {
                                           "blocks.1.hook_resid_post"};
   std::vector<HookName> hooks;
   for (const auto& name : names) hooks.push_back(*ParseHookName(name));
-  auto m = ReferenceModel::Create(Small(4), hooks, at::kCPU);
+  auto m = CreateReferenceModel(Small(4), hooks, at::kCPU);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ((*m)->hook_widths(), (std::vector<int64_t>{32, 32, 128, 32, 32}));
   EXPECT_EQ((*m)->hook_width(), 32);
@@ -85,9 +98,9 @@ TEST(ReferenceModelTest, SeveralHooksInOnePassEqualOneHookModels) {
   }
   EXPECT_TRUE(at::equal((*m)->Forward(t), got[0]));
   hooks.push_back(*ParseHookName("blocks.3.hook_resid_post"));  // 3 layers
-  EXPECT_EQ(ReferenceModel::Create(Small(4), hooks, at::kCPU).status().code(),
+  EXPECT_EQ(CreateReferenceModel(Small(4), hooks, at::kCPU).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ReferenceModel::Create(Small(4), std::vector<HookName>{}, at::kCPU).status().code(),
+  EXPECT_EQ(CreateReferenceModel(Small(4), std::vector<HookName>{}, at::kCPU).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -104,11 +117,11 @@ TEST(ReferenceModelTest, AttentionIsCausal) {
 
 TEST(ReferenceModelTest, RejectsBadSpecsAndHooks) {
   auto hook = *ParseHookName("blocks.3.hook_resid_post");
-  EXPECT_EQ(ReferenceModel::Create(Small(0), hook, at::kCPU).status().code(),
+  EXPECT_EQ(CreateReferenceModel(Small(0), hook, at::kCPU).status().code(),
             absl::StatusCode::kInvalidArgument);  // 3 layers: 0..2
   auto spec = Small(0);
   spec.set_n_heads(5);
-  EXPECT_EQ(ReferenceModel::Create(spec, *ParseHookName("blocks.0.hook_resid_post"), at::kCPU)
+  EXPECT_EQ(CreateReferenceModel(spec, *ParseHookName("blocks.0.hook_resid_post"), at::kCPU)
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "engine/safetensors.h"
+#include "engine/safetensors_tensor.h"
 #include "storage/crc32c.h"
 
 namespace latentd::engine {
@@ -30,30 +31,6 @@ absl::Status CheckShape(const at::Tensor& t, const char* name, std::vector<int64
     return absl::InvalidArgumentError(absl::StrCat("SAE tensor ", name, " has NaN or Inf entries"));
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<at::Tensor> ToTensor(const SafetensorsFile& file, const StTensorInfo& info) {
-  at::ScalarType type;
-  switch (info.dtype) {
-    case StDtype::kF32:
-      type = at::kFloat;
-      break;
-    case StDtype::kF16:
-      type = at::kHalf;
-      break;
-    case StDtype::kBF16:
-      type = at::kBFloat16;
-      break;
-    case StDtype::kF64:
-      type = at::kDouble;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("SAE tensor ", info.name, " has dtype ", StDtypeName(info.dtype)));
-  }
-  at::Tensor t = at::empty(info.shape, at::TensorOptions().dtype(type));
-  std::memcpy(t.data_ptr(), file.data(info), info.end - info.begin);
-  return t.to(at::kFloat);
 }
 
 }  // namespace
@@ -104,7 +81,7 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir) {
   auto load = [&](std::initializer_list<const char*> names, at::Tensor* out) -> absl::Status {
     for (const char* name : names) {
       if (const StTensorInfo* info = file.header().Find(name)) {
-        ASSIGN_OR_RETURN(*out, ToTensor(file, *info));
+        ASSIGN_OR_RETURN(*out, ReadFloatTensor(file, *info, "SAE"));
         if (std::string(name) == "encoder.weight") *out = out->t().contiguous();
         return absl::OkStatus();
       }

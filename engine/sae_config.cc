@@ -102,6 +102,13 @@ absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
   }
   if (j.contains("hook_name") && j["hook_name"].is_string()) cfg.hook_name = j["hook_name"];
   if (j.contains("model_name") && j["model_name"].is_string()) cfg.model_name = j["model_name"];
+  if (j.contains("model_from_pretrained_kwargs") && j["model_from_pretrained_kwargs"].is_object()) {
+    const json& kwargs = j["model_from_pretrained_kwargs"];
+    if (kwargs.contains("center_writing_weights") &&
+        kwargs["center_writing_weights"].is_boolean()) {
+      cfg.center_writing_weights = kwargs["center_writing_weights"].get<bool>();
+    }
+  }
   // SAELens options that change what the encoder computes from the hook's activations: encoding
   // without them would store latents the SAE never gives, silently, so they are refused.
   if (j.contains("normalize_activations") && !j["normalize_activations"].is_null() &&

@@ -15,6 +15,7 @@
 #define LATENTD_ENGINE_SAE_CONFIG_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -33,6 +34,9 @@ struct SaeConfig {
   bool apply_b_dec_to_input = true;  // pre = (x - b_dec) W_enc + b_enc when true
   std::string hook_name;             // informational
   std::string model_name;            // informational
+  // SAELens' model_from_pretrained_kwargs.center_writing_weights: whether the model the SAE was
+  // trained on had TransformerLens' centering (unset when cfg.json does not say).
+  std::optional<bool> center_writing_weights;
 };
 
 absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text);

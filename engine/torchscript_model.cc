@@ -6,7 +6,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "common/fnv1a.h"
 #include "common/status_macros.h"
 
 namespace latentd::engine {
@@ -68,15 +68,13 @@ class TorchScriptModel : public ActivationModel {
 absl::StatusOr<std::string> HashFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, " not found"));
-  uint64_t hash = 1469598103934665603ull;
+  Fnv1a64 hash;
   std::vector<char> buf(1 << 20);
   while (in) {
     in.read(buf.data(), buf.size());
-    for (std::streamsize i = 0; i < in.gcount(); ++i) {
-      hash = (hash ^ static_cast<unsigned char>(buf[i])) * 1099511628211ull;
-    }
+    hash.Add(buf.data(), static_cast<size_t>(in.gcount()));
   }
-  return absl::StrFormat("fnv1a64:%016x", hash);
+  return hash.ToString();
 }
 
 absl::StatusOr<std::unique_ptr<ActivationModel>> LoadTorchScriptModel(

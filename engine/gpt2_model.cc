@@ -1,0 +1,162 @@
+#include "engine/gpt2_model.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace latentd::engine {
+
+absl::Status CheckGpt2Hook(const Gpt2Config& config, const HookName& hook) {
+  if (hook.point == HookPoint::kHiddenStates) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "extract.hook_name: ", config.what,
+        " takes TransformerLens names (blocks.L.hook_resid_pre, ...), not hidden_states.N"));
+  }
+  if (hook.layer >= config.n_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("extract.hook_name: layer ", hook.layer,
+                                                   " out of range, ", config.what, " has ",
+                                                   config.n_layers, " layers"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t Gpt2HookWidth(const Gpt2Config& config, const HookName& hook) {
+  return hook.point == HookPoint::kMlpPost ? config.d_mlp : config.d_model;
+}
+
+int64_t Gpt2ParameterBytes(const Gpt2Config& c) {
+  const int64_t d = c.d_model, f = c.d_mlp;
+  return 4 *
+         ((c.vocab_size + c.context_length) * d + c.n_layers * (4 * d * d + 2 * d * f + 9 * d + f));
+}
+
+int64_t Gpt2ActivationBytesPerToken(const Gpt2Config& c, int64_t seq_len) {
+  return 4 * (11 * c.d_model + 2 * c.n_heads * seq_len + 2 * c.d_mlp);
+}
+
+absl::StatusOr<std::unique_ptr<Gpt2Model>> Gpt2Model::Create(Gpt2Weights weights,
+                                                             const std::vector<HookName>& hooks,
+                                                             const at::Device& device) {
+  if (hooks.empty()) return absl::InvalidArgumentError("extract.hook_name: no hook");
+  std::unique_ptr<Gpt2Model> m(new Gpt2Model());
+  for (const HookName& hook : hooks) {
+    RETURN_IF_ERROR(CheckGpt2Hook(weights.config, hook));
+    m->hook_widths_.push_back(Gpt2HookWidth(weights.config, hook));
+  }
+  m->hooks_ = hooks;
+  m->w_ = std::move(weights);
+  auto place = [&](at::Tensor& t) { t = t.to(device, at::kFloat).contiguous(); };
+  place(m->w_.W_E);
+  place(m->w_.W_pos);
+  for (Gpt2Block& b : m->w_.blocks) {
+    for (at::Tensor* t : {&b.ln1_w, &b.ln1_b, &b.W_qkv, &b.b_qkv, &b.W_O, &b.b_O, &b.ln2_w,
+                          &b.ln2_b, &b.W_in, &b.b_in, &b.W_out, &b.b_out}) {
+      place(*t);
+    }
+  }
+  return m;
+}
+
+std::vector<at::Tensor> Gpt2Model::Run(const at::Tensor& tokens, const std::vector<HookName>& hooks,
+                                       std::vector<at::Tensor>* all) {
+  const Gpt2Config& c = config();
+  const int64_t B = tokens.size(0), S = tokens.size(1), d = c.d_model;
+  const int64_t H = c.n_heads, dh = d / H;
+  std::vector<at::Tensor> hooked(hooks.size());
+  size_t remaining = hooks.size();
+  // Keeps `t` for every hook at (layer, point); true once every hook has its activation.
+  auto capture = [&](int layer, HookPoint point, const at::Tensor& t) {
+    for (size_t i = 0; i < hooks.size(); ++i) {
+      if (hooks[i].layer == layer && hooks[i].point == point && !hooked[i].defined()) {
+        hooked[i] = t;
+        --remaining;
+      }
+    }
+    return remaining == 0 && all == nullptr;
+  };
+  auto activation = [&](const at::Tensor& x) {
+    switch (c.activation) {
+      case Gpt2Activation::kGeluErf:
+        return at::gelu(x);
+      case Gpt2Activation::kRelu:
+        return at::relu(x);
+      case Gpt2Activation::kGeluTanh:
+        break;
+    }
+    return at::gelu(x, "tanh");
+  };
+  at::Tensor x = w_.W_E.index_select(0, tokens.reshape({-1})).view({B, S, d}) +
+                 w_.W_pos.slice(0, 0, S).unsqueeze(0);
+  at::Tensor causal = at::ones({S, S}, tokens.options().dtype(at::kBool)).triu(1);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const Gpt2Block& b = w_.blocks[l];
+    if (capture(l, HookPoint::kResidPre, x)) break;
+    at::Tensor h = at::layer_norm(x, {d}, b.ln1_w, b.ln1_b, c.layer_norm_eps);
+    at::Tensor qkv = at::addmm(b.b_qkv, h.view({B * S, d}), b.W_qkv).view({B, S, 3, H, dh});
+    at::Tensor q = qkv.select(2, 0).transpose(1, 2);  // [B, H, S, dh]
+    at::Tensor k = qkv.select(2, 1).transpose(1, 2);
+    at::Tensor v = qkv.select(2, 2).transpose(1, 2);
+    double scale = c.scale_attn_weights ? 1.0 / std::sqrt(static_cast<double>(dh)) : 1.0;
+    if (c.scale_attn_by_inverse_layer_idx) scale /= (l + 1);
+    at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
+    att.masked_fill_(causal, -std::numeric_limits<float>::infinity());
+    att = at::softmax(att, -1);
+    at::Tensor z = at::matmul(att, v).transpose(1, 2).reshape({B * S, d});
+    at::Tensor attn_out = at::addmm(b.b_O, z, b.W_O).view({B, S, d});
+    if (capture(l, HookPoint::kAttnOut, attn_out)) break;
+    x = x + attn_out;
+    if (capture(l, HookPoint::kResidMid, x)) break;
+    at::Tensor h2 = at::layer_norm(x, {d}, b.ln2_w, b.ln2_b, c.layer_norm_eps);
+    at::Tensor post = activation(at::addmm(b.b_in, h2.view({B * S, d}), b.W_in));
+    if (capture(l, HookPoint::kMlpPost, post.view({B, S, -1}))) break;
+    at::Tensor mlp_out = at::addmm(b.b_out, post, b.W_out).view({B, S, d});
+    if (capture(l, HookPoint::kMlpOut, mlp_out)) break;
+    x = x + mlp_out;
+    if (all != nullptr) all->push_back(x);
+    if (capture(l, HookPoint::kResidPost, x)) break;
+  }
+  return hooked;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Gpt2Model::NamedWeights() const {
+  std::vector<std::pair<std::string, at::Tensor>> out = {{"embed.W_E", w_.W_E},
+                                                         {"embed.W_pos", w_.W_pos}};
+  for (size_t l = 0; l < w_.blocks.size(); ++l) {
+    const Gpt2Block& b = w_.blocks[l];
+    const std::string p = absl::StrCat("blocks.", l, ".");
+    for (auto& [name, t] :
+         std::vector<std::pair<const char*, const at::Tensor*>>{{"ln1.w", &b.ln1_w},
+                                                                {"ln1.b", &b.ln1_b},
+                                                                {"attn.W_qkv", &b.W_qkv},
+                                                                {"attn.b_qkv", &b.b_qkv},
+                                                                {"attn.W_O", &b.W_O},
+                                                                {"attn.b_O", &b.b_O},
+                                                                {"ln2.w", &b.ln2_w},
+                                                                {"ln2.b", &b.ln2_b},
+                                                                {"mlp.W_in", &b.W_in},
+                                                                {"mlp.b_in", &b.b_in},
+                                                                {"mlp.W_out", &b.W_out},
+                                                                {"mlp.b_out", &b.b_out}}) {
+      out.push_back({p + name, *t});
+    }
+  }
+  return out;
+}
+
+at::Tensor Gpt2Model::Forward(const at::Tensor& tokens) {
+  return Run(tokens, {hooks_[0]}, nullptr)[0];
+}
+
+std::vector<at::Tensor> Gpt2Model::ForwardHooks(const at::Tensor& tokens) {
+  return Run(tokens, hooks_, nullptr);
+}
+
+std::vector<at::Tensor> Gpt2Model::AllResidPost(const at::Tensor& tokens) {
+  std::vector<at::Tensor> all;
+  Run(tokens, {}, &all);
+  return all;
+}
+
+}  // namespace latentd::engine

@@ -1,0 +1,124 @@
+// A GPT-2-architecture transformer: pre-LayerNorm blocks, learned positional embeddings, one
+// fused qkv projection, an MLP with GELU; every weight in x @ W orientation (Hugging Face's
+// Conv1D layout). Where the weights come from is someone else's business: the built-in reference
+// model draws them from a seed (reference_model.h), a Hugging Face GPT-2 checkpoint supplies them
+// (hf_gpt2.h).
+//
+// Hooks take TransformerLens names (blocks.L.hook_resid_pre / hook_attn_out / hook_resid_mid /
+// mlp.hook_post / hook_mlp_out / hook_resid_post) and the forward pass stops after the deepest
+// hooked block (TransformerLens' stop_at_layer).
+#ifndef LATENTD_ENGINE_GPT2_MODEL_H_
+#define LATENTD_ENGINE_GPT2_MODEL_H_
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/activation_model.h"
+#include "engine/hook_name.h"
+
+namespace latentd::engine {
+
+enum class Gpt2Activation {
+  kGeluTanh,  // GPT-2's "gelu_new" (also "gelu_pytorch_tanh", "gelu_fast")
+  kGeluErf,   // "gelu"
+  kRelu,      // "relu"
+};
+
+// The shape and the few numerical choices of a GPT-2 model.
+struct Gpt2Config {
+  int64_t d_model = 0;
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;  // divides d_model
+  int64_t d_mlp = 0;
+  int64_t vocab_size = 0;
+  int64_t context_length = 0;  // positions the model has embeddings for
+  double layer_norm_eps = 1e-5;
+  Gpt2Activation activation = Gpt2Activation::kGeluTanh;
+  bool scale_attn_weights = true;                // scores / sqrt(d_head)
+  bool scale_attn_by_inverse_layer_idx = false;  // and / (layer + 1)
+  // Prefix of INVALID_ARGUMENT messages about hooks ("the reference model", "the GPT-2 model
+  // in /data/gpt2").
+  std::string what = "the model";
+};
+
+// OK when `hook` exists in the model: a TransformerLens name with layer < n_layers.
+absl::Status CheckGpt2Hook(const Gpt2Config& config, const HookName& hook);
+// Width of the hooked activation: d_mlp for mlp.hook_post, else d_model.
+int64_t Gpt2HookWidth(const Gpt2Config& config, const HookName& hook);
+// float32 bytes of every weight.
+int64_t Gpt2ParameterBytes(const Gpt2Config& config);
+// Activation bytes one token costs inside a forward pass (an upper bound for memory checks): a
+// few residual-sized tensors, qkv, the attention row per head and the MLP hidden layer.
+int64_t Gpt2ActivationBytesPerToken(const Gpt2Config& config, int64_t seq_len);
+
+struct Gpt2Block {
+  at::Tensor ln1_w, ln1_b;  // [d]
+  at::Tensor W_qkv, b_qkv;  // [d, 3d], [3d]: q | k | v, each head's d_head columns contiguous
+  at::Tensor W_O, b_O;      // [d, d], [d]
+  at::Tensor ln2_w, ln2_b;  // [d]
+  at::Tensor W_in, b_in;    // [d, d_mlp], [d_mlp]
+  at::Tensor W_out, b_out;  // [d_mlp, d], [d]
+};
+
+// Everything a Gpt2Model is made of, float32. The caller vouches for the shapes (the loaders
+// check them against `config`).
+struct Gpt2Weights {
+  Gpt2Config config;
+  at::Tensor W_E;    // [vocab_size, d]; also the unembedding (tied)
+  at::Tensor W_pos;  // [context_length, d]
+  std::vector<Gpt2Block> blocks;
+  std::string model_id;     // what the dataset records as its model
+  std::string weight_hash;  // "fnv1a64:..." of what the weights were made from
+};
+
+class Gpt2Model : public ActivationModel {
+ public:
+  // The model reading `hooks` (at least one, each checked with CheckGpt2Hook), its weights moved
+  // to `device`.
+  static absl::StatusOr<std::unique_ptr<Gpt2Model>> Create(Gpt2Weights weights,
+                                                           const std::vector<HookName>& hooks,
+                                                           const at::Device& device);
+
+  at::Tensor Forward(const at::Tensor& tokens) override;
+  std::vector<at::Tensor> ForwardHooks(const at::Tensor& tokens) override;
+  int64_t hook_width() const override { return hook_widths_[0]; }
+  std::vector<int64_t> hook_widths() const override { return hook_widths_; }
+  int64_t vocab_size() const override { return config().vocab_size; }
+  int64_t max_context() const override { return config().context_length; }
+  int64_t parameter_bytes() const override { return Gpt2ParameterBytes(config()); }
+  int64_t activation_bytes_per_token(int64_t seq_len) const override {
+    return Gpt2ActivationBytesPerToken(config(), seq_len);
+  }
+  const std::string& model_id() const override { return w_.model_id; }
+  const std::string& weight_hash() const override { return w_.weight_hash; }
+  const Gpt2Config& config() const { return w_.config; }
+
+  // Every weight by a TransformerLens-like name (embed.W_E, embed.W_pos, blocks.L.ln1.w,
+  // blocks.L.attn.W_qkv, blocks.L.attn.W_O, blocks.L.mlp.W_in, ...), on the device: what
+  // bench/extract_python_peer.py loads to run the same model in Python, and where the
+  // unembedding (embed.W_E, tied) comes from.
+  std::vector<std::pair<std::string, at::Tensor>> NamedWeights() const;
+
+  // The full residual stream after every block (for tests): element L is resid_post of block L.
+  std::vector<at::Tensor> AllResidPost(const at::Tensor& tokens);
+
+ private:
+  Gpt2Model() = default;
+  // The activations of `hooks` (in that order) from one pass that stops once it has them all;
+  // with `all`, every block runs and each one's resid_post is appended to it.
+  std::vector<at::Tensor> Run(const at::Tensor& tokens, const std::vector<HookName>& hooks,
+                              std::vector<at::Tensor>* all);
+
+  Gpt2Weights w_;
+  std::vector<HookName> hooks_;
+  std::vector<int64_t> hook_widths_;
+};
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_GPT2_MODEL_H_

@@ -1,0 +1,21 @@
+// LibTorch side of safetensors.h: a stored tensor as a float32 CPU tensor. Kept apart so that
+// safetensors.h stays torch-free for submit-time header checks.
+#ifndef LATENTD_ENGINE_SAFETENSORS_TENSOR_H_
+#define LATENTD_ENGINE_SAFETENSORS_TENSOR_H_
+
+#include <ATen/ATen.h>
+
+#include "absl/status/statusor.h"
+#include "engine/safetensors.h"
+
+namespace latentd::engine {
+
+// `info` (one of file.header().tensors) copied out of the file and converted to float32.
+// F32, F16, BF16 and F64 are accepted; another dtype is INVALID_ARGUMENT
+// "<what> tensor <name> has dtype <dtype>".
+absl::StatusOr<at::Tensor> ReadFloatTensor(const SafetensorsFile& file, const StTensorInfo& info,
+                                           const char* what);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_SAFETENSORS_TENSOR_H_

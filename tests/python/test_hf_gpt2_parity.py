@@ -1,0 +1,210 @@
+"""Parity of latentd's native Hugging Face GPT-2 loader with GPT-2's forward pass in python3-torch.
+
+Writes a small GPT-2 checkpoint as the Hub serves one (config.json with Hugging Face's fields,
+model.safetensors with Conv1D weights by their GPT-2 names and the attention-mask buffers), runs
+engine/extract_tool DENSE at several TransformerLens hooks, and compares the stored float32 rows
+with a forward pass written here from Hugging Face's GPT-2 definition (Conv1D, split heads, causal
+mask by the dtype's minimum, gelu_new written out), with the checkpoint's options honoured:
+layer_norm_epsilon, scale_attn_by_inverse_layer_idx.
+"""
+import json
+import math
+import os
+import struct
+import subprocess
+import tempfile
+import unittest
+
+import numpy as np
+import torch
+
+VOCAB, D, LAYERS, HEADS, POSITIONS, CTX = 120, 48, 3, 4, 32, 16
+TOOL = os.environ["EXTRACT_TOOL"]
+
+
+def write_safetensors(path, tensors):
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        b = t.detach().to(torch.float32).contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def gelu_new(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class Gpt2:
+    """GPT-2 as Hugging Face computes it, from the checkpoint's tensors; returns TransformerLens
+    hook values."""
+
+    def __init__(self, w, cfg):
+        self.w, self.cfg = w, cfg
+
+    def conv1d(self, name, x):
+        return x @ self.w[name + ".weight"] + self.w[name + ".bias"]
+
+    def layer_norm(self, name, x):
+        return torch.nn.functional.layer_norm(x, (D,), self.w[name + ".weight"], self.w[name + ".bias"],
+                                              eps=self.cfg["layer_norm_epsilon"])
+
+    def __call__(self, ids):
+        B, S = ids.shape
+        hooks = {}
+        x = self.w["wte.weight"][ids] + self.w["wpe.weight"][torch.arange(S)]
+        mask = torch.tril(torch.ones(S, S, dtype=torch.bool))
+        dh = D // HEADS
+        for l in range(LAYERS):
+            p = "h.%d." % l
+            hooks["blocks.%d.hook_resid_pre" % l] = x
+            q, k, v = self.conv1d(p + "attn.c_attn", self.layer_norm(p + "ln_1", x)).split(D, dim=2)
+            q, k, v = (t.view(B, S, HEADS, dh).permute(0, 2, 1, 3) for t in (q, k, v))
+            scores = q @ k.transpose(-1, -2) / math.sqrt(dh)
+            if self.cfg.get("scale_attn_by_inverse_layer_idx"):
+                scores = scores / float(l + 1)
+            scores = torch.where(mask, scores, torch.tensor(torch.finfo(scores.dtype).min))
+            z = (scores.softmax(-1) @ v).permute(0, 2, 1, 3).reshape(B, S, D)
+            attn_out = self.conv1d(p + "attn.c_proj", z)
+            hooks["blocks.%d.hook_attn_out" % l] = attn_out
+            x = x + attn_out
+            hooks["blocks.%d.hook_resid_mid" % l] = x
+            post = gelu_new(self.conv1d(p + "mlp.c_fc", self.layer_norm(p + "ln_2", x)))
+            hooks["blocks.%d.mlp.hook_post" % l] = post
+            mlp_out = self.conv1d(p + "mlp.c_proj", post)
+            hooks["blocks.%d.hook_mlp_out" % l] = mlp_out
+            x = x + mlp_out
+            hooks["blocks.%d.hook_resid_post" % l] = x
+        return hooks
+
+
+class HfGpt2ParityTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        torch.manual_seed(0)
+        cls.root = tempfile.mkdtemp(prefix="hf-gpt2-")
+        g = lambda *shape, s=0.1: torch.randn(*shape) * s
+        w = {"wte.weight": g(VOCAB, D), "wpe.weight": g(POSITIONS, D, s=0.02),
+             "ln_f.weight": 1 + g(D), "ln_f.bias": g(D)}
+        for l in range(LAYERS):
+            p = "h.%d." % l
+            w.update({p + "ln_1.weight": 1 + g(D), p + "ln_1.bias": g(D),
+                      p + "attn.c_attn.weight": g(D, 3 * D), p + "attn.c_attn.bias": g(3 * D),
+                      p + "attn.c_proj.weight": g(D, D), p + "attn.c_proj.bias": g(D),
+                      p + "ln_2.weight": 1 + g(D), p + "ln_2.bias": g(D),
+                      p + "mlp.c_fc.weight": g(D, 4 * D), p + "mlp.c_fc.bias": g(4 * D),
+                      p + "mlp.c_proj.weight": g(4 * D, D), p + "mlp.c_proj.bias": g(D),
+                      # buffers older checkpoints carry: the causal mask, not weights
+                      p + "attn.bias": torch.tril(torch.ones(1, 1, POSITIONS, POSITIONS)),
+                      p + "attn.masked_bias": torch.tensor(-1e4)})
+        cls.weights = w
+        rng = np.random.default_rng(1)
+        ids = rng.integers(0, VOCAB, size=9 * CTX, dtype=np.int64).astype(np.uint16)
+        np.save(os.path.join(cls.root, "tokens.npy"), ids)
+        cls.ids = ids.astype(np.int64)
+
+    def checkpoint(self, name, centered=False, **config_changes):
+        d = os.path.join(self.root, name)
+        os.makedirs(d, exist_ok=True)
+        cfg = {"_name_or_path": "tiny-gpt2", "architectures": ["GPT2LMHeadModel"],
+               "model_type": "gpt2", "activation_function": "gelu_new", "attn_pdrop": 0.1,
+               "bos_token_id": 0, "eos_token_id": 0, "embd_pdrop": 0.1, "initializer_range": 0.02,
+               "layer_norm_epsilon": 1e-5, "n_ctx": POSITIONS, "n_embd": D, "n_head": HEADS,
+               "n_inner": None, "n_layer": LAYERS, "n_positions": POSITIONS,
+               "reorder_and_upcast_attn": False, "resid_pdrop": 0.1, "scale_attn_by_inverse_layer_idx": False,
+               "scale_attn_weights": True, "summary_type": "cls_index", "torch_dtype": "float32",
+               "transformers_version": "4.36.2", "use_cache": True, "vocab_size": VOCAB}
+        cfg.update(config_changes)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        write_safetensors(os.path.join(d, "model.safetensors"), self.weights)
+        w = dict(self.weights)
+        if centered:
+            # TransformerLens' center_writing_weights: what writes to the residual stream (the
+            # embeddings, each block's output projections and their biases) loses its mean over
+            # d_model.
+            for name in ["wte.weight", "wpe.weight"] + [
+                    "h.%d.%s.c_proj.%s" % (l, m, t) for l in range(LAYERS) for m in ("attn", "mlp")
+                    for t in ("weight", "bias")]:
+                w[name] = w[name] - w[name].mean(-1, keepdim=True)
+        with torch.no_grad():
+            hooks = Gpt2(w, cfg)(torch.from_numpy(self.ids).view(-1, CTX))
+        return d, hooks
+
+    def run_tool(self, model_dir, hook, context=CTX, centered=False, sae=None):
+        work = tempfile.mkdtemp(dir=self.root)
+        spec = {"model": {"huggingface": {"path": model_dir, "centerWritingWeights": centered}},
+                "hookName": hook, "mode": "SPARSE" if sae else "DENSE", "valueDtype": "FLOAT32",
+                "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": context},
+                "batchSequences": 4, "commitRows": 64}
+        if sae:
+            spec["sae"] = {"path": sae}
+        with open(os.path.join(work, "spec.json"), "w") as f:
+            json.dump(spec, f)
+        out = os.path.join(work, "out")
+        os.makedirs(out)
+        return subprocess.run([TOOL, "--spec=" + os.path.join(work, "spec.json"), "--data_root=" + self.root,
+                               "--db=" + os.path.join(work, "db"), "--out=" + out],
+                              capture_output=True, text=True, timeout=300), out
+
+    def check(self, model_dir, hooks, name, centered=False):
+        p, out = self.run_tool(model_dir, name, centered=centered)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        np.testing.assert_array_equal(np.load(os.path.join(out, "token_ids.npy")), self.ids)
+        got = np.load(os.path.join(out, "dense.npy"))
+        want = hooks[name].reshape(len(self.ids), -1).numpy()
+        self.assertEqual(got.shape, want.shape)
+        err = np.abs(got - want).max() / np.abs(want).max()
+        self.assertLess(err, 1e-5, "%s: max error %.3g of the largest value" % (name, err))
+
+    def test_hooks_match_huggingface_gpt2(self):
+        d, hooks = self.checkpoint("plain")
+        for name in ["blocks.0.hook_resid_pre", "blocks.0.hook_attn_out", "blocks.1.mlp.hook_post",
+                     "blocks.1.hook_resid_mid", "blocks.2.hook_resid_post"]:
+            self.check(d, hooks, name)
+
+    def test_checkpoint_options_are_honoured(self):
+        d, hooks = self.checkpoint("options", layer_norm_epsilon=0.3, scale_attn_by_inverse_layer_idx=True)
+        plain = self.checkpoint("plain")[1]
+        self.assertFalse(np.allclose(hooks["blocks.2.hook_resid_post"], plain["blocks.2.hook_resid_post"]))
+        self.check(d, hooks, "blocks.2.hook_resid_post")
+
+    def test_center_writing_weights_is_transformer_lens_processing(self):
+        d, hooks = self.checkpoint("centered", centered=True)
+        for name in ["blocks.0.hook_resid_pre", "blocks.1.hook_mlp_out", "blocks.2.hook_resid_post",
+                     "blocks.1.mlp.hook_post"]:
+            self.check(d, hooks, name, centered=True)
+
+    def test_an_sae_trained_with_the_other_processing_is_flagged(self):
+        d, _ = self.checkpoint("plain")
+        sae = os.path.join(self.root, "sae_centered")
+        os.makedirs(sae, exist_ok=True)
+        g = torch.Generator().manual_seed(4)
+        write_safetensors(os.path.join(sae, "sae_weights.safetensors"),
+                          {"W_enc": torch.randn(D, 64, generator=g), "b_enc": torch.zeros(64),
+                           "W_dec": torch.randn(64, D, generator=g), "b_dec": torch.zeros(D)})
+        with open(os.path.join(sae, "cfg.json"), "w") as f:
+            json.dump({"d_in": D, "d_sae": 64, "architecture": "topk", "k": 4,
+                       "hook_name": "blocks.1.hook_resid_pre", "model_name": "tiny-gpt2",
+                       "model_from_pretrained_kwargs": {"center_writing_weights": True}}, f)
+        p, _ = self.run_tool(d, "blocks.1.hook_resid_pre", sae=sae)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("model it was trained on had center_writing_weights true, and this job's model "
+                      "has it false", p.stderr)
+        p, _ = self.run_tool(d, "blocks.1.hook_resid_pre", sae=sae, centered=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("center_writing_weights", p.stderr)
+
+    def test_sequences_longer_than_the_positions_are_refused(self):
+        d, _ = self.checkpoint("plain")
+        p, _ = self.run_tool(d, "blocks.0.hook_resid_post", context=POSITIONS + 1)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("extract.tokens.context_length: 33 > the model's context 32", p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
