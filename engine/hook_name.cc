@@ -5,18 +5,53 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 
 namespace latentd::engine {
+
+namespace {
+
+bool ParseLayer(absl::string_view text, int* layer) {
+  return !text.empty() && text[0] >= '0' && text[0] <= '9' && absl::SimpleAtoi(text, layer) &&
+         *layer >= 0;
+}
+
+// A Hugging Face module path whose output is the activation (what sparsify names its SAEs by).
+bool ParseModulePath(absl::string_view name, HookName* hook) {
+  for (absl::string_view prefix :
+       {"h.", "layers.", "transformer.h.", "model.layers.", "gpt_neox.layers."}) {
+    if (!absl::ConsumePrefix(&name, prefix)) continue;
+    const size_t dot = name.find('.');
+    if (!ParseLayer(name.substr(0, dot), &hook->layer)) return false;
+    const absl::string_view module = dot == absl::string_view::npos ? "" : name.substr(dot + 1);
+    if (module.empty()) {
+      hook->point = HookPoint::kResidPost;  // the block's output
+    } else if (module == "mlp") {
+      hook->point = HookPoint::kMlpOut;
+    } else if (module == "attn" || module == "self_attn" || module == "attention") {
+      hook->point = HookPoint::kAttnOut;
+    } else {
+      return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 absl::StatusOr<HookName> ParseHookName(const std::string& name) {
   auto bad = [&]() {
     return absl::InvalidArgumentError(absl::StrCat(
         "extract.hook_name: \"", name,
         "\" is not blocks.{L}.hook_resid_pre|hook_resid_mid|hook_resid_post|hook_attn_out|"
-        "hook_mlp_out|mlp.hook_post or hidden_states.{N}"));
+        "hook_mlp_out|mlp.hook_post, hidden_states.{N}, or a block's module path "
+        "(layers.{L}, h.{L}, model.layers.{L}, ... optionally .mlp or .attn/.self_attn)"));
   };
-  std::vector<std::string> parts = absl::StrSplit(name, '.');
   HookName hook;
+  if (ParseModulePath(name, &hook)) return hook;
+  std::vector<std::string> parts = absl::StrSplit(name, '.');
   if (parts.size() == 2 && parts[0] == "hidden_states") {
     if (!absl::SimpleAtoi(parts[1], &hook.layer) || hook.layer < 0) return bad();
     hook.point = HookPoint::kHiddenStates;

@@ -1,5 +1,6 @@
-// TransformerLens hook names (blocks.{L}.hook_resid_pre, ...) and the hidden_states.{N} names of
-// TorchScript models, parsed without torch (submit-time validation uses this).
+// TransformerLens hook names (blocks.{L}.hook_resid_pre, ...), the hidden_states.{N} names of
+// TorchScript models and Hugging Face module paths (the names sparsify gives its SAEs), parsed
+// without torch (submit-time validation uses this).
 #ifndef LATENTD_ENGINE_HOOK_NAME_H_
 #define LATENTD_ENGINE_HOOK_NAME_H_
 
@@ -26,7 +27,10 @@ struct HookName {
 
 // INVALID_ARGUMENT "extract.hook_name: ..." when the name is not one of:
 //   blocks.{L}.hook_resid_pre | hook_resid_mid | hook_resid_post | hook_attn_out | hook_mlp_out |
-//   mlp.hook_post, or hidden_states.{N}
+//   mlp.hook_post, or hidden_states.{N}, or
+//   a module path {P}.{L}[.mlp | .attn | .self_attn | .attention] with P one of h, layers,
+//   transformer.h, model.layers, gpt_neox.layers: the output of block L (resid_post), of its
+//   MLP (hook_mlp_out) or of its attention (hook_attn_out).
 absl::StatusOr<HookName> ParseHookName(const std::string& name);
 
 // The index into a Hugging Face hidden_states list that equals this hook: hidden_states[L] is the

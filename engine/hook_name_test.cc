@@ -18,6 +18,30 @@ TEST(HookNameTest, ParsesTransformerLensAndHiddenStateNames) {
   EXPECT_FALSE(HiddenStateIndex(*ParseHookName("blocks.1.hook_mlp_out")).ok());
 }
 
+// sparsify names an SAE by the module whose output it reads.
+TEST(HookNameTest, ParsesHuggingFaceModulePaths) {
+  auto is = [](const char* name, HookPoint point, int layer) {
+    auto h = ParseHookName(name);
+    EXPECT_TRUE(h.ok()) << name << " " << h.status();
+    if (h.ok()) {
+      EXPECT_EQ(h->point, point) << name;
+      EXPECT_EQ(h->layer, layer) << name;
+    }
+  };
+  is("layers.6", HookPoint::kResidPost, 6);
+  is("h.0", HookPoint::kResidPost, 0);
+  is("model.layers.12", HookPoint::kResidPost, 12);
+  is("gpt_neox.layers.3", HookPoint::kResidPost, 3);
+  is("transformer.h.11.mlp", HookPoint::kMlpOut, 11);
+  is("layers.2.mlp", HookPoint::kMlpOut, 2);
+  is("h.4.attn", HookPoint::kAttnOut, 4);
+  is("model.layers.5.self_attn", HookPoint::kAttnOut, 5);
+  is("layers.1.attention", HookPoint::kAttnOut, 1);
+  EXPECT_TRUE(
+      SameActivation(*ParseHookName("layers.6"), *ParseHookName("blocks.7.hook_resid_pre")));
+  EXPECT_TRUE(SameActivation(*ParseHookName("h.6"), *ParseHookName("hidden_states.7")));
+}
+
 TEST(HookNameTest, SameActivationKnowsTheResidualStreamsOtherNames) {
   auto same = [](const char* a, const char* b) {
     return SameActivation(*ParseHookName(a), *ParseHookName(b));
@@ -34,9 +58,11 @@ TEST(HookNameTest, SameActivationKnowsTheResidualStreamsOtherNames) {
 }
 
 TEST(HookNameTest, RejectsMalformedNames) {
-  for (const char* bad : {"", "blocks", "blocks.x.hook_resid_post", "blocks.-1.hook_resid_post",
-                          "blocks.1.hook_resid", "blocks.1", "hidden_states.", "hidden_states.-2",
-                          "layers.1.hook_resid_post", "blocks.+1.hook_resid_post"}) {
+  for (const char* bad :
+       {"", "blocks", "blocks.x.hook_resid_post", "blocks.-1.hook_resid_post",
+        "blocks.1.hook_resid", "blocks.1", "hidden_states.", "hidden_states.-2",
+        "layers.1.hook_resid_post", "blocks.+1.hook_resid_post", "layers.x", "layers.-1",
+        "layers.+1", "h.1.mlp.c_fc", "layers", "model.layers.", "layers.1.mlp.act"}) {
     auto h = ParseHookName(bad);
     EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     if (!h.ok()) {

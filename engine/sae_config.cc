@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "engine/hook_name.h"
 #include "engine/safetensors.h"
 
 namespace latentd::engine {
@@ -100,7 +102,11 @@ absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
     }
     cfg.apply_b_dec_to_input = j["apply_b_dec_to_input"].get<bool>();
   }
-  if (j.contains("hook_name") && j["hook_name"].is_string()) cfg.hook_name = j["hook_name"];
+  if (j.contains("hook_name") && j["hook_name"].is_string()) {
+    cfg.hook_name = j["hook_name"];
+  } else if (j.contains("hook_point") && j["hook_point"].is_string()) {
+    cfg.hook_name = j["hook_point"];  // SAELens before 3.0 and mats_sae_training
+  }
   if (j.contains("model_name") && j["model_name"].is_string()) cfg.model_name = j["model_name"];
   if (j.contains("model_from_pretrained_kwargs") && j["model_from_pretrained_kwargs"].is_object()) {
     const json& kwargs = j["model_from_pretrained_kwargs"];
@@ -171,6 +177,13 @@ absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir) {
   auto cfg = ParseSaeConfigJson(text.str());
   if (!cfg.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(dir, "/", cfg.status().message()));
+  }
+  if (cfg->hook_name.empty()) {
+    // sparsify writes no hook into cfg.json but names each SAE's directory after its module.
+    std::filesystem::path path = std::filesystem::path(dir).lexically_normal();
+    if (path.filename().empty()) path = path.parent_path();  // a trailing slash
+    const std::string base = path.filename().string();
+    if (ParseHookName(base).ok()) cfg->hook_name = base;
   }
   ASSIGN_OR_RETURN(std::string weights, FindSaeWeightsFile(dir));
   ASSIGN_OR_RETURN(StHeader header, ReadStHeader(weights));

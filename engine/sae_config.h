@@ -3,7 +3,9 @@
 //
 // Accepted cfg.json fields: d_in, d_sae (sparsify: num_latents), architecture ("standard"/"relu",
 // "topk", "jumprelu", "gated"; absent with a k means topk, as sparsify writes), k (or
-// activation_fn_kwargs.k), apply_b_dec_to_input (default true), hook_name, model_name, dtype.
+// activation_fn_kwargs.k), apply_b_dec_to_input (default true), hook_name (older SAELens:
+// hook_point; sparsify: none, the directory's name is the module, e.g. layers.6),
+// model_from_pretrained_kwargs.center_writing_weights, model_name, dtype.
 // Refused (INVALID_ARGUMENT naming the field), because they change what the encoder computes:
 // SAELens' normalize_activations other than "none", rescale_acts_by_decoder_norm true.
 // Weights: sae_weights.safetensors, else the only *.safetensors file in the directory, holding

@@ -203,6 +203,43 @@ TEST(SaeTest, LoadsTheSparsifyLayout) {
   EXPECT_TRUE(at::equal(sae->weights().W_enc, w.W_enc));
 }
 
+// What an SAE says it was trained on, wherever its release put it: the start-of-job warnings
+// compare it with the job's hook and model.
+TEST(SaeTest, FindsTheHookAndProcessingItWasTrainedOn) {
+  SaeWeights w = RandomWeights(4, 12, 6);
+  at::Tensor enc = w.W_enc.t().contiguous();
+  auto write_sparsify = [&](const std::string& dir) {
+    ASSERT_TRUE(WriteSafetensors(dir + "/sae.safetensors",
+                                 {{"encoder.weight", StDtype::kF32, {12, 4}, enc.data_ptr()},
+                                  {"encoder.bias", StDtype::kF32, {12}, w.b_enc.data_ptr()},
+                                  {"W_dec", StDtype::kF32, {12, 4}, w.W_dec.data_ptr()},
+                                  {"b_dec", StDtype::kF32, {4}, w.b_dec.data_ptr()}})
+                    .ok());
+    std::ofstream(dir + "/cfg.json") << R"({"d_in": 4, "num_latents": 12, "k": 3})";
+  };
+  // sparsify: no hook in cfg.json, the directory is named after the module.
+  TempDir("sparsify_release");
+  const std::string layer = TempDir("sparsify_release/layers.6");
+  write_sparsify(layer);
+  EXPECT_EQ(ReadAndCheckSae(layer)->hook_name, "layers.6");
+  EXPECT_EQ(ReadAndCheckSae(layer + "/")->hook_name, "layers.6");
+  const std::string plain = TempDir("sparsify_plain");
+  write_sparsify(plain);
+  EXPECT_EQ(ReadAndCheckSae(plain)->hook_name, "");
+
+  auto cfg = ParseSaeConfigJson(
+      R"({"d_in": 4, "d_sae": 12, "hook_point": "blocks.8.hook_resid_pre",
+          "model_from_pretrained_kwargs": {"center_writing_weights": true}})");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->hook_name, "blocks.8.hook_resid_pre");  // SAELens before 3.0
+  EXPECT_EQ(cfg->center_writing_weights, std::optional<bool>(true));
+  cfg = ParseSaeConfigJson(R"({"d_in": 4, "d_sae": 12, "hook_name": "blocks.2.hook_resid_post",
+                               "hook_point": "blocks.8.hook_resid_pre"})");
+  ASSERT_TRUE(cfg.ok());
+  EXPECT_EQ(cfg->hook_name, "blocks.2.hook_resid_post");
+  EXPECT_FALSE(cfg->center_writing_weights.has_value());
+}
+
 TEST(SaeTest, RejectsShapeMismatchMissingTensorsBadConfigAndNonFiniteWeights) {
   std::string dir = TempDir("sae_bad");
   SaeWeights w = RandomWeights(8, 16, 6);

@@ -151,8 +151,9 @@ class HfGpt2ParityTest(unittest.TestCase):
                                "--db=" + os.path.join(work, "db"), "--out=" + out],
                               capture_output=True, text=True, timeout=300), out
 
-    def check(self, model_dir, hooks, name, centered=False):
-        p, out = self.run_tool(model_dir, name, centered=centered)
+    def check(self, model_dir, hooks, name, centered=False, as_name=None):
+        """The rows of hook `name` (asked for as `as_name`, another name of it, when given)."""
+        p, out = self.run_tool(model_dir, as_name or name, centered=centered)
         self.assertEqual(p.returncode, 0, p.stderr)
         np.testing.assert_array_equal(np.load(os.path.join(out, "token_ids.npy")), self.ids)
         got = np.load(os.path.join(out, "dense.npy"))
@@ -166,6 +167,9 @@ class HfGpt2ParityTest(unittest.TestCase):
         for name in ["blocks.0.hook_resid_pre", "blocks.0.hook_attn_out", "blocks.1.mlp.hook_post",
                      "blocks.1.hook_resid_mid", "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
+        # sparsify's module paths name the same activations.
+        self.check(d, hooks, "blocks.1.hook_resid_post", as_name="h.1")
+        self.check(d, hooks, "blocks.2.hook_mlp_out", as_name="transformer.h.2.mlp")
 
     def test_checkpoint_options_are_honoured(self):
         d, hooks = self.checkpoint("options", layer_norm_epsilon=0.3, scale_attn_by_inverse_layer_idx=True)
