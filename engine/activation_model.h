@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace latentd::engine {
@@ -34,6 +35,10 @@ class ActivationModel {
   virtual int64_t activation_bytes_per_token(int64_t seq_len) const = 0;
   virtual const std::string& model_id() const = 0;
   virtual const std::string& weight_hash() const = 0;
+  // Weights by name, for the queries that read them: "embed.W_E" and "unembed.W_U" [vocab, d]
+  // (a tied model has only the first), "blocks.L.mlp.W_out" [d_mlp, d]. Empty where the model
+  // does not expose its weights (TorchScript: dataset_models.h finds them by parameter name).
+  virtual std::vector<std::pair<std::string, at::Tensor>> NamedWeights() const { return {}; }
 };
 
 }  // namespace latentd::engine

@@ -15,7 +15,7 @@
 #include "common/process_memory.h"
 #include "common/status_macros.h"
 #include "engine/gpt2_model.h"
-#include "engine/hf_gpt2.h"
+#include "engine/hf_model.h"
 #include "engine/hook_name.h"
 #include "engine/reference_model.h"
 #include "engine/sae.h"
@@ -157,26 +157,26 @@ absl::StatusOr<at::Tensor> AsUnembedding(const std::string& name, const at::Tens
                                                  ", the width the SAE's directions live in"));
 }
 
-// The tied unembedding of a GPT-2 model, the reference one or a Hugging Face checkpoint (after
-// the hooked block's W_out for mlp.hook_post), or null with *unavailable saying why when its
-// weights are not those the dataset was made with.
 // How to load the Hugging Face model a dataset was made with; FAILED_PRECONDITION when its
 // directory is no longer under a data root.
-absl::StatusOr<HfGpt2Options> HfOptions(const ExtractEnv& env, const DatasetSource& dataset,
-                                        const latentd::v1::HuggingFaceModelSpec& spec) {
+absl::StatusOr<HfModelOptions> HfOptions(const ExtractEnv& env, const DatasetSource& dataset,
+                                         const latentd::v1::HuggingFaceModelSpec& spec) {
   auto dir = ResolveUnderRoots(spec.path(), env, "extract.model.huggingface.path");
   if (!dir.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "dataset ", dataset.dataset_id, "'s model is not readable: ", dir.status().message()));
   }
-  HfGpt2Options options;
+  HfModelOptions options;
   options.dir = *dir;
   options.center_writing_weights = spec.center_writing_weights();
   return options;
 }
 
-absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> Gpt2Unembedding(
-    const DatasetSource& dataset, std::unique_ptr<Gpt2Model> model, const HookName& hook,
+// The unembedding of a natively run model (the reference one or a Hugging Face checkpoint):
+// unembed.W_U, or embed.W_E where it is tied, after the hooked block's W_out for mlp.hook_post;
+// null with *unavailable saying why when its weights are not those the dataset was made with.
+absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> NativeUnembedding(
+    const DatasetSource& dataset, std::unique_ptr<ActivationModel> model, const HookName& hook,
     std::string* unavailable) {
   if (!dataset.model_weight_hash.empty() && model->weight_hash() != dataset.model_weight_hash) {
     *unavailable =
@@ -186,13 +186,17 @@ absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> Gpt2Unembedding(
   }
   auto prepared = std::make_shared<PreparedUnembedding>();
   const std::string w_out = absl::StrCat("blocks.", hook.layer, ".mlp.W_out");
+  std::string unembedding = "embed.W_E (tied)";
   for (const auto& [name, tensor] : model->NamedWeights()) {
-    if (name == "embed.W_E") prepared->W_U = tensor.contiguous();
+    if (name == "embed.W_E" && !prepared->W_U.defined()) prepared->W_U = tensor.contiguous();
+    if (name == "unembed.W_U") {
+      prepared->W_U = tensor.contiguous();
+      unembedding = name;
+    }
     if (hook.point == HookPoint::kMlpPost && name == w_out) prepared->W_out = tensor.contiguous();
   }
-  prepared->source = hook.point == HookPoint::kMlpPost
-                         ? absl::StrCat(w_out, " then embed.W_E (tied)")
-                         : std::string("embed.W_E (tied)");
+  prepared->source =
+      hook.point == HookPoint::kMlpPost ? absl::StrCat(w_out, " then ", unembedding) : unembedding;
   return prepared;
 }
 
@@ -411,8 +415,8 @@ absl::StatusOr<std::shared_ptr<const PromptModel>> DatasetModels::Impl::BuildPro
   if (model.has_reference()) {
     ASSIGN_OR_RETURN(activations, CreateReferenceModel(model.reference(), hooks, cpu));
   } else if (model.has_huggingface()) {
-    ASSIGN_OR_RETURN(HfGpt2Options options, HfOptions(env, dataset, model.huggingface()));
-    ASSIGN_OR_RETURN(activations, LoadHfGpt2Model(options, hooks, cpu));
+    ASSIGN_OR_RETURN(HfModelOptions options, HfOptions(env, dataset, model.huggingface()));
+    ASSIGN_OR_RETURN(activations, LoadHfModel(options, hooks, cpu));
   } else if (model.has_torchscript()) {
     auto path =
         ResolveUnderRoots(model.torchscript().path(), env, "extract.model.torchscript.path");
@@ -509,7 +513,7 @@ absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> DatasetModels::Impl::
           [&]() -> absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> {
             ASSIGN_OR_RETURN(std::unique_ptr<Gpt2Model> model,
                              CreateReferenceModel(resolved, hook, at::Device(at::kCPU)));
-            return Gpt2Unembedding(dataset, std::move(model), hook, unavailable);
+            return NativeUnembedding(dataset, std::move(model), hook, unavailable);
           });
     }
     auto options = HfOptions(env, dataset, spec.model().huggingface());
@@ -521,12 +525,12 @@ absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> DatasetModels::Impl::
         absl::StrCat("huggingface\n", options->dir, "\n", options->center_writing_weights, "\n",
                      dataset.model_weight_hash, "\n", spec.hook_name()),
         [&]() -> absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> {
-          auto model = LoadHfGpt2Model(*options, {hook}, at::Device(at::kCPU));
+          auto model = LoadHfModel(*options, {hook}, at::Device(at::kCPU));
           if (!model.ok()) {
             *unavailable = std::string(model.status().message());
             return nullptr;
           }
-          return Gpt2Unembedding(dataset, *std::move(model), hook, unavailable);
+          return NativeUnembedding(dataset, *std::move(model), hook, unavailable);
         });
   }
   if (!spec.model().has_torchscript()) {

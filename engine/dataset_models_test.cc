@@ -7,7 +7,7 @@
 
 #include "common/test_dir.h"
 #include "engine/hf_gpt2.h"
-#include "engine/hf_gpt2_testing.h"
+#include "engine/hf_testing.h"
 #include "engine/reference_model.h"
 #include "engine/sae.h"
 #include "engine/torchscript_model.h"

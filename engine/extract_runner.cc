@@ -18,7 +18,7 @@
 #include "engine/device_util.h"
 #include "engine/extract_pipeline.h"
 #include "engine/gpt2_model.h"
-#include "engine/hf_gpt2.h"
+#include "engine/hf_model.h"
 #include "engine/hook_name.h"
 #include "engine/job_continuation.h"
 #include "engine/reference_model.h"
@@ -167,7 +167,7 @@ struct CheckedOutput {
 struct Checked {
   std::vector<CheckedOutput> outputs;
   latentd::v1::ReferenceModelSpec reference;  // resolved, when the model is the reference one
-  std::optional<Gpt2Config> gpt2;             // the reference or a Hugging Face GPT-2 model
+  std::optional<TransformerShape> shape;      // a natively run model's (reference, Hugging Face)
   std::string model_path;                     // resolved TorchScript path or Hugging Face dir
   std::string tokens_path;
   bool sparse = true;
@@ -176,15 +176,28 @@ struct Checked {
   int64_t rows = 0;  // rows of the token shard
 };
 
+HfModelOptions HfOptions(const ExtractSpec& spec, const Checked& c) {
+  HfModelOptions options;
+  options.dir = c.model_path;
+  options.center_writing_weights = spec.model().huggingface().center_writing_weights();
+  return options;
+}
+
+// A reader's error as the spec field it is about (unless it names a field already).
+absl::Status InHuggingFaceField(const absl::Status& s) {
+  if (absl::StartsWith(s.message(), "extract.")) return s;
+  return absl::Status(s.code(), absl::StrCat("extract.model.huggingface.path: ", s.message()));
+}
+
 // Hook and SAE of output `output` (ExtractOutputSpec), with c.sparse and the model known.
 absl::StatusOr<CheckedOutput> CheckOutput(const ExtractSpec& one, const ExtractEnv& env,
                                           const Checked& c) {
   CheckedOutput out;
   out.hook_name = one.hook_name();
   ASSIGN_OR_RETURN(out.hook, ParseHookName(one.hook_name()));
-  if (c.gpt2) {
-    RETURN_IF_ERROR(CheckGpt2Hook(*c.gpt2, out.hook));
-    out.hook_width = Gpt2HookWidth(*c.gpt2, out.hook);
+  if (c.shape) {
+    RETURN_IF_ERROR(CheckTransformerHook(*c.shape, out.hook));
+    out.hook_width = TransformerHookWidth(*c.shape, out.hook);
   } else {
     RETURN_IF_ERROR(HiddenStateIndex(out.hook).status());
   }
@@ -217,18 +230,15 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env) {
   switch (spec.model().model_case()) {
     case latentd::v1::ModelSpec::kReference: {
       ASSIGN_OR_RETURN(c.reference, ResolveReferenceSpec(spec.model().reference()));
-      c.gpt2 = ReferenceGpt2Config(c.reference);
+      c.shape = Gpt2Shape(ReferenceGpt2Config(c.reference));
       break;
     }
     case latentd::v1::ModelSpec::kHuggingface: {
       ASSIGN_OR_RETURN(c.model_path, ResolveUnderRoots(spec.model().huggingface().path(), env,
                                                        "extract.model.huggingface.path"));
-      auto config = CheckHfGpt2(c.model_path);
-      if (!config.ok()) {
-        return absl::Status(config.status().code(), absl::StrCat("extract.model.huggingface.path: ",
-                                                                 config.status().message()));
-      }
-      c.gpt2 = *config;
+      auto shape = CheckHfModel(HfOptions(spec, c));
+      if (!shape.ok()) return InHuggingFaceField(shape.status());
+      c.shape = *shape;
       break;
     }
     case latentd::v1::ModelSpec::kTorchscript: {
@@ -242,10 +252,10 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env) {
     default:
       return absl::InvalidArgumentError("extract.model: set reference, huggingface or torchscript");
   }
-  if (c.gpt2 && tokens.context_length() > c.gpt2->context_length) {
+  if (c.shape && tokens.context_length() > c.shape->context_length) {
     return absl::InvalidArgumentError(
         absl::StrCat("extract.tokens.context_length: ", tokens.context_length(),
-                     " > the model's context ", c.gpt2->context_length));
+                     " > the model's context ", c.shape->context_length));
   }
   if (spec.more_outputs_size() > kMaxMoreOutputs) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -428,13 +438,13 @@ absl::Status ValidateExtractSpec(const ExtractSpec& spec, const ExtractEnv& env)
           free_bytes / 1e9));
     }
   }
-  if (c.gpt2 && env.device_memory_bytes > 0) {
+  if (c.shape && env.device_memory_bytes > 0) {
     std::vector<int64_t> widths;
     for (const CheckedOutput& out : c.outputs) widths.push_back(out.hook_width);
-    const int64_t need =
-        EstimateDeviceBytes(c, widths, Gpt2ParameterBytes(*c.gpt2),
-                            Gpt2ActivationBytesPerToken(*c.gpt2, spec.tokens().context_length()),
-                            spec.tokens().context_length());
+    const int64_t need = EstimateDeviceBytes(
+        c, widths, c.shape->parameter_bytes,
+        TransformerActivationBytesPerToken(*c.shape, spec.tokens().context_length()),
+        spec.tokens().context_length());
     absl::Status s = MemoryCheck(c, need, env.device_memory_bytes, "extract.batch_sequences");
     if (!s.ok()) return absl::InvalidArgumentError(s.message());
   }
@@ -474,28 +484,22 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   }
   std::vector<PipelineReplica> replicas;
   try {
-    // A GPT-2's weights are made once and each replica takes them to its device (CPU replicas
-    // share the tensors).
-    std::optional<Gpt2Weights> gpt2_weights;
+    // A natively run model's weights are made once and each replica takes them to its device
+    // (CPU replicas share the tensors); the reference model is a GPT-2 whose weights are drawn.
+    std::optional<HfModelWeights> native_weights;
     if (spec.model().has_reference()) {
-      gpt2_weights = DrawReferenceWeights(c.reference);
+      native_weights.emplace().gpt2 = DrawReferenceWeights(c.reference);
     } else if (spec.model().has_huggingface()) {
-      HfGpt2Options o;
-      o.dir = c.model_path;
-      o.center_writing_weights = spec.model().huggingface().center_writing_weights();
-      auto loaded = LoadHfGpt2Weights(o);
-      if (!loaded.ok()) {
-        return absl::Status(loaded.status().code(), absl::StrCat("extract.model.huggingface.path: ",
-                                                                 loaded.status().message()));
-      }
-      gpt2_weights = *std::move(loaded);
+      auto loaded = LoadHfModelWeights(HfOptions(spec, c));
+      if (!loaded.ok()) return InHuggingFaceField(loaded.status());
+      native_weights = *std::move(loaded);
     }
     for (const auto& d : devices) {
       PipelineReplica r;
       ASSIGN_OR_RETURN(r.device, ToAtDevice(d));
       r.cpu_threads = d.kind == DeviceKind::kCpu ? cpu_threads : 0;
-      if (gpt2_weights) {
-        ASSIGN_OR_RETURN(r.model, Gpt2Model::Create(*gpt2_weights, hooks, r.device));
+      if (native_weights) {
+        ASSIGN_OR_RETURN(r.model, CreateHfModel(*native_weights, hooks, r.device));
       } else {
         TorchScriptModelOptions o;
         o.path = c.model_path;

@@ -8,32 +8,19 @@
 
 namespace latentd::engine {
 
-absl::Status CheckGpt2Hook(const Gpt2Config& config, const HookName& hook) {
-  if (hook.point == HookPoint::kHiddenStates) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "extract.hook_name: ", config.what,
-        " takes TransformerLens names (blocks.L.hook_resid_pre, ...), not hidden_states.N"));
-  }
-  if (hook.layer >= config.n_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("extract.hook_name: layer ", hook.layer,
-                                                   " out of range, ", config.what, " has ",
-                                                   config.n_layers, " layers"));
-  }
-  return absl::OkStatus();
-}
-
-int64_t Gpt2HookWidth(const Gpt2Config& config, const HookName& hook) {
-  return hook.point == HookPoint::kMlpPost ? config.d_mlp : config.d_model;
-}
-
-int64_t Gpt2ParameterBytes(const Gpt2Config& c) {
+TransformerShape Gpt2Shape(const Gpt2Config& c) {
+  TransformerShape s;
+  s.d_model = c.d_model;
+  s.n_layers = c.n_layers;
+  s.n_heads = c.n_heads;
+  s.d_mlp = c.d_mlp;
+  s.vocab_size = c.vocab_size;
+  s.context_length = c.context_length;
   const int64_t d = c.d_model, f = c.d_mlp;
-  return 4 *
-         ((c.vocab_size + c.context_length) * d + c.n_layers * (4 * d * d + 2 * d * f + 9 * d + f));
-}
-
-int64_t Gpt2ActivationBytesPerToken(const Gpt2Config& c, int64_t seq_len) {
-  return 4 * (11 * c.d_model + 2 * c.n_heads * seq_len + 2 * c.d_mlp);
+  s.parameter_bytes = 4 * ((c.vocab_size + c.context_length) * d +
+                           c.n_layers * (4 * d * d + 2 * d * f + 9 * d + f));
+  s.what = c.what;
+  return s;
 }
 
 absl::StatusOr<std::unique_ptr<Gpt2Model>> Gpt2Model::Create(Gpt2Weights weights,
@@ -41,9 +28,10 @@ absl::StatusOr<std::unique_ptr<Gpt2Model>> Gpt2Model::Create(Gpt2Weights weights
                                                              const at::Device& device) {
   if (hooks.empty()) return absl::InvalidArgumentError("extract.hook_name: no hook");
   std::unique_ptr<Gpt2Model> m(new Gpt2Model());
+  const TransformerShape shape = Gpt2Shape(weights.config);
   for (const HookName& hook : hooks) {
-    RETURN_IF_ERROR(CheckGpt2Hook(weights.config, hook));
-    m->hook_widths_.push_back(Gpt2HookWidth(weights.config, hook));
+    RETURN_IF_ERROR(CheckTransformerHook(shape, hook));
+    m->hook_widths_.push_back(TransformerHookWidth(shape, hook));
   }
   m->hooks_ = hooks;
   m->w_ = std::move(weights);

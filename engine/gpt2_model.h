@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "engine/activation_model.h"
 #include "engine/hook_name.h"
+#include "engine/transformer_shape.h"
 
 namespace latentd::engine {
 
@@ -41,20 +42,11 @@ struct Gpt2Config {
   Gpt2Activation activation = Gpt2Activation::kGeluTanh;
   bool scale_attn_weights = true;                // scores / sqrt(d_head)
   bool scale_attn_by_inverse_layer_idx = false;  // and / (layer + 1)
-  // Prefix of INVALID_ARGUMENT messages about hooks ("the reference model", "the GPT-2 model
-  // in /data/gpt2").
-  std::string what = "the model";
+  std::string what = "the model";                // TransformerShape::what
 };
 
-// OK when `hook` exists in the model: a TransformerLens name with layer < n_layers.
-absl::Status CheckGpt2Hook(const Gpt2Config& config, const HookName& hook);
-// Width of the hooked activation: d_mlp for mlp.hook_post, else d_model.
-int64_t Gpt2HookWidth(const Gpt2Config& config, const HookName& hook);
-// float32 bytes of every weight.
-int64_t Gpt2ParameterBytes(const Gpt2Config& config);
-// Activation bytes one token costs inside a forward pass (an upper bound for memory checks): a
-// few residual-sized tensors, qkv, the attention row per head and the MLP hidden layer.
-int64_t Gpt2ActivationBytesPerToken(const Gpt2Config& config, int64_t seq_len);
+// The shape of a model of `config`, for checks.
+TransformerShape Gpt2Shape(const Gpt2Config& config);
 
 struct Gpt2Block {
   at::Tensor ln1_w, ln1_b;  // [d]
@@ -78,8 +70,8 @@ struct Gpt2Weights {
 
 class Gpt2Model : public ActivationModel {
  public:
-  // The model reading `hooks` (at least one, each checked with CheckGpt2Hook), its weights moved
-  // to `device`.
+  // The model reading `hooks` (at least one, each checked with CheckTransformerHook), its
+  // weights moved to `device`.
   static absl::StatusOr<std::unique_ptr<Gpt2Model>> Create(Gpt2Weights weights,
                                                            const std::vector<HookName>& hooks,
                                                            const at::Device& device);
@@ -90,9 +82,9 @@ class Gpt2Model : public ActivationModel {
   std::vector<int64_t> hook_widths() const override { return hook_widths_; }
   int64_t vocab_size() const override { return config().vocab_size; }
   int64_t max_context() const override { return config().context_length; }
-  int64_t parameter_bytes() const override { return Gpt2ParameterBytes(config()); }
+  int64_t parameter_bytes() const override { return Gpt2Shape(config()).parameter_bytes; }
   int64_t activation_bytes_per_token(int64_t seq_len) const override {
-    return Gpt2ActivationBytesPerToken(config(), seq_len);
+    return TransformerActivationBytesPerToken(Gpt2Shape(config()), seq_len);
   }
   const std::string& model_id() const override { return w_.model_id; }
   const std::string& weight_hash() const override { return w_.weight_hash; }
@@ -102,7 +94,7 @@ class Gpt2Model : public ActivationModel {
   // blocks.L.attn.W_qkv, blocks.L.attn.W_O, blocks.L.mlp.W_in, ...), on the device: what
   // bench/extract_python_peer.py loads to run the same model in Python, and where the
   // unembedding (embed.W_E, tied) comes from.
-  std::vector<std::pair<std::string, at::Tensor>> NamedWeights() const;
+  std::vector<std::pair<std::string, at::Tensor>> NamedWeights() const override;
 
   // The full residual stream after every block (for tests): element L is resid_post of block L.
   std::vector<at::Tensor> AllResidPost(const at::Tensor& tokens);

@@ -26,34 +26,26 @@
 
 #include "absl/status/statusor.h"
 #include "engine/gpt2_model.h"
+#include "engine/hf_checkpoint.h"
 #include "engine/hook_name.h"
 
 namespace latentd::engine {
 
-struct HfGpt2Options {
-  std::string dir;  // the checkpoint directory (already checked against the data roots)
-  bool center_writing_weights = false;
-};
+// config.json's GPT-2 fields; INVALID_ARGUMENT "<dir>/config.json: <field> ..." for a value it
+// cannot run.
+absl::StatusOr<Gpt2Config> ReadHfGpt2Config(const HfConfig& config);
 
-// config.json only (cheap; submit-time checks use it). NOT_FOUND when the directory has no
-// config.json; INVALID_ARGUMENT "<dir>/config.json: <field> ..." for a value it cannot run.
-absl::StatusOr<Gpt2Config> ReadHfGpt2Config(const std::string& dir);
-
-// ReadHfGpt2Config, then the weight files' headers (cheap: no weight is read): every tensor
-// present with the shape config.json implies and a float dtype. What submit checks.
+// config.json (NOT_FOUND without one), then the weight files' headers (cheap: no weight is read):
+// every tensor present with the shape config.json implies and a float dtype. What submit checks.
 absl::StatusOr<Gpt2Config> CheckHfGpt2(const std::string& dir);
-
-// The weight files of `dir`: model.safetensors, else every shard model.safetensors.index.json
-// names. NOT_FOUND when there is neither.
-absl::StatusOr<std::vector<std::string>> HfWeightFiles(const std::string& dir);
 
 // Every weight, float32 on the CPU. The hash covers the weight files' bytes, the configuration
 // the forward pass uses and center_writing_weights; the model id is "huggingface:gpt2:<dir>".
-absl::StatusOr<Gpt2Weights> LoadHfGpt2Weights(const HfGpt2Options& options);
+absl::StatusOr<Gpt2Weights> LoadHfGpt2Weights(const HfModelOptions& options);
 
 // LoadHfGpt2Weights into a model reading `hooks`, on `device`. The hooks are checked against
 // config.json before any weight is read.
-absl::StatusOr<std::unique_ptr<Gpt2Model>> LoadHfGpt2Model(const HfGpt2Options& options,
+absl::StatusOr<std::unique_ptr<Gpt2Model>> LoadHfGpt2Model(const HfModelOptions& options,
                                                            const std::vector<HookName>& hooks,
                                                            const at::Device& device);
 

@@ -4,7 +4,7 @@
 #include <map>
 
 #include "common/test_dir.h"
-#include "engine/hf_gpt2_testing.h"
+#include "engine/hf_testing.h"
 #include "engine/reference_model.h"
 #include "engine/safetensors.h"
 #include "gtest/gtest.h"
@@ -126,7 +126,7 @@ TEST(HfGpt2Test, ShardedCheckpointLoadsLikeOneFile) {
 TEST(HfGpt2Test, CenterWritingWeightsCentersTheResidualStreamOnly) {
   const std::string dir = WriteCheckpoint("hf_center", Weights());
   const at::Tensor tokens = Tokens();
-  HfGpt2Options centered{dir, /*center_writing_weights=*/true};
+  HfModelOptions centered{dir, /*center_writing_weights=*/true};
   auto plain_model = LoadHfGpt2Model({dir}, Hooks(kAllPoints), at::kCPU);
   auto centered_model = LoadHfGpt2Model(centered, Hooks(kAllPoints), at::kCPU);
   auto plain = Activations(plain_model, tokens), got = Activations(centered_model, tokens);

@@ -93,8 +93,8 @@ absl::StatusOr<std::unique_ptr<Gpt2Model>> CreateReferenceModel(
   ASSIGN_OR_RETURN(latentd::v1::ReferenceModelSpec resolved, ResolveReferenceSpec(spec));
   if (hooks.empty()) return absl::InvalidArgumentError("extract.hook_name: no hook");
   // Hooks first: a bad one should not cost drawing the weights.
-  const Gpt2Config config = ReferenceGpt2Config(resolved);
-  for (const HookName& hook : hooks) RETURN_IF_ERROR(CheckGpt2Hook(config, hook));
+  const TransformerShape shape = Gpt2Shape(ReferenceGpt2Config(resolved));
+  for (const HookName& hook : hooks) RETURN_IF_ERROR(CheckTransformerHook(shape, hook));
   return Gpt2Model::Create(DrawReferenceWeights(resolved), hooks, device);
 }
 

@@ -1,4 +1,4 @@
-#include "engine/hf_gpt2_testing.h"
+#include "engine/hf_testing.h"
 
 #include <filesystem>
 #include <fstream>
@@ -75,6 +75,48 @@ bool WriteHfGpt2Checkpoint(const std::string& dir, const Gpt2Weights& w, const s
   std::filesystem::create_directories(dir);
   WriteTextFile(dir + "/config.json", HfGpt2ConfigJson(w.config, config_changes));
   return WriteF32Safetensors(dir + "/model.safetensors", HfGpt2Tensors(w, prefix));
+}
+
+std::map<std::string, at::Tensor> WriteRandomLlamaCheckpoint(
+    const std::string& dir, bool tied, const std::map<std::string, std::string>& config_changes) {
+  const int64_t d = 32, layers = 2, q = 4 * 8, kv = 2 * 8, f = 48, vocab = 50;
+  at::manual_seed(17);
+  auto g = [](std::vector<int64_t> shape) { return at::randn(shape) * 0.1; };
+  std::map<std::string, at::Tensor> t = {{"model.embed_tokens.weight", g({vocab, d})},
+                                         {"model.norm.weight", at::ones({d})}};
+  if (!tied) t["lm_head.weight"] = g({vocab, d});
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    t[p + "input_layernorm.weight"] = 1 + g({d});
+    t[p + "post_attention_layernorm.weight"] = 1 + g({d});
+    t[p + "self_attn.q_proj.weight"] = g({q, d});
+    t[p + "self_attn.k_proj.weight"] = g({kv, d});
+    t[p + "self_attn.v_proj.weight"] = g({kv, d});
+    t[p + "self_attn.o_proj.weight"] = g({d, q});
+    t[p + "mlp.gate_proj.weight"] = g({f, d});
+    t[p + "mlp.up_proj.weight"] = g({f, d});
+    t[p + "mlp.down_proj.weight"] = g({d, f});
+  }
+  std::map<std::string, std::string> fields = {{"model_type", "\"llama\""},
+                                               {"hidden_size", "32"},
+                                               {"num_hidden_layers", "2"},
+                                               {"num_attention_heads", "4"},
+                                               {"num_key_value_heads", "2"},
+                                               {"head_dim", "8"},
+                                               {"intermediate_size", "48"},
+                                               {"vocab_size", "50"},
+                                               {"max_position_embeddings", "32"},
+                                               {"rms_norm_eps", "1e-05"},
+                                               {"tie_word_embeddings", tied ? "true" : "false"}};
+  for (const auto& [key, value] : config_changes) fields[key] = value;
+  std::string json = "{";
+  for (const auto& [key, value] : fields) {
+    absl::StrAppend(&json, json.size() > 1 ? ", " : "", "\"", key, "\": ", value);
+  }
+  std::filesystem::create_directories(dir);
+  WriteTextFile(dir + "/config.json", json + "}");
+  if (!WriteF32Safetensors(dir + "/model.safetensors", t)) return {};
+  return t;
 }
 
 }  // namespace latentd::engine

@@ -1,6 +1,7 @@
-// Test helper: a Gpt2Weights written as a Hugging Face GPT-2 checkpoint directory.
-#ifndef LATENTD_ENGINE_HF_GPT2_TESTING_H_
-#define LATENTD_ENGINE_HF_GPT2_TESTING_H_
+// Test helpers: Hugging Face checkpoint directories (GPT-2 from a Gpt2Weights, Llama with random
+// weights).
+#ifndef LATENTD_ENGINE_HF_TESTING_H_
+#define LATENTD_ENGINE_HF_TESTING_H_
 
 #include <ATen/ATen.h>
 
@@ -28,6 +29,13 @@ bool WriteHfGpt2Checkpoint(const std::string& dir, const Gpt2Weights& w,
                            const std::string& prefix = "",
                            const std::map<std::string, std::string>& config_changes = {});
 
+// A small Llama checkpoint with random weights: hidden 32, 2 layers, 4 heads over 2 key/value
+// heads of 8, intermediate 48, vocab 50, 32 positions; lm_head unless `tied`; `changes` applied
+// to config.json. Returns the tensors written (by their names in the file).
+std::map<std::string, at::Tensor> WriteRandomLlamaCheckpoint(
+    const std::string& dir, bool tied = false,
+    const std::map<std::string, std::string>& config_changes = {});
+
 }  // namespace latentd::engine
 
-#endif  // LATENTD_ENGINE_HF_GPT2_TESTING_H_
+#endif  // LATENTD_ENGINE_HF_TESTING_H_

@@ -1,0 +1,195 @@
+#include "engine/hf_checkpoint.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "engine/safetensors.h"
+#include "engine/safetensors_tensor.h"
+
+namespace latentd::engine {
+namespace {
+
+using nlohmann::json;
+
+absl::StatusOr<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, " not found"));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Where each expected tensor lies: its file and its header entry.
+struct TensorPlace {
+  int file = 0;
+  StTensorInfo info;
+};
+
+absl::StatusOr<std::map<std::string, TensorPlace>> LocateTensors(
+    const std::vector<std::string>& files, const std::vector<HfTensorSpec>& expected,
+    const std::string& prefix) {
+  std::map<std::string, TensorPlace> found;
+  for (size_t i = 0; i < files.size(); ++i) {
+    ASSIGN_OR_RETURN(StHeader header, ReadStHeader(files[i]));
+    for (const StTensorInfo& info : header.tensors) {
+      const std::string name = !prefix.empty() && absl::StartsWith(info.name, prefix)
+                                   ? info.name.substr(prefix.size())
+                                   : info.name;
+      auto [it, inserted] = found.insert({name, TensorPlace{static_cast<int>(i), info}});
+      if (!inserted) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " is in both ",
+                                                       files[it->second.file], " and ", files[i]));
+      }
+    }
+  }
+  std::map<std::string, TensorPlace> wanted;
+  for (const HfTensorSpec& spec : expected) {
+    auto it = found.find(spec.name);
+    if (it == found.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("the checkpoint has no tensor ", spec.name,
+                                                     " (looked in ", absl::StrJoin(files, ", "),
+                                                     ")"));
+    }
+    const StTensorInfo& info = it->second.info;
+    const std::string& file = files[it->second.file];
+    if (info.shape != spec.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          file, ": tensor ", info.name, " has shape [", absl::StrJoin(info.shape, ", "),
+          "], config.json implies [", absl::StrJoin(spec.shape, ", "), "]"));
+    }
+    if (info.dtype != StDtype::kF32 && info.dtype != StDtype::kF16 &&
+        info.dtype != StDtype::kBF16 && info.dtype != StDtype::kF64) {
+      return absl::InvalidArgumentError(absl::StrCat(file, ": tensor ", info.name, " has dtype ",
+                                                     StDtypeName(info.dtype),
+                                                     " (F32, F16, BF16 or F64 only)"));
+    }
+    wanted.insert(*it);
+  }
+  return wanted;
+}
+
+}  // namespace
+
+absl::StatusOr<HfConfig> HfConfig::Read(const std::string& dir) {
+  HfConfig c;
+  c.dir_ = dir;
+  c.path_ = dir + "/config.json";
+  ASSIGN_OR_RETURN(std::string text, ReadText(c.path_));
+  c.json_ = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!c.json_.is_object()) return c.Bad("not a JSON object");
+  if (!c.json_.contains("model_type") || !c.json_["model_type"].is_string()) {
+    return c.Bad("no model_type (a Hugging Face config.json names its architecture)");
+  }
+  c.model_type_ = c.json_["model_type"].get<std::string>();
+  return c;
+}
+
+absl::Status HfConfig::Bad(const std::string& what) const {
+  return absl::InvalidArgumentError(absl::StrCat(path_, ": ", what));
+}
+
+absl::StatusOr<int64_t> HfConfig::Integer(const char* key, int64_t fallback, int64_t lo,
+                                          int64_t hi) const {
+  if (!Has(key)) {
+    if (fallback < 0) return Bad(absl::StrCat(key, " is missing"));
+    return fallback;
+  }
+  if (!json_[key].is_number_integer()) return Bad(absl::StrCat(key, " is not an integer"));
+  const int64_t v = json_[key].get<int64_t>();
+  if (v < lo || v > hi) return Bad(absl::StrCat(key, " = ", v, " is outside [", lo, ", ", hi, "]"));
+  return v;
+}
+
+absl::StatusOr<bool> HfConfig::Boolean(const char* key, bool fallback) const {
+  if (!Has(key)) return fallback;
+  if (!json_[key].is_boolean()) return Bad(absl::StrCat(key, " is not a boolean"));
+  return json_[key].get<bool>();
+}
+
+absl::StatusOr<double> HfConfig::PositiveNumber(const char* key, double fallback) const {
+  if (!Has(key)) return fallback;
+  if (!json_[key].is_number() || !(json_[key].get<double>() > 0)) {
+    return Bad(absl::StrCat(key, " must be a positive number"));
+  }
+  return json_[key].get<double>();
+}
+
+absl::StatusOr<std::string> HfConfig::String(const char* key, const std::string& fallback) const {
+  if (!Has(key)) return fallback;
+  if (!json_[key].is_string()) return Bad(absl::StrCat(key, " is not a string"));
+  return json_[key].get<std::string>();
+}
+
+absl::StatusOr<std::vector<std::string>> HfWeightFiles(const std::string& dir) {
+  const std::string single = dir + "/model.safetensors";
+  if (std::ifstream(single).good()) return std::vector<std::string>{single};
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  auto text = ReadText(index_path);
+  if (!text.ok()) {
+    return absl::NotFoundError(absl::StrCat(
+        dir,
+        " has neither model.safetensors nor model.safetensors.index.json (PyTorch .bin "
+        "checkpoints are not read: save with safe_serialization=True)"));
+  }
+  json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(index_path, ": no weight_map object"));
+  }
+  std::set<std::string> shards;
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    if (!file.is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index_path, ": weight_map[\"", name, "\"] is not a file name"));
+    }
+    const std::string shard = file.get<std::string>();
+    if (shard.empty() || absl::StrContains(shard, "/")) {
+      return absl::InvalidArgumentError(absl::StrCat(index_path, ": weight_map[\"", name,
+                                                     "\"] = \"", shard,
+                                                     "\" is not a file in the directory"));
+    }
+    shards.insert(shard);
+  }
+  std::vector<std::string> files;
+  for (const std::string& shard : shards) files.push_back(dir + "/" + shard);
+  return files;
+}
+
+absl::Status CheckHfTensors(const std::vector<std::string>& files,
+                            const std::vector<HfTensorSpec>& expected, const std::string& prefix) {
+  return LocateTensors(files, expected, prefix).status();
+}
+
+absl::StatusOr<std::map<std::string, at::Tensor>> ReadHfTensors(
+    const std::vector<std::string>& files, const std::vector<HfTensorSpec>& expected,
+    const std::string& prefix, Fnv1a64* hash) {
+  ASSIGN_OR_RETURN(auto places, LocateTensors(files, expected, prefix));
+  std::map<std::string, at::Tensor> tensors;
+  // One file in memory at a time: a sharded checkpoint peaks at its largest shard plus the
+  // float32 weights.
+  for (size_t i = 0; i < files.size(); ++i) {
+    ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Read(files[i]));
+    hash->Add(file.bytes());
+    for (const auto& [name, place] : places) {
+      if (place.file != static_cast<int>(i)) continue;
+      const StTensorInfo* info = file.header().Find(place.info.name);
+      if (info == nullptr) {
+        return absl::DataLossError(absl::StrCat(files[i], " changed while it was read"));
+      }
+      ASSIGN_OR_RETURN(at::Tensor t, ReadFloatTensor(file, *info, files[i].c_str()));
+      if (!at::isfinite(t).all().item<bool>()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(files[i], ": tensor ", info->name, " has NaN or Inf entries"));
+      }
+      tensors[name] = std::move(t);
+    }
+  }
+  return tensors;
+}
+
+}  // namespace latentd::engine

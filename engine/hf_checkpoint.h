@@ -1,0 +1,78 @@
+// What every natively read Hugging Face checkpoint shares: the directory layout (config.json,
+// model.safetensors or the shards model.safetensors.index.json names), config.json fields read
+// with Hugging Face's defaults and range checks, and the tensors an architecture expects, checked
+// from the headers (cheap) and read as float32.
+#ifndef LATENTD_ENGINE_HF_CHECKPOINT_H_
+#define LATENTD_ENGINE_HF_CHECKPOINT_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/fnv1a.h"
+
+namespace latentd::engine {
+
+struct HfModelOptions {
+  std::string dir;  // the checkpoint directory (already checked against the data roots)
+  // TransformerLens' weight processing of that name (GPT-2 only; hf_gpt2.h).
+  bool center_writing_weights = false;
+};
+
+// config.json of a checkpoint directory. Every accessor's error is INVALID_ARGUMENT
+// "<dir>/config.json: <key> ...".
+class HfConfig {
+ public:
+  // NOT_FOUND without config.json; INVALID_ARGUMENT when it is not a JSON object with a
+  // model_type string.
+  static absl::StatusOr<HfConfig> Read(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  const std::string& model_type() const { return model_type_; }
+  bool Has(const char* key) const { return json_.contains(key) && !json_[key].is_null(); }
+  const nlohmann::json& json() const { return json_; }
+
+  // `key` as an integer in [lo, hi]; `fallback` when absent or null, and an error then when
+  // `fallback` < 0 (required).
+  absl::StatusOr<int64_t> Integer(const char* key, int64_t fallback, int64_t lo, int64_t hi) const;
+  absl::StatusOr<bool> Boolean(const char* key, bool fallback) const;
+  absl::StatusOr<double> PositiveNumber(const char* key, double fallback) const;
+  absl::StatusOr<std::string> String(const char* key, const std::string& fallback) const;
+  absl::Status Bad(const std::string& what) const;
+
+ private:
+  std::string dir_, path_, model_type_;
+  nlohmann::json json_;
+};
+
+// The weight files of `dir`: model.safetensors, else every shard model.safetensors.index.json
+// names. NOT_FOUND when there is neither.
+absl::StatusOr<std::vector<std::string>> HfWeightFiles(const std::string& dir);
+
+struct HfTensorSpec {
+  std::string name;  // as the architecture names it, without the optional prefix
+  std::vector<int64_t> shape;
+};
+
+// Checks from the files' headers that every tensor of `expected` is present (named with or
+// without `prefix`), with its shape and a float dtype (F32/F16/BF16/F64); other tensors are
+// ignored. INVALID_ARGUMENT naming the file and the tensor.
+absl::Status CheckHfTensors(const std::vector<std::string>& files,
+                            const std::vector<HfTensorSpec>& expected, const std::string& prefix);
+
+// CheckHfTensors, then the expected tensors as float32 CPU tensors by their names in `expected`,
+// one file in memory at a time; `hash` takes every file's bytes. A NaN/Inf weight is
+// INVALID_ARGUMENT naming it.
+absl::StatusOr<std::map<std::string, at::Tensor>> ReadHfTensors(
+    const std::vector<std::string>& files, const std::vector<HfTensorSpec>& expected,
+    const std::string& prefix, Fnv1a64* hash);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_HF_CHECKPOINT_H_

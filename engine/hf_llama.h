@@ -1,0 +1,42 @@
+// Hugging Face Llama-architecture checkpoints run natively (llama_model.h): model_type llama
+// (Llama 2, 3, 3.1/3.2 with rope_scaling "llama3"), mistral and qwen2, in the same directory
+// layout as GPT-2's (hf_checkpoint.h). Tensor names with or without the "model." prefix
+// (LlamaForCausalLM or LlamaModel); lm_head.weight unless tie_word_embeddings.
+//
+// Read from config.json: hidden_size, num_hidden_layers, num_attention_heads,
+// num_key_value_heads, head_dim, intermediate_size, vocab_size, max_position_embeddings,
+// rms_norm_eps, rope_theta, rope_scaling (null, "default" or "llama3"), hidden_act (silu,
+// gelu_pytorch_tanh / gelu_new, gelu), attention_bias, mlp_bias, tie_word_embeddings;
+// sliding_window (mistral, and qwen2 with use_sliding_window) caps the sequence length, since
+// within the window full attention is what the model computes. Anything else it would need
+// (other rope scalings, another model_type) is INVALID_ARGUMENT naming the field.
+#ifndef LATENTD_ENGINE_HF_LLAMA_H_
+#define LATENTD_ENGINE_HF_LLAMA_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/hf_checkpoint.h"
+#include "engine/hook_name.h"
+#include "engine/llama_model.h"
+
+namespace latentd::engine {
+
+// Whether `model_type` is one this reader takes.
+bool IsHfLlamaType(const std::string& model_type);
+
+absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& config);
+
+// config.json, then the weight files' headers (no weight is read).
+absl::StatusOr<LlamaConfig> CheckHfLlama(const std::string& dir);
+
+// Every weight, float32 on the CPU; the hash covers the weight files' bytes and the
+// configuration the forward pass uses; the model id is "huggingface:<model_type>:<dir>".
+// center_writing_weights is INVALID_ARGUMENT (RMSNorm is not invariant to the mean).
+absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_HF_LLAMA_H_

@@ -1,0 +1,85 @@
+#include "engine/hf_model.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "engine/hf_gpt2.h"
+#include "engine/hf_llama.h"
+
+namespace latentd::engine {
+namespace {
+
+// The shape from config.json alone, or the model_type refused.
+absl::StatusOr<TransformerShape> ShapeFromConfig(const HfModelOptions& options) {
+  ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(options.dir));
+  if (json.model_type() == "gpt2") {
+    ASSIGN_OR_RETURN(Gpt2Config config, ReadHfGpt2Config(json));
+    return Gpt2Shape(config);
+  }
+  if (IsHfLlamaType(json.model_type())) {
+    ASSIGN_OR_RETURN(LlamaConfig config, ReadHfLlamaConfig(json));
+    if (options.center_writing_weights) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "extract.model.huggingface.center_writing_weights: for GPT-2 (LayerNorm) models only; ",
+          config.what, " normalizes with RMSNorm, which the mean changes"));
+    }
+    return LlamaShape(config);
+  }
+  return json.Bad(absl::StrCat("model_type \"", json.model_type(),
+                               "\": gpt2, llama, mistral and qwen2 run natively; export other "
+                               "models to TorchScript (docs/EXTRACT.md)"));
+}
+
+}  // namespace
+
+absl::StatusOr<TransformerShape> CheckHfModel(const HfModelOptions& options) {
+  ASSIGN_OR_RETURN(TransformerShape shape, ShapeFromConfig(options));
+  ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(options.dir));
+  if (json.model_type() == "gpt2") {
+    RETURN_IF_ERROR(CheckHfGpt2(options.dir).status());
+  } else {
+    RETURN_IF_ERROR(CheckHfLlama(options.dir).status());
+  }
+  return shape;
+}
+
+absl::StatusOr<HfModelWeights> LoadHfModelWeights(const HfModelOptions& options) {
+  ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(options.dir));
+  HfModelWeights weights;
+  if (json.model_type() == "gpt2") {
+    ASSIGN_OR_RETURN(weights.gpt2, LoadHfGpt2Weights(options));
+  } else {
+    RETURN_IF_ERROR(ShapeFromConfig(options).status());  // names an unknown model_type
+    ASSIGN_OR_RETURN(weights.llama, LoadHfLlamaWeights(options));
+  }
+  return weights;
+}
+
+absl::StatusOr<std::unique_ptr<ActivationModel>> CreateHfModel(const HfModelWeights& weights,
+                                                               const std::vector<HookName>& hooks,
+                                                               const at::Device& device) {
+  if (weights.gpt2) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Gpt2Model> model,
+                     Gpt2Model::Create(*weights.gpt2, hooks, device));
+    return std::unique_ptr<ActivationModel>(std::move(model));
+  }
+  if (weights.llama) {
+    ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
+                     LlamaModel::Create(*weights.llama, hooks, device));
+    return std::unique_ptr<ActivationModel>(std::move(model));
+  }
+  return absl::InternalError("CreateHfModel: no weights");
+}
+
+absl::StatusOr<std::unique_ptr<ActivationModel>> LoadHfModel(const HfModelOptions& options,
+                                                             const std::vector<HookName>& hooks,
+                                                             const at::Device& device) {
+  ASSIGN_OR_RETURN(TransformerShape shape, ShapeFromConfig(options));
+  if (hooks.empty()) return absl::InvalidArgumentError("extract.hook_name: no hook");
+  for (const HookName& hook : hooks) RETURN_IF_ERROR(CheckTransformerHook(shape, hook));
+  ASSIGN_OR_RETURN(HfModelWeights weights, LoadHfModelWeights(options));
+  return CreateHfModel(weights, hooks, device);
+}
+
+}  // namespace latentd::engine

@@ -1,0 +1,122 @@
+#include "engine/hf_model.h"
+
+#include "common/test_dir.h"
+#include "engine/hf_testing.h"
+#include "engine/reference_model.h"
+#include "gtest/gtest.h"
+
+namespace latentd::engine {
+namespace {
+
+std::vector<HookName> Hooks(const std::vector<std::string>& names) {
+  std::vector<HookName> hooks;
+  for (const auto& n : names) hooks.push_back(*ParseHookName(n));
+  return hooks;
+}
+
+void ExpectError(const absl::Status& s, absl::StatusCode code, const std::string& needle) {
+  EXPECT_EQ(s.code(), code) << s;
+  EXPECT_NE(s.message().find(needle), std::string::npos) << s;
+}
+
+TEST(HfModelTest, ModelTypePicksTheArchitecture) {
+  latentd::v1::ReferenceModelSpec spec;
+  spec.set_d_model(16);
+  spec.set_n_layers(2);
+  spec.set_n_heads(2);
+  spec.set_vocab_size(40);
+  spec.set_context_length(8);
+  const Gpt2Weights gpt2 = DrawReferenceWeights(*ResolveReferenceSpec(spec));
+  const std::string gpt2_dir = FreshTestDir("hf_model_gpt2");
+  ASSERT_TRUE(WriteHfGpt2Checkpoint(gpt2_dir, gpt2));
+  auto shape = CheckHfModel({gpt2_dir});
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->d_mlp, 64);
+  EXPECT_EQ(shape->context_length, 8);
+  const at::Tensor tokens = at::randint(0, 40, {2, 8}, at::kLong);
+  auto model = LoadHfModel({gpt2_dir}, Hooks({"blocks.1.hook_resid_post"}), at::kCPU);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto reference = Gpt2Model::Create(gpt2, Hooks({"blocks.1.hook_resid_post"}), at::kCPU);
+  EXPECT_TRUE(at::equal((*model)->Forward(tokens), (*reference)->Forward(tokens)));
+
+  const std::string llama_dir = FreshTestDir("hf_model_llama");
+  ASSERT_FALSE(WriteRandomLlamaCheckpoint(llama_dir).empty());
+  shape = CheckHfModel({llama_dir});
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->d_mlp, 48);
+  model = LoadHfModel({llama_dir}, Hooks({"blocks.0.mlp.hook_post", "layers.1"}), at::kCPU);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->hook_widths(), (std::vector<int64_t>{48, 32}));
+  EXPECT_EQ((*model)->model_id(), "huggingface:llama:" + llama_dir);
+
+  const std::string other = FreshTestDir("hf_model_other");
+  WriteTextFile(other + "/config.json", "{\"model_type\": \"gemma2\"}");
+  ExpectError(CheckHfModel({other}).status(), absl::StatusCode::kInvalidArgument,
+              "model_type \"gemma2\": gpt2, llama, mistral and qwen2 run natively");
+  ExpectError(CheckHfModel({FreshTestDir("hf_model_none")}).status(), absl::StatusCode::kNotFound,
+              "config.json");
+}
+
+// What the model reports it holds is what the checkpoint gave it, tied or not.
+TEST(HfModelTest, LlamaParameterBytesAndUnembeddingAreTheCheckpoints) {
+  for (const bool tied : {false, true}) {
+    const std::string dir = FreshTestDir(tied ? "hf_llama_tied" : "hf_llama_untied");
+    const auto tensors = WriteRandomLlamaCheckpoint(dir, tied);
+    int64_t bytes = 0;
+    for (const auto& [name, t] : tensors) {
+      if (name != "model.norm.weight") bytes += 4 * t.numel();  // the final norm feeds no hook
+    }
+    auto shape = CheckHfModel({dir});
+    ASSERT_TRUE(shape.ok()) << shape.status();
+    EXPECT_EQ(shape->parameter_bytes, bytes) << tied;
+    auto model = LoadHfModel({dir}, Hooks({"blocks.0.hook_resid_post"}), at::kCPU);
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_EQ((*model)->parameter_bytes(), bytes);
+    for (const auto& [name, t] : (*model)->NamedWeights()) {
+      if (name == "unembed.W_U") {
+        EXPECT_TRUE(
+            at::equal(t, tensors.at(tied ? "model.embed_tokens.weight" : "lm_head.weight")));
+      }
+      if (name == "blocks.1.mlp.W_out") {
+        EXPECT_TRUE(at::equal(t, tensors.at("model.layers.1.mlp.down_proj.weight").t()));
+      }
+    }
+  }
+}
+
+TEST(HfModelTest, BadLlamaCheckpointsAreRefusedNamingWhatIsWrong) {
+  const std::string dir = FreshTestDir("hf_llama_bad");
+  auto check = [&](const std::map<std::string, std::string>& changes) {
+    WriteRandomLlamaCheckpoint(dir, /*tied=*/false, changes);
+    return CheckHfModel({dir}).status();
+  };
+  EXPECT_TRUE(check({{"tie_word_embeddings", "true"}}).ok());  // lm_head is then not needed
+  ExpectError(check({{"num_key_value_heads", "3"}}), absl::StatusCode::kInvalidArgument,
+              "num_key_value_heads = 3 does not divide num_attention_heads = 4");
+  ExpectError(check({{"rope_scaling", "{\"type\": \"linear\", \"factor\": 2.0}"}}),
+              absl::StatusCode::kInvalidArgument, "only null, \"default\" and \"llama3\"");
+  ExpectError(check({{"rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}"}}),
+              absl::StatusCode::kInvalidArgument, "rope_scaling.low_freq_factor");
+  ExpectError(check({{"hidden_act", "\"relu2\""}}), absl::StatusCode::kInvalidArgument,
+              "hidden_act \"relu2\"");
+  ExpectError(check({{"head_dim", "7"}}), absl::StatusCode::kInvalidArgument,
+              "head_dim = 7 is odd");
+  ExpectError(check({{"intermediate_size", "40"}}), absl::StatusCode::kInvalidArgument,
+              "tensor model.layers.0.mlp.gate_proj.weight has shape [48, 32], config.json implies "
+              "[40, 32]");
+  ExpectError(check({{"model_type", "\"qwen2\""}}), absl::StatusCode::kInvalidArgument,
+              "no tensor layers.0.self_attn.q_proj.bias");
+  // A tied checkpoint whose config says otherwise lacks the unembedding.
+  WriteRandomLlamaCheckpoint(dir, /*tied=*/true, {{"tie_word_embeddings", "false"}});
+  ExpectError(CheckHfModel({dir}).status(), absl::StatusCode::kInvalidArgument,
+              "no tensor lm_head.weight");
+  WriteRandomLlamaCheckpoint(dir);
+  HfModelOptions centered{dir, /*center_writing_weights=*/true};
+  ExpectError(CheckHfModel(centered).status(), absl::StatusCode::kInvalidArgument,
+              "center_writing_weights: for GPT-2 (LayerNorm) models only");
+  ExpectError(LoadHfModel({dir}, Hooks({"blocks.2.hook_resid_pre"}), at::kCPU).status(),
+              absl::StatusCode::kInvalidArgument, "layer 2 out of range, the llama model in");
+}
+
+}  // namespace
+}  // namespace latentd::engine

@@ -1,0 +1,177 @@
+#include "engine/llama_model.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace latentd::engine {
+namespace {
+
+// HF's LlamaRMSNorm: x / sqrt(mean(x^2) + eps), times the gain.
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+}
+
+// The inverse frequencies of the rotary embedding, with Llama 3's scaling when configured: long
+// wavelengths slowed by `factor`, short ones kept, the band between interpolated.
+at::Tensor InverseFrequencies(const LlamaConfig& c) {
+  at::Tensor inv_freq =
+      1.0 / at::pow(c.rope_theta, at::arange(0, c.head_dim, 2, at::kDouble) / c.head_dim);
+  if (c.rope_factor > 0) {
+    const double low_wavelen = c.rope_original_context / c.rope_low_freq_factor;
+    const double high_wavelen = c.rope_original_context / c.rope_high_freq_factor;
+    at::Tensor wavelen = 2 * M_PI / inv_freq;
+    at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / c.rope_factor, inv_freq);
+    at::Tensor smooth = (c.rope_original_context / wavelen - c.rope_low_freq_factor) /
+                        (c.rope_high_freq_factor - c.rope_low_freq_factor);
+    at::Tensor smoothed = (1 - smooth) * scaled / c.rope_factor + smooth * scaled;
+    at::Tensor medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+    inv_freq = at::where(medium, smoothed, scaled);
+  }
+  return inv_freq.to(at::kFloat);
+}
+
+// HF's rotate_half: (x1, x2) -> (-x2, x1) over the last dimension's halves.
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+}
+
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b) {
+  return b.defined() ? at::linear(x, W, b) : at::linear(x, W);
+}
+
+}  // namespace
+
+TransformerShape LlamaShape(const LlamaConfig& c) {
+  TransformerShape s;
+  s.d_model = c.d_model;
+  s.n_layers = c.n_layers;
+  s.n_heads = c.n_heads;
+  s.d_mlp = c.d_mlp;
+  s.vocab_size = c.vocab_size;
+  s.context_length = c.context_length;
+  const int64_t d = c.d_model, f = c.d_mlp, q = c.n_heads * c.head_dim,
+                kv = c.n_kv_heads * c.head_dim;
+  const int64_t biases =
+      (c.qkv_bias ? q + 2 * kv : 0) + (c.o_bias ? d : 0) + (c.mlp_bias ? 2 * f + d : 0);
+  const int64_t per_block = 2 * d + d * (q + 2 * kv) + q * d + 3 * d * f + biases;
+  s.parameter_bytes = 4 * (c.vocab_size * d * (c.tied_embeddings ? 1 : 2) + c.n_layers * per_block);
+  s.what = c.what;
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weights,
+                                                               const std::vector<HookName>& hooks,
+                                                               const at::Device& device) {
+  if (hooks.empty()) return absl::InvalidArgumentError("extract.hook_name: no hook");
+  std::unique_ptr<LlamaModel> m(new LlamaModel());
+  const TransformerShape shape = LlamaShape(weights.config);
+  for (const HookName& hook : hooks) {
+    RETURN_IF_ERROR(CheckTransformerHook(shape, hook));
+    m->hook_widths_.push_back(TransformerHookWidth(shape, hook));
+  }
+  m->hooks_ = hooks;
+  m->w_ = std::move(weights);
+  auto place = [&](at::Tensor& t) {
+    if (t.defined()) t = t.to(device, at::kFloat).contiguous();
+  };
+  place(m->w_.W_E);
+  place(m->w_.W_U);
+  for (LlamaBlock& b : m->w_.blocks) {
+    for (at::Tensor* t :
+         {&b.attn_norm, &b.W_q, &b.b_q, &b.W_k, &b.b_k, &b.W_v, &b.b_v, &b.W_o, &b.b_o, &b.mlp_norm,
+          &b.W_gate, &b.b_gate, &b.W_up, &b.b_up, &b.W_down, &b.b_down}) {
+      place(*t);
+    }
+  }
+  m->inv_freq_ = InverseFrequencies(m->w_.config).to(device);
+  return m;
+}
+
+std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
+                                        const std::vector<HookName>& hooks) {
+  const LlamaConfig& c = w_.config;
+  const int64_t B = tokens.size(0), S = tokens.size(1), d = c.d_model;
+  const int64_t H = c.n_heads, KV = c.n_kv_heads, dh = c.head_dim;
+  std::vector<at::Tensor> hooked(hooks.size());
+  size_t remaining = hooks.size();
+  auto capture = [&](int layer, HookPoint point, const at::Tensor& t) {
+    for (size_t i = 0; i < hooks.size(); ++i) {
+      if (hooks[i].layer == layer && hooks[i].point == point && !hooked[i].defined()) {
+        hooked[i] = t;
+        --remaining;
+      }
+    }
+    return remaining == 0;
+  };
+  auto activation = [&](const at::Tensor& x) {
+    switch (c.activation) {
+      case LlamaActivation::kGeluTanh:
+        return at::gelu(x, "tanh");
+      case LlamaActivation::kGeluErf:
+        return at::gelu(x);
+      case LlamaActivation::kSilu:
+        break;
+    }
+    return at::silu(x);
+  };
+  at::Tensor freqs =
+      at::arange(S, inv_freq_.options()).unsqueeze(1) * inv_freq_.unsqueeze(0);  // [S, dh/2]
+  at::Tensor angles = at::cat({freqs, freqs}, -1);
+  const at::Tensor cos = angles.cos(), sin = angles.sin();  // [S, dh], broadcast over B, H
+  auto rotate = [&](const at::Tensor& x) { return x * cos + RotateHalf(x) * sin; };
+  at::Tensor causal = at::ones({S, S}, tokens.options().dtype(at::kBool)).triu(1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+
+  at::Tensor x = w_.W_E.index_select(0, tokens.reshape({-1})).view({B, S, d});
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LlamaBlock& b = w_.blocks[l];
+    if (capture(l, HookPoint::kResidPre, x)) break;
+    at::Tensor h = RmsNorm(x, b.attn_norm, c.rms_norm_eps);
+    at::Tensor q = Linear(h, b.W_q, b.b_q).view({B, S, H, dh}).transpose(1, 2);
+    at::Tensor k = Linear(h, b.W_k, b.b_k).view({B, S, KV, dh}).transpose(1, 2);
+    at::Tensor v = Linear(h, b.W_v, b.b_v).view({B, S, KV, dh}).transpose(1, 2);
+    q = rotate(q);
+    k = rotate(k);
+    if (KV != H) {  // grouped-query attention: each key/value head serves H / KV query heads
+      k = k.repeat_interleave(H / KV, 1);
+      v = v.repeat_interleave(H / KV, 1);
+    }
+    at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
+    att.masked_fill_(causal, -std::numeric_limits<float>::infinity());
+    att = at::softmax(att, -1);
+    at::Tensor z = at::matmul(att, v).transpose(1, 2).reshape({B, S, H * dh});
+    at::Tensor attn_out = Linear(z, b.W_o, b.b_o);
+    if (capture(l, HookPoint::kAttnOut, attn_out)) break;
+    x = x + attn_out;
+    if (capture(l, HookPoint::kResidMid, x)) break;
+    at::Tensor h2 = RmsNorm(x, b.mlp_norm, c.rms_norm_eps);
+    at::Tensor post = activation(Linear(h2, b.W_gate, b.b_gate)) * Linear(h2, b.W_up, b.b_up);
+    if (capture(l, HookPoint::kMlpPost, post)) break;
+    at::Tensor mlp_out = Linear(post, b.W_down, b.b_down);
+    if (capture(l, HookPoint::kMlpOut, mlp_out)) break;
+    x = x + mlp_out;
+    if (capture(l, HookPoint::kResidPost, x)) break;
+  }
+  return hooked;
+}
+
+at::Tensor LlamaModel::Forward(const at::Tensor& tokens) { return Run(tokens, {hooks_[0]})[0]; }
+
+std::vector<at::Tensor> LlamaModel::ForwardHooks(const at::Tensor& tokens) {
+  return Run(tokens, hooks_);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedWeights() const {
+  std::vector<std::pair<std::string, at::Tensor>> out = {{"embed.W_E", w_.W_E},
+                                                         {"unembed.W_U", w_.W_U}};
+  for (size_t l = 0; l < w_.blocks.size(); ++l) {
+    out.push_back({absl::StrCat("blocks.", l, ".mlp.W_out"), w_.blocks[l].W_down.t()});
+  }
+  return out;
+}
+
+}  // namespace latentd::engine

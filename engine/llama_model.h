@@ -1,0 +1,105 @@
+// A Llama-architecture transformer (Llama 2/3, Mistral, Qwen2 and the like): RMSNorm before
+// attention and MLP, rotary position embeddings (Hugging Face's half-split layout, optionally
+// Llama 3's frequency scaling), grouped-query attention, a gated MLP down(act(gate(x)) * up(x)).
+// Weights are as Hugging Face's nn.Linear holds them: [out, in].
+//
+// Hooks take TransformerLens names with TransformerLens' meaning for this architecture:
+// resid_pre / resid_mid / resid_post, attn_out (o_proj's output), mlp.hook_post (act(gate) * up,
+// d_mlp wide), mlp_out (down_proj's output). The forward stops after the deepest hooked block.
+#ifndef LATENTD_ENGINE_LLAMA_MODEL_H_
+#define LATENTD_ENGINE_LLAMA_MODEL_H_
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/activation_model.h"
+#include "engine/hook_name.h"
+#include "engine/transformer_shape.h"
+
+namespace latentd::engine {
+
+enum class LlamaActivation { kSilu, kGeluTanh, kGeluErf };
+
+struct LlamaConfig {
+  int64_t d_model = 0;
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;  // divides n_heads
+  int64_t head_dim = 0;    // even
+  int64_t d_mlp = 0;
+  int64_t vocab_size = 0;
+  int64_t context_length = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  // Llama 3's rope_scaling ("rope_type": "llama3"); factor 0 means none.
+  double rope_factor = 0, rope_low_freq_factor = 1, rope_high_freq_factor = 4;
+  int64_t rope_original_context = 8192;
+  LlamaActivation activation = LlamaActivation::kSilu;
+  bool qkv_bias = false;  // q/k/v projections have biases (Qwen2, Llama's attention_bias)
+  bool o_bias = false;    // o_proj has one (Llama's attention_bias)
+  bool mlp_bias = false;  // gate/up/down have them (Llama's mlp_bias)
+  bool tied_embeddings = false;
+  std::string what = "the model";  // TransformerShape::what
+};
+
+TransformerShape LlamaShape(const LlamaConfig& config);
+
+struct LlamaBlock {
+  at::Tensor attn_norm;                     // [d]
+  at::Tensor W_q, b_q, W_k, b_k, W_v, b_v;  // [heads * head_dim, d]; biases may be undefined
+  at::Tensor W_o, b_o;                      // [d, heads * head_dim]
+  at::Tensor mlp_norm;                      // [d]
+  at::Tensor W_gate, b_gate, W_up, b_up;    // [d_mlp, d]
+  at::Tensor W_down, b_down;                // [d, d_mlp]
+};
+
+struct LlamaWeights {
+  LlamaConfig config;
+  at::Tensor W_E;  // [vocab, d]
+  at::Tensor W_U;  // [vocab, d]: lm_head, or W_E when tied
+  std::vector<LlamaBlock> blocks;
+  std::string model_id, weight_hash;
+};
+
+class LlamaModel : public ActivationModel {
+ public:
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(LlamaWeights weights,
+                                                            const std::vector<HookName>& hooks,
+                                                            const at::Device& device);
+
+  at::Tensor Forward(const at::Tensor& tokens) override;
+  std::vector<at::Tensor> ForwardHooks(const at::Tensor& tokens) override;
+  int64_t hook_width() const override { return hook_widths_[0]; }
+  std::vector<int64_t> hook_widths() const override { return hook_widths_; }
+  int64_t vocab_size() const override { return w_.config.vocab_size; }
+  int64_t max_context() const override { return w_.config.context_length; }
+  int64_t parameter_bytes() const override { return LlamaShape(w_.config).parameter_bytes; }
+  int64_t activation_bytes_per_token(int64_t seq_len) const override {
+    return TransformerActivationBytesPerToken(LlamaShape(w_.config), seq_len);
+  }
+  const std::string& model_id() const override { return w_.model_id; }
+  const std::string& weight_hash() const override { return w_.weight_hash; }
+  const LlamaConfig& config() const { return w_.config; }
+
+  // "embed.W_E", "unembed.W_U" (lm_head, or W_E when tied) and "blocks.L.mlp.W_out" [d_mlp, d]
+  // (down_proj transposed: what a direction in mlp.hook_post writes to the residual stream).
+  std::vector<std::pair<std::string, at::Tensor>> NamedWeights() const override;
+
+ private:
+  LlamaModel() = default;
+  std::vector<at::Tensor> Run(const at::Tensor& tokens, const std::vector<HookName>& hooks);
+
+  LlamaWeights w_;
+  std::vector<HookName> hooks_;
+  std::vector<int64_t> hook_widths_;
+  at::Tensor inv_freq_;  // [head_dim / 2], on the device
+};
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_LLAMA_MODEL_H_

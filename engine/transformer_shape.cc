@@ -1,0 +1,29 @@
+#include "engine/transformer_shape.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace latentd::engine {
+
+absl::Status CheckTransformerHook(const TransformerShape& shape, const HookName& hook) {
+  if (hook.point == HookPoint::kHiddenStates) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "extract.hook_name: ", shape.what,
+        " takes TransformerLens names (blocks.L.hook_resid_pre, ...), not hidden_states.N"));
+  }
+  if (hook.layer >= shape.n_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("extract.hook_name: layer ", hook.layer,
+                                                   " out of range, ", shape.what, " has ",
+                                                   shape.n_layers, " layers"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t TransformerHookWidth(const TransformerShape& shape, const HookName& hook) {
+  return hook.point == HookPoint::kMlpPost ? shape.d_mlp : shape.d_model;
+}
+
+int64_t TransformerActivationBytesPerToken(const TransformerShape& s, int64_t seq_len) {
+  return 4 * (11 * s.d_model + 2 * s.n_heads * seq_len + 3 * s.d_mlp);
+}
+
+}  // namespace latentd::engine

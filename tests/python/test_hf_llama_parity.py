@@ -1,0 +1,216 @@
+"""Parity of latentd's native Llama-architecture loader (llama, mistral, qwen2) with the forward
+pass written here in python3-torch from Hugging Face's modeling_llama / modeling_qwen2: RMSNorm
+in float32, rotary embeddings with the half-split rotate_half (and Llama 3's rope_scaling),
+grouped-query attention by repeating key/value heads, the SiLU-gated MLP. Small checkpoints are
+written as the Hub serves them (config.json + model.safetensors with nn.Linear [out, in] weights
+under "model."), extract_tool runs DENSE at TransformerLens hooks, and the stored float32 rows
+must equal the Python values within 1e-5 of the largest.
+"""
+import json
+import math
+import os
+import struct
+import subprocess
+import tempfile
+import unittest
+
+import numpy as np
+import torch
+
+VOCAB, D, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FF, CTX = 150, 64, 3, 4, 2, 16, 96, 16
+TOOL = os.environ["EXTRACT_TOOL"]
+
+
+def write_safetensors(path, tensors):
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        b = t.detach().to(torch.float32).contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def inverse_frequencies(cfg):
+    dim = cfg.get("head_dim", D // HEADS)
+    inv = 1.0 / (cfg.get("rope_theta", 10000.0) ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    r = cfg.get("rope_scaling")
+    if r and r.get("rope_type") == "llama3":
+        # Hugging Face's _compute_llama3_parameters, element by element
+        old, lo, hi, factor = (r["original_max_position_embeddings"], r["low_freq_factor"],
+                               r["high_freq_factor"], r["factor"])
+        out = []
+        for f in inv.tolist():
+            wavelen = 2 * math.pi / f
+            if wavelen < old / hi:
+                out.append(f)
+            elif wavelen > old / lo:
+                out.append(f / factor)
+            else:
+                smooth = (old / wavelen - lo) / (hi - lo)
+                out.append((1 - smooth) * f / factor + smooth * f)
+        inv = torch.tensor(out, dtype=torch.float64)
+    return inv.float()
+
+
+class Llama:
+    def __init__(self, w, cfg):
+        self.w, self.cfg = w, cfg
+
+    def linear(self, name, x):
+        y = x @ self.w[name + ".weight"].t()
+        return y + self.w[name + ".bias"] if name + ".bias" in self.w else y
+
+    def norm(self, name, x):
+        var = x.pow(2).mean(-1, keepdim=True)
+        return self.w[name + ".weight"] * (x * torch.rsqrt(var + self.cfg["rms_norm_eps"]))
+
+    def __call__(self, ids):
+        B, S = ids.shape
+        dh = self.cfg.get("head_dim", D // HEADS)
+        pos = torch.arange(S).float()
+        freqs = torch.outer(pos, inverse_frequencies(self.cfg))
+        emb = torch.cat([freqs, freqs], dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+
+        def rotate_half(x):
+            x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+            return torch.cat([-x2, x1], dim=-1)
+
+        hooks = {}
+        x = self.w["model.embed_tokens.weight"][ids]
+        mask = torch.full((S, S), float("-inf")).triu(1)
+        for l in range(LAYERS):
+            p = "model.layers.%d." % l
+            hooks["blocks.%d.hook_resid_pre" % l] = x
+            h = self.norm(p + "input_layernorm", x)
+            q = self.linear(p + "self_attn.q_proj", h).view(B, S, HEADS, dh).transpose(1, 2)
+            k = self.linear(p + "self_attn.k_proj", h).view(B, S, KV_HEADS, dh).transpose(1, 2)
+            v = self.linear(p + "self_attn.v_proj", h).view(B, S, KV_HEADS, dh).transpose(1, 2)
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+            rep = HEADS // KV_HEADS  # repeat_kv: each key/value head serves `rep` query heads
+            k = k[:, :, None].expand(B, KV_HEADS, rep, S, dh).reshape(B, HEADS, S, dh)
+            v = v[:, :, None].expand(B, KV_HEADS, rep, S, dh).reshape(B, HEADS, S, dh)
+            att = (q @ k.transpose(2, 3) / math.sqrt(dh) + mask).softmax(-1)
+            z = (att @ v).transpose(1, 2).reshape(B, S, HEADS * dh)
+            attn_out = self.linear(p + "self_attn.o_proj", z)
+            hooks["blocks.%d.hook_attn_out" % l] = attn_out
+            x = x + attn_out
+            hooks["blocks.%d.hook_resid_mid" % l] = x
+            h2 = self.norm(p + "post_attention_layernorm", x)
+            post = torch.nn.functional.silu(self.linear(p + "mlp.gate_proj", h2)) * self.linear(p + "mlp.up_proj", h2)
+            hooks["blocks.%d.mlp.hook_post" % l] = post
+            mlp_out = self.linear(p + "mlp.down_proj", post)
+            hooks["blocks.%d.hook_mlp_out" % l] = mlp_out
+            x = x + mlp_out
+            hooks["blocks.%d.hook_resid_post" % l] = x
+        return hooks
+
+
+class HfLlamaParityTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.root = tempfile.mkdtemp(prefix="hf-llama-")
+        rng = np.random.default_rng(2)
+        ids = rng.integers(0, VOCAB, size=7 * CTX, dtype=np.int64).astype(np.uint16)
+        np.save(os.path.join(cls.root, "tokens.npy"), ids)
+        cls.ids = ids.astype(np.int64)
+
+    def checkpoint(self, name, model_type="llama", qkv_bias=False, tied=False, **config_changes):
+        torch.manual_seed(len(name))
+        g = lambda *shape, s=0.1: torch.randn(*shape) * s
+        q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+        w = {"model.embed_tokens.weight": g(VOCAB, D, s=1.0), "model.norm.weight": 1 + g(D)}
+        if not tied:
+            w["lm_head.weight"] = g(VOCAB, D)
+        for l in range(LAYERS):
+            p = "model.layers.%d." % l
+            w.update({p + "input_layernorm.weight": 1 + g(D), p + "post_attention_layernorm.weight": 1 + g(D),
+                      p + "self_attn.q_proj.weight": g(q, D), p + "self_attn.k_proj.weight": g(kv, D),
+                      p + "self_attn.v_proj.weight": g(kv, D), p + "self_attn.o_proj.weight": g(D, q),
+                      p + "mlp.gate_proj.weight": g(FF, D), p + "mlp.up_proj.weight": g(FF, D),
+                      p + "mlp.down_proj.weight": g(D, FF),
+                      # a buffer some checkpoints carry: not a weight
+                      p + "self_attn.rotary_emb.inv_freq": torch.ones(HEAD_DIM // 2)})
+            if qkv_bias:
+                w.update({p + "self_attn.q_proj.bias": g(q), p + "self_attn.k_proj.bias": g(kv),
+                          p + "self_attn.v_proj.bias": g(kv)})
+        cfg = {"architectures": ["LlamaForCausalLM"], "model_type": model_type, "hidden_size": D,
+               "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+               "head_dim": HEAD_DIM, "intermediate_size": FF, "vocab_size": VOCAB,
+               "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+               "hidden_act": "silu", "tie_word_embeddings": tied, "torch_dtype": "bfloat16",
+               "bos_token_id": 1, "eos_token_id": 2, "attention_dropout": 0.0, "rope_scaling": None}
+        cfg.update(config_changes)
+        d = os.path.join(self.root, name)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        write_safetensors(os.path.join(d, "model.safetensors"), w)
+        with torch.no_grad():
+            hooks = Llama(w, cfg)(torch.from_numpy(self.ids).view(-1, CTX))
+        return d, hooks
+
+    def run_tool(self, model_dir, hook, context=CTX, centered=False):
+        work = tempfile.mkdtemp(dir=self.root)
+        spec = {"model": {"huggingface": {"path": model_dir, "centerWritingWeights": centered}},
+                "hookName": hook, "mode": "DENSE", "valueDtype": "FLOAT32",
+                "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": context},
+                "batchSequences": 3, "commitRows": 48}
+        with open(os.path.join(work, "spec.json"), "w") as f:
+            json.dump(spec, f)
+        out = os.path.join(work, "out")
+        os.makedirs(out)
+        return subprocess.run([TOOL, "--spec=" + os.path.join(work, "spec.json"), "--data_root=" + self.root,
+                               "--db=" + os.path.join(work, "db"), "--out=" + out],
+                              capture_output=True, text=True, timeout=300), out
+
+    def check(self, model_dir, hooks, name, as_name=None):
+        p, out = self.run_tool(model_dir, as_name or name)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        np.testing.assert_array_equal(np.load(os.path.join(out, "token_ids.npy")), self.ids)
+        got = np.load(os.path.join(out, "dense.npy"))
+        want = hooks[name].reshape(len(self.ids), -1).numpy()
+        self.assertEqual(got.shape, want.shape)
+        err = np.abs(got - want).max() / np.abs(want).max()
+        self.assertLess(err, 1e-5, "%s: max error %.3g of the largest value" % (name, err))
+
+    def test_llama_hooks_match(self):
+        d, hooks = self.checkpoint("llama")
+        for name in ["blocks.0.hook_attn_out", "blocks.1.hook_resid_mid", "blocks.1.mlp.hook_post",
+                     "blocks.2.hook_resid_post"]:
+            self.check(d, hooks, name)
+        self.check(d, hooks, "blocks.1.hook_resid_post", as_name="model.layers.1")  # sparsify's name
+
+    def test_llama3_rope_scaling_and_tied_embeddings(self):
+        scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 64}
+        d, hooks = self.checkpoint("llama3", tied=True, rope_scaling=scaling, rope_theta=10000.0)
+        # the scaling changes the frequencies this test's sequences see
+        self.assertFalse(torch.equal(inverse_frequencies({"head_dim": HEAD_DIM, "rope_theta": 1e4}),
+                                     inverse_frequencies({"head_dim": HEAD_DIM, "rope_theta": 1e4,
+                                                          "rope_scaling": scaling})))
+        self.check(d, hooks, "blocks.2.hook_resid_post")
+
+    def test_qwen2_biases(self):
+        d, hooks = self.checkpoint("qwen2", model_type="qwen2", qkv_bias=True)
+        self.check(d, hooks, "blocks.1.hook_attn_out")
+        self.check(d, hooks, "blocks.2.hook_resid_post")
+
+    def test_bad_input_is_refused_at_submit(self):
+        d, _ = self.checkpoint("llama_bad")
+        p, _ = self.run_tool(d, "blocks.0.hook_resid_post", centered=True)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("center_writing_weights: for GPT-2 (LayerNorm) models only", p.stderr)
+        p, _ = self.run_tool(d, "blocks.3.hook_resid_post")
+        self.assertIn("layer 3 out of range, the llama model in", p.stderr)
+        d, _ = self.checkpoint("mistral_window", model_type="mistral", sliding_window=8)
+        p, _ = self.run_tool(d, "blocks.0.hook_resid_post")
+        self.assertIn("extract.tokens.context_length: 16 > the model's context 8", p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
