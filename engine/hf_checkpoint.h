@@ -23,6 +23,10 @@ struct HfModelOptions {
   std::string dir;  // the checkpoint directory (already checked against the data roots)
   // TransformerLens' weight processing of that name (GPT-2 only; hf_gpt2.h).
   bool center_writing_weights = false;
+  // Host memory the weights may take while they are read; 0: what the host has available now
+  // (HostAvailableMemoryBytes). Reading more is RESOURCE_EXHAUSTED, not a process the kernel
+  // kills.
+  int64_t host_memory_limit_bytes = 0;
 };
 
 // config.json of a checkpoint directory. Every accessor's error is INVALID_ARGUMENT

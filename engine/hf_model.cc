@@ -1,8 +1,12 @@
 #include "engine/hf_model.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/process_memory.h"
 #include "common/status_macros.h"
 #include "engine/hf_gpt2.h"
 #include "engine/hf_llama.h"
@@ -45,12 +49,29 @@ absl::StatusOr<TransformerShape> CheckHfModel(const HfModelOptions& options) {
 }
 
 absl::StatusOr<HfModelWeights> LoadHfModelWeights(const HfModelOptions& options) {
+  ASSIGN_OR_RETURN(TransformerShape shape, ShapeFromConfig(options));
+  ASSIGN_OR_RETURN(std::vector<std::string> files, HfWeightFiles(options.dir));
+  int64_t largest_file = 0;
+  for (const std::string& file : files) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(file, ec);
+    if (ec) return absl::NotFoundError(absl::StrCat(file, ": ", ec.message()));
+    largest_file = std::max<int64_t>(largest_file, static_cast<int64_t>(size));
+  }
+  const int64_t limit = options.host_memory_limit_bytes > 0 ? options.host_memory_limit_bytes
+                                                            : HostAvailableMemoryBytes();
+  const int64_t need = shape.parameter_bytes + largest_file;
+  if (limit > 0 && need > limit) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "reading %s takes about %.3g GB of host memory (%.3g GB of float32 weights and the "
+        "largest weight file, %.3g GB, while it is converted); %.3g GB are available",
+        shape.what, need / 1e9, shape.parameter_bytes / 1e9, largest_file / 1e9, limit / 1e9));
+  }
   ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(options.dir));
   HfModelWeights weights;
   if (json.model_type() == "gpt2") {
     ASSIGN_OR_RETURN(weights.gpt2, LoadHfGpt2Weights(options));
   } else {
-    RETURN_IF_ERROR(ShapeFromConfig(options).status());  // names an unknown model_type
     ASSIGN_OR_RETURN(weights.llama, LoadHfLlamaWeights(options));
   }
   return weights;

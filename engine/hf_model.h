@@ -27,6 +27,8 @@ struct HfModelWeights {
   std::optional<Gpt2Weights> gpt2;
   std::optional<LlamaWeights> llama;
 };
+// RESOURCE_EXHAUSTED with the numbers, before reading anything, when the float32 weights and
+// the largest weight file (in memory while it is converted) exceed options.host_memory_limit_bytes.
 absl::StatusOr<HfModelWeights> LoadHfModelWeights(const HfModelOptions& options);
 
 // A model of `weights` reading `hooks`, on `device` (CPU replicas share the tensors).

@@ -114,6 +114,10 @@ TEST(HfModelTest, BadLlamaCheckpointsAreRefusedNamingWhatIsWrong) {
   HfModelOptions centered{dir, /*center_writing_weights=*/true};
   ExpectError(CheckHfModel(centered).status(), absl::StatusCode::kInvalidArgument,
               "center_writing_weights: for GPT-2 (LayerNorm) models only");
+  HfModelOptions small{dir};
+  small.host_memory_limit_bytes = 100000;  // the float32 weights alone are 193 kB
+  ExpectError(LoadHfModel(small, Hooks({"blocks.0.hook_resid_pre"}), at::kCPU).status(),
+              absl::StatusCode::kResourceExhausted, "GB of float32 weights");
   ExpectError(LoadHfModel({dir}, Hooks({"blocks.2.hook_resid_pre"}), at::kCPU).status(),
               absl::StatusCode::kInvalidArgument, "layer 2 out of range, the llama model in");
 }
