@@ -7,10 +7,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "engine/safetensors.h"
-#include "engine/safetensors_tensor.h"
+#include "storage/crc32c.h"
 
 namespace latentd::engine {
 namespace {
@@ -165,31 +166,55 @@ absl::Status CheckHfTensors(const std::vector<std::string>& files,
   return LocateTensors(files, expected, prefix).status();
 }
 
-absl::StatusOr<std::map<std::string, at::Tensor>> ReadHfTensors(
-    const std::vector<std::string>& files, const std::vector<HfTensorSpec>& expected,
-    const std::string& prefix, Fnv1a64* hash) {
+std::string HfTensors::Hash(const std::string& extra) const {
+  return absl::StrFormat("crc32c:%08x:%d", storage::Crc32cExtend(crc, extra.data(), extra.size()),
+                         bytes);
+}
+
+absl::StatusOr<HfTensors> ReadHfTensors(const std::vector<std::string>& files,
+                                        const std::vector<HfTensorSpec>& expected,
+                                        const std::string& prefix) {
   ASSIGN_OR_RETURN(auto places, LocateTensors(files, expected, prefix));
-  std::map<std::string, at::Tensor> tensors;
-  // One file in memory at a time: a sharded checkpoint peaks at its largest shard plus the
-  // float32 weights.
-  for (size_t i = 0; i < files.size(); ++i) {
-    ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Read(files[i]));
-    hash->Add(file.bytes());
-    for (const auto& [name, place] : places) {
-      if (place.file != static_cast<int>(i)) continue;
-      const StTensorInfo* info = file.header().Find(place.info.name);
-      if (info == nullptr) {
-        return absl::DataLossError(absl::StrCat(files[i], " changed while it was read"));
-      }
-      ASSIGN_OR_RETURN(at::Tensor t, ReadFloatTensor(file, *info, files[i].c_str()));
-      if (!at::isfinite(t).all().item<bool>()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(files[i], ": tensor ", info->name, " has NaN or Inf entries"));
-      }
-      tensors[name] = std::move(t);
+  std::vector<int64_t> data_start(files.size(), -1);
+  HfTensors out;
+  for (const auto& [name, place] : places) {
+    const std::string& path = files[place.file];
+    if (data_start[place.file] < 0) {
+      ASSIGN_OR_RETURN(StHeader header, ReadStHeader(path));
+      data_start[place.file] = header.data_start;
     }
+    at::ScalarType type = at::kFloat;
+    switch (place.info.dtype) {
+      case StDtype::kF16:
+        type = at::kHalf;
+        break;
+      case StDtype::kBF16:
+        type = at::kBFloat16;
+        break;
+      case StDtype::kF64:
+        type = at::kDouble;
+        break;
+      default:  // LocateTensors let only float dtypes through
+        break;
+    }
+    at::Tensor raw = at::empty(place.info.shape, at::TensorOptions().dtype(type));
+    const int64_t size = place.info.end - place.info.begin;
+    std::ifstream in(path, std::ios::binary);
+    in.seekg(data_start[place.file] + place.info.begin);
+    if (!in.read(static_cast<char*>(raw.data_ptr()), size)) {
+      return absl::DataLossError(absl::StrCat(path, ": tensor ", place.info.name,
+                                              " could not be read (the file changed or is short)"));
+    }
+    out.crc = storage::Crc32cExtend(out.crc, raw.data_ptr(), size);
+    out.bytes += size;
+    at::Tensor t = raw.to(at::kFloat);
+    if (!at::isfinite(t).all().item<bool>()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor ", place.info.name, " has NaN or Inf entries"));
+    }
+    out.tensors[name] = std::move(t);
   }
-  return tensors;
+  return out;
 }
 
 }  // namespace latentd::engine

@@ -15,7 +15,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/fnv1a.h"
 
 namespace latentd::engine {
 
@@ -70,12 +69,22 @@ struct HfTensorSpec {
 absl::Status CheckHfTensors(const std::vector<std::string>& files,
                             const std::vector<HfTensorSpec>& expected, const std::string& prefix);
 
-// CheckHfTensors, then the expected tensors as float32 CPU tensors by their names in `expected`,
-// one file in memory at a time; `hash` takes every file's bytes. A NaN/Inf weight is
-// INVALID_ARGUMENT naming it.
-absl::StatusOr<std::map<std::string, at::Tensor>> ReadHfTensors(
-    const std::vector<std::string>& files, const std::vector<HfTensorSpec>& expected,
-    const std::string& prefix, Fnv1a64* hash);
+struct HfTensors {
+  std::map<std::string, at::Tensor> tensors;  // float32 on the CPU, by their names in `expected`
+  // CRC32C of the stored bytes of every tensor read, in name order: the same weights give the
+  // same value however they are sharded.
+  uint32_t crc = 0;
+  int64_t bytes = 0;
+  // "crc32c:<crc, extended over `extra`>:<bytes>": the weight hash datasets record.
+  std::string Hash(const std::string& extra) const;
+};
+
+// CheckHfTensors, then each expected tensor read from its file straight into its tensor (no
+// copy of the whole file in memory) and converted to float32. A NaN/Inf weight is
+// INVALID_ARGUMENT naming it; a short read DATA_LOSS naming the file.
+absl::StatusOr<HfTensors> ReadHfTensors(const std::vector<std::string>& files,
+                                        const std::vector<HfTensorSpec>& expected,
+                                        const std::string& prefix);
 
 }  // namespace latentd::engine
 

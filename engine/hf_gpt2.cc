@@ -4,7 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/fnv1a.h"
 #include "common/status_macros.h"
 
 namespace latentd::engine {
@@ -92,9 +91,9 @@ absl::StatusOr<Gpt2Weights> LoadHfGpt2Weights(const HfModelOptions& options) {
   ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(options.dir));
   ASSIGN_OR_RETURN(Gpt2Config config, ReadHfGpt2Config(json));
   ASSIGN_OR_RETURN(std::vector<std::string> files, HfWeightFiles(options.dir));
-  Fnv1a64 hash;
-  ASSIGN_OR_RETURN(auto tensors, ReadHfTensors(files, ExpectedTensors(config), kPrefix, &hash));
-  hash.Add(ConfigFingerprint(config));
+  ASSIGN_OR_RETURN(HfTensors read, ReadHfTensors(files, ExpectedTensors(config), kPrefix));
+  const std::map<std::string, at::Tensor>& tensors = read.tensors;
+  std::string fingerprint = ConfigFingerprint(config);
   Gpt2Weights w;
   w.config = config;
   w.W_E = tensors.at("wte.weight");
@@ -124,9 +123,9 @@ absl::StatusOr<Gpt2Weights> LoadHfGpt2Weights(const HfModelOptions& options) {
     for (Gpt2Block& b : w.blocks) {
       for (at::Tensor* t : {&b.W_O, &b.b_O, &b.W_out, &b.b_out}) center(*t);
     }
-    hash.Add(std::string("center_writing_weights"));
+    fingerprint += " center_writing_weights";
   }
-  w.weight_hash = hash.ToString();
+  w.weight_hash = read.Hash(fingerprint);
   w.model_id = absl::StrCat("huggingface:gpt2:", options.dir);
   return w;
 }

@@ -39,8 +39,9 @@ absl::StatusOr<Gpt2Config> ReadHfGpt2Config(const HfConfig& config);
 // every tensor present with the shape config.json implies and a float dtype. What submit checks.
 absl::StatusOr<Gpt2Config> CheckHfGpt2(const std::string& dir);
 
-// Every weight, float32 on the CPU. The hash covers the weight files' bytes, the configuration
-// the forward pass uses and center_writing_weights; the model id is "huggingface:gpt2:<dir>".
+// Every weight, float32 on the CPU. The hash (CRC32C) covers the stored bytes of every weight it
+// reads, the configuration the forward pass uses and center_writing_weights; the model id is
+// "huggingface:gpt2:<dir>".
 absl::StatusOr<Gpt2Weights> LoadHfGpt2Weights(const HfModelOptions& options);
 
 // LoadHfGpt2Weights into a model reading `hooks`, on `device`. The hooks are checked against

@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/fnv1a.h"
 #include "common/status_macros.h"
 
 namespace latentd::engine {
@@ -160,9 +159,8 @@ absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options) {
         config.what, " normalizes with RMSNorm, which the mean changes"));
   }
   ASSIGN_OR_RETURN(std::vector<std::string> files, HfWeightFiles(options.dir));
-  Fnv1a64 hash;
-  ASSIGN_OR_RETURN(auto t, ReadHfTensors(files, ExpectedTensors(config), kPrefix, &hash));
-  hash.Add(ConfigFingerprint(config));
+  ASSIGN_OR_RETURN(HfTensors read, ReadHfTensors(files, ExpectedTensors(config), kPrefix));
+  const std::map<std::string, at::Tensor>& t = read.tensors;
   auto optional = [&](const std::string& name) {
     auto it = t.find(name);
     return it == t.end() ? at::Tensor() : it->second;
@@ -192,7 +190,7 @@ absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options) {
     b.b_down = optional(p + "mlp.down_proj.bias");
     w.blocks.push_back(std::move(b));
   }
-  w.weight_hash = hash.ToString();
+  w.weight_hash = read.Hash(ConfigFingerprint(config));
   w.model_id = absl::StrCat("huggingface:", json.model_type(), ":", options.dir);
   return w;
 }

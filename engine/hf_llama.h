@@ -32,9 +32,10 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& config);
 // config.json, then the weight files' headers (no weight is read).
 absl::StatusOr<LlamaConfig> CheckHfLlama(const std::string& dir);
 
-// Every weight, float32 on the CPU; the hash covers the weight files' bytes and the
-// configuration the forward pass uses; the model id is "huggingface:<model_type>:<dir>".
-// center_writing_weights is INVALID_ARGUMENT (RMSNorm is not invariant to the mean).
+// Every weight, float32 on the CPU; the hash (CRC32C) covers the stored bytes of every weight it
+// reads and the configuration the forward pass uses; the model id is
+// "huggingface:<model_type>:<dir>". center_writing_weights is INVALID_ARGUMENT (RMSNorm is not
+// invariant to the mean).
 absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options);
 
 }  // namespace latentd::engine
