@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/hook_collector.h"
 
 namespace latentd::engine {
 
@@ -26,13 +27,8 @@ TransformerShape Gpt2Shape(const Gpt2Config& c) {
 absl::StatusOr<std::unique_ptr<Gpt2Model>> Gpt2Model::Create(Gpt2Weights weights,
                                                              const std::vector<HookName>& hooks,
                                                              const at::Device& device) {
-  if (hooks.empty()) return absl::InvalidArgumentError("extract.hook_name: no hook");
   std::unique_ptr<Gpt2Model> m(new Gpt2Model());
-  const TransformerShape shape = Gpt2Shape(weights.config);
-  for (const HookName& hook : hooks) {
-    RETURN_IF_ERROR(CheckTransformerHook(shape, hook));
-    m->hook_widths_.push_back(TransformerHookWidth(shape, hook));
-  }
+  ASSIGN_OR_RETURN(m->hook_widths_, TransformerHookWidths(Gpt2Shape(weights.config), hooks));
   m->hooks_ = hooks;
   m->w_ = std::move(weights);
   auto place = [&](at::Tensor& t) { t = t.to(device, at::kFloat).contiguous(); };
@@ -52,17 +48,9 @@ std::vector<at::Tensor> Gpt2Model::Run(const at::Tensor& tokens, const std::vect
   const Gpt2Config& c = config();
   const int64_t B = tokens.size(0), S = tokens.size(1), d = c.d_model;
   const int64_t H = c.n_heads, dh = d / H;
-  std::vector<at::Tensor> hooked(hooks.size());
-  size_t remaining = hooks.size();
-  // Keeps `t` for every hook at (layer, point); true once every hook has its activation.
+  HookCollector collector(hooks, /*run_all=*/all != nullptr);
   auto capture = [&](int layer, HookPoint point, const at::Tensor& t) {
-    for (size_t i = 0; i < hooks.size(); ++i) {
-      if (hooks[i].layer == layer && hooks[i].point == point && !hooked[i].defined()) {
-        hooked[i] = t;
-        --remaining;
-      }
-    }
-    return remaining == 0 && all == nullptr;
+    return collector.Capture(layer, point, t);
   };
   auto activation = [&](const at::Tensor& x) {
     switch (c.activation) {
@@ -105,7 +93,7 @@ std::vector<at::Tensor> Gpt2Model::Run(const at::Tensor& tokens, const std::vect
     if (all != nullptr) all->push_back(x);
     if (capture(l, HookPoint::kResidPost, x)) break;
   }
-  return hooked;
+  return collector.Take();
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Gpt2Model::NamedWeights() const {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "engine/safetensors.h"
+#include "engine/safetensors_tensor.h"
 #include "storage/crc32c.h"
 
 namespace latentd::engine {
@@ -183,20 +184,7 @@ absl::StatusOr<HfTensors> ReadHfTensors(const std::vector<std::string>& files,
       ASSIGN_OR_RETURN(StHeader header, ReadStHeader(path));
       data_start[place.file] = header.data_start;
     }
-    at::ScalarType type = at::kFloat;
-    switch (place.info.dtype) {
-      case StDtype::kF16:
-        type = at::kHalf;
-        break;
-      case StDtype::kBF16:
-        type = at::kBFloat16;
-        break;
-      case StDtype::kF64:
-        type = at::kDouble;
-        break;
-      default:  // LocateTensors let only float dtypes through
-        break;
-    }
+    ASSIGN_OR_RETURN(at::ScalarType type, StFloatType(place.info, path.c_str()));
     at::Tensor raw = at::empty(place.info.shape, at::TensorOptions().dtype(type));
     const int64_t size = place.info.end - place.info.begin;
     std::ifstream in(path, std::ios::binary);

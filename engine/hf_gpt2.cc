@@ -135,9 +135,7 @@ absl::StatusOr<std::unique_ptr<Gpt2Model>> LoadHfGpt2Model(const HfModelOptions&
                                                            const at::Device& device) {
   ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(options.dir));
   ASSIGN_OR_RETURN(Gpt2Config config, ReadHfGpt2Config(json));
-  if (hooks.empty()) return absl::InvalidArgumentError("extract.hook_name: no hook");
-  const TransformerShape shape = Gpt2Shape(config);
-  for (const HookName& hook : hooks) RETURN_IF_ERROR(CheckTransformerHook(shape, hook));
+  RETURN_IF_ERROR(TransformerHookWidths(Gpt2Shape(config), hooks).status());
   ASSIGN_OR_RETURN(Gpt2Weights weights, LoadHfGpt2Weights(options));
   return Gpt2Model::Create(std::move(weights), hooks, device);
 }

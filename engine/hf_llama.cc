@@ -150,14 +150,19 @@ absl::StatusOr<LlamaConfig> CheckHfLlama(const std::string& dir) {
   return config;
 }
 
-absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options) {
-  ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(options.dir));
-  ASSIGN_OR_RETURN(LlamaConfig config, ReadHfLlamaConfig(json));
+absl::Status CheckHfLlamaOptions(const LlamaConfig& config, const HfModelOptions& options) {
   if (options.center_writing_weights) {
     return absl::InvalidArgumentError(absl::StrCat(
         "extract.model.huggingface.center_writing_weights: for GPT-2 (LayerNorm) models only; ",
         config.what, " normalizes with RMSNorm, which the mean changes"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options) {
+  ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(options.dir));
+  ASSIGN_OR_RETURN(LlamaConfig config, ReadHfLlamaConfig(json));
+  RETURN_IF_ERROR(CheckHfLlamaOptions(config, options));
   ASSIGN_OR_RETURN(std::vector<std::string> files, HfWeightFiles(options.dir));
   ASSIGN_OR_RETURN(HfTensors read, ReadHfTensors(files, ExpectedTensors(config), kPrefix));
   const std::map<std::string, at::Tensor>& t = read.tensors;

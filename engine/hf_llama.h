@@ -32,10 +32,13 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& config);
 // config.json, then the weight files' headers (no weight is read).
 absl::StatusOr<LlamaConfig> CheckHfLlama(const std::string& dir);
 
-// Every weight, float32 on the CPU; the hash (CRC32C) covers the stored bytes of every weight it
-// reads and the configuration the forward pass uses; the model id is
-// "huggingface:<model_type>:<dir>". center_writing_weights is INVALID_ARGUMENT (RMSNorm is not
-// invariant to the mean).
+// The options that do not apply to this architecture: center_writing_weights (RMSNorm is not
+// invariant to the mean) is INVALID_ARGUMENT naming it.
+absl::Status CheckHfLlamaOptions(const LlamaConfig& config, const HfModelOptions& options);
+
+// CheckHfLlamaOptions, then every weight, float32 on the CPU; the hash (CRC32C) covers the
+// stored bytes of every weight it reads and the configuration the forward pass uses; the model
+// id is "huggingface:<model_type>:<dir>".
 absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options);
 
 }  // namespace latentd::engine

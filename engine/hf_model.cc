@@ -14,21 +14,27 @@
 namespace latentd::engine {
 namespace {
 
-// The shape from config.json alone, or the model_type refused.
-absl::StatusOr<TransformerShape> ShapeFromConfig(const HfModelOptions& options) {
+struct Architecture {
+  bool gpt2 = false;  // else the Llama family
+  TransformerShape shape;
+};
+
+// The architecture from config.json alone, with the options checked against it; another
+// model_type is refused.
+absl::StatusOr<Architecture> ReadArchitecture(const HfModelOptions& options) {
   ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(options.dir));
+  Architecture arch;
   if (json.model_type() == "gpt2") {
     ASSIGN_OR_RETURN(Gpt2Config config, ReadHfGpt2Config(json));
-    return Gpt2Shape(config);
+    arch.gpt2 = true;
+    arch.shape = Gpt2Shape(config);
+    return arch;
   }
   if (IsHfLlamaType(json.model_type())) {
     ASSIGN_OR_RETURN(LlamaConfig config, ReadHfLlamaConfig(json));
-    if (options.center_writing_weights) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "extract.model.huggingface.center_writing_weights: for GPT-2 (LayerNorm) models only; ",
-          config.what, " normalizes with RMSNorm, which the mean changes"));
-    }
-    return LlamaShape(config);
+    RETURN_IF_ERROR(CheckHfLlamaOptions(config, options));
+    arch.shape = LlamaShape(config);
+    return arch;
   }
   return json.Bad(absl::StrCat("model_type \"", json.model_type(),
                                "\": gpt2, llama, mistral and qwen2 run natively; export other "
@@ -38,18 +44,15 @@ absl::StatusOr<TransformerShape> ShapeFromConfig(const HfModelOptions& options) 
 }  // namespace
 
 absl::StatusOr<TransformerShape> CheckHfModel(const HfModelOptions& options) {
-  ASSIGN_OR_RETURN(TransformerShape shape, ShapeFromConfig(options));
-  ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(options.dir));
-  if (json.model_type() == "gpt2") {
-    RETURN_IF_ERROR(CheckHfGpt2(options.dir).status());
-  } else {
-    RETURN_IF_ERROR(CheckHfLlama(options.dir).status());
-  }
-  return shape;
+  ASSIGN_OR_RETURN(Architecture arch, ReadArchitecture(options));
+  RETURN_IF_ERROR(arch.gpt2 ? CheckHfGpt2(options.dir).status()
+                            : CheckHfLlama(options.dir).status());
+  return arch.shape;
 }
 
 absl::StatusOr<HfModelWeights> LoadHfModelWeights(const HfModelOptions& options) {
-  ASSIGN_OR_RETURN(TransformerShape shape, ShapeFromConfig(options));
+  ASSIGN_OR_RETURN(Architecture arch, ReadArchitecture(options));
+  const TransformerShape& shape = arch.shape;
   ASSIGN_OR_RETURN(std::vector<std::string> files, HfWeightFiles(options.dir));
   int64_t largest_file = 0;
   for (const std::string& file : files) {
@@ -67,9 +70,8 @@ absl::StatusOr<HfModelWeights> LoadHfModelWeights(const HfModelOptions& options)
         "largest weight file, %.3g GB, while it is converted); %.3g GB are available",
         shape.what, need / 1e9, shape.parameter_bytes / 1e9, largest_file / 1e9, limit / 1e9));
   }
-  ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(options.dir));
   HfModelWeights weights;
-  if (json.model_type() == "gpt2") {
+  if (arch.gpt2) {
     ASSIGN_OR_RETURN(weights.gpt2, LoadHfGpt2Weights(options));
   } else {
     ASSIGN_OR_RETURN(weights.llama, LoadHfLlamaWeights(options));
@@ -96,9 +98,8 @@ absl::StatusOr<std::unique_ptr<ActivationModel>> CreateHfModel(const HfModelWeig
 absl::StatusOr<std::unique_ptr<ActivationModel>> LoadHfModel(const HfModelOptions& options,
                                                              const std::vector<HookName>& hooks,
                                                              const at::Device& device) {
-  ASSIGN_OR_RETURN(TransformerShape shape, ShapeFromConfig(options));
-  if (hooks.empty()) return absl::InvalidArgumentError("extract.hook_name: no hook");
-  for (const HookName& hook : hooks) RETURN_IF_ERROR(CheckTransformerHook(shape, hook));
+  ASSIGN_OR_RETURN(Architecture arch, ReadArchitecture(options));
+  RETURN_IF_ERROR(TransformerHookWidths(arch.shape, hooks).status());
   ASSIGN_OR_RETURN(HfModelWeights weights, LoadHfModelWeights(options));
   return CreateHfModel(weights, hooks, device);
 }

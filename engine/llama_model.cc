@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "engine/hook_collector.h"
 
 namespace latentd::engine {
 namespace {
@@ -66,13 +67,8 @@ TransformerShape LlamaShape(const LlamaConfig& c) {
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weights,
                                                                const std::vector<HookName>& hooks,
                                                                const at::Device& device) {
-  if (hooks.empty()) return absl::InvalidArgumentError("extract.hook_name: no hook");
   std::unique_ptr<LlamaModel> m(new LlamaModel());
-  const TransformerShape shape = LlamaShape(weights.config);
-  for (const HookName& hook : hooks) {
-    RETURN_IF_ERROR(CheckTransformerHook(shape, hook));
-    m->hook_widths_.push_back(TransformerHookWidth(shape, hook));
-  }
+  ASSIGN_OR_RETURN(m->hook_widths_, TransformerHookWidths(LlamaShape(weights.config), hooks));
   m->hooks_ = hooks;
   m->w_ = std::move(weights);
   auto place = [&](at::Tensor& t) {
@@ -96,16 +92,9 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
   const LlamaConfig& c = w_.config;
   const int64_t B = tokens.size(0), S = tokens.size(1), d = c.d_model;
   const int64_t H = c.n_heads, KV = c.n_kv_heads, dh = c.head_dim;
-  std::vector<at::Tensor> hooked(hooks.size());
-  size_t remaining = hooks.size();
+  HookCollector collector(hooks, /*run_all=*/false);
   auto capture = [&](int layer, HookPoint point, const at::Tensor& t) {
-    for (size_t i = 0; i < hooks.size(); ++i) {
-      if (hooks[i].layer == layer && hooks[i].point == point && !hooked[i].defined()) {
-        hooked[i] = t;
-        --remaining;
-      }
-    }
-    return remaining == 0;
+    return collector.Capture(layer, point, t);
   };
   auto activation = [&](const at::Tensor& x) {
     switch (c.activation) {
@@ -156,7 +145,7 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
     x = x + mlp_out;
     if (capture(l, HookPoint::kResidPost, x)) break;
   }
-  return hooked;
+  return collector.Take();
 }
 
 at::Tensor LlamaModel::Forward(const at::Tensor& tokens) { return Run(tokens, {hooks_[0]})[0]; }

@@ -91,10 +91,8 @@ absl::StatusOr<std::unique_ptr<Gpt2Model>> CreateReferenceModel(
     const latentd::v1::ReferenceModelSpec& spec, const std::vector<HookName>& hooks,
     const at::Device& device) {
   ASSIGN_OR_RETURN(latentd::v1::ReferenceModelSpec resolved, ResolveReferenceSpec(spec));
-  if (hooks.empty()) return absl::InvalidArgumentError("extract.hook_name: no hook");
   // Hooks first: a bad one should not cost drawing the weights.
-  const TransformerShape shape = Gpt2Shape(ReferenceGpt2Config(resolved));
-  for (const HookName& hook : hooks) RETURN_IF_ERROR(CheckTransformerHook(shape, hook));
+  RETURN_IF_ERROR(TransformerHookWidths(Gpt2Shape(ReferenceGpt2Config(resolved)), hooks).status());
   return Gpt2Model::Create(DrawReferenceWeights(resolved), hooks, device);
 }
 

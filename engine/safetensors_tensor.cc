@@ -6,27 +6,27 @@
 
 namespace latentd::engine {
 
-absl::StatusOr<at::Tensor> ReadFloatTensor(const SafetensorsFile& file, const StTensorInfo& info,
-                                           const char* what) {
-  at::ScalarType type;
+absl::StatusOr<at::ScalarType> StFloatType(const StTensorInfo& info, const char* what) {
   switch (info.dtype) {
     case StDtype::kF32:
-      type = at::kFloat;
-      break;
+      return at::kFloat;
     case StDtype::kF16:
-      type = at::kHalf;
-      break;
+      return at::kHalf;
     case StDtype::kBF16:
-      type = at::kBFloat16;
-      break;
+      return at::kBFloat16;
     case StDtype::kF64:
-      type = at::kDouble;
-      break;
+      return at::kDouble;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat(what, " tensor ", info.name, " has dtype ", StDtypeName(info.dtype)));
   }
-  at::Tensor t = at::empty(info.shape, at::TensorOptions().dtype(type));
+}
+
+absl::StatusOr<at::Tensor> ReadFloatTensor(const SafetensorsFile& file, const StTensorInfo& info,
+                                           const char* what) {
+  auto type = StFloatType(info, what);
+  if (!type.ok()) return type.status();
+  at::Tensor t = at::empty(info.shape, at::TensorOptions().dtype(*type));
   std::memcpy(t.data_ptr(), file.data(info), info.end - info.begin);
   return t.to(at::kFloat);
 }

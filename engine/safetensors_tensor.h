@@ -10,6 +10,10 @@
 
 namespace latentd::engine {
 
+// The LibTorch type of a float dtype (F32, F16, BF16, F64); INVALID_ARGUMENT
+// "<what> tensor <name> has dtype <dtype>" for another.
+absl::StatusOr<at::ScalarType> StFloatType(const StTensorInfo& info, const char* what);
+
 // `info` (one of file.header().tensors) copied out of the file and converted to float32.
 // F32, F16, BF16 and F64 are accepted; another dtype is INVALID_ARGUMENT
 // "<what> tensor <name> has dtype <dtype>".

@@ -22,6 +22,18 @@ int64_t TransformerHookWidth(const TransformerShape& shape, const HookName& hook
   return hook.point == HookPoint::kMlpPost ? shape.d_mlp : shape.d_model;
 }
 
+absl::StatusOr<std::vector<int64_t>> TransformerHookWidths(const TransformerShape& shape,
+                                                           const std::vector<HookName>& hooks) {
+  if (hooks.empty()) return absl::InvalidArgumentError("extract.hook_name: no hook");
+  std::vector<int64_t> widths;
+  for (const HookName& hook : hooks) {
+    absl::Status s = CheckTransformerHook(shape, hook);
+    if (!s.ok()) return s;
+    widths.push_back(TransformerHookWidth(shape, hook));
+  }
+  return widths;
+}
+
 int64_t TransformerActivationBytesPerToken(const TransformerShape& s, int64_t seq_len) {
   return 4 * (11 * s.d_model + 2 * s.n_heads * seq_len + 3 * s.d_mlp);
 }

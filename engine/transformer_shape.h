@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "engine/hook_name.h"
 
 namespace latentd::engine {
@@ -28,6 +30,9 @@ struct TransformerShape {
 absl::Status CheckTransformerHook(const TransformerShape& shape, const HookName& hook);
 // Width of the hooked activation: d_mlp for mlp.hook_post, else d_model.
 int64_t TransformerHookWidth(const TransformerShape& shape, const HookName& hook);
+// Every hook checked (at least one) and its width, in order.
+absl::StatusOr<std::vector<int64_t>> TransformerHookWidths(const TransformerShape& shape,
+                                                           const std::vector<HookName>& hooks);
 // Activation bytes one token costs inside a forward pass (an upper bound for memory checks): a
 // few residual-sized tensors, q/k/v, the attention row per head and the MLP's hidden layers.
 int64_t TransformerActivationBytesPerToken(const TransformerShape& shape, int64_t seq_len);

@@ -8,7 +8,6 @@ pre-activation is allowed and counted), values within fp16 tolerance, identical 
 """
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -16,6 +15,9 @@ import unittest
 
 import numpy as np
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from safetensors_writer import write_safetensors  # noqa: E402
 
 VOCAB, D, LAYERS, CTX, D_SAE, K = 100, 32, 3, 16, 128, 8
 TOOL = os.environ["EXTRACT_TOOL"]
@@ -37,19 +39,6 @@ class Tiny(torch.nn.Module):
             x = x + block(x)
             hidden.append(x)
         return hidden
-
-
-def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        b = t.detach().to(torch.float32).contiguous().numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
-        blobs.append(b)
-        offset += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
 class ExtractParityTest(unittest.TestCase):

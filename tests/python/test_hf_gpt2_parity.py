@@ -10,29 +10,19 @@ layer_norm_epsilon, scale_attn_by_inverse_layer_idx.
 import json
 import math
 import os
-import struct
 import subprocess
+import sys
 import tempfile
 import unittest
 
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from safetensors_writer import write_safetensors  # noqa: E402
+
 VOCAB, D, LAYERS, HEADS, POSITIONS, CTX = 120, 48, 3, 4, 32, 16
 TOOL = os.environ["EXTRACT_TOOL"]
-
-
-def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        b = t.detach().to(torch.float32).contiguous().numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
-        blobs.append(b)
-        offset += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
 def gelu_new(x):
