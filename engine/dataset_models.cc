@@ -157,10 +157,11 @@ absl::StatusOr<at::Tensor> AsUnembedding(const std::string& name, const at::Tens
                                                  ", the width the SAE's directions live in"));
 }
 
-// How to load the Hugging Face model a dataset was made with; FAILED_PRECONDITION when its
-// directory is no longer under a data root.
+// How to load the Hugging Face model a dataset was made with, within `memory_limit_bytes` (0:
+// what the host has); FAILED_PRECONDITION when its directory is no longer under a data root.
 absl::StatusOr<HfModelOptions> HfOptions(const ExtractEnv& env, const DatasetSource& dataset,
-                                         const latentd::v1::HuggingFaceModelSpec& spec) {
+                                         const latentd::v1::HuggingFaceModelSpec& spec,
+                                         int64_t memory_limit_bytes) {
   auto dir = ResolveUnderRoots(spec.path(), env, "extract.model.huggingface.path");
   if (!dir.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -169,6 +170,7 @@ absl::StatusOr<HfModelOptions> HfOptions(const ExtractEnv& env, const DatasetSou
   HfModelOptions options;
   options.dir = *dir;
   options.center_writing_weights = spec.center_writing_weights();
+  options.host_memory_limit_bytes = memory_limit_bytes;
   return options;
 }
 
@@ -415,8 +417,9 @@ absl::StatusOr<std::shared_ptr<const PromptModel>> DatasetModels::Impl::BuildPro
   if (model.has_reference()) {
     ASSIGN_OR_RETURN(activations, CreateReferenceModel(model.reference(), hooks, cpu));
   } else if (model.has_huggingface()) {
-    ASSIGN_OR_RETURN(HfModelOptions options, HfOptions(env, dataset, model.huggingface()));
-    ASSIGN_OR_RETURN(activations, LoadHfModel(options, hooks, cpu));
+    ASSIGN_OR_RETURN(HfModelOptions hf,
+                     HfOptions(env, dataset, model.huggingface(), options.memory_limit_bytes));
+    ASSIGN_OR_RETURN(activations, LoadHfModel(hf, hooks, cpu));
   } else if (model.has_torchscript()) {
     auto path =
         ResolveUnderRoots(model.torchscript().path(), env, "extract.model.torchscript.path");
@@ -502,8 +505,8 @@ absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> DatasetModels::Impl::
   if (spec.model().has_reference() || spec.model().has_huggingface()) {
     if (!requested.empty()) {
       return absl::InvalidArgumentError(
-          "unembedding: only for TorchScript models (a GPT-2's unembedding is its tied "
-          "embedding)");
+          "unembedding: only for TorchScript models (a natively run model's is its own: lm_head, "
+          "or the tied embedding)");
     }
     if (spec.model().has_reference()) {
       ASSIGN_OR_RETURN(latentd::v1::ReferenceModelSpec resolved,
@@ -516,16 +519,16 @@ absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> DatasetModels::Impl::
             return NativeUnembedding(dataset, std::move(model), hook, unavailable);
           });
     }
-    auto options = HfOptions(env, dataset, spec.model().huggingface());
-    if (!options.ok()) {
-      *unavailable = std::string(options.status().message());
+    auto hf = HfOptions(env, dataset, spec.model().huggingface(), options.memory_limit_bytes);
+    if (!hf.ok()) {
+      *unavailable = std::string(hf.status().message());
       return nullptr;
     }
     return Cached<PreparedUnembedding>(
-        absl::StrCat("huggingface\n", options->dir, "\n", options->center_writing_weights, "\n",
+        absl::StrCat("huggingface\n", hf->dir, "\n", hf->center_writing_weights, "\n",
                      dataset.model_weight_hash, "\n", spec.hook_name()),
         [&]() -> absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> {
-          auto model = LoadHfModel(*options, {hook}, at::Device(at::kCPU));
+          auto model = LoadHfModel(*hf, {hook}, at::Device(at::kCPU));
           if (!model.ok()) {
             *unavailable = std::string(model.status().message());
             return nullptr;

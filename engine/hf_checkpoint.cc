@@ -176,18 +176,21 @@ absl::StatusOr<HfTensors> ReadHfTensors(const std::vector<std::string>& files,
                                         const std::vector<HfTensorSpec>& expected,
                                         const std::string& prefix) {
   ASSIGN_OR_RETURN(auto places, LocateTensors(files, expected, prefix));
+  // Each file opened once, when its first tensor is read.
   std::vector<int64_t> data_start(files.size(), -1);
+  std::vector<std::ifstream> streams(files.size());
   HfTensors out;
   for (const auto& [name, place] : places) {
     const std::string& path = files[place.file];
+    std::ifstream& in = streams[place.file];
     if (data_start[place.file] < 0) {
       ASSIGN_OR_RETURN(StHeader header, ReadStHeader(path));
       data_start[place.file] = header.data_start;
+      in.open(path, std::ios::binary);
     }
     ASSIGN_OR_RETURN(at::ScalarType type, StFloatType(place.info, path.c_str()));
     at::Tensor raw = at::empty(place.info.shape, at::TensorOptions().dtype(type));
     const int64_t size = place.info.end - place.info.begin;
-    std::ifstream in(path, std::ios::binary);
     in.seekg(data_start[place.file] + place.info.begin);
     if (!in.read(static_cast<char*>(raw.data_ptr()), size)) {
       return absl::DataLossError(absl::StrCat(path, ": tensor ", place.info.name,
