@@ -1,6 +1,7 @@
 #include "engine/hf_llama.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -31,6 +32,10 @@ std::vector<HfTensorSpec> ExpectedTensors(const LlamaConfig& c) {
     }
     if (c.o_bias) out.push_back({p + "self_attn.o_proj.bias", {d}});
     out.push_back({p + "post_attention_layernorm.weight", {d}});
+    if (c.post_norms) {  // Gemma 2: post_attention_layernorm is then attention's post-norm
+      out.push_back({p + "pre_feedforward_layernorm.weight", {d}});
+      out.push_back({p + "post_feedforward_layernorm.weight", {d}});
+    }
     out.push_back({p + "mlp.gate_proj.weight", {f, d}});
     out.push_back({p + "mlp.up_proj.weight", {f, d}});
     out.push_back({p + "mlp.down_proj.weight", {d, f}});
@@ -46,21 +51,25 @@ std::vector<HfTensorSpec> ExpectedTensors(const LlamaConfig& c) {
 std::string ConfigFingerprint(const LlamaConfig& c) {
   return absl::StrFormat(
       "llama d%d l%d h%d kv%d dh%d f%d v%d c%d eps%.9g theta%.9g rope%.9g/%.9g/%.9g/%d act%d "
-      "bias%d%d%d tied%d",
+      "bias%d%d%d tied%d embed%.9g post%d cap%.9g scale%.9g offset%d",
       c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.d_mlp, c.vocab_size,
       c.context_length, c.rms_norm_eps, c.rope_theta, c.rope_factor, c.rope_low_freq_factor,
       c.rope_high_freq_factor, c.rope_original_context, static_cast<int>(c.activation), c.qkv_bias,
-      c.o_bias, c.mlp_bias, c.tied_embeddings);
+      c.o_bias, c.mlp_bias, c.tied_embeddings, c.embed_scale, c.post_norms, c.attn_softcap,
+      c.attn_scale, c.norm_gain_offset);
 }
 
 }  // namespace
 
-bool IsHfLlamaType(const std::string& t) { return t == "llama" || t == "mistral" || t == "qwen2"; }
+bool IsHfLlamaType(const std::string& t) {
+  return t == "llama" || t == "mistral" || t == "qwen2" || t == "gemma" || t == "gemma2";
+}
 
 absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
   const std::string& type = j.model_type();
   if (!IsHfLlamaType(type)) {
-    return j.Bad(absl::StrCat("model_type \"", type, "\" is not llama, mistral or qwen2"));
+    return j.Bad(
+        absl::StrCat("model_type \"", type, "\" is not llama, mistral, qwen2, gemma or gemma2"));
   }
   LlamaConfig c;
   c.what = absl::StrCat("the ", type, " model in ", j.dir());
@@ -84,7 +93,10 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
   ASSIGN_OR_RETURN(c.context_length, j.Integer("max_position_embeddings", 2048, 1, 1 << 24));
   ASSIGN_OR_RETURN(c.rms_norm_eps, j.PositiveNumber("rms_norm_eps", 1e-6));
   ASSIGN_OR_RETURN(c.rope_theta, j.PositiveNumber("rope_theta", 10000.0));
-  ASSIGN_OR_RETURN(const std::string act, j.String("hidden_act", "silu"));
+  const bool gemma = type == "gemma" || type == "gemma2";
+  // Gemma's MLP reads hidden_activation (its legacy hidden_act "gelu" is not what runs).
+  ASSIGN_OR_RETURN(const std::string act, gemma ? j.String("hidden_activation", "gelu_pytorch_tanh")
+                                                : j.String("hidden_act", "silu"));
   if (act == "silu" || act == "swish") {
     c.activation = LlamaActivation::kSilu;
   } else if (act == "gelu_pytorch_tanh" || act == "gelu_new") {
@@ -102,7 +114,17 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
     c.qkv_bias = c.o_bias = attention_bias;
   }
   ASSIGN_OR_RETURN(c.mlp_bias, j.Boolean("mlp_bias", false));
-  ASSIGN_OR_RETURN(c.tied_embeddings, j.Boolean("tie_word_embeddings", false));
+  ASSIGN_OR_RETURN(c.tied_embeddings, j.Boolean("tie_word_embeddings", /*fallback=*/gemma));
+  if (gemma) {
+    c.embed_scale = std::sqrt(static_cast<double>(c.d_model));
+    c.norm_gain_offset = true;
+  }
+  if (type == "gemma2") {
+    c.post_norms = true;
+    ASSIGN_OR_RETURN(c.attn_softcap, j.PositiveNumber("attn_logit_softcapping", 50.0));
+    ASSIGN_OR_RETURN(const double scalar, j.PositiveNumber("query_pre_attn_scalar", 256.0));
+    c.attn_scale = 1.0 / std::sqrt(scalar);
+  }
   if (j.Has("rope_scaling")) {
     const nlohmann::json& r = j.json()["rope_scaling"];
     std::string rope_type;
@@ -133,8 +155,10 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
                                 ": only null, \"default\" and \"llama3\" are read"));
     }
   }
+  // Mistral's window is on when given; Gemma 2's alternate layers always have one.
   ASSIGN_OR_RETURN(const bool use_window,
-                   j.Boolean("use_sliding_window", /*fallback=*/type == "mistral"));
+                   j.Boolean("use_sliding_window",
+                             /*fallback=*/type == "mistral" || type == "gemma2"));
   if (use_window && j.Has("sliding_window")) {
     ASSIGN_OR_RETURN(const int64_t window, j.Integer("sliding_window", 0, 1, 1 << 24));
     c.context_length = std::min(c.context_length, window);
@@ -186,7 +210,18 @@ absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options) {
     b.b_k = optional(p + "self_attn.k_proj.bias");
     b.b_v = optional(p + "self_attn.v_proj.bias");
     b.b_o = optional(p + "self_attn.o_proj.bias");
-    b.mlp_norm = t.at(p + "post_attention_layernorm.weight");
+    if (config.post_norms) {
+      b.post_attn_norm = t.at(p + "post_attention_layernorm.weight");
+      b.mlp_norm = t.at(p + "pre_feedforward_layernorm.weight");
+      b.post_mlp_norm = t.at(p + "post_feedforward_layernorm.weight");
+    } else {
+      b.mlp_norm = t.at(p + "post_attention_layernorm.weight");
+    }
+    if (config.norm_gain_offset) {
+      for (at::Tensor* norm : {&b.attn_norm, &b.mlp_norm, &b.post_attn_norm, &b.post_mlp_norm}) {
+        if (norm->defined()) *norm = *norm + 1;
+      }
+    }
     b.W_gate = t.at(p + "mlp.gate_proj.weight");
     b.W_up = t.at(p + "mlp.up_proj.weight");
     b.W_down = t.at(p + "mlp.down_proj.weight");

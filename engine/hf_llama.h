@@ -1,6 +1,9 @@
 // Hugging Face Llama-architecture checkpoints run natively (llama_model.h): model_type llama
-// (Llama 2, 3, 3.1/3.2 with rope_scaling "llama3"), mistral and qwen2, in the same directory
-// layout as GPT-2's (hf_checkpoint.h). Tensor names with or without the "model." prefix
+// (Llama 2, 3, 3.1/3.2 with rope_scaling "llama3"), mistral, qwen2, gemma and gemma2 (Gemma
+// Scope's models: embeddings times sqrt(d_model), RMSNorm gains stored as w and applied as 1 + w,
+// hidden_activation, and for gemma2 pre_feedforward/post_feedforward norms,
+// attn_logit_softcapping and query_pre_attn_scalar), in the same directory layout as GPT-2's
+// (hf_checkpoint.h). Tensor names with or without the "model." prefix
 // (LlamaForCausalLM or LlamaModel); lm_head.weight unless tie_word_embeddings.
 //
 // Read from config.json: hidden_size, num_hidden_layers, num_attention_heads,

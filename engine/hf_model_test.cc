@@ -50,9 +50,10 @@ TEST(HfModelTest, ModelTypePicksTheArchitecture) {
   EXPECT_EQ((*model)->model_id(), "huggingface:llama:" + llama_dir);
 
   const std::string other = FreshTestDir("hf_model_other");
-  WriteTextFile(other + "/config.json", "{\"model_type\": \"gemma2\"}");
-  ExpectError(CheckHfModel({other}).status(), absl::StatusCode::kInvalidArgument,
-              "model_type \"gemma2\": gpt2, llama, mistral and qwen2 run natively");
+  WriteTextFile(other + "/config.json", "{\"model_type\": \"gpt_neox\"}");
+  ExpectError(
+      CheckHfModel({other}).status(), absl::StatusCode::kInvalidArgument,
+      "model_type \"gpt_neox\": gpt2, llama, mistral, qwen2, gemma and gemma2 run natively");
   ExpectError(CheckHfModel({FreshTestDir("hf_model_none")}).status(), absl::StatusCode::kNotFound,
               "config.json");
 }

@@ -58,7 +58,8 @@ TransformerShape LlamaShape(const LlamaConfig& c) {
                 kv = c.n_kv_heads * c.head_dim;
   const int64_t biases =
       (c.qkv_bias ? q + 2 * kv : 0) + (c.o_bias ? d : 0) + (c.mlp_bias ? 2 * f + d : 0);
-  const int64_t per_block = 2 * d + d * (q + 2 * kv) + q * d + 3 * d * f + biases;
+  const int64_t per_block =
+      (c.post_norms ? 4 : 2) * d + d * (q + 2 * kv) + q * d + 3 * d * f + biases;
   s.parameter_bytes = 4 * (c.vocab_size * d * (c.tied_embeddings ? 1 : 2) + c.n_layers * per_block);
   s.what = c.what;
   return s;
@@ -77,9 +78,9 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weig
   place(m->w_.W_E);
   place(m->w_.W_U);
   for (LlamaBlock& b : m->w_.blocks) {
-    for (at::Tensor* t :
-         {&b.attn_norm, &b.W_q, &b.b_q, &b.W_k, &b.b_k, &b.W_v, &b.b_v, &b.W_o, &b.b_o, &b.mlp_norm,
-          &b.W_gate, &b.b_gate, &b.W_up, &b.b_up, &b.W_down, &b.b_down}) {
+    for (at::Tensor* t : {&b.attn_norm, &b.W_q, &b.b_q, &b.W_k, &b.b_k, &b.W_v, &b.b_v, &b.W_o,
+                          &b.b_o, &b.mlp_norm, &b.W_gate, &b.b_gate, &b.W_up, &b.b_up, &b.W_down,
+                          &b.b_down, &b.post_attn_norm, &b.post_mlp_norm}) {
       place(*t);
     }
   }
@@ -113,9 +114,10 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
   const at::Tensor cos = angles.cos(), sin = angles.sin();  // [S, dh], broadcast over B, H
   auto rotate = [&](const at::Tensor& x) { return x * cos + RotateHalf(x) * sin; };
   at::Tensor causal = at::ones({S, S}, tokens.options().dtype(at::kBool)).triu(1);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+  const double scale = c.attn_scale > 0 ? c.attn_scale : 1.0 / std::sqrt(static_cast<double>(dh));
 
   at::Tensor x = w_.W_E.index_select(0, tokens.reshape({-1})).view({B, S, d});
+  if (c.embed_scale != 1) x = x * c.embed_scale;
   for (int l = 0; l < c.n_layers; ++l) {
     const LlamaBlock& b = w_.blocks[l];
     if (capture(l, HookPoint::kResidPre, x)) break;
@@ -130,10 +132,12 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
       v = v.repeat_interleave(H / KV, 1);
     }
     at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
+    if (c.attn_softcap > 0) att = at::tanh(att / c.attn_softcap) * c.attn_softcap;
     att.masked_fill_(causal, -std::numeric_limits<float>::infinity());
     att = at::softmax(att, -1);
     at::Tensor z = at::matmul(att, v).transpose(1, 2).reshape({B, S, H * dh});
     at::Tensor attn_out = Linear(z, b.W_o, b.b_o);
+    if (c.post_norms) attn_out = RmsNorm(attn_out, b.post_attn_norm, c.rms_norm_eps);
     if (capture(l, HookPoint::kAttnOut, attn_out)) break;
     x = x + attn_out;
     if (capture(l, HookPoint::kResidMid, x)) break;
@@ -141,6 +145,7 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
     at::Tensor post = activation(Linear(h2, b.W_gate, b.b_gate)) * Linear(h2, b.W_up, b.b_up);
     if (capture(l, HookPoint::kMlpPost, post)) break;
     at::Tensor mlp_out = Linear(post, b.W_down, b.b_down);
+    if (c.post_norms) mlp_out = RmsNorm(mlp_out, b.post_mlp_norm, c.rms_norm_eps);
     if (capture(l, HookPoint::kMlpOut, mlp_out)) break;
     x = x + mlp_out;
     if (capture(l, HookPoint::kResidPost, x)) break;

@@ -1,7 +1,9 @@
-// A Llama-architecture transformer (Llama 2/3, Mistral, Qwen2 and the like): RMSNorm before
-// attention and MLP, rotary position embeddings (Hugging Face's half-split layout, optionally
-// Llama 3's frequency scaling), grouped-query attention, a gated MLP down(act(gate(x)) * up(x)).
-// Weights are as Hugging Face's nn.Linear holds them: [out, in].
+// A Llama-architecture transformer (Llama 2/3, Mistral, Qwen2, Gemma 1/2 and the like): RMSNorm
+// before attention and MLP, rotary position embeddings (Hugging Face's half-split layout,
+// optionally Llama 3's frequency scaling), grouped-query attention, a gated MLP
+// down(act(gate(x)) * up(x)); Gemma's variations are options (embedding scale, norms after
+// attention and MLP too, attention-logit soft-capping, its own attention scale). Weights are as
+// Hugging Face's nn.Linear holds them: [out, in].
 //
 // Hooks take TransformerLens names with TransformerLens' meaning for this architecture:
 // resid_pre / resid_mid / resid_post, attn_out (o_proj's output), mlp.hook_post (act(gate) * up,
@@ -44,18 +46,25 @@ struct LlamaConfig {
   bool o_bias = false;    // o_proj has one (Llama's attention_bias)
   bool mlp_bias = false;  // gate/up/down have them (Llama's mlp_bias)
   bool tied_embeddings = false;
+  double embed_scale = 1;   // the embeddings are multiplied by it (Gemma: sqrt(d_model))
+  bool post_norms = false;  // RMSNorm on attention's and the MLP's outputs too (Gemma 2)
+  double attn_softcap = 0;  // scores -> cap * tanh(scores / cap) before the mask; 0: none
+  double attn_scale = 0;    // scores' scale; 0: 1 / sqrt(head_dim)
+  // The checkpoint stores each norm's gain as w with (1 + w) applied (Gemma); the loader adds 1.
+  bool norm_gain_offset = false;
   std::string what = "the model";  // TransformerShape::what
 };
 
 TransformerShape LlamaShape(const LlamaConfig& config);
 
 struct LlamaBlock {
-  at::Tensor attn_norm;                     // [d]
-  at::Tensor W_q, b_q, W_k, b_k, W_v, b_v;  // [heads * head_dim, d]; biases may be undefined
-  at::Tensor W_o, b_o;                      // [d, heads * head_dim]
-  at::Tensor mlp_norm;                      // [d]
-  at::Tensor W_gate, b_gate, W_up, b_up;    // [d_mlp, d]
-  at::Tensor W_down, b_down;                // [d, d_mlp]
+  at::Tensor attn_norm;  // [d]; every norm's gain as multiplied in (Gemma's 1 + w added in)
+  at::Tensor W_q, b_q, W_k, b_k, W_v, b_v;   // [heads * head_dim, d]; biases may be undefined
+  at::Tensor W_o, b_o;                       // [d, heads * head_dim]
+  at::Tensor mlp_norm;                       // [d]
+  at::Tensor post_attn_norm, post_mlp_norm;  // [d], with post_norms only
+  at::Tensor W_gate, b_gate, W_up, b_up;     // [d_mlp, d]
+  at::Tensor W_down, b_down;                 // [d, d_mlp]
 };
 
 struct LlamaWeights {

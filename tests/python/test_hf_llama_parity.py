@@ -1,7 +1,9 @@
-"""Parity of latentd's native Llama-architecture loader (llama, mistral, qwen2) with the forward
-pass written here in python3-torch from Hugging Face's modeling_llama / modeling_qwen2: RMSNorm
-in float32, rotary embeddings with the half-split rotate_half (and Llama 3's rope_scaling),
-grouped-query attention by repeating key/value heads, the SiLU-gated MLP. Small checkpoints are
+"""Parity of latentd's native Llama-architecture loader (llama, mistral, qwen2, gemma2) with the
+forward pass written here in python3-torch from Hugging Face's modeling_llama / modeling_qwen2 /
+modeling_gemma2: RMSNorm in float32 (Gemma: times 1 + w), rotary embeddings with the half-split
+rotate_half (and Llama 3's rope_scaling), grouped-query attention by repeating key/value heads,
+the gated MLP; Gemma 2's embedding scale, attention-logit soft-capping, query_pre_attn_scalar
+and norms after attention and MLP. Small checkpoints are
 written as the Hub serves them (config.json + model.safetensors with nn.Linear [out, in] weights
 under "model."), extract_tool runs DENSE at TransformerLens hooks, and the stored float32 rows
 must equal the Python values within 1e-5 of the largest.
@@ -56,7 +58,16 @@ class Llama:
 
     def norm(self, name, x):
         var = x.pow(2).mean(-1, keepdim=True)
-        return self.w[name + ".weight"] * (x * torch.rsqrt(var + self.cfg["rms_norm_eps"]))
+        gain = self.w[name + ".weight"] + (1.0 if self.gemma else 0.0)  # Gemma stores w, uses 1 + w
+        return gain * (x * torch.rsqrt(var + self.cfg["rms_norm_eps"]))
+
+    @property
+    def gemma(self):
+        return self.cfg["model_type"] in ("gemma", "gemma2")
+
+    @property
+    def gemma2(self):
+        return self.cfg["model_type"] == "gemma2"
 
     def __call__(self, ids):
         B, S = ids.shape
@@ -72,6 +83,8 @@ class Llama:
 
         hooks = {}
         x = self.w["model.embed_tokens.weight"][ids]
+        if self.gemma:
+            x = x * torch.tensor(D ** 0.5)
         mask = torch.full((S, S), float("-inf")).triu(1)
         for l in range(LAYERS):
             p = "model.layers.%d." % l
@@ -84,16 +97,27 @@ class Llama:
             rep = HEADS // KV_HEADS  # repeat_kv: each key/value head serves `rep` query heads
             k = k[:, :, None].expand(B, KV_HEADS, rep, S, dh).reshape(B, HEADS, S, dh)
             v = v[:, :, None].expand(B, KV_HEADS, rep, S, dh).reshape(B, HEADS, S, dh)
-            att = (q @ k.transpose(2, 3) / math.sqrt(dh) + mask).softmax(-1)
+            if self.gemma2:
+                scores = q @ k.transpose(2, 3) * self.cfg["query_pre_attn_scalar"] ** -0.5
+                cap = self.cfg["attn_logit_softcapping"]
+                scores = torch.tanh(scores / cap) * cap
+            else:
+                scores = q @ k.transpose(2, 3) / math.sqrt(dh)
+            att = (scores + mask).softmax(-1)
             z = (att @ v).transpose(1, 2).reshape(B, S, HEADS * dh)
             attn_out = self.linear(p + "self_attn.o_proj", z)
+            if self.gemma2:
+                attn_out = self.norm(p + "post_attention_layernorm", attn_out)
             hooks["blocks.%d.hook_attn_out" % l] = attn_out
             x = x + attn_out
             hooks["blocks.%d.hook_resid_mid" % l] = x
-            h2 = self.norm(p + "post_attention_layernorm", x)
-            post = torch.nn.functional.silu(self.linear(p + "mlp.gate_proj", h2)) * self.linear(p + "mlp.up_proj", h2)
+            h2 = self.norm(p + ("pre_feedforward_layernorm" if self.gemma2 else "post_attention_layernorm"), x)
+            act = (lambda t: torch.nn.functional.gelu(t, approximate="tanh")) if self.gemma else torch.nn.functional.silu
+            post = act(self.linear(p + "mlp.gate_proj", h2)) * self.linear(p + "mlp.up_proj", h2)
             hooks["blocks.%d.mlp.hook_post" % l] = post
             mlp_out = self.linear(p + "mlp.down_proj", post)
+            if self.gemma2:
+                mlp_out = self.norm(p + "post_feedforward_layernorm", mlp_out)
             hooks["blocks.%d.hook_mlp_out" % l] = mlp_out
             x = x + mlp_out
             hooks["blocks.%d.hook_resid_post" % l] = x
@@ -109,8 +133,8 @@ class HfLlamaParityTest(unittest.TestCase):
         np.save(os.path.join(cls.root, "tokens.npy"), ids)
         cls.ids = ids.astype(np.int64)
 
-    def checkpoint(self, name, model_type="llama", qkv_bias=False, tied=False, **config_changes):
-        torch.manual_seed(len(name))
+    def checkpoint(self, name, model_type="llama", qkv_bias=False, tied=False, seed=None, **config_changes):
+        torch.manual_seed(len(name) if seed is None else seed)
         g = lambda *shape, s=0.1: torch.randn(*shape) * s
         q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
         w = {"model.embed_tokens.weight": g(VOCAB, D, s=1.0), "model.norm.weight": 1 + g(D)}
@@ -125,6 +149,10 @@ class HfLlamaParityTest(unittest.TestCase):
                       p + "mlp.down_proj.weight": g(D, FF),
                       # a buffer some checkpoints carry: not a weight
                       p + "self_attn.rotary_emb.inv_freq": torch.ones(HEAD_DIM // 2)})
+            if model_type == "gemma2":  # gains stored as w, applied as 1 + w
+                w.update({p + "input_layernorm.weight": g(D), p + "post_attention_layernorm.weight": g(D),
+                          p + "pre_feedforward_layernorm.weight": g(D),
+                          p + "post_feedforward_layernorm.weight": g(D)})
             if qkv_bias:
                 w.update({p + "self_attn.q_proj.bias": g(q), p + "self_attn.k_proj.bias": g(kv),
                           p + "self_attn.v_proj.bias": g(kv)})
@@ -188,6 +216,26 @@ class HfLlamaParityTest(unittest.TestCase):
     def test_qwen2_biases(self):
         d, hooks = self.checkpoint("qwen2", model_type="qwen2", qkv_bias=True)
         self.check(d, hooks, "blocks.1.hook_attn_out")
+        self.check(d, hooks, "blocks.2.hook_resid_post")
+
+    def test_gemma2(self):
+        d, hooks = self.checkpoint("gemma2", model_type="gemma2", tied=True, seed=5, hidden_act="gelu",
+                                   hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24,
+                                   attn_logit_softcapping=2.0, sliding_window=4096,
+                                   final_logit_softcapping=30.0, rope_theta=10000.0)
+        # the soft-capping acts on this model's scores
+        plain = self.checkpoint("gemma2_nocap", model_type="gemma2", tied=True, seed=5, query_pre_attn_scalar=24,
+                                attn_logit_softcapping=1e9, rope_theta=10000.0)[1]
+        self.assertFalse(np.allclose(hooks["blocks.0.hook_attn_out"], plain["blocks.0.hook_attn_out"]))
+        for name in ["blocks.0.hook_attn_out", "blocks.1.mlp.hook_post", "blocks.1.hook_mlp_out",
+                     "blocks.2.hook_resid_post"]:
+            self.check(d, hooks, name)
+
+    def test_gemma(self):
+        # Gemma 1: the embedding scale, 1 + w gains and GeGLU, none of Gemma 2's additions; its
+        # legacy hidden_act "gelu" is not what runs.
+        d, hooks = self.checkpoint("gemma", model_type="gemma", tied=True, hidden_act="gelu",
+                                   rope_theta=10000.0)
         self.check(d, hooks, "blocks.2.hook_resid_post")
 
     def test_bad_input_is_refused_at_submit(self):
