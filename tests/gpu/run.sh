@@ -230,7 +230,7 @@ done <"$build/kit_targets.txt"
 export KIT_EXPECT_CUDA="$CUDA_AVAILABLE"
 export KIT_EXPECT_NCCL=$((CUDA_AVAILABLE == 1 && NCCL_AVAILABLE == 1 ? 1 : 0))
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
-for name in cuda_check device_info_check engine_fence_check engine_cuda_info_check nccl_check engine_dp_check engine_fit_check; do
+for name in cuda_check device_info_check engine_fence_check engine_cuda_info_check nccl_check engine_dp_check engine_fit_check engine_native_model_check; do
   [[ " ${runnable[*]} " == *" $name "* ]] || continue
   t="$(left)"
   ((t > check_timeout)) && t="$check_timeout"
