@@ -8,7 +8,6 @@ pre-activation is allowed and counted), values within fp16 tolerance, identical 
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -17,7 +16,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from safetensors_writer import write_safetensors  # noqa: E402
+from extract_test_util import run_extract_tool, write_safetensors  # noqa: E402
 
 VOCAB, D, LAYERS, CTX, D_SAE, K = 100, 32, 3, 16, 128, 8
 TOOL = os.environ["EXTRACT_TOOL"]
@@ -80,14 +79,7 @@ class ExtractParityTest(unittest.TestCase):
         return d, w, cfg
 
     def run_tool(self, spec, devices=1, expect_ok=True):
-        work = tempfile.mkdtemp(dir=self.root)
-        with open(os.path.join(work, "spec.json"), "w") as f:
-            json.dump(spec, f)
-        out = os.path.join(work, "out")
-        os.makedirs(out)
-        p = subprocess.run([TOOL, "--spec=" + os.path.join(work, "spec.json"), "--data_root=" + self.root,
-                            "--db=" + os.path.join(work, "db"), "--out=" + out, "--devices=%d" % devices],
-                           capture_output=True, text=True, timeout=300)
+        p, out = run_extract_tool(TOOL, self.root, spec, devices)
         if not expect_ok:
             return p
         self.assertEqual(p.returncode, 0, p.stderr)

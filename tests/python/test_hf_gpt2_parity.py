@@ -10,7 +10,6 @@ layer_norm_epsilon, scale_attn_by_inverse_layer_idx.
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -19,7 +18,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from safetensors_writer import write_safetensors  # noqa: E402
+from extract_test_util import run_extract_tool, write_safetensors  # noqa: E402
 
 VOCAB, D, LAYERS, HEADS, POSITIONS, CTX = 120, 48, 3, 4, 32, 16
 TOOL = os.environ["EXTRACT_TOOL"]
@@ -126,20 +125,13 @@ class HfGpt2ParityTest(unittest.TestCase):
         return d, hooks
 
     def run_tool(self, model_dir, hook, context=CTX, centered=False, sae=None):
-        work = tempfile.mkdtemp(dir=self.root)
         spec = {"model": {"huggingface": {"path": model_dir, "centerWritingWeights": centered}},
                 "hookName": hook, "mode": "SPARSE" if sae else "DENSE", "valueDtype": "FLOAT32",
                 "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": context},
                 "batchSequences": 4, "commitRows": 64}
         if sae:
             spec["sae"] = {"path": sae}
-        with open(os.path.join(work, "spec.json"), "w") as f:
-            json.dump(spec, f)
-        out = os.path.join(work, "out")
-        os.makedirs(out)
-        return subprocess.run([TOOL, "--spec=" + os.path.join(work, "spec.json"), "--data_root=" + self.root,
-                               "--db=" + os.path.join(work, "db"), "--out=" + out],
-                              capture_output=True, text=True, timeout=300), out
+        return run_extract_tool(TOOL, self.root, spec)
 
     def check(self, model_dir, hooks, name, centered=False, as_name=None):
         """The rows of hook `name` (asked for as `as_name`, another name of it, when given)."""

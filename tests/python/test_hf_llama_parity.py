@@ -11,7 +11,6 @@ must equal the Python values within 1e-5 of the largest.
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from safetensors_writer import write_safetensors  # noqa: E402
+from extract_test_util import run_extract_tool, write_safetensors  # noqa: E402
 
 VOCAB, D, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FF, CTX = 150, 64, 3, 4, 2, 16, 96, 16
 TOOL = os.environ["EXTRACT_TOOL"]
@@ -173,18 +172,11 @@ class HfLlamaParityTest(unittest.TestCase):
         return d, hooks
 
     def run_tool(self, model_dir, hook, context=CTX, centered=False):
-        work = tempfile.mkdtemp(dir=self.root)
         spec = {"model": {"huggingface": {"path": model_dir, "centerWritingWeights": centered}},
                 "hookName": hook, "mode": "DENSE", "valueDtype": "FLOAT32",
                 "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": context},
                 "batchSequences": 3, "commitRows": 48}
-        with open(os.path.join(work, "spec.json"), "w") as f:
-            json.dump(spec, f)
-        out = os.path.join(work, "out")
-        os.makedirs(out)
-        return subprocess.run([TOOL, "--spec=" + os.path.join(work, "spec.json"), "--data_root=" + self.root,
-                               "--db=" + os.path.join(work, "db"), "--out=" + out],
-                              capture_output=True, text=True, timeout=300), out
+        return run_extract_tool(TOOL, self.root, spec)
 
     def check(self, model_dir, hooks, name, as_name=None):
         p, out = self.run_tool(model_dir, as_name or name)

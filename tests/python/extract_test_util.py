@@ -1,0 +1,38 @@
+"""What the EXTRACT parity tests share: writing safetensors files by hand (Debian 12 has no
+python3-safetensors) and running engine/extract_tool on a spec."""
+import json
+import os
+import struct
+import subprocess
+import tempfile
+
+import torch
+
+
+def write_safetensors(path, tensors):
+    """`tensors` (name -> torch.Tensor) as float32, in the order given: an 8-byte little-endian
+    header length, the JSON header padded with spaces to 8 bytes, the raw tensors."""
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        b = t.detach().to(torch.float32).contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def run_extract_tool(tool, data_root, spec, devices=1):
+    """Runs `spec` (an ExtractSpec as a dict) through extract_tool into a fresh store under
+    `data_root`; returns the finished process and the directory its .npy files went to."""
+    work = tempfile.mkdtemp(dir=data_root)
+    with open(os.path.join(work, "spec.json"), "w") as f:
+        json.dump(spec, f)
+    out = os.path.join(work, "out")
+    os.makedirs(out)
+    p = subprocess.run([tool, "--spec=" + os.path.join(work, "spec.json"), "--data_root=" + data_root,
+                        "--db=" + os.path.join(work, "db"), "--out=" + out, "--devices=%d" % devices],
+                       capture_output=True, text=True, timeout=300)
+    return p, out
