@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
 namespace latentd::engine {
@@ -48,17 +47,6 @@ std::vector<HfTensorSpec> ExpectedTensors(const LlamaConfig& c) {
   return out;
 }
 
-std::string ConfigFingerprint(const LlamaConfig& c) {
-  return absl::StrFormat(
-      "llama d%d l%d h%d kv%d dh%d f%d v%d c%d eps%.9g theta%.9g rope%.9g/%.9g/%.9g/%d act%d "
-      "bias%d%d%d tied%d embed%.9g post%d cap%.9g scale%.9g offset%d",
-      c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.d_mlp, c.vocab_size,
-      c.context_length, c.rms_norm_eps, c.rope_theta, c.rope_factor, c.rope_low_freq_factor,
-      c.rope_high_freq_factor, c.rope_original_context, static_cast<int>(c.activation), c.qkv_bias,
-      c.o_bias, c.mlp_bias, c.tied_embeddings, c.embed_scale, c.post_norms, c.attn_softcap,
-      c.attn_scale, c.norm_gain_offset);
-}
-
 }  // namespace
 
 bool IsHfLlamaType(const std::string& t) {
@@ -91,7 +79,7 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
   ASSIGN_OR_RETURN(c.d_mlp, j.Integer("intermediate_size", 11008, 1, 1 << 20));
   ASSIGN_OR_RETURN(c.vocab_size, j.Integer("vocab_size", 32000, 1, 1 << 24));
   ASSIGN_OR_RETURN(c.context_length, j.Integer("max_position_embeddings", 2048, 1, 1 << 24));
-  ASSIGN_OR_RETURN(c.rms_norm_eps, j.PositiveNumber("rms_norm_eps", 1e-6));
+  ASSIGN_OR_RETURN(c.norm_eps, j.PositiveNumber("rms_norm_eps", 1e-6));
   ASSIGN_OR_RETURN(c.rope_theta, j.PositiveNumber("rope_theta", 10000.0));
   const bool gemma = type == "gemma" || type == "gemma2";
   // Gemma's MLP reads hidden_activation (its legacy hidden_act "gelu" is not what runs).
@@ -177,7 +165,8 @@ absl::StatusOr<LlamaConfig> CheckHfLlama(const std::string& dir) {
 absl::Status CheckHfLlamaOptions(const LlamaConfig& config, const HfModelOptions& options) {
   if (options.center_writing_weights) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "extract.model.huggingface.center_writing_weights: for GPT-2 (LayerNorm) models only; ",
+        "extract.model.huggingface.center_writing_weights: for LayerNorm models only (gpt2, "
+        "gpt_neox); ",
         config.what, " normalizes with RMSNorm, which the mean changes"));
   }
   return absl::OkStatus();
@@ -230,7 +219,7 @@ absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options) {
     b.b_down = optional(p + "mlp.down_proj.bias");
     w.blocks.push_back(std::move(b));
   }
-  w.weight_hash = read.Hash(ConfigFingerprint(config));
+  w.weight_hash = read.Hash(LlamaConfigFingerprint(config));
   w.model_id = absl::StrCat("huggingface:", json.model_type(), ":", options.dir);
   return w;
 }

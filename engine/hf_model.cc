@@ -10,12 +10,13 @@
 #include "common/status_macros.h"
 #include "engine/hf_gpt2.h"
 #include "engine/hf_llama.h"
+#include "engine/hf_neox.h"
 
 namespace latentd::engine {
 namespace {
 
 struct Architecture {
-  bool gpt2 = false;  // else the Llama family
+  enum Kind { kGpt2, kLlama, kNeox } kind = kGpt2;
   TransformerShape shape;
 };
 
@@ -26,29 +27,43 @@ absl::StatusOr<Architecture> ReadArchitecture(const HfModelOptions& options) {
   Architecture arch;
   if (json.model_type() == "gpt2") {
     ASSIGN_OR_RETURN(Gpt2Config config, ReadHfGpt2Config(json));
-    arch.gpt2 = true;
+    arch.kind = Architecture::kGpt2;
     arch.shape = Gpt2Shape(config);
     return arch;
   }
   if (IsHfLlamaType(json.model_type())) {
     ASSIGN_OR_RETURN(LlamaConfig config, ReadHfLlamaConfig(json));
     RETURN_IF_ERROR(CheckHfLlamaOptions(config, options));
+    arch.kind = Architecture::kLlama;
     arch.shape = LlamaShape(config);
     return arch;
   }
-  return json.Bad(
-      absl::StrCat("model_type \"", json.model_type(),
-                   "\": gpt2, llama, mistral, qwen2, gemma and gemma2 run natively; export "
-                   "other "
-                   "models to TorchScript (docs/EXTRACT.md)"));
+  if (json.model_type() == "gpt_neox") {
+    ASSIGN_OR_RETURN(LlamaConfig config, ReadHfNeoxConfig(json));
+    arch.kind = Architecture::kNeox;
+    arch.shape = LlamaShape(config);
+    return arch;
+  }
+  return json.Bad(absl::StrCat("model_type \"", json.model_type(),
+                               "\": gpt2, gpt_neox, llama, mistral, qwen2, gemma and gemma2 run "
+                               "natively; export other models to TorchScript (docs/EXTRACT.md)"));
 }
 
 }  // namespace
 
 absl::StatusOr<TransformerShape> CheckHfModel(const HfModelOptions& options) {
   ASSIGN_OR_RETURN(Architecture arch, ReadArchitecture(options));
-  RETURN_IF_ERROR(arch.gpt2 ? CheckHfGpt2(options.dir).status()
-                            : CheckHfLlama(options.dir).status());
+  switch (arch.kind) {
+    case Architecture::kGpt2:
+      RETURN_IF_ERROR(CheckHfGpt2(options.dir).status());
+      break;
+    case Architecture::kLlama:
+      RETURN_IF_ERROR(CheckHfLlama(options.dir).status());
+      break;
+    case Architecture::kNeox:
+      RETURN_IF_ERROR(CheckHfNeox(options.dir).status());
+      break;
+  }
   return arch.shape;
 }
 
@@ -73,10 +88,19 @@ absl::StatusOr<HfModelWeights> LoadHfModelWeights(const HfModelOptions& options)
         shape.what, need / 1e9, shape.parameter_bytes / 1e9, largest_file / 1e9, limit / 1e9));
   }
   HfModelWeights weights;
-  if (arch.gpt2) {
-    ASSIGN_OR_RETURN(weights.gpt2, LoadHfGpt2Weights(options));
-  } else {
-    ASSIGN_OR_RETURN(weights.llama, LoadHfLlamaWeights(options));
+  switch (arch.kind) {
+    case Architecture::kGpt2: {
+      ASSIGN_OR_RETURN(weights.gpt2, LoadHfGpt2Weights(options));
+      break;
+    }
+    case Architecture::kLlama: {
+      ASSIGN_OR_RETURN(weights.llama, LoadHfLlamaWeights(options));
+      break;
+    }
+    case Architecture::kNeox: {
+      ASSIGN_OR_RETURN(weights.llama, LoadHfNeoxWeights(options));
+      break;
+    }
   }
   return weights;
 }

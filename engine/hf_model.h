@@ -1,6 +1,6 @@
 // Hugging Face checkpoints run natively, whatever their architecture: config.json's model_type
-// picks the reader (gpt2: hf_gpt2.h; llama, mistral, qwen2: hf_llama.h). Another model_type is
-// INVALID_ARGUMENT pointing at the TorchScript route.
+// picks the reader (gpt2: hf_gpt2.h; llama, mistral, qwen2, gemma, gemma2: hf_llama.h;
+// gpt_neox: hf_neox.h). Another model_type is INVALID_ARGUMENT pointing at the TorchScript route.
 #ifndef LATENTD_ENGINE_HF_MODEL_H_
 #define LATENTD_ENGINE_HF_MODEL_H_
 

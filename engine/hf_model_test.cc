@@ -50,10 +50,10 @@ TEST(HfModelTest, ModelTypePicksTheArchitecture) {
   EXPECT_EQ((*model)->model_id(), "huggingface:llama:" + llama_dir);
 
   const std::string other = FreshTestDir("hf_model_other");
-  WriteTextFile(other + "/config.json", "{\"model_type\": \"gpt_neox\"}");
+  WriteTextFile(other + "/config.json", "{\"model_type\": \"phi3\"}");
   ExpectError(
       CheckHfModel({other}).status(), absl::StatusCode::kInvalidArgument,
-      "model_type \"gpt_neox\": gpt2, llama, mistral, qwen2, gemma and gemma2 run natively");
+      "model_type \"phi3\": gpt2, gpt_neox, llama, mistral, qwen2, gemma and gemma2 run natively");
   ExpectError(CheckHfModel({FreshTestDir("hf_model_none")}).status(), absl::StatusCode::kNotFound,
               "config.json");
 }
@@ -114,7 +114,7 @@ TEST(HfModelTest, BadLlamaCheckpointsAreRefusedNamingWhatIsWrong) {
   WriteRandomLlamaCheckpoint(dir);
   HfModelOptions centered{dir, /*center_writing_weights=*/true};
   ExpectError(CheckHfModel(centered).status(), absl::StatusCode::kInvalidArgument,
-              "center_writing_weights: for GPT-2 (LayerNorm) models only");
+              "center_writing_weights: for LayerNorm models only");
   HfModelOptions small{dir};
   small.host_memory_limit_bytes = 100000;  // the float32 weights alone are 193 kB
   ExpectError(LoadHfModel(small, Hooks({"blocks.0.hook_resid_pre"}), at::kCPU).status(),

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "engine/hook_collector.h"
 
@@ -18,8 +19,8 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 // The inverse frequencies of the rotary embedding, with Llama 3's scaling when configured: long
 // wavelengths slowed by `factor`, short ones kept, the band between interpolated.
 at::Tensor InverseFrequencies(const LlamaConfig& c) {
-  at::Tensor inv_freq =
-      1.0 / at::pow(c.rope_theta, at::arange(0, c.head_dim, 2, at::kDouble) / c.head_dim);
+  const int64_t dim = c.rotary_dim > 0 ? c.rotary_dim : c.head_dim;
+  at::Tensor inv_freq = 1.0 / at::pow(c.rope_theta, at::arange(0, dim, 2, at::kDouble) / dim);
   if (c.rope_factor > 0) {
     const double low_wavelen = c.rope_original_context / c.rope_low_freq_factor;
     const double high_wavelen = c.rope_original_context / c.rope_high_freq_factor;
@@ -56,13 +57,27 @@ TransformerShape LlamaShape(const LlamaConfig& c) {
   s.context_length = c.context_length;
   const int64_t d = c.d_model, f = c.d_mlp, q = c.n_heads * c.head_dim,
                 kv = c.n_kv_heads * c.head_dim;
-  const int64_t biases =
-      (c.qkv_bias ? q + 2 * kv : 0) + (c.o_bias ? d : 0) + (c.mlp_bias ? 2 * f + d : 0);
+  const int64_t biases = (c.qkv_bias ? q + 2 * kv : 0) + (c.o_bias ? d : 0) +
+                         (c.mlp_bias ? (c.gated_mlp ? 2 : 1) * f + d : 0);
+  const int64_t norms = (c.post_norms ? 4 : 2) * d * (c.layer_norm ? 2 : 1);
   const int64_t per_block =
-      (c.post_norms ? 4 : 2) * d + d * (q + 2 * kv) + q * d + 3 * d * f + biases;
+      norms + d * (q + 2 * kv) + q * d + (c.gated_mlp ? 3 : 2) * d * f + biases;
   s.parameter_bytes = 4 * (c.vocab_size * d * (c.tied_embeddings ? 1 : 2) + c.n_layers * per_block);
+  s.has_resid_mid = !c.parallel_residual;
   s.what = c.what;
   return s;
+}
+
+std::string LlamaConfigFingerprint(const LlamaConfig& c) {
+  return absl::StrFormat(
+      "llama d%d l%d h%d kv%d dh%d f%d v%d c%d eps%.9g theta%.9g rope%.9g/%.9g/%.9g/%d act%d "
+      "bias%d%d%d tied%d embed%.9g post%d cap%.9g scale%.9g offset%d ln%d rot%d gated%d par%d",
+      c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.d_mlp, c.vocab_size,
+      c.context_length, c.norm_eps, c.rope_theta, c.rope_factor, c.rope_low_freq_factor,
+      c.rope_high_freq_factor, c.rope_original_context, static_cast<int>(c.activation), c.qkv_bias,
+      c.o_bias, c.mlp_bias, c.tied_embeddings, c.embed_scale, c.post_norms, c.attn_softcap,
+      c.attn_scale, c.norm_gain_offset, c.layer_norm, c.rotary_dim, c.gated_mlp,
+      c.parallel_residual);
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weights,
@@ -78,9 +93,26 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weig
   place(m->w_.W_E);
   place(m->w_.W_U);
   for (LlamaBlock& b : m->w_.blocks) {
-    for (at::Tensor* t : {&b.attn_norm, &b.W_q, &b.b_q, &b.W_k, &b.b_k, &b.W_v, &b.b_v, &b.W_o,
-                          &b.b_o, &b.mlp_norm, &b.W_gate, &b.b_gate, &b.W_up, &b.b_up, &b.W_down,
-                          &b.b_down, &b.post_attn_norm, &b.post_mlp_norm}) {
+    for (at::Tensor* t : {&b.attn_norm,
+                          &b.W_q,
+                          &b.b_q,
+                          &b.W_k,
+                          &b.b_k,
+                          &b.W_v,
+                          &b.b_v,
+                          &b.W_o,
+                          &b.b_o,
+                          &b.mlp_norm,
+                          &b.W_gate,
+                          &b.b_gate,
+                          &b.W_up,
+                          &b.b_up,
+                          &b.W_down,
+                          &b.b_down,
+                          &b.post_attn_norm,
+                          &b.post_mlp_norm,
+                          &b.attn_norm_b,
+                          &b.mlp_norm_b}) {
       place(*t);
     }
   }
@@ -111,8 +143,17 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
   at::Tensor freqs =
       at::arange(S, inv_freq_.options()).unsqueeze(1) * inv_freq_.unsqueeze(0);  // [S, dh/2]
   at::Tensor angles = at::cat({freqs, freqs}, -1);
-  const at::Tensor cos = angles.cos(), sin = angles.sin();  // [S, dh], broadcast over B, H
-  auto rotate = [&](const at::Tensor& x) { return x * cos + RotateHalf(x) * sin; };
+  const at::Tensor cos = angles.cos(), sin = angles.sin();  // [S, rotary dims], over B, H
+  const int64_t rd = angles.size(-1);
+  auto rotate = [&](const at::Tensor& x) {
+    if (rd == dh) return x * cos + RotateHalf(x) * sin;
+    const at::Tensor r = x.slice(-1, 0, rd);  // GPT-NeoX: the rest of each head passes as is
+    return at::cat({r * cos + RotateHalf(r) * sin, x.slice(-1, rd)}, -1);
+  };
+  auto norm = [&](const at::Tensor& x, const at::Tensor& gain, const at::Tensor& bias) {
+    return c.layer_norm ? at::layer_norm(x, {d}, gain, bias, c.norm_eps)
+                        : RmsNorm(x, gain, c.norm_eps);
+  };
   at::Tensor causal = at::ones({S, S}, tokens.options().dtype(at::kBool)).triu(1);
   const double scale = c.attn_scale > 0 ? c.attn_scale : 1.0 / std::sqrt(static_cast<double>(dh));
 
@@ -121,7 +162,7 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
   for (int l = 0; l < c.n_layers; ++l) {
     const LlamaBlock& b = w_.blocks[l];
     if (capture(l, HookPoint::kResidPre, x)) break;
-    at::Tensor h = RmsNorm(x, b.attn_norm, c.rms_norm_eps);
+    at::Tensor h = norm(x, b.attn_norm, b.attn_norm_b);
     at::Tensor q = Linear(h, b.W_q, b.b_q).view({B, S, H, dh}).transpose(1, 2);
     at::Tensor k = Linear(h, b.W_k, b.b_k).view({B, S, KV, dh}).transpose(1, 2);
     at::Tensor v = Linear(h, b.W_v, b.b_v).view({B, S, KV, dh}).transpose(1, 2);
@@ -137,17 +178,21 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
     att = at::softmax(att, -1);
     at::Tensor z = at::matmul(att, v).transpose(1, 2).reshape({B, S, H * dh});
     at::Tensor attn_out = Linear(z, b.W_o, b.b_o);
-    if (c.post_norms) attn_out = RmsNorm(attn_out, b.post_attn_norm, c.rms_norm_eps);
+    if (c.post_norms) attn_out = RmsNorm(attn_out, b.post_attn_norm, c.norm_eps);
     if (capture(l, HookPoint::kAttnOut, attn_out)) break;
-    x = x + attn_out;
-    if (capture(l, HookPoint::kResidMid, x)) break;
-    at::Tensor h2 = RmsNorm(x, b.mlp_norm, c.rms_norm_eps);
-    at::Tensor post = activation(Linear(h2, b.W_gate, b.b_gate)) * Linear(h2, b.W_up, b.b_up);
+    if (!c.parallel_residual) {
+      x = x + attn_out;
+      if (capture(l, HookPoint::kResidMid, x)) break;
+    }
+    at::Tensor h2 = norm(x, b.mlp_norm, b.mlp_norm_b);
+    at::Tensor post = b.W_gate.defined()
+                          ? activation(Linear(h2, b.W_gate, b.b_gate)) * Linear(h2, b.W_up, b.b_up)
+                          : activation(Linear(h2, b.W_up, b.b_up));
     if (capture(l, HookPoint::kMlpPost, post)) break;
     at::Tensor mlp_out = Linear(post, b.W_down, b.b_down);
-    if (c.post_norms) mlp_out = RmsNorm(mlp_out, b.post_mlp_norm, c.rms_norm_eps);
+    if (c.post_norms) mlp_out = RmsNorm(mlp_out, b.post_mlp_norm, c.norm_eps);
     if (capture(l, HookPoint::kMlpOut, mlp_out)) break;
-    x = x + mlp_out;
+    x = c.parallel_residual ? x + attn_out + mlp_out : x + mlp_out;
     if (capture(l, HookPoint::kResidPost, x)) break;
   }
   return collector.Take();

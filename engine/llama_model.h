@@ -2,7 +2,9 @@
 // before attention and MLP, rotary position embeddings (Hugging Face's half-split layout,
 // optionally Llama 3's frequency scaling), grouped-query attention, a gated MLP
 // down(act(gate(x)) * up(x)); Gemma's variations are options (embedding scale, norms after
-// attention and MLP too, attention-logit soft-capping, its own attention scale). Weights are as
+// attention and MLP too, attention-logit soft-capping, its own attention scale), and so are
+// GPT-NeoX's (Pythia: LayerNorm, rotary on part of each head, an ungated MLP, attention and MLP
+// in parallel). Weights are as
 // Hugging Face's nn.Linear holds them: [out, in].
 //
 // Hooks take TransformerLens names with TransformerLens' meaning for this architecture:
@@ -36,8 +38,10 @@ struct LlamaConfig {
   int64_t d_mlp = 0;
   int64_t vocab_size = 0;
   int64_t context_length = 0;
-  double rms_norm_eps = 1e-6;
+  double norm_eps = 1e-6;
+  bool layer_norm = false;  // LayerNorm with biases instead of RMSNorm (GPT-NeoX)
   double rope_theta = 10000.0;
+  int64_t rotary_dim = 0;  // the leading dims of each head that rotate; 0: all of them
   // Llama 3's rope_scaling ("rope_type": "llama3"); factor 0 means none.
   double rope_factor = 0, rope_low_freq_factor = 1, rope_high_freq_factor = 4;
   int64_t rope_original_context = 8192;
@@ -46,6 +50,9 @@ struct LlamaConfig {
   bool o_bias = false;    // o_proj has one (Llama's attention_bias)
   bool mlp_bias = false;  // gate/up/down have them (Llama's mlp_bias)
   bool tied_embeddings = false;
+  bool gated_mlp = true;  // down(act(gate(x)) * up(x)); else down(act(up(x))) (GPT-NeoX)
+  // x + attn(norm1(x)) + mlp(norm2(x)) (GPT-NeoX's use_parallel_residual): no resid_mid.
+  bool parallel_residual = false;
   double embed_scale = 1;   // the embeddings are multiplied by it (Gemma: sqrt(d_model))
   bool post_norms = false;  // RMSNorm on attention's and the MLP's outputs too (Gemma 2)
   double attn_softcap = 0;  // scores -> cap * tanh(scores / cap) before the mask; 0: none
@@ -56,14 +63,17 @@ struct LlamaConfig {
 };
 
 TransformerShape LlamaShape(const LlamaConfig& config);
+// Every field the forward pass depends on, as text (for weight hashes).
+std::string LlamaConfigFingerprint(const LlamaConfig& config);
 
 struct LlamaBlock {
   at::Tensor attn_norm;  // [d]; every norm's gain as multiplied in (Gemma's 1 + w added in)
+  at::Tensor attn_norm_b, mlp_norm_b;        // [d], LayerNorm's biases (layer_norm only)
   at::Tensor W_q, b_q, W_k, b_k, W_v, b_v;   // [heads * head_dim, d]; biases may be undefined
   at::Tensor W_o, b_o;                       // [d, heads * head_dim]
   at::Tensor mlp_norm;                       // [d]
   at::Tensor post_attn_norm, post_mlp_norm;  // [d], with post_norms only
-  at::Tensor W_gate, b_gate, W_up, b_up;     // [d_mlp, d]
+  at::Tensor W_gate, b_gate, W_up, b_up;     // [d_mlp, d]; no gate unless gated_mlp
   at::Tensor W_down, b_down;                 // [d, d_mlp]
 };
 

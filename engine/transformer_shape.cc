@@ -15,6 +15,12 @@ absl::Status CheckTransformerHook(const TransformerShape& shape, const HookName&
                                                    " out of range, ", shape.what, " has ",
                                                    shape.n_layers, " layers"));
   }
+  if (hook.point == HookPoint::kResidMid && !shape.has_resid_mid) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "extract.hook_name: ", shape.what,
+        " adds attention and MLP to the residual stream in parallel, so it has no hook_resid_mid "
+        "(blocks.L.hook_resid_pre, hook_attn_out, hook_mlp_out and hook_resid_post exist)"));
+  }
   return absl::OkStatus();
 }
 

@@ -21,6 +21,7 @@ struct TransformerShape {
   int64_t vocab_size = 0;
   int64_t context_length = 0;   // the longest sequence the model takes
   int64_t parameter_bytes = 0;  // float32 bytes of every weight
+  bool has_resid_mid = true;    // false where attention and MLP read the same input (GPT-NeoX)
   // Names the model in messages ("the reference model", "the GPT-2 model in /data/gpt2").
   std::string what = "the model";
 };

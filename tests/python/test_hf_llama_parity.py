@@ -123,6 +123,57 @@ class Llama:
         return hooks
 
 
+class Neox:
+    """GPT-NeoX (Pythia) as Hugging Face's modeling_gpt_neox computes it."""
+
+    def __init__(self, w, cfg):
+        self.w, self.cfg = w, cfg
+
+    def linear(self, name, x):
+        return x @ self.w[name + ".weight"].t() + self.w[name + ".bias"]
+
+    def ln(self, name, x):
+        return torch.nn.functional.layer_norm(x, (D,), self.w[name + ".weight"], self.w[name + ".bias"],
+                                              eps=self.cfg["layer_norm_eps"])
+
+    def __call__(self, ids):
+        B, S = ids.shape
+        dh = D // HEADS
+        rd = int(dh * self.cfg["rotary_pct"])
+        inv = 1.0 / (self.cfg["rotary_emb_base"] ** (torch.arange(0, rd, 2).float() / rd))
+        freqs = torch.outer(torch.arange(S).float(), inv)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+
+        def rotary(x):
+            r, rest = x[..., :rd], x[..., rd:]
+            r1, r2 = r[..., : rd // 2], r[..., rd // 2:]
+            return torch.cat([r * cos + torch.cat([-r2, r1], dim=-1) * sin, rest], dim=-1)
+
+        hooks = {}
+        x = self.w["gpt_neox.embed_in.weight"][ids]
+        mask = torch.full((S, S), float("-inf")).triu(1)
+        for l in range(LAYERS):
+            p = "gpt_neox.layers.%d." % l
+            hooks["blocks.%d.hook_resid_pre" % l] = x
+            qkv = self.linear(p + "attention.query_key_value", self.ln(p + "input_layernorm", x))
+            qkv = qkv.view(B, S, HEADS, 3 * dh).permute(0, 2, 1, 3)
+            q, k, v = rotary(qkv[..., :dh]), rotary(qkv[..., dh:2 * dh]), qkv[..., 2 * dh:]
+            att = (q @ k.transpose(2, 3) / math.sqrt(dh) + mask).softmax(-1)
+            attn_out = self.linear(p + "attention.dense", (att @ v).permute(0, 2, 1, 3).reshape(B, S, D))
+            hooks["blocks.%d.hook_attn_out" % l] = attn_out
+            if not self.cfg["use_parallel_residual"]:
+                x = x + attn_out
+                hooks["blocks.%d.hook_resid_mid" % l] = x
+            post = torch.nn.functional.gelu(self.linear(p + "mlp.dense_h_to_4h", self.ln(p + "post_attention_layernorm", x)))
+            hooks["blocks.%d.mlp.hook_post" % l] = post
+            mlp_out = self.linear(p + "mlp.dense_4h_to_h", post)
+            hooks["blocks.%d.hook_mlp_out" % l] = mlp_out
+            x = x + attn_out + mlp_out if self.cfg["use_parallel_residual"] else x + mlp_out
+            hooks["blocks.%d.hook_resid_post" % l] = x
+        return hooks
+
+
 class HfLlamaParityTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -230,11 +281,63 @@ class HfLlamaParityTest(unittest.TestCase):
                                    rope_theta=10000.0)
         self.check(d, hooks, "blocks.2.hook_resid_post")
 
+    def neox_checkpoint(self, name, **config_changes):
+        torch.manual_seed(9)
+        g = lambda *shape, s=0.1: torch.randn(*shape) * s
+        w = {"gpt_neox.embed_in.weight": g(VOCAB, D, s=1.0), "embed_out.weight": g(VOCAB, D),
+             "gpt_neox.final_layer_norm.weight": 1 + g(D), "gpt_neox.final_layer_norm.bias": g(D)}
+        for l in range(LAYERS):
+            p = "gpt_neox.layers.%d." % l
+            for n in ["input_layernorm", "post_attention_layernorm"]:
+                w.update({p + n + ".weight": 1 + g(D), p + n + ".bias": g(D)})
+            w.update({p + "attention.query_key_value.weight": g(3 * D, D),
+                      p + "attention.query_key_value.bias": g(3 * D),
+                      p + "attention.dense.weight": g(D, D), p + "attention.dense.bias": g(D),
+                      p + "mlp.dense_h_to_4h.weight": g(FF, D), p + "mlp.dense_h_to_4h.bias": g(FF),
+                      p + "mlp.dense_4h_to_h.weight": g(D, FF), p + "mlp.dense_4h_to_h.bias": g(D),
+                      # buffers older Pythia checkpoints carry: not weights
+                      p + "attention.bias": torch.ones(1, 1, 64, 64).tril(),
+                      p + "attention.masked_bias": torch.tensor(-1e9),
+                      p + "attention.rotary_emb.inv_freq": torch.ones(2)})
+        cfg = {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "hidden_size": D,
+               "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "intermediate_size": FF,
+               "vocab_size": VOCAB, "max_position_embeddings": 64, "layer_norm_eps": 1e-5,
+               "rotary_pct": 0.25, "rotary_emb_base": 10000, "hidden_act": "gelu",
+               "use_parallel_residual": True, "tie_word_embeddings": False}
+        cfg.update(config_changes)
+        d = os.path.join(self.root, name)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        write_safetensors(os.path.join(d, "model.safetensors"), w)
+        with torch.no_grad():
+            hooks = Neox(w, cfg)(torch.from_numpy(self.ids).view(-1, CTX))
+        return d, hooks
+
+    def test_gpt_neox(self):
+        d, hooks = self.neox_checkpoint("pythia")
+        for name in ["blocks.0.hook_attn_out", "blocks.1.mlp.hook_post", "blocks.1.hook_mlp_out",
+                     "blocks.2.hook_resid_post"]:
+            self.check(d, hooks, name)
+        self.check(d, hooks, "blocks.1.hook_resid_post", as_name="gpt_neox.layers.1")
+        p, _ = self.run_tool(d, "blocks.1.hook_resid_mid")
+        self.assertIn("adds attention and MLP to the residual stream in parallel", p.stderr)
+        # TransformerLens' center_writing_weights: the residual stream loses its per-token mean
+        p, out = self.run_tool(d, "blocks.2.hook_resid_post", centered=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        plain = hooks["blocks.2.hook_resid_post"].reshape(len(self.ids), -1)
+        want = (plain - plain.mean(-1, keepdim=True)).numpy()
+        got = np.load(os.path.join(out, "dense.npy"))
+        self.assertLess(np.abs(got - want).max() / np.abs(want).max(), 1e-5)
+        d, hooks = self.neox_checkpoint("neox_sequential", use_parallel_residual=False, rotary_pct=0.5)
+        for name in ["blocks.1.hook_resid_mid", "blocks.2.hook_resid_post"]:
+            self.check(d, hooks, name)
+
     def test_bad_input_is_refused_at_submit(self):
         d, _ = self.checkpoint("llama_bad")
         p, _ = self.run_tool(d, "blocks.0.hook_resid_post", centered=True)
         self.assertNotEqual(p.returncode, 0)
-        self.assertIn("center_writing_weights: for GPT-2 (LayerNorm) models only", p.stderr)
+        self.assertIn("center_writing_weights: for LayerNorm models only", p.stderr)
         p, _ = self.run_tool(d, "blocks.3.hook_resid_post")
         self.assertIn("layer 3 out of range, the llama model in", p.stderr)
         d, _ = self.checkpoint("mistral_window", model_type="mistral", sliding_window=8)
