@@ -2,8 +2,9 @@
 // that EXTRACT uses for the reference model and Hugging Face checkpoints:
 //   - on the CPU, several hooks from one forward equal one-hook forwards (the early stop);
 //   - on CUDA, every hook equals the CPU's for the same weights and tokens (1e-4 of the largest
-//     value), for a GPT-2 and for a Llama with grouped-query attention, Llama 3 rope scaling and
-//     Gemma 2's post-norms and soft-capping.
+//     value), for a GPT-2, for a Llama with grouped-query attention, Llama 3 rope scaling and
+//     Gemma 2's post-norms and soft-capping, and for a GPT-NeoX (LayerNorm, partial rotary,
+//     parallel residual).
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
@@ -64,6 +65,22 @@ LlamaWeights Llama() {
   return w;
 }
 
+// GPT-NeoX's options on the same forward: LayerNorm, partial rotary, ungated MLP, parallel
+// residual.
+LlamaWeights Neox() {
+  LlamaWeights w = Llama();
+  auto& c = w.config;
+  c.n_kv_heads = 4, c.rope_factor = 0, c.embed_scale = 1, c.post_norms = false;
+  c.attn_softcap = 0, c.attn_scale = 0;
+  c.layer_norm = true, c.rotary_dim = 4, c.gated_mlp = false, c.parallel_residual = true;
+  for (LlamaBlock& b : w.blocks) {
+    b.W_k = R({64, 64}), b.W_v = R({64, 64}), b.b_k = R({64}), b.b_v = R({64});
+    b.attn_norm_b = R({64}), b.mlp_norm_b = R({64});
+    b.W_gate = at::Tensor(), b.b_up = R({96}), b.b_down = R({64}), b.b_o = R({64});
+  }
+  return w;
+}
+
 const std::vector<std::string> kHooks = {"blocks.2.hook_resid_post", "blocks.0.hook_attn_out",
                                          "blocks.1.mlp.hook_post", "blocks.1.hook_mlp_out"};
 
@@ -97,6 +114,7 @@ int Main() {
   at::manual_seed(3);
   const Gpt2Weights gpt2 = Gpt2();
   const LlamaWeights llama = Llama();
+  const LlamaWeights neox = Neox();
   const at::Tensor tokens = at::randint(0, 100, {3, 32}, at::kLong);
   const at::Device cpu(at::kCPU);
 
@@ -109,9 +127,12 @@ int Main() {
                                             Run<Gpt2Model>(gpt2, {kHooks[i]}, cpu, tokens)));
       worst = std::max(worst, WorstRelative({llama_all.at(i)},
                                             Run<LlamaModel>(llama, {kHooks[i]}, cpu, tokens)));
+      worst = std::max(worst, WorstRelative({Run<LlamaModel>(neox, kHooks, cpu, tokens).at(i)},
+                                            Run<LlamaModel>(neox, {kHooks[i]}, cpu, tokens)));
     }
     r.Check(worst < 1e-5, "engine.native_models.cpu",
-            "several hooks from one forward against one-hook forwards (GPT-2, Llama/Gemma 2): " +
+            "several hooks from one forward against one-hook forwards (GPT-2, Llama/Gemma 2, "
+            "GPT-NeoX): " +
                 Sci(worst));
   });
   if (!cuda) {
@@ -124,9 +145,11 @@ int Main() {
                                    Run<Gpt2Model>(gpt2, kHooks, cpu, tokens));
     const double l = WorstRelative(Run<LlamaModel>(llama, kHooks, dev, tokens),
                                    Run<LlamaModel>(llama, kHooks, cpu, tokens));
-    r.Check(std::max(g, l) < 1e-4, "engine.native_models.cuda",
+    const double n = WorstRelative(Run<LlamaModel>(neox, kHooks, dev, tokens),
+                                   Run<LlamaModel>(neox, kHooks, cpu, tokens));
+    r.Check(std::max({g, l, n}) < 1e-4, "engine.native_models.cuda",
             "every hook on the device against the CPU, relative to the largest value: GPT-2 " +
-                Sci(g) + ", Llama/Gemma 2 " + Sci(l));
+                Sci(g) + ", Llama/Gemma 2 " + Sci(l) + ", GPT-NeoX " + Sci(n));
   });
   return r.exit_code();
 }
