@@ -3,13 +3,16 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "engine/npz.h"
 #include "engine/safetensors.h"
 #include "engine/safetensors_tensor.h"
 #include "storage/crc32c.h"
@@ -73,9 +76,62 @@ absl::StatusOr<Sae> Sae::Create(const SaeConfig& cfg, SaeWeights w) {
   return sae;
 }
 
+namespace {
+
+struct LoadedWeights {
+  SaeWeights weights;
+  std::string hash;
+};
+
+// Gemma Scope's params.npz (ReadAndCheckSae checked names, shapes and dtypes); the hash is a
+// CRC32C of the arrays' data in a fixed order.
+absl::StatusOr<LoadedWeights> ReadGemmaScopeWeights(const std::string& path) {
+  ASSIGN_OR_RETURN(NpzReader npz, NpzReader::Open(path));
+  SaeWeights w;
+  uint32_t crc = 0;
+  int64_t bytes = 0;
+  for (auto [name, out] :
+       std::vector<std::pair<const char*, at::Tensor*>>{{"W_enc", &w.W_enc},
+                                                        {"b_enc", &w.b_enc},
+                                                        {"W_dec", &w.W_dec},
+                                                        {"b_dec", &w.b_dec},
+                                                        {"threshold", &w.threshold}}) {
+    const NpyArrayInfo* info = npz.Find(name);
+    ASSIGN_OR_RETURN(std::string data, npz.ReadData(name));
+    const at::ScalarType type = info->descr == "<f2"   ? at::kHalf
+                                : info->descr == "<f8" ? at::kDouble
+                                                       : at::kFloat;
+    // A column-major array is the row-major one of the reversed shape, transposed back.
+    std::vector<int64_t> shape = info->shape;
+    if (info->fortran_order) std::reverse(shape.begin(), shape.end());
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
+    std::memcpy(t.data_ptr(), data.data(), data.size());
+    if (info->fortran_order && t.dim() > 1) {
+      std::vector<int64_t> reversed(t.dim());
+      for (int64_t i = 0; i < t.dim(); ++i) reversed[i] = t.dim() - 1 - i;
+      t = t.permute(reversed);
+    }
+    crc = storage::Crc32cExtend(crc, data.data(), data.size());
+    bytes += static_cast<int64_t>(data.size());
+    *out = t;
+  }
+  return LoadedWeights{std::move(w), absl::StrFormat("crc32c:%08x:%d", crc, bytes)};
+}
+
+}  // namespace
+
 absl::StatusOr<Sae> Sae::Load(const std::string& dir) {
   ASSIGN_OR_RETURN(SaeConfig cfg, ReadAndCheckSae(dir));
   ASSIGN_OR_RETURN(std::string path, FindSaeWeightsFile(dir));
+  if (absl::EndsWith(path, ".npz")) {
+    ASSIGN_OR_RETURN(LoadedWeights loaded, ReadGemmaScopeWeights(path));
+    auto sae = Create(cfg, std::move(loaded.weights));
+    if (!sae.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", sae.status().message()));
+    }
+    sae->weight_hash_ = loaded.hash;
+    return sae;
+  }
   ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Read(path));
   SaeWeights w;
   auto load = [&](std::initializer_list<const char*> names, at::Tensor* out) -> absl::Status {

@@ -9,10 +9,12 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "engine/hook_name.h"
+#include "engine/npz.h"
 #include "engine/safetensors.h"
 
 namespace latentd::engine {
@@ -160,7 +162,12 @@ absl::StatusOr<std::string> FindSaeWeightsFile(const std::string& dir) {
     if (absl::EndsWith(e->d_name, ".safetensors")) found.push_back(e->d_name);
   }
   closedir(d);
-  if (found.empty()) return absl::NotFoundError(absl::StrCat("no *.safetensors file in ", dir));
+  if (found.empty()) {
+    const std::string npz = dir + "/" + kGemmaScopeParams;
+    if (std::ifstream(npz).good()) return npz;
+    return absl::NotFoundError(
+        absl::StrCat("no *.safetensors file (nor Gemma Scope's ", kGemmaScopeParams, ") in ", dir));
+  }
   if (found.size() > 1) {
     return absl::InvalidArgumentError(absl::StrCat("several *.safetensors files in ", dir, " (",
                                                    absl::StrJoin(found, ", "),
@@ -169,8 +176,69 @@ absl::StatusOr<std::string> FindSaeWeightsFile(const std::string& dir) {
   return dir + "/" + found[0];
 }
 
+namespace {
+
+// Gemma Scope names its SAEs by where they sit: .../gemma-scope-2b-pt-res/layer_20/width_16k/...;
+// the hook is the residual stream after block 20 (-res) or its MLP's output (-mlp). Empty when
+// the path does not say (attention SAEs read hook_z, which EXTRACT does not offer).
+std::string GemmaScopeHook(const std::string& dir) {
+  int layer = -1;
+  std::string kind;
+  for (const auto& part : std::filesystem::path(dir).lexically_normal()) {
+    const std::string p = part.string();
+    if (absl::StartsWith(p, "layer_") && absl::SimpleAtoi(p.substr(6), &layer)) continue;
+    if (absl::StrContains(p, "-res")) kind = "hook_resid_post";
+    if (absl::StrContains(p, "-mlp")) kind = "hook_mlp_out";
+    if (absl::StrContains(p, "-att")) kind = "";
+  }
+  return layer >= 0 && !kind.empty() ? absl::StrCat("blocks.", layer, ".", kind) : "";
+}
+
+// Gemma Scope's release layout: params.npz (W_enc [d_in, d_sae], W_dec, b_enc, b_dec,
+// threshold) and no cfg.json; a JumpReLU SAE read without subtracting b_dec first.
+absl::StatusOr<SaeConfig> ReadGemmaScopeSae(const std::string& dir, const std::string& npz_path) {
+  ASSIGN_OR_RETURN(NpzReader npz, NpzReader::Open(npz_path));
+  const NpyArrayInfo* w_enc = npz.Find("W_enc");
+  if (w_enc == nullptr || w_enc->shape.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(npz_path, ": no 2-D array W_enc"));
+  }
+  SaeConfig cfg;
+  cfg.d_in = w_enc->shape[0];
+  cfg.d_sae = w_enc->shape[1];
+  cfg.architecture = SaeArchitecture::kJumpRelu;
+  cfg.apply_b_dec_to_input = false;
+  cfg.hook_name = GemmaScopeHook(dir);
+  const std::vector<std::pair<const char*, std::vector<int64_t>>> expected = {
+      {"W_enc", {cfg.d_in, cfg.d_sae}},
+      {"W_dec", {cfg.d_sae, cfg.d_in}},
+      {"b_enc", {cfg.d_sae}},
+      {"b_dec", {cfg.d_in}},
+      {"threshold", {cfg.d_sae}}};
+  for (const auto& [name, shape] : expected) {
+    const NpyArrayInfo* a = npz.Find(name);
+    if (a == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(npz_path, ": array ", name, " missing"));
+    }
+    if (a->shape != shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(npz_path, ": array ", name, " has shape [", absl::StrJoin(a->shape, ", "),
+                       "], W_enc implies [", absl::StrJoin(shape, ", "), "]"));
+    }
+    if (a->descr != "<f4" && a->descr != "<f2" && a->descr != "<f8") {
+      return absl::InvalidArgumentError(absl::StrCat(npz_path, ": array ", name, " has dtype ",
+                                                     a->descr, " (<f4, <f2 or <f8 expected)"));
+    }
+  }
+  return cfg;
+}
+
+}  // namespace
+
 absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir) {
   std::ifstream in(dir + "/cfg.json");
+  if (!in && std::ifstream(dir + "/" + kGemmaScopeParams).good()) {
+    return ReadGemmaScopeSae(dir, dir + "/" + kGemmaScopeParams);
+  }
   if (!in) return absl::NotFoundError(absl::StrCat(dir, "/cfg.json not found"));
   std::stringstream text;
   text << in.rdbuf();

@@ -13,6 +13,10 @@
 // W_dec [d_sae, d_in], b_dec [d_in], threshold [d_sae] for JumpReLU, and for Gated (SAELens'
 // GatedSAE, Rajamanoharan et al. 2024) b_gate (in place of b_enc), r_mag and b_mag [d_sae];
 // F32, F16, BF16 or F64.
+// Gemma Scope's release layout is read too: a directory with params.npz (W_enc, W_dec, b_enc,
+// b_dec, threshold; float32) and no cfg.json is a JumpReLU SAE with apply_b_dec_to_input false,
+// d_in and d_sae from W_enc, and its hook from the path (.../gemma-scope-2b-pt-res/layer_20/...:
+// blocks.20.hook_resid_post; -mlp: hook_mlp_out).
 #ifndef LATENTD_ENGINE_SAE_CONFIG_H_
 #define LATENTD_ENGINE_SAE_CONFIG_H_
 
@@ -44,7 +48,10 @@ struct SaeConfig {
 absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text);
 std::string SaeConfigToJson(const SaeConfig& cfg);
 
-// Where the weights of the SAE in `dir` are (see above). NOT_FOUND when there are none.
+inline constexpr char kGemmaScopeParams[] = "params.npz";
+
+// Where the weights of the SAE in `dir` are (see above; params.npz when the directory has no
+// safetensors file). NOT_FOUND when there are none.
 absl::StatusOr<std::string> FindSaeWeightsFile(const std::string& dir);
 
 // Reads dir/cfg.json and checks the safetensors header of the weights file against it: every

@@ -197,6 +197,35 @@ class ExtractParityTest(unittest.TestCase):
         self.check_fit(got["result"]["fit"], self.hidden[2], w, cfg)
         self.assertGreater(len(got["indices"]), 0)
 
+    def test_gemma_scope_params_npz_matches_python(self):
+        # Gemma Scope's release layout: params.npz and no cfg.json, under
+        # <release>-res/layer_L/width_N/average_l0_M; a JumpReLU SAE without b_dec subtraction.
+        # Written by numpy.savez and by savez_compressed (deflate).
+        _, w, cfg = self.make_sae("sae_jump_scope", "jumprelu", apply_b_dec=False)
+        arrays = {k: v.numpy() for k, v in w.items()}
+        for save in (np.savez, np.savez_compressed):
+            d = os.path.join(self.root, "gemma-scope-tiny-res", "layer_1", "width_128",
+                             "average_l0_%s" % save.__name__)
+            os.makedirs(d, exist_ok=True)
+            save(os.path.join(d, "params.npz"), **arrays)
+            # blocks.1.hook_resid_post (from the path) is hidden_states[2]: no warning
+            p, out = run_extract_tool(TOOL, self.root, self.spec("hidden_states.2", d))
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertNotIn("was trained on hook", p.stderr)
+            got = {name[:-4]: np.load(os.path.join(out, name)) for name in os.listdir(out)}
+            self.check_sparse(got, self.hidden[2], w, cfg)
+            self.check_fit(json.loads(p.stdout)["fit"], self.hidden[2], w, cfg)
+        # the wrong layer is caught from the path
+        p, _ = run_extract_tool(TOOL, self.root, self.spec("hidden_states.1", d))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("its SAE was trained on hook blocks.1.hook_resid_post", p.stderr)
+        # a damaged archive is refused at submit, naming it
+        with open(os.path.join(d, "params.npz"), "r+b") as f:
+            f.truncate(os.path.getsize(os.path.join(d, "params.npz")) // 2)
+        p, _ = run_extract_tool(TOOL, self.root, self.spec("hidden_states.2", d))
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("params.npz: not a zip file", p.stderr)
+
     def test_dense_fp32_stores_the_hidden_states(self):
         got = self.run_tool(self.spec("hidden_states.3", mode="DENSE", valueDtype="FLOAT32"))
         np.testing.assert_array_equal(got["token_ids"], self.ids)

@@ -1,0 +1,57 @@
+// Reading NumPy .npz archives (what numpy.savez and savez_compressed write: a zip of .npy
+// files, stored or deflated, with zip64 fields as numpy always writes them) without loading
+// the whole file: the central directory and each array's .npy header are read on Open, the
+// data of one array on ReadData. Torch-free, for submit-time checks of Gemma Scope's
+// params.npz SAEs.
+//
+// Everything in the file is validated; a violation is INVALID_ARGUMENT naming the file (and the
+// array): a missing end-of-central-directory record, a compression method other than stored or
+// deflate, a corrupt deflate stream, an .npy header that is not a dict with descr,
+// fortran_order and a shape of non-negative integers, a data size other than shape x item
+// size.
+#ifndef LATENTD_ENGINE_NPZ_H_
+#define LATENTD_ENGINE_NPZ_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace latentd::engine {
+
+struct NpyArrayInfo {
+  std::string name;   // the entry name without ".npy"
+  std::string descr;  // e.g. "<f4"
+  std::vector<int64_t> shape;
+  int64_t item_size = 0;
+  bool fortran_order = false;  // the data is column-major (numpy writes a transposed view so)
+};
+
+class NpzReader {
+ public:
+  // NOT_FOUND for a missing file.
+  static absl::StatusOr<NpzReader> Open(const std::string& path);
+
+  const std::vector<NpyArrayInfo>& arrays() const { return arrays_; }
+  const NpyArrayInfo* Find(const std::string& name) const;  // nullptr when absent
+  // The array's data bytes (little-endian as its descr says, in the array's order).
+  absl::StatusOr<std::string> ReadData(const std::string& name) const;
+
+ private:
+  struct Entry {
+    uint16_t method = 0;  // 0 stored, 8 deflate
+    uint64_t compressed = 0, uncompressed = 0, local_offset = 0;
+    uint64_t data_offset = 0;       // of the entry's bytes in the file
+    uint64_t npy_header_bytes = 0;  // of the .npy preamble inside the entry
+  };
+  absl::StatusOr<std::string> EntryBytes(const Entry& e, uint64_t max_bytes) const;
+
+  std::string path_;
+  std::vector<NpyArrayInfo> arrays_;
+  std::vector<Entry> entries_;  // parallel to arrays_
+};
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_NPZ_H_
