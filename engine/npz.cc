@@ -217,7 +217,12 @@ absl::StatusOr<std::string> NpzReader::EntryBytes(const Entry& e, uint64_t max_b
   std::ifstream in(path_, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path_, " not found"));
   if (e.method == 0) return ReadAt(in, path_, e.data_offset, std::min(max_bytes, e.compressed));
-  ASSIGN_OR_RETURN(std::string compressed, ReadAt(in, path_, e.data_offset, e.compressed));
+  // Deflate expands incompressible data by well under 1/64 plus a few bytes a block, so a prefix
+  // of that size holds the first max_bytes (an .npy header needs 64 KiB, not the whole entry).
+  const uint64_t prefix = max_bytes >= e.uncompressed
+                              ? e.compressed
+                              : std::min(e.compressed, max_bytes + max_bytes / 64 + 1024);
+  ASSIGN_OR_RETURN(std::string compressed, ReadAt(in, path_, e.data_offset, prefix));
   return Inflate(compressed, max_bytes, path_);
 }
 
@@ -229,7 +234,8 @@ absl::StatusOr<std::string> NpzReader::ReadData(const std::string& name) const {
     if (bytes.size() != e.uncompressed) {
       return absl::InvalidArgumentError(absl::StrCat(path_, ": ", name, ".npy is short"));
     }
-    return bytes.substr(e.npy_header_bytes);
+    bytes.erase(0, e.npy_header_bytes);
+    return bytes;
   }
   return absl::NotFoundError(absl::StrCat(path_, " has no array ", name));
 }
