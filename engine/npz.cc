@@ -51,8 +51,33 @@ std::string DictValue(const std::string& dict, const std::string& key) {
   return std::string(absl::StripAsciiWhitespace(dict.substr(start, end - start)));
 }
 
-// Parses the .npy preamble at the start of `bytes` into `info`; *header_bytes is where the
-// data starts.
+// Inflates a raw deflate stream, stopping after `max_out` bytes.
+absl::StatusOr<std::string> Inflate(const std::string& in, uint64_t max_out,
+                                    const std::string& what) {
+  z_stream z{};
+  if (inflateInit2(&z, -MAX_WBITS) != Z_OK) return absl::InternalError("zlib inflateInit2");
+  std::string out(max_out, '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
+  z.avail_in = static_cast<uInt>(std::min<uint64_t>(in.size(), std::numeric_limits<uInt>::max()));
+  uint64_t produced = 0;
+  int rc = Z_OK;
+  while (produced < max_out && rc == Z_OK) {
+    z.next_out = reinterpret_cast<Bytef*>(out.data() + produced);
+    z.avail_out = static_cast<uInt>(std::min<uint64_t>(max_out - produced, 1u << 30));
+    rc = inflate(&z, Z_NO_FLUSH);
+    produced = z.total_out;
+    if (rc == Z_BUF_ERROR && z.avail_in == 0) break;  // the input we read ends here
+  }
+  inflateEnd(&z);
+  if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": corrupt deflate stream"));
+  }
+  out.resize(produced);
+  return out;
+}
+
+}  // namespace
+
 absl::Status ParseNpyHeader(const std::string& bytes, const std::string& what, NpyArrayInfo* info,
                             uint64_t* header_bytes) {
   auto bad = [&](const std::string& why) {
@@ -90,33 +115,6 @@ absl::Status ParseNpyHeader(const std::string& bytes, const std::string& what, N
   }
   return absl::OkStatus();
 }
-
-// Inflates a raw deflate stream, stopping after `max_out` bytes.
-absl::StatusOr<std::string> Inflate(const std::string& in, uint64_t max_out,
-                                    const std::string& what) {
-  z_stream z{};
-  if (inflateInit2(&z, -MAX_WBITS) != Z_OK) return absl::InternalError("zlib inflateInit2");
-  std::string out(max_out, '\0');
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
-  z.avail_in = static_cast<uInt>(std::min<uint64_t>(in.size(), std::numeric_limits<uInt>::max()));
-  uint64_t produced = 0;
-  int rc = Z_OK;
-  while (produced < max_out && rc == Z_OK) {
-    z.next_out = reinterpret_cast<Bytef*>(out.data() + produced);
-    z.avail_out = static_cast<uInt>(std::min<uint64_t>(max_out - produced, 1u << 30));
-    rc = inflate(&z, Z_NO_FLUSH);
-    produced = z.total_out;
-    if (rc == Z_BUF_ERROR && z.avail_in == 0) break;  // the input we read ends here
-  }
-  inflateEnd(&z);
-  if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": corrupt deflate stream"));
-  }
-  out.resize(produced);
-  return out;
-}
-
-}  // namespace
 
 absl::StatusOr<NpzReader> NpzReader::Open(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);

@@ -28,6 +28,12 @@ struct NpyArrayInfo {
   bool fortran_order = false;  // the data is column-major (numpy writes a transposed view so)
 };
 
+// Parses the .npy preamble at the start of `bytes` (magic, version 1-3, header dict) into
+// `info` (its name left as is); *header_bytes is where the data starts. INVALID_ARGUMENT
+// "<what>: ..." when it is not one. The data size is not checked here.
+absl::Status ParseNpyHeader(const std::string& bytes, const std::string& what, NpyArrayInfo* info,
+                            uint64_t* header_bytes);
+
 class NpzReader {
  public:
   // NOT_FOUND for a missing file.

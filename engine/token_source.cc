@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -11,32 +12,15 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "engine/npz.h"
 
 namespace latentd::engine {
 namespace {
 
 absl::Status Bad(const std::string& field, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("extract.tokens.", field, ": ", what));
-}
-
-// The value text of 'key' in a numpy header dict, e.g. "'<u2'" or "(100, 128)".
-std::string DictValue(const std::string& header, const std::string& key) {
-  size_t p = header.find("'" + key + "'");
-  if (p == std::string::npos) return "";
-  p = header.find(':', p);
-  if (p == std::string::npos) return "";
-  ++p;
-  while (p < header.size() && header[p] == ' ') ++p;
-  size_t end = p;
-  if (p < header.size() && header[p] == '(') {
-    end = header.find(')', p);
-    return end == std::string::npos ? "" : header.substr(p, end - p + 1);
-  }
-  while (end < header.size() && header[end] != ',' && header[end] != '}') ++end;
-  return std::string(absl::StripAsciiWhitespace(header.substr(p, end - p)));
 }
 
 }  // namespace
@@ -97,70 +81,39 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Open(
       break;
     case latentd::v1::NPY: {
       src->format_name_ = "npy";
-      char pre[12];
-      if (file_size < 10 || pread(src->fd_, pre, 10, 0) != 10 ||
-          std::memcmp(pre, "\x93NUMPY", 6) != 0) {
-        return Bad("path", absl::StrCat(spec.path(), ": not a .npy file (bad magic)"));
+      // The preamble is at most a few KiB; read enough for any header numpy writes.
+      std::string head(static_cast<size_t>(std::min<int64_t>(file_size, 1 << 16)), '\0');
+      if (pread(src->fd_, head.data(), head.size(), 0) != static_cast<ssize_t>(head.size())) {
+        return Bad("path", absl::StrCat(spec.path(), ": cannot read the .npy header"));
       }
-      const int major = static_cast<unsigned char>(pre[6]);
-      int64_t header_len = 0, header_start = 0;
-      if (major == 1) {
-        header_len = static_cast<unsigned char>(pre[8]) | (static_cast<unsigned char>(pre[9]) << 8);
-        header_start = 10;
-      } else if (major == 2 || major == 3) {
-        if (file_size < 12 || pread(src->fd_, pre, 12, 0) != 12) return Bad("path", "short .npy");
-        header_len = 0;
-        for (int i = 3; i >= 0; --i)
-          header_len = (header_len << 8) | static_cast<unsigned char>(pre[8 + i]);
-        header_start = 12;
-      } else {
-        return Bad("path", absl::StrCat(spec.path(), ": unsupported .npy version ", major));
-      }
-      if (header_start + header_len > file_size) {
-        return Bad("path",
-                   absl::StrCat(spec.path(), ": .npy header runs past the end of the file"));
-      }
-      std::string header(header_len, '\0');
-      if (pread(src->fd_, header.data(), header_len, header_start) != header_len) {
-        return Bad("path", "short .npy header");
-      }
-      const std::string descr = DictValue(header, "descr");
-      if (descr == "'<u2'" || descr == "'|u2'") {
+      NpyArrayInfo info;
+      uint64_t header_bytes = 0;
+      absl::Status parsed = ParseNpyHeader(head, spec.path(), &info, &header_bytes);
+      if (!parsed.ok()) return Bad("path", std::string(parsed.message()));
+      if (info.descr == "<u2" || info.descr == "|u2") {
         src->element_size_ = 2;
-      } else if (descr == "'<i4'") {
+      } else if (info.descr == "<i4") {
         src->element_size_ = 4;
         src->is_signed_ = true;
-      } else if (descr == "'<i8'") {
+      } else if (info.descr == "<i8") {
         src->element_size_ = 8;
         src->is_signed_ = true;
       } else {
-        return Bad("path", absl::StrCat(spec.path(), ": dtype ", descr,
+        return Bad("path", absl::StrCat(spec.path(), ": dtype ", info.descr,
                                         " not supported (uint16, int32, int64 little-endian)"));
       }
-      const std::string shape = DictValue(header, "shape");
-      if (DictValue(header, "fortran_order") != "False") {
-        // A Fortran-order 1-D array is the same stream; 2-D would be transposed.
-        if (!(shape.size() > 2 && shape.find(',') == shape.rfind(',') &&
-              absl::EndsWith(shape, ",)"))) {
-          return Bad("path", absl::StrCat(spec.path(), ": fortran_order arrays are not supported"));
-        }
+      if (info.shape.empty() || info.shape.size() > 2) {
+        return Bad("path", absl::StrCat(spec.path(), ": .npy must be 1-D or 2-D, it has ",
+                                        info.shape.size(), " dimensions"));
       }
-      if (shape.size() < 2 || shape.front() != '(' || shape.back() != ')') {
-        return Bad("path", absl::StrCat(spec.path(), ": cannot parse the .npy shape"));
-      }
-      std::vector<std::string> dims =
-          absl::StrSplit(shape.substr(1, shape.size() - 2), ',', absl::SkipWhitespace());
-      if (dims.empty() || dims.size() > 2) {
-        return Bad("path", absl::StrCat(spec.path(), ": .npy must be 1-D or 2-D, shape ", shape));
+      // A Fortran-order 1-D array is the same stream; 2-D would be transposed.
+      if (info.fortran_order && info.shape.size() == 2) {
+        return Bad("path", absl::StrCat(spec.path(), ": fortran_order arrays are not supported"));
       }
       int64_t count = 1;
-      for (const auto& d : dims) {
-        int64_t v;
-        if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(d), &v) || v < 0) {
-          return Bad("path", absl::StrCat(spec.path(), ": bad .npy shape ", shape));
-        }
-        count *= v;
-      }
+      for (int64_t v : info.shape) count *= v;
+      const std::string shape = absl::StrCat("(", absl::StrJoin(info.shape, ", "), ")");
+      const int64_t header_len = static_cast<int64_t>(header_bytes), header_start = 0;
       src->data_offset_ = header_start + header_len;
       if (src->data_offset_ + count * src->element_size_ != file_size) {
         return Bad("path", absl::StrCat(spec.path(), ": .npy holds ", file_size - src->data_offset_,
