@@ -113,8 +113,7 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Open(
       int64_t count = 1;
       for (int64_t v : info.shape) count *= v;
       const std::string shape = absl::StrCat("(", absl::StrJoin(info.shape, ", "), ")");
-      const int64_t header_len = static_cast<int64_t>(header_bytes), header_start = 0;
-      src->data_offset_ = header_start + header_len;
+      src->data_offset_ = static_cast<int64_t>(header_bytes);
       if (src->data_offset_ + count * src->element_size_ != file_size) {
         return Bad("path", absl::StrCat(spec.path(), ": .npy holds ", file_size - src->data_offset_,
                                         " data bytes, its shape ", shape, " implies ",
