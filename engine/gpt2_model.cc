@@ -10,17 +10,10 @@
 namespace latentd::engine {
 
 TransformerShape Gpt2Shape(const Gpt2Config& c) {
-  TransformerShape s;
-  s.d_model = c.d_model;
-  s.n_layers = c.n_layers;
-  s.n_heads = c.n_heads;
-  s.d_mlp = c.d_mlp;
-  s.vocab_size = c.vocab_size;
-  s.context_length = c.context_length;
+  TransformerShape s = CommonShape(c);
   const int64_t d = c.d_model, f = c.d_mlp;
   s.parameter_bytes = 4 * ((c.vocab_size + c.context_length) * d +
                            c.n_layers * (4 * d * d + 2 * d * f + 9 * d + f));
-  s.what = c.what;
   return s;
 }
 

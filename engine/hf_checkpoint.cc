@@ -162,8 +162,9 @@ absl::StatusOr<std::vector<std::string>> HfWeightFiles(const std::string& dir) {
   return files;
 }
 
-absl::Status CheckHfTensors(const std::vector<std::string>& files,
-                            const std::vector<HfTensorSpec>& expected, const std::string& prefix) {
+absl::Status CheckHfTensors(const std::string& dir, const std::vector<HfTensorSpec>& expected,
+                            const std::string& prefix) {
+  ASSIGN_OR_RETURN(std::vector<std::string> files, HfWeightFiles(dir));
   return LocateTensors(files, expected, prefix).status();
 }
 
@@ -172,9 +173,10 @@ std::string HfTensors::Hash(const std::string& extra) const {
                          bytes);
 }
 
-absl::StatusOr<HfTensors> ReadHfTensors(const std::vector<std::string>& files,
+absl::StatusOr<HfTensors> ReadHfTensors(const std::string& dir,
                                         const std::vector<HfTensorSpec>& expected,
                                         const std::string& prefix) {
+  ASSIGN_OR_RETURN(std::vector<std::string> files, HfWeightFiles(dir));
   ASSIGN_OR_RETURN(auto places, LocateTensors(files, expected, prefix));
   // Each file opened once, when its first tensor is read.
   std::vector<int64_t> data_start(files.size(), -1);

@@ -63,11 +63,11 @@ struct HfTensorSpec {
   std::vector<int64_t> shape;
 };
 
-// Checks from the files' headers that every tensor of `expected` is present (named with or
-// without `prefix`), with its shape and a float dtype (F32/F16/BF16/F64); other tensors are
-// ignored. INVALID_ARGUMENT naming the file and the tensor.
-absl::Status CheckHfTensors(const std::vector<std::string>& files,
-                            const std::vector<HfTensorSpec>& expected, const std::string& prefix);
+// Checks from the headers of dir's weight files (HfWeightFiles) that every tensor of `expected`
+// is present (named with or without `prefix`), with its shape and a float dtype
+// (F32/F16/BF16/F64); other tensors are ignored. INVALID_ARGUMENT naming the file and the tensor.
+absl::Status CheckHfTensors(const std::string& dir, const std::vector<HfTensorSpec>& expected,
+                            const std::string& prefix);
 
 struct HfTensors {
   std::map<std::string, at::Tensor> tensors;  // float32 on the CPU, by their names in `expected`
@@ -82,7 +82,7 @@ struct HfTensors {
 // CheckHfTensors, then each expected tensor read from its file straight into its tensor (no
 // copy of the whole file in memory) and converted to float32. A NaN/Inf weight is
 // INVALID_ARGUMENT naming it; a short read DATA_LOSS naming the file.
-absl::StatusOr<HfTensors> ReadHfTensors(const std::vector<std::string>& files,
+absl::StatusOr<HfTensors> ReadHfTensors(const std::string& dir,
                                         const std::vector<HfTensorSpec>& expected,
                                         const std::string& prefix);
 

@@ -157,8 +157,7 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
 absl::StatusOr<LlamaConfig> CheckHfLlama(const std::string& dir) {
   ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(dir));
   ASSIGN_OR_RETURN(LlamaConfig config, ReadHfLlamaConfig(json));
-  ASSIGN_OR_RETURN(std::vector<std::string> files, HfWeightFiles(dir));
-  RETURN_IF_ERROR(CheckHfTensors(files, ExpectedTensors(config), kPrefix));
+  RETURN_IF_ERROR(CheckHfTensors(dir, ExpectedTensors(config), kPrefix));
   return config;
 }
 
@@ -176,8 +175,7 @@ absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options) {
   ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(options.dir));
   ASSIGN_OR_RETURN(LlamaConfig config, ReadHfLlamaConfig(json));
   RETURN_IF_ERROR(CheckHfLlamaOptions(config, options));
-  ASSIGN_OR_RETURN(std::vector<std::string> files, HfWeightFiles(options.dir));
-  ASSIGN_OR_RETURN(HfTensors read, ReadHfTensors(files, ExpectedTensors(config), kPrefix));
+  ASSIGN_OR_RETURN(HfTensors read, ReadHfTensors(options.dir, ExpectedTensors(config), kPrefix));
   const std::map<std::string, at::Tensor>& t = read.tensors;
   auto optional = [&](const std::string& name) {
     auto it = t.find(name);

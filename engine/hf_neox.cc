@@ -89,16 +89,14 @@ absl::StatusOr<LlamaConfig> ReadHfNeoxConfig(const HfConfig& j) {
 absl::StatusOr<LlamaConfig> CheckHfNeox(const std::string& dir) {
   ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(dir));
   ASSIGN_OR_RETURN(LlamaConfig config, ReadHfNeoxConfig(json));
-  ASSIGN_OR_RETURN(std::vector<std::string> files, HfWeightFiles(dir));
-  RETURN_IF_ERROR(CheckHfTensors(files, ExpectedTensors(config), kPrefix));
+  RETURN_IF_ERROR(CheckHfTensors(dir, ExpectedTensors(config), kPrefix));
   return config;
 }
 
 absl::StatusOr<LlamaWeights> LoadHfNeoxWeights(const HfModelOptions& options) {
   ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(options.dir));
   ASSIGN_OR_RETURN(LlamaConfig config, ReadHfNeoxConfig(json));
-  ASSIGN_OR_RETURN(std::vector<std::string> files, HfWeightFiles(options.dir));
-  ASSIGN_OR_RETURN(HfTensors read, ReadHfTensors(files, ExpectedTensors(config), kPrefix));
+  ASSIGN_OR_RETURN(HfTensors read, ReadHfTensors(options.dir, ExpectedTensors(config), kPrefix));
   const std::map<std::string, at::Tensor>& t = read.tensors;
   const int64_t H = config.n_heads, dh = config.head_dim, d = config.d_model;
   LlamaWeights w;

@@ -48,13 +48,7 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& W, const at::Tensor& b)
 }  // namespace
 
 TransformerShape LlamaShape(const LlamaConfig& c) {
-  TransformerShape s;
-  s.d_model = c.d_model;
-  s.n_layers = c.n_layers;
-  s.n_heads = c.n_heads;
-  s.d_mlp = c.d_mlp;
-  s.vocab_size = c.vocab_size;
-  s.context_length = c.context_length;
+  TransformerShape s = CommonShape(c);
   const int64_t d = c.d_model, f = c.d_mlp, q = c.n_heads * c.head_dim,
                 kv = c.n_kv_heads * c.head_dim;
   const int64_t biases = (c.qkv_bias ? q + 2 * kv : 0) + (c.o_bias ? d : 0) +
@@ -64,7 +58,6 @@ TransformerShape LlamaShape(const LlamaConfig& c) {
       norms + d * (q + 2 * kv) + q * d + (c.gated_mlp ? 3 : 2) * d * f + biases;
   s.parameter_bytes = 4 * (c.vocab_size * d * (c.tied_embeddings ? 1 : 2) + c.n_layers * per_block);
   s.has_resid_mid = !c.parallel_residual;
-  s.what = c.what;
   return s;
 }
 

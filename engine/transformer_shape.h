@@ -26,6 +26,21 @@ struct TransformerShape {
   std::string what = "the model";
 };
 
+// The fields an architecture's config (Gpt2Config, LlamaConfig) names alike; the caller adds
+// parameter_bytes and what differs.
+template <typename Config>
+TransformerShape CommonShape(const Config& c) {
+  TransformerShape s;
+  s.d_model = c.d_model;
+  s.n_layers = c.n_layers;
+  s.n_heads = c.n_heads;
+  s.d_mlp = c.d_mlp;
+  s.vocab_size = c.vocab_size;
+  s.context_length = c.context_length;
+  s.what = c.what;
+  return s;
+}
+
 // OK when `hook` exists in the model: a TransformerLens name (or module path) with layer <
 // n_layers; INVALID_ARGUMENT "extract.hook_name: ..." otherwise.
 absl::Status CheckTransformerHook(const TransformerShape& shape, const HookName& hook);
