@@ -1,11 +1,13 @@
 """What the EXTRACT parity tests share: writing safetensors files by hand (Debian 12 has no
-python3-safetensors) and running engine/extract_tool on a spec."""
+python3-safetensors) and Hugging Face checkpoint directories, running engine/extract_tool on a
+spec, and comparing the DENSE rows it stored."""
 import json
 import os
 import struct
 import subprocess
 import tempfile
 
+import numpy as np
 import torch
 
 
@@ -36,3 +38,22 @@ def run_extract_tool(tool, data_root, spec, devices=1):
                         "--db=" + os.path.join(work, "db"), "--out=" + out, "--devices=%d" % devices],
                        capture_output=True, text=True, timeout=300)
     return p, out
+
+
+def write_hf_checkpoint(directory, config, tensors):
+    """A Hugging Face checkpoint as the Hub serves one: config.json and model.safetensors."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f)
+    write_safetensors(os.path.join(directory, "model.safetensors"), tensors)
+
+
+def assert_dense_rows(test, p, out, ids, want, what):
+    """extract_tool (`p`, its output dir `out`) succeeded and stored `ids` and the float32 rows
+    `want` (rows x width) within 1e-5 of their largest value."""
+    test.assertEqual(p.returncode, 0, p.stderr)
+    np.testing.assert_array_equal(np.load(os.path.join(out, "token_ids.npy")), ids)
+    got = np.load(os.path.join(out, "dense.npy"))
+    test.assertEqual(got.shape, want.shape)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    test.assertLess(err, 1e-5, "%s: max error %.3g of the largest value" % (what, err))

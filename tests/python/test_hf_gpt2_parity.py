@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from extract_test_util import run_extract_tool, write_safetensors  # noqa: E402
+from extract_test_util import (assert_dense_rows, run_extract_tool,  # noqa: E402
+                               write_hf_checkpoint, write_safetensors)
 
 VOCAB, D, LAYERS, HEADS, POSITIONS, CTX = 120, 48, 3, 4, 32, 16
 TOOL = os.environ["EXTRACT_TOOL"]
@@ -98,7 +99,6 @@ class HfGpt2ParityTest(unittest.TestCase):
 
     def checkpoint(self, name, centered=False, **config_changes):
         d = os.path.join(self.root, name)
-        os.makedirs(d, exist_ok=True)
         cfg = {"_name_or_path": "tiny-gpt2", "architectures": ["GPT2LMHeadModel"],
                "model_type": "gpt2", "activation_function": "gelu_new", "attn_pdrop": 0.1,
                "bos_token_id": 0, "eos_token_id": 0, "embd_pdrop": 0.1, "initializer_range": 0.02,
@@ -108,9 +108,7 @@ class HfGpt2ParityTest(unittest.TestCase):
                "scale_attn_weights": True, "summary_type": "cls_index", "torch_dtype": "float32",
                "transformers_version": "4.36.2", "use_cache": True, "vocab_size": VOCAB}
         cfg.update(config_changes)
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump(cfg, f)
-        write_safetensors(os.path.join(d, "model.safetensors"), self.weights)
+        write_hf_checkpoint(d, cfg, self.weights)
         w = dict(self.weights)
         if centered:
             # TransformerLens' center_writing_weights: what writes to the residual stream (the
@@ -136,13 +134,7 @@ class HfGpt2ParityTest(unittest.TestCase):
     def check(self, model_dir, hooks, name, centered=False, as_name=None):
         """The rows of hook `name` (asked for as `as_name`, another name of it, when given)."""
         p, out = self.run_tool(model_dir, as_name or name, centered=centered)
-        self.assertEqual(p.returncode, 0, p.stderr)
-        np.testing.assert_array_equal(np.load(os.path.join(out, "token_ids.npy")), self.ids)
-        got = np.load(os.path.join(out, "dense.npy"))
-        want = hooks[name].reshape(len(self.ids), -1).numpy()
-        self.assertEqual(got.shape, want.shape)
-        err = np.abs(got - want).max() / np.abs(want).max()
-        self.assertLess(err, 1e-5, "%s: max error %.3g of the largest value" % (name, err))
+        assert_dense_rows(self, p, out, self.ids, hooks[name].reshape(len(self.ids), -1).numpy(), name)
 
     def test_hooks_match_huggingface_gpt2(self):
         d, hooks = self.checkpoint("plain")

@@ -8,7 +8,6 @@ written as the Hub serves them (config.json + model.safetensors with nn.Linear [
 under "model."), extract_tool runs DENSE at TransformerLens hooks, and the stored float32 rows
 must equal the Python values within 1e-5 of the largest.
 """
-import json
 import math
 import os
 import sys
@@ -19,7 +18,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from extract_test_util import run_extract_tool, write_safetensors  # noqa: E402
+from extract_test_util import assert_dense_rows, run_extract_tool, write_hf_checkpoint  # noqa: E402
 
 VOCAB, D, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FF, CTX = 150, 64, 3, 4, 2, 16, 96, 16
 TOOL = os.environ["EXTRACT_TOOL"]
@@ -214,10 +213,7 @@ class HfLlamaParityTest(unittest.TestCase):
                "bos_token_id": 1, "eos_token_id": 2, "attention_dropout": 0.0, "rope_scaling": None}
         cfg.update(config_changes)
         d = os.path.join(self.root, name)
-        os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump(cfg, f)
-        write_safetensors(os.path.join(d, "model.safetensors"), w)
+        write_hf_checkpoint(d, cfg, w)
         with torch.no_grad():
             hooks = Llama(w, cfg)(torch.from_numpy(self.ids).view(-1, CTX))
         return d, hooks
@@ -231,13 +227,7 @@ class HfLlamaParityTest(unittest.TestCase):
 
     def check(self, model_dir, hooks, name, as_name=None):
         p, out = self.run_tool(model_dir, as_name or name)
-        self.assertEqual(p.returncode, 0, p.stderr)
-        np.testing.assert_array_equal(np.load(os.path.join(out, "token_ids.npy")), self.ids)
-        got = np.load(os.path.join(out, "dense.npy"))
-        want = hooks[name].reshape(len(self.ids), -1).numpy()
-        self.assertEqual(got.shape, want.shape)
-        err = np.abs(got - want).max() / np.abs(want).max()
-        self.assertLess(err, 1e-5, "%s: max error %.3g of the largest value" % (name, err))
+        assert_dense_rows(self, p, out, self.ids, hooks[name].reshape(len(self.ids), -1).numpy(), name)
 
     def test_llama_hooks_match(self):
         d, hooks = self.checkpoint("llama")
@@ -306,10 +296,7 @@ class HfLlamaParityTest(unittest.TestCase):
                "use_parallel_residual": True, "tie_word_embeddings": False}
         cfg.update(config_changes)
         d = os.path.join(self.root, name)
-        os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump(cfg, f)
-        write_safetensors(os.path.join(d, "model.safetensors"), w)
+        write_hf_checkpoint(d, cfg, w)
         with torch.no_grad():
             hooks = Neox(w, cfg)(torch.from_numpy(self.ids).view(-1, CTX))
         return d, hooks
@@ -324,11 +311,9 @@ class HfLlamaParityTest(unittest.TestCase):
         self.assertIn("adds attention and MLP to the residual stream in parallel", p.stderr)
         # TransformerLens' center_writing_weights: the residual stream loses its per-token mean
         p, out = self.run_tool(d, "blocks.2.hook_resid_post", centered=True)
-        self.assertEqual(p.returncode, 0, p.stderr)
         plain = hooks["blocks.2.hook_resid_post"].reshape(len(self.ids), -1)
-        want = (plain - plain.mean(-1, keepdim=True)).numpy()
-        got = np.load(os.path.join(out, "dense.npy"))
-        self.assertLess(np.abs(got - want).max() / np.abs(want).max(), 1e-5)
+        assert_dense_rows(self, p, out, self.ids, (plain - plain.mean(-1, keepdim=True)).numpy(),
+                          "centered blocks.2.hook_resid_post")
         d, hooks = self.neox_checkpoint("neox_sequential", use_parallel_residual=False, rotary_pct=0.5)
         for name in ["blocks.1.hook_resid_mid", "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
