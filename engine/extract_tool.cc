@@ -18,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/npy_header.h"
 #include "engine/extract_job.h"
 #include "storage/chunk_store.h"
 #include "storage/db.h"
@@ -55,22 +56,10 @@ class ToolContext : public latentd::engine::JobContext {
 template <typename T>
 bool WriteNpy(const std::string& path, const char* descr, const std::vector<int64_t>& shape,
               const T* data) {
-  std::string dims;
   int64_t n = 1;
-  for (int64_t d : shape) {
-    dims += absl::StrCat(d, ",");
-    n *= d;
-  }
-  if (shape.size() > 1) dims.pop_back();
-  std::string header =
-      absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': (", dims, "), }");
-  while ((10 + header.size() + 1) % 64 != 0) header.push_back(' ');
-  header.push_back('\n');
+  for (int64_t d : shape) n *= d;
   std::ofstream out(path, std::ios::binary);
-  out.write("\x93NUMPY\x01\x00", 8);
-  out.put(static_cast<char>(header.size() & 0xff));
-  out.put(static_cast<char>(header.size() >> 8));
-  out << header;
+  out << latentd::NpyHeader(descr, shape);
   out.write(reinterpret_cast<const char*>(data), n * sizeof(T));
   return static_cast<bool>(out);
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/npy_header.h"
 #include "common/status_macros.h"
 #include "storage/value_codec.h"
 
@@ -39,23 +40,7 @@ Array ValuesArray(const std::string& name, std::vector<int64_t> shape,
   return MakeArray(name, "<f2", std::move(shape), half);
 }
 
-std::string NpyHeader(const Array& a) {
-  std::string shape = "(";
-  for (size_t i = 0; i < a.shape.size(); ++i) {
-    absl::StrAppend(&shape, a.shape[i],
-                    a.shape.size() == 1 ? "," : (i + 1 < a.shape.size() ? ", " : ""));
-  }
-  shape += ")";
-  std::string dict =
-      absl::StrCat("{'descr': '", a.descr, "', 'fortran_order': False, 'shape': ", shape, ", }");
-  size_t total = 10 + dict.size() + 1;
-  dict.append((64 - total % 64) % 64, ' ');
-  dict.push_back('\n');
-  std::string h("\x93NUMPY\x01\x00", 8);
-  h.push_back(static_cast<char>(dict.size() & 0xff));
-  h.push_back(static_cast<char>(dict.size() >> 8));
-  return h + dict;
-}
+std::string NpyHeader(const Array& a) { return latentd::NpyHeader(a.descr, a.shape); }
 
 void Put16(uint16_t v, std::string* o) { o->append(reinterpret_cast<const char*>(&v), 2); }
 void Put32(uint32_t v, std::string* o) { o->append(reinterpret_cast<const char*>(&v), 4); }
