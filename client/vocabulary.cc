@@ -1,6 +1,5 @@
 #include "client/vocabulary.h"
 
-#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -14,65 +13,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "client/byte_level.h"
 #include "common/status_macros.h"
 
 namespace latentd::client {
 namespace {
 
 constexpr int64_t kMaxId = int64_t{1} << 24;
-
-// The code point of the UTF-8 sequence at s[i], and its length; length 0 when the bytes there
-// are not well-formed UTF-8.
-std::pair<uint32_t, size_t> DecodeUtf8(absl::string_view s, size_t i) {
-  const auto b = [&](size_t k) { return static_cast<uint8_t>(s[i + k]); };
-  const uint8_t lead = b(0);
-  if (lead < 0x80) return {lead, 1};
-  size_t n;
-  uint32_t cp, min;
-  if ((lead & 0xE0) == 0xC0) {
-    n = 2, cp = lead & 0x1F, min = 0x80;
-  } else if ((lead & 0xF0) == 0xE0) {
-    n = 3, cp = lead & 0x0F, min = 0x800;
-  } else if ((lead & 0xF8) == 0xF0) {
-    n = 4, cp = lead & 0x07, min = 0x10000;
-  } else {
-    return {0, 0};
-  }
-  if (i + n > s.size()) return {0, 0};
-  for (size_t k = 1; k < n; ++k) {
-    if ((b(k) & 0xC0) != 0x80) return {0, 0};
-    cp = (cp << 6) | (b(k) & 0x3F);
-  }
-  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return {0, 0};
-  return {cp, n};
-}
-
-// GPT-2's byte-level alphabet, inverted: the printable bytes stand for themselves, the other 68
-// (controls, space, 127-160, 173) for code points 256, 257, ... in byte order.
-std::array<int, 512> ByteLevelDecodeTable() {
-  std::array<int, 512> table;
-  table.fill(-1);
-  int next = 256;
-  for (int byte = 0; byte < 256; ++byte) {
-    const bool printable =
-        (byte >= '!' && byte <= '~') || (byte >= 0xA1 && byte <= 0xAC) || byte >= 0xAE;
-    table[printable ? byte : next++] = byte;
-  }
-  return table;
-}
-
-// A byte-level token's bytes; nullopt when it holds a code point outside the alphabet.
-std::optional<std::string> DecodeByteLevel(absl::string_view token) {
-  static const std::array<int, 512> table = ByteLevelDecodeTable();
-  std::string out;
-  for (size_t i = 0; i < token.size();) {
-    const auto [cp, n] = DecodeUtf8(token, i);
-    if (n == 0 || cp >= table.size() || table[cp] < 0) return std::nullopt;
-    out.push_back(static_cast<char>(table[cp]));
-    i += n;
-  }
-  return out;
-}
 
 // SentencePiece's conventions: "▁" is a space, "<0xNN>" one byte.
 std::string DecodeSentencePiece(absl::string_view token) {
@@ -99,7 +46,7 @@ std::string Decode(const std::string& token, Scheme scheme) {
   switch (scheme) {
     case Scheme::kByteLevel: {
       // A token outside the alphabet (rare: a hand-added one) is shown as written.
-      std::optional<std::string> bytes = DecodeByteLevel(token);
+      std::optional<std::string> bytes = ByteLevelDecode(token);
       return bytes ? *bytes : token;
     }
     case Scheme::kSentencePiece:

@@ -7,6 +7,10 @@ PACKAGES=(
   bazel-bootstrap bazel-rules-java build-essential
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libabsl-dev libtorch-dev libhdf5-dev nlohmann-json3-dev zlib1g-dev
+  # ICU: the tokenizer's Unicode normalization and split regexes (latentctl tokenize).
+  libicu-dev
+  # scripts/fetch-tokenizers.sh: the tokenizer parity test's real tokenizer.json files.
+  curl ca-certificates openssl
   # Debian's LibTorch links Gloo but ships no Gloo headers; c10d data parallel needs them.
   libgloo-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+# Real tokenizer.json files for //client:tokenizer_parity_test (cached in ~/.cache/latentd).
+scripts/fetch-tokenizers.sh
 
 log=$(mktemp)
 status=0
