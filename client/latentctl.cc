@@ -36,7 +36,10 @@
 #include "client/dataset_siblings.h"
 #include "client/latent_view.h"
 #include "client/telemetry_plot.h"
+#include "client/tokenize_files.h"
+#include "client/tokenizer.h"
 #include "client/vocabulary.h"
+#include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/time_util.h"
 #include "proto/latentd/v1/datasets.grpc.pb.h"
@@ -115,6 +118,16 @@ ABSL_FLAG(std::string, rank, "count",
 ABSL_FLAG(int64_t, max_rows, 0,
           "cofiring/token: count at most this many of the selected rows (from chunks spread "
           "over the dataset; default 2048)");
+ABSL_FLAG(std::string, text, "",
+          "prompt: the prompt as text, tokenized with --vocab=tokenizer.json (instead of token "
+          "ids)");
+ABSL_FLAG(std::string, out, "", "tokenize: the .npy token stream to write");
+ABSL_FLAG(std::string, separator, "",
+          "tokenize: a token appended after each document (an id, or its text: \"<|endoftext|>\")");
+ABSL_FLAG(bool, special_tokens, true,
+          "tokenize: add the tokenizer's special tokens around each document (the BOS of Llama "
+          "and Gemma), as tokenizer(text) does");
+ABSL_FLAG(std::string, field, "text", "tokenize: the field of each .jsonl line holding the text");
 ABSL_FLAG(int64_t, max_count, -1,
           "latents: only latents firing at most this often (-1: no bound; 0: the dead ones)");
 
@@ -603,6 +616,63 @@ bool LoadVocabFlag(std::optional<Vocabulary>* vocab, std::string* error) {
   return true;
 }
 
+// `text`'s ids under the tokenizer.json --vocab names, without special tokens.
+absl::StatusOr<std::vector<int32_t>> TokenizeWithVocabFlag(const std::string& text) {
+  const std::string path = absl::GetFlag(FLAGS_vocab);
+  if (path.empty()) {
+    return absl::InvalidArgumentError("needs --vocab=tokenizer.json (the model's tokenizer)");
+  }
+  ASSIGN_OR_RETURN(const Tokenizer tokenizer, Tokenizer::Load(path));
+  return tokenizer.Encode(text, /*add_special_tokens=*/false);
+}
+
+// latentctl tokenize FILE... --vocab=tokenizer.json --out=tokens.npy: text -> a token stream.
+int Tokenize(const std::vector<std::string>& args) {
+  const std::string out = absl::GetFlag(FLAGS_out);
+  const std::string path = absl::GetFlag(FLAGS_vocab);
+  if (args.size() < 2 || out.empty() || path.empty()) {
+    return Usage("tokenize needs input files, --vocab=tokenizer.json and --out=FILE.npy");
+  }
+  absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(path);
+  if (!tokenizer.ok()) return Usage(absl::StrCat("--vocab: ", tokenizer.status().message()));
+  TokenizeOptions options;
+  options.out_path = out;
+  options.add_special_tokens = absl::GetFlag(FLAGS_special_tokens);
+  options.jsonl_field = absl::GetFlag(FLAGS_field);
+  if (const std::string separator = absl::GetFlag(FLAGS_separator); !separator.empty()) {
+    int32_t id;
+    std::optional<int32_t> found = absl::SimpleAtoi(separator, &id) ? std::optional<int32_t>(id)
+                                                                    : tokenizer->TokenId(separator);
+    if (!found) {
+      return Usage(absl::StrCat("--separator: \"", separator, "\" is not a token of ", path));
+    }
+    options.separator = found;
+  }
+  const auto mb = [](int64_t bytes) { return static_cast<double>(bytes) / 1e6; };
+  options.progress = [&mb](const TokenizeProgress& p) {
+    std::fprintf(stderr, "tokenize: %.1f of %.1f MB, %lld documents, %lld tokens, %.2f MB/s\n",
+                 mb(p.bytes_read), mb(p.bytes_total), static_cast<long long>(p.documents),
+                 static_cast<long long>(p.tokens), mb(p.bytes_read) / std::max(p.seconds, 1e-9));
+  };
+  const std::vector<std::string> inputs(args.begin() + 1, args.end());
+  absl::StatusOr<TokenizeProgress> done = TokenizeFiles(*tokenizer, inputs, options);
+  if (!done.ok()) {
+    std::fprintf(stderr, "latentctl: %s\n", done.status().ToString().c_str());
+    return done.status().code() == absl::StatusCode::kInvalidArgument ||
+                   done.status().code() == absl::StatusCode::kNotFound
+               ? kExitUsage
+               : kExitRpcError;
+  }
+  std::printf(
+      "wrote %s: %lld tokens (%s) from %lld documents, %.1f MB of text in %.1f s (%.2f MB/s, "
+      "%.2f bytes a token)\n",
+      out.c_str(), static_cast<long long>(done->tokens), done->dtype.c_str(),
+      static_cast<long long>(done->documents), mb(done->bytes_read), done->seconds,
+      mb(done->bytes_read) / std::max(done->seconds, 1e-9),
+      static_cast<double>(done->bytes_read) / std::max<int64_t>(done->tokens, 1));
+  return 0;
+}
+
 // What a `COMMAND ID J` command (latent, firings, weights) works on: the dataset, the latent
 // and the --vocab vocabulary.
 struct LatentArgs {
@@ -860,13 +930,21 @@ void PrintPromptTokens(uint64_t id, const v1::EncodePromptResponse& response,
 // with --vocab, the text of one vocabulary entry.
 int Prompt(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
-  if (!ParseId(args, 1, &id) || args.size() < 3) {
-    return Usage("prompt needs a dataset id and tokens (ids, or texts with --vocab)");
+  const std::string text = absl::GetFlag(FLAGS_text);
+  if (!ParseId(args, 1, &id) || (args.size() < 3) == text.empty()) {
+    return Usage(
+        "prompt needs a dataset id and either tokens (ids, or texts with --vocab) or --text");
   }
   std::optional<Vocabulary> vocab;
   if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
   v1::EncodePromptRequest request;
   request.set_dataset_id(id);
+  if (!text.empty()) {
+    // No special tokens: the daemon prepends BOS itself when the dataset's job did.
+    absl::StatusOr<std::vector<int32_t>> ids = TokenizeWithVocabFlag(text);
+    if (!ids.ok()) return Usage(absl::StrCat("--text: ", ids.status().message()));
+    for (const int32_t token : *ids) request.add_token_ids(token);
+  }
   for (size_t i = 2; i < args.size(); ++i) {
     int32_t token = 0;
     if (!absl::SimpleAtoi(args[i], &token)) {
@@ -1492,6 +1570,14 @@ jobs:
   cancel ID
   delete-job ID                  forget a finished job (record, events, a TRAIN checkpoint)
   telemetry ID [--plot=FILE.png] training telemetry as a table (and a plot)
+text:
+  tokenize FILE... --vocab=tokenizer.json --out=TOKENS.npy [--separator=TOKEN]
+           [--special_tokens=false] [--field=text]
+                                 text -> the token stream an EXTRACT job reads: each .jsonl
+                                 line's "text" (--field) or each other file is a document,
+                                 tokenized as Hugging Face's tokenizer(text) does (BPE
+                                 tokenizer.json files: GPT-2, Llama, Mistral, Gemma, Qwen2,
+                                 Pythia), with TOKEN (id or text) after each
   devices                        devices and who holds them
 datasets:
   datasets                       list
@@ -1529,9 +1615,11 @@ datasets:
                                  latent's decoder direction raises and lowers most (direct
                                  logits) and the latents with the nearest decoder directions
   prompt ID T1 T2 ... [--vocab=F] [--limit=N] [--html=FILE.html] [--all_hooks]
+  prompt ID --text="..." --vocab=tokenizer.json [...]
                                  the latents a new prompt gets from the dataset's model and
                                  SAE: each token's largest, and the prompt's N top latents
-                                 (tokens: ids, or with --vocab each one's text); --html: a
+                                 (tokens: ids, or with --vocab each one's text; --text: the
+                                 prompt as text, tokenized as the model's tokenizer does); --html: a
                                  page shading the prompt by each top latent (written into a
                                  dashboard directory, latents link to their pages);
                                  --all_hooks: also each other hook of the dataset's job
@@ -1556,6 +1644,7 @@ int Run(const std::vector<std::string>& args) {
     std::printf("%s", kHelp);
     return args.empty() ? kExitUsage : 0;
   }
+  if (args[0] == "tokenize") return Tokenize(args);  // local: no daemon needed
   Client client;
   std::string error;
   if (!client.LoadToken(&error)) return Usage(error);

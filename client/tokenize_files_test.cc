@@ -1,0 +1,143 @@
+#include "client/tokenize_files.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/test_dir.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace latentd::client {
+namespace {
+
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+
+// Characters a, b, space; "ab" merged; <bos> (id 4) added by the template, <eos> (id 5) added.
+Tokenizer MakeTokenizer(int extra_added_id = -1) {
+  Json json = {{"model",
+                {{"type", "BPE"},
+                 {"vocab", {{"a", 0}, {"b", 1}, {" ", 2}, {"ab", 3}}},
+                 {"merges", {"a b"}}}},
+               {"added_tokens",
+                {{{"id", 4}, {"content", "<bos>"}, {"special", true}},
+                 {{"id", 5}, {"content", "<eos>"}, {"special", true}}}},
+               {"post_processor",
+                {{"type", "TemplateProcessing"},
+                 {"single", {{{"SpecialToken", {{"id", "<bos>"}}}}, {{"Sequence", {{"id", "A"}}}}}},
+                 {"special_tokens", {{"<bos>", {{"id", "<bos>"}, {"ids", {4}}}}}}}}};
+  if (extra_added_id >= 0) {
+    json["added_tokens"].push_back({{"id", extra_added_id}, {"content", "<x>"}, {"special", true}});
+  }
+  absl::StatusOr<Tokenizer> t = Tokenizer::Parse(json.dump());
+  EXPECT_TRUE(t.ok()) << t.status();
+  return std::move(t).value();
+}
+
+void WriteFile(const std::string& path, const std::string& contents) {
+  std::ofstream(path, std::ios::binary) << contents;
+}
+
+// The header's dictionary and the data of a .npy file.
+std::pair<std::string, std::string> ReadNpy(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string bytes = buffer.str();
+  EXPECT_EQ(bytes.substr(0, 6), "\x93NUMPY");
+  const size_t header = static_cast<uint8_t>(bytes[8]) | static_cast<uint8_t>(bytes[9]) << 8;
+  return {bytes.substr(10, header), bytes.substr(10 + header)};
+}
+
+std::vector<int32_t> U16(const std::string& data) {
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i + 1 < data.size(); i += 2) {
+    uint16_t v;
+    std::memcpy(&v, &data[i], 2);
+    ids.push_back(v);
+  }
+  return ids;
+}
+
+TEST(TokenizeFilesTest, DocumentsFromTextAndJsonlBecomeOneStream) {
+  const std::string dir = FreshTestDir("stream");
+  const Tokenizer tokenizer = MakeTokenizer();
+  WriteFile(dir + "/one.txt", "ab a");
+  WriteFile(dir + "/two.jsonl", "{\"text\": \"b\", \"id\": 1}\n\n{\"text\": \"abab\"}\n");
+  TokenizeOptions options;
+  options.out_path = dir + "/tokens.npy";
+  options.separator = 5;
+  int reports = 0;
+  options.progress = [&reports](const TokenizeProgress&) { ++reports; };
+  absl::StatusOr<TokenizeProgress> done =
+      TokenizeFiles(tokenizer, {dir + "/one.txt", dir + "/two.jsonl"}, options);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->documents, 3);
+  EXPECT_EQ(done->files_done, 2);
+  EXPECT_EQ(done->bytes_read, done->bytes_total);
+  EXPECT_EQ(done->dtype, "uint16");
+  EXPECT_GE(reports, 1);
+  const auto [header, data] = ReadNpy(options.out_path);
+  EXPECT_THAT(header, HasSubstr("'descr': '<u2'"));
+  EXPECT_THAT(header, HasSubstr("'shape': (12,)"));
+  // <bos> ab ' ' a <eos> | <bos> b <eos> | <bos> ab ab <eos>
+  EXPECT_EQ(U16(data), (std::vector<int32_t>{4, 3, 2, 0, 5, 4, 1, 5, 4, 3, 3, 5}));
+  EXPECT_EQ(done->tokens, 12);
+  EXPECT_FALSE(std::filesystem::exists(options.out_path + ".partial"));
+}
+
+TEST(TokenizeFilesTest, WithoutSpecialTokensAndWideIds) {
+  const std::string dir = FreshTestDir("wide");
+  const Tokenizer tokenizer = MakeTokenizer(/*extra_added_id=*/70000);
+  WriteFile(dir + "/doc.txt", "ab<x>");
+  TokenizeOptions options;
+  options.out_path = dir + "/tokens.npy";
+  options.add_special_tokens = false;
+  absl::StatusOr<TokenizeProgress> done = TokenizeFiles(tokenizer, {dir + "/doc.txt"}, options);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->dtype, "int32");
+  const auto [header, data] = ReadNpy(options.out_path);
+  EXPECT_THAT(header, HasSubstr("'descr': '<i4'"));
+  ASSERT_EQ(data.size(), 8u);
+  int32_t ids[2];
+  std::memcpy(ids, data.data(), 8);
+  EXPECT_EQ(ids[0], 3);
+  EXPECT_EQ(ids[1], 70000);
+}
+
+TEST(TokenizeFilesTest, BadInputsFailWithoutLeavingAnOutput) {
+  const std::string dir = FreshTestDir("bad");
+  const Tokenizer tokenizer = MakeTokenizer();
+  TokenizeOptions options;
+  options.out_path = dir + "/tokens.npy";
+  const auto fails = [&](const std::vector<std::string>& inputs) {
+    absl::StatusOr<TokenizeProgress> done = TokenizeFiles(tokenizer, inputs, options);
+    EXPECT_FALSE(done.ok());
+    EXPECT_FALSE(std::filesystem::exists(options.out_path));
+    EXPECT_FALSE(std::filesystem::exists(options.out_path + ".partial"));
+    return done.status();
+  };
+  EXPECT_EQ(fails({dir + "/missing.txt"}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(fails({}).code(), absl::StatusCode::kInvalidArgument);
+
+  WriteFile(dir + "/bad.jsonl", "{\"text\": \"a\"}\n{\"body\": \"b\"}\n");
+  absl::Status status = fails({dir + "/bad.jsonl"});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("bad.jsonl:2"));
+  EXPECT_THAT(status.message(), HasSubstr("\"text\""));
+
+  WriteFile(dir + "/latin1.txt", "caf\xE9");
+  status = fails({dir + "/latin1.txt"});
+  EXPECT_THAT(status.message(), HasSubstr("latin1.txt"));
+  EXPECT_THAT(status.message(), HasSubstr("not UTF-8 at byte 3"));
+
+  WriteFile(dir + "/ok.txt", "a");
+  options.separator = 99;
+  EXPECT_THAT(fails({dir + "/ok.txt"}).message(), HasSubstr("separator id 99"));
+}
+
+}  // namespace
+}  // namespace latentd::client
