@@ -67,33 +67,19 @@ bool IsWhitespace(uint32_t cp) { return u_isUWhiteSpace(static_cast<UChar32>(cp)
 
 // ---- regular expressions -----------------------------------------------------------------------
 
-// A tokenizer.json pattern (Oniguruma syntax) compiled by ICU. Oniguruma's \s is the Unicode
-// White_Space property (it includes U+000B and U+0085, which ICU's \s leaves out), so \s and \S
-// are spelled as that property before compiling.
+// A tokenizer.json pattern (Oniguruma syntax) compiled by ICU. The patterns tokenizers ship
+// (\p{L}, \p{N}, (?i:...), (?!\S), {1,3}) mean the same in both; ICU's \s, like Oniguruma's, is
+// the Unicode White_Space property (U+000B and U+0085 included).
 class Regex {
  public:
   static absl::StatusOr<std::shared_ptr<const Regex>> Compile(absl::string_view pattern,
                                                               absl::string_view where) {
-    std::string translated;
-    for (size_t i = 0; i < pattern.size(); ++i) {
-      if (pattern[i] == '\\' && i + 1 < pattern.size()) {
-        const char next = pattern[++i];
-        if (next == 's') {
-          translated += "\\p{White_Space}";
-        } else if (next == 'S') {
-          translated += "\\P{White_Space}";
-        } else {
-          translated += '\\';
-          translated += next;
-        }
-      } else {
-        translated += pattern[i];
-      }
-    }
     UErrorCode status = U_ZERO_ERROR;
     UParseError parse_error;
-    std::unique_ptr<icu::RegexPattern> compiled(icu::RegexPattern::compile(
-        icu::UnicodeString::fromUTF8(translated), 0, parse_error, status));
+    std::unique_ptr<icu::RegexPattern> compiled(
+        icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(icu::StringPiece(
+                                       pattern.data(), static_cast<int32_t>(pattern.size()))),
+                                   0, parse_error, status));
     if (U_FAILURE(status)) {
       return Invalid(where,
                      absl::StrCat("regex \"", pattern, "\" does not compile (", u_errorName(status),

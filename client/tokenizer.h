@@ -14,8 +14,8 @@
 //     WhitespaceSplit and Sequence;
 //   - post-processors TemplateProcessing (Llama's and Gemma's BOS), RobertaProcessing,
 //     BertProcessing, ByteLevel and Sequence.
-// Regex patterns (Oniguruma syntax in the file) run on ICU's regex engine; `\s` and `\S` keep
-// Oniguruma's meaning (the Unicode White_Space property, which ICU's `\s` narrows).
+// Regex patterns (Oniguruma syntax in the file) run on ICU's regex engine, which reads the ones
+// tokenizers ship the same way (`\s` is the Unicode White_Space property in both).
 // tests/tokenizer/ compares the ids with a reference implementation on six real tokenizers.
 #ifndef LATENTD_CLIENT_TOKENIZER_H_
 #define LATENTD_CLIENT_TOKENIZER_H_

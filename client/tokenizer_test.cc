@@ -86,8 +86,8 @@ TEST(TokenizerTest, SplitBehaviorsPlaceTheDelimiterAsHuggingFaceDoes) {
   EXPECT_THAT(Encode(with_split("Removed", /*invert=*/true), "a-b"), ElementsAre(2));
 }
 
-TEST(TokenizerTest, RegexSplitKeepsOnigurumaWhitespace) {
-  // \s must cover U+0085 (NEL) as Oniguruma's does; ICU's own \s would not.
+TEST(TokenizerTest, RegexSplitUsesUnicodeWhitespace) {
+  // \s covers U+0085 (NEL), as Oniguruma's does (the Unicode White_Space property).
   Json json = BpeJson({"x", "\xC2\x85", " "}, {});
   json["pre_tokenizer"] = {{"type", "Split"},
                            {"pattern", {{"Regex", "\\s+"}}},
@@ -127,6 +127,25 @@ TEST(TokenizerTest, SentencePieceStyleWithByteFallbackAndBos) {
   EXPECT_EQ(t.TokenId("\u2581hi"), 9);
   EXPECT_EQ(t.TokenId("nope"), std::nullopt);
   EXPECT_EQ(t.vocab_size(), 10);
+}
+
+TEST(TokenizerTest, PostProcessorsWrapTheSequence) {
+  Json json = BpeJson({"<s>", "a", "</s>", "<eos>"}, {});
+  json["post_processor"] = {{"type", "RobertaProcessing"},
+                            {"cls", {"<s>", 0}},
+                            {"sep", {"</s>", 2}},
+                            {"trim_offsets", true}};
+  EXPECT_THAT(Encode(Make(json), "aa"), ElementsAre(0, 1, 1, 2));
+  // A Sequence: ByteLevel changes nothing; the template appends <eos> after the text.
+  json["post_processor"] = {
+      {"type", "Sequence"},
+      {"processors",
+       {{{"type", "ByteLevel"}},
+        {{"type", "TemplateProcessing"},
+         {"single", {{{"Sequence", {{"id", "A"}}}}, {{"SpecialToken", {{"id", "<eos>"}}}}}},
+         {"special_tokens", {{"<eos>", {{"id", "<eos>"}, {"ids", {3}}}}}}}}}};
+  EXPECT_THAT(Encode(Make(json), "a"), ElementsAre(1, 3));
+  EXPECT_THAT(Encode(Make(json), "a", /*special=*/false), ElementsAre(1));
 }
 
 TEST(TokenizerTest, MetaspaceFirstPrependsOnlyAtTheStartOfTheText) {
