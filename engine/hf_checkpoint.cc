@@ -92,6 +92,18 @@ absl::StatusOr<HfConfig> HfConfig::Read(const std::string& dir) {
   return c;
 }
 
+absl::StatusOr<HfConfig> HfConfig::Nested(const char* key, const std::string& model_type) const {
+  if (!Has(key) || !json_[key].is_object()) return Bad(absl::StrCat(key, " is not an object"));
+  HfConfig c;
+  c.dir_ = dir_;
+  c.path_ = absl::StrCat(path_, " ", key);
+  c.json_ = json_[key];
+  c.model_type_ = c.json_.contains("model_type") && c.json_["model_type"].is_string()
+                      ? c.json_["model_type"].get<std::string>()
+                      : model_type;
+  return c;
+}
+
 absl::Status HfConfig::Bad(const std::string& what) const {
   return absl::InvalidArgumentError(absl::StrCat(path_, ": ", what));
 }

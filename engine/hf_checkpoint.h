@@ -48,6 +48,9 @@ class HfConfig {
   absl::StatusOr<double> PositiveNumber(const char* key, double fallback) const;
   absl::StatusOr<std::string> String(const char* key, const std::string& fallback) const;
   absl::Status Bad(const std::string& what) const;
+  // The object under `key` (Gemma 3's text_config) read as a config of its own; its model_type is
+  // its own or else `model_type`. INVALID_ARGUMENT when `key` is not an object.
+  absl::StatusOr<HfConfig> Nested(const char* key, const std::string& model_type) const;
 
  private:
   std::string dir_, path_, model_type_;

@@ -10,7 +10,13 @@
 namespace latentd::engine {
 namespace {
 
-constexpr char kPrefix[] = "model.";
+// Where the language model's tensors are: LlamaForCausalLM's "model.", or in Gemma 3's
+// multimodal checkpoints "language_model.model." (as released) or "model.language_model."
+// (as newer transformers save them). Names without the prefix are taken too.
+std::vector<std::string> TensorPrefixes(const std::string& model_type) {
+  if (model_type == "gemma3") return {"language_model.model.", "model.language_model."};
+  return {"model."};
+}
 
 std::vector<HfTensorSpec> ExpectedTensors(const LlamaConfig& c) {
   const int64_t d = c.d_model, f = c.d_mlp, q = c.n_heads * c.head_dim,
@@ -24,6 +30,10 @@ std::vector<HfTensorSpec> ExpectedTensors(const LlamaConfig& c) {
     out.push_back({p + "self_attn.k_proj.weight", {kv, d}});
     out.push_back({p + "self_attn.v_proj.weight", {kv, d}});
     out.push_back({p + "self_attn.o_proj.weight", {d, q}});
+    if (c.qk_norm) {
+      out.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
+      out.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
+    }
     if (c.qkv_bias) {
       out.push_back({p + "self_attn.q_proj.bias", {q}});
       out.push_back({p + "self_attn.k_proj.bias", {kv}});
@@ -47,18 +57,64 @@ std::vector<HfTensorSpec> ExpectedTensors(const LlamaConfig& c) {
   return out;
 }
 
+// The first of the model type's prefixes under which dir's headers hold every expected tensor
+// (the first one's error when none does).
+absl::StatusOr<std::string> FindTensorPrefix(const std::string& dir, const std::string& model_type,
+                                             const std::vector<HfTensorSpec>& expected) {
+  absl::Status first;
+  for (const std::string& prefix : TensorPrefixes(model_type)) {
+    absl::Status s = CheckHfTensors(dir, expected, prefix);
+    if (s.ok()) return prefix;
+    if (first.ok()) first = s;
+  }
+  return first;
+}
+
+// Which layers slide (Gemma 3): config.json's layer_types ("sliding_attention" /
+// "full_attention") when given, else every layer but each sliding_window_pattern-th.
+absl::StatusOr<std::vector<bool>> SlidingLayers(const HfConfig& j, int64_t n_layers) {
+  std::vector<bool> sliding(n_layers);
+  if (j.Has("layer_types")) {
+    const nlohmann::json& types = j.json()["layer_types"];
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != n_layers) {
+      return j.Bad(absl::StrCat("layer_types must list num_hidden_layers = ", n_layers, " types"));
+    }
+    for (int64_t l = 0; l < n_layers; ++l) {
+      const std::string type = types[l].is_string() ? types[l].get<std::string>() : "";
+      if (type != "sliding_attention" && type != "full_attention") {
+        return j.Bad(absl::StrCat("layer_types[", l, "] is neither \"sliding_attention\" nor ",
+                                  "\"full_attention\""));
+      }
+      sliding[l] = type == "sliding_attention";
+    }
+    return sliding;
+  }
+  ASSIGN_OR_RETURN(const int64_t pattern, j.Integer("sliding_window_pattern", 6, 1, 1 << 20));
+  for (int64_t l = 0; l < n_layers; ++l) sliding[l] = (l + 1) % pattern != 0;
+  return sliding;
+}
+
 }  // namespace
 
 bool IsHfLlamaType(const std::string& t) {
-  return t == "llama" || t == "mistral" || t == "qwen2" || t == "gemma" || t == "gemma2";
+  return t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3" || t == "gemma" ||
+         t == "gemma2" || t == "gemma3_text" || t == "gemma3";
 }
 
 absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
   const std::string& type = j.model_type();
   if (!IsHfLlamaType(type)) {
-    return j.Bad(
-        absl::StrCat("model_type \"", type, "\" is not llama, mistral, qwen2, gemma or gemma2"));
+    return j.Bad(absl::StrCat("model_type \"", type,
+                              "\" is not llama, mistral, qwen2, qwen3, gemma, gemma2 or gemma3"));
   }
+  if (type == "gemma3") {  // the multimodal checkpoint: the language model's config is nested
+    ASSIGN_OR_RETURN(const HfConfig text, j.Nested("text_config", "gemma3_text"));
+    if (text.model_type() != "gemma3_text") {
+      return text.Bad(absl::StrCat("model_type \"", text.model_type(), "\" is not gemma3_text"));
+    }
+    return ReadHfLlamaConfig(text);
+  }
+  const bool gemma3 = type == "gemma3_text";
   LlamaConfig c;
   c.what = absl::StrCat("the ", type, " model in ", j.dir());
   ASSIGN_OR_RETURN(c.d_model, j.Integer("hidden_size", 4096, 1, 1 << 17));
@@ -78,10 +134,11 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
   if (c.head_dim % 2 != 0) return j.Bad(absl::StrCat("head_dim = ", c.head_dim, " is odd"));
   ASSIGN_OR_RETURN(c.d_mlp, j.Integer("intermediate_size", 11008, 1, 1 << 20));
   ASSIGN_OR_RETURN(c.vocab_size, j.Integer("vocab_size", 32000, 1, 1 << 24));
-  ASSIGN_OR_RETURN(c.context_length, j.Integer("max_position_embeddings", 2048, 1, 1 << 24));
+  ASSIGN_OR_RETURN(c.context_length,
+                   j.Integer("max_position_embeddings", gemma3 ? 131072 : 2048, 1, 1 << 24));
   ASSIGN_OR_RETURN(c.norm_eps, j.PositiveNumber("rms_norm_eps", 1e-6));
-  ASSIGN_OR_RETURN(c.rope_theta, j.PositiveNumber("rope_theta", 10000.0));
-  const bool gemma = type == "gemma" || type == "gemma2";
+  ASSIGN_OR_RETURN(c.rope_theta, j.PositiveNumber("rope_theta", gemma3 ? 1e6 : 10000.0));
+  const bool gemma = type == "gemma" || type == "gemma2" || gemma3;
   // Gemma's MLP reads hidden_activation (its legacy hidden_act "gelu" is not what runs).
   ASSIGN_OR_RETURN(const std::string act, gemma ? j.String("hidden_activation", "gelu_pytorch_tanh")
                                                 : j.String("hidden_act", "silu"));
@@ -107,11 +164,20 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
     c.embed_scale = std::sqrt(static_cast<double>(c.d_model));
     c.norm_gain_offset = true;
   }
-  if (type == "gemma2") {
+  if (type == "gemma2" || gemma3) {
     c.post_norms = true;
-    ASSIGN_OR_RETURN(c.attn_softcap, j.PositiveNumber("attn_logit_softcapping", 50.0));
+    // Gemma 3 dropped the soft-capping (null in its configs); Gemma 2 caps at 50 by default.
+    ASSIGN_OR_RETURN(c.attn_softcap,
+                     j.PositiveNumber("attn_logit_softcapping", gemma3 ? 0.0 : 50.0));
     ASSIGN_OR_RETURN(const double scalar, j.PositiveNumber("query_pre_attn_scalar", 256.0));
     c.attn_scale = 1.0 / std::sqrt(scalar);
+  }
+  c.qk_norm = type == "qwen3" || gemma3;
+  if (gemma3) {
+    // Local layers see a window of the latest positions and rotate with their own base.
+    ASSIGN_OR_RETURN(c.sliding_window, j.Integer("sliding_window", 4096, 1, 1 << 24));
+    ASSIGN_OR_RETURN(c.sliding_layers, SlidingLayers(j, c.n_layers));
+    ASSIGN_OR_RETURN(c.rope_local_theta, j.PositiveNumber("rope_local_base_freq", 10000.0));
   }
   if (j.Has("rope_scaling")) {
     const nlohmann::json& r = j.json()["rope_scaling"];
@@ -128,7 +194,9 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
       *out = r[key].get<double>();
       return absl::OkStatus();
     };
-    if (rope_type == "llama3") {
+    if (rope_type == "linear") {
+      RETURN_IF_ERROR(number("factor", &c.rope_linear_factor));
+    } else if (rope_type == "llama3") {
       double original = 0;
       RETURN_IF_ERROR(number("factor", &c.rope_factor));
       RETURN_IF_ERROR(number("low_freq_factor", &c.rope_low_freq_factor));
@@ -140,14 +208,16 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
       }
     } else if (rope_type != "default") {
       return j.Bad(absl::StrCat("rope_scaling ", r.dump(),
-                                ": only null, \"default\" and \"llama3\" are read"));
+                                ": only null, \"default\", \"linear\" and \"llama3\" are read"));
     }
   }
-  // Mistral's window is on when given; Gemma 2's alternate layers always have one.
+  // Mistral's window is on when given; Gemma 2's alternate layers always have one. Within the
+  // window attention is full, so capping the sequence there is exact. (Gemma 3 windows its
+  // local layers instead: 512 or 1024 positions, too few to cap at.)
   ASSIGN_OR_RETURN(const bool use_window,
                    j.Boolean("use_sliding_window",
                              /*fallback=*/type == "mistral" || type == "gemma2"));
-  if (use_window && j.Has("sliding_window")) {
+  if (use_window && !gemma3 && j.Has("sliding_window")) {
     ASSIGN_OR_RETURN(const int64_t window, j.Integer("sliding_window", 0, 1, 1 << 24));
     c.context_length = std::min(c.context_length, window);
   }
@@ -157,7 +227,7 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
 absl::StatusOr<LlamaConfig> CheckHfLlama(const std::string& dir) {
   ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(dir));
   ASSIGN_OR_RETURN(LlamaConfig config, ReadHfLlamaConfig(json));
-  RETURN_IF_ERROR(CheckHfTensors(dir, ExpectedTensors(config), kPrefix));
+  RETURN_IF_ERROR(FindTensorPrefix(dir, json.model_type(), ExpectedTensors(config)).status());
   return config;
 }
 
@@ -175,7 +245,10 @@ absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options) {
   ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(options.dir));
   ASSIGN_OR_RETURN(LlamaConfig config, ReadHfLlamaConfig(json));
   RETURN_IF_ERROR(CheckHfLlamaOptions(config, options));
-  ASSIGN_OR_RETURN(HfTensors read, ReadHfTensors(options.dir, ExpectedTensors(config), kPrefix));
+  const std::vector<HfTensorSpec> expected = ExpectedTensors(config);
+  ASSIGN_OR_RETURN(const std::string prefix,
+                   FindTensorPrefix(options.dir, json.model_type(), expected));
+  ASSIGN_OR_RETURN(HfTensors read, ReadHfTensors(options.dir, expected, prefix));
   const std::map<std::string, at::Tensor>& t = read.tensors;
   auto optional = [&](const std::string& name) {
     auto it = t.find(name);
@@ -197,6 +270,8 @@ absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options) {
     b.b_k = optional(p + "self_attn.k_proj.bias");
     b.b_v = optional(p + "self_attn.v_proj.bias");
     b.b_o = optional(p + "self_attn.o_proj.bias");
+    b.q_norm = optional(p + "self_attn.q_norm.weight");
+    b.k_norm = optional(p + "self_attn.k_norm.weight");
     if (config.post_norms) {
       b.post_attn_norm = t.at(p + "post_attention_layernorm.weight");
       b.mlp_norm = t.at(p + "pre_feedforward_layernorm.weight");
@@ -205,7 +280,8 @@ absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options) {
       b.mlp_norm = t.at(p + "post_attention_layernorm.weight");
     }
     if (config.norm_gain_offset) {
-      for (at::Tensor* norm : {&b.attn_norm, &b.mlp_norm, &b.post_attn_norm, &b.post_mlp_norm}) {
+      for (at::Tensor* norm :
+           {&b.attn_norm, &b.mlp_norm, &b.post_attn_norm, &b.post_mlp_norm, &b.q_norm, &b.k_norm}) {
         if (norm->defined()) *norm = *norm + 1;
       }
     }

@@ -1,14 +1,18 @@
 // Hugging Face Llama-architecture checkpoints run natively (llama_model.h): model_type llama
-// (Llama 2, 3, 3.1/3.2 with rope_scaling "llama3"), mistral, qwen2, gemma and gemma2 (Gemma
-// Scope's models: embeddings times sqrt(d_model), RMSNorm gains stored as w and applied as 1 + w,
-// hidden_activation, and for gemma2 pre_feedforward/post_feedforward norms,
-// attn_logit_softcapping and query_pre_attn_scalar), in the same directory layout as GPT-2's
-// (hf_checkpoint.h). Tensor names with or without the "model." prefix
-// (LlamaForCausalLM or LlamaModel); lm_head.weight unless tie_word_embeddings.
+// (Llama 2, 3, 3.1/3.2 with rope_scaling "llama3"), mistral, qwen2, qwen3 (q_norm / k_norm on
+// each head), gemma and gemma2 (Gemma Scope's models: embeddings times sqrt(d_model), RMSNorm
+// gains stored as w and applied as 1 + w, hidden_activation, and for gemma2
+// pre_feedforward/post_feedforward norms, attn_logit_softcapping and query_pre_attn_scalar),
+// gemma3_text and gemma3 (Gemma Scope 2's models: Gemma 2's layout without the soft-capping, plus
+// q_norm / k_norm, sliding-window local layers (layer_types or sliding_window_pattern) rotating
+// with rope_local_base_freq, global ones with rope_theta and a "linear" rope_scaling; the
+// multimodal gemma3's text_config and its language model's tensors, the vision tower ignored),
+// in the same directory layout as GPT-2's (hf_checkpoint.h). Tensor names with or without the
+// "model." prefix (LlamaForCausalLM or LlamaModel); lm_head.weight unless tie_word_embeddings.
 //
 // Read from config.json: hidden_size, num_hidden_layers, num_attention_heads,
 // num_key_value_heads, head_dim, intermediate_size, vocab_size, max_position_embeddings,
-// rms_norm_eps, rope_theta, rope_scaling (null, "default" or "llama3"), hidden_act (silu,
+// rms_norm_eps, rope_theta, rope_scaling (null, "default", "linear" or "llama3"), hidden_act (silu,
 // gelu_pytorch_tanh / gelu_new, gelu), attention_bias, mlp_bias, tie_word_embeddings;
 // sliding_window (mistral, and qwen2 with use_sliding_window) caps the sequence length, since
 // within the window full attention is what the model computes. Anything else it would need

@@ -53,7 +53,8 @@ TEST(HfModelTest, ModelTypePicksTheArchitecture) {
   WriteTextFile(other + "/config.json", "{\"model_type\": \"phi3\"}");
   ExpectError(
       CheckHfModel({other}).status(), absl::StatusCode::kInvalidArgument,
-      "model_type \"phi3\": gpt2, gpt_neox, llama, mistral, qwen2, gemma and gemma2 run natively");
+      "model_type \"phi3\": gpt2, gpt_neox, llama, mistral, qwen2, qwen3, gemma, gemma2 and gemma3 "
+      "run natively");
   ExpectError(CheckHfModel({FreshTestDir("hf_model_none")}).status(), absl::StatusCode::kNotFound,
               "config.json");
 }
@@ -94,8 +95,9 @@ TEST(HfModelTest, BadLlamaCheckpointsAreRefusedNamingWhatIsWrong) {
   EXPECT_TRUE(check({{"tie_word_embeddings", "true"}}).ok());  // lm_head is then not needed
   ExpectError(check({{"num_key_value_heads", "3"}}), absl::StatusCode::kInvalidArgument,
               "num_key_value_heads = 3 does not divide num_attention_heads = 4");
-  ExpectError(check({{"rope_scaling", "{\"type\": \"linear\", \"factor\": 2.0}"}}),
-              absl::StatusCode::kInvalidArgument, "only null, \"default\" and \"llama3\"");
+  ExpectError(check({{"rope_scaling", "{\"type\": \"yarn\", \"factor\": 2.0}"}}),
+              absl::StatusCode::kInvalidArgument,
+              "only null, \"default\", \"linear\" and \"llama3\"");
   ExpectError(check({{"rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}"}}),
               absl::StatusCode::kInvalidArgument, "rope_scaling.low_freq_factor");
   ExpectError(check({{"hidden_act", "\"relu2\""}}), absl::StatusCode::kInvalidArgument,
@@ -107,6 +109,12 @@ TEST(HfModelTest, BadLlamaCheckpointsAreRefusedNamingWhatIsWrong) {
               "[40, 32]");
   ExpectError(check({{"model_type", "\"qwen2\""}}), absl::StatusCode::kInvalidArgument,
               "no tensor layers.0.self_attn.q_proj.bias");
+  ExpectError(check({{"model_type", "\"qwen3\""}}), absl::StatusCode::kInvalidArgument,
+              "no tensor layers.0.self_attn.q_norm.weight");
+  ExpectError(check({{"model_type", "\"gemma3_text\""}, {"layer_types", "[\"full_attention\"]"}}),
+              absl::StatusCode::kInvalidArgument, "layer_types must list num_hidden_layers = 2");
+  ExpectError(check({{"model_type", "\"gemma3\""}}), absl::StatusCode::kInvalidArgument,
+              "text_config is not an object");
   // A tied checkpoint whose config says otherwise lacks the unembedding.
   WriteRandomLlamaCheckpoint(dir, /*tied=*/true, {{"tie_word_embeddings", "false"}});
   ExpectError(CheckHfModel({dir}).status(), absl::StatusCode::kInvalidArgument,

@@ -16,12 +16,14 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
 }
 
-// The inverse frequencies of the rotary embedding, with Llama 3's scaling when configured: long
-// wavelengths slowed by `factor`, short ones kept, the band between interpolated.
-at::Tensor InverseFrequencies(const LlamaConfig& c) {
+// The inverse frequencies of the rotary embedding for base `theta`; with `scaled`, the
+// configured scaling: linear (every frequency divided by the factor) or Llama 3's (long
+// wavelengths slowed by `factor`, short ones kept, the band between interpolated).
+at::Tensor InverseFrequencies(const LlamaConfig& c, double theta, bool scaled) {
   const int64_t dim = c.rotary_dim > 0 ? c.rotary_dim : c.head_dim;
-  at::Tensor inv_freq = 1.0 / at::pow(c.rope_theta, at::arange(0, dim, 2, at::kDouble) / dim);
-  if (c.rope_factor > 0) {
+  at::Tensor inv_freq = 1.0 / at::pow(theta, at::arange(0, dim, 2, at::kDouble) / dim);
+  if (scaled && c.rope_linear_factor > 0) inv_freq = inv_freq / c.rope_linear_factor;
+  if (scaled && c.rope_factor > 0) {
     const double low_wavelen = c.rope_original_context / c.rope_low_freq_factor;
     const double high_wavelen = c.rope_original_context / c.rope_high_freq_factor;
     at::Tensor wavelen = 2 * M_PI / inv_freq;
@@ -53,7 +55,8 @@ TransformerShape LlamaShape(const LlamaConfig& c) {
                 kv = c.n_kv_heads * c.head_dim;
   const int64_t biases = (c.qkv_bias ? q + 2 * kv : 0) + (c.o_bias ? d : 0) +
                          (c.mlp_bias ? (c.gated_mlp ? 2 : 1) * f + d : 0);
-  const int64_t norms = (c.post_norms ? 4 : 2) * d * (c.layer_norm ? 2 : 1);
+  const int64_t norms =
+      (c.post_norms ? 4 : 2) * d * (c.layer_norm ? 2 : 1) + (c.qk_norm ? 2 * c.head_dim : 0);
   const int64_t per_block =
       norms + d * (q + 2 * kv) + q * d + (c.gated_mlp ? 3 : 2) * d * f + biases;
   s.parameter_bytes = 4 * (c.vocab_size * d * (c.tied_embeddings ? 1 : 2) + c.n_layers * per_block);
@@ -62,15 +65,23 @@ TransformerShape LlamaShape(const LlamaConfig& c) {
 }
 
 std::string LlamaConfigFingerprint(const LlamaConfig& c) {
+  // Options added later append only when set, so the hashes of earlier datasets stay valid.
+  std::string later;
+  if (c.qk_norm) later += " qknorm";
+  if (c.sliding_window > 0) {
+    later += absl::StrFormat(" window%d local%.9g:", c.sliding_window, c.rope_local_theta);
+    for (const bool sliding : c.sliding_layers) later += sliding ? 'L' : 'G';
+  }
+  if (c.rope_linear_factor > 0) later += absl::StrFormat(" linear%.9g", c.rope_linear_factor);
   return absl::StrFormat(
       "llama d%d l%d h%d kv%d dh%d f%d v%d c%d eps%.9g theta%.9g rope%.9g/%.9g/%.9g/%d act%d "
-      "bias%d%d%d tied%d embed%.9g post%d cap%.9g scale%.9g offset%d ln%d rot%d gated%d par%d",
+      "bias%d%d%d tied%d embed%.9g post%d cap%.9g scale%.9g offset%d ln%d rot%d gated%d par%d%s",
       c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.d_mlp, c.vocab_size,
       c.context_length, c.norm_eps, c.rope_theta, c.rope_factor, c.rope_low_freq_factor,
       c.rope_high_freq_factor, c.rope_original_context, static_cast<int>(c.activation), c.qkv_bias,
       c.o_bias, c.mlp_bias, c.tied_embeddings, c.embed_scale, c.post_norms, c.attn_softcap,
       c.attn_scale, c.norm_gain_offset, c.layer_norm, c.rotary_dim, c.gated_mlp,
-      c.parallel_residual);
+      c.parallel_residual, later);
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weights,
@@ -89,6 +100,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weig
     for (at::Tensor* t : {&b.attn_norm,
                           &b.W_q,
                           &b.b_q,
+                          &b.q_norm,
+                          &b.k_norm,
                           &b.W_k,
                           &b.b_k,
                           &b.W_v,
@@ -109,7 +122,15 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weig
       place(*t);
     }
   }
-  m->inv_freq_ = InverseFrequencies(m->w_.config).to(device);
+  const LlamaConfig& c = m->w_.config;
+  if (c.sliding_window > 0 && static_cast<int64_t>(c.sliding_layers.size()) != c.n_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        c.what, ": ", c.sliding_layers.size(), " sliding-layer flags for ", c.n_layers, " layers"));
+  }
+  m->inv_freq_ = InverseFrequencies(c, c.rope_theta, /*scaled=*/true).to(device);
+  if (c.sliding_window > 0 && c.rope_local_theta > 0) {
+    m->local_inv_freq_ = InverseFrequencies(c, c.rope_local_theta, /*scaled=*/false).to(device);
+  }
   return m;
 }
 
@@ -133,12 +154,17 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
     }
     return at::silu(x);
   };
-  at::Tensor freqs =
-      at::arange(S, inv_freq_.options()).unsqueeze(1) * inv_freq_.unsqueeze(0);  // [S, dh/2]
-  at::Tensor angles = at::cat({freqs, freqs}, -1);
-  const at::Tensor cos = angles.cos(), sin = angles.sin();  // [S, rotary dims], over B, H
-  const int64_t rd = angles.size(-1);
-  auto rotate = [&](const at::Tensor& x) {
+  // cos and sin of each position's angles, [S, rotary dims], broadcast over B and H.
+  auto angles = [&](const at::Tensor& inv_freq) {
+    at::Tensor freqs = at::arange(S, inv_freq.options()).unsqueeze(1) * inv_freq.unsqueeze(0);
+    at::Tensor both = at::cat({freqs, freqs}, -1);
+    return std::make_pair(both.cos(), both.sin());
+  };
+  const auto global_angles = angles(inv_freq_);
+  const auto local_angles = local_inv_freq_.defined() ? angles(local_inv_freq_) : global_angles;
+  const int64_t rd = global_angles.first.size(-1);
+  auto rotate = [&](const at::Tensor& x, const std::pair<at::Tensor, at::Tensor>& cs) {
+    const at::Tensor &cos = cs.first, &sin = cs.second;
     if (rd == dh) return x * cos + RotateHalf(x) * sin;
     const at::Tensor r = x.slice(-1, 0, rd);  // GPT-NeoX: the rest of each head passes as is
     return at::cat({r * cos + RotateHalf(r) * sin, x.slice(-1, rd)}, -1);
@@ -148,6 +174,11 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
                         : RmsNorm(x, gain, c.norm_eps);
   };
   at::Tensor causal = at::ones({S, S}, tokens.options().dtype(at::kBool)).triu(1);
+  // A sliding layer also hides positions sliding_window or more behind the query.
+  at::Tensor windowed =
+      c.sliding_window > 0 && c.sliding_window < S
+          ? causal.logical_or(at::ones({S, S}, causal.options()).tril(-c.sliding_window))
+          : causal;
   const double scale = c.attn_scale > 0 ? c.attn_scale : 1.0 / std::sqrt(static_cast<double>(dh));
 
   at::Tensor x = w_.W_E.index_select(0, tokens.reshape({-1})).view({B, S, d});
@@ -156,18 +187,23 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
     const LlamaBlock& b = w_.blocks[l];
     if (capture(l, HookPoint::kResidPre, x)) break;
     at::Tensor h = norm(x, b.attn_norm, b.attn_norm_b);
-    at::Tensor q = Linear(h, b.W_q, b.b_q).view({B, S, H, dh}).transpose(1, 2);
-    at::Tensor k = Linear(h, b.W_k, b.b_k).view({B, S, KV, dh}).transpose(1, 2);
+    at::Tensor q = Linear(h, b.W_q, b.b_q).view({B, S, H, dh});
+    at::Tensor k = Linear(h, b.W_k, b.b_k).view({B, S, KV, dh});
+    if (c.qk_norm) {
+      q = RmsNorm(q, b.q_norm, c.norm_eps);
+      k = RmsNorm(k, b.k_norm, c.norm_eps);
+    }
+    const bool sliding = c.sliding_window > 0 && c.sliding_layers[l];
+    q = rotate(q.transpose(1, 2), sliding ? local_angles : global_angles);
+    k = rotate(k.transpose(1, 2), sliding ? local_angles : global_angles);
     at::Tensor v = Linear(h, b.W_v, b.b_v).view({B, S, KV, dh}).transpose(1, 2);
-    q = rotate(q);
-    k = rotate(k);
     if (KV != H) {  // grouped-query attention: each key/value head serves H / KV query heads
       k = k.repeat_interleave(H / KV, 1);
       v = v.repeat_interleave(H / KV, 1);
     }
     at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
     if (c.attn_softcap > 0) att = at::tanh(att / c.attn_softcap) * c.attn_softcap;
-    att.masked_fill_(causal, -std::numeric_limits<float>::infinity());
+    att.masked_fill_(sliding ? windowed : causal, -std::numeric_limits<float>::infinity());
     att = at::softmax(att, -1);
     at::Tensor z = at::matmul(att, v).transpose(1, 2).reshape({B, S, H * dh});
     at::Tensor attn_out = Linear(z, b.W_o, b.b_o);

@@ -1,8 +1,9 @@
-// A Llama-architecture transformer (Llama 2/3, Mistral, Qwen2, Gemma 1/2 and the like): RMSNorm
+// A Llama-architecture transformer (Llama 2/3, Mistral, Qwen2/3, Gemma 1/2/3 and the like): RMSNorm
 // before attention and MLP, rotary position embeddings (Hugging Face's half-split layout,
 // optionally Llama 3's frequency scaling), grouped-query attention, a gated MLP
 // down(act(gate(x)) * up(x)); Gemma's variations are options (embedding scale, norms after
-// attention and MLP too, attention-logit soft-capping, its own attention scale), and so are
+// attention and MLP too, attention-logit soft-capping, its own attention scale; Gemma 3's and
+// Qwen3's norms of each query and key head, Gemma 3's sliding-window layers), and so are
 // GPT-NeoX's (Pythia: LayerNorm, rotary on part of each head, an ungated MLP, attention and MLP
 // in parallel). Weights are as
 // Hugging Face's nn.Linear holds them: [out, in].
@@ -59,6 +60,15 @@ struct LlamaConfig {
   double attn_scale = 0;    // scores' scale; 0: 1 / sqrt(head_dim)
   // The checkpoint stores each norm's gain as w with (1 + w) applied (Gemma); the loader adds 1.
   bool norm_gain_offset = false;
+  bool qk_norm =
+      false;  // RMSNorm over each query and key head before the rotation (Qwen3, Gemma 3)
+  // Sliding-window attention on the layers `sliding_layers` marks (Gemma 3: five local layers to
+  // one global): a position attends to itself and the sliding_window - 1 before it. Those layers
+  // rotate with `rope_local_theta` (when > 0) and no rope scaling. 0: no window.
+  int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;  // n_layers entries when sliding_window > 0
+  double rope_local_theta = 0;
+  double rope_linear_factor = 0;   // rope_scaling "linear": frequencies divided by it; 0: none
   std::string what = "the model";  // TransformerShape::what
 };
 
@@ -70,6 +80,7 @@ struct LlamaBlock {
   at::Tensor attn_norm;  // [d]; every norm's gain as multiplied in (Gemma's 1 + w added in)
   at::Tensor attn_norm_b, mlp_norm_b;        // [d], LayerNorm's biases (layer_norm only)
   at::Tensor W_q, b_q, W_k, b_k, W_v, b_v;   // [heads * head_dim, d]; biases may be undefined
+  at::Tensor q_norm, k_norm;                 // [head_dim], with qk_norm only
   at::Tensor W_o, b_o;                       // [d, heads * head_dim]
   at::Tensor mlp_norm;                       // [d]
   at::Tensor post_attn_norm, post_mlp_norm;  // [d], with post_norms only
@@ -116,7 +127,8 @@ class LlamaModel : public ActivationModel {
   LlamaWeights w_;
   std::vector<HookName> hooks_;
   std::vector<int64_t> hook_widths_;
-  at::Tensor inv_freq_;  // [head_dim / 2], on the device
+  at::Tensor inv_freq_;        // [rotary dims / 2], on the device
+  at::Tensor local_inv_freq_;  // the sliding-window layers' own, when they rotate differently
 };
 
 }  // namespace latentd::engine

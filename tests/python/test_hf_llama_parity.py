@@ -1,9 +1,11 @@
-"""Parity of latentd's native Llama-architecture loader (llama, mistral, qwen2, gemma2) with the
-forward pass written here in python3-torch from Hugging Face's modeling_llama / modeling_qwen2 /
-modeling_gemma2: RMSNorm in float32 (Gemma: times 1 + w), rotary embeddings with the half-split
-rotate_half (and Llama 3's rope_scaling), grouped-query attention by repeating key/value heads,
-the gated MLP; Gemma 2's embedding scale, attention-logit soft-capping, query_pre_attn_scalar
-and norms after attention and MLP. Small checkpoints are
+"""Parity of latentd's native Llama-architecture loader (llama, mistral, qwen2, qwen3, gemma2,
+gemma3) with the forward pass written here in python3-torch from Hugging Face's modeling_llama /
+modeling_qwen2 / modeling_qwen3 / modeling_gemma2 / modeling_gemma3: RMSNorm in float32 (Gemma:
+times 1 + w), rotary embeddings with the half-split rotate_half (and Llama 3's or linear
+rope_scaling), grouped-query attention by repeating key/value heads, the gated MLP; Gemma 2's
+embedding scale, attention-logit soft-capping, query_pre_attn_scalar and norms after attention
+and MLP; Qwen3's and Gemma 3's norm of each query and key head; Gemma 3's sliding-window local
+layers with their own rotary base. Small checkpoints are
 written as the Hub serves them (config.json + model.safetensors with nn.Linear [out, in] weights
 under "model."), extract_tool runs DENSE at TransformerLens hooks, and the stored float32 rows
 must equal the Python values within 1e-5 of the largest.
@@ -28,6 +30,8 @@ def inverse_frequencies(cfg):
     dim = cfg.get("head_dim", D // HEADS)
     inv = 1.0 / (cfg.get("rope_theta", 10000.0) ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     r = cfg.get("rope_scaling")
+    if r and r.get("rope_type") == "linear":
+        inv = inv / r["factor"]
     if r and r.get("rope_type") == "llama3":
         # Hugging Face's _compute_llama3_parameters, element by element
         old, lo, hi, factor = (r["original_max_position_embeddings"], r["low_freq_factor"],
@@ -61,19 +65,37 @@ class Llama:
 
     @property
     def gemma(self):
-        return self.cfg["model_type"] in ("gemma", "gemma2")
+        return self.cfg["model_type"] in ("gemma", "gemma2", "gemma3_text")
 
     @property
-    def gemma2(self):
-        return self.cfg["model_type"] == "gemma2"
+    def gemma2(self):  # Gemma 2's layout, which Gemma 3 keeps
+        return self.cfg["model_type"] in ("gemma2", "gemma3_text")
+
+    @property
+    def qk_norm(self):
+        return self.cfg["model_type"] in ("qwen3", "gemma3_text")
+
+    def sliding(self, layer):
+        """Gemma 3: whether this layer attends within a window (layer_types, else the pattern)."""
+        if self.cfg["model_type"] != "gemma3_text":
+            return False
+        if self.cfg.get("layer_types"):
+            return self.cfg["layer_types"][layer] == "sliding_attention"
+        return (layer + 1) % self.cfg.get("sliding_window_pattern", 6) != 0
 
     def __call__(self, ids):
         B, S = ids.shape
         dh = self.cfg.get("head_dim", D // HEADS)
         pos = torch.arange(S).float()
-        freqs = torch.outer(pos, inverse_frequencies(self.cfg))
-        emb = torch.cat([freqs, freqs], dim=-1)
-        cos, sin = emb.cos(), emb.sin()
+
+        def cos_sin(cfg):
+            freqs = torch.outer(pos, inverse_frequencies(cfg))
+            emb = torch.cat([freqs, freqs], dim=-1)
+            return emb.cos(), emb.sin()
+
+        global_cs = cos_sin(self.cfg)
+        # Gemma 3's local layers: their own base, no scaling
+        local_cs = cos_sin({"head_dim": dh, "rope_theta": self.cfg.get("rope_local_base_freq", 1e4)})
 
         def rotate_half(x):
             x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
@@ -83,22 +105,31 @@ class Llama:
         x = self.w["model.embed_tokens.weight"][ids]
         if self.gemma:
             x = x * torch.tensor(D ** 0.5)
-        mask = torch.full((S, S), float("-inf")).triu(1)
+        causal = torch.full((S, S), float("-inf")).triu(1)
+        i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
+        window = self.cfg.get("sliding_window") or S
+        windowed = causal.masked_fill(i - j >= window, float("-inf"))
         for l in range(LAYERS):
             p = "model.layers.%d." % l
             hooks["blocks.%d.hook_resid_pre" % l] = x
             h = self.norm(p + "input_layernorm", x)
-            q = self.linear(p + "self_attn.q_proj", h).view(B, S, HEADS, dh).transpose(1, 2)
-            k = self.linear(p + "self_attn.k_proj", h).view(B, S, KV_HEADS, dh).transpose(1, 2)
+            q = self.linear(p + "self_attn.q_proj", h).view(B, S, HEADS, dh)
+            k = self.linear(p + "self_attn.k_proj", h).view(B, S, KV_HEADS, dh)
+            if self.qk_norm:
+                q, k = self.norm(p + "self_attn.q_norm", q), self.norm(p + "self_attn.k_norm", k)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
             v = self.linear(p + "self_attn.v_proj", h).view(B, S, KV_HEADS, dh).transpose(1, 2)
+            cos, sin = local_cs if self.sliding(l) else global_cs
+            mask = windowed if self.sliding(l) else causal
             q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
             rep = HEADS // KV_HEADS  # repeat_kv: each key/value head serves `rep` query heads
             k = k[:, :, None].expand(B, KV_HEADS, rep, S, dh).reshape(B, HEADS, S, dh)
             v = v[:, :, None].expand(B, KV_HEADS, rep, S, dh).reshape(B, HEADS, S, dh)
             if self.gemma2:
                 scores = q @ k.transpose(2, 3) * self.cfg["query_pre_attn_scalar"] ** -0.5
-                cap = self.cfg["attn_logit_softcapping"]
-                scores = torch.tanh(scores / cap) * cap
+                cap = self.cfg.get("attn_logit_softcapping")
+                if cap:
+                    scores = torch.tanh(scores / cap) * cap
             else:
                 scores = q @ k.transpose(2, 3) / math.sqrt(dh)
             att = (scores + mask).softmax(-1)
@@ -182,7 +213,8 @@ class HfLlamaParityTest(unittest.TestCase):
         np.save(os.path.join(cls.root, "tokens.npy"), ids)
         cls.ids = ids.astype(np.int64)
 
-    def checkpoint(self, name, model_type="llama", qkv_bias=False, tied=False, seed=None, **config_changes):
+    def checkpoint(self, name, model_type="llama", qkv_bias=False, tied=False, seed=None, multimodal=False,
+                   **config_changes):
         torch.manual_seed(len(name) if seed is None else seed)
         g = lambda *shape, s=0.1: torch.randn(*shape) * s
         q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
@@ -198,7 +230,11 @@ class HfLlamaParityTest(unittest.TestCase):
                       p + "mlp.down_proj.weight": g(D, FF),
                       # a buffer some checkpoints carry: not a weight
                       p + "self_attn.rotary_emb.inv_freq": torch.ones(HEAD_DIM // 2)})
-            if model_type == "gemma2":  # gains stored as w, applied as 1 + w
+            if model_type in ("qwen3", "gemma3_text"):  # a norm over each query and key head
+                off = 0 if model_type == "gemma3_text" else 1
+                w.update({p + "self_attn.q_norm.weight": off + g(HEAD_DIM, s=0.3),
+                          p + "self_attn.k_norm.weight": off + g(HEAD_DIM, s=0.3)})
+            if model_type in ("gemma2", "gemma3_text"):  # gains stored as w, applied as 1 + w
                 w.update({p + "input_layernorm.weight": g(D), p + "post_attention_layernorm.weight": g(D),
                           p + "pre_feedforward_layernorm.weight": g(D),
                           p + "post_feedforward_layernorm.weight": g(D)})
@@ -213,7 +249,15 @@ class HfLlamaParityTest(unittest.TestCase):
                "bos_token_id": 1, "eos_token_id": 2, "attention_dropout": 0.0, "rope_scaling": None}
         cfg.update(config_changes)
         d = os.path.join(self.root, name)
-        write_hf_checkpoint(d, cfg, w)
+        if multimodal:  # Gemma3ForConditionalGeneration's layout around the same language model
+            stored = {"language_model." + k: t for k, t in w.items()}
+            stored["vision_tower.vision_model.embeddings.patch_embedding.weight"] = g(8, 3, 2, 2)
+            stored["multi_modal_projector.mm_input_projection_weight"] = g(8, D)
+            write_hf_checkpoint(d, {"architectures": ["Gemma3ForConditionalGeneration"],
+                                    "model_type": "gemma3", "text_config": cfg,
+                                    "vision_config": {"model_type": "siglip_vision_model"}}, stored)
+        else:
+            write_hf_checkpoint(d, cfg, w)
         with torch.no_grad():
             hooks = Llama(w, cfg)(torch.from_numpy(self.ids).view(-1, CTX))
         return d, hooks
@@ -262,6 +306,37 @@ class HfLlamaParityTest(unittest.TestCase):
         self.assertFalse(np.allclose(hooks["blocks.0.hook_attn_out"], plain["blocks.0.hook_attn_out"]))
         for name in ["blocks.0.hook_attn_out", "blocks.1.mlp.hook_post", "blocks.1.hook_mlp_out",
                      "blocks.2.hook_resid_post"]:
+            self.check(d, hooks, name)
+
+    def test_qwen3(self):
+        d, hooks = self.checkpoint("qwen3", model_type="qwen3", tied=True, rope_theta=1e6)
+        for name in ["blocks.0.hook_attn_out", "blocks.2.hook_resid_post"]:
+            self.check(d, hooks, name)
+
+    def gemma3(self, name, **changes):
+        cfg = dict(model_type="gemma3_text", tied=True, seed=7, hidden_activation="gelu_pytorch_tanh",
+                   query_pre_attn_scalar=24, sliding_window=5, rope_theta=1e6, rope_local_base_freq=1e4,
+                   rope_scaling={"rope_type": "linear", "factor": 8.0}, max_position_embeddings=1024,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+        cfg.update(changes)
+        return self.checkpoint(name, **cfg)
+
+    def test_gemma3(self):
+        d, hooks = self.gemma3("gemma3")
+        # the 5-position window acts on this test's 16-position sequences
+        wide = self.gemma3("gemma3_wide", sliding_window=64)[1]
+        self.assertFalse(np.allclose(hooks["blocks.0.hook_attn_out"], wide["blocks.0.hook_attn_out"]))
+        for name in ["blocks.0.hook_attn_out", "blocks.1.hook_resid_mid", "blocks.1.hook_mlp_out",
+                     "blocks.2.hook_resid_post"]:
+            self.check(d, hooks, name)
+
+    def test_gemma3_multimodal_checkpoint(self):
+        # Gemma 3 4B and up ship as Gemma3ForConditionalGeneration: the language model's config
+        # under text_config, its tensors under "language_model.model.", a vision tower beside
+        # them. Here the sliding layers come from sliding_window_pattern (layers 0 and 2 slide).
+        d, hooks = self.gemma3("gemma3_multimodal", layer_types=None, sliding_window_pattern=2,
+                               multimodal=True)
+        for name in ["blocks.0.hook_attn_out", "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
 
     def test_gemma(self):
