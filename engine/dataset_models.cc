@@ -170,6 +170,7 @@ absl::StatusOr<HfModelOptions> HfOptions(const ExtractEnv& env, const DatasetSou
   HfModelOptions options;
   options.dir = *dir;
   options.center_writing_weights = spec.center_writing_weights();
+  options.bfloat16 = spec.dtype() == latentd::v1::BFLOAT16;
   options.host_memory_limit_bytes = memory_limit_bytes;
   return options;
 }

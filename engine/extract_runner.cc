@@ -180,6 +180,7 @@ HfModelOptions HfOptions(const ExtractSpec& spec, const Checked& c) {
   HfModelOptions options;
   options.dir = c.model_path;
   options.center_writing_weights = spec.model().huggingface().center_writing_weights();
+  options.bfloat16 = spec.model().huggingface().dtype() == latentd::v1::BFLOAT16;
   return options;
 }
 
@@ -236,6 +237,14 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env) {
     case latentd::v1::ModelSpec::kHuggingface: {
       ASSIGN_OR_RETURN(c.model_path, ResolveUnderRoots(spec.model().huggingface().path(), env,
                                                        "extract.model.huggingface.path"));
+      const latentd::v1::ValueDtype dtype = spec.model().huggingface().dtype();
+      if (dtype != latentd::v1::VALUE_DTYPE_UNSPECIFIED && dtype != latentd::v1::FLOAT32 &&
+          dtype != latentd::v1::BFLOAT16) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "extract.model.huggingface.dtype: ", latentd::v1::ValueDtype_Name(dtype),
+            " is not supported (FLOAT32 or BFLOAT16; float16 overflows in some models, e.g. "
+            "Gemma's activations)"));
+      }
       auto shape = CheckHfModel(HfOptions(spec, c));
       if (!shape.ok()) return InHuggingFaceField(shape.status());
       c.shape = *shape;

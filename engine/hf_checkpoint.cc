@@ -187,7 +187,7 @@ std::string HfTensors::Hash(const std::string& extra) const {
 
 absl::StatusOr<HfTensors> ReadHfTensors(const std::string& dir,
                                         const std::vector<HfTensorSpec>& expected,
-                                        const std::string& prefix) {
+                                        const std::string& prefix, at::ScalarType dtype) {
   ASSIGN_OR_RETURN(std::vector<std::string> files, HfWeightFiles(dir));
   ASSIGN_OR_RETURN(auto places, LocateTensors(files, expected, prefix));
   // Each file opened once, when its first tensor is read.
@@ -212,7 +212,7 @@ absl::StatusOr<HfTensors> ReadHfTensors(const std::string& dir,
     }
     out.crc = storage::Crc32cExtend(out.crc, raw.data_ptr(), size);
     out.bytes += size;
-    at::Tensor t = raw.to(at::kFloat);
+    at::Tensor t = raw.to(dtype);
     if (!at::isfinite(t).all().item<bool>()) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": tensor ", place.info.name, " has NaN or Inf entries"));

@@ -26,6 +26,10 @@ struct HfModelOptions {
   // (HostAvailableMemoryBytes). Reading more is RESOURCE_EXHAUSTED, not a process the kernel
   // kills.
   int64_t host_memory_limit_bytes = 0;
+  // Weights held, and matrix products run, in bfloat16 (Llama-family and GPT-NeoX models):
+  // half the memory, and faster where the hardware has bfloat16 units (GPUs; CPUs with
+  // AVX512-BF16 or AMX). Default false: float32, exact.
+  bool bfloat16 = false;
 };
 
 // config.json of a checkpoint directory. Every accessor's error is INVALID_ARGUMENT
@@ -83,11 +87,13 @@ struct HfTensors {
 };
 
 // CheckHfTensors, then each expected tensor read from its file straight into its tensor (no
-// copy of the whole file in memory) and converted to float32. A NaN/Inf weight is
-// INVALID_ARGUMENT naming it; a short read DATA_LOSS naming the file.
+// copy of the whole file in memory) and converted to `dtype` (float32 or bfloat16) before the
+// next is read. A NaN/Inf weight is INVALID_ARGUMENT naming it; a short read DATA_LOSS naming
+// the file.
 absl::StatusOr<HfTensors> ReadHfTensors(const std::string& dir,
                                         const std::vector<HfTensorSpec>& expected,
-                                        const std::string& prefix);
+                                        const std::string& prefix,
+                                        at::ScalarType dtype = at::kFloat);
 
 }  // namespace latentd::engine
 

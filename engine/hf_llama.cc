@@ -245,10 +245,12 @@ absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options) {
   ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(options.dir));
   ASSIGN_OR_RETURN(LlamaConfig config, ReadHfLlamaConfig(json));
   RETURN_IF_ERROR(CheckHfLlamaOptions(config, options));
+  config.bfloat16 = options.bfloat16;
   const std::vector<HfTensorSpec> expected = ExpectedTensors(config);
   ASSIGN_OR_RETURN(const std::string prefix,
                    FindTensorPrefix(options.dir, json.model_type(), expected));
-  ASSIGN_OR_RETURN(HfTensors read, ReadHfTensors(options.dir, expected, prefix));
+  ASSIGN_OR_RETURN(HfTensors read, ReadHfTensors(options.dir, expected, prefix,
+                                                 options.bfloat16 ? at::kBFloat16 : at::kFloat));
   const std::map<std::string, at::Tensor>& t = read.tensors;
   auto optional = [&](const std::string& name) {
     auto it = t.find(name);
@@ -282,7 +284,8 @@ absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options) {
     if (config.norm_gain_offset) {
       for (at::Tensor* norm :
            {&b.attn_norm, &b.mlp_norm, &b.post_attn_norm, &b.post_mlp_norm, &b.q_norm, &b.k_norm}) {
-        if (norm->defined()) *norm = *norm + 1;
+        // 1 + w in float32, as Gemma computes it whatever the model's dtype
+        if (norm->defined()) *norm = norm->to(at::kFloat) + 1;
       }
     }
     b.W_gate = t.at(p + "mlp.gate_proj.weight");

@@ -26,6 +26,11 @@ absl::StatusOr<Architecture> ReadArchitecture(const HfModelOptions& options) {
   ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(options.dir));
   Architecture arch;
   if (json.model_type() == "gpt2") {
+    if (options.bfloat16) {
+      return absl::InvalidArgumentError(
+          "extract.model.huggingface.dtype: BFLOAT16 runs the Llama-family and GPT-NeoX models; "
+          "GPT-2 runs in FLOAT32");
+    }
     ASSIGN_OR_RETURN(Gpt2Config config, ReadHfGpt2Config(json));
     arch.kind = Architecture::kGpt2;
     arch.shape = Gpt2Shape(config);
@@ -34,12 +39,14 @@ absl::StatusOr<Architecture> ReadArchitecture(const HfModelOptions& options) {
   if (IsHfLlamaType(json.model_type())) {
     ASSIGN_OR_RETURN(LlamaConfig config, ReadHfLlamaConfig(json));
     RETURN_IF_ERROR(CheckHfLlamaOptions(config, options));
+    config.bfloat16 = options.bfloat16;
     arch.kind = Architecture::kLlama;
     arch.shape = LlamaShape(config);
     return arch;
   }
   if (json.model_type() == "gpt_neox") {
     ASSIGN_OR_RETURN(LlamaConfig config, ReadHfNeoxConfig(json));
+    config.bfloat16 = options.bfloat16;
     arch.kind = Architecture::kNeox;
     arch.shape = LlamaShape(config);
     return arch;
@@ -84,9 +91,10 @@ absl::StatusOr<HfModelWeights> LoadHfModelWeights(const HfModelOptions& options)
   const int64_t need = shape.parameter_bytes + largest_file;
   if (limit > 0 && need > limit) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "reading %s takes about %.3g GB of host memory (%.3g GB of float32 weights and the "
+        "reading %s takes about %.3g GB of host memory (%.3g GB of %s weights and the "
         "largest weight file, %.3g GB, while it is converted); %.3g GB are available",
-        shape.what, need / 1e9, shape.parameter_bytes / 1e9, largest_file / 1e9, limit / 1e9));
+        shape.what, need / 1e9, shape.parameter_bytes / 1e9,
+        options.bfloat16 ? "bfloat16" : "float32", largest_file / 1e9, limit / 1e9));
   }
   HfModelWeights weights;
   switch (arch.kind) {

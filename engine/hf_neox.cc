@@ -96,7 +96,9 @@ absl::StatusOr<LlamaConfig> CheckHfNeox(const std::string& dir) {
 absl::StatusOr<LlamaWeights> LoadHfNeoxWeights(const HfModelOptions& options) {
   ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(options.dir));
   ASSIGN_OR_RETURN(LlamaConfig config, ReadHfNeoxConfig(json));
-  ASSIGN_OR_RETURN(HfTensors read, ReadHfTensors(options.dir, ExpectedTensors(config), kPrefix));
+  config.bfloat16 = options.bfloat16;
+  ASSIGN_OR_RETURN(HfTensors read, ReadHfTensors(options.dir, ExpectedTensors(config), kPrefix,
+                                                 options.bfloat16 ? at::kBFloat16 : at::kFloat));
   const std::map<std::string, at::Tensor>& t = read.tensors;
   const int64_t H = config.n_heads, dh = config.head_dim, d = config.d_model;
   LlamaWeights w;

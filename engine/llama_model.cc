@@ -11,9 +11,17 @@
 namespace latentd::engine {
 namespace {
 
-// HF's LlamaRMSNorm: x / sqrt(mean(x^2) + eps), times the gain.
+// HF's RMSNorm: x / sqrt(mean(x^2) + eps), times the gain. In bfloat16 the normalization runs
+// in float32, as Hugging Face's does; a float32 gain (Gemma's 1 + w) multiplies before the
+// result returns to bfloat16, a bfloat16 one (Llama's) after.
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+  if (x.scalar_type() == at::kFloat) {
+    return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+  }
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight.scalar_type() == at::kFloat ? (normed * weight).to(x.scalar_type())
+                                            : weight * normed.to(x.scalar_type());
 }
 
 // The inverse frequencies of the rotary embedding for base `theta`; with `scaled`, the
@@ -59,7 +67,8 @@ TransformerShape LlamaShape(const LlamaConfig& c) {
       (c.post_norms ? 4 : 2) * d * (c.layer_norm ? 2 : 1) + (c.qk_norm ? 2 * c.head_dim : 0);
   const int64_t per_block =
       norms + d * (q + 2 * kv) + q * d + (c.gated_mlp ? 3 : 2) * d * f + biases;
-  s.parameter_bytes = 4 * (c.vocab_size * d * (c.tied_embeddings ? 1 : 2) + c.n_layers * per_block);
+  s.parameter_bytes = (c.bfloat16 ? 2 : 4) *
+                      (c.vocab_size * d * (c.tied_embeddings ? 1 : 2) + c.n_layers * per_block);
   s.has_resid_mid = !c.parallel_residual;
   return s;
 }
@@ -73,6 +82,7 @@ std::string LlamaConfigFingerprint(const LlamaConfig& c) {
     for (const bool sliding : c.sliding_layers) later += sliding ? 'L' : 'G';
   }
   if (c.rope_linear_factor > 0) later += absl::StrFormat(" linear%.9g", c.rope_linear_factor);
+  if (c.bfloat16) later += " bf16";
   return absl::StrFormat(
       "llama d%d l%d h%d kv%d dh%d f%d v%d c%d eps%.9g theta%.9g rope%.9g/%.9g/%.9g/%d act%d "
       "bias%d%d%d tied%d embed%.9g post%d cap%.9g scale%.9g offset%d ln%d rot%d gated%d par%d%s",
@@ -91,38 +101,27 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weig
   ASSIGN_OR_RETURN(m->hook_widths_, TransformerHookWidths(LlamaShape(weights.config), hooks));
   m->hooks_ = hooks;
   m->w_ = std::move(weights);
-  auto place = [&](at::Tensor& t) {
-    if (t.defined()) t = t.to(device, at::kFloat).contiguous();
+  const LlamaConfig& c = m->w_.config;
+  // Matrices and biases in the model's dtype; norm gains keep theirs where they are float32 in
+  // a bfloat16 model (Gemma's 1 + w), as Hugging Face computes them.
+  const at::ScalarType dtype = c.bfloat16 ? at::kBFloat16 : at::kFloat;
+  auto place = [&](at::Tensor& t, bool norm) {
+    if (!t.defined()) return;
+    const at::ScalarType type = norm && t.scalar_type() == at::kFloat ? at::kFloat : dtype;
+    t = t.to(device, type).contiguous();
   };
-  place(m->w_.W_E);
-  place(m->w_.W_U);
+  place(m->w_.W_E, false);
+  place(m->w_.W_U, false);
   for (LlamaBlock& b : m->w_.blocks) {
-    for (at::Tensor* t : {&b.attn_norm,
-                          &b.W_q,
-                          &b.b_q,
-                          &b.q_norm,
-                          &b.k_norm,
-                          &b.W_k,
-                          &b.b_k,
-                          &b.W_v,
-                          &b.b_v,
-                          &b.W_o,
-                          &b.b_o,
-                          &b.mlp_norm,
-                          &b.W_gate,
-                          &b.b_gate,
-                          &b.W_up,
-                          &b.b_up,
-                          &b.W_down,
-                          &b.b_down,
-                          &b.post_attn_norm,
-                          &b.post_mlp_norm,
-                          &b.attn_norm_b,
-                          &b.mlp_norm_b}) {
-      place(*t);
+    for (at::Tensor* t : {&b.W_q, &b.b_q, &b.W_k, &b.b_k, &b.W_v, &b.b_v, &b.W_o, &b.b_o, &b.W_gate,
+                          &b.b_gate, &b.W_up, &b.b_up, &b.W_down, &b.b_down}) {
+      place(*t, false);
+    }
+    for (at::Tensor* t : {&b.attn_norm, &b.attn_norm_b, &b.mlp_norm, &b.mlp_norm_b, &b.q_norm,
+                          &b.k_norm, &b.post_attn_norm, &b.post_mlp_norm}) {
+      place(*t, true);
     }
   }
-  const LlamaConfig& c = m->w_.config;
   if (c.sliding_window > 0 && static_cast<int64_t>(c.sliding_layers.size()) != c.n_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
         c.what, ": ", c.sliding_layers.size(), " sliding-layer flags for ", c.n_layers, " layers"));
@@ -139,6 +138,7 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
   const LlamaConfig& c = w_.config;
   const int64_t B = tokens.size(0), S = tokens.size(1), d = c.d_model;
   const int64_t H = c.n_heads, KV = c.n_kv_heads, dh = c.head_dim;
+  const at::ScalarType dtype = c.bfloat16 ? at::kBFloat16 : at::kFloat;
   HookCollector collector(hooks, /*run_all=*/false);
   auto capture = [&](int layer, HookPoint point, const at::Tensor& t) {
     return collector.Capture(layer, point, t);
@@ -158,7 +158,7 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
   auto angles = [&](const at::Tensor& inv_freq) {
     at::Tensor freqs = at::arange(S, inv_freq.options()).unsqueeze(1) * inv_freq.unsqueeze(0);
     at::Tensor both = at::cat({freqs, freqs}, -1);
-    return std::make_pair(both.cos(), both.sin());
+    return std::make_pair(both.cos().to(dtype), both.sin().to(dtype));
   };
   const auto global_angles = angles(inv_freq_);
   const auto local_angles = local_inv_freq_.defined() ? angles(local_inv_freq_) : global_angles;
@@ -170,8 +170,11 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
     return at::cat({r * cos + RotateHalf(r) * sin, x.slice(-1, rd)}, -1);
   };
   auto norm = [&](const at::Tensor& x, const at::Tensor& gain, const at::Tensor& bias) {
-    return c.layer_norm ? at::layer_norm(x, {d}, gain, bias, c.norm_eps)
-                        : RmsNorm(x, gain, c.norm_eps);
+    if (!c.layer_norm) return RmsNorm(x, gain, c.norm_eps);
+    if (dtype == at::kFloat) return at::layer_norm(x, {d}, gain, bias, c.norm_eps);
+    return at::layer_norm(x.to(at::kFloat), {d}, gain.to(at::kFloat), bias.to(at::kFloat),
+                          c.norm_eps)
+        .to(dtype);
   };
   at::Tensor causal = at::ones({S, S}, tokens.options().dtype(at::kBool)).triu(1);
   // A sliding layer also hides positions sliding_window or more behind the query.
@@ -182,7 +185,10 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
   const double scale = c.attn_scale > 0 ? c.attn_scale : 1.0 / std::sqrt(static_cast<double>(dh));
 
   at::Tensor x = w_.W_E.index_select(0, tokens.reshape({-1})).view({B, S, d});
-  if (c.embed_scale != 1) x = x * c.embed_scale;
+  if (c.embed_scale != 1) {
+    // Hugging Face rounds Gemma's sqrt(d_model) to the model's dtype before multiplying.
+    x = x * at::scalar_tensor(c.embed_scale, at::kFloat).to(dtype).item<double>();
+  }
   for (int l = 0; l < c.n_layers; ++l) {
     const LlamaBlock& b = w_.blocks[l];
     if (capture(l, HookPoint::kResidPre, x)) break;
@@ -204,7 +210,7 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
     at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
     if (c.attn_softcap > 0) att = at::tanh(att / c.attn_softcap) * c.attn_softcap;
     att.masked_fill_(sliding ? windowed : causal, -std::numeric_limits<float>::infinity());
-    att = at::softmax(att, -1);
+    att = at::softmax(att, -1, at::kFloat).to(dtype);
     at::Tensor z = at::matmul(att, v).transpose(1, 2).reshape({B, S, H * dh});
     at::Tensor attn_out = Linear(z, b.W_o, b.b_o);
     if (c.post_norms) attn_out = RmsNorm(attn_out, b.post_attn_norm, c.norm_eps);
@@ -224,7 +230,9 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
     x = c.parallel_residual ? x + attn_out + mlp_out : x + mlp_out;
     if (capture(l, HookPoint::kResidPost, x)) break;
   }
-  return collector.Take();
+  std::vector<at::Tensor> out = collector.Take();
+  for (at::Tensor& t : out) t = t.to(at::kFloat);  // what SAEs and the store take
+  return out;
 }
 
 at::Tensor LlamaModel::Forward(const at::Tensor& tokens) { return Run(tokens, {hooks_[0]})[0]; }
@@ -234,10 +242,12 @@ std::vector<at::Tensor> LlamaModel::ForwardHooks(const at::Tensor& tokens) {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedWeights() const {
-  std::vector<std::pair<std::string, at::Tensor>> out = {{"embed.W_E", w_.W_E},
-                                                         {"unembed.W_U", w_.W_U}};
+  // float32, as the queries that read them compute (a bfloat16 model's are widened).
+  std::vector<std::pair<std::string, at::Tensor>> out = {{"embed.W_E", w_.W_E.to(at::kFloat)},
+                                                         {"unembed.W_U", w_.W_U.to(at::kFloat)}};
   for (size_t l = 0; l < w_.blocks.size(); ++l) {
-    out.push_back({absl::StrCat("blocks.", l, ".mlp.W_out"), w_.blocks[l].W_down.t()});
+    out.push_back(
+        {absl::StrCat("blocks.", l, ".mlp.W_out"), w_.blocks[l].W_down.t().to(at::kFloat)});
   }
   return out;
 }

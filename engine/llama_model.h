@@ -68,7 +68,11 @@ struct LlamaConfig {
   int64_t sliding_window = 0;
   std::vector<bool> sliding_layers;  // n_layers entries when sliding_window > 0
   double rope_local_theta = 0;
-  double rope_linear_factor = 0;   // rope_scaling "linear": frequencies divided by it; 0: none
+  double rope_linear_factor = 0;  // rope_scaling "linear": frequencies divided by it; 0: none
+  // Weights and activations in bfloat16, as Hugging Face runs a model loaded with
+  // torch_dtype=bfloat16: norms and softmax computed in float32 (Gemma's 1 + w gains kept in
+  // float32), everything else in bfloat16; hooks come out as float32. Default: all float32.
+  bool bfloat16 = false;
   std::string what = "the model";  // TransformerShape::what
 };
 

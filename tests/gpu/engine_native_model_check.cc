@@ -38,7 +38,7 @@ Gpt2Weights Gpt2() {
   c.context_length = 32;
   w.W_E = R({100, 64}), w.W_pos = R({32, 64});
   for (int l = 0; l < 3; ++l) {
-    Gpt2Block b{1 + R({64}), R({64}), R({64, 192}), R({192}), R({64, 64}), R({64}),
+    Gpt2Block b{1 + R({64}), R({64}), R({64, 192}), R({192}), R({64, 64}),  R({64}),
                 1 + R({64}), R({64}), R({64, 256}), R({256}), R({256, 64}), R({64})};
     w.blocks.push_back(b);
   }
@@ -81,6 +81,18 @@ LlamaWeights Neox() {
   return w;
 }
 
+// Gemma 3's options: q/k norms, a sliding window on the local layers with their own rotary base,
+// linear scaling on the global one; no soft-capping.
+LlamaWeights Gemma3() {
+  LlamaWeights w = Llama();
+  auto& c = w.config;
+  c.rope_factor = 0, c.attn_softcap = 0, c.rope_linear_factor = 8, c.rope_theta = 1e6;
+  c.qk_norm = true, c.sliding_window = 5, c.sliding_layers = {true, false, true};
+  c.rope_local_theta = 1e4;
+  for (LlamaBlock& b : w.blocks) b.q_norm = 1 + R({16}), b.k_norm = 1 + R({16});
+  return w;
+}
+
 const std::vector<std::string> kHooks = {"blocks.2.hook_resid_post", "blocks.0.hook_attn_out",
                                          "blocks.1.mlp.hook_post", "blocks.1.hook_mlp_out"};
 
@@ -94,8 +106,7 @@ double WorstRelative(const std::vector<at::Tensor>& a, const std::vector<at::Ten
   double worst = a.size() == b.size() ? 0 : 1e9;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
     const double scale = std::max(1e-12, b[i].abs().max().item<double>());
-    worst = std::max(worst,
-                     (a[i].to(at::kCPU) - b[i]).abs().max().item<double>() / scale);
+    worst = std::max(worst, (a[i].to(at::kCPU) - b[i]).abs().max().item<double>() / scale);
   }
   return worst;
 }
@@ -115,6 +126,7 @@ int Main() {
   const Gpt2Weights gpt2 = Gpt2();
   const LlamaWeights llama = Llama();
   const LlamaWeights neox = Neox();
+  const LlamaWeights gemma3 = Gemma3();
   const at::Tensor tokens = at::randint(0, 100, {3, 32}, at::kLong);
   const at::Device cpu(at::kCPU);
 
@@ -123,16 +135,18 @@ int Main() {
     const auto gpt2_all = Run<Gpt2Model>(gpt2, kHooks, cpu, tokens);
     const auto llama_all = Run<LlamaModel>(llama, kHooks, cpu, tokens);
     for (size_t i = 0; i < kHooks.size(); ++i) {
-      worst = std::max(worst, WorstRelative({gpt2_all.at(i)},
-                                            Run<Gpt2Model>(gpt2, {kHooks[i]}, cpu, tokens)));
+      worst = std::max(
+          worst, WorstRelative({gpt2_all.at(i)}, Run<Gpt2Model>(gpt2, {kHooks[i]}, cpu, tokens)));
       worst = std::max(worst, WorstRelative({llama_all.at(i)},
                                             Run<LlamaModel>(llama, {kHooks[i]}, cpu, tokens)));
       worst = std::max(worst, WorstRelative({Run<LlamaModel>(neox, kHooks, cpu, tokens).at(i)},
                                             Run<LlamaModel>(neox, {kHooks[i]}, cpu, tokens)));
+      worst = std::max(worst, WorstRelative({Run<LlamaModel>(gemma3, kHooks, cpu, tokens).at(i)},
+                                            Run<LlamaModel>(gemma3, {kHooks[i]}, cpu, tokens)));
     }
     r.Check(worst < 1e-5, "engine.native_models.cpu",
             "several hooks from one forward against one-hook forwards (GPT-2, Llama/Gemma 2, "
-            "GPT-NeoX): " +
+            "GPT-NeoX, Gemma 3): " +
                 Sci(worst));
   });
   if (!cuda) {
@@ -147,9 +161,12 @@ int Main() {
                                    Run<LlamaModel>(llama, kHooks, cpu, tokens));
     const double n = WorstRelative(Run<LlamaModel>(neox, kHooks, dev, tokens),
                                    Run<LlamaModel>(neox, kHooks, cpu, tokens));
-    r.Check(std::max({g, l, n}) < 1e-4, "engine.native_models.cuda",
+    const double g3 = WorstRelative(Run<LlamaModel>(gemma3, kHooks, dev, tokens),
+                                    Run<LlamaModel>(gemma3, kHooks, cpu, tokens));
+    r.Check(std::max({g, l, n, g3}) < 1e-4, "engine.native_models.cuda",
             "every hook on the device against the CPU, relative to the largest value: GPT-2 " +
-                Sci(g) + ", Llama/Gemma 2 " + Sci(l) + ", GPT-NeoX " + Sci(n));
+                Sci(g) + ", Llama/Gemma 2 " + Sci(l) + ", GPT-NeoX " + Sci(n) + ", Gemma 3 " +
+                Sci(g3));
   });
   return r.exit_code();
 }

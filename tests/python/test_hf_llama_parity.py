@@ -262,8 +262,9 @@ class HfLlamaParityTest(unittest.TestCase):
             hooks = Llama(w, cfg)(torch.from_numpy(self.ids).view(-1, CTX))
         return d, hooks
 
-    def run_tool(self, model_dir, hook, context=CTX, centered=False):
-        spec = {"model": {"huggingface": {"path": model_dir, "centerWritingWeights": centered}},
+    def run_tool(self, model_dir, hook, context=CTX, centered=False, dtype="FLOAT32"):
+        spec = {"model": {"huggingface": {"path": model_dir, "centerWritingWeights": centered,
+                                          "dtype": dtype}},
                 "hookName": hook, "mode": "DENSE", "valueDtype": "FLOAT32",
                 "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": context},
                 "batchSequences": 3, "commitRows": 48}
@@ -392,6 +393,23 @@ class HfLlamaParityTest(unittest.TestCase):
         d, hooks = self.neox_checkpoint("neox_sequential", use_parallel_residual=False, rotary_pct=0.5)
         for name in ["blocks.1.hook_resid_mid", "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
+
+    def test_bfloat16(self):
+        # dtype BFLOAT16: bfloat16 weights and matmuls, float32 norms and softmax, as Hugging Face
+        # runs torch_dtype=bfloat16. Against the float32 reference: within bfloat16's precision
+        # (8 bits of mantissa, three layers deep), and not equal to it (bfloat16 really ran).
+        for d, hooks in [self.checkpoint("llama_bf16"), self.gemma3("gemma3_bf16"),
+                         self.neox_checkpoint("pythia_bf16")]:
+            for name in ["blocks.0.hook_attn_out", "blocks.2.hook_resid_post"]:
+                p, out = self.run_tool(d, name, dtype="BFLOAT16")
+                self.assertEqual(p.returncode, 0, p.stderr)
+                got = np.load(os.path.join(out, "dense.npy"))
+                want = hooks[name].reshape(len(self.ids), -1).numpy()
+                err = np.abs(got - want).max() / np.abs(want).max()
+                self.assertLess(err, 3e-2, "%s %s: %.3g" % (d, name, err))
+                self.assertGreater(err, 1e-4, "%s %s ran in float32" % (d, name))
+        p, _ = self.run_tool(d, "blocks.0.hook_resid_post", dtype="FLOAT16")
+        self.assertIn("extract.model.huggingface.dtype: FLOAT16 is not supported", p.stderr)
 
     def test_bad_input_is_refused_at_submit(self):
         d, _ = self.checkpoint("llama_bad")
