@@ -49,6 +49,12 @@ TEST(HfModelTest, ModelTypePicksTheArchitecture) {
   EXPECT_EQ((*model)->hook_widths(), (std::vector<int64_t>{48, 32}));
   EXPECT_EQ((*model)->model_id(), "huggingface:llama:" + llama_dir);
 
+  // bfloat16: Llama-family and GPT-NeoX only.
+  HfModelOptions bf16{gpt2_dir};
+  bf16.bfloat16 = true;
+  ExpectError(CheckHfModel(bf16).status(), absl::StatusCode::kInvalidArgument,
+              "extract.model.huggingface.dtype: BFLOAT16 runs the Llama-family");
+
   const std::string other = FreshTestDir("hf_model_other");
   WriteTextFile(other + "/config.json", "{\"model_type\": \"phi3\"}");
   ExpectError(
@@ -74,6 +80,22 @@ TEST(HfModelTest, LlamaParameterBytesAndUnembeddingAreTheCheckpoints) {
     auto model = LoadHfModel({dir}, Hooks({"blocks.0.hook_resid_post"}), at::kCPU);
     ASSERT_TRUE(model.ok()) << model.status();
     EXPECT_EQ((*model)->parameter_bytes(), bytes);
+    // In bfloat16 the model holds half the bytes, the weight hash says so, and the queries
+    // still get float32 weights (the checkpoint's, rounded to bfloat16).
+    HfModelOptions bf16{dir};
+    bf16.bfloat16 = true;
+    EXPECT_EQ(CheckHfModel(bf16)->parameter_bytes, bytes / 2);
+    auto half = LoadHfModel(bf16, Hooks({"blocks.0.hook_resid_post"}), at::kCPU);
+    ASSERT_TRUE(half.ok()) << half.status();
+    EXPECT_EQ((*half)->parameter_bytes(), bytes / 2);
+    EXPECT_NE((*half)->weight_hash(), (*model)->weight_hash());
+    for (const auto& [name, t] : (*half)->NamedWeights()) {
+      if (name == "embed.W_E") {
+        EXPECT_EQ(t.scalar_type(), at::kFloat);
+        EXPECT_TRUE(
+            at::equal(t, tensors.at("model.embed_tokens.weight").to(at::kBFloat16).to(at::kFloat)));
+      }
+    }
     for (const auto& [name, t] : (*model)->NamedWeights()) {
       if (name == "unembed.W_U") {
         EXPECT_TRUE(

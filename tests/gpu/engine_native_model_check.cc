@@ -127,6 +127,8 @@ int Main() {
   const LlamaWeights llama = Llama();
   const LlamaWeights neox = Neox();
   const LlamaWeights gemma3 = Gemma3();
+  LlamaWeights gemma3_bf16 = gemma3;  // bfloat16 weights and matmuls, float32 norms and softmax
+  gemma3_bf16.config.bfloat16 = true;
   const at::Tensor tokens = at::randint(0, 100, {3, 32}, at::kLong);
   const at::Device cpu(at::kCPU);
 
@@ -149,8 +151,16 @@ int Main() {
             "GPT-NeoX, Gemma 3): " +
                 Sci(worst));
   });
+  r.Guard("engine.native_models.bf16_cpu", [&] {
+    const double e = WorstRelative(Run<LlamaModel>(gemma3_bf16, kHooks, cpu, tokens),
+                                   Run<LlamaModel>(gemma3, kHooks, cpu, tokens));
+    r.Check(
+        e < 3e-2 && e > 1e-5, "engine.native_models.bf16_cpu",
+        "Gemma 3 in bfloat16 against float32 on the CPU, relative to the largest value: " + Sci(e));
+  });
   if (!cuda) {
     r.Skip("engine.native_models.cuda", "SKIP (no CUDA)");
+    r.Skip("engine.native_models.bf16_cuda", "SKIP (no CUDA)");
     return r.exit_code();
   }
   r.Guard("engine.native_models.cuda", [&] {
@@ -167,6 +177,13 @@ int Main() {
             "every hook on the device against the CPU, relative to the largest value: GPT-2 " +
                 Sci(g) + ", Llama/Gemma 2 " + Sci(l) + ", GPT-NeoX " + Sci(n) + ", Gemma 3 " +
                 Sci(g3));
+  });
+  r.Guard("engine.native_models.bf16_cuda", [&] {
+    const at::Device dev(at::kCUDA, 0);
+    const double e = WorstRelative(Run<LlamaModel>(gemma3_bf16, kHooks, dev, tokens),
+                                   Run<LlamaModel>(gemma3, kHooks, cpu, tokens));
+    r.Check(e < 3e-2, "engine.native_models.bf16_cuda",
+            "Gemma 3 in bfloat16 on the device against float32 on the CPU: " + Sci(e));
   });
   return r.exit_code();
 }
