@@ -15,13 +15,12 @@ import argparse
 import json
 import os
 import struct
-import subprocess
-import sys
 import tempfile
-import time
 
 import numpy as np
 import torch
+
+from extract_tool_run import run_dense
 
 D, LAYERS, HEADS, KV, FF, VOCAB = 1024, 8, 16, 4, 2816, 32000
 
@@ -59,27 +58,6 @@ def write_bf16_checkpoint(directory):
                    "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}, f)
 
 
-def run(tool, root, model_dir, dtype, context):
-    work = tempfile.mkdtemp(dir=root, prefix=dtype)
-    spec = {"model": {"huggingface": {"path": model_dir, "dtype": dtype}},
-            "hookName": "blocks.5.hook_resid_post", "mode": "DENSE", "valueDtype": "FLOAT32",
-            "tokens": {"path": os.path.join(root, "tokens.npy"), "contextLength": context},
-            "batchSequences": 8, "commitRows": 4096}
-    with open(os.path.join(work, "spec.json"), "w") as f:
-        json.dump(spec, f)
-    out = os.path.join(work, "out")
-    os.makedirs(out)
-    start = time.perf_counter()
-    p = subprocess.Popen([tool, "--spec=" + os.path.join(work, "spec.json"), "--data_root=" + root,
-                          "--db=" + os.path.join(work, "db"), "--out=" + out],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - start
-    if status != 0:
-        sys.exit("%s failed: %s" % (dtype, p.stderr.read()))
-    return wall, usage.ru_maxrss * 1024, np.load(os.path.join(out, "dense.npy"))
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sequences", type=int, default=32)
@@ -96,7 +74,9 @@ def main():
     best = {}
     for _ in range(args.repeats):
         for dtype in ("FLOAT32", "BFLOAT16"):
-            wall, rss, rows = run(args.tool, root, model_dir, dtype, args.context)
+            model = {"huggingface": {"path": model_dir, "dtype": dtype}}
+            wall, rss, rows = run_dense(args.tool, root, model, "blocks.5.hook_resid_post",
+                                        args.context, dtype)
             if dtype not in best or wall < best[dtype][0]:
                 best[dtype] = (wall, rss, rows)
     f32, b16 = best["FLOAT32"], best["BFLOAT16"]

@@ -17,13 +17,13 @@ import json
 import math
 import os
 import struct
-import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import torch
+
+from extract_tool_run import run_dense
 
 D, LAYERS, HEADS, VOCAB, POSITIONS = 768, 12, 12, 50257, 1024
 
@@ -102,24 +102,6 @@ def weights():
     return w
 
 
-def run(tool, root, model, hook, context, tag):
-    work = tempfile.mkdtemp(dir=root, prefix=tag)
-    spec = {"model": model, "hookName": hook, "mode": "DENSE", "valueDtype": "FLOAT32",
-            "tokens": {"path": os.path.join(root, "tokens.npy"), "contextLength": context},
-            "batchSequences": 8, "commitRows": 4096}
-    with open(os.path.join(work, "spec.json"), "w") as f:
-        json.dump(spec, f)
-    out = os.path.join(work, "out")
-    os.makedirs(out)
-    start = time.perf_counter()
-    p = subprocess.run([tool, "--spec=" + os.path.join(work, "spec.json"), "--data_root=" + root,
-                        "--db=" + os.path.join(work, "db"), "--out=" + out], capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if p.returncode != 0:
-        sys.exit("%s failed: %s" % (tag, p.stderr))
-    return wall, np.load(os.path.join(out, "dense.npy"))
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sequences", type=int, default=32)
@@ -147,7 +129,7 @@ def main():
     for _ in range(args.repeats):
         for tag, model, hook in [("native", native, "blocks.5.hook_resid_post"),
                                  ("torchscript", script, "hidden_states.6")]:
-            wall, rows[tag] = run(args.tool, root, model, hook, args.context, tag)
+            wall, _, rows[tag] = run_dense(args.tool, root, model, hook, args.context, tag)
             best[tag] = min(best[tag], wall)
     err = np.abs(rows["native"] - rows["torchscript"]).max() / np.abs(rows["torchscript"]).max()
     print("GPT-2 small shape, %d tokens (%d x %d), hook blocks.5.hook_resid_post, best of %d, %d cores"

@@ -8,14 +8,13 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/npy_header.h"
+#include "common/read_file.h"
 #include "common/status_macros.h"
 
 namespace latentd::client {
@@ -85,18 +84,6 @@ class NpyStream {
   int64_t count_ = 0;
 };
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return errno == ENOENT
-               ? absl::NotFoundError(absl::StrCat(path, ": no such file"))
-               : absl::InvalidArgumentError(absl::StrCat(path, ": ", std::strerror(errno)));
-  }
-  std::stringstream contents;
-  contents << in.rdbuf();
-  return contents.str();
-}
-
 }  // namespace
 
 absl::StatusOr<TokenizeProgress> TokenizeFiles(const Tokenizer& tokenizer,
@@ -150,7 +137,7 @@ absl::StatusOr<TokenizeProgress> TokenizeFiles(const Tokenizer& tokenizer,
 
   absl::Status status;
   for (const std::string& input : inputs) {
-    absl::StatusOr<std::string> contents = ReadFile(input);
+    absl::StatusOr<std::string> contents = ReadFileToString(input);
     if (!contents.ok()) {
       status = contents.status();
       break;

@@ -8,12 +8,8 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <queue>
-#include <sstream>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -23,6 +19,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "client/byte_level.h"
+#include "common/read_file.h"
 #include "common/status_macros.h"
 
 namespace latentd::client {
@@ -61,6 +58,20 @@ absl::StatusOr<bool> BoolField(const Json& object, const char* key, absl::string
   if (value == nullptr) return fallback;
   if (!value->is_boolean()) return Invalid(absl::StrCat(where, ".", key), "not true or false");
   return value->get<bool>();
+}
+
+// Parses each entry of spec's list `key` (a Sequence's components) with `parse(entry, where)`.
+template <typename Parse>
+absl::Status ForEachListed(const Json& spec, const char* key, const std::string& where,
+                           Parse parse) {
+  const Json* list = Member(spec, key);
+  if (list == nullptr || !list->is_array()) {
+    return Invalid(absl::StrCat(where, ".", key), "not a list");
+  }
+  for (size_t i = 0; i < list->size(); ++i) {
+    RETURN_IF_ERROR(parse((*list)[i], absl::StrCat(where, ".", key, "[", i, "]")));
+  }
+  return absl::OkStatus();
 }
 
 bool IsWhitespace(uint32_t cp) { return u_isUWhiteSpace(static_cast<UChar32>(cp)); }
@@ -325,13 +336,9 @@ absl::Status ParseNormalizer(const Json& spec, const std::string& where,
   Normalizer n{};
   UErrorCode status = U_ZERO_ERROR;
   if (type == "Sequence") {
-    const Json* list = Member(spec, "normalizers");
-    if (list == nullptr || !list->is_array()) return Invalid(where + ".normalizers", "not a list");
-    for (size_t i = 0; i < list->size(); ++i) {
-      RETURN_IF_ERROR(
-          ParseNormalizer((*list)[i], absl::StrCat(where, ".normalizers[", i, "]"), out));
-    }
-    return absl::OkStatus();
+    return ForEachListed(spec, "normalizers", where, [&](const Json& item, const std::string& at) {
+      return ParseNormalizer(item, at, out);
+    });
   } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
     n.kind = Normalizer::Kind::kUnicode;
     n.unicode = type == "NFC"    ? icu::Normalizer2::getNFCInstance(status)
@@ -454,15 +461,9 @@ absl::Status ParsePreTokenizer(const Json& spec, const std::string& where,
   ASSIGN_OR_RETURN(const std::string type, StringField(spec, "type", where));
   PreTokenizer p{};
   if (type == "Sequence") {
-    const Json* list = Member(spec, "pretokenizers");
-    if (list == nullptr || !list->is_array()) {
-      return Invalid(where + ".pretokenizers", "not a list");
-    }
-    for (size_t i = 0; i < list->size(); ++i) {
-      RETURN_IF_ERROR(
-          ParsePreTokenizer((*list)[i], absl::StrCat(where, ".pretokenizers[", i, "]"), out));
-    }
-    return absl::OkStatus();
+    return ForEachListed(
+        spec, "pretokenizers", where,
+        [&](const Json& item, const std::string& at) { return ParsePreTokenizer(item, at, out); });
   } else if (type == "ByteLevel") {
     p.kind = PreTokenizer::Kind::kByteLevel;
     ASSIGN_OR_RETURN(p.add_prefix_space, BoolField(spec, "add_prefix_space", where, true));
@@ -522,13 +523,9 @@ absl::Status ParsePostProcessor(const Json& spec, const std::string& where, Wrap
   ASSIGN_OR_RETURN(const std::string type, StringField(spec, "type", where));
   Wrapping own;
   if (type == "Sequence") {
-    const Json* list = Member(spec, "processors");
-    if (list == nullptr || !list->is_array()) return Invalid(where + ".processors", "not a list");
-    for (size_t i = 0; i < list->size(); ++i) {
-      RETURN_IF_ERROR(
-          ParsePostProcessor((*list)[i], absl::StrCat(where, ".processors[", i, "]"), wrapping));
-    }
-    return absl::OkStatus();
+    return ForEachListed(spec, "processors", where, [&](const Json& item, const std::string& at) {
+      return ParsePostProcessor(item, at, wrapping);
+    });
   } else if (type == "ByteLevel") {
     return absl::OkStatus();  // offsets only
   } else if (type == "TemplateProcessing") {
@@ -898,15 +895,12 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 absl::StatusOr<Tokenizer> Tokenizer::Load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return errno == ENOENT ? absl::NotFoundError(absl::StrCat("tokenizer ", path, ": no such file"))
-                           : absl::InvalidArgumentError(
-                                 absl::StrCat("tokenizer ", path, ": ", std::strerror(errno)));
+  absl::StatusOr<std::string> contents = ReadFileToString(path);
+  if (!contents.ok()) {
+    return absl::Status(contents.status().code(),
+                        absl::StrCat("tokenizer ", contents.status().message()));
   }
-  std::stringstream contents;
-  contents << in.rdbuf();
-  absl::StatusOr<Tokenizer> tokenizer = Parse(contents.str());
+  absl::StatusOr<Tokenizer> tokenizer = Parse(*contents);
   if (!tokenizer.ok()) {
     return absl::Status(tokenizer.status().code(),
                         absl::StrCat("tokenizer ", path, ": ", tokenizer.status().message()));

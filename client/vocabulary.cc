@@ -1,11 +1,8 @@
 #include "client/vocabulary.h"
 
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -14,6 +11,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "client/byte_level.h"
+#include "common/read_file.h"
 #include "common/status_macros.h"
 
 namespace latentd::client {
@@ -124,16 +122,12 @@ absl::Status ParseTokenizerJson(const nlohmann::json& doc,
 }  // namespace
 
 absl::StatusOr<Vocabulary> Vocabulary::Load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return errno == ENOENT
-               ? absl::NotFoundError(absl::StrCat("vocabulary ", path, ": no such file"))
-               : absl::InvalidArgumentError(
-                     absl::StrCat("vocabulary ", path, ": ", std::strerror(errno)));
+  absl::StatusOr<std::string> contents = ReadFileToString(path);
+  if (!contents.ok()) {
+    return absl::Status(contents.status().code(),
+                        absl::StrCat("vocabulary ", contents.status().message()));
   }
-  std::stringstream contents;
-  contents << in.rdbuf();
-  absl::StatusOr<Vocabulary> vocab = Parse(contents.str());
+  absl::StatusOr<Vocabulary> vocab = Parse(*contents);
   if (!vocab.ok()) {
     return absl::Status(vocab.status().code(),
                         absl::StrCat("vocabulary ", path, ": ", vocab.status().message()));
