@@ -94,6 +94,27 @@ absl::StatusOr<std::vector<bool>> SlidingLayers(const HfConfig& j, int64_t n_lay
   return sliding;
 }
 
+// What Hugging Face's config class for each model_type assumes for a field config.json leaves
+// out. They matter: a nested config (Gemma 3's text_config) is saved with only the fields that
+// differ from these.
+struct ConfigDefaults {
+  int64_t vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads;
+  int64_t num_key_value_heads;  // 0: num_attention_heads
+  int64_t head_dim;             // 0: hidden_size / num_attention_heads
+  int64_t max_position_embeddings;
+  double rope_theta;
+};
+
+ConfigDefaults DefaultsFor(const std::string& type) {
+  if (type == "mistral") return {32000, 4096, 14336, 32, 32, 8, 0, 4096 * 32, 10000.0};
+  if (type == "qwen2") return {151936, 4096, 22016, 32, 32, 32, 0, 32768, 10000.0};
+  if (type == "qwen3") return {151936, 4096, 22016, 32, 32, 32, 128, 32768, 10000.0};
+  if (type == "gemma") return {256000, 3072, 24576, 28, 16, 16, 256, 8192, 10000.0};
+  if (type == "gemma2") return {256000, 2304, 9216, 26, 8, 4, 256, 8192, 10000.0};
+  if (type == "gemma3_text") return {262208, 2304, 9216, 26, 8, 4, 256, 131072, 1e6};
+  return {32000, 4096, 11008, 32, 32, 0, 0, 2048, 10000.0};  // llama
+}
+
 }  // namespace
 
 bool IsHfLlamaType(const std::string& t) {
@@ -115,29 +136,38 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
     return ReadHfLlamaConfig(text);
   }
   const bool gemma3 = type == "gemma3_text";
+  const ConfigDefaults defaults = DefaultsFor(type);
   LlamaConfig c;
   c.what = absl::StrCat("the ", type, " model in ", j.dir());
-  ASSIGN_OR_RETURN(c.d_model, j.Integer("hidden_size", 4096, 1, 1 << 17));
-  ASSIGN_OR_RETURN(c.n_layers, j.Integer("num_hidden_layers", 32, 1, 1024));
-  ASSIGN_OR_RETURN(c.n_heads, j.Integer("num_attention_heads", 32, 1, 1 << 12));
-  ASSIGN_OR_RETURN(c.n_kv_heads, j.Integer("num_key_value_heads", c.n_heads, 1, c.n_heads));
+  ASSIGN_OR_RETURN(c.d_model, j.Integer("hidden_size", defaults.hidden_size, 1, 1 << 17));
+  ASSIGN_OR_RETURN(c.n_layers, j.Integer("num_hidden_layers", defaults.num_hidden_layers, 1, 1024));
+  ASSIGN_OR_RETURN(c.n_heads,
+                   j.Integer("num_attention_heads", defaults.num_attention_heads, 1, 1 << 12));
+  ASSIGN_OR_RETURN(
+      c.n_kv_heads,
+      j.Integer("num_key_value_heads",
+                defaults.num_key_value_heads > 0 ? defaults.num_key_value_heads : c.n_heads, 1,
+                c.n_heads));
   if (c.n_heads % c.n_kv_heads != 0) {
     return j.Bad(absl::StrCat("num_key_value_heads = ", c.n_kv_heads,
                               " does not divide num_attention_heads = ", c.n_heads));
   }
-  if (!j.Has("head_dim") && c.d_model % c.n_heads != 0) {
+  if (!j.Has("head_dim") && defaults.head_dim == 0 && c.d_model % c.n_heads != 0) {
     return j.Bad(absl::StrCat("num_attention_heads = ", c.n_heads,
                               " does not divide hidden_size = ", c.d_model,
                               " (and there is no head_dim)"));
   }
-  ASSIGN_OR_RETURN(c.head_dim, j.Integer("head_dim", c.d_model / c.n_heads, 2, 1 << 12));
+  ASSIGN_OR_RETURN(
+      c.head_dim,
+      j.Integer("head_dim", defaults.head_dim > 0 ? defaults.head_dim : c.d_model / c.n_heads, 2,
+                1 << 12));
   if (c.head_dim % 2 != 0) return j.Bad(absl::StrCat("head_dim = ", c.head_dim, " is odd"));
-  ASSIGN_OR_RETURN(c.d_mlp, j.Integer("intermediate_size", 11008, 1, 1 << 20));
-  ASSIGN_OR_RETURN(c.vocab_size, j.Integer("vocab_size", 32000, 1, 1 << 24));
-  ASSIGN_OR_RETURN(c.context_length,
-                   j.Integer("max_position_embeddings", gemma3 ? 131072 : 2048, 1, 1 << 24));
+  ASSIGN_OR_RETURN(c.d_mlp, j.Integer("intermediate_size", defaults.intermediate_size, 1, 1 << 20));
+  ASSIGN_OR_RETURN(c.vocab_size, j.Integer("vocab_size", defaults.vocab_size, 1, 1 << 24));
+  ASSIGN_OR_RETURN(c.context_length, j.Integer("max_position_embeddings",
+                                               defaults.max_position_embeddings, 1, 1 << 24));
   ASSIGN_OR_RETURN(c.norm_eps, j.PositiveNumber("rms_norm_eps", 1e-6));
-  ASSIGN_OR_RETURN(c.rope_theta, j.PositiveNumber("rope_theta", gemma3 ? 1e6 : 10000.0));
+  ASSIGN_OR_RETURN(c.rope_theta, j.PositiveNumber("rope_theta", defaults.rope_theta));
   const bool gemma = type == "gemma" || type == "gemma2" || gemma3;
   // Gemma's MLP reads hidden_activation (its legacy hidden_act "gelu" is not what runs).
   ASSIGN_OR_RETURN(const std::string act, gemma ? j.String("hidden_activation", "gelu_pytorch_tanh")
@@ -211,15 +241,19 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
                                 ": only null, \"default\", \"linear\" and \"llama3\" are read"));
     }
   }
-  // Mistral's window is on when given; Gemma 2's alternate layers always have one. Within the
-  // window attention is full, so capping the sequence there is exact. (Gemma 3 windows its
-  // local layers instead: 512 or 1024 positions, too few to cap at.)
+  // Mistral's window is on unless null (Mistral v0.2 on); Gemma 2's alternate layers always
+  // have one (4096 when left out). Within the window attention is full, so capping the
+  // sequence there is exact. (Gemma 3 windows its local layers instead: 512 or 1024
+  // positions, too few to cap at.)
+  const bool mistral_or_gemma2 = type == "mistral" || type == "gemma2";
   ASSIGN_OR_RETURN(const bool use_window,
-                   j.Boolean("use_sliding_window",
-                             /*fallback=*/type == "mistral" || type == "gemma2"));
-  if (use_window && !gemma3 && j.Has("sliding_window")) {
-    ASSIGN_OR_RETURN(const int64_t window, j.Integer("sliding_window", 0, 1, 1 << 24));
-    c.context_length = std::min(c.context_length, window);
+                   j.Boolean("use_sliding_window", /*fallback=*/mistral_or_gemma2));
+  const bool window_null =
+      j.json().contains("sliding_window") && j.json()["sliding_window"].is_null();
+  if (use_window && !gemma3 && !window_null) {
+    ASSIGN_OR_RETURN(const int64_t window,
+                     j.Integer("sliding_window", mistral_or_gemma2 ? 4096 : 0, 0, 1 << 24));
+    if (window > 0) c.context_length = std::min(c.context_length, window);
   }
   return c;
 }

@@ -1,6 +1,7 @@
 #include "engine/hf_model.h"
 
 #include "common/test_dir.h"
+#include "engine/hf_llama.h"
 #include "engine/hf_testing.h"
 #include "engine/reference_model.h"
 #include "gtest/gtest.h"
@@ -106,6 +107,49 @@ TEST(HfModelTest, LlamaParameterBytesAndUnembeddingAreTheCheckpoints) {
       }
     }
   }
+}
+
+// A field config.json leaves out takes the value Hugging Face's config class gives it: Gemma 3's
+// multimodal checkpoints save their text_config with only what differs from those.
+TEST(HfModelTest, ConfigDefaultsAreHuggingFaces) {
+  const std::string dir = FreshTestDir("hf_config_defaults");
+  auto read = [&](const std::string& json) {
+    WriteTextFile(dir + "/config.json", json);
+    absl::StatusOr<HfConfig> config = HfConfig::Read(dir);
+    EXPECT_TRUE(config.ok()) << config.status();
+    return ReadHfLlamaConfig(*config);
+  };
+  // Gemma 3 4B as released: text_config holds what differs from Gemma3TextConfig.
+  auto gemma3 = read(R"({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text",
+      "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34,
+      "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024}})");
+  ASSERT_TRUE(gemma3.ok()) << gemma3.status();
+  EXPECT_EQ(gemma3->vocab_size, 262208);
+  EXPECT_EQ(gemma3->n_heads, 8);
+  EXPECT_EQ(gemma3->n_kv_heads, 4);
+  EXPECT_EQ(gemma3->head_dim, 256);
+  EXPECT_EQ(gemma3->context_length, 131072);
+  EXPECT_EQ(gemma3->rope_theta, 1e6);
+  EXPECT_EQ(gemma3->rope_local_theta, 1e4);
+  EXPECT_EQ(gemma3->rope_linear_factor, 8.0);
+  EXPECT_EQ(gemma3->sliding_window, 1024);
+  ASSERT_EQ(gemma3->sliding_layers.size(), 34u);
+  EXPECT_FALSE(gemma3->sliding_layers[5]);  // every sixth layer is global
+  EXPECT_TRUE(gemma3->sliding_layers[6]);
+  EXPECT_TRUE(gemma3->qk_norm && gemma3->post_norms && gemma3->tied_embeddings);
+  EXPECT_EQ(gemma3->attn_softcap, 0);
+  auto qwen3 = read(R"({"model_type": "qwen3", "hidden_size": 1024, "num_attention_heads": 16,
+      "num_key_value_heads": 8})");
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  EXPECT_EQ(qwen3->head_dim, 128);  // Qwen3's heads are not hidden_size / heads wide
+  EXPECT_EQ(qwen3->vocab_size, 151936);
+  // Mistral: a window unless null (v0.2 and later turn it off that way).
+  auto mistral = read(R"({"model_type": "mistral"})");
+  ASSERT_TRUE(mistral.ok()) << mistral.status();
+  EXPECT_EQ(mistral->context_length, 4096);
+  EXPECT_EQ(mistral->n_kv_heads, 8);
+  mistral = read(R"({"model_type": "mistral", "sliding_window": null})");
+  EXPECT_EQ(mistral->context_length, 4096 * 32);
 }
 
 TEST(HfModelTest, BadLlamaCheckpointsAreRefusedNamingWhatIsWrong) {
