@@ -32,7 +32,7 @@ absl::Status Invalid(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("tokenizer.json ", field, ": ", what));
 }
 
-// ---- small JSON accessors that name the field they fail on --------------------------------------
+// ---- small JSON accessors that name the field they fail on -------------------------------------
 
 const Json* Member(const Json& object, const char* key) {
   if (!object.is_object()) return nullptr;
@@ -159,8 +159,7 @@ absl::StatusOr<Pattern> ParsePattern(const Json& spec, const std::string& where)
   return Invalid(where, "neither {\"String\": ...} nor {\"Regex\": ...}");
 }
 
-// ---- splitting
-// -----------------------------------------------------------------------------------
+// ---- splitting ---------------------------------------------------------------------------------
 
 enum class Behavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
@@ -262,8 +261,7 @@ void AppendSplit(const Piece& piece, const std::vector<Span>& spans, std::vector
   }
 }
 
-// ---- normalizers
-// ---------------------------------------------------------------------------------
+// ---- normalizers -------------------------------------------------------------------------------
 
 std::string Utf8(const icu::UnicodeString& u) {
   std::string out;
@@ -370,8 +368,7 @@ absl::Status ParseNormalizer(const Json& spec, const std::string& where,
   return absl::OkStatus();
 }
 
-// ---- pre-tokenizers
-// ------------------------------------------------------------------------------
+// ---- pre-tokenizers ----------------------------------------------------------------------------
 
 // GPT-2's split, which Hugging Face's ByteLevel pre-tokenizer applies when use_regex is set.
 constexpr char kGpt2SplitPattern[] =
@@ -511,8 +508,7 @@ absl::Status ParsePreTokenizer(const Json& spec, const std::string& where,
   return absl::OkStatus();
 }
 
-// ---- post-processors
-// -----------------------------------------------------------------------------
+// ---- post-processors ---------------------------------------------------------------------------
 
 // What the post-processor puts around one sequence.
 struct Wrapping {
@@ -576,8 +572,7 @@ absl::Status ParsePostProcessor(const Json& spec, const std::string& where, Wrap
   return absl::OkStatus();
 }
 
-// ---- added tokens
-// --------------------------------------------------------------------------------
+// ---- added tokens ------------------------------------------------------------------------------
 
 struct AddedToken {
   std::string content;
@@ -655,8 +650,7 @@ class AddedTokenMatcher {
   std::array<std::vector<const AddedToken*>, 256> by_first_byte_;
 };
 
-// ---- the BPE model
-// -------------------------------------------------------------------------------
+// ---- the BPE model -----------------------------------------------------------------------------
 
 uint64_t PairKey(int32_t a, int32_t b) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
