@@ -14,28 +14,35 @@ dir="${HOME}/.cache/latentd/tokenizers"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 bytes=$(cat "$@" | wc -c)
-printf "%-8s %-10s %-9s %-12s %-12s %s\n" TOKENIZER TOKENS IDENTICAL "LATENTCTL" "REFERENCE" "SPEED-UP"
+printf "%-8s %-10s %-9s %-16s %-16s %-12s %s\n" TOKENIZER TOKENS IDENTICAL "LATENTCTL 1 THR" \
+  "LATENTCTL $(nproc) THR" "REFERENCE" "SPEED-UP (1 THR)"
 for entry in "gpt2 <|endoftext|>" "llama2 </s>" "llama3 <|end_of_text|>" "gemma <eos>" \
              "qwen2_5 <|endoftext|>" "gpt4 <|endoftext|>"; do
   read -r name separator <<<"$entry"
   line=$(bazel-bin/client/latentctl tokenize "$@" --vocab="$dir/$name/tokenizer.json" \
-    --out="$tmp/$name.npy" --separator="$separator" 2>/dev/null)
+    --out="$tmp/$name.npy" --separator="$separator" --threads=1 2>/dev/null)
   ours=$(sed -E 's/.* in ([0-9.]+) s .*/\1/' <<<"$line")
+  line=$(bazel-bin/client/latentctl tokenize "$@" --vocab="$dir/$name/tokenizer.json" \
+    --out="$tmp/$name-all.npy" --separator="$separator" 2>/dev/null)
+  all=$(sed -E 's/.* in ([0-9.]+) s .*/\1/' <<<"$line")
+  cmp -s "$tmp/$name.npy" "$tmp/$name-all.npy" || echo "$name: the thread counts disagree" >&2
   sep_id=$(/usr/bin/python3 -c "
 import json,sys
 d=json.load(open('$dir/$name/tokenizer.json'))
 print(next(t['id'] for t in d['added_tokens'] if t['content']=='$separator'))")
   ref=$(node bench/tokenize_reference.mjs "$dir/$name" "$sep_id" "$tmp/$name.i32" "$@")
-  /usr/bin/python3 - "$tmp/$name.npy" "$tmp/$name.i32" "$name" "$ours" "$ref" "$bytes" <<'PY'
+  /usr/bin/python3 - "$tmp/$name.npy" "$tmp/$name.i32" "$name" "$ours" "$ref" "$bytes" "$all" <<'PY'
 import sys
 import numpy as np
 ours = np.load(sys.argv[1]).astype(np.int64)
 ref = np.fromfile(sys.argv[2], dtype="<i4").astype(np.int64)
 name, t_ours, t_ref, size = sys.argv[3], float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
+t_all = float(sys.argv[7])
 same = ours.shape == ref.shape and bool((ours == ref).all())
 where = "" if same else " (first difference at %d)" % int(
     np.argmax(ours[:min(len(ours), len(ref))] != ref[:min(len(ours), len(ref))]))
-print("%-8s %-10d %-9s %-12s %-12s %.2fx%s" % (name, len(ref), "yes" if same else "NO",
-      "%.2f MB/s" % (size / 1e6 / t_ours), "%.2f MB/s" % (size / 1e6 / t_ref), t_ref / t_ours, where))
+print("%-8s %-10d %-9s %-16s %-16s %-12s %.2fx%s" % (name, len(ref), "yes" if same else "NO",
+      "%.2f MB/s" % (size / 1e6 / t_ours), "%.2f MB/s" % (size / 1e6 / t_all),
+      "%.2f MB/s" % (size / 1e6 / t_ref), t_ref / t_ours, where))
 PY
 done

@@ -128,6 +128,7 @@ ABSL_FLAG(bool, special_tokens, true,
           "tokenize: add the tokenizer's special tokens around each document (the BOS of Llama "
           "and Gemma), as tokenizer(text) does");
 ABSL_FLAG(std::string, field, "text", "tokenize: the field of each .jsonl line holding the text");
+ABSL_FLAG(int, threads, 0, "tokenize: threads that tokenize (0: one per core)");
 ABSL_FLAG(int64_t, max_count, -1,
           "latents: only latents firing at most this often (-1: no bound; 0: the dead ones)");
 
@@ -639,6 +640,7 @@ int Tokenize(const std::vector<std::string>& args) {
   options.out_path = out;
   options.add_special_tokens = absl::GetFlag(FLAGS_special_tokens);
   options.jsonl_field = absl::GetFlag(FLAGS_field);
+  options.threads = absl::GetFlag(FLAGS_threads);
   if (const std::string separator = absl::GetFlag(FLAGS_separator); !separator.empty()) {
     int32_t id;
     std::optional<int32_t> found = absl::SimpleAtoi(separator, &id) ? std::optional<int32_t>(id)
@@ -1572,7 +1574,7 @@ jobs:
   telemetry ID [--plot=FILE.png] training telemetry as a table (and a plot)
 text:
   tokenize FILE... --vocab=tokenizer.json --out=TOKENS.npy [--separator=TOKEN]
-           [--special_tokens=false] [--field=text]
+           [--special_tokens=false] [--field=text] [--threads=N]
                                  text -> the token stream an EXTRACT job reads: each .jsonl
                                  line's "text" (--field) or each other file is a document,
                                  tokenized as Hugging Face's tokenizer(text) does (BPE

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -22,6 +24,9 @@ namespace {
 
 // Room for any 1-D shape: the header is rewritten in place once the length is known.
 constexpr size_t kHeaderBytes = 128;
+// A batch is tokenized once it holds this much text or this many documents.
+constexpr size_t kBatchBytes = 8 << 20;
+constexpr size_t kBatchDocuments = 4096;
 
 // Appends ids to a .npy file whose length is filled in by Finish.
 class NpyStream {
@@ -118,14 +123,40 @@ absl::StatusOr<TokenizeProgress> TokenizeFiles(const Tokenizer& tokenizer,
   const auto elapsed = [&start] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  const auto document = [&](absl::string_view text, const std::string& where) -> absl::Status {
-    absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(text, options.add_special_tokens);
-    if (!ids.ok())
-      return absl::InvalidArgumentError(absl::StrCat(where, ": ", ids.status().message()));
-    if (options.separator) ids->push_back(*options.separator);
-    RETURN_IF_ERROR(out->Append(*ids));
-    ++progress.documents;
-    progress.tokens += static_cast<int64_t>(ids->size());
+  const int threads = options.threads > 0
+                          ? options.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+
+  // Documents waiting in order, with where each came from (for errors).
+  std::vector<std::pair<std::string, std::string>> batch;
+  size_t batch_bytes = 0;
+  // Tokenizes the batch on `threads` threads, then appends each document's ids in order.
+  const auto flush = [&]() -> absl::Status {
+    std::vector<absl::StatusOr<std::vector<int32_t>>> ids(batch.size());
+    std::atomic<size_t> next{0};
+    const auto work = [&] {
+      for (size_t i = next++; i < batch.size(); i = next++) {
+        ids[i] = tokenizer.Encode(batch[i].first, options.add_special_tokens);
+      }
+    };
+    std::vector<std::thread> helpers;
+    for (int t = 1; t < std::min<int>(threads, static_cast<int>(batch.size())); ++t) {
+      helpers.emplace_back(work);
+    }
+    work();
+    for (std::thread& helper : helpers) helper.join();
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (!ids[i].ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(batch[i].second, ": ", ids[i].status().message()));
+      }
+      if (options.separator) ids[i]->push_back(*options.separator);
+      RETURN_IF_ERROR(out->Append(*ids[i]));
+      ++progress.documents;
+      progress.tokens += static_cast<int64_t>(ids[i]->size());
+    }
+    batch.clear();
+    batch_bytes = 0;
     if (options.progress &&
         std::chrono::steady_clock::now() - last_report > std::chrono::seconds(1)) {
       last_report = std::chrono::steady_clock::now();
@@ -133,6 +164,12 @@ absl::StatusOr<TokenizeProgress> TokenizeFiles(const Tokenizer& tokenizer,
       options.progress(progress);
     }
     return absl::OkStatus();
+  };
+  const auto document = [&](std::string text, std::string where) -> absl::Status {
+    batch_bytes += text.size();
+    batch.emplace_back(std::move(text), std::move(where));
+    return batch_bytes >= kBatchBytes || batch.size() >= kBatchDocuments ? flush()
+                                                                         : absl::OkStatus();
   };
 
   absl::Status status;
@@ -160,16 +197,17 @@ absl::StatusOr<TokenizeProgress> TokenizeFiles(const Tokenizer& tokenizer,
               where, ": not a JSON object with a string field \"", options.jsonl_field, "\""));
           break;
         }
-        status = document(field->get_ref<const std::string&>(), where);
+        status = document(field->get<std::string>(), where);
       }
       progress.bytes_read = std::min(progress.bytes_read, progress.bytes_total);
     } else {
-      status = document(*contents, input);
       progress.bytes_read += static_cast<int64_t>(contents->size());
+      status = document(*std::move(contents), input);
     }
     if (!status.ok()) break;
     ++progress.files_done;
   }
+  if (status.ok()) status = flush();
   if (status.ok()) status = out->Finish();
   out.reset();
   if (status.ok()) {

@@ -1,6 +1,6 @@
 // latentctl tokenize: text files -> one .npy stream of token ids, the input an EXTRACT job reads
-// (ExtractSpec.tokens). Documents are tokenized one at a time and appended, so memory holds one
-// document, not the corpus.
+// (ExtractSpec.tokens). Documents are gathered into batches of a few MB, tokenized on several
+// threads and appended in their order, so memory holds a batch, not the corpus.
 #ifndef LATENTD_CLIENT_TOKENIZE_FILES_H_
 #define LATENTD_CLIENT_TOKENIZE_FILES_H_
 
@@ -36,6 +36,8 @@ struct TokenizeOptions {
   std::optional<int32_t> separator;
   // For .jsonl inputs: the field of each line's object that holds the document. Default "text".
   std::string jsonl_field = "text";
+  // Threads that tokenize; 0: one per core. The output does not depend on it. Default: 0.
+  int threads = 0;
   // Called about once a second while it runs, and once at the end. Default: none.
   std::function<void(const TokenizeProgress&)> progress;
 };

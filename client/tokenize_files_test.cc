@@ -89,6 +89,35 @@ TEST(TokenizeFilesTest, DocumentsFromTextAndJsonlBecomeOneStream) {
   EXPECT_FALSE(std::filesystem::exists(options.out_path + ".partial"));
 }
 
+// Many documents over several batches and threads: the stream is the documents' ids in order,
+// whatever the thread count.
+TEST(TokenizeFilesTest, ThreadsKeepTheDocumentsInOrder) {
+  const std::string dir = FreshTestDir("threads");
+  const Tokenizer tokenizer = MakeTokenizer();
+  std::string jsonl;
+  std::vector<int32_t> want;
+  for (int d = 0; d < 9000; ++d) {  // over two batches of 4096 documents
+    std::string text;
+    for (int k = 0; k <= d % 7; ++k)
+      text += (d + k) % 3 == 0 ? "ab" : (d + k) % 3 == 1 ? "a" : "b ";
+    jsonl += "{\"text\": \"" + text + "\"}\n";
+    want.push_back(4);
+    const absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(text, false);
+    want.insert(want.end(), ids->begin(), ids->end());
+  }
+  WriteFile(dir + "/docs.jsonl", jsonl);
+  for (const int threads : {1, 2, 3}) {
+    TokenizeOptions options;
+    options.out_path = dir + "/tokens.npy";
+    options.threads = threads;
+    absl::StatusOr<TokenizeProgress> done =
+        TokenizeFiles(tokenizer, {dir + "/docs.jsonl"}, options);
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_EQ(done->documents, 9000);
+    EXPECT_EQ(U16(ReadNpy(options.out_path).second), want) << threads << " threads";
+  }
+}
+
 TEST(TokenizeFilesTest, WithoutSpecialTokensAndWideIds) {
   const std::string dir = FreshTestDir("wide");
   const Tokenizer tokenizer = MakeTokenizer(/*extra_added_id=*/70000);

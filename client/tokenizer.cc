@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -836,27 +837,35 @@ struct Tokenizer::Impl {
   Wrapping wrapping;
   int32_t vocab_size = 0;
 
-  // Pre-token -> ids; words repeat (Zipf), so most lookups hit. Bounded: cleared when full.
-  static constexpr size_t kCacheEntries = 1 << 16;
+  // Pre-token -> ids; words repeat (Zipf), so most lookups hit. Sharded by the word's hash so
+  // that threads encoding at once rarely wait on each other; each shard is cleared when full.
+  static constexpr size_t kCacheShards = 16;
+  static constexpr size_t kShardEntries = 1 << 12;
   static constexpr size_t kCacheableBytes = 256;
-  mutable absl::Mutex cache_mu;
-  mutable absl::flat_hash_map<std::string, std::vector<int32_t>> cache ABSL_GUARDED_BY(cache_mu);
+  struct CacheShard {
+    absl::Mutex mu;
+    absl::flat_hash_map<std::string, std::vector<int32_t>> ids ABSL_GUARDED_BY(mu);
+  };
+  mutable std::array<CacheShard, kCacheShards> cache;
 
   void EncodeWord(const std::string& word, std::vector<int32_t>* out) const {
-    if (word.size() <= kCacheableBytes) {
-      absl::MutexLock lock(&cache_mu);
-      if (auto it = cache.find(word); it != cache.end()) {
+    if (word.size() > kCacheableBytes) {
+      bpe.Encode(word, out);
+      return;
+    }
+    CacheShard& shard = cache[absl::Hash<std::string>()(word) % kCacheShards];
+    {
+      absl::MutexLock lock(&shard.mu);
+      if (auto it = shard.ids.find(word); it != shard.ids.end()) {
         out->insert(out->end(), it->second.begin(), it->second.end());
         return;
       }
     }
     const size_t begin = out->size();
     bpe.Encode(word, out);
-    if (word.size() <= kCacheableBytes) {
-      absl::MutexLock lock(&cache_mu);
-      if (cache.size() >= kCacheEntries) cache.clear();
-      cache.emplace(word, std::vector<int32_t>(out->begin() + begin, out->end()));
-    }
+    absl::MutexLock lock(&shard.mu);
+    if (shard.ids.size() >= kShardEntries) shard.ids.clear();
+    shard.ids.emplace(word, std::vector<int32_t>(out->begin() + begin, out->end()));
   }
 
   // A stretch of text between added tokens: normalize, split out the normalized added tokens,

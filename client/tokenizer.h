@@ -42,7 +42,8 @@ class Tokenizer {
 
   // The ids of `text` (UTF-8; INVALID_ARGUMENT with the byte offset otherwise). With
   // `add_special_tokens` the post-processor adds what the model expects around a sequence (the
-  // BOS of Llama and Gemma; nothing for GPT-2), as Hugging Face does by default. Thread-safe.
+  // BOS of Llama and Gemma; nothing for GPT-2), as Hugging Face does by default. Thread-safe:
+  // threads may encode at once (they share a sharded cache of pre-tokens' ids).
   absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text,
                                               bool add_special_tokens = true) const;
 
