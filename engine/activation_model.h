@@ -36,8 +36,9 @@ class ActivationModel {
   virtual const std::string& model_id() const = 0;
   virtual const std::string& weight_hash() const = 0;
   // Weights by name, for the queries that read them: "embed.W_E" and "unembed.W_U" [vocab, d]
-  // (a tied model has only the first), "blocks.L.mlp.W_out" [d_mlp, d]. Empty where the model
-  // does not expose its weights (TorchScript: dataset_models.h finds them by parameter name).
+  // (a tied model has only the first), "blocks.L.mlp.W_out" [d_mlp, d], as the model holds them
+  // (views, in its dtype: a caller widens only what it uses). Empty where the model does not
+  // expose its weights (TorchScript: dataset_models.h finds them by parameter name).
   virtual std::vector<std::pair<std::string, at::Tensor>> NamedWeights() const { return {}; }
 };
 

@@ -191,12 +191,17 @@ absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> NativeUnembedding(
   const std::string w_out = absl::StrCat("blocks.", hook.layer, ".mlp.W_out");
   std::string unembedding = "embed.W_E (tied)";
   for (const auto& [name, tensor] : model->NamedWeights()) {
-    if (name == "embed.W_E" && !prepared->W_U.defined()) prepared->W_U = tensor.contiguous();
+    // float32 for the queries (a bfloat16 model's weights are widened here, only these).
+    if (name == "embed.W_E" && !prepared->W_U.defined()) {
+      prepared->W_U = tensor.to(at::kFloat).contiguous();
+    }
     if (name == "unembed.W_U") {
-      prepared->W_U = tensor.contiguous();
+      prepared->W_U = tensor.to(at::kFloat).contiguous();
       unembedding = name;
     }
-    if (hook.point == HookPoint::kMlpPost && name == w_out) prepared->W_out = tensor.contiguous();
+    if (hook.point == HookPoint::kMlpPost && name == w_out) {
+      prepared->W_out = tensor.to(at::kFloat).contiguous();
+    }
   }
   prepared->source =
       hook.point == HookPoint::kMlpPost ? absl::StrCat(w_out, " then ", unembedding) : unembedding;

@@ -7,6 +7,7 @@
 
 #include "common/test_dir.h"
 #include "engine/hf_gpt2.h"
+#include "engine/hf_model.h"
 #include "engine/hf_testing.h"
 #include "engine/reference_model.h"
 #include "engine/sae.h"
@@ -95,6 +96,14 @@ class DatasetModelsTest : public ::testing::Test {
     spec->set_hook_name(hook);
     spec->mutable_sae()->set_path(sae_dir);
     jobs_[id] = job;
+  }
+
+  // Records an EXTRACT job of a Hugging Face Llama checkpoint run in `dtype`.
+  void AddLlamaJob(uint64_t id, const std::string& model_dir, const std::string& hook,
+                   const std::string& sae_dir, latentd::v1::ValueDtype dtype) {
+    AddHuggingFaceJob(id, model_dir, hook, sae_dir);
+    jobs_[id].mutable_spec()->mutable_extract()->mutable_model()->mutable_huggingface()->set_dtype(
+        dtype);
   }
 
   void AddTorchScriptJob(uint64_t id, const std::string& model_path, const std::string& sae_dir) {
@@ -681,6 +690,53 @@ TEST_F(DatasetModelsTest, AHuggingFaceGpt2DatasetIsAnsweredFromItsCheckpoint) {
   EXPECT_TRUE(logits->positive_logits.empty());
   EXPECT_NE(logits->logits_unavailable.find(hf_hash), std::string::npos)
       << logits->logits_unavailable;
+}
+
+// A dataset made in bfloat16 is answered by the model run in bfloat16 (the weight hash says
+// which), and its direct logits come from the bfloat16 weights widened: within bfloat16's
+// rounding of the float32 answers.
+TEST_F(DatasetModelsTest, ABfloat16DatasetIsAnsweredInBfloat16) {
+  const std::string model_dir = root_ + "/llama";
+  ASSERT_FALSE(WriteRandomLlamaCheckpoint(model_dir).empty());
+  const std::string sae_dir = root_ + "/sae_llama";
+  const std::string hash = WriteSae(sae_dir, MakeWeights(32, 11));
+  const std::string hook = "blocks.1.hook_resid_post";
+  AddLlamaJob(60, model_dir, hook, sae_dir, latentd::v1::FLOAT32);
+  AddLlamaJob(61, model_dir, hook, sae_dir, latentd::v1::BFLOAT16);
+  HfModelOptions f32{model_dir}, bf16{model_dir};
+  bf16.bfloat16 = true;
+  auto f32_model = LoadHfModel(f32, {*ParseHookName(hook)}, at::Device(at::kCPU));
+  auto bf16_model = LoadHfModel(bf16, {*ParseHookName(hook)}, at::Device(at::kCPU));
+  ASSERT_TRUE(f32_model.ok() && bf16_model.ok());
+  const DatasetSource full{1, 60, hash, (*f32_model)->weight_hash(), kDSae};
+  const DatasetSource half{2, 61, hash, (*bf16_model)->weight_hash(), kDSae};
+
+  DatasetModels models(env_);
+  PromptQuery q;
+  q.token_ids = {4, 17, 33, 2, 40, 8};  // the checkpoint's vocabulary is 50
+  q.latents_per_token = 1000;
+  auto got = models.EncodePrompt(half, q);
+  ASSERT_TRUE(got.ok()) << got.status();  // the hash matched: the model ran in bfloat16
+  auto want = models.EncodePrompt(full, q);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(got->tokens.size(), want->tokens.size());
+  // A float32 dataset's hash does not match the bfloat16 model, nor the other way round.
+  DatasetSource mixed = half;
+  mixed.model_weight_hash = full.model_weight_hash;
+  EXPECT_EQ(models.EncodePrompt(mixed, q).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  LatentWeightsQuery wq;
+  wq.latent = 3;
+  wq.top_n = 5;
+  auto got_logits = models.ReadLatentWeights(half, wq);
+  auto want_logits = models.ReadLatentWeights(full, wq);
+  ASSERT_TRUE(got_logits.ok() && want_logits.ok()) << got_logits.status();
+  ASSERT_EQ(got_logits->positive_logits.size(), 5u);
+  EXPECT_EQ(got_logits->logits_unavailable, "");
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_NEAR(got_logits->positive_logits[i].score, want_logits->positive_logits[i].score,
+                2e-2 * std::abs(want_logits->positive_logits[0].score));
+  }
 }
 
 TEST_F(DatasetModelsTest, ComparingSaesFindsEachLatentsNearestDirection) {

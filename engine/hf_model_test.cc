@@ -81,8 +81,8 @@ TEST(HfModelTest, LlamaParameterBytesAndUnembeddingAreTheCheckpoints) {
     auto model = LoadHfModel({dir}, Hooks({"blocks.0.hook_resid_post"}), at::kCPU);
     ASSERT_TRUE(model.ok()) << model.status();
     EXPECT_EQ((*model)->parameter_bytes(), bytes);
-    // In bfloat16 the model holds half the bytes, the weight hash says so, and the queries
-    // still get float32 weights (the checkpoint's, rounded to bfloat16).
+    // In bfloat16 the model holds half the bytes, the weight hash says so, and it exposes its
+    // weights as it holds them (the checkpoint's, rounded to bfloat16).
     HfModelOptions bf16{dir};
     bf16.bfloat16 = true;
     EXPECT_EQ(CheckHfModel(bf16)->parameter_bytes, bytes / 2);
@@ -92,9 +92,8 @@ TEST(HfModelTest, LlamaParameterBytesAndUnembeddingAreTheCheckpoints) {
     EXPECT_NE((*half)->weight_hash(), (*model)->weight_hash());
     for (const auto& [name, t] : (*half)->NamedWeights()) {
       if (name == "embed.W_E") {
-        EXPECT_EQ(t.scalar_type(), at::kFloat);
-        EXPECT_TRUE(
-            at::equal(t, tensors.at("model.embed_tokens.weight").to(at::kBFloat16).to(at::kFloat)));
+        EXPECT_EQ(t.scalar_type(), at::kBFloat16);
+        EXPECT_TRUE(at::equal(t, tensors.at("model.embed_tokens.weight").to(at::kBFloat16)));
       }
     }
     for (const auto& [name, t] : (*model)->NamedWeights()) {

@@ -242,12 +242,10 @@ std::vector<at::Tensor> LlamaModel::ForwardHooks(const at::Tensor& tokens) {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedWeights() const {
-  // float32, as the queries that read them compute (a bfloat16 model's are widened).
-  std::vector<std::pair<std::string, at::Tensor>> out = {{"embed.W_E", w_.W_E.to(at::kFloat)},
-                                                         {"unembed.W_U", w_.W_U.to(at::kFloat)}};
+  std::vector<std::pair<std::string, at::Tensor>> out = {{"embed.W_E", w_.W_E},
+                                                         {"unembed.W_U", w_.W_U}};
   for (size_t l = 0; l < w_.blocks.size(); ++l) {
-    out.push_back(
-        {absl::StrCat("blocks.", l, ".mlp.W_out"), w_.blocks[l].W_down.t().to(at::kFloat)});
+    out.push_back({absl::StrCat("blocks.", l, ".mlp.W_out"), w_.blocks[l].W_down.t()});
   }
   return out;
 }
