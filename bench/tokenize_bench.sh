@@ -17,7 +17,9 @@ bytes=$(cat "$@" | wc -c)
 printf "%-8s %-10s %-9s %-16s %-16s %-12s %s\n" TOKENIZER TOKENS IDENTICAL "LATENTCTL 1 THR" \
   "LATENTCTL $(nproc) THR" "REFERENCE" "SPEED-UP (1 THR)"
 for entry in "gpt2 <|endoftext|>" "llama2 </s>" "llama3 <|end_of_text|>" "gemma <eos>" \
-             "qwen2_5 <|endoftext|>" "gpt4 <|endoftext|>"; do
+             "qwen2_5 <|endoftext|>" "gpt4 <|endoftext|>" "gpt4o <|endoftext|>" \
+             "deepseek_v3 <｜end▁of▁sentence｜>" "mistral_nemo </s>" "gemma3 <eos>" \
+             "llama3_1 <|end_of_text|>"; do
   read -r name separator <<<"$entry"
   line=$(bazel-bin/client/latentctl tokenize "$@" --vocab="$dir/$name/tokenizer.json" \
     --out="$tmp/$name.npy" --separator="$separator" --threads=1 2>/dev/null)

@@ -16,7 +16,7 @@
 //     BertProcessing, ByteLevel and Sequence.
 // Regex patterns (Oniguruma syntax in the file) run on ICU's regex engine, which reads the ones
 // tokenizers ship the same way (`\s` is the Unicode White_Space property in both).
-// tests/tokenizer/ compares the ids with a reference implementation on six real tokenizers.
+// tests/tokenizer/ compares the ids with a reference implementation on eleven real tokenizers.
 #ifndef LATENTD_CLIENT_TOKENIZER_H_
 #define LATENTD_CLIENT_TOKENIZER_H_
 

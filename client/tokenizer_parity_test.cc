@@ -44,7 +44,7 @@ TEST(TokenizerParityTest, RealTokenizersGiveTheReferenceIds) {
   const Json golden = ReadJson(Runfile("tests/tokenizer/golden.json"));
   ASSERT_TRUE(corpus.is_array() && golden.is_object());
   const Json& tokenizers = golden["tokenizers"];
-  ASSERT_EQ(tokenizers.size(), 6u);
+  ASSERT_EQ(tokenizers.size(), 11u);
   for (auto it = tokenizers.begin(); it != tokenizers.end(); ++it) {
     const std::string path = absl::StrCat(TokenizerDir(), "/", it.key(), "/tokenizer.json");
     absl::StatusOr<Tokenizer> tokenizer = Tokenizer::Load(path);

