@@ -30,6 +30,9 @@ struct HfModelOptions {
   // half the memory, and faster where the hardware has bfloat16 units (GPUs; CPUs with
   // AVX512-BF16 or AMX). Default false: float32, exact.
   bool bfloat16 = false;
+
+  // The dtype the weights are read into.
+  at::ScalarType weight_dtype() const { return bfloat16 ? at::kBFloat16 : at::kFloat; }
 };
 
 // config.json of a checkpoint directory. Every accessor's error is INVALID_ARGUMENT

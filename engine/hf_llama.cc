@@ -283,8 +283,8 @@ absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options) {
   const std::vector<HfTensorSpec> expected = ExpectedTensors(config);
   ASSIGN_OR_RETURN(const std::string prefix,
                    FindTensorPrefix(options.dir, json.model_type(), expected));
-  ASSIGN_OR_RETURN(HfTensors read, ReadHfTensors(options.dir, expected, prefix,
-                                                 options.bfloat16 ? at::kBFloat16 : at::kFloat));
+  ASSIGN_OR_RETURN(HfTensors read,
+                   ReadHfTensors(options.dir, expected, prefix, options.weight_dtype()));
   const std::map<std::string, at::Tensor>& t = read.tensors;
   auto optional = [&](const std::string& name) {
     auto it = t.find(name);

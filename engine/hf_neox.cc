@@ -98,7 +98,7 @@ absl::StatusOr<LlamaWeights> LoadHfNeoxWeights(const HfModelOptions& options) {
   ASSIGN_OR_RETURN(LlamaConfig config, ReadHfNeoxConfig(json));
   config.bfloat16 = options.bfloat16;
   ASSIGN_OR_RETURN(HfTensors read, ReadHfTensors(options.dir, ExpectedTensors(config), kPrefix,
-                                                 options.bfloat16 ? at::kBFloat16 : at::kFloat));
+                                                 options.weight_dtype()));
   const std::map<std::string, at::Tensor>& t = read.tensors;
   const int64_t H = config.n_heads, dh = config.head_dim, d = config.d_model;
   LlamaWeights w;
