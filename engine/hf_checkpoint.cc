@@ -35,14 +35,18 @@ struct TensorPlace {
 
 absl::StatusOr<std::map<std::string, TensorPlace>> LocateTensors(
     const std::vector<std::string>& files, const std::vector<HfTensorSpec>& expected,
-    const std::string& prefix) {
+    const std::vector<std::string>& prefixes) {
   std::map<std::string, TensorPlace> found;
   for (size_t i = 0; i < files.size(); ++i) {
     ASSIGN_OR_RETURN(StHeader header, ReadStHeader(files[i]));
     for (const StTensorInfo& info : header.tensors) {
-      const std::string name = !prefix.empty() && absl::StartsWith(info.name, prefix)
-                                   ? info.name.substr(prefix.size())
-                                   : info.name;
+      std::string name = info.name;
+      for (const std::string& prefix : prefixes) {
+        if (!prefix.empty() && absl::StartsWith(name, prefix)) {
+          name.erase(0, prefix.size());
+          break;
+        }
+      }
       auto [it, inserted] = found.insert({name, TensorPlace{static_cast<int>(i), info}});
       if (!inserted) {
         return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " is in both ",
@@ -175,9 +179,9 @@ absl::StatusOr<std::vector<std::string>> HfWeightFiles(const std::string& dir) {
 }
 
 absl::Status CheckHfTensors(const std::string& dir, const std::vector<HfTensorSpec>& expected,
-                            const std::string& prefix) {
+                            const std::vector<std::string>& prefixes) {
   ASSIGN_OR_RETURN(std::vector<std::string> files, HfWeightFiles(dir));
-  return LocateTensors(files, expected, prefix).status();
+  return LocateTensors(files, expected, prefixes).status();
 }
 
 std::string HfTensors::Hash(const std::string& extra) const {
@@ -187,9 +191,10 @@ std::string HfTensors::Hash(const std::string& extra) const {
 
 absl::StatusOr<HfTensors> ReadHfTensors(const std::string& dir,
                                         const std::vector<HfTensorSpec>& expected,
-                                        const std::string& prefix, at::ScalarType dtype) {
+                                        const std::vector<std::string>& prefixes,
+                                        at::ScalarType dtype) {
   ASSIGN_OR_RETURN(std::vector<std::string> files, HfWeightFiles(dir));
-  ASSIGN_OR_RETURN(auto places, LocateTensors(files, expected, prefix));
+  ASSIGN_OR_RETURN(auto places, LocateTensors(files, expected, prefixes));
   // Each file opened once, when its first tensor is read.
   std::vector<int64_t> data_start(files.size(), -1);
   std::vector<std::ifstream> streams(files.size());

@@ -69,15 +69,16 @@ class HfConfig {
 absl::StatusOr<std::vector<std::string>> HfWeightFiles(const std::string& dir);
 
 struct HfTensorSpec {
-  std::string name;  // as the architecture names it, without the optional prefix
+  std::string name;  // as the architecture names it, without the optional prefixes
   std::vector<int64_t> shape;
 };
 
 // Checks from the headers of dir's weight files (HfWeightFiles) that every tensor of `expected`
-// is present (named with or without `prefix`), with its shape and a float dtype
+// is present (named with or without one of `prefixes`: the first a stored name starts with is
+// stripped), with its shape and a float dtype
 // (F32/F16/BF16/F64); other tensors are ignored. INVALID_ARGUMENT naming the file and the tensor.
 absl::Status CheckHfTensors(const std::string& dir, const std::vector<HfTensorSpec>& expected,
-                            const std::string& prefix);
+                            const std::vector<std::string>& prefixes);
 
 struct HfTensors {
   std::map<std::string, at::Tensor> tensors;  // float32 on the CPU, by their names in `expected`
@@ -95,7 +96,7 @@ struct HfTensors {
 // the file.
 absl::StatusOr<HfTensors> ReadHfTensors(const std::string& dir,
                                         const std::vector<HfTensorSpec>& expected,
-                                        const std::string& prefix,
+                                        const std::vector<std::string>& prefixes,
                                         at::ScalarType dtype = at::kFloat);
 
 }  // namespace latentd::engine

@@ -82,14 +82,14 @@ absl::StatusOr<Gpt2Config> ReadHfGpt2Config(const HfConfig& j) {
 absl::StatusOr<Gpt2Config> CheckHfGpt2(const std::string& dir) {
   ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(dir));
   ASSIGN_OR_RETURN(Gpt2Config config, ReadHfGpt2Config(json));
-  RETURN_IF_ERROR(CheckHfTensors(dir, ExpectedTensors(config), kPrefix));
+  RETURN_IF_ERROR(CheckHfTensors(dir, ExpectedTensors(config), {kPrefix}));
   return config;
 }
 
 absl::StatusOr<Gpt2Weights> LoadHfGpt2Weights(const HfModelOptions& options) {
   ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(options.dir));
   ASSIGN_OR_RETURN(Gpt2Config config, ReadHfGpt2Config(json));
-  ASSIGN_OR_RETURN(HfTensors read, ReadHfTensors(options.dir, ExpectedTensors(config), kPrefix));
+  ASSIGN_OR_RETURN(HfTensors read, ReadHfTensors(options.dir, ExpectedTensors(config), {kPrefix}));
   const std::map<std::string, at::Tensor>& tensors = read.tensors;
   std::string fingerprint = ConfigFingerprint(config);
   Gpt2Weights w;

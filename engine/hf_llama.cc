@@ -12,7 +12,7 @@ namespace {
 
 // Where the language model's tensors are: LlamaForCausalLM's "model.", or in Gemma 3's
 // multimodal checkpoints "language_model.model." (as released) or "model.language_model."
-// (as newer transformers save them). Names without the prefix are taken too.
+// (as newer transformers save them). Names without a prefix are taken too.
 std::vector<std::string> TensorPrefixes(const std::string& model_type) {
   if (model_type == "gemma3") return {"language_model.model.", "model.language_model."};
   return {"model."};
@@ -55,19 +55,6 @@ std::vector<HfTensorSpec> ExpectedTensors(const LlamaConfig& c) {
     }
   }
   return out;
-}
-
-// The first of the model type's prefixes under which dir's headers hold every expected tensor
-// (the first one's error when none does).
-absl::StatusOr<std::string> FindTensorPrefix(const std::string& dir, const std::string& model_type,
-                                             const std::vector<HfTensorSpec>& expected) {
-  absl::Status first;
-  for (const std::string& prefix : TensorPrefixes(model_type)) {
-    absl::Status s = CheckHfTensors(dir, expected, prefix);
-    if (s.ok()) return prefix;
-    if (first.ok()) first = s;
-  }
-  return first;
 }
 
 // Which layers slide (Gemma 3): config.json's layer_types ("sliding_attention" /
@@ -261,7 +248,7 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
 absl::StatusOr<LlamaConfig> CheckHfLlama(const std::string& dir) {
   ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(dir));
   ASSIGN_OR_RETURN(LlamaConfig config, ReadHfLlamaConfig(json));
-  RETURN_IF_ERROR(FindTensorPrefix(dir, json.model_type(), ExpectedTensors(config)).status());
+  RETURN_IF_ERROR(CheckHfTensors(dir, ExpectedTensors(config), TensorPrefixes(json.model_type())));
   return config;
 }
 
@@ -280,11 +267,9 @@ absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options) {
   ASSIGN_OR_RETURN(LlamaConfig config, ReadHfLlamaConfig(json));
   RETURN_IF_ERROR(CheckHfLlamaOptions(config, options));
   config.bfloat16 = options.bfloat16;
-  const std::vector<HfTensorSpec> expected = ExpectedTensors(config);
-  ASSIGN_OR_RETURN(const std::string prefix,
-                   FindTensorPrefix(options.dir, json.model_type(), expected));
   ASSIGN_OR_RETURN(HfTensors read,
-                   ReadHfTensors(options.dir, expected, prefix, options.weight_dtype()));
+                   ReadHfTensors(options.dir, ExpectedTensors(config),
+                                 TensorPrefixes(json.model_type()), options.weight_dtype()));
   const std::map<std::string, at::Tensor>& t = read.tensors;
   auto optional = [&](const std::string& name) {
     auto it = t.find(name);

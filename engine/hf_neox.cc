@@ -89,7 +89,7 @@ absl::StatusOr<LlamaConfig> ReadHfNeoxConfig(const HfConfig& j) {
 absl::StatusOr<LlamaConfig> CheckHfNeox(const std::string& dir) {
   ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(dir));
   ASSIGN_OR_RETURN(LlamaConfig config, ReadHfNeoxConfig(json));
-  RETURN_IF_ERROR(CheckHfTensors(dir, ExpectedTensors(config), kPrefix));
+  RETURN_IF_ERROR(CheckHfTensors(dir, ExpectedTensors(config), {kPrefix}));
   return config;
 }
 
@@ -97,7 +97,7 @@ absl::StatusOr<LlamaWeights> LoadHfNeoxWeights(const HfModelOptions& options) {
   ASSIGN_OR_RETURN(HfConfig json, HfConfig::Read(options.dir));
   ASSIGN_OR_RETURN(LlamaConfig config, ReadHfNeoxConfig(json));
   config.bfloat16 = options.bfloat16;
-  ASSIGN_OR_RETURN(HfTensors read, ReadHfTensors(options.dir, ExpectedTensors(config), kPrefix,
+  ASSIGN_OR_RETURN(HfTensors read, ReadHfTensors(options.dir, ExpectedTensors(config), {kPrefix},
                                                  options.weight_dtype()));
   const std::map<std::string, at::Tensor>& t = read.tensors;
   const int64_t H = config.n_heads, dh = config.head_dim, d = config.d_model;
