@@ -55,6 +55,12 @@ std::pair<uint32_t, size_t> DecodeUtf8(absl::string_view s, size_t i) {
   return {cp, n};
 }
 
+size_t PreviousCodePointStart(absl::string_view s, size_t end) {
+  size_t start = end - 1;
+  while (start > 0 && (static_cast<uint8_t>(s[start]) & 0xC0) == 0x80) --start;
+  return start;
+}
+
 void AppendUtf8(uint32_t cp, std::string* out) {
   if (cp < 0x80) {
     out->push_back(static_cast<char>(cp));

@@ -22,6 +22,9 @@ namespace latentd::client {
 // there are not well-formed UTF-8 (overlong, surrogate, truncated, beyond U+10FFFF).
 std::pair<uint32_t, size_t> DecodeUtf8(absl::string_view s, size_t i);
 
+// Where the code point that ends at byte `end` of `s` (valid UTF-8, end > 0) starts.
+size_t PreviousCodePointStart(absl::string_view s, size_t end);
+
 // Appends code point `cp` (at most U+10FFFF, not a surrogate) as UTF-8.
 void AppendUtf8(uint32_t cp, std::string* out);
 

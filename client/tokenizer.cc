@@ -317,8 +317,7 @@ struct Normalizer {
           begin += n;
         }
         while (strip_right && end > begin) {
-          size_t start = end - 1;
-          while (start > begin && (static_cast<uint8_t>((*s)[start]) & 0xC0) == 0x80) --start;
+          const size_t start = PreviousCodePointStart(*s, end);
           if (!IsWhitespace(DecodeUtf8(*s, start).first)) break;
           end = start;
         }
@@ -585,9 +584,7 @@ bool IsWordCharacter(uint32_t cp) { return cp == '_' || u_isalnum(static_cast<UC
 
 // The code point that ends at byte `end` of s (valid UTF-8, end > 0).
 uint32_t CodePointBefore(absl::string_view s, size_t end) {
-  size_t start = end - 1;
-  while (start > 0 && (static_cast<uint8_t>(s[start]) & 0xC0) == 0x80) --start;
-  return DecodeUtf8(s, start).first;
+  return DecodeUtf8(s, PreviousCodePointStart(s, end)).first;
 }
 
 // Finds added tokens in text, leftmost first and the longest of those starting at one place.
@@ -628,8 +625,7 @@ class AddedTokenMatcher {
       }
       size_t begin = i, end = i + found->content.size();
       while (found->lstrip && begin > text_begin && IsWhitespace(CodePointBefore(s, begin))) {
-        const uint32_t cp = CodePointBefore(s, begin);
-        begin -= cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+        begin = PreviousCodePointStart(s, begin);
       }
       while (found->rstrip && end < s.size() && IsWhitespace(DecodeUtf8(s, end).first)) {
         end += DecodeUtf8(s, end).second;
