@@ -24,6 +24,9 @@ TEST(ByteLevelTest, Utf8) {
   EXPECT_EQ(DecodeUtf8(s, 1), std::make_pair(0xE9u, size_t{2}));
   EXPECT_EQ(DecodeUtf8(s, 6), std::make_pair(0x1F917u, size_t{4}));
   EXPECT_EQ(FirstInvalidUtf8(s), std::nullopt);
+  EXPECT_EQ(PreviousCodePointStart(s, s.size()), 6u);  // the emoji's first byte
+  EXPECT_EQ(PreviousCodePointStart(s, 3), 1u);         // é
+  EXPECT_EQ(PreviousCodePointStart(s, 1), 0u);
   EXPECT_EQ(FirstInvalidUtf8("ok\xC0\x80"), 2u);    // overlong
   EXPECT_EQ(FirstInvalidUtf8("\xED\xA0\x80"), 0u);  // a surrogate
   EXPECT_EQ(FirstInvalidUtf8("ab\xE4\xB8"), 2u);    // truncated

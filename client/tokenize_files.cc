@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -88,6 +89,38 @@ class NpyStream {
   bool wide_;
   int64_t count_ = 0;
 };
+
+// A file that is one document.
+template <typename Document>
+absl::Status ReadWhole(const std::string& path, TokenizeProgress* progress, Document& document) {
+  ASSIGN_OR_RETURN(std::string contents, ReadFileToString(path));
+  progress->bytes_read += static_cast<int64_t>(contents.size());
+  return document(std::move(contents), path);
+}
+
+// A .jsonl file, read a line at a time (it may be larger than memory): each non-blank line is
+// a JSON object whose string `field` is a document.
+template <typename Document>
+absl::Status ReadJsonl(const std::string& path, const std::string& field,
+                       TokenizeProgress* progress, Document& document) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(path, ": ", std::strerror(errno)));
+  std::string text;
+  for (int line = 1; std::getline(in, text); ++line) {
+    progress->bytes_read += static_cast<int64_t>(text.size()) + (in.eof() ? 0 : 1);
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = absl::StrCat(path, ":", line);
+    const nlohmann::json object = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    const auto value = object.is_object() ? object.find(field) : object.end();
+    if (!object.is_object() || value == object.end() || !value->is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": not a JSON object with a string field \"", field, "\""));
+    }
+    RETURN_IF_ERROR(document(value->get<std::string>(), where));
+  }
+  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": ", std::strerror(errno)));
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -174,36 +207,9 @@ absl::StatusOr<TokenizeProgress> TokenizeFiles(const Tokenizer& tokenizer,
 
   absl::Status status;
   for (const std::string& input : inputs) {
-    absl::StatusOr<std::string> contents = ReadFileToString(input);
-    if (!contents.ok()) {
-      status = contents.status();
-      break;
-    }
-    if (absl::EndsWith(input, ".jsonl")) {
-      size_t line_start = 0;
-      for (int line = 1; line_start < contents->size() && status.ok(); ++line) {
-        size_t line_end = contents->find('\n', line_start);
-        if (line_end == std::string::npos) line_end = contents->size();
-        const absl::string_view text(contents->data() + line_start, line_end - line_start);
-        progress.bytes_read += static_cast<int64_t>(line_end + 1 - line_start);
-        line_start = line_end + 1;
-        if (text.find_first_not_of(" \t\r") == absl::string_view::npos) continue;
-        const std::string where = absl::StrCat(input, ":", line);
-        const nlohmann::json object =
-            nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-        const auto field = object.is_object() ? object.find(options.jsonl_field) : object.end();
-        if (!object.is_object() || field == object.end() || !field->is_string()) {
-          status = absl::InvalidArgumentError(absl::StrCat(
-              where, ": not a JSON object with a string field \"", options.jsonl_field, "\""));
-          break;
-        }
-        status = document(field->get<std::string>(), where);
-      }
-      progress.bytes_read = std::min(progress.bytes_read, progress.bytes_total);
-    } else {
-      progress.bytes_read += static_cast<int64_t>(contents->size());
-      status = document(*std::move(contents), input);
-    }
+    status = absl::EndsWith(input, ".jsonl")
+                 ? ReadJsonl(input, options.jsonl_field, &progress, document)
+                 : ReadWhole(input, &progress, document);
     if (!status.ok()) break;
     ++progress.files_done;
   }

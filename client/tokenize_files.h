@@ -1,6 +1,7 @@
 // latentctl tokenize: text files -> one .npy stream of token ids, the input an EXTRACT job reads
-// (ExtractSpec.tokens). Documents are gathered into batches of a few MB, tokenized on several
-// threads and appended in their order, so memory holds a batch, not the corpus.
+// (ExtractSpec.tokens). .jsonl files are read a line at a time; documents are gathered into
+// batches of a few MB, tokenized on several threads and appended in their order, so memory
+// holds a batch (or one whole-file document), not the corpus.
 #ifndef LATENTD_CLIENT_TOKENIZE_FILES_H_
 #define LATENTD_CLIENT_TOKENIZE_FILES_H_
 
