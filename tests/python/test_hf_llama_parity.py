@@ -250,7 +250,11 @@ class HfLlamaParityTest(unittest.TestCase):
         cfg.update(config_changes)
         d = os.path.join(self.root, name)
         if multimodal:  # Gemma3ForConditionalGeneration's layout around the same language model
-            stored = {"language_model." + k: t for k, t in w.items()}
+            # as released ("language_model.model.layers...") or as newer transformers save it
+            # ("model.language_model.layers...")
+            rename = ((lambda k: "language_model." + k) if multimodal == "released" else
+                      (lambda k: k.replace("model.", "model.language_model.", 1)))
+            stored = {rename(k): t for k, t in w.items()}
             stored["vision_tower.vision_model.embeddings.patch_embedding.weight"] = g(8, 3, 2, 2)
             stored["multi_modal_projector.mm_input_projection_weight"] = g(8, D)
             write_hf_checkpoint(d, {"architectures": ["Gemma3ForConditionalGeneration"],
@@ -335,10 +339,11 @@ class HfLlamaParityTest(unittest.TestCase):
         # Gemma 3 4B and up ship as Gemma3ForConditionalGeneration: the language model's config
         # under text_config, its tensors under "language_model.model.", a vision tower beside
         # them. Here the sliding layers come from sliding_window_pattern (layers 0 and 2 slide).
-        d, hooks = self.gemma3("gemma3_multimodal", layer_types=None, sliding_window_pattern=2,
-                               multimodal=True)
-        for name in ["blocks.0.hook_attn_out", "blocks.2.hook_resid_post"]:
-            self.check(d, hooks, name)
+        for layout in ["released", "resaved"]:
+            d, hooks = self.gemma3("gemma3_multimodal_" + layout, layer_types=None,
+                                   sliding_window_pattern=2, multimodal=layout)
+            for name in ["blocks.0.hook_attn_out", "blocks.2.hook_resid_post"]:
+                self.check(d, hooks, name)
 
     def test_gemma(self):
         # Gemma 1: the embedding scale, 1 + w gains and GeGLU, none of Gemma 2's additions; its
