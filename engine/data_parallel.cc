@@ -1,9 +1,16 @@
 #include "engine/data_parallel.h"
 
 #include <ATen/ATen.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <torch/version.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -60,6 +67,36 @@ class ProcessGroupSync : public GradientSync {
     return absl::OkStatus();
   }
 
+  absl::Status BroadcastBytes(std::string* bytes, c10::Device device) override {
+    try {
+      c10d::BroadcastOptions options;
+      options.rootRank = 0;
+      const int64_t root_size = rank_ == 0 ? static_cast<int64_t>(bytes->size()) : 0;
+      std::vector<torch::Tensor> size = {torch::full({1}, root_size, torch::kInt64).to(device)};
+      group_->broadcast(size, options)->wait();
+      const int64_t n = size[0].cpu().item<int64_t>();
+      if (n == 0) {
+        bytes->clear();
+        return absl::OkStatus();
+      }
+      std::vector<torch::Tensor> data;
+      if (rank_ == 0) {
+        data.push_back(torch::from_blob(bytes->data(), {n}, torch::kUInt8).to(device));
+      } else {
+        data.push_back(torch::empty({n}, torch::TensorOptions(torch::kUInt8).device(device)));
+      }
+      group_->broadcast(data, options)->wait();
+      if (rank_ != 0) {
+        const torch::Tensor host = data[0].cpu().contiguous();
+        bytes->assign(static_cast<const char*>(host.data_ptr()), static_cast<size_t>(n));
+      }
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("broadcast from rank 0 to ", world_size_, " ranks: ", e.what()));
+    }
+    return absl::OkStatus();
+  }
+
  private:
   c10::intrusive_ptr<CollectiveGroup> group_;
   int rank_;
@@ -80,13 +117,101 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> NewTcpStore(const std::string& h
     options.port = static_cast<uint16_t>(port);
     options.isServer = is_master;
     options.numWorkers = world_size;
-    options.waitWorkers = true;
+    // Ranks meet in CheckRanksAgree, whose reads wait for the others' keys and fail with the
+    // timeout; the store's own wait for workers gives up silently when it runs out.
+    options.waitWorkers = false;
     options.timeout = std::chrono::seconds(timeout_seconds);
     return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::TCPStore>(host, options));
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("TCPStore rendezvous at ", host, ":", port, ": ", e.what()));
   }
+}
+
+absl::Status CheckRanksAgree(c10d::Store& store, int rank, int world_size, const std::string& key,
+                             const std::string& value) {
+  auto key_of = [&](int r) { return absl::StrCat(key, "/", r); };
+  auto text = [](const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); };
+  try {
+    store.set(key_of(rank), std::vector<uint8_t>(value.begin(), value.end()));
+    const std::string first = rank == 0 ? value : text(store.get(key_of(0)));
+    for (int r = 1; r < world_size; ++r) {
+      const std::string other = r == rank ? value : text(store.get(key_of(r)));
+      if (other != first) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("rank ", r, (r == rank ? " (this one)" : ""), " and rank 0",
+                         (rank == 0 ? " (this one)" : ""), " disagree on ", key, ": rank 0 has ",
+                         first, "; rank ", r, " has ", other));
+      }
+    }
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("rank ", rank, " of ", world_size,
+                                               ": no word from the other ranks on ", key, ": ",
+                                               e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<HostPort> ParseHostPort(const std::string& address) {
+  HostPort out;
+  std::string port;
+  if (!address.empty() && address[0] == '[') {
+    const size_t close = address.find(']');
+    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"", address, "\" is not \"[v6 address]:port\""));
+    }
+    out.host = address.substr(1, close - 1);
+    port = address.substr(close + 2);
+  } else {
+    const size_t colon = address.rfind(':');
+    if (colon == std::string::npos || address.find(':') != colon) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", address, "\" is not \"host:port\""));
+    }
+    out.host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+  }
+  if (out.host.empty() || port.empty() || port.size() > 5 ||
+      !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+      std::stoi(port) < 1 || std::stoi(port) > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", address, "\" needs a host and a port in [1, 65535]"));
+  }
+  out.port = std::stoi(port);
+  return out;
+}
+
+absl::StatusOr<std::string> LocalAddressTowards(const HostPort& peer) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(peer.port);
+  const int error = getaddrinfo(peer.host.c_str(), port.c_str(), &hints, &found);
+  if (error != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve ", peer.host, ": ", gai_strerror(error)));
+  }
+  std::string reason = "no address";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t length = sizeof(local);
+    char name[NI_MAXHOST];
+    const bool named = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+                       getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0 &&
+                       getnameinfo(reinterpret_cast<sockaddr*>(&local), length, name, sizeof(name),
+                                   nullptr, 0, NI_NUMERICHOST) == 0;
+    if (!named) reason = std::strerror(errno);
+    ::close(fd);
+    if (named) {
+      freeaddrinfo(found);
+      return std::string(name);
+    }
+  }
+  freeaddrinfo(found);
+  return absl::UnavailableError(absl::StrCat("no route to ", peer.host, ": ", reason));
 }
 
 absl::StatusOr<std::unique_ptr<GradientSync>> JoinProcessGroup(

@@ -29,6 +29,9 @@ class GradientSync {
   // Replaces each tensor by its sum over all ranks, in place. Every rank must call it with tensors
   // of the same shapes in the same order. One flat buffer per call (one collective).
   virtual absl::Status AllReduceSum(const std::vector<torch::Tensor>& tensors) = 0;
+  // Replaces `bytes` on every rank by rank 0's, sent as a byte tensor on `device` (the rank's
+  // training device: NCCL sends only CUDA tensors). Every rank must call it.
+  virtual absl::Status BroadcastBytes(std::string* bytes, c10::Device device) = 0;
 };
 
 // World of one: AllReduceSum is a no-op.
@@ -37,6 +40,7 @@ class SingleProcessSync : public GradientSync {
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
   absl::Status AllReduceSum(const std::vector<torch::Tensor>&) override { return absl::OkStatus(); }
+  absl::Status BroadcastBytes(std::string*, c10::Device) override { return absl::OkStatus(); }
 };
 
 // Backend of a process group.
@@ -59,10 +63,31 @@ absl::StatusOr<std::unique_ptr<GradientSync>> JoinProcessGroup(
 
 // A store for ranks that are threads of this process.
 c10::intrusive_ptr<c10d::Store> NewInProcessStore();
-// A TCPStore rendezvous: rank 0 (is_master) listens on host:port, the others connect.
+// A TCPStore rendezvous: rank 0 (is_master) listens on `port` (every interface), the others
+// connect to host:port, retrying until the timeout (then UNAVAILABLE). Returns without waiting
+// for the other ranks: CheckRanksAgree is where they meet. `timeout_seconds` also bounds every
+// read of a key that is not there yet.
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> NewTcpStore(const std::string& host, int port,
                                                             int world_size, bool is_master,
                                                             int timeout_seconds);
+
+// Every rank publishes `value` under `key` and reads every other rank's; all must equal rank 0's.
+// FAILED_PRECONDITION naming the first rank that differs and both values otherwise (every rank
+// reaches the same verdict, so none goes on to wait for a collective the others left).
+// UNAVAILABLE when a rank does not publish within the store's timeout.
+absl::Status CheckRanksAgree(c10d::Store& store, int rank, int world_size, const std::string& key,
+                             const std::string& value);
+
+struct HostPort {
+  std::string host;
+  int port = 0;
+};
+// "host:port" or "[v6 address]:port", port in [1, 65535]; INVALID_ARGUMENT otherwise.
+absl::StatusOr<HostPort> ParseHostPort(const std::string& address);
+
+// The local address (numeric) of the route to host:port: the interface other nodes can reach
+// this one on. No packet is sent (a UDP socket is connected, then asked for its name).
+absl::StatusOr<std::string> LocalAddressTowards(const HostPort& peer);
 
 }  // namespace latentd::engine
 

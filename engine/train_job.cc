@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <memory>
 #include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -48,6 +49,8 @@ struct TrainPlan {
   std::string torchscript_path;  // resolved
   OptimizerConfig optimizer;
   int64_t batch_size = kDefaultBatchSize;
+  // Data-parallel ranks the batch is split over: the job's devices, or the rendezvous' world.
+  int ranks = 1;
   int64_t total_steps = 1;
   LrScheduleOptions lr;
   int64_t checkpoint_every = kDefaultCheckpointEvery;
@@ -102,6 +105,39 @@ absl::Status CheckArtifactName(const std::string& name) {
   return absl::OkStatus();
 }
 
+constexpr int kDefaultRendezvousTimeoutSeconds = 300;
+
+int RendezvousTimeoutSeconds(const latentd::v1::TrainRendezvous& rendezvous) {
+  return rendezvous.timeout_seconds() > 0 ? rendezvous.timeout_seconds()
+                                          : kDefaultRendezvousTimeoutSeconds;
+}
+
+absl::Status CheckRendezvous(const latentd::v1::TrainRendezvous& rendezvous, int local_ranks) {
+  auto address = ParseHostPort(rendezvous.address());
+  if (!address.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.rendezvous.address: ", address.status().message(),
+                     " (the TCPStore of the node with rank_offset 0)"));
+  }
+  if (rendezvous.world_size() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.rendezvous.world_size: must be >= 1 (ranks over all nodes), got ",
+                     rendezvous.world_size()));
+  }
+  if (rendezvous.rank_offset() < 0 ||
+      rendezvous.rank_offset() + local_ranks > rendezvous.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.rendezvous.rank_offset: this node's ", local_ranks, " rank(s) from ",
+        rendezvous.rank_offset(), " do not fit in world_size ", rendezvous.world_size()));
+  }
+  if (rendezvous.timeout_seconds() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.rendezvous.timeout_seconds: must be >= 0 (0: 300), got ",
+                     rendezvous.timeout_seconds()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const TrainEnv& env) {
   if (env.store == nullptr) return absl::FailedPreconditionError("TRAIN: no chunk store");
   TrainPlan plan;
@@ -136,10 +172,15 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
         absl::StrCat("train.batch_size: must be in [1, 16777216], got ", spec.batch_size()));
   }
   if (spec.batch_size() > 0) plan.batch_size = spec.batch_size();
-  if (plan.batch_size < env.num_devices) {
+  plan.ranks = std::max(env.num_devices, 1);
+  if (spec.has_rendezvous()) {
+    RETURN_IF_ERROR(CheckRendezvous(spec.rendezvous(), plan.ranks));
+    plan.ranks = spec.rendezvous().world_size();
+  }
+  if (plan.batch_size < plan.ranks) {
     return absl::InvalidArgumentError(absl::StrCat("train.batch_size: ", plan.batch_size,
-                                                   " rows cannot be split over ", env.num_devices,
-                                                   " devices"));
+                                                   " rows cannot be split over ", plan.ranks,
+                                                   spec.has_rendezvous() ? " ranks" : " devices"));
   }
   if (spec.steps() < 0) {
     return absl::InvalidArgumentError(
@@ -207,12 +248,11 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
   return plan;
 }
 
-TrainMemoryEstimate Estimate(const TrainPlan& plan, int num_devices,
-                             const OptimizerConfig& optimizer) {
+TrainMemoryEstimate Estimate(const TrainPlan& plan, const OptimizerConfig& optimizer) {
   TrainMemoryEstimate estimate;
   const int64_t params = plan.num_params;
   const OptimizerMemory memory = EstimateOptimizerMemory(optimizer, plan.shapes);
-  const int64_t rows = (plan.batch_size + num_devices - 1) / std::max(num_devices, 1);
+  const int64_t rows = (plan.batch_size + plan.ranks - 1) / plan.ranks;
   // Activations of one step and their gradients: the input, x_hat and their gradients (4 x d_in)
   // plus pre-activations, latents and their gradients (~5 x d_sae) per row; a module: 4 x width.
   const int64_t activations = plan.sae ? 4 * rows * (4 * plan.width + 5 * plan.sae_options.d_sae)
@@ -232,6 +272,76 @@ TrainMemoryEstimate Estimate(const TrainPlan& plan, int num_devices,
 c10::Device TorchDevice(const DeviceRef& device) {
   return device.kind == DeviceKind::kCuda ? c10::Device(c10::kCUDA, device.index)
                                           : c10::Device(c10::kCPU);
+}
+
+// 64-bit FNV-1a: the same on every node and build (absl::Hash is seeded per process).
+uint64_t StableHash(absl::string_view bytes) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
+
+// What every node of a run must have alike, as text for the message when they do not: the
+// device kind (Gloo and NCCL do not mix), the data's shape, the spec but for what names
+// this node's own things (its dataset id, paths, job ids, rank offset, address), and the first
+// rows of the shuffled stream (the same dataset, not merely the same shape).
+absl::StatusOr<std::string> RunAgreement(const TrainPlan& plan, const latentd::v1::TrainSpec& spec,
+                                         bool cuda, ShuffledRowStream* stream) {
+  latentd::v1::TrainSpec common = spec;
+  common.clear_dataset_id();
+  common.clear_torchscript_path();
+  common.mutable_tokens()->clear_path();
+  common.clear_resume_from_job_id();
+  common.clear_artifact_name();
+  common.clear_checkpoint_every();
+  common.clear_telemetry_every();
+  latentd::v1::TrainRendezvous* rendezvous = common.mutable_rendezvous();
+  rendezvous->clear_address();
+  rendezvous->clear_rank_offset();
+  rendezvous->clear_node_address();
+  const int64_t probe_rows = std::min<int64_t>(64, plan.record.rows_committed);
+  std::vector<float> rows(probe_rows * plan.width);
+  RETURN_IF_ERROR(stream->Read(0, probe_rows, rows.data()));
+  return absl::StrFormat(
+      "%s devices, %d rows of width %d, %d parameters, spec %016x, first rows %016x",
+      cuda ? "CUDA" : "CPU", plan.record.rows_committed, plan.width, plan.num_params,
+      StableHash(common.SerializeAsString()),
+      StableHash(absl::string_view(reinterpret_cast<const char*>(rows.data()),
+                                   rows.size() * sizeof(float))));
+}
+
+// The address Gloo listens on for the other nodes: the spec's, else the route to the store's.
+absl::StatusOr<std::string> NodeAddress(const latentd::v1::TrainRendezvous& rendezvous) {
+  if (!rendezvous.node_address().empty()) return rendezvous.node_address();
+  ASSIGN_OR_RETURN(HostPort master, ParseHostPort(rendezvous.address()));
+  auto local = LocalAddressTowards(master);
+  if (!local.ok()) {
+    return WithMessage(local.status(),
+                       absl::StrCat("train.rendezvous.node_address: not given, and ",
+                                    local.status().message(), "; name this node's address"));
+  }
+  return local;
+}
+
+// Connects global rank `rank` to the run's TCPStore (rank 0 hosts it and waits for every rank),
+// under the run id's prefix, and checks that every rank agrees on `agreement`.
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> JoinRendezvous(
+    const latentd::v1::TrainRendezvous& rendezvous, int rank, const std::string& agreement) {
+  ASSIGN_OR_RETURN(HostPort master, ParseHostPort(rendezvous.address()));
+  auto tcp = NewTcpStore(master.host, master.port, rendezvous.world_size(), rank == 0,
+                         RendezvousTimeoutSeconds(rendezvous));
+  if (!tcp.ok()) {
+    return WithMessage(tcp.status(),
+                       absl::StrCat("train.rendezvous: rank ", rank, ": ", tcp.status().message()));
+  }
+  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::PrefixStore>(
+      rendezvous.run_id().empty() ? "train" : rendezvous.run_id(), *tcp);
+  absl::Status agreed =
+      CheckRanksAgree(*store, rank, rendezvous.world_size(), "the run", agreement);
+  if (!agreed.ok()) {
+    return WithMessage(agreed, absl::StrCat("train.rendezvous: ", agreed.message()));
+  }
+  return store;
 }
 
 // One data-parallel rank's objects.
@@ -292,10 +402,11 @@ absl::Status CheckResumeSource(const latentd::v1::TrainSpec& spec, const TrainEn
         s->clear_telemetry_every();
         s->clear_artifact_name();
         s->clear_resume_from_job_id();
+        s->clear_rendezvous();
       },
       from, kField,
-      "only steps, epochs, optimizer.lr, schedule, checkpoint_every, telemetry_every and "
-      "artifact_name may change"));
+      "only steps, epochs, optimizer.lr, schedule, checkpoint_every, telemetry_every, "
+      "artifact_name and rendezvous may change"));
   ASSIGN_OR_RETURN(std::optional<int64_t> step,
                    DbCheckpointStore(env.store->db(), from).LatestStep());
   if (!step.has_value()) {
@@ -311,13 +422,22 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
                                                     const TrainEnv& env, JobContext* context) {
   std::vector<DeviceRef> devices = context->devices();
   if (devices.empty()) devices.push_back(DeviceRef{DeviceKind::kCpu, 0, "cpu:0", 0});
-  const int world = static_cast<int>(devices.size());
-  if (plan.batch_size < world) {
+  const int local_ranks = static_cast<int>(devices.size());
+  const bool several_nodes = spec.has_rendezvous();
+  // This node's ranks are [rank_offset, rank_offset + local_ranks) of `world`.
+  const int rank_offset = several_nodes ? spec.rendezvous().rank_offset() : 0;
+  const int world = several_nodes ? spec.rendezvous().world_size() : local_ranks;
+  if (rank_offset + local_ranks > world) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "train.batch_size: ", plan.batch_size, " rows cannot be split over ", world, " devices"));
+        "train.rendezvous.rank_offset: ranks ", rank_offset, "..", rank_offset + local_ranks - 1,
+        " (this node's ", local_ranks, " devices) do not fit in world_size ", world));
   }
-  std::vector<Rank> ranks(world);
-  for (int r = 0; r < world; ++r) {
+  if (plan.batch_size < world) {
+    return absl::InvalidArgumentError(absl::StrCat("train.batch_size: ", plan.batch_size,
+                                                   " rows cannot be split over ", world, " ranks"));
+  }
+  std::vector<Rank> ranks(local_ranks);
+  for (int r = 0; r < local_ranks; ++r) {
     const c10::Device device = TorchDevice(devices[r]);
     if (plan.tokens) {
       ASSIGN_OR_RETURN(ranks[r].source, TokenRowSource::Open(plan.token_spec));
@@ -362,6 +482,8 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
     options.device = TorchDevice(devices[r]);
     options.mfac_window = plan.optimizer.window;
     options.init_rows = std::min<int64_t>(4096, plan.record.rows_committed);
+    options.local_leader_rank = rank_offset;
+    options.share_start_state = several_nodes;
     return options;
   };
   if (world == 1) {
@@ -370,16 +492,37 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
                      ranks[0].stream.get(), plan.width, nullptr, &checkpoints, context, cancel);
   } else {
     const bool cuda = devices[0].kind == DeviceKind::kCuda;
-    auto store = NewInProcessStore();
+    ProcessGroupOptions group;
+    group.backend = cuda ? CollectiveBackend::kNccl : CollectiveBackend::kGloo;
+    group.world_size = world;
+    auto in_process_store = NewInProcessStore();
+    std::string agreement;  // what every node must have alike
+    if (several_nodes) {
+      ASSIGN_OR_RETURN(group.gloo_hostname, NodeAddress(spec.rendezvous()));
+      group.timeout_seconds = RendezvousTimeoutSeconds(spec.rendezvous());
+      ASSIGN_OR_RETURN(agreement, RunAgreement(plan, spec, cuda, ranks[0].stream.get()));
+      context->Log(
+          latentd::v1::LogLine::INFO,
+          absl::StrCat("joining ", world, " ranks as ", rank_offset, "..",
+                       rank_offset + local_ranks - 1, " through ", spec.rendezvous().address(),
+                       " (this node: ", group.gloo_hostname, ")"));
+    }
     std::vector<std::thread> threads;
-    for (int r = 0; r < world; ++r) {
+    for (int r = 0; r < local_ranks; ++r) {
       threads.emplace_back([&, r] {
         try {
-          ProcessGroupOptions group;
-          group.backend = cuda ? CollectiveBackend::kNccl : CollectiveBackend::kGloo;
-          group.rank = r;
-          group.world_size = world;
-          auto sync = JoinProcessGroup(store, group);
+          ProcessGroupOptions rank_group = group;
+          rank_group.rank = rank_offset + r;
+          c10::intrusive_ptr<c10d::Store> store = in_process_store;
+          if (several_nodes) {
+            auto joined = JoinRendezvous(spec.rendezvous(), rank_group.rank, agreement);
+            if (!joined.ok()) {
+              ranks[r].result = joined.status();
+              return;
+            }
+            store = *joined;
+          }
+          auto sync = JoinProcessGroup(store, rank_group);
           if (!sync.ok()) {
             ranks[r].result = sync.status();
             return;
@@ -389,12 +532,13 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
                            ranks[r].stream.get(), plan.width, sync->get(), &checkpoints,
                            r == 0 ? context : nullptr, cancel);
         } catch (const std::exception& e) {
-          ranks[r].result = absl::InternalError(absl::StrCat("rank ", r, ": ", e.what()));
+          ranks[r].result =
+              absl::InternalError(absl::StrCat("rank ", rank_offset + r, ": ", e.what()));
         }
       });
     }
     for (auto& t : threads) t.join();
-    for (int r = 1; r < world; ++r) {
+    for (int r = 1; r < local_ranks; ++r) {
       if (ranks[0].result.ok() && !ranks[r].result.ok()) return ranks[r].result.status();
     }
   }
@@ -438,7 +582,7 @@ absl::StatusOr<TrainMemoryEstimate> EstimateTrainMemory(const latentd::v1::Train
                                                         const TrainEnv& env) {
   try {
     ASSIGN_OR_RETURN(TrainPlan plan, MakePlan(spec, env));
-    return Estimate(plan, env.num_devices, plan.optimizer);
+    return Estimate(plan, plan.optimizer);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("train: ", e.what_without_backtrace()));
   }
@@ -459,7 +603,7 @@ absl::Status ValidateTrainSpec(const latentd::v1::TrainSpec& spec, const TrainEn
       if (!absl::IsNotFound(owner.status())) return owner.status();
     }
     if (env.device_memory_bytes <= 0) return absl::OkStatus();
-    const TrainMemoryEstimate estimate = Estimate(plan, env.num_devices, plan.optimizer);
+    const TrainMemoryEstimate estimate = Estimate(plan, plan.optimizer);
     if (estimate.total_bytes <= env.device_memory_bytes) return absl::OkStatus();
     std::string message =
         absl::StrCat("train.optimizer: the job needs ", Gb(estimate.total_bytes), " per device (",
@@ -473,7 +617,7 @@ absl::Status ValidateTrainSpec(const latentd::v1::TrainSpec& spec, const TrainEn
       OptimizerConfig smfac = plan.optimizer;
       smfac.name = "smfac";
       smfac.density = 0.01;
-      const TrainMemoryEstimate alternative = Estimate(plan, env.num_devices, smfac);
+      const TrainMemoryEstimate alternative = Estimate(plan, smfac);
       message += absl::StrCat("; smfac at 1% needs ", Gb(alternative.optimizer_bytes),
                               " for its state (", Gb(alternative.total_bytes), " in all)");
     }

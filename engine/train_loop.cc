@@ -136,7 +136,11 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
   if (sync == nullptr) sync = &single;
   const int rank = sync->rank();
   const int world = sync->world_size();
-  const bool leader = rank == 0;
+  // Writes this node's checkpoints and reports to its job.
+  const bool leader = rank == options.local_leader_rank;
+  // Restores from its own store; with share_start_state only rank 0, which sends the others
+  // what it restored or initialised.
+  const bool restores = !options.share_start_state || rank == 0;
   const int64_t global_batch = options.batch_size;
   const int64_t slice_begin = global_batch * rank / world;
   const int64_t slice_end = global_batch * (rank + 1) / world;
@@ -156,11 +160,10 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
   TrainLoopResult result;
   int64_t start = 0;
   int64_t peak_optimizer_bytes = 0;
-  // Every rank restores the same checkpoint (rank 0's store; the others read it through it too
-  // when they share the store, else they start from the same seed and state).
-  CheckpointStore* restore_from = checkpoints;
-  if (restore_from != nullptr) {
-    ASSIGN_OR_RETURN(std::optional<Checkpoint> latest, restore_from->LoadLatest());
+  // Every rank starts from the same state: ranks sharing a store restore the same checkpoint (or
+  // initialise from the same rows); otherwise rank 0's is broadcast below.
+  if (restores && checkpoints != nullptr) {
+    ASSIGN_OR_RETURN(std::optional<Checkpoint> latest, checkpoints->LoadLatest());
     if (latest.has_value()) {
       RETURN_IF_ERROR(RestoreState(latest->blob, model, optimizer, &start, &steps_since_fired,
                                    &peak_optimizer_bytes));
@@ -171,12 +174,30 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
       }
     }
   }
-  if (start == 0) {
+  if (restores && start == 0) {
     const int64_t init_rows = std::max<int64_t>(1, options.init_rows);
     std::vector<float> rows(init_rows * width);
     RETURN_IF_ERROR(stream->Read(0, init_rows, rows.data()));
     model->InitFromData(
         torch::from_blob(rows.data(), {init_rows, width}, torch::kFloat32).to(options.device));
+  }
+  if (options.share_start_state && world > 1) {
+    std::string state;
+    if (rank == 0) {
+      ASSIGN_OR_RETURN(
+          state, SerializeState(start, model, optimizer, steps_since_fired, peak_optimizer_bytes));
+    }
+    RETURN_IF_ERROR(sync->BroadcastBytes(&state, options.device));
+    if (rank != 0) {
+      RETURN_IF_ERROR(
+          RestoreState(state, model, optimizer, &start, &steps_since_fired, &peak_optimizer_bytes));
+      if (start > 0) result.resumed_from_step = start;
+    }
+    if (leader && context != nullptr && rank != 0) {
+      context->Log(latentd::v1::LogLine::INFO,
+                   start > 0 ? absl::StrCat("took rank 0's checkpoint at step ", start)
+                             : std::string("took rank 0's initial state"));
+    }
   }
 
   // How a user picks a stopped run up again: a new job that takes this one's checkpoint over.
@@ -242,7 +263,17 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
                                   : torch::zeros({model->num_latents()}, torch::kFloat32);
       reduced.push_back(fired);
     }
-    if (world > 1) RETURN_IF_ERROR(sync->AllReduceSum(reduced));
+    if (world > 1) {
+      // A rank that died (its node killed, its network gone): say where this one stopped and
+      // how to go on.
+      absl::Status reduced_all = sync->AllReduceSum(reduced);
+      if (!reduced_all.ok()) {
+        return WithMessage(
+            reduced_all,
+            absl::StrCat("step ", step, ": ", reduced_all.message(), "; the last checkpoint (step ",
+                         last_checkpoint_step, ") is kept", continue_with()));
+      }
+    }
     const double loss = stats[kStatLoss].item<double>();
     if (stats[kStatCancel].item<float>() > 0) {
       RETURN_IF_ERROR(checkpoint(step));

@@ -84,6 +84,13 @@ struct TrainLoopOptions {
   c10::Device device = c10::Device(c10::kCPU);
   // For dense_mfac_history_bytes in telemetry.
   int64_t mfac_window = 64;
+  // The rank that writes `checkpoints` and reports to the job. 0, or with ranks on several
+  // nodes each node's first rank: every node keeps its own checkpoints and telemetry.
+  int local_leader_rank = 0;
+  // Ranks on several nodes: rank 0 restores its latest checkpoint or initialises from its data,
+  // then broadcasts that state and every other rank restores it. Without it each rank restores
+  // or initialises its own, which is exact only when the ranks share a store and a machine.
+  bool share_start_state = false;
   // Tests: stop (as a kill would) once this step is done, without a final checkpoint. -1: never.
   int64_t crash_after_step = -1;
 };
@@ -99,7 +106,8 @@ struct TrainLoopResult {
 };
 
 // Runs steps until options.total_steps. `checkpoints` (may be null) is read by every rank to
-// resume and written by rank 0 only; `context` (may be null) is used on rank 0 only; `cancel` (may
+// resume (by rank 0 only with share_start_state) and written by options.local_leader_rank only;
+// `context` (may be null) is used on that rank only; `cancel` (may
 // be null) is polled by every rank, and the ranks agree on it through the all-reduce so that none
 // waits on a collective the others left.
 // Resumes from checkpoints->LoadLatest() when there is one. Returns CANCELLED on cancel, an

@@ -320,5 +320,89 @@ TEST(TrainLoopTest, TwoGlooRanksHoldIdenticalStateAfter50Steps) {
   }
 }
 
+// Two ranks as on two nodes: each with its own checkpoint store and its own SAE seed.
+// `stores[r]` is rank r's; rank 0's state (restored or initialised) must reach rank 1.
+absl::Status TrainTwoNodes(Trainer* rank0, Trainer* rank1, InMemoryCheckpointStore stores[2],
+                           int64_t steps, bool share, int64_t crash_after_step = -1) {
+  auto store = NewInProcessStore();
+  absl::Status status[2];
+  auto train = [&](Trainer* run, int rank) {
+    auto sync = JoinProcessGroup(store, {.rank = rank, .world_size = 2});
+    if (!sync.ok()) {
+      status[rank] = sync.status();
+      return;
+    }
+    TrainLoopOptions options = Loop(steps);
+    options.local_leader_rank = rank;  // one rank per node: each writes its own checkpoints
+    options.share_start_state = share;
+    options.crash_after_step = crash_after_step;
+    status[rank] = run->Go(options, &stores[rank], sync->get()).status();
+  };
+  std::thread t0(train, rank0, 0);
+  std::thread t1(train, rank1, 1);
+  t0.join();
+  t1.join();
+  return status[0].ok() ? status[1] : status[0];
+}
+
+bool SameParameters(Trainer& a, Trainer& b) {
+  auto x = a.model.parameters();
+  auto y = b.model.parameters();
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (!torch::equal(x[i], y[i])) return false;
+  }
+  return true;
+}
+
+TEST(TrainLoopTest, RanksOnSeveralNodesStartFromRankZerosState) {
+  InMemoryDenseRowSource source(DictionaryRows(1024, 6), kWidth, 64);
+  SaeModelOptions other_seed = Sae();
+  other_seed.seed = 99;
+  // Without sharing, ranks whose initial states differ (another machine's rounding; here
+  // another seed) stay apart: the all-reduce keeps their updates equal, not their weights.
+  {
+    Trainer rank0(&source), rank1(&source, Adam(), other_seed);
+    InMemoryCheckpointStore stores[2];
+    ASSERT_TRUE(TrainTwoNodes(&rank0, &rank1, stores, 20, /*share=*/false).ok());
+    EXPECT_FALSE(SameParameters(rank0, rank1));
+  }
+  // Shared: rank 1 takes rank 0's initial state and both train the model two ranks of one
+  // node train; each node keeps its own checkpoints.
+  Trainer rank0(&source), rank1(&source, Adam(), other_seed);
+  InMemoryCheckpointStore stores[2];
+  ASSERT_TRUE(TrainTwoNodes(&rank0, &rank1, stores, 20, /*share=*/true).ok());
+  EXPECT_TRUE(SameParameters(rank0, rank1));
+  Trainer one_node0(&source), one_node1(&source);
+  ASSERT_TRUE(TrainTwoRanks(&one_node0, &one_node1, 20).ok());
+  EXPECT_TRUE(SameParameters(rank0, one_node0));
+  for (auto& store : stores) {
+    auto latest = store.LoadLatest();
+    ASSERT_TRUE(latest.ok() && latest->has_value());
+    EXPECT_EQ((*latest)->step, 20);
+  }
+}
+
+TEST(TrainLoopTest, RanksOnSeveralNodesResumeFromRankZerosCheckpoint) {
+  InMemoryDenseRowSource source(DictionaryRows(1024, 6), kWidth, 64);
+  Trainer uninterrupted0(&source), uninterrupted1(&source);
+  InMemoryCheckpointStore uninterrupted_stores[2];
+  ASSERT_TRUE(TrainTwoNodes(&uninterrupted0, &uninterrupted1, uninterrupted_stores, 30, true).ok());
+  // Both nodes crash after step 25 (newest checkpoint: step 20). Rank 1's node then loses its
+  // store (a new machine) and starts from another seed: it must continue from rank 0's step
+  // 20, not from scratch.
+  InMemoryCheckpointStore stores[2];
+  {
+    Trainer first0(&source), first1(&source);
+    EXPECT_TRUE(absl::IsAborted(TrainTwoNodes(&first0, &first1, stores, 30, true, 25)));
+  }
+  ASSERT_TRUE(stores[1].Clear().ok());
+  SaeModelOptions other_seed = Sae();
+  other_seed.seed = 99;
+  Trainer resumed0(&source), resumed1(&source, Adam(), other_seed);
+  ASSERT_TRUE(TrainTwoNodes(&resumed0, &resumed1, stores, 30, true).ok());
+  EXPECT_TRUE(SameParameters(resumed0, resumed1));
+  EXPECT_TRUE(SameParameters(resumed0, uninterrupted0));
+}
+
 }  // namespace
 }  // namespace latentd::engine

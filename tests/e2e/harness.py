@@ -65,6 +65,7 @@ class Daemon:
     def kill9(self):
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=30)
+        self.log.close()  # start() opens it again
 
     def terminate(self, timeout=60):
         self.process.send_signal(signal.SIGTERM)

@@ -1,0 +1,97 @@
+#include "engine/data_parallel.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+namespace latentd::engine {
+namespace {
+
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+TEST(DataParallelTest, ParsesHostPort) {
+  auto v4 = ParseHostPort("10.0.0.7:29500");
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  EXPECT_EQ(v4->host, "10.0.0.7");
+  EXPECT_EQ(v4->port, 29500);
+  auto v6 = ParseHostPort("[fe80::1]:1");
+  ASSERT_TRUE(v6.ok()) << v6.status();
+  EXPECT_EQ(v6->host, "fe80::1");
+  EXPECT_EQ(v6->port, 1);
+  for (const char* bad : {"", "host", "host:", ":29500", "host:0", "host:65536", "host:12a",
+                          "fe80::1:29500", "[fe80::1]29500", "host:999999"}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(ParseHostPort(bad).status())) << bad;
+  }
+}
+
+TEST(DataParallelTest, TheRouteToLoopbackIsLoopback) {
+  auto local = LocalAddressTowards({"127.0.0.1", 29500});
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(*local, "127.0.0.1");
+  EXPECT_FALSE(LocalAddressTowards({"no-such-host.invalid", 29500}).ok());
+}
+
+// Two ranks meet through a TCPStore (rank 0 hosts it), check that they agree, form a Gloo group
+// and broadcast rank 0's bytes; a disagreement is reported to both with both values.
+TEST(DataParallelTest, RanksMeetThroughATcpStoreAndBroadcast) {
+  const int port = FreePort();
+  absl::Status agreed[2], differ[2];
+  std::string received[2];
+  auto rank = [&](int r) {
+    auto store = NewTcpStore("127.0.0.1", port, 2, r == 0, 30);
+    ASSERT_TRUE(store.ok()) << store.status();
+    agreed[r] = CheckRanksAgree(**store, r, 2, "the run", "CPU, 64 rows");
+    differ[r] = CheckRanksAgree(**store, r, 2, "the data", r == 0 ? "64 rows" : "65 rows");
+    auto sync = JoinProcessGroup(*store, {.rank = r, .world_size = 2});
+    ASSERT_TRUE(sync.ok()) << sync.status();
+    std::string bytes = r == 0 ? std::string(1 << 20, 'x') + "end" : "stale";
+    ASSERT_TRUE((*sync)->BroadcastBytes(&bytes, c10::kCPU).ok());
+    received[r] = bytes;
+    std::string empty = r == 0 ? "" : "stale";
+    ASSERT_TRUE((*sync)->BroadcastBytes(&empty, c10::kCPU).ok());
+    EXPECT_EQ(empty, "");
+  };
+  std::thread t1(rank, 1);
+  std::thread t0(rank, 0);
+  t0.join();
+  t1.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(agreed[r].ok()) << agreed[r];
+    EXPECT_TRUE(absl::IsFailedPrecondition(differ[r])) << differ[r];
+    EXPECT_NE(differ[r].message().find("disagree on the data: rank 0 has 64 rows; rank 1 has 65"),
+              std::string::npos)
+        << differ[r];
+    EXPECT_EQ(received[r].size(), (1u << 20) + 3);
+    EXPECT_EQ(received[r].substr(received[r].size() - 3), "end");
+  }
+}
+
+TEST(DataParallelTest, RanksWhosePeersNeverComeTimeOut) {
+  const int port = FreePort();
+  auto master = NewTcpStore("127.0.0.1", port, 2, true, 1);
+  ASSERT_TRUE(master.ok()) << master.status();
+  absl::Status alone = CheckRanksAgree(**master, 0, 2, "the run", "x");
+  EXPECT_TRUE(absl::IsUnavailable(alone)) << alone;
+  EXPECT_NE(alone.message().find("rank 0 of 2: no word from the other ranks on the run"),
+            std::string::npos)
+      << alone;
+  // A rank whose master never comes cannot even connect.
+  auto orphan = NewTcpStore("127.0.0.1", FreePort(), 2, false, 1);
+  EXPECT_TRUE(absl::IsUnavailable(orphan.status())) << orphan.status();
+}
+
+}  // namespace
+}  // namespace latentd::engine

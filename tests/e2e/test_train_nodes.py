@@ -1,0 +1,210 @@
+"""TRAIN across several latentd nodes: two daemons, one rank each, join one Gloo group through a
+TCPStore that the rank-0 node hosts, and train the SAE that one daemon with two ranks trains."""
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+import unittest
+
+import numpy
+
+from harness import DaemonTestCase
+from latentd.v1 import jobs_pb2
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts")
+MODEL = {"reference": {"dModel": 32, "nLayers": 2, "nHeads": 4, "dMlp": 64, "vocabSize": 4096,
+                       "contextLength": 32, "seed": 1}}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    return {name: numpy.frombuffer(data[8 + n + info["data_offsets"][0]:
+                                        8 + n + info["data_offsets"][1]], numpy.float32)
+            for name, info in header.items() if name != "__metadata__"}
+
+
+class TrainNodes(DaemonTestCase):
+    def setUp(self):
+        super().setUp()
+        self.inputs = os.path.join(self.tmp, "inputs")
+        subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), self.inputs,
+                        "--sequences", "32", "--context", "32", "--d_in", "32", "--d_sae", "64",
+                        "--k", "4"], check=True, capture_output=True)
+
+    def node(self, name, devices="cpu:1"):
+        daemon = self.start_daemon(name, devices=devices,
+                                   extra_args=["--data_roots=" + self.tmp])
+        return daemon, daemon.client()
+
+    def dense(self, client, hook="blocks.1.hook_resid_post"):
+        job = client.wait(client.submit("EXTRACT", {
+            "model": MODEL, "hookName": hook,
+            "tokens": {"path": os.path.join(self.inputs, "tokens.npy"), "contextLength": 32},
+            "mode": "DENSE", "valueDtype": "FLOAT32", "datasetName": hook}).id)
+        self.assertEqual(job.state, jobs_pb2.SUCCEEDED, job.message)
+        return job.result.extract.dataset_id
+
+    @staticmethod
+    def spec(dataset_id, **extra):
+        spec = {"datasetId": str(dataset_id),
+                "sae": {"architecture": "TOPK", "dSae": 64, "k": 4},
+                "optimizer": {"name": "smfac", "lr": 3e-3, "damp": 1e-4, "window": 8,
+                              "density": 0.1},
+                "batchSize": 32, "steps": 24, "seed": 7, "checkpointEvery": 8,
+                "telemetryEvery": 4}
+        spec.update(extra)
+        return spec
+
+    def test_two_nodes_train_what_one_node_with_two_devices_trains(self):
+        a, ca = self.node("a")
+        b, cb = self.node("b")
+        solo, csolo = self.node("solo", devices="cpu:2")
+        # The same rows on each node, under each node's own dataset id (b extracts a dataset
+        # first, so its ids differ from a's: nodes agree on content, not on ids).
+        self.dense(cb, hook="blocks.0.hook_resid_post")
+        data = {"a": self.dense(ca), "b": self.dense(cb), "solo": self.dense(csolo)}
+        self.assertNotEqual(data["a"], data["b"])
+
+        reference = csolo.wait(csolo.submit("TRAIN", self.spec(data["solo"]), num_devices=2).id)
+        self.assertEqual(reference.state, jobs_pb2.SUCCEEDED, reference.message)
+
+        address = "127.0.0.1:%d" % free_port()
+        rendezvous = {"address": address, "worldSize": 2, "timeoutSeconds": 60}
+        job_b = cb.submit("TRAIN", self.spec(data["b"], rendezvous=dict(rendezvous, rankOffset=1)))
+        job_a = ca.submit("TRAIN", self.spec(data["a"], rendezvous=rendezvous))
+        done_a, done_b = ca.wait(job_a.id), cb.wait(job_b.id)
+        self.assertEqual(done_a.state, jobs_pb2.SUCCEEDED, done_a.message)
+        self.assertEqual(done_b.state, jobs_pb2.SUCCEEDED, done_b.message)
+
+        # Every node keeps its own copy of the model: the same bits, and the bits one daemon
+        # with two in-process ranks computes.
+        weights = {name: read_safetensors(os.path.join(job.result.train.artifact_path,
+                                                       "sae_weights.safetensors"))
+                   for name, job in (("a", done_a), ("b", done_b), ("solo", reference))}
+        self.assertEqual(sorted(weights["a"]), ["W_dec", "W_enc", "b_dec", "b_enc"])
+        for name in weights["a"]:
+            numpy.testing.assert_array_equal(weights["a"][name], weights["b"][name], name)
+            numpy.testing.assert_array_equal(weights["a"][name], weights["solo"][name], name)
+        for job in (done_a, done_b):
+            self.assertEqual(job.result.train.steps, 24)
+            self.assertEqual(job.result.train.final_loss, reference.result.train.final_loss)
+            self.assertGreater(job.result.train.artifact_id, 0)
+        # Each node shows its job's telemetry and says how it joined.
+        table = b.latentctl("telemetry", str(job_b.id)).stdout
+        steps = [int(l.split()[0]) for l in table.splitlines() if l.split() and l.split()[0].isdigit()]
+        self.assertEqual(steps, [4, 8, 12, 16, 20, 24])
+        log = "\n".join(e.log.text for e in cb.watch(job_b.id) if e.HasField("log"))
+        self.assertIn("joining 2 ranks as 1..1 through " + address, log)
+        self.assertIn("took rank 0's initial state", log)
+
+    def test_kill_9_of_the_rank_0_node_then_resume_on_both_gives_the_uninterrupted_model(self):
+        a, ca = self.node("a")
+        b, cb = self.node("b")
+        solo, csolo = self.node("solo", devices="cpu:2")
+        data = {"a": self.dense(ca), "b": self.dense(cb), "solo": self.dense(csolo)}
+        long_run = {"steps": 600, "checkpointEvery": 50, "telemetryEvery": 50}
+        reference = csolo.wait(csolo.submit("TRAIN", self.spec(data["solo"], **long_run),
+                                            num_devices=2).id)
+        self.assertEqual(reference.state, jobs_pb2.SUCCEEDED, reference.message)
+
+        rendezvous = {"address": "127.0.0.1:%d" % free_port(), "worldSize": 2,
+                      "timeoutSeconds": 60}
+        spec_b = self.spec(data["b"], rendezvous=dict(rendezvous, rankOffset=1), **long_run)
+        job_b = cb.submit("TRAIN", spec_b)
+        job_a = ca.submit("TRAIN", self.spec(data["a"], rendezvous=rendezvous, **long_run))
+        deadline = time.time() + 120
+        while cb.get(job_b.id).progress.units_done < 120 and time.time() < deadline:
+            time.sleep(0.01)
+        a.kill9()
+        # The surviving node's job fails at once (its peer's connection closed), saying how to
+        # go on; its checkpoints stay.
+        failed = cb.wait(job_b.id)
+        self.assertEqual(failed.state, jobs_pb2.FAILED)
+        self.assertLess(failed.progress.units_done, 600)
+        self.assertIn("resume_from_job_id %d" % job_b.id, failed.message)
+        # The killed node comes back: its job is re-queued and waits for its peer; the other
+        # node continues with a job that takes its failed one over.
+        a.start()
+        ca = a.client()
+        job_b2 = cb.submit("TRAIN", dict(spec_b, resumeFromJobId=str(job_b.id)))
+        done_a, done_b = ca.wait(job_a.id), cb.wait(job_b2.id)
+        self.assertEqual(done_a.state, jobs_pb2.SUCCEEDED, done_a.message)
+        self.assertEqual(done_b.state, jobs_pb2.SUCCEEDED, done_b.message)
+        self.assertGreater(done_a.attempts, 1)
+        weights = [read_safetensors(os.path.join(job.result.train.artifact_path,
+                                                 "sae_weights.safetensors"))
+                   for job in (done_a, done_b, reference)]
+        for name in weights[0]:
+            numpy.testing.assert_array_equal(weights[0][name], weights[1][name], name)
+            numpy.testing.assert_array_equal(weights[0][name], weights[2][name], name)
+
+    def test_nodes_that_disagree_on_the_data_both_fail_saying_how(self):
+        a, ca = self.node("a")
+        b, cb = self.node("b")
+        rendezvous = {"address": "127.0.0.1:%d" % free_port(), "worldSize": 2,
+                      "timeoutSeconds": 60}
+        data_a = self.dense(ca)
+        data_b = self.dense(cb, hook="blocks.0.hook_resid_post")  # same shape, other rows
+        job_b = cb.submit("TRAIN", self.spec(data_b, rendezvous=dict(rendezvous, rankOffset=1)))
+        job_a = ca.submit("TRAIN", self.spec(data_a, rendezvous=rendezvous))
+        for client, job in ((ca, job_a), (cb, job_b)):
+            done = client.wait(job.id)
+            self.assertEqual(done.state, jobs_pb2.FAILED)
+            self.assertIn("train.rendezvous: rank 1", done.message)
+            self.assertIn("disagree on the run", done.message)
+            self.assertIn("first rows", done.message)
+
+    def test_a_node_whose_peers_never_come_fails_after_the_timeout(self):
+        a, ca = self.node("a")
+        data = self.dense(ca)
+        job = ca.wait(ca.submit("TRAIN", self.spec(data, rendezvous={
+            "address": "127.0.0.1:%d" % free_port(), "worldSize": 2, "rankOffset": 0,
+            "timeoutSeconds": 2})).id)
+        self.assertEqual(job.state, jobs_pb2.FAILED)
+        self.assertIn("train.rendezvous: rank 0", job.message)
+
+    def test_bad_rendezvous_fields_are_refused_at_submit(self):
+        a, ca = self.node("a")
+        data = self.dense(ca)
+        for rendezvous, field in (
+                ({"address": "nohost", "worldSize": 2}, "train.rendezvous.address"),
+                ({"address": "h:0", "worldSize": 2}, "train.rendezvous.address"),
+                ({"address": "h:29500", "worldSize": 0}, "train.rendezvous.world_size"),
+                ({"address": "h:29500", "worldSize": 2, "rankOffset": 2},
+                 "train.rendezvous.rank_offset"),
+                ({"address": "h:29500", "worldSize": 2, "timeoutSeconds": -1},
+                 "train.rendezvous.timeout_seconds")):
+            result = a.latentctl("submit", "--type=TRAIN",
+                                 "--spec=" + self.write(self.spec(data, rendezvous=rendezvous)),
+                                 check=False)
+            self.assertNotEqual(result.returncode, 0, rendezvous)
+            self.assertIn("INVALID_ARGUMENT", result.stderr + result.stdout)
+            self.assertIn(field, result.stderr + result.stdout)
+        # A batch smaller than the world cannot be split.
+        result = a.latentctl("submit", "--type=TRAIN", "--spec=" + self.write(self.spec(
+            data, batchSize=3, rendezvous={"address": "h:29500", "worldSize": 4})), check=False)
+        self.assertIn("train.batch_size: 3 rows cannot be split over 4 ranks",
+                      result.stderr + result.stdout)
+
+    def write(self, spec):
+        path = os.path.join(self.tmp, "spec.json")
+        with open(path, "w") as f:
+            json.dump(spec, f)
+        return path
+
+
+if __name__ == "__main__":
+    unittest.main()
