@@ -120,6 +120,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> NewTcpStore(const std::string& h
     // Ranks meet in CheckRanksAgree, whose reads wait for the others' keys and fail with the
     // timeout; the store's own wait for workers gives up silently when it runs out.
     options.waitWorkers = false;
+    // Also how long a client retries a refused connection: nodes' jobs start in any order.
     options.timeout = std::chrono::seconds(timeout_seconds);
     return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::TCPStore>(host, options));
   } catch (const std::exception& e) {

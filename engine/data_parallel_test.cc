@@ -7,6 +7,8 @@
 
 #include <thread>
 
+#include "absl/time/clock.h"
+
 namespace latentd::engine {
 namespace {
 
@@ -88,9 +90,26 @@ TEST(DataParallelTest, RanksWhosePeersNeverComeTimeOut) {
   EXPECT_NE(alone.message().find("rank 0 of 2: no word from the other ranks on the run"),
             std::string::npos)
       << alone;
-  // A rank whose master never comes cannot even connect.
+  // A rank whose master never comes gives up connecting.
   auto orphan = NewTcpStore("127.0.0.1", FreePort(), 2, false, 1);
   EXPECT_TRUE(absl::IsUnavailable(orphan.status())) << orphan.status();
+}
+
+// A rank that connects before its master listens waits for it (nodes' jobs start in any order).
+TEST(DataParallelTest, ARankThatComesBeforeItsMasterWaitsForIt) {
+  const int port = FreePort();
+  absl::Status agreed[2];
+  std::thread early([&] {
+    auto store = NewTcpStore("127.0.0.1", port, 2, false, 30);
+    agreed[1] = store.ok() ? CheckRanksAgree(**store, 1, 2, "the run", "x") : store.status();
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  auto master = NewTcpStore("127.0.0.1", port, 2, true, 30);
+  ASSERT_TRUE(master.ok()) << master.status();
+  agreed[0] = CheckRanksAgree(**master, 0, 2, "the run", "x");
+  early.join();
+  EXPECT_TRUE(agreed[0].ok()) << agreed[0];
+  EXPECT_TRUE(agreed[1].ok()) << agreed[1];
 }
 
 }  // namespace

@@ -83,7 +83,10 @@ class TrainNodes(DaemonTestCase):
 
         address = "127.0.0.1:%d" % free_port()
         rendezvous = {"address": address, "worldSize": 2, "timeoutSeconds": 60}
+        # Node b's job starts first and waits for the store that rank 0's job will host.
         job_b = cb.submit("TRAIN", self.spec(data["b"], rendezvous=dict(rendezvous, rankOffset=1)))
+        self.wait_for_state(cb, job_b.id, [jobs_pb2.RUNNING])
+        time.sleep(0.5)
         job_a = ca.submit("TRAIN", self.spec(data["a"], rendezvous=rendezvous))
         done_a, done_b = ca.wait(job_a.id), cb.wait(job_b.id)
         self.assertEqual(done_a.state, jobs_pb2.SUCCEEDED, done_a.message)
@@ -110,46 +113,59 @@ class TrainNodes(DaemonTestCase):
         self.assertIn("joining 2 ranks as 1..1 through " + address, log)
         self.assertIn("took rank 0's initial state", log)
 
-    def test_kill_9_of_the_rank_0_node_then_resume_on_both_gives_the_uninterrupted_model(self):
-        a, ca = self.node("a")
-        b, cb = self.node("b")
+    def kill_one_node_and_resume(self, victim):
+        """kill -9 node `victim` ("a": rank 0, hosting the store; "b": rank 1) mid-run, restart it
+        (its job is re-queued and resumes), continue on the survivor with resume_from_job_id;
+        both must finish with the uninterrupted run's model."""
+        nodes = {name: self.node(name) for name in ("a", "b")}
         solo, csolo = self.node("solo", devices="cpu:2")
-        data = {"a": self.dense(ca), "b": self.dense(cb), "solo": self.dense(csolo)}
+        data = {name: self.dense(client) for name, (_, client) in nodes.items()}
         long_run = {"steps": 600, "checkpointEvery": 50, "telemetryEvery": 50}
-        reference = csolo.wait(csolo.submit("TRAIN", self.spec(data["solo"], **long_run),
+        reference = csolo.wait(csolo.submit("TRAIN", self.spec(self.dense(csolo), **long_run),
                                             num_devices=2).id)
         self.assertEqual(reference.state, jobs_pb2.SUCCEEDED, reference.message)
 
         rendezvous = {"address": "127.0.0.1:%d" % free_port(), "worldSize": 2,
                       "timeoutSeconds": 60}
-        spec_b = self.spec(data["b"], rendezvous=dict(rendezvous, rankOffset=1), **long_run)
-        job_b = cb.submit("TRAIN", spec_b)
-        job_a = ca.submit("TRAIN", self.spec(data["a"], rendezvous=rendezvous, **long_run))
+        specs = {"a": self.spec(data["a"], rendezvous=rendezvous, **long_run),
+                 "b": self.spec(data["b"], rendezvous=dict(rendezvous, rankOffset=1), **long_run)}
+        jobs = {name: nodes[name][1].submit("TRAIN", specs[name]).id for name in ("b", "a")}
+        survivor = "b" if victim == "a" else "a"
+        daemon, client = nodes[victim]
         deadline = time.time() + 120
-        while cb.get(job_b.id).progress.units_done < 120 and time.time() < deadline:
+        while client.get(jobs[victim]).progress.units_done < 120 and time.time() < deadline:
             time.sleep(0.01)
-        a.kill9()
-        # The surviving node's job fails at once (its peer's connection closed), saying how to
-        # go on; its checkpoints stay.
-        failed = cb.wait(job_b.id)
+        daemon.kill9()
+        # The survivor's job fails at once (its peer's connection closed), saying how to go
+        # on; its checkpoints stay.
+        failed = nodes[survivor][1].wait(jobs[survivor])
         self.assertEqual(failed.state, jobs_pb2.FAILED)
         self.assertLess(failed.progress.units_done, 600)
-        self.assertIn("resume_from_job_id %d" % job_b.id, failed.message)
-        # The killed node comes back: its job is re-queued and waits for its peer; the other
-        # node continues with a job that takes its failed one over.
-        a.start()
-        ca = a.client()
-        job_b2 = cb.submit("TRAIN", dict(spec_b, resumeFromJobId=str(job_b.id)))
-        done_a, done_b = ca.wait(job_a.id), cb.wait(job_b2.id)
-        self.assertEqual(done_a.state, jobs_pb2.SUCCEEDED, done_a.message)
-        self.assertEqual(done_b.state, jobs_pb2.SUCCEEDED, done_b.message)
-        self.assertGreater(done_a.attempts, 1)
+        self.assertIn("resume_from_job_id %d" % jobs[survivor], failed.message)
+        # The killed node comes back: its job is re-queued and waits at the rendezvous; the
+        # survivor continues with a job that takes its failed one over.
+        daemon.start()
+        nodes[victim] = (daemon, daemon.client())
+        resumed = nodes[survivor][1].submit(
+            "TRAIN", dict(specs[survivor], resumeFromJobId=str(jobs[survivor]))).id
+        done = {victim: nodes[victim][1].wait(jobs[victim]),
+                survivor: nodes[survivor][1].wait(resumed)}
+        for job in done.values():
+            self.assertEqual(job.state, jobs_pb2.SUCCEEDED, job.message)
+            self.assertEqual(job.result.train.steps, 600)
+        self.assertGreater(done[victim].attempts, 1)
         weights = [read_safetensors(os.path.join(job.result.train.artifact_path,
                                                  "sae_weights.safetensors"))
-                   for job in (done_a, done_b, reference)]
+                   for job in (done["a"], done["b"], reference)]
         for name in weights[0]:
             numpy.testing.assert_array_equal(weights[0][name], weights[1][name], name)
             numpy.testing.assert_array_equal(weights[0][name], weights[2][name], name)
+
+    def test_kill_9_of_the_rank_0_node_then_resume_gives_the_uninterrupted_model(self):
+        self.kill_one_node_and_resume("a")
+
+    def test_kill_9_of_the_rank_1_node_then_resume_gives_the_uninterrupted_model(self):
+        self.kill_one_node_and_resume("b")
 
     def test_nodes_that_disagree_on_the_data_both_fail_saying_how(self):
         a, ca = self.node("a")
