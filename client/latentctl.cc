@@ -32,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "client/dataset_siblings.h"
 #include "client/latent_view.h"
@@ -129,6 +130,15 @@ ABSL_FLAG(bool, special_tokens, true,
           "and Gemma), as tokenizer(text) does");
 ABSL_FLAG(std::string, field, "text", "tokenize: the field of each .jsonl line holding the text");
 ABSL_FLAG(int, threads, 0, "tokenize: threads that tokenize (0: one per core)");
+ABSL_FLAG(std::string, nodes, "",
+          "train-nodes: the latentd nodes to train on, HOST:PORT,HOST:PORT,... (the first hosts "
+          "rank 0)");
+ABSL_FLAG(std::string, dataset, "",
+          "train-nodes: the DENSE dataset by name, looked up on each node (its id may differ "
+          "from node to node); default: the spec's dataset_id everywhere");
+ABSL_FLAG(std::string, rendezvous, "",
+          "train-nodes: HOST:PORT where rank 0's node hosts the TCPStore (default: the first "
+          "node's host, port 29500)");
 ABSL_FLAG(int64_t, max_count, -1,
           "latents: only latents firing at most this often (-1: no bound; 0: the dead ones)");
 
@@ -202,8 +212,9 @@ std::string Bytes(double bytes) {
 
 class Client {
  public:
-  Client() {
-    channel_ = grpc::CreateChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials());
+  Client() : Client(absl::GetFlag(FLAGS_server)) {}
+  explicit Client(const std::string& address) {
+    channel_ = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
     jobs_ = v1::Jobs::NewStub(channel_);
     devices_ = v1::Devices::NewStub(channel_);
     datasets_ = v1::Datasets::NewStub(channel_);
@@ -319,43 +330,54 @@ bool ParseId(const std::vector<std::string>& args, size_t i, uint64_t* id) {
   return i < args.size() && absl::SimpleAtoi(args[i], id) && *id > 0;
 }
 
-int Submit(Client& client) {
-  v1::SubmitJobRequest request;
-  request.set_request_id(absl::GetFlag(FLAGS_request_id));
-  v1::JobSpec* spec = request.mutable_spec();
+// The job spec of --spec (a whole JobSpec, or the spec of --type) with --type, --num_devices,
+// --priority and --label applied; the usage error as text otherwise.
+absl::StatusOr<v1::JobSpec> SpecFromFlags(const std::string& default_type = "") {
+  v1::JobSpec spec;
   const std::string spec_file = absl::GetFlag(FLAGS_spec);
+  const std::string type =
+      absl::GetFlag(FLAGS_type).empty() ? default_type : absl::GetFlag(FLAGS_type);
   if (!spec_file.empty()) {
     std::ifstream in(spec_file);
-    if (!in) return Usage(absl::StrCat("--spec: cannot read ", spec_file));
+    if (!in) return absl::InvalidArgumentError(absl::StrCat("--spec: cannot read ", spec_file));
     std::stringstream text;
     text << in.rdbuf();
     // The file may hold a whole JobSpec or just the type's spec.
-    if (!google::protobuf::util::JsonStringToMessage(text.str(), spec).ok()) {
-      spec->Clear();
-      const std::string type = absl::GetFlag(FLAGS_type);
+    if (!google::protobuf::util::JsonStringToMessage(text.str(), &spec).ok()) {
+      spec.Clear();
       google::protobuf::Message* inner =
-          type == "EXTRACT" ? static_cast<google::protobuf::Message*>(spec->mutable_extract())
-          : type == "TRAIN" ? static_cast<google::protobuf::Message*>(spec->mutable_train())
-                            : static_cast<google::protobuf::Message*>(spec->mutable_probe());
+          type == "EXTRACT" ? static_cast<google::protobuf::Message*>(spec.mutable_extract())
+          : type == "TRAIN" ? static_cast<google::protobuf::Message*>(spec.mutable_train())
+                            : static_cast<google::protobuf::Message*>(spec.mutable_probe());
       auto status = google::protobuf::util::JsonStringToMessage(text.str(), inner);
       if (!status.ok()) {
-        return Usage(absl::StrCat("--spec: ", spec_file, " is neither a JobSpec nor a ",
-                                  type.empty() ? "PROBE" : type, " spec: ", status.ToString()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--spec: ", spec_file, " is neither a JobSpec nor a ",
+                         type.empty() ? "PROBE" : type, " spec: ", status.ToString()));
       }
     }
   }
-  if (const std::string type = absl::GetFlag(FLAGS_type); !type.empty()) {
+  if (!type.empty()) {
     v1::JobType parsed;
     if (!v1::JobType_Parse(type, &parsed) || parsed == v1::JOB_TYPE_UNSPECIFIED) {
-      return Usage(absl::StrCat("--type: '", type, "' is not PROBE, EXTRACT or TRAIN"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--type: '", type, "' is not PROBE, EXTRACT or TRAIN"));
     }
-    spec->set_type(parsed);
+    spec.set_type(parsed);
   }
+  if (absl::GetFlag(FLAGS_num_devices) != 0) spec.set_num_devices(absl::GetFlag(FLAGS_num_devices));
+  if (absl::GetFlag(FLAGS_priority) != 0) spec.set_priority(absl::GetFlag(FLAGS_priority));
+  if (!absl::GetFlag(FLAGS_label).empty()) spec.set_label(absl::GetFlag(FLAGS_label));
+  return spec;
+}
+
+int Submit(Client& client) {
+  v1::SubmitJobRequest request;
+  request.set_request_id(absl::GetFlag(FLAGS_request_id));
+  absl::StatusOr<v1::JobSpec> spec = SpecFromFlags();
+  if (!spec.ok()) return Usage(std::string(spec.status().message()));
   if (spec->type() == v1::JOB_TYPE_UNSPECIFIED) return Usage("submit needs --type");
-  if (absl::GetFlag(FLAGS_num_devices) != 0)
-    spec->set_num_devices(absl::GetFlag(FLAGS_num_devices));
-  if (absl::GetFlag(FLAGS_priority) != 0) spec->set_priority(absl::GetFlag(FLAGS_priority));
-  if (!absl::GetFlag(FLAGS_label).empty()) spec->set_label(absl::GetFlag(FLAGS_label));
+  *request.mutable_spec() = *std::move(spec);
   v1::Job job;
   grpc::Status status = client.jobs()->SubmitJob(client.Context().get(), request, &job);
   if (!status.ok()) return RpcError(status);
@@ -1572,6 +1594,10 @@ jobs:
   cancel ID
   delete-job ID                  forget a finished job (record, events, a TRAIN checkpoint)
   telemetry ID [--plot=FILE.png] training telemetry as a table (and a plot)
+  train-nodes --nodes=H:P,H:P,... --spec=train.json [--dataset=NAME] [--rendezvous=H:P]
+              [--num_devices=N]  one TRAIN run over several latentd nodes (N devices each):
+                                 submits it to each with its ranks (and its id of dataset
+                                 NAME), follows rank 0's progress, prints every node's result
 text:
   tokenize FILE... --vocab=tokenizer.json --out=TOKENS.npy [--separator=TOKEN]
            [--special_tokens=false] [--field=text] [--threads=N]
@@ -1641,12 +1667,151 @@ datasets:
   delete-artifact ID             its record and files (refused while an unfinished job uses it)
 )";
 
+bool Finished(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+// One TRAIN spec over several nodes (docs/TRAIN.md, "Several latentd nodes"): node i gets the
+// ranks after node i-1's, the same rendezvous and run id, and with --dataset its own id of the
+// named dataset. Then follows the jobs until all have ended, showing rank 0's progress.
+int TrainNodes() {
+  const std::vector<std::string> nodes =
+      absl::StrSplit(absl::GetFlag(FLAGS_nodes), ',', absl::SkipEmpty());
+  if (nodes.empty()) return Usage("train-nodes needs --nodes=HOST:PORT,HOST:PORT,...");
+  if (absl::GetFlag(FLAGS_spec).empty()) return Usage("train-nodes needs --spec=TRAIN.json");
+  absl::StatusOr<v1::JobSpec> spec = SpecFromFlags("TRAIN");
+  if (!spec.ok()) return Usage(std::string(spec.status().message()));
+  if (spec->type() != v1::TRAIN) {
+    return Usage("train-nodes: --spec must be a TRAIN spec");
+  }
+  const int devices = std::max(spec->num_devices(), 1);
+  std::string rendezvous = absl::GetFlag(FLAGS_rendezvous);
+  if (rendezvous.empty()) {
+    const std::string& first = nodes[0];
+    const size_t colon = first.rfind(':');
+    rendezvous =
+        absl::StrCat(colon == std::string::npos ? first : first.substr(0, colon), ":29500");
+  }
+  v1::TrainRendezvous* meeting = spec->mutable_train()->mutable_rendezvous();
+  meeting->set_address(rendezvous);
+  meeting->set_world_size(static_cast<int>(nodes.size()) * devices);
+  // A fresh key prefix per launch, so a store that outlived an earlier run is never read.
+  if (meeting->run_id().empty())
+    meeting->set_run_id(absl::StrCat("train-", absl::ToUnixMicros(absl::Now())));
+
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<uint64_t> jobs;
+  auto cancel_submitted = [&] {
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      v1::CancelJobRequest request;
+      request.set_job_id(jobs[i]);
+      v1::Job ignored;
+      (void)clients[i]->jobs()->CancelJob(clients[i]->Context().get(), request, &ignored);
+    }
+  };
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    clients.push_back(std::make_unique<Client>(nodes[i]));
+    Client& client = *clients.back();
+    std::string error;
+    if (!client.LoadToken(&error)) return Usage(error);
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = *spec;
+    v1::TrainSpec* train = request.mutable_spec()->mutable_train();
+    train->mutable_rendezvous()->set_rank_offset(static_cast<int>(i) * devices);
+    if (const std::string name = absl::GetFlag(FLAGS_dataset); !name.empty()) {
+      v1::ListDatasetsResponse listed;
+      grpc::Status status = client.datasets()->ListDatasets(client.Context().get(),
+                                                            v1::ListDatasetsRequest(), &listed);
+      if (!status.ok()) {
+        cancel_submitted();
+        std::fprintf(stderr, "latentctl: node %s:\n", nodes[i].c_str());
+        return RpcError(status);
+      }
+      auto found = std::find_if(listed.datasets().begin(), listed.datasets().end(),
+                                [&](const v1::DatasetInfo& d) { return d.name() == name; });
+      if (found == listed.datasets().end()) {
+        cancel_submitted();
+        std::fprintf(stderr, "latentctl: NOT_FOUND: node %s has no dataset named \"%s\"\n",
+                     nodes[i].c_str(), name.c_str());
+        return kExitRpcError;
+      }
+      train->set_dataset_id(found->id());
+    }
+    v1::Job job;
+    grpc::Status status = client.jobs()->SubmitJob(client.Context().get(), request, &job);
+    if (!status.ok()) {
+      cancel_submitted();
+      std::fprintf(stderr,
+                   "latentctl: node %s refused the job (%zu submitted before it are "
+                   "cancelled):\n",
+                   nodes[i].c_str(), jobs.size());
+      return RpcError(status);
+    }
+    jobs.push_back(job.id());
+    std::printf("node %s: job %llu, ranks %d..%d of %d, dataset %llu\n", nodes[i].c_str(),
+                static_cast<unsigned long long>(job.id()), static_cast<int>(i) * devices,
+                static_cast<int>(i + 1) * devices - 1, meeting->world_size(),
+                static_cast<unsigned long long>(train->dataset_id()));
+  }
+  std::printf("rendezvous %s, run %s\n", rendezvous.c_str(), meeting->run_id().c_str());
+  std::fflush(stdout);
+
+  // Poll every node (a watch stream per node would leave the others unattended).
+  std::vector<v1::Job> last(nodes.size());
+  int64_t shown = -1;
+  absl::Time shown_at = absl::InfinitePast();
+  while (true) {
+    bool all_finished = true;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (Finished(last[i].state())) continue;
+      v1::GetJobRequest request;
+      request.set_job_id(jobs[i]);
+      grpc::Status status =
+          clients[i]->jobs()->GetJob(clients[i]->Context().get(), request, &last[i]);
+      if (!status.ok()) {
+        std::fprintf(stderr, "latentctl: node %s:\n", nodes[i].c_str());
+        return RpcError(status);
+      }
+      all_finished = all_finished && Finished(last[i].state());
+    }
+    // Rank 0's progress, at most once a second, and where it ended.
+    const v1::JobProgress& progress = last[0].progress();
+    if (progress.units_total() > 0 && progress.units_done() != shown &&
+        (all_finished || absl::Now() - shown_at >= absl::Seconds(1))) {
+      std::printf("rank 0: %lld/%lld %s (%.1f/s)\n", static_cast<long long>(progress.units_done()),
+                  static_cast<long long>(progress.units_total()), progress.unit().c_str(),
+                  progress.rate());
+      std::fflush(stdout);
+      shown = progress.units_done();
+      shown_at = absl::Now();
+    }
+    if (all_finished) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  bool succeeded = true;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const v1::Job& job = last[i];
+    succeeded = succeeded && job.state() == v1::SUCCEEDED;
+    std::printf("node %s: job %llu %s", nodes[i].c_str(), static_cast<unsigned long long>(job.id()),
+                v1::JobState_Name(job.state()).c_str());
+    if (job.state() == v1::SUCCEEDED) {
+      std::printf(", artifact %llu at %s, final loss %.6g\n",
+                  static_cast<unsigned long long>(job.result().train().artifact_id()),
+                  job.result().train().artifact_path().c_str(), job.result().train().final_loss());
+    } else {
+      std::printf(": %s\n", job.message().c_str());
+    }
+  }
+  return succeeded ? 0 : kExitJobNotSucceeded;
+}
+
 int Run(const std::vector<std::string>& args) {
   if (args.empty() || args[0] == "help") {
     std::printf("%s", kHelp);
     return args.empty() ? kExitUsage : 0;
   }
-  if (args[0] == "tokenize") return Tokenize(args);  // local: no daemon needed
+  if (args[0] == "tokenize") return Tokenize(args);   // local: no daemon needed
+  if (args[0] == "train-nodes") return TrainNodes();  // its own clients, one per node
   Client client;
   std::string error;
   if (!client.LoadToken(&error)) return Usage(error);

@@ -11,11 +11,13 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -23,6 +25,9 @@
 
 namespace latentd::engine {
 namespace {
+
+// How often a waiting rank looks for the others (and for a cancel).
+constexpr auto kPollInterval = std::chrono::milliseconds(50);
 
 // What ProcessGroupGloo / ProcessGroupNCCL derive from: c10d::ProcessGroup up to LibTorch 1.13;
 // since 2.0 a c10d::Backend (the ProcessGroup became a dispatcher in front of backends). Both
@@ -109,35 +114,75 @@ c10::intrusive_ptr<c10d::Store> NewInProcessStore() {
   return c10::make_intrusive<c10d::HashStore>();
 }
 
-absl::StatusOr<c10::intrusive_ptr<c10d::Store>> NewTcpStore(const std::string& host, int port,
-                                                            int world_size, bool is_master,
-                                                            int timeout_seconds) {
-  try {
-    c10d::TCPStoreOptions options;
-    options.port = static_cast<uint16_t>(port);
-    options.isServer = is_master;
-    options.numWorkers = world_size;
-    // Ranks meet in CheckRanksAgree, whose reads wait for the others' keys and fail with the
-    // timeout; the store's own wait for workers gives up silently when it runs out.
-    options.waitWorkers = false;
-    // Also how long a client retries a refused connection: nodes' jobs start in any order.
-    options.timeout = std::chrono::seconds(timeout_seconds);
-    return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::TCPStore>(host, options));
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("TCPStore rendezvous at ", host, ":", port, ": ", e.what()));
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> NewTcpStore(
+    const std::string& host, int port, int world_size, bool is_master, int timeout_seconds,
+    const std::function<bool()>& cancelled) {
+  const auto timeout = std::chrono::seconds(timeout_seconds);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(port);
+  options.isServer = is_master;
+  options.numWorkers = world_size;
+  // Ranks meet in CheckRanksAgree, whose reads wait for the others' keys and fail with the
+  // timeout; the store's own wait for workers gives up silently when it runs out.
+  options.waitWorkers = false;
+  // A client tries to connect for a second at a time, so that it can be cancelled while the
+  // master's node has not started its job yet (nodes' jobs start in any order).
+  options.timeout = is_master
+                        ? std::chrono::milliseconds(timeout)
+                        : std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(1));
+  while (true) {
+    try {
+      auto store = c10::make_intrusive<c10d::TCPStore>(host, options);
+      store->setTimeout(timeout);
+      return c10::intrusive_ptr<c10d::Store>(store);
+    } catch (const std::exception& e) {
+      if (is_master || std::chrono::steady_clock::now() >= deadline) {
+        return absl::UnavailableError(absl::StrCat("TCPStore rendezvous at ", host, ":", port, " (",
+                                                   timeout_seconds, " s): ", e.what()));
+      }
+    }
+    if (cancelled != nullptr && cancelled()) {
+      return absl::CancelledError(
+          absl::StrCat("cancelled while connecting to the rendezvous at ", host, ":", port));
+    }
+    std::this_thread::sleep_for(kPollInterval);
   }
 }
 
 absl::Status CheckRanksAgree(c10d::Store& store, int rank, int world_size, const std::string& key,
-                             const std::string& value) {
+                             const std::string& value, const std::function<bool()>& cancelled) {
   auto key_of = [&](int r) { return absl::StrCat(key, "/", r); };
   auto text = [](const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); };
+  const auto timeout = store.getTimeout();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // Waits for rank r's key by polling, so that a cancel is seen.
+  auto read = [&](int r) -> absl::StatusOr<std::string> {
+    while (!store.check({key_of(r)})) {
+      if (cancelled != nullptr && cancelled()) {
+        return absl::CancelledError(
+            absl::StrCat("cancelled while rank ", rank, " waited for rank ", r, " to join"));
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return absl::UnavailableError(absl::StrCat(
+            "rank ", rank, " of ", world_size, ": no word from rank ", r, " on ", key, " within ",
+            std::chrono::duration_cast<std::chrono::seconds>(timeout).count(), " s"));
+      }
+      std::this_thread::sleep_for(kPollInterval);
+    }
+    return text(store.get(key_of(r)));
+  };
   try {
     store.set(key_of(rank), std::vector<uint8_t>(value.begin(), value.end()));
-    const std::string first = rank == 0 ? value : text(store.get(key_of(0)));
+    std::string first = value;
+    if (rank != 0) {
+      ASSIGN_OR_RETURN(first, read(0));
+    }
     for (int r = 1; r < world_size; ++r) {
-      const std::string other = r == rank ? value : text(store.get(key_of(r)));
+      std::string other = value;
+      if (r != rank) {
+        ASSIGN_OR_RETURN(other, read(r));
+      }
       if (other != first) {
         return absl::FailedPreconditionError(
             absl::StrCat("rank ", r, (r == rank ? " (this one)" : ""), " and rank 0",
@@ -147,8 +192,7 @@ absl::Status CheckRanksAgree(c10d::Store& store, int rank, int world_size, const
     }
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("rank ", rank, " of ", world_size,
-                                               ": no word from the other ranks on ", key, ": ",
-                                               e.what()));
+                                               ": the rendezvous store failed: ", e.what()));
   }
   return absl::OkStatus();
 }

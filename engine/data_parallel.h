@@ -11,6 +11,7 @@
 
 #include <torch/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -67,16 +68,19 @@ c10::intrusive_ptr<c10d::Store> NewInProcessStore();
 // connect to host:port, retrying until the timeout (then UNAVAILABLE). Returns without waiting
 // for the other ranks: CheckRanksAgree is where they meet. `timeout_seconds` also bounds every
 // read of a key that is not there yet.
-absl::StatusOr<c10::intrusive_ptr<c10d::Store>> NewTcpStore(const std::string& host, int port,
-                                                            int world_size, bool is_master,
-                                                            int timeout_seconds);
+// `cancelled` (may be null) is polled while a client waits: CANCELLED when it turns true.
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> NewTcpStore(
+    const std::string& host, int port, int world_size, bool is_master, int timeout_seconds,
+    const std::function<bool()>& cancelled = nullptr);
 
 // Every rank publishes `value` under `key` and reads every other rank's; all must equal rank 0's.
 // FAILED_PRECONDITION naming the first rank that differs and both values otherwise (every rank
 // reaches the same verdict, so none goes on to wait for a collective the others left).
-// UNAVAILABLE when a rank does not publish within the store's timeout.
+// UNAVAILABLE when a rank does not publish within the store's timeout; CANCELLED when
+// `cancelled` (may be null, polled while waiting) turns true.
 absl::Status CheckRanksAgree(c10d::Store& store, int rank, int world_size, const std::string& key,
-                             const std::string& value);
+                             const std::string& value,
+                             const std::function<bool()>& cancelled = nullptr);
 
 struct HostPort {
   std::string host;

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <thread>
 
 #include "absl/time/clock.h"
@@ -87,12 +88,33 @@ TEST(DataParallelTest, RanksWhosePeersNeverComeTimeOut) {
   ASSERT_TRUE(master.ok()) << master.status();
   absl::Status alone = CheckRanksAgree(**master, 0, 2, "the run", "x");
   EXPECT_TRUE(absl::IsUnavailable(alone)) << alone;
-  EXPECT_NE(alone.message().find("rank 0 of 2: no word from the other ranks on the run"),
+  EXPECT_NE(alone.message().find("rank 0 of 2: no word from rank 1 on the run within 1 s"),
             std::string::npos)
       << alone;
-  // A rank whose master never comes gives up connecting.
+  // A rank whose master never comes gives up connecting after the timeout.
+  const absl::Time begin = absl::Now();
   auto orphan = NewTcpStore("127.0.0.1", FreePort(), 2, false, 1);
   EXPECT_TRUE(absl::IsUnavailable(orphan.status())) << orphan.status();
+  EXPECT_GE(absl::Now() - begin, absl::Seconds(1));
+}
+
+// Waiting ranks can be cancelled: the job holding them was cancelled, or its launcher gave up.
+TEST(DataParallelTest, WaitingRanksCanBeCancelled) {
+  std::atomic<bool> cancel{false};
+  auto cancelled = [&] { return cancel.load(); };
+  std::thread canceller([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    cancel = true;
+  });
+  const absl::Time begin = absl::Now();
+  auto orphan = NewTcpStore("127.0.0.1", FreePort(), 2, false, 60, cancelled);
+  EXPECT_TRUE(absl::IsCancelled(orphan.status())) << orphan.status();
+  auto master = NewTcpStore("127.0.0.1", FreePort(), 2, true, 60);
+  ASSERT_TRUE(master.ok()) << master.status();
+  absl::Status alone = CheckRanksAgree(**master, 0, 2, "the run", "x", cancelled);
+  EXPECT_TRUE(absl::IsCancelled(alone)) << alone;
+  EXPECT_LT(absl::Now() - begin, absl::Seconds(10));
+  canceller.join();
 }
 
 // A rank that connects before its master listens waits for it (nodes' jobs start in any order).

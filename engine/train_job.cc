@@ -323,13 +323,14 @@ absl::StatusOr<std::string> NodeAddress(const latentd::v1::TrainRendezvous& rend
   return local;
 }
 
-// Connects global rank `rank` to the run's TCPStore (rank 0 hosts it and waits for every rank),
-// under the run id's prefix, and checks that every rank agrees on `agreement`.
+// Connects global rank `rank` to the run's TCPStore (rank 0 hosts it), under the run id's
+// prefix, and waits until every rank agrees on `agreement`; CANCELLED once `cancelled` is true.
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> JoinRendezvous(
-    const latentd::v1::TrainRendezvous& rendezvous, int rank, const std::string& agreement) {
+    const latentd::v1::TrainRendezvous& rendezvous, int rank, const std::string& agreement,
+    const std::function<bool()>& cancelled) {
   ASSIGN_OR_RETURN(HostPort master, ParseHostPort(rendezvous.address()));
   auto tcp = NewTcpStore(master.host, master.port, rendezvous.world_size(), rank == 0,
-                         RendezvousTimeoutSeconds(rendezvous));
+                         RendezvousTimeoutSeconds(rendezvous), cancelled);
   if (!tcp.ok()) {
     return WithMessage(tcp.status(),
                        absl::StrCat("train.rendezvous: rank ", rank, ": ", tcp.status().message()));
@@ -337,7 +338,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> JoinRendezvous(
   c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::PrefixStore>(
       rendezvous.run_id().empty() ? "train" : rendezvous.run_id(), *tcp);
   absl::Status agreed =
-      CheckRanksAgree(*store, rank, rendezvous.world_size(), "the run", agreement);
+      CheckRanksAgree(*store, rank, rendezvous.world_size(), "the run", agreement, cancelled);
   if (!agreed.ok()) {
     return WithMessage(agreed, absl::StrCat("train.rendezvous: ", agreed.message()));
   }
@@ -515,7 +516,7 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
           rank_group.rank = rank_offset + r;
           c10::intrusive_ptr<c10d::Store> store = in_process_store;
           if (several_nodes) {
-            auto joined = JoinRendezvous(spec.rendezvous(), rank_group.rank, agreement);
+            auto joined = JoinRendezvous(spec.rendezvous(), rank_group.rank, agreement, cancel);
             if (!joined.ok()) {
               ranks[r].result = joined.status();
               return;

@@ -167,6 +167,48 @@ class TrainNodes(DaemonTestCase):
     def test_kill_9_of_the_rank_1_node_then_resume_gives_the_uninterrupted_model(self):
         self.kill_one_node_and_resume("b")
 
+    def test_latentctl_train_nodes_launches_one_run_over_both(self):
+        a, ca = self.node("a")
+        b, cb = self.node("b")
+        self.dense(cb, hook="blocks.0.hook_resid_post")  # b's ids now differ from a's
+        data = {"a": self.dense(ca), "b": self.dense(cb)}
+        self.assertNotEqual(data["a"], data["b"])
+        spec = self.spec(0)
+        del spec["datasetId"]
+        path = self.write(spec)
+        port = free_port()
+        run = a.latentctl("train-nodes", "--nodes=%s,%s" % (a.address, b.address),
+                          "--spec=" + path, "--dataset=blocks.1.hook_resid_post",
+                          "--rendezvous=127.0.0.1:%d" % port, timeout=300)
+        out = run.stdout
+        self.assertIn("node %s: job 2, ranks 0..0 of 2, dataset %d" % (a.address, data["a"]), out)
+        self.assertIn("node %s: job 3, ranks 1..1 of 2, dataset %d" % (b.address, data["b"]), out)
+        self.assertIn("rendezvous 127.0.0.1:%d, run train-" % port, out)
+        self.assertIn("rank 0: 24/24 steps", out)
+        done = [ca.get(2), cb.get(3)]
+        for job in done:
+            self.assertEqual(job.state, jobs_pb2.SUCCEEDED, job.message)
+            self.assertIn("node %s: job %d SUCCEEDED, artifact %d at %s" % (
+                (a if job is done[0] else b).address, job.id, job.result.train.artifact_id,
+                job.result.train.artifact_path), out)
+        weights = [read_safetensors(os.path.join(job.result.train.artifact_path,
+                                                 "sae_weights.safetensors")) for job in done]
+        for name in weights[0]:
+            numpy.testing.assert_array_equal(weights[0][name], weights[1][name], name)
+
+        # The second node lacks the dataset: the job already submitted to the first is
+        # cancelled, so nothing is left waiting at the rendezvous.
+        run = a.latentctl("train-nodes", "--nodes=%s,%s" % (b.address, a.address),
+                          "--spec=" + path, "--dataset=blocks.0.hook_resid_post", check=False)
+        self.assertEqual(run.returncode, 1)
+        self.assertIn("NOT_FOUND: node %s has no dataset named \"blocks.0.hook_resid_post\"" %
+                      a.address, run.stderr)
+        submitted = [j for j in cb.list(job_type="TRAIN") if j.id > 3]
+        self.assertEqual(len(submitted), 1)
+        self.assertEqual(self.wait_for_state(cb, submitted[0].id,
+                                             [jobs_pb2.CANCELLED, jobs_pb2.FAILED]).state,
+                         jobs_pb2.CANCELLED)
+
     def test_nodes_that_disagree_on_the_data_both_fail_saying_how(self):
         a, ca = self.node("a")
         b, cb = self.node("b")
