@@ -428,11 +428,8 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
   // This node's ranks are [rank_offset, rank_offset + local_ranks) of `world`.
   const int rank_offset = several_nodes ? spec.rendezvous().rank_offset() : 0;
   const int world = several_nodes ? spec.rendezvous().world_size() : local_ranks;
-  if (rank_offset + local_ranks > world) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train.rendezvous.rank_offset: ranks ", rank_offset, "..", rank_offset + local_ranks - 1,
-        " (this node's ", local_ranks, " devices) do not fit in world_size ", world));
-  }
+  // Admission checked the devices the spec asked for; these are the ones the job holds.
+  if (several_nodes) RETURN_IF_ERROR(CheckRendezvous(spec.rendezvous(), local_ranks));
   if (plan.batch_size < world) {
     return absl::InvalidArgumentError(absl::StrCat("train.batch_size: ", plan.batch_size,
                                                    " rows cannot be split over ", world, " ranks"));
