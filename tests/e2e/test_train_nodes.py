@@ -113,6 +113,30 @@ class TrainNodes(DaemonTestCase):
         self.assertIn("joining 2 ranks as 1..1 through " + address, log)
         self.assertIn("took rank 0's initial state", log)
 
+    def test_a_node_with_two_devices_and_a_node_with_one_train_as_three_ranks(self):
+        a, ca = self.node("a", devices="cpu:2")  # ranks 0 and 1: one hosts the store
+        b, cb = self.node("b")                   # rank 2
+        solo, csolo = self.node("solo", devices="cpu:3")
+        data = {"a": self.dense(ca), "b": self.dense(cb), "solo": self.dense(csolo)}
+        spec = lambda node, **extra: self.spec(data[node], batchSize=33, **extra)
+        reference = csolo.wait(csolo.submit("TRAIN", spec("solo"), num_devices=3).id)
+        self.assertEqual(reference.state, jobs_pb2.SUCCEEDED, reference.message)
+        rendezvous = {"address": "127.0.0.1:%d" % free_port(), "worldSize": 3,
+                      "timeoutSeconds": 60}
+        job_a = ca.submit("TRAIN", spec("a", rendezvous=rendezvous), num_devices=2)
+        job_b = cb.submit("TRAIN", spec("b", rendezvous=dict(rendezvous, rankOffset=2)))
+        done = [ca.wait(job_a.id), cb.wait(job_b.id)]
+        for job in done:
+            self.assertEqual(job.state, jobs_pb2.SUCCEEDED, job.message)
+        log = "\n".join(e.log.text for e in ca.watch(job_a.id) if e.HasField("log"))
+        self.assertIn("joining 3 ranks as 0..1 through", log)
+        weights = [read_safetensors(os.path.join(job.result.train.artifact_path,
+                                                 "sae_weights.safetensors"))
+                   for job in done + [reference]]
+        for name in weights[0]:
+            numpy.testing.assert_array_equal(weights[0][name], weights[1][name], name)
+            numpy.testing.assert_array_equal(weights[0][name], weights[2][name], name)
+
     def kill_one_node_and_resume(self, victim):
         """kill -9 node `victim` ("a": rank 0, hosting the store; "b": rank 1) mid-run, restart it
         (its job is re-queued and resumes), continue on the survivor with resume_from_job_id;
