@@ -460,6 +460,77 @@ absl::Status ValidateExtractSpec(const ExtractSpec& spec, const ExtractEnv& env)
   return absl::OkStatus();
 }
 
+namespace {
+
+// A natively run model's weights, made once so that each replica takes them to its device (CPU
+// replicas share the tensors); the reference model is a GPT-2 whose weights are drawn. None for
+// a TorchScript model. May throw c10::Error.
+absl::StatusOr<std::optional<HfModelWeights>> LoadNativeWeights(const ExtractSpec& spec,
+                                                                const Checked& c) {
+  std::optional<HfModelWeights> weights;
+  if (spec.model().has_reference()) {
+    weights.emplace().gpt2 = DrawReferenceWeights(c.reference);
+  } else if (spec.model().has_huggingface()) {
+    auto loaded = LoadHfModelWeights(HfOptions(spec, c));
+    if (!loaded.ok()) return InHuggingFaceField(loaded.status());
+    weights = *std::move(loaded);
+  }
+  return weights;
+}
+
+// The spec's model with `hooks` on `device`. May throw c10::Error.
+absl::StatusOr<std::unique_ptr<ActivationModel>> MakeModel(
+    const ExtractSpec& spec, const Checked& c, const std::optional<HfModelWeights>& native_weights,
+    const std::vector<HookName>& hooks, const at::Device& device) {
+  if (native_weights) return CreateHfModel(*native_weights, hooks, device);
+  TorchScriptModelOptions o;
+  o.path = c.model_path;
+  o.vocab_size = spec.model().torchscript().vocab_size();
+  return LoadTorchScriptModel(o, hooks, device);
+}
+
+}  // namespace
+
+ExtractInputs::ExtractInputs() = default;
+ExtractInputs::ExtractInputs(ExtractInputs&&) = default;
+ExtractInputs::~ExtractInputs() = default;
+
+absl::StatusOr<ExtractInputs> OpenExtractInputs(const ExtractSpec& spec, const ExtractEnv& env,
+                                                const DeviceRef& device) {
+  ASSIGN_OR_RETURN(Checked c, Check(spec, env));
+  ExtractInputs inputs;
+  latentd::v1::TokenSource token_spec = spec.tokens();
+  token_spec.set_path(c.tokens_path);
+  ASSIGN_OR_RETURN(inputs.tokens, TokenSource::Open(token_spec));
+  inputs.batch_sequences = c.batch_sequences;
+  try {
+    ASSIGN_OR_RETURN(const std::optional<HfModelWeights> native_weights,
+                     LoadNativeWeights(spec, c));
+    ASSIGN_OR_RETURN(const at::Device at_device, ToAtDevice(device));
+    ASSIGN_OR_RETURN(inputs.model,
+                     MakeModel(spec, c, native_weights, {c.outputs[0].hook}, at_device));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("loading the model: ", e.what()));
+  }
+  return inputs;
+}
+
+absl::StatusOr<ExtractRowShape> ExtractRowShapeOf(const ExtractSpec& spec, const ExtractEnv& env) {
+  ASSIGN_OR_RETURN(Checked c, Check(spec, env));
+  ExtractRowShape shape;
+  shape.rows = c.rows;
+  shape.width = c.outputs[0].hook_width;
+  if (shape.width > 0) return shape;
+  try {
+    ASSIGN_OR_RETURN(auto model,
+                     MakeModel(spec, c, std::nullopt, {c.outputs[0].hook}, at::Device(at::kCPU)));
+    shape.width = model->hook_width();
+    return shape;
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("loading the model: ", e.what()));
+  }
+}
+
 absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& spec,
                                                             const ExtractEnv& env, JobContext* ctx,
                                                             const SinkOpener& open_sink) {
@@ -493,28 +564,13 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   }
   std::vector<PipelineReplica> replicas;
   try {
-    // A natively run model's weights are made once and each replica takes them to its device
-    // (CPU replicas share the tensors); the reference model is a GPT-2 whose weights are drawn.
-    std::optional<HfModelWeights> native_weights;
-    if (spec.model().has_reference()) {
-      native_weights.emplace().gpt2 = DrawReferenceWeights(c.reference);
-    } else if (spec.model().has_huggingface()) {
-      auto loaded = LoadHfModelWeights(HfOptions(spec, c));
-      if (!loaded.ok()) return InHuggingFaceField(loaded.status());
-      native_weights = *std::move(loaded);
-    }
+    ASSIGN_OR_RETURN(const std::optional<HfModelWeights> native_weights,
+                     LoadNativeWeights(spec, c));
     for (const auto& d : devices) {
       PipelineReplica r;
       ASSIGN_OR_RETURN(r.device, ToAtDevice(d));
       r.cpu_threads = d.kind == DeviceKind::kCpu ? cpu_threads : 0;
-      if (native_weights) {
-        ASSIGN_OR_RETURN(r.model, CreateHfModel(*native_weights, hooks, r.device));
-      } else {
-        TorchScriptModelOptions o;
-        o.path = c.model_path;
-        o.vocab_size = spec.model().torchscript().vocab_size();
-        ASSIGN_OR_RETURN(r.model, LoadTorchScriptModel(o, hooks, r.device));
-      }
+      ASSIGN_OR_RETURN(r.model, MakeModel(spec, c, native_weights, hooks, r.device));
       const std::vector<int64_t> widths = r.model->hook_widths();
       for (int o = 0; c.sparse && o < num_outputs; ++o) {
         if (saes_cpu[o].config().d_in != widths[o]) {

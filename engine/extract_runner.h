@@ -23,6 +23,9 @@ class ChunkStore;
 
 namespace latentd::engine {
 
+class ActivationModel;
+class TokenSource;
+
 struct ExtractEnv {
   storage::ChunkStore* store = nullptr;  // used by RunExtract (extract_job.h)
   // Model, SAE and token paths must resolve (symlinks followed) under one of these directories;
@@ -77,6 +80,28 @@ using SinkOpener = std::function<absl::StatusOr<OpenedSink>(const ExtractDataset
 // width == SAE d_in where it is known without loading the model, batch sizes, memory estimate
 // (INVALID_ARGUMENT naming the field, e.g. "extract.hook_name").
 absl::Status ValidateExtractSpec(const latentd::v1::ExtractSpec& spec, const ExtractEnv& env);
+
+// What a DENSE spec of one hook computes its rows from, for callers that want the rows without
+// a dataset (TRAIN on a model's hidden states): the model on `device` with the spec's hook, and
+// the token shard. Checked as ValidateExtractSpec checks (errors name "extract.<field>").
+struct ExtractInputs {
+  ExtractInputs();
+  ExtractInputs(ExtractInputs&&);
+  ~ExtractInputs();
+  std::unique_ptr<ActivationModel> model;
+  std::unique_ptr<TokenSource> tokens;
+  int64_t batch_sequences = 0;  // the spec's, or the default
+};
+absl::StatusOr<ExtractInputs> OpenExtractInputs(const latentd::v1::ExtractSpec& spec,
+                                                const ExtractEnv& env, const DeviceRef& device);
+// The rows of the spec's token shard and the width of its hook: from the model's config where
+// it is run natively, else (a TorchScript model) by loading it on the CPU.
+struct ExtractRowShape {
+  int64_t rows = 0;
+  int64_t width = 0;
+};
+absl::StatusOr<ExtractRowShape> ExtractRowShapeOf(const latentd::v1::ExtractSpec& spec,
+                                                  const ExtractEnv& env);
 
 // Runs the job into the sink `open_sink` gives (see RunExtract for the semantics).
 absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const latentd::v1::ExtractSpec& spec,

@@ -10,6 +10,7 @@
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -17,6 +18,7 @@
 #include "common/status_macros.h"
 #include "engine/checkpoint.h"
 #include "engine/data_parallel.h"
+#include "engine/extract_runner.h"
 #include "engine/job_continuation.h"
 #include "engine/lr_schedule.h"
 #include "engine/optimizer_factory.h"
@@ -24,6 +26,7 @@
 #include "engine/torch_status.h"
 #include "engine/train_data.h"
 #include "engine/train_loop.h"
+#include "engine/train_model_source.h"
 #include "engine/train_models.h"
 #include "engine/train_store_source.h"
 #include "engine/train_token_source.h"
@@ -43,6 +46,8 @@ struct TrainPlan {
   storage::DatasetRecord record;  // rows_committed = sequences for a token file
   bool tokens = false;            // rows come from spec.tokens (resolved path in token_spec)
   latentd::v1::TokenSource token_spec;
+  bool activations = false;  // rows come from a model (activation_spec, mode DENSE)
+  latentd::v1::ExtractSpec activation_spec;
   int64_t width = 0;
   bool sae = true;
   SaeModelOptions sae_options;
@@ -105,6 +110,51 @@ absl::Status CheckArtifactName(const std::string& name) {
   return absl::OkStatus();
 }
 
+// train.activations as the DENSE one-hook extraction it describes: INVALID_ARGUMENT naming the
+// field for what TRAIN cannot read (latents, several hooks, a continued dataset).
+absl::StatusOr<latentd::v1::ExtractSpec> CheckActivationSpec(latentd::v1::ExtractSpec spec) {
+  if (spec.mode() == latentd::v1::SPARSE ||
+      (spec.has_sae() && spec.sae().source_case() != latentd::v1::SaeSource::SOURCE_NOT_SET)) {
+    return absl::InvalidArgumentError(
+        "train.activations.sae / train.activations.mode: TRAIN reads a hook's hidden states; "
+        "leave out the SAE (mode DENSE)");
+  }
+  if (spec.more_outputs_size() > 0) {
+    return absl::InvalidArgumentError(
+        "train.activations.more_outputs: TRAIN reads one hook (hook_name)");
+  }
+  if (spec.resume_from_job_id() != 0) {
+    return absl::InvalidArgumentError(
+        "train.activations.resume_from_job_id: nothing is stored to continue; set "
+        "train.resume_from_job_id to continue a TRAIN job");
+  }
+  spec.set_mode(latentd::v1::DENSE);
+  return spec;
+}
+
+// An extraction's error as the train.activations field it is about.
+absl::Status InActivationsField(const absl::Status& status) {
+  if (status.ok()) return status;
+  std::string message(status.message());
+  if (absl::StartsWith(message, "extract.")) {
+    message = absl::StrCat("train.activations.", message.substr(8));
+  } else if (absl::StartsWith(message, "extract:")) {
+    message = absl::StrCat("train.activations:", message.substr(8));
+  } else {
+    message = absl::StrCat("train.activations: ", message);
+  }
+  return WithMessage(status, message);
+}
+
+ExtractEnv ActivationEnv(const TrainEnv& env) {
+  ExtractEnv extract_env;
+  extract_env.data_roots = env.data_roots;
+  // The model alone must fit the device (its weights and a forward batch); TRAIN's admission
+  // below counts the SAE.
+  extract_env.device_memory_bytes = env.device_memory_bytes;
+  return extract_env;
+}
+
 constexpr int kDefaultRendezvousTimeoutSeconds = 300;
 
 int RendezvousTimeoutSeconds(const latentd::v1::TrainRendezvous& rendezvous) {
@@ -148,8 +198,9 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
       return absl::InvalidArgumentError(
           "train.tokens: token files train a torchscript_path module, not an SAE");
     }
-    if (spec.dataset_id() != 0) {
-      return absl::InvalidArgumentError("train.dataset_id / train.tokens: set one, not both");
+    if (spec.dataset_id() != 0 || spec.has_activations()) {
+      return absl::InvalidArgumentError(
+          "train.tokens / train.dataset_id / train.activations: set one of them");
     }
     plan.tokens = true;
     plan.token_spec = spec.tokens();
@@ -158,6 +209,19 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
     ASSIGN_OR_RETURN(auto source, TokenRowSource::Open(plan.token_spec));
     plan.record.rows_committed = source->num_rows();
     plan.width = source->width();
+  } else if (spec.has_activations()) {
+    if (spec.dataset_id() != 0) {
+      return absl::InvalidArgumentError("train.dataset_id / train.activations: set one, not both");
+    }
+    ASSIGN_OR_RETURN(plan.activation_spec, CheckActivationSpec(spec.activations()));
+    const ExtractEnv extract_env = ActivationEnv(env);
+    RETURN_IF_ERROR(InActivationsField(ValidateExtractSpec(plan.activation_spec, extract_env)));
+    auto shape = ExtractRowShapeOf(plan.activation_spec, extract_env);
+    if (!shape.ok()) return InActivationsField(shape.status());
+    plan.activations = true;
+    plan.record.rows_committed = shape->rows;
+    plan.record.meta.hook_name = plan.activation_spec.hook_name();
+    plan.width = shape->width;
   } else {
     ASSIGN_OR_RETURN(auto source, StoreDenseRowSource::Open(env.store, spec.dataset_id()));
     plan.record = source->record();
@@ -290,7 +354,14 @@ absl::StatusOr<std::string> RunAgreement(const TrainPlan& plan, const latentd::v
   latentd::v1::TrainSpec common = spec;
   common.clear_dataset_id();
   common.clear_torchscript_path();
-  common.mutable_tokens()->clear_path();
+  if (common.has_tokens()) common.mutable_tokens()->clear_path();
+  if (common.has_activations()) {
+    latentd::v1::ExtractSpec* activations = common.mutable_activations();
+    activations->mutable_tokens()->clear_path();
+    latentd::v1::ModelSpec* model = activations->mutable_model();
+    if (model->has_huggingface()) model->mutable_huggingface()->clear_path();
+    if (model->has_torchscript()) model->mutable_torchscript()->clear_path();
+  }
   common.clear_resume_from_job_id();
   common.clear_artifact_name();
   common.clear_checkpoint_every();
@@ -435,10 +506,17 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
                                                    " rows cannot be split over ", world, " ranks"));
   }
   std::vector<Rank> ranks(local_ranks);
+  std::string model_id;  // of the model computing the rows (train.activations)
   for (int r = 0; r < local_ranks; ++r) {
     const c10::Device device = TorchDevice(devices[r]);
     if (plan.tokens) {
       ASSIGN_OR_RETURN(ranks[r].source, TokenRowSource::Open(plan.token_spec));
+    } else if (plan.activations) {
+      auto source = ModelRowSource::Open(plan.activation_spec, ActivationEnv(env), devices[r],
+                                         storage::ChunkStoreOptions().chunk_rows);
+      if (!source.ok()) return InActivationsField(source.status());
+      if (r == 0) model_id = (*source)->model_id();
+      ranks[r].source = *std::move(source);
     } else {
       ASSIGN_OR_RETURN(ranks[r].source, StoreDenseRowSource::Open(env.store, spec.dataset_id()));
     }
@@ -446,7 +524,8 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
         ranks[r].source.get(), ShuffledRowStreamOptions{spec.seed() ^ kStreamSeedSalt, 4});
     if (plan.sae) {
       auto sae = std::make_unique<SaeTrainable>(plan.sae_options, device);
-      sae->set_provenance(plan.record.meta.hook_name, plan.record.meta.model_id);
+      sae->set_provenance(plan.record.meta.hook_name,
+                          plan.activations ? model_id : plan.record.meta.model_id);
       ranks[r].model = std::move(sae);
     } else {
       ASSIGN_OR_RETURN(ranks[r].model,

@@ -488,6 +488,63 @@ class TrainLoop(DaemonTestCase):
             c.get_dataset(dense_id)
         self.assertEqual(missing.exception.code(), grpc.StatusCode.NOT_FOUND)
 
+    def test_training_on_a_models_activations_equals_training_on_their_dataset(self):
+        inputs = os.path.join(self.tmp, "inputs")
+        subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), inputs,
+                        "--sequences", "64", "--context", "32", "--d_in", "64", "--d_sae", "256",
+                        "--k", "8"], check=True, capture_output=True)
+        daemon = self.start_daemon(devices="cpu:1", extra_args=["--data_roots=" + self.tmp])
+        c = daemon.client()
+        source = {"model": MODEL, "hookName": "blocks.1.hook_resid_post",
+                  "tokens": {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 32}}
+        dense = c.wait(c.submit("EXTRACT", dict(source, mode="DENSE", valueDtype="FLOAT32")).id)
+        self.assertEqual(dense.state, jobs_pb2.SUCCEEDED, dense.message)
+        train = {"sae": {"architecture": "TOPK", "dSae": 256, "k": 8},
+                 "optimizer": {"name": "adam", "lr": 1e-3}, "batchSize": 64, "epochs": 2,
+                 "seed": 5, "checkpointEvery": 10, "telemetryEvery": 8}
+        stored = c.wait(c.submit("TRAIN", dict(
+            train, datasetId=str(dense.result.extract.dataset_id), artifactName="stored")).id)
+        live = c.wait(c.submit("TRAIN", dict(train, activations=source,
+                                             artifactName="live")).id)
+        for job in (stored, live):
+            self.assertEqual(job.state, jobs_pb2.SUCCEEDED, job.message)
+            self.assertEqual(job.result.train.steps, 64)  # 2 epochs of 2048 rows
+        # The same rows in the same order: the same SAE (the forward passes batch the
+        # sequences differently, so equal up to float rounding).
+        weights = [read_safetensors(os.path.join(job.result.train.artifact_path,
+                                                 "sae_weights.safetensors"))
+                   for job in (stored, live)]
+        for name in weights[0]:
+            numpy.testing.assert_allclose(weights[1][name], weights[0][name], rtol=1e-4,
+                                          atol=1e-5, err_msg=name)
+        self.assertAlmostEqual(live.result.train.final_fvu, stored.result.train.final_fvu,
+                               places=4)
+        # No dataset was made for it; the artifact says which model and hook it was trained on.
+        self.assertEqual(len(c.list_datasets()), 1)
+        with open(os.path.join(live.result.train.artifact_path, "cfg.json")) as f:
+            cfg = json.load(f)
+        self.assertEqual(cfg["hook_name"], "blocks.1.hook_resid_post")
+        self.assertEqual(cfg["d_in"], 64)
+
+        # What TRAIN cannot read from a model is refused at submit, naming the field.
+        for spec, field in (
+                (dict(train, activations=dict(source, hookName="blocks.9.hook_resid_post")),
+                 "train.activations.hook_name"),
+                (dict(train, activations=dict(source, sae={"path": inputs})),
+                 "train.activations.sae"),
+                (dict(train, activations=dict(source, moreOutputs=[
+                    {"hookName": "blocks.0.hook_resid_post"}])),
+                 "train.activations.more_outputs"),
+                (dict(train, activations=source, datasetId="1"), "train.activations"),
+                (dict(train, activations=dict(source, tokens={
+                    "path": "/nonexistent/tokens.npy", "contextLength": 32})),
+                 "train.activations.tokens.path")):
+            with self.assertRaises(grpc.RpcError) as refused:
+                c.submit("TRAIN", spec)
+            self.assertIn(refused.exception.code(), (grpc.StatusCode.INVALID_ARGUMENT,
+                                                     grpc.StatusCode.PERMISSION_DENIED))
+            self.assertIn(field, refused.exception.details())
+
 
 if __name__ == "__main__":
     unittest.main()
