@@ -58,7 +58,7 @@ absl::Status ModelRowSource::Read(int64_t row_start, int64_t row_count, float* o
     for (int64_t i = 0; i < count * L; ++i) {
       if (vocab > 0 && ids_[i] >= vocab) {
         return absl::InvalidArgumentError(
-            absl::StrCat("extract.tokens: token id ", ids_[i], " in sequence ",
+            absl::StrCat("train.activations.tokens: token id ", ids_[i], " in sequence ",
                          inputs_.tokens->first_sequence() + seq + i / L, " >= vocab_size ", vocab));
       }
     }

@@ -35,8 +35,8 @@ class ModelRowSource : public DenseRowSource {
   int64_t width() const override;
   std::vector<int64_t> chunk_starts() const override;
   // Runs the model over the sequences holding rows [row_start, row_start + row_count), in
-  // batches of batch_sequences. INVALID_ARGUMENT naming the sequence for a token id outside the
-  // model's vocabulary; INTERNAL for a failed forward pass.
+  // batches of batch_sequences. INVALID_ARGUMENT naming train.activations.tokens and the
+  // sequence for a token id outside the model's vocabulary; INTERNAL for a failed forward pass.
   absl::Status Read(int64_t row_start, int64_t row_count, float* out) override;
 
   const std::string& model_id() const;
