@@ -44,12 +44,17 @@ def rows_before(client, dataset_id, row):
 
 
 class TrainLoop(DaemonTestCase):
-    def test_extract_train_extract_query(self):
+    def inputs_and_daemon(self):
+        """Demo inputs (64 sequences of 32 tokens, an SAE 64 -> 256) and a one-CPU latentd."""
         inputs = os.path.join(self.tmp, "inputs")
         subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), inputs,
                         "--sequences", "64", "--context", "32", "--d_in", "64", "--d_sae", "256",
                         "--k", "8"], check=True, capture_output=True)
         daemon = self.start_daemon(devices="cpu:1", extra_args=["--data_roots=" + self.tmp])
+        return inputs, daemon
+
+    def test_extract_train_extract_query(self):
+        inputs, daemon = self.inputs_and_daemon()
         c = daemon.client()
         tokens = {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 32}
 
@@ -489,11 +494,7 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual(missing.exception.code(), grpc.StatusCode.NOT_FOUND)
 
     def test_training_on_a_models_activations_equals_training_on_their_dataset(self):
-        inputs = os.path.join(self.tmp, "inputs")
-        subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), inputs,
-                        "--sequences", "64", "--context", "32", "--d_in", "64", "--d_sae", "256",
-                        "--k", "8"], check=True, capture_output=True)
-        daemon = self.start_daemon(devices="cpu:1", extra_args=["--data_roots=" + self.tmp])
+        inputs, daemon = self.inputs_and_daemon()
         c = daemon.client()
         source = {"model": MODEL, "hookName": "blocks.1.hook_resid_post",
                   "tokens": {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 32}}
