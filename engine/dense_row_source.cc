@@ -14,10 +14,14 @@ InMemoryDenseRowSource::InMemoryDenseRowSource(std::vector<float> values, int64_
       chunk_rows_(std::max<int64_t>(chunk_rows, 1)),
       num_rows_(width > 0 ? static_cast<int64_t>(values_.size()) / width : 0) {}
 
-std::vector<int64_t> InMemoryDenseRowSource::chunk_starts() const {
+std::vector<int64_t> EvenChunkStarts(int64_t num_rows, int64_t chunk_rows) {
   std::vector<int64_t> starts;
-  for (int64_t row = 0; row < num_rows_; row += chunk_rows_) starts.push_back(row);
+  for (int64_t row = 0; row < num_rows; row += chunk_rows) starts.push_back(row);
   return starts;
+}
+
+std::vector<int64_t> InMemoryDenseRowSource::chunk_starts() const {
+  return EvenChunkStarts(num_rows_, chunk_rows_);
 }
 
 absl::Status InMemoryDenseRowSource::Read(int64_t row_start, int64_t row_count, float* out) {

@@ -28,6 +28,10 @@ class DenseRowSource {
   virtual absl::Status Read(int64_t row_start, int64_t row_count, float* out) = 0;
 };
 
+// Chunks of `chunk_rows` rows each (the last may be shorter): 0, chunk_rows, 2 * chunk_rows, ...
+// below num_rows; what chunk_starts() returns for sources cut at a fixed stride.
+std::vector<int64_t> EvenChunkStarts(int64_t num_rows, int64_t chunk_rows);
+
 // Rows held in memory, split into chunks of `chunk_rows` (the last may be shorter).
 class InMemoryDenseRowSource : public DenseRowSource {
  public:

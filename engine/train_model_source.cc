@@ -32,9 +32,7 @@ int64_t ModelRowSource::width() const { return inputs_.model->hook_width(); }
 const std::string& ModelRowSource::model_id() const { return inputs_.model->model_id(); }
 
 std::vector<int64_t> ModelRowSource::chunk_starts() const {
-  std::vector<int64_t> starts;
-  for (int64_t row = 0; row < num_rows(); row += chunk_rows_) starts.push_back(row);
-  return starts;
+  return EvenChunkStarts(num_rows(), chunk_rows_);
 }
 
 absl::Status ModelRowSource::Read(int64_t row_start, int64_t row_count, float* out) {
@@ -66,10 +64,14 @@ absl::Status ModelRowSource::Read(int64_t row_start, int64_t row_count, float* o
       torch::NoGradGuard no_grad;
       const at::Tensor hidden = inputs_.model->Forward(
           torch::from_blob(ids_.data(), {count, L}, torch::kInt64).to(device));
-      const at::Tensor rows = hidden.reshape({count * L, w}).to(at::kCPU, at::kFloat).contiguous();
       const int64_t first = std::max(row, seq * L);
       const int64_t last = std::min(row_end, (seq + count) * L);
-      std::memcpy(out + (first - row_start) * w, rows.data_ptr<float>() + (first - seq * L) * w,
+      // Only the requested rows leave the device.
+      const at::Tensor rows = hidden.reshape({count * L, w})
+                                  .narrow(0, first - seq * L, last - first)
+                                  .to(at::kCPU, at::kFloat)
+                                  .contiguous();
+      std::memcpy(out + (first - row_start) * w, rows.data_ptr<float>(),
                   sizeof(float) * (last - first) * w);
       row = last;
     } catch (const c10::Error& e) {

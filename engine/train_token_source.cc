@@ -31,9 +31,7 @@ absl::StatusOr<std::unique_ptr<TokenRowSource>> TokenRowSource::Open(
 }
 
 std::vector<int64_t> TokenRowSource::chunk_starts() const {
-  std::vector<int64_t> starts;
-  for (int64_t s = 0; s < num_rows(); s += kSequencesPerChunk) starts.push_back(s);
-  return starts;
+  return EvenChunkStarts(num_rows(), kSequencesPerChunk);
 }
 
 absl::Status TokenRowSource::Read(int64_t row_start, int64_t row_count, float* out) {
