@@ -4,10 +4,12 @@ the dataset's bytes on disk, and how far the two SAEs are apart.
 
     bazel build -c opt //server:latentd //client:latentctl //proto:api_py
     PYTHONPATH=bazel-bin/proto/py:client/python:tests/e2e /usr/bin/python3 \\
-        bench/train_activations_bench.py [--sequences 2048] [--epochs 1]
+        bench/train_activations_bench.py [--sequences 2048] [--epochs 1] [--devices 1]
 
 The model is the X1 reference transformer (shared/notes/workloads.md: d_model 256, 4 layers,
-context 128), hook blocks.2.hook_resid_post; the SAE TopK d_sae 4096, k 32, adam.
+context 128), hook blocks.2.hook_resid_post; the SAE TopK d_sae 4096, k 32, adam. With
+--devices n every job holds n CPU devices (ranks), and the live job's log says how many
+sequences the model ran over on them.
 """
 
 import argparse
@@ -37,9 +39,9 @@ def weights(path):
             for k, v in header.items() if k != "__metadata__"}
 
 
-def timed(client, kind, spec):
+def timed(client, kind, spec, devices):
     start = time.time()
-    job = client.wait(client.submit(kind, spec).id)
+    job = client.wait(client.submit(kind, spec, num_devices=devices).id)
     if job.state != jobs_pb2.SUCCEEDED:
         sys.exit("%s failed: %s" % (kind, job.message))
     return job, time.time() - start
@@ -49,12 +51,13 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--sequences", type=int, default=2048)
     parser.add_argument("--epochs", type=float, default=1)
+    parser.add_argument("--devices", type=int, default=1)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), tmp,
                         "--sequences", str(args.sequences), "--context", "128"],
                        check=True, capture_output=True)
-        daemon = Daemon(os.path.join(tmp, "d"), devices="cpu:1",
+        daemon = Daemon(os.path.join(tmp, "d"), devices="cpu:%d" % args.devices,
                         extra_args=["--data_roots=" + tmp]).start()
         try:
             c = daemon.client()
@@ -65,10 +68,14 @@ def main():
                      "epochs": args.epochs, "seed": 1, "checkpointEvery": 1000,
                      "telemetryEvery": 1000}
             dense, extract_s = timed(c, "EXTRACT", dict(source, mode="DENSE",
-                                                        valueDtype="FLOAT32"))
+                                                        valueDtype="FLOAT32"),
+                                     args.devices)
             dataset = dense.result.extract.dataset_id
-            stored, stored_s = timed(c, "TRAIN", dict(train, datasetId=str(dataset)))
-            live, live_s = timed(c, "TRAIN", dict(train, activations=source))
+            stored, stored_s = timed(c, "TRAIN", dict(train, datasetId=str(dataset)),
+                                     args.devices)
+            live, live_s = timed(c, "TRAIN", dict(train, activations=source), args.devices)
+            ran = [e.log.text for e in c.watch(live.id)
+                   if e.HasField("log") and "the model ran over" in e.log.text]
             disk = c.get_dataset(dataset).bytes_on_disk
             a = weights(stored.result.train.artifact_path)
             b = weights(live.result.train.artifact_path)
@@ -76,11 +83,13 @@ def main():
         finally:
             daemon.stop()
     rows = args.sequences * 128
-    print("rows %d, epochs %g, steps %d" % (rows, args.epochs, stored.result.train.steps))
+    print("rows %d, epochs %g, steps %d, %d device(s)"
+          % (rows, args.epochs, stored.result.train.steps, args.devices))
     print("stored: EXTRACT DENSE %.1f s + TRAIN %.1f s = %.1f s, dataset %.1f MB on disk"
           % (extract_s, stored_s, extract_s + stored_s, disk / 1e6))
     print("live:   TRAIN on activations %.1f s, 0 MB on disk (%.2fx the stored path's wall)"
           % (live_s, live_s / (extract_s + stored_s)))
+    print("live:   %s" % (ran[0] if ran else "(no count in the log)"))
     print("final FVU stored %.5f, live %.5f; largest weight difference %.2g"
           % (stored.result.train.final_fvu, live.result.train.final_fvu, diff))
 

@@ -102,6 +102,21 @@ class ProcessGroupSync : public GradientSync {
     return absl::OkStatus();
   }
 
+  absl::Status AllGather(const torch::Tensor& local,
+                         std::vector<torch::Tensor>* gathered) override {
+    try {
+      std::vector<torch::Tensor> input = {local.contiguous()};
+      std::vector<std::vector<torch::Tensor>> output(1);
+      for (int r = 0; r < world_size_; ++r) output[0].push_back(torch::empty_like(input[0]));
+      group_->allgather(output, input)->wait();
+      *gathered = std::move(output[0]);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("all-gather across ", world_size_, " ranks: ", e.what()));
+    }
+    return absl::OkStatus();
+  }
+
  private:
   c10::intrusive_ptr<CollectiveGroup> group_;
   int rank_;

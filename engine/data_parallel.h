@@ -33,6 +33,10 @@ class GradientSync {
   // Replaces `bytes` on every rank by rank 0's, sent as a byte tensor on `device` (the rank's
   // training device: NCCL sends only CUDA tensors). Every rank must call it.
   virtual absl::Status BroadcastBytes(std::string* bytes, c10::Device device) = 0;
+  // Sets `gathered` to every rank's `local`, in rank order (this rank's included). Every rank
+  // must call it with a contiguous tensor of the same shape and dtype, on its training device.
+  virtual absl::Status AllGather(const torch::Tensor& local,
+                                 std::vector<torch::Tensor>* gathered) = 0;
 };
 
 // World of one: AllReduceSum is a no-op.
@@ -42,6 +46,11 @@ class SingleProcessSync : public GradientSync {
   int world_size() const override { return 1; }
   absl::Status AllReduceSum(const std::vector<torch::Tensor>&) override { return absl::OkStatus(); }
   absl::Status BroadcastBytes(std::string*, c10::Device) override { return absl::OkStatus(); }
+  absl::Status AllGather(const torch::Tensor& local,
+                         std::vector<torch::Tensor>* gathered) override {
+    *gathered = {local};
+    return absl::OkStatus();
+  }
 };
 
 // Backend of a process group.

@@ -66,6 +66,12 @@ TEST(DataParallelTest, RanksMeetThroughATcpStoreAndBroadcast) {
     std::string empty = r == 0 ? "" : "stale";
     ASSERT_TRUE((*sync)->BroadcastBytes(&empty, c10::kCPU).ok());
     EXPECT_EQ(empty, "");
+    std::vector<torch::Tensor> gathered;
+    ASSERT_TRUE((*sync)->AllGather(torch::full({3}, 10.0f + r), &gathered).ok());
+    ASSERT_EQ(gathered.size(), 2u);
+    for (int from = 0; from < 2; ++from) {
+      EXPECT_TRUE(gathered[from].equal(torch::full({3}, 10.0f + from))) << r << " " << from;
+    }
   };
   std::thread t1(rank, 1);
   std::thread t0(rank, 0);

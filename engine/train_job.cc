@@ -350,7 +350,7 @@ uint64_t StableHash(absl::string_view bytes) {
 // this node's own things (its dataset id, paths, job ids, rank offset, address), and the first
 // rows of the shuffled stream (the same dataset, not merely the same shape).
 absl::StatusOr<std::string> RunAgreement(const TrainPlan& plan, const latentd::v1::TrainSpec& spec,
-                                         bool cuda, ShuffledRowStream* stream) {
+                                         bool cuda, DenseRowSource* source) {
   latentd::v1::TrainSpec common = spec;
   common.clear_dataset_id();
   common.clear_torchscript_path();
@@ -370,13 +370,19 @@ absl::StatusOr<std::string> RunAgreement(const TrainPlan& plan, const latentd::v
   rendezvous->clear_address();
   rendezvous->clear_rank_offset();
   rendezvous->clear_node_address();
+  // Read from the source, not the stream: a stream would keep the window, and a stream over a
+  // source shared by the ranks must load its windows in step with theirs.
   const int64_t probe_rows = std::min<int64_t>(64, plan.record.rows_committed);
   std::vector<float> rows(probe_rows * plan.width);
-  RETURN_IF_ERROR(stream->Read(0, probe_rows, rows.data()));
+  RETURN_IF_ERROR(source->Read(0, probe_rows, rows.data()));
+  const std::vector<int64_t> chunk_starts = source->chunk_starts();
   return absl::StrFormat(
-      "%s devices, %d rows of width %d, %d parameters, spec %016x, first rows %016x",
-      cuda ? "CUDA" : "CPU", plan.record.rows_committed, plan.width, plan.num_params,
-      StableHash(common.SerializeAsString()),
+      "%s devices, %d rows of width %d in chunks %016x, %d parameters, spec %016x, first rows "
+      "%016x",
+      cuda ? "CUDA" : "CPU", plan.record.rows_committed, plan.width,
+      StableHash(absl::string_view(reinterpret_cast<const char*>(chunk_starts.data()),
+                                   chunk_starts.size() * sizeof(int64_t))),
+      plan.num_params, StableHash(common.SerializeAsString()),
       StableHash(absl::string_view(reinterpret_cast<const char*>(rows.data()),
                                    rows.size() * sizeof(float))));
 }
@@ -419,6 +425,8 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> JoinRendezvous(
 // One data-parallel rank's objects.
 struct Rank {
   std::unique_ptr<DenseRowSource> source;
+  // `source` when it runs a model (training on activations): the ranks share its forward passes.
+  ModelRowSource* model_source = nullptr;
   std::unique_ptr<ShuffledRowStream> stream;
   std::unique_ptr<TrainableModel> model;
   std::unique_ptr<TrainOptimizer> optimizer;
@@ -516,6 +524,7 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
                                          storage::ChunkStoreOptions().chunk_rows);
       if (!source.ok()) return InActivationsField(source.status());
       if (r == 0) model_id = (*source)->model_id();
+      ranks[r].model_source = source->get();
       ranks[r].source = *std::move(source);
     } else {
       ASSIGN_OR_RETURN(ranks[r].source, StoreDenseRowSource::Open(env.store, spec.dataset_id()));
@@ -561,6 +570,7 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
     options.init_rows = std::min<int64_t>(4096, plan.record.rows_committed);
     options.local_leader_rank = rank_offset;
     options.share_start_state = several_nodes;
+    options.collective_reads = ranks[r].model_source != nullptr;
     return options;
   };
   if (world == 1) {
@@ -577,7 +587,7 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
     if (several_nodes) {
       ASSIGN_OR_RETURN(group.gloo_hostname, NodeAddress(spec.rendezvous()));
       group.timeout_seconds = RendezvousTimeoutSeconds(spec.rendezvous());
-      ASSIGN_OR_RETURN(agreement, RunAgreement(plan, spec, cuda, ranks[0].stream.get()));
+      ASSIGN_OR_RETURN(agreement, RunAgreement(plan, spec, cuda, ranks[0].source.get()));
       context->Log(
           latentd::v1::LogLine::INFO,
           absl::StrCat("joining ", world, " ranks as ", rank_offset, "..",
@@ -604,6 +614,7 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
             ranks[r].result = sync.status();
             return;
           }
+          if (ranks[r].model_source != nullptr) ranks[r].model_source->ShareWork(sync->get());
           ranks[r].result =
               RunTrainLoop(loop_options(r), ranks[r].model.get(), ranks[r].optimizer.get(),
                            ranks[r].stream.get(), plan.width, sync->get(), &checkpoints,
@@ -615,12 +626,28 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
       });
     }
     for (auto& t : threads) t.join();
+    // The first rank that failed on its own says why; a rank that stopped because a peer failed
+    // (ABORTED) only that it did.
+    for (int r = 0; r < local_ranks; ++r) {
+      if (!ranks[r].result.ok() && !absl::IsAborted(ranks[r].result.status())) {
+        return ranks[r].result.status();
+      }
+    }
     for (int r = 1; r < local_ranks; ++r) {
       if (ranks[0].result.ok() && !ranks[r].result.ok()) return ranks[r].result.status();
     }
   }
   if (!ranks[0].result.ok()) return ranks[0].result.status();
   const TrainLoopResult& loop = *ranks[0].result;
+  if (plan.activations) {
+    // What the activations cost: ranks share the forward passes, so this is the sequences read
+    // (a window reread after a resume counts again), not that times the ranks.
+    int64_t sequences = 0;
+    for (const Rank& rank : ranks) sequences += rank.model_source->sequences_computed();
+    context->Log(latentd::v1::LogLine::INFO,
+                 absl::StrCat("the model ran over ", sequences, " sequences on this node's ",
+                              local_ranks, local_ranks == 1 ? " rank" : " ranks"));
+  }
 
   ASSIGN_OR_RETURN(const std::string name, ClaimArtifactName(spec, env, context));
   const std::string dir = (std::filesystem::path(env.artifact_dir) / name).string();

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -145,6 +146,7 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
   const int64_t slice_begin = global_batch * rank / world;
   const int64_t slice_end = global_batch * (rank + 1) / world;
   const int64_t slice_rows = slice_end - slice_begin;
+  const bool collective_reads = options.collective_reads && world > 1;
   const double slice_weight = static_cast<double>(slice_rows) / static_cast<double>(global_batch);
 
   std::vector<torch::Tensor> params = model->parameters();
@@ -174,12 +176,22 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
       }
     }
   }
-  if (restores && start == 0) {
+  if (collective_reads && options.share_start_state) {
+    // Whether rank 0 starts afresh decides whether every rank reads the initialisation rows.
+    std::string start_text = rank == 0 ? absl::StrCat(start) : "";
+    RETURN_IF_ERROR(sync->BroadcastBytes(&start_text, options.device));
+    if (!absl::SimpleAtoi(start_text, &start)) {
+      return absl::InternalError(absl::StrCat("rank 0 sent start step \"", start_text, "\""));
+    }
+  }
+  if ((restores || collective_reads) && start == 0) {
     const int64_t init_rows = std::max<int64_t>(1, options.init_rows);
     std::vector<float> rows(init_rows * width);
     RETURN_IF_ERROR(stream->Read(0, init_rows, rows.data()));
-    model->InitFromData(
-        torch::from_blob(rows.data(), {init_rows, width}, torch::kFloat32).to(options.device));
+    if (restores) {
+      model->InitFromData(
+          torch::from_blob(rows.data(), {init_rows, width}, torch::kFloat32).to(options.device));
+    }
   }
   if (options.share_start_state && world > 1) {
     std::string state;
@@ -213,7 +225,9 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
     return checkpoints->Commit({steps_done, std::move(blob)});
   };
 
-  std::vector<float> host_batch(slice_rows * width);
+  // With collective reads the whole global batch is read and this rank's slice used.
+  std::vector<float> host_batch((collective_reads ? global_batch : slice_rows) * width);
+  float* const slice_data = host_batch.data() + (collective_reads ? slice_begin * width : 0);
   double window_seconds = 0;
   int64_t window_steps = 0;
   double last_loss = 0, last_fvu = 0, last_l0 = 0, last_aux_k = 0;
@@ -224,9 +238,13 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
     const absl::Time step_start = absl::Now();
     const double lr = LrAt(options.lr, step);
     optimizer->SetLr(lr);
-    RETURN_IF_ERROR(stream->Read(step * global_batch + slice_begin, slice_rows, host_batch.data()));
-    torch::Tensor batch = torch::from_blob(host_batch.data(), {slice_rows, width}, torch::kFloat32)
-                              .to(options.device);
+    if (collective_reads) {
+      RETURN_IF_ERROR(stream->Read(step * global_batch, global_batch, host_batch.data()));
+    } else {
+      RETURN_IF_ERROR(stream->Read(step * global_batch + slice_begin, slice_rows, slice_data));
+    }
+    torch::Tensor batch =
+        torch::from_blob(slice_data, {slice_rows, width}, torch::kFloat32).to(options.device);
     for (auto& p : params) {
       if (p.grad().defined()) p.mutable_grad().zero_();
     }
@@ -310,8 +328,15 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
     const bool last = done == options.total_steps;
     if (last && model->wants_calibration()) {
       const int64_t batches = std::max<int64_t>(1, options.init_rows / slice_rows);
-      std::vector<float> rows(batches * slice_rows * width);
-      RETURN_IF_ERROR(stream->Read(0, batches * slice_rows, rows.data()));
+      // With collective reads every rank reads as many rows as the rank that needs most.
+      int64_t read_rows = batches * slice_rows;
+      for (int r = 0; collective_reads && r < world; ++r) {
+        const int64_t r_slice = global_batch * (r + 1) / world - global_batch * r / world;
+        read_rows =
+            std::max(read_rows, std::max<int64_t>(1, options.init_rows / r_slice) * r_slice);
+      }
+      std::vector<float> rows(read_rows * width);
+      RETURN_IF_ERROR(stream->Read(0, read_rows, rows.data()));
       const torch::Tensor all =
           torch::from_blob(rows.data(), {batches * slice_rows, width}, torch::kFloat32)
               .to(options.device);

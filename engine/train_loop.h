@@ -91,6 +91,11 @@ struct TrainLoopOptions {
   // then broadcasts that state and every other rank restores it. Without it each rank restores
   // or initialises its own, which is exact only when the ranks share a store and a machine.
   bool share_start_state = false;
+  // Every rank makes the same stream reads in the same order (the whole global batch at each
+  // step, then its slice of it; the same rows for initialisation and calibration): needed when
+  // the rows are computed by the ranks together (a ModelRowSource sharing its work), whose reads
+  // are collectives. Default false: each rank reads only its own slice.
+  bool collective_reads = false;
   // Tests: stop (as a kill would) once this step is done, without a final checkpoint. -1: never.
   int64_t crash_after_step = -1;
 };

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/train_models.h"
 
 namespace latentd::engine {
@@ -58,7 +59,7 @@ TrainLoopOptions Loop(int64_t steps) {
 
 // One fresh run (model, optimizer, stream) against `checkpoints`.
 struct Trainer {
-  explicit Trainer(InMemoryDenseRowSource* source, OptimizerConfig config = Adam(),
+  explicit Trainer(DenseRowSource* source, OptimizerConfig config = Adam(),
                    SaeModelOptions sae = Sae())
       : model(sae, c10::kCPU),
         optimizer(*MakeOptimizer(config, model.parameters())),
@@ -402,6 +403,123 @@ TEST(TrainLoopTest, RanksOnSeveralNodesResumeFromRankZerosCheckpoint) {
   ASSERT_TRUE(TrainTwoNodes(&resumed0, &resumed1, stores, 30, true).ok());
   EXPECT_TRUE(SameParameters(resumed0, resumed1));
   EXPECT_TRUE(SameParameters(resumed0, uninterrupted0));
+}
+
+// Rows whose reads are collectives, as a ModelRowSource's when the ranks share its work: every
+// rank must read the same rows at the same time. A read that differs from a peer's fails here
+// (a real one would pair with another collective and hang or garble).
+class LockstepRowSource : public DenseRowSource {
+ public:
+  explicit LockstepRowSource(DenseRowSource* rows) : rows_(rows) {}
+  void Join(GradientSync* sync) { sync_ = sync; }
+  int64_t reads() const { return reads_; }
+
+  int64_t num_rows() const override { return rows_->num_rows(); }
+  int64_t width() const override { return rows_->width(); }
+  std::vector<int64_t> chunk_starts() const override { return rows_->chunk_starts(); }
+  absl::Status Read(int64_t row_start, int64_t row_count, float* out) override {
+    if (sync_ != nullptr) {
+      std::vector<torch::Tensor> all;
+      RETURN_IF_ERROR(sync_->AllGather(torch::tensor({row_start, row_count}), &all));
+      for (const auto& peer : all) {
+        if (!torch::equal(peer, all[0])) {
+          return absl::FailedPreconditionError(absl::StrCat("rank ", sync_->rank(), " read rows ",
+                                                            row_start, "+", row_count,
+                                                            " while a peer read others"));
+        }
+      }
+      ++reads_;
+    }
+    return rows_->Read(row_start, row_count, out);
+  }
+
+ private:
+  DenseRowSource* rows_;
+  GradientSync* sync_ = nullptr;
+  int64_t reads_ = 0;
+};
+
+// Two ranks over lockstep sources: one node (a shared checkpoint store) or two (share_start_state,
+// a store each). Batches of 21 rows give the ranks slices of 10 and 11, so that their
+// calibration rows (as many whole slices as fit in 260) span three windows of 128 rows on
+// rank 0 and two on rank 1 unless every rank reads as many as the one that needs most.
+TrainLoopOptions LockstepLoop(int64_t steps) {
+  TrainLoopOptions options = Loop(steps);
+  options.batch_size = 21;
+  options.init_rows = 260;
+  return options;
+}
+
+absl::Status TrainLockstep(Trainer* rank0, Trainer* rank1, LockstepRowSource* sources[2],
+                           InMemoryCheckpointStore stores[2], bool two_nodes, int64_t steps,
+                           int64_t crash_after_step = -1) {
+  auto store = NewInProcessStore();
+  absl::Status status[2];
+  auto train = [&](Trainer* run, int rank) {
+    auto sync = JoinProcessGroup(store, {.rank = rank, .world_size = 2, .timeout_seconds = 30});
+    if (!sync.ok()) {
+      status[rank] = sync.status();
+      return;
+    }
+    sources[rank]->Join(sync->get());
+    TrainLoopOptions options = LockstepLoop(steps);
+    options.collective_reads = true;
+    options.local_leader_rank = two_nodes ? rank : 0;
+    options.share_start_state = two_nodes;
+    options.crash_after_step = crash_after_step;
+    status[rank] = run->Go(options, two_nodes ? &stores[rank] : &stores[0], sync->get()).status();
+  };
+  std::thread t0(train, rank0, 0);
+  std::thread t1(train, rank1, 1);
+  t0.join();
+  t1.join();
+  return status[0].ok() ? status[1] : status[0];
+}
+
+// With collective_reads every rank reads the same rows at the same time (to initialise, at
+// every step, to calibrate BatchTopK's threshold at the end; one node or several; fresh or
+// resumed) and the ranks train what ranks reading only their slices train.
+TEST(TrainLoopTest, CollectiveReadsKeepTheRanksInStep) {
+  InMemoryDenseRowSource rows(DictionaryRows(1024, 6), kWidth, 64);
+  Trainer expected0(&rows, Adam(), BatchTopKSae()), expected1(&rows, Adam(), BatchTopKSae());
+  {
+    auto store = NewInProcessStore();
+    absl::Status status[2];
+    auto train = [&](Trainer* run, int rank) {
+      auto sync = JoinProcessGroup(store, {.rank = rank, .world_size = 2});
+      const TrainLoopOptions options = LockstepLoop(30);
+      status[rank] = sync.ok() ? run->Go(options, nullptr, sync->get()).status() : sync.status();
+    };
+    std::thread t0(train, &expected0, 0);
+    std::thread t1(train, &expected1, 1);
+    t0.join();
+    t1.join();
+    ASSERT_TRUE(status[0].ok() && status[1].ok()) << status[0] << " " << status[1];
+  }
+  for (const bool two_nodes : {false, true}) {
+    LockstepRowSource lockstep0(&rows), lockstep1(&rows);
+    LockstepRowSource* sources[2] = {&lockstep0, &lockstep1};
+    InMemoryCheckpointStore stores[2];
+    {
+      // Crashes after step 25; the newest checkpoint is step 20's.
+      Trainer first0(&lockstep0, Adam(), BatchTopKSae()),
+          first1(&lockstep1, Adam(), BatchTopKSae());
+      const absl::Status crashed =
+          TrainLockstep(&first0, &first1, sources, stores, two_nodes, 30, 25);
+      EXPECT_TRUE(absl::IsAborted(crashed)) << crashed;
+    }
+    Trainer resumed0(&lockstep0, Adam(), BatchTopKSae()),
+        resumed1(&lockstep1, Adam(), BatchTopKSae());
+    const absl::Status resumed =
+        TrainLockstep(&resumed0, &resumed1, sources, stores, two_nodes, 30);
+    ASSERT_TRUE(resumed.ok()) << "two nodes " << two_nodes << ": " << resumed;
+    EXPECT_GT(lockstep0.reads(), 0);
+    EXPECT_EQ(lockstep0.reads(), lockstep1.reads());
+    EXPECT_TRUE(SameParameters(resumed0, expected0)) << "two nodes " << two_nodes;
+    EXPECT_TRUE(SameParameters(resumed1, expected0)) << "two nodes " << two_nodes;
+    EXPECT_EQ(resumed0.model.sae()->batch_threshold.item<float>(),
+              expected0.model.sae()->batch_threshold.item<float>());
+  }
 }
 
 }  // namespace

@@ -3,6 +3,10 @@
 // without a DENSE dataset on disk. Row r is position r % L of sequence r / L of the token shard,
 // as in the dataset an EXTRACT job of the same spec would write, and chunks are cut where that
 // dataset's are (every chunk_rows rows), so the trainer visits the rows in the same order.
+//
+// Data-parallel ranks that each hold such a source can share the forward passes (ShareWork):
+// every rank then runs the model over its own part of the sequences a Read covers and the parts
+// are all-gathered, so n ranks do the model's work once instead of n times.
 // Torch-free header; not thread-safe (one source per rank).
 #ifndef LATENTD_ENGINE_TRAIN_MODEL_SOURCE_H_
 #define LATENTD_ENGINE_TRAIN_MODEL_SOURCE_H_
@@ -21,6 +25,8 @@
 
 namespace latentd::engine {
 
+class GradientSync;
+
 class ModelRowSource : public DenseRowSource {
  public:
   // `spec`: model, hook_name, tokens (and batch_sequences) of a DENSE extraction; errors name
@@ -37,7 +43,17 @@ class ModelRowSource : public DenseRowSource {
   // Runs the model over the sequences holding rows [row_start, row_start + row_count), in
   // batches of batch_sequences. INVALID_ARGUMENT naming train.activations.tokens and the
   // sequence for a token id outside the model's vocabulary; INTERNAL for a failed forward pass.
+  // When shared, a collective: every rank of the group must make the same calls in the same
+  // order; a rank that fails still takes part, and the others then fail too, naming it.
   absl::Status Read(int64_t row_start, int64_t row_count, float* out) override;
+
+  // From now on, Read splits its sequences over the ranks of `sync` (null or a world of one:
+  // each Read runs them all here). `sync` must outlive the reads; its world's ranks must all
+  // share sources opened from the same spec.
+  void ShareWork(GradientSync* sync);
+
+  // Sequences this source has run through the model so far.
+  int64_t sequences_computed() const { return sequences_computed_; }
 
   const std::string& model_id() const;
 
@@ -47,6 +63,8 @@ class ModelRowSource : public DenseRowSource {
   ExtractInputs inputs_;
   DeviceRef device_;
   int64_t chunk_rows_;
+  GradientSync* sync_ = nullptr;
+  int64_t sequences_computed_ = 0;
   std::vector<int64_t> ids_;
 };
 

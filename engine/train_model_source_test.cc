@@ -6,8 +6,10 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <thread>
 
 #include "engine/activation_model.h"
+#include "engine/data_parallel.h"
 #include "engine/token_source.h"
 
 namespace latentd::engine {
@@ -94,6 +96,86 @@ TEST(ModelRowSourceTest, BadSpecsNameTheField) {
   const absl::Status read = (*source)->Read(0, 80, rows.data());
   EXPECT_TRUE(absl::IsInvalidArgument(read)) << read;
   EXPECT_NE(read.message().find(">= vocab_size 100"), std::string::npos) << read;
+}
+
+// Runs `body(rank, sync)` on `world` threads joined in one Gloo group.
+void OnRanks(int world, const std::function<void(int, GradientSync*)>& body) {
+  auto store = NewInProcessStore();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      auto sync = JoinProcessGroup(store, {.rank = r, .world_size = world});
+      ASSERT_TRUE(sync.ok()) << sync.status();
+      body(r, sync->get());
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// Ranks sharing their sources read what one source alone reads, and between them run each
+// sequence through the model once.
+TEST(ModelRowSourceTest, RanksShareTheForwardPasses) {
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  const latentd::v1::ExtractSpec spec = Spec(dir);
+  const std::vector<std::pair<int64_t, int64_t>> reads = {{0, 80}, {12, 12}, {5, 30}, {79, 1}};
+  auto solo = ModelRowSource::Open(spec, Env(dir), DeviceRef{}, 12);
+  ASSERT_TRUE(solo.ok()) << solo.status();
+  std::vector<std::vector<float>> expected;
+  for (auto [start, count] : reads) {
+    expected.emplace_back(count * 16);
+    ASSERT_TRUE((*solo)->Read(start, count, expected.back().data()).ok());
+  }
+  for (const int world : {2, 3}) {
+    std::vector<int64_t> computed(world);
+    OnRanks(world, [&](int rank, GradientSync* sync) {
+      auto source = ModelRowSource::Open(spec, Env(dir), DeviceRef{}, 12);
+      ASSERT_TRUE(source.ok()) << source.status();
+      (*source)->ShareWork(sync);
+      for (size_t i = 0; i < reads.size(); ++i) {
+        const auto [start, count] = reads[i];
+        std::vector<float> rows(count * 16);
+        ASSERT_TRUE((*source)->Read(start, count, rows.data()).ok()) << rank << " " << start;
+        const at::Tensor got = torch::from_blob(rows.data(), {count, 16}, torch::kFloat32);
+        const at::Tensor want = torch::from_blob(expected[i].data(), {count, 16}, torch::kFloat32);
+        EXPECT_TRUE(torch::allclose(got, want, 1e-5, 1e-6))
+            << "world " << world << " rank " << rank << " rows " << start << "+" << count;
+      }
+      computed[rank] = (*source)->sequences_computed();
+    });
+    int64_t total = 0;
+    for (int64_t c : computed) total += c;
+    EXPECT_EQ(total, (*solo)->sequences_computed()) << "world " << world;
+    for (int64_t c : computed) EXPECT_LT(c, (*solo)->sequences_computed()) << "world " << world;
+  }
+}
+
+// A rank that fails still joins the gather: the others stop too, naming it, instead of waiting.
+TEST(ModelRowSourceTest, ARankThatFailsStopsTheOthers) {
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  latentd::v1::ExtractSpec spec = Spec(dir);
+  const std::string path = dir + "/one_bad_sequence.bin";
+  {
+    std::ofstream out(path, std::ios::binary);
+    for (int i = 0; i < kSequences * kContext; ++i) {
+      // Sequence 9, which rank 1 runs, holds an id outside the vocabulary.
+      const uint16_t id = i == 9 * kContext + 3 ? 150 : static_cast<uint16_t>((i * 37 + 11) % 100);
+      out.write(reinterpret_cast<const char*>(&id), 2);
+    }
+  }
+  spec.mutable_tokens()->set_path(path);
+  spec.mutable_model()->mutable_reference()->set_vocab_size(120);
+  absl::Status read[2];
+  OnRanks(2, [&](int rank, GradientSync* sync) {
+    auto source = ModelRowSource::Open(spec, Env(dir), DeviceRef{}, 12);
+    ASSERT_TRUE(source.ok()) << source.status();
+    (*source)->ShareWork(sync);
+    std::vector<float> rows(80 * 16);
+    read[rank] = (*source)->Read(0, 80, rows.data());
+  });
+  EXPECT_TRUE(absl::IsInvalidArgument(read[1])) << read[1];
+  EXPECT_NE(read[1].message().find("token id 150 in sequence 9"), std::string::npos) << read[1];
+  EXPECT_TRUE(absl::IsAborted(read[0])) << read[0];
+  EXPECT_NE(read[0].message().find("rank 1 failed"), std::string::npos) << read[0];
 }
 
 }  // namespace

@@ -520,6 +520,9 @@ class TrainLoop(DaemonTestCase):
                                           atol=1e-5, err_msg=name)
         self.assertAlmostEqual(live.result.train.final_fvu, stored.result.train.final_fvu,
                                places=4)
+        # Each sequence ran through the model once per epoch.
+        log = "\n".join(e.log.text for e in c.watch(live.id) if e.HasField("log"))
+        self.assertIn("the model ran over 128 sequences on this node's 1 rank", log)
         # No dataset was made for it; the artifact says which model and hook it was trained on.
         self.assertEqual(len(c.list_datasets()), 1)
         with open(os.path.join(live.result.train.artifact_path, "cfg.json")) as f:
@@ -545,6 +548,42 @@ class TrainLoop(DaemonTestCase):
             self.assertIn(refused.exception.code(), (grpc.StatusCode.INVALID_ARGUMENT,
                                                      grpc.StatusCode.PERMISSION_DENIED))
             self.assertIn(field, refused.exception.details())
+
+    def test_ranks_share_the_models_forward_passes(self):
+        """Two devices training on a model's activations run each sequence through the model
+        once between them, and train what they train on the stored activations."""
+        inputs = os.path.join(self.tmp, "inputs")
+        subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), inputs,
+                        "--sequences", "64", "--context", "32", "--d_in", "64", "--d_sae", "256",
+                        "--k", "8"], check=True, capture_output=True)
+        daemon = self.start_daemon(devices="cpu:2", extra_args=["--data_roots=" + self.tmp])
+        c = daemon.client()
+        source = {"model": MODEL, "hookName": "blocks.1.hook_resid_post",
+                  "tokens": {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 32}}
+        dense = c.wait(c.submit("EXTRACT", dict(source, mode="DENSE", valueDtype="FLOAT32")).id)
+        self.assertEqual(dense.state, jobs_pb2.SUCCEEDED, dense.message)
+        # BatchTopK: its threshold is calibrated on rows every rank reads at the end.
+        train = {"sae": {"architecture": "BATCHTOPK", "dSae": 256, "k": 8},
+                 "optimizer": {"name": "adam", "lr": 1e-3}, "batchSize": 63, "steps": 40,
+                 "seed": 5, "checkpointEvery": 10, "telemetryEvery": 8}
+        stored = c.wait(c.submit("TRAIN", dict(
+            train, datasetId=str(dense.result.extract.dataset_id), artifactName="stored"),
+            num_devices=2).id)
+        live = c.wait(c.submit("TRAIN", dict(train, activations=source, artifactName="live"),
+                               num_devices=2).id)
+        for job in (stored, live):
+            self.assertEqual(job.state, jobs_pb2.SUCCEEDED, job.message)
+        weights = [read_safetensors(os.path.join(job.result.train.artifact_path,
+                                                 "sae_weights.safetensors"))
+                   for job in (stored, live)]
+        for name in weights[0]:
+            numpy.testing.assert_allclose(weights[1][name], weights[0][name], rtol=1e-4,
+                                          atol=1e-5, err_msg=name)
+        # 40 x 63 rows reach into the second pass over the 2048 rows (one window), and the
+        # calibration reads the first pass's window again: 3 x 64 sequences between the two
+        # ranks, where ranks each computing every row would run 6 x 64.
+        log = "\n".join(e.log.text for e in c.watch(live.id) if e.HasField("log"))
+        self.assertIn("the model ran over 192 sequences on this node's 2 ranks", log)
 
 
 if __name__ == "__main__":
