@@ -113,6 +113,42 @@ class TrainNodes(DaemonTestCase):
         self.assertIn("joining 2 ranks as 1..1 through " + address, log)
         self.assertIn("took rank 0's initial state", log)
 
+    def test_nodes_share_the_models_forward_passes(self):
+        """On a model's activations the nodes' ranks split each chunk's sequences between them
+        and gather the rows: each node runs half the model's work, and they train what one
+        daemon with two devices trains."""
+        a, ca = self.node("a")
+        b, cb = self.node("b")
+        solo, csolo = self.node("solo", devices="cpu:2")
+        activations = {"model": MODEL, "hookName": "blocks.1.hook_resid_post",
+                       "tokens": {"path": os.path.join(self.inputs, "tokens.npy"),
+                                  "contextLength": 32}}
+        spec = dict(self.spec(0, activations=activations))
+        del spec["datasetId"]
+        reference = csolo.wait(csolo.submit("TRAIN", spec, num_devices=2).id)
+        self.assertEqual(reference.state, jobs_pb2.SUCCEEDED, reference.message)
+        rendezvous = {"address": "127.0.0.1:%d" % free_port(), "worldSize": 2,
+                      "timeoutSeconds": 60}
+        job_b = cb.submit("TRAIN", dict(spec, rendezvous=dict(rendezvous, rankOffset=1)))
+        job_a = ca.submit("TRAIN", dict(spec, rendezvous=rendezvous))
+        done_a, done_b = ca.wait(job_a.id), cb.wait(job_b.id)
+        self.assertEqual(done_a.state, jobs_pb2.SUCCEEDED, done_a.message)
+        self.assertEqual(done_b.state, jobs_pb2.SUCCEEDED, done_b.message)
+        weights = {name: read_safetensors(os.path.join(job.result.train.artifact_path,
+                                                       "sae_weights.safetensors"))
+                   for name, job in (("a", done_a), ("b", done_b), ("solo", reference))}
+        for name in weights["a"]:
+            numpy.testing.assert_array_equal(weights["a"][name], weights["b"][name], name)
+            numpy.testing.assert_array_equal(weights["a"][name], weights["solo"][name], name)
+        # 24 steps of 32 rows stay in the one window of 32 sequences: 16 a node, plus the 2
+        # that hold the 64 rows each node hashes before the nodes join (to agree on the data).
+        logs = {name: "\n".join(e.log.text for e in client.watch(job.id) if e.HasField("log"))
+                for name, client, job in (("a", ca, done_a), ("b", cb, done_b),
+                                          ("solo", csolo, reference))}
+        self.assertIn("the model ran over 32 sequences on this node's 2 ranks", logs["solo"])
+        for name in ("a", "b"):
+            self.assertIn("the model ran over 18 sequences on this node's 1 rank", logs[name])
+
     def test_a_node_with_two_devices_and_a_node_with_one_train_as_three_ranks(self):
         a, ca = self.node("a", devices="cpu:2")  # ranks 0 and 1: one hosts the store
         b, cb = self.node("b")                   # rank 2
