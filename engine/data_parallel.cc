@@ -187,8 +187,7 @@ absl::Status CheckRanksAgree(c10d::Store& store, int rank, int world_size, const
     }
     return text(store.get(key_of(r)));
   };
-  try {
-    store.set(key_of(rank), std::vector<uint8_t>(value.begin(), value.end()));
+  auto compare = [&]() -> absl::Status {
     std::string first = value;
     if (rank != 0) {
       ASSIGN_OR_RETURN(first, read(0));
@@ -205,11 +204,30 @@ absl::Status CheckRanksAgree(c10d::Store& store, int rank, int world_size, const
                          first, "; rank ", r, " has ", other));
       }
     }
+    return absl::OkStatus();
+  };
+  try {
+    store.set(key_of(rank), std::vector<uint8_t>(value.begin(), value.end()));
+    const absl::Status verdict = compare();
+    // Rank 0's node hosts the store, and its job may end as soon as it has its verdict (a
+    // disagreement): it waits until every rank has read what it needed, so that they fail
+    // saying why rather than with a broken connection.
+    const std::string done_key = absl::StrCat(key, "/read/");
+    if (rank != 0) {
+      store.set(done_key + std::to_string(rank), std::vector<uint8_t>{1});
+      return verdict;
+    }
+    for (int r = 1; r < world_size; ++r) {
+      while (!store.check({done_key + std::to_string(r)}) &&
+             std::chrono::steady_clock::now() < deadline && !(cancelled && cancelled())) {
+        std::this_thread::sleep_for(kPollInterval);
+      }
+    }
+    return verdict;
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("rank ", rank, " of ", world_size,
                                                ": the rendezvous store failed: ", e.what()));
   }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<HostPort> ParseHostPort(const std::string& address) {

@@ -86,7 +86,8 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> NewTcpStore(
 // FAILED_PRECONDITION naming the first rank that differs and both values otherwise (every rank
 // reaches the same verdict, so none goes on to wait for a collective the others left).
 // UNAVAILABLE when a rank does not publish within the store's timeout; CANCELLED when
-// `cancelled` (may be null, polled while waiting) turns true.
+// `cancelled` (may be null, polled while waiting) turns true. Rank 0, whose node hosts a
+// TCPStore, returns only once every rank has read the values (or the timeout has passed).
 absl::Status CheckRanksAgree(c10d::Store& store, int rank, int world_size, const std::string& key,
                              const std::string& value,
                              const std::function<bool()>& cancelled = nullptr);

@@ -140,5 +140,57 @@ TEST(DataParallelTest, ARankThatComesBeforeItsMasterWaitsForIt) {
   EXPECT_TRUE(agreed[1].ok()) << agreed[1];
 }
 
+// A rank's view of the store that answers its reads late (a slow network, a busy node).
+class SlowReads : public c10d::Store {
+ public:
+  explicit SlowReads(c10::intrusive_ptr<c10d::Store> store)
+      : c10d::Store(store->getTimeout()), store_(std::move(store)) {}
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    store_->set(key, value);
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    absl::SleepFor(absl::Milliseconds(300));
+    return store_->get(key);
+  }
+  int64_t add(const std::string& key, int64_t value) override { return store_->add(key, value); }
+  bool deleteKey(const std::string& key) override { return store_->deleteKey(key); }
+  bool check(const std::vector<std::string>& keys) override {
+    absl::SleepFor(absl::Milliseconds(300));
+    return store_->check(keys);
+  }
+  int64_t getNumKeys() override { return store_->getNumKeys(); }
+  void wait(const std::vector<std::string>& keys) override { store_->wait(keys); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    store_->wait(keys, t);
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+// Rank 0's node hosts the store and closes it as soon as its job fails: a disagreement must
+// still reach a rank that reads slowly as a disagreement, not as a broken connection.
+TEST(DataParallelTest, TheMasterWaitsUntilEveryRankHasReadTheVerdict) {
+  const int port = FreePort();
+  auto master = NewTcpStore("127.0.0.1", port, 2, true, 30);
+  ASSERT_TRUE(master.ok()) << master.status();
+  absl::Status differ[2];
+  std::thread slow([&] {
+    auto store = NewTcpStore("127.0.0.1", port, 2, false, 30);
+    if (!store.ok()) {
+      differ[1] = store.status();
+      return;
+    }
+    SlowReads view(*store);
+    differ[1] = CheckRanksAgree(view, 1, 2, "the data", "65 rows");
+  });
+  differ[0] = CheckRanksAgree(**master, 0, 2, "the data", "64 rows");
+  master->reset();  // the node's job ends: its store goes
+  slow.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(differ[r])) << r << ": " << differ[r];
+  }
+}
+
 }  // namespace
 }  // namespace latentd::engine
