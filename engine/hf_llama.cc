@@ -25,14 +25,18 @@ std::vector<HfTensorSpec> ExpectedTensors(const LlamaConfig& c) {
   if (!c.tied_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, d}});
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
-    out.push_back({p + "input_layernorm.weight", {d}});
-    out.push_back({p + "self_attn.q_proj.weight", {q, d}});
-    out.push_back({p + "self_attn.k_proj.weight", {kv, d}});
-    out.push_back({p + "self_attn.v_proj.weight", {kv, d}});
+    if (c.pre_norms) out.push_back({p + "input_layernorm.weight", {d}});
+    if (c.fused_projections) {
+      out.push_back({p + "self_attn.qkv_proj.weight", {q + 2 * kv, d}});
+    } else {
+      out.push_back({p + "self_attn.q_proj.weight", {q, d}});
+      out.push_back({p + "self_attn.k_proj.weight", {kv, d}});
+      out.push_back({p + "self_attn.v_proj.weight", {kv, d}});
+    }
     out.push_back({p + "self_attn.o_proj.weight", {d, q}});
-    if (c.qk_norm) {
-      out.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
-      out.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
+    if (c.qk_norm || c.qk_norm_full) {
+      out.push_back({p + "self_attn.q_norm.weight", {c.qk_norm_full ? q : c.head_dim}});
+      out.push_back({p + "self_attn.k_norm.weight", {c.qk_norm_full ? kv : c.head_dim}});
     }
     if (c.qkv_bias) {
       out.push_back({p + "self_attn.q_proj.bias", {q}});
@@ -41,12 +45,16 @@ std::vector<HfTensorSpec> ExpectedTensors(const LlamaConfig& c) {
     }
     if (c.o_bias) out.push_back({p + "self_attn.o_proj.bias", {d}});
     out.push_back({p + "post_attention_layernorm.weight", {d}});
-    if (c.post_norms) {  // Gemma 2: post_attention_layernorm is then attention's post-norm
-      out.push_back({p + "pre_feedforward_layernorm.weight", {d}});
+    if (c.post_norms) {  // Gemma 2, OLMo 2: post_attention_layernorm is attention's post-norm
+      if (c.pre_norms) out.push_back({p + "pre_feedforward_layernorm.weight", {d}});
       out.push_back({p + "post_feedforward_layernorm.weight", {d}});
     }
-    out.push_back({p + "mlp.gate_proj.weight", {f, d}});
-    out.push_back({p + "mlp.up_proj.weight", {f, d}});
+    if (c.fused_projections) {
+      out.push_back({p + "mlp.gate_up_proj.weight", {2 * f, d}});
+    } else {
+      out.push_back({p + "mlp.gate_proj.weight", {f, d}});
+      out.push_back({p + "mlp.up_proj.weight", {f, d}});
+    }
     out.push_back({p + "mlp.down_proj.weight", {d, f}});
     if (c.mlp_bias) {
       out.push_back({p + "mlp.gate_proj.bias", {f}});
@@ -90,6 +98,7 @@ struct ConfigDefaults {
   int64_t head_dim;             // 0: hidden_size / num_attention_heads
   int64_t max_position_embeddings;
   double rope_theta;
+  double rms_norm_eps = 1e-6;
 };
 
 ConfigDefaults DefaultsFor(const std::string& type) {
@@ -99,21 +108,77 @@ ConfigDefaults DefaultsFor(const std::string& type) {
   if (type == "gemma") return {256000, 3072, 24576, 28, 16, 16, 256, 8192, 10000.0};
   if (type == "gemma2") return {256000, 2304, 9216, 26, 8, 4, 256, 8192, 10000.0};
   if (type == "gemma3_text") return {262208, 2304, 9216, 26, 8, 4, 256, 131072, 1e6};
+  if (type == "phi3") return {32064, 3072, 8192, 32, 32, 0, 0, 4096, 10000.0, 1e-5};
+  if (type == "olmo2") return {50304, 4096, 11008, 32, 32, 0, 0, 2048, 10000.0, 1e-5};
   return {32000, 4096, 11008, 32, 32, 0, 0, 2048, 10000.0};  // llama
+}
+
+// LongRoPE's rope_scaling (Phi-3): short_factor and long_factor, one per rotated pair; the
+// original context from config.json's original_max_position_embeddings (else rope_scaling's,
+// else max_position_embeddings); the factor by which the context grew from it (else
+// rope_scaling.factor) sets the attention factor, unless rope_scaling gives attention_factor:
+// sqrt(1 + ln(factor) / ln(original)) when the context grew, 1 otherwise.
+absl::Status ReadLongRope(const HfConfig& j, const nlohmann::json& r, int64_t max_positions,
+                          LlamaConfig* c) {
+  auto factors = [&](const char* key, std::vector<double>* out) -> absl::Status {
+    if (!r.contains(key) || !r[key].is_array() || r[key].empty()) {
+      return j.Bad(absl::StrCat("rope_scaling.", key, " must be a list of positive numbers"));
+    }
+    for (const nlohmann::json& v : r[key]) {
+      if (!v.is_number() || !(v.get<double>() > 0)) {
+        return j.Bad(
+            absl::StrCat("rope_scaling.", key, " holds ", v.dump(), ", not a positive number"));
+      }
+      out->push_back(v.get<double>());
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(factors("short_factor", &c->rope_short_factors));
+  RETURN_IF_ERROR(factors("long_factor", &c->rope_long_factors));
+  const int64_t pairs = (c->rotary_dim > 0 ? c->rotary_dim : c->head_dim) / 2;
+  if (static_cast<int64_t>(c->rope_short_factors.size()) != pairs ||
+      static_cast<int64_t>(c->rope_long_factors.size()) != pairs) {
+    return j.Bad(absl::StrCat("rope_scaling.short_factor and long_factor need ", pairs,
+                              " entries (one per rotated pair of dims), not ",
+                              c->rope_short_factors.size(), " and ", c->rope_long_factors.size()));
+  }
+  double factor = 0;
+  int64_t original = 0;
+  if (j.Has("original_max_position_embeddings")) {
+    ASSIGN_OR_RETURN(original, j.Integer("original_max_position_embeddings", 0, 1, 1 << 24));
+    factor = static_cast<double>(max_positions) / static_cast<double>(original);
+  } else if (r.contains("original_max_position_embeddings") &&
+             r["original_max_position_embeddings"].is_number_integer() &&
+             r["original_max_position_embeddings"].get<int64_t>() > 0) {
+    original = r["original_max_position_embeddings"].get<int64_t>();
+    factor = static_cast<double>(max_positions) / static_cast<double>(original);
+  } else {
+    original = max_positions;
+    if (r.contains("factor") && r["factor"].is_number()) factor = r["factor"].get<double>();
+  }
+  c->rope_original_context = original;
+  if (r.contains("attention_factor") && r["attention_factor"].is_number()) {
+    c->rope_attention_factor = r["attention_factor"].get<double>();
+  } else if (factor > 1 && original > 1) {
+    c->rope_attention_factor =
+        std::sqrt(1 + std::log(factor) / std::log(static_cast<double>(original)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
 
 bool IsHfLlamaType(const std::string& t) {
   return t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3" || t == "gemma" ||
-         t == "gemma2" || t == "gemma3_text" || t == "gemma3";
+         t == "gemma2" || t == "gemma3_text" || t == "gemma3" || t == "phi3" || t == "olmo2";
 }
 
 absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
   const std::string& type = j.model_type();
   if (!IsHfLlamaType(type)) {
-    return j.Bad(absl::StrCat("model_type \"", type,
-                              "\" is not llama, mistral, qwen2, qwen3, gemma, gemma2 or gemma3"));
+    return j.Bad(absl::StrCat(
+        "model_type \"", type,
+        "\" is not llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3, phi3 or olmo2"));
   }
   if (type == "gemma3") {  // the multimodal checkpoint: the language model's config is nested
     ASSIGN_OR_RETURN(const HfConfig text, j.Nested("text_config", "gemma3_text"));
@@ -153,7 +218,7 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
   ASSIGN_OR_RETURN(c.vocab_size, j.Integer("vocab_size", defaults.vocab_size, 1, 1 << 24));
   ASSIGN_OR_RETURN(c.context_length, j.Integer("max_position_embeddings",
                                                defaults.max_position_embeddings, 1, 1 << 24));
-  ASSIGN_OR_RETURN(c.norm_eps, j.PositiveNumber("rms_norm_eps", 1e-6));
+  ASSIGN_OR_RETURN(c.norm_eps, j.PositiveNumber("rms_norm_eps", defaults.rms_norm_eps));
   ASSIGN_OR_RETURN(c.rope_theta, j.PositiveNumber("rope_theta", defaults.rope_theta));
   const bool gemma = type == "gemma" || type == "gemma2" || gemma3;
   // Gemma's MLP reads hidden_activation (its legacy hidden_act "gelu" is not what runs).
@@ -190,6 +255,22 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
     c.attn_scale = 1.0 / std::sqrt(scalar);
   }
   c.qk_norm = type == "qwen3" || gemma3;
+  if (type == "olmo2") {
+    c.pre_norms = false;
+    c.post_norms = true;
+    c.qk_norm_full = true;
+    c.norm_gain_float32 = true;
+  }
+  if (type == "phi3") {
+    c.fused_projections = true;
+    ASSIGN_OR_RETURN(const double rotary, j.PositiveNumber("partial_rotary_factor", 1.0));
+    const auto rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * rotary);
+    if (rotary > 1 || rotary_dim < 2 || rotary_dim % 2 != 0) {
+      return j.Bad(absl::StrCat("partial_rotary_factor = ", rotary, " rotates ", rotary_dim,
+                                " of each head's ", c.head_dim, " dims; it must be an even count"));
+    }
+    if (rotary_dim < c.head_dim) c.rotary_dim = rotary_dim;
+  }
   if (gemma3) {
     // Local layers see a window of the latest positions and rotate with their own base.
     ASSIGN_OR_RETURN(c.sliding_window, j.Integer("sliding_window", 4096, 1, 1 << 24));
@@ -223,9 +304,12 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
       if (!(c.rope_high_freq_factor > c.rope_low_freq_factor)) {
         return j.Bad("rope_scaling.high_freq_factor must exceed low_freq_factor");
       }
+    } else if (rope_type == "longrope" || rope_type == "su") {
+      RETURN_IF_ERROR(ReadLongRope(j, r, c.context_length, &c));
     } else if (rope_type != "default") {
-      return j.Bad(absl::StrCat("rope_scaling ", r.dump(),
-                                ": only null, \"default\", \"linear\" and \"llama3\" are read"));
+      return j.Bad(absl::StrCat(
+          "rope_scaling ", r.dump(),
+          ": only null, \"default\", \"linear\", \"llama3\" and \"longrope\" are read"));
     }
   }
   // Mistral's window is on unless null (Mistral v0.2 on); Gemma 2's alternate layers always
@@ -233,8 +317,10 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
   // sequence there is exact. (Gemma 3 windows its local layers instead: 512 or 1024
   // positions, too few to cap at.)
   const bool mistral_or_gemma2 = type == "mistral" || type == "gemma2";
-  ASSIGN_OR_RETURN(const bool use_window,
-                   j.Boolean("use_sliding_window", /*fallback=*/mistral_or_gemma2));
+  // Phi-3's config has no use_sliding_window: a sliding_window it gives is on.
+  ASSIGN_OR_RETURN(
+      const bool use_window,
+      j.Boolean("use_sliding_window", /*fallback=*/mistral_or_gemma2 || type == "phi3"));
   const bool window_null =
       j.json().contains("sliding_window") && j.json()["sliding_window"].is_null();
   if (use_window && !gemma3 && !window_null) {
@@ -275,6 +361,8 @@ absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options) {
     auto it = t.find(name);
     return it == t.end() ? at::Tensor() : it->second;
   };
+  const int64_t q = config.n_heads * config.head_dim, kv = config.n_kv_heads * config.head_dim,
+                f = config.d_mlp;
   LlamaWeights w;
   w.config = config;
   w.W_E = t.at("embed_tokens.weight");
@@ -282,10 +370,17 @@ absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options) {
   for (int64_t l = 0; l < config.n_layers; ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
     LlamaBlock b;
-    b.attn_norm = t.at(p + "input_layernorm.weight");
-    b.W_q = t.at(p + "self_attn.q_proj.weight");
-    b.W_k = t.at(p + "self_attn.k_proj.weight");
-    b.W_v = t.at(p + "self_attn.v_proj.weight");
+    b.attn_norm = optional(p + "input_layernorm.weight");
+    if (config.fused_projections) {  // rows: q, then k, then v
+      const at::Tensor& qkv = t.at(p + "self_attn.qkv_proj.weight");
+      b.W_q = qkv.narrow(0, 0, q);
+      b.W_k = qkv.narrow(0, q, kv);
+      b.W_v = qkv.narrow(0, q + kv, kv);
+    } else {
+      b.W_q = t.at(p + "self_attn.q_proj.weight");
+      b.W_k = t.at(p + "self_attn.k_proj.weight");
+      b.W_v = t.at(p + "self_attn.v_proj.weight");
+    }
     b.W_o = t.at(p + "self_attn.o_proj.weight");
     b.b_q = optional(p + "self_attn.q_proj.bias");
     b.b_k = optional(p + "self_attn.k_proj.bias");
@@ -295,7 +390,7 @@ absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options) {
     b.k_norm = optional(p + "self_attn.k_norm.weight");
     if (config.post_norms) {
       b.post_attn_norm = t.at(p + "post_attention_layernorm.weight");
-      b.mlp_norm = t.at(p + "pre_feedforward_layernorm.weight");
+      b.mlp_norm = optional(p + "pre_feedforward_layernorm.weight");
       b.post_mlp_norm = t.at(p + "post_feedforward_layernorm.weight");
     } else {
       b.mlp_norm = t.at(p + "post_attention_layernorm.weight");
@@ -307,8 +402,19 @@ absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options) {
         if (norm->defined()) *norm = norm->to(at::kFloat) + 1;
       }
     }
-    b.W_gate = t.at(p + "mlp.gate_proj.weight");
-    b.W_up = t.at(p + "mlp.up_proj.weight");
+    if (config.norm_gain_float32) {
+      for (at::Tensor* norm : {&b.post_attn_norm, &b.post_mlp_norm, &b.q_norm, &b.k_norm}) {
+        if (norm->defined()) *norm = norm->to(at::kFloat);
+      }
+    }
+    if (config.fused_projections) {  // rows: gate, then up
+      const at::Tensor& gate_up = t.at(p + "mlp.gate_up_proj.weight");
+      b.W_gate = gate_up.narrow(0, 0, f);
+      b.W_up = gate_up.narrow(0, f, f);
+    } else {
+      b.W_gate = t.at(p + "mlp.gate_proj.weight");
+      b.W_up = t.at(p + "mlp.up_proj.weight");
+    }
     b.W_down = t.at(p + "mlp.down_proj.weight");
     b.b_gate = optional(p + "mlp.gate_proj.bias");
     b.b_up = optional(p + "mlp.up_proj.bias");

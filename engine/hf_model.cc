@@ -51,10 +51,11 @@ absl::StatusOr<Architecture> ReadArchitecture(const HfModelOptions& options) {
     arch.shape = LlamaShape(config);
     return arch;
   }
-  return json.Bad(
-      absl::StrCat("model_type \"", json.model_type(),
-                   "\": gpt2, gpt_neox, llama, mistral, qwen2, qwen3, gemma, gemma2 and gemma3 run "
-                   "natively; export other models to TorchScript (docs/EXTRACT.md)"));
+  return json.Bad(absl::StrCat(
+      "model_type \"", json.model_type(),
+      "\": gpt2, gpt_neox, llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3, phi3 and "
+      "olmo2 run "
+      "natively; export other models to TorchScript (docs/EXTRACT.md)"));
 }
 
 }  // namespace

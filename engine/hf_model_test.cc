@@ -57,11 +57,10 @@ TEST(HfModelTest, ModelTypePicksTheArchitecture) {
               "extract.model.huggingface.dtype: BFLOAT16 runs the Llama-family");
 
   const std::string other = FreshTestDir("hf_model_other");
-  WriteTextFile(other + "/config.json", "{\"model_type\": \"phi3\"}");
-  ExpectError(
-      CheckHfModel({other}).status(), absl::StatusCode::kInvalidArgument,
-      "model_type \"phi3\": gpt2, gpt_neox, llama, mistral, qwen2, qwen3, gemma, gemma2 and gemma3 "
-      "run natively");
+  WriteTextFile(other + "/config.json", "{\"model_type\": \"phi\"}");
+  ExpectError(CheckHfModel({other}).status(), absl::StatusCode::kInvalidArgument,
+              "model_type \"phi\": gpt2, gpt_neox, llama, mistral, qwen2, qwen3, gemma, gemma2, "
+              "gemma3, phi3 and olmo2 run natively");
   ExpectError(CheckHfModel({FreshTestDir("hf_model_none")}).status(), absl::StatusCode::kNotFound,
               "config.json");
 }
@@ -149,6 +148,33 @@ TEST(HfModelTest, ConfigDefaultsAreHuggingFaces) {
   EXPECT_EQ(mistral->n_kv_heads, 8);
   mistral = read(R"({"model_type": "mistral", "sliding_window": null})");
   EXPECT_EQ(mistral->context_length, 4096 * 32);
+  // Phi-3 mini 4k: fused projections, eps 1e-5, a window of 2047 that caps the context.
+  auto phi3 = read(R"({"model_type": "phi3", "sliding_window": 2047, "rope_scaling": null})");
+  ASSERT_TRUE(phi3.ok()) << phi3.status();
+  EXPECT_TRUE(phi3->fused_projections);
+  EXPECT_EQ(phi3->vocab_size, 32064);
+  EXPECT_EQ(phi3->norm_eps, 1e-5);
+  EXPECT_EQ(phi3->context_length, 2047);
+  EXPECT_EQ(phi3->rotary_dim, 0);
+  // Phi-3.5 mini's LongRoPE: 128k grown from 4k, so cos and sin scale by
+  // sqrt(1 + ln 32 / ln 4096) = 1.19024.
+  auto phi35 = read(R"({"model_type": "phi3", "max_position_embeddings": 131072,
+      "original_max_position_embeddings": 4096, "rope_scaling": {"type": "longrope",
+      "short_factor": [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+      1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+      "long_factor": [2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
+      2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2]}})");
+  ASSERT_TRUE(phi35.ok()) << phi35.status();
+  EXPECT_EQ(phi35->rope_original_context, 4096);
+  EXPECT_NEAR(phi35->rope_attention_factor, 1.19024, 1e-5);
+  EXPECT_EQ(phi35->rope_long_factors.size(), 48u);  // head_dim 96: 48 pairs
+  auto olmo2 = read(R"({"model_type": "olmo2"})");
+  ASSERT_TRUE(olmo2.ok()) << olmo2.status();
+  EXPECT_FALSE(olmo2->pre_norms);
+  EXPECT_TRUE(olmo2->post_norms && olmo2->qk_norm_full && !olmo2->qk_norm);
+  EXPECT_EQ(olmo2->vocab_size, 50304);
+  EXPECT_EQ(olmo2->context_length, 2048);
+  EXPECT_EQ(olmo2->norm_eps, 1e-5);
 }
 
 TEST(HfModelTest, BadLlamaCheckpointsAreRefusedNamingWhatIsWrong) {
@@ -162,7 +188,24 @@ TEST(HfModelTest, BadLlamaCheckpointsAreRefusedNamingWhatIsWrong) {
               "num_key_value_heads = 3 does not divide num_attention_heads = 4");
   ExpectError(check({{"rope_scaling", "{\"type\": \"yarn\", \"factor\": 2.0}"}}),
               absl::StatusCode::kInvalidArgument,
-              "only null, \"default\", \"linear\" and \"llama3\"");
+              "only null, \"default\", \"linear\", \"llama3\" and \"longrope\"");
+  ExpectError(check({{"rope_scaling",
+                      "{\"rope_type\": \"longrope\", \"short_factor\": [1, 1], "
+                      "\"long_factor\": [1, 1, 1, 1]}"}}),
+              absl::StatusCode::kInvalidArgument,
+              "rope_scaling.short_factor and long_factor need 4 entries");
+  ExpectError(check({{"rope_scaling",
+                      "{\"rope_type\": \"longrope\", \"short_factor\": [1, 0, 1, 1], "
+                      "\"long_factor\": [1, 1, 1, 1]}"}}),
+              absl::StatusCode::kInvalidArgument, "rope_scaling.short_factor holds 0");
+  ExpectError(check({{"model_type", "\"phi3\""}, {"partial_rotary_factor", "0.1"}}),
+              absl::StatusCode::kInvalidArgument, "partial_rotary_factor = 0.1 rotates 0");
+  // Phi-3 fuses the projections, OLMo 2 norms all query heads at once: a Llama layout is not
+  // theirs.
+  ExpectError(check({{"model_type", "\"phi3\""}}), absl::StatusCode::kInvalidArgument,
+              "no tensor layers.0.self_attn.qkv_proj.weight");
+  ExpectError(check({{"model_type", "\"olmo2\""}}), absl::StatusCode::kInvalidArgument,
+              "no tensor layers.0.self_attn.q_norm.weight");
   ExpectError(check({{"rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}"}}),
               absl::StatusCode::kInvalidArgument, "rope_scaling.low_freq_factor");
   ExpectError(check({{"hidden_act", "\"relu2\""}}), absl::StatusCode::kInvalidArgument,

@@ -27,9 +27,15 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 // The inverse frequencies of the rotary embedding for base `theta`; with `scaled`, the
 // configured scaling: linear (every frequency divided by the factor) or Llama 3's (long
 // wavelengths slowed by `factor`, short ones kept, the band between interpolated).
-at::Tensor InverseFrequencies(const LlamaConfig& c, double theta, bool scaled) {
+// LongRoPE divides each frequency by its own factor: `long_factors` picks which list.
+at::Tensor InverseFrequencies(const LlamaConfig& c, double theta, bool scaled,
+                              bool long_factors = false) {
   const int64_t dim = c.rotary_dim > 0 ? c.rotary_dim : c.head_dim;
   at::Tensor inv_freq = 1.0 / at::pow(theta, at::arange(0, dim, 2, at::kDouble) / dim);
+  if (scaled && !c.rope_short_factors.empty()) {
+    const std::vector<double>& factors = long_factors ? c.rope_long_factors : c.rope_short_factors;
+    inv_freq = inv_freq / at::tensor(factors, at::kDouble);
+  }
   if (scaled && c.rope_linear_factor > 0) inv_freq = inv_freq / c.rope_linear_factor;
   if (scaled && c.rope_factor > 0) {
     const double low_wavelen = c.rope_original_context / c.rope_low_freq_factor;
@@ -64,7 +70,8 @@ TransformerShape LlamaShape(const LlamaConfig& c) {
   const int64_t biases = (c.qkv_bias ? q + 2 * kv : 0) + (c.o_bias ? d : 0) +
                          (c.mlp_bias ? (c.gated_mlp ? 2 : 1) * f + d : 0);
   const int64_t norms =
-      (c.post_norms ? 4 : 2) * d * (c.layer_norm ? 2 : 1) + (c.qk_norm ? 2 * c.head_dim : 0);
+      ((c.pre_norms ? 2 : 0) + (c.post_norms ? 2 : 0)) * d * (c.layer_norm ? 2 : 1) +
+      (c.qk_norm ? 2 * c.head_dim : 0) + (c.qk_norm_full ? q + kv : 0);
   const int64_t per_block =
       norms + d * (q + 2 * kv) + q * d + (c.gated_mlp ? 3 : 2) * d * f + biases;
   s.parameter_bytes = (c.bfloat16 ? 2 : 4) *
@@ -83,6 +90,15 @@ std::string LlamaConfigFingerprint(const LlamaConfig& c) {
   }
   if (c.rope_linear_factor > 0) later += absl::StrFormat(" linear%.9g", c.rope_linear_factor);
   if (c.bfloat16) later += " bf16";
+  if (c.qk_norm_full) later += " qknormfull";
+  if (!c.pre_norms) later += " nopre";
+  if (c.norm_gain_float32) later += " gainf32";
+  if (!c.rope_short_factors.empty()) {
+    later += absl::StrFormat(" longrope%d*%.9g:", c.rope_original_context, c.rope_attention_factor);
+    for (const double f : c.rope_short_factors) later += absl::StrFormat("%.9g,", f);
+    later += "/";
+    for (const double f : c.rope_long_factors) later += absl::StrFormat("%.9g,", f);
+  }
   return absl::StrFormat(
       "llama d%d l%d h%d kv%d dh%d f%d v%d c%d eps%.9g theta%.9g rope%.9g/%.9g/%.9g/%d act%d "
       "bias%d%d%d tied%d embed%.9g post%d cap%.9g scale%.9g offset%d ln%d rot%d gated%d par%d%s",
@@ -126,7 +142,20 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weig
     return absl::InvalidArgumentError(absl::StrCat(
         c.what, ": ", c.sliding_layers.size(), " sliding-layer flags for ", c.n_layers, " layers"));
   }
+  const int64_t rotary_pairs = (c.rotary_dim > 0 ? c.rotary_dim : c.head_dim) / 2;
+  if (!c.rope_short_factors.empty() &&
+      (static_cast<int64_t>(c.rope_short_factors.size()) != rotary_pairs ||
+       static_cast<int64_t>(c.rope_long_factors.size()) != rotary_pairs)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(c.what, ": LongRoPE needs ", rotary_pairs,
+                     " short and long factors (one per rotated pair), got ",
+                     c.rope_short_factors.size(), " and ", c.rope_long_factors.size()));
+  }
   m->inv_freq_ = InverseFrequencies(c, c.rope_theta, /*scaled=*/true).to(device);
+  if (!c.rope_long_factors.empty()) {
+    m->long_inv_freq_ =
+        InverseFrequencies(c, c.rope_theta, /*scaled=*/true, /*long_factors=*/true).to(device);
+  }
   if (c.sliding_window > 0 && c.rope_local_theta > 0) {
     m->local_inv_freq_ = InverseFrequencies(c, c.rope_local_theta, /*scaled=*/false).to(device);
   }
@@ -158,9 +187,15 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
   auto angles = [&](const at::Tensor& inv_freq) {
     at::Tensor freqs = at::arange(S, inv_freq.options()).unsqueeze(1) * inv_freq.unsqueeze(0);
     at::Tensor both = at::cat({freqs, freqs}, -1);
+    if (c.rope_attention_factor != 1) {
+      return std::make_pair((both.cos() * c.rope_attention_factor).to(dtype),
+                            (both.sin() * c.rope_attention_factor).to(dtype));
+    }
     return std::make_pair(both.cos().to(dtype), both.sin().to(dtype));
   };
-  const auto global_angles = angles(inv_freq_);
+  // LongRoPE switches to its long factors when the sequence outgrows the original context.
+  const auto global_angles =
+      angles(long_inv_freq_.defined() && S > c.rope_original_context ? long_inv_freq_ : inv_freq_);
   const auto local_angles = local_inv_freq_.defined() ? angles(local_inv_freq_) : global_angles;
   const int64_t rd = global_angles.first.size(-1);
   auto rotate = [&](const at::Tensor& x, const std::pair<at::Tensor, at::Tensor>& cs) {
@@ -192,9 +227,15 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
   for (int l = 0; l < c.n_layers; ++l) {
     const LlamaBlock& b = w_.blocks[l];
     if (capture(l, HookPoint::kResidPre, x)) break;
-    at::Tensor h = norm(x, b.attn_norm, b.attn_norm_b);
-    at::Tensor q = Linear(h, b.W_q, b.b_q).view({B, S, H, dh});
-    at::Tensor k = Linear(h, b.W_k, b.b_k).view({B, S, KV, dh});
+    const at::Tensor h = c.pre_norms ? norm(x, b.attn_norm, b.attn_norm_b) : x;
+    at::Tensor q = Linear(h, b.W_q, b.b_q);
+    at::Tensor k = Linear(h, b.W_k, b.b_k);
+    if (c.qk_norm_full) {
+      q = RmsNorm(q, b.q_norm, c.norm_eps);
+      k = RmsNorm(k, b.k_norm, c.norm_eps);
+    }
+    q = q.view({B, S, H, dh});
+    k = k.view({B, S, KV, dh});
     if (c.qk_norm) {
       q = RmsNorm(q, b.q_norm, c.norm_eps);
       k = RmsNorm(k, b.k_norm, c.norm_eps);
@@ -219,7 +260,7 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
       x = x + attn_out;
       if (capture(l, HookPoint::kResidMid, x)) break;
     }
-    at::Tensor h2 = norm(x, b.mlp_norm, b.mlp_norm_b);
+    const at::Tensor h2 = c.pre_norms ? norm(x, b.mlp_norm, b.mlp_norm_b) : x;
     at::Tensor post = b.W_gate.defined()
                           ? activation(Linear(h2, b.W_gate, b.b_gate)) * Linear(h2, b.W_up, b.b_up)
                           : activation(Linear(h2, b.W_up, b.b_up));

@@ -5,7 +5,8 @@
 // attention and MLP too, attention-logit soft-capping, its own attention scale; Gemma 3's and
 // Qwen3's norms of each query and key head, Gemma 3's sliding-window layers), and so are
 // GPT-NeoX's (Pythia: LayerNorm, rotary on part of each head, an ungated MLP, attention and MLP
-// in parallel). Weights are as
+// in parallel), OLMo 2's (norms only after attention and MLP, a norm over all query and key
+// heads) and Phi-3's (LongRoPE, rotary on part of each head). Weights are as
 // Hugging Face's nn.Linear holds them: [out, in].
 //
 // Hooks take TransformerLens names with TransformerLens' meaning for this architecture:
@@ -62,6 +63,23 @@ struct LlamaConfig {
   bool norm_gain_offset = false;
   bool qk_norm =
       false;  // RMSNorm over each query and key head before the rotation (Qwen3, Gemma 3)
+  // RMSNorm over the whole query and key projections (all heads at once) before the rotation
+  // (OLMo 2); q_norm and k_norm are then [heads * head_dim] and [kv_heads * head_dim].
+  bool qk_norm_full = false;
+  // RMSNorm before attention and before the MLP. OLMo 2 has none: its only norms are post_norms,
+  // on what attention and the MLP add to the residual stream.
+  bool pre_norms = true;
+  // The checkpoint's norm gains multiply in float32 before the result returns to bfloat16
+  // (OLMo 2); the loader makes them float32. Default: a bfloat16 gain multiplies after (Llama).
+  bool norm_gain_float32 = false;
+  // The checkpoint fuses q/k/v into one qkv_proj and gate/up into one gate_up_proj (Phi-3); the
+  // loader splits them. Not a property of the forward pass.
+  bool fused_projections = false;
+  // LongRoPE (rope_scaling "longrope", Phi-3): each frequency divided by its factor, the short
+  // ones for sequences of up to rope_original_context positions, the long ones beyond; cos and
+  // sin multiplied by rope_attention_factor. Empty: none.
+  std::vector<double> rope_short_factors, rope_long_factors;
+  double rope_attention_factor = 1;
   // Sliding-window attention on the layers `sliding_layers` marks (Gemma 3: five local layers to
   // one global): a position attends to itself and the sliding_window - 1 before it. Those layers
   // rotate with `rope_local_theta` (when > 0) and no rope scaling. 0: no window.
@@ -84,7 +102,7 @@ struct LlamaBlock {
   at::Tensor attn_norm;  // [d]; every norm's gain as multiplied in (Gemma's 1 + w added in)
   at::Tensor attn_norm_b, mlp_norm_b;        // [d], LayerNorm's biases (layer_norm only)
   at::Tensor W_q, b_q, W_k, b_k, W_v, b_v;   // [heads * head_dim, d]; biases may be undefined
-  at::Tensor q_norm, k_norm;                 // [head_dim], with qk_norm only
+  at::Tensor q_norm, k_norm;                 // [head_dim] with qk_norm, wider with qk_norm_full
   at::Tensor W_o, b_o;                       // [d, heads * head_dim]
   at::Tensor mlp_norm;                       // [d]
   at::Tensor post_attn_norm, post_mlp_norm;  // [d], with post_norms only
@@ -133,6 +151,7 @@ class LlamaModel : public ActivationModel {
   std::vector<int64_t> hook_widths_;
   at::Tensor inv_freq_;        // [rotary dims / 2], on the device
   at::Tensor local_inv_freq_;  // the sliding-window layers' own, when they rotate differently
+  at::Tensor long_inv_freq_;   // LongRoPE's for sequences longer than rope_original_context
 };
 
 }  // namespace latentd::engine

@@ -1,11 +1,14 @@
 """Parity of latentd's native Llama-architecture loader (llama, mistral, qwen2, qwen3, gemma2,
-gemma3) with the forward pass written here in python3-torch from Hugging Face's modeling_llama /
-modeling_qwen2 / modeling_qwen3 / modeling_gemma2 / modeling_gemma3: RMSNorm in float32 (Gemma:
+gemma3, olmo2, phi3) with the forward pass written here in python3-torch from Hugging Face's
+modeling_llama / modeling_qwen2 / modeling_qwen3 / modeling_gemma2 / modeling_gemma3 /
+modeling_olmo2 / modeling_phi3: RMSNorm in float32 (Gemma:
 times 1 + w), rotary embeddings with the half-split rotate_half (and Llama 3's or linear
 rope_scaling), grouped-query attention by repeating key/value heads, the gated MLP; Gemma 2's
 embedding scale, attention-logit soft-capping, query_pre_attn_scalar and norms after attention
 and MLP; Qwen3's and Gemma 3's norm of each query and key head; Gemma 3's sliding-window local
-layers with their own rotary base. Small checkpoints are
+layers with their own rotary base; OLMo 2's norms after attention and MLP only and its norm over
+all query (key) heads at once; Phi-3's fused projections, LongRoPE and partial rotary. Small
+checkpoints are
 written as the Hub serves them (config.json + model.safetensors with nn.Linear [out, in] weights
 under "model."), extract_tool runs DENSE at TransformerLens hooks, and the stored float32 rows
 must equal the Python values within 1e-5 of the largest.
@@ -26,10 +29,15 @@ VOCAB, D, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FF, CTX = 150, 64, 3, 4, 2, 16, 96,
 TOOL = os.environ["EXTRACT_TOOL"]
 
 
-def inverse_frequencies(cfg):
-    dim = cfg.get("head_dim", D // HEADS)
+def inverse_frequencies(cfg, seq_len=0):
+    dim = int(cfg.get("head_dim", D // HEADS) * cfg.get("partial_rotary_factor", 1.0))
     inv = 1.0 / (cfg.get("rope_theta", 10000.0) ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     r = cfg.get("rope_scaling")
+    if r and r.get("rope_type") == "longrope":
+        # Hugging Face's _compute_longrope_parameters: the long factors past the original context
+        original = cfg["original_max_position_embeddings"]
+        factors = r["long_factor"] if seq_len > original else r["short_factor"]
+        inv = inv / torch.tensor(factors, dtype=torch.float64)
     if r and r.get("rope_type") == "linear":
         inv = inv / r["factor"]
     if r and r.get("rope_type") == "llama3":
@@ -75,6 +83,18 @@ class Llama:
     def qk_norm(self):
         return self.cfg["model_type"] in ("qwen3", "gemma3_text")
 
+    @property
+    def olmo2(self):  # norms only after attention and MLP; one norm over all query (key) heads
+        return self.cfg["model_type"] == "olmo2"
+
+    def attention_factor(self):
+        """LongRoPE's scale of cos and sin: sqrt(1 + ln(s) / ln(original)) for a context grown s-fold."""
+        r, original = self.cfg.get("rope_scaling"), self.cfg.get("original_max_position_embeddings")
+        if not r or r.get("rope_type") != "longrope":
+            return 1.0
+        s = self.cfg["max_position_embeddings"] / original
+        return math.sqrt(1 + math.log(s) / math.log(original)) if s > 1 else 1.0
+
     def sliding(self, layer):
         """Gemma 3: whether this layer attends within a window (layer_types, else the pattern)."""
         if self.cfg["model_type"] != "gemma3_text":
@@ -88,18 +108,23 @@ class Llama:
         dh = self.cfg.get("head_dim", D // HEADS)
         pos = torch.arange(S).float()
 
-        def cos_sin(cfg):
-            freqs = torch.outer(pos, inverse_frequencies(cfg))
+        def cos_sin(cfg, scale=1.0):
+            freqs = torch.outer(pos, inverse_frequencies(cfg, S))
             emb = torch.cat([freqs, freqs], dim=-1)
-            return emb.cos(), emb.sin()
+            return emb.cos() * scale, emb.sin() * scale
 
-        global_cs = cos_sin(self.cfg)
+        global_cs = cos_sin(self.cfg, self.attention_factor())
+        rd = global_cs[0].shape[-1]  # Phi-3's partial_rotary_factor: the rest of each head passes
         # Gemma 3's local layers: their own base, no scaling
         local_cs = cos_sin({"head_dim": dh, "rope_theta": self.cfg.get("rope_local_base_freq", 1e4)})
 
         def rotate_half(x):
             x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
             return torch.cat([-x2, x1], dim=-1)
+
+        def rotary(x, cos, sin):
+            r, rest = x[..., :rd], x[..., rd:]
+            return torch.cat([r * cos + rotate_half(r) * sin, rest], dim=-1)
 
         hooks = {}
         x = self.w["model.embed_tokens.weight"][ids]
@@ -112,16 +137,18 @@ class Llama:
         for l in range(LAYERS):
             p = "model.layers.%d." % l
             hooks["blocks.%d.hook_resid_pre" % l] = x
-            h = self.norm(p + "input_layernorm", x)
-            q = self.linear(p + "self_attn.q_proj", h).view(B, S, HEADS, dh)
-            k = self.linear(p + "self_attn.k_proj", h).view(B, S, KV_HEADS, dh)
+            h = x if self.olmo2 else self.norm(p + "input_layernorm", x)
+            q, k = self.linear(p + "self_attn.q_proj", h), self.linear(p + "self_attn.k_proj", h)
+            if self.olmo2:
+                q, k = self.norm(p + "self_attn.q_norm", q), self.norm(p + "self_attn.k_norm", k)
+            q, k = q.view(B, S, HEADS, dh), k.view(B, S, KV_HEADS, dh)
             if self.qk_norm:
                 q, k = self.norm(p + "self_attn.q_norm", q), self.norm(p + "self_attn.k_norm", k)
             q, k = q.transpose(1, 2), k.transpose(1, 2)
             v = self.linear(p + "self_attn.v_proj", h).view(B, S, KV_HEADS, dh).transpose(1, 2)
             cos, sin = local_cs if self.sliding(l) else global_cs
             mask = windowed if self.sliding(l) else causal
-            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+            q, k = rotary(q, cos, sin), rotary(k, cos, sin)
             rep = HEADS // KV_HEADS  # repeat_kv: each key/value head serves `rep` query heads
             k = k[:, :, None].expand(B, KV_HEADS, rep, S, dh).reshape(B, HEADS, S, dh)
             v = v[:, :, None].expand(B, KV_HEADS, rep, S, dh).reshape(B, HEADS, S, dh)
@@ -135,17 +162,18 @@ class Llama:
             att = (scores + mask).softmax(-1)
             z = (att @ v).transpose(1, 2).reshape(B, S, HEADS * dh)
             attn_out = self.linear(p + "self_attn.o_proj", z)
-            if self.gemma2:
+            if self.gemma2 or self.olmo2:
                 attn_out = self.norm(p + "post_attention_layernorm", attn_out)
             hooks["blocks.%d.hook_attn_out" % l] = attn_out
             x = x + attn_out
             hooks["blocks.%d.hook_resid_mid" % l] = x
-            h2 = self.norm(p + ("pre_feedforward_layernorm" if self.gemma2 else "post_attention_layernorm"), x)
+            h2 = x if self.olmo2 else self.norm(
+                p + ("pre_feedforward_layernorm" if self.gemma2 else "post_attention_layernorm"), x)
             act = (lambda t: torch.nn.functional.gelu(t, approximate="tanh")) if self.gemma else torch.nn.functional.silu
             post = act(self.linear(p + "mlp.gate_proj", h2)) * self.linear(p + "mlp.up_proj", h2)
             hooks["blocks.%d.mlp.hook_post" % l] = post
             mlp_out = self.linear(p + "mlp.down_proj", post)
-            if self.gemma2:
+            if self.gemma2 or self.olmo2:
                 mlp_out = self.norm(p + "post_feedforward_layernorm", mlp_out)
             hooks["blocks.%d.hook_mlp_out" % l] = mlp_out
             x = x + mlp_out
@@ -241,6 +269,11 @@ class HfLlamaParityTest(unittest.TestCase):
             if qkv_bias:
                 w.update({p + "self_attn.q_proj.bias": g(q), p + "self_attn.k_proj.bias": g(kv),
                           p + "self_attn.v_proj.bias": g(kv)})
+            if model_type == "olmo2":  # no norms before; norms after; q/k norms over all heads
+                del w[p + "input_layernorm.weight"]
+                w.update({p + "post_feedforward_layernorm.weight": 1 + g(D),
+                          p + "self_attn.q_norm.weight": 1 + g(q, s=0.3),
+                          p + "self_attn.k_norm.weight": 1 + g(kv, s=0.3)})
         cfg = {"architectures": ["LlamaForCausalLM"], "model_type": model_type, "hidden_size": D,
                "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
                "head_dim": HEAD_DIM, "intermediate_size": FF, "vocab_size": VOCAB,
@@ -260,10 +293,20 @@ class HfLlamaParityTest(unittest.TestCase):
             write_hf_checkpoint(d, {"architectures": ["Gemma3ForConditionalGeneration"],
                                     "model_type": "gemma3", "text_config": cfg,
                                     "vision_config": {"model_type": "siglip_vision_model"}}, stored)
+        elif model_type == "phi3":  # q/k/v and gate/up stored fused, one matrix each
+            stored = dict(w)
+            for l in range(LAYERS):
+                p = "model.layers.%d." % l
+                stored[p + "self_attn.qkv_proj.weight"] = torch.cat(
+                    [stored.pop(p + "self_attn.%s_proj.weight" % n) for n in "qkv"])
+                stored[p + "mlp.gate_up_proj.weight"] = torch.cat(
+                    [stored.pop(p + "mlp.%s_proj.weight" % n) for n in ("gate", "up")])
+            write_hf_checkpoint(d, cfg, stored)
         else:
             write_hf_checkpoint(d, cfg, w)
+        self.last = Llama(w, cfg)
         with torch.no_grad():
-            hooks = Llama(w, cfg)(torch.from_numpy(self.ids).view(-1, CTX))
+            hooks = self.last(torch.from_numpy(self.ids).view(-1, CTX))
         return d, hooks
 
     def run_tool(self, model_dir, hook, context=CTX, centered=False, dtype="FLOAT32"):
@@ -294,6 +337,30 @@ class HfLlamaParityTest(unittest.TestCase):
                                      inverse_frequencies({"head_dim": HEAD_DIM, "rope_theta": 1e4,
                                                           "rope_scaling": scaling})))
         self.check(d, hooks, "blocks.2.hook_resid_post")
+
+    def test_olmo2(self):
+        d, hooks = self.checkpoint("olmo2", model_type="olmo2")
+        for name in ["blocks.0.hook_attn_out", "blocks.1.hook_resid_mid", "blocks.1.hook_mlp_out",
+                     "blocks.2.hook_resid_post"]:
+            self.check(d, hooks, name)
+
+    def test_phi3_fused_projections_longrope_and_partial_rotary(self):
+        pairs = HEAD_DIM // 4  # half of each head rotates
+        scaling = {"rope_type": "longrope", "short_factor": [1.0 + 0.5 * i for i in range(pairs)],
+                   "long_factor": [2.0 + 3.0 * i for i in range(pairs)]}
+        d, hooks = self.checkpoint("phi3", model_type="phi3", rope_scaling=scaling,
+                                   partial_rotary_factor=0.5, original_max_position_embeddings=8,
+                                   sliding_window=None)
+        self.assertGreater(self.last.attention_factor(), 1.0)
+        # Sequences of 16 positions outgrow the original 8: the long factors.
+        self.check(d, hooks, "blocks.2.hook_resid_post")
+        self.check(d, hooks, "blocks.1.mlp.hook_post")
+        # Sequences of 8 keep the short ones.
+        with torch.no_grad():
+            short = self.last(torch.from_numpy(self.ids).view(-1, 8))["blocks.2.hook_resid_post"]
+        p, out = self.run_tool(d, "blocks.2.hook_resid_post", context=8)
+        assert_dense_rows(self, p, out, self.ids, short.reshape(len(self.ids), -1).numpy(),
+                          "blocks.2.hook_resid_post at context 8")
 
     def test_qwen2_biases(self):
         d, hooks = self.checkpoint("qwen2", model_type="qwen2", qkv_bias=True)
@@ -404,7 +471,9 @@ class HfLlamaParityTest(unittest.TestCase):
         # runs torch_dtype=bfloat16. Against the float32 reference: within bfloat16's precision
         # (8 bits of mantissa, three layers deep), and not equal to it (bfloat16 really ran).
         for d, hooks in [self.checkpoint("llama_bf16"), self.gemma3("gemma3_bf16"),
-                         self.neox_checkpoint("pythia_bf16")]:
+                         self.neox_checkpoint("pythia_bf16"),
+                         self.checkpoint("olmo2_bf16", model_type="olmo2"),
+                         self.checkpoint("phi3_bf16", model_type="phi3", partial_rotary_factor=0.5)]:
             for name in ["blocks.0.hook_attn_out", "blocks.2.hook_resid_post"]:
                 p, out = self.run_tool(d, name, dtype="BFLOAT16")
                 self.assertEqual(p.returncode, 0, p.stderr)
