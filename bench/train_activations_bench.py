@@ -4,7 +4,8 @@ the dataset's bytes on disk, and how far the two SAEs are apart.
 
     bazel build -c opt //server:latentd //client:latentctl //proto:api_py
     PYTHONPATH=bazel-bin/proto/py:client/python:tests/e2e /usr/bin/python3 \\
-        bench/train_activations_bench.py [--sequences 2048] [--epochs 1] [--devices 1]
+        bench/train_activations_bench.py [--sequences 2048] [--epochs 1] [--devices 1] \\
+        [--context 128]
 
 The model is the X1 reference transformer (shared/notes/workloads.md: d_model 256, 4 layers,
 context 128), hook blocks.2.hook_resid_post; the SAE TopK d_sae 4096, k 32, adam. With
@@ -52,17 +53,20 @@ def main():
     parser.add_argument("--sequences", type=int, default=2048)
     parser.add_argument("--epochs", type=float, default=1)
     parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--context", type=int, default=128)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), tmp,
-                        "--sequences", str(args.sequences), "--context", "128"],
+                        "--sequences", str(args.sequences), "--context", str(args.context)],
                        check=True, capture_output=True)
         daemon = Daemon(os.path.join(tmp, "d"), devices="cpu:%d" % args.devices,
                         extra_args=["--data_roots=" + tmp]).start()
         try:
             c = daemon.client()
-            source = {"model": {"reference": {}}, "hookName": "blocks.2.hook_resid_post",
-                      "tokens": {"path": os.path.join(tmp, "tokens.npy"), "contextLength": 128}}
+            source = {"model": {"reference": {"contextLength": max(args.context, 128)}},
+                      "hookName": "blocks.2.hook_resid_post",
+                      "tokens": {"path": os.path.join(tmp, "tokens.npy"),
+                                 "contextLength": args.context}}
             train = {"sae": {"architecture": "TOPK", "dSae": 4096, "k": 32},
                      "optimizer": {"name": "adam", "lr": 1e-3}, "batchSize": 1024,
                      "epochs": args.epochs, "seed": 1, "checkpointEvery": 1000,
@@ -82,7 +86,7 @@ def main():
             diff = max(float(numpy.max(numpy.abs(a[k] - b[k]))) for k in a)
         finally:
             daemon.stop()
-    rows = args.sequences * 128
+    rows = args.sequences * args.context
     print("rows %d, epochs %g, steps %d, %d device(s)"
           % (rows, args.epochs, stored.result.train.steps, args.devices))
     print("stored: EXTRACT DENSE %.1f s + TRAIN %.1f s = %.1f s, dataset %.1f MB on disk"

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace latentd::engine {
 
@@ -13,6 +14,14 @@ InMemoryDenseRowSource::InMemoryDenseRowSource(std::vector<float> values, int64_
       width_(width),
       chunk_rows_(std::max<int64_t>(chunk_rows, 1)),
       num_rows_(width > 0 ? static_cast<int64_t>(values_.size()) / width : 0) {}
+
+absl::Status DenseRowSource::ReadRanges(const std::vector<RowRange>& ranges, float* out) {
+  for (const RowRange& range : ranges) {
+    RETURN_IF_ERROR(Read(range.start, range.count, out));
+    out += range.count * width();
+  }
+  return absl::OkStatus();
+}
 
 std::vector<int64_t> EvenChunkStarts(int64_t num_rows, int64_t chunk_rows) {
   std::vector<int64_t> starts;

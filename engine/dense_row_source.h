@@ -14,6 +14,12 @@
 
 namespace latentd::engine {
 
+// Rows [start, start + count).
+struct RowRange {
+  int64_t start = 0;
+  int64_t count = 0;
+};
+
 class DenseRowSource {
  public:
   virtual ~DenseRowSource() = default;
@@ -26,6 +32,10 @@ class DenseRowSource {
   // Copies rows [row_start, row_start + row_count) into `out` (row_count * width() floats).
   // OUT_OF_RANGE past the end; DATA_LOSS naming the chunk for corrupt data.
   virtual absl::Status Read(int64_t row_start, int64_t row_count, float* out) = 0;
+  // Copies the ranges' rows into `out`, one range after another (what Read would copy for each,
+  // in turn, which is what this default does). A source that computes its rows does a window's
+  // ranges in one go.
+  virtual absl::Status ReadRanges(const std::vector<RowRange>& ranges, float* out);
 };
 
 // Chunks of `chunk_rows` rows each (the last may be shorter): 0, chunk_rows, 2 * chunk_rows, ...

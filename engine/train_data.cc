@@ -59,17 +59,17 @@ absl::Status ShuffledRowStream::LoadWindow(int64_t epoch, int64_t in_epoch_posit
       window_offsets_.begin() - 1;
   if (window_.epoch == epoch && window_.index == w) return absl::OkStatus();
   const int64_t width = source_->width();
-  std::vector<float> raw;
   int64_t rows = 0;
   const int64_t first = w * options_.window_chunks;
   const int64_t last = std::min<int64_t>(first + options_.window_chunks, num_chunks);
+  std::vector<RowRange> chunks;
   for (int64_t c = first; c < last; ++c) {
     const int64_t chunk = epoch_order_[c];
-    const int64_t count = starts_[chunk + 1] - starts_[chunk];
-    raw.resize((rows + count) * width);
-    RETURN_IF_ERROR(source_->Read(starts_[chunk], count, raw.data() + rows * width));
-    rows += count;
+    chunks.push_back({starts_[chunk], starts_[chunk + 1] - starts_[chunk]});
+    rows += chunks.back().count;
   }
+  std::vector<float> raw(rows * width);
+  RETURN_IF_ERROR(source_->ReadRanges(chunks, raw.data()));
   std::vector<int64_t> order(rows);
   std::iota(order.begin(), order.end(), 0);
   Shuffle(&order, Mix(options_.seed ^ Mix(static_cast<uint64_t>(epoch) * 0x100000001ULL +

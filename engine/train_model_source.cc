@@ -40,120 +40,175 @@ void ModelRowSource::ShareWork(GradientSync* sync) { sync_ = sync; }
 
 namespace {
 
-// Runs `model` over sequences [seq_begin, seq_end) of `tokens`, batch_sequences at a time, and
-// returns rows [row_begin, row_end) (which they hold) as fp32 on `device`: a sequence cut by the
-// range is computed whole and only its rows in the range are kept.
+// Runs `inputs`' model over sequences `seqs` (ascending), batch_sequences at a time, and returns
+// their hidden states, [seqs.size() * L, width] fp32 on `device`.
 absl::StatusOr<at::Tensor> RunSequences(ExtractInputs& inputs, const at::Device& device,
-                                        int64_t seq_begin, int64_t seq_end, int64_t row_begin,
-                                        int64_t row_end, std::vector<int64_t>* ids) {
+                                        const std::vector<int64_t>& seqs,
+                                        std::vector<int64_t>* ids) {
   const int64_t L = inputs.tokens->context_length();
   const int64_t w = inputs.model->hook_width();
   const int64_t vocab = inputs.model->vocab_size();
   std::vector<at::Tensor> parts;
-  for (int64_t seq = seq_begin; seq < seq_end;) {
-    const int64_t count = std::min<int64_t>(inputs.batch_sequences, seq_end - seq);
+  for (size_t begin = 0; begin < seqs.size();) {
+    const size_t end = std::min(seqs.size(), begin + static_cast<size_t>(inputs.batch_sequences));
+    const auto count = static_cast<int64_t>(end - begin);
     ids->resize(count * L);
-    RETURN_IF_ERROR(inputs.tokens->Read(seq, count, ids->data()));
+    for (size_t i = begin; i < end; ++i) {
+      RETURN_IF_ERROR(inputs.tokens->Read(seqs[i], 1, ids->data() + (i - begin) * L));
+    }
     for (int64_t i = 0; i < count * L; ++i) {
       if (vocab > 0 && (*ids)[i] >= vocab) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("train.activations.tokens: token id ", (*ids)[i], " in sequence ",
-                         inputs.tokens->first_sequence() + seq + i / L, " >= vocab_size ", vocab));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "train.activations.tokens: token id ", (*ids)[i], " in sequence ",
+            inputs.tokens->first_sequence() + seqs[begin + i / L], " >= vocab_size ", vocab));
       }
     }
     try {
       torch::NoGradGuard no_grad;
       const at::Tensor hidden = inputs.model->Forward(
           torch::from_blob(ids->data(), {count, L}, torch::kInt64).to(device));
-      const int64_t first = std::max(row_begin, seq * L);
-      const int64_t last = std::min(row_end, (seq + count) * L);
-      parts.push_back(
-          hidden.reshape({count * L, w}).narrow(0, first - seq * L, last - first).to(at::kFloat));
+      parts.push_back(hidden.reshape({count * L, w}).to(at::kFloat));
     } catch (const c10::Error& e) {
-      return absl::InternalError(absl::StrCat("the model's forward pass over sequences ", seq, "..",
-                                              seq + count - 1, ": ", e.what_without_backtrace()));
+      return absl::InternalError(absl::StrCat("the model's forward pass over sequences ",
+                                              seqs[begin], "..", seqs[end - 1], ": ",
+                                              e.what_without_backtrace()));
     }
-    seq += count;
+    begin = end;
   }
   if (parts.empty()) return at::empty({0, w}, at::TensorOptions(at::kFloat).device(device));
   return parts.size() == 1 ? parts[0] : at::cat(parts);
 }
 
-void CopyToHost(const at::Tensor& rows, float* out) {
-  const at::Tensor host = rows.to(at::kCPU).contiguous();
-  std::memcpy(out, host.data_ptr<float>(), sizeof(float) * host.numel());
+// The rows of one sequence inside one requested range, and where they go in the output.
+struct Piece {
+  int64_t seq;    // the sequence holding them
+  int64_t first;  // rows [first, last) of the source
+  int64_t last;
+  int64_t out_row;  // the output row of `first`
+};
+
+// The hidden states of `pieces` (each of whose sequences is in `seqs`, ascending), in order:
+// [their rows, width], from `hidden` ([seqs.size() * L, width]).
+at::Tensor PieceRows(const at::Tensor& hidden, const std::vector<int64_t>& seqs,
+                     const std::vector<Piece>& pieces, int64_t L) {
+  std::vector<at::Tensor> rows;
+  for (const Piece& piece : pieces) {
+    const int64_t index = std::lower_bound(seqs.begin(), seqs.end(), piece.seq) - seqs.begin();
+    rows.push_back(
+        hidden.narrow(0, index * L + piece.first - piece.seq * L, piece.last - piece.first));
+  }
+  return rows.empty() ? hidden.narrow(0, 0, 0) : at::cat(rows);
+}
+
+int64_t RowsOf(const std::vector<Piece>& pieces) {
+  int64_t rows = 0;
+  for (const Piece& piece : pieces) rows += piece.last - piece.first;
+  return rows;
 }
 
 }  // namespace
 
 absl::Status ModelRowSource::Read(int64_t row_start, int64_t row_count, float* out) {
-  if (row_start < 0 || row_count < 0 || row_start + row_count > num_rows()) {
-    return absl::OutOfRangeError(
-        absl::StrCat("rows [", row_start, ", ", row_start + row_count, ") of ", num_rows()));
-  }
-  if (row_count == 0) return absl::OkStatus();
+  return ReadRanges({{row_start, row_count}}, out);
+}
+
+absl::Status ModelRowSource::ReadRanges(const std::vector<RowRange>& ranges, float* out) {
   const int64_t L = inputs_.tokens->context_length();
   const int64_t w = width();
-  const int64_t row_end = row_start + row_count;
-  const int64_t seq_begin = row_start / L;
-  const int64_t seq_end = (row_end - 1) / L + 1;
+  std::vector<Piece> pieces;
+  std::vector<int64_t> seqs;
+  int64_t out_row = 0;
+  for (const RowRange& range : ranges) {
+    if (range.start < 0 || range.count < 0 || range.start + range.count > num_rows()) {
+      return absl::OutOfRangeError(absl::StrCat("rows [", range.start, ", ",
+                                                range.start + range.count, ") of ", num_rows()));
+    }
+    for (int64_t row = range.start; row < range.start + range.count;) {
+      const int64_t seq = row / L;
+      const int64_t last = std::min(range.start + range.count, (seq + 1) * L);
+      pieces.push_back({seq, row, last, out_row + row - range.start});
+      seqs.push_back(seq);
+      row = last;
+    }
+    out_row += range.count;
+  }
+  std::sort(seqs.begin(), seqs.end());
+  seqs.erase(std::unique(seqs.begin(), seqs.end()), seqs.end());
   ASSIGN_OR_RETURN(const at::Device device, ToAtDevice(device_));
+
+  // Rank r runs sequences [S * r / world, S * (r + 1) / world) of `seqs` and holds the pieces in
+  // them, in request order; every rank knows every rank's share.
   const int world = sync_ == nullptr ? 1 : sync_->world_size();
+  const int rank = sync_ == nullptr ? 0 : sync_->rank();
+  const auto num_seqs = static_cast<int64_t>(seqs.size());
+  std::vector<std::vector<int64_t>> share_seqs(world);
+  std::vector<std::vector<Piece>> share_pieces(world);
+  for (int r = 0; r < world; ++r) {
+    share_seqs[r].assign(seqs.begin() + num_seqs * r / world,
+                         seqs.begin() + num_seqs * (r + 1) / world);
+  }
+  for (const Piece& piece : pieces) {
+    const int64_t index = std::lower_bound(seqs.begin(), seqs.end(), piece.seq) - seqs.begin();
+    // The rank r with S * r / world <= index < S * (r + 1) / world.
+    int r = static_cast<int>(index * world / num_seqs);
+    while (num_seqs * r / world > index) --r;
+    while (num_seqs * (r + 1) / world <= index) ++r;
+    share_pieces[r].push_back(piece);
+  }
+  auto unpack = [&](int r, const float* rows) {
+    for (const Piece& piece : share_pieces[r]) {
+      const int64_t n = piece.last - piece.first;
+      std::memcpy(out + piece.out_row * w, rows, sizeof(float) * n * w);
+      rows += n * w;
+    }
+  };
+
+  absl::StatusOr<at::Tensor> hidden = RunSequences(inputs_, device, share_seqs[rank], &ids_);
+  sequences_computed_ += static_cast<int64_t>(share_seqs[rank].size());
   if (world == 1) {
-    ASSIGN_OR_RETURN(const at::Tensor rows,
-                     RunSequences(inputs_, device, seq_begin, seq_end, row_start, row_end, &ids_));
-    sequences_computed_ += seq_end - seq_begin;
-    CopyToHost(rows, out);
+    RETURN_IF_ERROR(hidden.status());
+    try {
+      const at::Tensor rows =
+          PieceRows(*hidden, share_seqs[0], share_pieces[0], L).to(at::kCPU).contiguous();
+      unpack(0, rows.data_ptr<float>());
+    } catch (const c10::Error& e) {
+      return absl::InternalError(
+          absl::StrCat("copying the model's activations: ", e.what_without_backtrace()));
+    }
     return absl::OkStatus();
   }
 
-  // Rank r runs sequences [seq_begin + S * r / world, seq_begin + S * (r + 1) / world) and holds
-  // their rows inside the range; every rank knows every part's bounds.
-  const int64_t num_seqs = seq_end - seq_begin;
-  auto part_rows = [&](int r) -> std::pair<int64_t, int64_t> {
-    const int64_t first_seq = seq_begin + num_seqs * r / world;
-    const int64_t end_seq = seq_begin + num_seqs * (r + 1) / world;
-    const int64_t first = std::clamp(first_seq * L, row_start, row_end);
-    return {first, std::clamp(end_seq * L, first, row_end)};
-  };
+  // This rank's rows padded to the most any rank holds, then one flag: whether it failed. A
+  // rank that fails still joins the gather, so the others learn of it instead of waiting for
+  // it until a timeout.
   int64_t most_rows = 0;
-  for (int r = 0; r < world; ++r) {
-    most_rows = std::max(most_rows, part_rows(r).second - part_rows(r).first);
-  }
-  const int rank = sync_->rank();
-  const auto [first, last] = part_rows(rank);
-  // Rank r's part padded to most_rows, then one flag: whether it failed. A rank that fails still
-  // joins the gather, so the others learn of it instead of waiting for it until a timeout.
-  absl::Status own;
+  for (int r = 0; r < world; ++r) most_rows = std::max(most_rows, RowsOf(share_pieces[r]));
   at::Tensor packed;
   try {
     packed = at::zeros({most_rows * w + 1}, at::TensorOptions(at::kFloat).device(device));
-    auto rows = RunSequences(inputs_, device, seq_begin + num_seqs * rank / world,
-                             seq_begin + num_seqs * (rank + 1) / world, first, last, &ids_);
-    if (rows.ok()) {
-      packed.narrow(0, 0, (last - first) * w).copy_(rows->reshape({-1}));
+    if (hidden.ok()) {
+      const int64_t mine = RowsOf(share_pieces[rank]);
+      packed.narrow(0, 0, mine * w)
+          .copy_(PieceRows(*hidden, share_seqs[rank], share_pieces[rank], L).reshape({-1}));
     } else {
-      own = rows.status();
       packed[most_rows * w].fill_(1.0f);
     }
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("packing rows [", first, ", ", last,
-                                            ") for the other ranks: ", e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat("packing rows for the other ranks: ", e.what_without_backtrace()));
   }
-  sequences_computed_ += num_seqs * (rank + 1) / world - num_seqs * rank / world;
   std::vector<at::Tensor> gathered;
   RETURN_IF_ERROR(sync_->AllGather(packed, &gathered));
-  RETURN_IF_ERROR(own);
+  RETURN_IF_ERROR(hidden.status());
   for (int r = 0; r < world; ++r) {
-    const auto [r_first, r_last] = part_rows(r);
     try {
-      const at::Tensor host = gathered[r].to(at::kCPU);
+      const at::Tensor host = gathered[r].to(at::kCPU).contiguous();
       if (host[most_rows * w].item<float>() != 0.0f) {
-        return absl::AbortedError(absl::StrCat("rank ", r, " failed to compute rows [", r_first,
-                                               ", ", r_last, ") of the model's activations"));
+        return absl::AbortedError(absl::StrCat("rank ", r, " failed to compute its ",
+                                               share_seqs[r].size(),
+                                               " sequences of the model's activations"));
       }
-      std::memcpy(out + (r_first - row_start) * w, host.data_ptr<float>(),
-                  sizeof(float) * (r_last - r_first) * w);
+      unpack(r, host.data_ptr<float>());
     } catch (const c10::Error& e) {
       return absl::InternalError(
           absl::StrCat("unpacking rank ", r, "'s rows: ", e.what_without_backtrace()));

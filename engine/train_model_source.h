@@ -5,8 +5,9 @@
 // dataset's are (every chunk_rows rows), so the trainer visits the rows in the same order.
 //
 // Data-parallel ranks that each hold such a source can share the forward passes (ShareWork):
-// every rank then runs the model over its own part of the sequences a Read covers and the parts
-// are all-gathered, so n ranks do the model's work once instead of n times.
+// every rank then runs the model over its own part of the sequences a read covers (a whole
+// window's chunks, through ReadRanges) and the parts are all-gathered, so n ranks do the model's
+// work once instead of n times.
 // Torch-free header; not thread-safe (one source per rank).
 #ifndef LATENTD_ENGINE_TRAIN_MODEL_SOURCE_H_
 #define LATENTD_ENGINE_TRAIN_MODEL_SOURCE_H_
@@ -46,6 +47,9 @@ class ModelRowSource : public DenseRowSource {
   // When shared, a collective: every rank of the group must make the same calls in the same
   // order; a rank that fails still takes part, and the others then fail too, naming it.
   absl::Status Read(int64_t row_start, int64_t row_count, float* out) override;
+  // As Read, over the sequences of all the ranges at once (each run once, however many ranges
+  // hold its rows), so that shared ranks split a whole window's sequences.
+  absl::Status ReadRanges(const std::vector<RowRange>& ranges, float* out) override;
 
   // From now on, Read splits its sequences over the ranks of `sync` (null or a world of one:
   // each Read runs them all here). `sync` must outlive the reads; its world's ranks must all

@@ -149,6 +149,39 @@ TEST(ModelRowSourceTest, RanksShareTheForwardPasses) {
   }
 }
 
+// A window's chunks shorter than a sequence (contexts of 1024 tokens and more): each sequence
+// runs once for all the chunks it feeds, and two ranks split the window's two sequences.
+TEST(ModelRowSourceTest, AWindowsChunksShareTheirSequences) {
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  const latentd::v1::ExtractSpec spec = Spec(dir);
+  const std::vector<RowRange> window = {{8, 4}, {0, 4}, {12, 4}, {4, 4}};  // sequences 1, 0, 1, 0
+  auto solo = ModelRowSource::Open(spec, Env(dir), DeviceRef{}, 4);
+  ASSERT_TRUE(solo.ok()) << solo.status();
+  std::vector<float> expected(16 * 16);
+  ASSERT_TRUE((*solo)->ReadRanges(window, expected.data()).ok());
+  EXPECT_EQ((*solo)->sequences_computed(), 2);
+  std::vector<float> one_by_one(16 * 16);
+  for (size_t i = 0; i < window.size(); ++i) {
+    ASSERT_TRUE(
+        (*solo)->Read(window[i].start, window[i].count, one_by_one.data() + i * 4 * 16).ok());
+  }
+  EXPECT_TRUE(torch::allclose(torch::from_blob(expected.data(), {16, 16}),
+                              torch::from_blob(one_by_one.data(), {16, 16}), 1e-5, 1e-6));
+  std::vector<int64_t> computed(2);
+  OnRanks(2, [&](int rank, GradientSync* sync) {
+    auto source = ModelRowSource::Open(spec, Env(dir), DeviceRef{}, 4);
+    ASSERT_TRUE(source.ok()) << source.status();
+    (*source)->ShareWork(sync);
+    std::vector<float> rows(16 * 16);
+    ASSERT_TRUE((*source)->ReadRanges(window, rows.data()).ok());
+    EXPECT_TRUE(torch::allclose(torch::from_blob(rows.data(), {16, 16}),
+                                torch::from_blob(expected.data(), {16, 16}), 1e-5, 1e-6))
+        << "rank " << rank;
+    computed[rank] = (*source)->sequences_computed();
+  });
+  EXPECT_EQ(computed, (std::vector<int64_t>{1, 1}));
+}
+
 // A rank that fails still joins the gather: the others stop too, naming it, instead of waiting.
 TEST(ModelRowSourceTest, ARankThatFailsStopsTheOthers) {
   const std::string dir = std::getenv("TEST_TMPDIR");
