@@ -40,17 +40,17 @@ void ModelRowSource::ShareWork(GradientSync* sync) { sync_ = sync; }
 
 namespace {
 
-// Runs `inputs`' model over sequences `seqs` (ascending), batch_sequences at a time, and returns
-// their hidden states, [seqs.size() * L, width] fp32 on `device`.
+// Runs `inputs`' model over sequences `seqs` (ascending), `batch` at a time, and returns their
+// hidden states, [seqs.size() * L, width] fp32 on `device`.
 absl::StatusOr<at::Tensor> RunSequences(ExtractInputs& inputs, const at::Device& device,
-                                        const std::vector<int64_t>& seqs,
+                                        const std::vector<int64_t>& seqs, int64_t batch,
                                         std::vector<int64_t>* ids) {
   const int64_t L = inputs.tokens->context_length();
   const int64_t w = inputs.model->hook_width();
   const int64_t vocab = inputs.model->vocab_size();
   std::vector<at::Tensor> parts;
   for (size_t begin = 0; begin < seqs.size();) {
-    const size_t end = std::min(seqs.size(), begin + static_cast<size_t>(inputs.batch_sequences));
+    const size_t end = std::min(seqs.size(), begin + static_cast<size_t>(batch));
     const auto count = static_cast<int64_t>(end - begin);
     ids->resize(count * L);
     for (size_t i = begin; i < end; ++i) {
@@ -163,7 +163,13 @@ absl::Status ModelRowSource::ReadRanges(const std::vector<RowRange>& ranges, flo
     }
   };
 
-  absl::StatusOr<at::Tensor> hidden = RunSequences(inputs_, device, share_seqs[rank], &ids_);
+  // Forward passes of at most a chunk's rows (and batch_sequences): a window's sequences in one
+  // pass would be larger than any the chunk-by-chunk reads ran, and measured on CPU at 1024-token
+  // contexts 4 sequences a pass cost 1.6x the time of 1 at a time (attention's [B, H, S, S]
+  // scores outgrow the caches); docs/TRAIN.md.
+  const int64_t batch =
+      std::clamp<int64_t>(chunk_rows_ / L, 1, std::max<int64_t>(inputs_.batch_sequences, 1));
+  absl::StatusOr<at::Tensor> hidden = RunSequences(inputs_, device, share_seqs[rank], batch, &ids_);
   sequences_computed_ += static_cast<int64_t>(share_seqs[rank].size());
   if (world == 1) {
     RETURN_IF_ERROR(hidden.status());
