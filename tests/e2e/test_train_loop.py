@@ -44,14 +44,43 @@ def rows_before(client, dataset_id, row):
 
 
 class TrainLoop(DaemonTestCase):
-    def inputs_and_daemon(self):
-        """Demo inputs (64 sequences of 32 tokens, an SAE 64 -> 256) and a one-CPU latentd."""
+    def inputs_and_daemon(self, devices="cpu:1"):
+        """Demo inputs (64 sequences of 32 tokens, an SAE 64 -> 256) and a latentd."""
         inputs = os.path.join(self.tmp, "inputs")
         subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), inputs,
                         "--sequences", "64", "--context", "32", "--d_in", "64", "--d_sae", "256",
                         "--k", "8"], check=True, capture_output=True)
-        daemon = self.start_daemon(devices="cpu:1", extra_args=["--data_roots=" + self.tmp])
+        daemon = self.start_daemon(devices=devices, extra_args=["--data_roots=" + self.tmp])
         return inputs, daemon
+
+    def train_stored_and_live(self, train, devices="cpu:1"):
+        """Trains `train` on the reference model's blocks.1.hook_resid_post twice: on a DENSE
+        dataset of it and on the model's activations (train.activations), with every device.
+        Checks that both succeed with SAEs equal up to float rounding (the same rows in the same
+        order; the forward passes batch the sequences differently) and returns (client, source,
+        stored job, live job, the live job's log)."""
+        inputs, daemon = self.inputs_and_daemon(devices)
+        c = daemon.client()
+        num_devices = int(devices.split(":")[1])
+        source = {"model": MODEL, "hookName": "blocks.1.hook_resid_post",
+                  "tokens": {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 32}}
+        dense = c.wait(c.submit("EXTRACT", dict(source, mode="DENSE", valueDtype="FLOAT32")).id)
+        self.assertEqual(dense.state, jobs_pb2.SUCCEEDED, dense.message)
+        stored = c.wait(c.submit("TRAIN", dict(
+            train, datasetId=str(dense.result.extract.dataset_id), artifactName="stored"),
+            num_devices=num_devices).id)
+        live = c.wait(c.submit("TRAIN", dict(train, activations=source, artifactName="live"),
+                               num_devices=num_devices).id)
+        for job in (stored, live):
+            self.assertEqual(job.state, jobs_pb2.SUCCEEDED, job.message)
+        weights = [read_safetensors(os.path.join(job.result.train.artifact_path,
+                                                 "sae_weights.safetensors"))
+                   for job in (stored, live)]
+        for name in weights[0]:
+            numpy.testing.assert_allclose(weights[1][name], weights[0][name], rtol=1e-4,
+                                          atol=1e-5, err_msg=name)
+        log = "\n".join(e.log.text for e in c.watch(live.id) if e.HasField("log"))
+        return c, source, stored, live, log
 
     def test_extract_train_extract_query(self):
         inputs, daemon = self.inputs_and_daemon()
@@ -494,34 +523,15 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual(missing.exception.code(), grpc.StatusCode.NOT_FOUND)
 
     def test_training_on_a_models_activations_equals_training_on_their_dataset(self):
-        inputs, daemon = self.inputs_and_daemon()
-        c = daemon.client()
-        source = {"model": MODEL, "hookName": "blocks.1.hook_resid_post",
-                  "tokens": {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 32}}
-        dense = c.wait(c.submit("EXTRACT", dict(source, mode="DENSE", valueDtype="FLOAT32")).id)
-        self.assertEqual(dense.state, jobs_pb2.SUCCEEDED, dense.message)
         train = {"sae": {"architecture": "TOPK", "dSae": 256, "k": 8},
                  "optimizer": {"name": "adam", "lr": 1e-3}, "batchSize": 64, "epochs": 2,
                  "seed": 5, "checkpointEvery": 10, "telemetryEvery": 8}
-        stored = c.wait(c.submit("TRAIN", dict(
-            train, datasetId=str(dense.result.extract.dataset_id), artifactName="stored")).id)
-        live = c.wait(c.submit("TRAIN", dict(train, activations=source,
-                                             artifactName="live")).id)
+        c, source, stored, live, log = self.train_stored_and_live(train)
         for job in (stored, live):
-            self.assertEqual(job.state, jobs_pb2.SUCCEEDED, job.message)
             self.assertEqual(job.result.train.steps, 64)  # 2 epochs of 2048 rows
-        # The same rows in the same order: the same SAE (the forward passes batch the
-        # sequences differently, so equal up to float rounding).
-        weights = [read_safetensors(os.path.join(job.result.train.artifact_path,
-                                                 "sae_weights.safetensors"))
-                   for job in (stored, live)]
-        for name in weights[0]:
-            numpy.testing.assert_allclose(weights[1][name], weights[0][name], rtol=1e-4,
-                                          atol=1e-5, err_msg=name)
         self.assertAlmostEqual(live.result.train.final_fvu, stored.result.train.final_fvu,
                                places=4)
         # Each sequence ran through the model once per epoch.
-        log = "\n".join(e.log.text for e in c.watch(live.id) if e.HasField("log"))
         self.assertIn("the model ran over 128 sequences on this node's 1 rank", log)
         # No dataset was made for it; the artifact says which model and hook it was trained on.
         self.assertEqual(len(c.list_datasets()), 1)
@@ -534,7 +544,7 @@ class TrainLoop(DaemonTestCase):
         for spec, field in (
                 (dict(train, activations=dict(source, hookName="blocks.9.hook_resid_post")),
                  "train.activations.hook_name"),
-                (dict(train, activations=dict(source, sae={"path": inputs})),
+                (dict(train, activations=dict(source, sae={"path": os.path.join(self.tmp, "inputs")})),
                  "train.activations.sae"),
                 (dict(train, activations=dict(source, moreOutputs=[
                     {"hookName": "blocks.0.hook_resid_post"}])),
@@ -552,37 +562,14 @@ class TrainLoop(DaemonTestCase):
     def test_ranks_share_the_models_forward_passes(self):
         """Two devices training on a model's activations run each sequence through the model
         once between them, and train what they train on the stored activations."""
-        inputs = os.path.join(self.tmp, "inputs")
-        subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), inputs,
-                        "--sequences", "64", "--context", "32", "--d_in", "64", "--d_sae", "256",
-                        "--k", "8"], check=True, capture_output=True)
-        daemon = self.start_daemon(devices="cpu:2", extra_args=["--data_roots=" + self.tmp])
-        c = daemon.client()
-        source = {"model": MODEL, "hookName": "blocks.1.hook_resid_post",
-                  "tokens": {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 32}}
-        dense = c.wait(c.submit("EXTRACT", dict(source, mode="DENSE", valueDtype="FLOAT32")).id)
-        self.assertEqual(dense.state, jobs_pb2.SUCCEEDED, dense.message)
         # BatchTopK: its threshold is calibrated on rows every rank reads at the end.
         train = {"sae": {"architecture": "BATCHTOPK", "dSae": 256, "k": 8},
                  "optimizer": {"name": "adam", "lr": 1e-3}, "batchSize": 63, "steps": 40,
                  "seed": 5, "checkpointEvery": 10, "telemetryEvery": 8}
-        stored = c.wait(c.submit("TRAIN", dict(
-            train, datasetId=str(dense.result.extract.dataset_id), artifactName="stored"),
-            num_devices=2).id)
-        live = c.wait(c.submit("TRAIN", dict(train, activations=source, artifactName="live"),
-                               num_devices=2).id)
-        for job in (stored, live):
-            self.assertEqual(job.state, jobs_pb2.SUCCEEDED, job.message)
-        weights = [read_safetensors(os.path.join(job.result.train.artifact_path,
-                                                 "sae_weights.safetensors"))
-                   for job in (stored, live)]
-        for name in weights[0]:
-            numpy.testing.assert_allclose(weights[1][name], weights[0][name], rtol=1e-4,
-                                          atol=1e-5, err_msg=name)
+        _, _, _, _, log = self.train_stored_and_live(train, devices="cpu:2")
         # 40 x 63 rows reach into the second pass over the 2048 rows (one window), and the
         # calibration reads the first pass's window again: 3 x 64 sequences between the two
         # ranks, where ranks each computing every row would run 6 x 64.
-        log = "\n".join(e.log.text for e in c.watch(live.id) if e.HasField("log"))
         self.assertIn("the model ran over 192 sequences on this node's 2 ranks", log)
 
 
