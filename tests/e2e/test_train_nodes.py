@@ -36,6 +36,16 @@ def read_safetensors(path):
             for name, info in header.items() if name != "__metadata__"}
 
 
+def assert_same_weights(jobs):
+    """The SAEs the TRAIN jobs saved hold the same bits; returns the first one's tensors."""
+    weights = [read_safetensors(os.path.join(job.result.train.artifact_path,
+                                             "sae_weights.safetensors")) for job in jobs]
+    for other in weights[1:]:
+        for name in weights[0]:
+            numpy.testing.assert_array_equal(weights[0][name], other[name], name)
+    return weights[0]
+
+
 class TrainNodes(DaemonTestCase):
     def setUp(self):
         super().setUp()
@@ -94,13 +104,8 @@ class TrainNodes(DaemonTestCase):
 
         # Every node keeps its own copy of the model: the same bits, and the bits one daemon
         # with two in-process ranks computes.
-        weights = {name: read_safetensors(os.path.join(job.result.train.artifact_path,
-                                                       "sae_weights.safetensors"))
-                   for name, job in (("a", done_a), ("b", done_b), ("solo", reference))}
-        self.assertEqual(sorted(weights["a"]), ["W_dec", "W_enc", "b_dec", "b_enc"])
-        for name in weights["a"]:
-            numpy.testing.assert_array_equal(weights["a"][name], weights["b"][name], name)
-            numpy.testing.assert_array_equal(weights["a"][name], weights["solo"][name], name)
+        weights = assert_same_weights([done_a, done_b, reference])
+        self.assertEqual(sorted(weights), ["W_dec", "W_enc", "b_dec", "b_enc"])
         for job in (done_a, done_b):
             self.assertEqual(job.result.train.steps, 24)
             self.assertEqual(job.result.train.final_loss, reference.result.train.final_loss)
@@ -134,12 +139,7 @@ class TrainNodes(DaemonTestCase):
         done_a, done_b = ca.wait(job_a.id), cb.wait(job_b.id)
         self.assertEqual(done_a.state, jobs_pb2.SUCCEEDED, done_a.message)
         self.assertEqual(done_b.state, jobs_pb2.SUCCEEDED, done_b.message)
-        weights = {name: read_safetensors(os.path.join(job.result.train.artifact_path,
-                                                       "sae_weights.safetensors"))
-                   for name, job in (("a", done_a), ("b", done_b), ("solo", reference))}
-        for name in weights["a"]:
-            numpy.testing.assert_array_equal(weights["a"][name], weights["b"][name], name)
-            numpy.testing.assert_array_equal(weights["a"][name], weights["solo"][name], name)
+        assert_same_weights([done_a, done_b, reference])
         # 24 steps of 32 rows stay in the one window of 32 sequences: 16 a node, plus the 2
         # that hold the 64 rows each node hashes before the nodes join (to agree on the data).
         logs = {name: "\n".join(e.log.text for e in client.watch(job.id) if e.HasField("log"))
@@ -166,12 +166,7 @@ class TrainNodes(DaemonTestCase):
             self.assertEqual(job.state, jobs_pb2.SUCCEEDED, job.message)
         log = "\n".join(e.log.text for e in ca.watch(job_a.id) if e.HasField("log"))
         self.assertIn("joining 3 ranks as 0..1 through", log)
-        weights = [read_safetensors(os.path.join(job.result.train.artifact_path,
-                                                 "sae_weights.safetensors"))
-                   for job in done + [reference]]
-        for name in weights[0]:
-            numpy.testing.assert_array_equal(weights[0][name], weights[1][name], name)
-            numpy.testing.assert_array_equal(weights[0][name], weights[2][name], name)
+        assert_same_weights(done + [reference])
 
     def kill_one_node_and_resume(self, victim):
         """kill -9 node `victim` ("a": rank 0, hosting the store; "b": rank 1) mid-run, restart it
@@ -214,12 +209,7 @@ class TrainNodes(DaemonTestCase):
             self.assertEqual(job.state, jobs_pb2.SUCCEEDED, job.message)
             self.assertEqual(job.result.train.steps, 600)
         self.assertGreater(done[victim].attempts, 1)
-        weights = [read_safetensors(os.path.join(job.result.train.artifact_path,
-                                                 "sae_weights.safetensors"))
-                   for job in (done["a"], done["b"], reference)]
-        for name in weights[0]:
-            numpy.testing.assert_array_equal(weights[0][name], weights[1][name], name)
-            numpy.testing.assert_array_equal(weights[0][name], weights[2][name], name)
+        assert_same_weights([done["a"], done["b"], reference])
 
     def test_kill_9_of_the_rank_0_node_then_resume_gives_the_uninterrupted_model(self):
         self.kill_one_node_and_resume("a")
@@ -251,10 +241,7 @@ class TrainNodes(DaemonTestCase):
             self.assertIn("node %s: job %d SUCCEEDED, artifact %d at %s" % (
                 (a if job is done[0] else b).address, job.id, job.result.train.artifact_id,
                 job.result.train.artifact_path), out)
-        weights = [read_safetensors(os.path.join(job.result.train.artifact_path,
-                                                 "sae_weights.safetensors")) for job in done]
-        for name in weights[0]:
-            numpy.testing.assert_array_equal(weights[0][name], weights[1][name], name)
+        assert_same_weights(done)
 
         # The second node lacks the dataset: the job already submitted to the first is
         # cancelled, so nothing is left waiting at the rendezvous.
