@@ -5,6 +5,7 @@
 #include <torch/optim/adam.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <thread>
 
@@ -74,19 +75,32 @@ struct Trainer {
   ShuffledRowStream stream;
 };
 
-// Runs `rank0` and `rank1` for `steps` steps as the two ranks of one Gloo group (no checkpoints).
-absl::Status TrainTwoRanks(Trainer* rank0, Trainer* rank1, int64_t steps) {
+// Runs `run(rank, sync)` for ranks 0 and 1 of one Gloo group, each on its own thread; returns
+// rank 0's error, else rank 1's.
+absl::Status OnTwoRanks(const std::function<absl::Status(int, GradientSync*)>& run) {
   auto store = NewInProcessStore();
   absl::Status status[2];
-  auto train = [&](Trainer* run, int rank) {
-    auto sync = JoinProcessGroup(store, {.rank = rank, .world_size = 2});
-    status[rank] = sync.ok() ? run->Go(Loop(steps), nullptr, sync->get()).status() : sync.status();
+  auto rank_thread = [&](int rank) {
+    // A rank that waits on a collective its peer left fails within the test's time.
+    auto sync = JoinProcessGroup(store, {.rank = rank, .world_size = 2, .timeout_seconds = 30});
+    status[rank] = sync.ok() ? run(rank, sync->get()) : sync.status();
   };
-  std::thread t0(train, rank0, 0);
-  std::thread t1(train, rank1, 1);
+  std::thread t0(rank_thread, 0);
+  std::thread t1(rank_thread, 1);
   t0.join();
   t1.join();
   return status[0].ok() ? status[1] : status[0];
+}
+
+// Runs `rank0` and `rank1` for `steps` steps as the two ranks of one Gloo group (no checkpoints).
+absl::Status TrainTwoRanks(Trainer* rank0, Trainer* rank1, int64_t steps,
+                           const TrainLoopOptions& options = Loop(0)) {
+  TrainLoopOptions loop = options;
+  loop.total_steps = steps;
+  loop.lr.total_steps = steps;
+  return OnTwoRanks([&](int rank, GradientSync* sync) {
+    return (rank == 0 ? rank0 : rank1)->Go(loop, nullptr, sync).status();
+  });
 }
 
 TEST(TrainLoopTest, LossFallsAndTelemetryMatchesTheOptimizersAccounting) {
@@ -325,25 +339,13 @@ TEST(TrainLoopTest, TwoGlooRanksHoldIdenticalStateAfter50Steps) {
 // `stores[r]` is rank r's; rank 0's state (restored or initialised) must reach rank 1.
 absl::Status TrainTwoNodes(Trainer* rank0, Trainer* rank1, InMemoryCheckpointStore stores[2],
                            int64_t steps, bool share, int64_t crash_after_step = -1) {
-  auto store = NewInProcessStore();
-  absl::Status status[2];
-  auto train = [&](Trainer* run, int rank) {
-    auto sync = JoinProcessGroup(store, {.rank = rank, .world_size = 2});
-    if (!sync.ok()) {
-      status[rank] = sync.status();
-      return;
-    }
+  return OnTwoRanks([&](int rank, GradientSync* sync) {
     TrainLoopOptions options = Loop(steps);
     options.local_leader_rank = rank;  // one rank per node: each writes its own checkpoints
     options.share_start_state = share;
     options.crash_after_step = crash_after_step;
-    status[rank] = run->Go(options, &stores[rank], sync->get()).status();
-  };
-  std::thread t0(train, rank0, 0);
-  std::thread t1(train, rank1, 1);
-  t0.join();
-  t1.join();
-  return status[0].ok() ? status[1] : status[0];
+    return (rank == 0 ? rank0 : rank1)->Go(options, &stores[rank], sync).status();
+  });
 }
 
 bool SameParameters(Trainer& a, Trainer& b) {
@@ -453,27 +455,17 @@ TrainLoopOptions LockstepLoop(int64_t steps) {
 absl::Status TrainLockstep(Trainer* rank0, Trainer* rank1, LockstepRowSource* sources[2],
                            InMemoryCheckpointStore stores[2], bool two_nodes, int64_t steps,
                            int64_t crash_after_step = -1) {
-  auto store = NewInProcessStore();
-  absl::Status status[2];
-  auto train = [&](Trainer* run, int rank) {
-    auto sync = JoinProcessGroup(store, {.rank = rank, .world_size = 2, .timeout_seconds = 30});
-    if (!sync.ok()) {
-      status[rank] = sync.status();
-      return;
-    }
-    sources[rank]->Join(sync->get());
+  return OnTwoRanks([&](int rank, GradientSync* sync) {
+    sources[rank]->Join(sync);
     TrainLoopOptions options = LockstepLoop(steps);
     options.collective_reads = true;
     options.local_leader_rank = two_nodes ? rank : 0;
     options.share_start_state = two_nodes;
     options.crash_after_step = crash_after_step;
-    status[rank] = run->Go(options, two_nodes ? &stores[rank] : &stores[0], sync->get()).status();
-  };
-  std::thread t0(train, rank0, 0);
-  std::thread t1(train, rank1, 1);
-  t0.join();
-  t1.join();
-  return status[0].ok() ? status[1] : status[0];
+    return (rank == 0 ? rank0 : rank1)
+        ->Go(options, two_nodes ? &stores[rank] : &stores[0], sync)
+        .status();
+  });
 }
 
 // With collective_reads every rank reads the same rows at the same time (to initialise, at
@@ -482,20 +474,7 @@ absl::Status TrainLockstep(Trainer* rank0, Trainer* rank1, LockstepRowSource* so
 TEST(TrainLoopTest, CollectiveReadsKeepTheRanksInStep) {
   InMemoryDenseRowSource rows(DictionaryRows(1024, 6), kWidth, 64);
   Trainer expected0(&rows, Adam(), BatchTopKSae()), expected1(&rows, Adam(), BatchTopKSae());
-  {
-    auto store = NewInProcessStore();
-    absl::Status status[2];
-    auto train = [&](Trainer* run, int rank) {
-      auto sync = JoinProcessGroup(store, {.rank = rank, .world_size = 2});
-      const TrainLoopOptions options = LockstepLoop(30);
-      status[rank] = sync.ok() ? run->Go(options, nullptr, sync->get()).status() : sync.status();
-    };
-    std::thread t0(train, &expected0, 0);
-    std::thread t1(train, &expected1, 1);
-    t0.join();
-    t1.join();
-    ASSERT_TRUE(status[0].ok() && status[1].ok()) << status[0] << " " << status[1];
-  }
+  ASSERT_TRUE(TrainTwoRanks(&expected0, &expected1, 30, LockstepLoop(30)).ok());
   for (const bool two_nodes : {false, true}) {
     LockstepRowSource lockstep0(&rows), lockstep1(&rows);
     LockstepRowSource* sources[2] = {&lockstep0, &lockstep1};
