@@ -347,8 +347,9 @@ uint64_t StableHash(absl::string_view bytes) {
 
 // What every node of a run must have alike, as text for the message when they do not: the
 // device kind (Gloo and NCCL do not mix), the data's shape, the spec but for what names
-// this node's own things (its dataset id, paths, job ids, rank offset, address), and the first
-// rows of the shuffled stream (the same dataset, not merely the same shape).
+// this node's own things (its dataset id, paths, job ids, rank offset, address), and the
+// data's chunk boundaries (which order the stream's shuffle) and first rows (the same dataset,
+// not merely the same shape).
 absl::StatusOr<std::string> RunAgreement(const TrainPlan& plan, const latentd::v1::TrainSpec& spec,
                                          bool cuda, DenseRowSource* source) {
   latentd::v1::TrainSpec common = spec;
