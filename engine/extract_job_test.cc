@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 
+#include "engine/extract_runner.h"
 #include "engine/sae.h"
 #include "gtest/gtest.h"
 #include "storage/chunk_store.h"
@@ -769,6 +770,18 @@ TEST_F(ExtractJobTest, ResumeWithChangedSaeWeightsIsRefused) {
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_NE(refused.message().find("another SAE"), std::string::npos) << refused;
   EXPECT_EQ(store.GetDataset(id)->sae_weight_hash(), recorded);
+}
+
+// CPUs run long sequences a few at a time (attention's scores grow with the square of the
+// context); GPUs keep 32.
+TEST(ExtractDefaultsTest, BatchShrinksWithTheContextOnCpus) {
+  EXPECT_EQ(DefaultBatchSequences(128, /*all_cpu=*/true), 32);
+  EXPECT_EQ(DefaultBatchSequences(64, true), 32);
+  EXPECT_EQ(DefaultBatchSequences(256, true), 8);
+  EXPECT_EQ(DefaultBatchSequences(512, true), 2);
+  EXPECT_EQ(DefaultBatchSequences(1024, true), 1);
+  EXPECT_EQ(DefaultBatchSequences(8192, true), 1);
+  EXPECT_EQ(DefaultBatchSequences(1024, /*all_cpu=*/false), 32);
 }
 
 }  // namespace

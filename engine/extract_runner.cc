@@ -33,6 +33,19 @@ namespace {
 using latentd::v1::ExtractSpec;
 
 constexpr int64_t kDefaultBatchSequences = 32;
+
+}  // namespace
+
+// On CPUs B x L^2 stays at X1's 32 x 128^2. Measured on the 2-core VM (EXTRACT DENSE of the
+// reference model, one CPU device): at 1024 tokens 1 sequence a pass took 17 s where 32 took
+// 39 s; at 512, 2 a pass 6-12 s where 32 took 22 s (docs/EXTRACT.md).
+int64_t DefaultBatchSequences(int64_t context_length, bool all_cpu) {
+  if (!all_cpu || context_length <= 0) return kDefaultBatchSequences;
+  const int64_t budget = kDefaultBatchSequences * 128 * 128;
+  return std::clamp<int64_t>(budget / (context_length * context_length), 1, kDefaultBatchSequences);
+}
+
+namespace {
 constexpr int64_t kDefaultCommitRows = 16384;
 
 }  // namespace
@@ -284,7 +297,9 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env) {
     c.rows = source->num_rows();
   }
   if (spec.batch_sequences() < 0 || spec.batch_sequences() > 65536) {
-    return absl::InvalidArgumentError("extract.batch_sequences: must be in [1, 65536] (0: 32)");
+    return absl::InvalidArgumentError(
+        "extract.batch_sequences: must be in [1, 65536] (0: 32, fewer on CPUs at long "
+        "contexts)");
   }
   if (spec.batch_sequences() > 0) c.batch_sequences = spec.batch_sequences();
   if (spec.commit_rows() < 0 || spec.commit_rows() > (int64_t{1} << 26)) {
@@ -502,7 +517,10 @@ absl::StatusOr<ExtractInputs> OpenExtractInputs(const ExtractSpec& spec, const E
   latentd::v1::TokenSource token_spec = spec.tokens();
   token_spec.set_path(c.tokens_path);
   ASSIGN_OR_RETURN(inputs.tokens, TokenSource::Open(token_spec));
-  inputs.batch_sequences = c.batch_sequences;
+  inputs.batch_sequences =
+      spec.batch_sequences() > 0
+          ? c.batch_sequences
+          : DefaultBatchSequences(spec.tokens().context_length(), device.kind == DeviceKind::kCpu);
   try {
     ASSIGN_OR_RETURN(const std::optional<HfModelWeights> native_weights,
                      LoadNativeWeights(spec, c));
@@ -544,6 +562,10 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   if (devices.empty()) devices.push_back(DeviceRef{DeviceKind::kCpu, 0, "cpu:0", 0});
   int cpu_devices = 0;
   for (const auto& d : devices) cpu_devices += d.kind == DeviceKind::kCpu;
+  if (spec.batch_sequences() == 0) {
+    c.batch_sequences = DefaultBatchSequences(spec.tokens().context_length(),
+                                              cpu_devices == static_cast<int>(devices.size()));
+  }
   const int host_cores = std::max(1u, std::thread::hardware_concurrency());
   const int cpu_threads = cpu_devices > 0 ? std::max(1, host_cores / cpu_devices) : 0;
 

@@ -94,6 +94,10 @@ struct ExtractInputs {
 };
 absl::StatusOr<ExtractInputs> OpenExtractInputs(const latentd::v1::ExtractSpec& spec,
                                                 const ExtractEnv& env, const DeviceRef& device);
+// batch_sequences when a spec leaves it at 0: 32 sequences a forward pass; when every device is
+// a CPU, fewer at long contexts, keeping B x L^2 (attention's [B, heads, L, L] scores) at most
+// 32 x 128^2: 8 at 256 tokens, 2 at 512, 1 from 1024.
+int64_t DefaultBatchSequences(int64_t context_length, bool all_cpu);
 // The rows of the spec's token shard and the width of its hook: from the model's config where
 // it is run natively, else (a TorchScript model) by loading it on the CPU.
 struct ExtractRowShape {
