@@ -524,6 +524,30 @@ TEST_F(ExtractJobTest, AnSaeOnSeveralHooksCountsOnce) {
   }
 }
 
+// On CPU-only machines the submit-time memory check counts the batch a CPU runs by default
+// (8 sequences at 256 tokens), so a long-context job is not refused for 32 it would never run.
+TEST_F(ExtractJobTest, TheCpuMemoryCheckCountsTheCpuBatch) {
+  latentd::v1::ExtractSpec spec = Spec();
+  spec.mutable_model()->mutable_reference()->set_context_length(256);
+  spec.mutable_tokens()->set_context_length(256);
+  spec.set_batch_sequences(0);
+  auto fits = [&](const latentd::v1::ExtractSpec& s, bool cpu_only, int64_t bytes) {
+    ExtractEnv env = env_;
+    env.device_memory_bytes = bytes;
+    env.cpu_only = cpu_only;
+    return ValidateExtractSpec(s, env).ok();
+  };
+  int64_t lo = 1, hi = int64_t{1} << 40;
+  while (lo + 1 < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(spec, true, mid) ? hi : lo) = mid;
+  }
+  EXPECT_TRUE(fits(spec, true, hi));
+  EXPECT_FALSE(fits(spec, /*cpu_only=*/false, hi));  // GPUs run 32 a pass
+  spec.set_batch_sequences(32);                      // a spec's own batch counts as given
+  EXPECT_FALSE(fits(spec, true, hi));
+}
+
 TEST_F(ExtractJobTest, MoreOutputsAreCheckedNamingTheOutput) {
   auto expect_invalid = [&](const latentd::v1::ExtractSpec& spec, const std::string& field) {
     absl::Status s = ValidateExtractSpec(spec, env_);

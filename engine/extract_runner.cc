@@ -463,6 +463,9 @@ absl::Status ValidateExtractSpec(const ExtractSpec& spec, const ExtractEnv& env)
     }
   }
   if (c.shape && env.device_memory_bytes > 0) {
+    if (spec.batch_sequences() == 0) {
+      c.batch_sequences = DefaultBatchSequences(spec.tokens().context_length(), env.cpu_only);
+    }
     std::vector<int64_t> widths;
     for (const CheckedOutput& out : c.outputs) widths.push_back(out.hook_width);
     const int64_t need = EstimateDeviceBytes(

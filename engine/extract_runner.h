@@ -35,6 +35,9 @@ struct ExtractEnv {
   std::function<absl::StatusOr<std::string>(uint64_t)> sae_artifact_dir;
   // Memory of the smallest device a job may get, for the submit-time memory check; 0: unknown.
   int64_t device_memory_bytes = 0;
+  // Every device a job may get is a CPU: the submit-time memory check counts the batch a CPU
+  // runs by default (DefaultBatchSequences), not 32 sequences. Default false.
+  bool cpu_only = false;
   // Bytes free on the disk the dataset will go to: a new dataset that cannot fit (a lower bound
   // of its size; TopK and DENSE) is RESOURCE_EXHAUSTED at submit. Null: no check.
   std::function<int64_t()> free_disk_bytes;

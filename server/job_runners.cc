@@ -41,6 +41,9 @@ engine::ExtractEnv MakeExtractEnv(const RunnerEnvironment& env) {
   // SAEs that TRAIN jobs wrote are inputs too, wherever the user's data roots are.
   extract.data_roots.push_back(env.artifact_dir);
   extract.device_memory_bytes = SmallestDeviceMemory(env.pool);
+  extract.cpu_only =
+      std::all_of(env.pool->devices().begin(), env.pool->devices().end(),
+                  [](const engine::DeviceRef& d) { return d.kind == engine::DeviceKind::kCpu; });
   extract.find_job = env.find_job;
   storage::ArtifactStore* artifacts = env.artifacts;
   extract.sae_artifact_dir = [artifacts](uint64_t id) -> absl::StatusOr<std::string> {
