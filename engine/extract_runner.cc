@@ -236,7 +236,9 @@ absl::StatusOr<CheckedOutput> CheckOutput(const ExtractSpec& one, const ExtractE
   return out;
 }
 
-absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env) {
+// `all_cpu`: every device the job runs on is a CPU (DefaultBatchSequences).
+absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env,
+                              bool all_cpu = false) {
   Checked c;
   latentd::v1::TokenSource tokens = spec.tokens();
   ASSIGN_OR_RETURN(c.tokens_path, ResolveUnderRoots(tokens.path(), env, "extract.tokens.path"));
@@ -301,7 +303,9 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env) {
         "extract.batch_sequences: must be in [1, 65536] (0: 32, fewer on CPUs at long "
         "contexts)");
   }
-  if (spec.batch_sequences() > 0) c.batch_sequences = spec.batch_sequences();
+  c.batch_sequences = spec.batch_sequences() > 0
+                          ? spec.batch_sequences()
+                          : DefaultBatchSequences(spec.tokens().context_length(), all_cpu);
   if (spec.commit_rows() < 0 || spec.commit_rows() > (int64_t{1} << 26)) {
     return absl::InvalidArgumentError("extract.commit_rows: must be in [1, 2^26] (0: 16384)");
   }
@@ -448,7 +452,7 @@ absl::StatusOr<std::vector<std::string>> ExtractDatasetNamesFor(const ExtractSpe
 }
 
 absl::Status ValidateExtractSpec(const ExtractSpec& spec, const ExtractEnv& env) {
-  ASSIGN_OR_RETURN(Checked c, Check(spec, env));
+  ASSIGN_OR_RETURN(Checked c, Check(spec, env, env.cpu_only));
   RETURN_IF_ERROR(ExtractDatasetNamesFor(spec, env, 0).status());
   // Hours into a job is a bad time to learn that the disk was always too small. (A continued
   // dataset already holds part of its rows.)
@@ -463,9 +467,6 @@ absl::Status ValidateExtractSpec(const ExtractSpec& spec, const ExtractEnv& env)
     }
   }
   if (c.shape && env.device_memory_bytes > 0) {
-    if (spec.batch_sequences() == 0) {
-      c.batch_sequences = DefaultBatchSequences(spec.tokens().context_length(), env.cpu_only);
-    }
     std::vector<int64_t> widths;
     for (const CheckedOutput& out : c.outputs) widths.push_back(out.hook_width);
     const int64_t need = EstimateDeviceBytes(
@@ -515,15 +516,12 @@ ExtractInputs::~ExtractInputs() = default;
 
 absl::StatusOr<ExtractInputs> OpenExtractInputs(const ExtractSpec& spec, const ExtractEnv& env,
                                                 const DeviceRef& device) {
-  ASSIGN_OR_RETURN(Checked c, Check(spec, env));
+  ASSIGN_OR_RETURN(Checked c, Check(spec, env, device.kind == DeviceKind::kCpu));
   ExtractInputs inputs;
   latentd::v1::TokenSource token_spec = spec.tokens();
   token_spec.set_path(c.tokens_path);
   ASSIGN_OR_RETURN(inputs.tokens, TokenSource::Open(token_spec));
-  inputs.batch_sequences =
-      spec.batch_sequences() > 0
-          ? c.batch_sequences
-          : DefaultBatchSequences(spec.tokens().context_length(), device.kind == DeviceKind::kCpu);
+  inputs.batch_sequences = c.batch_sequences;
   try {
     ASSIGN_OR_RETURN(const std::optional<HfModelWeights> native_weights,
                      LoadNativeWeights(spec, c));
@@ -555,20 +553,16 @@ absl::StatusOr<ExtractRowShape> ExtractRowShapeOf(const ExtractSpec& spec, const
 absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& spec,
                                                             const ExtractEnv& env, JobContext* ctx,
                                                             const SinkOpener& open_sink) {
-  ASSIGN_OR_RETURN(Checked c, Check(spec, env));
+  std::vector<DeviceRef> devices = ctx != nullptr ? ctx->devices() : std::vector<DeviceRef>{};
+  if (devices.empty()) devices.push_back(DeviceRef{DeviceKind::kCpu, 0, "cpu:0", 0});
+  int cpu_devices = 0;
+  for (const auto& d : devices) cpu_devices += d.kind == DeviceKind::kCpu;
+  ASSIGN_OR_RETURN(Checked c, Check(spec, env, cpu_devices == static_cast<int>(devices.size())));
   latentd::v1::TokenSource token_spec = spec.tokens();
   token_spec.set_path(c.tokens_path);
   ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, TokenSource::Open(token_spec));
   const int num_outputs = static_cast<int>(c.outputs.size());
 
-  std::vector<DeviceRef> devices = ctx != nullptr ? ctx->devices() : std::vector<DeviceRef>{};
-  if (devices.empty()) devices.push_back(DeviceRef{DeviceKind::kCpu, 0, "cpu:0", 0});
-  int cpu_devices = 0;
-  for (const auto& d : devices) cpu_devices += d.kind == DeviceKind::kCpu;
-  if (spec.batch_sequences() == 0) {
-    c.batch_sequences = DefaultBatchSequences(spec.tokens().context_length(),
-                                              cpu_devices == static_cast<int>(devices.size()));
-  }
   const int host_cores = std::max(1u, std::thread::hardware_concurrency());
   const int cpu_threads = cpu_devices > 0 ? std::max(1, host_cores / cpu_devices) : 0;
 
