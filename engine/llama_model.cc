@@ -142,15 +142,6 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weig
     return absl::InvalidArgumentError(absl::StrCat(
         c.what, ": ", c.sliding_layers.size(), " sliding-layer flags for ", c.n_layers, " layers"));
   }
-  const int64_t rotary_pairs = (c.rotary_dim > 0 ? c.rotary_dim : c.head_dim) / 2;
-  if (!c.rope_short_factors.empty() &&
-      (static_cast<int64_t>(c.rope_short_factors.size()) != rotary_pairs ||
-       static_cast<int64_t>(c.rope_long_factors.size()) != rotary_pairs)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(c.what, ": LongRoPE needs ", rotary_pairs,
-                     " short and long factors (one per rotated pair), got ",
-                     c.rope_short_factors.size(), " and ", c.rope_long_factors.size()));
-  }
   m->inv_freq_ = InverseFrequencies(c, c.rope_theta, /*scaled=*/true).to(device);
   if (!c.rope_long_factors.empty()) {
     m->long_inv_freq_ =
@@ -187,11 +178,9 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
   auto angles = [&](const at::Tensor& inv_freq) {
     at::Tensor freqs = at::arange(S, inv_freq.options()).unsqueeze(1) * inv_freq.unsqueeze(0);
     at::Tensor both = at::cat({freqs, freqs}, -1);
-    if (c.rope_attention_factor != 1) {
-      return std::make_pair((both.cos() * c.rope_attention_factor).to(dtype),
-                            (both.sin() * c.rope_attention_factor).to(dtype));
-    }
-    return std::make_pair(both.cos().to(dtype), both.sin().to(dtype));
+    // LongRoPE scales both by its attention factor (1 otherwise), in float32 like Hugging Face.
+    const double scale = c.rope_attention_factor;
+    return std::make_pair((both.cos() * scale).to(dtype), (both.sin() * scale).to(dtype));
   };
   // LongRoPE switches to its long factors when the sequence outgrows the original context.
   const auto global_angles =

@@ -77,7 +77,8 @@ struct LlamaConfig {
   bool fused_projections = false;
   // LongRoPE (rope_scaling "longrope", Phi-3): each frequency divided by its factor, the short
   // ones for sequences of up to rope_original_context positions, the long ones beyond; cos and
-  // sin multiplied by rope_attention_factor. Empty: none.
+  // sin multiplied by rope_attention_factor. One factor per rotated pair of dims (the
+  // Hugging Face loader checks the counts). Empty: none.
   std::vector<double> rope_short_factors, rope_long_factors;
   double rope_attention_factor = 1;
   // Sliding-window attention on the layers `sliding_layers` marks (Gemma 3: five local layers to

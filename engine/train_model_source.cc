@@ -81,21 +81,22 @@ absl::StatusOr<at::Tensor> RunSequences(ExtractInputs& inputs, const at::Device&
 
 // The rows of one sequence inside one requested range, and where they go in the output.
 struct Piece {
-  int64_t seq;    // the sequence holding them
-  int64_t first;  // rows [first, last) of the source
+  int64_t seq;        // the sequence holding them
+  int64_t seq_index;  // its place among the read's distinct sequences (ascending)
+  int64_t first;      // rows [first, last) of the source
   int64_t last;
   int64_t out_row;  // the output row of `first`
 };
 
-// The hidden states of `pieces` (each of whose sequences is in `seqs`, ascending), in order:
-// [their rows, width], from `hidden` ([seqs.size() * L, width]).
-at::Tensor PieceRows(const at::Tensor& hidden, const std::vector<int64_t>& seqs,
+// The rows of `pieces`, in order ([their rows, width]), from `hidden`: the hidden states of
+// the read's sequences from index `first_index` on, L rows each.
+at::Tensor PieceRows(const at::Tensor& hidden, int64_t first_index,
                      const std::vector<Piece>& pieces, int64_t L) {
   std::vector<at::Tensor> rows;
   for (const Piece& piece : pieces) {
-    const int64_t index = std::lower_bound(seqs.begin(), seqs.end(), piece.seq) - seqs.begin();
-    rows.push_back(
-        hidden.narrow(0, index * L + piece.first - piece.seq * L, piece.last - piece.first));
+    rows.push_back(hidden.narrow(0,
+                                 (piece.seq_index - first_index) * L + piece.first - piece.seq * L,
+                                 piece.last - piece.first));
   }
   return rows.empty() ? hidden.narrow(0, 0, 0) : at::cat(rows);
 }
@@ -126,7 +127,7 @@ absl::Status ModelRowSource::ReadRanges(const std::vector<RowRange>& ranges, flo
     for (int64_t row = range.start; row < range.start + range.count;) {
       const int64_t seq = row / L;
       const int64_t last = std::min(range.start + range.count, (seq + 1) * L);
-      pieces.push_back({seq, row, last, out_row + row - range.start});
+      pieces.push_back({seq, 0, row, last, out_row + row - range.start});
       seqs.push_back(seq);
       row = last;
     }
@@ -141,19 +142,17 @@ absl::Status ModelRowSource::ReadRanges(const std::vector<RowRange>& ranges, flo
   const int world = sync_ == nullptr ? 1 : sync_->world_size();
   const int rank = sync_ == nullptr ? 0 : sync_->rank();
   const auto num_seqs = static_cast<int64_t>(seqs.size());
+  auto first_index = [&](int r) { return num_seqs * r / world; };
   std::vector<std::vector<int64_t>> share_seqs(world);
-  std::vector<std::vector<Piece>> share_pieces(world);
+  std::vector<int> owner(num_seqs);
   for (int r = 0; r < world; ++r) {
-    share_seqs[r].assign(seqs.begin() + num_seqs * r / world,
-                         seqs.begin() + num_seqs * (r + 1) / world);
+    share_seqs[r].assign(seqs.begin() + first_index(r), seqs.begin() + first_index(r + 1));
+    std::fill(owner.begin() + first_index(r), owner.begin() + first_index(r + 1), r);
   }
-  for (const Piece& piece : pieces) {
-    const int64_t index = std::lower_bound(seqs.begin(), seqs.end(), piece.seq) - seqs.begin();
-    // The rank r with S * r / world <= index < S * (r + 1) / world.
-    int r = static_cast<int>(index * world / num_seqs);
-    while (num_seqs * r / world > index) --r;
-    while (num_seqs * (r + 1) / world <= index) ++r;
-    share_pieces[r].push_back(piece);
+  std::vector<std::vector<Piece>> share_pieces(world);
+  for (Piece& piece : pieces) {
+    piece.seq_index = std::lower_bound(seqs.begin(), seqs.end(), piece.seq) - seqs.begin();
+    share_pieces[owner[piece.seq_index]].push_back(piece);
   }
   auto unpack = [&](int r, const float* rows) {
     for (const Piece& piece : share_pieces[r]) {
@@ -175,7 +174,7 @@ absl::Status ModelRowSource::ReadRanges(const std::vector<RowRange>& ranges, flo
     RETURN_IF_ERROR(hidden.status());
     try {
       const at::Tensor rows =
-          PieceRows(*hidden, share_seqs[0], share_pieces[0], L).to(at::kCPU).contiguous();
+          PieceRows(*hidden, first_index(0), share_pieces[0], L).to(at::kCPU).contiguous();
       unpack(0, rows.data_ptr<float>());
     } catch (const c10::Error& e) {
       return absl::InternalError(
@@ -195,7 +194,7 @@ absl::Status ModelRowSource::ReadRanges(const std::vector<RowRange>& ranges, flo
     if (hidden.ok()) {
       const int64_t mine = RowsOf(share_pieces[rank]);
       packed.narrow(0, 0, mine * w)
-          .copy_(PieceRows(*hidden, share_seqs[rank], share_pieces[rank], L).reshape({-1}));
+          .copy_(PieceRows(*hidden, first_index(rank), share_pieces[rank], L).reshape({-1}));
     } else {
       packed[most_rows * w].fill_(1.0f);
     }
