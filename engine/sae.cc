@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <limits>
 #include <sstream>
 #include <vector>
 
@@ -118,6 +120,26 @@ absl::StatusOr<LoadedWeights> ReadGemmaScopeWeights(const std::string& path) {
   return LoadedWeights{std::move(w), absl::StrFormat("crc32c:%08x:%d", crc, bytes)};
 }
 
+// lm-saes' encoder in SAELens' form (LmSaesFold in sae_config.h): pre and z stay what lm-saes
+// computes, x_hat comes back in the hook's own scale.
+void FoldLmSaes(const LmSaesFold& fold, const SaeConfig& cfg, SaeWeights* w) {
+  if (!fold.decoder_bias || !w->b_dec.defined()) w->b_dec = at::zeros({cfg.d_in});
+  if (cfg.architecture == SaeArchitecture::kJumpRelu) {
+    at::Tensor t = w->threshold.defined() ? w->threshold : at::full({cfg.d_sae}, *fold.threshold);
+    if (fold.threshold_over_decoder_norm) {
+      // pre * |d_j| > t is pre > t / |d_j| for |d_j| > 0. With |d_j| = 0 it is 0 > t: never
+      // for t >= 0, always otherwise; the largest finite floats say so (weights stay finite).
+      const at::Tensor norms = w->W_dec.norm(2, {1});
+      const at::Tensor never = at::full_like(t, std::numeric_limits<float>::max());
+      t = at::where(norms > 0, t / norms, at::where(t >= 0, never, -never));
+    }
+    w->threshold = t;
+  }
+  w->W_enc = w->W_enc * fold.input_scale;
+  w->W_dec = w->W_dec / fold.output_scale;
+  w->b_dec = w->b_dec / fold.output_scale;
+}
+
 }  // namespace
 
 absl::StatusOr<Sae> Sae::Load(const std::string& dir) {
@@ -138,7 +160,10 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir) {
     for (const char* name : names) {
       if (const StTensorInfo* info = file.header().Find(name)) {
         ASSIGN_OR_RETURN(*out, ReadFloatTensor(file, *info, "SAE"));
-        if (std::string(name) == "encoder.weight") *out = out->t().contiguous();
+        // nn.Linear's [out, in] (sparsify's and lm-saes' layouts) to SAELens' [in, out].
+        const std::string n = name;
+        if (n == "encoder.weight" || n == "decoder.weight") *out = out->t().contiguous();
+        if (n == "log_jumprelu_threshold") *out = out->exp();
         return absl::OkStatus();
       }
     }
@@ -146,19 +171,29 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir) {
   };
   RETURN_IF_ERROR(load({"W_enc", "encoder.weight"}, &w.W_enc));
   RETURN_IF_ERROR(load({"b_enc", "encoder.bias", "b_gate"}, &w.b_enc));
-  RETURN_IF_ERROR(load({"W_dec"}, &w.W_dec));
-  RETURN_IF_ERROR(load({"b_dec"}, &w.b_dec));
-  RETURN_IF_ERROR(load({"threshold"}, &w.threshold));
+  RETURN_IF_ERROR(load({"W_dec", "decoder.weight"}, &w.W_dec));
+  RETURN_IF_ERROR(load({"b_dec", "decoder.bias"}, &w.b_dec));
+  RETURN_IF_ERROR(load({"threshold", "log_jumprelu_threshold"}, &w.threshold));
   RETURN_IF_ERROR(load({"r_mag"}, &w.r_mag));
   RETURN_IF_ERROR(load({"b_mag"}, &w.b_mag));
-  auto sae = Create(cfg, std::move(w));
-  if (!sae.ok())
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", sae.status().message()));
   // CRC32C runs at memory speed (SSE4.2), so even a 1M-latent SAE's gigabytes cost little
   // next to reading them; it guards against a changed file, not against an adversary.
   const std::string& bytes = file.bytes();
-  sae->weight_hash_ =
-      absl::StrFormat("crc32c:%08x:%d", storage::Crc32c(bytes.data(), bytes.size()), bytes.size());
+  uint32_t crc = storage::Crc32c(bytes.data(), bytes.size());
+  int64_t hashed = static_cast<int64_t>(bytes.size());
+  if (cfg.lm_saes) {
+    FoldLmSaes(*cfg.lm_saes, cfg, &w);
+    // Its threshold and scales live in hyperparams.json: a changed one changes the latents.
+    std::ifstream in(dir + "/" + kLmSaesHyperparams);
+    const std::string hyperparams((std::istreambuf_iterator<char>(in)),
+                                  std::istreambuf_iterator<char>());
+    crc = storage::Crc32cExtend(crc, hyperparams.data(), hyperparams.size());
+    hashed += static_cast<int64_t>(hyperparams.size());
+  }
+  auto sae = Create(cfg, std::move(w));
+  if (!sae.ok())
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", sae.status().message()));
+  sae->weight_hash_ = absl::StrFormat("crc32c:%08x:%d", crc, hashed);
   return sae;
 }
 

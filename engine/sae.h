@@ -1,5 +1,6 @@
 // A sparse autoencoder on a device: weights in float32, the ReLU / TopK / JumpReLU encoders of
-// ../shared/notes/sae.md, and SAELens-layout load/save.
+// ../shared/notes/sae.md, and SAELens-layout load/save (Load also reads sparsify's, Gemma Scope's
+// and lm-saes' / Llama Scope's layouts, see sae_config.h).
 //
 //   pre = (x - b_dec) W_enc + b_enc   (b_dec subtracted only when apply_b_dec_to_input)
 //   ReLU:     z = relu(pre)
@@ -61,7 +62,8 @@ class Sae {
  public:
   // Checks shapes against cfg and that every weight is finite (INVALID_ARGUMENT otherwise).
   static absl::StatusOr<Sae> Create(const SaeConfig& cfg, SaeWeights weights);
-  // Loads dir/cfg.json + the weights file (see sae_config.h), converting to float32 on the CPU.
+  // Loads dir/cfg.json + the weights file (or another layout of sae_config.h), converting to
+  // float32 on the CPU; lm-saes' encoder is folded into the form above (LmSaesFold).
   static absl::StatusOr<Sae> Load(const std::string& dir);
 
   const SaeConfig& config() const { return cfg_; }

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -135,6 +136,148 @@ absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
   return cfg;
 }
 
+absl::StatusOr<SaeConfig> ParseLmSaesHyperparams(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError("hyperparams.json: not a JSON object");
+  }
+  auto bad = [](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("hyperparams.json: ", what));
+  };
+  auto get_int = [&](const char* key, bool required, int64_t* out) -> absl::Status {
+    if (!j.contains(key) || j[key].is_null()) {
+      return required ? bad(absl::StrCat(key, " missing")) : absl::OkStatus();
+    }
+    if (!j[key].is_number_integer()) return bad(absl::StrCat(key, " is not an integer"));
+    *out = j[key].get<int64_t>();
+    return absl::OkStatus();
+  };
+  auto get_string = [&](const char* key, bool required, std::string* out) -> absl::Status {
+    if (!j.contains(key) || j[key].is_null()) {
+      return required ? bad(absl::StrCat(key, " missing")) : absl::OkStatus();
+    }
+    if (!j[key].is_string()) return bad(absl::StrCat(key, " is not a string"));
+    *out = j[key].get<std::string>();
+    return absl::OkStatus();
+  };
+  auto get_bool = [&](const char* key, std::optional<bool> default_value,
+                      bool* out) -> absl::Status {
+    if (!j.contains(key) || j[key].is_null()) {
+      if (!default_value.has_value()) {
+        return bad(absl::StrCat(key,
+                                " missing (lm-saes' default for it changed between versions, "
+                                "so latentd does not guess)"));
+      }
+      *out = *default_value;
+      return absl::OkStatus();
+    }
+    if (!j[key].is_boolean()) return bad(absl::StrCat(key, " is not a boolean"));
+    *out = j[key].get<bool>();
+    return absl::OkStatus();
+  };
+  SaeConfig cfg;
+  LmSaesFold fold;
+  int64_t expansion = 0, top_k = 0;
+  RETURN_IF_ERROR(get_int("d_model", true, &cfg.d_in));
+  RETURN_IF_ERROR(get_int("d_sae", false, &cfg.d_sae));
+  RETURN_IF_ERROR(get_int("expansion_factor", false, &expansion));
+  if (cfg.d_sae == 0) cfg.d_sae = cfg.d_in * expansion;
+  if (cfg.d_in <= 0) return bad("d_model must be positive");
+  if (cfg.d_sae <= 0) return bad("d_sae (or d_model * expansion_factor) must be positive");
+  std::string hook_out, act_fn, norm;
+  RETURN_IF_ERROR(get_string("hook_point_in", true, &cfg.hook_name));
+  RETURN_IF_ERROR(get_string("hook_point_out", false, &hook_out));
+  if (!hook_out.empty() && hook_out != cfg.hook_name) {
+    return bad(absl::StrCat("hook_point_out \"", hook_out, "\" differs from hook_point_in \"",
+                            cfg.hook_name,
+                            "\": a transcoder, which latentd does not run (it encodes and "
+                            "reconstructs one hook)"));
+  }
+  RETURN_IF_ERROR(get_string("model_name", false, &cfg.model_name));
+  bool use_glu = false;
+  RETURN_IF_ERROR(get_bool("use_glu_encoder", false, &use_glu));
+  if (use_glu) return bad("use_glu_encoder true gates the encoder, which latentd does not run");
+  RETURN_IF_ERROR(get_bool("use_decoder_bias", true, &fold.decoder_bias));
+  RETURN_IF_ERROR(
+      get_bool("apply_decoder_bias_to_pre_encoder", std::nullopt, &cfg.apply_b_dec_to_input));
+  if (!fold.decoder_bias) cfg.apply_b_dec_to_input = false;  // it subtracts only a bias it has
+  RETURN_IF_ERROR(
+      get_bool("sparsity_include_decoder_norm", true, &fold.threshold_over_decoder_norm));
+  RETURN_IF_ERROR(get_string("act_fn", true, &act_fn));
+  RETURN_IF_ERROR(get_int("top_k", false, &top_k));
+  if (act_fn == "jumprelu") {
+    cfg.architecture = SaeArchitecture::kJumpRelu;
+    if (j.contains("jump_relu_threshold") && !j["jump_relu_threshold"].is_null()) {
+      if (!j["jump_relu_threshold"].is_number() ||
+          !std::isfinite(j["jump_relu_threshold"].get<double>())) {
+        return bad("jump_relu_threshold is not a finite number");
+      }
+      fold.threshold = j["jump_relu_threshold"].get<double>();
+    }
+  } else if (act_fn == "relu") {
+    cfg.architecture = SaeArchitecture::kRelu;  // pre * |d_j| > 0 is pre > 0 wherever |d_j| > 0
+  } else if (act_fn == "topk") {
+    if (fold.threshold_over_decoder_norm) {
+      return bad(
+          "act_fn \"topk\" with sparsity_include_decoder_norm true ranks pre * |decoder "
+          "direction|, which latentd's TopK (ranking pre) does not: the latents would not be "
+          "this SAE's");
+    }
+    if (top_k <= 0 || top_k > cfg.d_sae) {
+      return bad(absl::StrCat("top_k = ", top_k, " must be in [1, d_sae = ", cfg.d_sae, "]"));
+    }
+    cfg.architecture = SaeArchitecture::kTopK;
+    cfg.k = static_cast<int32_t>(top_k);
+  } else if (act_fn == "batchtopk") {
+    return bad(
+        "act_fn \"batchtopk\" keeps the top k * rows of a whole batch, so a row's latents would "
+        "depend on the rows batched with it; convert it to a JumpReLU threshold first");
+  } else {
+    return bad(absl::StrCat("act_fn \"", act_fn, "\" is not one of jumprelu, relu, topk"));
+  }
+  RETURN_IF_ERROR(get_string("norm_activation", true, &norm));
+  if (norm == "dataset-wise") {
+    const char* key = "dataset_average_activation_norm";
+    if (!j.contains(key) || !j[key].is_object()) {
+      return bad(absl::StrCat("norm_activation \"dataset-wise\" needs ", key,
+                              " {\"in\": ..., \"out\": ...}, which is missing"));
+    }
+    const json& norms = j[key];
+    auto norm_of = [&](const char* side, const std::string& hook, double* out) -> absl::Status {
+      const json* v = norms.contains(side)   ? &norms[side]
+                      : norms.contains(hook) ? &norms[hook]
+                                             : nullptr;
+      if (v == nullptr || !v->is_number() || !std::isfinite(v->get<double>()) ||
+          v->get<double>() <= 0) {
+        return bad(absl::StrCat(key, ".", side, " (or .", hook,
+                                ") must be a positive number, the mean norm of the SAE's ",
+                                side == std::string("in") ? "input" : "output"));
+      }
+      *out = v->get<double>();
+      return absl::OkStatus();
+    };
+    double norm_in = 0, norm_out = 0;
+    RETURN_IF_ERROR(norm_of("in", cfg.hook_name, &norm_in));
+    RETURN_IF_ERROR(norm_of("out", hook_out.empty() ? cfg.hook_name : hook_out, &norm_out));
+    fold.input_scale = std::sqrt(static_cast<double>(cfg.d_in)) / norm_in;
+    fold.output_scale = std::sqrt(static_cast<double>(cfg.d_in)) / norm_out;
+  } else if (norm != "inference") {
+    return bad(absl::StrCat("norm_activation \"", norm, "\" scales each ",
+                            norm == "token-wise" ? "row" : "batch",
+                            " by its own norm, which latentd does not do; supported: "
+                            "\"dataset-wise\", \"inference\""));
+  }
+  if (cfg.apply_b_dec_to_input && fold.input_scale != fold.output_scale) {
+    // The fold subtracts b_dec / s_out before W_enc * s_in, which is lm-saes' x * s_in - b_dec
+    // only when the two scales agree.
+    return bad(
+        "apply_decoder_bias_to_pre_encoder with different dataset_average_activation_norm in "
+        "and out cannot be folded");
+  }
+  cfg.lm_saes = fold;
+  return cfg;
+}
+
 std::string SaeConfigToJson(const SaeConfig& cfg) {
   json j = {{"d_in", cfg.d_in},
             {"d_sae", cfg.d_sae},
@@ -152,9 +295,26 @@ std::string SaeConfigToJson(const SaeConfig& cfg) {
   return j.dump(2);
 }
 
+namespace {
+
+bool Exists(const std::string& path) { return std::ifstream(path).good(); }
+
+// lm-saes' layout: hyperparams.json and no cfg.json (which would make it SAELens').
+bool IsLmSaesLayout(const std::string& dir) {
+  return !Exists(dir + "/cfg.json") && Exists(dir + "/" + kLmSaesHyperparams);
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> FindSaeWeightsFile(const std::string& dir) {
   const std::string preferred = dir + "/sae_weights.safetensors";
-  if (std::ifstream(preferred).good()) return preferred;
+  if (Exists(preferred)) return preferred;
+  if (IsLmSaesLayout(dir)) {
+    // lm-saes' own order of preference (its .pt checkpoints are pickles latentd cannot read).
+    for (const char* name : {"checkpoints/pruned.safetensors", "checkpoints/final.safetensors"}) {
+      if (Exists(dir + "/" + name)) return dir + "/" + name;
+    }
+  }
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return absl::NotFoundError(absl::StrCat("SAE directory ", dir, " not found"));
   std::vector<std::string> found;
@@ -164,9 +324,10 @@ absl::StatusOr<std::string> FindSaeWeightsFile(const std::string& dir) {
   closedir(d);
   if (found.empty()) {
     const std::string npz = dir + "/" + kGemmaScopeParams;
-    if (std::ifstream(npz).good()) return npz;
+    if (Exists(npz)) return npz;
     return absl::NotFoundError(
-        absl::StrCat("no *.safetensors file (nor Gemma Scope's ", kGemmaScopeParams, ") in ", dir));
+        absl::StrCat("no *.safetensors file (nor Gemma Scope's ", kGemmaScopeParams,
+                     ", nor lm-saes' checkpoints/final.safetensors) in ", dir));
   }
   if (found.size() > 1) {
     return absl::InvalidArgumentError(absl::StrCat("several *.safetensors files in ", dir, " (",
@@ -235,14 +396,19 @@ absl::StatusOr<SaeConfig> ReadGemmaScopeSae(const std::string& dir, const std::s
 }  // namespace
 
 absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir) {
-  std::ifstream in(dir + "/cfg.json");
-  if (!in && std::ifstream(dir + "/" + kGemmaScopeParams).good()) {
+  const bool lm_saes = IsLmSaesLayout(dir);
+  std::ifstream in(dir + "/" + (lm_saes ? kLmSaesHyperparams : "cfg.json"));
+  if (!in && Exists(dir + "/" + kGemmaScopeParams)) {
     return ReadGemmaScopeSae(dir, dir + "/" + kGemmaScopeParams);
   }
-  if (!in) return absl::NotFoundError(absl::StrCat(dir, "/cfg.json not found"));
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(dir, "/cfg.json not found (nor Gemma Scope's ",
+                                            kGemmaScopeParams, ", nor lm-saes' ",
+                                            kLmSaesHyperparams, ")"));
+  }
   std::stringstream text;
   text << in.rdbuf();
-  auto cfg = ParseSaeConfigJson(text.str());
+  auto cfg = lm_saes ? ParseLmSaesHyperparams(text.str()) : ParseSaeConfigJson(text.str());
   if (!cfg.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(dir, "/", cfg.status().message()));
   }
@@ -261,11 +427,15 @@ absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir) {
       const StTensorInfo* t = header.Find(name);
       if (t == nullptr) continue;
       std::vector<int64_t> want = shape;
-      if (transposed_ok && name == "encoder.weight") std::swap(want[0], want[1]);
+      // nn.Linear's [out, in]: sparsify's and lm-saes' encoder, lm-saes' decoder.
+      if (transposed_ok && (name == "encoder.weight" || name == "decoder.weight")) {
+        std::swap(want[0], want[1]);
+      }
       if (t->shape != want) {
         return absl::InvalidArgumentError(
             absl::StrCat(weights, ": tensor ", name, " has shape [", absl::StrJoin(t->shape, ", "),
-                         "], cfg.json implies [", absl::StrJoin(want, ", "), "]"));
+                         "], ", lm_saes ? kLmSaesHyperparams : "cfg.json", " implies [",
+                         absl::StrJoin(want, ", "), "]"));
       }
       if (t->dtype != StDtype::kF32 && t->dtype != StDtype::kF16 && t->dtype != StDtype::kBF16 &&
           t->dtype != StDtype::kF64) {
@@ -278,6 +448,21 @@ absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir) {
     if (!required) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(weights, ": tensor ", names[0], " missing"));
   };
+  if (lm_saes) {
+    RETURN_IF_ERROR(check({"encoder.weight"}, {cfg->d_in, cfg->d_sae}, true, true));
+    RETURN_IF_ERROR(check({"encoder.bias"}, {cfg->d_sae}, false, true));
+    RETURN_IF_ERROR(check({"decoder.weight"}, {cfg->d_sae, cfg->d_in}, true, true));
+    RETURN_IF_ERROR(check({"decoder.bias"}, {cfg->d_in}, false, cfg->lm_saes->decoder_bias));
+    RETURN_IF_ERROR(check({"log_jumprelu_threshold"}, {cfg->d_sae}, false, false));
+    if (cfg->architecture == SaeArchitecture::kJumpRelu && !cfg->lm_saes->threshold &&
+        header.Find("log_jumprelu_threshold") == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, "/", kLmSaesHyperparams,
+                       ": act_fn \"jumprelu\" needs jump_relu_threshold (or a "
+                       "log_jumprelu_threshold tensor in the weights)"));
+    }
+    return *cfg;
+  }
   RETURN_IF_ERROR(check({"W_enc", "encoder.weight"}, {cfg->d_in, cfg->d_sae}, true, true));
   const bool gated = cfg->architecture == SaeArchitecture::kGated;
   RETURN_IF_ERROR(check(gated ? std::vector<std::string>{"b_gate"}

@@ -17,6 +17,12 @@
 // b_dec, threshold; float32) and no cfg.json is a JumpReLU SAE with apply_b_dec_to_input false,
 // d_in and d_sae from W_enc, and its hook from the path (.../gemma-scope-2b-pt-res/layer_20/...:
 // blocks.20.hook_resid_post; -mlp: hook_mlp_out).
+// lm-saes' layout (OpenMOSS; Llama Scope ships in it) is read too: a directory with
+// hyperparams.json and no cfg.json, the weights in sae_weights.safetensors,
+// checkpoints/pruned.safetensors or checkpoints/final.safetensors (encoder.weight [d_sae, d_in],
+// encoder.bias, decoder.weight [d_in, d_sae], decoder.bias, and optionally a per-latent
+// log_jumprelu_threshold); see LmSaesFold for what its fields mean and ParseLmSaesHyperparams for
+// what is refused.
 #ifndef LATENTD_ENGINE_SAE_CONFIG_H_
 #define LATENTD_ENGINE_SAE_CONFIG_H_
 
@@ -32,6 +38,24 @@ namespace latentd::engine {
 enum class SaeArchitecture { kRelu, kTopK, kJumpRelu, kGated };
 const char* SaeArchitectureName(SaeArchitecture a);  // "relu", "topk", "jumprelu", "gated"
 
+// lm-saes encodes the hook's activations x as
+//   pre = (x * s_in [- b_dec]) W_enc + b_enc,     z_j = pre_j * [pre_j * |d_j| > t_j]
+// with s_in = sqrt(d_model) / dataset_average_activation_norm.in (1 when the weights were already
+// standardised, norm_activation "inference"), |d_j| the norm of latent j's decoder direction when
+// sparsity_include_decoder_norm (else 1), and decodes x_hat = (z W_dec + b_dec) / s_out.
+// Sae::Load folds this into the SAELens form the encoders run: W_enc * s_in, threshold t_j / |d_j|
+// (a latent whose decoder direction is zero never fires), W_dec and b_dec / s_out. pre and z are
+// unchanged by the fold, so the stored latents are the values lm-saes itself gives.
+struct LmSaesFold {
+  double input_scale = 1.0;   // s_in
+  double output_scale = 1.0;  // s_out (s_in for an SAE; a transcoder's differ and is refused)
+  bool threshold_over_decoder_norm = true;  // sparsity_include_decoder_norm (lm-saes' default)
+  bool decoder_bias = true;                 // use_decoder_bias: false means b_dec = 0
+  // jump_relu_threshold, one for every latent (Llama Scope); unset when the weights carry
+  // log_jumprelu_threshold [d_sae], which then wins.
+  std::optional<double> threshold;
+};
+
 struct SaeConfig {
   int64_t d_in = 0;
   int64_t d_sae = 0;
@@ -43,19 +67,35 @@ struct SaeConfig {
   // SAELens' model_from_pretrained_kwargs.center_writing_weights: whether the model the SAE was
   // trained on had TransformerLens' centering (unset when cfg.json does not say).
   std::optional<bool> center_writing_weights;
+  // Set for lm-saes' layout: how Sae::Load turns its weights into the form above.
+  std::optional<LmSaesFold> lm_saes;
 };
 
 absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text);
 std::string SaeConfigToJson(const SaeConfig& cfg);
 
 inline constexpr char kGemmaScopeParams[] = "params.npz";
+inline constexpr char kLmSaesHyperparams[] = "hyperparams.json";
+
+// lm-saes' hyperparams.json. Required, because lm-saes' defaults changed between its versions:
+// d_model, hook_point_in, act_fn ("jumprelu", "relu"; "topk" with top_k only without
+// sparsity_include_decoder_norm, which would rank pre * |d_j|), norm_activation ("dataset-wise"
+// with dataset_average_activation_norm {"in", "out"} or keyed by the hook points, or
+// "inference"), apply_decoder_bias_to_pre_encoder. Optional: d_sae (else d_model *
+// expansion_factor), hook_point_out (= hook_point_in; a different one is a transcoder, refused:
+// latentd encodes and reconstructs one hook), use_decoder_bias (true),
+// sparsity_include_decoder_norm (true), jump_relu_threshold, model_name. Refused, naming the
+// field: norm_activation "token-wise" / "batch-wise" (a scale per row or batch), act_fn
+// "batchtopk" (a row's latents would depend on its batch), use_glu_encoder true.
+absl::StatusOr<SaeConfig> ParseLmSaesHyperparams(const std::string& text);
 
 // Where the weights of the SAE in `dir` are (see above; params.npz when the directory has no
-// safetensors file). NOT_FOUND when there are none.
+// safetensors file; lm-saes' checkpoints/ files for its layout). NOT_FOUND when there are none.
 absl::StatusOr<std::string> FindSaeWeightsFile(const std::string& dir);
 
-// Reads dir/cfg.json and checks the safetensors header of the weights file against it: every
-// tensor present with the shape the config implies. INVALID_ARGUMENT naming the mismatch.
+// Reads dir/cfg.json (or Gemma Scope's params.npz, or lm-saes' hyperparams.json) and checks the
+// safetensors header of the weights file against it: every tensor present with the shape the config
+// implies. INVALID_ARGUMENT naming the mismatch.
 absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir);
 
 }  // namespace latentd::engine

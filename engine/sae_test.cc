@@ -1,6 +1,8 @@
 #include "engine/sae.h"
 
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "engine/safetensors.h"
@@ -238,6 +240,207 @@ TEST(SaeTest, FindsTheHookAndProcessingItWasTrainedOn) {
   ASSERT_TRUE(cfg.ok());
   EXPECT_EQ(cfg->hook_name, "blocks.2.hook_resid_post");
   EXPECT_FALSE(cfg->center_writing_weights.has_value());
+}
+
+// lm-saes' layout (Llama Scope's release), d_in 5, d_sae 20: nn.Linear weights in
+// checkpoints/final.safetensors, the encoder's settings in hyperparams.json.
+struct LmSaesWeights {
+  at::Tensor encoder_weight, encoder_bias, decoder_weight, decoder_bias, log_threshold;
+};
+
+LmSaesWeights RandomLmSaesWeights(uint64_t seed) {
+  at::manual_seed(seed);
+  LmSaesWeights w{at::randn({20, 5}), at::randn({20}) * 0.3, at::randn({5, 20}),
+                  at::randn({5}) * 0.2, at::rand({20}) * 0.5 - 1.5};
+  // Decoder directions of unequal norms (what sparsity_include_decoder_norm weighs), one zero.
+  w.decoder_weight.mul_(at::rand({1, 20}) * 1.7 + 0.3);
+  w.decoder_weight.select(1, 5).zero_();
+  return w;
+}
+
+void WriteLmSaes(const std::string& dir, const LmSaesWeights& w, const std::string& hyperparams,
+                 bool with_log_threshold = false) {
+  mkdir((dir + "/checkpoints").c_str(), 0755);
+  std::vector<StTensorToWrite> tensors = {
+      {"encoder.weight", StDtype::kF32, {20, 5}, w.encoder_weight.data_ptr()},
+      {"encoder.bias", StDtype::kF32, {20}, w.encoder_bias.data_ptr()},
+      {"decoder.weight", StDtype::kF32, {5, 20}, w.decoder_weight.data_ptr()},
+      {"decoder.bias", StDtype::kF32, {5}, w.decoder_bias.data_ptr()}};
+  if (with_log_threshold) {
+    tensors.push_back({"log_jumprelu_threshold", StDtype::kF32, {20}, w.log_threshold.data_ptr()});
+  }
+  ASSERT_TRUE(WriteSafetensors(dir + "/checkpoints/final.safetensors", tensors, {}).ok());
+  std::ofstream(dir + "/hyperparams.json") << hyperparams;
+}
+
+// What lm-saes computes, in float64: x scaled by s_in, b_dec subtracted when asked, a latent
+// firing where its score (pre, times its decoder norm when asked) passes its threshold, the
+// reconstruction scaled back by s_out. `boundary` is |score - threshold| (ties are not asserted).
+struct LmSaesReference {
+  at::Tensor z, x_hat, boundary;
+};
+
+LmSaesReference LmSaesEncode(const LmSaesWeights& w, const at::Tensor& x, double s_in, double s_out,
+                             bool subtract_b_dec, bool times_decoder_norm,
+                             const at::Tensor& threshold, bool relu) {
+  auto d = [](const at::Tensor& t) { return t.to(at::kDouble); };
+  at::Tensor in = d(x) * s_in;
+  if (subtract_b_dec) in = in - d(w.decoder_bias);
+  const at::Tensor pre = at::addmm(d(w.encoder_bias), in, d(w.encoder_weight).t());
+  const at::Tensor score = times_decoder_norm ? pre * d(w.decoder_weight).norm(2, {0}) : pre;
+  const at::Tensor t = relu ? at::zeros({20}, at::kDouble) : d(threshold);
+  const at::Tensor z = pre * (score > t).to(at::kDouble);
+  const at::Tensor x_hat = at::addmm(d(w.decoder_bias), z, d(w.decoder_weight).t()) / s_out;
+  return {z, x_hat, (score - t).abs()};
+}
+
+void ExpectLatentsMatch(const Sae& sae, const at::Tensor& x, const LmSaesReference& want) {
+  const at::Tensor got = sae.EncodeDense(x).to(at::kDouble);
+  const at::Tensor differ = ((got != 0) != (want.z != 0)) & (want.boundary > 1e-4);
+  EXPECT_EQ(differ.sum().item<int64_t>(), 0) << "latents that fire differently";
+  const at::Tensor both = (got != 0) & (want.z != 0);
+  EXPECT_TRUE(at::allclose(got * both, want.z * both, 1e-4, 1e-4));
+  EXPECT_GT(both.sum().item<int64_t>(), 0);
+  EXPECT_LT(both.sum().item<int64_t>(), x.size(0) * 20);  // the threshold does cut
+  EXPECT_TRUE(
+      at::allclose(sae.Decode(want.z.to(at::kFloat)).to(at::kDouble), want.x_hat, 1e-4, 1e-4));
+}
+
+TEST(SaeTest, LoadsLlamaScopesLayoutAndEncodesAsLmSaesDoes) {
+  const std::string dir = TempDir("sae_llama_scope");
+  const LmSaesWeights w = RandomLmSaesWeights(8);
+  // Llama Scope's settings: a scalar threshold on pre * |decoder direction|, the input scaled to
+  // mean norm sqrt(d_model), b_dec only on the decoder side.
+  WriteLmSaes(dir, w, R"({"d_model": 5, "expansion_factor": 4, "d_sae": 20,
+      "hook_point_in": "blocks.3.hook_resid_post", "hook_point_out": "blocks.3.hook_resid_post",
+      "act_fn": "jumprelu", "jump_relu_threshold": 0.4, "top_k": 50,
+      "norm_activation": "dataset-wise",
+      "dataset_average_activation_norm": {"in": 1.7, "out": 1.7},
+      "use_decoder_bias": true, "apply_decoder_bias_to_pre_encoder": false,
+      "sparsity_include_decoder_norm": true})");
+  auto cfg = ReadAndCheckSae(dir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->architecture, SaeArchitecture::kJumpRelu);
+  EXPECT_EQ(cfg->hook_name, "blocks.3.hook_resid_post");
+  EXPECT_FALSE(cfg->apply_b_dec_to_input);
+  auto sae = Sae::Load(dir);
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  at::manual_seed(9);
+  const at::Tensor x = at::randn({64, 5}) * 2;
+  const double s = std::sqrt(5.0) / 1.7;
+  const LmSaesReference want =
+      LmSaesEncode(w, x, s, s, false, true, at::full({20}, 0.4, at::kDouble), false);
+  ExpectLatentsMatch(*sae, x, want);
+  EXPECT_EQ(sae->EncodeDense(x).select(1, 5).abs().sum().item<float>(), 0);  // zero direction
+  // The sparse codes hold the same latents.
+  const SparseCodes codes = sae->EncodeSparse(x);
+  const at::Tensor dense = sae->EncodeDense(x);
+  for (int64_t r = 0; r < x.size(0); ++r) {
+    std::map<int, float> from_dense;
+    for (int64_t j = 0; j < 20; ++j) {
+      if (dense[r][j].item<float>() != 0) from_dense[j] = dense[r][j].item<float>();
+    }
+    EXPECT_EQ(Row(codes, r), from_dense) << "row " << r;
+  }
+
+  // The threshold lives in hyperparams.json, so the recorded hash follows it.
+  const std::string hash = sae->weight_hash();
+  WriteLmSaes(dir, w, R"({"d_model": 5, "d_sae": 20, "hook_point_in": "blocks.3.hook_resid_post",
+      "act_fn": "jumprelu", "jump_relu_threshold": 0.5, "norm_activation": "dataset-wise",
+      "dataset_average_activation_norm": {"in": 1.7, "out": 1.7},
+      "apply_decoder_bias_to_pre_encoder": false})");
+  auto changed = Sae::Load(dir);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_NE(changed->weight_hash(), hash);
+}
+
+TEST(SaeTest, LoadsLmSaesOtherSettings) {
+  const LmSaesWeights w = RandomLmSaesWeights(10);
+  at::manual_seed(11);
+  const at::Tensor x = at::randn({64, 5}) * 2;
+  {  // Per-latent log thresholds in the weights, standardised weights, b_dec subtracted first,
+     // scores without the decoder norm.
+    const std::string dir = TempDir("sae_lm_saes_log_threshold");
+    WriteLmSaes(dir, w, R"({"d_model": 5, "expansion_factor": 4,
+        "hook_point_in": "blocks.1.hook_mlp_out", "act_fn": "jumprelu",
+        "norm_activation": "inference", "apply_decoder_bias_to_pre_encoder": true,
+        "sparsity_include_decoder_norm": false})",
+                /*with_log_threshold=*/true);
+    auto sae = Sae::Load(dir);
+    ASSERT_TRUE(sae.ok()) << sae.status();
+    EXPECT_TRUE(sae->config().apply_b_dec_to_input);
+    ExpectLatentsMatch(*sae, x,
+                       LmSaesEncode(w, x, 1, 1, true, false, w.log_threshold.exp(), false));
+  }
+  {  // ReLU, input and output norms keyed by hook point, different.
+    const std::string dir = TempDir("sae_lm_saes_relu");
+    WriteLmSaes(dir, w, R"({"d_model": 5, "d_sae": 20, "hook_point_in": "blocks.2.hook_attn_out",
+        "act_fn": "relu", "norm_activation": "dataset-wise",
+        "dataset_average_activation_norm": {"blocks.2.hook_attn_out": 3.0},
+        "apply_decoder_bias_to_pre_encoder": false})");
+    auto sae = Sae::Load(dir);
+    ASSERT_TRUE(sae.ok()) << sae.status();
+    EXPECT_EQ(sae->config().architecture, SaeArchitecture::kRelu);
+    const double s = std::sqrt(5.0) / 3.0;
+    ExpectLatentsMatch(*sae, x, LmSaesEncode(w, x, s, s, false, true, at::Tensor(), true));
+  }
+}
+
+// Settings whose latents latentd would not reproduce are refused at submit, naming the field.
+TEST(SaeTest, RefusesLmSaesSettingsItCannotReproduce) {
+  const std::string dir = TempDir("sae_lm_saes_bad");
+  const LmSaesWeights w = RandomLmSaesWeights(12);
+  const std::string base =
+      R"("d_model": 5, "d_sae": 20, "hook_point_in": "blocks.3.hook_resid_post",
+      "jump_relu_threshold": 0.4, "dataset_average_activation_norm": {"in": 1.7, "out": 1.7})";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"("act_fn": "jumprelu", "norm_activation": "token-wise", "apply_decoder_bias_to_pre_encoder": false)",
+       "token-wise"},
+      {R"("act_fn": "jumprelu", "norm_activation": "dataset-wise")",
+       "apply_decoder_bias_to_pre_encoder missing"},
+      {R"("act_fn": "batchtopk", "norm_activation": "dataset-wise", "apply_decoder_bias_to_pre_encoder": false)",
+       "batchtopk"},
+      {R"("act_fn": "topk", "top_k": 4, "norm_activation": "dataset-wise", "apply_decoder_bias_to_pre_encoder": false)",
+       "sparsity_include_decoder_norm"},
+      {R"("act_fn": "jumprelu", "norm_activation": "dataset-wise", "apply_decoder_bias_to_pre_encoder": false,
+          "hook_point_out": "blocks.3.hook_mlp_out")",
+       "transcoder"},
+      {R"("act_fn": "jumprelu", "norm_activation": "dataset-wise", "apply_decoder_bias_to_pre_encoder": false,
+          "use_glu_encoder": true)",
+       "use_glu_encoder"},
+      {R"("norm_activation": "dataset-wise", "apply_decoder_bias_to_pre_encoder": false)",
+       "act_fn missing"},
+  };
+  for (const auto& [fields, expected] : cases) {
+    WriteLmSaes(dir, w, "{" + base + ", " + fields + "}");
+    const absl::Status s = ReadAndCheckSae(dir).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << fields;
+    EXPECT_NE(s.message().find(expected), std::string::npos) << s;
+  }
+  // dataset-wise without its norms; jumprelu without any threshold.
+  WriteLmSaes(dir, w, R"({"d_model": 5, "d_sae": 20, "hook_point_in": "blocks.3.hook_resid_post",
+      "act_fn": "jumprelu", "jump_relu_threshold": 0.4, "norm_activation": "dataset-wise",
+      "apply_decoder_bias_to_pre_encoder": false})");
+  EXPECT_NE(ReadAndCheckSae(dir).status().message().find("dataset_average_activation_norm"),
+            std::string::npos);
+  WriteLmSaes(dir, w, R"({"d_model": 5, "d_sae": 20, "hook_point_in": "blocks.3.hook_resid_post",
+      "act_fn": "jumprelu", "norm_activation": "inference",
+      "apply_decoder_bias_to_pre_encoder": false})");
+  EXPECT_NE(ReadAndCheckSae(dir).status().message().find("jump_relu_threshold"), std::string::npos);
+  // A d_model the weights do not have.
+  WriteLmSaes(dir, w, R"({"d_model": 6, "d_sae": 20, "hook_point_in": "blocks.3.hook_resid_post",
+      "act_fn": "relu", "norm_activation": "inference",
+      "apply_decoder_bias_to_pre_encoder": false})");
+  EXPECT_NE(ReadAndCheckSae(dir).status().message().find("encoder.weight has shape [20, 5]"),
+            std::string::npos)
+      << ReadAndCheckSae(dir).status();
+  // No weights where lm-saes puts them.
+  const std::string empty = TempDir("sae_lm_saes_no_weights");
+  std::ofstream(empty + "/hyperparams.json")
+      << R"({"d_model": 5, "d_sae": 20, "hook_point_in": "blocks.3.hook_resid_post",
+             "act_fn": "relu", "norm_activation": "inference",
+             "apply_decoder_bias_to_pre_encoder": false})";
+  EXPECT_EQ(Sae::Load(empty).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(SaeTest, RejectsShapeMismatchMissingTensorsBadConfigAndNonFiniteWeights) {

@@ -147,7 +147,10 @@ class ExtractParityTest(unittest.TestCase):
         x_hat = z W_dec + b_dec, z encoded here."""
         z, _ = self.encode(x, w, cfg)
         with torch.no_grad():
-            x_hat = z @ w["W_dec"] + w["b_dec"]
+            self.check_fit_of(fit, x, z @ w["W_dec"] + w["b_dec"])
+
+    def check_fit_of(self, fit, x, x_hat):
+        with torch.no_grad():
             x64, h64 = x.double(), x_hat.double()
             sse = ((x64 - h64) ** 2).sum().item()
             sst = ((x64 - x64.mean(0)) ** 2).sum().item()
@@ -225,6 +228,70 @@ class ExtractParityTest(unittest.TestCase):
         p, _ = run_extract_tool(TOOL, self.root, self.spec("hidden_states.2", d))
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("params.npz: not a zip file", p.stderr)
+
+    def test_llama_scope_layout_matches_lm_saes(self):
+        # lm-saes' layout, as Llama Scope ships its SAEs: hyperparams.json and
+        # checkpoints/final.safetensors with nn.Linear weights. lm-saes scales the input to mean
+        # norm sqrt(d_model), and a latent fires where pre times its decoder direction's norm
+        # passes the one threshold; the stored values are pre itself.
+        g = torch.Generator().manual_seed(21)
+        enc = torch.randn(D_SAE, D, generator=g) / D ** 0.5
+        dec = torch.randn(D, D_SAE, generator=g) / D ** 0.5
+        dec = dec * (torch.rand(D_SAE, generator=g) * 1.7 + 0.3)  # unequal direction norms
+        w = {"encoder.weight": enc, "encoder.bias": torch.randn(D_SAE, generator=g) * 0.2,
+             "decoder.weight": dec, "decoder.bias": torch.randn(D, generator=g) * 0.05}
+        x = self.hidden[2]
+        mean_norm = x.norm(dim=1).mean().item()
+        hp = {"d_model": D, "expansion_factor": D_SAE // D, "d_sae": D_SAE,
+              "hook_point_in": "blocks.1.hook_resid_post",
+              "hook_point_out": "blocks.1.hook_resid_post", "act_fn": "jumprelu",
+              "jump_relu_threshold": 0.4, "top_k": 50, "norm_activation": "dataset-wise",
+              "dataset_average_activation_norm": {"in": mean_norm, "out": mean_norm},
+              "use_decoder_bias": True, "apply_decoder_bias_to_pre_encoder": False,
+              "sparsity_include_decoder_norm": True}
+        d = os.path.join(self.root, "Llama3_1-8B-Base-L1R-4x")
+        os.makedirs(os.path.join(d, "checkpoints"), exist_ok=True)
+        write_safetensors(os.path.join(d, "checkpoints", "final.safetensors"), w)
+        with open(os.path.join(d, "hyperparams.json"), "w") as f:
+            json.dump(hp, f)
+        # blocks.1.hook_resid_post is hidden_states[2]: no warning
+        p, out = run_extract_tool(TOOL, self.root, self.spec("hidden_states.2", d))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("was trained on hook", p.stderr)
+        got = {name[:-4]: np.load(os.path.join(out, name)) for name in os.listdir(out)}
+        np.testing.assert_array_equal(got["token_ids"], self.ids)
+        with torch.no_grad():
+            scale = D ** 0.5 / mean_norm
+            pre = (x.double() * scale) @ enc.double().t() + w["encoder.bias"].double()
+            score = pre * dec.double().norm(dim=0)
+            z = pre * (score > 0.4)
+            x_hat = (z @ dec.double().t() + w["decoder.bias"].double()) / scale
+        z, score = z.numpy(), score.numpy()
+        indptr, indices, values = got["indptr"], got["indices"], got["values"]
+        near = 0
+        for r in range(len(self.ids)):
+            row = slice(indptr[r], indptr[r + 1])
+            want = set(int(j) for j in np.nonzero(z[r])[0])
+            for j in set(int(j) for j in indices[row]) ^ want:
+                self.assertLess(abs(score[r, j] - 0.4), 1e-4, "row %d: latent %d differs" % (r, j))
+                near += 1
+            for j, v in zip(indices[row], values[row]):
+                if z[r, j] != 0:
+                    self.assertLessEqual(abs(v - z[r, j]), 2e-3 * abs(z[r, j]) + 1e-4,
+                                         "row %d latent %d" % (r, j))
+        nnz = len(indices)
+        self.assertGreater(nnz, len(self.ids))  # several latents a row, not all of them
+        self.assertLess(nnz, len(self.ids) * D_SAE // 2)
+        self.check_fit_of(json.loads(p.stdout)["fit"], x, x_hat)
+        print("llama scope: rows %d, nnz %d, at the threshold %d" % (len(self.ids), nnz, near),
+              file=sys.stderr)
+        # A transcoder of the same release is refused at submit, naming why.
+        hp["hook_point_out"] = "blocks.1.hook_mlp_out"
+        with open(os.path.join(d, "hyperparams.json"), "w") as f:
+            json.dump(hp, f)
+        p, _ = run_extract_tool(TOOL, self.root, self.spec("hidden_states.2", d))
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("transcoder", p.stderr)
 
     def test_dense_fp32_stores_the_hidden_states(self):
         got = self.run_tool(self.spec("hidden_states.3", mode="DENSE", valueDtype="FLOAT32"))
