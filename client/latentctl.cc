@@ -321,6 +321,16 @@ void PrintJob(const v1::Job& job) {
     std::printf("final      loss %.6g  fvu %.4f  L0 %.1f  after %lld steps\n",
                 r.train().final_loss(), r.train().final_fvu(), r.train().final_l0(),
                 static_cast<long long>(r.train().steps()));
+    if (r.train().final_prefix_fvu_size() > 0) {
+      // Matryoshka: the widths are the spec's (d_sae, the last level, is the line above).
+      const auto& widths = job.spec().train().sae().matryoshka_widths();
+      std::vector<std::string> levels;
+      for (int i = 0; i < r.train().final_prefix_fvu_size(); ++i) {
+        levels.push_back(absl::StrFormat("%.4f from the first %s", r.train().final_prefix_fvu(i),
+                                         i < widths.size() ? absl::StrCat(widths[i]) : "?"));
+      }
+      std::printf("levels     fvu %s latents\n", absl::StrJoin(levels, ", ").c_str());
+    }
     std::printf("optimizer  peak state %s\n",
                 Bytes(r.train().peak_optimizer_state_bytes()).c_str());
   }
@@ -463,6 +473,9 @@ std::string DescribeEvent(const v1::JobEvent& event) {
           &text, "train step %d loss %.5g fvu %.4f L0 %.1f opt-state %s (dense M-FAC %s) rss %s",
           s.step(), s.loss(), s.fvu(), s.l0(), Bytes(s.optimizer_state_total_bytes()),
           Bytes(s.dense_mfac_history_bytes()), Bytes(s.process_rss_bytes()));
+      for (int i = 0; i < s.prefix_fvu_size() && i < s.prefix_widths_size(); ++i) {
+        absl::StrAppendFormat(&text, " fvu@%d %.4f", s.prefix_widths(i), s.prefix_fvu(i));
+      }
     } else if (t.has_extract()) {
       const auto& s = t.extract();
       absl::StrAppendFormat(
@@ -1426,15 +1439,32 @@ int Telemetry(Client& client, const std::vector<std::string>& args) {
     // aux_k_coefficient > 0).
     const bool aux_k = std::any_of(samples.begin(), samples.end(),
                                    [](const v1::TrainTelemetry& s) { return s.aux_k_loss() > 0; });
-    std::printf("%-7s %-11s %-8s %-7s %-6s %s%-10s %-12s %-12s %-12s %s\n", "STEP", "LOSS", "FVU",
-                "L0", "DEAD", aux_k ? "AUXK        " : "", "ROWS/S", "OPT STATE", "DENSE MFAC",
-                "PARAMS", "RSS");
+    // Matryoshka SAEs: one column of FVUs, a level's prefix each ("FVU@64/256").
+    std::string levels_header;
+    int levels_width = 0;  // "0.1234/0.5678": 7 characters a level
+    for (const auto& s : samples) {
+      if (s.prefix_widths_size() == 0) continue;
+      levels_header = absl::StrCat("FVU@", absl::StrJoin(s.prefix_widths(), "/"));
+      levels_width = std::max<int>(levels_header.size(), 7 * s.prefix_widths_size() - 1);
+      break;
+    }
+    std::printf(
+        "%-7s %-11s %-8s %-7s %-6s %s%s%-10s %-12s %-12s %-12s %s\n", "STEP", "LOSS", "FVU", "L0",
+        "DEAD", aux_k ? "AUXK        " : "",
+        levels_header.empty() ? "" : absl::StrFormat("%-*s ", levels_width, levels_header).c_str(),
+        "ROWS/S", "OPT STATE", "DENSE MFAC", "PARAMS", "RSS");
     for (const auto& s : samples) {
       const std::string aux = aux_k ? absl::StrFormat("%-11.5g ", s.aux_k_loss()) : "";
-      std::printf("%-7lld %-11.5g %-8.4f %-7.1f %-6lld %s%-10.0f %-12s %-12s %-12s %s\n",
+      std::string levels;
+      if (!levels_header.empty()) {
+        std::vector<std::string> fvus;
+        for (const double v : s.prefix_fvu()) fvus.push_back(absl::StrFormat("%.4f", v));
+        levels = absl::StrFormat("%-*s ", levels_width, absl::StrJoin(fvus, "/"));
+      }
+      std::printf("%-7lld %-11.5g %-8.4f %-7.1f %-6lld %s%s%-10.0f %-12s %-12s %-12s %s\n",
                   static_cast<long long>(s.step()), s.loss(), s.fvu(), s.l0(),
-                  static_cast<long long>(s.dead_latents()), aux.c_str(), s.rows_per_second(),
-                  Bytes(s.optimizer_state_total_bytes()).c_str(),
+                  static_cast<long long>(s.dead_latents()), aux.c_str(), levels.c_str(),
+                  s.rows_per_second(), Bytes(s.optimizer_state_total_bytes()).c_str(),
                   Bytes(s.dense_mfac_history_bytes()).c_str(), Bytes(s.parameter_bytes()).c_str(),
                   Bytes(s.process_rss_bytes()).c_str());
     }

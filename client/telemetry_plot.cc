@@ -635,6 +635,19 @@ absl::Status WriteTelemetryPlot(const std::vector<latentd::v1::TrainTelemetry>& 
       std::any_of(fvu.y.begin(), fvu.y.end(), [](double v) { return std::isfinite(v) && v != 0; });
   loss.label = LastValueLabel("loss", loss.y, false);
   fvu.label = LastValueLabel("FVU", fvu.y, false);
+  // Matryoshka levels: one line per inner width, from the samples that report it.
+  std::vector<Series> prefixes;
+  for (size_t i : order) {
+    const T& s = samples[i];
+    for (int level = prefixes.size(); level < s.prefix_widths_size(); ++level) {
+      const int64_t width = s.prefix_widths(level);
+      std::vector<double> y = collect(
+          [level](const T& t) { return level < t.prefix_fvu_size() ? t.prefix_fvu(level) : kNaN; });
+      const Rgb color = kPlotPrefixFvuColors[level % std::size(kPlotPrefixFvuColors)];
+      prefixes.push_back(
+          {LastValueLabel(absl::StrCat("FVU@", width), y, false), color, std::move(y)});
+    }
+  }
 
   struct MemoryField {
     const char* name;
@@ -677,7 +690,9 @@ absl::Status WriteTelemetryPlot(const std::vector<latentd::v1::TrainTelemetry>& 
     plot.ValueAxis(top, loss_scale, LinearTicks(loss_scale.lo, loss_scale.hi, 5), false);
   }
   Scale fvu_scale;
-  if (has_fvu && DataRange({fvu}, false, &lo, &hi)) {
+  std::vector<Series> fvu_lines = {fvu};
+  fvu_lines.insert(fvu_lines.end(), prefixes.begin(), prefixes.end());
+  if (has_fvu && DataRange(fvu_lines, false, &lo, &hi)) {
     fvu_scale = LinearScale(lo, hi, /*nonnegative=*/true);
     plot.ValueAxis(top, fvu_scale, LinearTicks(fvu_scale.lo, fvu_scale.hi, 5), true);
     canvas.DrawText(top.right() - Canvas::TextWidth("FVU", 2) / 2, top.top - 20, "FVU",
@@ -692,8 +707,10 @@ absl::Status WriteTelemetryPlot(const std::vector<latentd::v1::TrainTelemetry>& 
     canvas.DrawText(top.left + 20, top.top + 20, "no finite loss values", kMutedInk, 2);
   }
   if (has_fvu) {
-    plot.Line(top, fvu_scale, fvu);
-    top_legend.push_back({&fvu, &fvu_scale});
+    for (const Series& line : fvu_lines) {
+      plot.Line(top, fvu_scale, line);
+      top_legend.push_back({&line, &fvu_scale});
+    }
   }
   plot.Frame(top);
   if (!top_legend.empty()) plot.Legend(top, top_legend);

@@ -73,16 +73,19 @@ inline constexpr Rgb kPlotDenseMfacColor = {214, 39, 40};
 inline constexpr Rgb kPlotParameterColor = {148, 103, 189};
 inline constexpr Rgb kPlotRssColor = {140, 86, 75};
 inline constexpr Rgb kPlotDeviceAllocatedColor = {23, 190, 207};
+// Matryoshka SAEs' prefix FVUs, narrowest level first (cycled beyond four levels).
+inline constexpr Rgb kPlotPrefixFvuColors[] = {
+    {127, 39, 4}, {188, 80, 20}, {230, 150, 60}, {250, 200, 120}};
 
 // Writes a PNG with two panels sharing the step axis: top, loss (and FVU on the same panel if
-// present) against step; bottom, memory against step: optimizer_state_total_bytes,
-// dense_mfac_history_bytes (the dense M-FAC history the EFCP optimizer avoids), parameter_bytes,
-// process_rss_bytes, device_allocated_bytes when nonzero — log10 y axis so that MB and GB both
-// read. Axes with tick labels (nice 1-2-5 ticks; bytes formatted as KiB/MiB/GiB), a legend with
-// colors, and `title` at the top. FVU, when present, reads on its own right-hand axis.
-// Samples may come in any step order; non-finite values and zero byte counts leave gaps.
-// INVALID_ARGUMENT when `samples` is empty, UNAVAILABLE/PERMISSION_DENIED naming the path when the
-// file cannot be written.
+// present, with a Matryoshka SAE's prefix FVUs, "FVU@64" ..., on the FVU axis) against step;
+// bottom, memory against step: optimizer_state_total_bytes, dense_mfac_history_bytes (the dense
+// M-FAC history the EFCP optimizer avoids), parameter_bytes, process_rss_bytes,
+// device_allocated_bytes when nonzero — log10 y axis so that MB and GB both read. Axes with tick
+// labels (nice 1-2-5 ticks; bytes formatted as KiB/MiB/GiB), a legend with colors, and `title` at
+// the top. FVU, when present, reads on its own right-hand axis. Samples may come in any step order;
+// non-finite values and zero byte counts leave gaps. INVALID_ARGUMENT when `samples` is empty,
+// UNAVAILABLE/PERMISSION_DENIED naming the path when the file cannot be written.
 absl::Status WriteTelemetryPlot(const std::vector<latentd::v1::TrainTelemetry>& samples,
                                 const std::string& title, const std::string& path);
 

@@ -252,6 +252,29 @@ TEST(TelemetryPlotTest, WritesADecodablePlotWithTheSeriesColors) {
   EXPECT_EQ(image->Count(kPlotDeviceAllocatedColor), 0u);
 }
 
+TEST(TelemetryPlotTest, DrawsAMatryoshkaSaesPrefixFvusOnTheFvuAxis) {
+  std::vector<TrainTelemetry> samples = SyntheticRun(50);
+  for (TrainTelemetry& t : samples) {
+    t.add_prefix_widths(64);
+    t.add_prefix_widths(256);
+    t.add_prefix_fvu(t.fvu() * 3);
+    t.add_prefix_fvu(t.fvu() * 1.5);
+  }
+  const std::string path = TmpPath("matryoshka.png");
+  ASSERT_TRUE(WriteTelemetryPlot(samples, "matryoshka", path).ok());
+  absl::StatusOr<Image> image = DecodePng(path);
+  ASSERT_TRUE(image.ok()) << image.status();
+  EXPECT_GT(image->Count(kPlotFvuColor), 600u);
+  EXPECT_GT(image->Count(kPlotPrefixFvuColors[0]), 600u);
+  EXPECT_GT(image->Count(kPlotPrefixFvuColors[1]), 600u);
+  EXPECT_EQ(image->Count(kPlotPrefixFvuColors[2]), 0u);  // two levels, two lines
+  // A plain SAE's telemetry draws none of them.
+  ASSERT_TRUE(WriteTelemetryPlot(SyntheticRun(50), "plain", path).ok());
+  image = DecodePng(path);
+  ASSERT_TRUE(image.ok());
+  EXPECT_EQ(image->Count(kPlotPrefixFvuColors[0]), 0u);
+}
+
 TEST(TelemetryPlotTest, PlotsOnlyTheSeriesThatArePresent) {
   // Out of step order, no FVU, only device memory: still a valid plot.
   std::vector<TrainTelemetry> samples;

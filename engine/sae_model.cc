@@ -53,6 +53,23 @@ absl::StatusOr<SaeModelOptions> SaeModelOptionsFromProto(const latentd::v1::SaeT
         absl::StrCat("train.sae.aux_k_coefficient: must be >= 0 (0: no AuxK), got ",
                      config.aux_k_coefficient()));
   }
+  for (int i = 0; i < config.matryoshka_widths_size(); ++i) {
+    const int64_t w = config.matryoshka_widths(i);
+    if (w < 1 || w > options.d_sae) {
+      return absl::InvalidArgumentError(absl::StrCat("train.sae.matryoshka_widths[", i, "]: ", w,
+                                                     " is not in [1, d_sae = ", options.d_sae,
+                                                     "]"));
+    }
+    if (!options.matryoshka_widths.empty() && w <= options.matryoshka_widths.back()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "train.sae.matryoshka_widths[", i, "]: ", w, " does not exceed the width before it (",
+          options.matryoshka_widths.back(), "); the widths must increase strictly"));
+    }
+    options.matryoshka_widths.push_back(w);
+  }
+  if (!options.matryoshka_widths.empty() && options.matryoshka_widths.back() != options.d_sae) {
+    options.matryoshka_widths.push_back(options.d_sae);  // the whole SAE is the last level
+  }
   options.aux_k = config.aux_k() > 0 ? config.aux_k() : std::max<int64_t>(1, d_in / 2);
   options.aux_k_coefficient = config.aux_k_coefficient();
   if (config.l1_coefficient() > 0) options.l1_coefficient = config.l1_coefficient();
@@ -176,10 +193,24 @@ SaeForward SaeModelImpl::Forward(const torch::Tensor& x, const torch::Tensor& de
   } else {
     out.latents = Activate(pre);
   }
-  out.x_hat = Decode(out.latents);
+  // Matryoshka: the inner levels' squared errors, each x_hat growing by the next slice of latents.
+  std::vector<torch::Tensor> prefix_sq;
+  if (options_.matryoshka_widths.size() > 1) {
+    torch::Tensor x_hat = b_dec.unsqueeze(0);
+    int64_t begin = 0;
+    for (const int64_t end : options_.matryoshka_widths) {
+      x_hat = x_hat + out.latents.slice(1, begin, end).matmul(W_dec.slice(0, begin, end));
+      if (end < options_.d_sae) prefix_sq.push_back((x - x_hat).pow(2).sum(1));
+      begin = end;
+    }
+    out.x_hat = x_hat;
+  } else {
+    out.x_hat = Decode(out.latents);
+  }
   torch::Tensor sq = (x - out.x_hat).pow(2).sum(1);
   torch::Tensor mse = sq.mean();
   torch::Tensor loss = mse;
+  for (const torch::Tensor& level : prefix_sq) loss = loss + level.mean();
   if (options_.architecture == latentd::v1::RELU) {
     loss = loss + options_.l1_coefficient *
                       (out.latents.abs() * W_dec.norm(2, {1}).unsqueeze(0)).sum(1).mean();
@@ -211,6 +242,9 @@ SaeForward SaeModelImpl::Forward(const torch::Tensor& x, const torch::Tensor& de
   if (aux.defined()) out.aux_k_loss = aux.item<double>();
   const double variance = (x - x.mean(0, true)).pow(2).sum().item<double>();
   out.fvu = variance > 0 ? sq.sum().item<double>() / variance : 0.0;
+  for (const torch::Tensor& level : prefix_sq) {
+    out.prefix_fvu.push_back(variance > 0 ? level.sum().item<double>() / variance : 0.0);
+  }
   out.l0 = (out.latents != 0).sum(1).to(torch::kFloat64).mean().item<double>();
   return out;
 }

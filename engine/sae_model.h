@@ -18,6 +18,10 @@
 //   e_hat = a @ W_dec (no bias), aux = mean over rows of ||(x - x_hat).detach() - e_hat||^2,
 //   loss += aux_k_coefficient * min(|D| / aux_k, 1) * aux: the dead latents closest to firing
 //   learn to explain what the live ones miss (the scale damps the term while few are dead).
+// Matryoshka (matryoshka_widths w_1 < ... < w_L = d_sae): z is chosen as above, over all
+// latents; each level reconstructs from its prefix, x_hat_w = z[:, :w] @ W_dec[:w] + b_dec, and
+//   loss = sum over levels of mean over rows ||x - x_hat_w||^2   (+ the sparsity / AuxK terms)
+// computed with one pass over W_dec (each level adds its slice to the previous one's x_hat).
 // Decoder rows are kept at unit norm (all but ReLU): after each optimizer step
 // NormalizeDecoder() rescales them, and RemoveParallelDecoderGrad() before the step removes the
 // gradient component that would only change their norm. Weights are float32.
@@ -30,6 +34,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "proto/latentd/v1/train.pb.h"
@@ -49,6 +54,8 @@ struct SaeModelOptions {
   // TopK, BatchTopK: AuxK over the latents Forward() is told are dead (SaeModelImpl::Forward).
   int64_t aux_k = 0;             // 0: d_in / 2
   double aux_k_coefficient = 0;  // 0 (default): no AuxK; the paper's value is 1/32
+  // Matryoshka level widths, strictly increasing, the last d_sae; empty (default): a plain SAE.
+  std::vector<int64_t> matryoshka_widths;
 };
 
 // The seed of the generator InitWeights draws from: `seed` mixed with a constant. Drawn from
@@ -69,6 +76,8 @@ struct SaeForward {
   double fvu = 0;         // sum ||x - x_hat||^2 / sum ||x - mean(x)||^2 over the batch
   double l0 = 0;          // mean nonzero latents per row
   double aux_k_loss = 0;  // the AuxK term before its weights; 0 without dead latents
+  // Matryoshka: the FVU of each inner level's prefix reconstruction, narrowest first.
+  std::vector<double> prefix_fvu;
 };
 
 class SaeModelImpl : public torch::nn::Module {

@@ -239,6 +239,83 @@ TEST(SaeModelTest, AuxKGradientReachesOnlyDeadDecoderRows) {
   EXPECT_GT((changed & dead).sum().item<int64_t>(), 0);
 }
 
+// Matryoshka: the same latents as the plain SAE, and a loss that adds the error of
+// reconstructing from each inner prefix; latents beyond every inner level get the plain gradient.
+TEST(SaeModelTest, MatryoshkaAddsEachPrefixsReconstructionError) {
+  SaeModelOptions plain_options = Options(latentd::v1::TOPK);
+  SaeModelOptions options = plain_options;
+  options.matryoshka_widths = {4, 12, 32};
+  SaeModel plain(plain_options), sae(options);
+  torch::manual_seed(4);
+  const torch::Tensor x = torch::randn({24, 8});
+  SaeForward p = plain->Forward(x), m = sae->Forward(x);
+  EXPECT_TRUE(torch::equal(p.latents, m.latents));
+  EXPECT_NEAR(m.fvu, p.fvu, 1e-5);
+  EXPECT_NEAR(m.mse, p.mse, 1e-5);
+  double extra = 0;
+  const double variance = (x - x.mean(0, true)).pow(2).sum().item<double>();
+  ASSERT_EQ(m.prefix_fvu.size(), 2u);
+  for (int level = 0; level < 2; ++level) {
+    const int64_t w = options.matryoshka_widths[level];
+    const torch::Tensor x_hat =
+        m.latents.slice(1, 0, w).matmul(sae->W_dec.slice(0, 0, w)) + sae->b_dec;
+    const torch::Tensor sq = (x - x_hat).pow(2).sum(1);
+    extra += sq.mean().item<double>();
+    EXPECT_NEAR(m.prefix_fvu[level], sq.sum().item<double>() / variance, 1e-4);
+  }
+  EXPECT_NEAR(m.loss.item<double>(), p.loss.item<double>() + extra, 1e-4 * m.loss.item<double>());
+  EXPECT_TRUE(p.prefix_fvu.empty());
+  p.loss.backward();
+  m.loss.backward();
+  const torch::Tensor outer_plain = plain->W_dec.grad().slice(0, 12, 32);
+  const torch::Tensor outer = sae->W_dec.grad().slice(0, 12, 32);
+  EXPECT_TRUE(torch::allclose(outer, outer_plain, 1e-4, 1e-5));
+  EXPECT_FALSE(torch::allclose(sae->W_dec.grad().slice(0, 0, 4), plain->W_dec.grad().slice(0, 0, 4),
+                               1e-3, 1e-4));
+}
+
+// What Matryoshka is for: trained on features with a hierarchy, its first latents reconstruct on
+// their own far better than a plain SAE's first latents do.
+TEST(SaeModelTest, MatryoshkasFirstLevelStandsOnItsOwn) {
+  auto gen = at::detail::createCPUGenerator(21);
+  const torch::Tensor parents = torch::randn({8, 16}, gen, torch::kFloat);
+  const torch::Tensor children = torch::randn({32, 16}, gen, torch::kFloat);
+  auto rows = [&](int64_t n) {
+    const torch::Tensor p_on = (torch::rand({n, 8}, gen, torch::kFloat) < 0.2).to(torch::kFloat);
+    const torch::Tensor c_on = (torch::rand({n, 32}, gen, torch::kFloat) < 0.3).to(torch::kFloat) *
+                               p_on.repeat_interleave(4, 1);
+    return p_on.matmul(parents) + c_on.matmul(children);
+  };
+  const torch::Tensor eval = rows(2048);
+  std::vector<double> first_level_fvu;
+  for (const bool matryoshka : {false, true}) {
+    SaeModelOptions options;
+    options.architecture = latentd::v1::TOPK;
+    options.d_in = 16;
+    options.d_sae = 64;
+    options.k = 3;
+    options.seed = 2;
+    if (matryoshka) options.matryoshka_widths = {8, 64};
+    SaeModel sae(options);
+    sae->InitDecoderBiasFromData(rows(1024));
+    torch::optim::Adam adam(sae->ordered_parameters(), torch::optim::AdamOptions(3e-3));
+    for (int step = 0; step < 600; ++step) {
+      adam.zero_grad();
+      sae->Forward(rows(128)).loss.backward();
+      sae->RemoveParallelDecoderGrad();
+      adam.step();
+      sae->NormalizeDecoder();
+    }
+    torch::NoGradGuard no_grad;
+    const torch::Tensor z = sae->Encode(eval);
+    const torch::Tensor x_hat = z.slice(1, 0, 8).matmul(sae->W_dec.slice(0, 0, 8)) + sae->b_dec;
+    first_level_fvu.push_back(
+        ((eval - x_hat).pow(2).sum() / (eval - eval.mean(0, true)).pow(2).sum()).item<double>());
+  }
+  EXPECT_LT(first_level_fvu[1], 0.7 * first_level_fvu[0])
+      << "plain " << first_level_fvu[0] << ", matryoshka " << first_level_fvu[1];
+}
+
 TEST(SaeModelTest, OptionsFromProtoNameTheBadField) {
   latentd::v1::SaeTrainConfig config;
   EXPECT_NE(SaeModelOptionsFromProto(config, 8, 0).status().message().find("train.sae.d_sae"),
@@ -263,6 +340,22 @@ TEST(SaeModelTest, OptionsFromProtoNameTheBadField) {
       std::string::npos);
   config.set_aux_k_coefficient(0.25);
   EXPECT_EQ(SaeModelOptionsFromProto(config, 8, 0)->aux_k_coefficient, 0.25);
+  // Matryoshka widths: inside [1, d_sae], strictly increasing; d_sae closes the list.
+  for (const std::vector<int>& bad : std::vector<std::vector<int>>{{0, 16}, {4, 17}, {8, 8}}) {
+    config.clear_matryoshka_widths();
+    for (int w : bad) config.add_matryoshka_widths(w);
+    EXPECT_NE(SaeModelOptionsFromProto(config, 8, 0)
+                  .status()
+                  .message()
+                  .find("train.sae.matryoshka_widths["),
+              std::string::npos);
+  }
+  config.clear_matryoshka_widths();
+  config.add_matryoshka_widths(4);
+  config.add_matryoshka_widths(8);
+  EXPECT_EQ(SaeModelOptionsFromProto(config, 8, 0)->matryoshka_widths,
+            (std::vector<int64_t>{4, 8, 16}));
+  config.clear_matryoshka_widths();
   config.set_architecture(latentd::v1::BATCHTOPK);
   config.set_k(17);
   EXPECT_NE(SaeModelOptionsFromProto(config, 8, 0).status().message().find("train.sae.k"),

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/sae.h"
 #include "storage/artifact_store.h"
@@ -184,6 +185,9 @@ TEST_F(TrainJobTest, BadInputIsRefusedNamingTheField) {
   spec.mutable_sae()->set_k(1000);
   ExpectError(spec, absl::StatusCode::kInvalidArgument, "train.sae.k");
   spec = SaeSpec("smfac");
+  spec.mutable_sae()->add_matryoshka_widths(65);  // d_sae is 64
+  ExpectError(spec, absl::StatusCode::kInvalidArgument, "train.sae.matryoshka_widths[0]");
+  spec = SaeSpec("smfac");
   spec.set_epochs(2);
   ExpectError(spec, absl::StatusCode::kInvalidArgument, "train.steps");
   spec = SaeSpec("smfac");
@@ -283,6 +287,51 @@ TEST_F(TrainJobTest, ABatchTopKSaeIsSavedAsAJumpReluWithItsThreshold) {
   // 3.97 with the calibrated threshold; SAELens' running average of the batches' cutoffs, tried
   // first, gave 3.03 here (it still remembers the early batches), which this bound refuses.
   EXPECT_NEAR(l0, 4.0, 0.5);
+}
+
+// A Matryoshka SAE's levels show in every telemetry sample and in the result, on one rank and
+// on two.
+TEST_F(TrainJobTest, AMatryoshkaSaeReportsEachLevelsFvuOnOneAndTwoRanks) {
+  latentd::v1::TrainSpec spec = SaeSpec("adam");
+  spec.mutable_sae()->add_matryoshka_widths(8);
+  spec.mutable_sae()->add_matryoshka_widths(24);
+  spec.set_steps(40);
+  std::vector<latentd::v1::TrainResult> results;
+  for (int devices : {1, 2}) {
+    FakeContext context(20 + devices, devices);
+    spec.set_artifact_name(absl::StrCat("matryoshka-", devices));
+    auto result = RunTrain(spec, env_, &context);
+    ASSERT_TRUE(result.ok()) << result.status();
+    const auto telemetry = context.telemetry();
+    ASSERT_FALSE(telemetry.empty());
+    for (const auto& sample : telemetry) {
+      ASSERT_EQ(sample.prefix_widths_size(), 2);
+      EXPECT_EQ(sample.prefix_widths(0), 8);
+      EXPECT_EQ(sample.prefix_widths(1), 24);
+      ASSERT_EQ(sample.prefix_fvu_size(), 2);
+    }
+    // Trained, fewer latents explain less.
+    const auto& last = telemetry.back();
+    EXPECT_GT(last.prefix_fvu(0), last.prefix_fvu(1));
+    EXPECT_GT(last.prefix_fvu(1), last.fvu());
+    ASSERT_EQ(result->final_prefix_fvu_size(), 2);
+    EXPECT_EQ(result->final_prefix_fvu(0), last.prefix_fvu(0));
+    EXPECT_EQ(result->final_prefix_fvu(1), last.prefix_fvu(1));
+    results.push_back(*result);
+  }
+  // The levels' losses are part of what the ranks all-reduce: two ranks train the same SAE.
+  // (Their FVUs differ: each rank's is over its own half of the batch.)
+  EXPECT_NEAR(results[1].final_loss(), results[0].final_loss(),
+              1e-3 * (1 + results[0].final_loss()));
+  // A plain SAE reports none.
+  FakeContext plain_context(23, 1);
+  latentd::v1::TrainSpec plain = SaeSpec("adam");
+  plain.set_steps(10);
+  plain.set_artifact_name("plain");
+  auto result = RunTrain(plain, env_, &plain_context);
+  ASSERT_TRUE(result.ok());
+  EXPECT_EQ(result->final_prefix_fvu_size(), 0);
+  EXPECT_EQ(plain_context.telemetry().back().prefix_widths_size(), 0);
 }
 
 TEST_F(TrainJobTest, InterruptedJobResumesToTheWeightsOfAnUninterruptedOne) {

@@ -231,6 +231,7 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
   double window_seconds = 0;
   int64_t window_steps = 0;
   double last_loss = 0, last_fvu = 0, last_l0 = 0, last_aux_k = 0;
+  std::vector<double> last_prefix_fvu;
   int64_t last_checkpoint_step = start;
   // Where this run starts: watchers see the total at once, and the first rate has a baseline.
   if (context != nullptr) context->ReportProgress(start, options.total_steps, "steps");
@@ -260,9 +261,14 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
       return absl::InternalError(
           absl::StrCat("forward/backward at step ", step, ": ", e.what_without_backtrace()));
     }
-    torch::Tensor stats = torch::zeros({kNumStats}, torch::kFloat32);
+    // Matryoshka levels' FVUs ride after the fixed statistics (the same count on every rank).
+    const int64_t num_prefixes = static_cast<int64_t>(out.prefix_fvu.size());
+    torch::Tensor stats = torch::zeros({kNumStats + num_prefixes}, torch::kFloat32);
     {
       auto acc = stats.accessor<float, 1>();
+      for (int64_t i = 0; i < num_prefixes; ++i) {
+        acc[kNumStats + i] = static_cast<float>(out.prefix_fvu[i] * slice_weight);
+      }
       acc[kStatLoss] = static_cast<float>(out.loss.item<double>() * slice_weight);
       acc[kStatFvu] = static_cast<float>((std::isnan(out.fvu) ? 0.0 : out.fvu) * slice_weight);
       acc[kStatL0] = static_cast<float>((std::isnan(out.l0) ? 0.0 : out.l0) * slice_weight);
@@ -320,6 +326,10 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
     last_fvu = stats[kStatFvu].item<double>();
     last_l0 = stats[kStatL0].item<double>();
     last_aux_k = stats[kStatAuxK].item<double>();
+    last_prefix_fvu.clear();
+    for (int64_t i = 0; i < num_prefixes; ++i) {
+      last_prefix_fvu.push_back(stats[kNumStats + i].item<double>());
+    }
     const OptimizerMemory memory = optimizer->Memory();
     peak_optimizer_bytes = std::max(peak_optimizer_bytes, memory.total());
     window_seconds += absl::ToDoubleSeconds(absl::Now() - step_start);
@@ -361,6 +371,8 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
         sample.set_fvu(last_fvu);
         sample.set_l0(last_l0);
         sample.set_aux_k_loss(last_aux_k);
+        for (const double fvu : last_prefix_fvu) sample.add_prefix_fvu(fvu);
+        for (const int64_t width : model->prefix_widths()) sample.add_prefix_widths(width);
         const int64_t window = std::min(options.dead_window_steps, done);
         sample.set_dead_latents((steps_since_fired >= window).sum().item<int64_t>());
       }
@@ -406,6 +418,7 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
   result.final_loss = last_loss;
   result.final_fvu = last_fvu;
   result.final_l0 = last_l0;
+  result.final_prefix_fvu = last_prefix_fvu;
   result.peak_optimizer_state_bytes = peak_optimizer_bytes;
   return result;
 }

@@ -40,6 +40,8 @@ class TrainableModel {
     double l0 = std::numeric_limits<double>::quiet_NaN();
     torch::Tensor fired;  // SAEs: d_sae floats, 1 where a latent fired in the batch; else undefined
     double aux_k_loss = 0;  // TopK SAEs: the AuxK term (0 when no latent is dead)
+    // Matryoshka SAEs: each inner level's FVU, narrowest first; as many on every step.
+    std::vector<double> prefix_fvu;
   };
   virtual ~TrainableModel() = default;
   // Parameters, in a fixed order (optimizer, all-reduce and checkpoints rely on it).
@@ -54,6 +56,8 @@ class TrainableModel {
   virtual void BeforeOptimizerStep() {}
   virtual void AfterOptimizerStep() {}
   virtual int64_t num_latents() const { return 0; }
+  // Matryoshka SAEs: the inner level widths Output::prefix_fvu reports on, narrowest first.
+  virtual std::vector<int64_t> prefix_widths() const { return {}; }
   // Before each Forward of a model that uses_dead_latents(): bool [num_latents()] on the
   // training device, true for latents that have not fired for a full dead_window_steps (TopK
   // SAEs train their AuxK loss on them).
@@ -105,6 +109,7 @@ struct TrainLoopResult {
   double final_loss = 0;
   double final_fvu = 0;
   double final_l0 = 0;
+  std::vector<double> final_prefix_fvu;  // Matryoshka SAEs
   int64_t peak_optimizer_state_bytes = 0;
   int64_t resumed_from_step = -1;  // -1 when the run started fresh
   latentd::v1::TrainTelemetry last_telemetry;

@@ -21,6 +21,7 @@ absl::StatusOr<TrainableModel::Output> SaeTrainable::Forward(const torch::Tensor
   out.aux_k_loss = forward.aux_k_loss;
   out.fvu = forward.fvu;
   out.l0 = forward.l0;
+  out.prefix_fvu = std::move(forward.prefix_fvu);
   out.fired = (forward.latents.detach() != 0).any(0).to(torch::kFloat32);
   return out;
 }

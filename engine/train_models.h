@@ -23,6 +23,10 @@ class SaeTrainable : public TrainableModel {
   void BeforeOptimizerStep() override { sae_->RemoveParallelDecoderGrad(); }
   void AfterOptimizerStep() override { sae_->NormalizeDecoder(); }
   int64_t num_latents() const override { return sae_->options().d_sae; }
+  std::vector<int64_t> prefix_widths() const override {
+    const std::vector<int64_t>& widths = sae_->options().matryoshka_widths;
+    return widths.empty() ? widths : std::vector<int64_t>(widths.begin(), widths.end() - 1);
+  }
   void SetDeadLatents(const torch::Tensor& dead) override { dead_ = dead; }
   bool wants_calibration() const override {
     return sae_->options().architecture == latentd::v1::BATCHTOPK;
