@@ -241,9 +241,11 @@ SaeForward SaeModelImpl::Forward(const torch::Tensor& x, const torch::Tensor& de
   out.mse = mse.item<double>();
   if (aux.defined()) out.aux_k_loss = aux.item<double>();
   const double variance = (x - x.mean(0, true)).pow(2).sum().item<double>();
-  out.fvu = variance > 0 ? sq.sum().item<double>() / variance : 0.0;
+  out.squared_error = sq.sum().item<double>();
+  out.fvu = variance > 0 ? out.squared_error / variance : 0.0;
   for (const torch::Tensor& level : prefix_sq) {
-    out.prefix_fvu.push_back(variance > 0 ? level.sum().item<double>() / variance : 0.0);
+    out.prefix_squared_error.push_back(level.sum().item<double>());
+    out.prefix_fvu.push_back(variance > 0 ? out.prefix_squared_error.back() / variance : 0.0);
   }
   out.l0 = (out.latents != 0).sum(1).to(torch::kFloat64).mean().item<double>();
   return out;

@@ -73,10 +73,12 @@ struct SaeForward {
   torch::Tensor x_hat;    // rows x d_in
   torch::Tensor latents;  // rows x d_sae (dense, mostly zeros)
   double mse = 0;
-  double fvu = 0;         // sum ||x - x_hat||^2 / sum ||x - mean(x)||^2 over the batch
-  double l0 = 0;          // mean nonzero latents per row
-  double aux_k_loss = 0;  // the AuxK term before its weights; 0 without dead latents
-  // Matryoshka: the FVU of each inner level's prefix reconstruction, narrowest first.
+  double squared_error = 0;  // sum ||x - x_hat||^2 over the batch
+  double fvu = 0;            // squared_error / sum ||x - mean(x)||^2
+  double l0 = 0;             // mean nonzero latents per row
+  double aux_k_loss = 0;     // the AuxK term before its weights; 0 without dead latents
+  // Matryoshka: each inner level's squared_error and FVU, narrowest first.
+  std::vector<double> prefix_squared_error;
   std::vector<double> prefix_fvu;
 };
 

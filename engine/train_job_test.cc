@@ -289,8 +289,8 @@ TEST_F(TrainJobTest, ABatchTopKSaeIsSavedAsAJumpReluWithItsThreshold) {
   EXPECT_NEAR(l0, 4.0, 0.5);
 }
 
-// A Matryoshka SAE's levels show in every telemetry sample and in the result, on one rank and
-// on two.
+// A Matryoshka SAE's levels show in every telemetry sample and in the result, the same on one
+// rank and on two.
 TEST_F(TrainJobTest, AMatryoshkaSaeReportsEachLevelsFvuOnOneAndTwoRanks) {
   latentd::v1::TrainSpec spec = SaeSpec("adam");
   spec.mutable_sae()->add_matryoshka_widths(8);
@@ -319,10 +319,14 @@ TEST_F(TrainJobTest, AMatryoshkaSaeReportsEachLevelsFvuOnOneAndTwoRanks) {
     EXPECT_EQ(result->final_prefix_fvu(1), last.prefix_fvu(1));
     results.push_back(*result);
   }
-  // The levels' losses are part of what the ranks all-reduce: two ranks train the same SAE.
-  // (Their FVUs differ: each rank's is over its own half of the batch.)
+  // Two ranks train the same SAE (the levels' losses are in what they all-reduce) and report the
+  // FVUs of the whole batch, not an average of their halves'.
   EXPECT_NEAR(results[1].final_loss(), results[0].final_loss(),
               1e-3 * (1 + results[0].final_loss()));
+  EXPECT_NEAR(results[1].final_fvu(), results[0].final_fvu(), 1e-3);
+  for (int level = 0; level < 2; ++level) {
+    EXPECT_NEAR(results[1].final_prefix_fvu(level), results[0].final_prefix_fvu(level), 1e-3);
+  }
   // A plain SAE reports none.
   FakeContext plain_context(23, 1);
   latentd::v1::TrainSpec plain = SaeSpec("adam");

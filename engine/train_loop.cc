@@ -20,11 +20,12 @@ namespace latentd::engine {
 namespace {
 
 constexpr int kStatLoss = 0;
-constexpr int kStatFvu = 1;
+constexpr int kStatSquaredError = 1;
 constexpr int kStatL0 = 2;
 constexpr int kStatCancel = 3;
 constexpr int kStatAuxK = 4;
-constexpr int kNumStats = 5;
+constexpr int kStatCentredSquares = 5;
+constexpr int kNumStats = 6;
 
 // Everything a resumed run needs besides the stream position (a function of the step).
 absl::StatusOr<std::string> SerializeState(int64_t steps_done, TrainableModel* model,
@@ -261,16 +262,19 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
       return absl::InternalError(
           absl::StrCat("forward/backward at step ", step, ": ", e.what_without_backtrace()));
     }
-    // Matryoshka levels' FVUs ride after the fixed statistics (the same count on every rank).
-    const int64_t num_prefixes = static_cast<int64_t>(out.prefix_fvu.size());
+    // Matryoshka levels' squared errors ride after the fixed statistics (the same count on every
+    // rank); sums are summed, means weighted by the rank's share of the batch.
+    const int64_t num_prefixes = static_cast<int64_t>(out.prefix_squared_error.size());
     torch::Tensor stats = torch::zeros({kNumStats + num_prefixes}, torch::kFloat32);
     {
       auto acc = stats.accessor<float, 1>();
       for (int64_t i = 0; i < num_prefixes; ++i) {
-        acc[kNumStats + i] = static_cast<float>(out.prefix_fvu[i] * slice_weight);
+        acc[kNumStats + i] = static_cast<float>(out.prefix_squared_error[i]);
       }
       acc[kStatLoss] = static_cast<float>(out.loss.item<double>() * slice_weight);
-      acc[kStatFvu] = static_cast<float>((std::isnan(out.fvu) ? 0.0 : out.fvu) * slice_weight);
+      acc[kStatSquaredError] =
+          static_cast<float>(std::isnan(out.squared_error) ? 0.0 : out.squared_error);
+      acc[kStatCentredSquares] = static_cast<float>(out.centred_squares);
       acc[kStatL0] = static_cast<float>((std::isnan(out.l0) ? 0.0 : out.l0) * slice_weight);
       acc[kStatCancel] = (cancel && cancel()) ? 1.0f : 0.0f;
       acc[kStatAuxK] = static_cast<float>(out.aux_k_loss * slice_weight);
@@ -281,6 +285,7 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
       reduced.push_back(p.mutable_grad());
     }
     reduced.push_back(stats);
+    if (out.centred_sum.defined()) reduced.push_back(out.centred_sum);
     torch::Tensor fired;
     if (steps_since_fired.defined()) {
       fired = out.fired.defined() ? out.fired.to(torch::kCPU, torch::kFloat32).clone()
@@ -323,12 +328,20 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
           torch::where(fired > 0, torch::zeros_like(steps_since_fired), steps_since_fired + 1);
     }
     last_loss = loss;
-    last_fvu = stats[kStatFvu].item<double>();
+    // The global batch's spread about its mean, from the ranks' sums about b_dec.
+    const double spread =
+        out.centred_sum.defined()
+            ? stats[kStatCentredSquares].item<double>() -
+                  out.centred_sum.to(torch::kFloat64).pow(2).sum().item<double>() /
+                      static_cast<double>(global_batch)
+            : 0.0;
+    auto fvu_of = [&](double squared_error) { return spread > 0 ? squared_error / spread : 0.0; };
+    last_fvu = fvu_of(stats[kStatSquaredError].item<double>());
     last_l0 = stats[kStatL0].item<double>();
     last_aux_k = stats[kStatAuxK].item<double>();
     last_prefix_fvu.clear();
     for (int64_t i = 0; i < num_prefixes; ++i) {
-      last_prefix_fvu.push_back(stats[kNumStats + i].item<double>());
+      last_prefix_fvu.push_back(fvu_of(stats[kNumStats + i].item<double>()));
     }
     const OptimizerMemory memory = optimizer->Memory();
     peak_optimizer_bytes = std::max(peak_optimizer_bytes, memory.total());

@@ -36,12 +36,20 @@ class TrainableModel {
  public:
   struct Output {
     torch::Tensor loss;  // scalar with graph, the mean over this rank's rows
-    double fvu = std::numeric_limits<double>::quiet_NaN();
+    // SAEs: what the FVU is made of, summed over this rank's rows, so that the loop adds them
+    // over the ranks and divides once, giving the FVU of the global batch whatever the world
+    // size (an average of the ranks' own FVUs would measure each slice against its own mean).
+    // The reconstruction's squared error; the rows about a point every rank shares (the SAE's
+    // b_dec, near the mean, so float32 sums keep their digits): sum ||x - c||^2 and sum (x - c),
+    // from which sum ||x - mean||^2 = sum ||x - c||^2 - ||sum (x - c)||^2 / rows.
+    double squared_error = std::numeric_limits<double>::quiet_NaN();
+    double centred_squares = 0;
+    torch::Tensor centred_sum;  // [width] float32 on the CPU; undefined for other models
     double l0 = std::numeric_limits<double>::quiet_NaN();
     torch::Tensor fired;  // SAEs: d_sae floats, 1 where a latent fired in the batch; else undefined
     double aux_k_loss = 0;  // TopK SAEs: the AuxK term (0 when no latent is dead)
-    // Matryoshka SAEs: each inner level's FVU, narrowest first; as many on every step.
-    std::vector<double> prefix_fvu;
+    // Matryoshka SAEs: each inner level's squared error, narrowest first; as many every step.
+    std::vector<double> prefix_squared_error;
   };
   virtual ~TrainableModel() = default;
   // Parameters, in a fixed order (optimizer, all-reduce and checkpoints rely on it).
@@ -56,7 +64,7 @@ class TrainableModel {
   virtual void BeforeOptimizerStep() {}
   virtual void AfterOptimizerStep() {}
   virtual int64_t num_latents() const { return 0; }
-  // Matryoshka SAEs: the inner level widths Output::prefix_fvu reports on, narrowest first.
+  // Matryoshka SAEs: the inner level widths of Output::prefix_squared_error, narrowest first.
   virtual std::vector<int64_t> prefix_widths() const { return {}; }
   // Before each Forward of a model that uses_dead_latents(): bool [num_latents()] on the
   // training device, true for latents that have not fired for a full dead_window_steps (TopK
