@@ -133,6 +133,9 @@ ABSL_FLAG(int, threads, 0, "tokenize: threads that tokenize (0: one per core)");
 ABSL_FLAG(std::string, nodes, "",
           "train-nodes: the latentd nodes to train on, HOST:PORT,HOST:PORT,... (the first hosts "
           "rank 0)");
+ABSL_FLAG(std::string, node_devices, "",
+          "train-nodes: devices per node, N,N,... in --nodes' order (default: --num_devices, "
+          "else the spec's, on every node)");
 ABSL_FLAG(std::string, dataset, "",
           "train-nodes: the DENSE dataset by name, looked up on each node (its id may differ "
           "from node to node); default: the spec's dataset_id everywhere");
@@ -1625,9 +1628,11 @@ jobs:
   delete-job ID                  forget a finished job (record, events, a TRAIN checkpoint)
   telemetry ID [--plot=FILE.png] training telemetry as a table (and a plot)
   train-nodes --nodes=H:P,H:P,... --spec=train.json [--dataset=NAME] [--rendezvous=H:P]
-              [--num_devices=N]  one TRAIN run over several latentd nodes (N devices each):
-                                 submits it to each with its ranks (and its id of dataset
-                                 NAME), follows rank 0's progress, prints every node's result
+              [--num_devices=N | --node_devices=N,N,...]
+                                 one TRAIN run over several latentd nodes (N devices each, or
+                                 each node its own count): submits it to each with its ranks
+                                 (and its id of dataset NAME), follows rank 0's progress,
+                                 prints every node's result
 text:
   tokenize FILE... --vocab=tokenizer.json --out=TOKENS.npy [--separator=TOKEN]
            [--special_tokens=false] [--field=text] [--threads=N]
@@ -1714,7 +1719,22 @@ int TrainNodes() {
   if (spec->type() != v1::TRAIN) {
     return Usage("train-nodes: --spec must be a TRAIN spec");
   }
-  const int devices = std::max(spec->num_devices(), 1);
+  // Node i holds ranks first_rank[i] .. first_rank[i] + devices[i] - 1.
+  std::vector<int> devices(nodes.size(), std::max(spec->num_devices(), 1));
+  if (const std::string counts = absl::GetFlag(FLAGS_node_devices); !counts.empty()) {
+    const std::vector<std::string> parts = absl::StrSplit(counts, ',');
+    if (parts.size() != nodes.size()) {
+      return Usage(absl::StrCat("--node_devices names ", parts.size(), " counts for ", nodes.size(),
+                                " nodes"));
+    }
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (!absl::SimpleAtoi(parts[i], &devices[i]) || devices[i] < 1) {
+        return Usage(absl::StrCat("--node_devices: \"", parts[i], "\" is not a device count"));
+      }
+    }
+  }
+  std::vector<int> first_rank(nodes.size(), 0);
+  for (size_t i = 1; i < nodes.size(); ++i) first_rank[i] = first_rank[i - 1] + devices[i - 1];
   std::string rendezvous = absl::GetFlag(FLAGS_rendezvous);
   if (rendezvous.empty()) {
     const std::string& first = nodes[0];
@@ -1724,7 +1744,7 @@ int TrainNodes() {
   }
   v1::TrainRendezvous* meeting = spec->mutable_train()->mutable_rendezvous();
   meeting->set_address(rendezvous);
-  meeting->set_world_size(static_cast<int>(nodes.size()) * devices);
+  meeting->set_world_size(first_rank.back() + devices.back());
   // A fresh key prefix per launch, so a store that outlived an earlier run is never read.
   if (meeting->run_id().empty())
     meeting->set_run_id(absl::StrCat("train-", absl::ToUnixMicros(absl::Now())));
@@ -1746,8 +1766,9 @@ int TrainNodes() {
     if (!client.LoadToken(&error)) return Usage(error);
     v1::SubmitJobRequest request;
     *request.mutable_spec() = *spec;
+    request.mutable_spec()->set_num_devices(devices[i]);
     v1::TrainSpec* train = request.mutable_spec()->mutable_train();
-    train->mutable_rendezvous()->set_rank_offset(static_cast<int>(i) * devices);
+    train->mutable_rendezvous()->set_rank_offset(first_rank[i]);
     if (const std::string name = absl::GetFlag(FLAGS_dataset); !name.empty()) {
       v1::ListDatasetsResponse listed;
       grpc::Status status = client.datasets()->ListDatasets(client.Context().get(),
@@ -1779,8 +1800,8 @@ int TrainNodes() {
     }
     jobs.push_back(job.id());
     std::printf("node %s: job %llu, ranks %d..%d of %d, dataset %llu\n", nodes[i].c_str(),
-                static_cast<unsigned long long>(job.id()), static_cast<int>(i) * devices,
-                static_cast<int>(i + 1) * devices - 1, meeting->world_size(),
+                static_cast<unsigned long long>(job.id()), first_rank[i],
+                first_rank[i] + devices[i] - 1, meeting->world_size(),
                 static_cast<unsigned long long>(train->dataset_id()));
   }
   std::printf("rendezvous %s, run %s\n", rendezvous.c_str(), meeting->run_id().c_str());

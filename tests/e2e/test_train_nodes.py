@@ -256,6 +256,34 @@ class TrainNodes(DaemonTestCase):
                                              [jobs_pb2.CANCELLED, jobs_pb2.FAILED]).state,
                          jobs_pb2.CANCELLED)
 
+    def test_latentctl_train_nodes_gives_each_node_its_own_device_count(self):
+        a, ca = self.node("a", devices="cpu:2")
+        b, cb = self.node("b")
+        data = {"a": self.dense(ca), "b": self.dense(cb)}
+        spec = self.spec(0, batchSize=33)
+        del spec["datasetId"]
+        path = self.write(spec)
+        nodes = "--nodes=%s,%s" % (a.address, b.address)
+        # A count per node, or none: the counts must match the nodes.
+        bad = a.latentctl("train-nodes", nodes, "--spec=" + path, "--node_devices=2",
+                          check=False)
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("--node_devices names 1 counts for 2 nodes", bad.stderr)
+        run = a.latentctl("train-nodes", nodes, "--spec=" + path, "--node_devices=2,1",
+                          "--dataset=blocks.1.hook_resid_post",
+                          "--rendezvous=127.0.0.1:%d" % free_port(), timeout=300)
+        self.assertIn("node %s: job 2, ranks 0..1 of 3, dataset %d" % (a.address, data["a"]),
+                      run.stdout)
+        self.assertIn("node %s: job 2, ranks 2..2 of 3, dataset %d" % (b.address, data["b"]),
+                      run.stdout)
+        done = [ca.get(2), cb.get(2)]
+        for job in done:
+            self.assertEqual(job.state, jobs_pb2.SUCCEEDED, job.message)
+        for client, ranks in ((ca, "0..1"), (cb, "2..2")):
+            log = "\n".join(e.log.text for e in client.watch(2) if e.HasField("log"))
+            self.assertIn("joining 3 ranks as %s through" % ranks, log)
+        assert_same_weights(done)
+
     def test_nodes_that_disagree_on_the_data_both_fail_saying_how(self):
         a, ca = self.node("a")
         b, cb = self.node("b")
