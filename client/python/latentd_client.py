@@ -84,6 +84,25 @@ class Client:
             pass
         return self.get(job_id)
 
+    def train_telemetry(self, job_id):
+        """A TRAIN job's telemetry samples, in step order, as dicts of plain numbers ready for a
+        plot or a DataFrame: the TrainTelemetry fields under their proto names, with
+        optimizer_state_bytes a dict by component and, for a Matryoshka SAE, prefix_fvu a dict
+        {width: fvu}. Waits for the job to end if it is still running (as `latentctl telemetry`
+        does)."""
+        samples = []
+        for event in self.watch(job_id):
+            if not (event.HasField("telemetry") and event.telemetry.HasField("train")):
+                continue
+            t = event.telemetry.train
+            sample = {field.name: getattr(t, field.name) for field in t.DESCRIPTOR.fields
+                      if field.name not in ("optimizer_state_bytes", "prefix_fvu",
+                                            "prefix_widths")}
+            sample["optimizer_state_bytes"] = dict(t.optimizer_state_bytes)
+            sample["prefix_fvu"] = dict(zip(t.prefix_widths, t.prefix_fvu))
+            samples.append(sample)
+        return sorted(samples, key=lambda s: s["step"])
+
     def cancel(self, job_id):
         return self.jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job_id),
                                    metadata=self.metadata, timeout=self.timeout)

@@ -115,6 +115,13 @@ class TrainLoop(DaemonTestCase):
             self.assertEqual(s.optimizer_state_total_bytes, sum(s.optimizer_state_bytes.values()))
             self.assertGreater(s.dense_mfac_history_bytes, s.optimizer_state_total_bytes)
         self.assertEqual(trained.result.train.steps, 120)
+        # The Python client hands the same samples over as plain numbers.
+        series = c.train_telemetry(train.id)
+        self.assertEqual([s["step"] for s in series], [s.step for s in samples])
+        self.assertEqual([s["loss"] for s in series], [s.loss for s in samples])
+        self.assertEqual(series[-1]["optimizer_state_bytes"],
+                         dict(samples[-1].optimizer_state_bytes))
+        self.assertEqual(series[-1]["prefix_fvu"], {})  # a plain SAE
         # latentctl reads the kept telemetry after the job ended: a table and a PNG plot.
         plot = os.path.join(self.tmp, "train.png")
         table = daemon.latentctl("telemetry", str(train.id), "--plot=" + plot).stdout
@@ -521,6 +528,43 @@ class TrainLoop(DaemonTestCase):
         with self.assertRaises(grpc.RpcError) as missing:
             c.get_dataset(dense_id)
         self.assertEqual(missing.exception.code(), grpc.StatusCode.NOT_FOUND)
+
+    def test_a_matryoshka_sae_reports_its_levels_everywhere(self):
+        # Through the daemon: each level's FVU in the telemetry (latentctl's column, the Python
+        # client's dict), the result and latentctl get; the artifact extracts like any SAE.
+        inputs, daemon = self.inputs_and_daemon()
+        c = daemon.client()
+        tokens = {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 32}
+        dense = c.wait(c.submit("EXTRACT", {
+            "model": MODEL, "hookName": "blocks.1.hook_resid_post", "tokens": tokens,
+            "mode": "DENSE", "valueDtype": "FLOAT32"}).id)
+        self.assertEqual(dense.state, jobs_pb2.SUCCEEDED, dense.message)
+        train = c.wait(c.submit("TRAIN", {
+            "datasetId": str(dense.result.extract.dataset_id),
+            "sae": {"architecture": "BATCHTOPK", "dSae": 128, "k": 8,
+                    "matryoshkaWidths": [16, 64]},
+            "optimizer": {"name": "adam", "lr": 3e-3}, "batchSize": 64, "steps": 60,
+            "telemetryEvery": 20}).id)
+        self.assertEqual(train.state, jobs_pb2.SUCCEEDED, train.message)
+        result = train.result.train
+        self.assertEqual(len(result.final_prefix_fvu), 2)
+        # Trained, each level explains more than the one inside it.
+        self.assertGreater(result.final_prefix_fvu[0], result.final_prefix_fvu[1])
+        self.assertGreater(result.final_prefix_fvu[1], result.final_fvu)
+        series = c.train_telemetry(train.id)
+        self.assertEqual([s["step"] for s in series], [20, 40, 60])
+        self.assertEqual(series[-1]["prefix_fvu"],
+                         {16: result.final_prefix_fvu[0], 64: result.final_prefix_fvu[1]})
+        got = daemon.latentctl("get", str(train.id)).stdout
+        self.assertIn("levels     fvu %.4f from the first 16, %.4f from the first 64 latents" % (
+            result.final_prefix_fvu[0], result.final_prefix_fvu[1]), got)
+        table = daemon.latentctl("telemetry", str(train.id)).stdout
+        self.assertIn("FVU@16/64", table.splitlines()[0])
+        self.assertIn("%.4f/%.4f" % tuple(result.final_prefix_fvu), table.splitlines()[-1])
+        sparse = c.wait(c.submit("EXTRACT", {
+            "model": MODEL, "hookName": "blocks.1.hook_resid_post", "tokens": tokens,
+            "sae": {"artifactId": str(result.artifact_id)}}).id)
+        self.assertEqual(sparse.state, jobs_pb2.SUCCEEDED, sparse.message)
 
     def test_training_on_a_models_activations_equals_training_on_their_dataset(self):
         train = {"sae": {"architecture": "TOPK", "dSae": 256, "k": 8},
