@@ -11,32 +11,16 @@
 #include <torch/optim/adam.h>
 
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <string>
 
+#include "bench/bench_args.h"
 #include "engine/sae_model.h"
-
-namespace {
-
-int64_t Arg(int argc, char** argv, const char* name, int64_t fallback) {
-  const std::string prefix = std::string(name) + "=";
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0) {
-      return std::atoll(argv[i] + prefix.size());
-    }
-  }
-  return fallback;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   using latentd::engine::SaeForward;
   using latentd::engine::SaeModel;
   using latentd::engine::SaeModelOptions;
-  const int64_t atoms = Arg(argc, argv, "atoms", 128);
-  const int64_t d_sae = Arg(argc, argv, "d_sae", 256);
+  const int64_t atoms = latentd::bench::IntArg(argc, argv, "atoms", 128);
+  const int64_t d_sae = latentd::bench::IntArg(argc, argv, "d_sae", 256);
   constexpr int64_t kDin = 16, kRows = 128, kSteps = 1500, kWindow = 50;
   std::printf(
       "TopK d_in %lld, d_sae %lld, k 4, aux_k 8; %lld atoms (frequency ~ 1/rank^%s), "

@@ -15,24 +15,12 @@
 #include <torch/optim/adam.h>
 
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <string>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "engine/sae_model.h"
 
 namespace {
-
-int64_t Arg(int argc, char** argv, const char* name, int64_t fallback) {
-  const std::string prefix = std::string(name) + "=";
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0) {
-      return std::atoll(argv[i] + prefix.size());
-    }
-  }
-  return fallback;
-}
 
 constexpr int64_t kDin = 32, kParents = 16, kChildren = 4, kDsae = 128, kRows = 256;
 
@@ -74,8 +62,8 @@ int main(int argc, char** argv) {
   using latentd::engine::SaeForward;
   using latentd::engine::SaeModel;
   using latentd::engine::SaeModelOptions;
-  const int64_t steps = Arg(argc, argv, "steps", 3000);
-  const int64_t k = Arg(argc, argv, "k", 4);
+  const int64_t steps = latentd::bench::IntArg(argc, argv, "steps", 3000);
+  const int64_t k = latentd::bench::IntArg(argc, argv, "k", 4);
   const std::vector<int64_t> widths = {16, 48, kDsae};
   std::printf(
       "BatchTopK d_in %lld, d_sae %lld, k %lld; %lld parents x %lld children (child only with its "

@@ -82,15 +82,20 @@ class TrainLoop(DaemonTestCase):
         log = "\n".join(e.log.text for e in c.watch(live.id) if e.HasField("log"))
         return c, source, stored, live, log
 
+    def dense_dataset(self, c, inputs, **extra):
+        """A float32 DENSE dataset of blocks.1.hook_resid_post over the inputs' tokens: (the
+        tokens' spec, the finished EXTRACT job)."""
+        tokens = {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 32}
+        dense = c.wait(c.submit("EXTRACT", dict({
+            "model": MODEL, "hookName": "blocks.1.hook_resid_post", "tokens": tokens,
+            "mode": "DENSE", "valueDtype": "FLOAT32"}, **extra)).id)
+        self.assertEqual(dense.state, jobs_pb2.SUCCEEDED, dense.message)
+        return tokens, dense
+
     def test_extract_train_extract_query(self):
         inputs, daemon = self.inputs_and_daemon()
         c = daemon.client()
-        tokens = {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 32}
-
-        dense = c.wait(c.submit("EXTRACT", {
-            "model": MODEL, "hookName": "blocks.1.hook_resid_post", "tokens": tokens,
-            "mode": "DENSE", "valueDtype": "FLOAT32", "datasetName": "dense"}).id)
-        self.assertEqual(dense.state, jobs_pb2.SUCCEEDED, dense.message)
+        tokens, dense = self.dense_dataset(c, inputs, datasetName="dense")
         dense_id = dense.result.extract.dataset_id
         info = c.datasets.GetDataset(datasets_pb2.GetDatasetRequest(dataset_id=dense_id))
         self.assertEqual(info.kind, datasets_pb2.DENSE_ACTIVATIONS)
@@ -534,11 +539,7 @@ class TrainLoop(DaemonTestCase):
         # client's dict), the result and latentctl get; the artifact extracts like any SAE.
         inputs, daemon = self.inputs_and_daemon()
         c = daemon.client()
-        tokens = {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 32}
-        dense = c.wait(c.submit("EXTRACT", {
-            "model": MODEL, "hookName": "blocks.1.hook_resid_post", "tokens": tokens,
-            "mode": "DENSE", "valueDtype": "FLOAT32"}).id)
-        self.assertEqual(dense.state, jobs_pb2.SUCCEEDED, dense.message)
+        tokens, dense = self.dense_dataset(c, inputs)
         train = c.wait(c.submit("TRAIN", {
             "datasetId": str(dense.result.extract.dataset_id),
             "sae": {"architecture": "BATCHTOPK", "dSae": 128, "k": 8,
