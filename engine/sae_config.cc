@@ -111,6 +111,11 @@ absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
     cfg.hook_name = j["hook_point"];  // SAELens before 3.0 and mats_sae_training
   }
   if (j.contains("model_name") && j["model_name"].is_string()) cfg.model_name = j["model_name"];
+  if (j.contains("matryoshka_widths") && j["matryoshka_widths"].is_array()) {
+    for (const json& w : j["matryoshka_widths"]) {
+      if (w.is_number_integer()) cfg.matryoshka_widths.push_back(w.get<int64_t>());
+    }
+  }
   if (j.contains("model_from_pretrained_kwargs") && j["model_from_pretrained_kwargs"].is_object()) {
     const json& kwargs = j["model_from_pretrained_kwargs"];
     if (kwargs.contains("center_writing_weights") &&
@@ -292,6 +297,7 @@ std::string SaeConfigToJson(const SaeConfig& cfg) {
     j["k"] = cfg.k;
     j["activation_fn_kwargs"] = {{"k", cfg.k}};
   }
+  if (!cfg.matryoshka_widths.empty()) j["matryoshka_widths"] = cfg.matryoshka_widths;
   return j.dump(2);
 }
 

@@ -5,7 +5,7 @@
 // "topk", "jumprelu", "gated"; absent with a k means topk, as sparsify writes), k (or
 // activation_fn_kwargs.k), apply_b_dec_to_input (default true), hook_name (older SAELens:
 // hook_point; sparsify: none, the directory's name is the module, e.g. layers.6),
-// model_from_pretrained_kwargs.center_writing_weights, model_name, dtype.
+// model_from_pretrained_kwargs.center_writing_weights, model_name, dtype, matryoshka_widths.
 // Refused (INVALID_ARGUMENT naming the field), because they change what the encoder computes:
 // SAELens' normalize_activations other than "none", rescale_acts_by_decoder_norm true.
 // Weights: sae_weights.safetensors, else the only *.safetensors file in the directory, holding
@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -67,6 +68,9 @@ struct SaeConfig {
   // SAELens' model_from_pretrained_kwargs.center_writing_weights: whether the model the SAE was
   // trained on had TransformerLens' centering (unset when cfg.json does not say).
   std::optional<bool> center_writing_weights;
+  // A Matryoshka SAE's level widths (cfg.json "matryoshka_widths", as SAELens writes them):
+  // informational, the latents are ordered coarse to fine; empty for others.
+  std::vector<int64_t> matryoshka_widths;
   // Set for lm-saes' layout: how Sae::Load turns its weights into the form above.
   std::optional<LmSaesFold> lm_saes;
 };

@@ -315,6 +315,10 @@ TEST_F(TrainJobTest, AMatryoshkaSaeReportsEachLevelsFvuOnOneAndTwoRanks) {
     EXPECT_GT(last.prefix_fvu(0), last.prefix_fvu(1));
     EXPECT_GT(last.prefix_fvu(1), last.fvu());
     ASSERT_EQ(result->final_prefix_fvu_size(), 2);
+    // The artifact's cfg.json records the levels (as SAELens writes them).
+    auto saved = ReadAndCheckSae(result->artifact_path());
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    EXPECT_EQ(saved->matryoshka_widths, (std::vector<int64_t>{8, 24, 64}));
     EXPECT_EQ(result->final_prefix_fvu(0), last.prefix_fvu(0));
     EXPECT_EQ(result->final_prefix_fvu(1), last.prefix_fvu(1));
     results.push_back(*result);

@@ -76,6 +76,7 @@ absl::Status SaeTrainable::Save(const std::string& dir) {
   config.apply_b_dec_to_input = options.apply_b_dec_to_input;
   config.hook_name = hook_name_;
   config.model_name = model_name_;
+  config.matryoshka_widths = options.matryoshka_widths;
   return SaveSae(dir, weights, config);
 }
 
