@@ -5,11 +5,22 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "engine/hook_name.h"
+
 namespace latentd::engine {
+
+// One hook's activation replaced during a forward pass, by an SAE's reconstruction of it or by
+// zeros: how an EXTRACT job measures an SAE's downstream loss.
+struct HookSplice {
+  HookName hook;
+  // [batch, seq, width] in the model's dtype in; the same shape and dtype out.
+  std::function<at::Tensor(const at::Tensor&)> replace;
+};
 
 class ActivationModel {
  public:
@@ -40,6 +51,19 @@ class ActivationModel {
   // (views, in its dtype: a caller widens only what it uses). Empty where the model does not
   // expose its weights (TorchScript: dataset_models.h finds them by parameter name).
   virtual std::vector<std::pair<std::string, at::Tensor>> NamedWeights() const { return {}; }
+
+  // Why NextTokenLossSum cannot run ("" when it can): TorchScript modules give hidden states,
+  // not logits; a checkpoint may lack its final norm.
+  virtual std::string next_token_loss_unsupported() const {
+    return "the model gives its hidden states, not its logits";
+  }
+  // The summed next-token cross-entropy over tokens [batch, seq] (batch * (seq - 1)
+  // predictions) of a forward pass through the whole model to its logits, the activation at
+  // splice->hook replaced on the way (null: the model as it is). May throw c10::Error.
+  virtual double NextTokenLossSum(const at::Tensor& tokens, const HookSplice* splice) {
+    TORCH_CHECK(false, next_token_loss_unsupported());
+    return 0;
+  }
 };
 
 }  // namespace latentd::engine

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/hook_collector.h"
+#include "engine/next_token_loss.h"
 
 namespace latentd::engine {
 
@@ -27,6 +28,9 @@ absl::StatusOr<std::unique_ptr<Gpt2Model>> Gpt2Model::Create(Gpt2Weights weights
   auto place = [&](at::Tensor& t) { t = t.to(device, at::kFloat).contiguous(); };
   place(m->w_.W_E);
   place(m->w_.W_pos);
+  for (at::Tensor* t : {&m->w_.ln_f_w, &m->w_.ln_f_b, &m->w_.W_U}) {
+    if (t->defined()) place(*t);
+  }
   for (Gpt2Block& b : m->w_.blocks) {
     for (at::Tensor* t : {&b.ln1_w, &b.ln1_b, &b.W_qkv, &b.b_qkv, &b.W_O, &b.b_O, &b.ln2_w,
                           &b.ln2_b, &b.W_in, &b.b_in, &b.W_out, &b.b_out}) {
@@ -37,12 +41,16 @@ absl::StatusOr<std::unique_ptr<Gpt2Model>> Gpt2Model::Create(Gpt2Weights weights
 }
 
 std::vector<at::Tensor> Gpt2Model::Run(const at::Tensor& tokens, const std::vector<HookName>& hooks,
-                                       std::vector<at::Tensor>* all) {
+                                       std::vector<at::Tensor>* all, const HookSplice* splice,
+                                       at::Tensor* last) {
   const Gpt2Config& c = config();
   const int64_t B = tokens.size(0), S = tokens.size(1), d = c.d_model;
   const int64_t H = c.n_heads, dh = d / H;
-  HookCollector collector(hooks, /*run_all=*/all != nullptr);
-  auto capture = [&](int layer, HookPoint point, const at::Tensor& t) {
+  HookCollector collector(hooks, /*run_all=*/all != nullptr || last != nullptr);
+  auto capture = [&](int layer, HookPoint point, at::Tensor& t) {
+    if (splice != nullptr && splice->hook.layer == layer && splice->hook.point == point) {
+      t = splice->replace(t);
+    }
     return collector.Capture(layer, point, t);
   };
   auto activation = [&](const at::Tensor& x) {
@@ -78,15 +86,29 @@ std::vector<at::Tensor> Gpt2Model::Run(const at::Tensor& tokens, const std::vect
     x = x + attn_out;
     if (capture(l, HookPoint::kResidMid, x)) break;
     at::Tensor h2 = at::layer_norm(x, {d}, b.ln2_w, b.ln2_b, c.layer_norm_eps);
-    at::Tensor post = activation(at::addmm(b.b_in, h2.view({B * S, d}), b.W_in));
-    if (capture(l, HookPoint::kMlpPost, post.view({B, S, -1}))) break;
-    at::Tensor mlp_out = at::addmm(b.b_out, post, b.W_out).view({B, S, d});
+    at::Tensor post = activation(at::addmm(b.b_in, h2.view({B * S, d}), b.W_in)).view({B, S, -1});
+    if (capture(l, HookPoint::kMlpPost, post)) break;
+    at::Tensor mlp_out = at::addmm(b.b_out, post.reshape({B * S, -1}), b.W_out).view({B, S, d});
     if (capture(l, HookPoint::kMlpOut, mlp_out)) break;
     x = x + mlp_out;
     if (all != nullptr) all->push_back(x);
     if (capture(l, HookPoint::kResidPost, x)) break;
   }
+  if (last != nullptr) *last = x;
   return collector.Take();
+}
+
+std::string Gpt2Model::next_token_loss_unsupported() const {
+  return w_.ln_f_w.defined() ? "" : "the checkpoint has no final LayerNorm (ln_f)";
+}
+
+double Gpt2Model::NextTokenLossSum(const at::Tensor& tokens, const HookSplice* splice) {
+  TORCH_CHECK(w_.ln_f_w.defined(), next_token_loss_unsupported());
+  at::Tensor x;
+  Run(tokens, {}, nullptr, splice, &x);
+  const at::Tensor normed =
+      at::layer_norm(x, {config().d_model}, w_.ln_f_w, w_.ln_f_b, config().layer_norm_eps);
+  return NextTokenCrossEntropySum(normed, w_.W_U.defined() ? w_.W_U : w_.W_E, tokens);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Gpt2Model::NamedWeights() const {

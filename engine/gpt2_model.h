@@ -61,8 +61,12 @@ struct Gpt2Block {
 // check them against `config`).
 struct Gpt2Weights {
   Gpt2Config config;
-  at::Tensor W_E;    // [vocab_size, d]; also the unembedding (tied)
+  at::Tensor W_E;    // [vocab_size, d]; also the unembedding (tied) unless W_U is set
   at::Tensor W_pos;  // [context_length, d]
+  // After the last block, for the downstream loss only: the final LayerNorm (undefined when the
+  // checkpoint has none) and the unembedding [vocab_size, d] when it is not W_E (W_E centered
+  // by center_writing_weights still unembeds with the checkpoint's own).
+  at::Tensor ln_f_w, ln_f_b, W_U;
   std::vector<Gpt2Block> blocks;
   std::string model_id;     // what the dataset records as its model
   std::string weight_hash;  // "fnv1a64:..." of what the weights were made from
@@ -99,12 +103,18 @@ class Gpt2Model : public ActivationModel {
   // The full residual stream after every block (for tests): element L is resid_post of block L.
   std::vector<at::Tensor> AllResidPost(const at::Tensor& tokens);
 
+  std::string next_token_loss_unsupported() const override;
+  double NextTokenLossSum(const at::Tensor& tokens, const HookSplice* splice) override;
+
  private:
   Gpt2Model() = default;
   // The activations of `hooks` (in that order) from one pass that stops once it has them all;
-  // with `all`, every block runs and each one's resid_post is appended to it.
+  // with `all`, every block runs and each one's resid_post is appended to it; with `last`, every
+  // block runs and *last is the final residual stream. `splice` (may be null) replaces its
+  // hook's activation on the way.
   std::vector<at::Tensor> Run(const at::Tensor& tokens, const std::vector<HookName>& hooks,
-                              std::vector<at::Tensor>* all);
+                              std::vector<at::Tensor>* all, const HookSplice* splice = nullptr,
+                              at::Tensor* last = nullptr);
 
   Gpt2Weights w_;
   std::vector<HookName> hooks_;

@@ -31,6 +31,7 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
 struct TensorPlace {
   int file = 0;
   StTensorInfo info;
+  bool optional = false;  // its HfTensorSpec's
 };
 
 absl::StatusOr<std::map<std::string, TensorPlace>> LocateTensors(
@@ -57,6 +58,7 @@ absl::StatusOr<std::map<std::string, TensorPlace>> LocateTensors(
   std::map<std::string, TensorPlace> wanted;
   for (const HfTensorSpec& spec : expected) {
     auto it = found.find(spec.name);
+    if (it == found.end() && spec.optional) continue;
     if (it == found.end()) {
       return absl::InvalidArgumentError(absl::StrCat("the checkpoint has no tensor ", spec.name,
                                                      " (looked in ", absl::StrJoin(files, ", "),
@@ -75,7 +77,9 @@ absl::StatusOr<std::map<std::string, TensorPlace>> LocateTensors(
                                                      StDtypeName(info.dtype),
                                                      " (F32, F16, BF16 or F64 only)"));
     }
-    wanted.insert(*it);
+    TensorPlace place = it->second;
+    place.optional = spec.optional;
+    wanted.insert({it->first, place});
   }
   return wanted;
 }
@@ -215,8 +219,10 @@ absl::StatusOr<HfTensors> ReadHfTensors(const std::string& dir,
       return absl::DataLossError(absl::StrCat(path, ": tensor ", place.info.name,
                                               " could not be read (the file changed or is short)"));
     }
-    out.crc = storage::Crc32cExtend(out.crc, raw.data_ptr(), size);
-    out.bytes += size;
+    if (!place.optional) {
+      out.crc = storage::Crc32cExtend(out.crc, raw.data_ptr(), size);
+      out.bytes += size;
+    }
     at::Tensor t = raw.to(dtype);
     if (!at::isfinite(t).all().item<bool>()) {
       return absl::InvalidArgumentError(

@@ -71,6 +71,9 @@ absl::StatusOr<std::vector<std::string>> HfWeightFiles(const std::string& dir);
 struct HfTensorSpec {
   std::string name;  // as the architecture names it, without the optional prefixes
   std::vector<int64_t> shape;
+  // Read when present, skipped when not, and left out of HfTensors' hash: a tensor after every
+  // hook (the final norm), which only the downstream loss uses and which changes no stored row.
+  bool optional = false;
 };
 
 // Checks from the headers of dir's weight files (HfWeightFiles) that every tensor of `expected`
@@ -82,8 +85,8 @@ absl::Status CheckHfTensors(const std::string& dir, const std::vector<HfTensorSp
 
 struct HfTensors {
   std::map<std::string, at::Tensor> tensors;  // float32 on the CPU, by their names in `expected`
-  // CRC32C of the stored bytes of every tensor read, in name order: the same weights give the
-  // same value however they are sharded.
+  // CRC32C of the stored bytes of every tensor read but the optional ones, in name order: the
+  // same weights give the same value however they are sharded.
   uint32_t crc = 0;
   int64_t bytes = 0;
   // "crc32c:<crc, extended over `extra`>:<bytes>": the weight hash datasets record.

@@ -32,6 +32,8 @@ std::vector<HfTensorSpec> ExpectedTensors(const Gpt2Config& c) {
     out.push_back({h + "mlp.c_proj.weight", {f, d}});
     out.push_back({h + "mlp.c_proj.bias", {d}});
   }
+  out.push_back({"ln_f.weight", {d}, /*optional=*/true});
+  out.push_back({"ln_f.bias", {d}, /*optional=*/true});
   return out;
 }
 
@@ -113,7 +115,12 @@ absl::StatusOr<Gpt2Weights> LoadHfGpt2Weights(const HfModelOptions& options) {
     b.b_out = tensors.at(h + "mlp.c_proj.bias");
     w.blocks.push_back(std::move(b));
   }
+  if (tensors.count("ln_f.weight") && tensors.count("ln_f.bias")) {
+    w.ln_f_w = tensors.at("ln_f.weight");
+    w.ln_f_b = tensors.at("ln_f.bias");
+  }
   if (options.center_writing_weights) {
+    w.W_U = w.W_E;  // the logits come from the checkpoint's own embedding
     // What writes into the residual stream is the last dimension of these (x @ W layout).
     auto center = [](at::Tensor& t) { t = t - t.mean(-1, /*keepdim=*/true); };
     center(w.W_E);

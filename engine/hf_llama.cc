@@ -23,6 +23,7 @@ std::vector<HfTensorSpec> ExpectedTensors(const LlamaConfig& c) {
                 kv = c.n_kv_heads * c.head_dim;
   std::vector<HfTensorSpec> out = {{"embed_tokens.weight", {c.vocab_size, d}}};
   if (!c.tied_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, d}});
+  out.push_back({"norm.weight", {d}, /*optional=*/true});
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
     if (c.pre_norms) out.push_back({p + "input_layernorm.weight", {d}});
@@ -251,6 +252,8 @@ absl::StatusOr<LlamaConfig> ReadHfLlamaConfig(const HfConfig& j) {
     // Gemma 3 dropped the soft-capping (null in its configs); Gemma 2 caps at 50 by default.
     ASSIGN_OR_RETURN(c.attn_softcap,
                      j.PositiveNumber("attn_logit_softcapping", gemma3 ? 0.0 : 50.0));
+    ASSIGN_OR_RETURN(c.final_logit_softcap,
+                     j.PositiveNumber("final_logit_softcapping", gemma3 ? 0.0 : 30.0));
     ASSIGN_OR_RETURN(const double scalar, j.PositiveNumber("query_pre_attn_scalar", 256.0));
     c.attn_scale = 1.0 / std::sqrt(scalar);
   }
@@ -367,6 +370,12 @@ absl::StatusOr<LlamaWeights> LoadHfLlamaWeights(const HfModelOptions& options) {
   w.config = config;
   w.W_E = t.at("embed_tokens.weight");
   w.W_U = config.tied_embeddings ? w.W_E : t.at("lm_head.weight");
+  w.final_norm = optional("norm.weight");
+  if (w.final_norm.defined() && config.norm_gain_offset) {
+    w.final_norm = w.final_norm.to(at::kFloat) + 1;  // Gemma's 1 + w, as for every norm
+  } else if (w.final_norm.defined() && config.norm_gain_float32) {
+    w.final_norm = w.final_norm.to(at::kFloat);
+  }
   for (int64_t l = 0; l < config.n_layers; ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
     LlamaBlock b;

@@ -32,6 +32,8 @@ std::vector<HfTensorSpec> ExpectedTensors(const LlamaConfig& c) {
     out.push_back({p + "mlp.dense_4h_to_h.weight", {d, f}});
     out.push_back({p + "mlp.dense_4h_to_h.bias", {d}});
   }
+  out.push_back({"final_layer_norm.weight", {d}, /*optional=*/true});
+  out.push_back({"final_layer_norm.bias", {d}, /*optional=*/true});
   return out;
 }
 
@@ -105,6 +107,10 @@ absl::StatusOr<LlamaWeights> LoadHfNeoxWeights(const HfModelOptions& options) {
   w.config = config;
   w.W_E = t.at("embed_in.weight");
   w.W_U = config.tied_embeddings ? w.W_E : t.at("embed_out.weight");
+  if (t.count("final_layer_norm.weight") && t.count("final_layer_norm.bias")) {
+    w.final_norm = t.at("final_layer_norm.weight");
+    w.final_norm_b = t.at("final_layer_norm.bias");
+  }
   for (int64_t l = 0; l < config.n_layers; ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
     LlamaBlock b;

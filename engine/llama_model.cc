@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "engine/hook_collector.h"
+#include "engine/next_token_loss.h"
 
 namespace latentd::engine {
 namespace {
@@ -138,6 +139,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weig
       place(*t, true);
     }
   }
+  place(m->w_.final_norm, true);
+  place(m->w_.final_norm_b, true);
   if (c.sliding_window > 0 && static_cast<int64_t>(c.sliding_layers.size()) != c.n_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
         c.what, ": ", c.sliding_layers.size(), " sliding-layer flags for ", c.n_layers, " layers"));
@@ -154,13 +157,17 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weig
 }
 
 std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
-                                        const std::vector<HookName>& hooks) {
+                                        const std::vector<HookName>& hooks,
+                                        const HookSplice* splice, double* loss) {
   const LlamaConfig& c = w_.config;
   const int64_t B = tokens.size(0), S = tokens.size(1), d = c.d_model;
   const int64_t H = c.n_heads, KV = c.n_kv_heads, dh = c.head_dim;
   const at::ScalarType dtype = c.bfloat16 ? at::kBFloat16 : at::kFloat;
-  HookCollector collector(hooks, /*run_all=*/false);
-  auto capture = [&](int layer, HookPoint point, const at::Tensor& t) {
+  HookCollector collector(hooks, /*run_all=*/loss != nullptr);
+  auto capture = [&](int layer, HookPoint point, at::Tensor& t) {
+    if (splice != nullptr && splice->hook.layer == layer && splice->hook.point == point) {
+      t = splice->replace(t);
+    }
     return collector.Capture(layer, point, t);
   };
   auto activation = [&](const at::Tensor& x) {
@@ -260,6 +267,10 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
     x = c.parallel_residual ? x + attn_out + mlp_out : x + mlp_out;
     if (capture(l, HookPoint::kResidPost, x)) break;
   }
+  if (loss != nullptr) {
+    *loss = NextTokenCrossEntropySum(norm(x, w_.final_norm, w_.final_norm_b), w_.W_U, tokens,
+                                     c.final_logit_softcap);
+  }
   std::vector<at::Tensor> out = collector.Take();
   for (at::Tensor& t : out) t = t.to(at::kFloat);  // what SAEs and the store take
   return out;
@@ -269,6 +280,17 @@ at::Tensor LlamaModel::Forward(const at::Tensor& tokens) { return Run(tokens, {h
 
 std::vector<at::Tensor> LlamaModel::ForwardHooks(const at::Tensor& tokens) {
   return Run(tokens, hooks_);
+}
+
+std::string LlamaModel::next_token_loss_unsupported() const {
+  return w_.final_norm.defined() ? "" : "the checkpoint has no final norm (model.norm.weight)";
+}
+
+double LlamaModel::NextTokenLossSum(const at::Tensor& tokens, const HookSplice* splice) {
+  TORCH_CHECK(w_.final_norm.defined(), next_token_loss_unsupported());
+  double loss = 0;
+  Run(tokens, {}, splice, &loss);
+  return loss;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedWeights() const {

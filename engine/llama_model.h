@@ -55,10 +55,11 @@ struct LlamaConfig {
   bool gated_mlp = true;  // down(act(gate(x)) * up(x)); else down(act(up(x))) (GPT-NeoX)
   // x + attn(norm1(x)) + mlp(norm2(x)) (GPT-NeoX's use_parallel_residual): no resid_mid.
   bool parallel_residual = false;
-  double embed_scale = 1;   // the embeddings are multiplied by it (Gemma: sqrt(d_model))
-  bool post_norms = false;  // RMSNorm on attention's and the MLP's outputs too (Gemma 2)
-  double attn_softcap = 0;  // scores -> cap * tanh(scores / cap) before the mask; 0: none
-  double attn_scale = 0;    // scores' scale; 0: 1 / sqrt(head_dim)
+  double embed_scale = 1;          // the embeddings are multiplied by it (Gemma: sqrt(d_model))
+  bool post_norms = false;         // RMSNorm on attention's and the MLP's outputs too (Gemma 2)
+  double attn_softcap = 0;         // scores -> cap * tanh(scores / cap) before the mask; 0: none
+  double final_logit_softcap = 0;  // logits -> cap * tanh(logits / cap) (Gemma 2); 0: none
+  double attn_scale = 0;           // scores' scale; 0: 1 / sqrt(head_dim)
   // The checkpoint stores each norm's gain as w with (1 + w) applied (Gemma); the loader adds 1.
   bool norm_gain_offset = false;
   bool qk_norm =
@@ -115,6 +116,9 @@ struct LlamaWeights {
   LlamaConfig config;
   at::Tensor W_E;  // [vocab, d]
   at::Tensor W_U;  // [vocab, d]: lm_head, or W_E when tied
+  // The norm after the last block (bias: LayerNorm models), for the downstream loss only;
+  // undefined when the checkpoint has none.
+  at::Tensor final_norm, final_norm_b;
   std::vector<LlamaBlock> blocks;
   std::string model_id, weight_hash;
 };
@@ -143,9 +147,16 @@ class LlamaModel : public ActivationModel {
   // (down_proj transposed: what a direction in mlp.hook_post writes to the residual stream).
   std::vector<std::pair<std::string, at::Tensor>> NamedWeights() const override;
 
+  std::string next_token_loss_unsupported() const override;
+  double NextTokenLossSum(const at::Tensor& tokens, const HookSplice* splice) override;
+
  private:
   LlamaModel() = default;
-  std::vector<at::Tensor> Run(const at::Tensor& tokens, const std::vector<HookName>& hooks);
+  // The activations of `hooks` from one pass that stops once it has them all; with `loss`, every
+  // block runs and *loss is NextTokenLossSum's. `splice` (may be null) replaces its hook's
+  // activation on the way.
+  std::vector<at::Tensor> Run(const at::Tensor& tokens, const std::vector<HookName>& hooks,
+                              const HookSplice* splice = nullptr, double* loss = nullptr);
 
   LlamaWeights w_;
   std::vector<HookName> hooks_;

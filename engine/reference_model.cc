@@ -81,6 +81,10 @@ Gpt2Weights DrawReferenceWeights(const latentd::v1::ReferenceModelSpec& s) {
     b.b_out = hashed(at::zeros({d}));
     w.blocks.push_back(std::move(b));
   }
+  // A final LayerNorm without a gain or a bias of its own; left out of the hash, which names what
+  // the stored rows come from.
+  w.ln_f_w = at::ones({d});
+  w.ln_f_b = at::zeros({d});
   w.weight_hash = hash.ToString();
   w.model_id = absl::StrCat("reference:d", d, "-l", s.n_layers(), "-h", s.n_heads(), "-f", f, "-v",
                             s.vocab_size(), "-c", s.context_length(), "-seed", s.seed());

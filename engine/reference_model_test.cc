@@ -1,5 +1,8 @@
 #include "engine/reference_model.h"
 
+#include <cmath>
+#include <functional>
+
 #include "gtest/gtest.h"
 
 namespace latentd::engine {
@@ -102,6 +105,48 @@ TEST(ReferenceModelTest, SeveralHooksInOnePassEqualOneHookModels) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CreateReferenceModel(Small(4), std::vector<HookName>{}, at::kCPU).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The downstream loss runs the whole model to its logits (a final LayerNorm, the tied
+// unembedding) with one hook's activation replaced on the way.
+TEST(ReferenceModelTest, NextTokenLossRunsToTheLogitsWithTheHookReplaced) {
+  at::manual_seed(3);
+  const at::Tensor t = Tokens();
+  auto m = Make(2, "blocks.0.hook_resid_post");
+  ASSERT_EQ(m->next_token_loss_unsupported(), "");
+  const double clean = m->NextTokenLossSum(t, nullptr);
+  // By hand: the last resid_post, LayerNorm without gain or bias, logits against W_E, the
+  // summed cross-entropy of the 2 x 15 next tokens.
+  const at::Tensor x = m->AllResidPost(t).back();
+  at::Tensor W_E;
+  for (const auto& [name, w] : m->NamedWeights()) {
+    if (name == "embed.W_E") W_E = w;
+  }
+  const at::Tensor logits = at::matmul(at::layer_norm(x, {32}), W_E.t());
+  const double want =
+      at::cross_entropy_loss(logits.narrow(1, 0, 15).reshape({30, 100}),
+                             t.narrow(1, 1, 15).reshape({30}), {}, at::Reduction::Sum)
+          .item<double>();
+  EXPECT_NEAR(clean, want, 1e-4 * want);
+  EXPECT_GT(clean / 30, 0.5 * std::log(100.0));  // a random model is near chance
+
+  auto splice = [](const std::string& hook, std::function<at::Tensor(const at::Tensor&)> f) {
+    return HookSplice{*ParseHookName(hook), std::move(f)};
+  };
+  auto same = [](const at::Tensor& a) { return a; };
+  auto halve = [](const at::Tensor& a) { return a * 0.5; };
+  for (const char* hook : {"blocks.1.hook_resid_post", "blocks.1.hook_mlp_out",
+                           "blocks.1.mlp.hook_post", "blocks.0.hook_attn_out"}) {
+    const HookSplice identity = splice(hook, same);
+    EXPECT_EQ(m->NextTokenLossSum(t, &identity), clean) << hook;
+    const HookSplice zero = splice(hook, [](const at::Tensor& a) { return at::zeros_like(a); });
+    EXPECT_GT(std::abs(m->NextTokenLossSum(t, &zero) - clean), 1e-3) << hook;
+  }
+  // The same activation by either name: the same loss.
+  const HookSplice post = splice("blocks.0.hook_resid_post", halve);
+  const HookSplice pre = splice("blocks.1.hook_resid_pre", halve);
+  EXPECT_NEAR(m->NextTokenLossSum(t, &post), m->NextTokenLossSum(t, &pre), 1e-4 * clean);
+  EXPECT_GT(std::abs(m->NextTokenLossSum(t, &post) - clean), 1e-3);
 }
 
 TEST(ReferenceModelTest, AttentionIsCausal) {
