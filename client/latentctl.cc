@@ -276,6 +276,15 @@ void PrintFit(const v1::SaeFit& fit) {
               static_cast<long long>(fit.rows()));
 }
 
+void PrintDownstreamLoss(const v1::DownstreamLoss& d) {
+  if (d.predictions() == 0) return;
+  std::printf(
+      "  loss     next-token cross-entropy %.4f, with the SAE %.4f (%+.4f), zero-ablated %.4f: "
+      "%.1f%% recovered (over %lld predictions)\n",
+      d.clean(), d.with_sae(), d.with_sae() - d.clean(), d.zero_ablated(), 100 * d.recovered(),
+      static_cast<long long>(d.predictions()));
+}
+
 void PrintJob(const v1::Job& job) {
   std::printf("job        %llu\n", static_cast<unsigned long long>(job.id()));
   std::printf("type       %s\n", v1::JobType_Name(job.type()).c_str());
@@ -311,12 +320,14 @@ void PrintJob(const v1::Job& job) {
                 static_cast<long long>(r.extract().nnz()), r.extract().bytes_per_token(),
                 r.extract().tokens_per_second());
     PrintFit(r.extract().fit());
+    PrintDownstreamLoss(r.extract().downstream_loss());
     for (const v1::ExtractOutputResult& more : r.extract().more_outputs()) {
       std::printf("dataset    %llu %s <- %s (%lld rows, %lld nonzeros, %.1f B/token)\n",
                   static_cast<unsigned long long>(more.dataset_id()), more.dataset_name().c_str(),
                   more.hook_name().c_str(), static_cast<long long>(more.rows()),
                   static_cast<long long>(more.nnz()), more.bytes_per_token());
       PrintFit(more.fit());
+      PrintDownstreamLoss(more.downstream_loss());
     }
   } else if (r.has_train()) {
     std::printf("artifact   %llu at %s\n", static_cast<unsigned long long>(r.train().artifact_id()),

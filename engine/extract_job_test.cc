@@ -187,6 +187,45 @@ TEST_F(ExtractJobTest, ValidateRejectsBadSpecsNamingTheField) {
   EXPECT_EQ(Code(Spec(), no_roots), absl::StatusCode::kPermissionDenied);
 }
 
+// After the rows are stored, the SAE's downstream loss over the first sequences; asked of a job
+// without an SAE, refused at submit.
+TEST_F(ExtractJobTest, DownstreamLossIsMeasuredOverTheFirstSequencesAfterTheRows) {
+  auto db = OpenDb("db_downstream");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  FakeContext ctx(11, 1);
+  latentd::v1::ExtractSpec spec = Spec();
+  spec.set_downstream_loss_sequences(4);
+  auto result = RunExtract(spec, env_, &ctx);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->rows(), 40 * kCtx);  // every row stored, the loss on 4 sequences
+  const latentd::v1::DownstreamLoss& d = result->downstream_loss();
+  EXPECT_EQ(d.predictions(), 4 * (kCtx - 1));
+  EXPECT_GT(d.clean(), 0);
+  EXPECT_NE(d.with_sae(), d.clean());
+  EXPECT_NE(d.zero_ablated(), d.clean());
+  EXPECT_NEAR(d.recovered(), (d.zero_ablated() - d.with_sae()) / (d.zero_ablated() - d.clean()),
+              1e-9);
+  // Not asked: not measured.
+  FakeContext plain_ctx(12, 1);
+  auto plain = RunExtract(Spec(), env_, &plain_ctx);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->has_downstream_loss());
+
+  spec = Spec();
+  spec.set_downstream_loss_sequences(-1);
+  EXPECT_NE(ValidateExtractSpec(spec, env_).message().find("extract.downstream_loss_sequences"),
+            std::string::npos);
+  spec.set_downstream_loss_sequences(4);
+  spec.set_mode(latentd::v1::DENSE);
+  spec.clear_sae();
+  EXPECT_NE(ValidateExtractSpec(spec, env_)
+                .message()
+                .find("extract.downstream_loss_sequences: measures an SAE's reconstruction"),
+            std::string::npos)
+      << ValidateExtractSpec(spec, env_);
+}
+
 TEST_F(ExtractJobTest, RunsIntoTheChunkStoreAndMatchesTheInMemoryRun) {
   auto db = OpenDb("db1");
   storage::ChunkStore store(db.get());

@@ -16,6 +16,7 @@
 #include "common/path_within.h"
 #include "common/status_macros.h"
 #include "engine/device_util.h"
+#include "engine/downstream_loss.h"
 #include "engine/extract_pipeline.h"
 #include "engine/gpt2_model.h"
 #include "engine/hf_model.h"
@@ -316,6 +317,19 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env,
   if (!latentd::v1::ValueDtype_IsValid(spec.value_dtype())) {
     return absl::InvalidArgumentError("extract.value_dtype: unknown");
   }
+  if (spec.downstream_loss_sequences() < 0) {
+    return absl::InvalidArgumentError("extract.downstream_loss_sequences: must be >= 0");
+  }
+  if (spec.downstream_loss_sequences() > 0 && !c.sparse) {
+    return absl::InvalidArgumentError(
+        "extract.downstream_loss_sequences: measures an SAE's reconstruction; a DENSE job has "
+        "none");
+  }
+  if (spec.downstream_loss_sequences() > 0 && spec.model().has_torchscript()) {
+    return absl::InvalidArgumentError(
+        "extract.downstream_loss_sequences: a TorchScript model gives its hidden states, not "
+        "its logits; use the reference model or a Hugging Face checkpoint");
+  }
   return c;
 }
 
@@ -550,6 +564,41 @@ absl::StatusOr<ExtractRowShape> ExtractRowShapeOf(const ExtractSpec& spec, const
   }
 }
 
+namespace {
+
+// The downstream loss of every output's SAE (spec.downstream_loss_sequences), each logged. The
+// rows are stored by now, so a model that cannot run to its logits, or a failure on the way,
+// costs a WARNING rather than the job; the result then has no downstream loss.
+std::vector<latentd::v1::DownstreamLoss> MeasureDownstream(
+    const ExtractSpec& spec, const Checked& c, const std::vector<std::string>& names,
+    const TokenSource* tokens, PipelineReplica* replica, JobContext* ctx) {
+  std::vector<SplicedSae> saes;
+  for (size_t o = 0; o < c.outputs.size(); ++o) {
+    saes.push_back({c.outputs[o].hook, &replica->saes[o]});
+  }
+  auto measured = MeasureDownstreamLoss(
+      *replica->model, saes, *tokens, spec.downstream_loss_sequences(), c.batch_sequences,
+      replica->device, [ctx] { return ctx != nullptr && ctx->cancel_requested(); });
+  if (!measured.ok()) {
+    if (ctx != nullptr) {
+      ctx->Log(latentd::v1::LogLine::WARNING,
+               absl::StrCat("no downstream loss: ", measured.status().message()));
+    }
+    return {};
+  }
+  for (size_t o = 0; ctx != nullptr && o < measured->size(); ++o) {
+    const latentd::v1::DownstreamLoss& d = (*measured)[o];
+    ctx->Log(latentd::v1::LogLine::INFO,
+             absl::StrFormat("dataset %s: downstream loss over %d predictions: clean %.4f, with "
+                             "the SAE %.4f (%+.4f), zero-ablated %.4f; %.1f%% recovered",
+                             names[o], d.predictions(), d.clean(), d.with_sae(),
+                             d.with_sae() - d.clean(), d.zero_ablated(), 100 * d.recovered()));
+  }
+  return *std::move(measured);
+}
+
+}  // namespace
+
 absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& spec,
                                                             const ExtractEnv& env, JobContext* ctx,
                                                             const SinkOpener& open_sink) {
@@ -749,6 +798,10 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
                                  ? 100.0 * (run->seconds / run->device_busy_seconds - 1)
                                  : 0.0));
   }
+  std::vector<latentd::v1::DownstreamLoss> downstream;
+  if (spec.downstream_loss_sequences() > 0) {
+    downstream = MeasureDownstream(spec, c, names, tokens.get(), &replicas[0], ctx);
+  }
   latentd::v1::ExtractResult result;
   for (int o = 0; o < num_outputs; ++o) {
     const PipelineOutputResult& done = run->outputs[o];
@@ -780,6 +833,7 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
       result.set_tokens_per_second(run->tokens_per_second);
       result.set_bytes_per_token(bytes_per_token);
       if (fit.rows() > 0) *result.mutable_fit() = fit;
+      if (!downstream.empty()) *result.mutable_downstream_loss() = downstream[o];
       continue;
     }
     latentd::v1::ExtractOutputResult* more = result.add_more_outputs();
@@ -791,6 +845,7 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
     more->set_rows_skipped_non_finite(done.rows_skipped_non_finite);
     more->set_bytes_per_token(bytes_per_token);
     if (fit.rows() > 0) *more->mutable_fit() = fit;
+    if (!downstream.empty()) *more->mutable_downstream_loss() = downstream[o];
   }
   return result;
 }

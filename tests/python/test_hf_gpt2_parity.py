@@ -43,15 +43,23 @@ class Gpt2:
         return torch.nn.functional.layer_norm(x, (D,), self.w[name + ".weight"], self.w[name + ".bias"],
                                               eps=self.cfg["layer_norm_epsilon"])
 
-    def __call__(self, ids):
+    def __call__(self, ids, splice=None):
+        """Every hook's value; `splice` ({hook: function}) replaces a hook's value on the way."""
         B, S = ids.shape
         hooks = {}
+
+        def at(name, t):
+            if splice and name in splice:
+                t = splice[name](t)
+            hooks[name] = t
+            return t
+
         x = self.w["wte.weight"][ids] + self.w["wpe.weight"][torch.arange(S)]
         mask = torch.tril(torch.ones(S, S, dtype=torch.bool))
         dh = D // HEADS
         for l in range(LAYERS):
             p = "h.%d." % l
-            hooks["blocks.%d.hook_resid_pre" % l] = x
+            x = at("blocks.%d.hook_resid_pre" % l, x)
             q, k, v = self.conv1d(p + "attn.c_attn", self.layer_norm(p + "ln_1", x)).split(D, dim=2)
             q, k, v = (t.view(B, S, HEADS, dh).permute(0, 2, 1, 3) for t in (q, k, v))
             scores = q @ k.transpose(-1, -2) / math.sqrt(dh)
@@ -59,17 +67,20 @@ class Gpt2:
                 scores = scores / float(l + 1)
             scores = torch.where(mask, scores, torch.tensor(torch.finfo(scores.dtype).min))
             z = (scores.softmax(-1) @ v).permute(0, 2, 1, 3).reshape(B, S, D)
-            attn_out = self.conv1d(p + "attn.c_proj", z)
-            hooks["blocks.%d.hook_attn_out" % l] = attn_out
-            x = x + attn_out
-            hooks["blocks.%d.hook_resid_mid" % l] = x
-            post = gelu_new(self.conv1d(p + "mlp.c_fc", self.layer_norm(p + "ln_2", x)))
-            hooks["blocks.%d.mlp.hook_post" % l] = post
-            mlp_out = self.conv1d(p + "mlp.c_proj", post)
-            hooks["blocks.%d.hook_mlp_out" % l] = mlp_out
-            x = x + mlp_out
-            hooks["blocks.%d.hook_resid_post" % l] = x
+            attn_out = at("blocks.%d.hook_attn_out" % l, self.conv1d(p + "attn.c_proj", z))
+            x = at("blocks.%d.hook_resid_mid" % l, x + attn_out)
+            post = at("blocks.%d.mlp.hook_post" % l,
+                      gelu_new(self.conv1d(p + "mlp.c_fc", self.layer_norm(p + "ln_2", x))))
+            mlp_out = at("blocks.%d.hook_mlp_out" % l, self.conv1d(p + "mlp.c_proj", post))
+            x = at("blocks.%d.hook_resid_post" % l, x + mlp_out)
+        hooks["final"] = x
         return hooks
+
+    def loss(self, ids, splice=None):
+        """GPT2LMHeadModel's mean next-token cross-entropy: ln_f, the tied wte as lm_head."""
+        logits = self.layer_norm("ln_f", self(ids, splice)["final"]) @ self.w["wte.weight"].T
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB),
+                                                 ids[:, 1:].reshape(-1)).item()
 
 
 class HfGpt2ParityTest(unittest.TestCase):
@@ -176,6 +187,59 @@ class HfGpt2ParityTest(unittest.TestCase):
         p, _ = self.run_tool(d, "blocks.1.hook_resid_pre", sae=sae, centered=True)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertNotIn("center_writing_weights", p.stderr)
+
+    def test_downstream_loss_is_gpt2s_own_with_the_sae_spliced_in(self):
+        # The job's downstream loss for two SAEs (one per output) against GPT2LMHeadModel's mean
+        # next-token cross-entropy computed here: as it is, with the hook's activation replaced by
+        # the SAE's TopK reconstruction, and zeroed.
+        d, _ = self.checkpoint("plain")
+        model = Gpt2(self.weights, {"layer_norm_epsilon": 1e-5})
+        ids = torch.from_numpy(self.ids).view(-1, CTX)
+        saes = {}
+        for hook, seed in (("blocks.1.hook_resid_post", 5), ("blocks.0.hook_attn_out", 6)):
+            g = torch.Generator().manual_seed(seed)
+            w_dec = torch.randn(128, D, generator=g)
+            w_dec = w_dec / w_dec.norm(dim=1, keepdim=True)
+            w = {"W_enc": w_dec.t().clone(), "b_enc": torch.randn(128, generator=g) * 0.05,
+                 "W_dec": w_dec, "b_dec": torch.randn(D, generator=g) * 0.05}
+            path = os.path.join(self.root, "sae_" + hook)
+            os.makedirs(path, exist_ok=True)
+            write_safetensors(os.path.join(path, "sae_weights.safetensors"), w)
+            with open(os.path.join(path, "cfg.json"), "w") as f:
+                json.dump({"d_in": D, "d_sae": 128, "architecture": "topk", "k": 8}, f)
+            saes[hook] = (path, w)
+
+        def reconstruct(w):
+            def f(x):
+                pre = (x - w["b_dec"]) @ w["W_enc"] + w["b_enc"]
+                top = pre.topk(8, dim=-1)
+                z = torch.zeros_like(pre).scatter(-1, top.indices, top.values.relu())
+                return z @ w["W_dec"] + w["b_dec"]
+            return f
+
+        hooks = list(saes)
+        spec = {"model": {"huggingface": {"path": d}}, "hookName": hooks[0],
+                "sae": {"path": saes[hooks[0]][0]},
+                "moreOutputs": [{"hookName": hooks[1], "sae": {"path": saes[hooks[1]][0]}}],
+                "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX},
+                "batchSequences": 4, "downstreamLossSequences": 100}  # more than the 9 there are
+        p, _ = run_extract_tool(TOOL, self.root, spec)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        result = json.loads(p.stdout)
+        got = [result["downstreamLoss"], result["moreOutputs"][0]["downstreamLoss"]]
+        with torch.no_grad():
+            clean = model.loss(ids)
+            for hook, loss in zip(hooks, got):
+                self.assertEqual(int(loss["predictions"]), 9 * (CTX - 1))
+                with_sae = model.loss(ids, {hook: reconstruct(saes[hook][1])})
+                zeroed = model.loss(ids, {hook: torch.zeros_like})
+                self.assertAlmostEqual(loss["clean"], clean, delta=1e-4 * clean)
+                self.assertAlmostEqual(loss["withSae"], with_sae, delta=1e-4 * with_sae)
+                self.assertAlmostEqual(loss["zeroAblated"], zeroed, delta=1e-4 * zeroed)
+                self.assertAlmostEqual(loss["recovered"], (zeroed - with_sae) / (zeroed - clean),
+                                       delta=1e-3)
+                self.assertNotAlmostEqual(with_sae, clean, delta=1e-3)
+        self.assertIn("downstream loss over 135 predictions", p.stderr)
 
     def test_sequences_longer_than_the_positions_are_refused(self):
         d, _ = self.checkpoint("plain")

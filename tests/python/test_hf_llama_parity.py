@@ -13,6 +13,7 @@ written as the Hub serves them (config.json + model.safetensors with nn.Linear [
 under "model."), extract_tool runs DENSE at TransformerLens hooks, and the stored float32 rows
 must equal the Python values within 1e-5 of the largest.
 """
+import json
 import math
 import os
 import sys
@@ -23,7 +24,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from extract_test_util import assert_dense_rows, run_extract_tool, write_hf_checkpoint  # noqa: E402
+from extract_test_util import (assert_dense_rows, run_extract_tool,  # noqa: E402
+                               write_hf_checkpoint, write_safetensors)
 
 VOCAB, D, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FF, CTX = 150, 64, 3, 4, 2, 16, 96, 16
 TOOL = os.environ["EXTRACT_TOOL"]
@@ -103,7 +105,8 @@ class Llama:
             return self.cfg["layer_types"][layer] == "sliding_attention"
         return (layer + 1) % self.cfg.get("sliding_window_pattern", 6) != 0
 
-    def __call__(self, ids):
+    def __call__(self, ids, splice=None):
+        """Every hook's value; `splice` ({resid_post hook: function}) replaces a block's output."""
         B, S = ids.shape
         dh = self.cfg.get("head_dim", D // HEADS)
         pos = torch.arange(S).float()
@@ -177,8 +180,22 @@ class Llama:
                 mlp_out = self.norm(p + "post_feedforward_layernorm", mlp_out)
             hooks["blocks.%d.hook_mlp_out" % l] = mlp_out
             x = x + mlp_out
+            if splice and "blocks.%d.hook_resid_post" % l in splice:
+                x = splice["blocks.%d.hook_resid_post" % l](x)
             hooks["blocks.%d.hook_resid_post" % l] = x
+        hooks["final"] = x
         return hooks
+
+    def loss(self, ids, splice=None):
+        """The CausalLM's mean next-token cross-entropy: model.norm, lm_head (or the tied
+        embedding), Gemma 2's final_logit_softcapping."""
+        x = self.norm("model.norm", self(ids, splice)["final"])
+        logits = x @ self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"]).t()
+        cap = self.cfg.get("final_logit_softcapping")
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB),
+                                                 ids[:, 1:].reshape(-1)).item()
 
 
 class Neox:
@@ -194,7 +211,7 @@ class Neox:
         return torch.nn.functional.layer_norm(x, (D,), self.w[name + ".weight"], self.w[name + ".bias"],
                                               eps=self.cfg["layer_norm_eps"])
 
-    def __call__(self, ids):
+    def __call__(self, ids, splice=None):
         B, S = ids.shape
         dh = D // HEADS
         rd = int(dh * self.cfg["rotary_pct"])
@@ -228,8 +245,18 @@ class Neox:
             mlp_out = self.linear(p + "mlp.dense_4h_to_h", post)
             hooks["blocks.%d.hook_mlp_out" % l] = mlp_out
             x = x + attn_out + mlp_out if self.cfg["use_parallel_residual"] else x + mlp_out
+            if splice and "blocks.%d.hook_resid_post" % l in splice:
+                x = splice["blocks.%d.hook_resid_post" % l](x)
             hooks["blocks.%d.hook_resid_post" % l] = x
+        hooks["final"] = x
         return hooks
+
+    def loss(self, ids, splice=None):
+        """GPTNeoXForCausalLM's mean next-token cross-entropy: final_layer_norm, embed_out."""
+        logits = self.ln("gpt_neox.final_layer_norm", self(ids, splice)["final"]) @ \
+            self.w["embed_out.weight"].t()
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB),
+                                                 ids[:, 1:].reshape(-1)).item()
 
 
 class HfLlamaParityTest(unittest.TestCase):
@@ -321,12 +348,48 @@ class HfLlamaParityTest(unittest.TestCase):
         p, out = self.run_tool(model_dir, as_name or name)
         assert_dense_rows(self, p, out, self.ids, hooks[name].reshape(len(self.ids), -1).numpy(), name)
 
+    def check_downstream_loss(self, model_dir, hook="blocks.1.hook_resid_post"):
+        """The job's downstream loss for a TopK SAE at `hook` against the model's own next-token
+        cross-entropy computed here (self.last): as it is, with the SAE's reconstruction spliced
+        in, and with the hook zeroed."""
+        g = torch.Generator().manual_seed(9)
+        w_dec = torch.randn(96, D, generator=g)
+        w_dec = w_dec / w_dec.norm(dim=1, keepdim=True)
+        w = {"W_enc": w_dec.t().clone(), "b_enc": torch.zeros(96), "W_dec": w_dec,
+             "b_dec": torch.zeros(D)}
+        sae = os.path.join(model_dir, "sae")
+        os.makedirs(sae, exist_ok=True)
+        write_safetensors(os.path.join(sae, "sae_weights.safetensors"), w)
+        with open(os.path.join(sae, "cfg.json"), "w") as f:
+            json.dump({"d_in": D, "d_sae": 96, "architecture": "topk", "k": 6}, f)
+        spec = {"model": {"huggingface": {"path": model_dir}}, "hookName": hook,
+                "sae": {"path": sae}, "batchSequences": 3, "downstreamLossSequences": 5,
+                "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX}}
+        p, _ = run_extract_tool(TOOL, self.root, spec)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        got = json.loads(p.stdout)["downstreamLoss"]
+
+        def reconstruct(x):
+            pre = (x - w["b_dec"]) @ w["W_enc"] + w["b_enc"]
+            top = pre.topk(6, dim=-1)
+            return torch.zeros_like(pre).scatter(-1, top.indices, top.values.relu()) @ w["W_dec"]
+
+        ids = torch.from_numpy(self.ids).view(-1, CTX)[:5]
+        with torch.no_grad():
+            want = {"clean": self.last.loss(ids), "withSae": self.last.loss(ids, {hook: reconstruct}),
+                    "zeroAblated": self.last.loss(ids, {hook: torch.zeros_like})}
+        self.assertEqual(int(got["predictions"]), 5 * (CTX - 1))
+        for key, value in want.items():
+            self.assertAlmostEqual(got[key], value, delta=1e-4 * value, msg=key)
+        self.assertNotAlmostEqual(want["withSae"], want["clean"], delta=1e-3)
+
     def test_llama_hooks_match(self):
         d, hooks = self.checkpoint("llama")
         for name in ["blocks.0.hook_attn_out", "blocks.1.hook_resid_mid", "blocks.1.mlp.hook_post",
                      "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
         self.check(d, hooks, "blocks.1.hook_resid_post", as_name="model.layers.1")  # sparsify's name
+        self.check_downstream_loss(d)  # lm_head, model.norm
 
     def test_llama3_rope_scaling_and_tied_embeddings(self):
         scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -379,6 +442,11 @@ class HfLlamaParityTest(unittest.TestCase):
         for name in ["blocks.0.hook_attn_out", "blocks.1.mlp.hook_post", "blocks.1.hook_mlp_out",
                      "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
+        self.checkpoint("gemma2", model_type="gemma2", tied=True, seed=5, hidden_act="gelu",
+                        hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24,
+                        attn_logit_softcapping=2.0, sliding_window=4096,
+                        final_logit_softcapping=3.0, rope_theta=10000.0)  # a cap that bites
+        self.check_downstream_loss(d)  # tied, 1 + w, the final soft-cap
 
     def test_qwen3(self):
         d, hooks = self.checkpoint("qwen3", model_type="qwen3", tied=True, rope_theta=1e6)
@@ -445,8 +513,9 @@ class HfLlamaParityTest(unittest.TestCase):
         cfg.update(config_changes)
         d = os.path.join(self.root, name)
         write_hf_checkpoint(d, cfg, w)
+        self.last = Neox(w, cfg)
         with torch.no_grad():
-            hooks = Neox(w, cfg)(torch.from_numpy(self.ids).view(-1, CTX))
+            hooks = self.last(torch.from_numpy(self.ids).view(-1, CTX))
         return d, hooks
 
     def test_gpt_neox(self):
@@ -465,6 +534,7 @@ class HfLlamaParityTest(unittest.TestCase):
         d, hooks = self.neox_checkpoint("neox_sequential", use_parallel_residual=False, rotary_pct=0.5)
         for name in ["blocks.1.hook_resid_mid", "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
+        self.check_downstream_loss(d)  # final_layer_norm with its bias, embed_out
 
     def test_bfloat16(self):
         # dtype BFLOAT16: bfloat16 weights and matmuls, float32 norms and softmax, as Hugging Face

@@ -1,0 +1,69 @@
+#include "engine/downstream_loss.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace latentd::engine {
+
+absl::StatusOr<std::vector<latentd::v1::DownstreamLoss>> MeasureDownstreamLoss(
+    ActivationModel& model, const std::vector<SplicedSae>& saes, const TokenSource& tokens,
+    int64_t sequences, int64_t batch_sequences, const at::Device& device,
+    const std::function<bool()>& cancelled) {
+  if (const std::string why = model.next_token_loss_unsupported(); !why.empty()) {
+    return absl::FailedPreconditionError(why);
+  }
+  const int64_t L = tokens.context_length();
+  sequences = std::min(sequences, tokens.num_sequences());
+  batch_sequences = std::max<int64_t>(1, batch_sequences);
+  double clean = 0;
+  std::vector<double> with_sae(saes.size(), 0), ablated(saes.size(), 0);
+  std::vector<int64_t> ids(batch_sequences * L);
+  try {
+    c10::InferenceMode inference;
+    for (int64_t first = 0; first < sequences; first += batch_sequences) {
+      if (cancelled && cancelled()) {
+        return absl::CancelledError("cancelled while measuring the downstream loss");
+      }
+      const int64_t n = std::min(batch_sequences, sequences - first);
+      RETURN_IF_ERROR(tokens.Read(first, n, ids.data()));
+      const at::Tensor batch = at::from_blob(ids.data(), {n, L}, at::kLong).to(device);
+      clean += model.NextTokenLossSum(batch, nullptr);
+      for (size_t o = 0; o < saes.size(); ++o) {
+        const Sae& sae = *saes[o].sae;
+        const HookSplice reconstructed{
+            saes[o].hook, [&sae](const at::Tensor& a) {
+              const at::Tensor rows = a.to(at::kFloat).reshape({-1, a.size(-1)});
+              return sae.DecodeSparse(sae.EncodeSparse(rows), rows.size(0))
+                  .view(a.sizes())
+                  .to(a.scalar_type());
+            }};
+        with_sae[o] += model.NextTokenLossSum(batch, &reconstructed);
+        const HookSplice zeroed{saes[o].hook,
+                                [](const at::Tensor& a) { return at::zeros_like(a); }};
+        ablated[o] += model.NextTokenLossSum(batch, &zeroed);
+      }
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("measuring the downstream loss: ", e.what_without_backtrace()));
+  }
+  const int64_t predictions = sequences * (L - 1);
+  std::vector<latentd::v1::DownstreamLoss> out(saes.size());
+  for (size_t o = 0; o < saes.size(); ++o) {
+    latentd::v1::DownstreamLoss& d = out[o];
+    d.set_predictions(predictions);
+    if (predictions == 0) continue;
+    d.set_clean(clean / predictions);
+    d.set_with_sae(with_sae[o] / predictions);
+    d.set_zero_ablated(ablated[o] / predictions);
+    const double gap = d.zero_ablated() - d.clean();
+    d.set_recovered(gap != 0 ? (d.zero_ablated() - d.with_sae()) / gap : 0.0);
+  }
+  return out;
+}
+
+}  // namespace latentd::engine

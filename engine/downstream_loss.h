@@ -1,0 +1,37 @@
+// An SAE's downstream loss: the language model's next-token cross-entropy with the hooked
+// activation replaced by the SAE's reconstruction, against the model as it is and with the
+// activation zeroed (ExtractSpec.downstream_loss_sequences).
+#ifndef LATENTD_ENGINE_DOWNSTREAM_LOSS_H_
+#define LATENTD_ENGINE_DOWNSTREAM_LOSS_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/activation_model.h"
+#include "engine/hook_name.h"
+#include "engine/sae.h"
+#include "engine/token_source.h"
+#include "proto/latentd/v1/extract.pb.h"
+
+namespace latentd::engine {
+
+struct SplicedSae {
+  HookName hook;
+  const Sae* sae = nullptr;  // on the model's device
+};
+
+// Over sequences [0, sequences) of `tokens`, batch_sequences at a time on `device`: the clean
+// loss once per batch, then for each SAE its reconstruction (EncodeSparse + DecodeSparse, so a
+// wide SAE's scratch stays bounded) and zeros spliced in at its hook. One DownstreamLoss per SAE,
+// in order. FAILED_PRECONDITION when the model cannot run to its logits (the reason why);
+// CANCELLED when `cancelled` says so between batches; INTERNAL for a LibTorch error.
+absl::StatusOr<std::vector<latentd::v1::DownstreamLoss>> MeasureDownstreamLoss(
+    ActivationModel& model, const std::vector<SplicedSae>& saes, const TokenSource& tokens,
+    int64_t sequences, int64_t batch_sequences, const at::Device& device,
+    const std::function<bool()>& cancelled);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_DOWNSTREAM_LOSS_H_
