@@ -141,8 +141,17 @@ class TrainLoop(DaemonTestCase):
 
         sparse = c.wait(c.submit("EXTRACT", {
             "model": MODEL, "hookName": "blocks.1.hook_resid_post", "tokens": tokens,
-            "sae": {"artifactId": str(artifact)}, "mode": "SPARSE", "datasetName": "sparse"}).id)
+            "sae": {"artifactId": str(artifact)}, "mode": "SPARSE", "datasetName": "sparse",
+            "downstreamLossSequences": 8}).id)
         self.assertEqual(sparse.state, jobs_pb2.SUCCEEDED, sparse.message)
+        # The model's loss with the trained SAE spliced in, after the rows; latentctl shows it.
+        downstream = sparse.result.extract.downstream_loss
+        self.assertEqual(downstream.predictions, 8 * 31)
+        self.assertGreater(downstream.clean, 0)
+        self.assertNotEqual(downstream.with_sae, downstream.clean)
+        self.assertIn("  loss     next-token cross-entropy %.4f, with the SAE %.4f" % (
+            downstream.clean, downstream.with_sae),
+            daemon.latentctl("get", str(sparse.id)).stdout)
         # How well the trained SAE reconstructs the hook, measured by EXTRACT over every row,
         # agrees with what training measured on its last batches.
         fit = sparse.result.extract.fit
