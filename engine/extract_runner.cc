@@ -13,6 +13,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/path_within.h"
 #include "common/status_macros.h"
 #include "engine/device_util.h"
@@ -576,6 +578,7 @@ std::vector<latentd::v1::DownstreamLoss> MeasureDownstream(
   for (size_t o = 0; o < c.outputs.size(); ++o) {
     saes.push_back({c.outputs[o].hook, &replica->saes[o]});
   }
+  const absl::Time start = absl::Now();
   auto measured = MeasureDownstreamLoss(
       *replica->model, saes, *tokens, spec.downstream_loss_sequences(), c.batch_sequences,
       replica->device, [ctx] { return ctx != nullptr && ctx->cancel_requested(); });
@@ -590,9 +593,11 @@ std::vector<latentd::v1::DownstreamLoss> MeasureDownstream(
     const latentd::v1::DownstreamLoss& d = (*measured)[o];
     ctx->Log(latentd::v1::LogLine::INFO,
              absl::StrFormat("dataset %s: downstream loss over %d predictions: clean %.4f, with "
-                             "the SAE %.4f (%+.4f), zero-ablated %.4f; %.1f%% recovered",
+                             "the SAE %.4f (%+.4f), zero-ablated %.4f; %.1f%% recovered (%.2f s "
+                             "for all outputs)",
                              names[o], d.predictions(), d.clean(), d.with_sae(),
-                             d.with_sae() - d.clean(), d.zero_ablated(), 100 * d.recovered()));
+                             d.with_sae() - d.clean(), d.zero_ablated(), 100 * d.recovered(),
+                             absl::ToDoubleSeconds(absl::Now() - start)));
   }
   return *std::move(measured);
 }
