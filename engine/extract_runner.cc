@@ -570,7 +570,8 @@ namespace {
 
 // The downstream loss of every output's SAE (spec.downstream_loss_sequences), each logged. The
 // rows are stored by now, so a model that cannot run to its logits, or a failure on the way,
-// costs a WARNING rather than the job; the result then has no downstream loss.
+// costs a WARNING rather than the job; so does a cancel arriving during the measurement (the
+// datasets are complete). The result then has no downstream loss.
 std::vector<latentd::v1::DownstreamLoss> MeasureDownstream(
     const ExtractSpec& spec, const Checked& c, const std::vector<std::string>& names,
     const TokenSource* tokens, PipelineReplica* replica, JobContext* ctx) {
