@@ -52,11 +52,11 @@ echo "(loss and memory against steps: $data_dir/demo-train.png)"
 echo
 echo "demo: EXTRACT job, SPARSE: the trained SAE on blocks.2.hook_resid_post, and the same SAE on"
 echo "blocks.1.hook_resid_post from the same forward pass into a second dataset (an SAE on a layer"
-echo "it was not trained on: see its fit)"
+echo "it was not trained on: see its fit), then each SAE's downstream loss on 16 sequences"
 cat > "$spec" <<JSON
 {"model": $model, "hookName": "blocks.2.hook_resid_post", "tokens": $tokens,
  "sae": {"artifactId": "$artifact"}, "mode": "SPARSE", "commitRows": 2048,
- "datasetName": "$name",
+ "datasetName": "$name", "downstreamLossSequences": 16,
  "moreOutputs": [{"hookName": "blocks.1.hook_resid_post", "sae": {"artifactId": "$artifact"}}]}
 JSON
 job=$($LATENTCTL submit --type=EXTRACT --spec="$spec" --label=demo-extract)
