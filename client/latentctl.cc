@@ -278,10 +278,15 @@ void PrintFit(const v1::SaeFit& fit) {
 
 void PrintDownstreamLoss(const v1::DownstreamLoss& d) {
   if (d.predictions() == 0) return;
+  const std::string recovered =
+      d.recovered_unreliable()
+          ? absl::StrFormat("recovered not meaningful (zeroing the hook changes the loss by %+.4f)",
+                            d.zero_ablated() - d.clean())
+          : absl::StrFormat("%.1f%% recovered", 100 * d.recovered());
   std::printf(
       "  loss     next-token cross-entropy %.4f, with the SAE %.4f (%+.4f), zero-ablated %.4f: "
-      "%.1f%% recovered (over %lld predictions)\n",
-      d.clean(), d.with_sae(), d.with_sae() - d.clean(), d.zero_ablated(), 100 * d.recovered(),
+      "%s (over %lld predictions)\n",
+      d.clean(), d.with_sae(), d.with_sae() - d.clean(), d.zero_ablated(), recovered.c_str(),
       static_cast<long long>(d.predictions()));
 }
 

@@ -3,8 +3,10 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
 namespace latentd::engine {
@@ -62,8 +64,18 @@ absl::StatusOr<std::vector<latentd::v1::DownstreamLoss>> MeasureDownstreamLoss(
     d.set_zero_ablated(ablated[o] / predictions);
     const double gap = d.zero_ablated() - d.clean();
     d.set_recovered(gap != 0 ? (d.zero_ablated() - d.with_sae()) / gap : 0.0);
+    d.set_recovered_unreliable(gap < 0.01 * std::abs(d.clean()));
   }
   return out;
+}
+
+std::string DescribeRecovered(const latentd::v1::DownstreamLoss& loss) {
+  if (loss.recovered_unreliable()) {
+    return absl::StrFormat(
+        "recovered not meaningful: zeroing the hook changes the loss by only %+.4f",
+        loss.zero_ablated() - loss.clean());
+  }
+  return absl::StrFormat("%.1f%% recovered", 100 * loss.recovered());
 }
 
 }  // namespace latentd::engine

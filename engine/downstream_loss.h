@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -31,6 +32,10 @@ absl::StatusOr<std::vector<latentd::v1::DownstreamLoss>> MeasureDownstreamLoss(
     ActivationModel& model, const std::vector<SplicedSae>& saes, const TokenSource& tokens,
     int64_t sequences, int64_t batch_sequences, const at::Device& device,
     const std::function<bool()>& cancelled);
+
+// "96.0% recovered", or where recovered_unreliable, "recovered not meaningful: zeroing the hook
+// changes the loss by only -0.0112".
+std::string DescribeRecovered(const latentd::v1::DownstreamLoss& loss);
 
 }  // namespace latentd::engine
 

@@ -206,6 +206,8 @@ TEST_F(ExtractJobTest, DownstreamLossIsMeasuredOverTheFirstSequencesAfterTheRows
   EXPECT_NE(d.zero_ablated(), d.clean());
   EXPECT_NEAR(d.recovered(), (d.zero_ablated() - d.with_sae()) / (d.zero_ablated() - d.clean()),
               1e-9);
+  // A random model barely notices the hook zeroed: the fraction is flagged, not trusted.
+  EXPECT_EQ(d.recovered_unreliable(), d.zero_ablated() - d.clean() < 0.01 * d.clean());
   // Not asked: not measured.
   FakeContext plain_ctx(12, 1);
   auto plain = RunExtract(Spec(), env_, &plain_ctx);

@@ -594,10 +594,10 @@ std::vector<latentd::v1::DownstreamLoss> MeasureDownstream(
     const latentd::v1::DownstreamLoss& d = (*measured)[o];
     ctx->Log(latentd::v1::LogLine::INFO,
              absl::StrFormat("dataset %s: downstream loss over %d predictions: clean %.4f, with "
-                             "the SAE %.4f (%+.4f), zero-ablated %.4f; %.1f%% recovered (%.2f s "
-                             "for all outputs)",
+                             "the SAE %.4f (%+.4f), zero-ablated %.4f; %s (%.2f s for all "
+                             "outputs)",
                              names[o], d.predictions(), d.clean(), d.with_sae(),
-                             d.with_sae() - d.clean(), d.zero_ablated(), 100 * d.recovered(),
+                             d.with_sae() - d.clean(), d.zero_ablated(), DescribeRecovered(d),
                              absl::ToDoubleSeconds(absl::Now() - start)));
   }
   return *std::move(measured);

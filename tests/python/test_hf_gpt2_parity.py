@@ -238,6 +238,8 @@ class HfGpt2ParityTest(unittest.TestCase):
                 self.assertAlmostEqual(loss["zeroAblated"], zeroed, delta=1e-4 * zeroed)
                 self.assertAlmostEqual(loss["recovered"], (zeroed - with_sae) / (zeroed - clean),
                                        delta=1e-3)
+                self.assertEqual(loss.get("recoveredUnreliable", False),
+                                 zeroed - clean < 0.01 * clean)
                 self.assertNotAlmostEqual(with_sae, clean, delta=1e-3)
         self.assertIn("downstream loss over 135 predictions", p.stderr)
 
