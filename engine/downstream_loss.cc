@@ -23,6 +23,17 @@ absl::StatusOr<std::vector<latentd::v1::DownstreamLoss>> MeasureDownstreamLoss(
   batch_sequences = std::max<int64_t>(1, batch_sequences);
   double clean = 0;
   std::vector<double> with_sae(saes.size(), 0), ablated(saes.size(), 0);
+  // Outputs on one hook (several SAEs compared on a layer) share its zero-ablated pass.
+  std::vector<size_t> ablation_of(saes.size());
+  for (size_t o = 0; o < saes.size(); ++o) {
+    ablation_of[o] = o;
+    for (size_t e = 0; e < o; ++e) {
+      if (saes[e].hook.layer == saes[o].hook.layer && saes[e].hook.point == saes[o].hook.point) {
+        ablation_of[o] = e;
+        break;
+      }
+    }
+  }
   std::vector<int64_t> ids(batch_sequences * L);
   try {
     c10::InferenceMode inference;
@@ -44,6 +55,7 @@ absl::StatusOr<std::vector<latentd::v1::DownstreamLoss>> MeasureDownstreamLoss(
                   .to(a.scalar_type());
             }};
         with_sae[o] += model.NextTokenLossSum(batch, &reconstructed);
+        if (ablation_of[o] != o) continue;
         const HookSplice zeroed{saes[o].hook,
                                 [](const at::Tensor& a) { return at::zeros_like(a); }};
         ablated[o] += model.NextTokenLossSum(batch, &zeroed);
@@ -61,7 +73,7 @@ absl::StatusOr<std::vector<latentd::v1::DownstreamLoss>> MeasureDownstreamLoss(
     if (predictions == 0) continue;
     d.set_clean(clean / predictions);
     d.set_with_sae(with_sae[o] / predictions);
-    d.set_zero_ablated(ablated[o] / predictions);
+    d.set_zero_ablated(ablated[ablation_of[o]] / predictions);
     const double gap = d.zero_ablated() - d.clean();
     d.set_recovered(gap != 0 ? (d.zero_ablated() - d.with_sae()) / gap : 0.0);
     d.set_recovered_unreliable(gap < 0.01 * std::abs(d.clean()));

@@ -228,6 +228,34 @@ TEST_F(ExtractJobTest, DownstreamLossIsMeasuredOverTheFirstSequencesAfterTheRows
       << ValidateExtractSpec(spec, env_);
 }
 
+// Two SAEs on one hook: each its own loss with the SAE, one zero-ablated loss for both, and the
+// same figures as each SAE measured alone.
+TEST_F(ExtractJobTest, DownstreamLossOfTwoSaesOnOneHook) {
+  auto db = OpenDb("db_downstream_two");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  const std::string other = root_ + "/sae2";
+  latentd::v1::ExtractSpec spec = TwoSaesOnOneHook(root_ + "/sae", other, "second");
+  spec.set_downstream_loss_sequences(3);
+  FakeContext ctx(13, 1);
+  auto both = RunExtract(spec, env_, &ctx);
+  ASSERT_TRUE(both.ok()) << both.status();
+  const latentd::v1::DownstreamLoss& first = both->downstream_loss();
+  const latentd::v1::DownstreamLoss& second = both->more_outputs(0).downstream_loss();
+  EXPECT_EQ(first.zero_ablated(), second.zero_ablated());
+  EXPECT_EQ(first.clean(), second.clean());
+  EXPECT_NE(first.with_sae(), second.with_sae());
+  latentd::v1::ExtractSpec alone = Spec();
+  alone.mutable_sae()->set_path(other);
+  alone.set_dataset_name("alone");
+  alone.set_downstream_loss_sequences(3);
+  FakeContext alone_ctx(14, 1);
+  auto single = RunExtract(alone, env_, &alone_ctx);
+  ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_NEAR(single->downstream_loss().with_sae(), second.with_sae(), 1e-6);
+  EXPECT_NEAR(single->downstream_loss().zero_ablated(), second.zero_ablated(), 1e-6);
+}
+
 TEST_F(ExtractJobTest, RunsIntoTheChunkStoreAndMatchesTheInMemoryRun) {
   auto db = OpenDb("db1");
   storage::ChunkStore store(db.get());
