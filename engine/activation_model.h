@@ -5,22 +5,13 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "engine/hook_name.h"
+#include "engine/hook_collector.h"
 
 namespace latentd::engine {
-
-// One hook's activation replaced during a forward pass, by an SAE's reconstruction of it or by
-// zeros: how an EXTRACT job measures an SAE's downstream loss.
-struct HookSplice {
-  HookName hook;
-  // [batch, seq, width] in the model's dtype in; the same shape and dtype out.
-  std::function<at::Tensor(const at::Tensor&)> replace;
-};
 
 class ActivationModel {
  public:

@@ -28,7 +28,7 @@ absl::StatusOr<std::vector<latentd::v1::DownstreamLoss>> MeasureDownstreamLoss(
   for (size_t o = 0; o < saes.size(); ++o) {
     ablation_of[o] = o;
     for (size_t e = 0; e < o; ++e) {
-      if (saes[e].hook.layer == saes[o].hook.layer && saes[e].hook.point == saes[o].hook.point) {
+      if (SameActivation(saes[e].hook, saes[o].hook)) {
         ablation_of[o] = e;
         break;
       }

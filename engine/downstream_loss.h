@@ -25,10 +25,11 @@ struct SplicedSae {
 
 // Over sequences [0, sequences) of `tokens`, batch_sequences at a time on `device`: the clean
 // loss once per batch, then for each SAE its reconstruction (EncodeSparse + DecodeSparse, so a
-// wide SAE's scratch stays bounded) and zeros spliced in at its hook (once per hook: SAEs on
-// one hook share the zero-ablated loss). One DownstreamLoss per SAE,
-// in order. FAILED_PRECONDITION when the model cannot run to its logits (the reason why);
-// CANCELLED when `cancelled` says so between batches; INTERNAL for a LibTorch error.
+// wide SAE's scratch stays bounded) and zeros spliced in at its hook (once per activation: SAEs
+// on one hook, or on resid_post L and resid_pre L + 1, share the zero-ablated loss). One
+// DownstreamLoss per SAE, in order. FAILED_PRECONDITION when the model cannot run to its logits
+// (the reason why); CANCELLED when `cancelled` says so between batches; INTERNAL for a LibTorch
+// error.
 absl::StatusOr<std::vector<latentd::v1::DownstreamLoss>> MeasureDownstreamLoss(
     ActivationModel& model, const std::vector<SplicedSae>& saes, const TokenSource& tokens,
     int64_t sequences, int64_t batch_sequences, const at::Device& device,

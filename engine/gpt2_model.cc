@@ -46,13 +46,7 @@ std::vector<at::Tensor> Gpt2Model::Run(const at::Tensor& tokens, const std::vect
   const Gpt2Config& c = config();
   const int64_t B = tokens.size(0), S = tokens.size(1), d = c.d_model;
   const int64_t H = c.n_heads, dh = d / H;
-  HookCollector collector(hooks, /*run_all=*/all != nullptr || last != nullptr);
-  auto capture = [&](int layer, HookPoint point, at::Tensor& t) {
-    if (splice != nullptr && splice->hook.layer == layer && splice->hook.point == point) {
-      t = splice->replace(t);
-    }
-    return collector.Capture(layer, point, t);
-  };
+  HookCollector collector(hooks, /*run_all=*/all != nullptr || last != nullptr, splice);
   auto activation = [&](const at::Tensor& x) {
     switch (c.activation) {
       case Gpt2Activation::kGeluErf:
@@ -69,7 +63,7 @@ std::vector<at::Tensor> Gpt2Model::Run(const at::Tensor& tokens, const std::vect
   at::Tensor causal = at::ones({S, S}, tokens.options().dtype(at::kBool)).triu(1);
   for (int l = 0; l < c.n_layers; ++l) {
     const Gpt2Block& b = w_.blocks[l];
-    if (capture(l, HookPoint::kResidPre, x)) break;
+    if (collector.Capture(l, HookPoint::kResidPre, x)) break;
     at::Tensor h = at::layer_norm(x, {d}, b.ln1_w, b.ln1_b, c.layer_norm_eps);
     at::Tensor qkv = at::addmm(b.b_qkv, h.view({B * S, d}), b.W_qkv).view({B, S, 3, H, dh});
     at::Tensor q = qkv.select(2, 0).transpose(1, 2);  // [B, H, S, dh]
@@ -82,17 +76,17 @@ std::vector<at::Tensor> Gpt2Model::Run(const at::Tensor& tokens, const std::vect
     att = at::softmax(att, -1);
     at::Tensor z = at::matmul(att, v).transpose(1, 2).reshape({B * S, d});
     at::Tensor attn_out = at::addmm(b.b_O, z, b.W_O).view({B, S, d});
-    if (capture(l, HookPoint::kAttnOut, attn_out)) break;
+    if (collector.Capture(l, HookPoint::kAttnOut, attn_out)) break;
     x = x + attn_out;
-    if (capture(l, HookPoint::kResidMid, x)) break;
+    if (collector.Capture(l, HookPoint::kResidMid, x)) break;
     at::Tensor h2 = at::layer_norm(x, {d}, b.ln2_w, b.ln2_b, c.layer_norm_eps);
     at::Tensor post = activation(at::addmm(b.b_in, h2.view({B * S, d}), b.W_in)).view({B, S, -1});
-    if (capture(l, HookPoint::kMlpPost, post)) break;
+    if (collector.Capture(l, HookPoint::kMlpPost, post)) break;
     at::Tensor mlp_out = at::addmm(b.b_out, post.reshape({B * S, -1}), b.W_out).view({B, S, d});
-    if (capture(l, HookPoint::kMlpOut, mlp_out)) break;
+    if (collector.Capture(l, HookPoint::kMlpOut, mlp_out)) break;
     x = x + mlp_out;
     if (all != nullptr) all->push_back(x);
-    if (capture(l, HookPoint::kResidPost, x)) break;
+    if (collector.Capture(l, HookPoint::kResidPost, x)) break;
   }
   if (last != nullptr) *last = x;
   return collector.Take();

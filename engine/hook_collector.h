@@ -1,11 +1,13 @@
 // Collects the hooked activations of one forward pass of a native model (gpt2_model.h,
 // llama_model.h): the forward reports each hook point as it passes it and stops once every
-// requested hook has its activation.
+// requested hook has its activation. It also splices: a HookSplice's hook gets its activation
+// replaced where the forward reports it (the downstream loss).
 #ifndef LATENTD_ENGINE_HOOK_COLLECTOR_H_
 #define LATENTD_ENGINE_HOOK_COLLECTOR_H_
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -13,15 +15,32 @@
 
 namespace latentd::engine {
 
+// One hook's activation replaced during a forward pass, by an SAE's reconstruction of it or by
+// zeros: how an EXTRACT job measures an SAE's downstream loss.
+struct HookSplice {
+  HookName hook;
+  // [batch, seq, width] in the model's dtype in; the same shape and dtype out.
+  std::function<at::Tensor(const at::Tensor&)> replace;
+};
+
 class HookCollector {
  public:
-  // `run_all`: never report done (a caller that wants every block to run).
-  HookCollector(const std::vector<HookName>& hooks, bool run_all)
-      : hooks_(hooks), hooked_(hooks.size()), remaining_(hooks.size()), run_all_(run_all) {}
+  // `run_all`: never report done (a caller that wants every block to run). `splice` (may be
+  // null): the hook whose activation Capture replaces.
+  HookCollector(const std::vector<HookName>& hooks, bool run_all,
+                const HookSplice* splice = nullptr)
+      : hooks_(hooks),
+        hooked_(hooks.size()),
+        remaining_(hooks.size()),
+        run_all_(run_all),
+        splice_(splice) {}
 
-  // Keeps `t` for every requested hook at (layer, point); true once all have theirs, when the
-  // forward can stop.
-  bool Capture(int layer, HookPoint point, const at::Tensor& t) {
+  // Replaces `t` when (layer, point) is the splice's hook, then keeps it for every requested hook
+  // there; true once all have theirs, when the forward can stop.
+  bool Capture(int layer, HookPoint point, at::Tensor& t) {
+    if (splice_ != nullptr && splice_->hook.layer == layer && splice_->hook.point == point) {
+      t = splice_->replace(t);
+    }
     for (size_t i = 0; i < hooks_.size(); ++i) {
       if (hooks_[i].layer == layer && hooks_[i].point == point && !hooked_[i].defined()) {
         hooked_[i] = t;
@@ -39,6 +58,7 @@ class HookCollector {
   std::vector<at::Tensor> hooked_;
   size_t remaining_;
   bool run_all_;
+  const HookSplice* splice_;
 };
 
 }  // namespace latentd::engine

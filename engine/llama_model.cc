@@ -163,13 +163,7 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
   const int64_t B = tokens.size(0), S = tokens.size(1), d = c.d_model;
   const int64_t H = c.n_heads, KV = c.n_kv_heads, dh = c.head_dim;
   const at::ScalarType dtype = c.bfloat16 ? at::kBFloat16 : at::kFloat;
-  HookCollector collector(hooks, /*run_all=*/loss != nullptr);
-  auto capture = [&](int layer, HookPoint point, at::Tensor& t) {
-    if (splice != nullptr && splice->hook.layer == layer && splice->hook.point == point) {
-      t = splice->replace(t);
-    }
-    return collector.Capture(layer, point, t);
-  };
+  HookCollector collector(hooks, /*run_all=*/loss != nullptr, splice);
   auto activation = [&](const at::Tensor& x) {
     switch (c.activation) {
       case LlamaActivation::kGeluTanh:
@@ -222,7 +216,7 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
   }
   for (int l = 0; l < c.n_layers; ++l) {
     const LlamaBlock& b = w_.blocks[l];
-    if (capture(l, HookPoint::kResidPre, x)) break;
+    if (collector.Capture(l, HookPoint::kResidPre, x)) break;
     const at::Tensor h = c.pre_norms ? norm(x, b.attn_norm, b.attn_norm_b) : x;
     at::Tensor q = Linear(h, b.W_q, b.b_q);
     at::Tensor k = Linear(h, b.W_k, b.b_k);
@@ -251,21 +245,21 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
     at::Tensor z = at::matmul(att, v).transpose(1, 2).reshape({B, S, H * dh});
     at::Tensor attn_out = Linear(z, b.W_o, b.b_o);
     if (c.post_norms) attn_out = RmsNorm(attn_out, b.post_attn_norm, c.norm_eps);
-    if (capture(l, HookPoint::kAttnOut, attn_out)) break;
+    if (collector.Capture(l, HookPoint::kAttnOut, attn_out)) break;
     if (!c.parallel_residual) {
       x = x + attn_out;
-      if (capture(l, HookPoint::kResidMid, x)) break;
+      if (collector.Capture(l, HookPoint::kResidMid, x)) break;
     }
     const at::Tensor h2 = c.pre_norms ? norm(x, b.mlp_norm, b.mlp_norm_b) : x;
     at::Tensor post = b.W_gate.defined()
                           ? activation(Linear(h2, b.W_gate, b.b_gate)) * Linear(h2, b.W_up, b.b_up)
                           : activation(Linear(h2, b.W_up, b.b_up));
-    if (capture(l, HookPoint::kMlpPost, post)) break;
+    if (collector.Capture(l, HookPoint::kMlpPost, post)) break;
     at::Tensor mlp_out = Linear(post, b.W_down, b.b_down);
     if (c.post_norms) mlp_out = RmsNorm(mlp_out, b.post_mlp_norm, c.norm_eps);
-    if (capture(l, HookPoint::kMlpOut, mlp_out)) break;
+    if (collector.Capture(l, HookPoint::kMlpOut, mlp_out)) break;
     x = c.parallel_residual ? x + attn_out + mlp_out : x + mlp_out;
-    if (capture(l, HookPoint::kResidPost, x)) break;
+    if (collector.Capture(l, HookPoint::kResidPost, x)) break;
   }
   if (loss != nullptr) {
     *loss = NextTokenCrossEntropySum(norm(x, w_.final_norm, w_.final_norm_b), w_.W_U, tokens,

@@ -26,6 +26,32 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
+def write_topk_sae(directory, d_in, d_sae, k, seed, bias=0.0):
+    """A TopK SAE in the SAELens layout (sae_weights.safetensors + cfg.json) under `directory`:
+    unit decoder rows, the encoder their transpose, biases of scale `bias`. Returns its weights."""
+    g = torch.Generator().manual_seed(seed)
+    w_dec = torch.randn(d_sae, d_in, generator=g)
+    w_dec = w_dec / w_dec.norm(dim=1, keepdim=True)
+    w = {"W_enc": w_dec.t().clone(), "b_enc": torch.randn(d_sae, generator=g) * bias,
+         "W_dec": w_dec, "b_dec": torch.randn(d_in, generator=g) * bias}
+    os.makedirs(directory, exist_ok=True)
+    write_safetensors(os.path.join(directory, "sae_weights.safetensors"), w)
+    with open(os.path.join(directory, "cfg.json"), "w") as f:
+        json.dump({"d_in": d_in, "d_sae": d_sae, "architecture": "topk", "k": k}, f)
+    return w
+
+
+def topk_reconstruct(w, k):
+    """x -> the reconstruction SAELens' TopK SAE of weights `w` gives: the k largest
+    pre-activations, ReLU'd, decoded."""
+    def reconstruct(x):
+        pre = (x - w["b_dec"]) @ w["W_enc"] + w["b_enc"]
+        top = pre.topk(k, dim=-1)
+        z = torch.zeros_like(pre).scatter(-1, top.indices, top.values.relu())
+        return z @ w["W_dec"] + w["b_dec"]
+    return reconstruct
+
+
 def run_extract_tool(tool, data_root, spec, devices=1):
     """Runs `spec` (an ExtractSpec as a dict) through extract_tool into a fresh store under
     `data_root`; returns the finished process and the directory its .npy files went to."""

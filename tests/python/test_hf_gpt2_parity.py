@@ -19,7 +19,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from extract_test_util import (assert_dense_rows, run_extract_tool,  # noqa: E402
-                               write_hf_checkpoint, write_safetensors)
+                               topk_reconstruct, write_hf_checkpoint, write_safetensors,
+                               write_topk_sae)
 
 VOCAB, D, LAYERS, HEADS, POSITIONS, CTX = 120, 48, 3, 4, 32, 16
 TOOL = os.environ["EXTRACT_TOOL"]
@@ -197,25 +198,8 @@ class HfGpt2ParityTest(unittest.TestCase):
         ids = torch.from_numpy(self.ids).view(-1, CTX)
         saes = {}
         for hook, seed in (("blocks.1.hook_resid_post", 5), ("blocks.0.hook_attn_out", 6)):
-            g = torch.Generator().manual_seed(seed)
-            w_dec = torch.randn(128, D, generator=g)
-            w_dec = w_dec / w_dec.norm(dim=1, keepdim=True)
-            w = {"W_enc": w_dec.t().clone(), "b_enc": torch.randn(128, generator=g) * 0.05,
-                 "W_dec": w_dec, "b_dec": torch.randn(D, generator=g) * 0.05}
             path = os.path.join(self.root, "sae_" + hook)
-            os.makedirs(path, exist_ok=True)
-            write_safetensors(os.path.join(path, "sae_weights.safetensors"), w)
-            with open(os.path.join(path, "cfg.json"), "w") as f:
-                json.dump({"d_in": D, "d_sae": 128, "architecture": "topk", "k": 8}, f)
-            saes[hook] = (path, w)
-
-        def reconstruct(w):
-            def f(x):
-                pre = (x - w["b_dec"]) @ w["W_enc"] + w["b_enc"]
-                top = pre.topk(8, dim=-1)
-                z = torch.zeros_like(pre).scatter(-1, top.indices, top.values.relu())
-                return z @ w["W_dec"] + w["b_dec"]
-            return f
+            saes[hook] = (path, write_topk_sae(path, D, 128, 8, seed, bias=0.05))
 
         hooks = list(saes)
         spec = {"model": {"huggingface": {"path": d}}, "hookName": hooks[0],
@@ -231,7 +215,7 @@ class HfGpt2ParityTest(unittest.TestCase):
             clean = model.loss(ids)
             for hook, loss in zip(hooks, got):
                 self.assertEqual(int(loss["predictions"]), 9 * (CTX - 1))
-                with_sae = model.loss(ids, {hook: reconstruct(saes[hook][1])})
+                with_sae = model.loss(ids, {hook: topk_reconstruct(saes[hook][1], 8)})
                 zeroed = model.loss(ids, {hook: torch.zeros_like})
                 self.assertAlmostEqual(loss["clean"], clean, delta=1e-4 * clean)
                 self.assertAlmostEqual(loss["withSae"], with_sae, delta=1e-4 * with_sae)

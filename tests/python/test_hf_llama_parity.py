@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from extract_test_util import (assert_dense_rows, run_extract_tool,  # noqa: E402
-                               write_hf_checkpoint, write_safetensors)
+                               topk_reconstruct, write_hf_checkpoint, write_topk_sae)
 
 VOCAB, D, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FF, CTX = 150, 64, 3, 4, 2, 16, 96, 16
 TOOL = os.environ["EXTRACT_TOOL"]
@@ -352,27 +352,14 @@ class HfLlamaParityTest(unittest.TestCase):
         """The job's downstream loss for a TopK SAE at `hook` against the model's own next-token
         cross-entropy computed here (self.last): as it is, with the SAE's reconstruction spliced
         in, and with the hook zeroed."""
-        g = torch.Generator().manual_seed(9)
-        w_dec = torch.randn(96, D, generator=g)
-        w_dec = w_dec / w_dec.norm(dim=1, keepdim=True)
-        w = {"W_enc": w_dec.t().clone(), "b_enc": torch.zeros(96), "W_dec": w_dec,
-             "b_dec": torch.zeros(D)}
         sae = os.path.join(model_dir, "sae")
-        os.makedirs(sae, exist_ok=True)
-        write_safetensors(os.path.join(sae, "sae_weights.safetensors"), w)
-        with open(os.path.join(sae, "cfg.json"), "w") as f:
-            json.dump({"d_in": D, "d_sae": 96, "architecture": "topk", "k": 6}, f)
+        reconstruct = topk_reconstruct(write_topk_sae(sae, D, 96, 6, seed=9), 6)
         spec = {"model": {"huggingface": {"path": model_dir}}, "hookName": hook,
                 "sae": {"path": sae}, "batchSequences": 3, "downstreamLossSequences": 5,
                 "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX}}
         p, _ = run_extract_tool(TOOL, self.root, spec)
         self.assertEqual(p.returncode, 0, p.stderr)
         got = json.loads(p.stdout)["downstreamLoss"]
-
-        def reconstruct(x):
-            pre = (x - w["b_dec"]) @ w["W_enc"] + w["b_enc"]
-            top = pre.topk(6, dim=-1)
-            return torch.zeros_like(pre).scatter(-1, top.indices, top.values.relu()) @ w["W_dec"]
 
         ids = torch.from_numpy(self.ids).view(-1, CTX)[:5]
         with torch.no_grad():
