@@ -240,7 +240,14 @@ SaeForward SaeModelImpl::Forward(const torch::Tensor& x, const torch::Tensor& de
   torch::NoGradGuard no_grad;
   out.mse = mse.item<double>();
   if (aux.defined()) out.aux_k_loss = aux.item<double>();
-  const double variance = (x - x.mean(0, true)).pow(2).sum().item<double>();
+  // The rows' spread about their mean from their sums about b_dec, which the train loop adds
+  // over ranks (TrainableModel::Output) for the FVU of the whole batch.
+  const torch::Tensor centred = x - b_dec.detach();
+  out.centred_squares = centred.pow(2).sum().item<double>();
+  out.centred_sum = centred.sum(0);
+  const double variance =
+      out.centred_squares - out.centred_sum.to(torch::kFloat64).pow(2).sum().item<double>() /
+                                static_cast<double>(x.size(0));
   out.squared_error = sq.sum().item<double>();
   out.fvu = variance > 0 ? out.squared_error / variance : 0.0;
   for (const torch::Tensor& level : prefix_sq) {

@@ -75,8 +75,12 @@ struct SaeForward {
   double mse = 0;
   double squared_error = 0;  // sum ||x - x_hat||^2 over the batch
   double fvu = 0;            // squared_error / sum ||x - mean(x)||^2
-  double l0 = 0;             // mean nonzero latents per row
-  double aux_k_loss = 0;     // the AuxK term before its weights; 0 without dead latents
+  // The rows about b_dec: sum ||x - b_dec||^2 and sum (x - b_dec) [d_in] (on the model's
+  // device), from which sum ||x - mean(x)||^2 = centred_squares - ||centred_sum||^2 / rows.
+  double centred_squares = 0;
+  torch::Tensor centred_sum;
+  double l0 = 0;          // mean nonzero latents per row
+  double aux_k_loss = 0;  // the AuxK term before its weights; 0 without dead latents
   // Matryoshka: each inner level's squared_error and FVU, narrowest first.
   std::vector<double> prefix_squared_error;
   std::vector<double> prefix_fvu;

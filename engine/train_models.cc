@@ -21,12 +21,8 @@ absl::StatusOr<TrainableModel::Output> SaeTrainable::Forward(const torch::Tensor
   out.aux_k_loss = forward.aux_k_loss;
   out.squared_error = forward.squared_error;
   out.prefix_squared_error = std::move(forward.prefix_squared_error);
-  {
-    torch::NoGradGuard no_grad;
-    const torch::Tensor centred = batch - sae_->b_dec.detach();
-    out.centred_squares = centred.pow(2).sum().item<double>();
-    out.centred_sum = centred.sum(0).to(torch::kCPU, torch::kFloat32);
-  }
+  out.centred_squares = forward.centred_squares;
+  out.centred_sum = forward.centred_sum.to(torch::kCPU, torch::kFloat32);
   out.l0 = forward.l0;
   out.fired = (forward.latents.detach() != 0).any(0).to(torch::kFloat32);
   return out;
