@@ -602,9 +602,11 @@ void PrintDatasetLine(const v1::DatasetInfo& d, int name_width) {
   const std::string fit =
       d.fit().rows() > 0 ? absl::StrFormat("%.4f", d.fit().explained_variance()) : "-";
   // Which encoder made the latents: "topk 32", "jumprelu", "relu"; "-" for hidden states.
-  const std::string encoder = d.encoder().empty()     ? "-"
-                              : d.encoder() == "topk" ? absl::StrCat(d.encoder(), " ", d.k())
-                                                      : d.encoder();
+  // "tc " before a transcoder's (its hook is what it reads; GetDataset has what it predicts).
+  const std::string encoder =
+      d.encoder().empty() ? "-"
+                          : absl::StrCat(d.hook_name_out().empty() ? "" : "tc ", d.encoder(),
+                                         d.encoder() == "topk" ? absl::StrCat(" ", d.k()) : "");
   std::printf("%-5llu %-*s %-7s %-28s %-9s %-6d %-10lld %-9.5f %-8lld %-8s %s\n",
               static_cast<unsigned long long>(d.id()), name_width, d.name().c_str(),
               d.kind() == v1::DENSE_ACTIVATIONS ? "DENSE" : "SPARSE", d.hook_name().c_str(),

@@ -55,6 +55,9 @@ struct DatasetInputs {
   latentd::v1::ExtractSpec spec;  // the dataset's output of the job
   std::string sae_dir;
   HookName hook;
+  // Where the SAE's decoder writes: `hook`, or a transcoder's output hook (the space its
+  // decoder directions live in, which the logit tables unembed from).
+  HookName decoder_hook;
   // Every hook of the job's outputs, each once, in output order: the model for prompts is built
   // with all of them, since the job's other datasets are likely asked next (--all_hooks).
   std::vector<std::string> job_hooks;
@@ -114,13 +117,20 @@ at::Tensor SafeDivide(const at::Tensor& num, const at::Tensor& den) {
                    at::zeros_like(num));
 }
 
-PreparedSae Prepare(const SaeWeights& w) {
+PreparedSae Prepare(const Sae& sae) {
+  const SaeWeights& w = sae.weights();
   PreparedSae p;
   p.dec_norm = w.W_dec.norm(2, {1});
   p.unit_dec = SafeDivide(w.W_dec, p.dec_norm.unsqueeze(1)).contiguous();
   p.enc_norm = w.W_enc.norm(2, {0});
-  const at::Tensor dot = (w.W_enc.t() * w.W_dec).sum({1});
-  p.enc_dec_cos = SafeDivide(dot, p.enc_norm * p.dec_norm);
+  if (sae.config().transcoder) {
+    // Its encoder reads one hook and its decoder writes another: no angle between them means
+    // anything, whatever the widths.
+    p.enc_dec_cos = at::zeros_like(p.enc_norm);
+  } else {
+    const at::Tensor dot = (w.W_enc.t() * w.W_dec).sum({1});
+    p.enc_dec_cos = SafeDivide(dot, p.enc_norm * p.dec_norm);
+  }
   return p;
 }
 
@@ -173,6 +183,12 @@ absl::StatusOr<HfModelOptions> HfOptions(const ExtractEnv& env, const DatasetSou
   options.bfloat16 = spec.dtype() == latentd::v1::BFLOAT16;
   options.host_memory_limit_bytes = memory_limit_bytes;
   return options;
+}
+
+// The hook of an unembedding's cache key (the decoder's hook: a transcoder's differs from the
+// spec's hook_name).
+std::string HookKey(const HookName& hook) {
+  return absl::StrCat(hook.layer, ".", static_cast<int>(hook.point));
 }
 
 // The unembedding of a natively run model (the reference one or a Hugging Face checkpoint):
@@ -378,6 +394,11 @@ absl::StatusOr<DatasetInputs> DatasetModels::Impl::InputsOf(const DatasetSource&
   }
   inputs.sae_dir = *std::move(dir);
   ASSIGN_OR_RETURN(inputs.hook, ParseHookName(inputs.spec.hook_name()));
+  inputs.decoder_hook = inputs.hook;
+  if (auto cfg = ReadAndCheckSae(inputs.sae_dir); cfg.ok() && cfg->transcoder) {
+    ASSIGN_OR_RETURN(const std::string out, TranscoderOutputHook(*cfg, inputs.hook));
+    ASSIGN_OR_RETURN(inputs.decoder_hook, ParseHookName(out));
+  }
   for (int i = 0; i < ExtractOutputCount(job_spec); ++i) {
     const std::string hook = ExtractOutputSpec(job_spec, i).hook_name();
     if (std::find(inputs.job_hooks.begin(), inputs.job_hooks.end(), hook) ==
@@ -501,7 +522,7 @@ absl::StatusOr<std::shared_ptr<const PreparedSae>> DatasetModels::Impl::SaeFor(
   return Cached<PreparedSae>(absl::StrCat("sae\n", dir, "\n", dataset.sae_weight_hash),
                              [&]() -> absl::StatusOr<std::shared_ptr<const PreparedSae>> {
                                ASSIGN_OR_RETURN(Sae sae, LoadSae(dataset, dir));
-                               return std::make_shared<const PreparedSae>(Prepare(sae.weights()));
+                               return std::make_shared<const PreparedSae>(Prepare(sae));
                              });
 }
 
@@ -518,7 +539,7 @@ absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> DatasetModels::Impl::
       ASSIGN_OR_RETURN(latentd::v1::ReferenceModelSpec resolved,
                        ResolveReferenceSpec(spec.model().reference()));
       return Cached<PreparedUnembedding>(
-          absl::StrCat("reference\n", resolved.SerializeAsString(), "\n", spec.hook_name()),
+          absl::StrCat("reference\n", resolved.SerializeAsString(), "\n", HookKey(hook)),
           [&]() -> absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> {
             ASSIGN_OR_RETURN(std::unique_ptr<Gpt2Model> model,
                              CreateReferenceModel(resolved, hook, at::Device(at::kCPU)));
@@ -532,7 +553,7 @@ absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> DatasetModels::Impl::
     }
     return Cached<PreparedUnembedding>(
         absl::StrCat("huggingface\n", hf->dir, "\n", hf->center_writing_weights, "\n",
-                     dataset.model_weight_hash, "\n", spec.hook_name()),
+                     dataset.model_weight_hash, "\n", HookKey(hook)),
         [&]() -> absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> {
           auto model = LoadHfModel(*hf, {hook}, at::Device(at::kCPU));
           if (!model.ok()) {
@@ -596,7 +617,7 @@ absl::StatusOr<LatentWeights> DatasetModels::ReadLatentWeights(const DatasetSour
   const int64_t top_n = query.top_n > 0 ? query.top_n : kDefaultTopN;
   ASSIGN_OR_RETURN(const DatasetInputs inputs, impl_->InputsOf(dataset));
   const latentd::v1::ExtractSpec& spec = inputs.spec;
-  const HookName& hook = inputs.hook;
+  const HookName& hook = inputs.decoder_hook;
   try {
     ASSIGN_OR_RETURN(std::shared_ptr<const PreparedSae> sae,
                      impl_->SaeFor(dataset, inputs.sae_dir));

@@ -28,7 +28,7 @@ absl::StatusOr<std::vector<latentd::v1::DownstreamLoss>> MeasureDownstreamLoss(
   for (size_t o = 0; o < saes.size(); ++o) {
     ablation_of[o] = o;
     for (size_t e = 0; e < o; ++e) {
-      if (SameActivation(saes[e].hook, saes[o].hook)) {
+      if (SameActivation(saes[e].replaced(), saes[o].replaced())) {
         ablation_of[o] = e;
         break;
       }
@@ -47,16 +47,16 @@ absl::StatusOr<std::vector<latentd::v1::DownstreamLoss>> MeasureDownstreamLoss(
       clean += model.NextTokenLossSum(batch, nullptr);
       for (size_t o = 0; o < saes.size(); ++o) {
         const Sae& sae = *saes[o].sae;
-        const HookSplice reconstructed{
-            saes[o].hook, [&sae](const at::Tensor& a) {
-              const at::Tensor rows = a.to(at::kFloat).reshape({-1, a.size(-1)});
-              return sae.DecodeSparse(sae.EncodeSparse(rows), rows.size(0))
-                  .view(a.sizes())
-                  .to(a.scalar_type());
-            }};
-        with_sae[o] += model.NextTokenLossSum(batch, &reconstructed);
+        HookSplice predicted{saes[o].replaced(), [&sae](const at::Tensor& a) {
+                               const at::Tensor rows = a.to(at::kFloat).reshape({-1, a.size(-1)});
+                               return sae.Predict(rows, sae.EncodeSparse(rows))
+                                   .view({a.size(0), a.size(1), -1})
+                                   .to(a.scalar_type());
+                             }};
+        if (saes[o].hook_out) predicted.from = saes[o].hook;
+        with_sae[o] += model.NextTokenLossSum(batch, &predicted);
         if (ablation_of[o] != o) continue;
-        const HookSplice zeroed{saes[o].hook,
+        const HookSplice zeroed{saes[o].replaced(),
                                 [](const at::Tensor& a) { return at::zeros_like(a); }};
         ablated[o] += model.NextTokenLossSum(batch, &zeroed);
       }

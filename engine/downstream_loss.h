@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,14 +20,20 @@
 namespace latentd::engine {
 
 struct SplicedSae {
-  HookName hook;
+  HookName hook;             // what the SAE encodes
   const Sae* sae = nullptr;  // on the model's device
+  // A transcoder's output hook, where its prediction replaces the activation (and which is
+  // zeroed for the ablation); unset for an SAE, which replaces `hook` itself.
+  std::optional<HookName> hook_out;
+
+  const HookName& replaced() const { return hook_out ? *hook_out : hook; }
 };
 
 // Over sequences [0, sequences) of `tokens`, batch_sequences at a time on `device`: the clean
-// loss once per batch, then for each SAE its reconstruction (EncodeSparse + DecodeSparse, so a
-// wide SAE's scratch stays bounded) and zeros spliced in at its hook (once per activation: SAEs
-// on one hook, or on resid_post L and resid_pre L + 1, share the zero-ablated loss). One
+// loss once per batch, then for each SAE its reconstruction (EncodeSparse + Predict, so a
+// wide SAE's scratch stays bounded) and zeros spliced in at the hook it replaces (once per
+// activation: SAEs on one hook, or on resid_post L and resid_pre L + 1, share the zero-ablated
+// loss). One
 // DownstreamLoss per SAE, in order. FAILED_PRECONDITION when the model cannot run to its logits
 // (the reason why); CANCELLED when `cancelled` says so between batches; INTERNAL for a LibTorch
 // error.

@@ -163,6 +163,7 @@ SinkOpener ChunkStoreSinkOpener(storage::ChunkStore* store) {
       meta.model_weight_hash = m.model_weight_hash;
       meta.sae_weight_hash = m.sae_weight_hash;
       meta.hook_name = m.hook_name;
+      meta.hook_name_out = m.hook_name_out;
       meta.layer = m.layer;
       meta.d_in = m.d_in;
       meta.encoder = m.encoder;

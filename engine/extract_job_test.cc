@@ -9,8 +9,11 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 
 #include "engine/extract_runner.h"
+#include "engine/hook_name.h"
+#include "engine/reference_model.h"
 #include "engine/sae.h"
 #include "gtest/gtest.h"
 #include "storage/chunk_store.h"
@@ -544,6 +547,140 @@ TEST_F(ExtractJobTest, TheSaeFitIsReportedAndAMisfitIsWarned) {
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->fit().rows(), 40 * kCtx);
   EXPECT_EQ(info->fit().explained_variance(), exact.explained_variance());
+}
+
+// A transcoder reads one hook and predicts another: its fit and its downstream loss are about
+// the hook it predicts. One that computes the MLP's output exactly from mlp.hook_post (z = the
+// activations themselves, W_dec the MLP's W_out) fits it perfectly and leaves the loss as it
+// is; one on ln2.hook_normalized stores the latents of that hook (the MLP's normed input) and
+// is measured against hook_mlp_out, its default output.
+TEST_F(ExtractJobTest, ATranscoderIsMeasuredAgainstTheHookItPredicts) {
+  auto resolved = ResolveReferenceSpec(Spec().model().reference());
+  ASSERT_TRUE(resolved.ok());
+  auto model = CreateReferenceModel(
+      *resolved,
+      {*ParseHookName("blocks.1.hook_resid_mid"), *ParseHookName("blocks.1.ln2.hook_normalized"),
+       *ParseHookName("blocks.1.hook_mlp_out")},
+      at::kCPU);
+  ASSERT_TRUE(model.ok());
+  at::Tensor W_out, b_out;
+  for (const auto& [name, t] : (*model)->NamedWeights()) {
+    if (name == "blocks.1.mlp.W_out") W_out = t;
+    if (name == "blocks.1.mlp.b_out") b_out = t;
+  }
+  ASSERT_EQ(W_out.sizes(), (std::vector<int64_t>{64, 16}));
+  SaeConfig exact;
+  exact.d_in = 64;
+  exact.d_sae = 64;
+  exact.architecture = SaeArchitecture::kJumpRelu;
+  exact.apply_b_dec_to_input = false;
+  exact.transcoder = true;
+  exact.d_out = 16;
+  exact.hook_name_out = "blocks.1.hook_mlp_out";
+  // A threshold below every activation: z = pre = the activations, negative ones included.
+  ASSERT_TRUE(
+      SaveSae(Tmp("root/exact_tc"),
+              {at::eye(64), at::zeros({64}), W_out.clone(), b_out.clone(), at::full({64}, -1e30)},
+              exact)
+          .ok());
+  SaeConfig ln2 = exact;
+  ln2.d_in = 16;
+  ln2.d_sae = 48;
+  ln2.architecture = SaeArchitecture::kTopK;
+  ln2.k = 5;
+  ln2.hook_name_out = "";  // the MLP output of its block
+  at::manual_seed(5);
+  ASSERT_TRUE(
+      SaveSae(Tmp("root/ln2_tc"),
+              {at::randn({16, 48}), at::zeros({48}), at::randn({48, 16}) * 0.1, at::zeros({16})},
+              ln2)
+          .ok());
+
+  auto db = OpenDb("db_transcoder");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  latentd::v1::ExtractSpec spec = Spec();
+  spec.set_hook_name("blocks.1.mlp.hook_post");
+  spec.mutable_sae()->set_path(root_ + "/exact_tc");
+  spec.set_downstream_loss_sequences(4);
+  latentd::v1::ExtractOutput* more = spec.add_more_outputs();
+  more->set_hook_name("blocks.1.ln2.hook_normalized");
+  more->mutable_sae()->set_path(root_ + "/ln2_tc");
+  more->set_dataset_name("ln2");
+  FakeContext ctx(90, 1);
+  auto result = RunExtract(spec, env_, &ctx);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->rows(), 40 * kCtx);
+  EXPECT_NEAR(result->fit().explained_variance(), 1.0, 1e-5);
+  const latentd::v1::DownstreamLoss& d = result->downstream_loss();
+  EXPECT_NEAR(d.with_sae(), d.clean(), 1e-5 * d.clean());
+  EXPECT_GT(std::abs(d.zero_ablated() - d.clean()), 1e-4);  // the MLP's output zeroed
+  auto info = store.GetDataset(result->dataset_id());
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->hook_name(), "blocks.1.mlp.hook_post");
+  EXPECT_EQ(info->hook_name_out(), "blocks.1.hook_mlp_out");
+
+  // The ln2 transcoder, against the same hooks computed here.
+  std::vector<uint16_t> ids(40 * kCtx);
+  std::ifstream(root_ + "/tokens.bin", std::ios::binary)
+      .read(reinterpret_cast<char*>(ids.data()), ids.size() * 2);
+  const at::Tensor tokens =
+      at::tensor(std::vector<int64_t>(ids.begin(), ids.end())).view({40, kCtx});
+  std::vector<at::Tensor> hooked;
+  {
+    c10::InferenceMode inference;
+    hooked = (*model)->ForwardHooks(tokens);
+  }
+  const at::Tensor mid = hooked[0].reshape({-1, 16}), x = hooked[1].reshape({-1, 16});
+  const at::Tensor y = hooked[2].reshape({-1, 16});
+  EXPECT_TRUE(at::allclose(x, at::layer_norm(mid, {16}), 1e-5, 1e-5));  // ln2 is ones / zeros
+  auto tc = Sae::Load(root_ + "/ln2_tc");
+  ASSERT_TRUE(tc.ok());
+  const at::Tensor predicted = tc->Predict(x, tc->EncodeSparse(x)).to(at::kDouble);
+  const at::Tensor yd = y.to(at::kDouble);
+  const double ev = 1 - (yd - predicted).pow(2).sum().item<double>() /
+                            (yd - yd.mean(0)).pow(2).sum().item<double>();
+  EXPECT_NEAR(result->more_outputs(0).fit().explained_variance(), ev, 1e-6 * std::abs(ev) + 1e-4);
+  auto ln2_id = store.FindDataset("ln2");
+  ASSERT_TRUE(ln2_id.ok());
+  auto rows = store.ReadRows(*ln2_id, 0, 0);
+  ASSERT_TRUE(rows.ok());
+  const SparseCodes codes = tc->EncodeSparse(x);
+  ASSERT_EQ(rows->indptr.back(), codes.values.numel());
+  for (int64_t r = 0; r < 40 * kCtx; r += 37) {
+    std::set<int> want;
+    for (int64_t j = 0; j < 5; ++j) {
+      if (codes.values[r][j].item<float>() > 0) want.insert(codes.indices[r][j].item<int>());
+    }
+    const std::set<int> got(rows->indices.begin() + rows->indptr[r],
+                            rows->indices.begin() + rows->indptr[r + 1]);
+    EXPECT_EQ(got, want) << "row " << r;
+  }
+
+  // Refused at submit: an output hook the forward computes first, or of another width.
+  latentd::v1::ExtractSpec bad = Spec();
+  bad.set_hook_name("blocks.1.mlp.hook_post");
+  exact.hook_name_out = "blocks.0.hook_mlp_out";
+  ASSERT_TRUE(
+      SaveSae(Tmp("root/early_tc"),
+              {at::eye(64), at::zeros({64}), W_out.clone(), b_out.clone(), at::full({64}, -1e30)},
+              exact)
+          .ok());
+  bad.mutable_sae()->set_path(root_ + "/early_tc");
+  absl::Status s = ValidateExtractSpec(bad, env_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("computes blocks.0.hook_mlp_out first"), std::string::npos) << s;
+  exact.hook_name_out = "blocks.1.mlp.hook_post";  // 64 wide, d_out 16
+  ASSERT_TRUE(
+      SaveSae(Tmp("root/wide_tc"),
+              {at::eye(64), at::zeros({64}), W_out.clone(), b_out.clone(), at::full({64}, -1e30)},
+              exact)
+          .ok());
+  bad.set_hook_name("blocks.0.mlp.hook_post");
+  bad.mutable_sae()->set_path(root_ + "/wide_tc");
+  s = ValidateExtractSpec(bad, env_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("d_out 16 != width 64"), std::string::npos) << s;
 }
 
 // One SAE on several hooks is loaded once, and the memory check counts it once: a device that

@@ -112,17 +112,26 @@ absl::Status ComputeBatch(const TokenSource& tokens, PipelineReplica* r,
   try {
     at::Tensor tok = ids.to(r->device, /*non_blocking=*/cuda);
     std::vector<at::Tensor> hooked = r->model->ForwardHooks(tok);
-    out->hooks.resize(hooked.size());
-    for (size_t o = 0; o < hooked.size(); ++o) {
+    const size_t outputs = options.sparse ? r->saes.size() : hooked.size();
+    out->hooks.resize(outputs);
+    auto rows_of = [&](const at::Tensor& t) { return t.reshape({seqs * L, t.size(-1)}); };
+    for (size_t o = 0; o < outputs; ++o) {
       HookCodes& codes_out = out->hooks[o];
-      at::Tensor x = hooked[o].reshape({seqs * L, hooked[o].size(-1)});
+      at::Tensor x = rows_of(hooked[o]);
       hooked[o].reset();  // freed once encoded (or copied), before the next hook's encoder runs
       const at::Tensor finite = at::isfinite(x).all(1);
       codes_out.finite = ToHost(finite);
       if (options.sparse) {
         const Sae& sae = r->saes[o];
         SparseCodes codes = sae.EncodeSparse(x);
-        codes_out.fit = ToHost(ReconstructionSums(x, sae.DecodeSparse(codes, x.size(0)), finite));
+        const int target = r->fit_hooks.empty() ? static_cast<int>(o) : r->fit_hooks[o];
+        if (target == static_cast<int>(o)) {
+          codes_out.fit = ToHost(ReconstructionSums(x, sae.Predict(x, codes), finite));
+        } else {  // a transcoder: its prediction against the hook it predicts
+          const at::Tensor y = rows_of(hooked[target]);
+          codes_out.fit = ToHost(ReconstructionSums(y, sae.Predict(x, codes),
+                                                    finite.logical_and(at::isfinite(y).all(1))));
+        }
         codes_out.indices = ToHost(codes.indices);
         codes_out.values = ToHost(codes.values);
         if (!codes.fixed_k()) codes_out.row_counts = ToHost(codes.row_counts);
@@ -218,7 +227,7 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
   const size_t outputs = sinks.size();
   for (auto& r : *replicas) {
     const std::vector<int64_t> widths = r.model->hook_widths();
-    if (widths.size() != outputs) {
+    if (widths.size() != outputs && (!options.sparse || widths.size() < outputs)) {
       return absl::InvalidArgumentError(
           absl::StrCat("the model reads ", widths.size(), " hooks for ", outputs, " datasets"));
     }
@@ -226,11 +235,23 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
       return absl::InvalidArgumentError(
           absl::StrCat("extract.sae: ", r.saes.size(), " SAEs for ", outputs, " hooks"));
     }
+    if (options.sparse && !r.fit_hooks.empty() && r.fit_hooks.size() != outputs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(r.fit_hooks.size(), " fit hooks for ", outputs, " outputs"));
+    }
     for (size_t o = 0; options.sparse && o < outputs; ++o) {
-      if (r.saes[o].config().d_in != widths[o]) {
+      const SaeConfig& cfg = r.saes[o].config();
+      if (cfg.d_in != widths[o]) {
         return absl::InvalidArgumentError(absl::StrCat("extract.sae of output ", o, ": d_in ",
-                                                       r.saes[o].config().d_in, " != hook width ",
-                                                       widths[o]));
+                                                       cfg.d_in, " != hook width ", widths[o]));
+      }
+      const int target = r.fit_hooks.empty() ? static_cast<int>(o) : r.fit_hooks[o];
+      if (target < 0 || target >= static_cast<int>(widths.size()) ||
+          cfg.OutWidth() != widths[target]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "extract.sae of output ", o, ": it predicts ", cfg.OutWidth(),
+            " values a row, the hook it is measured against (model hook ", target, ") has ",
+            target >= 0 && target < static_cast<int>(widths.size()) ? widths[target] : 0));
       }
     }
     if (r.model->max_context() > 0 && L > r.model->max_context()) {
@@ -469,7 +490,8 @@ absl::StatusOr<double> ComputeFloorInThisThread(const TokenSource& tokens, Pipel
       RETURN_IF_ERROR(tokens.Read(s, seqs, ids.data()));
       at::Tensor tok = at::from_blob(ids.data(), {seqs, L}, at::kLong).to(replica->device);
       const std::vector<at::Tensor> hooked = replica->model->ForwardHooks(tok);
-      for (size_t o = 0; o < hooked.size(); ++o) {
+      const size_t outputs = options.sparse ? replica->saes.size() : hooked.size();
+      for (size_t o = 0; o < outputs; ++o) {
         at::Tensor x = hooked[o].reshape({seqs * L, hooked[o].size(-1)});
         if (options.sparse) {
           SparseCodes codes = replica->saes[o].EncodeSparse(x);

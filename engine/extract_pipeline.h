@@ -33,8 +33,14 @@
 namespace latentd::engine {
 
 struct PipelineReplica {
+  // Its first hooks are the outputs' (one per sink, in order); any after them are only what
+  // transcoders predict (fit_hooks).
   std::unique_ptr<ActivationModel> model;
-  std::vector<Sae> saes;  // sparse: one per model hook (hook_widths() order), on `device`
+  std::vector<Sae> saes;  // sparse: one per output, on `device`
+  // Sparse: per output, the model hook whose activation its SAE's prediction is measured against
+  // (PipelineOutputResult::fit): the output's own hook for an SAE, a transcoder's output hook
+  // for a transcoder. Empty: every output's own.
+  std::vector<int> fit_hooks;
   at::Device device = at::kCPU;
   int cpu_threads = 0;  // intra-op threads of this replica's worker; 0 = leave alone
 };
@@ -100,7 +106,7 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
                                                   const PipelineOptions& options,
                                                   const PipelineCallbacks& callbacks);
 
-// Forward + encode (every hook) alone over the first `max_sequences` sequences on replica 0,
+// Forward + encode (every output) alone over the first `max_sequences` sequences on replica 0,
 // nothing stored or copied beyond what the encoder returns: the compute floor the bench compares
 // the pipeline to.
 absl::StatusOr<double> MeasureComputeFloorTokensPerSecond(const TokenSource& tokens,

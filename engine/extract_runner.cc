@@ -174,6 +174,10 @@ struct CheckedOutput {
   std::string sae_dir;
   SaeConfig sae_cfg;
   int64_t hook_width = 0;  // 0 until the model is loaded (TorchScript)
+  // A transcoder's output hook (TranscoderOutputHook): what its fit is measured against and
+  // where the downstream loss puts its prediction; unset for an SAE.
+  std::optional<HookName> hook_out;
+  std::string hook_name_out;
   // An earlier output with the same SAE directory, whose loaded weights this one shares (one
   // SAE on several hooks costs its memory once); -1 for none.
   int sae_of = -1;
@@ -206,6 +210,41 @@ absl::Status InHuggingFaceField(const absl::Status& s) {
   return absl::Status(s.code(), absl::StrCat("extract.model.huggingface.path: ", s.message()));
 }
 
+// A transcoder's output hook (out.hook_name_out) parsed into out.hook_out and checked: a hook
+// of the model, computed after the input, d_out wide.
+absl::Status CheckTranscoderOutput(CheckedOutput& out, const Checked& c) {
+  auto parsed = ParseHookName(out.hook_name_out);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("extract.sae: the transcoder's output hook (hook_name_out) ",
+                     absl::StripPrefix(parsed.status().message(), "extract.hook_name: ")));
+  }
+  if (!ComputedBefore(out.hook, *parsed)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("extract.sae: the transcoder predicts ", out.hook_name_out, " from ",
+                     out.hook_name, ", but the forward pass computes ", out.hook_name_out,
+                     " first (a transcoder's output hook comes after its input, e.g. "
+                     "blocks.L.ln2.hook_normalized -> blocks.L.hook_mlp_out)"));
+  }
+  if (c.shape) {
+    if (absl::Status s = CheckTransformerHook(*c.shape, *parsed); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("extract.sae: the transcoder's output hook: ",
+                       absl::StripPrefix(s.message(), "extract.hook_name: ")));
+    }
+    const int64_t width = TransformerHookWidth(*c.shape, *parsed);
+    if (out.sae_cfg.d_out != width) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("extract.sae: d_out ", out.sae_cfg.d_out, " != width ", width,
+                       " of the hook it predicts, ", out.hook_name_out));
+    }
+  } else {
+    RETURN_IF_ERROR(HiddenStateIndex(*parsed).status());
+  }
+  out.hook_out = *parsed;
+  return absl::OkStatus();
+}
+
 // Hook and SAE of output `output` (ExtractOutputSpec), with c.sparse and the model known.
 absl::StatusOr<CheckedOutput> CheckOutput(const ExtractSpec& one, const ExtractEnv& env,
                                           const Checked& c) {
@@ -232,6 +271,10 @@ absl::StatusOr<CheckedOutput> CheckOutput(const ExtractSpec& one, const ExtractE
       return absl::InvalidArgumentError(absl::StrCat("extract.sae: d_in ", out.sae_cfg.d_in,
                                                      " != width ", out.hook_width, " of hook ",
                                                      one.hook_name()));
+    }
+    if (out.sae_cfg.transcoder) {
+      ASSIGN_OR_RETURN(out.hook_name_out, TranscoderOutputHook(out.sae_cfg, out.hook));
+      RETURN_IF_ERROR(CheckTranscoderOutput(out, c));
     }
   } else if (has_sae) {
     return absl::InvalidArgumentError("extract.sae: given with mode DENSE (drop it or use SPARSE)");
@@ -577,7 +620,7 @@ std::vector<latentd::v1::DownstreamLoss> MeasureDownstream(
     const TokenSource* tokens, PipelineReplica* replica, JobContext* ctx) {
   std::vector<SplicedSae> saes;
   for (size_t o = 0; o < c.outputs.size(); ++o) {
-    saes.push_back({c.outputs[o].hook, &replica->saes[o]});
+    saes.push_back({c.outputs[o].hook, &replica->saes[o], c.outputs[o].hook_out});
   }
   const absl::Time start = absl::Now();
   auto measured = MeasureDownstreamLoss(
@@ -621,8 +664,14 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   const int host_cores = std::max(1u, std::thread::hardware_concurrency());
   const int cpu_threads = cpu_devices > 0 ? std::max(1, host_cores / cpu_devices) : 0;
 
+  // The outputs' hooks, then the hooks transcoders predict (fit_hooks).
   std::vector<HookName> hooks;
   for (const CheckedOutput& out : c.outputs) hooks.push_back(out.hook);
+  std::vector<int> fit_hooks;
+  for (int o = 0; c.sparse && o < num_outputs; ++o) {
+    fit_hooks.push_back(c.outputs[o].hook_out ? static_cast<int>(hooks.size()) : o);
+    if (c.outputs[o].hook_out) hooks.push_back(*c.outputs[o].hook_out);
+  }
   std::vector<Sae> saes_cpu;
   for (int o = 0; c.sparse && o < num_outputs; ++o) {
     if (const int shared = c.outputs[o].sae_of; shared >= 0) {
@@ -646,11 +695,17 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
       r.cpu_threads = d.kind == DeviceKind::kCpu ? cpu_threads : 0;
       ASSIGN_OR_RETURN(r.model, MakeModel(spec, c, native_weights, hooks, r.device));
       const std::vector<int64_t> widths = r.model->hook_widths();
+      r.fit_hooks = fit_hooks;
       for (int o = 0; c.sparse && o < num_outputs; ++o) {
         if (saes_cpu[o].config().d_in != widths[o]) {
           return absl::InvalidArgumentError(
               absl::StrCat(ExtractOutputField(o, "sae"), ": d_in ", saes_cpu[o].config().d_in,
                            " != width ", widths[o], " of hook ", c.outputs[o].hook_name));
+        }
+        if (saes_cpu[o].config().OutWidth() != widths[fit_hooks[o]]) {  // TorchScript's, now
+          return absl::InvalidArgumentError(absl::StrCat(
+              ExtractOutputField(o, "sae"), ": d_out ", saes_cpu[o].config().OutWidth(),
+              " != width ", widths[fit_hooks[o]], " of hook ", c.outputs[o].hook_name_out));
         }
         const int shared = c.outputs[o].sae_of;
         r.saes.push_back(shared >= 0 ? r.saes[shared] : saes_cpu[o].To(r.device));
@@ -685,6 +740,7 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
     meta.model_id = model.model_id();
     meta.model_weight_hash = model.weight_hash();
     meta.hook_name = out.hook_name;
+    meta.hook_name_out = out.hook_name_out;
     meta.layer = out.hook.layer;
     meta.d_in = static_cast<int32_t>(widths[o]);
     if (c.sparse) {

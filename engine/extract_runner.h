@@ -51,6 +51,7 @@ struct ExtractDatasetMeta {
   bool sparse = true;
   latentd::v1::ValueDtype value_dtype = latentd::v1::FLOAT16;
   std::string model_id, model_weight_hash, hook_name;
+  std::string hook_name_out;    // a transcoder's output hook; "" for an SAE and DENSE
   std::string sae_weight_hash;  // Sae::weight_hash(); "" for DENSE
   int32_t layer = 0;
   int32_t d_in = 0;

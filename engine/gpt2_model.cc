@@ -80,6 +80,7 @@ std::vector<at::Tensor> Gpt2Model::Run(const at::Tensor& tokens, const std::vect
     x = x + attn_out;
     if (collector.Capture(l, HookPoint::kResidMid, x)) break;
     at::Tensor h2 = at::layer_norm(x, {d}, b.ln2_w, b.ln2_b, c.layer_norm_eps);
+    if (collector.Capture(l, HookPoint::kMlpIn, h2)) break;
     at::Tensor post = activation(at::addmm(b.b_in, h2.view({B * S, d}), b.W_in)).view({B, S, -1});
     if (collector.Capture(l, HookPoint::kMlpPost, post)) break;
     at::Tensor mlp_out = at::addmm(b.b_out, post.reshape({B * S, -1}), b.W_out).view({B, S, d});

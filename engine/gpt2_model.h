@@ -5,8 +5,8 @@
 // (hf_gpt2.h).
 //
 // Hooks take TransformerLens names (blocks.L.hook_resid_pre / hook_attn_out / hook_resid_mid /
-// mlp.hook_post / hook_mlp_out / hook_resid_post) and the forward pass stops after the deepest
-// hooked block (TransformerLens' stop_at_layer).
+// ln2.hook_normalized / mlp.hook_post / hook_mlp_out / hook_resid_post) and the forward pass
+// stops after the deepest hooked block (TransformerLens' stop_at_layer).
 #ifndef LATENTD_ENGINE_GPT2_MODEL_H_
 #define LATENTD_ENGINE_GPT2_MODEL_H_
 

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -15,12 +16,16 @@
 
 namespace latentd::engine {
 
-// One hook's activation replaced during a forward pass, by an SAE's reconstruction of it or by
-// zeros: how an EXTRACT job measures an SAE's downstream loss.
+// One hook's activation replaced during a forward pass, by an SAE's reconstruction of it, a
+// transcoder's prediction of it or zeros: how an EXTRACT job measures a downstream loss.
 struct HookSplice {
   HookName hook;
-  // [batch, seq, width] in the model's dtype in; the same shape and dtype out.
+  // [batch, seq, width] in the model's dtype in; [batch, seq, width of `hook`] in that dtype out.
   std::function<at::Tensor(const at::Tensor&)> replace;
+  // Where `replace` reads from: this hook's activation, which the forward computes before
+  // `hook` (ComputedBefore), as the forward passed it; unset: `hook`'s own (a transcoder reads
+  // the MLP's input and replaces its output).
+  std::optional<HookName> from;
 };
 
 class HookCollector {
@@ -38,8 +43,12 @@ class HookCollector {
   // Replaces `t` when (layer, point) is the splice's hook, then keeps it for every requested hook
   // there; true once all have theirs, when the forward can stop.
   bool Capture(int layer, HookPoint point, at::Tensor& t) {
+    if (splice_ != nullptr && splice_->from && splice_->from->layer == layer &&
+        splice_->from->point == point) {
+      splice_source_ = t;
+    }
     if (splice_ != nullptr && splice_->hook.layer == layer && splice_->hook.point == point) {
-      t = splice_->replace(t);
+      t = splice_->replace(splice_->from ? splice_source_ : t);
     }
     for (size_t i = 0; i < hooks_.size(); ++i) {
       if (hooks_[i].layer == layer && hooks_[i].point == point && !hooked_[i].defined()) {
@@ -59,6 +68,7 @@ class HookCollector {
   size_t remaining_;
   bool run_all_;
   const HookSplice* splice_;
+  at::Tensor splice_source_;  // splice_->from's activation, once the forward has passed it
 };
 
 }  // namespace latentd::engine

@@ -1,5 +1,6 @@
 #include "engine/hook_name.h"
 
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -46,7 +47,8 @@ absl::StatusOr<HookName> ParseHookName(const std::string& name) {
     return absl::InvalidArgumentError(absl::StrCat(
         "extract.hook_name: \"", name,
         "\" is not blocks.{L}.hook_resid_pre|hook_resid_mid|hook_resid_post|hook_attn_out|"
-        "hook_mlp_out|mlp.hook_post, hidden_states.{N}, or a block's module path "
+        "hook_mlp_out|mlp.hook_post|ln2.hook_normalized, hidden_states.{N}, or a block's "
+        "module path "
         "(layers.{L}, h.{L}, model.layers.{L}, ... optionally .mlp or .attn/.self_attn)"));
   };
   HookName hook;
@@ -74,6 +76,8 @@ absl::StatusOr<HookName> ParseHookName(const std::string& name) {
     hook.point = HookPoint::kMlpOut;
   } else if (rest == "mlp.hook_post") {
     hook.point = HookPoint::kMlpPost;
+  } else if (rest == "ln2.hook_normalized") {
+    hook.point = HookPoint::kMlpIn;
   } else {
     return bad();
   }
@@ -99,6 +103,36 @@ bool SameActivation(const HookName& a, const HookName& b) {
   if (a.point == b.point && a.layer == b.layer) return true;
   const absl::StatusOr<int> x = HiddenStateIndex(a), y = HiddenStateIndex(b);
   return x.ok() && y.ok() && *x == *y;
+}
+
+namespace {
+
+// (block, step within the block) in the order the native models compute them.
+std::pair<int, int> ForwardPosition(const HookName& hook) {
+  switch (hook.point) {
+    case HookPoint::kResidPre:
+    case HookPoint::kHiddenStates:
+      return {hook.layer, 0};
+    case HookPoint::kAttnOut:
+      return {hook.layer, 1};
+    case HookPoint::kResidMid:
+      return {hook.layer, 2};
+    case HookPoint::kMlpIn:
+      return {hook.layer, 3};
+    case HookPoint::kMlpPost:
+      return {hook.layer, 4};
+    case HookPoint::kMlpOut:
+      return {hook.layer, 5};
+    case HookPoint::kResidPost:
+      return {hook.layer + 1, 0};  // the next block's input
+  }
+  return {hook.layer, 0};
+}
+
+}  // namespace
+
+bool ComputedBefore(const HookName& a, const HookName& b) {
+  return ForwardPosition(a) < ForwardPosition(b);
 }
 
 }  // namespace latentd::engine

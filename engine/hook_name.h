@@ -15,8 +15,9 @@ enum class HookPoint {
   kResidMid,
   kResidPost,
   kAttnOut,
-  kMlpOut,
+  kMlpIn,  // the MLP's input after its norm (TransformerLens' ln2.hook_normalized): transcoders
   kMlpPost,
+  kMlpOut,
   kHiddenStates
 };
 
@@ -27,7 +28,7 @@ struct HookName {
 
 // INVALID_ARGUMENT "extract.hook_name: ..." when the name is not one of:
 //   blocks.{L}.hook_resid_pre | hook_resid_mid | hook_resid_post | hook_attn_out | hook_mlp_out |
-//   mlp.hook_post, or hidden_states.{N}, or
+//   mlp.hook_post | ln2.hook_normalized, or hidden_states.{N}, or
 //   a module path {P}.{L}[.mlp | .attn | .self_attn | .attention] with P one of h, layers,
 //   transformer.h, model.layers, gpt_neox.layers: the output of block L (resid_post), of its
 //   MLP (hook_mlp_out) or of its attention (hook_attn_out).
@@ -42,6 +43,11 @@ absl::StatusOr<int> HiddenStateIndex(const HookName& hook);
 // residual-stream position under its other names (blocks.L.hook_resid_post is
 // blocks.{L+1}.hook_resid_pre and hidden_states.{L+1}).
 bool SameActivation(const HookName& a, const HookName& b);
+
+// Whether a forward pass computes `a` before `b` (hidden_states.N is block N's input): a
+// transcoder's output hook must come after its input hook, so that the forward has the input
+// when it reaches the output and can put the transcoder's prediction there.
+bool ComputedBefore(const HookName& a, const HookName& b);
 
 }  // namespace latentd::engine
 

@@ -57,6 +57,25 @@ TEST(HookNameTest, SameActivationKnowsTheResidualStreamsOtherNames) {
   EXPECT_FALSE(same("blocks.3.hook_resid_mid", "blocks.4.hook_resid_mid"));
 }
 
+// A transcoder reads the MLP's normalised input and predicts the MLP's output.
+TEST(HookNameTest, OrdersHooksAsTheForwardComputesThem) {
+  auto before = [](const char* a, const char* b) {
+    return ComputedBefore(*ParseHookName(a), *ParseHookName(b));
+  };
+  EXPECT_EQ(ParseHookName("blocks.6.ln2.hook_normalized")->point, HookPoint::kMlpIn);
+  EXPECT_FALSE(HiddenStateIndex(*ParseHookName("blocks.6.ln2.hook_normalized")).ok());
+  EXPECT_TRUE(before("blocks.6.ln2.hook_normalized", "blocks.6.hook_mlp_out"));
+  EXPECT_TRUE(before("blocks.6.ln2.hook_normalized", "blocks.6.mlp.hook_post"));
+  EXPECT_TRUE(before("blocks.6.hook_resid_mid", "blocks.6.ln2.hook_normalized"));
+  EXPECT_TRUE(before("blocks.6.hook_mlp_out", "blocks.6.hook_resid_post"));
+  EXPECT_TRUE(before("blocks.6.hook_resid_post", "blocks.7.hook_attn_out"));
+  EXPECT_FALSE(before("blocks.6.hook_mlp_out", "blocks.6.ln2.hook_normalized"));
+  EXPECT_FALSE(before("blocks.6.hook_mlp_out", "blocks.6.hook_mlp_out"));
+  EXPECT_FALSE(before("blocks.6.hook_resid_post", "blocks.7.hook_resid_pre"));  // the same
+  EXPECT_FALSE(before("blocks.7.hook_resid_pre", "blocks.6.hook_mlp_out"));
+  EXPECT_TRUE(before("hidden_states.3", "blocks.3.hook_resid_post"));
+}
+
 TEST(HookNameTest, RejectsMalformedNames) {
   for (const char* bad :
        {"", "blocks", "blocks.x.hook_resid_post", "blocks.-1.hook_resid_post",

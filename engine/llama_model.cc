@@ -250,7 +250,8 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
       x = x + attn_out;
       if (collector.Capture(l, HookPoint::kResidMid, x)) break;
     }
-    const at::Tensor h2 = c.pre_norms ? norm(x, b.mlp_norm, b.mlp_norm_b) : x;
+    at::Tensor h2 = c.pre_norms ? norm(x, b.mlp_norm, b.mlp_norm_b) : x;
+    if (collector.Capture(l, HookPoint::kMlpIn, h2)) break;
     at::Tensor post = b.W_gate.defined()
                           ? activation(Linear(h2, b.W_gate, b.b_gate)) * Linear(h2, b.W_up, b.b_up)
                           : activation(Linear(h2, b.W_up, b.b_up));

@@ -10,8 +10,10 @@
 // Hugging Face's nn.Linear holds them: [out, in].
 //
 // Hooks take TransformerLens names with TransformerLens' meaning for this architecture:
-// resid_pre / resid_mid / resid_post, attn_out (o_proj's output), mlp.hook_post (act(gate) * up,
-// d_mlp wide), mlp_out (down_proj's output). The forward stops after the deepest hooked block.
+// resid_pre / resid_mid / resid_post, attn_out (o_proj's output), ln2.hook_normalized (the MLP's
+// normed input: post_attention_layernorm's output, Gemma 2's pre_feedforward_layernorm's),
+// mlp.hook_post (act(gate) * up, d_mlp wide), mlp_out (down_proj's output). The forward stops
+// after the deepest hooked block.
 #ifndef LATENTD_ENGINE_LLAMA_MODEL_H_
 #define LATENTD_ENGINE_LLAMA_MODEL_H_
 

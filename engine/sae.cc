@@ -49,7 +49,8 @@ std::vector<std::pair<const char*, const at::Tensor*>> SaeWeights::Named(bool ga
            {"b_dec", &b_dec},
            {"threshold", &threshold},
            {"r_mag", &r_mag},
-           {"b_mag", &b_mag}}) {
+           {"b_mag", &b_mag},
+           {"W_skip", &W_skip}}) {
     if (t->defined()) named.emplace_back(name, t);
   }
   return named;
@@ -59,8 +60,13 @@ absl::StatusOr<Sae> Sae::Create(const SaeConfig& cfg, SaeWeights w) {
   RETURN_IF_ERROR(CheckShape(w.W_enc, "W_enc", {cfg.d_in, cfg.d_sae}));
   RETURN_IF_ERROR(CheckShape(
       w.b_enc, cfg.architecture == SaeArchitecture::kGated ? "b_gate" : "b_enc", {cfg.d_sae}));
-  RETURN_IF_ERROR(CheckShape(w.W_dec, "W_dec", {cfg.d_sae, cfg.d_in}));
-  RETURN_IF_ERROR(CheckShape(w.b_dec, "b_dec", {cfg.d_in}));
+  RETURN_IF_ERROR(CheckShape(w.W_dec, "W_dec", {cfg.d_sae, cfg.OutWidth()}));
+  RETURN_IF_ERROR(CheckShape(w.b_dec, "b_dec", {cfg.OutWidth()}));
+  if (cfg.skip) RETURN_IF_ERROR(CheckShape(w.W_skip, "W_skip", {cfg.OutWidth(), cfg.d_in}));
+  if (cfg.transcoder && cfg.apply_b_dec_to_input) {
+    return absl::InvalidArgumentError(
+        "a transcoder's b_dec is on its output side: apply_b_dec_to_input must be false");
+  }
   if (cfg.architecture == SaeArchitecture::kJumpRelu) {
     RETURN_IF_ERROR(CheckShape(w.threshold, "threshold", {cfg.d_sae}));
   }
@@ -123,7 +129,7 @@ absl::StatusOr<LoadedWeights> ReadGemmaScopeWeights(const std::string& path) {
 // lm-saes' encoder in SAELens' form (LmSaesFold in sae_config.h): pre and z stay what lm-saes
 // computes, x_hat comes back in the hook's own scale.
 void FoldLmSaes(const LmSaesFold& fold, const SaeConfig& cfg, SaeWeights* w) {
-  if (!fold.decoder_bias || !w->b_dec.defined()) w->b_dec = at::zeros({cfg.d_in});
+  if (!fold.decoder_bias || !w->b_dec.defined()) w->b_dec = at::zeros({cfg.OutWidth()});
   if (cfg.architecture == SaeArchitecture::kJumpRelu) {
     at::Tensor t = w->threshold.defined() ? w->threshold : at::full({cfg.d_sae}, *fold.threshold);
     if (fold.threshold_over_decoder_norm) {
@@ -176,6 +182,7 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir) {
   RETURN_IF_ERROR(load({"threshold", "log_jumprelu_threshold"}, &w.threshold));
   RETURN_IF_ERROR(load({"r_mag"}, &w.r_mag));
   RETURN_IF_ERROR(load({"b_mag"}, &w.b_mag));
+  if (cfg.skip) RETURN_IF_ERROR(load({"W_skip"}, &w.W_skip));
   // CRC32C runs at memory speed (SSE4.2), so even a 1M-latent SAE's gigabytes cost little
   // next to reading them; it guards against a changed file, not against an adversary.
   const std::string& bytes = file.bytes();
@@ -271,6 +278,12 @@ SparseCodes Sae::EncodeSparse(const at::Tensor& x, int64_t rows_per_pass) const 
 }
 
 at::Tensor Sae::Decode(const at::Tensor& z) const { return at::addmm(w_.b_dec, z, w_.W_dec); }
+
+at::Tensor Sae::Predict(const at::Tensor& x, const SparseCodes& codes) const {
+  at::Tensor out = DecodeSparse(codes, x.size(0));
+  if (w_.W_skip.defined()) out.addmm_(x, w_.W_skip.t());
+  return out;
+}
 
 int64_t Sae::weight_bytes() const {
   int64_t n = 0;

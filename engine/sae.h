@@ -1,6 +1,7 @@
-// A sparse autoencoder on a device: weights in float32, the ReLU / TopK / JumpReLU encoders of
-// ../shared/notes/sae.md, and SAELens-layout load/save (Load also reads sparsify's, Gemma Scope's
-// and lm-saes' / Llama Scope's layouts, see sae_config.h).
+// A sparse autoencoder (or a transcoder: SaeConfig::transcoder) on a device: weights in float32,
+// the ReLU / TopK / JumpReLU encoders of ../shared/notes/sae.md, and SAELens-layout load/save
+// (Load also reads sparsify's, Gemma Scope's and lm-saes' / Llama Scope's layouts, see
+// sae_config.h).
 //
 //   pre = (x - b_dec) W_enc + b_enc   (b_dec subtracted only when apply_b_dec_to_input)
 //   ReLU:     z = relu(pre)
@@ -42,17 +43,18 @@ inline int64_t EncodeRowsPerPass(int64_t d_sae) {
 struct SaeWeights {
   at::Tensor W_enc;      // [d_in, d_sae]
   at::Tensor b_enc;      // [d_sae]; Gated: b_gate
-  at::Tensor W_dec;      // [d_sae, d_in]
-  at::Tensor b_dec;      // [d_in]
+  at::Tensor W_dec;      // [d_sae, d_in]; a transcoder's [d_sae, d_out]
+  at::Tensor b_dec;      // [d_in]; a transcoder's [d_out]
   at::Tensor threshold;  // [d_sae], JumpReLU only (undefined otherwise)
   at::Tensor r_mag;      // [d_sae], Gated only: log of the magnitude path's scale per latent
   at::Tensor b_mag;      // [d_sae], Gated only: the magnitude path's bias
+  at::Tensor W_skip;     // [d_out, d_in], skip transcoders only
 
   // Every tensor through f (undefined ones stay undefined), in declaration order.
   template <typename F>
   SaeWeights Map(F f) const {
     auto g = [&](const at::Tensor& t) { return t.defined() ? f(t) : t; };
-    return {g(W_enc), g(b_enc), g(W_dec), g(b_dec), g(threshold), g(r_mag), g(b_mag)};
+    return {g(W_enc), g(b_enc), g(W_dec), g(b_dec), g(threshold), g(r_mag), g(b_mag), g(W_skip)};
   }
   // The tensors with their SAELens names (b_enc as "b_gate" for Gated), defined ones only.
   std::vector<std::pair<const char*, const at::Tensor*>> Named(bool gated) const;
@@ -88,6 +90,10 @@ class Sae {
   at::Tensor DecodeSparse(const SparseCodes& codes, int64_t rows) const {
     return DecodeSparseCodes(w_.W_dec, w_.b_dec, codes, rows);
   }
+  // What the SAE predicts from x [rows, d_in] and its codes: DecodeSparse, plus x W_skip^T for
+  // a skip transcoder. [rows, OutWidth()]; the hook it predicts is x's own for an SAE, the
+  // output hook for a transcoder.
+  at::Tensor Predict(const at::Tensor& x, const SparseCodes& codes) const;
 
   // Bytes of the weights (for memory estimates).
   int64_t weight_bytes() const;

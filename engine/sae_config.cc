@@ -13,6 +13,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "engine/hook_name.h"
 #include "engine/npz.h"
@@ -74,6 +76,26 @@ absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
   } else {
     arch = "standard";
   }
+  // SAELens names a transcoder by its encoder, "skip" when it has W_skip, then "transcoder".
+  if (arch == "transcoder" || absl::EndsWith(arch, "_transcoder")) {
+    cfg.transcoder = true;
+    absl::string_view base = arch;
+    absl::ConsumeSuffix(&base, "transcoder");
+    absl::ConsumeSuffix(&base, "_");
+    if (base == "skip") {
+      cfg.skip = true;
+      base = "";
+    } else if (absl::ConsumeSuffix(&base, "_skip")) {
+      cfg.skip = true;
+    }
+    if (!base.empty() && base != "relu" && base != "topk" && base != "jumprelu") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cfg.json: unsupported architecture \"", arch,
+          "\" (transcoders: transcoder, skip_transcoder, jumprelu_transcoder, topk_transcoder, "
+          "jumprelu_skip_transcoder, topk_skip_transcoder)"));
+    }
+    arch = base.empty() ? "standard" : std::string(base);
+  }
   if (arch == "standard" || arch == "relu") {
     cfg.architecture = SaeArchitecture::kRelu;
     if (j.contains("activation_fn") && j["activation_fn"].is_string() &&
@@ -104,6 +126,22 @@ absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
       return absl::InvalidArgumentError("cfg.json: apply_b_dec_to_input is not a boolean");
     }
     cfg.apply_b_dec_to_input = j["apply_b_dec_to_input"].get<bool>();
+  }
+  // sparsify: transcode (+ skip_connection) in place of an architecture.
+  if (j.contains("transcode") && j["transcode"] == true) cfg.transcoder = true;
+  if (cfg.transcoder && j.contains("skip_connection") && j["skip_connection"] == true) {
+    cfg.skip = true;
+  }
+  if (cfg.transcoder) {
+    cfg.d_out = cfg.d_in;
+    RETURN_IF_ERROR(get_int("d_out", &cfg.d_out));
+    if (cfg.d_out <= 0) return absl::InvalidArgumentError("cfg.json: d_out must be positive");
+    if (j.contains("hook_name_out") && j["hook_name_out"].is_string()) {
+      cfg.hook_name_out = j["hook_name_out"];
+    }
+    // Its b_dec is on the output side: no transcoder subtracts it from the input (SAELens
+    // ignores apply_b_dec_to_input for them, sparsify skips it when transcoding).
+    cfg.apply_b_dec_to_input = false;
   }
   if (j.contains("hook_name") && j["hook_name"].is_string()) {
     cfg.hook_name = j["hook_name"];
@@ -193,10 +231,9 @@ absl::StatusOr<SaeConfig> ParseLmSaesHyperparams(const std::string& text) {
   RETURN_IF_ERROR(get_string("hook_point_in", true, &cfg.hook_name));
   RETURN_IF_ERROR(get_string("hook_point_out", false, &hook_out));
   if (!hook_out.empty() && hook_out != cfg.hook_name) {
-    return bad(absl::StrCat("hook_point_out \"", hook_out, "\" differs from hook_point_in \"",
-                            cfg.hook_name,
-                            "\": a transcoder, which latentd does not run (it encodes and "
-                            "reconstructs one hook)"));
+    cfg.transcoder = true;  // lm-saes' transcoders keep d_model on both sides
+    cfg.d_out = cfg.d_in;
+    cfg.hook_name_out = hook_out;
   }
   RETURN_IF_ERROR(get_string("model_name", false, &cfg.model_name));
   bool use_glu = false;
@@ -206,6 +243,12 @@ absl::StatusOr<SaeConfig> ParseLmSaesHyperparams(const std::string& text) {
   RETURN_IF_ERROR(
       get_bool("apply_decoder_bias_to_pre_encoder", std::nullopt, &cfg.apply_b_dec_to_input));
   if (!fold.decoder_bias) cfg.apply_b_dec_to_input = false;  // it subtracts only a bias it has
+  if (cfg.transcoder && cfg.apply_b_dec_to_input) {
+    return bad(absl::StrCat("apply_decoder_bias_to_pre_encoder true with hook_point_out \"",
+                            hook_out,
+                            "\" != hook_point_in: a transcoder's decoder bias belongs to "
+                            "its output hook, not its input"));
+  }
   RETURN_IF_ERROR(
       get_bool("sparsity_include_decoder_norm", true, &fold.threshold_over_decoder_norm));
   RETURN_IF_ERROR(get_string("act_fn", true, &act_fn));
@@ -283,6 +326,16 @@ absl::StatusOr<SaeConfig> ParseLmSaesHyperparams(const std::string& text) {
   return cfg;
 }
 
+absl::StatusOr<std::string> TranscoderOutputHook(const SaeConfig& cfg, const HookName& input) {
+  if (!cfg.hook_name_out.empty()) return cfg.hook_name_out;
+  if (input.point == HookPoint::kHiddenStates) {
+    return absl::InvalidArgumentError(
+        "extract.sae: a transcoder on a hidden state must name the hidden state it predicts "
+        "(hook_name_out in its cfg.json)");
+  }
+  return absl::StrCat("blocks.", input.layer, ".hook_mlp_out");
+}
+
 std::string SaeConfigToJson(const SaeConfig& cfg) {
   json j = {{"d_in", cfg.d_in},
             {"d_sae", cfg.d_sae},
@@ -296,6 +349,14 @@ std::string SaeConfigToJson(const SaeConfig& cfg) {
   if (cfg.architecture == SaeArchitecture::kTopK) {
     j["k"] = cfg.k;
     j["activation_fn_kwargs"] = {{"k", cfg.k}};
+  }
+  if (cfg.transcoder) {
+    j["architecture"] = absl::StrCat(cfg.architecture == SaeArchitecture::kRelu
+                                         ? ""
+                                         : absl::StrCat(SaeArchitectureName(cfg.architecture), "_"),
+                                     cfg.skip ? "skip_" : "", "transcoder");
+    j["d_out"] = cfg.d_out;
+    j["hook_name_out"] = cfg.hook_name_out;
   }
   if (!cfg.matryoshka_widths.empty()) j["matryoshka_widths"] = cfg.matryoshka_widths;
   return j.dump(2);
@@ -357,6 +418,7 @@ std::string GemmaScopeHook(const std::string& dir) {
     if (absl::StrContains(p, "-res")) kind = "hook_resid_post";
     if (absl::StrContains(p, "-mlp")) kind = "hook_mlp_out";
     if (absl::StrContains(p, "-att")) kind = "";
+    if (absl::StrContains(p, "-transcoders")) kind = "ln2.hook_normalized";
   }
   return layer >= 0 && !kind.empty() ? absl::StrCat("blocks.", layer, ".", kind) : "";
 }
@@ -375,11 +437,15 @@ absl::StatusOr<SaeConfig> ReadGemmaScopeSae(const std::string& dir, const std::s
   cfg.architecture = SaeArchitecture::kJumpRelu;
   cfg.apply_b_dec_to_input = false;
   cfg.hook_name = GemmaScopeHook(dir);
+  if (absl::EndsWith(cfg.hook_name, ".ln2.hook_normalized")) {  // gemma-scope-*-transcoders
+    cfg.transcoder = true;
+    cfg.d_out = cfg.d_in;
+  }
   const std::vector<std::pair<const char*, std::vector<int64_t>>> expected = {
       {"W_enc", {cfg.d_in, cfg.d_sae}},
-      {"W_dec", {cfg.d_sae, cfg.d_in}},
+      {"W_dec", {cfg.d_sae, cfg.OutWidth()}},
       {"b_enc", {cfg.d_sae}},
-      {"b_dec", {cfg.d_in}},
+      {"b_dec", {cfg.OutWidth()}},
       {"threshold", {cfg.d_sae}}};
   for (const auto& [name, shape] : expected) {
     const NpyArrayInfo* a = npz.Find(name);
@@ -423,7 +489,11 @@ absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir) {
     std::filesystem::path path = std::filesystem::path(dir).lexically_normal();
     if (path.filename().empty()) path = path.parent_path();  // a trailing slash
     const std::string base = path.filename().string();
-    if (ParseHookName(base).ok()) cfg->hook_name = base;
+    if (ParseHookName(base).ok()) {
+      // A transcoding one's directory names the MLP module (layers.6.mlp), whose output it
+      // predicts; its input is that MLP's (the default input of a transcoder's output hook).
+      (cfg->transcoder ? cfg->hook_name_out : cfg->hook_name) = base;
+    }
   }
   ASSIGN_OR_RETURN(std::string weights, FindSaeWeightsFile(dir));
   ASSIGN_OR_RETURN(StHeader header, ReadStHeader(weights));
@@ -457,8 +527,8 @@ absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir) {
   if (lm_saes) {
     RETURN_IF_ERROR(check({"encoder.weight"}, {cfg->d_in, cfg->d_sae}, true, true));
     RETURN_IF_ERROR(check({"encoder.bias"}, {cfg->d_sae}, false, true));
-    RETURN_IF_ERROR(check({"decoder.weight"}, {cfg->d_sae, cfg->d_in}, true, true));
-    RETURN_IF_ERROR(check({"decoder.bias"}, {cfg->d_in}, false, cfg->lm_saes->decoder_bias));
+    RETURN_IF_ERROR(check({"decoder.weight"}, {cfg->d_sae, cfg->OutWidth()}, true, true));
+    RETURN_IF_ERROR(check({"decoder.bias"}, {cfg->OutWidth()}, false, cfg->lm_saes->decoder_bias));
     RETURN_IF_ERROR(check({"log_jumprelu_threshold"}, {cfg->d_sae}, false, false));
     if (cfg->architecture == SaeArchitecture::kJumpRelu && !cfg->lm_saes->threshold &&
         header.Find("log_jumprelu_threshold") == nullptr) {
@@ -476,8 +546,9 @@ absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir) {
                         {cfg->d_sae}, false, true));
   RETURN_IF_ERROR(check({"r_mag"}, {cfg->d_sae}, false, gated));
   RETURN_IF_ERROR(check({"b_mag"}, {cfg->d_sae}, false, gated));
-  RETURN_IF_ERROR(check({"W_dec"}, {cfg->d_sae, cfg->d_in}, false, true));
-  RETURN_IF_ERROR(check({"b_dec"}, {cfg->d_in}, false, true));
+  RETURN_IF_ERROR(check({"W_dec"}, {cfg->d_sae, cfg->OutWidth()}, false, true));
+  RETURN_IF_ERROR(check({"b_dec"}, {cfg->OutWidth()}, false, true));
+  RETURN_IF_ERROR(check({"W_skip"}, {cfg->OutWidth(), cfg->d_in}, false, cfg->skip));
   RETURN_IF_ERROR(
       check({"threshold"}, {cfg->d_sae}, false, cfg->architecture == SaeArchitecture::kJumpRelu));
   return *cfg;

@@ -6,6 +6,11 @@
 // activation_fn_kwargs.k), apply_b_dec_to_input (default true), hook_name (older SAELens:
 // hook_point; sparsify: none, the directory's name is the module, e.g. layers.6),
 // model_from_pretrained_kwargs.center_writing_weights, model_name, dtype, matryoshka_widths.
+// Transcoders: SAELens' architectures "transcoder", "skip_transcoder", "jumprelu_transcoder" (and
+// "topk_transcoder", "jumprelu_skip_transcoder", ...: an encoder, optionally "skip", then
+// "transcoder") with d_out and hook_name_out; sparsify's transcode (+ skip_connection), whose
+// directory names the MLP module (layers.6.mlp: it reads the MLP's input and predicts its output).
+// A transcoder's W_dec is [d_sae, d_out], b_dec [d_out], W_skip [d_out, d_in].
 // Refused (INVALID_ARGUMENT naming the field), because they change what the encoder computes:
 // SAELens' normalize_activations other than "none", rescale_acts_by_decoder_norm true.
 // Weights: sae_weights.safetensors, else the only *.safetensors file in the directory, holding
@@ -16,7 +21,8 @@
 // Gemma Scope's release layout is read too: a directory with params.npz (W_enc, W_dec, b_enc,
 // b_dec, threshold; float32) and no cfg.json is a JumpReLU SAE with apply_b_dec_to_input false,
 // d_in and d_sae from W_enc, and its hook from the path (.../gemma-scope-2b-pt-res/layer_20/...:
-// blocks.20.hook_resid_post; -mlp: hook_mlp_out).
+// blocks.20.hook_resid_post; -mlp: hook_mlp_out; -transcoders: a transcoder from
+// blocks.20.ln2.hook_normalized to blocks.20.hook_mlp_out).
 // lm-saes' layout (OpenMOSS; Llama Scope ships in it) is read too: a directory with
 // hyperparams.json and no cfg.json, the weights in sae_weights.safetensors,
 // checkpoints/pruned.safetensors or checkpoints/final.safetensors (encoder.weight [d_sae, d_in],
@@ -33,6 +39,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/hook_name.h"
 
 namespace latentd::engine {
 
@@ -49,7 +56,7 @@ const char* SaeArchitectureName(SaeArchitecture a);  // "relu", "topk", "jumprel
 // unchanged by the fold, so the stored latents are the values lm-saes itself gives.
 struct LmSaesFold {
   double input_scale = 1.0;   // s_in
-  double output_scale = 1.0;  // s_out (s_in for an SAE; a transcoder's differ and is refused)
+  double output_scale = 1.0;  // s_out (s_in for an SAE; a transcoder's output has its own)
   bool threshold_over_decoder_norm = true;  // sparsity_include_decoder_norm (lm-saes' default)
   bool decoder_bias = true;                 // use_decoder_bias: false means b_dec = 0
   // jump_relu_threshold, one for every latent (Llama Scope); unset when the weights carry
@@ -73,9 +80,26 @@ struct SaeConfig {
   std::vector<int64_t> matryoshka_widths;
   // Set for lm-saes' layout: how Sae::Load turns its weights into the form above.
   std::optional<LmSaesFold> lm_saes;
+
+  // Transcoders (Dunefsky et al. 2024; Ge et al. 2024) encode one hook and predict another:
+  // the latents read hook_name (d_in wide, never with b_dec subtracted, which lives on the
+  // output side) and the decoder predicts hook_name_out (d_out wide; empty: the MLP output of
+  // hook_name's block, where every public transcoder writes). W_dec is [d_sae, d_out], b_dec
+  // [d_out]; a skip transcoder adds x W_skip^T (W_skip [d_out, d_in]) to its prediction.
+  bool transcoder = false;
+  bool skip = false;
+  int64_t d_out = 0;  // transcoders only; see OutWidth()
+  std::string hook_name_out;
+
+  // The width of what the decoder gives: d_out for a transcoder, d_in for an SAE.
+  int64_t OutWidth() const { return transcoder ? d_out : d_in; }
 };
 
 absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text);
+
+// The hook a transcoder reading `input` predicts: cfg.hook_name_out, else the MLP output of
+// input's block; INVALID_ARGUMENT for a transcoder on a hidden state that names none.
+absl::StatusOr<std::string> TranscoderOutputHook(const SaeConfig& cfg, const HookName& input);
 std::string SaeConfigToJson(const SaeConfig& cfg);
 
 inline constexpr char kGemmaScopeParams[] = "params.npz";
@@ -86,8 +110,8 @@ inline constexpr char kLmSaesHyperparams[] = "hyperparams.json";
 // sparsity_include_decoder_norm, which would rank pre * |d_j|), norm_activation ("dataset-wise"
 // with dataset_average_activation_norm {"in", "out"} or keyed by the hook points, or
 // "inference"), apply_decoder_bias_to_pre_encoder. Optional: d_sae (else d_model *
-// expansion_factor), hook_point_out (= hook_point_in; a different one is a transcoder, refused:
-// latentd encodes and reconstructs one hook), use_decoder_bias (true),
+// expansion_factor), hook_point_out (= hook_point_in; a different one makes a transcoder, which
+// must not apply_decoder_bias_to_pre_encoder), use_decoder_bias (true),
 // sparsity_include_decoder_norm (true), jump_relu_threshold, model_name. Refused, naming the
 // field: norm_activation "token-wise" / "batch-wise" (a scale per row or batch), act_fn
 // "batchtopk" (a row's latents would depend on its batch), use_glu_encoder true.

@@ -242,6 +242,69 @@ TEST(SaeTest, FindsTheHookAndProcessingItWasTrainedOn) {
   EXPECT_FALSE(cfg->center_writing_weights.has_value());
 }
 
+// A transcoder reads one hook (d_in 6) and predicts another (d_out 4): SAELens' skip_transcoder
+// loads as SAELens computes it (no b_dec subtracted from the input, whatever
+// apply_b_dec_to_input says; the prediction adds x W_skip^T), saves and loads back.
+TEST(SaeTest, TranscodersPredictTheirOutputHookAsSaeLensDoes) {
+  const std::string dir = TempDir("transcoder_skip");
+  at::manual_seed(31);
+  const at::Tensor W_enc = at::randn({6, 10}), b_enc = at::randn({10}) * 0.1;
+  const at::Tensor W_dec = at::randn({10, 4}), b_dec = at::randn({4});
+  const at::Tensor W_skip = at::randn({4, 6});
+  ASSERT_TRUE(WriteSafetensors(dir + "/sae_weights.safetensors",
+                               {{"W_enc", StDtype::kF32, {6, 10}, W_enc.data_ptr()},
+                                {"b_enc", StDtype::kF32, {10}, b_enc.data_ptr()},
+                                {"W_dec", StDtype::kF32, {10, 4}, W_dec.data_ptr()},
+                                {"b_dec", StDtype::kF32, {4}, b_dec.data_ptr()},
+                                {"W_skip", StDtype::kF32, {4, 6}, W_skip.data_ptr()}})
+                  .ok());
+  std::ofstream(dir + "/cfg.json") << R"({"architecture": "skip_transcoder", "d_in": 6,
+      "d_out": 4, "d_sae": 10, "apply_b_dec_to_input": true,
+      "hook_name": "blocks.1.ln2.hook_normalized", "hook_name_out": "blocks.1.hook_mlp_out"})";
+  auto sae = Sae::Load(dir);
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  const SaeConfig& cfg = sae->config();
+  EXPECT_TRUE(cfg.transcoder);
+  EXPECT_TRUE(cfg.skip);
+  EXPECT_FALSE(cfg.apply_b_dec_to_input);
+  EXPECT_EQ(cfg.architecture, SaeArchitecture::kRelu);
+  EXPECT_EQ(cfg.OutWidth(), 4);
+  EXPECT_EQ(cfg.hook_name_out, "blocks.1.hook_mlp_out");
+  const at::Tensor x = at::randn({7, 6});
+  const at::Tensor z = at::relu(at::mm(x, W_enc) + b_enc);
+  const at::Tensor want = at::mm(z, W_dec) + b_dec + at::mm(x, W_skip.t());
+  const at::Tensor got = sae->Predict(x, sae->EncodeSparse(x));
+  ASSERT_EQ(got.sizes(), want.sizes());
+  EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-5)) << (got - want).abs().max();
+
+  const std::string saved = TempDir("transcoder_saved");
+  ASSERT_TRUE(SaveSae(saved, sae->weights(), cfg).ok());
+  auto back = Sae::Load(saved);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->config().transcoder && back->config().skip);
+  EXPECT_EQ(back->config().hook_name_out, "blocks.1.hook_mlp_out");
+  EXPECT_TRUE(at::equal(back->Predict(x, back->EncodeSparse(x)), got));
+
+  // The weights must match the declared widths, W_skip included.
+  std::ofstream(dir + "/cfg.json") << R"({"architecture": "skip_transcoder", "d_in": 6,
+      "d_out": 6, "d_sae": 10})";
+  absl::Status s = ReadAndCheckSae(dir).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("W_dec"), std::string::npos) << s;
+  std::ofstream(dir + "/cfg.json") << R"({"architecture": "glu_transcoder", "d_in": 6,
+      "d_out": 4, "d_sae": 10})";
+  s = ReadAndCheckSae(dir).status();
+  EXPECT_NE(s.message().find("glu_transcoder"), std::string::npos) << s;
+  // jumprelu_transcoder and topk_transcoder name their encoders; without "skip" no W_skip.
+  std::ofstream(dir + "/cfg.json") << R"({"architecture": "topk_transcoder", "d_in": 6,
+      "d_out": 4, "d_sae": 10, "k": 3})";
+  auto topk = Sae::Load(dir);
+  ASSERT_TRUE(topk.ok()) << topk.status();
+  EXPECT_EQ(topk->config().architecture, SaeArchitecture::kTopK);
+  EXPECT_FALSE(topk->config().skip);
+  EXPECT_FALSE(topk->weights().W_skip.defined());
+}
+
 // lm-saes' layout (Llama Scope's release), d_in 5, d_sae 20: nn.Linear weights in
 // checkpoints/final.safetensors, the encoder's settings in hyperparams.json.
 struct LmSaesWeights {
@@ -386,6 +449,48 @@ TEST(SaeTest, LoadsLmSaesOtherSettings) {
   }
 }
 
+// sparsify names a transcoder's directory after the MLP it replaces (layers.3.mlp: reads the
+// MLP's input, predicts its output); lm-saes' has a hook_point_out of its own, whose norm scales
+// the prediction.
+TEST(SaeTest, FindsTranscodersInSparsifyAndLmSaesLayouts) {
+  TempDir("sparsify_tc");
+  const std::string dir = TempDir("sparsify_tc/layers.3.mlp");
+  SaeWeights w = RandomWeights(4, 12, 8);
+  const at::Tensor enc = w.W_enc.t().contiguous();
+  const at::Tensor skip = at::randn({4, 4});
+  ASSERT_TRUE(WriteSafetensors(dir + "/sae.safetensors",
+                               {{"encoder.weight", StDtype::kF32, {12, 4}, enc.data_ptr()},
+                                {"encoder.bias", StDtype::kF32, {12}, w.b_enc.data_ptr()},
+                                {"W_dec", StDtype::kF32, {12, 4}, w.W_dec.data_ptr()},
+                                {"b_dec", StDtype::kF32, {4}, w.b_dec.data_ptr()},
+                                {"W_skip", StDtype::kF32, {4, 4}, skip.data_ptr()}})
+                  .ok());
+  std::ofstream(dir + "/cfg.json")
+      << R"({"d_in": 4, "num_latents": 12, "k": 3, "transcode": true, "skip_connection": true})";
+  auto cfg = ReadAndCheckSae(dir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_TRUE(cfg->transcoder && cfg->skip);
+  EXPECT_FALSE(cfg->apply_b_dec_to_input);
+  EXPECT_EQ(cfg->hook_name, "");
+  EXPECT_EQ(cfg->hook_name_out, "layers.3.mlp");
+
+  const std::string lm = TempDir("lm_saes_tc");
+  const LmSaesWeights lw = RandomLmSaesWeights(13);
+  WriteLmSaes(lm, lw,
+              R"({"d_model": 5, "d_sae": 20, "hook_point_in": "blocks.3.ln2.hook_normalized",
+      "hook_point_out": "blocks.3.hook_mlp_out", "act_fn": "relu",
+      "norm_activation": "dataset-wise", "dataset_average_activation_norm": {"in": 2.0, "out": 4.0},
+      "apply_decoder_bias_to_pre_encoder": false})");
+  auto sae = Sae::Load(lm);
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  EXPECT_TRUE(sae->config().transcoder);
+  EXPECT_EQ(sae->config().hook_name_out, "blocks.3.hook_mlp_out");
+  const at::Tensor x = at::randn({6, 5});
+  const double s_in = std::sqrt(5.0) / 2.0, s_out = std::sqrt(5.0) / 4.0;
+  const LmSaesReference want = LmSaesEncode(lw, x, s_in, s_out, false, true, at::Tensor(), true);
+  ExpectLatentsMatch(*sae, x, want);
+}
+
 // Settings whose latents latentd would not reproduce are refused at submit, naming the field.
 TEST(SaeTest, RefusesLmSaesSettingsItCannotReproduce) {
   const std::string dir = TempDir("sae_lm_saes_bad");
@@ -402,9 +507,9 @@ TEST(SaeTest, RefusesLmSaesSettingsItCannotReproduce) {
        "batchtopk"},
       {R"("act_fn": "topk", "top_k": 4, "norm_activation": "dataset-wise", "apply_decoder_bias_to_pre_encoder": false)",
        "sparsity_include_decoder_norm"},
-      {R"("act_fn": "jumprelu", "norm_activation": "dataset-wise", "apply_decoder_bias_to_pre_encoder": false,
+      {R"("act_fn": "jumprelu", "norm_activation": "dataset-wise", "apply_decoder_bias_to_pre_encoder": true,
           "hook_point_out": "blocks.3.hook_mlp_out")",
-       "transcoder"},
+       "transcoder's decoder bias"},
       {R"("act_fn": "jumprelu", "norm_activation": "dataset-wise", "apply_decoder_bias_to_pre_encoder": false,
           "use_glu_encoder": true)",
        "use_glu_encoder"},

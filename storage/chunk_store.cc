@@ -61,6 +61,7 @@ std::string EncodeRecord(const DatasetRecord& r) {
   PutRaw<uint8_t>(m.postings, &out);
   // Fields added later follow, so older records (which end here) still decode.
   PutString(m.sae_weight_hash, &out);
+  PutString(m.hook_name_out, &out);
   return out;
 }
 
@@ -93,6 +94,7 @@ absl::Status DecodeRecord(absl::string_view in, DatasetRecord* r) {
   m.top_n = rd.Raw<int32_t>();
   m.postings = rd.Raw<uint8_t>() != 0;
   if (!rd.rest().empty()) m.sae_weight_hash = rd.String();
+  if (!rd.rest().empty()) m.hook_name_out = rd.String();
   if (!rd.ok() || version < 1 || version > kRecordVersion) {
     return absl::DataLossError("malformed dataset record");
   }
@@ -482,6 +484,7 @@ latentd::v1::DatasetInfo ToInfo(const DatasetRecord& r, uint64_t bytes) {
   info.set_k(m.k);
   info.set_threshold_policy(m.threshold_policy);
   info.set_apply_b_dec_to_input(m.apply_b_dec_to_input);
+  info.set_hook_name_out(m.hook_name_out);
   info.set_d_sae(m.width);
   info.set_context_length(m.context_length);
   info.set_token_source(m.token_source);

@@ -51,6 +51,9 @@ struct DatasetMeta {  // what the creator fills in; the store adds id, created t
   // SPARSE: identifies the SAE's weights, so a resumed writer cannot mix two SAEs in one
   // dataset. Stored after every older field, so records without it read as "".
   std::string sae_weight_hash;
+  // SPARSE by a transcoder: the hook its decoder predicts (hook_name is the one it encodes);
+  // "" for an SAE. Stored after sae_weight_hash, so older records read as "".
+  std::string hook_name_out;
   int32_t layer = 0;
   int32_t d_in = 0;
   std::string encoder;  // "topk", "relu", "jumprelu"; "" for dense

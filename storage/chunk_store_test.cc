@@ -1033,21 +1033,28 @@ TEST_P(ChunkStoreTest, CorruptChunkIsDataLossNamingTheChunk) {
 
 // The SAE's weight hash came after the first datasets: their records end before it and must
 // still open, reading an empty hash.
-TEST_P(ChunkStoreTest, RecordsWithoutTheSaeHashStillOpen) {
+// Fields appended to the record later (the SAE's hash, then a transcoder's output hook) read as
+// "" from records written before them.
+TEST_P(ChunkStoreTest, RecordsWithoutTheLaterFieldsStillOpen) {
   DatasetMeta meta = SparseMeta("hashed");
   meta.sae_weight_hash = "crc32c:0123abcd:4096";
+  meta.hook_name_out = "blocks.1.hook_mlp_out";
   const uint64_t id = *store_->CreateDataset(meta);
   EXPECT_EQ(store_->GetRecord(id)->meta.sae_weight_hash, meta.sae_weight_hash);
   EXPECT_EQ(store_->GetDataset(id)->sae_weight_hash(), meta.sae_weight_hash);
+  EXPECT_EQ(store_->GetDataset(id)->hook_name_out(), meta.hook_name_out);
   std::string stored = *db_->Get(Family::kMeta, keys::DatasetRecord(id));
-  stored.resize(stored.size() - 4 - meta.sae_weight_hash.size());
-  ASSERT_TRUE(db_->Put(Family::kMeta, keys::DatasetRecord(id), stored, true).ok());
-  Reopen();
-  auto old = store_->GetRecord(id);
-  ASSERT_TRUE(old.ok()) << old.status();
-  EXPECT_EQ(old->meta.sae_weight_hash, "");
-  EXPECT_EQ(old->meta.name, "hashed");
-  EXPECT_EQ(old->meta.top_n, meta.top_n);
+  for (const std::string* field : {&meta.hook_name_out, &meta.sae_weight_hash}) {
+    stored.resize(stored.size() - 4 - field->size());  // a length and the bytes
+    ASSERT_TRUE(db_->Put(Family::kMeta, keys::DatasetRecord(id), stored, true).ok());
+    Reopen();
+    auto old = store_->GetRecord(id);
+    ASSERT_TRUE(old.ok()) << old.status();
+    EXPECT_EQ(old->meta.hook_name_out, "");
+    EXPECT_EQ(old->meta.sae_weight_hash, field == &meta.hook_name_out ? meta.sae_weight_hash : "");
+    EXPECT_EQ(old->meta.name, "hashed");
+    EXPECT_EQ(old->meta.top_n, meta.top_n);
+  }
 }
 
 TEST_P(ChunkStoreTest, ReassignHandsAnIdleDatasetToTheNextJob) {

@@ -236,6 +236,7 @@ absl::Status WriteHdf5(const std::vector<Array>& arrays, const DatasetRecord& re
   w.AttrString("model_weight_hash", m.model_weight_hash);
   w.AttrString("sae_weight_hash", m.sae_weight_hash);
   w.AttrString("hook_name", m.hook_name);
+  if (!m.hook_name_out.empty()) w.AttrString("hook_name_out", m.hook_name_out);
   w.AttrString("encoder", m.encoder);
   w.AttrString("threshold_policy", m.threshold_policy);
   w.AttrString("value_dtype", DtypeName(m.value_dtype));

@@ -70,8 +70,8 @@ class Gpt2:
             z = (scores.softmax(-1) @ v).permute(0, 2, 1, 3).reshape(B, S, D)
             attn_out = at("blocks.%d.hook_attn_out" % l, self.conv1d(p + "attn.c_proj", z))
             x = at("blocks.%d.hook_resid_mid" % l, x + attn_out)
-            post = at("blocks.%d.mlp.hook_post" % l,
-                      gelu_new(self.conv1d(p + "mlp.c_fc", self.layer_norm(p + "ln_2", x))))
+            normed = at("blocks.%d.ln2.hook_normalized" % l, self.layer_norm(p + "ln_2", x))
+            post = at("blocks.%d.mlp.hook_post" % l, gelu_new(self.conv1d(p + "mlp.c_fc", normed)))
             mlp_out = at("blocks.%d.hook_mlp_out" % l, self.conv1d(p + "mlp.c_proj", post))
             x = at("blocks.%d.hook_resid_post" % l, x + mlp_out)
         hooks["final"] = x
@@ -151,7 +151,8 @@ class HfGpt2ParityTest(unittest.TestCase):
     def test_hooks_match_huggingface_gpt2(self):
         d, hooks = self.checkpoint("plain")
         for name in ["blocks.0.hook_resid_pre", "blocks.0.hook_attn_out", "blocks.1.mlp.hook_post",
-                     "blocks.1.hook_resid_mid", "blocks.2.hook_resid_post"]:
+                     "blocks.1.hook_resid_mid", "blocks.1.ln2.hook_normalized",
+                     "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
         # sparsify's module paths name the same activations.
         self.check(d, hooks, "blocks.1.hook_resid_post", as_name="h.1")
@@ -226,6 +227,89 @@ class HfGpt2ParityTest(unittest.TestCase):
                                  zeroed - clean < 0.01 * clean)
                 self.assertNotAlmostEqual(with_sae, clean, delta=1e-3)
         self.assertIn("downstream loss over 135 predictions", p.stderr)
+
+    def transcoder_weights(self, seed, skip):
+        g = torch.Generator().manual_seed(seed)
+        w = {"W_enc": torch.randn(D, 96, generator=g) * 0.3, "b_enc": torch.randn(96, generator=g) * 0.1,
+             "W_dec": torch.randn(96, D, generator=g) * 0.05, "b_dec": torch.randn(D, generator=g) * 0.05,
+             "threshold": torch.rand(96, generator=g) * 0.5}
+        if skip:
+            w["W_skip"] = torch.randn(D, D, generator=g) * 0.05
+        return w
+
+    def check_transcoder(self, tc, w):
+        """A JumpReLU transcoder from blocks.1.ln2.hook_normalized to blocks.1.hook_mlp_out (weights
+        `w`, in directory `tc`) as SAELens computes it: the stored latents are those of the MLP's
+        normed input (b_dec, an output-side bias, is not subtracted), the fit compares the
+        prediction (+ x W_skip^T) with the MLP's output, and the downstream loss puts the
+        prediction in place of that output."""
+        d, hooks = self.checkpoint("plain")
+
+        def encode(x):
+            pre = x @ w["W_enc"] + w["b_enc"]
+            return pre * (pre > w["threshold"])
+
+        def predict(x):
+            out = encode(x) @ w["W_dec"] + w["b_dec"]
+            return out + x @ w["W_skip"].T if "W_skip" in w else out
+
+        spec = {"model": {"huggingface": {"path": d}}, "hookName": "blocks.1.ln2.hook_normalized",
+                "sae": {"path": tc}, "valueDtype": "FLOAT32",
+                "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX},
+                "batchSequences": 4, "downstreamLossSequences": 9}
+        p, out = run_extract_tool(TOOL, self.root, spec)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("was trained on hook", p.stderr)
+        result = json.loads(p.stdout)
+        x = hooks["blocks.1.ln2.hook_normalized"].reshape(-1, D)
+        y = hooks["blocks.1.hook_mlp_out"].reshape(-1, D)
+        with torch.no_grad():
+            z = encode(x).numpy()
+            pred = predict(x)
+        indptr, indices = np.load(os.path.join(out, "indptr.npy")), np.load(os.path.join(out, "indices.npy"))
+        values = np.load(os.path.join(out, "values.npy"))
+        got = np.zeros_like(z)
+        for r in range(len(z)):
+            got[r, indices[indptr[r]:indptr[r + 1]]] = values[indptr[r]:indptr[r + 1]]
+        # Latents at their threshold may flip; none of these random ones sits within 1e-4 of it.
+        np.testing.assert_allclose(got, z, atol=1e-4, rtol=1e-4)
+        self.assertGreater((z != 0).sum(), len(z))
+        ev = 1 - ((y - pred) ** 2).sum().item() / ((y - y.mean(0)) ** 2).sum().item()
+        self.assertAlmostEqual(result["fit"]["explainedVariance"], ev, delta=1e-4 * max(1, abs(ev)))
+        model = Gpt2(self.weights, {"layer_norm_epsilon": 1e-5})
+        ids = torch.from_numpy(self.ids).view(-1, CTX)
+        with torch.no_grad():
+            clean = model.loss(ids)
+            # The MLP's input is upstream of its output: the clean pass's is the spliced pass's.
+            with_tc = model.loss(ids, {"blocks.1.hook_mlp_out": lambda t: predict(x).view(t.shape)})
+            zeroed = model.loss(ids, {"blocks.1.hook_mlp_out": torch.zeros_like})
+        loss = result["downstreamLoss"]
+        self.assertAlmostEqual(loss["clean"], clean, delta=1e-4 * clean)
+        self.assertAlmostEqual(loss["withSae"], with_tc, delta=1e-4 * with_tc)
+        self.assertAlmostEqual(loss["zeroAblated"], zeroed, delta=1e-4 * zeroed)
+        self.assertNotAlmostEqual(with_tc, clean, delta=1e-3)
+
+    def test_saelens_skip_transcoder(self):
+        w = self.transcoder_weights(8, skip=True)
+        tc = os.path.join(self.root, "transcoder")
+        os.makedirs(tc, exist_ok=True)
+        write_safetensors(os.path.join(tc, "sae_weights.safetensors"), w)
+        with open(os.path.join(tc, "cfg.json"), "w") as f:
+            json.dump({"architecture": "jumprelu_skip_transcoder", "d_in": D, "d_out": D, "d_sae": 96,
+                       "apply_b_dec_to_input": True,  # SAELens ignores it for transcoders
+                       "hook_name": "blocks.1.ln2.hook_normalized",
+                       "hook_name_out": "blocks.1.hook_mlp_out"}, f)
+        self.check_transcoder(tc, w)
+
+    def test_gemma_scope_transcoder_as_downloaded(self):
+        # gemma-scope-2b-pt-transcoders/layer_L/width_N/average_l0_M/params.npz: the path says
+        # transcoder, its input (the MLP's normed input) and its output (the MLP's).
+        w = self.transcoder_weights(9, skip=False)
+        tc = os.path.join(self.root, "gemma-scope-tiny-transcoders", "layer_1", "width_96",
+                          "average_l0_5")
+        os.makedirs(tc, exist_ok=True)
+        np.savez(os.path.join(tc, "params.npz"), **{k: v.numpy() for k, v in w.items()})
+        self.check_transcoder(tc, w)
 
     def test_sequences_longer_than_the_positions_are_refused(self):
         d, _ = self.checkpoint("plain")
