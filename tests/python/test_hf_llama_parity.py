@@ -172,6 +172,7 @@ class Llama:
             hooks["blocks.%d.hook_resid_mid" % l] = x
             h2 = x if self.olmo2 else self.norm(
                 p + ("pre_feedforward_layernorm" if self.gemma2 else "post_attention_layernorm"), x)
+            hooks["blocks.%d.ln2.hook_normalized" % l] = h2
             act = (lambda t: torch.nn.functional.gelu(t, approximate="tanh")) if self.gemma else torch.nn.functional.silu
             post = act(self.linear(p + "mlp.gate_proj", h2)) * self.linear(p + "mlp.up_proj", h2)
             hooks["blocks.%d.mlp.hook_post" % l] = post
@@ -240,7 +241,9 @@ class Neox:
             if not self.cfg["use_parallel_residual"]:
                 x = x + attn_out
                 hooks["blocks.%d.hook_resid_mid" % l] = x
-            post = torch.nn.functional.gelu(self.linear(p + "mlp.dense_h_to_4h", self.ln(p + "post_attention_layernorm", x)))
+            h2 = self.ln(p + "post_attention_layernorm", x)  # resid_pre with a parallel residual
+            hooks["blocks.%d.ln2.hook_normalized" % l] = h2
+            post = torch.nn.functional.gelu(self.linear(p + "mlp.dense_h_to_4h", h2))
             hooks["blocks.%d.mlp.hook_post" % l] = post
             mlp_out = self.linear(p + "mlp.dense_4h_to_h", post)
             hooks["blocks.%d.hook_mlp_out" % l] = mlp_out
@@ -373,7 +376,7 @@ class HfLlamaParityTest(unittest.TestCase):
     def test_llama_hooks_match(self):
         d, hooks = self.checkpoint("llama")
         for name in ["blocks.0.hook_attn_out", "blocks.1.hook_resid_mid", "blocks.1.mlp.hook_post",
-                     "blocks.2.hook_resid_post"]:
+                     "blocks.1.ln2.hook_normalized", "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
         self.check(d, hooks, "blocks.1.hook_resid_post", as_name="model.layers.1")  # sparsify's name
         self.check_downstream_loss(d)  # lm_head, model.norm
@@ -427,7 +430,7 @@ class HfLlamaParityTest(unittest.TestCase):
                                 attn_logit_softcapping=1e9, rope_theta=10000.0)[1]
         self.assertFalse(np.allclose(hooks["blocks.0.hook_attn_out"], plain["blocks.0.hook_attn_out"]))
         for name in ["blocks.0.hook_attn_out", "blocks.1.mlp.hook_post", "blocks.1.hook_mlp_out",
-                     "blocks.2.hook_resid_post"]:
+                     "blocks.1.ln2.hook_normalized", "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
         self.checkpoint("gemma2", model_type="gemma2", tied=True, seed=5, hidden_act="gelu",
                         hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24,
@@ -508,7 +511,7 @@ class HfLlamaParityTest(unittest.TestCase):
     def test_gpt_neox(self):
         d, hooks = self.neox_checkpoint("pythia")
         for name in ["blocks.0.hook_attn_out", "blocks.1.mlp.hook_post", "blocks.1.hook_mlp_out",
-                     "blocks.2.hook_resid_post"]:
+                     "blocks.1.ln2.hook_normalized", "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
         self.check(d, hooks, "blocks.1.hook_resid_post", as_name="gpt_neox.layers.1")
         p, _ = self.run_tool(d, "blocks.1.hook_resid_mid")
