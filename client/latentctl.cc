@@ -271,8 +271,11 @@ void PrintJobLine(const v1::Job& job) {
 // How well an EXTRACT output's SAE reconstructs its hook (nothing for DENSE outputs).
 void PrintFit(const v1::SaeFit& fit) {
   if (fit.rows() == 0) return;
-  std::printf("  sae fit  explained variance %.4f, mse %.4g, cosine %.4f (over %lld rows)\n",
-              fit.explained_variance(), fit.mse(), fit.cosine_similarity(),
+  // A transcoder's fit is its prediction of another hook.
+  const std::string against =
+      fit.predicted_hook().empty() ? "" : absl::StrCat(" of ", fit.predicted_hook());
+  std::printf("  sae fit  explained variance%s %.4f, mse %.4g, cosine %.4f (over %lld rows)\n",
+              against.c_str(), fit.explained_variance(), fit.mse(), fit.cosine_similarity(),
               static_cast<long long>(fit.rows()));
 }
 

@@ -612,6 +612,8 @@ TEST_F(ExtractJobTest, ATranscoderIsMeasuredAgainstTheHookItPredicts) {
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->rows(), 40 * kCtx);
   EXPECT_NEAR(result->fit().explained_variance(), 1.0, 1e-5);
+  EXPECT_EQ(result->fit().predicted_hook(), "blocks.1.hook_mlp_out");
+  EXPECT_EQ(result->more_outputs(0).fit().predicted_hook(), "blocks.1.hook_mlp_out");  // default
   const latentd::v1::DownstreamLoss& d = result->downstream_loss();
   EXPECT_NEAR(d.with_sae(), d.clean(), 1e-5 * d.clean());
   EXPECT_GT(std::abs(d.zero_ablated() - d.clean()), 1e-4);  // the MLP's output zeroed

@@ -870,17 +870,20 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
     // The dataset's totals (every committed row, earlier runs' included) where the sink keeps
     // them, else this run's.
     const storage::ReconstructionFit committed = opened[o].sink->fit_committed();
-    const latentd::v1::SaeFit fit = storage::ToSaeFit(committed.rows > 0 ? committed : done.fit);
+    latentd::v1::SaeFit fit = storage::ToSaeFit(committed.rows > 0 ? committed : done.fit);
+    if (fit.rows() > 0) fit.set_predicted_hook(c.outputs[o].hook_name_out);
     if (fit.rows() > 0) {
       // Worse than predicting every row's mean: almost always an SAE for another hook or model
       // (resid_pre against resid_post, another checkpoint), rarely a bad SAE.
       if (ctx != nullptr && fit.explained_variance() < 0) {
         ctx->Log(latentd::v1::LogLine::WARNING,
-                 absl::StrFormat("dataset %s: the SAE reconstructs hook %s worse than the rows' "
-                                 "mean does (explained variance %.3f, cosine %.3f over %d rows); "
-                                 "was it trained on this hook of this model?",
-                                 names[o], c.outputs[o].hook_name, fit.explained_variance(),
-                                 fit.cosine_similarity(), fit.rows()));
+                 absl::StrFormat(
+                     "dataset %s: the %s hook %s worse than the rows' "
+                     "mean does (explained variance %.3f, cosine %.3f over %d rows); "
+                     "was it trained on this hook of this model?",
+                     names[o], c.outputs[o].hook_out ? "transcoder predicts" : "SAE reconstructs",
+                     c.outputs[o].hook_out ? c.outputs[o].hook_name_out : c.outputs[o].hook_name,
+                     fit.explained_variance(), fit.cosine_similarity(), fit.rows()));
       }
     }
     const int64_t stored_nnz = opened[o].sink->nnz_committed();
