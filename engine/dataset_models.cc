@@ -395,9 +395,8 @@ absl::StatusOr<DatasetInputs> DatasetModels::Impl::InputsOf(const DatasetSource&
   inputs.sae_dir = *std::move(dir);
   ASSIGN_OR_RETURN(inputs.hook, ParseHookName(inputs.spec.hook_name()));
   inputs.decoder_hook = inputs.hook;
-  if (auto cfg = ReadAndCheckSae(inputs.sae_dir); cfg.ok() && cfg->transcoder) {
-    ASSIGN_OR_RETURN(const std::string out, TranscoderOutputHook(*cfg, inputs.hook));
-    ASSIGN_OR_RETURN(inputs.decoder_hook, ParseHookName(out));
+  if (!dataset.hook_name_out.empty()) {
+    ASSIGN_OR_RETURN(inputs.decoder_hook, ParseHookName(dataset.hook_name_out));
   }
   for (int i = 0; i < ExtractOutputCount(job_spec); ++i) {
     const std::string hook = ExtractOutputSpec(job_spec, i).hook_name();

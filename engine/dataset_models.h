@@ -116,6 +116,9 @@ struct DatasetSource {
   int64_t d_sae = 0;
   // Which of the job's outputs (ExtractSpec.more_outputs) wrote it; "": the first.
   std::string name;
+  // A transcoder's output hook, as the dataset recorded it (its decoder directions live there,
+  // and the logit tables unembed from there); "": an SAE, whose decoder writes its own hook.
+  std::string hook_name_out;
 };
 
 struct DatasetModelsOptions {

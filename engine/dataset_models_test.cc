@@ -228,6 +228,42 @@ TEST_F(DatasetModelsTest, MlpPostDirectionsGoThroughTheBlocksOutputProjection) {
   ExpectLogits(*got, W_E.mv(W_out.t().mv(w.W_dec[3].to(at::kDouble))), 4);
 }
 
+// A transcoder's decoder writes another hook than its encoder reads: here the MLP's normed input
+// (16 wide) predicting mlp.hook_post (32 wide), so its directions reach the logits through W_out
+// as an mlp.hook_post SAE's do, and no encoder-decoder angle is reported.
+TEST_F(DatasetModelsTest, ATranscodersDirectionsAreUnembeddedFromTheHookItPredicts) {
+  const std::string dir = root_ + "/transcoder";
+  SaeWeights w = MakeWeights(32, 4);
+  w.W_enc = at::randn({16, kDSae});
+  SaeConfig cfg;
+  cfg.d_in = 16;
+  cfg.d_sae = kDSae;
+  cfg.architecture = SaeArchitecture::kTopK;
+  cfg.k = 4;
+  cfg.apply_b_dec_to_input = false;
+  cfg.transcoder = true;
+  cfg.d_out = 32;
+  cfg.hook_name_out = "blocks.1.mlp.hook_post";
+  ASSERT_TRUE(SaveSae(dir, w, cfg).ok());
+  auto sae = Sae::Load(dir);
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  AddReferenceJob(10, "blocks.1.ln2.hook_normalized", dir);
+  DatasetModels reader(env_);
+  DatasetSource source{5, 10, sae->weight_hash(), ReferenceHash("blocks.1.hook_resid_post"), kDSae};
+  source.hook_name_out = "blocks.1.mlp.hook_post";
+  LatentWeightsQuery q;
+  q.latent = 3;
+  q.top_n = 4;
+  auto got = reader.ReadLatentWeights(source, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->logits_source, "blocks.1.mlp.W_out then embed.W_E (tied)");
+  const at::Tensor W_E = ReferenceWeight("embed.W_E").to(at::kDouble);
+  const at::Tensor W_out = ReferenceWeight("blocks.1.mlp.W_out").to(at::kDouble);
+  ExpectLogits(*got, W_E.mv(W_out.t().mv(w.W_dec[3].to(at::kDouble))), 4);
+  EXPECT_EQ(got->encoder_decoder_cosine, 0);
+  EXPECT_NEAR(got->encoder_norm, w.W_enc.select(1, 3).norm().item<double>(), 1e-4);
+}
+
 TEST_F(DatasetModelsTest, BadQueriesAndChangedFilesAreNamed) {
   const std::string dir = root_ + "/sae_bad";
   const std::string hash = WriteSae(dir, MakeWeights(16, 3));
