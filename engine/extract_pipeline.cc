@@ -124,14 +124,13 @@ absl::Status ComputeBatch(const TokenSource& tokens, PipelineReplica* r,
       if (options.sparse) {
         const Sae& sae = r->saes[o];
         SparseCodes codes = sae.EncodeSparse(x);
+        // An SAE's reconstruction against its own hook, a transcoder's prediction against the
+        // hook it predicts (rows where both are finite).
         const int target = r->fit_hooks.empty() ? static_cast<int>(o) : r->fit_hooks[o];
-        if (target == static_cast<int>(o)) {
-          codes_out.fit = ToHost(ReconstructionSums(x, sae.Predict(x, codes), finite));
-        } else {  // a transcoder: its prediction against the hook it predicts
-          const at::Tensor y = rows_of(hooked[target]);
-          codes_out.fit = ToHost(ReconstructionSums(y, sae.Predict(x, codes),
-                                                    finite.logical_and(at::isfinite(y).all(1))));
-        }
+        const bool own = target == static_cast<int>(o);
+        const at::Tensor y = own ? x : rows_of(hooked[target]);
+        const at::Tensor keep = own ? finite : finite.logical_and(at::isfinite(y).all(1));
+        codes_out.fit = ToHost(ReconstructionSums(y, sae.Predict(x, codes), keep));
         codes_out.indices = ToHost(codes.indices);
         codes_out.values = ToHost(codes.values);
         if (!codes.fixed_k()) codes_out.row_counts = ToHost(codes.row_counts);

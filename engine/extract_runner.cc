@@ -213,12 +213,14 @@ absl::Status InHuggingFaceField(const absl::Status& s) {
 // A transcoder's output hook (out.hook_name_out) parsed into out.hook_out and checked: a hook
 // of the model, computed after the input, d_out wide.
 absl::Status CheckTranscoderOutput(CheckedOutput& out, const Checked& c) {
-  auto parsed = ParseHookName(out.hook_name_out);
-  if (!parsed.ok()) {
+  // The hook checks' errors name extract.hook_name, the job's input hook: this is the SAE's.
+  auto about_output = [](const absl::Status& s) {
     return absl::InvalidArgumentError(
-        absl::StrCat("extract.sae: the transcoder's output hook (hook_name_out) ",
-                     absl::StripPrefix(parsed.status().message(), "extract.hook_name: ")));
-  }
+        absl::StrCat("extract.sae: the transcoder's output hook (hook_name_out): ",
+                     absl::StripPrefix(s.message(), "extract.hook_name: ")));
+  };
+  auto parsed = ParseHookName(out.hook_name_out);
+  if (!parsed.ok()) return about_output(parsed.status());
   if (!ComputedBefore(out.hook, *parsed)) {
     return absl::InvalidArgumentError(
         absl::StrCat("extract.sae: the transcoder predicts ", out.hook_name_out, " from ",
@@ -227,19 +229,15 @@ absl::Status CheckTranscoderOutput(CheckedOutput& out, const Checked& c) {
                      "blocks.L.ln2.hook_normalized -> blocks.L.hook_mlp_out)"));
   }
   if (c.shape) {
-    if (absl::Status s = CheckTransformerHook(*c.shape, *parsed); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("extract.sae: the transcoder's output hook: ",
-                       absl::StripPrefix(s.message(), "extract.hook_name: ")));
-    }
+    if (absl::Status s = CheckTransformerHook(*c.shape, *parsed); !s.ok()) return about_output(s);
     const int64_t width = TransformerHookWidth(*c.shape, *parsed);
     if (out.sae_cfg.d_out != width) {
       return absl::InvalidArgumentError(
           absl::StrCat("extract.sae: d_out ", out.sae_cfg.d_out, " != width ", width,
                        " of the hook it predicts, ", out.hook_name_out));
     }
-  } else {
-    RETURN_IF_ERROR(HiddenStateIndex(*parsed).status());
+  } else if (absl::Status s = HiddenStateIndex(*parsed).status(); !s.ok()) {
+    return about_output(s);
   }
   out.hook_out = *parsed;
   return absl::OkStatus();
@@ -871,8 +869,8 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
     // them, else this run's.
     const storage::ReconstructionFit committed = opened[o].sink->fit_committed();
     latentd::v1::SaeFit fit = storage::ToSaeFit(committed.rows > 0 ? committed : done.fit);
-    if (fit.rows() > 0) fit.set_predicted_hook(c.outputs[o].hook_name_out);
     if (fit.rows() > 0) {
+      fit.set_predicted_hook(c.outputs[o].hook_name_out);
       // Worse than predicting every row's mean: almost always an SAE for another hook or model
       // (resid_pre against resid_post, another checkpoint), rarely a bad SAE.
       if (ctx != nullptr && fit.explained_variance() < 0) {
