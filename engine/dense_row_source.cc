@@ -42,4 +42,27 @@ absl::Status InMemoryDenseRowSource::Read(int64_t row_start, int64_t row_count, 
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<PairedDenseRowSource>> PairedDenseRowSource::Create(
+    std::unique_ptr<DenseRowSource> input, std::unique_ptr<DenseRowSource> target) {
+  if (input->num_rows() != target->num_rows()) {
+    return absl::InvalidArgumentError(absl::StrCat("the input holds ", input->num_rows(),
+                                                   " rows, the target ", target->num_rows()));
+  }
+  return std::unique_ptr<PairedDenseRowSource>(
+      new PairedDenseRowSource(std::move(input), std::move(target)));
+}
+
+absl::Status PairedDenseRowSource::Read(int64_t row_start, int64_t row_count, float* out) {
+  const int64_t a = input_->width(), b = target_->width();
+  input_rows_.resize(row_count * a);
+  target_rows_.resize(row_count * b);
+  RETURN_IF_ERROR(input_->Read(row_start, row_count, input_rows_.data()));
+  RETURN_IF_ERROR(target_->Read(row_start, row_count, target_rows_.data()));
+  for (int64_t r = 0; r < row_count; ++r) {
+    std::memcpy(out + r * (a + b), input_rows_.data() + r * a, sizeof(float) * a);
+    std::memcpy(out + r * (a + b) + a, target_rows_.data() + r * b, sizeof(float) * b);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace latentd::engine

@@ -8,9 +8,11 @@
 #define LATENTD_ENGINE_DENSE_ROW_SOURCE_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace latentd::engine {
 
@@ -57,6 +59,30 @@ class InMemoryDenseRowSource : public DenseRowSource {
   int64_t width_;
   int64_t chunk_rows_;
   int64_t num_rows_;
+};
+
+// Two sources of the same rows side by side, row i being input's row i then target's row i
+// (width input.width() + target.width()): what a transcoder trains on, the hook it reads and the
+// hook it predicts, shuffled as one. Chunks are input's. The caller checks that both hold the same
+// rows (Create checks only the counts).
+class PairedDenseRowSource : public DenseRowSource {
+ public:
+  // INVALID_ARGUMENT when the row counts differ.
+  static absl::StatusOr<std::unique_ptr<PairedDenseRowSource>> Create(
+      std::unique_ptr<DenseRowSource> input, std::unique_ptr<DenseRowSource> target);
+
+  int64_t num_rows() const override { return input_->num_rows(); }
+  int64_t width() const override { return input_->width() + target_->width(); }
+  std::vector<int64_t> chunk_starts() const override { return input_->chunk_starts(); }
+  absl::Status Read(int64_t row_start, int64_t row_count, float* out) override;
+
+ private:
+  PairedDenseRowSource(std::unique_ptr<DenseRowSource> input,
+                       std::unique_ptr<DenseRowSource> target)
+      : input_(std::move(input)), target_(std::move(target)) {}
+
+  std::unique_ptr<DenseRowSource> input_, target_;
+  std::vector<float> input_rows_, target_rows_;
 };
 
 }  // namespace latentd::engine

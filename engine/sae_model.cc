@@ -13,7 +13,8 @@
 namespace latentd::engine {
 
 absl::StatusOr<SaeModelOptions> SaeModelOptionsFromProto(const latentd::v1::SaeTrainConfig& config,
-                                                         int64_t d_in, uint64_t seed) {
+                                                         int64_t d_in, uint64_t seed,
+                                                         int64_t d_out) {
   SaeModelOptions options;
   options.architecture = config.architecture() == latentd::v1::SAE_ARCHITECTURE_UNSPECIFIED
                              ? latentd::v1::TOPK
@@ -77,7 +78,8 @@ absl::StatusOr<SaeModelOptions> SaeModelOptionsFromProto(const latentd::v1::SaeT
   if (config.jumprelu_bandwidth() > 0) options.jumprelu_bandwidth = config.jumprelu_bandwidth();
   // proto3 cannot tell an unset bool from false, so the default (true) is switched off through
   // disable_apply_b_dec_to_input, like disable_error_feedback.
-  options.apply_b_dec_to_input = !config.disable_apply_b_dec_to_input();
+  options.apply_b_dec_to_input = !config.disable_apply_b_dec_to_input() && d_out <= 0;
+  options.d_out = std::max<int64_t>(d_out, 0);
   options.seed = seed;
   return options;
 }
@@ -86,8 +88,8 @@ SaeModelImpl::SaeModelImpl(const SaeModelOptions& options) : options_(options) {
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
   W_enc = register_parameter("W_enc", torch::zeros({options.d_in, options.d_sae}, f32));
   b_enc = register_parameter("b_enc", torch::zeros({options.d_sae}, f32));
-  W_dec = register_parameter("W_dec", torch::zeros({options.d_sae, options.d_in}, f32));
-  b_dec = register_parameter("b_dec", torch::zeros({options.d_in}, f32));
+  W_dec = register_parameter("W_dec", torch::zeros({options.d_sae, options.OutWidth()}, f32));
+  b_dec = register_parameter("b_dec", torch::zeros({options.OutWidth()}, f32));
   if (options.architecture == latentd::v1::JUMPRELU) {
     log_threshold = register_parameter(
         "log_threshold", torch::full({options.d_sae}, std::log(options.jumprelu_threshold), f32));
@@ -111,10 +113,13 @@ uint64_t SaeInitStreamSeed(uint64_t seed) {
 void SaeModelImpl::InitWeights() {
   torch::NoGradGuard no_grad;
   auto generator = at::detail::createCPUGenerator(SaeInitStreamSeed(options_.seed));
-  torch::Tensor w = at::randn({options_.d_sae, options_.d_in}, generator, torch::kFloat32);
-  w = w / w.norm(2, {1}, true).clamp_min(1e-12);
+  auto unit_rows = [&](int64_t width) {
+    torch::Tensor w = at::randn({options_.d_sae, width}, generator, torch::kFloat32);
+    return w / w.norm(2, {1}, true).clamp_min(1e-12);
+  };
+  const torch::Tensor w = unit_rows(options_.OutWidth());
   W_dec.copy_(w);
-  W_enc.copy_(w.t());
+  W_enc.copy_(options_.d_out > 0 ? unit_rows(options_.d_in).t() : w.t());
   b_enc.zero_();
   b_dec.zero_();
 }
@@ -181,8 +186,10 @@ torch::Tensor SaeModelImpl::Activate(const torch::Tensor& pre) {
 
 torch::Tensor SaeModelImpl::Encode(const torch::Tensor& x) { return Activate(PreActivation(x)); }
 
-SaeForward SaeModelImpl::Forward(const torch::Tensor& x, const torch::Tensor& dead) {
+SaeForward SaeModelImpl::Forward(const torch::Tensor& x, const torch::Tensor& dead,
+                                 const torch::Tensor& target) {
   SaeForward out;
+  const torch::Tensor& y = target.defined() ? target : x;  // what the decoder is to give
   torch::Tensor pre = PreActivation(x);
   torch::Tensor step;
   if (options_.architecture == latentd::v1::JUMPRELU) {
@@ -200,14 +207,14 @@ SaeForward SaeModelImpl::Forward(const torch::Tensor& x, const torch::Tensor& de
     int64_t begin = 0;
     for (const int64_t end : options_.matryoshka_widths) {
       x_hat = x_hat + out.latents.slice(1, begin, end).matmul(W_dec.slice(0, begin, end));
-      if (end < options_.d_sae) prefix_sq.push_back((x - x_hat).pow(2).sum(1));
+      if (end < options_.d_sae) prefix_sq.push_back((y - x_hat).pow(2).sum(1));
       begin = end;
     }
     out.x_hat = x_hat;
   } else {
     out.x_hat = Decode(out.latents);
   }
-  torch::Tensor sq = (x - out.x_hat).pow(2).sum(1);
+  torch::Tensor sq = (y - out.x_hat).pow(2).sum(1);
   torch::Tensor mse = sq.mean();
   torch::Tensor loss = mse;
   for (const torch::Tensor& level : prefix_sq) loss = loss + level.mean();
@@ -230,7 +237,7 @@ SaeForward SaeModelImpl::Forward(const torch::Tensor& x, const torch::Tensor& de
       // Negative pre-activations give 0 (k <= |D|, so no -inf is taken).
       torch::Tensor acts = torch::zeros_like(pre).scatter(1, indices, torch::relu(values));
       torch::Tensor e_hat = acts.matmul(W_dec);
-      torch::Tensor residual = (x - out.x_hat).detach();
+      torch::Tensor residual = (y - out.x_hat).detach();
       aux = (residual - e_hat).pow(2).sum(1).mean();
       const double scale = std::min(1.0, static_cast<double>(num_dead) / aux_k);
       loss = loss + options_.aux_k_coefficient * scale * aux;
@@ -242,12 +249,12 @@ SaeForward SaeModelImpl::Forward(const torch::Tensor& x, const torch::Tensor& de
   if (aux.defined()) out.aux_k_loss = aux.item<double>();
   // The rows' spread about their mean from their sums about b_dec, which the train loop adds
   // over ranks (TrainableModel::Output) for the FVU of the whole batch.
-  const torch::Tensor centred = x - b_dec.detach();
+  const torch::Tensor centred = y - b_dec.detach();
   out.centred_squares = centred.pow(2).sum().item<double>();
   out.centred_sum = centred.sum(0);
   const double variance =
       out.centred_squares - out.centred_sum.to(torch::kFloat64).pow(2).sum().item<double>() /
-                                static_cast<double>(x.size(0));
+                                static_cast<double>(y.size(0));
   out.squared_error = sq.sum().item<double>();
   out.fvu = variance > 0 ? out.squared_error / variance : 0.0;
   for (const torch::Tensor& level : prefix_sq) {

@@ -56,6 +56,12 @@ struct SaeModelOptions {
   double aux_k_coefficient = 0;  // 0 (default): no AuxK; the paper's value is 1/32
   // Matryoshka level widths, strictly increasing, the last d_sae; empty (default): a plain SAE.
   std::vector<int64_t> matryoshka_widths;
+  // A transcoder: the width of the hook it learns to predict (Forward's target); 0 (default): an
+  // SAE, which reconstructs its input. A transcoder never subtracts b_dec (its output-side bias)
+  // from the input, and its W_enc is drawn apart from W_dec (they live in different spaces).
+  int64_t d_out = 0;
+
+  int64_t OutWidth() const { return d_out > 0 ? d_out : d_in; }
 };
 
 // The seed of the generator InitWeights draws from: `seed` mixed with a constant. Drawn from
@@ -64,13 +70,15 @@ struct SaeModelOptions {
 // most frequent token ids fired most from then on.
 uint64_t SaeInitStreamSeed(uint64_t seed);
 
-// Checks `config` (fields named "train.sae.*") against `d_in` and fills in the defaults.
+// Checks `config` (fields named "train.sae.*") against `d_in` and fills in the defaults; `d_out`
+// > 0 makes a transcoder predicting d_out values a row.
 absl::StatusOr<SaeModelOptions> SaeModelOptionsFromProto(const latentd::v1::SaeTrainConfig& config,
-                                                         int64_t d_in, uint64_t seed);
+                                                         int64_t d_in, uint64_t seed,
+                                                         int64_t d_out = 0);
 
 struct SaeForward {
   torch::Tensor loss;     // scalar, with graph
-  torch::Tensor x_hat;    // rows x d_in
+  torch::Tensor x_hat;    // rows x OutWidth()
   torch::Tensor latents;  // rows x d_sae (dense, mostly zeros)
   double mse = 0;
   double squared_error = 0;  // sum ||x - x_hat||^2 over the batch
@@ -91,17 +99,21 @@ class SaeModelImpl : public torch::nn::Module {
   explicit SaeModelImpl(const SaeModelOptions& options);
 
   // W_enc = W_dec^T with unit-norm decoder rows drawn from the generator seeded with
-  // SaeInitStreamSeed(seed); b_enc = 0, b_dec = 0.
+  // SaeInitStreamSeed(seed) (a transcoder: W_enc's unit columns drawn next, from the same
+  // generator); b_enc = 0, b_dec = 0.
   void InitWeights();
-  // b_dec := mean of `rows` (rows x d_in), the usual data initialisation (SAELens' "mean").
+  // b_dec := mean of `rows` (rows x OutWidth(): what the SAE reconstructs), the usual data
+  // initialisation (SAELens' "mean").
   void InitDecoderBiasFromData(const torch::Tensor& rows);
 
   // Inference: what the exported SAE computes (BatchTopK: the JumpReLU of its threshold).
   torch::Tensor Encode(const torch::Tensor& x);
   torch::Tensor Decode(const torch::Tensor& z) { return torch::addmm(b_dec, z, W_dec); }
   // Training: the loss and metrics of a batch. dead: optional bool [d_sae] on the model's
-  // device, true for dead latents (AuxK).
-  SaeForward Forward(const torch::Tensor& x, const torch::Tensor& dead = torch::Tensor());
+  // device, true for dead latents (AuxK). target: a transcoder's rows x d_out to predict (the
+  // errors, FVU and b_dec's statistics are then about it); undefined: x itself.
+  SaeForward Forward(const torch::Tensor& x, const torch::Tensor& dead = torch::Tensor(),
+                     const torch::Tensor& target = torch::Tensor());
 
   // BatchTopK: theta := the mean over `batches` (rows x d_in each, on the model's device) of the
   // smallest of each batch's k * rows largest activations that is positive (batches without one

@@ -81,6 +81,34 @@ TEST(SaeModelTest, FvuAndMseMatchTheirDefinitions) {
   EXPECT_NEAR(out.l0, (out.latents != 0).sum().item<double>() / 32, 1e-9);
 }
 
+// A transcoder (d_out 5) encodes x without subtracting b_dec and is scored on the target: its
+// prediction is z W_dec + b_dec, 5 wide, and the FVU and b_dec's sums are y's.
+TEST(SaeModelTest, ATranscoderIsScoredOnItsTarget) {
+  SaeModelOptions options = Options(latentd::v1::TOPK);
+  options.d_out = 5;
+  options.apply_b_dec_to_input = false;
+  SaeModel sae(options);
+  EXPECT_EQ(sae->W_dec.sizes(), (std::vector<int64_t>{32, 5}));
+  EXPECT_EQ(sae->W_enc.sizes(), (std::vector<int64_t>{8, 32}));
+  EXPECT_NEAR(sae->W_enc.norm(2, {0}).min().item<double>(), 1.0, 1e-5);  // unit columns
+  torch::manual_seed(1);
+  const torch::Tensor x = torch::randn({32, 8}), y = torch::randn({32, 5}) + 2;
+  sae->InitDecoderBiasFromData(y);
+  SaeForward out = sae->Forward(x, torch::Tensor(), y);
+  const torch::Tensor z = sae->Encode(x);
+  EXPECT_TRUE(torch::allclose(z, [&] {
+    const torch::Tensor pre = torch::addmm(sae->b_enc, x, sae->W_enc);  // no b_dec
+    auto top = pre.topk(4, 1);
+    return torch::zeros_like(pre).scatter(1, std::get<1>(top), torch::relu(std::get<0>(top)));
+  }()));
+  const torch::Tensor want = torch::addmm(sae->b_dec, z, sae->W_dec);
+  EXPECT_TRUE(torch::allclose(out.x_hat, want, 1e-5, 1e-5));
+  const torch::Tensor err = (y - want).pow(2).sum();
+  EXPECT_NEAR(out.loss.item<double>(), err.item<double>() / 32, 1e-4);
+  EXPECT_NEAR(out.fvu, err.item<double>() / (y - y.mean(0)).pow(2).sum().item<double>(), 1e-5);
+  EXPECT_NEAR(out.centred_squares, (y - sae->b_dec).pow(2).sum().item<double>(), 1e-3);
+}
+
 // BatchTopK keeps the k x rows largest activations of the whole batch (rows keep different
 // counts); calibrated on batches, its threshold is the mean of their cutoffs, which Encode() and
 // the exported SAE use.

@@ -7,13 +7,17 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <tuple>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/path_within.h"
 #include "common/status_macros.h"
 #include "engine/checkpoint.h"
@@ -49,6 +53,12 @@ struct TrainPlan {
   bool activations = false;  // rows come from a model (activation_spec, mode DENSE)
   latentd::v1::ExtractSpec activation_spec;
   int64_t width = 0;
+  // A transcoder's target (spec.target_dataset_id): its record and row width; the rows the loop
+  // sees are width + target_width wide (PairedDenseRowSource).
+  std::optional<storage::DatasetRecord> target;
+  int64_t target_width = 0;
+  // Values in a row the train loop reads.
+  int64_t row_width() const { return width + target_width; }
   bool sae = true;
   SaeModelOptions sae_options;
   std::string torchscript_path;  // resolved
@@ -91,7 +101,7 @@ absl::StatusOr<std::string> ResolveUnderRoots(const std::string& path,
 
 std::vector<std::vector<int64_t>> SaeShapes(const SaeModelOptions& o) {
   std::vector<std::vector<int64_t>> shapes = {
-      {o.d_in, o.d_sae}, {o.d_sae}, {o.d_sae, o.d_in}, {o.d_in}};
+      {o.d_in, o.d_sae}, {o.d_sae}, {o.d_sae, o.OutWidth()}, {o.OutWidth()}};
   if (o.architecture == latentd::v1::JUMPRELU) shapes.push_back({o.d_sae});
   return shapes;
 }
@@ -188,6 +198,42 @@ absl::Status CheckRendezvous(const latentd::v1::TrainRendezvous& rendezvous, int
   return absl::OkStatus();
 }
 
+// spec.target_dataset_id, checked against the input dataset (plan.record): a DENSE dataset of the
+// same rows (committed count, token source and order). Its record and row width.
+absl::StatusOr<std::pair<storage::DatasetRecord, int64_t>> CheckTranscoderTarget(
+    const latentd::v1::TrainSpec& spec, const TrainEnv& env, const TrainPlan& plan) {
+  if (!spec.has_sae() || spec.dataset_id() == 0 || plan.activations || plan.tokens) {
+    return absl::InvalidArgumentError(
+        "train.target_dataset_id: trains a transcoder, an SAE (train.sae) reading the DENSE "
+        "dataset train.dataset_id");
+  }
+  if (spec.target_dataset_id() == spec.dataset_id()) {
+    return absl::InvalidArgumentError(
+        "train.target_dataset_id: the same dataset as train.dataset_id (an SAE reconstructs its "
+        "input; leave target_dataset_id unset)");
+  }
+  auto target = StoreDenseRowSource::Open(env.store, spec.target_dataset_id());
+  if (!target.ok()) {
+    return absl::Status(
+        target.status().code(),
+        absl::StrCat("train.target_dataset_id: ",
+                     absl::StripPrefix(target.status().message(), "train.dataset_id: ")));
+  }
+  const storage::DatasetRecord& in = plan.record;
+  const storage::DatasetRecord& out = (*target)->record();
+  if (out.rows_committed != in.rows_committed || out.meta.token_source != in.meta.token_source ||
+      out.meta.token_order_start != in.meta.token_order_start ||
+      out.meta.context_length != in.meta.context_length) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.target_dataset_id: dataset ", out.id, " (", out.rows_committed,
+                     " rows of ", out.meta.token_source, " from row ", out.meta.token_order_start,
+                     ") does not hold the rows of dataset ", in.id, " (", in.rows_committed,
+                     " rows of ", in.meta.token_source, " from row ", in.meta.token_order_start,
+                     "): a transcoder learns from the same tokens' two hooks"));
+  }
+  return std::make_pair(out, (*target)->width());
+}
+
 absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const TrainEnv& env) {
   if (env.store == nullptr) return absl::FailedPreconditionError("TRAIN: no chunk store");
   TrainPlan plan;
@@ -226,6 +272,10 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
     ASSIGN_OR_RETURN(auto source, StoreDenseRowSource::Open(env.store, spec.dataset_id()));
     plan.record = source->record();
     plan.width = source->width();
+  }
+  if (spec.target_dataset_id() != 0) {
+    ASSIGN_OR_RETURN(std::tie(plan.target, plan.target_width),
+                     CheckTranscoderTarget(spec, env, plan));
   }
   if (has_sae == has_module) {
     return absl::InvalidArgumentError(
@@ -292,8 +342,8 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
                                                      " does not match the width of dataset ",
                                                      spec.dataset_id(), " (", plan.width, ")"));
     }
-    ASSIGN_OR_RETURN(plan.sae_options,
-                     SaeModelOptionsFromProto(spec.sae(), plan.width, spec.seed()));
+    ASSIGN_OR_RETURN(plan.sae_options, SaeModelOptionsFromProto(spec.sae(), plan.width, spec.seed(),
+                                                                plan.target_width));
     plan.shapes = SaeShapes(plan.sae_options);
   } else {
     plan.sae = false;
@@ -319,8 +369,9 @@ TrainMemoryEstimate Estimate(const TrainPlan& plan, const OptimizerConfig& optim
   const int64_t rows = (plan.batch_size + plan.ranks - 1) / plan.ranks;
   // Activations of one step and their gradients: the input, x_hat and their gradients (4 x d_in)
   // plus pre-activations, latents and their gradients (~5 x d_sae) per row; a module: 4 x width.
-  const int64_t activations = plan.sae ? 4 * rows * (4 * plan.width + 5 * plan.sae_options.d_sae)
-                                       : 4 * rows * 4 * plan.width;
+  const int64_t activations = plan.sae
+                                  ? 4 * rows * (4 * plan.row_width() + 5 * plan.sae_options.d_sae)
+                                  : 4 * rows * 4 * plan.width;
   estimate.optimizer_bytes = memory.total();
   estimate.total_bytes = 8 * params + memory.total() + activations;
   std::vector<std::string> parts;
@@ -374,13 +425,13 @@ absl::StatusOr<std::string> RunAgreement(const TrainPlan& plan, const latentd::v
   // Read from the source, not the stream: a stream would keep the window, and a stream over a
   // source shared by the ranks must load its windows in step with theirs.
   const int64_t probe_rows = std::min<int64_t>(64, plan.record.rows_committed);
-  std::vector<float> rows(probe_rows * plan.width);
+  std::vector<float> rows(probe_rows * plan.row_width());
   RETURN_IF_ERROR(source->Read(0, probe_rows, rows.data()));
   const std::vector<int64_t> chunk_starts = source->chunk_starts();
   return absl::StrFormat(
       "%s devices, %d rows of width %d in chunks %016x, %d parameters, spec %016x, first rows "
       "%016x",
-      cuda ? "CUDA" : "CPU", plan.record.rows_committed, plan.width,
+      cuda ? "CUDA" : "CPU", plan.record.rows_committed, plan.row_width(),
       StableHash(absl::string_view(reinterpret_cast<const char*>(chunk_starts.data()),
                                    chunk_starts.size() * sizeof(int64_t))),
       plan.num_params, StableHash(common.SerializeAsString()),
@@ -529,13 +580,19 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
       ranks[r].source = *std::move(source);
     } else {
       ASSIGN_OR_RETURN(ranks[r].source, StoreDenseRowSource::Open(env.store, spec.dataset_id()));
+      if (plan.target) {
+        ASSIGN_OR_RETURN(auto target, StoreDenseRowSource::Open(env.store, plan.target->id));
+        ASSIGN_OR_RETURN(ranks[r].source, PairedDenseRowSource::Create(std::move(ranks[r].source),
+                                                                       std::move(target)));
+      }
     }
     ranks[r].stream = std::make_unique<ShuffledRowStream>(
         ranks[r].source.get(), ShuffledRowStreamOptions{spec.seed() ^ kStreamSeedSalt, 4});
     if (plan.sae) {
       auto sae = std::make_unique<SaeTrainable>(plan.sae_options, device);
       sae->set_provenance(plan.record.meta.hook_name,
-                          plan.activations ? model_id : plan.record.meta.model_id);
+                          plan.activations ? model_id : plan.record.meta.model_id,
+                          plan.target ? plan.target->meta.hook_name : "");
       ranks[r].model = std::move(sae);
     } else {
       ASSIGN_OR_RETURN(ranks[r].model,
@@ -575,9 +632,9 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
     return options;
   };
   if (world == 1) {
-    ranks[0].result =
-        RunTrainLoop(loop_options(0), ranks[0].model.get(), ranks[0].optimizer.get(),
-                     ranks[0].stream.get(), plan.width, nullptr, &checkpoints, context, cancel);
+    ranks[0].result = RunTrainLoop(loop_options(0), ranks[0].model.get(), ranks[0].optimizer.get(),
+                                   ranks[0].stream.get(), plan.row_width(), nullptr, &checkpoints,
+                                   context, cancel);
   } else {
     const bool cuda = devices[0].kind == DeviceKind::kCuda;
     ProcessGroupOptions group;
@@ -618,7 +675,7 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
           if (ranks[r].model_source != nullptr) ranks[r].model_source->ShareWork(sync->get());
           ranks[r].result =
               RunTrainLoop(loop_options(r), ranks[r].model.get(), ranks[r].optimizer.get(),
-                           ranks[r].stream.get(), plan.width, sync->get(), &checkpoints,
+                           ranks[r].stream.get(), plan.row_width(), sync->get(), &checkpoints,
                            r == 0 ? context : nullptr, cancel);
         } catch (const std::exception& e) {
           ranks[r].result =

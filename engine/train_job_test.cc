@@ -342,6 +342,85 @@ TEST_F(TrainJobTest, AMatryoshkaSaeReportsEachLevelsFvuOnOneAndTwoRanks) {
   EXPECT_EQ(plain_context.telemetry().back().prefix_widths_size(), 0);
 }
 
+// A transcoder trains on two datasets of the same rows: it reads the first (16 wide) and learns
+// to predict the second, here a small GELU MLP of the first (12 wide), as the MLP's output is
+// of its input. One rank and two train the same transcoder; the artifact loads as a transcoder
+// that predicts the second dataset from the first as well as training said.
+TEST_F(TrainJobTest, ATranscoderLearnsToPredictItsTargetDataset) {
+  std::vector<float> rows;
+  std::vector<int32_t> tokens;
+  ASSERT_TRUE(store_->ReadDense(dense_id_, 0, 640, &rows, &tokens).ok());
+  const at::Tensor x = torch::from_blob(rows.data(), {640, kWidth}, torch::kFloat32).clone();
+  auto gen = at::detail::createCPUGenerator(23);
+  const at::Tensor W1 = at::randn({kWidth, 32}, gen, torch::kFloat32) * 0.5;
+  const at::Tensor W2 = at::randn({32, 12}, gen, torch::kFloat32) * 0.3;
+  const at::Tensor y = at::gelu(x.matmul(W1)).matmul(W2).contiguous();
+  auto make_target = [&](const std::string& name, int64_t n) {
+    storage::DatasetMeta meta;
+    meta.name = name;
+    meta.kind = storage::DatasetKind::kDense;
+    meta.value_dtype = storage::ValueDtype::kFloat32;
+    meta.width = 12;
+    meta.d_in = 12;
+    meta.hook_name = "blocks.2.hook_mlp_out";
+    meta.model_id = "reference";
+    auto id = store_->CreateDataset(meta);
+    EXPECT_TRUE(id.ok()) << id.status();
+    auto writer = store_->OpenWriter(*id);
+    EXPECT_TRUE((*writer)->AppendDense(n, y.data_ptr<float>(), tokens.data()).ok());
+    EXPECT_TRUE((*writer)->Commit().ok());
+    return *id;
+  };
+  const uint64_t target = make_target("mlp_out", 640);
+
+  latentd::v1::TrainSpec spec = SaeSpec("adam");
+  spec.set_target_dataset_id(target);
+  spec.mutable_sae()->set_k(8);
+  spec.mutable_optimizer()->set_lr(1e-2);
+  spec.set_steps(400);
+  std::vector<latentd::v1::TrainResult> results;
+  for (int devices : {1, 2}) {
+    FakeContext context(40 + devices, devices);
+    spec.set_artifact_name(absl::StrCat("transcoder-", devices));
+    auto result = RunTrain(spec, env_, &context);
+    ASSERT_TRUE(result.ok()) << result.status();
+    const auto telemetry = context.telemetry();
+    EXPECT_LT(telemetry.back().loss(), 0.5 * telemetry.front().loss());
+    results.push_back(*result);
+  }
+  EXPECT_LT(results[0].final_fvu(), 0.3);
+  EXPECT_NEAR(results[1].final_fvu(), results[0].final_fvu(), 1e-3);
+  auto sae = Sae::Load(results[0].artifact_path());
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  const SaeConfig& cfg = sae->config();
+  EXPECT_TRUE(cfg.transcoder);
+  EXPECT_EQ(cfg.d_in, kWidth);
+  EXPECT_EQ(cfg.d_out, 12);
+  EXPECT_FALSE(cfg.apply_b_dec_to_input);
+  EXPECT_EQ(cfg.hook_name, "blocks.2.hook_resid_post");
+  EXPECT_EQ(cfg.hook_name_out, "blocks.2.hook_mlp_out");
+  const at::Tensor predicted = sae->Predict(x, sae->EncodeSparse(x));
+  const double fvu =
+      (y - predicted).pow(2).sum().item<double>() / (y - y.mean(0)).pow(2).sum().item<double>();
+  EXPECT_NEAR(fvu, results[0].final_fvu(), 0.1);
+
+  // Refused at submit, naming the field.
+  latentd::v1::TrainSpec bad = spec;
+  bad.set_target_dataset_id(make_target("short", 600));
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "does not hold the rows of dataset");
+  bad.set_target_dataset_id(dense_id_);
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.target_dataset_id: the same dataset");
+  bad.set_target_dataset_id(sparse_id_);
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.target_dataset_id");
+  bad.set_target_dataset_id(999);
+  ExpectError(bad, absl::StatusCode::kNotFound, "train.target_dataset_id");
+  bad.set_target_dataset_id(target);
+  bad.clear_sae();
+  bad.set_torchscript_path(root_ + "/model.pt");
+  ExpectError(bad, absl::StatusCode::kInvalidArgument,
+              "train.target_dataset_id: trains a transcoder");
+}
+
 TEST_F(TrainJobTest, InterruptedJobResumesToTheWeightsOfAnUninterruptedOne) {
   FakeContext straight(1, 1);
   latentd::v1::TrainSpec spec = SaeSpec("smfac");

@@ -14,8 +14,18 @@ SaeTrainable::SaeTrainable(const SaeModelOptions& options, c10::Device device) :
   sae_->to(device);
 }
 
+torch::Tensor SaeTrainable::Input(const torch::Tensor& rows) const {
+  const SaeModelOptions& o = sae_->options();
+  return o.d_out > 0 ? rows.narrow(1, 0, o.d_in) : rows;
+}
+
+torch::Tensor SaeTrainable::Target(const torch::Tensor& rows) const {
+  const SaeModelOptions& o = sae_->options();
+  return o.d_out > 0 ? rows.narrow(1, o.d_in, o.d_out) : rows;
+}
+
 absl::StatusOr<TrainableModel::Output> SaeTrainable::Forward(const torch::Tensor& batch) {
-  SaeForward forward = sae_->Forward(batch, dead_);
+  SaeForward forward = sae_->Forward(Input(batch), dead_, Target(batch));
   Output out;
   out.loss = forward.loss;
   out.aux_k_loss = forward.aux_k_loss;
@@ -29,11 +39,13 @@ absl::StatusOr<TrainableModel::Output> SaeTrainable::Forward(const torch::Tensor
 }
 
 std::string SaeTrainable::Calibrate(const std::vector<torch::Tensor>& batches) {
-  sae_->CalibrateBatchThreshold(batches);
+  std::vector<torch::Tensor> inputs;
+  for (const torch::Tensor& b : batches) inputs.push_back(Input(b));
+  sae_->CalibrateBatchThreshold(inputs);
   torch::NoGradGuard no_grad;
   double fired = 0;
   int64_t rows = 0;
-  for (const torch::Tensor& x : batches) {
+  for (const torch::Tensor& x : inputs) {
     fired += (sae_->Encode(x) != 0).sum().item<double>();
     rows += x.size(0);
   }
@@ -72,6 +84,11 @@ absl::Status SaeTrainable::Save(const std::string& dir) {
   config.apply_b_dec_to_input = options.apply_b_dec_to_input;
   config.hook_name = hook_name_;
   config.model_name = model_name_;
+  if (options.d_out > 0) {
+    config.transcoder = true;
+    config.d_out = options.d_out;
+    config.hook_name_out = hook_name_out_;
+  }
   config.matryoshka_widths = options.matryoshka_widths;
   return SaveSae(dir, weights, config);
 }

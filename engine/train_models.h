@@ -19,7 +19,9 @@ class SaeTrainable : public TrainableModel {
   std::vector<torch::Tensor> parameters() override { return sae_->ordered_parameters(); }
   std::vector<torch::Tensor> buffers() override { return sae_->ordered_buffers(); }
   absl::StatusOr<Output> Forward(const torch::Tensor& batch) override;
-  void InitFromData(const torch::Tensor& rows) override { sae_->InitDecoderBiasFromData(rows); }
+  void InitFromData(const torch::Tensor& rows) override {
+    sae_->InitDecoderBiasFromData(Target(rows));
+  }
   void BeforeOptimizerStep() override { sae_->RemoveParallelDecoderGrad(); }
   void AfterOptimizerStep() override { sae_->NormalizeDecoder(); }
   int64_t num_latents() const override { return sae_->options().d_sae; }
@@ -42,19 +44,27 @@ class SaeTrainable : public TrainableModel {
   // SAELens layout through engine/sae.h's SaveSae: sae_weights.safetensors + cfg.json
   // (BatchTopK as a JumpReLU SAE with its threshold on every latent).
   absl::Status Save(const std::string& dir) override;
-  // Recorded in cfg.json.
-  void set_provenance(std::string hook_name, std::string model_name) {
+  // Recorded in cfg.json; hook_name_out: a transcoder's (the hook it predicts).
+  void set_provenance(std::string hook_name, std::string model_name,
+                      std::string hook_name_out = "") {
     hook_name_ = std::move(hook_name);
     model_name_ = std::move(model_name);
+    hook_name_out_ = std::move(hook_name_out);
   }
 
   SaeModel& sae() { return sae_; }
 
  private:
+  // A transcoder's rows hold its input (d_in values) then its target (d_out values):
+  // PairedDenseRowSource. An SAE's rows are both.
+  torch::Tensor Input(const torch::Tensor& rows) const;
+  torch::Tensor Target(const torch::Tensor& rows) const;
+
   SaeModel sae_;
   torch::Tensor dead_;  // from SetDeadLatents
   std::string hook_name_;
   std::string model_name_;
+  std::string hook_name_out_;
 };
 
 // Loads a TorchScript module from `path`; Save writes dir/model.pt (torch.jit.load-able).
