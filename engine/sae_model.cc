@@ -129,6 +129,14 @@ void SaeModelImpl::InitDecoderBiasFromData(const torch::Tensor& rows) {
   b_dec.copy_(rows.to(torch::kFloat32).mean(0).to(b_dec.device()));
 }
 
+void SaeModelImpl::ScaleEncoderToTarget(const torch::Tensor& x, const torch::Tensor& y) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor yf = y.to(torch::kFloat64);
+  const double spread = (yf - yf.mean(0)).norm(2, {1}).mean().item<double>();
+  const double size = x.to(torch::kFloat64).norm(2, {1}).mean().item<double>();
+  if (spread > 0 && size > 0) W_enc.mul_(spread / size);
+}
+
 torch::Tensor SaeModelImpl::PreActivation(const torch::Tensor& x) {
   torch::Tensor input = options_.apply_b_dec_to_input ? x - b_dec : x;
   return torch::addmm(b_enc, input, W_enc);

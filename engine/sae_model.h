@@ -105,6 +105,11 @@ class SaeModelImpl : public torch::nn::Module {
   // b_dec := mean of `rows` (rows x OutWidth(): what the SAE reconstructs), the usual data
   // initialisation (SAELens' "mean").
   void InitDecoderBiasFromData(const torch::Tensor& rows);
+  // A transcoder: W_enc *= mean ‖y - mean(y)‖ / mean ‖x‖ over the rows, so that its first
+  // predictions have the target's scale, as an SAE's tied start has its input's. Without it a
+  // transcoder from a normed hook (‖x‖ = sqrt(d_in)) to a small MLP output started at FVU 350
+  // and an optimizer at an SAE's learning rate had not left it after 300 steps.
+  void ScaleEncoderToTarget(const torch::Tensor& x, const torch::Tensor& y);
 
   // Inference: what the exported SAE computes (BatchTopK: the JumpReLU of its threshold).
   torch::Tensor Encode(const torch::Tensor& x);

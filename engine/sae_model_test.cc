@@ -107,6 +107,14 @@ TEST(SaeModelTest, ATranscoderIsScoredOnItsTarget) {
   EXPECT_NEAR(out.loss.item<double>(), err.item<double>() / 32, 1e-4);
   EXPECT_NEAR(out.fvu, err.item<double>() / (y - y.mean(0)).pow(2).sum().item<double>(), 1e-5);
   EXPECT_NEAR(out.centred_squares, (y - sae->b_dec).pow(2).sum().item<double>(), 1e-3);
+
+  // Scaled to the target: W_enc's columns shrink by mean ‖y - mean y‖ / mean ‖x‖.
+  const torch::Tensor small = (torch::randn({32, 5}) * 0.01).to(torch::kFloat32);
+  const double ratio = (small - small.mean(0)).norm(2, {1}).mean().item<double>() /
+                       x.norm(2, {1}).mean().item<double>();
+  const torch::Tensor before = sae->W_enc.detach().clone();
+  sae->ScaleEncoderToTarget(x, small);
+  EXPECT_TRUE(torch::allclose(sae->W_enc, before * ratio, 1e-5, 1e-7));
 }
 
 // BatchTopK keeps the k x rows largest activations of the whole batch (rows keep different

@@ -21,6 +21,7 @@ class SaeTrainable : public TrainableModel {
   absl::StatusOr<Output> Forward(const torch::Tensor& batch) override;
   void InitFromData(const torch::Tensor& rows) override {
     sae_->InitDecoderBiasFromData(Target(rows));
+    if (sae_->options().d_out > 0) sae_->ScaleEncoderToTarget(Input(rows), Target(rows));
   }
   void BeforeOptimizerStep() override { sae_->RemoveParallelDecoderGrad(); }
   void AfterOptimizerStep() override { sae_->NormalizeDecoder(); }
