@@ -80,6 +80,12 @@ absl::StatusOr<SaeModelOptions> SaeModelOptionsFromProto(const latentd::v1::SaeT
   // disable_apply_b_dec_to_input, like disable_error_feedback.
   options.apply_b_dec_to_input = !config.disable_apply_b_dec_to_input() && d_out <= 0;
   options.d_out = std::max<int64_t>(d_out, 0);
+  if (config.skip_connection() && options.d_out == 0) {
+    return absl::InvalidArgumentError(
+        "train.sae.skip_connection: a transcoder's (train.target_dataset_id); an SAE's input is "
+        "its target, which a skip connection would copy");
+  }
+  options.skip = config.skip_connection();
   options.seed = seed;
   return options;
 }
@@ -96,6 +102,9 @@ SaeModelImpl::SaeModelImpl(const SaeModelOptions& options) : options_(options) {
   }
   if (options.architecture == latentd::v1::BATCHTOPK) {
     batch_threshold = register_buffer("batch_threshold", torch::zeros({}, f32));
+  }
+  if (options.skip) {
+    W_skip = register_parameter("W_skip", torch::zeros({options.OutWidth(), options.d_in}, f32));
   }
   InitWeights();
 }
@@ -122,6 +131,7 @@ void SaeModelImpl::InitWeights() {
   W_enc.copy_(options_.d_out > 0 ? unit_rows(options_.d_in).t() : w.t());
   b_enc.zero_();
   b_dec.zero_();
+  if (W_skip.defined()) W_skip.zero_();
 }
 
 void SaeModelImpl::InitDecoderBiasFromData(const torch::Tensor& rows) {
@@ -210,8 +220,11 @@ SaeForward SaeModelImpl::Forward(const torch::Tensor& x, const torch::Tensor& de
   }
   // Matryoshka: the inner levels' squared errors, each x_hat growing by the next slice of latents.
   std::vector<torch::Tensor> prefix_sq;
+  // What the latents add to: b_dec, and a skip transcoder's linear map of the input.
+  const torch::Tensor base =
+      W_skip.defined() ? torch::addmm(b_dec, x, W_skip.t()) : torch::Tensor();
   if (options_.matryoshka_widths.size() > 1) {
-    torch::Tensor x_hat = b_dec.unsqueeze(0);
+    torch::Tensor x_hat = base.defined() ? base : b_dec.unsqueeze(0);
     int64_t begin = 0;
     for (const int64_t end : options_.matryoshka_widths) {
       x_hat = x_hat + out.latents.slice(1, begin, end).matmul(W_dec.slice(0, begin, end));
@@ -220,7 +233,7 @@ SaeForward SaeModelImpl::Forward(const torch::Tensor& x, const torch::Tensor& de
     }
     out.x_hat = x_hat;
   } else {
-    out.x_hat = Decode(out.latents);
+    out.x_hat = base.defined() ? base + out.latents.matmul(W_dec) : Decode(out.latents);
   }
   torch::Tensor sq = (y - out.x_hat).pow(2).sum(1);
   torch::Tensor mse = sq.mean();
@@ -291,6 +304,7 @@ void SaeModelImpl::NormalizeDecoder() {
 std::vector<torch::Tensor> SaeModelImpl::ordered_parameters() const {
   std::vector<torch::Tensor> params = {W_enc, b_enc, W_dec, b_dec};
   if (log_threshold.defined()) params.push_back(log_threshold);
+  if (W_skip.defined()) params.push_back(W_skip);  // last: older checkpoints keep their order
   return params;
 }
 
@@ -309,6 +323,7 @@ std::map<std::string, torch::Tensor> SaeModelImpl::ExportWeights() const {
   if (log_threshold.defined()) {
     weights["threshold"] = log_threshold.detach().exp().to(torch::kCPU).contiguous();
   }
+  if (W_skip.defined()) weights["W_skip"] = W_skip.detach().to(torch::kCPU).contiguous().clone();
   if (batch_threshold.defined()) {
     weights["threshold"] =
         batch_threshold.detach().to(torch::kCPU).expand({options_.d_sae}).contiguous();

@@ -60,6 +60,8 @@ struct SaeModelOptions {
   // SAE, which reconstructs its input. A transcoder never subtracts b_dec (its output-side bias)
   // from the input, and its W_enc is drawn apart from W_dec (they live in different spaces).
   int64_t d_out = 0;
+  // A transcoder's skip connection: x_hat += x W_skip^T (W_skip [d_out, d_in], zero at the start).
+  bool skip = false;
 
   int64_t OutWidth() const { return d_out > 0 ? d_out : d_in; }
 };
@@ -113,6 +115,8 @@ class SaeModelImpl : public torch::nn::Module {
 
   // Inference: what the exported SAE computes (BatchTopK: the JumpReLU of its threshold).
   torch::Tensor Encode(const torch::Tensor& x);
+  // z W_dec + b_dec: the prediction of an SAE or of a transcoder without a skip connection (a
+  // skip transcoder's adds x W_skip^T, which Forward does).
   torch::Tensor Decode(const torch::Tensor& z) { return torch::addmm(b_dec, z, W_dec); }
   // Training: the loss and metrics of a batch. dead: optional bool [d_sae] on the model's
   // device, true for dead latents (AuxK). target: a transcoder's rows x d_out to predict (the
@@ -140,6 +144,7 @@ class SaeModelImpl : public torch::nn::Module {
   std::vector<torch::Tensor> ordered_buffers() const;
 
   torch::Tensor W_enc, b_enc, W_dec, b_dec, log_threshold;
+  torch::Tensor W_skip;           // skip transcoders: [d_out, d_in]
   torch::Tensor batch_threshold;  // BatchTopK: scalar float32; 0 until calibrated
 
  private:

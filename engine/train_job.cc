@@ -103,6 +103,7 @@ std::vector<std::vector<int64_t>> SaeShapes(const SaeModelOptions& o) {
   std::vector<std::vector<int64_t>> shapes = {
       {o.d_in, o.d_sae}, {o.d_sae}, {o.d_sae, o.OutWidth()}, {o.OutWidth()}};
   if (o.architecture == latentd::v1::JUMPRELU) shapes.push_back({o.d_sae});
+  if (o.skip) shapes.push_back({o.OutWidth(), o.d_in});
   return shapes;
 }
 

@@ -404,6 +404,49 @@ TEST_F(TrainJobTest, ATranscoderLearnsToPredictItsTargetDataset) {
       (y - predicted).pow(2).sum().item<double>() / (y - y.mean(0)).pow(2).sum().item<double>();
   EXPECT_NEAR(fvu, results[0].final_fvu(), 0.1);
 
+  // A skip transcoder on a target with a large linear part: W_skip takes it, the latents the
+  // rest, and with 2 latents a row it predicts far better than the transcoder without one (whose
+  // 2 latents cannot span a full-rank linear map).
+  const at::Tensor linear = at::randn({kWidth, 12}, gen, torch::kFloat32);
+  const at::Tensor with_linear = (y + x.matmul(linear)).contiguous();
+  auto make = [&](const std::string& name, const at::Tensor& t) {
+    storage::DatasetMeta meta;
+    meta.name = name;
+    meta.kind = storage::DatasetKind::kDense;
+    meta.value_dtype = storage::ValueDtype::kFloat32;
+    meta.width = 12;
+    meta.d_in = 12;
+    meta.hook_name = "blocks.2.hook_mlp_out";
+    auto id = store_->CreateDataset(meta);
+    auto writer = store_->OpenWriter(*id);
+    EXPECT_TRUE((*writer)->AppendDense(640, t.data_ptr<float>(), tokens.data()).ok());
+    EXPECT_TRUE((*writer)->Commit().ok());
+    return *id;
+  };
+  spec.set_target_dataset_id(make("mlp_plus_linear", with_linear));
+  spec.mutable_sae()->set_k(2);
+  std::map<bool, latentd::v1::TrainResult> by_skip;
+  for (bool skip : {false, true}) {
+    FakeContext context(50 + skip, 1);
+    spec.mutable_sae()->set_skip_connection(skip);
+    spec.set_artifact_name(absl::StrCat("skip-", skip));
+    auto result = RunTrain(spec, env_, &context);
+    ASSERT_TRUE(result.ok()) << result.status();
+    by_skip[skip] = *result;
+  }
+  EXPECT_LT(by_skip[true].final_fvu(), 0.5 * by_skip[false].final_fvu());
+  auto skip_sae = Sae::Load(by_skip[true].artifact_path());
+  ASSERT_TRUE(skip_sae.ok()) << skip_sae.status();
+  EXPECT_TRUE(skip_sae->config().skip);
+  ASSERT_TRUE(skip_sae->weights().W_skip.defined());
+  const at::Tensor skip_predicted = skip_sae->Predict(x, skip_sae->EncodeSparse(x));
+  const double skip_fvu = (with_linear - skip_predicted).pow(2).sum().item<double>() /
+                          (with_linear - with_linear.mean(0)).pow(2).sum().item<double>();
+  EXPECT_NEAR(skip_fvu, by_skip[true].final_fvu(), 0.1);
+  spec.mutable_sae()->set_skip_connection(false);
+  spec.mutable_sae()->set_k(8);
+  spec.set_target_dataset_id(target);
+
   // Refused at submit, naming the field.
   latentd::v1::TrainSpec bad = spec;
   bad.set_target_dataset_id(make_target("short", 600));
@@ -419,6 +462,9 @@ TEST_F(TrainJobTest, ATranscoderLearnsToPredictItsTargetDataset) {
   bad.set_torchscript_path(root_ + "/model.pt");
   ExpectError(bad, absl::StatusCode::kInvalidArgument,
               "train.target_dataset_id: trains a transcoder");
+  bad = SaeSpec("adam");
+  bad.mutable_sae()->set_skip_connection(true);
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.sae.skip_connection");
 }
 
 TEST_F(TrainJobTest, InterruptedJobResumesToTheWeightsOfAnUninterruptedOne) {

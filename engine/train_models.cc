@@ -66,6 +66,7 @@ absl::Status SaeTrainable::Save(const std::string& dir) {
   weights.W_dec = exported["W_dec"];
   weights.b_dec = exported["b_dec"];
   if (exported.count("threshold")) weights.threshold = exported["threshold"];
+  if (exported.count("W_skip")) weights.W_skip = exported["W_skip"];
   SaeConfig config;
   config.d_in = options.d_in;
   config.d_sae = options.d_sae;
@@ -88,6 +89,7 @@ absl::Status SaeTrainable::Save(const std::string& dir) {
     config.transcoder = true;
     config.d_out = options.d_out;
     config.hook_name_out = hook_name_out_;
+    config.skip = options.skip;
   }
   config.matryoshka_widths = options.matryoshka_widths;
   return SaveSae(dir, weights, config);
