@@ -356,9 +356,13 @@ std::string LatentIndexHtml(const v1::ListLatentsResponse& overview,
   absl::StrAppendFormat(&html, "<p>%d rows; %d dead latents (%.2f%%); %d match the filter</p>\n",
                         overview.rows(), overview.dead_latents(), dead_share, overview.matching());
   if (options.fit != nullptr && options.fit->rows() > 0) {
+    const std::string& predicted = options.fit->predicted_hook();
     absl::StrAppendFormat(&html,
-                          "<p>the SAE reconstructs the hook with explained variance %.4f, "
-                          "MSE %.4g, cosine %.4f (over %d rows)</p>\n",
+                          "<p>%s with explained variance %.4f, MSE %.4g, cosine %.4f (over %d "
+                          "rows)</p>\n",
+                          predicted.empty()
+                              ? std::string("the SAE reconstructs the hook")
+                              : absl::StrCat("the transcoder predicts ", HtmlEscape(predicted)),
                           options.fit->explained_variance(), options.fit->mse(),
                           options.fit->cosine_similarity(), options.fit->rows());
   }

@@ -306,6 +306,14 @@ TEST(LatentViewTest, DashboardPagesLinkToEachOther) {
   EXPECT_NE(with_fit.find("explained variance 0.8125, MSE 0.002, cosine 0.9000 (over 1000 rows)"),
             std::string::npos)
       << with_fit;
+  EXPECT_NE(with_fit.find("the SAE reconstructs the hook"), std::string::npos);
+  fit.set_predicted_hook("blocks.1.hook_mlp_out");  // a transcoder's
+  const std::string transcoder =
+      LatentIndexHtml(overview, {3, "the 2 frequent", true, nullptr, nullptr, &fit});
+  EXPECT_NE(transcoder.find("the transcoder predicts blocks.1.hook_mlp_out with explained "
+                            "variance 0.8125"),
+            std::string::npos)
+      << transcoder;
   EXPECT_EQ(LatentPageName(42), "latent-42.html");
 }
 

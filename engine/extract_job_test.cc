@@ -621,6 +621,7 @@ TEST_F(ExtractJobTest, ATranscoderIsMeasuredAgainstTheHookItPredicts) {
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->hook_name(), "blocks.1.mlp.hook_post");
   EXPECT_EQ(info->hook_name_out(), "blocks.1.hook_mlp_out");
+  EXPECT_EQ(info->fit().predicted_hook(), "blocks.1.hook_mlp_out");  // the summary says it too
 
   // The ln2 transcoder, against the same hooks computed here.
   std::vector<uint16_t> ids(40 * kCtx);

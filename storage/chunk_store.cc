@@ -512,7 +512,10 @@ absl::StatusOr<latentd::v1::DatasetInfo> ChunkStore::GetDataset(uint64_t id) con
   ASSIGN_OR_RETURN(uint64_t bytes, BytesOnDisk(id));
   latentd::v1::DatasetInfo info = ToInfo(rec, bytes);
   ASSIGN_OR_RETURN(const ReconstructionFit fit, GetReconstructionFit(id));
-  if (fit.rows > 0) *info.mutable_fit() = ToSaeFit(fit);
+  if (fit.rows > 0) {
+    *info.mutable_fit() = ToSaeFit(fit);
+    info.mutable_fit()->set_predicted_hook(m.hook_name_out);
+  }
   return info;
 }
 

@@ -576,6 +576,51 @@ class TrainLoop(DaemonTestCase):
             "sae": {"artifactId": str(result.artifact_id)}}).id)
         self.assertEqual(sparse.state, jobs_pb2.SUCCEEDED, sparse.message)
 
+    def test_a_transcoder_from_two_hooks_to_its_latents(self):
+        # The transcoder loop through the daemon: one DENSE job stores the MLP's normed input and
+        # its output, TRAIN fits a skip transcoder from one to the other, and a SPARSE job with
+        # the artifact stores the input's latents, measuring the prediction against the output.
+        inputs, daemon = self.inputs_and_daemon()
+        c = daemon.client()
+        tokens, dense = self.dense_dataset(c, inputs, hookName="blocks.1.ln2.hook_normalized",
+                                           moreOutputs=[{"hookName": "blocks.1.hook_mlp_out"}])
+        mlp_in = dense.result.extract.dataset_id
+        mlp_out = dense.result.extract.more_outputs[0].dataset_id
+        train = c.wait(c.submit("TRAIN", {
+            "datasetId": str(mlp_in), "targetDatasetId": str(mlp_out),
+            "sae": {"architecture": "TOPK", "dSae": 256, "k": 8, "skipConnection": True},
+            "optimizer": {"name": "smfac", "lr": 3e-3, "window": 8, "density": 0.05},
+            "batchSize": 64, "steps": 200, "telemetryEvery": 50}).id)
+        self.assertEqual(train.state, jobs_pb2.SUCCEEDED, train.message)
+        result = train.result.train
+        self.assertLess(result.final_fvu, 0.9)
+        with open(os.path.join(result.artifact_path, "cfg.json")) as f:
+            cfg = json.load(f)
+        self.assertEqual(cfg["architecture"], "topk_skip_transcoder")
+        self.assertEqual(cfg["hook_name"], "blocks.1.ln2.hook_normalized")
+        self.assertEqual(cfg["hook_name_out"], "blocks.1.hook_mlp_out")
+        sparse = c.wait(c.submit("EXTRACT", {
+            "model": MODEL, "hookName": "blocks.1.ln2.hook_normalized", "tokens": tokens,
+            "sae": {"artifactId": str(result.artifact_id)}, "downstreamLossSequences": 8}).id)
+        self.assertEqual(sparse.state, jobs_pb2.SUCCEEDED, sparse.message)
+        fit = sparse.result.extract.fit
+        self.assertEqual(fit.predicted_hook, "blocks.1.hook_mlp_out")
+        # The same rows the training ended on: what it explained there, it explains here.
+        self.assertAlmostEqual(fit.explained_variance, 1 - result.final_fvu, delta=0.1)
+        self.assertGreater(sparse.result.extract.downstream_loss.predictions, 0)
+        info = c.get_dataset(sparse.result.extract.dataset_id)
+        self.assertEqual(info.hook_name_out, "blocks.1.hook_mlp_out")
+        self.assertIn("explained variance of blocks.1.hook_mlp_out",
+                      daemon.latentctl("get", str(sparse.id)).stdout)
+        self.assertIn("tc topk 8", daemon.latentctl("datasets").stdout)
+        # Its latents answer as any SAE's: the most frequent one's top row is its largest value.
+        rows, _ = c.read_rows(info.id)
+        counts = numpy.bincount(rows.indices, minlength=rows.shape[1])
+        latent = int(numpy.argmax(counts))
+        answer = c.get_latent(info.id, latent, top_n=3)
+        self.assertEqual(answer.statistics.firing_count, counts[latent])
+        self.assertAlmostEqual(answer.top[0].value, rows[:, latent].max(), places=3)
+
     def test_training_on_a_models_activations_equals_training_on_their_dataset(self):
         train = {"sae": {"architecture": "TOPK", "dSae": 256, "k": 8},
                  "optimizer": {"name": "adam", "lr": 1e-3}, "batchSize": 64, "epochs": 2,
