@@ -514,7 +514,7 @@ absl::StatusOr<latentd::v1::DatasetInfo> ChunkStore::GetDataset(uint64_t id) con
   ASSIGN_OR_RETURN(const ReconstructionFit fit, GetReconstructionFit(id));
   if (fit.rows > 0) {
     *info.mutable_fit() = ToSaeFit(fit);
-    info.mutable_fit()->set_predicted_hook(m.hook_name_out);
+    info.mutable_fit()->set_predicted_hook(rec.meta.hook_name_out);
   }
   return info;
 }
