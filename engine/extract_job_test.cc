@@ -578,11 +578,13 @@ TEST_F(ExtractJobTest, ATranscoderIsMeasuredAgainstTheHookItPredicts) {
   exact.d_out = 16;
   exact.hook_name_out = "blocks.1.hook_mlp_out";
   // A threshold below every activation: z = pre = the activations, negative ones included.
-  ASSERT_TRUE(
-      SaveSae(Tmp("root/exact_tc"),
-              {at::eye(64), at::zeros({64}), W_out.clone(), b_out.clone(), at::full({64}, -1e30)},
-              exact)
-          .ok());
+  // `exact` with its hook_name_out as it stands, in root/<name>.
+  auto save_exact = [&](const std::string& name) {
+    return SaveSae(
+        Tmp("root/" + name),
+        {at::eye(64), at::zeros({64}), W_out.clone(), b_out.clone(), at::full({64}, -1e30)}, exact);
+  };
+  ASSERT_TRUE(save_exact("exact_tc").ok());
   SaeConfig ln2 = exact;
   ln2.d_in = 16;
   ln2.d_sae = 48;
@@ -664,21 +666,13 @@ TEST_F(ExtractJobTest, ATranscoderIsMeasuredAgainstTheHookItPredicts) {
   latentd::v1::ExtractSpec bad = Spec();
   bad.set_hook_name("blocks.1.mlp.hook_post");
   exact.hook_name_out = "blocks.0.hook_mlp_out";
-  ASSERT_TRUE(
-      SaveSae(Tmp("root/early_tc"),
-              {at::eye(64), at::zeros({64}), W_out.clone(), b_out.clone(), at::full({64}, -1e30)},
-              exact)
-          .ok());
+  ASSERT_TRUE(save_exact("early_tc").ok());
   bad.mutable_sae()->set_path(root_ + "/early_tc");
   absl::Status s = ValidateExtractSpec(bad, env_);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("computes blocks.0.hook_mlp_out first"), std::string::npos) << s;
   exact.hook_name_out = "blocks.1.mlp.hook_post";  // 64 wide, d_out 16
-  ASSERT_TRUE(
-      SaveSae(Tmp("root/wide_tc"),
-              {at::eye(64), at::zeros({64}), W_out.clone(), b_out.clone(), at::full({64}, -1e30)},
-              exact)
-          .ok());
+  ASSERT_TRUE(save_exact("wide_tc").ok());
   bad.set_hook_name("blocks.0.mlp.hook_post");
   bad.mutable_sae()->set_path(root_ + "/wide_tc");
   s = ValidateExtractSpec(bad, env_);

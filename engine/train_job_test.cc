@@ -355,23 +355,25 @@ TEST_F(TrainJobTest, ATranscoderLearnsToPredictItsTargetDataset) {
   const at::Tensor W1 = at::randn({kWidth, 32}, gen, torch::kFloat32) * 0.5;
   const at::Tensor W2 = at::randn({32, 12}, gen, torch::kFloat32) * 0.3;
   const at::Tensor y = at::gelu(x.matmul(W1)).matmul(W2).contiguous();
-  auto make_target = [&](const std::string& name, int64_t n) {
+  // A DENSE dataset of the same rows (token ids) at the MLP's output.
+  auto make_target = [&](const std::string& name, const at::Tensor& values) {
     storage::DatasetMeta meta;
     meta.name = name;
     meta.kind = storage::DatasetKind::kDense;
     meta.value_dtype = storage::ValueDtype::kFloat32;
-    meta.width = 12;
-    meta.d_in = 12;
+    meta.width = static_cast<int32_t>(values.size(1));
+    meta.d_in = meta.width;
     meta.hook_name = "blocks.2.hook_mlp_out";
     meta.model_id = "reference";
     auto id = store_->CreateDataset(meta);
     EXPECT_TRUE(id.ok()) << id.status();
     auto writer = store_->OpenWriter(*id);
-    EXPECT_TRUE((*writer)->AppendDense(n, y.data_ptr<float>(), tokens.data()).ok());
+    const at::Tensor rows = values.contiguous();
+    EXPECT_TRUE((*writer)->AppendDense(rows.size(0), rows.data_ptr<float>(), tokens.data()).ok());
     EXPECT_TRUE((*writer)->Commit().ok());
     return *id;
   };
-  const uint64_t target = make_target("mlp_out", 640);
+  const uint64_t target = make_target("mlp_out", y);
 
   latentd::v1::TrainSpec spec = SaeSpec("adam");
   spec.set_target_dataset_id(target);
@@ -409,21 +411,7 @@ TEST_F(TrainJobTest, ATranscoderLearnsToPredictItsTargetDataset) {
   // 2 latents cannot span a full-rank linear map).
   const at::Tensor linear = at::randn({kWidth, 12}, gen, torch::kFloat32);
   const at::Tensor with_linear = (y + x.matmul(linear)).contiguous();
-  auto make = [&](const std::string& name, const at::Tensor& t) {
-    storage::DatasetMeta meta;
-    meta.name = name;
-    meta.kind = storage::DatasetKind::kDense;
-    meta.value_dtype = storage::ValueDtype::kFloat32;
-    meta.width = 12;
-    meta.d_in = 12;
-    meta.hook_name = "blocks.2.hook_mlp_out";
-    auto id = store_->CreateDataset(meta);
-    auto writer = store_->OpenWriter(*id);
-    EXPECT_TRUE((*writer)->AppendDense(640, t.data_ptr<float>(), tokens.data()).ok());
-    EXPECT_TRUE((*writer)->Commit().ok());
-    return *id;
-  };
-  spec.set_target_dataset_id(make("mlp_plus_linear", with_linear));
+  spec.set_target_dataset_id(make_target("mlp_plus_linear", with_linear));
   spec.mutable_sae()->set_k(2);
   std::map<bool, latentd::v1::TrainResult> by_skip;
   for (bool skip : {false, true}) {
@@ -449,7 +437,7 @@ TEST_F(TrainJobTest, ATranscoderLearnsToPredictItsTargetDataset) {
 
   // Refused at submit, naming the field.
   latentd::v1::TrainSpec bad = spec;
-  bad.set_target_dataset_id(make_target("short", 600));
+  bad.set_target_dataset_id(make_target("short", y.narrow(0, 0, 600)));
   ExpectError(bad, absl::StatusCode::kInvalidArgument, "does not hold the rows of dataset");
   bad.set_target_dataset_id(dense_id_);
   ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.target_dataset_id: the same dataset");
