@@ -148,7 +148,8 @@ void SaeModelImpl::ScaleEncoderToTarget(const torch::Tensor& x, const torch::Ten
 }
 
 torch::Tensor SaeModelImpl::PreActivation(const torch::Tensor& x) {
-  torch::Tensor input = options_.apply_b_dec_to_input ? x - b_dec : x;
+  // A transcoder's b_dec is on its output side (d_out wide): never subtracted from x.
+  torch::Tensor input = options_.apply_b_dec_to_input && options_.d_out == 0 ? x - b_dec : x;
   return torch::addmm(b_enc, input, W_enc);
 }
 

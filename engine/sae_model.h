@@ -22,6 +22,9 @@
 // latents; each level reconstructs from its prefix, x_hat_w = z[:, :w] @ W_dec[:w] + b_dec, and
 //   loss = sum over levels of mean over rows ||x - x_hat_w||^2   (+ the sparsity / AuxK terms)
 // computed with one pass over W_dec (each level adds its slice to the previous one's x_hat).
+// A transcoder (d_out > 0) is the same model scored on a target y (d_out wide: another hook of
+// the same rows) instead of x: every x - x_hat above is y - x_hat, b_dec is y's, pre never
+// subtracts it, and a skip transcoder's x_hat adds x W_skip^T.
 // Decoder rows are kept at unit norm (all but ReLU): after each optimizer step
 // NormalizeDecoder() rescales them, and RemoveParallelDecoderGrad() before the step removes the
 // gradient component that would only change their norm. Weights are float32.
