@@ -554,6 +554,13 @@ absl::StatusOr<std::optional<HfModelWeights>> LoadNativeWeights(const ExtractSpe
   return weights;
 }
 
+// The hooks of the spec's outputs, in order.
+std::vector<HookName> OutputHooks(const Checked& c) {
+  std::vector<HookName> hooks;
+  for (const CheckedOutput& out : c.outputs) hooks.push_back(out.hook);
+  return hooks;
+}
+
 // The spec's model with `hooks` on `device`. May throw c10::Error.
 absl::StatusOr<std::unique_ptr<ActivationModel>> MakeModel(
     const ExtractSpec& spec, const Checked& c, const std::optional<HfModelWeights>& native_weights,
@@ -583,8 +590,7 @@ absl::StatusOr<ExtractInputs> OpenExtractInputs(const ExtractSpec& spec, const E
     ASSIGN_OR_RETURN(const std::optional<HfModelWeights> native_weights,
                      LoadNativeWeights(spec, c));
     ASSIGN_OR_RETURN(const at::Device at_device, ToAtDevice(device));
-    ASSIGN_OR_RETURN(inputs.model,
-                     MakeModel(spec, c, native_weights, {c.outputs[0].hook}, at_device));
+    ASSIGN_OR_RETURN(inputs.model, MakeModel(spec, c, native_weights, OutputHooks(c), at_device));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("loading the model: ", e.what()));
   }
@@ -595,12 +601,14 @@ absl::StatusOr<ExtractRowShape> ExtractRowShapeOf(const ExtractSpec& spec, const
   ASSIGN_OR_RETURN(Checked c, Check(spec, env));
   ExtractRowShape shape;
   shape.rows = c.rows;
-  shape.width = c.outputs[0].hook_width;
+  for (const CheckedOutput& out : c.outputs) shape.widths.push_back(out.hook_width);
+  shape.width = shape.widths[0];
   if (shape.width > 0) return shape;
   try {
     ASSIGN_OR_RETURN(auto model,
-                     MakeModel(spec, c, std::nullopt, {c.outputs[0].hook}, at::Device(at::kCPU)));
-    shape.width = model->hook_width();
+                     MakeModel(spec, c, std::nullopt, OutputHooks(c), at::Device(at::kCPU)));
+    shape.widths = model->hook_widths();
+    shape.width = shape.widths[0];
     return shape;
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("loading the model: ", e.what()));
@@ -663,8 +671,7 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   const int cpu_threads = cpu_devices > 0 ? std::max(1, host_cores / cpu_devices) : 0;
 
   // The outputs' hooks, then the hooks transcoders predict (fit_hooks).
-  std::vector<HookName> hooks;
-  for (const CheckedOutput& out : c.outputs) hooks.push_back(out.hook);
+  std::vector<HookName> hooks = OutputHooks(c);
   std::vector<int> fit_hooks;
   for (int o = 0; c.sparse && o < num_outputs; ++o) {
     fit_hooks.push_back(c.outputs[o].hook_out ? static_cast<int>(hooks.size()) : o);

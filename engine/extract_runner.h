@@ -85,9 +85,10 @@ using SinkOpener = std::function<absl::StatusOr<OpenedSink>(const ExtractDataset
 // (INVALID_ARGUMENT naming the field, e.g. "extract.hook_name").
 absl::Status ValidateExtractSpec(const latentd::v1::ExtractSpec& spec, const ExtractEnv& env);
 
-// What a DENSE spec of one hook computes its rows from, for callers that want the rows without
-// a dataset (TRAIN on a model's hidden states): the model on `device` with the spec's hook, and
-// the token shard. Checked as ValidateExtractSpec checks (errors name "extract.<field>").
+// What a DENSE spec computes its rows from, for callers that want the rows without a dataset
+// (TRAIN on a model's hidden states): the model on `device` with the hooks of the spec's outputs
+// (hook_name, then more_outputs': ForwardHooks gives them in that order), and the token shard.
+// Checked as ValidateExtractSpec checks (errors name "extract.<field>").
 struct ExtractInputs {
   ExtractInputs();
   ExtractInputs(ExtractInputs&&);
@@ -102,11 +103,12 @@ absl::StatusOr<ExtractInputs> OpenExtractInputs(const latentd::v1::ExtractSpec& 
 // a CPU, fewer at long contexts, keeping B x L^2 (attention's [B, heads, L, L] scores) at most
 // 32 x 128^2: 8 at 256 tokens, 2 at 512, 1 from 1024.
 int64_t DefaultBatchSequences(int64_t context_length, bool all_cpu);
-// The rows of the spec's token shard and the width of its hook: from the model's config where
-// it is run natively, else (a TorchScript model) by loading it on the CPU.
+// The rows of the spec's token shard and the widths of its outputs' hooks: from the model's
+// config where it is run natively, else (a TorchScript model) by loading it on the CPU.
 struct ExtractRowShape {
   int64_t rows = 0;
-  int64_t width = 0;
+  int64_t width = 0;            // of hook_name
+  std::vector<int64_t> widths;  // of every output's hook, hook_name's first
 };
 absl::StatusOr<ExtractRowShape> ExtractRowShapeOf(const latentd::v1::ExtractSpec& spec,
                                                   const ExtractEnv& env);

@@ -23,6 +23,7 @@
 #include "engine/checkpoint.h"
 #include "engine/data_parallel.h"
 #include "engine/extract_runner.h"
+#include "engine/hook_name.h"
 #include "engine/job_continuation.h"
 #include "engine/lr_schedule.h"
 #include "engine/optimizer_factory.h"
@@ -57,6 +58,8 @@ struct TrainPlan {
   // sees are width + target_width wide (PairedDenseRowSource).
   std::optional<storage::DatasetRecord> target;
   int64_t target_width = 0;
+  // A transcoder's target hook (the target dataset's, or spec.target_hook_name); "" for an SAE.
+  std::string target_hook;
   // Values in a row the train loop reads.
   int64_t row_width() const { return width + target_width; }
   bool sae = true;
@@ -157,6 +160,17 @@ absl::Status InActivationsField(const absl::Status& status) {
   return WithMessage(status, message);
 }
 
+// As InActivationsField, but the target hook train.target_hook_name added as the activation
+// spec's second output is named as the user named it.
+absl::Status InTargetOrActivationsField(const absl::Status& status) {
+  constexpr absl::string_view kTarget = "extract.more_outputs[0].hook_name";
+  if (absl::StartsWith(status.message(), kTarget)) {
+    return WithMessage(
+        status, absl::StrCat("train.target_hook_name", status.message().substr(kTarget.size())));
+  }
+  return InActivationsField(status);
+}
+
 ExtractEnv ActivationEnv(const TrainEnv& env) {
   ExtractEnv extract_env;
   extract_env.data_roots = env.data_roots;
@@ -235,6 +249,29 @@ absl::StatusOr<std::pair<storage::DatasetRecord, int64_t>> CheckTranscoderTarget
   return std::make_pair(out, (*target)->width());
 }
 
+// A transcoder's target hook (plan.target_hook, from target_hook_name or the target dataset):
+// only with an SAE (and target_hook_name only with activations), and computed after the input,
+// or EXTRACT could not run the artifact (names that do not parse, from a TorchScript export's
+// datasets, are not ordered).
+absl::Status CheckTargetHook(const latentd::v1::TrainSpec& spec, const TrainPlan& plan) {
+  if (!spec.target_hook_name().empty() &&
+      (!spec.has_sae() || !plan.activations || spec.target_dataset_id() != 0)) {
+    return absl::InvalidArgumentError(
+        "train.target_hook_name: trains a transcoder (train.sae) on train.activations; from "
+        "datasets, name the target with train.target_dataset_id");
+  }
+  if (plan.target_hook.empty()) return absl::OkStatus();
+  const absl::StatusOr<HookName> in = ParseHookName(plan.record.meta.hook_name);
+  const absl::StatusOr<HookName> out = ParseHookName(plan.target_hook);
+  if (in.ok() && out.ok() && !ComputedBefore(*in, *out)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec.target_hook_name().empty() ? "train.target_dataset_id" : "train.target_hook_name",
+        ": a transcoder predicts a hook computed after the one it reads; ", plan.target_hook,
+        " is not after ", plan.record.meta.hook_name));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const TrainEnv& env) {
   if (env.store == nullptr) return absl::FailedPreconditionError("TRAIN: no chunk store");
   TrainPlan plan;
@@ -261,14 +298,23 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
       return absl::InvalidArgumentError("train.dataset_id / train.activations: set one, not both");
     }
     ASSIGN_OR_RETURN(plan.activation_spec, CheckActivationSpec(spec.activations()));
+    if (!spec.target_hook_name().empty()) {
+      // The target is the spec's second output: one forward pass gives both hooks.
+      plan.activation_spec.add_more_outputs()->set_hook_name(spec.target_hook_name());
+    }
     const ExtractEnv extract_env = ActivationEnv(env);
-    RETURN_IF_ERROR(InActivationsField(ValidateExtractSpec(plan.activation_spec, extract_env)));
+    RETURN_IF_ERROR(
+        InTargetOrActivationsField(ValidateExtractSpec(plan.activation_spec, extract_env)));
     auto shape = ExtractRowShapeOf(plan.activation_spec, extract_env);
-    if (!shape.ok()) return InActivationsField(shape.status());
+    if (!shape.ok()) return InTargetOrActivationsField(shape.status());
     plan.activations = true;
     plan.record.rows_committed = shape->rows;
     plan.record.meta.hook_name = plan.activation_spec.hook_name();
     plan.width = shape->width;
+    if (!spec.target_hook_name().empty()) {
+      plan.target_width = shape->widths[1];
+      plan.target_hook = spec.target_hook_name();
+    }
   } else {
     ASSIGN_OR_RETURN(auto source, StoreDenseRowSource::Open(env.store, spec.dataset_id()));
     plan.record = source->record();
@@ -277,7 +323,9 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
   if (spec.target_dataset_id() != 0) {
     ASSIGN_OR_RETURN(std::tie(plan.target, plan.target_width),
                      CheckTranscoderTarget(spec, env, plan));
+    plan.target_hook = plan.target->meta.hook_name;
   }
+  RETURN_IF_ERROR(CheckTargetHook(spec, plan));
   if (has_sae == has_module) {
     return absl::InvalidArgumentError(
         "train.sae / train.torchscript_path: set exactly one (an SAE to train, or a module)");
@@ -593,7 +641,7 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
       auto sae = std::make_unique<SaeTrainable>(plan.sae_options, device);
       sae->set_provenance(plan.record.meta.hook_name,
                           plan.activations ? model_id : plan.record.meta.model_id,
-                          plan.target ? plan.target->meta.hook_name : "");
+                          plan.target_hook);
       ranks[r].model = std::move(sae);
     } else {
       ASSIGN_OR_RETURN(ranks[r].model,

@@ -355,15 +355,17 @@ TEST_F(TrainJobTest, ATranscoderLearnsToPredictItsTargetDataset) {
   const at::Tensor W1 = at::randn({kWidth, 32}, gen, torch::kFloat32) * 0.5;
   const at::Tensor W2 = at::randn({32, 12}, gen, torch::kFloat32) * 0.3;
   const at::Tensor y = at::gelu(x.matmul(W1)).matmul(W2).contiguous();
-  // A DENSE dataset of the same rows (token ids) at the MLP's output.
-  auto make_target = [&](const std::string& name, const at::Tensor& values) {
+  // A DENSE dataset of the same rows (token ids) at the next block's MLP output (after the
+  // input's blocks.2.hook_resid_post).
+  auto make_target = [&](const std::string& name, const at::Tensor& values,
+                         const std::string& hook = "blocks.3.hook_mlp_out") {
     storage::DatasetMeta meta;
     meta.name = name;
     meta.kind = storage::DatasetKind::kDense;
     meta.value_dtype = storage::ValueDtype::kFloat32;
     meta.width = static_cast<int32_t>(values.size(1));
     meta.d_in = meta.width;
-    meta.hook_name = "blocks.2.hook_mlp_out";
+    meta.hook_name = hook;
     meta.model_id = "reference";
     auto id = store_->CreateDataset(meta);
     EXPECT_TRUE(id.ok()) << id.status();
@@ -400,7 +402,7 @@ TEST_F(TrainJobTest, ATranscoderLearnsToPredictItsTargetDataset) {
   EXPECT_EQ(cfg.d_out, 12);
   EXPECT_FALSE(cfg.apply_b_dec_to_input);
   EXPECT_EQ(cfg.hook_name, "blocks.2.hook_resid_post");
-  EXPECT_EQ(cfg.hook_name_out, "blocks.2.hook_mlp_out");
+  EXPECT_EQ(cfg.hook_name_out, "blocks.3.hook_mlp_out");
   const at::Tensor predicted = sae->Predict(x, sae->EncodeSparse(x));
   const double fvu =
       (y - predicted).pow(2).sum().item<double>() / (y - y.mean(0)).pow(2).sum().item<double>();
@@ -439,6 +441,9 @@ TEST_F(TrainJobTest, ATranscoderLearnsToPredictItsTargetDataset) {
   latentd::v1::TrainSpec bad = spec;
   bad.set_target_dataset_id(make_target("short", y.narrow(0, 0, 600)));
   ExpectError(bad, absl::StatusCode::kInvalidArgument, "does not hold the rows of dataset");
+  bad.set_target_dataset_id(make_target("earlier", y, "blocks.2.hook_mlp_out"));
+  ExpectError(bad, absl::StatusCode::kInvalidArgument,
+              "blocks.2.hook_mlp_out is not after blocks.2.hook_resid_post");
   bad.set_target_dataset_id(dense_id_);
   ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.target_dataset_id: the same dataset");
   bad.set_target_dataset_id(sparse_id_);

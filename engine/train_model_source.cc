@@ -29,7 +29,11 @@ ModelRowSource::ModelRowSource(ExtractInputs inputs, DeviceRef device, int64_t c
 ModelRowSource::~ModelRowSource() = default;
 
 int64_t ModelRowSource::num_rows() const { return inputs_.tokens->num_rows(); }
-int64_t ModelRowSource::width() const { return inputs_.model->hook_width(); }
+int64_t ModelRowSource::width() const {
+  int64_t width = 0;
+  for (const int64_t w : inputs_.model->hook_widths()) width += w;
+  return width;
+}
 const std::string& ModelRowSource::model_id() const { return inputs_.model->model_id(); }
 
 std::vector<int64_t> ModelRowSource::chunk_starts() const {
@@ -41,12 +45,13 @@ void ModelRowSource::ShareWork(GradientSync* sync) { sync_ = sync; }
 namespace {
 
 // Runs `inputs`' model over sequences `seqs` (ascending), `batch` at a time, and returns their
-// hidden states, [seqs.size() * L, width] fp32 on `device`.
+// hidden states, [seqs.size() * L, width] fp32 on `device` (the hooks' side by side).
 absl::StatusOr<at::Tensor> RunSequences(ExtractInputs& inputs, const at::Device& device,
                                         const std::vector<int64_t>& seqs, int64_t batch,
                                         std::vector<int64_t>* ids) {
   const int64_t L = inputs.tokens->context_length();
-  const int64_t w = inputs.model->hook_width();
+  int64_t w = 0;
+  for (const int64_t hook_width : inputs.model->hook_widths()) w += hook_width;
   const int64_t vocab = inputs.model->vocab_size();
   std::vector<at::Tensor> parts;
   for (size_t begin = 0; begin < seqs.size();) {
@@ -65,9 +70,11 @@ absl::StatusOr<at::Tensor> RunSequences(ExtractInputs& inputs, const at::Device&
     }
     try {
       torch::NoGradGuard no_grad;
-      const at::Tensor hidden = inputs.model->Forward(
+      std::vector<at::Tensor> hooked = inputs.model->ForwardHooks(
           torch::from_blob(ids->data(), {count, L}, torch::kInt64).to(device));
-      parts.push_back(hidden.reshape({count * L, w}).to(at::kFloat));
+      for (at::Tensor& h : hooked) h = h.reshape({count * L, h.size(-1)});
+      const at::Tensor hidden = hooked.size() == 1 ? hooked[0] : at::cat(hooked, 1);
+      parts.push_back(hidden.to(at::kFloat));
     } catch (const c10::Error& e) {
       return absl::InternalError(absl::StrCat("the model's forward pass over sequences ",
                                               seqs[begin], "..", seqs[end - 1], ": ",

@@ -2,7 +2,9 @@
 // (a forward pass over the sequences that hold them), so an SAE trains on a model's activations
 // without a DENSE dataset on disk. Row r is position r % L of sequence r / L of the token shard,
 // as in the dataset an EXTRACT job of the same spec would write, and chunks are cut where that
-// dataset's are (every chunk_rows rows), so the trainer visits the rows in the same order.
+// dataset's are (every chunk_rows rows), so the trainer visits the rows in the same order. A
+// spec with more_outputs gives every hook's values side by side in a row (hook_name's first):
+// a transcoder's input and target, as PairedDenseRowSource gives them from two datasets.
 //
 // Data-parallel ranks that each hold such a source can share the forward passes (ShareWork):
 // every rank then runs the model over its own part of the sequences a read covers (a whole

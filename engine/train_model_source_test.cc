@@ -80,6 +80,37 @@ TEST(ModelRowSourceTest, RowsAreTheModelsHiddenStatesInTokenOrder) {
   EXPECT_TRUE(absl::IsOutOfRange((*source)->Read(80, 1, rows.data())));
 }
 
+// A spec with more_outputs gives each row's hooks side by side, hook_name's first: a
+// transcoder's input (the MLP's normed input, 16 wide) and target (mlp.hook_post, 64 wide).
+TEST(ModelRowSourceTest, SeveralHooksComeSideBySideInARow) {
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  latentd::v1::ExtractSpec spec = Spec(dir);
+  spec.set_hook_name("blocks.1.ln2.hook_normalized");
+  spec.add_more_outputs()->set_hook_name("blocks.1.mlp.hook_post");
+  auto both = ModelRowSource::Open(spec, Env(dir), DeviceRef{}, 12);
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ((*both)->width(), 16 + 64);
+  std::vector<float> rows(30 * 80);
+  ASSERT_TRUE((*both)->Read(5, 30, rows.data()).ok());
+  const at::Tensor got = torch::from_blob(rows.data(), {30, 80}, torch::kFloat32);
+  int64_t column = 0;
+  for (const char* hook : {"blocks.1.ln2.hook_normalized", "blocks.1.mlp.hook_post"}) {
+    latentd::v1::ExtractSpec one = Spec(dir);
+    one.set_hook_name(hook);
+    auto alone = ModelRowSource::Open(one, Env(dir), DeviceRef{}, 12);
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    const int64_t w = (*alone)->width();
+    std::vector<float> want(30 * w);
+    ASSERT_TRUE((*alone)->Read(5, 30, want.data()).ok());
+    EXPECT_TRUE(torch::allclose(got.narrow(1, column, w),
+                                torch::from_blob(want.data(), {30, w}, torch::kFloat32), 1e-5,
+                                1e-6))
+        << hook;
+    column += w;
+  }
+  EXPECT_EQ(column, 80);
+}
+
 TEST(ModelRowSourceTest, BadSpecsNameTheField) {
   const std::string dir = std::getenv("TEST_TMPDIR");
   latentd::v1::ExtractSpec spec = Spec(dir);

@@ -613,6 +613,35 @@ class TrainLoop(DaemonTestCase):
         self.assertIn("explained variance of blocks.1.hook_mlp_out",
                       daemon.latentctl("get", str(sparse.id)).stdout)
         self.assertIn("tc topk 8", daemon.latentctl("datasets").stdout)
+        # The same transcoder trained on the model's two hooks as training reads them (one
+        # forward pass for both, nothing stored) is the stored datasets' one up to rounding.
+        live = c.wait(c.submit("TRAIN", {
+            "activations": {"model": MODEL, "hookName": "blocks.1.ln2.hook_normalized",
+                            "tokens": tokens},
+            "targetHookName": "blocks.1.hook_mlp_out",
+            "sae": {"architecture": "TOPK", "dSae": 256, "k": 8, "skipConnection": True},
+            "optimizer": {"name": "smfac", "lr": 3e-3, "window": 8, "density": 0.05},
+            "batchSize": 64, "steps": 200, "telemetryEvery": 50}).id)
+        self.assertEqual(live.state, jobs_pb2.SUCCEEDED, live.message)
+        stored_weights, live_weights = (
+            read_safetensors(os.path.join(p, "sae_weights.safetensors"))
+            for p in (result.artifact_path, live.result.train.artifact_path))
+        self.assertEqual(sorted(live_weights), ["W_dec", "W_enc", "W_skip", "b_dec", "b_enc"])
+        for name in stored_weights:
+            numpy.testing.assert_allclose(live_weights[name], stored_weights[name], rtol=1e-3,
+                                          atol=1e-4, err_msg=name)
+        with open(os.path.join(live.result.train.artifact_path, "cfg.json")) as f:
+            self.assertEqual(json.load(f)["hook_name_out"], "blocks.1.hook_mlp_out")
+        # A target the forward pass computes before the input is refused at submit.
+        with self.assertRaises(grpc.RpcError) as refused:
+            c.submit("TRAIN", {
+                "activations": {"model": MODEL, "hookName": "blocks.1.ln2.hook_normalized",
+                                "tokens": tokens},
+                "targetHookName": "blocks.0.hook_mlp_out", "sae": {"dSae": 256},
+                "optimizer": {"name": "adam", "lr": 1e-3}})
+        self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("train.target_hook_name", refused.exception.details())
+
         # Its latents answer as any SAE's: the most frequent one's top row is its largest value.
         rows, _ = c.read_rows(info.id)
         counts = numpy.bincount(rows.indices, minlength=rows.shape[1])
