@@ -79,8 +79,18 @@ std::vector<at::Tensor> Gpt2Model::Run(const at::Tensor& tokens, const std::vect
     if (collector.Capture(l, HookPoint::kAttnOut, attn_out)) break;
     x = x + attn_out;
     if (collector.Capture(l, HookPoint::kResidMid, x)) break;
-    at::Tensor h2 = at::layer_norm(x, {d}, b.ln2_w, b.ln2_b, c.layer_norm_eps);
-    if (collector.Capture(l, HookPoint::kMlpIn, h2)) break;
+    at::Tensor h2;
+    if (collector.Wants(l, HookPoint::kMlpIn)) {
+      at::Tensor normed = at::layer_norm(x, {d}, {}, {}, c.layer_norm_eps);
+      const at::Tensor computed = normed;
+      if (collector.Capture(l, HookPoint::kMlpIn, normed)) break;
+      // Spliced, the MLP reads the replacement through the norm's gain and bias.
+      h2 = normed.is_same(computed) ? at::layer_norm(x, {d}, b.ln2_w, b.ln2_b, c.layer_norm_eps)
+                                    : at::addcmul(b.ln2_b, normed, b.ln2_w);
+    } else {
+      h2 = at::layer_norm(x, {d}, b.ln2_w, b.ln2_b, c.layer_norm_eps);
+    }
+    if (collector.Capture(l, HookPoint::kMlpInput, h2)) break;
     at::Tensor post = activation(at::addmm(b.b_in, h2.view({B * S, d}), b.W_in)).view({B, S, -1});
     if (collector.Capture(l, HookPoint::kMlpPost, post)) break;
     at::Tensor mlp_out = at::addmm(b.b_out, post.reshape({B * S, -1}), b.W_out).view({B, S, d});

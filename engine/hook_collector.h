@@ -40,6 +40,19 @@ class HookCollector {
         run_all_(run_all),
         splice_(splice) {}
 
+  // Whether Capture(layer, point, ...) would keep or replace anything: for activations a model
+  // computes only to report them (ln2.hook_normalized beside the norm's output).
+  bool Wants(int layer, HookPoint point) const {
+    auto is = [&](const HookName& h) { return h.layer == layer && h.point == point; };
+    if (splice_ != nullptr && (is(splice_->hook) || (splice_->from && is(*splice_->from)))) {
+      return true;
+    }
+    for (const HookName& h : hooks_) {
+      if (is(h)) return true;
+    }
+    return false;
+  }
+
   // Replaces `t` when (layer, point) is the splice's hook, then keeps it for every requested hook
   // there; true once all have theirs, when the forward can stop.
   bool Capture(int layer, HookPoint point, at::Tensor& t) {

@@ -47,7 +47,8 @@ absl::StatusOr<HookName> ParseHookName(const std::string& name) {
     return absl::InvalidArgumentError(absl::StrCat(
         "extract.hook_name: \"", name,
         "\" is not blocks.{L}.hook_resid_pre|hook_resid_mid|hook_resid_post|hook_attn_out|"
-        "hook_mlp_out|mlp.hook_post|ln2.hook_normalized, hidden_states.{N}, or a block's "
+        "hook_mlp_out|mlp.hook_post|ln2.hook_normalized|mlp.hook_in, hidden_states.{N}, or a "
+        "block's "
         "module path "
         "(layers.{L}, h.{L}, model.layers.{L}, ... optionally .mlp or .attn/.self_attn)"));
   };
@@ -78,6 +79,8 @@ absl::StatusOr<HookName> ParseHookName(const std::string& name) {
     hook.point = HookPoint::kMlpPost;
   } else if (rest == "ln2.hook_normalized") {
     hook.point = HookPoint::kMlpIn;
+  } else if (rest == "mlp.hook_in") {
+    hook.point = HookPoint::kMlpInput;
   } else {
     return bad();
   }
@@ -119,10 +122,12 @@ std::pair<int, int> ForwardPosition(const HookName& hook) {
       return {hook.layer, 2};
     case HookPoint::kMlpIn:
       return {hook.layer, 3};
-    case HookPoint::kMlpPost:
+    case HookPoint::kMlpInput:
       return {hook.layer, 4};
-    case HookPoint::kMlpOut:
+    case HookPoint::kMlpPost:
       return {hook.layer, 5};
+    case HookPoint::kMlpOut:
+      return {hook.layer, 6};
     case HookPoint::kResidPost:
       return {hook.layer + 1, 0};  // the next block's input
   }

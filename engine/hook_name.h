@@ -15,7 +15,13 @@ enum class HookPoint {
   kResidMid,
   kResidPost,
   kAttnOut,
-  kMlpIn,  // the MLP's input after its norm (TransformerLens' ln2.hook_normalized): transcoders
+  // The MLP's input normalized, without the norm's gain and bias: TransformerLens'
+  // ln2.hook_normalized (its RMSNorm hooks before the gain; its default fold_ln leaves a
+  // LayerNorm none), what SAELens', lm-saes' and circuit-tracer's transcoders read.
+  kMlpIn,
+  // The MLP's input as the MLP gets it (the norm's output, gain and bias applied):
+  // mlp.hook_in (circuit-tracer's name), what sparsify's transcoders read.
+  kMlpInput,
   kMlpPost,
   kMlpOut,
   kHiddenStates
@@ -28,7 +34,7 @@ struct HookName {
 
 // INVALID_ARGUMENT "extract.hook_name: ..." when the name is not one of:
 //   blocks.{L}.hook_resid_pre | hook_resid_mid | hook_resid_post | hook_attn_out | hook_mlp_out |
-//   mlp.hook_post | ln2.hook_normalized, or hidden_states.{N}, or
+//   mlp.hook_post | ln2.hook_normalized | mlp.hook_in, or hidden_states.{N}, or
 //   a module path {P}.{L}[.mlp | .attn | .self_attn | .attention] with P one of h, layers,
 //   transformer.h, model.layers, gpt_neox.layers: the output of block L (resid_post), of its
 //   MLP (hook_mlp_out) or of its attention (hook_attn_out).

@@ -63,6 +63,9 @@ TEST(HookNameTest, OrdersHooksAsTheForwardComputesThem) {
     return ComputedBefore(*ParseHookName(a), *ParseHookName(b));
   };
   EXPECT_EQ(ParseHookName("blocks.6.ln2.hook_normalized")->point, HookPoint::kMlpIn);
+  EXPECT_EQ(ParseHookName("blocks.6.mlp.hook_in")->point, HookPoint::kMlpInput);
+  EXPECT_TRUE(before("blocks.6.ln2.hook_normalized", "blocks.6.mlp.hook_in"));
+  EXPECT_TRUE(before("blocks.6.mlp.hook_in", "blocks.6.hook_mlp_out"));
   EXPECT_FALSE(HiddenStateIndex(*ParseHookName("blocks.6.ln2.hook_normalized")).ok());
   EXPECT_TRUE(before("blocks.6.ln2.hook_normalized", "blocks.6.hook_mlp_out"));
   EXPECT_TRUE(before("blocks.6.ln2.hook_normalized", "blocks.6.mlp.hook_post"));

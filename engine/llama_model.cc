@@ -201,6 +201,20 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
                           c.norm_eps)
         .to(dtype);
   };
+  // The norm without its gain (and bias), in float32 like the norm itself: TransformerLens'
+  // hook_normalized (HookPoint::kMlpIn); apply_gain finishes what norm() computes.
+  auto normalize = [&](const at::Tensor& x) {
+    const at::Tensor xf = x.to(at::kFloat);
+    const at::Tensor normed =
+        c.layer_norm ? at::layer_norm(xf, {d}, {}, {}, c.norm_eps)
+                     : xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + c.norm_eps);
+    return normed.to(dtype);
+  };
+  auto apply_gain = [&](const at::Tensor& normed, const at::Tensor& gain, const at::Tensor& bias) {
+    at::Tensor out = normed.to(at::kFloat) * gain.to(at::kFloat);
+    if (bias.defined()) out = out + bias.to(at::kFloat);
+    return out.to(dtype);
+  };
   at::Tensor causal = at::ones({S, S}, tokens.options().dtype(at::kBool)).triu(1);
   // A sliding layer also hides positions sliding_window or more behind the query.
   at::Tensor windowed =
@@ -250,8 +264,21 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
       x = x + attn_out;
       if (collector.Capture(l, HookPoint::kResidMid, x)) break;
     }
-    at::Tensor h2 = c.pre_norms ? norm(x, b.mlp_norm, b.mlp_norm_b) : x;
-    if (collector.Capture(l, HookPoint::kMlpIn, h2)) break;
+    at::Tensor h2;
+    if (c.pre_norms && collector.Wants(l, HookPoint::kMlpIn)) {
+      at::Tensor normed = normalize(x);
+      const at::Tensor computed = normed;
+      if (collector.Capture(l, HookPoint::kMlpIn, normed)) break;
+      // Spliced, the MLP reads the replacement through the norm's gain (and bias).
+      h2 = normed.is_same(computed) ? norm(x, b.mlp_norm, b.mlp_norm_b)
+                                    : apply_gain(normed, b.mlp_norm, b.mlp_norm_b);
+    } else if (c.pre_norms) {
+      h2 = norm(x, b.mlp_norm, b.mlp_norm_b);
+    } else {
+      h2 = x;  // no norm before the MLP (OLMo 2): its input is the normalized one too
+      if (collector.Capture(l, HookPoint::kMlpIn, h2)) break;
+    }
+    if (collector.Capture(l, HookPoint::kMlpInput, h2)) break;
     at::Tensor post = b.W_gate.defined()
                           ? activation(Linear(h2, b.W_gate, b.b_gate)) * Linear(h2, b.W_up, b.b_up)
                           : activation(Linear(h2, b.W_up, b.b_up));

@@ -135,10 +135,15 @@ TEST(ReferenceModelTest, NextTokenLossRunsToTheLogitsWithTheHookReplaced) {
   };
   auto same = [](const at::Tensor& a) { return a; };
   auto halve = [](const at::Tensor& a) { return a * 0.5; };
-  for (const char* hook : {"blocks.1.hook_resid_post", "blocks.1.hook_mlp_out",
-                           "blocks.1.mlp.hook_post", "blocks.0.hook_attn_out"}) {
+  for (const char* hook :
+       {"blocks.1.hook_resid_post", "blocks.1.hook_mlp_out", "blocks.1.mlp.hook_post",
+        "blocks.0.hook_attn_out", "blocks.1.ln2.hook_normalized", "blocks.1.mlp.hook_in"}) {
     const HookSplice identity = splice(hook, same);
     EXPECT_EQ(m->NextTokenLossSum(t, &identity), clean) << hook;
+    // A replacement that is not the activation itself goes on through the rest of the block
+    // (at ln2.hook_normalized: through the norm's gain and bias).
+    const HookSplice copy = splice(hook, [](const at::Tensor& a) { return a.clone(); });
+    EXPECT_NEAR(m->NextTokenLossSum(t, &copy), clean, 1e-5 * clean) << hook;
     const HookSplice zero = splice(hook, [](const at::Tensor& a) { return at::zeros_like(a); });
     EXPECT_GT(std::abs(m->NextTokenLossSum(t, &zero) - clean), 1e-3) << hook;
   }

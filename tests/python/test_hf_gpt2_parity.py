@@ -70,8 +70,13 @@ class Gpt2:
             z = (scores.softmax(-1) @ v).permute(0, 2, 1, 3).reshape(B, S, D)
             attn_out = at("blocks.%d.hook_attn_out" % l, self.conv1d(p + "attn.c_proj", z))
             x = at("blocks.%d.hook_resid_mid" % l, x + attn_out)
-            normed = at("blocks.%d.ln2.hook_normalized" % l, self.layer_norm(p + "ln_2", x))
-            post = at("blocks.%d.mlp.hook_post" % l, gelu_new(self.conv1d(p + "mlp.c_fc", normed)))
+            # TransformerLens' ln2.hook_normalized is the LayerNorm before its gain and bias (its
+            # default fold_ln folds them into the MLP); the MLP's input (mlp.hook_in) has them.
+            normed = at("blocks.%d.ln2.hook_normalized" % l, torch.nn.functional.layer_norm(
+                x, (D,), eps=self.cfg["layer_norm_epsilon"]))
+            mlp_in = at("blocks.%d.mlp.hook_in" % l,
+                        normed * self.w[p + "ln_2.weight"] + self.w[p + "ln_2.bias"])
+            post = at("blocks.%d.mlp.hook_post" % l, gelu_new(self.conv1d(p + "mlp.c_fc", mlp_in)))
             mlp_out = at("blocks.%d.hook_mlp_out" % l, self.conv1d(p + "mlp.c_proj", post))
             x = at("blocks.%d.hook_resid_post" % l, x + mlp_out)
         hooks["final"] = x
@@ -152,7 +157,7 @@ class HfGpt2ParityTest(unittest.TestCase):
         d, hooks = self.checkpoint("plain")
         for name in ["blocks.0.hook_resid_pre", "blocks.0.hook_attn_out", "blocks.1.mlp.hook_post",
                      "blocks.1.hook_resid_mid", "blocks.1.ln2.hook_normalized",
-                     "blocks.2.hook_resid_post"]:
+                     "blocks.1.mlp.hook_in", "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
         # sparsify's module paths name the same activations.
         self.check(d, hooks, "blocks.1.hook_resid_post", as_name="h.1")
@@ -191,27 +196,30 @@ class HfGpt2ParityTest(unittest.TestCase):
         self.assertNotIn("center_writing_weights", p.stderr)
 
     def test_downstream_loss_is_gpt2s_own_with_the_sae_spliced_in(self):
-        # The job's downstream loss for two SAEs (one per output) against GPT2LMHeadModel's mean
-        # next-token cross-entropy computed here: as it is, with the hook's activation replaced by
-        # the SAE's TopK reconstruction, and zeroed.
+        # The job's downstream loss for three SAEs (one per output) against GPT2LMHeadModel's
+        # mean next-token cross-entropy computed here: as it is, with the hook's activation
+        # replaced by the SAE's TopK reconstruction, and zeroed. At ln2.hook_normalized the
+        # replacement reaches the MLP through ln_2's gain and bias.
         d, _ = self.checkpoint("plain")
         model = Gpt2(self.weights, {"layer_norm_epsilon": 1e-5})
         ids = torch.from_numpy(self.ids).view(-1, CTX)
         saes = {}
-        for hook, seed in (("blocks.1.hook_resid_post", 5), ("blocks.0.hook_attn_out", 6)):
+        for hook, seed in (("blocks.1.hook_resid_post", 5), ("blocks.0.hook_attn_out", 6),
+                           ("blocks.1.ln2.hook_normalized", 7)):
             path = os.path.join(self.root, "sae_" + hook)
             saes[hook] = (path, write_topk_sae(path, D, 128, 8, seed, bias=0.05))
 
         hooks = list(saes)
         spec = {"model": {"huggingface": {"path": d}}, "hookName": hooks[0],
                 "sae": {"path": saes[hooks[0]][0]},
-                "moreOutputs": [{"hookName": hooks[1], "sae": {"path": saes[hooks[1]][0]}}],
+                "moreOutputs": [{"hookName": h, "sae": {"path": saes[h][0]}} for h in hooks[1:]],
                 "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX},
                 "batchSequences": 4, "downstreamLossSequences": 100}  # more than the 9 there are
         p, _ = run_extract_tool(TOOL, self.root, spec)
         self.assertEqual(p.returncode, 0, p.stderr)
         result = json.loads(p.stdout)
-        got = [result["downstreamLoss"], result["moreOutputs"][0]["downstreamLoss"]]
+        got = [result["downstreamLoss"]] + [m["downstreamLoss"] for m in result["moreOutputs"]]
+        self.assertEqual(len(got), 3)
         with torch.no_grad():
             clean = model.loss(ids)
             for hook, loss in zip(hooks, got):

@@ -172,7 +172,10 @@ class Llama:
             hooks["blocks.%d.hook_resid_mid" % l] = x
             h2 = x if self.olmo2 else self.norm(
                 p + ("pre_feedforward_layernorm" if self.gemma2 else "post_attention_layernorm"), x)
-            hooks["blocks.%d.ln2.hook_normalized" % l] = h2
+            # TransformerLens' ln2.hook_normalized: the RMS-normalized input before the gain.
+            hooks["blocks.%d.ln2.hook_normalized" % l] = x if self.olmo2 else x * torch.rsqrt(
+                x.pow(2).mean(-1, keepdim=True) + self.cfg["rms_norm_eps"])
+            hooks["blocks.%d.mlp.hook_in" % l] = h2
             act = (lambda t: torch.nn.functional.gelu(t, approximate="tanh")) if self.gemma else torch.nn.functional.silu
             post = act(self.linear(p + "mlp.gate_proj", h2)) * self.linear(p + "mlp.up_proj", h2)
             hooks["blocks.%d.mlp.hook_post" % l] = post
@@ -242,7 +245,9 @@ class Neox:
                 x = x + attn_out
                 hooks["blocks.%d.hook_resid_mid" % l] = x
             h2 = self.ln(p + "post_attention_layernorm", x)  # resid_pre with a parallel residual
-            hooks["blocks.%d.ln2.hook_normalized" % l] = h2
+            hooks["blocks.%d.ln2.hook_normalized" % l] = torch.nn.functional.layer_norm(
+                x, (D,), eps=self.cfg["layer_norm_eps"])  # before the gain and bias
+            hooks["blocks.%d.mlp.hook_in" % l] = h2
             post = torch.nn.functional.gelu(self.linear(p + "mlp.dense_h_to_4h", h2))
             hooks["blocks.%d.mlp.hook_post" % l] = post
             mlp_out = self.linear(p + "mlp.dense_4h_to_h", post)
@@ -376,7 +381,7 @@ class HfLlamaParityTest(unittest.TestCase):
     def test_llama_hooks_match(self):
         d, hooks = self.checkpoint("llama")
         for name in ["blocks.0.hook_attn_out", "blocks.1.hook_resid_mid", "blocks.1.mlp.hook_post",
-                     "blocks.1.ln2.hook_normalized", "blocks.2.hook_resid_post"]:
+                     "blocks.1.ln2.hook_normalized", "blocks.1.mlp.hook_in", "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
         self.check(d, hooks, "blocks.1.hook_resid_post", as_name="model.layers.1")  # sparsify's name
         self.check_downstream_loss(d)  # lm_head, model.norm
@@ -430,7 +435,7 @@ class HfLlamaParityTest(unittest.TestCase):
                                 attn_logit_softcapping=1e9, rope_theta=10000.0)[1]
         self.assertFalse(np.allclose(hooks["blocks.0.hook_attn_out"], plain["blocks.0.hook_attn_out"]))
         for name in ["blocks.0.hook_attn_out", "blocks.1.mlp.hook_post", "blocks.1.hook_mlp_out",
-                     "blocks.1.ln2.hook_normalized", "blocks.2.hook_resid_post"]:
+                     "blocks.1.ln2.hook_normalized", "blocks.1.mlp.hook_in", "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
         self.checkpoint("gemma2", model_type="gemma2", tied=True, seed=5, hidden_act="gelu",
                         hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24,
@@ -511,7 +516,7 @@ class HfLlamaParityTest(unittest.TestCase):
     def test_gpt_neox(self):
         d, hooks = self.neox_checkpoint("pythia")
         for name in ["blocks.0.hook_attn_out", "blocks.1.mlp.hook_post", "blocks.1.hook_mlp_out",
-                     "blocks.1.ln2.hook_normalized", "blocks.2.hook_resid_post"]:
+                     "blocks.1.ln2.hook_normalized", "blocks.1.mlp.hook_in", "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
         self.check(d, hooks, "blocks.1.hook_resid_post", as_name="gpt_neox.layers.1")
         p, _ = self.run_tool(d, "blocks.1.hook_resid_mid")
