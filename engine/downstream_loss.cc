@@ -19,7 +19,10 @@ absl::StatusOr<std::vector<latentd::v1::DownstreamLoss>> MeasureDownstreamLoss(
     return absl::FailedPreconditionError(why);
   }
   const int64_t L = tokens.context_length();
-  sequences = std::min(sequences, tokens.num_sequences());
+  const int64_t total = tokens.num_sequences();
+  sequences = std::min(sequences, total);
+  // The i-th sequence measured: spread evenly over the shard.
+  auto sampled = [&](int64_t i) { return i * total / std::max<int64_t>(sequences, 1); };
   batch_sequences = std::max<int64_t>(1, batch_sequences);
   double clean = 0;
   std::vector<double> with_sae(saes.size(), 0), ablated(saes.size(), 0);
@@ -42,7 +45,9 @@ absl::StatusOr<std::vector<latentd::v1::DownstreamLoss>> MeasureDownstreamLoss(
         return absl::CancelledError("cancelled while measuring the downstream loss");
       }
       const int64_t n = std::min(batch_sequences, sequences - first);
-      RETURN_IF_ERROR(tokens.Read(first, n, ids.data()));
+      for (int64_t i = 0; i < n; ++i) {
+        RETURN_IF_ERROR(tokens.Read(sampled(first + i), 1, ids.data() + i * L));
+      }
       const at::Tensor batch = at::from_blob(ids.data(), {n, L}, at::kLong).to(device);
       clean += model.NextTokenLossSum(batch, nullptr);
       for (size_t o = 0; o < saes.size(); ++o) {

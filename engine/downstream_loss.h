@@ -29,7 +29,9 @@ struct SplicedSae {
   const HookName& replaced() const { return hook_out ? *hook_out : hook; }
 };
 
-// Over sequences [0, sequences) of `tokens`, batch_sequences at a time on `device`: the clean
+// Over `sequences` sequences of `tokens` spread evenly over them (floor(i * S / sequences) of the
+// S there are; all when sequences >= S: a sample of the whole shard, not of its first
+// documents), batch_sequences at a time on `device`: the clean
 // loss once per batch, then for each SAE its reconstruction (EncodeSparse + Predict, so a
 // wide SAE's scratch stays bounded) and zeros spliced in at the hook it replaces (once per
 // activation: SAEs on one hook, or on resid_post L and resid_pre L + 1, share the zero-ablated

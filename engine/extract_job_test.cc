@@ -190,9 +190,9 @@ TEST_F(ExtractJobTest, ValidateRejectsBadSpecsNamingTheField) {
   EXPECT_EQ(Code(Spec(), no_roots), absl::StatusCode::kPermissionDenied);
 }
 
-// After the rows are stored, the SAE's downstream loss over the first sequences; asked of a job
-// without an SAE, refused at submit.
-TEST_F(ExtractJobTest, DownstreamLossIsMeasuredOverTheFirstSequencesAfterTheRows) {
+// After the rows are stored, the SAE's downstream loss over sequences spread over the shard (4 of
+// 40: sequences 0, 10, 20, 30); asked of a job without an SAE, refused at submit.
+TEST_F(ExtractJobTest, DownstreamLossIsMeasuredOverSequencesSpreadOverTheShard) {
   auto db = OpenDb("db_downstream");
   storage::ChunkStore store(db.get());
   env_.store = &store;
@@ -211,6 +211,24 @@ TEST_F(ExtractJobTest, DownstreamLossIsMeasuredOverTheFirstSequencesAfterTheRows
               1e-9);
   // A random model barely notices the hook zeroed: the fraction is flagged, not trusted.
   EXPECT_EQ(d.recovered_unreliable(), d.zero_ablated() - d.clean() < 0.01 * d.clean());
+  // The clean loss is the model's own over sequences 0, 10, 20 and 30.
+  std::vector<uint16_t> ids(40 * kCtx);
+  std::ifstream(root_ + "/tokens.bin", std::ios::binary)
+      .read(reinterpret_cast<char*>(ids.data()), ids.size() * 2);
+  std::vector<int64_t> sampled;
+  for (int seq : {0, 10, 20, 30}) {
+    sampled.insert(sampled.end(), ids.begin() + seq * kCtx, ids.begin() + (seq + 1) * kCtx);
+  }
+  auto model = CreateReferenceModel(*ResolveReferenceSpec(spec.model().reference()),
+                                    *ParseHookName(spec.hook_name()), at::kCPU);
+  ASSERT_TRUE(model.ok());
+  double want = 0;
+  {
+    c10::InferenceMode inference;
+    want =
+        (*model)->NextTokenLossSum(at::tensor(sampled).view({4, kCtx}), nullptr) / (4 * (kCtx - 1));
+  }
+  EXPECT_NEAR(d.clean(), want, 1e-5 * want);
   // Not asked: not measured.
   FakeContext plain_ctx(12, 1);
   auto plain = RunExtract(Spec(), env_, &plain_ctx);
