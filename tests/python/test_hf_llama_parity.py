@@ -369,7 +369,9 @@ class HfLlamaParityTest(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         got = json.loads(p.stdout)["downstreamLoss"]
 
-        ids = torch.from_numpy(self.ids).view(-1, CTX)[:5]
+        # Five sequences spread over the shard: floor(i * S / 5) of its S.
+        all_ids = torch.from_numpy(self.ids).view(-1, CTX)
+        ids = all_ids[[i * len(all_ids) // 5 for i in range(5)]]
         with torch.no_grad():
             want = {"clean": self.last.loss(ids), "withSae": self.last.loss(ids, {hook: reconstruct}),
                     "zeroAblated": self.last.loss(ids, {hook: torch.zeros_like})}
