@@ -45,13 +45,12 @@ void ModelRowSource::ShareWork(GradientSync* sync) { sync_ = sync; }
 namespace {
 
 // Runs `inputs`' model over sequences `seqs` (ascending), `batch` at a time, and returns their
-// hidden states, [seqs.size() * L, width] fp32 on `device` (the hooks' side by side).
+// hidden states, [seqs.size() * L, w] fp32 on `device` (the hooks' side by side, w wide in all:
+// ModelRowSource::width()).
 absl::StatusOr<at::Tensor> RunSequences(ExtractInputs& inputs, const at::Device& device,
-                                        const std::vector<int64_t>& seqs, int64_t batch,
+                                        const std::vector<int64_t>& seqs, int64_t batch, int64_t w,
                                         std::vector<int64_t>* ids) {
   const int64_t L = inputs.tokens->context_length();
-  int64_t w = 0;
-  for (const int64_t hook_width : inputs.model->hook_widths()) w += hook_width;
   const int64_t vocab = inputs.model->vocab_size();
   std::vector<at::Tensor> parts;
   for (size_t begin = 0; begin < seqs.size();) {
@@ -175,7 +174,8 @@ absl::Status ModelRowSource::ReadRanges(const std::vector<RowRange>& ranges, flo
   // scores outgrow the caches); docs/TRAIN.md.
   const int64_t batch =
       std::clamp<int64_t>(chunk_rows_ / L, 1, std::max<int64_t>(inputs_.batch_sequences, 1));
-  absl::StatusOr<at::Tensor> hidden = RunSequences(inputs_, device, share_seqs[rank], batch, &ids_);
+  absl::StatusOr<at::Tensor> hidden =
+      RunSequences(inputs_, device, share_seqs[rank], batch, w, &ids_);
   sequences_computed_ += static_cast<int64_t>(share_seqs[rank].size());
   if (world == 1) {
     RETURN_IF_ERROR(hidden.status());
