@@ -170,11 +170,17 @@ class Llama:
             hooks["blocks.%d.hook_attn_out" % l] = attn_out
             x = x + attn_out
             hooks["blocks.%d.hook_resid_mid" % l] = x
-            h2 = x if self.olmo2 else self.norm(
-                p + ("pre_feedforward_layernorm" if self.gemma2 else "post_attention_layernorm"), x)
-            # TransformerLens' ln2.hook_normalized: the RMS-normalized input before the gain.
-            hooks["blocks.%d.ln2.hook_normalized" % l] = x if self.olmo2 else x * torch.rsqrt(
+            norm_name = p + ("pre_feedforward_layernorm" if self.gemma2 else "post_attention_layernorm")
+            h2 = x if self.olmo2 else self.norm(norm_name, x)
+            # TransformerLens' ln2.hook_normalized: the RMS-normalized input before the gain; a
+            # replacement spliced in there reaches the MLP through the gain.
+            ln2 = "blocks.%d.ln2.hook_normalized" % l
+            normed = x if self.olmo2 else x * torch.rsqrt(
                 x.pow(2).mean(-1, keepdim=True) + self.cfg["rms_norm_eps"])
+            if splice and ln2 in splice and not self.olmo2:
+                normed = splice[ln2](normed)
+                h2 = (self.w[norm_name + ".weight"] + (1.0 if self.gemma else 0.0)) * normed
+            hooks[ln2] = normed
             hooks["blocks.%d.mlp.hook_in" % l] = h2
             act = (lambda t: torch.nn.functional.gelu(t, approximate="tanh")) if self.gemma else torch.nn.functional.silu
             post = act(self.linear(p + "mlp.gate_proj", h2)) * self.linear(p + "mlp.up_proj", h2)
@@ -444,6 +450,9 @@ class HfLlamaParityTest(unittest.TestCase):
                         attn_logit_softcapping=2.0, sliding_window=4096,
                         final_logit_softcapping=3.0, rope_theta=10000.0)  # a cap that bites
         self.check_downstream_loss(d)  # tied, 1 + w, the final soft-cap
+        # An SAE at ln2.hook_normalized: its reconstruction reaches the MLP through the norm's
+        # gain (1 + w), as the model's own normalized input would.
+        self.check_downstream_loss(d, hook="blocks.1.ln2.hook_normalized")
 
     def test_qwen3(self):
         d, hooks = self.checkpoint("qwen3", model_type="qwen3", tied=True, rope_theta=1e6)
