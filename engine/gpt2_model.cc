@@ -94,6 +94,7 @@ std::vector<at::Tensor> Gpt2Model::Run(const at::Tensor& tokens, const std::vect
     at::Tensor post = activation(at::addmm(b.b_in, h2.view({B * S, d}), b.W_in)).view({B, S, -1});
     if (collector.Capture(l, HookPoint::kMlpPost, post)) break;
     at::Tensor mlp_out = at::addmm(b.b_out, post.reshape({B * S, -1}), b.W_out).view({B, S, d});
+    if (collector.Capture(l, HookPoint::kMlpOutput, mlp_out)) break;
     if (collector.Capture(l, HookPoint::kMlpOut, mlp_out)) break;
     x = x + mlp_out;
     if (all != nullptr) all->push_back(x);

@@ -81,6 +81,8 @@ absl::StatusOr<HookName> ParseHookName(const std::string& name) {
     hook.point = HookPoint::kMlpIn;
   } else if (rest == "mlp.hook_in") {
     hook.point = HookPoint::kMlpInput;
+  } else if (rest == "mlp.hook_out") {
+    hook.point = HookPoint::kMlpOutput;
   } else {
     return bad();
   }
@@ -126,8 +128,10 @@ std::pair<int, int> ForwardPosition(const HookName& hook) {
       return {hook.layer, 4};
     case HookPoint::kMlpPost:
       return {hook.layer, 5};
-    case HookPoint::kMlpOut:
+    case HookPoint::kMlpOutput:
       return {hook.layer, 6};
+    case HookPoint::kMlpOut:
+      return {hook.layer, 7};
     case HookPoint::kResidPost:
       return {hook.layer + 1, 0};  // the next block's input
   }

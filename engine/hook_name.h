@@ -23,6 +23,10 @@ enum class HookPoint {
   // mlp.hook_in (circuit-tracer's name), what sparsify's transcoders read.
   kMlpInput,
   kMlpPost,
+  // What the MLP module returns: mlp.hook_out (circuit-tracer's name, what its Llama and Qwen
+  // transcoders predict). hook_mlp_out everywhere but in models with a norm after the MLP
+  // (Gemma 2 and 3's post_feedforward_layernorm), where hook_mlp_out is after that norm.
+  kMlpOutput,
   kMlpOut,
   kHiddenStates
 };
@@ -34,7 +38,7 @@ struct HookName {
 
 // INVALID_ARGUMENT "extract.hook_name: ..." when the name is not one of:
 //   blocks.{L}.hook_resid_pre | hook_resid_mid | hook_resid_post | hook_attn_out | hook_mlp_out |
-//   mlp.hook_post | ln2.hook_normalized | mlp.hook_in, or hidden_states.{N}, or
+//   mlp.hook_post | ln2.hook_normalized | mlp.hook_in | mlp.hook_out, or hidden_states.{N}, or
 //   a module path {P}.{L}[.mlp | .attn | .self_attn | .attention] with P one of h, layers,
 //   transformer.h, model.layers, gpt_neox.layers: the output of block L (resid_post), of its
 //   MLP (hook_mlp_out) or of its attention (hook_attn_out).

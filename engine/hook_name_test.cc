@@ -66,6 +66,11 @@ TEST(HookNameTest, OrdersHooksAsTheForwardComputesThem) {
   EXPECT_EQ(ParseHookName("blocks.6.mlp.hook_in")->point, HookPoint::kMlpInput);
   EXPECT_TRUE(before("blocks.6.ln2.hook_normalized", "blocks.6.mlp.hook_in"));
   EXPECT_TRUE(before("blocks.6.mlp.hook_in", "blocks.6.hook_mlp_out"));
+  // circuit-tracer's name for what the MLP returns, before a post-MLP norm (Gemma 2).
+  EXPECT_EQ(ParseHookName("blocks.6.mlp.hook_out")->point, HookPoint::kMlpOutput);
+  EXPECT_TRUE(before("blocks.6.mlp.hook_in", "blocks.6.mlp.hook_out"));
+  EXPECT_TRUE(before("blocks.6.mlp.hook_out", "blocks.6.hook_mlp_out"));
+  EXPECT_FALSE(before("blocks.6.mlp.hook_out", "blocks.6.mlp.hook_post"));
   EXPECT_FALSE(HiddenStateIndex(*ParseHookName("blocks.6.ln2.hook_normalized")).ok());
   EXPECT_TRUE(before("blocks.6.ln2.hook_normalized", "blocks.6.hook_mlp_out"));
   EXPECT_TRUE(before("blocks.6.ln2.hook_normalized", "blocks.6.mlp.hook_post"));

@@ -284,6 +284,7 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
                           : activation(Linear(h2, b.W_up, b.b_up));
     if (collector.Capture(l, HookPoint::kMlpPost, post)) break;
     at::Tensor mlp_out = Linear(post, b.W_down, b.b_down);
+    if (collector.Capture(l, HookPoint::kMlpOutput, mlp_out)) break;
     if (c.post_norms) mlp_out = RmsNorm(mlp_out, b.post_mlp_norm, c.norm_eps);
     if (collector.Capture(l, HookPoint::kMlpOut, mlp_out)) break;
     x = c.parallel_residual ? x + attn_out + mlp_out : x + mlp_out;

@@ -137,7 +137,8 @@ TEST(ReferenceModelTest, NextTokenLossRunsToTheLogitsWithTheHookReplaced) {
   auto halve = [](const at::Tensor& a) { return a * 0.5; };
   for (const char* hook :
        {"blocks.1.hook_resid_post", "blocks.1.hook_mlp_out", "blocks.1.mlp.hook_post",
-        "blocks.0.hook_attn_out", "blocks.1.ln2.hook_normalized", "blocks.1.mlp.hook_in"}) {
+        "blocks.0.hook_attn_out", "blocks.1.ln2.hook_normalized", "blocks.1.mlp.hook_in",
+        "blocks.1.mlp.hook_out"}) {
     const HookSplice identity = splice(hook, same);
     EXPECT_EQ(m->NextTokenLossSum(t, &identity), clean) << hook;
     // A replacement that is not the activation itself goes on through the rest of the block

@@ -78,6 +78,7 @@ class Gpt2:
                         normed * self.w[p + "ln_2.weight"] + self.w[p + "ln_2.bias"])
             post = at("blocks.%d.mlp.hook_post" % l, gelu_new(self.conv1d(p + "mlp.c_fc", mlp_in)))
             mlp_out = at("blocks.%d.hook_mlp_out" % l, self.conv1d(p + "mlp.c_proj", post))
+            hooks["blocks.%d.mlp.hook_out" % l] = mlp_out  # no norm after GPT-2's MLP
             x = at("blocks.%d.hook_resid_post" % l, x + mlp_out)
         hooks["final"] = x
         return hooks
@@ -157,7 +158,7 @@ class HfGpt2ParityTest(unittest.TestCase):
         d, hooks = self.checkpoint("plain")
         for name in ["blocks.0.hook_resid_pre", "blocks.0.hook_attn_out", "blocks.1.mlp.hook_post",
                      "blocks.1.hook_resid_mid", "blocks.1.ln2.hook_normalized",
-                     "blocks.1.mlp.hook_in", "blocks.2.hook_resid_post"]:
+                     "blocks.1.mlp.hook_in", "blocks.1.mlp.hook_out", "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
         # sparsify's module paths name the same activations.
         self.check(d, hooks, "blocks.1.hook_resid_post", as_name="h.1")

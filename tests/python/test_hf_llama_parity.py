@@ -186,6 +186,7 @@ class Llama:
             post = act(self.linear(p + "mlp.gate_proj", h2)) * self.linear(p + "mlp.up_proj", h2)
             hooks["blocks.%d.mlp.hook_post" % l] = post
             mlp_out = self.linear(p + "mlp.down_proj", post)
+            hooks["blocks.%d.mlp.hook_out" % l] = mlp_out  # what the MLP module returns
             if self.gemma2 or self.olmo2:
                 mlp_out = self.norm(p + "post_feedforward_layernorm", mlp_out)
             hooks["blocks.%d.hook_mlp_out" % l] = mlp_out
@@ -257,6 +258,7 @@ class Neox:
             post = torch.nn.functional.gelu(self.linear(p + "mlp.dense_h_to_4h", h2))
             hooks["blocks.%d.mlp.hook_post" % l] = post
             mlp_out = self.linear(p + "mlp.dense_4h_to_h", post)
+            hooks["blocks.%d.mlp.hook_out" % l] = mlp_out
             hooks["blocks.%d.hook_mlp_out" % l] = mlp_out
             x = x + attn_out + mlp_out if self.cfg["use_parallel_residual"] else x + mlp_out
             if splice and "blocks.%d.hook_resid_post" % l in splice:
@@ -389,7 +391,8 @@ class HfLlamaParityTest(unittest.TestCase):
     def test_llama_hooks_match(self):
         d, hooks = self.checkpoint("llama")
         for name in ["blocks.0.hook_attn_out", "blocks.1.hook_resid_mid", "blocks.1.mlp.hook_post",
-                     "blocks.1.ln2.hook_normalized", "blocks.1.mlp.hook_in", "blocks.2.hook_resid_post"]:
+                     "blocks.1.ln2.hook_normalized", "blocks.1.mlp.hook_in", "blocks.1.mlp.hook_out",
+                     "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
         self.check(d, hooks, "blocks.1.hook_resid_post", as_name="model.layers.1")  # sparsify's name
         self.check_downstream_loss(d)  # lm_head, model.norm
@@ -443,8 +446,11 @@ class HfLlamaParityTest(unittest.TestCase):
                                 attn_logit_softcapping=1e9, rope_theta=10000.0)[1]
         self.assertFalse(np.allclose(hooks["blocks.0.hook_attn_out"], plain["blocks.0.hook_attn_out"]))
         for name in ["blocks.0.hook_attn_out", "blocks.1.mlp.hook_post", "blocks.1.hook_mlp_out",
-                     "blocks.1.ln2.hook_normalized", "blocks.1.mlp.hook_in", "blocks.2.hook_resid_post"]:
+                     "blocks.1.ln2.hook_normalized", "blocks.1.mlp.hook_in", "blocks.1.mlp.hook_out",
+                     "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
+        # mlp.hook_out is what the MLP returns, before Gemma 2's post-feedforward norm
+        self.assertFalse(np.allclose(hooks["blocks.1.mlp.hook_out"], hooks["blocks.1.hook_mlp_out"]))
         self.checkpoint("gemma2", model_type="gemma2", tied=True, seed=5, hidden_act="gelu",
                         hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24,
                         attn_logit_softcapping=2.0, sliding_window=4096,
@@ -527,7 +533,8 @@ class HfLlamaParityTest(unittest.TestCase):
     def test_gpt_neox(self):
         d, hooks = self.neox_checkpoint("pythia")
         for name in ["blocks.0.hook_attn_out", "blocks.1.mlp.hook_post", "blocks.1.hook_mlp_out",
-                     "blocks.1.ln2.hook_normalized", "blocks.1.mlp.hook_in", "blocks.2.hook_resid_post"]:
+                     "blocks.1.ln2.hook_normalized", "blocks.1.mlp.hook_in", "blocks.1.mlp.hook_out",
+                     "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
         self.check(d, hooks, "blocks.1.hook_resid_post", as_name="gpt_neox.layers.1")
         p, _ = self.run_tool(d, "blocks.1.hook_resid_mid")
