@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "engine/circuit_tracer.h"
 #include "engine/npz.h"
 #include "engine/safetensors.h"
 #include "engine/safetensors_tensor.h"
@@ -146,10 +147,87 @@ void FoldLmSaes(const LmSaesFold& fold, const SaeConfig& cfg, SaeWeights* w) {
   w->b_dec = w->b_dec / fold.output_scale;
 }
 
+std::string ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// A layer of a circuit-tracer release (ReadAndCheckSae checked names, shapes and dtypes). The
+// hash covers the encoder's file, config.yaml (its activation decides the encoder) and, for a
+// CLT, the layer's own decoder slice.
+absl::StatusOr<LoadedWeights> ReadCircuitTracerWeights(const std::string& dir,
+                                                       const SaeConfig& cfg) {
+  const CircuitTracerLayer& ct = *cfg.circuit_tracer;
+  CircuitTracerRelease release;
+  release.cross_layer = ct.cross_layer;
+  const std::string path = CircuitTracerEncoderFile(dir, release, ct.layer);
+  ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Read(path));
+  const std::string suffix = ct.cross_layer ? absl::StrCat("_", ct.layer) : "";
+  auto read = [&](const std::string& name, at::Tensor* out) -> absl::Status {
+    const StTensorInfo* info = file.header().Find(name);
+    if (info == nullptr) return absl::OkStatus();
+    ASSIGN_OR_RETURN(*out, ReadFloatTensor(file, *info, "SAE"));
+    return absl::OkStatus();
+  };
+  SaeWeights w;
+  RETURN_IF_ERROR(read("W_enc" + suffix, &w.W_enc));
+  w.W_enc = w.W_enc.t().contiguous();  // nn.Linear's [d_sae, d_in]
+  RETURN_IF_ERROR(read("b_enc" + suffix, &w.b_enc));
+  RETURN_IF_ERROR(read("b_dec" + suffix, &w.b_dec));
+  if (cfg.architecture == SaeArchitecture::kJumpRelu) {
+    RETURN_IF_ERROR(read(ct.cross_layer ? "threshold" + suffix : "activation_function.threshold",
+                         &w.threshold));
+    w.threshold = w.threshold.reshape({cfg.d_sae});  // stored [d_sae] or [1, d_sae]
+  }
+  uint32_t crc = storage::Crc32c(file.bytes().data(), file.bytes().size());
+  int64_t hashed = static_cast<int64_t>(file.bytes().size());
+  if (ct.cross_layer) {
+    ASSIGN_OR_RETURN(w.W_dec, LoadCrossLayerDecoder(dir, ct.layer, ct.layer));
+    crc = storage::Crc32cExtend(crc, w.W_dec.data_ptr(), w.W_dec.nbytes());
+    hashed += static_cast<int64_t>(w.W_dec.nbytes());
+  } else {
+    RETURN_IF_ERROR(read("W_dec", &w.W_dec));
+    if (cfg.skip) RETURN_IF_ERROR(read("W_skip", &w.W_skip));
+  }
+  const std::string config = ReadWholeFile(dir + "/" + kCircuitTracerConfig);
+  crc = storage::Crc32cExtend(crc, config.data(), config.size());
+  hashed += static_cast<int64_t>(config.size());
+  return LoadedWeights{std::move(w), absl::StrFormat("crc32c:%08x:%d", crc, hashed)};
+}
+
 }  // namespace
 
-absl::StatusOr<Sae> Sae::Load(const std::string& dir) {
-  ASSIGN_OR_RETURN(SaeConfig cfg, ReadAndCheckSae(dir));
+absl::StatusOr<at::Tensor> LoadCrossLayerDecoder(const std::string& dir, int from_layer,
+                                                 int to_layer) {
+  const std::string path = CircuitTracerDecoderFile(dir, from_layer);
+  ASSIGN_OR_RETURN(const StHeader header, ReadStHeader(path));
+  const std::string name = absl::StrCat("W_dec_", from_layer);
+  const StTensorInfo* info = header.Find(name);
+  if (info == nullptr || info->shape.size() != 3 || from_layer < 0 || to_layer < from_layer ||
+      to_layer - from_layer >= info->shape[1]) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no 3-D tensor ", name,
+                                                   " with a decoder from layer ", from_layer,
+                                                   " to ", to_layer));
+  }
+  ASSIGN_OR_RETURN(at::Tensor decoder,
+                   ReadFloatTensorSlice(path, header, *info, to_layer - from_layer, "SAE"));
+  if (!at::isfinite(decoder).all().item<bool>()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": tensor ", name, " has NaN or Inf entries"));
+  }
+  return decoder;
+}
+
+absl::StatusOr<Sae> Sae::Load(const std::string& dir, const std::optional<HookName>& hook) {
+  ASSIGN_OR_RETURN(SaeConfig cfg, ReadAndCheckSae(dir, hook));
+  if (cfg.circuit_tracer) {
+    ASSIGN_OR_RETURN(LoadedWeights loaded, ReadCircuitTracerWeights(dir, cfg));
+    auto sae = Create(cfg, std::move(loaded.weights));
+    if (!sae.ok())
+      return absl::InvalidArgumentError(absl::StrCat(dir, ": ", sae.status().message()));
+    sae->weight_hash_ = loaded.hash;
+    return sae;
+  }
   ASSIGN_OR_RETURN(std::string path, FindSaeWeightsFile(dir));
   if (absl::EndsWith(path, ".npz")) {
     ASSIGN_OR_RETURN(LoadedWeights loaded, ReadGemmaScopeWeights(path));
@@ -191,9 +269,7 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir) {
   if (cfg.lm_saes) {
     FoldLmSaes(*cfg.lm_saes, cfg, &w);
     // Its threshold and scales live in hyperparams.json: a changed one changes the latents.
-    std::ifstream in(dir + "/" + kLmSaesHyperparams);
-    const std::string hyperparams((std::istreambuf_iterator<char>(in)),
-                                  std::istreambuf_iterator<char>());
+    const std::string hyperparams = ReadWholeFile(dir + "/" + kLmSaesHyperparams);
     crc = storage::Crc32cExtend(crc, hyperparams.data(), hyperparams.size());
     hashed += static_cast<int64_t>(hyperparams.size());
   }

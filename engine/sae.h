@@ -21,12 +21,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/hook_name.h"
 #include "engine/sae_config.h"
 #include "engine/sparse_codes.h"
 
@@ -65,8 +67,11 @@ class Sae {
   // Checks shapes against cfg and that every weight is finite (INVALID_ARGUMENT otherwise).
   static absl::StatusOr<Sae> Create(const SaeConfig& cfg, SaeWeights weights);
   // Loads dir/cfg.json + the weights file (or another layout of sae_config.h), converting to
-  // float32 on the CPU; lm-saes' encoder is folded into the form above (LmSaesFold).
-  static absl::StatusOr<Sae> Load(const std::string& dir);
+  // float32 on the CPU; lm-saes' encoder is folded into the form above (LmSaesFold). `hook`
+  // picks the layer of a circuit-tracer release (ReadAndCheckSae); a cross-layer transcoder's
+  // layer L loads with its decoder into layer L (the others: LoadCrossLayerDecoder).
+  static absl::StatusOr<Sae> Load(const std::string& dir,
+                                  const std::optional<HookName>& hook = std::nullopt);
 
   const SaeConfig& config() const { return cfg_; }
   // "crc32c:<8 hex>:<bytes>" of the weights file an SAE was loaded from (Load only; "" for one
@@ -108,6 +113,13 @@ class Sae {
   std::string weight_hash_;
   SaeWeights w_;
 };
+
+// The decoder that carries the latents of layer `from_layer` of the circuit-tracer cross-layer
+// transcoder in `dir` into layer `to_layer`'s output (from_layer <= to_layer): W_dec_{from}[:,
+// to - from, :], [d_sae, d_out] float32 on the CPU, read without loading the whole file.
+// INVALID_ARGUMENT for layers out of order or range, a shape other than the release's, NaN/Inf.
+absl::StatusOr<at::Tensor> LoadCrossLayerDecoder(const std::string& dir, int from_layer,
+                                                 int to_layer);
 
 // Writes dir/sae_weights.safetensors (F32) and dir/cfg.json, creating dir when needed.
 absl::Status SaveSae(const std::string& dir, const SaeWeights& weights, const SaeConfig& cfg);

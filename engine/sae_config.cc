@@ -16,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
+#include "engine/circuit_tracer.h"
 #include "engine/hook_name.h"
 #include "engine/npz.h"
 #include "engine/safetensors.h"
@@ -467,7 +468,137 @@ absl::StatusOr<SaeConfig> ReadGemmaScopeSae(const std::string& dir, const std::s
 
 }  // namespace
 
-absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir) {
+namespace {
+
+// Tensor `name` of `header` (the file `weights`) has shape `want` (or `also`, when given) and a
+// float dtype; absent, an error only when `required`. INVALID_ARGUMENT naming the file, the
+// tensor and what implied the shape.
+absl::Status CheckFloatTensor(const StHeader& header, const std::string& weights,
+                              const std::string& name, const std::vector<int64_t>& want,
+                              bool required, const std::string& implied_by,
+                              const std::vector<int64_t>& also = {}) {
+  const StTensorInfo* t = header.Find(name);
+  if (t == nullptr) {
+    if (!required) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(weights, ": tensor ", name, " missing"));
+  }
+  if (t->shape != want && (also.empty() || t->shape != also)) {
+    return absl::InvalidArgumentError(absl::StrCat(weights, ": tensor ", name, " has shape [",
+                                                   absl::StrJoin(t->shape, ", "), "], ", implied_by,
+                                                   " implies [", absl::StrJoin(want, ", "), "]"));
+  }
+  if (t->dtype != StDtype::kF32 && t->dtype != StDtype::kF16 && t->dtype != StDtype::kBF16 &&
+      t->dtype != StDtype::kF64) {
+    return absl::InvalidArgumentError(absl::StrCat(weights, ": tensor ", name, " has dtype ",
+                                                   StDtypeName(t->dtype),
+                                                   " (F32, F16, BF16 or F64 expected)"));
+  }
+  return absl::OkStatus();
+}
+
+// A layer of a circuit-tracer release (circuit_tracer.h), picked by the layer of `hook`.
+absl::StatusOr<SaeConfig> ReadCircuitTracerSae(const std::string& dir, const HookName& hook) {
+  ASSIGN_OR_RETURN(const CircuitTracerRelease release, ReadCircuitTracerRelease(dir));
+  const std::string config = absl::StrCat(dir, "/", kCircuitTracerConfig);
+  if (release.transcoders_elsewhere) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config, " lists its transcoders as files elsewhere (transcoders: ...) and none is in ", dir,
+        "; point the path at the downloaded directory of the layer's transcoder instead"));
+  }
+  if (release.n_layers == 0) {
+    return absl::NotFoundError(
+        absl::StrCat("no layer_0.safetensors nor W_enc_0.safetensors in ", dir));
+  }
+  if (hook.point == HookPoint::kHiddenStates) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the circuit-tracer release in ", dir,
+                     " holds a transcoder per layer, picked by the hook's block: name the hook "
+                     "blocks.L.",
+                     release.feature_input_hook.empty() ? "<hook>" : release.feature_input_hook));
+  }
+  const int layer = hook.layer;
+  if (layer >= release.n_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer,
+                                                   " is not in the circuit-tracer release in ", dir,
+                                                   " (layers 0..", release.n_layers - 1, ")"));
+  }
+  SaeConfig cfg;
+  cfg.transcoder = true;
+  cfg.apply_b_dec_to_input = false;  // F.linear(x, W_enc, b_enc): nothing subtracted first
+  cfg.circuit_tracer = CircuitTracerLayer{layer, release.cross_layer, release.n_layers};
+  if (!release.feature_input_hook.empty()) {
+    // Informational (the start-of-job warning); one latentd does not name leaves it unsaid.
+    const std::string in = absl::StrCat("blocks.", layer, ".", release.feature_input_hook);
+    if (ParseHookName(in).ok()) cfg.hook_name = in;
+  }
+  if (!release.feature_output_hook.empty()) {
+    const std::string out = absl::StrCat("blocks.", layer, ".", release.feature_output_hook);
+    if (!ParseHookName(out).ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(config, ": feature_output_hook \"", release.feature_output_hook,
+                       "\" is not a hook latentd computes (hook_mlp_out, mlp.hook_out, ...)"));
+    }
+    cfg.hook_name_out = out;
+  }
+  const std::string weights = CircuitTracerEncoderFile(dir, release, layer);
+  ASSIGN_OR_RETURN(const StHeader header, ReadStHeader(weights));
+  const std::string suffix = release.cross_layer ? absl::StrCat("_", layer) : "";
+  if (release.activation == "topk" || header.Find("k") != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, ": a TopK transcoder (", release.activation == "topk" ? config : weights,
+        "): circuit-tracer keeps the k largest pre-activations even when negative, latentd's "
+        "TopK only the positive ones, so the latents would differ"));
+  }
+  const StTensorInfo* w_enc = header.Find("W_enc" + suffix);
+  const StTensorInfo* b_dec = header.Find("b_dec" + suffix);
+  if (w_enc == nullptr || w_enc->shape.size() != 2 || b_dec == nullptr ||
+      b_dec->shape.size() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(weights, ": no 2-D W_enc", suffix, " [d_sae, d_in] and 1-D b_dec", suffix));
+  }
+  cfg.d_sae = w_enc->shape[0];
+  cfg.d_in = w_enc->shape[1];
+  cfg.d_out = b_dec->shape[0];
+  const std::string threshold =
+      release.cross_layer ? "threshold" + suffix : "activation_function.threshold";
+  // circuit-tracer uses the stored thresholds unless config.yaml says relu.
+  cfg.architecture = header.Find(threshold) != nullptr && release.activation != "relu"
+                         ? SaeArchitecture::kJumpRelu
+                         : SaeArchitecture::kRelu;
+  cfg.skip = !release.cross_layer && header.Find("W_skip") != nullptr;
+  const std::string implied = "W_enc" + suffix;
+  RETURN_IF_ERROR(
+      CheckFloatTensor(header, weights, "W_enc" + suffix, {cfg.d_sae, cfg.d_in}, true, implied));
+  RETURN_IF_ERROR(CheckFloatTensor(header, weights, "b_enc" + suffix, {cfg.d_sae}, true, implied));
+  RETURN_IF_ERROR(CheckFloatTensor(header, weights, "b_dec" + suffix, {cfg.d_out}, true, implied));
+  RETURN_IF_ERROR(
+      CheckFloatTensor(header, weights, threshold, {cfg.d_sae}, false, implied, {1, cfg.d_sae}));
+  if (!release.cross_layer) {
+    RETURN_IF_ERROR(
+        CheckFloatTensor(header, weights, "W_dec", {cfg.d_sae, cfg.d_out}, true, implied));
+    RETURN_IF_ERROR(
+        CheckFloatTensor(header, weights, "W_skip", {cfg.d_out, cfg.d_in}, false, implied));
+    return cfg;
+  }
+  const std::string decoder = CircuitTracerDecoderFile(dir, layer);
+  ASSIGN_OR_RETURN(const StHeader dec_header, ReadStHeader(decoder));
+  RETURN_IF_ERROR(CheckFloatTensor(dec_header, decoder, "W_dec" + suffix,
+                                   {cfg.d_sae, release.n_layers - layer, cfg.d_out}, true,
+                                   absl::StrCat(weights, " (of ", release.n_layers, " layers)")));
+  return cfg;
+}
+
+}  // namespace
+
+absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir,
+                                          const std::optional<HookName>& hook) {
+  if (IsCircuitTracerLayout(dir)) {
+    if (!hook) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir, " is a circuit-tracer release, a transcoder per layer: the hook picks the layer"));
+    }
+    return ReadCircuitTracerSae(dir, *hook);
+  }
   const bool lm_saes = IsLmSaesLayout(dir);
   std::ifstream in(dir + "/" + (lm_saes ? kLmSaesHyperparams : "cfg.json"));
   if (!in && Exists(dir + "/" + kGemmaScopeParams)) {
@@ -500,26 +631,14 @@ absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir) {
   auto check = [&](const std::vector<std::string>& names, std::vector<int64_t> shape,
                    bool transposed_ok, bool required) -> absl::Status {
     for (const auto& name : names) {
-      const StTensorInfo* t = header.Find(name);
-      if (t == nullptr) continue;
+      if (header.Find(name) == nullptr) continue;
       std::vector<int64_t> want = shape;
       // nn.Linear's [out, in]: sparsify's and lm-saes' encoder, lm-saes' decoder.
       if (transposed_ok && (name == "encoder.weight" || name == "decoder.weight")) {
         std::swap(want[0], want[1]);
       }
-      if (t->shape != want) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(weights, ": tensor ", name, " has shape [", absl::StrJoin(t->shape, ", "),
-                         "], ", lm_saes ? kLmSaesHyperparams : "cfg.json", " implies [",
-                         absl::StrJoin(want, ", "), "]"));
-      }
-      if (t->dtype != StDtype::kF32 && t->dtype != StDtype::kF16 && t->dtype != StDtype::kBF16 &&
-          t->dtype != StDtype::kF64) {
-        return absl::InvalidArgumentError(absl::StrCat(weights, ": tensor ", name, " has dtype ",
-                                                       StDtypeName(t->dtype),
-                                                       " (F32, F16, BF16 or F64 expected)"));
-      }
-      return absl::OkStatus();
+      return CheckFloatTensor(header, weights, name, want, true,
+                              lm_saes ? kLmSaesHyperparams : "cfg.json");
     }
     if (!required) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(weights, ": tensor ", names[0], " missing"));

@@ -64,6 +64,16 @@ struct LmSaesFold {
   std::optional<double> threshold;
 };
 
+// Which layer of a circuit-tracer release (engine/circuit_tracer.h) an SAE is: the job's hook
+// picks it. A cross-layer transcoder's latents at `layer` write to every layer from it on, so
+// its prediction of layer L sums the decoders of layers 0..L (LoadCrossLayerDecoder in sae.h);
+// the SAE itself holds its own layer's decoder.
+struct CircuitTracerLayer {
+  int layer = 0;
+  bool cross_layer = false;
+  int n_layers = 0;  // layers in the release
+};
+
 struct SaeConfig {
   int64_t d_in = 0;
   int64_t d_sae = 0;
@@ -90,6 +100,9 @@ struct SaeConfig {
   bool skip = false;
   int64_t d_out = 0;  // transcoders only; see OutWidth()
   std::string hook_name_out;
+
+  // Set for a layer of a circuit-tracer release (a transcoder).
+  std::optional<CircuitTracerLayer> circuit_tracer;
 
   // The width of what the decoder gives: d_out for a transcoder, d_in for an SAE.
   int64_t OutWidth() const { return transcoder ? d_out : d_in; }
@@ -123,8 +136,13 @@ absl::StatusOr<std::string> FindSaeWeightsFile(const std::string& dir);
 
 // Reads dir/cfg.json (or Gemma Scope's params.npz, or lm-saes' hyperparams.json) and checks the
 // safetensors header of the weights file against it: every tensor present with the shape the config
-// implies. INVALID_ARGUMENT naming the mismatch.
-absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir);
+// implies. INVALID_ARGUMENT naming the mismatch. A circuit-tracer release (circuit_tracer.h)
+// holds a transcoder per layer: `hook`, the hook the job reads, picks its layer (without one,
+// INVALID_ARGUMENT). Refused there, naming the field: activation topk (circuit-tracer keeps the
+// k largest pre-activations even when negative, latentd's TopK the positive ones), an output hook
+// latentd does not compute, a layer the release lacks, transcoders listed as files elsewhere.
+absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir,
+                                          const std::optional<HookName>& hook = std::nullopt);
 
 }  // namespace latentd::engine
 

@@ -305,6 +305,183 @@ TEST(SaeTest, TranscodersPredictTheirOutputHookAsSaeLensDoes) {
   EXPECT_FALSE(topk->weights().W_skip.defined());
 }
 
+// Writes the named float32 tensors (contiguous, on the CPU) to `path`; F16 for names in `half`.
+void WriteTensors(const std::string& path,
+                  const std::vector<std::pair<std::string, at::Tensor>>& named,
+                  const std::set<std::string>& half = {}) {
+  std::vector<at::Tensor> keep;
+  std::vector<StTensorToWrite> tensors;
+  for (const auto& [name, t] : named) {
+    const bool f16 = half.count(name) > 0;
+    keep.push_back(t.to(f16 ? at::kHalf : at::kFloat).contiguous());
+    tensors.push_back({name, f16 ? StDtype::kF16 : StDtype::kF32, t.sizes().vec(), nullptr});
+  }
+  for (size_t i = 0; i < keep.size(); ++i) tensors[i].data = keep[i].data_ptr();
+  ASSERT_TRUE(WriteSafetensors(path, tensors).ok()) << path;
+}
+
+HookName Hook(const char* name) { return *ParseHookName(name); }
+
+// circuit-tracer's per-layer transcoders (a "transcoder_set"): layer_{L}.safetensors with
+// nn.Linear's W_enc [d_sae, d_in], picked by the layer of the job's hook.
+TEST(SaeTest, ReadsCircuitTracerTranscoderSetsByTheHooksLayer) {
+  const std::string dir = TempDir("ct_plt");
+  std::ofstream(dir + "/config.yaml") << "model_kind: transcoder_set\n"
+                                         "feature_input_hook: \"mlp.hook_in\"\n"
+                                         "feature_output_hook: \"mlp.hook_out\"\n"
+                                         "scan: test/plt\n";
+  at::manual_seed(41);
+  std::vector<std::map<std::string, at::Tensor>> layers(2);
+  for (int l = 0; l < 2; ++l) {
+    layers[l] = {{"W_enc", at::randn({10, 6})},
+                 {"b_enc", at::randn({10}) * 0.1},
+                 {"W_dec", at::randn({10, 6})},
+                 {"b_dec", at::randn({6})}};
+  }
+  layers[0]["W_skip"] = at::randn({6, 6});                         // layer 0: ReLU with a skip
+  layers[1]["activation_function.threshold"] = at::rand({1, 10});  // layer 1: JumpReLU
+  for (int l = 0; l < 2; ++l) {
+    WriteTensors(dir + "/layer_" + std::to_string(l) + ".safetensors",
+                 {layers[l].begin(), layers[l].end()});
+  }
+  const at::Tensor x = at::randn({9, 6});
+  for (int l = 0; l < 2; ++l) {
+    const std::string in = "blocks." + std::to_string(l) + ".mlp.hook_in";
+    auto sae = Sae::Load(dir, Hook(in.c_str()));
+    ASSERT_TRUE(sae.ok()) << sae.status();
+    const SaeConfig& cfg = sae->config();
+    EXPECT_TRUE(cfg.transcoder);
+    EXPECT_FALSE(cfg.apply_b_dec_to_input);
+    ASSERT_TRUE(cfg.circuit_tracer.has_value());
+    EXPECT_EQ(cfg.circuit_tracer->layer, l);
+    EXPECT_FALSE(cfg.circuit_tracer->cross_layer);
+    EXPECT_EQ(cfg.hook_name, in);
+    EXPECT_EQ(cfg.hook_name_out, "blocks." + std::to_string(l) + ".mlp.hook_out");
+    std::map<std::string, at::Tensor>& w = layers[l];
+    // circuit-tracer: F.linear(x, W_enc, b_enc), its activation, then acts @ W_dec + b_dec
+    // (+ x @ W_skip.T).
+    at::Tensor pre = at::linear(x, w["W_enc"], w["b_enc"]);
+    at::Tensor want;
+    if (l == 0) {
+      EXPECT_EQ(cfg.architecture, SaeArchitecture::kRelu);
+      EXPECT_TRUE(cfg.skip);
+      want = at::mm(at::relu(pre), w["W_dec"]) + w["b_dec"] + at::mm(x, w["W_skip"].t());
+    } else {
+      EXPECT_EQ(cfg.architecture, SaeArchitecture::kJumpRelu);
+      EXPECT_FALSE(cfg.skip);
+      const at::Tensor t = w["activation_function.threshold"].reshape({10});
+      want = at::mm(pre * (pre > t).to(at::kFloat), w["W_dec"]) + w["b_dec"];
+    }
+    const at::Tensor got = sae->Predict(x, sae->EncodeSparse(x));
+    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-5)) << l << ": " << (got - want).abs().max();
+  }
+  EXPECT_NE(Sae::Load(dir, Hook("blocks.0.mlp.hook_in"))->weight_hash(),
+            Sae::Load(dir, Hook("blocks.1.mlp.hook_in"))->weight_hash());
+
+  // Without a hook there is no layer to pick; past the release's layers there is none.
+  absl::Status s = Sae::Load(dir).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("the hook picks the layer"), std::string::npos) << s;
+  s = ReadAndCheckSae(dir, Hook("blocks.2.mlp.hook_in")).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("layer 2 is not in the circuit-tracer release"), std::string::npos)
+      << s;
+  s = ReadAndCheckSae(dir, Hook("hidden_states.1")).status();
+  EXPECT_NE(s.message().find("blocks.L.mlp.hook_in"), std::string::npos) << s;
+  // A TopK set: circuit-tracer keeps negative pre-activations among the k, latentd would not.
+  std::ofstream(dir + "/config.yaml") << "model_kind: transcoder_set\nactivation: topk\nk: 3\n";
+  s = ReadAndCheckSae(dir, Hook("blocks.0.mlp.hook_in")).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("TopK"), std::string::npos) << s;
+  // activation: relu ignores a stored threshold, as circuit-tracer does.
+  std::ofstream(dir + "/config.yaml") << "model_kind: transcoder_set\nactivation: relu\n";
+  auto relu = ReadAndCheckSae(dir, Hook("blocks.1.mlp.hook_in"));
+  ASSERT_TRUE(relu.ok()) << relu.status();
+  EXPECT_EQ(relu->architecture, SaeArchitecture::kRelu);
+  EXPECT_TRUE(relu->hook_name_out.empty());  // unsaid: the MLP output of the hook's block
+  std::ofstream(dir + "/config.yaml") << "model_kind: transcoder_set\n"
+                                         "feature_output_hook: hook_mlp_post\n";
+  s = ReadAndCheckSae(dir, Hook("blocks.1.mlp.hook_in")).status();
+  EXPECT_NE(s.message().find("feature_output_hook \"hook_mlp_post\""), std::string::npos) << s;
+  // Shapes are checked against W_enc.
+  std::ofstream(dir + "/config.yaml") << "model_kind: transcoder_set\n";
+  WriteTensors(dir + "/layer_1.safetensors", {{"W_enc", at::randn({10, 6})},
+                                              {"b_enc", at::randn({10})},
+                                              {"W_dec", at::randn({9, 6})},
+                                              {"b_dec", at::randn({6})}});
+  s = ReadAndCheckSae(dir, Hook("blocks.1.mlp.hook_in")).status();
+  EXPECT_NE(s.message().find("tensor W_dec has shape [9, 6], W_enc implies [10, 6]"),
+            std::string::npos)
+      << s;
+}
+
+// circuit-tracer's cross-layer transcoder: the latents of layer L read layer L's input and
+// write to layers L..n-1 through W_dec_L [d_sae, n - L, d_out].
+TEST(SaeTest, ReadsCircuitTracerCrossLayerTranscoders) {
+  const std::string dir = TempDir("ct_clt");
+  std::ofstream(dir + "/config.yaml") << "model_kind: cross_layer_transcoder\n"
+                                         "feature_input_hook: hook_resid_mid\n"
+                                         "feature_output_hook: hook_mlp_out\n";
+  const int n = 3;
+  at::manual_seed(43);
+  std::vector<at::Tensor> W_enc, b_enc, b_dec, threshold, W_dec;
+  for (int l = 0; l < n; ++l) {
+    const std::string i = std::to_string(l);
+    W_enc.push_back(at::randn({10, 6}));
+    b_enc.push_back(at::randn({10}) * 0.1);
+    b_dec.push_back(at::randn({6}));
+    threshold.push_back(at::rand({10}));
+    W_dec.push_back(at::randn({10, n - l, 6}));
+    WriteTensors(dir + "/W_enc_" + i + ".safetensors", {{"W_enc_" + i, W_enc[l]},
+                                                        {"b_enc_" + i, b_enc[l]},
+                                                        {"b_dec_" + i, b_dec[l]},
+                                                        {"threshold_" + i, threshold[l]}});
+    // Layer 1's decoder in float16: slices convert like whole tensors.
+    WriteTensors(dir + "/W_dec_" + i + ".safetensors", {{"W_dec_" + i, W_dec[l]}},
+                 l == 1 ? std::set<std::string>{"W_dec_1"} : std::set<std::string>{});
+    if (l == 1) W_dec[l] = W_dec[l].to(at::kHalf).to(at::kFloat);
+  }
+  auto sae = Sae::Load(dir, Hook("blocks.2.hook_resid_mid"));
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  const SaeConfig& cfg = sae->config();
+  ASSERT_TRUE(cfg.circuit_tracer.has_value());
+  EXPECT_TRUE(cfg.circuit_tracer->cross_layer);
+  EXPECT_EQ(cfg.circuit_tracer->layer, 2);
+  EXPECT_EQ(cfg.circuit_tracer->n_layers, n);
+  EXPECT_EQ(cfg.architecture, SaeArchitecture::kJumpRelu);
+  EXPECT_EQ(cfg.hook_name, "blocks.2.hook_resid_mid");
+  EXPECT_EQ(cfg.hook_name_out, "blocks.2.hook_mlp_out");
+  EXPECT_TRUE(at::equal(sae->weights().W_dec, W_dec[2].select(1, 0)));
+  // The prediction of layer 2's output sums what layers 0, 1 and 2 decode into it.
+  std::vector<at::Tensor> x, z;
+  for (int l = 0; l < n; ++l) {
+    x.push_back(at::randn({5, 6}));
+    const at::Tensor pre = at::linear(x[l], W_enc[l], b_enc[l]);
+    z.push_back(pre * (pre > threshold[l]).to(at::kFloat));
+  }
+  at::Tensor want = b_dec[2].clone();
+  at::Tensor got = sae->Predict(x[2], sae->EncodeSparse(x[2]));
+  for (int l = 0; l < n; ++l) want = want + at::mm(z[l], W_dec[l].select(1, 2 - l));
+  for (int l = 0; l < 2; ++l) {
+    auto decoder = LoadCrossLayerDecoder(dir, l, 2);
+    ASSERT_TRUE(decoder.ok()) << decoder.status();
+    EXPECT_TRUE(at::equal(*decoder, W_dec[l].select(1, 2 - l))) << l;
+    auto earlier =
+        Sae::Load(dir, Hook(l == 0 ? "blocks.0.hook_resid_mid" : "blocks.1.hook_resid_mid"));
+    ASSERT_TRUE(earlier.ok()) << earlier.status();
+    got = got + earlier->EncodeDense(x[l]).mm(*decoder);
+  }
+  EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-5)) << (got - want).abs().max();
+
+  EXPECT_FALSE(LoadCrossLayerDecoder(dir, 2, 1).ok());  // latents write forward only
+  EXPECT_FALSE(LoadCrossLayerDecoder(dir, 0, 3).ok());  // past the last layer
+  // A decoder that does not span the layers after its own.
+  WriteTensors(dir + "/W_dec_1.safetensors", {{"W_dec_1", at::randn({10, 1, 6})}});
+  absl::Status s = ReadAndCheckSae(dir, Hook("blocks.1.hook_resid_mid")).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("tensor W_dec_1 has shape [10, 1, 6]"), std::string::npos) << s;
+}
+
 // lm-saes' layout (Llama Scope's release), d_in 5, d_sae 20: nn.Linear weights in
 // checkpoints/final.safetensors, the encoder's settings in hyperparams.json.
 struct LmSaesWeights {

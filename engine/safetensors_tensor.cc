@@ -1,6 +1,7 @@
 #include "engine/safetensors_tensor.h"
 
 #include <cstring>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 
@@ -28,6 +29,31 @@ absl::StatusOr<at::Tensor> ReadFloatTensor(const SafetensorsFile& file, const St
   if (!type.ok()) return type.status();
   at::Tensor t = at::empty(info.shape, at::TensorOptions().dtype(*type));
   std::memcpy(t.data_ptr(), file.data(info), info.end - info.begin);
+  return t.to(at::kFloat);
+}
+
+absl::StatusOr<at::Tensor> ReadFloatTensorSlice(const std::string& path, const StHeader& header,
+                                                const StTensorInfo& info, int64_t index,
+                                                const char* what) {
+  auto type = StFloatType(info, what);
+  if (!type.ok()) return type.status();
+  if (info.shape.size() != 3 || index < 0 || index >= info.shape[1]) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " tensor ", info.name, " in ", path,
+                                                   ": no slice ", index, " of dimension 1"));
+  }
+  const int64_t rows = info.shape[0], stride = info.shape[1], width = info.shape[2];
+  const int64_t row_bytes = width * StDtypeSize(info.dtype);
+  at::Tensor t = at::empty({rows, width}, at::TensorOptions().dtype(*type));
+  std::ifstream in(path, std::ios::binary);
+  char* out = static_cast<char*>(t.data_ptr());
+  for (int64_t r = 0; in && r < rows; ++r) {
+    in.seekg(header.data_start + info.begin + (r * stride + index) * row_bytes);
+    in.read(out + r * row_bytes, row_bytes);
+  }
+  if (!in) {
+    return absl::DataLossError(
+        absl::StrCat("short read of ", what, " tensor ", info.name, " from ", path));
+  }
   return t.to(at::kFloat);
 }
 

@@ -20,6 +20,15 @@ absl::StatusOr<at::ScalarType> StFloatType(const StTensorInfo& info, const char*
 absl::StatusOr<at::Tensor> ReadFloatTensor(const SafetensorsFile& file, const StTensorInfo& info,
                                            const char* what);
 
+// Slice `index` of dimension 1 of the 3-D tensor `info` in the file at `path` (whose header is
+// `header`), [shape[0], shape[2]] as float32, read row by row without holding the file: a
+// cross-layer transcoder's decoder [d_sae, layers, d_model] can take gigabytes, of which one
+// layer's [d_sae, d_model] is wanted. INVALID_ARGUMENT for another rank, an index out of range or
+// a non-float dtype; DATA_LOSS naming the file on a short read.
+absl::StatusOr<at::Tensor> ReadFloatTensorSlice(const std::string& path, const StHeader& header,
+                                                const StTensorInfo& info, int64_t index,
+                                                const char* what);
+
 }  // namespace latentd::engine
 
 #endif  // LATENTD_ENGINE_SAFETENSORS_TENSOR_H_
