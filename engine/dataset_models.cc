@@ -479,8 +479,12 @@ absl::StatusOr<std::shared_ptr<const PromptSae>> DatasetModels::Impl::PromptSaeF
 
 absl::Status DatasetModels::Impl::CheckSaeFits(const DatasetSource& dataset,
                                                const std::string& dir) const {
-  ASSIGN_OR_RETURN(SaeConfig cfg, ReadAndCheckSae(dir));
-  ASSIGN_OR_RETURN(std::string file, FindSaeWeightsFile(dir));
+  // The hook picks the layer of a circuit-tracer release.
+  const absl::StatusOr<HookName> hook = ParseHookName(dataset.hook_name);
+  const std::optional<HookName> layer_of =
+      hook.ok() ? std::optional<HookName>(*hook) : std::nullopt;
+  ASSIGN_OR_RETURN(SaeConfig cfg, ReadAndCheckSae(dir, layer_of));
+  ASSIGN_OR_RETURN(std::string file, FindSaeWeightsFile(dir, layer_of));
   std::error_code ec;
   const auto file_bytes = static_cast<int64_t>(std::filesystem::file_size(file, ec));
   if (ec) return absl::NotFoundError(absl::StrCat(file, ": ", ec.message()));
@@ -501,7 +505,9 @@ absl::Status DatasetModels::Impl::CheckSaeFits(const DatasetSource& dataset,
 absl::StatusOr<Sae> DatasetModels::Impl::LoadSae(const DatasetSource& dataset,
                                                  const std::string& dir) const {
   RETURN_IF_ERROR(CheckSaeFits(dataset, dir));
-  ASSIGN_OR_RETURN(Sae sae, Sae::Load(dir));
+  const absl::StatusOr<HookName> hook = ParseHookName(dataset.hook_name);
+  ASSIGN_OR_RETURN(Sae sae,
+                   Sae::Load(dir, hook.ok() ? std::optional<HookName>(*hook) : std::nullopt));
   if (!dataset.sae_weight_hash.empty() && sae.weight_hash() != dataset.sae_weight_hash) {
     return absl::FailedPreconditionError(
         absl::StrCat("dataset ", dataset.dataset_id, ": the SAE in ", dir,

@@ -116,6 +116,9 @@ struct DatasetSource {
   int64_t d_sae = 0;
   // Which of the job's outputs (ExtractSpec.more_outputs) wrote it; "": the first.
   std::string name;
+  // The hook the dataset's rows were read at (which layer of a circuit-tracer release its SAE
+  // is); "": not known, fine for every other layout.
+  std::string hook_name;
   // A transcoder's output hook, as the dataset recorded it (its decoder directions live there,
   // and the logit tables unembed from there); "": an SAE, whose decoder writes its own hook.
   std::string hook_name_out;

@@ -15,6 +15,7 @@
 #include "engine/hook_name.h"
 #include "engine/reference_model.h"
 #include "engine/sae.h"
+#include "engine/safetensors.h"
 #include "gtest/gtest.h"
 #include "storage/chunk_store.h"
 #include "storage/db.h"
@@ -696,6 +697,149 @@ TEST_F(ExtractJobTest, ATranscoderIsMeasuredAgainstTheHookItPredicts) {
   s = ValidateExtractSpec(bad, env_);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("d_out 16 != width 64"), std::string::npos) << s;
+}
+
+// circuit-tracer's cross-layer transcoder on the reference model's two layers: layer L's latents
+// read blocks.L.hook_resid_mid and write to blocks.L.hook_mlp_out and every later layer's, so
+// layer 1's fit sums the decoders of layers 0 and 1; the job extracts both from one pass.
+TEST_F(ExtractJobTest, ACrossLayerTranscodersFitSumsTheLayersTheJobExtracts) {
+  const std::string clt = Tmp("root/clt");
+  mkdir(clt.c_str(), 0755);
+  std::ofstream(clt + "/config.yaml") << "model_kind: cross_layer_transcoder\n"
+                                         "feature_input_hook: hook_resid_mid\n"
+                                         "feature_output_hook: hook_mlp_out\n";
+  at::manual_seed(9);
+  std::vector<at::Tensor> W_enc, b_enc, b_dec, W_dec;
+  for (int l = 0; l < 2; ++l) {
+    W_enc.push_back(at::randn({24, 16}));
+    b_enc.push_back(at::randn({24}) * 0.1);
+    b_dec.push_back(at::randn({16}) * 0.01);
+    W_dec.push_back(at::randn({24, 2 - l, 16}) * 0.01);
+    const std::string i = std::to_string(l);
+    ASSERT_TRUE(WriteSafetensors(clt + "/W_enc_" + i + ".safetensors",
+                                 {{"W_enc_" + i, StDtype::kF32, {24, 16}, W_enc[l].data_ptr()},
+                                  {"b_enc_" + i, StDtype::kF32, {24}, b_enc[l].data_ptr()},
+                                  {"b_dec_" + i, StDtype::kF32, {16}, b_dec[l].data_ptr()}})
+                    .ok());
+    ASSERT_TRUE(
+        WriteSafetensors(clt + "/W_dec_" + i + ".safetensors",
+                         {{"W_dec_" + i, StDtype::kF32, {24, 2 - l, 16}, W_dec[l].data_ptr()}})
+            .ok());
+  }
+  auto db = OpenDb("db_clt");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  // Layer 1 first: its fit waits for the codes of layer 0, the job's second output.
+  latentd::v1::ExtractSpec spec = Spec();
+  spec.set_hook_name("blocks.1.hook_resid_mid");
+  spec.mutable_sae()->set_path(clt);
+  spec.set_dataset_name("clt1");
+  latentd::v1::ExtractOutput* more = spec.add_more_outputs();
+  more->set_hook_name("blocks.0.hook_resid_mid");
+  more->mutable_sae()->set_path(clt);
+  more->set_dataset_name("clt0");
+  FakeContext ctx(91, 1);
+  auto result = RunExtract(spec, env_, &ctx);
+  ASSERT_TRUE(result.ok()) << result.status();
+  for (const std::string& w : ctx.warnings_) {  // (a random CLT: the misfit warning is right)
+    EXPECT_EQ(w.find("not measured"), std::string::npos) << w;
+  }
+  EXPECT_EQ(result->fit().predicted_hook(), "blocks.1.hook_mlp_out");
+  EXPECT_EQ(result->more_outputs(0).fit().predicted_hook(), "blocks.0.hook_mlp_out");
+
+  // The same, computed here from the model's hooks with circuit-tracer's formulas.
+  auto resolved = ResolveReferenceSpec(Spec().model().reference());
+  ASSERT_TRUE(resolved.ok());
+  auto model = CreateReferenceModel(
+      *resolved,
+      {*ParseHookName("blocks.0.hook_resid_mid"), *ParseHookName("blocks.0.hook_mlp_out"),
+       *ParseHookName("blocks.1.hook_resid_mid"), *ParseHookName("blocks.1.hook_mlp_out")},
+      at::kCPU);
+  ASSERT_TRUE(model.ok());
+  std::vector<uint16_t> ids(40 * kCtx);
+  std::ifstream(root_ + "/tokens.bin", std::ios::binary)
+      .read(reinterpret_cast<char*>(ids.data()), ids.size() * 2);
+  const at::Tensor tokens =
+      at::tensor(std::vector<int64_t>(ids.begin(), ids.end())).view({40, kCtx});
+  std::vector<at::Tensor> hooked;
+  {
+    c10::InferenceMode inference;
+    hooked = (*model)->ForwardHooks(tokens);
+  }
+  std::vector<at::Tensor> z, y;
+  for (int l = 0; l < 2; ++l) {
+    z.push_back(at::relu(at::linear(hooked[2 * l].reshape({-1, 16}), W_enc[l], b_enc[l])));
+    y.push_back(hooked[2 * l + 1].reshape({-1, 16}).to(at::kDouble));
+  }
+  const std::vector<at::Tensor> predicted = {
+      at::mm(z[0], W_dec[0].select(1, 0)) + b_dec[0],
+      at::mm(z[0], W_dec[0].select(1, 1)) + at::mm(z[1], W_dec[1].select(1, 0)) + b_dec[1]};
+  auto ev = [&](int l) {
+    const at::Tensor p = predicted[l].to(at::kDouble);
+    return 1 - (y[l] - p).pow(2).sum().item<double>() /
+                   (y[l] - y[l].mean(0)).pow(2).sum().item<double>();
+  };
+  // Layer 1 without layer 0's share would fit otherwise: the sum is what is measured.
+  const at::Tensor own_only = (at::mm(z[1], W_dec[1].select(1, 0)) + b_dec[1]).to(at::kDouble);
+  const double ev_own = 1 - (y[1] - own_only).pow(2).sum().item<double>() /
+                                (y[1] - y[1].mean(0)).pow(2).sum().item<double>();
+  ASSERT_GT(std::abs(ev(1) - ev_own), 1e-3);
+  EXPECT_NEAR(result->fit().explained_variance(), ev(1), 1e-6 * std::abs(ev(1)) + 1e-5);
+  EXPECT_NEAR(result->more_outputs(0).fit().explained_variance(), ev(0),
+              1e-6 * std::abs(ev(0)) + 1e-5);
+  // Each dataset holds its own layer's latents.
+  for (int l = 0; l < 2; ++l) {
+    auto id = store.FindDataset(l == 0 ? "clt0" : "clt1");
+    ASSERT_TRUE(id.ok());
+    auto rows = store.ReadRows(*id, 0, 0);
+    ASSERT_TRUE(rows.ok());
+    for (int64_t r = 0; r < 40 * kCtx; r += 29) {
+      std::set<int> want;
+      for (int64_t j = 0; j < 24; ++j) {
+        if (z[l][r][j].item<float>() > 0) want.insert(static_cast<int>(j));
+      }
+      const std::set<int> got(rows->indices.begin() + rows->indptr[r],
+                              rows->indices.begin() + rows->indptr[r + 1]);
+      EXPECT_EQ(got, want) << "layer " << l << " row " << r;
+    }
+  }
+
+  // Layer 1 alone: its latents are stored, its fit is not measured, and the job says why.
+  latentd::v1::ExtractSpec alone = Spec();
+  alone.set_hook_name("blocks.1.hook_resid_mid");
+  alone.mutable_sae()->set_path(clt);
+  alone.set_dataset_name("clt1_alone");
+  FakeContext alone_ctx(92, 1);
+  auto alone_result = RunExtract(alone, env_, &alone_ctx);
+  ASSERT_TRUE(alone_result.ok()) << alone_result.status();
+  EXPECT_FALSE(alone_result->has_fit());
+  ASSERT_EQ(alone_ctx.warnings_.size(), 1u);
+  EXPECT_NE(alone_ctx.warnings_[0].find("fit is not measured"), std::string::npos);
+  EXPECT_NE(alone_ctx.warnings_[0].find("layer(s) 0"), std::string::npos) << alone_ctx.warnings_[0];
+  EXPECT_EQ(alone_result->nnz(), result->nnz());
+  // The downstream loss would need every earlier layer spliced in: refused at submit.
+  alone.set_downstream_loss_sequences(2);
+  absl::Status s = ValidateExtractSpec(alone, env_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("not measured for cross-layer transcoders"), std::string::npos) << s;
+  // A layer the release lacks: one of a single layer (its decoder writes to it alone).
+  const std::string one = Tmp("root/clt_one");
+  mkdir(one.c_str(), 0755);
+  const at::Tensor W_dec_one = W_dec[0].narrow(1, 0, 1).contiguous();
+  ASSERT_TRUE(WriteSafetensors(one + "/W_enc_0.safetensors",
+                               {{"W_enc_0", StDtype::kF32, {24, 16}, W_enc[0].data_ptr()},
+                                {"b_enc_0", StDtype::kF32, {24}, b_enc[0].data_ptr()},
+                                {"b_dec_0", StDtype::kF32, {16}, b_dec[0].data_ptr()}})
+                  .ok());
+  ASSERT_TRUE(WriteSafetensors(one + "/W_dec_0.safetensors",
+                               {{"W_dec_0", StDtype::kF32, {24, 1, 16}, W_dec_one.data_ptr()}})
+                  .ok());
+  alone.set_downstream_loss_sequences(0);
+  alone.mutable_sae()->set_path(one);
+  s = ValidateExtractSpec(alone, env_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("layer 1 is not in the circuit-tracer release"), std::string::npos)
+      << s;
 }
 
 // One SAE on several hooks is loaded once, and the memory check counts it once: a device that

@@ -115,28 +115,49 @@ absl::Status ComputeBatch(const TokenSource& tokens, PipelineReplica* r,
     const size_t outputs = options.sparse ? r->saes.size() : hooked.size();
     out->hooks.resize(outputs);
     auto rows_of = [&](const at::Tensor& t) { return t.reshape({seqs * L, t.size(-1)}); };
+    // Kept to the end of the batch for predictions that add other outputs' codes (cross-layer
+    // transcoders), whose fits are measured once every output is encoded.
+    std::vector<SparseCodes> all_codes(options.sparse ? outputs : 0);
+    std::vector<at::Tensor> all_finite(outputs);
+    auto cross = [&](size_t o) -> const std::vector<CrossLayerDecoder>& {
+      static const std::vector<CrossLayerDecoder> kNone;
+      return o < r->cross_decoders.size() ? r->cross_decoders[o] : kNone;
+    };
+    // An SAE's reconstruction against its own hook, a transcoder's prediction against the hook
+    // it predicts (rows where everything it is computed from is finite).
+    auto measure_fit = [&](size_t o, const at::Tensor& x, at::Tensor prediction) {
+      const int target = r->fit_hooks.empty() ? static_cast<int>(o) : r->fit_hooks[o];
+      if (target < 0) return;
+      const bool own = target == static_cast<int>(o);
+      const at::Tensor y = own ? x : rows_of(hooked[target]);
+      at::Tensor keep = own ? all_finite[o] : all_finite[o].logical_and(at::isfinite(y).all(1));
+      for (const CrossLayerDecoder& d : cross(o)) {
+        prediction.add_(DecodeSparseCodes(d.W_dec, at::Tensor(), all_codes[d.source], seqs * L));
+        keep = keep.logical_and(all_finite[d.source]);
+      }
+      out->hooks[o].fit = ToHost(ReconstructionSums(y, prediction, keep));
+    };
     for (size_t o = 0; o < outputs; ++o) {
       HookCodes& codes_out = out->hooks[o];
       at::Tensor x = rows_of(hooked[o]);
       hooked[o].reset();  // freed once encoded (or copied), before the next hook's encoder runs
-      const at::Tensor finite = at::isfinite(x).all(1);
-      codes_out.finite = ToHost(finite);
+      all_finite[o] = at::isfinite(x).all(1);
+      codes_out.finite = ToHost(all_finite[o]);
       if (options.sparse) {
         const Sae& sae = r->saes[o];
         SparseCodes codes = sae.EncodeSparse(x);
-        // An SAE's reconstruction against its own hook, a transcoder's prediction against the
-        // hook it predicts (rows where both are finite).
-        const int target = r->fit_hooks.empty() ? static_cast<int>(o) : r->fit_hooks[o];
-        const bool own = target == static_cast<int>(o);
-        const at::Tensor y = own ? x : rows_of(hooked[target]);
-        const at::Tensor keep = own ? finite : finite.logical_and(at::isfinite(y).all(1));
-        codes_out.fit = ToHost(ReconstructionSums(y, sae.Predict(x, codes), keep));
+        if (cross(o).empty()) measure_fit(o, x, sae.Predict(x, codes));
         codes_out.indices = ToHost(codes.indices);
         codes_out.values = ToHost(codes.values);
         if (!codes.fixed_k()) codes_out.row_counts = ToHost(codes.row_counts);
+        all_codes[o] = std::move(codes);
       } else {
         codes_out.values = ToHost(x);
       }
+    }
+    for (size_t o = 0; options.sparse && o < outputs; ++o) {
+      if (cross(o).empty()) continue;
+      measure_fit(o, at::Tensor(), r->saes[o].DecodeSparse(all_codes[o], seqs * L));
     }
     out->ready.Record(r->device);
   } catch (const std::exception& e) {
@@ -238,6 +259,18 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
       return absl::InvalidArgumentError(
           absl::StrCat(r.fit_hooks.size(), " fit hooks for ", outputs, " outputs"));
     }
+    for (size_t o = 0; options.sparse && o < r.cross_decoders.size(); ++o) {
+      for (const CrossLayerDecoder& d : r.cross_decoders[o]) {
+        if (o >= outputs || d.source < 0 || d.source >= static_cast<int>(outputs) ||
+            r.saes[o].config().skip ||
+            d.W_dec.sizes() !=
+                at::IntArrayRef({r.saes[d.source].config().d_sae, r.saes[o].config().OutWidth()})) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "extract.sae of output ", o, ": a cross-layer decoder that does not fit output ",
+              d.source, "'s latents or this output's prediction"));
+        }
+      }
+    }
     for (size_t o = 0; options.sparse && o < outputs; ++o) {
       const SaeConfig& cfg = r.saes[o].config();
       if (cfg.d_in != widths[o]) {
@@ -245,8 +278,8 @@ absl::StatusOr<PipelineResult> RunExtractPipeline(const TokenSource& tokens,
                                                        cfg.d_in, " != hook width ", widths[o]));
       }
       const int target = r.fit_hooks.empty() ? static_cast<int>(o) : r.fit_hooks[o];
-      if (target < 0 || target >= static_cast<int>(widths.size()) ||
-          cfg.OutWidth() != widths[target]) {
+      if (target < 0) continue;  // not measured
+      if (target >= static_cast<int>(widths.size()) || cfg.OutWidth() != widths[target]) {
         return absl::InvalidArgumentError(absl::StrCat(
             "extract.sae of output ", o, ": it predicts ", cfg.OutWidth(),
             " values a row, the hook it is measured against (model hook ", target, ") has ",

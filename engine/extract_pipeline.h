@@ -32,6 +32,13 @@
 
 namespace latentd::engine {
 
+// Part of another output's prediction: the codes of output `source`, decoded by W_dec [d_sae of
+// source, d_out] (a cross-layer transcoder's latents of an earlier layer writing to this one).
+struct CrossLayerDecoder {
+  int source = 0;
+  at::Tensor W_dec;  // on the replica's device
+};
+
 struct PipelineReplica {
   // Its first hooks are the outputs' (one per sink, in order); any after them are only what
   // transcoders predict (fit_hooks).
@@ -39,8 +46,12 @@ struct PipelineReplica {
   std::vector<Sae> saes;  // sparse: one per output, on `device`
   // Sparse: per output, the model hook whose activation its SAE's prediction is measured against
   // (PipelineOutputResult::fit): the output's own hook for an SAE, a transcoder's output hook
-  // for a transcoder. Empty: every output's own.
+  // for a transcoder; -1: not measured. Empty: every output's own.
   std::vector<int> fit_hooks;
+  // Sparse: per output, the decoders of other outputs' codes its prediction adds (a cross-layer
+  // transcoder's layer L: its layers 0..L-1); empty: none. Only for outputs without a skip
+  // connection (the prediction is then decoded from codes alone).
+  std::vector<std::vector<CrossLayerDecoder>> cross_decoders;
   at::Device device = at::kCPU;
   int cpu_threads = 0;  // intra-op threads of this replica's worker; 0 = leave alone
 };

@@ -178,10 +178,54 @@ struct CheckedOutput {
   // where the downstream loss puts its prediction; unset for an SAE.
   std::optional<HookName> hook_out;
   std::string hook_name_out;
-  // An earlier output with the same SAE directory, whose loaded weights this one shares (one
-  // SAE on several hooks costs its memory once); -1 for none.
+  // An earlier output with the same SAE directory (and layer, in a circuit-tracer release),
+  // whose loaded weights this one shares (one SAE on several hooks costs its memory once); -1 for
+  // none.
   int sae_of = -1;
+  // Layer L > 0 of a cross-layer transcoder: the outputs that hold its layers 0..L-1, whose
+  // latents add to this one's prediction (CrossLayerSources), in layer order. Empty when one is
+  // missing: the fit is then not measured, and cross_layer_missing names the layers.
+  std::vector<int> cross_layer_sources;
+  std::vector<int> cross_layer_missing;
 };
+
+// Whether an output reads a layer of a cross-layer transcoder.
+bool IsCrossLayer(const CheckedOutput& out) {
+  return out.sae_cfg.circuit_tracer && out.sae_cfg.circuit_tracer->cross_layer;
+}
+
+// Whether outputs a and b have the same SAE: the same directory, and in a circuit-tracer release
+// the same layer.
+bool SameSae(const CheckedOutput& a, const CheckedOutput& b) {
+  if (a.sae_dir != b.sae_dir) return false;
+  const auto& x = a.sae_cfg.circuit_tracer;
+  const auto& y = b.sae_cfg.circuit_tracer;
+  return !x || !y || x->layer == y->layer;
+}
+
+// CheckedOutput::cross_layer_sources and cross_layer_missing of every cross-layer output: the
+// job's outputs that read layer i < L of the same transcoder at the same hook point.
+void CrossLayerSources(std::vector<CheckedOutput>* outputs) {
+  for (CheckedOutput& out : *outputs) {
+    if (!IsCrossLayer(out)) continue;
+    for (int layer = 0; layer < out.sae_cfg.circuit_tracer->layer; ++layer) {
+      int found = -1;
+      for (int s = 0; s < static_cast<int>(outputs->size()) && found < 0; ++s) {
+        const CheckedOutput& other = (*outputs)[s];
+        if (IsCrossLayer(other) && other.sae_dir == out.sae_dir &&
+            other.sae_cfg.circuit_tracer->layer == layer && other.hook.point == out.hook.point) {
+          found = s;
+        }
+      }
+      if (found >= 0) {
+        out.cross_layer_sources.push_back(found);
+      } else {
+        out.cross_layer_missing.push_back(layer);
+      }
+    }
+    if (!out.cross_layer_missing.empty()) out.cross_layer_sources.clear();
+  }
+}
 
 // What the spec resolves to after the cheap checks.
 struct Checked {
@@ -259,7 +303,7 @@ absl::StatusOr<CheckedOutput> CheckOutput(const ExtractSpec& one, const ExtractE
       one.has_sae() && one.sae().source_case() != latentd::v1::SaeSource::SOURCE_NOT_SET;
   if (c.sparse) {
     ASSIGN_OR_RETURN(out.sae_dir, ResolveSaeDir(one, env));
-    auto cfg = ReadAndCheckSae(out.sae_dir);
+    auto cfg = ReadAndCheckSae(out.sae_dir, out.hook);
     if (!cfg.ok()) {
       if (cfg.status().code() == absl::StatusCode::kNotFound) return cfg.status();
       return absl::InvalidArgumentError(absl::StrCat("extract.sae: ", cfg.status().message()));
@@ -334,10 +378,11 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env,
     auto out = CheckOutput(ExtractOutputSpec(spec, i), env, c);
     if (!out.ok()) return ForOutput(out.status(), i);
     for (int j = 0; c.sparse && j < i && out->sae_of < 0; ++j) {
-      if (c.outputs[j].sae_dir == out->sae_dir) out->sae_of = j;
+      if (SameSae(c.outputs[j], *out)) out->sae_of = j;
     }
     c.outputs.push_back(*std::move(out));
   }
+  CrossLayerSources(&c.outputs);
   {
     ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> source, TokenSource::Open(tokens));
     c.rows = source->num_rows();
@@ -368,6 +413,16 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env,
         "extract.downstream_loss_sequences: measures an SAE's reconstruction; a DENSE job has "
         "none");
   }
+  for (int o = 0; spec.downstream_loss_sequences() > 0 && o < static_cast<int>(c.outputs.size());
+       ++o) {
+    if (IsCrossLayer(c.outputs[o])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "extract.downstream_loss_sequences: not measured for cross-layer transcoders (",
+          ExtractOutputField(o, "sae"), " is layer ", c.outputs[o].sae_cfg.circuit_tracer->layer,
+          " of one): replacing one layer's MLP output would need the latents of every layer "
+          "before it spliced in the same pass"));
+    }
+  }
   if (spec.downstream_loss_sequences() > 0 && spec.model().has_torchscript()) {
     return absl::InvalidArgumentError(
         "extract.downstream_loss_sequences: a TorchScript model gives its hidden states, not "
@@ -390,6 +445,10 @@ int64_t EstimateDeviceBytes(const Checked& c, const std::vector<int64_t>& hook_w
     if (!c.sparse) continue;
     const SaeConfig& cfg = c.outputs[o].sae_cfg;
     if (c.outputs[o].sae_of < 0) bytes += 4 * (2 * cfg.d_in * cfg.d_sae + 3 * cfg.d_sae);
+    // A cross-layer transcoder's decoders from its earlier layers (d_sae and d_out are the
+    // release's, the same in every layer).
+    bytes += static_cast<int64_t>(c.outputs[o].cross_layer_sources.size()) * 4 * cfg.d_sae *
+             cfg.OutWidth();
     // Pre-activations + the encoder's working copy, for one encoder pass of the batch (the
     // outputs are encoded one after another).
     encoder_scratch =
@@ -674,6 +733,10 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   std::vector<HookName> hooks = OutputHooks(c);
   std::vector<int> fit_hooks;
   for (int o = 0; c.sparse && o < num_outputs; ++o) {
+    if (!c.outputs[o].cross_layer_missing.empty()) {
+      fit_hooks.push_back(-1);  // its prediction would lack the missing layers' latents
+      continue;
+    }
     fit_hooks.push_back(c.outputs[o].hook_out ? static_cast<int>(hooks.size()) : o);
     if (c.outputs[o].hook_out) hooks.push_back(*c.outputs[o].hook_out);
   }
@@ -683,12 +746,26 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
       saes_cpu.push_back(saes_cpu[shared]);  // the same tensors
       continue;
     }
-    auto sae = Sae::Load(c.outputs[o].sae_dir);
+    auto sae = Sae::Load(c.outputs[o].sae_dir, c.outputs[o].hook);
     if (!sae.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(ExtractOutputField(o, "sae"), ": ", sae.status().message()));
     }
     saes_cpu.push_back(*std::move(sae));
+  }
+  // Cross-layer transcoders: the decoders from each earlier layer's output into this one's.
+  std::vector<std::vector<CrossLayerDecoder>> cross_cpu(c.sparse ? num_outputs : 0);
+  for (int o = 0; c.sparse && o < num_outputs; ++o) {
+    const CheckedOutput& out = c.outputs[o];
+    for (const int s : out.cross_layer_sources) {
+      auto decoder = LoadCrossLayerDecoder(out.sae_dir, c.outputs[s].sae_cfg.circuit_tracer->layer,
+                                           out.sae_cfg.circuit_tracer->layer);
+      if (!decoder.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(ExtractOutputField(o, "sae"), ": ", decoder.status().message()));
+      }
+      cross_cpu[o].push_back(CrossLayerDecoder{s, *std::move(decoder)});
+    }
   }
   std::vector<PipelineReplica> replicas;
   try {
@@ -701,13 +778,20 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
       ASSIGN_OR_RETURN(r.model, MakeModel(spec, c, native_weights, hooks, r.device));
       const std::vector<int64_t> widths = r.model->hook_widths();
       r.fit_hooks = fit_hooks;
+      for (const auto& decoders : cross_cpu) {
+        r.cross_decoders.emplace_back();
+        for (const CrossLayerDecoder& d : decoders) {
+          r.cross_decoders.back().push_back(CrossLayerDecoder{d.source, d.W_dec.to(r.device)});
+        }
+      }
       for (int o = 0; c.sparse && o < num_outputs; ++o) {
         if (saes_cpu[o].config().d_in != widths[o]) {
           return absl::InvalidArgumentError(
               absl::StrCat(ExtractOutputField(o, "sae"), ": d_in ", saes_cpu[o].config().d_in,
                            " != width ", widths[o], " of hook ", c.outputs[o].hook_name));
         }
-        if (saes_cpu[o].config().OutWidth() != widths[fit_hooks[o]]) {  // TorchScript's, now
+        if (fit_hooks[o] >= 0 &&
+            saes_cpu[o].config().OutWidth() != widths[fit_hooks[o]]) {  // TorchScript's, now
           return absl::InvalidArgumentError(absl::StrCat(
               ExtractOutputField(o, "sae"), ": d_out ", saes_cpu[o].config().OutWidth(),
               " != width ", widths[fit_hooks[o]], " of hook ", c.outputs[o].hook_name_out));
@@ -789,6 +873,19 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
                      " (its cfg.json says), and this output reads ", out.hook_name,
                      "; is it the SAE for this layer? (the fit at the end "
                      "says how well it reconstructs this hook)"));
+  }
+  // A cross-layer transcoder's layer whose prediction needs layers the job does not extract.
+  for (int o = 0; ctx != nullptr && c.sparse && o < num_outputs; ++o) {
+    const CheckedOutput& out = c.outputs[o];
+    if (out.cross_layer_missing.empty()) continue;
+    ctx->Log(latentd::v1::LogLine::WARNING,
+             absl::StrCat("dataset ", names[o], ": its fit is not measured: layer ",
+                          out.sae_cfg.circuit_tracer->layer,
+                          " of a cross-layer transcoder predicts ", out.hook_name_out,
+                          " with the latents of every layer up to it, and this job does not "
+                          "extract layer(s) ",
+                          absl::StrJoin(out.cross_layer_missing, ", "), " of it at ",
+                          "the same hook point (add them to more_outputs)"));
   }
   // The same for TransformerLens' centering of a Hugging Face GPT-2, which SAELens records.
   for (int o = 0; ctx != nullptr && c.sparse && spec.model().has_huggingface() && o < num_outputs;

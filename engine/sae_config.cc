@@ -374,7 +374,14 @@ bool IsLmSaesLayout(const std::string& dir) {
 
 }  // namespace
 
-absl::StatusOr<std::string> FindSaeWeightsFile(const std::string& dir) {
+absl::StatusOr<std::string> FindSaeWeightsFile(const std::string& dir,
+                                               const std::optional<HookName>& hook) {
+  if (hook && IsCircuitTracerLayout(dir)) {
+    ASSIGN_OR_RETURN(const CircuitTracerRelease release, ReadCircuitTracerRelease(dir));
+    const std::string file = CircuitTracerEncoderFile(dir, release, hook->layer);
+    if (!Exists(file)) return absl::NotFoundError(absl::StrCat(file, " not found"));
+    return file;
+  }
   const std::string preferred = dir + "/sae_weights.safetensors";
   if (Exists(preferred)) return preferred;
   if (IsLmSaesLayout(dir)) {

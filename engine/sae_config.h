@@ -131,8 +131,10 @@ inline constexpr char kLmSaesHyperparams[] = "hyperparams.json";
 absl::StatusOr<SaeConfig> ParseLmSaesHyperparams(const std::string& text);
 
 // Where the weights of the SAE in `dir` are (see above; params.npz when the directory has no
-// safetensors file; lm-saes' checkpoints/ files for its layout). NOT_FOUND when there are none.
-absl::StatusOr<std::string> FindSaeWeightsFile(const std::string& dir);
+// safetensors file; lm-saes' checkpoints/ files for its layout; in a circuit-tracer release the
+// encoder's file of `hook`'s layer). NOT_FOUND when there are none.
+absl::StatusOr<std::string> FindSaeWeightsFile(const std::string& dir,
+                                               const std::optional<HookName>& hook = std::nullopt);
 
 // Reads dir/cfg.json (or Gemma Scope's params.npz, or lm-saes' hyperparams.json) and checks the
 // safetensors header of the weights file against it: every tensor present with the shape the config

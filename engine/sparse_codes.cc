@@ -156,7 +156,7 @@ at::Tensor DecodeSparseCodes(const at::Tensor& W_dec, const at::Tensor& b_dec,
   at::Tensor sums = std::get<0>(at::embedding_bag(W_dec, indices, offsets,
                                                   /*scale_grad_by_freq=*/false, /*mode=*/0,
                                                   /*sparse=*/false, codes.values.reshape({-1})));
-  return sums.add_(b_dec);
+  return b_dec.defined() ? sums.add_(b_dec) : sums;
 }
 
 at::Tensor ReconstructionSums(const at::Tensor& x, const at::Tensor& x_hat,

@@ -41,7 +41,7 @@ SparseCodes FixedKCodes(const at::Tensor& pre, int64_t k);
 
 // x_hat of `rows` rows from their codes, without forming z: each row the value-weighted sum of
 // its latents' rows of W_dec [d_sae, d_in] (an embedding_bag; k x d_in multiply-adds a row),
-// + b_dec [d_in]. On the weights' device.
+// + b_dec [d_in] (undefined: none). On the weights' device.
 at::Tensor DecodeSparseCodes(const at::Tensor& W_dec, const at::Tensor& b_dec,
                              const SparseCodes& codes, int64_t rows);
 

@@ -518,6 +518,7 @@ absl::StatusOr<engine::DatasetSource> DatasetsService::ModelSource(uint64_t data
   source.model_weight_hash = record.meta.model_weight_hash;
   source.d_sae = record.meta.width;
   source.name = record.meta.name;
+  source.hook_name = record.meta.hook_name;
   source.hook_name_out = record.meta.hook_name_out;
   return source;
 }
