@@ -246,8 +246,8 @@ class HfGpt2ParityTest(unittest.TestCase):
             w["W_skip"] = torch.randn(D, D, generator=g) * 0.05
         return w
 
-    def check_transcoder(self, tc, w):
-        """A JumpReLU transcoder from blocks.1.ln2.hook_normalized to blocks.1.hook_mlp_out (weights
+    def check_transcoder(self, tc, w, hook_in="blocks.1.ln2.hook_normalized"):
+        """A JumpReLU transcoder from `hook_in` (the MLP's input) to blocks.1.hook_mlp_out (weights
         `w`, in directory `tc`) as SAELens computes it: the stored latents are those of the MLP's
         normed input (b_dec, an output-side bias, is not subtracted), the fit compares the
         prediction (+ x W_skip^T) with the MLP's output, and the downstream loss puts the
@@ -262,7 +262,7 @@ class HfGpt2ParityTest(unittest.TestCase):
             out = encode(x) @ w["W_dec"] + w["b_dec"]
             return out + x @ w["W_skip"].T if "W_skip" in w else out
 
-        spec = {"model": {"huggingface": {"path": d}}, "hookName": "blocks.1.ln2.hook_normalized",
+        spec = {"model": {"huggingface": {"path": d}}, "hookName": hook_in,
                 "sae": {"path": tc}, "valueDtype": "FLOAT32",
                 "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX},
                 "batchSequences": 4, "downstreamLossSequences": 9}
@@ -270,7 +270,7 @@ class HfGpt2ParityTest(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertNotIn("was trained on hook", p.stderr)
         result = json.loads(p.stdout)
-        x = hooks["blocks.1.ln2.hook_normalized"].reshape(-1, D)
+        x = hooks[hook_in].reshape(-1, D)
         y = hooks["blocks.1.hook_mlp_out"].reshape(-1, D)
         with torch.no_grad():
             z = encode(x).numpy()
@@ -319,6 +319,79 @@ class HfGpt2ParityTest(unittest.TestCase):
         os.makedirs(tc, exist_ok=True)
         np.savez(os.path.join(tc, "params.npz"), **{k: v.numpy() for k, v in w.items()})
         self.check_transcoder(tc, w)
+
+    def test_circuit_tracer_transcoder_set(self):
+        # circuit-tracer's per-layer transcoders: config.yaml and layer_L.safetensors with
+        # nn.Linear's W_enc [d_sae, d_in] and the JumpReLU threshold under its module's name;
+        # the job's hook picks layer 1.
+        tc = os.path.join(self.root, "circuit-tracer-plt")
+        os.makedirs(tc, exist_ok=True)
+        with open(os.path.join(tc, "config.yaml"), "w") as f:
+            f.write('model_kind: transcoder_set\nfeature_input_hook: "mlp.hook_in"\n'
+                    'feature_output_hook: "mlp.hook_out"\nscan: test/plt\ntranscoders:\n'
+                    '  - hf://test/plt/layer_0.safetensors\n')
+        layers = [self.transcoder_weights(10 + l, skip=True) for l in range(LAYERS)]
+        for l, w in enumerate(layers):
+            write_safetensors(os.path.join(tc, "layer_%d.safetensors" % l),
+                              {"W_enc": w["W_enc"].T.contiguous(), "b_enc": w["b_enc"],
+                               "W_dec": w["W_dec"], "b_dec": w["b_dec"], "W_skip": w["W_skip"],
+                               "activation_function.threshold": w["threshold"]})
+        self.check_transcoder(tc, layers[1], hook_in="blocks.1.mlp.hook_in")
+
+    def test_circuit_tracer_cross_layer_transcoder(self):
+        """circuit-tracer's CLT over every layer: layer L's latents read hook_resid_mid of block L
+        and write to hook_mlp_out of blocks L.. through W_dec_L [d_sae, layers - L, D]. One job
+        extracts every layer; each layer's fit is measured against the sum of the decoders of the
+        layers up to it, as circuit-tracer reconstructs the MLP outputs."""
+        d, hooks = self.checkpoint("plain")
+        clt = os.path.join(self.root, "circuit-tracer-clt")
+        os.makedirs(clt, exist_ok=True)
+        with open(os.path.join(clt, "config.yaml"), "w") as f:
+            f.write("model_kind: cross_layer_transcoder\nfeature_input_hook: hook_resid_mid\n"
+                    "feature_output_hook: hook_mlp_out\n")
+        g = torch.Generator().manual_seed(21)
+        W_enc = [torch.randn(64, D, generator=g) * 0.5 for _ in range(LAYERS)]
+        b_enc = [torch.randn(64, generator=g) * 0.1 for _ in range(LAYERS)]
+        b_dec = [torch.randn(D, generator=g) * 0.05 for _ in range(LAYERS)]
+        threshold = [torch.rand(64, generator=g) * 0.3 for _ in range(LAYERS)]
+        W_dec = [torch.randn(64, LAYERS - l, D, generator=g) * 0.05 for l in range(LAYERS)]
+        for l in range(LAYERS):
+            write_safetensors(os.path.join(clt, "W_enc_%d.safetensors" % l),
+                              {"W_enc_%d" % l: W_enc[l], "b_enc_%d" % l: b_enc[l],
+                               "b_dec_%d" % l: b_dec[l], "threshold_%d" % l: threshold[l]})
+            write_safetensors(os.path.join(clt, "W_dec_%d.safetensors" % l), {"W_dec_%d" % l: W_dec[l]})
+        last = LAYERS - 1
+        spec = {"model": {"huggingface": {"path": d}}, "hookName": "blocks.%d.hook_resid_mid" % last,
+                "sae": {"path": clt}, "valueDtype": "FLOAT32",
+                "moreOutputs": [{"hookName": "blocks.%d.hook_resid_mid" % l, "sae": {"path": clt}}
+                                for l in range(last)],
+                "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX},
+                "batchSequences": 4}
+        p, out = run_extract_tool(TOOL, self.root, spec)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("not measured", p.stderr)
+        result = json.loads(p.stdout)
+        with torch.no_grad():
+            z = []
+            for l in range(LAYERS):  # circuit-tracer's encode_layer and its JumpReLU
+                pre = torch.einsum("...d,fd->...f", hooks["blocks.%d.hook_resid_mid" % l].reshape(-1, D),
+                                   W_enc[l]) + b_enc[l]
+                z.append(pre * (pre > threshold[l]))
+            fits = [result["moreOutputs"][l]["fit"] for l in range(last)] + [result["fit"]]
+            for target in range(LAYERS):
+                pred = b_dec[target] + sum(z[l] @ W_dec[l][:, target - l] for l in range(target + 1))
+                y = hooks["blocks.%d.hook_mlp_out" % target].reshape(-1, D)
+                ev = 1 - ((y - pred) ** 2).sum().item() / ((y - y.mean(0)) ** 2).sum().item()
+                self.assertEqual(fits[target]["predictedHook"], "blocks.%d.hook_mlp_out" % target)
+                self.assertAlmostEqual(fits[target]["explainedVariance"], ev, delta=1e-4 * max(1, abs(ev)))
+        indptr, indices = np.load(os.path.join(out, "indptr.npy")), np.load(os.path.join(out, "indices.npy"))
+        values = np.load(os.path.join(out, "values.npy"))
+        want = z[last].numpy()
+        got = np.zeros_like(want)
+        for r in range(len(want)):
+            got[r, indices[indptr[r]:indptr[r + 1]]] = values[indptr[r]:indptr[r + 1]]
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+        self.assertGreater((want != 0).sum(), len(want))
 
     def test_sequences_longer_than_the_positions_are_refused(self):
         d, _ = self.checkpoint("plain")
