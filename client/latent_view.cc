@@ -142,6 +142,13 @@ void AppendWeights(const v1::GetLatentWeightsResponse& w, const LatentPageOption
                         "<h2>From its weights</h2>\n<p>|W_dec| %.4g, |W_enc| %.4g, "
                         "cos(W_enc, W_dec) %.3f</p>\n",
                         w.decoder_norm(), w.encoder_norm(), w.encoder_decoder_cosine());
+  if (w.decoder_norm_by_layer_size() > 0) {
+    *html += "<p>a cross-layer transcoder's latent, |W_dec| into layer";
+    for (const v1::LayerDecoderNorm& d : w.decoder_norm_by_layer()) {
+      absl::StrAppendFormat(html, " %d: %.4g", d.layer(), d.norm());
+    }
+    *html += " (the logits sum them)</p>\n";
+  }
   if (w.positive_logits_size() > 0) {
     float scale = 0;
     for (const auto* list : {&w.positive_logits(), &w.negative_logits()}) {

@@ -921,6 +921,14 @@ int Weights(Client& client, const std::vector<std::string>& args) {
   std::printf("dataset %llu latent %d: |W_dec| %.4g, |W_enc| %.4g, cos(W_enc, W_dec) %.3f\n",
               static_cast<unsigned long long>(id), latent, response.decoder_norm(),
               response.encoder_norm(), response.encoder_decoder_cosine());
+  if (response.decoder_norm_by_layer_size() > 0) {
+    std::printf("a cross-layer transcoder's latent: |W_dec| into layer");
+    for (const v1::LayerDecoderNorm& d : response.decoder_norm_by_layer()) {
+      std::printf(" %d: %.4g%s", d.layer(), d.norm(),
+                  &d == &*response.decoder_norm_by_layer().rbegin() ? "" : ",");
+    }
+    std::printf(" (the logits sum them)\n");
+  }
   auto token = [&](int32_t t) { return TokenCell(t, vocab); };
   if (response.positive_logits_size() > 0) {
     std::printf("direct logits through %s:\n%-24s %-9s  %-24s %s\n",

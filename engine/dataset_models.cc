@@ -36,6 +36,7 @@ struct PreparedSae {
   at::Tensor dec_norm;     // [d_sae]
   at::Tensor enc_norm;     // [d_sae], of W_enc's columns
   at::Tensor enc_dec_cos;  // [d_sae]
+  std::optional<CircuitTracerLayer> circuit_tracer;  // the SAE's config says
   int64_t bytes() const {
     return TensorBytes(unit_dec) + TensorBytes(dec_norm) + TensorBytes(enc_norm) +
            TensorBytes(enc_dec_cos);
@@ -120,6 +121,7 @@ at::Tensor SafeDivide(const at::Tensor& num, const at::Tensor& den) {
 PreparedSae Prepare(const Sae& sae) {
   const SaeWeights& w = sae.weights();
   PreparedSae p;
+  p.circuit_tracer = sae.config().circuit_tracer;
   p.dec_norm = w.W_dec.norm(2, {1});
   p.unit_dec = SafeDivide(w.W_dec, p.dec_norm.unsqueeze(1)).contiguous();
   p.enc_norm = w.W_enc.norm(2, {0});
@@ -633,6 +635,16 @@ absl::StatusOr<LatentWeights> DatasetModels::ReadLatentWeights(const DatasetSour
     out.encoder_decoder_cosine = sae->enc_dec_cos[j].item<float>();
     const at::Tensor unit = sae->unit_dec[j];
     out.neighbors = Largest(sae->unit_dec.mv(unit), top_n, j, /*ascending=*/false);
+    at::Tensor writes;  // a cross-layer transcoder's latent: the sum of its decoders
+    if (sae->circuit_tracer && sae->circuit_tracer->cross_layer) {
+      const int layer = sae->circuit_tracer->layer;
+      ASSIGN_OR_RETURN(const at::Tensor rows, LoadCrossLayerDecoderRows(inputs.sae_dir, layer, j));
+      const at::Tensor norms = rows.norm(2, {1}).contiguous();
+      for (int64_t t = 0; t < norms.size(0); ++t) {
+        out.decoder_norm_by_layer.emplace_back(layer + static_cast<int>(t), norms[t].item<float>());
+      }
+      writes = rows.sum(0);  // all of it lands in the residual stream
+    }
 
     std::string unavailable;
     ASSIGN_OR_RETURN(std::shared_ptr<const PreparedUnembedding> unembedding,
@@ -643,6 +655,7 @@ absl::StatusOr<LatentWeights> DatasetModels::ReadLatentWeights(const DatasetSour
       return out;
     }
     at::Tensor direction = unit * out.decoder_norm;
+    if (writes.defined()) direction = writes;
     if (unembedding->W_out.defined()) direction = direction.unsqueeze(0).mm(unembedding->W_out)[0];
     if (direction.size(0) != unembedding->W_U.size(1)) {
       out.logits_unavailable = absl::StrCat("the unembedding's width ", unembedding->W_U.size(1),

@@ -60,6 +60,10 @@ struct LatentWeights {
   std::vector<ScoredIndex> negative_logits;  // logit ascending
   std::string logits_source;       // "embed.W_E (tied)", "lm_head.weight", ...; "" without logits
   std::string logits_unavailable;  // why there are no logits; "" with them
+  // A latent of a cross-layer transcoder's layer L: the norm of its decoder into each layer from
+  // L on (the fields above are of the one into L), and the logits unembed the sum of those
+  // decoders, everything it writes to the residual stream. Empty for other SAEs.
+  std::vector<std::pair<int, float>> decoder_norm_by_layer;
 };
 
 inline constexpr int64_t kMaxPromptTokens = 4096;

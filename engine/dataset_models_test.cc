@@ -1,7 +1,9 @@
 #include "engine/dataset_models.h"
 
+#include <sys/stat.h>
 #include <torch/script.h>
 
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -11,6 +13,7 @@
 #include "engine/hf_testing.h"
 #include "engine/reference_model.h"
 #include "engine/sae.h"
+#include "engine/safetensors.h"
 #include "engine/torchscript_model.h"
 #include "gtest/gtest.h"
 
@@ -262,6 +265,59 @@ TEST_F(DatasetModelsTest, ATranscodersDirectionsAreUnembeddedFromTheHookItPredic
   ExpectLogits(*got, W_E.mv(W_out.t().mv(w.W_dec[3].to(at::kDouble))), 4);
   EXPECT_EQ(got->encoder_decoder_cosine, 0);
   EXPECT_NEAR(got->encoder_norm, w.W_enc.select(1, 3).norm().item<double>(), 1e-4);
+}
+
+// A circuit-tracer cross-layer transcoder's latent of layer 0 writes to layers 0 and 1: both
+// decoder norms are reported, and the logits unembed what it writes in all.
+TEST_F(DatasetModelsTest, ACrossLayerTranscodersLatentWritesToEveryLaterLayer) {
+  const std::string dir = root_ + "/clt";
+  mkdir(dir.c_str(), 0755);
+  std::ofstream(dir + "/config.yaml") << "model_kind: cross_layer_transcoder\n"
+                                         "feature_input_hook: hook_resid_mid\n"
+                                         "feature_output_hook: hook_mlp_out\n";
+  at::manual_seed(12);
+  std::vector<at::Tensor> W_dec;
+  for (int l = 0; l < 2; ++l) {
+    const std::string i = std::to_string(l);
+    const at::Tensor W_enc = at::randn({kDSae, 16}), b_enc = at::zeros({kDSae});
+    const at::Tensor b_dec = at::zeros({16});
+    W_dec.push_back(at::randn({kDSae, 2 - l, 16}));
+    ASSERT_TRUE(WriteSafetensors(dir + "/W_enc_" + i + ".safetensors",
+                                 {{"W_enc_" + i, StDtype::kF32, {kDSae, 16}, W_enc.data_ptr()},
+                                  {"b_enc_" + i, StDtype::kF32, {kDSae}, b_enc.data_ptr()},
+                                  {"b_dec_" + i, StDtype::kF32, {16}, b_dec.data_ptr()}})
+                    .ok());
+    ASSERT_TRUE(
+        WriteSafetensors(dir + "/W_dec_" + i + ".safetensors",
+                         {{"W_dec_" + i, StDtype::kF32, {kDSae, 2 - l, 16}, W_dec[l].data_ptr()}})
+            .ok());
+  }
+  const at::Tensor W_E = ReferenceWeight("embed.W_E").to(at::kDouble);
+  DatasetModels reader(env_);
+  for (int l = 0; l < 2; ++l) {
+    const std::string hook = "blocks." + std::to_string(l) + ".hook_resid_mid";
+    auto sae = Sae::Load(dir, *ParseHookName(hook));
+    ASSERT_TRUE(sae.ok()) << sae.status();
+    AddReferenceJob(30 + l, hook, dir);
+    DatasetSource source{static_cast<uint64_t>(7 + l), static_cast<uint64_t>(30 + l),
+                         sae->weight_hash(), ReferenceHash("blocks.1.hook_resid_post"), kDSae};
+    source.hook_name = hook;
+    source.hook_name_out = "blocks." + std::to_string(l) + ".hook_mlp_out";
+    LatentWeightsQuery q;
+    q.latent = 5;
+    q.top_n = 4;
+    auto got = reader.ReadLatentWeights(source, q);
+    ASSERT_TRUE(got.ok()) << got.status();
+    const at::Tensor rows = W_dec[l][5];  // [2 - l, 16]
+    ASSERT_EQ(got->decoder_norm_by_layer.size(), static_cast<size_t>(2 - l));
+    for (int t = 0; t < 2 - l; ++t) {
+      EXPECT_EQ(got->decoder_norm_by_layer[t].first, l + t);
+      EXPECT_NEAR(got->decoder_norm_by_layer[t].second, rows[t].norm().item<double>(), 1e-4);
+    }
+    EXPECT_NEAR(got->decoder_norm, rows[0].norm().item<double>(), 1e-4);  // into its own layer
+    EXPECT_EQ(got->logits_source, "embed.W_E (tied)");
+    ExpectLogits(*got, W_E.mv(rows.sum(0).to(at::kDouble)), 4);
+  }
 }
 
 TEST_F(DatasetModelsTest, BadQueriesAndChangedFilesAreNamed) {

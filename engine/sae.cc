@@ -210,12 +210,25 @@ absl::StatusOr<at::Tensor> LoadCrossLayerDecoder(const std::string& dir, int fro
                                                    " to ", to_layer));
   }
   ASSIGN_OR_RETURN(at::Tensor decoder,
-                   ReadFloatTensorSlice(path, header, *info, to_layer - from_layer, "SAE"));
+                   ReadFloatTensorSlice(path, header, *info, 1, to_layer - from_layer, "SAE"));
   if (!at::isfinite(decoder).all().item<bool>()) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": tensor ", name, " has NaN or Inf entries"));
   }
   return decoder;
+}
+
+absl::StatusOr<at::Tensor> LoadCrossLayerDecoderRows(const std::string& dir, int layer,
+                                                     int64_t latent) {
+  const std::string path = CircuitTracerDecoderFile(dir, layer);
+  ASSIGN_OR_RETURN(const StHeader header, ReadStHeader(path));
+  const std::string name = absl::StrCat("W_dec_", layer);
+  const StTensorInfo* info = header.Find(name);
+  if (info == nullptr || info->shape.size() != 3 || latent < 0 || latent >= info->shape[0]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": no 3-D tensor ", name, " with a row for latent ", latent));
+  }
+  return ReadFloatTensorSlice(path, header, *info, 0, latent, "SAE");
 }
 
 absl::StatusOr<Sae> Sae::Load(const std::string& dir, const std::optional<HookName>& hook) {

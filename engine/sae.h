@@ -121,6 +121,11 @@ class Sae {
 absl::StatusOr<at::Tensor> LoadCrossLayerDecoder(const std::string& dir, int from_layer,
                                                  int to_layer);
 
+// Everything latent `latent` of layer `layer` of that cross-layer transcoder writes: its
+// decoder rows into layers layer, layer + 1, ..., [layers - layer, d_out] float32 (one read).
+absl::StatusOr<at::Tensor> LoadCrossLayerDecoderRows(const std::string& dir, int layer,
+                                                     int64_t latent);
+
 // Writes dir/sae_weights.safetensors (F32) and dir/cfg.json, creating dir when needed.
 absl::Status SaveSae(const std::string& dir, const SaeWeights& weights, const SaeConfig& cfg);
 

@@ -33,21 +33,28 @@ absl::StatusOr<at::Tensor> ReadFloatTensor(const SafetensorsFile& file, const St
 }
 
 absl::StatusOr<at::Tensor> ReadFloatTensorSlice(const std::string& path, const StHeader& header,
-                                                const StTensorInfo& info, int64_t index,
+                                                const StTensorInfo& info, int dim, int64_t index,
                                                 const char* what) {
   auto type = StFloatType(info, what);
   if (!type.ok()) return type.status();
-  if (info.shape.size() != 3 || index < 0 || index >= info.shape[1]) {
+  if (info.shape.size() != 3 || (dim != 0 && dim != 1) || index < 0 || index >= info.shape[dim]) {
     return absl::InvalidArgumentError(absl::StrCat(what, " tensor ", info.name, " in ", path,
-                                                   ": no slice ", index, " of dimension 1"));
+                                                   ": no slice ", index, " of dimension ", dim));
   }
-  const int64_t rows = info.shape[0], stride = info.shape[1], width = info.shape[2];
+  // Dimension 0: one block of shape[1] rows. Dimension 1: shape[0] rows, shape[1] apart.
+  const int64_t rows = info.shape[dim == 0 ? 1 : 0], width = info.shape[2];
   const int64_t row_bytes = width * StDtypeSize(info.dtype);
+  const int64_t first = dim == 0 ? index * info.shape[1] : index;
+  const int64_t step = dim == 0 ? 1 : info.shape[1];
   at::Tensor t = at::empty({rows, width}, at::TensorOptions().dtype(*type));
   std::ifstream in(path, std::ios::binary);
   char* out = static_cast<char*>(t.data_ptr());
-  for (int64_t r = 0; in && r < rows; ++r) {
-    in.seekg(header.data_start + info.begin + (r * stride + index) * row_bytes);
+  if (dim == 0) {
+    in.seekg(header.data_start + info.begin + first * row_bytes);
+    in.read(out, rows * row_bytes);
+  }
+  for (int64_t r = 0; dim == 1 && in && r < rows; ++r) {
+    in.seekg(header.data_start + info.begin + (first + r * step) * row_bytes);
     in.read(out + r * row_bytes, row_bytes);
   }
   if (!in) {

@@ -20,13 +20,14 @@ absl::StatusOr<at::ScalarType> StFloatType(const StTensorInfo& info, const char*
 absl::StatusOr<at::Tensor> ReadFloatTensor(const SafetensorsFile& file, const StTensorInfo& info,
                                            const char* what);
 
-// Slice `index` of dimension 1 of the 3-D tensor `info` in the file at `path` (whose header is
-// `header`), [shape[0], shape[2]] as float32, read row by row without holding the file: a
+// Slice `index` of dimension `dim` (0 or 1) of the 3-D tensor `info` in the file at `path`
+// (whose header is `header`), the 2-D rest as float32, read without holding the file: a
 // cross-layer transcoder's decoder [d_sae, layers, d_model] can take gigabytes, of which one
-// layer's [d_sae, d_model] is wanted. INVALID_ARGUMENT for another rank, an index out of range or
-// a non-float dtype; DATA_LOSS naming the file on a short read.
+// layer's [d_sae, d_model] (dim 1, read a row at a time) or one latent's [layers, d_model]
+// (dim 0, one read) is wanted. INVALID_ARGUMENT for another rank or dim, an index out of range
+// or a non-float dtype; DATA_LOSS naming the file on a short read.
 absl::StatusOr<at::Tensor> ReadFloatTensorSlice(const std::string& path, const StHeader& header,
-                                                const StTensorInfo& info, int64_t index,
+                                                const StTensorInfo& info, int dim, int64_t index,
                                                 const char* what);
 
 }  // namespace latentd::engine

@@ -555,6 +555,11 @@ grpc::Status DatasetsService::GetLatentWeights(grpc::ServerContext* context,
   }
   response->set_logits_source(weights->logits_source);
   response->set_logits_unavailable(weights->logits_unavailable);
+  for (const auto& [layer, norm] : weights->decoder_norm_by_layer) {
+    latentd::v1::LayerDecoderNorm* out = response->add_decoder_norm_by_layer();
+    out->set_layer(layer);
+    out->set_norm(norm);
+  }
   return grpc::Status::OK;
 }
 
