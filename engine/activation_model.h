@@ -49,9 +49,9 @@ class ActivationModel {
     return "the model gives its hidden states, not its logits";
   }
   // The summed next-token cross-entropy over tokens [batch, seq] (batch * (seq - 1)
-  // predictions) of a forward pass through the whole model to its logits, the activation at
-  // splice->hook replaced on the way (null: the model as it is). May throw c10::Error.
-  virtual double NextTokenLossSum(const at::Tensor& tokens, const HookSplice* splice) {
+  // predictions) of a forward pass through the whole model to its logits, the activations at the
+  // splices' hooks replaced on the way (none: the model as it is). May throw c10::Error.
+  virtual double NextTokenLossSum(const at::Tensor& tokens, const HookSplices& splices) {
     TORCH_CHECK(false, next_token_loss_unsupported());
     return 0;
   }

@@ -49,21 +49,35 @@ absl::StatusOr<std::vector<latentd::v1::DownstreamLoss>> MeasureDownstreamLoss(
         RETURN_IF_ERROR(tokens.Read(sampled(first + i), 1, ids.data() + i * L));
       }
       const at::Tensor batch = at::from_blob(ids.data(), {n, L}, at::kLong).to(device);
-      clean += model.NextTokenLossSum(batch, nullptr);
+      clean += model.NextTokenLossSum(batch, {});
+      auto rows_of = [](const at::Tensor& a) { return a.to(at::kFloat).reshape({-1, a.size(-1)}); };
       for (size_t o = 0; o < saes.size(); ++o) {
         const Sae& sae = *saes[o].sae;
-        HookSplice predicted{saes[o].replaced(), [&sae](const at::Tensor& a) {
-                               const at::Tensor rows = a.to(at::kFloat).reshape({-1, a.size(-1)});
-                               return sae.Predict(rows, sae.EncodeSparse(rows))
-                                   .view({a.size(0), a.size(1), -1})
-                                   .to(a.scalar_type());
+        const std::vector<SplicedSae::EarlierLayer>& earlier = saes[o].earlier;
+        std::vector<SparseCodes> earlier_codes(earlier.size());
+        HookSplices splices;
+        for (size_t i = 0; i < earlier.size(); ++i) {  // they only look
+          splices.push_back({earlier[i].hook, [&, i](const at::Tensor& a) {
+                               earlier_codes[i] = earlier[i].sae->EncodeSparse(rows_of(a));
+                               return a;
+                             }});
+        }
+        HookSplice predicted{saes[o].replaced(), [&](const at::Tensor& a) {
+                               const at::Tensor rows = rows_of(a);
+                               at::Tensor out = sae.Predict(rows, sae.EncodeSparse(rows));
+                               for (size_t i = 0; i < earlier.size(); ++i) {
+                                 out.add_(DecodeSparseCodes(earlier[i].W_dec, at::Tensor(),
+                                                            earlier_codes[i], rows.size(0)));
+                               }
+                               return out.view({a.size(0), a.size(1), -1}).to(a.scalar_type());
                              }};
         if (saes[o].hook_out) predicted.from = saes[o].hook;
-        with_sae[o] += model.NextTokenLossSum(batch, &predicted);
+        splices.push_back(std::move(predicted));
+        with_sae[o] += model.NextTokenLossSum(batch, splices);
         if (ablation_of[o] != o) continue;
         const HookSplice zeroed{saes[o].replaced(),
                                 [](const at::Tensor& a) { return at::zeros_like(a); }};
-        ablated[o] += model.NextTokenLossSum(batch, &zeroed);
+        ablated[o] += model.NextTokenLossSum(batch, {zeroed});
       }
     }
   } catch (const c10::Error& e) {

@@ -25,6 +25,15 @@ struct SplicedSae {
   // A transcoder's output hook, where its prediction replaces the activation (and which is
   // zeroed for the ablation); unset for an SAE, which replaces `hook` itself.
   std::optional<HookName> hook_out;
+  // Layer L of a cross-layer transcoder: its layers before L, each encoded from the same pass
+  // at its own hook (the pass is clean up to the replaced hook), whose decoders into L add to
+  // the prediction. Empty for others.
+  struct EarlierLayer {
+    HookName hook;
+    const Sae* sae = nullptr;  // on the model's device
+    at::Tensor W_dec;          // into this layer, [d_sae, d_out], on the model's device
+  };
+  std::vector<EarlierLayer> earlier;
 
   const HookName& replaced() const { return hook_out ? *hook_out : hook; }
 };

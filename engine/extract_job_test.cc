@@ -226,8 +226,7 @@ TEST_F(ExtractJobTest, DownstreamLossIsMeasuredOverSequencesSpreadOverTheShard) 
   double want = 0;
   {
     c10::InferenceMode inference;
-    want =
-        (*model)->NextTokenLossSum(at::tensor(sampled).view({4, kCtx}), nullptr) / (4 * (kCtx - 1));
+    want = (*model)->NextTokenLossSum(at::tensor(sampled).view({4, kCtx}), {}) / (4 * (kCtx - 1));
   }
   EXPECT_NEAR(d.clean(), want, 1e-5 * want);
   // Not asked: not measured.
@@ -734,6 +733,7 @@ TEST_F(ExtractJobTest, ACrossLayerTranscodersFitSumsTheLayersTheJobExtracts) {
   spec.set_hook_name("blocks.1.hook_resid_mid");
   spec.mutable_sae()->set_path(clt);
   spec.set_dataset_name("clt1");
+  spec.set_downstream_loss_sequences(40);
   latentd::v1::ExtractOutput* more = spec.add_more_outputs();
   more->set_hook_name("blocks.0.hook_resid_mid");
   more->mutable_sae()->set_path(clt);
@@ -787,6 +787,24 @@ TEST_F(ExtractJobTest, ACrossLayerTranscodersFitSumsTheLayersTheJobExtracts) {
   EXPECT_NEAR(result->fit().explained_variance(), ev(1), 1e-6 * std::abs(ev(1)) + 1e-5);
   EXPECT_NEAR(result->more_outputs(0).fit().explained_variance(), ev(0),
               1e-6 * std::abs(ev(0)) + 1e-5);
+  // Layer 1's downstream loss: its MLP output replaced by the CLT's prediction there, from the
+  // pass's own (clean up to there) inputs of layers 0 and 1.
+  {
+    c10::InferenceMode inference;
+    const HookSplice replaced{*ParseHookName("blocks.1.hook_mlp_out"),
+                              [&](const at::Tensor& a) { return predicted[1].view(a.sizes()); }};
+    const double predictions = 40.0 * (kCtx - 1);
+    EXPECT_NEAR(result->downstream_loss().with_sae(),
+                (*model)->NextTokenLossSum(tokens, {replaced}) / predictions, 1e-5);
+    const HookSplice own_only_spliced{
+        *ParseHookName("blocks.1.hook_mlp_out"),
+        [&](const at::Tensor& a) { return own_only.to(at::kFloat).view(a.sizes()); }};
+    EXPECT_GT(std::abs(result->downstream_loss().with_sae() -
+                       (*model)->NextTokenLossSum(tokens, {own_only_spliced}) / predictions),
+              1e-6);
+    EXPECT_NEAR(result->more_outputs(0).downstream_loss().clean(),
+                (*model)->NextTokenLossSum(tokens, {}) / predictions, 1e-5);
+  }
   // Each dataset holds its own layer's latents.
   for (int l = 0; l < 2; ++l) {
     auto id = store.FindDataset(l == 0 ? "clt0" : "clt1");
@@ -817,11 +835,11 @@ TEST_F(ExtractJobTest, ACrossLayerTranscodersFitSumsTheLayersTheJobExtracts) {
   EXPECT_NE(alone_ctx.warnings_[0].find("fit is not measured"), std::string::npos);
   EXPECT_NE(alone_ctx.warnings_[0].find("layer(s) 0"), std::string::npos) << alone_ctx.warnings_[0];
   EXPECT_EQ(alone_result->nnz(), result->nnz());
-  // The downstream loss would need every earlier layer spliced in: refused at submit.
+  // Its downstream loss needs layer 0's latents from the same pass: refused without them.
   alone.set_downstream_loss_sequences(2);
   absl::Status s = ValidateExtractSpec(alone, env_);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("not measured for cross-layer transcoders"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("needs the latents of its layers 0 too"), std::string::npos) << s;
   // A layer the release lacks: one of a single layer (its decoder writes to it alone).
   const std::string one = Tmp("root/clt_one");
   mkdir(one.c_str(), 0755);

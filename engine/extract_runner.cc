@@ -415,12 +415,13 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env,
   }
   for (int o = 0; spec.downstream_loss_sequences() > 0 && o < static_cast<int>(c.outputs.size());
        ++o) {
-    if (IsCrossLayer(c.outputs[o])) {
+    if (!c.outputs[o].cross_layer_missing.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "extract.downstream_loss_sequences: not measured for cross-layer transcoders (",
-          ExtractOutputField(o, "sae"), " is layer ", c.outputs[o].sae_cfg.circuit_tracer->layer,
-          " of one): replacing one layer's MLP output would need the latents of every layer "
-          "before it spliced in the same pass"));
+          "extract.downstream_loss_sequences: ", ExtractOutputField(o, "sae"), " is layer ",
+          c.outputs[o].sae_cfg.circuit_tracer->layer,
+          " of a cross-layer transcoder, whose prediction needs the latents of its layers ",
+          absl::StrJoin(c.outputs[o].cross_layer_missing, ", "),
+          " too: extract them in the same job (more_outputs)"));
     }
   }
   if (spec.downstream_loss_sequences() > 0 && spec.model().has_torchscript()) {
@@ -686,6 +687,11 @@ std::vector<latentd::v1::DownstreamLoss> MeasureDownstream(
   std::vector<SplicedSae> saes;
   for (size_t o = 0; o < c.outputs.size(); ++o) {
     saes.push_back({c.outputs[o].hook, &replica->saes[o], c.outputs[o].hook_out});
+    const std::vector<int>& sources = c.outputs[o].cross_layer_sources;
+    for (size_t i = 0; i < sources.size(); ++i) {
+      saes.back().earlier.push_back({c.outputs[sources[i]].hook, &replica->saes[sources[i]],
+                                     replica->cross_decoders[o][i].W_dec});
+    }
   }
   const absl::Time start = absl::Now();
   auto measured = MeasureDownstreamLoss(

@@ -41,12 +41,12 @@ absl::StatusOr<std::unique_ptr<Gpt2Model>> Gpt2Model::Create(Gpt2Weights weights
 }
 
 std::vector<at::Tensor> Gpt2Model::Run(const at::Tensor& tokens, const std::vector<HookName>& hooks,
-                                       std::vector<at::Tensor>* all, const HookSplice* splice,
+                                       std::vector<at::Tensor>* all, const HookSplices* splices,
                                        at::Tensor* last) {
   const Gpt2Config& c = config();
   const int64_t B = tokens.size(0), S = tokens.size(1), d = c.d_model;
   const int64_t H = c.n_heads, dh = d / H;
-  HookCollector collector(hooks, /*run_all=*/all != nullptr || last != nullptr, splice);
+  HookCollector collector(hooks, /*run_all=*/all != nullptr || last != nullptr, splices);
   auto activation = [&](const at::Tensor& x) {
     switch (c.activation) {
       case Gpt2Activation::kGeluErf:
@@ -108,10 +108,10 @@ std::string Gpt2Model::next_token_loss_unsupported() const {
   return w_.ln_f_w.defined() ? "" : "the checkpoint has no final LayerNorm (ln_f)";
 }
 
-double Gpt2Model::NextTokenLossSum(const at::Tensor& tokens, const HookSplice* splice) {
+double Gpt2Model::NextTokenLossSum(const at::Tensor& tokens, const HookSplices& splices) {
   TORCH_CHECK(w_.ln_f_w.defined(), next_token_loss_unsupported());
   at::Tensor x;
-  Run(tokens, {}, nullptr, splice, &x);
+  Run(tokens, {}, nullptr, &splices, &x);
   const at::Tensor normed =
       at::layer_norm(x, {config().d_model}, w_.ln_f_w, w_.ln_f_b, config().layer_norm_eps);
   return NextTokenCrossEntropySum(normed, w_.W_U.defined() ? w_.W_U : w_.W_E, tokens);

@@ -104,16 +104,16 @@ class Gpt2Model : public ActivationModel {
   std::vector<at::Tensor> AllResidPost(const at::Tensor& tokens);
 
   std::string next_token_loss_unsupported() const override;
-  double NextTokenLossSum(const at::Tensor& tokens, const HookSplice* splice) override;
+  double NextTokenLossSum(const at::Tensor& tokens, const HookSplices& splices) override;
 
  private:
   Gpt2Model() = default;
   // The activations of `hooks` (in that order) from one pass that stops once it has them all;
   // with `all`, every block runs and each one's resid_post is appended to it; with `last`, every
-  // block runs and *last is the final residual stream. `splice` (may be null) replaces its
-  // hook's activation on the way.
+  // block runs and *last is the final residual stream. `splices` (may be null) replace their
+  // hooks' activations on the way.
   std::vector<at::Tensor> Run(const at::Tensor& tokens, const std::vector<HookName>& hooks,
-                              std::vector<at::Tensor>* all, const HookSplice* splice = nullptr,
+                              std::vector<at::Tensor>* all, const HookSplices* splices = nullptr,
                               at::Tensor* last = nullptr);
 
   Gpt2Weights w_;

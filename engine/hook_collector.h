@@ -1,6 +1,6 @@
 // Collects the hooked activations of one forward pass of a native model (gpt2_model.h,
 // llama_model.h): the forward reports each hook point as it passes it and stops once every
-// requested hook has its activation. It also splices: a HookSplice's hook gets its activation
+// requested hook has its activation. It also splices: each HookSplice's hook gets its activation
 // replaced where the forward reports it (the downstream loss).
 #ifndef LATENTD_ENGINE_HOOK_COLLECTOR_H_
 #define LATENTD_ENGINE_HOOK_COLLECTOR_H_
@@ -28,24 +28,31 @@ struct HookSplice {
   std::optional<HookName> from;
 };
 
+// The splices of one forward pass, applied in the order the forward reaches their hooks (two on
+// one hook: in this order). A splice may also only look (returning its input): a cross-layer
+// transcoder's earlier layers are encoded from the pass as it goes.
+using HookSplices = std::vector<HookSplice>;
+
 class HookCollector {
  public:
-  // `run_all`: never report done (a caller that wants every block to run). `splice` (may be
-  // null): the hook whose activation Capture replaces.
+  // `run_all`: never report done (a caller that wants every block to run). `splices` (may be
+  // null): the hooks whose activations Capture replaces.
   HookCollector(const std::vector<HookName>& hooks, bool run_all,
-                const HookSplice* splice = nullptr)
+                const HookSplices* splices = nullptr)
       : hooks_(hooks),
         hooked_(hooks.size()),
         remaining_(hooks.size()),
         run_all_(run_all),
-        splice_(splice) {}
+        splices_(splices),
+        sources_(splices != nullptr ? splices->size() : 0) {}
 
   // Whether Capture(layer, point, ...) would keep or replace anything: for activations a model
   // computes only to report them (ln2.hook_normalized beside the norm's output).
   bool Wants(int layer, HookPoint point) const {
     auto is = [&](const HookName& h) { return h.layer == layer && h.point == point; };
-    if (splice_ != nullptr && (is(splice_->hook) || (splice_->from && is(*splice_->from)))) {
-      return true;
+    for (size_t s = 0; splices_ != nullptr && s < splices_->size(); ++s) {
+      const HookSplice& splice = (*splices_)[s];
+      if (is(splice.hook) || (splice.from && is(*splice.from))) return true;
     }
     for (const HookName& h : hooks_) {
       if (is(h)) return true;
@@ -53,15 +60,14 @@ class HookCollector {
     return false;
   }
 
-  // Replaces `t` when (layer, point) is the splice's hook, then keeps it for every requested hook
+  // Replaces `t` when (layer, point) is a splice's hook, then keeps it for every requested hook
   // there; true once all have theirs, when the forward can stop.
   bool Capture(int layer, HookPoint point, at::Tensor& t) {
-    if (splice_ != nullptr && splice_->from && splice_->from->layer == layer &&
-        splice_->from->point == point) {
-      splice_source_ = t;
-    }
-    if (splice_ != nullptr && splice_->hook.layer == layer && splice_->hook.point == point) {
-      t = splice_->replace(splice_->from ? splice_source_ : t);
+    auto is = [&](const HookName& h) { return h.layer == layer && h.point == point; };
+    for (size_t s = 0; splices_ != nullptr && s < splices_->size(); ++s) {
+      const HookSplice& splice = (*splices_)[s];
+      if (splice.from && is(*splice.from)) sources_[s] = t;
+      if (is(splice.hook)) t = splice.replace(splice.from ? sources_[s] : t);
     }
     for (size_t i = 0; i < hooks_.size(); ++i) {
       if (hooks_[i].layer == layer && hooks_[i].point == point && !hooked_[i].defined()) {
@@ -80,8 +86,8 @@ class HookCollector {
   std::vector<at::Tensor> hooked_;
   size_t remaining_;
   bool run_all_;
-  const HookSplice* splice_;
-  at::Tensor splice_source_;  // splice_->from's activation, once the forward has passed it
+  const HookSplices* splices_;
+  std::vector<at::Tensor> sources_;  // each splice's `from` activation, once the forward passed it
 };
 
 }  // namespace latentd::engine

@@ -158,12 +158,12 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weig
 
 std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
                                         const std::vector<HookName>& hooks,
-                                        const HookSplice* splice, double* loss) {
+                                        const HookSplices* splices, double* loss) {
   const LlamaConfig& c = w_.config;
   const int64_t B = tokens.size(0), S = tokens.size(1), d = c.d_model;
   const int64_t H = c.n_heads, KV = c.n_kv_heads, dh = c.head_dim;
   const at::ScalarType dtype = c.bfloat16 ? at::kBFloat16 : at::kFloat;
-  HookCollector collector(hooks, /*run_all=*/loss != nullptr, splice);
+  HookCollector collector(hooks, /*run_all=*/loss != nullptr, splices);
   auto activation = [&](const at::Tensor& x) {
     switch (c.activation) {
       case LlamaActivation::kGeluTanh:
@@ -309,10 +309,10 @@ std::string LlamaModel::next_token_loss_unsupported() const {
   return w_.final_norm.defined() ? "" : "the checkpoint has no final norm (model.norm.weight)";
 }
 
-double LlamaModel::NextTokenLossSum(const at::Tensor& tokens, const HookSplice* splice) {
+double LlamaModel::NextTokenLossSum(const at::Tensor& tokens, const HookSplices& splices) {
   TORCH_CHECK(w_.final_norm.defined(), next_token_loss_unsupported());
   double loss = 0;
-  Run(tokens, {}, splice, &loss);
+  Run(tokens, {}, &splices, &loss);
   return loss;
 }
 

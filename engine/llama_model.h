@@ -150,15 +150,15 @@ class LlamaModel : public ActivationModel {
   std::vector<std::pair<std::string, at::Tensor>> NamedWeights() const override;
 
   std::string next_token_loss_unsupported() const override;
-  double NextTokenLossSum(const at::Tensor& tokens, const HookSplice* splice) override;
+  double NextTokenLossSum(const at::Tensor& tokens, const HookSplices& splices) override;
 
  private:
   LlamaModel() = default;
   // The activations of `hooks` from one pass that stops once it has them all; with `loss`, every
-  // block runs and *loss is NextTokenLossSum's. `splice` (may be null) replaces its hook's
-  // activation on the way.
+  // block runs and *loss is NextTokenLossSum's. `splices` (may be null) replace their hooks'
+  // activations on the way.
   std::vector<at::Tensor> Run(const at::Tensor& tokens, const std::vector<HookName>& hooks,
-                              const HookSplice* splice = nullptr, double* loss = nullptr);
+                              const HookSplices* splices = nullptr, double* loss = nullptr);
 
   LlamaWeights w_;
   std::vector<HookName> hooks_;

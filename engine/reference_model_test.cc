@@ -114,7 +114,7 @@ TEST(ReferenceModelTest, NextTokenLossRunsToTheLogitsWithTheHookReplaced) {
   const at::Tensor t = Tokens();
   auto m = Make(2, "blocks.0.hook_resid_post");
   ASSERT_EQ(m->next_token_loss_unsupported(), "");
-  const double clean = m->NextTokenLossSum(t, nullptr);
+  const double clean = m->NextTokenLossSum(t, {});
   // By hand: the last resid_post, LayerNorm without gain or bias, logits against W_E, the
   // summed cross-entropy of the 2 x 15 next tokens.
   const at::Tensor x = m->AllResidPost(t).back();
@@ -140,19 +140,36 @@ TEST(ReferenceModelTest, NextTokenLossRunsToTheLogitsWithTheHookReplaced) {
         "blocks.0.hook_attn_out", "blocks.1.ln2.hook_normalized", "blocks.1.mlp.hook_in",
         "blocks.1.mlp.hook_out"}) {
     const HookSplice identity = splice(hook, same);
-    EXPECT_EQ(m->NextTokenLossSum(t, &identity), clean) << hook;
+    EXPECT_EQ(m->NextTokenLossSum(t, {identity}), clean) << hook;
     // A replacement that is not the activation itself goes on through the rest of the block
     // (at ln2.hook_normalized: through the norm's gain and bias).
     const HookSplice copy = splice(hook, [](const at::Tensor& a) { return a.clone(); });
-    EXPECT_NEAR(m->NextTokenLossSum(t, &copy), clean, 1e-5 * clean) << hook;
+    EXPECT_NEAR(m->NextTokenLossSum(t, {copy}), clean, 1e-5 * clean) << hook;
     const HookSplice zero = splice(hook, [](const at::Tensor& a) { return at::zeros_like(a); });
-    EXPECT_GT(std::abs(m->NextTokenLossSum(t, &zero) - clean), 1e-3) << hook;
+    EXPECT_GT(std::abs(m->NextTokenLossSum(t, {zero}) - clean), 1e-3) << hook;
   }
   // The same activation by either name: the same loss.
   const HookSplice post = splice("blocks.0.hook_resid_post", halve);
   const HookSplice pre = splice("blocks.1.hook_resid_pre", halve);
-  EXPECT_NEAR(m->NextTokenLossSum(t, &post), m->NextTokenLossSum(t, &pre), 1e-4 * clean);
-  EXPECT_GT(std::abs(m->NextTokenLossSum(t, &post) - clean), 1e-3);
+  EXPECT_NEAR(m->NextTokenLossSum(t, {post}), m->NextTokenLossSum(t, {pre}), 1e-4 * clean);
+  EXPECT_GT(std::abs(m->NextTokenLossSum(t, {post}) - clean), 1e-3);
+  // Several splices in one pass, in order: halving twice is quartering; a splice that only
+  // looks sees the activation the earlier splices left.
+  const HookSplice quarter =
+      splice("blocks.0.hook_resid_post", [](const at::Tensor& a) { return a * 0.25; });
+  at::Tensor seen;
+  const HookSplice look = splice("blocks.1.hook_resid_pre", [&seen](const at::Tensor& a) {
+    seen = a.clone();
+    return a;
+  });
+  EXPECT_NEAR(m->NextTokenLossSum(t, {post, post}), m->NextTokenLossSum(t, {quarter}),
+              1e-4 * clean);
+  EXPECT_GT(std::abs(m->NextTokenLossSum(t, {post, post}) - m->NextTokenLossSum(t, {post})), 1e-4);
+  const double unseen = m->NextTokenLossSum(t, {quarter});
+  EXPECT_EQ(m->NextTokenLossSum(t, {quarter, look}), unseen);
+  const at::Tensor quartered = seen;
+  m->NextTokenLossSum(t, {look});
+  EXPECT_TRUE(at::allclose(quartered, seen * 0.25, 1e-5, 1e-6));
 }
 
 TEST(ReferenceModelTest, AttentionIsCausal) {

@@ -366,7 +366,7 @@ class HfGpt2ParityTest(unittest.TestCase):
                 "moreOutputs": [{"hookName": "blocks.%d.hook_resid_mid" % l, "sae": {"path": clt}}
                                 for l in range(last)],
                 "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX},
-                "batchSequences": 4}
+                "batchSequences": 4, "downstreamLossSequences": 9}
         p, out = run_extract_tool(TOOL, self.root, spec)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertNotIn("not measured", p.stderr)
@@ -378,8 +378,16 @@ class HfGpt2ParityTest(unittest.TestCase):
                                    W_enc[l]) + b_enc[l]
                 z.append(pre * (pre > threshold[l]))
             fits = [result["moreOutputs"][l]["fit"] for l in range(last)] + [result["fit"]]
+            losses = [result["moreOutputs"][l]["downstreamLoss"] for l in range(last)] + [
+                result["downstreamLoss"]]
+            model = Gpt2(self.weights, {"layer_norm_epsilon": 1e-5})
+            ids = torch.from_numpy(self.ids).view(-1, CTX)
             for target in range(LAYERS):
                 pred = b_dec[target] + sum(z[l] @ W_dec[l][:, target - l] for l in range(target + 1))
+                # Replacing one layer's MLP output leaves the pass clean up to it: the earlier
+                # layers' latents are the clean ones.
+                with_clt = model.loss(ids, {"blocks.%d.hook_mlp_out" % target: lambda t: pred.view(t.shape)})
+                self.assertAlmostEqual(losses[target]["withSae"], with_clt, delta=1e-4 * with_clt)
                 y = hooks["blocks.%d.hook_mlp_out" % target].reshape(-1, D)
                 ev = 1 - ((y - pred) ** 2).sum().item() / ((y - y.mean(0)) ** 2).sum().item()
                 self.assertEqual(fits[target]["predictedHook"], "blocks.%d.hook_mlp_out" % target)
