@@ -197,38 +197,42 @@ absl::StatusOr<LoadedWeights> ReadCircuitTracerWeights(const std::string& dir,
 
 }  // namespace
 
-absl::StatusOr<at::Tensor> LoadCrossLayerDecoder(const std::string& dir, int from_layer,
-                                                 int to_layer) {
-  const std::string path = CircuitTracerDecoderFile(dir, from_layer);
-  ASSIGN_OR_RETURN(const StHeader header, ReadStHeader(path));
-  const std::string name = absl::StrCat("W_dec_", from_layer);
-  const StTensorInfo* info = header.Find(name);
-  if (info == nullptr || info->shape.size() != 3 || from_layer < 0 || to_layer < from_layer ||
-      to_layer - from_layer >= info->shape[1]) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": no 3-D tensor ", name,
-                                                   " with a decoder from layer ", from_layer,
-                                                   " to ", to_layer));
-  }
-  ASSIGN_OR_RETURN(at::Tensor decoder,
-                   ReadFloatTensorSlice(path, header, *info, 1, to_layer - from_layer, "SAE"));
-  if (!at::isfinite(decoder).all().item<bool>()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": tensor ", name, " has NaN or Inf entries"));
-  }
-  return decoder;
-}
+namespace {
 
-absl::StatusOr<at::Tensor> LoadCrossLayerDecoderRows(const std::string& dir, int layer,
-                                                     int64_t latent) {
+// Slice `index` of dimension `dim` of W_dec_{layer}, the decoder of a cross-layer transcoder's
+// layer [d_sae, layers - layer, d_out], checked finite.
+absl::StatusOr<at::Tensor> ReadCrossLayerDecoderSlice(const std::string& dir, int layer, int dim,
+                                                      int64_t index) {
   const std::string path = CircuitTracerDecoderFile(dir, layer);
   ASSIGN_OR_RETURN(const StHeader header, ReadStHeader(path));
   const std::string name = absl::StrCat("W_dec_", layer);
   const StTensorInfo* info = header.Find(name);
-  if (info == nullptr || info->shape.size() != 3 || latent < 0 || latent >= info->shape[0]) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": no 3-D tensor ", name, " with a row for latent ", latent));
+  if (info == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no tensor ", name));
   }
-  return ReadFloatTensorSlice(path, header, *info, 0, latent, "SAE");
+  ASSIGN_OR_RETURN(at::Tensor slice, ReadFloatTensorSlice(path, header, *info, dim, index, "SAE"));
+  if (!at::isfinite(slice).all().item<bool>()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": tensor ", name, " has NaN or Inf entries"));
+  }
+  return slice;
+}
+
+}  // namespace
+
+absl::StatusOr<at::Tensor> LoadCrossLayerDecoder(const std::string& dir, int from_layer,
+                                                 int to_layer) {
+  if (to_layer < from_layer) {
+    return absl::InvalidArgumentError(absl::StrCat("a cross-layer transcoder's layer ", from_layer,
+                                                   " writes to layers from ", from_layer,
+                                                   " on, not to ", to_layer));
+  }
+  return ReadCrossLayerDecoderSlice(dir, from_layer, 1, to_layer - from_layer);
+}
+
+absl::StatusOr<at::Tensor> LoadCrossLayerDecoderRows(const std::string& dir, int layer,
+                                                     int64_t latent) {
+  return ReadCrossLayerDecoderSlice(dir, layer, 0, latent);
 }
 
 absl::StatusOr<Sae> Sae::Load(const std::string& dir, const std::optional<HookName>& hook) {
