@@ -135,6 +135,14 @@ class ExtractJobTest : public ::testing::Test {
     return s;
   }
 
+  // The token file's 40 sequences, [40, kCtx] int64.
+  at::Tensor Tokens() const {
+    std::vector<uint16_t> ids(40 * kCtx);
+    std::ifstream(root_ + "/tokens.bin", std::ios::binary)
+        .read(reinterpret_cast<char*>(ids.data()), ids.size() * 2);
+    return at::tensor(std::vector<int64_t>(ids.begin(), ids.end())).view({40, kCtx});
+  }
+
   std::unique_ptr<storage::Db> OpenDb(const std::string& name) {
     auto db = storage::Db::Open(Tmp(name));
     EXPECT_TRUE(db.ok()) << db.status();
@@ -213,20 +221,14 @@ TEST_F(ExtractJobTest, DownstreamLossIsMeasuredOverSequencesSpreadOverTheShard) 
   // A random model barely notices the hook zeroed: the fraction is flagged, not trusted.
   EXPECT_EQ(d.recovered_unreliable(), d.zero_ablated() - d.clean() < 0.01 * d.clean());
   // The clean loss is the model's own over sequences 0, 10, 20 and 30.
-  std::vector<uint16_t> ids(40 * kCtx);
-  std::ifstream(root_ + "/tokens.bin", std::ios::binary)
-      .read(reinterpret_cast<char*>(ids.data()), ids.size() * 2);
-  std::vector<int64_t> sampled;
-  for (int seq : {0, 10, 20, 30}) {
-    sampled.insert(sampled.end(), ids.begin() + seq * kCtx, ids.begin() + (seq + 1) * kCtx);
-  }
+  const at::Tensor sampled = Tokens().index_select(0, at::tensor({0, 10, 20, 30}));
   auto model = CreateReferenceModel(*ResolveReferenceSpec(spec.model().reference()),
                                     *ParseHookName(spec.hook_name()), at::kCPU);
   ASSERT_TRUE(model.ok());
   double want = 0;
   {
     c10::InferenceMode inference;
-    want = (*model)->NextTokenLossSum(at::tensor(sampled).view({4, kCtx}), {}) / (4 * (kCtx - 1));
+    want = (*model)->NextTokenLossSum(sampled, {}) / (4 * (kCtx - 1));
   }
   EXPECT_NEAR(d.clean(), want, 1e-5 * want);
   // Not asked: not measured.
@@ -644,11 +646,7 @@ TEST_F(ExtractJobTest, ATranscoderIsMeasuredAgainstTheHookItPredicts) {
   EXPECT_EQ(info->fit().predicted_hook(), "blocks.1.hook_mlp_out");  // the summary says it too
 
   // The ln2 transcoder, against the same hooks computed here.
-  std::vector<uint16_t> ids(40 * kCtx);
-  std::ifstream(root_ + "/tokens.bin", std::ios::binary)
-      .read(reinterpret_cast<char*>(ids.data()), ids.size() * 2);
-  const at::Tensor tokens =
-      at::tensor(std::vector<int64_t>(ids.begin(), ids.end())).view({40, kCtx});
+  const at::Tensor tokens = Tokens();
   std::vector<at::Tensor> hooked;
   {
     c10::InferenceMode inference;
@@ -756,11 +754,7 @@ TEST_F(ExtractJobTest, ACrossLayerTranscodersFitSumsTheLayersTheJobExtracts) {
        *ParseHookName("blocks.1.hook_resid_mid"), *ParseHookName("blocks.1.hook_mlp_out")},
       at::kCPU);
   ASSERT_TRUE(model.ok());
-  std::vector<uint16_t> ids(40 * kCtx);
-  std::ifstream(root_ + "/tokens.bin", std::ios::binary)
-      .read(reinterpret_cast<char*>(ids.data()), ids.size() * 2);
-  const at::Tensor tokens =
-      at::tensor(std::vector<int64_t>(ids.begin(), ids.end())).view({40, kCtx});
+  const at::Tensor tokens = Tokens();
   std::vector<at::Tensor> hooked;
   {
     c10::InferenceMode inference;

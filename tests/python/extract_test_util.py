@@ -83,3 +83,16 @@ def assert_dense_rows(test, p, out, ids, want, what):
     test.assertEqual(got.shape, want.shape)
     err = np.abs(got - want).max() / np.abs(want).max()
     test.assertLess(err, 1e-5, "%s: max error %.3g of the largest value" % (what, err))
+
+
+def assert_stored_latents(test, out, want):
+    """extract_tool's CSR rows in `out` (indptr/indices/values.npy), made dense, equal the dense
+    latents `want` (rows x d_sae) within 1e-4 (a random latent at its threshold may flip; none of
+    the tests' sits that close), and more than one latent fires a row on average."""
+    indptr, indices = np.load(os.path.join(out, "indptr.npy")), np.load(os.path.join(out, "indices.npy"))
+    values = np.load(os.path.join(out, "values.npy"))
+    got = np.zeros_like(want)
+    for r in range(len(want)):
+        got[r, indices[indptr[r]:indptr[r + 1]]] = values[indptr[r]:indptr[r + 1]]
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+    test.assertGreater((want != 0).sum(), len(want))
