@@ -49,7 +49,14 @@ absl::StatusOr<std::map<std::string, std::string>> ParseTopLevelYaml(const std::
 }
 
 bool IsCircuitTracerLayout(const std::string& dir) {
-  if (Exists(dir + "/" + kCircuitTracerConfig)) return true;
+  std::ifstream config(dir + "/" + kCircuitTracerConfig);
+  if (config) {
+    std::stringstream text;
+    text << config.rdbuf();
+    const auto keys = ParseTopLevelYaml(text.str());
+    // A malformed one is circuit-tracer's too: ReadCircuitTracerRelease says what is wrong.
+    if (!keys.ok() || keys->count("model_kind") > 0) return true;
+  }
   return !Exists(dir + "/cfg.json") &&
          (Exists(dir + "/layer_0.safetensors") || Exists(dir + "/W_enc_0.safetensors"));
 }

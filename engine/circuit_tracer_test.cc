@@ -87,10 +87,12 @@ TEST(CircuitTracerTest, TellsTheKindAndCountsTheLayers) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("model_kind"), std::string::npos) << bad.status();
 
-  // An SAELens directory is not one, even with a safetensors file named like a layer's.
+  // An SAELens directory is not one, even with a safetensors file named like a layer's, or a
+  // config.yaml of some other tool's.
   const std::string saelens = TempDir("ct_saelens");
   Touch(saelens + "/cfg.json", "{}");
   Touch(saelens + "/layer_0.safetensors");
+  Touch(saelens + "/config.yaml", "seed: 3\n");
   EXPECT_FALSE(IsCircuitTracerLayout(saelens));
 }
 

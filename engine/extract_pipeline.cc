@@ -118,6 +118,9 @@ absl::Status ComputeBatch(const TokenSource& tokens, PipelineReplica* r,
     // Kept to the end of the batch for predictions that add other outputs' codes (cross-layer
     // transcoders), whose fits are measured once every output is encoded.
     std::vector<SparseCodes> all_codes(options.sparse ? outputs : 0);
+    const bool keep_codes =
+        std::any_of(r->cross_decoders.begin(), r->cross_decoders.end(),
+                    [](const std::vector<CrossLayerDecoder>& d) { return !d.empty(); });
     std::vector<at::Tensor> all_finite(outputs);
     auto cross = [&](size_t o) -> const std::vector<CrossLayerDecoder>& {
       static const std::vector<CrossLayerDecoder> kNone;
@@ -150,7 +153,7 @@ absl::Status ComputeBatch(const TokenSource& tokens, PipelineReplica* r,
         codes_out.indices = ToHost(codes.indices);
         codes_out.values = ToHost(codes.values);
         if (!codes.fixed_k()) codes_out.row_counts = ToHost(codes.row_counts);
-        all_codes[o] = std::move(codes);
+        if (keep_codes) all_codes[o] = std::move(codes);
       } else {
         codes_out.values = ToHost(x);
       }
