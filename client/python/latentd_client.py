@@ -293,7 +293,9 @@ class Client:
         most through the model's unembedding: token_id, logit), decoder_norm, encoder_norm,
         encoder_decoder_cosine. logits_source names the unembedding used; for a TorchScript
         model without a usual one, name its parameter in `unembedding` (logits_unavailable says
-        why there are no logits)."""
+        why there are no logits). For a latent of a cross-layer transcoder,
+        decoder_norm_by_layer (layer, norm) says where it writes, and the logits unembed the sum
+        of its decoders."""
         request = datasets_pb2.GetLatentWeightsRequest(dataset_id=dataset_id, latent=latent,
                                                        top_n=top_n, unembedding=unembedding)
         return self.datasets.GetLatentWeights(request, metadata=self.metadata,
