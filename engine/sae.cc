@@ -265,19 +265,25 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir, const std::optional<HookNa
         const std::string n = name;
         if (n == "encoder.weight" || n == "decoder.weight") *out = out->t().contiguous();
         if (n == "log_jumprelu_threshold") *out = out->exp();
+        // Gemma Scope 2: x times affine_skip_connection [d_in, d_out] is x W_skip^T.
+        if (n == "affine_skip_connection") *out = out->t().contiguous();
         return absl::OkStatus();
       }
     }
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(load({"W_enc", "encoder.weight"}, &w.W_enc));
+  RETURN_IF_ERROR(load({"W_enc", "encoder.weight", "w_enc"}, &w.W_enc));
   RETURN_IF_ERROR(load({"b_enc", "encoder.bias", "b_gate"}, &w.b_enc));
-  RETURN_IF_ERROR(load({"W_dec", "decoder.weight"}, &w.W_dec));
+  RETURN_IF_ERROR(load({"W_dec", "decoder.weight", "w_dec"}, &w.W_dec));
   RETURN_IF_ERROR(load({"b_dec", "decoder.bias"}, &w.b_dec));
   RETURN_IF_ERROR(load({"threshold", "log_jumprelu_threshold"}, &w.threshold));
   RETURN_IF_ERROR(load({"r_mag"}, &w.r_mag));
   RETURN_IF_ERROR(load({"b_mag"}, &w.b_mag));
-  if (cfg.skip) RETURN_IF_ERROR(load({"W_skip"}, &w.W_skip));
+  if (cfg.skip) RETURN_IF_ERROR(load({"W_skip", "affine_skip_connection"}, &w.W_skip));
+  if (file.header().Find("w_enc") != nullptr && w.threshold.defined()) {
+    // Gemma Scope 2 encodes relu(pre) * (pre > t), which is pre * (pre > max(t, 0)).
+    w.threshold = w.threshold.clamp_min(0);
+  }
   // CRC32C runs at memory speed (SSE4.2), so even a 1M-latent SAE's gigabytes cost little
   // next to reading them; it guards against a changed file, not against an adversary.
   const std::string& bytes = file.bytes();

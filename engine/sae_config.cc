@@ -595,6 +595,68 @@ absl::StatusOr<SaeConfig> ReadCircuitTracerSae(const std::string& dir, const Hoo
   return cfg;
 }
 
+// Gemma Scope 2 names its SAEs by where they sit too: .../resid_post/layer_22_width_16k_l0_medium
+// (hook_resid_post; mlp_out: hook_mlp_out); a part starting with "transcoder" makes a transcoder
+// writing to its block's hook_mlp_out, whose input hook the path does not say. The layer is -1
+// when no part reads layer_<L>_...
+struct GemmaScope2Place {
+  int layer = -1;
+  std::string hook;  // "" when the path does not say
+  bool transcoder = false;
+};
+GemmaScope2Place GemmaScope2PlaceOf(const std::string& dir) {
+  GemmaScope2Place place;
+  std::string kind;
+  for (const auto& part : std::filesystem::path(dir).lexically_normal()) {
+    const std::string p = part.string();
+    if (p == "resid_post" || p == "mlp_out") kind = p;
+    if (absl::StartsWith(p, "transcoder")) place.transcoder = true;
+    if (absl::StartsWith(p, "layer_")) {
+      const std::string digits = p.substr(6, p.find('_', 6) - 6);
+      int layer = -1;
+      if (absl::SimpleAtoi(digits, &layer) && layer >= 0) place.layer = layer;
+    }
+  }
+  if (place.layer >= 0 && !kind.empty() && !place.transcoder) {
+    place.hook = absl::StrCat("blocks.", place.layer, ".hook_", kind);
+  }
+  return place;
+}
+
+// Gemma Scope 2's layout (kGemmaScope2Params): a JumpReLU SAE (or transcoder) read without
+// subtracting b_dec first.
+absl::StatusOr<SaeConfig> ReadGemmaScope2Sae(const std::string& dir, const std::string& path,
+                                             const StHeader& header) {
+  const StTensorInfo* w_enc = header.Find("w_enc");
+  const StTensorInfo* w_dec = header.Find("w_dec");
+  if (w_enc->shape.size() != 2 || w_dec == nullptr || w_dec->shape.size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": no 2-D w_enc [d_in, d_sae] and w_dec [d_sae, d_out]"));
+  }
+  const GemmaScope2Place place = GemmaScope2PlaceOf(dir);
+  SaeConfig cfg;
+  cfg.d_in = w_enc->shape[0];
+  cfg.d_sae = w_enc->shape[1];
+  cfg.architecture = SaeArchitecture::kJumpRelu;
+  cfg.apply_b_dec_to_input = false;
+  cfg.hook_name = place.hook;
+  cfg.skip = header.Find("affine_skip_connection") != nullptr;
+  cfg.transcoder = place.transcoder || cfg.skip || w_dec->shape[1] != cfg.d_in;
+  if (cfg.transcoder) {
+    cfg.d_out = w_dec->shape[1];
+    if (place.layer >= 0) cfg.hook_name_out = absl::StrCat("blocks.", place.layer, ".hook_mlp_out");
+  }
+  const std::string implied = "w_enc";
+  RETURN_IF_ERROR(
+      CheckFloatTensor(header, path, "w_dec", {cfg.d_sae, cfg.OutWidth()}, true, implied));
+  RETURN_IF_ERROR(CheckFloatTensor(header, path, "b_enc", {cfg.d_sae}, true, implied));
+  RETURN_IF_ERROR(CheckFloatTensor(header, path, "b_dec", {cfg.OutWidth()}, true, implied));
+  RETURN_IF_ERROR(CheckFloatTensor(header, path, "threshold", {cfg.d_sae}, true, implied));
+  RETURN_IF_ERROR(CheckFloatTensor(header, path, "affine_skip_connection",
+                                   {cfg.d_in, cfg.OutWidth()}, false, implied));
+  return cfg;
+}
+
 }  // namespace
 
 absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir,
@@ -608,6 +670,10 @@ absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir,
   }
   const bool lm_saes = IsLmSaesLayout(dir);
   std::ifstream in(dir + "/" + (lm_saes ? kLmSaesHyperparams : "cfg.json"));
+  if (const std::string params = dir + "/" + kGemmaScope2Params; !in && Exists(params)) {
+    ASSIGN_OR_RETURN(const StHeader header, ReadStHeader(params));
+    if (header.Find("w_enc") != nullptr) return ReadGemmaScope2Sae(dir, params, header);
+  }
   if (!in && Exists(dir + "/" + kGemmaScopeParams)) {
     return ReadGemmaScopeSae(dir, dir + "/" + kGemmaScopeParams);
   }

@@ -23,6 +23,8 @@
 // d_in and d_sae from W_enc, and its hook from the path (.../gemma-scope-2b-pt-res/layer_20/...:
 // blocks.20.hook_resid_post; -mlp: hook_mlp_out; -transcoders: a transcoder from
 // blocks.20.ln2.hook_normalized to blocks.20.hook_mlp_out).
+// Gemma Scope 2's layout (kGemmaScope2Params below) is read too: params.safetensors with w_enc and
+// no cfg.json, its place (hook, transcoder) from the path.
 // lm-saes' layout (OpenMOSS; Llama Scope ships in it) is read too: a directory with
 // hyperparams.json and no cfg.json, the weights in sae_weights.safetensors,
 // checkpoints/pruned.safetensors or checkpoints/final.safetensors (encoder.weight [d_sae, d_in],
@@ -116,6 +118,12 @@ absl::StatusOr<std::string> TranscoderOutputHook(const SaeConfig& cfg, const Hoo
 std::string SaeConfigToJson(const SaeConfig& cfg);
 
 inline constexpr char kGemmaScopeParams[] = "params.npz";
+// Gemma Scope 2's (Gemma 3's SAEs and transcoders): .../resid_post/layer_22_width_16k_l0_medium/
+// params.safetensors with w_enc [d_in, d_sae], w_dec [d_sae, d_out], b_enc, b_dec, threshold
+// and, for an affine-skip transcoder, affine_skip_connection [d_in, d_out] (x times it is added).
+// z = relu(pre) * (pre > threshold): Sae::Load raises negative thresholds to 0, which gives the
+// same latents through latentd's JumpReLU.
+inline constexpr char kGemmaScope2Params[] = "params.safetensors";
 inline constexpr char kLmSaesHyperparams[] = "hyperparams.json";
 
 // lm-saes' hyperparams.json. Required, because lm-saes' defaults changed between its versions:

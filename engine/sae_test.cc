@@ -322,6 +322,73 @@ void WriteTensors(const std::string& path,
 
 HookName Hook(const char* name) { return *ParseHookName(name); }
 
+// Gemma Scope 2 (Gemma 3's SAEs and transcoders) as downloaded: params.safetensors with
+// w_enc [d_in, d_sae], the place in the path, z = relu(pre) * (pre > threshold).
+TEST(SaeTest, ReadsGemmaScope2AsDownloaded) {
+  const std::string root = TempDir("gemma-scope-2-1b-pt");
+  mkdir((root + "/resid_post").c_str(), 0755);
+  const std::string dir = root + "/resid_post/layer_7_width_16k_l0_small";
+  mkdir(dir.c_str(), 0755);
+  at::manual_seed(51);
+  const at::Tensor w_enc = at::randn({6, 20}), w_dec = at::randn({20, 6});
+  const at::Tensor b_enc = at::randn({20}) * 0.5, b_dec = at::randn({6});
+  const at::Tensor threshold = at::rand({20}) - 0.5;  // some negative: relu decides there
+  WriteTensors(dir + "/params.safetensors", {{"w_enc", w_enc},
+                                             {"w_dec", w_dec},
+                                             {"b_enc", b_enc},
+                                             {"b_dec", b_dec},
+                                             {"threshold", threshold}});
+  auto sae = Sae::Load(dir);
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  EXPECT_EQ(sae->config().architecture, SaeArchitecture::kJumpRelu);
+  EXPECT_FALSE(sae->config().apply_b_dec_to_input);
+  EXPECT_FALSE(sae->config().transcoder);
+  EXPECT_EQ(sae->config().hook_name, "blocks.7.hook_resid_post");
+  const at::Tensor x = at::randn({50, 6});
+  const at::Tensor pre = at::mm(x, w_enc) + b_enc;
+  const at::Tensor z = at::relu(pre) * (pre > threshold).to(at::kFloat);  // Gemma Scope 2's
+  ASSERT_GT((pre < 0).logical_and(pre > threshold).sum().item<int64_t>(), 0);
+  const SparseCodes codes = sae->EncodeSparse(x);
+  for (int64_t r = 0; r < 50; ++r) {
+    std::map<int, float> want;
+    for (int j = 0; j < 20; ++j) {
+      if (z[r][j].item<float>() != 0) want[j] = z[r][j].item<float>();
+    }
+    EXPECT_EQ(Row(codes, r), want) << "row " << r;
+  }
+  EXPECT_TRUE(at::allclose(sae->Predict(x, codes), at::mm(z, w_dec) + b_dec, 1e-5, 1e-5));
+
+  // A transcoder with an affine skip: x times it is added to the prediction of its MLP output.
+  mkdir((root + "/transcoder").c_str(), 0755);
+  const std::string tc = root + "/transcoder/layer_3_width_16k_l0_small";
+  mkdir(tc.c_str(), 0755);
+  const at::Tensor affine = at::randn({6, 6});
+  WriteTensors(tc + "/params.safetensors", {{"w_enc", w_enc},
+                                            {"w_dec", w_dec},
+                                            {"b_enc", b_enc},
+                                            {"b_dec", b_dec},
+                                            {"threshold", threshold},
+                                            {"affine_skip_connection", affine}});
+  auto transcoder = Sae::Load(tc);
+  ASSERT_TRUE(transcoder.ok()) << transcoder.status();
+  EXPECT_TRUE(transcoder->config().transcoder);
+  EXPECT_TRUE(transcoder->config().skip);
+  EXPECT_EQ(transcoder->config().hook_name_out, "blocks.3.hook_mlp_out");
+  EXPECT_TRUE(transcoder->config().hook_name.empty());  // the path does not say
+  EXPECT_TRUE(at::allclose(transcoder->Predict(x, transcoder->EncodeSparse(x)),
+                           at::mm(z, w_dec) + b_dec + at::mm(x, affine), 1e-4, 1e-5));
+  // Shapes are checked against w_enc.
+  WriteTensors(tc + "/params.safetensors", {{"w_enc", w_enc},
+                                            {"w_dec", w_dec},
+                                            {"b_enc", b_enc},
+                                            {"b_dec", b_dec},
+                                            {"threshold", at::rand({19})}});
+  absl::Status s = ReadAndCheckSae(tc).status();
+  EXPECT_NE(s.message().find("tensor threshold has shape [19], w_enc implies [20]"),
+            std::string::npos)
+      << s;
+}
+
 // circuit-tracer's per-layer transcoders (a "transcoder_set"): layer_{L}.safetensors with
 // nn.Linear's W_enc [d_sae, d_in], picked by the layer of the job's hook.
 TEST(SaeTest, ReadsCircuitTracerTranscoderSetsByTheHooksLayer) {
