@@ -291,6 +291,12 @@ void PrintDownstreamLoss(const v1::DownstreamLoss& d) {
       "%s (over %lld predictions)\n",
       d.clean(), d.with_sae(), d.with_sae() - d.clean(), d.zero_ablated(), recovered.c_str(),
       static_cast<long long>(d.predictions()));
+  if (d.with_layers_replaced() != 0) {
+    std::printf(
+        "           with every layer up to it replaced at once (a cross-layer transcoder's "
+        "replacement model) %.4f (%+.4f)\n",
+        d.with_layers_replaced(), d.with_layers_replaced() - d.clean());
+  }
 }
 
 void PrintJob(const v1::Job& job) {

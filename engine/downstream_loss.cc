@@ -4,12 +4,47 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
 namespace latentd::engine {
+
+namespace {
+
+// circuit-tracer's replacement model up to layer `o` of a cross-layer transcoder: at each layer
+// j <= L in forward order, its latents are encoded where the pass reaches its input hook (the
+// pass as replaced so far), and its output hook is replaced by the sum of what layers 0..j
+// decode into it. The returned splices share their codes through a vector they own.
+HookSplices ReplacementSplices(const std::vector<SplicedSae>& saes, size_t o,
+                               const std::function<at::Tensor(const at::Tensor&)>& rows_of) {
+  std::vector<size_t> layers;  // outputs of layers 0..L, in layer order
+  for (const SplicedSae::EarlierLayer& e : saes[o].earlier) layers.push_back(e.output);
+  layers.push_back(o);
+  auto codes = std::make_shared<std::vector<SparseCodes>>(layers.size());
+  HookSplices splices;
+  for (size_t j = 0; j < layers.size(); ++j) {
+    const SplicedSae& layer = saes[layers[j]];
+    splices.push_back({layer.hook, [codes, j, sae = layer.sae, rows_of](const at::Tensor& a) {
+                         (*codes)[j] = sae->EncodeSparse(rows_of(a));
+                         return a;
+                       }});
+    splices.push_back(
+        {layer.replaced(), [codes, j, &layer, rows_of](const at::Tensor& a) {
+           const int64_t rows = a.numel() / a.size(-1);
+           at::Tensor out = layer.sae->DecodeSparse((*codes)[j], rows);
+           for (size_t i = 0; i < j; ++i) {  // layer.earlier[i] is layer i
+             out.add_(DecodeSparseCodes(layer.earlier[i].W_dec, at::Tensor(), (*codes)[i], rows));
+           }
+           return out.view({a.size(0), a.size(1), -1}).to(a.scalar_type());
+         }});
+  }
+  return splices;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<latentd::v1::DownstreamLoss>> MeasureDownstreamLoss(
     ActivationModel& model, const std::vector<SplicedSae>& saes, const TokenSource& tokens,
@@ -25,7 +60,7 @@ absl::StatusOr<std::vector<latentd::v1::DownstreamLoss>> MeasureDownstreamLoss(
   auto sampled = [&](int64_t i) { return i * total / std::max<int64_t>(sequences, 1); };
   batch_sequences = std::max<int64_t>(1, batch_sequences);
   double clean = 0;
-  std::vector<double> with_sae(saes.size(), 0), ablated(saes.size(), 0);
+  std::vector<double> with_sae(saes.size(), 0), ablated(saes.size(), 0), replaced(saes.size(), 0);
   // Outputs on one hook (several SAEs compared on a layer) share its zero-ablated pass.
   std::vector<size_t> ablation_of(saes.size());
   for (size_t o = 0; o < saes.size(); ++o) {
@@ -74,6 +109,9 @@ absl::StatusOr<std::vector<latentd::v1::DownstreamLoss>> MeasureDownstreamLoss(
         if (saes[o].hook_out) predicted.from = saes[o].hook;
         splices.push_back(std::move(predicted));
         with_sae[o] += model.NextTokenLossSum(batch, splices);
+        if (saes[o].cross_layer) {
+          replaced[o] += model.NextTokenLossSum(batch, ReplacementSplices(saes, o, rows_of));
+        }
         if (ablation_of[o] != o) continue;
         const HookSplice zeroed{saes[o].replaced(),
                                 [](const at::Tensor& a) { return at::zeros_like(a); }};
@@ -96,6 +134,7 @@ absl::StatusOr<std::vector<latentd::v1::DownstreamLoss>> MeasureDownstreamLoss(
     const double gap = d.zero_ablated() - d.clean();
     d.set_recovered(gap != 0 ? (d.zero_ablated() - d.with_sae()) / gap : 0.0);
     d.set_recovered_unreliable(gap < 0.01 * std::abs(d.clean()));
+    if (saes[o].cross_layer) d.set_with_layers_replaced(replaced[o] / predictions);
   }
   return out;
 }

@@ -32,8 +32,12 @@ struct SplicedSae {
     HookName hook;
     const Sae* sae = nullptr;  // on the model's device
     at::Tensor W_dec;          // into this layer, [d_sae, d_out], on the model's device
+    size_t output = 0;         // the index of that layer's own SplicedSae
   };
   std::vector<EarlierLayer> earlier;
+  // A cross-layer transcoder's layer (any, 0 included): DownstreamLoss.with_layers_replaced is
+  // measured, every earlier layer's SplicedSae being among the list.
+  bool cross_layer = false;
 
   const HookName& replaced() const { return hook_out ? *hook_out : hook; }
 };

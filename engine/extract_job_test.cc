@@ -798,6 +798,28 @@ TEST_F(ExtractJobTest, ACrossLayerTranscodersFitSumsTheLayersTheJobExtracts) {
               1e-6);
     EXPECT_NEAR(result->more_outputs(0).downstream_loss().clean(),
                 (*model)->NextTokenLossSum(tokens, {}) / predictions, 1e-5);
+    // circuit-tracer's replacement model up to layer 1: layer 0's MLP output replaced, then
+    // layer 1's latents read from that pass and its MLP output replaced too.
+    at::Tensor z1_replaced;
+    const HookSplices replacement = {
+        {*ParseHookName("blocks.0.hook_mlp_out"),
+         [&](const at::Tensor& a) { return predicted[0].view(a.sizes()); }},
+        {*ParseHookName("blocks.1.hook_resid_mid"),
+         [&](const at::Tensor& a) {
+           z1_replaced = at::relu(at::linear(a.reshape({-1, 16}), W_enc[1], b_enc[1]));
+           return a;
+         }},
+        {*ParseHookName("blocks.1.hook_mlp_out"), [&](const at::Tensor& a) {
+           return (at::mm(z[0], W_dec[0].select(1, 1)) +
+                   at::mm(z1_replaced, W_dec[1].select(1, 0)) + b_dec[1])
+               .view(a.sizes());
+         }}};
+    const double want_replaced = (*model)->NextTokenLossSum(tokens, replacement) / predictions;
+    EXPECT_NEAR(result->downstream_loss().with_layers_replaced(), want_replaced, 1e-5);
+    EXPECT_GT(std::abs(want_replaced - result->downstream_loss().with_sae()), 1e-6);
+    // Layer 0 alone is its own replacement model.
+    EXPECT_NEAR(result->more_outputs(0).downstream_loss().with_layers_replaced(),
+                result->more_outputs(0).downstream_loss().with_sae(), 1e-9);
   }
   // Each dataset holds its own layer's latents.
   for (int l = 0; l < 2; ++l) {

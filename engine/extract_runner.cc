@@ -690,8 +690,11 @@ std::vector<latentd::v1::DownstreamLoss> MeasureDownstream(
     const std::vector<int>& sources = c.outputs[o].cross_layer_sources;
     for (size_t i = 0; i < sources.size(); ++i) {
       saes.back().earlier.push_back({c.outputs[sources[i]].hook, &replica->saes[sources[i]],
-                                     replica->cross_decoders[o][i].W_dec});
+                                     replica->cross_decoders[o][i].W_dec,
+                                     static_cast<size_t>(sources[i])});
     }
+    // (Submit refuses the downstream loss when an earlier layer is missing.)
+    saes.back().cross_layer = IsCrossLayer(c.outputs[o]);
   }
   const absl::Time start = absl::Now();
   auto measured = MeasureDownstreamLoss(
@@ -712,7 +715,11 @@ std::vector<latentd::v1::DownstreamLoss> MeasureDownstream(
                              "outputs)",
                              names[o], d.predictions(), d.clean(), d.with_sae(),
                              d.with_sae() - d.clean(), d.zero_ablated(), DescribeRecovered(d),
-                             absl::ToDoubleSeconds(absl::Now() - start)));
+                             absl::ToDoubleSeconds(absl::Now() - start)) +
+                 (d.with_layers_replaced() != 0
+                      ? absl::StrFormat("; with every layer up to it replaced at once %.4f",
+                                        d.with_layers_replaced())
+                      : ""));
   }
   return *std::move(measured);
 }

@@ -381,6 +381,26 @@ class HfGpt2ParityTest(unittest.TestCase):
                 # layers' latents are the clean ones.
                 with_clt = model.loss(ids, {"blocks.%d.hook_mlp_out" % target: lambda t: pred.view(t.shape)})
                 self.assertAlmostEqual(losses[target]["withSae"], with_clt, delta=1e-4 * with_clt)
+                # circuit-tracer's replacement model up to `target`: each layer's latents read
+                # from the pass as replaced so far, each MLP output replaced.
+                codes = {}
+
+                def observe(l):
+                    def f(t):
+                        pre = torch.einsum("...d,fd->...f", t.reshape(-1, D), W_enc[l]) + b_enc[l]
+                        codes[l] = pre * (pre > threshold[l])
+                        return t
+                    return f
+
+                def replace(j):
+                    return lambda t: (b_dec[j] + sum(codes[l] @ W_dec[l][:, j - l]
+                                                     for l in range(j + 1))).view(t.shape)
+                splice = {}
+                for j in range(target + 1):
+                    splice["blocks.%d.hook_resid_mid" % j] = observe(j)
+                    splice["blocks.%d.hook_mlp_out" % j] = replace(j)
+                replaced = model.loss(ids, splice)
+                self.assertAlmostEqual(losses[target]["withLayersReplaced"], replaced, delta=1e-4 * replaced)
                 y = hooks["blocks.%d.hook_mlp_out" % target].reshape(-1, D)
                 ev = 1 - ((y - pred) ** 2).sum().item() / ((y - y.mean(0)) ** 2).sum().item()
                 self.assertEqual(fits[target]["predictedHook"], "blocks.%d.hook_mlp_out" % target)
