@@ -648,6 +648,8 @@ absl::StatusOr<SaeConfig> ReadGemmaScope2Sae(const std::string& dir, const std::
   }
   const std::string implied = "w_enc";
   RETURN_IF_ERROR(
+      CheckFloatTensor(header, path, "w_enc", {cfg.d_in, cfg.d_sae}, true, implied));  // dtype
+  RETURN_IF_ERROR(
       CheckFloatTensor(header, path, "w_dec", {cfg.d_sae, cfg.OutWidth()}, true, implied));
   RETURN_IF_ERROR(CheckFloatTensor(header, path, "b_enc", {cfg.d_sae}, true, implied));
   RETURN_IF_ERROR(CheckFloatTensor(header, path, "b_dec", {cfg.OutWidth()}, true, implied));
