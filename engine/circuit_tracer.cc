@@ -1,11 +1,13 @@
 #include "engine/circuit_tracer.h"
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/status_macros.h"
 
 namespace latentd::engine {
 namespace {
@@ -48,30 +50,38 @@ absl::StatusOr<std::map<std::string, std::string>> ParseTopLevelYaml(const std::
   return out;
 }
 
-bool IsCircuitTracerLayout(const std::string& dir) {
-  std::ifstream config(dir + "/" + kCircuitTracerConfig);
-  if (config) {
-    std::stringstream text;
-    text << config.rdbuf();
-    const auto keys = ParseTopLevelYaml(text.str());
-    // A malformed one is circuit-tracer's too: ReadCircuitTracerRelease says what is wrong.
-    if (!keys.ok() || keys->count("model_kind") > 0) return true;
+namespace {
+
+// dir/config.yaml's top-level keys; nullopt when there is no such file. INVALID_ARGUMENT naming
+// the file when it is malformed.
+absl::StatusOr<std::optional<std::map<std::string, std::string>>> ReadConfigYaml(
+    const std::string& dir) {
+  const std::string path = dir + "/" + kCircuitTracerConfig;
+  std::ifstream config(path);
+  if (!config) return std::nullopt;
+  std::stringstream text;
+  text << config.rdbuf();
+  auto keys = ParseTopLevelYaml(text.str());
+  if (!keys.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", keys.status().message()));
   }
+  return std::optional<std::map<std::string, std::string>>(*std::move(keys));
+}
+
+}  // namespace
+
+bool IsCircuitTracerLayout(const std::string& dir) {
+  const auto keys = ReadConfigYaml(dir);
+  // A malformed one is circuit-tracer's too: ReadCircuitTracerRelease says what is wrong.
+  if (!keys.ok() || (*keys && (*keys)->count("model_kind") > 0)) return true;
   return !Exists(dir + "/cfg.json") &&
          (Exists(dir + "/layer_0.safetensors") || Exists(dir + "/W_enc_0.safetensors"));
 }
 
 absl::StatusOr<CircuitTracerRelease> ReadCircuitTracerRelease(const std::string& dir) {
   CircuitTracerRelease release;
-  const std::string config_path = dir + "/" + kCircuitTracerConfig;
-  std::ifstream config(config_path);
-  if (config) {
-    std::stringstream text;
-    text << config.rdbuf();
-    auto keys = ParseTopLevelYaml(text.str());
-    if (!keys.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", keys.status().message()));
-    }
+  ASSIGN_OR_RETURN(const auto keys, ReadConfigYaml(dir));
+  if (keys) {
     auto get = [&](const char* key) {
       const auto it = keys->find(key);
       return it == keys->end() ? std::string() : it->second;
@@ -81,7 +91,7 @@ absl::StatusOr<CircuitTracerRelease> ReadCircuitTracerRelease(const std::string&
       release.cross_layer = true;
     } else if (kind != "transcoder_set" && !kind.empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(config_path, ": model_kind \"", kind,
+          absl::StrCat(dir, "/", kCircuitTracerConfig, ": model_kind \"", kind,
                        "\" (transcoder_set or cross_layer_transcoder expected)"));
     }
     release.feature_input_hook = get("feature_input_hook");
@@ -93,14 +103,15 @@ absl::StatusOr<CircuitTracerRelease> ReadCircuitTracerRelease(const std::string&
   } else {
     release.cross_layer = Exists(dir + "/W_enc_0.safetensors");
   }
-  while (Exists(CircuitTracerEncoderFile(dir, release, release.n_layers))) ++release.n_layers;
+  while (Exists(CircuitTracerEncoderFile(dir, release.cross_layer, release.n_layers))) {
+    ++release.n_layers;
+  }
   if (release.n_layers > 0) release.transcoders_elsewhere = false;
   return release;
 }
 
-std::string CircuitTracerEncoderFile(const std::string& dir, const CircuitTracerRelease& release,
-                                     int layer) {
-  return absl::StrCat(dir, "/", release.cross_layer ? "W_enc_" : "layer_", layer, ".safetensors");
+std::string CircuitTracerEncoderFile(const std::string& dir, bool cross_layer, int layer) {
+  return absl::StrCat(dir, "/", cross_layer ? "W_enc_" : "layer_", layer, ".safetensors");
 }
 
 std::string CircuitTracerDecoderFile(const std::string& dir, int layer) {

@@ -53,8 +53,7 @@ absl::StatusOr<std::map<std::string, std::string>> ParseTopLevelYaml(const std::
 
 // The file of layer `layer` holding its encoder: layer_{L}.safetensors (a set's), or
 // W_enc_{L}.safetensors (a CLT's, whose decoder is in CircuitTracerDecoderFile).
-std::string CircuitTracerEncoderFile(const std::string& dir, const CircuitTracerRelease& release,
-                                     int layer);
+std::string CircuitTracerEncoderFile(const std::string& dir, bool cross_layer, int layer);
 std::string CircuitTracerDecoderFile(const std::string& dir, int layer);  // W_dec_{L}.safetensors
 
 }  // namespace latentd::engine

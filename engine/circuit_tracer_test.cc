@@ -56,7 +56,7 @@ TEST(CircuitTracerTest, TellsTheKindAndCountsTheLayers) {
   EXPECT_EQ(release->n_layers, 3);  // layers 0..2; 4 is past a gap
   EXPECT_EQ(release->feature_input_hook, "mlp.hook_in");
   EXPECT_EQ(release->feature_output_hook, "mlp.hook_out");
-  EXPECT_EQ(CircuitTracerEncoderFile(set, *release, 1), set + "/layer_1.safetensors");
+  EXPECT_EQ(CircuitTracerEncoderFile(set, release->cross_layer, 1), set + "/layer_1.safetensors");
 
   // A CLT saved by to_safetensors, without config.yaml: the file names say what it is.
   const std::string clt = TempDir("ct_clt");

@@ -158,9 +158,7 @@ std::string ReadWholeFile(const std::string& path) {
 absl::StatusOr<LoadedWeights> ReadCircuitTracerWeights(const std::string& dir,
                                                        const SaeConfig& cfg) {
   const CircuitTracerLayer& ct = *cfg.circuit_tracer;
-  CircuitTracerRelease release;
-  release.cross_layer = ct.cross_layer;
-  const std::string path = CircuitTracerEncoderFile(dir, release, ct.layer);
+  const std::string path = CircuitTracerEncoderFile(dir, ct.cross_layer, ct.layer);
   ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Read(path));
   const std::string suffix = ct.cross_layer ? absl::StrCat("_", ct.layer) : "";
   auto read = [&](const std::string& name, at::Tensor* out) -> absl::Status {

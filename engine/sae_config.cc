@@ -378,7 +378,7 @@ absl::StatusOr<std::string> FindSaeWeightsFile(const std::string& dir,
                                                const std::optional<HookName>& hook) {
   if (hook && IsCircuitTracerLayout(dir)) {
     ASSIGN_OR_RETURN(const CircuitTracerRelease release, ReadCircuitTracerRelease(dir));
-    const std::string file = CircuitTracerEncoderFile(dir, release, hook->layer);
+    const std::string file = CircuitTracerEncoderFile(dir, release.cross_layer, hook->layer);
     if (!Exists(file)) return absl::NotFoundError(absl::StrCat(file, " not found"));
     return file;
   }
@@ -547,7 +547,7 @@ absl::StatusOr<SaeConfig> ReadCircuitTracerSae(const std::string& dir, const Hoo
     }
     cfg.hook_name_out = out;
   }
-  const std::string weights = CircuitTracerEncoderFile(dir, release, layer);
+  const std::string weights = CircuitTracerEncoderFile(dir, release.cross_layer, layer);
   ASSIGN_OR_RETURN(const StHeader header, ReadStHeader(weights));
   const std::string suffix = release.cross_layer ? absl::StrCat("_", layer) : "";
   if (release.activation == "topk" || header.Find("k") != nullptr) {
