@@ -118,6 +118,13 @@ at::Tensor SafeDivide(const at::Tensor& num, const at::Tensor& den) {
                    at::zeros_like(num));
 }
 
+// The hook a dataset's rows were read at, which picks the layer of a circuit-tracer release;
+// nullopt when not recorded (or not a hook name), which every other layout does without.
+std::optional<HookName> HookOf(const DatasetSource& dataset) {
+  absl::StatusOr<HookName> hook = ParseHookName(dataset.hook_name);
+  return hook.ok() ? std::optional<HookName>(*hook) : std::nullopt;
+}
+
 PreparedSae Prepare(const Sae& sae) {
   const SaeWeights& w = sae.weights();
   PreparedSae p;
@@ -481,12 +488,9 @@ absl::StatusOr<std::shared_ptr<const PromptSae>> DatasetModels::Impl::PromptSaeF
 
 absl::Status DatasetModels::Impl::CheckSaeFits(const DatasetSource& dataset,
                                                const std::string& dir) const {
-  // The hook picks the layer of a circuit-tracer release.
-  const absl::StatusOr<HookName> hook = ParseHookName(dataset.hook_name);
-  const std::optional<HookName> layer_of =
-      hook.ok() ? std::optional<HookName>(*hook) : std::nullopt;
-  ASSIGN_OR_RETURN(SaeConfig cfg, ReadAndCheckSae(dir, layer_of));
-  ASSIGN_OR_RETURN(std::string file, FindSaeWeightsFile(dir, layer_of));
+  const std::optional<HookName> hook = HookOf(dataset);
+  ASSIGN_OR_RETURN(SaeConfig cfg, ReadAndCheckSae(dir, hook));
+  ASSIGN_OR_RETURN(std::string file, FindSaeWeightsFile(dir, hook));
   std::error_code ec;
   const auto file_bytes = static_cast<int64_t>(std::filesystem::file_size(file, ec));
   if (ec) return absl::NotFoundError(absl::StrCat(file, ": ", ec.message()));
@@ -507,9 +511,7 @@ absl::Status DatasetModels::Impl::CheckSaeFits(const DatasetSource& dataset,
 absl::StatusOr<Sae> DatasetModels::Impl::LoadSae(const DatasetSource& dataset,
                                                  const std::string& dir) const {
   RETURN_IF_ERROR(CheckSaeFits(dataset, dir));
-  const absl::StatusOr<HookName> hook = ParseHookName(dataset.hook_name);
-  ASSIGN_OR_RETURN(Sae sae,
-                   Sae::Load(dir, hook.ok() ? std::optional<HookName>(*hook) : std::nullopt));
+  ASSIGN_OR_RETURN(Sae sae, Sae::Load(dir, HookOf(dataset)));
   if (!dataset.sae_weight_hash.empty() && sae.weight_hash() != dataset.sae_weight_hash) {
     return absl::FailedPreconditionError(
         absl::StrCat("dataset ", dataset.dataset_id, ": the SAE in ", dir,

@@ -14,6 +14,15 @@ namespace latentd::engine {
 
 namespace {
 
+// Adds to *out ([rows, d_out]) what a cross-layer transcoder's earlier layers decode into its
+// layer: codes[i] (layer i's latents) through earlier[i].W_dec.
+void AddEarlierLayers(const std::vector<SplicedSae::EarlierLayer>& earlier,
+                      const std::vector<SparseCodes>& codes, int64_t rows, at::Tensor* out) {
+  for (size_t i = 0; i < earlier.size(); ++i) {
+    out->add_(DecodeSparseCodes(earlier[i].W_dec, at::Tensor(), codes[i], rows));
+  }
+}
+
 // circuit-tracer's replacement model up to layer `o` of a cross-layer transcoder: at each layer
 // j <= L in forward order, its latents are encoded where the pass reaches its input hook (the
 // pass as replaced so far), and its output hook is replaced by the sum of what layers 0..j
@@ -31,15 +40,13 @@ HookSplices ReplacementSplices(const std::vector<SplicedSae>& saes, size_t o,
                          (*codes)[j] = sae->EncodeSparse(rows_of(a));
                          return a;
                        }});
-    splices.push_back(
-        {layer.replaced(), [codes, j, &layer, rows_of](const at::Tensor& a) {
-           const int64_t rows = a.numel() / a.size(-1);
-           at::Tensor out = layer.sae->DecodeSparse((*codes)[j], rows);
-           for (size_t i = 0; i < j; ++i) {  // layer.earlier[i] is layer i
-             out.add_(DecodeSparseCodes(layer.earlier[i].W_dec, at::Tensor(), (*codes)[i], rows));
-           }
-           return out.view({a.size(0), a.size(1), -1}).to(a.scalar_type());
-         }});
+    splices.push_back({layer.replaced(), [codes, j, &layer, rows_of](const at::Tensor& a) {
+                         const int64_t rows = a.numel() / a.size(-1);
+                         at::Tensor out = layer.sae->DecodeSparse((*codes)[j], rows);
+                         AddEarlierLayers(layer.earlier, *codes, rows,
+                                          &out);  // layer.earlier[i] is layer i
+                         return out.view({a.size(0), a.size(1), -1}).to(a.scalar_type());
+                       }});
   }
   return splices;
 }
@@ -100,10 +107,7 @@ absl::StatusOr<std::vector<latentd::v1::DownstreamLoss>> MeasureDownstreamLoss(
         HookSplice predicted{saes[o].replaced(), [&](const at::Tensor& a) {
                                const at::Tensor rows = rows_of(a);
                                at::Tensor out = sae.Predict(rows, sae.EncodeSparse(rows));
-                               for (size_t i = 0; i < earlier.size(); ++i) {
-                                 out.add_(DecodeSparseCodes(earlier[i].W_dec, at::Tensor(),
-                                                            earlier_codes[i], rows.size(0)));
-                               }
+                               AddEarlierLayers(earlier, earlier_codes, rows.size(0), &out);
                                return out.view({a.size(0), a.size(1), -1}).to(a.scalar_type());
                              }};
         if (saes[o].hook_out) predicted.from = saes[o].hook;
