@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -294,6 +295,13 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir, const std::optional<HookNa
     crc = storage::Crc32cExtend(crc, hyperparams.data(), hyperparams.size());
     hashed += static_cast<int64_t>(hyperparams.size());
   }
+  if (cfg.input_normalization != InputNormalization::kNone) {
+    // cfg.json's normalization changes every latent, so a resumed job must see the same one.
+    const std::string normalization =
+        absl::StrCat("normalize_activations=", InputNormalizationName(cfg.input_normalization));
+    crc = storage::Crc32cExtend(crc, normalization.data(), normalization.size());
+    hashed += static_cast<int64_t>(normalization.size());
+  }
   auto sae = Create(cfg, std::move(w));
   if (!sae.ok())
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", sae.status().message()));
@@ -308,13 +316,56 @@ Sae Sae::To(const at::Device& device) const {
   return copy;
 }
 
+namespace {
+
+constexpr double kLayerNormEps = 1e-5;  // SAELens' (and OpenAI's) run-time layer norm
+
+// An SAE's input normalization, row by row: x' = (x - shift) / divisor and, undone on the
+// reconstruction, x_hat = x_hat' * multiplier + shift.
+struct RowNormalization {
+  at::Tensor shift;       // [rows, 1]; undefined: none
+  at::Tensor divisor;     // [rows, 1]
+  at::Tensor multiplier;  // [rows, 1]
+};
+
+RowNormalization RowNormalizationOf(InputNormalization kind, const at::Tensor& x) {
+  switch (kind) {
+    case InputNormalization::kNone:
+      break;
+    case InputNormalization::kConstantNormRescale: {
+      // The smallest normal float in place of a zero norm keeps a zero row zero, not NaN.
+      const at::Tensor norm =
+          x.norm(2, {1}, /*keepdim=*/true).clamp_min(std::numeric_limits<float>::min());
+      const at::Tensor divisor = norm.div_(std::sqrt(static_cast<double>(x.size(1))));
+      return {at::Tensor(), divisor, divisor};
+    }
+    case InputNormalization::kLayerNorm: {
+      const at::Tensor mean = x.mean({1}, /*keepdim=*/true);
+      const at::Tensor sigma = at::std(x - mean, {1}, /*unbiased=*/true, /*keepdim=*/true);
+      return {mean, sigma + kLayerNormEps, sigma};  // SAELens undoes it without the epsilon
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+at::Tensor Sae::EncoderInput(const at::Tensor& x) const {
+  at::Tensor in = x;
+  if (cfg_.input_normalization != InputNormalization::kNone) {
+    const RowNormalization n = RowNormalizationOf(cfg_.input_normalization, x);
+    in = (n.shift.defined() ? x - n.shift : x.clone()).div_(n.divisor);
+  }
+  if (!cfg_.apply_b_dec_to_input) return in;
+  return in.is_same(x) ? x - w_.b_dec : in.sub_(w_.b_dec);
+}
+
 at::Tensor Sae::PreActivations(const at::Tensor& x) const {
-  at::Tensor in = cfg_.apply_b_dec_to_input ? x - w_.b_dec : x;
-  return at::addmm(w_.b_enc, in, w_.W_enc);
+  return at::addmm(w_.b_enc, EncoderInput(x), w_.W_enc);
 }
 
 at::Tensor Sae::GatedActivations(const at::Tensor& x) const {
-  const at::Tensor in = cfg_.apply_b_dec_to_input ? x - w_.b_dec : x;
+  const at::Tensor in = EncoderInput(x);
   // In place on m: one [rows, d_sae] float tensor and a bool mask, within the pass's scratch.
   at::Tensor m = at::mm(in, w_.W_enc);
   const at::Tensor gate = m > w_.b_enc.neg();  // m + b_gate > 0, without a float temporary
@@ -378,6 +429,11 @@ at::Tensor Sae::Decode(const at::Tensor& z) const { return at::addmm(w_.b_dec, z
 
 at::Tensor Sae::Predict(const at::Tensor& x, const SparseCodes& codes) const {
   at::Tensor out = DecodeSparse(codes, x.size(0));
+  if (cfg_.input_normalization != InputNormalization::kNone) {
+    const RowNormalization n = RowNormalizationOf(cfg_.input_normalization, x);
+    out.mul_(n.multiplier);
+    if (n.shift.defined()) out.add_(n.shift);
+  }
   if (w_.W_skip.defined()) out.addmm_(x, w_.W_skip.t());
   return out;
 }

@@ -3,7 +3,8 @@
 // (Load also reads sparsify's, Gemma Scope's and lm-saes' / Llama Scope's layouts, see
 // sae_config.h).
 //
-//   pre = (x - b_dec) W_enc + b_enc   (b_dec subtracted only when apply_b_dec_to_input)
+//   pre = (x' - b_dec) W_enc + b_enc  (b_dec subtracted only when apply_b_dec_to_input; x' is
+//                                      x, or x normalized per row: SaeConfig::input_normalization)
 //   ReLU:     z = relu(pre)
 //   TopK:     z = relu(topk_k(pre))   -- SAELens/OpenAI order: the k largest pre, then ReLU.
 //             Because sparse codes keep only non-zero entries, sparsify's relu-then-topk order
@@ -89,15 +90,17 @@ class Sae {
   // The default pass size depends on d_sae alone, so a resumed job encodes every row as the
   // uninterrupted one did.
   SparseCodes EncodeSparse(const at::Tensor& x, int64_t rows_per_pass = 0) const;
-  at::Tensor Decode(const at::Tensor& z) const;  // x_hat = z W_dec + b_dec
-  // x_hat of `rows` rows from their codes (EncodeSparse's layout) without forming z
+  // x_hat' = z W_dec + b_dec: in the units of x' (x itself unless the SAE normalizes its input).
+  at::Tensor Decode(const at::Tensor& z) const;
+  // x_hat' of `rows` rows from their codes (EncodeSparse's layout) without forming z
   // (DecodeSparseCodes: k x d_in multiply-adds a row, against the encoder's d_in x d_sae).
   at::Tensor DecodeSparse(const SparseCodes& codes, int64_t rows) const {
     return DecodeSparseCodes(w_.W_dec, w_.b_dec, codes, rows);
   }
-  // What the SAE predicts from x [rows, d_in] and its codes: DecodeSparse, plus x W_skip^T for
-  // a skip transcoder. [rows, OutWidth()]; the hook it predicts is x's own for an SAE, the
-  // output hook for a transcoder.
+  // What the SAE predicts from x [rows, d_in] and its codes, in the hook's own units:
+  // DecodeSparse with x's normalization undone, plus x W_skip^T for a skip transcoder.
+  // [rows, OutWidth()]; the hook it predicts is x's own for an SAE, the output hook for a
+  // transcoder.
   at::Tensor Predict(const at::Tensor& x, const SparseCodes& codes) const;
 
   // Bytes of the weights (for memory estimates).
@@ -108,6 +111,8 @@ class Sae {
   SparseCodes EncodePass(const at::Tensor& x) const;
   // Gated: the codes' dense z.
   at::Tensor GatedActivations(const at::Tensor& x) const;
+  // x' (x itself without input normalization), b_dec subtracted when apply_b_dec_to_input.
+  at::Tensor EncoderInput(const at::Tensor& x) const;
 
   SaeConfig cfg_;
   std::string weight_hash_;

@@ -39,6 +39,18 @@ const char* SaeArchitectureName(SaeArchitecture a) {
   return "?";
 }
 
+const char* InputNormalizationName(InputNormalization n) {
+  switch (n) {
+    case InputNormalization::kNone:
+      return "none";
+    case InputNormalization::kConstantNormRescale:
+      return "constant_norm_rescale";
+    case InputNormalization::kLayerNorm:
+      return "layer_norm";
+  }
+  return "?";
+}
+
 absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
@@ -63,14 +75,40 @@ absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
       j["activation_fn_kwargs"]["k"].is_number_integer()) {
     k = j["activation_fn_kwargs"]["k"].get<int64_t>();
   }
+  // The activation function where cfg.json names it apart from the architecture: SAELens 3-5's
+  // activation_fn_str (its TopK SAEs, OpenAI's GPT-2 ones and SAEBench's among them, say
+  // "architecture": "standard" with "activation_fn_str": "topk"), mats_sae_training's
+  // activation_fn, sparsify's activation. "" when none says.
+  std::string activation;
+  for (const char* key : {"activation_fn_str", "activation_fn", "activation"}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    if (!j[key].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat("cfg.json: ", key, " is not a string"));
+    }
+    activation = j[key].get<std::string>();
+    const bool names_the_architecture =
+        j.contains("architecture") && j["architecture"] == activation;
+    if (activation != "topk" && activation != "relu" && !names_the_architecture) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cfg.json: ", key, " \"", activation,
+          "\" is not an activation latentd computes (relu, topk; or the architectures standard, "
+          "topk, jumprelu, gated): the latents would not be this SAE's"));
+    }
+    break;
+  }
+  if (j.contains("activation_fn_kwargs") && j["activation_fn_kwargs"].is_object() &&
+      j["activation_fn_kwargs"].value("signed", false) == true) {
+    return absl::InvalidArgumentError(
+        "cfg.json: activation_fn_kwargs.signed true keeps the k largest |pre-activations| with "
+        "their signs, which latentd's TopK (the k largest, ReLU'd) does not compute");
+  }
   std::string arch;
   if (j.contains("architecture")) {
     if (!j["architecture"].is_string()) {
       return absl::InvalidArgumentError("cfg.json: architecture is not a string");
     }
     arch = j["architecture"].get<std::string>();
-  } else if (j.contains("activation_fn") && j["activation_fn"].is_string() &&
-             j["activation_fn"].get<std::string>() == "topk") {
+  } else if (activation == "topk") {
     arch = "topk";
   } else if (k > 0) {
     arch = "topk";  // sparsify writes no architecture
@@ -98,11 +136,7 @@ absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
     arch = base.empty() ? "standard" : std::string(base);
   }
   if (arch == "standard" || arch == "relu") {
-    cfg.architecture = SaeArchitecture::kRelu;
-    if (j.contains("activation_fn") && j["activation_fn"].is_string() &&
-        j["activation_fn"].get<std::string>() == "topk") {
-      cfg.architecture = SaeArchitecture::kTopK;
-    }
+    cfg.architecture = activation == "topk" ? SaeArchitecture::kTopK : SaeArchitecture::kRelu;
   } else if (arch == "topk") {
     cfg.architecture = SaeArchitecture::kTopK;
   } else if (arch == "jumprelu") {
@@ -163,14 +197,33 @@ absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
     }
   }
   // SAELens options that change what the encoder computes from the hook's activations: encoding
-  // without them would store latents the SAE never gives, silently, so they are refused.
-  if (j.contains("normalize_activations") && !j["normalize_activations"].is_null() &&
-      !(j["normalize_activations"].is_string() &&
-        (j["normalize_activations"] == "none" || j["normalize_activations"] == ""))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cfg.json: normalize_activations ", j["normalize_activations"].dump(),
-        " rescales the encoder's input, which latentd does not do (it encodes the hook's "
-        "activations as they are): the latents would not be this SAE's. Supported: \"none\""));
+  // without them would store latents the SAE never gives, silently, so those latentd cannot
+  // reproduce are refused.
+  if (j.contains("normalize_activations") && !j["normalize_activations"].is_null()) {
+    const json& norm = j["normalize_activations"];
+    if (norm == "constant_norm_rescale") {
+      cfg.input_normalization = InputNormalization::kConstantNormRescale;
+    } else if (norm == "layer_norm") {
+      cfg.input_normalization = InputNormalization::kLayerNorm;
+    } else if (norm == "expected_average_only_in") {
+      return absl::InvalidArgumentError(
+          "cfg.json: normalize_activations \"expected_average_only_in\" scales the input by a "
+          "factor that SAELens' from_pretrained takes from its release directory "
+          "(norm_scaling_factor), not from cfg.json, so latentd cannot know it: fold it into the "
+          "weights (W_enc * f, W_dec / f, b_dec / f, as SAELens' "
+          "fold_activation_norm_scaling_factor does) and set normalize_activations to \"none\"");
+    } else if (!(norm == "none" || norm == "")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cfg.json: normalize_activations ", norm.dump(),
+          " is not one latentd knows: the latents would not be this SAE's. Supported: \"none\", "
+          "\"constant_norm_rescale\", \"layer_norm\""));
+    }
+    if (cfg.transcoder && cfg.input_normalization != InputNormalization::kNone) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cfg.json: normalize_activations ", norm.dump(),
+          " on a transcoder: SAELens would undo the input's normalization on the output hook's "
+          "prediction, which latentd does not do. Supported for transcoders: \"none\""));
+    }
   }
   if (j.contains("rescale_acts_by_decoder_norm") && j["rescale_acts_by_decoder_norm"] == true) {
     return absl::InvalidArgumentError(
@@ -360,6 +413,9 @@ std::string SaeConfigToJson(const SaeConfig& cfg) {
     j["hook_name_out"] = cfg.hook_name_out;
   }
   if (!cfg.matryoshka_widths.empty()) j["matryoshka_widths"] = cfg.matryoshka_widths;
+  if (cfg.input_normalization != InputNormalization::kNone) {
+    j["normalize_activations"] = InputNormalizationName(cfg.input_normalization);
+  }
   return j.dump(2);
 }
 

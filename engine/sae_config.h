@@ -2,8 +2,10 @@
 // submit-time validation stays cheap (it reads cfg.json and the safetensors header only).
 //
 // Accepted cfg.json fields: d_in, d_sae (sparsify: num_latents), architecture ("standard"/"relu",
-// "topk", "jumprelu", "gated"; absent with a k means topk, as sparsify writes), k (or
-// activation_fn_kwargs.k), apply_b_dec_to_input (default true), hook_name (older SAELens:
+// "topk", "jumprelu", "gated"; absent with a k means topk, as sparsify writes), the activation
+// where it is named apart (SAELens 3-5's activation_fn_str, mats_sae_training's activation_fn,
+// sparsify's activation: "topk" makes a "standard" SAE a TopK, "relu" changes nothing, others are
+// refused), k (or activation_fn_kwargs.k), apply_b_dec_to_input (default true), hook_name (older SAELens:
 // hook_point; sparsify: none, the directory's name is the module, e.g. layers.6),
 // model_from_pretrained_kwargs.center_writing_weights, model_name, dtype, matryoshka_widths.
 // Transcoders: SAELens' architectures "transcoder", "skip_transcoder", "jumprelu_transcoder" (and
@@ -11,8 +13,13 @@
 // "transcoder") with d_out and hook_name_out; sparsify's transcode (+ skip_connection), whose
 // directory names the MLP module (layers.6.mlp: it reads the MLP's input and predicts its output).
 // A transcoder's W_dec is [d_sae, d_out], b_dec [d_out], W_skip [d_out, d_in].
-// Refused (INVALID_ARGUMENT naming the field), because they change what the encoder computes:
-// SAELens' normalize_activations other than "none", rescale_acts_by_decoder_norm true.
+// normalize_activations: "none" (default), or a per-token rescaling of the input that SAELens
+// runs at inference (InputNormalization below), "constant_norm_rescale" or "layer_norm" (OpenAI's
+// TopK SAEs as SAELens converts them).
+// Refused (INVALID_ARGUMENT naming the field), because they change what the encoder computes in
+// ways the file alone does not say: normalize_activations "expected_average_only_in" (its factor
+// lives in SAELens' release directory, not in cfg.json), rescale_acts_by_decoder_norm true, and
+// any normalization on a transcoder.
 // Weights: sae_weights.safetensors, else the only *.safetensors file in the directory, holding
 // W_enc [d_in, d_sae] (or sparsify's encoder.weight [d_sae, d_in]), b_enc (encoder.bias) [d_sae],
 // W_dec [d_sae, d_in], b_dec [d_in], threshold [d_sae] for JumpReLU, and for Gated (SAELens'
@@ -66,6 +73,17 @@ struct LmSaesFold {
   std::optional<double> threshold;
 };
 
+// What SAELens does to an SAE's input x [rows, d_in] before encoding it (and undoes on the
+// reconstruction), a row at a time:
+//   kConstantNormRescale: x' = x * c, c = sqrt(d_in) / |x|;  x_hat = x_hat' / c
+//   kLayerNorm:           x' = (x - mu) / (sigma + 1e-5), mu the row's mean, sigma the standard
+//                         deviation of x - mu with Bessel's correction (torch.std's default);
+//                         x_hat = x_hat' * sigma + mu
+// A row of zeros stays zeros under kConstantNormRescale (SAELens gives NaN there).
+enum class InputNormalization { kNone, kConstantNormRescale, kLayerNorm };
+// "none", "constant_norm_rescale", "layer_norm": cfg.json's spelling.
+const char* InputNormalizationName(InputNormalization n);
+
 // Which layer of a circuit-tracer release (engine/circuit_tracer.h) an SAE is: the job's hook
 // picks it. A cross-layer transcoder's latents at `layer` write to every layer from it on, so
 // its prediction of layer L sums the decoders of layers 0..L (LoadCrossLayerDecoder in sae.h);
@@ -81,9 +99,12 @@ struct SaeConfig {
   int64_t d_sae = 0;
   SaeArchitecture architecture = SaeArchitecture::kTopK;
   int32_t k = 0;                     // TopK only; 1 <= k <= d_sae
-  bool apply_b_dec_to_input = true;  // pre = (x - b_dec) W_enc + b_enc when true
-  std::string hook_name;             // informational
-  std::string model_name;            // informational
+  bool apply_b_dec_to_input = true;  // pre = (x' - b_dec) W_enc + b_enc when true
+  // x' from the hook's x (SAELens' normalize_activations); the decoder gives x_hat' in x''s
+  // units, Sae::Predict x_hat in x's.
+  InputNormalization input_normalization = InputNormalization::kNone;
+  std::string hook_name;   // informational
+  std::string model_name;  // informational
   // SAELens' model_from_pretrained_kwargs.center_writing_weights: whether the model the SAE was
   // trained on had TransformerLens' centering (unset when cfg.json does not say).
   std::optional<bool> center_writing_weights;

@@ -149,6 +149,71 @@ TEST(SaeTest, ApplyBDecToInputFalseSkipsTheSubtraction) {
   EXPECT_TRUE(at::allclose(sae->PreActivations(x), x.matmul(w.W_enc) + w.b_enc));
 }
 
+// SAELens' run-time input normalizations, written out in float64 from their definitions: the
+// latents come from the normalized input, Predict gives the reconstruction in the hook's units.
+TEST(SaeTest, NormalizesItsInputPerRowAsSaeLensDoes) {
+  const int64_t d_in = 8, d_sae = 32;
+  SaeWeights w = RandomWeights(d_in, d_sae, 11);
+  at::manual_seed(12);
+  // Rows far from unit scale and off-centre, so that a missing normalization shows.
+  at::Tensor x = at::randn({5, d_in}) * 7 + 3;
+  const at::Tensor xd = x.to(at::kDouble);
+  struct Case {
+    const char* name;
+    at::Tensor normalized, undo_scale, undo_shift;  // x' and x_hat = x_hat' * scale + shift
+  };
+  const at::Tensor norm = xd.norm(2, {1}, true);
+  const at::Tensor mean = xd.mean({1}, true);
+  const at::Tensor centred = xd - mean;
+  // torch.std's default: Bessel's correction.
+  const at::Tensor sigma = (centred.pow(2).sum({1}, true) / (d_in - 1)).sqrt();
+  const std::vector<Case> cases = {{"constant_norm_rescale", xd * std::sqrt(double(d_in)) / norm,
+                                    norm / std::sqrt(double(d_in)), at::zeros_like(norm)},
+                                   {"layer_norm", centred / (sigma + 1e-5), sigma, mean}};
+  const std::string dir = TempDir("sae_normalized");
+  for (const Case& c : cases) {
+    SaeConfig cfg = Cfg(SaeArchitecture::kTopK, d_in, d_sae, 4);
+    ASSERT_TRUE(SaveSae(dir, w, cfg).ok());
+    std::ofstream(dir + "/cfg.json") << R"({"d_in": 8, "d_sae": 32, "architecture": "topk", )"
+                                     << R"("k": 4, "normalize_activations": ")" << c.name << "\"}";
+    auto sae = Sae::Load(dir);
+    ASSERT_TRUE(sae.ok()) << sae.status();
+    EXPECT_EQ(InputNormalizationName(sae->config().input_normalization), std::string(c.name));
+    const at::Tensor pre = at::addmm(
+        w.b_enc.to(at::kDouble), c.normalized - w.b_dec.to(at::kDouble), w.W_enc.to(at::kDouble));
+    EXPECT_TRUE(at::allclose(sae->PreActivations(x).to(at::kDouble), pre, 1e-4, 1e-4)) << c.name;
+    const SparseCodes codes = sae->EncodeSparse(x);
+    const at::Tensor z =
+        at::zeros_like(pre).scatter_(1, codes.indices.to(at::kLong), codes.values.to(at::kDouble));
+    auto [top, top_index] = pre.topk(4, 1);
+    EXPECT_TRUE(
+        at::equal(std::get<0>(codes.indices.to(at::kLong).sort(1)), std::get<0>(top_index.sort(1))))
+        << c.name;
+    const at::Tensor x_hat =
+        at::addmm(w.b_dec.to(at::kDouble), z, w.W_dec.to(at::kDouble)) * c.undo_scale +
+        c.undo_shift;
+    EXPECT_TRUE(at::allclose(sae->Predict(x, codes).to(at::kDouble), x_hat, 1e-4, 1e-3)) << c.name;
+    // The same weights without the normalization are another SAE to a resuming job.
+    std::ofstream(dir + "/cfg.json")
+        << R"({"d_in": 8, "d_sae": 32, "architecture": "topk", "k": 4})";
+    auto plain = Sae::Load(dir);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    EXPECT_NE(plain->weight_hash(), sae->weight_hash()) << c.name;
+    // SaveSae keeps the normalization.
+    ASSERT_TRUE(SaveSae(dir, w, sae->config()).ok());
+    auto saved = Sae::Load(dir);
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    EXPECT_EQ(saved->config().input_normalization, sae->config().input_normalization);
+  }
+  // A row of zeros stays finite under constant_norm_rescale (SAELens divides by its zero norm).
+  SaeConfig cfg = Cfg(SaeArchitecture::kRelu, d_in, d_sae);
+  cfg.input_normalization = InputNormalization::kConstantNormRescale;
+  auto sae = Sae::Create(cfg, w);
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  const at::Tensor zero = at::zeros({1, d_in});
+  EXPECT_TRUE(at::isfinite(sae->Predict(zero, sae->EncodeSparse(zero))).all().item<bool>());
+}
+
 TEST(SaeTest, SaveThenLoadRoundTrips) {
   std::string dir = TempDir("sae_rt");
   SaeConfig cfg = Cfg(SaeArchitecture::kJumpRelu, 8, 16);
@@ -203,6 +268,42 @@ TEST(SaeTest, LoadsTheSparsifyLayout) {
   EXPECT_EQ(sae->config().architecture, SaeArchitecture::kTopK);
   EXPECT_EQ(sae->config().k, 3);
   EXPECT_TRUE(at::equal(sae->weights().W_enc, w.W_enc));
+  // sparsify's groupmax activation is not a TopK: refused rather than encoded as one.
+  std::ofstream(dir + "/cfg.json")
+      << R"({"d_in": 4, "num_latents": 12, "k": 3, "activation": "groupmax"})";
+  const absl::Status groupmax = Sae::Load(dir).status();
+  EXPECT_EQ(groupmax.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(groupmax.message().find("groupmax"), std::string::npos) << groupmax;
+}
+
+// SAELens 3-5 wrote a TopK SAE as "architecture": "standard" with the activation beside it
+// (OpenAI's GPT-2 SAEs and SAEBench's TopK releases are served so): a TopK of that k, not a ReLU.
+TEST(SaeTest, ReadsTheOlderSaeLensSchemasActivation) {
+  const std::string dir = TempDir("sae_activation_fn_str");
+  ASSERT_TRUE(SaveSae(dir, RandomWeights(4, 12, 8), Cfg(SaeArchitecture::kRelu, 4, 12)).ok());
+  std::ofstream(dir + "/cfg.json")
+      << R"({"d_in": 4, "d_sae": 12, "architecture": "standard", "activation_fn_str": "topk",
+             "activation_fn_kwargs": {"k": 5}, "normalize_activations": "layer_norm"})";
+  auto sae = Sae::Load(dir);
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  EXPECT_EQ(sae->config().architecture, SaeArchitecture::kTopK);
+  EXPECT_EQ(sae->config().k, 5);
+  EXPECT_EQ(sae->config().input_normalization, InputNormalization::kLayerNorm);
+  // "relu" (and the architecture's own name) leave the architecture as it is.
+  std::ofstream(dir + "/cfg.json")
+      << R"({"d_in": 4, "d_sae": 12, "architecture": "standard", "activation_fn_str": "relu"})";
+  sae = Sae::Load(dir);
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  EXPECT_EQ(sae->config().architecture, SaeArchitecture::kRelu);
+  // Anthropic's tanh-relu, and a signed TopK: refused naming the field.
+  for (const char* cfg : {R"({"d_in": 4, "d_sae": 12, "activation_fn_str": "tanh-relu"})",
+                          R"({"d_in": 4, "d_sae": 12, "activation_fn_str": "topk",
+                              "activation_fn_kwargs": {"k": 5, "signed": true}})"}) {
+    std::ofstream(dir + "/cfg.json") << cfg;
+    const absl::Status s = Sae::Load(dir).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << cfg;
+    EXPECT_NE(s.message().find("activation_fn"), std::string::npos) << s;
+  }
 }
 
 // What an SAE says it was trained on, wherever its release put it: the start-of-job warnings
@@ -303,6 +404,12 @@ TEST(SaeTest, TranscodersPredictTheirOutputHookAsSaeLensDoes) {
   EXPECT_EQ(topk->config().architecture, SaeArchitecture::kTopK);
   EXPECT_FALSE(topk->config().skip);
   EXPECT_FALSE(topk->weights().W_skip.defined());
+  // SAELens would undo the input's normalization on the output hook's prediction: refused.
+  std::ofstream(dir + "/cfg.json") << R"({"architecture": "topk_transcoder", "d_in": 6,
+      "d_out": 4, "d_sae": 10, "k": 3, "normalize_activations": "layer_norm"})";
+  s = Sae::Load(dir).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("normalize_activations"), std::string::npos) << s;
 }
 
 // Writes the named float32 tensors (contiguous, on the CPU) to `path`; F16 for names in `half`.
@@ -813,9 +920,9 @@ TEST(SaeTest, RejectsShapeMismatchMissingTensorsBadConfigAndNonFiniteWeights) {
   EXPECT_EQ(Sae::Load(dir).status().code(), absl::StatusCode::kInvalidArgument);
   // SAELens options the encoder would have to apply: refused, naming the field (the latents
   // would otherwise silently not be the SAE's); their neutral values load.
-  for (const char* option : {R"("normalize_activations": "constant_norm_rescale")",
-                             R"("normalize_activations": "expected_average_only_in")",
-                             R"("rescale_acts_by_decoder_norm": true)"}) {
+  for (const char* option :
+       {R"("normalize_activations": "expected_average_only_in")",
+        R"("normalize_activations": "batch_norm")", R"("rescale_acts_by_decoder_norm": true)"}) {
     std::ofstream(dir + "/cfg.json")
         << R"({"d_in": 8, "d_sae": 16, "architecture": "standard", )" << option << "}";
     const absl::Status s = Sae::Load(dir).status();
@@ -824,7 +931,7 @@ TEST(SaeTest, RejectsShapeMismatchMissingTensorsBadConfigAndNonFiniteWeights) {
   }
   for (const char* option :
        {R"("normalize_activations": "none")", R"("normalize_activations": null)",
-        R"("rescale_acts_by_decoder_norm": false)"}) {
+        R"("normalize_activations": "layer_norm")", R"("rescale_acts_by_decoder_norm": false)"}) {
     std::ofstream(dir + "/cfg.json")
         << R"({"d_in": 8, "d_sae": 16, "architecture": "standard", )" << option << "}";
     EXPECT_TRUE(Sae::Load(dir).ok()) << option;

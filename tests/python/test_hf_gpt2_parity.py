@@ -237,6 +237,69 @@ class HfGpt2ParityTest(unittest.TestCase):
                 self.assertNotAlmostEqual(with_sae, clean, delta=1e-3)
         self.assertIn("downstream loss over 135 predictions", p.stderr)
 
+    def test_saelens_input_normalizations(self):
+        # SAELens' normalize_activations, as its SAE class runs them at inference: the input
+        # normalized per token before b_dec is subtracted, the normalization undone on the
+        # reconstruction. "layer_norm" is how SAELens serves OpenAI's GPT-2 TopK SAEs.
+        d, hooks = self.checkpoint("plain")
+        hook = "blocks.1.hook_resid_post"
+        x = hooks[hook].reshape(-1, D)
+
+        def layer_norm(x):
+            mu = x.mean(-1, keepdim=True)
+            std = (x - mu).std(-1, keepdim=True)
+            return (x - mu) / (std + 1e-5), lambda out: out * std + mu
+
+        def constant_norm_rescale(x):
+            coeff = D ** 0.5 / x.norm(dim=-1, keepdim=True)
+            return x * coeff, lambda out: out / coeff
+
+        model = Gpt2(self.weights, {"layer_norm_epsilon": 1e-5})
+        ids = torch.from_numpy(self.ids).view(-1, CTX)
+        for seed, (name, normalize) in enumerate((("layer_norm", layer_norm),
+                                                  ("constant_norm_rescale", constant_norm_rescale))):
+            sae = os.path.join(self.root, "sae_" + name)
+            w = write_topk_sae(sae, D, 128, 8, 20 + seed, bias=0.05)
+            # The layer_norm one in SAELens 3-5's schema, as its OpenAI GPT-2 SAEs' cfg.json has
+            # it: a "standard" architecture whose activation_fn_str is topk.
+            cfg = ({"architecture": "standard", "activation_fn_str": "topk",
+                    "activation_fn_kwargs": {"k": 8}} if name == "layer_norm"
+                   else {"architecture": "topk", "k": 8})
+            with open(os.path.join(sae, "cfg.json"), "w") as f:
+                json.dump(dict(cfg, d_in=D, d_sae=128, apply_b_dec_to_input=True,
+                               normalize_activations=name, hook_name=hook), f)
+
+            def encode(x):
+                xn, undo = normalize(x)
+                pre = (xn - w["b_dec"]) @ w["W_enc"] + w["b_enc"]
+                top = pre.topk(8, dim=-1)
+                return torch.zeros_like(pre).scatter(-1, top.indices, top.values.relu()), undo
+
+            def reconstruct(x):
+                z, undo = encode(x)
+                return undo(z @ w["W_dec"] + w["b_dec"])
+
+            spec = {"model": {"huggingface": {"path": d}}, "hookName": hook, "sae": {"path": sae},
+                    "valueDtype": "FLOAT32", "batchSequences": 4, "downstreamLossSequences": 9,
+                    "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX}}
+            p, out = run_extract_tool(TOOL, self.root, spec)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            result = json.loads(p.stdout)
+            with torch.no_grad():
+                assert_stored_latents(self, out, encode(x)[0].numpy())
+                x_hat = reconstruct(x)
+                ev = 1 - ((x - x_hat) ** 2).sum().item() / ((x - x.mean(0)) ** 2).sum().item()
+                with_sae = model.loss(ids, {hook: lambda t: reconstruct(t.reshape(-1, D)).view(t.shape)})
+                # The reconstruction left in the normalized units: what the fit must not be.
+                z = encode(x)[0]
+                x_hat_normalized = z @ w["W_dec"] + w["b_dec"]
+                ev_normalized = 1 - ((x - x_hat_normalized) ** 2).sum().item() / (
+                    (x - x.mean(0)) ** 2).sum().item()
+            self.assertAlmostEqual(result["fit"]["explainedVariance"], ev, delta=1e-4, msg=name)
+            self.assertGreater(abs(ev - ev_normalized), 10 * 1e-4, name)
+            loss = result["downstreamLoss"]
+            self.assertAlmostEqual(loss["withSae"], with_sae, delta=1e-4 * with_sae, msg=name)
+
     def transcoder_weights(self, seed, skip):
         g = torch.Generator().manual_seed(seed)
         w = {"W_enc": torch.randn(D, 96, generator=g) * 0.3, "b_enc": torch.randn(96, generator=g) * 0.1,
