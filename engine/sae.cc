@@ -279,6 +279,12 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir, const std::optional<HookNa
   RETURN_IF_ERROR(load({"r_mag"}, &w.r_mag));
   RETURN_IF_ERROR(load({"b_mag"}, &w.b_mag));
   if (cfg.skip) RETURN_IF_ERROR(load({"W_skip", "affine_skip_connection"}, &w.W_skip));
+  if (cfg.finetuning_scaling_factor) {
+    // SAELens decodes z * s: z's latents stay as stored, each decoder row takes its s.
+    at::Tensor scale;
+    RETURN_IF_ERROR(load({"finetuning_scaling_factor"}, &scale));
+    w.W_dec = w.W_dec * scale.unsqueeze(1);
+  }
   if (file.header().Find("w_enc") != nullptr && w.threshold.defined()) {
     // Gemma Scope 2 encodes relu(pre) * (pre > t), which is pre * (pre > max(t, 0)).
     w.threshold = w.threshold.clamp_min(0);
@@ -295,13 +301,16 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir, const std::optional<HookNa
     crc = storage::Crc32cExtend(crc, hyperparams.data(), hyperparams.size());
     hashed += static_cast<int64_t>(hyperparams.size());
   }
+  // cfg.json options that change the latents or the reconstruction, so that a resumed job must
+  // see the same ones (none: the hash of the file alone, as before they were read).
+  std::string options;
   if (cfg.input_normalization != InputNormalization::kNone) {
-    // cfg.json's normalization changes every latent, so a resumed job must see the same one.
-    const std::string normalization =
-        absl::StrCat("normalize_activations=", InputNormalizationName(cfg.input_normalization));
-    crc = storage::Crc32cExtend(crc, normalization.data(), normalization.size());
-    hashed += static_cast<int64_t>(normalization.size());
+    absl::StrAppend(&options,
+                    "normalize_activations=", InputNormalizationName(cfg.input_normalization), ";");
   }
+  if (cfg.finetuning_scaling_factor) absl::StrAppend(&options, "finetuning_scaling_factor;");
+  crc = storage::Crc32cExtend(crc, options.data(), options.size());
+  hashed += static_cast<int64_t>(options.size());
   auto sae = Create(cfg, std::move(w));
   if (!sae.ok())
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", sae.status().message()));

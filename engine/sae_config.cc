@@ -225,6 +225,9 @@ absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
           "prediction, which latentd does not do. Supported for transcoders: \"none\""));
     }
   }
+  if (j.contains("finetuning_scaling_factor") && j["finetuning_scaling_factor"] == true) {
+    cfg.finetuning_scaling_factor = true;
+  }
   if (j.contains("rescale_acts_by_decoder_norm") && j["rescale_acts_by_decoder_norm"] == true) {
     return absl::InvalidArgumentError(
         "cfg.json: rescale_acts_by_decoder_norm true scales each latent by its decoder norm "
@@ -801,6 +804,8 @@ absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir,
   RETURN_IF_ERROR(check({"W_skip"}, {cfg->OutWidth(), cfg->d_in}, false, cfg->skip));
   RETURN_IF_ERROR(
       check({"threshold"}, {cfg->d_sae}, false, cfg->architecture == SaeArchitecture::kJumpRelu));
+  RETURN_IF_ERROR(
+      check({"finetuning_scaling_factor"}, {cfg->d_sae}, false, cfg->finetuning_scaling_factor));
   return *cfg;
 }
 

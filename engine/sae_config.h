@@ -5,14 +5,15 @@
 // "topk", "jumprelu", "gated"; absent with a k means topk, as sparsify writes), the activation
 // where it is named apart (SAELens 3-5's activation_fn_str, mats_sae_training's activation_fn,
 // sparsify's activation: "topk" makes a "standard" SAE a TopK, "relu" changes nothing, others are
-// refused), k (or activation_fn_kwargs.k), apply_b_dec_to_input (default true), hook_name (older SAELens:
-// hook_point; sparsify: none, the directory's name is the module, e.g. layers.6),
+// refused), k (or activation_fn_kwargs.k), apply_b_dec_to_input (default true), hook_name (older
+// SAELens: hook_point; sparsify: none, the directory's name is the module, e.g. layers.6),
 // model_from_pretrained_kwargs.center_writing_weights, model_name, dtype, matryoshka_widths.
 // Transcoders: SAELens' architectures "transcoder", "skip_transcoder", "jumprelu_transcoder" (and
 // "topk_transcoder", "jumprelu_skip_transcoder", ...: an encoder, optionally "skip", then
 // "transcoder") with d_out and hook_name_out; sparsify's transcode (+ skip_connection), whose
 // directory names the MLP module (layers.6.mlp: it reads the MLP's input and predicts its output).
 // A transcoder's W_dec is [d_sae, d_out], b_dec [d_out], W_skip [d_out, d_in].
+// finetuning_scaling_factor (the weights then hold a tensor of that name [d_sae]);
 // normalize_activations: "none" (default), or a per-token rescaling of the input that SAELens
 // runs at inference (InputNormalization below), "constant_norm_rescale" or "layer_norm" (OpenAI's
 // TopK SAEs as SAELens converts them).
@@ -103,6 +104,10 @@ struct SaeConfig {
   // x' from the hook's x (SAELens' normalize_activations); the decoder gives x_hat' in x''s
   // units, Sae::Predict x_hat in x's.
   InputNormalization input_normalization = InputNormalization::kNone;
+  // SAELens' finetuning_scaling_factor: the weights carry finetuning_scaling_factor [d_sae], by
+  // which SAELens multiplies the latents before decoding them (the stored latents are the
+  // unscaled ones). Sae::Load folds it into W_dec's rows.
+  bool finetuning_scaling_factor = false;
   std::string hook_name;   // informational
   std::string model_name;  // informational
   // SAELens' model_from_pretrained_kwargs.center_writing_weights: whether the model the SAE was

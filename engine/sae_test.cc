@@ -276,6 +276,45 @@ TEST(SaeTest, LoadsTheSparsifyLayout) {
   EXPECT_NE(groupmax.message().find("groupmax"), std::string::npos) << groupmax;
 }
 
+// SAELens' finetuning_scaling_factor multiplies the latents before they are decoded: the stored
+// latents are the unscaled ones, the reconstruction uses the scaled ones.
+TEST(SaeTest, FinetuningScalingFactorScalesWhatIsDecoded) {
+  const std::string dir = TempDir("sae_finetuning_scale");
+  SaeWeights w = RandomWeights(4, 12, 9);
+  const at::Tensor scale = at::rand({12}) + 0.5;
+  ASSERT_TRUE(
+      WriteSafetensors(dir + "/sae_weights.safetensors",
+                       {{"W_enc", StDtype::kF32, {4, 12}, w.W_enc.data_ptr()},
+                        {"b_enc", StDtype::kF32, {12}, w.b_enc.data_ptr()},
+                        {"W_dec", StDtype::kF32, {12, 4}, w.W_dec.data_ptr()},
+                        {"b_dec", StDtype::kF32, {4}, w.b_dec.data_ptr()},
+                        {"finetuning_scaling_factor", StDtype::kF32, {12}, scale.data_ptr()}})
+          .ok());
+  std::ofstream(dir + "/cfg.json") << R"({"d_in": 4, "d_sae": 12, "architecture": "standard",
+                                          "finetuning_scaling_factor": true})";
+  auto sae = Sae::Load(dir);
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  const at::Tensor x = at::randn({6, 4});
+  const at::Tensor z = at::relu(at::addmm(w.b_enc, x - w.b_dec, w.W_enc));
+  const SparseCodes codes = sae->EncodeSparse(x);
+  EXPECT_TRUE(at::allclose(sae->EncodeDense(x), z, 1e-5, 1e-5));
+  EXPECT_TRUE(
+      at::allclose(sae->Predict(x, codes), at::addmm(w.b_dec, z * scale, w.W_dec), 1e-5, 1e-5));
+  // Without the flag the tensor is ignored, as SAELens ignores it: another SAE to a resuming job.
+  std::ofstream(dir + "/cfg.json") << R"({"d_in": 4, "d_sae": 12, "architecture": "standard"})";
+  auto plain = Sae::Load(dir);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(at::allclose(plain->Predict(x, codes), at::addmm(w.b_dec, z, w.W_dec), 1e-5, 1e-5));
+  EXPECT_NE(plain->weight_hash(), sae->weight_hash());
+  // The flag without the tensor: refused naming it.
+  ASSERT_TRUE(SaveSae(dir, w, Cfg(SaeArchitecture::kRelu, 4, 12)).ok());
+  std::ofstream(dir + "/cfg.json") << R"({"d_in": 4, "d_sae": 12, "architecture": "standard",
+                                          "finetuning_scaling_factor": true})";
+  const absl::Status missing = Sae::Load(dir).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.message().find("finetuning_scaling_factor"), std::string::npos) << missing;
+}
+
 // SAELens 3-5 wrote a TopK SAE as "architecture": "standard" with the activation beside it
 // (OpenAI's GPT-2 SAEs and SAEBench's TopK releases are served so): a TopK of that k, not a ReLU.
 TEST(SaeTest, ReadsTheOlderSaeLensSchemasActivation) {
