@@ -45,8 +45,10 @@ struct PreparedSae {
 
 // The map from the hooked activation space to the logits.
 struct PreparedUnembedding {
-  at::Tensor W_U;    // [vocab, d_resid] float32, contiguous
-  at::Tensor W_out;  // [d_mlp, d_resid] for mlp.hook_post hooks; undefined otherwise
+  at::Tensor W_U;  // [vocab, d_resid] float32, contiguous
+  // What the hook's width takes to the residual stream: [d_mlp, d_resid] (the MLP's W_out) for
+  // mlp.hook_post, [heads * d_head, d_resid] (W_O) for attn.hook_z; undefined otherwise.
+  at::Tensor W_out;
   std::string source;
   int64_t bytes() const { return TensorBytes(W_U) + TensorBytes(W_out); }
 };
@@ -201,7 +203,8 @@ std::string HookKey(const HookName& hook) {
 }
 
 // The unembedding of a natively run model (the reference one or a Hugging Face checkpoint):
-// unembed.W_U, or embed.W_E where it is tied, after the hooked block's W_out for mlp.hook_post;
+// unembed.W_U, or embed.W_E where it is tied, after the hooked block's W_out for mlp.hook_post
+// (its W_O for attn.hook_z);
 // null with *unavailable saying why when its weights are not those the dataset was made with.
 absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> NativeUnembedding(
     const DatasetSource& dataset, std::unique_ptr<ActivationModel> model, const HookName& hook,
@@ -213,7 +216,10 @@ absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> NativeUnembedding(
     return nullptr;
   }
   auto prepared = std::make_shared<PreparedUnembedding>();
-  const std::string w_out = absl::StrCat("blocks.", hook.layer, ".mlp.W_out");
+  const std::string w_out =
+      hook.point == HookPoint::kMlpPost ? absl::StrCat("blocks.", hook.layer, ".mlp.W_out")
+      : hook.point == HookPoint::kAttnZ ? absl::StrCat("blocks.", hook.layer, ".attn.W_O")
+                                        : "";
   std::string unembedding = "embed.W_E (tied)";
   for (const auto& [name, tensor] : model->NamedWeights()) {
     // float32 for the queries (a bfloat16 model's weights are widened here, only these).
@@ -224,12 +230,9 @@ absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> NativeUnembedding(
       prepared->W_U = tensor.to(at::kFloat).contiguous();
       unembedding = name;
     }
-    if (hook.point == HookPoint::kMlpPost && name == w_out) {
-      prepared->W_out = tensor.to(at::kFloat).contiguous();
-    }
+    if (!w_out.empty() && name == w_out) prepared->W_out = tensor.to(at::kFloat).contiguous();
   }
-  prepared->source =
-      hook.point == HookPoint::kMlpPost ? absl::StrCat(w_out, " then ", unembedding) : unembedding;
+  prepared->source = w_out.empty() ? unembedding : absl::StrCat(w_out, " then ", unembedding);
   return prepared;
 }
 

@@ -231,6 +231,26 @@ TEST_F(DatasetModelsTest, MlpPostDirectionsGoThroughTheBlocksOutputProjection) {
   ExpectLogits(*got, W_E.mv(W_out.t().mv(w.W_dec[3].to(at::kDouble))), 4);
 }
 
+// attn.hook_z is the attention's heads before W_O: a direction there reaches the logits through
+// the block's W_O (TransformerLens' hook_z SAEs, Kissane et al.).
+TEST_F(DatasetModelsTest, AttentionZDirectionsGoThroughTheBlocksW_O) {
+  const std::string dir = root_ + "/sae_z";
+  const SaeWeights w = MakeWeights(16, 5);  // n_heads * d_head = d_model wide
+  const std::string hash = WriteSae(dir, w);
+  AddReferenceJob(8, "blocks.1.attn.hook_z", dir);
+  DatasetModels reader(env_);
+  LatentWeightsQuery q;
+  q.latent = 3;
+  q.top_n = 4;
+  auto got =
+      reader.ReadLatentWeights({2, 8, hash, ReferenceHash("blocks.1.attn.hook_z"), kDSae}, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->logits_source, "blocks.1.attn.W_O then embed.W_E (tied)");
+  const at::Tensor W_E = ReferenceWeight("embed.W_E").to(at::kDouble);
+  const at::Tensor W_O = ReferenceWeight("blocks.1.attn.W_O").to(at::kDouble);
+  ExpectLogits(*got, W_E.mv(W_O.t().mv(w.W_dec[3].to(at::kDouble))), 4);
+}
+
 // A transcoder's decoder writes another hook than its encoder reads: here the MLP's normed input
 // (16 wide) predicting mlp.hook_post (32 wide), so its directions reach the logits through W_out
 // as an mlp.hook_post SAE's do, and no encoder-decoder angle is reported.

@@ -74,8 +74,9 @@ std::vector<at::Tensor> Gpt2Model::Run(const at::Tensor& tokens, const std::vect
     at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
     att.masked_fill_(causal, -std::numeric_limits<float>::infinity());
     att = at::softmax(att, -1);
-    at::Tensor z = at::matmul(att, v).transpose(1, 2).reshape({B * S, d});
-    at::Tensor attn_out = at::addmm(b.b_O, z, b.W_O).view({B, S, d});
+    at::Tensor z = at::matmul(att, v).transpose(1, 2).reshape({B, S, d});
+    if (collector.Capture(l, HookPoint::kAttnZ, z)) break;
+    at::Tensor attn_out = at::addmm(b.b_O, z.reshape({B * S, d}), b.W_O).view({B, S, d});
     if (collector.Capture(l, HookPoint::kAttnOut, attn_out)) break;
     x = x + attn_out;
     if (collector.Capture(l, HookPoint::kResidMid, x)) break;

@@ -46,11 +46,10 @@ absl::StatusOr<HookName> ParseHookName(const std::string& name) {
   auto bad = [&]() {
     return absl::InvalidArgumentError(absl::StrCat(
         "extract.hook_name: \"", name,
-        "\" is not blocks.{L}.hook_resid_pre|hook_resid_mid|hook_resid_post|hook_attn_out|"
-        "hook_mlp_out|mlp.hook_post|ln2.hook_normalized|mlp.hook_in, hidden_states.{N}, or a "
-        "block's "
-        "module path "
-        "(layers.{L}, h.{L}, model.layers.{L}, ... optionally .mlp or .attn/.self_attn)"));
+        "\" is not blocks.{L}.hook_resid_pre|hook_resid_mid|hook_resid_post|attn.hook_z|"
+        "hook_attn_out|hook_mlp_out|mlp.hook_post|ln2.hook_normalized|mlp.hook_in|mlp.hook_out, "
+        "hidden_states.{N}, or a block's module path (layers.{L}, h.{L}, model.layers.{L}, ... "
+        "optionally .mlp or .attn/.self_attn)"));
   };
   HookName hook;
   if (ParseModulePath(name, &hook)) return hook;
@@ -71,6 +70,8 @@ absl::StatusOr<HookName> ParseHookName(const std::string& name) {
     hook.point = HookPoint::kResidMid;
   } else if (rest == "hook_resid_post") {
     hook.point = HookPoint::kResidPost;
+  } else if (rest == "attn.hook_z") {
+    hook.point = HookPoint::kAttnZ;
   } else if (rest == "hook_attn_out") {
     hook.point = HookPoint::kAttnOut;
   } else if (rest == "hook_mlp_out") {
@@ -118,20 +119,22 @@ std::pair<int, int> ForwardPosition(const HookName& hook) {
     case HookPoint::kResidPre:
     case HookPoint::kHiddenStates:
       return {hook.layer, 0};
-    case HookPoint::kAttnOut:
+    case HookPoint::kAttnZ:
       return {hook.layer, 1};
-    case HookPoint::kResidMid:
+    case HookPoint::kAttnOut:
       return {hook.layer, 2};
-    case HookPoint::kMlpIn:
+    case HookPoint::kResidMid:
       return {hook.layer, 3};
-    case HookPoint::kMlpInput:
+    case HookPoint::kMlpIn:
       return {hook.layer, 4};
-    case HookPoint::kMlpPost:
+    case HookPoint::kMlpInput:
       return {hook.layer, 5};
-    case HookPoint::kMlpOutput:
+    case HookPoint::kMlpPost:
       return {hook.layer, 6};
-    case HookPoint::kMlpOut:
+    case HookPoint::kMlpOutput:
       return {hook.layer, 7};
+    case HookPoint::kMlpOut:
+      return {hook.layer, 8};
     case HookPoint::kResidPost:
       return {hook.layer + 1, 0};  // the next block's input
   }

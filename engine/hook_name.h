@@ -14,6 +14,10 @@ enum class HookPoint {
   kResidPre,
   kResidMid,
   kResidPost,
+  // The attention's per-head outputs before its output projection, heads side by side
+  // ([.., n_heads * d_head], TransformerLens' attn.hook_z flattened as SAELens' hook_z SAEs
+  // read it): attn_out = z W_O + b_O.
+  kAttnZ,
   kAttnOut,
   // The MLP's input normalized, without the norm's gain and bias: TransformerLens'
   // ln2.hook_normalized (its RMSNorm hooks before the gain; its default fold_ln leaves a
@@ -37,8 +41,9 @@ struct HookName {
 };
 
 // INVALID_ARGUMENT "extract.hook_name: ..." when the name is not one of:
-//   blocks.{L}.hook_resid_pre | hook_resid_mid | hook_resid_post | hook_attn_out | hook_mlp_out |
-//   mlp.hook_post | ln2.hook_normalized | mlp.hook_in | mlp.hook_out, or hidden_states.{N}, or
+//   blocks.{L}.hook_resid_pre | hook_resid_mid | hook_resid_post | attn.hook_z | hook_attn_out |
+//   hook_mlp_out | mlp.hook_post | ln2.hook_normalized | mlp.hook_in | mlp.hook_out, or
+//   hidden_states.{N}, or
 //   a module path {P}.{L}[.mlp | .attn | .self_attn | .attention] with P one of h, layers,
 //   transformer.h, model.layers, gpt_neox.layers: the output of block L (resid_post), of its
 //   MLP (hook_mlp_out) or of its attention (hook_attn_out).

@@ -13,6 +13,8 @@ TEST(HookNameTest, ParsesTransformerLensAndHiddenStateNames) {
   EXPECT_EQ(*HiddenStateIndex(*h), 3);
   EXPECT_EQ(ParseHookName("blocks.11.mlp.hook_post")->point, HookPoint::kMlpPost);
   EXPECT_EQ(ParseHookName("blocks.0.hook_attn_out")->point, HookPoint::kAttnOut);
+  EXPECT_EQ(ParseHookName("blocks.5.attn.hook_z")->point, HookPoint::kAttnZ);
+  EXPECT_FALSE(HiddenStateIndex(*ParseHookName("blocks.5.attn.hook_z")).ok());
   EXPECT_EQ(*HiddenStateIndex(*ParseHookName("blocks.4.hook_resid_pre")), 4);
   EXPECT_EQ(*HiddenStateIndex(*ParseHookName("hidden_states.7")), 7);
   EXPECT_FALSE(HiddenStateIndex(*ParseHookName("blocks.1.hook_mlp_out")).ok());
@@ -77,6 +79,9 @@ TEST(HookNameTest, OrdersHooksAsTheForwardComputesThem) {
   EXPECT_TRUE(before("blocks.6.hook_resid_mid", "blocks.6.ln2.hook_normalized"));
   EXPECT_TRUE(before("blocks.6.hook_mlp_out", "blocks.6.hook_resid_post"));
   EXPECT_TRUE(before("blocks.6.hook_resid_post", "blocks.7.hook_attn_out"));
+  EXPECT_TRUE(before("blocks.7.hook_resid_pre", "blocks.7.attn.hook_z"));
+  EXPECT_TRUE(before("blocks.7.attn.hook_z", "blocks.7.hook_attn_out"));
+  EXPECT_FALSE(before("blocks.7.hook_attn_out", "blocks.7.attn.hook_z"));
   EXPECT_FALSE(before("blocks.6.hook_mlp_out", "blocks.6.ln2.hook_normalized"));
   EXPECT_FALSE(before("blocks.6.hook_mlp_out", "blocks.6.hook_mlp_out"));
   EXPECT_FALSE(before("blocks.6.hook_resid_post", "blocks.7.hook_resid_pre"));  // the same

@@ -78,6 +78,7 @@ TransformerShape LlamaShape(const LlamaConfig& c) {
   s.parameter_bytes = (c.bfloat16 ? 2 : 4) *
                       (c.vocab_size * d * (c.tied_embeddings ? 1 : 2) + c.n_layers * per_block);
   s.has_resid_mid = !c.parallel_residual;
+  s.d_head = c.head_dim;
   return s;
 }
 
@@ -257,6 +258,7 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
     att.masked_fill_(sliding ? windowed : causal, -std::numeric_limits<float>::infinity());
     att = at::softmax(att, -1, at::kFloat).to(dtype);
     at::Tensor z = at::matmul(att, v).transpose(1, 2).reshape({B, S, H * dh});
+    if (collector.Capture(l, HookPoint::kAttnZ, z)) break;
     at::Tensor attn_out = Linear(z, b.W_o, b.b_o);
     if (c.post_norms) attn_out = RmsNorm(attn_out, b.post_attn_norm, c.norm_eps);
     if (collector.Capture(l, HookPoint::kAttnOut, attn_out)) break;
@@ -320,6 +322,7 @@ std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedWeights() const
   std::vector<std::pair<std::string, at::Tensor>> out = {{"embed.W_E", w_.W_E},
                                                          {"unembed.W_U", w_.W_U}};
   for (size_t l = 0; l < w_.blocks.size(); ++l) {
+    out.push_back({absl::StrCat("blocks.", l, ".attn.W_O"), w_.blocks[l].W_o.t()});
     out.push_back({absl::StrCat("blocks.", l, ".mlp.W_out"), w_.blocks[l].W_down.t()});
   }
   return out;

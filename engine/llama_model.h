@@ -145,8 +145,9 @@ class LlamaModel : public ActivationModel {
   const std::string& weight_hash() const override { return w_.weight_hash; }
   const LlamaConfig& config() const { return w_.config; }
 
-  // "embed.W_E", "unembed.W_U" (lm_head, or W_E when tied) and "blocks.L.mlp.W_out" [d_mlp, d]
-  // (down_proj transposed: what a direction in mlp.hook_post writes to the residual stream).
+  // "embed.W_E", "unembed.W_U" (lm_head, or W_E when tied), "blocks.L.attn.W_O" [heads *
+  // head_dim, d] and "blocks.L.mlp.W_out" [d_mlp, d] (o_proj and down_proj transposed: what a
+  // direction in attn.hook_z or mlp.hook_post writes to the residual stream).
   std::vector<std::pair<std::string, at::Tensor>> NamedWeights() const override;
 
   std::string next_token_loss_unsupported() const override;

@@ -178,19 +178,34 @@ absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
     // ignores apply_b_dec_to_input for them, sparsify skips it when transcoding).
     cfg.apply_b_dec_to_input = false;
   }
-  if (j.contains("hook_name") && j["hook_name"].is_string()) {
-    cfg.hook_name = j["hook_name"];
+  // What the SAE was trained on: top-level fields, or SAELens 6's "metadata" object.
+  static const json kAbsent;
+  auto about = [&](const char* key) -> const json& {
+    if (j.contains(key)) return j[key];
+    if (j.contains("metadata") && j["metadata"].is_object() && j["metadata"].contains(key)) {
+      return j["metadata"][key];
+    }
+    return kAbsent;
+  };
+  if (about("hook_name").is_string()) {
+    cfg.hook_name = about("hook_name");
   } else if (j.contains("hook_point") && j["hook_point"].is_string()) {
     cfg.hook_name = j["hook_point"];  // SAELens before 3.0 and mats_sae_training
   }
-  if (j.contains("model_name") && j["model_name"].is_string()) cfg.model_name = j["model_name"];
+  if (about("model_name").is_string()) cfg.model_name = about("model_name");
+  if (!about("hook_head_index").is_null()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cfg.json: hook_head_index ", about("hook_head_index").dump(),
+        ": an SAE of one attention head's activations, which latentd does not extract (its "
+        "blocks.L.attn.hook_z holds every head side by side)"));
+  }
   if (j.contains("matryoshka_widths") && j["matryoshka_widths"].is_array()) {
     for (const json& w : j["matryoshka_widths"]) {
       if (w.is_number_integer()) cfg.matryoshka_widths.push_back(w.get<int64_t>());
     }
   }
-  if (j.contains("model_from_pretrained_kwargs") && j["model_from_pretrained_kwargs"].is_object()) {
-    const json& kwargs = j["model_from_pretrained_kwargs"];
+  if (about("model_from_pretrained_kwargs").is_object()) {
+    const json& kwargs = about("model_from_pretrained_kwargs");
     if (kwargs.contains("center_writing_weights") &&
         kwargs["center_writing_weights"].is_boolean()) {
       cfg.center_writing_weights = kwargs["center_writing_weights"].get<bool>();

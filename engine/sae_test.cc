@@ -380,6 +380,23 @@ TEST(SaeTest, FindsTheHookAndProcessingItWasTrainedOn) {
   ASSERT_TRUE(cfg.ok());
   EXPECT_EQ(cfg->hook_name, "blocks.2.hook_resid_post");
   EXPECT_FALSE(cfg->center_writing_weights.has_value());
+  // SAELens 6 keeps them under "metadata".
+  cfg = ParseSaeConfigJson(R"({"d_in": 4, "d_sae": 12, "architecture": "topk", "k": 2,
+      "metadata": {"hook_name": "blocks.5.attn.hook_z", "model_name": "gpt2-small",
+                   "hook_head_index": null,
+                   "model_from_pretrained_kwargs": {"center_writing_weights": false}}})");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->hook_name, "blocks.5.attn.hook_z");
+  EXPECT_EQ(cfg->model_name, "gpt2-small");
+  EXPECT_EQ(cfg->center_writing_weights, std::optional<bool>(false));
+  // An SAE of one attention head: refused, naming the field.
+  for (const char* one_head :
+       {R"({"d_in": 4, "d_sae": 12, "hook_name": "blocks.5.attn.hook_z", "hook_head_index": 3})",
+        R"({"d_in": 4, "d_sae": 12, "metadata": {"hook_head_index": 3}})"}) {
+    const absl::Status s = ParseSaeConfigJson(one_head).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << one_head;
+    EXPECT_NE(s.message().find("hook_head_index 3"), std::string::npos) << s;
+  }
 }
 
 // A transcoder reads one hook (d_in 6) and predicts another (d_out 4): SAELens' skip_transcoder

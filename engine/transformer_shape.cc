@@ -25,7 +25,14 @@ absl::Status CheckTransformerHook(const TransformerShape& shape, const HookName&
 }
 
 int64_t TransformerHookWidth(const TransformerShape& shape, const HookName& hook) {
-  return hook.point == HookPoint::kMlpPost ? shape.d_mlp : shape.d_model;
+  switch (hook.point) {
+    case HookPoint::kMlpPost:
+      return shape.d_mlp;
+    case HookPoint::kAttnZ:
+      return shape.d_head > 0 ? shape.n_heads * shape.d_head : shape.d_model;
+    default:
+      return shape.d_model;
+  }
 }
 
 absl::StatusOr<std::vector<int64_t>> TransformerHookWidths(const TransformerShape& shape,

@@ -17,6 +17,7 @@ struct TransformerShape {
   int64_t d_model = 0;
   int64_t n_layers = 0;
   int64_t n_heads = 0;  // query heads
+  int64_t d_head = 0;   // a query head's width; 0: d_model / n_heads
   int64_t d_mlp = 0;    // the MLP's hidden width: mlp.hook_post
   int64_t vocab_size = 0;
   int64_t context_length = 0;   // the longest sequence the model takes
@@ -44,7 +45,8 @@ TransformerShape CommonShape(const Config& c) {
 // OK when `hook` exists in the model: a TransformerLens name (or module path) with layer <
 // n_layers; INVALID_ARGUMENT "extract.hook_name: ..." otherwise.
 absl::Status CheckTransformerHook(const TransformerShape& shape, const HookName& hook);
-// Width of the hooked activation: d_mlp for mlp.hook_post, else d_model.
+// Width of the hooked activation: d_mlp for mlp.hook_post, n_heads * d_head for attn.hook_z,
+// else d_model.
 int64_t TransformerHookWidth(const TransformerShape& shape, const HookName& hook);
 // Every hook checked (at least one) and its width, in order.
 absl::StatusOr<std::vector<int64_t>> TransformerHookWidths(const TransformerShape& shape,

@@ -67,7 +67,8 @@ class Gpt2:
             if self.cfg.get("scale_attn_by_inverse_layer_idx"):
                 scores = scores / float(l + 1)
             scores = torch.where(mask, scores, torch.tensor(torch.finfo(scores.dtype).min))
-            z = (scores.softmax(-1) @ v).permute(0, 2, 1, 3).reshape(B, S, D)
+            # TransformerLens' attn.hook_z [.., heads, d_head], flattened as hook_z SAEs read it
+            z = at("blocks.%d.attn.hook_z" % l, (scores.softmax(-1) @ v).permute(0, 2, 1, 3).reshape(B, S, D))
             attn_out = at("blocks.%d.hook_attn_out" % l, self.conv1d(p + "attn.c_proj", z))
             x = at("blocks.%d.hook_resid_mid" % l, x + attn_out)
             # TransformerLens' ln2.hook_normalized is the LayerNorm before its gain and bias (its
@@ -156,7 +157,8 @@ class HfGpt2ParityTest(unittest.TestCase):
 
     def test_hooks_match_huggingface_gpt2(self):
         d, hooks = self.checkpoint("plain")
-        for name in ["blocks.0.hook_resid_pre", "blocks.0.hook_attn_out", "blocks.1.mlp.hook_post",
+        for name in ["blocks.0.hook_resid_pre", "blocks.1.attn.hook_z", "blocks.0.hook_attn_out",
+                     "blocks.1.mlp.hook_post",
                      "blocks.1.hook_resid_mid", "blocks.1.ln2.hook_normalized",
                      "blocks.1.mlp.hook_in", "blocks.1.mlp.hook_out", "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
@@ -197,16 +199,17 @@ class HfGpt2ParityTest(unittest.TestCase):
         self.assertNotIn("center_writing_weights", p.stderr)
 
     def test_downstream_loss_is_gpt2s_own_with_the_sae_spliced_in(self):
-        # The job's downstream loss for three SAEs (one per output) against GPT2LMHeadModel's
+        # The job's downstream loss for four SAEs (one per output) against GPT2LMHeadModel's
         # mean next-token cross-entropy computed here: as it is, with the hook's activation
         # replaced by the SAE's TopK reconstruction, and zeroed. At ln2.hook_normalized the
-        # replacement reaches the MLP through ln_2's gain and bias.
+        # replacement reaches the MLP through ln_2's gain and bias; at attn.hook_z (an
+        # attention SAE, as Kissane et al.'s) it goes through c_proj.
         d, _ = self.checkpoint("plain")
         model = Gpt2(self.weights, {"layer_norm_epsilon": 1e-5})
         ids = torch.from_numpy(self.ids).view(-1, CTX)
         saes = {}
         for hook, seed in (("blocks.1.hook_resid_post", 5), ("blocks.0.hook_attn_out", 6),
-                           ("blocks.1.ln2.hook_normalized", 7)):
+                           ("blocks.1.ln2.hook_normalized", 7), ("blocks.2.attn.hook_z", 10)):
             path = os.path.join(self.root, "sae_" + hook)
             saes[hook] = (path, write_topk_sae(path, D, 128, 8, seed, bias=0.05))
 
@@ -220,7 +223,7 @@ class HfGpt2ParityTest(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         result = json.loads(p.stdout)
         got = [result["downstreamLoss"]] + [m["downstreamLoss"] for m in result["moreOutputs"]]
-        self.assertEqual(len(got), 3)
+        self.assertEqual(len(got), 4)
         with torch.no_grad():
             clean = model.loss(ids)
             for hook, loss in zip(hooks, got):

@@ -164,6 +164,7 @@ class Llama:
                 scores = q @ k.transpose(2, 3) / math.sqrt(dh)
             att = (scores + mask).softmax(-1)
             z = (att @ v).transpose(1, 2).reshape(B, S, HEADS * dh)
+            hooks["blocks.%d.attn.hook_z" % l] = z  # o_proj's input, heads side by side
             attn_out = self.linear(p + "self_attn.o_proj", z)
             if self.gemma2 or self.olmo2:
                 attn_out = self.norm(p + "post_attention_layernorm", attn_out)
@@ -390,9 +391,9 @@ class HfLlamaParityTest(unittest.TestCase):
 
     def test_llama_hooks_match(self):
         d, hooks = self.checkpoint("llama")
-        for name in ["blocks.0.hook_attn_out", "blocks.1.hook_resid_mid", "blocks.1.mlp.hook_post",
-                     "blocks.1.ln2.hook_normalized", "blocks.1.mlp.hook_in", "blocks.1.mlp.hook_out",
-                     "blocks.2.hook_resid_post"]:
+        for name in ["blocks.0.hook_attn_out", "blocks.1.attn.hook_z", "blocks.1.hook_resid_mid",
+                     "blocks.1.mlp.hook_post", "blocks.1.ln2.hook_normalized", "blocks.1.mlp.hook_in",
+                     "blocks.1.mlp.hook_out", "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
         self.check(d, hooks, "blocks.1.hook_resid_post", as_name="model.layers.1")  # sparsify's name
         self.check_downstream_loss(d)  # lm_head, model.norm
@@ -478,8 +479,8 @@ class HfLlamaParityTest(unittest.TestCase):
         # the 5-position window acts on this test's 16-position sequences
         wide = self.gemma3("gemma3_wide", sliding_window=64)[1]
         self.assertFalse(np.allclose(hooks["blocks.0.hook_attn_out"], wide["blocks.0.hook_attn_out"]))
-        for name in ["blocks.0.hook_attn_out", "blocks.1.hook_resid_mid", "blocks.1.hook_mlp_out",
-                     "blocks.2.hook_resid_post"]:
+        for name in ["blocks.0.hook_attn_out", "blocks.0.attn.hook_z", "blocks.1.hook_resid_mid",
+                     "blocks.1.hook_mlp_out", "blocks.2.hook_resid_post"]:
             self.check(d, hooks, name)
 
     def test_gemma3_multimodal_checkpoint(self):
