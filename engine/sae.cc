@@ -247,6 +247,8 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir, const std::optional<HookNa
   ASSIGN_OR_RETURN(std::string path, FindSaeWeightsFile(dir));
   if (absl::EndsWith(path, ".npz")) {
     ASSIGN_OR_RETURN(LoadedWeights loaded, ReadGemmaScopeWeights(path));
+    // Gemma Scope's own encoder is relu(pre) * (pre > t), as SAELens' (below).
+    loaded.weights.threshold = loaded.weights.threshold.clamp_min(0);
     auto sae = Create(cfg, std::move(loaded.weights));
     if (!sae.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": ", sae.status().message()));
@@ -285,10 +287,9 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir, const std::optional<HookNa
     RETURN_IF_ERROR(load({"finetuning_scaling_factor"}, &scale));
     w.W_dec = w.W_dec * scale.unsqueeze(1);
   }
-  if (file.header().Find("w_enc") != nullptr && w.threshold.defined()) {
-    // Gemma Scope 2 encodes relu(pre) * (pre > t), which is pre * (pre > max(t, 0)).
-    w.threshold = w.threshold.clamp_min(0);
-  }
+  // SAELens' JumpReLU SAEs and Gemma Scope 2 encode relu(pre) * (pre > t), which is latentd's
+  // pre * (pre > max(t, 0)); lm-saes' encoder is pre * (pre > t) as it stands.
+  if (w.threshold.defined() && !cfg.lm_saes) w.threshold = w.threshold.clamp_min(0);
   // CRC32C runs at memory speed (SSE4.2), so even a 1M-latent SAE's gigabytes cost little
   // next to reading them; it guards against a changed file, not against an adversary.
   const std::string& bytes = file.bytes();

@@ -276,6 +276,24 @@ TEST(SaeTest, LoadsTheSparsifyLayout) {
   EXPECT_NE(groupmax.message().find("groupmax"), std::string::npos) << groupmax;
 }
 
+// SAELens' JumpReLUSAE (and Gemma Scope's own encoder) compute relu(pre) * (pre > t): with a
+// negative threshold, pre-activations between it and 0 give 0, not a negative latent.
+TEST(SaeTest, SaeLensJumpReLUWithNegativeThresholdsIsReLUd) {
+  const std::string dir = TempDir("sae_negative_threshold");
+  SaeWeights w = RandomWeights(4, 12, 10);
+  w.threshold = at::rand({12}) - 0.5;  // about half negative
+  ASSERT_TRUE(SaveSae(dir, w, Cfg(SaeArchitecture::kJumpRelu, 4, 12)).ok());
+  auto sae = Sae::Load(dir);
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  const at::Tensor x = at::randn({64, 4});
+  const at::Tensor pre = at::addmm(w.b_enc, x - w.b_dec, w.W_enc);
+  ASSERT_TRUE(((pre < 0) & (pre > w.threshold)).any().item<bool>());  // the case that differs
+  const at::Tensor want = at::relu(pre) * (pre > w.threshold).to(at::kFloat);
+  EXPECT_TRUE(at::allclose(sae->EncodeDense(x), want, 1e-5, 1e-5));
+  const SparseCodes codes = sae->EncodeSparse(x);
+  EXPECT_GE(codes.values.min().item<float>(), 0);
+}
+
 // SAELens' finetuning_scaling_factor multiplies the latents before they are decoded: the stored
 // latents are the unscaled ones, the reconstruction uses the scaled ones.
 TEST(SaeTest, FinetuningScalingFactorScalesWhatIsDecoded) {
