@@ -14,9 +14,11 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/zip_archive.h"
 
 namespace latentd::engine {
 
@@ -45,17 +47,16 @@ class NpzReader {
   absl::StatusOr<std::string> ReadData(const std::string& name) const;
 
  private:
-  struct Entry {
-    uint16_t method = 0;  // 0 stored, 8 deflate
-    uint64_t compressed = 0, uncompressed = 0, local_offset = 0;
-    uint64_t data_offset = 0;       // of the entry's bytes in the file
-    uint64_t npy_header_bytes = 0;  // of the .npy preamble inside the entry
-  };
-  absl::StatusOr<std::string> EntryBytes(const Entry& e, uint64_t max_bytes) const;
+  explicit NpzReader(ZipArchive zip) : zip_(std::move(zip)) {}
 
-  std::string path_;
+  struct ArrayEntry {
+    const ZipArchive::Entry* entry;  // in zip_
+    uint64_t npy_header_bytes = 0;   // of the .npy preamble inside the entry
+  };
+
+  ZipArchive zip_;
   std::vector<NpyArrayInfo> arrays_;
-  std::vector<Entry> entries_;  // parallel to arrays_
+  std::vector<ArrayEntry> entries_;  // parallel to arrays_
 };
 
 }  // namespace latentd::engine

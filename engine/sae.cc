@@ -19,6 +19,7 @@
 #include "engine/npz.h"
 #include "engine/safetensors.h"
 #include "engine/safetensors_tensor.h"
+#include "engine/torch_pickle.h"
 #include "storage/crc32c.h"
 
 namespace latentd::engine {
@@ -194,6 +195,63 @@ absl::StatusOr<LoadedWeights> ReadCircuitTracerWeights(const std::string& dir,
   return LoadedWeights{std::move(w), absl::StrFormat("crc32c:%08x:%d", crc, hashed)};
 }
 
+// dictionary_learning's ae.pt (ReadAndCheckSae checked names, shapes and dtypes) in the SAELens
+// form: nn.Linear weights transposed, a BatchTopK's single threshold for every latent, and a
+// JumpReluAutoEncoder's decoder-norm scaling folded in (its latent j is relu(pre_j * [pre_j >
+// t_j]) * n_j, n_j = |W_dec[j]|, decoded as z_j / n_j: so W_enc, b_enc and t take n_j, W_dec
+// 1 / n_j; a zero direction's latent is 0 either way). The hash covers every tensor read and the
+// class.
+absl::StatusOr<LoadedWeights> ReadDictionaryLearningWeights(const std::string& dir,
+                                                            const SaeConfig& cfg) {
+  ASSIGN_OR_RETURN(const TorchStateDict state,
+                   TorchStateDict::Open(dir + "/" + kDictionaryLearningWeights));
+  const DictionaryLearningTensors names = DictionaryLearningTensorsOf(*cfg.dictionary_learning);
+  uint32_t crc = 0;
+  int64_t hashed = 0;
+  auto read = [&](const char* name, at::Tensor* out) -> absl::Status {
+    const TorchTensorInfo* t = state.Find(name);
+    if (t == nullptr) return absl::OkStatus();
+    ASSIGN_OR_RETURN(const std::string bytes, state.ReadStorage(*t));
+    crc = storage::Crc32cExtend(crc, bytes.data(), bytes.size());
+    hashed += static_cast<int64_t>(bytes.size());
+    const at::ScalarType type = t->dtype == StDtype::kF16    ? at::kHalf
+                                : t->dtype == StDtype::kBF16 ? at::kBFloat16
+                                : t->dtype == StDtype::kF64  ? at::kDouble
+                                                             : at::kFloat;
+    at::Tensor storage = at::empty({t->storage_numel}, at::TensorOptions().dtype(type));
+    std::memcpy(storage.data_ptr(), bytes.data(), bytes.size());
+    *out = storage.as_strided(t->shape, t->strides, t->storage_offset).to(at::kFloat).contiguous();
+    return absl::OkStatus();
+  };
+  SaeWeights w;
+  RETURN_IF_ERROR(read(names.W_enc, &w.W_enc));
+  RETURN_IF_ERROR(read(names.b_enc, &w.b_enc));
+  RETURN_IF_ERROR(read(names.W_dec, &w.W_dec));
+  RETURN_IF_ERROR(read(names.b_dec, &w.b_dec));
+  if (names.linear) {
+    w.W_enc = w.W_enc.t().contiguous();
+    w.W_dec = w.W_dec.t().contiguous();
+  }
+  if (*names.threshold != '\0') {
+    RETURN_IF_ERROR(read(names.threshold, &w.threshold));
+    // Every form compares a ReLU'd (or ReLU-gated) value with t: a threshold below 0 is 0.
+    w.threshold = w.threshold.expand({cfg.d_sae}).clamp_min(0).contiguous();
+  }
+  if (names.decoder_norm_scaled) {
+    const at::Tensor norms = w.W_dec.norm(2, {1});
+    const at::Tensor divisor = at::where(norms > 0, norms, at::ones_like(norms));
+    w.W_enc = w.W_enc * norms;
+    w.b_enc = w.b_enc * norms;
+    w.threshold = w.threshold * norms;
+    w.W_dec = w.W_dec / divisor.unsqueeze(1);
+  }
+  const std::string tag =
+      absl::StrCat("dictionary_learning:", static_cast<int>(*cfg.dictionary_learning));
+  crc = storage::Crc32cExtend(crc, tag.data(), tag.size());
+  hashed += static_cast<int64_t>(tag.size());
+  return LoadedWeights{std::move(w), absl::StrFormat("crc32c:%08x:%d", crc, hashed)};
+}
+
 }  // namespace
 
 namespace {
@@ -238,6 +296,14 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir, const std::optional<HookNa
   ASSIGN_OR_RETURN(SaeConfig cfg, ReadAndCheckSae(dir, hook));
   if (cfg.circuit_tracer) {
     ASSIGN_OR_RETURN(LoadedWeights loaded, ReadCircuitTracerWeights(dir, cfg));
+    auto sae = Create(cfg, std::move(loaded.weights));
+    if (!sae.ok())
+      return absl::InvalidArgumentError(absl::StrCat(dir, ": ", sae.status().message()));
+    sae->weight_hash_ = loaded.hash;
+    return sae;
+  }
+  if (cfg.dictionary_learning) {
+    ASSIGN_OR_RETURN(LoadedWeights loaded, ReadDictionaryLearningWeights(dir, cfg));
     auto sae = Create(cfg, std::move(loaded.weights));
     if (!sae.ok())
       return absl::InvalidArgumentError(absl::StrCat(dir, ": ", sae.status().message()));

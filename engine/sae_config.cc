@@ -3,6 +3,7 @@
 #include <dirent.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -20,6 +21,7 @@
 #include "engine/hook_name.h"
 #include "engine/npz.h"
 #include "engine/safetensors.h"
+#include "engine/torch_pickle.h"
 
 namespace latentd::engine {
 
@@ -251,6 +253,83 @@ absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
   return cfg;
 }
 
+DictionaryLearningTensors DictionaryLearningTensorsOf(DictionaryLearningClass c) {
+  switch (c) {
+    case DictionaryLearningClass::kAutoEncoder:
+      return {"encoder.weight", "encoder.bias", "decoder.weight", "bias", "", true};
+    case DictionaryLearningClass::kTopK:
+      return {"encoder.weight", "encoder.bias", "decoder.weight", "b_dec", "", true};
+    case DictionaryLearningClass::kBatchTopK:
+      return {"encoder.weight", "encoder.bias", "decoder.weight", "b_dec", "threshold", true, true};
+    case DictionaryLearningClass::kMatryoshkaBatchTopK:
+      return {"W_enc", "b_enc", "W_dec", "b_dec", "threshold", false, true};
+    case DictionaryLearningClass::kJumpRelu:
+      return {"W_enc", "b_enc", "W_dec", "b_dec", "threshold", false, false, true};
+  }
+  return {"", "", "", "", ""};
+}
+
+absl::StatusOr<SaeConfig> ParseDictionaryLearningConfig(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("trainer") || !j["trainer"].is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kDictionaryLearningConfig, ": not a JSON object with a \"trainer\" object"));
+  }
+  const json& t = j["trainer"];
+  const std::string dict_class = t.value("dict_class", "");
+  static const std::vector<std::pair<const char*, DictionaryLearningClass>> kClasses = {
+      {"AutoEncoder", DictionaryLearningClass::kAutoEncoder},
+      {"AutoEncoderTopK", DictionaryLearningClass::kTopK},
+      {"BatchTopKSAE", DictionaryLearningClass::kBatchTopK},
+      {"MatryoshkaBatchTopKSAE", DictionaryLearningClass::kMatryoshkaBatchTopK},
+      {"JumpReluAutoEncoder", DictionaryLearningClass::kJumpRelu}};
+  SaeConfig cfg;
+  for (const auto& [name, c] : kClasses) {
+    if (dict_class == name) cfg.dictionary_learning = c;
+  }
+  if (!cfg.dictionary_learning) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kDictionaryLearningConfig, ": trainer.dict_class \"", dict_class,
+                     "\" is not one latentd reads (AutoEncoder, AutoEncoderTopK, BatchTopKSAE, "
+                     "MatryoshkaBatchTopKSAE, JumpReluAutoEncoder)"));
+  }
+  switch (*cfg.dictionary_learning) {
+    case DictionaryLearningClass::kAutoEncoder:
+      cfg.architecture = SaeArchitecture::kRelu;
+      break;
+    case DictionaryLearningClass::kTopK:
+      cfg.architecture = SaeArchitecture::kTopK;
+      break;
+    case DictionaryLearningClass::kBatchTopK:
+    case DictionaryLearningClass::kMatryoshkaBatchTopK:
+    case DictionaryLearningClass::kJumpRelu:
+      cfg.architecture = SaeArchitecture::kJumpRelu;
+      break;
+  }
+  cfg.apply_b_dec_to_input = *cfg.dictionary_learning != DictionaryLearningClass::kJumpRelu;
+  if (t.contains("activation_dim") && t["activation_dim"].is_number_integer()) {
+    cfg.d_in = t["activation_dim"].get<int64_t>();
+  }
+  if (t.contains("dict_size") && t["dict_size"].is_number_integer()) {
+    cfg.d_sae = t["dict_size"].get<int64_t>();
+  }
+  if (t.contains("k") && t["k"].is_number_integer()) cfg.k = t["k"].get<int32_t>();
+  if (t.contains("lm_name") && t["lm_name"].is_string()) cfg.model_name = t["lm_name"];
+  // submodule_name "resid_post_layer_12": the site, then the layer.
+  const std::string submodule = t.value("submodule_name", "");
+  for (const auto& [site, hook] :
+       std::vector<std::pair<const char*, const char*>>{{"resid_post_layer_", "hook_resid_post"},
+                                                        {"mlp_out_layer_", "hook_mlp_out"},
+                                                        {"attn_out_layer_", "hook_attn_out"}}) {
+    int layer = 0;
+    if (absl::StartsWith(submodule, site) &&
+        absl::SimpleAtoi(submodule.substr(std::string(site).size()), &layer) && layer >= 0) {
+      cfg.hook_name = absl::StrCat("blocks.", layer, ".", hook);
+    }
+  }
+  return cfg;
+}
+
 absl::StatusOr<SaeConfig> ParseLmSaesHyperparams(const std::string& text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
@@ -446,6 +525,11 @@ bool IsLmSaesLayout(const std::string& dir) {
   return !Exists(dir + "/cfg.json") && Exists(dir + "/" + kLmSaesHyperparams);
 }
 
+// dictionary_learning's layout: ae.pt and no cfg.json.
+bool IsDictionaryLearningLayout(const std::string& dir) {
+  return !Exists(dir + "/cfg.json") && Exists(dir + "/" + kDictionaryLearningWeights);
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> FindSaeWeightsFile(const std::string& dir,
@@ -458,6 +542,7 @@ absl::StatusOr<std::string> FindSaeWeightsFile(const std::string& dir,
   }
   const std::string preferred = dir + "/sae_weights.safetensors";
   if (Exists(preferred)) return preferred;
+  if (IsDictionaryLearningLayout(dir)) return dir + "/" + kDictionaryLearningWeights;
   if (IsLmSaesLayout(dir)) {
     // lm-saes' own order of preference (its .pt checkpoints are pickles latentd cannot read).
     for (const char* name : {"checkpoints/pruned.safetensors", "checkpoints/final.safetensors"}) {
@@ -507,6 +592,118 @@ std::string GemmaScopeHook(const std::string& dir) {
 
 // Gemma Scope's release layout: params.npz (W_enc [d_in, d_sae], W_dec, b_enc, b_dec,
 // threshold) and no cfg.json; a JumpReLU SAE read without subtracting b_dec first.
+// An integer tensor's elements (a 0-d tensor: one), as int64.
+absl::StatusOr<std::vector<int64_t>> ReadIntegers(const TorchStateDict& state,
+                                                  const TorchTensorInfo& t) {
+  if (t.dtype != StDtype::kI64 && t.dtype != StDtype::kI32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(state.path(), ": tensor ", t.name, " is not an integer tensor"));
+  }
+  if (t.shape.size() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(state.path(), ": tensor ", t.name, " is not 0-d or 1-d"));
+  }
+  ASSIGN_OR_RETURN(const std::string bytes, state.ReadStorage(t));
+  std::vector<int64_t> out;
+  const int64_t n = t.numel(), stride = t.strides.empty() ? 1 : t.strides[0];
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t at = static_cast<size_t>(t.storage_offset + i * stride);
+    if (t.dtype == StDtype::kI64) {
+      int64_t v;
+      std::memcpy(&v, bytes.data() + at * 8, 8);
+      out.push_back(v);
+    } else {
+      int32_t v;
+      std::memcpy(&v, bytes.data() + at * 4, 4);
+      out.push_back(v);
+    }
+  }
+  return out;
+}
+
+// dictionary_learning's ae.pt + config.json (ParseDictionaryLearningConfig): the state dict's
+// tensors checked against config.json's widths; k read from the state dict, which is what the
+// module encodes with.
+absl::StatusOr<SaeConfig> ReadDictionaryLearningSae(const std::string& dir) {
+  const std::string config_path = dir + "/" + kDictionaryLearningConfig;
+  std::ifstream in(config_path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat(config_path, " not found (dictionary_learning saves it beside ",
+                     kDictionaryLearningWeights, "; it names the dictionary's class)"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  auto parsed = ParseDictionaryLearningConfig(text.str());
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, "/", parsed.status().message()));
+  }
+  SaeConfig cfg = *std::move(parsed);
+  const std::string weights = dir + "/" + kDictionaryLearningWeights;
+  ASSIGN_OR_RETURN(const TorchStateDict state, TorchStateDict::Open(weights));
+  const DictionaryLearningTensors names = DictionaryLearningTensorsOf(*cfg.dictionary_learning);
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(weights, ": ", why));
+  };
+  const TorchTensorInfo* w_enc = state.Find(names.W_enc);
+  if (w_enc == nullptr || w_enc->shape.size() != 2) {
+    return bad(absl::StrCat("no 2-D tensor ", names.W_enc));
+  }
+  const int64_t d_in = w_enc->shape[names.linear ? 1 : 0];
+  const int64_t d_sae = w_enc->shape[names.linear ? 0 : 1];
+  if ((cfg.d_in != 0 && cfg.d_in != d_in) || (cfg.d_sae != 0 && cfg.d_sae != d_sae)) {
+    return bad(absl::StrCat(names.W_enc, " is [", absl::StrJoin(w_enc->shape, ", "), "], ",
+                            kDictionaryLearningConfig, " says activation_dim ", cfg.d_in,
+                            ", dict_size ", cfg.d_sae));
+  }
+  cfg.d_in = d_in;
+  cfg.d_sae = d_sae;
+  std::vector<std::pair<const char*, std::vector<int64_t>>> expected = {
+      {names.W_dec,
+       names.linear ? std::vector<int64_t>{d_in, d_sae} : std::vector<int64_t>{d_sae, d_in}},
+      {names.b_enc, {d_sae}},
+      {names.b_dec, {d_in}}};
+  if (*names.threshold != '\0') {
+    const TorchTensorInfo* threshold = state.Find(names.threshold);
+    if (threshold == nullptr && names.scalar_threshold) {
+      return bad(
+          "no threshold: a BatchTopK dictionary without one picks each row's latents by the "
+          "batch it is in, which latentd does not reproduce");
+    }
+    expected.push_back({names.threshold, names.scalar_threshold ? std::vector<int64_t>{}
+                                                                : std::vector<int64_t>{d_sae}});
+  }
+  for (const auto& [name, shape] : expected) {
+    const TorchTensorInfo* t = state.Find(name);
+    if (t == nullptr) return bad(absl::StrCat("tensor ", name, " missing"));
+    if (t->shape != shape) {
+      return bad(absl::StrCat("tensor ", name, " has shape [", absl::StrJoin(t->shape, ", "), "], ",
+                              names.W_enc, " implies [", absl::StrJoin(shape, ", "), "]"));
+    }
+    if (t->dtype != StDtype::kF32 && t->dtype != StDtype::kF16 && t->dtype != StDtype::kBF16 &&
+        t->dtype != StDtype::kF64) {
+      return bad(absl::StrCat("tensor ", name, " has dtype ", StDtypeName(t->dtype),
+                              " (F32, F16, BF16 or F64 expected)"));
+    }
+  }
+  if (cfg.architecture == SaeArchitecture::kTopK) {
+    if (const TorchTensorInfo* k = state.Find("k")) {
+      ASSIGN_OR_RETURN(const std::vector<int64_t> values, ReadIntegers(state, *k));
+      if (values.size() != 1) return bad("tensor k holds more than one value");
+      cfg.k = static_cast<int32_t>(values[0]);
+    }
+    if (cfg.k <= 0 || cfg.k > cfg.d_sae) {
+      return bad(absl::StrCat("k = ", cfg.k, " must be in [1, dict_size = ", cfg.d_sae, "]"));
+    }
+  }
+  if (const TorchTensorInfo* groups = state.Find("group_sizes")) {
+    ASSIGN_OR_RETURN(const std::vector<int64_t> sizes, ReadIntegers(state, *groups));
+    int64_t width = 0;
+    for (int64_t size : sizes) cfg.matryoshka_widths.push_back(width += size);
+  }
+  return cfg;
+}
+
 absl::StatusOr<SaeConfig> ReadGemmaScopeSae(const std::string& dir, const std::string& npz_path) {
   ASSIGN_OR_RETURN(NpzReader npz, NpzReader::Open(npz_path));
   const NpyArrayInfo* w_enc = npz.Find("W_enc");
@@ -744,6 +941,7 @@ absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir,
     }
     return ReadCircuitTracerSae(dir, *hook);
   }
+  if (IsDictionaryLearningLayout(dir)) return ReadDictionaryLearningSae(dir);
   const bool lm_saes = IsLmSaesLayout(dir);
   std::ifstream in(dir + "/" + (lm_saes ? kLmSaesHyperparams : "cfg.json"));
   if (const std::string params = dir + "/" + kGemmaScope2Params; !in && Exists(params)) {

@@ -33,6 +33,8 @@
 // blocks.20.ln2.hook_normalized to blocks.20.hook_mlp_out).
 // Gemma Scope 2's layout (kGemmaScope2Params below) is read too: params.safetensors with w_enc and
 // no cfg.json, its place (hook, transcoder) from the path.
+// dictionary_learning's layout is read too: ae.pt + config.json and no cfg.json
+// (DictionaryLearningClass; ParseDictionaryLearningConfig).
 // lm-saes' layout (OpenMOSS; Llama Scope ships in it) is read too: a directory with
 // hyperparams.json and no cfg.json, the weights in sae_weights.safetensors,
 // checkpoints/pruned.safetensors or checkpoints/final.safetensors (encoder.weight [d_sae, d_in],
@@ -85,6 +87,42 @@ enum class InputNormalization { kNone, kConstantNormRescale, kLayerNorm };
 // "none", "constant_norm_rescale", "layer_norm": cfg.json's spelling.
 const char* InputNormalizationName(InputNormalization n);
 
+// dictionary_learning's (Marks et al.; SAEBench's releases ship in it) dictionary classes latentd
+// reads from ae.pt (a torch.save'd state dict, engine/torch_pickle.h) + config.json (its
+// trainer's dict_class, activation_dim, dict_size, k, layer, lm_name, submodule_name):
+//   kAutoEncoder       relu((x - bias) enc^T + enc_b)           (encoder/decoder nn.Linear)
+//   kTopK              AutoEncoderTopK: the k largest of that, ReLU'd (k from the state dict)
+//   kBatchTopK         BatchTopKSAE at inference: relu(pre) * (relu(pre) > threshold), one
+//                      threshold for every latent (a JumpReLU; without one, a ReLU)
+//   kMatryoshkaBatchTopK  the same with W_enc/b_enc/W_dec/b_dec parameters
+//   kJumpRelu          JumpReluAutoEncoder: relu(pre * (pre > threshold)) times each latent's
+//                      decoder norm, b_dec not subtracted; decoded after dividing by that norm
+// Sae::Load folds each into the SAELens form (DictionaryLearningTensors names the tensors).
+enum class DictionaryLearningClass {
+  kAutoEncoder,
+  kTopK,
+  kBatchTopK,
+  kMatryoshkaBatchTopK,
+  kJumpRelu
+};
+
+// The state dict's names for the SAELens roles of a class ("" where it has none), and how they
+// are laid out.
+struct DictionaryLearningTensors {
+  const char* W_enc;
+  const char* b_enc;
+  const char* W_dec;
+  const char* b_dec;
+  const char* threshold;
+  bool linear = false;               // nn.Linear weights: W_enc and W_dec stored transposed
+  bool scalar_threshold = false;     // one threshold for all latents (BatchTopK's)
+  bool decoder_norm_scaled = false;  // latents times their decoder norm (JumpReluAutoEncoder)
+};
+DictionaryLearningTensors DictionaryLearningTensorsOf(DictionaryLearningClass c);
+
+inline constexpr char kDictionaryLearningWeights[] = "ae.pt";
+inline constexpr char kDictionaryLearningConfig[] = "config.json";
+
 // Which layer of a circuit-tracer release (engine/circuit_tracer.h) an SAE is: the job's hook
 // picks it. A cross-layer transcoder's latents at `layer` write to every layer from it on, so
 // its prediction of layer L sums the decoders of layers 0..L (LoadCrossLayerDecoder in sae.h);
@@ -131,6 +169,8 @@ struct SaeConfig {
 
   // Set for a layer of a circuit-tracer release (a transcoder).
   std::optional<CircuitTracerLayer> circuit_tracer;
+  // Set for dictionary_learning's layout (ae.pt + config.json).
+  std::optional<DictionaryLearningClass> dictionary_learning;
 
   // The width of what the decoder gives: d_out for a transcoder, d_in for an SAE.
   int64_t OutWidth() const { return transcoder ? d_out : d_in; }
@@ -163,6 +203,13 @@ inline constexpr char kLmSaesHyperparams[] = "hyperparams.json";
 // field: norm_activation "token-wise" / "batch-wise" (a scale per row or batch), act_fn
 // "batchtopk" (a row's latents would depend on its batch), use_glu_encoder true.
 absl::StatusOr<SaeConfig> ParseLmSaesHyperparams(const std::string& text);
+
+// dictionary_learning's config.json: {"trainer": {"dict_class", "activation_dim", "dict_size",
+// "k", "layer", "lm_name", "submodule_name", ...}}. The hook comes from submodule_name
+// ("resid_post_layer_12": blocks.12.hook_resid_post; mlp_out_, attn_out_ too). A dict_class
+// other than DictionaryLearningClass's is INVALID_ARGUMENT naming it. d_in, d_sae and k are
+// checked (and k read) against ae.pt by ReadAndCheckSae.
+absl::StatusOr<SaeConfig> ParseDictionaryLearningConfig(const std::string& text);
 
 // Where the weights of the SAE in `dir` are (see above; params.npz when the directory has no
 // safetensors file; lm-saes' checkpoints/ files for its layout; in a circuit-tracer release the

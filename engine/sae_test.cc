@@ -1,5 +1,7 @@
 #include "engine/sae.h"
 
+#include <torch/serialize.h>
+
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -331,6 +333,62 @@ TEST(SaeTest, FinetuningScalingFactorScalesWhatIsDecoded) {
   const absl::Status missing = Sae::Load(dir).status();
   EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(missing.message().find("finetuning_scaling_factor"), std::string::npos) << missing;
+}
+
+// dictionary_learning's ae.pt + config.json: the state dict's k wins over config.json's (the
+// module encodes with its buffer), the hook comes from submodule_name; what latentd would not
+// reproduce is refused naming it.
+TEST(SaeTest, ReadsDictionaryLearningDictionaries) {
+  const std::string dir = TempDir("dictionary_learning_topk");
+  at::manual_seed(40);
+  const at::Tensor enc = at::randn({12, 4}), enc_b = at::randn({12}), dec = at::randn({4, 12}),
+                   b_dec = at::randn({4});
+  auto save = [&](const std::string& d, bool with_threshold) {
+    c10::Dict<std::string, at::Tensor> state;
+    state.insert("encoder.weight", enc);
+    state.insert("encoder.bias", enc_b);
+    state.insert("decoder.weight", dec);
+    state.insert("b_dec", b_dec);
+    state.insert("k", at::scalar_tensor(3, at::kInt));
+    if (with_threshold) state.insert("threshold", at::scalar_tensor(-1.0));
+    const std::vector<char> bytes = torch::pickle_save(state);
+    std::ofstream(d + "/ae.pt", std::ios::binary).write(bytes.data(), bytes.size());
+  };
+  auto config = [&](const std::string& d, const std::string& dict_class, int dict_size) {
+    std::ofstream(d + "/config.json")
+        << R"({"trainer": {"dict_class": ")" << dict_class
+        << R"(", "activation_dim": 4, "dict_size": )" << dict_size
+        << R"(, "k": 5, "layer": 2, "lm_name": "m", "submodule_name": "mlp_out_layer_2"}})";
+  };
+  save(dir, true);
+  config(dir, "AutoEncoderTopK", 12);
+  auto sae = Sae::Load(dir);
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  EXPECT_EQ(sae->config().architecture, SaeArchitecture::kTopK);
+  EXPECT_EQ(sae->config().k, 3);
+  EXPECT_EQ(sae->config().hook_name, "blocks.2.hook_mlp_out");
+  EXPECT_TRUE(sae->config().apply_b_dec_to_input);
+  EXPECT_TRUE(at::equal(sae->weights().W_enc, enc.t()));
+  EXPECT_TRUE(at::equal(sae->weights().W_dec, dec.t()));
+  // A BatchTopK whose threshold was never learned (-1) keeps every positive pre-activation.
+  config(dir, "BatchTopKSAE", 12);
+  sae = Sae::Load(dir);
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  const at::Tensor x = at::randn({5, 4});
+  EXPECT_TRUE(at::allclose(sae->EncodeDense(x), at::relu(at::addmm(enc_b, x - b_dec, enc.t()))));
+  auto refused = [&](const std::string& d, const std::string& needle) {
+    const absl::Status s = Sae::Load(d).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << needle;
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s;
+  };
+  config(dir, "CrossCoder", 12);
+  refused(dir, "CrossCoder");
+  config(dir, "AutoEncoderTopK", 16);
+  refused(dir, "dict_size 16");
+  const std::string batch = TempDir("dictionary_learning_batch");
+  save(batch, false);
+  config(batch, "BatchTopKSAE", 12);
+  refused(batch, "no threshold");
 }
 
 // SAELens 3-5 wrote a TopK SAE as "architecture": "standard" with the activation beside it

@@ -7,6 +7,7 @@ with a forward pass written here from Hugging Face's GPT-2 definition (Conv1D, s
 mask by the dtype's minimum, gelu_new written out), with the checkpoint's options honoured:
 layer_norm_epsilon, scale_attn_by_inverse_layer_idx.
 """
+import collections
 import json
 import math
 import os
@@ -302,6 +303,138 @@ class HfGpt2ParityTest(unittest.TestCase):
             self.assertGreater(abs(ev - ev_normalized), 10 * 1e-4, name)
             loss = result["downstreamLoss"]
             self.assertAlmostEqual(loss["withSae"], with_sae, delta=1e-4 * with_sae, msg=name)
+
+    def test_dictionary_learning_saes_as_saved(self):
+        # dictionary_learning (SAEBench's SAEs ship in it): ae.pt, a torch.save'd state dict of
+        # the dictionary's nn.Module, beside config.json naming its class. Each class here has the
+        # state dict names of dictionary_learning's and encodes as its encode() does, written out.
+        d, hooks = self.checkpoint("plain")
+        hook = "blocks.1.hook_resid_post"
+        x = hooks[hook].reshape(-1, D)
+        S = 96
+        g = torch.Generator().manual_seed(30)
+        rand = lambda *shape, s=0.3: torch.randn(*shape, generator=g) * s
+        nn = torch.nn
+        relu = torch.relu
+
+        def linear_pair(m):
+            m.encoder = nn.Linear(D, S)
+            m.decoder = nn.Linear(S, D, bias=False)
+            with torch.no_grad():
+                m.encoder.weight.copy_(rand(S, D))
+                m.encoder.bias.copy_(rand(S, s=0.1))
+                m.decoder.weight.copy_(rand(D, S))
+
+        cases = {}
+        # AutoEncoder: its decoder a transposed view of the encoder's storage (torch.save keeps
+        # the sharing and the strides).
+        m = nn.Module()
+        linear_pair(m)
+        m.decoder.weight = nn.Parameter(m.encoder.weight.detach().t())
+        m.bias = nn.Parameter(rand(D, s=0.1))
+        cases["AutoEncoder"] = (m, lambda m, x: relu(m.encoder(x - m.bias)),
+                                lambda m, f: m.decoder(f) + m.bias, {})
+        # AutoEncoderTopK, saved in bfloat16.
+        m = nn.Module()
+        linear_pair(m)
+        m.b_dec = nn.Parameter(rand(D, s=0.1))
+        m.register_buffer("k", torch.tensor(6, dtype=torch.int))
+        m.register_buffer("threshold", torch.tensor(-1.0))
+        m = m.to(torch.bfloat16).float()
+
+        def topk_encode(m, x):
+            post = relu(m.encoder(x - m.b_dec))
+            top = post.topk(int(m.k), dim=-1)
+            return torch.zeros_like(post).scatter(-1, top.indices, top.values)
+        cases["AutoEncoderTopK"] = (m, topk_encode, lambda m, f: m.decoder(f) + m.b_dec,
+                                    {"dtype": torch.bfloat16, "k": 6})
+        # BatchTopKSAE at inference: its learned threshold.
+        m = nn.Module()
+        linear_pair(m)
+        m.b_dec = nn.Parameter(rand(D, s=0.1))
+        m.register_buffer("k", torch.tensor(6, dtype=torch.int))
+        m.register_buffer("threshold", torch.tensor(0.4))
+
+        def batch_encode(m, x):
+            post = relu(m.encoder(x - m.b_dec))
+            return post * (post > m.threshold)
+        cases["BatchTopKSAE"] = (m, batch_encode, lambda m, f: m.decoder(f) + m.b_dec, {"k": 6})
+        # MatryoshkaBatchTopKSAE, saved in float16.
+        m = nn.Module()
+        m.W_enc, m.b_enc = nn.Parameter(rand(D, S)), nn.Parameter(rand(S, s=0.1))
+        m.W_dec, m.b_dec = nn.Parameter(rand(S, D)), nn.Parameter(rand(D, s=0.1))
+        m.register_buffer("k", torch.tensor(6, dtype=torch.int))
+        m.register_buffer("threshold", torch.tensor(0.3))
+        m.register_buffer("group_sizes", torch.tensor([16, 32, 48]))
+        m = m.half().float()
+        m.group_sizes = m.group_sizes.long()
+
+        def matryoshka_encode(m, x):
+            post = relu((x - m.b_dec) @ m.W_enc + m.b_enc)
+            return post * (post > m.threshold)
+        cases["MatryoshkaBatchTopKSAE"] = (m, matryoshka_encode, lambda m, f: f @ m.W_dec + m.b_dec,
+                                           {"dtype": torch.float16, "k": 6})
+        # JumpReluAutoEncoder: latents scaled by their decoder norms (not 1 here).
+        m = nn.Module()
+        m.W_enc, m.b_enc = nn.Parameter(rand(D, S)), nn.Parameter(rand(S, s=0.1))
+        m.W_dec, m.b_dec = nn.Parameter(rand(S, D)), nn.Parameter(rand(D, s=0.1))
+        m.threshold = nn.Parameter(torch.rand(S, generator=g) * 0.5)
+
+        def jump_encode(m, x):
+            pre = x @ m.W_enc + m.b_enc
+            return relu(pre * (pre > m.threshold)) * m.W_dec.norm(dim=1)
+        cases["JumpReluAutoEncoder"] = (
+            m, jump_encode, lambda m, f: (f / m.W_dec.norm(dim=1)) @ m.W_dec + m.b_dec, {})
+
+        for dict_class, (m, encode, decode, extra) in cases.items():
+            sae = os.path.join(self.root, "dictionary_learning", dict_class, "resid_post_layer_1",
+                               "trainer_0")
+            os.makedirs(sae, exist_ok=True)
+            state = m.state_dict()
+            if "dtype" in extra:
+                state = collections.OrderedDict(
+                    (k, v.to(extra["dtype"]) if v.is_floating_point() else v) for k, v in state.items())
+                state._metadata = m.state_dict()._metadata
+            torch.save(state, os.path.join(sae, "ae.pt"))
+            with open(os.path.join(sae, "config.json"), "w") as f:
+                json.dump({"trainer": {"trainer_class": "Trainer", "dict_class": dict_class,
+                                       "activation_dim": D, "dict_size": S, "k": extra.get("k"),
+                                       "layer": 1, "lm_name": "tiny-gpt2",
+                                       "submodule_name": "resid_post_layer_1"},
+                           "buffer": {"d_submodule": D}}, f)
+            spec = {"model": {"huggingface": {"path": d}}, "hookName": hook, "sae": {"path": sae},
+                    "valueDtype": "FLOAT32", "batchSequences": 4,
+                    "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX}}
+            p, out = run_extract_tool(TOOL, self.root, spec)
+            self.assertEqual(p.returncode, 0, dict_class + ": " + p.stderr)
+            self.assertNotIn("was trained on hook", p.stderr)  # the hook from submodule_name
+            result = json.loads(p.stdout)
+            with torch.no_grad():
+                z = encode(m, x)
+                assert_stored_latents(self, out, z.numpy())
+                x_hat = decode(m, z)
+                ev = 1 - ((x - x_hat) ** 2).sum().item() / ((x - x.mean(0)) ** 2).sum().item()
+            self.assertAlmostEqual(result["fit"]["explainedVariance"], ev, delta=1e-4 * max(1, abs(ev)),
+                                   msg=dict_class)
+
+    def test_a_pickle_that_calls_anything_else_is_refused_unrun(self):
+        # ae.pt is a pickle, which may name any Python callable: latentd reads the names of a
+        # state dict's, runs none, and refuses any other.
+        d, _ = self.checkpoint("plain")
+        witness = os.path.join(self.root, "pickle_ran")
+
+        class Payload:
+            def __reduce__(self):
+                return (os.system, ("touch " + witness,))
+        sae = os.path.join(self.root, "dictionary_learning_evil")
+        os.makedirs(sae, exist_ok=True)
+        torch.save(collections.OrderedDict([("encoder.weight", Payload())]), os.path.join(sae, "ae.pt"))
+        with open(os.path.join(sae, "config.json"), "w") as f:
+            json.dump({"trainer": {"dict_class": "AutoEncoder", "activation_dim": D, "dict_size": 8}}, f)
+        p, _ = self.run_tool(d, "blocks.1.hook_resid_post", sae=sae)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("calls posix.system", p.stderr)
+        self.assertFalse(os.path.exists(witness))
 
     def transcoder_weights(self, seed, skip):
         g = torch.Generator().manual_seed(seed)
