@@ -199,8 +199,9 @@ absl::StatusOr<LoadedWeights> ReadCircuitTracerWeights(const std::string& dir,
 // form: nn.Linear weights transposed, a BatchTopK's single threshold for every latent, and a
 // JumpReluAutoEncoder's decoder-norm scaling folded in (its latent j is relu(pre_j * [pre_j >
 // t_j]) * n_j, n_j = |W_dec[j]|, decoded as z_j / n_j: so W_enc, b_enc and t take n_j, W_dec
-// 1 / n_j; a zero direction's latent is 0 either way). The hash covers every tensor read and the
-// class.
+// 1 / n_j; a zero direction's latent is 0 either way). A GatedAutoEncoder's likewise: W_enc,
+// the gate's and the magnitude's biases take n_j (r_mag, a log-scale, does not). The hash covers
+// every tensor read and the class.
 absl::StatusOr<LoadedWeights> ReadDictionaryLearningWeights(const std::string& dir,
                                                             const SaeConfig& cfg) {
   ASSIGN_OR_RETURN(const TorchStateDict state,
@@ -228,6 +229,8 @@ absl::StatusOr<LoadedWeights> ReadDictionaryLearningWeights(const std::string& d
   RETURN_IF_ERROR(read(names.b_enc, &w.b_enc));
   RETURN_IF_ERROR(read(names.W_dec, &w.W_dec));
   RETURN_IF_ERROR(read(names.b_dec, &w.b_dec));
+  RETURN_IF_ERROR(read(names.r_mag, &w.r_mag));
+  RETURN_IF_ERROR(read(names.b_mag, &w.b_mag));
   if (names.linear) {
     w.W_enc = w.W_enc.t().contiguous();
     w.W_dec = w.W_dec.t().contiguous();
@@ -241,8 +244,9 @@ absl::StatusOr<LoadedWeights> ReadDictionaryLearningWeights(const std::string& d
     const at::Tensor norms = w.W_dec.norm(2, {1});
     const at::Tensor divisor = at::where(norms > 0, norms, at::ones_like(norms));
     w.W_enc = w.W_enc * norms;
-    w.b_enc = w.b_enc * norms;
-    w.threshold = w.threshold * norms;
+    w.b_enc = w.b_enc * norms;  // a Gated one's gate bias: the gate's sign is unchanged
+    if (w.threshold.defined()) w.threshold = w.threshold * norms;
+    if (w.b_mag.defined()) w.b_mag = w.b_mag * norms;
     w.W_dec = w.W_dec / divisor.unsqueeze(1);
   }
   const std::string tag =

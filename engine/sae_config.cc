@@ -265,6 +265,10 @@ DictionaryLearningTensors DictionaryLearningTensorsOf(DictionaryLearningClass c)
       return {"W_enc", "b_enc", "W_dec", "b_dec", "threshold", false, true};
     case DictionaryLearningClass::kJumpRelu:
       return {"W_enc", "b_enc", "W_dec", "b_dec", "threshold", false, false, true};
+    case DictionaryLearningClass::kGated:
+      return {
+          "encoder.weight", "gate_bias", "decoder.weight", "decoder_bias", "", true, false, true,
+          "r_mag",          "mag_bias"};
   }
   return {"", "", "", "", ""};
 }
@@ -282,7 +286,8 @@ absl::StatusOr<SaeConfig> ParseDictionaryLearningConfig(const std::string& text)
       {"AutoEncoderTopK", DictionaryLearningClass::kTopK},
       {"BatchTopKSAE", DictionaryLearningClass::kBatchTopK},
       {"MatryoshkaBatchTopKSAE", DictionaryLearningClass::kMatryoshkaBatchTopK},
-      {"JumpReluAutoEncoder", DictionaryLearningClass::kJumpRelu}};
+      {"JumpReluAutoEncoder", DictionaryLearningClass::kJumpRelu},
+      {"GatedAutoEncoder", DictionaryLearningClass::kGated}};
   SaeConfig cfg;
   for (const auto& [name, c] : kClasses) {
     if (dict_class == name) cfg.dictionary_learning = c;
@@ -291,7 +296,7 @@ absl::StatusOr<SaeConfig> ParseDictionaryLearningConfig(const std::string& text)
     return absl::InvalidArgumentError(
         absl::StrCat(kDictionaryLearningConfig, ": trainer.dict_class \"", dict_class,
                      "\" is not one latentd reads (AutoEncoder, AutoEncoderTopK, BatchTopKSAE, "
-                     "MatryoshkaBatchTopKSAE, JumpReluAutoEncoder)"));
+                     "MatryoshkaBatchTopKSAE, JumpReluAutoEncoder, GatedAutoEncoder)"));
   }
   switch (*cfg.dictionary_learning) {
     case DictionaryLearningClass::kAutoEncoder:
@@ -304,6 +309,9 @@ absl::StatusOr<SaeConfig> ParseDictionaryLearningConfig(const std::string& text)
     case DictionaryLearningClass::kMatryoshkaBatchTopK:
     case DictionaryLearningClass::kJumpRelu:
       cfg.architecture = SaeArchitecture::kJumpRelu;
+      break;
+    case DictionaryLearningClass::kGated:
+      cfg.architecture = SaeArchitecture::kGated;
       break;
   }
   cfg.apply_b_dec_to_input = *cfg.dictionary_learning != DictionaryLearningClass::kJumpRelu;
@@ -672,6 +680,10 @@ absl::StatusOr<SaeConfig> ReadDictionaryLearningSae(const std::string& dir) {
     }
     expected.push_back({names.threshold, names.scalar_threshold ? std::vector<int64_t>{}
                                                                 : std::vector<int64_t>{d_sae}});
+  }
+  if (*names.r_mag != '\0') {
+    expected.push_back({names.r_mag, {d_sae}});
+    expected.push_back({names.b_mag, {d_sae}});
   }
   for (const auto& [name, shape] : expected) {
     const TorchTensorInfo* t = state.Find(name);

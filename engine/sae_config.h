@@ -97,13 +97,16 @@ const char* InputNormalizationName(InputNormalization n);
 //   kMatryoshkaBatchTopK  the same with W_enc/b_enc/W_dec/b_dec parameters
 //   kJumpRelu          JumpReluAutoEncoder: relu(pre * (pre > threshold)) times each latent's
 //                      decoder norm, b_dec not subtracted; decoded after dividing by that norm
+//   kGated             GatedAutoEncoder: SAELens' Gated encoder (gate_bias, r_mag, mag_bias,
+//                      decoder_bias subtracted first), times the decoder norm as kJumpRelu
 // Sae::Load folds each into the SAELens form (DictionaryLearningTensors names the tensors).
 enum class DictionaryLearningClass {
   kAutoEncoder,
   kTopK,
   kBatchTopK,
   kMatryoshkaBatchTopK,
-  kJumpRelu
+  kJumpRelu,
+  kGated
 };
 
 // The state dict's names for the SAELens roles of a class ("" where it has none), and how they
@@ -116,7 +119,9 @@ struct DictionaryLearningTensors {
   const char* threshold;
   bool linear = false;               // nn.Linear weights: W_enc and W_dec stored transposed
   bool scalar_threshold = false;     // one threshold for all latents (BatchTopK's)
-  bool decoder_norm_scaled = false;  // latents times their decoder norm (JumpReluAutoEncoder)
+  bool decoder_norm_scaled = false;  // latents times their decoder norm (JumpRelu, Gated)
+  const char* r_mag = "";            // Gated only
+  const char* b_mag = "";
 };
 DictionaryLearningTensors DictionaryLearningTensorsOf(DictionaryLearningClass c);
 

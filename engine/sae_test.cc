@@ -383,6 +383,8 @@ TEST(SaeTest, ReadsDictionaryLearningDictionaries) {
   };
   config(dir, "CrossCoder", 12);
   refused(dir, "CrossCoder");
+  config(dir, "GatedAutoEncoder", 12);  // a TopK's tensors
+  refused(dir, "tensor gate_bias missing");
   config(dir, "AutoEncoderTopK", 16);
   refused(dir, "dict_size 16");
   const std::string batch = TempDir("dictionary_learning_batch");

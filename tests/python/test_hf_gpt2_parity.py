@@ -386,6 +386,24 @@ class HfGpt2ParityTest(unittest.TestCase):
         cases["JumpReluAutoEncoder"] = (
             m, jump_encode, lambda m, f: (f / m.W_dec.norm(dim=1)) @ m.W_dec + m.b_dec, {})
 
+        # GatedAutoEncoder: SAELens' gated encoder, latents times their decoder norms too.
+        m = nn.Module()
+        m.encoder = nn.Linear(D, S, bias=False)
+        m.decoder = nn.Linear(S, D, bias=False)
+        with torch.no_grad():
+            m.encoder.weight.copy_(rand(S, D))
+            m.decoder.weight.copy_(rand(D, S))
+        m.decoder_bias = nn.Parameter(rand(D, s=0.1))
+        m.r_mag, m.gate_bias, m.mag_bias = (nn.Parameter(rand(S, s=0.2)) for _ in range(3))
+
+        def gated_encode(m, x):
+            x_enc = m.encoder(x - m.decoder_bias)
+            gate = (x_enc + m.gate_bias > 0).float()
+            return gate * relu(m.r_mag.exp() * x_enc + m.mag_bias) * m.decoder.weight.norm(dim=0)
+        cases["GatedAutoEncoder"] = (
+            m, gated_encode,
+            lambda m, f: m.decoder(f / m.decoder.weight.norm(dim=0)) + m.decoder_bias, {})
+
         for dict_class, (m, encode, decode, extra) in cases.items():
             sae = os.path.join(self.root, "dictionary_learning", dict_class, "resid_post_layer_1",
                                "trainer_0")
