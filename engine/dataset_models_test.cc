@@ -135,6 +135,12 @@ class DatasetModelsTest : public ::testing::Test {
     return at::Tensor();
   }
 
+  // An SAE `width` wide at `hook` of the reference model's block 1, whose directions reach the
+  // logits through `projection` (then the tied embedding): latent 3's logit table is exactly
+  // that.
+  void ExpectLogitsThroughProjection(const std::string& hook, int64_t width,
+                                     const std::string& projection);
+
   std::string root_;
   ExtractEnv env_;
   std::map<uint64_t, latentd::v1::Job> jobs_;
@@ -213,42 +219,32 @@ TEST_F(DatasetModelsTest, NeighboursAndLogitsOfAResidualStreamSae) {
   EXPECT_GT(reader.cached_bytes(), 0);
 }
 
-TEST_F(DatasetModelsTest, MlpPostDirectionsGoThroughTheBlocksOutputProjection) {
-  const std::string dir = root_ + "/sae_mlp";
-  const SaeWeights w = MakeWeights(32, 2);  // d_mlp wide
+void DatasetModelsTest::ExpectLogitsThroughProjection(const std::string& hook, int64_t width,
+                                                      const std::string& projection) {
+  const std::string dir = root_ + "/sae_" + hook;
+  const SaeWeights w = MakeWeights(width, 2);
   const std::string hash = WriteSae(dir, w);
-  AddReferenceJob(8, "blocks.1.mlp.hook_post", dir);
+  AddReferenceJob(8, hook, dir);
   DatasetModels reader(env_);
   LatentWeightsQuery q;
   q.latent = 3;
   q.top_n = 4;
-  auto got =
-      reader.ReadLatentWeights({2, 8, hash, ReferenceHash("blocks.1.mlp.hook_post"), kDSae}, q);
+  auto got = reader.ReadLatentWeights({2, 8, hash, ReferenceHash(hook), kDSae}, q);
   ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->logits_source, "blocks.1.mlp.W_out then embed.W_E (tied)");
+  EXPECT_EQ(got->logits_source, projection + " then embed.W_E (tied)");
   const at::Tensor W_E = ReferenceWeight("embed.W_E").to(at::kDouble);
-  const at::Tensor W_out = ReferenceWeight("blocks.1.mlp.W_out").to(at::kDouble);
+  const at::Tensor W_out = ReferenceWeight(projection).to(at::kDouble);
   ExpectLogits(*got, W_E.mv(W_out.t().mv(w.W_dec[3].to(at::kDouble))), 4);
+}
+
+TEST_F(DatasetModelsTest, MlpPostDirectionsGoThroughTheBlocksOutputProjection) {
+  ExpectLogitsThroughProjection("blocks.1.mlp.hook_post", 32, "blocks.1.mlp.W_out");  // d_mlp
 }
 
 // attn.hook_z is the attention's heads before W_O: a direction there reaches the logits through
 // the block's W_O (TransformerLens' hook_z SAEs, Kissane et al.).
 TEST_F(DatasetModelsTest, AttentionZDirectionsGoThroughTheBlocksW_O) {
-  const std::string dir = root_ + "/sae_z";
-  const SaeWeights w = MakeWeights(16, 5);  // n_heads * d_head = d_model wide
-  const std::string hash = WriteSae(dir, w);
-  AddReferenceJob(8, "blocks.1.attn.hook_z", dir);
-  DatasetModels reader(env_);
-  LatentWeightsQuery q;
-  q.latent = 3;
-  q.top_n = 4;
-  auto got =
-      reader.ReadLatentWeights({2, 8, hash, ReferenceHash("blocks.1.attn.hook_z"), kDSae}, q);
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->logits_source, "blocks.1.attn.W_O then embed.W_E (tied)");
-  const at::Tensor W_E = ReferenceWeight("embed.W_E").to(at::kDouble);
-  const at::Tensor W_O = ReferenceWeight("blocks.1.attn.W_O").to(at::kDouble);
-  ExpectLogits(*got, W_E.mv(W_O.t().mv(w.W_dec[3].to(at::kDouble))), 4);
+  ExpectLogitsThroughProjection("blocks.1.attn.hook_z", 16, "blocks.1.attn.W_O");  // heads x d_head
 }
 
 // A transcoder's decoder writes another hook than its encoder reads: here the MLP's normed input

@@ -298,33 +298,29 @@ absl::StatusOr<at::Tensor> LoadCrossLayerDecoderRows(const std::string& dir, int
 
 absl::StatusOr<Sae> Sae::Load(const std::string& dir, const std::optional<HookName>& hook) {
   ASSIGN_OR_RETURN(SaeConfig cfg, ReadAndCheckSae(dir, hook));
+  // The SAE of the weights read from `where`, checked against cfg, with their hash.
+  auto create = [&cfg](LoadedWeights loaded, const std::string& where) -> absl::StatusOr<Sae> {
+    auto sae = Create(cfg, std::move(loaded.weights));
+    if (!sae.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", sae.status().message()));
+    }
+    sae->weight_hash_ = std::move(loaded.hash);
+    return sae;
+  };
   if (cfg.circuit_tracer) {
     ASSIGN_OR_RETURN(LoadedWeights loaded, ReadCircuitTracerWeights(dir, cfg));
-    auto sae = Create(cfg, std::move(loaded.weights));
-    if (!sae.ok())
-      return absl::InvalidArgumentError(absl::StrCat(dir, ": ", sae.status().message()));
-    sae->weight_hash_ = loaded.hash;
-    return sae;
+    return create(std::move(loaded), dir);
   }
   if (cfg.dictionary_learning) {
     ASSIGN_OR_RETURN(LoadedWeights loaded, ReadDictionaryLearningWeights(dir, cfg));
-    auto sae = Create(cfg, std::move(loaded.weights));
-    if (!sae.ok())
-      return absl::InvalidArgumentError(absl::StrCat(dir, ": ", sae.status().message()));
-    sae->weight_hash_ = loaded.hash;
-    return sae;
+    return create(std::move(loaded), dir);
   }
   ASSIGN_OR_RETURN(std::string path, FindSaeWeightsFile(dir));
   if (absl::EndsWith(path, ".npz")) {
     ASSIGN_OR_RETURN(LoadedWeights loaded, ReadGemmaScopeWeights(path));
     // Gemma Scope's own encoder is relu(pre) * (pre > t), as SAELens' (below).
     loaded.weights.threshold = loaded.weights.threshold.clamp_min(0);
-    auto sae = Create(cfg, std::move(loaded.weights));
-    if (!sae.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": ", sae.status().message()));
-    }
-    sae->weight_hash_ = loaded.hash;
-    return sae;
+    return create(std::move(loaded), path);
   }
   ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Read(path));
   SaeWeights w;
@@ -382,11 +378,7 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir, const std::optional<HookNa
   if (cfg.finetuning_scaling_factor) absl::StrAppend(&options, "finetuning_scaling_factor;");
   crc = storage::Crc32cExtend(crc, options.data(), options.size());
   hashed += static_cast<int64_t>(options.size());
-  auto sae = Create(cfg, std::move(w));
-  if (!sae.ok())
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", sae.status().message()));
-  sae->weight_hash_ = absl::StrFormat("crc32c:%08x:%d", crc, hashed);
-  return sae;
+  return create(LoadedWeights{std::move(w), absl::StrFormat("crc32c:%08x:%d", crc, hashed)}, path);
 }
 
 Sae Sae::To(const at::Device& device) const {
