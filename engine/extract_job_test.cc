@@ -571,9 +571,9 @@ TEST_F(ExtractJobTest, TheSaeFitIsReportedAndAMisfitIsWarned) {
 
 // A transcoder reads one hook and predicts another: its fit and its downstream loss are about
 // the hook it predicts. One that computes the MLP's output exactly from mlp.hook_post (z = the
-// activations themselves, W_dec the MLP's W_out) fits it perfectly and leaves the loss as it
-// is; one on ln2.hook_normalized stores the latents of that hook (the MLP's normed input) and
-// is measured against hook_mlp_out, its default output.
+// activations' positive and negative parts, W_dec the MLP's W_out and its negation) fits it
+// perfectly and leaves the loss as it is; one on ln2.hook_normalized stores the latents of that
+// hook (the MLP's normed input) and is measured against hook_mlp_out, its default output.
 TEST_F(ExtractJobTest, ATranscoderIsMeasuredAgainstTheHookItPredicts) {
   auto resolved = ResolveReferenceSpec(Spec().model().reference());
   ASSERT_TRUE(resolved.ok());
@@ -591,18 +591,21 @@ TEST_F(ExtractJobTest, ATranscoderIsMeasuredAgainstTheHookItPredicts) {
   ASSERT_EQ(W_out.sizes(), (std::vector<int64_t>{64, 16}));
   SaeConfig exact;
   exact.d_in = 64;
-  exact.d_sae = 64;
+  exact.d_sae = 128;
   exact.architecture = SaeArchitecture::kJumpRelu;
   exact.apply_b_dec_to_input = false;
   exact.transcoder = true;
   exact.d_out = 16;
   exact.hook_name_out = "blocks.1.hook_mlp_out";
-  // A threshold below every activation: z = pre = the activations, negative ones included.
+  // The activations' positive and negative parts as latents (z = relu(x), relu(-x), threshold 0),
+  // decoded through W_out and -W_out: the prediction is x W_out + b_out, the MLP's output.
   // `exact` with its hook_name_out as it stands, in root/<name>.
   auto save_exact = [&](const std::string& name) {
-    return SaveSae(
-        Tmp("root/" + name),
-        {at::eye(64), at::zeros({64}), W_out.clone(), b_out.clone(), at::full({64}, -1e30)}, exact);
+    const at::Tensor eye = at::eye(64);
+    return SaveSae(Tmp("root/" + name),
+                   {at::cat({eye, -eye}, 1), at::zeros({128}), at::cat({W_out, -W_out}),
+                    b_out.clone(), at::zeros({128})},
+                   exact);
   };
   ASSERT_TRUE(save_exact("exact_tc").ok());
   SaeConfig ln2 = exact;
