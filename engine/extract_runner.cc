@@ -887,6 +887,11 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
                      "; is it the SAE for this layer? (the fit at the end "
                      "says how well it reconstructs this hook)"));
   }
+  for (int o = 0; ctx != nullptr && c.sparse && o < num_outputs; ++o) {
+    const std::string reading = DescribeSaeReading(c.outputs[o].sae_cfg);
+    if (reading.empty()) continue;
+    ctx->Log(latentd::v1::LogLine::INFO, absl::StrCat("dataset ", names[o], ": ", reading));
+  }
   // A cross-layer transcoder's layer whose prediction needs layers the job does not extract.
   for (int o = 0; ctx != nullptr && c.sparse && o < num_outputs; ++o) {
     const CheckedOutput& out = c.outputs[o];

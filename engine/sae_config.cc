@@ -53,6 +53,43 @@ const char* InputNormalizationName(InputNormalization n) {
   return "?";
 }
 
+namespace {
+
+// dictionary_learning's class names, as config.json's trainer.dict_class spells them.
+constexpr std::pair<const char*, DictionaryLearningClass> kDictionaryLearningClasses[] = {
+    {"AutoEncoder", DictionaryLearningClass::kAutoEncoder},
+    {"AutoEncoderTopK", DictionaryLearningClass::kTopK},
+    {"BatchTopKSAE", DictionaryLearningClass::kBatchTopK},
+    {"MatryoshkaBatchTopKSAE", DictionaryLearningClass::kMatryoshkaBatchTopK},
+    {"JumpReluAutoEncoder", DictionaryLearningClass::kJumpRelu},
+    {"GatedAutoEncoder", DictionaryLearningClass::kGated}};
+
+}  // namespace
+
+std::string DescribeSaeReading(const SaeConfig& cfg) {
+  std::vector<std::string> parts;
+  if (cfg.dictionary_learning) {
+    const char* dict_class = "";
+    for (const auto& [name, c] : kDictionaryLearningClasses) {
+      if (c == *cfg.dictionary_learning) dict_class = name;
+    }
+    parts.push_back(absl::StrCat(
+        "dictionary_learning's ", dict_class, " read as a ", SaeArchitectureName(cfg.architecture),
+        " SAE",
+        cfg.architecture == SaeArchitecture::kTopK ? absl::StrCat(" (k ", cfg.k, ")") : ""));
+  }
+  if (cfg.input_normalization != InputNormalization::kNone) {
+    parts.push_back(absl::StrCat(
+        "each token's activation is normalized first (normalize_activations ",
+        InputNormalizationName(cfg.input_normalization),
+        ", as SAELens does), and undone on the reconstruction the fit and downstream loss use"));
+  }
+  if (cfg.finetuning_scaling_factor) {
+    parts.push_back("its finetuning_scaling_factor scales the latents it decodes");
+  }
+  return absl::StrJoin(parts, "; ");
+}
+
 absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
@@ -281,15 +318,8 @@ absl::StatusOr<SaeConfig> ParseDictionaryLearningConfig(const std::string& text)
   }
   const json& t = j["trainer"];
   const std::string dict_class = t.value("dict_class", "");
-  static const std::vector<std::pair<const char*, DictionaryLearningClass>> kClasses = {
-      {"AutoEncoder", DictionaryLearningClass::kAutoEncoder},
-      {"AutoEncoderTopK", DictionaryLearningClass::kTopK},
-      {"BatchTopKSAE", DictionaryLearningClass::kBatchTopK},
-      {"MatryoshkaBatchTopKSAE", DictionaryLearningClass::kMatryoshkaBatchTopK},
-      {"JumpReluAutoEncoder", DictionaryLearningClass::kJumpRelu},
-      {"GatedAutoEncoder", DictionaryLearningClass::kGated}};
   SaeConfig cfg;
-  for (const auto& [name, c] : kClasses) {
+  for (const auto& [name, c] : kDictionaryLearningClasses) {
     if (dict_class == name) cfg.dictionary_learning = c;
   }
   if (!cfg.dictionary_learning) {

@@ -183,6 +183,10 @@ struct SaeConfig {
 
 absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text);
 
+// How latentd reads an SAE where its file asks for more than the plain encoder (an input
+// normalization, dictionary_learning's class), in words for the job's log; "" otherwise.
+std::string DescribeSaeReading(const SaeConfig& cfg);
+
 // The hook a transcoder reading `input` predicts: cfg.hook_name_out, else the MLP output of
 // input's block; INVALID_ARGUMENT for a transcoder on a hidden state that names none.
 absl::StatusOr<std::string> TranscoderOutputHook(const SaeConfig& cfg, const HookName& input);

@@ -288,6 +288,7 @@ class HfGpt2ParityTest(unittest.TestCase):
                     "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX}}
             p, out = run_extract_tool(TOOL, self.root, spec)
             self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("normalize_activations " + name, p.stderr)  # the job log says how
             result = json.loads(p.stdout)
             with torch.no_grad():
                 assert_stored_latents(self, out, encode(x)[0].numpy())
@@ -426,6 +427,7 @@ class HfGpt2ParityTest(unittest.TestCase):
             p, out = run_extract_tool(TOOL, self.root, spec)
             self.assertEqual(p.returncode, 0, dict_class + ": " + p.stderr)
             self.assertNotIn("was trained on hook", p.stderr)  # the hook from submodule_name
+            self.assertIn("dictionary_learning's %s read as a" % dict_class, p.stderr)
             result = json.loads(p.stdout)
             with torch.no_grad():
                 z = encode(m, x)
