@@ -16,15 +16,17 @@ bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" || status=$?
 # its hand-written decoders and //storage:corruption_fuzz_test are where an out-of-bounds read
 # or undefined arithmetic on corrupt bytes would hide (docs/STORAGE.md, "Corrupt values"). The
 # job manager and its store join them: watchers, runner threads and deletion share job entries;
-# so does the tokenizer, which walks UTF-8 by hand over text and tokenizer.json files it is given.
+# so does the tokenizer, which walks UTF-8 by hand over text and tokenizer.json files it is given,
+# and the torch.save reader, which unpickles ae.pt files (and their zip) by hand.
 bazel test --config=asan //storage/... //common/... //server:job_manager_test \
   //server:job_store_test //client:byte_level_test //client:tokenizer_test \
-  //client:tokenize_files_test //client:tokenizer_parity_test --test_output=errors "$@" 2>&1 |
+  //client:tokenize_files_test //client:tokenizer_parity_test //engine:torch_pickle_fuzz_test \
+  --test_output=errors "$@" 2>&1 |
   tee -a "$log" || status=$?
 
 # One plain summary line, whatever Bazel printed.
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)
 failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log" || true)
 rm -f "$log"
-echo "${passed} passed, ${failed} failed (storage, common, the job manager and the tokenizer run twice: also under ASan/UBSan)"
+echo "${passed} passed, ${failed} failed (storage, common, the job manager, the tokenizer and the torch.save reader's fuzz test run twice: also under ASan/UBSan)"
 exit $status
