@@ -622,14 +622,14 @@ std::string GemmaScopeHook(const std::string& dir) {
     if (absl::StartsWith(p, "layer_") && absl::SimpleAtoi(p.substr(6), &layer)) continue;
     if (absl::StrContains(p, "-res")) kind = "hook_resid_post";
     if (absl::StrContains(p, "-mlp")) kind = "hook_mlp_out";
-    if (absl::StrContains(p, "-att")) kind = "";
+    // Its attention SAEs read the heads' outputs before the output projection (SAELens names
+    // them blocks.L.attn.hook_z).
+    if (absl::StrContains(p, "-att")) kind = "attn.hook_z";
     if (absl::StrContains(p, "-transcoders")) kind = "ln2.hook_normalized";
   }
   return layer >= 0 && !kind.empty() ? absl::StrCat("blocks.", layer, ".", kind) : "";
 }
 
-// Gemma Scope's release layout: params.npz (W_enc [d_in, d_sae], W_dec, b_enc, b_dec,
-// threshold) and no cfg.json; a JumpReLU SAE read without subtracting b_dec first.
 // An integer tensor's elements (a 0-d tensor: one), as int64.
 absl::StatusOr<std::vector<int64_t>> ReadIntegers(const TorchStateDict& state,
                                                   const TorchTensorInfo& t) {
@@ -746,6 +746,8 @@ absl::StatusOr<SaeConfig> ReadDictionaryLearningSae(const std::string& dir) {
   return cfg;
 }
 
+// Gemma Scope's release layout: params.npz (W_enc [d_in, d_sae], W_dec, b_enc, b_dec,
+// threshold) and no cfg.json; a JumpReLU SAE read without subtracting b_dec first.
 absl::StatusOr<SaeConfig> ReadGemmaScopeSae(const std::string& dir, const std::string& npz_path) {
   ASSIGN_OR_RETURN(NpzReader npz, NpzReader::Open(npz_path));
   const NpyArrayInfo* w_enc = npz.Find("W_enc");

@@ -598,6 +598,22 @@ TEST(SaeTest, ReadsGemmaScope2AsDownloaded) {
     EXPECT_EQ(Row(codes, r), want) << "row " << r;
   }
   EXPECT_TRUE(at::allclose(sae->Predict(x, codes), at::mm(z, w_dec) + b_dec, 1e-5, 1e-5));
+  // Its other sites by their directory names: an SAE of the MLP's output.
+  for (const auto& [site, hook] :
+       std::vector<std::pair<std::string, std::string>>{{"mlp_out", "blocks.4.hook_mlp_out"}}) {
+    mkdir((root + "/" + site).c_str(), 0755);
+    const std::string other = root + "/" + site + "/layer_4_width_16k_l0_small";
+    mkdir(other.c_str(), 0755);
+    WriteTensors(other + "/params.safetensors", {{"w_enc", w_enc},
+                                                 {"w_dec", w_dec},
+                                                 {"b_enc", b_enc},
+                                                 {"b_dec", b_dec},
+                                                 {"threshold", threshold}});
+    auto cfg = ReadAndCheckSae(other);
+    ASSERT_TRUE(cfg.ok()) << cfg.status();
+    EXPECT_EQ(cfg->hook_name, hook);
+    EXPECT_FALSE(cfg->transcoder) << site;
+  }
 
   // A transcoder with an affine skip: x times it is added to the prediction of its MLP output.
   mkdir((root + "/transcoder").c_str(), 0755);

@@ -222,6 +222,13 @@ class ExtractParityTest(unittest.TestCase):
         p, _ = run_extract_tool(TOOL, self.root, self.spec("hidden_states.1", d))
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("its SAE was trained on hook blocks.1.hook_resid_post", p.stderr)
+        # -att releases are SAEs of the attention heads' outputs before the output projection
+        att = os.path.join(self.root, "gemma-scope-tiny-att", "layer_1", "width_128", "average_l0_5")
+        os.makedirs(att, exist_ok=True)
+        np.savez(os.path.join(att, "params.npz"), **arrays)
+        p, _ = run_extract_tool(TOOL, self.root, self.spec("hidden_states.2", att))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("its SAE was trained on hook blocks.1.attn.hook_z", p.stderr)
         # a damaged archive is refused at submit, naming it
         with open(os.path.join(d, "params.npz"), "r+b") as f:
             f.truncate(os.path.getsize(os.path.join(d, "params.npz")) // 2)
