@@ -431,17 +431,27 @@ absl::StatusOr<TorchStateDict> TorchStateDict::Open(const std::string& path) {
     const ZipArchive::Entry* storage = dict.zip_.Find(t.storage);
     const int64_t item = StDtypeSize(t.dtype);
     if (storage == nullptr || t.storage_numel < 0 ||
-        storage->uncompressed < static_cast<uint64_t>(t.storage_numel) * item) {
+        static_cast<uint64_t>(t.storage_numel) > storage->uncompressed / item) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", t.name, "'s storage ",
                                                      t.storage, " is missing or short"));
     }
-    int64_t last = t.storage_offset;
-    bool empty = false;
+    // The last element the tensor reaches, and its element count, without overflow (the sizes
+    // and strides are the file's).
+    int64_t last = t.storage_offset, numel = 1;
+    bool overflow = false;
     for (size_t d = 0; d < t.shape.size(); ++d) {
-      if (t.shape[d] == 0) empty = true;
-      if (t.shape[d] > 0) last += (t.shape[d] - 1) * t.strides[d];
+      int64_t reach = 0;
+      overflow |= __builtin_mul_overflow(t.shape[d], numel, &numel);
+      if (t.shape[d] > 0) {
+        overflow |= __builtin_mul_overflow(t.shape[d] - 1, t.strides[d], &reach);
+        overflow |= __builtin_add_overflow(last, reach, &last);
+      }
     }
-    if (!empty && last >= t.storage_numel) {
+    if (overflow) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor ", t.name, " has sizes or strides out of range"));
+    }
+    if (numel > 0 && last >= t.storage_numel) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", t.name, " reaches element ",
                                                      last, " of a storage of ", t.storage_numel));
     }

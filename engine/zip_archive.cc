@@ -83,7 +83,10 @@ absl::StatusOr<ZipArchive> ZipArchive::Open(const std::string& path) {
     count = LittleEndian(z64, 32, 8), cd_size = LittleEndian(z64, 40, 8),
     cd_offset = LittleEndian(z64, 48, 8);
   }
-  if (cd_offset + cd_size > size) return bad("central directory beyond the end of the file");
+  // Sums of values read from the file are compared by difference: they may be near 2^64.
+  if (cd_size > size || cd_offset > size - cd_size) {
+    return bad("central directory beyond the end of the file");
+  }
   ASSIGN_OR_RETURN(std::string cd, ReadAt(in, path, cd_offset, cd_size));
   ZipArchive zip;
   zip.path_ = path;
@@ -123,7 +126,15 @@ absl::StatusOr<ZipArchive> ZipArchive::Open(const std::string& path) {
       return bad(absl::StrCat(e.name, ": bad local header"));
     }
     e.data_offset = local_offset + 30 + LittleEndian(local, 26, 2) + LittleEndian(local, 28, 2);
-    if (e.data_offset + e.compressed > size) return bad(absl::StrCat(e.name, " runs past the end"));
+    if (e.compressed > size || e.data_offset > size - e.compressed) {
+      return bad(absl::StrCat(e.name, " runs past the end"));
+    }
+    // What an entry claims to hold is allocated when it is read: a stored one holds what it
+    // occupies, and deflate expands by at most 1032:1.
+    if ((e.method == 0 && e.uncompressed != e.compressed) ||
+        (e.method == 8 && e.uncompressed / 1032 > e.compressed + 1)) {
+      return bad(absl::StrCat(e.name, " claims ", e.uncompressed, " bytes from ", e.compressed));
+    }
     zip.entries_.push_back(std::move(e));
   }
   return zip;
