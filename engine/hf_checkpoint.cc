@@ -71,8 +71,7 @@ absl::StatusOr<std::map<std::string, TensorPlace>> LocateTensors(
           file, ": tensor ", info.name, " has shape [", absl::StrJoin(info.shape, ", "),
           "], config.json implies [", absl::StrJoin(spec.shape, ", "), "]"));
     }
-    if (info.dtype != StDtype::kF32 && info.dtype != StDtype::kF16 &&
-        info.dtype != StDtype::kBF16 && info.dtype != StDtype::kF64) {
+    if (!IsStFloat(info.dtype)) {
       return absl::InvalidArgumentError(absl::StrCat(file, ": tensor ", info.name, " has dtype ",
                                                      StDtypeName(info.dtype),
                                                      " (F32, F16, BF16 or F64 only)"));

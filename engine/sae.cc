@@ -215,10 +215,7 @@ absl::StatusOr<LoadedWeights> ReadDictionaryLearningWeights(const std::string& d
     ASSIGN_OR_RETURN(const std::string bytes, state.ReadStorage(*t));
     crc = storage::Crc32cExtend(crc, bytes.data(), bytes.size());
     hashed += static_cast<int64_t>(bytes.size());
-    const at::ScalarType type = t->dtype == StDtype::kF16    ? at::kHalf
-                                : t->dtype == StDtype::kBF16 ? at::kBFloat16
-                                : t->dtype == StDtype::kF64  ? at::kDouble
-                                                             : at::kFloat;
+    ASSIGN_OR_RETURN(const at::ScalarType type, StFloatType(t->dtype, t->name, "SAE"));
     at::Tensor storage = at::empty({t->storage_numel}, at::TensorOptions().dtype(type));
     std::memcpy(storage.data_ptr(), bytes.data(), bytes.size());
     *out = storage.as_strided(t->shape, t->strides, t->storage_offset).to(at::kFloat).contiguous();
@@ -426,7 +423,7 @@ at::Tensor Sae::EncoderInput(const at::Tensor& x) const {
   at::Tensor in = x;
   if (cfg_.input_normalization != InputNormalization::kNone) {
     const RowNormalization n = RowNormalizationOf(cfg_.input_normalization, x);
-    in = (n.shift.defined() ? x - n.shift : x.clone()).div_(n.divisor);
+    in = n.shift.defined() ? (x - n.shift).div_(n.divisor) : x / n.divisor;
   }
   if (!cfg_.apply_b_dec_to_input) return in;
   return in.is_same(x) ? x - w_.b_dec : in.sub_(w_.b_dec);

@@ -722,8 +722,7 @@ absl::StatusOr<SaeConfig> ReadDictionaryLearningSae(const std::string& dir) {
       return bad(absl::StrCat("tensor ", name, " has shape [", absl::StrJoin(t->shape, ", "), "], ",
                               names.W_enc, " implies [", absl::StrJoin(shape, ", "), "]"));
     }
-    if (t->dtype != StDtype::kF32 && t->dtype != StDtype::kF16 && t->dtype != StDtype::kBF16 &&
-        t->dtype != StDtype::kF64) {
+    if (!IsStFloat(t->dtype)) {
       return bad(absl::StrCat("tensor ", name, " has dtype ", StDtypeName(t->dtype),
                               " (F32, F16, BF16 or F64 expected)"));
     }
@@ -809,8 +808,7 @@ absl::Status CheckFloatTensor(const StHeader& header, const std::string& weights
                                                    absl::StrJoin(t->shape, ", "), "], ", implied_by,
                                                    " implies [", absl::StrJoin(want, ", "), "]"));
   }
-  if (t->dtype != StDtype::kF32 && t->dtype != StDtype::kF16 && t->dtype != StDtype::kBF16 &&
-      t->dtype != StDtype::kF64) {
+  if (!IsStFloat(t->dtype)) {
     return absl::InvalidArgumentError(absl::StrCat(weights, ": tensor ", name, " has dtype ",
                                                    StDtypeName(t->dtype),
                                                    " (F32, F16, BF16 or F64 expected)"));

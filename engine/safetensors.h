@@ -24,6 +24,10 @@ enum class StDtype { kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU64, kU32,
 absl::StatusOr<StDtype> ParseStDtype(const std::string& name);
 const char* StDtypeName(StDtype dtype);
 int StDtypeSize(StDtype dtype);
+// F32, F16, BF16 or F64: the dtypes weights are read from (as float32).
+inline bool IsStFloat(StDtype d) {
+  return d == StDtype::kF32 || d == StDtype::kF16 || d == StDtype::kBF16 || d == StDtype::kF64;
+}
 
 struct StTensorInfo {
   std::string name;

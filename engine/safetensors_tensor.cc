@@ -8,7 +8,12 @@
 namespace latentd::engine {
 
 absl::StatusOr<at::ScalarType> StFloatType(const StTensorInfo& info, const char* what) {
-  switch (info.dtype) {
+  return StFloatType(info.dtype, info.name, what);
+}
+
+absl::StatusOr<at::ScalarType> StFloatType(StDtype dtype, const std::string& name,
+                                           const char* what) {
+  switch (dtype) {
     case StDtype::kF32:
       return at::kFloat;
     case StDtype::kF16:
@@ -19,7 +24,7 @@ absl::StatusOr<at::ScalarType> StFloatType(const StTensorInfo& info, const char*
       return at::kDouble;
     default:
       return absl::InvalidArgumentError(
-          absl::StrCat(what, " tensor ", info.name, " has dtype ", StDtypeName(info.dtype)));
+          absl::StrCat(what, " tensor ", name, " has dtype ", StDtypeName(dtype)));
   }
 }
 

@@ -13,6 +13,9 @@ namespace latentd::engine {
 // The LibTorch type of a float dtype (F32, F16, BF16, F64); INVALID_ARGUMENT
 // "<what> tensor <name> has dtype <dtype>" for another.
 absl::StatusOr<at::ScalarType> StFloatType(const StTensorInfo& info, const char* what);
+// The same for a tensor `name` of dtype `dtype` read from elsewhere (a torch.save file).
+absl::StatusOr<at::ScalarType> StFloatType(StDtype dtype, const std::string& name,
+                                           const char* what);
 
 // `info` (one of file.header().tensors) copied out of the file and converted to float32.
 // F32, F16, BF16 and F64 are accepted; another dtype is INVALID_ARGUMENT
