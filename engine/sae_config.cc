@@ -135,11 +135,15 @@ absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
     }
     break;
   }
-  if (j.contains("activation_fn_kwargs") && j["activation_fn_kwargs"].is_object() &&
-      j["activation_fn_kwargs"].value("signed", false) == true) {
+  // A signed TopK (sparsify's "signed", SAELens' conversion of it in activation_fn_kwargs).
+  const bool is_signed =
+      j.value("signed", json()) == true ||
+      (j.contains("activation_fn_kwargs") && j["activation_fn_kwargs"].is_object() &&
+       j["activation_fn_kwargs"].value("signed", json()) == true);
+  if (is_signed) {
     return absl::InvalidArgumentError(
-        "cfg.json: activation_fn_kwargs.signed true keeps the k largest |pre-activations| with "
-        "their signs, which latentd's TopK (the k largest, ReLU'd) does not compute");
+        "cfg.json: signed true keeps the k largest |pre-activations| with their signs, which "
+        "latentd's TopK (the k largest, ReLU'd) does not compute");
   }
   std::string arch;
   if (j.contains("architecture")) {
@@ -317,7 +321,8 @@ absl::StatusOr<SaeConfig> ParseDictionaryLearningConfig(const std::string& text)
         absl::StrCat(kDictionaryLearningConfig, ": not a JSON object with a \"trainer\" object"));
   }
   const json& t = j["trainer"];
-  const std::string dict_class = t.value("dict_class", "");
+  const json& named = t.value("dict_class", json());
+  const std::string dict_class = named.is_string() ? named.get<std::string>() : named.dump();
   SaeConfig cfg;
   for (const auto& [name, c] : kDictionaryLearningClasses) {
     if (dict_class == name) cfg.dictionary_learning = c;
@@ -354,7 +359,8 @@ absl::StatusOr<SaeConfig> ParseDictionaryLearningConfig(const std::string& text)
   if (t.contains("k") && t["k"].is_number_integer()) cfg.k = t["k"].get<int32_t>();
   if (t.contains("lm_name") && t["lm_name"].is_string()) cfg.model_name = t["lm_name"];
   // submodule_name "resid_post_layer_12": the site, then the layer.
-  const std::string submodule = t.value("submodule_name", "");
+  const json& submodule_name = t.value("submodule_name", json());
+  const std::string submodule = submodule_name.is_string() ? submodule_name.get<std::string>() : "";
   for (const auto& [site, hook] :
        std::vector<std::pair<const char*, const char*>>{{"resid_post_layer_", "hook_resid_post"},
                                                         {"mlp_out_layer_", "hook_mlp_out"},

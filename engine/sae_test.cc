@@ -383,6 +383,8 @@ TEST(SaeTest, ReadsDictionaryLearningDictionaries) {
   };
   config(dir, "CrossCoder", 12);
   refused(dir, "CrossCoder");
+  std::ofstream(dir + "/config.json") << R"({"trainer": {"dict_class": 7, "submodule_name": 3}})";
+  refused(dir, R"(dict_class "7")");    // a number where a name belongs: named, not a crash
   config(dir, "GatedAutoEncoder", 12);  // a TopK's tensors
   refused(dir, "tensor gate_bias missing");
   config(dir, "AutoEncoderTopK", 16);
@@ -412,15 +414,21 @@ TEST(SaeTest, ReadsTheOlderSaeLensSchemasActivation) {
   sae = Sae::Load(dir);
   ASSERT_TRUE(sae.ok()) << sae.status();
   EXPECT_EQ(sae->config().architecture, SaeArchitecture::kRelu);
-  // Anthropic's tanh-relu, and a signed TopK: refused naming the field.
-  for (const char* cfg : {R"({"d_in": 4, "d_sae": 12, "activation_fn_str": "tanh-relu"})",
-                          R"({"d_in": 4, "d_sae": 12, "activation_fn_str": "topk",
-                              "activation_fn_kwargs": {"k": 5, "signed": true}})"}) {
+  // Anthropic's tanh-relu, and a signed TopK (SAELens' spelling and sparsify's): refused naming
+  // the field.
+  for (const auto& [cfg, field] : std::vector<std::pair<const char*, const char*>>{
+           {R"({"d_in": 4, "d_sae": 12, "activation_fn_str": "tanh-relu"})", "activation_fn_str"},
+           {R"({"d_in": 4, "d_sae": 12, "activation_fn_str": "topk",
+                "activation_fn_kwargs": {"k": 5, "signed": true}})",
+            "signed"},
+           {R"({"d_in": 4, "num_latents": 12, "k": 5, "signed": true})", "signed"}}) {
     std::ofstream(dir + "/cfg.json") << cfg;
     const absl::Status s = Sae::Load(dir).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << cfg;
-    EXPECT_NE(s.message().find("activation_fn"), std::string::npos) << s;
+    EXPECT_NE(s.message().find(field), std::string::npos) << s;
   }
+  std::ofstream(dir + "/cfg.json") << R"({"d_in": 4, "num_latents": 12, "k": 5, "signed": false})";
+  EXPECT_TRUE(Sae::Load(dir).ok());
 }
 
 // What an SAE says it was trained on, wherever its release put it: the start-of-job warnings

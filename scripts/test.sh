@@ -17,10 +17,12 @@ bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" || status=$?
 # or undefined arithmetic on corrupt bytes would hide (docs/STORAGE.md, "Corrupt values"). The
 # job manager and its store join them: watchers, runner threads and deletion share job entries;
 # so does the tokenizer, which walks UTF-8 by hand over text and tokenizer.json files it is given,
-# and the torch.save reader, which unpickles ae.pt files (and their zip) by hand.
+# the torch.save reader, which unpickles ae.pt files (and their zip) by hand, and the SAE config
+# parsers, fed every field with a value of every other type.
 bazel test --config=asan //storage/... //common/... //server:job_manager_test \
   //server:job_store_test //client:byte_level_test //client:tokenizer_test \
   //client:tokenize_files_test //client:tokenizer_parity_test //engine:torch_pickle_fuzz_test \
+  //engine:sae_config_fuzz_test \
   --test_output=errors "$@" 2>&1 |
   tee -a "$log" || status=$?
 
@@ -28,5 +30,5 @@ bazel test --config=asan //storage/... //common/... //server:job_manager_test \
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)
 failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log" || true)
 rm -f "$log"
-echo "${passed} passed, ${failed} failed (storage, common, the job manager, the tokenizer and the torch.save reader's fuzz test run twice: also under ASan/UBSan)"
+echo "${passed} passed, ${failed} failed (storage, common, the job manager, the tokenizer and the SAE file readers' fuzz tests run twice: also under ASan/UBSan)"
 exit $status
