@@ -1,10 +1,12 @@
 // The SAE encoder's last step on the CPU, side by side in one run: the codes of a batch's
 // pre-activations built by engine/sparse_codes.h's kernels (FixedKCodes for TopK, RaggedCodes for
 // JumpReLU) against the ATen formulation they replaced (topk + sort + gather; mask, product,
-// nonzero, masked_select), on the same tensors, alternating, best of --rounds.
+// nonzero, masked_select), on the same tensors, alternating, best of --rounds. Then what an
+// SAE's run-time input normalization (SAELens' layer_norm, constant_norm_rescale) adds to a
+// whole TopK encode + reconstruction (Sae::EncodeSparse + Predict) of --d_in wide rows.
 //
 //   bazel run -c opt //bench:sae_encode_bench -- [--rows=4096] [--d_sae=4096] [--k=32]
-//       [--rounds=5] [--threads=all cores]
+//       [--d_in=768] [--rounds=5] [--threads=all cores]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -17,6 +19,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "engine/sae.h"
 #include "engine/sparse_codes.h"
 
 namespace {
@@ -39,7 +42,7 @@ double BestMs(int rounds, const std::function<SparseCodes()>& encode) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t rows = 4096, d_sae = 4096, k = 32;
+  int64_t rows = 4096, d_sae = 4096, k = 32, d_in = 768;
   int rounds = 5;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (int i = 1; i < argc; ++i) {
@@ -47,6 +50,7 @@ int main(int argc, char** argv) {
     if (absl::StartsWith(a, "--rows=")) rows = std::atoll(a.c_str() + 7);
     if (absl::StartsWith(a, "--d_sae=")) d_sae = std::atoll(a.c_str() + 8);
     if (absl::StartsWith(a, "--k=")) k = std::atoll(a.c_str() + 4);
+    if (absl::StartsWith(a, "--d_in=")) d_in = std::atoll(a.c_str() + 7);
     if (absl::StartsWith(a, "--rounds=")) rounds = std::atoi(a.c_str() + 9);
     if (absl::StartsWith(a, "--threads=")) threads = std::atoi(a.c_str() + 10);
   }
@@ -86,5 +90,43 @@ int main(int argc, char** argv) {
               topk_aten / topk_kernel);
   std::printf("%-10s %-12.2f %-12.2f %.2fx\n", "jumprelu", jump_aten, jump_kernel,
               jump_aten / jump_kernel);
+
+  // Input normalization: the same TopK SAE read three ways, encoding and reconstructing one
+  // batch, the normalizations taking turns with the plain one.
+  using latentd::engine::InputNormalization;
+  const at::Tensor x = at::randn({rows, d_in}) * 3 + 1;
+  const latentd::engine::SaeWeights w{at::randn({d_in, d_sae}) / std::sqrt(double(d_in)),
+                                      at::zeros({d_sae}), at::randn({d_sae, d_in}) * 0.05,
+                                      at::zeros({d_in})};
+  auto sae_with = [&](InputNormalization n) {
+    latentd::engine::SaeConfig cfg;
+    cfg.d_in = d_in;
+    cfg.d_sae = d_sae;
+    cfg.k = static_cast<int32_t>(k);
+    cfg.input_normalization = n;
+    return *latentd::engine::Sae::Create(cfg, w);
+  };
+  std::printf("\n%-22s %-12s %s\n", "INPUT NORMALIZATION", "ENCODE+PREDICT_MS", "VS NONE");
+  const latentd::engine::Sae plain = sae_with(InputNormalization::kNone);
+  auto encode = [&](const latentd::engine::Sae& sae) {
+    return [&] {
+      SparseCodes codes = sae.EncodeSparse(x);
+      sae.Predict(x, codes);
+      return codes;
+    };
+  };
+  for (InputNormalization n :
+       {InputNormalization::kLayerNorm, InputNormalization::kConstantNormRescale}) {
+    const latentd::engine::Sae normalized = sae_with(n);
+    // Round by round, one call of each, so that the machine's drift falls on both alike.
+    double none_ms = 1e30, with_ms = 1e30;
+    for (int r = 0; r < rounds; ++r) {
+      none_ms = std::min(none_ms, BestMs(1, encode(plain)));
+      with_ms = std::min(with_ms, BestMs(1, encode(normalized)));
+    }
+    std::printf("%-22s %-17.2f %+.1f%% (none %.2f ms)\n",
+                latentd::engine::InputNormalizationName(n), with_ms, 100 * (with_ms / none_ms - 1),
+                none_ms);
+  }
   return 0;
 }
