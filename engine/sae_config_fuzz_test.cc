@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/mutate.h"
+#include "engine/circuit_tracer.h"
 #include "engine/sae_config.h"
 #include "gtest/gtest.h"
 
@@ -88,6 +89,28 @@ TEST(SaeConfigFuzzTest, DamagedConfigsAreRefusedNotThrown) {
       "apply_decoder_bias_to_pre_encoder": false, "use_decoder_bias": true,
       "sparsity_include_decoder_norm": true})",
               ParseLmSaesHyperparams, "hyperparams.json");
+}
+
+// circuit-tracer's config.yaml, read by a hand-written key reader: damaged text is refused or
+// read, never a crash (under ASan: never a read out of bounds).
+TEST(SaeConfigFuzzTest, DamagedYamlIsRefusedOrRead) {
+  const std::string valid =
+      "model_kind: cross_layer_transcoder  # a comment\n"
+      "feature_input_hook: \"hook_resid_mid\"\n"
+      "feature_output_hook: 'hook_mlp_out'\n"
+      "scan: gemma-2-2b\n"
+      "transcoders:\n"
+      "  - hf://org/repo/W_enc_0.safetensors\n"
+      "activation: jumprelu\n";
+  auto parsed = ParseTopLevelYaml(valid);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->at("feature_output_hook"), "hook_mlp_out");
+  std::mt19937 rng(13);
+  for (int i = 0; i < 4000; ++i) {
+    const std::string text = MutateBytes(valid, &rng, i % 2 ? std::string(":#'\"- \n\t[]{}") : "");
+    const auto got = ParseTopLevelYaml(text);
+    if (!got.ok()) EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  }
 }
 
 }  // namespace
