@@ -195,18 +195,18 @@ absl::StatusOr<LoadedWeights> ReadCircuitTracerWeights(const std::string& dir,
   return LoadedWeights{std::move(w), absl::StrFormat("crc32c:%08x:%d", crc, hashed)};
 }
 
-// dictionary_learning's ae.pt (ReadAndCheckSae checked names, shapes and dtypes) in the SAELens
+// A torch.save'd state dict (dictionary_learning's ae.pt, Goodfire's .pth; ReadAndCheckSae
+// checked names, shapes and dtypes) in the SAELens
 // form: nn.Linear weights transposed, a BatchTopK's single threshold for every latent, and a
 // JumpReluAutoEncoder's decoder-norm scaling folded in (its latent j is relu(pre_j * [pre_j >
 // t_j]) * n_j, n_j = |W_dec[j]|, decoded as z_j / n_j: so W_enc, b_enc and t take n_j, W_dec
 // 1 / n_j; a zero direction's latent is 0 either way). A GatedAutoEncoder's likewise: W_enc,
 // the gate's and the magnitude's biases take n_j (r_mag, a log-scale, does not). The hash covers
 // every tensor read and the class.
-absl::StatusOr<LoadedWeights> ReadDictionaryLearningWeights(const std::string& dir,
-                                                            const SaeConfig& cfg) {
-  ASSIGN_OR_RETURN(const TorchStateDict state,
-                   TorchStateDict::Open(dir + "/" + kDictionaryLearningWeights));
-  const DictionaryLearningTensors names = DictionaryLearningTensorsOf(*cfg.dictionary_learning);
+absl::StatusOr<LoadedWeights> ReadStateDictWeights(const std::string& dir, const SaeConfig& cfg) {
+  ASSIGN_OR_RETURN(const std::string path, FindSaeWeightsFile(dir));
+  ASSIGN_OR_RETURN(const TorchStateDict state, TorchStateDict::Open(path));
+  const StateDictTensors names = StateDictTensorsOf(*cfg.state_dict_class);
   uint32_t crc = 0;
   int64_t hashed = 0;
   auto read = [&](const char* name, at::Tensor* out) -> absl::Status {
@@ -247,7 +247,7 @@ absl::StatusOr<LoadedWeights> ReadDictionaryLearningWeights(const std::string& d
     w.W_dec = w.W_dec / divisor.unsqueeze(1);
   }
   const std::string tag =
-      absl::StrCat("dictionary_learning:", static_cast<int>(*cfg.dictionary_learning));
+      absl::StrCat("state dict:", StateDictTensorsOf(*cfg.state_dict_class).module);
   crc = storage::Crc32cExtend(crc, tag.data(), tag.size());
   hashed += static_cast<int64_t>(tag.size());
   return LoadedWeights{std::move(w), absl::StrFormat("crc32c:%08x:%d", crc, hashed)};
@@ -308,8 +308,8 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir, const std::optional<HookNa
     ASSIGN_OR_RETURN(LoadedWeights loaded, ReadCircuitTracerWeights(dir, cfg));
     return create(std::move(loaded), dir);
   }
-  if (cfg.dictionary_learning) {
-    ASSIGN_OR_RETURN(LoadedWeights loaded, ReadDictionaryLearningWeights(dir, cfg));
+  if (cfg.state_dict_class) {
+    ASSIGN_OR_RETURN(LoadedWeights loaded, ReadStateDictWeights(dir, cfg));
     return create(std::move(loaded), dir);
   }
   ASSIGN_OR_RETURN(std::string path, FindSaeWeightsFile(dir));

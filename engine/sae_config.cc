@@ -53,29 +53,12 @@ const char* InputNormalizationName(InputNormalization n) {
   return "?";
 }
 
-namespace {
-
-// dictionary_learning's class names, as config.json's trainer.dict_class spells them.
-constexpr std::pair<const char*, DictionaryLearningClass> kDictionaryLearningClasses[] = {
-    {"AutoEncoder", DictionaryLearningClass::kAutoEncoder},
-    {"AutoEncoderTopK", DictionaryLearningClass::kTopK},
-    {"BatchTopKSAE", DictionaryLearningClass::kBatchTopK},
-    {"MatryoshkaBatchTopKSAE", DictionaryLearningClass::kMatryoshkaBatchTopK},
-    {"JumpReluAutoEncoder", DictionaryLearningClass::kJumpRelu},
-    {"GatedAutoEncoder", DictionaryLearningClass::kGated}};
-
-}  // namespace
-
 std::string DescribeSaeReading(const SaeConfig& cfg) {
   std::vector<std::string> parts;
-  if (cfg.dictionary_learning) {
-    const char* dict_class = "";
-    for (const auto& [name, c] : kDictionaryLearningClasses) {
-      if (c == *cfg.dictionary_learning) dict_class = name;
-    }
+  if (cfg.state_dict_class) {
     parts.push_back(absl::StrCat(
-        "dictionary_learning's ", dict_class, " read as a ", SaeArchitectureName(cfg.architecture),
-        " SAE",
+        StateDictTensorsOf(*cfg.state_dict_class).module, " read as a ",
+        SaeArchitectureName(cfg.architecture), " SAE",
         cfg.architecture == SaeArchitecture::kTopK ? absl::StrCat(" (k ", cfg.k, ")") : ""));
   }
   if (cfg.input_normalization != InputNormalization::kNone) {
@@ -294,25 +277,89 @@ absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
   return cfg;
 }
 
-DictionaryLearningTensors DictionaryLearningTensorsOf(DictionaryLearningClass c) {
+StateDictTensors StateDictTensorsOf(StateDictClass c) {
+  StateDictTensors t;
+  // nn.Linear encoder and decoder, the decoder without a bias: dictionary_learning's first
+  // classes.
+  auto linear = [&t](const char* module, const char* b_dec) {
+    t.module = module;
+    t.W_enc = "encoder.weight";
+    t.b_enc = "encoder.bias";
+    t.W_dec = "decoder.weight";
+    t.b_dec = b_dec;
+    t.linear = true;
+  };
+  // Parameters in SAELens' own names and layout.
+  auto parameters = [&t](const char* module) {
+    t.module = module;
+    t.W_enc = "W_enc";
+    t.b_enc = "b_enc";
+    t.W_dec = "W_dec";
+    t.b_dec = "b_dec";
+  };
   switch (c) {
-    case DictionaryLearningClass::kAutoEncoder:
-      return {"encoder.weight", "encoder.bias", "decoder.weight", "bias", "", true};
-    case DictionaryLearningClass::kTopK:
-      return {"encoder.weight", "encoder.bias", "decoder.weight", "b_dec", "", true};
-    case DictionaryLearningClass::kBatchTopK:
-      return {"encoder.weight", "encoder.bias", "decoder.weight", "b_dec", "threshold", true, true};
-    case DictionaryLearningClass::kMatryoshkaBatchTopK:
-      return {"W_enc", "b_enc", "W_dec", "b_dec", "threshold", false, true};
-    case DictionaryLearningClass::kJumpRelu:
-      return {"W_enc", "b_enc", "W_dec", "b_dec", "threshold", false, false, true};
-    case DictionaryLearningClass::kGated:
-      return {
-          "encoder.weight", "gate_bias", "decoder.weight", "decoder_bias", "", true, false, true,
-          "r_mag",          "mag_bias"};
+    case StateDictClass::kAutoEncoder:
+      linear("dictionary_learning's AutoEncoder", "bias");
+      break;
+    case StateDictClass::kAutoEncoderNew:
+      linear("dictionary_learning's AutoEncoderNew", "decoder.bias");
+      t.apply_b_dec_to_input = false;
+      break;
+    case StateDictClass::kGoodfire:
+      linear("Goodfire's SparseAutoEncoder", "decoder_linear.bias");
+      t.W_enc = "encoder_linear.weight";
+      t.b_enc = "encoder_linear.bias";
+      t.W_dec = "decoder_linear.weight";
+      t.apply_b_dec_to_input = false;
+      break;
+    case StateDictClass::kTopK:
+      linear("dictionary_learning's AutoEncoderTopK", "b_dec");
+      t.architecture = SaeArchitecture::kTopK;
+      break;
+    case StateDictClass::kBatchTopK:
+      linear("dictionary_learning's BatchTopKSAE", "b_dec");
+      t.architecture = SaeArchitecture::kJumpRelu;
+      t.threshold = "threshold";
+      t.scalar_threshold = true;
+      break;
+    case StateDictClass::kMatryoshkaBatchTopK:
+      parameters("dictionary_learning's MatryoshkaBatchTopKSAE");
+      t.architecture = SaeArchitecture::kJumpRelu;
+      t.threshold = "threshold";
+      t.scalar_threshold = true;
+      break;
+    case StateDictClass::kJumpRelu:
+      parameters("dictionary_learning's JumpReluAutoEncoder");
+      t.architecture = SaeArchitecture::kJumpRelu;
+      t.apply_b_dec_to_input = false;
+      t.threshold = "threshold";
+      t.decoder_norm_scaled = true;
+      break;
+    case StateDictClass::kGated:
+      linear("dictionary_learning's GatedAutoEncoder", "decoder_bias");
+      t.architecture = SaeArchitecture::kGated;
+      t.b_enc = "gate_bias";
+      t.decoder_norm_scaled = true;
+      t.r_mag = "r_mag";
+      t.b_mag = "mag_bias";
+      break;
   }
-  return {"", "", "", "", ""};
+  return t;
 }
+
+namespace {
+
+// dictionary_learning's class names, as config.json's trainer.dict_class spells them.
+constexpr std::pair<const char*, StateDictClass> kDictionaryLearningClasses[] = {
+    {"AutoEncoder", StateDictClass::kAutoEncoder},
+    {"AutoEncoderNew", StateDictClass::kAutoEncoderNew},
+    {"AutoEncoderTopK", StateDictClass::kTopK},
+    {"BatchTopKSAE", StateDictClass::kBatchTopK},
+    {"MatryoshkaBatchTopKSAE", StateDictClass::kMatryoshkaBatchTopK},
+    {"JumpReluAutoEncoder", StateDictClass::kJumpRelu},
+    {"GatedAutoEncoder", StateDictClass::kGated}};
+
+}  // namespace
 
 absl::StatusOr<SaeConfig> ParseDictionaryLearningConfig(const std::string& text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -325,31 +372,18 @@ absl::StatusOr<SaeConfig> ParseDictionaryLearningConfig(const std::string& text)
   const std::string dict_class = named.is_string() ? named.get<std::string>() : named.dump();
   SaeConfig cfg;
   for (const auto& [name, c] : kDictionaryLearningClasses) {
-    if (dict_class == name) cfg.dictionary_learning = c;
+    if (dict_class == name) cfg.state_dict_class = c;
   }
-  if (!cfg.dictionary_learning) {
+  if (!cfg.state_dict_class) {
     return absl::InvalidArgumentError(
         absl::StrCat(kDictionaryLearningConfig, ": trainer.dict_class \"", dict_class,
-                     "\" is not one latentd reads (AutoEncoder, AutoEncoderTopK, BatchTopKSAE, "
-                     "MatryoshkaBatchTopKSAE, JumpReluAutoEncoder, GatedAutoEncoder)"));
+                     "\" is not one latentd reads (AutoEncoder, AutoEncoderNew, AutoEncoderTopK, "
+                     "BatchTopKSAE, MatryoshkaBatchTopKSAE, JumpReluAutoEncoder, "
+                     "GatedAutoEncoder)"));
   }
-  switch (*cfg.dictionary_learning) {
-    case DictionaryLearningClass::kAutoEncoder:
-      cfg.architecture = SaeArchitecture::kRelu;
-      break;
-    case DictionaryLearningClass::kTopK:
-      cfg.architecture = SaeArchitecture::kTopK;
-      break;
-    case DictionaryLearningClass::kBatchTopK:
-    case DictionaryLearningClass::kMatryoshkaBatchTopK:
-    case DictionaryLearningClass::kJumpRelu:
-      cfg.architecture = SaeArchitecture::kJumpRelu;
-      break;
-    case DictionaryLearningClass::kGated:
-      cfg.architecture = SaeArchitecture::kGated;
-      break;
-  }
-  cfg.apply_b_dec_to_input = *cfg.dictionary_learning != DictionaryLearningClass::kJumpRelu;
+  const StateDictTensors layout = StateDictTensorsOf(*cfg.state_dict_class);
+  cfg.architecture = layout.architecture;
+  cfg.apply_b_dec_to_input = layout.apply_b_dec_to_input;
   if (t.contains("activation_dim") && t["activation_dim"].is_number_integer()) {
     cfg.d_in = t["activation_dim"].get<int64_t>();
   }
@@ -574,6 +608,21 @@ bool IsDictionaryLearningLayout(const std::string& dir) {
   return !Exists(dir + "/cfg.json") && Exists(dir + "/" + kDictionaryLearningWeights);
 }
 
+// Goodfire's layout: the directory's only .pth file, and no config beside it ("" otherwise).
+std::string GoodfireWeights(const std::string& dir) {
+  for (const std::string config : {"cfg.json", kDictionaryLearningConfig, kLmSaesHyperparams}) {
+    if (Exists(dir + "/" + config)) return "";
+  }
+  std::string found;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    if (entry.path().extension() != ".pth") continue;
+    if (!found.empty()) return "";  // several: which one is not ours to guess
+    found = entry.path().string();
+  }
+  return found;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> FindSaeWeightsFile(const std::string& dir,
@@ -587,6 +636,7 @@ absl::StatusOr<std::string> FindSaeWeightsFile(const std::string& dir,
   const std::string preferred = dir + "/sae_weights.safetensors";
   if (Exists(preferred)) return preferred;
   if (IsDictionaryLearningLayout(dir)) return dir + "/" + kDictionaryLearningWeights;
+  if (std::string goodfire = GoodfireWeights(dir); !goodfire.empty()) return goodfire;
   if (IsLmSaesLayout(dir)) {
     // lm-saes' own order of preference (its .pt checkpoints are pickles latentd cannot read).
     for (const char* name : {"checkpoints/pruned.safetensors", "checkpoints/final.safetensors"}) {
@@ -665,6 +715,8 @@ absl::StatusOr<std::vector<int64_t>> ReadIntegers(const TorchStateDict& state,
   return out;
 }
 
+absl::StatusOr<SaeConfig> CheckStateDictSae(SaeConfig cfg, const std::string& weights);
+
 // dictionary_learning's ae.pt + config.json (ParseDictionaryLearningConfig): the state dict's
 // tensors checked against config.json's widths; k read from the state dict, which is what the
 // module encodes with.
@@ -682,10 +734,26 @@ absl::StatusOr<SaeConfig> ReadDictionaryLearningSae(const std::string& dir) {
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(dir, "/", parsed.status().message()));
   }
-  SaeConfig cfg = *std::move(parsed);
-  const std::string weights = dir + "/" + kDictionaryLearningWeights;
+  return CheckStateDictSae(*std::move(parsed), dir + "/" + kDictionaryLearningWeights);
+}
+
+// Goodfire's release: one .pth state dict (`weights`) and no config, its widths from the tensors.
+absl::StatusOr<SaeConfig> ReadGoodfireSae(const std::string& weights) {
+  SaeConfig cfg;
+  cfg.state_dict_class = StateDictClass::kGoodfire;
+  const StateDictTensors layout = StateDictTensorsOf(StateDictClass::kGoodfire);
+  cfg.architecture = layout.architecture;
+  cfg.apply_b_dec_to_input = layout.apply_b_dec_to_input;
+  return CheckStateDictSae(cfg, weights);
+}
+
+// `cfg` (its state_dict_class set; d_in, d_sae and k where a config gave them) checked against the
+// state dict in `weights`: every tensor of the class present, of the shape its encoder implies
+// and a float dtype; widths taken from the encoder, k from the state dict (what the module
+// encodes with), a Matryoshka's level widths from its group_sizes.
+absl::StatusOr<SaeConfig> CheckStateDictSae(SaeConfig cfg, const std::string& weights) {
   ASSIGN_OR_RETURN(const TorchStateDict state, TorchStateDict::Open(weights));
-  const DictionaryLearningTensors names = DictionaryLearningTensorsOf(*cfg.dictionary_learning);
+  const StateDictTensors names = StateDictTensorsOf(*cfg.state_dict_class);
   auto bad = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(weights, ": ", why));
   };
@@ -990,6 +1058,9 @@ absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir,
     return ReadCircuitTracerSae(dir, *hook);
   }
   if (IsDictionaryLearningLayout(dir)) return ReadDictionaryLearningSae(dir);
+  if (std::string goodfire = GoodfireWeights(dir); !goodfire.empty()) {
+    return ReadGoodfireSae(goodfire);
+  }
   const bool lm_saes = IsLmSaesLayout(dir);
   std::ifstream in(dir + "/" + (lm_saes ? kLmSaesHyperparams : "cfg.json"));
   if (const std::string params = dir + "/" + kGemmaScope2Params; !in && Exists(params)) {

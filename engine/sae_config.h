@@ -34,7 +34,8 @@
 // Gemma Scope 2's layout (kGemmaScope2Params below) is read too: params.safetensors with w_enc and
 // no cfg.json, its place (hook, transcoder) from the path.
 // dictionary_learning's layout is read too: ae.pt + config.json and no cfg.json
-// (DictionaryLearningClass; ParseDictionaryLearningConfig).
+// (StateDictClass; ParseDictionaryLearningConfig); and Goodfire's: a directory holding one .pth
+// file (a state dict with encoder_linear.* and decoder_linear.*) and no config.
 // lm-saes' layout (OpenMOSS; Llama Scope ships in it) is read too: a directory with
 // hyperparams.json and no cfg.json, the weights in sae_weights.safetensors,
 // checkpoints/pruned.safetensors or checkpoints/final.safetensors (encoder.weight [d_sae, d_in],
@@ -87,10 +88,12 @@ enum class InputNormalization { kNone, kConstantNormRescale, kLayerNorm };
 // "none", "constant_norm_rescale", "layer_norm": cfg.json's spelling.
 const char* InputNormalizationName(InputNormalization n);
 
-// dictionary_learning's (Marks et al.; SAEBench's releases ship in it) dictionary classes latentd
-// reads from ae.pt (a torch.save'd state dict, engine/torch_pickle.h) + config.json (its
-// trainer's dict_class, activation_dim, dict_size, k, layer, lm_name, submodule_name):
+// SAEs shipped as a torch.save'd state dict (engine/torch_pickle.h), by the module they are:
+// dictionary_learning's (Marks et al.; SAEBench's releases ship in it) dictionary classes, read
+// from ae.pt + config.json (its trainer's dict_class, activation_dim, dict_size, k, layer,
+// lm_name, submodule_name), and Goodfire's (Llama 3.x SAEs, one .pth file and nothing else):
 //   kAutoEncoder       relu((x - bias) enc^T + enc_b)           (encoder/decoder nn.Linear)
+//   kAutoEncoderNew    relu(x enc^T + enc_b), decoded with the decoder's own bias
 //   kTopK              AutoEncoderTopK: the k largest of that, ReLU'd (k from the state dict)
 //   kBatchTopK         BatchTopKSAE at inference: relu(pre) * (relu(pre) > threshold), one
 //                      threshold for every latent (a JumpReLU; without one, a ReLU)
@@ -99,31 +102,38 @@ const char* InputNormalizationName(InputNormalization n);
 //                      decoder norm, b_dec not subtracted; decoded after dividing by that norm
 //   kGated             GatedAutoEncoder: SAELens' Gated encoder (gate_bias, r_mag, mag_bias,
 //                      decoder_bias subtracted first), times the decoder norm as kJumpRelu
-// Sae::Load folds each into the SAELens form (DictionaryLearningTensors names the tensors).
-enum class DictionaryLearningClass {
+//   kGoodfire          Goodfire's SparseAutoEncoder: kAutoEncoderNew's encoder under the names
+//                      encoder_linear / decoder_linear
+// Sae::Load folds each into the SAELens form (StateDictTensors names the tensors).
+enum class StateDictClass {
   kAutoEncoder,
+  kAutoEncoderNew,
   kTopK,
   kBatchTopK,
   kMatryoshkaBatchTopK,
   kJumpRelu,
-  kGated
+  kGated,
+  kGoodfire
 };
 
-// The state dict's names for the SAELens roles of a class ("" where it has none), and how they
-// are laid out.
-struct DictionaryLearningTensors {
-  const char* W_enc;
-  const char* b_enc;
-  const char* W_dec;
-  const char* b_dec;
-  const char* threshold;
+// What a class is in the SAELens form: its encoder, the state dict's names for the SAELens roles
+// ("" where it has none), and how they are laid out.
+struct StateDictTensors {
+  const char* module = "";  // for messages: "dictionary_learning's AutoEncoderTopK"
+  SaeArchitecture architecture = SaeArchitecture::kRelu;
+  bool apply_b_dec_to_input = true;
+  const char* W_enc = "";
+  const char* b_enc = "";
+  const char* W_dec = "";
+  const char* b_dec = "";
+  const char* threshold = "";
   bool linear = false;               // nn.Linear weights: W_enc and W_dec stored transposed
   bool scalar_threshold = false;     // one threshold for all latents (BatchTopK's)
   bool decoder_norm_scaled = false;  // latents times their decoder norm (JumpRelu, Gated)
   const char* r_mag = "";            // Gated only
   const char* b_mag = "";
 };
-DictionaryLearningTensors DictionaryLearningTensorsOf(DictionaryLearningClass c);
+StateDictTensors StateDictTensorsOf(StateDictClass c);
 
 inline constexpr char kDictionaryLearningWeights[] = "ae.pt";
 inline constexpr char kDictionaryLearningConfig[] = "config.json";
@@ -174,8 +184,9 @@ struct SaeConfig {
 
   // Set for a layer of a circuit-tracer release (a transcoder).
   std::optional<CircuitTracerLayer> circuit_tracer;
-  // Set for dictionary_learning's layout (ae.pt + config.json).
-  std::optional<DictionaryLearningClass> dictionary_learning;
+  // Set for an SAE read from a torch.save'd state dict (dictionary_learning's ae.pt, Goodfire's
+  // .pth): which module it is.
+  std::optional<StateDictClass> state_dict_class;
 
   // The width of what the decoder gives: d_out for a transcoder, d_in for an SAE.
   int64_t OutWidth() const { return transcoder ? d_out : d_in; }
@@ -216,7 +227,7 @@ absl::StatusOr<SaeConfig> ParseLmSaesHyperparams(const std::string& text);
 // dictionary_learning's config.json: {"trainer": {"dict_class", "activation_dim", "dict_size",
 // "k", "layer", "lm_name", "submodule_name", ...}}. The hook comes from submodule_name
 // ("resid_post_layer_12": blocks.12.hook_resid_post; mlp_out_, attn_out_ too). A dict_class
-// other than DictionaryLearningClass's is INVALID_ARGUMENT naming it. d_in, d_sae and k are
+// other than StateDictClass's is INVALID_ARGUMENT naming it. d_in, d_sae and k are
 // checked (and k read) against ae.pt by ReadAndCheckSae.
 absl::StatusOr<SaeConfig> ParseDictionaryLearningConfig(const std::string& text);
 

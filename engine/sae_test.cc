@@ -395,6 +395,34 @@ TEST(SaeTest, ReadsDictionaryLearningDictionaries) {
   refused(batch, "no threshold");
 }
 
+// Goodfire's release: one .pth state dict, nothing beside it. A ReLU SAE whose encoder adds
+// no b_dec first; its widths come from the tensors. Two .pth files are not guessed between.
+TEST(SaeTest, ReadsGoodfiresStateDict) {
+  const std::string dir = TempDir("goodfire");
+  at::manual_seed(41);
+  c10::Dict<std::string, at::Tensor> state;
+  const at::Tensor enc = at::randn({12, 4}), enc_b = at::randn({12}), dec = at::randn({4, 12}),
+                   dec_b = at::randn({4});
+  state.insert("encoder_linear.weight", enc.to(at::kBFloat16));
+  state.insert("encoder_linear.bias", enc_b.to(at::kBFloat16));
+  state.insert("decoder_linear.weight", dec.to(at::kBFloat16));
+  state.insert("decoder_linear.bias", dec_b.to(at::kBFloat16));
+  const std::vector<char> bytes = torch::pickle_save(state);
+  std::ofstream(dir + "/Model-SAE-l3.pth", std::ios::binary).write(bytes.data(), bytes.size());
+  auto sae = Sae::Load(dir);
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  EXPECT_EQ(sae->config().architecture, SaeArchitecture::kRelu);
+  EXPECT_FALSE(sae->config().apply_b_dec_to_input);
+  EXPECT_EQ(sae->config().d_in, 4);
+  EXPECT_EQ(sae->config().d_sae, 12);
+  const at::Tensor x = at::randn({3, 4});
+  const at::Tensor z = at::relu(at::addmm(enc_b.to(at::kBFloat16).to(at::kFloat), x,
+                                          enc.to(at::kBFloat16).to(at::kFloat).t()));
+  EXPECT_TRUE(at::allclose(sae->EncodeDense(x), z, 1e-5, 1e-5));
+  std::ofstream(dir + "/another.pth", std::ios::binary).write(bytes.data(), bytes.size());
+  EXPECT_EQ(Sae::Load(dir).status().code(), absl::StatusCode::kNotFound);
+}
+
 // SAELens 3-5 wrote a TopK SAE as "architecture": "standard" with the activation beside it
 // (OpenAI's GPT-2 SAEs and SAEBench's TopK releases are served so): a TopK of that k, not a ReLU.
 TEST(SaeTest, ReadsTheOlderSaeLensSchemasActivation) {

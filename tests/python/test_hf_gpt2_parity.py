@@ -335,6 +335,14 @@ class HfGpt2ParityTest(unittest.TestCase):
         m.bias = nn.Parameter(rand(D, s=0.1))
         cases["AutoEncoder"] = (m, lambda m, x: relu(m.encoder(x - m.bias)),
                                 lambda m, f: m.decoder(f) + m.bias, {})
+        # AutoEncoderNew: no bias subtracted first, the decoder's own bias.
+        m = nn.Module()
+        linear_pair(m)
+        m.decoder = nn.Linear(S, D)
+        with torch.no_grad():
+            m.decoder.weight.copy_(rand(D, S))
+            m.decoder.bias.copy_(rand(D, s=0.1))
+        cases["AutoEncoderNew"] = (m, lambda m, x: relu(m.encoder(x)), lambda m, f: m.decoder(f), {})
         # AutoEncoderTopK, saved in bfloat16.
         m = nn.Module()
         linear_pair(m)
@@ -436,6 +444,40 @@ class HfGpt2ParityTest(unittest.TestCase):
                 ev = 1 - ((x - x_hat) ** 2).sum().item() / ((x - x.mean(0)) ** 2).sum().item()
             self.assertAlmostEqual(result["fit"]["explainedVariance"], ev, delta=1e-4 * max(1, abs(ev)),
                                    msg=dict_class)
+
+    def test_goodfire_sae_as_saved(self):
+        # Goodfire's SAEs (Llama 3.x): one .pth file, the state dict of a module with
+        # encoder_linear and decoder_linear, in bfloat16, that encodes relu(encoder_linear(x)) and
+        # decodes decoder_linear(f). No config: the widths come from the tensors, the hook from the
+        # job.
+        d, hooks = self.checkpoint("plain")
+        hook = "blocks.2.hook_resid_post"
+        x = hooks[hook].reshape(-1, D)
+        g = torch.Generator().manual_seed(31)
+        m = torch.nn.Module()
+        m.encoder_linear = torch.nn.Linear(D, 80)
+        m.decoder_linear = torch.nn.Linear(80, D)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        m = m.to(torch.bfloat16)
+        sae = os.path.join(self.root, "goodfire")
+        os.makedirs(sae, exist_ok=True)
+        torch.save(m.state_dict(), os.path.join(sae, "Tiny-GPT2-SAE-l2.pth"))
+        m = m.float()
+        spec = {"model": {"huggingface": {"path": d}}, "hookName": hook, "sae": {"path": sae},
+                "valueDtype": "FLOAT32", "batchSequences": 4,
+                "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX}}
+        p, out = run_extract_tool(TOOL, self.root, spec)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("Goodfire's SparseAutoEncoder read as a relu SAE", p.stderr)
+        with torch.no_grad():
+            z = torch.relu(m.encoder_linear(x))
+            assert_stored_latents(self, out, z.numpy())
+            x_hat = m.decoder_linear(z)
+            ev = 1 - ((x - x_hat) ** 2).sum().item() / ((x - x.mean(0)) ** 2).sum().item()
+        self.assertAlmostEqual(json.loads(p.stdout)["fit"]["explainedVariance"], ev,
+                               delta=1e-4 * max(1, abs(ev)))
 
     def test_a_pickle_that_calls_anything_else_is_refused_unrun(self):
         # ae.pt is a pickle, which may name any Python callable: latentd reads the names of a
