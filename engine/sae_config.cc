@@ -279,8 +279,7 @@ absl::StatusOr<SaeConfig> ParseSaeConfigJson(const std::string& text) {
 
 StateDictTensors StateDictTensorsOf(StateDictClass c) {
   StateDictTensors t;
-  // nn.Linear encoder and decoder, the decoder without a bias: dictionary_learning's first
-  // classes.
+  // nn.Linear encoder and decoder (weights stored [out, in]); b_dec names the decoder-side bias.
   auto linear = [&t](const char* module, const char* b_dec) {
     t.module = module;
     t.W_enc = "encoder.weight";
@@ -296,6 +295,12 @@ StateDictTensors StateDictTensorsOf(StateDictClass c) {
     t.b_enc = "b_enc";
     t.W_dec = "W_dec";
     t.b_dec = "b_dec";
+  };
+  // BatchTopK at inference: one learned threshold for every latent, on ReLU'd values.
+  auto batch_threshold = [&t] {
+    t.architecture = SaeArchitecture::kJumpRelu;
+    t.threshold = "threshold";
+    t.scalar_threshold = true;
   };
   switch (c) {
     case StateDictClass::kAutoEncoder:
@@ -318,15 +323,11 @@ StateDictTensors StateDictTensorsOf(StateDictClass c) {
       break;
     case StateDictClass::kBatchTopK:
       linear("dictionary_learning's BatchTopKSAE", "b_dec");
-      t.architecture = SaeArchitecture::kJumpRelu;
-      t.threshold = "threshold";
-      t.scalar_threshold = true;
+      batch_threshold();
       break;
     case StateDictClass::kMatryoshkaBatchTopK:
       parameters("dictionary_learning's MatryoshkaBatchTopKSAE");
-      t.architecture = SaeArchitecture::kJumpRelu;
-      t.threshold = "threshold";
-      t.scalar_threshold = true;
+      batch_threshold();
       break;
     case StateDictClass::kJumpRelu:
       parameters("dictionary_learning's JumpReluAutoEncoder");
