@@ -142,6 +142,14 @@ class HfGpt2ParityTest(unittest.TestCase):
             hooks = Gpt2(w, cfg)(torch.from_numpy(self.ids).view(-1, CTX))
         return d, hooks
 
+    def sparse_spec(self, model_dir, hook, sae, **fields):
+        """A SPARSE spec of the SAE in `sae` at `hook` over this test's tokens, float32 values, four
+        sequences a batch; `fields` (moreOutputs, downstreamLossSequences, ...) added."""
+        return dict({"model": {"huggingface": {"path": model_dir}}, "hookName": hook,
+                     "sae": {"path": sae}, "valueDtype": "FLOAT32", "batchSequences": 4,
+                     "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX}},
+                    **fields)
+
     def run_tool(self, model_dir, hook, context=CTX, centered=False, sae=None):
         spec = {"model": {"huggingface": {"path": model_dir, "centerWritingWeights": centered}},
                 "hookName": hook, "mode": "SPARSE" if sae else "DENSE", "valueDtype": "FLOAT32",
@@ -215,11 +223,10 @@ class HfGpt2ParityTest(unittest.TestCase):
             saes[hook] = (path, write_topk_sae(path, D, 128, 8, seed, bias=0.05))
 
         hooks = list(saes)
-        spec = {"model": {"huggingface": {"path": d}}, "hookName": hooks[0],
-                "sae": {"path": saes[hooks[0]][0]},
-                "moreOutputs": [{"hookName": h, "sae": {"path": saes[h][0]}} for h in hooks[1:]],
-                "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX},
-                "batchSequences": 4, "downstreamLossSequences": 100}  # more than the 9 there are
+        spec = self.sparse_spec(
+            d, hooks[0], saes[hooks[0]][0],
+            moreOutputs=[{"hookName": h, "sae": {"path": saes[h][0]}} for h in hooks[1:]],
+            downstreamLossSequences=100)  # more than the 9 there are
         p, _ = run_extract_tool(TOOL, self.root, spec)
         self.assertEqual(p.returncode, 0, p.stderr)
         result = json.loads(p.stdout)
@@ -283,9 +290,7 @@ class HfGpt2ParityTest(unittest.TestCase):
                 z, undo = encode(x)
                 return undo(z @ w["W_dec"] + w["b_dec"])
 
-            spec = {"model": {"huggingface": {"path": d}}, "hookName": hook, "sae": {"path": sae},
-                    "valueDtype": "FLOAT32", "batchSequences": 4, "downstreamLossSequences": 9,
-                    "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX}}
+            spec = self.sparse_spec(d, hook, sae, downstreamLossSequences=9)
             p, out = run_extract_tool(TOOL, self.root, spec)
             self.assertEqual(p.returncode, 0, p.stderr)
             self.assertIn("normalize_activations " + name, p.stderr)  # the job log says how
@@ -429,10 +434,7 @@ class HfGpt2ParityTest(unittest.TestCase):
                                        "layer": 1, "lm_name": "tiny-gpt2",
                                        "submodule_name": "resid_post_layer_1"},
                            "buffer": {"d_submodule": D}}, f)
-            spec = {"model": {"huggingface": {"path": d}}, "hookName": hook, "sae": {"path": sae},
-                    "valueDtype": "FLOAT32", "batchSequences": 4,
-                    "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX}}
-            p, out = run_extract_tool(TOOL, self.root, spec)
+            p, out = run_extract_tool(TOOL, self.root, self.sparse_spec(d, hook, sae))
             self.assertEqual(p.returncode, 0, dict_class + ": " + p.stderr)
             self.assertNotIn("was trained on hook", p.stderr)  # the hook from submodule_name
             self.assertIn("dictionary_learning's %s read as a" % dict_class, p.stderr)
@@ -465,10 +467,7 @@ class HfGpt2ParityTest(unittest.TestCase):
         os.makedirs(sae, exist_ok=True)
         torch.save(m.state_dict(), os.path.join(sae, "Tiny-GPT2-SAE-l2.pth"))
         m = m.float()
-        spec = {"model": {"huggingface": {"path": d}}, "hookName": hook, "sae": {"path": sae},
-                "valueDtype": "FLOAT32", "batchSequences": 4,
-                "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX}}
-        p, out = run_extract_tool(TOOL, self.root, spec)
+        p, out = run_extract_tool(TOOL, self.root, self.sparse_spec(d, hook, sae))
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("Goodfire's SparseAutoEncoder read as a relu SAE", p.stderr)
         with torch.no_grad():
@@ -523,10 +522,7 @@ class HfGpt2ParityTest(unittest.TestCase):
             out = encode(x) @ w["W_dec"] + w["b_dec"]
             return out + x @ w["W_skip"].T if "W_skip" in w else out
 
-        spec = {"model": {"huggingface": {"path": d}}, "hookName": hook_in,
-                "sae": {"path": tc}, "valueDtype": "FLOAT32",
-                "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX},
-                "batchSequences": 4, "downstreamLossSequences": 9}
+        spec = self.sparse_spec(d, hook_in, tc, downstreamLossSequences=9)
         p, out = run_extract_tool(TOOL, self.root, spec)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertNotIn("was trained on hook", p.stderr)
@@ -615,12 +611,10 @@ class HfGpt2ParityTest(unittest.TestCase):
                                "b_dec_%d" % l: b_dec[l], "threshold_%d" % l: threshold[l]})
             write_safetensors(os.path.join(clt, "W_dec_%d.safetensors" % l), {"W_dec_%d" % l: W_dec[l]})
         last = LAYERS - 1
-        spec = {"model": {"huggingface": {"path": d}}, "hookName": "blocks.%d.hook_resid_mid" % last,
-                "sae": {"path": clt}, "valueDtype": "FLOAT32",
-                "moreOutputs": [{"hookName": "blocks.%d.hook_resid_mid" % l, "sae": {"path": clt}}
-                                for l in range(last)],
-                "tokens": {"path": os.path.join(self.root, "tokens.npy"), "contextLength": CTX},
-                "batchSequences": 4, "downstreamLossSequences": 9}
+        spec = self.sparse_spec(
+            d, "blocks.%d.hook_resid_mid" % last, clt, downstreamLossSequences=9,
+            moreOutputs=[{"hookName": "blocks.%d.hook_resid_mid" % l, "sae": {"path": clt}}
+                         for l in range(last)])
         p, out = run_extract_tool(TOOL, self.root, spec)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertNotIn("not measured", p.stderr)
