@@ -760,7 +760,17 @@ absl::StatusOr<SaeConfig> CheckStateDictSae(SaeConfig cfg, const std::string& we
   };
   const TorchTensorInfo* w_enc = state.Find(names.W_enc);
   if (w_enc == nullptr || w_enc->shape.size() != 2) {
-    return bad(absl::StrCat("no 2-D tensor ", names.W_enc));
+    // Most likely another module's state dict: say what it holds.
+    std::vector<std::string> held;
+    for (const TorchTensorInfo& t : state.tensors()) {
+      if (held.size() == 8) {
+        held.push_back("...");
+        break;
+      }
+      held.push_back(t.name);
+    }
+    return bad(absl::StrCat("no 2-D tensor ", names.W_enc, ", so not ", names.module,
+                            "'s state dict (it holds ", absl::StrJoin(held, ", "), ")"));
   }
   const int64_t d_in = w_enc->shape[names.linear ? 1 : 0];
   const int64_t d_sae = w_enc->shape[names.linear ? 0 : 1];

@@ -421,6 +421,18 @@ TEST(SaeTest, ReadsGoodfiresStateDict) {
   EXPECT_TRUE(at::allclose(sae->EncodeDense(x), z, 1e-5, 1e-5));
   std::ofstream(dir + "/another.pth", std::ios::binary).write(bytes.data(), bytes.size());
   EXPECT_EQ(Sae::Load(dir).status().code(), absl::StatusCode::kNotFound);
+  // The only .pth file, but some other module's: refused, saying what it holds.
+  const std::string other = TempDir("not_goodfire");
+  c10::Dict<std::string, at::Tensor> model;
+  model.insert("fc.weight", at::randn({3, 4}));
+  const std::vector<char> model_bytes = torch::pickle_save(model);
+  std::ofstream(other + "/model.pth", std::ios::binary)
+      .write(model_bytes.data(), model_bytes.size());
+  const absl::Status s = Sae::Load(other).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("not Goodfire's SparseAutoEncoder's state dict (it holds fc.weight)"),
+            std::string::npos)
+      << s;
 }
 
 // SAELens 3-5 wrote a TopK SAE as "architecture": "standard" with the activation beside it
