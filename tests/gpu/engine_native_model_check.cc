@@ -94,7 +94,8 @@ LlamaWeights Gemma3() {
 }
 
 const std::vector<std::string> kHooks = {"blocks.2.hook_resid_post", "blocks.0.hook_attn_out",
-                                         "blocks.1.mlp.hook_post", "blocks.1.hook_mlp_out"};
+                                         "blocks.1.mlp.hook_post", "blocks.1.hook_mlp_out",
+                                         "blocks.1.attn.hook_z"};
 
 std::vector<HookName> Hooks(const std::vector<std::string>& names) {
   std::vector<HookName> hooks;
