@@ -234,8 +234,7 @@ absl::StatusOr<LoadedWeights> ReadStateDictWeights(const std::string& dir, const
   }
   if (*names.threshold != '\0') {
     RETURN_IF_ERROR(read(names.threshold, &w.threshold));
-    // Every form compares a ReLU'd (or ReLU-gated) value with t: a threshold below 0 is 0.
-    w.threshold = w.threshold.expand({cfg.d_sae}).clamp_min(0).contiguous();
+    w.threshold = w.threshold.expand({cfg.d_sae}).contiguous();  // BatchTopK's: one for all
   }
   if (names.decoder_norm_scaled) {
     const at::Tensor norms = w.W_dec.norm(2, {1});
@@ -297,6 +296,13 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir, const std::optional<HookNa
   ASSIGN_OR_RETURN(SaeConfig cfg, ReadAndCheckSae(dir, hook));
   // The SAE of the weights read from `where`, checked against cfg, with their hash.
   auto create = [&cfg](LoadedWeights loaded, const std::string& where) -> absl::StatusOr<Sae> {
+    // Which JumpReLU the layout means: SAELens', Gemma Scope's (1 and 2) and the state-dict
+    // classes' gate a ReLU'd value, relu(pre) * (pre > t), which is latentd's
+    // pre * (pre > max(t, 0)); lm-saes' and circuit-tracer's are pre * (pre > t) as written.
+    at::Tensor& threshold = loaded.weights.threshold;
+    if (threshold.defined() && !cfg.lm_saes && !cfg.circuit_tracer) {
+      threshold = threshold.clamp_min(0);
+    }
     auto sae = Create(cfg, std::move(loaded.weights));
     if (!sae.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": ", sae.status().message()));
@@ -315,8 +321,6 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir, const std::optional<HookNa
   ASSIGN_OR_RETURN(std::string path, FindSaeWeightsFile(dir));
   if (absl::EndsWith(path, ".npz")) {
     ASSIGN_OR_RETURN(LoadedWeights loaded, ReadGemmaScopeWeights(path));
-    // Gemma Scope's own encoder is relu(pre) * (pre > t), as SAELens' (below).
-    loaded.weights.threshold = loaded.weights.threshold.clamp_min(0);
     return create(std::move(loaded), path);
   }
   ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Read(path));
@@ -350,9 +354,6 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir, const std::optional<HookNa
     RETURN_IF_ERROR(load({"finetuning_scaling_factor"}, &scale));
     w.W_dec = w.W_dec * scale.unsqueeze(1);
   }
-  // SAELens' JumpReLU SAEs and Gemma Scope 2 encode relu(pre) * (pre > t), which is latentd's
-  // pre * (pre > max(t, 0)); lm-saes' encoder is pre * (pre > t) as it stands.
-  if (w.threshold.defined() && !cfg.lm_saes) w.threshold = w.threshold.clamp_min(0);
   // CRC32C runs at memory speed (SSE4.2), so even a 1M-latent SAE's gigabytes cost little
   // next to reading them; it guards against a changed file, not against an adversary.
   const std::string& bytes = file.bytes();

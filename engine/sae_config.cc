@@ -3,7 +3,6 @@
 #include <dirent.h>
 
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -350,6 +349,17 @@ StateDictTensors StateDictTensorsOf(StateDictClass c) {
 
 namespace {
 
+// The config of a state-dict class before its tensors say its widths: its encoder, whether b_dec
+// is subtracted first.
+SaeConfig StateDictSaeConfig(StateDictClass c) {
+  const StateDictTensors layout = StateDictTensorsOf(c);
+  SaeConfig cfg;
+  cfg.state_dict_class = c;
+  cfg.architecture = layout.architecture;
+  cfg.apply_b_dec_to_input = layout.apply_b_dec_to_input;
+  return cfg;
+}
+
 // dictionary_learning's class names, as config.json's trainer.dict_class spells them.
 constexpr std::pair<const char*, StateDictClass> kDictionaryLearningClasses[] = {
     {"AutoEncoder", StateDictClass::kAutoEncoder},
@@ -371,20 +381,18 @@ absl::StatusOr<SaeConfig> ParseDictionaryLearningConfig(const std::string& text)
   const json& t = j["trainer"];
   const json& named = t.value("dict_class", json());
   const std::string dict_class = named.is_string() ? named.get<std::string>() : named.dump();
-  SaeConfig cfg;
+  std::optional<StateDictClass> found;
   for (const auto& [name, c] : kDictionaryLearningClasses) {
-    if (dict_class == name) cfg.state_dict_class = c;
+    if (dict_class == name) found = c;
   }
-  if (!cfg.state_dict_class) {
+  if (!found) {
     return absl::InvalidArgumentError(
         absl::StrCat(kDictionaryLearningConfig, ": trainer.dict_class \"", dict_class,
                      "\" is not one latentd reads (AutoEncoder, AutoEncoderNew, AutoEncoderTopK, "
                      "BatchTopKSAE, MatryoshkaBatchTopKSAE, JumpReluAutoEncoder, "
                      "GatedAutoEncoder)"));
   }
-  const StateDictTensors layout = StateDictTensorsOf(*cfg.state_dict_class);
-  cfg.architecture = layout.architecture;
-  cfg.apply_b_dec_to_input = layout.apply_b_dec_to_input;
+  SaeConfig cfg = StateDictSaeConfig(*found);
   if (t.contains("activation_dim") && t["activation_dim"].is_number_integer()) {
     cfg.d_in = t["activation_dim"].get<int64_t>();
   }
@@ -687,35 +695,6 @@ std::string GemmaScopeHook(const std::string& dir) {
   return layer >= 0 && !kind.empty() ? absl::StrCat("blocks.", layer, ".", kind) : "";
 }
 
-// An integer tensor's elements (a 0-d tensor: one), as int64.
-absl::StatusOr<std::vector<int64_t>> ReadIntegers(const TorchStateDict& state,
-                                                  const TorchTensorInfo& t) {
-  if (t.dtype != StDtype::kI64 && t.dtype != StDtype::kI32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(state.path(), ": tensor ", t.name, " is not an integer tensor"));
-  }
-  if (t.shape.size() > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(state.path(), ": tensor ", t.name, " is not 0-d or 1-d"));
-  }
-  ASSIGN_OR_RETURN(const std::string bytes, state.ReadStorage(t));
-  std::vector<int64_t> out;
-  const int64_t n = t.numel(), stride = t.strides.empty() ? 1 : t.strides[0];
-  for (int64_t i = 0; i < n; ++i) {
-    const size_t at = static_cast<size_t>(t.storage_offset + i * stride);
-    if (t.dtype == StDtype::kI64) {
-      int64_t v;
-      std::memcpy(&v, bytes.data() + at * 8, 8);
-      out.push_back(v);
-    } else {
-      int32_t v;
-      std::memcpy(&v, bytes.data() + at * 4, 4);
-      out.push_back(v);
-    }
-  }
-  return out;
-}
-
 absl::StatusOr<SaeConfig> CheckStateDictSae(SaeConfig cfg, const std::string& weights);
 
 // dictionary_learning's ae.pt + config.json (ParseDictionaryLearningConfig): the state dict's
@@ -740,12 +719,7 @@ absl::StatusOr<SaeConfig> ReadDictionaryLearningSae(const std::string& dir) {
 
 // Goodfire's release: one .pth state dict (`weights`) and no config, its widths from the tensors.
 absl::StatusOr<SaeConfig> ReadGoodfireSae(const std::string& weights) {
-  SaeConfig cfg;
-  cfg.state_dict_class = StateDictClass::kGoodfire;
-  const StateDictTensors layout = StateDictTensorsOf(StateDictClass::kGoodfire);
-  cfg.architecture = layout.architecture;
-  cfg.apply_b_dec_to_input = layout.apply_b_dec_to_input;
-  return CheckStateDictSae(cfg, weights);
+  return CheckStateDictSae(StateDictSaeConfig(StateDictClass::kGoodfire), weights);
 }
 
 // `cfg` (its state_dict_class set; d_in, d_sae and k where a config gave them) checked against the
@@ -814,7 +788,7 @@ absl::StatusOr<SaeConfig> CheckStateDictSae(SaeConfig cfg, const std::string& we
   }
   if (cfg.architecture == SaeArchitecture::kTopK) {
     if (const TorchTensorInfo* k = state.Find("k")) {
-      ASSIGN_OR_RETURN(const std::vector<int64_t> values, ReadIntegers(state, *k));
+      ASSIGN_OR_RETURN(const std::vector<int64_t> values, state.ReadIntegers(*k));
       if (values.size() != 1) return bad("tensor k holds more than one value");
       cfg.k = static_cast<int32_t>(values[0]);
     }
@@ -823,7 +797,7 @@ absl::StatusOr<SaeConfig> CheckStateDictSae(SaeConfig cfg, const std::string& we
     }
   }
   if (const TorchTensorInfo* groups = state.Find("group_sizes")) {
-    ASSIGN_OR_RETURN(const std::vector<int64_t> sizes, ReadIntegers(state, *groups));
+    ASSIGN_OR_RETURN(const std::vector<int64_t> sizes, state.ReadIntegers(*groups));
     int64_t width = 0;
     for (int64_t size : sizes) cfg.matryoshka_widths.push_back(width += size);
   }

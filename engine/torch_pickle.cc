@@ -478,4 +478,33 @@ absl::StatusOr<std::string> TorchStateDict::ReadStorage(const TorchTensorInfo& t
   return data;
 }
 
+absl::StatusOr<std::vector<int64_t>> TorchStateDict::ReadIntegers(const TorchTensorInfo& t) const {
+  if (t.dtype != StDtype::kI64 && t.dtype != StDtype::kI32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path(), ": tensor ", t.name, " is not an integer tensor"));
+  }
+  if (t.shape.size() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path(), ": tensor ", t.name, " is not 0-d or 1-d"));
+  }
+  ASSIGN_OR_RETURN(const std::string bytes, ReadStorage(t));
+  // Open checked that every element the tensor reaches lies in its storage.
+  const int64_t n = t.numel(), stride = t.strides.empty() ? 1 : t.strides[0];
+  const int item = StDtypeSize(t.dtype);
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < n; ++i) {
+    const char* at = bytes.data() + (t.storage_offset + i * stride) * item;
+    if (t.dtype == StDtype::kI64) {
+      int64_t v;
+      std::memcpy(&v, at, sizeof v);
+      out.push_back(v);
+    } else {
+      int32_t v;
+      std::memcpy(&v, at, sizeof v);
+      out.push_back(v);
+    }
+  }
+  return out;
+}
+
 }  // namespace latentd::engine

@@ -50,6 +50,9 @@ class TorchStateDict {
   // The whole storage the tensor views (storage_numel elements, little-endian); the tensor is
   // its elements at storage_offset + sum(index[d] * strides[d]).
   absl::StatusOr<std::string> ReadStorage(const TorchTensorInfo& tensor) const;
+  // The elements of an integer tensor (I64 or I32; 0-d or 1-d) as int64: a module's buffers such
+  // as a TopK's k. INVALID_ARGUMENT naming the tensor for another dtype or rank.
+  absl::StatusOr<std::vector<int64_t>> ReadIntegers(const TorchTensorInfo& tensor) const;
 
  private:
   explicit TorchStateDict(ZipArchive zip) : zip_(std::move(zip)) {}
