@@ -12,6 +12,7 @@
 #include "common/mutate.h"
 #include "common/test_dir.h"
 #include "engine/torch_pickle.h"
+#include "engine/torch_pickle_testing.h"
 #include "engine/zip_archive.h"
 #include "gtest/gtest.h"
 
@@ -20,49 +21,22 @@ namespace {
 
 using std::string_literals::operator""s;
 
-std::string Le(uint64_t v, int bytes) {
-  std::string out;
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  return out;
-}
-
-// A zip of stored entries (no CRC: neither reader checks one; the storages' bytes are what the
-// tensors are checked against).
-std::string StoredZip(const std::vector<std::pair<std::string, std::string>>& entries) {
-  std::string out, directory;
-  for (const auto& [name, data] : entries) {
-    const uint64_t offset = out.size();
-    out += "PK\x03\x04"s + Le(20, 2) + Le(0, 2) + Le(0, 2) + Le(0, 4) + Le(0, 4) +
-           Le(data.size(), 4) + Le(data.size(), 4) + Le(name.size(), 2) + Le(0, 2) + name + data;
-    directory += "PK\x01\x02"s + Le(20, 2) + Le(20, 2) + Le(0, 2) + Le(0, 2) + Le(0, 4) + Le(0, 4) +
-                 Le(data.size(), 4) + Le(data.size(), 4) + Le(name.size(), 2) + Le(0, 2) +
-                 Le(0, 2) + Le(0, 2) + Le(0, 2) + Le(0, 4) + Le(offset, 4) + name;
-  }
-  const uint64_t directory_offset = out.size();
-  out += directory;
-  out += "PK\x05\x06"s + Le(0, 2) + Le(0, 2) + Le(entries.size(), 2) + Le(entries.size(), 2) +
-         Le(directory.size(), 4) + Le(directory_offset, 4) + Le(0, 2);
-  return out;
-}
-
-std::string Str(const std::string& s) { return "X"s + Le(s.size(), 4) + s; }
-std::string Small(int v) { return "K"s + static_cast<char>(v); }
-
-// _rebuild_tensor_v2(storage(key, FloatStorage, numel), 0, size, stride, False, OrderedDict()),
-// its memo entries written as torch.save writes them (BINPUT), and fetched back once (BINGET).
-std::string Tensor(const std::string& key, int numel, const std::string& size_stride) {
-  return "ctorch._utils\n_rebuild_tensor_v2\nq\x01("s + "(" + Str("storage") +
-         "ctorch\nFloatStorage\nq\x02" + Str(key) + Str("cpu") + Small(numel) + "tQ" + Small(0) +
-         size_stride + "\x89" + "ccollections\nOrderedDict\n)R" + "tR";
-}
+using torch_pickle_testing::PickleSmallInt;
+using torch_pickle_testing::PickleString;
+using torch_pickle_testing::PickleTensor;
+using torch_pickle_testing::StoredZip;
 
 TEST(TorchPickleFuzzTest, CorruptArchivesAreRefusedNeverACrash) {
   const std::string dir = FreshTestDir("torch_pickle_fuzz");
   // OrderedDict() {'W': [2, 3] view, 'b': [3]} with its _metadata BUILD, as a state dict pickles.
   const std::string pickle =
-      "\x80\x02"s + "ccollections\nOrderedDict\nq\x00)Rq\x03("s + Str("W") +
-      Tensor("0", 6, Small(2) + Small(3) + "\x86"s + Small(3) + Small(1) + "\x86"s) + Str("b") +
-      Tensor("1", 3, Small(3) + "\x85"s + Small(1) + "\x85"s) + "u}" + Str("x") + "h\x03" + "sb.";
+      "\x80\x02"s + "ccollections\nOrderedDict\nq\x00)Rq\x03("s + PickleString("W") +
+      PickleTensor("0", 6,
+                   PickleSmallInt(2) + PickleSmallInt(3) + "\x86"s + PickleSmallInt(3) +
+                       PickleSmallInt(1) + "\x86"s) +
+      PickleString("b") +
+      PickleTensor("1", 3, PickleSmallInt(3) + "\x85"s + PickleSmallInt(1) + "\x85"s) + "u}" +
+      PickleString("x") + "h\x03" + "sb.";
   const std::string valid = StoredZip({{"archive/data.pkl", pickle},
                                        {"archive/byteorder", "little"},
                                        {"archive/data/0", std::string(24, '\1')},

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/test_dir.h"
+#include "engine/torch_pickle_testing.h"
 #include "gtest/gtest.h"
 
 namespace latentd::engine {
@@ -55,6 +56,8 @@ TEST(TorchPickleTest, ReadsTheTensorsOfASavedDict) {
   int32_t k_value = 0;
   std::memcpy(&k_value, k_bytes->data() + 4 * k->storage_offset, 4);
   EXPECT_EQ(k_value, 7);
+  EXPECT_EQ(*state->ReadIntegers(*k), std::vector<int64_t>{7});  // a module's buffer, as int64
+  EXPECT_EQ(state->ReadIntegers(*t).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(state->Find("absent"), nullptr);
 }
 
@@ -95,14 +98,13 @@ TEST(TorchPickleTest, RefusesWhatIsNotAPlainStateDict) {
             std::string::npos);
   // {'w': _rebuild_tensor_v2(storage('0', FloatStorage, 4 elements), 0, (3, 2), (2, 1), False,
   // OrderedDict())}: element 5 reached, four stored.
-  auto str = [](const std::string& s) {
-    return "X"s + static_cast<char>(s.size()) + "\x00\x00\x00"s + s;
-  };
-  auto small = [](int v) { return "K"s + static_cast<char>(v); };
+  using torch_pickle_testing::PickleSmallInt;
   const std::string tensor =
-      "\x80\x02}"s + str("w") + "ctorch._utils\n_rebuild_tensor_v2\n(" + "(" + str("storage") +
-      "ctorch\nFloatStorage\n" + str("0") + str("cpu") + small(4) + "tQ" + small(0) + small(3) +
-      small(2) + "\x86"s + small(2) + small(1) + "\x86\x89"s + "ccollections\nOrderedDict\n)RtRs.";
+      "\x80\x02}"s + torch_pickle_testing::PickleString("w") +
+      torch_pickle_testing::PickleTensor("0", 4,
+                                         PickleSmallInt(3) + PickleSmallInt(2) + "\x86"s +
+                                             PickleSmallInt(2) + PickleSmallInt(1) + "\x86"s) +
+      "s.";
   const std::string path = WriteArchive(dir, "short", tensor, {{"data/0", std::string(16, '\0')}});
   EXPECT_NE(message(TorchStateDict::Open(path)).find("reaches element 5 of a storage of 4"),
             std::string::npos);
