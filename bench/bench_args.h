@@ -21,6 +21,18 @@ inline int64_t IntArg(int argc, char** argv, const char* name, int64_t fallback)
   return value;
 }
 
+// The value of the last `name=TEXT` among argv[1..], else `fallback`.
+inline std::string StringArg(int argc, char** argv, const char* name, const std::string& fallback) {
+  const std::string prefix = std::string(name) + "=";
+  std::string value = fallback;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0) {
+      value = argv[i] + prefix.size();
+    }
+  }
+  return value;
+}
+
 }  // namespace latentd::bench
 
 #endif  // LATENTD_BENCH_BENCH_ARGS_H_

@@ -329,7 +329,11 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env,
                               bool all_cpu = false) {
   Checked c;
   latentd::v1::TokenSource tokens = spec.tokens();
-  ASSIGN_OR_RETURN(c.tokens_path, ResolveUnderRoots(tokens.path(), env, "extract.tokens.path"));
+  ASSIGN_OR_RETURN(
+      c.tokens_path,
+      ResolveTokenPath(tokens.path(), "extract.tokens.path", [&](const std::string& p) {
+        return ResolveUnderRoots(p, env, "extract.tokens.path");
+      }));
   tokens.set_path(c.tokens_path);
   switch (spec.model().model_case()) {
     case latentd::v1::ModelSpec::kReference: {

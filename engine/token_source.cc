@@ -1,20 +1,26 @@
 #include "engine/token_source.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <set>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "engine/npz.h"
+#include "engine/parquet_column.h"
 
 namespace latentd::engine {
 namespace {
@@ -23,7 +29,120 @@ absl::Status Bad(const std::string& field, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("extract.tokens.", field, ": ", what));
 }
 
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Splits "DIR/NAME" (a bare NAME lies in ".").
+std::pair<std::string, std::string> SplitLast(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return {".", path};
+  return {slash == 0 ? "/" : path.substr(0, slash), path.substr(slash + 1)};
+}
+
+// Hugging Face's shard names: PREFIX-NNNNN-of-MMMMM.parquet. False for any other name.
+bool ParseShardName(const std::string& name, std::string* prefix, int64_t* index, int64_t* total) {
+  constexpr absl::string_view kSuffix = ".parquet";
+  if (!absl::EndsWith(name, kSuffix)) return false;
+  const std::string stem = name.substr(0, name.size() - kSuffix.size());
+  const size_t of = stem.rfind("-of-");
+  if (of == std::string::npos) return false;
+  const size_t dash = stem.rfind('-', of - 1);
+  if (dash == std::string::npos || of == 0) return false;
+  const std::string i = stem.substr(dash + 1, of - dash - 1), n = stem.substr(of + 4);
+  if (i.empty() || n.empty() || i.find_first_not_of("0123456789") != std::string::npos ||
+      n.find_first_not_of("0123456789") != std::string::npos) {
+    return false;
+  }
+  *prefix = stem.substr(0, dash);
+  return absl::SimpleAtoi(i, index) && absl::SimpleAtoi(n, total);
+}
+
 }  // namespace
+
+bool IsTokenPathPattern(const std::string& path) {
+  return SplitLast(path).second.find_first_of("*?[") != std::string::npos;
+}
+
+absl::StatusOr<std::vector<std::string>> ParquetShards(const std::string& path,
+                                                       const std::string& field) {
+  const bool pattern = IsTokenPathPattern(path);
+  if (!pattern && !IsDirectory(path)) return std::vector<std::string>{path};
+  const auto [dir, name_pattern] = pattern ? SplitLast(path) : std::make_pair(path, "*.parquet");
+  DIR* listing = opendir(dir.c_str());
+  if (listing == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat(field, ": cannot list ", dir, ": ", std::strerror(errno)));
+  }
+  std::vector<std::string> names;
+  while (const dirent* entry = readdir(listing)) {
+    const std::string name = entry->d_name;
+    if (name == "." || name == ".." || fnmatch(name_pattern.c_str(), name.c_str(), 0) != 0) {
+      continue;
+    }
+    if (IsDirectory(dir + "/" + name)) continue;
+    names.push_back(name);
+  }
+  closedir(listing);
+  if (names.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat(field, ": no file matches ", name_pattern, " in ", dir));
+  }
+  std::sort(names.begin(), names.end());
+  // Hugging Face shards: every one of a split present, and one split at a time.
+  std::map<std::string, std::pair<int64_t, std::set<int64_t>>> splits;
+  for (const std::string& name : names) {
+    std::string prefix;
+    int64_t index = 0, total = 0;
+    if (!ParseShardName(name, &prefix, &index, &total)) continue;
+    auto& [expected, seen] = splits[prefix];
+    if (!seen.empty() && expected != total) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", dir, " holds ", prefix,
+                                                     " shards of two sets (", expected, " and ",
+                                                     total, " files)"));
+    }
+    expected = total;
+    seen.insert(index);
+  }
+  if (splits.size() > 1) {
+    std::vector<std::string> prefixes;
+    for (const auto& [prefix, unused] : splits) prefixes.push_back(prefix);
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", path, " holds the shards of ", absl::StrJoin(prefixes, ", "),
+                     "; name one: ", dir, "/", prefixes[0], "-*.parquet"));
+  }
+  for (const auto& [prefix, shards] : splits) {
+    for (int64_t i = 0; i < shards.first; ++i) {
+      if (shards.second.count(i) == 0) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s: %s/%s-%05d-of-%05d.parquet is missing (%d of %d shards present: an "
+            "interrupted download?)",
+            field, dir, prefix, i, shards.first, shards.second.size(), shards.first));
+      }
+    }
+  }
+  std::vector<std::string> files;
+  for (const std::string& name : names) files.push_back(dir + "/" + name);
+  return files;
+}
+
+absl::StatusOr<std::string> ResolveTokenPath(
+    const std::string& path, const std::string& field,
+    const std::function<absl::StatusOr<std::string>(const std::string&)>& resolve) {
+  std::string resolved;
+  if (IsTokenPathPattern(path)) {
+    const auto [dir, name_pattern] = SplitLast(path);
+    ASSIGN_OR_RETURN(std::string resolved_dir, resolve(dir));
+    resolved = absl::StrCat(resolved_dir, "/", name_pattern);
+  } else {
+    ASSIGN_OR_RETURN(resolved, resolve(path));
+    if (!IsDirectory(resolved)) return resolved;
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> shards, ParquetShards(resolved, field));
+  for (const std::string& shard : shards) RETURN_IF_ERROR(resolve(shard).status());
+  return resolved;
+}
 
 TokenSource::~TokenSource() {
   if (fd_ >= 0) close(fd_);
@@ -43,6 +162,20 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Open(
   src->context_length_ = spec.context_length();
   src->prepend_bos_ = spec.prepend_bos();
   src->bos_token_id_ = spec.bos_token_id();
+  latentd::v1::TokenFormat format = spec.format();
+  if (format == latentd::v1::TOKEN_FORMAT_UNSPECIFIED &&
+      (absl::EndsWith(spec.path(), ".parquet") || IsTokenPathPattern(spec.path()) ||
+       IsDirectory(spec.path()))) {
+    format = latentd::v1::PARQUET;
+  }
+  if (!spec.column().empty() && format != latentd::v1::PARQUET) {
+    return Bad("column", "only Parquet token files have columns");
+  }
+  if (format == latentd::v1::PARQUET) {
+    RETURN_IF_ERROR(src->OpenParquet(spec));
+    RETURN_IF_ERROR(src->CutIntoSequences(spec));
+    return src;
+  }
   src->fd_ = open(spec.path().c_str(), O_RDONLY | O_CLOEXEC);
   if (src->fd_ < 0) {
     if (errno == ENOENT)
@@ -55,7 +188,6 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Open(
     return Bad("path", absl::StrCat(spec.path(), " is not a regular file"));
   }
   const int64_t file_size = st.st_size;
-  latentd::v1::TokenFormat format = spec.format();
   if (format == latentd::v1::TOKEN_FORMAT_UNSPECIFIED) {
     if (absl::EndsWith(spec.path(), ".npy")) {
       format = latentd::v1::NPY;
@@ -64,8 +196,8 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Open(
     } else if (absl::EndsWith(spec.path(), ".u32")) {
       format = latentd::v1::RAW_U32;
     } else {
-      return Bad("format",
-                 absl::StrCat("cannot infer the format of ", spec.path(), " (.npy, .bin); set it"));
+      return Bad("format", absl::StrCat("cannot infer the format of ", spec.path(),
+                                        " (.npy, .bin, .u32, .parquet); set it"));
     }
   }
   switch (format) {
@@ -125,30 +257,61 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Open(
     default:
       return Bad("format", "unknown token format");
   }
-  const int64_t per_seq = src->context_length_ - (src->prepend_bos_ ? 1 : 0);
-  const int64_t total = src->source_tokens_ / per_seq;
+  RETURN_IF_ERROR(src->CutIntoSequences(spec));
+  return src;
+}
+
+absl::Status TokenSource::OpenParquet(const latentd::v1::TokenSource& spec) {
+  format_name_ = "parquet";
+  ASSIGN_OR_RETURN(std::vector<std::string> shards,
+                   ParquetShards(spec.path(), "extract.tokens.path"));
+  for (const std::string& shard : shards) {
+    absl::StatusOr<std::unique_ptr<ParquetIntColumn>> column =
+        ParquetIntColumn::Open(shard, spec.column());
+    if (absl::IsNotFound(column.status())) {
+      return absl::NotFoundError(absl::StrCat("extract.tokens.path: ", column.status().message()));
+    }
+    if (!column.ok()) {
+      return Bad(spec.column().empty() ? "path" : "column", std::string(column.status().message()));
+    }
+    if (!parquet_.empty() && (*column)->column() != parquet_.front()->column()) {
+      return Bad("column", absl::StrCat(shard, " has its ids in ", (*column)->column(), ", ",
+                                        parquet_.front()->path(), " in ",
+                                        parquet_.front()->column(), "; name the column"));
+    }
+    parquet_starts_.push_back(source_tokens_);
+    source_tokens_ += (*column)->num_values();
+    parquet_.push_back(*std::move(column));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TokenSource::CutIntoSequences(const latentd::v1::TokenSource& spec) {
+  const int64_t per_seq = context_length_ - (prepend_bos_ ? 1 : 0);
+  const int64_t total = source_tokens_ / per_seq;
   if (spec.sequence_start() > total) {
     return Bad("sequence_start", absl::StrCat(spec.sequence_start(), " beyond the ", total,
                                               " sequences of ", spec.path()));
   }
-  src->first_sequence_ = spec.sequence_start();
-  src->num_sequences_ = total - spec.sequence_start();
+  first_sequence_ = spec.sequence_start();
+  num_sequences_ = total - spec.sequence_start();
   if (spec.sequence_count() > 0) {
-    if (spec.sequence_count() > src->num_sequences_) {
+    if (spec.sequence_count() > num_sequences_) {
       return Bad("sequence_count",
                  absl::StrCat(spec.sequence_count(), " sequences from ", spec.sequence_start(),
                               " exceed the ", total, " sequences of ", spec.path()));
     }
-    src->num_sequences_ = spec.sequence_count();
+    num_sequences_ = spec.sequence_count();
   }
-  if (src->num_sequences_ == 0) {
-    return Bad("path", absl::StrCat(spec.path(), " holds no complete sequence of ",
-                                    src->context_length_, " tokens in the shard"));
+  if (num_sequences_ == 0) {
+    return Bad("path", absl::StrCat(spec.path(), " holds no complete sequence of ", context_length_,
+                                    " tokens in the shard"));
   }
-  return src;
+  return absl::OkStatus();
 }
 
 absl::Status TokenSource::ReadTokens(int64_t first_token, int64_t count, int64_t* out) const {
+  if (!parquet_.empty()) return ReadParquetTokens(first_token, count, out);
   std::vector<char> buf(count * element_size_);
   int64_t done = 0, bytes = count * element_size_;
   while (done < bytes) {
@@ -178,6 +341,29 @@ absl::Status TokenSource::ReadTokens(int64_t first_token, int64_t count, int64_t
   return absl::OkStatus();
 }
 
+absl::Status TokenSource::ReadParquetTokens(int64_t first_token, int64_t count,
+                                            int64_t* out) const {
+  int64_t done = 0;
+  while (done < count) {
+    const int64_t at = first_token + done;
+    const size_t shard = std::upper_bound(parquet_starts_.begin(), parquet_starts_.end(), at) -
+                         parquet_starts_.begin() - 1;
+    const ParquetIntColumn& column = *parquet_[shard];
+    const int64_t offset = at - parquet_starts_[shard];
+    const int64_t take = std::min(count - done, column.num_values() - offset);
+    RETURN_IF_ERROR(column.Read(offset, take, out + done));
+    for (int64_t i = 0; i < take; ++i) {
+      if (out[done + i] < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("extract.tokens.path: negative token id ", out[done + i], " at token ",
+                         offset + i, " of ", column.path(), " (column ", column.column(), ")"));
+      }
+    }
+    done += take;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TokenSource::Read(int64_t first, int64_t count, int64_t* out) const {
   if (first < 0 || count < 0 || first + count > num_sequences_) {
     return absl::OutOfRangeError(absl::StrCat("sequences [", first, ", ", first + count,
@@ -196,7 +382,13 @@ absl::Status TokenSource::Read(int64_t first, int64_t count, int64_t* out) const
 }
 
 std::string TokenSource::Describe() const {
-  return absl::StrCat(format_name_, ":", path_, "[sequences ", first_sequence_, "..",
+  const std::string column =
+      parquet_.empty()
+          ? ""
+          : absl::StrCat("[", parquet_.front()->column(),
+                         parquet_.size() > 1 ? absl::StrCat(", ", parquet_.size(), " files") : "",
+                         "]");
+  return absl::StrCat(format_name_, ":", path_, column, "[sequences ", first_sequence_, "..",
                       first_sequence_ + num_sequences_, ", L=", context_length_,
                       prepend_bos_ ? absl::StrCat(", bos=", bos_token_id_) : "", "]");
 }

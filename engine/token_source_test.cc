@@ -1,8 +1,12 @@
 #include "engine/token_source.h"
 
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 
 namespace latentd::engine {
@@ -120,6 +124,142 @@ TEST(TokenSourceTest, BadInput) {
   ASSERT_TRUE(neg.ok());
   std::vector<int64_t> out(4);
   EXPECT_EQ((*neg)->Read(0, 2, out.data()).code(), absl::StatusCode::kInvalidArgument);
+}
+
+std::string Fixture(const std::string& name) {
+  return std::string(getenv("TEST_SRCDIR")) + "/latentd/engine/testdata/parquet/" + name;
+}
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::vector<int64_t> Ids(const std::string& fixture) {
+  const std::string raw = ReadBytes(Fixture(fixture + ".u32"));
+  std::vector<int64_t> ids(raw.size() / 4);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    uint32_t v;
+    std::memcpy(&v, raw.data() + 4 * i, 4);
+    ids[i] = v;
+  }
+  return ids;
+}
+
+std::string CopyTo(const std::string& fixture, const std::string& dir, const std::string& name) {
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/" + name;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << ReadBytes(Fixture(fixture));
+  return path;
+}
+
+TEST(TokenSourceTest, AParquetFileIsItsTokenColumnCutIntoSequences) {
+  const std::vector<int64_t> ids = Ids("snappy_dictionary");  // 46 lists of 128 ids
+  auto src = TokenSource::Open(Spec(Fixture("snappy_dictionary.parquet"), 100));
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_EQ((*src)->num_sequences(), static_cast<int64_t>(ids.size()) / 100);
+  std::vector<int64_t> want(ids.begin(), ids.begin() + (*src)->num_rows());
+  EXPECT_EQ(ReadAll(**src), want);
+  EXPECT_NE((*src)->Describe().find("parquet:"), std::string::npos);
+  EXPECT_NE((*src)->Describe().find("[input_ids]"), std::string::npos) << (*src)->Describe();
+
+  // With BOS and a shard, as with any other format.
+  auto spec = Spec(Fixture("zstd_v2_delta.parquet"), 11);
+  spec.set_column("tokens");
+  spec.set_prepend_bos(true);
+  spec.set_bos_token_id(7);
+  spec.set_sequence_start(3);
+  spec.set_sequence_count(2);
+  auto shard = TokenSource::Open(spec);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  const std::vector<int64_t> zstd = Ids("zstd_v2_delta");
+  std::vector<int64_t> expected = {7};
+  expected.insert(expected.end(), zstd.begin() + 30, zstd.begin() + 40);
+  expected.push_back(7);
+  expected.insert(expected.end(), zstd.begin() + 40, zstd.begin() + 50);
+  EXPECT_EQ(ReadAll(**shard), expected);
+}
+
+TEST(TokenSourceTest, HuggingFaceShardsAreOneStreamInNameOrder) {
+  const std::string dir = TempPath("hub/data");
+  std::filesystem::remove_all(TempPath("hub"));
+  CopyTo("snappy_dictionary.parquet", dir, "train-00000-of-00002.parquet");
+  CopyTo("lz4_uint16.parquet", dir, "train-00001-of-00002.parquet");
+  std::vector<int64_t> ids = Ids("snappy_dictionary");
+  const std::vector<int64_t> second = Ids("lz4_uint16");
+  ids.insert(ids.end(), second.begin(), second.end());
+  for (const std::string& path : {dir, dir + "/train-*.parquet", dir + "/train-0000?-of-*"}) {
+    SCOPED_TRACE(path);
+    auto src = TokenSource::Open(Spec(path, 64));
+    ASSERT_TRUE(src.ok()) << src.status();
+    ASSERT_EQ((*src)->num_sequences(), static_cast<int64_t>(ids.size()) / 64);
+    EXPECT_EQ(ReadAll(**src), std::vector<int64_t>(ids.begin(), ids.begin() + (*src)->num_rows()));
+    EXPECT_NE((*src)->Describe().find("2 files"), std::string::npos) << (*src)->Describe();
+  }
+
+  // Another split beside it: the directory is ambiguous, the pattern is not.
+  CopyTo("gzip_flat.parquet", dir, "test-00000-of-00001.parquet");
+  auto both = TokenSource::Open(Spec(dir, 64));
+  EXPECT_TRUE(absl::IsInvalidArgument(both.status()));
+  EXPECT_NE(both.status().message().find("holds the shards of test, train; name one: " + dir +
+                                         "/test-*.parquet"),
+            std::string::npos)
+      << both.status();
+  auto test_split = TokenSource::Open(Spec(dir + "/test-*.parquet", 64));
+  ASSERT_TRUE(test_split.ok()) << test_split.status();
+  EXPECT_EQ((*test_split)->num_sequences(), 3000 / 64);
+
+  // A shard missing from the set: an interrupted download, said so.
+  std::filesystem::remove(dir + "/train-00001-of-00002.parquet");
+  auto partial = TokenSource::Open(Spec(dir + "/train-*.parquet", 64));
+  EXPECT_TRUE(absl::IsInvalidArgument(partial.status()));
+  EXPECT_NE(partial.status().message().find("train-00001-of-00002.parquet is missing (1 of 2"),
+            std::string::npos)
+      << partial.status();
+  EXPECT_TRUE(absl::IsNotFound(TokenSource::Open(Spec(dir + "/val-*.parquet", 64)).status()));
+}
+
+TEST(TokenSourceTest, ParquetColumnsAreNamedInErrors) {
+  auto text = Spec(Fixture("snappy_dictionary.parquet"), 8);
+  text.set_column("text");
+  auto refused = TokenSource::Open(text);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status()));
+  EXPECT_NE(refused.status().message().find("extract.tokens.column:"), std::string::npos)
+      << refused.status();
+  // Two shards keeping their ids in different columns.
+  const std::string dir = TempPath("mixed");
+  std::filesystem::remove_all(dir);
+  CopyTo("snappy_dictionary.parquet", dir, "a.parquet");
+  CopyTo("zstd_v2_delta.parquet", dir, "b.parquet");
+  auto mixed = TokenSource::Open(Spec(dir, 8));
+  EXPECT_TRUE(absl::IsInvalidArgument(mixed.status()));
+  EXPECT_NE(mixed.status().message().find("has its ids in tokens"), std::string::npos)
+      << mixed.status();
+  // A column for a format without columns.
+  auto npy = Spec(WriteNpy("col.npy", "<u2", "(8,)", std::vector<uint16_t>(8, 1)), 4);
+  npy.set_column("input_ids");
+  EXPECT_TRUE(absl::IsInvalidArgument(TokenSource::Open(npy).status()));
+}
+
+TEST(TokenSourceTest, EveryShardOfADirectoryMustResolveUnderTheRoots) {
+  const std::string dir = TempPath("rooted");
+  std::filesystem::remove_all(dir);
+  CopyTo("gzip_flat.parquet", dir, "a.parquet");
+  CopyTo("gzip_flat.parquet", dir, "b.parquet");
+  std::vector<std::string> asked;
+  auto refuse_b = [&](const std::string& p) -> absl::StatusOr<std::string> {
+    asked.push_back(p);
+    if (absl::EndsWith(p, "b.parquet")) return absl::PermissionDeniedError("outside");
+    return p;
+  };
+  EXPECT_TRUE(absl::IsPermissionDenied(
+      ResolveTokenPath(dir + "/*.parquet", "extract.tokens.path", refuse_b).status()));
+  EXPECT_EQ(asked, (std::vector<std::string>{dir, dir + "/a.parquet", dir + "/b.parquet"}));
+  auto allow = [](const std::string& p) -> absl::StatusOr<std::string> { return p; };
+  auto resolved = ResolveTokenPath(dir + "/*.parquet", "extract.tokens.path", allow);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(*resolved, dir + "/*.parquet");
+  EXPECT_EQ(*ResolveTokenPath(dir + "/a.parquet", "f", allow), dir + "/a.parquet");
 }
 
 }  // namespace

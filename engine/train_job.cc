@@ -288,8 +288,13 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
     }
     plan.tokens = true;
     plan.token_spec = spec.tokens();
-    ASSIGN_OR_RETURN(*plan.token_spec.mutable_path(),
-                     ResolveUnderRoots(spec.tokens().path(), env.data_roots, "train.tokens.path"));
+    ExtractEnv roots;  // a Parquet directory is a token path too, not only a regular file
+    roots.data_roots = env.data_roots;
+    ASSIGN_OR_RETURN(
+        *plan.token_spec.mutable_path(),
+        ResolveTokenPath(spec.tokens().path(), "train.tokens.path", [&](const std::string& p) {
+          return ResolveUnderRoots(p, roots, "train.tokens.path");
+        }));
     ASSIGN_OR_RETURN(auto source, TokenRowSource::Open(plan.token_spec));
     plan.record.rows_committed = source->num_rows();
     plan.width = source->width();
