@@ -20,7 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "engine/npz.h"
-#include "engine/parquet_column.h"
+#include "common/parquet_column.h"
 
 namespace latentd::engine {
 namespace {
@@ -266,8 +266,8 @@ absl::Status TokenSource::OpenParquet(const latentd::v1::TokenSource& spec) {
   ASSIGN_OR_RETURN(std::vector<std::string> shards,
                    ParquetShards(spec.path(), "extract.tokens.path"));
   for (const std::string& shard : shards) {
-    absl::StatusOr<std::unique_ptr<ParquetIntColumn>> column =
-        ParquetIntColumn::Open(shard, spec.column());
+    absl::StatusOr<std::unique_ptr<ParquetColumn>> column =
+        ParquetColumn::Open(shard, spec.column());
     if (absl::IsNotFound(column.status())) {
       return absl::NotFoundError(absl::StrCat("extract.tokens.path: ", column.status().message()));
     }
@@ -348,7 +348,7 @@ absl::Status TokenSource::ReadParquetTokens(int64_t first_token, int64_t count,
     const int64_t at = first_token + done;
     const size_t shard = std::upper_bound(parquet_starts_.begin(), parquet_starts_.end(), at) -
                          parquet_starts_.begin() - 1;
-    const ParquetIntColumn& column = *parquet_[shard];
+    const ParquetColumn& column = *parquet_[shard];
     const int64_t offset = at - parquet_starts_[shard];
     const int64_t take = std::min(count - done, column.num_values() - offset);
     RETURN_IF_ERROR(column.Read(offset, take, out + done));

@@ -4,7 +4,7 @@
 // row-major as one stream), raw little-endian uint16 / uint32 binaries (nanoGPT's train.bin), and
 // Parquet (a pretokenized Hugging Face dataset: one file, a directory of shards or
 // DIR/PATTERN; the lists of its token column in row order, file after file, are the stream;
-// engine/parquet_column).
+// common/parquet_column).
 // Sequence i covers source tokens [i*L, (i+1)*L) with L = context_length, or, with prepend_bos,
 // is bos_token_id followed by source tokens [i*(L-1), (i+1)*(L-1)). A trailing partial sequence
 // is dropped. The shard [sequence_start, sequence_start + sequence_count) selects a row range of
@@ -22,9 +22,11 @@
 #include "absl/status/statusor.h"
 #include "proto/latentd/v1/extract.pb.h"
 
-namespace latentd::engine {
+namespace latentd {
+class ParquetColumn;
+}  // namespace latentd
 
-class ParquetIntColumn;
+namespace latentd::engine {
 
 // Whether `path`'s last component is a pattern ("train-*.parquet": *, ? or [...]).
 bool IsTokenPathPattern(const std::string& path);
@@ -77,7 +79,7 @@ class TokenSource {
   std::string path_;
   int fd_ = -1;
   // Parquet: the shards in order and where each one's ids start in the stream.
-  std::vector<std::unique_ptr<ParquetIntColumn>> parquet_;
+  std::vector<std::unique_ptr<latentd::ParquetColumn>> parquet_;
   std::vector<int64_t> parquet_starts_;
   int64_t data_offset_ = 0;
   int element_size_ = 2;

@@ -127,7 +127,7 @@ TEST(TokenSourceTest, BadInput) {
 }
 
 std::string Fixture(const std::string& name) {
-  return std::string(getenv("TEST_SRCDIR")) + "/latentd/engine/testdata/parquet/" + name;
+  return std::string(getenv("TEST_SRCDIR")) + "/latentd/common/testdata/parquet/" + name;
 }
 
 std::string ReadBytes(const std::string& path) {

@@ -18,12 +18,12 @@ bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" || status=$?
 # job manager and its store join them: watchers, runner threads and deletion share job entries;
 # so does the tokenizer, which walks UTF-8 by hand over text and tokenizer.json files it is given,
 # the torch.save reader, which unpickles ae.pt files (and their zip) by hand, the SAE config
-# parsers, fed every field with a value of every other type, and the Parquet token reader, whose
-# footer, page headers and pages are decoded by hand.
+# parsers, fed every field with a value of every other type, and (in //common/...) the Parquet
+# reader, whose footer, page headers and pages are decoded by hand.
 bazel test --config=asan //storage/... //common/... //server:job_manager_test \
   //server:job_store_test //client:byte_level_test //client:tokenizer_test \
   //client:tokenize_files_test //client:tokenizer_parity_test //engine:torch_pickle_fuzz_test \
-  //engine:sae_config_fuzz_test //engine:thrift_compact_test //engine:parquet_column_test \
+  //engine:sae_config_fuzz_test \
   --test_output=errors "$@" 2>&1 |
   tee -a "$log" || status=$?
 

@@ -1,4 +1,4 @@
-#include "engine/parquet_column.h"
+#include "common/parquet_column.h"
 
 #include <fcntl.h>
 #include <lz4.h>
@@ -19,13 +19,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "engine/thrift_compact.h"
+#include "common/thrift_compact.h"
 
-namespace latentd::engine {
+namespace latentd {
 namespace {
 
 // parquet.thrift's enums, as far as an integer column needs them.
-enum PhysicalType { kInt32 = 1, kInt64 = 2 };
+enum PhysicalType { kInt32 = 1, kInt64 = 2, kByteArray = 6 };
 enum Repetition { kRequired = 0, kOptional = 1, kRepeated = 2 };
 enum PageType { kDataPage = 0, kIndexPage = 1, kDictionaryPage = 2, kDataPageV2 = 3 };
 enum Encoding {
@@ -33,6 +33,8 @@ enum Encoding {
   kPlainDictionary = 2,
   kRle = 3,
   kDeltaBinaryPacked = 5,
+  kDeltaLengthByteArray = 6,
+  kDeltaByteArray = 7,
   kRleDictionary = 8,
   kByteStreamSplit = 9,
 };
@@ -81,15 +83,19 @@ uint64_t UnpackBits(const uint8_t* padded, uint64_t bit, int width) {
   return width == 64 ? v : v & ((uint64_t{1} << width) - 1);
 }
 
+}  // namespace
+
 // A cursor over a page's bytes; every read is bounds-checked (DATA_LOSS on a short page).
-class PageReader {
+class ParquetPageReader {
  public:
-  PageReader(std::string_view bytes, std::string what) : bytes_(bytes), what_(std::move(what)) {
+  ParquetPageReader(std::string_view bytes, std::string what)
+      : bytes_(bytes), what_(std::move(what)) {
     // A zero tail lets UnpackBits read whole words at the end of the page.
     padded_.assign(bytes.begin(), bytes.end());
     padded_.resize(bytes.size() + 16, 0);
   }
   size_t left() const { return bytes_.size() - at_; }
+  const std::string& what() const { return what_; }
   size_t position() const { return at_; }
   const uint8_t* data() const { return padded_.data() + at_; }
 
@@ -159,6 +165,32 @@ class PageReader {
     return absl::OkStatus();
   }
 
+  // PLAIN byte arrays: a 4-byte length, then the bytes, n times.
+  absl::Status ByteArrays(int64_t n, std::vector<std::string>* out) {
+    out->resize(n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSIGN_OR_RETURN(uint32_t length, Fixed32());
+      if (length > left()) return Fail(absl::StrCat("a string of ", length, " bytes in ", left()));
+      (*out)[i].assign(reinterpret_cast<const char*>(data()), length);
+      at_ += length;
+    }
+    return absl::OkStatus();
+  }
+
+  // n strings whose lengths were decoded already, stored back to back.
+  absl::Status Concatenated(const std::vector<uint64_t>& lengths, std::vector<std::string>* out) {
+    out->resize(lengths.size());
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      if (lengths[i] > left()) {
+        return Fail(
+            absl::StrCat("a string of ", static_cast<int64_t>(lengths[i]), " bytes in ", left()));
+      }
+      (*out)[i].assign(reinterpret_cast<const char*>(data()), lengths[i]);
+      at_ += lengths[i];
+    }
+    return absl::OkStatus();
+  }
+
   // DELTA_BINARY_PACKED: exactly n values.
   absl::Status Delta(int64_t n, uint64_t* out) {
     ASSIGN_OR_RETURN(uint64_t block_size, Varint());
@@ -207,9 +239,7 @@ class PageReader {
   size_t at_ = 0;
 };
 
-}  // namespace
-
-struct ParquetIntColumn::Chunk {
+struct ParquetColumn::Chunk {
   int row_group = 0;
   int64_t codec = 0;
   // The dictionary page, when the chunk has one.
@@ -218,7 +248,7 @@ struct ParquetIntColumn::Chunk {
   int64_t dictionary_values = 0;
 };
 
-struct ParquetIntColumn::Page {
+struct ParquetColumn::Page {
   int chunk = 0;
   int index_in_chunk = 0;
   bool v2 = false;
@@ -231,20 +261,26 @@ struct ParquetIntColumn::Page {
   int64_t first_value = 0, values = 0;  // its values' place in the stream
 };
 
-struct ParquetIntColumn::Cache {
-  std::mutex mu;
-  int page = -1;
-  std::shared_ptr<const std::vector<int64_t>> values;
-  std::map<int, std::shared_ptr<const std::vector<int64_t>>> dictionaries;
+// A page's (or a dictionary's) values: integers widened to int64, or strings.
+struct ParquetColumn::Values {
+  std::vector<int64_t> integers;
+  std::vector<std::string> texts;
 };
 
-ParquetIntColumn::ParquetIntColumn() : cache_(std::make_unique<Cache>()) {}
+struct ParquetColumn::Cache {
+  std::mutex mu;
+  int page = -1;
+  std::shared_ptr<const Values> values;
+  std::map<int, std::shared_ptr<const Values>> dictionaries;
+};
 
-ParquetIntColumn::~ParquetIntColumn() {
+ParquetColumn::ParquetColumn() : cache_(std::make_unique<Cache>()) {}
+
+ParquetColumn::~ParquetColumn() {
   if (fd_ >= 0) close(fd_);
 }
 
-absl::StatusOr<std::string> ParquetIntColumn::ReadBytes(int64_t offset, int64_t size) const {
+absl::StatusOr<std::string> ParquetColumn::ReadBytes(int64_t offset, int64_t size) const {
   std::string bytes(size, '\0');
   int64_t done = 0;
   while (done < size) {
@@ -258,9 +294,9 @@ absl::StatusOr<std::string> ParquetIntColumn::ReadBytes(int64_t offset, int64_t 
   return bytes;
 }
 
-absl::StatusOr<std::string> ParquetIntColumn::Uncompress(const std::string& what, int64_t codec,
-                                                         std::string compressed,
-                                                         int64_t uncompressed_size) const {
+absl::StatusOr<std::string> ParquetColumn::Uncompress(const std::string& what, int64_t codec,
+                                                      std::string compressed,
+                                                      int64_t uncompressed_size) const {
   if (codec == kUncompressed) {
     if (static_cast<int64_t>(compressed.size()) != uncompressed_size) {
       return absl::DataLossError(absl::StrCat(what, ": ", compressed.size(),
@@ -315,12 +351,12 @@ absl::StatusOr<std::string> ParquetIntColumn::Uncompress(const std::string& what
   return out;
 }
 
-std::string ParquetIntColumn::PageName(const Page& page) const {
+std::string ParquetColumn::PageName(const Page& page) const {
   return absl::StrCat(path_, ": column ", column_, ", row group ", chunks_[page.chunk].row_group,
                       ", page ", page.index_in_chunk);
 }
 
-absl::StatusOr<std::shared_ptr<const std::vector<int64_t>>> ParquetIntColumn::Dictionary(
+absl::StatusOr<std::shared_ptr<const ParquetColumn::Values>> ParquetColumn::Dictionary(
     int chunk_index) const {
   {
     std::lock_guard<std::mutex> lock(cache_->mu);
@@ -337,28 +373,22 @@ absl::StatusOr<std::shared_ptr<const std::vector<int64_t>>> ParquetIntColumn::Di
                    ReadBytes(chunk.dictionary_offset, chunk.dictionary_compressed));
   ASSIGN_OR_RETURN(std::string bytes,
                    Uncompress(what, chunk.codec, std::move(stored), chunk.dictionary_uncompressed));
-  const int width = physical_type_ == kInt32 ? 4 : 8;
+  // Every entry takes at least one byte (a string's length prefix four), so a count above the
+  // page's bytes is corrupt, and checking it first bounds the allocation.
   if (chunk.dictionary_values < 0 ||
-      static_cast<uint64_t>(chunk.dictionary_values) * width > bytes.size()) {
+      static_cast<uint64_t>(chunk.dictionary_values) > bytes.size()) {
     return absl::DataLossError(
         absl::StrCat(what, ": ", chunk.dictionary_values, " values in ", bytes.size(), " bytes"));
   }
-  auto values = std::make_shared<std::vector<int64_t>>(chunk.dictionary_values);
-  const uint8_t* p = reinterpret_cast<const uint8_t*>(bytes.data());
-  for (int64_t i = 0; i < chunk.dictionary_values; ++i, p += width) {
-    const uint64_t raw = width == 4 ? (Load64(p) & 0xffffffffu) : Load64(p);
-    (*values)[i] = raw;  // widened below by the caller's signedness
-  }
-  if (physical_type_ == kInt32 && !unsigned_) {
-    for (int64_t& v : *values) v = static_cast<int32_t>(static_cast<uint32_t>(v));
-  }
+  ParquetPageReader reader(bytes, what);
+  auto values = std::make_shared<Values>();
+  RETURN_IF_ERROR(DecodeValues(reader, kPlain, chunk.dictionary_values, -1, values.get()));
   std::lock_guard<std::mutex> lock(cache_->mu);
   cache_->dictionaries[chunk_index] = values;
-  return std::shared_ptr<const std::vector<int64_t>>(values);
+  return std::shared_ptr<const Values>(values);
 }
 
-absl::Status ParquetIntColumn::DecodePage(const Page& page, std::vector<int64_t>* values,
-                                          int64_t* count) const {
+absl::Status ParquetColumn::DecodePage(const Page& page, Values* values, int64_t* count) const {
   const std::string what = PageName(page);
   ASSIGN_OR_RETURN(std::string stored, ReadBytes(page.offset, page.compressed));
   std::string body;
@@ -382,7 +412,7 @@ absl::Status ParquetIntColumn::DecodePage(const Page& page, std::vector<int64_t>
     ASSIGN_OR_RETURN(
         body, Uncompress(what, chunks_[page.chunk].codec, std::move(stored), page.uncompressed));
   }
-  PageReader reader(body, what);
+  ParquetPageReader reader(body, what);
   std::vector<uint32_t> definition;
   if (page.v2) {
     RETURN_IF_ERROR(reader.Skip(page.v2_repetition_bytes));
@@ -417,7 +447,7 @@ absl::Status ParquetIntColumn::DecodePage(const Page& page, std::vector<int64_t>
       } else if (d > static_cast<uint32_t>(max_definition_)) {
         return reader.Fail(
             absl::StrCat("definition level ", d, " above the column's ", max_definition_));
-      } else if (d >= static_cast<uint32_t>(list_definition_)) {
+      } else if (d >= static_cast<uint32_t>(list_definition_)) {  // never for text
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": a null id (entry ", i, " of the page); token ids must not be null"));
       }
@@ -426,9 +456,70 @@ absl::Status ParquetIntColumn::DecodePage(const Page& page, std::vector<int64_t>
   *count = n;
   if (values == nullptr) return absl::OkStatus();
 
-  values->resize(n);
+  return DecodeValues(reader, page.encoding, n, page.chunk, values);
+}
+
+absl::Status ParquetColumn::DecodeValues(ParquetPageReader& reader, int64_t encoding, int64_t n,
+                                         int chunk, Values* out) const {
+  const bool dictionary = encoding == kPlainDictionary || encoding == kRleDictionary;
+  if (dictionary && chunk >= 0) {
+    ASSIGN_OR_RETURN(std::shared_ptr<const Values> entries, Dictionary(chunk));
+    if (reader.left() < 1) return reader.Fail("no dictionary index bit width");
+    const int bits = *reader.data();
+    RETURN_IF_ERROR(reader.Skip(1));
+    std::vector<uint32_t> indices(n);
+    RETURN_IF_ERROR(reader.Hybrid(bits, n, reader.position() + reader.left(), indices.data()));
+    const size_t size = kind_ == Kind::kText ? entries->texts.size() : entries->integers.size();
+    for (int64_t i = 0; i < n; ++i) {
+      if (indices[i] >= size) {
+        return reader.Fail(absl::StrCat("dictionary index ", indices[i], " of ", size, " entries"));
+      }
+    }
+    if (kind_ == Kind::kText) {
+      out->texts.resize(n);
+      for (int64_t i = 0; i < n; ++i) out->texts[i] = entries->texts[indices[i]];
+    } else {
+      out->integers.resize(n);
+      for (int64_t i = 0; i < n; ++i) out->integers[i] = entries->integers[indices[i]];
+    }
+    return absl::OkStatus();  // dictionary entries are already widened
+  }
+  if (kind_ == Kind::kText) {
+    switch (encoding) {
+      case kPlain:
+        return reader.ByteArrays(n, &out->texts);
+      case kDeltaLengthByteArray: {
+        std::vector<uint64_t> lengths(n);
+        RETURN_IF_ERROR(reader.Delta(n, lengths.data()));
+        return reader.Concatenated(lengths, &out->texts);
+      }
+      case kDeltaByteArray: {  // each string: a prefix of the one before, then its own suffix
+        std::vector<uint64_t> prefixes(n), lengths(n);
+        RETURN_IF_ERROR(reader.Delta(n, prefixes.data()));
+        RETURN_IF_ERROR(reader.Delta(n, lengths.data()));
+        RETURN_IF_ERROR(reader.Concatenated(lengths, &out->texts));
+        for (int64_t i = 0; i < n; ++i) {
+          const size_t previous = i == 0 ? 0 : out->texts[i - 1].size();
+          if (prefixes[i] > previous) {
+            return reader.Fail(absl::StrCat("a prefix of ", static_cast<int64_t>(prefixes[i]),
+                                            " bytes of a string of ", previous));
+          }
+          if (prefixes[i] > 0) {
+            out->texts[i].insert(0, out->texts[i - 1], 0, prefixes[i]);
+          }
+        }
+        return absl::OkStatus();
+      }
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            reader.what(), ": encoding ", encoding,
+            " (PLAIN, dictionary, DELTA_LENGTH_BYTE_ARRAY and DELTA_BYTE_ARRAY text is read)"));
+    }
+  }
+  std::vector<int64_t>& values = out->integers;
+  values.resize(n);
   const int width = physical_type_ == kInt32 ? 4 : 8;
-  switch (page.encoding) {
+  switch (encoding) {
     case kPlain:
     case kByteStreamSplit: {
       if (static_cast<uint64_t>(n) * width > reader.left()) {
@@ -437,54 +528,38 @@ absl::Status ParquetIntColumn::DecodePage(const Page& page, std::vector<int64_t>
       const uint8_t* p = reader.data();
       for (int64_t i = 0; i < n; ++i) {
         uint64_t raw = 0;
-        if (page.encoding == kPlain) {
+        if (encoding == kPlain) {
           raw = width == 4 ? (Load64(p + 4 * i) & 0xffffffffu) : Load64(p + 8 * i);
         } else {  // byte k of value i at k * n + i
           for (int k = width - 1; k >= 0; --k) raw = (raw << 8) | p[k * n + i];
         }
-        (*values)[i] = static_cast<int64_t>(raw);
+        values[i] = static_cast<int64_t>(raw);
       }
+      RETURN_IF_ERROR(reader.Skip(n * width));
       break;
-    }
-    case kPlainDictionary:
-    case kRleDictionary: {
-      ASSIGN_OR_RETURN(auto dictionary, Dictionary(page.chunk));
-      if (reader.left() < 1) return reader.Fail("no dictionary index bit width");
-      const int bits = *reader.data();
-      RETURN_IF_ERROR(reader.Skip(1));
-      std::vector<uint32_t> indices(n);
-      RETURN_IF_ERROR(reader.Hybrid(bits, n, reader.position() + reader.left(), indices.data()));
-      for (int64_t i = 0; i < n; ++i) {
-        if (indices[i] >= dictionary->size()) {
-          return reader.Fail(absl::StrCat("dictionary index ", indices[i], " of ",
-                                          dictionary->size(), " entries"));
-        }
-        (*values)[i] = (*dictionary)[indices[i]];
-      }
-      return absl::OkStatus();  // dictionary entries are already widened
     }
     case kDeltaBinaryPacked: {
       std::vector<uint64_t> raw(n);
       RETURN_IF_ERROR(reader.Delta(n, raw.data()));
       for (int64_t i = 0; i < n; ++i) {
-        (*values)[i] = static_cast<int64_t>(width == 4 ? raw[i] & 0xffffffffu : raw[i]);
+        values[i] = static_cast<int64_t>(width == 4 ? raw[i] & 0xffffffffu : raw[i]);
       }
       break;
     }
     default:
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": encoding ", page.encoding,
-                       " (PLAIN, RLE_DICTIONARY, DELTA_BINARY_PACKED and BYTE_STREAM_SPLIT "
-                       "integer pages are read)"));
+          absl::StrCat(reader.what(), ": encoding ", encoding,
+                       " (PLAIN, dictionary, DELTA_BINARY_PACKED and BYTE_STREAM_SPLIT "
+                       "integers are read)"));
   }
   if (physical_type_ == kInt32 && !unsigned_) {
-    for (int64_t& v : *values) v = static_cast<int32_t>(static_cast<uint32_t>(v));
+    for (int64_t& v : values) v = static_cast<int32_t>(static_cast<uint32_t>(v));
   }
   return absl::OkStatus();
 }
 
-absl::Status ParquetIntColumn::IndexChunk(int chunk_index, int64_t start, int64_t size,
-                                          int64_t level_values, bool without_nulls) {
+absl::Status ParquetColumn::IndexChunk(int chunk_index, int64_t start, int64_t size,
+                                       int64_t level_values, bool without_nulls) {
   Chunk& chunk = chunks_[chunk_index];
   const std::string what =
       absl::StrCat(path_, ": column ", column_, ", row group ", chunk.row_group);
@@ -579,10 +654,12 @@ absl::Status ParquetIntColumn::IndexChunk(int chunk_index, int64_t start, int64_
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<ParquetIntColumn>> ParquetIntColumn::Open(
-    const std::string& path, const std::string& column) {
-  std::unique_ptr<ParquetIntColumn> file(new ParquetIntColumn());
+absl::StatusOr<std::unique_ptr<ParquetColumn>> ParquetColumn::Open(const std::string& path,
+                                                                   const std::string& column,
+                                                                   Kind kind) {
+  std::unique_ptr<ParquetColumn> file(new ParquetColumn());
   file->path_ = path;
+  file->kind_ = kind;
   file->fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (file->fd_ < 0) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, " not found"));
@@ -675,6 +752,7 @@ absl::StatusOr<std::unique_ptr<ParquetIntColumn>> ParquetIntColumn::Open(
     return found;
   };
   std::string chosen = column;
+  if (chosen.empty() && kind == Kind::kText) chosen = "text";
   if (chosen.empty()) {
     for (const char* usual : {"input_ids", "tokens"}) {
       if (!leaves_of(usual).empty()) {
@@ -709,13 +787,23 @@ absl::StatusOr<std::unique_ptr<ParquetIntColumn>> ParquetIntColumn::Open(
   const Leaf& leaf = leaves[leaf_index];
   file->column_ = chosen;
   const int64_t type = leaf.element->IntField(1, -1);
-  if (type != kInt32 && type != kInt64) {
-    return bad(absl::StrCat("column ", chosen, " holds ", TypeName(type),
-                            type == 6 ? " (text? `latentctl tokenize` turns text into ids)" : "",
-                            ", not integer token ids"));
-  }
-  if (leaf.repetition > 1) {
-    return bad(absl::StrCat("column ", chosen, " is a list of lists; token ids are a list"));
+  if (kind == Kind::kText) {
+    if (type != kByteArray) {
+      return bad(absl::StrCat("column ", chosen, " holds ", TypeName(type), ", not text"));
+    }
+    if (leaf.repetition > 0) {
+      return bad(absl::StrCat("column ", chosen, " is a list of strings; one text a row is read"));
+    }
+  } else {
+    if (type != kInt32 && type != kInt64) {
+      return bad(absl::StrCat(
+          "column ", chosen, " holds ", TypeName(type),
+          type == kByteArray ? " (text? `latentctl tokenize` turns text into ids)" : "",
+          ", not integer token ids"));
+    }
+    if (leaf.repetition > 1) {
+      return bad(absl::StrCat("column ", chosen, " is a list of lists; token ids are a list"));
+    }
   }
   // Unsigned annotations: converted_type UINT_8..UINT_64, or logicalType INTEGER unsigned.
   const int64_t converted = leaf.element->IntField(6, -1);
@@ -732,7 +820,8 @@ absl::StatusOr<std::unique_ptr<ParquetIntColumn>> ParquetIntColumn::Open(
   file->unsigned_ = is_unsigned;
   file->max_definition_ = leaf.definition;
   file->max_repetition_ = leaf.repetition;
-  file->list_definition_ = leaf.list_definition;
+  // A null text is a row without a document; a null id has no such reading.
+  file->list_definition_ = kind == Kind::kText ? leaf.definition : leaf.list_definition;
 
   for (size_t g = 0; g < row_groups->elements.size(); ++g) {
     const ThriftValue& group = row_groups->elements[g];
@@ -781,7 +870,9 @@ absl::StatusOr<std::unique_ptr<ParquetIntColumn>> ParquetIntColumn::Open(
   return file;
 }
 
-absl::Status ParquetIntColumn::Read(int64_t first, int64_t count, int64_t* out) const {
+absl::Status ParquetColumn::ForEachPage(
+    int64_t first, int64_t count,
+    const std::function<void(const Values&, int64_t, int64_t)>& take) const {
   if (first < 0 || count < 0 || first > num_values_ - count) {
     return absl::OutOfRangeError(absl::StrCat("values [", first, ", ", first + count,
                                               ") outside the ", num_values_, " of ", path_));
@@ -791,13 +882,13 @@ absl::Status ParquetIntColumn::Read(int64_t first, int64_t count, int64_t* out) 
                                [](int64_t v, const Page& p) { return v < p.first_value; });
     const int index = static_cast<int>(it - pages_.begin()) - 1;
     const Page& page = pages_[index];
-    std::shared_ptr<const std::vector<int64_t>> values;
+    std::shared_ptr<const Values> values;
     {
       std::lock_guard<std::mutex> lock(cache_->mu);
       if (cache_->page == index) values = cache_->values;
     }
     if (values == nullptr) {
-      auto decoded = std::make_shared<std::vector<int64_t>>();
+      auto decoded = std::make_shared<Values>();
       int64_t n = 0;
       RETURN_IF_ERROR(DecodePage(page, decoded.get(), &n));
       if (n != page.values) {
@@ -810,13 +901,33 @@ absl::Status ParquetIntColumn::Read(int64_t first, int64_t count, int64_t* out) 
       cache_->values = values;
     }
     const int64_t offset = first - page.first_value;
-    const int64_t take = std::min(count, page.values - offset);
-    std::copy(values->begin() + offset, values->begin() + offset + take, out);
-    out += take;
-    first += take;
-    count -= take;
+    const int64_t n = std::min(count, page.values - offset);
+    take(*values, offset, n);
+    first += n;
+    count -= n;
   }
   return absl::OkStatus();
 }
 
-}  // namespace latentd::engine
+absl::Status ParquetColumn::Read(int64_t first, int64_t count, int64_t* out) const {
+  if (kind_ != Kind::kIntegers) {
+    return absl::FailedPreconditionError(absl::StrCat(path_, ": column ", column_, " is text"));
+  }
+  return ForEachPage(first, count, [&out](const Values& values, int64_t offset, int64_t n) {
+    std::copy(values.integers.begin() + offset, values.integers.begin() + offset + n, out);
+    out += n;
+  });
+}
+
+absl::Status ParquetColumn::ReadText(int64_t first, int64_t count,
+                                     std::vector<std::string>* out) const {
+  if (kind_ != Kind::kText) {
+    return absl::FailedPreconditionError(absl::StrCat(path_, ": column ", column_, " is integers"));
+  }
+  out->clear();
+  return ForEachPage(first, count, [out](const Values& values, int64_t offset, int64_t n) {
+    out->insert(out->end(), values.texts.begin() + offset, values.texts.begin() + offset + n);
+  });
+}
+
+}  // namespace latentd

@@ -1,10 +1,10 @@
-#include "engine/thrift_compact.h"
+#include "common/thrift_compact.h"
 
 #include <string>
 
 #include "gtest/gtest.h"
 
-namespace latentd::engine {
+namespace latentd {
 namespace {
 
 using std::string_literals::operator""s;
@@ -78,4 +78,4 @@ TEST(ThriftCompactTest, HostileHeadersAreRefusedWithoutExhaustingMemoryOrStack) 
 }
 
 }  // namespace
-}  // namespace latentd::engine
+}  // namespace latentd

@@ -8,8 +8,8 @@
 // (64 levels) and element counts are bounded by the bytes left, so a hostile header cannot
 // exhaust the stack or memory. A violation is INVALID_ARGUMENT; running out of bytes is
 // OUT_OF_RANGE (the caller may read more and retry).
-#ifndef LATENTD_ENGINE_THRIFT_COMPACT_H_
-#define LATENTD_ENGINE_THRIFT_COMPACT_H_
+#ifndef LATENTD_COMMON_THRIFT_COMPACT_H_
+#define LATENTD_COMMON_THRIFT_COMPACT_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace latentd::engine {
+namespace latentd {
 
 struct ThriftValue {
   enum class Kind { kBool, kInt, kDouble, kBinary, kList, kMap, kStruct };
@@ -41,6 +41,6 @@ struct ThriftValue {
 // Parses one struct starting at bytes[0]; *consumed is how many bytes it took.
 absl::StatusOr<ThriftValue> ParseThriftStruct(std::string_view bytes, size_t* consumed);
 
-}  // namespace latentd::engine
+}  // namespace latentd
 
-#endif  // LATENTD_ENGINE_THRIFT_COMPACT_H_
+#endif  // LATENTD_COMMON_THRIFT_COMPACT_H_

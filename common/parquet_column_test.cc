@@ -1,6 +1,6 @@
-// The reader against files written by arrow-rs's Parquet writer (engine/testdata/parquet,
+// The reader against files written by arrow-rs's Parquet writer (common/testdata/parquet,
 // make_fixtures.cjs): each NAME.parquet's stream must equal NAME.u32, the ids the writer was given.
-#include "engine/parquet_column.h"
+#include "common/parquet_column.h"
 
 #include <cstdint>
 #include <cstdlib>
@@ -14,12 +14,13 @@
 #include "common/read_file.h"
 #include "common/test_dir.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
-namespace latentd::engine {
+namespace latentd {
 namespace {
 
 std::string Fixture(const std::string& name) {
-  return std::string(getenv("TEST_SRCDIR")) + "/latentd/engine/testdata/parquet/" + name;
+  return std::string(getenv("TEST_SRCDIR")) + "/latentd/common/testdata/parquet/" + name;
 }
 
 std::vector<int64_t> Expected(const std::string& name) {
@@ -39,7 +40,7 @@ struct Case {
   int64_t rows;
 };
 
-TEST(ParquetIntColumnTest, ReadsWhatArrowWroteInEveryLayout) {
+TEST(ParquetColumnTest, ReadsWhatArrowWroteInEveryLayout) {
   // SNAPPY + dictionary v1 pages falling back to PLAIN, three row groups, an empty and a null
   // list; ZSTD v2 DELTA_BINARY_PACKED int64; GZIP flat int32; LZ4_RAW uint16 above 32767;
   // hyparquet-writer's PLAIN pages whose statistics spare counting levels on open.
@@ -50,7 +51,7 @@ TEST(ParquetIntColumnTest, ReadsWhatArrowWroteInEveryLayout) {
     SCOPED_TRACE(c.name);
     const std::vector<int64_t> expected = Expected(c.name);
     ASSERT_FALSE(expected.empty());
-    auto column = ParquetIntColumn::Open(Fixture(std::string(c.name) + ".parquet"), "");
+    auto column = ParquetColumn::Open(Fixture(std::string(c.name) + ".parquet"), "");
     ASSERT_TRUE(column.ok()) << column.status();
     EXPECT_EQ((*column)->column(), c.column);
     EXPECT_EQ((*column)->num_rows(), c.rows);
@@ -73,40 +74,85 @@ TEST(ParquetIntColumnTest, ReadsWhatArrowWroteInEveryLayout) {
   }
 }
 
-TEST(ParquetIntColumnTest, ANamedColumnIsReadAndAWrongOneExplained) {
-  auto named = ParquetIntColumn::Open(Fixture("snappy_dictionary.parquet"), "input_ids");
+std::vector<std::string> ExpectedTexts(const std::string& name) {
+  absl::StatusOr<std::string> raw = ReadFileToString(Fixture(name + ".json"));
+  EXPECT_TRUE(raw.ok()) << raw.status();
+  return nlohmann::json::parse(*raw).get<std::vector<std::string>>();
+}
+
+TEST(ParquetColumnTest, ReadsTextColumnsOneDocumentARow) {
+  // Dictionary pages with their PLAIN fallback over three row groups (an empty document and a
+  // null row among them); v2 DELTA_LENGTH_BYTE_ARRAY; DELTA_BYTE_ARRAY's shared prefixes.
+  for (const char* name :
+       {"text_snappy_dictionary", "text_zstd_v2_delta_length", "text_gzip_delta_byte_array"}) {
+    SCOPED_TRACE(name);
+    const std::vector<std::string> expected = ExpectedTexts(name);
+    auto column = ParquetColumn::Open(Fixture(std::string(name) + ".parquet"), "",
+                                      ParquetColumn::Kind::kText);
+    ASSERT_TRUE(column.ok()) << column.status();
+    EXPECT_EQ((*column)->column(), "text");
+    ASSERT_EQ((*column)->num_values(), static_cast<int64_t>(expected.size()));
+    std::vector<std::string> all;
+    ASSERT_TRUE((*column)->ReadText(0, expected.size(), &all).ok());
+    EXPECT_EQ(all, expected);
+    std::mt19937 rng(2);
+    for (int i = 0; i < 100; ++i) {
+      const int64_t first = rng() % expected.size();
+      const int64_t count = rng() % (expected.size() - first + 1);
+      std::vector<std::string> part;
+      ASSERT_TRUE((*column)->ReadText(first, count, &part).ok());
+      ASSERT_EQ(part, std::vector<std::string>(expected.begin() + first,
+                                               expected.begin() + first + count));
+    }
+    int64_t unused;
+    EXPECT_TRUE(absl::IsFailedPrecondition((*column)->Read(0, 1, &unused)));
+  }
+  auto ids = ParquetColumn::Open(Fixture("text_snappy_dictionary.parquet"), "id",
+                                 ParquetColumn::Kind::kText);
+  EXPECT_TRUE(absl::IsInvalidArgument(ids.status()));
+  EXPECT_NE(ids.status().message().find("column id holds INT32, not text"), std::string::npos)
+      << ids.status();
+  auto tokens =
+      ParquetColumn::Open(Fixture("snappy_dictionary.parquet"), "", ParquetColumn::Kind::kIntegers);
+  ASSERT_TRUE(tokens.ok());
+  std::vector<std::string> unused_texts;
+  EXPECT_TRUE(absl::IsFailedPrecondition((*tokens)->ReadText(0, 1, &unused_texts)));
+}
+
+TEST(ParquetColumnTest, ANamedColumnIsReadAndAWrongOneExplained) {
+  auto named = ParquetColumn::Open(Fixture("snappy_dictionary.parquet"), "input_ids");
   ASSERT_TRUE(named.ok()) << named.status();
 
-  auto text = ParquetIntColumn::Open(Fixture("snappy_dictionary.parquet"), "text");
+  auto text = ParquetColumn::Open(Fixture("snappy_dictionary.parquet"), "text");
   EXPECT_TRUE(absl::IsInvalidArgument(text.status()));
   EXPECT_NE(text.status().message().find("column text holds BYTE_ARRAY"), std::string::npos)
       << text.status();
   EXPECT_NE(text.status().message().find("latentctl tokenize"), std::string::npos);
 
-  auto missing = ParquetIntColumn::Open(Fixture("snappy_dictionary.parquet"), "ids");
+  auto missing = ParquetColumn::Open(Fixture("snappy_dictionary.parquet"), "ids");
   EXPECT_TRUE(absl::IsInvalidArgument(missing.status()));
   EXPECT_NE(missing.status().message().find("no column ids (its columns: text, input_ids)"),
             std::string::npos)
       << missing.status();
 }
 
-TEST(ParquetIntColumnTest, ANullIdIsRefusedNotMadeUp) {
-  auto column = ParquetIntColumn::Open(Fixture("null_id.parquet"), "");
+TEST(ParquetColumnTest, ANullIdIsRefusedNotMadeUp) {
+  auto column = ParquetColumn::Open(Fixture("null_id.parquet"), "");
   EXPECT_TRUE(absl::IsInvalidArgument(column.status()));
   EXPECT_NE(column.status().message().find("null id"), std::string::npos) << column.status();
   EXPECT_NE(column.status().message().find("row group 0, page 0"), std::string::npos);
 }
 
-TEST(ParquetIntColumnTest, OtherFilesAreRefusedByName) {
-  EXPECT_TRUE(absl::IsNotFound(ParquetIntColumn::Open("/nonexistent.parquet", "").status()));
-  auto not_parquet = ParquetIntColumn::Open(Fixture("gzip_flat.u32"), "");
+TEST(ParquetColumnTest, OtherFilesAreRefusedByName) {
+  EXPECT_TRUE(absl::IsNotFound(ParquetColumn::Open("/nonexistent.parquet", "").status()));
+  auto not_parquet = ParquetColumn::Open(Fixture("gzip_flat.u32"), "");
   EXPECT_TRUE(absl::IsInvalidArgument(not_parquet.status()));
   EXPECT_NE(not_parquet.status().message().find("not a Parquet file"), std::string::npos);
 }
 
-TEST(ParquetIntColumnTest, ThreadsReadingAtOnceSeeTheirOwnRanges) {
+TEST(ParquetColumnTest, ThreadsReadingAtOnceSeeTheirOwnRanges) {
   const std::vector<int64_t> expected = Expected("snappy_dictionary");
-  auto column = ParquetIntColumn::Open(Fixture("snappy_dictionary.parquet"), "");
+  auto column = ParquetColumn::Open(Fixture("snappy_dictionary.parquet"), "");
   ASSERT_TRUE(column.ok()) << column.status();
   std::vector<int> mismatches(4, 0);
   std::vector<std::thread> threads;
@@ -130,12 +176,15 @@ TEST(ParquetIntColumnTest, ThreadsReadingAtOnceSeeTheirOwnRanges) {
 // The footer and page headers are untrusted input parsed by hand: damaged files must come back
 // as an error status (or, where the damage missed what is read, the right ids), never a crash.
 // Runs under --config=asan in scripts/test.sh.
-TEST(ParquetIntColumnTest, CorruptFilesAreRefusedNeverACrash) {
+TEST(ParquetColumnTest, CorruptFilesAreRefusedNeverACrash) {
   const std::string dir = FreshTestDir("parquet_fuzz");
   std::mt19937 rng(11);
   int refused = 0, trials = 0;
   for (const char* name :
-       {"snappy_dictionary", "zstd_v2_delta", "gzip_flat", "lz4_uint16", "hyparquet_statistics"}) {
+       {"snappy_dictionary", "zstd_v2_delta", "gzip_flat", "lz4_uint16", "hyparquet_statistics",
+        "text_snappy_dictionary", "text_zstd_v2_delta_length", "text_gzip_delta_byte_array"}) {
+    const auto kind = std::string(name).rfind("text_", 0) == 0 ? ParquetColumn::Kind::kText
+                                                               : ParquetColumn::Kind::kIntegers;
     absl::StatusOr<std::string> valid = ReadFileToString(Fixture(std::string(name) + ".parquet"));
     ASSERT_TRUE(valid.ok());
     const std::string path = dir + "/" + name + ".parquet";
@@ -150,17 +199,21 @@ TEST(ParquetIntColumnTest, CorruptFilesAreRefusedNeverACrash) {
         bytes = MutateBytes(bytes, &rng);
       }
       std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-      auto column = ParquetIntColumn::Open(path, "");
+      auto column = ParquetColumn::Open(path, "", kind);
       if (!column.ok()) {
         ++refused;
         continue;
       }
-      std::vector<int64_t> all((*column)->num_values());
-      if (!(*column)->Read(0, all.size(), all.data()).ok()) ++refused;
+      std::vector<int64_t> all(kind == ParquetColumn::Kind::kText ? 0 : (*column)->num_values());
+      std::vector<std::string> texts;
+      const absl::Status read = kind == ParquetColumn::Kind::kText
+                                    ? (*column)->ReadText(0, (*column)->num_values(), &texts)
+                                    : (*column)->Read(0, all.size(), all.data());
+      if (!read.ok()) ++refused;
     }
   }
   EXPECT_GT(refused, trials / 4);
 }
 
 }  // namespace
-}  // namespace latentd::engine
+}  // namespace latentd

@@ -2,13 +2,14 @@
 // (the parquet-wasm build), so the reader is checked against an independent implementation:
 //
 //   npm install parquet-wasm@0.6.1 apache-arrow@17 hyparquet-writer@0.17.0
-//   NODE_PATH=$PWD/node_modules node engine/testdata/parquet/make_fixtures.cjs engine/testdata/parquet
+//   NODE_PATH=$PWD/node_modules node common/testdata/parquet/make_fixtures.cjs common/testdata/parquet
 //
 // and one file with hyparquet-writer (an independent writer, and one that records null_count 0
 // in its statistics, as pyarrow does, which lets the reader skip counting levels on open).
 //
-// Each NAME.parquet comes with NAME.u32: the token stream it holds (every list of the chosen
-// column in row order, concatenated), as raw little-endian uint32.
+// Each NAME.parquet of token ids comes with NAME.u32: the token stream it holds (every list of
+// the chosen column in row order, concatenated), as raw little-endian uint32; each text_*.parquet
+// with NAME.json, the documents of its "text" column in row order (null rows left out).
 const fs = require("fs");
 const path = require("path");
 const arrow = require("apache-arrow");
@@ -132,6 +133,81 @@ function rowsOf(count, len, seed, vocab) {
   rows.flat().forEach((v, i) => raw.writeUInt32LE(v, i * 4));
   fs.writeFileSync(path.join(out, "hyparquet_statistics.u32"), raw);
 })();
+
+// Text columns, for latentctl tokenize: documents with repeats (dictionary pages), unicode,
+// an empty one and a null row (no document). NAME.json holds the documents a reader must see.
+function texts(n, seed) {
+  const words = ["the", "cat", "sat", "on", "mat", "naïve", "café", "日本語", "😀", "Ελληνικά",
+                 "https://example.com/a/b", "\n", "\t", "don't"];
+  const out = [];
+  let x = seed >>> 0;
+  for (let i = 0; i < n; ++i) {
+    x = (Math.imul(x, 1664525) + 1013904223) >>> 0;
+    if (x % 5 == 0) {  // a repeated document
+      out.push("boilerplate footer " + (x % 3));
+      continue;
+    }
+    const len = 1 + (x >>> 8) % 60;
+    const doc = [];
+    for (let w = 0; w < len; ++w) {
+      x = (Math.imul(x, 1664525) + 1013904223) >>> 0;
+      doc.push(words[(x >>> 8) % words.length]);
+    }
+    out.push(doc.join(" "));
+  }
+  return out;
+}
+
+function writeText(name, docs, props) {
+  const table = new arrow.Table({
+    id: arrow.vectorFromArray(docs.map((d, i) => i), new arrow.Int32()),
+    text: arrow.vectorFromArray(docs, new arrow.Utf8()),
+  });
+  const wasmTable = pq.Table.fromIPCStream(arrow.tableToIPC(table, "stream"));
+  fs.writeFileSync(path.join(out, name + ".parquet"), pq.writeParquet(wasmTable, props));
+  fs.writeFileSync(path.join(out, name + ".json"),
+                   JSON.stringify(docs.filter((d) => d !== null)));
+}
+
+// 7. Text as pyarrow writes it: SNAPPY, dictionary v1 pages falling back to PLAIN, several row
+//    groups, an empty document and a null row.
+{
+  const docs = texts(400, 7);
+  docs[10] = "";
+  docs[11] = null;
+  writeText("text_snappy_dictionary", docs,
+            new pq.WriterPropertiesBuilder()
+                .setCompression(pq.Compression.SNAPPY)
+                .setDictionaryPageSizeLimit(1024)
+                .setDataPageSizeLimit(4096)
+                .setWriteBatchSize(64)
+                .setMaxRowGroupSize(150)
+                .build());
+}
+
+// 8. ZSTD v2 pages, DELTA_LENGTH_BYTE_ARRAY; 9. GZIP v1 pages, DELTA_BYTE_ARRAY (prefixes).
+{
+  const docs = texts(200, 8);
+  docs[3] = null;
+  writeText("text_zstd_v2_delta_length", docs,
+            new pq.WriterPropertiesBuilder()
+                .setWriterVersion(pq.WriterVersion.V2)
+                .setCompression(pq.Compression.ZSTD)
+                .setDictionaryEnabled(false)
+                .setColumnEncoding("text", pq.Encoding.DELTA_LENGTH_BYTE_ARRAY)
+                .setDataPageSizeLimit(2048)
+                .setWriteBatchSize(64)
+                .build());
+  const urls = texts(200, 9).map((d, i) => "https://example.com/" + (i % 7) + "/" + d);
+  writeText("text_gzip_delta_byte_array", urls,
+            new pq.WriterPropertiesBuilder()
+                .setCompression(pq.Compression.GZIP)
+                .setDictionaryEnabled(false)
+                .setColumnEncoding("text", pq.Encoding.DELTA_BYTE_ARRAY)
+                .setDataPageSizeLimit(2048)
+                .setWriteBatchSize(64)
+                .build());
+}
 
 // 5. Uncompressed, a null id inside a list: a reader must refuse it, not invent a token.
 {

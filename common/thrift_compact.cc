@@ -1,11 +1,11 @@
-#include "engine/thrift_compact.h"
+#include "common/thrift_compact.h"
 
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
-namespace latentd::engine {
+namespace latentd {
 namespace {
 
 // Compact protocol type ids (Thrift's TCompactProtocol).
@@ -191,4 +191,4 @@ absl::StatusOr<ThriftValue> ParseThriftStruct(std::string_view bytes, size_t* co
   return root;
 }
 
-}  // namespace latentd::engine
+}  // namespace latentd
