@@ -128,7 +128,9 @@ ABSL_FLAG(std::string, separator, "",
 ABSL_FLAG(bool, special_tokens, true,
           "tokenize: add the tokenizer's special tokens around each document (the BOS of Llama "
           "and Gemma), as tokenizer(text) does");
-ABSL_FLAG(std::string, field, "text", "tokenize: the field of each .jsonl line holding the text");
+ABSL_FLAG(std::string, field, "text",
+          "tokenize: the field of each .jsonl line, or the column of a .parquet file, holding the "
+          "text");
 ABSL_FLAG(int, threads, 0, "tokenize: threads that tokenize (0: one per core)");
 ABSL_FLAG(std::string, nodes, "",
           "train-nodes: the latentd nodes to train on, HOST:PORT,HOST:PORT,... (the first hosts "
@@ -704,7 +706,7 @@ int Tokenize(const std::vector<std::string>& args) {
   TokenizeOptions options;
   options.out_path = out;
   options.add_special_tokens = absl::GetFlag(FLAGS_special_tokens);
-  options.jsonl_field = absl::GetFlag(FLAGS_field);
+  options.text_field = absl::GetFlag(FLAGS_field);
   options.threads = absl::GetFlag(FLAGS_threads);
   if (const std::string separator = absl::GetFlag(FLAGS_separator); !separator.empty()) {
     int32_t id;
@@ -717,9 +719,10 @@ int Tokenize(const std::vector<std::string>& args) {
   }
   const auto mb = [](int64_t bytes) { return static_cast<double>(bytes) / 1e6; };
   options.progress = [&mb](const TokenizeProgress& p) {
-    std::fprintf(stderr, "tokenize: %.1f of %.1f MB, %lld documents, %lld tokens, %.2f MB/s\n",
+    std::fprintf(stderr,
+                 "tokenize: %.1f of %.1f MB read, %lld documents, %lld tokens, %.2f MB/s of text\n",
                  mb(p.bytes_read), mb(p.bytes_total), static_cast<long long>(p.documents),
-                 static_cast<long long>(p.tokens), mb(p.bytes_read) / std::max(p.seconds, 1e-9));
+                 static_cast<long long>(p.tokens), mb(p.text_bytes) / std::max(p.seconds, 1e-9));
   };
   const std::vector<std::string> inputs(args.begin() + 1, args.end());
   absl::StatusOr<TokenizeProgress> done = TokenizeFiles(*tokenizer, inputs, options);
@@ -734,9 +737,9 @@ int Tokenize(const std::vector<std::string>& args) {
       "wrote %s: %lld tokens (%s) from %lld documents, %.1f MB of text in %.1f s (%.2f MB/s, "
       "%.2f bytes a token)\n",
       out.c_str(), static_cast<long long>(done->tokens), done->dtype.c_str(),
-      static_cast<long long>(done->documents), mb(done->bytes_read), done->seconds,
-      mb(done->bytes_read) / std::max(done->seconds, 1e-9),
-      static_cast<double>(done->bytes_read) / std::max<int64_t>(done->tokens, 1));
+      static_cast<long long>(done->documents), mb(done->text_bytes), done->seconds,
+      mb(done->text_bytes) / std::max(done->seconds, 1e-9),
+      static_cast<double>(done->text_bytes) / std::max<int64_t>(done->tokens, 1));
   return 0;
 }
 
@@ -1672,7 +1675,9 @@ text:
   tokenize FILE... --vocab=tokenizer.json --out=TOKENS.npy [--separator=TOKEN]
            [--special_tokens=false] [--field=text] [--threads=N]
                                  text -> the token stream an EXTRACT job reads: each .jsonl
-                                 line's "text" (--field) or each other file is a document,
+                                 line's "text" (--field), each row of a .parquet file's "text"
+                                 column (FineWeb and the Hub's other text datasets) or each
+                                 other file is a document,
                                  tokenized as Hugging Face's tokenizer(text) does (BPE
                                  tokenizer.json files: GPT-2, Llama, Mistral, Gemma, Qwen2,
                                  Pythia), with TOKEN (id or text) after each

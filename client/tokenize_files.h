@@ -1,5 +1,6 @@
 // latentctl tokenize: text files -> one .npy stream of token ids, the input an EXTRACT job reads
-// (ExtractSpec.tokens). .jsonl files are read a line at a time; documents are gathered into
+// (ExtractSpec.tokens). .jsonl files are read a line at a time, .parquet files a few hundred rows
+// at a time (common/parquet_column); documents are gathered into
 // batches of a few MB, tokenized on several threads and appended in their order, so memory
 // holds a batch (or one whole-file document), not the corpus.
 #ifndef LATENTD_CLIENT_TOKENIZE_FILES_H_
@@ -19,8 +20,9 @@ namespace latentd::client {
 struct TokenizeProgress {
   int64_t files_done = 0;
   int64_t documents = 0;
-  int64_t bytes_read = 0;   // of text, over all inputs
+  int64_t bytes_read = 0;   // of the inputs (a compressed .parquet in proportion to its rows)
   int64_t bytes_total = 0;  // the inputs' sizes
+  int64_t text_bytes = 0;   // of the documents tokenized so far
   int64_t tokens = 0;
   double seconds = 0;
   std::string dtype;  // of the output: "uint16" when every id fits, else "int32"
@@ -35,8 +37,9 @@ struct TokenizeOptions {
   bool add_special_tokens = true;
   // A token id appended after each document (GPT-2's <|endoftext|>, say). Default: none.
   std::optional<int32_t> separator;
-  // For .jsonl inputs: the field of each line's object that holds the document. Default "text".
-  std::string jsonl_field = "text";
+  // The field of each .jsonl line's object, and the column of a .parquet file, that holds the
+  // documents. Default "text".
+  std::string text_field = "text";
   // Threads that tokenize; 0: one per core. The output does not depend on it. Default: 0.
   int threads = 0;
   // Called about once a second while it runs, and once at the end. Default: none.
@@ -44,7 +47,9 @@ struct TokenizeOptions {
 };
 
 // Tokenizes `inputs` in order: a .jsonl file is one document per non-empty line (an object with
-// a string `jsonl_field`); any other file is one document. NOT_FOUND for a missing input;
+// a string `text_field`); a .parquet file one per row of its string column `text_field` (a null
+// row is none; FineWeb's, RedPajama's and the Hub's other text datasets are such files); any
+// other file is one document. NOT_FOUND for a missing input;
 // INVALID_ARGUMENT naming the file (and line) for text that is not UTF-8 or a line that is not
 // such an object; INVALID_ARGUMENT for no inputs or a separator outside the vocabulary;
 // PERMISSION_DENIED / RESOURCE_EXHAUSTED when the output cannot be created / written.

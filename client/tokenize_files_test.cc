@@ -89,6 +89,34 @@ TEST(TokenizeFilesTest, DocumentsFromTextAndJsonlBecomeOneStream) {
   EXPECT_FALSE(std::filesystem::exists(options.out_path + ".partial"));
 }
 
+// A Parquet file's text column: one document a row, a null row none (text_ab.parquet holds
+// "ab a", null, "b", "abab", written by arrow-rs): the same stream as the files above.
+TEST(TokenizeFilesTest, ParquetRowsAreDocuments) {
+  const std::string dir = FreshTestDir("parquet");
+  const std::string parquet =
+      std::string(getenv("TEST_SRCDIR")) + "/latentd/common/testdata/parquet/text_ab.parquet";
+  const Tokenizer tokenizer = MakeTokenizer();
+  TokenizeOptions options;
+  options.out_path = dir + "/tokens.npy";
+  options.separator = 5;
+  absl::StatusOr<TokenizeProgress> done = TokenizeFiles(tokenizer, {parquet}, options);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->documents, 3);
+  EXPECT_EQ(done->bytes_read, done->bytes_total);
+  EXPECT_EQ(done->text_bytes, 9);  // "ab a", "b", "abab"
+  EXPECT_EQ(U16(ReadNpy(options.out_path).second),
+            (std::vector<int32_t>{4, 3, 2, 0, 5, 4, 1, 5, 4, 3, 3, 5}));
+
+  options.text_field = "body";
+  absl::StatusOr<TokenizeProgress> missing = TokenizeFiles(tokenizer, {parquet}, options);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(missing.status().message(), HasSubstr("no column body (its columns: id, text)"));
+  options.text_field = "id";
+  EXPECT_THAT(TokenizeFiles(tokenizer, {parquet}, options).status().message(),
+              HasSubstr("column id holds INT32, not text"));
+  EXPECT_FALSE(std::filesystem::exists(options.out_path + ".partial"));
+}
+
 // Many documents over several batches and threads: the stream is the documents' ids in order,
 // whatever the thread count.
 TEST(TokenizeFilesTest, ThreadsKeepTheDocumentsInOrder) {

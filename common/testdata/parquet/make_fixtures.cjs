@@ -209,6 +209,10 @@ function writeText(name, docs, props) {
                 .build());
 }
 
+// 10. Documents a tokenizer of a, b and space can read (client/tokenize_files_test).
+writeText("text_ab", ["ab a", null, "b", "abab"],
+          new pq.WriterPropertiesBuilder().setCompression(pq.Compression.SNAPPY).build());
+
 // 5. Uncompressed, a null id inside a list: a reader must refuse it, not invent a token.
 {
   const rows = rowsOf(4, 16, 5, 1000);
