@@ -1,10 +1,12 @@
 """EXTRACT through the daemon: kill -9 mid-job, restart, and the dataset equals, row for row, that of
 an uninterrupted run, for 1 and 2 devices (issue: EXTRACT jobs, "Resume"), also for a job that
-fills two hooks' datasets from one forward pass (more_outputs); and a cancelled job's dataset,
-continued by a new job (resume_from_job_id), ends the same."""
+fills two hooks' datasets from one forward pass (more_outputs), and for tokens read from a
+Hugging Face-style directory of Parquet shards; and a cancelled job's dataset, continued by a new
+job (resume_from_job_id), ends the same."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -183,6 +185,61 @@ class ExtractResume(DaemonTestCase):
         b, b_tokens = client.read_rows(dataset)
         self.assertEqual(a.shape, b.shape)
         np.testing.assert_array_equal(a_tokens, b_tokens)
+        np.testing.assert_array_equal(a.indices, b.indices)
+        np.testing.assert_array_equal(a.data, b.data)
+
+    def test_parquet_shards_resume_to_the_rows_of_the_same_ids_in_a_npy(self):
+        # Two shards written by arrow-rs (SNAPPY dictionary pages with an empty and a null list;
+        # LZ4_RAW uint16 ids), named as the Hub names them, read through a pattern; the same ids
+        # in a .npy make the reference run. The job is killed mid-way and resumes.
+        inputs = self.make_inputs()
+        fixtures = os.path.join(os.getcwd(), "common", "testdata", "parquet")
+        shards = os.path.join(self.tmp, "hub", "data")
+        os.makedirs(shards)
+        ids = []
+        for i, name in enumerate(["snappy_dictionary", "lz4_uint16"]):
+            shutil.copy(os.path.join(fixtures, name + ".parquet"),
+                        os.path.join(shards, "train-%05d-of-00002.parquet" % i))
+            ids.append(np.fromfile(os.path.join(fixtures, name + ".u32"), dtype="<u4"))
+        np.save(os.path.join(self.tmp, "same_ids.npy"), np.concatenate(ids).astype(np.int32))
+        total = (sum(len(x) for x in ids) // CONTEXT) * CONTEXT
+
+        def spec(tokens_path, name):
+            s = extract_spec(inputs, name, commit_rows=256)
+            s["model"]["reference"]["vocabSize"] = 65536  # the fixtures' ids reach 65534
+            s["tokens"]["path"] = tokens_path
+            return s
+
+        daemon = self.start_daemon(name="parquet", devices="cpu:1",
+                                   extra_args=["--data_roots=" + self.tmp])
+        client = daemon.client()
+        reference = client.wait(client.submit(
+            "EXTRACT", spec(os.path.join(self.tmp, "same_ids.npy"), "npy")).id)
+        self.assertEqual(reference.state, jobs_pb2.SUCCEEDED, reference.message)
+        self.assertEqual(reference.result.extract.rows, total)
+        job = client.submit("EXTRACT", spec(os.path.join(shards, "train-*.parquet"), "parquet"))
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            j = client.get(job.id)
+            if j.state == jobs_pb2.RUNNING and 0 < j.progress.units_done < total:
+                break
+            self.assertNotEqual(j.state, jobs_pb2.SUCCEEDED, "finished before it could be killed")
+            time.sleep(0.005)
+        client.close()
+        daemon.kill9()
+        daemon.start()
+        client = daemon.client()
+        final = client.wait(job.id)
+        self.assertEqual(final.state, jobs_pb2.SUCCEEDED, final.message)
+        self.assertEqual(final.attempts, 2)
+        dataset = client.get_dataset(final.result.extract.dataset_id)
+        self.assertIn("[input_ids, 2 files]", dataset.token_source)
+        a, a_tokens = client.read_rows(reference.result.extract.dataset_id)
+        b, b_tokens = client.read_rows(final.result.extract.dataset_id)
+        self.assertEqual(b.shape[0], total)
+        np.testing.assert_array_equal(a_tokens, b_tokens)
+        np.testing.assert_array_equal(b_tokens, np.concatenate(ids)[:total])
+        np.testing.assert_array_equal(a.indptr, b.indptr)
         np.testing.assert_array_equal(a.indices, b.indices)
         np.testing.assert_array_equal(a.data, b.data)
 
