@@ -1675,7 +1675,8 @@ text:
   tokenize FILE... --vocab=tokenizer.json --out=TOKENS.npy [--separator=TOKEN]
            [--special_tokens=false] [--field=text] [--threads=N]
                                  text -> the token stream an EXTRACT job reads: each .jsonl
-                                 line's "text" (--field), each row of a .parquet file's "text"
+                                 line's "text" (--field; also .jsonl.zst, .json.gz: the Pile,
+                                 C4, Dolma as downloaded), each row of a .parquet file's "text"
                                  column (FineWeb and the Hub's other text datasets) or each
                                  other file is a document,
                                  tokenized as Hugging Face's tokenizer(text) does (BPE

@@ -9,16 +9,15 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/text_input.h"
 #include "common/npy_header.h"
 #include "common/parquet_column.h"
-#include "common/read_file.h"
 #include "common/status_macros.h"
 
 namespace latentd::client {
@@ -91,11 +90,12 @@ class NpyStream {
   int64_t count_ = 0;
 };
 
-// A file that is one document.
+// A file that is one document (decompressed when it is .gz or .zst).
 template <typename Document>
 absl::Status ReadWhole(const std::string& path, TokenizeProgress* progress, Document& document) {
-  ASSIGN_OR_RETURN(std::string contents, ReadFileToString(path));
-  progress->bytes_read += static_cast<int64_t>(contents.size());
+  ASSIGN_OR_RETURN(std::unique_ptr<TextInput> input, TextInput::Open(path));
+  ASSIGN_OR_RETURN(std::string contents, input->ReadAll());
+  progress->bytes_read += input->stored_bytes_read();
   return document(std::move(contents), path);
 }
 
@@ -104,11 +104,13 @@ absl::Status ReadWhole(const std::string& path, TokenizeProgress* progress, Docu
 template <typename Document>
 absl::Status ReadJsonl(const std::string& path, const std::string& field,
                        TokenizeProgress* progress, Document& document) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(path, ": ", std::strerror(errno)));
+  ASSIGN_OR_RETURN(std::unique_ptr<TextInput> input, TextInput::Open(path));
+  const int64_t bytes_before = progress->bytes_read;
   std::string text;
-  for (int line = 1; std::getline(in, text); ++line) {
-    progress->bytes_read += static_cast<int64_t>(text.size()) + (in.eof() ? 0 : 1);
+  for (int line = 1;; ++line) {
+    ASSIGN_OR_RETURN(bool more, input->ReadLine(&text));
+    progress->bytes_read = bytes_before + input->stored_bytes_read();
+    if (!more) break;
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = absl::StrCat(path, ":", line);
     const nlohmann::json object = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -119,7 +121,6 @@ absl::Status ReadJsonl(const std::string& path, const std::string& field,
     }
     RETURN_IF_ERROR(document(value->get<std::string>(), where));
   }
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": ", std::strerror(errno)));
   return absl::OkStatus();
 }
 
@@ -235,7 +236,10 @@ absl::StatusOr<TokenizeProgress> TokenizeFiles(const Tokenizer& tokenizer,
 
   absl::Status status;
   for (const std::string& input : inputs) {
-    if (absl::EndsWith(input, ".jsonl")) {
+    // JSON lines: .jsonl, compressed or not, and the .json.gz / .json.zst files of C4 and Dolma.
+    const std::string stored_name = TextInput::StoredName(input);
+    if (absl::EndsWith(stored_name, ".jsonl") ||
+        (stored_name != input && absl::EndsWith(stored_name, ".json"))) {
       status = ReadJsonl(input, options.text_field, &progress, document);
     } else if (absl::EndsWith(input, ".parquet")) {
       status = ReadParquet(input, options.text_field, &progress, document);

@@ -1,5 +1,8 @@
 #include "client/tokenize_files.h"
 
+#include <zlib.h>
+#include <zstd.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -87,6 +90,50 @@ TEST(TokenizeFilesTest, DocumentsFromTextAndJsonlBecomeOneStream) {
   EXPECT_EQ(U16(data), (std::vector<int32_t>{4, 3, 2, 0, 5, 4, 1, 5, 4, 3, 3, 5}));
   EXPECT_EQ(done->tokens, 12);
   EXPECT_FALSE(std::filesystem::exists(options.out_path + ".partial"));
+}
+
+// Compressed JSON lines as the Pile (.jsonl.zst) and C4 (.json.gz) ship them, and a compressed
+// plain text file: the same documents as uncompressed.
+TEST(TokenizeFilesTest, CompressedInputsAreReadAsDownloaded) {
+  const std::string dir = FreshTestDir("compressed");
+  const Tokenizer tokenizer = MakeTokenizer();
+  const std::string jsonl = "{\"text\": \"ab a\"}\n{\"text\": \"b\"}\n\n{\"text\": \"abab\"}\n";
+  WriteFile(dir + "/plain.jsonl", jsonl);
+  std::string zst(ZSTD_compressBound(jsonl.size()), '\0');
+  zst.resize(ZSTD_compress(zst.data(), zst.size(), jsonl.data(), jsonl.size(), 3));
+  WriteFile(dir + "/pile.jsonl.zst", zst);
+  gzFile gz = gzopen((dir + "/c4.json.gz").c_str(), "wb");
+  gzwrite(gz, jsonl.data(), static_cast<unsigned>(jsonl.size()));
+  gzclose(gz);
+  gz = gzopen((dir + "/doc.txt.gz").c_str(), "wb");
+  gzwrite(gz, "ab a", 4);
+  gzclose(gz);
+  TokenizeOptions options;
+  options.separator = 5;
+  std::vector<std::vector<int32_t>> streams;
+  for (const std::string& input : {"plain.jsonl", "pile.jsonl.zst", "c4.json.gz"}) {
+    options.out_path = dir + "/" + input + ".npy";
+    absl::StatusOr<TokenizeProgress> done = TokenizeFiles(tokenizer, {dir + "/" + input}, options);
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_EQ(done->documents, 3) << input;
+    EXPECT_EQ(done->bytes_read, done->bytes_total) << input;
+    streams.push_back(U16(ReadNpy(options.out_path).second));
+  }
+  EXPECT_EQ(streams[0], (std::vector<int32_t>{4, 3, 2, 0, 5, 4, 1, 5, 4, 3, 3, 5}));
+  EXPECT_EQ(streams[1], streams[0]);
+  EXPECT_EQ(streams[2], streams[0]);
+  options.out_path = dir + "/doc.npy";
+  absl::StatusOr<TokenizeProgress> whole = TokenizeFiles(tokenizer, {dir + "/doc.txt.gz"}, options);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(U16(ReadNpy(options.out_path).second), (std::vector<int32_t>{4, 3, 2, 0, 5}));
+  // A download cut short fails naming the file, and leaves no output.
+  WriteFile(dir + "/cut.jsonl.zst", zst.substr(0, zst.size() - 3));
+  options.out_path = dir + "/cut.npy";
+  absl::StatusOr<TokenizeProgress> cut =
+      TokenizeFiles(tokenizer, {dir + "/cut.jsonl.zst"}, options);
+  EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(cut.status().message(), HasSubstr("cut.jsonl.zst"));
+  EXPECT_FALSE(std::filesystem::exists(options.out_path));
 }
 
 // A Parquet file's text column: one document a row, a null row none (text_ab.parquet holds

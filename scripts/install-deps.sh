@@ -9,8 +9,8 @@ PACKAGES=(
   librocksdb-dev libabsl-dev libtorch-dev libhdf5-dev nlohmann-json3-dev zlib1g-dev
   # ICU: the tokenizer's Unicode normalization and split regexes (latentctl tokenize).
   libicu-dev
-  # The page codecs of Parquet token files (librocksdb-dev pulls them in too; named here because
-  # engine/parquet_column links them itself).
+  # Compression: Parquet token files' pages and .gz / .zst text (librocksdb-dev pulls them in
+  # too; named here because common/parquet_column and client/text_input link them themselves).
   libsnappy-dev libzstd-dev liblz4-dev
   # scripts/fetch-tokenizers.sh: the tokenizer parity test's real tokenizer.json files.
   curl ca-certificates openssl

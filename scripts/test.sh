@@ -16,14 +16,14 @@ bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" || status=$?
 # its hand-written decoders and //storage:corruption_fuzz_test are where an out-of-bounds read
 # or undefined arithmetic on corrupt bytes would hide (docs/STORAGE.md, "Corrupt values"). The
 # job manager and its store join them: watchers, runner threads and deletion share job entries;
-# so does the tokenizer, which walks UTF-8 by hand over text and tokenizer.json files it is given,
-# the torch.save reader, which unpickles ae.pt files (and their zip) by hand, the SAE config
+# so does the tokenizer, which walks UTF-8 by hand over text and tokenizer.json files it is given
+# (and the reader of .gz / .zst text around it), the torch.save reader, which unpickles ae.pt files (and their zip) by hand, the SAE config
 # parsers, fed every field with a value of every other type, and (in //common/...) the Parquet
 # reader, whose footer, page headers and pages are decoded by hand.
 bazel test --config=asan //storage/... //common/... //server:job_manager_test \
   //server:job_store_test //client:byte_level_test //client:tokenizer_test \
-  //client:tokenize_files_test //client:tokenizer_parity_test //engine:torch_pickle_fuzz_test \
-  //engine:sae_config_fuzz_test \
+  //client:tokenize_files_test //client:tokenizer_parity_test //client:text_input_test \
+  //engine:torch_pickle_fuzz_test //engine:sae_config_fuzz_test \
   --test_output=errors "$@" 2>&1 |
   tee -a "$log" || status=$?
 
