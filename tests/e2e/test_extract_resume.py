@@ -42,6 +42,27 @@ def extract_spec(inputs, name, commit_rows=512, more_outputs=False):
 
 
 class ExtractResume(DaemonTestCase):
+    def wait_mid_job(self, client, job_id, before, what):
+        """Returns once the job runs with some rows committed and fewer than `before`."""
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            j = client.get(job_id)
+            if j.state == jobs_pb2.RUNNING and 0 < j.progress.units_done < before:
+                return
+            self.assertNotEqual(j.state, jobs_pb2.SUCCEEDED, "finished before it " + what)
+            time.sleep(0.005)
+        self.fail("no commit within 300 s")
+
+    def assert_same_rows(self, client, reference_id, dataset_id):
+        a, a_tokens = client.read_rows(reference_id)
+        b, b_tokens = client.read_rows(dataset_id)
+        self.assertEqual(a.shape, b.shape)
+        np.testing.assert_array_equal(a_tokens, b_tokens)
+        np.testing.assert_array_equal(a.indptr, b.indptr)
+        np.testing.assert_array_equal(a.indices, b.indices)
+        np.testing.assert_array_equal(a.data, b.data)
+        return b, b_tokens
+
     def make_inputs(self):
         inputs = os.path.join(self.tmp, "inputs")
         subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), inputs,
@@ -65,13 +86,7 @@ class ExtractResume(DaemonTestCase):
         job = client.submit("EXTRACT", extract_spec(inputs, "killed", more_outputs=more_outputs),
                             num_devices=devices)
         # Kill once at least one commit landed and the job is not done.
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            j = client.get(job.id)
-            if j.state == jobs_pb2.RUNNING and 0 < j.progress.units_done < total:
-                break
-            self.assertNotEqual(j.state, jobs_pb2.SUCCEEDED, "finished before it could be killed")
-            time.sleep(0.005)
+        self.wait_mid_job(client, job.id, total, "could be killed")
         done_at_kill = client.get(job.id).progress.units_done
         client.close()
         daemon.kill9()
@@ -99,14 +114,8 @@ class ExtractResume(DaemonTestCase):
             self.assertEqual(client.get_dataset(more[0].dataset_id).hook_name,
                              "blocks.0.hook_resid_mid")
         for reference_id, final_id in pairs:
-            a, a_tokens = client.read_rows(reference_id)
-            b, b_tokens = client.read_rows(final_id)
-            self.assertEqual(a.shape, (total, 1024))
-            self.assertEqual(a.shape, b.shape)
-            np.testing.assert_array_equal(a_tokens, b_tokens)
-            np.testing.assert_array_equal(a.indptr, b.indptr)
-            np.testing.assert_array_equal(a.indices, b.indices)
-            np.testing.assert_array_equal(a.data, b.data)
+            b, _ = self.assert_same_rows(client, reference_id, final_id)
+            self.assertEqual(b.shape, (total, 1024))
         if more_outputs:  # two hooks, two different matrices
             first, _ = client.read_rows(pairs[0][1])
             second, _ = client.read_rows(pairs[1][1])
@@ -162,13 +171,7 @@ class ExtractResume(DaemonTestCase):
         self.assertEqual(reference.state, jobs_pb2.SUCCEEDED, reference.message)
         total = SEQUENCES * CONTEXT
         job = client.submit("EXTRACT", extract_spec(inputs, "halted"))
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            j = client.get(job.id)
-            if j.state == jobs_pb2.RUNNING and 0 < j.progress.units_done < total // 2:
-                break
-            self.assertNotEqual(j.state, jobs_pb2.SUCCEEDED, "finished before it was cancelled")
-            time.sleep(0.005)
+        self.wait_mid_job(client, job.id, total // 2, "was cancelled")
         client.cancel(job.id)
         cancelled = client.wait(job.id)
         self.assertEqual(cancelled.state, jobs_pb2.CANCELLED, cancelled.message)
@@ -181,12 +184,7 @@ class ExtractResume(DaemonTestCase):
         dataset = continued.result.extract.dataset_id
         self.assertEqual(client.get_dataset(dataset).name, "halted")
         self.assertEqual(client.get_dataset(dataset).job_id, continued.id)
-        a, a_tokens = client.read_rows(reference.result.extract.dataset_id)
-        b, b_tokens = client.read_rows(dataset)
-        self.assertEqual(a.shape, b.shape)
-        np.testing.assert_array_equal(a_tokens, b_tokens)
-        np.testing.assert_array_equal(a.indices, b.indices)
-        np.testing.assert_array_equal(a.data, b.data)
+        self.assert_same_rows(client, reference.result.extract.dataset_id, dataset)
 
     def test_parquet_shards_resume_to_the_rows_of_the_same_ids_in_a_npy(self):
         # Two shards written by arrow-rs (SNAPPY dictionary pages with an empty and a null list;
@@ -218,13 +216,7 @@ class ExtractResume(DaemonTestCase):
         self.assertEqual(reference.state, jobs_pb2.SUCCEEDED, reference.message)
         self.assertEqual(reference.result.extract.rows, total)
         job = client.submit("EXTRACT", spec(os.path.join(shards, "train-*.parquet"), "parquet"))
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            j = client.get(job.id)
-            if j.state == jobs_pb2.RUNNING and 0 < j.progress.units_done < total:
-                break
-            self.assertNotEqual(j.state, jobs_pb2.SUCCEEDED, "finished before it could be killed")
-            time.sleep(0.005)
+        self.wait_mid_job(client, job.id, total, "could be killed")
         client.close()
         daemon.kill9()
         daemon.start()
@@ -234,14 +226,10 @@ class ExtractResume(DaemonTestCase):
         self.assertEqual(final.attempts, 2)
         dataset = client.get_dataset(final.result.extract.dataset_id)
         self.assertIn("[input_ids, 2 files]", dataset.token_source)
-        a, a_tokens = client.read_rows(reference.result.extract.dataset_id)
-        b, b_tokens = client.read_rows(final.result.extract.dataset_id)
+        b, b_tokens = self.assert_same_rows(client, reference.result.extract.dataset_id,
+                                            final.result.extract.dataset_id)
         self.assertEqual(b.shape[0], total)
-        np.testing.assert_array_equal(a_tokens, b_tokens)
         np.testing.assert_array_equal(b_tokens, np.concatenate(ids)[:total])
-        np.testing.assert_array_equal(a.indptr, b.indptr)
-        np.testing.assert_array_equal(a.indices, b.indices)
-        np.testing.assert_array_equal(a.data, b.data)
 
     def test_resume_two_devices_two_hooks(self):
         self.run_case(2, more_outputs=True)
