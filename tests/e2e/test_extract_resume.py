@@ -53,6 +53,18 @@ class ExtractResume(DaemonTestCase):
             time.sleep(0.005)
         self.fail("no commit within 300 s")
 
+    def kill_and_resume(self, daemon, client, job_id):
+        """kill -9 the daemon, start it again; the job must end SUCCEEDED on its second attempt.
+        Returns the new client and the finished job."""
+        client.close()
+        daemon.kill9()
+        daemon.start()
+        client = daemon.client()
+        final = client.wait(job_id)
+        self.assertEqual(final.state, jobs_pb2.SUCCEEDED, final.message)
+        self.assertEqual(final.attempts, 2)
+        return client, final
+
     def assert_same_rows(self, client, reference_id, dataset_id):
         a, a_tokens = client.read_rows(reference_id)
         b, b_tokens = client.read_rows(dataset_id)
@@ -88,14 +100,7 @@ class ExtractResume(DaemonTestCase):
         # Kill once at least one commit landed and the job is not done.
         self.wait_mid_job(client, job.id, total, "could be killed")
         done_at_kill = client.get(job.id).progress.units_done
-        client.close()
-        daemon.kill9()
-
-        daemon.start()
-        client = daemon.client()
-        final = client.wait(job.id)
-        self.assertEqual(final.state, jobs_pb2.SUCCEEDED, final.message)
-        self.assertEqual(final.attempts, 2)
+        client, final = self.kill_and_resume(daemon, client, job.id)
         # The second attempt resumed: its first progress report is past zero.
         events = list(client.watch(job.id))
         runs = [i for i, e in enumerate(events) if e.HasField("state")
@@ -217,13 +222,7 @@ class ExtractResume(DaemonTestCase):
         self.assertEqual(reference.result.extract.rows, total)
         job = client.submit("EXTRACT", spec(os.path.join(shards, "train-*.parquet"), "parquet"))
         self.wait_mid_job(client, job.id, total, "could be killed")
-        client.close()
-        daemon.kill9()
-        daemon.start()
-        client = daemon.client()
-        final = client.wait(job.id)
-        self.assertEqual(final.state, jobs_pb2.SUCCEEDED, final.message)
-        self.assertEqual(final.attempts, 2)
+        client, final = self.kill_and_resume(daemon, client, job.id)
         dataset = client.get_dataset(final.result.extract.dataset_id)
         self.assertIn("[input_ids, 2 files]", dataset.token_source)
         b, b_tokens = self.assert_same_rows(client, reference.result.extract.dataset_id,
