@@ -18,9 +18,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/parquet_column.h"
 #include "common/status_macros.h"
 #include "engine/npz.h"
-#include "common/parquet_column.h"
 
 namespace latentd::engine {
 namespace {
@@ -97,6 +97,10 @@ absl::StatusOr<std::vector<std::string>> ParquetShards(const std::string& path,
     int64_t index = 0, total = 0;
     if (!ParseShardName(name, &prefix, &index, &total)) continue;
     auto& [expected, seen] = splits[prefix];
+    if (index >= total) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", dir, "/", name, " is shard ", index, " of ", total));
+    }
     if (!seen.empty() && expected != total) {
       return absl::InvalidArgumentError(absl::StrCat(field, ": ", dir, " holds ", prefix,
                                                      " shards of two sets (", expected, " and ",

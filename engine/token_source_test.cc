@@ -217,6 +217,13 @@ TEST(TokenSourceTest, HuggingFaceShardsAreOneStreamInNameOrder) {
             std::string::npos)
       << partial.status();
   EXPECT_TRUE(absl::IsNotFound(TokenSource::Open(Spec(dir + "/val-*.parquet", 64)).status()));
+  // A shard numbered past its set (a name mangled by hand, or two sets' files mixed).
+  CopyTo("gzip_flat.parquet", dir, "train-00002-of-00002.parquet");
+  auto past = TokenSource::Open(Spec(dir + "/train-*.parquet", 64));
+  EXPECT_TRUE(absl::IsInvalidArgument(past.status()));
+  EXPECT_NE(past.status().message().find("train-00002-of-00002.parquet is shard 2 of 2"),
+            std::string::npos)
+      << past.status();
 }
 
 TEST(TokenSourceTest, ParquetColumnsAreNamedInErrors) {
