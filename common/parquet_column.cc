@@ -40,6 +40,12 @@ enum Encoding {
 };
 enum Codec { kUncompressed = 0, kSnappy = 1, kGzip = 2, kZstd = 6, kLz4Raw = 7 };
 
+// Writers cut pages at about 1 MiB (pyarrow, arrow-rs) or 20,000 rows: half a million ids at
+// most. A header claiming more is refused before anything that size is allocated.
+constexpr int64_t kMaxPageValues = int64_t{1} << 24;
+// Below this a page's uncompressed size is taken on trust (see Uncompress).
+constexpr int64_t kMaxUncompressedFloor = int64_t{16} << 20;
+
 const char* const kTypeNames[] = {"BOOLEAN", "INT32",  "INT64",      "INT96",
                                   "FLOAT",   "DOUBLE", "BYTE_ARRAY", "FIXED_LEN_BYTE_ARRAY"};
 const char* const kCodecNames[] = {"UNCOMPRESSED", "SNAPPY", "GZIP", "LZO",
@@ -167,6 +173,8 @@ class ParquetPageReader {
 
   // PLAIN byte arrays: a 4-byte length, then the bytes, n times.
   absl::Status ByteArrays(int64_t n, std::vector<std::string>* out) {
+    if (static_cast<uint64_t>(n) > left() / 4)
+      return Fail(absl::StrCat(n, " strings in ", left(), " bytes"));
     out->resize(n);
     for (int64_t i = 0; i < n; ++i) {
       ASSIGN_OR_RETURN(uint32_t length, Fixed32());
@@ -304,6 +312,14 @@ absl::StatusOr<std::string> ParquetColumn::Uncompress(const std::string& what, i
                                               uncompressed_size));
     }
     return compressed;
+  }
+  // No codec here expands bytes 2048-fold on real pages (deflate's ceiling is 1032); a header
+  // claiming more is damage, refused before its size is allocated.
+  const int64_t ceiling =
+      std::max<int64_t>(kMaxUncompressedFloor, 2048 * static_cast<int64_t>(compressed.size()));
+  if (uncompressed_size > ceiling) {
+    return absl::DataLossError(absl::StrCat(what, ": ", compressed.size(), " bytes claim to hold ",
+                                            uncompressed_size, " uncompressed"));
   }
   std::string out(uncompressed_size, '\0');
   bool ok = false;
@@ -619,8 +635,9 @@ absl::Status ParquetColumn::IndexChunk(int chunk_index, int64_t start, int64_t s
       }
       page.levels = h->IntField(1, -1);
       page.encoding = h->IntField(page.v2 ? 4 : 2, -1);
-      if (page.levels < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": page of ", page.levels, " values"));
+      if (page.levels < 0 || page.levels > kMaxPageValues) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": page of ", page.levels, " values (at most ", kMaxPageValues, " are read)"));
       }
       if (page.v2) {
         const int64_t nulls = h->IntField(2, -1);
