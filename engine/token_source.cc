@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/arrow_column.h"
 #include "common/parquet_column.h"
 #include "common/status_macros.h"
 #include "engine/npz.h"
@@ -41,11 +42,17 @@ std::pair<std::string, std::string> SplitLast(const std::string& path) {
   return {slash == 0 ? "/" : path.substr(0, slash), path.substr(slash + 1)};
 }
 
-// Hugging Face's shard names: PREFIX-NNNNN-of-MMMMM.parquet. False for any other name.
-bool ParseShardName(const std::string& name, std::string* prefix, int64_t* index, int64_t* total) {
-  constexpr absl::string_view kSuffix = ".parquet";
-  if (!absl::EndsWith(name, kSuffix)) return false;
-  const std::string stem = name.substr(0, name.size() - kSuffix.size());
+bool IsArrowFile(const std::string& path) {
+  return absl::EndsWith(path, ".arrow") || absl::EndsWith(path, ".feather");
+}
+
+// Hugging Face's shard names: PREFIX-NNNNN-of-MMMMM.parquet (the Hub) or .arrow (save_to_disk).
+// False for any other name.
+bool ParseShardName(const std::string& name, std::string* prefix, int64_t* index, int64_t* total,
+                    std::string* suffix) {
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos) return false;
+  const std::string stem = name.substr(0, dot);
   const size_t of = stem.rfind("-of-");
   if (of == std::string::npos) return false;
   const size_t dash = stem.rfind('-', of - 1);
@@ -56,7 +63,44 @@ bool ParseShardName(const std::string& name, std::string* prefix, int64_t* index
     return false;
   }
   *prefix = stem.substr(0, dash);
+  *suffix = name.substr(dot);
   return absl::SimpleAtoi(i, index) && absl::SimpleAtoi(n, total);
+}
+
+}  // namespace
+
+// One file of a columnar token source: Parquet or Arrow IPC, read alike.
+class TokenColumn {
+ public:
+  virtual ~TokenColumn() = default;
+  virtual const std::string& path() const = 0;
+  virtual const std::string& column() const = 0;
+  virtual int64_t num_values() const = 0;
+  virtual absl::Status Read(int64_t first, int64_t count, int64_t* out) const = 0;
+};
+
+namespace {
+
+template <typename Reader>
+class TokenColumnOf final : public TokenColumn {
+ public:
+  explicit TokenColumnOf(std::unique_ptr<Reader> reader) : reader_(std::move(reader)) {}
+  const std::string& path() const override { return reader_->path(); }
+  const std::string& column() const override { return reader_->column(); }
+  int64_t num_values() const override { return reader_->num_values(); }
+  absl::Status Read(int64_t first, int64_t count, int64_t* out) const override {
+    return reader_->Read(first, count, out);
+  }
+
+ private:
+  std::unique_ptr<Reader> reader_;
+};
+
+template <typename Reader>
+absl::StatusOr<std::unique_ptr<TokenColumn>> OpenColumn(const std::string& path,
+                                                        const std::string& column) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Reader> reader, Reader::Open(path, column));
+  return std::unique_ptr<TokenColumn>(new TokenColumnOf<Reader>(std::move(reader)));
 }
 
 }  // namespace
@@ -65,37 +109,46 @@ bool IsTokenPathPattern(const std::string& path) {
   return SplitLast(path).second.find_first_of("*?[") != std::string::npos;
 }
 
-absl::StatusOr<std::vector<std::string>> ParquetShards(const std::string& path,
-                                                       const std::string& field) {
+absl::StatusOr<std::vector<std::string>> ColumnShards(const std::string& path,
+                                                      const std::string& field) {
   const bool pattern = IsTokenPathPattern(path);
   if (!pattern && !IsDirectory(path)) return std::vector<std::string>{path};
-  const auto [dir, name_pattern] = pattern ? SplitLast(path) : std::make_pair(path, "*.parquet");
+  const auto [dir, name_pattern] = pattern ? SplitLast(path) : std::make_pair(path, "");
   DIR* listing = opendir(dir.c_str());
   if (listing == nullptr) {
     return absl::NotFoundError(
         absl::StrCat(field, ": cannot list ", dir, ": ", std::strerror(errno)));
   }
-  std::vector<std::string> names;
+  // A pattern's matches; a directory's .parquet files (the Hub), else its .arrow files
+  // (save_to_disk).
+  std::vector<std::string> names, parquet, arrow;
   while (const dirent* entry = readdir(listing)) {
     const std::string name = entry->d_name;
-    if (name == "." || name == ".." || fnmatch(name_pattern.c_str(), name.c_str(), 0) != 0) {
-      continue;
+    if (name == "." || name == ".." || IsDirectory(dir + "/" + name)) continue;
+    if (pattern) {
+      if (fnmatch(name_pattern.c_str(), name.c_str(), 0) == 0) names.push_back(name);
+    } else if (absl::EndsWith(name, ".parquet")) {
+      parquet.push_back(name);
+    } else if (IsArrowFile(name)) {
+      arrow.push_back(name);
     }
-    if (IsDirectory(dir + "/" + name)) continue;
-    names.push_back(name);
   }
   closedir(listing);
+  if (!pattern) names = !parquet.empty() ? parquet : arrow;
   if (names.empty()) {
     return absl::NotFoundError(
-        absl::StrCat(field, ": no file matches ", name_pattern, " in ", dir));
+        absl::StrCat(field, ": ",
+                     pattern ? absl::StrCat("no file matches ", name_pattern, " in ", dir)
+                             : absl::StrCat("no .parquet or .arrow file in ", dir)));
   }
   std::sort(names.begin(), names.end());
   // Hugging Face shards: every one of a split present, and one split at a time.
   std::map<std::string, std::pair<int64_t, std::set<int64_t>>> splits;
+  std::string suffix;
   for (const std::string& name : names) {
     std::string prefix;
     int64_t index = 0, total = 0;
-    if (!ParseShardName(name, &prefix, &index, &total)) continue;
+    if (!ParseShardName(name, &prefix, &index, &total, &suffix)) continue;
     auto& [expected, seen] = splits[prefix];
     if (index >= total) {
       return absl::InvalidArgumentError(
@@ -114,15 +167,15 @@ absl::StatusOr<std::vector<std::string>> ParquetShards(const std::string& path,
     for (const auto& [prefix, unused] : splits) prefixes.push_back(prefix);
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": ", path, " holds the shards of ", absl::StrJoin(prefixes, ", "),
-                     "; name one: ", dir, "/", prefixes[0], "-*.parquet"));
+                     "; name one: ", dir, "/", prefixes[0], "-*", suffix));
   }
   for (const auto& [prefix, shards] : splits) {
     for (int64_t i = 0; i < shards.first; ++i) {
       if (shards.second.count(i) == 0) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "%s: %s/%s-%05d-of-%05d.parquet is missing (%d of %d shards present: an "
+            "%s: %s/%s-%05d-of-%05d%s is missing (%d of %d shards present: an "
             "interrupted download?)",
-            field, dir, prefix, i, shards.first, shards.second.size(), shards.first));
+            field, dir, prefix, i, shards.first, suffix, shards.second.size(), shards.first));
       }
     }
   }
@@ -143,7 +196,7 @@ absl::StatusOr<std::string> ResolveTokenPath(
     ASSIGN_OR_RETURN(resolved, resolve(path));
     if (!IsDirectory(resolved)) return resolved;
   }
-  ASSIGN_OR_RETURN(std::vector<std::string> shards, ParquetShards(resolved, field));
+  ASSIGN_OR_RETURN(std::vector<std::string> shards, ColumnShards(resolved, field));
   for (const std::string& shard : shards) RETURN_IF_ERROR(resolve(shard).status());
   return resolved;
 }
@@ -167,16 +220,16 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Open(
   src->prepend_bos_ = spec.prepend_bos();
   src->bos_token_id_ = spec.bos_token_id();
   latentd::v1::TokenFormat format = spec.format();
-  if (format == latentd::v1::TOKEN_FORMAT_UNSPECIFIED &&
-      (absl::EndsWith(spec.path(), ".parquet") || IsTokenPathPattern(spec.path()) ||
-       IsDirectory(spec.path()))) {
-    format = latentd::v1::PARQUET;
+  // Columnar files: named so, or a directory or pattern of them (each read by its extension).
+  const bool columnar = format == latentd::v1::PARQUET || format == latentd::v1::ARROW ||
+                        (format == latentd::v1::TOKEN_FORMAT_UNSPECIFIED &&
+                         (absl::EndsWith(spec.path(), ".parquet") || IsArrowFile(spec.path()) ||
+                          IsTokenPathPattern(spec.path()) || IsDirectory(spec.path())));
+  if (!spec.column().empty() && !columnar) {
+    return Bad("column", "only Parquet and Arrow token files have columns");
   }
-  if (!spec.column().empty() && format != latentd::v1::PARQUET) {
-    return Bad("column", "only Parquet token files have columns");
-  }
-  if (format == latentd::v1::PARQUET) {
-    RETURN_IF_ERROR(src->OpenParquet(spec));
+  if (columnar) {
+    RETURN_IF_ERROR(src->OpenColumns(spec));
     RETURN_IF_ERROR(src->CutIntoSequences(spec));
     return src;
   }
@@ -201,7 +254,7 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Open(
       format = latentd::v1::RAW_U32;
     } else {
       return Bad("format", absl::StrCat("cannot infer the format of ", spec.path(),
-                                        " (.npy, .bin, .u32, .parquet); set it"));
+                                        " (.npy, .bin, .u32, .parquet, .arrow); set it"));
     }
   }
   switch (format) {
@@ -265,27 +318,30 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Open(
   return src;
 }
 
-absl::Status TokenSource::OpenParquet(const latentd::v1::TokenSource& spec) {
-  format_name_ = "parquet";
+absl::Status TokenSource::OpenColumns(const latentd::v1::TokenSource& spec) {
   ASSIGN_OR_RETURN(std::vector<std::string> shards,
-                   ParquetShards(spec.path(), "extract.tokens.path"));
+                   ColumnShards(spec.path(), "extract.tokens.path"));
   for (const std::string& shard : shards) {
-    absl::StatusOr<std::unique_ptr<ParquetColumn>> column =
-        ParquetColumn::Open(shard, spec.column());
+    const bool arrow = spec.format() == latentd::v1::ARROW ||
+                       (spec.format() != latentd::v1::PARQUET && IsArrowFile(shard));
+    absl::StatusOr<std::unique_ptr<TokenColumn>> column =
+        arrow ? OpenColumn<ArrowIntColumn>(shard, spec.column())
+              : OpenColumn<ParquetColumn>(shard, spec.column());
     if (absl::IsNotFound(column.status())) {
       return absl::NotFoundError(absl::StrCat("extract.tokens.path: ", column.status().message()));
     }
     if (!column.ok()) {
       return Bad(spec.column().empty() ? "path" : "column", std::string(column.status().message()));
     }
-    if (!parquet_.empty() && (*column)->column() != parquet_.front()->column()) {
+    if (!columns_.empty() && (*column)->column() != columns_.front()->column()) {
       return Bad("column", absl::StrCat(shard, " has its ids in ", (*column)->column(), ", ",
-                                        parquet_.front()->path(), " in ",
-                                        parquet_.front()->column(), "; name the column"));
+                                        columns_.front()->path(), " in ",
+                                        columns_.front()->column(), "; name the column"));
     }
-    parquet_starts_.push_back(source_tokens_);
+    if (columns_.empty()) format_name_ = arrow ? "arrow" : "parquet";
+    column_starts_.push_back(source_tokens_);
     source_tokens_ += (*column)->num_values();
-    parquet_.push_back(*std::move(column));
+    columns_.push_back(*std::move(column));
   }
   return absl::OkStatus();
 }
@@ -315,7 +371,7 @@ absl::Status TokenSource::CutIntoSequences(const latentd::v1::TokenSource& spec)
 }
 
 absl::Status TokenSource::ReadTokens(int64_t first_token, int64_t count, int64_t* out) const {
-  if (!parquet_.empty()) return ReadParquetTokens(first_token, count, out);
+  if (!columns_.empty()) return ReadColumnTokens(first_token, count, out);
   std::vector<char> buf(count * element_size_);
   int64_t done = 0, bytes = count * element_size_;
   while (done < bytes) {
@@ -345,15 +401,14 @@ absl::Status TokenSource::ReadTokens(int64_t first_token, int64_t count, int64_t
   return absl::OkStatus();
 }
 
-absl::Status TokenSource::ReadParquetTokens(int64_t first_token, int64_t count,
-                                            int64_t* out) const {
+absl::Status TokenSource::ReadColumnTokens(int64_t first_token, int64_t count, int64_t* out) const {
   int64_t done = 0;
   while (done < count) {
     const int64_t at = first_token + done;
-    const size_t shard = std::upper_bound(parquet_starts_.begin(), parquet_starts_.end(), at) -
-                         parquet_starts_.begin() - 1;
-    const ParquetColumn& column = *parquet_[shard];
-    const int64_t offset = at - parquet_starts_[shard];
+    const size_t shard = std::upper_bound(column_starts_.begin(), column_starts_.end(), at) -
+                         column_starts_.begin() - 1;
+    const TokenColumn& column = *columns_[shard];
+    const int64_t offset = at - column_starts_[shard];
     const int64_t take = std::min(count - done, column.num_values() - offset);
     RETURN_IF_ERROR(column.Read(offset, take, out + done));
     for (int64_t i = 0; i < take; ++i) {
@@ -387,10 +442,10 @@ absl::Status TokenSource::Read(int64_t first, int64_t count, int64_t* out) const
 
 std::string TokenSource::Describe() const {
   const std::string column =
-      parquet_.empty()
+      columns_.empty()
           ? ""
-          : absl::StrCat("[", parquet_.front()->column(),
-                         parquet_.size() > 1 ? absl::StrCat(", ", parquet_.size(), " files") : "",
+          : absl::StrCat("[", columns_.front()->column(),
+                         columns_.size() > 1 ? absl::StrCat(", ", columns_.size(), " files") : "",
                          "]");
   return absl::StrCat(format_name_, ":", path_, column, "[sequences ", first_sequence_, "..",
                       first_sequence_ + num_sequences_, ", L=", context_length_,

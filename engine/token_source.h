@@ -2,9 +2,10 @@
 //
 // Formats: .npy (little-endian uint16, int32 or int64, C order, 1-D or 2-D; a 2-D array is read
 // row-major as one stream), raw little-endian uint16 / uint32 binaries (nanoGPT's train.bin), and
-// Parquet (a pretokenized Hugging Face dataset: one file, a directory of shards or
-// DIR/PATTERN; the lists of its token column in row order, file after file, are the stream;
-// common/parquet_column).
+// columnar files: Parquet (a pretokenized dataset from the Hugging Face Hub) or Arrow IPC (what
+// `datasets` writes: save_to_disk, its cache), one file, a directory of shards or DIR/PATTERN;
+// the lists of the token column in row order, file after file, are the stream
+// (common/parquet_column, common/arrow_column).
 // Sequence i covers source tokens [i*L, (i+1)*L) with L = context_length, or, with prepend_bos,
 // is bos_token_id followed by source tokens [i*(L-1), (i+1)*(L-1)). A trailing partial sequence
 // is dropped. The shard [sequence_start, sequence_start + sequence_count) selects a row range of
@@ -22,26 +23,24 @@
 #include "absl/status/statusor.h"
 #include "proto/latentd/v1/extract.pb.h"
 
-namespace latentd {
-class ParquetColumn;
-}  // namespace latentd
-
 namespace latentd::engine {
+
+class TokenColumn;  // one Parquet or Arrow file of a columnar source (token_source.cc)
 
 // Whether `path`'s last component is a pattern ("train-*.parquet": *, ? or [...]).
 bool IsTokenPathPattern(const std::string& path);
 
-// The Parquet files a token path names, in read order: the file itself; a directory's *.parquet
-// files; or DIR/PATTERN's matches among DIR's file names; both sorted by name. Hugging Face's
-// shard names (train-00003-of-00010.parquet) are checked: a missing shard (an interrupted
-// download) or a directory holding several splits is INVALID_ARGUMENT naming `field` and what
-// to do. NOT_FOUND when nothing matches.
-absl::StatusOr<std::vector<std::string>> ParquetShards(const std::string& path,
-                                                       const std::string& field);
+// The columnar files a token path names, in read order: the file itself; a directory's *.parquet
+// files (else its *.arrow files); or DIR/PATTERN's matches among DIR's file names; sorted by
+// name. Hugging Face's shard names (train-00003-of-00010.parquet, data-00000-of-00002.arrow)
+// are checked: a missing shard (an interrupted download) or a directory holding several splits
+// is INVALID_ARGUMENT naming `field` and what to do. NOT_FOUND when nothing matches.
+absl::StatusOr<std::vector<std::string>> ColumnShards(const std::string& path,
+                                                      const std::string& field);
 
 // A token path resolved for a daemon that reads only under its data roots: `resolve` maps one
 // path to its resolved form under a root (or the caller's NOT_FOUND / PERMISSION_DENIED). A
-// pattern resolves its directory and keeps the pattern; every Parquet shard a directory or
+// pattern resolves its directory and keeps the pattern; every shard a directory or
 // pattern names must resolve under a root too (Hugging Face's cache links shards into blobs/).
 absl::StatusOr<std::string> ResolveTokenPath(
     const std::string& path, const std::string& field,
@@ -70,17 +69,17 @@ class TokenSource {
 
  private:
   TokenSource() = default;
-  absl::Status OpenParquet(const latentd::v1::TokenSource& spec);
+  absl::Status OpenColumns(const latentd::v1::TokenSource& spec);
   // Sets the shard of sequences from source_tokens_ and the spec.
   absl::Status CutIntoSequences(const latentd::v1::TokenSource& spec);
   absl::Status ReadTokens(int64_t first_token, int64_t count, int64_t* out) const;
-  absl::Status ReadParquetTokens(int64_t first_token, int64_t count, int64_t* out) const;
+  absl::Status ReadColumnTokens(int64_t first_token, int64_t count, int64_t* out) const;
 
   std::string path_;
   int fd_ = -1;
-  // Parquet: the shards in order and where each one's ids start in the stream.
-  std::vector<std::unique_ptr<latentd::ParquetColumn>> parquet_;
-  std::vector<int64_t> parquet_starts_;
+  // Parquet / Arrow: the shards in order and where each one's ids start in the stream.
+  std::vector<std::unique_ptr<TokenColumn>> columns_;
+  std::vector<int64_t> column_starts_;
   int64_t data_offset_ = 0;
   int element_size_ = 2;
   bool is_signed_ = false;

@@ -126,8 +126,11 @@ TEST(TokenSourceTest, BadInput) {
   EXPECT_EQ((*neg)->Read(0, 2, out.data()).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A file of common/testdata/parquet, or of common/testdata/arrow for the Arrow fixtures' names.
 std::string Fixture(const std::string& name) {
-  return std::string(getenv("TEST_SRCDIR")) + "/latentd/common/testdata/parquet/" + name;
+  const bool arrow = name.rfind("datasets_stream", 0) == 0 || name.rfind("feather_", 0) == 0;
+  return std::string(getenv("TEST_SRCDIR")) + "/latentd/common/testdata/" +
+         (arrow ? "arrow/" : "parquet/") + name;
 }
 
 std::string ReadBytes(const std::string& path) {
@@ -224,6 +227,45 @@ TEST(TokenSourceTest, HuggingFaceShardsAreOneStreamInNameOrder) {
   EXPECT_NE(past.status().message().find("train-00002-of-00002.parquet is shard 2 of 2"),
             std::string::npos)
       << past.status();
+}
+
+TEST(TokenSourceTest, ADatasetSavedToDiskIsReadFromItsArrowShards) {
+  // save_to_disk's layout: data-0000i-of-0000n.arrow beside its JSON files.
+  const std::string dir = TempPath("saved");
+  std::filesystem::remove_all(dir);
+  CopyTo("datasets_stream.arrow", dir, "data-00000-of-00002.arrow");
+  CopyTo("feather_fixed_size_list.arrow", dir, "data-00001-of-00002.arrow");
+  std::ofstream(dir + "/state.json") << "{}";
+  std::ofstream(dir + "/dataset_info.json") << "{}";
+  // The two shards keep their ids in different columns (input_ids, tokens): named, refused.
+  auto mixed = TokenSource::Open(Spec(dir, 32));
+  EXPECT_TRUE(absl::IsInvalidArgument(mixed.status()));
+  EXPECT_NE(mixed.status().message().find("has its ids in tokens"), std::string::npos)
+      << mixed.status();
+  std::filesystem::remove(dir + "/data-00001-of-00002.arrow");
+  CopyTo("datasets_stream.arrow", dir, "data-00001-of-00002.arrow");
+  std::vector<int64_t> ids = Ids("datasets_stream");
+  const std::vector<int64_t> once = ids;
+  ids.insert(ids.end(), once.begin(), once.end());
+  auto src = TokenSource::Open(Spec(dir, 32));
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_EQ((*src)->num_sequences(), static_cast<int64_t>(ids.size()) / 32);
+  EXPECT_EQ(ReadAll(**src), std::vector<int64_t>(ids.begin(), ids.begin() + (*src)->num_rows()));
+  EXPECT_NE((*src)->Describe().find("arrow:"), std::string::npos) << (*src)->Describe();
+  // One shard gone: said so, with the .arrow name.
+  std::filesystem::remove(dir + "/data-00000-of-00002.arrow");
+  auto partial = TokenSource::Open(Spec(dir, 32));
+  EXPECT_NE(partial.status().message().find("data-00000-of-00002.arrow is missing"),
+            std::string::npos)
+      << partial.status();
+  // A single Feather file, its fixed-size lists of int64 named by the column.
+  auto feather = Spec(Fixture("feather_fixed_size_list.arrow"), 40);
+  feather.set_column("tokens");
+  auto one = TokenSource::Open(feather);
+  ASSERT_TRUE(one.ok()) << one.status();
+  const std::vector<int64_t> feather_ids = Ids("feather_fixed_size_list");
+  EXPECT_EQ(ReadAll(**one),
+            std::vector<int64_t>(feather_ids.begin(), feather_ids.begin() + (*one)->num_rows()));
 }
 
 TEST(TokenSourceTest, ParquetColumnsAreNamedInErrors) {

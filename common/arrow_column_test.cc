@@ -1,0 +1,132 @@
+// The reader against files written by Apache Arrow's JavaScript implementation
+// (common/testdata/arrow, make_fixtures.cjs): each NAME.arrow's stream must equal NAME.u32.
+#include "common/arrow_column.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/mutate.h"
+#include "common/read_file.h"
+#include "common/test_dir.h"
+#include "gtest/gtest.h"
+
+namespace latentd {
+namespace {
+
+std::string Fixture(const std::string& name) {
+  return std::string(getenv("TEST_SRCDIR")) + "/latentd/common/testdata/arrow/" + name;
+}
+
+std::vector<int64_t> Expected(const std::string& name) {
+  absl::StatusOr<std::string> raw = ReadFileToString(Fixture(name + ".u32"));
+  EXPECT_TRUE(raw.ok()) << raw.status();
+  std::vector<int64_t> ids(raw->size() / 4);
+  const auto* p = reinterpret_cast<const unsigned char*>(raw->data());
+  for (size_t i = 0; i < ids.size(); ++i, p += 4) {
+    ids[i] = p[0] | p[1] << 8 | p[2] << 16 | static_cast<int64_t>(p[3]) << 24;
+  }
+  return ids;
+}
+
+TEST(ArrowIntColumnTest, ReadsWhatArrowWroteInEveryLayout) {
+  // datasets' stream format with three record batches, a null and an empty list; Feather v2's
+  // file format with fixed-size lists of int64; a plain uint16 column.
+  struct Case {
+    const char* name;
+    const char* column;
+    int64_t rows;
+  };
+  for (const Case& c :
+       {Case{"datasets_stream", "input_ids", 30}, Case{"feather_fixed_size_list", "tokens", 20},
+        Case{"plain_uint16", "token", 500}}) {
+    SCOPED_TRACE(c.name);
+    const std::vector<int64_t> expected = Expected(c.name);
+    auto column = ArrowIntColumn::Open(Fixture(std::string(c.name) + ".arrow"), "");
+    ASSERT_TRUE(column.ok()) << column.status();
+    EXPECT_EQ((*column)->column(), c.column);
+    EXPECT_EQ((*column)->num_rows(), c.rows);
+    ASSERT_EQ((*column)->num_values(), static_cast<int64_t>(expected.size()));
+    std::vector<int64_t> all(expected.size(), -1);
+    ASSERT_TRUE((*column)->Read(0, all.size(), all.data()).ok());
+    EXPECT_EQ(all, expected);
+    std::mt19937 rng(1);
+    for (int i = 0; i < 200; ++i) {
+      const int64_t first = rng() % expected.size();
+      const int64_t count = rng() % (expected.size() - first + 1);
+      std::vector<int64_t> part(count, -1);
+      ASSERT_TRUE((*column)->Read(first, count, part.data()).ok());
+      ASSERT_TRUE(std::equal(part.begin(), part.end(), expected.begin() + first))
+          << "[" << first << ", " << first + count << ")";
+    }
+    EXPECT_TRUE(absl::IsOutOfRange((*column)->Read(expected.size() - 1, 2, all.data())));
+  }
+}
+
+TEST(ArrowIntColumnTest, ColumnsAreChosenOrExplained) {
+  // attention_mask is a list of int8: a readable column when named.
+  auto mask = ArrowIntColumn::Open(Fixture("datasets_stream.arrow"), "attention_mask");
+  ASSERT_TRUE(mask.ok()) << mask.status();
+  EXPECT_EQ((*mask)->num_values(), static_cast<int64_t>(Expected("datasets_stream").size()));
+  std::vector<int64_t> ones((*mask)->num_values());
+  ASSERT_TRUE((*mask)->Read(0, ones.size(), ones.data()).ok());
+  EXPECT_EQ(ones, std::vector<int64_t>(ones.size(), 1));
+
+  auto text = ArrowIntColumn::Open(Fixture("datasets_stream.arrow"), "text");
+  EXPECT_TRUE(absl::IsInvalidArgument(text.status()));
+  EXPECT_NE(text.status().message().find("column text holds text (`latentctl tokenize`"),
+            std::string::npos)
+      << text.status();
+  auto missing = ArrowIntColumn::Open(Fixture("datasets_stream.arrow"), "ids");
+  EXPECT_NE(missing.status().message().find(
+                "no column ids (its columns: text, input_ids, attention_mask)"),
+            std::string::npos)
+      << missing.status();
+  auto null_id = ArrowIntColumn::Open(Fixture("null_id.arrow"), "");
+  EXPECT_TRUE(absl::IsInvalidArgument(null_id.status()));
+  EXPECT_NE(null_id.status().message().find("record batch 0: 1 null ids"), std::string::npos)
+      << null_id.status();
+  EXPECT_TRUE(absl::IsNotFound(ArrowIntColumn::Open("/nonexistent.arrow", "").status()));
+  auto not_arrow = ArrowIntColumn::Open(Fixture("plain_uint16.u32"), "");
+  EXPECT_TRUE(absl::IsInvalidArgument(not_arrow.status()));
+  EXPECT_NE(not_arrow.status().message().find("not an Arrow IPC file"), std::string::npos)
+      << not_arrow.status();
+}
+
+// The flatbuffer metadata and the buffers' offsets are untrusted input parsed by hand: damaged
+// files come back as an error status (or, where the damage missed what is read, ids), never a
+// crash. Runs under --config=asan in scripts/test.sh.
+TEST(ArrowIntColumnTest, CorruptFilesAreRefusedNeverACrash) {
+  const std::string dir = FreshTestDir("arrow_fuzz");
+  std::mt19937 rng(5);
+  int refused = 0, trials = 0;
+  for (const char* name : {"datasets_stream", "feather_fixed_size_list", "plain_uint16"}) {
+    absl::StatusOr<std::string> valid = ReadFileToString(Fixture(std::string(name) + ".arrow"));
+    ASSERT_TRUE(valid.ok());
+    const std::string path = dir + "/" + name + ".arrow";
+    for (int i = 0; i < 600; ++i, ++trials) {
+      // Half the damage lands in the first 1 KiB: the schema and the first batch's metadata.
+      std::string bytes = *valid;
+      if (i % 2 == 0) {
+        bytes = MutateBytes(bytes.substr(0, 1024), &rng) + bytes.substr(1024);
+      } else {
+        bytes = MutateBytes(bytes, &rng);
+      }
+      std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+      auto column = ArrowIntColumn::Open(path, "");
+      if (!column.ok()) {
+        ++refused;
+        continue;
+      }
+      std::vector<int64_t> all((*column)->num_values());
+      if (!(*column)->Read(0, all.size(), all.data()).ok()) ++refused;
+    }
+  }
+  EXPECT_GT(refused, trials / 4);
+}
+
+}  // namespace
+}  // namespace latentd
