@@ -2,7 +2,8 @@
 an uninterrupted run, for 1 and 2 devices (issue: EXTRACT jobs, "Resume"), also for a job that
 fills two hooks' datasets from one forward pass (more_outputs), and for tokens read from a
 Hugging Face-style directory of Parquet shards; and a cancelled job's dataset, continued by a new
-job (resume_from_job_id), ends the same."""
+job (resume_from_job_id), ends the same. A dataset saved to disk by Hugging Face datasets (Arrow
+shards) gives the rows of the same ids in a .npy."""
 
 import json
 import os
@@ -229,6 +230,39 @@ class ExtractResume(DaemonTestCase):
                                             final.result.extract.dataset_id)
         self.assertEqual(b.shape[0], total)
         np.testing.assert_array_equal(b_tokens, np.concatenate(ids)[:total])
+
+    def test_a_dataset_saved_to_disk_by_hf_datasets_equals_its_ids_in_a_npy(self):
+        # save_to_disk's layout: data-0000i-of-00002.arrow (the stream format, written here by
+        # Apache Arrow's JavaScript implementation) beside its JSON files; the directory is the
+        # path.
+        inputs = self.make_inputs()
+        fixture = os.path.join(os.getcwd(), "common", "testdata", "arrow", "datasets_stream")
+        saved = os.path.join(self.tmp, "saved")
+        os.makedirs(saved)
+        for i in range(2):
+            shutil.copy(fixture + ".arrow", os.path.join(saved, "data-%05d-of-00002.arrow" % i))
+        for name in ["state.json", "dataset_info.json"]:
+            with open(os.path.join(saved, name), "w") as f:
+                f.write("{}")
+        ids = np.tile(np.fromfile(fixture + ".u32", dtype="<u4"), 2)
+        np.save(os.path.join(self.tmp, "same_ids.npy"), ids.astype(np.int32))
+        total = (len(ids) // CONTEXT) * CONTEXT
+        daemon = self.start_daemon(name="arrow", devices="cpu:1",
+                                   extra_args=["--data_roots=" + self.tmp])
+        client = daemon.client()
+        jobs = []
+        for path, name in [(os.path.join(self.tmp, "same_ids.npy"), "npy"), (saved, "arrow")]:
+            spec = extract_spec(inputs, name)
+            spec["model"]["reference"]["vocabSize"] = 65536
+            spec["tokens"]["path"] = path
+            job = client.wait(client.submit("EXTRACT", spec).id)
+            self.assertEqual(job.state, jobs_pb2.SUCCEEDED, job.message)
+            jobs.append(job)
+        self.assertIn("[input_ids, 2 files]",
+                      client.get_dataset(jobs[1].result.extract.dataset_id).token_source)
+        _, tokens = self.assert_same_rows(client, jobs[0].result.extract.dataset_id,
+                                          jobs[1].result.extract.dataset_id)
+        np.testing.assert_array_equal(tokens, ids[:total])
 
     def test_resume_two_devices_two_hooks(self):
         self.run_case(2, more_outputs=True)
