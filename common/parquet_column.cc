@@ -25,7 +25,7 @@ namespace latentd {
 namespace {
 
 // parquet.thrift's enums, as far as an integer column needs them.
-enum PhysicalType { kInt32 = 1, kInt64 = 2, kByteArray = 6 };
+enum PhysicalType { kInt32 = 1, kInt64 = 2, kFloat = 4, kByteArray = 6 };
 enum Repetition { kRequired = 0, kOptional = 1, kRepeated = 2 };
 enum PageType { kDataPage = 0, kIndexPage = 1, kDictionaryPage = 2, kDataPageV2 = 3 };
 enum Encoding {
@@ -778,6 +778,7 @@ absl::StatusOr<std::unique_ptr<ParquetColumn>> ParquetColumn::Open(const std::st
       }
     }
   }
+  if (chosen.empty() && kind == Kind::kFloats) return bad("name the FLOAT column to read");
   if (chosen.empty()) {
     std::vector<std::string> integer_columns;
     for (const std::string& top : tops) {
@@ -804,7 +805,12 @@ absl::StatusOr<std::unique_ptr<ParquetColumn>> ParquetColumn::Open(const std::st
   const Leaf& leaf = leaves[leaf_index];
   file->column_ = chosen;
   const int64_t type = leaf.element->IntField(1, -1);
-  if (kind == Kind::kText) {
+  if (kind == Kind::kFloats) {
+    if (type != kFloat) {
+      return bad(absl::StrCat("column ", chosen, " holds ", TypeName(type), ", not FLOAT"));
+    }
+    if (leaf.repetition > 1) return bad(absl::StrCat("column ", chosen, " is a list of lists"));
+  } else if (kind == Kind::kText) {
     if (type != kByteArray) {
       return bad(absl::StrCat("column ", chosen, " holds ", TypeName(type), ", not text"));
     }
@@ -833,8 +839,9 @@ absl::StatusOr<std::unique_ptr<ParquetColumn>> ParquetColumn::Open(const std::st
       is_unsigned = integer->IntField(2, 1) == 0;
     }
   }
-  file->physical_type_ = static_cast<int>(type);
-  file->unsigned_ = is_unsigned;
+  // A float is read as its 32 bits, by the integers' machinery, and turned back by ReadFloats.
+  file->physical_type_ = kind == Kind::kFloats ? kInt32 : static_cast<int>(type);
+  file->unsigned_ = kind == Kind::kFloats || is_unsigned;
   file->max_definition_ = leaf.definition;
   file->max_repetition_ = leaf.repetition;
   // A null text is a row without a document; a null id has no such reading.
@@ -928,7 +935,8 @@ absl::Status ParquetColumn::ForEachPage(
 
 absl::Status ParquetColumn::Read(int64_t first, int64_t count, int64_t* out) const {
   if (kind_ != Kind::kIntegers) {
-    return absl::FailedPreconditionError(absl::StrCat(path_, ": column ", column_, " is text"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(path_, ": column ", column_, " is not integers"));
   }
   return ForEachPage(first, count, [&out](const Values& values, int64_t offset, int64_t n) {
     std::copy(values.integers.begin() + offset, values.integers.begin() + offset + n, out);
@@ -936,10 +944,23 @@ absl::Status ParquetColumn::Read(int64_t first, int64_t count, int64_t* out) con
   });
 }
 
+absl::Status ParquetColumn::ReadFloats(int64_t first, int64_t count, float* out) const {
+  if (kind_ != Kind::kFloats) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path_, ": column ", column_, " is not FLOAT"));
+  }
+  return ForEachPage(first, count, [&out](const Values& values, int64_t offset, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t bits = static_cast<uint32_t>(values.integers[offset + i]);
+      std::memcpy(out++, &bits, 4);
+    }
+  });
+}
+
 absl::Status ParquetColumn::ReadText(int64_t first, int64_t count,
                                      std::vector<std::string>* out) const {
   if (kind_ != Kind::kText) {
-    return absl::FailedPreconditionError(absl::StrCat(path_, ": column ", column_, " is integers"));
+    return absl::FailedPreconditionError(absl::StrCat(path_, ": column ", column_, " is not text"));
   }
   out->clear();
   return ForEachPage(first, count, [out](const Values& values, int64_t offset, int64_t n) {

@@ -42,7 +42,8 @@ class ParquetPageReader;  // parquet_column.cc
 
 class ParquetColumn {
  public:
-  enum class Kind { kIntegers, kText };
+  // kFloats: a FLOAT column or list of FLOATs, values as they are (what export writes).
+  enum class Kind { kIntegers, kText, kFloats };
 
   // Opens `path`'s top-level column `column` of this kind; "" picks, for kIntegers,
   // "input_ids", else "tokens", else the file's only integer column; for kText, "text".
@@ -61,6 +62,7 @@ class ParquetColumn {
   // FAILED_PRECONDITION on a column of the other kind.
   absl::Status Read(int64_t first, int64_t count, int64_t* out) const;
   absl::Status ReadText(int64_t first, int64_t count, std::vector<std::string>* out) const;
+  absl::Status ReadFloats(int64_t first, int64_t count, float* out) const;
 
  private:
   struct Page;

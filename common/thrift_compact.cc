@@ -183,6 +183,79 @@ int64_t ThriftValue::IntField(int16_t id, int64_t absent) const {
   return f->integer;
 }
 
+void ThriftWriter::Varint(uint64_t v) {
+  while (v >= 0x80) {
+    out_.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out_.push_back(static_cast<char>(v));
+}
+
+void ThriftWriter::FieldHeader(int16_t id, uint8_t type) {
+  const int delta = id - last_ids_.back();
+  if (delta > 0 && delta <= 15) {
+    out_.push_back(static_cast<char>((delta << 4) | type));
+  } else {
+    out_.push_back(static_cast<char>(type));
+    Varint((static_cast<uint64_t>(id) << 1) ^ static_cast<uint64_t>(id >> 15));
+  }
+  last_ids_.back() = id;
+}
+
+void ThriftWriter::BeginStruct(int16_t id) {
+  FieldHeader(id, kStruct);
+  last_ids_.push_back(0);
+}
+
+void ThriftWriter::EndStruct() {
+  out_.push_back(static_cast<char>(kStop));
+  last_ids_.pop_back();
+}
+
+void ThriftWriter::I32(int16_t id, int32_t v) {
+  FieldHeader(id, kI32);
+  Varint((static_cast<uint64_t>(v) << 1) ^ static_cast<uint64_t>(static_cast<int64_t>(v) >> 63));
+}
+
+void ThriftWriter::I64(int16_t id, int64_t v) {
+  FieldHeader(id, kI64);
+  Varint((static_cast<uint64_t>(v) << 1) ^ static_cast<uint64_t>(v >> 63));
+}
+
+void ThriftWriter::Bool(int16_t id, bool v) { FieldHeader(id, v ? kTrue : kFalse); }
+
+void ThriftWriter::Binary(int16_t id, std::string_view v) {
+  FieldHeader(id, kBinary);
+  ListBinary(v);
+}
+
+void ThriftWriter::BeginList(int16_t id, Element type, uint32_t count) {
+  FieldHeader(id, kList);
+  const uint8_t element = static_cast<uint8_t>(type);
+  if (count < 15) {
+    out_.push_back(static_cast<char>((count << 4) | element));
+  } else {
+    out_.push_back(static_cast<char>(0xf0 | element));
+    Varint(count);
+  }
+}
+
+void ThriftWriter::BeginListStruct() { last_ids_.push_back(0); }
+
+void ThriftWriter::ListBinary(std::string_view v) {
+  Varint(v.size());
+  out_.append(v.data(), v.size());
+}
+
+void ThriftWriter::ListI32(int32_t v) {
+  Varint((static_cast<uint64_t>(v) << 1) ^ static_cast<uint64_t>(static_cast<int64_t>(v) >> 63));
+}
+
+std::string ThriftWriter::Finish() {
+  out_.push_back(static_cast<char>(kStop));
+  return std::move(out_);
+}
+
 absl::StatusOr<ThriftValue> ParseThriftStruct(std::string_view bytes, size_t* consumed) {
   Parser parser(bytes);
   ThriftValue root;

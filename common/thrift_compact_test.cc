@@ -77,5 +77,41 @@ TEST(ThriftCompactTest, HostileHeadersAreRefusedWithoutExhaustingMemoryOrStack) 
       ParseThriftStruct("\x16" + std::string(12, '\xff') + "\x01", &consumed).status()));
 }
 
+TEST(ThriftCompactTest, WhatTheWriterWritesTheReaderReads) {
+  ThriftWriter w;
+  w.I32(1, -7);
+  w.I64(2, int64_t{1} << 50);
+  w.Binary(4, "name");
+  w.Bool(5, true);
+  w.BeginStruct(40);  // a jump past 15: the long field header
+  w.I32(1, 3);
+  w.EndStruct();
+  w.BeginList(41, ThriftWriter::Element::kStruct, 20);  // 15 or more: the long list header
+  for (int i = 0; i < 20; ++i) {
+    w.BeginListStruct();
+    w.I64(3, -i);
+    w.EndStruct();
+  }
+  w.BeginList(42, ThriftWriter::Element::kBinary, 2);
+  w.ListBinary("a");
+  w.ListBinary("bc");
+  w.BeginList(43, ThriftWriter::Element::kI32, 1);
+  w.ListI32(-2);
+  const std::string bytes = w.Finish();
+  size_t consumed = 0;
+  absl::StatusOr<ThriftValue> v = ParseThriftStruct(bytes, &consumed);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(consumed, bytes.size());
+  EXPECT_EQ(v->IntField(1, 0), -7);
+  EXPECT_EQ(v->IntField(2, 0), int64_t{1} << 50);
+  EXPECT_EQ(v->Field(4)->binary, "name");
+  EXPECT_EQ(v->IntField(5, 0), 1);
+  EXPECT_EQ(v->Field(40)->IntField(1, 0), 3);
+  ASSERT_EQ(v->Field(41)->elements.size(), 20u);
+  EXPECT_EQ(v->Field(41)->elements[19].IntField(3, 0), -19);
+  EXPECT_EQ(v->Field(42)->elements[1].binary, "bc");
+  EXPECT_EQ(v->Field(43)->elements[0].integer, -2);
+}
+
 }  // namespace
 }  // namespace latentd
