@@ -88,7 +88,7 @@ ABSL_FLAG(std::string, html, "",
 ABSL_FLAG(std::string, unembedding, "",
           "weights, latent --html, dashboard: the TorchScript model's unembedding parameter "
           "(default: lm_head.weight and the other usual names)");
-ABSL_FLAG(std::string, format, "npz", "export: npz or hdf5");
+ABSL_FLAG(std::string, format, "npz", "export: npz, hdf5 or parquet");
 ABSL_FLAG(std::string, plot, "",
           "telemetry: write a PNG of loss and memory against steps here; latents: a PNG of the "
           "log10 feature-density histogram");
@@ -1382,8 +1382,10 @@ int Export(Client& client, const std::vector<std::string>& args) {
     request.set_format(v1::NPZ);
   } else if (format == "hdf5" || format == "h5") {
     request.set_format(v1::HDF5);
+  } else if (format == "parquet") {
+    request.set_format(v1::EXPORT_FORMAT_PARQUET);
   } else {
-    return Usage(absl::StrCat("--format: '", format, "' is not npz or hdf5"));
+    return Usage(absl::StrCat("--format: '", format, "' is not npz, hdf5 or parquet"));
   }
   request.set_row_start(absl::GetFlag(FLAGS_start));
   request.set_row_count(absl::GetFlag(FLAGS_count));
@@ -1737,7 +1739,9 @@ datasets:
                                  --in_dataset: D's latents, e.g. another layer of the same job)
   token ID T [--vocab=F] [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
                                  the latents that fire on token T (an id, or its text with --vocab)
-  export ID PATH [--format=npz|hdf5] [--start=R] [--count=N]   server-side, under the export root
+  export ID PATH [--format=npz|hdf5|parquet] [--start=R] [--count=N]
+                                 server-side, under the export root (parquet: a row a row,
+                                 latents and values as lists, for pandas / polars / DuckDB)
   delete-dataset ID
   artifacts                      trained SAEs
   delete-artifact ID             its record and files (refused while an unfinished job uses it)

@@ -712,6 +712,14 @@ absl::StatusOr<std::unique_ptr<ParquetColumn>> ParquetColumn::Open(const std::st
     return bad("footer without a schema or row groups");
   }
   file->num_rows_ = metadata.IntField(3, 0);
+  if (const ThriftValue* pairs = metadata.Field(5);
+      pairs && pairs->kind == ThriftValue::Kind::kList) {
+    for (const ThriftValue& pair : pairs->elements) {
+      const ThriftValue* key = pair.Field(1);
+      const ThriftValue* value = pair.Field(2);
+      if (key != nullptr) file->metadata_.emplace_back(key->binary, value ? value->binary : "");
+    }
+  }
 
   // The schema is a depth-first list of elements; the root's children are the columns, and
   // each leaf is one column chunk per row group, in this order.

@@ -32,6 +32,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -57,6 +58,8 @@ class ParquetColumn {
   const std::string& column() const { return column_; }
   int64_t num_values() const { return num_values_; }  // the stream's length
   int64_t num_rows() const { return num_rows_; }      // the file's rows
+  // The footer's key-value metadata (pandas' and Arrow's schemas, an exporter's own).
+  const std::vector<std::pair<std::string, std::string>>& metadata() const { return metadata_; }
 
   // Values [first, first + count) of the stream. OUT_OF_RANGE outside [0, num_values()),
   // FAILED_PRECONDITION on a column of the other kind.
@@ -102,6 +105,7 @@ class ParquetColumn {
   int list_definition_ = 0;
   int64_t num_values_ = 0;
   int64_t num_rows_ = 0;
+  std::vector<std::pair<std::string, std::string>> metadata_;
   std::vector<Chunk> chunks_;
   std::vector<Page> pages_;  // data pages in stream order; first_value ascending
   std::unique_ptr<Cache> cache_;

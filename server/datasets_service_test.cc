@@ -15,6 +15,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/parquet_column.h"
 #include "engine/sae_config.h"
 #include "engine/safetensors.h"
 #include "gtest/gtest.h"
@@ -732,6 +733,22 @@ TEST_F(DatasetsServiceTest, ExportStaysInsideTheExportRoot) {
   EXPECT_EQ(call("/tmp/x.h5", &resp), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_EQ(call(".", &resp), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_FALSE(fs::exists(dir_ / "outside" / "x.h5"));
+}
+
+TEST_F(DatasetsServiceTest, ExportAsParquetWritesARowARow) {
+  const uint64_t id = MakeDataset("p", 200);
+  grpc::ClientContext ctx;
+  latentd::v1::ExportDatasetRequest req;
+  req.set_dataset_id(id);
+  req.set_path("p.parquet");
+  req.set_format(latentd::v1::EXPORT_FORMAT_PARQUET);
+  latentd::v1::ExportDatasetResponse resp;
+  ASSERT_TRUE(stub_->ExportDataset(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.rows(), 200);
+  auto latents = ParquetColumn::Open(resp.path(), "latents");
+  ASSERT_TRUE(latents.ok()) << latents.status();
+  EXPECT_EQ((*latents)->num_rows(), 200);
+  EXPECT_EQ((*latents)->num_values(), resp.nnz());
 }
 
 // Every Datasets RPC with hostile field values (extremes of each integer type, off-by-one

@@ -4,13 +4,17 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <nlohmann/json.hpp>
+#include <variant>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/npy_header.h"
 #include "common/status_macros.h"
+#include "storage/parquet_writer.h"
 #include "storage/value_codec.h"
 
 namespace latentd::storage {
@@ -218,6 +222,41 @@ const char* DtypeName(ValueDtype d) {
   return "";
 }
 
+// The dataset's metadata as HDF5 attributes and the Parquet footer's JSON carry it: a name and
+// a string or integers.
+using MetaValue = std::variant<std::string, std::vector<int64_t>>;
+std::vector<std::pair<std::string, MetaValue>> MetadataFields(const DatasetRecord& rec,
+                                                              int64_t row_start,
+                                                              const std::vector<int64_t>& shape) {
+  const DatasetMeta& m = rec.meta;
+  std::vector<std::pair<std::string, MetaValue>> fields = {
+      {"shape", shape},
+      {"format", std::string(m.kind == DatasetKind::kSparse ? "csr" : "dense")},
+      {"name", m.name},
+      {"model_id", m.model_id},
+      {"model_weight_hash", m.model_weight_hash},
+      {"sae_weight_hash", m.sae_weight_hash},
+      {"hook_name", m.hook_name}};
+  if (!m.hook_name_out.empty()) fields.push_back({"hook_name_out", m.hook_name_out});
+  std::vector<std::pair<std::string, MetaValue>> rest = {
+      {"encoder", m.encoder},
+      {"threshold_policy", m.threshold_policy},
+      {"value_dtype", std::string(DtypeName(m.value_dtype))},
+      {"token_source", m.token_source},
+      {"layer", std::vector<int64_t>{m.layer}},
+      {"d_in", std::vector<int64_t>{m.d_in}},
+      {"k", std::vector<int64_t>{m.k}},
+      {"width", std::vector<int64_t>{m.width}},
+      {"context_length", std::vector<int64_t>{m.context_length}},
+      {"apply_b_dec_to_input", std::vector<int64_t>{m.apply_b_dec_to_input ? 1 : 0}},
+      {"token_order_start", std::vector<int64_t>{m.token_order_start}},
+      {"job_id", std::vector<int64_t>{static_cast<int64_t>(m.job_id)}},
+      {"dataset_id", std::vector<int64_t>{static_cast<int64_t>(rec.id)}},
+      {"row_start", std::vector<int64_t>{row_start}}};
+  fields.insert(fields.end(), rest.begin(), rest.end());
+  return fields;
+}
+
 absl::Status WriteHdf5(const std::vector<Array>& arrays, const DatasetRecord& rec,
                        int64_t row_start, const std::vector<int64_t>& shape,
                        const std::string& path) {
@@ -228,30 +267,72 @@ absl::Status WriteHdf5(const std::vector<Array>& arrays, const DatasetRecord& re
     if (a.name == "shape") continue;
     w.Dataset(a);
   }
-  const DatasetMeta& m = rec.meta;
-  w.AttrInts("shape", shape);
-  w.AttrString("format", m.kind == DatasetKind::kSparse ? "csr" : "dense");
-  w.AttrString("name", m.name);
-  w.AttrString("model_id", m.model_id);
-  w.AttrString("model_weight_hash", m.model_weight_hash);
-  w.AttrString("sae_weight_hash", m.sae_weight_hash);
-  w.AttrString("hook_name", m.hook_name);
-  if (!m.hook_name_out.empty()) w.AttrString("hook_name_out", m.hook_name_out);
-  w.AttrString("encoder", m.encoder);
-  w.AttrString("threshold_policy", m.threshold_policy);
-  w.AttrString("value_dtype", DtypeName(m.value_dtype));
-  w.AttrString("token_source", m.token_source);
-  w.AttrInts("layer", {m.layer});
-  w.AttrInts("d_in", {m.d_in});
-  w.AttrInts("k", {m.k});
-  w.AttrInts("width", {m.width});
-  w.AttrInts("context_length", {m.context_length});
-  w.AttrInts("apply_b_dec_to_input", {m.apply_b_dec_to_input ? 1 : 0});
-  w.AttrInts("token_order_start", {m.token_order_start});
-  w.AttrInts("job_id", {static_cast<int64_t>(m.job_id)});
-  w.AttrInts("dataset_id", {static_cast<int64_t>(rec.id)});
-  w.AttrInts("row_start", {row_start});
+  for (const auto& [name, value] : MetadataFields(rec, row_start, shape)) {
+    if (const auto* text = std::get_if<std::string>(&value)) {
+      w.AttrString(name.c_str(), *text);
+    } else {
+      w.AttrInts(name.c_str(), std::get<std::vector<int64_t>>(value));
+    }
+  }
   return w.Close();
+}
+
+// ---- Parquet -----------------------------------------------------------------------------------
+
+// A row a Parquet row: row (int64), token_id (int32) and either latents + values (lists, SPARSE)
+// or activation (a list of width values, DENSE); values as float32. Row groups of about a
+// million values; the metadata as JSON under the footer key "latentd".
+absl::Status WriteParquet(const DatasetRecord& rec, int64_t row_start,
+                          const std::vector<int64_t>& shape, const CsrRows* sparse,
+                          const std::vector<float>* dense, const std::vector<int32_t>& tokens,
+                          const std::string& path) {
+  nlohmann::json meta = nlohmann::json::object();
+  for (const auto& [name, value] : MetadataFields(rec, row_start, shape)) {
+    if (const auto* text = std::get_if<std::string>(&value)) {
+      meta[name] = *text;
+    } else {
+      const auto& ints = std::get<std::vector<int64_t>>(value);
+      meta[name] = name == "shape" ? nlohmann::json(ints) : nlohmann::json(ints.front());
+    }
+  }
+  using Type = ParquetField::Type;
+  std::vector<ParquetField> fields = {{"row", Type::kInt64, false},
+                                      {"token_id", Type::kInt32, false}};
+  if (sparse != nullptr) {
+    fields.push_back({"latents", Type::kInt32, true});
+    fields.push_back({"values", Type::kFloat, true});
+  } else {
+    fields.push_back({"activation", Type::kFloat, true});
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<ParquetWriter> writer,
+                   ParquetWriter::Create(path, fields, {{"latentd", meta.dump()}}));
+  const int64_t rows = static_cast<int64_t>(tokens.size());
+  const int64_t width = sparse != nullptr ? 0 : rec.meta.width;
+  const int64_t values =
+      sparse != nullptr ? static_cast<int64_t>(sparse->indices.size()) : rows * width;
+  constexpr int64_t kValuesPerGroup = 1 << 20;
+  const int64_t per_row = std::max<int64_t>(1, rows > 0 ? values / rows : 1);
+  const int64_t group_rows = std::clamp<int64_t>(kValuesPerGroup / per_row, 1, 1 << 16);
+  std::vector<int64_t> row_ids, offsets;
+  for (int64_t first = 0; first < rows; first += group_rows) {
+    const int64_t n = std::min(group_rows, rows - first);
+    row_ids.resize(n);
+    offsets.resize(n + 1);
+    for (int64_t i = 0; i < n; ++i) row_ids[i] = row_start + first + i;
+    std::vector<ParquetWriter::ColumnData> columns = {{row_ids.data(), n, nullptr},
+                                                      {tokens.data() + first, n, nullptr}};
+    if (sparse != nullptr) {
+      const int64_t begin = sparse->indptr[first];
+      for (int64_t i = 0; i <= n; ++i) offsets[i] = sparse->indptr[first + i] - begin;
+      columns.push_back({sparse->indices.data() + begin, offsets[n], offsets.data()});
+      columns.push_back({sparse->values.data() + begin, offsets[n], offsets.data()});
+    } else {
+      for (int64_t i = 0; i <= n; ++i) offsets[i] = i * width;
+      columns.push_back({dense->data() + first * width, n * width, offsets.data()});
+    }
+    RETURN_IF_ERROR(writer->AppendRowGroup(n, columns));
+  }
+  return writer->Finish();
 }
 
 }  // namespace
@@ -263,8 +344,11 @@ absl::StatusOr<ExportResult> ExportDataset(const ChunkStore& store, uint64_t id,
   std::vector<Array> arrays;
   std::vector<int64_t> shape;
   ExportResult result;
+  CsrRows rows;
+  std::vector<float> values;
+  std::vector<int32_t> tokens;
   if (rec.meta.kind == DatasetKind::kSparse) {
-    ASSIGN_OR_RETURN(CsrRows rows, store.ReadRows(id, row_start, row_count));
+    ASSIGN_OR_RETURN(rows, store.ReadRows(id, row_start, row_count));
     shape = {rows.num_rows, rows.num_cols};
     result.rows = rows.num_rows;
     result.nnz = static_cast<int64_t>(rows.indices.size());
@@ -277,8 +361,6 @@ absl::StatusOr<ExportResult> ExportDataset(const ChunkStore& store, uint64_t id,
     arrays.push_back(MakeArray("token_ids", "<i4", {rows.num_rows}, rows.token_ids));
     row_start = rows.row_start;
   } else {
-    std::vector<float> values;
-    std::vector<int32_t> tokens;
     RETURN_IF_ERROR(store.ReadDense(id, row_start, row_count, &values, &tokens));
     const int64_t n = static_cast<int64_t>(tokens.size());
     shape = {n, rec.meta.width};
@@ -289,8 +371,21 @@ absl::StatusOr<ExportResult> ExportDataset(const ChunkStore& store, uint64_t id,
   }
   arrays.push_back(MakeArray("row_start", "<i8", {}, std::vector<int64_t>{row_start}));
   const std::string tmp = path + ".tmp";
-  absl::Status s = format == ExportFormat::kNpz ? WriteNpz(arrays, tmp)
-                                                : WriteHdf5(arrays, rec, row_start, shape, tmp);
+  absl::Status s;
+  switch (format) {
+    case ExportFormat::kNpz:
+      s = WriteNpz(arrays, tmp);
+      break;
+    case ExportFormat::kHdf5:
+      s = WriteHdf5(arrays, rec, row_start, shape, tmp);
+      break;
+    case ExportFormat::kParquet: {
+      const bool is_sparse = rec.meta.kind == DatasetKind::kSparse;
+      s = WriteParquet(rec, row_start, shape, is_sparse ? &rows : nullptr,
+                       is_sparse ? nullptr : &values, is_sparse ? rows.token_ids : tokens, tmp);
+      break;
+    }
+  }
   if (!s.ok()) {
     std::remove(tmp.c_str());
     return s;

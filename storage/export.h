@@ -4,7 +4,11 @@
 //    export "data" as a 2-D array plus token_ids (numpy.load reads it).
 //  - HDF5: at the file root, datasets data, indices, indptr, token_ids (DENSE: data 2-D and
 //    token_ids), attributes shape, format "csr" and the dataset's metadata.
-// fp16 values stay fp16; bf16 (which numpy lacks) is written as fp32.
+//  - PARQUET: a row a row: row (int64), token_id (int32), latents (list<int32>) and values
+//    (list<float32>), or for DENSE activation (list<float32>, width long); the metadata as JSON
+//    under the footer key "latentd" (pandas, polars, DuckDB, `datasets` and the Hub read it).
+// fp16 values stay fp16 (NPZ, HDF5); bf16 (which numpy lacks), and every value in Parquet, is
+// written as fp32.
 // The range is held in memory while exporting (about 8 B per stored value). The file is written
 // to `path` + ".tmp" and renamed, so a failed export leaves no partial file under `path`.
 #ifndef LATENTD_STORAGE_EXPORT_H_
@@ -18,7 +22,7 @@
 
 namespace latentd::storage {
 
-enum class ExportFormat { kNpz, kHdf5 };
+enum class ExportFormat { kNpz, kHdf5, kParquet };
 
 struct ExportResult {
   int64_t rows = 0;

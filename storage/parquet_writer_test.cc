@@ -16,13 +16,12 @@ namespace {
 
 TEST(ParquetWriterTest, ColumnsAndListsReadBackAsWritten) {
   const std::string path = FreshTestDir("parquet_writer") + "/out.parquet";
-  auto writer = ParquetWriter::Create(
-      path,
-      {{"row", ParquetField::Type::kInt64, false},
-       {"token_id", ParquetField::Type::kInt32, false},
-       {"latents", ParquetField::Type::kInt32, true},
-       {"values", ParquetField::Type::kFloat, true}},
-      {{"latentd", "{\"d_sae\": 8}"}});
+  auto writer = ParquetWriter::Create(path,
+                                      {{"row", ParquetField::Type::kInt64, false},
+                                       {"token_id", ParquetField::Type::kInt32, false},
+                                       {"latents", ParquetField::Type::kInt32, true},
+                                       {"values", ParquetField::Type::kFloat, true}},
+                                      {{"latentd", "{\"d_sae\": 8}"}});
   ASSERT_TRUE(writer.ok()) << writer.status();
   // Two row groups; rows with 0, 1 and 3 entries (an empty list is a list, not a null).
   std::vector<int64_t> all_rows;
@@ -43,12 +42,11 @@ TEST(ParquetWriterTest, ColumnsAndListsReadBackAsWritten) {
       offsets.push_back(static_cast<int64_t>(latents.size()));
     }
     ASSERT_TRUE((*writer)
-                    ->AppendRowGroup(50, {{rows.data(), 50, nullptr},
-                                          {tokens.data(), 50, nullptr},
-                                          {latents.data(), static_cast<int64_t>(latents.size()),
-                                           offsets.data()},
-                                          {values.data(), static_cast<int64_t>(values.size()),
-                                           offsets.data()}})
+                    ->AppendRowGroup(
+                        50, {{rows.data(), 50, nullptr},
+                             {tokens.data(), 50, nullptr},
+                             {latents.data(), static_cast<int64_t>(latents.size()), offsets.data()},
+                             {values.data(), static_cast<int64_t>(values.size()), offsets.data()}})
                     .ok());
     all_rows.insert(all_rows.end(), rows.begin(), rows.end());
     all_tokens.insert(all_tokens.end(), tokens.begin(), tokens.end());
@@ -77,10 +75,10 @@ TEST(ParquetWriterTest, ColumnsAndListsReadBackAsWritten) {
 
 TEST(ParquetWriterTest, DataThatDoesNotFitTheFieldsIsRefused) {
   const std::string path = FreshTestDir("parquet_writer_bad") + "/out.parquet";
-  auto writer = ParquetWriter::Create(path,
-                                      {{"row", ParquetField::Type::kInt64, false},
-                                       {"latents", ParquetField::Type::kInt32, true}},
-                                      {});
+  auto writer = ParquetWriter::Create(
+      path,
+      {{"row", ParquetField::Type::kInt64, false}, {"latents", ParquetField::Type::kInt32, true}},
+      {});
   ASSERT_TRUE(writer.ok());
   const std::vector<int64_t> rows = {0, 1};
   const std::vector<int32_t> latents = {1, 2, 3};

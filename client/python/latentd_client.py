@@ -134,9 +134,11 @@ class Client:
 
     def export(self, dataset_id, path, format="npz", row_start=0, row_count=0):
         """Writes rows on the server under its export root (path relative to it, or absolute
-        inside it) as "npz" (scipy.sparse.load_npz reads it) or "hdf5"; returns the response
+        inside it) as "npz" (scipy.sparse.load_npz reads it), "hdf5" or "parquet" (a row a row:
+        row, token_id, latents and values lists; pandas, polars, DuckDB); returns the response
         with the absolute path written."""
-        formats = {"npz": datasets_pb2.NPZ, "hdf5": datasets_pb2.HDF5}
+        formats = {"npz": datasets_pb2.NPZ, "hdf5": datasets_pb2.HDF5,
+                   "parquet": datasets_pb2.EXPORT_FORMAT_PARQUET}
         if format not in formats:
             raise ValueError("format must be one of %s, not %r" % (sorted(formats), format))
         request = datasets_pb2.ExportDatasetRequest(dataset_id=dataset_id, path=path,
