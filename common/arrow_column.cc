@@ -1,11 +1,7 @@
 #include "common/arrow_column.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -14,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/random_access_file.h"
 #include "common/status_macros.h"
 
 namespace latentd {
@@ -254,26 +251,10 @@ struct ArrowIntColumn::Cache {
 
 ArrowIntColumn::ArrowIntColumn() : cache_(std::make_unique<Cache>()) {}
 
-ArrowIntColumn::~ArrowIntColumn() {
-  if (fd_ >= 0) close(fd_);
-}
+ArrowIntColumn::~ArrowIntColumn() = default;
 
 absl::StatusOr<std::string> ArrowIntColumn::ReadBytes(int64_t offset, int64_t size) const {
-  if (offset < 0 || size < 0 || offset > file_size_ - size) {
-    return absl::DataLossError(absl::StrCat(path_, ": ", size, " bytes at offset ", offset,
-                                            " run past the end of the file"));
-  }
-  std::string bytes(size, '\0');
-  int64_t done = 0;
-  while (done < size) {
-    const ssize_t r = pread(fd_, bytes.data() + done, size - done, offset + done);
-    if (r <= 0) {
-      return absl::DataLossError(
-          absl::StrCat(path_, ": cannot read ", size, " bytes at offset ", offset));
-    }
-    done += r;
-  }
-  return bytes;
+  return file_->Read(offset, size);
 }
 
 std::string ArrowIntColumn::BatchName(const Batch& batch) const {
@@ -348,17 +329,8 @@ absl::StatusOr<std::unique_ptr<ArrowIntColumn>> ArrowIntColumn::Open(const std::
                                                                      const std::string& column) {
   std::unique_ptr<ArrowIntColumn> file(new ArrowIntColumn());
   file->path_ = path;
-  file->fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (file->fd_ < 0) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, " not found"));
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-  }
-  struct stat st;
-  if (fstat(file->fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
-  }
-  file->file_size_ = st.st_size;
+  ASSIGN_OR_RETURN(file->file_, RandomAccessFile::Open(path));
+  file->file_size_ = file->file_->size();
   auto bad = [&path](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
   };

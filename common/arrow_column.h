@@ -27,6 +27,8 @@
 
 namespace latentd {
 
+class RandomAccessFile;
+
 class ArrowIntColumn {
  public:
   // Opens `path`'s top-level column `column`; "" picks "input_ids", else "tokens", else the
@@ -59,7 +61,7 @@ class ArrowIntColumn {
 
   std::string path_;
   std::string column_;
-  int fd_ = -1;
+  std::unique_ptr<RandomAccessFile> file_;
   int64_t file_size_ = 0;
   // The column's layout.
   enum class Layout { kPlain, kList, kLargeList, kFixedSizeList };

@@ -1,15 +1,11 @@
 #include "common/parquet_column.h"
 
-#include <fcntl.h>
 #include <lz4.h>
 #include <snappy.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -18,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/random_access_file.h"
 #include "common/status_macros.h"
 #include "common/thrift_compact.h"
 
@@ -284,22 +281,10 @@ struct ParquetColumn::Cache {
 
 ParquetColumn::ParquetColumn() : cache_(std::make_unique<Cache>()) {}
 
-ParquetColumn::~ParquetColumn() {
-  if (fd_ >= 0) close(fd_);
-}
+ParquetColumn::~ParquetColumn() = default;
 
 absl::StatusOr<std::string> ParquetColumn::ReadBytes(int64_t offset, int64_t size) const {
-  std::string bytes(size, '\0');
-  int64_t done = 0;
-  while (done < size) {
-    const ssize_t r = pread(fd_, bytes.data() + done, size - done, offset + done);
-    if (r <= 0) {
-      return absl::DataLossError(
-          absl::StrCat(path_, ": cannot read ", size, " bytes at offset ", offset));
-    }
-    done += r;
-  }
-  return bytes;
+  return file_->Read(offset, size);
 }
 
 absl::StatusOr<std::string> ParquetColumn::Uncompress(const std::string& what, int64_t codec,
@@ -677,17 +662,8 @@ absl::StatusOr<std::unique_ptr<ParquetColumn>> ParquetColumn::Open(const std::st
   std::unique_ptr<ParquetColumn> file(new ParquetColumn());
   file->path_ = path;
   file->kind_ = kind;
-  file->fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (file->fd_ < 0) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, " not found"));
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-  }
-  struct stat st;
-  if (fstat(file->fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
-  }
-  const int64_t size = st.st_size;
+  ASSIGN_OR_RETURN(file->file_, RandomAccessFile::Open(path));
+  const int64_t size = file->file_->size();
   auto bad = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
   };

@@ -40,6 +40,7 @@
 namespace latentd {
 
 class ParquetPageReader;  // parquet_column.cc
+class RandomAccessFile;
 
 class ParquetColumn {
  public:
@@ -95,7 +96,7 @@ class ParquetColumn {
 
   std::string path_;
   std::string column_;
-  int fd_ = -1;
+  std::unique_ptr<RandomAccessFile> file_;
   Kind kind_ = Kind::kIntegers;
   int physical_type_ = 0;   // 1 INT32, 2 INT64, 6 BYTE_ARRAY
   bool unsigned_ = false;   // the values are unsigned (INT32 holds uint32 bits)
