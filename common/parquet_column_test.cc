@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/column_testing.h"
 #include "common/mutate.h"
 #include "common/read_file.h"
 #include "common/test_dir.h"
@@ -19,19 +20,10 @@
 namespace latentd {
 namespace {
 
-std::string Fixture(const std::string& name) {
-  return std::string(getenv("TEST_SRCDIR")) + "/latentd/common/testdata/parquet/" + name;
-}
+std::string Fixture(const std::string& name) { return column_testing::Fixture("parquet", name); }
 
 std::vector<int64_t> Expected(const std::string& name) {
-  absl::StatusOr<std::string> raw = ReadFileToString(Fixture(name + ".u32"));
-  EXPECT_TRUE(raw.ok()) << raw.status();
-  std::vector<int64_t> ids(raw->size() / 4);
-  const auto* p = reinterpret_cast<const unsigned char*>(raw->data());
-  for (size_t i = 0; i < ids.size(); ++i, p += 4) {
-    ids[i] = p[0] | p[1] << 8 | p[2] << 16 | static_cast<int64_t>(p[3]) << 24;
-  }
-  return ids;
+  return column_testing::ReadU32(Fixture(name + ".u32"));
 }
 
 struct Case {
@@ -55,22 +47,7 @@ TEST(ParquetColumnTest, ReadsWhatArrowWroteInEveryLayout) {
     ASSERT_TRUE(column.ok()) << column.status();
     EXPECT_EQ((*column)->column(), c.column);
     EXPECT_EQ((*column)->num_rows(), c.rows);
-    ASSERT_EQ((*column)->num_values(), static_cast<int64_t>(expected.size()));
-    std::vector<int64_t> all(expected.size(), -1);
-    ASSERT_TRUE((*column)->Read(0, all.size(), all.data()).ok());
-    EXPECT_EQ(all, expected);
-    // Ranges anywhere, crossing pages and row groups, in any order.
-    std::mt19937 rng(1);
-    for (int i = 0; i < 200; ++i) {
-      const int64_t first = rng() % expected.size();
-      const int64_t count = rng() % (expected.size() - first + 1);
-      std::vector<int64_t> part(count, -1);
-      ASSERT_TRUE((*column)->Read(first, count, part.data()).ok());
-      ASSERT_TRUE(std::equal(part.begin(), part.end(), expected.begin() + first))
-          << "[" << first << ", " << first + count << ")";
-    }
-    EXPECT_TRUE(absl::IsOutOfRange((*column)->Read(expected.size() - 1, 2, all.data())));
-    EXPECT_TRUE(absl::IsOutOfRange((*column)->Read(-1, 1, all.data())));
+    column_testing::ExpectReadsMatch(**column, expected);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "common/column_testing.h"
 #include "gtest/gtest.h"
 
 namespace latentd::engine {
@@ -129,8 +130,7 @@ TEST(TokenSourceTest, BadInput) {
 // A file of common/testdata/parquet, or of common/testdata/arrow for the Arrow fixtures' names.
 std::string Fixture(const std::string& name) {
   const bool arrow = name.rfind("datasets_stream", 0) == 0 || name.rfind("feather_", 0) == 0;
-  return std::string(getenv("TEST_SRCDIR")) + "/latentd/common/testdata/" +
-         (arrow ? "arrow/" : "parquet/") + name;
+  return column_testing::Fixture(arrow ? "arrow" : "parquet", name);
 }
 
 std::string ReadBytes(const std::string& path) {
@@ -139,14 +139,7 @@ std::string ReadBytes(const std::string& path) {
 }
 
 std::vector<int64_t> Ids(const std::string& fixture) {
-  const std::string raw = ReadBytes(Fixture(fixture + ".u32"));
-  std::vector<int64_t> ids(raw.size() / 4);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    uint32_t v;
-    std::memcpy(&v, raw.data() + 4 * i, 4);
-    ids[i] = v;
-  }
-  return ids;
+  return column_testing::ReadU32(Fixture(fixture + ".u32"));
 }
 
 std::string CopyTo(const std::string& fixture, const std::string& dir, const std::string& name) {

@@ -1,0 +1,62 @@
+// Test-only helpers of the columnar readers' tests (common/parquet_column_test,
+// common/arrow_column_test, engine/token_source_test): the ids a fixture holds, and the check
+// that a reader gives them back whole and in any range.
+#ifndef LATENTD_COMMON_COLUMN_TESTING_H_
+#define LATENTD_COMMON_COLUMN_TESTING_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/read_file.h"
+#include "gtest/gtest.h"
+
+namespace latentd::column_testing {
+
+// A file of common/testdata/<dir>/ in the test's runfiles.
+inline std::string Fixture(const std::string& dir, const std::string& name) {
+  return std::string(getenv("TEST_SRCDIR")) + "/latentd/common/testdata/" + dir + "/" + name;
+}
+
+// The ids of a raw little-endian uint32 file (a fixture's NAME.u32).
+inline std::vector<int64_t> ReadU32(const std::string& path) {
+  absl::StatusOr<std::string> raw = ReadFileToString(path);
+  EXPECT_TRUE(raw.ok()) << raw.status();
+  if (!raw.ok()) return {};
+  std::vector<int64_t> ids(raw->size() / 4);
+  const auto* p = reinterpret_cast<const unsigned char*>(raw->data());
+  for (size_t i = 0; i < ids.size(); ++i, p += 4) {
+    ids[i] = p[0] | p[1] << 8 | p[2] << 16 | static_cast<int64_t>(p[3]) << 24;
+  }
+  return ids;
+}
+
+// `reader` (anything with num_values() and Read(first, count, int64_t*)) gives `expected` whole,
+// in 200 ranges drawn anywhere (across pages, row groups and batches, in any order), and
+// OUT_OF_RANGE past its end.
+template <typename Reader>
+void ExpectReadsMatch(const Reader& reader, const std::vector<int64_t>& expected) {
+  ASSERT_EQ(reader.num_values(), static_cast<int64_t>(expected.size()));
+  ASSERT_FALSE(expected.empty());
+  std::vector<int64_t> all(expected.size(), -1);
+  ASSERT_TRUE(reader.Read(0, all.size(), all.data()).ok());
+  EXPECT_EQ(all, expected);
+  std::mt19937 rng(1);
+  for (int i = 0; i < 200; ++i) {
+    const int64_t first = rng() % expected.size();
+    const int64_t count = rng() % (expected.size() - first + 1);
+    std::vector<int64_t> part(count, -1);
+    ASSERT_TRUE(reader.Read(first, count, part.data()).ok());
+    ASSERT_TRUE(std::equal(part.begin(), part.end(), expected.begin() + first))
+        << "[" << first << ", " << first + count << ")";
+  }
+  EXPECT_TRUE(absl::IsOutOfRange(reader.Read(expected.size() - 1, 2, all.data())));
+  EXPECT_TRUE(absl::IsOutOfRange(reader.Read(-1, 1, all.data())));
+}
+
+}  // namespace latentd::column_testing
+
+#endif  // LATENTD_COMMON_COLUMN_TESTING_H_
