@@ -1678,9 +1678,10 @@ text:
            [--special_tokens=false] [--field=text] [--threads=N]
                                  text -> the token stream an EXTRACT job reads: each .jsonl
                                  line's "text" (--field; also .jsonl.zst, .json.gz: the Pile,
-                                 C4, Dolma as downloaded), each row of a .parquet file's "text"
-                                 column (FineWeb and the Hub's other text datasets) or each
-                                 other file is a document,
+                                 C4, Dolma as downloaded), each row of a .parquet or .arrow
+                                 file's "text" column (FineWeb and the Hub's other text
+                                 datasets; datasets' save_to_disk) or each other file is a
+                                 document,
                                  tokenized as Hugging Face's tokenizer(text) does (BPE
                                  tokenizer.json files: GPT-2, Llama, Mistral, Gemma, Qwen2,
                                  Pythia), with TOKEN (id or text) after each

@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/text_input.h"
+#include "common/arrow_column.h"
 #include "common/npy_header.h"
 #include "common/parquet_column.h"
 #include "common/status_macros.h"
@@ -124,12 +125,12 @@ absl::Status ReadJsonl(const std::string& path, const std::string& field,
   return absl::OkStatus();
 }
 
-// A .parquet file's string column, a few hundred rows at a time: each row is a document.
-template <typename Document>
-absl::Status ReadParquet(const std::string& path, const std::string& column,
-                         TokenizeProgress* progress, Document& document) {
-  ASSIGN_OR_RETURN(std::unique_ptr<ParquetColumn> texts,
-                   ParquetColumn::Open(path, column, ParquetColumn::Kind::kText));
+// A columnar file's string column (Parquet or Arrow, by `Reader`), a few hundred rows at a time:
+// each row is a document.
+template <typename Reader, typename Document>
+absl::Status ReadTextColumn(const std::string& path, const std::string& column,
+                            TokenizeProgress* progress, Document& document) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Reader> texts, Reader::Open(path, column, Reader::Kind::kText));
   // Progress counts the file's bytes (compressed), in proportion to the documents read.
   std::error_code ec;
   const int64_t file_bytes = static_cast<int64_t>(std::filesystem::file_size(path, ec));
@@ -242,7 +243,9 @@ absl::StatusOr<TokenizeProgress> TokenizeFiles(const Tokenizer& tokenizer,
         (stored_name != input && absl::EndsWith(stored_name, ".json"))) {
       status = ReadJsonl(input, options.text_field, &progress, document);
     } else if (absl::EndsWith(input, ".parquet")) {
-      status = ReadParquet(input, options.text_field, &progress, document);
+      status = ReadTextColumn<ParquetColumn>(input, options.text_field, &progress, document);
+    } else if (absl::EndsWith(input, ".arrow") || absl::EndsWith(input, ".feather")) {
+      status = ReadTextColumn<ArrowColumn>(input, options.text_field, &progress, document);
     } else {
       status = ReadWhole(input, &progress, document);
     }

@@ -50,8 +50,8 @@ struct TokenizeOptions {
 // a string `text_field`), and so are .jsonl.gz, .jsonl.zst, .json.gz and .json.zst files (the
 // Pile, C4, Dolma), decompressed as they are read (client/text_input); a .parquet file one per
 // row of its string column `text_field` (a null row is none; FineWeb's, RedPajama's and the
-// Hub's other text datasets are such files); any other file (decompressed if .gz / .zst) is one
-// document. DATA_LOSS for a truncated or corrupt compressed file. NOT_FOUND for a missing input;
+// Hub's other text datasets are such files), and so is an .arrow file (Hugging Face datasets'
+// save_to_disk and cache); any other file (decompressed if .gz / .zst) is one document. DATA_LOSS for a truncated or corrupt compressed file. NOT_FOUND for a missing input;
 // INVALID_ARGUMENT naming the file (and line) for text that is not UTF-8 or a line that is not
 // such an object; INVALID_ARGUMENT for no inputs or a separator outside the vocabulary;
 // PERMISSION_DENIED / RESOURCE_EXHAUSTED when the output cannot be created / written.

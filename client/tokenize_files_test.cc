@@ -136,8 +136,9 @@ TEST(TokenizeFilesTest, CompressedInputsAreReadAsDownloaded) {
   EXPECT_FALSE(std::filesystem::exists(options.out_path));
 }
 
-// A Parquet file's text column: one document a row, a null row none (text_ab.parquet holds
-// "ab a", null, "b", "abab", written by arrow-rs): the same stream as the files above.
+// A Parquet or Arrow file's text column: one document a row, a null row none (text_ab.parquet
+// and text_ab.arrow hold "ab a", null, "b", "abab", written by arrow-rs and Apache Arrow JS): the
+// same stream as the files above.
 TEST(TokenizeFilesTest, ParquetRowsAreDocuments) {
   const std::string dir = FreshTestDir("parquet");
   const std::string parquet =
@@ -151,6 +152,16 @@ TEST(TokenizeFilesTest, ParquetRowsAreDocuments) {
   EXPECT_EQ(done->documents, 3);
   EXPECT_EQ(done->bytes_read, done->bytes_total);
   EXPECT_EQ(done->text_bytes, 9);  // "ab a", "b", "abab"
+  EXPECT_EQ(U16(ReadNpy(options.out_path).second),
+            (std::vector<int32_t>{4, 3, 2, 0, 5, 4, 1, 5, 4, 3, 3, 5}));
+
+  // The same documents kept by Hugging Face datasets (Arrow IPC, two record batches).
+  const std::string arrow =
+      std::string(getenv("TEST_SRCDIR")) + "/latentd/common/testdata/arrow/text_ab.arrow";
+  options.out_path = dir + "/arrow.npy";
+  absl::StatusOr<TokenizeProgress> from_arrow = TokenizeFiles(tokenizer, {arrow}, options);
+  ASSERT_TRUE(from_arrow.ok()) << from_arrow.status();
+  EXPECT_EQ(from_arrow->documents, 3);
   EXPECT_EQ(U16(ReadNpy(options.out_path).second),
             (std::vector<int32_t>{4, 3, 2, 0, 5, 4, 1, 5, 4, 3, 3, 5}));
 

@@ -1,6 +1,5 @@
 #include "common/arrow_column.h"
 
-
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -233,7 +232,7 @@ absl::Status Walk(const Flat& field, const std::string& top, int depth, int* nod
 }  // namespace
 
 // Where one record batch keeps the column (offsets absolute in the file).
-struct ArrowIntColumn::Batch {
+struct ArrowColumn::Batch {
   int index = 0;
   int64_t rows = 0;
   int64_t validity_at = 0, validity_bytes = 0;  // of the list (or plain column); 0: all valid
@@ -243,26 +242,32 @@ struct ArrowIntColumn::Batch {
   int64_t first_value = 0, values = 0;  // its ids' place in the stream
 };
 
-struct ArrowIntColumn::Cache {
-  std::mutex mu;
-  int batch = -1;
-  std::shared_ptr<const std::vector<int64_t>> ids;
+// A batch's values: ids (kIntegers) or documents (kText).
+struct ArrowColumn::Decoded {
+  std::vector<int64_t> ids;
+  std::vector<std::string> texts;
 };
 
-ArrowIntColumn::ArrowIntColumn() : cache_(std::make_unique<Cache>()) {}
+struct ArrowColumn::Cache {
+  std::mutex mu;
+  int batch = -1;
+  std::shared_ptr<const Decoded> values;
+};
 
-ArrowIntColumn::~ArrowIntColumn() = default;
+ArrowColumn::ArrowColumn() : cache_(std::make_unique<Cache>()) {}
 
-absl::StatusOr<std::string> ArrowIntColumn::ReadBytes(int64_t offset, int64_t size) const {
+ArrowColumn::~ArrowColumn() = default;
+
+absl::StatusOr<std::string> ArrowColumn::ReadBytes(int64_t offset, int64_t size) const {
   return file_->Read(offset, size);
 }
 
-std::string ArrowIntColumn::BatchName(const Batch& batch) const {
+std::string ArrowColumn::BatchName(const Batch& batch) const {
   return absl::StrCat(path_, ": column ", column_, ", record batch ", batch.index);
 }
 
-absl::Status ArrowIntColumn::ForEachSpan(const Batch& batch,
-                                         const std::function<void(int64_t, int64_t)>& span) const {
+absl::Status ArrowColumn::ForEachSpan(const Batch& batch,
+                                      const std::function<void(int64_t, int64_t)>& span) const {
   auto loss = [&](const std::string& why) {
     return absl::DataLossError(absl::StrCat(BatchName(batch), ": ", why));
   };
@@ -302,33 +307,42 @@ absl::Status ArrowIntColumn::ForEachSpan(const Batch& batch,
   return absl::OkStatus();
 }
 
-absl::Status ArrowIntColumn::DecodeBatch(const Batch& batch, std::vector<int64_t>* ids) const {
+absl::Status ArrowColumn::DecodeBatch(const Batch& batch, Decoded* out) const {
   ASSIGN_OR_RETURN(std::string values, ReadBytes(batch.values_at, batch.values_bytes));
   const int width = bit_width_ / 8;
   if (static_cast<uint64_t>(batch.child_length) * width > values.size()) {
     return absl::DataLossError(absl::StrCat(BatchName(batch), ": ", batch.child_length,
-                                            " ids in a buffer of ", values.size(), " bytes"));
+                                            " values in a buffer of ", values.size(), " bytes"));
   }
-  ids->clear();
-  ids->reserve(batch.values);
-  const uint64_t sign = is_signed_ && width < 8 ? uint64_t{1} << (8 * width - 1) : 0;
-  RETURN_IF_ERROR(ForEachSpan(batch, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const uint64_t raw = LittleEndianAt(values.data() + i * width, width);
-      ids->push_back(static_cast<int64_t>((raw ^ sign) - sign));
-    }
-  }));
-  if (static_cast<int64_t>(ids->size()) != batch.values) {
-    return absl::DataLossError(absl::StrCat(BatchName(batch), ": ", ids->size(), " ids, ",
+  if (kind_ == Kind::kText) {
+    out->texts.reserve(batch.values);
+    RETURN_IF_ERROR(ForEachSpan(batch, [&](int64_t begin, int64_t end) {
+      out->texts.emplace_back(values, begin, end - begin);
+    }));
+  } else {
+    out->ids.reserve(batch.values);
+    const uint64_t sign = is_signed_ && width < 8 ? uint64_t{1} << (8 * width - 1) : 0;
+    RETURN_IF_ERROR(ForEachSpan(batch, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const uint64_t raw = LittleEndianAt(values.data() + i * width, width);
+        out->ids.push_back(static_cast<int64_t>((raw ^ sign) - sign));
+      }
+    }));
+  }
+  const size_t decoded = kind_ == Kind::kText ? out->texts.size() : out->ids.size();
+  if (static_cast<int64_t>(decoded) != batch.values) {
+    return absl::DataLossError(absl::StrCat(BatchName(batch), ": ", decoded, " values, ",
                                             batch.values, " when the file was opened"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<ArrowIntColumn>> ArrowIntColumn::Open(const std::string& path,
-                                                                     const std::string& column) {
-  std::unique_ptr<ArrowIntColumn> file(new ArrowIntColumn());
+absl::StatusOr<std::unique_ptr<ArrowColumn>> ArrowColumn::Open(const std::string& path,
+                                                               const std::string& column,
+                                                               Kind kind) {
+  std::unique_ptr<ArrowColumn> file(new ArrowColumn());
   file->path_ = path;
+  file->kind_ = kind;
   ASSIGN_OR_RETURN(file->file_, RandomAccessFile::Open(path));
   file->file_size_ = file->file_->size();
   auto bad = [&path](const std::string& why) {
@@ -380,6 +394,7 @@ absl::StatusOr<std::unique_ptr<ArrowIntColumn>> ArrowIntColumn::Open(const std::
       if (f == 0 || fields[f].top != fields[f - 1].top) top_index.push_back(f);
     }
     std::string chosen = column;
+    if (chosen.empty() && kind == Kind::kText) chosen = "text";
     if (chosen.empty()) {
       for (const char* usual : {"input_ids", "tokens"}) {
         if (std::find(tops.begin(), tops.end(), usual) != tops.end()) {
@@ -406,6 +421,22 @@ absl::StatusOr<std::unique_ptr<ArrowIntColumn>> ArrowIntColumn::Open(const std::
     if (top == nullptr) {
       return bad(
           absl::StrCat("no column ", chosen, " (its columns: ", absl::StrJoin(tops, ", "), ")"));
+    }
+    if (kind == Kind::kText) {
+      // A string column is its own leaf: validity, offsets, then the bytes.
+      const bool text = top->type == kUtf8 || top->type == kBinary;
+      const bool large_text = top->type == kLargeUtf8 || top->type == kLargeBinary;
+      if ((!text && !large_text) || top->dictionary) {
+        return bad(absl::StrCat(
+            "column ", chosen, " holds ",
+            top->dictionary ? "dictionary-encoded values" : absl::StrCat("Arrow type ", top->type),
+            ", not text"));
+      }
+      leaf = top;
+      file->column_ = chosen;
+      file->layout_ = large_text ? Layout::kLargeList : Layout::kList;
+      file->bit_width_ = 8;
+      return absl::OkStatus();
     }
     leaf = ids_of(top - fields.data());
     if (top->dictionary) {
@@ -505,7 +536,9 @@ absl::StatusOr<std::unique_ptr<ArrowIntColumn>> ArrowIntColumn::Open(const std::
     if (!nodes.ok()) return named(nodes.status());
     if (!buffers.ok()) return named(buffers.status());
     const int needed_node = leaf->node;
-    const int needed_buffer = leaf->buffer + 1;  // the ids' data buffer comes last
+    // The ids' data buffer comes last (a string column's bytes, after its offsets).
+    const int values_buffer = kind == Kind::kText ? top->buffer + 2 : leaf->buffer + 1;
+    const int needed_buffer = values_buffer;
     if (!*nodes || !*buffers || static_cast<int>((*nodes)->length) <= needed_node ||
         static_cast<int>((*buffers)->length) <= needed_buffer) {
       return batch_error("fewer nodes or buffers than the schema has fields");
@@ -527,7 +560,7 @@ absl::StatusOr<std::unique_ptr<ArrowIntColumn>> ArrowIntColumn::Open(const std::
     batch.index = batch_index++;
     batch.rows = node_length(top->node);
     if (batch.rows < 0) return batch_error("a negative row count");
-    if (node_nulls(leaf->node) != 0) {
+    if (kind == Kind::kIntegers && node_nulls(leaf->node) != 0) {
       return bad(absl::StrCat(what, ": ", node_nulls(leaf->node),
                               " null ids; token ids must not be null"));
     }
@@ -540,8 +573,8 @@ absl::StatusOr<std::unique_ptr<ArrowIntColumn>> ArrowIntColumn::Open(const std::
     if (file->layout_ == Layout::kList || file->layout_ == Layout::kLargeList) {
       RETURN_IF_ERROR(buffer_at(top->buffer + 1, &batch.offsets_at, &batch.offsets_bytes));
     }
-    RETURN_IF_ERROR(buffer_at(leaf->buffer + 1, &batch.values_at, &batch.values_bytes));
-    batch.child_length = node_length(leaf->node);
+    RETURN_IF_ERROR(buffer_at(values_buffer, &batch.values_at, &batch.values_bytes));
+    batch.child_length = kind == Kind::kText ? batch.values_bytes : node_length(leaf->node);
     // Every count is bounded by the buffers that hold it, so nothing below allocates or loops
     // past what the file holds.
     const int width = file->bit_width_ / 8;
@@ -558,10 +591,13 @@ absl::StatusOr<std::unique_ptr<ArrowIntColumn>> ArrowIntColumn::Open(const std::
       return batch_error(absl::StrCat(batch.rows, " rows where its buffers hold ",
                                       std::max<int64_t>(row_ceiling, 0)));
     }
-    // Count the ids from the offsets and validity: which of the child's ids the rows hold.
+    // Count the ids from the offsets and validity: which of the child's ids the rows hold (for
+    // text, each valid row is a document).
     int64_t values = 0;
-    RETURN_IF_ERROR(
-        file->ForEachSpan(batch, [&values](int64_t begin, int64_t end) { values += end - begin; }));
+    const bool documents = kind == Kind::kText;
+    RETURN_IF_ERROR(file->ForEachSpan(batch, [&values, documents](int64_t begin, int64_t end) {
+      values += documents ? 1 : end - begin;
+    }));
     batch.values = values;
     batch.first_value = file->num_values_;
     file->num_values_ += batch.values;
@@ -572,7 +608,9 @@ absl::StatusOr<std::unique_ptr<ArrowIntColumn>> ArrowIntColumn::Open(const std::
   return file;
 }
 
-absl::Status ArrowIntColumn::Read(int64_t first, int64_t count, int64_t* out) const {
+absl::Status ArrowColumn::ForEachBatch(
+    int64_t first, int64_t count,
+    const std::function<void(const Decoded&, int64_t, int64_t)>& take) const {
   if (first < 0 || count < 0 || first > num_values_ - count) {
     return absl::OutOfRangeError(absl::StrCat("values [", first, ", ", first + count,
                                               ") outside the ", num_values_, " of ", path_));
@@ -582,27 +620,48 @@ absl::Status ArrowIntColumn::Read(int64_t first, int64_t count, int64_t* out) co
                                [](int64_t v, const Batch& b) { return v < b.first_value; });
     const int index = static_cast<int>(it - batches_.begin()) - 1;
     const Batch& batch = batches_[index];
-    std::shared_ptr<const std::vector<int64_t>> ids;
+    std::shared_ptr<const Decoded> values;
     {
       std::lock_guard<std::mutex> lock(cache_->mu);
-      if (cache_->batch == index) ids = cache_->ids;
+      if (cache_->batch == index) values = cache_->values;
     }
-    if (ids == nullptr) {
-      auto decoded = std::make_shared<std::vector<int64_t>>();
+    if (values == nullptr) {
+      auto decoded = std::make_shared<Decoded>();
       RETURN_IF_ERROR(DecodeBatch(batch, decoded.get()));
-      ids = decoded;
+      values = decoded;
       std::lock_guard<std::mutex> lock(cache_->mu);
       cache_->batch = index;
-      cache_->ids = ids;
+      cache_->values = values;
     }
     const int64_t offset = first - batch.first_value;
-    const int64_t take = std::min(count, batch.values - offset);
-    std::copy(ids->begin() + offset, ids->begin() + offset + take, out);
-    out += take;
-    first += take;
-    count -= take;
+    const int64_t n = std::min(count, batch.values - offset);
+    take(*values, offset, n);
+    first += n;
+    count -= n;
   }
   return absl::OkStatus();
+}
+
+absl::Status ArrowColumn::Read(int64_t first, int64_t count, int64_t* out) const {
+  if (kind_ != Kind::kIntegers) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path_, ": column ", column_, " is not integers"));
+  }
+  return ForEachBatch(first, count, [&out](const Decoded& values, int64_t offset, int64_t n) {
+    std::copy(values.ids.begin() + offset, values.ids.begin() + offset + n, out);
+    out += n;
+  });
+}
+
+absl::Status ArrowColumn::ReadText(int64_t first, int64_t count,
+                                   std::vector<std::string>* out) const {
+  if (kind_ != Kind::kText) {
+    return absl::FailedPreconditionError(absl::StrCat(path_, ": column ", column_, " is not text"));
+  }
+  out->clear();
+  return ForEachBatch(first, count, [out](const Decoded& values, int64_t offset, int64_t n) {
+    out->insert(out->end(), values.texts.begin() + offset, values.texts.begin() + offset + n);
+  });
 }
 
 }  // namespace latentd

@@ -1,9 +1,10 @@
-// Reading one integer column of an Apache Arrow IPC file as a stream of values: the token ids of
-// a dataset Hugging Face `datasets` tokenized and wrote to disk (save_to_disk's
+// Reading one column of an Apache Arrow IPC file as a stream of values. kIntegers: the token ids
+// of a dataset Hugging Face `datasets` tokenized and wrote to disk (save_to_disk's
 // data-00000-of-00001.arrow, the cache files of load_dataset and map), an "input_ids" or
-// "tokens" column of lists, every list in row order concatenated. Both IPC framings are read:
-// the stream format (what `datasets` writes) and the file format (Feather v2, "ARROW1").
-// Torch-free and without libarrow: the flatbuffer metadata is read here, bounds-checked.
+// "tokens" column of lists, every list in row order concatenated. kText: a string column
+// (Utf8, LargeUtf8, Binary), one document a row, null rows none (`latentctl tokenize`). Both IPC
+// framings are read: the stream format (what `datasets` writes) and the file format (Feather v2,
+// "ARROW1"). Torch-free and without libarrow: the flatbuffer metadata is read here, bounds-checked.
 //
 // The column may be a List, LargeList or FixedSizeList of integers, or a plain integer column
 // (one id per row); 8 to 64 bits, signed or unsigned. A null or empty list holds no id; a null
@@ -29,41 +30,53 @@ namespace latentd {
 
 class RandomAccessFile;
 
-class ArrowIntColumn {
+class ArrowColumn {
  public:
-  // Opens `path`'s top-level column `column`; "" picks "input_ids", else "tokens", else the
-  // file's only integer (or list of integers) column. NOT_FOUND for a missing file.
-  static absl::StatusOr<std::unique_ptr<ArrowIntColumn>> Open(const std::string& path,
-                                                              const std::string& column);
-  ~ArrowIntColumn();
+  enum class Kind { kIntegers, kText };
+
+  // Opens `path`'s top-level column `column`; "" picks, for kIntegers, "input_ids", else
+  // "tokens", else the file's only integer (or list of integers) column; for kText, "text".
+  // NOT_FOUND for a missing file.
+  static absl::StatusOr<std::unique_ptr<ArrowColumn>> Open(const std::string& path,
+                                                           const std::string& column,
+                                                           Kind kind = Kind::kIntegers);
+  ~ArrowColumn();
 
   const std::string& path() const { return path_; }
   const std::string& column() const { return column_; }
   int64_t num_values() const { return num_values_; }  // the stream's length
   int64_t num_rows() const { return num_rows_; }
 
-  // Values [first, first + count) of the stream. OUT_OF_RANGE outside [0, num_values()).
+  // Values [first, first + count) of the stream. OUT_OF_RANGE outside [0, num_values()),
+  // FAILED_PRECONDITION on a column of the other kind.
   absl::Status Read(int64_t first, int64_t count, int64_t* out) const;
+  absl::Status ReadText(int64_t first, int64_t count, std::vector<std::string>* out) const;
 
  private:
   struct Batch;
+  struct Decoded;
   struct Cache;
-  ArrowIntColumn();
+  ArrowColumn();
 
   absl::StatusOr<std::string> ReadBytes(int64_t offset, int64_t size) const;
   // Calls span(begin, end) with each valid row's ids among the batch's values, in row order
   // (reads the validity bitmap and offsets, not the ids).
   absl::Status ForEachSpan(const Batch& batch,
                            const std::function<void(int64_t, int64_t)>& span) const;
-  // The batch's ids, in row order (null and empty lists skipped).
-  absl::Status DecodeBatch(const Batch& batch, std::vector<int64_t>* ids) const;
+  // The batch's ids (or documents), in row order (null and empty lists skipped).
+  absl::Status DecodeBatch(const Batch& batch, Decoded* out) const;
+  // Calls take(values, offset, n) for the part of each batch [first, first + count) covers.
+  absl::Status ForEachBatch(
+      int64_t first, int64_t count,
+      const std::function<void(const Decoded&, int64_t, int64_t)>& take) const;
   std::string BatchName(const Batch& batch) const;
 
   std::string path_;
   std::string column_;
   std::unique_ptr<RandomAccessFile> file_;
   int64_t file_size_ = 0;
-  // The column's layout.
+  Kind kind_ = Kind::kIntegers;
+  // The column's layout (a string column's offsets are a kList's or kLargeList's).
   enum class Layout { kPlain, kList, kLargeList, kFixedSizeList };
   Layout layout_ = Layout::kPlain;
   int32_t list_size_ = 0;  // kFixedSizeList

@@ -14,6 +14,7 @@
 #include "common/read_file.h"
 #include "common/test_dir.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace latentd {
 namespace {
@@ -24,7 +25,7 @@ std::vector<int64_t> Expected(const std::string& name) {
   return column_testing::ReadU32(Fixture(name + ".u32"));
 }
 
-TEST(ArrowIntColumnTest, ReadsWhatArrowWroteInEveryLayout) {
+TEST(ArrowColumnTest, ReadsWhatArrowWroteInEveryLayout) {
   // datasets' stream format with three record batches, a null and an empty list; Feather v2's
   // file format with fixed-size lists of int64; a plain uint16 column.
   struct Case {
@@ -37,7 +38,7 @@ TEST(ArrowIntColumnTest, ReadsWhatArrowWroteInEveryLayout) {
         Case{"plain_uint16", "token", 500}}) {
     SCOPED_TRACE(c.name);
     const std::vector<int64_t> expected = Expected(c.name);
-    auto column = ArrowIntColumn::Open(Fixture(std::string(c.name) + ".arrow"), "");
+    auto column = ArrowColumn::Open(Fixture(std::string(c.name) + ".arrow"), "");
     ASSERT_TRUE(column.ok()) << column.status();
     EXPECT_EQ((*column)->column(), c.column);
     EXPECT_EQ((*column)->num_rows(), c.rows);
@@ -45,31 +46,54 @@ TEST(ArrowIntColumnTest, ReadsWhatArrowWroteInEveryLayout) {
   }
 }
 
-TEST(ArrowIntColumnTest, ColumnsAreChosenOrExplained) {
+TEST(ArrowColumnTest, ReadsTextColumnsOneDocumentARow) {
+  absl::StatusOr<std::string> json = ReadFileToString(Fixture("text_stream.json"));
+  ASSERT_TRUE(json.ok());
+  const auto expected = nlohmann::json::parse(*json).get<std::vector<std::string>>();
+  auto texts = ArrowColumn::Open(Fixture("text_stream.arrow"), "", ArrowColumn::Kind::kText);
+  ASSERT_TRUE(texts.ok()) << texts.status();
+  EXPECT_EQ((*texts)->column(), "text");
+  EXPECT_EQ((*texts)->num_rows(), 7);  // two of them null: no document
+  ASSERT_EQ((*texts)->num_values(), static_cast<int64_t>(expected.size()));
+  std::vector<std::string> all;
+  ASSERT_TRUE((*texts)->ReadText(0, expected.size(), &all).ok());
+  EXPECT_EQ(all, expected);
+  std::vector<std::string> middle;
+  ASSERT_TRUE((*texts)->ReadText(2, 2, &middle).ok());  // across the two record batches
+  EXPECT_EQ(middle, std::vector<std::string>(expected.begin() + 2, expected.begin() + 4));
+  int64_t unused;
+  EXPECT_TRUE(absl::IsFailedPrecondition((*texts)->Read(0, 1, &unused)));
+  auto ids = ArrowColumn::Open(Fixture("text_stream.arrow"), "id", ArrowColumn::Kind::kText);
+  EXPECT_NE(ids.status().message().find("column id holds Arrow type 2, not text"),
+            std::string::npos)
+      << ids.status();
+}
+
+TEST(ArrowColumnTest, ColumnsAreChosenOrExplained) {
   // attention_mask is a list of int8: a readable column when named.
-  auto mask = ArrowIntColumn::Open(Fixture("datasets_stream.arrow"), "attention_mask");
+  auto mask = ArrowColumn::Open(Fixture("datasets_stream.arrow"), "attention_mask");
   ASSERT_TRUE(mask.ok()) << mask.status();
   EXPECT_EQ((*mask)->num_values(), static_cast<int64_t>(Expected("datasets_stream").size()));
   std::vector<int64_t> ones((*mask)->num_values());
   ASSERT_TRUE((*mask)->Read(0, ones.size(), ones.data()).ok());
   EXPECT_EQ(ones, std::vector<int64_t>(ones.size(), 1));
 
-  auto text = ArrowIntColumn::Open(Fixture("datasets_stream.arrow"), "text");
+  auto text = ArrowColumn::Open(Fixture("datasets_stream.arrow"), "text");
   EXPECT_TRUE(absl::IsInvalidArgument(text.status()));
   EXPECT_NE(text.status().message().find("column text holds text (`latentctl tokenize`"),
             std::string::npos)
       << text.status();
-  auto missing = ArrowIntColumn::Open(Fixture("datasets_stream.arrow"), "ids");
+  auto missing = ArrowColumn::Open(Fixture("datasets_stream.arrow"), "ids");
   EXPECT_NE(missing.status().message().find(
                 "no column ids (its columns: text, input_ids, attention_mask)"),
             std::string::npos)
       << missing.status();
-  auto null_id = ArrowIntColumn::Open(Fixture("null_id.arrow"), "");
+  auto null_id = ArrowColumn::Open(Fixture("null_id.arrow"), "");
   EXPECT_TRUE(absl::IsInvalidArgument(null_id.status()));
   EXPECT_NE(null_id.status().message().find("record batch 0: 1 null ids"), std::string::npos)
       << null_id.status();
-  EXPECT_TRUE(absl::IsNotFound(ArrowIntColumn::Open("/nonexistent.arrow", "").status()));
-  auto not_arrow = ArrowIntColumn::Open(Fixture("plain_uint16.u32"), "");
+  EXPECT_TRUE(absl::IsNotFound(ArrowColumn::Open("/nonexistent.arrow", "").status()));
+  auto not_arrow = ArrowColumn::Open(Fixture("plain_uint16.u32"), "");
   EXPECT_TRUE(absl::IsInvalidArgument(not_arrow.status()));
   EXPECT_NE(not_arrow.status().message().find("not an Arrow IPC file"), std::string::npos)
       << not_arrow.status();
@@ -78,11 +102,14 @@ TEST(ArrowIntColumnTest, ColumnsAreChosenOrExplained) {
 // The flatbuffer metadata and the buffers' offsets are untrusted input parsed by hand: damaged
 // files come back as an error status (or, where the damage missed what is read, ids), never a
 // crash. Runs under --config=asan in scripts/test.sh.
-TEST(ArrowIntColumnTest, CorruptFilesAreRefusedNeverACrash) {
+TEST(ArrowColumnTest, CorruptFilesAreRefusedNeverACrash) {
   const std::string dir = FreshTestDir("arrow_fuzz");
   std::mt19937 rng(5);
   int refused = 0, trials = 0;
-  for (const char* name : {"datasets_stream", "feather_fixed_size_list", "plain_uint16"}) {
+  for (const char* name :
+       {"datasets_stream", "feather_fixed_size_list", "plain_uint16", "text_stream"}) {
+    const auto kind = std::string(name) == "text_stream" ? ArrowColumn::Kind::kText
+                                                         : ArrowColumn::Kind::kIntegers;
     absl::StatusOr<std::string> valid = ReadFileToString(Fixture(std::string(name) + ".arrow"));
     ASSERT_TRUE(valid.ok());
     const std::string path = dir + "/" + name + ".arrow";
@@ -90,18 +117,23 @@ TEST(ArrowIntColumnTest, CorruptFilesAreRefusedNeverACrash) {
       // Half the damage lands in the first 1 KiB: the schema and the first batch's metadata.
       std::string bytes = *valid;
       if (i % 2 == 0) {
-        bytes = MutateBytes(bytes.substr(0, 1024), &rng) + bytes.substr(1024);
+        const size_t head = std::min<size_t>(1024, bytes.size());
+        bytes = MutateBytes(bytes.substr(0, head), &rng) + bytes.substr(head);
       } else {
         bytes = MutateBytes(bytes, &rng);
       }
       std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-      auto column = ArrowIntColumn::Open(path, "");
+      auto column = ArrowColumn::Open(path, "", kind);
       if (!column.ok()) {
         ++refused;
         continue;
       }
-      std::vector<int64_t> all((*column)->num_values());
-      if (!(*column)->Read(0, all.size(), all.data()).ok()) ++refused;
+      std::vector<int64_t> all(kind == ArrowColumn::Kind::kText ? 0 : (*column)->num_values());
+      std::vector<std::string> texts;
+      const absl::Status read = kind == ArrowColumn::Kind::kText
+                                    ? (*column)->ReadText(0, (*column)->num_values(), &texts)
+                                    : (*column)->Read(0, all.size(), all.data());
+      if (!read.ok()) ++refused;
     }
   }
   EXPECT_GT(refused, trials / 4);

@@ -325,7 +325,7 @@ absl::Status TokenSource::OpenColumns(const latentd::v1::TokenSource& spec) {
     const bool arrow = spec.format() == latentd::v1::ARROW ||
                        (spec.format() != latentd::v1::PARQUET && IsArrowFile(shard));
     absl::StatusOr<std::unique_ptr<TokenColumn>> column =
-        arrow ? OpenColumn<ArrowIntColumn>(shard, spec.column())
+        arrow ? OpenColumn<ArrowColumn>(shard, spec.column())
               : OpenColumn<ParquetColumn>(shard, spec.column());
     if (absl::IsNotFound(column.status())) {
       return absl::NotFoundError(absl::StrCat("extract.tokens.path: ", column.status().message()));

@@ -31,5 +31,5 @@ bazel test --config=asan //storage/... //common/... //server:job_manager_test \
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)
 failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log" || true)
 rm -f "$log"
-echo "${passed} passed, ${failed} failed (storage, common, the job manager, the tokenizer, the SAE file and Parquet readers' fuzz tests run twice: also under ASan/UBSan)"
+echo "${passed} passed, ${failed} failed (storage, common, the job manager, the tokenizer, the SAE file, Parquet and Arrow readers' fuzz tests run twice: also under ASan/UBSan)"
 exit $status

@@ -4,8 +4,9 @@
 //   npm install apache-arrow@17
 //   NODE_PATH=$PWD/node_modules node common/testdata/arrow/make_fixtures.cjs common/testdata/arrow
 //
-// Each NAME.arrow comes with NAME.u32: the token stream it holds (every list of the chosen column
-// in row order, concatenated; null and empty lists hold none), as raw little-endian uint32.
+// Each NAME.arrow of ids comes with NAME.u32: the token stream it holds (every list of the chosen
+// column in row order, concatenated; null and empty lists hold none), as raw little-endian
+// uint32; each text_*.arrow with NAME.json, the documents of its "text" column.
 const fs = require("fs");
 const path = require("path");
 const arrow = require("apache-arrow");
@@ -84,6 +85,24 @@ const list = (f) => new arrow.List(f);
   const table = new arrow.Table({token: arrow.vectorFromArray(stream, new arrow.Uint16())});
   writeStream("plain_uint16", [table], stream, "stream");
 }
+
+// 5. Text as `datasets` keeps it (a string column beside an id), two record batches, with an
+//    empty document, a null row (no document) and non-ASCII text; NAME.json holds the documents.
+//    text_ab: documents a tokenizer of a, b and space reads (client/tokenize_files_test).
+function writeText(name, batches) {
+  const tables = batches.map((docs, b) => new arrow.Table({
+    id: arrow.vectorFromArray(docs.map((d, i) => b * 100 + i), new arrow.Int32()),
+    text: arrow.vectorFromArray(docs, new arrow.Utf8()),
+  }));
+  let table = tables[0];
+  for (const t of tables.slice(1)) table = table.concat(t);
+  fs.writeFileSync(path.join(out, name + ".arrow"), arrow.tableToIPC(table, "stream"));
+  fs.writeFileSync(path.join(out, name + ".json"),
+                   JSON.stringify(batches.flat().filter((d) => d !== null)));
+}
+writeText("text_stream", [["The cat sat.", "", null, "naïve café 日本語 😀"],
+                          ["second batch", null, "line\nbreak\tand tab"]]);
+writeText("text_ab", [["ab a", null], ["b", "abab"]]);
 
 // 4. A null id inside a list: refused, never made up.
 {
