@@ -112,29 +112,10 @@ TEST(ArrowColumnTest, CorruptFilesAreRefusedNeverACrash) {
                                                          : ArrowColumn::Kind::kIntegers;
     absl::StatusOr<std::string> valid = ReadFileToString(Fixture(std::string(name) + ".arrow"));
     ASSERT_TRUE(valid.ok());
-    const std::string path = dir + "/" + name + ".arrow";
-    for (int i = 0; i < 600; ++i, ++trials) {
-      // Half the damage lands in the first 1 KiB: the schema and the first batch's metadata.
-      std::string bytes = *valid;
-      if (i % 2 == 0) {
-        const size_t head = std::min<size_t>(1024, bytes.size());
-        bytes = MutateBytes(bytes.substr(0, head), &rng) + bytes.substr(head);
-      } else {
-        bytes = MutateBytes(bytes, &rng);
-      }
-      std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-      auto column = ArrowColumn::Open(path, "", kind);
-      if (!column.ok()) {
-        ++refused;
-        continue;
-      }
-      std::vector<int64_t> all(kind == ArrowColumn::Kind::kText ? 0 : (*column)->num_values());
-      std::vector<std::string> texts;
-      const absl::Status read = kind == ArrowColumn::Kind::kText
-                                    ? (*column)->ReadText(0, (*column)->num_values(), &texts)
-                                    : (*column)->Read(0, all.size(), all.data());
-      if (!read.ok()) ++refused;
-    }
+    refused += column_testing::DamagedFilesRefused<ArrowColumn>(
+        *valid, dir + "/" + name + ".arrow", 600, column_testing::Metadata::kAtTheFront, 1024, kind,
+        &rng);
+    trials += 600;
   }
   EXPECT_GT(refused, trials / 4);
 }

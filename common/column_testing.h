@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "common/mutate.h"
 #include "common/read_file.h"
 #include "gtest/gtest.h"
 
@@ -55,6 +57,46 @@ void ExpectReadsMatch(const Reader& reader, const std::vector<int64_t>& expected
   }
   EXPECT_TRUE(absl::IsOutOfRange(reader.Read(expected.size() - 1, 2, all.data())));
   EXPECT_TRUE(absl::IsOutOfRange(reader.Read(-1, 1, all.data())));
+}
+
+// The metadata a damaged file's reader must survive: the footer (Parquet) or the schema and
+// first batch's metadata at the front (Arrow).
+enum class Metadata { kAtTheEnd, kAtTheFront };
+
+// Writes `valid` damaged `trials` ways to `path` (half of them within the `metadata_bytes` where
+// the lengths and offsets are) and opens and reads each with Reader::Open(path, "", kind):
+// every outcome must be a status (or, where the damage missed what is read, values), never a
+// crash. Returns how many were refused.
+template <typename Reader>
+int DamagedFilesRefused(const std::string& valid, const std::string& path, int trials,
+                        Metadata metadata, size_t metadata_bytes, typename Reader::Kind kind,
+                        std::mt19937* rng) {
+  int refused = 0;
+  for (int i = 0; i < trials; ++i) {
+    std::string bytes = valid;
+    const size_t span = std::min(metadata_bytes, bytes.size());
+    if (i % 2 == 1) {
+      bytes = MutateBytes(bytes, rng);
+    } else if (metadata == Metadata::kAtTheEnd) {
+      bytes = bytes.substr(0, bytes.size() - span) +
+              MutateBytes(bytes.substr(bytes.size() - span), rng);
+    } else {
+      bytes = MutateBytes(bytes.substr(0, span), rng) + bytes.substr(span);
+    }
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    auto column = Reader::Open(path, "", kind);
+    if (!column.ok()) {
+      ++refused;
+      continue;
+    }
+    std::vector<int64_t> ids(kind == Reader::Kind::kText ? 0 : (*column)->num_values());
+    std::vector<std::string> texts;
+    const absl::Status read = kind == Reader::Kind::kText
+                                  ? (*column)->ReadText(0, (*column)->num_values(), &texts)
+                                  : (*column)->Read(0, ids.size(), ids.data());
+    if (!read.ok()) ++refused;
+  }
+  return refused;
 }
 
 }  // namespace latentd::column_testing

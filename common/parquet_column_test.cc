@@ -164,30 +164,10 @@ TEST(ParquetColumnTest, CorruptFilesAreRefusedNeverACrash) {
                                                                : ParquetColumn::Kind::kIntegers;
     absl::StatusOr<std::string> valid = ReadFileToString(Fixture(std::string(name) + ".parquet"));
     ASSERT_TRUE(valid.ok());
-    const std::string path = dir + "/" + name + ".parquet";
-    for (int i = 0; i < 400; ++i, ++trials) {
-      // Half the damage lands in the footer, where the lengths and offsets are.
-      std::string bytes = *valid;
-      if (i % 2 == 0 && bytes.size() > 600) {
-        const size_t tail = 600;
-        bytes = bytes.substr(0, bytes.size() - tail) +
-                MutateBytes(bytes.substr(bytes.size() - tail), &rng);
-      } else {
-        bytes = MutateBytes(bytes, &rng);
-      }
-      std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-      auto column = ParquetColumn::Open(path, "", kind);
-      if (!column.ok()) {
-        ++refused;
-        continue;
-      }
-      std::vector<int64_t> all(kind == ParquetColumn::Kind::kText ? 0 : (*column)->num_values());
-      std::vector<std::string> texts;
-      const absl::Status read = kind == ParquetColumn::Kind::kText
-                                    ? (*column)->ReadText(0, (*column)->num_values(), &texts)
-                                    : (*column)->Read(0, all.size(), all.data());
-      if (!read.ok()) ++refused;
-    }
+    refused += column_testing::DamagedFilesRefused<ParquetColumn>(
+        *valid, dir + "/" + name + ".parquet", 400, column_testing::Metadata::kAtTheEnd, 600, kind,
+        &rng);
+    trials += 400;
   }
   EXPECT_GT(refused, trials / 4);
 }
