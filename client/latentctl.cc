@@ -89,6 +89,10 @@ ABSL_FLAG(std::string, unembedding, "",
           "weights, latent --html, dashboard: the TorchScript model's unembedding parameter "
           "(default: lm_head.weight and the other usual names)");
 ABSL_FLAG(std::string, format, "npz", "export: npz, hdf5 or parquet");
+ABSL_FLAG(bool, dry_run, false,
+          "submit: check the spec as a submit does and print what its job would do (tokens and "
+          "rows, model, each dataset's hook and how its SAE is read, disk and memory) without "
+          "creating it");
 ABSL_FLAG(std::string, plot, "",
           "telemetry: write a PNG of loss and memory against steps here; latents: a PNG of the "
           "log10 feature-density histogram");
@@ -418,6 +422,17 @@ int Submit(Client& client) {
   if (!spec.ok()) return Usage(std::string(spec.status().message()));
   if (spec->type() == v1::JOB_TYPE_UNSPECIFIED) return Usage("submit needs --type");
   *request.mutable_spec() = *std::move(spec);
+  if (absl::GetFlag(FLAGS_dry_run)) {
+    v1::JobPlan plan;
+    grpc::Status status = client.jobs()->PlanJob(client.Context().get(), request, &plan);
+    if (!status.ok()) return RpcError(status);
+    if (absl::GetFlag(FLAGS_json)) {
+      std::printf("%s\n", Json(plan).c_str());
+    } else {
+      for (const std::string& line : plan.lines()) std::printf("%s\n", line.c_str());
+    }
+    return 0;
+  }
   v1::Job job;
   grpc::Status status = client.jobs()->SubmitJob(client.Context().get(), request, &job);
   if (!status.ok()) return RpcError(status);
@@ -1661,6 +1676,7 @@ constexpr char kHelp[] = R"(latentctl [--server=HOST:PORT] [--token_file=F] [--j
 jobs:
   submit --type=PROBE|EXTRACT|TRAIN [--spec=FILE.json] [--request_id=ID]
          [--num_devices=N] [--priority=P] [--label=L]     prints the job id
+         [--dry_run]             instead: the checks, and what the job would do, no job
   get ID                         one job
   list [--state=S] [--type=T] [--label=L] [--page_size=N] [--all]   newest first
   watch ID [--after=SEQ]         events until the job ends (exit 3 unless it SUCCEEDED)

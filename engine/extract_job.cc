@@ -189,13 +189,20 @@ SinkOpener ChunkStoreSinkOpener(storage::ChunkStore* store) {
   };
 }
 
-absl::Status ValidateExtractJob(const latentd::v1::ExtractSpec& spec, const ExtractEnv& env) {
+namespace {
+
+// The env with free_disk_bytes, when unset, read from the store's disk.
+ExtractEnv WithStoreDisk(const ExtractEnv& env) {
   ExtractEnv checked = env;
   if (!checked.free_disk_bytes && env.store != nullptr) {
     storage::Db* db = env.store->db();
     checked.free_disk_bytes = [db] { return db->FreeDiskBytes(); };
   }
-  RETURN_IF_ERROR(ValidateExtractSpec(spec, checked));
+  return checked;
+}
+
+// A continuing spec's datasets are still there and still the continued job's.
+absl::Status CheckContinuedDatasets(const latentd::v1::ExtractSpec& spec, const ExtractEnv& env) {
   const uint64_t from = spec.resume_from_job_id();
   if (from == 0 || env.store == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(const std::vector<std::string> names, ExtractDatasetNamesFor(spec, env, 0));
@@ -211,6 +218,24 @@ absl::Status ValidateExtractJob(const latentd::v1::ExtractSpec& spec, const Extr
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateExtractJob(const latentd::v1::ExtractSpec& spec, const ExtractEnv& env) {
+  RETURN_IF_ERROR(ValidateExtractSpec(spec, WithStoreDisk(env)));
+  return CheckContinuedDatasets(spec, env);
+}
+
+absl::StatusOr<std::vector<std::string>> DescribeExtractJob(const latentd::v1::ExtractSpec& spec,
+                                                            const ExtractEnv& env) {
+  ASSIGN_OR_RETURN(std::vector<std::string> lines, DescribeExtractSpec(spec, WithStoreDisk(env)));
+  RETURN_IF_ERROR(CheckContinuedDatasets(spec, env));
+  if (spec.resume_from_job_id() != 0) {
+    lines.push_back(absl::StrCat("continues job ", spec.resume_from_job_id(),
+                                 "'s datasets from their committed rows"));
+  }
+  return lines;
 }
 
 absl::StatusOr<latentd::v1::ExtractResult> RunExtract(const latentd::v1::ExtractSpec& spec,

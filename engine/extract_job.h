@@ -23,6 +23,10 @@ namespace latentd::engine {
 // disk; and with resume_from_job_id that the continued job's dataset still exists and is still
 // that job's (FAILED_PRECONDITION otherwise).
 absl::Status ValidateExtractJob(const latentd::v1::ExtractSpec& spec, const ExtractEnv& env);
+// What that job would do, after the same checks (DescribeExtractSpec, and the datasets a
+// continuation takes over): the answer to a dry run.
+absl::StatusOr<std::vector<std::string>> DescribeExtractJob(const latentd::v1::ExtractSpec& spec,
+                                                            const ExtractEnv& env);
 
 absl::StatusOr<latentd::v1::ExtractResult> RunExtract(const latentd::v1::ExtractSpec& spec,
                                                       const ExtractEnv& env, JobContext* ctx);

@@ -1072,6 +1072,31 @@ TEST_F(ExtractJobTest, WarnsOnceWhenTheRemainingRowsWillNotFitOnTheDisk) {
   }
 }
 
+// A dry run says what the job would do, after the checks a submit makes (and fails as it fails).
+TEST_F(ExtractJobTest, ADryRunDescribesTheJobAfterTheSubmitChecks) {
+  latentd::v1::ExtractSpec spec = MultiSpec();
+  spec.set_dataset_name("first");
+  auto lines = DescribeExtractJob(spec, env_);
+  ASSERT_TRUE(lines.ok()) << lines.status();
+  std::string all;
+  for (const std::string& line : *lines) all += line + "\n";
+  for (const std::string& want :
+       {std::string("tokens: u16:") + root_ + "/tokens.bin", std::string(" rows ("),
+        std::string("model: the reference model: 2 layers, d_model 16"),
+        "dataset first: blocks.1.hook_resid_post (16 wide) -> SPARSE latents of the SAE in " +
+            root_ + "/sae: topk, d_sae 48, k 5",
+        std::string("dataset first.blocks.0.hook_resid_mid: blocks.0.hook_resid_mid (16 wide)"),
+        std::string("dataset second: blocks.1.hook_resid_post (16 wide)"),
+        std::string("a commit every"), std::string("disk: at least"),
+        std::string("device memory: about")}) {
+    EXPECT_NE(all.find(want), std::string::npos) << want << "\nin:\n" << all;
+  }
+  latentd::v1::ExtractSpec bad = spec;
+  bad.set_hook_name("blocks.9.hook_resid_post");
+  EXPECT_EQ(DescribeExtractJob(bad, env_).status(), ValidateExtractJob(bad, env_));
+  EXPECT_FALSE(ValidateExtractJob(bad, env_).ok());
+}
+
 // A job whose dataset cannot fit is refused at submit, with the numbers, not hours later.
 TEST_F(ExtractJobTest, ADatasetLargerThanTheFreeDiskIsRefusedAtSubmit) {
   auto db = OpenDb("db_disk_floor");

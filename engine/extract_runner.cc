@@ -475,6 +475,16 @@ absl::Status MemoryCheck(const Checked& c, int64_t need, int64_t have, const std
 // A lower bound of the bytes the datasets will take on disk, for the check against free space;
 // bytes 0 when no useful bound is known (ReLU and JumpReLU SAEs fire a data-dependent number of
 // latents; a TorchScript model's hook width is known once loaded).
+// The device memory a spec's job needs, as the submit check estimates it.
+int64_t DeviceBytesAtSubmit(const Checked& c, const ExtractSpec& spec) {
+  std::vector<int64_t> widths;
+  for (const CheckedOutput& out : c.outputs) widths.push_back(out.hook_width);
+  return EstimateDeviceBytes(
+      c, widths, c.shape->parameter_bytes,
+      TransformerActivationBytesPerToken(*c.shape, spec.tokens().context_length()),
+      spec.tokens().context_length());
+}
+
 struct DatasetBytesFloor {
   int64_t bytes = 0;
   std::string how;  // the arithmetic, for the error message
@@ -572,7 +582,16 @@ absl::StatusOr<std::vector<std::string>> ExtractDatasetNamesFor(const ExtractSpe
   return names;
 }
 
-absl::Status ValidateExtractSpec(const ExtractSpec& spec, const ExtractEnv& env) {
+namespace {
+
+// Bytes for people: "812.3 MB", "1.52 GB".
+std::string Size(int64_t bytes) {
+  return bytes >= 1000000000 ? absl::StrFormat("%.2f GB", bytes / 1e9)
+                             : absl::StrFormat("%.1f MB", bytes / 1e6);
+}
+
+// The checks at submit, and what they found (DescribeExtractSpec words it).
+absl::StatusOr<Checked> CheckAtSubmit(const ExtractSpec& spec, const ExtractEnv& env) {
   ASSIGN_OR_RETURN(Checked c, Check(spec, env, env.cpu_only));
   RETURN_IF_ERROR(ExtractDatasetNamesFor(spec, env, 0).status());
   // Hours into a job is a bad time to learn that the disk was always too small. (A continued
@@ -588,16 +607,78 @@ absl::Status ValidateExtractSpec(const ExtractSpec& spec, const ExtractEnv& env)
     }
   }
   if (c.shape && env.device_memory_bytes > 0) {
-    std::vector<int64_t> widths;
-    for (const CheckedOutput& out : c.outputs) widths.push_back(out.hook_width);
-    const int64_t need = EstimateDeviceBytes(
-        c, widths, c.shape->parameter_bytes,
-        TransformerActivationBytesPerToken(*c.shape, spec.tokens().context_length()),
-        spec.tokens().context_length());
-    absl::Status s = MemoryCheck(c, need, env.device_memory_bytes, "extract.batch_sequences");
+    absl::Status s = MemoryCheck(c, DeviceBytesAtSubmit(c, spec), env.device_memory_bytes,
+                                 "extract.batch_sequences");
     if (!s.ok()) return absl::InvalidArgumentError(s.message());
   }
-  return absl::OkStatus();
+  return c;
+}
+
+}  // namespace
+
+absl::Status ValidateExtractSpec(const ExtractSpec& spec, const ExtractEnv& env) {
+  return CheckAtSubmit(spec, env).status();
+}
+
+absl::StatusOr<std::vector<std::string>> DescribeExtractSpec(const ExtractSpec& spec,
+                                                             const ExtractEnv& env) {
+  ASSIGN_OR_RETURN(Checked c, CheckAtSubmit(spec, env));
+  std::vector<std::string> lines;
+  latentd::v1::TokenSource tokens = spec.tokens();
+  tokens.set_path(c.tokens_path);
+  ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> source, TokenSource::Open(tokens));
+  lines.push_back(absl::StrCat("tokens: ", source->Describe(), ": ", c.rows, " rows (",
+                               source->num_sequences(), " sequences of ", source->context_length(),
+                               ")"));
+  if (c.shape) {
+    lines.push_back(absl::StrCat("model: ", c.shape->what, ": ", c.shape->n_layers,
+                                 " layers, d_model ", c.shape->d_model, ", ", c.shape->n_heads,
+                                 " heads, vocabulary ", c.shape->vocab_size, ", ",
+                                 Size(c.shape->parameter_bytes), " of float32 weights"));
+  } else {
+    lines.push_back(absl::StrCat("model: the TorchScript module ", c.model_path,
+                                 " (hook widths are known once it loads)"));
+  }
+  ASSIGN_OR_RETURN(const std::vector<std::string> names, ExtractDatasetNamesFor(spec, env, 0));
+  for (size_t o = 0; o < c.outputs.size(); ++o) {
+    const CheckedOutput& out = c.outputs[o];
+    const std::string width =
+        out.hook_width > 0 ? absl::StrCat(" (", out.hook_width, " wide)") : "";
+    std::string what;
+    if (!c.sparse) {
+      what = absl::StrCat(
+          "its hidden states, DENSE ",
+          latentd::v1::ValueDtype_Name(spec.value_dtype() == latentd::v1::VALUE_DTYPE_UNSPECIFIED
+                                           ? latentd::v1::FLOAT16
+                                           : spec.value_dtype()));
+    } else {
+      const SaeConfig& cfg = out.sae_cfg;
+      what = absl::StrCat(
+          "SPARSE latents of the ", cfg.transcoder ? "transcoder" : "SAE", " in ", out.sae_dir,
+          ": ", SaeArchitectureName(cfg.architecture), ", d_sae ", cfg.d_sae,
+          cfg.architecture == SaeArchitecture::kTopK ? absl::StrCat(", k ", cfg.k) : "");
+      const std::string reading = DescribeSaeReading(cfg);
+      if (!reading.empty()) absl::StrAppend(&what, "; ", reading);
+      if (!out.hook_name_out.empty()) absl::StrAppend(&what, "; predicts ", out.hook_name_out);
+    }
+    lines.push_back(absl::StrCat("dataset ", names[o], ": ", out.hook_name, width, " -> ", what));
+  }
+  lines.push_back(absl::StrCat("batches of ", c.batch_sequences, " sequences; a commit every ",
+                               c.commit_rows, " rows (readers see rows as they commit)"));
+  const DatasetBytesFloor floor = EstimateDatasetBytesFloor(c, spec);
+  if (floor.bytes > 0) {
+    std::string disk = absl::StrCat("disk: at least ", Size(floor.bytes), " (", floor.how, ")");
+    if (env.free_disk_bytes) absl::StrAppend(&disk, "; ", Size(env.free_disk_bytes()), " free");
+    lines.push_back(disk);
+  }
+  if (c.shape) {
+    std::string memory =
+        absl::StrCat("device memory: about ", Size(DeviceBytesAtSubmit(c, spec)), " a device");
+    if (env.device_memory_bytes > 0)
+      absl::StrAppend(&memory, " of ", Size(env.device_memory_bytes));
+    lines.push_back(memory);
+  }
+  return lines;
 }
 
 namespace {

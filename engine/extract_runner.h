@@ -84,6 +84,11 @@ using SinkOpener = std::function<absl::StatusOr<OpenedSink>(const ExtractDataset
 // width == SAE d_in where it is known without loading the model, batch sizes, memory estimate
 // (INVALID_ARGUMENT naming the field, e.g. "extract.hook_name").
 absl::Status ValidateExtractSpec(const latentd::v1::ExtractSpec& spec, const ExtractEnv& env);
+// What the spec's job would do, after the same checks: the token source and its rows, the model,
+// each dataset with its hook and how its SAE is read, batching, the disk it needs at least and
+// the device memory it needs about (a dry run's answer; lines for people).
+absl::StatusOr<std::vector<std::string>> DescribeExtractSpec(const latentd::v1::ExtractSpec& spec,
+                                                             const ExtractEnv& env);
 
 // What a DENSE spec computes its rows from, for callers that want the rows without a dataset
 // (TRAIN on a model's hidden states): the model on `device` with the hooks of the spec's outputs

@@ -662,11 +662,10 @@ grpc::Status DatasetsService::ExportDataset(grpc::ServerContext* context,
     return ToGrpcStatus(absl::PermissionDeniedError(
         absl::StrCat("creating the directory of ", *path, ": ", ec.message())));
   }
-  const storage::ExportFormat format = request->format() == latentd::v1::HDF5
-                                           ? storage::ExportFormat::kHdf5
-                                       : request->format() == latentd::v1::EXPORT_FORMAT_PARQUET
-                                           ? storage::ExportFormat::kParquet
-                                           : storage::ExportFormat::kNpz;
+  const storage::ExportFormat format =
+      request->format() == latentd::v1::HDF5                    ? storage::ExportFormat::kHdf5
+      : request->format() == latentd::v1::EXPORT_FORMAT_PARQUET ? storage::ExportFormat::kParquet
+                                                                : storage::ExportFormat::kNpz;
   auto result = storage::ExportDataset(*store_, request->dataset_id(), request->row_start(),
                                        request->row_count(), format, *path);
   if (!result.ok()) return ToGrpcStatus(result.status());

@@ -215,7 +215,7 @@ void JobManager::Shutdown() {
   for (auto& t : threads) t.join();
 }
 
-absl::Status JobManager::ValidateSpec(const JobSpec& spec) const {
+absl::Status JobManager::ValidateSpec(const JobSpec& spec, bool with_runner) const {
   if (spec.type() == latentd::v1::JOB_TYPE_UNSPECIFIED) {
     return absl::InvalidArgumentError("spec.type: required (PROBE, EXTRACT or TRAIN)");
   }
@@ -246,8 +246,24 @@ absl::Status JobManager::ValidateSpec(const JobSpec& spec) const {
     return absl::InvalidArgumentError(
         absl::StrCat("spec.label: at most ", kMaxLabelLength, " bytes"));
   }
-  if (runner->second.validate) return runner->second.validate(spec);
+  if (with_runner && runner->second.validate) return runner->second.validate(spec);
   return absl::OkStatus();
+}
+
+absl::StatusOr<latentd::v1::JobPlan> JobManager::Plan(const JobSpec& spec) const {
+  latentd::v1::JobPlan plan;
+  plan.set_type(spec.type());
+  auto runner = runners_.find(spec.type());
+  if (runner != runners_.end() && runner->second.plan) {
+    // The plan's own checks are the submit checks (and no cheaper to run twice).
+    RETURN_IF_ERROR(ValidateSpec(spec, /*with_runner=*/false));
+    ASSIGN_OR_RETURN(std::vector<std::string> lines, runner->second.plan(spec));
+    for (std::string& line : lines) plan.add_lines(std::move(line));
+    return plan;
+  }
+  RETURN_IF_ERROR(ValidateSpec(spec));
+  plan.add_lines("the spec passed every submit-time check");
+  return plan;
 }
 
 absl::StatusOr<Job> JobManager::Submit(const std::string& request_id, const JobSpec& spec) {

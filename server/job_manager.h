@@ -51,6 +51,9 @@ struct JobRunner {
   // Removes what a finished job of this type keeps besides its record and events (TRAIN: its
   // checkpoint), when the job is deleted. May be empty (nothing).
   std::function<absl::Status(uint64_t job_id)> forget;
+  // What a job of `spec` would do, for a dry run, after `validate`'s checks (which it may
+  // repeat). May be empty (a dry run then says only that the spec is valid).
+  std::function<absl::StatusOr<std::vector<std::string>>(const latentd::v1::JobSpec&)> plan;
   // The job whose leftovers a job of `spec` takes over (resume_from_job_id), or 0; that job
   // cannot be deleted while this one has not finished. May be empty (never).
   std::function<uint64_t(const latentd::v1::JobSpec& spec)> continues;
@@ -99,6 +102,8 @@ class JobManager {
   // The same request_id returns the job it first created (ALREADY_EXISTS if the spec differs).
   absl::StatusOr<latentd::v1::Job> Submit(const std::string& request_id,
                                           const latentd::v1::JobSpec& spec);
+  // A dry run of Submit: the same checks and errors, then the runner's plan; creates nothing.
+  absl::StatusOr<latentd::v1::JobPlan> Plan(const latentd::v1::JobSpec& spec) const;
   absl::StatusOr<latentd::v1::Job> Get(uint64_t job_id) const;
   // Every job not yet SUCCEEDED, FAILED or CANCELLED, ascending id.
   std::vector<latentd::v1::Job> UnfinishedJobs() const;
@@ -125,7 +130,8 @@ class JobManager {
   struct Entry;
   class Context;
 
-  absl::Status ValidateSpec(const latentd::v1::JobSpec& spec) const;
+  // The checks every type shares, then (with_runner) the runner's validate.
+  absl::Status ValidateSpec(const latentd::v1::JobSpec& spec, bool with_runner = true) const;
   // Appends one event to `entry` (updating its record) and writes both; caller holds mu_.
   absl::Status AppendEventLocked(Entry* entry, latentd::v1::JobEvent event, bool sync)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -84,10 +84,16 @@ class JobManagerTest : public ::testing::Test {
       return absl::OkStatus();
     };
     runner.continues = [](const JobSpec& spec) { return spec.extract().resume_from_job_id(); };
+    // EXTRACT answers dry runs: its label is the plan, or "bad" its error.
+    JobRunner extract = runner;
+    extract.plan = [](const JobSpec& spec) -> absl::StatusOr<std::vector<std::string>> {
+      if (spec.label() == "bad") return absl::InvalidArgumentError("extract.hook_name: bad");
+      return std::vector<std::string>{"plan of " + spec.label(), "second line"};
+    };
     manager_ = std::make_unique<JobManager>(
         store_.get(), pool_.get(),
         std::map<latentd::v1::JobType, JobRunner>{{latentd::v1::PROBE, runner},
-                                                  {latentd::v1::EXTRACT, runner}});
+                                                  {latentd::v1::EXTRACT, extract}});
     ASSERT_TRUE(manager_->Start().ok());
   }
   void Close() {
@@ -162,6 +168,32 @@ TEST_F(JobManagerTest, RunsAJobToSucceededWithEventsInOrder) {
                   .ok());
   ASSERT_EQ(tail.size(), 1u);
   EXPECT_EQ(tail[0].sequence(), int64_t(events.size()));
+}
+
+TEST_F(JobManagerTest, ADryRunChecksAndPlansWithoutCreatingAJob) {
+  Open();
+  JobSpec extract;
+  extract.set_type(latentd::v1::EXTRACT);
+  extract.set_label("x");
+  auto plan = manager_->Plan(extract);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->type(), latentd::v1::EXTRACT);
+  EXPECT_EQ(std::vector<std::string>(plan->lines().begin(), plan->lines().end()),
+            (std::vector<std::string>{"plan of x", "second line"}));
+  // A type without a plan: the checks alone.
+  auto probe = manager_->Plan(Probe());
+  ASSERT_TRUE(probe.ok());
+  EXPECT_EQ(probe->lines(0), "the spec passed every submit-time check");
+  // The errors a submit would give: the shared checks', and the runner's.
+  EXPECT_EQ(manager_->Plan(Probe(/*devices=*/99)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  extract.set_label("bad");
+  EXPECT_EQ(manager_->Plan(extract).status().message(), "extract.hook_name: bad");
+  // Nothing was created.
+  auto jobs = manager_->List({}, 0, "");
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_TRUE(jobs->jobs.empty());
+  EXPECT_EQ(manager_->Submit("", Probe())->id(), 1u);
 }
 
 TEST_F(JobManagerTest, SameRequestIdReturnsTheSameJob) {

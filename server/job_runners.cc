@@ -88,6 +88,9 @@ std::map<latentd::v1::JobType, JobRunner> MakeJobRunners(const RunnerEnvironment
     *out.mutable_extract() = std::move(*result);
     return out;
   };
+  extract.plan = [extract_env](const latentd::v1::JobSpec& spec) {
+    return engine::DescribeExtractJob(spec.extract(), extract_env);
+  };
   extract.continues = [](const latentd::v1::JobSpec& spec) {
     return spec.extract().resume_from_job_id();
   };

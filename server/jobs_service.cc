@@ -22,6 +22,13 @@ grpc::Status JobsService::SubmitJob(grpc::ServerContext* context,
   return Reply(manager_->Submit(request->request_id(), request->spec()), response);
 }
 
+grpc::Status JobsService::PlanJob(grpc::ServerContext* context,
+                                  const latentd::v1::SubmitJobRequest* request,
+                                  latentd::v1::JobPlan* response) {
+  if (grpc::Status s = auth_->Check(*context); !s.ok()) return s;
+  return Reply(manager_->Plan(request->spec()), response);
+}
+
 grpc::Status JobsService::GetJob(grpc::ServerContext* context,
                                  const latentd::v1::GetJobRequest* request,
                                  latentd::v1::Job* response) {

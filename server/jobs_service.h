@@ -14,6 +14,8 @@ class JobsService final : public latentd::v1::Jobs::Service {
 
   grpc::Status SubmitJob(grpc::ServerContext* context, const latentd::v1::SubmitJobRequest* request,
                          latentd::v1::Job* response) override;
+  grpc::Status PlanJob(grpc::ServerContext* context, const latentd::v1::SubmitJobRequest* request,
+                       latentd::v1::JobPlan* response) override;
   grpc::Status GetJob(grpc::ServerContext* context, const latentd::v1::GetJobRequest* request,
                       latentd::v1::Job* response) override;
   grpc::Status ListJobs(grpc::ServerContext* context, const latentd::v1::ListJobsRequest* request,

@@ -42,6 +42,19 @@ class Client:
         """Submits a job. `spec` is a JobSpec, a dict in the protobuf JSON mapping of the type's
         spec (e.g. ExtractSpec), or None; extra fields (num_devices, priority, label) go on the
         JobSpec."""
+        request = jobs_pb2.SubmitJobRequest(request_id=request_id,
+                                            spec=self._job_spec(job_type, spec, fields))
+        return self.jobs.SubmitJob(request, metadata=self.metadata, timeout=self.timeout)
+
+    def plan(self, job_type, spec=None, **fields):
+        """A dry run of submit: the same checks (errors raise as submit's do), and the lines
+        saying what the job would do (tokens and rows, model, each dataset's hook and how its
+        SAE is read, disk and memory); no job is created."""
+        request = jobs_pb2.SubmitJobRequest(spec=self._job_spec(job_type, spec, fields))
+        return list(self.jobs.PlanJob(request, metadata=self.metadata, timeout=self.timeout).lines)
+
+    @staticmethod
+    def _job_spec(job_type, spec, fields):
         job_spec = jobs_pb2.JobSpec(type=jobs_pb2.JobType.Value(job_type), **fields)
         if isinstance(spec, jobs_pb2.JobSpec):
             job_spec.MergeFrom(spec)
@@ -51,8 +64,7 @@ class Client:
             json_format.ParseDict(spec, inner)
         elif spec is not None:
             getattr(job_spec, job_type.lower()).CopyFrom(spec)
-        request = jobs_pb2.SubmitJobRequest(request_id=request_id, spec=job_spec)
-        return self.jobs.SubmitJob(request, metadata=self.metadata, timeout=self.timeout)
+        return job_spec
 
     def get(self, job_id):
         return self.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job_id), metadata=self.metadata,

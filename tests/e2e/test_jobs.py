@@ -2,7 +2,11 @@
 
 import json
 import os
+import subprocess
+import sys
 import unittest
+
+import grpc
 
 from harness import DaemonTestCase
 from latentd.v1 import jobs_pb2
@@ -54,6 +58,33 @@ class JobsEndToEnd(DaemonTestCase):
         self.assertIn("SUCCEEDED", listing)
         devices = json.loads(self.daemon.latentctl("--json", "devices").stdout)
         self.assertEqual([d["name"] for d in devices["devices"]], ["cpu:0", "cpu:1"])
+
+    def test_a_dry_run_says_what_an_extract_job_would_do_and_creates_none(self):
+        inputs = os.path.join(self.tmp, "inputs")
+        subprocess.run([sys.executable, os.path.join("scripts", "make_demo_inputs.py"), inputs,
+                        "--sequences", "8"], check=True, capture_output=True)
+        daemon = self.start_daemon(name="plan", devices="cpu:1",
+                                   extra_args=["--data_roots=" + self.tmp])
+        client = daemon.client()
+        spec = {"model": {"reference": {}}, "hookName": "blocks.2.hook_resid_post",
+                "tokens": {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 128},
+                "sae": {"path": os.path.join(inputs, "sae")}, "datasetName": "planned"}
+        lines = client.plan("EXTRACT", spec)
+        self.assertTrue(lines[0].startswith("tokens: npy:"), lines)
+        self.assertIn("1024 rows (8 sequences of 128)", lines[0])
+        self.assertTrue(any(l.startswith("dataset planned: blocks.2.hook_resid_post (256 wide) "
+                                         "-> SPARSE latents of the SAE in ") for l in lines), lines)
+        path = os.path.join(self.tmp, "extract.json")
+        with open(path, "w") as f:
+            json.dump(spec, f)
+        printed = daemon.latentctl("submit", "--type=EXTRACT", "--spec=" + path, "--dry_run")
+        self.assertEqual(printed.stdout.splitlines(), lines)
+        # The errors a submit gives, and no job either way.
+        spec["hookName"] = "blocks.9.hook_resid_post"
+        with self.assertRaises(grpc.RpcError) as refused:
+            client.plan("EXTRACT", spec)
+        self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertEqual(list(client.list()), [])
 
     def test_same_request_id_never_makes_a_second_job(self):
         a = self.daemon.latentctl("submit", "--type=PROBE", "--request_id=once").stdout.strip()
