@@ -51,8 +51,9 @@ struct JobRunner {
   // Removes what a finished job of this type keeps besides its record and events (TRAIN: its
   // checkpoint), when the job is deleted. May be empty (nothing).
   std::function<absl::Status(uint64_t job_id)> forget;
-  // What a job of `spec` would do, for a dry run, after `validate`'s checks (which it may
-  // repeat). May be empty (a dry run then says only that the spec is valid).
+  // What a job of `spec` would do, for a dry run. It makes `validate`'s checks itself (a dry run
+  // calls it instead of validate, so that the checks are not run twice). May be empty (a dry
+  // run then runs validate and says only that the spec passed).
   std::function<absl::StatusOr<std::vector<std::string>>(const latentd::v1::JobSpec&)> plan;
   // The job whose leftovers a job of `spec` takes over (resume_from_job_id), or 0; that job
   // cannot be deleted while this one has not finished. May be empty (never).
