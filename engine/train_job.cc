@@ -805,40 +805,114 @@ absl::StatusOr<TrainMemoryEstimate> EstimateTrainMemory(const latentd::v1::Train
   }
 }
 
+namespace {
+
+// The checks at submit, and the plan they made (DescribeTrainSpec words it).
+absl::StatusOr<TrainPlan> CheckTrainAtSubmit(const latentd::v1::TrainSpec& spec,
+                                             const TrainEnv& env) {
+  ASSIGN_OR_RETURN(TrainPlan plan, MakePlan(spec, env));
+  RETURN_IF_ERROR(CheckResumeSource(spec, env));
+  if (env.artifacts != nullptr && !spec.artifact_name().empty()) {
+    auto owner = env.artifacts->FindByName(spec.artifact_name());
+    if (owner.ok()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "train.artifact_name: \"", spec.artifact_name(), "\" is taken by artifact ", owner->id(),
+          " (job ", owner->job_id(), "); name another, or delete that one first (",
+          "latentctl delete-artifact ", owner->id(), ")"));
+    }
+    if (!absl::IsNotFound(owner.status())) return owner.status();
+  }
+  if (env.device_memory_bytes <= 0) return plan;
+  const TrainMemoryEstimate estimate = Estimate(plan, plan.optimizer);
+  if (estimate.total_bytes <= env.device_memory_bytes) return plan;
+  std::string message =
+      absl::StrCat("train.optimizer: the job needs ", Gb(estimate.total_bytes), " per device (",
+                   estimate.breakdown, "), the device has ", Gb(env.device_memory_bytes));
+  if (plan.optimizer.name == "mfac") {
+    message += absl::StrCat("; dense M-FAC needs ",
+                            Gb(DenseMfacHistoryBytes(plan.num_params, plan.optimizer.window)),
+                            " for the history");
+  }
+  if (plan.optimizer.name != "smfac" || plan.optimizer.density > 0.01) {
+    OptimizerConfig smfac = plan.optimizer;
+    smfac.name = "smfac";
+    smfac.density = 0.01;
+    const TrainMemoryEstimate alternative = Estimate(plan, smfac);
+    message += absl::StrCat("; smfac at 1% needs ", Gb(alternative.optimizer_bytes),
+                            " for its state (", Gb(alternative.total_bytes), " in all)");
+  }
+  return absl::ResourceExhaustedError(message);
+}
+
+}  // namespace
+
 absl::Status ValidateTrainSpec(const latentd::v1::TrainSpec& spec, const TrainEnv& env) {
   try {
-    ASSIGN_OR_RETURN(TrainPlan plan, MakePlan(spec, env));
-    RETURN_IF_ERROR(CheckResumeSource(spec, env));
-    if (env.artifacts != nullptr && !spec.artifact_name().empty()) {
-      auto owner = env.artifacts->FindByName(spec.artifact_name());
-      if (owner.ok()) {
-        return absl::AlreadyExistsError(absl::StrCat(
-            "train.artifact_name: \"", spec.artifact_name(), "\" is taken by artifact ",
-            owner->id(), " (job ", owner->job_id(), "); name another, or delete that one first (",
-            "latentctl delete-artifact ", owner->id(), ")"));
-      }
-      if (!absl::IsNotFound(owner.status())) return owner.status();
+    return CheckTrainAtSubmit(spec, env).status();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("train: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<std::vector<std::string>> DescribeTrainSpec(const latentd::v1::TrainSpec& spec,
+                                                           const TrainEnv& env) {
+  try {
+    ASSIGN_OR_RETURN(TrainPlan plan, CheckTrainAtSubmit(spec, env));
+    std::vector<std::string> lines;
+    const std::string rows = absl::StrCat(plan.record.rows_committed, " rows of ", plan.width);
+    if (plan.tokens) {
+      lines.push_back(
+          absl::StrCat("rows: token sequences of ", plan.token_spec.path(), ": ", rows, " ids"));
+    } else if (plan.activations) {
+      lines.push_back(absl::StrCat("rows: the hidden states at ", plan.activation_spec.hook_name(),
+                                   ", computed as training reads them: ", rows));
+    } else {
+      lines.push_back(
+          absl::StrCat("rows: dataset ", plan.record.id, " (", plan.record.meta.name, "): ", rows));
     }
-    if (env.device_memory_bytes <= 0) return absl::OkStatus();
-    const TrainMemoryEstimate estimate = Estimate(plan, plan.optimizer);
-    if (estimate.total_bytes <= env.device_memory_bytes) return absl::OkStatus();
-    std::string message =
-        absl::StrCat("train.optimizer: the job needs ", Gb(estimate.total_bytes), " per device (",
-                     estimate.breakdown, "), the device has ", Gb(env.device_memory_bytes));
-    if (plan.optimizer.name == "mfac") {
-      message += absl::StrCat("; dense M-FAC needs ",
-                              Gb(DenseMfacHistoryBytes(plan.num_params, plan.optimizer.window)),
-                              " for the history");
+    if (plan.target) {
+      lines.push_back(absl::StrCat("target: dataset ", plan.target->id, " (",
+                                   plan.target->meta.name, "), ", plan.target_width,
+                                   " wide: a transcoder"));
+    } else if (!plan.target_hook.empty()) {
+      lines.push_back(absl::StrCat("target: ", plan.target_hook, ", ", plan.target_width,
+                                   " wide: a transcoder"));
     }
-    if (plan.optimizer.name != "smfac" || plan.optimizer.density > 0.01) {
-      OptimizerConfig smfac = plan.optimizer;
-      smfac.name = "smfac";
-      smfac.density = 0.01;
-      const TrainMemoryEstimate alternative = Estimate(plan, smfac);
-      message += absl::StrCat("; smfac at 1% needs ", Gb(alternative.optimizer_bytes),
-                              " for its state (", Gb(alternative.total_bytes), " in all)");
+    if (plan.sae) {
+      const SaeModelOptions& o = plan.sae_options;
+      lines.push_back(absl::StrCat(
+          "model: a ", latentd::v1::SaeArchitecture_Name(o.architecture), " SAE, d_in ", o.d_in,
+          ", d_sae ", o.d_sae,
+          o.architecture == latentd::v1::TOPK || o.architecture == latentd::v1::BATCHTOPK
+              ? absl::StrCat(", k ", o.k)
+              : "",
+          o.matryoshka_widths.empty()
+              ? ""
+              : absl::StrCat(", Matryoshka levels ", absl::StrJoin(o.matryoshka_widths, "/")),
+          ": ", plan.num_params, " parameters"));
+    } else {
+      lines.push_back(absl::StrCat("model: the TorchScript module ", plan.torchscript_path, ": ",
+                                   plan.num_params, " parameters"));
     }
-    return absl::ResourceExhaustedError(message);
+    const OptimizerConfig& opt = plan.optimizer;
+    std::string optimizer = absl::StrCat("optimizer: ", opt.name, ", lr ", opt.lr);
+    if (opt.name == "mfac" || opt.name == "smfac" || opt.name == "lrmfac") {
+      absl::StrAppend(&optimizer, ", window ", opt.window);
+      if (opt.name == "smfac") absl::StrAppend(&optimizer, ", density ", opt.density);
+      if (opt.name == "lrmfac") absl::StrAppend(&optimizer, ", rank ", opt.rank);
+      absl::StrAppend(&optimizer, "; dense M-FAC's history would take ",
+                      Gb(DenseMfacHistoryBytes(plan.num_params, opt.window)));
+    }
+    lines.push_back(optimizer);
+    lines.push_back(absl::StrCat(plan.total_steps, " steps of ", plan.batch_size, " rows over ",
+                                 plan.ranks, plan.ranks == 1 ? " device" : " devices",
+                                 "; a checkpoint every ", plan.checkpoint_every, " steps"));
+    const TrainMemoryEstimate estimate = Estimate(plan, opt);
+    std::string memory = absl::StrCat("device memory: about ", Gb(estimate.total_bytes),
+                                      " a device (", estimate.breakdown, ")");
+    if (env.device_memory_bytes > 0) absl::StrAppend(&memory, " of ", Gb(env.device_memory_bytes));
+    lines.push_back(memory);
+    return lines;
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("train: ", e.what_without_backtrace()));
   }

@@ -55,6 +55,10 @@ absl::Status ForgetTrainJob(storage::ChunkStore* store, uint64_t job_id);
 // and admission: RESOURCE_EXHAUSTED with the numbers when the model, its gradients, the
 // optimizer's state (its static estimate) and the activations of a batch exceed the device.
 absl::Status ValidateTrainSpec(const latentd::v1::TrainSpec& spec, const TrainEnv& env);
+// What that job would do, after the same checks: its rows, model, optimizer (with what dense
+// M-FAC's history would take), steps and device memory (a dry run's answer; lines for people).
+absl::StatusOr<std::vector<std::string>> DescribeTrainSpec(const latentd::v1::TrainSpec& spec,
+                                                           const TrainEnv& env);
 
 // What a job of `spec` is estimated to need per device, in bytes, with the breakdown as text
 // ("parameters 33.6 MB, gradients 33.6 MB, optimizer 1.2 GB (history_values ...), activations").

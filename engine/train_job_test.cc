@@ -211,6 +211,27 @@ TEST_F(TrainJobTest, BadInputIsRefusedNamingTheField) {
   ExpectError(spec, absl::StatusCode::kInvalidArgument, "train.artifact_name");
 }
 
+// A dry run says what the job would do, after the checks a submit makes (and fails as it fails).
+TEST_F(TrainJobTest, ADryRunDescribesTheJobAfterTheSubmitChecks) {
+  auto lines = DescribeTrainSpec(SaeSpec("smfac"), env_);
+  ASSERT_TRUE(lines.ok()) << lines.status();
+  std::string all;
+  for (const std::string& line : *lines) all += line + "\n";
+  for (const std::string& want :
+       {absl::StrCat("rows: dataset ", dense_id_, " ("), std::string("model: a TOPK SAE, d_in "),
+        std::string(", d_sae 64, k 4: "),
+        std::string("optimizer: smfac, lr 0.02, window 8, density 0.05; "
+                    "dense M-FAC's history would take "),
+        std::string("60 steps of 32 rows over 1 device; a checkpoint every 10 steps"),
+        std::string("device memory: about "), std::string("smfac state")}) {
+    EXPECT_NE(all.find(want), std::string::npos) << want << "\nin:\n" << all;
+  }
+  latentd::v1::TrainSpec bad = SaeSpec("smfac");
+  bad.set_dataset_id(999);
+  EXPECT_EQ(DescribeTrainSpec(bad, env_).status(), ValidateTrainSpec(bad, env_));
+  EXPECT_TRUE(absl::IsNotFound(ValidateTrainSpec(bad, env_)));
+}
+
 TEST_F(TrainJobTest, AdmissionRefusesDenseMfacThatDoesNotFitAndNamesTheSparseAlternative) {
   latentd::v1::TrainSpec spec = SaeSpec("mfac");
   spec.mutable_optimizer()->set_window(1024);

@@ -108,6 +108,9 @@ std::map<latentd::v1::JobType, JobRunner> MakeJobRunners(const RunnerEnvironment
     *out.mutable_train() = std::move(*result);
     return out;
   };
+  train.plan = [env](const latentd::v1::JobSpec& spec) {
+    return engine::DescribeTrainSpec(spec.train(), MakeTrainEnv(env, spec));
+  };
   storage::ChunkStore* store = env.store;
   train.forget = [store](uint64_t job_id) { return engine::ForgetTrainJob(store, job_id); };
   train.continues = [](const latentd::v1::JobSpec& spec) {
