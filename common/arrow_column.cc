@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/decoded_units.h"
 #include "common/random_access_file.h"
 #include "common/status_macros.h"
 
@@ -249,9 +249,7 @@ struct ArrowColumn::Decoded {
 };
 
 struct ArrowColumn::Cache {
-  std::mutex mu;
-  int batch = -1;
-  std::shared_ptr<const Decoded> values;
+  DecodedUnits<Batch, Decoded> batches;
 };
 
 ArrowColumn::ArrowColumn() : cache_(std::make_unique<Cache>()) {}
@@ -611,35 +609,9 @@ absl::StatusOr<std::unique_ptr<ArrowColumn>> ArrowColumn::Open(const std::string
 absl::Status ArrowColumn::ForEachBatch(
     int64_t first, int64_t count,
     const std::function<void(const Decoded&, int64_t, int64_t)>& take) const {
-  if (first < 0 || count < 0 || first > num_values_ - count) {
-    return absl::OutOfRangeError(absl::StrCat("values [", first, ", ", first + count,
-                                              ") outside the ", num_values_, " of ", path_));
-  }
-  while (count > 0) {
-    auto it = std::upper_bound(batches_.begin(), batches_.end(), first,
-                               [](int64_t v, const Batch& b) { return v < b.first_value; });
-    const int index = static_cast<int>(it - batches_.begin()) - 1;
-    const Batch& batch = batches_[index];
-    std::shared_ptr<const Decoded> values;
-    {
-      std::lock_guard<std::mutex> lock(cache_->mu);
-      if (cache_->batch == index) values = cache_->values;
-    }
-    if (values == nullptr) {
-      auto decoded = std::make_shared<Decoded>();
-      RETURN_IF_ERROR(DecodeBatch(batch, decoded.get()));
-      values = decoded;
-      std::lock_guard<std::mutex> lock(cache_->mu);
-      cache_->batch = index;
-      cache_->values = values;
-    }
-    const int64_t offset = first - batch.first_value;
-    const int64_t n = std::min(count, batch.values - offset);
-    take(*values, offset, n);
-    first += n;
-    count -= n;
-  }
-  return absl::OkStatus();
+  return cache_->batches.ForEach(
+      batches_, num_values_, path_, first, count,
+      [this](const Batch& batch, Decoded* decoded) { return DecodeBatch(batch, decoded); }, take);
 }
 
 absl::Status ArrowColumn::Read(int64_t first, int64_t count, int64_t* out) const {

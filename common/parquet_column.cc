@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/decoded_units.h"
 #include "common/random_access_file.h"
 #include "common/status_macros.h"
 #include "common/thrift_compact.h"
@@ -273,9 +274,8 @@ struct ParquetColumn::Values {
 };
 
 struct ParquetColumn::Cache {
-  std::mutex mu;
-  int page = -1;
-  std::shared_ptr<const Values> values;
+  DecodedUnits<Page, Values> pages;
+  std::mutex mu;  // of the dictionaries
   std::map<int, std::shared_ptr<const Values>> dictionaries;
 };
 
@@ -881,40 +881,18 @@ absl::StatusOr<std::unique_ptr<ParquetColumn>> ParquetColumn::Open(const std::st
 absl::Status ParquetColumn::ForEachPage(
     int64_t first, int64_t count,
     const std::function<void(const Values&, int64_t, int64_t)>& take) const {
-  if (first < 0 || count < 0 || first > num_values_ - count) {
-    return absl::OutOfRangeError(absl::StrCat("values [", first, ", ", first + count,
-                                              ") outside the ", num_values_, " of ", path_));
-  }
-  while (count > 0) {
-    auto it = std::upper_bound(pages_.begin(), pages_.end(), first,
-                               [](int64_t v, const Page& p) { return v < p.first_value; });
-    const int index = static_cast<int>(it - pages_.begin()) - 1;
-    const Page& page = pages_[index];
-    std::shared_ptr<const Values> values;
-    {
-      std::lock_guard<std::mutex> lock(cache_->mu);
-      if (cache_->page == index) values = cache_->values;
-    }
-    if (values == nullptr) {
-      auto decoded = std::make_shared<Values>();
-      int64_t n = 0;
-      RETURN_IF_ERROR(DecodePage(page, decoded.get(), &n));
-      if (n != page.values) {
-        return absl::DataLossError(absl::StrCat(PageName(page), ": ", n, " values, ", page.values,
-                                                " when the file was opened"));
-      }
-      values = decoded;
-      std::lock_guard<std::mutex> lock(cache_->mu);
-      cache_->page = index;
-      cache_->values = values;
-    }
-    const int64_t offset = first - page.first_value;
-    const int64_t n = std::min(count, page.values - offset);
-    take(*values, offset, n);
-    first += n;
-    count -= n;
-  }
-  return absl::OkStatus();
+  return cache_->pages.ForEach(
+      pages_, num_values_, path_, first, count,
+      [this](const Page& page, Values* decoded) {
+        int64_t n = 0;
+        RETURN_IF_ERROR(DecodePage(page, decoded, &n));
+        if (n != page.values) {
+          return absl::DataLossError(absl::StrCat(PageName(page), ": ", n, " values, ", page.values,
+                                                  " when the file was opened"));
+        }
+        return absl::OkStatus();
+      },
+      take);
 }
 
 absl::Status ParquetColumn::Read(int64_t first, int64_t count, int64_t* out) const {
