@@ -92,16 +92,16 @@ uint64_t UnpackBits(const uint8_t* padded, uint64_t bit, int width) {
 // A cursor over a page's bytes; every read is bounds-checked (DATA_LOSS on a short page).
 class ParquetPageReader {
  public:
-  ParquetPageReader(std::string_view bytes, std::string what)
-      : bytes_(bytes), what_(std::move(what)) {
+  // Takes the page's bytes (no copy: a page is decoded once per read).
+  ParquetPageReader(std::string bytes, std::string what)
+      : size_(bytes.size()), padded_(std::move(bytes)), what_(std::move(what)) {
     // A zero tail lets UnpackBits read whole words at the end of the page.
-    padded_.assign(bytes.begin(), bytes.end());
-    padded_.resize(bytes.size() + 16, 0);
+    padded_.resize(size_ + 16, '\0');
   }
-  size_t left() const { return bytes_.size() - at_; }
+  size_t left() const { return size_ - at_; }
   const std::string& what() const { return what_; }
   size_t position() const { return at_; }
-  const uint8_t* data() const { return padded_.data() + at_; }
+  const uint8_t* data() const { return Byte(at_); }
 
   absl::Status Fail(const std::string& why) const {
     return absl::DataLossError(absl::StrCat(what_, ": ", why));
@@ -115,7 +115,7 @@ class ParquetPageReader {
     uint64_t v = 0;
     for (int shift = 0; shift < 64; shift += 7) {
       if (left() == 0) return Fail("truncated varint");
-      const uint8_t b = padded_[at_++];
+      const uint8_t b = *Byte(at_++);
       v |= static_cast<uint64_t>(b & 0x7f) << shift;
       if ((b & 0x80) == 0) return v;
     }
@@ -127,7 +127,7 @@ class ParquetPageReader {
   }
   absl::StatusOr<uint32_t> Fixed32() {
     if (left() < 4) return Fail("truncated");
-    const uint32_t v = Load32(padded_.data() + at_);
+    const uint32_t v = Load32(Byte(at_));
     at_ += 4;
     return v;
   }
@@ -159,7 +159,7 @@ class ParquetPageReader {
         if (run == 0) return Fail("empty RLE run");
         if (byte_width > end - at_) return Fail("RLE value past the end of its section");
         uint32_t value = 0;
-        for (size_t i = byte_width; i > 0; --i) value = (value << 8) | padded_[at_ + i - 1];
+        for (size_t i = byte_width; i > 0; --i) value = (value << 8) | *Byte(at_ + i - 1);
         at_ += byte_width;
         const uint64_t values = std::min<uint64_t>(run, n - done);
         std::fill(out + done, out + done + values, value);
@@ -239,9 +239,13 @@ class ParquetPageReader {
   }
 
  private:
-  std::string_view bytes_;
+  const uint8_t* Byte(size_t at) const {
+    return reinterpret_cast<const uint8_t*>(padded_.data()) + at;
+  }
+
+  size_t size_;  // of the page; padded_ holds 16 zero bytes more
+  std::string padded_;
   std::string what_;
-  std::vector<uint8_t> padded_;
   size_t at_ = 0;
 };
 
@@ -381,7 +385,7 @@ absl::StatusOr<std::shared_ptr<const ParquetColumn::Values>> ParquetColumn::Dict
     return absl::DataLossError(
         absl::StrCat(what, ": ", chunk.dictionary_values, " values in ", bytes.size(), " bytes"));
   }
-  ParquetPageReader reader(bytes, what);
+  ParquetPageReader reader(std::move(bytes), what);
   auto values = std::make_shared<Values>();
   RETURN_IF_ERROR(DecodeValues(reader, kPlain, chunk.dictionary_values, -1, values.get()));
   std::lock_guard<std::mutex> lock(cache_->mu);
@@ -413,7 +417,7 @@ absl::Status ParquetColumn::DecodePage(const Page& page, Values* values, int64_t
     ASSIGN_OR_RETURN(
         body, Uncompress(what, chunks_[page.chunk].codec, std::move(stored), page.uncompressed));
   }
-  ParquetPageReader reader(body, what);
+  ParquetPageReader reader(std::move(body), what);
   std::vector<uint32_t> definition;
   if (page.v2) {
     RETURN_IF_ERROR(reader.Skip(page.v2_repetition_bytes));
