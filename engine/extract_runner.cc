@@ -238,6 +238,9 @@ struct Checked {
   int64_t batch_sequences = kDefaultBatchSequences;
   int64_t commit_rows = kDefaultCommitRows;
   int64_t rows = 0;  // rows of the token shard
+  // The token shard as TokenSource::Describe words it, and its sequences (for a dry run).
+  std::string tokens_described;
+  int64_t sequences = 0;
 };
 
 HfModelOptions HfOptions(const ExtractSpec& spec, const Checked& c) {
@@ -390,6 +393,8 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env,
   {
     ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> source, TokenSource::Open(tokens));
     c.rows = source->num_rows();
+    c.tokens_described = source->Describe();
+    c.sequences = source->num_sequences();
   }
   if (spec.batch_sequences() < 0 || spec.batch_sequences() > 65536) {
     return absl::InvalidArgumentError(
@@ -624,12 +629,8 @@ absl::StatusOr<std::vector<std::string>> DescribeExtractSpec(const ExtractSpec& 
                                                              const ExtractEnv& env) {
   ASSIGN_OR_RETURN(Checked c, CheckAtSubmit(spec, env));
   std::vector<std::string> lines;
-  latentd::v1::TokenSource tokens = spec.tokens();
-  tokens.set_path(c.tokens_path);
-  ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> source, TokenSource::Open(tokens));
-  lines.push_back(absl::StrCat("tokens: ", source->Describe(), ": ", c.rows, " rows (",
-                               source->num_sequences(), " sequences of ", source->context_length(),
-                               ")"));
+  lines.push_back(absl::StrCat("tokens: ", c.tokens_described, ": ", c.rows, " rows (", c.sequences,
+                               " sequences of ", spec.tokens().context_length(), ")"));
   if (c.shape) {
     lines.push_back(absl::StrCat("model: ", c.shape->what, ": ", c.shape->n_layers,
                                  " layers, d_model ", c.shape->d_model, ", ", c.shape->n_heads,
