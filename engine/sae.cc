@@ -517,17 +517,11 @@ int64_t Sae::weight_bytes() const {
 absl::Status SaveSae(const std::string& dir, const SaeWeights& weights, const SaeConfig& cfg) {
   ASSIGN_OR_RETURN(Sae sae, Sae::Create(cfg, weights));  // validates before anything is written
   mkdir(dir.c_str(), 0755);
-  const SaeWeights& w = sae.weights();
-  std::vector<at::Tensor> cpu;
-  std::vector<StTensorToWrite> tensors;
-  auto add = [&](const char* name, const at::Tensor& t) {
-    if (!t.defined()) return;
-    cpu.push_back(t.to(at::kCPU).contiguous());
-    tensors.push_back({name, StDtype::kF32, t.sizes().vec(), nullptr});
-  };
-  for (const auto& [name, t] : w.Named(cfg.architecture == SaeArchitecture::kGated)) add(name, *t);
-  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].data = cpu[i].data_ptr();
-  RETURN_IF_ERROR(WriteSafetensors(dir + "/sae_weights.safetensors", tensors, {{"format", "pt"}}));
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& [name, t] : sae.weights().Named(cfg.architecture == SaeArchitecture::kGated)) {
+    tensors.emplace_back(name, *t);
+  }
+  RETURN_IF_ERROR(WriteFloatTensors(dir + "/sae_weights.safetensors", tensors, {{"format", "pt"}}));
   const std::string tmp = dir + "/cfg.json.tmp";
   {
     std::ofstream out(tmp);

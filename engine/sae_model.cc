@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -153,22 +154,53 @@ torch::Tensor SaeModelImpl::PreActivation(const torch::Tensor& x) {
   return torch::addmm(b_enc, input, W_enc);
 }
 
-torch::Tensor SaeModelImpl::JumpStep(const torch::Tensor& pre) {
-  // Straight-through: the forward value is H(pre - theta); d/dtheta is -K((pre - theta)/eps)/eps
-  // with the rectangle kernel K, so theta learns while pre's gradient passes where a latent fires.
+torch::Tensor JumpReluStep(const torch::Tensor& pre, const torch::Tensor& log_threshold,
+                           double bandwidth) {
   torch::Tensor threshold = log_threshold.exp();
   torch::Tensor above = (pre > threshold).to(pre.scalar_type()).detach();
-  const double eps = options_.jumprelu_bandwidth;
   torch::Tensor kernel =
-      ((pre.detach() - threshold.detach()).abs() < eps / 2).to(pre.scalar_type()) / eps;
+      ((pre.detach() - threshold.detach()).abs() < bandwidth / 2).to(pre.scalar_type()) / bandwidth;
   return above + (threshold.detach() - threshold) * kernel;
 }
 
-torch::Tensor SaeModelImpl::BatchTopK(const torch::Tensor& pre) const {
+torch::Tensor BatchTopKActivation(const torch::Tensor& pre, int64_t k) {
   const torch::Tensor acts = torch::relu(pre);
-  const int64_t keep = std::min(options_.k * pre.size(0), acts.numel());
+  const int64_t keep = std::min(k * pre.size(0), acts.numel());
   auto [values, indices] = acts.flatten().topk(keep, /*dim=*/0, /*largest=*/true, /*sorted=*/false);
   return torch::zeros_like(acts).flatten().scatter(0, indices, values).view_as(acts);
+}
+
+std::optional<double> BatchTopKCutoff(const torch::Tensor& pre, int64_t k) {
+  const torch::Tensor acts = torch::relu(pre).flatten();
+  const int64_t keep = std::min(k * pre.size(0), acts.numel());
+  const torch::Tensor kept = std::get<0>(acts.topk(keep, 0, /*largest=*/true, /*sorted=*/false));
+  const torch::Tensor positive = kept.masked_select(kept > 0);
+  if (positive.numel() == 0) return std::nullopt;
+  return positive.min().item<double>();
+}
+
+double SetFitStatistics(const torch::Tensor& y, const torch::Tensor& row_squared_error,
+                        const torch::Tensor& b_dec, SaeForward* out) {
+  torch::NoGradGuard no_grad;
+  // The rows' spread about their mean from their sums about b_dec, which the train loop adds
+  // over ranks (TrainableModel::Output) for the FVU of the whole batch.
+  const torch::Tensor centred = y - b_dec.detach();
+  out->centred_squares = centred.pow(2).sum().item<double>();
+  out->centred_sum = centred.sum(0);
+  const double variance =
+      out->centred_squares - out->centred_sum.to(torch::kFloat64).pow(2).sum().item<double>() /
+                                 static_cast<double>(y.size(0));
+  out->squared_error = row_squared_error.sum().item<double>();
+  out->fvu = variance > 0 ? out->squared_error / variance : 0.0;
+  return variance;
+}
+
+torch::Tensor SaeModelImpl::JumpStep(const torch::Tensor& pre) {
+  return JumpReluStep(pre, log_threshold, options_.jumprelu_bandwidth);
+}
+
+torch::Tensor SaeModelImpl::BatchTopK(const torch::Tensor& pre) const {
+  return BatchTopKActivation(pre, options_.k);
 }
 
 void SaeModelImpl::CalibrateBatchThreshold(const std::vector<torch::Tensor>& batches) {
@@ -177,12 +209,9 @@ void SaeModelImpl::CalibrateBatchThreshold(const std::vector<torch::Tensor>& bat
   double sum = 0;
   int64_t counted = 0;
   for (const torch::Tensor& x : batches) {
-    const torch::Tensor acts = torch::relu(PreActivation(x)).flatten();
-    const int64_t keep = std::min(options_.k * x.size(0), acts.numel());
-    const torch::Tensor kept = std::get<0>(acts.topk(keep, 0, /*largest=*/true, /*sorted=*/false));
-    const torch::Tensor positive = kept.masked_select(kept > 0);
-    if (positive.numel() == 0) continue;
-    sum += positive.min().item<double>();
+    const std::optional<double> cutoff = BatchTopKCutoff(PreActivation(x), options_.k);
+    if (!cutoff.has_value()) continue;
+    sum += *cutoff;
     ++counted;
   }
   if (counted > 0) batch_threshold.fill_(sum / static_cast<double>(counted));
@@ -269,16 +298,7 @@ SaeForward SaeModelImpl::Forward(const torch::Tensor& x, const torch::Tensor& de
   torch::NoGradGuard no_grad;
   out.mse = mse.item<double>();
   if (aux.defined()) out.aux_k_loss = aux.item<double>();
-  // The rows' spread about their mean from their sums about b_dec, which the train loop adds
-  // over ranks (TrainableModel::Output) for the FVU of the whole batch.
-  const torch::Tensor centred = y - b_dec.detach();
-  out.centred_squares = centred.pow(2).sum().item<double>();
-  out.centred_sum = centred.sum(0);
-  const double variance =
-      out.centred_squares - out.centred_sum.to(torch::kFloat64).pow(2).sum().item<double>() /
-                                static_cast<double>(y.size(0));
-  out.squared_error = sq.sum().item<double>();
-  out.fvu = variance > 0 ? out.squared_error / variance : 0.0;
+  const double variance = SetFitStatistics(y, sq, b_dec, &out);
   for (const torch::Tensor& level : prefix_sq) {
     out.prefix_squared_error.push_back(level.sum().item<double>());
     out.prefix_fvu.push_back(variance > 0 ? out.prefix_squared_error.back() / variance : 0.0);
@@ -287,19 +307,27 @@ SaeForward SaeModelImpl::Forward(const torch::Tensor& x, const torch::Tensor& de
   return out;
 }
 
-void SaeModelImpl::RemoveParallelDecoderGrad() {
-  if (options_.architecture == latentd::v1::RELU) return;
-  if (!W_dec.grad().defined()) return;
+void RemoveRadialGradient(const torch::Tensor& weight) {
+  if (!weight.grad().defined()) return;
   torch::NoGradGuard no_grad;
-  torch::Tensor grad = W_dec.mutable_grad();
-  torch::Tensor unit = W_dec / W_dec.norm(2, {1}, true).clamp_min(1e-12);
+  const torch::Tensor rows = weight.view({weight.size(0), -1});
+  torch::Tensor grad = weight.mutable_grad().view({weight.size(0), -1});
+  const torch::Tensor unit = rows / rows.norm(2, {1}, true).clamp_min(1e-12);
   grad.sub_((grad * unit).sum(1, true) * unit);
 }
 
-void SaeModelImpl::NormalizeDecoder() {
-  if (options_.architecture == latentd::v1::RELU) return;
+void NormalizeRows(const torch::Tensor& weight) {
   torch::NoGradGuard no_grad;
-  W_dec.div_(W_dec.norm(2, {1}, true).clamp_min(1e-12));
+  torch::Tensor rows = weight.view({weight.size(0), -1});
+  rows.div_(rows.norm(2, {1}, true).clamp_min(1e-12));
+}
+
+void SaeModelImpl::RemoveParallelDecoderGrad() {
+  if (options_.architecture != latentd::v1::RELU) RemoveRadialGradient(W_dec);
+}
+
+void SaeModelImpl::NormalizeDecoder() {
+  if (options_.architecture != latentd::v1::RELU) NormalizeRows(W_dec);
 }
 
 std::vector<torch::Tensor> SaeModelImpl::ordered_parameters() const {

@@ -36,6 +36,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,31 @@ struct SaeForward {
   std::vector<double> prefix_squared_error;
   std::vector<double> prefix_fvu;
 };
+
+// The building blocks SaeModel and the cross-layer transcoder (engine/clt_model.h) share.
+//
+// JumpReLU's step H(pre - theta), theta = exp(log_threshold): the forward value is the step; the
+// gradient for theta is the straight-through -K((pre - theta) / bandwidth) / bandwidth with the
+// rectangle kernel K (Gemma Scope), so theta learns while pre's gradient passes where a latent
+// fires.
+torch::Tensor JumpReluStep(const torch::Tensor& pre, const torch::Tensor& log_threshold,
+                           double bandwidth);
+// BatchTopK's training activation: the k * rows largest of relu(pre) over the whole batch, the
+// rest 0.
+torch::Tensor BatchTopKActivation(const torch::Tensor& pre, int64_t k);
+// The smallest positive value among those BatchTopKActivation keeps; nullopt when none is
+// positive. Its mean over batches is the inference threshold (CalibrateBatchThreshold).
+std::optional<double> BatchTopKCutoff(const torch::Tensor& pre, int64_t k);
+// Decoders kept at unit row norm (row: a latent's slice along dimension 0, the rest flattened):
+// RemoveRadialGradient takes from weight's gradient (when it has one) the part that would only
+// change the rows' norms, before the optimizer step; NormalizeRows rescales the rows after it.
+void RemoveRadialGradient(const torch::Tensor& weight);
+void NormalizeRows(const torch::Tensor& weight);
+// Fills out's squared_error, centred_squares, centred_sum and fvu for a prediction of `y` whose
+// per-row squared errors are `row_squared_error`, centred on `b_dec` (y's width); returns the
+// batch's spread sum ||y - mean(y)||^2, which the FVU divides by.
+double SetFitStatistics(const torch::Tensor& y, const torch::Tensor& row_squared_error,
+                        const torch::Tensor& b_dec, SaeForward* out);
 
 class SaeModelImpl : public torch::nn::Module {
  public:

@@ -69,4 +69,18 @@ absl::StatusOr<at::Tensor> ReadFloatTensorSlice(const std::string& path, const S
   return t.to(at::kFloat);
 }
 
+absl::Status WriteFloatTensors(const std::string& path,
+                               const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
+  std::vector<at::Tensor> cpu;
+  std::vector<StTensorToWrite> to_write;
+  for (const auto& [name, tensor] : tensors) {
+    if (!tensor.defined()) continue;
+    cpu.push_back(tensor.detach().to(at::kCPU, at::kFloat).contiguous());
+    to_write.push_back({name, StDtype::kF32, tensor.sizes().vec(), nullptr});
+  }
+  for (size_t i = 0; i < to_write.size(); ++i) to_write[i].data = cpu[i].data_ptr();
+  return WriteSafetensors(path, to_write, metadata);
+}
+
 }  // namespace latentd::engine

@@ -5,6 +5,11 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "engine/safetensors.h"
 
@@ -32,6 +37,12 @@ absl::StatusOr<at::Tensor> ReadFloatTensor(const SafetensorsFile& file, const St
 absl::StatusOr<at::Tensor> ReadFloatTensorSlice(const std::string& path, const StHeader& header,
                                                 const StTensorInfo& info, int dim, int64_t index,
                                                 const char* what);
+
+// Writes `tensors` (name, tensor; undefined ones left out) as F32 to a safetensors file at `path`
+// atomically (WriteSafetensors), converting each to a contiguous float32 CPU copy first.
+absl::Status WriteFloatTensors(const std::string& path,
+                               const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                               const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace latentd::engine
 

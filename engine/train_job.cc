@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -21,6 +22,7 @@
 #include "common/path_within.h"
 #include "common/status_macros.h"
 #include "engine/checkpoint.h"
+#include "engine/clt_model.h"
 #include "engine/data_parallel.h"
 #include "engine/extract_runner.h"
 #include "engine/hook_name.h"
@@ -60,10 +62,18 @@ struct TrainPlan {
   int64_t target_width = 0;
   // A transcoder's target hook (the target dataset's, or spec.target_hook_name); "" for an SAE.
   std::string target_hook;
-  // Values in a row the train loop reads.
-  int64_t row_width() const { return width + target_width; }
+  // A cross-layer transcoder (sae.cross_layers > 0): its options, and the hooks within a block it
+  // reads and predicts (activations.hook_name's and target_hook_name's, past "blocks.0.").
+  bool clt = false;
+  CltModelOptions clt_options;
+  std::string clt_input_hook, clt_output_hook;
+  // Values in a row the train loop reads: a CLT's rows hold every block's input and target.
+  int64_t row_width() const { return clt ? clt_options.RowWidth() : width + target_width; }
   bool sae = true;
   SaeModelOptions sae_options;
+  int64_t num_latents() const {
+    return clt ? clt_options.layers * clt_options.d_sae : sae_options.d_sae;
+  }
   std::string torchscript_path;  // resolved
   OptimizerConfig optimizer;
   int64_t batch_size = kDefaultBatchSize;
@@ -213,6 +223,71 @@ absl::Status CheckRendezvous(const latentd::v1::TrainRendezvous& rendezvous, int
   return absl::OkStatus();
 }
 
+constexpr absl::string_view kFirstBlock = "blocks.0.";
+
+// A cross-layer transcoder's hooks: train.activations reads block 0's input hook (hook_name) and
+// target (target_hook_name); this adds block l's input for l = 1..layers-1, then every block's
+// target, as more_outputs, so that a row is [x_0 .. x_{layers-1}, y_0 .. y_{layers-1}]. Sets the
+// plan's hooks within a block. INVALID_ARGUMENT naming the field for what a CLT cannot read.
+absl::Status AddCrossLayerHooks(const latentd::v1::TrainSpec& spec, TrainPlan* plan) {
+  const int layers = spec.sae().cross_layers();
+  if (spec.target_hook_name().empty()) {
+    return absl::InvalidArgumentError(
+        "train.sae.cross_layers: name the hook each block's latents predict in "
+        "train.target_hook_name (block 0's, e.g. blocks.0.hook_mlp_out)");
+  }
+  const std::string& in = plan->activation_spec.hook_name();
+  const std::string& out = spec.target_hook_name();
+  if (!absl::StartsWith(in, kFirstBlock)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.activations.hook_name: a cross-layer transcoder starts at block 0 (circuit-tracer "
+        "numbers its layers from 0); name block 0's input hook, e.g. blocks.0.ln2.hook_normalized, "
+        "not ",
+        in));
+  }
+  if (!absl::StartsWith(out, kFirstBlock)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.target_hook_name: a cross-layer transcoder's targets start at block 0; name block "
+        "0's output hook, e.g. blocks.0.hook_mlp_out, not ",
+        out));
+  }
+  plan->clt_input_hook = in.substr(kFirstBlock.size());
+  plan->clt_output_hook = out.substr(kFirstBlock.size());
+  for (int l = 1; l < layers; ++l) {
+    plan->activation_spec.add_more_outputs()->set_hook_name(
+        absl::StrCat("blocks.", l, ".", plan->clt_input_hook));
+  }
+  for (int l = 0; l < layers; ++l) {
+    plan->activation_spec.add_more_outputs()->set_hook_name(
+        absl::StrCat("blocks.", l, ".", plan->clt_output_hook));
+  }
+  return absl::OkStatus();
+}
+
+// An extraction error about one of a CLT's hooks (more_outputs[i], added by AddCrossLayerHooks)
+// as the field that asked for it: block 0's target is target_hook_name, the others come from
+// cross_layers.
+absl::Status InCrossLayerField(const absl::Status& status, const latentd::v1::TrainSpec& spec,
+                               const latentd::v1::ExtractSpec& activation_spec) {
+  constexpr absl::string_view kOutputs = "extract.more_outputs[";
+  absl::string_view message = status.message();
+  if (!absl::ConsumePrefix(&message, kOutputs)) return InActivationsField(status);
+  const size_t close = message.find(']');
+  int index = -1;
+  if (close == absl::string_view::npos || !absl::SimpleAtoi(message.substr(0, close), &index) ||
+      index < 0 || index >= activation_spec.more_outputs_size()) {
+    return InActivationsField(status);
+  }
+  message.remove_prefix(close + 1);
+  absl::ConsumePrefix(&message, ".hook_name");
+  const std::string& hook = activation_spec.more_outputs(index).hook_name();
+  if (hook == spec.target_hook_name()) {
+    return WithMessage(status, absl::StrCat("train.target_hook_name", message));
+  }
+  return WithMessage(status, absl::StrCat("train.sae.cross_layers: ", spec.sae().cross_layers(),
+                                          " blocks need ", hook, message));
+}
+
 // spec.target_dataset_id, checked against the input dataset (plan.record): a DENSE dataset of the
 // same rows (committed count, token source and order). Its record and row width.
 absl::StatusOr<std::pair<storage::DatasetRecord, int64_t>> CheckTranscoderTarget(
@@ -303,22 +378,40 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
       return absl::InvalidArgumentError("train.dataset_id / train.activations: set one, not both");
     }
     ASSIGN_OR_RETURN(plan.activation_spec, CheckActivationSpec(spec.activations()));
-    if (!spec.target_hook_name().empty()) {
+    plan.clt = spec.has_sae() && spec.sae().cross_layers() > 0;
+    if (plan.clt) {
+      RETURN_IF_ERROR(AddCrossLayerHooks(spec, &plan));
+    } else if (!spec.target_hook_name().empty()) {
       // The target is the spec's second output: one forward pass gives both hooks.
       plan.activation_spec.add_more_outputs()->set_hook_name(spec.target_hook_name());
     }
+    auto in_field = [&](const absl::Status& status) {
+      return plan.clt ? InCrossLayerField(status, spec, plan.activation_spec)
+                      : InTargetOrActivationsField(status);
+    };
     const ExtractEnv extract_env = ActivationEnv(env);
-    RETURN_IF_ERROR(
-        InTargetOrActivationsField(ValidateExtractSpec(plan.activation_spec, extract_env)));
+    RETURN_IF_ERROR(in_field(ValidateExtractSpec(plan.activation_spec, extract_env)));
     auto shape = ExtractRowShapeOf(plan.activation_spec, extract_env);
-    if (!shape.ok()) return InTargetOrActivationsField(shape.status());
+    if (!shape.ok()) return in_field(shape.status());
     plan.activations = true;
     plan.record.rows_committed = shape->rows;
     plan.record.meta.hook_name = plan.activation_spec.hook_name();
     plan.width = shape->width;
     if (!spec.target_hook_name().empty()) {
-      plan.target_width = shape->widths[1];
+      // A CLT's block-0 target follows its inputs of every block.
+      const int layers = plan.clt ? spec.sae().cross_layers() : 1;
+      plan.target_width = shape->widths[layers];
       plan.target_hook = spec.target_hook_name();
+      for (int i = 0; plan.clt && i < 2 * layers; ++i) {
+        const int64_t expected = i < layers ? plan.width : plan.target_width;
+        if (shape->widths[i] != expected) {
+          const std::string& hook = i == 0 ? plan.activation_spec.hook_name()
+                                           : plan.activation_spec.more_outputs(i - 1).hook_name();
+          return absl::InvalidArgumentError(absl::StrCat(
+              "train.sae.cross_layers: ", hook, " is ", shape->widths[i], " wide, block 0's ",
+              expected, ": a cross-layer transcoder's blocks must be alike"));
+        }
+      }
     }
   } else {
     ASSIGN_OR_RETURN(auto source, StoreDenseRowSource::Open(env.store, spec.dataset_id()));
@@ -396,9 +489,21 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
                                                      " does not match the width of dataset ",
                                                      spec.dataset_id(), " (", plan.width, ")"));
     }
-    ASSIGN_OR_RETURN(plan.sae_options, SaeModelOptionsFromProto(spec.sae(), plan.width, spec.seed(),
-                                                                plan.target_width));
-    plan.shapes = SaeShapes(plan.sae_options);
+    if (spec.sae().cross_layers() < 0 || (spec.sae().cross_layers() > 0 && !plan.activations)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "train.sae.cross_layers: ", spec.sae().cross_layers(),
+          "; a cross-layer transcoder (>= 1 blocks) trains on train.activations, the model's "
+          "hooks of every block computed as training reads them"));
+    }
+    if (plan.clt) {
+      ASSIGN_OR_RETURN(plan.clt_options, CltModelOptionsFromProto(spec.sae(), plan.width,
+                                                                  plan.target_width, spec.seed()));
+      plan.shapes = CltParameterShapes(plan.clt_options);
+    } else {
+      ASSIGN_OR_RETURN(plan.sae_options, SaeModelOptionsFromProto(spec.sae(), plan.width,
+                                                                  spec.seed(), plan.target_width));
+      plan.shapes = SaeShapes(plan.sae_options);
+    }
   } else {
     plan.sae = false;
     ASSIGN_OR_RETURN(
@@ -423,9 +528,8 @@ TrainMemoryEstimate Estimate(const TrainPlan& plan, const OptimizerConfig& optim
   const int64_t rows = (plan.batch_size + plan.ranks - 1) / plan.ranks;
   // Activations of one step and their gradients: the input, x_hat and their gradients (4 x d_in)
   // plus pre-activations, latents and their gradients (~5 x d_sae) per row; a module: 4 x width.
-  const int64_t activations = plan.sae
-                                  ? 4 * rows * (4 * plan.row_width() + 5 * plan.sae_options.d_sae)
-                                  : 4 * rows * 4 * plan.width;
+  const int64_t activations = plan.sae ? 4 * rows * (4 * plan.row_width() + 5 * plan.num_latents())
+                                       : 4 * rows * 4 * plan.width;
   estimate.optimizer_bytes = memory.total();
   estimate.total_bytes = 8 * params + memory.total() + activations;
   std::vector<std::string> parts;
@@ -642,7 +746,11 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
     }
     ranks[r].stream = std::make_unique<ShuffledRowStream>(
         ranks[r].source.get(), ShuffledRowStreamOptions{spec.seed() ^ kStreamSeedSalt, 4});
-    if (plan.sae) {
+    if (plan.clt) {
+      ranks[r].model = std::make_unique<CltTrainable>(
+          plan.clt_options, device,
+          CltProvenance{plan.clt_input_hook, plan.clt_output_hook, model_id});
+    } else if (plan.sae) {
       auto sae = std::make_unique<SaeTrainable>(plan.sae_options, device);
       sae->set_provenance(plan.record.meta.hook_name,
                           plan.activations ? model_id : plan.record.meta.model_id,
@@ -863,6 +971,12 @@ absl::StatusOr<std::vector<std::string>> DescribeTrainSpec(const latentd::v1::Tr
     if (plan.tokens) {
       lines.push_back(
           absl::StrCat("rows: token sequences of ", plan.token_spec.path(), ": ", rows, " ids"));
+    } else if (plan.clt) {
+      const int64_t last = plan.clt_options.layers - 1;
+      lines.push_back(absl::StrCat("rows: the hidden states at blocks.0..", last, ".",
+                                   plan.clt_input_hook, " and blocks.0..", last, ".",
+                                   plan.clt_output_hook, ", computed as training reads them: ",
+                                   plan.record.rows_committed, " rows of ", plan.row_width()));
     } else if (plan.activations) {
       lines.push_back(absl::StrCat("rows: the hidden states at ", plan.activation_spec.hook_name(),
                                    ", computed as training reads them: ", rows));
@@ -878,7 +992,15 @@ absl::StatusOr<std::vector<std::string>> DescribeTrainSpec(const latentd::v1::Tr
       lines.push_back(absl::StrCat("target: ", plan.target_hook, ", ", plan.target_width,
                                    " wide: a transcoder"));
     }
-    if (plan.sae) {
+    if (plan.clt) {
+      const CltModelOptions& o = plan.clt_options;
+      lines.push_back(
+          absl::StrCat("model: a ", latentd::v1::SaeArchitecture_Name(o.architecture),
+                       " cross-layer transcoder over blocks 0..", o.layers - 1, ", d_in ", o.d_in,
+                       ", d_sae ", o.d_sae, " a block, d_out ", o.d_out,
+                       o.architecture == latentd::v1::BATCHTOPK ? absl::StrCat(", k ", o.k) : "",
+                       ": ", plan.num_params, " parameters; saved in circuit-tracer's layout"));
+    } else if (plan.sae) {
       const SaeModelOptions& o = plan.sae_options;
       lines.push_back(absl::StrCat(
           "model: a ", latentd::v1::SaeArchitecture_Name(o.architecture), " SAE, d_in ", o.d_in,

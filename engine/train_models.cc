@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "engine/sae.h"
 
 namespace latentd::engine {
@@ -24,9 +25,11 @@ torch::Tensor SaeTrainable::Target(const torch::Tensor& rows) const {
   return o.d_out > 0 ? rows.narrow(1, o.d_in, o.d_out) : rows;
 }
 
-absl::StatusOr<TrainableModel::Output> SaeTrainable::Forward(const torch::Tensor& batch) {
-  SaeForward forward = sae_->Forward(Input(batch), dead_, Target(batch));
-  Output out;
+namespace {
+
+// What the loop takes from a forward pass of an SAE, a transcoder or a CLT.
+TrainableModel::Output LoopOutput(SaeForward forward) {
+  TrainableModel::Output out;
   out.loss = forward.loss;
   out.aux_k_loss = forward.aux_k_loss;
   out.squared_error = forward.squared_error;
@@ -36,6 +39,43 @@ absl::StatusOr<TrainableModel::Output> SaeTrainable::Forward(const torch::Tensor
   out.l0 = forward.l0;
   out.fired = (forward.latents.detach() != 0).any(0).to(torch::kFloat32);
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<TrainableModel::Output> SaeTrainable::Forward(const torch::Tensor& batch) {
+  return LoopOutput(sae_->Forward(Input(batch), dead_, Target(batch)));
+}
+
+CltTrainable::CltTrainable(const CltModelOptions& options, c10::Device device,
+                           CltProvenance provenance)
+    : clt_(options), provenance_(std::move(provenance)) {
+  clt_->to(device);
+}
+
+absl::StatusOr<TrainableModel::Output> CltTrainable::Forward(const torch::Tensor& batch) {
+  return LoopOutput(clt_->Forward(batch));
+}
+
+std::string CltTrainable::Calibrate(const std::vector<torch::Tensor>& batches) {
+  clt_->CalibrateBatchThresholds(batches);
+  torch::NoGradGuard no_grad;
+  const CltModelOptions& o = clt_->options();
+  std::vector<double> fired(o.layers, 0.0);
+  int64_t rows = 0;
+  for (const torch::Tensor& batch : batches) {
+    const std::vector<torch::Tensor> latents = clt_->Encode(batch);
+    for (int64_t l = 0; l < o.layers; ++l) fired[l] += (latents[l] != 0).sum().item<double>();
+    rows += batch.size(0);
+  }
+  std::vector<std::string> layers;
+  for (int64_t l = 0; l < o.layers; ++l) {
+    layers.push_back(absl::StrFormat("layer %d: threshold %.6g, %.2f latents a row", l,
+                                     clt_->batch_threshold[l].item<double>(),
+                                     rows > 0 ? fired[l] / static_cast<double>(rows) : 0.0));
+  }
+  return absl::StrFormat("BatchTopK thresholds from %d batches (k %d): %s", batches.size(), o.k,
+                         absl::StrJoin(layers, "; "));
 }
 
 std::string SaeTrainable::Calibrate(const std::vector<torch::Tensor>& batches) {

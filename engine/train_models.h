@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "engine/clt_model.h"
 #include "engine/sae_model.h"
 #include "engine/train_loop.h"
 
@@ -66,6 +67,33 @@ class SaeTrainable : public TrainableModel {
   std::string hook_name_;
   std::string model_name_;
   std::string hook_name_out_;
+};
+
+// A cross-layer transcoder (engine/clt_model.h); its rows are every layer's input then every
+// layer's target side by side.
+class CltTrainable : public TrainableModel {
+ public:
+  CltTrainable(const CltModelOptions& options, c10::Device device, CltProvenance provenance);
+
+  std::vector<torch::Tensor> parameters() override { return clt_->ordered_parameters(); }
+  std::vector<torch::Tensor> buffers() override { return clt_->ordered_buffers(); }
+  absl::StatusOr<Output> Forward(const torch::Tensor& batch) override;
+  void InitFromData(const torch::Tensor& rows) override { clt_->InitFromData(rows); }
+  void BeforeOptimizerStep() override { clt_->RemoveParallelDecoderGrad(); }
+  void AfterOptimizerStep() override { clt_->NormalizeDecoder(); }
+  int64_t num_latents() const override { return clt_->options().layers * clt_->options().d_sae; }
+  bool wants_calibration() const override {
+    return clt_->options().architecture == latentd::v1::BATCHTOPK;
+  }
+  std::string Calibrate(const std::vector<torch::Tensor>& batches) override;
+  // circuit-tracer's release layout (CltModelImpl::Save).
+  absl::Status Save(const std::string& dir) override { return clt_->Save(dir, provenance_); }
+
+  CltModel& clt() { return clt_; }
+
+ private:
+  CltModel clt_;
+  CltProvenance provenance_;
 };
 
 // Loads a TorchScript module from `path`; Save writes dir/model.pt (torch.jit.load-able).
