@@ -97,6 +97,8 @@ CltModelImpl::CltModelImpl(const CltModelOptions& options) : options_(options) {
           torch::full({options.d_sae}, std::log(options.jumprelu_threshold), f32)));
     }
   }
+  input_scale = register_buffer("input_scale", torch::ones({options.layers}, f32));
+  output_scale = register_buffer("output_scale", torch::ones({options.layers}, f32));
   if (options.architecture == latentd::v1::BATCHTOPK) {
     batch_threshold = register_buffer("batch_threshold", torch::zeros({options.layers}, f32));
   }
@@ -119,16 +121,35 @@ void CltModelImpl::InitWeights() {
 }
 
 torch::Tensor CltModelImpl::Input(const torch::Tensor& rows, int64_t layer) const {
-  return rows.narrow(1, layer * options_.d_in, options_.d_in);
+  return rows.narrow(1, layer * options_.d_in, options_.d_in) * input_scale[layer];
 }
 
 torch::Tensor CltModelImpl::Target(const torch::Tensor& rows, int64_t layer) const {
-  return rows.narrow(1, options_.layers * options_.d_in + layer * options_.d_out, options_.d_out);
+  return rows.narrow(1, options_.layers * options_.d_in + layer * options_.d_out, options_.d_out) *
+         output_scale[layer];
 }
+
+torch::Tensor CltModelImpl::OutputScales() const {
+  return output_scale.repeat_interleave(options_.d_out);
+}
+
+namespace {
+
+// The factor that brings the rows' mean norm to sqrt(width); 1 for rows of norm 0.
+double UnitRmsScale(const torch::Tensor& rows) {
+  const double mean_norm = rows.to(torch::kFloat64).norm(2, {1}).mean().item<double>();
+  return mean_norm > 0 ? std::sqrt(static_cast<double>(rows.size(1))) / mean_norm : 1.0;
+}
+
+}  // namespace
 
 void CltModelImpl::InitFromData(const torch::Tensor& rows) {
   torch::NoGradGuard no_grad;
   for (int64_t l = 0; l < options_.layers; ++l) {
+    input_scale[l].fill_(1.0);
+    output_scale[l].fill_(1.0);
+    input_scale[l].fill_(UnitRmsScale(Input(rows, l)));
+    output_scale[l].fill_(UnitRmsScale(Target(rows, l)));
     const torch::Tensor x = Input(rows, l).to(torch::kFloat64);
     const torch::Tensor y = Target(rows, l).to(torch::kFloat64);
     b_dec[l].copy_(y.mean(0).to(torch::kFloat32).to(b_dec[l].device()));
@@ -174,6 +195,10 @@ std::vector<torch::Tensor> CltModelImpl::Encode(const torch::Tensor& rows) {
 }
 
 torch::Tensor CltModelImpl::Decode(const std::vector<torch::Tensor>& latents) const {
+  return ScaledPrediction(latents) / OutputScales();
+}
+
+torch::Tensor CltModelImpl::ScaledPrediction(const std::vector<torch::Tensor>& latents) const {
   // Layer l's latents write to blocks l..layers-1: their product with the flattened decoder
   // covers the last (layers - l) * d_out columns of the prediction.
   torch::Tensor prediction = torch::cat(b_dec).unsqueeze(0);
@@ -203,8 +228,9 @@ SaeForward CltModelImpl::Forward(const torch::Tensor& rows) {
   }
   // Every layer's target side by side, in the order of the prediction's columns.
   const torch::Tensor y =
-      rows.narrow(1, options_.layers * options_.d_in, options_.layers * options_.d_out);
-  out.x_hat = Decode(latents);
+      rows.narrow(1, options_.layers * options_.d_in, options_.layers * options_.d_out) *
+      OutputScales();
+  out.x_hat = ScaledPrediction(latents);
   const torch::Tensor sq = (y - out.x_hat).pow(2).sum(1);
   const torch::Tensor mse = sq.mean();
   out.loss = sparsity.defined() ? mse + options_.l1_coefficient * sparsity : mse;
@@ -253,8 +279,9 @@ std::vector<torch::Tensor> CltModelImpl::ordered_parameters() const {
 }
 
 std::vector<torch::Tensor> CltModelImpl::ordered_buffers() const {
-  if (batch_threshold.defined()) return {batch_threshold};
-  return {};
+  std::vector<torch::Tensor> buffers = {input_scale, output_scale};
+  if (batch_threshold.defined()) buffers.push_back(batch_threshold);
+  return buffers;
 }
 
 absl::Status CltModelImpl::Save(const std::string& dir, const CltProvenance& provenance) const {
@@ -265,15 +292,18 @@ absl::Status CltModelImpl::Save(const std::string& dir, const CltProvenance& pro
     torch::Tensor threshold;
     if (!log_threshold.empty()) threshold = log_threshold[l].exp();
     if (batch_threshold.defined()) threshold = batch_threshold[l].expand({options_.d_sae});
-    // circuit-tracer's encoder is an nn.Linear's weight: [d_sae, d_in].
+    // The scales folded in: the encoder reads x_l itself, the decoders into block L and b_dec_L
+    // give y_L itself. circuit-tracer's encoder is an nn.Linear's weight: [d_sae, d_in].
+    const torch::Tensor into =
+        output_scale.narrow(0, l, options_.layers - l).view({1, options_.layers - l, 1});
     RETURN_IF_ERROR(WriteFloatTensors(CircuitTracerEncoderFile(dir, /*cross_layer=*/true, l),
-                                      {{"W_enc" + suffix, W_enc[l].t()},
+                                      {{"W_enc" + suffix, (W_enc[l] * input_scale[l]).t()},
                                        {"b_enc" + suffix, b_enc[l]},
-                                       {"b_dec" + suffix, b_dec[l]},
+                                       {"b_dec" + suffix, b_dec[l] / output_scale[l]},
                                        {"threshold" + suffix, threshold}},
                                       {{"format", "pt"}}));
     RETURN_IF_ERROR(WriteFloatTensors(CircuitTracerDecoderFile(dir, l),
-                                      {{"W_dec" + suffix, W_dec[l]}}, {{"format", "pt"}}));
+                                      {{"W_dec" + suffix, W_dec[l] / into}}, {{"format", "pt"}}));
   }
   // config.yaml names the hooks within a block and the activation (thresholds or plain ReLU).
   std::string yaml = absl::StrCat(

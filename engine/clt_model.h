@@ -13,6 +13,14 @@
 // writes, flattened) at unit norm. A row of the training data is [x_0 .. x_{layers-1}, y_0 ..
 // y_{layers-1}] side by side (what ModelRowSource gives for the hooks in that order).
 //
+// Every hook is trained at a common scale: InitFromData fixes per-layer factors s_in_L, s_out_L
+// that bring the first rows' mean norm to sqrt(width), and the model above runs on x_L s_in_L
+// and y_L s_out_L. The loss thus weighs every block alike (an MLP output 10x larger than another
+// would otherwise take 100x the weight), and one learning rate suits models whose MLP outputs
+// have a norm of 0.03 or of 300. The factors are folded into the saved weights (W_enc_L s_in_L;
+// W_dec_l[:, L - l] and b_dec_L divided by s_out_L), so the release reads and predicts the hooks
+// in their own units.
+//
 // Save writes circuit-tracer's release layout (engine/circuit_tracer.h), which EXTRACT reads:
 // config.yaml, W_enc_L.safetensors (W_enc_L [d_sae, d_in] in nn.Linear's orientation, b_enc_L,
 // b_dec_L, threshold_L) and W_dec_L.safetensors, float32.
@@ -73,18 +81,19 @@ class CltModelImpl : public torch::nn::Module {
 
   // Unit-norm decoder rows and unit encoder columns, drawn from SaeInitStreamSeed(seed); biases 0.
   void InitWeights();
-  // From the first rows of the data: b_dec_L := mean of y_L, and W_enc_L scaled by
-  // mean ||y_L - mean(y_L)|| / mean ||x_L|| so that the first predictions have the targets' scale
-  // (SaeModelImpl::ScaleEncoderToTarget's reason).
+  // From the first rows of the data: the scales s_in_L, s_out_L; b_dec_L := mean of y_L s_out_L,
+  // and W_enc_L scaled by mean ||y_L - mean(y_L)|| / mean ||x_L|| (both scaled) so that the first
+  // predictions have the targets' spread (SaeModelImpl::ScaleEncoderToTarget's reason).
   void InitFromData(const torch::Tensor& rows);
 
-  // Layer l's input x_l and target y_l: views of a [rows, RowWidth()] batch.
+  // Layer l's input x_l and target y_l of a [rows, RowWidth()] batch, at the training scale.
   torch::Tensor Input(const torch::Tensor& rows, int64_t layer) const;
   torch::Tensor Target(const torch::Tensor& rows, int64_t layer) const;
 
   // Inference (what the saved release computes): each layer's latents [rows, d_sae].
   std::vector<torch::Tensor> Encode(const torch::Tensor& rows);
-  // y_hat of every layer side by side, [rows, layers * d_out], from each layer's latents.
+  // y_hat of every layer side by side, [rows, layers * d_out], from each layer's latents, in the
+  // hooks' own units (what the saved release predicts).
   torch::Tensor Decode(const std::vector<torch::Tensor>& latents) const;
   // Training: the loss and metrics of a batch. The FVU is about every layer's target together
   // (sum of squared errors over sum of spreads); l0 is the mean per row and layer.
@@ -103,14 +112,20 @@ class CltModelImpl : public torch::nn::Module {
   const CltModelOptions& options() const { return options_; }
   // Layer by layer: W_enc, b_enc, W_dec, b_dec (+ log_threshold for JumpReLU).
   std::vector<torch::Tensor> ordered_parameters() const;
-  // BatchTopK: the thresholds [layers]; else none.
+  // The scales, then BatchTopK's thresholds.
   std::vector<torch::Tensor> ordered_buffers() const;
 
+  // The weights at the training scale (Save folds the scales in).
   std::vector<torch::Tensor> W_enc, b_enc, W_dec, b_dec, log_threshold;
-  torch::Tensor batch_threshold;  // BatchTopK: [layers] float32, 0 until calibrated
+  torch::Tensor input_scale, output_scale;  // [layers] float32, 1 until InitFromData
+  torch::Tensor batch_threshold;            // BatchTopK: [layers] float32, 0 until calibrated
 
  private:
   torch::Tensor PreActivation(const torch::Tensor& rows, int64_t layer) const;
+  // Every layer's prediction side by side at the training scale.
+  torch::Tensor ScaledPrediction(const std::vector<torch::Tensor>& latents) const;
+  // s_out_L repeated d_out times per layer: [layers * d_out].
+  torch::Tensor OutputScales() const;
   // The training activation of layer `layer` (BatchTopK over the batch) and, for JumpReLU, its
   // step (for the L0 term).
   torch::Tensor TrainingLatents(const torch::Tensor& pre, int64_t layer, torch::Tensor* step);

@@ -149,9 +149,25 @@ TEST(CltModelTest, DecoderRowsStayUnitNormOverEverythingALatentWrites) {
 void ExpectReleaseComputesTheModel(latentd::v1::SaeArchitecture architecture) {
   SCOPED_TRACE(latentd::v1::SaeArchitecture_Name(architecture));
   CltModel clt(Options(architecture));
+  // Hooks of unlike scales, which the model trains at one scale and the release reads as they are.
+  auto unlike_rows = [](uint64_t seed) {
+    torch::Tensor rows = Rows(32, seed);
+    rows.narrow(1, 0, kLayers * kDin).mul_(5);
+    for (int64_t L = 0; L < kLayers; ++L) {
+      rows.narrow(1, kLayers * kDin + L * kDout, kDout).mul_(0.02 * (L + 1));
+    }
+    return rows;
+  };
+  const torch::Tensor rows = unlike_rows(4);
+  clt->InitFromData(rows);
+  EXPECT_NEAR(clt->output_scale[2].item<double>() * 3, clt->output_scale[0].item<double>(),
+              0.2 * clt->output_scale[0].item<double>());
+  EXPECT_GT(clt->output_scale[0].item<double>(), 10);
+  EXPECT_LT(clt->input_scale[0].item<double>(), 0.5);
   PerturbBiases(*clt);
-  const torch::Tensor rows = Rows(32, 4);
-  if (architecture == latentd::v1::BATCHTOPK) clt->CalibrateBatchThresholds({rows});
+  // Thresholds from other rows: a value of `rows` exactly at its threshold would fire or not
+  // by the rounding of the folded weights.
+  if (architecture == latentd::v1::BATCHTOPK) clt->CalibrateBatchThresholds({unlike_rows(5)});
   const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/clt_",
                                        latentd::v1::SaeArchitecture_Name(architecture));
   ASSERT_TRUE(clt->Save(dir, {"ln2.hook_normalized", "hook_mlp_out", "reference"}).ok());

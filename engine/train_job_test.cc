@@ -10,8 +10,11 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "engine/hook_name.h"
 #include "engine/sae.h"
+#include "engine/train_model_source.h"
 #include "storage/artifact_store.h"
 #include "storage/chunk_store.h"
 #include "storage/db.h"
@@ -619,6 +622,156 @@ TEST_F(TrainJobTest, TwoCpuDevicesTrainDataParallel) {
   auto reference = RunTrain(spec, env_, &single);
   ASSERT_TRUE(reference.ok());
   EXPECT_NEAR(result->final_loss(), reference->final_loss(), 1e-3 * (1 + reference->final_loss()));
+}
+
+// A spec training a cross-layer transcoder over the reference model's three blocks, from each
+// block's MLP input (after ln2) to its MLP output, on a token file of 32 sequences of 16.
+latentd::v1::TrainSpec CltSpec(const std::string& root) {
+  const std::string path = root + "/tokens.bin";
+  std::ofstream out(path, std::ios::binary);
+  for (int i = 0; i < 32 * 16; ++i) {
+    const uint16_t id = static_cast<uint16_t>((i * 37 + i / 7) % 200);
+    out.write(reinterpret_cast<const char*>(&id), 2);
+  }
+  out.close();
+  latentd::v1::TrainSpec spec;
+  latentd::v1::ExtractSpec* activations = spec.mutable_activations();
+  auto* reference = activations->mutable_model()->mutable_reference();
+  reference->set_d_model(16);
+  reference->set_n_layers(3);
+  reference->set_n_heads(2);
+  reference->set_d_mlp(32);
+  reference->set_vocab_size(200);
+  reference->set_context_length(16);
+  reference->set_seed(3);
+  activations->set_hook_name("blocks.0.ln2.hook_normalized");
+  activations->mutable_tokens()->set_path(path);
+  activations->mutable_tokens()->set_context_length(16);
+  spec.set_target_hook_name("blocks.0.hook_mlp_out");
+  spec.mutable_sae()->set_cross_layers(3);
+  spec.mutable_sae()->set_d_sae(48);
+  spec.mutable_sae()->set_k(6);
+  spec.mutable_optimizer()->set_name("adam");
+  spec.mutable_optimizer()->set_lr(4e-3);
+  spec.set_batch_size(64);
+  spec.set_steps(80);
+  spec.set_seed(3);
+  spec.set_checkpoint_every(10);
+  spec.set_telemetry_every(10);
+  spec.set_artifact_name("clt");
+  return spec;
+}
+
+TEST_F(TrainJobTest, ACrossLayerTranscoderTrainsOnAModelsHooksIntoACircuitTracerRelease) {
+  latentd::v1::TrainSpec spec = CltSpec(root_);
+  ASSERT_TRUE(ValidateTrainSpec(spec, env_).ok()) << ValidateTrainSpec(spec, env_);
+  auto lines = DescribeTrainSpec(spec, env_);
+  ASSERT_TRUE(lines.ok()) << lines.status();
+  EXPECT_NE(absl::StrJoin(*lines, "\n").find("BATCHTOPK cross-layer transcoder over blocks 0..2"),
+            std::string::npos)
+      << absl::StrJoin(*lines, "\n");
+  FakeContext context(1, 1);
+  auto result = RunTrain(spec, env_, &context);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const std::vector<latentd::v1::TrainTelemetry> telemetry = context.telemetry();
+  ASSERT_GE(telemetry.size(), 2u);
+  EXPECT_LT(result->final_fvu(), 0.8 * telemetry.front().fvu());
+  EXPECT_NEAR(result->final_l0(), 6, 1.5);  // BatchTopK: k a row and block on average
+  const std::string dir = result->artifact_path();
+  for (const char* file : {"config.yaml", "W_enc_0.safetensors", "W_dec_2.safetensors"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + file)) << file;
+  }
+
+  // The release, read as EXTRACT reads it, explains the model's MLP outputs as the job said:
+  // each block's latents from its own input, each prediction from the decoders of every block up
+  // to it, over every row of the token file.
+  latentd::v1::ExtractSpec hooks = spec.activations();
+  for (const char* hook :
+       {"blocks.1.ln2.hook_normalized", "blocks.2.ln2.hook_normalized", "blocks.0.hook_mlp_out",
+        "blocks.1.hook_mlp_out", "blocks.2.hook_mlp_out"}) {
+    hooks.add_more_outputs()->set_hook_name(hook);
+  }
+  ExtractEnv extract_env;
+  extract_env.data_roots = {root_};
+  auto source = ModelRowSource::Open(hooks, extract_env, DeviceRef{}, 1024);
+  ASSERT_TRUE(source.ok()) << source.status();
+  const int64_t rows = (*source)->num_rows();
+  torch::Tensor data = torch::empty({rows, (*source)->width()}, torch::kFloat32);
+  ASSERT_TRUE((*source)->Read(0, rows, data.data_ptr<float>()).ok());
+  std::vector<torch::Tensor> latents;
+  double squared_error = 0, spread = 0;
+  for (int layer = 0; layer < 3; ++layer) {
+    auto hook = ParseHookName(absl::StrCat("blocks.", layer, ".ln2.hook_normalized"));
+    auto sae = Sae::Load(dir, *hook);
+    ASSERT_TRUE(sae.ok()) << sae.status();
+    EXPECT_EQ(sae->config().hook_name_out, absl::StrCat("blocks.", layer, ".hook_mlp_out"));
+    latents.push_back(sae->EncodeDense(data.narrow(1, 16 * layer, 16)));
+    torch::Tensor y_hat = sae->weights().b_dec.unsqueeze(0);
+    for (int from = 0; from <= layer; ++from) {
+      auto decoder = LoadCrossLayerDecoder(dir, from, layer);
+      ASSERT_TRUE(decoder.ok()) << decoder.status();
+      y_hat = y_hat + latents[from].matmul(*decoder);
+    }
+    const torch::Tensor y = data.narrow(1, 48 + 16 * layer, 16).to(torch::kFloat64);
+    squared_error += (y - y_hat.to(torch::kFloat64)).pow(2).sum().item<double>();
+    spread += (y - y.mean(0)).pow(2).sum().item<double>();
+  }
+  EXPECT_NEAR(squared_error / spread, result->final_fvu(), 0.1);
+
+  // Interrupted and continued, it ends where the uninterrupted run did.
+  spec.set_artifact_name("clt-interrupted");
+  FakeContext first(2, 1);
+  first.CancelAfter(37);
+  EXPECT_EQ(RunTrain(spec, env_, &first).status().code(), absl::StatusCode::kCancelled);
+  FakeContext second(2, 1);
+  auto resumed = RunTrain(spec, env_, &second);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_LT(second.telemetry().size(), telemetry.size());
+  EXPECT_EQ(resumed->final_loss(), result->final_loss());
+  for (int layer = 0; layer < 3; ++layer) {
+    auto a = LoadCrossLayerDecoder(dir, 0, layer);
+    auto b = LoadCrossLayerDecoder(resumed->artifact_path(), 0, layer);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_TRUE(torch::equal(*a, *b)) << "layer " << layer;
+  }
+
+  // Two ranks share the forward passes and train the same model.
+  spec.set_artifact_name("clt-two-ranks");
+  spec.set_steps(30);
+  FakeContext two(3, 2);
+  auto data_parallel = RunTrain(spec, env_, &two);
+  ASSERT_TRUE(data_parallel.ok()) << data_parallel.status();
+  spec.set_artifact_name("clt-one-rank");
+  FakeContext one(4, 1);
+  auto single = RunTrain(spec, env_, &one);
+  ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_NEAR(data_parallel->final_loss(), single->final_loss(), 1e-3 * (1 + single->final_loss()));
+}
+
+TEST_F(TrainJobTest, ACrossLayerTranscodersBadSpecsAreRefusedNamingTheField) {
+  const latentd::v1::TrainSpec good = CltSpec(root_);
+  latentd::v1::TrainSpec bad = good;
+  bad.mutable_activations()->set_hook_name("blocks.1.ln2.hook_normalized");
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.activations.hook_name");
+  bad = good;
+  bad.set_target_hook_name("blocks.1.hook_mlp_out");
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.target_hook_name");
+  bad = good;
+  bad.clear_target_hook_name();
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.sae.cross_layers");
+  bad = good;
+  bad.mutable_sae()->set_cross_layers(4);  // the model has 3 blocks
+  ExpectError(bad, absl::StatusCode::kInvalidArgument,
+              "train.sae.cross_layers: 4 blocks need blocks.3");
+  bad = good;
+  bad.mutable_sae()->set_cross_layers(-1);
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.sae.cross_layers");
+  bad = good;
+  bad.mutable_sae()->set_architecture(latentd::v1::TOPK);
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.sae.architecture");
+  bad = SaeSpec("adam");  // a stored dataset
+  bad.mutable_sae()->set_cross_layers(2);
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.sae.cross_layers");
 }
 
 }  // namespace

@@ -650,6 +650,96 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual(answer.statistics.firing_count, counts[latent])
         self.assertAlmostEqual(answer.top[0].value, rows[:, latent].max(), places=3)
 
+    def test_a_cross_layer_transcoder_trained_on_a_model_extracts_layer_by_layer(self):
+        # TRAIN fits a cross-layer transcoder over both blocks of the model, from each MLP's
+        # normed input to every later MLP output, on the model's hooks as training reads them;
+        # the artifact is circuit-tracer's release layout, which a SPARSE job then runs layer by
+        # layer, measuring each block's prediction. Both are checked against circuit-tracer's
+        # formulas applied in numpy to the saved files and the hooks' stored values.
+        inputs, daemon = self.inputs_and_daemon()
+        c = daemon.client()
+        tokens = {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 32}
+        source = {"model": MODEL, "hookName": "blocks.0.ln2.hook_normalized", "tokens": tokens}
+        clt = {"activations": source, "targetHookName": "blocks.0.hook_mlp_out",
+               "sae": {"crossLayers": 2, "dSae": 256, "k": 8},
+               # M-FAC's step shrinks as the gradient grows, and the CLT's loss sums the
+               # squared errors of every block at unit scale: lr 3 here (docs/TRAIN.md).
+               "optimizer": {"name": "smfac", "lr": 3.0, "window": 8, "density": 0.05},
+               "batchSize": 64, "steps": 150, "seed": 2, "telemetryEvery": 25,
+               "artifactName": "clt"}
+        plan = c.plan("TRAIN", clt)
+        self.assertIn("BATCHTOPK cross-layer transcoder over blocks 0..1", "\n".join(plan))
+        train = c.wait(c.submit("TRAIN", clt).id)
+        self.assertEqual(train.state, jobs_pb2.SUCCEEDED, train.message)
+        result = train.result.train
+        samples = [e.telemetry.train for e in c.watch(train.id)
+                   if e.HasField("telemetry") and e.telemetry.HasField("train")]
+        self.assertLess(result.final_fvu, 0.7 * samples[0].fvu)
+        self.assertLess(result.final_fvu, 0.6)
+        self.assertEqual(len(c.list_datasets()), 0)  # nothing stored to train it
+        release = result.artifact_path
+        with open(os.path.join(release, "config.yaml")) as f:
+            config = f.read()
+        for line in ("model_kind: cross_layer_transcoder",
+                     "feature_input_hook: ln2.hook_normalized",
+                     "feature_output_hook: hook_mlp_out", "activation: jumprelu"):
+            self.assertIn(line, config)
+        enc = [read_safetensors(os.path.join(release, "W_enc_%d.safetensors" % l)) for l in (0, 1)]
+        dec = [read_safetensors(os.path.join(release, "W_dec_%d.safetensors" % l))["W_dec_%d" % l]
+               for l in (0, 1)]
+        self.assertEqual(enc[0]["W_enc_0"].shape, (256, 64))  # nn.Linear's [d_sae, d_in]
+        self.assertEqual(dec[0].shape, (256, 2, 64))  # block 0's latents write to blocks 0 and 1
+        self.assertEqual(dec[1].shape, (256, 1, 64))
+
+        # The hooks' values, stored once, and the release's latents and fits from a SPARSE job.
+        hooks = ["blocks.0.ln2.hook_normalized", "blocks.1.ln2.hook_normalized",
+                 "blocks.0.hook_mlp_out", "blocks.1.hook_mlp_out"]
+        dense = c.wait(c.submit("EXTRACT", {
+            "model": MODEL, "hookName": hooks[0], "tokens": tokens, "mode": "DENSE",
+            "valueDtype": "FLOAT32",
+            "moreOutputs": [{"hookName": h} for h in hooks[1:]]}).id)
+        self.assertEqual(dense.state, jobs_pb2.SUCCEEDED, dense.message)
+        ids = [dense.result.extract.dataset_id] + [
+            o.dataset_id for o in dense.result.extract.more_outputs]
+        x0, x1, y0, y1 = (numpy.load(c.export(i, "hook%d.npz" % i).path)["data"].astype(
+            numpy.float64) for i in ids)
+        artifact = {"artifactId": str(result.artifact_id)}
+        sparse = c.wait(c.submit("EXTRACT", {
+            "model": MODEL, "hookName": hooks[0], "tokens": tokens, "sae": artifact,
+            "valueDtype": "FLOAT32",
+            "moreOutputs": [{"hookName": hooks[1], "sae": artifact}]}).id)
+        self.assertEqual(sparse.state, jobs_pb2.SUCCEEDED, sparse.message)
+        outputs = [sparse.result.extract] + list(sparse.result.extract.more_outputs)
+        latents = []
+        for layer, (x, y, out) in enumerate(zip((x0, x1), (y0, y1), outputs)):
+            w = {k: v.astype(numpy.float64) for k, v in enc[layer].items()}
+            pre = x @ w["W_enc_%d" % layer].T + w["b_enc_%d" % layer]
+            latents.append(numpy.where(pre > w["threshold_%d" % layer], pre, 0.0))
+            stored, _ = c.read_rows(out.dataset_id)
+            expected = scipy.sparse.csr_matrix(latents[layer])
+            # A value within rounding of its threshold may fall either side: a few at most.
+            self.assertLess(abs(stored.nnz - expected.nnz), 1 + expected.nnz // 1000)
+            numpy.testing.assert_allclose(stored.toarray(), latents[layer], atol=1e-3)
+            y_hat = w["b_dec_%d" % layer] + sum(
+                latents[l] @ dec[l][:, layer - l, :].astype(numpy.float64)
+                for l in range(layer + 1))
+            explained = 1 - ((y - y_hat) ** 2).sum() / ((y - y.mean(0)) ** 2).sum()
+            self.assertEqual(out.fit.predicted_hook, hooks[2 + layer])
+            self.assertAlmostEqual(out.fit.explained_variance, explained, delta=1e-3)
+            self.assertGreater(explained, 0.3)
+
+        # What a CLT cannot be is refused at submit, naming the field.
+        for spec, field in (
+                (dict(clt, sae={"crossLayers": 3, "dSae": 256}), "train.sae.cross_layers"),
+                (dict(clt, sae={"crossLayers": 2, "dSae": 256, "architecture": "TOPK"}),
+                 "train.sae.architecture"),
+                (dict(clt, activations=dict(source, hookName="blocks.1.ln2.hook_normalized")),
+                 "train.activations.hook_name")):
+            with self.assertRaises(grpc.RpcError) as refused:
+                c.submit("TRAIN", spec)
+            self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn(field, refused.exception.details())
+
     def test_training_on_a_models_activations_equals_training_on_their_dataset(self):
         train = {"sae": {"architecture": "TOPK", "dSae": 256, "k": 8},
                  "optimizer": {"name": "adam", "lr": 1e-3}, "batchSize": 64, "epochs": 2,
