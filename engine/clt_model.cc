@@ -107,11 +107,8 @@ CltModelImpl::CltModelImpl(const CltModelOptions& options) : options_(options) {
 
 void CltModelImpl::InitWeights() {
   torch::NoGradGuard no_grad;
-  auto generator = at::detail::createCPUGenerator(SaeInitStreamSeed(options_.seed));
-  auto unit_rows = [&](int64_t width) {
-    torch::Tensor w = at::randn({options_.d_sae, width}, generator, torch::kFloat32);
-    return w / w.norm(2, {1}, true).clamp_min(1e-12);
-  };
+  at::Generator generator = at::detail::createCPUGenerator(SaeInitStreamSeed(options_.seed));
+  auto unit_rows = [&](int64_t width) { return RandomUnitRows(generator, options_.d_sae, width); };
   for (int64_t l = 0; l < options_.layers; ++l) {
     W_dec[l].copy_(unit_rows(W_dec[l].numel() / options_.d_sae).view_as(W_dec[l]));
     W_enc[l].copy_(unit_rows(options_.d_in).t());

@@ -120,13 +120,15 @@ uint64_t SaeInitStreamSeed(uint64_t seed) {
   return z ^ (z >> 31);
 }
 
+torch::Tensor RandomUnitRows(at::Generator& generator, int64_t rows, int64_t width) {
+  torch::Tensor w = at::randn({rows, width}, generator, torch::kFloat32);
+  return w / w.norm(2, {1}, true).clamp_min(1e-12);
+}
+
 void SaeModelImpl::InitWeights() {
   torch::NoGradGuard no_grad;
-  auto generator = at::detail::createCPUGenerator(SaeInitStreamSeed(options_.seed));
-  auto unit_rows = [&](int64_t width) {
-    torch::Tensor w = at::randn({options_.d_sae, width}, generator, torch::kFloat32);
-    return w / w.norm(2, {1}, true).clamp_min(1e-12);
-  };
+  at::Generator generator = at::detail::createCPUGenerator(SaeInitStreamSeed(options_.seed));
+  auto unit_rows = [&](int64_t width) { return RandomUnitRows(generator, options_.d_sae, width); };
   const torch::Tensor w = unit_rows(options_.OutWidth());
   W_dec.copy_(w);
   W_enc.copy_(options_.d_out > 0 ? unit_rows(options_.d_in).t() : w.t());

@@ -114,6 +114,8 @@ torch::Tensor BatchTopKActivation(const torch::Tensor& pre, int64_t k);
 // The smallest positive value among those BatchTopKActivation keeps; nullopt when none is
 // positive. Its mean over batches is the inference threshold (CalibrateBatchThreshold).
 std::optional<double> BatchTopKCutoff(const torch::Tensor& pre, int64_t k);
+// `rows` random unit vectors of `width` values, [rows, width] float32, drawn from `generator`.
+torch::Tensor RandomUnitRows(at::Generator& generator, int64_t rows, int64_t width);
 // Decoders kept at unit row norm (row: a latent's slice along dimension 0, the rest flattened):
 // RemoveRadialGradient takes from weight's gradient (when it has one) the part that would only
 // change the rows' norms, before the optimizer step; NormalizeRows rescales the rows after it.

@@ -988,7 +988,7 @@ absl::StatusOr<std::vector<std::string>> DescribeTrainSpec(const latentd::v1::Tr
       lines.push_back(absl::StrCat("target: dataset ", plan.target->id, " (",
                                    plan.target->meta.name, "), ", plan.target_width,
                                    " wide: a transcoder"));
-    } else if (!plan.target_hook.empty()) {
+    } else if (!plan.target_hook.empty() && !plan.clt) {  // a CLT's targets are on its rows line
       lines.push_back(absl::StrCat("target: ", plan.target_hook, ", ", plan.target_width,
                                    " wide: a transcoder"));
     }
