@@ -365,6 +365,13 @@ void PrintJob(const v1::Job& job) {
       }
       std::printf("levels     fvu %s latents\n", absl::StrJoin(levels, ", ").c_str());
     }
+    if (r.train().final_block_fvu_size() > 0) {  // a cross-layer transcoder
+      std::vector<std::string> blocks;
+      for (int b = 0; b < r.train().final_block_fvu_size(); ++b) {
+        blocks.push_back(absl::StrFormat("%d: %.4f", b, r.train().final_block_fvu(b)));
+      }
+      std::printf("blocks     fvu %s\n", absl::StrJoin(blocks, ", ").c_str());
+    }
     std::printf("optimizer  peak state %s\n",
                 Bytes(r.train().peak_optimizer_state_bytes()).c_str());
   }
@@ -520,6 +527,11 @@ std::string DescribeEvent(const v1::JobEvent& event) {
           Bytes(s.dense_mfac_history_bytes()), Bytes(s.process_rss_bytes()));
       for (int i = 0; i < s.prefix_fvu_size() && i < s.prefix_widths_size(); ++i) {
         absl::StrAppendFormat(&text, " fvu@%d %.4f", s.prefix_widths(i), s.prefix_fvu(i));
+      }
+      if (s.block_fvu_size() > 0) {
+        std::vector<std::string> blocks;
+        for (const double fvu : s.block_fvu()) blocks.push_back(absl::StrFormat("%.3f", fvu));
+        absl::StrAppend(&text, " blocks ", absl::StrJoin(blocks, "/"));
       }
     } else if (t.has_extract()) {
       const auto& s = t.extract();

@@ -228,13 +228,26 @@ SaeForward CltModelImpl::Forward(const torch::Tensor& rows) {
       rows.narrow(1, options_.layers * options_.d_in, options_.layers * options_.d_out) *
       OutputScales();
   out.x_hat = ScaledPrediction(latents);
-  const torch::Tensor sq = (y - out.x_hat).pow(2).sum(1);
+  const torch::Tensor errors = (y - out.x_hat).pow(2);
+  const torch::Tensor sq = errors.sum(1);
   const torch::Tensor mse = sq.mean();
   out.loss = sparsity.defined() ? mse + options_.l1_coefficient * sparsity : mse;
   out.latents = torch::cat(latents, 1);
   torch::NoGradGuard no_grad;
   out.mse = mse.item<double>();
-  SetFitStatistics(y, sq, torch::cat(b_dec), &out);
+  const torch::Tensor centre = torch::cat(b_dec);
+  SetFitStatistics(y, sq, centre, &out);
+  // Each block's share, for its own FVU (TrainableModel::fvu_blocks), in one copy to the host.
+  auto by_block = [&](const torch::Tensor& t) -> torch::Tensor {
+    return t.reshape({-1, options_.layers, options_.d_out}).sum(std::vector<int64_t>{0, 2});
+  };
+  const torch::Tensor blocks = torch::stack({by_block(errors), by_block((y - centre).pow(2))})
+                                   .to(torch::kCPU, torch::kFloat64);
+  const auto per_block = blocks.accessor<double, 2>();
+  for (int64_t l = 0; l < options_.layers; ++l) {
+    out.block_squared_error.push_back(per_block[0][l]);
+    out.block_centred_squares.push_back(per_block[1][l]);
+  }
   out.l0 = (out.latents != 0).sum(1).to(torch::kFloat64).mean().item<double>() /
            static_cast<double>(options_.layers);
   return out;

@@ -96,7 +96,8 @@ class CltModelImpl : public torch::nn::Module {
   // hooks' own units (what the saved release predicts).
   torch::Tensor Decode(const std::vector<torch::Tensor>& latents) const;
   // Training: the loss and metrics of a batch. The FVU is about every layer's target together
-  // (sum of squared errors over sum of spreads); l0 is the mean per row and layer.
+  // (sum of squared errors over sum of spreads), block_squared_error / block_centred_squares
+  // are each layer's; l0 is the mean per row and layer.
   SaeForward Forward(const torch::Tensor& rows);
 
   // BatchTopK: each layer's threshold := the mean over `batches` of its BatchTopKCutoff.

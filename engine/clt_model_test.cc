@@ -79,7 +79,14 @@ TEST(CltModelTest, EachLayerIsPredictedFromItsOwnAndEveryEarlierLayersLatents) {
         forward.x_hat.detach().narrow(1, L * kDout, kDout).to(torch::kFloat64), y_hat, 1e-5, 1e-5))
         << "layer " << L;
     squared_error += (y - y_hat).pow(2).sum().item<double>();
+    // Each block's own share, for its FVU.
+    const double block_error = (y - y_hat).pow(2).sum().item<double>();
+    EXPECT_NEAR(forward.block_squared_error[L], block_error, 1e-4 * block_error) << "layer " << L;
+    const double block_centred =
+        (y - clt->b_dec[L].detach().to(torch::kFloat64)).pow(2).sum().item<double>();
+    EXPECT_NEAR(forward.block_centred_squares[L], block_centred, 1e-4 * block_centred);
   }
+  EXPECT_EQ(forward.block_squared_error.size(), static_cast<size_t>(kLayers));
   for (int64_t l = 0; l < kLayers; ++l) {
     // ReLU's L1 weighs a latent by the norm of everything it writes, every later layer included.
     const torch::Tensor norms =

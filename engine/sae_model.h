@@ -98,6 +98,9 @@ struct SaeForward {
   // Matryoshka: each inner level's squared_error and FVU, narrowest first.
   std::vector<double> prefix_squared_error;
   std::vector<double> prefix_fvu;
+  // Cross-layer transcoders: each block's squared_error and centred_squares, blocks in order.
+  std::vector<double> block_squared_error;
+  std::vector<double> block_centred_squares;
 };
 
 // The building blocks SaeModel and the cross-layer transcoder (engine/clt_model.h) share.

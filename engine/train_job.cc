@@ -883,6 +883,7 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
   result.set_final_fvu(loop.final_fvu);
   result.set_final_l0(loop.final_l0);
   for (const double fvu : loop.final_prefix_fvu) result.add_final_prefix_fvu(fvu);
+  for (const double fvu : loop.final_block_fvu) result.add_final_block_fvu(fvu);
   result.set_peak_optimizer_state_bytes(loop.peak_optimizer_state_bytes);
   // The artifact is registered: the checkpoint has done its work.
   absl::Status cleared = checkpoints.Clear();

@@ -699,7 +699,8 @@ TEST_F(TrainJobTest, ACrossLayerTranscoderTrainsOnAModelsHooksIntoACircuitTracer
   torch::Tensor data = torch::empty({rows, (*source)->width()}, torch::kFloat32);
   ASSERT_TRUE((*source)->Read(0, rows, data.data_ptr<float>()).ok());
   std::vector<torch::Tensor> latents;
-  double squared_error = 0, spread = 0;
+  ASSERT_EQ(result->final_block_fvu_size(), 3);
+  EXPECT_EQ(telemetry.back().block_fvu_size(), 3);
   for (int layer = 0; layer < 3; ++layer) {
     auto hook = ParseHookName(absl::StrCat("blocks.", layer, ".ln2.hook_normalized"));
     auto sae = Sae::Load(dir, *hook);
@@ -713,10 +714,12 @@ TEST_F(TrainJobTest, ACrossLayerTranscoderTrainsOnAModelsHooksIntoACircuitTracer
       y_hat = y_hat + latents[from].matmul(*decoder);
     }
     const torch::Tensor y = data.narrow(1, 48 + 16 * layer, 16).to(torch::kFloat64);
-    squared_error += (y - y_hat.to(torch::kFloat64)).pow(2).sum().item<double>();
-    spread += (y - y.mean(0)).pow(2).sum().item<double>();
+    // Each block's FVU is free of the scale it trained at: over every row, what the job said of
+    // its last batch.
+    const double squared_error = (y - y_hat.to(torch::kFloat64)).pow(2).sum().item<double>();
+    const double spread = (y - y.mean(0)).pow(2).sum().item<double>();
+    EXPECT_NEAR(squared_error / spread, result->final_block_fvu(layer), 0.1) << "block " << layer;
   }
-  EXPECT_NEAR(squared_error / spread, result->final_fvu(), 0.1);
 
   // Interrupted and continued, it ends where the uninterrupted run did.
   spec.set_artifact_name("clt-interrupted");

@@ -233,6 +233,7 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
   int64_t window_steps = 0;
   double last_loss = 0, last_fvu = 0, last_l0 = 0, last_aux_k = 0;
   std::vector<double> last_prefix_fvu;
+  std::vector<double> last_block_fvu;
   int64_t last_checkpoint_step = start;
   // Where this run starts: watchers see the total at once, and the first rate has a baseline.
   if (context != nullptr) context->ReportProgress(start, options.total_steps, "steps");
@@ -265,11 +266,18 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
     // Matryoshka levels' squared errors ride after the fixed statistics (the same count on every
     // rank); sums are summed, means weighted by the rank's share of the batch.
     const int64_t num_prefixes = static_cast<int64_t>(out.prefix_squared_error.size());
-    torch::Tensor stats = torch::zeros({kNumStats + num_prefixes}, torch::kFloat32);
+    // Then each block's squared error and centred squares (fvu_blocks()).
+    const int64_t num_blocks = static_cast<int64_t>(out.block_squared_error.size());
+    const int64_t first_block = kNumStats + num_prefixes;
+    torch::Tensor stats = torch::zeros({first_block + 2 * num_blocks}, torch::kFloat32);
     {
       auto acc = stats.accessor<float, 1>();
       for (int64_t i = 0; i < num_prefixes; ++i) {
         acc[kNumStats + i] = static_cast<float>(out.prefix_squared_error[i]);
+      }
+      for (int64_t b = 0; b < num_blocks; ++b) {
+        acc[first_block + 2 * b] = static_cast<float>(out.block_squared_error[b]);
+        acc[first_block + 2 * b + 1] = static_cast<float>(out.block_centred_squares[b]);
       }
       acc[kStatLoss] = static_cast<float>(out.loss.item<double>() * slice_weight);
       acc[kStatSquaredError] =
@@ -343,6 +351,21 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
     for (int64_t i = 0; i < num_prefixes; ++i) {
       last_prefix_fvu.push_back(fvu_of(stats[kNumStats + i].item<double>()));
     }
+    last_block_fvu.clear();
+    int64_t block_begin = 0;
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const int64_t block_width = model->fvu_blocks()[b];
+      const double block_spread = stats[first_block + 2 * b + 1].item<double>() -
+                                  out.centred_sum.narrow(0, block_begin, block_width)
+                                          .to(torch::kFloat64)
+                                          .pow(2)
+                                          .sum()
+                                          .item<double>() /
+                                      static_cast<double>(global_batch);
+      const double block_error = stats[first_block + 2 * b].item<double>();
+      last_block_fvu.push_back(block_spread > 0 ? block_error / block_spread : 0.0);
+      block_begin += block_width;
+    }
     const OptimizerMemory memory = optimizer->Memory();
     peak_optimizer_bytes = std::max(peak_optimizer_bytes, memory.total());
     window_seconds += absl::ToDoubleSeconds(absl::Now() - step_start);
@@ -386,6 +409,7 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
         sample.set_aux_k_loss(last_aux_k);
         for (const double fvu : last_prefix_fvu) sample.add_prefix_fvu(fvu);
         for (const int64_t width : model->prefix_widths()) sample.add_prefix_widths(width);
+        for (const double fvu : last_block_fvu) sample.add_block_fvu(fvu);
         const int64_t window = std::min(options.dead_window_steps, done);
         sample.set_dead_latents((steps_since_fired >= window).sum().item<int64_t>());
       }
@@ -432,6 +456,7 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
   result.final_fvu = last_fvu;
   result.final_l0 = last_l0;
   result.final_prefix_fvu = last_prefix_fvu;
+  result.final_block_fvu = last_block_fvu;
   result.peak_optimizer_state_bytes = peak_optimizer_bytes;
   return result;
 }

@@ -50,6 +50,10 @@ class TrainableModel {
     double aux_k_loss = 0;  // TopK SAEs: the AuxK term (0 when no latent is dead)
     // Matryoshka SAEs: each inner level's squared error, narrowest first; as many every step.
     std::vector<double> prefix_squared_error;
+    // Models with fvu_blocks(): each block's squared error and sum ||y_b - c_b||^2 (c as for
+    // centred_squares; the block's share of centred_sum is its columns), blocks in order.
+    std::vector<double> block_squared_error;
+    std::vector<double> block_centred_squares;
   };
   virtual ~TrainableModel() = default;
   // Parameters, in a fixed order (optimizer, all-reduce and checkpoints rely on it).
@@ -66,6 +70,10 @@ class TrainableModel {
   virtual int64_t num_latents() const { return 0; }
   // Matryoshka SAEs: the inner level widths of Output::prefix_squared_error, narrowest first.
   virtual std::vector<int64_t> prefix_widths() const { return {}; }
+  // Models whose target is several blocks side by side (a cross-layer transcoder's every block's
+  // output): the blocks' widths, in the order of the target's columns, each reported with its
+  // own FVU (Output::block_squared_error). Empty: one FVU.
+  virtual std::vector<int64_t> fvu_blocks() const { return {}; }
   // Before each Forward of a model that uses_dead_latents(): bool [num_latents()] on the
   // training device, true for latents that have not fired for a full dead_window_steps (TopK
   // SAEs train their AuxK loss on them).
@@ -118,6 +126,7 @@ struct TrainLoopResult {
   double final_fvu = 0;
   double final_l0 = 0;
   std::vector<double> final_prefix_fvu;  // Matryoshka SAEs
+  std::vector<double> final_block_fvu;   // models with fvu_blocks()
   int64_t peak_optimizer_state_bytes = 0;
   int64_t resumed_from_step = -1;  // -1 when the run started fresh
   latentd::v1::TrainTelemetry last_telemetry;

@@ -34,6 +34,8 @@ TrainableModel::Output LoopOutput(SaeForward forward) {
   out.aux_k_loss = forward.aux_k_loss;
   out.squared_error = forward.squared_error;
   out.prefix_squared_error = std::move(forward.prefix_squared_error);
+  out.block_squared_error = std::move(forward.block_squared_error);
+  out.block_centred_squares = std::move(forward.block_centred_squares);
   out.centred_squares = forward.centred_squares;
   out.centred_sum = forward.centred_sum.to(torch::kCPU, torch::kFloat32);
   out.l0 = forward.l0;

@@ -82,6 +82,9 @@ class CltTrainable : public TrainableModel {
   void BeforeOptimizerStep() override { clt_->RemoveParallelDecoderGrad(); }
   void AfterOptimizerStep() override { clt_->NormalizeDecoder(); }
   int64_t num_latents() const override { return clt_->options().layers * clt_->options().d_sae; }
+  std::vector<int64_t> fvu_blocks() const override {
+    return std::vector<int64_t>(clt_->options().layers, clt_->options().d_out);
+  }
   bool wants_calibration() const override {
     return clt_->options().architecture == latentd::v1::BATCHTOPK;
   }

@@ -727,6 +727,11 @@ class TrainLoop(DaemonTestCase):
             self.assertEqual(out.fit.predicted_hook, hooks[2 + layer])
             self.assertAlmostEqual(out.fit.explained_variance, explained, delta=1e-3)
             self.assertGreater(explained, 0.3)
+            # What the job said of the block's last batch, over every row (an FVU is free of the
+            # scale the CLT trained at).
+            self.assertAlmostEqual(result.final_block_fvu[layer], 1 - explained, delta=0.15)
+        self.assertIn("blocks     fvu 0: %.4f, 1: %.4f" % tuple(result.final_block_fvu),
+                      daemon.latentctl("get", str(train.id)).stdout)
 
         # What a CLT cannot be is refused at submit, naming the field.
         for spec, field in (
