@@ -143,12 +143,16 @@ double UnitRmsScale(const torch::Tensor& rows) {
 void CltModelImpl::InitFromData(const torch::Tensor& rows) {
   torch::NoGradGuard no_grad;
   for (int64_t l = 0; l < options_.layers; ++l) {
-    input_scale[l].fill_(1.0);
-    output_scale[l].fill_(1.0);
-    input_scale[l].fill_(UnitRmsScale(Input(rows, l)));
-    output_scale[l].fill_(UnitRmsScale(Target(rows, l)));
-    const torch::Tensor x = Input(rows, l).to(torch::kFloat64);
-    const torch::Tensor y = Target(rows, l).to(torch::kFloat64);
+    // The hooks as they come (Input and Target apply the scales being set here).
+    torch::Tensor x = rows.narrow(1, l * options_.d_in, options_.d_in).to(torch::kFloat64);
+    torch::Tensor y =
+        rows.narrow(1, options_.layers * options_.d_in + l * options_.d_out, options_.d_out)
+            .to(torch::kFloat64);
+    const double in_scale = UnitRmsScale(x), out_scale = UnitRmsScale(y);
+    input_scale[l].fill_(in_scale);
+    output_scale[l].fill_(out_scale);
+    x = x * in_scale;
+    y = y * out_scale;
     b_dec[l].copy_(y.mean(0).to(torch::kFloat32).to(b_dec[l].device()));
     const double spread = (y - y.mean(0)).norm(2, {1}).mean().item<double>();
     const double size = x.norm(2, {1}).mean().item<double>();
@@ -235,14 +239,14 @@ SaeForward CltModelImpl::Forward(const torch::Tensor& rows) {
   out.latents = torch::cat(latents, 1);
   torch::NoGradGuard no_grad;
   out.mse = mse.item<double>();
-  const torch::Tensor centre = torch::cat(b_dec);
-  SetFitStatistics(y, sq, centre, &out);
+  const torch::Tensor centred = y - torch::cat(b_dec);
+  SetFitStatistics(centred, sq, &out);
   // Each block's share, for its own FVU (TrainableModel::fvu_blocks), in one copy to the host.
   auto by_block = [&](const torch::Tensor& t) -> torch::Tensor {
     return t.reshape({-1, options_.layers, options_.d_out}).sum(std::vector<int64_t>{0, 2});
   };
-  const torch::Tensor blocks = torch::stack({by_block(errors), by_block((y - centre).pow(2))})
-                                   .to(torch::kCPU, torch::kFloat64);
+  const torch::Tensor blocks =
+      torch::stack({by_block(errors), by_block(centred.pow(2))}).to(torch::kCPU, torch::kFloat64);
   const auto per_block = blocks.accessor<double, 2>();
   for (int64_t l = 0; l < options_.layers; ++l) {
     out.block_squared_error.push_back(per_block[0][l]);

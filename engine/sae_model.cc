@@ -181,17 +181,16 @@ std::optional<double> BatchTopKCutoff(const torch::Tensor& pre, int64_t k) {
   return positive.min().item<double>();
 }
 
-double SetFitStatistics(const torch::Tensor& y, const torch::Tensor& row_squared_error,
-                        const torch::Tensor& b_dec, SaeForward* out) {
+double SetFitStatistics(const torch::Tensor& centred, const torch::Tensor& row_squared_error,
+                        SaeForward* out) {
   torch::NoGradGuard no_grad;
   // The rows' spread about their mean from their sums about b_dec, which the train loop adds
   // over ranks (TrainableModel::Output) for the FVU of the whole batch.
-  const torch::Tensor centred = y - b_dec.detach();
   out->centred_squares = centred.pow(2).sum().item<double>();
   out->centred_sum = centred.sum(0);
   const double variance =
       out->centred_squares - out->centred_sum.to(torch::kFloat64).pow(2).sum().item<double>() /
-                                 static_cast<double>(y.size(0));
+                                 static_cast<double>(centred.size(0));
   out->squared_error = row_squared_error.sum().item<double>();
   out->fvu = variance > 0 ? out->squared_error / variance : 0.0;
   return variance;
@@ -300,7 +299,7 @@ SaeForward SaeModelImpl::Forward(const torch::Tensor& x, const torch::Tensor& de
   torch::NoGradGuard no_grad;
   out.mse = mse.item<double>();
   if (aux.defined()) out.aux_k_loss = aux.item<double>();
-  const double variance = SetFitStatistics(y, sq, b_dec, &out);
+  const double variance = SetFitStatistics(y - b_dec.detach(), sq, &out);
   for (const torch::Tensor& level : prefix_sq) {
     out.prefix_squared_error.push_back(level.sum().item<double>());
     out.prefix_fvu.push_back(variance > 0 ? out.prefix_squared_error.back() / variance : 0.0);

@@ -124,11 +124,12 @@ torch::Tensor RandomUnitRows(at::Generator& generator, int64_t rows, int64_t wid
 // change the rows' norms, before the optimizer step; NormalizeRows rescales the rows after it.
 void RemoveRadialGradient(const torch::Tensor& weight);
 void NormalizeRows(const torch::Tensor& weight);
-// Fills out's squared_error, centred_squares, centred_sum and fvu for a prediction of `y` whose
-// per-row squared errors are `row_squared_error`, centred on `b_dec` (y's width); returns the
-// batch's spread sum ||y - mean(y)||^2, which the FVU divides by.
-double SetFitStatistics(const torch::Tensor& y, const torch::Tensor& row_squared_error,
-                        const torch::Tensor& b_dec, SaeForward* out);
+// Fills out's squared_error, centred_squares, centred_sum and fvu for a prediction of rows y
+// whose per-row squared errors are `row_squared_error`, from `centred` = y - b_dec (the rows
+// about a point every rank shares); returns the batch's spread sum ||y - mean(y)||^2, which the
+// FVU divides by.
+double SetFitStatistics(const torch::Tensor& centred, const torch::Tensor& row_squared_error,
+                        SaeForward* out);
 
 class SaeModelImpl : public torch::nn::Module {
  public:
