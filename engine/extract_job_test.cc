@@ -970,10 +970,9 @@ TEST_F(ExtractJobTest, MoreOutputsAreCheckedNamingTheOutput) {
   s.mutable_more_outputs(1)->clear_sae();
   expect_invalid(s, "extract.more_outputs[1].sae");
   s = MultiSpec();
-  s.mutable_more_outputs(1)->set_dataset_name("extract-0.blocks.0.hook_resid_mid");
-  expect_invalid(s,
-                 "extract.more_outputs[1].dataset_name: extract-0.blocks.0.hook_resid_mid is "
-                 "output 1's dataset too");
+  s.mutable_more_outputs(0)->set_dataset_name("mid");
+  s.mutable_more_outputs(1)->set_dataset_name("mid");
+  expect_invalid(s, "extract.more_outputs[1].dataset_name: mid is output 1's dataset too");
   s = MultiSpec();
   s.mutable_more_outputs(1)->clear_dataset_name();  // same hook as output 0: same default name?
   EXPECT_TRUE(ValidateExtractSpec(s, env_).ok());   // no: output 0's is "extract-<id>"

@@ -517,11 +517,13 @@ DatasetBytesFloor EstimateDatasetBytesFloor(const Checked& c, const ExtractSpec&
   return floor;
 }
 
-// The names a spec gives its outputs' datasets, before any continuation.
+// The names a spec gives its outputs' datasets, before any continuation. Job id 0 is a spec
+// not submitted yet (a dry run words its names with "<job id>" in place of the number).
 std::vector<std::string> ExtractDatasetNames(const ExtractSpec& spec, uint64_t job_id) {
   std::vector<std::string> names;
-  names.push_back(spec.dataset_name().empty() ? absl::StrCat("extract-", job_id)
-                                              : spec.dataset_name());
+  names.push_back(spec.dataset_name().empty()
+                      ? absl::StrCat("extract-", job_id == 0 ? "<job id>" : absl::StrCat(job_id))
+                      : spec.dataset_name());
   for (const latentd::v1::ExtractOutput& more : spec.more_outputs()) {
     names.push_back(more.dataset_name().empty() ? absl::StrCat(names[0], ".", more.hook_name())
                                                 : more.dataset_name());
