@@ -42,25 +42,36 @@ absl::Status InMemoryDenseRowSource::Read(int64_t row_start, int64_t row_count, 
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<PairedDenseRowSource>> PairedDenseRowSource::Create(
-    std::unique_ptr<DenseRowSource> input, std::unique_ptr<DenseRowSource> target) {
-  if (input->num_rows() != target->num_rows()) {
-    return absl::InvalidArgumentError(absl::StrCat("the input holds ", input->num_rows(),
-                                                   " rows, the target ", target->num_rows()));
+absl::StatusOr<std::unique_ptr<SideBySideDenseRowSource>> SideBySideDenseRowSource::Create(
+    std::vector<std::unique_ptr<DenseRowSource>> sources) {
+  if (sources.empty()) return absl::InvalidArgumentError("no source to put side by side");
+  for (size_t i = 1; i < sources.size(); ++i) {
+    if (sources[i]->num_rows() != sources[0]->num_rows()) {
+      return absl::InvalidArgumentError(absl::StrCat("source ", i, " holds ",
+                                                     sources[i]->num_rows(), " rows, source 0 ",
+                                                     sources[0]->num_rows()));
+    }
   }
-  return std::unique_ptr<PairedDenseRowSource>(
-      new PairedDenseRowSource(std::move(input), std::move(target)));
+  return std::unique_ptr<SideBySideDenseRowSource>(
+      new SideBySideDenseRowSource(std::move(sources)));
 }
 
-absl::Status PairedDenseRowSource::Read(int64_t row_start, int64_t row_count, float* out) {
-  const int64_t a = input_->width(), b = target_->width();
-  input_rows_.resize(row_count * a);
-  target_rows_.resize(row_count * b);
-  RETURN_IF_ERROR(input_->Read(row_start, row_count, input_rows_.data()));
-  RETURN_IF_ERROR(target_->Read(row_start, row_count, target_rows_.data()));
-  for (int64_t r = 0; r < row_count; ++r) {
-    std::memcpy(out + r * (a + b), input_rows_.data() + r * a, sizeof(float) * a);
-    std::memcpy(out + r * (a + b) + a, target_rows_.data() + r * b, sizeof(float) * b);
+SideBySideDenseRowSource::SideBySideDenseRowSource(
+    std::vector<std::unique_ptr<DenseRowSource>> sources)
+    : sources_(std::move(sources)) {
+  for (const auto& source : sources_) width_ += source->width();
+}
+
+absl::Status SideBySideDenseRowSource::Read(int64_t row_start, int64_t row_count, float* out) {
+  int64_t offset = 0;  // of the current source's values within a row
+  for (const auto& source : sources_) {
+    const int64_t w = source->width();
+    part_.resize(row_count * w);
+    RETURN_IF_ERROR(source->Read(row_start, row_count, part_.data()));
+    for (int64_t r = 0; r < row_count; ++r) {
+      std::memcpy(out + r * width_ + offset, part_.data() + r * w, sizeof(float) * w);
+    }
+    offset += w;
   }
   return absl::OkStatus();
 }

@@ -61,28 +61,28 @@ class InMemoryDenseRowSource : public DenseRowSource {
   int64_t num_rows_;
 };
 
-// Two sources of the same rows side by side, row i being input's row i then target's row i
-// (width input.width() + target.width()): what a transcoder trains on, the hook it reads and the
-// hook it predicts, shuffled as one. Chunks are input's. The caller checks that both hold the same
-// rows (Create checks only the counts).
-class PairedDenseRowSource : public DenseRowSource {
+// Sources of the same rows side by side, row i being the first source's row i, then the
+// second's, ... (width the sum of theirs): what a transcoder trains on (the hook it reads and the
+// hook it predicts) and a cross-layer transcoder (every block's input, then every block's
+// target), shuffled as one. Chunks are the first source's. The caller checks that all hold the
+// same rows (Create checks only the counts).
+class SideBySideDenseRowSource : public DenseRowSource {
  public:
-  // INVALID_ARGUMENT when the row counts differ.
-  static absl::StatusOr<std::unique_ptr<PairedDenseRowSource>> Create(
-      std::unique_ptr<DenseRowSource> input, std::unique_ptr<DenseRowSource> target);
+  // INVALID_ARGUMENT for fewer than one source or row counts that differ.
+  static absl::StatusOr<std::unique_ptr<SideBySideDenseRowSource>> Create(
+      std::vector<std::unique_ptr<DenseRowSource>> sources);
 
-  int64_t num_rows() const override { return input_->num_rows(); }
-  int64_t width() const override { return input_->width() + target_->width(); }
-  std::vector<int64_t> chunk_starts() const override { return input_->chunk_starts(); }
+  int64_t num_rows() const override { return sources_[0]->num_rows(); }
+  int64_t width() const override { return width_; }
+  std::vector<int64_t> chunk_starts() const override { return sources_[0]->chunk_starts(); }
   absl::Status Read(int64_t row_start, int64_t row_count, float* out) override;
 
  private:
-  PairedDenseRowSource(std::unique_ptr<DenseRowSource> input,
-                       std::unique_ptr<DenseRowSource> target)
-      : input_(std::move(input)), target_(std::move(target)) {}
+  explicit SideBySideDenseRowSource(std::vector<std::unique_ptr<DenseRowSource>> sources);
 
-  std::unique_ptr<DenseRowSource> input_, target_;
-  std::vector<float> input_rows_, target_rows_;
+  std::vector<std::unique_ptr<DenseRowSource>> sources_;
+  int64_t width_ = 0;
+  std::vector<float> part_;  // one source's rows of a Read
 };
 
 }  // namespace latentd::engine

@@ -56,8 +56,11 @@ struct TrainPlan {
   bool activations = false;  // rows come from a model (activation_spec, mode DENSE)
   latentd::v1::ExtractSpec activation_spec;
   int64_t width = 0;
+  // The stored DENSE datasets whose rows, side by side, the loop reads (SideBySideDenseRowSource):
+  // dataset_id; a transcoder's and target_dataset_id; a CLT's cross_layer_dataset_ids.
+  std::vector<uint64_t> stored_ids;
   // A transcoder's target (spec.target_dataset_id): its record and row width; the rows the loop
-  // sees are width + target_width wide (PairedDenseRowSource).
+  // sees are width + target_width wide.
   std::optional<storage::DatasetRecord> target;
   int64_t target_width = 0;
   // A transcoder's target hook (the target dataset's, or spec.target_hook_name); "" for an SAE.
@@ -288,6 +291,101 @@ absl::Status InCrossLayerField(const absl::Status& status, const latentd::v1::Tr
                                           " blocks need ", hook, message));
 }
 
+// INVALID_ARGUMENT naming `field` unless `out` holds the rows of `in` (committed count, token
+// source and order), `why` saying what needs them alike.
+absl::Status CheckSameRows(const storage::DatasetRecord& in, const storage::DatasetRecord& out,
+                           absl::string_view field, absl::string_view why) {
+  if (out.rows_committed == in.rows_committed && out.meta.token_source == in.meta.token_source &&
+      out.meta.token_order_start == in.meta.token_order_start &&
+      out.meta.context_length == in.meta.context_length) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": dataset ", out.id, " (", out.rows_committed, " rows of ", out.meta.token_source,
+      " from row ", out.meta.token_order_start, ") does not hold the rows of dataset ", in.id, " (",
+      in.rows_committed, " rows of ", in.meta.token_source, " from row ", in.meta.token_order_start,
+      "): ", why));
+}
+
+// A store error about a dataset opened for `field` (StoreDenseRowSource::Open names
+// train.dataset_id) as that field's.
+absl::Status InDatasetField(const absl::Status& status, absl::string_view field) {
+  return absl::Status(
+      status.code(),
+      absl::StrCat(field, ": ", absl::StripPrefix(status.message(), "train.dataset_id: ")));
+}
+
+// A cross-layer transcoder on stored datasets (spec.cross_layer_dataset_ids): 2N DENSE datasets
+// of the same rows, block l's input hook then every block's target, each hook block l's of the
+// same hook within a block. Fills the plan as AddCrossLayerHooks and the activations do.
+absl::Status PlanCrossLayerDatasets(const latentd::v1::TrainSpec& spec, const TrainEnv& env,
+                                    TrainPlan* plan) {
+  constexpr absl::string_view kField = "train.cross_layer_dataset_ids";
+  const int n = spec.cross_layer_dataset_ids_size();
+  const int layers = spec.has_sae() ? spec.sae().cross_layers() : 0;
+  if (spec.dataset_id() != 0 || spec.target_dataset_id() != 0 || spec.has_activations()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kField,
+                     ": names every dataset of a cross-layer transcoder; leave train.dataset_id, "
+                     "train.target_dataset_id and train.activations unset"));
+  }
+  if (layers < 1 || n != 2 * layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kField, ": ", n, " datasets; a cross-layer transcoder over sae.cross_layers = ", layers,
+        " blocks reads 2 x ", layers, " (every block's input, then every block's target)"));
+  }
+  std::vector<storage::DatasetRecord> records;
+  std::vector<int64_t> widths;
+  for (int i = 0; i < n; ++i) {
+    auto source = StoreDenseRowSource::Open(env.store, spec.cross_layer_dataset_ids(i));
+    const std::string field = absl::StrCat(kField, "[", i, "]");
+    if (!source.ok()) return InDatasetField(source.status(), field);
+    records.push_back((*source)->record());
+    widths.push_back((*source)->width());
+  }
+  for (const int first : {0, layers}) {
+    if (!absl::StartsWith(records[first].meta.hook_name, kFirstBlock)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kField, "[", first, "]: dataset ", records[first].id, " holds ",
+                       records[first].meta.hook_name,
+                       "; a cross-layer transcoder starts at block 0, so it must "
+                       "hold block 0's ",
+                       first == 0 ? "input" : "target", " hook (blocks.0....)"));
+    }
+  }
+  plan->clt_input_hook = records[0].meta.hook_name.substr(kFirstBlock.size());
+  plan->clt_output_hook = records[layers].meta.hook_name.substr(kFirstBlock.size());
+  for (int i = 0; i < n; ++i) {
+    const bool input = i < layers;
+    const int block = input ? i : i - layers;
+    const std::string field = absl::StrCat(kField, "[", i, "]");
+    const std::string hook =
+        absl::StrCat("blocks.", block, ".", input ? plan->clt_input_hook : plan->clt_output_hook);
+    if (records[i].meta.hook_name != hook) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": dataset ", records[i].id, " holds ", records[i].meta.hook_name,
+                       ", not block ", block, "'s ", input ? "input " : "target ", hook));
+    }
+    const int64_t expected = input ? widths[0] : widths[layers];
+    if (widths[i] != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", hook, " is ", widths[i],
+                                                     " wide, block 0's ", expected,
+                                                     ": a cross-layer transcoder's blocks must be "
+                                                     "alike"));
+    }
+    RETURN_IF_ERROR(CheckSameRows(records[0], records[i], field,
+                                  "a cross-layer transcoder learns from the same tokens' hooks"));
+  }
+  plan->clt = true;
+  plan->record = records[0];
+  plan->width = widths[0];
+  plan->target_width = widths[layers];
+  plan->target_hook = records[layers].meta.hook_name;
+  plan->stored_ids.assign(spec.cross_layer_dataset_ids().begin(),
+                          spec.cross_layer_dataset_ids().end());
+  return absl::OkStatus();
+}
+
 // spec.target_dataset_id, checked against the input dataset (plan.record): a DENSE dataset of the
 // same rows (committed count, token source and order). Its record and row width.
 absl::StatusOr<std::pair<storage::DatasetRecord, int64_t>> CheckTranscoderTarget(
@@ -303,24 +401,10 @@ absl::StatusOr<std::pair<storage::DatasetRecord, int64_t>> CheckTranscoderTarget
         "input; leave target_dataset_id unset)");
   }
   auto target = StoreDenseRowSource::Open(env.store, spec.target_dataset_id());
-  if (!target.ok()) {
-    return absl::Status(
-        target.status().code(),
-        absl::StrCat("train.target_dataset_id: ",
-                     absl::StripPrefix(target.status().message(), "train.dataset_id: ")));
-  }
-  const storage::DatasetRecord& in = plan.record;
+  if (!target.ok()) return InDatasetField(target.status(), "train.target_dataset_id");
   const storage::DatasetRecord& out = (*target)->record();
-  if (out.rows_committed != in.rows_committed || out.meta.token_source != in.meta.token_source ||
-      out.meta.token_order_start != in.meta.token_order_start ||
-      out.meta.context_length != in.meta.context_length) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("train.target_dataset_id: dataset ", out.id, " (", out.rows_committed,
-                     " rows of ", out.meta.token_source, " from row ", out.meta.token_order_start,
-                     ") does not hold the rows of dataset ", in.id, " (", in.rows_committed,
-                     " rows of ", in.meta.token_source, " from row ", in.meta.token_order_start,
-                     "): a transcoder learns from the same tokens' two hooks"));
-  }
+  RETURN_IF_ERROR(CheckSameRows(plan.record, out, "train.target_dataset_id",
+                                "a transcoder learns from the same tokens' two hooks"));
   return std::make_pair(out, (*target)->width());
 }
 
@@ -357,7 +441,8 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
       return absl::InvalidArgumentError(
           "train.tokens: token files train a torchscript_path module, not an SAE");
     }
-    if (spec.dataset_id() != 0 || spec.has_activations()) {
+    if (spec.dataset_id() != 0 || spec.has_activations() ||
+        spec.cross_layer_dataset_ids_size() > 0) {
       return absl::InvalidArgumentError(
           "train.tokens / train.dataset_id / train.activations: set one of them");
     }
@@ -374,8 +459,9 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
     plan.record.rows_committed = source->num_rows();
     plan.width = source->width();
   } else if (spec.has_activations()) {
-    if (spec.dataset_id() != 0) {
-      return absl::InvalidArgumentError("train.dataset_id / train.activations: set one, not both");
+    if (spec.dataset_id() != 0 || spec.cross_layer_dataset_ids_size() > 0) {
+      return absl::InvalidArgumentError(
+          "train.dataset_id / train.cross_layer_dataset_ids / train.activations: set one");
     }
     ASSIGN_OR_RETURN(plan.activation_spec, CheckActivationSpec(spec.activations()));
     plan.clt = spec.has_sae() && spec.sae().cross_layers() > 0;
@@ -413,15 +499,19 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
         }
       }
     }
+  } else if (spec.cross_layer_dataset_ids_size() > 0) {
+    RETURN_IF_ERROR(PlanCrossLayerDatasets(spec, env, &plan));
   } else {
     ASSIGN_OR_RETURN(auto source, StoreDenseRowSource::Open(env.store, spec.dataset_id()));
     plan.record = source->record();
     plan.width = source->width();
+    plan.stored_ids = {spec.dataset_id()};
   }
   if (spec.target_dataset_id() != 0) {
     ASSIGN_OR_RETURN(std::tie(plan.target, plan.target_width),
                      CheckTranscoderTarget(spec, env, plan));
     plan.target_hook = plan.target->meta.hook_name;
+    plan.stored_ids.push_back(plan.target->id);
   }
   RETURN_IF_ERROR(CheckTargetHook(spec, plan));
   if (has_sae == has_module) {
@@ -489,11 +579,12 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
                                                      " does not match the width of dataset ",
                                                      spec.dataset_id(), " (", plan.width, ")"));
     }
-    if (spec.sae().cross_layers() < 0 || (spec.sae().cross_layers() > 0 && !plan.activations)) {
+    if (spec.sae().cross_layers() < 0 || (spec.sae().cross_layers() > 0 && !plan.clt)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "train.sae.cross_layers: ", spec.sae().cross_layers(),
-          "; a cross-layer transcoder (>= 1 blocks) trains on train.activations, the model's "
-          "hooks of every block computed as training reads them"));
+          "; a cross-layer transcoder (>= 1 blocks) trains on train.activations (the model's "
+          "hooks of every block computed as training reads them) or on "
+          "train.cross_layer_dataset_ids (every block's stored hooks)"));
     }
     if (plan.clt) {
       ASSIGN_OR_RETURN(plan.clt_options, CltModelOptionsFromProto(spec.sae(), plan.width,
@@ -563,6 +654,8 @@ absl::StatusOr<std::string> RunAgreement(const TrainPlan& plan, const latentd::v
                                          bool cuda, DenseRowSource* source) {
   latentd::v1::TrainSpec common = spec;
   common.clear_dataset_id();
+  common.clear_target_dataset_id();
+  common.clear_cross_layer_dataset_ids();
   common.clear_torchscript_path();
   if (common.has_tokens()) common.mutable_tokens()->clear_path();
   if (common.has_activations()) {
@@ -737,11 +830,15 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
       ranks[r].model_source = source->get();
       ranks[r].source = *std::move(source);
     } else {
-      ASSIGN_OR_RETURN(ranks[r].source, StoreDenseRowSource::Open(env.store, spec.dataset_id()));
-      if (plan.target) {
-        ASSIGN_OR_RETURN(auto target, StoreDenseRowSource::Open(env.store, plan.target->id));
-        ASSIGN_OR_RETURN(ranks[r].source, PairedDenseRowSource::Create(std::move(ranks[r].source),
-                                                                       std::move(target)));
+      std::vector<std::unique_ptr<DenseRowSource>> parts;
+      for (const uint64_t id : plan.stored_ids) {
+        ASSIGN_OR_RETURN(auto part, StoreDenseRowSource::Open(env.store, id));
+        parts.push_back(std::move(part));
+      }
+      if (parts.size() == 1) {
+        ranks[r].source = std::move(parts[0]);
+      } else {
+        ASSIGN_OR_RETURN(ranks[r].source, SideBySideDenseRowSource::Create(std::move(parts)));
       }
     }
     ranks[r].stream = std::make_unique<ShuffledRowStream>(
@@ -749,7 +846,8 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
     if (plan.clt) {
       ranks[r].model = std::make_unique<CltTrainable>(
           plan.clt_options, device,
-          CltProvenance{plan.clt_input_hook, plan.clt_output_hook, model_id});
+          CltProvenance{plan.clt_input_hook, plan.clt_output_hook,
+                        plan.activations ? model_id : plan.record.meta.model_id});
     } else if (plan.sae) {
       auto sae = std::make_unique<SaeTrainable>(plan.sae_options, device);
       sae->set_provenance(plan.record.meta.hook_name,
@@ -974,10 +1072,12 @@ absl::StatusOr<std::vector<std::string>> DescribeTrainSpec(const latentd::v1::Tr
           absl::StrCat("rows: token sequences of ", plan.token_spec.path(), ": ", rows, " ids"));
     } else if (plan.clt) {
       const int64_t last = plan.clt_options.layers - 1;
-      lines.push_back(absl::StrCat("rows: the hidden states at blocks.0..", last, ".",
-                                   plan.clt_input_hook, " and blocks.0..", last, ".",
-                                   plan.clt_output_hook, ", computed as training reads them: ",
-                                   plan.record.rows_committed, " rows of ", plan.row_width()));
+      lines.push_back(absl::StrCat(
+          "rows: the hidden states at blocks.0..", last, ".", plan.clt_input_hook,
+          " and blocks.0..", last, ".", plan.clt_output_hook,
+          plan.activations ? ", computed as training reads them"
+                           : absl::StrCat(" from datasets ", absl::StrJoin(plan.stored_ids, ", ")),
+          ": ", plan.record.rows_committed, " rows of ", plan.row_width()));
     } else if (plan.activations) {
       lines.push_back(absl::StrCat("rows: the hidden states at ", plan.activation_spec.hook_name(),
                                    ", computed as training reads them: ", rows));

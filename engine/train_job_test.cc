@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -749,6 +750,92 @@ TEST_F(TrainJobTest, ACrossLayerTranscoderTrainsOnAModelsHooksIntoACircuitTracer
   auto single = RunTrain(spec, env_, &one);
   ASSERT_TRUE(single.ok()) << single.status();
   EXPECT_NEAR(data_parallel->final_loss(), single->final_loss(), 1e-3 * (1 + single->final_loss()));
+}
+
+// The model's hooks of CltSpec, every block's input then every block's target, as 2 x 3 stored
+// DENSE datasets of the same rows (what one DENSE extraction with more_outputs writes); their ids.
+std::vector<uint64_t> StoreCltHooks(const latentd::v1::TrainSpec& spec, const std::string& root,
+                                    storage::ChunkStore* store) {
+  latentd::v1::ExtractSpec hooks = spec.activations();
+  const std::vector<std::string> names = {
+      "blocks.0.ln2.hook_normalized", "blocks.1.ln2.hook_normalized",
+      "blocks.2.ln2.hook_normalized", "blocks.0.hook_mlp_out",
+      "blocks.1.hook_mlp_out",        "blocks.2.hook_mlp_out"};
+  for (size_t i = 1; i < names.size(); ++i) hooks.add_more_outputs()->set_hook_name(names[i]);
+  ExtractEnv extract_env;
+  extract_env.data_roots = {root};
+  auto source = ModelRowSource::Open(hooks, extract_env, DeviceRef{}, 1024);
+  EXPECT_TRUE(source.ok()) << source.status();
+  const int64_t rows = (*source)->num_rows();
+  torch::Tensor data = torch::empty({rows, (*source)->width()}, torch::kFloat32);
+  EXPECT_TRUE((*source)->Read(0, rows, data.data_ptr<float>()).ok());
+  std::vector<int32_t> tokens(rows, 1);
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < names.size(); ++i) {
+    storage::DatasetMeta meta;
+    meta.name = names[i];
+    meta.kind = storage::DatasetKind::kDense;
+    meta.value_dtype = storage::ValueDtype::kFloat32;
+    meta.width = 16;
+    meta.d_in = 16;
+    meta.hook_name = names[i];
+    meta.model_id = "reference";
+    meta.token_source = "tokens.bin";
+    meta.context_length = 16;
+    auto id = store->CreateDataset(meta);
+    EXPECT_TRUE(id.ok()) << id.status();
+    auto writer = store->OpenWriter(*id);
+    const torch::Tensor hook = data.narrow(1, 16 * i, 16).contiguous();
+    EXPECT_TRUE((*writer)->AppendDense(rows, hook.data_ptr<float>(), tokens.data()).ok());
+    EXPECT_TRUE((*writer)->Commit().ok());
+    ids.push_back(*id);
+  }
+  return ids;
+}
+
+TEST_F(TrainJobTest, ACrossLayerTranscoderTrainsOnStoredDatasetsOfEveryBlock) {
+  latentd::v1::TrainSpec spec = CltSpec(root_);
+  const std::vector<uint64_t> ids = StoreCltHooks(spec, root_, store_.get());
+  spec.clear_activations();
+  spec.clear_target_hook_name();
+  for (const uint64_t id : ids) spec.add_cross_layer_dataset_ids(id);
+  auto lines = DescribeTrainSpec(spec, env_);
+  ASSERT_TRUE(lines.ok()) << lines.status();
+  EXPECT_NE(absl::StrJoin(*lines, "\n").find(absl::StrCat("from datasets ", ids[0], ", ")),
+            std::string::npos)
+      << absl::StrJoin(*lines, "\n");
+  FakeContext context(1, 1);
+  auto result = RunTrain(spec, env_, &context);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_LT(result->final_fvu(), 0.8 * context.telemetry().front().fvu());
+  ASSERT_EQ(result->final_block_fvu_size(), 3);
+  std::ifstream yaml(result->artifact_path() + "/config.yaml");
+  std::stringstream text;
+  text << yaml.rdbuf();
+  EXPECT_NE(text.str().find("feature_input_hook: ln2.hook_normalized"), std::string::npos);
+  EXPECT_NE(text.str().find("feature_output_hook: hook_mlp_out"), std::string::npos);
+  auto sae = Sae::Load(result->artifact_path(), *ParseHookName("blocks.2.ln2.hook_normalized"));
+  ASSERT_TRUE(sae.ok()) << sae.status();
+
+  // The datasets must be every block's, in order, of the same rows.
+  latentd::v1::TrainSpec bad = spec;
+  bad.mutable_cross_layer_dataset_ids()->SwapElements(1, 2);
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.cross_layer_dataset_ids[1]: dataset");
+  bad = spec;
+  bad.mutable_cross_layer_dataset_ids()->RemoveLast();
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.cross_layer_dataset_ids: 5 datasets");
+  bad = spec;
+  bad.set_cross_layer_dataset_ids(4, dense_id_);  // other rows, another hook
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.cross_layer_dataset_ids[4]");
+  bad = spec;
+  bad.set_cross_layer_dataset_ids(5, 999);
+  ExpectError(bad, absl::StatusCode::kNotFound, "train.cross_layer_dataset_ids[5]");
+  bad = spec;
+  bad.set_dataset_id(ids[0]);
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.cross_layer_dataset_ids");
+  bad = spec;
+  bad.mutable_sae()->clear_cross_layers();
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.cross_layer_dataset_ids");
 }
 
 TEST_F(TrainJobTest, ACrossLayerTranscodersBadSpecsAreRefusedNamingTheField) {

@@ -58,7 +58,7 @@ class SaeTrainable : public TrainableModel {
 
  private:
   // A transcoder's rows hold its input (d_in values) then its target (d_out values):
-  // PairedDenseRowSource. An SAE's rows are both.
+  // SideBySideDenseRowSource. An SAE's rows are both.
   torch::Tensor Input(const torch::Tensor& rows) const;
   torch::Tensor Target(const torch::Tensor& rows) const;
 

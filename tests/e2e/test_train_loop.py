@@ -703,6 +703,21 @@ class TrainLoop(DaemonTestCase):
             o.dataset_id for o in dense.result.extract.more_outputs]
         x0, x1, y0, y1 = (numpy.load(c.export(i, "hook%d.npz" % i).path)["data"].astype(
             numpy.float64) for i in ids)
+        # The same CLT trained on those stored hooks (every block's input, then every block's
+        # target) is the live one up to rounding: the same rows in the same order.
+        stored = c.wait(c.submit("TRAIN", dict(
+            {k: v for k, v in clt.items() if k not in ("activations", "targetHookName")},
+            crossLayerDatasetIds=[str(i) for i in ids], artifactName="clt-stored")).id)
+        self.assertEqual(stored.state, jobs_pb2.SUCCEEDED, stored.message)
+        for name in ("W_enc_0", "W_enc_1", "W_dec_0", "W_dec_1"):
+            ours = read_safetensors(os.path.join(stored.result.train.artifact_path,
+                                                 name + ".safetensors"))
+            theirs = read_safetensors(os.path.join(release, name + ".safetensors"))
+            for tensor in theirs:
+                # The decoders are small (the targets' scale is folded in): atol relative to them.
+                numpy.testing.assert_allclose(
+                    ours[tensor], theirs[tensor], rtol=1e-3,
+                    atol=1e-3 * float(numpy.abs(theirs[tensor]).max()), err_msg=tensor)
         artifact = {"artifactId": str(result.artifact_id)}
         sparse = c.wait(c.submit("EXTRACT", {
             "model": MODEL, "hookName": hooks[0], "tokens": tokens, "sae": artifact,
