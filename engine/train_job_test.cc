@@ -663,6 +663,32 @@ latentd::v1::TrainSpec CltSpec(const std::string& root) {
   return spec;
 }
 
+// CltSpec's hooks, every block's input then every block's target.
+const std::vector<std::string>& CltHooks() {
+  static const auto* hooks =
+      new std::vector<std::string>{"blocks.0.ln2.hook_normalized", "blocks.1.ln2.hook_normalized",
+                                   "blocks.2.ln2.hook_normalized", "blocks.0.hook_mlp_out",
+                                   "blocks.1.hook_mlp_out",        "blocks.2.hook_mlp_out"};
+  return *hooks;
+}
+
+// The model's values at CltHooks() over every row of CltSpec's tokens, side by side: [rows, 96].
+torch::Tensor ReadCltHooks(const latentd::v1::TrainSpec& spec, const std::string& root) {
+  latentd::v1::ExtractSpec hooks = spec.activations();
+  for (size_t i = 1; i < CltHooks().size(); ++i) {
+    hooks.add_more_outputs()->set_hook_name(CltHooks()[i]);
+  }
+  ExtractEnv extract_env;
+  extract_env.data_roots = {root};
+  auto source = ModelRowSource::Open(hooks, extract_env, DeviceRef{}, 1024);
+  EXPECT_TRUE(source.ok()) << source.status();
+  if (!source.ok()) return torch::Tensor();
+  const int64_t rows = (*source)->num_rows();
+  torch::Tensor data = torch::empty({rows, (*source)->width()}, torch::kFloat32);
+  EXPECT_TRUE((*source)->Read(0, rows, data.data_ptr<float>()).ok());
+  return data;
+}
+
 TEST_F(TrainJobTest, ACrossLayerTranscoderTrainsOnAModelsHooksIntoACircuitTracerRelease) {
   latentd::v1::TrainSpec spec = CltSpec(root_);
   ASSERT_TRUE(ValidateTrainSpec(spec, env_).ok()) << ValidateTrainSpec(spec, env_);
@@ -686,19 +712,8 @@ TEST_F(TrainJobTest, ACrossLayerTranscoderTrainsOnAModelsHooksIntoACircuitTracer
   // The release, read as EXTRACT reads it, explains the model's MLP outputs as the job said:
   // each block's latents from its own input, each prediction from the decoders of every block up
   // to it, over every row of the token file.
-  latentd::v1::ExtractSpec hooks = spec.activations();
-  for (const char* hook :
-       {"blocks.1.ln2.hook_normalized", "blocks.2.ln2.hook_normalized", "blocks.0.hook_mlp_out",
-        "blocks.1.hook_mlp_out", "blocks.2.hook_mlp_out"}) {
-    hooks.add_more_outputs()->set_hook_name(hook);
-  }
-  ExtractEnv extract_env;
-  extract_env.data_roots = {root_};
-  auto source = ModelRowSource::Open(hooks, extract_env, DeviceRef{}, 1024);
-  ASSERT_TRUE(source.ok()) << source.status();
-  const int64_t rows = (*source)->num_rows();
-  torch::Tensor data = torch::empty({rows, (*source)->width()}, torch::kFloat32);
-  ASSERT_TRUE((*source)->Read(0, rows, data.data_ptr<float>()).ok());
+  const torch::Tensor data = ReadCltHooks(spec, root_);
+  ASSERT_TRUE(data.defined());
   std::vector<torch::Tensor> latents;
   ASSERT_EQ(result->final_block_fvu_size(), 3);
   EXPECT_EQ(telemetry.back().block_fvu_size(), 3);
@@ -752,23 +767,13 @@ TEST_F(TrainJobTest, ACrossLayerTranscoderTrainsOnAModelsHooksIntoACircuitTracer
   EXPECT_NEAR(data_parallel->final_loss(), single->final_loss(), 1e-3 * (1 + single->final_loss()));
 }
 
-// The model's hooks of CltSpec, every block's input then every block's target, as 2 x 3 stored
-// DENSE datasets of the same rows (what one DENSE extraction with more_outputs writes); their ids.
+// CltHooks() as 2 x 3 stored DENSE datasets of the same rows (what one DENSE extraction with
+// more_outputs writes); their ids.
 std::vector<uint64_t> StoreCltHooks(const latentd::v1::TrainSpec& spec, const std::string& root,
                                     storage::ChunkStore* store) {
-  latentd::v1::ExtractSpec hooks = spec.activations();
-  const std::vector<std::string> names = {
-      "blocks.0.ln2.hook_normalized", "blocks.1.ln2.hook_normalized",
-      "blocks.2.ln2.hook_normalized", "blocks.0.hook_mlp_out",
-      "blocks.1.hook_mlp_out",        "blocks.2.hook_mlp_out"};
-  for (size_t i = 1; i < names.size(); ++i) hooks.add_more_outputs()->set_hook_name(names[i]);
-  ExtractEnv extract_env;
-  extract_env.data_roots = {root};
-  auto source = ModelRowSource::Open(hooks, extract_env, DeviceRef{}, 1024);
-  EXPECT_TRUE(source.ok()) << source.status();
-  const int64_t rows = (*source)->num_rows();
-  torch::Tensor data = torch::empty({rows, (*source)->width()}, torch::kFloat32);
-  EXPECT_TRUE((*source)->Read(0, rows, data.data_ptr<float>()).ok());
+  const torch::Tensor data = ReadCltHooks(spec, root);
+  const std::vector<std::string>& names = CltHooks();
+  const int64_t rows = data.size(0);
   std::vector<int32_t> tokens(rows, 1);
   std::vector<uint64_t> ids;
   for (size_t i = 0; i < names.size(); ++i) {
