@@ -336,12 +336,19 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
           torch::where(fired > 0, torch::zeros_like(steps_since_fired), steps_since_fired + 1);
     }
     last_loss = loss;
-    // The global batch's spread about its mean, from the ranks' sums about b_dec.
+    // The global batch's spread about its mean, from the ranks' sums about b_dec: for the columns
+    // [begin, begin + width) of the target, whose centred squares sum to `centred_squares`.
+    auto spread_of = [&](double centred_squares, int64_t begin, int64_t width) {
+      return centred_squares - out.centred_sum.narrow(0, begin, width)
+                                       .to(torch::kFloat64)
+                                       .pow(2)
+                                       .sum()
+                                       .item<double>() /
+                                   static_cast<double>(global_batch);
+    };
     const double spread =
         out.centred_sum.defined()
-            ? stats[kStatCentredSquares].item<double>() -
-                  out.centred_sum.to(torch::kFloat64).pow(2).sum().item<double>() /
-                      static_cast<double>(global_batch)
+            ? spread_of(stats[kStatCentredSquares].item<double>(), 0, out.centred_sum.size(0))
             : 0.0;
     auto fvu_of = [&](double squared_error) { return spread > 0 ? squared_error / spread : 0.0; };
     last_fvu = fvu_of(stats[kStatSquaredError].item<double>());
@@ -352,19 +359,13 @@ absl::StatusOr<TrainLoopResult> RunTrainLoop(const TrainLoopOptions& options, Tr
       last_prefix_fvu.push_back(fvu_of(stats[kNumStats + i].item<double>()));
     }
     last_block_fvu.clear();
-    int64_t block_begin = 0;
-    for (int64_t b = 0; b < num_blocks; ++b) {
-      const int64_t block_width = model->fvu_blocks()[b];
-      const double block_spread = stats[first_block + 2 * b + 1].item<double>() -
-                                  out.centred_sum.narrow(0, block_begin, block_width)
-                                          .to(torch::kFloat64)
-                                          .pow(2)
-                                          .sum()
-                                          .item<double>() /
-                                      static_cast<double>(global_batch);
+    const std::vector<int64_t> block_widths =
+        num_blocks > 0 ? model->fvu_blocks() : std::vector<int64_t>();
+    for (int64_t b = 0, begin = 0; b < num_blocks; begin += block_widths[b], ++b) {
+      const double block_spread =
+          spread_of(stats[first_block + 2 * b + 1].item<double>(), begin, block_widths[b]);
       const double block_error = stats[first_block + 2 * b].item<double>();
       last_block_fvu.push_back(block_spread > 0 ? block_error / block_spread : 0.0);
-      block_begin += block_width;
     }
     const OptimizerMemory memory = optimizer->Memory();
     peak_optimizer_bytes = std::max(peak_optimizer_bytes, memory.total());
