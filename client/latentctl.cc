@@ -1509,14 +1509,23 @@ int Telemetry(Client& client, const std::vector<std::string>& args) {
     // aux_k_coefficient > 0).
     const bool aux_k = std::any_of(samples.begin(), samples.end(),
                                    [](const v1::TrainTelemetry& s) { return s.aux_k_loss() > 0; });
-    // Matryoshka SAEs: one column of FVUs, a level's prefix each ("FVU@64/256").
+    // Matryoshka SAEs: one column of FVUs, a level's prefix each ("FVU@64/256"); cross-layer
+    // transcoders: a block's each ("FVU@B0/B1/B2").
     std::string levels_header;
     int levels_width = 0;  // "0.1234/0.5678": 7 characters a level
     for (const auto& s : samples) {
-      if (s.prefix_widths_size() == 0) continue;
-      levels_header = absl::StrCat("FVU@", absl::StrJoin(s.prefix_widths(), "/"));
-      levels_width = std::max<int>(levels_header.size(), 7 * s.prefix_widths_size() - 1);
-      break;
+      if (s.prefix_widths_size() > 0) {
+        levels_header = absl::StrCat("FVU@", absl::StrJoin(s.prefix_widths(), "/"));
+        levels_width = std::max<int>(levels_header.size(), 7 * s.prefix_widths_size() - 1);
+        break;
+      }
+      if (s.block_fvu_size() > 0) {
+        std::vector<std::string> blocks;
+        for (int b = 0; b < s.block_fvu_size(); ++b) blocks.push_back(absl::StrCat("B", b));
+        levels_header = absl::StrCat("FVU@", absl::StrJoin(blocks, "/"));
+        levels_width = std::max<int>(levels_header.size(), 7 * s.block_fvu_size() - 1);
+        break;
+      }
     }
     std::printf(
         "%-7s %-11s %-8s %-7s %-6s %s%s%-10s %-12s %-12s %-12s %s\n", "STEP", "LOSS", "FVU", "L0",
@@ -1529,6 +1538,7 @@ int Telemetry(Client& client, const std::vector<std::string>& args) {
       if (!levels_header.empty()) {
         std::vector<std::string> fvus;
         for (const double v : s.prefix_fvu()) fvus.push_back(absl::StrFormat("%.4f", v));
+        for (const double v : s.block_fvu()) fvus.push_back(absl::StrFormat("%.4f", v));
         levels = absl::StrFormat("%-*s ", levels_width, absl::StrJoin(fvus, "/"));
       }
       std::printf("%-7lld %-11.5g %-8.4f %-7.1f %-6lld %s%s%-10.0f %-12s %-12s %-12s %s\n",

@@ -648,6 +648,16 @@ absl::Status WriteTelemetryPlot(const std::vector<latentd::v1::TrainTelemetry>& 
           {LastValueLabel(absl::StrCat("FVU@", width), y, false), color, std::move(y)});
     }
   }
+  // A cross-layer transcoder's blocks: one line per block, in the same palette.
+  int blocks = 0;
+  for (const T& s : samples) blocks = std::max(blocks, s.block_fvu_size());
+  for (int block = 0; block < blocks; ++block) {
+    std::vector<double> y = collect(
+        [block](const T& t) { return block < t.block_fvu_size() ? t.block_fvu(block) : kNaN; });
+    const Rgb color = kPlotPrefixFvuColors[block % std::size(kPlotPrefixFvuColors)];
+    prefixes.push_back(
+        {LastValueLabel(absl::StrCat("FVU block ", block), y, false), color, std::move(y)});
+  }
 
   struct MemoryField {
     const char* name;

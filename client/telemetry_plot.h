@@ -78,7 +78,8 @@ inline constexpr Rgb kPlotPrefixFvuColors[] = {
     {127, 39, 4}, {188, 80, 20}, {230, 150, 60}, {250, 200, 120}};
 
 // Writes a PNG with two panels sharing the step axis: top, loss (and FVU on the same panel if
-// present, with a Matryoshka SAE's prefix FVUs, "FVU@64" ..., on the FVU axis) against step;
+// present, with a Matryoshka SAE's prefix FVUs, "FVU@64" ..., or a cross-layer transcoder's
+// block FVUs, "FVU block 0" ..., on the FVU axis) against step;
 // bottom, memory against step: optimizer_state_total_bytes, dense_mfac_history_bytes (the dense
 // M-FAC history the EFCP optimizer avoids), parameter_bytes, process_rss_bytes,
 // device_allocated_bytes when nonzero — log10 y axis so that MB and GB both read. Axes with tick

@@ -275,6 +275,21 @@ TEST(TelemetryPlotTest, DrawsAMatryoshkaSaesPrefixFvusOnTheFvuAxis) {
   EXPECT_EQ(image->Count(kPlotPrefixFvuColors[0]), 0u);
 }
 
+TEST(TelemetryPlotTest, DrawsACrossLayerTranscodersBlockFvusOnTheFvuAxis) {
+  std::vector<TrainTelemetry> samples = SyntheticRun(50);
+  for (TrainTelemetry& t : samples) {
+    for (const double factor : {0.5, 1.0, 2.0}) t.add_block_fvu(t.fvu() * factor);
+  }
+  const std::string path = TmpPath("clt.png");
+  ASSERT_TRUE(WriteTelemetryPlot(samples, "cross-layer transcoder", path).ok());
+  absl::StatusOr<Image> image = DecodePng(path);
+  ASSERT_TRUE(image.ok()) << image.status();
+  for (int block = 0; block < 3; ++block) {
+    EXPECT_GT(image->Count(kPlotPrefixFvuColors[block]), 600u) << "block " << block;
+  }
+  EXPECT_EQ(image->Count(kPlotPrefixFvuColors[3]), 0u);  // three blocks, three lines
+}
+
 TEST(TelemetryPlotTest, PlotsOnlyTheSeriesThatArePresent) {
   // Out of step order, no FVU, only device memory: still a valid plot.
   std::vector<TrainTelemetry> samples;

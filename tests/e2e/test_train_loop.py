@@ -747,6 +747,8 @@ class TrainLoop(DaemonTestCase):
             self.assertAlmostEqual(result.final_block_fvu[layer], 1 - explained, delta=0.15)
         self.assertIn("blocks     fvu 0: %.4f, 1: %.4f" % tuple(result.final_block_fvu),
                       daemon.latentctl("get", str(train.id)).stdout)
+        self.assertIn("%.4f/%.4f" % tuple(samples[-1].block_fvu),
+                      daemon.latentctl("telemetry", str(train.id)).stdout)
 
         # What a CLT cannot be is refused at submit, naming the field.
         for spec, field in (
