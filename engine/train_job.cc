@@ -348,9 +348,9 @@ absl::Status PlanCrossLayerDatasets(const latentd::v1::TrainSpec& spec, const Tr
       return absl::InvalidArgumentError(
           absl::StrCat(kField, "[", first, "]: dataset ", records[first].id, " holds ",
                        records[first].meta.hook_name,
-                       "; a cross-layer transcoder starts at block 0, so it must "
-                       "hold block 0's ",
-                       first == 0 ? "input" : "target", " hook (blocks.0....)"));
+                       "; a cross-layer transcoder starts at block 0, so it must hold block "
+                       "0's ",
+                       first == 0 ? "input" : "target", " hook (blocks.0.<hook>)"));
     }
   }
   plan->clt_input_hook = records[0].meta.hook_name.substr(kFirstBlock.size());
