@@ -2,7 +2,6 @@
 // dataset whole and in part, a DENSE one, and the metadata in the footer.
 #include <nlohmann/json.hpp>
 #include <random>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -11,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "storage/chunk_store.h"
 #include "storage/export.h"
+#include "storage/sparse_rows_testing.h"
 
 namespace latentd::storage {
 namespace {
@@ -51,22 +51,10 @@ TEST(ExportParquetTest, RowsReadBackAsTheStoreHoldsThem) {
     auto writer = store.OpenWriter(*sparse);
     ASSERT_TRUE(writer.ok());
     std::mt19937 rng(3);
-    std::vector<int64_t> indptr{0};
-    std::vector<int32_t> indices, tokens;
-    std::vector<float> values;
-    for (int r = 0; r < 300; ++r) {  // rows with 0 to 12 latents
-      std::set<int32_t> cols;
-      const int k = static_cast<int>(rng() % 13);
-      while (static_cast<int>(cols.size()) < k) cols.insert(static_cast<int32_t>(rng() % 300));
-      for (int32_t c : cols) {
-        indices.push_back(c);
-        values.push_back(std::uniform_real_distribution<float>(0.01f, 20.0f)(rng));
-      }
-      indptr.push_back(static_cast<int64_t>(indices.size()));
-      tokens.push_back(static_cast<int32_t>(rng() % 4096));
-    }
+    const SparseRowsForTest rows = RandomSparseRows(rng, 300, 300, 12);  // 0 to 12 latents
     ASSERT_TRUE((*writer)
-                    ->AppendSparse(300, indptr.data(), indices.data(), values.data(), tokens.data())
+                    ->AppendSparse(rows.rows(), rows.indptr.data(), rows.indices.data(),
+                                   rows.values.data(), rows.tokens.data())
                     .ok());
     ASSERT_TRUE((*writer)->Commit().ok());
   }

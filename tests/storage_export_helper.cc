@@ -5,10 +5,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <set>
 
 #include "storage/chunk_store.h"
 #include "storage/export.h"
+#include "storage/sparse_rows_testing.h"
 
 using namespace latentd::storage;  // NOLINT: a small test helper
 
@@ -53,22 +53,9 @@ int main(int argc, char** argv) {
     if (!w.ok()) return Fail(w.status());
     std::mt19937 rng(3);
     for (int commit = 0; commit < 5; ++commit) {
-      std::vector<int64_t> indptr{0};
-      std::vector<int32_t> indices, tokens;
-      std::vector<float> values;
-      for (int r = 0; r < 100; ++r) {
-        std::set<int32_t> cols;
-        const int k = static_cast<int>(rng() % 13);
-        while (static_cast<int>(cols.size()) < k) cols.insert(static_cast<int32_t>(rng() % 300));
-        for (int32_t c : cols) {
-          indices.push_back(c);
-          values.push_back(std::uniform_real_distribution<float>(0.01f, 20.0f)(rng));
-        }
-        indptr.push_back(static_cast<int64_t>(indices.size()));
-        tokens.push_back(static_cast<int32_t>(rng() % 4096));
-      }
-      absl::Status s =
-          (*w)->AppendSparse(100, indptr.data(), indices.data(), values.data(), tokens.data());
+      const SparseRowsForTest rows = RandomSparseRows(rng, 100, 300, 12);
+      absl::Status s = (*w)->AppendSparse(rows.rows(), rows.indptr.data(), rows.indices.data(),
+                                          rows.values.data(), rows.tokens.data());
       if (s.ok()) s = (*w)->Commit();
       if (!s.ok()) return Fail(s);
     }
