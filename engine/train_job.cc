@@ -315,6 +315,18 @@ absl::Status InDatasetField(const absl::Status& status, absl::string_view field)
       absl::StrCat(field, ": ", absl::StripPrefix(status.message(), "train.dataset_id: ")));
 }
 
+// Hook i of a cross-layer transcoder's 2N (every block's input, then every block's target),
+// widths[i] wide, against its side's block 0: INVALID_ARGUMENT naming `field` unless alike.
+absl::Status CheckBlockWidth(absl::string_view field, absl::string_view hook,
+                             const std::vector<int64_t>& widths, int layers, int i) {
+  const int64_t expected = widths[i < layers ? 0 : layers];
+  if (widths[i] == expected) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", hook, " is ", widths[i],
+                                                 " wide, block 0's ", expected,
+                                                 ": a cross-layer transcoder's blocks must be "
+                                                 "alike"));
+}
+
 // A cross-layer transcoder on stored datasets (spec.cross_layer_dataset_ids): 2N DENSE datasets
 // of the same rows, block l's input hook then every block's target, each hook block l's of the
 // same hook within a block. Fills the plan as AddCrossLayerHooks and the activations do.
@@ -366,13 +378,7 @@ absl::Status PlanCrossLayerDatasets(const latentd::v1::TrainSpec& spec, const Tr
           absl::StrCat(field, ": dataset ", records[i].id, " holds ", records[i].meta.hook_name,
                        ", not block ", block, "'s ", input ? "input " : "target ", hook));
     }
-    const int64_t expected = input ? widths[0] : widths[layers];
-    if (widths[i] != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ": ", hook, " is ", widths[i],
-                                                     " wide, block 0's ", expected,
-                                                     ": a cross-layer transcoder's blocks must be "
-                                                     "alike"));
-    }
+    RETURN_IF_ERROR(CheckBlockWidth(field, hook, widths, layers, i));
     RETURN_IF_ERROR(CheckSameRows(records[0], records[i], field,
                                   "a cross-layer transcoder learns from the same tokens' hooks"));
   }
@@ -489,14 +495,11 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
       plan.target_width = shape->widths[layers];
       plan.target_hook = spec.target_hook_name();
       for (int i = 0; plan.clt && i < 2 * layers; ++i) {
-        const int64_t expected = i < layers ? plan.width : plan.target_width;
-        if (shape->widths[i] != expected) {
-          const std::string& hook = i == 0 ? plan.activation_spec.hook_name()
-                                           : plan.activation_spec.more_outputs(i - 1).hook_name();
-          return absl::InvalidArgumentError(absl::StrCat(
-              "train.sae.cross_layers: ", hook, " is ", shape->widths[i], " wide, block 0's ",
-              expected, ": a cross-layer transcoder's blocks must be alike"));
-        }
+        RETURN_IF_ERROR(CheckBlockWidth("train.sae.cross_layers",
+                                        i == 0
+                                            ? plan.activation_spec.hook_name()
+                                            : plan.activation_spec.more_outputs(i - 1).hook_name(),
+                                        shape->widths, layers, i));
       }
     }
   } else if (spec.cross_layer_dataset_ids_size() > 0) {
