@@ -765,6 +765,24 @@ TEST_F(TrainJobTest, ACrossLayerTranscoderTrainsOnAModelsHooksIntoACircuitTracer
   auto single = RunTrain(spec, env_, &one);
   ASSERT_TRUE(single.ok()) << single.status();
   EXPECT_NEAR(data_parallel->final_loss(), single->final_loss(), 1e-3 * (1 + single->final_loss()));
+  // And report each block's FVU of the whole batch, not an average of their halves': after one
+  // step from the same weights they agree (later steps drift apart by rounding; ReLU, as
+  // BatchTopK picks its latents over each rank's own rows).
+  spec.set_steps(1);
+  spec.mutable_sae()->set_architecture(latentd::v1::RELU);
+  std::vector<latentd::v1::TrainResult> first_step;
+  for (int devices : {1, 2}) {
+    spec.set_artifact_name(absl::StrCat("clt-first-step-", devices));
+    FakeContext context(10 + devices, devices);
+    auto run = RunTrain(spec, env_, &context);
+    ASSERT_TRUE(run.ok()) << run.status();
+    ASSERT_EQ(run->final_block_fvu_size(), 3);
+    first_step.push_back(*run);
+  }
+  for (int block = 0; block < 3; ++block) {
+    EXPECT_NEAR(first_step[1].final_block_fvu(block), first_step[0].final_block_fvu(block), 1e-5)
+        << "block " << block;
+  }
 }
 
 // CltHooks() as 2 x 3 stored DENSE datasets of the same rows (what one DENSE extraction with
