@@ -154,6 +154,21 @@ class TrainJobTest : public ::testing::Test {
     return spec;
   }
 
+  // Runs `spec` as job `job_id` cancelled after `cancel_after_polls` polls (it must stop
+  // CANCELLED), then again as the same job, which resumes from its checkpoint: that run's result,
+  // and in *samples the telemetry the resumed run reported.
+  absl::StatusOr<latentd::v1::TrainResult> RunInterrupted(const latentd::v1::TrainSpec& spec,
+                                                          uint64_t job_id, int cancel_after_polls,
+                                                          size_t* samples) {
+    FakeContext first(job_id, 1);
+    first.CancelAfter(cancel_after_polls);
+    EXPECT_EQ(RunTrain(spec, env_, &first).status().code(), absl::StatusCode::kCancelled);
+    FakeContext second(job_id, 1);
+    auto resumed = RunTrain(spec, env_, &second);
+    *samples = second.telemetry().size();
+    return resumed;
+  }
+
   void ExpectError(const latentd::v1::TrainSpec& spec, absl::StatusCode code,
                    const std::string& needle) {
     absl::Status status = ValidateTrainSpec(spec, env_);
@@ -493,13 +508,10 @@ TEST_F(TrainJobTest, InterruptedJobResumesToTheWeightsOfAnUninterruptedOne) {
   ASSERT_TRUE(a.ok()) << a.status();
 
   spec.set_artifact_name("interrupted");
-  FakeContext first(2, 1);
-  first.CancelAfter(23);
-  EXPECT_EQ(RunTrain(spec, env_, &first).status().code(), absl::StatusCode::kCancelled);
-  FakeContext second(2, 1);
-  auto b = RunTrain(spec, env_, &second);
+  size_t resumed_samples = 0;
+  auto b = RunInterrupted(spec, 2, 23, &resumed_samples);
   ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_LT(second.telemetry().size(), straight.telemetry().size());
+  EXPECT_LT(resumed_samples, straight.telemetry().size());
   auto sa = Sae::Load(a->artifact_path());
   auto sb = Sae::Load(b->artifact_path());
   ASSERT_TRUE(sa.ok() && sb.ok());
@@ -739,13 +751,10 @@ TEST_F(TrainJobTest, ACrossLayerTranscoderTrainsOnAModelsHooksIntoACircuitTracer
 
   // Interrupted and continued, it ends where the uninterrupted run did.
   spec.set_artifact_name("clt-interrupted");
-  FakeContext first(2, 1);
-  first.CancelAfter(37);
-  EXPECT_EQ(RunTrain(spec, env_, &first).status().code(), absl::StatusCode::kCancelled);
-  FakeContext second(2, 1);
-  auto resumed = RunTrain(spec, env_, &second);
+  size_t resumed_samples = 0;
+  auto resumed = RunInterrupted(spec, 2, 37, &resumed_samples);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
-  EXPECT_LT(second.telemetry().size(), telemetry.size());
+  EXPECT_LT(resumed_samples, telemetry.size());
   EXPECT_EQ(resumed->final_loss(), result->final_loss());
   for (int layer = 0; layer < 3; ++layer) {
     auto a = LoadCrossLayerDecoder(dir, 0, layer);
