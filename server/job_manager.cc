@@ -497,6 +497,9 @@ void JobManager::SchedulerLoop() {
     if (shutting_down_) break;
     schedule_dirty_ = false;
     JoinFinishedLocked();
+    // JoinFinishedLocked lets go of mu_: a Shutdown that came in meanwhile has already told every
+    // running job to stop, and would never hear of one started now.
+    if (shutting_down_) break;
     std::vector<Entry*> pending;
     for (auto& [id, entry] : jobs_) {
       if (entry->job.state() == latentd::v1::PENDING) pending.push_back(entry.get());

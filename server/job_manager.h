@@ -144,6 +144,8 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunJob(Entry* entry);
   void FinishJob(Entry* entry, const absl::StatusOr<latentd::v1::JobResult>& result);
+  // Joins the threads of finished runners. Lets go of mu_ while it joins: state read before the
+  // call (shutting_down_ included) must be read again after it.
   void JoinFinishedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   JobStore* const store_;

@@ -206,6 +206,20 @@ TEST_F(JobManagerTest, SameRequestIdReturnsTheSameJob) {
   EXPECT_EQ(manager_->List({}, 0, "")->jobs.size(), 1u);
 }
 
+// A shutdown that lands while the scheduler is between picking a job and starting it must still
+// stop that job: the daemon's stop (SIGTERM) would otherwise wait forever on a runner nobody
+// asked to stop. The race is narrow, so it is run many times; each round shuts down right after
+// a submit, when the scheduler is most likely to be in the middle of its pass.
+TEST_F(JobManagerTest, ShutdownRightAfterASubmitStopsWhateverTheSchedulerStarts) {
+  for (int round = 0; round < 300; ++round) {
+    Open("cpu:1");
+    ASSERT_TRUE(manager_->Submit("", Probe()).ok());
+    manager_->Shutdown();  // hangs (the test times out) if a runner started and was never stopped
+    Close();
+    dir_ = FreshTestDir(absl::StrCat("job_manager_round_", round));
+  }
+}
+
 TEST_F(JobManagerTest, DevicesAreNeverSharedAndFifoWithinPriority) {
   Open("cpu:2");
   Job big = *manager_->Submit("", Probe(2));
