@@ -4,13 +4,12 @@
 #include <sys/stat.h>
 
 #include <cmath>
-#include <cstdio>
-#include <fstream>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/write_file.h"
 #include "engine/circuit_tracer.h"
 #include "engine/safetensors_tensor.h"
 
@@ -330,17 +329,7 @@ absl::Status CltModelImpl::Save(const std::string& dir, const CltProvenance& pro
   }
   absl::StrAppend(&yaml, "# trained by latentd: ", options_.layers, " layers, d_sae ",
                   options_.d_sae, " each\n");
-  const std::string path = absl::StrCat(dir, "/", kCircuitTracerConfig);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << yaml;
-    if (!out.flush()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename ", tmp));
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(absl::StrCat(dir, "/", kCircuitTracerConfig), yaml);
 }
 
 }  // namespace latentd::engine

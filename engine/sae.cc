@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "common/write_file.h"
 #include "engine/circuit_tracer.h"
 #include "engine/npz.h"
 #include "engine/safetensors.h"
@@ -522,16 +523,7 @@ absl::Status SaveSae(const std::string& dir, const SaeWeights& weights, const Sa
     tensors.emplace_back(name, *t);
   }
   RETURN_IF_ERROR(WriteFloatTensors(dir + "/sae_weights.safetensors", tensors, {{"format", "pt"}}));
-  const std::string tmp = dir + "/cfg.json.tmp";
-  {
-    std::ofstream out(tmp);
-    out << SaeConfigToJson(cfg);
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  if (rename(tmp.c_str(), (dir + "/cfg.json").c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename ", tmp));
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(dir + "/cfg.json", SaeConfigToJson(cfg));
 }
 
 }  // namespace latentd::engine

@@ -617,6 +617,16 @@ bool IsDictionaryLearningLayout(const std::string& dir) {
   return !Exists(dir + "/cfg.json") && Exists(dir + "/" + kDictionaryLearningWeights);
 }
 
+// dictionary_learning's crosscoders as PyTorchModelHubMixin saves them (latentd's TRAIN among
+// them): model.safetensors and a config.json with num_encoder_layers.
+bool IsCrosscoderLayout(const std::string& dir) {
+  if (!Exists(dir + "/model.safetensors")) return false;
+  std::ifstream in(dir + "/config.json");
+  if (!in) return false;
+  const json config = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return config.is_object() && config.contains("num_encoder_layers");
+}
+
 // Goodfire's layout: the directory's only .pth file, and no config beside it ("" otherwise).
 std::string GoodfireWeights(const std::string& dir) {
   for (const std::string config : {"cfg.json", kDictionaryLearningConfig, kLmSaesHyperparams}) {
@@ -1054,6 +1064,13 @@ absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir,
   }
   if (!in && Exists(dir + "/" + kGemmaScopeParams)) {
     return ReadGemmaScopeSae(dir, dir + "/" + kGemmaScopeParams);
+  }
+  if (!in && IsCrosscoderLayout(dir)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir,
+        " holds a crosscoder (dictionary_learning's layout: model.safetensors, config.json with "
+        "num_encoder_layers): one set of latents over several hooks, which EXTRACT does not "
+        "encode with; dictionary_learning's BatchTopKCrossCoder.from_pretrained loads it"));
   }
   if (!in) {
     return absl::NotFoundError(absl::StrCat(dir, "/cfg.json not found (nor Gemma Scope's ",

@@ -23,6 +23,7 @@
 #include "common/status_macros.h"
 #include "engine/checkpoint.h"
 #include "engine/clt_model.h"
+#include "engine/crosscoder_model.h"
 #include "engine/data_parallel.h"
 #include "engine/extract_runner.h"
 #include "engine/hook_name.h"
@@ -70,12 +71,23 @@ struct TrainPlan {
   bool clt = false;
   CltModelOptions clt_options;
   std::string clt_input_hook, clt_output_hook;
-  // Values in a row the train loop reads: a CLT's rows hold every block's input and target.
-  int64_t row_width() const { return clt ? clt_options.RowWidth() : width + target_width; }
+  // A crosscoder (spec.crosscoder_dataset_ids or crosscoder_hooks): its options, and its
+  // sources in the order of its rows' columns (the model of live hooks is known at run time).
+  bool crosscoder = false;
+  CrosscoderModelOptions crosscoder_options;
+  std::vector<CrosscoderSource> crosscoder_sources;
+  // Values in a row the train loop reads: a CLT's rows hold every block's input and target, a
+  // crosscoder's every source's hook.
+  int64_t row_width() const {
+    if (clt) return clt_options.RowWidth();
+    if (crosscoder) return static_cast<int64_t>(crosscoder_sources.size()) * width;
+    return width + target_width;
+  }
   bool sae = true;
   SaeModelOptions sae_options;
   int64_t num_latents() const {
-    return clt ? clt_options.layers * clt_options.d_sae : sae_options.d_sae;
+    if (clt) return clt_options.layers * clt_options.d_sae;
+    return crosscoder ? crosscoder_options.d_sae : sae_options.d_sae;
   }
   std::string torchscript_path;  // resolved
   OptimizerConfig optimizer;
@@ -267,28 +279,75 @@ absl::Status AddCrossLayerHooks(const latentd::v1::TrainSpec& spec, TrainPlan* p
   return absl::OkStatus();
 }
 
+// An extraction error about the hook of activation_spec.more_outputs[i] (one the plan added for a
+// CLT or a crosscoder): i, and the message after "extract.more_outputs[i].hook_name". nullopt for
+// another error.
+std::optional<std::pair<int, absl::string_view>> MoreOutputError(
+    const absl::Status& status, const latentd::v1::ExtractSpec& activation_spec) {
+  absl::string_view message = status.message();
+  if (!absl::ConsumePrefix(&message, "extract.more_outputs[")) return std::nullopt;
+  const size_t close = message.find(']');
+  int index = -1;
+  if (close == absl::string_view::npos || !absl::SimpleAtoi(message.substr(0, close), &index) ||
+      index < 0 || index >= activation_spec.more_outputs_size()) {
+    return std::nullopt;
+  }
+  message.remove_prefix(close + 1);
+  absl::ConsumePrefix(&message, ".hook_name");
+  return std::make_pair(index, message);
+}
+
 // An extraction error about one of a CLT's hooks (more_outputs[i], added by AddCrossLayerHooks)
 // as the field that asked for it: block 0's target is target_hook_name, the others come from
 // cross_layers.
 absl::Status InCrossLayerField(const absl::Status& status, const latentd::v1::TrainSpec& spec,
                                const latentd::v1::ExtractSpec& activation_spec) {
-  constexpr absl::string_view kOutputs = "extract.more_outputs[";
-  absl::string_view message = status.message();
-  if (!absl::ConsumePrefix(&message, kOutputs)) return InActivationsField(status);
-  const size_t close = message.find(']');
-  int index = -1;
-  if (close == absl::string_view::npos || !absl::SimpleAtoi(message.substr(0, close), &index) ||
-      index < 0 || index >= activation_spec.more_outputs_size()) {
-    return InActivationsField(status);
-  }
-  message.remove_prefix(close + 1);
-  absl::ConsumePrefix(&message, ".hook_name");
+  const auto error = MoreOutputError(status, activation_spec);
+  if (!error) return InActivationsField(status);
+  const auto [index, message] = *error;
   const std::string& hook = activation_spec.more_outputs(index).hook_name();
   if (hook == spec.target_hook_name()) {
     return WithMessage(status, absl::StrCat("train.target_hook_name", message));
   }
   return WithMessage(status, absl::StrCat("train.sae.cross_layers: ", spec.sae().cross_layers(),
                                           " blocks need ", hook, message));
+}
+
+// A crosscoder's live hooks: activations.hook_name, then spec.crosscoder_hooks as the
+// activation spec's more_outputs, so that a row is every source's hook side by side.
+absl::Status AddCrosscoderHooks(const latentd::v1::TrainSpec& spec, TrainPlan* plan) {
+  constexpr absl::string_view kField = "train.crosscoder_hooks";
+  if (spec.sae().cross_layers() != 0 || !spec.target_hook_name().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kField,
+                     ": trains a crosscoder, which reconstructs the hooks it reads; leave "
+                     "train.sae.cross_layers and train.target_hook_name (a transcoder's) unset"));
+  }
+  std::vector<std::string> hooks = {plan->activation_spec.hook_name()};
+  for (int i = 0; i < spec.crosscoder_hooks_size(); ++i) {
+    const std::string& hook = spec.crosscoder_hooks(i);
+    if (std::find(hooks.begin(), hooks.end(), hook) != hooks.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kField, "[", i, "]: ", hook,
+          " is read already (activations.hook_name and the hooks listed are the sources, each "
+          "once)"));
+    }
+    hooks.push_back(hook);
+    plan->activation_spec.add_more_outputs()->set_hook_name(hook);
+  }
+  for (const std::string& hook : hooks) plan->crosscoder_sources.push_back({hook, "", "live"});
+  plan->crosscoder = true;
+  return absl::OkStatus();
+}
+
+// An extraction error about one of a crosscoder's hooks (more_outputs[i], added by
+// AddCrosscoderHooks) as train.crosscoder_hooks[i]'s.
+absl::Status InCrosscoderField(const absl::Status& status,
+                               const latentd::v1::ExtractSpec& activation_spec) {
+  const auto error = MoreOutputError(status, activation_spec);
+  if (!error) return InActivationsField(status);
+  return WithMessage(status,
+                     absl::StrCat("train.crosscoder_hooks[", error->first, "]", error->second));
 }
 
 // INVALID_ARGUMENT naming `field` unless `out` holds the rows of `in` (committed count, token
@@ -392,6 +451,65 @@ absl::Status PlanCrossLayerDatasets(const latentd::v1::TrainSpec& spec, const Tr
   return absl::OkStatus();
 }
 
+// A crosscoder on stored datasets (spec.crosscoder_dataset_ids): n >= 2 DENSE datasets of the same
+// rows and width, each read once; from any hooks of any models.
+absl::Status PlanCrosscoderDatasets(const latentd::v1::TrainSpec& spec, const TrainEnv& env,
+                                    TrainPlan* plan) {
+  constexpr absl::string_view kField = "train.crosscoder_dataset_ids";
+  const int n = spec.crosscoder_dataset_ids_size();
+  if (spec.dataset_id() != 0 || spec.target_dataset_id() != 0 || spec.has_activations() ||
+      spec.cross_layer_dataset_ids_size() > 0 || !spec.target_hook_name().empty() ||
+      spec.crosscoder_hooks_size() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kField,
+        ": names every dataset a crosscoder reads; leave train.dataset_id, "
+        "train.target_dataset_id, train.target_hook_name, train.cross_layer_dataset_ids, "
+        "train.activations and train.crosscoder_hooks unset"));
+  }
+  if (!spec.has_sae()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kField, ": trains a crosscoder, whose settings are train.sae's"));
+  }
+  if (n < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kField, ": a crosscoder reads >= 2 datasets together, got ", n,
+                     " (one dataset: train an SAE on train.dataset_id)"));
+  }
+  std::vector<storage::DatasetRecord> records;
+  for (int i = 0; i < n; ++i) {
+    const uint64_t id = spec.crosscoder_dataset_ids(i);
+    const std::string field = absl::StrCat(kField, "[", i, "]");
+    for (int j = 0; j < i; ++j) {
+      if (spec.crosscoder_dataset_ids(j) == id) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ": dataset ", id, " is ", kField, "[",
+                                                       j, "] already; each source once"));
+      }
+    }
+    auto source = StoreDenseRowSource::Open(env.store, id);
+    if (!source.ok()) return InDatasetField(source.status(), field);
+    records.push_back((*source)->record());
+    const int64_t width = (*source)->width();
+    if (i == 0) {
+      plan->width = width;
+    } else if (width != plan->width) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": dataset ", id, " (", records[i].meta.hook_name, ") is ", width,
+                       " wide, dataset ", records[0].id, " (", records[0].meta.hook_name, ") ",
+                       plan->width, ": a crosscoder's sources must be alike in width"));
+    }
+    RETURN_IF_ERROR(CheckSameRows(records[0], records[i], field,
+                                  "a crosscoder reads the same tokens' activations in every "
+                                  "source (extract each over the same token file and shard)"));
+    plan->crosscoder_sources.push_back(
+        {records[i].meta.hook_name, records[i].meta.model_id, absl::StrCat("dataset ", id)});
+  }
+  plan->crosscoder = true;
+  plan->record = records[0];
+  plan->stored_ids.assign(spec.crosscoder_dataset_ids().begin(),
+                          spec.crosscoder_dataset_ids().end());
+  return absl::OkStatus();
+}
+
 // spec.target_dataset_id, checked against the input dataset (plan.record): a DENSE dataset of the
 // same rows (committed count, token source and order). Its record and row width.
 absl::StatusOr<std::pair<storage::DatasetRecord, int64_t>> CheckTranscoderTarget(
@@ -448,7 +566,8 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
           "train.tokens: token files train a torchscript_path module, not an SAE");
     }
     if (spec.dataset_id() != 0 || spec.has_activations() ||
-        spec.cross_layer_dataset_ids_size() > 0) {
+        spec.cross_layer_dataset_ids_size() > 0 || spec.crosscoder_dataset_ids_size() > 0 ||
+        spec.crosscoder_hooks_size() > 0) {
       return absl::InvalidArgumentError(
           "train.tokens / train.dataset_id / train.activations: set one of them");
     }
@@ -465,19 +584,29 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
     plan.record.rows_committed = source->num_rows();
     plan.width = source->width();
   } else if (spec.has_activations()) {
-    if (spec.dataset_id() != 0 || spec.cross_layer_dataset_ids_size() > 0) {
+    if (spec.dataset_id() != 0 || spec.cross_layer_dataset_ids_size() > 0 ||
+        spec.crosscoder_dataset_ids_size() > 0) {
       return absl::InvalidArgumentError(
-          "train.dataset_id / train.cross_layer_dataset_ids / train.activations: set one");
+          "train.dataset_id / train.cross_layer_dataset_ids / train.crosscoder_dataset_ids / "
+          "train.activations: set one");
     }
     ASSIGN_OR_RETURN(plan.activation_spec, CheckActivationSpec(spec.activations()));
     plan.clt = spec.has_sae() && spec.sae().cross_layers() > 0;
-    if (plan.clt) {
+    if (spec.crosscoder_hooks_size() > 0) {
+      if (!spec.has_sae()) {
+        return absl::InvalidArgumentError(
+            "train.crosscoder_hooks: trains a crosscoder, whose settings are train.sae's");
+      }
+      RETURN_IF_ERROR(AddCrosscoderHooks(spec, &plan));
+      plan.clt = false;
+    } else if (plan.clt) {
       RETURN_IF_ERROR(AddCrossLayerHooks(spec, &plan));
     } else if (!spec.target_hook_name().empty()) {
       // The target is the spec's second output: one forward pass gives both hooks.
       plan.activation_spec.add_more_outputs()->set_hook_name(spec.target_hook_name());
     }
     auto in_field = [&](const absl::Status& status) {
+      if (plan.crosscoder) return InCrosscoderField(status, plan.activation_spec);
       return plan.clt ? InCrossLayerField(status, spec, plan.activation_spec)
                       : InTargetOrActivationsField(status);
     };
@@ -489,6 +618,14 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
     plan.record.rows_committed = shape->rows;
     plan.record.meta.hook_name = plan.activation_spec.hook_name();
     plan.width = shape->width;
+    for (int i = 1; plan.crosscoder && i < static_cast<int>(shape->widths.size()); ++i) {
+      if (shape->widths[i] != plan.width) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("train.crosscoder_hooks[", i - 1, "]: ", spec.crosscoder_hooks(i - 1),
+                         " is ", shape->widths[i], " wide, ", plan.activation_spec.hook_name(), " ",
+                         plan.width, ": a crosscoder's sources must be alike in width"));
+      }
+    }
     if (!spec.target_hook_name().empty()) {
       // A CLT's block-0 target follows its inputs of every block.
       const int layers = plan.clt ? spec.sae().cross_layers() : 1;
@@ -504,6 +641,12 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
     }
   } else if (spec.cross_layer_dataset_ids_size() > 0) {
     RETURN_IF_ERROR(PlanCrossLayerDatasets(spec, env, &plan));
+  } else if (spec.crosscoder_dataset_ids_size() > 0) {
+    RETURN_IF_ERROR(PlanCrosscoderDatasets(spec, env, &plan));
+  } else if (spec.crosscoder_hooks_size() > 0) {
+    return absl::InvalidArgumentError(
+        "train.crosscoder_hooks: hooks of the model train.activations runs; for stored "
+        "activations name the datasets in train.crosscoder_dataset_ids");
   } else {
     ASSIGN_OR_RETURN(auto source, StoreDenseRowSource::Open(env.store, spec.dataset_id()));
     plan.record = source->record();
@@ -582,14 +725,18 @@ absl::StatusOr<TrainPlan> MakePlan(const latentd::v1::TrainSpec& spec, const Tra
                                                      " does not match the width of dataset ",
                                                      spec.dataset_id(), " (", plan.width, ")"));
     }
-    if (spec.sae().cross_layers() < 0 || (spec.sae().cross_layers() > 0 && !plan.clt)) {
+    if (plan.crosscoder) {
+      ASSIGN_OR_RETURN(plan.crosscoder_options,
+                       CrosscoderModelOptionsFromProto(spec.sae(), plan.crosscoder_sources.size(),
+                                                       plan.width, spec.seed()));
+      plan.shapes = CrosscoderParameterShapes(plan.crosscoder_options);
+    } else if (spec.sae().cross_layers() < 0 || (spec.sae().cross_layers() > 0 && !plan.clt)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "train.sae.cross_layers: ", spec.sae().cross_layers(),
           "; a cross-layer transcoder (>= 1 blocks) trains on train.activations (the model's "
           "hooks of every block computed as training reads them) or on "
           "train.cross_layer_dataset_ids (every block's stored hooks)"));
-    }
-    if (plan.clt) {
+    } else if (plan.clt) {
       ASSIGN_OR_RETURN(plan.clt_options, CltModelOptionsFromProto(spec.sae(), plan.width,
                                                                   plan.target_width, spec.seed()));
       plan.shapes = CltParameterShapes(plan.clt_options);
@@ -659,6 +806,7 @@ absl::StatusOr<std::string> RunAgreement(const TrainPlan& plan, const latentd::v
   common.clear_dataset_id();
   common.clear_target_dataset_id();
   common.clear_cross_layer_dataset_ids();
+  common.clear_crosscoder_dataset_ids();
   common.clear_torchscript_path();
   if (common.has_tokens()) common.mutable_tokens()->clear_path();
   if (common.has_activations()) {
@@ -846,7 +994,14 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
     }
     ranks[r].stream = std::make_unique<ShuffledRowStream>(
         ranks[r].source.get(), ShuffledRowStreamOptions{spec.seed() ^ kStreamSeedSalt, 4});
-    if (plan.clt) {
+    if (plan.crosscoder) {
+      std::vector<CrosscoderSource> sources = plan.crosscoder_sources;
+      for (CrosscoderSource& source : sources) {
+        if (plan.activations) source.model_name = model_id;
+      }
+      ranks[r].model = std::make_unique<CrosscoderTrainable>(plan.crosscoder_options, device,
+                                                             std::move(sources));
+    } else if (plan.clt) {
       ranks[r].model = std::make_unique<CltTrainable>(
           plan.clt_options, device,
           CltProvenance{plan.clt_input_hook, plan.clt_output_hook,
@@ -986,6 +1141,7 @@ absl::StatusOr<latentd::v1::TrainResult> RunPlanned(const TrainPlan& plan,
   for (const double fvu : loop.final_prefix_fvu) result.add_final_prefix_fvu(fvu);
   for (const double fvu : loop.final_block_fvu) result.add_final_block_fvu(fvu);
   result.set_peak_optimizer_state_bytes(loop.peak_optimizer_state_bytes);
+  ranks[0].model->AddToResult(&result);
   // The artifact is registered: the checkpoint has done its work.
   absl::Status cleared = checkpoints.Clear();
   if (!cleared.ok()) {
@@ -1081,6 +1237,18 @@ absl::StatusOr<std::vector<std::string>> DescribeTrainSpec(const latentd::v1::Tr
           plan.activations ? ", computed as training reads them"
                            : absl::StrCat(" from datasets ", absl::StrJoin(plan.stored_ids, ", ")),
           ": ", plan.record.rows_committed, " rows of ", plan.row_width()));
+    } else if (plan.crosscoder) {
+      std::vector<std::string> sources;
+      for (const CrosscoderSource& source : plan.crosscoder_sources) {
+        sources.push_back(source.rows_from == "live"
+                              ? source.hook_name
+                              : absl::StrCat(source.hook_name, " of ", source.model_name, " (",
+                                             source.rows_from, ")"));
+      }
+      lines.push_back(absl::StrCat("rows: the hidden states at ", absl::StrJoin(sources, ", "),
+                                   plan.activations ? ", computed as training reads them" : "",
+                                   ", side by side: ", plan.record.rows_committed, " rows of ",
+                                   plan.row_width()));
     } else if (plan.activations) {
       lines.push_back(absl::StrCat("rows: the hidden states at ", plan.activation_spec.hook_name(),
                                    ", computed as training reads them: ", rows));
@@ -1096,7 +1264,14 @@ absl::StatusOr<std::vector<std::string>> DescribeTrainSpec(const latentd::v1::Tr
       lines.push_back(absl::StrCat("target: ", plan.target_hook, ", ", plan.target_width,
                                    " wide: a transcoder"));
     }
-    if (plan.clt) {
+    if (plan.crosscoder) {
+      const CrosscoderModelOptions& o = plan.crosscoder_options;
+      lines.push_back(absl::StrCat(
+          "model: a ", latentd::v1::SaeArchitecture_Name(o.architecture), " crosscoder over ",
+          o.sources, " sources, d_in ", o.d_in, " each, d_sae ", o.d_sae,
+          o.architecture == latentd::v1::BATCHTOPK ? absl::StrCat(", k ", o.k) : "", ": ",
+          plan.num_params, " parameters; saved in dictionary_learning's layout"));
+    } else if (plan.clt) {
       const CltModelOptions& o = plan.clt_options;
       lines.push_back(
           absl::StrCat("model: a ", latentd::v1::SaeArchitecture_Name(o.architecture),

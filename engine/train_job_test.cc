@@ -896,5 +896,189 @@ TEST_F(TrainJobTest, ACrossLayerTranscodersBadSpecsAreRefusedNamingTheField) {
   ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.sae.cross_layers");
 }
 
+// A spec training a crosscoder over the residual stream after each of the reference model's three
+// blocks (CltSpec's model and tokens), computed as training reads them.
+latentd::v1::TrainSpec CrosscoderSpec(const std::string& root) {
+  latentd::v1::TrainSpec spec = CltSpec(root);
+  spec.clear_target_hook_name();
+  spec.mutable_sae()->clear_cross_layers();
+  spec.mutable_activations()->set_hook_name("blocks.0.hook_resid_post");
+  spec.add_crosscoder_hooks("blocks.1.hook_resid_post");
+  spec.add_crosscoder_hooks("blocks.2.hook_resid_post");
+  spec.set_artifact_name("crosscoder");
+  return spec;
+}
+
+TEST_F(TrainJobTest, ACrosscoderTrainsOnAModelsHooksIntoADictionaryLearningCrossCoder) {
+  const latentd::v1::TrainSpec spec = CrosscoderSpec(root_);
+  auto lines = DescribeTrainSpec(spec, env_);
+  ASSERT_TRUE(lines.ok()) << lines.status();
+  const std::string plan = absl::StrJoin(*lines, "\n");
+  EXPECT_NE(plan.find("BATCHTOPK crosscoder over 3 sources, d_in 16 each, d_sae 48, k 6"),
+            std::string::npos)
+      << plan;
+  EXPECT_NE(plan.find("rows: the hidden states at blocks.0.hook_resid_post, "
+                      "blocks.1.hook_resid_post, blocks.2.hook_resid_post, computed as training "
+                      "reads them, side by side: 512 rows of 48"),
+            std::string::npos)
+      << plan;
+  FakeContext context(1, 1);
+  auto result = RunTrain(spec, env_, &context);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const std::vector<latentd::v1::TrainTelemetry> telemetry = context.telemetry();
+  ASSERT_GE(telemetry.size(), 2u);
+  EXPECT_LT(result->final_fvu(), 0.6 * telemetry.front().fvu());
+  EXPECT_NEAR(result->final_l0(), 6, 1.5);  // BatchTopK: k a row on average
+  ASSERT_EQ(result->final_block_fvu_size(), 3);
+  EXPECT_EQ(telemetry.back().block_fvu_size(), 3);
+  // The split of the live latents between the three layers, each counted once at most.
+  const latentd::v1::CrosscoderSummary& summary = result->crosscoder();
+  ASSERT_EQ(summary.exclusive_latents_size(), 3);
+  EXPECT_GT(summary.live_latents(), 0);
+  EXPECT_LE(summary.live_latents(), 48);
+  EXPECT_LE(summary.exclusive_latents(0) + summary.exclusive_latents(1) +
+                summary.exclusive_latents(2) + summary.shared_latents(),
+            summary.live_latents());
+  EXPECT_EQ(summary.relative_norm_histogram_size(), 0);  // two sources only
+  const std::string dir = result->artifact_path();
+  for (const char* file : {"model.safetensors", "config.json", "latentd.json"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + std::string(file))) << file;
+  }
+  std::ifstream about(dir + "/latentd.json");
+  std::stringstream text;
+  text << about.rdbuf();
+  EXPECT_NE(text.str().find("\"hook_name\": \"blocks.2.hook_resid_post\""), std::string::npos)
+      << text.str();
+  EXPECT_NE(text.str().find("\"rows_from\": \"live\""), std::string::npos) << text.str();
+  // EXTRACT cannot run it (yet): it says so rather than misreading the files.
+  auto sae = Sae::Load(dir, *ParseHookName("blocks.0.hook_resid_post"));
+  EXPECT_EQ(sae.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(sae.status().message().find("crosscoder"), std::string::npos) << sae.status();
+}
+
+// The residual stream after block 1 of CltSpec's model with weights from `seed`, stored as a
+// DENSE dataset of CltSpec's rows: one model of a diffed pair.
+uint64_t StoreResidual(const latentd::v1::TrainSpec& clt_spec, const std::string& root,
+                       storage::ChunkStore* store, uint64_t seed) {
+  latentd::v1::ExtractSpec hooks = clt_spec.activations();
+  hooks.set_hook_name("blocks.1.hook_resid_post");
+  hooks.mutable_model()->mutable_reference()->set_seed(seed);
+  ExtractEnv extract_env;
+  extract_env.data_roots = {root};
+  auto source = ModelRowSource::Open(hooks, extract_env, DeviceRef{}, 1024);
+  EXPECT_TRUE(source.ok()) << source.status();
+  const int64_t rows = (*source)->num_rows();
+  torch::Tensor data = torch::empty({rows, (*source)->width()}, torch::kFloat32);
+  EXPECT_TRUE((*source)->Read(0, rows, data.data_ptr<float>()).ok());
+  storage::DatasetMeta meta;
+  meta.name = absl::StrCat("resid-", seed);
+  meta.kind = storage::DatasetKind::kDense;
+  meta.value_dtype = storage::ValueDtype::kFloat32;
+  meta.width = 16;
+  meta.d_in = 16;
+  meta.hook_name = "blocks.1.hook_resid_post";
+  meta.model_id = absl::StrCat("reference-seed-", seed);
+  meta.token_source = "tokens.bin";
+  meta.context_length = 16;
+  auto id = store->CreateDataset(meta);
+  EXPECT_TRUE(id.ok()) << id.status();
+  auto writer = store->OpenWriter(*id);
+  std::vector<int32_t> tokens(rows, 1);
+  EXPECT_TRUE((*writer)->AppendDense(rows, data.data_ptr<float>(), tokens.data()).ok());
+  EXPECT_TRUE((*writer)->Commit().ok());
+  return *id;
+}
+
+TEST_F(TrainJobTest, ACrosscoderDiffsTwoModelsStoredDatasetsAndResumesExactly) {
+  latentd::v1::TrainSpec spec = CrosscoderSpec(root_);
+  const uint64_t base = StoreResidual(spec, root_, store_.get(), 3);
+  const uint64_t tuned = StoreResidual(spec, root_, store_.get(), 4);
+  spec.clear_activations();
+  spec.clear_crosscoder_hooks();
+  spec.add_crosscoder_dataset_ids(base);
+  spec.add_crosscoder_dataset_ids(tuned);
+  spec.mutable_sae()->set_architecture(latentd::v1::RELU);
+  spec.mutable_sae()->set_l1_coefficient(3e-3);
+  auto lines = DescribeTrainSpec(spec, env_);
+  ASSERT_TRUE(lines.ok()) << lines.status();
+  EXPECT_NE(
+      absl::StrJoin(*lines, "\n")
+          .find(absl::StrCat("blocks.1.hook_resid_post of reference-seed-4 (dataset ", tuned, ")")),
+      std::string::npos)
+      << absl::StrJoin(*lines, "\n");
+  FakeContext context(1, 1);
+  auto result = RunTrain(spec, env_, &context);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_LT(result->final_fvu(), 0.6 * context.telemetry().front().fvu());
+  ASSERT_EQ(result->final_block_fvu_size(), 2);
+  const latentd::v1::CrosscoderSummary& summary = result->crosscoder();
+  ASSERT_EQ(summary.relative_norm_histogram_size(), 20);
+  int64_t histogram = 0;
+  for (const int64_t count : summary.relative_norm_histogram()) histogram += count;
+  EXPECT_EQ(histogram, summary.live_latents());
+  EXPECT_GT(summary.live_latents(), 0);
+
+  // Cancelled midway and continued, the same job saves the same bits (the scales, the fired
+  // latents and the weights all come back from the checkpoint).
+  latentd::v1::TrainSpec again = spec;
+  again.set_artifact_name("crosscoder-resumed");
+  size_t samples = 0;
+  auto resumed = RunInterrupted(again, 2, 40, &samples);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream contents;
+    contents << in.rdbuf();
+    return contents.str();
+  };
+  EXPECT_EQ(bytes(resumed->artifact_path() + "/model.safetensors"),
+            bytes(result->artifact_path() + "/model.safetensors"));
+  EXPECT_EQ(resumed->crosscoder().DebugString(), result->crosscoder().DebugString());
+}
+
+TEST_F(TrainJobTest, ACrosscodersBadSpecsAreRefusedNamingTheField) {
+  const latentd::v1::TrainSpec live = CrosscoderSpec(root_);
+  latentd::v1::TrainSpec bad = live;
+  bad.add_crosscoder_hooks("blocks.1.hook_resid_post");
+  ExpectError(bad, absl::StatusCode::kInvalidArgument,
+              "train.crosscoder_hooks[2]: blocks.1.hook_resid_post is read already");
+  bad = live;
+  bad.set_crosscoder_hooks(1, "blocks.5.hook_resid_post");  // the model has 3 blocks
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.crosscoder_hooks[1]");
+  bad = live;
+  bad.set_crosscoder_hooks(1, "blocks.2.hook_mlp_out");  // fine: the same width
+  EXPECT_TRUE(ValidateTrainSpec(bad, env_).ok()) << ValidateTrainSpec(bad, env_);
+  bad = live;
+  bad.set_target_hook_name("blocks.0.hook_mlp_out");
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.crosscoder_hooks: trains a");
+  bad = live;
+  bad.mutable_sae()->set_architecture(latentd::v1::TOPK);
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.sae.architecture");
+
+  latentd::v1::TrainSpec stored = SaeSpec("adam");
+  stored.clear_dataset_id();
+  stored.add_crosscoder_dataset_ids(dense_id_);
+  ExpectError(stored, absl::StatusCode::kInvalidArgument,
+              "train.crosscoder_dataset_ids: a crosscoder reads >= 2 datasets together, got 1");
+  bad = stored;
+  bad.add_crosscoder_dataset_ids(dense_id_);
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.crosscoder_dataset_ids[1]: dataset");
+  bad = stored;
+  bad.add_crosscoder_dataset_ids(999);
+  ExpectError(bad, absl::StatusCode::kNotFound, "train.crosscoder_dataset_ids[1]");
+  bad = stored;
+  bad.add_crosscoder_dataset_ids(sparse_id_);  // not DENSE
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.crosscoder_dataset_ids[1]");
+  bad = stored;  // another token source: other rows
+  bad.add_crosscoder_dataset_ids(StoreResidual(CrosscoderSpec(root_), root_, store_.get(), 3));
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.crosscoder_dataset_ids[1]: dataset");
+  bad.set_dataset_id(dense_id_);
+  ExpectError(bad, absl::StatusCode::kInvalidArgument,
+              "train.crosscoder_dataset_ids: names every dataset");
+  bad = SaeSpec("adam");
+  bad.add_crosscoder_hooks("blocks.1.hook_resid_post");
+  ExpectError(bad, absl::StatusCode::kInvalidArgument, "train.crosscoder_hooks");
+}
+
 }  // namespace
 }  // namespace latentd::engine

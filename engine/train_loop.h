@@ -88,6 +88,9 @@ class TrainableModel {
   virtual std::string Calibrate(const std::vector<torch::Tensor>& batches) { return ""; }
   // Writes the trained model into directory `dir` (created when missing).
   virtual absl::Status Save(const std::string& dir) = 0;
+  // Figures about the trained model for the job's result (a crosscoder's split of its latents
+  // between its sources), after the last step.
+  virtual void AddToResult(latentd::v1::TrainResult* result) {}
 };
 
 struct TrainLoopOptions {

@@ -80,6 +80,39 @@ std::string CltTrainable::Calibrate(const std::vector<torch::Tensor>& batches) {
                          absl::StrJoin(layers, "; "));
 }
 
+CrosscoderTrainable::CrosscoderTrainable(const CrosscoderModelOptions& options, c10::Device device,
+                                         std::vector<CrosscoderSource> sources)
+    : crosscoder_(options), sources_(std::move(sources)) {
+  crosscoder_->to(device);
+}
+
+absl::StatusOr<TrainableModel::Output> CrosscoderTrainable::Forward(const torch::Tensor& batch) {
+  return LoopOutput(crosscoder_->Forward(batch));
+}
+
+std::string CrosscoderTrainable::Calibrate(const std::vector<torch::Tensor>& batches) {
+  crosscoder_->CalibrateBatchThreshold(batches);
+  torch::NoGradGuard no_grad;
+  double fired = 0;
+  int64_t rows = 0;
+  for (const torch::Tensor& batch : batches) {
+    fired += (crosscoder_->Encode(batch) != 0).sum().item<double>();
+    rows += batch.size(0);
+  }
+  const CrosscoderModelOptions& o = crosscoder_->options();
+  const std::string per_row =
+      absl::StrFormat("%.2f latents a row", rows > 0 ? fired / static_cast<double>(rows) : 0.0);
+  const int64_t live = crosscoder_->fired.sum().item<int64_t>();
+  if (o.architecture != latentd::v1::BATCHTOPK) {
+    return absl::StrFormat("crosscoder on %d calibration batches: %s, %d of %d latents fired",
+                           batches.size(), per_row, live, o.d_sae);
+  }
+  return absl::StrFormat(
+      "BatchTopK threshold from %d batches (k %d): %.6g on f * code norm, %s, %d of %d latents "
+      "fired",
+      batches.size(), o.k, crosscoder_->batch_threshold.item<double>(), per_row, live, o.d_sae);
+}
+
 std::string SaeTrainable::Calibrate(const std::vector<torch::Tensor>& batches) {
   std::vector<torch::Tensor> inputs;
   for (const torch::Tensor& b : batches) inputs.push_back(Input(b));

@@ -5,9 +5,11 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/clt_model.h"
+#include "engine/crosscoder_model.h"
 #include "engine/sae_model.h"
 #include "engine/train_loop.h"
 
@@ -97,6 +99,36 @@ class CltTrainable : public TrainableModel {
  private:
   CltModel clt_;
   CltProvenance provenance_;
+};
+
+// A crosscoder (engine/crosscoder_model.h); its rows are every source's hook side by side.
+class CrosscoderTrainable : public TrainableModel {
+ public:
+  CrosscoderTrainable(const CrosscoderModelOptions& options, c10::Device device,
+                      std::vector<CrosscoderSource> sources);
+
+  std::vector<torch::Tensor> parameters() override { return crosscoder_->ordered_parameters(); }
+  std::vector<torch::Tensor> buffers() override { return crosscoder_->ordered_buffers(); }
+  absl::StatusOr<Output> Forward(const torch::Tensor& batch) override;
+  void InitFromData(const torch::Tensor& rows) override { crosscoder_->InitFromData(rows); }
+  int64_t num_latents() const override { return crosscoder_->options().d_sae; }
+  std::vector<int64_t> fvu_blocks() const override {
+    return std::vector<int64_t>(crosscoder_->options().sources, crosscoder_->options().d_in);
+  }
+  // Every architecture: the summary counts the latents that fire on the calibration rows.
+  bool wants_calibration() const override { return true; }
+  std::string Calibrate(const std::vector<torch::Tensor>& batches) override;
+  // dictionary_learning's layout (CrosscoderModelImpl::Save).
+  absl::Status Save(const std::string& dir) override { return crosscoder_->Save(dir, sources_); }
+  void AddToResult(latentd::v1::TrainResult* result) override {
+    *result->mutable_crosscoder() = crosscoder_->Summary();
+  }
+
+  CrosscoderModel& crosscoder() { return crosscoder_; }
+
+ private:
+  CrosscoderModel crosscoder_;
+  std::vector<CrosscoderSource> sources_;
 };
 
 // Loads a TorchScript module from `path`; Save writes dir/model.pt (torch.jit.load-able).
