@@ -305,6 +305,41 @@ void PrintDownstreamLoss(const v1::DownstreamLoss& d) {
   }
 }
 
+// What a trained model's per-part FVUs (TrainTelemetry.block_fvu) are about: a crosscoder's
+// sources, a cross-layer transcoder's blocks.
+std::string FvuPartName(const v1::JobSpec& spec) {
+  const v1::TrainSpec& train = spec.train();
+  return train.crosscoder_dataset_ids_size() > 0 || train.crosscoder_hooks_size() > 0 ? "source"
+                                                                                      : "block";
+}
+
+// A crosscoder's split of its latents between its sources (TrainResult.crosscoder).
+void PrintCrosscoderSummary(const v1::CrosscoderSummary& summary) {
+  std::vector<std::string> own;
+  for (int s = 0; s < summary.exclusive_latents_size(); ++s) {
+    own.push_back(absl::StrFormat("%d source %d's own", summary.exclusive_latents(s), s));
+  }
+  std::printf("latents    %lld live: %s, %lld shared",
+              static_cast<long long>(summary.live_latents()), absl::StrJoin(own, ", ").c_str(),
+              static_cast<long long>(summary.shared_latents()));
+  if (summary.relative_norm_histogram_size() > 0 && summary.shared_latents() > 0) {
+    std::printf(" (their decoders' cosine %.2f)", summary.shared_decoder_cosine());
+  }
+  std::printf("\n");
+  if (summary.relative_norm_histogram_size() == 0) return;
+  // Lindsey et al.'s histogram as a sparkline: 0 (source 0's own) .. 0.5 (shared) .. 1.
+  static const char* const kBars[] = {" ",      "\u2581", "\u2582", "\u2583", "\u2584",
+                                      "\u2585", "\u2586", "\u2587", "\u2588"};
+  int64_t most = 1;
+  for (const int64_t count : summary.relative_norm_histogram()) most = std::max(most, count);
+  std::string bars;
+  for (const int64_t count : summary.relative_norm_histogram()) {
+    bars += kBars[count == 0 ? 0 : 1 + (count * 7 + most - 1) / most];
+  }
+  std::printf("relative   decoder norm  0 |%s| 1   (0: source 0's own, 1: source 1's; peak %lld)\n",
+              bars.c_str(), static_cast<long long>(most));
+}
+
 void PrintJob(const v1::Job& job) {
   std::printf("job        %llu\n", static_cast<unsigned long long>(job.id()));
   std::printf("type       %s\n", v1::JobType_Name(job.type()).c_str());
@@ -365,13 +400,15 @@ void PrintJob(const v1::Job& job) {
       }
       std::printf("levels     fvu %s latents\n", absl::StrJoin(levels, ", ").c_str());
     }
-    if (r.train().final_block_fvu_size() > 0) {  // a cross-layer transcoder
+    if (r.train().final_block_fvu_size() > 0) {  // a cross-layer transcoder or a crosscoder
       std::vector<std::string> blocks;
       for (int b = 0; b < r.train().final_block_fvu_size(); ++b) {
         blocks.push_back(absl::StrFormat("%d: %.4f", b, r.train().final_block_fvu(b)));
       }
-      std::printf("blocks     fvu %s\n", absl::StrJoin(blocks, ", ").c_str());
+      std::printf("%-10s fvu %s\n", (FvuPartName(job.spec()) + "s").c_str(),
+                  absl::StrJoin(blocks, ", ").c_str());
     }
+    if (r.train().has_crosscoder()) PrintCrosscoderSummary(r.train().crosscoder());
     std::printf("optimizer  peak state %s\n",
                 Bytes(r.train().peak_optimizer_state_bytes()).c_str());
   }
@@ -502,7 +539,8 @@ int List(Client& client) {
   return 0;
 }
 
-std::string DescribeEvent(const v1::JobEvent& event) {
+// `part`: what TrainTelemetry.block_fvu's entries are (FvuPartName).
+std::string DescribeEvent(const v1::JobEvent& event, const std::string& part = "block") {
   std::string text = absl::StrFormat("#%-4d ", event.sequence());
   if (event.has_state()) {
     absl::StrAppend(&text, "state ", v1::JobState_Name(event.state().state()));
@@ -531,7 +569,7 @@ std::string DescribeEvent(const v1::JobEvent& event) {
       if (s.block_fvu_size() > 0) {
         std::vector<std::string> blocks;
         for (const double fvu : s.block_fvu()) blocks.push_back(absl::StrFormat("%.3f", fvu));
-        absl::StrAppend(&text, " blocks ", absl::StrJoin(blocks, "/"));
+        absl::StrAppend(&text, " ", part, "s ", absl::StrJoin(blocks, "/"));
       }
     } else if (t.has_extract()) {
       const auto& s = t.extract();
@@ -549,6 +587,16 @@ std::string DescribeEvent(const v1::JobEvent& event) {
   return text;
 }
 
+// The spec of job `id`, or an empty one when it cannot be read (the caller then labels generically;
+// the call that follows reports the error).
+v1::JobSpec JobSpecOrEmpty(Client& client, uint64_t id) {
+  v1::GetJobRequest request;
+  request.set_job_id(id);
+  v1::Job job;
+  if (!client.jobs()->GetJob(client.Context().get(), request, &job).ok()) return v1::JobSpec();
+  return job.spec();
+}
+
 int Watch(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
   if (!ParseId(args, 1, &id)) return Usage("watch needs a job id");
@@ -557,6 +605,7 @@ int Watch(Client& client, const std::vector<std::string>& args) {
   v1::WatchJobRequest request;
   request.set_job_id(id);
   request.set_after_sequence(absl::GetFlag(FLAGS_after));
+  const std::string part = FvuPartName(JobSpecOrEmpty(client, id));
   auto context = client.Context();
   auto reader = client.jobs()->WatchJob(context.get(), request);
   v1::JobEvent event;
@@ -568,12 +617,12 @@ int Watch(Client& client, const std::vector<std::string>& args) {
       std::printf("%s\n", Json(event).c_str());
     } else if (live && event.has_progress()) {
       // On a terminal progress redraws one line instead of scrolling.
-      std::printf("\r\033[K%s", DescribeEvent(event).c_str());
+      std::printf("\r\033[K%s", DescribeEvent(event, part).c_str());
       progress_line_open = true;
     } else {
       if (progress_line_open) std::printf("\n");
       progress_line_open = false;
-      std::printf("%s\n", DescribeEvent(event).c_str());
+      std::printf("%s\n", DescribeEvent(event, part).c_str());
     }
     std::fflush(stdout);
   }
@@ -1490,6 +1539,7 @@ int Telemetry(Client& client, const std::vector<std::string>& args) {
   if (!ParseId(args, 1, &id)) return Usage("telemetry needs a job id");
   v1::WatchJobRequest request;
   request.set_job_id(id);
+  const std::string part = FvuPartName(JobSpecOrEmpty(client, id));
   auto context = client.Context();
   // A job that is still running keeps the stream open; the table then shows what came so far
   // once the job ends. Deadline-free on purpose: telemetry of a long job is worth the wait.
@@ -1510,7 +1560,7 @@ int Telemetry(Client& client, const std::vector<std::string>& args) {
     const bool aux_k = std::any_of(samples.begin(), samples.end(),
                                    [](const v1::TrainTelemetry& s) { return s.aux_k_loss() > 0; });
     // Matryoshka SAEs: one column of FVUs, a level's prefix each ("FVU@64/256"); cross-layer
-    // transcoders: a block's each ("FVU@B0/B1/B2").
+    // transcoders: a block's each ("FVU@B0/B1/B2"); crosscoders: a source's ("FVU@S0/S1").
     std::string levels_header;
     int levels_width = 0;  // "0.1234/0.5678": 7 characters a level
     for (const auto& s : samples) {
@@ -1521,7 +1571,8 @@ int Telemetry(Client& client, const std::vector<std::string>& args) {
       }
       if (s.block_fvu_size() > 0) {
         std::vector<std::string> blocks;
-        for (int b = 0; b < s.block_fvu_size(); ++b) blocks.push_back(absl::StrCat("B", b));
+        const char* letter = part == "source" ? "S" : "B";
+        for (int b = 0; b < s.block_fvu_size(); ++b) blocks.push_back(absl::StrCat(letter, b));
         levels_header = absl::StrCat("FVU@", absl::StrJoin(blocks, "/"));
         levels_width = std::max<int>(levels_header.size(), 7 * s.block_fvu_size() - 1);
         break;
@@ -1550,7 +1601,7 @@ int Telemetry(Client& client, const std::vector<std::string>& args) {
     }
   }
   if (const std::string plot = absl::GetFlag(FLAGS_plot); !plot.empty()) {
-    absl::Status s = WriteTelemetryPlot(samples, absl::StrCat("job ", id), plot);
+    absl::Status s = WriteTelemetryPlot(samples, absl::StrCat("job ", id), plot, part);
     if (!s.ok()) {
       std::fprintf(stderr, "latentctl: --plot: %s\n", std::string(s.message()).c_str());
       return kExitRpcError;

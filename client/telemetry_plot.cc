@@ -611,7 +611,8 @@ std::string LastValueLabel(const std::string& name, const std::vector<double>& y
 }  // namespace
 
 absl::Status WriteTelemetryPlot(const std::vector<latentd::v1::TrainTelemetry>& samples,
-                                const std::string& title, const std::string& path) {
+                                const std::string& title, const std::string& path,
+                                const std::string& part) {
   if (samples.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("samples is empty: no training telemetry to plot into '", path, "'"));
@@ -648,7 +649,8 @@ absl::Status WriteTelemetryPlot(const std::vector<latentd::v1::TrainTelemetry>& 
           {LastValueLabel(absl::StrCat("FVU@", width), y, false), color, std::move(y)});
     }
   }
-  // A cross-layer transcoder's blocks: one line per block, in the same palette.
+  // A cross-layer transcoder's blocks or a crosscoder's sources: one line each, in the same
+  // palette.
   int blocks = 0;
   for (const T& s : samples) blocks = std::max(blocks, s.block_fvu_size());
   for (int block = 0; block < blocks; ++block) {
@@ -656,7 +658,7 @@ absl::Status WriteTelemetryPlot(const std::vector<latentd::v1::TrainTelemetry>& 
         [block](const T& t) { return block < t.block_fvu_size() ? t.block_fvu(block) : kNaN; });
     const Rgb color = kPlotPrefixFvuColors[block % std::size(kPlotPrefixFvuColors)];
     prefixes.push_back(
-        {LastValueLabel(absl::StrCat("FVU block ", block), y, false), color, std::move(y)});
+        {LastValueLabel(absl::StrCat("FVU ", part, " ", block), y, false), color, std::move(y)});
   }
 
   struct MemoryField {

@@ -78,8 +78,9 @@ inline constexpr Rgb kPlotPrefixFvuColors[] = {
     {127, 39, 4}, {188, 80, 20}, {230, 150, 60}, {250, 200, 120}};
 
 // Writes a PNG with two panels sharing the step axis: top, loss (and FVU on the same panel if
-// present, with a Matryoshka SAE's prefix FVUs, "FVU@64" ..., or a cross-layer transcoder's
-// block FVUs, "FVU block 0" ..., on the FVU axis) against step;
+// present, with a Matryoshka SAE's prefix FVUs, "FVU@64" ..., or the per-part FVUs of a
+// cross-layer transcoder's blocks or a crosscoder's sources, "FVU <part> 0" ..., on the FVU
+// axis) against step;
 // bottom, memory against step: optimizer_state_total_bytes, dense_mfac_history_bytes (the dense
 // M-FAC history the EFCP optimizer avoids), parameter_bytes, process_rss_bytes,
 // device_allocated_bytes when nonzero — log10 y axis so that MB and GB both read. Axes with tick
@@ -88,7 +89,8 @@ inline constexpr Rgb kPlotPrefixFvuColors[] = {
 // non-finite values and zero byte counts leave gaps. INVALID_ARGUMENT when `samples` is empty,
 // UNAVAILABLE/PERMISSION_DENIED naming the path when the file cannot be written.
 absl::Status WriteTelemetryPlot(const std::vector<latentd::v1::TrainTelemetry>& samples,
-                                const std::string& title, const std::string& path);
+                                const std::string& title, const std::string& path,
+                                const std::string& part = "block");
 
 // The color of WriteDensityHistogramPlot's bars.
 inline constexpr Rgb kPlotDensityColor = {31, 119, 180};

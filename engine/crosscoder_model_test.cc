@@ -195,6 +195,33 @@ TEST(CrosscoderModelTest, TrainingFindsEachModelsOwnFeatures) {
   EXPECT_LT(std::abs(summary.shared_decoder_cosine()), 0.5) << summary.DebugString();
 }
 
+TEST(CrosscoderModelTest, TwoCopiesOfOneModelShareEveryLatentInOneDirection) {
+  // Diffing a model against itself: nothing is either copy's own, and each latent writes the same
+  // direction into both (the 25-fold scale of the second copy is trained out).
+  torch::manual_seed(5);
+  const torch::Tensor features = torch::randn({24, 8});
+  const torch::Tensor codes =
+      torch::relu(torch::randn({2048, 24}) - 1.0);  // about 16% of the features a row
+  const torch::Tensor x = codes.matmul(features);
+  const torch::Tensor data = torch::cat({x, 25 * x}, 1);
+  CrosscoderModel model(Options(latentd::v1::BATCHTOPK, 2, 8, 32, 4));
+  model->InitFromData(data.narrow(0, 0, 1024));
+  torch::optim::Adam adam(model->ordered_parameters(), torch::optim::AdamOptions(1e-2));
+  for (int step = 0; step < 2000; ++step) {
+    adam.zero_grad();
+    model->Forward(data.narrow(0, (step * 256) % 2048, 256)).loss.backward();
+    adam.step();
+  }
+  model->CalibrateBatchThreshold(data.split(256));
+  const latentd::v1::CrosscoderSummary summary = model->Summary();
+  EXPECT_GT(summary.live_latents(), 8);
+  EXPECT_EQ(summary.exclusive_latents(0), 0) << summary.DebugString();
+  EXPECT_EQ(summary.exclusive_latents(1), 0) << summary.DebugString();
+  EXPECT_EQ(summary.shared_latents(), summary.live_latents()) << summary.DebugString();
+  // (A latent's two decoders start apart and meet as fast as it fires: rare ones lag.)
+  EXPECT_GT(summary.shared_decoder_cosine(), 0.8) << summary.DebugString();
+}
+
 TEST(CrosscoderModelTest, OptionsRefuseWhatCrosscodersDoNotHave) {
   latentd::v1::SaeTrainConfig config;
   config.set_d_sae(64);

@@ -21,8 +21,11 @@ MODEL = {"reference": {"dModel": 64, "nLayers": 2, "nHeads": 4, "dMlp": 256, "vo
                        "contextLength": 32, "seed": 1}}
 
 
+SAFETENSORS_DTYPES = {"F32": numpy.float32, "I32": numpy.int32, "I64": numpy.int64}
+
+
 def read_safetensors(path):
-    """{name: float32 array} of an F32 safetensors file."""
+    """{name: array} of a safetensors file of F32 (and I32, I64) tensors."""
     with open(path, "rb") as f:
         data = f.read()
     (n,) = struct.unpack("<Q", data[:8])
@@ -32,9 +35,9 @@ def read_safetensors(path):
         if name == "__metadata__":
             continue
         begin, end = info["data_offsets"]
-        assert info["dtype"] == "F32", info
+        assert info["dtype"] in SAFETENSORS_DTYPES, info
         out[name] = numpy.frombuffer(data[8 + n + begin:8 + n + end],
-                                     numpy.float32).reshape(info["shape"])
+                                     SAFETENSORS_DTYPES[info["dtype"]]).reshape(info["shape"])
     return out
 
 
@@ -759,6 +762,106 @@ class TrainLoop(DaemonTestCase):
                  "train.activations.hook_name")):
             with self.assertRaises(grpc.RpcError) as refused:
                 c.submit("TRAIN", spec)
+            self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn(field, refused.exception.details())
+
+    def test_a_crosscoder_diffs_two_models_from_their_stored_activations(self):
+        # Model diffing as users do it: the same hook of two models (the reference model with two
+        # seeds) over one token file, each extracted DENSE; TRAIN fits a crosscoder on the pair.
+        # The artifact is dictionary_learning's BatchTopKCrossCoder, whose formulas applied in
+        # numpy to the saved file reconstruct both datasets as well as the job said, and the
+        # result (and latentctl get) says how the latents split between the two models, as the
+        # saved decoders say.
+        inputs, daemon = self.inputs_and_daemon()
+        c = daemon.client()
+        tokens = {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 32}
+        ids = []
+        for seed in (1, 2):
+            dense = c.wait(c.submit("EXTRACT", {
+                "model": {"reference": dict(MODEL["reference"], seed=seed)},
+                "hookName": "blocks.1.hook_resid_post", "tokens": tokens, "mode": "DENSE",
+                "valueDtype": "FLOAT32", "datasetName": "resid-seed-%d" % seed}).id)
+            self.assertEqual(dense.state, jobs_pb2.SUCCEEDED, dense.message)
+            ids.append(dense.result.extract.dataset_id)
+        crosscoder = {"crosscoderDatasetIds": [str(i) for i in ids], "sae": {"dSae": 256, "k": 8},
+                      "optimizer": {"name": "adam", "lr": 3e-3}, "batchSize": 64, "steps": 150,
+                      "seed": 2, "telemetryEvery": 25, "artifactName": "diff"}
+        plan = "\n".join(c.plan("TRAIN", crosscoder))
+        self.assertIn("BATCHTOPK crosscoder over 2 sources, d_in 64 each, d_sae 256, k 8", plan)
+        train = c.wait(c.submit("TRAIN", crosscoder).id)
+        self.assertEqual(train.state, jobs_pb2.SUCCEEDED, train.message)
+        result = train.result.train
+        summary = result.crosscoder
+        self.assertEqual(len(result.final_block_fvu), 2)
+        self.assertEqual(len(summary.relative_norm_histogram), 20)
+        self.assertEqual(sum(summary.relative_norm_histogram), summary.live_latents)
+
+        saved = result.artifact_path
+        with open(os.path.join(saved, "config.json")) as f:
+            self.assertEqual(json.load(f), {"activation_dim": 64, "dict_size": 256,
+                                            "num_encoder_layers": 2, "k": 8,
+                                            "code_normalization": "CROSSCODER"})
+        with open(os.path.join(saved, "latentd.json")) as f:
+            about = json.load(f)
+        self.assertEqual([s["rows_from"] for s in about["sources"]],
+                         ["dataset %d" % i for i in ids])
+        w = {k: v.astype(numpy.float64) for k, v in
+             read_safetensors(os.path.join(saved, "model.safetensors")).items()}
+        self.assertEqual(w["encoder.weight"].shape, (2, 64, 256))
+        self.assertEqual(w["decoder.weight"].shape, (2, 256, 64))
+        self.assertEqual(int(w["k"]), 8)
+        # BatchTopKCrossCoder.encode with its threshold, and decode.
+        x = numpy.stack([numpy.load(c.export(i, "resid%d.npz" % i).path)["data"].astype(
+            numpy.float64) for i in ids], axis=1)  # [rows, 2, 64]
+        f = numpy.maximum(numpy.einsum("bld,ldf->bf", x, w["encoder.weight"]) +
+                          w["encoder.bias"], 0)
+        code_norm = numpy.linalg.norm(w["decoder.weight"], axis=2).sum(0)
+        kept = numpy.where(f * code_norm > w["threshold"], f, 0.0)
+        x_hat = numpy.einsum("bf,lfd->bld", kept, w["decoder.weight"]) + w["decoder.bias"]
+        self.assertGreater((kept != 0).sum(1).mean(), 4)  # about k a row
+        self.assertLess((kept != 0).sum(1).mean(), 16)
+        for source in (0, 1):
+            fvu = (((x[:, source] - x_hat[:, source]) ** 2).sum() /
+                   ((x[:, source] - x[:, source].mean(0)) ** 2).sum())
+            self.assertLess(fvu, 0.5)
+            # The job's figure is of its last batch, this one of every row.
+            self.assertAlmostEqual(result.final_block_fvu[source], fvu, delta=0.15)
+        # The split, from the saved decoders at the training scale (latentd.json's scales), of
+        # the latents that fire on the rows (calibration read them all).
+        scales = numpy.array([s["training_scale"] for s in about["sources"]])
+        norms = numpy.linalg.norm(w["decoder.weight"], axis=2) * scales[:, None]
+        live = (kept != 0).any(0)
+        relative = norms[1, live] / norms[:, live].sum(0)
+        histogram = numpy.histogram(numpy.minimum(relative, 1 - 1e-12), bins=20, range=(0, 1))[0]
+        self.assertEqual(summary.live_latents, live.sum())
+        self.assertLessEqual(numpy.abs(histogram - numpy.array(
+            summary.relative_norm_histogram)).sum(), 2)  # a share on a bin edge may go either way
+        self.assertEqual(summary.exclusive_latents[1], (relative >= 0.9).sum())
+
+        shown = daemon.latentctl("get", str(train.id)).stdout
+        self.assertIn("sources    fvu 0: %.4f, 1: %.4f" % tuple(result.final_block_fvu), shown)
+        self.assertIn("latents    %d live: %d source 0's own, %d source 1's own, %d shared" % (
+            summary.live_latents, summary.exclusive_latents[0], summary.exclusive_latents[1],
+            summary.shared_latents), shown)
+        self.assertIn("relative   decoder norm  0 |", shown)
+        self.assertIn("FVU@S0/S1", daemon.latentctl("telemetry", str(train.id)).stdout)
+
+        # The sources must hold the same tokens' rows; EXTRACT says it does not run crosscoders.
+        half = c.wait(c.submit("EXTRACT", {
+            "model": MODEL, "hookName": "blocks.1.hook_resid_post",
+            "tokens": dict(tokens, sequenceCount="32"), "mode": "DENSE",
+            "valueDtype": "FLOAT32"}).id)
+        self.assertEqual(half.state, jobs_pb2.SUCCEEDED, half.message)
+        for spec, kind, field in (
+                (dict(crosscoder, crosscoderDatasetIds=[str(ids[0]),
+                                                        str(half.result.extract.dataset_id)]),
+                 "TRAIN", "train.crosscoder_dataset_ids[1]"),
+                (dict(crosscoder, sae={"dSae": 256, "architecture": "JUMPRELU"}), "TRAIN",
+                 "train.sae.architecture"),
+                ({"model": MODEL, "hookName": "blocks.1.hook_resid_post", "tokens": tokens,
+                  "sae": {"artifactId": str(result.artifact_id)}}, "EXTRACT", "crosscoder")):
+            with self.assertRaises(grpc.RpcError) as refused:
+                c.submit(kind, spec)
             self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
             self.assertIn(field, refused.exception.details())
 
