@@ -39,24 +39,35 @@ def finished(client, kind, spec):
     return job, time.time() - start
 
 
+def add_optimizer_args(parser):
+    """--adam_lr, --mfac_lr, --smfac_lr and --only, for optimizers_from."""
+    parser.add_argument("--adam_lr", type=float, default=1e-3)
+    parser.add_argument("--mfac_lr", type=float, default=3.0)
+    parser.add_argument("--smfac_lr", type=float, default=3.0)
+    parser.add_argument("--only", default="adam,mfac,smfac")
+
+
+def optimizers_from(args):
+    """[(label, OptimizerSpec as JSON)] of the optimizers --only names: adam, dense M-FAC and
+    S-MFAC at 1%, the M-FACs with window 64 and damp 1e-4."""
+    optimizers = [
+        ("adam (%g)" % args.adam_lr, {"name": "adam", "lr": args.adam_lr}),
+        ("mfac, dense (%g)" % args.mfac_lr,
+         {"name": "mfac", "lr": args.mfac_lr, "window": 64, "damp": 1e-4}),
+        ("smfac 1%% (%g)" % args.smfac_lr,
+         {"name": "smfac", "lr": args.smfac_lr, "window": 64, "damp": 1e-4, "density": 0.01}),
+    ]
+    return [o for o in optimizers if o[1]["name"] in args.only.split(",")]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--sequences", type=int, default=256)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--d_sae", type=int, default=1024)
-    parser.add_argument("--adam_lr", type=float, default=1e-3)
-    parser.add_argument("--mfac_lr", type=float, default=3.0)
-    parser.add_argument("--smfac_lr", type=float, default=3.0)
-    parser.add_argument("--only", default="adam,mfac,smfac")
+    add_optimizer_args(parser)
     args = parser.parse_args()
-    optimizers = [
-        ("adam (%g)" % args.adam_lr, {"name": "adam", "lr": args.adam_lr}),
-        ("mfac (%g)" % args.mfac_lr,
-         {"name": "mfac", "lr": args.mfac_lr, "window": 64, "damp": 1e-4}),
-        ("smfac 1%% (%g)" % args.smfac_lr,
-         {"name": "smfac", "lr": args.smfac_lr, "window": 64, "damp": 1e-4, "density": 0.01}),
-    ]
-    optimizers = [o for o in optimizers if o[1]["name"] in args.only.split(",")]
+    optimizers = optimizers_from(args)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), tmp,

@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 from harness import Daemon
-from train_clt_bench import SCRIPTS, finished
+from train_clt_bench import SCRIPTS, add_optimizer_args, finished, optimizers_from
 
 LAYERS = 4
 
@@ -34,19 +34,9 @@ def main():
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--d_sae", type=int, default=1024)
     parser.add_argument("--k", type=int, default=32)
-    parser.add_argument("--adam_lr", type=float, default=1e-3)
-    parser.add_argument("--mfac_lr", type=float, default=3.0)
-    parser.add_argument("--smfac_lr", type=float, default=3.0)
-    parser.add_argument("--only", default="adam,mfac,smfac")
+    add_optimizer_args(parser)
     args = parser.parse_args()
-    optimizers = [
-        ("adam (%g)" % args.adam_lr, {"name": "adam", "lr": args.adam_lr}),
-        ("mfac, dense (%g)" % args.mfac_lr,
-         {"name": "mfac", "lr": args.mfac_lr, "window": 64, "damp": 1e-4}),
-        ("smfac 1%% (%g)" % args.smfac_lr,
-         {"name": "smfac", "lr": args.smfac_lr, "window": 64, "damp": 1e-4, "density": 0.01}),
-    ]
-    optimizers = [o for o in optimizers if o[1]["name"] in args.only.split(",")]
+    optimizers = optimizers_from(args)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), tmp,

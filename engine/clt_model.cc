@@ -240,17 +240,8 @@ SaeForward CltModelImpl::Forward(const torch::Tensor& rows) {
   out.mse = mse.item<double>();
   const torch::Tensor centred = y - torch::cat(b_dec);
   SetFitStatistics(centred, sq, &out);
-  // Each block's share, for its own FVU (TrainableModel::fvu_blocks), in one copy to the host.
-  auto by_block = [&](const torch::Tensor& t) -> torch::Tensor {
-    return t.reshape({-1, options_.layers, options_.d_out}).sum(std::vector<int64_t>{0, 2});
-  };
-  const torch::Tensor blocks =
-      torch::stack({by_block(errors), by_block(centred.pow(2))}).to(torch::kCPU, torch::kFloat64);
-  const auto per_block = blocks.accessor<double, 2>();
-  for (int64_t l = 0; l < options_.layers; ++l) {
-    out.block_squared_error.push_back(per_block[0][l]);
-    out.block_centred_squares.push_back(per_block[1][l]);
-  }
+  // Each block's share, for its own FVU (TrainableModel::fvu_blocks).
+  SetBlockStatistics(errors, centred, options_.layers, &out);
   out.l0 = (out.latents != 0).sum(1).to(torch::kFloat64).mean().item<double>() /
            static_cast<double>(options_.layers);
   return out;

@@ -163,16 +163,7 @@ SaeForward CrosscoderModelImpl::Forward(const torch::Tensor& rows) {
   out.mse = mse.item<double>();
   const torch::Tensor centred = x - b_dec;
   SetFitStatistics(centred, sq, &out);
-  auto by_source = [&](const torch::Tensor& t) -> torch::Tensor {
-    return t.reshape({-1, options_.sources, options_.d_in}).sum(std::vector<int64_t>{0, 2});
-  };
-  const torch::Tensor sources =
-      torch::stack({by_source(errors), by_source(centred.pow(2))}).to(torch::kCPU, torch::kFloat64);
-  const auto per_source = sources.accessor<double, 2>();
-  for (int64_t s = 0; s < options_.sources; ++s) {
-    out.block_squared_error.push_back(per_source[0][s]);
-    out.block_centred_squares.push_back(per_source[1][s]);
-  }
+  SetBlockStatistics(errors, centred, options_.sources, &out);  // each source's own FVU
   out.l0 = (latents != 0).sum(1).to(torch::kFloat64).mean().item<double>();
   return out;
 }

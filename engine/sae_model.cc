@@ -196,6 +196,21 @@ double SetFitStatistics(const torch::Tensor& centred, const torch::Tensor& row_s
   return variance;
 }
 
+void SetBlockStatistics(const torch::Tensor& squared_errors, const torch::Tensor& centred,
+                        int64_t blocks, SaeForward* out) {
+  torch::NoGradGuard no_grad;
+  auto by_block = [&](const torch::Tensor& t) -> torch::Tensor {
+    return t.reshape({t.size(0), blocks, -1}).sum(std::vector<int64_t>{0, 2});
+  };
+  const torch::Tensor sums = torch::stack({by_block(squared_errors), by_block(centred.pow(2))})
+                                 .to(torch::kCPU, torch::kFloat64);
+  const auto per_block = sums.accessor<double, 2>();
+  for (int64_t b = 0; b < blocks; ++b) {
+    out->block_squared_error.push_back(per_block[0][b]);
+    out->block_centred_squares.push_back(per_block[1][b]);
+  }
+}
+
 torch::Tensor SaeModelImpl::JumpStep(const torch::Tensor& pre) {
   return JumpReluStep(pre, log_threshold, options_.jumprelu_bandwidth);
 }

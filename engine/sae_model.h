@@ -130,6 +130,11 @@ void NormalizeRows(const torch::Tensor& weight);
 // FVU divides by.
 double SetFitStatistics(const torch::Tensor& centred, const torch::Tensor& row_squared_error,
                         SaeForward* out);
+// Fills out's block_squared_error and block_centred_squares for a prediction whose columns are
+// `blocks` blocks of equal width side by side (a CLT's blocks, a crosscoder's sources), from its
+// per-value squared errors and `centred` as above, in one copy to the host.
+void SetBlockStatistics(const torch::Tensor& squared_errors, const torch::Tensor& centred,
+                        int64_t blocks, SaeForward* out);
 
 class SaeModelImpl : public torch::nn::Module {
  public:
