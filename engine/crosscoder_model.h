@@ -83,9 +83,9 @@ class CrosscoderModelImpl : public torch::nn::Module {
  public:
   explicit CrosscoderModelImpl(const CrosscoderModelOptions& options);
 
-  // Decoder rows of norm 1 / sqrt(n) in every source (each latent's whole decoder at unit norm),
-  // drawn from SaeInitStreamSeed(seed); W_enc_s = W_dec_s^T (dictionary_learning's
-  // init_with_transpose); biases 0.
+  // Each latent's whole decoder (all sources) a random unit vector drawn from
+  // SaeInitStreamSeed(seed), so about 1 / sqrt(n) in each source; W_enc_s = W_dec_s^T
+  // (dictionary_learning's init_with_transpose); biases 0.
   void InitWeights();
   // From the first rows: the scales s_s, and b_dec_s := the mean of x_s s_s.
   void InitFromData(const torch::Tensor& rows);

@@ -127,6 +127,16 @@ TEST(CrosscoderModelTest, BatchTopKKeepsKLatentsARowOverTheBatch) {
               out.squared_error, 1e-3 * out.squared_error);
 }
 
+TEST(CrosscoderModelTest, ASummaryOfNoLiveLatentCountsNothing) {
+  // Before calibration (or when nothing fires) no latent is live: zeros, not an error.
+  CrosscoderModel model(Options(latentd::v1::BATCHTOPK));
+  const latentd::v1::CrosscoderSummary summary = model->Summary();
+  EXPECT_EQ(summary.live_latents(), 0);
+  EXPECT_EQ(summary.exclusive_latents_size(), 2);
+  EXPECT_EQ(summary.relative_norm_histogram_size(), 20);
+  EXPECT_EQ(summary.shared_latents(), 0);
+}
+
 TEST(CrosscoderModelTest, ReluPaysForEachLatentByWhatItWrites) {
   CrosscoderModelOptions options = Options(latentd::v1::RELU);
   options.l1_coefficient = 0.5;
