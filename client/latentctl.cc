@@ -334,7 +334,7 @@ void PrintCrosscoderSummary(const v1::CrosscoderSummary& summary) {
   for (const int64_t count : summary.relative_norm_histogram()) most = std::max(most, count);
   std::string bars;
   for (const int64_t count : summary.relative_norm_histogram()) {
-    bars += kBars[count == 0 ? 0 : 1 + (count * 7 + most - 1) / most];
+    bars += kBars[count == 0 ? 0 : 1 + count * 7 / most];  // the peak: the full block
   }
   std::printf("relative   decoder norm  0 |%s| 1   (0: source 0's own, 1: source 1's; peak %lld)\n",
               bars.c_str(), static_cast<long long>(most));
