@@ -124,8 +124,6 @@ class CrosscoderTrainable : public TrainableModel {
     *result->mutable_crosscoder() = crosscoder_->Summary();
   }
 
-  CrosscoderModel& crosscoder() { return crosscoder_; }
-
  private:
   CrosscoderModel crosscoder_;
   std::vector<CrosscoderSource> sources_;
