@@ -18,6 +18,7 @@ gradient grows and the CLT's loss sums every block's squared error at unit scale
 """
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -37,6 +38,21 @@ def finished(client, kind, spec):
     if job.state != jobs_pb2.SUCCEEDED:
         sys.exit("%s failed: %s" % (kind, job.message))
     return job, time.time() - start
+
+
+@contextlib.contextmanager
+def x1_daemon(sequences):
+    """A latentd (the harness' two CPU devices) over demo inputs of `sequences` sequences of 128
+    tokens: yields its client and the token source spec."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), tmp,
+                        "--sequences", str(sequences), "--context", "128"],
+                       check=True, capture_output=True)
+        daemon = Daemon(os.path.join(tmp, "d"), extra_args=["--data_roots=" + tmp]).start()
+        try:
+            yield daemon.client(), {"path": os.path.join(tmp, "tokens.npy"), "contextLength": 128}
+        finally:
+            daemon.stop()
 
 
 def add_optimizer_args(parser):
@@ -69,40 +85,31 @@ def main():
     args = parser.parse_args()
     optimizers = optimizers_from(args)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), tmp,
-                        "--sequences", str(args.sequences), "--context", "128"],
-                       check=True, capture_output=True)
-        daemon = Daemon(os.path.join(tmp, "d"), extra_args=["--data_roots=" + tmp]).start()
-        try:
-            c = daemon.client()
-            tokens = {"path": os.path.join(tmp, "tokens.npy"), "contextLength": 128}
-            model = {"reference": {}}
-            for name, optimizer in optimizers:
-                spec = {"activations": {"model": model,
-                                        "hookName": "blocks.0.ln2.hook_normalized",
-                                        "tokens": tokens},
-                        "targetHookName": "blocks.0.hook_mlp_out",
-                        "sae": {"crossLayers": LAYERS, "dSae": args.d_sae, "k": 16},
-                        "optimizer": optimizer, "batchSize": 512, "steps": args.steps,
-                        "schedule": {"kind": "COSINE", "warmupSteps": args.steps // 20,
-                                     "finalLrFraction": 0.1},
-                        "seed": 1, "checkpointEvery": 1000, "telemetryEvery": 25}
-                train, wall = finished(c, "TRAIN", spec)
-                result = train.result.train
-                samples = [e.telemetry.train for e in c.watch(train.id)
-                           if e.HasField("telemetry") and e.telemetry.HasField("train")]
-                artifact = {"artifactId": str(result.artifact_id)}
-                extract, _ = finished(c, "EXTRACT", {
-                    "model": model, "hookName": "blocks.0.ln2.hook_normalized",
-                    "tokens": tokens, "sae": artifact,
-                    "moreOutputs": [{"hookName": "blocks.%d.ln2.hook_normalized" % layer,
-                                     "sae": artifact} for layer in range(1, LAYERS)]})
-                outputs = [extract.result.extract] + list(extract.result.extract.more_outputs)
-                rows.append((name, result, samples, wall,
-                             [o.fit.explained_variance for o in outputs]))
-        finally:
-            daemon.stop()
+    with x1_daemon(args.sequences) as (c, tokens):
+        model = {"reference": {}}
+        for name, optimizer in optimizers:
+            spec = {"activations": {"model": model,
+                                    "hookName": "blocks.0.ln2.hook_normalized",
+                                    "tokens": tokens},
+                    "targetHookName": "blocks.0.hook_mlp_out",
+                    "sae": {"crossLayers": LAYERS, "dSae": args.d_sae, "k": 16},
+                    "optimizer": optimizer, "batchSize": 512, "steps": args.steps,
+                    "schedule": {"kind": "COSINE", "warmupSteps": args.steps // 20,
+                                 "finalLrFraction": 0.1},
+                    "seed": 1, "checkpointEvery": 1000, "telemetryEvery": 25}
+            train, wall = finished(c, "TRAIN", spec)
+            result = train.result.train
+            samples = [e.telemetry.train for e in c.watch(train.id)
+                       if e.HasField("telemetry") and e.telemetry.HasField("train")]
+            artifact = {"artifactId": str(result.artifact_id)}
+            extract, _ = finished(c, "EXTRACT", {
+                "model": model, "hookName": "blocks.0.ln2.hook_normalized",
+                "tokens": tokens, "sae": artifact,
+                "moreOutputs": [{"hookName": "blocks.%d.ln2.hook_normalized" % layer,
+                                 "sae": artifact} for layer in range(1, LAYERS)]})
+            outputs = [extract.result.extract] + list(extract.result.extract.more_outputs)
+            rows.append((name, result, samples, wall,
+                         [o.fit.explained_variance for o in outputs]))
     first = rows[0][2]
     print("CLT over %d blocks, d_in 256 -> d_out 256, d_sae %d a block (%s parameters), %d steps "
           "of 512 rows over %d tokens" % (LAYERS, args.d_sae, first[-1].parameter_bytes // 4,

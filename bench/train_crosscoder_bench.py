@@ -17,13 +17,8 @@ ranks, which share the forward passes.
 """
 
 import argparse
-import os
-import subprocess
-import sys
-import tempfile
 
-from harness import Daemon
-from train_clt_bench import SCRIPTS, add_optimizer_args, finished, optimizers_from
+from train_clt_bench import add_optimizer_args, finished, optimizers_from, x1_daemon
 
 LAYERS = 4
 
@@ -38,31 +33,22 @@ def main():
     args = parser.parse_args()
     optimizers = optimizers_from(args)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), tmp,
-                        "--sequences", str(args.sequences), "--context", "128"],
-                       check=True, capture_output=True)
-        daemon = Daemon(os.path.join(tmp, "d"), extra_args=["--data_roots=" + tmp]).start()
-        try:
-            c = daemon.client()
-            for name, optimizer in optimizers:
-                spec = {"activations": {"model": {"reference": {}},
-                                        "hookName": "blocks.0.hook_resid_post",
-                                        "tokens": {"path": os.path.join(tmp, "tokens.npy"),
-                                                   "contextLength": 128}},
-                        "crosscoderHooks": ["blocks.%d.hook_resid_post" % layer
-                                            for layer in range(1, LAYERS)],
-                        "sae": {"dSae": args.d_sae, "k": args.k},
-                        "optimizer": optimizer, "batchSize": 512, "steps": args.steps,
-                        "schedule": {"kind": "COSINE", "warmupSteps": args.steps // 20,
-                                     "finalLrFraction": 0.1},
-                        "seed": 1, "checkpointEvery": 1000, "telemetryEvery": 25}
-                train, wall = finished(c, "TRAIN", spec)
-                samples = [e.telemetry.train for e in c.watch(train.id)
-                           if e.HasField("telemetry") and e.telemetry.HasField("train")]
-                rows.append((name, train.result.train, samples, wall))
-        finally:
-            daemon.stop()
+    with x1_daemon(args.sequences) as (c, tokens):
+        for name, optimizer in optimizers:
+            spec = {"activations": {"model": {"reference": {}},
+                                    "hookName": "blocks.0.hook_resid_post",
+                                    "tokens": tokens},
+                    "crosscoderHooks": ["blocks.%d.hook_resid_post" % layer
+                                        for layer in range(1, LAYERS)],
+                    "sae": {"dSae": args.d_sae, "k": args.k},
+                    "optimizer": optimizer, "batchSize": 512, "steps": args.steps,
+                    "schedule": {"kind": "COSINE", "warmupSteps": args.steps // 20,
+                                 "finalLrFraction": 0.1},
+                    "seed": 1, "checkpointEvery": 1000, "telemetryEvery": 25}
+            train, wall = finished(c, "TRAIN", spec)
+            samples = [e.telemetry.train for e in c.watch(train.id)
+                       if e.HasField("telemetry") and e.telemetry.HasField("train")]
+            rows.append((name, train.result.train, samples, wall))
     first = rows[0][2]
     print("Crosscoder over blocks.0..%d.hook_resid_post of X1 (%d x 256 values a row), d_sae %d, "
           "k %d (%d parameters), %d steps of 512 rows over %d tokens" % (
