@@ -513,3 +513,66 @@ def _unpack(packed):
     else:
         values = np.frombuffer(packed.values, "<f2").astype(np.float32)
     return offsets, indices.astype(np.int32), values, np.frombuffer(packed.token_ids, "<i4")
+
+
+class Crosscoder:
+    """A crosscoder a TRAIN job saved (docs/TRAIN.md "Crosscoders"), read with numpy from its
+    directory: the job result's artifact_path, on the machine that reads it.
+
+        cc = Crosscoder(job.result.train.artifact_path)
+        chat_only = numpy.where(cc.shares[1] >= 0.9)[0]     # the second model's own latents
+        latents = cc.encode(numpy.stack([base_rows, chat_rows], axis=1))
+
+    weights: model.safetensors' arrays by name (dictionary_learning's); config: config.json;
+    sources: latentd.json's, each with hook_name, model_name, rows_from and training_scale;
+    shares: [n, d_sae], each latent's share of its decoder norm in each source, at the training
+    scale (what TrainResult.crosscoder counts)."""
+
+    def __init__(self, path):
+        import json
+        import os
+        import struct
+
+        import numpy as np
+
+        with open(os.path.join(path, "model.safetensors"), "rb") as f:
+            data = f.read()
+        (size,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + size])
+        dtypes = {"F32": np.float32, "I32": np.int32, "I64": np.int64}
+        self.weights = {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = info["data_offsets"]
+            self.weights[name] = np.frombuffer(data[8 + size + begin:8 + size + end],
+                                               dtypes[info["dtype"]]).reshape(info["shape"])
+        with open(os.path.join(path, "config.json")) as f:
+            self.config = json.load(f)
+        with open(os.path.join(path, "latentd.json")) as f:
+            self.sources = json.load(f)["sources"]
+        scales = np.array([s["training_scale"] for s in self.sources])
+        norms = np.linalg.norm(self.weights["decoder.weight"].astype(np.float64), axis=2)
+        norms *= scales[:, None]
+        self.shares = norms / np.maximum(norms.sum(0), 1e-30)
+
+    def encode(self, x):
+        """The latents [rows, d_sae] of x [rows, n, d_in] (each source's hook in its own units),
+        as BatchTopKCrossCoder.encode with its threshold (CrossCoder.encode for a ReLU one)."""
+        import numpy as np
+
+        w = self.weights
+        f = np.maximum(np.einsum("bld,ldf->bf", np.asarray(x, np.float64),
+                                 w["encoder.weight"].astype(np.float64)) + w["encoder.bias"], 0)
+        if "threshold" not in w:
+            return f
+        code_norm = np.linalg.norm(w["decoder.weight"].astype(np.float64), axis=2).sum(0)
+        return np.where(f * code_norm > w["threshold"], f, 0.0)
+
+    def decode(self, latents):
+        """Each source's reconstruction [rows, n, d_in] of latents [rows, d_sae]."""
+        import numpy as np
+
+        w = self.weights
+        return (np.einsum("bf,lfd->bld", np.asarray(latents, np.float64),
+                          w["decoder.weight"].astype(np.float64)) + w["decoder.bias"])

@@ -14,6 +14,7 @@ import numpy
 import scipy.sparse
 
 from harness import DaemonTestCase, assert_prompt_matches_rows
+from latentd_client import Crosscoder
 from latentd.v1 import datasets_pb2, jobs_pb2
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts")
@@ -826,12 +827,14 @@ class TrainLoop(DaemonTestCase):
             self.assertLess(fvu, 0.5)
             # The job's figure is of its last batch, this one of every row.
             self.assertAlmostEqual(result.final_block_fvu[source], fvu, delta=0.15)
-        # The split, from the saved decoders at the training scale (latentd.json's scales), of
-        # the latents that fire on the rows (calibration read them all).
-        scales = numpy.array([s["training_scale"] for s in about["sources"]])
-        norms = numpy.linalg.norm(w["decoder.weight"], axis=2) * scales[:, None]
+        # The client's reading of the files computes the same, and the split from the saved
+        # decoders at the training scale, of the latents that fire on the rows (calibration read
+        # them all), is the result's.
+        read = Crosscoder(saved)
+        numpy.testing.assert_allclose(read.encode(x), kept, atol=1e-9)
+        numpy.testing.assert_allclose(read.decode(kept), x_hat, atol=1e-9)
         live = (kept != 0).any(0)
-        relative = norms[1, live] / norms[:, live].sum(0)
+        relative = read.shares[1, live]
         histogram = numpy.histogram(numpy.minimum(relative, 1 - 1e-12), bins=20, range=(0, 1))[0]
         self.assertEqual(summary.live_latents, live.sum())
         self.assertLessEqual(numpy.abs(histogram - numpy.array(
