@@ -6,8 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/read_file.h"
 #include "common/test_dir.h"
+#include "engine/sae.h"
 #include "engine/safetensors.h"
 #include "engine/safetensors_tensor.h"
 #include "gtest/gtest.h"
@@ -112,6 +114,43 @@ TEST(CrosscoderModelTest, TheSavedModelComputesWhatTheTrainedOneDoes) {
   const auto about = nlohmann::json::parse(*ReadFileToString(dir + "/latentd.json"));
   EXPECT_EQ(about["dictionary_learning_class"], "BatchTopKCrossCoder");
   EXPECT_EQ(about["sources"][1]["model_name"], "chat");
+}
+
+TEST(CrosscoderModelTest, EncodingItsHooksSideBySideAsAnSaeGivesTheCrosscodersLatents) {
+  // What EXTRACT runs: Sae::Load reads the saved crosscoder as a JumpReLU SAE over the hooks
+  // concatenated (threshold t / c_j), whose latents and reconstruction are the crosscoder's.
+  for (const auto architecture : {latentd::v1::BATCHTOPK, latentd::v1::RELU}) {
+    CrosscoderModel model(Options(architecture));
+    const torch::Tensor rows = TwoScaleRows(256, 8, 4);
+    model->InitFromData(rows);
+    {
+      torch::NoGradGuard no_grad;
+      torch::manual_seed(9);
+      model->W_enc.add_(0.3 * torch::randn_like(model->W_enc));
+      model->W_dec.mul_(torch::rand_like(model->W_dec) + 0.5);
+    }
+    model->CalibrateBatchThreshold(rows.split(64));
+    const std::string dir = FreshTestDir(
+        absl::StrCat("crosscoder_as_sae_", latentd::v1::SaeArchitecture_Name(architecture)));
+    ASSERT_TRUE(model
+                    ->Save(dir, {{"blocks.0.hook_resid_post", "m", "live"},
+                                 {"blocks.1.hook_resid_post", "m", "live"}})
+                    .ok());
+    auto sae = Sae::Load(dir);
+    ASSERT_TRUE(sae.ok()) << sae.status();
+    EXPECT_EQ(sae->config().crosscoder_sources, 2);
+    EXPECT_EQ(sae->config().d_in, 16);
+    EXPECT_EQ(sae->config().crosscoder_hooks,
+              (std::vector<std::string>{"blocks.0.hook_resid_post", "blocks.1.hook_resid_post"}));
+    torch::NoGradGuard no_grad;
+    const torch::Tensor expected = model->Encode(rows);
+    const torch::Tensor got = sae->EncodeDense(rows);
+    EXPECT_TRUE((got != 0).equal(expected != 0)) << architecture;
+    EXPECT_TRUE(torch::allclose(got, expected, 1e-4, 1e-4)) << architecture;
+    EXPECT_TRUE(torch::allclose(sae->Predict(rows, sae->EncodeSparse(rows)),
+                                model->Decode(expected), 1e-3, 1e-3))
+        << architecture;
+  }
 }
 
 TEST(CrosscoderModelTest, BatchTopKKeepsKLatentsARowOverTheBatch) {

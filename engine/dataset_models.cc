@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/process_memory.h"
 #include "common/status_macros.h"
 #include "engine/gpt2_model.h"
@@ -394,6 +395,13 @@ absl::StatusOr<DatasetInputs> DatasetModels::Impl::InputsOf(const DatasetSource&
     return absl::FailedPreconditionError(absl::StrCat("dataset ", dataset.dataset_id, ": job ",
                                                       dataset.job_id,
                                                       " is not an EXTRACT job with an SAE"));
+  }
+  if (inputs.spec.crosscoder_hooks_size() > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dataset ", dataset.dataset_id, "'s latents come from a crosscoder reading ",
+        inputs.spec.hook_name(), " and ", absl::StrJoin(inputs.spec.crosscoder_hooks(), ", "),
+        " together; the weight and prompt queries run one hook's SAE (the latents, their "
+        "statistics and top activations are served as any dataset's)"));
   }
   auto dir = ResolveSaeDir(inputs.spec, env);
   if (!dir.ok()) {

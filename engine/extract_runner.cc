@@ -3,6 +3,7 @@
 #include <limits.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <fstream>
 #include <optional>
@@ -109,6 +110,7 @@ ExtractSpec ExtractOutputSpec(const ExtractSpec& spec, int output) {
   one.clear_more_outputs();
   if (output > 0) {
     const latentd::v1::ExtractOutput& more = spec.more_outputs(output - 1);
+    one.clear_crosscoder_hooks();  // the job's own output's
     one.set_hook_name(more.hook_name());
     if (more.has_sae()) {
       *one.mutable_sae() = more.sae();
@@ -187,6 +189,9 @@ struct CheckedOutput {
   // missing: the fit is then not measured, and cross_layer_missing names the layers.
   std::vector<int> cross_layer_sources;
   std::vector<int> cross_layer_missing;
+  // A crosscoder's hooks after `hook` (ExtractSpec.crosscoder_hooks), which the model gives side
+  // by side with it as the output's one activation; empty for an SAE.
+  std::vector<HookName> crosscoder_hooks;
 };
 
 // Whether an output reads a layer of a cross-layer transcoder.
@@ -290,6 +295,54 @@ absl::Status CheckTranscoderOutput(CheckedOutput& out, const Checked& c) {
   return absl::OkStatus();
 }
 
+// A crosscoder's hooks (one.crosscoder_hooks) checked against its SAE (out->sae_cfg) and the
+// model, into out->crosscoder_hooks; out->hook_width becomes their side-by-side width.
+absl::Status CheckCrosscoderHooks(const ExtractSpec& one, const Checked& c, CheckedOutput* out) {
+  const int sources = out->sae_cfg.crosscoder_sources;
+  if (sources == 0) {
+    return absl::InvalidArgumentError(
+        "extract.crosscoder_hooks: given, but extract.sae is not a crosscoder");
+  }
+  if (one.crosscoder_hooks_size() != sources - 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "extract.crosscoder_hooks: the crosscoder reads ", sources, " hooks: hook_name and the ",
+        sources - 1, " after it, in the order of its sources",
+        out->sae_cfg.crosscoder_hooks.empty()
+            ? std::string()
+            : absl::StrCat(
+                  " (its latentd.json: ", absl::StrJoin(out->sae_cfg.crosscoder_hooks, ", "), ")"),
+        "; got ", one.crosscoder_hooks_size()));
+  }
+  for (int i = 0; i < one.crosscoder_hooks_size(); ++i) {
+    const std::string field = absl::StrCat("extract.crosscoder_hooks[", i, "]");
+    auto hook = ParseHookName(one.crosscoder_hooks(i));
+    if (!hook.ok())
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", hook.status().message()));
+    if (one.crosscoder_hooks(i) == one.hook_name() ||
+        std::find(one.crosscoder_hooks().begin(), one.crosscoder_hooks().begin() + i,
+                  one.crosscoder_hooks(i)) != one.crosscoder_hooks().begin() + i) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", one.crosscoder_hooks(i), " is read already"));
+    }
+    if (c.shape) {
+      if (absl::Status s = CheckTransformerHook(*c.shape, *hook); !s.ok()) {
+        return WithMessage(s, absl::StrCat(field, ": ", s.message()));
+      }
+      const int64_t width = TransformerHookWidth(*c.shape, *hook);
+      if (width != out->hook_width) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": ", one.crosscoder_hooks(i), " is ", width, " wide, hook_name ",
+            one.hook_name(), " ", out->hook_width, ": a crosscoder's hooks are alike in width"));
+      }
+    } else if (absl::Status s = HiddenStateIndex(*hook).status(); !s.ok()) {
+      return WithMessage(s, absl::StrCat(field, ": ", s.message()));
+    }
+    out->crosscoder_hooks.push_back(*hook);
+  }
+  out->hook_width *= sources;
+  return absl::OkStatus();
+}
+
 // Hook and SAE of output `output` (ExtractOutputSpec), with c.sparse and the model known.
 absl::StatusOr<CheckedOutput> CheckOutput(const ExtractSpec& one, const ExtractEnv& env,
                                           const Checked& c) {
@@ -312,6 +365,9 @@ absl::StatusOr<CheckedOutput> CheckOutput(const ExtractSpec& one, const ExtractE
       return absl::InvalidArgumentError(absl::StrCat("extract.sae: ", cfg.status().message()));
     }
     out.sae_cfg = *cfg;
+    if (out.sae_cfg.crosscoder_sources > 0 || one.crosscoder_hooks_size() > 0) {
+      RETURN_IF_ERROR(CheckCrosscoderHooks(one, c, &out));
+    }
     if (out.hook_width > 0 && out.sae_cfg.d_in != out.hook_width) {
       return absl::InvalidArgumentError(absl::StrCat("extract.sae: d_in ", out.sae_cfg.d_in,
                                                      " != width ", out.hook_width, " of hook ",
@@ -323,6 +379,10 @@ absl::StatusOr<CheckedOutput> CheckOutput(const ExtractSpec& one, const ExtractE
     }
   } else if (has_sae) {
     return absl::InvalidArgumentError("extract.sae: given with mode DENSE (drop it or use SPARSE)");
+  } else if (one.crosscoder_hooks_size() > 0) {
+    return absl::InvalidArgumentError(
+        "extract.crosscoder_hooks: the hooks a crosscoder reads (extract.sae, SPARSE); a DENSE "
+        "job stores each hook as a dataset of its own (more_outputs)");
   }
   return out;
 }
@@ -390,6 +450,18 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env,
     c.outputs.push_back(*std::move(out));
   }
   CrossLayerSources(&c.outputs);
+  if (!c.outputs[0].crosscoder_hooks.empty()) {
+    if (spec.more_outputs_size() > 0) {
+      return absl::InvalidArgumentError(
+          "extract.more_outputs: a job encoding with a crosscoder has its one output; extract "
+          "other hooks in another job");
+    }
+    if (spec.downstream_loss_sequences() > 0) {
+      return absl::InvalidArgumentError(
+          "extract.downstream_loss_sequences: not measured for a crosscoder (its reconstruction "
+          "replaces several hooks at once)");
+    }
+  }
   {
     ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> source, TokenSource::Open(tokens));
     c.rows = source->num_rows();
@@ -702,6 +774,34 @@ absl::StatusOr<std::optional<HfModelWeights>> LoadNativeWeights(const ExtractSpe
   return weights;
 }
 
+// A crosscoder's input: the inner model's hooks side by side, as its one hook.
+class ConcatenatedHooksModel final : public ActivationModel {
+ public:
+  explicit ConcatenatedHooksModel(std::unique_ptr<ActivationModel> inner)
+      : inner_(std::move(inner)) {
+    for (const int64_t w : inner_->hook_widths()) width_ += w;
+  }
+  at::Tensor Forward(const at::Tensor& tokens) override {
+    return at::cat(inner_->ForwardHooks(tokens), -1);
+  }
+  int64_t hook_width() const override { return width_; }
+  int64_t vocab_size() const override { return inner_->vocab_size(); }
+  int64_t max_context() const override { return inner_->max_context(); }
+  int64_t parameter_bytes() const override { return inner_->parameter_bytes(); }
+  int64_t activation_bytes_per_token(int64_t seq_len) const override {
+    return inner_->activation_bytes_per_token(seq_len) + 8 * width_;  // the hooks and their copy
+  }
+  const std::string& model_id() const override { return inner_->model_id(); }
+  const std::string& weight_hash() const override { return inner_->weight_hash(); }
+  std::vector<std::pair<std::string, at::Tensor>> NamedWeights() const override {
+    return inner_->NamedWeights();
+  }
+
+ private:
+  std::unique_ptr<ActivationModel> inner_;
+  int64_t width_ = 0;
+};
+
 // The hooks of the spec's outputs, in order.
 std::vector<HookName> OutputHooks(const Checked& c) {
   std::vector<HookName> hooks;
@@ -830,8 +930,11 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   const int host_cores = std::max(1u, std::thread::hardware_concurrency());
   const int cpu_threads = cpu_devices > 0 ? std::max(1, host_cores / cpu_devices) : 0;
 
-  // The outputs' hooks, then the hooks transcoders predict (fit_hooks).
+  // The outputs' hooks, then the hooks transcoders predict (fit_hooks). A crosscoder's job has
+  // one output, whose hooks the model gives side by side (ConcatenatedHooksModel).
   std::vector<HookName> hooks = OutputHooks(c);
+  const std::vector<HookName>& crosscoder_hooks = c.outputs[0].crosscoder_hooks;
+  hooks.insert(hooks.end(), crosscoder_hooks.begin(), crosscoder_hooks.end());
   std::vector<int> fit_hooks;
   for (int o = 0; c.sparse && o < num_outputs; ++o) {
     if (!c.outputs[o].cross_layer_missing.empty()) {
@@ -877,6 +980,9 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
       ASSIGN_OR_RETURN(r.device, ToAtDevice(d));
       r.cpu_threads = d.kind == DeviceKind::kCpu ? cpu_threads : 0;
       ASSIGN_OR_RETURN(r.model, MakeModel(spec, c, native_weights, hooks, r.device));
+      if (!crosscoder_hooks.empty()) {
+        r.model = std::make_unique<ConcatenatedHooksModel>(std::move(r.model));
+      }
       const std::vector<int64_t> widths = r.model->hook_widths();
       r.fit_hooks = fit_hooks;
       for (const auto& decoders : cross_cpu) {

@@ -150,6 +150,46 @@ void FoldLmSaes(const LmSaesFold& fold, const SaeConfig& cfg, SaeWeights* w) {
   w->b_dec = w->b_dec / fold.output_scale;
 }
 
+// A crosscoder's model.safetensors (ReadAndCheckSae checked names, shapes and dtypes) as the SAE
+// over its hooks side by side (SaeConfig::crosscoder_sources). INVALID_ARGUMENT for a BatchTopK
+// threshold below 0 (dictionary_learning's "not calibrated": it would need a batch).
+absl::StatusOr<LoadedWeights> ReadCrosscoderWeights(const std::string& path, const SaeConfig& cfg) {
+  ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Read(path));
+  auto read = [&](const char* name) -> absl::StatusOr<at::Tensor> {
+    const StTensorInfo* info = file.header().Find(name);
+    if (info == nullptr) return at::Tensor();
+    return ReadFloatTensor(file, *info, "crosscoder");
+  };
+  const int64_t m = cfg.d_sae;
+  SaeWeights w;
+  ASSIGN_OR_RETURN(const at::Tensor encoder, read("encoder.weight"));  // [n, d, m]
+  ASSIGN_OR_RETURN(const at::Tensor decoder, read("decoder.weight"));  // [n, m, d]
+  ASSIGN_OR_RETURN(w.b_enc, read("encoder.bias"));
+  ASSIGN_OR_RETURN(const at::Tensor decoder_bias, read("decoder.bias"));
+  ASSIGN_OR_RETURN(const at::Tensor threshold, read("threshold"));
+  w.W_enc = encoder.reshape({cfg.d_in, m});
+  w.W_dec = decoder.permute({1, 0, 2}).reshape({m, cfg.d_in}).contiguous();
+  w.b_dec = decoder_bias.reshape({cfg.d_in});
+  if (threshold.defined()) {
+    const double t = threshold.item<double>();
+    if (t < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": threshold ", t,
+          " < 0: a BatchTopK crosscoder not calibrated (without a "
+          "threshold it keeps the k x rows largest of a batch, which EXTRACT does not do)"));
+    }
+    // relu(pre)_j c_j > t is pre_j > t / c_j for c_j > 0; a latent that writes nothing never
+    // fires.
+    const at::Tensor code_norm = decoder.norm(2, {2}).sum(0);
+    w.threshold = at::where(code_norm > 0, t / code_norm,
+                            at::full_like(code_norm, std::numeric_limits<float>::max()));
+  }
+  const std::string& bytes = file.bytes();
+  return LoadedWeights{
+      std::move(w), absl::StrFormat("crc32c:%08x:%d", storage::Crc32c(bytes.data(), bytes.size()),
+                                    static_cast<int64_t>(bytes.size()))};
+}
+
 std::string ReadWholeFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -318,6 +358,11 @@ absl::StatusOr<Sae> Sae::Load(const std::string& dir, const std::optional<HookNa
   if (cfg.state_dict_class) {
     ASSIGN_OR_RETURN(LoadedWeights loaded, ReadStateDictWeights(dir, cfg));
     return create(std::move(loaded), dir);
+  }
+  if (cfg.crosscoder_sources > 0) {
+    const std::string path = dir + "/model.safetensors";
+    ASSIGN_OR_RETURN(LoadedWeights loaded, ReadCrosscoderWeights(path, cfg));
+    return create(std::move(loaded), path);
   }
   ASSIGN_OR_RETURN(std::string path, FindSaeWeightsFile(dir));
   if (absl::EndsWith(path, ".npz")) {

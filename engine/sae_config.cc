@@ -1041,6 +1041,67 @@ absl::StatusOr<SaeConfig> ReadGemmaScope2Sae(const std::string& dir, const std::
   return cfg;
 }
 
+// A crosscoder (IsCrosscoderLayout): config.json's widths, checked against model.safetensors.
+absl::StatusOr<SaeConfig> ReadCrosscoderSae(const std::string& dir) {
+  const std::string config_path = dir + "/config.json";
+  const std::string weights = dir + "/model.safetensors";
+  std::ifstream in(config_path);
+  const json config = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  auto positive = [&](const char* field) -> absl::StatusOr<int64_t> {
+    if (!config.contains(field) || !config[field].is_number_integer() ||
+        config[field].get<int64_t>() < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(config_path, ": ", field, " must be a positive integer"));
+    }
+    return config[field].get<int64_t>();
+  };
+  ASSIGN_OR_RETURN(const int64_t n, positive("num_encoder_layers"));
+  ASSIGN_OR_RETURN(const int64_t d, positive("activation_dim"));
+  ASSIGN_OR_RETURN(const int64_t m, positive("dict_size"));
+  if (n < 2 || n > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(config_path, ": num_encoder_layers ", n,
+                                                   ": latentd reads crosscoders of 2..64 hooks"));
+  }
+  const json normalization = config.value("code_normalization", json("CROSSCODER"));
+  if (normalization != "CROSSCODER") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config_path, ": code_normalization ", normalization.dump(),
+        ": latentd reads CROSSCODER (a latent weighed by the sum of its decoder norms) only"));
+  }
+  for (const char* field : {"encoder_layers_indices", "num_decoder_output_layers"}) {
+    if (config.contains(field) && !config[field].is_null()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(config_path, ": ", field,
+                       " is set: latentd reads crosscoders that read and write "
+                       "every hook they name"));
+    }
+  }
+  SaeConfig cfg;
+  cfg.crosscoder_sources = static_cast<int>(n);
+  cfg.d_in = n * d;
+  cfg.d_sae = m;
+  cfg.apply_b_dec_to_input = false;
+  ASSIGN_OR_RETURN(const StHeader header, ReadStHeader(weights));
+  cfg.architecture =
+      header.Find("threshold") != nullptr ? SaeArchitecture::kJumpRelu : SaeArchitecture::kRelu;
+  const std::string implied = "config.json";
+  RETURN_IF_ERROR(CheckFloatTensor(header, weights, "encoder.weight", {n, d, m}, true, implied));
+  RETURN_IF_ERROR(CheckFloatTensor(header, weights, "encoder.bias", {m}, true, implied));
+  RETURN_IF_ERROR(CheckFloatTensor(header, weights, "decoder.weight", {n, m, d}, true, implied));
+  RETURN_IF_ERROR(CheckFloatTensor(header, weights, "decoder.bias", {n, d}, true, implied));
+  RETURN_IF_ERROR(CheckFloatTensor(header, weights, "threshold", {}, false, implied));
+  std::ifstream about_in(dir + "/latentd.json");
+  const json about = json::parse(about_in, nullptr, /*allow_exceptions=*/false);
+  if (about.is_object() && about.contains("sources") && about["sources"].is_array()) {
+    for (const json& source : about["sources"]) {
+      if (source.is_object() && source.contains("hook_name") && source["hook_name"].is_string()) {
+        cfg.crosscoder_hooks.push_back(source["hook_name"].get<std::string>());
+      }
+    }
+  }
+  return cfg;
+}
+
 }  // namespace
 
 absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir,
@@ -1065,13 +1126,7 @@ absl::StatusOr<SaeConfig> ReadAndCheckSae(const std::string& dir,
   if (!in && Exists(dir + "/" + kGemmaScopeParams)) {
     return ReadGemmaScopeSae(dir, dir + "/" + kGemmaScopeParams);
   }
-  if (!in && IsCrosscoderLayout(dir)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        dir,
-        " holds a crosscoder (dictionary_learning's layout: model.safetensors, config.json with "
-        "num_encoder_layers): one set of latents over several hooks, which EXTRACT does not "
-        "encode with; dictionary_learning's BatchTopKCrossCoder.from_pretrained loads it"));
-  }
+  if (!in && IsCrosscoderLayout(dir)) return ReadCrosscoderSae(dir);
   if (!in) {
     return absl::NotFoundError(absl::StrCat(dir, "/cfg.json not found (nor Gemma Scope's ",
                                             kGemmaScopeParams, ", nor lm-saes' ",

@@ -188,6 +188,17 @@ struct SaeConfig {
   // .pth): which module it is.
   std::optional<StateDictClass> state_dict_class;
 
+  // A crosscoder (dictionary_learning's CrossCoder / BatchTopKCrossCoder as
+  // PyTorchModelHubMixin saves them, TRAIN's among them: model.safetensors + config.json with
+  // num_encoder_layers): the hooks it reads; 0 for others. It is read as an SAE over those hooks'
+  // activations side by side (d_in = crosscoder_sources x each hook's width, never subtracting
+  // b_dec): encoder.weight [n, d, F] is W_enc [n d, F], decoder.weight [n, F, d] is W_dec
+  // [F, n d]; BatchTopKCrossCoder keeps relu(pre)_j when relu(pre)_j c_j > t (c_j the sum of its
+  // decoder norms), which is a JumpReLU with threshold t / c_j, as Sae::Load folds it.
+  int crosscoder_sources = 0;
+  // The crosscoder's sources' hooks, from latentd.json (empty when it has none): informational.
+  std::vector<std::string> crosscoder_hooks;
+
   // The width of what the decoder gives: d_out for a transcoder, d_in for an SAE.
   int64_t OutWidth() const { return transcoder ? d_out : d_in; }
 };

@@ -950,10 +950,14 @@ TEST_F(TrainJobTest, ACrosscoderTrainsOnAModelsHooksIntoADictionaryLearningCross
   EXPECT_NE(text.str().find("\"hook_name\": \"blocks.2.hook_resid_post\""), std::string::npos)
       << text.str();
   EXPECT_NE(text.str().find("\"rows_from\": \"live\""), std::string::npos) << text.str();
-  // EXTRACT cannot run it (yet): it says so rather than misreading the files.
-  auto sae = Sae::Load(dir, *ParseHookName("blocks.0.hook_resid_post"));
-  EXPECT_EQ(sae.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(sae.status().message().find("crosscoder"), std::string::npos) << sae.status();
+  // EXTRACT reads it as an SAE over the three hooks side by side, which latentd.json names.
+  auto sae = Sae::Load(dir);
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  EXPECT_EQ(sae->config().crosscoder_sources, 3);
+  EXPECT_EQ(sae->config().d_in, 48);
+  EXPECT_EQ(sae->config().crosscoder_hooks,
+            (std::vector<std::string>{"blocks.0.hook_resid_post", "blocks.1.hook_resid_post",
+                                      "blocks.2.hook_resid_post"}));
 }
 
 // The residual stream after block 1 of CltSpec's model with weights from `seed`, stored as a

@@ -868,6 +868,73 @@ class TrainLoop(DaemonTestCase):
             self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
             self.assertIn(field, refused.exception.details())
 
+    def test_a_crosscoder_across_layers_encodes_its_hooks_into_one_dataset(self):
+        # TRAIN fits a crosscoder over two layers' residual stream as training reads them; an
+        # EXTRACT job encodes with it from both hooks of each forward pass into one dataset,
+        # whose rows are the saved file's latents (BatchTopKCrossCoder's formulas in numpy on the
+        # hooks' stored values) and whose fit is the reconstruction of both hooks together. The
+        # latent queries answer as for any dataset; the weight queries say why they cannot.
+        inputs, daemon = self.inputs_and_daemon()
+        c = daemon.client()
+        tokens = {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 32}
+        hooks = ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
+        train = c.wait(c.submit("TRAIN", {
+            "activations": {"model": MODEL, "hookName": hooks[0], "tokens": tokens},
+            "crosscoderHooks": hooks[1:], "sae": {"dSae": 256, "k": 8},
+            "optimizer": {"name": "adam", "lr": 3e-3}, "batchSize": 64, "steps": 100, "seed": 3,
+            "artifactName": "layers"}).id)
+        self.assertEqual(train.state, jobs_pb2.SUCCEEDED, train.message)
+        extract = {"model": MODEL, "hookName": hooks[0], "crosscoderHooks": hooks[1:],
+                   "tokens": tokens, "valueDtype": "FLOAT32",
+                   "sae": {"artifactId": str(train.result.train.artifact_id)}}
+        plan = "\n".join(c.plan("EXTRACT", extract))
+        sparse = c.wait(c.submit("EXTRACT", extract).id)
+        self.assertEqual(sparse.state, jobs_pb2.SUCCEEDED, sparse.message)
+        dataset = sparse.result.extract.dataset_id
+        dense = c.wait(c.submit("EXTRACT", {
+            "model": MODEL, "hookName": hooks[0], "tokens": tokens, "mode": "DENSE",
+            "valueDtype": "FLOAT32", "moreOutputs": [{"hookName": hooks[1]}]}).id)
+        self.assertEqual(dense.state, jobs_pb2.SUCCEEDED, dense.message)
+        ids = [dense.result.extract.dataset_id, dense.result.extract.more_outputs[0].dataset_id]
+        x = numpy.stack([numpy.load(c.export(i, "layer%d.npz" % i).path)["data"].astype(
+            numpy.float64) for i in ids], axis=1)  # [rows, 2, 64]
+        read = Crosscoder(train.result.train.artifact_path)
+        expected = read.encode(x)
+        stored, _ = c.read_rows(dataset)
+        nnz = int((expected != 0).sum())
+        # A value within rounding of its threshold may fall either side: a few at most.
+        self.assertLess(abs(stored.nnz - nnz), 1 + nnz // 1000, plan)
+        numpy.testing.assert_allclose(stored.toarray(), expected, atol=1e-3)
+        x_hat = read.decode(expected)
+        explained = 1 - ((x - x_hat) ** 2).sum() / ((x - x.mean(0)) ** 2).sum()
+        self.assertGreater(explained, 0.3)
+        self.assertAlmostEqual(sparse.result.extract.fit.explained_variance, explained, delta=1e-3)
+        info = c.get_dataset(dataset)
+        self.assertEqual(info.d_in, 128)  # both hooks side by side
+        latent = int(numpy.argmax((expected != 0).sum(0)))
+        answer = c.get_latent(dataset, latent, top_n=5)
+        self.assertLessEqual(abs(answer.statistics.firing_count -
+                                 int((expected[:, latent] != 0).sum())), 1)
+        self.assertEqual(len(answer.top), 5)
+        with self.assertRaises(grpc.RpcError) as refused:
+            c.latent_weights(dataset, latent)
+        self.assertEqual(refused.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("crosscoder", refused.exception.details())
+
+        # Its hooks must be named, in number, alike in width; one output only.
+        for spec, field in (
+                (dict(extract, crosscoderHooks=[]), "extract.crosscoder_hooks: the crosscoder "
+                                                    "reads 2 hooks"),
+                (dict(extract, crosscoderHooks=["blocks.0.mlp.hook_post"]),
+                 "extract.crosscoder_hooks[0]"),
+                (dict(extract, moreOutputs=[{"hookName": hooks[1]}]), "extract.more_outputs"),
+                (dict(extract, mode="DENSE", sae=None), "extract.crosscoder_hooks")):
+            spec = {k: v for k, v in spec.items() if v is not None}
+            with self.assertRaises(grpc.RpcError) as refused:
+                c.submit("EXTRACT", spec)
+            self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn(field, refused.exception.details())
+
     def test_training_on_a_models_activations_equals_training_on_their_dataset(self):
         train = {"sae": {"architecture": "TOPK", "dSae": 256, "k": 8},
                  "optimizer": {"name": "adam", "lr": 1e-3}, "batchSize": 64, "epochs": 2,
