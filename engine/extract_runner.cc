@@ -729,14 +729,22 @@ absl::StatusOr<std::vector<std::string>> DescribeExtractSpec(const ExtractSpec& 
     } else {
       const SaeConfig& cfg = out.sae_cfg;
       what = absl::StrCat(
-          "SPARSE latents of the ", cfg.transcoder ? "transcoder" : "SAE", " in ", out.sae_dir,
-          ": ", SaeArchitectureName(cfg.architecture), ", d_sae ", cfg.d_sae,
+          "SPARSE latents of the ",
+          cfg.transcoder               ? "transcoder"
+          : cfg.crosscoder_sources > 0 ? "crosscoder"
+                                       : "SAE",
+          " in ", out.sae_dir, ": ", SaeArchitectureName(cfg.architecture), ", d_sae ", cfg.d_sae,
           cfg.architecture == SaeArchitecture::kTopK ? absl::StrCat(", k ", cfg.k) : "");
       const std::string reading = DescribeSaeReading(cfg);
       if (!reading.empty()) absl::StrAppend(&what, "; ", reading);
       if (!out.hook_name_out.empty()) absl::StrAppend(&what, "; predicts ", out.hook_name_out);
     }
-    lines.push_back(absl::StrCat("dataset ", names[o], ": ", out.hook_name, width, " -> ", what));
+    // A crosscoder's output reads its hooks side by side.
+    std::vector<std::string> read = {out.hook_name};
+    if (o == 0)
+      read.insert(read.end(), spec.crosscoder_hooks().begin(), spec.crosscoder_hooks().end());
+    lines.push_back(
+        absl::StrCat("dataset ", names[o], ": ", absl::StrJoin(read, " + "), width, " -> ", what));
   }
   lines.push_back(absl::StrCat("batches of ", c.batch_sequences, " sequences; a commit every ",
                                c.commit_rows, " rows (readers see rows as they commit)"));

@@ -60,6 +60,14 @@ std::string DescribeSaeReading(const SaeConfig& cfg) {
         SaeArchitectureName(cfg.architecture), " SAE",
         cfg.architecture == SaeArchitecture::kTopK ? absl::StrCat(" (k ", cfg.k, ")") : ""));
   }
+  if (cfg.crosscoder_sources > 0) {
+    parts.push_back(
+        absl::StrCat("a crosscoder of ", cfg.crosscoder_sources, " hooks, read as a ",
+                     SaeArchitectureName(cfg.architecture), " SAE over them side by side",
+                     cfg.architecture == SaeArchitecture::kJumpRelu
+                         ? " (BatchTopKCrossCoder's threshold over each latent's decoder-norm sum)"
+                         : ""));
+  }
   if (cfg.input_normalization != InputNormalization::kNone) {
     parts.push_back(absl::StrCat(
         "each token's activation is normalized first (normalize_activations ",

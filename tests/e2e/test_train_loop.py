@@ -888,6 +888,10 @@ class TrainLoop(DaemonTestCase):
                    "tokens": tokens, "valueDtype": "FLOAT32",
                    "sae": {"artifactId": str(train.result.train.artifact_id)}}
         plan = "\n".join(c.plan("EXTRACT", extract))
+        self.assertIn("blocks.0.hook_resid_post + blocks.1.hook_resid_post (128 wide) -> SPARSE "
+                      "latents of the crosscoder", plan)
+        self.assertIn("a crosscoder of 2 hooks, read as a jumprelu SAE over them side by side",
+                      plan)
         sparse = c.wait(c.submit("EXTRACT", extract).id)
         self.assertEqual(sparse.state, jobs_pb2.SUCCEEDED, sparse.message)
         dataset = sparse.result.extract.dataset_id
