@@ -316,8 +316,9 @@ absl::Status CheckCrosscoderHooks(const ExtractSpec& one, const Checked& c, Chec
   for (int i = 0; i < one.crosscoder_hooks_size(); ++i) {
     const std::string field = absl::StrCat("extract.crosscoder_hooks[", i, "]");
     auto hook = ParseHookName(one.crosscoder_hooks(i));
-    if (!hook.ok())
+    if (!hook.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(field, ": ", hook.status().message()));
+    }
     if (one.crosscoder_hooks(i) == one.hook_name() ||
         std::find(one.crosscoder_hooks().begin(), one.crosscoder_hooks().begin() + i,
                   one.crosscoder_hooks(i)) != one.crosscoder_hooks().begin() + i) {
