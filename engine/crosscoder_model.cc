@@ -168,7 +168,7 @@ SaeForward CrosscoderModelImpl::Forward(const torch::Tensor& rows) {
   return out;
 }
 
-void CrosscoderModelImpl::CalibrateBatchThreshold(const std::vector<torch::Tensor>& batches) {
+double CrosscoderModelImpl::CalibrateBatchThreshold(const std::vector<torch::Tensor>& batches) {
   torch::NoGradGuard no_grad;
   if (batch_threshold.defined()) {
     const torch::Tensor code = CodeNorm();
@@ -184,9 +184,15 @@ void CrosscoderModelImpl::CalibrateBatchThreshold(const std::vector<torch::Tenso
     if (counted > 0) batch_threshold.fill_(sum / static_cast<double>(counted));
   }
   fired.zero_();
+  double kept = 0;
+  int64_t rows_seen = 0;
   for (const torch::Tensor& rows : batches) {
-    fired.copy_(torch::maximum(fired, (Encode(rows) > 0).any(0).to(fired.scalar_type())));
+    const torch::Tensor firing = Encode(rows) > 0;
+    fired.copy_(torch::maximum(fired, firing.any(0).to(fired.scalar_type())));
+    kept += firing.sum().item<double>();
+    rows_seen += rows.size(0);
   }
+  return rows_seen > 0 ? kept / static_cast<double>(rows_seen) : 0.0;
 }
 
 torch::Tensor CrosscoderModelImpl::DecoderNorms() const {

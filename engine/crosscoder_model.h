@@ -101,7 +101,8 @@ class CrosscoderModelImpl : public torch::nn::Module {
 
   // BATCHTOPK: the threshold := the mean over `batches` of each batch's smallest kept f_j c_j.
   // Every architecture: `fired` := 1 for the latents that fire on the batches at inference.
-  void CalibrateBatchThreshold(const std::vector<torch::Tensor>& batches);
+  // Returns the latents a row fire there at inference (what the job's log reports).
+  double CalibrateBatchThreshold(const std::vector<torch::Tensor>& batches);
 
   // Each latent's decoder norm in each source at the training scale, [n, d_sae] float64 on the
   // CPU: what model diffing compares.

@@ -684,12 +684,8 @@ const std::vector<std::string>& CltHooks() {
   return *hooks;
 }
 
-// The model's values at CltHooks() over every row of CltSpec's tokens, side by side: [rows, 96].
-torch::Tensor ReadCltHooks(const latentd::v1::TrainSpec& spec, const std::string& root) {
-  latentd::v1::ExtractSpec hooks = spec.activations();
-  for (size_t i = 1; i < CltHooks().size(); ++i) {
-    hooks.add_more_outputs()->set_hook_name(CltHooks()[i]);
-  }
+// The values of `hooks`' hook and more outputs over every row of its tokens, side by side.
+torch::Tensor ReadHooks(const latentd::v1::ExtractSpec& hooks, const std::string& root) {
   ExtractEnv extract_env;
   extract_env.data_roots = {root};
   auto source = ModelRowSource::Open(hooks, extract_env, DeviceRef{}, 1024);
@@ -699,6 +695,39 @@ torch::Tensor ReadCltHooks(const latentd::v1::TrainSpec& spec, const std::string
   torch::Tensor data = torch::empty({rows, (*source)->width()}, torch::kFloat32);
   EXPECT_TRUE((*source)->Read(0, rows, data.data_ptr<float>()).ok());
   return data;
+}
+
+// The model's values at CltHooks() over every row of CltSpec's tokens, side by side: [rows, 96].
+torch::Tensor ReadCltHooks(const latentd::v1::TrainSpec& spec, const std::string& root) {
+  latentd::v1::ExtractSpec hooks = spec.activations();
+  for (size_t i = 1; i < CltHooks().size(); ++i) {
+    hooks.add_more_outputs()->set_hook_name(CltHooks()[i]);
+  }
+  return ReadHooks(hooks, root);
+}
+
+// `data` [rows, 16] stored as a DENSE dataset of CltSpec's rows (its token file, context 16).
+uint64_t StoreDense(storage::ChunkStore* store, const std::string& name,
+                    const std::string& hook_name, const std::string& model_id,
+                    const torch::Tensor& data) {
+  storage::DatasetMeta meta;
+  meta.name = name;
+  meta.kind = storage::DatasetKind::kDense;
+  meta.value_dtype = storage::ValueDtype::kFloat32;
+  meta.width = 16;
+  meta.d_in = 16;
+  meta.hook_name = hook_name;
+  meta.model_id = model_id;
+  meta.token_source = "tokens.bin";
+  meta.context_length = 16;
+  auto id = store->CreateDataset(meta);
+  EXPECT_TRUE(id.ok()) << id.status();
+  auto writer = store->OpenWriter(*id);
+  const torch::Tensor rows = data.contiguous();
+  std::vector<int32_t> tokens(rows.size(0), 1);
+  EXPECT_TRUE((*writer)->AppendDense(rows.size(0), rows.data_ptr<float>(), tokens.data()).ok());
+  EXPECT_TRUE((*writer)->Commit().ok());
+  return *id;
 }
 
 TEST_F(TrainJobTest, ACrossLayerTranscoderTrainsOnAModelsHooksIntoACircuitTracerRelease) {
@@ -800,27 +829,9 @@ std::vector<uint64_t> StoreCltHooks(const latentd::v1::TrainSpec& spec, const st
                                     storage::ChunkStore* store) {
   const torch::Tensor data = ReadCltHooks(spec, root);
   const std::vector<std::string>& names = CltHooks();
-  const int64_t rows = data.size(0);
-  std::vector<int32_t> tokens(rows, 1);
   std::vector<uint64_t> ids;
   for (size_t i = 0; i < names.size(); ++i) {
-    storage::DatasetMeta meta;
-    meta.name = names[i];
-    meta.kind = storage::DatasetKind::kDense;
-    meta.value_dtype = storage::ValueDtype::kFloat32;
-    meta.width = 16;
-    meta.d_in = 16;
-    meta.hook_name = names[i];
-    meta.model_id = "reference";
-    meta.token_source = "tokens.bin";
-    meta.context_length = 16;
-    auto id = store->CreateDataset(meta);
-    EXPECT_TRUE(id.ok()) << id.status();
-    auto writer = store->OpenWriter(*id);
-    const torch::Tensor hook = data.narrow(1, 16 * i, 16).contiguous();
-    EXPECT_TRUE((*writer)->AppendDense(rows, hook.data_ptr<float>(), tokens.data()).ok());
-    EXPECT_TRUE((*writer)->Commit().ok());
-    ids.push_back(*id);
+    ids.push_back(StoreDense(store, names[i], names[i], "reference", data.narrow(1, 16 * i, 16)));
   }
   return ids;
 }
@@ -967,30 +978,8 @@ uint64_t StoreResidual(const latentd::v1::TrainSpec& clt_spec, const std::string
   latentd::v1::ExtractSpec hooks = clt_spec.activations();
   hooks.set_hook_name("blocks.1.hook_resid_post");
   hooks.mutable_model()->mutable_reference()->set_seed(seed);
-  ExtractEnv extract_env;
-  extract_env.data_roots = {root};
-  auto source = ModelRowSource::Open(hooks, extract_env, DeviceRef{}, 1024);
-  EXPECT_TRUE(source.ok()) << source.status();
-  const int64_t rows = (*source)->num_rows();
-  torch::Tensor data = torch::empty({rows, (*source)->width()}, torch::kFloat32);
-  EXPECT_TRUE((*source)->Read(0, rows, data.data_ptr<float>()).ok());
-  storage::DatasetMeta meta;
-  meta.name = absl::StrCat("resid-", seed);
-  meta.kind = storage::DatasetKind::kDense;
-  meta.value_dtype = storage::ValueDtype::kFloat32;
-  meta.width = 16;
-  meta.d_in = 16;
-  meta.hook_name = "blocks.1.hook_resid_post";
-  meta.model_id = absl::StrCat("reference-seed-", seed);
-  meta.token_source = "tokens.bin";
-  meta.context_length = 16;
-  auto id = store->CreateDataset(meta);
-  EXPECT_TRUE(id.ok()) << id.status();
-  auto writer = store->OpenWriter(*id);
-  std::vector<int32_t> tokens(rows, 1);
-  EXPECT_TRUE((*writer)->AppendDense(rows, data.data_ptr<float>(), tokens.data()).ok());
-  EXPECT_TRUE((*writer)->Commit().ok());
-  return *id;
+  return StoreDense(store, absl::StrCat("resid-", seed), hooks.hook_name(),
+                    absl::StrCat("reference-seed-", seed), ReadHooks(hooks, root));
 }
 
 TEST_F(TrainJobTest, ACrosscoderDiffsTwoModelsStoredDatasetsAndResumesExactly) {

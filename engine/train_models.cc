@@ -91,17 +91,9 @@ absl::StatusOr<TrainableModel::Output> CrosscoderTrainable::Forward(const torch:
 }
 
 std::string CrosscoderTrainable::Calibrate(const std::vector<torch::Tensor>& batches) {
-  crosscoder_->CalibrateBatchThreshold(batches);
-  torch::NoGradGuard no_grad;
-  double fired = 0;
-  int64_t rows = 0;
-  for (const torch::Tensor& batch : batches) {
-    fired += (crosscoder_->Encode(batch) != 0).sum().item<double>();
-    rows += batch.size(0);
-  }
-  const CrosscoderModelOptions& o = crosscoder_->options();
   const std::string per_row =
-      absl::StrFormat("%.2f latents a row", rows > 0 ? fired / static_cast<double>(rows) : 0.0);
+      absl::StrFormat("%.2f latents a row", crosscoder_->CalibrateBatchThreshold(batches));
+  const CrosscoderModelOptions& o = crosscoder_->options();
   const int64_t live = crosscoder_->fired.sum().item<int64_t>();
   if (o.architecture != latentd::v1::BATCHTOPK) {
     return absl::StrFormat("crosscoder on %d calibration batches: %s, %d of %d latents fired",
