@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "engine/hook_collector.h"
 
 namespace latentd::engine {
@@ -26,6 +27,14 @@ class ActivationModel {
   // Forward; a one-hook model returns {Forward(tokens)}.
   virtual std::vector<at::Tensor> ForwardHooks(const at::Tensor& tokens) {
     return {Forward(tokens)};
+  }
+  // ForwardHooks of rows [shard_row, shard_row + tokens.numel()) of the shard an EXTRACT job
+  // runs over, whose token ids are `tokens` (this default computes them from the ids alone). A
+  // model over stored activations reads them by row instead, and returns what a read fails with
+  // (DATA_LOSS naming the chunk) as it is. May throw c10::Error.
+  virtual absl::StatusOr<std::vector<at::Tensor>> HooksOfRows(int64_t shard_row,
+                                                              const at::Tensor& tokens) {
+    return ForwardHooks(tokens);
   }
 
   virtual int64_t hook_width() const = 0;  // of the first hook

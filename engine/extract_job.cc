@@ -1,5 +1,9 @@
 #include "engine/extract_job.h"
 
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "storage/chunk_store.h"
@@ -191,12 +195,71 @@ SinkOpener ChunkStoreSinkOpener(storage::ChunkStore* store) {
 
 namespace {
 
-// The env with free_disk_bytes, when unset, read from the store's disk.
-ExtractEnv WithStoreDisk(const ExtractEnv& env) {
+class ChunkStoreDenseRows final : public StoredDenseRows {
+ public:
+  ChunkStoreDenseRows(const storage::ChunkStore* store, const storage::DatasetRecord& record)
+      : store_(store) {
+    info_.id = record.id;
+    info_.name = record.meta.name;
+    info_.rows = record.rows_committed;
+    info_.rows_planned = record.meta.rows_planned;
+    info_.complete = record.complete;
+    info_.width = record.meta.width;
+    info_.context_length = record.meta.context_length;
+    info_.model_id = record.meta.model_id;
+    info_.model_weight_hash = record.meta.model_weight_hash;
+    info_.hook_name = record.meta.hook_name;
+    info_.layer = record.meta.layer;
+    info_.token_source = record.meta.token_source;
+    info_.token_order_start = record.meta.token_order_start;
+    info_.job_id = record.meta.job_id;
+  }
+  const StoredDenseInfo& info() const override { return info_; }
+  absl::Status ReadValues(int64_t row_start, int64_t row_count,
+                          std::vector<float>* values) const override {
+    return store_->ReadDense(info_.id, row_start, row_count, values, nullptr);
+  }
+  absl::Status ReadTokens(int64_t row_start, int64_t row_count,
+                          std::vector<int32_t>* token_ids) const override {
+    return store_->ReadTokens(info_.id, row_start, row_count, token_ids);
+  }
+
+ private:
+  const storage::ChunkStore* store_;
+  StoredDenseInfo info_;
+};
+
+}  // namespace
+
+StoredDenseOpener ChunkStoreDenseOpener(const storage::ChunkStore* store) {
+  return
+      [store](uint64_t id,
+              const std::string& field) -> absl::StatusOr<std::shared_ptr<const StoredDenseRows>> {
+        auto record = store->GetRecord(id);
+        if (absl::IsNotFound(record.status())) {
+          return absl::NotFoundError(absl::StrCat(field, ": no dataset ", id));
+        }
+        if (!record.ok()) return record.status();
+        if (record->meta.kind != storage::DatasetKind::kDense) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              field, ": dataset ", id, " (", record->meta.name,
+              ") is SPARSE; a stored model reads hidden states, a DENSE dataset EXTRACT wrote"));
+        }
+        return std::make_shared<ChunkStoreDenseRows>(store, *record);
+      };
+}
+
+namespace {
+
+// The env with free_disk_bytes and open_stored_dense, when unset, from the store.
+ExtractEnv WithStore(const ExtractEnv& env) {
   ExtractEnv checked = env;
   if (!checked.free_disk_bytes && env.store != nullptr) {
     storage::Db* db = env.store->db();
     checked.free_disk_bytes = [db] { return db->FreeDiskBytes(); };
+  }
+  if (!checked.open_stored_dense && env.store != nullptr) {
+    checked.open_stored_dense = ChunkStoreDenseOpener(env.store);
   }
   return checked;
 }
@@ -223,13 +286,13 @@ absl::Status CheckContinuedDatasets(const latentd::v1::ExtractSpec& spec, const 
 }  // namespace
 
 absl::Status ValidateExtractJob(const latentd::v1::ExtractSpec& spec, const ExtractEnv& env) {
-  RETURN_IF_ERROR(ValidateExtractSpec(spec, WithStoreDisk(env)));
+  RETURN_IF_ERROR(ValidateExtractSpec(spec, WithStore(env)));
   return CheckContinuedDatasets(spec, env);
 }
 
 absl::StatusOr<std::vector<std::string>> DescribeExtractJob(const latentd::v1::ExtractSpec& spec,
                                                             const ExtractEnv& env) {
-  ASSIGN_OR_RETURN(std::vector<std::string> lines, DescribeExtractSpec(spec, WithStoreDisk(env)));
+  ASSIGN_OR_RETURN(std::vector<std::string> lines, DescribeExtractSpec(spec, WithStore(env)));
   RETURN_IF_ERROR(CheckContinuedDatasets(spec, env));
   if (spec.resume_from_job_id() != 0) {
     lines.push_back(absl::StrCat("continues job ", spec.resume_from_job_id(),
@@ -241,7 +304,7 @@ absl::StatusOr<std::vector<std::string>> DescribeExtractJob(const latentd::v1::E
 absl::StatusOr<latentd::v1::ExtractResult> RunExtract(const latentd::v1::ExtractSpec& spec,
                                                       const ExtractEnv& env, JobContext* ctx) {
   if (env.store == nullptr) return absl::FailedPreconditionError("RunExtract: no chunk store");
-  return RunExtractToSink(spec, env, ctx, ChunkStoreSinkOpener(env.store));
+  return RunExtractToSink(spec, WithStore(env), ctx, ChunkStoreSinkOpener(env.store));
 }
 
 }  // namespace latentd::engine

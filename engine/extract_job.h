@@ -33,6 +33,8 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtract(const latentd::v1::Extract
 
 // The SinkOpener that creates or resumes datasets in `store` (what RunExtract uses).
 SinkOpener ChunkStoreSinkOpener(storage::ChunkStore* store);
+// ExtractEnv::open_stored_dense over the DENSE datasets of `store`.
+StoredDenseOpener ChunkStoreDenseOpener(const storage::ChunkStore* store);
 
 }  // namespace latentd::engine
 

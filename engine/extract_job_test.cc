@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 
+#include "engine/crosscoder_model.h"
 #include "engine/extract_runner.h"
 #include "engine/hook_name.h"
 #include "engine/reference_model.h"
@@ -1224,6 +1225,248 @@ TEST_F(ExtractJobTest, ResumeWithChangedSaeWeightsIsRefused) {
 
 // CPUs run long sequences a few at a time (attention's scores grow with the square of the
 // context); GPUs keep 32.
+// Spec()'s model and tokens stored DENSE as float32 by job `job_id`, at `hook`; its dataset.
+uint64_t StoreDense(ExtractJobTest* t, const ExtractEnv& env, latentd::v1::ExtractSpec spec,
+                    uint64_t job_id, const std::string& hook) {
+  spec.clear_sae();
+  spec.set_mode(latentd::v1::DENSE);
+  spec.set_value_dtype(latentd::v1::FLOAT32);
+  spec.set_hook_name(hook);
+  FakeContext ctx(job_id, 1);
+  auto dense = RunExtract(spec, env, &ctx);
+  EXPECT_TRUE(dense.ok()) << dense.status();
+  return dense.ok() ? dense->dataset_id() : 0;
+}
+
+// The SPARSE spec that encodes stored datasets `ids` with the SAE in `sae_dir`.
+latentd::v1::ExtractSpec StoredSpec(const std::vector<uint64_t>& ids, const std::string& sae_dir) {
+  latentd::v1::ExtractSpec s;
+  latentd::v1::StoredActivationsSpec* stored = s.mutable_model()->mutable_stored();
+  for (uint64_t id : ids) stored->add_dataset_ids(id);
+  s.mutable_sae()->set_path(sae_dir);
+  s.set_batch_sequences(3);
+  s.set_commit_rows(30);
+  return s;
+}
+
+// An SAE trained on a DENSE dataset gives its latents over the same rows without the model: the
+// job over the stored float32 rows stores exactly what the job running the model stores (the
+// same rows, batched alike), on one device or two, and for a shard of the sequences.
+TEST_F(ExtractJobTest, EncodingStoredActivationsStoresWhatRunningTheModelStores) {
+  auto db = OpenDb("db_stored");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  const uint64_t dense = StoreDense(this, env_, Spec(), 300, "blocks.1.hook_resid_post");
+  FakeContext model_ctx(301, 1);
+  auto from_model = RunExtract(Spec(), env_, &model_ctx);
+  ASSERT_TRUE(from_model.ok()) << from_model.status();
+  for (int devices : {1, 2}) {
+    FakeContext ctx(302 + devices, devices);
+    auto stored = RunExtract(StoredSpec({dense}, root_ + "/sae"), env_, &ctx);
+    ASSERT_TRUE(stored.ok()) << stored.status();
+    EXPECT_EQ(stored->rows(), 40 * kCtx);
+    ExpectSameRows(&store, from_model->dataset_id(), stored->dataset_id());
+    EXPECT_NEAR(stored->fit().explained_variance(), from_model->fit().explained_variance(), 1e-9);
+    auto record = store.GetRecord(stored->dataset_id());
+    ASSERT_TRUE(record.ok());
+    const auto model_record = store.GetRecord(from_model->dataset_id());
+    EXPECT_EQ(record->meta.hook_name, "blocks.1.hook_resid_post");
+    EXPECT_EQ(record->meta.layer, 1);
+    EXPECT_EQ(record->meta.model_id, model_record->meta.model_id);
+    EXPECT_EQ(record->meta.model_weight_hash, model_record->meta.model_weight_hash);
+    EXPECT_EQ(record->meta.context_length, kCtx);
+    EXPECT_EQ(record->meta.token_order_start, 0);
+    EXPECT_NE(record->meta.token_source.find("stored:dataset " + std::to_string(dense)),
+              std::string::npos)
+        << record->meta.token_source;
+    EXPECT_NE(record->meta.token_source.find(model_record->meta.token_source), std::string::npos);
+    EXPECT_TRUE(record->complete);
+  }
+  // Sequences 5..14 of the stored rows are those of the model run over that shard of the file.
+  latentd::v1::ExtractSpec shard = Spec();
+  shard.mutable_tokens()->set_sequence_start(5);
+  shard.mutable_tokens()->set_sequence_count(10);
+  FakeContext shard_ctx(310, 1);
+  auto shard_model = RunExtract(shard, env_, &shard_ctx);
+  ASSERT_TRUE(shard_model.ok()) << shard_model.status();
+  latentd::v1::ExtractSpec stored_shard = StoredSpec({dense}, root_ + "/sae");
+  stored_shard.mutable_tokens()->set_sequence_start(5);
+  stored_shard.mutable_tokens()->set_sequence_count(10);
+  FakeContext stored_shard_ctx(311, 1);
+  auto shard_stored = RunExtract(stored_shard, env_, &stored_shard_ctx);
+  ASSERT_TRUE(shard_stored.ok()) << shard_stored.status();
+  EXPECT_EQ(shard_stored->rows(), 10 * kCtx);
+  ExpectSameRows(&store, shard_model->dataset_id(), shard_stored->dataset_id());
+  EXPECT_EQ(store.GetRecord(shard_stored->dataset_id())->meta.token_order_start, 5 * kCtx);
+}
+
+// A crosscoder over two stored datasets (one model's two layers here; two models' one hook in
+// model diffing) stores what the crosscoder stores while the model runs with both hooks; a job
+// cancelled part way continues to the same rows.
+TEST_F(ExtractJobTest, ACrosscoderEncodesItsSourcesStoredDatasetsSideBySide) {
+  auto db = OpenDb("db_stored_crosscoder");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  const std::vector<std::string> hooks = {"blocks.0.hook_resid_post", "blocks.1.hook_resid_post"};
+  const uint64_t first = StoreDense(this, env_, Spec(), 320, hooks[0]);
+  const uint64_t second = StoreDense(this, env_, Spec(), 321, hooks[1]);
+  CrosscoderModelOptions options;
+  options.sources = 2;
+  options.d_in = 16;
+  options.d_sae = 48;
+  options.k = 4;
+  options.seed = 3;
+  CrosscoderModelImpl crosscoder(options);
+  crosscoder.InitWeights();
+  // Scaled and calibrated on the rows it will encode, so that its latents fire on them.
+  std::vector<float> values[2];
+  std::vector<int32_t> tokens;
+  ASSERT_TRUE(store.ReadDense(first, 0, 40 * kCtx, &values[0], &tokens).ok());
+  ASSERT_TRUE(store.ReadDense(second, 0, 40 * kCtx, &values[1], &tokens).ok());
+  const at::Tensor rows =
+      at::cat({at::tensor(values[0]).view({-1, 16}), at::tensor(values[1]).view({-1, 16})}, 1);
+  crosscoder.InitFromData(rows);
+  crosscoder.CalibrateBatchThreshold({rows});
+  const std::string dir = Tmp("root/crosscoder");
+  ASSERT_TRUE(crosscoder.Save(dir, {{hooks[0], "ref", "live"}, {hooks[1], "ref", "live"}}).ok());
+
+  latentd::v1::ExtractSpec live = Spec();
+  live.set_hook_name(hooks[0]);
+  live.add_crosscoder_hooks(hooks[1]);
+  live.mutable_sae()->set_path(dir);
+  FakeContext live_ctx(322, 1);
+  auto from_model = RunExtract(live, env_, &live_ctx);
+  ASSERT_TRUE(from_model.ok()) << from_model.status();
+  EXPECT_GT(from_model->nnz(), 0);
+
+  int runs = 0;
+  absl::StatusOr<latentd::v1::ExtractResult> stored = absl::CancelledError("");
+  while (!stored.ok()) {
+    ASSERT_EQ(stored.status().code(), absl::StatusCode::kCancelled) << stored.status();
+    ASSERT_LT(++runs, 40);
+    FakeContext ctx(323, 1);
+    ctx.cancel_after_ = 3;
+    stored = RunExtract(StoredSpec({first, second}, dir), env_, &ctx);
+  }
+  EXPECT_GT(runs, 1);
+  ExpectSameRows(&store, from_model->dataset_id(), stored->dataset_id());
+  EXPECT_EQ(store.GetRecord(stored->dataset_id())->meta.hook_name, hooks[0]);
+
+  // The same datasets in the other order are other sources: other latents.
+  FakeContext swapped_ctx(324, 1);
+  auto swapped = RunExtract(StoredSpec({second, first}, dir), env_, &swapped_ctx);
+  ASSERT_TRUE(swapped.ok()) << swapped.status();
+  auto a = store.ReadRows(stored->dataset_id(), 0, 0);
+  auto b = store.ReadRows(swapped->dataset_id(), 0, 0);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->token_ids, b->token_ids);
+  EXPECT_NE(a->indices, b->indices);
+}
+
+// Each way a spec over stored activations can be wrong, refused at submit naming the field.
+TEST_F(ExtractJobTest, StoredActivationsSpecsAreCheckedNamingTheField) {
+  auto db = OpenDb("db_stored_bad");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  const uint64_t dense = StoreDense(this, env_, Spec(), 330, "blocks.1.hook_resid_post");
+  const uint64_t other_hook = StoreDense(this, env_, Spec(), 331, "blocks.0.hook_resid_post");
+  FakeContext sparse_ctx(332, 1);
+  auto sparse = RunExtract(Spec(), env_, &sparse_ctx);
+  ASSERT_TRUE(sparse.ok());
+  latentd::v1::ExtractSpec fewer = Spec();  // a DENSE job over other tokens: 32 sequences
+  fewer.mutable_tokens()->set_sequence_count(32);
+  const uint64_t fewer_rows = StoreDense(this, env_, fewer, 333, "blocks.1.hook_resid_post");
+  // A DENSE job cancelled part way: its dataset is incomplete.
+  latentd::v1::ExtractSpec partial = Spec();
+  partial.clear_sae();
+  partial.set_mode(latentd::v1::DENSE);
+  FakeContext partial_ctx(334, 1);
+  partial_ctx.cancel_after_ = 3;
+  ASSERT_EQ(RunExtract(partial, env_, &partial_ctx).status().code(), absl::StatusCode::kCancelled);
+  const uint64_t incomplete = *store.FindDataset("extract-334");
+
+  ExtractEnv checked = env_;
+  checked.open_stored_dense = ChunkStoreDenseOpener(&store);
+  EXPECT_TRUE(ValidateExtractSpec(StoredSpec({dense}, root_ + "/sae"), checked).ok());
+  auto expect = [&](const latentd::v1::ExtractSpec& spec, absl::StatusCode code,
+                    const std::string& field) {
+    const absl::Status s = ValidateExtractSpec(spec, checked);
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_NE(s.message().find(field), std::string::npos) << field << " not in " << s;
+    // The job's own checks (extract_job.h) answer alike.
+    EXPECT_EQ(ValidateExtractJob(spec, env_).code(), code);
+  };
+  const std::string sae = root_ + "/sae";
+  const std::string ids = "extract.model.stored.dataset_ids";
+  expect(StoredSpec({}, sae), absl::StatusCode::kInvalidArgument, ids);
+  expect(StoredSpec({999}, sae), absl::StatusCode::kNotFound, ids + "[0]: no dataset 999");
+  expect(StoredSpec({sparse->dataset_id()}, sae), absl::StatusCode::kInvalidArgument,
+         ids + "[0]: dataset " + std::to_string(sparse->dataset_id()) + " (extract-332) is SPARSE");
+  expect(StoredSpec({incomplete}, sae), absl::StatusCode::kFailedPrecondition,
+         "not complete: is job 334 still running");
+  expect(StoredSpec({dense, dense}, sae), absl::StatusCode::kInvalidArgument,
+         ids + "[1]: dataset " + std::to_string(dense) + " is named twice");
+  expect(StoredSpec({dense, other_hook}, sae), absl::StatusCode::kInvalidArgument,
+         "datasets side by side need a crosscoder");
+  expect(StoredSpec({dense, fewer_rows}, sae), absl::StatusCode::kInvalidArgument,
+         ids + "[1]: dataset " + std::to_string(fewer_rows) + " holds 256 rows");
+  latentd::v1::ExtractSpec s = StoredSpec({dense}, sae);
+  s.clear_sae();
+  expect(s, absl::StatusCode::kInvalidArgument, "extract.sae: required");
+  s = StoredSpec({dense}, sae);
+  s.set_hook_name("blocks.0.hook_resid_post");
+  expect(s, absl::StatusCode::kInvalidArgument,
+         "extract.hook_name: dataset " + std::to_string(dense) +
+             " holds activations of blocks.1.hook_resid_post");
+  s = StoredSpec({dense}, sae);
+  s.mutable_tokens()->set_path(root_ + "/tokens.bin");
+  expect(s, absl::StatusCode::kInvalidArgument, "extract.tokens.path");
+  s = StoredSpec({dense}, sae);
+  s.mutable_tokens()->set_context_length(kCtx * 2);
+  expect(s, absl::StatusCode::kInvalidArgument, "extract.tokens.context_length");
+  s = StoredSpec({dense}, sae);
+  s.mutable_tokens()->set_sequence_start(40);
+  expect(s, absl::StatusCode::kInvalidArgument, "extract.tokens.sequence_start: 40 outside the 40");
+  s = StoredSpec({dense}, sae);
+  s.mutable_tokens()->set_sequence_start(30);
+  s.mutable_tokens()->set_sequence_count(11);
+  expect(s, absl::StatusCode::kInvalidArgument, "extract.tokens.sequence_count");
+  s = StoredSpec({dense}, sae);
+  s.add_more_outputs()->set_hook_name("blocks.1.hook_resid_post");
+  expect(s, absl::StatusCode::kInvalidArgument, "extract.more_outputs");
+  s = StoredSpec({dense}, sae);
+  s.set_downstream_loss_sequences(4);
+  expect(s, absl::StatusCode::kInvalidArgument, "extract.downstream_loss_sequences");
+  s = StoredSpec({dense}, sae);
+  s.add_crosscoder_hooks("blocks.0.hook_resid_post");
+  expect(s, absl::StatusCode::kInvalidArgument, "extract.crosscoder_hooks");
+  // A daemon without a store to read from.
+  ExtractEnv storeless = env_;
+  storeless.store = nullptr;
+  EXPECT_EQ(ValidateExtractSpec(StoredSpec({dense}, sae), storeless).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// A dry run names each stored dataset it reads.
+TEST_F(ExtractJobTest, ADryRunOfStoredActivationsNamesTheirDatasets) {
+  auto db = OpenDb("db_stored_plan");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  const uint64_t dense = StoreDense(this, env_, Spec(), 340, "blocks.1.hook_resid_post");
+  auto lines = DescribeExtractJob(StoredSpec({dense}, root_ + "/sae"), env_);
+  ASSERT_TRUE(lines.ok()) << lines.status();
+  std::string all;
+  for (const std::string& line : *lines) all += line + "\n";
+  for (const std::string& want :
+       {"tokens: stored:dataset " + std::to_string(dense) + "[sequences 0..40, L=8] of u16:",
+        "model: none; stored dataset " + std::to_string(dense) +
+            " (extract-340): blocks.1.hook_resid_post of ",
+        std::string("dataset extract-<job id>: blocks.1.hook_resid_post (16 wide) -> SPARSE "
+                    "latents of the SAE")}) {
+    EXPECT_NE(all.find(want), std::string::npos) << want << "\nin:\n" << all;
+  }
+}
+
 TEST(ExtractDefaultsTest, BatchShrinksWithTheContextOnCpus) {
   EXPECT_EQ(DefaultBatchSequences(128, /*all_cpu=*/true), 32);
   EXPECT_EQ(DefaultBatchSequences(64, true), 32);

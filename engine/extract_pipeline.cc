@@ -111,7 +111,7 @@ absl::Status ComputeBatch(const TokenSource& tokens, PipelineReplica* r,
   }
   try {
     at::Tensor tok = ids.to(r->device, /*non_blocking=*/cuda);
-    std::vector<at::Tensor> hooked = r->model->ForwardHooks(tok);
+    ASSIGN_OR_RETURN(std::vector<at::Tensor> hooked, r->model->HooksOfRows(out->first_row, tok));
     const size_t outputs = options.sparse ? r->saes.size() : hooked.size();
     out->hooks.resize(outputs);
     auto rows_of = [&](const at::Tensor& t) { return t.reshape({seqs * L, t.size(-1)}); };
@@ -524,7 +524,8 @@ absl::StatusOr<double> ComputeFloorInThisThread(const TokenSource& tokens, Pipel
       const int64_t seqs = std::min(options.batch_sequences, total - s);
       RETURN_IF_ERROR(tokens.Read(s, seqs, ids.data()));
       at::Tensor tok = at::from_blob(ids.data(), {seqs, L}, at::kLong).to(replica->device);
-      const std::vector<at::Tensor> hooked = replica->model->ForwardHooks(tok);
+      ASSIGN_OR_RETURN(const std::vector<at::Tensor> hooked,
+                       replica->model->HooksOfRows(s * L, tok));
       const size_t outputs = options.sparse ? replica->saes.size() : hooked.size();
       for (size_t o = 0; o < outputs; ++o) {
         at::Tensor x = hooked[o].reshape({seqs * L, hooked[o].size(-1)});

@@ -28,6 +28,7 @@
 #include "engine/reference_model.h"
 #include "engine/sae.h"
 #include "engine/sae_config.h"
+#include "engine/stored_activations_model.h"
 #include "engine/token_source.h"
 #include "engine/torchscript_model.h"
 
@@ -246,6 +247,13 @@ struct Checked {
   // The token shard as TokenSource::Describe words it, and its sequences (for a dry run).
   std::string tokens_described;
   int64_t sequences = 0;
+  int32_t context_length = 0;
+  // A stored model's datasets (ModelSpec.stored), in source order; empty for a model that runs.
+  // The shard's row 0 is their row stored_first_row, its sequence 0 the token order's
+  // stored_first_sequence.
+  std::vector<std::shared_ptr<const StoredDenseRows>> stored;
+  int64_t stored_first_row = 0;
+  int64_t stored_first_sequence = 0;
 };
 
 HfModelOptions HfOptions(const ExtractSpec& spec, const Checked& c) {
@@ -344,13 +352,169 @@ absl::Status CheckCrosscoderHooks(const ExtractSpec& one, const Checked& c, Chec
   return absl::OkStatus();
 }
 
+constexpr char kStoredField[] = "extract.model.stored.dataset_ids";
+
+// An SAE (one dataset) or crosscoder (one dataset per source) for a stored model's datasets.
+absl::Status CheckStoredSources(const ExtractSpec& one, const Checked& c, const SaeConfig& cfg) {
+  const int datasets = static_cast<int>(c.stored.size());
+  if (one.crosscoder_hooks_size() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "extract.crosscoder_hooks: a crosscoder over stored activations reads the datasets of ",
+        kStoredField, ", one per source; leave crosscoder_hooks empty"));
+  }
+  if (cfg.crosscoder_sources == 0 && datasets > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kStoredField, ": ", datasets,
+                     " datasets side by side need a crosscoder; extract.sae is an SAE, which "
+                     "reads one"));
+  }
+  if (cfg.crosscoder_sources > 0 && cfg.crosscoder_sources != datasets) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kStoredField, ": the crosscoder reads ", cfg.crosscoder_sources, " sources",
+        cfg.crosscoder_hooks.empty()
+            ? std::string()
+            : absl::StrCat(" (its latentd.json: ", absl::StrJoin(cfg.crosscoder_hooks, ", "), ")"),
+        ", one dataset each in that order; got ", datasets));
+  }
+  if (cfg.transcoder) {
+    return absl::InvalidArgumentError(
+        "extract.sae: a transcoder, whose prediction of another hook a stored dataset cannot "
+        "check; encode it while the model runs (extract.model.reference, huggingface or "
+        "torchscript)");
+  }
+  return absl::OkStatus();
+}
+
+// What a job over stored activations cannot do, and its hook: the one the datasets recorded.
+absl::Status CheckStoredJob(const ExtractSpec& spec, const Checked& c) {
+  const StoredDenseInfo& first = c.stored[0]->info();
+  if (!c.sparse) {
+    return absl::InvalidArgumentError(
+        "extract.sae: required: the activations of extract.model.stored are stored already; a "
+        "job over them encodes them (SPARSE) with an SAE or a crosscoder");
+  }
+  if (spec.more_outputs_size() > 0) {
+    return absl::InvalidArgumentError(
+        "extract.more_outputs: a job over stored activations has one output; encode them with "
+        "another SAE in another job");
+  }
+  if (spec.downstream_loss_sequences() > 0) {
+    return absl::InvalidArgumentError(
+        "extract.downstream_loss_sequences: measured through the model's logits, and a stored "
+        "model has none; measure it in a job that runs the model");
+  }
+  if (!spec.hook_name().empty() && spec.hook_name() != first.hook_name) {
+    return absl::InvalidArgumentError(absl::StrCat("extract.hook_name: dataset ", first.id,
+                                                   " holds activations of ", first.hook_name,
+                                                   ", not ", spec.hook_name(), "; leave it empty"));
+  }
+  return absl::OkStatus();
+}
+
+// Rows a batch of stored activations holds when the spec leaves batch_sequences at 0 (no
+// attention to bound, so the batch is sized in rows).
+constexpr int64_t kStoredBatchRows = 4096;
+
+// A stored model's datasets opened and checked into c->stored, and the token shard they give
+// (their token ids and context length; spec.tokens may only cut a shard of their sequences).
+absl::Status CheckStoredModel(const ExtractSpec& spec, const ExtractEnv& env, Checked* c) {
+  const latentd::v1::StoredActivationsSpec& stored = spec.model().stored();
+  if (!env.open_stored_dense) {
+    return absl::FailedPreconditionError(
+        "extract.model.stored: this daemon has no chunk store to read activations from");
+  }
+  if (stored.dataset_ids_size() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kStoredField,
+                     ": name the DENSE dataset to encode (one per source of a "
+                     "crosscoder)"));
+  }
+  if (stored.dataset_ids_size() > kMaxMoreOutputs + 1) {
+    return absl::InvalidArgumentError(absl::StrCat(kStoredField, ": at most ", kMaxMoreOutputs + 1,
+                                                   " datasets, not ", stored.dataset_ids_size()));
+  }
+  for (int i = 0; i < stored.dataset_ids_size(); ++i) {
+    const std::string field = absl::StrCat(kStoredField, "[", i, "]");
+    const uint64_t id = stored.dataset_ids(i);
+    if (std::find(stored.dataset_ids().begin(), stored.dataset_ids().begin() + i, id) !=
+        stored.dataset_ids().begin() + i) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": dataset ", id, " is named twice"));
+    }
+    ASSIGN_OR_RETURN(std::shared_ptr<const StoredDenseRows> rows, env.open_stored_dense(id, field));
+    const StoredDenseInfo& info = rows->info();
+    if (!info.complete) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(field, ": dataset ", id, " (", info.name, ") holds ", info.rows, " of its ",
+                       info.rows_planned, " rows and is not complete: is job ", info.job_id,
+                       " still running, or did it stop? (resume_from_job_id continues it)"));
+    }
+    if (i > 0) {
+      const StoredDenseInfo& first = c->stored[0]->info();
+      if (info.rows != first.rows || info.context_length != first.context_length) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": dataset ", id, " holds ", info.rows, " rows in sequences of ",
+            info.context_length, ", dataset ", first.id, " ", first.rows, " in sequences of ",
+            first.context_length, ": a crosscoder's datasets hold the same rows"));
+      }
+    }
+    c->stored.push_back(std::move(rows));
+  }
+  const StoredDenseInfo& first = c->stored[0]->info();
+  const latentd::v1::TokenSource& tokens = spec.tokens();
+  if (!tokens.path().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("extract.tokens.path: the tokens come with the stored activations (dataset ",
+                     first.id, "); leave it empty"));
+  }
+  if (tokens.format() != latentd::v1::TOKEN_FORMAT_UNSPECIFIED || !tokens.column().empty() ||
+      tokens.prepend_bos() || tokens.bos_token_id() != 0) {
+    return absl::InvalidArgumentError(
+        "extract.tokens: a stored model's datasets bring their tokens; only sequence_start and "
+        "sequence_count (a shard of their sequences) may be set");
+  }
+  // (A dataset of context length 0 is one sequence.)
+  const int64_t L =
+      first.context_length > 0 ? first.context_length : std::max<int64_t>(1, first.rows);
+  if (tokens.context_length() != 0 && tokens.context_length() != L) {
+    return absl::InvalidArgumentError(absl::StrCat("extract.tokens.context_length: dataset ",
+                                                   first.id, "'s sequences are ", L,
+                                                   " rows; leave it 0"));
+  }
+  const int64_t total = first.rows / L;
+  if (tokens.sequence_start() < 0 || tokens.sequence_start() >= total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("extract.tokens.sequence_start: ", tokens.sequence_start(), " outside the ",
+                     total, " sequences of dataset ", first.id));
+  }
+  const int64_t left = total - tokens.sequence_start();
+  if (tokens.sequence_count() < 0 || tokens.sequence_count() > left) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("extract.tokens.sequence_count: ", tokens.sequence_count(), " sequences from ",
+                     tokens.sequence_start(), " exceed the ", total, " of dataset ", first.id));
+  }
+  c->context_length = static_cast<int32_t>(L);
+  c->sequences = tokens.sequence_count() > 0 ? tokens.sequence_count() : left;
+  c->rows = c->sequences * L;
+  c->stored_first_row = tokens.sequence_start() * L;
+  c->stored_first_sequence = first.token_order_start / L + tokens.sequence_start();
+  std::vector<std::string> ids;
+  for (const auto& source : c->stored) ids.push_back(absl::StrCat(source->info().id));
+  c->tokens_described =
+      absl::StrCat("stored:dataset", ids.size() > 1 ? "s " : " ", absl::StrJoin(ids, "+"),
+                   "[sequences ", tokens.sequence_start(), "..",
+                   tokens.sequence_start() + c->sequences, ", L=", L, "] of ", first.token_source);
+  return absl::OkStatus();
+}
+
 // Hook and SAE of output `output` (ExtractOutputSpec), with c.sparse and the model known.
 absl::StatusOr<CheckedOutput> CheckOutput(const ExtractSpec& one, const ExtractEnv& env,
                                           const Checked& c) {
   CheckedOutput out;
   out.hook_name = one.hook_name();
   ASSIGN_OR_RETURN(out.hook, ParseHookName(one.hook_name()));
-  if (c.shape) {
+  if (!c.stored.empty()) {
+    for (const auto& source : c.stored) out.hook_width += source->info().width;
+  } else if (c.shape) {
     RETURN_IF_ERROR(CheckTransformerHook(*c.shape, out.hook));
     out.hook_width = TransformerHookWidth(*c.shape, out.hook);
   } else {
@@ -366,7 +530,9 @@ absl::StatusOr<CheckedOutput> CheckOutput(const ExtractSpec& one, const ExtractE
       return absl::InvalidArgumentError(absl::StrCat("extract.sae: ", cfg.status().message()));
     }
     out.sae_cfg = *cfg;
-    if (out.sae_cfg.crosscoder_sources > 0 || one.crosscoder_hooks_size() > 0) {
+    if (!c.stored.empty()) {
+      RETURN_IF_ERROR(CheckStoredSources(one, c, out.sae_cfg));
+    } else if (out.sae_cfg.crosscoder_sources > 0 || one.crosscoder_hooks_size() > 0) {
       RETURN_IF_ERROR(CheckCrosscoderHooks(one, c, &out));
     }
     if (out.hook_width > 0 && out.sae_cfg.d_in != out.hook_width) {
@@ -393,12 +559,14 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env,
                               bool all_cpu = false) {
   Checked c;
   latentd::v1::TokenSource tokens = spec.tokens();
-  ASSIGN_OR_RETURN(
-      c.tokens_path,
-      ResolveTokenPath(tokens.path(), "extract.tokens.path", [&](const std::string& p) {
-        return ResolveUnderRoots(p, env, "extract.tokens.path");
-      }));
-  tokens.set_path(c.tokens_path);
+  if (!spec.model().has_stored()) {
+    ASSIGN_OR_RETURN(
+        c.tokens_path,
+        ResolveTokenPath(tokens.path(), "extract.tokens.path", [&](const std::string& p) {
+          return ResolveUnderRoots(p, env, "extract.tokens.path");
+        }));
+    tokens.set_path(c.tokens_path);
+  }
   switch (spec.model().model_case()) {
     case latentd::v1::ModelSpec::kReference: {
       ASSIGN_OR_RETURN(c.reference, ResolveReferenceSpec(spec.model().reference()));
@@ -429,8 +597,12 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env,
       }
       break;
     }
+    case latentd::v1::ModelSpec::kStored:
+      RETURN_IF_ERROR(CheckStoredModel(spec, env, &c));
+      break;
     default:
-      return absl::InvalidArgumentError("extract.model: set reference, huggingface or torchscript");
+      return absl::InvalidArgumentError(
+          "extract.model: set reference, huggingface, torchscript or stored");
   }
   if (c.shape && tokens.context_length() > c.shape->context_length) {
     return absl::InvalidArgumentError(
@@ -442,8 +614,14 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env,
         "extract.more_outputs: at most ", kMaxMoreOutputs, ", not ", spec.more_outputs_size()));
   }
   c.sparse = WantsSparse(spec);
+  if (!c.stored.empty()) RETURN_IF_ERROR(CheckStoredJob(spec, c));
   for (int i = 0; i < ExtractOutputCount(spec); ++i) {
-    auto out = CheckOutput(ExtractOutputSpec(spec, i), env, c);
+    ExtractSpec one = ExtractOutputSpec(spec, i);
+    // Stored activations are of the hook their datasets recorded.
+    if (!c.stored.empty() && one.hook_name().empty()) {
+      one.set_hook_name(c.stored[0]->info().hook_name);
+    }
+    auto out = CheckOutput(one, env, c);
     if (!out.ok()) return ForOutput(out.status(), i);
     for (int j = 0; c.sparse && j < i && out->sae_of < 0; ++j) {
       if (SameSae(c.outputs[j], *out)) out->sae_of = j;
@@ -463,20 +641,22 @@ absl::StatusOr<Checked> Check(const ExtractSpec& spec, const ExtractEnv& env,
           "replaces several hooks at once)");
     }
   }
-  {
+  if (c.stored.empty()) {
     ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> source, TokenSource::Open(tokens));
     c.rows = source->num_rows();
     c.tokens_described = source->Describe();
     c.sequences = source->num_sequences();
+    c.context_length = source->context_length();
   }
   if (spec.batch_sequences() < 0 || spec.batch_sequences() > 65536) {
     return absl::InvalidArgumentError(
         "extract.batch_sequences: must be in [1, 65536] (0: 32, fewer on CPUs at long "
         "contexts)");
   }
-  c.batch_sequences = spec.batch_sequences() > 0
-                          ? spec.batch_sequences()
-                          : DefaultBatchSequences(spec.tokens().context_length(), all_cpu);
+  c.batch_sequences = spec.batch_sequences() > 0 ? spec.batch_sequences()
+                      : !c.stored.empty()
+                          ? std::max<int64_t>(1, kStoredBatchRows / c.context_length)
+                          : DefaultBatchSequences(c.context_length, all_cpu);
   if (spec.commit_rows() < 0 || spec.commit_rows() > (int64_t{1} << 26)) {
     return absl::InvalidArgumentError("extract.commit_rows: must be in [1, 2^26] (0: 16384)");
   }
@@ -705,8 +885,15 @@ absl::StatusOr<std::vector<std::string>> DescribeExtractSpec(const ExtractSpec& 
   ASSIGN_OR_RETURN(Checked c, CheckAtSubmit(spec, env));
   std::vector<std::string> lines;
   lines.push_back(absl::StrCat("tokens: ", c.tokens_described, ": ", c.rows, " rows (", c.sequences,
-                               " sequences of ", spec.tokens().context_length(), ")"));
-  if (c.shape) {
+                               " sequences of ", c.context_length, ")"));
+  if (!c.stored.empty()) {
+    for (const auto& source : c.stored) {
+      const StoredDenseInfo& info = source->info();
+      lines.push_back(absl::StrCat("model: none; stored dataset ", info.id, " (", info.name,
+                                   "): ", info.hook_name, " of ", info.model_id, ", ", info.width,
+                                   " wide, ", info.rows, " rows"));
+    }
+  } else if (c.shape) {
     lines.push_back(absl::StrCat("model: ", c.shape->what, ": ", c.shape->n_layers,
                                  " layers, d_model ", c.shape->d_model, ", ", c.shape->n_heads,
                                  " heads, vocabulary ", c.shape->vocab_size, ", ",
@@ -744,6 +931,11 @@ absl::StatusOr<std::vector<std::string>> DescribeExtractSpec(const ExtractSpec& 
     std::vector<std::string> read = {out.hook_name};
     if (o == 0)
       read.insert(read.end(), spec.crosscoder_hooks().begin(), spec.crosscoder_hooks().end());
+    if (c.stored.size() > 1) {
+      read.clear();
+      for (const auto& source : c.stored)
+        read.push_back(absl::StrCat("dataset ", source->info().id));
+    }
     lines.push_back(
         absl::StrCat("dataset ", names[o], ": ", absl::StrJoin(read, " + "), width, " -> ", what));
   }
@@ -811,6 +1003,21 @@ class ConcatenatedHooksModel final : public ActivationModel {
   int64_t width_ = 0;
 };
 
+// The job's token shard: the file's, or the ids that come with a stored model's datasets.
+absl::StatusOr<std::unique_ptr<TokenSource>> OpenTokens(const ExtractSpec& spec, const Checked& c) {
+  if (c.stored.empty()) {
+    latentd::v1::TokenSource token_spec = spec.tokens();
+    token_spec.set_path(c.tokens_path);
+    return TokenSource::Open(token_spec);
+  }
+  return TokenSource::FromReader(
+      c.context_length, c.stored_first_sequence, c.sequences, c.tokens_described,
+      [stored = c.stored, first_row = c.stored_first_row, L = c.context_length](
+          int64_t first, int64_t count, int64_t* out) {
+        return ReadStoredSequences(stored, first_row, L, kStoredField, first, count, out);
+      });
+}
+
 // The hooks of the spec's outputs, in order.
 std::vector<HookName> OutputHooks(const Checked& c) {
   std::vector<HookName> hooks;
@@ -822,6 +1029,9 @@ std::vector<HookName> OutputHooks(const Checked& c) {
 absl::StatusOr<std::unique_ptr<ActivationModel>> MakeModel(
     const ExtractSpec& spec, const Checked& c, const std::optional<HfModelWeights>& native_weights,
     const std::vector<HookName>& hooks, const at::Device& device) {
+  if (!c.stored.empty()) {
+    return std::make_unique<StoredActivationsModel>(c.stored, c.stored_first_row, device);
+  }
   if (native_weights) return CreateHfModel(*native_weights, hooks, device);
   TorchScriptModelOptions o;
   o.path = c.model_path;
@@ -839,9 +1049,7 @@ absl::StatusOr<ExtractInputs> OpenExtractInputs(const ExtractSpec& spec, const E
                                                 const DeviceRef& device) {
   ASSIGN_OR_RETURN(Checked c, Check(spec, env, device.kind == DeviceKind::kCpu));
   ExtractInputs inputs;
-  latentd::v1::TokenSource token_spec = spec.tokens();
-  token_spec.set_path(c.tokens_path);
-  ASSIGN_OR_RETURN(inputs.tokens, TokenSource::Open(token_spec));
+  ASSIGN_OR_RETURN(inputs.tokens, OpenTokens(spec, c));
   inputs.batch_sequences = c.batch_sequences;
   try {
     ASSIGN_OR_RETURN(const std::optional<HfModelWeights> native_weights,
@@ -931,9 +1139,7 @@ absl::StatusOr<latentd::v1::ExtractResult> RunExtractToSink(const ExtractSpec& s
   int cpu_devices = 0;
   for (const auto& d : devices) cpu_devices += d.kind == DeviceKind::kCpu;
   ASSIGN_OR_RETURN(Checked c, Check(spec, env, cpu_devices == static_cast<int>(devices.size())));
-  latentd::v1::TokenSource token_spec = spec.tokens();
-  token_spec.set_path(c.tokens_path);
-  ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, TokenSource::Open(token_spec));
+  ASSIGN_OR_RETURN(std::unique_ptr<TokenSource> tokens, OpenTokens(spec, c));
   const int num_outputs = static_cast<int>(c.outputs.size());
 
   const int host_cores = std::max(1u, std::thread::hardware_concurrency());

@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "engine/job_context.h"
 #include "engine/row_sink.h"
+#include "engine/stored_dense.h"
 #include "proto/latentd/v1/extract.pb.h"
 #include "proto/latentd/v1/jobs.pb.h"
 
@@ -43,6 +44,9 @@ struct ExtractEnv {
   std::function<int64_t()> free_disk_bytes;
   // The daemon's job records, for resume_from_job_id. Null: such specs are FAILED_PRECONDITION.
   std::function<absl::StatusOr<latentd::v1::Job>(uint64_t job_id)> find_job;
+  // The store's DENSE datasets, for a stored model (ModelSpec.stored). Null: such specs are
+  // FAILED_PRECONDITION.
+  StoredDenseOpener open_stored_dense;
 };
 
 // What the dataset records about the job (mirrors storage::DatasetMeta).

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -199,6 +200,19 @@ absl::StatusOr<std::string> ResolveTokenPath(
   ASSIGN_OR_RETURN(std::vector<std::string> shards, ColumnShards(resolved, field));
   for (const std::string& shard : shards) RETURN_IF_ERROR(resolve(shard).status());
   return resolved;
+}
+
+std::unique_ptr<TokenSource> TokenSource::FromReader(int32_t context_length, int64_t first_sequence,
+                                                     int64_t num_sequences, std::string described,
+                                                     SequenceReader read) {
+  std::unique_ptr<TokenSource> src(new TokenSource());
+  src->context_length_ = context_length;
+  src->first_sequence_ = first_sequence;
+  src->num_sequences_ = num_sequences;
+  src->source_tokens_ = num_sequences * context_length;
+  src->described_ = std::move(described);
+  src->reader_ = std::move(read);
+  return src;
 }
 
 TokenSource::~TokenSource() {
@@ -428,6 +442,7 @@ absl::Status TokenSource::Read(int64_t first, int64_t count, int64_t* out) const
     return absl::OutOfRangeError(absl::StrCat("sequences [", first, ", ", first + count,
                                               ") outside the shard of ", num_sequences_));
   }
+  if (reader_) return reader_(first, count, out);
   const int64_t L = context_length_;
   if (!prepend_bos_) return ReadTokens((first_sequence_ + first) * L, count * L, out);
   const int64_t per_seq = L - 1;
@@ -441,6 +456,7 @@ absl::Status TokenSource::Read(int64_t first, int64_t count, int64_t* out) const
 }
 
 std::string TokenSource::Describe() const {
+  if (reader_) return described_;
   const std::string column =
       columns_.empty()
           ? ""

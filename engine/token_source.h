@@ -51,6 +51,13 @@ class TokenSource {
   // INVALID_ARGUMENT naming "extract.tokens.<field>" for bad options or a malformed file;
   // NOT_FOUND when the file is missing.
   static absl::StatusOr<std::unique_ptr<TokenSource>> Open(const latentd::v1::TokenSource& spec);
+  // Sequences that `read` fills in (sequences [first, first + count) of the shard into `out`,
+  // count * context_length ids; called from several threads at once): the tokens that come with
+  // stored activations. first_sequence() and Describe() return `first_sequence` and `described`.
+  using SequenceReader = std::function<absl::Status(int64_t first, int64_t count, int64_t* out)>;
+  static std::unique_ptr<TokenSource> FromReader(int32_t context_length, int64_t first_sequence,
+                                                 int64_t num_sequences, std::string described,
+                                                 SequenceReader read);
   ~TokenSource();
 
   int32_t context_length() const { return context_length_; }
@@ -76,6 +83,8 @@ class TokenSource {
   absl::Status ReadColumnTokens(int64_t first_token, int64_t count, int64_t* out) const;
 
   std::string path_;
+  SequenceReader reader_;  // FromReader's; then none of the file fields below is used
+  std::string described_;
   int fd_ = -1;
   // Parquet / Arrow: the shards in order and where each one's ids start in the stream.
   std::vector<std::unique_ptr<TokenColumn>> columns_;

@@ -45,6 +45,7 @@ engine::ExtractEnv MakeExtractEnv(const RunnerEnvironment& env) {
       std::all_of(env.pool->devices().begin(), env.pool->devices().end(),
                   [](const engine::DeviceRef& d) { return d.kind == engine::DeviceKind::kCpu; });
   extract.find_job = env.find_job;
+  if (env.store != nullptr) extract.open_stored_dense = engine::ChunkStoreDenseOpener(env.store);
   storage::ArtifactStore* artifacts = env.artifacts;
   extract.sae_artifact_dir = [artifacts](uint64_t id) -> absl::StatusOr<std::string> {
     auto artifact = artifacts->Get(id);
