@@ -353,6 +353,10 @@ struct DatasetModels::Impl {
   absl::StatusOr<std::shared_ptr<const PromptModel>> BuildPromptModel(
       const DatasetSource& dataset, const latentd::v1::ModelSpec& model,
       const std::vector<std::string>& hook_names) const;
+  // A dataset encoded from stored activations (ModelSpec.stored): `spec` gets the model of
+  // the job that stored them, and their hook.
+  absl::Status ModelOfStoredSource(const DatasetSource& dataset,
+                                   latentd::v1::ExtractSpec* spec) const;
   absl::StatusOr<std::shared_ptr<const PromptSae>> PromptSaeFor(const DatasetSource& dataset,
                                                                 const std::string& dir);
   absl::StatusOr<std::shared_ptr<const PreparedSae>> SaeFor(const DatasetSource& dataset,
@@ -362,6 +366,33 @@ struct DatasetModels::Impl {
       const DatasetSource& dataset, const latentd::v1::ExtractSpec& spec, const HookName& hook,
       int64_t d_in, const std::string& requested, std::string* unavailable);
 };
+
+absl::Status DatasetModels::Impl::ModelOfStoredSource(const DatasetSource& dataset,
+                                                      latentd::v1::ExtractSpec* spec) const {
+  const auto& ids = spec->model().stored().dataset_ids();
+  if (ids.size() != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dataset ", dataset.dataset_id, "'s latents come from a crosscoder over stored datasets ",
+        absl::StrJoin(ids, ", "),
+        " together; the weight and prompt queries run one hook's SAE (the latents, their "
+        "statistics and top activations are served as any dataset's)"));
+  }
+  auto gone = [&](const absl::Status& why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset ", dataset.dataset_id, " encodes the activations of dataset ", ids[0],
+                     ", whose model is not known: ", why.message()));
+  };
+  if (!env.open_stored_dense) return gone(absl::FailedPreconditionError("no store"));
+  auto source = env.open_stored_dense(ids[0], "extract.model.stored.dataset_ids[0]");
+  if (!source.ok()) return gone(source.status());
+  const StoredDenseInfo& info = (*source)->info();
+  auto job = env.find_job(info.job_id);
+  if (!job.ok()) return gone(job.status());
+  // The job that stored the activations ran the model (a DENSE job never reads stored ones).
+  *spec->mutable_model() = job->spec().extract().model();
+  spec->set_hook_name(info.hook_name);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<DatasetInputs> DatasetModels::Impl::InputsOf(const DatasetSource& dataset) const {
   if (!env.find_job) return absl::FailedPreconditionError("the daemon keeps no job records");
@@ -403,6 +434,7 @@ absl::StatusOr<DatasetInputs> DatasetModels::Impl::InputsOf(const DatasetSource&
         " together; the weight and prompt queries run one hook's SAE (the latents, their "
         "statistics and top activations are served as any dataset's)"));
   }
+  if (inputs.spec.model().has_stored()) RETURN_IF_ERROR(ModelOfStoredSource(dataset, &inputs.spec));
   auto dir = ResolveSaeDir(inputs.spec, env);
   if (!dir.ok()) {
     // The dataset exists; its SAE file or artifact was deleted since: a state, not a bad name.
@@ -419,7 +451,8 @@ absl::StatusOr<DatasetInputs> DatasetModels::Impl::InputsOf(const DatasetSource&
     ASSIGN_OR_RETURN(inputs.decoder_hook, ParseHookName(dataset.hook_name_out));
   }
   for (int i = 0; i < ExtractOutputCount(job_spec); ++i) {
-    const std::string hook = ExtractOutputSpec(job_spec, i).hook_name();
+    const std::string hook =
+        i == output ? inputs.spec.hook_name() : ExtractOutputSpec(job_spec, i).hook_name();
     if (std::find(inputs.job_hooks.begin(), inputs.job_hooks.end(), hook) ==
         inputs.job_hooks.end()) {
       inputs.job_hooks.push_back(hook);

@@ -735,6 +735,72 @@ TEST_F(DatasetModelsTest, APromptGetsTheLatentsTheModelAndSaeGiveIt) {
   EXPECT_EQ(code({1}, 0, 99).code(), absl::StatusCode::kFailedPrecondition);  // no such job
 }
 
+// A dataset EXTRACT encoded from stored activations (ModelSpec.stored) is answered with the
+// model of the job that stored them, at their hook: as the dataset the model run encoded. A
+// crosscoder over several, or a source whose record is gone, is named.
+TEST_F(DatasetModelsTest, ADatasetOfStoredActivationsIsAnsweredWithTheModelThatStoredThem) {
+  const std::string dir = root_ + "/sae_stored";
+  const std::string hash = WriteSae(dir, MakeWeights(16, 9));
+  const std::string hook = "blocks.1.hook_resid_post";
+  AddReferenceJob(70, hook, dir);  // the model run's SPARSE job
+  jobs_[71] = jobs_[70];           // the DENSE job that stored the activations
+  jobs_[71].mutable_spec()->mutable_extract()->clear_sae();
+  latentd::v1::Job stored_job;
+  latentd::v1::ExtractSpec* spec = stored_job.mutable_spec()->mutable_extract();
+  spec->mutable_model()->mutable_stored()->add_dataset_ids(500);
+  spec->mutable_sae()->set_path(dir);
+  jobs_[72] = stored_job;
+  jobs_[73] = stored_job;
+  jobs_[73].mutable_spec()->mutable_extract()->mutable_model()->mutable_stored()->add_dataset_ids(
+      501);
+  env_.open_stored_dense =
+      [](uint64_t id,
+         const std::string& field) -> absl::StatusOr<std::shared_ptr<const StoredDenseRows>> {
+    if (id != 500) return absl::NotFoundError(field + ": no dataset " + std::to_string(id));
+    StoredDenseInfo info;
+    info.id = id;
+    info.hook_name = "blocks.1.hook_resid_post";
+    info.job_id = 71;
+    info.width = 16;
+    return InMemoryStoredDenseRows(info, {}, {});
+  };
+  DatasetModels models(env_);
+  const std::string model_hash = ReferenceHash(hook);
+  PromptQuery q;
+  q.token_ids = {1, 5, 9, 3};
+  q.latents_per_token = 1000;
+  auto from_model = models.EncodePrompt({1, 70, hash, model_hash, kDSae}, q);
+  auto from_stored = models.EncodePrompt({2, 72, hash, model_hash, kDSae}, q);
+  ASSERT_TRUE(from_model.ok()) << from_model.status();
+  ASSERT_TRUE(from_stored.ok()) << from_stored.status();
+  ASSERT_EQ(from_stored->tokens.size(), from_model->tokens.size());
+  for (size_t t = 0; t < from_model->tokens.size(); ++t) {
+    ASSERT_EQ(from_stored->tokens[t].latents.size(), from_model->tokens[t].latents.size());
+    for (size_t e = 0; e < from_model->tokens[t].latents.size(); ++e) {
+      EXPECT_EQ(from_stored->tokens[t].latents[e].index, from_model->tokens[t].latents[e].index);
+      EXPECT_EQ(from_stored->tokens[t].latents[e].score, from_model->tokens[t].latents[e].score);
+    }
+  }
+  LatentWeightsQuery w;
+  w.latent = 2;
+  auto weights = models.ReadLatentWeights({2, 72, hash, model_hash, kDSae}, w);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_EQ(weights->logits_source, "embed.W_E (tied)");
+
+  auto crosscoder = models.EncodePrompt({3, 73, hash, model_hash, kDSae}, q);
+  EXPECT_EQ(crosscoder.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(crosscoder.status().message().find("crosscoder over stored datasets 500, 501"),
+            std::string::npos)
+      << crosscoder.status();
+  jobs_.erase(71);
+  DatasetModels fresh(env_);
+  auto orphan = fresh.EncodePrompt({2, 72, hash, model_hash, kDSae}, q);
+  EXPECT_EQ(orphan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(orphan.status().message().find("encodes the activations of dataset 500"),
+            std::string::npos)
+      << orphan.status();
+}
+
 // A dataset made from a Hugging Face GPT-2 checkpoint is answered from that checkpoint: here the
 // reference model's weights written as one, so every answer equals the reference dataset's. A
 // checkpoint changed since is named, not used.
