@@ -868,6 +868,38 @@ class TrainLoop(DaemonTestCase):
             self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
             self.assertIn(field, refused.exception.details())
 
+        # The diff's latents on the rows: EXTRACT reads the two stored datasets side by side and
+        # encodes them with the crosscoder (no model runs), as the saved file's formulas do; the
+        # top rows of a latent of the second model's own come with their tokens' context.
+        stored = {"model": {"stored": {"datasetIds": [str(i) for i in ids]}},
+                  "sae": {"artifactId": str(result.artifact_id)}, "valueDtype": "FLOAT32",
+                  "datasetName": "diff-latents"}
+        plan = "\n".join(c.plan("EXTRACT", stored))
+        self.assertIn("model: none; stored dataset %d (resid-seed-1): blocks.1.hook_resid_post"
+                      % ids[0], plan)
+        self.assertIn("dataset diff-latents: dataset %d + dataset %d (128 wide) -> SPARSE "
+                      "latents of the crosscoder" % tuple(ids), plan)
+        encoded = c.wait(c.submit("EXTRACT", stored).id)
+        self.assertEqual(encoded.state, jobs_pb2.SUCCEEDED, encoded.message)
+        matrix, token_ids = c.read_rows(encoded.result.extract.dataset_id)
+        self.assertEqual(matrix.shape, kept.shape)
+        numpy.testing.assert_array_equal(
+            token_ids, numpy.load(tokens["path"]).ravel()[:len(token_ids)])
+        latents = matrix.toarray().astype(numpy.float64)
+        # float32 against float64: a latent right at the threshold may go either way.
+        differ = ((latents != 0) != (kept != 0)).sum()
+        self.assertLessEqual(differ, kept.size // 1000, "%d of %d" % (differ, kept.size))
+        both = (latents != 0) & (kept != 0)
+        numpy.testing.assert_allclose(latents[both], kept[both], rtol=1e-4, atol=1e-5)
+        own = numpy.where(live & (read.shares[1] >= 0.5))[0]
+        j = int(own[numpy.argmax(latents[:, own].max(0))])
+        answer = c.get_latent(encoded.result.extract.dataset_id, j, top_n=3)
+        self.assertEqual(answer.statistics.firing_count, (latents[:, j] != 0).sum())
+        top = answer.top[0]
+        self.assertAlmostEqual(top.value, latents[:, j].max(), places=4)
+        self.assertEqual(top.token_id, token_ids[top.row])
+        self.assertIn(top.token_id, list(top.context_token_ids))
+
     def test_a_crosscoder_across_layers_encodes_its_hooks_into_one_dataset(self):
         # TRAIN fits a crosscoder over two layers' residual stream as training reads them; an
         # EXTRACT job encodes with it from both hooks of each forward pass into one dataset,
