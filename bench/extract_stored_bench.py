@@ -1,0 +1,81 @@
+"""EXTRACT over stored activations (model.stored) against the job it spares: rerunning the model
+to encode the same rows with the same SAE, side by side in one latentd. Wall time and tokens/s of
+each SPARSE job, what storing the DENSE rows cost once, and whether the two datasets agree.
+
+    bazel build -c opt //server:latentd //client:latentctl //proto:api_py
+    PYTHONPATH=bazel-bin/proto/py:client/python:tests/e2e /usr/bin/python3 \\
+        bench/extract_stored_bench.py [--sequences 1024] [--repeats 2]
+
+X1 workload (shared/notes/workloads.md): the reference transformer (d_model 256, 4 layers,
+context 128), hook blocks.2.hook_resid_post, the TopK SAE make_demo_inputs.py writes (d_sae
+4096, k 32), fp16 latents. The DENSE dataset is float32, so both SPARSE jobs encode the same
+numbers: rows whose latent sets differ would be a bug, not noise. The SPARSE jobs alternate
+(model, stored, model, stored, ...) so drift on a shared machine hits both alike.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy
+
+from harness import Daemon
+from latentd.v1 import jobs_pb2
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts")
+
+
+def timed(client, spec):
+    start = time.time()
+    job = client.wait(client.submit("EXTRACT", spec).id)
+    if job.state != jobs_pb2.SUCCEEDED:
+        sys.exit("EXTRACT failed: %s" % job.message)
+    return job.result.extract, time.time() - start
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sequences", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), tmp,
+                        "--sequences", str(args.sequences)], check=True, capture_output=True)
+        daemon = Daemon(os.path.join(tmp, "d"), devices="cpu:1",
+                        extra_args=["--data_roots=" + tmp]).start()
+        try:
+            c = daemon.client()
+            run = {"model": {"reference": {}}, "hookName": "blocks.2.hook_resid_post",
+                   "tokens": {"path": os.path.join(tmp, "tokens.npy"), "contextLength": 128}}
+            sae = {"path": os.path.join(tmp, "sae")}
+            dense, dense_s = timed(c, dict(run, mode="DENSE", valueDtype="FLOAT32"))
+            stored = {"model": {"stored": {"datasetIds": [str(dense.dataset_id)]}}, "sae": sae}
+            times = {"model": [], "stored": []}
+            results = {}
+            for _ in range(args.repeats):
+                for name, spec in (("model", dict(run, sae=sae)), ("stored", stored)):
+                    results[name], seconds = timed(c, spec)
+                    times[name].append(seconds)
+            a, _ = c.read_rows(results["model"].dataset_id)
+            b, _ = c.read_rows(results["stored"].dataset_id)
+            same_rows = (a != b).nnz == 0
+            rows = results["model"].rows
+            print("X1: %d tokens, TopK d_sae 4096 k 32, 1 CPU device; %d runs each, alternated"
+                  % (rows, args.repeats))
+            print("EXTRACT DENSE float32 (once): %.1f s, %.1f MB on disk"
+                  % (dense_s, dense.bytes_per_token * dense.rows / 1e6))
+            for name in ("model", "stored"):
+                best = min(times[name])
+                print("SPARSE from the %-6s: best %.2f s (%s), %.0f tokens/s"
+                      % (name, best, ", ".join("%.2f" % t for t in times[name]), rows / best))
+            print("stored / model wall (best of each): %.2fx; datasets identical: %s"
+                  % (min(times["stored"]) / min(times["model"]), same_rows))
+        finally:
+            daemon.stop()
+
+
+if __name__ == "__main__":
+    main()
