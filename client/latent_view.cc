@@ -135,6 +135,28 @@ void AppendLogitTable(const char* heading,
   *html += "</table>\n";
 }
 
+}  // namespace
+
+std::vector<std::string> DescribeDecoderBySource(const v1::GetLatentWeightsResponse& weights) {
+  std::vector<std::string> lines;
+  size_t name_width = 0;
+  for (const v1::SourceDecoder& d : weights.decoder_by_source()) {
+    name_width = std::max(name_width, d.hook_name().size());
+  }
+  for (int s = 0; s < weights.decoder_by_source_size(); ++s) {
+    const v1::SourceDecoder& d = weights.decoder_by_source(s);
+    const int bar = static_cast<int>(std::lround(20 * std::clamp(d.share(), 0.0f, 1.0f)));
+    std::string line = absl::StrFormat("source %d %-*s |W_dec| %-8.4g share %.2f %-20s", s,
+                                       static_cast<int>(name_width) + 1, d.hook_name(), d.norm(),
+                                       d.share(), std::string(bar, '#'));
+    if (s > 0) absl::StrAppendFormat(&line, "  cos with source 0 %.3f", d.cosine_with_first());
+    lines.push_back(line);
+  }
+  return lines;
+}
+
+namespace {
+
 // The weights section of a latent's page (GetLatentWeights).
 void AppendWeights(const v1::GetLatentWeightsResponse& w, const LatentPageOptions& options,
                    std::string* html) {
@@ -148,6 +170,13 @@ void AppendWeights(const v1::GetLatentWeightsResponse& w, const LatentPageOption
       absl::StrAppendFormat(html, " %d: %.4g", d.layer(), d.norm());
     }
     *html += " (the logits sum them)</p>\n";
+  }
+  if (w.decoder_by_source_size() > 0) {
+    *html += "<p>a crosscoder's latent, its decoder in each source:</p>\n<pre>";
+    for (const std::string& line : DescribeDecoderBySource(w)) {
+      *html += HtmlEscape(line) + "\n";
+    }
+    *html += "</pre>\n";
   }
   if (w.positive_logits_size() > 0) {
     float scale = 0;

@@ -55,6 +55,11 @@ struct LatentPageOptions {
 // tooltip the row, id and value.
 std::string LatentHtml(const v1::GetLatentResponse& response, const LatentPageOptions& options);
 
+// A crosscoder latent's decoder by source (GetLatentWeightsResponse.decoder_by_source), a line
+// each: "source 1 blocks.1.hook_resid_post  |W_dec| 1.41  share 0.92 ##################   cos
+// with source 0 0.050" (the bar is the share, 20 characters at 1). Empty for other SAEs.
+std::vector<std::string> DescribeDecoderBySource(const v1::GetLatentWeightsResponse& weights);
+
 // The file name of a latent's page in a dashboard directory: "latent-<j>.html".
 std::string LatentPageName(int32_t latent);
 

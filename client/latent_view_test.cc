@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <tuple>
 
 #include "gtest/gtest.h"
 
@@ -166,6 +167,35 @@ TEST(LatentViewTest, WeightsShowLogitsSideBySideAndNeighbours) {
   EXPECT_EQ(without.find("direct logit effect"), std::string::npos);
   EXPECT_NE(without.find("no logits: the model &lt;m&gt; changed"), std::string::npos);
   EXPECT_NE(without.find("Nearest decoder directions"), std::string::npos);
+}
+
+// A crosscoder's latent: a line per source with its norm, its share as a bar and, past the
+// first, its decoder's cosine with the first's; on the page as on the terminal.
+TEST(LatentViewTest, ACrosscodersLatentShowsItsDecoderBySource) {
+  v1::GetLatentWeightsResponse w;
+  for (const auto& [hook, norm, share, cosine] :
+       {std::tuple{"blocks.1.hook_resid_post", 0.125f, 0.08f, 1.0f},
+        std::tuple{"blocks.1.hook_resid_post<chat>", 1.4375f, 0.92f, 0.05f}}) {
+    v1::SourceDecoder* d = w.add_decoder_by_source();
+    d->set_hook_name(hook);
+    d->set_norm(norm);
+    d->set_share(share);
+    d->set_cosine_with_first(cosine);
+  }
+  const std::vector<std::string> lines = DescribeDecoderBySource(w);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(
+      lines[0],
+      "source 0 blocks.1.hook_resid_post        |W_dec| 0.125    share 0.08 ##                  ");
+  EXPECT_EQ(lines[1],
+            "source 1 blocks.1.hook_resid_post<chat>  |W_dec| 1.438    share 0.92 "
+            "##################    cos with source 0 0.050");
+  LatentPageOptions options{3, nullptr, false};
+  options.weights = &w;
+  const std::string page = LatentHtml(Response(), options);
+  EXPECT_NE(page.find("a crosscoder's latent, its decoder in each source:"), std::string::npos);
+  EXPECT_NE(page.find("source 1 blocks.1.hook_resid_post&lt;chat&gt;"), std::string::npos);
+  EXPECT_TRUE(DescribeDecoderBySource(v1::GetLatentWeightsResponse()).empty());
 }
 
 TEST(LatentViewTest, APromptPageShadesItsTokensByEachTopLatent) {

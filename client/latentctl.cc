@@ -1014,6 +1014,12 @@ int Weights(Client& client, const std::vector<std::string>& args) {
     }
     std::printf(" (the logits sum them)\n");
   }
+  if (response.decoder_by_source_size() > 0) {
+    std::printf("a crosscoder's latent, its decoder in each source:\n");
+    for (const std::string& line : DescribeDecoderBySource(response)) {
+      std::printf("  %s\n", line.c_str());
+    }
+  }
   auto token = [&](int32_t t) { return TokenCell(t, vocab); };
   if (response.positive_logits_size() > 0) {
     std::printf("direct logits through %s:\n%-24s %-9s  %-24s %s\n",

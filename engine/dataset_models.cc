@@ -38,6 +38,10 @@ struct PreparedSae {
   at::Tensor enc_norm;     // [d_sae], of W_enc's columns
   at::Tensor enc_dec_cos;  // [d_sae]
   std::optional<CircuitTracerLayer> circuit_tracer;  // the SAE's config says
+  // A crosscoder's sources (0 for an SAE): each decoder row is their n blocks side by side.
+  int crosscoder_sources = 0;
+  std::vector<std::string> crosscoder_hooks;
+  std::vector<double> crosscoder_scales;
   int64_t bytes() const {
     return TensorBytes(unit_dec) + TensorBytes(dec_norm) + TensorBytes(enc_norm) +
            TensorBytes(enc_dec_cos);
@@ -65,6 +69,10 @@ struct DatasetInputs {
   // Every hook of the job's outputs, each once, in output order: the model for prompts is built
   // with all of them, since the job's other datasets are likely asked next (--all_hooks).
   std::vector<std::string> job_hooks;
+  // A crosscoder's dataset: what it reads together ("blocks.0.hook_resid_post and ...", "stored
+  // datasets 7, 8"), which no prompt through one model at one hook gives; "" for an SAE. The
+  // hook fields above are then unset (its directions span several hooks).
+  std::string crosscoder_reads;
 };
 
 // A model on the CPU for prompts, built with the hooks of every dataset asked so far whose job
@@ -132,6 +140,9 @@ PreparedSae Prepare(const Sae& sae) {
   const SaeWeights& w = sae.weights();
   PreparedSae p;
   p.circuit_tracer = sae.config().circuit_tracer;
+  p.crosscoder_sources = sae.config().crosscoder_sources;
+  p.crosscoder_hooks = sae.config().crosscoder_hooks;
+  p.crosscoder_scales = sae.config().crosscoder_scales;
   p.dec_norm = w.W_dec.norm(2, {1});
   p.unit_dec = SafeDivide(w.W_dec, p.dec_norm.unsqueeze(1)).contiguous();
   p.enc_norm = w.W_enc.norm(2, {0});
@@ -144,6 +155,34 @@ PreparedSae Prepare(const Sae& sae) {
     p.enc_dec_cos = SafeDivide(dot, p.enc_norm * p.dec_norm);
   }
   return p;
+}
+
+// Latent j's decoder block in each of a crosscoder's sources, at the training scale.
+std::vector<SourceDecoder> DecoderBySource(const PreparedSae& sae, int64_t j) {
+  const int64_t n = sae.crosscoder_sources;
+  const at::Tensor blocks =
+      (sae.unit_dec[j] * sae.dec_norm[j]).to(at::kDouble).view({n, -1});  // [n, d]
+  at::Tensor norms = blocks.norm(2, {1});
+  if (static_cast<int64_t>(sae.crosscoder_scales.size()) == n) {
+    norms = norms * at::tensor(sae.crosscoder_scales, at::kDouble);
+  }
+  const double total = norms.sum().item<double>();
+  const at::Tensor first = blocks[0];
+  const double first_norm = first.norm().item<double>();
+  std::vector<SourceDecoder> out(n);
+  for (int64_t s = 0; s < n; ++s) {
+    SourceDecoder& d = out[s];
+    if (s < static_cast<int64_t>(sae.crosscoder_hooks.size()))
+      d.hook_name = sae.crosscoder_hooks[s];
+    d.norm = static_cast<float>(norms[s].item<double>());
+    d.share = total > 0 ? static_cast<float>(norms[s].item<double>() / total) : 0.0f;
+    const double block_norm = blocks[s].norm().item<double>();
+    d.cosine_with_first =
+        block_norm > 0 && first_norm > 0
+            ? static_cast<float>(blocks[s].dot(first).item<double>() / (block_norm * first_norm))
+            : 0.0f;
+  }
+  return out;
 }
 
 // The `n` largest entries of scores (a float32 vector), score descending and index ascending
@@ -353,8 +392,8 @@ struct DatasetModels::Impl {
   absl::StatusOr<std::shared_ptr<const PromptModel>> BuildPromptModel(
       const DatasetSource& dataset, const latentd::v1::ModelSpec& model,
       const std::vector<std::string>& hook_names) const;
-  // A dataset encoded from stored activations (ModelSpec.stored): `spec` gets the model of
-  // the job that stored them, and their hook.
+  // A dataset encoded from one stored dataset (ModelSpec.stored): `spec` gets the model of the
+  // job that stored it, and its hook.
   absl::Status ModelOfStoredSource(const DatasetSource& dataset,
                                    latentd::v1::ExtractSpec* spec) const;
   absl::StatusOr<std::shared_ptr<const PromptSae>> PromptSaeFor(const DatasetSource& dataset,
@@ -370,13 +409,6 @@ struct DatasetModels::Impl {
 absl::Status DatasetModels::Impl::ModelOfStoredSource(const DatasetSource& dataset,
                                                       latentd::v1::ExtractSpec* spec) const {
   const auto& ids = spec->model().stored().dataset_ids();
-  if (ids.size() != 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dataset ", dataset.dataset_id, "'s latents come from a crosscoder over stored datasets ",
-        absl::StrJoin(ids, ", "),
-        " together; the weight and prompt queries run one hook's SAE (the latents, their "
-        "statistics and top activations are served as any dataset's)"));
-  }
   auto gone = [&](const absl::Status& why) {
     return absl::FailedPreconditionError(
         absl::StrCat("dataset ", dataset.dataset_id, " encodes the activations of dataset ", ids[0],
@@ -428,13 +460,14 @@ absl::StatusOr<DatasetInputs> DatasetModels::Impl::InputsOf(const DatasetSource&
                                                       " is not an EXTRACT job with an SAE"));
   }
   if (inputs.spec.crosscoder_hooks_size() > 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dataset ", dataset.dataset_id, "'s latents come from a crosscoder reading ",
-        inputs.spec.hook_name(), " and ", absl::StrJoin(inputs.spec.crosscoder_hooks(), ", "),
-        " together; the weight and prompt queries run one hook's SAE (the latents, their "
-        "statistics and top activations are served as any dataset's)"));
+    inputs.crosscoder_reads = absl::StrCat(inputs.spec.hook_name(), " and ",
+                                           absl::StrJoin(inputs.spec.crosscoder_hooks(), ", "));
+  } else if (inputs.spec.model().stored().dataset_ids_size() > 1) {
+    inputs.crosscoder_reads = absl::StrCat(
+        "stored datasets ", absl::StrJoin(inputs.spec.model().stored().dataset_ids(), ", "));
+  } else if (inputs.spec.model().has_stored()) {
+    RETURN_IF_ERROR(ModelOfStoredSource(dataset, &inputs.spec));
   }
-  if (inputs.spec.model().has_stored()) RETURN_IF_ERROR(ModelOfStoredSource(dataset, &inputs.spec));
   auto dir = ResolveSaeDir(inputs.spec, env);
   if (!dir.ok()) {
     // The dataset exists; its SAE file or artifact was deleted since: a state, not a bad name.
@@ -445,6 +478,7 @@ absl::StatusOr<DatasetInputs> DatasetModels::Impl::InputsOf(const DatasetSource&
                                            "'s SAE is not readable: ", dir.status().message()));
   }
   inputs.sae_dir = *std::move(dir);
+  if (!inputs.crosscoder_reads.empty()) return inputs;
   ASSIGN_OR_RETURN(inputs.hook, ParseHookName(inputs.spec.hook_name()));
   inputs.decoder_hook = inputs.hook;
   if (!dataset.hook_name_out.empty()) {
@@ -681,6 +715,13 @@ absl::StatusOr<LatentWeights> DatasetModels::ReadLatentWeights(const DatasetSour
     out.encoder_decoder_cosine = sae->enc_dec_cos[j].item<float>();
     const at::Tensor unit = sae->unit_dec[j];
     out.neighbors = Largest(sae->unit_dec.mv(unit), top_n, j, /*ascending=*/false);
+    if (sae->crosscoder_sources > 0) {
+      out.decoder_by_source = DecoderBySource(*sae, j);
+      out.logits_unavailable =
+          absl::StrCat("a crosscoder's latent writes to each of its ", sae->crosscoder_sources,
+                       " sources (decoder_by_source); no one unembedding reads them all");
+      return out;
+    }
     at::Tensor writes;  // a cross-layer transcoder's latent: the sum of its decoders
     if (sae->circuit_tracer && sae->circuit_tracer->cross_layer) {
       const int layer = sae->circuit_tracer->layer;
@@ -812,6 +853,13 @@ absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& d
   const int64_t per_token = query.latents_per_token > 0 ? query.latents_per_token : 10;
   const int64_t top_latents = query.top_latents > 0 ? query.top_latents : 20;
   ASSIGN_OR_RETURN(const DatasetInputs inputs, impl_->InputsOf(dataset));
+  if (!inputs.crosscoder_reads.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dataset ", dataset.dataset_id, "'s latents come from a crosscoder reading ",
+        inputs.crosscoder_reads,
+        " together, which no prompt through one model at one hook gives (the latents, their "
+        "weights, statistics and top activations are served as any dataset's)"));
+  }
   PromptLatents out;
   std::vector<int64_t> tokens;
   if (inputs.spec.tokens().prepend_bos()) {

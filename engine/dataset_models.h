@@ -51,6 +51,15 @@ struct ScoredIndex {
   float score = 0;    // cosine or logit
 };
 
+struct SourceDecoder {
+  std::string hook_name;  // latentd.json's; "" where it names none
+  // |W_dec_s[j]| at the crosscoder's training scale (latentd.json's training_scale; the saved
+  // file's units where it has none), the norms training compared.
+  float norm = 0;
+  float share = 0;              // norm / the sum over sources; 0 when every norm is 0
+  float cosine_with_first = 0;  // cos(W_dec_s[j], W_dec_0[j]); 0 where either is 0
+};
+
 struct LatentWeights {
   float decoder_norm = 0;                    // |W_dec[j]|
   float encoder_norm = 0;                    // |W_enc[:, j]|
@@ -64,6 +73,10 @@ struct LatentWeights {
   // L on (the fields above are of the one into L), and the logits unembed the sum of those
   // decoders, everything it writes to the residual stream. Empty for other SAEs.
   std::vector<std::pair<int, float>> decoder_norm_by_layer;
+  // A crosscoder's latent: its decoder into each source, in source order; the fields above are
+  // of the whole decoder row (every source's side by side), and there are no logits (each
+  // source is a hook or model of its own). Empty for other SAEs.
+  std::vector<SourceDecoder> decoder_by_source;
 };
 
 inline constexpr int64_t kMaxPromptTokens = 4096;

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "common/test_dir.h"
+#include "engine/crosscoder_model.h"
 #include "engine/hf_gpt2.h"
 #include "engine/hf_model.h"
 #include "engine/hf_testing.h"
@@ -735,6 +736,85 @@ TEST_F(DatasetModelsTest, APromptGetsTheLatentsTheModelAndSaeGiveIt) {
   EXPECT_EQ(code({1}, 0, 99).code(), absl::StatusCode::kFailedPrecondition);  // no such job
 }
 
+// A crosscoder's latent: how its decoder splits between the sources, at the training scale the
+// crosscoder compared them at (as training measured it), for a crosscoder over a model's hooks
+// and one over stored datasets alike; the neighbours are of the whole row; no logits, and no
+// prompt (one hook of one model is not its input).
+TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSources) {
+  CrosscoderModelOptions options;
+  options.sources = 2;
+  options.d_in = 16;
+  options.d_sae = kDSae;
+  options.k = 3;
+  options.seed = 5;
+  CrosscoderModelImpl crosscoder(options);
+  crosscoder.InitWeights();
+  // Sources 10x apart in scale, so the training scale matters; one latent all in source 1.
+  at::manual_seed(6);
+  crosscoder.InitFromData(at::cat({at::randn({64, 16}) * 10, at::randn({64, 16})}, 1));
+  {
+    at::NoGradGuard no_grad;
+    crosscoder.W_dec[4].slice(0, 0, 16).zero_();
+  }
+  crosscoder.CalibrateBatchThreshold({at::randn({64, 32})});
+  const std::string dir = root_ + "/crosscoder";
+  const std::vector<std::string> hooks = {"blocks.0.hook_resid_post", "blocks.1.hook_resid_post"};
+  ASSERT_TRUE(crosscoder.Save(dir, {{hooks[0], "ref", "live"}, {hooks[1], "ref", "live"}}).ok());
+  auto sae = Sae::Load(dir);
+  ASSERT_TRUE(sae.ok()) << sae.status();
+  AddReferenceJob(80, hooks[0], dir);
+  jobs_[80].mutable_spec()->mutable_extract()->add_crosscoder_hooks(hooks[1]);
+  latentd::v1::Job stored;
+  stored.mutable_spec()->mutable_extract()->mutable_model()->mutable_stored()->add_dataset_ids(1);
+  stored.mutable_spec()->mutable_extract()->mutable_model()->mutable_stored()->add_dataset_ids(2);
+  stored.mutable_spec()->mutable_extract()->mutable_sae()->set_path(dir);
+  jobs_[81] = stored;
+  DatasetModels models(env_);
+  const at::Tensor norms = crosscoder.DecoderNorms();  // [2, d_sae], the training scale
+  const at::Tensor W_dec = crosscoder.W_dec.detach().to(at::kDouble);
+  for (uint64_t job : {80, 81}) {
+    const DatasetSource source{job, job, sae->weight_hash(), "", kDSae};
+    for (int64_t j : {0, 4, 7}) {
+      LatentWeightsQuery q;
+      q.latent = j;
+      auto got = models.ReadLatentWeights(source, q);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_EQ(got->decoder_by_source.size(), 2u);
+      const double total = norms.select(1, j).sum().item<double>();
+      for (int s = 0; s < 2; ++s) {
+        const SourceDecoder& d = got->decoder_by_source[s];
+        EXPECT_EQ(d.hook_name, hooks[s]);
+        EXPECT_NEAR(d.norm, norms[s][j].item<double>(), 1e-4 * total);
+        EXPECT_NEAR(d.share, norms[s][j].item<double>() / total, 1e-5);
+      }
+      const at::Tensor a = W_dec[j].slice(0, 0, 16), b = W_dec[j].slice(0, 16, 32);
+      // (1 for source 0 but where its block is 0.)
+      EXPECT_FLOAT_EQ(got->decoder_by_source[0].cosine_with_first, j == 4 ? 0.0f : 1.0f);
+      if (j == 4) {
+        EXPECT_FLOAT_EQ(got->decoder_by_source[1].share, 1.0f);  // source 1's own
+        EXPECT_EQ(got->decoder_by_source[1].cosine_with_first, 0.0f);
+      } else {
+        EXPECT_NEAR(got->decoder_by_source[1].cosine_with_first,
+                    (a.dot(b) / (a.norm() * b.norm())).item<double>(), 1e-5);
+      }
+      EXPECT_EQ(got->neighbors.size(), 10u);
+      EXPECT_TRUE(got->positive_logits.empty());
+      EXPECT_NE(got->logits_unavailable.find("crosscoder"), std::string::npos);
+    }
+    PromptQuery prompt;
+    prompt.token_ids = {1, 2};
+    auto refused = models.EncodePrompt(source, prompt);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(
+        refused.status().message().find(job == 80 ? "crosscoder reading "
+                                                    "blocks.0.hook_resid_post and "
+                                                    "blocks.1.hook_resid_post"
+                                                  : "crosscoder reading stored datasets 1, 2"),
+        std::string::npos)
+        << refused.status();
+  }
+}
+
 // A dataset EXTRACT encoded from stored activations (ModelSpec.stored) is answered with the
 // model of the job that stored them, at their hook: as the dataset the model run encoded. A
 // crosscoder over several, or a source whose record is gone, is named.
@@ -789,7 +869,7 @@ TEST_F(DatasetModelsTest, ADatasetOfStoredActivationsIsAnsweredWithTheModelThatS
 
   auto crosscoder = models.EncodePrompt({3, 73, hash, model_hash, kDSae}, q);
   EXPECT_EQ(crosscoder.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(crosscoder.status().message().find("crosscoder over stored datasets 500, 501"),
+  EXPECT_NE(crosscoder.status().message().find("crosscoder reading stored datasets 500, 501"),
             std::string::npos)
       << crosscoder.status();
   jobs_.erase(71);

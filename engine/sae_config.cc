@@ -1105,7 +1105,13 @@ absl::StatusOr<SaeConfig> ReadCrosscoderSae(const std::string& dir) {
       if (source.is_object() && source.contains("hook_name") && source["hook_name"].is_string()) {
         cfg.crosscoder_hooks.push_back(source["hook_name"].get<std::string>());
       }
+      if (source.is_object() && source.contains("training_scale") &&
+          source["training_scale"].is_number() && source["training_scale"].get<double>() > 0) {
+        cfg.crosscoder_scales.push_back(source["training_scale"].get<double>());
+      }
     }
+    // All or none: a scale per source, or the file's own units for every one.
+    if (static_cast<int64_t>(cfg.crosscoder_scales.size()) != n) cfg.crosscoder_scales.clear();
   }
   return cfg;
 }

@@ -198,6 +198,10 @@ struct SaeConfig {
   int crosscoder_sources = 0;
   // The crosscoder's sources' hooks, from latentd.json (empty when it has none): informational.
   std::vector<std::string> crosscoder_hooks;
+  // Each source's training scale, from latentd.json (the factor TRAIN brought the source's rows
+  // to a mean norm of sqrt(d) by, folded into the saved weights); empty when it has none.
+  // Decoder norms times these are the ones training compared (a latent's share per source).
+  std::vector<double> crosscoder_scales;
 
   // The width of what the decoder gives: d_out for a transcoder, d_in for an SAE.
   int64_t OutWidth() const { return transcoder ? d_out : d_in; }

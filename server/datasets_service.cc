@@ -560,6 +560,13 @@ grpc::Status DatasetsService::GetLatentWeights(grpc::ServerContext* context,
     out->set_layer(layer);
     out->set_norm(norm);
   }
+  for (const engine::SourceDecoder& d : weights->decoder_by_source) {
+    latentd::v1::SourceDecoder* out = response->add_decoder_by_source();
+    out->set_hook_name(d.hook_name);
+    out->set_norm(d.norm);
+    out->set_share(d.share);
+    out->set_cosine_with_first(d.cosine_with_first);
+  }
   return grpc::Status::OK;
 }
 

@@ -893,6 +893,9 @@ class TrainLoop(DaemonTestCase):
         numpy.testing.assert_allclose(latents[both], kept[both], rtol=1e-4, atol=1e-5)
         own = numpy.where(live & (read.shares[1] >= 0.5))[0]
         j = int(own[numpy.argmax(latents[:, own].max(0))])
+        shares = [d.share for d in c.latent_weights(encoded.result.extract.dataset_id,
+                                                     j).decoder_by_source]
+        numpy.testing.assert_allclose(shares, read.shares[:, j], rtol=1e-4)
         answer = c.get_latent(encoded.result.extract.dataset_id, j, top_n=3)
         self.assertEqual(answer.statistics.firing_count, (latents[:, j] != 0).sum())
         top = answer.top[0]
@@ -952,8 +955,20 @@ class TrainLoop(DaemonTestCase):
         self.assertLessEqual(abs(answer.statistics.firing_count -
                                  int((expected[:, latent] != 0).sum())), 1)
         self.assertEqual(len(answer.top), 5)
+        # Its weights: how the latent's decoder splits between the hooks (the saved file's
+        # shares, as the Python reader computes them); a prompt, which gives one hook, is refused.
+        weights = c.latent_weights(dataset, latent)
+        self.assertEqual([d.hook_name for d in weights.decoder_by_source], hooks)
+        numpy.testing.assert_allclose([d.share for d in weights.decoder_by_source],
+                                      read.shares[:, latent], rtol=1e-4)
+        self.assertAlmostEqual(weights.decoder_by_source[0].cosine_with_first, 1, places=5)
+        self.assertIn("crosscoder", weights.logits_unavailable)
+        self.assertEqual(len(weights.neighbors), 10)
+        shown = daemon.latentctl("weights", str(dataset), str(latent)).stdout
+        self.assertIn("a crosscoder's latent, its decoder in each source:", shown)
+        self.assertIn("source 1 blocks.1.hook_resid_post", shown)
         with self.assertRaises(grpc.RpcError) as refused:
-            c.latent_weights(dataset, latent)
+            c.encode_prompt(dataset, [1, 2, 3])
         self.assertEqual(refused.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
         self.assertIn("crosscoder", refused.exception.details())
 
