@@ -1300,6 +1300,43 @@ TEST_F(ExtractJobTest, EncodingStoredActivationsStoresWhatRunningTheModelStores)
   EXPECT_EQ(store.GetRecord(shard_stored->dataset_id())->meta.token_order_start, 5 * kCtx);
 }
 
+// Hidden states stored as float16 (EXTRACT DENSE's default) are encoded from their rounded
+// values: nearly the model run's latents, not bit for bit.
+TEST_F(ExtractJobTest, AFloat16DenseDatasetGivesNearlyTheModelRunsLatents) {
+  auto db = OpenDb("db_stored_f16");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  latentd::v1::ExtractSpec dense = Spec();
+  dense.clear_sae();
+  dense.set_mode(latentd::v1::DENSE);
+  dense.set_value_dtype(latentd::v1::FLOAT16);
+  FakeContext dense_ctx(350, 1);
+  auto stored_rows = RunExtract(dense, env_, &dense_ctx);
+  ASSERT_TRUE(stored_rows.ok()) << stored_rows.status();
+  FakeContext model_ctx(351, 1), stored_ctx(352, 1);
+  auto from_model = RunExtract(Spec(), env_, &model_ctx);
+  auto from_stored =
+      RunExtract(StoredSpec({stored_rows->dataset_id()}, root_ + "/sae"), env_, &stored_ctx);
+  ASSERT_TRUE(from_model.ok() && from_stored.ok()) << from_stored.status();
+  auto a = store.ReadRows(from_model->dataset_id(), 0, 0);
+  auto b = store.ReadRows(from_stored->dataset_id(), 0, 0);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->token_ids, b->token_ids);
+  int64_t same_rows = 0;
+  for (int64_t r = 0; r < a->num_rows; ++r) {
+    const std::vector<int32_t> x(a->indices.begin() + a->indptr[r],
+                                 a->indices.begin() + a->indptr[r + 1]);
+    const std::vector<int32_t> y(b->indices.begin() + b->indptr[r],
+                                 b->indices.begin() + b->indptr[r + 1]);
+    if (std::set<int32_t>(x.begin(), x.end()) != std::set<int32_t>(y.begin(), y.end())) continue;
+    ++same_rows;
+    for (int64_t e = a->indptr[r]; e < a->indptr[r + 1]; ++e) {
+      EXPECT_NEAR(a->values[e], b->values[e], 1e-2 * std::abs(a->values[e]) + 1e-3);
+    }
+  }
+  EXPECT_GE(same_rows, a->num_rows * 95 / 100) << same_rows << " of " << a->num_rows;
+}
+
 // A crosscoder over two stored datasets (one model's two layers here; two models' one hook in
 // model diffing) stores what the crosscoder stores while the model runs with both hooks; a job
 // cancelled part way continues to the same rows.
