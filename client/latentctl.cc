@@ -326,6 +326,18 @@ void PrintCrosscoderSummary(const v1::CrosscoderSummary& summary) {
     std::printf(" (their decoders' cosine %.2f)", summary.shared_decoder_cosine());
   }
   std::printf("\n");
+  // The first of each source's own latents, the ones to look at first (largest share first).
+  constexpr int kShown = 12;
+  for (int s = 0; s < summary.own_latents_size(); ++s) {
+    const auto& own_latents = summary.own_latents(s).latents();
+    if (own_latents.empty()) continue;
+    std::vector<int32_t> shown(own_latents.begin(),
+                               own_latents.begin() + std::min(kShown, own_latents.size()));
+    std::printf("own        source %d: %s%s\n", s, absl::StrJoin(shown, " ").c_str(),
+                summary.exclusive_latents(s) > static_cast<int64_t>(shown.size())
+                    ? absl::StrFormat(" ... (%d in all)", summary.exclusive_latents(s)).c_str()
+                    : "");
+  }
   if (summary.relative_norm_histogram_size() == 0) return;
   // Lindsey et al.'s histogram as a sparkline: 0 (source 0's own) .. 0.5 (shared) .. 1.
   static const char* const kBars[] = {" ",      "\u2581", "\u2582", "\u2583", "\u2584",

@@ -207,6 +207,7 @@ torch::Tensor CrosscoderModelImpl::DecoderNorms() const {
 latentd::v1::CrosscoderSummary CrosscoderModelImpl::Summary() const {
   constexpr double kExclusiveShare = 0.9;
   constexpr int kHistogramBins = 20;
+  constexpr int64_t kOwnListed = 256;
   torch::NoGradGuard no_grad;
   const int64_t n = options_.sources;
   const torch::Tensor norms = DecoderNorms();  // [n, d_sae]
@@ -215,8 +216,19 @@ latentd::v1::CrosscoderSummary CrosscoderModelImpl::Summary() const {
                                    .index({torch::indexing::Slice(), live});
   latentd::v1::CrosscoderSummary summary;
   summary.set_live_latents(shares.size(1));
+  const torch::Tensor live_ids = live.nonzero().view(-1);
   for (int64_t s = 0; s < n; ++s) {
-    summary.add_exclusive_latents((shares[s] >= kExclusiveShare).sum().item<int64_t>());
+    const torch::Tensor own = (shares[s] >= kExclusiveShare).nonzero().view(-1);
+    summary.add_exclusive_latents(own.numel());
+    // Largest share first; a stable sort keeps ties in latent order.
+    const torch::Tensor order =
+        std::get<1>(shares[s].index({own}).sort(/*stable=*/true, /*dim=*/0, /*descending=*/true));
+    const torch::Tensor listed = live_ids.index({own.index({order})})
+                                     .narrow(0, 0, std::min<int64_t>(kOwnListed, own.numel()));
+    latentd::v1::LatentList* list = summary.add_own_latents();
+    for (int64_t i = 0; i < listed.numel(); ++i) {
+      list->add_latents(static_cast<int32_t>(listed[i].item<int64_t>()));
+    }
   }
   const torch::Tensor shared = std::get<0>(shares.max(0)) <= 1.5 / static_cast<double>(n);
   summary.set_shared_latents(shared.sum().item<int64_t>());

@@ -234,6 +234,21 @@ TEST(CrosscoderModelTest, TrainingFindsEachModelsOwnFeatures) {
   // Each model's 5 own features, one latent each; the 6 shared ones (a feature may take two).
   EXPECT_EQ(summary.exclusive_latents(0), 5) << summary.DebugString();
   EXPECT_EQ(summary.exclusive_latents(1), 5) << summary.DebugString();
+  // Which ones: their decoders lie (nearly) all in their model, largest share first.
+  const torch::Tensor norms = model->DecoderNorms();
+  const torch::Tensor share_1 = norms[1] / norms.sum(0);
+  ASSERT_EQ(summary.own_latents_size(), 2);
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_EQ(summary.own_latents(s).latents_size(), 5);
+    double previous = 2;
+    for (const int32_t j : summary.own_latents(s).latents()) {
+      const double share = s == 1 ? share_1[j].item<double>() : 1 - share_1[j].item<double>();
+      EXPECT_GE(share, 0.9) << j;
+      EXPECT_LE(share, previous) << j;
+      EXPECT_GT(model->fired[j].item<float>(), 0) << j;
+      previous = share;
+    }
+  }
   EXPECT_GE(summary.shared_latents(), 6) << summary.DebugString();
   ASSERT_EQ(summary.relative_norm_histogram_size(), 20);
   int64_t histogram = 0;

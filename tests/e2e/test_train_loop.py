@@ -840,6 +840,11 @@ class TrainLoop(DaemonTestCase):
         self.assertLessEqual(numpy.abs(histogram - numpy.array(
             summary.relative_norm_histogram)).sum(), 2)  # a share on a bin edge may go either way
         self.assertEqual(summary.exclusive_latents[1], (relative >= 0.9).sum())
+        live_ids = numpy.where(live)[0]
+        for source in (0, 1):
+            own = live_ids[read.shares[source, live] >= 0.9]
+            own = own[numpy.argsort(-read.shares[source, own], kind="stable")][:256]
+            self.assertEqual(list(summary.own_latents[source].latents), list(own))
 
         shown = daemon.latentctl("get", str(train.id)).stdout
         self.assertIn("sources    fvu 0: %.4f, 1: %.4f" % tuple(result.final_block_fvu), shown)
