@@ -1276,10 +1276,9 @@ TEST_F(ExtractJobTest, EncodingStoredActivationsStoresWhatRunningTheModelStores)
     EXPECT_EQ(record->meta.model_weight_hash, model_record->meta.model_weight_hash);
     EXPECT_EQ(record->meta.context_length, kCtx);
     EXPECT_EQ(record->meta.token_order_start, 0);
-    EXPECT_NE(record->meta.token_source.find("stored:dataset " + std::to_string(dense)),
-              std::string::npos)
-        << record->meta.token_source;
-    EXPECT_NE(record->meta.token_source.find(model_record->meta.token_source), std::string::npos);
+    // All the stored rows: the tokens' own source, so that the dataset holds the same rows as
+    // any dataset extracted from them (latentctl's siblings, LatentsOnRows across datasets).
+    EXPECT_EQ(record->meta.token_source, model_record->meta.token_source);
     EXPECT_TRUE(record->complete);
   }
   // Sequences 5..14 of the stored rows are those of the model run over that shard of the file.
@@ -1298,6 +1297,13 @@ TEST_F(ExtractJobTest, EncodingStoredActivationsStoresWhatRunningTheModelStores)
   EXPECT_EQ(shard_stored->rows(), 10 * kCtx);
   ExpectSameRows(&store, shard_model->dataset_id(), shard_stored->dataset_id());
   EXPECT_EQ(store.GetRecord(shard_stored->dataset_id())->meta.token_order_start, 5 * kCtx);
+  // A part of them: the stored dataset it was cut from.
+  EXPECT_EQ(
+      store.GetRecord(shard_stored->dataset_id())
+          ->meta.token_source.rfind(
+              "stored:dataset " + std::to_string(dense) + "[sequences 5..15, L=8] of u16:", 0),
+      0u)
+      << store.GetRecord(shard_stored->dataset_id())->meta.token_source;
 }
 
 // Hidden states stored as float16 (EXTRACT DENSE's default) are encoded from their rounded

@@ -254,6 +254,10 @@ struct Checked {
   std::vector<std::shared_ptr<const StoredDenseRows>> stored;
   int64_t stored_first_row = 0;
   int64_t stored_first_sequence = 0;
+  // What the new dataset records as its token source: the stored datasets' own when the job
+  // covers all their rows (so that it counts as holding the same rows as every dataset
+  // extracted from those tokens), else tokens_described.
+  std::string stored_token_source;
 };
 
 HfModelOptions HfOptions(const ExtractSpec& spec, const Checked& c) {
@@ -503,6 +507,7 @@ absl::Status CheckStoredModel(const ExtractSpec& spec, const ExtractEnv& env, Ch
       absl::StrCat("stored:dataset", ids.size() > 1 ? "s " : " ", absl::StrJoin(ids, "+"),
                    "[sequences ", tokens.sequence_start(), "..",
                    tokens.sequence_start() + c->sequences, ", L=", L, "] of ", first.token_source);
+  c->stored_token_source = c->rows == first.rows ? first.token_source : c->tokens_described;
   return absl::OkStatus();
 }
 
@@ -1011,7 +1016,7 @@ absl::StatusOr<std::unique_ptr<TokenSource>> OpenTokens(const ExtractSpec& spec,
     return TokenSource::Open(token_spec);
   }
   return TokenSource::FromReader(
-      c.context_length, c.stored_first_sequence, c.sequences, c.tokens_described,
+      c.context_length, c.stored_first_sequence, c.sequences, c.stored_token_source,
       [stored = c.stored, first_row = c.stored_first_row, L = c.context_length](
           int64_t first, int64_t count, int64_t* out) {
         return ReadStoredSequences(stored, first_row, L, kStoredField, first, count, out);
