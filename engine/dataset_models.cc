@@ -392,8 +392,8 @@ struct DatasetModels::Impl {
   absl::StatusOr<std::shared_ptr<const PromptModel>> BuildPromptModel(
       const DatasetSource& dataset, const latentd::v1::ModelSpec& model,
       const std::vector<std::string>& hook_names) const;
-  // A dataset encoded from one stored dataset (ModelSpec.stored): `spec` gets the model of the
-  // job that stored it, and its hook.
+  // A dataset encoded from one stored dataset (ModelSpec.stored): `spec` gets the model, hook and
+  // BOS handling of the job that stored it.
   absl::Status ModelOfStoredSource(const DatasetSource& dataset,
                                    latentd::v1::ExtractSpec* spec) const;
   absl::StatusOr<std::shared_ptr<const PromptSae>> PromptSaeFor(const DatasetSource& dataset,
@@ -420,9 +420,13 @@ absl::Status DatasetModels::Impl::ModelOfStoredSource(const DatasetSource& datas
   const StoredDenseInfo& info = (*source)->info();
   auto job = env.find_job(info.job_id);
   if (!job.ok()) return gone(job.status());
-  // The job that stored the activations ran the model (a DENSE job never reads stored ones).
-  *spec->mutable_model() = job->spec().extract().model();
+  // The job that stored the activations ran the model (a DENSE job never reads stored ones), on
+  // sequences that began with BOS when its spec said so: a prompt gets what those rows got.
+  const latentd::v1::ExtractSpec& stored_by = job->spec().extract();
+  *spec->mutable_model() = stored_by.model();
   spec->set_hook_name(info.hook_name);
+  spec->mutable_tokens()->set_prepend_bos(stored_by.tokens().prepend_bos());
+  spec->mutable_tokens()->set_bos_token_id(stored_by.tokens().bos_token_id());
   return absl::OkStatus();
 }
 

@@ -861,6 +861,14 @@ TEST_F(DatasetModelsTest, ADatasetOfStoredActivationsIsAnsweredWithTheModelThatS
       EXPECT_EQ(from_stored->tokens[t].latents[e].score, from_model->tokens[t].latents[e].score);
     }
   }
+  // Rows stored from sequences that began with BOS: the prompt gets BOS too.
+  jobs_[71].mutable_spec()->mutable_extract()->mutable_tokens()->set_prepend_bos(true);
+  jobs_[71].mutable_spec()->mutable_extract()->mutable_tokens()->set_bos_token_id(50);
+  auto with_bos = models.EncodePrompt({2, 72, hash, model_hash, kDSae}, q);
+  ASSERT_TRUE(with_bos.ok()) << with_bos.status();
+  EXPECT_TRUE(with_bos->bos_prepended);
+  ASSERT_EQ(with_bos->tokens.size(), q.token_ids.size() + 1);
+  EXPECT_EQ(with_bos->tokens[0].token_id, 50);
   LatentWeightsQuery w;
   w.latent = 2;
   auto weights = models.ReadLatentWeights({2, 72, hash, model_hash, kDSae}, w);

@@ -1457,6 +1457,9 @@ TEST_F(ExtractJobTest, StoredActivationsSpecsAreCheckedNamingTheField) {
   s.clear_sae();
   expect(s, absl::StatusCode::kInvalidArgument, "extract.sae: required");
   s = StoredSpec({dense}, sae);
+  s.set_mode(latentd::v1::DENSE);
+  expect(s, absl::StatusCode::kInvalidArgument, "extract.mode: DENSE");
+  s = StoredSpec({dense}, sae);
   s.set_hook_name("blocks.0.hook_resid_post");
   expect(s, absl::StatusCode::kInvalidArgument,
          "extract.hook_name: dataset " + std::to_string(dense) +

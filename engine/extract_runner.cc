@@ -393,9 +393,10 @@ absl::Status CheckStoredSources(const ExtractSpec& one, const Checked& c, const 
 absl::Status CheckStoredJob(const ExtractSpec& spec, const Checked& c) {
   const StoredDenseInfo& first = c.stored[0]->info();
   if (!c.sparse) {
-    return absl::InvalidArgumentError(
-        "extract.sae: required: the activations of extract.model.stored are stored already; a "
-        "job over them encodes them (SPARSE) with an SAE or a crosscoder");
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec.mode() == latentd::v1::DENSE ? "extract.mode: DENSE" : "extract.sae: required",
+        ": the activations of extract.model.stored are stored already; a job over them encodes "
+        "them (SPARSE) with an SAE or a crosscoder"));
   }
   if (spec.more_outputs_size() > 0) {
     return absl::InvalidArgumentError(
