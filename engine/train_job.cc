@@ -162,6 +162,11 @@ absl::StatusOr<latentd::v1::ExtractSpec> CheckActivationSpec(latentd::v1::Extrac
     return absl::InvalidArgumentError(
         "train.activations.more_outputs: TRAIN reads one hook (hook_name)");
   }
+  if (spec.model().has_stored()) {
+    return absl::InvalidArgumentError(
+        "train.activations.model.stored: stored activations are datasets; name them in "
+        "train.dataset_id (train.crosscoder_dataset_ids for a crosscoder)");
+  }
   if (spec.resume_from_job_id() != 0) {
     return absl::InvalidArgumentError(
         "train.activations.resume_from_job_id: nothing is stored to continue; set "

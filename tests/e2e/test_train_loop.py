@@ -1019,6 +1019,8 @@ class TrainLoop(DaemonTestCase):
                     {"hookName": "blocks.0.hook_resid_post"}])),
                  "train.activations.more_outputs"),
                 (dict(train, activations=source, datasetId="1"), "train.activations"),
+                (dict(train, activations=dict(source, model={"stored": {"datasetIds": ["1"]}})),
+                 "train.activations.model.stored: stored activations are datasets"),
                 (dict(train, activations=dict(source, tokens={
                     "path": "/nonexistent/tokens.npy", "contextLength": 32})),
                  "train.activations.tokens.path")):
