@@ -1226,8 +1226,8 @@ TEST_F(ExtractJobTest, ResumeWithChangedSaeWeightsIsRefused) {
 // CPUs run long sequences a few at a time (attention's scores grow with the square of the
 // context); GPUs keep 32.
 // Spec()'s model and tokens stored DENSE as float32 by job `job_id`, at `hook`; its dataset.
-uint64_t StoreDense(ExtractJobTest* t, const ExtractEnv& env, latentd::v1::ExtractSpec spec,
-                    uint64_t job_id, const std::string& hook) {
+uint64_t StoreDense(const ExtractEnv& env, latentd::v1::ExtractSpec spec, uint64_t job_id,
+                    const std::string& hook) {
   spec.clear_sae();
   spec.set_mode(latentd::v1::DENSE);
   spec.set_value_dtype(latentd::v1::FLOAT32);
@@ -1256,7 +1256,7 @@ TEST_F(ExtractJobTest, EncodingStoredActivationsStoresWhatRunningTheModelStores)
   auto db = OpenDb("db_stored");
   storage::ChunkStore store(db.get());
   env_.store = &store;
-  const uint64_t dense = StoreDense(this, env_, Spec(), 300, "blocks.1.hook_resid_post");
+  const uint64_t dense = StoreDense(env_, Spec(), 300, "blocks.1.hook_resid_post");
   FakeContext model_ctx(301, 1);
   auto from_model = RunExtract(Spec(), env_, &model_ctx);
   ASSERT_TRUE(from_model.ok()) << from_model.status();
@@ -1351,8 +1351,8 @@ TEST_F(ExtractJobTest, ACrosscoderEncodesItsSourcesStoredDatasetsSideBySide) {
   storage::ChunkStore store(db.get());
   env_.store = &store;
   const std::vector<std::string> hooks = {"blocks.0.hook_resid_post", "blocks.1.hook_resid_post"};
-  const uint64_t first = StoreDense(this, env_, Spec(), 320, hooks[0]);
-  const uint64_t second = StoreDense(this, env_, Spec(), 321, hooks[1]);
+  const uint64_t first = StoreDense(env_, Spec(), 320, hooks[0]);
+  const uint64_t second = StoreDense(env_, Spec(), 321, hooks[1]);
   CrosscoderModelOptions options;
   options.sources = 2;
   options.d_in = 16;
@@ -1411,14 +1411,14 @@ TEST_F(ExtractJobTest, StoredActivationsSpecsAreCheckedNamingTheField) {
   auto db = OpenDb("db_stored_bad");
   storage::ChunkStore store(db.get());
   env_.store = &store;
-  const uint64_t dense = StoreDense(this, env_, Spec(), 330, "blocks.1.hook_resid_post");
-  const uint64_t other_hook = StoreDense(this, env_, Spec(), 331, "blocks.0.hook_resid_post");
+  const uint64_t dense = StoreDense(env_, Spec(), 330, "blocks.1.hook_resid_post");
+  const uint64_t other_hook = StoreDense(env_, Spec(), 331, "blocks.0.hook_resid_post");
   FakeContext sparse_ctx(332, 1);
   auto sparse = RunExtract(Spec(), env_, &sparse_ctx);
   ASSERT_TRUE(sparse.ok());
   latentd::v1::ExtractSpec fewer = Spec();  // a DENSE job over other tokens: 32 sequences
   fewer.mutable_tokens()->set_sequence_count(32);
-  const uint64_t fewer_rows = StoreDense(this, env_, fewer, 333, "blocks.1.hook_resid_post");
+  const uint64_t fewer_rows = StoreDense(env_, fewer, 333, "blocks.1.hook_resid_post");
   // A DENSE job cancelled part way: its dataset is incomplete.
   latentd::v1::ExtractSpec partial = Spec();
   partial.clear_sae();
@@ -1498,7 +1498,7 @@ TEST_F(ExtractJobTest, ADryRunOfStoredActivationsNamesTheirDatasets) {
   auto db = OpenDb("db_stored_plan");
   storage::ChunkStore store(db.get());
   env_.store = &store;
-  const uint64_t dense = StoreDense(this, env_, Spec(), 340, "blocks.1.hook_resid_post");
+  const uint64_t dense = StoreDense(env_, Spec(), 340, "blocks.1.hook_resid_post");
   auto lines = DescribeExtractJob(StoredSpec({dense}, root_ + "/sae"), env_);
   ASSERT_TRUE(lines.ok()) << lines.status();
   std::string all;
