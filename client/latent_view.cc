@@ -157,6 +157,32 @@ std::vector<std::string> DescribeDecoderBySource(const v1::GetLatentWeightsRespo
 
 namespace {
 
+// A decoder direction's logits: raised and lowered tokens side by side, shaded by size; `whose`
+// heads them ("source 1: " for a crosscoder's source); without logits, why.
+void AppendLogitTables(const std::string& whose, const std::string& source,
+                       const google::protobuf::RepeatedPtrField<v1::TokenLogit>& positive,
+                       const google::protobuf::RepeatedPtrField<v1::TokenLogit>& negative,
+                       const std::string& unavailable, const LatentPageOptions& options,
+                       std::string* html) {
+  if (positive.empty()) {
+    if (!unavailable.empty()) {
+      absl::StrAppendFormat(html, "<p>%sno logits: %s</p>\n", HtmlEscape(whose),
+                            HtmlEscape(unavailable));
+    }
+    return;
+  }
+  float scale = 0;
+  for (const auto* list : {&positive, &negative}) {
+    for (const v1::TokenLogit& l : *list) scale = std::max(scale, std::abs(l.logit()));
+  }
+  absl::StrAppendFormat(
+      html, "<p>%sdirect logit effect through %s</p>\n<div style=\"display:flex;gap:3em\">",
+      HtmlEscape(whose), HtmlEscape(source));
+  AppendLogitTable("raises", positive, scale, "110,170,240", options.vocab, html);
+  AppendLogitTable("lowers", negative, scale, "250,120,120", options.vocab, html);
+  *html += "</div>\n";
+}
+
 // The weights section of a latent's page (GetLatentWeights).
 void AppendWeights(const v1::GetLatentWeightsResponse& w, const LatentPageOptions& options,
                    std::string* html) {
@@ -177,20 +203,15 @@ void AppendWeights(const v1::GetLatentWeightsResponse& w, const LatentPageOption
       *html += HtmlEscape(line) + "\n";
     }
     *html += "</pre>\n";
-  }
-  if (w.positive_logits_size() > 0) {
-    float scale = 0;
-    for (const auto* list : {&w.positive_logits(), &w.negative_logits()}) {
-      for (const v1::TokenLogit& l : *list) scale = std::max(scale, std::abs(l.logit()));
+    for (int s = 0; s < w.decoder_by_source_size(); ++s) {
+      const v1::SourceDecoder& d = w.decoder_by_source(s);
+      AppendLogitTables(absl::StrFormat("source %d: ", s), d.logits_source(), d.positive_logits(),
+                        d.negative_logits(), d.logits_unavailable(), options, html);
     }
-    absl::StrAppendFormat(
-        html, "<p>direct logit effect through %s</p>\n<div style=\"display:flex;gap:3em\">",
-        HtmlEscape(w.logits_source()));
-    AppendLogitTable("raises", w.positive_logits(), scale, "110,170,240", options.vocab, html);
-    AppendLogitTable("lowers", w.negative_logits(), scale, "250,120,120", options.vocab, html);
-    *html += "</div>\n";
-  } else if (!w.logits_unavailable().empty()) {
-    absl::StrAppendFormat(html, "<p>no logits: %s</p>\n", HtmlEscape(w.logits_unavailable()));
+  }
+  if (w.decoder_by_source_size() == 0) {
+    AppendLogitTables("", w.logits_source(), w.positive_logits(), w.negative_logits(),
+                      w.logits_unavailable(), options, html);
   }
   if (w.neighbors_size() > 0) {
     *html +=

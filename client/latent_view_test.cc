@@ -190,11 +190,22 @@ TEST(LatentViewTest, ACrosscodersLatentShowsItsDecoderBySource) {
   EXPECT_EQ(lines[1],
             "source 1 blocks.1.hook_resid_post<chat>  |W_dec| 1.438    share 0.92 "
             "##################    cos with source 0 0.050");
+  w.mutable_decoder_by_source(0)->set_logits_unavailable("the model <m> changed");
+  v1::TokenLogit* up = w.mutable_decoder_by_source(1)->add_positive_logits();
+  up->set_token_id(7);
+  up->set_logit(2.0f);
+  w.mutable_decoder_by_source(1)->set_logits_source("embed.W_E (tied)");
   LatentPageOptions options{3, nullptr, false};
   options.weights = &w;
   const std::string page = LatentHtml(Response(), options);
   EXPECT_NE(page.find("a crosscoder's latent, its decoder in each source:"), std::string::npos);
   EXPECT_NE(page.find("source 1 blocks.1.hook_resid_post&lt;chat&gt;"), std::string::npos);
+  // Each source's logits, under its own heading.
+  EXPECT_NE(page.find("<p>source 0: no logits: the model &lt;m&gt; changed</p>"),
+            std::string::npos);
+  EXPECT_NE(page.find("<p>source 1: direct logit effect through embed.W_E (tied)</p>"),
+            std::string::npos);
+  EXPECT_NE(page.find("title=\"id 7\""), std::string::npos);
   EXPECT_TRUE(DescribeDecoderBySource(v1::GetLatentWeightsResponse()).empty());
 }
 

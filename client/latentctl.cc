@@ -1033,24 +1033,37 @@ int Weights(Client& client, const std::vector<std::string>& args) {
     }
   }
   auto token = [&](int32_t t) { return TokenCell(t, vocab); };
-  if (response.positive_logits_size() > 0) {
-    std::printf("direct logits through %s:\n%-24s %-9s  %-24s %s\n",
-                response.logits_source().c_str(), "RAISES", "LOGIT", "LOWERS", "LOGIT");
-    const int n = std::max(response.positive_logits_size(), response.negative_logits_size());
-    for (int i = 0; i < n; ++i) {
+  // One logit table, raised and lowered tokens side by side; `whose` heads it ("source 1: ").
+  auto print_logits = [&](const std::string& whose, const std::string& source,
+                          const google::protobuf::RepeatedPtrField<v1::TokenLogit>& positive,
+                          const google::protobuf::RepeatedPtrField<v1::TokenLogit>& negative,
+                          const std::string& unavailable) {
+    if (positive.empty()) {
+      std::printf("%sno logits: %s\n", whose.c_str(), unavailable.c_str());
+      return;
+    }
+    std::printf("%sdirect logits through %s:\n%-24s %-9s  %-24s %s\n", whose.c_str(),
+                source.c_str(), "RAISES", "LOGIT", "LOWERS", "LOGIT");
+    for (int i = 0; i < std::max(positive.size(), negative.size()); ++i) {
       std::string left(34, ' '), right;
-      if (i < response.positive_logits_size()) {
-        const v1::TokenLogit& l = response.positive_logits(i);
-        left = absl::StrFormat("%-24s %-+9.4f", token(l.token_id()), l.logit());
+      if (i < positive.size()) {
+        left = absl::StrFormat("%-24s %-+9.4f", token(positive[i].token_id()), positive[i].logit());
       }
-      if (i < response.negative_logits_size()) {
-        const v1::TokenLogit& l = response.negative_logits(i);
-        right = absl::StrFormat("%-24s %+.4f", token(l.token_id()), l.logit());
+      if (i < negative.size()) {
+        right = absl::StrFormat("%-24s %+.4f", token(negative[i].token_id()), negative[i].logit());
       }
       std::printf("%s  %s\n", left.c_str(), right.c_str());
     }
+  };
+  if (response.decoder_by_source_size() > 0) {
+    for (int s = 0; s < response.decoder_by_source_size(); ++s) {
+      const v1::SourceDecoder& d = response.decoder_by_source(s);
+      print_logits(absl::StrFormat("source %d: ", s), d.logits_source(), d.positive_logits(),
+                   d.negative_logits(), d.logits_unavailable());
+    }
   } else {
-    std::printf("no logits: %s\n", response.logits_unavailable().c_str());
+    print_logits("", response.logits_source(), response.positive_logits(),
+                 response.negative_logits(), response.logits_unavailable());
   }
   std::printf("nearest decoder directions:\n%-8s %s\n", "LATENT", "COSINE");
   for (const v1::LatentNeighbor& n : response.neighbors()) {

@@ -71,8 +71,15 @@ struct DatasetInputs {
   std::vector<std::string> job_hooks;
   // A crosscoder's dataset: what it reads together ("blocks.0.hook_resid_post and ...", "stored
   // datasets 7, 8"), which no prompt through one model at one hook gives; "" for an SAE. The
-  // hook fields above are then unset (its directions span several hooks).
+  // hook fields above are then unset (its directions span several hooks)...
   std::string crosscoder_reads;
+  // ... and each source's model and hook are here, in source order, for its logits.
+  struct SourceModel {
+    latentd::v1::ExtractSpec spec;  // the model; hook_name the source's hook
+    std::string model_weight_hash;  // as recorded where the source's rows were made
+    std::string unknown;            // why the model is not known; "" when it is
+  };
+  std::vector<SourceModel> crosscoder_models;
 };
 
 // A model on the CPU for prompts, built with the hooks of every dataset asked so far whose job
@@ -392,10 +399,19 @@ struct DatasetModels::Impl {
   absl::StatusOr<std::shared_ptr<const PromptModel>> BuildPromptModel(
       const DatasetSource& dataset, const latentd::v1::ModelSpec& model,
       const std::vector<std::string>& hook_names) const;
-  // A dataset encoded from one stored dataset (ModelSpec.stored): `spec` gets the model, hook and
-  // BOS handling of the job that stored it.
-  absl::Status ModelOfStoredSource(const DatasetSource& dataset,
-                                   latentd::v1::ExtractSpec* spec) const;
+  // A dataset encoded from stored activations (ModelSpec.stored): `spec`, naming the first
+  // stored dataset, gets the model, hook and BOS handling of the job that stored it, and
+  // *model_weight_hash (when not null) the model hash that dataset recorded.
+  absl::Status ModelOfStoredSource(const DatasetSource& dataset, latentd::v1::ExtractSpec* spec,
+                                   std::string* model_weight_hash) const;
+  // The logit tables of `direction` (a decoder direction in `hook`'s space, d values) through
+  // the unembedding of `spec`'s model, top_n each way, into *positive / *negative and *source;
+  // *unavailable says why there are none.
+  absl::Status LogitsOf(const DatasetSource& dataset, const latentd::v1::ExtractSpec& spec,
+                        const HookName& hook, at::Tensor direction, int64_t top_n,
+                        const std::string& requested, std::vector<ScoredIndex>* positive,
+                        std::vector<ScoredIndex>* negative, std::string* source,
+                        std::string* unavailable);
   absl::StatusOr<std::shared_ptr<const PromptSae>> PromptSaeFor(const DatasetSource& dataset,
                                                                 const std::string& dir);
   absl::StatusOr<std::shared_ptr<const PreparedSae>> SaeFor(const DatasetSource& dataset,
@@ -407,7 +423,8 @@ struct DatasetModels::Impl {
 };
 
 absl::Status DatasetModels::Impl::ModelOfStoredSource(const DatasetSource& dataset,
-                                                      latentd::v1::ExtractSpec* spec) const {
+                                                      latentd::v1::ExtractSpec* spec,
+                                                      std::string* model_weight_hash) const {
   const auto& ids = spec->model().stored().dataset_ids();
   auto gone = [&](const absl::Status& why) {
     return absl::FailedPreconditionError(
@@ -427,6 +444,7 @@ absl::Status DatasetModels::Impl::ModelOfStoredSource(const DatasetSource& datas
   spec->set_hook_name(info.hook_name);
   spec->mutable_tokens()->set_prepend_bos(stored_by.tokens().prepend_bos());
   spec->mutable_tokens()->set_bos_token_id(stored_by.tokens().bos_token_id());
+  if (model_weight_hash != nullptr) *model_weight_hash = info.model_weight_hash;
   return absl::OkStatus();
 }
 
@@ -466,11 +484,27 @@ absl::StatusOr<DatasetInputs> DatasetModels::Impl::InputsOf(const DatasetSource&
   if (inputs.spec.crosscoder_hooks_size() > 0) {
     inputs.crosscoder_reads = absl::StrCat(inputs.spec.hook_name(), " and ",
                                            absl::StrJoin(inputs.spec.crosscoder_hooks(), ", "));
+    std::vector<std::string> hooks = {inputs.spec.hook_name()};
+    hooks.insert(hooks.end(), inputs.spec.crosscoder_hooks().begin(),
+                 inputs.spec.crosscoder_hooks().end());
+    for (const std::string& hook : hooks) {
+      DatasetInputs::SourceModel& source = inputs.crosscoder_models.emplace_back();
+      source.spec = inputs.spec;
+      source.spec.set_hook_name(hook);
+      source.model_weight_hash = dataset.model_weight_hash;
+    }
   } else if (inputs.spec.model().stored().dataset_ids_size() > 1) {
     inputs.crosscoder_reads = absl::StrCat(
         "stored datasets ", absl::StrJoin(inputs.spec.model().stored().dataset_ids(), ", "));
+    for (const uint64_t id : inputs.spec.model().stored().dataset_ids()) {
+      DatasetInputs::SourceModel& source = inputs.crosscoder_models.emplace_back();
+      source.spec.mutable_model()->mutable_stored()->add_dataset_ids(id);
+      const absl::Status known =
+          ModelOfStoredSource(dataset, &source.spec, &source.model_weight_hash);
+      if (!known.ok()) source.unknown = std::string(known.message());
+    }
   } else if (inputs.spec.model().has_stored()) {
-    RETURN_IF_ERROR(ModelOfStoredSource(dataset, &inputs.spec));
+    RETURN_IF_ERROR(ModelOfStoredSource(dataset, &inputs.spec, nullptr));
   }
   auto dir = ResolveSaeDir(inputs.spec, env);
   if (!dir.ok()) {
@@ -608,6 +642,29 @@ absl::StatusOr<Sae> DatasetModels::Impl::LoadSae(const DatasetSource& dataset,
   return sae;
 }
 
+absl::Status DatasetModels::Impl::LogitsOf(const DatasetSource& dataset,
+                                           const latentd::v1::ExtractSpec& spec,
+                                           const HookName& hook, at::Tensor direction,
+                                           int64_t top_n, const std::string& requested,
+                                           std::vector<ScoredIndex>* positive,
+                                           std::vector<ScoredIndex>* negative, std::string* source,
+                                           std::string* unavailable) {
+  ASSIGN_OR_RETURN(std::shared_ptr<const PreparedUnembedding> unembedding,
+                   UnembeddingFor(dataset, spec, hook, direction.size(0), requested, unavailable));
+  if (unembedding == nullptr) return absl::OkStatus();
+  if (unembedding->W_out.defined()) direction = direction.unsqueeze(0).mm(unembedding->W_out)[0];
+  if (direction.size(0) != unembedding->W_U.size(1)) {
+    *unavailable = absl::StrCat("the unembedding's width ", unembedding->W_U.size(1),
+                                " is not the SAE's ", direction.size(0));
+    return absl::OkStatus();
+  }
+  const at::Tensor logits = unembedding->W_U.mv(direction);
+  *positive = Largest(logits, top_n, -1, /*ascending=*/false);
+  *negative = Largest(logits, top_n, -1, /*ascending=*/true);
+  *source = unembedding->source;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<const PreparedSae>> DatasetModels::Impl::SaeFor(
     const DatasetSource& dataset, const std::string& dir) {
   return Cached<PreparedSae>(absl::StrCat("sae\n", dir, "\n", dataset.sae_weight_hash),
@@ -723,7 +780,32 @@ absl::StatusOr<LatentWeights> DatasetModels::ReadLatentWeights(const DatasetSour
       out.decoder_by_source = DecoderBySource(*sae, j);
       out.logits_unavailable =
           absl::StrCat("a crosscoder's latent writes to each of its ", sae->crosscoder_sources,
-                       " sources (decoder_by_source); no one unembedding reads them all");
+                       " sources: each has its logits (decoder_by_source)");
+      const at::Tensor blocks = (unit * out.decoder_norm).view({sae->crosscoder_sources, -1});
+      for (size_t s = 0; s < out.decoder_by_source.size(); ++s) {
+        SourceDecoder& d = out.decoder_by_source[s];
+        if (s >= inputs.crosscoder_models.size() || !inputs.crosscoder_models[s].unknown.empty()) {
+          d.logits_unavailable = s < inputs.crosscoder_models.size()
+                                     ? inputs.crosscoder_models[s].unknown
+                                     : "the source's model is not known";
+          continue;
+        }
+        const DatasetInputs::SourceModel& model = inputs.crosscoder_models[s];
+        auto source_hook = ParseHookName(model.spec.hook_name());
+        if (!source_hook.ok()) {
+          d.logits_unavailable = std::string(source_hook.status().message());
+          continue;
+        }
+        if (d.norm == 0) {
+          d.logits_unavailable = "its decoder into this source is 0";
+          continue;
+        }
+        DatasetSource of_source = dataset;  // the source's model hash, for the check
+        of_source.model_weight_hash = model.model_weight_hash;
+        RETURN_IF_ERROR(impl_->LogitsOf(of_source, model.spec, *source_hook, blocks[s], top_n,
+                                        query.unembedding, &d.positive_logits, &d.negative_logits,
+                                        &d.logits_source, &d.logits_unavailable));
+      }
       return out;
     }
     at::Tensor writes;  // a cross-layer transcoder's latent: the sum of its decoders
@@ -737,26 +819,10 @@ absl::StatusOr<LatentWeights> DatasetModels::ReadLatentWeights(const DatasetSour
       writes = rows.sum(0);  // all of it lands in the residual stream
     }
 
-    std::string unavailable;
-    ASSIGN_OR_RETURN(std::shared_ptr<const PreparedUnembedding> unembedding,
-                     impl_->UnembeddingFor(dataset, spec, hook, sae->unit_dec.size(1),
-                                           query.unembedding, &unavailable));
-    if (unembedding == nullptr) {
-      out.logits_unavailable = unavailable;
-      return out;
-    }
-    at::Tensor direction = unit * out.decoder_norm;
-    if (writes.defined()) direction = writes;
-    if (unembedding->W_out.defined()) direction = direction.unsqueeze(0).mm(unembedding->W_out)[0];
-    if (direction.size(0) != unembedding->W_U.size(1)) {
-      out.logits_unavailable = absl::StrCat("the unembedding's width ", unembedding->W_U.size(1),
-                                            " is not the SAE's ", direction.size(0));
-      return out;
-    }
-    const at::Tensor logits = unembedding->W_U.mv(direction);
-    out.positive_logits = Largest(logits, top_n, -1, /*ascending=*/false);
-    out.negative_logits = Largest(logits, top_n, -1, /*ascending=*/true);
-    out.logits_source = unembedding->source;
+    RETURN_IF_ERROR(impl_->LogitsOf(dataset, spec, hook,
+                                    writes.defined() ? writes : unit * out.decoder_norm, top_n,
+                                    query.unembedding, &out.positive_logits, &out.negative_logits,
+                                    &out.logits_source, &out.logits_unavailable));
     return out;
   } catch (const c10::Error& e) {
     return TorchErrorStatus(e, absl::StrCat("reading the weights of dataset ", dataset.dataset_id));

@@ -58,6 +58,10 @@ struct SourceDecoder {
   float norm = 0;
   float share = 0;              // norm / the sum over sources; 0 when every norm is 0
   float cosine_with_first = 0;  // cos(W_dec_s[j], W_dec_0[j]); 0 where either is 0
+  // W_dec_s[j] through the unembedding of the model that source came from (for model diffing,
+  // each model's own), as an SAE's logits are; logits_unavailable says why there are none.
+  std::vector<ScoredIndex> positive_logits, negative_logits;
+  std::string logits_source, logits_unavailable;
 };
 
 struct LatentWeights {
@@ -73,9 +77,10 @@ struct LatentWeights {
   // L on (the fields above are of the one into L), and the logits unembed the sum of those
   // decoders, everything it writes to the residual stream. Empty for other SAEs.
   std::vector<std::pair<int, float>> decoder_norm_by_layer;
-  // A crosscoder's latent: its decoder into each source, in source order; the fields above are
-  // of the whole decoder row (every source's side by side), and there are no logits (each
-  // source is a hook or model of its own). Empty for other SAEs.
+  // A crosscoder's latent: its decoder into each source, in source order, each with its own
+  // logits; the fields above are of the whole decoder row (every source's side by side), and
+  // the logits are per source only (each source is a hook or a model of its own). Empty for
+  // other SAEs.
   std::vector<SourceDecoder> decoder_by_source;
 };
 

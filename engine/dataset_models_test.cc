@@ -149,19 +149,23 @@ class DatasetModelsTest : public ::testing::Test {
 
 // The logits the reader returns are the largest / smallest of `expected`, in order, with their
 // values.
-void ExpectLogits(const LatentWeights& got, const at::Tensor& expected, int64_t n) {
-  ASSERT_EQ(static_cast<int64_t>(got.positive_logits.size()), n);
-  ASSERT_EQ(static_cast<int64_t>(got.negative_logits.size()), n);
+void ExpectLogitTables(const std::vector<ScoredIndex>& positive,
+                       const std::vector<ScoredIndex>& negative, const at::Tensor& expected,
+                       int64_t n) {
+  ASSERT_EQ(static_cast<int64_t>(positive.size()), n);
+  ASSERT_EQ(static_cast<int64_t>(negative.size()), n);
   auto top = at::topk(expected, n);
   auto bottom = at::topk(-expected, n);
   for (int64_t r = 0; r < n; ++r) {
-    EXPECT_NEAR(got.positive_logits[r].score, std::get<0>(top)[r].item<double>(), 1e-4);
-    EXPECT_NEAR(got.positive_logits[r].score, expected[got.positive_logits[r].index].item<double>(),
-                1e-4);
-    EXPECT_NEAR(got.negative_logits[r].score, -std::get<0>(bottom)[r].item<double>(), 1e-4);
-    EXPECT_NEAR(got.negative_logits[r].score, expected[got.negative_logits[r].index].item<double>(),
-                1e-4);
+    EXPECT_NEAR(positive[r].score, std::get<0>(top)[r].item<double>(), 1e-4);
+    EXPECT_NEAR(positive[r].score, expected[positive[r].index].item<double>(), 1e-4);
+    EXPECT_NEAR(negative[r].score, -std::get<0>(bottom)[r].item<double>(), 1e-4);
+    EXPECT_NEAR(negative[r].score, expected[negative[r].index].item<double>(), 1e-4);
   }
+}
+
+void ExpectLogits(const LatentWeights& got, const at::Tensor& expected, int64_t n) {
+  ExpectLogitTables(got.positive_logits, got.negative_logits, expected, n);
 }
 
 TEST_F(DatasetModelsTest, NeighboursAndLogitsOfAResidualStreamSae) {
@@ -769,9 +773,35 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
   stored.mutable_spec()->mutable_extract()->mutable_model()->mutable_stored()->add_dataset_ids(2);
   stored.mutable_spec()->mutable_extract()->mutable_sae()->set_path(dir);
   jobs_[81] = stored;
+  // The stored datasets 1 and 2 came from two models (model diffing): the reference model and
+  // the same with seed 4, each at its hook.
+  latentd::v1::ReferenceModelSpec other = SmallModel();
+  other.set_seed(4);
+  auto other_model = CreateReferenceModel(other, *ParseHookName(hooks[1]), at::Device(at::kCPU));
+  ASSERT_TRUE(other_model.ok());
+  AddReferenceJob(90, hooks[0], "");
+  AddReferenceJob(91, hooks[1], "");
+  *jobs_[91].mutable_spec()->mutable_extract()->mutable_model()->mutable_reference() = other;
+  const std::string hashes[2] = {ReferenceHash(hooks[0]), (*other_model)->weight_hash()};
+  env_.open_stored_dense =
+      [&](uint64_t id,
+          const std::string& field) -> absl::StatusOr<std::shared_ptr<const StoredDenseRows>> {
+    StoredDenseInfo info;
+    info.id = id;
+    info.job_id = 89 + id;
+    info.hook_name = hooks[id - 1];
+    info.model_weight_hash = hashes[id - 1];
+    info.width = 16;
+    return InMemoryStoredDenseRows(info, {}, {});
+  };
+  at::Tensor W_E[2] = {ReferenceWeight("embed.W_E").to(at::kDouble), at::Tensor()};
+  for (const auto& [name, t] : (*other_model)->NamedWeights()) {
+    if (name == "embed.W_E") W_E[1] = t.to(at::kDouble);
+  }
   DatasetModels models(env_);
   const at::Tensor norms = crosscoder.DecoderNorms();  // [2, d_sae], the training scale
   const at::Tensor W_dec = crosscoder.W_dec.detach().to(at::kDouble);
+  const at::Tensor saved_dec = sae->weights().W_dec.to(at::kDouble);  // the hooks' own units
   for (uint64_t job : {80, 81}) {
     const DatasetSource source{job, job, sae->weight_hash(), "", kDSae};
     for (int64_t j : {0, 4, 7}) {
@@ -800,6 +830,20 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
       EXPECT_EQ(got->neighbors.size(), 10u);
       EXPECT_TRUE(got->positive_logits.empty());
       EXPECT_NE(got->logits_unavailable.find("crosscoder"), std::string::npos);
+      // Each source's block through its model's unembedding (the tied embedding); for the
+      // stored pair, source 1's is the other model's.
+      for (int s = 0; s < 2; ++s) {
+        const SourceDecoder& d = got->decoder_by_source[s];
+        if (j == 4 && s == 0) {
+          EXPECT_TRUE(d.positive_logits.empty());
+          EXPECT_EQ(d.logits_unavailable, "its decoder into this source is 0");
+          continue;
+        }
+        EXPECT_EQ(d.logits_source, "embed.W_E (tied)") << d.logits_unavailable;
+        const at::Tensor& unembed = job == 81 ? W_E[s] : W_E[0];
+        ExpectLogitTables(d.positive_logits, d.negative_logits,
+                          unembed.mv(saved_dec[j].slice(0, 16 * s, 16 * (s + 1))), 10);
+      }
     }
     PromptQuery prompt;
     prompt.token_ids = {1, 2};

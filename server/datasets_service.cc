@@ -20,6 +20,16 @@
 namespace latentd::server {
 namespace {
 
+// A logit table (token ids as the engine ranked them) into its proto list.
+void AddLogits(const std::vector<engine::ScoredIndex>& logits,
+               google::protobuf::RepeatedPtrField<latentd::v1::TokenLogit>* out) {
+  for (const engine::ScoredIndex& l : logits) {
+    latentd::v1::TokenLogit* token = out->Add();
+    token->set_token_id(static_cast<int32_t>(l.index));
+    token->set_logit(l.score);
+  }
+}
+
 constexpr int32_t kDefaultTopN = 20;
 constexpr int32_t kDefaultContextBefore = 32;
 constexpr int32_t kDefaultContextAfter = 8;
@@ -544,15 +554,8 @@ grpc::Status DatasetsService::GetLatentWeights(grpc::ServerContext* context,
     out->set_latent(static_cast<int32_t>(n.index));
     out->set_cosine(n.score);
   }
-  for (const auto& [from, to] :
-       {std::pair{&weights->positive_logits, response->mutable_positive_logits()},
-        std::pair{&weights->negative_logits, response->mutable_negative_logits()}}) {
-    for (const engine::ScoredIndex& l : *from) {
-      latentd::v1::TokenLogit* out = to->Add();
-      out->set_token_id(static_cast<int32_t>(l.index));
-      out->set_logit(l.score);
-    }
-  }
+  AddLogits(weights->positive_logits, response->mutable_positive_logits());
+  AddLogits(weights->negative_logits, response->mutable_negative_logits());
   response->set_logits_source(weights->logits_source);
   response->set_logits_unavailable(weights->logits_unavailable);
   for (const auto& [layer, norm] : weights->decoder_norm_by_layer) {
@@ -566,6 +569,10 @@ grpc::Status DatasetsService::GetLatentWeights(grpc::ServerContext* context,
     out->set_norm(d.norm);
     out->set_share(d.share);
     out->set_cosine_with_first(d.cosine_with_first);
+    AddLogits(d.positive_logits, out->mutable_positive_logits());
+    AddLogits(d.negative_logits, out->mutable_negative_logits());
+    out->set_logits_source(d.logits_source);
+    out->set_logits_unavailable(d.logits_unavailable);
   }
   return grpc::Status::OK;
 }

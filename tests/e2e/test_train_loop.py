@@ -898,9 +898,15 @@ class TrainLoop(DaemonTestCase):
         numpy.testing.assert_allclose(latents[both], kept[both], rtol=1e-4, atol=1e-5)
         own = numpy.where(live & (read.shares[1] >= 0.5))[0]
         j = int(own[numpy.argmax(latents[:, own].max(0))])
-        shares = [d.share for d in c.latent_weights(encoded.result.extract.dataset_id,
-                                                     j).decoder_by_source]
-        numpy.testing.assert_allclose(shares, read.shares[:, j], rtol=1e-4)
+        by_source = c.latent_weights(encoded.result.extract.dataset_id, j).decoder_by_source
+        numpy.testing.assert_allclose([d.share for d in by_source], read.shares[:, j], rtol=1e-4)
+        # Each source's decoder through its own model's unembedding (the two seeds' embeddings
+        # differ, so do the tables).
+        self.assertEqual([d.logits_source for d in by_source], ["embed.W_E (tied)"] * 2)
+        self.assertNotEqual([l.token_id for l in by_source[0].positive_logits],
+                            [l.token_id for l in by_source[1].positive_logits])
+        shown = daemon.latentctl("weights", str(encoded.result.extract.dataset_id), str(j)).stdout
+        self.assertIn("source 1: direct logits through embed.W_E (tied):", shown)
         answer = c.get_latent(encoded.result.extract.dataset_id, j, top_n=3)
         self.assertEqual(answer.statistics.firing_count, (latents[:, j] != 0).sum())
         top = answer.top[0]
