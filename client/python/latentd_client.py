@@ -311,7 +311,8 @@ class Client:
         decoder_norm_by_layer (layer, norm) says where it writes, and the logits unembed the sum
         of its decoders. For a crosscoder's latent, decoder_by_source (hook_name, norm at the
         training scale, share, cosine_with_first) says how its decoder splits between the
-        sources (model diffing: a share near 1 is that model's own latent); no logits."""
+        sources (model diffing: a share near 1 is that model's own latent), each with the logits
+        of its block through its own model's unembedding."""
         request = datasets_pb2.GetLatentWeightsRequest(dataset_id=dataset_id, latent=latent,
                                                        top_n=top_n, unembedding=unembedding)
         return self.datasets.GetLatentWeights(request, metadata=self.metadata,
