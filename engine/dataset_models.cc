@@ -923,44 +923,63 @@ absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& d
   const int64_t per_token = query.latents_per_token > 0 ? query.latents_per_token : 10;
   const int64_t top_latents = query.top_latents > 0 ? query.top_latents : 20;
   ASSIGN_OR_RETURN(const DatasetInputs inputs, impl_->InputsOf(dataset));
-  if (!inputs.crosscoder_reads.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dataset ", dataset.dataset_id, "'s latents come from a crosscoder reading ",
-        inputs.crosscoder_reads,
-        " together, which no prompt through one model at one hook gives (the latents, their "
-        "weights, statistics and top activations are served as any dataset's)"));
+  // Where the SAE's input comes from: the dataset's hook; for a crosscoder each source's hook of
+  // its model (a crosscoder over hooks: one model built with all of them), side by side.
+  std::vector<std::pair<DatasetSource, DatasetInputs>> parts;
+  if (inputs.crosscoder_reads.empty()) parts.emplace_back(dataset, inputs);
+  for (const DatasetInputs::SourceModel& source : inputs.crosscoder_models) {
+    if (!source.unknown.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the crosscoder's input for a prompt: ", source.unknown));
+    }
+    auto& [of_source, part] = parts.emplace_back(dataset, DatasetInputs());
+    of_source.model_weight_hash = source.model_weight_hash;
+    part.spec = source.spec;
+    for (const DatasetInputs::SourceModel& other : inputs.crosscoder_models) {
+      if (other.spec.model().SerializeAsString() != source.spec.model().SerializeAsString() ||
+          std::find(part.job_hooks.begin(), part.job_hooks.end(), other.spec.hook_name()) !=
+              part.job_hooks.end()) {
+        continue;
+      }
+      part.job_hooks.push_back(other.spec.hook_name());
+    }
   }
   PromptLatents out;
   std::vector<int64_t> tokens;
-  if (inputs.spec.tokens().prepend_bos()) {
-    tokens.push_back(inputs.spec.tokens().bos_token_id());
+  const latentd::v1::TokenSource& token_spec = parts[0].second.spec.tokens();
+  if (token_spec.prepend_bos()) {
+    tokens.push_back(token_spec.bos_token_id());
     out.bos_prepended = true;
   }
   tokens.insert(tokens.end(), ids.begin(), ids.end());
   try {
-    ASSIGN_OR_RETURN(std::shared_ptr<const PromptModel> model, impl_->ModelFor(dataset, inputs));
     ASSIGN_OR_RETURN(std::shared_ptr<const PromptSae> sae,
                      impl_->PromptSaeFor(dataset, inputs.sae_dir));
-    const int64_t vocab = model->model->vocab_size();
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (ids[i] < 0 || (vocab > 0 && ids[i] >= vocab)) {
-        return absl::InvalidArgumentError(absl::StrCat("token_ids[", i, "]: id ", ids[i],
-                                                       " outside the vocabulary [0, ", vocab, ")"));
+    std::vector<at::Tensor> xs;
+    for (const auto& [of_source, part] : parts) {
+      ASSIGN_OR_RETURN(std::shared_ptr<const PromptModel> model, impl_->ModelFor(of_source, part));
+      const int64_t vocab = model->model->vocab_size();
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] < 0 || (vocab > 0 && ids[i] >= vocab)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "token_ids[", i, "]: id ", ids[i], " outside the vocabulary [0, ", vocab, ")"));
+        }
       }
+      const int64_t context = model->model->max_context();
+      if (context > 0 && static_cast<int64_t>(tokens.size()) > context) {
+        return absl::InvalidArgumentError(absl::StrCat("token_ids: ", tokens.size(), " tokens",
+                                                       out.bos_prepended ? " with BOS" : "",
+                                                       ", the model takes at most ", context));
+      }
+      const size_t hook = model->IndexOf(part.spec.hook_name());
+      if (hook == model->hooks.size()) {  // ModelFor builds the model with the part's hook
+        return absl::InternalError(
+            absl::StrCat("the model for prompts lacks hook ", part.spec.hook_name()));
+      }
+      xs.push_back(
+          model->HookActivations(tokens)[hook].view({static_cast<int64_t>(tokens.size()), -1}));
     }
-    const int64_t context = model->model->max_context();
-    if (context > 0 && static_cast<int64_t>(tokens.size()) > context) {
-      return absl::InvalidArgumentError(absl::StrCat("token_ids: ", tokens.size(), " tokens",
-                                                     out.bos_prepended ? " with BOS" : "",
-                                                     ", the model takes at most ", context));
-    }
-    const size_t hook = model->IndexOf(inputs.spec.hook_name());
-    if (hook == model->hooks.size()) {  // ModelFor builds the model with the dataset's hook
-      return absl::InternalError(
-          absl::StrCat("the model for prompts lacks hook ", inputs.spec.hook_name()));
-    }
-    const at::Tensor x =
-        model->HookActivations(tokens)[hook].view({static_cast<int64_t>(tokens.size()), -1});
+    const at::Tensor x = xs.size() == 1 ? xs[0] : at::cat(xs, 1);
     if (!x.isfinite().all().item<bool>()) {
       return absl::FailedPreconditionError(
           "the model's activations on this prompt are not all finite (NaN or Inf)");

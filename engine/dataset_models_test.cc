@@ -741,9 +741,9 @@ TEST_F(DatasetModelsTest, APromptGetsTheLatentsTheModelAndSaeGiveIt) {
 }
 
 // A crosscoder's latent: how its decoder splits between the sources, at the training scale the
-// crosscoder compared them at (as training measured it), for a crosscoder over a model's hooks
-// and one over stored datasets alike; the neighbours are of the whole row; no logits, and no
-// prompt (one hook of one model is not its input).
+// crosscoder compared them at (as training measured it), each source's logits through its own
+// model, for a crosscoder over a model's hooks and one over two models' stored datasets alike;
+// the neighbours are of the whole row. A prompt goes through every source's model.
 TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSources) {
   CrosscoderModelOptions options;
   options.sources = 2;
@@ -761,6 +761,12 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
     crosscoder.W_dec[4].slice(0, 0, 16).zero_();
   }
   crosscoder.CalibrateBatchThreshold({at::randn({64, 32})});
+  {
+    // Every latent with a positive pre-activation fires on the prompts below, whatever the
+    // models' scale against the data above.
+    at::NoGradGuard no_grad;
+    crosscoder.batch_threshold.fill_(0);
+  }
   const std::string dir = root_ + "/crosscoder";
   const std::vector<std::string> hooks = {"blocks.0.hook_resid_post", "blocks.1.hook_resid_post"};
   ASSERT_TRUE(crosscoder.Save(dir, {{hooks[0], "ref", "live"}, {hooks[1], "ref", "live"}}).ok());
@@ -845,18 +851,44 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
                           unembed.mv(saved_dec[j].slice(0, 16 * s, 16 * (s + 1))), 10);
       }
     }
+    // A prompt goes through each source's model to its hook, side by side, as EXTRACT read the
+    // rows: the latents the crosscoder gives those activations.
     PromptQuery prompt;
-    prompt.token_ids = {1, 2};
-    auto refused = models.EncodePrompt(source, prompt);
-    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_NE(
-        refused.status().message().find(job == 80 ? "crosscoder reading "
-                                                    "blocks.0.hook_resid_post and "
-                                                    "blocks.1.hook_resid_post"
-                                                  : "crosscoder reading stored datasets 1, 2"),
-        std::string::npos)
-        << refused.status();
+    prompt.token_ids = {1, 5, 9, 3};
+    prompt.latents_per_token = 1000;
+    auto got = models.EncodePrompt(source, prompt);
+    ASSERT_TRUE(got.ok()) << got.status();
+    const at::Tensor ids = at::tensor(prompt.token_ids, at::kLong).view({1, -1});
+    auto first = CreateReferenceModel(SmallModel(), *ParseHookName(hooks[0]), at::Device(at::kCPU));
+    auto second = CreateReferenceModel(job == 81 ? other : SmallModel(), *ParseHookName(hooks[1]),
+                                       at::Device(at::kCPU));
+    ASSERT_TRUE(first.ok() && second.ok());
+    const at::Tensor x =
+        at::cat({(*first)->Forward(ids).view({4, -1}), (*second)->Forward(ids).view({4, -1})}, 1);
+    const at::Tensor z = sae->EncodeDense(x);
+    ASSERT_EQ(got->tokens.size(), 4u);
+    int64_t active = 0;
+    for (int64_t r = 0; r < 4; ++r) {
+      const PromptToken& token = got->tokens[r];
+      ASSERT_EQ(token.active, z[r].nonzero().numel()) << "job " << job << " token " << r;
+      active += token.active;
+      for (const ScoredIndex& l : token.latents) {
+        EXPECT_NEAR(l.score, z[r][l.index].item<float>(), 1e-4);
+      }
+    }
+    EXPECT_GT(active, 0);
   }
+  // A source whose model is not known: the prompt is refused naming it.
+  jobs_.erase(91);
+  DatasetModels without(env_);
+  PromptQuery prompt;
+  prompt.token_ids = {1, 2};
+  auto refused = without.EncodePrompt({81, 81, sae->weight_hash(), "", kDSae}, prompt);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("the crosscoder's input for a prompt: dataset 81 "
+                                            "encodes the activations of dataset 2"),
+            std::string::npos)
+      << refused.status();
 }
 
 // A dataset EXTRACT encoded from stored activations (ModelSpec.stored) is answered with the
@@ -919,9 +951,10 @@ TEST_F(DatasetModelsTest, ADatasetOfStoredActivationsIsAnsweredWithTheModelThatS
   ASSERT_TRUE(weights.ok()) << weights.status();
   EXPECT_EQ(weights->logits_source, "embed.W_E (tied)");
 
+  // A crosscoder over 500 and 501, whose second dataset the store does not hold.
   auto crosscoder = models.EncodePrompt({3, 73, hash, model_hash, kDSae}, q);
   EXPECT_EQ(crosscoder.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(crosscoder.status().message().find("crosscoder reading stored datasets 500, 501"),
+  EXPECT_NE(crosscoder.status().message().find("encodes the activations of dataset 501"),
             std::string::npos)
       << crosscoder.status();
   jobs_.erase(71);

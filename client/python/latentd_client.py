@@ -323,7 +323,8 @@ class Client:
         as EXTRACT encoded its sequences (bos_prepended says whether BOS went first, as the
         dataset's spec had it): tokens (per position: token_id, active, latents and values,
         largest first) and top_latents (latent, max_value, position, positions). token_ids come
-        from the model's tokenizer, e.g. tokenizer.encode(text)."""
+        from the model's tokenizer, e.g. tokenizer.encode(text). A crosscoder's dataset runs the
+        prompt through every source's model (for model diffing, both models) side by side."""
         request = datasets_pb2.EncodePromptRequest(
             dataset_id=dataset_id, token_ids=[int(t) for t in token_ids],
             latents_per_token=latents_per_token, top_latents=top_latents)

@@ -907,6 +907,15 @@ class TrainLoop(DaemonTestCase):
                             [l.token_id for l in by_source[1].positive_logits])
         shown = daemon.latentctl("weights", str(encoded.result.extract.dataset_id), str(j)).stdout
         self.assertIn("source 1: direct logits through embed.W_E (tied):", shown)
+        # A prompt goes through both models (each storing job's) side by side: the first
+        # sequence's tokens get the latents its rows have.
+        answer = c.encode_prompt(encoded.result.extract.dataset_id, [int(t) for t in
+                                                                     token_ids[:32]],
+                                 latents_per_token=256)
+        prompted = numpy.zeros((32, 256))
+        for position, token in enumerate(answer.tokens):
+            prompted[position, list(token.latents)] = list(token.values)
+        numpy.testing.assert_allclose(prompted, latents[:32], rtol=1e-4, atol=1e-4)
         answer = c.get_latent(encoded.result.extract.dataset_id, j, top_n=3)
         self.assertEqual(answer.statistics.firing_count, (latents[:, j] != 0).sum())
         top = answer.top[0]
@@ -978,10 +987,15 @@ class TrainLoop(DaemonTestCase):
         shown = daemon.latentctl("weights", str(dataset), str(latent)).stdout
         self.assertIn("a crosscoder's latent, its decoder in each source:", shown)
         self.assertIn("source 1 blocks.1.hook_resid_post", shown)
-        with self.assertRaises(grpc.RpcError) as refused:
-            c.encode_prompt(dataset, [1, 2, 3])
-        self.assertEqual(refused.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
-        self.assertIn("crosscoder", refused.exception.details())
+        # A prompt goes through the model to both hooks: the first sequence's tokens as a prompt
+        # get the latents its stored rows have.
+        first = [int(t) for t in numpy.load(tokens["path"]).ravel()[:32]]
+        answer = c.encode_prompt(dataset, first, latents_per_token=256)
+        prompted = numpy.zeros((32, 256))
+        for position, token in enumerate(answer.tokens):
+            for latent, value in zip(token.latents, token.values):
+                prompted[position, latent] = value
+        numpy.testing.assert_allclose(prompted, expected[:32], atol=1e-3)
 
         # Its hooks must be named, in number, alike in width; one output only.
         for spec, field in (
