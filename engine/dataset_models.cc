@@ -944,6 +944,10 @@ absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& d
       part.job_hooks.push_back(other.spec.hook_name());
     }
   }
+  if (parts.empty()) {  // (InputsOf names a crosscoder's sources with what it reads)
+    return absl::InternalError(
+        absl::StrCat("dataset ", dataset.dataset_id, ": a crosscoder without sources"));
+  }
   PromptLatents out;
   std::vector<int64_t> tokens;
   const latentd::v1::TokenSource& token_spec = parts[0].second.spec.tokens();
