@@ -525,8 +525,9 @@ absl::StatusOr<DatasetInputs> DatasetModels::Impl::InputsOf(const DatasetSource&
   for (int i = 0; i < ExtractOutputCount(job_spec); ++i) {
     const std::string hook =
         i == output ? inputs.spec.hook_name() : ExtractOutputSpec(job_spec, i).hook_name();
-    if (std::find(inputs.job_hooks.begin(), inputs.job_hooks.end(), hook) ==
-        inputs.job_hooks.end()) {
+    // (Over stored activations the other outputs may leave the datasets' hook unnamed.)
+    if (!hook.empty() && std::find(inputs.job_hooks.begin(), inputs.job_hooks.end(), hook) ==
+                             inputs.job_hooks.end()) {
       inputs.job_hooks.push_back(hook);
     }
   }

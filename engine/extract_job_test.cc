@@ -1343,6 +1343,37 @@ TEST_F(ExtractJobTest, AFloat16DenseDatasetGivesNearlyTheModelRunsLatents) {
   EXPECT_GE(same_rows, a->num_rows * 95 / 100) << same_rows << " of " << a->num_rows;
 }
 
+// Several SAEs over one stored dataset (an SAE sweep): one job reads the rows once, and each
+// output's dataset holds what a job of that SAE alone stores; unnamed outputs are numbered.
+TEST_F(ExtractJobTest, SeveralSaesEncodeOneStoredDatasetInOneJob) {
+  auto db = OpenDb("db_stored_sweep");
+  storage::ChunkStore store(db.get());
+  env_.store = &store;
+  const uint64_t dense = StoreDense(env_, Spec(), 360, "blocks.1.hook_resid_post");
+  latentd::v1::ExtractSpec sweep = StoredSpec({dense}, root_ + "/sae");
+  sweep.add_more_outputs()->mutable_sae()->set_path(root_ + "/sae2");
+  latentd::v1::ExtractOutput* named = sweep.add_more_outputs();
+  named->set_hook_name("blocks.1.hook_resid_post");
+  named->mutable_sae()->set_path(root_ + "/sae2");
+  named->set_dataset_name("sae2-again");
+  FakeContext ctx(361, 1);
+  auto swept = RunExtract(sweep, env_, &ctx);
+  ASSERT_TRUE(swept.ok()) << swept.status();
+  ASSERT_EQ(swept->more_outputs_size(), 2);
+  EXPECT_EQ(swept->more_outputs(0).dataset_name(), "extract-361.1");
+  EXPECT_EQ(swept->more_outputs(1).dataset_name(), "sae2-again");
+  EXPECT_EQ(swept->more_outputs(0).hook_name(), "blocks.1.hook_resid_post");
+  for (const auto& [sae, dataset] :
+       {std::pair{std::string("/sae"), swept->dataset_id()},
+        std::pair{std::string("/sae2"), swept->more_outputs(0).dataset_id()},
+        std::pair{std::string("/sae2"), swept->more_outputs(1).dataset_id()}}) {
+    FakeContext alone_ctx(370 + dataset, 1);
+    auto alone = RunExtract(StoredSpec({dense}, root_ + sae), env_, &alone_ctx);
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    ExpectSameRows(&store, alone->dataset_id(), dataset);
+  }
+}
+
 // A crosscoder over two stored datasets (one model's two layers here; two models' one hook in
 // model diffing) stores what the crosscoder stores while the model runs with both hooks; a job
 // cancelled part way continues to the same rows.
@@ -1478,8 +1509,11 @@ TEST_F(ExtractJobTest, StoredActivationsSpecsAreCheckedNamingTheField) {
   s.mutable_tokens()->set_sequence_count(11);
   expect(s, absl::StatusCode::kInvalidArgument, "extract.tokens.sequence_count");
   s = StoredSpec({dense}, sae);
-  s.add_more_outputs()->set_hook_name("blocks.1.hook_resid_post");
-  expect(s, absl::StatusCode::kInvalidArgument, "extract.more_outputs");
+  s.add_more_outputs()->set_hook_name("blocks.0.hook_resid_post");
+  s.mutable_more_outputs(0)->mutable_sae()->set_path(sae);
+  expect(s, absl::StatusCode::kInvalidArgument,
+         "extract.more_outputs[0].hook_name: dataset " + std::to_string(dense) +
+             " holds activations of blocks.1.hook_resid_post");
   s = StoredSpec({dense}, sae);
   s.set_downstream_loss_sequences(4);
   expect(s, absl::StatusCode::kInvalidArgument, "extract.downstream_loss_sequences");

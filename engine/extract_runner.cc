@@ -389,7 +389,8 @@ absl::Status CheckStoredSources(const ExtractSpec& one, const Checked& c, const 
   return absl::OkStatus();
 }
 
-// What a job over stored activations cannot do, and its hook: the one the datasets recorded.
+// What a job over stored activations cannot do, and its outputs' hook: the one the datasets
+// recorded.
 absl::Status CheckStoredJob(const ExtractSpec& spec, const Checked& c) {
   const StoredDenseInfo& first = c.stored[0]->info();
   if (!c.sparse) {
@@ -398,20 +399,19 @@ absl::Status CheckStoredJob(const ExtractSpec& spec, const Checked& c) {
         ": the activations of extract.model.stored are stored already; a job over them encodes "
         "them (SPARSE) with an SAE or a crosscoder"));
   }
-  if (spec.more_outputs_size() > 0) {
-    return absl::InvalidArgumentError(
-        "extract.more_outputs: a job over stored activations has one output; encode them with "
-        "another SAE in another job");
-  }
   if (spec.downstream_loss_sequences() > 0) {
     return absl::InvalidArgumentError(
         "extract.downstream_loss_sequences: measured through the model's logits, and a stored "
         "model has none; measure it in a job that runs the model");
   }
-  if (!spec.hook_name().empty() && spec.hook_name() != first.hook_name) {
-    return absl::InvalidArgumentError(absl::StrCat("extract.hook_name: dataset ", first.id,
-                                                   " holds activations of ", first.hook_name,
-                                                   ", not ", spec.hook_name(), "; leave it empty"));
+  // Every output reads the one hook the datasets hold (more_outputs: other SAEs over it).
+  for (int o = 0; o < ExtractOutputCount(spec); ++o) {
+    const std::string& hook = o == 0 ? spec.hook_name() : spec.more_outputs(o - 1).hook_name();
+    if (!hook.empty() && hook != first.hook_name) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          ExtractOutputField(o, "hook_name"), ": dataset ", first.id, " holds activations of ",
+          first.hook_name, ", not ", hook, "; leave it empty"));
+    }
   }
   return absl::OkStatus();
 }
@@ -783,9 +783,13 @@ std::vector<std::string> ExtractDatasetNames(const ExtractSpec& spec, uint64_t j
   names.push_back(spec.dataset_name().empty()
                       ? absl::StrCat("extract-", job_id == 0 ? "<job id>" : absl::StrCat(job_id))
                       : spec.dataset_name());
-  for (const latentd::v1::ExtractOutput& more : spec.more_outputs()) {
-    names.push_back(more.dataset_name().empty() ? absl::StrCat(names[0], ".", more.hook_name())
-                                                : more.dataset_name());
+  for (int i = 0; i < spec.more_outputs_size(); ++i) {
+    const latentd::v1::ExtractOutput& more = spec.more_outputs(i);
+    // Over stored activations every output reads the datasets' hook and may leave it empty:
+    // the outputs are then told apart by number.
+    names.push_back(!more.dataset_name().empty() ? more.dataset_name()
+                    : more.hook_name().empty()   ? absl::StrCat(names[0], ".", i + 1)
+                                                 : absl::StrCat(names[0], ".", more.hook_name()));
   }
   return names;
 }
@@ -1036,7 +1040,8 @@ absl::StatusOr<std::unique_ptr<ActivationModel>> MakeModel(
     const ExtractSpec& spec, const Checked& c, const std::optional<HfModelWeights>& native_weights,
     const std::vector<HookName>& hooks, const at::Device& device) {
   if (!c.stored.empty()) {
-    return std::make_unique<StoredActivationsModel>(c.stored, c.stored_first_row, device);
+    return std::make_unique<StoredActivationsModel>(c.stored, c.stored_first_row, device,
+                                                    static_cast<int>(c.outputs.size()));
   }
   if (native_weights) return CreateHfModel(*native_weights, hooks, device);
   TorchScriptModelOptions o;

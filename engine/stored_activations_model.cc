@@ -29,8 +29,11 @@ std::string JoinDistinct(const std::vector<std::shared_ptr<const StoredDenseRows
 
 StoredActivationsModel::StoredActivationsModel(
     std::vector<std::shared_ptr<const StoredDenseRows>> sources, int64_t shard_first_row,
-    const at::Device& device)
-    : sources_(std::move(sources)), shard_first_row_(shard_first_row), device_(device) {
+    const at::Device& device, int outputs)
+    : sources_(std::move(sources)),
+      shard_first_row_(shard_first_row),
+      device_(device),
+      outputs_(std::max(outputs, 1)) {
   for (const auto& source : sources_) width_ += source->info().width;
   model_id_ = JoinDistinct(
       sources_, [](const StoredDenseInfo& i) -> const std::string& { return i.model_id; });
@@ -68,7 +71,8 @@ absl::StatusOr<std::vector<at::Tensor>> StoredActivationsModel::HooksOfRows(
   }
   std::vector<int64_t> shape(tokens.sizes().begin(), tokens.sizes().end());
   shape.push_back(width_);
-  return std::vector<at::Tensor>{host.to(device_, /*non_blocking=*/device_.is_cuda()).view(shape)};
+  return std::vector<at::Tensor>(outputs_,
+                                 host.to(device_, /*non_blocking=*/device_.is_cuda()).view(shape));
 }
 
 absl::Status ReadStoredSequences(const std::vector<std::shared_ptr<const StoredDenseRows>>& sources,

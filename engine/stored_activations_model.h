@@ -17,13 +17,14 @@
 
 namespace latentd::engine {
 
-// One hook: the sources' rows side by side (a crosscoder's input; an SAE's is one source).
+// One activation: the sources' rows side by side (a crosscoder's input; an SAE's is one
+// source), given once per output of the job (each output encodes it with its own SAE).
 class StoredActivationsModel final : public ActivationModel {
  public:
   // `sources` hold the same rows; the shard's row 0 is their row `shard_first_row`; batches go to
-  // `device`.
+  // `device`; `outputs` >= 1 hooks, each the same tensor.
   StoredActivationsModel(std::vector<std::shared_ptr<const StoredDenseRows>> sources,
-                         int64_t shard_first_row, const at::Device& device);
+                         int64_t shard_first_row, const at::Device& device, int outputs = 1);
 
   // Throws: rows are read by position (HooksOfRows).
   at::Tensor Forward(const at::Tensor& tokens) override;
@@ -32,6 +33,9 @@ class StoredActivationsModel final : public ActivationModel {
                                                       const at::Tensor& tokens) override;
 
   int64_t hook_width() const override { return width_; }
+  std::vector<int64_t> hook_widths() const override {
+    return std::vector<int64_t>(outputs_, width_);
+  }
   int64_t vocab_size() const override { return 0; }
   int64_t max_context() const override { return 0; }
   int64_t parameter_bytes() const override { return 0; }
@@ -44,6 +48,7 @@ class StoredActivationsModel final : public ActivationModel {
   std::vector<std::shared_ptr<const StoredDenseRows>> sources_;
   int64_t shard_first_row_;
   at::Device device_;
+  int outputs_;
   int64_t width_ = 0;
   std::string model_id_, weight_hash_;
 };

@@ -44,6 +44,16 @@ TEST(StoredActivationsModel, ReadsTheShardsRowsWithEverySourceSideBySide) {
   }
 }
 
+TEST(StoredActivationsModel, EachOutputGetsTheSameActivation) {
+  StoredActivationsModel model({Rows(1, 8, 3, 0, "m")}, 0, at::Device(at::kCPU), 3);
+  EXPECT_EQ(model.hook_widths(), (std::vector<int64_t>{3, 3, 3}));
+  auto hooks = model.HooksOfRows(4, at::zeros({1, 4}, at::kLong));
+  ASSERT_TRUE(hooks.ok()) << hooks.status();
+  ASSERT_EQ(hooks->size(), 3u);
+  for (const at::Tensor& h : *hooks) EXPECT_TRUE(h.equal((*hooks)[0]));
+  EXPECT_EQ((*hooks)[2][0][0][0].item<float>(), 12);  // row 4, column 0
+}
+
 TEST(StoredActivationsModel, OneModelsSourcesNameItOnce) {
   StoredActivationsModel model({Rows(1, 4, 2, 0, "gpt2"), Rows(2, 4, 2, 0, "gpt2")}, 0,
                                at::Device(at::kCPU));
