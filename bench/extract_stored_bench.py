@@ -4,13 +4,16 @@ each SPARSE job, what storing the DENSE rows cost once, and whether the two data
 
     bazel build -c opt //server:latentd //client:latentctl //proto:api_py
     PYTHONPATH=bazel-bin/proto/py:client/python:tests/e2e /usr/bin/python3 \\
-        bench/extract_stored_bench.py [--sequences 1024] [--repeats 2]
+        bench/extract_stored_bench.py [--sequences 1024] [--repeats 2] [--sweep 3]
 
 X1 workload (shared/notes/workloads.md): the reference transformer (d_model 256, 4 layers,
 context 128), hook blocks.2.hook_resid_post, the TopK SAE make_demo_inputs.py writes (d_sae
 4096, k 32), fp16 latents. The DENSE dataset is float32, so both SPARSE jobs encode the same
 numbers: rows whose latent sets differ would be a bug, not noise. The SPARSE jobs alternate
 (model, stored, model, stored, ...) so drift on a shared machine hits both alike.
+
+With --sweep N (N >= 2): N SAEs of other seeds over the stored dataset, as one job (more_outputs:
+the rows read once a batch) against N jobs of one SAE each, alternated the same way.
 """
 
 import argparse
@@ -40,10 +43,18 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--sequences", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--sweep", type=int, default=0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), tmp,
                         "--sequences", str(args.sequences)], check=True, capture_output=True)
+        saes = [os.path.join(tmp, "sae")]
+        for seed in range(1, args.sweep):
+            other = os.path.join(tmp, "seed%d" % seed)
+            subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), other,
+                            "--sequences", "1", "--seed", str(seed)], check=True,
+                           capture_output=True)
+            saes.append(os.path.join(other, "sae"))
         daemon = Daemon(os.path.join(tmp, "d"), devices="cpu:1",
                         extra_args=["--data_roots=" + tmp]).start()
         try:
@@ -73,6 +84,19 @@ def main():
                       % (name, best, ", ".join("%.2f" % t for t in times[name]), rows / best))
             print("stored / model wall (best of each): %.2fx; datasets identical: %s"
                   % (min(times["stored"]) / min(times["model"]), same_rows))
+            if args.sweep >= 2:
+                sweep = dict(stored, sae={"path": saes[0]},
+                             moreOutputs=[{"sae": {"path": p}} for p in saes[1:]])
+                one_job, separate = [], []
+                for _ in range(args.repeats):
+                    one_job.append(timed(c, sweep)[1])
+                    separate.append(sum(timed(c, dict(stored, sae={"path": p}))[1]
+                                        for p in saes))
+                print("sweep of %d SAEs: one job best %.2f s (%s), %d jobs best %.2f s (%s): "
+                      "%.2fx" % (args.sweep, min(one_job), ", ".join("%.2f" % t for t in one_job),
+                                 args.sweep, min(separate),
+                                 ", ".join("%.2f" % t for t in separate),
+                                 min(one_job) / min(separate)))
         finally:
             daemon.stop()
 
