@@ -164,30 +164,26 @@ PreparedSae Prepare(const Sae& sae) {
   return p;
 }
 
-// Latent j's decoder block in each of a crosscoder's sources, at the training scale.
-std::vector<SourceDecoder> DecoderBySource(const PreparedSae& sae, int64_t j) {
-  const int64_t n = sae.crosscoder_sources;
-  const at::Tensor blocks =
-      (sae.unit_dec[j] * sae.dec_norm[j]).to(at::kDouble).view({n, -1});  // [n, d]
-  at::Tensor norms = blocks.norm(2, {1});
-  if (static_cast<int64_t>(sae.crosscoder_scales.size()) == n) {
+// A crosscoder latent's decoder split by source: `blocks` [n, d] is its decoder row as the n
+// sources' blocks (the saved file's units); norms and shares at the training scale.
+std::vector<SourceDecoder> DecoderBySource(const PreparedSae& sae, const at::Tensor& blocks) {
+  const at::Tensor b = blocks.to(at::kDouble);
+  const at::Tensor block_norms = b.norm(2, {1});  // [n], in the file's units
+  at::Tensor norms = block_norms;
+  if (static_cast<int64_t>(sae.crosscoder_scales.size()) == b.size(0)) {
     norms = norms * at::tensor(sae.crosscoder_scales, at::kDouble);
   }
+  // cos(block s, block 0), 0 where either is 0.
+  const at::Tensor cosines = SafeDivide(b.mv(b[0]), block_norms * block_norms[0]).contiguous();
   const double total = norms.sum().item<double>();
-  const at::Tensor first = blocks[0];
-  const double first_norm = first.norm().item<double>();
-  std::vector<SourceDecoder> out(n);
-  for (int64_t s = 0; s < n; ++s) {
+  std::vector<SourceDecoder> out(b.size(0));
+  for (int64_t s = 0; s < b.size(0); ++s) {
     SourceDecoder& d = out[s];
     if (s < static_cast<int64_t>(sae.crosscoder_hooks.size()))
       d.hook_name = sae.crosscoder_hooks[s];
     d.norm = static_cast<float>(norms[s].item<double>());
     d.share = total > 0 ? static_cast<float>(norms[s].item<double>() / total) : 0.0f;
-    const double block_norm = blocks[s].norm().item<double>();
-    d.cosine_with_first =
-        block_norm > 0 && first_norm > 0
-            ? static_cast<float>(blocks[s].dot(first).item<double>() / (block_norm * first_norm))
-            : 0.0f;
+    d.cosine_with_first = static_cast<float>(cosines[s].item<double>());
   }
   return out;
 }
@@ -778,11 +774,11 @@ absl::StatusOr<LatentWeights> DatasetModels::ReadLatentWeights(const DatasetSour
     const at::Tensor unit = sae->unit_dec[j];
     out.neighbors = Largest(sae->unit_dec.mv(unit), top_n, j, /*ascending=*/false);
     if (sae->crosscoder_sources > 0) {
-      out.decoder_by_source = DecoderBySource(*sae, j);
+      const at::Tensor blocks = (unit * out.decoder_norm).view({sae->crosscoder_sources, -1});
+      out.decoder_by_source = DecoderBySource(*sae, blocks);
       out.logits_unavailable =
           absl::StrCat("a crosscoder's latent writes to each of its ", sae->crosscoder_sources,
                        " sources: each has its logits (decoder_by_source)");
-      const at::Tensor blocks = (unit * out.decoder_norm).view({sae->crosscoder_sources, -1});
       for (size_t s = 0; s < out.decoder_by_source.size(); ++s) {
         SourceDecoder& d = out.decoder_by_source[s];
         if (s >= inputs.crosscoder_models.size() || !inputs.crosscoder_models[s].unknown.empty()) {
