@@ -21,22 +21,16 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
-
-import numpy
 
 from harness import Daemon
-from latentd.v1 import jobs_pb2
+from train_activations_bench import timed as run_timed
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts")
 
 
 def timed(client, spec):
-    start = time.time()
-    job = client.wait(client.submit("EXTRACT", spec).id)
-    if job.state != jobs_pb2.SUCCEEDED:
-        sys.exit("EXTRACT failed: %s" % job.message)
-    return job.result.extract, time.time() - start
+    job, seconds = run_timed(client, "EXTRACT", spec, 1)
+    return job.result.extract, seconds
 
 
 def main():
