@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/hook_collector.h"
+#include "engine/next_token_loss.h"
 
 namespace latentd::engine {
 
@@ -52,17 +53,26 @@ class ActivationModel {
   // expose its weights (TorchScript: dataset_models.h finds them by parameter name).
   virtual std::vector<std::pair<std::string, at::Tensor>> NamedWeights() const { return {}; }
 
-  // Why NextTokenLossSum cannot run ("" when it can): TorchScript modules give hidden states,
+  // Why PredictNextTokens cannot run ("" when it can): TorchScript modules give hidden states,
   // not logits; a checkpoint may lack its final norm.
   virtual std::string next_token_loss_unsupported() const {
     return "the model gives its hidden states, not its logits";
   }
-  // The summed next-token cross-entropy over tokens [batch, seq] (batch * (seq - 1)
-  // predictions) of a forward pass through the whole model to its logits, the activations at the
-  // splices' hooks replaced on the way (none: the model as it is). May throw c10::Error.
-  virtual double NextTokenLossSum(const at::Tensor& tokens, const HookSplices& splices) {
+  // A forward pass over tokens [batch, seq] through the whole model to its logits, the
+  // activations at the splices' hooks replaced on the way (none: the model as it is): the
+  // last position's logits, and with `losses` every position's next-token cross-entropy
+  // (next_token_loss.h). May throw c10::Error.
+  virtual NextTokenPredictions PredictNextTokens(const at::Tensor& tokens,
+                                                 const HookSplices& splices, bool losses) {
     TORCH_CHECK(false, next_token_loss_unsupported());
-    return 0;
+    return {};
+  }
+  // The summed next-token cross-entropy over tokens [batch, seq] (batch * (seq - 1)
+  // predictions), as PredictNextTokens forms it.
+  double NextTokenLossSum(const at::Tensor& tokens, const HookSplices& splices) {
+    return PredictNextTokens(tokens, splices, /*losses=*/true)
+        .losses.sum(at::kDouble)
+        .item<double>();
   }
 };
 

@@ -109,13 +109,15 @@ std::string Gpt2Model::next_token_loss_unsupported() const {
   return w_.ln_f_w.defined() ? "" : "the checkpoint has no final LayerNorm (ln_f)";
 }
 
-double Gpt2Model::NextTokenLossSum(const at::Tensor& tokens, const HookSplices& splices) {
+NextTokenPredictions Gpt2Model::PredictNextTokens(const at::Tensor& tokens,
+                                                  const HookSplices& splices, bool losses) {
   TORCH_CHECK(w_.ln_f_w.defined(), next_token_loss_unsupported());
   at::Tensor x;
   Run(tokens, {}, nullptr, &splices, &x);
   const at::Tensor normed =
       at::layer_norm(x, {config().d_model}, w_.ln_f_w, w_.ln_f_b, config().layer_norm_eps);
-  return NextTokenCrossEntropySum(normed, w_.W_U.defined() ? w_.W_U : w_.W_E, tokens);
+  return engine::PredictNextTokens(normed, w_.W_U.defined() ? w_.W_U : w_.W_E, tokens,
+                                   /*softcap=*/0, losses);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Gpt2Model::NamedWeights() const {

@@ -104,7 +104,8 @@ class Gpt2Model : public ActivationModel {
   std::vector<at::Tensor> AllResidPost(const at::Tensor& tokens);
 
   std::string next_token_loss_unsupported() const override;
-  double NextTokenLossSum(const at::Tensor& tokens, const HookSplices& splices) override;
+  NextTokenPredictions PredictNextTokens(const at::Tensor& tokens, const HookSplices& splices,
+                                         bool losses) override;
 
  private:
   Gpt2Model() = default;

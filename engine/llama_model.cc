@@ -159,12 +159,13 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weig
 
 std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
                                         const std::vector<HookName>& hooks,
-                                        const HookSplices* splices, double* loss) {
+                                        const HookSplices* splices,
+                                        NextTokenPredictions* predictions, bool losses) {
   const LlamaConfig& c = w_.config;
   const int64_t B = tokens.size(0), S = tokens.size(1), d = c.d_model;
   const int64_t H = c.n_heads, KV = c.n_kv_heads, dh = c.head_dim;
   const at::ScalarType dtype = c.bfloat16 ? at::kBFloat16 : at::kFloat;
-  HookCollector collector(hooks, /*run_all=*/loss != nullptr, splices);
+  HookCollector collector(hooks, /*run_all=*/predictions != nullptr, splices);
   auto activation = [&](const at::Tensor& x) {
     switch (c.activation) {
       case LlamaActivation::kGeluTanh:
@@ -292,9 +293,9 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
     x = c.parallel_residual ? x + attn_out + mlp_out : x + mlp_out;
     if (collector.Capture(l, HookPoint::kResidPost, x)) break;
   }
-  if (loss != nullptr) {
-    *loss = NextTokenCrossEntropySum(norm(x, w_.final_norm, w_.final_norm_b), w_.W_U, tokens,
-                                     c.final_logit_softcap);
+  if (predictions != nullptr) {
+    *predictions = engine::PredictNextTokens(norm(x, w_.final_norm, w_.final_norm_b), w_.W_U,
+                                             tokens, c.final_logit_softcap, losses);
   }
   std::vector<at::Tensor> out = collector.Take();
   for (at::Tensor& t : out) t = t.to(at::kFloat);  // what SAEs and the store take
@@ -311,11 +312,12 @@ std::string LlamaModel::next_token_loss_unsupported() const {
   return w_.final_norm.defined() ? "" : "the checkpoint has no final norm (model.norm.weight)";
 }
 
-double LlamaModel::NextTokenLossSum(const at::Tensor& tokens, const HookSplices& splices) {
+NextTokenPredictions LlamaModel::PredictNextTokens(const at::Tensor& tokens,
+                                                   const HookSplices& splices, bool losses) {
   TORCH_CHECK(w_.final_norm.defined(), next_token_loss_unsupported());
-  double loss = 0;
-  Run(tokens, {}, &splices, &loss);
-  return loss;
+  NextTokenPredictions predictions;
+  Run(tokens, {}, &splices, &predictions, losses);
+  return predictions;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedWeights() const {

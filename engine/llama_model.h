@@ -151,15 +151,17 @@ class LlamaModel : public ActivationModel {
   std::vector<std::pair<std::string, at::Tensor>> NamedWeights() const override;
 
   std::string next_token_loss_unsupported() const override;
-  double NextTokenLossSum(const at::Tensor& tokens, const HookSplices& splices) override;
+  NextTokenPredictions PredictNextTokens(const at::Tensor& tokens, const HookSplices& splices,
+                                         bool losses) override;
 
  private:
   LlamaModel() = default;
-  // The activations of `hooks` from one pass that stops once it has them all; with `loss`, every
-  // block runs and *loss is NextTokenLossSum's. `splices` (may be null) replace their hooks'
-  // activations on the way.
+  // The activations of `hooks` from one pass that stops once it has them all; with
+  // `predictions`, every block runs and *predictions is PredictNextTokens' (the losses when
+  // `losses`). `splices` (may be null) replace their hooks' activations on the way.
   std::vector<at::Tensor> Run(const at::Tensor& tokens, const std::vector<HookName>& hooks,
-                              const HookSplices* splices = nullptr, double* loss = nullptr);
+                              const HookSplices* splices = nullptr,
+                              NextTokenPredictions* predictions = nullptr, bool losses = false);
 
   LlamaWeights w_;
   std::vector<HookName> hooks_;

@@ -128,6 +128,18 @@ TEST(ReferenceModelTest, NextTokenLossRunsToTheLogitsWithTheHookReplaced) {
                              t.narrow(1, 1, 15).reshape({30}), {}, at::Reduction::Sum)
           .item<double>();
   EXPECT_NEAR(clean, want, 1e-4 * want);
+  // Per position, and the last position's logits (what a steered prompt continues from).
+  const NextTokenPredictions p = m->PredictNextTokens(t, {}, /*losses=*/true);
+  EXPECT_TRUE(
+      at::allclose(p.losses,
+                   at::cross_entropy_loss(logits.narrow(1, 0, 15).reshape({30, 100}),
+                                          t.narrow(1, 1, 15).reshape({30}), {}, at::Reduction::None)
+                       .view({2, 15}),
+                   1e-4, 1e-5));
+  EXPECT_TRUE(at::allclose(p.last_logits, logits.select(1, 15), 1e-4, 1e-5));
+  const NextTokenPredictions last_only = m->PredictNextTokens(t, {}, /*losses=*/false);
+  EXPECT_FALSE(last_only.losses.defined());
+  EXPECT_TRUE(at::equal(last_only.last_logits, p.last_logits));
   EXPECT_GT(clean / 30, 0.5 * std::log(100.0));  // a random model is near chance
 
   auto splice = [](const std::string& hook, std::function<at::Tensor(const at::Tensor&)> f) {

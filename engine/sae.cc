@@ -554,6 +554,15 @@ at::Tensor Sae::Predict(const at::Tensor& x, const SparseCodes& codes) const {
   return out;
 }
 
+at::Tensor Sae::PredictionChange(const at::Tensor& x, const at::Tensor& latents,
+                                 const at::Tensor& delta_z) const {
+  at::Tensor out = delta_z.mm(w_.W_dec.index_select(0, latents.to(w_.W_dec.device(), at::kLong)));
+  if (cfg_.input_normalization != InputNormalization::kNone) {
+    out.mul_(RowNormalizationOf(cfg_.input_normalization, x).multiplier);
+  }
+  return out;
+}
+
 int64_t Sae::weight_bytes() const {
   int64_t n = 0;
   for (const auto& [name, t] : w_.Named(false)) n += t->numel() * 4;

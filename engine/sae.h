@@ -103,6 +103,13 @@ class Sae {
   // transcoder.
   at::Tensor Predict(const at::Tensor& x, const SparseCodes& codes) const;
 
+  // How much Predict(x, codes) changes when latents (int64 [n]) change their values by
+  // delta_z [rows, n]: delta_z W_dec[latents], in the hook's units (x's normalization undone;
+  // b_dec, a normalization's shift and a skip connection cancel). What steering a latent adds to
+  // the activation its decoder writes. [rows, W_dec.size(1)].
+  at::Tensor PredictionChange(const at::Tensor& x, const at::Tensor& latents,
+                              const at::Tensor& delta_z) const;
+
   // Bytes of the weights (for memory estimates).
   int64_t weight_bytes() const;
 

@@ -53,6 +53,40 @@ std::map<int, float> Row(const SparseCodes& c, int64_t r) {
   return out;
 }
 
+// The ragged codes of a dense z: every non-zero, columns ascending.
+SparseCodes RaggedOf(const at::Tensor& z) {
+  const at::Tensor nonzero = z.ne(0);
+  return {nonzero.nonzero().select(1, 1).to(at::kInt), z.masked_select(nonzero),
+          nonzero.sum(1).to(at::kLong)};
+}
+
+// What steering reads and writes: a latent's value in either layout of codes, and the change
+// a change of values makes in Predict, input normalization included.
+TEST(SaeTest, CodeValuesAndPredictionChangeFollowTheDenseCodes) {
+  for (SaeArchitecture arch :
+       {SaeArchitecture::kTopK, SaeArchitecture::kRelu, SaeArchitecture::kJumpRelu}) {
+    for (InputNormalization norm :
+         {InputNormalization::kNone, InputNormalization::kConstantNormRescale}) {
+      SaeConfig cfg = Cfg(arch, 8, 40, 5);
+      cfg.input_normalization = norm;
+      auto sae = Sae::Create(cfg, RandomWeights(8, 40, 3));
+      ASSERT_TRUE(sae.ok()) << sae.status();
+      at::manual_seed(4);
+      const at::Tensor x = at::randn({6, 8}) * 3;
+      const at::Tensor latents = at::tensor({0, 7, 39, 12}, at::TensorOptions().dtype(at::kLong));
+      const at::Tensor z = sae->EncodeDense(x);
+      ASSERT_GT(z.index_select(1, latents).ne(0).sum().item<int64_t>(), 0);
+      EXPECT_TRUE(
+          at::allclose(CodeValues(sae->EncodeSparse(x), 6, latents), z.index_select(1, latents)));
+      const at::Tensor delta_z = at::randn({6, 4});
+      const at::Tensor changed = z.index_add(1, latents, delta_z);
+      const at::Tensor want = sae->Predict(x, RaggedOf(changed)) - sae->Predict(x, RaggedOf(z));
+      EXPECT_TRUE(at::allclose(sae->PredictionChange(x, latents, delta_z), want, 1e-4, 1e-4))
+          << static_cast<int>(arch) << " " << static_cast<int>(norm);
+    }
+  }
+}
+
 TEST(SaeTest, SparseCodesEqualTheNonZerosOfTheDenseDefinition) {
   for (auto arch : {SaeArchitecture::kRelu, SaeArchitecture::kTopK, SaeArchitecture::kJumpRelu,
                     SaeArchitecture::kGated}) {

@@ -159,6 +159,21 @@ at::Tensor DecodeSparseCodes(const at::Tensor& W_dec, const at::Tensor& b_dec,
   return b_dec.defined() ? sums.add_(b_dec) : sums;
 }
 
+at::Tensor CodeValues(const SparseCodes& codes, int64_t rows, const at::Tensor& latents) {
+  const at::Tensor wanted = latents.to(codes.indices.device(), at::kLong);
+  // [entries, n]: which wanted latent each stored entry is, if any.
+  const at::Tensor indices = codes.indices.reshape({-1, 1}).to(at::kLong);
+  const at::Tensor match = indices.eq(wanted.unsqueeze(0));
+  const at::Tensor weighted = match.to(at::kFloat).mul_(codes.values.reshape({-1, 1}));
+  if (codes.fixed_k()) {
+    const int64_t k = rows > 0 ? codes.indices.numel() / rows : 0;
+    return weighted.view({rows, k, wanted.size(0)}).sum(1);
+  }
+  const at::Tensor row_of = at::repeat_interleave(
+      at::arange(rows, codes.row_counts.options().dtype(at::kLong)), codes.row_counts);
+  return at::zeros({rows, wanted.size(0)}, weighted.options()).index_add_(0, row_of, weighted);
+}
+
 at::Tensor ReconstructionSums(const at::Tensor& x, const at::Tensor& x_hat,
                               const at::Tensor& keep) {
   // Rows left out become zeros (NaN * 0 would stay NaN), then count for nothing.

@@ -45,6 +45,10 @@ SparseCodes FixedKCodes(const at::Tensor& pre, int64_t k);
 at::Tensor DecodeSparseCodes(const at::Tensor& W_dec, const at::Tensor& b_dec,
                              const SparseCodes& codes, int64_t rows);
 
+// The values `latents` (int64 [n]) take in each of `rows` rows' codes, float32 [rows, n] (0
+// where a latent does not fire), on the codes' device.
+at::Tensor CodeValues(const SparseCodes& codes, int64_t rows, const at::Tensor& latents);
+
 // What reconstruction figures are made of, over the rows of x [n, d] where `keep` (bool [n])
 // holds, as one float64 tensor on x's device: [sum of ||x - x_hat||^2, sum of ||x||^2, sum of
 // cos(x, x_hat), rows, then sum of x per dimension (d)]. Summed over many batches these give

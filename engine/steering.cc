@@ -1,0 +1,243 @@
+#include "engine/steering.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "engine/activation_model.h"
+#include "engine/hook_collector.h"
+#include "engine/sae.h"
+#include "engine/sparse_codes.h"
+
+namespace latentd::engine {
+namespace {
+
+absl::Status CheckQuery(const SteeringQuery& query, int64_t d_sae, int64_t prompt_tokens,
+                        int64_t max_context) {
+  if (query.interventions.empty()) {
+    return absl::InvalidArgumentError("interventions: empty (name at least one latent)");
+  }
+  if (query.interventions.size() > kMaxInterventions) {
+    return absl::InvalidArgumentError(absl::StrCat("interventions: ", query.interventions.size(),
+                                                   ", at most ", kMaxInterventions));
+  }
+  for (size_t i = 0; i < query.interventions.size(); ++i) {
+    const LatentIntervention& in = query.interventions[i];
+    if (in.latent < 0 || in.latent >= d_sae) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("interventions[", i, "].latent: ", in.latent, " outside [0, ", d_sae, ")"));
+    }
+    if (!std::isfinite(in.value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("interventions[", i, "].value: ", in.value, " is not finite"));
+    }
+    for (size_t p = 0; p < in.positions.size(); ++p) {
+      if (in.positions[p] < 0 || in.positions[p] >= prompt_tokens) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "interventions[", i, "].positions[", p, "]: ", in.positions[p],
+            " outside the prompt's positions [0, ", prompt_tokens, ") (a prepended BOS is 0)"));
+      }
+    }
+  }
+  if (query.new_tokens < 0 || query.new_tokens > kMaxSteeredTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("new_tokens: ", query.new_tokens, " outside [0, ", kMaxSteeredTokens, "]"));
+  }
+  if (max_context > 0 && prompt_tokens + query.new_tokens > max_context) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("new_tokens: ", query.new_tokens, " after a prompt of ", prompt_tokens,
+                     " tokens pass the model's context of ", max_context));
+  }
+  if (!std::isfinite(query.temperature) || query.temperature < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature: ", query.temperature, ", must be finite and >= 0"));
+  }
+  if (query.top_tokens < 0 || query.top_tokens > kMaxSteeringTopTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("top_tokens: ", query.top_tokens,
+                                                   " outside [0, ", kMaxSteeringTopTokens, "]"));
+  }
+  return absl::OkStatus();
+}
+
+// Applies the interventions to row 1 (the steered run) of a batch of two; row 0 runs clean.
+class Intervener {
+ public:
+  Intervener(const Sae& sae, const std::vector<LatentIntervention>& interventions)
+      : sae_(sae), interventions_(interventions) {
+    for (const LatentIntervention& in : interventions) column_.emplace(in.latent, 0);
+    std::vector<int64_t> latents;
+    for (auto& [latent, column] : column_) {
+      column = static_cast<int64_t>(latents.size());
+      latents.push_back(latent);
+    }
+    latents_ = at::tensor(latents, at::TensorOptions().dtype(at::kLong));
+  }
+
+  // The splices that steer the forward: one at the hook for an SAE; for a transcoder one that
+  // keeps its input as the pass goes by and one that changes its output.
+  HookSplices Splices(const HookName& hook, const std::optional<HookName>& hook_out) {
+    if (!hook_out || (hook_out->point == hook.point && hook_out->layer == hook.layer)) {
+      return {{hook, [this](const at::Tensor& x) { return Steered(x, x); }, std::nullopt}};
+    }
+    return {
+        {hook,
+         [this](const at::Tensor& x) {
+           input_ = x;
+           return x;
+         },
+         std::nullopt},
+        {*hook_out, [this](const at::Tensor& out) { return Steered(input_, out); }, std::nullopt}};
+  }
+
+  // The latents' clean values over the first pass's positions, [prompt, latents].
+  const at::Tensor& first_values() const { return first_values_; }
+  const at::Tensor& latents() const { return latents_; }
+
+ private:
+  // `out` [2, seq, width] with row 1 changed by what the interventions change in the SAE's
+  // prediction from `in` [2, seq, d_in] (the same tensor for an SAE).
+  at::Tensor Steered(const at::Tensor& in, const at::Tensor& out) {
+    const at::Tensor x = in.select(0, 1).to(at::kFloat);
+    const int64_t seq = x.size(0);
+    const at::Tensor z = CodeValues(sae_.EncodeSparse(x), seq, latents_);
+    if (!first_values_.defined()) first_values_ = z;
+    at::Tensor changed = z.clone();
+    for (const LatentIntervention& change : interventions_) {
+      at::Tensor column = changed.select(1, column_.at(change.latent));
+      at::Tensor rows;
+      if (!change.positions.empty()) {
+        rows = at::tensor(change.positions, at::TensorOptions().dtype(at::kLong));
+        column = column.index_select(0, rows);  // a copy, written back below
+      }
+      switch (change.mode) {
+        case InterventionMode::kSet:
+          column.fill_(change.value);
+          break;
+        case InterventionMode::kAdd:
+          column.add_(change.value);
+          break;
+        case InterventionMode::kScale:
+          column.mul_(change.value);
+          break;
+      }
+      if (rows.defined()) changed.select(1, column_.at(change.latent)).index_copy_(0, rows, column);
+    }
+    const at::Tensor delta = sae_.PredictionChange(x, latents_, changed - z);
+    at::Tensor steered = out.clone();
+    steered.select(0, 1).add_(delta.to(out.scalar_type()));
+    return steered;
+  }
+
+  const Sae& sae_;
+  const std::vector<LatentIntervention>& interventions_;
+  std::map<int64_t, int64_t> column_;  // latent -> its column in latents_
+  at::Tensor latents_;                 // int64, ascending
+  at::Tensor input_;                   // a transcoder's input in the current pass
+  at::Tensor first_values_;
+};
+
+// The token each run takes next from its logits [2, vocab]: greedy, or sampled at
+// `temperature` with one uniform draw `u` for both rows.
+std::vector<int64_t> NextTokens(const at::Tensor& logits, float temperature, double u) {
+  std::vector<int64_t> next;
+  for (int64_t row = 0; row < logits.size(0); ++row) {
+    const at::Tensor l = logits.select(0, row);
+    if (temperature == 0) {
+      next.push_back(l.argmax().item<int64_t>());
+      continue;
+    }
+    const at::Tensor cdf = at::softmax(l.to(at::kDouble) / temperature, -1).cumsum(0).contiguous();
+    const double* c = cdf.data_ptr<double>();
+    const int64_t n = cdf.numel();
+    const int64_t pick = std::upper_bound(c, c + n, u * c[n - 1]) - c;
+    next.push_back(std::min(pick, n - 1));
+  }
+  return next;
+}
+
+SteeredRun RunOf(const NextTokenPredictions& p, int64_t row, int64_t top) {
+  SteeredRun run;
+  const at::Tensor losses = p.losses.select(0, row).contiguous();
+  run.token_losses.assign(losses.data_ptr<float>(), losses.data_ptr<float>() + losses.numel());
+  run.mean_loss = losses.numel() > 0 ? losses.to(at::kDouble).mean().item<double>() : 0;
+  const at::Tensor probs = at::softmax(p.last_logits.select(0, row), -1);
+  const auto [values, ids] = probs.topk(std::min(top, probs.numel()));
+  for (int64_t i = 0; i < values.numel(); ++i) {
+    run.next.push_back({ids[i].item<int64_t>(), values[i].item<float>()});
+  }
+  return run;
+}
+
+}  // namespace
+
+absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
+                                           const std::vector<int64_t>& prompt, bool bos_prepended,
+                                           const SteeringQuery& query,
+                                           const std::function<bool()>& cancelled) {
+  ActivationModel& model = *steering.model;
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  RETURN_IF_ERROR(CheckQuery(query, steering.sae->config().d_sae, n, model.max_context()));
+  if (const std::string why = model.next_token_loss_unsupported(); !why.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("steering runs the model to its logits: ", why));
+  }
+  if (n < 1) return absl::InvalidArgumentError("token_ids: empty");
+  at::NoGradGuard no_grad;
+  const int64_t top = query.top_tokens > 0 ? query.top_tokens : 10;
+  Intervener intervener(*steering.sae, query.interventions);
+  const HookSplices splices = intervener.Splices(steering.hook, steering.hook_out);
+  at::Tensor tokens =
+      at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n}).repeat({2, 1});
+  NextTokenPredictions p = model.PredictNextTokens(tokens, splices, /*losses=*/true);
+
+  SteeringResult out;
+  out.bos_prepended = bos_prepended;
+  out.prompt = prompt;
+  out.clean = RunOf(p, 0, top);
+  out.steered = RunOf(p, 1, top);
+  const at::Tensor log_probs = at::log_softmax(p.last_logits.to(at::kDouble), -1);
+  const at::Tensor probs = log_probs.exp();
+  out.kl_divergence = (probs[0] * (log_probs[0] - log_probs[1])).sum().clamp_min(0).item<double>();
+  const at::Tensor change = probs[1] - probs[0];
+  const int64_t listed = std::min(top, change.numel());
+  for (const bool rising : {true, false}) {
+    const at::Tensor ids = std::get<1>(change.topk(listed, -1, /*largest=*/rising));
+    for (int64_t i = 0; i < listed; ++i) {
+      const int64_t id = ids[i].item<int64_t>();
+      if ((change[id].item<double>() > 0) != rising || change[id].item<double>() == 0) break;
+      (rising ? out.most_increased : out.most_decreased)
+          .push_back({id, probs[0][id].item<float>(), probs[1][id].item<float>()});
+    }
+  }
+  const at::Tensor values = intervener.first_values().contiguous();
+  for (int64_t c = 0; c < values.size(1); ++c) {
+    const at::Tensor column = values.select(1, c).contiguous();
+    out.latent_values.emplace_back(
+        intervener.latents()[c].item<int64_t>(),
+        std::vector<float>(column.data_ptr<float>(), column.data_ptr<float>() + column.numel()));
+  }
+
+  std::mt19937_64 draws(query.seed);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  for (int t = 0; t < query.new_tokens; ++t) {
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(
+          absl::StrCat("steering cancelled after ", t, " of ", query.new_tokens, " new tokens"));
+    }
+    if (t > 0) p = model.PredictNextTokens(tokens, splices, /*losses=*/false);
+    const std::vector<int64_t> next = NextTokens(p.last_logits, query.temperature, uniform(draws));
+    out.clean.generated.push_back(next[0]);
+    out.steered.generated.push_back(next[1]);
+    tokens = at::cat({tokens, at::tensor(next, tokens.options()).view({2, 1})}, 1);
+  }
+  return out;
+}
+
+}  // namespace latentd::engine

@@ -1,0 +1,116 @@
+// Steering and ablation through an SAE (Neuronpedia's steer, SAELens' interventions on a hooked
+// SAE): a prompt runs through the model with some of the SAE's latents changed at the hook its
+// decoder writes, and is continued, beside the model as it is. The activation x there becomes
+// x + (z' - z) W_dec, where z is the SAE's encoding and z' the changed one: the SAE's
+// reconstruction error stays in, so an intervention that changes nothing leaves the run exactly
+// the clean one, and only the named latents' contributions move.
+//
+// Torch-free header (dataset_models.h, which the Datasets service includes, carries these).
+#ifndef LATENTD_ENGINE_STEERING_H_
+#define LATENTD_ENGINE_STEERING_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/hook_name.h"
+
+namespace latentd::engine {
+
+class ActivationModel;
+class Sae;
+
+inline constexpr int kMaxInterventions = 64;
+inline constexpr int kMaxSteeredTokens = 256;
+inline constexpr int kMaxSteeringTopTokens = 1000;
+
+enum class InterventionMode {
+  kSet,    // z'_j = value: 0 ablates the latent; a multiple of its largest value clamps it on
+  kAdd,    // z'_j = z_j + value: x + value W_dec[j], steering along its decoder direction
+  kScale,  // z'_j = value z_j
+};
+
+struct LatentIntervention {
+  int64_t latent = 0;
+  InterventionMode mode = InterventionMode::kSet;
+  float value = 0;
+  // The prompt's positions it applies at (a prepended BOS is position 0); empty: every
+  // position, each generated token's included. Interventions apply in order (two on one latent
+  // compose).
+  std::vector<int64_t> positions;
+};
+
+struct SteeringQuery {
+  std::vector<int64_t> token_ids;  // the prompt, without BOS; 1 to kMaxPromptTokens ids
+  std::vector<LatentIntervention> interventions;  // 1 to kMaxInterventions
+  int new_tokens = 0;  // tokens generated after the prompt by each run; at most kMaxSteeredTokens
+  // 0: greedy (the most likely token; the lowest id on ties). > 0: sampled from softmax(logits /
+  // temperature) with `seed`, one uniform draw per step shared by both runs (common random
+  // numbers), so that where the runs differ the intervention made them differ, not the draw.
+  float temperature = 0;
+  uint64_t seed = 0;
+  int top_tokens = 0;  // next-token predictions and changes listed; 0: 10
+};
+
+struct TokenProbability {
+  int64_t token_id = 0;
+  float probability = 0;
+};
+
+struct NextTokenChange {
+  int64_t token_id = 0;
+  float clean_probability = 0;
+  float steered_probability = 0;
+};
+
+// One run of the prompt: the model as it is (clean) or with the interventions (steered).
+struct SteeredRun {
+  std::vector<int64_t> generated;  // new_tokens ids after the prompt
+  // After the prompt's last token: the top_tokens most likely, probability descending.
+  std::vector<TokenProbability> next;
+  // Per position s < n - 1 of the n-token prompt: -log p(token s + 1); and their mean.
+  std::vector<float> token_losses;
+  double mean_loss = 0;
+};
+
+struct SteeringResult {
+  bool bos_prepended = false;
+  std::vector<int64_t> prompt;  // as run: BOS included where prepended
+  SteeredRun clean, steered;
+  // KL(clean || steered) of the next-token distributions after the prompt, in nats.
+  double kl_divergence = 0;
+  // The top_tokens tokens whose probability after the prompt rose (fell) most.
+  std::vector<NextTokenChange> most_increased, most_decreased;
+  // Each intervened latent (ascending, once) with its value at every prompt position as the
+  // SAE encodes the clean run's activation: what a SET value compares with.
+  std::vector<std::pair<int64_t, std::vector<float>>> latent_values;
+};
+
+// What a steered prompt runs through: `model` (on the CPU, able to run to its logits), `sae`
+// encoding `hook`'s activation, its decoder writing `hook_out` (a transcoder's output hook;
+// unset: `hook` itself).
+struct SteeringModel {
+  ActivationModel* model = nullptr;
+  const Sae* sae = nullptr;
+  HookName hook;
+  std::optional<HookName> hook_out;
+};
+
+// Runs `prompt` (BOS included where the dataset prepends it; its ids already checked against
+// the vocabulary) clean and steered as one batch of two, then generates query.new_tokens
+// more for each, a whole forward pass per token (no key-value cache: a step costs a forward
+// over the prompt and what was generated). INVALID_ARGUMENT naming the query's field
+// (interventions, their latent, value or positions, new_tokens beyond kMaxSteeredTokens or the
+// model's context, temperature, top_tokens); FAILED_PRECONDITION when the model cannot run to
+// its logits (TorchScript); CANCELLED when `cancelled` says so between tokens. May throw
+// c10::Error (the caller turns it into a Status).
+absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
+                                           const std::vector<int64_t>& prompt, bool bos_prepended,
+                                           const SteeringQuery& query,
+                                           const std::function<bool()>& cancelled);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_STEERING_H_

@@ -1,0 +1,351 @@
+#include "engine/steering.h"
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "engine/reference_model.h"
+#include "engine/sae.h"
+#include "gtest/gtest.h"
+
+namespace latentd::engine {
+namespace {
+
+constexpr int64_t kD = 32, kLatents = 64;
+
+latentd::v1::ReferenceModelSpec Small() {
+  latentd::v1::ReferenceModelSpec s;
+  s.set_d_model(kD);
+  s.set_n_layers(3);
+  s.set_n_heads(4);
+  s.set_vocab_size(100);
+  s.set_context_length(16);
+  s.set_seed(5);
+  return s;
+}
+
+std::unique_ptr<Gpt2Model> Model(const std::string& hook) {
+  auto m = CreateReferenceModel(Small(), *ParseHookName(hook), at::kCPU);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return std::move(*m);
+}
+
+Sae MakeSae(bool transcoder) {
+  at::manual_seed(11);
+  SaeConfig cfg;
+  cfg.d_in = kD;
+  cfg.d_sae = kLatents;
+  cfg.architecture = SaeArchitecture::kTopK;
+  cfg.k = 4;
+  cfg.transcoder = transcoder;
+  cfg.d_out = transcoder ? kD : 0;
+  cfg.apply_b_dec_to_input = !transcoder;
+  auto sae = Sae::Create(cfg, {at::randn({kD, kLatents}) * 0.5, at::randn({kLatents}) * 0.1 + 0.5,
+                               at::randn({kLatents, kD}), at::randn({kD}) * 0.1});
+  EXPECT_TRUE(sae.ok()) << sae.status();
+  return *std::move(sae);
+}
+
+const std::vector<int64_t> kPrompt = {7, 42, 3, 99, 15, 15, 60, 8};
+
+at::Tensor Row(const std::vector<int64_t>& ids) {
+  return at::tensor(ids, at::TensorOptions().dtype(at::kLong)).view({1, -1});
+}
+
+// The model's own run of `ids` with `splice` (none when its function is empty): what a steered
+// run must equal, done by hand.
+NextTokenPredictions ByHand(Gpt2Model& m, const std::vector<int64_t>& ids,
+                            const HookSplice* splice) {
+  at::NoGradGuard no_grad;
+  HookSplices splices;
+  if (splice != nullptr) splices.push_back(*splice);
+  return m.PredictNextTokens(Row(ids), splices, /*losses=*/true);
+}
+
+std::vector<float> Losses(const NextTokenPredictions& p) {
+  const at::Tensor l = p.losses[0].contiguous();
+  return {l.data_ptr<float>(), l.data_ptr<float>() + l.numel()};
+}
+
+void ExpectNear(const std::vector<float>& got, const std::vector<float>& want, float tol,
+                const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], tol) << what << " " << i;
+}
+
+// The hook activation [n, width] of the prompt's single run.
+at::Tensor Activation(const std::string& hook, const std::vector<int64_t>& ids) {
+  at::NoGradGuard no_grad;
+  return Model(hook)->Forward(Row(ids))[0];
+}
+
+struct Fixture {
+  std::unique_ptr<Gpt2Model> model = Model("blocks.1.hook_resid_post");
+  Sae sae = MakeSae(false);
+  SteeringModel steering() {
+    return {model.get(), &sae, *ParseHookName("blocks.1.hook_resid_post"), std::nullopt};
+  }
+  absl::StatusOr<SteeringResult> Steer(const SteeringQuery& q) {
+    return SteerPrompt(steering(), kPrompt, /*bos_prepended=*/false, q, nullptr);
+  }
+};
+
+SteeringQuery Query(std::vector<LatentIntervention> interventions, int new_tokens = 0) {
+  SteeringQuery q;
+  q.interventions = std::move(interventions);
+  q.new_tokens = new_tokens;
+  return q;
+}
+
+// An intervention that changes nothing (scaling by 1) leaves the steered run the clean one,
+// and the clean run is the model's own.
+TEST(SteeringTest, AnInterventionThatChangesNothingLeavesTheCleanRun) {
+  Fixture f;
+  auto r = f.Steer(Query({{5, InterventionMode::kScale, 1.0f, {}}}, 4));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::vector<float> own = Losses(ByHand(*f.model, kPrompt, nullptr));
+  ExpectNear(r->clean.token_losses, own, 1e-5, "clean");
+  ExpectNear(r->steered.token_losses, own, 1e-5, "steered");
+  EXPECT_EQ(r->clean.generated, r->steered.generated);
+  EXPECT_EQ(r->clean.generated.size(), 4u);
+  EXPECT_NEAR(r->kl_divergence, 0, 1e-6);
+  ASSERT_EQ(r->clean.next.size(), 10u);
+  for (size_t i = 1; i < r->clean.next.size(); ++i) {
+    EXPECT_GE(r->clean.next[i - 1].probability, r->clean.next[i].probability);
+  }
+  double mean = 0;
+  for (float l : own) mean += l / own.size();
+  EXPECT_NEAR(r->clean.mean_loss, mean, 1e-5);
+  EXPECT_EQ(r->prompt, kPrompt);
+}
+
+// ADD moves the activation along the latent's decoder row, at every position.
+TEST(SteeringTest, AddingToALatentAddsItsDecoderDirection) {
+  Fixture f;
+  const int64_t j = 17;
+  const float value = 6;
+  auto r = f.Steer(Query({{j, InterventionMode::kAdd, value, {}}}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const at::Tensor direction = f.sae.weights().W_dec[j] * value;
+  const HookSplice add{*ParseHookName("blocks.1.hook_resid_post"),
+                       [&](const at::Tensor& x) { return x + direction; }};
+  const NextTokenPredictions want = ByHand(*f.model, kPrompt, &add);
+  ExpectNear(r->steered.token_losses, Losses(want), 1e-4, "steered");
+  const at::Tensor probs = at::softmax(want.last_logits[0], -1);
+  ASSERT_EQ(r->steered.next.size(), 10u);
+  EXPECT_EQ(r->steered.next[0].token_id, probs.argmax().item<int64_t>());
+  EXPECT_NEAR(r->steered.next[0].probability, probs.max().item<float>(), 1e-5);
+  // KL(clean || steered) by hand.
+  const at::Tensor clean_lp =
+      at::log_softmax(ByHand(*f.model, kPrompt, nullptr).last_logits[0].to(at::kDouble), -1);
+  const at::Tensor steered_lp = at::log_softmax(want.last_logits[0].to(at::kDouble), -1);
+  const double kl = (clean_lp.exp() * (clean_lp - steered_lp)).sum().item<double>();
+  EXPECT_GT(kl, 1e-3);
+  EXPECT_NEAR(r->kl_divergence, kl, 1e-4 * kl + 1e-7);
+  // The listed changes are the largest probability changes, each with both probabilities.
+  ASSERT_FALSE(r->most_increased.empty());
+  ASSERT_FALSE(r->most_decreased.empty());
+  const at::Tensor change = steered_lp.exp() - clean_lp.exp();
+  EXPECT_EQ(r->most_increased[0].token_id, change.argmax().item<int64_t>());
+  EXPECT_EQ(r->most_decreased[0].token_id, change.argmin().item<int64_t>());
+  const int64_t up = r->most_increased[0].token_id;
+  EXPECT_NEAR(r->most_increased[0].steered_probability - r->most_increased[0].clean_probability,
+              change[up].item<double>(), 1e-5);
+}
+
+// SET 0 at one position removes exactly that latent's part of the SAE's reconstruction there:
+// the positions before it do not change (causal), and the latent's values are reported.
+TEST(SteeringTest, SettingALatentToZeroAtAPositionAblatesItThere) {
+  Fixture f;
+  const at::Tensor x = Activation("blocks.1.hook_resid_post", kPrompt);
+  const at::Tensor z = f.sae.EncodeDense(x);
+  const int64_t p = 4;
+  const int64_t j = z[p].argmax().item<int64_t>();
+  ASSERT_GT(z[p][j].item<float>(), 0);
+  auto r = f.Steer(Query({{j, InterventionMode::kSet, 0.0f, {p}}}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const at::Tensor removed = f.sae.weights().W_dec[j] * z[p][j];
+  const HookSplice ablate{*ParseHookName("blocks.1.hook_resid_post"), [&](const at::Tensor& a) {
+                            at::Tensor out = a.clone();
+                            out[0][p].sub_(removed);
+                            return out;
+                          }};
+  ExpectNear(r->steered.token_losses, Losses(ByHand(*f.model, kPrompt, &ablate)), 1e-4, "ablated");
+  for (int64_t s = 0; s < p; ++s) {
+    EXPECT_NEAR(r->steered.token_losses[s], r->clean.token_losses[s], 1e-5) << s;
+  }
+  double moved = 0;
+  for (size_t s = p; s < r->steered.token_losses.size(); ++s) {
+    moved += std::abs(r->steered.token_losses[s] - r->clean.token_losses[s]);
+  }
+  EXPECT_GT(moved, 1e-4);
+  ASSERT_EQ(r->latent_values.size(), 1u);
+  EXPECT_EQ(r->latent_values[0].first, j);
+  ASSERT_EQ(r->latent_values[0].second.size(), kPrompt.size());
+  for (size_t s = 0; s < kPrompt.size(); ++s) {
+    EXPECT_NEAR(r->latent_values[0].second[s], z[s][j].item<float>(), 1e-5) << s;
+  }
+}
+
+// Interventions on one latent apply in order; SCALE multiplies the latent's own value.
+TEST(SteeringTest, InterventionsComposeInOrder) {
+  Fixture f;
+  const at::Tensor x = Activation("blocks.1.hook_resid_post", kPrompt);
+  const at::Tensor z = f.sae.EncodeDense(x);
+  const int64_t j = z[2].argmax().item<int64_t>();
+  // (z + 1) * 3 everywhere equals adding (2 z + 3) W_dec[j].
+  auto r = f.Steer(
+      Query({{j, InterventionMode::kAdd, 1.0f, {}}, {j, InterventionMode::kScale, 3.0f, {}}}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const at::Tensor added = (2 * z.select(1, j) + 3).unsqueeze(1) * f.sae.weights().W_dec[j];
+  const HookSplice by_hand{*ParseHookName("blocks.1.hook_resid_post"),
+                           [&](const at::Tensor& a) { return a + added.unsqueeze(0); }};
+  ExpectNear(r->steered.token_losses, Losses(ByHand(*f.model, kPrompt, &by_hand)), 1e-4,
+             "composed");
+}
+
+// Greedy continuation: each run takes its most likely next token, the steered one with the
+// intervention at the generated positions too.
+TEST(SteeringTest, GreedyGenerationContinuesEachRun) {
+  Fixture f;
+  const int64_t j = 30;
+  const float value = 25;
+  auto r = f.Steer(Query({{j, InterventionMode::kAdd, value, {}}}, 5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const at::Tensor direction = f.sae.weights().W_dec[j] * value;
+  const HookSplice add{*ParseHookName("blocks.1.hook_resid_post"),
+                       [&](const at::Tensor& x) { return x + direction; }};
+  for (const bool steered : {false, true}) {
+    std::vector<int64_t> ids = kPrompt;
+    for (int t = 0; t < 5; ++t) {
+      ids.push_back(
+          ByHand(*f.model, ids, steered ? &add : nullptr).last_logits[0].argmax().item<int64_t>());
+    }
+    const std::vector<int64_t> want(ids.begin() + kPrompt.size(), ids.end());
+    EXPECT_EQ(steered ? r->steered.generated : r->clean.generated, want) << steered;
+  }
+  EXPECT_NE(r->clean.generated, r->steered.generated);  // a strong push changes the text
+}
+
+// Sampling is a function of the seed, and both runs share its draws: an intervention that
+// changes nothing samples the same continuation.
+TEST(SteeringTest, SamplingSharesTheDrawsBetweenTheRuns) {
+  Fixture f;
+  std::set<std::vector<int64_t>> seen;
+  for (uint64_t seed = 0; seed < 6; ++seed) {
+    SteeringQuery q = Query({{9, InterventionMode::kScale, 1.0f, {}}}, 6);
+    q.temperature = 2;
+    q.seed = seed;
+    auto a = f.Steer(q), b = f.Steer(q);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->clean.generated, b->clean.generated);
+    EXPECT_EQ(a->clean.generated, a->steered.generated);
+    seen.insert(a->clean.generated);
+  }
+  EXPECT_GT(seen.size(), 1u);  // other seeds, other samples
+}
+
+// A transcoder's latents are read at its input hook and written at its output hook.
+TEST(SteeringTest, ATranscoderReadsItsInputAndWritesItsOutput) {
+  const std::string in = "blocks.1.mlp.hook_in", out = "blocks.1.hook_mlp_out";
+  auto model = Model(in);
+  const Sae transcoder = MakeSae(true);
+  const SteeringModel steering{model.get(), &transcoder, *ParseHookName(in), *ParseHookName(out)};
+  const at::Tensor z = transcoder.EncodeDense(Activation(in, kPrompt));
+  const int64_t p = 3, j = z[p].argmax().item<int64_t>();
+  ASSERT_GT(z[p][j].item<float>(), 0);
+  auto r = SteerPrompt(
+      steering, kPrompt, false,
+      Query({{j, InterventionMode::kSet, 0.0f, {p}}, {j, InterventionMode::kAdd, 2.0f, {p + 2}}}),
+      nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const at::Tensor W = transcoder.weights().W_dec[j];
+  const HookSplice by_hand{*ParseHookName(out), [&](const at::Tensor& a) {
+                             at::Tensor o = a.clone();
+                             o[0][p].sub_(W * z[p][j]);
+                             o[0][p + 2].add_(W * 2.0f);
+                             return o;
+                           }};
+  ExpectNear(r->steered.token_losses, Losses(ByHand(*model, kPrompt, &by_hand)), 1e-4,
+             "transcoder");
+  ASSERT_EQ(r->latent_values.size(), 1u);
+  EXPECT_NEAR(r->latent_values[0].second[p], z[p][j].item<float>(), 1e-5);
+}
+
+TEST(SteeringTest, BadQueriesNameTheirField) {
+  Fixture f;
+  auto refused = [&](SteeringQuery q, const std::string& field) {
+    auto r = f.Steer(q);
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << field << r.status();
+    EXPECT_NE(r.status().message().find(field), std::string::npos) << r.status();
+  };
+  refused(Query({}), "interventions");
+  refused(Query(std::vector<LatentIntervention>(65, {1, InterventionMode::kSet, 0, {}})),
+          "interventions");
+  refused(Query({{kLatents, InterventionMode::kSet, 0, {}}}), "interventions[0].latent");
+  refused(Query({{1, InterventionMode::kSet, 0, {}}, {-1, InterventionMode::kSet, 0, {}}}),
+          "interventions[1].latent");
+  refused(Query({{1, InterventionMode::kAdd, std::numeric_limits<float>::infinity(), {}}}),
+          "interventions[0].value");
+  refused(Query({{1, InterventionMode::kAdd, std::nanf(""), {}}}), "interventions[0].value");
+  refused(Query({{1, InterventionMode::kSet, 0, {0, 8}}}), "interventions[0].positions[1]");
+  refused(Query({{1, InterventionMode::kSet, 0, {}}}, -1), "new_tokens");
+  // 8 prompt tokens + 9 pass the reference model's context of 16.
+  refused(Query({{1, InterventionMode::kSet, 0, {}}}, 9), "new_tokens");
+  EXPECT_TRUE(f.Steer(Query({{1, InterventionMode::kSet, 0, {}}}, 8)).ok());
+  SteeringQuery q = Query({{1, InterventionMode::kSet, 0, {}}});
+  q.temperature = -1;
+  refused(q, "temperature");
+  q.temperature = std::numeric_limits<float>::infinity();
+  refused(q, "temperature");
+  q = Query({{1, InterventionMode::kSet, 0, {}}});
+  q.top_tokens = 1001;
+  refused(q, "top_tokens");
+  q.top_tokens = 3;
+  auto r = f.Steer(q);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->clean.next.size(), 3u);
+  EXPECT_LE(r->most_increased.size(), 3u);
+}
+
+TEST(SteeringTest, CancelledBetweenTokens) {
+  Fixture f;
+  int asked = 0;
+  auto r = SteerPrompt(f.steering(), kPrompt, false, Query({{1, InterventionMode::kAdd, 1, {}}}, 6),
+                       [&asked] { return ++asked > 2; });
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_NE(r.status().message().find("after 2 of 6"), std::string::npos) << r.status();
+}
+
+// A model that gives hidden states only (TorchScript) cannot be steered to logits.
+class HiddenStatesOnly : public ActivationModel {
+ public:
+  at::Tensor Forward(const at::Tensor& tokens) override {
+    return at::zeros({tokens.size(0), tokens.size(1), kD});
+  }
+  int64_t hook_width() const override { return kD; }
+  int64_t vocab_size() const override { return 100; }
+  int64_t max_context() const override { return 0; }
+  int64_t parameter_bytes() const override { return 0; }
+  int64_t activation_bytes_per_token(int64_t) const override { return 0; }
+  const std::string& model_id() const override { return id_; }
+  const std::string& weight_hash() const override { return id_; }
+
+ private:
+  std::string id_ = "hidden";
+};
+
+TEST(SteeringTest, AModelWithoutLogitsIsAFailedPrecondition) {
+  HiddenStatesOnly model;
+  const Sae sae = MakeSae(false);
+  auto r = SteerPrompt({&model, &sae, *ParseHookName("hidden_states.1"), std::nullopt}, kPrompt,
+                       false, Query({{1, InterventionMode::kSet, 0, {}}}), nullptr);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("hidden states"), std::string::npos) << r.status();
+}
+
+}  // namespace
+}  // namespace latentd::engine
