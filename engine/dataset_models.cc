@@ -113,6 +113,13 @@ struct PromptModel {
     return activations;
   }
 
+  // f(model) with the model to itself (a steered prompt runs many forward passes).
+  template <typename F>
+  auto Locked(F&& f) const {
+    std::lock_guard<std::mutex> lock(mu);
+    return f(*model);
+  }
+
   const std::unique_ptr<ActivationModel> model;
   const std::vector<std::string> hooks;  // what HookActivations returns, in order
   int64_t bytes() const { return model->parameter_bytes() + kLastPromptActivationBytes; }
@@ -902,14 +909,51 @@ absl::StatusOr<SaeComparison> DatasetModels::CompareSaes(const DatasetSource& da
   }
 }
 
-absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& dataset,
-                                                          const PromptQuery& query) {
-  const std::vector<int64_t>& ids = query.token_ids;
+namespace {
+
+absl::Status CheckPromptLength(const std::vector<int64_t>& ids) {
   if (ids.empty()) return absl::InvalidArgumentError("token_ids: empty");
   if (static_cast<int64_t>(ids.size()) > kMaxPromptTokens) {
     return absl::InvalidArgumentError(
         absl::StrCat("token_ids: ", ids.size(), " tokens, at most ", kMaxPromptTokens));
   }
+  return absl::OkStatus();
+}
+
+// The prompt as the dataset's sequences ran: BOS first where its spec prepends one.
+std::vector<int64_t> AsRun(const std::vector<int64_t>& ids,
+                           const latentd::v1::TokenSource& token_spec) {
+  std::vector<int64_t> tokens;
+  if (token_spec.prepend_bos()) tokens.push_back(token_spec.bos_token_id());
+  tokens.insert(tokens.end(), ids.begin(), ids.end());
+  return tokens;
+}
+
+// INVALID_ARGUMENT naming token_ids when the model cannot take the prompt as run (`tokens`).
+absl::Status CheckPromptFits(const std::vector<int64_t>& ids, const std::vector<int64_t>& tokens,
+                             const ActivationModel& model) {
+  const int64_t vocab = model.vocab_size();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || (vocab > 0 && ids[i] >= vocab)) {
+      return absl::InvalidArgumentError(absl::StrCat("token_ids[", i, "]: id ", ids[i],
+                                                     " outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  const int64_t context = model.max_context();
+  if (context > 0 && static_cast<int64_t>(tokens.size()) > context) {
+    return absl::InvalidArgumentError(absl::StrCat("token_ids: ", tokens.size(), " tokens",
+                                                   tokens.size() > ids.size() ? " with BOS" : "",
+                                                   ", the model takes at most ", context));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& dataset,
+                                                          const PromptQuery& query) {
+  const std::vector<int64_t>& ids = query.token_ids;
+  RETURN_IF_ERROR(CheckPromptLength(ids));
   for (const auto& [value, name] : {std::pair{query.latents_per_token, "latents_per_token"},
                                     std::pair{query.top_latents, "top_latents"}}) {
     if (value < 0 || value > kMaxLatentWeightsTopN) {
@@ -946,32 +990,15 @@ absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& d
         absl::StrCat("dataset ", dataset.dataset_id, ": a crosscoder without sources"));
   }
   PromptLatents out;
-  std::vector<int64_t> tokens;
-  const latentd::v1::TokenSource& token_spec = parts[0].second.spec.tokens();
-  if (token_spec.prepend_bos()) {
-    tokens.push_back(token_spec.bos_token_id());
-    out.bos_prepended = true;
-  }
-  tokens.insert(tokens.end(), ids.begin(), ids.end());
+  const std::vector<int64_t> tokens = AsRun(ids, parts[0].second.spec.tokens());
+  out.bos_prepended = tokens.size() > ids.size();
   try {
     ASSIGN_OR_RETURN(std::shared_ptr<const PromptSae> sae,
                      impl_->PromptSaeFor(dataset, inputs.sae_dir));
     std::vector<at::Tensor> xs;
     for (const auto& [of_source, part] : parts) {
       ASSIGN_OR_RETURN(std::shared_ptr<const PromptModel> model, impl_->ModelFor(of_source, part));
-      const int64_t vocab = model->model->vocab_size();
-      for (size_t i = 0; i < ids.size(); ++i) {
-        if (ids[i] < 0 || (vocab > 0 && ids[i] >= vocab)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "token_ids[", i, "]: id ", ids[i], " outside the vocabulary [0, ", vocab, ")"));
-        }
-      }
-      const int64_t context = model->model->max_context();
-      if (context > 0 && static_cast<int64_t>(tokens.size()) > context) {
-        return absl::InvalidArgumentError(absl::StrCat("token_ids: ", tokens.size(), " tokens",
-                                                       out.bos_prepended ? " with BOS" : "",
-                                                       ", the model takes at most ", context));
-      }
+      RETURN_IF_ERROR(CheckPromptFits(ids, tokens, *model->model));
       const size_t hook = model->IndexOf(part.spec.hook_name());
       if (hook == model->hooks.size()) {  // ModelFor builds the model with the part's hook
         return absl::InternalError(
@@ -1030,6 +1057,55 @@ absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& d
   } catch (const c10::Error& e) {
     return TorchErrorStatus(
         e, absl::StrCat("encoding a prompt with dataset ", dataset.dataset_id, "'s model and SAE"));
+  }
+}
+
+absl::StatusOr<SteeringResult> DatasetModels::SteerPrompt(const DatasetSource& dataset,
+                                                          const SteeringQuery& query,
+                                                          const std::function<bool()>& cancelled) {
+  RETURN_IF_ERROR(CheckPromptLength(query.token_ids));
+  ASSIGN_OR_RETURN(const DatasetInputs inputs, impl_->InputsOf(dataset));
+  if (!inputs.crosscoder_reads.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dataset ", dataset.dataset_id, "'s SAE is a crosscoder (it reads ",
+        inputs.crosscoder_reads,
+        "): a latent writes every source at once; steering takes an SAE or a transcoder"));
+  }
+  if (inputs.spec.model().has_torchscript()) {  // known before loading it
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dataset ", dataset.dataset_id,
+        "'s model is a TorchScript module: it gives its hidden states, not its logits, which "
+        "steering continues the prompt from (a model run natively, reference or huggingface, "
+        "has them)"));
+  }
+  try {
+    ASSIGN_OR_RETURN(std::shared_ptr<const PromptSae> sae,
+                     impl_->PromptSaeFor(dataset, inputs.sae_dir));
+    if (sae->sae.config().circuit_tracer && sae->sae.config().circuit_tracer->cross_layer) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "dataset ", dataset.dataset_id, "'s SAE is layer ",
+          sae->sae.config().circuit_tracer->layer,
+          " of a cross-layer transcoder: a latent writes every layer from it on; steering takes "
+          "an SAE or a transcoder"));
+    }
+    ASSIGN_OR_RETURN(std::shared_ptr<const PromptModel> model, impl_->ModelFor(dataset, inputs));
+    const std::vector<int64_t> tokens = AsRun(query.token_ids, inputs.spec.tokens());
+    RETURN_IF_ERROR(CheckPromptFits(query.token_ids, tokens, *model->model));
+    SteeringModel steering{nullptr, &sae->sae, inputs.hook, std::nullopt};
+    if (sae->sae.config().transcoder) {
+      // As EXTRACT found it (datasets record it; the SAE's config says it for older ones).
+      ASSIGN_OR_RETURN(const std::string out, TranscoderOutputHook(sae->sae.config(), inputs.hook));
+      ASSIGN_OR_RETURN(steering.hook_out,
+                       ParseHookName(dataset.hook_name_out.empty() ? out : dataset.hook_name_out));
+    }
+    return model->Locked([&](ActivationModel& m) {
+      steering.model = &m;
+      return engine::SteerPrompt(steering, tokens, tokens.size() > query.token_ids.size(), query,
+                                 cancelled);
+    });
+  } catch (const c10::Error& e) {
+    return TorchErrorStatus(
+        e, absl::StrCat("steering a prompt with dataset ", dataset.dataset_id, "'s model and SAE"));
   }
 }
 

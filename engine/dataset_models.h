@@ -10,18 +10,22 @@
 //    tokens, their scale is indicative only.
 // 2. Which latents fire on a new prompt (EncodePrompt), Neuronpedia's search by text, encoded as
 //    EXTRACT encoded the dataset's sequences.
+// 3. What a latent does to the model's output (SteerPrompt, steering.h): the prompt run and
+//    continued with the latent ablated, clamped or added, beside the model as it is.
 //
 // Torch-free header (the Datasets service includes it).
 #ifndef LATENTD_ENGINE_DATASET_MODELS_H_
 #define LATENTD_ENGINE_DATASET_MODELS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/extract_runner.h"
+#include "engine/steering.h"
 
 namespace latentd::engine {
 
@@ -201,6 +205,17 @@ class DatasetModels {
   // gives non-finite activations.
   absl::StatusOr<PromptLatents> EncodePrompt(const DatasetSource& dataset,
                                              const PromptQuery& query);
+
+  // The prompt run through the dataset's model with query.interventions on its SAE's latents
+  // (steering.h), and continued, beside the clean run: the same model and SAE as EncodePrompt
+  // (cached and shared with it), BOS prepended as the dataset's spec did, on the CPU. The model
+  // runs one query at a time (a long generation holds it). Errors as EncodePrompt, and
+  // steering.h's; FAILED_PRECONDITION for a crosscoder or a cross-layer transcoder (a latent
+  // writes several hooks or models) and a model that cannot run to its logits (TorchScript);
+  // CANCELLED when `cancelled` says so between generated tokens.
+  absl::StatusOr<SteeringResult> SteerPrompt(const DatasetSource& dataset,
+                                             const SteeringQuery& query,
+                                             const std::function<bool()>& cancelled);
 
   // Bytes the cache holds now (for tests and telemetry).
   int64_t cached_bytes() const;

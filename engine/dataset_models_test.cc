@@ -286,6 +286,30 @@ TEST_F(DatasetModelsTest, ATranscodersDirectionsAreUnembeddedFromTheHookItPredic
   ExpectLogits(*got, W_E.mv(W_out.t().mv(w.W_dec[3].to(at::kDouble))), 4);
   EXPECT_EQ(got->encoder_decoder_cosine, 0);
   EXPECT_NEAR(got->encoder_norm, w.W_enc.select(1, 3).norm().item<double>(), 1e-4);
+
+  // Steering adds to the hook the transcoder predicts (mlp.hook_post), not to the one it reads.
+  SteeringQuery steer;
+  steer.token_ids = {4, 8, 15, 16};
+  steer.interventions = {{3, InterventionMode::kAdd, 2.0f, {}}};
+  auto steered = reader.SteerPrompt(source, steer, nullptr);
+  ASSERT_TRUE(steered.ok()) << steered.status();
+  auto model = CreateReferenceModel(SmallModel(), *ParseHookName("blocks.1.hook_resid_post"),
+                                    at::Device(at::kCPU));
+  ASSERT_TRUE(model.ok());
+  at::NoGradGuard no_grad;
+  const HookSplice add{*ParseHookName("blocks.1.mlp.hook_post"),
+                       [&](const at::Tensor& a) { return a + 2.0f * w.W_dec[3]; }};
+  const at::Tensor want =
+      (*model)
+          ->PredictNextTokens(
+              at::tensor(steer.token_ids, at::TensorOptions().dtype(at::kLong)).view({1, -1}),
+              {add}, true)
+          .losses[0];
+  ASSERT_EQ(steered->steered.token_losses.size(), 3u);
+  for (int64_t p = 0; p < 3; ++p) {
+    EXPECT_NEAR(steered->steered.token_losses[p], want[p].item<float>(), 1e-4) << p;
+  }
+  EXPECT_GT(steered->kl_divergence, 0);
 }
 
 // A circuit-tracer cross-layer transcoder's latent of layer 0 writes to layers 0 and 1: both
@@ -438,6 +462,14 @@ TEST_F(DatasetModelsTest, TorchScriptUnembeddingsAreFoundByNameAndChecked) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->logits_source, "lm_head.weight");
   ExpectLogits(*got, lm_head.to(at::kDouble).mv(w.W_dec[4].to(at::kDouble)), 3);
+  // A module that gives hidden states cannot be run to its logits, so it cannot be steered.
+  SteeringQuery steer;
+  steer.token_ids = {1, 2};
+  steer.interventions = {{4, InterventionMode::kSet, 0, {}}};
+  auto steered = DatasetModels(env_).SteerPrompt(source, steer, nullptr);
+  EXPECT_EQ(steered.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(steered.status().message().find("hidden states"), std::string::npos)
+      << steered.status();
 
   // Asked for by a name the module lacks.
   q.unembedding = "unembed.W_U";
@@ -740,6 +772,75 @@ TEST_F(DatasetModelsTest, APromptGetsTheLatentsTheModelAndSaeGiveIt) {
   EXPECT_EQ(code({1}, 0, 99).code(), absl::StatusCode::kFailedPrecondition);  // no such job
 }
 
+// SteerPrompt runs the dataset's own model and SAE (those EncodePrompt loaded, from the same
+// cache), with the dataset's BOS: the clean run is the model's, the latent's values are the
+// ones EncodePrompt reports, and ablating it changes the prediction.
+TEST_F(DatasetModelsTest, APromptIsSteeredThroughTheDatasetsModelAndSae) {
+  const std::string dir = root_ + "/sae_steer";
+  const std::string hash = WriteSae(dir, MakeWeights(16, 8));
+  AddReferenceJob(40, "blocks.1.hook_resid_post", dir);
+  jobs_[40].mutable_spec()->mutable_extract()->mutable_tokens()->set_prepend_bos(true);
+  jobs_[40].mutable_spec()->mutable_extract()->mutable_tokens()->set_bos_token_id(50);
+  const DatasetSource source{7, 40, hash, ReferenceHash("blocks.1.hook_resid_post"), kDSae};
+  DatasetModels models(env_);
+  PromptQuery prompt;
+  prompt.token_ids = {1, 5, 9, 3, 63};
+  prompt.latents_per_token = 1000;
+  auto encoded = models.EncodePrompt(source, prompt);
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  const int64_t cached = models.cached_bytes();
+  const ScoredIndex strongest = encoded->tokens[5].latents[0];  // the last token's largest
+
+  SteeringQuery q;
+  q.token_ids = prompt.token_ids;
+  q.interventions = {{strongest.index, InterventionMode::kSet, 0, {}}};
+  q.new_tokens = 2;
+  auto got = models.SteerPrompt(source, q, nullptr);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(models.cached_bytes(), cached);  // nothing loaded twice
+  EXPECT_TRUE(got->bos_prepended);
+  EXPECT_EQ(got->prompt, (std::vector<int64_t>{50, 1, 5, 9, 3, 63}));
+  auto model = CreateReferenceModel(SmallModel(), *ParseHookName("blocks.1.hook_resid_post"),
+                                    at::Device(at::kCPU));
+  ASSERT_TRUE(model.ok());
+  at::NoGradGuard no_grad;
+  const NextTokenPredictions own = (*model)->PredictNextTokens(
+      at::tensor(got->prompt, at::TensorOptions().dtype(at::kLong)).view({1, -1}), {}, true);
+  ASSERT_EQ(got->clean.token_losses.size(), 5u);
+  for (int64_t s = 0; s < 5; ++s) {
+    EXPECT_NEAR(got->clean.token_losses[s], own.losses[0][s].item<float>(), 1e-5) << s;
+  }
+  EXPECT_EQ(got->clean.next[0].token_id, own.last_logits[0].argmax().item<int64_t>());
+  EXPECT_EQ(got->clean.generated.size(), 2u);
+  ASSERT_EQ(got->latent_values.size(), 1u);
+  for (size_t r = 0; r < got->prompt.size(); ++r) {
+    float want = 0;
+    for (const ScoredIndex& l : encoded->tokens[r].latents) {
+      if (l.index == strongest.index) want = l.score;
+    }
+    EXPECT_NEAR(got->latent_values[0].second[r], want, 1e-5) << r;
+  }
+  EXPECT_GT(got->kl_divergence, 0);
+  EXPECT_NE(got->steered.token_losses, got->clean.token_losses);
+
+  // Bad input: the prompt's checks are EncodePrompt's; the context counts the new tokens.
+  q.token_ids = {1, 64};
+  auto s = models.SteerPrompt(source, q, nullptr).status();
+  EXPECT_NE(s.message().find("token_ids[1]: id 64 outside the vocabulary"), std::string::npos) << s;
+  q.token_ids = {};
+  EXPECT_EQ(models.SteerPrompt(source, q, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  q.token_ids = {1, 2, 3, 4, 5, 6};  // 7 with BOS, + 2 pass the context of 8
+  s = models.SteerPrompt(source, q, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("new_tokens: 2 after a prompt of 7 tokens"), std::string::npos) << s;
+  q.new_tokens = 1;
+  EXPECT_TRUE(models.SteerPrompt(source, q, nullptr).ok());
+  q.interventions[0].latent = kDSae;
+  s = models.SteerPrompt(source, q, nullptr).status();
+  EXPECT_NE(s.message().find("interventions[0].latent"), std::string::npos) << s;
+}
+
 // A crosscoder's latent: how its decoder splits between the sources, at the training scale the
 // crosscoder compared them at (as training measured it), each source's logits through its own
 // model, for a crosscoder over a model's hooks and one over two models' stored datasets alike;
@@ -858,6 +959,13 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
     prompt.latents_per_token = 1000;
     auto got = models.EncodePrompt(source, prompt);
     ASSERT_TRUE(got.ok()) << got.status();
+    // A crosscoder's latent writes every source at once: not steered.
+    SteeringQuery steer;
+    steer.token_ids = prompt.token_ids;
+    steer.interventions = {{1, InterventionMode::kSet, 0, {}}};
+    auto steered = models.SteerPrompt(source, steer, nullptr);
+    EXPECT_EQ(steered.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(steered.status().message().find("crosscoder"), std::string::npos) << steered.status();
     const at::Tensor ids = at::tensor(prompt.token_ids, at::kLong).view({1, -1});
     auto first = CreateReferenceModel(SmallModel(), *ParseHookName(hooks[0]), at::Device(at::kCPU));
     auto second = CreateReferenceModel(job == 81 ? other : SmallModel(), *ParseHookName(hooks[1]),
