@@ -642,6 +642,84 @@ grpc::Status DatasetsService::EncodePrompt(grpc::ServerContext* context,
                                   "ask fewer latents_per_token or a shorter prompt", response));
 }
 
+namespace {
+
+void SetRun(const engine::SteeredRun& run, latentd::v1::SteeredRun* out) {
+  for (int64_t id : run.generated) out->add_generated(static_cast<int32_t>(id));
+  for (const engine::TokenProbability& p : run.next) {
+    latentd::v1::TokenProbability* next = out->add_next();
+    next->set_token_id(static_cast<int32_t>(p.token_id));
+    next->set_probability(p.probability);
+  }
+  out->mutable_token_losses()->Add(run.token_losses.begin(), run.token_losses.end());
+  out->set_mean_loss(run.mean_loss);
+}
+
+void AddChanges(const std::vector<engine::NextTokenChange>& changes,
+                google::protobuf::RepeatedPtrField<latentd::v1::NextTokenChange>* out) {
+  for (const engine::NextTokenChange& c : changes) {
+    latentd::v1::NextTokenChange* change = out->Add();
+    change->set_token_id(static_cast<int32_t>(c.token_id));
+    change->set_clean_probability(c.clean_probability);
+    change->set_steered_probability(c.steered_probability);
+  }
+}
+
+}  // namespace
+
+grpc::Status DatasetsService::SteerPrompt(grpc::ServerContext* context,
+                                          const latentd::v1::SteerPromptRequest* request,
+                                          latentd::v1::SteerPromptResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  auto source = ModelSource(request->dataset_id());
+  if (!source.ok()) return ToGrpcStatus(source.status());
+  engine::SteeringQuery query;
+  query.token_ids.assign(request->token_ids().begin(), request->token_ids().end());
+  for (int i = 0; i < request->interventions_size(); ++i) {
+    const latentd::v1::LatentIntervention& in = request->interventions(i);
+    engine::LatentIntervention& out = query.interventions.emplace_back();
+    switch (in.mode()) {
+      case latentd::v1::LatentIntervention::SET:
+        out.mode = engine::InterventionMode::kSet;
+        break;
+      case latentd::v1::LatentIntervention::ADD:
+        out.mode = engine::InterventionMode::kAdd;
+        break;
+      case latentd::v1::LatentIntervention::SCALE:
+        out.mode = engine::InterventionMode::kScale;
+        break;
+      default:
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrCat("interventions[", i, "].mode: ",
+                                         latentd::v1::LatentIntervention::Mode_Name(in.mode()),
+                                         "; one of SET, ADD, SCALE"));
+    }
+    out.latent = in.latent();
+    out.value = in.value();
+    out.positions.assign(in.positions().begin(), in.positions().end());
+  }
+  query.new_tokens = request->new_tokens();
+  query.temperature = request->temperature();
+  query.seed = request->seed();
+  query.top_tokens = request->top_tokens();
+  auto found = options_.dataset_models->SteerPrompt(*source, query,
+                                                    [context] { return context->IsCancelled(); });
+  if (!found.ok()) return ToGrpcStatus(found.status());
+  response->set_bos_prepended(found->bos_prepended);
+  for (int64_t id : found->prompt) response->add_prompt(static_cast<int32_t>(id));
+  SetRun(found->clean, response->mutable_clean());
+  SetRun(found->steered, response->mutable_steered());
+  response->set_kl_divergence(found->kl_divergence);
+  AddChanges(found->most_increased, response->mutable_most_increased());
+  AddChanges(found->most_decreased, response->mutable_most_decreased());
+  for (const auto& [latent, values] : found->latent_values) {
+    latentd::v1::LatentValues* out = response->add_latent_values();
+    out->set_latent(static_cast<int32_t>(latent));
+    out->mutable_values()->Add(values.begin(), values.end());
+  }
+  return grpc::Status::OK;
+}
+
 absl::StatusOr<std::string> DatasetsService::ResolveExportPath(const std::string& requested) const {
   namespace fs = std::filesystem;
   if (options_.export_root.empty()) {

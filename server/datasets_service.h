@@ -71,6 +71,9 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
   grpc::Status EncodePrompt(grpc::ServerContext* context,
                             const latentd::v1::EncodePromptRequest* request,
                             latentd::v1::EncodePromptResponse* response) override;
+  grpc::Status SteerPrompt(grpc::ServerContext* context,
+                           const latentd::v1::SteerPromptRequest* request,
+                           latentd::v1::SteerPromptResponse* response) override;
   grpc::Status ExportDataset(grpc::ServerContext* context,
                              const latentd::v1::ExportDatasetRequest* request,
                              latentd::v1::ExportDatasetResponse* response) override;

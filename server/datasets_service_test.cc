@@ -934,6 +934,72 @@ TEST_F(DatasetsServiceTest, EncodePromptConvertsTokensAndTopLatents) {
   EXPECT_EQ(code(*dense_id, {1}).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+TEST_F(DatasetsServiceTest, SteerPromptConvertsBothRunsAndTheModes) {
+  AddPlaneSaeJob(dir_, 43, &jobs_);
+  const uint64_t id = MakeDataset("steer", 16, 512, storage::ValueDtype::kFloat16, 43);
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
+  grpc::ClientContext encode_ctx;
+  latentd::v1::EncodePromptRequest encode;
+  encode.set_dataset_id(id);
+  for (int32_t t : prompt) encode.add_token_ids(t);
+  latentd::v1::EncodePromptResponse encoded;
+  ASSERT_TRUE(stub_->EncodePrompt(&encode_ctx, encode, &encoded).ok());
+  const int32_t strongest = encoded.tokens(4).latents(0);
+
+  auto steer = [&](latentd::v1::LatentIntervention::Mode mode, float value,
+                   latentd::v1::SteerPromptResponse* out) {
+    grpc::ClientContext c;
+    latentd::v1::SteerPromptRequest r;
+    r.set_dataset_id(id);
+    for (int32_t t : prompt) r.add_token_ids(t);
+    latentd::v1::LatentIntervention* in = r.add_interventions();
+    in->set_latent(strongest);
+    in->set_mode(mode);
+    in->set_value(value);
+    r.set_new_tokens(3);
+    r.set_top_tokens(4);
+    return stub_->SteerPrompt(&c, r, out);
+  };
+  latentd::v1::SteerPromptResponse same, ablated;
+  grpc::Status s = steer(latentd::v1::LatentIntervention::SCALE, 1.0f, &same);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(same.bos_prepended());
+  ASSERT_EQ(same.prompt_size(), 5);
+  for (const latentd::v1::SteeredRun* run : {&same.clean(), &same.steered()}) {
+    EXPECT_EQ(run->generated_size(), 3);
+    EXPECT_EQ(run->next_size(), 4);
+    EXPECT_EQ(run->token_losses_size(), 4);
+    EXPECT_GT(run->mean_loss(), 0);
+  }
+  EXPECT_EQ(same.clean().generated(0), same.steered().generated(0));
+  EXPECT_NEAR(same.kl_divergence(), 0, 1e-6);
+  ASSERT_EQ(same.latent_values_size(), 1);
+  EXPECT_EQ(same.latent_values(0).latent(), strongest);
+  ASSERT_EQ(same.latent_values(0).values_size(), 5);
+  EXPECT_EQ(same.latent_values(0).values(4), encoded.tokens(4).values(0));
+
+  s = steer(latentd::v1::LatentIntervention::SET, 0.0f, &ablated);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_GT(ablated.kl_divergence(), 0);
+  EXPECT_EQ(ablated.clean().mean_loss(), same.clean().mean_loss());
+  ASSERT_GT(ablated.most_increased_size() + ablated.most_decreased_size(), 0);
+  for (const latentd::v1::NextTokenChange& c : ablated.most_increased()) {
+    EXPECT_GT(c.steered_probability(), c.clean_probability());
+  }
+
+  s = steer(latentd::v1::LatentIntervention::MODE_UNSPECIFIED, 0.0f, &ablated);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("interventions[0].mode: MODE_UNSPECIFIED"), std::string::npos)
+      << s.error_message();
+  grpc::ClientContext c;
+  latentd::v1::SteerPromptRequest none;
+  none.set_dataset_id(id);
+  none.add_token_ids(1);
+  s = stub_->SteerPrompt(&c, none, &ablated);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("interventions"), std::string::npos) << s.error_message();
+}
+
 TEST_F(DatasetsServiceTest, AnEncodedPromptTooLargeToReceiveIsRefusedWithTheNumbers) {
   // 4096 latents that all fire on each of 1024 tokens: 1000 of them a token is about 6 MB.
   AddPlaneSaeJob(dir_, 44, &jobs_,
