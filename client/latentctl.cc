@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "client/dataset_siblings.h"
 #include "client/latent_view.h"
+#include "client/steer_view.h"
 #include "client/telemetry_plot.h"
 #include "client/tokenize_files.h"
 #include "client/tokenizer.h"
@@ -148,6 +149,12 @@ ABSL_FLAG(std::string, dataset, "",
 ABSL_FLAG(std::string, rendezvous, "",
           "train-nodes: HOST:PORT where rank 0's node hosts the TCPStore (default: the first "
           "node's host, port 29500)");
+ABSL_FLAG(std::string, intervene, "",
+          "steer: LATENT:set=V, LATENT:add=V or LATENT:scale=V, each optionally @P+P+... "
+          "(positions; default every position), comma-separated");
+ABSL_FLAG(int, new_tokens, 20, "steer: tokens each run generates after the prompt");
+ABSL_FLAG(float, temperature, 0, "steer: 0 greedy; > 0 sampled (the same draws for both runs)");
+ABSL_FLAG(uint64_t, seed, 0, "steer: the sampling seed");
 ABSL_FLAG(int64_t, max_count, -1,
           "latents: only latents firing at most this often (-1: no bound; 0: the dead ones)");
 
@@ -1113,10 +1120,49 @@ void PrintPromptTokens(uint64_t id, const v1::EncodePromptResponse& response,
 
 // Which latents fire on a prompt (EncodePrompt): `prompt ID T1 T2 ...`, each token an id or,
 // with --vocab, the text of one vocabulary entry.
+// The prompt of `prompt` and `steer`: --text tokenized with --vocab, or args[2...] each a token
+// id or, with --vocab, the text of one vocabulary entry. false with the usage error.
+bool PromptTokenIds(const std::vector<std::string>& args, const std::optional<Vocabulary>& vocab,
+                    google::protobuf::RepeatedField<int32_t>* out, std::string* error) {
+  const std::string text = absl::GetFlag(FLAGS_text);
+  if ((args.size() < 3) == text.empty()) {
+    *error = absl::StrCat(args[0],
+                          " needs a dataset id and either tokens (ids, or texts with --vocab) or "
+                          "--text");
+    return false;
+  }
+  if (!text.empty()) {
+    // No special tokens: the daemon prepends BOS itself when the dataset's job did.
+    absl::StatusOr<std::vector<int32_t>> ids = TokenizeWithVocabFlag(text);
+    if (!ids.ok()) {
+      *error = absl::StrCat("--text: ", ids.status().message());
+      return false;
+    }
+    out->Add(ids->begin(), ids->end());
+  }
+  for (size_t i = 2; i < args.size(); ++i) {
+    int32_t token = 0;
+    if (!absl::SimpleAtoi(args[i], &token)) {
+      if (!vocab) {
+        *error = absl::StrCat(args[0], ": '", args[i], "' is not a token id");
+        return false;
+      }
+      const std::vector<int32_t> ids = vocab->Find(args[i]);
+      if (ids.size() != 1) {
+        *error = absl::StrCat("token '", args[i], "': ", ids.size(),
+                              " tokens of the vocabulary are exactly that text");
+        return false;
+      }
+      token = ids[0];
+    }
+    out->Add(token);
+  }
+  return true;
+}
+
 int Prompt(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
-  const std::string text = absl::GetFlag(FLAGS_text);
-  if (!ParseId(args, 1, &id) || (args.size() < 3) == text.empty()) {
+  if (!ParseId(args, 1, &id)) {
     return Usage(
         "prompt needs a dataset id and either tokens (ids, or texts with --vocab) or --text");
   }
@@ -1124,24 +1170,8 @@ int Prompt(Client& client, const std::vector<std::string>& args) {
   if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
   v1::EncodePromptRequest request;
   request.set_dataset_id(id);
-  if (!text.empty()) {
-    // No special tokens: the daemon prepends BOS itself when the dataset's job did.
-    absl::StatusOr<std::vector<int32_t>> ids = TokenizeWithVocabFlag(text);
-    if (!ids.ok()) return Usage(absl::StrCat("--text: ", ids.status().message()));
-    for (const int32_t token : *ids) request.add_token_ids(token);
-  }
-  for (size_t i = 2; i < args.size(); ++i) {
-    int32_t token = 0;
-    if (!absl::SimpleAtoi(args[i], &token)) {
-      if (!vocab) return Usage(absl::StrCat("prompt: '", args[i], "' is not a token id"));
-      const std::vector<int32_t> ids = vocab->Find(args[i]);
-      if (ids.size() != 1) {
-        return Usage(absl::StrCat("token '", args[i], "': ", ids.size(),
-                                  " tokens of the vocabulary are exactly that text"));
-      }
-      token = ids[0];
-    }
-    request.add_token_ids(token);
+  if (std::string error; !PromptTokenIds(args, vocab, request.mutable_token_ids(), &error)) {
+    return Usage(error);
   }
   const std::string html = absl::GetFlag(FLAGS_html);
   // The page shades the prompt by each top latent, so it needs every active latent per token.
@@ -1200,6 +1230,38 @@ int Prompt(Client& client, const std::vector<std::string>& args) {
     if (!status.ok()) return RpcError(status);
     if (!json) std::printf("%s: top latents over the prompt:\n", DatasetLabel(d).c_str());
     print_top(other);
+  }
+  return 0;
+}
+
+// A prompt run with latents changed (SteerPrompt) beside the model as it is:
+// `steer ID T1 T2 ... --intervene=17:add=8[,...] [--new_tokens=N]`.
+int Steer(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id)) {
+    return Usage("steer needs a dataset id, the prompt (tokens or --text) and --intervene");
+  }
+  std::optional<Vocabulary> vocab;
+  if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
+  v1::SteerPromptRequest request;
+  request.set_dataset_id(id);
+  if (std::string error; !PromptTokenIds(args, vocab, request.mutable_token_ids(), &error)) {
+    return Usage(error);
+  }
+  auto interventions = ParseInterventions(absl::GetFlag(FLAGS_intervene));
+  if (!interventions.ok()) return Usage(std::string(interventions.status().message()));
+  request.mutable_interventions()->Assign(interventions->begin(), interventions->end());
+  request.set_new_tokens(absl::GetFlag(FLAGS_new_tokens));
+  request.set_temperature(absl::GetFlag(FLAGS_temperature));
+  request.set_seed(absl::GetFlag(FLAGS_seed));
+  request.set_top_tokens(absl::GetFlag(FLAGS_limit));
+  v1::SteerPromptResponse response;
+  grpc::Status status = client.datasets()->SteerPrompt(client.Context().get(), request, &response);
+  if (!status.ok()) return RpcError(status);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(response).c_str());
+  } else {
+    std::printf("%s", DescribeSteering(id, request, response, vocab).c_str());
   }
   return 0;
 }
@@ -1851,6 +1913,15 @@ datasets:
                                  dashboard directory, latents link to their pages);
                                  --all_hooks: also each other hook of the dataset's job
                                  (and of other jobs over the same tokens and model)
+  steer ID T1 T2 ... --intervene=J:set=V|J:add=V|J:scale=V[@P+P...][,...] [--new_tokens=N]
+        [--temperature=T --seed=S] [--limit=N] [--vocab=F]
+  steer ID --text="..." --vocab=tokenizer.json --intervene=... [...]
+                                 the prompt through the dataset's model with latents changed
+                                 where the SAE's decoder writes (set 0: ablate; add: steer
+                                 along the decoder direction; scale), beside the model as it
+                                 is: the next token's N top predictions of both, the KL and
+                                 the tokens that rose and fell most, the prompt's loss, and
+                                 both runs continued N tokens (default 20)
   compare ID OTHER [--sample=N] [--limit=N]
                                  how far two datasets' SAEs learned the same directions: each
                                  latent's nearest decoder direction in the other SAE (mean,
@@ -2051,6 +2122,7 @@ int Run(const std::vector<std::string>& args) {
   if (command == "examples") return Examples(client, args);
   if (command == "weights") return Weights(client, args);
   if (command == "prompt") return Prompt(client, args);
+  if (command == "steer") return Steer(client, args);
   if (command == "compare") return Compare(client, args);
   if (command == "cofiring") return OnRows(client, args, /*by_token=*/false);
   if (command == "token") return OnRows(client, args, /*by_token=*/true);

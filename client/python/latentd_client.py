@@ -330,6 +330,35 @@ class Client:
             latents_per_token=latents_per_token, top_latents=top_latents)
         return self.datasets.EncodePrompt(request, metadata=self.metadata, timeout=self.timeout)
 
+    def steer_prompt(self, dataset_id, token_ids, interventions, new_tokens=0, temperature=0.0,
+                     seed=0, top_tokens=10):
+        """The prompt through the dataset's model with some of its SAE's latents changed where
+        the SAE's decoder writes, beside the model as it is (steering and ablation). Each
+        intervention is (latent, mode, value) or (latent, mode, value, positions), mode "set"
+        (0 ablates), "add" (steers along the decoder direction) or "scale"; positions count a
+        prepended BOS as 0 (none: every position, generated ones too). The answer: prompt (BOS
+        included), clean and steered runs (generated: new_tokens ids, greedy or sampled at
+        `temperature` with `seed`, the same draws for both; next: the top_tokens most likely
+        next tokens; token_losses and mean_loss over the prompt), kl_divergence of the next
+        token, most_increased / most_decreased (token_id, clean_probability,
+        steered_probability) and latent_values (each latent's value per prompt position)."""
+        modes = {"set": datasets_pb2.LatentIntervention.SET,
+                 "add": datasets_pb2.LatentIntervention.ADD,
+                 "scale": datasets_pb2.LatentIntervention.SCALE}
+        request = datasets_pb2.SteerPromptRequest(
+            dataset_id=dataset_id, token_ids=[int(t) for t in token_ids], new_tokens=new_tokens,
+            temperature=temperature, seed=seed, top_tokens=top_tokens)
+        for item in interventions:
+            if isinstance(item, datasets_pb2.LatentIntervention):
+                request.interventions.append(item)
+                continue
+            latent, mode, value = item[:3]
+            if mode not in modes:
+                raise ValueError("intervention mode %r: one of set, add, scale" % (mode,))
+            request.interventions.add(latent=int(latent), mode=modes[mode], value=float(value),
+                                      positions=[int(p) for p in (item[3] if len(item) > 3 else [])])
+        return self.datasets.SteerPrompt(request, metadata=self.metadata, timeout=self.timeout)
+
     def compare_saes(self, dataset_id, other_dataset_id, latents=None, sample=0, bins=20):
         """How far two datasets' SAEs learned the same directions: for each compared latent of
         the first (all, the given latents, or `sample` of them evenly spread) the other SAE's

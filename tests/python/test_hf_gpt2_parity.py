@@ -24,7 +24,7 @@ from extract_test_util import (assert_dense_rows, assert_stored_latents, run_ext
                                write_topk_sae)
 
 VOCAB, D, LAYERS, HEADS, POSITIONS, CTX = 120, 48, 3, 4, 32, 16
-TOOL = os.environ["EXTRACT_TOOL"]
+TOOL = os.environ.get("EXTRACT_TOOL", "")  # tests/e2e/test_steering.py imports the model only
 
 
 def gelu_new(x):
@@ -92,26 +92,45 @@ class Gpt2:
                                                  ids[:, 1:].reshape(-1)).item()
 
 
+def random_gpt2_weights(seed=0):
+    """A small GPT-2's tensors by their checkpoint names, drawn from `seed`."""
+    torch.manual_seed(seed)
+    g = lambda *shape, s=0.1: torch.randn(*shape) * s
+    w = {"wte.weight": g(VOCAB, D), "wpe.weight": g(POSITIONS, D, s=0.02),
+         "ln_f.weight": 1 + g(D), "ln_f.bias": g(D)}
+    for l in range(LAYERS):
+        p = "h.%d." % l
+        w.update({p + "ln_1.weight": 1 + g(D), p + "ln_1.bias": g(D),
+                  p + "attn.c_attn.weight": g(D, 3 * D), p + "attn.c_attn.bias": g(3 * D),
+                  p + "attn.c_proj.weight": g(D, D), p + "attn.c_proj.bias": g(D),
+                  p + "ln_2.weight": 1 + g(D), p + "ln_2.bias": g(D),
+                  p + "mlp.c_fc.weight": g(D, 4 * D), p + "mlp.c_fc.bias": g(4 * D),
+                  p + "mlp.c_proj.weight": g(4 * D, D), p + "mlp.c_proj.bias": g(D),
+                  # buffers older checkpoints carry: the causal mask, not weights
+                  p + "attn.bias": torch.tril(torch.ones(1, 1, POSITIONS, POSITIONS)),
+                  p + "attn.masked_bias": torch.tensor(-1e4)})
+    return w
+
+
+def gpt2_config(**changes):
+    """config.json of that GPT-2 as the Hub writes it, with `changes`."""
+    cfg = {"_name_or_path": "tiny-gpt2", "architectures": ["GPT2LMHeadModel"],
+           "model_type": "gpt2", "activation_function": "gelu_new", "attn_pdrop": 0.1,
+           "bos_token_id": 0, "eos_token_id": 0, "embd_pdrop": 0.1, "initializer_range": 0.02,
+           "layer_norm_epsilon": 1e-5, "n_ctx": POSITIONS, "n_embd": D, "n_head": HEADS,
+           "n_inner": None, "n_layer": LAYERS, "n_positions": POSITIONS,
+           "reorder_and_upcast_attn": False, "resid_pdrop": 0.1, "scale_attn_by_inverse_layer_idx": False,
+           "scale_attn_weights": True, "summary_type": "cls_index", "torch_dtype": "float32",
+           "transformers_version": "4.36.2", "use_cache": True, "vocab_size": VOCAB}
+    cfg.update(changes)
+    return cfg
+
+
 class HfGpt2ParityTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        torch.manual_seed(0)
         cls.root = tempfile.mkdtemp(prefix="hf-gpt2-")
-        g = lambda *shape, s=0.1: torch.randn(*shape) * s
-        w = {"wte.weight": g(VOCAB, D), "wpe.weight": g(POSITIONS, D, s=0.02),
-             "ln_f.weight": 1 + g(D), "ln_f.bias": g(D)}
-        for l in range(LAYERS):
-            p = "h.%d." % l
-            w.update({p + "ln_1.weight": 1 + g(D), p + "ln_1.bias": g(D),
-                      p + "attn.c_attn.weight": g(D, 3 * D), p + "attn.c_attn.bias": g(3 * D),
-                      p + "attn.c_proj.weight": g(D, D), p + "attn.c_proj.bias": g(D),
-                      p + "ln_2.weight": 1 + g(D), p + "ln_2.bias": g(D),
-                      p + "mlp.c_fc.weight": g(D, 4 * D), p + "mlp.c_fc.bias": g(4 * D),
-                      p + "mlp.c_proj.weight": g(4 * D, D), p + "mlp.c_proj.bias": g(D),
-                      # buffers older checkpoints carry: the causal mask, not weights
-                      p + "attn.bias": torch.tril(torch.ones(1, 1, POSITIONS, POSITIONS)),
-                      p + "attn.masked_bias": torch.tensor(-1e4)})
-        cls.weights = w
+        cls.weights = random_gpt2_weights()
         rng = np.random.default_rng(1)
         ids = rng.integers(0, VOCAB, size=9 * CTX, dtype=np.int64).astype(np.uint16)
         np.save(os.path.join(cls.root, "tokens.npy"), ids)
@@ -119,15 +138,7 @@ class HfGpt2ParityTest(unittest.TestCase):
 
     def checkpoint(self, name, centered=False, **config_changes):
         d = os.path.join(self.root, name)
-        cfg = {"_name_or_path": "tiny-gpt2", "architectures": ["GPT2LMHeadModel"],
-               "model_type": "gpt2", "activation_function": "gelu_new", "attn_pdrop": 0.1,
-               "bos_token_id": 0, "eos_token_id": 0, "embd_pdrop": 0.1, "initializer_range": 0.02,
-               "layer_norm_epsilon": 1e-5, "n_ctx": POSITIONS, "n_embd": D, "n_head": HEADS,
-               "n_inner": None, "n_layer": LAYERS, "n_positions": POSITIONS,
-               "reorder_and_upcast_attn": False, "resid_pdrop": 0.1, "scale_attn_by_inverse_layer_idx": False,
-               "scale_attn_weights": True, "summary_type": "cls_index", "torch_dtype": "float32",
-               "transformers_version": "4.36.2", "use_cache": True, "vocab_size": VOCAB}
-        cfg.update(config_changes)
+        cfg = gpt2_config(**config_changes)
         write_hf_checkpoint(d, cfg, self.weights)
         w = dict(self.weights)
         if centered:

@@ -1,0 +1,147 @@
+#include "client/steer_view.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace latentd::client {
+namespace {
+
+namespace v1 = latentd::v1;
+
+std::string Token(int32_t id, const std::optional<Vocabulary>& vocab) {
+  return vocab ? absl::StrCat("\"", vocab->Display(id), "\"") : absl::StrCat(id);
+}
+
+// A run of tokens as one string: their text joined (what the model wrote), or ids.
+std::string Tokens(const google::protobuf::RepeatedField<int32_t>& ids,
+                   const std::optional<Vocabulary>& vocab) {
+  if (!vocab) return absl::StrJoin(ids, " ");
+  std::string text;
+  for (int32_t id : ids) text += vocab->Display(id);
+  return absl::StrCat("\"", text, "\"");
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<v1::LatentIntervention>> ParseInterventions(const std::string& flag) {
+  std::vector<v1::LatentIntervention> out;
+  for (absl::string_view item : absl::StrSplit(flag, ',', absl::SkipWhitespace())) {
+    auto bad = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--intervene: '", item, "': ", why,
+                       " (LATENT:set=V, LATENT:add=V or LATENT:scale=V, "
+                       "then @P+P... for positions)"));
+    };
+    const std::vector<absl::string_view> at = absl::StrSplit(item, absl::MaxSplits('@', 1));
+    const std::vector<absl::string_view> latent_mode =
+        absl::StrSplit(at[0], absl::MaxSplits(':', 1));
+    if (latent_mode.size() != 2) return bad("no ':' after the latent");
+    v1::LatentIntervention& in = out.emplace_back();
+    int32_t latent = 0;
+    if (!absl::SimpleAtoi(latent_mode[0], &latent) || latent < 0) return bad("not a latent number");
+    in.set_latent(latent);
+    const std::vector<absl::string_view> mode_value = absl::StrSplit(latent_mode[1], '=');
+    if (mode_value.size() != 2) return bad("no '=' and value");
+    if (mode_value[0] == "set") {
+      in.set_mode(v1::LatentIntervention::SET);
+    } else if (mode_value[0] == "add") {
+      in.set_mode(v1::LatentIntervention::ADD);
+    } else if (mode_value[0] == "scale") {
+      in.set_mode(v1::LatentIntervention::SCALE);
+    } else {
+      return bad(absl::StrCat("unknown mode '", mode_value[0], "'"));
+    }
+    float value = 0;
+    if (!absl::SimpleAtof(mode_value[1], &value) || !std::isfinite(value)) {
+      return bad("the value is not a finite number");
+    }
+    in.set_value(value);
+    if (at.size() == 2) {
+      for (absl::string_view p : absl::StrSplit(at[1], '+')) {
+        int32_t position = 0;
+        if (!absl::SimpleAtoi(p, &position) || position < 0) {
+          return bad(absl::StrCat("'", p, "' is not a position"));
+        }
+        in.add_positions(position);
+      }
+    }
+  }
+  if (out.empty()) return absl::InvalidArgumentError("--intervene: names no latent");
+  return out;
+}
+
+std::string DescribeIntervention(const v1::LatentIntervention& in) {
+  std::string mode = absl::AsciiStrToLower(v1::LatentIntervention::Mode_Name(in.mode()));
+  const std::string where =
+      in.positions().empty() ? "every position"
+                             : absl::StrCat(in.positions_size() == 1 ? "position " : "positions ",
+                                            absl::StrJoin(in.positions(), ", "));
+  return absl::StrFormat("latent %d %s %g (%s)", in.latent(), mode, in.value(), where);
+}
+
+std::string DescribeSteering(uint64_t dataset_id, const v1::SteerPromptRequest& request,
+                             const v1::SteerPromptResponse& r,
+                             const std::optional<Vocabulary>& vocab) {
+  std::string out =
+      absl::StrFormat("dataset %d: a prompt of %d tokens%s\n", dataset_id, r.prompt_size(),
+                      r.bos_prepended() ? " (BOS prepended, as the dataset's spec did)" : "");
+  for (const v1::LatentIntervention& in : request.interventions()) {
+    absl::StrAppend(&out, "  ", DescribeIntervention(in), "\n");
+  }
+  for (const v1::LatentValues& values : r.latent_values()) {
+    std::vector<std::string> cells;
+    for (int p = 0; p < values.values_size() && p < r.prompt_size(); ++p) {
+      cells.push_back(absl::StrFormat("%s %.3g", Token(r.prompt(p), vocab), values.values(p)));
+    }
+    absl::StrAppend(&out, "latent ", values.latent(),
+                    " on the prompt: ", absl::StrJoin(cells, " | "), "\n");
+  }
+  absl::StrAppendFormat(&out, "\nnext token after the prompt: KL(clean || steered) %.4g nats\n",
+                        r.kl_divergence());
+  absl::StrAppendFormat(&out, "  %-30s %s\n", "CLEAN", "STEERED");
+  const int rows = std::max(r.clean().next_size(), r.steered().next_size());
+  for (int i = 0; i < rows; ++i) {
+    auto cell = [&](const v1::SteeredRun& run) {
+      return i < run.next_size() ? absl::StrFormat("%.4f %s", run.next(i).probability(),
+                                                   Token(run.next(i).token_id(), vocab))
+                                 : std::string();
+    };
+    absl::StrAppendFormat(&out, "  %-30s %s\n", cell(r.clean()), cell(r.steered()));
+  }
+  for (const auto& [name, changes] :
+       {std::pair{"rose most", &r.most_increased()}, std::pair{"fell most", &r.most_decreased()}}) {
+    if (changes->empty()) continue;
+    std::vector<std::string> cells;
+    for (const v1::NextTokenChange& c : *changes) {
+      cells.push_back(absl::StrFormat("%s %.4f -> %.4f", Token(c.token_id(), vocab),
+                                      c.clean_probability(), c.steered_probability()));
+    }
+    absl::StrAppend(&out, "  ", name, ": ", absl::StrJoin(cells, ", "), "\n");
+  }
+  if (r.clean().token_losses_size() > 0) {
+    absl::StrAppendFormat(
+        &out, "\nloss over the prompt (nats a token): clean %.4f, steered %.4f (%+.4f)\n",
+        r.clean().mean_loss(), r.steered().mean_loss(),
+        r.steered().mean_loss() - r.clean().mean_loss());
+  }
+  if (r.clean().generated_size() > 0) {
+    const std::string how =
+        request.temperature() > 0
+            ? absl::StrFormat("sampled at temperature %g, seed %d, the same draws for both",
+                              request.temperature(), request.seed())
+            : "greedy";
+    absl::StrAppendFormat(&out, "\ncontinuation (%d tokens, %s):\n  clean:   %s\n  steered: %s\n",
+                          r.clean().generated_size(), how, Tokens(r.clean().generated(), vocab),
+                          Tokens(r.steered().generated(), vocab));
+  }
+  return out;
+}
+
+}  // namespace latentd::client

@@ -1,0 +1,34 @@
+// latentctl steer: the --intervene flag's language, and the terminal view of a SteerPrompt
+// answer (both runs side by side).
+#ifndef LATENTD_CLIENT_STEER_VIEW_H_
+#define LATENTD_CLIENT_STEER_VIEW_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/vocabulary.h"
+#include "proto/latentd/v1/datasets.pb.h"
+
+namespace latentd::client {
+
+// "J:MODE=V[@P+P...]" items joined by commas, MODE one of set, add, scale: "17:add=8" (steer
+// along latent 17's decoder direction at every position), "40:set=0@3+4" (ablate latent 40 at
+// positions 3 and 4), "9:scale=2". INVALID_ARGUMENT naming the item otherwise.
+absl::StatusOr<std::vector<latentd::v1::LatentIntervention>> ParseInterventions(
+    const std::string& flag);
+
+// "latent 17 add 8 (every position)", "latent 40 set 0 (positions 3, 4)".
+std::string DescribeIntervention(const latentd::v1::LatentIntervention& intervention);
+
+// The answer for a terminal: the interventions, each latent's values over the prompt, the next
+// token's predictions of both runs side by side with the KL and the largest changes, the
+// prompt's loss, and both continuations. Tokens as text with a vocabulary, else as ids.
+std::string DescribeSteering(uint64_t dataset_id, const latentd::v1::SteerPromptRequest& request,
+                             const latentd::v1::SteerPromptResponse& response,
+                             const std::optional<Vocabulary>& vocab);
+
+}  // namespace latentd::client
+
+#endif  // LATENTD_CLIENT_STEER_VIEW_H_

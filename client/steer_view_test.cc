@@ -1,0 +1,86 @@
+#include "client/steer_view.h"
+
+#include <tuple>
+
+#include "gtest/gtest.h"
+
+namespace latentd::client {
+namespace {
+
+namespace v1 = latentd::v1;
+
+TEST(SteerViewTest, InterventionsParseEachModeAndPositions) {
+  auto parsed = ParseInterventions("17:add=8, 40:set=0@3+4,9:scale=-0.5");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->size(), 3u);
+  EXPECT_EQ((*parsed)[0].latent(), 17);
+  EXPECT_EQ((*parsed)[0].mode(), v1::LatentIntervention::ADD);
+  EXPECT_EQ((*parsed)[0].value(), 8.0f);
+  EXPECT_TRUE((*parsed)[0].positions().empty());
+  EXPECT_EQ((*parsed)[1].mode(), v1::LatentIntervention::SET);
+  ASSERT_EQ((*parsed)[1].positions_size(), 2);
+  EXPECT_EQ((*parsed)[1].positions(1), 4);
+  EXPECT_EQ((*parsed)[2].mode(), v1::LatentIntervention::SCALE);
+  EXPECT_EQ((*parsed)[2].value(), -0.5f);
+  EXPECT_EQ(DescribeIntervention((*parsed)[0]), "latent 17 add 8 (every position)");
+  EXPECT_EQ(DescribeIntervention((*parsed)[1]), "latent 40 set 0 (positions 3, 4)");
+}
+
+TEST(SteerViewTest, BadInterventionsNameTheItem) {
+  for (const char* flag : {"", "17", "x:add=1", "-1:add=1", "17:mul=2", "17:add", "17:add=x",
+                           "17:add=inf", "17:set=0@", "17:set=0@1+y", "17:set=0@-2"}) {
+    auto parsed = ParseInterventions(flag);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << flag;
+    EXPECT_NE(parsed.status().message().find("--intervene"), std::string::npos) << flag;
+  }
+  EXPECT_NE(ParseInterventions("1:add=1,17:mul=2").status().message().find("'17:mul=2'"),
+            std::string::npos);
+}
+
+TEST(SteerViewTest, TheAnswerShowsBothRunsSideBySide) {
+  auto vocab = Vocabulary::Parse("The\n cat\n sat\n dog\n barked\n");
+  ASSERT_TRUE(vocab.ok());
+  v1::SteerPromptRequest request;
+  request.set_new_tokens(2);
+  *request.add_interventions() = (*ParseInterventions("3:add=8"))[0];
+  v1::SteerPromptResponse r;
+  for (int32_t t : {0, 1}) r.add_prompt(t);
+  v1::LatentValues* values = r.add_latent_values();
+  values->set_latent(3);
+  values->add_values(0);
+  values->add_values(1.5f);
+  r.set_kl_divergence(0.25);
+  for (auto [run, next, p, loss] : {std::tuple{r.mutable_clean(), 2, 0.6f, 3.0},
+                                    std::tuple{r.mutable_steered(), 3, 0.7f, 3.5}}) {
+    v1::TokenProbability* top = run->add_next();
+    top->set_token_id(next);
+    top->set_probability(p);
+    run->add_token_losses(static_cast<float>(loss));
+    run->set_mean_loss(loss);
+    run->add_generated(next);
+    run->add_generated(next == 2 ? 1 : 4);
+  }
+  v1::NextTokenChange* rose = r.add_most_increased();
+  rose->set_token_id(3);
+  rose->set_clean_probability(0.01f);
+  rose->set_steered_probability(0.7f);
+  const std::string text = DescribeSteering(7, request, r, *vocab);
+  EXPECT_NE(text.find("dataset 7: a prompt of 2 tokens\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("latent 3 add 8 (every position)"), std::string::npos) << text;
+  EXPECT_NE(text.find("latent 3 on the prompt: \"The\" 0 | \" cat\" 1.5"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("KL(clean || steered) 0.25 nats"), std::string::npos) << text;
+  EXPECT_NE(text.find("0.6000 \" sat\""), std::string::npos) << text;
+  EXPECT_NE(text.find("0.7000 \" dog\""), std::string::npos) << text;
+  EXPECT_NE(text.find("rose most: \" dog\" 0.0100 -> 0.7000"), std::string::npos) << text;
+  EXPECT_NE(text.find("clean 3.0000, steered 3.5000 (+0.5000)"), std::string::npos) << text;
+  EXPECT_NE(text.find("continuation (2 tokens, greedy)"), std::string::npos) << text;
+  EXPECT_NE(text.find("clean:   \" sat cat\""), std::string::npos) << text;
+  EXPECT_NE(text.find("steered: \" dog barked\""), std::string::npos) << text;
+  // Without a vocabulary: ids.
+  const std::string ids = DescribeSteering(7, request, r, std::nullopt);
+  EXPECT_NE(ids.find("steered: 3 4"), std::string::npos) << ids;
+}
+
+}  // namespace
+}  // namespace latentd::client

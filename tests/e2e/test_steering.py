@@ -1,0 +1,135 @@
+"""SteerPrompt through the daemon against python3-torch: a Hugging Face GPT-2 checkpoint (latentd
+runs it natively) and a TopK SAE in the SAELens layout, an EXTRACT of its latents; then a prompt
+steered and ablated through the daemon equals GPT-2's forward pass written in Python (the HF
+parity test's) with x + (z' - z) W_dec spliced in at the hook: the per-position losses, the next
+token's distribution, the greedy continuations of both runs."""
+
+import os
+import sys
+import unittest
+
+import grpc
+import numpy
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from extract_test_util import write_hf_checkpoint, write_topk_sae  # noqa: E402
+from test_hf_gpt2_parity import (CTX, D, POSITIONS, VOCAB, Gpt2, gpt2_config,  # noqa: E402
+                                 random_gpt2_weights)
+
+from harness import DaemonTestCase  # noqa: E402
+from latentd.v1 import jobs_pb2  # noqa: E402
+
+HOOK, D_SAE, K = "blocks.1.hook_resid_post", 96, 8
+
+
+def encode(w, x):
+    """SAELens' TopK: the k largest pre-activations, ReLU'd."""
+    pre = (x - w["b_dec"]) @ w["W_enc"] + w["b_enc"]
+    top = pre.topk(K, dim=-1)
+    return torch.zeros_like(pre).scatter(-1, top.indices, top.values.relu())
+
+
+class SteeringTest(DaemonTestCase):
+    def test_a_steered_prompt_is_gpt2_with_the_latents_changed(self):
+        weights, cfg = random_gpt2_weights(seed=2), gpt2_config()
+        model_dir = os.path.join(self.tmp, "gpt2")
+        write_hf_checkpoint(model_dir, cfg, weights)
+        sae = write_topk_sae(os.path.join(self.tmp, "sae"), D, D_SAE, K, seed=3, bias=0.05)
+        ids = numpy.random.default_rng(5).integers(0, VOCAB, size=8 * CTX).astype(numpy.uint16)
+        numpy.save(os.path.join(self.tmp, "tokens.npy"), ids)
+        daemon = self.start_daemon(devices="cpu:1", extra_args=["--data_roots=" + self.tmp])
+        c = daemon.client()
+        job = c.wait(c.submit("EXTRACT", {
+            "model": {"huggingface": {"path": model_dir}}, "hookName": HOOK,
+            "tokens": {"path": os.path.join(self.tmp, "tokens.npy"), "contextLength": CTX},
+            "sae": {"path": os.path.join(self.tmp, "sae")}, "mode": "SPARSE"}).id)
+        self.assertEqual(job.state, jobs_pb2.SUCCEEDED, job.message)
+        dataset = job.result.extract.dataset_id
+
+        gpt2 = Gpt2(weights, cfg)
+        prompt = [int(t) for t in ids[:7]]
+        with torch.no_grad():
+            z = encode(sae, gpt2(torch.tensor([prompt]))[HOOK])[0]
+        strongest = int(z[3].argmax())  # the largest latent on position 3
+        steer_along = (strongest + 1) % D_SAE
+
+        def changed(zj):
+            """What the interventions below make of latents [strongest, steer_along]."""
+            out = zj.clone()
+            out[..., 3, 0] = 0  # ablated at position 3
+            out[..., :, 1] += 4.0  # steered everywhere
+            return out
+
+        def splice(x):
+            zj = encode(sae, x)[..., [strongest, steer_along]]
+            return x + (changed(zj) - zj) @ sae["W_dec"][[strongest, steer_along]]
+
+        def run(tokens, steered):
+            """Per-position losses and the last position's log-probabilities."""
+            with torch.no_grad():
+                final = gpt2(torch.tensor([tokens]), {HOOK: splice} if steered else None)["final"]
+                logits = gpt2.layer_norm("ln_f", final)[0] @ weights["wte.weight"].T
+            log_probs = logits.log_softmax(-1)
+            losses = -log_probs[:-1].gather(1, torch.tensor(tokens[1:]).unsqueeze(1)).squeeze(1)
+            return losses, log_probs[-1]
+
+        got = c.steer_prompt(dataset, prompt,
+                             [(strongest, "set", 0.0, [3]), (steer_along, "add", 4.0)],
+                             new_tokens=5, top_tokens=5)
+        self.assertFalse(got.bos_prepended)
+        self.assertEqual(list(got.prompt), prompt)
+        for name, answer in (("clean", got.clean), ("steered", got.steered)):
+            losses, last = run(prompt, name == "steered")
+            numpy.testing.assert_allclose(answer.token_losses, losses.numpy(), atol=1e-4,
+                                          err_msg=name)
+            self.assertAlmostEqual(answer.mean_loss, float(losses.mean()), places=4)
+            top = last.exp().topk(5)
+            self.assertEqual([t.token_id for t in answer.next], top.indices.tolist(), name)
+            numpy.testing.assert_allclose([t.probability for t in answer.next],
+                                          top.values.numpy(), atol=1e-5, err_msg=name)
+            # Greedy: each run continues with its own most likely token, the steered one with
+            # the latent still pushed at the new positions.
+            tokens = list(prompt)
+            for _ in range(5):
+                tokens.append(int(run(tokens, name == "steered")[1].argmax()))
+            self.assertEqual(list(answer.generated), tokens[len(prompt):], name)
+        clean_lp, steered_lp = run(prompt, False)[1], run(prompt, True)[1]
+        kl = float((clean_lp.exp() * (clean_lp - steered_lp)).sum())
+        self.assertGreater(kl, 1e-4)
+        self.assertAlmostEqual(got.kl_divergence, kl, delta=1e-4 * kl + 1e-6)
+        self.assertEqual(got.most_increased[0].token_id,
+                         int((steered_lp.exp() - clean_lp.exp()).argmax()))
+        # The latents' values over the prompt, as the SAE encodes the clean run.
+        self.assertEqual([v.latent for v in got.latent_values], sorted([strongest, steer_along]))
+        by_latent = {v.latent: list(v.values) for v in got.latent_values}
+        numpy.testing.assert_allclose(by_latent[strongest], z[:, strongest].numpy(), atol=1e-5)
+
+        # latentctl shows the same runs.
+        shown = daemon.latentctl("steer", str(dataset), *map(str, prompt),
+                                 "--intervene=%d:set=0@3,%d:add=4" % (strongest, steer_along),
+                                 "--new_tokens=5", "--limit=5").stdout
+        self.assertIn("latent %d set 0 (position 3)" % strongest, shown)
+        self.assertIn("latent %d add 4 (every position)" % steer_along, shown)
+        self.assertIn("continuation (5 tokens, greedy):", shown)
+        self.assertIn("steered: " + " ".join(map(str, got.steered.generated)), shown)
+        self.assertIn("KL(clean || steered) %.4g nats" % got.kl_divergence, shown)
+
+        # Bad input names the field.
+        with self.assertRaises(grpc.RpcError) as bad:
+            c.steer_prompt(dataset, prompt, [(D_SAE, "set", 0.0)])
+        self.assertEqual(bad.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("interventions[0].latent", bad.exception.details())
+        with self.assertRaises(grpc.RpcError) as long:  # past the 32 positions GPT-2 has
+            c.steer_prompt(dataset, prompt, [(1, "add", 1.0)], new_tokens=POSITIONS - 6)
+        self.assertIn("new_tokens: 26 after a prompt of 7 tokens pass the model's context of 32",
+                      long.exception.details())
+        with self.assertRaises(ValueError):
+            c.steer_prompt(dataset, prompt, [(1, "clamp", 1.0)])
+        usage = daemon.latentctl("steer", str(dataset), "1", "--intervene=1:mul=2", check=False)
+        self.assertEqual(usage.returncode, 2)
+        self.assertIn("--intervene: '1:mul=2'", usage.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
