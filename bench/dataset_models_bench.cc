@@ -11,6 +11,10 @@
 // stream) and a prompt through every layer's dataset in turn, as `latentctl prompt --all_hooks`
 // asks: the suite extracted by one job (its datasets share one model) against the same suite
 // extracted by N one-hook jobs (a model per dataset), rounds=R times each.
+//
+// With steer=N: SteerPrompt on a 64-token prompt of a reference model of layers=L (default 12,
+// GPT-2 small's shape at d_in 768) with an SAE of 4096 latents at its middle block, without and
+// with N generated tokens (the median of rounds=R calls each): the cost of a generated token.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -22,6 +26,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/process_memory.h"
@@ -138,9 +143,62 @@ int RunSuite(const std::string& root, int64_t layers, int64_t d_in, int64_t voca
 
 }  // namespace
 
+// The steer=N mode (see the top of the file).
+int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t vocab,
+             int64_t layers, int64_t rounds) {
+  const std::string dir = root + "/steer-sae";
+  const std::string hash = WriteBenchSae(dir, 4096, d_in, 1);
+  if (hash.empty()) return 1;
+  latentd::v1::Job job;
+  latentd::v1::ExtractSpec* spec = job.mutable_spec()->mutable_extract();
+  *spec->mutable_model()->mutable_reference() = BenchModel(d_in, vocab, layers);
+  spec->set_hook_name(absl::StrCat("blocks.", layers / 2, ".hook_resid_post"));
+  spec->mutable_sae()->set_path(dir);
+  latentd::engine::ExtractEnv env;
+  env.data_roots = {root};
+  env.find_job = [&job](uint64_t) -> absl::StatusOr<latentd::v1::Job> { return job; };
+  DatasetModels reader(env);
+  const DatasetSource source{1, 1, hash, "", 4096};
+  latentd::engine::SteeringQuery query;
+  for (int64_t t = 0; t < 64; ++t) query.token_ids.push_back((t * 104729) % vocab);
+  query.interventions = {{7, latentd::engine::InterventionMode::kAdd, 10.0f, {}}};
+  std::printf(
+      "dataset_models_bench steer: a %lld-token prompt, reference model of %lld layers, d_model "
+      "%lld, vocab %lld, SAE of 4096 at %s; median of %lld rounds, %d threads\n",
+      static_cast<long long>(query.token_ids.size()), static_cast<long long>(layers),
+      static_cast<long long>(d_in), static_cast<long long>(vocab), spec->hook_name().c_str(),
+      static_cast<long long>(rounds), at::get_num_threads());
+  query.new_tokens = 0;
+  if (!reader.SteerPrompt(source, query, nullptr).ok()) return 1;  // loads model and SAE
+  std::printf("%-11s %-9s %s\n", "NEW_TOKENS", "CALL_S", "MS_PER_NEW_TOKEN");
+  double base = 0;
+  for (const int64_t n : {int64_t{0}, new_tokens}) {
+    query.new_tokens = static_cast<int>(n);
+    std::vector<double> times;
+    for (int64_t r = 0; r < rounds; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      auto got = reader.SteerPrompt(source, query, nullptr);
+      if (!got.ok()) {
+        std::fprintf(stderr, "%s\n", std::string(got.status().message()).c_str());
+        return 1;
+      }
+      times.push_back(Seconds(start));
+    }
+    std::sort(times.begin(), times.end());
+    const double median = times[times.size() / 2];
+    if (n == 0) base = median;
+    std::printf("%-11lld %-9.3f %s\n", static_cast<long long>(n), median,
+                n == 0 ? "-" : absl::StrFormat("%.1f", (median - base) / n * 1e3).c_str());
+  }
+  std::printf(
+      "(NEW_TOKENS 0: the prompt clean and steered as one batch of two, to the logits, losses at "
+      "every position; then a forward of both runs per new token, no key-value cache)\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   std::vector<int64_t> widths = {4096, 32768, 131072};
-  int64_t d_in = 768, vocab = 50257, queries = 50, suite = 0, rounds = 5;
+  int64_t d_in = 768, vocab = 50257, queries = 50, suite = 0, rounds = 5, steer = 0, layers = 12;
   for (int i = 1; i < argc; ++i) {
     std::vector<std::string> kv = absl::StrSplit(argv[i], absl::MaxSplits('=', 1));
     if (kv.size() != 2) continue;
@@ -160,14 +218,19 @@ int main(int argc, char** argv) {
       absl::SimpleAtoi(kv[1], &suite);
     } else if (kv[0] == "rounds") {
       absl::SimpleAtoi(kv[1], &rounds);
+    } else if (kv[0] == "steer") {
+      absl::SimpleAtoi(kv[1], &steer);
+    } else if (kv[0] == "layers") {
+      absl::SimpleAtoi(kv[1], &layers);
     }
   }
   const std::string root =
       (std::filesystem::temp_directory_path() / "dataset_models_bench").string();
   std::filesystem::remove_all(root);
   std::filesystem::create_directories(root);
-  if (suite > 0) {
-    const int rc = RunSuite(root, suite, d_in, vocab, rounds);
+  if (suite > 0 || steer > 0) {
+    const int rc = suite > 0 ? RunSuite(root, suite, d_in, vocab, rounds)
+                             : RunSteer(root, steer, d_in, vocab, layers, rounds);
     std::filesystem::remove_all(root);
     return rc;
   }

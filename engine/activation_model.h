@@ -15,6 +15,14 @@
 
 namespace latentd::engine {
 
+// The keys and values of the positions a model has run, per layer, so that a continuation runs
+// its new tokens only (generation): their attention reads the held positions instead of
+// recomputing them. Filled and extended by PredictNextTokens; one cache per sequence batch.
+struct KeyValueCache {
+  std::vector<at::Tensor> keys, values;  // per layer: [batch, key/value heads, positions, dim]
+  int64_t positions = 0;                 // positions held
+};
+
 class ActivationModel {
  public:
   virtual ~ActivationModel() = default;
@@ -61,9 +69,11 @@ class ActivationModel {
   // A forward pass over tokens [batch, seq] through the whole model to its logits, the
   // activations at the splices' hooks replaced on the way (none: the model as it is): the
   // last position's logits, and with `losses` every position's next-token cross-entropy
-  // (next_token_loss.h). May throw c10::Error.
+  // (next_token_loss.h). With `cache`, `tokens` continue the positions it holds (the splices see
+  // the new positions only), and it is extended by them. May throw c10::Error.
   virtual NextTokenPredictions PredictNextTokens(const at::Tensor& tokens,
-                                                 const HookSplices& splices, bool losses) {
+                                                 const HookSplices& splices, bool losses,
+                                                 KeyValueCache* cache = nullptr) {
     TORCH_CHECK(false, next_token_loss_unsupported());
     return {};
   }

@@ -42,7 +42,7 @@ absl::StatusOr<std::unique_ptr<Gpt2Model>> Gpt2Model::Create(Gpt2Weights weights
 
 std::vector<at::Tensor> Gpt2Model::Run(const at::Tensor& tokens, const std::vector<HookName>& hooks,
                                        std::vector<at::Tensor>* all, const HookSplices* splices,
-                                       at::Tensor* last) {
+                                       at::Tensor* last, KeyValueCache* cache) {
   const Gpt2Config& c = config();
   const int64_t B = tokens.size(0), S = tokens.size(1), d = c.d_model;
   const int64_t H = c.n_heads, dh = d / H;
@@ -58,9 +58,18 @@ std::vector<at::Tensor> Gpt2Model::Run(const at::Tensor& tokens, const std::vect
     }
     return at::gelu(x, "tanh");
   };
+  // With a cache the S tokens sit at positions past .. past + S - 1 after the ones it holds.
+  const int64_t past = cache != nullptr ? cache->positions : 0;
+  TORCH_CHECK(past + S <= w_.W_pos.size(0), past + S, " positions, the model has ",
+              w_.W_pos.size(0));
+  if (cache != nullptr) {
+    cache->keys.resize(c.n_layers);
+    cache->values.resize(c.n_layers);
+  }
   at::Tensor x = w_.W_E.index_select(0, tokens.reshape({-1})).view({B, S, d}) +
-                 w_.W_pos.slice(0, 0, S).unsqueeze(0);
-  at::Tensor causal = at::ones({S, S}, tokens.options().dtype(at::kBool)).triu(1);
+                 w_.W_pos.slice(0, past, past + S).unsqueeze(0);
+  // Query i (position past + i) sees keys 0 .. past + i.
+  at::Tensor causal = at::ones({S, past + S}, tokens.options().dtype(at::kBool)).triu(past + 1);
   for (int l = 0; l < c.n_layers; ++l) {
     const Gpt2Block& b = w_.blocks[l];
     if (collector.Capture(l, HookPoint::kResidPre, x)) break;
@@ -69,6 +78,14 @@ std::vector<at::Tensor> Gpt2Model::Run(const at::Tensor& tokens, const std::vect
     at::Tensor q = qkv.select(2, 0).transpose(1, 2);  // [B, H, S, dh]
     at::Tensor k = qkv.select(2, 1).transpose(1, 2);
     at::Tensor v = qkv.select(2, 2).transpose(1, 2);
+    if (cache != nullptr) {
+      if (past > 0) {
+        k = at::cat({cache->keys[l], k}, 2);
+        v = at::cat({cache->values[l], v}, 2);
+      }
+      cache->keys[l] = k;
+      cache->values[l] = v;
+    }
     double scale = c.scale_attn_weights ? 1.0 / std::sqrt(static_cast<double>(dh)) : 1.0;
     if (c.scale_attn_by_inverse_layer_idx) scale /= (l + 1);
     at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
@@ -102,6 +119,7 @@ std::vector<at::Tensor> Gpt2Model::Run(const at::Tensor& tokens, const std::vect
     if (collector.Capture(l, HookPoint::kResidPost, x)) break;
   }
   if (last != nullptr) *last = x;
+  if (cache != nullptr) cache->positions = past + S;
   return collector.Take();
 }
 
@@ -110,10 +128,11 @@ std::string Gpt2Model::next_token_loss_unsupported() const {
 }
 
 NextTokenPredictions Gpt2Model::PredictNextTokens(const at::Tensor& tokens,
-                                                  const HookSplices& splices, bool losses) {
+                                                  const HookSplices& splices, bool losses,
+                                                  KeyValueCache* cache) {
   TORCH_CHECK(w_.ln_f_w.defined(), next_token_loss_unsupported());
   at::Tensor x;
-  Run(tokens, {}, nullptr, &splices, &x);
+  Run(tokens, {}, nullptr, &splices, &x, cache);
   const at::Tensor normed =
       at::layer_norm(x, {config().d_model}, w_.ln_f_w, w_.ln_f_b, config().layer_norm_eps);
   return engine::PredictNextTokens(normed, w_.W_U.defined() ? w_.W_U : w_.W_E, tokens,

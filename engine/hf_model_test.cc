@@ -177,6 +177,60 @@ TEST(HfModelTest, ConfigDefaultsAreHuggingFaces) {
   EXPECT_EQ(olmo2->norm_eps, 1e-5);
 }
 
+// A continuation through a KeyValueCache predicts what the whole sequence run again predicts:
+// the first 5 tokens, then 3 at once, then one at a time.
+void ExpectCachedContinuationsMatch(ActivationModel& model, int64_t vocab,
+                                    const std::string& what) {
+  at::manual_seed(9);
+  const at::Tensor tokens = at::randint(0, vocab, {2, 12}, at::kLong);
+  at::NoGradGuard no_grad;
+  KeyValueCache cache;
+  int64_t held = 0;
+  for (const int64_t step : {5, 3, 1, 1, 1, 1}) {
+    const NextTokenPredictions cached =
+        model.PredictNextTokens(tokens.narrow(1, held, step), {}, /*losses=*/true, &cache);
+    held += step;
+    EXPECT_EQ(cache.positions, held) << what;
+    const NextTokenPredictions whole = model.PredictNextTokens(tokens.narrow(1, 0, held), {}, true);
+    EXPECT_TRUE(at::allclose(cached.last_logits, whole.last_logits, 1e-4, 1e-5))
+        << what << " after " << held << ": "
+        << (cached.last_logits - whole.last_logits).abs().max().item<float>();
+    // The losses within the new tokens are the whole run's at those positions.
+    EXPECT_TRUE(
+        at::allclose(cached.losses, whole.losses.narrow(1, held - step, step - 1), 1e-4, 1e-5))
+        << what << " after " << held;
+  }
+}
+
+TEST(HfModelTest, ACachedContinuationPredictsAsTheWholeSequence) {
+  latentd::v1::ReferenceModelSpec spec;
+  spec.set_d_model(16);
+  spec.set_n_layers(2);
+  spec.set_n_heads(2);
+  spec.set_vocab_size(40);
+  spec.set_context_length(16);
+  const std::string gpt2_dir = FreshTestDir("hf_model_cache_gpt2");
+  ASSERT_TRUE(WriteHfGpt2Checkpoint(gpt2_dir, DrawReferenceWeights(*ResolveReferenceSpec(spec))));
+  auto gpt2 = LoadHfModel({gpt2_dir}, Hooks({"blocks.0.hook_resid_post"}), at::kCPU);
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status();
+  ExpectCachedContinuationsMatch(**gpt2, 40, "gpt2");
+  // Llama with grouped-query attention; Gemma 3, whose local layers attend to a window shorter
+  // than the sequence (4 positions) and rotate by their own base.
+  for (const auto& [name, changes] :
+       std::vector<std::pair<std::string, std::map<std::string, std::string>>>{
+           {"llama", {}},
+           {"gemma3",
+            {{"model_type", "\"gemma3_text\""},
+             {"sliding_window", "4"},
+             {"sliding_window_pattern", "2"}}}}) {
+    const std::string dir = FreshTestDir("hf_model_cache_" + name);
+    ASSERT_FALSE(WriteRandomLlamaCheckpoint(dir, name == "gemma3", changes).empty());
+    auto model = LoadHfModel({dir}, Hooks({"blocks.0.hook_resid_post"}), at::kCPU);
+    ASSERT_TRUE(model.ok()) << model.status();
+    ExpectCachedContinuationsMatch(**model, 50, name);
+  }
+}
+
 TEST(HfModelTest, BadLlamaCheckpointsAreRefusedNamingWhatIsWrong) {
   const std::string dir = FreshTestDir("hf_llama_bad");
   auto check = [&](const std::map<std::string, std::string>& changes) {

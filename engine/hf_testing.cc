@@ -82,6 +82,8 @@ std::map<std::string, at::Tensor> WriteRandomLlamaCheckpoint(
   const int64_t d = 32, layers = 2, q = 4 * 8, kv = 2 * 8, f = 48, vocab = 50;
   at::manual_seed(17);
   auto g = [](std::vector<int64_t> shape) { return at::randn(shape) * 0.1; };
+  const auto type = config_changes.find("model_type");
+  const bool gemma3 = type != config_changes.end() && type->second == "\"gemma3_text\"";
   std::map<std::string, at::Tensor> t = {{"model.embed_tokens.weight", g({vocab, d})},
                                          {"model.norm.weight", at::ones({d})}};
   if (!tied) t["lm_head.weight"] = g({vocab, d});
@@ -96,6 +98,12 @@ std::map<std::string, at::Tensor> WriteRandomLlamaCheckpoint(
     t[p + "mlp.gate_proj.weight"] = g({f, d});
     t[p + "mlp.up_proj.weight"] = g({f, d});
     t[p + "mlp.down_proj.weight"] = g({d, f});
+    if (gemma3) {  // its per-head query/key norms and the norms around its MLP
+      t[p + "self_attn.q_norm.weight"] = g({8});
+      t[p + "self_attn.k_norm.weight"] = g({8});
+      t[p + "pre_feedforward_layernorm.weight"] = g({d});
+      t[p + "post_feedforward_layernorm.weight"] = g({d});
+    }
   }
   std::map<std::string, std::string> fields = {{"model_type", "\"llama\""},
                                                {"hidden_size", "32"},

@@ -31,7 +31,8 @@ bool WriteHfGpt2Checkpoint(const std::string& dir, const Gpt2Weights& w,
 
 // A small Llama checkpoint with random weights: hidden 32, 2 layers, 4 heads over 2 key/value
 // heads of 8, intermediate 48, vocab 50, 32 positions; lm_head unless `tied`; `changes` applied
-// to config.json. Returns the tensors written (by their names in the file).
+// to config.json (a model_type of "gemma3_text" gets Gemma 3's extra norms). Returns the tensors
+// written (by their names in the file).
 std::map<std::string, at::Tensor> WriteRandomLlamaCheckpoint(
     const std::string& dir, bool tied = false,
     const std::map<std::string, std::string>& config_changes = {});

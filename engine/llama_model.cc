@@ -160,9 +160,16 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weig
 std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
                                         const std::vector<HookName>& hooks,
                                         const HookSplices* splices,
-                                        NextTokenPredictions* predictions, bool losses) {
+                                        NextTokenPredictions* predictions, bool losses,
+                                        KeyValueCache* cache) {
   const LlamaConfig& c = w_.config;
   const int64_t B = tokens.size(0), S = tokens.size(1), d = c.d_model;
+  // With a cache the S tokens sit at positions past .. past + S - 1 after the ones it holds.
+  const int64_t past = cache != nullptr ? cache->positions : 0;
+  if (cache != nullptr) {
+    cache->keys.resize(c.n_layers);
+    cache->values.resize(c.n_layers);
+  }
   const int64_t H = c.n_heads, KV = c.n_kv_heads, dh = c.head_dim;
   const at::ScalarType dtype = c.bfloat16 ? at::kBFloat16 : at::kFloat;
   HookCollector collector(hooks, /*run_all=*/predictions != nullptr, splices);
@@ -179,15 +186,16 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
   };
   // cos and sin of each position's angles, [S, rotary dims], broadcast over B and H.
   auto angles = [&](const at::Tensor& inv_freq) {
-    at::Tensor freqs = at::arange(S, inv_freq.options()).unsqueeze(1) * inv_freq.unsqueeze(0);
+    at::Tensor freqs =
+        at::arange(past, past + S, inv_freq.options()).unsqueeze(1) * inv_freq.unsqueeze(0);
     at::Tensor both = at::cat({freqs, freqs}, -1);
     // LongRoPE scales both by its attention factor (1 otherwise), in float32 like Hugging Face.
     const double scale = c.rope_attention_factor;
     return std::make_pair((both.cos() * scale).to(dtype), (both.sin() * scale).to(dtype));
   };
   // LongRoPE switches to its long factors when the sequence outgrows the original context.
-  const auto global_angles =
-      angles(long_inv_freq_.defined() && S > c.rope_original_context ? long_inv_freq_ : inv_freq_);
+  const auto global_angles = angles(
+      long_inv_freq_.defined() && past + S > c.rope_original_context ? long_inv_freq_ : inv_freq_);
   const auto local_angles = local_inv_freq_.defined() ? angles(local_inv_freq_) : global_angles;
   const int64_t rd = global_angles.first.size(-1);
   auto rotate = [&](const at::Tensor& x, const std::pair<at::Tensor, at::Tensor>& cs) {
@@ -217,11 +225,13 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
     if (bias.defined()) out = out + bias.to(at::kFloat);
     return out.to(dtype);
   };
-  at::Tensor causal = at::ones({S, S}, tokens.options().dtype(at::kBool)).triu(1);
-  // A sliding layer also hides positions sliding_window or more behind the query.
+  // Query i (position past + i) sees keys 0 .. past + i; a sliding layer also hides positions
+  // sliding_window or more behind it.
+  const int64_t T = past + S;
+  at::Tensor causal = at::ones({S, T}, tokens.options().dtype(at::kBool)).triu(past + 1);
   at::Tensor windowed =
-      c.sliding_window > 0 && c.sliding_window < S
-          ? causal.logical_or(at::ones({S, S}, causal.options()).tril(-c.sliding_window))
+      c.sliding_window > 0 && c.sliding_window < T
+          ? causal.logical_or(at::ones({S, T}, causal.options()).tril(past - c.sliding_window))
           : causal;
   const double scale = c.attn_scale > 0 ? c.attn_scale : 1.0 / std::sqrt(static_cast<double>(dh));
 
@@ -250,6 +260,14 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
     q = rotate(q.transpose(1, 2), sliding ? local_angles : global_angles);
     k = rotate(k.transpose(1, 2), sliding ? local_angles : global_angles);
     at::Tensor v = Linear(h, b.W_v, b.b_v).view({B, S, KV, dh}).transpose(1, 2);
+    if (cache != nullptr) {  // held before grouped-query attention's repeat: KV heads only
+      if (past > 0) {
+        k = at::cat({cache->keys[l], k}, 2);
+        v = at::cat({cache->values[l], v}, 2);
+      }
+      cache->keys[l] = k;
+      cache->values[l] = v;
+    }
     if (KV != H) {  // grouped-query attention: each key/value head serves H / KV query heads
       k = k.repeat_interleave(H / KV, 1);
       v = v.repeat_interleave(H / KV, 1);
@@ -293,6 +311,7 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
     x = c.parallel_residual ? x + attn_out + mlp_out : x + mlp_out;
     if (collector.Capture(l, HookPoint::kResidPost, x)) break;
   }
+  if (cache != nullptr) cache->positions = past + S;
   if (predictions != nullptr) {
     *predictions = engine::PredictNextTokens(norm(x, w_.final_norm, w_.final_norm_b), w_.W_U,
                                              tokens, c.final_logit_softcap, losses);
@@ -313,10 +332,11 @@ std::string LlamaModel::next_token_loss_unsupported() const {
 }
 
 NextTokenPredictions LlamaModel::PredictNextTokens(const at::Tensor& tokens,
-                                                   const HookSplices& splices, bool losses) {
+                                                   const HookSplices& splices, bool losses,
+                                                   KeyValueCache* cache) {
   TORCH_CHECK(w_.final_norm.defined(), next_token_loss_unsupported());
   NextTokenPredictions predictions;
-  Run(tokens, {}, &splices, &predictions, losses);
+  Run(tokens, {}, &splices, &predictions, losses, cache);
   return predictions;
 }
 

@@ -152,16 +152,18 @@ class LlamaModel : public ActivationModel {
 
   std::string next_token_loss_unsupported() const override;
   NextTokenPredictions PredictNextTokens(const at::Tensor& tokens, const HookSplices& splices,
-                                         bool losses) override;
+                                         bool losses, KeyValueCache* cache = nullptr) override;
 
  private:
   LlamaModel() = default;
   // The activations of `hooks` from one pass that stops once it has them all; with
   // `predictions`, every block runs and *predictions is PredictNextTokens' (the losses when
-  // `losses`). `splices` (may be null) replace their hooks' activations on the way.
+  // `losses`). `splices` (may be null) replace their hooks' activations on the way. `cache`
+  // (with `predictions` only): tokens continue its positions.
   std::vector<at::Tensor> Run(const at::Tensor& tokens, const std::vector<HookName>& hooks,
                               const HookSplices* splices = nullptr,
-                              NextTokenPredictions* predictions = nullptr, bool losses = false);
+                              NextTokenPredictions* predictions = nullptr, bool losses = false,
+                              KeyValueCache* cache = nullptr);
 
   LlamaWeights w_;
   std::vector<HookName> hooks_;

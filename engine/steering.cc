@@ -96,6 +96,9 @@ class Intervener {
         {*hook_out, [this](const at::Tensor& out) { return Steered(input_, out); }, std::nullopt}};
   }
 
+  // The position the next pass's first token sits at (a cached continuation's).
+  void set_first_position(int64_t position) { first_position_ = position; }
+
   // The latents' clean values over the first pass's positions, [prompt, latents].
   const at::Tensor& first_values() const { return first_values_; }
   const at::Tensor& latents() const { return latents_; }
@@ -113,7 +116,13 @@ class Intervener {
       at::Tensor column = changed.select(1, column_.at(change.latent));
       at::Tensor rows;
       if (!change.positions.empty()) {
-        rows = at::tensor(change.positions, at::TensorOptions().dtype(at::kLong));
+        std::vector<int64_t> here;  // its positions among this pass's
+        for (int64_t p : change.positions) {
+          if (p >= first_position_ && p < first_position_ + seq)
+            here.push_back(p - first_position_);
+        }
+        if (here.empty()) continue;
+        rows = at::tensor(here, at::TensorOptions().dtype(at::kLong));
         column = column.index_select(0, rows);  // a copy, written back below
       }
       switch (change.mode) {
@@ -140,6 +149,7 @@ class Intervener {
   std::map<int64_t, int64_t> column_;  // latent -> its column in latents_
   at::Tensor latents_;                 // int64, ascending
   at::Tensor input_;                   // a transcoder's input in the current pass
+  int64_t first_position_ = 0;
   at::Tensor first_values_;
 };
 
@@ -193,9 +203,11 @@ absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
   const int64_t top = query.top_tokens > 0 ? query.top_tokens : 10;
   Intervener intervener(*steering.sae, query.interventions);
   const HookSplices splices = intervener.Splices(steering.hook, steering.hook_out);
-  at::Tensor tokens =
+  const at::Tensor tokens =
       at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n}).repeat({2, 1});
-  NextTokenPredictions p = model.PredictNextTokens(tokens, splices, /*losses=*/true);
+  // The prompt once; then each new token alone, its attention reading the cached positions.
+  KeyValueCache cache;
+  NextTokenPredictions p = model.PredictNextTokens(tokens, splices, /*losses=*/true, &cache);
 
   SteeringResult out;
   out.bos_prepended = bos_prepended;
@@ -231,11 +243,17 @@ absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
       return absl::CancelledError(
           absl::StrCat("steering cancelled after ", t, " of ", query.new_tokens, " new tokens"));
     }
-    if (t > 0) p = model.PredictNextTokens(tokens, splices, /*losses=*/false);
+    if (t > 0) {
+      const at::Tensor last =
+          at::tensor(std::vector<int64_t>{out.clean.generated.back(), out.steered.generated.back()},
+                     tokens.options())
+              .view({2, 1});
+      intervener.set_first_position(cache.positions);
+      p = model.PredictNextTokens(last, splices, /*losses=*/false, &cache);
+    }
     const std::vector<int64_t> next = NextTokens(p.last_logits, query.temperature, uniform(draws));
     out.clean.generated.push_back(next[0]);
     out.steered.generated.push_back(next[1]);
-    tokens = at::cat({tokens, at::tensor(next, tokens.options()).view({2, 1})}, 1);
   }
   return out;
 }

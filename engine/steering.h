@@ -100,8 +100,8 @@ struct SteeringModel {
 
 // Runs `prompt` (BOS included where the dataset prepends it; its ids already checked against
 // the vocabulary) clean and steered as one batch of two, then generates query.new_tokens
-// more for each, a whole forward pass per token (no key-value cache: a step costs a forward
-// over the prompt and what was generated). INVALID_ARGUMENT naming the query's field
+// more for each, a token a forward pass whose attention reads the earlier positions' cached
+// keys and values (KeyValueCache). INVALID_ARGUMENT naming the query's field
 // (interventions, their latent, value or positions, new_tokens beyond kMaxSteeredTokens or the
 // model's context, temperature, top_tokens); FAILED_PRECONDITION when the model cannot run to
 // its logits (TorchScript); CANCELLED when `cancelled` says so between tokens. May throw
