@@ -155,6 +155,8 @@ ABSL_FLAG(std::string, intervene, "",
 ABSL_FLAG(int, new_tokens, 20, "steer: tokens each run generates after the prompt");
 ABSL_FLAG(float, temperature, 0, "steer: 0 greedy; > 0 sampled (the same draws for both runs)");
 ABSL_FLAG(uint64_t, seed, 0, "steer: the sampling seed");
+ABSL_FLAG(std::string, sweep, "",
+          "steer: values of the first --intervene item, comma-separated: a run for each");
 ABSL_FLAG(int64_t, max_count, -1,
           "latents: only latents firing at most this often (-1: no bound; 0: the dead ones)");
 
@@ -1255,6 +1257,12 @@ int Steer(Client& client, const std::vector<std::string>& args) {
   request.set_temperature(absl::GetFlag(FLAGS_temperature));
   request.set_seed(absl::GetFlag(FLAGS_seed));
   request.set_top_tokens(absl::GetFlag(FLAGS_limit));
+  for (absl::string_view v : absl::StrSplit(absl::GetFlag(FLAGS_sweep), ',', absl::SkipEmpty())) {
+    float value = 0;
+    if (!absl::SimpleAtof(v, &value))
+      return Usage(absl::StrCat("--sweep: '", v, "' is not a number"));
+    request.add_sweep(value);
+  }
   v1::SteerPromptResponse response;
   grpc::Status status = client.datasets()->SteerPrompt(client.Context().get(), request, &response);
   if (!status.ok()) return RpcError(status);
@@ -1914,14 +1922,15 @@ datasets:
                                  --all_hooks: also each other hook of the dataset's job
                                  (and of other jobs over the same tokens and model)
   steer ID T1 T2 ... --intervene=J:set=V|J:add=V|J:scale=V[@P+P...][,...] [--new_tokens=N]
-        [--temperature=T --seed=S] [--limit=N] [--vocab=F]
+        [--temperature=T --seed=S] [--sweep=V,V,...] [--limit=N] [--vocab=F]
   steer ID --text="..." --vocab=tokenizer.json --intervene=... [...]
                                  the prompt through the dataset's model with latents changed
                                  where the SAE's decoder writes (set 0: ablate; add: steer
                                  along the decoder direction; scale), beside the model as it
                                  is: the next token's N top predictions of both, the KL and
                                  the tokens that rose and fell most, the prompt's loss, and
-                                 both runs continued N tokens (default 20)
+                                 both runs continued N tokens (default 20); --sweep: a run
+                                 for each value of the first intervention, a line each
   compare ID OTHER [--sample=N] [--limit=N]
                                  how far two datasets' SAEs learned the same directions: each
                                  latent's nearest decoder direction in the other SAE (mean,

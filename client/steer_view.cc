@@ -131,6 +131,21 @@ std::string DescribeSteering(uint64_t dataset_id, const v1::SteerPromptRequest& 
         r.clean().mean_loss(), r.steered().mean_loss(),
         r.steered().mean_loss() - r.clean().mean_loss());
   }
+  if (r.sweep_size() > 0 && request.interventions_size() > 0) {
+    const v1::LatentIntervention& first = request.interventions(0);
+    absl::StrAppendFormat(&out, "\nsweep of latent %d %s:\n  %-10s %-10s %-24s %s\n",
+                          first.latent(),
+                          absl::AsciiStrToLower(v1::LatentIntervention::Mode_Name(first.mode())),
+                          "VALUE", "KL", "NEXT", "CONTINUATION");
+    for (const v1::SweptRun& swept : r.sweep()) {
+      const std::string next = swept.run().next_size() > 0
+                                   ? absl::StrFormat("%.4f %s", swept.run().next(0).probability(),
+                                                     Token(swept.run().next(0).token_id(), vocab))
+                                   : "";
+      absl::StrAppendFormat(&out, "  %-10g %-10.4g %-24s %s\n", swept.value(),
+                            swept.kl_divergence(), next, Tokens(swept.run().generated(), vocab));
+    }
+  }
   if (r.clean().generated_size() > 0) {
     const std::string how =
         request.temperature() > 0

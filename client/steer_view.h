@@ -24,7 +24,8 @@ std::string DescribeIntervention(const latentd::v1::LatentIntervention& interven
 
 // The answer for a terminal: the interventions, each latent's values over the prompt, the next
 // token's predictions of both runs side by side with the KL and the largest changes, the
-// prompt's loss, and both continuations. Tokens as text with a vocabulary, else as ids.
+// prompt's loss, a sweep's runs (a line per value: KL, top next token, continuation), and both
+// continuations. Tokens as text with a vocabulary, else as ids.
 std::string DescribeSteering(uint64_t dataset_id, const latentd::v1::SteerPromptRequest& request,
                              const latentd::v1::SteerPromptResponse& response,
                              const std::optional<Vocabulary>& vocab);

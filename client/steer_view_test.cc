@@ -64,7 +64,18 @@ TEST(SteerViewTest, TheAnswerShowsBothRunsSideBySide) {
   rose->set_token_id(3);
   rose->set_clean_probability(0.01f);
   rose->set_steered_probability(0.7f);
+  v1::SweptRun* swept = r.add_sweep();
+  swept->set_value(16);
+  swept->set_kl_divergence(1.5);
+  swept->mutable_run()->add_next()->set_token_id(4);
+  swept->mutable_run()->mutable_next(0)->set_probability(0.9f);
+  swept->mutable_run()->add_generated(4);
+  swept->mutable_run()->add_generated(4);
   const std::string text = DescribeSteering(7, request, r, *vocab);
+  EXPECT_NE(text.find("sweep of latent 3 add:"), std::string::npos) << text;
+  EXPECT_NE(text.find("  16         1.5        0.9000 \" barked\"         \" barked barked\""),
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("dataset 7: a prompt of 2 tokens\n"), std::string::npos) << text;
   EXPECT_NE(text.find("latent 3 add 8 (every position)"), std::string::npos) << text;
   EXPECT_NE(text.find("latent 3 on the prompt: \"The\" 0 | \" cat\" 1.5"), std::string::npos)

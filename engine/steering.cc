@@ -60,6 +60,16 @@ absl::Status CheckQuery(const SteeringQuery& query, int64_t d_sae, int64_t promp
     return absl::InvalidArgumentError(
         absl::StrCat("temperature: ", query.temperature, ", must be finite and >= 0"));
   }
+  if (query.sweep.size() > kMaxSweepValues) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sweep: ", query.sweep.size(), " values, at most ", kMaxSweepValues));
+  }
+  for (size_t i = 0; i < query.sweep.size(); ++i) {
+    if (!std::isfinite(query.sweep[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sweep[", i, "]: ", query.sweep[i], " is not finite"));
+    }
+  }
   if (query.top_tokens < 0 || query.top_tokens > kMaxSteeringTopTokens) {
     return absl::InvalidArgumentError(absl::StrCat("top_tokens: ", query.top_tokens,
                                                    " outside [0, ", kMaxSteeringTopTokens, "]"));
@@ -67,11 +77,18 @@ absl::Status CheckQuery(const SteeringQuery& query, int64_t d_sae, int64_t promp
   return absl::OkStatus();
 }
 
-// Applies the interventions to row 1 (the steered run) of a batch of two; row 0 runs clean.
+// Applies the interventions to rows 1.. of a batch; row 0 runs clean. Row 1 takes them as
+// given, row 1 + i the same with interventions[0]'s value replaced by sweep[i].
 class Intervener {
  public:
-  Intervener(const Sae& sae, const std::vector<LatentIntervention>& interventions)
+  Intervener(const Sae& sae, const std::vector<LatentIntervention>& interventions,
+             const std::vector<float>& sweep)
       : sae_(sae), interventions_(interventions) {
+    for (const LatentIntervention& in : interventions) {
+      std::vector<float> by_row(1 + sweep.size(), in.value);
+      if (&in == &interventions.front()) std::copy(sweep.begin(), sweep.end(), by_row.begin() + 1);
+      values_.push_back(at::tensor(by_row).unsqueeze(1));  // [steered rows, 1]
+    }
     for (const LatentIntervention& in : interventions) column_.emplace(in.latent, 0);
     std::vector<int64_t> latents;
     for (auto& [latent, column] : column_) {
@@ -105,48 +122,56 @@ class Intervener {
   const at::Tensor& latents() const { return latents_; }
 
  private:
-  // `out` [2, seq, width] with row 1 changed by what the interventions change in the SAE's
-  // prediction from `in` [2, seq, d_in] (the same tensor for an SAE).
+  // `out` [batch, seq, width] with rows 1.. changed by what the interventions change in the
+  // SAE's prediction from `in` [batch, seq, d_in] (the same tensor for an SAE).
   at::Tensor Steered(const at::Tensor& in, const at::Tensor& out) {
-    const at::Tensor x = in.select(0, 1).to(at::kFloat);
-    const int64_t seq = x.size(0);
-    const at::Tensor z = CodeValues(sae_.EncodeSparse(x), seq, latents_);
-    if (!first_values_.defined()) first_values_ = z;
+    const int64_t runs = in.size(0) - 1, seq = in.size(1);
+    const at::Tensor x = in.narrow(0, 1, runs).to(at::kFloat).reshape({runs * seq, -1});
+    const at::Tensor z =
+        CodeValues(sae_.EncodeSparse(x), runs * seq, latents_).view({runs, seq, latents_.size(0)});
+    if (!first_values_.defined()) first_values_ = z[0];  // every row's input is the clean one
     at::Tensor changed = z.clone();
-    for (const LatentIntervention& change : interventions_) {
-      at::Tensor column = changed.select(1, column_.at(change.latent));
-      at::Tensor rows;
+    for (size_t i = 0; i < interventions_.size(); ++i) {
+      const LatentIntervention& change = interventions_[i];
+      at::Tensor column = changed.select(2, column_.at(change.latent));  // [runs, seq]
+      at::Tensor positions;
       if (!change.positions.empty()) {
         std::vector<int64_t> here;  // its positions among this pass's
         for (int64_t p : change.positions) {
-          if (p >= first_position_ && p < first_position_ + seq)
+          if (p >= first_position_ && p < first_position_ + seq) {
             here.push_back(p - first_position_);
+          }
         }
         if (here.empty()) continue;
-        rows = at::tensor(here, at::TensorOptions().dtype(at::kLong));
-        column = column.index_select(0, rows);  // a copy, written back below
+        positions = at::tensor(here, at::TensorOptions().dtype(at::kLong));
+        column = column.index_select(1, positions);  // a copy, written back below
       }
+      const at::Tensor& value = values_[i];  // per run
       switch (change.mode) {
         case InterventionMode::kSet:
-          column.fill_(change.value);
+          column.copy_(value.expand_as(column));
           break;
         case InterventionMode::kAdd:
-          column.add_(change.value);
+          column.add_(value);
           break;
         case InterventionMode::kScale:
-          column.mul_(change.value);
+          column.mul_(value);
           break;
       }
-      if (rows.defined()) changed.select(1, column_.at(change.latent)).index_copy_(0, rows, column);
+      if (positions.defined()) {
+        changed.select(2, column_.at(change.latent)).index_copy_(1, positions, column);
+      }
     }
-    const at::Tensor delta = sae_.PredictionChange(x, latents_, changed - z);
+    const at::Tensor delta =
+        sae_.PredictionChange(x, latents_, (changed - z).view({runs * seq, -1}));
     at::Tensor steered = out.clone();
-    steered.select(0, 1).add_(delta.to(out.scalar_type()));
+    steered.narrow(0, 1, runs).add_(delta.view({runs, seq, -1}).to(out.scalar_type()));
     return steered;
   }
 
   const Sae& sae_;
   const std::vector<LatentIntervention>& interventions_;
+  std::vector<at::Tensor> values_;     // per intervention: its value in each steered run
   std::map<int64_t, int64_t> column_;  // latent -> its column in latents_
   at::Tensor latents_;                 // int64, ascending
   at::Tensor input_;                   // a transcoder's input in the current pass
@@ -168,8 +193,8 @@ class OneOpenMpThread {
   const int before_;
 };
 
-// The token each run takes next from its logits [2, vocab]: greedy, or sampled at
-// `temperature` with one uniform draw `u` for both rows.
+// The token each run takes next from its logits [runs, vocab]: greedy, or sampled at
+// `temperature` with one uniform draw `u` for every row.
 std::vector<int64_t> NextTokens(const at::Tensor& logits, float temperature, double u) {
   std::vector<int64_t> next;
   for (int64_t row = 0; row < logits.size(0); ++row) {
@@ -216,10 +241,11 @@ absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
   if (n < 1) return absl::InvalidArgumentError("token_ids: empty");
   at::NoGradGuard no_grad;
   const int64_t top = query.top_tokens > 0 ? query.top_tokens : 10;
-  Intervener intervener(*steering.sae, query.interventions);
+  Intervener intervener(*steering.sae, query.interventions, query.sweep);
   const HookSplices splices = intervener.Splices(steering.hook, steering.hook_out);
+  const int64_t rows = 2 + static_cast<int64_t>(query.sweep.size());  // clean, steered, sweep
   const at::Tensor tokens =
-      at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n}).repeat({2, 1});
+      at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n}).repeat({rows, 1});
   // The prompt once; then each new token alone, its attention reading the cached positions.
   KeyValueCache cache;
   NextTokenPredictions p = model.PredictNextTokens(tokens, splices, /*losses=*/true, &cache);
@@ -227,11 +253,20 @@ absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
   SteeringResult out;
   out.bos_prepended = bos_prepended;
   out.prompt = prompt;
-  out.clean = RunOf(p, 0, top);
-  out.steered = RunOf(p, 1, top);
+  out.sweep.resize(query.sweep.size());
+  std::vector<SteeredRun*> runs = {&out.clean, &out.steered};  // in row order
+  for (size_t i = 0; i < out.sweep.size(); ++i) runs.push_back(&out.sweep[i].run);
   const at::Tensor log_probs = at::log_softmax(p.last_logits.to(at::kDouble), -1);
   const at::Tensor probs = log_probs.exp();
-  out.kl_divergence = (probs[0] * (log_probs[0] - log_probs[1])).sum().clamp_min(0).item<double>();
+  auto kl_from_clean = [&](int64_t row) {
+    return (probs[0] * (log_probs[0] - log_probs[row])).sum().clamp_min(0).item<double>();
+  };
+  for (int64_t row = 0; row < rows; ++row) *runs[row] = RunOf(p, row, top);
+  out.kl_divergence = kl_from_clean(1);
+  for (size_t i = 0; i < out.sweep.size(); ++i) {
+    out.sweep[i].value = query.sweep[i];
+    out.sweep[i].kl_divergence = kl_from_clean(2 + static_cast<int64_t>(i));
+  }
   const at::Tensor change = probs[1] - probs[0];
   const int64_t listed = std::min(top, change.numel());
   for (const bool rising : {true, false}) {
@@ -260,16 +295,14 @@ absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
     }
     if (t > 0) {
       OneOpenMpThread one_thread;
-      const at::Tensor last =
-          at::tensor(std::vector<int64_t>{out.clean.generated.back(), out.steered.generated.back()},
-                     tokens.options())
-              .view({2, 1});
+      std::vector<int64_t> last;
+      for (const SteeredRun* run : runs) last.push_back(run->generated.back());
       intervener.set_first_position(cache.positions);
-      p = model.PredictNextTokens(last, splices, /*losses=*/false, &cache);
+      p = model.PredictNextTokens(at::tensor(last, tokens.options()).view({rows, 1}), splices,
+                                  /*losses=*/false, &cache);
     }
     const std::vector<int64_t> next = NextTokens(p.last_logits, query.temperature, uniform(draws));
-    out.clean.generated.push_back(next[0]);
-    out.steered.generated.push_back(next[1]);
+    for (int64_t row = 0; row < rows; ++row) runs[row]->generated.push_back(next[row]);
   }
   return out;
 }

@@ -25,6 +25,7 @@ class Sae;
 inline constexpr int kMaxInterventions = 64;
 inline constexpr int kMaxSteeredTokens = 256;
 inline constexpr int kMaxSteeringTopTokens = 1000;
+inline constexpr int kMaxSweepValues = 16;
 
 enum class InterventionMode {
   kSet,    // z'_j = value: 0 ablates the latent; a multiple of its largest value clamps it on
@@ -52,6 +53,9 @@ struct SteeringQuery {
   float temperature = 0;
   uint64_t seed = 0;
   int top_tokens = 0;  // next-token predictions and changes listed; 0: 10
+  // A strength sweep: one more steered run per value, interventions[0]'s value replaced by it
+  // (the others as given), in the same batch; at most kMaxSweepValues.
+  std::vector<float> sweep;
 };
 
 struct TokenProbability {
@@ -75,6 +79,13 @@ struct SteeredRun {
   double mean_loss = 0;
 };
 
+// One run of a strength sweep.
+struct SweptRun {
+  float value = 0;  // interventions[0]'s value in this run
+  SteeredRun run;
+  double kl_divergence = 0;  // of its next token from the clean run's
+};
+
 struct SteeringResult {
   bool bos_prepended = false;
   std::vector<int64_t> prompt;  // as run: BOS included where prepended
@@ -86,6 +97,7 @@ struct SteeringResult {
   // Each intervened latent (ascending, once) with its value at every prompt position as the
   // SAE encodes the clean run's activation: what a SET value compares with.
   std::vector<std::pair<int64_t, std::vector<float>>> latent_values;
+  std::vector<SweptRun> sweep;  // query.sweep's runs, in its order
 };
 
 // What a steered prompt runs through: `model` (on the CPU, able to run to its logits), `sae`
@@ -99,12 +111,12 @@ struct SteeringModel {
 };
 
 // Runs `prompt` (BOS included where the dataset prepends it; its ids already checked against
-// the vocabulary) clean and steered as one batch of two, then generates query.new_tokens
+// the vocabulary) clean and steered (and swept) as one batch, then generates query.new_tokens
 // more for each, a token a forward pass whose attention reads the earlier positions' cached
 // keys and values (KeyValueCache). INVALID_ARGUMENT naming the query's field
 // (interventions, their latent, value or positions, new_tokens beyond kMaxSteeredTokens or the
-// model's context, temperature, top_tokens); FAILED_PRECONDITION when the model cannot run to
-// its logits (TorchScript); CANCELLED when `cancelled` says so between tokens. May throw
+// model's context, temperature, top_tokens, sweep); FAILED_PRECONDITION when the model cannot run
+// to its logits (TorchScript); CANCELLED when `cancelled` says so between tokens. May throw
 // c10::Error (the caller turns it into a Status).
 absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
                                            const std::vector<int64_t>& prompt, bool bos_prepended,

@@ -275,6 +275,34 @@ TEST(SteeringTest, ATranscoderReadsItsInputAndWritesItsOutput) {
   EXPECT_NEAR(r->latent_values[0].second[p], z[p][j].item<float>(), 1e-5);
 }
 
+// A sweep adds a steered run per value of interventions[0] to the batch (the other
+// interventions as given): each run is the one a query of that value alone gives.
+TEST(SteeringTest, ASweepRunsEachValueOfTheFirstIntervention) {
+  Fixture f;
+  const LatentIntervention ablate{11, InterventionMode::kSet, 0.0f, {2}};
+  SteeringQuery q = Query({{30, InterventionMode::kAdd, 6.0f, {}}, ablate}, 4);
+  q.sweep = {0.0f, 6.0f, 20.0f};
+  auto swept = f.Steer(q);
+  ASSERT_TRUE(swept.ok()) << swept.status();
+  ASSERT_EQ(swept->sweep.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    SteeringQuery alone = Query({{30, InterventionMode::kAdd, q.sweep[i], {}}, ablate}, 4);
+    auto want = f.Steer(alone);
+    ASSERT_TRUE(want.ok());
+    const SweptRun& run = swept->sweep[i];
+    EXPECT_EQ(run.value, q.sweep[i]);
+    ExpectNear(run.run.token_losses, want->steered.token_losses, 1e-4, "sweep value");
+    EXPECT_EQ(run.run.generated, want->steered.generated) << q.sweep[i];
+    EXPECT_NEAR(run.kl_divergence, want->kl_divergence, 1e-4 * want->kl_divergence + 1e-7);
+    EXPECT_EQ(run.run.next[0].token_id, want->steered.next[0].token_id);
+  }
+  // The value the query gives is the steered run itself.
+  ExpectNear(swept->sweep[1].run.token_losses, swept->steered.token_losses, 1e-5, "given");
+  EXPECT_EQ(swept->sweep[1].run.generated, swept->steered.generated);
+  EXPECT_GT(swept->sweep[2].kl_divergence, swept->sweep[0].kl_divergence);
+  ExpectNear(swept->clean.token_losses, Losses(ByHand(*f.model, kPrompt, nullptr)), 1e-5, "clean");
+}
+
 TEST(SteeringTest, BadQueriesNameTheirField) {
   Fixture f;
   auto refused = [&](SteeringQuery q, const std::string& field) {
@@ -301,6 +329,11 @@ TEST(SteeringTest, BadQueriesNameTheirField) {
   refused(q, "temperature");
   q.temperature = std::numeric_limits<float>::infinity();
   refused(q, "temperature");
+  q = Query({{1, InterventionMode::kSet, 0, {}}});
+  q.sweep.assign(17, 1.0f);
+  refused(q, "sweep");
+  q.sweep = {1.0f, std::nanf("")};
+  refused(q, "sweep[1]");
   q = Query({{1, InterventionMode::kSet, 0, {}}});
   q.top_tokens = 1001;
   refused(q, "top_tokens");

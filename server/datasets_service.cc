@@ -702,6 +702,7 @@ grpc::Status DatasetsService::SteerPrompt(grpc::ServerContext* context,
   query.temperature = request->temperature();
   query.seed = request->seed();
   query.top_tokens = request->top_tokens();
+  query.sweep.assign(request->sweep().begin(), request->sweep().end());
   auto found = options_.dataset_models->SteerPrompt(*source, query,
                                                     [context] { return context->IsCancelled(); });
   if (!found.ok()) return ToGrpcStatus(found.status());
@@ -716,6 +717,12 @@ grpc::Status DatasetsService::SteerPrompt(grpc::ServerContext* context,
     latentd::v1::LatentValues* out = response->add_latent_values();
     out->set_latent(static_cast<int32_t>(latent));
     out->mutable_values()->Add(values.begin(), values.end());
+  }
+  for (const engine::SweptRun& swept : found->sweep) {
+    latentd::v1::SweptRun* out = response->add_sweep();
+    out->set_value(swept.value);
+    SetRun(swept.run, out->mutable_run());
+    out->set_kl_divergence(swept.kl_divergence);
   }
   return grpc::Status::OK;
 }

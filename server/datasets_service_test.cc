@@ -958,6 +958,8 @@ TEST_F(DatasetsServiceTest, SteerPromptConvertsBothRunsAndTheModes) {
     in->set_value(value);
     r.set_new_tokens(3);
     r.set_top_tokens(4);
+    r.add_sweep(value);  // the given value again: the steered run
+    r.add_sweep(1.0f);
     return stub_->SteerPrompt(&c, r, out);
   };
   latentd::v1::SteerPromptResponse same, ablated;
@@ -977,10 +979,19 @@ TEST_F(DatasetsServiceTest, SteerPromptConvertsBothRunsAndTheModes) {
   EXPECT_EQ(same.latent_values(0).latent(), strongest);
   ASSERT_EQ(same.latent_values(0).values_size(), 5);
   EXPECT_EQ(same.latent_values(0).values(4), encoded.tokens(4).values(0));
+  ASSERT_EQ(same.sweep_size(), 2);
+  EXPECT_EQ(same.sweep(0).value(), 1.0f);
+  EXPECT_EQ(same.sweep(0).run().generated_size(), 3);
+  EXPECT_EQ(same.sweep(0).run().generated(0), same.steered().generated(0));
+  EXPECT_NEAR(same.sweep(0).kl_divergence(), same.kl_divergence(), 1e-9);
 
   s = steer(latentd::v1::LatentIntervention::SET, 0.0f, &ablated);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_GT(ablated.kl_divergence(), 0);
+  ASSERT_EQ(ablated.sweep_size(), 2);
+  EXPECT_NEAR(ablated.sweep(0).kl_divergence(), ablated.kl_divergence(),  // set 0 again
+              1e-6 * ablated.kl_divergence());
+  EXPECT_NE(ablated.sweep(1).kl_divergence(), ablated.kl_divergence());  // set 1
   EXPECT_EQ(ablated.clean().mean_loss(), same.clean().mean_loss());
   ASSERT_GT(ablated.most_increased_size() + ablated.most_decreased_size(), 0);
   for (const latentd::v1::NextTokenChange& c : ablated.most_increased()) {

@@ -331,7 +331,7 @@ class Client:
         return self.datasets.EncodePrompt(request, metadata=self.metadata, timeout=self.timeout)
 
     def steer_prompt(self, dataset_id, token_ids, interventions, new_tokens=0, temperature=0.0,
-                     seed=0, top_tokens=10):
+                     seed=0, top_tokens=10, sweep=()):
         """The prompt through the dataset's model with some of its SAE's latents changed where
         the SAE's decoder writes, beside the model as it is (steering and ablation). Each
         intervention is (latent, mode, value) or (latent, mode, value, positions), mode "set"
@@ -341,13 +341,16 @@ class Client:
         `temperature` with `seed`, the same draws for both; next: the top_tokens most likely
         next tokens; token_losses and mean_loss over the prompt), kl_divergence of the next
         token, most_increased / most_decreased (token_id, clean_probability,
-        steered_probability) and latent_values (each latent's value per prompt position)."""
+        steered_probability) and latent_values (each latent's value per prompt position).
+        `sweep`: values of the first intervention, each one more steered run in the same batch
+        (answer.sweep: value, run, kl_divergence), e.g. sweep=[0, 2, 4, 8, 16]."""
         modes = {"set": datasets_pb2.LatentIntervention.SET,
                  "add": datasets_pb2.LatentIntervention.ADD,
                  "scale": datasets_pb2.LatentIntervention.SCALE}
         request = datasets_pb2.SteerPromptRequest(
             dataset_id=dataset_id, token_ids=[int(t) for t in token_ids], new_tokens=new_tokens,
-            temperature=temperature, seed=seed, top_tokens=top_tokens)
+            temperature=temperature, seed=seed, top_tokens=top_tokens,
+            sweep=[float(v) for v in sweep])
         for item in interventions:
             if isinstance(item, datasets_pb2.LatentIntervention):
                 request.interventions.append(item)

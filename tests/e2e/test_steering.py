@@ -54,33 +54,39 @@ class SteeringTest(DaemonTestCase):
         strongest = int(z[3].argmax())  # the largest latent on position 3
         steer_along = (strongest + 1) % D_SAE
 
-        def changed(zj):
-            """What the interventions below make of latents [strongest, steer_along]."""
-            out = zj.clone()
-            out[..., 3, 0] = 0  # ablated at position 3
-            out[..., :, 1] += 4.0  # steered everywhere
-            return out
+        def splice(interventions):
+            """x + (z' - z) W_dec, z' the interventions (latent, mode, value[, positions]) made
+            of z in order, at every position of the sequence unless they name positions."""
+            def f(x):
+                z = encode(sae, x)
+                changed = z.clone()
+                for latent, mode, value, *positions in interventions:
+                    where = positions[0] if positions else slice(None)
+                    column = changed[0, where, latent]
+                    changed[0, where, latent] = {"set": torch.full_like(column, value),
+                                                 "add": column + value,
+                                                 "scale": column * value}[mode]
+                return x + (changed - z) @ sae["W_dec"]
+            return f
 
-        def splice(x):
-            zj = encode(sae, x)[..., [strongest, steer_along]]
-            return x + (changed(zj) - zj) @ sae["W_dec"][[strongest, steer_along]]
+        steering = [(strongest, "set", 0.0, [3]), (steer_along, "add", 4.0)]
 
-        def run(tokens, steered):
+        def run(tokens, interventions):
             """Per-position losses and the last position's log-probabilities."""
             with torch.no_grad():
-                final = gpt2(torch.tensor([tokens]), {HOOK: splice} if steered else None)["final"]
+                spliced = {HOOK: splice(interventions)} if interventions else None
+                final = gpt2(torch.tensor([tokens]), spliced)["final"]
                 logits = gpt2.layer_norm("ln_f", final)[0] @ weights["wte.weight"].T
             log_probs = logits.log_softmax(-1)
             losses = -log_probs[:-1].gather(1, torch.tensor(tokens[1:]).unsqueeze(1)).squeeze(1)
             return losses, log_probs[-1]
 
-        got = c.steer_prompt(dataset, prompt,
-                             [(strongest, "set", 0.0, [3]), (steer_along, "add", 4.0)],
-                             new_tokens=5, top_tokens=5)
+        got = c.steer_prompt(dataset, prompt, steering, new_tokens=5, top_tokens=5)
         self.assertFalse(got.bos_prepended)
         self.assertEqual(list(got.prompt), prompt)
-        for name, answer in (("clean", got.clean), ("steered", got.steered)):
-            losses, last = run(prompt, name == "steered")
+        for name, answer, interventions in (("clean", got.clean, None),
+                                            ("steered", got.steered, steering)):
+            losses, last = run(prompt, interventions)
             numpy.testing.assert_allclose(answer.token_losses, losses.numpy(), atol=1e-4,
                                           err_msg=name)
             self.assertAlmostEqual(answer.mean_loss, float(losses.mean()), places=4)
@@ -92,9 +98,9 @@ class SteeringTest(DaemonTestCase):
             # the latent still pushed at the new positions.
             tokens = list(prompt)
             for _ in range(5):
-                tokens.append(int(run(tokens, name == "steered")[1].argmax()))
+                tokens.append(int(run(tokens, interventions)[1].argmax()))
             self.assertEqual(list(answer.generated), tokens[len(prompt):], name)
-        clean_lp, steered_lp = run(prompt, False)[1], run(prompt, True)[1]
+        clean_lp, steered_lp = run(prompt, None)[1], run(prompt, steering)[1]
         kl = float((clean_lp.exp() * (clean_lp - steered_lp)).sum())
         self.assertGreater(kl, 1e-4)
         self.assertAlmostEqual(got.kl_divergence, kl, delta=1e-4 * kl + 1e-6)
@@ -105,6 +111,18 @@ class SteeringTest(DaemonTestCase):
         by_latent = {v.latent: list(v.values) for v in got.latent_values}
         numpy.testing.assert_allclose(by_latent[strongest], z[:, strongest].numpy(), atol=1e-5)
 
+        # A strength sweep of the first intervention: a run per value, each the model with
+        # that value by hand (the second intervention as given).
+        swept = c.steer_prompt(dataset, prompt, steering, new_tokens=3, sweep=[0.5, -2.0])
+        self.assertEqual([s.value for s in swept.sweep], [0.5, -2.0])
+        for s in swept.sweep:
+            by_hand = [(strongest, "set", s.value, [3]), steering[1]]
+            losses, last = run(prompt, by_hand)
+            numpy.testing.assert_allclose(s.run.token_losses, losses.numpy(), atol=1e-4)
+            kl = float((clean_lp.exp() * (clean_lp - last)).sum())
+            self.assertAlmostEqual(s.kl_divergence, kl, delta=1e-4 * kl + 1e-6)
+            self.assertEqual(s.run.next[0].token_id, int(last.argmax()))
+
         # latentctl shows the same runs.
         shown = daemon.latentctl("steer", str(dataset), *map(str, prompt),
                                  "--intervene=%d:set=0@3,%d:add=4" % (strongest, steer_along),
@@ -114,6 +132,14 @@ class SteeringTest(DaemonTestCase):
         self.assertIn("continuation (5 tokens, greedy):", shown)
         self.assertIn("steered: " + " ".join(map(str, got.steered.generated)), shown)
         self.assertIn("KL(clean || steered) %.4g nats" % got.kl_divergence, shown)
+        shown = daemon.latentctl("steer", str(dataset), *map(str, prompt),
+                                 "--intervene=%d:set=0@3,%d:add=4" % (strongest, steer_along),
+                                 "--new_tokens=3", "--sweep=0.5,-2").stdout
+        self.assertIn("sweep of latent %d set:" % strongest, shown)
+        sweep_lines = shown.split("sweep of latent")[1].splitlines()[2:4]
+        self.assertEqual([line.split()[0] for line in sweep_lines], ["0.5", "-2"])
+        self.assertEqual(sweep_lines[1].split()[-3:],
+                         [str(t) for t in swept.sweep[1].run.generated])
 
         # Bad input names the field.
         with self.assertRaises(grpc.RpcError) as bad:
