@@ -14,7 +14,8 @@
 //
 // With steer=N: SteerPrompt on a 64-token prompt of a reference model of layers=L (default 12,
 // GPT-2 small's shape at d_in 768) with an SAE of 4096 latents at its middle block, without and
-// with N generated tokens (the median of rounds=R calls each): the cost of a generated token.
+// with N generated tokens (the median of rounds=R calls each): the cost of a generated token;
+// sweep=K adds K values of the intervention (K more rows a batch).
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -145,7 +146,7 @@ int RunSuite(const std::string& root, int64_t layers, int64_t d_in, int64_t voca
 
 // The steer=N mode (see the top of the file).
 int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t vocab,
-             int64_t layers, int64_t rounds) {
+             int64_t layers, int64_t rounds, int64_t sweep) {
   const std::string dir = root + "/steer-sae";
   const std::string hash = WriteBenchSae(dir, 4096, d_in, 1);
   if (hash.empty()) return 1;
@@ -162,12 +163,14 @@ int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t 
   latentd::engine::SteeringQuery query;
   for (int64_t t = 0; t < 64; ++t) query.token_ids.push_back((t * 104729) % vocab);
   query.interventions = {{7, latentd::engine::InterventionMode::kAdd, 10.0f, {}}};
+  for (int64_t i = 0; i < sweep; ++i) query.sweep.push_back(2.0f * i);
   std::printf(
       "dataset_models_bench steer: a %lld-token prompt, reference model of %lld layers, d_model "
-      "%lld, vocab %lld, SAE of 4096 at %s; median of %lld rounds, %d threads\n",
+      "%lld, vocab %lld, SAE of 4096 at %s; %lld runs a batch; median of %lld rounds, %d "
+      "threads\n",
       static_cast<long long>(query.token_ids.size()), static_cast<long long>(layers),
       static_cast<long long>(d_in), static_cast<long long>(vocab), spec->hook_name().c_str(),
-      static_cast<long long>(rounds), at::get_num_threads());
+      static_cast<long long>(2 + sweep), static_cast<long long>(rounds), at::get_num_threads());
   query.new_tokens = 0;
   if (!reader.SteerPrompt(source, query, nullptr).ok()) return 1;  // loads model and SAE
   std::printf("%-11s %-9s %s\n", "NEW_TOKENS", "CALL_S", "MS_PER_NEW_TOKEN");
@@ -198,7 +201,8 @@ int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t 
 
 int main(int argc, char** argv) {
   std::vector<int64_t> widths = {4096, 32768, 131072};
-  int64_t d_in = 768, vocab = 50257, queries = 50, suite = 0, rounds = 5, steer = 0, layers = 12;
+  int64_t d_in = 768, vocab = 50257, queries = 50, suite = 0, rounds = 5, steer = 0, layers = 12,
+          sweep = 0;
   for (int i = 1; i < argc; ++i) {
     std::vector<std::string> kv = absl::StrSplit(argv[i], absl::MaxSplits('=', 1));
     if (kv.size() != 2) continue;
@@ -222,6 +226,8 @@ int main(int argc, char** argv) {
       absl::SimpleAtoi(kv[1], &steer);
     } else if (kv[0] == "layers") {
       absl::SimpleAtoi(kv[1], &layers);
+    } else if (kv[0] == "sweep") {
+      absl::SimpleAtoi(kv[1], &sweep);
     }
   }
   const std::string root =
@@ -230,7 +236,7 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(root);
   if (suite > 0 || steer > 0) {
     const int rc = suite > 0 ? RunSuite(root, suite, d_in, vocab, rounds)
-                             : RunSteer(root, steer, d_in, vocab, layers, rounds);
+                             : RunSteer(root, steer, d_in, vocab, layers, rounds, sweep);
     std::filesystem::remove_all(root);
     return rc;
   }
