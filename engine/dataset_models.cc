@@ -137,6 +137,24 @@ struct PromptSae {
   int64_t bytes() const { return sae.weight_bytes(); }
 };
 
+// What a steered or attributed prompt runs through: the dataset's model (to itself while
+// `run` holds it) and SAE, where the SAE reads and its decoder writes, the prompt as run.
+struct InterventionInputs {
+  std::shared_ptr<const PromptModel> model;
+  std::shared_ptr<const PromptSae> sae;
+  SteeringModel steering;  // model unset: Run sets it
+  std::vector<int64_t> tokens;
+  bool bos_prepended = false;
+
+  template <typename F>
+  auto Run(F&& f) {
+    return model->Locked([&](ActivationModel& m) {
+      steering.model = &m;
+      return f(steering);
+    });
+  }
+};
+
 // num / den where den > 0, else 0 (a zero decoder row has no direction).
 at::Tensor SafeDivide(const at::Tensor& num, const at::Tensor& den) {
   return at::where(den > 0, num / den.clamp_min(std::numeric_limits<float>::min()),
@@ -417,6 +435,12 @@ struct DatasetModels::Impl {
                         std::string* unavailable);
   absl::StatusOr<std::shared_ptr<const PromptSae>> PromptSaeFor(const DatasetSource& dataset,
                                                                 const std::string& dir);
+  // What a steered or attributed prompt runs through: refuses what has no single hook to
+  // change (crosscoders, cross-layer transcoders) or no logits (TorchScript), `what`
+  // ("steering", "attribution") naming the query.
+  absl::StatusOr<InterventionInputs> InterventionInputsFor(const DatasetSource& dataset,
+                                                           const std::vector<int64_t>& token_ids,
+                                                           const std::string& what);
   absl::StatusOr<std::shared_ptr<const PreparedSae>> SaeFor(const DatasetSource& dataset,
                                                             const std::string& dir);
   // The unembedding, or null with *unavailable saying why there is none.
@@ -1060,52 +1084,71 @@ absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& d
   }
 }
 
-absl::StatusOr<SteeringResult> DatasetModels::SteerPrompt(const DatasetSource& dataset,
-                                                          const SteeringQuery& query,
-                                                          const std::function<bool()>& cancelled) {
-  RETURN_IF_ERROR(CheckPromptLength(query.token_ids));
-  ASSIGN_OR_RETURN(const DatasetInputs inputs, impl_->InputsOf(dataset));
+absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
+    const DatasetSource& dataset, const std::vector<int64_t>& token_ids, const std::string& what) {
+  RETURN_IF_ERROR(CheckPromptLength(token_ids));
+  ASSIGN_OR_RETURN(const DatasetInputs inputs, InputsOf(dataset));
+  const std::string takes = absl::StrCat(what, " takes an SAE or a transcoder");
   if (!inputs.crosscoder_reads.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dataset ", dataset.dataset_id, "'s SAE is a crosscoder (it reads ",
-        inputs.crosscoder_reads,
-        "): a latent writes every source at once; steering takes an SAE or a transcoder"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset ", dataset.dataset_id, "'s SAE is a crosscoder (it reads ",
+                     inputs.crosscoder_reads, "): a latent writes every source at once; ", takes));
   }
   if (inputs.spec.model().has_torchscript()) {  // known before loading it
     return absl::FailedPreconditionError(absl::StrCat(
         "dataset ", dataset.dataset_id,
-        "'s model is a TorchScript module: it gives its hidden states, not its logits, which "
-        "steering continues the prompt from (a model run natively, reference or huggingface, "
-        "has them)"));
+        "'s model is a TorchScript module: it gives its hidden states, not its logits, which ",
+        what, " needs (a model run natively, reference or huggingface, has them)"));
   }
+  InterventionInputs out;
+  ASSIGN_OR_RETURN(out.sae, PromptSaeFor(dataset, inputs.sae_dir));
+  const SaeConfig& cfg = out.sae->sae.config();
+  if (cfg.circuit_tracer && cfg.circuit_tracer->cross_layer) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dataset ", dataset.dataset_id, "'s SAE is layer ", cfg.circuit_tracer->layer,
+        " of a cross-layer transcoder: a latent writes every layer from it on; ", takes));
+  }
+  ASSIGN_OR_RETURN(out.model, ModelFor(dataset, inputs));
+  out.tokens = AsRun(token_ids, inputs.spec.tokens());
+  out.bos_prepended = out.tokens.size() > token_ids.size();
+  RETURN_IF_ERROR(CheckPromptFits(token_ids, out.tokens, *out.model->model));
+  out.steering = {nullptr, &out.sae->sae, inputs.hook, std::nullopt};
+  if (cfg.transcoder) {
+    // As EXTRACT found it (datasets record it; the SAE's config says it for older ones).
+    ASSIGN_OR_RETURN(const std::string hook_out, TranscoderOutputHook(cfg, inputs.hook));
+    ASSIGN_OR_RETURN(
+        out.steering.hook_out,
+        ParseHookName(dataset.hook_name_out.empty() ? hook_out : dataset.hook_name_out));
+  }
+  return out;
+}
+
+absl::StatusOr<SteeringResult> DatasetModels::SteerPrompt(const DatasetSource& dataset,
+                                                          const SteeringQuery& query,
+                                                          const std::function<bool()>& cancelled) {
   try {
-    ASSIGN_OR_RETURN(std::shared_ptr<const PromptSae> sae,
-                     impl_->PromptSaeFor(dataset, inputs.sae_dir));
-    if (sae->sae.config().circuit_tracer && sae->sae.config().circuit_tracer->cross_layer) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "dataset ", dataset.dataset_id, "'s SAE is layer ",
-          sae->sae.config().circuit_tracer->layer,
-          " of a cross-layer transcoder: a latent writes every layer from it on; steering takes "
-          "an SAE or a transcoder"));
-    }
-    ASSIGN_OR_RETURN(std::shared_ptr<const PromptModel> model, impl_->ModelFor(dataset, inputs));
-    const std::vector<int64_t> tokens = AsRun(query.token_ids, inputs.spec.tokens());
-    RETURN_IF_ERROR(CheckPromptFits(query.token_ids, tokens, *model->model));
-    SteeringModel steering{nullptr, &sae->sae, inputs.hook, std::nullopt};
-    if (sae->sae.config().transcoder) {
-      // As EXTRACT found it (datasets record it; the SAE's config says it for older ones).
-      ASSIGN_OR_RETURN(const std::string out, TranscoderOutputHook(sae->sae.config(), inputs.hook));
-      ASSIGN_OR_RETURN(steering.hook_out,
-                       ParseHookName(dataset.hook_name_out.empty() ? out : dataset.hook_name_out));
-    }
-    return model->Locked([&](ActivationModel& m) {
-      steering.model = &m;
-      return engine::SteerPrompt(steering, tokens, tokens.size() > query.token_ids.size(), query,
-                                 cancelled);
+    ASSIGN_OR_RETURN(InterventionInputs in,
+                     impl_->InterventionInputsFor(dataset, query.token_ids, "steering"));
+    return in.Run([&](const SteeringModel& steering) {
+      return engine::SteerPrompt(steering, in.tokens, in.bos_prepended, query, cancelled);
     });
   } catch (const c10::Error& e) {
     return TorchErrorStatus(
         e, absl::StrCat("steering a prompt with dataset ", dataset.dataset_id, "'s model and SAE"));
+  }
+}
+
+absl::StatusOr<AttributionResult> DatasetModels::AttributePrompt(const DatasetSource& dataset,
+                                                                 const AttributionQuery& query) {
+  try {
+    ASSIGN_OR_RETURN(InterventionInputs in,
+                     impl_->InterventionInputsFor(dataset, query.token_ids, "attribution"));
+    return in.Run([&](const SteeringModel& steering) {
+      return engine::AttributePrompt(steering, in.tokens, in.bos_prepended, query);
+    });
+  } catch (const c10::Error& e) {
+    return TorchErrorStatus(e, absl::StrCat("attributing a prompt with dataset ",
+                                            dataset.dataset_id, "'s model and SAE"));
   }
 }
 

@@ -11,7 +11,8 @@
 // 2. Which latents fire on a new prompt (EncodePrompt), Neuronpedia's search by text, encoded as
 //    EXTRACT encoded the dataset's sequences.
 // 3. What a latent does to the model's output (SteerPrompt, steering.h): the prompt run and
-//    continued with the latent ablated, clamped or added, beside the model as it is.
+//    continued with the latent ablated, clamped or added, beside the model as it is; and
+//    which latents drive a prediction (AttributePrompt, attribution.h).
 //
 // Torch-free header (the Datasets service includes it).
 #ifndef LATENTD_ENGINE_DATASET_MODELS_H_
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/attribution.h"
 #include "engine/extract_runner.h"
 #include "engine/steering.h"
 
@@ -216,6 +218,12 @@ class DatasetModels {
   absl::StatusOr<SteeringResult> SteerPrompt(const DatasetSource& dataset,
                                              const SteeringQuery& query,
                                              const std::function<bool()>& cancelled);
+
+  // Which of the SAE's latents, where in the prompt, drive the model's next-token prediction
+  // (attribution.h): one forward and backward pass of the dataset's model and SAE (those of
+  // SteerPrompt) on the CPU. Errors as SteerPrompt's, and attribution.h's.
+  absl::StatusOr<AttributionResult> AttributePrompt(const DatasetSource& dataset,
+                                                    const AttributionQuery& query);
 
   // Bytes the cache holds now (for tests and telemetry).
   int64_t cached_bytes() const;

@@ -470,6 +470,12 @@ TEST_F(DatasetModelsTest, TorchScriptUnembeddingsAreFoundByNameAndChecked) {
   EXPECT_EQ(steered.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(steered.status().message().find("hidden states"), std::string::npos)
       << steered.status();
+  AttributionQuery attribute;
+  attribute.token_ids = {1, 2};
+  auto attributed = DatasetModels(env_).AttributePrompt(source, attribute);
+  EXPECT_EQ(attributed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(attributed.status().message().find("which attribution needs"), std::string::npos)
+      << attributed.status();
 
   // Asked for by a name the module lacks.
   q.unembedding = "unembed.W_U";
@@ -839,6 +845,30 @@ TEST_F(DatasetModelsTest, APromptIsSteeredThroughTheDatasetsModelAndSae) {
   q.interventions[0].latent = kDSae;
   s = models.SteerPrompt(source, q, nullptr).status();
   EXPECT_NE(s.message().find("interventions[0].latent"), std::string::npos) << s;
+
+  // Attribution runs the same model and SAE: its activations are EncodePrompt's, with BOS.
+  AttributionQuery attribute;
+  attribute.token_ids = prompt.token_ids;
+  attribute.top = 1000;
+  auto attributed = models.AttributePrompt(source, attribute);
+  ASSERT_TRUE(attributed.ok()) << attributed.status();
+  EXPECT_EQ(models.cached_bytes(), cached);
+  EXPECT_TRUE(attributed->bos_prepended);
+  EXPECT_EQ(attributed->prompt, got->prompt);
+  EXPECT_EQ(attributed->target_token_id, own.last_logits[0].argmax().item<int64_t>());
+  int64_t entries = 0;
+  for (const PromptToken& token : encoded->tokens) entries += token.active;
+  ASSERT_EQ(static_cast<int64_t>(attributed->top_entries.size()), entries);
+  for (const LatentAttribution& e : attributed->top_entries) {
+    float want = 0;
+    for (const ScoredIndex& l : encoded->tokens[e.position].latents) {
+      if (l.index == e.latent) want = l.score;
+    }
+    EXPECT_NEAR(e.activation, want, 1e-5) << e.latent << " at " << e.position;
+  }
+  attribute.token_ids = {1, 64};
+  s = models.AttributePrompt(source, attribute).status();
+  EXPECT_NE(s.message().find("token_ids[1]"), std::string::npos) << s;
 }
 
 // A crosscoder's latent: how its decoder splits between the sources, at the training scale the

@@ -554,12 +554,17 @@ at::Tensor Sae::Predict(const at::Tensor& x, const SparseCodes& codes) const {
   return out;
 }
 
+at::Tensor Sae::DecoderOutputScale(const at::Tensor& x) const {
+  if (cfg_.input_normalization == InputNormalization::kNone) {
+    return at::ones({x.size(0), 1}, x.options().dtype(at::kFloat));
+  }
+  return RowNormalizationOf(cfg_.input_normalization, x).multiplier;
+}
+
 at::Tensor Sae::PredictionChange(const at::Tensor& x, const at::Tensor& latents,
                                  const at::Tensor& delta_z) const {
   at::Tensor out = delta_z.mm(w_.W_dec.index_select(0, latents.to(w_.W_dec.device(), at::kLong)));
-  if (cfg_.input_normalization != InputNormalization::kNone) {
-    out.mul_(RowNormalizationOf(cfg_.input_normalization, x).multiplier);
-  }
+  if (cfg_.input_normalization != InputNormalization::kNone) out.mul_(DecoderOutputScale(x));
   return out;
 }
 

@@ -103,6 +103,9 @@ class Sae {
   // transcoder.
   at::Tensor Predict(const at::Tensor& x, const SparseCodes& codes) const;
 
+  // Per row of x [rows, d_in], the factor the decoder's output is multiplied by in the hook's
+  // units (x's input normalization undone; ones without one): [rows, 1].
+  at::Tensor DecoderOutputScale(const at::Tensor& x) const;
   // How much Predict(x, codes) changes when latents (int64 [n]) change their values by
   // delta_z [rows, n]: delta_z W_dec[latents], in the hook's units (x's normalization undone;
   // b_dec, a normalization's shift and a skip connection cancel). What steering a latent adds to

@@ -1,0 +1,69 @@
+// Attribution of a prediction to an SAE's latents (attribution patching through an SAE, as in
+// Marks et al.'s sparse feature circuits and SAELens' tutorials): which latents at the dataset's
+// hook, at which positions, push the model's next-token prediction after a prompt, to first
+// order. With m the metric (log p(target), or logit(target) - logit(contrast)) and g = dm/dx the
+// gradient at the hook the SAE's decoder writes, latent j at position p is credited
+// z_j[p] * (dx/dz_j . g[p]) = what removing it would change m by, linearized; the SAE's error
+// term x - x_hat is credited (x - x_hat) . g, so that latents, error and the decoder's bias add up
+// to g . x.
+//
+// Torch-free header (dataset_models.h carries these).
+#ifndef LATENTD_ENGINE_ATTRIBUTION_H_
+#define LATENTD_ENGINE_ATTRIBUTION_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/steering.h"
+
+namespace latentd::engine {
+
+inline constexpr int kMaxAttributionTop = 1000;
+
+struct AttributionQuery {
+  std::vector<int64_t> token_ids;  // the prompt, without BOS; 1 to kMaxPromptTokens ids
+  // The prediction after the prompt's last token: log p(target); with a contrast, the logit
+  // difference target - contrast. Unset target: the model's most likely next token.
+  std::optional<int64_t> target_token_id;
+  std::optional<int64_t> contrast_token_id;
+  int top = 0;  // entries and latents listed; 0: 20, at most kMaxAttributionTop
+};
+
+struct LatentAttribution {
+  int64_t latent = 0;
+  int64_t position = 0;    // of the prompt (BOS counts); for a latent's sum: its largest entry's
+  float activation = 0;    // z_j[position]
+  double attribution = 0;  // an entry's, or the latent's summed over positions
+};
+
+struct AttributionResult {
+  bool bos_prepended = false;
+  std::vector<int64_t> prompt;  // as run: BOS included
+  int64_t target_token_id = 0;
+  std::optional<int64_t> contrast_token_id;
+  double metric = 0;  // m on the clean run
+  // (latent, position) pairs by |attribution| descending, ties by position then latent.
+  std::vector<LatentAttribution> top_entries;
+  // Latents by |their attribution summed over positions| descending, ties by latent.
+  std::vector<LatentAttribution> top_latents;
+  double latent_attribution = 0;  // summed over every active latent at every position
+  double error_attribution = 0;   // of the SAE's error term, over every position
+  // Per prompt position: its latents' sum and its error term's (where the prediction reads).
+  std::vector<double> latent_attribution_by_position, error_attribution_by_position;
+};
+
+// One forward and one backward pass of `prompt` (BOS included where the dataset prepends it, ids
+// checked) through steering.model, the gradient taken at the hook the SAE's decoder writes.
+// INVALID_ARGUMENT naming target_token_id or contrast_token_id outside the vocabulary (or the
+// contrast equal to the target), top outside [0, kMaxAttributionTop]; FAILED_PRECONDITION when
+// the model cannot run to its logits. May throw c10::Error.
+absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
+                                                  const std::vector<int64_t>& prompt,
+                                                  bool bos_prepended,
+                                                  const AttributionQuery& query);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_ATTRIBUTION_H_

@@ -1,0 +1,217 @@
+#include "engine/attribution.h"
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/activation_model.h"
+#include "engine/reference_model.h"
+#include "engine/sae.h"
+#include "gtest/gtest.h"
+
+namespace latentd::engine {
+namespace {
+
+constexpr int64_t kD = 32, kLatents = 64;
+const std::vector<int64_t> kPrompt = {7, 42, 3, 99, 15, 15, 60, 8};
+
+std::unique_ptr<Gpt2Model> Model(const std::string& hook) {
+  latentd::v1::ReferenceModelSpec s;
+  s.set_d_model(kD);
+  s.set_n_layers(3);
+  s.set_n_heads(4);
+  s.set_vocab_size(100);
+  s.set_context_length(16);
+  s.set_seed(5);
+  auto m = CreateReferenceModel(s, *ParseHookName(hook), at::kCPU);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return std::move(*m);
+}
+
+Sae MakeSae(bool transcoder) {
+  at::manual_seed(11);
+  SaeConfig cfg;
+  cfg.d_in = kD;
+  cfg.d_sae = kLatents;
+  cfg.architecture = SaeArchitecture::kTopK;
+  cfg.k = 4;
+  cfg.transcoder = transcoder;
+  cfg.d_out = transcoder ? kD : 0;
+  cfg.apply_b_dec_to_input = !transcoder;
+  auto sae = Sae::Create(cfg, {at::randn({kD, kLatents}) * 0.5, at::randn({kLatents}) * 0.1 + 0.5,
+                               at::randn({kLatents, kD}), at::randn({kD}) * 0.1});
+  EXPECT_TRUE(sae.ok()) << sae.status();
+  return *std::move(sae);
+}
+
+// The metric of the prompt's run with `add` [n, width] added at `hook` (undefined: nothing).
+double Metric(Gpt2Model& m, const std::string& hook, const at::Tensor& add, int64_t target,
+              std::optional<int64_t> contrast) {
+  at::NoGradGuard no_grad;
+  HookSplices splices;
+  if (add.defined()) {
+    splices.push_back({*ParseHookName(hook), [&](const at::Tensor& x) { return x + add; }});
+  }
+  const at::Tensor logits =
+      m.PredictNextTokens(at::tensor(kPrompt, at::TensorOptions().dtype(at::kLong)).view({1, -1}),
+                          splices, false)
+          .last_logits[0]
+          .to(at::kDouble);
+  return contrast ? (logits[target] - logits[*contrast]).item<double>()
+                  : at::log_softmax(logits, -1)[target].item<double>();
+}
+
+// The derivative of the metric along `direction` [n, width] at `hook`, by central differences.
+// (eps 1e-4: the random weights make the metric curve within 1e-2 of the activation.)
+double Derivative(Gpt2Model& m, const std::string& hook, const at::Tensor& direction,
+                  int64_t target, std::optional<int64_t> contrast) {
+  const double eps = 1e-4;
+  return (Metric(m, hook, direction * eps, target, contrast) -
+          Metric(m, hook, direction * -eps, target, contrast)) /
+         (2 * eps);
+}
+
+void ExpectDerivative(double got, double want, const std::string& what) {
+  EXPECT_NEAR(got, want, 2e-2 * std::abs(want) + 2e-4) << what;
+}
+
+// An entry's removal, linearized: along z_j[p] W_dec[j] at position p.
+at::Tensor EntryDirection(const Sae& sae, const LatentAttribution& e) {
+  at::Tensor d = at::zeros({static_cast<int64_t>(kPrompt.size()), kD});
+  d[e.position] = sae.weights().W_dec[e.latent] * e.activation;
+  return d;
+}
+
+const std::string kHook = "blocks.1.hook_resid_post";
+
+TEST(AttributionTest, EntriesAndTheErrorTermAreTheMetricsDerivatives) {
+  auto model = Model(kHook);
+  const Sae sae = MakeSae(false);
+  AttributionQuery q;
+  q.top = 1000;
+  auto got =
+      AttributePrompt({model.get(), &sae, *ParseHookName(kHook), std::nullopt}, kPrompt, false, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  // The target defaults to the model's own prediction; the metric is its log-probability.
+  at::NoGradGuard no_grad;
+  const at::Tensor logits =
+      model->PredictNextTokens(at::tensor(kPrompt).view({1, -1}), {}, false).last_logits[0];
+  EXPECT_EQ(got->target_token_id, logits.argmax().item<int64_t>());
+  EXPECT_NEAR(got->metric, Metric(*model, kHook, {}, got->target_token_id, std::nullopt), 1e-5);
+
+  ASSERT_EQ(got->top_entries.size(), kPrompt.size() * 4);  // k = 4 a position, all listed
+  for (int i = 0; i < 3; ++i) {
+    const LatentAttribution& e = got->top_entries[i];
+    ExpectDerivative(
+        Derivative(*model, kHook, EntryDirection(sae, e), got->target_token_id, std::nullopt),
+        e.attribution, "entry " + std::to_string(i));
+  }
+  // The activations are the SAE's codes at the hook.
+  const at::Tensor x = model->Forward(at::tensor(kPrompt).view({1, -1}))[0];
+  const at::Tensor z = sae.EncodeDense(x);
+  for (const LatentAttribution& e : got->top_entries) {
+    EXPECT_NEAR(e.activation, z[e.position][e.latent].item<float>(), 1e-5);
+  }
+  const at::Tensor error = x - sae.Predict(x, sae.EncodeSparse(x));
+  ExpectDerivative(Derivative(*model, kHook, error, got->target_token_id, std::nullopt),
+                   got->error_attribution, "error term");
+
+  // Sums: per latent, per position, in all; entries largest first.
+  std::map<int64_t, double> per_latent;
+  std::vector<double> per_position(kPrompt.size(), 0);
+  double total = 0;
+  for (size_t i = 0; i < got->top_entries.size(); ++i) {
+    const LatentAttribution& e = got->top_entries[i];
+    per_latent[e.latent] += e.attribution;
+    per_position[e.position] += e.attribution;
+    total += e.attribution;
+    if (i > 0) EXPECT_GE(std::abs(got->top_entries[i - 1].attribution), std::abs(e.attribution));
+  }
+  EXPECT_NEAR(got->latent_attribution, total, 1e-9);
+  ASSERT_EQ(got->top_latents.size(), per_latent.size());
+  for (const LatentAttribution& l : got->top_latents) {
+    EXPECT_NEAR(l.attribution, per_latent[l.latent], 1e-9) << l.latent;
+  }
+  for (size_t p = 0; p < kPrompt.size(); ++p) {
+    EXPECT_NEAR(got->latent_attribution_by_position[p], per_position[p], 1e-9);
+  }
+  EXPECT_NEAR(std::accumulate(got->error_attribution_by_position.begin(),
+                              got->error_attribution_by_position.end(), 0.0),
+              got->error_attribution, 1e-9);
+
+  q.top = 5;
+  auto fewer =
+      AttributePrompt({model.get(), &sae, *ParseHookName(kHook), std::nullopt}, kPrompt, false, q);
+  ASSERT_TRUE(fewer.ok());
+  ASSERT_EQ(fewer->top_entries.size(), 5u);
+  EXPECT_EQ(fewer->top_entries[0].latent, got->top_entries[0].latent);
+  EXPECT_EQ(fewer->top_latents.size(), 5u);
+}
+
+TEST(AttributionTest, ALogitDifferenceAgainstAContrastToken) {
+  auto model = Model(kHook);
+  const Sae sae = MakeSae(false);
+  AttributionQuery q;
+  q.target_token_id = 12;
+  q.contrast_token_id = 40;
+  auto got =
+      AttributePrompt({model.get(), &sae, *ParseHookName(kHook), std::nullopt}, kPrompt, false, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->target_token_id, 12);
+  EXPECT_EQ(got->contrast_token_id, 40);
+  EXPECT_NEAR(got->metric, Metric(*model, kHook, {}, 12, 40), 1e-5);
+  ASSERT_EQ(got->top_entries.size(), 20u);  // the default
+  ExpectDerivative(Derivative(*model, kHook, EntryDirection(sae, got->top_entries[0]), 12, 40),
+                   got->top_entries[0].attribution, "contrast");
+}
+
+// A transcoder's latents come from its input hook; their directions act at its output hook.
+TEST(AttributionTest, ATranscodersLatentsActWhereItWrites) {
+  const std::string in = "blocks.1.mlp.hook_in", out = "blocks.1.hook_mlp_out";
+  auto model = Model(in);
+  const Sae transcoder = MakeSae(true);
+  AttributionQuery q;
+  q.target_token_id = 5;
+  auto got = AttributePrompt({model.get(), &transcoder, *ParseHookName(in), *ParseHookName(out)},
+                             kPrompt, false, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  const at::Tensor z = transcoder.EncodeDense(model->Forward(at::tensor(kPrompt).view({1, -1}))[0]);
+  for (int i = 0; i < 2; ++i) {
+    const LatentAttribution& e = got->top_entries[i];
+    EXPECT_NEAR(e.activation, z[e.position][e.latent].item<float>(), 1e-5);
+    ExpectDerivative(Derivative(*model, out, EntryDirection(transcoder, e), 5, std::nullopt),
+                     e.attribution, "transcoder entry");
+  }
+}
+
+TEST(AttributionTest, BadQueriesNameTheirField) {
+  auto model = Model(kHook);
+  const Sae sae = MakeSae(false);
+  auto refused = [&](AttributionQuery q, const std::string& field) {
+    auto r = AttributePrompt({model.get(), &sae, *ParseHookName(kHook), std::nullopt}, kPrompt,
+                             false, q);
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << field << r.status();
+    EXPECT_NE(r.status().message().find(field), std::string::npos) << r.status();
+  };
+  AttributionQuery q;
+  q.target_token_id = 100;
+  refused(q, "target_token_id: 100 outside the vocabulary [0, 100)");
+  q.target_token_id = 3;
+  q.contrast_token_id = -1;
+  refused(q, "contrast_token_id");
+  q.contrast_token_id = 3;
+  refused(q, "contrast_token_id: 3 is the target");
+  q = AttributionQuery();
+  q.contrast_token_id = 4;
+  refused(q, "contrast_token_id: needs a target_token_id");
+  q = AttributionQuery();
+  q.top = 1001;
+  refused(q, "top");
+}
+
+}  // namespace
+}  // namespace latentd::engine
