@@ -157,6 +157,11 @@ ABSL_FLAG(float, temperature, 0, "steer: 0 greedy; > 0 sampled (the same draws f
 ABSL_FLAG(uint64_t, seed, 0, "steer: the sampling seed");
 ABSL_FLAG(std::string, sweep, "",
           "steer: values of the first --intervene item, comma-separated: a run for each");
+ABSL_FLAG(std::string, target, "",
+          "attribute: the next token explained (an id, or its text with --vocab; default: the "
+          "model's most likely)");
+ABSL_FLAG(std::string, contrast, "",
+          "attribute: explain logit(target) - logit(this token) instead of log p(target)");
 ABSL_FLAG(int64_t, max_count, -1,
           "latents: only latents firing at most this often (-1: no bound; 0: the dead ones)");
 
@@ -1274,6 +1279,59 @@ int Steer(Client& client, const std::vector<std::string>& args) {
   return 0;
 }
 
+// --target / --contrast: a token id, or with --vocab the text of one vocabulary entry.
+bool TokenFlag(const std::string& flag, const std::string& value,
+               const std::optional<Vocabulary>& vocab, int32_t* id, std::string* error) {
+  if (absl::SimpleAtoi(value, id)) return true;
+  if (!vocab) {
+    *error = absl::StrCat("--", flag, ": '", value, "' is not a token id (with --vocab: its text)");
+    return false;
+  }
+  const std::vector<int32_t> ids = vocab->Find(value);
+  if (ids.size() != 1) {
+    *error = absl::StrCat("--", flag, ": ", ids.size(), " tokens of the vocabulary are exactly '",
+                          value, "'");
+    return false;
+  }
+  *id = ids[0];
+  return true;
+}
+
+// Which latents drive the prediction after a prompt (AttributePrompt):
+// `attribute ID T1 T2 ... [--target=T [--contrast=T]] [--limit=N]`.
+int Attribute(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id)) {
+    return Usage("attribute needs a dataset id and the prompt (tokens or --text)");
+  }
+  std::optional<Vocabulary> vocab;
+  if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
+  v1::AttributePromptRequest request;
+  request.set_dataset_id(id);
+  if (std::string error; !PromptTokenIds(args, vocab, request.mutable_token_ids(), &error)) {
+    return Usage(error);
+  }
+  for (const auto& [flag, value] : {std::pair{"target", absl::GetFlag(FLAGS_target)},
+                                    std::pair{"contrast", absl::GetFlag(FLAGS_contrast)}}) {
+    if (value.empty()) continue;
+    int32_t token = 0;
+    if (std::string error; !TokenFlag(flag, value, vocab, &token, &error)) return Usage(error);
+    std::string(flag) == "target" ? request.set_target_token_id(token)
+                                  : request.set_contrast_token_id(token);
+  }
+  request.set_top(absl::GetFlag(FLAGS_limit));
+  v1::AttributePromptResponse response;
+  grpc::Status status =
+      client.datasets()->AttributePrompt(client.Context().get(), request, &response);
+  if (!status.ok()) return RpcError(status);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(response).c_str());
+  } else {
+    std::printf("%s", DescribeAttribution(id, response, vocab).c_str());
+  }
+  return 0;
+}
+
 // How far two datasets' SAEs learned the same directions (CompareSaes): the mean best cosine,
 // its histogram, and the --limit latents of the first SAE the second matches worst.
 int Compare(Client& client, const std::vector<std::string>& args) {
@@ -1931,6 +1989,13 @@ datasets:
                                  the tokens that rose and fell most, the prompt's loss, and
                                  both runs continued N tokens (default 20); --sweep: a run
                                  for each value of the first intervention, a line each
+  attribute ID T1 T2 ... [--target=T [--contrast=T]] [--limit=N] [--vocab=F]
+  attribute ID --text="..." --vocab=tokenizer.json [...]
+                                 which latents, where in the prompt, drive the prediction of
+                                 the next token (log p(T), or logit(T) - logit(contrast)):
+                                 attribution patching through the SAE, one forward and one
+                                 backward pass; each latent's first-order effect, the SAE
+                                 error term's, per position, and the top N
   compare ID OTHER [--sample=N] [--limit=N]
                                  how far two datasets' SAEs learned the same directions: each
                                  latent's nearest decoder direction in the other SAE (mean,
@@ -2132,6 +2197,7 @@ int Run(const std::vector<std::string>& args) {
   if (command == "weights") return Weights(client, args);
   if (command == "prompt") return Prompt(client, args);
   if (command == "steer") return Steer(client, args);
+  if (command == "attribute") return Attribute(client, args);
   if (command == "compare") return Compare(client, args);
   if (command == "cofiring") return OnRows(client, args, /*by_token=*/false);
   if (command == "token") return OnRows(client, args, /*by_token=*/true);

@@ -159,4 +159,46 @@ std::string DescribeSteering(uint64_t dataset_id, const v1::SteerPromptRequest& 
   return out;
 }
 
+std::string DescribeAttribution(uint64_t dataset_id, const v1::AttributePromptResponse& r,
+                                const std::optional<Vocabulary>& vocab) {
+  const std::string metric =
+      r.has_contrast_token_id()
+          ? absl::StrFormat("logit(%s) - logit(%s)", Token(r.target_token_id(), vocab),
+                            Token(r.contrast_token_id(), vocab))
+          : absl::StrFormat("log p(%s)", Token(r.target_token_id(), vocab));
+  std::string out = absl::StrFormat(
+      "dataset %d: a prompt of %d tokens%s\nmetric %s = %.4f\n"
+      "contributions to first order (removing one moves the metric by about minus it): the "
+      "latents %+.4f, the SAE's error term %+.4f\n",
+      dataset_id, r.prompt_size(),
+      r.bos_prepended() ? " (BOS prepended, as the dataset's spec did)" : "", metric, r.metric(),
+      r.latent_attribution(), r.error_attribution());
+  absl::StrAppendFormat(&out, "\n  %-4s %-20s %-10s %s\n", "POS", "TOKEN", "LATENTS", "ERROR");
+  for (int p = 0; p < r.prompt_size(); ++p) {
+    absl::StrAppendFormat(&out, "  %-4d %-20s %-10s %s\n", p, Token(r.prompt(p), vocab),
+                          p < r.latent_attribution_by_position_size()
+                              ? absl::StrFormat("%+.4f", r.latent_attribution_by_position(p))
+                              : "",
+                          p < r.error_attribution_by_position_size()
+                              ? absl::StrFormat("%+.4f", r.error_attribution_by_position(p))
+                              : "");
+  }
+  absl::StrAppendFormat(&out, "\nlatents, summed over positions:\n  %-8s %-12s %s\n", "LATENT",
+                        "ATTRIBUTION", "LARGEST AT (value)");
+  for (const v1::LatentAttribution& l : r.top_latents()) {
+    absl::StrAppendFormat(
+        &out, "  %-8d %-+12.4f %d %s (%.3g)\n", l.latent(), l.attribution(), l.position(),
+        l.position() < r.prompt_size() ? Token(r.prompt(l.position()), vocab) : "", l.activation());
+  }
+  absl::StrAppendFormat(&out, "\nentries:\n  %-8s %-4s %-20s %-10s %s\n", "LATENT", "POS", "TOKEN",
+                        "VALUE", "ATTRIBUTION");
+  for (const v1::LatentAttribution& e : r.top_entries()) {
+    absl::StrAppendFormat(
+        &out, "  %-8d %-4d %-20s %-10.4g %+.4f\n", e.latent(), e.position(),
+        e.position() < r.prompt_size() ? Token(r.prompt(e.position()), vocab) : "", e.activation(),
+        e.attribution());
+  }
+  return out;
+}
+
 }  // namespace latentd::client

@@ -1,5 +1,5 @@
-// latentctl steer: the --intervene flag's language, and the terminal view of a SteerPrompt
-// answer (both runs side by side).
+// latentctl steer and attribute: the --intervene flag's language, and the terminal views of a
+// SteerPrompt answer (both runs side by side) and of an AttributePrompt answer.
 #ifndef LATENTD_CLIENT_STEER_VIEW_H_
 #define LATENTD_CLIENT_STEER_VIEW_H_
 
@@ -29,6 +29,12 @@ std::string DescribeIntervention(const latentd::v1::LatentIntervention& interven
 std::string DescribeSteering(uint64_t dataset_id, const latentd::v1::SteerPromptRequest& request,
                              const latentd::v1::SteerPromptResponse& response,
                              const std::optional<Vocabulary>& vocab);
+
+// The answer for a terminal: the metric, the latents' and the error term's totals, per position,
+// the top latents (summed over positions) and the top entries, largest first.
+std::string DescribeAttribution(uint64_t dataset_id,
+                                const latentd::v1::AttributePromptResponse& response,
+                                const std::optional<Vocabulary>& vocab);
 
 }  // namespace latentd::client
 

@@ -93,5 +93,41 @@ TEST(SteerViewTest, TheAnswerShowsBothRunsSideBySide) {
   EXPECT_NE(ids.find("steered: 3 4"), std::string::npos) << ids;
 }
 
+TEST(SteerViewTest, AnAttributionShowsTotalsPositionsLatentsAndEntries) {
+  auto vocab = Vocabulary::Parse("The\n cat\n sat\n dog\n");
+  ASSERT_TRUE(vocab.ok());
+  v1::AttributePromptResponse r;
+  r.add_prompt(0);
+  r.add_prompt(1);
+  r.set_target_token_id(2);
+  r.set_metric(-1.25);
+  r.set_latent_attribution(0.75);
+  r.set_error_attribution(-0.125);
+  r.add_latent_attribution_by_position(0.25);
+  r.add_latent_attribution_by_position(0.5);
+  r.add_error_attribution_by_position(0);
+  r.add_error_attribution_by_position(-0.125);
+  v1::LatentAttribution* l = r.add_top_latents();
+  l->set_latent(17);
+  l->set_position(1);
+  l->set_activation(2.5f);
+  l->set_attribution(0.5);
+  *r.add_top_entries() = *l;
+  std::string text = DescribeAttribution(3, r, *vocab);
+  EXPECT_NE(text.find("metric log p(\" sat\") = -1.2500"), std::string::npos) << text;
+  EXPECT_NE(text.find("the latents +0.7500, the SAE's error term -0.1250"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("  1    \" cat\"               +0.5000    -0.1250"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("  17       +0.5000      1 \" cat\" (2.5)"), std::string::npos) << text;
+  EXPECT_NE(text.find("  17       1    \" cat\"               2.5        +0.5000"),
+            std::string::npos)
+      << text;
+  r.set_contrast_token_id(3);
+  text = DescribeAttribution(3, r, *vocab);
+  EXPECT_NE(text.find("metric logit(\" sat\") - logit(\" dog\") = -1.2500"), std::string::npos)
+      << text;
+}
+
 }  // namespace
 }  // namespace latentd::client

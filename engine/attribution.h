@@ -3,7 +3,8 @@
 // hook, at which positions, push the model's next-token prediction after a prompt, to first
 // order. With m the metric (log p(target), or logit(target) - logit(contrast)) and g = dm/dx the
 // gradient at the hook the SAE's decoder writes, latent j at position p is credited
-// z_j[p] * (dx/dz_j . g[p]) = what removing it would change m by, linearized; the SAE's error
+// z_j[p] * (dx/dz_j . g[p]), its contribution to m to first order (removing it moves m by about
+// minus this); the SAE's error
 // term x - x_hat is credited (x - x_hat) . g, so that latents, error and the decoder's bias add up
 // to g . x.
 //

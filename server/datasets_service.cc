@@ -727,6 +727,52 @@ grpc::Status DatasetsService::SteerPrompt(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+namespace {
+
+void AddAttributions(const std::vector<engine::LatentAttribution>& in,
+                     google::protobuf::RepeatedPtrField<latentd::v1::LatentAttribution>* out) {
+  for (const engine::LatentAttribution& a : in) {
+    latentd::v1::LatentAttribution* e = out->Add();
+    e->set_latent(static_cast<int32_t>(a.latent));
+    e->set_position(static_cast<int32_t>(a.position));
+    e->set_activation(a.activation);
+    e->set_attribution(a.attribution);
+  }
+}
+
+}  // namespace
+
+grpc::Status DatasetsService::AttributePrompt(grpc::ServerContext* context,
+                                              const latentd::v1::AttributePromptRequest* request,
+                                              latentd::v1::AttributePromptResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  auto source = ModelSource(request->dataset_id());
+  if (!source.ok()) return ToGrpcStatus(source.status());
+  engine::AttributionQuery query;
+  query.token_ids.assign(request->token_ids().begin(), request->token_ids().end());
+  if (request->has_target_token_id()) query.target_token_id = request->target_token_id();
+  if (request->has_contrast_token_id()) query.contrast_token_id = request->contrast_token_id();
+  query.top = request->top();
+  auto found = options_.dataset_models->AttributePrompt(*source, query);
+  if (!found.ok()) return ToGrpcStatus(found.status());
+  response->set_bos_prepended(found->bos_prepended);
+  for (int64_t id : found->prompt) response->add_prompt(static_cast<int32_t>(id));
+  response->set_target_token_id(static_cast<int32_t>(found->target_token_id));
+  if (found->contrast_token_id) {
+    response->set_contrast_token_id(static_cast<int32_t>(*found->contrast_token_id));
+  }
+  response->set_metric(found->metric);
+  AddAttributions(found->top_entries, response->mutable_top_entries());
+  AddAttributions(found->top_latents, response->mutable_top_latents());
+  response->set_latent_attribution(found->latent_attribution);
+  response->set_error_attribution(found->error_attribution);
+  response->mutable_latent_attribution_by_position()->Add(
+      found->latent_attribution_by_position.begin(), found->latent_attribution_by_position.end());
+  response->mutable_error_attribution_by_position()->Add(
+      found->error_attribution_by_position.begin(), found->error_attribution_by_position.end());
+  return grpc::Status::OK;
+}
+
 absl::StatusOr<std::string> DatasetsService::ResolveExportPath(const std::string& requested) const {
   namespace fs = std::filesystem;
   if (options_.export_root.empty()) {

@@ -74,6 +74,9 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
   grpc::Status SteerPrompt(grpc::ServerContext* context,
                            const latentd::v1::SteerPromptRequest* request,
                            latentd::v1::SteerPromptResponse* response) override;
+  grpc::Status AttributePrompt(grpc::ServerContext* context,
+                               const latentd::v1::AttributePromptRequest* request,
+                               latentd::v1::AttributePromptResponse* response) override;
   grpc::Status ExportDataset(grpc::ServerContext* context,
                              const latentd::v1::ExportDatasetRequest* request,
                              latentd::v1::ExportDatasetResponse* response) override;

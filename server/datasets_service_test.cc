@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -1009,6 +1010,48 @@ TEST_F(DatasetsServiceTest, SteerPromptConvertsBothRunsAndTheModes) {
   s = stub_->SteerPrompt(&c, none, &ablated);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("interventions"), std::string::npos) << s.error_message();
+}
+
+TEST_F(DatasetsServiceTest, AttributePromptConvertsEntriesAndTotals) {
+  AddPlaneSaeJob(dir_, 43, &jobs_);
+  const uint64_t id = MakeDataset("attribute", 16, 512, storage::ValueDtype::kFloat16, 43);
+  auto attribute = [&](std::optional<int32_t> target, std::optional<int32_t> contrast,
+                       latentd::v1::AttributePromptResponse* out) {
+    grpc::ClientContext c;
+    latentd::v1::AttributePromptRequest r;
+    r.set_dataset_id(id);
+    for (int32_t t : {3, 1, 4, 1, 5}) r.add_token_ids(t);
+    if (target) r.set_target_token_id(*target);
+    if (contrast) r.set_contrast_token_id(*contrast);
+    r.set_top(6);
+    return stub_->AttributePrompt(&c, r, out);
+  };
+  latentd::v1::AttributePromptResponse own, contrasted;
+  grpc::Status s = attribute(std::nullopt, std::nullopt, &own);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(own.prompt_size(), 5);
+  EXPECT_FALSE(own.has_contrast_token_id());
+  EXPECT_LT(own.metric(), 0);  // a log-probability
+  EXPECT_EQ(own.top_entries_size(), 6);
+  EXPECT_EQ(own.top_latents_size(), 6);
+  ASSERT_EQ(own.latent_attribution_by_position_size(), 5);
+  ASSERT_EQ(own.error_attribution_by_position_size(), 5);
+  double sum = 0;
+  for (double a : own.latent_attribution_by_position()) sum += a;
+  EXPECT_NEAR(sum, own.latent_attribution(), 1e-9);
+  for (const latentd::v1::LatentAttribution& e : own.top_entries()) {
+    EXPECT_GE(e.position(), 0);
+    EXPECT_LT(e.position(), 5);
+    EXPECT_GT(e.activation(), 0);
+  }
+  s = attribute(own.target_token_id(), (own.target_token_id() + 1) % 16, &contrasted);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(contrasted.has_contrast_token_id());
+  EXPECT_EQ(contrasted.contrast_token_id(), (own.target_token_id() + 1) % 16);
+  EXPECT_NE(contrasted.metric(), own.metric());
+  s = attribute(16, std::nullopt, &own);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("target_token_id: 16"), std::string::npos) << s.error_message();
 }
 
 TEST_F(DatasetsServiceTest, AnEncodedPromptTooLargeToReceiveIsRefusedWithTheNumbers) {

@@ -362,6 +362,25 @@ class Client:
                                       positions=[int(p) for p in (item[3] if len(item) > 3 else [])])
         return self.datasets.SteerPrompt(request, metadata=self.metadata, timeout=self.timeout)
 
+    def attribute_prompt(self, dataset_id, token_ids, target_token_id=None,
+                         contrast_token_id=None, top=20):
+        """Which of the dataset's SAE latents, where in the prompt, drive the prediction after
+        it (attribution patching through the SAE: one forward and backward pass): the metric
+        log p(target) (default target: the model's most likely next token), or with a
+        contrast the logit difference target - contrast; top_entries (latent, position,
+        activation, attribution: its first-order contribution; removing it moves the metric by
+        about minus this) and
+        top_latents (summed over positions) by |attribution|; latent_attribution and
+        error_attribution (the SAE's error term), in all and per position."""
+        request = datasets_pb2.AttributePromptRequest(
+            dataset_id=dataset_id, token_ids=[int(t) for t in token_ids], top=top)
+        if target_token_id is not None:
+            request.target_token_id = int(target_token_id)
+        if contrast_token_id is not None:
+            request.contrast_token_id = int(contrast_token_id)
+        return self.datasets.AttributePrompt(request, metadata=self.metadata,
+                                             timeout=self.timeout)
+
     def compare_saes(self, dataset_id, other_dataset_id, latents=None, sample=0, bins=20):
         """How far two datasets' SAEs learned the same directions: for each compared latent of
         the first (all, the given latents, or `sample` of them evenly spread) the other SAE's

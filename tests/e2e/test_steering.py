@@ -1,8 +1,9 @@
-"""SteerPrompt through the daemon against python3-torch: a Hugging Face GPT-2 checkpoint (latentd
+"""SteerPrompt and AttributePrompt through the daemon against python3-torch: a Hugging Face GPT-2 checkpoint (latentd
 runs it natively) and a TopK SAE in the SAELens layout, an EXTRACT of its latents; then a prompt
 steered and ablated through the daemon equals GPT-2's forward pass written in Python (the HF
 parity test's) with x + (z' - z) W_dec spliced in at the hook: the per-position losses, the next
-token's distribution, the greedy continuations of both runs."""
+token's distribution, the greedy continuations of both runs; and a prediction's attribution to
+the latents equals autograd's gradient of it at the hook times each latent's decoder row."""
 
 import os
 import sys
@@ -31,7 +32,7 @@ def encode(w, x):
 
 
 class SteeringTest(DaemonTestCase):
-    def test_a_steered_prompt_is_gpt2_with_the_latents_changed(self):
+    def test_steering_and_attribution_are_gpt2s_own_in_python(self):
         weights, cfg = random_gpt2_weights(seed=2), gpt2_config()
         model_dir = os.path.join(self.tmp, "gpt2")
         write_hf_checkpoint(model_dir, cfg, weights)
@@ -140,6 +141,69 @@ class SteeringTest(DaemonTestCase):
         self.assertEqual([line.split()[0] for line in sweep_lines], ["0.5", "-2"])
         self.assertEqual(sweep_lines[1].split()[-3:],
                          [str(t) for t in swept.sweep[1].run.generated])
+
+        # Attribution: the metric's gradient at the hook by python3-torch's autograd, each
+        # firing latent credited z * (W_dec[j] . g), the error term (x - x_hat) . g.
+        target = int(clean_lp.argmax())
+        contrast = (target + 1) % VOCAB
+        for contrasted in (False, True):
+            zero = torch.zeros(1, len(prompt), D, requires_grad=True)
+            seen = {}
+
+            def add_zero(x):
+                seen["x"] = x.detach()
+                return x + zero
+            final = gpt2(torch.tensor([prompt]), {HOOK: add_zero})["final"]
+            logits = (gpt2.layer_norm("ln_f", final)[0] @ weights["wte.weight"].T)[-1]
+            metric = (logits[target] - logits[contrast] if contrasted
+                      else logits.double().log_softmax(-1)[target])
+            metric.backward()
+            g = zero.grad[0]
+            with torch.no_grad():
+                x = seen["x"][0]
+                codes = encode(sae, x)
+                x_hat = codes @ sae["W_dec"] + sae["b_dec"]
+                credit = codes * (g @ sae["W_dec"].T)  # [positions, latents]
+            got = c.attribute_prompt(dataset, prompt, target_token_id=target,
+                                     contrast_token_id=contrast if contrasted else None, top=10)
+            self.assertEqual(got.target_token_id, target)
+            self.assertEqual(got.HasField("contrast_token_id"), contrasted)
+            self.assertAlmostEqual(got.metric, float(metric), places=4)
+            numpy.testing.assert_allclose(got.error_attribution,
+                                          float(((x - x_hat) * g).sum()), rtol=1e-3, atol=1e-5)
+            numpy.testing.assert_allclose(got.latent_attribution, float(credit.sum()),
+                                          rtol=1e-3, atol=1e-5)
+            numpy.testing.assert_allclose(got.latent_attribution_by_position,
+                                          credit.sum(1).numpy(), rtol=1e-3, atol=1e-5)
+            order = credit.flatten().abs().argsort(descending=True)[:10]
+            want = [(int(i) // D_SAE, int(i) % D_SAE) for i in order]
+            self.assertEqual([(e.position, e.latent) for e in got.top_entries], want)
+            numpy.testing.assert_allclose([e.attribution for e in got.top_entries],
+                                          credit.flatten()[order].numpy(), rtol=1e-3, atol=1e-5)
+            per_latent = credit.sum(0)
+            self.assertEqual([l.latent for l in got.top_latents],
+                             per_latent.abs().argsort(descending=True)[:10].tolist())
+        # Ablating the entry credited most moves the metric by about minus its credit (first
+        # order): SteerPrompt's clean and steered next-token log-probabilities tell.
+        first = got.top_entries[0]
+        ablated = c.steer_prompt(dataset, prompt, [(first.latent, "set", 0.0, [first.position])],
+                                 top_tokens=VOCAB)
+
+        def logit_gap(run):  # log p(target) - log p(contrast) = the logit difference
+            p = {t.token_id: t.probability for t in run.next}
+            return numpy.log(p[target]) - numpy.log(p[contrast])
+        moved = logit_gap(ablated.steered) - logit_gap(ablated.clean)
+        self.assertLess(abs(moved + first.attribution), 0.5 * abs(first.attribution) + 1e-3)
+        shown = daemon.latentctl("attribute", str(dataset), *map(str, prompt),
+                                 "--target=%d" % target, "--limit=3").stdout
+        plain = c.attribute_prompt(dataset, prompt, target_token_id=target, top=3)
+        self.assertIn("metric log p(%d) = %.4f" % (target, plain.metric), shown)
+        self.assertIn("  %-8d %-+12.4f" % (plain.top_latents[0].latent,
+                                           plain.top_latents[0].attribution), shown)
+        with self.assertRaises(grpc.RpcError) as bad_target:
+            c.attribute_prompt(dataset, prompt, target_token_id=VOCAB)
+        self.assertIn("target_token_id: %d outside the vocabulary" % VOCAB,
+                      bad_target.exception.details())
 
         # Bad input names the field.
         with self.assertRaises(grpc.RpcError) as bad:
