@@ -195,7 +195,22 @@ int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t 
   }
   std::printf(
       "(NEW_TOKENS 0: the prompt clean and steered as one batch of two, to the logits, losses at "
-      "every position; then a forward of both runs per new token, no key-value cache)\n");
+      "every position; then a forward of the runs per new token, reading the key-value cache)\n");
+  // Attribution of the next token to the latents: one forward and one backward pass.
+  latentd::engine::AttributionQuery attribute;
+  attribute.token_ids = query.token_ids;
+  std::vector<double> times;
+  for (int64_t r = 0; r < rounds; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    auto got = reader.AttributePrompt(source, attribute);
+    if (!got.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(got.status().message()).c_str());
+      return 1;
+    }
+    times.push_back(Seconds(start));
+  }
+  std::sort(times.begin(), times.end());
+  std::printf("AttributePrompt of the prompt: %.3f s (median)\n", times[times.size() / 2]);
   return 0;
 }
 
