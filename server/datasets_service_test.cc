@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -1398,9 +1399,52 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
         break;
       }
       case 7: {
+        const int64_t n = pick({0, 1, 2, 127, 128, 129, 5000});
+        if (rng() % 3 == 1) {  // steered: hostile interventions, generation, sweep
+          latentd::v1::SteerPromptRequest req;
+          req.set_dataset_id(dataset());
+          for (int64_t t = 0; t < n; ++t) req.add_token_ids(static_cast<int32_t>(pick(ints)) % 17);
+          for (int64_t k = pick({0, 1, 2, 65}); k > 0; --k) {
+            latentd::v1::LatentIntervention* in = req.add_interventions();
+            in->set_latent(int32_of());
+            in->set_mode(static_cast<latentd::v1::LatentIntervention::Mode>(pick({0, 1, 2, 3, 7})));
+            in->set_value(static_cast<float>(pick({0, 1, -3, 1 << 20})) *
+                          (rng() % 5 == 0 ? std::numeric_limits<float>::infinity() : 1.0f));
+            if (rng() % 2) in->add_positions(int32_of());
+          }
+          req.set_new_tokens(static_cast<int32_t>(pick({0, 1, 3, 256, 257, -1, INT32_MAX})));
+          req.set_temperature(static_cast<float>(pick({0, 1, -1})));
+          for (int64_t k = pick({0, 2, 17}); k > 0; --k) req.add_sweep(static_cast<float>(k));
+          req.set_top_tokens(int32_of());
+          what = absl::StrCat("SteerPrompt of ", n,
+                              " tokens: ", req.ShortDebugString().substr(0, 300));
+          latentd::v1::SteerPromptResponse resp;
+          status = stub_->SteerPrompt(&ctx, req, &resp);
+          if (status.ok()) {
+            EXPECT_EQ(resp.prompt_size(), n) << what;
+            EXPECT_EQ(resp.steered().generated_size(), req.new_tokens()) << what;
+          }
+          break;
+        }
+        if (rng() % 2 == 0) {  // attributed
+          latentd::v1::AttributePromptRequest req;
+          req.set_dataset_id(dataset());
+          for (int64_t t = 0; t < n; ++t) req.add_token_ids(static_cast<int32_t>(pick(ints)) % 17);
+          if (rng() % 2) req.set_target_token_id(int32_of());
+          if (rng() % 2) req.set_contrast_token_id(int32_of());
+          req.set_top(int32_of());
+          what = absl::StrCat("AttributePrompt of ", n,
+                              " tokens: ", req.ShortDebugString().substr(0, 300));
+          latentd::v1::AttributePromptResponse resp;
+          status = stub_->AttributePrompt(&ctx, req, &resp);
+          if (status.ok()) {
+            EXPECT_EQ(resp.prompt_size(), n) << what;
+            EXPECT_LE(resp.top_entries_size(), 1000) << what;
+          }
+          break;
+        }
         latentd::v1::EncodePromptRequest req;
         req.set_dataset_id(dataset());
-        const int64_t n = pick({0, 1, 2, 127, 128, 129, 5000});
         for (int64_t t = 0; t < n; ++t) req.add_token_ids(static_cast<int32_t>(pick(ints)) % 17);
         req.set_latents_per_token(int32_of());
         req.set_top_latents(int32_of());
