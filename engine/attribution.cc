@@ -72,9 +72,7 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
     return x + zero.to(x.scalar_type());
   };
   HookSplices splices;
-  const bool transcoder = steering.hook_out && !(steering.hook_out->point == steering.hook.point &&
-                                                 steering.hook_out->layer == steering.hook.layer);
-  if (transcoder) {
+  if (steering.writes_elsewhere()) {
     splices.push_back({steering.hook, [&](const at::Tensor& x) {
                          input = x.detach();
                          return x;

@@ -100,18 +100,16 @@ class Intervener {
 
   // The splices that steer the forward: one at the hook for an SAE; for a transcoder one that
   // keeps its input as the pass goes by and one that changes its output.
-  HookSplices Splices(const HookName& hook, const std::optional<HookName>& hook_out) {
-    if (!hook_out || (hook_out->point == hook.point && hook_out->layer == hook.layer)) {
-      return {{hook, [this](const at::Tensor& x) { return Steered(x, x); }, std::nullopt}};
+  HookSplices Splices(const SteeringModel& steering) {
+    if (!steering.writes_elsewhere()) {
+      return {{steering.hook, [this](const at::Tensor& x) { return Steered(x, x); }}};
     }
-    return {
-        {hook,
-         [this](const at::Tensor& x) {
-           input_ = x;
-           return x;
-         },
-         std::nullopt},
-        {*hook_out, [this](const at::Tensor& out) { return Steered(input_, out); }, std::nullopt}};
+    return {{steering.hook,
+             [this](const at::Tensor& x) {
+               input_ = x;
+               return x;
+             }},
+            {*steering.hook_out, [this](const at::Tensor& out) { return Steered(input_, out); }}};
   }
 
   // The position the next pass's first token sits at (a cached continuation's).
@@ -242,7 +240,7 @@ absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
   at::NoGradGuard no_grad;
   const int64_t top = query.top_tokens > 0 ? query.top_tokens : 10;
   Intervener intervener(*steering.sae, query.interventions, query.sweep);
-  const HookSplices splices = intervener.Splices(steering.hook, steering.hook_out);
+  const HookSplices splices = intervener.Splices(steering);
   const int64_t rows = 2 + static_cast<int64_t>(query.sweep.size());  // clean, steered, sweep
   const at::Tensor tokens =
       at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n}).repeat({rows, 1});

@@ -108,6 +108,11 @@ struct SteeringModel {
   const Sae* sae = nullptr;
   HookName hook;
   std::optional<HookName> hook_out;
+
+  // Whether the decoder writes another hook than the SAE reads (a transcoder's output).
+  bool writes_elsewhere() const {
+    return hook_out && (hook_out->point != hook.point || hook_out->layer != hook.layer);
+  }
 };
 
 // Runs `prompt` (BOS included where the dataset prepends it; its ids already checked against
