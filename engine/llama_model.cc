@@ -193,7 +193,9 @@ std::vector<at::Tensor> LlamaModel::Run(const at::Tensor& tokens,
     const double scale = c.rope_attention_factor;
     return std::make_pair((both.cos() * scale).to(dtype), (both.sin() * scale).to(dtype));
   };
-  // LongRoPE switches to its long factors when the sequence outgrows the original context.
+  // LongRoPE switches to its long factors when the sequence outgrows the original context. A
+  // cached continuation that crosses it keeps its held keys' short factors (as Hugging Face's
+  // cache does), where a whole run would rotate every position by the long ones.
   const auto global_angles = angles(
       long_inv_freq_.defined() && past + S > c.rope_original_context ? long_inv_freq_ : inv_freq_);
   const auto local_angles = local_inv_freq_.defined() ? angles(local_inv_freq_) : global_angles;
