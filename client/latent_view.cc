@@ -398,6 +398,98 @@ std::string PromptHtml(const v1::EncodePromptResponse& response, const PromptPag
   return html;
 }
 
+namespace {
+
+// One token shaded by a signed value over `scale`: blue where it is for the metric, red where
+// against; `title` in the tooltip.
+void AppendSignedToken(int32_t id, double value, double scale, const std::string& title,
+                       const Vocabulary* vocab, std::string* html) {
+  const double alpha = scale > 0 ? std::min(1.0, std::abs(value) / scale) : 0.0;
+  std::string text = HtmlEscape(TokenText(id, vocab));
+  if (vocab == nullptr) text = absl::StrCat(" ", text);
+  absl::StrAppendFormat(html,
+                        "<span class=\"t\" style=\"background:rgba(%s,%.3f)\" "
+                        "title=\"%s\">%s</span>",
+                        value >= 0 ? "0,102,255" : "255,51,0", alpha, title, text);
+}
+
+}  // namespace
+
+std::string AttributionHtml(const v1::AttributePromptResponse& r,
+                            const PromptPageOptions& options) {
+  const Vocabulary* vocab = options.vocab;
+  std::string html = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">";
+  absl::StrAppendFormat(&html, "<title>dataset %d attribution</title>\n", options.dataset_id);
+  html += kStyle;
+  html += "</head><body>\n";
+  const std::string target = HtmlEscape(TokenText(r.target_token_id(), vocab));
+  const std::string metric =
+      r.has_contrast_token_id()
+          ? absl::StrCat("logit(<code>", target, "</code>) &minus; logit(<code>",
+                         HtmlEscape(TokenText(r.contrast_token_id(), vocab)), "</code>)")
+          : absl::StrCat("log p(<code>", target, "</code>)");
+  absl::StrAppendFormat(&html, "<h1>Dataset %d &middot; what drives %s = %.4f</h1>\n",
+                        options.dataset_id, metric, r.metric());
+  absl::StrAppendFormat(&html,
+                        "<p>Contributions to first order (removing one moves the metric by about "
+                        "minus it): the latents %+.4f, the SAE's error term %+.4f. Blue: for the "
+                        "metric; red: against it.%s</p>\n",
+                        r.latent_attribution(), r.error_attribution(),
+                        r.bos_prepended() ? " BOS prepended, as the dataset's spec did." : "");
+  // The prompt by position: the latents' and the error's parts together.
+  double scale = 0;
+  std::vector<double> total(r.prompt_size(), 0.0);
+  for (int p = 0; p < r.prompt_size(); ++p) {
+    if (p < r.latent_attribution_by_position_size())
+      total[p] += r.latent_attribution_by_position(p);
+    if (p < r.error_attribution_by_position_size()) total[p] += r.error_attribution_by_position(p);
+    scale = std::max(scale, std::abs(total[p]));
+  }
+  html += "<h2>By position</h2>\n<p class=\"ctx\">";
+  for (int p = 0; p < r.prompt_size(); ++p) {
+    AppendSignedToken(
+        r.prompt(p), total[p], scale,
+        absl::StrFormat(
+            "position %d &middot; token %d &middot; latents %+.4f &middot; error "
+            "%+.4f",
+            p, r.prompt(p),
+            p < r.latent_attribution_by_position_size() ? r.latent_attribution_by_position(p) : 0.0,
+            p < r.error_attribution_by_position_size() ? r.error_attribution_by_position(p) : 0.0),
+        vocab, &html);
+  }
+  html += "</p>\n<h2>Top latents, each shading the tokens by its attribution there</h2>\n";
+  std::map<int32_t, std::vector<double>> by_latent;
+  std::map<int32_t, std::vector<float>> values;
+  for (const v1::LatentAttribution& l : r.top_latents()) {
+    by_latent[l.latent()].assign(r.prompt_size(), 0.0);
+    values[l.latent()].assign(r.prompt_size(), 0.0f);
+  }
+  double entry_scale = 0;
+  for (const v1::LatentAttribution& e : r.top_entries()) {
+    auto it = by_latent.find(e.latent());
+    if (it == by_latent.end() || e.position() < 0 || e.position() >= r.prompt_size()) continue;
+    it->second[e.position()] = e.attribution();
+    values[e.latent()][e.position()] = e.activation();
+    entry_scale = std::max(entry_scale, std::abs(e.attribution()));
+  }
+  for (const v1::LatentAttribution& l : r.top_latents()) {
+    absl::StrAppendFormat(&html,
+                          "<div class=\"ex\"><span class=\"v\">%+.4g</span>"
+                          "<span class=\"r\">latent %s</span><span class=\"ctx\">",
+                          l.attribution(), LatentRef(l.latent(), options.linked_latents));
+    for (int p = 0; p < r.prompt_size(); ++p) {
+      AppendSignedToken(
+          r.prompt(p), by_latent[l.latent()][p], entry_scale,
+          absl::StrFormat("position %d &middot; value %.4g &middot; attribution %+.4g", p,
+                          values[l.latent()][p], by_latent[l.latent()][p]),
+          vocab, &html);
+    }
+    html += "</span></div>\n";
+  }
+  html += "</body></html>\n";
+  return html;
+}
+
 std::string LatentPageName(int32_t latent) { return absl::StrCat("latent-", latent, ".html"); }
 
 std::string LatentIndexHtml(const v1::ListLatentsResponse& overview,

@@ -77,6 +77,14 @@ struct PromptPageOptions {
 // a token where it ranks lower shows unshaded), its largest outlined.
 std::string PromptHtml(const v1::EncodePromptResponse& response, const PromptPageOptions& options);
 
+// A page for one AttributePrompt answer: the metric and the totals; the prompt with each token
+// shaded by the attribution at its position (blue for the metric, red against it; the latents'
+// and the error term's parts in its tooltip); then a line per top latent with the tokens
+// shaded by its entries' attributions (from top_entries: ask `top` large enough to hold them,
+// else its smaller entries show unshaded).
+std::string AttributionHtml(const v1::AttributePromptResponse& response,
+                            const PromptPageOptions& options);
+
 struct IndexPageOptions {
   uint64_t dataset_id = 0;
   // Above the table: what the listed latents are (e.g. "the 100 most frequent latents").

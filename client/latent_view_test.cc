@@ -390,5 +390,49 @@ TEST(LatentViewTest, ExamplesAreOneJsonLineWithTheTokensText) {
   EXPECT_FALSE(bare["top"][0].contains("tokens"));
 }
 
+// The attribution page: the metric, positions shaded by sign (blue for, red against), a line
+// per top latent with its entries' attributions at their tokens, links to dashboard pages.
+TEST(LatentViewTest, AnAttributionPageShadesThePromptBySign) {
+  v1::AttributePromptResponse r;
+  for (int32_t t : {0, 1, 2}) r.add_prompt(t);
+  r.set_target_token_id(2);
+  r.set_contrast_token_id(1);
+  r.set_metric(1.5);
+  r.set_latent_attribution(0.5);
+  r.set_error_attribution(-0.25);
+  for (double a : {0.0, 1.0, -0.5}) r.add_latent_attribution_by_position(a);
+  for (double a : {0.0, 0.0, 0.25}) r.add_error_attribution_by_position(a);
+  v1::LatentAttribution* l = r.add_top_latents();
+  l->set_latent(9);
+  l->set_attribution(0.5);
+  for (auto [position, attribution] : {std::pair{1, 1.0}, std::pair{2, -0.5}}) {
+    v1::LatentAttribution* e = r.add_top_entries();
+    e->set_latent(9);
+    e->set_position(position);
+    e->set_activation(3.0f);
+    e->set_attribution(attribution);
+  }
+  auto vocab = Vocabulary::Parse("a\nb\n<c>\n");
+  ASSERT_TRUE(vocab.ok());
+  const std::set<int32_t> pages = {9};
+  const std::string html = AttributionHtml(r, {4, &*vocab, &pages});
+  EXPECT_NE(html.find("what drives logit(<code>&lt;c&gt;</code>) &minus; logit(<code>b</code>) = "
+                      "1.5000"),
+            std::string::npos)
+      << html;
+  EXPECT_NE(html.find("the latents +0.5000, the SAE's error term -0.2500"), std::string::npos);
+  // Position 1 is the largest (1.0): full blue; position 2 (-0.5 + 0.25) a quarter red.
+  EXPECT_NE(html.find("rgba(0,102,255,1.000)\" title=\"position 1 &middot; token 1 &middot; "
+                      "latents +1.0000 &middot; error +0.0000\">b</span>"),
+            std::string::npos)
+      << html;
+  EXPECT_NE(html.find("rgba(255,51,0,0.250)\" title=\"position 2"), std::string::npos) << html;
+  EXPECT_NE(html.find("<a href=\"latent-9.html\">9</a>"), std::string::npos) << html;
+  EXPECT_NE(html.find("rgba(255,51,0,0.500)\" title=\"position 2 &middot; value 3 &middot; "
+                      "attribution -0.5\">&lt;c&gt;</span>"),
+            std::string::npos)
+      << html;
+}
+
 }  // namespace
 }  // namespace latentd::client

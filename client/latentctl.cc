@@ -1319,11 +1319,32 @@ int Attribute(Client& client, const std::vector<std::string>& args) {
     std::string(flag) == "target" ? request.set_target_token_id(token)
                                   : request.set_contrast_token_id(token);
   }
-  request.set_top(absl::GetFlag(FLAGS_limit));
+  const int limit = absl::GetFlag(FLAGS_limit);
+  const std::string html = absl::GetFlag(FLAGS_html);
+  // The page shades each listed latent's entries: it asks for as many entries as may be.
+  constexpr int kMostEntries = 1000;  // AttributePromptRequest.top's bound
+  request.set_top(html.empty() ? limit : std::max(limit, kMostEntries));
   v1::AttributePromptResponse response;
   grpc::Status status =
       client.datasets()->AttributePrompt(client.Context().get(), request, &response);
   if (!status.ok()) return RpcError(status);
+  auto keep = [](auto* list, int n) {
+    if (list->size() > n) list->DeleteSubrange(n, list->size() - n);
+  };
+  keep(response.mutable_top_latents(), limit);
+  if (!html.empty()) {
+    std::set<int32_t> pages;  // latent numbers link to a dashboard's pages beside the page
+    const std::filesystem::path dir = std::filesystem::path(html).parent_path();
+    for (const v1::LatentAttribution& l : response.top_latents()) {
+      if (std::filesystem::exists((dir.empty() ? "." : dir) / LatentPageName(l.latent()))) {
+        pages.insert(l.latent());
+      }
+    }
+    if (!WriteHtmlFlag(html, AttributionHtml(response, {id, vocab ? &*vocab : nullptr, &pages}))) {
+      return kExitRpcError;
+    }
+  }
+  keep(response.mutable_top_entries(), limit);
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", Json(response).c_str());
   } else {
@@ -1989,13 +2010,14 @@ datasets:
                                  the tokens that rose and fell most, the prompt's loss, and
                                  both runs continued N tokens (default 20); --sweep: a run
                                  for each value of the first intervention, a line each
-  attribute ID T1 T2 ... [--target=T [--contrast=T]] [--limit=N] [--vocab=F]
+  attribute ID T1 T2 ... [--target=T [--contrast=T]] [--limit=N] [--vocab=F] [--html=FILE.html]
   attribute ID --text="..." --vocab=tokenizer.json [...]
                                  which latents, where in the prompt, drive the prediction of
                                  the next token (log p(T), or logit(T) - logit(contrast)):
                                  attribution patching through the SAE, one forward and one
                                  backward pass; each latent's first-order effect, the SAE
-                                 error term's, per position, and the top N
+                                 error term's, per position, and the top N; --html: a page
+                                 shading the prompt by position and by each top latent
   compare ID OTHER [--sample=N] [--limit=N]
                                  how far two datasets' SAEs learned the same directions: each
                                  latent's nearest decoder direction in the other SAE (mean,

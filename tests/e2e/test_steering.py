@@ -196,6 +196,11 @@ class SteeringTest(DaemonTestCase):
         self.assertLess(abs(moved + first.attribution), 0.5 * abs(first.attribution) + 1e-3)
         shown = daemon.latentctl("attribute", str(dataset), *map(str, prompt),
                                  "--target=%d" % target, "--limit=3").stdout
+        page = os.path.join(self.tmp, "attribution.html")
+        daemon.latentctl("attribute", str(dataset), *map(str, prompt), "--target=%d" % target,
+                         "--limit=3", "--html=" + page)
+        with open(page) as f:
+            self.assertIn("what drives log p(<code>", f.read())
         plain = c.attribute_prompt(dataset, prompt, target_token_id=target, top=3)
         self.assertIn("metric log p(%d) = %.4f" % (target, plain.metric), shown)
         self.assertIn("  %-8d %-+12.4f" % (plain.top_latents[0].latent,
