@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -144,6 +145,23 @@ int RunSuite(const std::string& root, int64_t layers, int64_t d_in, int64_t voca
 
 }  // namespace
 
+// The median wall time of `rounds` calls of `call`; nullopt, after saying why, when one fails.
+template <typename Call>
+std::optional<double> MedianSeconds(int64_t rounds, Call call) {
+  std::vector<double> times;
+  for (int64_t r = 0; r < rounds; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    const absl::Status status = call();
+    if (!status.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(status.message()).c_str());
+      return std::nullopt;
+    }
+    times.push_back(Seconds(start));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
 // The steer=N mode (see the top of the file).
 int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t vocab,
              int64_t layers, int64_t rounds, int64_t sweep) {
@@ -177,21 +195,12 @@ int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t 
   double base = 0;
   for (const int64_t n : {int64_t{0}, new_tokens}) {
     query.new_tokens = static_cast<int>(n);
-    std::vector<double> times;
-    for (int64_t r = 0; r < rounds; ++r) {
-      const auto start = std::chrono::steady_clock::now();
-      auto got = reader.SteerPrompt(source, query, nullptr);
-      if (!got.ok()) {
-        std::fprintf(stderr, "%s\n", std::string(got.status().message()).c_str());
-        return 1;
-      }
-      times.push_back(Seconds(start));
-    }
-    std::sort(times.begin(), times.end());
-    const double median = times[times.size() / 2];
-    if (n == 0) base = median;
-    std::printf("%-11lld %-9.3f %s\n", static_cast<long long>(n), median,
-                n == 0 ? "-" : absl::StrFormat("%.1f", (median - base) / n * 1e3).c_str());
+    const std::optional<double> median =
+        MedianSeconds(rounds, [&] { return reader.SteerPrompt(source, query, nullptr).status(); });
+    if (!median) return 1;
+    if (n == 0) base = *median;
+    std::printf("%-11lld %-9.3f %s\n", static_cast<long long>(n), *median,
+                n == 0 ? "-" : absl::StrFormat("%.1f", (*median - base) / n * 1e3).c_str());
   }
   std::printf(
       "(NEW_TOKENS 0: the prompt clean and steered as one batch of two, to the logits, losses at "
@@ -199,18 +208,10 @@ int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t 
   // Attribution of the next token to the latents: one forward and one backward pass.
   latentd::engine::AttributionQuery attribute;
   attribute.token_ids = query.token_ids;
-  std::vector<double> times;
-  for (int64_t r = 0; r < rounds; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    auto got = reader.AttributePrompt(source, attribute);
-    if (!got.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(got.status().message()).c_str());
-      return 1;
-    }
-    times.push_back(Seconds(start));
-  }
-  std::sort(times.begin(), times.end());
-  std::printf("AttributePrompt of the prompt: %.3f s (median)\n", times[times.size() / 2]);
+  const std::optional<double> attributed =
+      MedianSeconds(rounds, [&] { return reader.AttributePrompt(source, attribute).status(); });
+  if (!attributed) return 1;
+  std::printf("AttributePrompt of the prompt: %.3f s (median)\n", *attributed);
   return 0;
 }
 
@@ -218,6 +219,9 @@ int main(int argc, char** argv) {
   std::vector<int64_t> widths = {4096, 32768, 131072};
   int64_t d_in = 768, vocab = 50257, queries = 50, suite = 0, rounds = 5, steer = 0, layers = 12,
           sweep = 0;
+  const std::map<std::string, int64_t*> numbers = {
+      {"d_in", &d_in},     {"vocab", &vocab}, {"queries", &queries}, {"suite", &suite},
+      {"rounds", &rounds}, {"steer", &steer}, {"layers", &layers},   {"sweep", &sweep}};
   for (int i = 1; i < argc; ++i) {
     std::vector<std::string> kv = absl::StrSplit(argv[i], absl::MaxSplits('=', 1));
     if (kv.size() != 2) continue;
@@ -227,22 +231,8 @@ int main(int argc, char** argv) {
         int64_t v;
         if (absl::SimpleAtoi(w, &v)) widths.push_back(v);
       }
-    } else if (kv[0] == "d_in") {
-      absl::SimpleAtoi(kv[1], &d_in);
-    } else if (kv[0] == "vocab") {
-      absl::SimpleAtoi(kv[1], &vocab);
-    } else if (kv[0] == "queries") {
-      absl::SimpleAtoi(kv[1], &queries);
-    } else if (kv[0] == "suite") {
-      absl::SimpleAtoi(kv[1], &suite);
-    } else if (kv[0] == "rounds") {
-      absl::SimpleAtoi(kv[1], &rounds);
-    } else if (kv[0] == "steer") {
-      absl::SimpleAtoi(kv[1], &steer);
-    } else if (kv[0] == "layers") {
-      absl::SimpleAtoi(kv[1], &layers);
-    } else if (kv[0] == "sweep") {
-      absl::SimpleAtoi(kv[1], &sweep);
+    } else if (auto it = numbers.find(kv[0]); it != numbers.end()) {
+      absl::SimpleAtoi(kv[1], it->second);
     }
   }
   const std::string root =

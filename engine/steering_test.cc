@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/intervention_testing.h"
 #include "engine/reference_model.h"
 #include "engine/sae.h"
 #include "gtest/gtest.h"
@@ -14,42 +15,11 @@
 namespace latentd::engine {
 namespace {
 
-constexpr int64_t kD = 32, kLatents = 64;
+constexpr int64_t kD = kInterventionWidth, kLatents = kInterventionLatents;
+const std::vector<int64_t>& kPrompt = kInterventionPrompt;
 
-latentd::v1::ReferenceModelSpec Small() {
-  latentd::v1::ReferenceModelSpec s;
-  s.set_d_model(kD);
-  s.set_n_layers(3);
-  s.set_n_heads(4);
-  s.set_vocab_size(100);
-  s.set_context_length(16);
-  s.set_seed(5);
-  return s;
-}
-
-std::unique_ptr<Gpt2Model> Model(const std::string& hook) {
-  auto m = CreateReferenceModel(Small(), *ParseHookName(hook), at::kCPU);
-  EXPECT_TRUE(m.ok()) << m.status();
-  return std::move(*m);
-}
-
-Sae MakeSae(bool transcoder) {
-  at::manual_seed(11);
-  SaeConfig cfg;
-  cfg.d_in = kD;
-  cfg.d_sae = kLatents;
-  cfg.architecture = SaeArchitecture::kTopK;
-  cfg.k = 4;
-  cfg.transcoder = transcoder;
-  cfg.d_out = transcoder ? kD : 0;
-  cfg.apply_b_dec_to_input = !transcoder;
-  auto sae = Sae::Create(cfg, {at::randn({kD, kLatents}) * 0.5, at::randn({kLatents}) * 0.1 + 0.5,
-                               at::randn({kLatents, kD}), at::randn({kD}) * 0.1});
-  EXPECT_TRUE(sae.ok()) << sae.status();
-  return *std::move(sae);
-}
-
-const std::vector<int64_t> kPrompt = {7, 42, 3, 99, 15, 15, 60, 8};
+std::unique_ptr<Gpt2Model> Model(const std::string& hook) { return InterventionModel(hook); }
+Sae MakeSae(bool transcoder) { return InterventionSae(transcoder); }
 
 at::Tensor Row(const std::vector<int64_t>& ids) {
   return at::tensor(ids, at::TensorOptions().dtype(at::kLong)).view({1, -1});

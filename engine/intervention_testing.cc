@@ -1,0 +1,38 @@
+#include "engine/intervention_testing.h"
+
+#include "engine/reference_model.h"
+#include "gtest/gtest.h"
+
+namespace latentd::engine {
+
+std::unique_ptr<Gpt2Model> InterventionModel(const std::string& hook) {
+  latentd::v1::ReferenceModelSpec s;
+  s.set_d_model(kInterventionWidth);
+  s.set_n_layers(3);
+  s.set_n_heads(4);
+  s.set_vocab_size(100);
+  s.set_context_length(16);
+  s.set_seed(5);
+  auto m = CreateReferenceModel(s, *ParseHookName(hook), at::kCPU);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+Sae InterventionSae(bool transcoder) {
+  const int64_t d = kInterventionWidth, n = kInterventionLatents;
+  at::manual_seed(11);
+  SaeConfig cfg;
+  cfg.d_in = d;
+  cfg.d_sae = n;
+  cfg.architecture = SaeArchitecture::kTopK;
+  cfg.k = 4;
+  cfg.transcoder = transcoder;
+  cfg.d_out = transcoder ? d : 0;
+  cfg.apply_b_dec_to_input = !transcoder;
+  auto sae = Sae::Create(cfg, {at::randn({d, n}) * 0.5, at::randn({n}) * 0.1 + 0.5,
+                               at::randn({n, d}), at::randn({d}) * 0.1});
+  EXPECT_TRUE(sae.ok()) << sae.status();
+  return *std::move(sae);
+}
+
+}  // namespace latentd::engine

@@ -1,0 +1,28 @@
+// Test helpers for steering and attribution: a small reference model and a random TopK SAE (or
+// transcoder) on its residual width, the same in every test that compares against them.
+#ifndef LATENTD_ENGINE_INTERVENTION_TESTING_H_
+#define LATENTD_ENGINE_INTERVENTION_TESTING_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/gpt2_model.h"
+#include "engine/sae.h"
+
+namespace latentd::engine {
+
+inline constexpr int64_t kInterventionWidth = 32;    // d_model
+inline constexpr int64_t kInterventionLatents = 64;  // d_sae, k = 4
+inline const std::vector<int64_t> kInterventionPrompt = {7, 42, 3, 99, 15, 15, 60, 8};
+
+// The reference model (3 layers, 4 heads, vocabulary 100, context 16, seed 5) with `hook`.
+std::unique_ptr<Gpt2Model> InterventionModel(const std::string& hook);
+
+// A TopK SAE of random weights (seed 11); a transcoder of the same width when asked.
+Sae InterventionSae(bool transcoder);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_INTERVENTION_TESTING_H_
