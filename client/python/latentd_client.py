@@ -406,6 +406,22 @@ class Client:
                                     top_latents=top_latents)
         return PromptView(answer, decode)
 
+    def show_steering(self, dataset_id, token_ids, interventions, decode=None, **steer_args):
+        """steer_prompt's answer as a SteeringView, which a notebook shows as the prompt
+        continued clean and steered (and each sweep value's run) side by side, with the next
+        token's top predictions of both and the KL. decode maps a list of token ids to their
+        strings; steer_args go to steer_prompt (new_tokens defaults to 20 here)."""
+        steer_args.setdefault("new_tokens", 20)
+        return SteeringView(self.steer_prompt(dataset_id, token_ids, interventions, **steer_args),
+                            decode)
+
+    def show_attribution(self, dataset_id, token_ids, decode=None, top=10, **attribute_args):
+        """attribute_prompt's answer as an AttributionView, which a notebook shows as the prompt
+        shaded by each position's attribution (blue for the metric, red against), then once per
+        top latent shaded by its entries: the picture of `latentctl attribute --html`."""
+        answer = self.attribute_prompt(dataset_id, token_ids, top=1000, **attribute_args)
+        return AttributionView(answer, decode, top)
+
     def show_latent(self, dataset_id, latent, decode=None, weights=False, **get_latent_args):
         """GetLatent's answer as a LatentView, which a notebook shows as the latent's examples
         with each token shaded by the latent's value on it. decode maps a list of token ids to
@@ -546,6 +562,92 @@ class PromptView:
             parts.append('<div style="font-family:monospace;white-space:pre;margin:2px 0">'
                          '<span style="display:inline-block;width:10em">latent %d (%.4g)</span>'
                          "  %s</div>" % (latent.latent, latent.max_value, "".join(spans)))
+        return "\n".join(parts)
+
+
+def _words(decode, ids):
+    """Token ids as the strings a view shows: decode's, or the ids."""
+    return decode(list(ids)) if decode else [" %d" % i for i in ids]
+
+
+def _signed_spans(words, ids, values, scale, titles):
+    """Tokens shaded by signed values over scale: blue for, red against."""
+    import html
+
+    spans = []
+    for word, token, value, title in zip(words, ids, values, titles):
+        alpha = min(abs(value) / scale, 1.0) if scale > 0 else 0.0
+        rgb = "0,102,255" if value >= 0 else "255,51,0"
+        spans.append('<span style="background:rgba(%s,%.3f)" title="token %d · %s">%s</span>' % (
+            rgb, alpha, token, title, html.escape(str(word))))
+    return "".join(spans)
+
+
+class SteeringView:
+    """A SteerPrompt answer that Jupyter renders: the prompt, each run's continuation (clean,
+    steered, then each sweep value's) with its KL from the clean run, and the next token's top
+    predictions of the clean and steered runs."""
+
+    def __init__(self, answer, decode=None):
+        self.answer = answer
+        self.decode = decode
+
+    def _text(self, ids):
+        import html
+
+        return html.escape("".join(str(w) for w in _words(self.decode, ids)))
+
+    def _repr_html_(self):
+        a = self.answer
+        rows = [("clean", 0.0, a.clean), ("steered", a.kl_divergence, a.steered)]
+        rows += [("sweep %g" % s.value, s.kl_divergence, s.run) for s in a.sweep]
+        parts = ['<div style="font-family:monospace"><b>%s</b></div>' % self._text(a.prompt),
+                 '<table style="font-family:monospace"><tr><th>run</th><th>KL</th>'
+                 "<th>next</th><th>continuation</th></tr>"]
+        for name, kl, run in rows:
+            top = run.next[0] if run.next else None
+            parts.append("<tr><td>%s</td><td>%.4g</td><td>%s</td><td>%s</td></tr>" % (
+                name, kl, "%s %.3f" % (self._text([top.token_id]), top.probability) if top else "",
+                self._text(run.generated)))
+        parts.append("</table>")
+        return "\n".join(parts)
+
+
+class AttributionView:
+    """An AttributePrompt answer (asked with a large top) that Jupyter renders: the metric and
+    totals, the prompt shaded by each position's attribution (latents and error term; blue for
+    the metric, red against), then a line per top latent shaded by its entries."""
+
+    def __init__(self, answer, decode=None, top=10):
+        self.answer = answer
+        self.decode = decode
+        self.top = top
+
+    def _repr_html_(self):
+        a = self.answer
+        ids = list(a.prompt)
+        words = _words(self.decode, ids)
+        totals = [l + e for l, e in zip(a.latent_attribution_by_position,
+                                        a.error_attribution_by_position)]
+        line = '<div style="font-family:monospace;white-space:pre;margin:2px 0">%s  %s</div>'
+        parts = ["<div>metric %.4f for token %d%s: latents %+.4f, the SAE's error term %+.4f</div>"
+                 % (a.metric, a.target_token_id,
+                    " against %d" % a.contrast_token_id if a.HasField("contrast_token_id") else "",
+                    a.latent_attribution, a.error_attribution),
+                 line % ('<span style="display:inline-block;width:10em">by position</span>',
+                         _signed_spans(words, ids, totals, max(map(abs, totals), default=0),
+                                       ["position %d · %+.4f" % (p, t)
+                                        for p, t in enumerate(totals)]))]
+        entries = {(e.latent, e.position): e for e in a.top_entries}
+        scale = max((abs(e.attribution) for e in a.top_entries), default=0)
+        for latent in list(a.top_latents)[:self.top]:
+            values = [entries[(latent.latent, p)].attribution
+                      if (latent.latent, p) in entries else 0.0 for p in range(len(ids))]
+            parts.append(line % (
+                '<span style="display:inline-block;width:10em">latent %d %+.3g</span>'
+                % (latent.latent, latent.attribution),
+                _signed_spans(words, ids, values, scale,
+                              ["position %d · %+.4g" % (p, v) for p, v in enumerate(values)])))
         return "\n".join(parts)
 
 

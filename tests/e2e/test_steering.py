@@ -105,6 +105,7 @@ class SteeringTest(DaemonTestCase):
         kl = float((clean_lp.exp() * (clean_lp - steered_lp)).sum())
         self.assertGreater(kl, 1e-4)
         self.assertAlmostEqual(got.kl_divergence, kl, delta=1e-4 * kl + 1e-6)
+        got_kl = got.kl_divergence
         self.assertEqual(got.most_increased[0].token_id,
                          int((steered_lp.exp() - clean_lp.exp()).argmax()))
         # The latents' values over the prompt, as the SAE encodes the clean run.
@@ -205,6 +206,15 @@ class SteeringTest(DaemonTestCase):
         self.assertIn("metric log p(%d) = %.4f" % (target, plain.metric), shown)
         self.assertIn("  %-8d %-+12.4f" % (plain.top_latents[0].latent,
                                            plain.top_latents[0].attribution), shown)
+        # The notebook views.
+        shown = c.show_attribution(dataset, prompt, target_token_id=target, top=2)._repr_html_()
+        self.assertIn("metric %.4f for token %d" % (plain.metric, target), shown)
+        self.assertIn(">latent %d " % plain.top_latents[0].latent, shown)
+        self.assertEqual(shown.count("latent "), 2)
+        steered_view = c.show_steering(dataset, prompt, steering, new_tokens=3,
+                                       sweep=[0.5])._repr_html_()
+        self.assertIn("<td>sweep 0.5</td>", steered_view)
+        self.assertIn("<td>steered</td><td>%.4g</td>" % got_kl, steered_view)
         with self.assertRaises(grpc.RpcError) as bad_target:
             c.attribute_prompt(dataset, prompt, target_token_id=VOCAB)
         self.assertIn("target_token_id: %d outside the vocabulary" % VOCAB,
