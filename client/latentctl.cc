@@ -113,7 +113,8 @@ ABSL_FLAG(int32_t, silent, 0,
           "latent, dashboard, examples: also this many windows where the latent never fires, "
           "drawn at random (reproducibly), to read its examples against");
 ABSL_FLAG(bool, all_hooks, false,
-          "prompt: also through the other hooks (and SAEs) of the dataset's EXTRACT job, and "
+          "prompt, attribute: also through the other hooks (and SAEs) of the dataset's EXTRACT "
+          "job, and "
           "other jobs' over the same tokens and model (a suite extracted a job per layer)");
 ABSL_FLAG(uint64_t, in_dataset, 0,
           "cofiring/token: count the latents of this dataset on the selected rows (another "
@@ -1345,10 +1346,44 @@ int Attribute(Client& client, const std::vector<std::string>& args) {
     }
   }
   keep(response.mutable_top_entries(), limit);
-  if (absl::GetFlag(FLAGS_json)) {
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (json) {
     std::printf("%s\n", Json(response).c_str());
   } else {
     std::printf("%s", DescribeAttribution(id, response, vocab).c_str());
+  }
+  if (!absl::GetFlag(FLAGS_all_hooks)) return 0;
+  // The same prediction at every other hook of the suite: where its latents carry it, and
+  // where the SAE's error does.
+  v1::GetDatasetRequest info_request;
+  info_request.set_dataset_id(id);
+  v1::DatasetInfo info;
+  status = client.datasets()->GetDataset(client.Context().get(), info_request, &info);
+  if (!status.ok()) return RpcError(status);
+  auto siblings = SiblingDatasets(client, info);
+  if (!siblings.ok()) {
+    std::fprintf(stderr, "latentctl: %s\n", siblings.status().ToString().c_str());
+    return kExitRpcError;
+  }
+  request.set_top(limit);
+  request.set_target_token_id(response.target_token_id());  // the same prediction everywhere
+  if (!json) std::printf("\nthe same metric at the other hooks:\n");
+  for (const v1::DatasetInfo& d : *siblings) {
+    request.set_dataset_id(d.id());
+    v1::AttributePromptResponse other;
+    status = client.datasets()->AttributePrompt(client.Context().get(), request, &other);
+    if (!status.ok()) return RpcError(status);
+    if (json) {
+      std::printf("%s\n", Json(other).c_str());
+      continue;
+    }
+    std::vector<std::string> top;
+    for (const v1::LatentAttribution& l : other.top_latents()) {
+      top.push_back(absl::StrFormat("%d %+.3g", l.latent(), l.attribution()));
+    }
+    std::printf("  %s: latents %+.4f, error %+.4f; top %s\n", DatasetLabel(d).c_str(),
+                other.latent_attribution(), other.error_attribution(),
+                absl::StrJoin(top, ", ").c_str());
   }
   return 0;
 }
@@ -2011,13 +2046,15 @@ datasets:
                                  both runs continued N tokens (default 20); --sweep: a run
                                  for each value of the first intervention, a line each
   attribute ID T1 T2 ... [--target=T [--contrast=T]] [--limit=N] [--vocab=F] [--html=FILE.html]
+            [--all_hooks]
   attribute ID --text="..." --vocab=tokenizer.json [...]
                                  which latents, where in the prompt, drive the prediction of
                                  the next token (log p(T), or logit(T) - logit(contrast)):
                                  attribution patching through the SAE, one forward and one
                                  backward pass; each latent's first-order effect, the SAE
                                  error term's, per position, and the top N; --html: a page
-                                 shading the prompt by position and by each top latent
+                                 shading the prompt by position and by each top latent;
+                                 --all_hooks: a line per other hook of the suite
   compare ID OTHER [--sample=N] [--limit=N]
                                  how far two datasets' SAEs learned the same directions: each
                                  latent's nearest decoder direction in the other SAE (mean,

@@ -44,9 +44,12 @@ class SteeringTest(DaemonTestCase):
         job = c.wait(c.submit("EXTRACT", {
             "model": {"huggingface": {"path": model_dir}}, "hookName": HOOK,
             "tokens": {"path": os.path.join(self.tmp, "tokens.npy"), "contextLength": CTX},
-            "sae": {"path": os.path.join(self.tmp, "sae")}, "mode": "SPARSE"}).id)
+            "sae": {"path": os.path.join(self.tmp, "sae")}, "mode": "SPARSE",
+            "moreOutputs": [{"hookName": "blocks.0.hook_resid_post",
+                             "sae": {"path": os.path.join(self.tmp, "sae")}}]}).id)
         self.assertEqual(job.state, jobs_pb2.SUCCEEDED, job.message)
         dataset = job.result.extract.dataset_id
+        layer0 = job.result.extract.more_outputs[0].dataset_id
 
         gpt2 = Gpt2(weights, cfg)
         prompt = [int(t) for t in ids[:7]]
@@ -206,6 +209,17 @@ class SteeringTest(DaemonTestCase):
         self.assertIn("metric log p(%d) = %.4f" % (target, plain.metric), shown)
         self.assertIn("  %-8d %-+12.4f" % (plain.top_latents[0].latent,
                                            plain.top_latents[0].attribution), shown)
+        # The same prediction at the suite's other hook: a line per dataset.
+        suite = daemon.latentctl("attribute", str(dataset), *map(str, prompt),
+                                 "--target=%d" % target, "--limit=2", "--all_hooks").stdout
+        other = c.attribute_prompt(dataset, prompt, target_token_id=target, top=2)
+        at_layer0 = c.attribute_prompt(layer0, prompt, target_token_id=target, top=2)
+        line = suite.split("the same metric at the other hooks:\n")[1].splitlines()[0]
+        self.assertIn("latents %+.4f, error %+.4f; top %d %+.3g" % (
+            at_layer0.latent_attribution, at_layer0.error_attribution,
+            at_layer0.top_latents[0].latent, at_layer0.top_latents[0].attribution), line)
+        self.assertNotEqual(at_layer0.latent_attribution, other.latent_attribution)
+
         # The notebook views.
         shown = c.show_attribution(dataset, prompt, target_token_id=target, top=2)._repr_html_()
         self.assertIn("metric %.4f for token %d" % (plain.metric, target), shown)
