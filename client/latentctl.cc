@@ -1099,6 +1099,18 @@ absl::StatusOr<std::vector<v1::DatasetInfo>> SiblingDatasets(Client& client,
   return latentd::client::SiblingDatasets(info, all);
 }
 
+// The same for dataset `id`, read first.
+absl::StatusOr<std::vector<v1::DatasetInfo>> SiblingDatasets(Client& client, uint64_t id) {
+  v1::GetDatasetRequest request;
+  request.set_dataset_id(id);
+  v1::DatasetInfo info;
+  grpc::Status status = client.datasets()->GetDataset(client.Context().get(), request, &info);
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  }
+  return SiblingDatasets(client, info);
+}
+
 // "dataset D (name)" for a heading, the hook added unless the name (a more_outputs default)
 // ends in it already.
 std::string DatasetLabel(const v1::DatasetInfo& d) {
@@ -1221,12 +1233,7 @@ int Prompt(Client& client, const std::vector<std::string>& args) {
   }
   if (!absl::GetFlag(FLAGS_all_hooks)) return 0;
   // The same prompt through the other hooks (and SAEs) of the dataset's job.
-  v1::GetDatasetRequest info_request;
-  info_request.set_dataset_id(id);
-  v1::DatasetInfo info;
-  status = client.datasets()->GetDataset(client.Context().get(), info_request, &info);
-  if (!status.ok()) return RpcError(status);
-  auto siblings = SiblingDatasets(client, info);
+  auto siblings = SiblingDatasets(client, id);
   if (!siblings.ok()) {
     std::fprintf(stderr, "latentctl: %s\n", siblings.status().ToString().c_str());
     return kExitRpcError;
@@ -1355,12 +1362,7 @@ int Attribute(Client& client, const std::vector<std::string>& args) {
   if (!absl::GetFlag(FLAGS_all_hooks)) return 0;
   // The same prediction at every other hook of the suite: where its latents carry it, and
   // where the SAE's error does.
-  v1::GetDatasetRequest info_request;
-  info_request.set_dataset_id(id);
-  v1::DatasetInfo info;
-  status = client.datasets()->GetDataset(client.Context().get(), info_request, &info);
-  if (!status.ok()) return RpcError(status);
-  auto siblings = SiblingDatasets(client, info);
+  auto siblings = SiblingDatasets(client, id);
   if (!siblings.ok()) {
     std::fprintf(stderr, "latentctl: %s\n", siblings.status().ToString().c_str());
     return kExitRpcError;
