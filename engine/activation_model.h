@@ -53,6 +53,9 @@ class ActivationModel {
   virtual int64_t parameter_bytes() const = 0;
   // Activation bytes one token costs inside Forward (a rough upper bound, for memory checks).
   virtual int64_t activation_bytes_per_token(int64_t seq_len) const = 0;
+  // The blocks a pass to the logits runs (what a backward pass keeps activations of); 0:
+  // unknown.
+  virtual int64_t num_blocks() const { return 0; }
   virtual const std::string& model_id() const = 0;
   virtual const std::string& weight_hash() const = 0;
   // Weights by name, for the queries that read them: "embed.W_E" and "unembed.W_U" [vocab, d]

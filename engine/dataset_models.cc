@@ -1143,6 +1143,20 @@ absl::StatusOr<AttributionResult> DatasetModels::AttributePrompt(const DatasetSo
   try {
     ASSIGN_OR_RETURN(InterventionInputs in,
                      impl_->InterventionInputsFor(dataset, query.token_ids, "attribution"));
+    // The backward pass keeps every block's activations of the whole prompt: refused with the
+    // numbers rather than an allocation that could take the daemon down.
+    const ActivationModel& model = *in.model->model;
+    const int64_t n = static_cast<int64_t>(in.tokens.size());
+    const int64_t need =
+        std::max<int64_t>(model.num_blocks(), 1) * model.activation_bytes_per_token(n) * n;
+    const int64_t limit = impl_->options.memory_limit_bytes > 0 ? impl_->options.memory_limit_bytes
+                                                                : HostAvailableMemoryBytes();
+    if (limit > 0 && need > limit) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "token_ids: attributing a prompt of %d tokens keeps about %.3g GB of activations for "
+          "the backward pass (%d blocks); %.3g GB are available: send a shorter prompt",
+          n, need / 1e9, model.num_blocks(), limit / 1e9));
+    }
     return in.Run([&](const SteeringModel& steering) {
       return engine::AttributePrompt(steering, in.tokens, in.bos_prepended, query);
     });

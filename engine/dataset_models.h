@@ -221,7 +221,9 @@ class DatasetModels {
 
   // Which of the SAE's latents, where in the prompt, drive the model's next-token prediction
   // (attribution.h): one forward and backward pass of the dataset's model and SAE (those of
-  // SteerPrompt) on the CPU. Errors as SteerPrompt's, and attribution.h's.
+  // SteerPrompt) on the CPU. Errors as SteerPrompt's, and attribution.h's; RESOURCE_EXHAUSTED
+  // with the numbers when the backward pass's activations (every block's, over the prompt)
+  // would pass memory_limit_bytes.
   absl::StatusOr<AttributionResult> AttributePrompt(const DatasetSource& dataset,
                                                     const AttributionQuery& query);
 

@@ -869,6 +869,21 @@ TEST_F(DatasetModelsTest, APromptIsSteeredThroughTheDatasetsModelAndSae) {
   attribute.token_ids = {1, 64};
   s = models.AttributePrompt(source, attribute).status();
   EXPECT_NE(s.message().find("token_ids[1]"), std::string::npos) << s;
+
+  // The backward pass's activations past the memory limit: refused with the numbers. Six tokens
+  // with BOS through 2 blocks keep 2 x 6 x activation_bytes_per_token(6) bytes.
+  const int64_t need = 2 * 6 * (*model)->activation_bytes_per_token(6);
+  DatasetModelsOptions tight;
+  tight.memory_limit_bytes = need - 1;  // the SAE still fits: it is far smaller
+  DatasetModels limited(env_, tight);
+  attribute.token_ids = {1, 5, 9, 3, 63};
+  s = limited.AttributePrompt(source, attribute).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("attributing a prompt of 6 tokens keeps about"), std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("(2 blocks)"), std::string::npos) << s;
+  attribute.token_ids = {1, 5, 9};  // 4 tokens fit
+  EXPECT_TRUE(limited.AttributePrompt(source, attribute).ok());
 }
 
 // A crosscoder's latent: how its decoder splits between the sources, at the training scale the

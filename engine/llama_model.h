@@ -141,6 +141,7 @@ class LlamaModel : public ActivationModel {
   int64_t activation_bytes_per_token(int64_t seq_len) const override {
     return TransformerActivationBytesPerToken(LlamaShape(w_.config), seq_len);
   }
+  int64_t num_blocks() const override { return w_.config.n_layers; }
   const std::string& model_id() const override { return w_.model_id; }
   const std::string& weight_hash() const override { return w_.weight_hash; }
   const LlamaConfig& config() const { return w_.config; }
