@@ -871,11 +871,6 @@ std::vector<T> Words(const std::string& bytes) {
   return out;
 }
 
-// A token for a terminal table: its id, or with a vocabulary its text in quotes.
-std::string TokenCell(int32_t token, const std::optional<Vocabulary>& vocab) {
-  return vocab ? absl::StrCat("\"", vocab->Display(token), "\"") : absl::StrCat(token);
-}
-
 // Writes `html` to the --html path; false, after saying so, when it cannot. Prints "wrote PATH"
 // unless --json.
 bool WriteHtmlFlag(const std::string& path, const std::string& html) {

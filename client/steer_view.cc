@@ -15,10 +15,6 @@ namespace {
 
 namespace v1 = latentd::v1;
 
-std::string Token(int32_t id, const std::optional<Vocabulary>& vocab) {
-  return vocab ? absl::StrCat("\"", vocab->Display(id), "\"") : absl::StrCat(id);
-}
-
 // A run of tokens as one string: their text joined (what the model wrote), or ids.
 std::string Tokens(const google::protobuf::RepeatedField<int32_t>& ids,
                    const std::optional<Vocabulary>& vocab) {
@@ -98,7 +94,7 @@ std::string DescribeSteering(uint64_t dataset_id, const v1::SteerPromptRequest& 
   for (const v1::LatentValues& values : r.latent_values()) {
     std::vector<std::string> cells;
     for (int p = 0; p < values.values_size() && p < r.prompt_size(); ++p) {
-      cells.push_back(absl::StrFormat("%s %.3g", Token(r.prompt(p), vocab), values.values(p)));
+      cells.push_back(absl::StrFormat("%s %.3g", TokenCell(r.prompt(p), vocab), values.values(p)));
     }
     absl::StrAppend(&out, "latent ", values.latent(),
                     " on the prompt: ", absl::StrJoin(cells, " | "), "\n");
@@ -110,7 +106,7 @@ std::string DescribeSteering(uint64_t dataset_id, const v1::SteerPromptRequest& 
   for (int i = 0; i < rows; ++i) {
     auto cell = [&](const v1::SteeredRun& run) {
       return i < run.next_size() ? absl::StrFormat("%.4f %s", run.next(i).probability(),
-                                                   Token(run.next(i).token_id(), vocab))
+                                                   TokenCell(run.next(i).token_id(), vocab))
                                  : std::string();
     };
     absl::StrAppendFormat(&out, "  %-30s %s\n", cell(r.clean()), cell(r.steered()));
@@ -120,7 +116,7 @@ std::string DescribeSteering(uint64_t dataset_id, const v1::SteerPromptRequest& 
     if (changes->empty()) continue;
     std::vector<std::string> cells;
     for (const v1::NextTokenChange& c : *changes) {
-      cells.push_back(absl::StrFormat("%s %.4f -> %.4f", Token(c.token_id(), vocab),
+      cells.push_back(absl::StrFormat("%s %.4f -> %.4f", TokenCell(c.token_id(), vocab),
                                       c.clean_probability(), c.steered_probability()));
     }
     absl::StrAppend(&out, "  ", name, ": ", absl::StrJoin(cells, ", "), "\n");
@@ -138,10 +134,11 @@ std::string DescribeSteering(uint64_t dataset_id, const v1::SteerPromptRequest& 
                           absl::AsciiStrToLower(v1::LatentIntervention::Mode_Name(first.mode())),
                           "VALUE", "KL", "NEXT", "CONTINUATION");
     for (const v1::SweptRun& swept : r.sweep()) {
-      const std::string next = swept.run().next_size() > 0
-                                   ? absl::StrFormat("%.4f %s", swept.run().next(0).probability(),
-                                                     Token(swept.run().next(0).token_id(), vocab))
-                                   : "";
+      const std::string next =
+          swept.run().next_size() > 0
+              ? absl::StrFormat("%.4f %s", swept.run().next(0).probability(),
+                                TokenCell(swept.run().next(0).token_id(), vocab))
+              : "";
       absl::StrAppendFormat(&out, "  %-10g %-10.4g %-24s %s\n", swept.value(),
                             swept.kl_divergence(), next, Tokens(swept.run().generated(), vocab));
     }
@@ -163,9 +160,9 @@ std::string DescribeAttribution(uint64_t dataset_id, const v1::AttributePromptRe
                                 const std::optional<Vocabulary>& vocab) {
   const std::string metric =
       r.has_contrast_token_id()
-          ? absl::StrFormat("logit(%s) - logit(%s)", Token(r.target_token_id(), vocab),
-                            Token(r.contrast_token_id(), vocab))
-          : absl::StrFormat("log p(%s)", Token(r.target_token_id(), vocab));
+          ? absl::StrFormat("logit(%s) - logit(%s)", TokenCell(r.target_token_id(), vocab),
+                            TokenCell(r.contrast_token_id(), vocab))
+          : absl::StrFormat("log p(%s)", TokenCell(r.target_token_id(), vocab));
   std::string out = absl::StrFormat(
       "dataset %d: a prompt of %d tokens%s\nmetric %s = %.4f\n"
       "contributions to first order (removing one moves the metric by about minus it): the "
@@ -175,7 +172,7 @@ std::string DescribeAttribution(uint64_t dataset_id, const v1::AttributePromptRe
       r.latent_attribution(), r.error_attribution());
   absl::StrAppendFormat(&out, "\n  %-4s %-20s %-10s %s\n", "POS", "TOKEN", "LATENTS", "ERROR");
   for (int p = 0; p < r.prompt_size(); ++p) {
-    absl::StrAppendFormat(&out, "  %-4d %-20s %-10s %s\n", p, Token(r.prompt(p), vocab),
+    absl::StrAppendFormat(&out, "  %-4d %-20s %-10s %s\n", p, TokenCell(r.prompt(p), vocab),
                           p < r.latent_attribution_by_position_size()
                               ? absl::StrFormat("%+.4f", r.latent_attribution_by_position(p))
                               : "",
@@ -188,15 +185,16 @@ std::string DescribeAttribution(uint64_t dataset_id, const v1::AttributePromptRe
   for (const v1::LatentAttribution& l : r.top_latents()) {
     absl::StrAppendFormat(
         &out, "  %-8d %-+12.4f %d %s (%.3g)\n", l.latent(), l.attribution(), l.position(),
-        l.position() < r.prompt_size() ? Token(r.prompt(l.position()), vocab) : "", l.activation());
+        l.position() < r.prompt_size() ? TokenCell(r.prompt(l.position()), vocab) : "",
+        l.activation());
   }
   absl::StrAppendFormat(&out, "\nentries:\n  %-8s %-4s %-20s %-10s %s\n", "LATENT", "POS", "TOKEN",
                         "VALUE", "ATTRIBUTION");
   for (const v1::LatentAttribution& e : r.top_entries()) {
     absl::StrAppendFormat(
         &out, "  %-8d %-4d %-20s %-10.4g %+.4f\n", e.latent(), e.position(),
-        e.position() < r.prompt_size() ? Token(r.prompt(e.position()), vocab) : "", e.activation(),
-        e.attribution());
+        e.position() < r.prompt_size() ? TokenCell(r.prompt(e.position()), vocab) : "",
+        e.activation(), e.attribution());
   }
   return out;
 }

@@ -218,4 +218,8 @@ std::string Printable(absl::string_view bytes) {
   return out;
 }
 
+std::string TokenCell(int32_t id, const std::optional<Vocabulary>& vocab) {
+  return vocab ? absl::StrCat("\"", vocab->Display(id), "\"") : absl::StrCat(id);
+}
+
 }  // namespace latentd::client

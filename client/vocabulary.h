@@ -49,6 +49,9 @@ class Vocabulary {
 // "␍", other control characters and bytes that are not UTF-8 "\xNN"; the rest is unchanged.
 std::string Printable(absl::string_view bytes);
 
+// A token for a terminal table: its text in quotes (Display) with a vocabulary, else its id.
+std::string TokenCell(int32_t id, const std::optional<Vocabulary>& vocab);
+
 }  // namespace latentd::client
 
 #endif  // LATENTD_CLIENT_VOCABULARY_H_
