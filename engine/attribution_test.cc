@@ -17,12 +17,6 @@
 namespace latentd::engine {
 namespace {
 
-constexpr int64_t kD = kInterventionWidth, kLatents = kInterventionLatents;
-const std::vector<int64_t>& kPrompt = kInterventionPrompt;
-
-std::unique_ptr<Gpt2Model> Model(const std::string& hook) { return InterventionModel(hook); }
-Sae MakeSae(bool transcoder) { return InterventionSae(transcoder); }
-
 // The metric of the prompt's run with `add` [n, width] added at `hook` (undefined: nothing).
 double Metric(Gpt2Model& m, const std::string& hook, const at::Tensor& add, int64_t target,
               std::optional<int64_t> contrast) {
@@ -32,8 +26,9 @@ double Metric(Gpt2Model& m, const std::string& hook, const at::Tensor& add, int6
     splices.push_back({*ParseHookName(hook), [&](const at::Tensor& x) { return x + add; }});
   }
   const at::Tensor logits =
-      m.PredictNextTokens(at::tensor(kPrompt, at::TensorOptions().dtype(at::kLong)).view({1, -1}),
-                          splices, false)
+      m.PredictNextTokens(
+           at::tensor(kInterventionPrompt, at::TensorOptions().dtype(at::kLong)).view({1, -1}),
+           splices, false)
           .last_logits[0]
           .to(at::kDouble);
   return contrast ? (logits[target] - logits[*contrast]).item<double>()
@@ -56,7 +51,7 @@ void ExpectDerivative(double got, double want, const std::string& what) {
 
 // An entry's removal, linearized: along z_j[p] W_dec[j] at position p.
 at::Tensor EntryDirection(const Sae& sae, const LatentAttribution& e) {
-  at::Tensor d = at::zeros({static_cast<int64_t>(kPrompt.size()), kD});
+  at::Tensor d = at::zeros({static_cast<int64_t>(kInterventionPrompt.size()), kInterventionWidth});
   d[e.position] = sae.weights().W_dec[e.latent] * e.activation;
   return d;
 }
@@ -64,21 +59,23 @@ at::Tensor EntryDirection(const Sae& sae, const LatentAttribution& e) {
 const std::string kHook = "blocks.1.hook_resid_post";
 
 TEST(AttributionTest, EntriesAndTheErrorTermAreTheMetricsDerivatives) {
-  auto model = Model(kHook);
-  const Sae sae = MakeSae(false);
+  auto model = InterventionModel(kHook);
+  const Sae sae = InterventionSae(false);
   AttributionQuery q;
   q.top = 1000;
-  auto got =
-      AttributePrompt({model.get(), &sae, *ParseHookName(kHook), std::nullopt}, kPrompt, false, q);
+  auto got = AttributePrompt({model.get(), &sae, *ParseHookName(kHook), std::nullopt},
+                             kInterventionPrompt, false, q);
   ASSERT_TRUE(got.ok()) << got.status();
   // The target defaults to the model's own prediction; the metric is its log-probability.
   at::NoGradGuard no_grad;
   const at::Tensor logits =
-      model->PredictNextTokens(at::tensor(kPrompt).view({1, -1}), {}, false).last_logits[0];
+      model->PredictNextTokens(at::tensor(kInterventionPrompt).view({1, -1}), {}, false)
+          .last_logits[0];
   EXPECT_EQ(got->target_token_id, logits.argmax().item<int64_t>());
   EXPECT_NEAR(got->metric, Metric(*model, kHook, {}, got->target_token_id, std::nullopt), 1e-5);
 
-  ASSERT_EQ(got->top_entries.size(), kPrompt.size() * 4);  // k = 4 a position, all listed
+  ASSERT_EQ(got->top_entries.size(),
+            kInterventionPrompt.size() * 4);  // k = 4 a position, all listed
   for (int i = 0; i < 3; ++i) {
     const LatentAttribution& e = got->top_entries[i];
     ExpectDerivative(
@@ -86,7 +83,7 @@ TEST(AttributionTest, EntriesAndTheErrorTermAreTheMetricsDerivatives) {
         e.attribution, "entry " + std::to_string(i));
   }
   // The activations are the SAE's codes at the hook.
-  const at::Tensor x = model->Forward(at::tensor(kPrompt).view({1, -1}))[0];
+  const at::Tensor x = model->Forward(at::tensor(kInterventionPrompt).view({1, -1}))[0];
   const at::Tensor z = sae.EncodeDense(x);
   for (const LatentAttribution& e : got->top_entries) {
     EXPECT_NEAR(e.activation, z[e.position][e.latent].item<float>(), 1e-5);
@@ -97,7 +94,7 @@ TEST(AttributionTest, EntriesAndTheErrorTermAreTheMetricsDerivatives) {
 
   // Sums: per latent, per position, in all; entries largest first.
   std::map<int64_t, double> per_latent;
-  std::vector<double> per_position(kPrompt.size(), 0);
+  std::vector<double> per_position(kInterventionPrompt.size(), 0);
   double total = 0;
   for (size_t i = 0; i < got->top_entries.size(); ++i) {
     const LatentAttribution& e = got->top_entries[i];
@@ -111,7 +108,7 @@ TEST(AttributionTest, EntriesAndTheErrorTermAreTheMetricsDerivatives) {
   for (const LatentAttribution& l : got->top_latents) {
     EXPECT_NEAR(l.attribution, per_latent[l.latent], 1e-9) << l.latent;
   }
-  for (size_t p = 0; p < kPrompt.size(); ++p) {
+  for (size_t p = 0; p < kInterventionPrompt.size(); ++p) {
     EXPECT_NEAR(got->latent_attribution_by_position[p], per_position[p], 1e-9);
   }
   EXPECT_NEAR(std::accumulate(got->error_attribution_by_position.begin(),
@@ -119,8 +116,8 @@ TEST(AttributionTest, EntriesAndTheErrorTermAreTheMetricsDerivatives) {
               got->error_attribution, 1e-9);
 
   q.top = 5;
-  auto fewer =
-      AttributePrompt({model.get(), &sae, *ParseHookName(kHook), std::nullopt}, kPrompt, false, q);
+  auto fewer = AttributePrompt({model.get(), &sae, *ParseHookName(kHook), std::nullopt},
+                               kInterventionPrompt, false, q);
   ASSERT_TRUE(fewer.ok());
   ASSERT_EQ(fewer->top_entries.size(), 5u);
   EXPECT_EQ(fewer->top_entries[0].latent, got->top_entries[0].latent);
@@ -128,13 +125,13 @@ TEST(AttributionTest, EntriesAndTheErrorTermAreTheMetricsDerivatives) {
 }
 
 TEST(AttributionTest, ALogitDifferenceAgainstAContrastToken) {
-  auto model = Model(kHook);
-  const Sae sae = MakeSae(false);
+  auto model = InterventionModel(kHook);
+  const Sae sae = InterventionSae(false);
   AttributionQuery q;
   q.target_token_id = 12;
   q.contrast_token_id = 40;
-  auto got =
-      AttributePrompt({model.get(), &sae, *ParseHookName(kHook), std::nullopt}, kPrompt, false, q);
+  auto got = AttributePrompt({model.get(), &sae, *ParseHookName(kHook), std::nullopt},
+                             kInterventionPrompt, false, q);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->target_token_id, 12);
   EXPECT_EQ(got->contrast_token_id, 40);
@@ -147,14 +144,15 @@ TEST(AttributionTest, ALogitDifferenceAgainstAContrastToken) {
 // A transcoder's latents come from its input hook; their directions act at its output hook.
 TEST(AttributionTest, ATranscodersLatentsActWhereItWrites) {
   const std::string in = "blocks.1.mlp.hook_in", out = "blocks.1.hook_mlp_out";
-  auto model = Model(in);
-  const Sae transcoder = MakeSae(true);
+  auto model = InterventionModel(in);
+  const Sae transcoder = InterventionSae(true);
   AttributionQuery q;
   q.target_token_id = 5;
   auto got = AttributePrompt({model.get(), &transcoder, *ParseHookName(in), *ParseHookName(out)},
-                             kPrompt, false, q);
+                             kInterventionPrompt, false, q);
   ASSERT_TRUE(got.ok()) << got.status();
-  const at::Tensor z = transcoder.EncodeDense(model->Forward(at::tensor(kPrompt).view({1, -1}))[0]);
+  const at::Tensor z =
+      transcoder.EncodeDense(model->Forward(at::tensor(kInterventionPrompt).view({1, -1}))[0]);
   for (int i = 0; i < 2; ++i) {
     const LatentAttribution& e = got->top_entries[i];
     EXPECT_NEAR(e.activation, z[e.position][e.latent].item<float>(), 1e-5);
@@ -164,11 +162,11 @@ TEST(AttributionTest, ATranscodersLatentsActWhereItWrites) {
 }
 
 TEST(AttributionTest, BadQueriesNameTheirField) {
-  auto model = Model(kHook);
-  const Sae sae = MakeSae(false);
+  auto model = InterventionModel(kHook);
+  const Sae sae = InterventionSae(false);
   auto refused = [&](AttributionQuery q, const std::string& field) {
-    auto r = AttributePrompt({model.get(), &sae, *ParseHookName(kHook), std::nullopt}, kPrompt,
-                             false, q);
+    auto r = AttributePrompt({model.get(), &sae, *ParseHookName(kHook), std::nullopt},
+                             kInterventionPrompt, false, q);
     ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << field << r.status();
     EXPECT_NE(r.status().message().find(field), std::string::npos) << r.status();
   };

@@ -15,12 +15,6 @@
 namespace latentd::engine {
 namespace {
 
-constexpr int64_t kD = kInterventionWidth, kLatents = kInterventionLatents;
-const std::vector<int64_t>& kPrompt = kInterventionPrompt;
-
-std::unique_ptr<Gpt2Model> Model(const std::string& hook) { return InterventionModel(hook); }
-Sae MakeSae(bool transcoder) { return InterventionSae(transcoder); }
-
 at::Tensor Row(const std::vector<int64_t>& ids) {
   return at::tensor(ids, at::TensorOptions().dtype(at::kLong)).view({1, -1});
 }
@@ -49,17 +43,17 @@ void ExpectNear(const std::vector<float>& got, const std::vector<float>& want, f
 // The hook activation [n, width] of the prompt's single run.
 at::Tensor Activation(const std::string& hook, const std::vector<int64_t>& ids) {
   at::NoGradGuard no_grad;
-  return Model(hook)->Forward(Row(ids))[0];
+  return InterventionModel(hook)->Forward(Row(ids))[0];
 }
 
 struct Fixture {
-  std::unique_ptr<Gpt2Model> model = Model("blocks.1.hook_resid_post");
-  Sae sae = MakeSae(false);
+  std::unique_ptr<Gpt2Model> model = InterventionModel("blocks.1.hook_resid_post");
+  Sae sae = InterventionSae(false);
   SteeringModel steering() {
     return {model.get(), &sae, *ParseHookName("blocks.1.hook_resid_post"), std::nullopt};
   }
   absl::StatusOr<SteeringResult> Steer(const SteeringQuery& q) {
-    return SteerPrompt(steering(), kPrompt, /*bos_prepended=*/false, q, nullptr);
+    return SteerPrompt(steering(), kInterventionPrompt, /*bos_prepended=*/false, q, nullptr);
   }
 };
 
@@ -76,7 +70,7 @@ TEST(SteeringTest, AnInterventionThatChangesNothingLeavesTheCleanRun) {
   Fixture f;
   auto r = f.Steer(Query({{5, InterventionMode::kScale, 1.0f, {}}}, 4));
   ASSERT_TRUE(r.ok()) << r.status();
-  const std::vector<float> own = Losses(ByHand(*f.model, kPrompt, nullptr));
+  const std::vector<float> own = Losses(ByHand(*f.model, kInterventionPrompt, nullptr));
   ExpectNear(r->clean.token_losses, own, 1e-5, "clean");
   ExpectNear(r->steered.token_losses, own, 1e-5, "steered");
   EXPECT_EQ(r->clean.generated, r->steered.generated);
@@ -89,7 +83,7 @@ TEST(SteeringTest, AnInterventionThatChangesNothingLeavesTheCleanRun) {
   double mean = 0;
   for (float l : own) mean += l / own.size();
   EXPECT_NEAR(r->clean.mean_loss, mean, 1e-5);
-  EXPECT_EQ(r->prompt, kPrompt);
+  EXPECT_EQ(r->prompt, kInterventionPrompt);
 }
 
 // ADD moves the activation along the latent's decoder row, at every position.
@@ -102,15 +96,15 @@ TEST(SteeringTest, AddingToALatentAddsItsDecoderDirection) {
   const at::Tensor direction = f.sae.weights().W_dec[j] * value;
   const HookSplice add{*ParseHookName("blocks.1.hook_resid_post"),
                        [&](const at::Tensor& x) { return x + direction; }};
-  const NextTokenPredictions want = ByHand(*f.model, kPrompt, &add);
+  const NextTokenPredictions want = ByHand(*f.model, kInterventionPrompt, &add);
   ExpectNear(r->steered.token_losses, Losses(want), 1e-4, "steered");
   const at::Tensor probs = at::softmax(want.last_logits[0], -1);
   ASSERT_EQ(r->steered.next.size(), 10u);
   EXPECT_EQ(r->steered.next[0].token_id, probs.argmax().item<int64_t>());
   EXPECT_NEAR(r->steered.next[0].probability, probs.max().item<float>(), 1e-5);
   // KL(clean || steered) by hand.
-  const at::Tensor clean_lp =
-      at::log_softmax(ByHand(*f.model, kPrompt, nullptr).last_logits[0].to(at::kDouble), -1);
+  const at::Tensor clean_lp = at::log_softmax(
+      ByHand(*f.model, kInterventionPrompt, nullptr).last_logits[0].to(at::kDouble), -1);
   const at::Tensor steered_lp = at::log_softmax(want.last_logits[0].to(at::kDouble), -1);
   const double kl = (clean_lp.exp() * (clean_lp - steered_lp)).sum().item<double>();
   EXPECT_GT(kl, 1e-3);
@@ -130,7 +124,7 @@ TEST(SteeringTest, AddingToALatentAddsItsDecoderDirection) {
 // the positions before it do not change (causal), and the latent's values are reported.
 TEST(SteeringTest, SettingALatentToZeroAtAPositionAblatesItThere) {
   Fixture f;
-  const at::Tensor x = Activation("blocks.1.hook_resid_post", kPrompt);
+  const at::Tensor x = Activation("blocks.1.hook_resid_post", kInterventionPrompt);
   const at::Tensor z = f.sae.EncodeDense(x);
   const int64_t p = 4;
   const int64_t j = z[p].argmax().item<int64_t>();
@@ -143,7 +137,8 @@ TEST(SteeringTest, SettingALatentToZeroAtAPositionAblatesItThere) {
                             out[0][p].sub_(removed);
                             return out;
                           }};
-  ExpectNear(r->steered.token_losses, Losses(ByHand(*f.model, kPrompt, &ablate)), 1e-4, "ablated");
+  ExpectNear(r->steered.token_losses, Losses(ByHand(*f.model, kInterventionPrompt, &ablate)), 1e-4,
+             "ablated");
   for (int64_t s = 0; s < p; ++s) {
     EXPECT_NEAR(r->steered.token_losses[s], r->clean.token_losses[s], 1e-5) << s;
   }
@@ -154,8 +149,8 @@ TEST(SteeringTest, SettingALatentToZeroAtAPositionAblatesItThere) {
   EXPECT_GT(moved, 1e-4);
   ASSERT_EQ(r->latent_values.size(), 1u);
   EXPECT_EQ(r->latent_values[0].first, j);
-  ASSERT_EQ(r->latent_values[0].second.size(), kPrompt.size());
-  for (size_t s = 0; s < kPrompt.size(); ++s) {
+  ASSERT_EQ(r->latent_values[0].second.size(), kInterventionPrompt.size());
+  for (size_t s = 0; s < kInterventionPrompt.size(); ++s) {
     EXPECT_NEAR(r->latent_values[0].second[s], z[s][j].item<float>(), 1e-5) << s;
   }
 }
@@ -163,7 +158,7 @@ TEST(SteeringTest, SettingALatentToZeroAtAPositionAblatesItThere) {
 // Interventions on one latent apply in order; SCALE multiplies the latent's own value.
 TEST(SteeringTest, InterventionsComposeInOrder) {
   Fixture f;
-  const at::Tensor x = Activation("blocks.1.hook_resid_post", kPrompt);
+  const at::Tensor x = Activation("blocks.1.hook_resid_post", kInterventionPrompt);
   const at::Tensor z = f.sae.EncodeDense(x);
   const int64_t j = z[2].argmax().item<int64_t>();
   // (z + 1) * 3 everywhere equals adding (2 z + 3) W_dec[j].
@@ -173,7 +168,7 @@ TEST(SteeringTest, InterventionsComposeInOrder) {
   const at::Tensor added = (2 * z.select(1, j) + 3).unsqueeze(1) * f.sae.weights().W_dec[j];
   const HookSplice by_hand{*ParseHookName("blocks.1.hook_resid_post"),
                            [&](const at::Tensor& a) { return a + added.unsqueeze(0); }};
-  ExpectNear(r->steered.token_losses, Losses(ByHand(*f.model, kPrompt, &by_hand)), 1e-4,
+  ExpectNear(r->steered.token_losses, Losses(ByHand(*f.model, kInterventionPrompt, &by_hand)), 1e-4,
              "composed");
 }
 
@@ -189,12 +184,12 @@ TEST(SteeringTest, GreedyGenerationContinuesEachRun) {
   const HookSplice add{*ParseHookName("blocks.1.hook_resid_post"),
                        [&](const at::Tensor& x) { return x + direction; }};
   for (const bool steered : {false, true}) {
-    std::vector<int64_t> ids = kPrompt;
+    std::vector<int64_t> ids = kInterventionPrompt;
     for (int t = 0; t < 5; ++t) {
       ids.push_back(
           ByHand(*f.model, ids, steered ? &add : nullptr).last_logits[0].argmax().item<int64_t>());
     }
-    const std::vector<int64_t> want(ids.begin() + kPrompt.size(), ids.end());
+    const std::vector<int64_t> want(ids.begin() + kInterventionPrompt.size(), ids.end());
     EXPECT_EQ(steered ? r->steered.generated : r->clean.generated, want) << steered;
   }
   EXPECT_NE(r->clean.generated, r->steered.generated);  // a strong push changes the text
@@ -221,14 +216,14 @@ TEST(SteeringTest, SamplingSharesTheDrawsBetweenTheRuns) {
 // A transcoder's latents are read at its input hook and written at its output hook.
 TEST(SteeringTest, ATranscoderReadsItsInputAndWritesItsOutput) {
   const std::string in = "blocks.1.mlp.hook_in", out = "blocks.1.hook_mlp_out";
-  auto model = Model(in);
-  const Sae transcoder = MakeSae(true);
+  auto model = InterventionModel(in);
+  const Sae transcoder = InterventionSae(true);
   const SteeringModel steering{model.get(), &transcoder, *ParseHookName(in), *ParseHookName(out)};
-  const at::Tensor z = transcoder.EncodeDense(Activation(in, kPrompt));
+  const at::Tensor z = transcoder.EncodeDense(Activation(in, kInterventionPrompt));
   const int64_t p = 3, j = z[p].argmax().item<int64_t>();
   ASSERT_GT(z[p][j].item<float>(), 0);
   auto r = SteerPrompt(
-      steering, kPrompt, false,
+      steering, kInterventionPrompt, false,
       Query({{j, InterventionMode::kSet, 0.0f, {p}}, {j, InterventionMode::kAdd, 2.0f, {p + 2}}}),
       nullptr);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -239,7 +234,7 @@ TEST(SteeringTest, ATranscoderReadsItsInputAndWritesItsOutput) {
                              o[0][p + 2].add_(W * 2.0f);
                              return o;
                            }};
-  ExpectNear(r->steered.token_losses, Losses(ByHand(*model, kPrompt, &by_hand)), 1e-4,
+  ExpectNear(r->steered.token_losses, Losses(ByHand(*model, kInterventionPrompt, &by_hand)), 1e-4,
              "transcoder");
   ASSERT_EQ(r->latent_values.size(), 1u);
   EXPECT_NEAR(r->latent_values[0].second[p], z[p][j].item<float>(), 1e-5);
@@ -270,7 +265,8 @@ TEST(SteeringTest, ASweepRunsEachValueOfTheFirstIntervention) {
   ExpectNear(swept->sweep[1].run.token_losses, swept->steered.token_losses, 1e-5, "given");
   EXPECT_EQ(swept->sweep[1].run.generated, swept->steered.generated);
   EXPECT_GT(swept->sweep[2].kl_divergence, swept->sweep[0].kl_divergence);
-  ExpectNear(swept->clean.token_losses, Losses(ByHand(*f.model, kPrompt, nullptr)), 1e-5, "clean");
+  ExpectNear(swept->clean.token_losses, Losses(ByHand(*f.model, kInterventionPrompt, nullptr)),
+             1e-5, "clean");
 }
 
 TEST(SteeringTest, BadQueriesNameTheirField) {
@@ -283,7 +279,8 @@ TEST(SteeringTest, BadQueriesNameTheirField) {
   refused(Query({}), "interventions");
   refused(Query(std::vector<LatentIntervention>(65, {1, InterventionMode::kSet, 0, {}})),
           "interventions");
-  refused(Query({{kLatents, InterventionMode::kSet, 0, {}}}), "interventions[0].latent");
+  refused(Query({{kInterventionLatents, InterventionMode::kSet, 0, {}}}),
+          "interventions[0].latent");
   refused(Query({{1, InterventionMode::kSet, 0, {}}, {-1, InterventionMode::kSet, 0, {}}}),
           "interventions[1].latent");
   refused(Query({{1, InterventionMode::kAdd, std::numeric_limits<float>::infinity(), {}}}),
@@ -317,8 +314,9 @@ TEST(SteeringTest, BadQueriesNameTheirField) {
 TEST(SteeringTest, CancelledBetweenTokens) {
   Fixture f;
   int asked = 0;
-  auto r = SteerPrompt(f.steering(), kPrompt, false, Query({{1, InterventionMode::kAdd, 1, {}}}, 6),
-                       [&asked] { return ++asked > 2; });
+  auto r =
+      SteerPrompt(f.steering(), kInterventionPrompt, false,
+                  Query({{1, InterventionMode::kAdd, 1, {}}}, 6), [&asked] { return ++asked > 2; });
   EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled);
   EXPECT_NE(r.status().message().find("after 2 of 6"), std::string::npos) << r.status();
 }
@@ -327,9 +325,9 @@ TEST(SteeringTest, CancelledBetweenTokens) {
 class HiddenStatesOnly : public ActivationModel {
  public:
   at::Tensor Forward(const at::Tensor& tokens) override {
-    return at::zeros({tokens.size(0), tokens.size(1), kD});
+    return at::zeros({tokens.size(0), tokens.size(1), kInterventionWidth});
   }
-  int64_t hook_width() const override { return kD; }
+  int64_t hook_width() const override { return kInterventionWidth; }
   int64_t vocab_size() const override { return 100; }
   int64_t max_context() const override { return 0; }
   int64_t parameter_bytes() const override { return 0; }
@@ -343,9 +341,10 @@ class HiddenStatesOnly : public ActivationModel {
 
 TEST(SteeringTest, AModelWithoutLogitsIsAFailedPrecondition) {
   HiddenStatesOnly model;
-  const Sae sae = MakeSae(false);
-  auto r = SteerPrompt({&model, &sae, *ParseHookName("hidden_states.1"), std::nullopt}, kPrompt,
-                       false, Query({{1, InterventionMode::kSet, 0, {}}}), nullptr);
+  const Sae sae = InterventionSae(false);
+  auto r =
+      SteerPrompt({&model, &sae, *ParseHookName("hidden_states.1"), std::nullopt},
+                  kInterventionPrompt, false, Query({{1, InterventionMode::kSet, 0, {}}}), nullptr);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("hidden states"), std::string::npos) << r.status();
 }
