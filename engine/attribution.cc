@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/activation_model.h"
+#include "engine/decoder_writes.h"
 #include "engine/hook_collector.h"
 #include "engine/sae.h"
 
@@ -63,31 +64,27 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
   if (n < 1) return absl::InvalidArgumentError("token_ids: empty");
   const int64_t top = query.top > 0 ? query.top : 20;
 
-  // The forward pass keeps the SAE's input and the activation its decoder writes, and adds a
-  // zero there whose gradient is dm/dx.
-  at::Tensor input, output, zero;
-  auto write = [&](const at::Tensor& x) {
-    output = x.detach();
-    zero = at::zeros(x.sizes(), x.options().dtype(at::kFloat)).requires_grad_(true);
-    return x + zero.to(x.scalar_type());
-  };
-  HookSplices splices;
-  if (steering.writes_elsewhere()) {
-    splices.push_back({steering.hook, [&](const at::Tensor& x) {
-                         input = x.detach();
-                         return x;
-                       }});
-    splices.push_back({*steering.hook_out, write});
-  } else {
-    splices.push_back({steering.hook, [&](const at::Tensor& x) {
-                         input = x.detach();
-                         return write(x);
-                       }});
+  // The forward pass keeps the SAE's input and, at each hook its decoder writes, the activation
+  // there and a zero added to it whose gradient is dm/d(activation).
+  const std::vector<HookName> written = WrittenHooks(steering);
+  at::Tensor input;
+  std::vector<at::Tensor> outputs(written.size()), zeros(written.size());
+  HookSplices splices = {{steering.hook, [&](const at::Tensor& x) {
+                            input = x.detach();
+                            return x;
+                          }}};
+  for (size_t h = 0; h < written.size(); ++h) {
+    splices.push_back(
+        {written[h], [&, h](const at::Tensor& x) {
+           outputs[h] = x.detach();
+           zeros[h] = at::zeros(x.sizes(), x.options().dtype(at::kFloat)).requires_grad_(true);
+           return x + zeros[h].to(x.scalar_type());
+         }});
   }
   AttributionResult out;
   out.bos_prepended = bos_prepended;
   out.prompt = prompt;
-  at::Tensor gradient;
+  std::vector<at::Tensor> gradients;  // per written hook, [n, its width]
   {
     at::AutoGradMode grad_mode(true);  // queries run under NoGradGuard
     const NextTokenPredictions p = model.PredictNextTokens(
@@ -102,21 +99,24 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
                               : at::log_softmax(logits.to(at::kDouble), -1)[out.target_token_id];
     out.metric = metric.item<double>();
     metric.backward();
-    gradient = zero.grad()[0];  // [n, width of the hook the decoder writes]
+    for (const at::Tensor& zero : zeros) gradients.push_back(zero.grad()[0]);
   }
 
   at::NoGradGuard no_grad;
   const at::Tensor x = input[0].to(at::kFloat);
   const SparseCodes codes = sae.EncodeSparse(x);
-  const at::Tensor error = output[0].to(at::kFloat) - sae.Predict(x, codes);
-  const at::Tensor error_by_position = (error * gradient).sum(1).to(at::kDouble).contiguous();
+  const at::Tensor error = outputs[0][0].to(at::kFloat) - sae.Predict(x, codes);
+  const at::Tensor error_by_position = (error * gradients[0]).sum(1).to(at::kDouble).contiguous();
   out.error_attribution_by_position.assign(
       error_by_position.data_ptr<double>(),
       error_by_position.data_ptr<double>() + error_by_position.numel());
   out.error_attribution = error_by_position.sum().item<double>();
 
-  // Every firing entry (row, latent, z): z * scale[row] * (W_dec[latent] . g[row]), gathered a
-  // slice of entries at a time so that a long prompt of a wide SAE stays within 16 MiB a slice.
+  // Every firing entry (row, latent, z) is credited z * scale[row] * sum over written hooks h of
+  // rows_h[latent] . g_h[row]. The dot products of the distinct firing latents with every
+  // position's gradients are products of matrices, a slice of latents at a time so that a long
+  // prompt of a wide SAE (or a cross-layer transcoder writing many layers) stays within about
+  // 16 MiB of decoder rows a slice.
   const at::Tensor latents = codes.indices.reshape({-1}).to(at::kLong);
   const at::Tensor values = codes.values.reshape({-1});
   const at::Tensor rows =
@@ -126,21 +126,32 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
   const at::Tensor entry_latents = latents.masked_select(firing);
   const at::Tensor entry_rows = rows.masked_select(firing);
   const at::Tensor entry_values = values.masked_select(firing);
-  const at::Tensor scale = sae.DecoderOutputScale(x).view({-1});
-  const at::Tensor& W_dec = sae.weights().W_dec;
   const int64_t entries = entry_latents.numel();
-  const int64_t slice = std::max<int64_t>(1, (int64_t{1} << 22) / W_dec.size(1));
-  std::vector<at::Tensor> pieces;
-  for (int64_t e = 0; e < entries; e += slice) {
-    const int64_t m = std::min(slice, entries - e);
-    const at::Tensor r = entry_rows.narrow(0, e, m);
-    const at::Tensor dots =
-        (W_dec.index_select(0, entry_latents.narrow(0, e, m)) * gradient.index_select(0, r)).sum(1);
-    pieces.push_back(
-        (dots * entry_values.narrow(0, e, m) * scale.index_select(0, r)).to(at::kDouble));
+  const auto [distinct, entry_column] =
+      at::_unique(entry_latents, /*sorted=*/true, /*return_inverse=*/true);
+  int64_t written_width = 0;
+  for (const at::Tensor& g : gradients) written_width += g.size(1);
+  const int64_t slice = std::max<int64_t>(1, (int64_t{1} << 22) / written_width);
+  std::vector<at::Tensor> dots_of_slices;  // [latents of the slice, n] each
+  for (int64_t d = 0; d < distinct.numel(); d += slice) {
+    ASSIGN_OR_RETURN(
+        const std::vector<at::Tensor> written_rows,
+        WrittenRows(steering, distinct.narrow(0, d, std::min(slice, distinct.numel() - d))));
+    at::Tensor dots;
+    for (size_t h = 0; h < gradients.size(); ++h) {
+      const at::Tensor here = written_rows[h].mm(gradients[h].to(at::kFloat).t());
+      dots = dots.defined() ? dots + here : here;
+    }
+    dots_of_slices.push_back(dots);
   }
+  const at::Tensor scale = sae.DecoderOutputScale(x).view({-1});
   const at::Tensor attribution =
-      pieces.empty() ? at::zeros({0}, at::kDouble) : at::cat(pieces).contiguous();
+      entries == 0
+          ? at::zeros({0}, at::kDouble)
+          : (at::cat(dots_of_slices).view({-1}).index_select(0, entry_column * n + entry_rows) *
+             entry_values * scale.index_select(0, entry_rows))
+                .to(at::kDouble)
+                .contiguous();
   const at::Tensor by_position =
       at::zeros({n}, at::kDouble).index_add_(0, entry_rows, attribution).contiguous();
   out.latent_attribution_by_position.assign(by_position.data_ptr<double>(),

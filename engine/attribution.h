@@ -4,9 +4,10 @@
 // order. With m the metric (log p(target), or logit(target) - logit(contrast)) and g = dm/dx the
 // gradient at the hook the SAE's decoder writes, latent j at position p is credited
 // z_j[p] * (dx/dz_j . g[p]), its contribution to m to first order (removing it moves m by about
-// minus this); the SAE's error
-// term x - x_hat is credited (x - x_hat) . g, so that latents, error and the decoder's bias add up
-// to g . x.
+// minus this). The SAE's error term x - x_hat is credited (x - x_hat) . g, so that latents,
+// error and the decoder's bias add up to g . x. A cross-layer transcoder's latent writes several
+// hooks (decoder_writes.h): it is credited the sum over them, each with its own gradient; its
+// error term is the first hook's.
 //
 // Torch-free header (dataset_models.h carries these).
 #ifndef LATENTD_ENGINE_ATTRIBUTION_H_

@@ -839,7 +839,9 @@ absl::StatusOr<LatentWeights> DatasetModels::ReadLatentWeights(const DatasetSour
     at::Tensor writes;  // a cross-layer transcoder's latent: the sum of its decoders
     if (sae->circuit_tracer && sae->circuit_tracer->cross_layer) {
       const int layer = sae->circuit_tracer->layer;
-      ASSIGN_OR_RETURN(const at::Tensor rows, LoadCrossLayerDecoderRows(inputs.sae_dir, layer, j));
+      ASSIGN_OR_RETURN(const at::Tensor written,
+                       LoadCrossLayerDecoderRows(inputs.sae_dir, layer, {j}));
+      const at::Tensor rows = written[0];
       const at::Tensor norms = rows.norm(2, {1}).contiguous();
       for (int64_t t = 0; t < norms.size(0); ++t) {
         out.decoder_norm_by_layer.emplace_back(layer + static_cast<int>(t), norms[t].item<float>());
@@ -1088,11 +1090,13 @@ absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
     const DatasetSource& dataset, const std::vector<int64_t>& token_ids, const std::string& what) {
   RETURN_IF_ERROR(CheckPromptLength(token_ids));
   ASSIGN_OR_RETURN(const DatasetInputs inputs, InputsOf(dataset));
-  const std::string takes = absl::StrCat(what, " takes an SAE or a transcoder");
   if (!inputs.crosscoder_reads.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("dataset ", dataset.dataset_id, "'s SAE is a crosscoder (it reads ",
-                     inputs.crosscoder_reads, "): a latent writes every source at once; ", takes));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dataset ", dataset.dataset_id, "'s SAE is a crosscoder (it reads ",
+        inputs.crosscoder_reads,
+        "): its latents are known only once every source has run, and they write every source, "
+        "so no single forward pass can change them; ",
+        what, " takes an SAE, a transcoder or a cross-layer transcoder"));
   }
   if (inputs.spec.model().has_torchscript()) {  // known before loading it
     return absl::FailedPreconditionError(absl::StrCat(
@@ -1103,16 +1107,24 @@ absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
   InterventionInputs out;
   ASSIGN_OR_RETURN(out.sae, PromptSaeFor(dataset, inputs.sae_dir));
   const SaeConfig& cfg = out.sae->sae.config();
-  if (cfg.circuit_tracer && cfg.circuit_tracer->cross_layer) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dataset ", dataset.dataset_id, "'s SAE is layer ", cfg.circuit_tracer->layer,
-        " of a cross-layer transcoder: a latent writes every layer from it on; ", takes));
-  }
   ASSIGN_OR_RETURN(out.model, ModelFor(dataset, inputs));
   out.tokens = AsRun(token_ids, inputs.spec.tokens());
   out.bos_prepended = out.tokens.size() > token_ids.size();
   RETURN_IF_ERROR(CheckPromptFits(token_ids, out.tokens, *out.model->model));
-  out.steering = {nullptr, &out.sae->sae, inputs.hook, std::nullopt};
+  out.steering = {nullptr, &out.sae->sae, inputs.hook, std::nullopt, ""};
+  if (cfg.circuit_tracer && cfg.circuit_tracer->cross_layer) {
+    // Its latents write the output of every later layer of the release, which must be the
+    // model's.
+    const int blocks = out.model->model->num_blocks();
+    if (cfg.circuit_tracer->n_layers > blocks) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "dataset ", dataset.dataset_id, "'s SAE is layer ", cfg.circuit_tracer->layer,
+          " of a cross-layer transcoder of ", cfg.circuit_tracer->n_layers,
+          " layers, whose latents write every layer from it on; the model has ", blocks,
+          " blocks"));
+    }
+    out.steering.cross_layer_dir = inputs.sae_dir;
+  }
   if (cfg.transcoder) {
     // As EXTRACT found it (datasets record it; the SAE's config says it for older ones).
     ASSIGN_OR_RETURN(const std::string hook_out, TranscoderOutputHook(cfg, inputs.hook));

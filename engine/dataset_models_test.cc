@@ -362,6 +362,37 @@ TEST_F(DatasetModelsTest, ACrossLayerTranscodersLatentWritesToEveryLaterLayer) {
     EXPECT_NEAR(got->decoder_norm, rows[0].norm().item<double>(), 1e-4);  // into its own layer
     EXPECT_EQ(got->logits_source, "embed.W_E (tied)");
     ExpectLogits(*got, W_E.mv(rows.sum(0).to(at::kDouble)), 4);
+
+    // Steering it adds its decoder into each layer it writes there; attribution credits it
+    // through them all (the layers' figures, not 0).
+    SteeringQuery steer;
+    steer.token_ids = {4, 8, 15, 16};
+    steer.interventions = {{5, InterventionMode::kAdd, 2.0f, {}}};
+    auto steered = reader.SteerPrompt(source, steer, nullptr);
+    ASSERT_TRUE(steered.ok()) << steered.status();
+    auto model = CreateReferenceModel(SmallModel(), *ParseHookName("blocks.1.hook_resid_post"),
+                                      at::Device(at::kCPU));
+    ASSERT_TRUE(model.ok());
+    at::NoGradGuard no_grad;
+    HookSplices adds;
+    for (int t = 0; t < 2 - l; ++t) {
+      adds.push_back({*ParseHookName("blocks." + std::to_string(l + t) + ".hook_mlp_out"),
+                      [row = rows[t]](const at::Tensor& a) { return a + 2.0f * row; }});
+    }
+    const at::Tensor want =
+        (*model)
+            ->PredictNextTokens(
+                at::tensor(steer.token_ids, at::TensorOptions().dtype(at::kLong)).view({1, -1}),
+                adds, true)
+            .losses[0];
+    for (int64_t p = 0; p < 3; ++p) {
+      EXPECT_NEAR(steered->steered.token_losses[p], want[p].item<float>(), 1e-4) << l << " " << p;
+    }
+    AttributionQuery attribute;
+    attribute.token_ids = steer.token_ids;
+    auto attributed = reader.AttributePrompt(source, attribute);
+    ASSERT_TRUE(attributed.ok()) << attributed.status();
+    EXPECT_FALSE(attributed->top_latents.empty());
   }
 }
 

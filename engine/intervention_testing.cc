@@ -1,5 +1,6 @@
 #include "engine/intervention_testing.h"
 
+#include "engine/clt_model.h"
 #include "engine/reference_model.h"
 #include "gtest/gtest.h"
 
@@ -33,6 +34,21 @@ Sae InterventionSae(bool transcoder) {
                                at::randn({n, d}), at::randn({d}) * 0.1});
   EXPECT_TRUE(sae.ok()) << sae.status();
   return *std::move(sae);
+}
+
+void WriteInterventionClt(const std::string& dir) {
+  CltModelOptions options;
+  options.architecture = latentd::v1::RELU;
+  options.layers = 3;
+  options.d_in = options.d_out = kInterventionWidth;
+  options.d_sae = kInterventionLatents;
+  options.seed = 13;
+  CltModel clt(options);
+  torch::NoGradGuard no_grad;
+  at::manual_seed(13);
+  for (torch::Tensor& b : clt->b_enc) b.copy_(at::randn_like(b) * 0.1);  // not all at the origin
+  const absl::Status saved = clt->Save(dir, {"hook_resid_mid", "hook_mlp_out", "reference"});
+  ASSERT_TRUE(saved.ok()) << saved;
 }
 
 }  // namespace latentd::engine

@@ -1,5 +1,6 @@
 // Test helpers for steering and attribution: a small reference model and a random TopK SAE (or
-// transcoder) on its residual width, the same in every test that compares against them.
+// transcoder, or cross-layer transcoder) on its residual width, the same in every test that
+// compares against them.
 #ifndef LATENTD_ENGINE_INTERVENTION_TESTING_H_
 #define LATENTD_ENGINE_INTERVENTION_TESTING_H_
 
@@ -22,6 +23,12 @@ std::unique_ptr<Gpt2Model> InterventionModel(const std::string& hook);
 
 // A TopK SAE of random weights (seed 11); a transcoder of the same width when asked.
 Sae InterventionSae(bool transcoder);
+
+// Writes a ReLU cross-layer transcoder over the model's 3 layers in circuit-tracer's release
+// layout to `dir` (kInterventionLatents latents a layer, random weights of seed 13), reading
+// hook_resid_mid and predicting hook_mlp_out; Sae::Load(dir, blocks.L.hook_resid_mid) loads
+// layer L.
+void WriteInterventionClt(const std::string& dir);
 
 }  // namespace latentd::engine
 

@@ -297,10 +297,10 @@ absl::StatusOr<LoadedWeights> ReadStateDictWeights(const std::string& dir, const
 
 namespace {
 
-// Slice `index` of dimension `dim` of W_dec_{layer}, the decoder of a cross-layer transcoder's
-// layer [d_sae, layers - layer, d_out], checked finite.
-absl::StatusOr<at::Tensor> ReadCrossLayerDecoderSlice(const std::string& dir, int layer, int dim,
-                                                      int64_t index) {
+// W_dec_{layer}, the decoder of a cross-layer transcoder's layer [d_sae, layers - layer, d_out]:
+// `read` of the file's path, header and tensor, checked finite.
+template <typename Read>
+absl::StatusOr<at::Tensor> ReadCrossLayerDecoder(const std::string& dir, int layer, Read read) {
   const std::string path = CircuitTracerDecoderFile(dir, layer);
   ASSIGN_OR_RETURN(const StHeader header, ReadStHeader(path));
   const std::string name = absl::StrCat("W_dec_", layer);
@@ -308,7 +308,7 @@ absl::StatusOr<at::Tensor> ReadCrossLayerDecoderSlice(const std::string& dir, in
   if (info == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": no tensor ", name));
   }
-  ASSIGN_OR_RETURN(at::Tensor slice, ReadFloatTensorSlice(path, header, *info, dim, index, "SAE"));
+  ASSIGN_OR_RETURN(at::Tensor slice, read(path, header, *info));
   if (!at::isfinite(slice).all().item<bool>()) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": tensor ", name, " has NaN or Inf entries"));
@@ -325,12 +325,19 @@ absl::StatusOr<at::Tensor> LoadCrossLayerDecoder(const std::string& dir, int fro
                                                    " writes to layers from ", from_layer,
                                                    " on, not to ", to_layer));
   }
-  return ReadCrossLayerDecoderSlice(dir, from_layer, 1, to_layer - from_layer);
+  return ReadCrossLayerDecoder(
+      dir, from_layer,
+      [&](const std::string& path, const StHeader& header, const StTensorInfo& info) {
+        return ReadFloatTensorSlice(path, header, info, 1, to_layer - from_layer, "SAE");
+      });
 }
 
 absl::StatusOr<at::Tensor> LoadCrossLayerDecoderRows(const std::string& dir, int layer,
-                                                     int64_t latent) {
-  return ReadCrossLayerDecoderSlice(dir, layer, 0, latent);
+                                                     const std::vector<int64_t>& latents) {
+  return ReadCrossLayerDecoder(
+      dir, layer, [&](const std::string& path, const StHeader& header, const StTensorInfo& info) {
+        return ReadFloatTensorBlocks(path, header, info, latents, "SAE");
+      });
 }
 
 absl::StatusOr<Sae> Sae::Load(const std::string& dir, const std::optional<HookName>& hook) {
@@ -559,13 +566,6 @@ at::Tensor Sae::DecoderOutputScale(const at::Tensor& x) const {
     return at::ones({x.size(0), 1}, x.options().dtype(at::kFloat));
   }
   return RowNormalizationOf(cfg_.input_normalization, x).multiplier;
-}
-
-at::Tensor Sae::PredictionChange(const at::Tensor& x, const at::Tensor& latents,
-                                 const at::Tensor& delta_z) const {
-  at::Tensor out = delta_z.mm(w_.W_dec.index_select(0, latents.to(w_.W_dec.device(), at::kLong)));
-  if (cfg_.input_normalization != InputNormalization::kNone) out.mul_(DecoderOutputScale(x));
-  return out;
 }
 
 int64_t Sae::weight_bytes() const {

@@ -106,12 +106,6 @@ class Sae {
   // Per row of x [rows, d_in], the factor the decoder's output is multiplied by in the hook's
   // units (x's input normalization undone; ones without one): [rows, 1].
   at::Tensor DecoderOutputScale(const at::Tensor& x) const;
-  // How much Predict(x, codes) changes when latents (int64 [n]) change their values by
-  // delta_z [rows, n]: delta_z W_dec[latents], in the hook's units (x's normalization undone;
-  // b_dec, a normalization's shift and a skip connection cancel). What steering a latent adds to
-  // the activation its decoder writes. [rows, W_dec.size(1)].
-  at::Tensor PredictionChange(const at::Tensor& x, const at::Tensor& latents,
-                              const at::Tensor& delta_z) const;
 
   // Bytes of the weights (for memory estimates).
   int64_t weight_bytes() const;
@@ -136,10 +130,11 @@ class Sae {
 absl::StatusOr<at::Tensor> LoadCrossLayerDecoder(const std::string& dir, int from_layer,
                                                  int to_layer);
 
-// Everything latent `latent` of layer `layer` of that cross-layer transcoder writes: its
-// decoder rows into layers layer, layer + 1, ..., [layers - layer, d_out] float32 (one read).
+// Everything `latents` of layer `layer` of that cross-layer transcoder write: each one's decoder
+// rows into layers layer, layer + 1, ..., [latents, layers - layer, d_out] float32 (one read a
+// latent).
 absl::StatusOr<at::Tensor> LoadCrossLayerDecoderRows(const std::string& dir, int layer,
-                                                     int64_t latent);
+                                                     const std::vector<int64_t>& latents);
 
 // Writes dir/sae_weights.safetensors (F32) and dir/cfg.json, creating dir when needed.
 absl::Status SaveSae(const std::string& dir, const SaeWeights& weights, const SaeConfig& cfg);

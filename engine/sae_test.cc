@@ -61,8 +61,9 @@ SparseCodes RaggedOf(const at::Tensor& z) {
 }
 
 // What steering reads and writes: a latent's value in either layout of codes, and the change
-// a change of values makes in Predict, input normalization included.
-TEST(SaeTest, CodeValuesAndPredictionChangeFollowTheDenseCodes) {
+// a change of values makes in Predict, input normalization included: delta_z W_dec[latents]
+// times DecoderOutputScale (decoder_writes.h).
+TEST(SaeTest, CodeValuesAndTheDecoderOutputScaleFollowTheDenseCodes) {
   for (SaeArchitecture arch :
        {SaeArchitecture::kTopK, SaeArchitecture::kRelu, SaeArchitecture::kJumpRelu}) {
     for (InputNormalization norm :
@@ -81,7 +82,9 @@ TEST(SaeTest, CodeValuesAndPredictionChangeFollowTheDenseCodes) {
       const at::Tensor delta_z = at::randn({6, 4});
       const at::Tensor changed = z.index_add(1, latents, delta_z);
       const at::Tensor want = sae->Predict(x, RaggedOf(changed)) - sae->Predict(x, RaggedOf(z));
-      EXPECT_TRUE(at::allclose(sae->PredictionChange(x, latents, delta_z), want, 1e-4, 1e-4))
+      const at::Tensor change =
+          delta_z.mm(sae->weights().W_dec.index_select(0, latents)) * sae->DecoderOutputScale(x);
+      EXPECT_TRUE(at::allclose(change, want, 1e-4, 1e-4))
           << static_cast<int>(arch) << " " << static_cast<int>(norm);
     }
   }

@@ -37,35 +37,77 @@ absl::StatusOr<at::Tensor> ReadFloatTensor(const SafetensorsFile& file, const St
   return t.to(at::kFloat);
 }
 
-absl::StatusOr<at::Tensor> ReadFloatTensorSlice(const std::string& path, const StHeader& header,
-                                                const StTensorInfo& info, int dim, int64_t index,
-                                                const char* what) {
+namespace {
+
+// INVALID_ARGUMENT unless `info` is a 3-D float tensor with `index` inside dimension `dim`.
+absl::StatusOr<at::ScalarType> CheckSlice(const std::string& path, const StTensorInfo& info,
+                                          int dim, int64_t index, const char* what) {
   auto type = StFloatType(info, what);
   if (!type.ok()) return type.status();
   if (info.shape.size() != 3 || (dim != 0 && dim != 1) || index < 0 || index >= info.shape[dim]) {
     return absl::InvalidArgumentError(absl::StrCat(what, " tensor ", info.name, " in ", path,
                                                    ": no slice ", index, " of dimension ", dim));
   }
-  // Dimension 0: one block of shape[1] rows. Dimension 1: shape[0] rows, shape[1] apart.
-  const int64_t rows = info.shape[dim == 0 ? 1 : 0], width = info.shape[2];
+  return type;
+}
+
+absl::Status ShortRead(const std::string& path, const StTensorInfo& info, const char* what) {
+  return absl::DataLossError(
+      absl::StrCat("short read of ", what, " tensor ", info.name, " from ", path));
+}
+
+}  // namespace
+
+absl::StatusOr<at::Tensor> ReadFloatTensorSlice(const std::string& path, const StHeader& header,
+                                                const StTensorInfo& info, int dim, int64_t index,
+                                                const char* what) {
+  if (dim == 0) {
+    auto blocks = ReadFloatTensorBlocks(path, header, info, {index}, what);
+    if (!blocks.ok()) return blocks.status();
+    return (*blocks)[0];
+  }
+  auto type = CheckSlice(path, info, dim, index, what);
+  if (!type.ok()) return type.status();
+  // shape[0] rows, shape[1] apart.
+  const int64_t rows = info.shape[0], width = info.shape[2];
   const int64_t row_bytes = width * StDtypeSize(info.dtype);
-  const int64_t first = dim == 0 ? index * info.shape[1] : index;
-  const int64_t step = dim == 0 ? 1 : info.shape[1];
   at::Tensor t = at::empty({rows, width}, at::TensorOptions().dtype(*type));
   std::ifstream in(path, std::ios::binary);
   char* out = static_cast<char*>(t.data_ptr());
-  if (dim == 0) {
-    in.seekg(header.data_start + info.begin + first * row_bytes);
-    in.read(out, rows * row_bytes);
-  }
-  for (int64_t r = 0; dim == 1 && in && r < rows; ++r) {
-    in.seekg(header.data_start + info.begin + (first + r * step) * row_bytes);
+  for (int64_t r = 0; in && r < rows; ++r) {
+    in.seekg(header.data_start + info.begin + (index + r * info.shape[1]) * row_bytes);
     in.read(out + r * row_bytes, row_bytes);
   }
-  if (!in) {
-    return absl::DataLossError(
-        absl::StrCat("short read of ", what, " tensor ", info.name, " from ", path));
+  if (!in) return ShortRead(path, info, what);
+  return t.to(at::kFloat);
+}
+
+absl::StatusOr<at::Tensor> ReadFloatTensorBlocks(const std::string& path, const StHeader& header,
+                                                 const StTensorInfo& info,
+                                                 const std::vector<int64_t>& indices,
+                                                 const char* what) {
+  at::ScalarType type = at::kFloat;
+  for (int64_t index : indices) {
+    auto checked = CheckSlice(path, info, 0, index, what);
+    if (!checked.ok()) return checked.status();
+    type = *checked;
   }
+  if (indices.empty()) {
+    auto checked = StFloatType(info, what);
+    if (!checked.ok()) return checked.status();
+    if (info.shape.size() != 3) return CheckSlice(path, info, 0, -1, what).status();
+  }
+  // Each index: one block of shape[1] rows.
+  const int64_t block_bytes = info.shape[1] * info.shape[2] * StDtypeSize(info.dtype);
+  at::Tensor t = at::empty({static_cast<int64_t>(indices.size()), info.shape[1], info.shape[2]},
+                           at::TensorOptions().dtype(type));
+  std::ifstream in(path, std::ios::binary);
+  char* out = static_cast<char*>(t.data_ptr());
+  for (size_t i = 0; in && i < indices.size(); ++i) {
+    in.seekg(header.data_start + info.begin + indices[i] * block_bytes);
+    in.read(out + i * block_bytes, block_bytes);
+  }
+  if (!in) return ShortRead(path, info, what);
   return t.to(at::kFloat);
 }
 

@@ -38,6 +38,14 @@ absl::StatusOr<at::Tensor> ReadFloatTensorSlice(const std::string& path, const S
                                                 const StTensorInfo& info, int dim, int64_t index,
                                                 const char* what);
 
+// Slices `indices` of dimension 0 of the 3-D tensor `info` in the file at `path`, [indices,
+// shape[1], shape[2]] as float32, one read each with the file opened once: several latents'
+// rows of a cross-layer transcoder's decoder. Errors as ReadFloatTensorSlice's.
+absl::StatusOr<at::Tensor> ReadFloatTensorBlocks(const std::string& path, const StHeader& header,
+                                                 const StTensorInfo& info,
+                                                 const std::vector<int64_t>& indices,
+                                                 const char* what);
+
 // Writes `tensors` (name, tensor; undefined ones left out) as F32 to a safetensors file at `path`
 // atomically (WriteSafetensors), converting each to a contiguous float32 CPU copy first.
 absl::Status WriteFloatTensors(const std::string& path,

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/activation_model.h"
+#include "engine/decoder_writes.h"
 #include "engine/hook_collector.h"
 #include "engine/sae.h"
 #include "engine/sparse_codes.h"
@@ -81,9 +82,9 @@ absl::Status CheckQuery(const SteeringQuery& query, int64_t d_sae, int64_t promp
 // given, row 1 + i the same with interventions[0]'s value replaced by sweep[i].
 class Intervener {
  public:
-  Intervener(const Sae& sae, const std::vector<LatentIntervention>& interventions,
+  Intervener(const SteeringModel& steering, const std::vector<LatentIntervention>& interventions,
              const std::vector<float>& sweep)
-      : sae_(sae), interventions_(interventions) {
+      : steering_(steering), interventions_(interventions) {
     for (const LatentIntervention& in : interventions) {
       std::vector<float> by_row(1 + sweep.size(), in.value);
       if (&in == &interventions.front()) std::copy(sweep.begin(), sweep.end(), by_row.begin() + 1);
@@ -98,18 +99,25 @@ class Intervener {
     latents_ = at::tensor(latents, at::TensorOptions().dtype(at::kLong));
   }
 
-  // The splices that steer the forward: one at the hook for an SAE; for a transcoder one that
-  // keeps its input as the pass goes by and one that changes its output.
-  HookSplices Splices(const SteeringModel& steering) {
-    if (!steering.writes_elsewhere()) {
-      return {{steering.hook, [this](const at::Tensor& x) { return Steered(x, x); }}};
+  // Reads the intervened latents' decoder rows at every hook the SAE writes.
+  absl::Status Init() {
+    ASSIGN_OR_RETURN(rows_, WrittenRows(steering_, latents_));
+    return absl::OkStatus();
+  }
+
+  // The splices that steer the forward: one where the SAE reads that works out what the
+  // interventions change, then one at each hook its decoder writes that adds it (an SAE's
+  // is the same hook, spliced in that order).
+  HookSplices Splices() {
+    HookSplices splices = {{steering_.hook, [this](const at::Tensor& x) {
+                              Change(x);
+                              return x;
+                            }}};
+    const std::vector<HookName> hooks = WrittenHooks(steering_);
+    for (size_t h = 0; h < hooks.size(); ++h) {
+      splices.push_back({hooks[h], [this, h](const at::Tensor& out) { return Steered(out, h); }});
     }
-    return {{steering.hook,
-             [this](const at::Tensor& x) {
-               input_ = x;
-               return x;
-             }},
-            {*steering.hook_out, [this](const at::Tensor& out) { return Steered(input_, out); }}};
+    return splices;
   }
 
   // The position the next pass's first token sits at (a cached continuation's).
@@ -120,13 +128,14 @@ class Intervener {
   const at::Tensor& latents() const { return latents_; }
 
  private:
-  // `out` [batch, seq, width] with rows 1.. changed by what the interventions change in the
-  // SAE's prediction from `in` [batch, seq, d_in] (the same tensor for an SAE).
-  at::Tensor Steered(const at::Tensor& in, const at::Tensor& out) {
+  // From the SAE's input x [batch, seq, d_in], the change of the latents' values in rows 1.. in
+  // the hook's units: (z' - z) * DecoderOutputScale, [runs * seq, latents].
+  void Change(const at::Tensor& in) {
     const int64_t runs = in.size(0) - 1, seq = in.size(1);
+    const Sae& sae = *steering_.sae;
     const at::Tensor x = in.narrow(0, 1, runs).to(at::kFloat).reshape({runs * seq, -1});
     const at::Tensor z =
-        CodeValues(sae_.EncodeSparse(x), runs * seq, latents_).view({runs, seq, latents_.size(0)});
+        CodeValues(sae.EncodeSparse(x), runs * seq, latents_).view({runs, seq, latents_.size(0)});
     if (!first_values_.defined()) first_values_ = z[0];  // every row's input is the clean one
     at::Tensor changed = z.clone();
     for (size_t i = 0; i < interventions_.size(); ++i) {
@@ -160,19 +169,25 @@ class Intervener {
         changed.select(2, column_.at(change.latent)).index_copy_(1, positions, column);
       }
     }
-    const at::Tensor delta =
-        sae_.PredictionChange(x, latents_, (changed - z).view({runs * seq, -1}));
+    delta_ = (changed - z).view({runs * seq, -1}) * sae.DecoderOutputScale(x);
+  }
+
+  // `out` [batch, seq, width] of written hook h with rows 1.. moved by the change.
+  at::Tensor Steered(const at::Tensor& out, size_t h) {
+    const int64_t runs = out.size(0) - 1, seq = out.size(1);
     at::Tensor steered = out.clone();
-    steered.narrow(0, 1, runs).add_(delta.view({runs, seq, -1}).to(out.scalar_type()));
+    steered.narrow(0, 1, runs)
+        .add_(delta_.mm(rows_[h]).view({runs, seq, -1}).to(out.scalar_type()));
     return steered;
   }
 
-  const Sae& sae_;
+  const SteeringModel& steering_;
   const std::vector<LatentIntervention>& interventions_;
   std::vector<at::Tensor> values_;     // per intervention: its value in each steered run
   std::map<int64_t, int64_t> column_;  // latent -> its column in latents_
   at::Tensor latents_;                 // int64, ascending
-  at::Tensor input_;                   // a transcoder's input in the current pass
+  std::vector<at::Tensor> rows_;       // per written hook: the latents' decoder rows there
+  at::Tensor delta_;                   // the current pass's change (Change)
   int64_t first_position_ = 0;
   at::Tensor first_values_;
 };
@@ -239,8 +254,9 @@ absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
   if (n < 1) return absl::InvalidArgumentError("token_ids: empty");
   at::NoGradGuard no_grad;
   const int64_t top = query.top_tokens > 0 ? query.top_tokens : 10;
-  Intervener intervener(*steering.sae, query.interventions, query.sweep);
-  const HookSplices splices = intervener.Splices(steering);
+  Intervener intervener(steering, query.interventions, query.sweep);
+  RETURN_IF_ERROR(intervener.Init());
+  const HookSplices splices = intervener.Splices();
   const int64_t rows = 2 + static_cast<int64_t>(query.sweep.size());  // clean, steered, sweep
   const at::Tensor tokens =
       at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n}).repeat({rows, 1});

@@ -1,6 +1,7 @@
 // Steering and ablation through an SAE (Neuronpedia's steer, SAELens' interventions on a hooked
 // SAE): a prompt runs through the model with some of the SAE's latents changed at the hook its
-// decoder writes, and is continued, beside the model as it is. The activation x there becomes
+// decoder writes (each of them, for a cross-layer transcoder: decoder_writes.h), and is
+// continued, beside the model as it is. The activation x there becomes
 // x + (z' - z) W_dec, where z is the SAE's encoding and z' the changed one: the SAE's
 // reconstruction error stays in, so an intervention that changes nothing leaves the run exactly
 // the clean one, and only the named latents' contributions move.
@@ -15,12 +16,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/hook_name.h"
+#include "engine/steering_model.h"
 
 namespace latentd::engine {
-
-class ActivationModel;
-class Sae;
 
 inline constexpr int kMaxInterventions = 64;
 inline constexpr int kMaxSteeredTokens = 256;
@@ -98,21 +96,6 @@ struct SteeringResult {
   // SAE encodes the clean run's activation: what a SET value compares with.
   std::vector<std::pair<int64_t, std::vector<float>>> latent_values;
   std::vector<SweptRun> sweep;  // query.sweep's runs, in its order
-};
-
-// What a steered prompt runs through: `model` (on the CPU, able to run to its logits), `sae`
-// encoding `hook`'s activation, its decoder writing `hook_out` (a transcoder's output hook;
-// unset: `hook` itself).
-struct SteeringModel {
-  ActivationModel* model = nullptr;
-  const Sae* sae = nullptr;
-  HookName hook;
-  std::optional<HookName> hook_out;
-
-  // Whether the decoder writes another hook than the SAE reads (a transcoder's output).
-  bool writes_elsewhere() const {
-    return hook_out && (hook_out->point != hook.point || hook_out->layer != hook.layer);
-  }
 };
 
 // Runs `prompt` (BOS included where the dataset prepends it; its ids already checked against

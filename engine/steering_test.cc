@@ -1,6 +1,8 @@
 #include "engine/steering.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <set>
@@ -22,11 +24,14 @@ at::Tensor Row(const std::vector<int64_t>& ids) {
 // The model's own run of `ids` with `splice` (none when its function is empty): what a steered
 // run must equal, done by hand.
 NextTokenPredictions ByHand(Gpt2Model& m, const std::vector<int64_t>& ids,
-                            const HookSplice* splice) {
+                            const HookSplices& splices) {
   at::NoGradGuard no_grad;
-  HookSplices splices;
-  if (splice != nullptr) splices.push_back(*splice);
   return m.PredictNextTokens(Row(ids), splices, /*losses=*/true);
+}
+
+NextTokenPredictions ByHand(Gpt2Model& m, const std::vector<int64_t>& ids,
+                            const HookSplice* splice) {
+  return ByHand(m, ids, splice != nullptr ? HookSplices{*splice} : HookSplices{});
 }
 
 std::vector<float> Losses(const NextTokenPredictions& p) {
@@ -238,6 +243,51 @@ TEST(SteeringTest, ATranscoderReadsItsInputAndWritesItsOutput) {
              "transcoder");
   ASSERT_EQ(r->latent_values.size(), 1u);
   EXPECT_NEAR(r->latent_values[0].second[p], z[p][j].item<float>(), 1e-5);
+}
+
+// Layer 1 of a cross-layer transcoder: its latents are read at layer 1's input hook and written
+// at the MLP output of layers 1 and 2, each through the decoder into that layer.
+TEST(SteeringTest, ACrossLayerTranscodersLatentWritesEveryLaterLayer) {
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/clt";
+  WriteInterventionClt(dir);
+  const std::string in = "blocks.1.hook_resid_mid";
+  auto model = InterventionModel(in);
+  auto layer1 = Sae::Load(dir, *ParseHookName(in));
+  ASSERT_TRUE(layer1.ok()) << layer1.status();
+  SteeringModel steering{model.get(), &*layer1, *ParseHookName(in),
+                         *ParseHookName("blocks.1.hook_mlp_out"), dir};
+  const at::Tensor z = layer1->EncodeDense(Activation(in, kInterventionPrompt));
+  const int64_t p = 3, j = z[p].argmax().item<int64_t>();
+  ASSERT_GT(z[p][j].item<float>(), 0);
+  const SteeringQuery q =
+      Query({{j, InterventionMode::kSet, 0.0f, {p}}, {j, InterventionMode::kAdd, 2.0f, {p + 2}}});
+  auto r = SteerPrompt(steering, kInterventionPrompt, false, q, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  HookSplices by_hand;
+  for (int to = 1; to <= 2; ++to) {
+    auto decoder = LoadCrossLayerDecoder(dir, 1, to);
+    ASSERT_TRUE(decoder.ok()) << decoder.status();
+    const at::Tensor W = (*decoder)[j];
+    by_hand.push_back({*ParseHookName("blocks." + std::to_string(to) + ".hook_mlp_out"),
+                       [W, z, p, j](const at::Tensor& a) {
+                         at::Tensor o = a.clone();
+                         o[0][p].sub_(W * z[p][j]);
+                         o[0][p + 2].add_(W * 2.0f);
+                         return o;
+                       }});
+  }
+  const std::vector<float> want = Losses(ByHand(*model, kInterventionPrompt, by_hand));
+  ExpectNear(r->steered.token_losses, want, 1e-4, "cross-layer");
+  EXPECT_NEAR(r->latent_values[0].second[p], z[p][j].item<float>(), 1e-5);
+  // Layer 1's own decoder alone (the release's later decoders left out) steers otherwise.
+  steering.cross_layer_dir.clear();
+  auto own_layer = SteerPrompt(steering, kInterventionPrompt, false, q, nullptr);
+  ASSERT_TRUE(own_layer.ok()) << own_layer.status();
+  float largest = 0;
+  for (size_t s = 0; s < want.size(); ++s) {
+    largest = std::max(largest, std::abs(own_layer->steered.token_losses[s] - want[s]));
+  }
+  EXPECT_GT(largest, 1e-3);
 }
 
 // A sweep adds a steered run per value of interventions[0] to the batch (the other
