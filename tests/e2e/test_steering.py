@@ -3,7 +3,9 @@ runs it natively) and a TopK SAE in the SAELens layout, an EXTRACT of its latent
 steered and ablated through the daemon equals GPT-2's forward pass written in Python (the HF
 parity test's) with x + (z' - z) W_dec spliced in at the hook: the per-position losses, the next
 token's distribution, the greedy continuations of both runs; and a prediction's attribution to
-the latents equals autograd's gradient of it at the hook times each latent's decoder row."""
+the latents equals autograd's gradient of it at the hook times each latent's decoder row. The
+same for a cross-layer transcoder in circuit-tracer's layout, whose latents write several
+layers."""
 
 import os
 import sys
@@ -14,9 +16,10 @@ import numpy
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from extract_test_util import write_hf_checkpoint, write_topk_sae  # noqa: E402
-from test_hf_gpt2_parity import (CTX, D, POSITIONS, VOCAB, Gpt2, gpt2_config,  # noqa: E402
-                                 random_gpt2_weights)
+from extract_test_util import (write_hf_checkpoint, write_safetensors,  # noqa: E402
+                               write_topk_sae)
+from test_hf_gpt2_parity import (CTX, D, LAYERS, POSITIONS, VOCAB, Gpt2,  # noqa: E402
+                                 gpt2_config, random_gpt2_weights)
 
 from harness import DaemonTestCase  # noqa: E402
 from latentd.v1 import jobs_pb2  # noqa: E402
@@ -248,6 +251,126 @@ class SteeringTest(DaemonTestCase):
         usage = daemon.latentctl("steer", str(dataset), "1", "--intervene=1:mul=2", check=False)
         self.assertEqual(usage.returncode, 2)
         self.assertIn("--intervene: '1:mul=2'", usage.stderr)
+
+    def test_a_cross_layer_transcoders_latent_writes_every_later_layer(self):
+        # A ReLU cross-layer transcoder in circuit-tracer's release layout, reading each block's
+        # hook_resid_mid and writing hook_mlp_out of its block and every later one. Steering a
+        # latent of layer 1 changes the MLP outputs of blocks 1 and 2 through its decoder into
+        # each, and attribution credits it through both: checked against GPT-2 in python3-torch.
+        weights, cfg = random_gpt2_weights(seed=4), gpt2_config()
+        model_dir = os.path.join(self.tmp, "gpt2")
+        write_hf_checkpoint(model_dir, cfg, weights)
+        release = os.path.join(self.tmp, "clt")
+        os.makedirs(release)
+        with open(os.path.join(release, "config.yaml"), "w") as f:
+            f.write("model_kind: cross_layer_transcoder\nfeature_input_hook: hook_resid_mid\n"
+                    "feature_output_hook: hook_mlp_out\nactivation: relu\n")
+        g = torch.Generator().manual_seed(6)
+        clt = []
+        for layer in range(LAYERS):
+            w_enc = torch.randn(D_SAE, D, generator=g)
+            w = {"W_enc_%d" % layer: w_enc / w_enc.norm(dim=1, keepdim=True) * 3,
+                 "b_enc_%d" % layer: torch.randn(D_SAE, generator=g) * 0.1 - 0.3,
+                 "b_dec_%d" % layer: torch.randn(D, generator=g) * 0.05}
+            write_safetensors(os.path.join(release, "W_enc_%d.safetensors" % layer), w)
+            w_dec = torch.randn(D_SAE, LAYERS - layer, D, generator=g) * 0.1
+            write_safetensors(os.path.join(release, "W_dec_%d.safetensors" % layer),
+                              {"W_dec_%d" % layer: w_dec})
+            clt.append((w["W_enc_%d" % layer], w["b_enc_%d" % layer], w["b_dec_%d" % layer], w_dec))
+        ids = numpy.random.default_rng(7).integers(0, VOCAB, size=4 * CTX).astype(numpy.uint16)
+        numpy.save(os.path.join(self.tmp, "tokens.npy"), ids)
+        daemon = self.start_daemon(devices="cpu:1", extra_args=["--data_roots=" + self.tmp])
+        c = daemon.client()
+        job = c.wait(c.submit("EXTRACT", {
+            "model": {"huggingface": {"path": model_dir}}, "hookName": "blocks.1.hook_resid_mid",
+            "tokens": {"path": os.path.join(self.tmp, "tokens.npy"), "contextLength": CTX},
+            "sae": {"path": release}, "mode": "SPARSE"}).id)
+        self.assertEqual(job.state, jobs_pb2.SUCCEEDED, job.message)
+        dataset = job.result.extract.dataset_id
+        w_enc, b_enc, b_dec, w_dec = clt[1]
+        writes = {"blocks.1.hook_mlp_out": w_dec[:, 0], "blocks.2.hook_mlp_out": w_dec[:, 1]}
+
+        def encode(x):
+            return (x @ w_enc.T + b_enc).relu()
+
+        gpt2 = Gpt2(weights, cfg)
+        prompt = [int(t) for t in ids[:7]]
+        with torch.no_grad():
+            z = encode(gpt2(torch.tensor([prompt]))["blocks.1.hook_resid_mid"])[0]
+        strongest = int(z[3].argmax())
+        self.assertGreater(float(z[3, strongest]), 0)
+        steering = [(strongest, "set", 0.0, [3]), ((strongest + 1) % D_SAE, "add", 4.0)]
+
+        def run(tokens, steered):
+            """Per-position losses and the last position's log-probabilities, with z' - z of
+            the steering added at both hooks the latents write when `steered`."""
+            change = {}
+
+            def read(x):
+                codes = encode(x)
+                changed = codes.clone()
+                for latent, mode, value, *positions in steering:
+                    where = positions[0] if positions else slice(None)
+                    changed[0, where, latent] = {"set": value, "add": codes[0, where, latent] +
+                                                 value}[mode]
+                change["dz"] = changed - codes
+                return x
+
+            splice = {"blocks.1.hook_resid_mid": read}
+            for hook, rows in writes.items():
+                splice[hook] = lambda y, rows=rows: y + change["dz"] @ rows
+            with torch.no_grad():
+                final = gpt2(torch.tensor([tokens]), splice if steered else None)["final"]
+                logits = gpt2.layer_norm("ln_f", final)[0] @ weights["wte.weight"].T
+            log_probs = logits.log_softmax(-1)
+            losses = -log_probs[:-1].gather(1, torch.tensor(tokens[1:]).unsqueeze(1)).squeeze(1)
+            return losses, log_probs[-1]
+
+        got = c.steer_prompt(dataset, prompt, steering, new_tokens=3, top_tokens=5)
+        for name, answer, steered in (("clean", got.clean, False), ("steered", got.steered, True)):
+            losses, last = run(prompt, steered)
+            numpy.testing.assert_allclose(answer.token_losses, losses.numpy(), atol=1e-4,
+                                          err_msg=name)
+            self.assertEqual([t.token_id for t in answer.next], last.topk(5).indices.tolist())
+            tokens = list(prompt)
+            for _ in range(3):
+                tokens.append(int(run(tokens, steered)[1].argmax()))
+            self.assertEqual(list(answer.generated), tokens[len(prompt):], name)
+        clean_lp, steered_lp = run(prompt, False)[1], run(prompt, True)[1]
+        kl = float((clean_lp.exp() * (clean_lp - steered_lp)).sum())
+        self.assertGreater(kl, 1e-4)
+        self.assertAlmostEqual(got.kl_divergence, kl, delta=1e-4 * kl + 1e-6)
+
+        # Attribution: autograd's gradients at both written hooks, each entry credited
+        # z * (W_dec_1[j, 0] . g_1 + W_dec_1[j, 1] . g_2); the error term block 1's.
+        target = int(clean_lp.argmax())
+        zeros = {hook: torch.zeros(1, len(prompt), D, requires_grad=True) for hook in writes}
+        seen = {}
+
+        def keep(name):
+            def f(x):
+                seen[name] = x.detach()
+                return x + zeros[name] if name in zeros else x
+            return f
+        hooks = ["blocks.1.hook_resid_mid"] + list(writes)
+        final = gpt2(torch.tensor([prompt]), {h: keep(h) for h in hooks})["final"]
+        logits = (gpt2.layer_norm("ln_f", final)[0] @ weights["wte.weight"].T)[-1]
+        logits.double().log_softmax(-1)[target].backward()
+        with torch.no_grad():
+            codes = encode(seen["blocks.1.hook_resid_mid"][0])
+            credit = codes * sum(zeros[h].grad[0] @ rows.T for h, rows in writes.items())
+            error = seen["blocks.1.hook_mlp_out"][0] - (codes @ w_dec[:, 0] + b_dec)
+        got = c.attribute_prompt(dataset, prompt, target_token_id=target, top=10)
+        numpy.testing.assert_allclose(got.latent_attribution, float(credit.sum()), rtol=1e-3,
+                                      atol=1e-5)
+        numpy.testing.assert_allclose(got.latent_attribution_by_position, credit.sum(1).numpy(),
+                                      rtol=1e-3, atol=1e-5)
+        numpy.testing.assert_allclose(
+            got.error_attribution,
+            float((error * zeros["blocks.1.hook_mlp_out"].grad[0]).sum()), rtol=1e-3, atol=1e-5)
+        order = credit.flatten().abs().argsort(descending=True)[:10]
+        self.assertEqual([(e.position, e.latent) for e in got.top_entries],
+                         [(int(i) // D_SAE, int(i) % D_SAE) for i in order])
 
 
 if __name__ == "__main__":
