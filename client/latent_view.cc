@@ -4,11 +4,14 @@
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/steer_view.h"
 
 namespace latentd::client {
 namespace {
@@ -485,6 +488,228 @@ std::string AttributionHtml(const v1::AttributePromptResponse& r,
           vocab, &html);
     }
     html += "</span></div>\n";
+  }
+  html += "</body></html>\n";
+  return html;
+}
+
+namespace {
+
+// The next-token predictions of the two runs side by side, a row per rank.
+void AppendNextTokens(const v1::SteerPromptResponse& r, const Vocabulary* vocab,
+                      std::string* html) {
+  *html +=
+      "<table><tr><th>rank</th><th class=\"ctx\">clean</th><th>p</th>"
+      "<th class=\"ctx\">steered</th><th>p</th></tr>\n";
+  const int ranks = std::max(r.clean().next_size(), r.steered().next_size());
+  for (int i = 0; i < ranks; ++i) {
+    absl::StrAppendFormat(html, "<tr><td>%d</td>", i + 1);
+    for (const v1::SteeredRun* run : {&r.clean(), &r.steered()}) {
+      if (i < run->next_size()) {
+        absl::StrAppendFormat(html, "<td class=\"ctx\">%s</td><td>%.4f</td>",
+                              HtmlEscape(TokenText(run->next(i).token_id(), vocab)),
+                              run->next(i).probability());
+      } else {
+        *html += "<td></td><td></td>";
+      }
+    }
+    *html += "</tr>\n";
+  }
+  *html += "</table>\n";
+}
+
+void AppendChanges(const char* heading,
+                   const google::protobuf::RepeatedPtrField<v1::NextTokenChange>& changes,
+                   const Vocabulary* vocab, std::string* html) {
+  if (changes.empty()) return;
+  absl::StrAppendFormat(html,
+                        "<h3>%s</h3>\n<table><tr><th class=\"ctx\">token</th><th>clean p</th>"
+                        "<th>steered p</th></tr>\n",
+                        heading);
+  for (const v1::NextTokenChange& c : changes) {
+    absl::StrAppendFormat(html, "<tr><td class=\"ctx\">%s</td><td>%.4f</td><td>%.4f</td></tr>\n",
+                          HtmlEscape(TokenText(c.token_id(), vocab)), c.clean_probability(),
+                          c.steered_probability());
+  }
+  *html += "</table>\n";
+}
+
+// A run's continuation: its generated tokens, those that differ from `reference`'s at the same
+// step outlined (none when reference is null).
+void AppendContinuation(const std::string& label, const v1::SteeredRun& run,
+                        const v1::SteeredRun* reference, const Vocabulary* vocab,
+                        std::string* html) {
+  absl::StrAppendFormat(html, "<div class=\"ex\"><span class=\"r\">%s</span><span class=\"ctx\">",
+                        HtmlEscape(label));
+  for (int i = 0; i < run.generated_size(); ++i) {
+    const bool differs = reference != nullptr && (i >= reference->generated_size() ||
+                                                  reference->generated(i) != run.generated(i));
+    std::string text = HtmlEscape(TokenText(run.generated(i), vocab));
+    if (vocab == nullptr) text = absl::StrCat(" ", text);
+    absl::StrAppendFormat(html,
+                          "<span class=\"t%s\" title=\"new token %d &middot; id %d\">%s</span>",
+                          differs ? " at" : "", i + 1, run.generated(i), text);
+  }
+  *html += "</span></div>\n";
+}
+
+// The KL of each run of a sweep (and of the request's own value) against the value, as an SVG
+// line plot: where the intervention starts to turn the prediction.
+void AppendSweepPlot(const v1::SteerPromptRequest& request, const v1::SteerPromptResponse& r,
+                     std::string* html) {
+  std::vector<std::pair<double, double>> points;  // (value, KL)
+  for (const v1::SweptRun& s : r.sweep()) points.emplace_back(s.value(), s.kl_divergence());
+  if (!request.interventions().empty()) {
+    points.emplace_back(request.interventions(0).value(), r.kl_divergence());
+  }
+  std::sort(points.begin(), points.end());
+  double lo = points.front().first, hi = points.back().first, top = 0;
+  for (const auto& [value, kl] : points) top = std::max(top, kl);
+  if (hi == lo) hi = lo + 1;
+  if (top <= 0) top = 1;
+  const int width = 480, height = 160, left = 48, bottom = 20;
+  auto x = [&](double v) { return left + (width - left - 8) * (v - lo) / (hi - lo); };
+  auto y = [&](double kl) { return 8 + (height - bottom - 8) * (1 - kl / top); };
+  absl::StrAppendFormat(html,
+                        "<svg class=\"hist\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
+                        "role=\"img\" aria-label=\"KL against the value\">",
+                        width, height, width, height);
+  absl::StrAppendFormat(html,
+                        "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#999\"/>"
+                        "<line x1=\"%d\" y1=\"8\" x2=\"%d\" y2=\"%d\" stroke=\"#999\"/>",
+                        left, height - bottom, width - 8, height - bottom, left, left,
+                        height - bottom);
+  std::string path;
+  for (const auto& [value, kl] : points) {
+    absl::StrAppendFormat(&path, "%s%.1f,%.1f", path.empty() ? "" : " ", x(value), y(kl));
+  }
+  absl::StrAppendFormat(html, "<polyline points=\"%s\" fill=\"none\" stroke=\"#0066ff\"/>", path);
+  for (const auto& [value, kl] : points) {
+    absl::StrAppendFormat(html,
+                          "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"#0066ff\">"
+                          "<title>value %g: KL %.4g nats</title></circle>",
+                          x(value), y(kl), value, kl);
+  }
+  absl::StrAppendFormat(html,
+                        "<text x=\"%d\" y=\"%d\">%g</text>"
+                        "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%g</text>"
+                        "<text x=\"%d\" y=\"14\" text-anchor=\"end\">%.3g</text>"
+                        "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">0</text>"
+                        "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">KL (nats) "
+                        "against the value</text></svg>\n",
+                        left, height - 4, lo, width - 8, height - 4, hi, left - 4, top, left - 4,
+                        height - bottom, (left + width) / 2, height - 4);
+}
+
+}  // namespace
+
+std::string SteeringHtml(const v1::SteerPromptRequest& request, const v1::SteerPromptResponse& r,
+                         const PromptPageOptions& options) {
+  const Vocabulary* vocab = options.vocab;
+  std::string html = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">";
+  absl::StrAppendFormat(&html, "<title>dataset %d steering</title>\n", options.dataset_id);
+  html += kStyle;
+  html += "</head><body>\n";
+  absl::StrAppendFormat(&html, "<h1>Dataset %d &middot; steering</h1>\n<ul>\n", options.dataset_id);
+  for (const v1::LatentIntervention& in : request.interventions()) {
+    absl::StrAppend(&html, "<li>", HtmlEscape(DescribeIntervention(in)), "</li>\n");
+  }
+  absl::StrAppendFormat(&html,
+                        "</ul>\n<p>KL(clean || steered) of the next token after the prompt: "
+                        "%.4g nats.%s</p>\n",
+                        r.kl_divergence(),
+                        r.bos_prepended() ? " BOS prepended, as the dataset's spec did." : "");
+
+  // Token s + 1 is what position s predicts: shaded by the clean loss minus the steered one.
+  const v1::SteeredRun& clean = r.clean();
+  const v1::SteeredRun& steered = r.steered();
+  absl::StrAppendFormat(&html,
+                        "<h2>The prompt's loss</h2>\n<p>Each token shaded by how much better "
+                        "(blue) or worse (red) the steered run predicts it; mean loss clean %.4f, "
+                        "steered %.4f nats.</p>\n<p class=\"ctx\">",
+                        clean.mean_loss(), steered.mean_loss());
+  double scale = 0;
+  const int predicted = std::min(clean.token_losses_size(), steered.token_losses_size());
+  for (int s = 0; s < predicted; ++s) {
+    scale = std::max(scale, double{std::abs(clean.token_losses(s) - steered.token_losses(s))});
+  }
+  for (int p = 0; p < r.prompt_size(); ++p) {
+    if (p == 0 || p - 1 >= predicted) {
+      AppendSignedToken(r.prompt(p), 0, scale, absl::StrFormat("position %d", p), vocab, &html);
+      continue;
+    }
+    const float a = clean.token_losses(p - 1), b = steered.token_losses(p - 1);
+    AppendSignedToken(
+        r.prompt(p), a - b, scale,
+        absl::StrFormat("position %d &middot; loss clean %.4f, steered %.4f", p, a, b), vocab,
+        &html);
+  }
+  html += "</p>\n";
+
+  if (!r.latent_values().empty()) {
+    html += "<h2>The intervened latents on the prompt (clean run)</h2>\n";
+  }
+  for (const v1::LatentValues& values : r.latent_values()) {
+    std::set<int> applied;  // positions an intervention on this latent names (all: none named)
+    bool everywhere = false;
+    for (const v1::LatentIntervention& in : request.interventions()) {
+      if (in.latent() != values.latent()) continue;
+      everywhere |= in.positions().empty();
+      applied.insert(in.positions().begin(), in.positions().end());
+    }
+    double max = 0;
+    for (float v : values.values()) max = std::max(max, double{v});
+    absl::StrAppendFormat(&html,
+                          "<div class=\"ex\"><span class=\"v\">%.4g</span>"
+                          "<span class=\"r\">latent %s</span><span class=\"ctx\">",
+                          max, LatentRef(values.latent(), options.linked_latents));
+    for (int p = 0; p < r.prompt_size() && p < values.values_size(); ++p) {
+      AppendToken(r.prompt(p), values.values(p), max, !everywhere && applied.count(p) != 0,
+                  absl::StrCat("position ", p), vocab, &html);
+    }
+    html += "</span></div>\n";
+  }
+
+  html += "<h2>The next token</h2>\n";
+  AppendNextTokens(r, vocab, &html);
+  AppendChanges("Rose most", r.most_increased(), vocab, &html);
+  AppendChanges("Fell most", r.most_decreased(), vocab, &html);
+
+  if (clean.generated_size() > 0) {
+    absl::StrAppendFormat(&html,
+                          "<h2>Continuations (%d tokens, %s)</h2>\n<p>Outlined: where a "
+                          "steered run's token differs from the clean run's.</p>\n",
+                          clean.generated_size(),
+                          request.temperature() > 0
+                              ? absl::StrFormat("sampled at temperature %g, seed %d",
+                                                request.temperature(), request.seed())
+                              : "greedy");
+    AppendContinuation("clean", clean, nullptr, vocab, &html);
+    AppendContinuation("steered", steered, &clean, vocab, &html);
+  }
+  if (!r.sweep().empty()) {
+    const std::string swept = request.interventions().empty()
+                                  ? ""
+                                  : HtmlEscape(DescribeIntervention(request.interventions(0)));
+    absl::StrAppendFormat(&html, "<h2>Sweep of the first intervention (%s)</h2>\n", swept);
+    AppendSweepPlot(request, r, &html);
+    html +=
+        "<table><tr><th>value</th><th>KL</th><th class=\"ctx\">next token</th><th>p</th>"
+        "<th>mean loss</th></tr>\n";
+    for (const v1::SweptRun& s : r.sweep()) {
+      const bool any = s.run().next_size() > 0;
+      absl::StrAppendFormat(
+          &html,
+          "<tr><td>%g</td><td>%.4g</td><td class=\"ctx\">%s</td><td>%s</td><td>%.4f</td></tr>\n",
+          s.value(), s.kl_divergence(),
+          any ? HtmlEscape(TokenText(s.run().next(0).token_id(), vocab)) : "",
+          any ? absl::StrFormat("%.4f", s.run().next(0).probability()) : "", s.run().mean_loss());
+    }
+    html += "</table>\n";
+    for (const v1::SweptRun& s : r.sweep()) {
+      if (s.run().generated_size() == 0) break;
+      AppendContinuation(absl::StrFormat("value %g", s.value()), s.run(), &clean, vocab, &html);
+    }
   }
   html += "</body></html>\n";
   return html;

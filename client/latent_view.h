@@ -85,6 +85,15 @@ std::string PromptHtml(const v1::EncodePromptResponse& response, const PromptPag
 std::string AttributionHtml(const v1::AttributePromptResponse& response,
                             const PromptPageOptions& options);
 
+// A page for one SteerPrompt answer (`request` the query that got it): the interventions and
+// the KL; the prompt with each token shaded by how much better (blue) or worse (red) the steered
+// run predicts it than the clean one; each intervened latent's values over the prompt (where an
+// intervention applies outlined); the next token's predictions of both runs side by side and
+// the largest rises and falls; both continuations, the steered tokens that differ from the
+// clean run's outlined; for a sweep, the KL against the value as an SVG plot and a row per run.
+std::string SteeringHtml(const v1::SteerPromptRequest& request,
+                         const v1::SteerPromptResponse& response, const PromptPageOptions& options);
+
 struct IndexPageOptions {
   uint64_t dataset_id = 0;
   // Above the table: what the listed latents are (e.g. "the 100 most frequent latents").

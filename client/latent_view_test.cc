@@ -434,5 +434,83 @@ TEST(LatentViewTest, AnAttributionPageShadesThePromptBySign) {
       << html;
 }
 
+// The steering page: the loss change shades each predicted token (blue: the steered run
+// predicts it better), the intervened latent's values with its named position outlined, the
+// steered tokens that part from the clean continuation outlined, a sweep's KL plotted in value
+// order with the request's own run among the points.
+TEST(LatentViewTest, ASteeringPageShowsTheLossChangeAndTheRunsSideBySide) {
+  v1::SteerPromptRequest request;
+  v1::LatentIntervention* in = request.add_interventions();
+  in->set_latent(9);
+  in->set_mode(v1::LatentIntervention::SET);
+  in->set_value(4);
+  in->add_positions(1);
+  v1::SteerPromptResponse r;
+  for (int t : {0, 1, 2}) r.add_prompt(t);
+  for (float l : {1.0f, 2.0f}) r.mutable_clean()->add_token_losses(l);
+  for (float l : {0.5f, 2.25f}) r.mutable_steered()->add_token_losses(l);
+  r.mutable_clean()->set_mean_loss(1.5);
+  r.mutable_steered()->set_mean_loss(1.375);
+  for (int t : {2, 1}) r.mutable_clean()->add_generated(t);
+  for (int t : {2, 0}) r.mutable_steered()->add_generated(t);
+  auto next = [](v1::SteeredRun* run, int id, float p) {
+    v1::TokenProbability* n = run->add_next();
+    n->set_token_id(id);
+    n->set_probability(p);
+  };
+  next(r.mutable_clean(), 1, 0.5f);
+  next(r.mutable_steered(), 2, 0.75f);
+  r.set_kl_divergence(0.125);
+  v1::LatentValues* values = r.add_latent_values();
+  values->set_latent(9);
+  for (float v : {0.0f, 2.0f, 1.0f}) values->add_values(v);
+  for (float value : {8.0f, 0.0f}) {
+    v1::SweptRun* s = r.add_sweep();
+    s->set_value(value);
+    s->set_kl_divergence(value / 4);
+    next(s->mutable_run(), 2, 0.5f);
+  }
+  auto vocab = Vocabulary::Parse("a\nb\n<c>\n");
+  ASSERT_TRUE(vocab.ok());
+  const std::set<int32_t> pages = {9};
+  const std::string html = SteeringHtml(request, r, {4, &*vocab, &pages});
+  EXPECT_NE(html.find("<li>latent 9 set 4 (position 1)</li>"), std::string::npos) << html;
+  EXPECT_NE(html.find("0.125 nats"), std::string::npos);
+  // Token 1 is predicted 0.5 nats better (the largest change): full blue; token 2 0.25 worse.
+  EXPECT_NE(html.find("rgba(0,102,255,1.000)\" title=\"position 1 &middot; loss clean 1.0000, "
+                      "steered 0.5000\">b</span>"),
+            std::string::npos)
+      << html;
+  EXPECT_NE(html.find("rgba(255,51,0,0.500)\" title=\"position 2 &middot; loss clean 2.0000, "
+                      "steered 2.2500\">&lt;c&gt;</span>"),
+            std::string::npos)
+      << html;
+  EXPECT_NE(html.find("mean loss clean 1.5000, steered 1.3750"), std::string::npos);
+  // The latent's values over the prompt, position 1 (where the intervention applies) outlined.
+  EXPECT_NE(html.find("<a href=\"latent-9.html\">9</a>"), std::string::npos);
+  EXPECT_NE(html.find("<span class=\"t at\" style=\"background:rgba(255,102,0,1.000)\" "
+                      "title=\"position 1 &middot; token 1 &middot; value 2\">b</span>"),
+            std::string::npos)
+      << html;
+  // The next token side by side; the steered continuation's second token parts from the clean.
+  EXPECT_NE(html.find("<td>1</td><td class=\"ctx\">b</td><td>0.5000</td><td class=\"ctx\">"
+                      "&lt;c&gt;</td><td>0.7500</td>"),
+            std::string::npos)
+      << html;
+  EXPECT_NE(html.find("<span class=\"t\" title=\"new token 1 &middot; id 2\">&lt;c&gt;</span>"
+                      "<span class=\"t at\" title=\"new token 2 &middot; id 0\">a</span>"),
+            std::string::npos)
+      << html;
+  // The sweep: values 0, 4 (the request's own) and 8 in order along the plot's line.
+  const size_t plot = html.find("<polyline points=\"");
+  ASSERT_NE(plot, std::string::npos) << html;
+  EXPECT_NE(html.find("<title>value 0: KL 0 nats</title>"), std::string::npos);
+  EXPECT_LT(html.find("<title>value 0:"), html.find("<title>value 4: KL 0.125 nats</title>"));
+  EXPECT_LT(html.find("<title>value 4:"), html.find("<title>value 8: KL 2 nats</title>"));
+  EXPECT_NE(html.find("<tr><td>8</td><td>2</td><td class=\"ctx\">&lt;c&gt;</td><td>0.5000</td>"),
+            std::string::npos)
+      << html;
+}
+
 }  // namespace
 }  // namespace latentd::client

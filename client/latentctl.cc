@@ -83,8 +83,10 @@ ABSL_FLAG(std::string, vocab, "",
           "vocab.json, JSON list "
           "or one-token-a-line file");
 ABSL_FLAG(std::string, html, "",
-          "latent, prompt: also write an HTML page here (prompt: the prompt shaded by each top "
-          "latent); latent: statistics, histogram, every example's tokens "
+          "latent, prompt, steer, attribute: also write an HTML page here (prompt: the prompt "
+          "shaded by each top latent; steer: the loss change per token, both runs' predictions "
+          "and continuations, a sweep's KL plot; attribute: the prompt shaded by position and "
+          "by each top latent); latent: statistics, histogram, every example's tokens "
           "shaded by the latent's value on them");
 ABSL_FLAG(std::string, unembedding, "",
           "weights, latent --html, dashboard: the TorchScript model's unembedding parameter "
@@ -885,6 +887,21 @@ bool WriteHtmlFlag(const std::string& path, const std::string& html) {
   return true;
 }
 
+// Of `latents`, those whose dashboard pages (LatentPageName) lie beside the --html page at
+// `path`: their numbers on the page become links.
+template <typename Latents, typename LatentOf>
+std::set<int32_t> LatentPagesBeside(const std::string& path, const Latents& latents,
+                                    LatentOf latent_of) {
+  std::set<int32_t> pages;
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  for (const auto& l : latents) {
+    if (std::filesystem::exists((dir.empty() ? "." : dir) / LatentPageName(latent_of(l)))) {
+      pages.insert(latent_of(l));
+    }
+  }
+  return pages;
+}
+
 // Every firing of one latent (ReadLatentFirings) in --start/--count: "row value" lines (with
 // --vocab also the row's token), or with --json {"rows": [...], "values": [...]}; a count line
 // on stderr.
@@ -1197,13 +1214,8 @@ int Prompt(Client& client, const std::vector<std::string>& args) {
   if (!status.ok()) return RpcError(status);
   if (!html.empty()) {
     // Latent numbers link to the pages of a dashboard the page is written into.
-    std::set<int32_t> pages;
-    const std::filesystem::path dir = std::filesystem::path(html).parent_path();
-    for (const v1::PromptLatent& l : response.top_latents()) {
-      if (std::filesystem::exists((dir.empty() ? "." : dir) / LatentPageName(l.latent()))) {
-        pages.insert(l.latent());
-      }
-    }
+    const std::set<int32_t> pages = LatentPagesBeside(
+        html, response.top_latents(), [](const v1::PromptLatent& l) { return l.latent(); });
     if (!WriteHtmlFlag(html, PromptHtml(response, {id, vocab ? &*vocab : nullptr, &pages}))) {
       return kExitRpcError;
     }
@@ -1274,6 +1286,14 @@ int Steer(Client& client, const std::vector<std::string>& args) {
   v1::SteerPromptResponse response;
   grpc::Status status = client.datasets()->SteerPrompt(client.Context().get(), request, &response);
   if (!status.ok()) return RpcError(status);
+  if (const std::string html = absl::GetFlag(FLAGS_html); !html.empty()) {
+    const std::set<int32_t> pages = LatentPagesBeside(
+        html, response.latent_values(), [](const v1::LatentValues& l) { return l.latent(); });
+    if (!WriteHtmlFlag(html,
+                       SteeringHtml(request, response, {id, vocab ? &*vocab : nullptr, &pages}))) {
+      return kExitRpcError;
+    }
+  }
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", Json(response).c_str());
   } else {
@@ -1336,13 +1356,8 @@ int Attribute(Client& client, const std::vector<std::string>& args) {
   };
   keep(response.mutable_top_latents(), limit);
   if (!html.empty()) {
-    std::set<int32_t> pages;  // latent numbers link to a dashboard's pages beside the page
-    const std::filesystem::path dir = std::filesystem::path(html).parent_path();
-    for (const v1::LatentAttribution& l : response.top_latents()) {
-      if (std::filesystem::exists((dir.empty() ? "." : dir) / LatentPageName(l.latent()))) {
-        pages.insert(l.latent());
-      }
-    }
+    const std::set<int32_t> pages = LatentPagesBeside(
+        html, response.top_latents(), [](const v1::LatentAttribution& l) { return l.latent(); });
     if (!WriteHtmlFlag(html, AttributionHtml(response, {id, vocab ? &*vocab : nullptr, &pages}))) {
       return kExitRpcError;
     }
@@ -2033,7 +2048,7 @@ datasets:
                                  --all_hooks: also each other hook of the dataset's job
                                  (and of other jobs over the same tokens and model)
   steer ID T1 T2 ... --intervene=J:set=V|J:add=V|J:scale=V[@P+P...][,...] [--new_tokens=N]
-        [--temperature=T --seed=S] [--sweep=V,V,...] [--limit=N] [--vocab=F]
+        [--temperature=T --seed=S] [--sweep=V,V,...] [--limit=N] [--vocab=F] [--html=FILE.html]
   steer ID --text="..." --vocab=tokenizer.json --intervene=... [...]
                                  the prompt through the dataset's model with latents changed
                                  where the SAE's decoder writes (set 0: ablate; add: steer
@@ -2041,7 +2056,9 @@ datasets:
                                  is: the next token's N top predictions of both, the KL and
                                  the tokens that rose and fell most, the prompt's loss, and
                                  both runs continued N tokens (default 20); --sweep: a run
-                                 for each value of the first intervention, a line each
+                                 for each value of the first intervention, a line each;
+                                 --html: a page shading the prompt by the loss change, the
+                                 runs side by side, the sweep's KL plotted against the value
   attribute ID T1 T2 ... [--target=T [--contrast=T]] [--limit=N] [--vocab=F] [--html=FILE.html]
             [--all_hooks]
   attribute ID --text="..." --vocab=tokenizer.json [...]

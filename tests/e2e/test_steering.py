@@ -144,6 +144,15 @@ class SteeringTest(DaemonTestCase):
                                  "--intervene=%d:set=0@3,%d:add=4" % (strongest, steer_along),
                                  "--new_tokens=3", "--sweep=0.5,-2").stdout
         self.assertIn("sweep of latent %d set:" % strongest, shown)
+        page = os.path.join(self.tmp, "steering.html")
+        daemon.latentctl("steer", str(dataset), *map(str, prompt),
+                         "--intervene=%d:set=0@3,%d:add=4" % (strongest, steer_along),
+                         "--new_tokens=3", "--sweep=0.5,-2", "--html=" + page)
+        with open(page) as f:
+            html = f.read()
+        self.assertIn("<title>value -2: KL %.4g nats</title>" % swept.sweep[1].kl_divergence, html)
+        self.assertIn("mean loss clean %.4f, steered %.4f" % (got.clean.mean_loss,
+                                                              got.steered.mean_loss), html)
         sweep_lines = shown.split("sweep of latent")[1].splitlines()[2:4]
         self.assertEqual([line.split()[0] for line in sweep_lines], ["0.5", "-2"])
         self.assertEqual(sweep_lines[1].split()[-3:],
