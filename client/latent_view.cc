@@ -426,11 +426,20 @@ std::string AttributionHtml(const v1::AttributePromptResponse& r,
   html += kStyle;
   html += "</head><body>\n";
   const std::string target = HtmlEscape(TokenText(r.target_token_id(), vocab));
-  const std::string metric =
+  std::string metric =
       r.has_contrast_token_id()
           ? absl::StrCat("logit(<code>", target, "</code>) &minus; logit(<code>",
                          HtmlEscape(TokenText(r.contrast_token_id(), vocab)), "</code>)")
           : absl::StrCat("log p(<code>", target, "</code>)");
+  if (r.has_target_latent()) {
+    const v1::AttributionTarget& t = r.target_latent();
+    metric = absl::StrFormat("latent %d of dataset %d at position %d", t.latent(), t.dataset_id(),
+                             t.position());
+    if (t.position() < r.prompt_size()) {
+      absl::StrAppend(&metric, " (<code>", HtmlEscape(TokenText(r.prompt(t.position()), vocab)),
+                      "</code>)");
+    }
+  }
   absl::StrAppendFormat(&html, "<h1>Dataset %d &middot; what drives %s = %.4f</h1>\n",
                         options.dataset_id, metric, r.metric());
   absl::StrAppendFormat(&html,

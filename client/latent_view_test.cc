@@ -432,6 +432,14 @@ TEST(LatentViewTest, AnAttributionPageShadesThePromptBySign) {
                       "attribution -0.5\">&lt;c&gt;</span>"),
             std::string::npos)
       << html;
+  // A latent as the target.
+  r.mutable_target_latent()->set_dataset_id(6);
+  r.mutable_target_latent()->set_latent(12);
+  r.mutable_target_latent()->set_position(2);
+  EXPECT_NE(AttributionHtml(r, {4, &*vocab, &pages})
+                .find("what drives latent 12 of dataset 6 at position 2 (<code>&lt;c&gt;</code>) = "
+                      "1.5000"),
+            std::string::npos);
 }
 
 // The steering page: the loss change shades each predicted token (blue: the steered run

@@ -88,6 +88,10 @@ ABSL_FLAG(std::string, html, "",
           "and continuations, a sweep's KL plot; attribute: the prompt shaded by position and "
           "by each top latent); latent: statistics, histogram, every example's tokens "
           "shaded by the latent's value on them");
+ABSL_FLAG(std::string, target_latent, "",
+          "attribute: DATASET:LATENT@POSITION: explain that latent's value at that prompt position "
+          "(an SAE on a later hook of the same model) instead of the next token: which latents "
+          "upstream drive it");
 ABSL_FLAG(std::string, unembedding, "",
           "weights, latent --html, dashboard: the TorchScript model's unembedding parameter "
           "(default: lm_head.weight and the other usual names)");
@@ -1342,6 +1346,11 @@ int Attribute(Client& client, const std::vector<std::string>& args) {
     std::string(flag) == "target" ? request.set_target_token_id(token)
                                   : request.set_contrast_token_id(token);
   }
+  if (const std::string flag = absl::GetFlag(FLAGS_target_latent); !flag.empty()) {
+    auto target = ParseTargetLatent(flag);
+    if (!target.ok()) return Usage(std::string(target.status().message()));
+    *request.mutable_target_latent() = *target;
+  }
   const int limit = absl::GetFlag(FLAGS_limit);
   const std::string html = absl::GetFlag(FLAGS_html);
   // The page shades each listed latent's entries: it asks for as many entries as may be.
@@ -1378,12 +1387,20 @@ int Attribute(Client& client, const std::vector<std::string>& args) {
     return kExitRpcError;
   }
   request.set_top(limit);
-  request.set_target_token_id(response.target_token_id());  // the same prediction everywhere
+  const bool to_latent = request.has_target_latent();
+  // The same prediction everywhere (or the same latent, from every hook before it).
+  if (!to_latent) request.set_target_token_id(response.target_token_id());
   if (!json) std::printf("\nthe same metric at the other hooks:\n");
   for (const v1::DatasetInfo& d : *siblings) {
+    if (to_latent && d.id() == request.target_latent().dataset_id()) continue;
     request.set_dataset_id(d.id());
     v1::AttributePromptResponse other;
     status = client.datasets()->AttributePrompt(client.Context().get(), request, &other);
+    if (to_latent && status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+      // A hook the forward computes after the target's: its latents cannot drive it.
+      if (!json) std::printf("  %s: after the target\n", DatasetLabel(d).c_str());
+      continue;
+    }
     if (!status.ok()) return RpcError(status);
     if (json) {
       std::printf("%s\n", Json(other).c_str());
@@ -2059,8 +2076,8 @@ datasets:
                                  for each value of the first intervention, a line each;
                                  --html: a page shading the prompt by the loss change, the
                                  runs side by side, the sweep's KL plotted against the value
-  attribute ID T1 T2 ... [--target=T [--contrast=T]] [--limit=N] [--vocab=F] [--html=FILE.html]
-            [--all_hooks]
+  attribute ID T1 T2 ... [--target=T [--contrast=T] | --target_latent=D:J@P] [--limit=N]
+            [--vocab=F] [--html=FILE.html] [--all_hooks]
   attribute ID --text="..." --vocab=tokenizer.json [...]
                                  which latents, where in the prompt, drive the prediction of
                                  the next token (log p(T), or logit(T) - logit(contrast)):
@@ -2068,7 +2085,10 @@ datasets:
                                  backward pass; each latent's first-order effect, the SAE
                                  error term's, per position, and the top N; --html: a page
                                  shading the prompt by position and by each top latent;
-                                 --all_hooks: a line per other hook of the suite
+                                 --all_hooks: a line per other hook of the suite;
+                                 --target_latent=D:J@P: explain latent J of dataset D (a
+                                 later hook of the same model) at position P instead: the
+                                 edges of a sparse feature circuit
   compare ID OTHER [--sample=N] [--limit=N]
                                  how far two datasets' SAEs learned the same directions: each
                                  latent's nearest decoder direction in the other SAE (mean,

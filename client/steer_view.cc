@@ -156,13 +156,45 @@ std::string DescribeSteering(uint64_t dataset_id, const v1::SteerPromptRequest& 
   return out;
 }
 
+absl::StatusOr<v1::AttributionTarget> ParseTargetLatent(const std::string& flag) {
+  const std::vector<absl::string_view> at = absl::StrSplit(flag, absl::MaxSplits('@', 1));
+  const std::vector<absl::string_view> dataset_latent =
+      absl::StrSplit(at[0], absl::MaxSplits(':', 1));
+  uint64_t dataset = 0;
+  int32_t latent = 0, position = 0;
+  if (at.size() != 2 || dataset_latent.size() != 2 ||
+      !absl::SimpleAtoi(dataset_latent[0], &dataset) ||
+      !absl::SimpleAtoi(dataset_latent[1], &latent) || latent < 0 ||
+      !absl::SimpleAtoi(at[1], &position) || position < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--target_latent: '", flag, "' is not DATASET:LATENT@POSITION (e.g. 3:120@7)"));
+  }
+  v1::AttributionTarget target;
+  target.set_dataset_id(dataset);
+  target.set_latent(latent);
+  target.set_position(position);
+  return target;
+}
+
+std::string AttributionMetric(const v1::AttributePromptResponse& r,
+                              const std::optional<Vocabulary>& vocab) {
+  if (r.has_target_latent()) {
+    const v1::AttributionTarget& t = r.target_latent();
+    return absl::StrFormat("latent %d of dataset %d at position %d%s", t.latent(), t.dataset_id(),
+                           t.position(),
+                           t.position() < r.prompt_size()
+                               ? absl::StrCat(" (", TokenCell(r.prompt(t.position()), vocab), ")")
+                               : "");
+  }
+  return r.has_contrast_token_id()
+             ? absl::StrFormat("logit(%s) - logit(%s)", TokenCell(r.target_token_id(), vocab),
+                               TokenCell(r.contrast_token_id(), vocab))
+             : absl::StrFormat("log p(%s)", TokenCell(r.target_token_id(), vocab));
+}
+
 std::string DescribeAttribution(uint64_t dataset_id, const v1::AttributePromptResponse& r,
                                 const std::optional<Vocabulary>& vocab) {
-  const std::string metric =
-      r.has_contrast_token_id()
-          ? absl::StrFormat("logit(%s) - logit(%s)", TokenCell(r.target_token_id(), vocab),
-                            TokenCell(r.contrast_token_id(), vocab))
-          : absl::StrFormat("log p(%s)", TokenCell(r.target_token_id(), vocab));
+  const std::string metric = AttributionMetric(r, vocab);
   std::string out = absl::StrFormat(
       "dataset %d: a prompt of %d tokens%s\nmetric %s = %.4f\n"
       "contributions to first order (removing one moves the metric by about minus it): the "

@@ -19,6 +19,15 @@ namespace latentd::client {
 absl::StatusOr<std::vector<latentd::v1::LatentIntervention>> ParseInterventions(
     const std::string& flag);
 
+// "D:J@P": latent J of dataset D at prompt position P, the target of latent-to-latent
+// attribution (latentctl attribute --target_latent). INVALID_ARGUMENT naming the flag otherwise.
+absl::StatusOr<latentd::v1::AttributionTarget> ParseTargetLatent(const std::string& flag);
+
+// What an attribution's metric is, in words: "log p(TOKEN)", "logit(A) - logit(B)", or "latent J
+// of dataset D at position P (TOKEN)".
+std::string AttributionMetric(const latentd::v1::AttributePromptResponse& response,
+                              const std::optional<Vocabulary>& vocab);
+
 // "latent 17 add 8 (every position)", "latent 40 set 0 (positions 3, 4)".
 std::string DescribeIntervention(const latentd::v1::LatentIntervention& intervention);
 

@@ -127,6 +127,22 @@ TEST(SteerViewTest, AnAttributionShowsTotalsPositionsLatentsAndEntries) {
   text = DescribeAttribution(3, r, *vocab);
   EXPECT_NE(text.find("metric logit(\" sat\") - logit(\" dog\") = -1.2500"), std::string::npos)
       << text;
+  // A latent as the target: named with its dataset, position and token.
+  auto target = ParseTargetLatent("4:120@1");
+  ASSERT_TRUE(target.ok()) << target.status();
+  EXPECT_EQ(target->dataset_id(), 4u);
+  EXPECT_EQ(target->latent(), 120);
+  EXPECT_EQ(target->position(), 1);
+  *r.mutable_target_latent() = *target;
+  text = DescribeAttribution(3, r, *vocab);
+  EXPECT_NE(text.find("metric latent 120 of dataset 4 at position 1 (\" cat\") = -1.2500"),
+            std::string::npos)
+      << text;
+  for (const char* bad : {"4:120", "4@1", "x:1@2", "4:-1@2", "4:1@", "4:1@-2"}) {
+    auto parsed = ParseTargetLatent(bad);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(parsed.status().message().find("--target_latent"), std::string::npos);
+  }
 }
 
 }  // namespace

@@ -40,6 +40,40 @@ absl::Status CheckQuery(const AttributionQuery& query, int64_t vocab) {
   return absl::OkStatus();
 }
 
+// A target latent's query against its SAE and the prompt, and its hook against the hooks the
+// attributed SAE writes (the forward must pass them before it reads the target).
+absl::Status CheckTarget(const AttributionQuery& query, const TargetSae* target,
+                         const std::vector<HookName>& written, int64_t prompt_tokens) {
+  const TargetLatent& t = *query.target_latent;
+  if (target == nullptr || target->sae == nullptr) {
+    return absl::InternalError("target_latent: no SAE was given to read it");
+  }
+  for (const auto& [id, name] : {std::pair{query.target_token_id, "target_token_id"},
+                                 std::pair{query.contrast_token_id, "contrast_token_id"}}) {
+    if (id) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": not with target_latent (the metric is the target latent's value)"));
+    }
+  }
+  const int64_t d_sae = target->sae->config().d_sae;
+  if (t.latent < 0 || t.latent >= d_sae) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_latent.latent: ", t.latent, " outside [0, ", d_sae, ")"));
+  }
+  if (t.position < 0 || t.position >= prompt_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("target_latent.position: ", t.position,
+                                                   " outside the prompt's positions [0, ",
+                                                   prompt_tokens, ") (a prepended BOS is 0)"));
+  }
+  if (ComputedBefore(target->hook, written.front())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_latent.dataset_id: its SAE reads ", HookNameString(target->hook),
+                     ", which the forward computes before ", HookNameString(written.front()),
+                     ", where this dataset's SAE writes: these latents cannot drive it"));
+  }
+  return absl::OkStatus();
+}
+
 // Orders by |attribution| descending, then position, then latent.
 bool Larger(const LatentAttribution& a, const LatentAttribution& b) {
   const double x = std::abs(a.attribution), y = std::abs(b.attribution);
@@ -51,8 +85,8 @@ bool Larger(const LatentAttribution& a, const LatentAttribution& b) {
 
 absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
                                                   const std::vector<int64_t>& prompt,
-                                                  bool bos_prepended,
-                                                  const AttributionQuery& query) {
+                                                  bool bos_prepended, const AttributionQuery& query,
+                                                  const TargetSae* target) {
   ActivationModel& model = *steering.model;
   const Sae& sae = *steering.sae;
   RETURN_IF_ERROR(CheckQuery(query, model.vocab_size()));
@@ -63,10 +97,12 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
   const int64_t n = static_cast<int64_t>(prompt.size());
   if (n < 1) return absl::InvalidArgumentError("token_ids: empty");
   const int64_t top = query.top > 0 ? query.top : 20;
+  const std::vector<HookName> written = WrittenHooks(steering);
+  if (query.target_latent) RETURN_IF_ERROR(CheckTarget(query, target, written, n));
 
   // The forward pass keeps the SAE's input and, at each hook its decoder writes, the activation
-  // there and a zero added to it whose gradient is dm/d(activation).
-  const std::vector<HookName> written = WrittenHooks(steering);
+  // there and a zero added to it whose gradient is dm/d(activation); with a target latent, the
+  // activation its SAE reads (after those, where it is one of them).
   at::Tensor input;
   std::vector<at::Tensor> outputs(written.size()), zeros(written.size());
   HookSplices splices = {{steering.hook, [&](const at::Tensor& x) {
@@ -81,25 +117,47 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
            return x + zeros[h].to(x.scalar_type());
          }});
   }
+  at::Tensor target_input;
+  if (query.target_latent) {
+    splices.push_back({target->hook, [&](const at::Tensor& x) {
+                         target_input = x;
+                         return x;
+                       }});
+  }
   AttributionResult out;
   out.bos_prepended = bos_prepended;
   out.prompt = prompt;
+  out.target_latent = query.target_latent;
   std::vector<at::Tensor> gradients;  // per written hook, [n, its width]
   {
     at::AutoGradMode grad_mode(true);  // queries run under NoGradGuard
     const NextTokenPredictions p = model.PredictNextTokens(
         at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n}), splices,
         /*losses=*/false);
-    const at::Tensor logits = p.last_logits[0];
-    out.target_token_id =
-        query.target_token_id ? *query.target_token_id : logits.argmax().item<int64_t>();
-    out.contrast_token_id = query.contrast_token_id;
-    const at::Tensor metric =
-        out.contrast_token_id ? logits[out.target_token_id] - logits[*out.contrast_token_id]
-                              : at::log_softmax(logits.to(at::kDouble), -1)[out.target_token_id];
+    at::Tensor metric;
+    if (const std::optional<TargetLatent>& t = query.target_latent) {
+      metric = target->sae->LatentValue(target_input[0].narrow(0, t->position, 1).to(at::kFloat),
+                                        t->latent)[0];
+      if (metric.item<double>() == 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("target_latent: latent ", t->latent, " is 0 at position ", t->position,
+                         ": nothing moves it to first order (ask at a position where it fires)"));
+      }
+    } else {
+      const at::Tensor logits = p.last_logits[0];
+      out.target_token_id =
+          query.target_token_id ? *query.target_token_id : logits.argmax().item<int64_t>();
+      out.contrast_token_id = query.contrast_token_id;
+      metric = out.contrast_token_id
+                   ? logits[out.target_token_id] - logits[*out.contrast_token_id]
+                   : at::log_softmax(logits.to(at::kDouble), -1)[out.target_token_id];
+    }
     out.metric = metric.item<double>();
     metric.backward();
-    for (const at::Tensor& zero : zeros) gradients.push_back(zero.grad()[0]);
+    for (const at::Tensor& zero : zeros) {
+      // (A written hook after a target latent's does not reach it.)
+      gradients.push_back(zero.grad().defined() ? zero.grad()[0] : at::zeros_like(zero[0]));
+    }
   }
 
   at::NoGradGuard no_grad;

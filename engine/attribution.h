@@ -18,11 +18,25 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/hook_name.h"
 #include "engine/steering.h"
 
 namespace latentd::engine {
 
 inline constexpr int kMaxAttributionTop = 1000;
+
+// A latent of another SAE on the same model, read at a hook the forward computes at or after
+// the hooks the attributed SAE writes: the target of latent-to-latent attribution.
+struct TargetLatent {
+  int64_t latent = 0;
+  int64_t position = 0;  // of the prompt as run (a prepended BOS is 0)
+};
+
+// The SAE that reads a TargetLatent, and the hook it reads.
+struct TargetSae {
+  const Sae* sae = nullptr;
+  HookName hook;
+};
 
 struct AttributionQuery {
   std::vector<int64_t> token_ids;  // the prompt, without BOS; 1 to kMaxPromptTokens ids
@@ -31,6 +45,9 @@ struct AttributionQuery {
   std::optional<int64_t> target_token_id;
   std::optional<int64_t> contrast_token_id;
   int top = 0;  // entries and latents listed; 0: 20, at most kMaxAttributionTop
+  // Set: m is this latent's value instead (the target SAE passed beside the query), and
+  // target_token_id and contrast_token_id must be unset.
+  std::optional<TargetLatent> target_latent;
 };
 
 struct LatentAttribution {
@@ -43,8 +60,9 @@ struct LatentAttribution {
 struct AttributionResult {
   bool bos_prepended = false;
   std::vector<int64_t> prompt;  // as run: BOS included
-  int64_t target_token_id = 0;
+  int64_t target_token_id = 0;  // 0 with a target latent
   std::optional<int64_t> contrast_token_id;
+  std::optional<TargetLatent> target_latent;
   double metric = 0;  // m on the clean run
   // (latent, position) pairs by |attribution| descending, ties by position then latent.
   std::vector<LatentAttribution> top_entries;
@@ -57,14 +75,17 @@ struct AttributionResult {
 };
 
 // One forward and one backward pass of `prompt` (BOS included where the dataset prepends it, ids
-// checked) through steering.model, the gradient taken at the hook the SAE's decoder writes.
-// INVALID_ARGUMENT naming target_token_id or contrast_token_id outside the vocabulary (or the
-// contrast equal to the target), top outside [0, kMaxAttributionTop]; FAILED_PRECONDITION when
-// the model cannot run to its logits. May throw c10::Error.
+// checked) through steering.model, the gradients taken at the hooks the SAE's decoder writes.
+// With query.target_latent, `target` is the SAE that reads it. INVALID_ARGUMENT naming
+// target_token_id or contrast_token_id outside the vocabulary (or the contrast equal to the
+// target, or either beside a target latent), target_latent.latent or .position outside their
+// ranges, target_latent.dataset_id when the target's hook comes before the hooks the SAE
+// writes, top outside [0, kMaxAttributionTop]; FAILED_PRECONDITION when the model cannot run
+// to its logits, or the target latent is 0 at its position. May throw c10::Error.
 absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
                                                   const std::vector<int64_t>& prompt,
-                                                  bool bos_prepended,
-                                                  const AttributionQuery& query);
+                                                  bool bos_prepended, const AttributionQuery& query,
+                                                  const TargetSae* target = nullptr);
 
 }  // namespace latentd::engine
 

@@ -224,6 +224,96 @@ TEST(AttributionTest, ACrossLayerTranscodersLatentsActAtEveryLayerTheyWrite) {
             0.05 * std::abs(got->latent_attribution));
 }
 
+// The value of latent `latent` of `target` (reading `target_hook`) at `position` in the
+// prompt's run with `add` [n, width] added at `hook`.
+double TargetValue(Gpt2Model& m, const std::string& hook, const at::Tensor& add, const Sae& target,
+                   const std::string& target_hook, int64_t latent, int64_t position) {
+  at::NoGradGuard no_grad;
+  at::Tensor read;
+  HookSplices splices = {{*ParseHookName(hook), [&](const at::Tensor& x) { return x + add; }},
+                         {*ParseHookName(target_hook), [&](const at::Tensor& x) {
+                            read = x;
+                            return x;
+                          }}};
+  m.PredictNextTokens(
+      at::tensor(kInterventionPrompt, at::TensorOptions().dtype(at::kLong)).view({1, -1}), splices,
+      false);
+  return target.EncodeDense(read[0].to(at::kFloat))[position][latent].item<double>();
+}
+
+// Latent to latent: the metric is a later SAE's latent at one position; each upstream entry is
+// credited its first-order effect on it, and positions after the target get nothing.
+TEST(AttributionTest, ALaterSaesLatentIsDrivenByTheEarlierLatents) {
+  const std::string target_hook = "blocks.2.hook_resid_post";
+  auto model = InterventionModel(kHook);
+  const Sae sae = InterventionSae(false);
+  at::manual_seed(21);
+  SaeConfig cfg = sae.config();
+  auto target = Sae::Create(cfg, {at::randn({kInterventionWidth, kInterventionLatents}) * 0.5,
+                                  at::randn({kInterventionLatents}) * 0.1 + 0.5,
+                                  at::randn({kInterventionLatents, kInterventionWidth}),
+                                  at::zeros({kInterventionWidth})});
+  ASSERT_TRUE(target.ok()) << target.status();
+  const int64_t position = 5;
+  const at::Tensor z_target = target->EncodeDense(
+      InterventionModel(target_hook)->Forward(at::tensor(kInterventionPrompt).view({1, -1}))[0]);
+  const int64_t j = z_target[position].argmax().item<int64_t>();
+  const double value = z_target[position][j].item<double>();
+  ASSERT_GT(value, 0);
+  const SteeringModel upstream{model.get(), &sae, *ParseHookName(kHook), std::nullopt};
+  const TargetSae reads{&*target, *ParseHookName(target_hook)};
+  AttributionQuery q;
+  q.top = 1000;
+  q.target_latent = TargetLatent{j, position};
+  auto got = AttributePrompt(upstream, kInterventionPrompt, false, q, &reads);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_NEAR(got->metric, value, 1e-4);
+  ASSERT_TRUE(got->target_latent.has_value());
+  EXPECT_EQ(got->target_latent->latent, j);
+  const double eps = 1e-3;
+  for (int i = 0; i < 3; ++i) {
+    const LatentAttribution& e = got->top_entries[i];
+    EXPECT_LE(e.position, position);
+    const at::Tensor d = EntryDirection(sae, e);
+    const double derivative =
+        (TargetValue(*model, kHook, d * eps, *target, target_hook, j, position) -
+         TargetValue(*model, kHook, d * -eps, *target, target_hook, j, position)) /
+        (2 * eps);
+    ExpectDerivative(derivative, e.attribution, "latent target entry " + std::to_string(i));
+  }
+  for (size_t p = position + 1; p < kInterventionPrompt.size(); ++p) {
+    EXPECT_EQ(got->latent_attribution_by_position[p], 0) << p;
+    EXPECT_EQ(got->error_attribution_by_position[p], 0) << p;
+  }
+
+  // Refused: a target the forward computes before the SAE writes; a token target beside it; a
+  // latent that is 0 there; a latent or position outside their ranges.
+  auto refused = [&](const SteeringModel& s, const TargetSae& t, AttributionQuery query,
+                     absl::StatusCode code, const std::string& says) {
+    auto r = AttributePrompt(s, kInterventionPrompt, false, query, &t);
+    EXPECT_EQ(r.status().code(), code) << says << " " << r.status();
+    EXPECT_NE(r.status().message().find(says), std::string::npos) << r.status();
+  };
+  const TargetSae earlier{&*target, *ParseHookName("blocks.0.hook_mlp_out")};
+  refused(upstream, earlier, q, absl::StatusCode::kInvalidArgument,
+          "target_latent.dataset_id: its SAE reads blocks.0.hook_mlp_out, which the forward "
+          "computes before blocks.1.hook_resid_post");
+  AttributionQuery with_token = q;
+  with_token.target_token_id = 3;
+  refused(upstream, reads, with_token, absl::StatusCode::kInvalidArgument,
+          "target_token_id: not with target_latent");
+  AttributionQuery silent = q;
+  silent.target_latent->latent = z_target[position].argmin().item<int64_t>();
+  ASSERT_EQ(z_target[position][silent.target_latent->latent].item<float>(), 0);
+  refused(upstream, reads, silent, absl::StatusCode::kFailedPrecondition, "is 0 at position 5");
+  AttributionQuery outside = q;
+  outside.target_latent->latent = kInterventionLatents;
+  refused(upstream, reads, outside, absl::StatusCode::kInvalidArgument, "target_latent.latent");
+  outside = q;
+  outside.target_latent->position = static_cast<int64_t>(kInterventionPrompt.size());
+  refused(upstream, reads, outside, absl::StatusCode::kInvalidArgument, "target_latent.position");
+}
+
 TEST(AttributionTest, BadQueriesNameTheirField) {
   auto model = InterventionModel(kHook);
   const Sae sae = InterventionSae(false);

@@ -1150,11 +1150,45 @@ absl::StatusOr<SteeringResult> DatasetModels::SteerPrompt(const DatasetSource& d
   }
 }
 
-absl::StatusOr<AttributionResult> DatasetModels::AttributePrompt(const DatasetSource& dataset,
-                                                                 const AttributionQuery& query) {
+absl::StatusOr<AttributionResult> DatasetModels::AttributePrompt(
+    const DatasetSource& dataset, const AttributionQuery& query,
+    const DatasetSource* target_dataset) {
   try {
     ASSIGN_OR_RETURN(InterventionInputs in,
                      impl_->InterventionInputsFor(dataset, query.token_ids, "attribution"));
+    // A target latent: its dataset's SAE, reading its hook of the same model.
+    std::shared_ptr<const PromptSae> target_sae;
+    std::optional<TargetSae> target;
+    if (query.target_latent) {
+      if (target_dataset == nullptr) {
+        return absl::InvalidArgumentError("target_latent.dataset_id: not given");
+      }
+      absl::StatusOr<DatasetInputs> inputs_of_target = impl_->InputsOf(*target_dataset);
+      if (!inputs_of_target.ok()) {
+        return absl::Status(
+            inputs_of_target.status().code(),
+            absl::StrCat("target_latent.dataset_id: ", inputs_of_target.status().message()));
+      }
+      const DatasetInputs& of_target = *inputs_of_target;
+      ASSIGN_OR_RETURN(const DatasetInputs of_dataset, impl_->InputsOf(dataset));
+      const uint64_t id = target_dataset->dataset_id;
+      if (!of_target.crosscoder_reads.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "target_latent.dataset_id: dataset ", id, "'s SAE is a crosscoder (it reads ",
+            of_target.crosscoder_reads, "): its latents are not read at one hook of this model"));
+      }
+      const bool hashes_differ = !dataset.model_weight_hash.empty() &&
+                                 !target_dataset->model_weight_hash.empty() &&
+                                 dataset.model_weight_hash != target_dataset->model_weight_hash;
+      if (hashes_differ || of_target.spec.model().SerializeAsString() !=
+                               of_dataset.spec.model().SerializeAsString()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "target_latent.dataset_id: dataset ", id, " was made with another model than dataset ",
+            dataset.dataset_id, " (or other weights): the target must read the same forward pass"));
+      }
+      ASSIGN_OR_RETURN(target_sae, impl_->PromptSaeFor(*target_dataset, of_target.sae_dir));
+      target = TargetSae{&target_sae->sae, of_target.hook};
+    }
     // The backward pass keeps every block's activations of the whole prompt: refused with the
     // numbers rather than an allocation that could take the daemon down.
     const ActivationModel& model = *in.model->model;
@@ -1170,7 +1204,8 @@ absl::StatusOr<AttributionResult> DatasetModels::AttributePrompt(const DatasetSo
           n, need / 1e9, model.num_blocks(), limit / 1e9));
     }
     return in.Run([&](const SteeringModel& steering) {
-      return engine::AttributePrompt(steering, in.tokens, in.bos_prepended, query);
+      return engine::AttributePrompt(steering, in.tokens, in.bos_prepended, query,
+                                     target ? &*target : nullptr);
     });
   } catch (const c10::Error& e) {
     return TorchErrorStatus(e, absl::StrCat("attributing a prompt with dataset ",

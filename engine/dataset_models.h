@@ -223,9 +223,12 @@ class DatasetModels {
   // (attribution.h): one forward and backward pass of the dataset's model and SAE (those of
   // SteerPrompt) on the CPU. Errors as SteerPrompt's, and attribution.h's; RESOURCE_EXHAUSTED
   // with the numbers when the backward pass's activations (every block's, over the prompt)
-  // would pass memory_limit_bytes.
+  // would pass memory_limit_bytes. With query.target_latent, `target_dataset` is the dataset
+  // whose latent it is: SPARSE, of the same model (same spec and weights), not a crosscoder
+  // (else FAILED_PRECONDITION, or INVALID_ARGUMENT naming target_latent.dataset_id).
   absl::StatusOr<AttributionResult> AttributePrompt(const DatasetSource& dataset,
-                                                    const AttributionQuery& query);
+                                                    const AttributionQuery& query,
+                                                    const DatasetSource* target_dataset = nullptr);
 
   // Bytes the cache holds now (for tests and telemetry).
   int64_t cached_bytes() const;

@@ -622,6 +622,42 @@ TEST_F(DatasetModelsTest, EachOutputOfAJobIsAnsweredWithItsOwnHookAndSae) {
     }
   }
 
+  // Latent to latent across the job's outputs: the MLP's latents of block 0 driving a latent of
+  // block 1's residual stream, whose value there is the metric.
+  auto later = models.EncodePrompt(first, prompt);
+  ASSERT_TRUE(later.ok()) << later.status();
+  const ScoredIndex& fires = later->tokens[3].latents.at(0);
+  AttributionQuery attribute;
+  attribute.token_ids = prompt.token_ids;
+  attribute.target_latent = TargetLatent{fires.index, 3};
+  auto driven = models.AttributePrompt(second, attribute, &first);
+  ASSERT_TRUE(driven.ok()) << driven.status();
+  EXPECT_NEAR(driven->metric, fires.score, 1e-4);
+  EXPECT_FALSE(driven->top_latents.empty());
+  EXPECT_EQ(driven->latent_attribution_by_position[4], 0);  // after the target's position
+  // Not the other way (block 1's latents come after), nor across models.
+  auto backwards = models.AttributePrompt(first, attribute, &second);
+  EXPECT_EQ(backwards.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(backwards.status().message().find("target_latent.dataset_id: its SAE reads "
+                                              "blocks.0.mlp.hook_post, which the forward computes "
+                                              "before blocks.1.hook_resid_post"),
+            std::string::npos)
+      << backwards.status();
+  jobs_[62] = jobs_[60];
+  jobs_[62].set_id(62);
+  jobs_[62].mutable_spec()->mutable_extract()->mutable_model()->mutable_reference()->set_seed(99);
+  DatasetSource elsewhere = first;
+  elsewhere.dataset_id = 23;
+  elsewhere.job_id = 62;
+  elsewhere.name = "extract-62";
+  elsewhere.model_weight_hash.clear();
+  auto across = models.AttributePrompt(second, attribute, &elsewhere);
+  EXPECT_EQ(across.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(across.status().message().find("target_latent.dataset_id: dataset 23 was made with "
+                                           "another model"),
+            std::string::npos)
+      << across.status();
+
   // A name that is none of the job's outputs, or an SAE other than the dataset's.
   DatasetSource stranger = second;
   stranger.name = "renamed";

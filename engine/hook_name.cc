@@ -105,6 +105,45 @@ absl::StatusOr<int> HiddenStateIndex(const HookName& hook) {
   }
 }
 
+std::string HookNameString(const HookName& hook) {
+  const char* point = "";
+  switch (hook.point) {
+    case HookPoint::kHiddenStates:
+      return absl::StrCat("hidden_states.", hook.layer);
+    case HookPoint::kResidPre:
+      point = "hook_resid_pre";
+      break;
+    case HookPoint::kResidMid:
+      point = "hook_resid_mid";
+      break;
+    case HookPoint::kResidPost:
+      point = "hook_resid_post";
+      break;
+    case HookPoint::kAttnZ:
+      point = "attn.hook_z";
+      break;
+    case HookPoint::kAttnOut:
+      point = "hook_attn_out";
+      break;
+    case HookPoint::kMlpIn:
+      point = "ln2.hook_normalized";
+      break;
+    case HookPoint::kMlpInput:
+      point = "mlp.hook_in";
+      break;
+    case HookPoint::kMlpPost:
+      point = "mlp.hook_post";
+      break;
+    case HookPoint::kMlpOutput:
+      point = "mlp.hook_out";
+      break;
+    case HookPoint::kMlpOut:
+      point = "hook_mlp_out";
+      break;
+  }
+  return absl::StrCat("blocks.", hook.layer, ".", point);
+}
+
 bool SameActivation(const HookName& a, const HookName& b) {
   if (a.point == b.point && a.layer == b.layer) return true;
   const absl::StatusOr<int> x = HiddenStateIndex(a), y = HiddenStateIndex(b);

@@ -49,6 +49,10 @@ struct HookName {
 //   MLP (hook_mlp_out) or of its attention (hook_attn_out).
 absl::StatusOr<HookName> ParseHookName(const std::string& name);
 
+// The TransformerLens name of a hook ("blocks.3.hook_mlp_out", "hidden_states.4"): what
+// ParseHookName reads back.
+std::string HookNameString(const HookName& hook);
+
 // The index into a Hugging Face hidden_states list that equals this hook: hidden_states[L] is the
 // input of block L (resid_pre), hidden_states[L + 1] its output (resid_post). Other hook points
 // are not in hidden_states: INVALID_ARGUMENT.

@@ -89,6 +89,18 @@ TEST(HookNameTest, OrdersHooksAsTheForwardComputesThem) {
   EXPECT_TRUE(before("hidden_states.3", "blocks.3.hook_resid_post"));
 }
 
+TEST(HookNameTest, HookNameStringIsWhatParseHookNameReads) {
+  for (const char* name :
+       {"blocks.0.hook_resid_pre", "blocks.1.hook_resid_mid", "blocks.2.hook_resid_post",
+        "blocks.3.attn.hook_z", "blocks.4.hook_attn_out", "blocks.5.ln2.hook_normalized",
+        "blocks.6.mlp.hook_in", "blocks.7.mlp.hook_post", "blocks.8.mlp.hook_out",
+        "blocks.9.hook_mlp_out", "hidden_states.10"}) {
+    auto h = ParseHookName(name);
+    ASSERT_TRUE(h.ok()) << name;
+    EXPECT_EQ(HookNameString(*h), name);
+  }
+}
+
 TEST(HookNameTest, RejectsMalformedNames) {
   for (const char* bad :
        {"", "blocks", "blocks.x.hook_resid_post", "blocks.-1.hook_resid_post",

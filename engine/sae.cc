@@ -568,6 +568,30 @@ at::Tensor Sae::DecoderOutputScale(const at::Tensor& x) const {
   return RowNormalizationOf(cfg_.input_normalization, x).multiplier;
 }
 
+at::Tensor Sae::LatentValue(const at::Tensor& x, int64_t latent) const {
+  if (cfg_.architecture == SaeArchitecture::kGated) {
+    const at::Tensor m = EncoderInput(x).mv(w_.W_enc.select(1, latent));
+    const at::Tensor gate = (m + w_.b_enc[latent] > 0).to(m.scalar_type());
+    return gate * at::relu(m * w_.r_mag[latent].exp() + w_.b_mag[latent]);
+  }
+  const at::Tensor pre = PreActivations(x);
+  const at::Tensor p = pre.select(1, latent);
+  switch (cfg_.architecture) {
+    case SaeArchitecture::kRelu:
+      return at::relu(p);
+    case SaeArchitecture::kJumpRelu:
+      return p * (p > w_.threshold[latent]).to(p.scalar_type());
+    case SaeArchitecture::kTopK: {
+      // Kept where it is among the row's k largest (by at::topk's pick, as EncodeDense).
+      const at::Tensor kept = (std::get<1>(pre.detach().topk(cfg_.k, /*dim=*/1)) == latent).any(1);
+      return at::relu(p) * kept.to(p.scalar_type());
+    }
+    case SaeArchitecture::kGated:
+      break;
+  }
+  return at::Tensor();
+}
+
 int64_t Sae::weight_bytes() const {
   int64_t n = 0;
   for (const auto& [name, t] : w_.Named(false)) n += t->numel() * 4;

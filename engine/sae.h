@@ -107,6 +107,11 @@ class Sae {
   // units (x's input normalization undone; ones without one): [rows, 1].
   at::Tensor DecoderOutputScale(const at::Tensor& x) const;
 
+  // Latent `latent`'s value on each row of x [rows, d_in], EncodeDense's column, computed out
+  // of place so that autograd differentiates it in x (the target of latent-to-latent
+  // attribution). [rows].
+  at::Tensor LatentValue(const at::Tensor& x, int64_t latent) const;
+
   // Bytes of the weights (for memory estimates).
   int64_t weight_bytes() const;
 

@@ -90,6 +90,39 @@ TEST(SaeTest, CodeValuesAndTheDecoderOutputScaleFollowTheDenseCodes) {
   }
 }
 
+// LatentValue is EncodeDense's column, and autograd's gradient of it is the finite
+// difference's.
+TEST(SaeTest, LatentValueIsTheDenseCodesColumnAndDifferentiable) {
+  for (SaeArchitecture arch : {SaeArchitecture::kRelu, SaeArchitecture::kTopK,
+                               SaeArchitecture::kJumpRelu, SaeArchitecture::kGated}) {
+    SaeConfig cfg = Cfg(arch, 8, 40, arch == SaeArchitecture::kTopK ? 5 : 0);
+    cfg.input_normalization = InputNormalization::kConstantNormRescale;
+    auto sae = Sae::Create(cfg, RandomWeights(8, 40, 5));
+    ASSERT_TRUE(sae.ok()) << sae.status();
+    at::manual_seed(6);
+    const at::Tensor x = at::randn({6, 8}) * 3;
+    const at::Tensor z = sae->EncodeDense(x);
+    for (int64_t j = 0; j < 40; ++j) {
+      ASSERT_TRUE(at::allclose(sae->LatentValue(x, j), z.select(1, j), 1e-5, 1e-5))
+          << static_cast<int>(arch) << " latent " << j;
+    }
+    // A latent firing on row 2: its gradient in row 2.
+    const int64_t j = z[2].argmax().item<int64_t>();
+    ASSERT_GT(z[2][j].item<float>(), 0);
+    const at::Tensor row = x.narrow(0, 2, 1).clone().requires_grad_(true);
+    sae->LatentValue(row, j).sum().backward();
+    const at::Tensor direction = at::randn({1, 8});
+    const double eps = 1e-3;
+    const double numeric = (sae->LatentValue(x.narrow(0, 2, 1) + eps * direction, j) -
+                            sae->LatentValue(x.narrow(0, 2, 1) - eps * direction, j))
+                               .item<double>() /
+                           (2 * eps);
+    EXPECT_NEAR((row.grad() * direction).sum().item<double>(), numeric,
+                1e-2 * std::abs(numeric) + 1e-3)
+        << static_cast<int>(arch);
+  }
+}
+
 TEST(SaeTest, SparseCodesEqualTheNonZerosOfTheDenseDefinition) {
   for (auto arch : {SaeArchitecture::kRelu, SaeArchitecture::kTopK, SaeArchitecture::kJumpRelu,
                     SaeArchitecture::kGated}) {

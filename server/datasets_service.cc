@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <system_error>
 #include <utility>
 
@@ -753,8 +754,22 @@ grpc::Status DatasetsService::AttributePrompt(grpc::ServerContext* context,
   if (request->has_target_token_id()) query.target_token_id = request->target_token_id();
   if (request->has_contrast_token_id()) query.contrast_token_id = request->contrast_token_id();
   query.top = request->top();
-  auto found = options_.dataset_models->AttributePrompt(*source, query);
+  std::optional<engine::DatasetSource> target;
+  if (request->has_target_latent()) {
+    const latentd::v1::AttributionTarget& t = request->target_latent();
+    auto target_source = ModelSource(t.dataset_id());
+    if (!target_source.ok()) {
+      return ToGrpcStatus(absl::Status(
+          target_source.status().code(),
+          absl::StrCat("target_latent.dataset_id: ", target_source.status().message())));
+    }
+    target = *std::move(target_source);
+    query.target_latent = engine::TargetLatent{t.latent(), t.position()};
+  }
+  auto found =
+      options_.dataset_models->AttributePrompt(*source, query, target ? &*target : nullptr);
   if (!found.ok()) return ToGrpcStatus(found.status());
+  if (request->has_target_latent()) *response->mutable_target_latent() = request->target_latent();
   response->set_bos_prepended(found->bos_prepended);
   for (int64_t id : found->prompt) response->add_prompt(static_cast<int32_t>(id));
   response->set_target_token_id(static_cast<int32_t>(found->target_token_id));

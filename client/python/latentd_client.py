@@ -363,7 +363,7 @@ class Client:
         return self.datasets.SteerPrompt(request, metadata=self.metadata, timeout=self.timeout)
 
     def attribute_prompt(self, dataset_id, token_ids, target_token_id=None,
-                         contrast_token_id=None, top=20):
+                         contrast_token_id=None, top=20, target_latent=None):
         """Which of the dataset's SAE latents, where in the prompt, drive the prediction after
         it (attribution patching through the SAE: one forward and backward pass): the metric
         log p(target) (default target: the model's most likely next token), or with a
@@ -371,13 +371,21 @@ class Client:
         activation, attribution: its first-order contribution; removing it moves the metric by
         about minus this) and
         top_latents (summed over positions) by |attribution|; latent_attribution and
-        error_attribution (the SAE's error term), in all and per position."""
+        error_attribution (the SAE's error term), in all and per position.
+        target_latent=(dataset, latent, position): the metric is instead that latent's value at
+        that prompt position (an SAE on a later hook of the same model): which latents upstream
+        drive it, the edges of a sparse feature circuit."""
         request = datasets_pb2.AttributePromptRequest(
             dataset_id=dataset_id, token_ids=[int(t) for t in token_ids], top=top)
         if target_token_id is not None:
             request.target_token_id = int(target_token_id)
         if contrast_token_id is not None:
             request.contrast_token_id = int(contrast_token_id)
+        if target_latent is not None:
+            dataset, latent, position = target_latent
+            request.target_latent.dataset_id = int(dataset)
+            request.target_latent.latent = int(latent)
+            request.target_latent.position = int(position)
         return self.datasets.AttributePrompt(request, metadata=self.metadata,
                                              timeout=self.timeout)
 
@@ -630,10 +638,14 @@ class AttributionView:
         totals = [l + e for l, e in zip(a.latent_attribution_by_position,
                                         a.error_attribution_by_position)]
         line = '<div style="font-family:monospace;white-space:pre;margin:2px 0">%s  %s</div>'
-        parts = ["<div>metric %.4f for token %d%s: latents %+.4f, the SAE's error term %+.4f</div>"
-                 % (a.metric, a.target_token_id,
-                    " against %d" % a.contrast_token_id if a.HasField("contrast_token_id") else "",
-                    a.latent_attribution, a.error_attribution),
+        if a.HasField("target_latent"):
+            t = a.target_latent
+            of = "latent %d of dataset %d at position %d" % (t.latent, t.dataset_id, t.position)
+        else:
+            of = "token %d%s" % (a.target_token_id, " against %d" % a.contrast_token_id
+                                 if a.HasField("contrast_token_id") else "")
+        parts = ["<div>metric %.4f for %s: latents %+.4f, the SAE's error term %+.4f</div>"
+                 % (a.metric, of, a.latent_attribution, a.error_attribution),
                  line % ('<span style="display:inline-block;width:10em">by position</span>',
                          _signed_spans(words, ids, totals, max(map(abs, totals), default=0),
                                        ["position %d · %+.4f" % (p, t)

@@ -3,7 +3,8 @@ runs it natively) and a TopK SAE in the SAELens layout, an EXTRACT of its latent
 steered and ablated through the daemon equals GPT-2's forward pass written in Python (the HF
 parity test's) with x + (z' - z) W_dec spliced in at the hook: the per-position losses, the next
 token's distribution, the greedy continuations of both runs; and a prediction's attribution to
-the latents equals autograd's gradient of it at the hook times each latent's decoder row. The
+the latents equals autograd's gradient of it at the hook times each latent's decoder row (and
+so does the attribution of a later SAE's latent to an earlier SAE's latents). The
 same for a cross-layer transcoder in circuit-tracer's layout, whose latents write several
 layers."""
 
@@ -231,6 +232,39 @@ class SteeringTest(DaemonTestCase):
             at_layer0.latent_attribution, at_layer0.error_attribution,
             at_layer0.top_latents[0].latent, at_layer0.top_latents[0].attribution), line)
         self.assertNotEqual(at_layer0.latent_attribution, other.latent_attribution)
+
+        # Latent to latent: which latents of block 0's SAE drive a latent of block 1's at
+        # position 4; autograd's gradient of that latent's value at block 0's hook.
+        layer0_hook = "blocks.0.hook_resid_post"
+        zero = torch.zeros(1, len(prompt), D, requires_grad=True)
+        seen = {}
+
+        def add_at_layer0(x):
+            seen["x"] = x.detach()
+            return x + zero
+        later = gpt2(torch.tensor([prompt]), {layer0_hook: add_at_layer0})[HOOK]
+        z_later = encode(sae, later)[0]
+        target_latent = int(z_later[4].argmax())
+        z_later[4, target_latent].backward()
+        with torch.no_grad():
+            credit = encode(sae, seen["x"][0]) * (zero.grad[0] @ sae["W_dec"].T)
+        driven = c.attribute_prompt(layer0, prompt, top=10,
+                                    target_latent=(dataset, target_latent, 4))
+        self.assertAlmostEqual(driven.metric, float(z_later[4, target_latent]), places=4)
+        self.assertEqual(driven.target_latent.latent, target_latent)
+        numpy.testing.assert_allclose(driven.latent_attribution_by_position,
+                                      credit.sum(1).numpy(), rtol=1e-3, atol=1e-5)
+        order = credit.flatten().abs().argsort(descending=True)[:10]
+        self.assertEqual([(e.position, e.latent) for e in driven.top_entries],
+                         [(int(i) // D_SAE, int(i) % D_SAE) for i in order])
+        shown = daemon.latentctl("attribute", str(layer0), *map(str, prompt),
+                                 "--target_latent=%d:%d@4" % (dataset, target_latent),
+                                 "--limit=3", "--all_hooks").stdout
+        self.assertIn("metric latent %d of dataset %d at position 4 (%d) = %.4f" % (
+            target_latent, dataset, prompt[4], driven.metric), shown)
+        with self.assertRaises(grpc.RpcError) as backwards:  # block 1 comes after block 0
+            c.attribute_prompt(dataset, prompt, target_latent=(layer0, 0, 4))
+        self.assertIn("target_latent.dataset_id", backwards.exception.details())
 
         # The notebook views.
         shown = c.show_attribution(dataset, prompt, target_token_id=target, top=2)._repr_html_()
