@@ -1053,6 +1053,31 @@ TEST_F(DatasetsServiceTest, AttributePromptConvertsEntriesAndTotals) {
   s = attribute(16, std::nullopt, &own);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("target_token_id: 16"), std::string::npos) << s.error_message();
+
+  // A latent of the same SAE as the target (its own hook: the write comes first): the metric is
+  // its value there, echoed with the answer. An unknown dataset is named.
+  const latentd::v1::LatentAttribution& strongest = contrasted.top_entries(0);
+  auto to_latent = [&](uint64_t dataset, int32_t latent, int32_t position,
+                       latentd::v1::AttributePromptResponse* out) {
+    grpc::ClientContext c;
+    latentd::v1::AttributePromptRequest r;
+    r.set_dataset_id(id);
+    for (int32_t t : {3, 1, 4, 1, 5}) r.add_token_ids(t);
+    r.mutable_target_latent()->set_dataset_id(dataset);
+    r.mutable_target_latent()->set_latent(latent);
+    r.mutable_target_latent()->set_position(position);
+    return stub_->AttributePrompt(&c, r, out);
+  };
+  latentd::v1::AttributePromptResponse driven;
+  s = to_latent(id, strongest.latent(), strongest.position(), &driven);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_NEAR(driven.metric(), strongest.activation(), 1e-3);
+  EXPECT_EQ(driven.target_latent().latent(), strongest.latent());
+  EXPECT_EQ(driven.target_latent().dataset_id(), id);
+  s = to_latent(id + 1000, 0, 0, &driven);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(s.error_message().find("target_latent.dataset_id"), std::string::npos)
+      << s.error_message();
 }
 
 TEST_F(DatasetsServiceTest, AnEncodedPromptTooLargeToReceiveIsRefusedWithTheNumbers) {
@@ -1432,6 +1457,13 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
           for (int64_t t = 0; t < n; ++t) req.add_token_ids(static_cast<int32_t>(pick(ints)) % 17);
           if (rng() % 2) req.set_target_token_id(int32_of());
           if (rng() % 2) req.set_contrast_token_id(int32_of());
+          if (i % 4 == 3) {  // latent to latent (its fields from i: the draws stay as they were)
+            const int32_t hostile[] = {-1, 0, 1, 511, 512, INT32_MAX, INT32_MIN};
+            latentd::v1::AttributionTarget* t = req.mutable_target_latent();
+            t->set_dataset_id((i / 4) % 3 == 0 ? id : (i / 4) % 3 == 1 ? id + 7 : UINT64_MAX);
+            t->set_latent(hostile[(i / 8) % 7]);
+            t->set_position(hostile[(i / 3) % 7]);
+          }
           req.set_top(int32_of());
           what = absl::StrCat("AttributePrompt of ", n,
                               " tokens: ", req.ShortDebugString().substr(0, 300));
