@@ -724,6 +724,125 @@ std::string SteeringHtml(const v1::SteerPromptRequest& request, const v1::SteerP
   return html;
 }
 
+std::string AttributionGraphHtml(const AttributionGraph& g, const Vocabulary* vocab) {
+  const v1::AttributePromptResponse& o = g.output;
+  std::string html = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">";
+  html += "<title>attribution graph</title>\n";
+  html += kStyle;
+  html += "</head><body>\n";
+  std::string metric;
+  if (o.has_target_latent()) {
+    metric = absl::StrFormat("latent %d of dataset %d at position %d", o.target_latent().latent(),
+                             o.target_latent().dataset_id(), o.target_latent().position());
+  } else {
+    metric =
+        absl::StrCat("log p(<code>", HtmlEscape(TokenText(o.target_token_id(), vocab)), "</code>)");
+    if (o.has_contrast_token_id()) {
+      metric = absl::StrCat("logit(<code>", HtmlEscape(TokenText(o.target_token_id(), vocab)),
+                            "</code>) &minus; logit(<code>",
+                            HtmlEscape(TokenText(o.contrast_token_id(), vocab)), "</code>)");
+    }
+  }
+  absl::StrAppendFormat(&html, "<h1>Attribution graph of %s = %.4f</h1>\n", metric, o.metric());
+  html += "<p class=\"ctx\">";
+  for (int p = 0; p < o.prompt_size(); ++p) {
+    absl::StrAppendFormat(&html, "<span class=\"t\" title=\"position %d\">%s</span>", p,
+                          HtmlEscape(TokenText(o.prompt(p), vocab)));
+  }
+  html +=
+      "</p>\n<p>Each edge: the parent's first-order credit for the child's value (for the output: "
+      "its metric); blue for, red against, as wide as its share of the strongest edge into the "
+      "same child. A node's shade: the share of the output that flows through it.</p>\n";
+
+  // Columns: the layers, then the output; rows: the nodes by position, the error node last.
+  const int columns = static_cast<int>(g.layers.size()) + 1;
+  std::vector<std::vector<int>> column(columns);
+  for (size_t n = 0; n < g.nodes.size(); ++n) column[g.nodes[n].layer].push_back(n);
+  for (std::vector<int>& c : column) {
+    std::sort(c.begin(), c.end(), [&](int a, int b) {
+      const GraphNode &x = g.nodes[a], &y = g.nodes[b];
+      if ((x.latent == kErrorNode) != (y.latent == kErrorNode)) return y.latent == kErrorNode;
+      return x.position != y.position ? x.position < y.position : x.latent < y.latent;
+    });
+  }
+  constexpr int kWidth = 170, kHeight = 38, kColumn = 230, kRow = 50, kTop = 40;
+  std::vector<std::pair<int, int>> at(g.nodes.size());  // each node's box corner
+  size_t rows = 1;
+  for (int c = 0; c < columns; ++c) {
+    rows = std::max(rows, column[c].size());
+    for (size_t r = 0; r < column[c].size(); ++r) {
+      at[column[c][r]] = {10 + c * kColumn, kTop + static_cast<int>(r) * kRow};
+    }
+  }
+  const int width = 10 + columns * kColumn, height = kTop + static_cast<int>(rows) * kRow;
+  absl::StrAppendFormat(&html,
+                        "<svg width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\" "
+                        "aria-label=\"attribution graph\" style=\"font-size:12px\">\n",
+                        width, height, width, height);
+  for (int c = 0; c < columns; ++c) {
+    absl::StrAppendFormat(&html, "<text x=\"%d\" y=\"20\" font-weight=\"bold\">%s</text>\n",
+                          10 + c * kColumn,
+                          c + 1 == columns ? "output" : HtmlEscape(g.layers[c].label));
+  }
+  std::vector<double> strongest_into(g.nodes.size(), 0.0);
+  for (const GraphEdge& e : g.edges) {
+    strongest_into[e.to] = std::max(strongest_into[e.to], std::abs(e.attribution));
+  }
+  auto name = [&](int n) {
+    const GraphNode& node = g.nodes[n];
+    if (n == 0) return std::string("output");
+    if (node.latent == kErrorNode) return absl::StrCat("error of ", g.layers[node.layer].label);
+    return absl::StrFormat("#%d@%d", node.latent, node.position);
+  };
+  for (const GraphEdge& e : g.edges) {
+    const auto [x1, y1] = at[e.from];
+    const auto [x2, y2] = at[e.to];
+    const double share =
+        strongest_into[e.to] > 0 ? std::abs(e.attribution) / strongest_into[e.to] : 0.0;
+    const int from_x = x1 + kWidth, mid = (from_x + x2) / 2;
+    absl::StrAppendFormat(
+        &html,
+        "<path d=\"M%d %d C%d %d %d %d %d %d\" fill=\"none\" stroke=\"%s\" "
+        "stroke-width=\"%.2f\" stroke-opacity=\"0.6\"><title>%s &#8594; %s: %+.4g</title></path>\n",
+        from_x, y1 + kHeight / 2, mid, y1 + kHeight / 2, mid, y2 + kHeight / 2, x2,
+        y2 + kHeight / 2, e.attribution >= 0 ? "#0066ff" : "#ff3300", 0.5 + 5 * share,
+        HtmlEscape(name(e.from)), HtmlEscape(name(e.to)), e.attribution);
+  }
+  double most = 0;  // the largest importance but the output's (1), which shades fully
+  for (size_t n = 1; n < g.nodes.size(); ++n) most = std::max(most, g.nodes[n].score);
+  for (size_t n = 0; n < g.nodes.size(); ++n) {
+    const GraphNode& node = g.nodes[n];
+    const auto [x, y] = at[n];
+    std::string first, second;
+    if (n == 0) {
+      first = "output";
+      second = absl::StrFormat("%.4g", o.metric());
+    } else if (node.latent == kErrorNode) {
+      first = "SAE error";
+      second = "all positions";
+    } else {
+      first = absl::StrFormat("#%d @%d", node.latent, node.position);
+      const int32_t token = node.position < o.prompt_size() ? o.prompt(node.position) : -1;
+      second = absl::StrFormat("%s = %.3g", TokenText(token, vocab), node.activation);
+    }
+    absl::StrAppendFormat(
+        &html,
+        "<g><title>%s &#183; importance %.3f</title><rect x=\"%d\" y=\"%d\" width=\"%d\" "
+        "height=\"%d\" rx=\"4\" fill=\"rgba(255,102,0,%.3f)\" stroke=\"#999\"/>"
+        "<text x=\"%d\" y=\"%d\">%s</text><text x=\"%d\" y=\"%d\" "
+        "font-family=\"monospace\">%s</text></g>\n",
+        HtmlEscape(name(static_cast<int>(n))), node.score, x, y, kWidth, kHeight,
+        n == 0 || most <= 0 ? 0.8 : 0.8 * node.score / most, x + 6, y + 15, HtmlEscape(first),
+        x + 6, y + 31, HtmlEscape(second));
+  }
+  html += "</svg>\n";
+  for (const std::string& note : g.notes) {
+    absl::StrAppend(&html, "<p>Note: ", HtmlEscape(note), "</p>\n");
+  }
+  html += "</body></html>\n";
+  return html;
+}
+
 std::string LatentPageName(int32_t latent) { return absl::StrCat("latent-", latent, ".html"); }
 
 std::string LatentIndexHtml(const v1::ListLatentsResponse& overview,

@@ -520,5 +520,56 @@ TEST(LatentViewTest, ASteeringPageShowsTheLossChangeAndTheRunsSideBySide) {
       << html;
 }
 
+// The graph page: a column per hook and the output, each node's box at its column, each edge a
+// path coloured by sign and as wide as its share of the strongest into its child.
+TEST(LatentViewTest, AnAttributionGraphIsDrawnColumnByColumn) {
+  AttributionGraph g;
+  g.layers = {{5, "blocks.0.hook_resid_post"}, {6, "blocks.1.hook_resid_post"}};
+  for (int t : {0, 1, 2}) g.output.add_prompt(t);
+  g.output.set_target_token_id(2);
+  g.output.set_metric(-0.5);
+  g.nodes = {{2, 2, 2, -0.5f, 1.0},  // the output
+             {1, 40, 2, 3.0f, 0.5},  // blocks.1, latent 40 at position 2
+             {1, kErrorNode, -1, 0, 0.25},
+             {0, 7, 1, 1.5f, 0.125}};  // blocks.0, latent 7 at position 1
+  g.edges = {{1, 0, 2.0}, {2, 0, -1.0}, {3, 1, 0.5}};
+  g.notes = {"a <note>"};
+  auto vocab = Vocabulary::Parse("a\nb\n<c>\n");
+  ASSERT_TRUE(vocab.ok());
+  const std::string html = AttributionGraphHtml(g, &*vocab);
+  EXPECT_NE(html.find("<h1>Attribution graph of log p(<code>&lt;c&gt;</code>) = -0.5000</h1>"),
+            std::string::npos)
+      << html;
+  // Columns 10, 240, 470: blocks.0, blocks.1, the output.
+  EXPECT_NE(html.find("<text x=\"240\" y=\"20\" font-weight=\"bold\">blocks.1.hook_resid_post"),
+            std::string::npos)
+      << html;
+  EXPECT_NE(html.find("<title>#40@2 &#183; importance 0.500</title><rect x=\"240\" y=\"40\""),
+            std::string::npos)
+      << html;
+  EXPECT_NE(html.find("<text x=\"246\" y=\"71\" font-family=\"monospace\">&lt;c&gt; = 3</text>"),
+            std::string::npos)
+      << html;
+  EXPECT_NE(html.find("<title>#7@1 &#183; importance 0.125</title><rect x=\"10\" y=\"40\""),
+            std::string::npos)
+      << html;
+  // The error node below the latent; the output fully shaded, the others by their importance
+  // over the largest (0.5).
+  EXPECT_NE(html.find("importance 0.250</title><rect x=\"240\" y=\"90\" width=\"170\" "
+                      "height=\"38\" rx=\"4\" fill=\"rgba(255,102,0,0.400)\""),
+            std::string::npos)
+      << html;
+  // Edges: the latent's into the output at full width, blue; the error's half as wide, red.
+  EXPECT_NE(html.find("stroke=\"#0066ff\" stroke-width=\"5.50\" stroke-opacity=\"0.6\">"
+                      "<title>#40@2 &#8594; output: +2</title>"),
+            std::string::npos)
+      << html;
+  EXPECT_NE(html.find("stroke=\"#ff3300\" stroke-width=\"3.00\" stroke-opacity=\"0.6\">"
+                      "<title>error of blocks.1.hook_resid_post &#8594; output: -1</title>"),
+            std::string::npos)
+      << html;
+  EXPECT_NE(html.find("<p>Note: a &lt;note&gt;</p>"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace latentd::client

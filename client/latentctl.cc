@@ -34,6 +34,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "client/attribution_graph.h"
 #include "client/dataset_siblings.h"
 #include "client/latent_view.h"
 #include "client/steer_view.h"
@@ -42,6 +43,7 @@
 #include "client/tokenizer.h"
 #include "client/vocabulary.h"
 #include "common/status_macros.h"
+#include "engine/hook_name.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/time_util.h"
 #include "proto/latentd/v1/datasets.grpc.pb.h"
@@ -88,6 +90,10 @@ ABSL_FLAG(std::string, html, "",
           "and continuations, a sweep's KL plot; attribute: the prompt shaded by position and "
           "by each top latent); latent: statistics, histogram, every example's tokens "
           "shaded by the latent's value on them");
+ABSL_FLAG(int, per_hook, 4, "graph: latents kept per hook");
+ABSL_FLAG(std::string, layers, "",
+          "graph: the datasets of the graph's hooks, earliest first, comma-separated (default: the "
+          "dataset's suite up to its hook, one dataset per hook)");
 ABSL_FLAG(std::string, target_latent, "",
           "attribute: DATASET:LATENT@POSITION: explain that latent's value at that prompt position "
           "(an SAE on a later hook of the same model) instead of the next token: which latents "
@@ -1326,6 +1332,31 @@ bool TokenFlag(const std::string& flag, const std::string& value,
 
 // Which latents drive the prediction after a prompt (AttributePrompt):
 // `attribute ID T1 T2 ... [--target=T [--contrast=T]] [--limit=N]`.
+// The prompt (tokens or --text) and the metric (--target, --contrast, --target_latent) of an
+// attribute or graph command; false with *error (a usage message) when a flag is wrong.
+bool AttributionRequestFlags(const std::vector<std::string>& args,
+                             const std::optional<Vocabulary>& vocab,
+                             v1::AttributePromptRequest* request, std::string* error) {
+  if (!PromptTokenIds(args, vocab, request->mutable_token_ids(), error)) return false;
+  for (const auto& [flag, value] : {std::pair{"target", absl::GetFlag(FLAGS_target)},
+                                    std::pair{"contrast", absl::GetFlag(FLAGS_contrast)}}) {
+    if (value.empty()) continue;
+    int32_t token = 0;
+    if (!TokenFlag(flag, value, vocab, &token, error)) return false;
+    std::string(flag) == "target" ? request->set_target_token_id(token)
+                                  : request->set_contrast_token_id(token);
+  }
+  if (const std::string flag = absl::GetFlag(FLAGS_target_latent); !flag.empty()) {
+    auto target = ParseTargetLatent(flag);
+    if (!target.ok()) {
+      *error = std::string(target.status().message());
+      return false;
+    }
+    *request->mutable_target_latent() = *target;
+  }
+  return true;
+}
+
 int Attribute(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
   if (!ParseId(args, 1, &id)) {
@@ -1335,21 +1366,8 @@ int Attribute(Client& client, const std::vector<std::string>& args) {
   if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
   v1::AttributePromptRequest request;
   request.set_dataset_id(id);
-  if (std::string error; !PromptTokenIds(args, vocab, request.mutable_token_ids(), &error)) {
+  if (std::string error; !AttributionRequestFlags(args, vocab, &request, &error)) {
     return Usage(error);
-  }
-  for (const auto& [flag, value] : {std::pair{"target", absl::GetFlag(FLAGS_target)},
-                                    std::pair{"contrast", absl::GetFlag(FLAGS_contrast)}}) {
-    if (value.empty()) continue;
-    int32_t token = 0;
-    if (std::string error; !TokenFlag(flag, value, vocab, &token, &error)) return Usage(error);
-    std::string(flag) == "target" ? request.set_target_token_id(token)
-                                  : request.set_contrast_token_id(token);
-  }
-  if (const std::string flag = absl::GetFlag(FLAGS_target_latent); !flag.empty()) {
-    auto target = ParseTargetLatent(flag);
-    if (!target.ok()) return Usage(std::string(target.status().message()));
-    *request.mutable_target_latent() = *target;
   }
   const int limit = absl::GetFlag(FLAGS_limit);
   const std::string html = absl::GetFlag(FLAGS_html);
@@ -1414,6 +1432,105 @@ int Attribute(Client& client, const std::vector<std::string>& args) {
                 other.latent_attribution(), other.error_attribution(),
                 absl::StrJoin(top, ", ").c_str());
   }
+  return 0;
+}
+
+// The hooks of an attribution graph, earliest first: --layers as given, else dataset `id`
+// and the other datasets of its suite (SiblingDatasets) at hooks the forward computes up to
+// its own, one per hook.
+absl::StatusOr<std::vector<GraphLayer>> GraphLayers(Client& client, uint64_t id) {
+  std::vector<GraphLayer> layers;
+  auto info_of = [&](uint64_t dataset) -> absl::StatusOr<v1::DatasetInfo> {
+    v1::GetDatasetRequest request;
+    request.set_dataset_id(dataset);
+    v1::DatasetInfo info;
+    grpc::Status status = client.datasets()->GetDataset(client.Context().get(), request, &info);
+    if (!status.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          status.error_message());
+    }
+    return info;
+  };
+  if (const std::string flag = absl::GetFlag(FLAGS_layers); !flag.empty()) {
+    for (absl::string_view item : absl::StrSplit(flag, ',', absl::SkipWhitespace())) {
+      uint64_t dataset = 0;
+      if (!absl::SimpleAtoi(item, &dataset)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--layers: '", item, "' is not a dataset id"));
+      }
+      ASSIGN_OR_RETURN(const v1::DatasetInfo info, info_of(dataset));
+      layers.push_back({dataset, info.hook_name()});
+    }
+    return layers;
+  }
+  ASSIGN_OR_RETURN(const v1::DatasetInfo info, info_of(id));
+  ASSIGN_OR_RETURN(std::vector<v1::DatasetInfo> suite, SiblingDatasets(client, info));
+  suite.insert(suite.begin(), info);
+  const absl::StatusOr<engine::HookName> last = engine::ParseHookName(info.hook_name());
+  if (!last.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset ", id, " records no hook name of a model (", info.hook_name(),
+                     "): name the graph's datasets with --layers"));
+  }
+  std::vector<std::pair<engine::HookName, GraphLayer>> hooks;
+  for (const v1::DatasetInfo& d : suite) {
+    const absl::StatusOr<engine::HookName> hook = engine::ParseHookName(d.hook_name());
+    if (!hook.ok() || engine::ComputedBefore(*last, *hook)) continue;
+    const bool seen = std::any_of(hooks.begin(), hooks.end(), [&](const auto& h) {
+      return h.first.point == hook->point && h.first.layer == hook->layer;
+    });
+    if (!seen) hooks.push_back({*hook, {d.id(), d.hook_name()}});
+  }
+  std::stable_sort(hooks.begin(), hooks.end(), [](const auto& a, const auto& b) {
+    return engine::ComputedBefore(a.first, b.first);
+  });
+  for (const auto& [hook, layer] : hooks) layers.push_back(layer);
+  return layers;
+}
+
+// An attribution graph of a prompt over an SAE suite (client/attribution_graph.h): printed, and
+// with --html drawn.
+int Graph(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id)) {
+    return Usage("graph needs a dataset id (the suite's latest hook) and the prompt");
+  }
+  std::optional<Vocabulary> vocab;
+  if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
+  v1::AttributePromptRequest metric;
+  if (std::string error; !AttributionRequestFlags(args, vocab, &metric, &error)) {
+    return Usage(error);
+  }
+  auto layers = GraphLayers(client, id);
+  if (!layers.ok()) {
+    std::fprintf(stderr, "latentctl: %s\n", layers.status().ToString().c_str());
+    return layers.status().code() == absl::StatusCode::kInvalidArgument ? 2 : kExitRpcError;
+  }
+  const int nodes = absl::GetFlag(FLAGS_per_hook);
+  if (nodes < 1) return Usage("--per_hook: must be at least 1");
+  auto graph = BuildAttributionGraph(
+      *layers, metric, nodes,
+      [&](const v1::AttributePromptRequest& request)
+          -> absl::StatusOr<v1::AttributePromptResponse> {
+        v1::AttributePromptResponse response;
+        grpc::Status status =
+            client.datasets()->AttributePrompt(client.Context().get(), request, &response);
+        if (!status.ok()) {
+          return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                              status.error_message());
+        }
+        return response;
+      });
+  if (!graph.ok()) {
+    std::fprintf(stderr, "latentctl: %s\n", graph.status().ToString().c_str());
+    return kExitRpcError;
+  }
+  if (const std::string html = absl::GetFlag(FLAGS_html); !html.empty()) {
+    if (!WriteHtmlFlag(html, AttributionGraphHtml(*graph, vocab ? &*vocab : nullptr))) {
+      return kExitRpcError;
+    }
+  }
+  std::printf("%s", DescribeAttributionGraph(*graph, vocab).c_str());
   return 0;
 }
 
@@ -2089,6 +2206,13 @@ datasets:
                                  --target_latent=D:J@P: explain latent J of dataset D (a
                                  later hook of the same model) at position P instead: the
                                  edges of a sparse feature circuit
+  graph ID T1 T2 ... [--target=T [--contrast=T] | --target_latent=D:J@P] [--per_hook=N]
+        [--layers=D,D,...] [--vocab=F] [--html=FILE.html]
+  graph ID --text="..." --vocab=tokenizer.json [...]
+                                 an attribution graph over the SAE suite up to dataset ID's
+                                 hook: the N latents (at their positions) that drive the
+                                 prediction most, then per earlier hook the N that drive
+                                 those, with each hook's SAE error; --html draws it
   compare ID OTHER [--sample=N] [--limit=N]
                                  how far two datasets' SAEs learned the same directions: each
                                  latent's nearest decoder direction in the other SAE (mean,
@@ -2291,6 +2415,7 @@ int Run(const std::vector<std::string>& args) {
   if (command == "prompt") return Prompt(client, args);
   if (command == "steer") return Steer(client, args);
   if (command == "attribute") return Attribute(client, args);
+  if (command == "graph") return Graph(client, args);
   if (command == "compare") return Compare(client, args);
   if (command == "cofiring") return OnRows(client, args, /*by_token=*/false);
   if (command == "token") return OnRows(client, args, /*by_token=*/true);

@@ -262,6 +262,19 @@ class SteeringTest(DaemonTestCase):
                                  "--limit=3", "--all_hooks").stdout
         self.assertIn("metric latent %d of dataset %d at position 4 (%d) = %.4f" % (
             target_latent, dataset, prompt[4], driven.metric), shown)
+        # The attribution graph over the suite: block 1's nodes are the prediction's strongest
+        # entries; block 0's drive them.
+        page = os.path.join(self.tmp, "graph.html")
+        graph = daemon.latentctl("graph", str(dataset), *map(str, prompt), "--target=%d" % target,
+                                 "--per_hook=2", "--html=" + page).stdout
+        strongest_entry = c.attribute_prompt(dataset, prompt, target_token_id=target,
+                                             top=20).top_entries[0]
+        block1 = graph.split("%s (dataset %d):\n" % (HOOK, dataset))[1].splitlines()
+        self.assertIn("#%d @%d" % (strongest_entry.latent, strongest_entry.position), block1[0])
+        self.assertIn("-> output %+.3g" % strongest_entry.attribution, block1[0])
+        self.assertIn("blocks.0.hook_resid_post (dataset %d):" % layer0, graph)
+        with open(page) as f:
+            self.assertIn("<title>output &#183; importance 1.000</title>", f.read())
         with self.assertRaises(grpc.RpcError) as backwards:  # block 1 comes after block 0
             c.attribute_prompt(dataset, prompt, target_latent=(layer0, 0, 4))
         self.assertIn("target_latent.dataset_id", backwards.exception.details())
