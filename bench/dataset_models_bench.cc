@@ -212,6 +212,19 @@ int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t 
       MedianSeconds(rounds, [&] { return reader.AttributePrompt(source, attribute).status(); });
   if (!attributed) return 1;
   std::printf("AttributePrompt of the prompt: %.3f s (median)\n", *attributed);
+  // The same pass to a latent at the dataset's own hook (its largest on the last token): the
+  // forward stops there, without the later blocks and the unembedding.
+  latentd::engine::PromptQuery prompt;
+  prompt.token_ids = query.token_ids;
+  auto encoded = reader.EncodePrompt(source, prompt);
+  if (!encoded.ok() || encoded->tokens.back().latents.empty()) return 1;
+  attribute.target_latent = latentd::engine::TargetLatent{
+      encoded->tokens.back().latents[0].index, static_cast<int64_t>(encoded->tokens.size()) - 1};
+  const std::optional<double> to_latent = MedianSeconds(
+      rounds, [&] { return reader.AttributePrompt(source, attribute, &source).status(); });
+  if (!to_latent) return 1;
+  std::printf("AttributePrompt to a latent at %s: %.3f s (median), %.2fx the next token's\n",
+              spec->hook_name().c_str(), *to_latent, *to_latent / *attributed);
   return 0;
 }
 

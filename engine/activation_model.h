@@ -80,6 +80,17 @@ class ActivationModel {
     TORCH_CHECK(false, next_token_loss_unsupported());
     return {};
   }
+  // The activations at `hooks` (in that order, each after the splices at it) of one forward
+  // pass over tokens [batch, seq] with `splices` applied on the way, which stops once it has
+  // them all: what a later SAE reads when earlier activations change (latent-to-latent
+  // attribution), without the rest of the model and its unembedding. Models that can run
+  // PredictNextTokens can run this. May throw c10::Error.
+  virtual std::vector<at::Tensor> ForwardSpliced(const at::Tensor& tokens,
+                                                 const std::vector<HookName>& hooks,
+                                                 const HookSplices& splices) {
+    TORCH_CHECK(false, next_token_loss_unsupported());
+    return {};
+  }
   // The summed next-token cross-entropy over tokens [batch, seq] (batch * (seq - 1)
   // predictions), as PredictNextTokens forms it.
   double NextTokenLossSum(const at::Tensor& tokens, const HookSplices& splices) {

@@ -101,8 +101,8 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
   if (query.target_latent) RETURN_IF_ERROR(CheckTarget(query, target, written, n));
 
   // The forward pass keeps the SAE's input and, at each hook its decoder writes, the activation
-  // there and a zero added to it whose gradient is dm/d(activation); with a target latent, the
-  // activation its SAE reads (after those, where it is one of them).
+  // there and a zero added to it whose gradient is dm/d(activation). (A target latent's SAE
+  // reads its hook after the splices there.)
   at::Tensor input;
   std::vector<at::Tensor> outputs(written.size()), zeros(written.size());
   HookSplices splices = {{steering.hook, [&](const at::Tensor& x) {
@@ -117,13 +117,6 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
            return x + zeros[h].to(x.scalar_type());
          }});
   }
-  at::Tensor target_input;
-  if (query.target_latent) {
-    splices.push_back({target->hook, [&](const at::Tensor& x) {
-                         target_input = x;
-                         return x;
-                       }});
-  }
   AttributionResult out;
   out.bos_prepended = bos_prepended;
   out.prompt = prompt;
@@ -131,11 +124,11 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
   std::vector<at::Tensor> gradients;  // per written hook, [n, its width]
   {
     at::AutoGradMode grad_mode(true);  // queries run under NoGradGuard
-    const NextTokenPredictions p = model.PredictNextTokens(
-        at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n}), splices,
-        /*losses=*/false);
+    const at::Tensor tokens = at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n});
     at::Tensor metric;
     if (const std::optional<TargetLatent>& t = query.target_latent) {
+      // Only as far as the target's hook: the rest of the model does not move it.
+      const at::Tensor target_input = model.ForwardSpliced(tokens, {target->hook}, splices)[0];
       metric = target->sae->LatentValue(target_input[0].narrow(0, t->position, 1).to(at::kFloat),
                                         t->latent)[0];
       if (metric.item<double>() == 0) {
@@ -144,7 +137,8 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
                          ": nothing moves it to first order (ask at a position where it fires)"));
       }
     } else {
-      const at::Tensor logits = p.last_logits[0];
+      const at::Tensor logits =
+          model.PredictNextTokens(tokens, splices, /*losses=*/false).last_logits[0];
       out.target_token_id =
           query.target_token_id ? *query.target_token_id : logits.argmax().item<int64_t>();
       out.contrast_token_id = query.contrast_token_id;

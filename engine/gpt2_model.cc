@@ -139,6 +139,12 @@ NextTokenPredictions Gpt2Model::PredictNextTokens(const at::Tensor& tokens,
                                    /*softcap=*/0, losses);
 }
 
+std::vector<at::Tensor> Gpt2Model::ForwardSpliced(const at::Tensor& tokens,
+                                                  const std::vector<HookName>& hooks,
+                                                  const HookSplices& splices) {
+  return Run(tokens, hooks, nullptr, &splices);
+}
+
 std::vector<std::pair<std::string, at::Tensor>> Gpt2Model::NamedWeights() const {
   std::vector<std::pair<std::string, at::Tensor>> out = {{"embed.W_E", w_.W_E},
                                                          {"embed.W_pos", w_.W_pos}};

@@ -107,6 +107,9 @@ class Gpt2Model : public ActivationModel {
   std::string next_token_loss_unsupported() const override;
   NextTokenPredictions PredictNextTokens(const at::Tensor& tokens, const HookSplices& splices,
                                          bool losses, KeyValueCache* cache = nullptr) override;
+  std::vector<at::Tensor> ForwardSpliced(const at::Tensor& tokens,
+                                         const std::vector<HookName>& hooks,
+                                         const HookSplices& splices) override;
 
  private:
   Gpt2Model() = default;

@@ -202,7 +202,30 @@ void ExpectCachedContinuationsMatch(ActivationModel& model, int64_t vocab,
   }
 }
 
-TEST(HfModelTest, ACachedContinuationPredictsAsTheWholeSequence) {
+// ForwardSpliced stops at its hook with the splices before it applied: what the whole run to
+// the logits sees there with the same splices.
+void ExpectSplicedForwardMatches(ActivationModel& model, int64_t vocab, const std::string& what) {
+  at::manual_seed(10);
+  const at::Tensor tokens = at::randint(0, vocab, {2, 8}, at::kLong);
+  at::NoGradGuard no_grad;
+  const HookName later = *ParseHookName("blocks.1.hook_resid_mid");
+  HookSplices splices = {
+      {*ParseHookName("blocks.0.hook_mlp_out"), [](const at::Tensor& x) { return x + 0.5; }}};
+  const std::vector<at::Tensor> got = model.ForwardSpliced(tokens, {later}, splices);
+  ASSERT_EQ(got.size(), 1u) << what;
+  at::Tensor seen;
+  splices.push_back({later, [&](const at::Tensor& x) {
+                       seen = x;
+                       return x;
+                     }});
+  model.PredictNextTokens(tokens, splices, /*losses=*/false);
+  ASSERT_TRUE(seen.defined()) << what;
+  EXPECT_TRUE(at::allclose(got[0], seen, 1e-5, 1e-6)) << what;
+  const at::Tensor plain = model.ForwardSpliced(tokens, {later}, {})[0];
+  EXPECT_FALSE(at::allclose(got[0], plain, 1e-3, 1e-3)) << what << ": the splice changed nothing";
+}
+
+TEST(HfModelTest, CachedContinuationsAndSplicedForwardsAgreeWithTheWholeRun) {
   latentd::v1::ReferenceModelSpec spec;
   spec.set_d_model(16);
   spec.set_n_layers(2);
@@ -214,6 +237,7 @@ TEST(HfModelTest, ACachedContinuationPredictsAsTheWholeSequence) {
   auto gpt2 = LoadHfModel({gpt2_dir}, Hooks({"blocks.0.hook_resid_post"}), at::kCPU);
   ASSERT_TRUE(gpt2.ok()) << gpt2.status();
   ExpectCachedContinuationsMatch(**gpt2, 40, "gpt2");
+  ExpectSplicedForwardMatches(**gpt2, 40, "gpt2");
   // Llama with grouped-query attention; Gemma 3, whose local layers attend to a window shorter
   // than the sequence (4 positions) and rotate by their own base.
   for (const auto& [name, changes] :
@@ -228,6 +252,7 @@ TEST(HfModelTest, ACachedContinuationPredictsAsTheWholeSequence) {
     auto model = LoadHfModel({dir}, Hooks({"blocks.0.hook_resid_post"}), at::kCPU);
     ASSERT_TRUE(model.ok()) << model.status();
     ExpectCachedContinuationsMatch(**model, 50, name);
+    ExpectSplicedForwardMatches(**model, 50, name);
   }
 }
 

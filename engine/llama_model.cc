@@ -342,6 +342,12 @@ NextTokenPredictions LlamaModel::PredictNextTokens(const at::Tensor& tokens,
   return predictions;
 }
 
+std::vector<at::Tensor> LlamaModel::ForwardSpliced(const at::Tensor& tokens,
+                                                   const std::vector<HookName>& hooks,
+                                                   const HookSplices& splices) {
+  return Run(tokens, hooks, &splices, nullptr, /*losses=*/false, nullptr);
+}
+
 std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedWeights() const {
   std::vector<std::pair<std::string, at::Tensor>> out = {{"embed.W_E", w_.W_E},
                                                          {"unembed.W_U", w_.W_U}};
