@@ -34,10 +34,10 @@ std::string NodeName(const AttributionGraph& g, const GraphNode& n,
 
 }  // namespace
 
-absl::StatusOr<AttributionGraph> BuildAttributionGraph(const std::vector<GraphLayer>& layers,
-                                                       const v1::AttributePromptRequest& metric,
-                                                       int nodes_per_layer,
-                                                       const AttributeCall& attribute) {
+absl::StatusOr<AttributionGraph> BuildAttributionGraph(
+    const std::vector<GraphLayer>& layers, const v1::AttributePromptRequest& metric,
+    int nodes_per_layer, const AttributeCall& attribute,
+    const std::function<void(const GraphLayer& layer, int calls)>& layer_done) {
   if (layers.empty()) return absl::InvalidArgumentError("an attribution graph needs a layer");
   if (nodes_per_layer < 1) {
     return absl::InvalidArgumentError(
@@ -50,6 +50,7 @@ absl::StatusOr<AttributionGraph> BuildAttributionGraph(const std::vector<GraphLa
   // not the strongest of any one still shows.
   const int listed = std::max(20, 4 * nodes_per_layer);
   std::vector<int> targets = {0};
+  int calls = 0;
   g.nodes.push_back({out_layer, -1, 0, 0, 1.0});
   for (int layer = out_layer - 1; layer >= 0; --layer) {
     std::map<std::pair<int32_t, int32_t>, Candidate> found;  // by (latent, position)
@@ -70,6 +71,7 @@ absl::StatusOr<AttributionGraph> BuildAttributionGraph(const std::vector<GraphLa
         to->set_position(t.position);
       }
       absl::StatusOr<v1::AttributePromptResponse> answer = attribute(request);
+      ++calls;
       if (!answer.ok()) {
         if (target == 0 && layer == out_layer - 1) return answer.status();  // the metric itself
         refused = std::string(answer.status().message());
@@ -98,6 +100,7 @@ absl::StatusOr<AttributionGraph> BuildAttributionGraph(const std::vector<GraphLa
       error.importance += share * std::abs(answer->error_attribution());
       error.edges.emplace_back(target, answer->error_attribution());
     }
+    if (layer_done) layer_done(layers[layer], calls);
     if (!answered) {
       g.notes.push_back(absl::StrCat(layers[layer].label, " (dataset ", layers[layer].dataset_id,
                                      "): no edges: ", refused));

@@ -65,10 +65,12 @@ using AttributeCall =
 // calls are refused (a transcoder's output after the next hook, a latent that is 0) is noted
 // and skipped: the layer before it connects to the nodes after it. INVALID_ARGUMENT for no
 // layers or nodes_per_layer < 1; the first call's error when the output's metric fails.
-absl::StatusOr<AttributionGraph> BuildAttributionGraph(const std::vector<GraphLayer>& layers,
-                                                       const v1::AttributePromptRequest& metric,
-                                                       int nodes_per_layer,
-                                                       const AttributeCall& attribute);
+// `layer_done` (may be empty) hears of each layer as it is finished, with the calls made so far
+// (a suite of a real model takes one call per kept node: progress for a person waiting).
+absl::StatusOr<AttributionGraph> BuildAttributionGraph(
+    const std::vector<GraphLayer>& layers, const v1::AttributePromptRequest& metric,
+    int nodes_per_layer, const AttributeCall& attribute,
+    const std::function<void(const GraphLayer& layer, int calls)>& layer_done = nullptr);
 
 // The graph for a terminal: the metric, then per layer (latest first) its nodes with their
 // strongest edges towards the output.

@@ -86,8 +86,10 @@ TEST(AttributionGraphTest, EachLayerExplainsTheNodesKeptAfterIt) {
   daemon.Answer({2, 3, 11, 3}, {{21, 1, -2.0}}, 0.0);
   daemon.Answer({1, 2, 21, 1}, {{30, 0, 0.25}}, 0.0);
   daemon.Answer({1, 2, 20, 4}, {{31, 2, 1.0}}, 1.0);
-  auto g = BuildAttributionGraph(kLayers, Metric(), 2,
-                                 [&](const v1::AttributePromptRequest& r) { return daemon(r); });
+  std::vector<std::pair<uint64_t, int>> done;  // (layer's dataset, calls so far)
+  auto g = BuildAttributionGraph(
+      kLayers, Metric(), 2, [&](const v1::AttributePromptRequest& r) { return daemon(r); },
+      [&](const GraphLayer& layer, int calls) { done.emplace_back(layer.dataset_id, calls); });
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ(g->nodes[0].latent, 7);  // the output: the target token at the last position
   EXPECT_EQ(g->nodes[0].position, 4);
@@ -124,6 +126,8 @@ TEST(AttributionGraphTest, EachLayerExplainsTheNodesKeptAfterIt) {
         << i;
   }
   EXPECT_TRUE(g->notes.empty());
+  // Progress: the last layer after the output's call, then two calls a layer (its kept nodes).
+  EXPECT_EQ(done, (std::vector<std::pair<uint64_t, int>>{{3, 1}, {2, 3}, {1, 5}}));
   const std::string text = DescribeAttributionGraph(*g, std::nullopt);
   EXPECT_NE(text.find("attribution graph of log p(7) = -1.5000 over 3 hooks"), std::string::npos)
       << text;

@@ -92,8 +92,8 @@ ABSL_FLAG(std::string, html, "",
           "shaded by the latent's value on them");
 ABSL_FLAG(int, per_hook, 4, "graph: latents kept per hook");
 ABSL_FLAG(std::string, layers, "",
-          "graph: the datasets of the graph's hooks, earliest first, comma-separated (default: the "
-          "dataset's suite up to its hook, one dataset per hook)");
+          "graph: the datasets of the graph's hooks, comma-separated, in any order (the forward's "
+          "is used; default: the dataset's suite up to its hook, one dataset per hook)");
 ABSL_FLAG(std::string, target_latent, "",
           "attribute: DATASET:LATENT@POSITION: explain that latent's value at that prompt position "
           "(an SAE on a later hook of the same model) instead of the next token: which latents "
@@ -1435,11 +1435,10 @@ int Attribute(Client& client, const std::vector<std::string>& args) {
   return 0;
 }
 
-// The hooks of an attribution graph, earliest first: --layers as given, else dataset `id`
-// and the other datasets of its suite (SiblingDatasets) at hooks the forward computes up to
-// its own, one per hook.
+// The hooks of an attribution graph, earliest first (as the forward computes them): the
+// --layers datasets, else dataset `id` and the other datasets of its suite (SiblingDatasets)
+// at hooks the forward computes up to its own, one per hook.
 absl::StatusOr<std::vector<GraphLayer>> GraphLayers(Client& client, uint64_t id) {
-  std::vector<GraphLayer> layers;
   auto info_of = [&](uint64_t dataset) -> absl::StatusOr<v1::DatasetInfo> {
     v1::GetDatasetRequest request;
     request.set_dataset_id(dataset);
@@ -1451,39 +1450,51 @@ absl::StatusOr<std::vector<GraphLayer>> GraphLayers(Client& client, uint64_t id)
     }
     return info;
   };
-  if (const std::string flag = absl::GetFlag(FLAGS_layers); !flag.empty()) {
-    for (absl::string_view item : absl::StrSplit(flag, ',', absl::SkipWhitespace())) {
-      uint64_t dataset = 0;
-      if (!absl::SimpleAtoi(item, &dataset)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--layers: '", item, "' is not a dataset id"));
-      }
-      ASSIGN_OR_RETURN(const v1::DatasetInfo info, info_of(dataset));
-      layers.push_back({dataset, info.hook_name()});
+  const std::string flag = absl::GetFlag(FLAGS_layers);
+  std::vector<v1::DatasetInfo> suite;
+  for (absl::string_view item : absl::StrSplit(flag, ',', absl::SkipWhitespace())) {
+    uint64_t dataset = 0;
+    if (!absl::SimpleAtoi(item, &dataset)) {
+      return absl::InvalidArgumentError(absl::StrCat("--layers: '", item, "' is not a dataset id"));
     }
-    return layers;
+    ASSIGN_OR_RETURN(suite.emplace_back(), info_of(dataset));
   }
-  ASSIGN_OR_RETURN(const v1::DatasetInfo info, info_of(id));
-  ASSIGN_OR_RETURN(std::vector<v1::DatasetInfo> suite, SiblingDatasets(client, info));
-  suite.insert(suite.begin(), info);
-  const absl::StatusOr<engine::HookName> last = engine::ParseHookName(info.hook_name());
-  if (!last.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("dataset ", id, " records no hook name of a model (", info.hook_name(),
-                     "): name the graph's datasets with --layers"));
+  std::optional<engine::HookName> last;  // without --layers: the suite up to dataset id's hook
+  if (suite.empty()) {
+    ASSIGN_OR_RETURN(const v1::DatasetInfo info, info_of(id));
+    ASSIGN_OR_RETURN(suite, SiblingDatasets(client, info));
+    suite.insert(suite.begin(), info);
+    const absl::StatusOr<engine::HookName> hook = engine::ParseHookName(info.hook_name());
+    if (!hook.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("dataset ", id, " records no hook name of a model (", info.hook_name(),
+                       "): name the graph's datasets with --layers"));
+    }
+    last = *hook;
   }
   std::vector<std::pair<engine::HookName, GraphLayer>> hooks;
   for (const v1::DatasetInfo& d : suite) {
     const absl::StatusOr<engine::HookName> hook = engine::ParseHookName(d.hook_name());
-    if (!hook.ok() || engine::ComputedBefore(*last, *hook)) continue;
-    const bool seen = std::any_of(hooks.begin(), hooks.end(), [&](const auto& h) {
-      return h.first.point == hook->point && h.first.layer == hook->layer;
-    });
-    if (!seen) hooks.push_back({*hook, {d.id(), d.hook_name()}});
+    if (!hook.ok()) {
+      if (!flag.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("--layers: dataset ", d.id(),
+                                                       " records no hook name of a model (",
+                                                       d.hook_name(), ")"));
+      }
+      continue;
+    }
+    if (last) {
+      const bool seen = std::any_of(hooks.begin(), hooks.end(), [&](const auto& h) {
+        return h.first.point == hook->point && h.first.layer == hook->layer;
+      });
+      if (seen || engine::ComputedBefore(*last, *hook)) continue;
+    }
+    hooks.push_back({*hook, {d.id(), d.hook_name()}});
   }
   std::stable_sort(hooks.begin(), hooks.end(), [](const auto& a, const auto& b) {
     return engine::ComputedBefore(a.first, b.first);
   });
+  std::vector<GraphLayer> layers;
   for (const auto& [hook, layer] : hooks) layers.push_back(layer);
   return layers;
 }
@@ -1508,6 +1519,7 @@ int Graph(Client& client, const std::vector<std::string>& args) {
   }
   const int nodes = absl::GetFlag(FLAGS_per_hook);
   if (nodes < 1) return Usage("--per_hook: must be at least 1");
+  const absl::Time start = absl::Now();
   auto graph = BuildAttributionGraph(
       *layers, metric, nodes,
       [&](const v1::AttributePromptRequest& request)
@@ -1520,6 +1532,12 @@ int Graph(Client& client, const std::vector<std::string>& args) {
                               status.error_message());
         }
         return response;
+      },
+      [&](const GraphLayer& layer, int calls) {
+        if (!absl::GetFlag(FLAGS_json)) {
+          std::fprintf(stderr, "graph: %s done (%d calls, %.1f s)\n", layer.label.c_str(), calls,
+                       absl::ToDoubleSeconds(absl::Now() - start));
+        }
       });
   if (!graph.ok()) {
     std::fprintf(stderr, "latentctl: %s\n", graph.status().ToString().c_str());
