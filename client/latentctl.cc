@@ -1109,27 +1109,33 @@ int Weights(Client& client, const std::vector<std::string>& args) {
   return 0;
 }
 
+// A failed call's status as an absl::Status (the codes are the same numbers).
+absl::Status FromGrpc(const grpc::Status& status) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+absl::StatusOr<v1::DatasetInfo> GetDatasetInfo(Client& client, uint64_t id) {
+  v1::GetDatasetRequest request;
+  request.set_dataset_id(id);
+  v1::DatasetInfo info;
+  grpc::Status status = client.datasets()->GetDataset(client.Context().get(), request, &info);
+  if (!status.ok()) return FromGrpc(status);
+  return info;
+}
+
 // The datasets `info` is compared with (client/dataset_siblings.h), from the daemon's list.
 absl::StatusOr<std::vector<v1::DatasetInfo>> SiblingDatasets(Client& client,
                                                              const v1::DatasetInfo& info) {
   v1::ListDatasetsResponse all;
   grpc::Status status =
       client.datasets()->ListDatasets(client.Context().get(), v1::ListDatasetsRequest(), &all);
-  if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-  }
+  if (!status.ok()) return FromGrpc(status);
   return latentd::client::SiblingDatasets(info, all);
 }
 
 // The same for dataset `id`, read first.
 absl::StatusOr<std::vector<v1::DatasetInfo>> SiblingDatasets(Client& client, uint64_t id) {
-  v1::GetDatasetRequest request;
-  request.set_dataset_id(id);
-  v1::DatasetInfo info;
-  grpc::Status status = client.datasets()->GetDataset(client.Context().get(), request, &info);
-  if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-  }
+  ASSIGN_OR_RETURN(const v1::DatasetInfo info, GetDatasetInfo(client, id));
   return SiblingDatasets(client, info);
 }
 
@@ -1439,17 +1445,6 @@ int Attribute(Client& client, const std::vector<std::string>& args) {
 // --layers datasets, else dataset `id` and the other datasets of its suite (SiblingDatasets)
 // at hooks the forward computes up to its own, one per hook.
 absl::StatusOr<std::vector<GraphLayer>> GraphLayers(Client& client, uint64_t id) {
-  auto info_of = [&](uint64_t dataset) -> absl::StatusOr<v1::DatasetInfo> {
-    v1::GetDatasetRequest request;
-    request.set_dataset_id(dataset);
-    v1::DatasetInfo info;
-    grpc::Status status = client.datasets()->GetDataset(client.Context().get(), request, &info);
-    if (!status.ok()) {
-      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                          status.error_message());
-    }
-    return info;
-  };
   const std::string flag = absl::GetFlag(FLAGS_layers);
   std::vector<v1::DatasetInfo> suite;
   for (absl::string_view item : absl::StrSplit(flag, ',', absl::SkipWhitespace())) {
@@ -1457,11 +1452,11 @@ absl::StatusOr<std::vector<GraphLayer>> GraphLayers(Client& client, uint64_t id)
     if (!absl::SimpleAtoi(item, &dataset)) {
       return absl::InvalidArgumentError(absl::StrCat("--layers: '", item, "' is not a dataset id"));
     }
-    ASSIGN_OR_RETURN(suite.emplace_back(), info_of(dataset));
+    ASSIGN_OR_RETURN(suite.emplace_back(), GetDatasetInfo(client, dataset));
   }
   std::optional<engine::HookName> last;  // without --layers: the suite up to dataset id's hook
   if (suite.empty()) {
-    ASSIGN_OR_RETURN(const v1::DatasetInfo info, info_of(id));
+    ASSIGN_OR_RETURN(const v1::DatasetInfo info, GetDatasetInfo(client, id));
     ASSIGN_OR_RETURN(suite, SiblingDatasets(client, info));
     suite.insert(suite.begin(), info);
     const absl::StatusOr<engine::HookName> hook = engine::ParseHookName(info.hook_name());
@@ -1527,10 +1522,7 @@ int Graph(Client& client, const std::vector<std::string>& args) {
         v1::AttributePromptResponse response;
         grpc::Status status =
             client.datasets()->AttributePrompt(client.Context().get(), request, &response);
-        if (!status.ok()) {
-          return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                              status.error_message());
-        }
+        if (!status.ok()) return FromGrpc(status);
         return response;
       },
       [&](const GraphLayer& layer, int calls) {

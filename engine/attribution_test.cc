@@ -183,21 +183,18 @@ TEST(AttributionTest, ATranscodersLatentsActWhereItWrites) {
 // Layer 1 of a cross-layer transcoder: a latent's entry is credited through everything it
 // writes, the MLP outputs of layers 1 and 2.
 TEST(AttributionTest, ACrossLayerTranscodersLatentsActAtEveryLayerTheyWrite) {
-  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/clt";
-  WriteInterventionClt(dir);
-  const std::string in = "blocks.1.hook_resid_mid";
-  auto model = InterventionModel(in);
-  auto layer1 = Sae::Load(dir, *ParseHookName(in));
-  ASSERT_TRUE(layer1.ok()) << layer1.status();
+  const InterventionCltLayer1 layer1 = LoadInterventionCltLayer1();
+  ASSERT_TRUE(layer1.sae.has_value());
+  const std::string& dir = layer1.dir;
+  Gpt2Model* model = layer1.model.get();
   AttributionQuery q;
   q.target_token_id = 5;
   q.top = 1000;
-  const SteeringModel clt{model.get(), &*layer1, *ParseHookName(in),
-                          *ParseHookName("blocks.1.hook_mlp_out"), dir};
+  const SteeringModel clt = layer1.steering();
   auto got = AttributePrompt(clt, kInterventionPrompt, false, q);
   ASSERT_TRUE(got.ok()) << got.status();
   const at::Tensor z =
-      layer1->EncodeDense(model->Forward(at::tensor(kInterventionPrompt).view({1, -1}))[0]);
+      layer1.sae->EncodeDense(model->Forward(at::tensor(kInterventionPrompt).view({1, -1}))[0]);
   ASSERT_EQ(static_cast<int64_t>(got->top_entries.size()), z.ne(0).sum().item<int64_t>());
   const int64_t n = static_cast<int64_t>(kInterventionPrompt.size());
   std::vector<at::Tensor> decoders;

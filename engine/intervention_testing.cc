@@ -1,5 +1,7 @@
 #include "engine/intervention_testing.h"
 
+#include <cstdlib>
+
 #include "engine/clt_model.h"
 #include "engine/reference_model.h"
 #include "gtest/gtest.h"
@@ -49,6 +51,17 @@ void WriteInterventionClt(const std::string& dir) {
   for (torch::Tensor& b : clt->b_enc) b.copy_(at::randn_like(b) * 0.1);  // not all at the origin
   const absl::Status saved = clt->Save(dir, {"hook_resid_mid", "hook_mlp_out", "reference"});
   ASSERT_TRUE(saved.ok()) << saved;
+}
+
+InterventionCltLayer1 LoadInterventionCltLayer1() {
+  InterventionCltLayer1 out;
+  out.dir = std::string(std::getenv("TEST_TMPDIR")) + "/clt";
+  WriteInterventionClt(out.dir);
+  out.model = InterventionModel(kInterventionCltInput);
+  auto layer1 = Sae::Load(out.dir, *ParseHookName(kInterventionCltInput));
+  EXPECT_TRUE(layer1.ok()) << layer1.status();
+  if (layer1.ok()) out.sae = *std::move(layer1);
+  return out;
 }
 
 }  // namespace latentd::engine

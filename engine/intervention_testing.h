@@ -6,11 +6,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/gpt2_model.h"
+#include "engine/hook_name.h"
 #include "engine/sae.h"
+#include "engine/steering_model.h"
 
 namespace latentd::engine {
 
@@ -29,6 +32,22 @@ Sae InterventionSae(bool transcoder);
 // hook_resid_mid and predicting hook_mlp_out; Sae::Load(dir, blocks.L.hook_resid_mid) loads
 // layer L.
 void WriteInterventionClt(const std::string& dir);
+
+inline constexpr char kInterventionCltInput[] = "blocks.1.hook_resid_mid";
+
+// That release written to TEST_TMPDIR/clt, its layer 1 loaded (reading kInterventionCltInput,
+// writing the MLP outputs of blocks 1 and 2), and the model built with that hook.
+struct InterventionCltLayer1 {
+  std::string dir;
+  std::unique_ptr<Gpt2Model> model;
+  std::optional<Sae> sae;  // unset (after a test failure) when it did not load
+
+  SteeringModel steering() const {
+    return {model.get(), &*sae, *ParseHookName(kInterventionCltInput),
+            *ParseHookName("blocks.1.hook_mlp_out"), dir};
+  }
+};
+InterventionCltLayer1 LoadInterventionCltLayer1();
 
 }  // namespace latentd::engine
 

@@ -248,15 +248,12 @@ TEST(SteeringTest, ATranscoderReadsItsInputAndWritesItsOutput) {
 // Layer 1 of a cross-layer transcoder: its latents are read at layer 1's input hook and written
 // at the MLP output of layers 1 and 2, each through the decoder into that layer.
 TEST(SteeringTest, ACrossLayerTranscodersLatentWritesEveryLaterLayer) {
-  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/clt";
-  WriteInterventionClt(dir);
-  const std::string in = "blocks.1.hook_resid_mid";
-  auto model = InterventionModel(in);
-  auto layer1 = Sae::Load(dir, *ParseHookName(in));
-  ASSERT_TRUE(layer1.ok()) << layer1.status();
-  SteeringModel steering{model.get(), &*layer1, *ParseHookName(in),
-                         *ParseHookName("blocks.1.hook_mlp_out"), dir};
-  const at::Tensor z = layer1->EncodeDense(Activation(in, kInterventionPrompt));
+  const InterventionCltLayer1 clt = LoadInterventionCltLayer1();
+  ASSERT_TRUE(clt.sae.has_value());
+  const std::string& dir = clt.dir;
+  Gpt2Model* model = clt.model.get();
+  SteeringModel steering = clt.steering();
+  const at::Tensor z = clt.sae->EncodeDense(Activation(kInterventionCltInput, kInterventionPrompt));
   const int64_t p = 3, j = z[p].argmax().item<int64_t>();
   ASSERT_GT(z[p][j].item<float>(), 0);
   const SteeringQuery q =
