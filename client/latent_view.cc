@@ -724,8 +724,8 @@ std::string SteeringHtml(const v1::SteerPromptRequest& request, const v1::SteerP
   return html;
 }
 
-std::string AttributionGraphHtml(const AttributionGraph& g, const Vocabulary* vocab) {
-  const v1::AttributePromptResponse& o = g.output;
+std::string AttributionGraphHtml(const v1::AttributionGraphResponse& g, const Vocabulary* vocab) {
+  const v1::AttributePromptResponse& o = g.output();
   std::string html = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">";
   html += "<title>attribution graph</title>\n";
   html += kStyle;
@@ -734,14 +734,13 @@ std::string AttributionGraphHtml(const AttributionGraph& g, const Vocabulary* vo
   if (o.has_target_latent()) {
     metric = absl::StrFormat("latent %d of dataset %d at position %d", o.target_latent().latent(),
                              o.target_latent().dataset_id(), o.target_latent().position());
+  } else if (o.has_contrast_token_id()) {
+    metric = absl::StrCat("logit(<code>", HtmlEscape(TokenText(o.target_token_id(), vocab)),
+                          "</code>) &minus; logit(<code>",
+                          HtmlEscape(TokenText(o.contrast_token_id(), vocab)), "</code>)");
   } else {
     metric =
         absl::StrCat("log p(<code>", HtmlEscape(TokenText(o.target_token_id(), vocab)), "</code>)");
-    if (o.has_contrast_token_id()) {
-      metric = absl::StrCat("logit(<code>", HtmlEscape(TokenText(o.target_token_id(), vocab)),
-                            "</code>) &minus; logit(<code>",
-                            HtmlEscape(TokenText(o.contrast_token_id(), vocab)), "</code>)");
-    }
   }
   absl::StrAppendFormat(&html, "<h1>Attribution graph of %s = %.4f</h1>\n", metric, o.metric());
   html += "<p class=\"ctx\">";
@@ -754,19 +753,21 @@ std::string AttributionGraphHtml(const AttributionGraph& g, const Vocabulary* vo
       "its metric); blue for, red against, as wide as its share of the strongest edge into the "
       "same child. A node's shade: the share of the output that flows through it.</p>\n";
 
-  // Columns: the layers, then the output; rows: the nodes by position, the error node last.
-  const int columns = static_cast<int>(g.layers.size()) + 1;
+  // Columns: the hooks, then the output; rows: the nodes by position, the error node last.
+  const int columns = g.hooks_size() + 1;
   std::vector<std::vector<int>> column(columns);
-  for (size_t n = 0; n < g.nodes.size(); ++n) column[g.nodes[n].layer].push_back(n);
+  for (int n = 0; n < g.nodes_size(); ++n) {
+    column[std::clamp(g.nodes(n).hook(), 0, columns - 1)].push_back(n);
+  }
   for (std::vector<int>& c : column) {
     std::sort(c.begin(), c.end(), [&](int a, int b) {
-      const GraphNode &x = g.nodes[a], &y = g.nodes[b];
-      if ((x.latent == kErrorNode) != (y.latent == kErrorNode)) return y.latent == kErrorNode;
-      return x.position != y.position ? x.position < y.position : x.latent < y.latent;
+      const v1::GraphNode &x = g.nodes(a), &y = g.nodes(b);
+      if ((x.latent() < 0) != (y.latent() < 0)) return y.latent() < 0;
+      return x.position() != y.position() ? x.position() < y.position() : x.latent() < y.latent();
     });
   }
   constexpr int kWidth = 170, kHeight = 38, kColumn = 230, kRow = 50, kTop = 40;
-  std::vector<std::pair<int, int>> at(g.nodes.size());  // each node's box corner
+  std::vector<std::pair<int, int>> at(g.nodes_size());  // each node's box corner
   size_t rows = 1;
   for (int c = 0; c < columns; ++c) {
     rows = std::max(rows, column[c].size());
@@ -782,48 +783,58 @@ std::string AttributionGraphHtml(const AttributionGraph& g, const Vocabulary* vo
   for (int c = 0; c < columns; ++c) {
     absl::StrAppendFormat(&html, "<text x=\"%d\" y=\"20\" font-weight=\"bold\">%s</text>\n",
                           10 + c * kColumn,
-                          c + 1 == columns ? "output" : HtmlEscape(g.layers[c].label));
+                          c + 1 == columns ? "output" : HtmlEscape(g.hooks(c).hook_name()));
   }
-  std::vector<double> strongest_into(g.nodes.size(), 0.0);
-  for (const GraphEdge& e : g.edges) {
-    strongest_into[e.to] = std::max(strongest_into[e.to], std::abs(e.attribution));
+  auto valid = [&](int n) { return n >= 0 && n < g.nodes_size(); };
+  std::vector<double> strongest_into(g.nodes_size(), 0.0);
+  for (const v1::GraphEdge& e : g.edges()) {
+    if (valid(e.to_node())) {
+      strongest_into[e.to_node()] =
+          std::max(strongest_into[e.to_node()], std::abs(e.attribution()));
+    }
   }
   auto name = [&](int n) {
-    const GraphNode& node = g.nodes[n];
+    const v1::GraphNode& node = g.nodes(n);
     if (n == 0) return std::string("output");
-    if (node.latent == kErrorNode) return absl::StrCat("error of ", g.layers[node.layer].label);
-    return absl::StrFormat("#%d@%d", node.latent, node.position);
+    if (node.latent() < 0) {
+      return absl::StrCat("error of ",
+                          node.hook() < g.hooks_size() ? g.hooks(node.hook()).hook_name() : "");
+    }
+    return absl::StrFormat("#%d@%d", node.latent(), node.position());
   };
-  for (const GraphEdge& e : g.edges) {
-    const auto [x1, y1] = at[e.from];
-    const auto [x2, y2] = at[e.to];
-    const double share =
-        strongest_into[e.to] > 0 ? std::abs(e.attribution) / strongest_into[e.to] : 0.0;
+  for (const v1::GraphEdge& e : g.edges()) {
+    if (!valid(e.from_node()) || !valid(e.to_node())) continue;
+    const auto [x1, y1] = at[e.from_node()];
+    const auto [x2, y2] = at[e.to_node()];
+    const double into = strongest_into[e.to_node()];
+    const double share = into > 0 ? std::abs(e.attribution()) / into : 0.0;
     const int from_x = x1 + kWidth, mid = (from_x + x2) / 2;
     absl::StrAppendFormat(
         &html,
         "<path d=\"M%d %d C%d %d %d %d %d %d\" fill=\"none\" stroke=\"%s\" "
         "stroke-width=\"%.2f\" stroke-opacity=\"0.6\"><title>%s &#8594; %s: %+.4g</title></path>\n",
         from_x, y1 + kHeight / 2, mid, y1 + kHeight / 2, mid, y2 + kHeight / 2, x2,
-        y2 + kHeight / 2, e.attribution >= 0 ? "#0066ff" : "#ff3300", 0.5 + 5 * share,
-        HtmlEscape(name(e.from)), HtmlEscape(name(e.to)), e.attribution);
+        y2 + kHeight / 2, e.attribution() >= 0 ? "#0066ff" : "#ff3300", 0.5 + 5 * share,
+        HtmlEscape(name(e.from_node())), HtmlEscape(name(e.to_node())), e.attribution());
   }
   double most = 0;  // the largest importance but the output's (1), which shades fully
-  for (size_t n = 1; n < g.nodes.size(); ++n) most = std::max(most, g.nodes[n].score);
-  for (size_t n = 0; n < g.nodes.size(); ++n) {
-    const GraphNode& node = g.nodes[n];
+  for (int n = 1; n < g.nodes_size(); ++n) most = std::max(most, g.nodes(n).importance());
+  for (int n = 0; n < g.nodes_size(); ++n) {
+    const v1::GraphNode& node = g.nodes(n);
     const auto [x, y] = at[n];
     std::string first, second;
     if (n == 0) {
       first = "output";
       second = absl::StrFormat("%.4g", o.metric());
-    } else if (node.latent == kErrorNode) {
+    } else if (node.latent() < 0) {
       first = "SAE error";
       second = "all positions";
     } else {
-      first = absl::StrFormat("#%d @%d", node.latent, node.position);
-      const int32_t token = node.position < o.prompt_size() ? o.prompt(node.position) : -1;
-      second = absl::StrFormat("%s = %.3g", TokenText(token, vocab), node.activation);
+      first = absl::StrFormat("#%d @%d", node.latent(), node.position());
+      const int32_t token = node.position() >= 0 && node.position() < o.prompt_size()
+                                ? o.prompt(node.position())
+                                : -1;
+      second = absl::StrFormat("%s = %.3g", TokenText(token, vocab), node.activation());
     }
     absl::StrAppendFormat(
         &html,
@@ -831,12 +842,12 @@ std::string AttributionGraphHtml(const AttributionGraph& g, const Vocabulary* vo
         "height=\"%d\" rx=\"4\" fill=\"rgba(255,102,0,%.3f)\" stroke=\"#999\"/>"
         "<text x=\"%d\" y=\"%d\">%s</text><text x=\"%d\" y=\"%d\" "
         "font-family=\"monospace\">%s</text></g>\n",
-        HtmlEscape(name(static_cast<int>(n))), node.score, x, y, kWidth, kHeight,
-        n == 0 || most <= 0 ? 0.8 : 0.8 * node.score / most, x + 6, y + 15, HtmlEscape(first),
-        x + 6, y + 31, HtmlEscape(second));
+        HtmlEscape(name(n)), node.importance(), x, y, kWidth, kHeight,
+        n == 0 || most <= 0 ? 0.8 : 0.8 * node.importance() / most, x + 6, y + 15,
+        HtmlEscape(first), x + 6, y + 31, HtmlEscape(second));
   }
   html += "</svg>\n";
-  for (const std::string& note : g.notes) {
+  for (const std::string& note : g.notes()) {
     absl::StrAppend(&html, "<p>Note: ", HtmlEscape(note), "</p>\n");
   }
   html += "</body></html>\n";

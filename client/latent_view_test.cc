@@ -520,20 +520,46 @@ TEST(LatentViewTest, ASteeringPageShowsTheLossChangeAndTheRunsSideBySide) {
       << html;
 }
 
+// A graph over two hooks: the output, latent 40 at position 2 of blocks.1 and its error node,
+// latent 7 at position 1 of blocks.0.
+v1::AttributionGraphResponse SmallGraph() {
+  v1::AttributionGraphResponse g;
+  for (const auto& [id, hook] :
+       {std::pair{5, "blocks.0.hook_resid_post"}, std::pair{6, "blocks.1.hook_resid_post"}}) {
+    v1::GraphHook* h = g.add_hooks();
+    h->set_dataset_id(id);
+    h->set_hook_name(hook);
+  }
+  for (int t : {0, 1, 2}) g.mutable_output()->add_prompt(t);
+  g.mutable_output()->set_target_token_id(2);
+  g.mutable_output()->set_metric(-0.5);
+  for (const auto& [hook, latent, position, activation, importance] :
+       std::vector<std::tuple<int, int, int, float, double>>{{2, -1, 2, -0.5f, 1.0},
+                                                             {1, 40, 2, 3.0f, 0.5},
+                                                             {1, -1, -1, 0, 0.25},
+                                                             {0, 7, 1, 1.5f, 0.125}}) {
+    v1::GraphNode* n = g.add_nodes();
+    n->set_hook(hook);
+    n->set_latent(latent);
+    n->set_position(position);
+    n->set_activation(activation);
+    n->set_importance(importance);
+  }
+  for (const auto& [from, to, attribution] :
+       std::vector<std::tuple<int, int, double>>{{1, 0, 2.0}, {2, 0, -1.0}, {3, 1, 0.5}}) {
+    v1::GraphEdge* e = g.add_edges();
+    e->set_from_node(from);
+    e->set_to_node(to);
+    e->set_attribution(attribution);
+  }
+  g.add_notes("a <note>");
+  return g;
+}
+
 // The graph page: a column per hook and the output, each node's box at its column, each edge a
 // path coloured by sign and as wide as its share of the strongest into its child.
 TEST(LatentViewTest, AnAttributionGraphIsDrawnColumnByColumn) {
-  AttributionGraph g;
-  g.layers = {{5, "blocks.0.hook_resid_post"}, {6, "blocks.1.hook_resid_post"}};
-  for (int t : {0, 1, 2}) g.output.add_prompt(t);
-  g.output.set_target_token_id(2);
-  g.output.set_metric(-0.5);
-  g.nodes = {{2, 2, 2, -0.5f, 1.0},  // the output
-             {1, 40, 2, 3.0f, 0.5},  // blocks.1, latent 40 at position 2
-             {1, kErrorNode, -1, 0, 0.25},
-             {0, 7, 1, 1.5f, 0.125}};  // blocks.0, latent 7 at position 1
-  g.edges = {{1, 0, 2.0}, {2, 0, -1.0}, {3, 1, 0.5}};
-  g.notes = {"a <note>"};
+  const v1::AttributionGraphResponse g = SmallGraph();
   auto vocab = Vocabulary::Parse("a\nb\n<c>\n");
   ASSERT_TRUE(vocab.ok());
   const std::string html = AttributionGraphHtml(g, &*vocab);

@@ -34,7 +34,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
-#include "client/attribution_graph.h"
 #include "client/dataset_siblings.h"
 #include "client/latent_view.h"
 #include "client/steer_view.h"
@@ -43,7 +42,6 @@
 #include "client/tokenizer.h"
 #include "client/vocabulary.h"
 #include "common/status_macros.h"
-#include "engine/hook_name.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/time_util.h"
 #include "proto/latentd/v1/datasets.grpc.pb.h"
@@ -90,7 +88,7 @@ ABSL_FLAG(std::string, html, "",
           "and continuations, a sweep's KL plot; attribute: the prompt shaded by position and "
           "by each top latent); latent: statistics, histogram, every example's tokens "
           "shaded by the latent's value on them");
-ABSL_FLAG(int, per_hook, 4, "graph: latents kept per hook");
+ABSL_FLAG(int, per_hook, 4, "graph: latents kept per hook (at most 64)");
 ABSL_FLAG(std::string, layers, "",
           "graph: the datasets of the graph's hooks, comma-separated, in any order (the forward's "
           "is used; default: the dataset's suite up to its hook, one dataset per hook)");
@@ -1441,61 +1439,9 @@ int Attribute(Client& client, const std::vector<std::string>& args) {
   return 0;
 }
 
-// The hooks of an attribution graph, earliest first (as the forward computes them): the
+// An attribution graph of a prompt over an SAE suite (Datasets.AttributionGraph): over the
 // --layers datasets, else dataset `id` and the other datasets of its suite (SiblingDatasets)
-// at hooks the forward computes up to its own, one per hook.
-absl::StatusOr<std::vector<GraphLayer>> GraphLayers(Client& client, uint64_t id) {
-  const std::string flag = absl::GetFlag(FLAGS_layers);
-  std::vector<v1::DatasetInfo> suite;
-  for (absl::string_view item : absl::StrSplit(flag, ',', absl::SkipWhitespace())) {
-    uint64_t dataset = 0;
-    if (!absl::SimpleAtoi(item, &dataset)) {
-      return absl::InvalidArgumentError(absl::StrCat("--layers: '", item, "' is not a dataset id"));
-    }
-    ASSIGN_OR_RETURN(suite.emplace_back(), GetDatasetInfo(client, dataset));
-  }
-  std::optional<engine::HookName> last;  // without --layers: the suite up to dataset id's hook
-  if (suite.empty()) {
-    ASSIGN_OR_RETURN(const v1::DatasetInfo info, GetDatasetInfo(client, id));
-    ASSIGN_OR_RETURN(suite, SiblingDatasets(client, info));
-    suite.insert(suite.begin(), info);
-    const absl::StatusOr<engine::HookName> hook = engine::ParseHookName(info.hook_name());
-    if (!hook.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("dataset ", id, " records no hook name of a model (", info.hook_name(),
-                       "): name the graph's datasets with --layers"));
-    }
-    last = *hook;
-  }
-  std::vector<std::pair<engine::HookName, GraphLayer>> hooks;
-  for (const v1::DatasetInfo& d : suite) {
-    const absl::StatusOr<engine::HookName> hook = engine::ParseHookName(d.hook_name());
-    if (!hook.ok()) {
-      if (!flag.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat("--layers: dataset ", d.id(),
-                                                       " records no hook name of a model (",
-                                                       d.hook_name(), ")"));
-      }
-      continue;
-    }
-    if (last) {
-      const bool seen = std::any_of(hooks.begin(), hooks.end(), [&](const auto& h) {
-        return h.first.point == hook->point && h.first.layer == hook->layer;
-      });
-      if (seen || engine::ComputedBefore(*last, *hook)) continue;
-    }
-    hooks.push_back({*hook, {d.id(), d.hook_name()}});
-  }
-  std::stable_sort(hooks.begin(), hooks.end(), [](const auto& a, const auto& b) {
-    return engine::ComputedBefore(a.first, b.first);
-  });
-  std::vector<GraphLayer> layers;
-  for (const auto& [hook, layer] : hooks) layers.push_back(layer);
-  return layers;
-}
-
-// An attribution graph of a prompt over an SAE suite (client/attribution_graph.h): printed, and
-// with --html drawn.
+// up to its hook; printed, and with --html drawn.
 int Graph(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
   if (!ParseId(args, 1, &id)) {
@@ -1507,40 +1453,48 @@ int Graph(Client& client, const std::vector<std::string>& args) {
   if (std::string error; !AttributionRequestFlags(args, vocab, &metric, &error)) {
     return Usage(error);
   }
-  auto layers = GraphLayers(client, id);
-  if (!layers.ok()) {
-    std::fprintf(stderr, "latentctl: %s\n", layers.status().ToString().c_str());
-    return layers.status().code() == absl::StatusCode::kInvalidArgument ? 2 : kExitRpcError;
+  v1::AttributionGraphRequest request;
+  request.mutable_token_ids()->Swap(metric.mutable_token_ids());
+  if (metric.has_target_token_id()) request.set_target_token_id(metric.target_token_id());
+  if (metric.has_contrast_token_id()) request.set_contrast_token_id(metric.contrast_token_id());
+  if (metric.has_target_latent()) *request.mutable_target_latent() = metric.target_latent();
+  request.set_per_hook(absl::GetFlag(FLAGS_per_hook));
+  if (const std::string flag = absl::GetFlag(FLAGS_layers); !flag.empty()) {
+    for (absl::string_view item : absl::StrSplit(flag, ',', absl::SkipWhitespace())) {
+      uint64_t dataset = 0;
+      if (!absl::SimpleAtoi(item, &dataset)) {
+        return Usage(absl::StrCat("--layers: '", item, "' is not a dataset id"));
+      }
+      request.add_dataset_ids(dataset);
+    }
+  } else {
+    auto suite = SiblingDatasets(client, id);
+    if (!suite.ok()) {
+      std::fprintf(stderr, "latentctl: %s\n", suite.status().ToString().c_str());
+      return kExitRpcError;
+    }
+    request.add_dataset_ids(id);
+    for (const v1::DatasetInfo& d : *suite) request.add_dataset_ids(d.id());
+    request.set_output_dataset_id(id);
   }
-  const int nodes = absl::GetFlag(FLAGS_per_hook);
-  if (nodes < 1) return Usage("--per_hook: must be at least 1");
-  const absl::Time start = absl::Now();
-  auto graph = BuildAttributionGraph(
-      *layers, metric, nodes,
-      [&](const v1::AttributePromptRequest& request)
-          -> absl::StatusOr<v1::AttributePromptResponse> {
-        v1::AttributePromptResponse response;
-        grpc::Status status =
-            client.datasets()->AttributePrompt(client.Context().get(), request, &response);
-        if (!status.ok()) return FromGrpc(status);
-        return response;
-      },
-      [&](const GraphLayer& layer, int calls) {
-        if (!absl::GetFlag(FLAGS_json)) {
-          std::fprintf(stderr, "graph: %s done (%d calls, %.1f s)\n", layer.label.c_str(), calls,
-                       absl::ToDoubleSeconds(absl::Now() - start));
-        }
-      });
-  if (!graph.ok()) {
-    std::fprintf(stderr, "latentctl: %s\n", graph.status().ToString().c_str());
-    return kExitRpcError;
+  if (!absl::GetFlag(FLAGS_json)) {
+    std::fprintf(stderr, "graph: %d datasets, up to %d passes each...\n",
+                 request.dataset_ids_size(), request.per_hook() > 0 ? request.per_hook() : 4);
   }
+  v1::AttributionGraphResponse response;
+  grpc::Status status =
+      client.datasets()->AttributionGraph(client.Context().get(), request, &response);
+  if (!status.ok()) return RpcError(status);
   if (const std::string html = absl::GetFlag(FLAGS_html); !html.empty()) {
-    if (!WriteHtmlFlag(html, AttributionGraphHtml(*graph, vocab ? &*vocab : nullptr))) {
+    if (!WriteHtmlFlag(html, AttributionGraphHtml(response, vocab ? &*vocab : nullptr))) {
       return kExitRpcError;
     }
   }
-  std::printf("%s", DescribeAttributionGraph(*graph, vocab).c_str());
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(response).c_str());
+  } else {
+    std::printf("%s", DescribeAttributionGraph(response, vocab).c_str());
+  }
   return 0;
 }
 

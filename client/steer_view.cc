@@ -231,4 +231,55 @@ std::string DescribeAttribution(uint64_t dataset_id, const v1::AttributePromptRe
   return out;
 }
 
+std::string DescribeAttributionGraph(const v1::AttributionGraphResponse& g,
+                                     const std::optional<Vocabulary>& vocab) {
+  const v1::AttributePromptResponse& o = g.output();
+  std::string out = absl::StrFormat(
+      "attribution graph of %s = %.4f over %d hooks\n(importance: the share of the output that "
+      "flows through a node, along the edges' |attribution|)\n",
+      AttributionMetric(o, vocab), o.metric(), g.hooks_size());
+  // Each node's edges towards the output, strongest first.
+  std::vector<std::vector<const v1::GraphEdge*>> out_edges(g.nodes_size());
+  for (const v1::GraphEdge& e : g.edges()) {
+    if (e.from_node() >= 0 && e.from_node() < g.nodes_size() && e.to_node() >= 0 &&
+        e.to_node() < g.nodes_size()) {
+      out_edges[e.from_node()].push_back(&e);
+    }
+  }
+  for (int hook = g.hooks_size() - 1; hook >= 0; --hook) {
+    absl::StrAppendFormat(&out, "\n%s (dataset %d):\n", g.hooks(hook).hook_name(),
+                          g.hooks(hook).dataset_id());
+    for (int n = 0; n < g.nodes_size(); ++n) {
+      const v1::GraphNode& node = g.nodes(n);
+      if (node.hook() != hook) continue;
+      std::vector<const v1::GraphEdge*>& edges = out_edges[n];
+      std::sort(edges.begin(), edges.end(), [](const v1::GraphEdge* a, const v1::GraphEdge* b) {
+        return std::abs(a->attribution()) > std::abs(b->attribution());
+      });
+      std::vector<std::string> to;
+      for (const v1::GraphEdge* e : edges) {
+        if (to.size() == 4) break;
+        const v1::GraphNode& child = g.nodes(e->to_node());
+        to.push_back(absl::StrFormat(
+            "%s %+.3g",
+            e->to_node() == 0 ? "output"
+                              : absl::StrFormat("#%d@%d", child.latent(), child.position()),
+            e->attribution()));
+      }
+      const std::string what =
+          node.latent() < 0
+              ? "error"
+              : absl::StrFormat(
+                    "#%d @%d %s (%.3g)", node.latent(), node.position(),
+                    TokenCell(node.position() < o.prompt_size() ? o.prompt(node.position()) : -1,
+                              vocab),
+                    node.activation());
+      absl::StrAppendFormat(&out, "  %-36s importance %.3f  -> %s\n", what, node.importance(),
+                            absl::StrJoin(to, ", "));
+    }
+  }
+  for (const std::string& note : g.notes()) absl::StrAppend(&out, "\nnote: ", note, "\n");
+  return out;
+}
+
 }  // namespace latentd::client

@@ -1,5 +1,6 @@
-// latentctl steer and attribute: the --intervene flag's language, and the terminal views of a
-// SteerPrompt answer (both runs side by side) and of an AttributePrompt answer.
+// latentctl steer, attribute and graph: the --intervene flag's language, and the terminal views
+// of a SteerPrompt answer (both runs side by side), an AttributePrompt answer and an
+// AttributionGraph answer.
 #ifndef LATENTD_CLIENT_STEER_VIEW_H_
 #define LATENTD_CLIENT_STEER_VIEW_H_
 
@@ -44,6 +45,11 @@ std::string DescribeSteering(uint64_t dataset_id, const latentd::v1::SteerPrompt
 std::string DescribeAttribution(uint64_t dataset_id,
                                 const latentd::v1::AttributePromptResponse& response,
                                 const std::optional<Vocabulary>& vocab);
+
+// An AttributionGraph answer for a terminal: the metric, then per hook (latest first) its nodes
+// with their importance and strongest edges towards the output, then the notes.
+std::string DescribeAttributionGraph(const latentd::v1::AttributionGraphResponse& graph,
+                                     const std::optional<Vocabulary>& vocab);
 
 }  // namespace latentd::client
 

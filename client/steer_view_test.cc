@@ -145,5 +145,45 @@ TEST(SteerViewTest, AnAttributionShowsTotalsPositionsLatentsAndEntries) {
   }
 }
 
+// The graph for a terminal: per hook, latest first, each node with its strongest edges.
+TEST(SteerViewTest, AnAttributionGraphListsEachHooksNodesAndEdges) {
+  v1::AttributionGraphResponse g;
+  v1::GraphHook* hook = g.add_hooks();
+  hook->set_dataset_id(6);
+  hook->set_hook_name("blocks.1.hook_resid_post");
+  for (int t : {1, 2, 3}) g.mutable_output()->add_prompt(t);
+  g.mutable_output()->set_target_token_id(3);
+  g.mutable_output()->set_metric(-0.5);
+  g.add_nodes()->set_hook(1);  // the output
+  v1::GraphNode* latent = g.add_nodes();
+  latent->set_latent(40);
+  latent->set_position(2);
+  latent->set_activation(3.0f);
+  latent->set_importance(0.5);
+  v1::GraphNode* error = g.add_nodes();
+  error->set_latent(-1);
+  error->set_position(-1);
+  error->set_importance(0.25);
+  for (const auto& [from, attribution] : {std::pair{1, 2.0}, std::pair{2, -1.0}}) {
+    v1::GraphEdge* e = g.add_edges();
+    e->set_from_node(from);
+    e->set_attribution(attribution);
+  }
+  g.add_notes("blocks.0.hook_resid_post (dataset 5): no edges: why");
+  auto vocab = Vocabulary::Parse("a\nb\n cat\n sat\n");
+  ASSERT_TRUE(vocab.ok());
+  const std::string text = DescribeAttributionGraph(g, *vocab);
+  EXPECT_NE(text.find("attribution graph of log p(\" sat\") = -0.5000 over 1 hooks"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("blocks.1.hook_resid_post (dataset 6):\n  #40 @2 \" sat\" (3)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("importance 0.500  -> output +2\n  error"), std::string::npos) << text;
+  EXPECT_NE(text.find("importance 0.250  -> output -1"), std::string::npos) << text;
+  EXPECT_NE(text.find("note: blocks.0.hook_resid_post (dataset 5): no edges: why"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace latentd::client

@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/path_within.h"
 #include "common/status_macros.h"
+#include "engine/attribution_graph.h"
+#include "engine/hook_name.h"
 #include "server/artifact_deletion.h"
 #include "server/grpc_status.h"
 #include "storage/export.h"
@@ -741,7 +743,53 @@ void AddAttributions(const std::vector<engine::LatentAttribution>& in,
   }
 }
 
+// The prompt and metric fields AttributePrompt and AttributionGraph share.
+engine::AttributionQuery AttributionQueryOf(
+    const google::protobuf::RepeatedField<int32_t>& token_ids, bool has_target,
+    int32_t target_token_id, bool has_contrast, int32_t contrast_token_id,
+    const latentd::v1::AttributionTarget* target_latent) {
+  engine::AttributionQuery query;
+  query.token_ids.assign(token_ids.begin(), token_ids.end());
+  if (has_target) query.target_token_id = target_token_id;
+  if (has_contrast) query.contrast_token_id = contrast_token_id;
+  if (target_latent != nullptr) {
+    query.target_latent = engine::TargetLatent{target_latent->latent(), target_latent->position()};
+  }
+  return query;
+}
+
+void SetAttribution(const engine::AttributionResult& found,
+                    const latentd::v1::AttributionTarget* target_latent,
+                    latentd::v1::AttributePromptResponse* response) {
+  if (target_latent != nullptr) *response->mutable_target_latent() = *target_latent;
+  response->set_bos_prepended(found.bos_prepended);
+  for (int64_t id : found.prompt) response->add_prompt(static_cast<int32_t>(id));
+  response->set_target_token_id(static_cast<int32_t>(found.target_token_id));
+  if (found.contrast_token_id) {
+    response->set_contrast_token_id(static_cast<int32_t>(*found.contrast_token_id));
+  }
+  response->set_metric(found.metric);
+  AddAttributions(found.top_entries, response->mutable_top_entries());
+  AddAttributions(found.top_latents, response->mutable_top_latents());
+  response->set_latent_attribution(found.latent_attribution);
+  response->set_error_attribution(found.error_attribution);
+  response->mutable_latent_attribution_by_position()->Add(
+      found.latent_attribution_by_position.begin(), found.latent_attribution_by_position.end());
+  response->mutable_error_attribution_by_position()->Add(
+      found.error_attribution_by_position.begin(), found.error_attribution_by_position.end());
+}
+
 }  // namespace
+
+absl::StatusOr<engine::DatasetSource> DatasetsService::TargetSource(
+    const latentd::v1::AttributionTarget& target) const {
+  auto source = ModelSource(target.dataset_id());
+  if (!source.ok()) {
+    return absl::Status(source.status().code(),
+                        absl::StrCat("target_latent.dataset_id: ", source.status().message()));
+  }
+  return source;
+}
 
 grpc::Status DatasetsService::AttributePrompt(grpc::ServerContext* context,
                                               const latentd::v1::AttributePromptRequest* request,
@@ -749,42 +797,130 @@ grpc::Status DatasetsService::AttributePrompt(grpc::ServerContext* context,
   if (grpc::Status s = Authorize(*context); !s.ok()) return s;
   auto source = ModelSource(request->dataset_id());
   if (!source.ok()) return ToGrpcStatus(source.status());
-  engine::AttributionQuery query;
-  query.token_ids.assign(request->token_ids().begin(), request->token_ids().end());
-  if (request->has_target_token_id()) query.target_token_id = request->target_token_id();
-  if (request->has_contrast_token_id()) query.contrast_token_id = request->contrast_token_id();
+  const latentd::v1::AttributionTarget* target_latent =
+      request->has_target_latent() ? &request->target_latent() : nullptr;
+  engine::AttributionQuery query = AttributionQueryOf(
+      request->token_ids(), request->has_target_token_id(), request->target_token_id(),
+      request->has_contrast_token_id(), request->contrast_token_id(), target_latent);
   query.top = request->top();
   std::optional<engine::DatasetSource> target;
-  if (request->has_target_latent()) {
-    const latentd::v1::AttributionTarget& t = request->target_latent();
-    auto target_source = ModelSource(t.dataset_id());
-    if (!target_source.ok()) {
-      return ToGrpcStatus(absl::Status(
-          target_source.status().code(),
-          absl::StrCat("target_latent.dataset_id: ", target_source.status().message())));
-    }
+  if (target_latent != nullptr) {
+    auto target_source = TargetSource(*target_latent);
+    if (!target_source.ok()) return ToGrpcStatus(target_source.status());
     target = *std::move(target_source);
-    query.target_latent = engine::TargetLatent{t.latent(), t.position()};
   }
   auto found =
       options_.dataset_models->AttributePrompt(*source, query, target ? &*target : nullptr);
   if (!found.ok()) return ToGrpcStatus(found.status());
-  if (request->has_target_latent()) *response->mutable_target_latent() = request->target_latent();
-  response->set_bos_prepended(found->bos_prepended);
-  for (int64_t id : found->prompt) response->add_prompt(static_cast<int32_t>(id));
-  response->set_target_token_id(static_cast<int32_t>(found->target_token_id));
-  if (found->contrast_token_id) {
-    response->set_contrast_token_id(static_cast<int32_t>(*found->contrast_token_id));
+  SetAttribution(*found, target_latent, response);
+  return grpc::Status::OK;
+}
+
+grpc::Status DatasetsService::AttributionGraph(grpc::ServerContext* context,
+                                               const latentd::v1::AttributionGraphRequest* request,
+                                               latentd::v1::AttributionGraphResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  const int n = request->dataset_ids_size();
+  if (n < 1 || n > engine::kMaxGraphHooks) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("dataset_ids: ", n, ", must be 1 to ", engine::kMaxGraphHooks)));
   }
-  response->set_metric(found->metric);
-  AddAttributions(found->top_entries, response->mutable_top_entries());
-  AddAttributions(found->top_latents, response->mutable_top_latents());
-  response->set_latent_attribution(found->latent_attribution);
-  response->set_error_attribution(found->error_attribution);
-  response->mutable_latent_attribution_by_position()->Add(
-      found->latent_attribution_by_position.begin(), found->latent_attribution_by_position.end());
-  response->mutable_error_attribution_by_position()->Add(
-      found->error_attribution_by_position.begin(), found->error_attribution_by_position.end());
+  // Each dataset with its hook, in the order the forward computes them.
+  struct Hook {
+    engine::DatasetSource source;
+    engine::HookName hook;
+  };
+  std::vector<Hook> hooks;
+  for (int i = 0; i < n; ++i) {
+    const uint64_t id = request->dataset_ids(i);
+    for (int j = 0; j < i; ++j) {
+      if (request->dataset_ids(j) == id) {
+        return ToGrpcStatus(absl::InvalidArgumentError(
+            absl::StrCat("dataset_ids[", i, "]: ", id, " is dataset_ids[", j, "] again")));
+      }
+    }
+    auto source = ModelSource(id);
+    if (!source.ok()) {
+      return ToGrpcStatus(
+          absl::Status(source.status().code(),
+                       absl::StrCat("dataset_ids[", i, "]: ", source.status().message())));
+    }
+    auto hook = engine::ParseHookName(source->hook_name);
+    if (!hook.ok()) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("dataset_ids[", i, "]: dataset ", id, " records no hook name of a model (\"",
+                       source->hook_name, "\"): its latents cannot be placed in the forward")));
+    }
+    hooks.push_back({*std::move(source), *hook});
+  }
+  std::stable_sort(hooks.begin(), hooks.end(), [](const Hook& a, const Hook& b) {
+    return engine::ComputedBefore(a.hook, b.hook);
+  });
+  // Up to the output dataset's hook: later ones cannot explain the metric there.
+  if (const uint64_t output = request->output_dataset_id(); output != 0) {
+    auto at = std::find_if(hooks.begin(), hooks.end(),
+                           [&](const Hook& h) { return h.source.dataset_id == output; });
+    if (at == hooks.end()) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("output_dataset_id: ", output, " is not among dataset_ids")));
+    }
+    for (auto later = at + 1; later != hooks.end(); ++later) {
+      response->add_notes(absl::StrCat(later->source.hook_name, " (dataset ",
+                                       later->source.dataset_id,
+                                       "): left out, after the output dataset's hook"));
+    }
+    hooks.erase(at + 1, hooks.end());
+  }
+  const latentd::v1::AttributionTarget* target_latent =
+      request->has_target_latent() ? &request->target_latent() : nullptr;
+  std::optional<engine::DatasetSource> metric_target;
+  if (target_latent != nullptr) {
+    auto target_source = TargetSource(*target_latent);
+    if (!target_source.ok()) return ToGrpcStatus(target_source.status());
+    metric_target = *std::move(target_source);
+  }
+  std::vector<std::string> labels;
+  for (const Hook& h : hooks) {
+    labels.push_back(absl::StrCat(h.source.hook_name, " (dataset ", h.source.dataset_id, ")"));
+  }
+  const engine::AttributionQuery metric = AttributionQueryOf(
+      request->token_ids(), request->has_target_token_id(), request->target_token_id(),
+      request->has_contrast_token_id(), request->contrast_token_id(), target_latent);
+  const int per_hook = request->per_hook() == 0 ? 4 : request->per_hook();
+  auto graph = engine::BuildAttributionGraph(
+      labels, metric, per_hook,
+      [&](int hook, const engine::AttributionQuery& query,
+          int target_hook) -> absl::StatusOr<engine::AttributionResult> {
+        if (context->IsCancelled()) {
+          return absl::CancelledError("the caller left during the attribution graph");
+        }
+        const engine::DatasetSource* target = target_hook >= 0
+                                                  ? &hooks[target_hook].source
+                                                  : (metric_target ? &*metric_target : nullptr);
+        return options_.dataset_models->AttributePrompt(hooks[hook].source, query, target);
+      });
+  if (!graph.ok()) return ToGrpcStatus(graph.status());
+  SetAttribution(graph->output, target_latent, response->mutable_output());
+  for (const Hook& h : hooks) {
+    latentd::v1::GraphHook* out = response->add_hooks();
+    out->set_dataset_id(h.source.dataset_id);
+    out->set_hook_name(h.source.hook_name);
+  }
+  for (const engine::GraphNode& node : graph->nodes) {
+    latentd::v1::GraphNode* out = response->add_nodes();
+    out->set_hook(node.hook);
+    out->set_latent(static_cast<int32_t>(node.latent));
+    out->set_position(static_cast<int32_t>(node.position));
+    out->set_activation(node.activation);
+    out->set_importance(node.importance);
+  }
+  for (const engine::GraphEdge& edge : graph->edges) {
+    latentd::v1::GraphEdge* out = response->add_edges();
+    out->set_from_node(edge.from);
+    out->set_to_node(edge.to);
+    out->set_attribution(edge.attribution);
+  }
+  for (const std::string& note : graph->notes) response->add_notes(note);
   return grpc::Status::OK;
 }
 

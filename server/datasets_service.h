@@ -77,6 +77,9 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
   grpc::Status AttributePrompt(grpc::ServerContext* context,
                                const latentd::v1::AttributePromptRequest* request,
                                latentd::v1::AttributePromptResponse* response) override;
+  grpc::Status AttributionGraph(grpc::ServerContext* context,
+                                const latentd::v1::AttributionGraphRequest* request,
+                                latentd::v1::AttributionGraphResponse* response) override;
   grpc::Status ExportDataset(grpc::ServerContext* context,
                              const latentd::v1::ExportDatasetRequest* request,
                              latentd::v1::ExportDatasetResponse* response) override;
@@ -99,6 +102,9 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
   // Which EXTRACT job, SAE and model made a SPARSE dataset, for the calls DatasetModels answers:
   // NOT_FOUND for an unknown dataset, FAILED_PRECONDITION for a DENSE one or without models.
   absl::StatusOr<engine::DatasetSource> ModelSource(uint64_t dataset_id) const;
+  // ModelSource of a target latent's dataset, its errors naming target_latent.dataset_id.
+  absl::StatusOr<engine::DatasetSource> TargetSource(
+      const latentd::v1::AttributionTarget& target) const;
 
   storage::ChunkStore* const store_;
   storage::ArtifactStore* const artifacts_;

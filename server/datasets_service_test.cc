@@ -73,10 +73,11 @@ class DatasetsServiceTest : public ::testing::Test {
   // A SPARSE dataset of `rows` rows, 16 latents each out of `width`.
   uint64_t MakeDataset(const std::string& name, int64_t rows, int32_t width = 4096,
                        storage::ValueDtype dtype = storage::ValueDtype::kFloat16,
-                       uint64_t job_id = 0) {
+                       uint64_t job_id = 0, const std::string& hook_name = "") {
     storage::DatasetMeta m;
     m.name = name;
     m.job_id = job_id;
+    m.hook_name = hook_name;
     m.width = width;
     m.value_dtype = dtype;
     m.k = 16;
@@ -1078,6 +1079,60 @@ TEST_F(DatasetsServiceTest, AttributePromptConvertsEntriesAndTotals) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_NE(s.error_message().find("target_latent.dataset_id"), std::string::npos)
       << s.error_message();
+}
+
+// The attribution graph through gRPC: over one hook, the output's parents are the prediction's
+// strongest entries (AttributePrompt's), with the hook's error node; bad requests name fields.
+TEST_F(DatasetsServiceTest, AttributionGraphConvertsNodesAndEdges) {
+  AddPlaneSaeJob(dir_, 45, &jobs_);
+  const uint64_t id =
+      MakeDataset("graph", 16, 512, storage::ValueDtype::kFloat16, 45, "blocks.0.hook_resid_post");
+  auto graph = [&](std::vector<uint64_t> ids, uint64_t output,
+                   latentd::v1::AttributionGraphResponse* out) {
+    grpc::ClientContext c;
+    latentd::v1::AttributionGraphRequest r;
+    for (uint64_t d : ids) r.add_dataset_ids(d);
+    r.set_output_dataset_id(output);
+    for (int32_t t : {3, 1, 4, 1, 5}) r.add_token_ids(t);
+    r.set_per_hook(2);
+    return stub_->AttributionGraph(&c, r, out);
+  };
+  latentd::v1::AttributionGraphResponse got;
+  grpc::Status s = graph({id}, 0, &got);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(got.hooks_size(), 1);
+  EXPECT_EQ(got.hooks(0).dataset_id(), id);
+  ASSERT_EQ(got.nodes_size(), 4);  // the output, two latents, the error node
+  EXPECT_EQ(got.nodes(0).hook(), 1);
+  EXPECT_EQ(got.nodes(0).position(), 4);
+  EXPECT_FLOAT_EQ(got.nodes(0).activation(), static_cast<float>(got.output().metric()));
+  EXPECT_EQ(got.nodes(3).latent(), -1);
+  grpc::ClientContext c;
+  latentd::v1::AttributePromptRequest r;
+  r.set_dataset_id(id);
+  for (int32_t t : {3, 1, 4, 1, 5}) r.add_token_ids(t);
+  r.set_top(20);
+  latentd::v1::AttributePromptResponse plain;
+  ASSERT_TRUE(stub_->AttributePrompt(&c, r, &plain).ok());
+  EXPECT_EQ(got.output().metric(), plain.metric());
+  for (int k = 0; k < 2; ++k) {  // the two strongest entries, each with its edge to the output
+    EXPECT_EQ(got.nodes(1 + k).latent(), plain.top_entries(k).latent()) << k;
+    EXPECT_EQ(got.nodes(1 + k).position(), plain.top_entries(k).position()) << k;
+    EXPECT_EQ(got.edges(k).from_node(), 1 + k);
+    EXPECT_EQ(got.edges(k).to_node(), 0);
+    EXPECT_DOUBLE_EQ(got.edges(k).attribution(), plain.top_entries(k).attribution());
+  }
+  for (const auto& [ids, output, code, says] :
+       std::vector<std::tuple<std::vector<uint64_t>, uint64_t, grpc::StatusCode, std::string>>{
+           {{}, 0, grpc::StatusCode::INVALID_ARGUMENT, "dataset_ids: 0"},
+           {{id, id}, 0, grpc::StatusCode::INVALID_ARGUMENT, "dataset_ids[1]"},
+           {{id}, id + 1, grpc::StatusCode::INVALID_ARGUMENT, "output_dataset_id"},
+           {{id + 99}, 0, grpc::StatusCode::NOT_FOUND, "dataset_ids[0]"}}) {
+    latentd::v1::AttributionGraphResponse refused;
+    s = graph(ids, output, &refused);
+    EXPECT_EQ(s.error_code(), code) << says << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find(says), std::string::npos) << s.error_message();
+  }
 }
 
 TEST_F(DatasetsServiceTest, AnEncodedPromptTooLargeToReceiveIsRefusedWithTheNumbers) {

@@ -389,6 +389,36 @@ class Client:
         return self.datasets.AttributePrompt(request, metadata=self.metadata,
                                              timeout=self.timeout)
 
+    def attribution_graph(self, dataset_ids, token_ids, target_token_id=None,
+                          contrast_token_id=None, target_latent=None, per_hook=4,
+                          output_dataset_id=0):
+        """An attribution graph of the prompt over an SAE suite (dataset_ids: its datasets, any
+        order; e.g. the outputs of one EXTRACT job): the latents, at their positions, that
+        carry the metric hook by hook (AttributionGraph: nodes with their importance, the
+        share of the output through them; edges with each parent's credit for its child; each
+        hook's SAE error node). The metric as attribute_prompt's; output_dataset_id: the hook
+        that explains it (later ones left out), 0 the latest."""
+        request = datasets_pb2.AttributionGraphRequest(
+            dataset_ids=[int(d) for d in dataset_ids], token_ids=[int(t) for t in token_ids],
+            per_hook=per_hook, output_dataset_id=output_dataset_id)
+        if target_token_id is not None:
+            request.target_token_id = int(target_token_id)
+        if contrast_token_id is not None:
+            request.contrast_token_id = int(contrast_token_id)
+        if target_latent is not None:
+            dataset, latent, position = target_latent
+            request.target_latent.dataset_id = int(dataset)
+            request.target_latent.latent = int(latent)
+            request.target_latent.position = int(position)
+        return self.datasets.AttributionGraph(request, metadata=self.metadata,
+                                              timeout=self.timeout)
+
+    def show_attribution_graph(self, dataset_ids, token_ids, decode=None, **graph_args):
+        """attribution_graph's answer as an AttributionGraphView, which a notebook draws as
+        `latentctl graph --html` does: a column per hook, edges blue (for) or red (against)."""
+        return AttributionGraphView(self.attribution_graph(dataset_ids, token_ids, **graph_args),
+                                    decode)
+
     def compare_saes(self, dataset_id, other_dataset_id, latents=None, sample=0, bins=20):
         """How far two datasets' SAEs learned the same directions: for each compared latent of
         the first (all, the given latents, or `sample` of them evenly spread) the other SAE's
@@ -660,6 +690,75 @@ class AttributionView:
                 % (latent.latent, latent.attribution),
                 _signed_spans(words, ids, values, scale,
                               ["position %d · %+.4g" % (p, v) for p, v in enumerate(values)])))
+        return "\n".join(parts)
+
+
+class AttributionGraphView:
+    """An AttributionGraph answer that Jupyter draws as SVG: a column per hook (earliest left)
+    and the output on the right; each node a latent at a position (shaded by importance over
+    the largest), each edge blue (for) or red (against), as wide as its share of the strongest
+    edge into the same node; the notes under it."""
+
+    def __init__(self, answer, decode=None):
+        self.answer = answer
+        self.decode = decode
+
+    def _repr_html_(self):
+        import html
+
+        g = self.answer
+        words = _words(self.decode, list(g.output.prompt))
+        columns = len(g.hooks) + 1
+        rows = [[] for _ in range(columns)]
+        for n, node in enumerate(g.nodes):
+            rows[min(max(node.hook, 0), columns - 1)].append(n)
+        at = {}
+        for c, column in enumerate(rows):
+            column.sort(key=lambda n: (g.nodes[n].latent < 0, g.nodes[n].position,
+                                       g.nodes[n].latent))
+            for r, n in enumerate(column):
+                at[n] = (10 + 230 * c, 40 + 50 * r)
+        height = 40 + 50 * max(1, max(len(column) for column in rows))
+        parts = ['<div>attribution graph: metric %.4f over %d hooks</div>'
+                 % (g.output.metric, len(g.hooks)),
+                 '<svg width="%d" height="%d" style="font-size:12px">' % (10 + 230 * columns,
+                                                                          height)]
+        labels = [h.hook_name for h in g.hooks] + ["output"]
+        for c, label in enumerate(labels):
+            parts.append('<text x="%d" y="20" font-weight="bold">%s</text>'
+                         % (10 + 230 * c, html.escape(label)))
+        strongest = {}
+        for e in g.edges:
+            strongest[e.to_node] = max(strongest.get(e.to_node, 0.0), abs(e.attribution))
+        for e in g.edges:
+            (x1, y1), (x2, y2) = at[e.from_node], at[e.to_node]
+            share = abs(e.attribution) / strongest[e.to_node] if strongest[e.to_node] else 0.0
+            parts.append('<path d="M%d %d C%d %d %d %d %d %d" fill="none" stroke="%s" '
+                         'stroke-width="%.2f" stroke-opacity="0.6"><title>%+.4g</title></path>'
+                         % (x1 + 170, y1 + 19, (x1 + 170 + x2) // 2, y1 + 19,
+                            (x1 + 170 + x2) // 2, y2 + 19, x2, y2 + 19,
+                            "#0066ff" if e.attribution >= 0 else "#ff3300", 0.5 + 5 * share,
+                            e.attribution))
+        most = max((node.importance for node in list(g.nodes)[1:]), default=0)
+        for n, node in enumerate(g.nodes):
+            x, y = at[n]
+            if n == 0:
+                first, second = "output", "%.4g" % g.output.metric
+            elif node.latent < 0:
+                first, second = "SAE error", "all positions"
+            else:
+                word = words[node.position] if 0 <= node.position < len(words) else ""
+                first = "#%d @%d" % (node.latent, node.position)
+                second = "%s = %.3g" % (word, node.activation)
+            alpha = 0.8 if n == 0 or most <= 0 else 0.8 * node.importance / most
+            parts.append('<g><title>importance %.3f</title><rect x="%d" y="%d" width="170" '
+                         'height="38" rx="4" fill="rgba(255,102,0,%.3f)" stroke="#999"/>'
+                         '<text x="%d" y="%d">%s</text><text x="%d" y="%d" '
+                         'font-family="monospace">%s</text></g>'
+                         % (node.importance, x, y, alpha, x + 6, y + 15, html.escape(first),
+                            x + 6, y + 31, html.escape(str(second))))
+        parts.append("</svg>")
+        parts.extend("<div>note: %s</div>" % html.escape(note) for note in g.notes)
         return "\n".join(parts)
 
 

@@ -275,6 +275,21 @@ class SteeringTest(DaemonTestCase):
         self.assertIn("blocks.0.hook_resid_post (dataset %d):" % layer0, graph)
         with open(page) as f:
             self.assertIn("<title>output &#183; importance 1.000</title>", f.read())
+        # The same graph in Python: the output's parents are the strongest entries, each with
+        # its credit as the edge to the output; the notebook view draws it.
+        drawn = c.attribution_graph([layer0, dataset], prompt, target_token_id=target,
+                                    per_hook=2)
+        self.assertEqual([h.dataset_id for h in drawn.hooks], [layer0, dataset])
+        to_output = [(drawn.nodes[e.from_node], e.attribution) for e in drawn.edges
+                     if e.to_node == 0 and drawn.nodes[e.from_node].latent >= 0]
+        self.assertEqual((to_output[0][0].latent, to_output[0][0].position),
+                         (strongest_entry.latent, strongest_entry.position))
+        self.assertAlmostEqual(to_output[0][1], strongest_entry.attribution, places=5)
+        self.assertTrue(any(n.hook == 0 for n in drawn.nodes))  # block 0's latents drive them
+        view = c.show_attribution_graph([dataset, layer0], prompt, target_token_id=target,
+                                        per_hook=2)._repr_html_()
+        self.assertIn("<svg", view)
+        self.assertEqual(view.count("<rect"), len(drawn.nodes))
         with self.assertRaises(grpc.RpcError) as backwards:  # block 1 comes after block 0
             c.attribute_prompt(dataset, prompt, target_latent=(layer0, 0, 4))
         self.assertIn("target_latent.dataset_id", backwards.exception.details())

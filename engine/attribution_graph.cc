@@ -1,0 +1,107 @@
+#include "engine/attribution_graph.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace latentd::engine {
+namespace {
+
+// A parent found at one hook: its edges to the hook after it and the share of the output it
+// carries through them.
+struct Candidate {
+  float activation = 0;
+  double importance = 0;
+  std::vector<std::pair<int, double>> edges;  // (child node, attribution)
+};
+
+}  // namespace
+
+absl::StatusOr<AttributionGraph> BuildAttributionGraph(const std::vector<std::string>& hook_labels,
+                                                       const AttributionQuery& metric, int per_hook,
+                                                       const GraphAttribution& attribute) {
+  const int hooks = static_cast<int>(hook_labels.size());
+  if (hooks < 1) return absl::InvalidArgumentError("dataset_ids: an attribution graph needs one");
+  if (per_hook < 1 || per_hook > kMaxGraphNodesPerHook) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("per_hook: ", per_hook, " outside [1, ", kMaxGraphNodesPerHook, "]"));
+  }
+  AttributionGraph g;
+  // Each pass lists more entries than a hook keeps: a parent strong for several children but
+  // not the strongest of any one still shows.
+  const int listed = std::max(20, 4 * per_hook);
+  std::vector<int> targets = {0};
+  g.nodes.push_back({hooks, -1, 0, 0, 1.0});
+  for (int hook = hooks - 1; hook >= 0; --hook) {
+    std::map<std::pair<int64_t, int64_t>, Candidate> found;  // by (latent, position)
+    Candidate error;
+    std::string refused;
+    bool answered = false;
+    for (int target : targets) {
+      AttributionQuery query = metric;
+      query.top = listed;
+      int target_hook = -1;
+      if (target != 0) {
+        const GraphNode& t = g.nodes[target];
+        query.target_token_id.reset();
+        query.contrast_token_id.reset();
+        query.target_latent = TargetLatent{t.latent, t.position};
+        target_hook = t.hook;
+      }
+      absl::StatusOr<AttributionResult> answer = attribute(hook, query, target_hook);
+      if (!answer.ok()) {
+        if (target == 0 && hook == hooks - 1) return answer.status();  // the metric itself
+        if (absl::IsCancelled(answer.status())) return answer.status();
+        refused = std::string(answer.status().message());
+        continue;
+      }
+      answered = true;
+      if (target == 0) {
+        g.output = *answer;
+        g.nodes[0].position = static_cast<int64_t>(answer->prompt.size()) - 1;
+        g.nodes[0].activation = static_cast<float>(answer->metric);
+      }
+      // Each parent's share of this child: |its credit| over the child's listed credits and
+      // error term, times the child's own share of the output.
+      double total = std::abs(answer->error_attribution);
+      for (const LatentAttribution& e : answer->top_entries) total += std::abs(e.attribution);
+      const double share = total > 0 ? g.nodes[target].importance / total : 0.0;
+      for (const LatentAttribution& e : answer->top_entries) {
+        Candidate& c = found[{e.latent, e.position}];
+        c.activation = e.activation;
+        c.importance += share * std::abs(e.attribution);
+        c.edges.emplace_back(target, e.attribution);
+      }
+      error.importance += share * std::abs(answer->error_attribution);
+      error.edges.emplace_back(target, answer->error_attribution);
+    }
+    if (!answered) {
+      g.notes.push_back(absl::StrCat(hook_labels[hook], ": no edges: ", refused));
+      continue;  // the hook before explains the same targets
+    }
+    std::vector<std::pair<std::pair<int64_t, int64_t>, const Candidate*>> ranked;
+    for (const auto& [key, c] : found) ranked.emplace_back(key, &c);
+    std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+      return a.second->importance > b.second->importance;
+    });
+    if (static_cast<int>(ranked.size()) > per_hook) ranked.resize(per_hook);
+    auto add = [&](int64_t latent, int64_t position, const Candidate& c) {
+      const int index = static_cast<int>(g.nodes.size());
+      g.nodes.push_back({hook, latent, position, c.activation, c.importance});
+      for (const auto& [child, attribution] : c.edges)
+        g.edges.push_back({index, child, attribution});
+      return index;
+    };
+    std::vector<int> kept;
+    for (const auto& [key, c] : ranked) kept.push_back(add(key.first, key.second, *c));
+    add(kGraphErrorNode, -1, error);
+    targets = kept;
+    if (targets.empty()) break;  // nothing fires upstream of the kept nodes
+  }
+  return g;
+}
+
+}  // namespace latentd::engine

@@ -1,0 +1,71 @@
+// An attribution graph of one prompt over an SAE suite (datasets of one model at several hooks,
+// earliest first): which latents, at which positions, drive the prediction after the prompt, and
+// which latents of the hook before drive those, back to the earliest hook: the edges of a sparse
+// feature circuit (Marks et al.), each from one AttributePrompt pass (attribution.h: a parent's
+// first-order credit for its child's value, or for the output's metric).
+//
+//   1. the metric at the last hook: its top entries are the output's parents;
+//   2. a node's importance is the share of the output flowing through it: an edge's share of its
+//      child is |attribution| over the child's listed credits and SAE error term, times the
+//      child's importance (the output's is 1); `per_hook` parents are kept per hook by
+//      importance, and the hook's SAE error term is one more node;
+//   3. each kept node is the target latent of a pass at the hook before it, whose top entries
+//      are its parents; a hook whose passes are all refused is noted and skipped (the hook
+//      before it explains the same nodes).
+//
+// Torch-free: the passes come through a callback (DatasetModels::AttributePrompt in the daemon,
+// a table in tests).
+#ifndef LATENTD_ENGINE_ATTRIBUTION_GRAPH_H_
+#define LATENTD_ENGINE_ATTRIBUTION_GRAPH_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/attribution.h"
+
+namespace latentd::engine {
+
+inline constexpr int kMaxGraphHooks = 64;
+inline constexpr int kMaxGraphNodesPerHook = 64;
+inline constexpr int64_t kGraphErrorNode = -1;  // a node's latent: its hook's SAE error term
+
+struct GraphNode {
+  int hook = 0;  // 0 the earliest; the hooks' count for the output (node 0)
+  // The latent (kGraphErrorNode: the hook's SAE error, every position) and where it fires; the
+  // output: -1 at the prompt's last position.
+  int64_t latent = 0;
+  int64_t position = 0;
+  float activation = 0;  // the latent's value there; the output: the metric
+  double importance = 0;
+};
+
+struct GraphEdge {
+  int from = 0, to = 0;    // into AttributionGraph.nodes
+  double attribution = 0;  // from's first-order credit for to's value (the output: its metric)
+};
+
+struct AttributionGraph {
+  AttributionResult output;  // the last hook's pass for the metric
+  std::vector<GraphNode> nodes;
+  std::vector<GraphEdge> edges;
+  std::vector<std::string> notes;  // hooks without edges, and why
+};
+
+// One pass at hook `hook` for `query`. target_hook >= 0: query.target_latent is a latent of that
+// hook's SAE; -1: the metric's own (a target latent of the caller's, or none).
+using GraphAttribution = std::function<absl::StatusOr<AttributionResult>(
+    int hook, const AttributionQuery& query, int target_hook)>;
+
+// `hook_labels` name the hooks earliest first (for the notes); `metric` is the prompt and the
+// output's metric (its top is set per pass). INVALID_ARGUMENT naming per_hook outside [1,
+// kMaxGraphNodesPerHook] or no hooks; the metric's pass's error as it is.
+absl::StatusOr<AttributionGraph> BuildAttributionGraph(const std::vector<std::string>& hook_labels,
+                                                       const AttributionQuery& metric, int per_hook,
+                                                       const GraphAttribution& attribute);
+
+}  // namespace latentd::engine
+
+#endif  // LATENTD_ENGINE_ATTRIBUTION_GRAPH_H_

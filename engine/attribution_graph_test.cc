@@ -1,0 +1,160 @@
+#include "engine/attribution_graph.h"
+
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace latentd::engine {
+namespace {
+
+struct Entry {
+  int64_t latent, position;
+  double attribution;
+};
+
+// Passes answered from a table: per (hook, target hook, target latent, position) the entries
+// and the error term; the metric's pass is (hook, -1, -1, -1). Missing: INVALID_ARGUMENT.
+class FakePasses {
+ public:
+  using Key = std::tuple<int, int, int64_t, int64_t>;
+
+  void Answer(Key key, std::vector<Entry> entries, double error) {
+    answers_[key] = {std::move(entries), error};
+  }
+
+  absl::StatusOr<AttributionResult> operator()(int hook, const AttributionQuery& q,
+                                               int target_hook) {
+    asked.emplace_back(hook, q, target_hook);
+    const Key key = q.target_latent
+                        ? Key{hook, target_hook, q.target_latent->latent, q.target_latent->position}
+                        : Key{hook, -1, -1, -1};
+    auto it = answers_.find(key);
+    if (it == answers_.end()) {
+      return absl::InvalidArgumentError("target_latent.dataset_id: comes after the target");
+    }
+    AttributionResult out;
+    out.prompt = {4, 8, 15, 16, 23};
+    out.target_token_id = q.target_latent ? 0 : 7;
+    out.metric = -1.5;
+    for (const Entry& e : it->second.first) {
+      out.top_entries.push_back({e.latent, e.position, 1.0f, e.attribution});
+    }
+    out.error_attribution = it->second.second;
+    return out;
+  }
+
+  std::vector<std::tuple<int, AttributionQuery, int>> asked;
+
+ private:
+  std::map<Key, std::pair<std::vector<Entry>, double>> answers_;
+};
+
+const std::vector<std::string> kHooks = {"blocks.0.hook_resid_post (dataset 1)",
+                                         "blocks.1.hook_resid_post (dataset 2)",
+                                         "blocks.2.hook_resid_post (dataset 3)"};
+
+AttributionQuery Metric() {
+  AttributionQuery q;
+  q.token_ids = {4, 8, 15, 16, 23};
+  q.target_token_id = 7;
+  return q;
+}
+
+const GraphNode* Find(const AttributionGraph& g, int hook, int64_t latent, int64_t position) {
+  for (const GraphNode& n : g.nodes) {
+    if (n.hook == hook && n.latent == latent && n.position == position) return &n;
+  }
+  return nullptr;
+}
+
+GraphAttribution Calls(FakePasses& passes) {
+  return [&passes](int hook, const AttributionQuery& q, int target_hook) {
+    return passes(hook, q, target_hook);
+  };
+}
+
+// The output's parents are the last hook's entries; each kept node's parents the hook before
+// it; nodes are kept by the share of the output flowing through them.
+TEST(AttributionGraphTest, EachHookExplainsTheNodesKeptAfterIt) {
+  FakePasses passes;
+  passes.Answer({2, -1, -1, -1}, {{10, 4, 2.0}, {11, 3, -1.0}, {12, 2, 0.1}}, 1.0);
+  passes.Answer({1, 2, 10, 4}, {{20, 4, 1.0}, {21, 1, 0.5}}, 0.5);
+  passes.Answer({1, 2, 11, 3}, {{21, 1, -2.0}}, 0.0);
+  passes.Answer({0, 1, 21, 1}, {{30, 0, 0.25}}, 0.0);
+  passes.Answer({0, 1, 20, 4}, {{31, 2, 1.0}}, 1.0);
+  auto g = BuildAttributionGraph(kHooks, Metric(), 2, Calls(passes));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->nodes[0].hook, 3);  // the output, at the last position, its metric as value
+  EXPECT_EQ(g->nodes[0].position, 4);
+  EXPECT_EQ(g->nodes[0].activation, -1.5f);
+  // Last hook: 10@4 carries 2 / 4.1 of the output, 11@3 1 / 4.1; 12@2 is not kept.
+  const GraphNode* a = Find(*g, 2, 10, 4);
+  const GraphNode* b = Find(*g, 2, 11, 3);
+  ASSERT_TRUE(a != nullptr && b != nullptr);
+  EXPECT_NEAR(a->importance, 2 / 4.1, 1e-9);
+  EXPECT_NEAR(b->importance, 1 / 4.1, 1e-9);
+  EXPECT_EQ(Find(*g, 2, 12, 2), nullptr);
+  EXPECT_NEAR(Find(*g, 2, kGraphErrorNode, -1)->importance, 1 / 4.1, 1e-9);
+  // Hook 1: 21@1 gets a quarter of 10@4's share (0.5 of 2) and all of 11@3's.
+  const GraphNode* c = Find(*g, 1, 21, 1);
+  ASSERT_NE(c, nullptr);
+  EXPECT_NEAR(c->importance, (2 / 4.1) * 0.25 + 1 / 4.1, 1e-9);
+  EXPECT_NEAR(Find(*g, 1, 20, 4)->importance, (2 / 4.1) * 0.5, 1e-9);
+  std::map<int64_t, double> to;  // its edges, to both children
+  const int c_index = static_cast<int>(c - g->nodes.data());
+  for (const GraphEdge& e : g->edges) {
+    if (e.from == c_index) to[g->nodes[e.to].latent] = e.attribution;
+  }
+  EXPECT_EQ(to, (std::map<int64_t, double>{{10, 0.5}, {11, -2.0}}));
+  EXPECT_NE(Find(*g, 0, 30, 0), nullptr);
+  EXPECT_NE(Find(*g, 0, 31, 2), nullptr);
+  // The passes: the metric at the last hook, then latent targets of the hook after.
+  ASSERT_EQ(passes.asked.size(), 5u);
+  const auto& [first_hook, first_query, first_target] = passes.asked[0];
+  EXPECT_EQ(first_hook, 2);
+  EXPECT_EQ(first_target, -1);
+  EXPECT_EQ(first_query.target_token_id, 7);
+  EXPECT_FALSE(first_query.target_latent.has_value());
+  for (size_t i = 1; i < passes.asked.size(); ++i) {
+    const auto& [hook, query, target_hook] = passes.asked[i];
+    EXPECT_FALSE(query.target_token_id.has_value()) << i;
+    EXPECT_EQ(target_hook, hook + 1) << i;
+    EXPECT_EQ(query.top, 20) << i;
+  }
+  EXPECT_TRUE(g->notes.empty());
+}
+
+// A hook whose passes are all refused is noted and skipped: the one before it explains the
+// nodes after it. A refused metric is the graph's error; so are bad arguments.
+TEST(AttributionGraphTest, ARefusedHookIsSkippedAndARefusedMetricFails) {
+  FakePasses passes;
+  passes.Answer({2, -1, -1, -1}, {{10, 4, 2.0}}, 0.0);
+  passes.Answer({0, 2, 10, 4}, {{30, 0, 0.5}}, 0.0);
+  auto g = BuildAttributionGraph(kHooks, Metric(), 3, Calls(passes));
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_EQ(g->notes.size(), 1u);
+  EXPECT_EQ(g->notes[0],
+            "blocks.1.hook_resid_post (dataset 2): no edges: target_latent.dataset_id: comes "
+            "after the target");
+  const GraphNode* first = Find(*g, 0, 30, 0);
+  ASSERT_NE(first, nullptr);
+  EXPECT_NEAR(first->importance, 1.0, 1e-9);
+
+  FakePasses silent;
+  EXPECT_EQ(BuildAttributionGraph(kHooks, Metric(), 3, Calls(silent)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BuildAttributionGraph({}, Metric(), 3, Calls(passes)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  for (int bad : {0, kMaxGraphNodesPerHook + 1}) {
+    auto refused = BuildAttributionGraph(kHooks, Metric(), bad, Calls(passes));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(refused.status().message().find("per_hook"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace latentd::engine
