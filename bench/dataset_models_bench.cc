@@ -10,7 +10,8 @@
 // With suite=N: an SAE suite instead (N layers, an SAE of 4096 latents on each layer's residual
 // stream) and a prompt through every layer's dataset in turn, as `latentctl prompt --all_hooks`
 // asks: the suite extracted by one job (its datasets share one model) against the same suite
-// extracted by N one-hook jobs (a model per dataset), rounds=R times each.
+// extracted by N one-hook jobs (a model per dataset), rounds=R times each; then an attribution
+// graph of the prompt's prediction over the suite (4 nodes a hook), the median of R.
 //
 // With steer=N: SteerPrompt on a 64-token prompt of a reference model of layers=L (default 12,
 // GPT-2 small's shape at d_in 768) with an SAE of 4096 latents at its middle block, without and
@@ -32,6 +33,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/process_memory.h"
+#include "engine/attribution_graph.h"
 #include "engine/dataset_models.h"
 #include "engine/sae.h"
 
@@ -69,6 +71,23 @@ std::string WriteBenchSae(const std::string& dir, int64_t d_sae, int64_t d_in, u
   cfg.k = 32;
   if (!latentd::engine::SaveSae(dir, w, cfg).ok()) return "";
   return latentd::engine::Sae::Load(dir)->weight_hash();
+}
+
+// The median wall time of `rounds` calls of `call`; nullopt, after saying why, when one fails.
+template <typename Call>
+std::optional<double> MedianSeconds(int64_t rounds, Call call) {
+  std::vector<double> times;
+  for (int64_t r = 0; r < rounds; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    const absl::Status status = call();
+    if (!status.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(status.message()).c_str());
+      return std::nullopt;
+    }
+    times.push_back(Seconds(start));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
 }
 
 // The suite=N mode (see the top of the file).
@@ -140,27 +159,32 @@ int RunSuite(const std::string& root, int64_t layers, int64_t d_in, int64_t voca
                 later.empty() ? 0.0 : later[later.size() / 2], reader.cached_bytes() / 1e6,
                 latentd::ProcessRssBytes() / 1e6);
   }
+  // An attribution graph of the prompt's prediction over the one-job suite, 4 nodes a hook.
+  DatasetModels reader(env);
+  std::vector<DatasetSource> sources;
+  for (int64_t l = 0; l < layers; ++l) {
+    sources.push_back({static_cast<uint64_t>(100 + l), 1, hashes[l], "", 4096,
+                       l == 0 ? "extract-1" : "extract-1." + hooks[l]});
+  }
+  latentd::engine::AttributionQuery metric;
+  metric.token_ids = prompt.token_ids;
+  int passes = 0;
+  auto pass = [&](int hook, const latentd::engine::AttributionQuery& query, int target_hook) {
+    ++passes;
+    return reader.AttributePrompt(sources[hook], query,
+                                  target_hook >= 0 ? &sources[target_hook] : nullptr);
+  };
+  const std::optional<double> graph = MedianSeconds(rounds, [&] {
+    passes = 0;
+    return latentd::engine::BuildAttributionGraph(hooks, metric, 4, pass).status();
+  });
+  if (!graph) return 1;
+  std::printf("AttributionGraph over the %lld hooks, 4 nodes a hook: %.3f s (median), %d passes\n",
+              static_cast<long long>(layers), *graph, passes);
   return 0;
 }
 
 }  // namespace
-
-// The median wall time of `rounds` calls of `call`; nullopt, after saying why, when one fails.
-template <typename Call>
-std::optional<double> MedianSeconds(int64_t rounds, Call call) {
-  std::vector<double> times;
-  for (int64_t r = 0; r < rounds; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    const absl::Status status = call();
-    if (!status.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(status.message()).c_str());
-      return std::nullopt;
-    }
-    times.push_back(Seconds(start));
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
 
 // The steer=N mode (see the top of the file).
 int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t vocab,

@@ -1133,6 +1133,26 @@ TEST_F(DatasetsServiceTest, AttributionGraphConvertsNodesAndEdges) {
     EXPECT_EQ(s.error_code(), code) << says << ": " << s.error_message();
     EXPECT_NE(s.error_message().find(says), std::string::npos) << s.error_message();
   }
+  // Hostile sizes: per_hook out of range, too many datasets, a metric field out of range.
+  for (const auto& [per_hook, datasets, target, says] :
+       std::vector<std::tuple<int32_t, int, int32_t, std::string>>{
+           {-1, 1, 0, "per_hook: -1"},
+           {65, 1, 0, "per_hook: 65"},
+           {INT32_MAX, 1, 0, "per_hook"},
+           {2, 65, 0, "dataset_ids: 65"},
+           {2, 1, INT32_MAX, "target_token_id"}}) {
+    grpc::ClientContext c;
+    latentd::v1::AttributionGraphRequest r;
+    for (int d = 0; d < datasets; ++d) r.add_dataset_ids(id + d);
+    for (int32_t t : {3, 1, 4}) r.add_token_ids(t);
+    r.set_per_hook(per_hook);
+    if (target != 0) r.set_target_token_id(target);
+    latentd::v1::AttributionGraphResponse refused;
+    s = stub_->AttributionGraph(&c, r, &refused);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << says << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find(says), std::string::npos) << s.error_message();
+  }
 }
 
 TEST_F(DatasetsServiceTest, AnEncodedPromptTooLargeToReceiveIsRefusedWithTheNumbers) {
