@@ -1477,20 +1477,26 @@ int Graph(Client& client, const std::vector<std::string>& args) {
     for (const v1::DatasetInfo& d : *suite) request.add_dataset_ids(d.id());
     request.set_output_dataset_id(id);
   }
-  if (!absl::GetFlag(FLAGS_json)) {
-    std::fprintf(stderr, "graph: %d datasets, up to %d passes each...\n",
-                 request.dataset_ids_size(), request.per_hook() > 0 ? request.per_hook() : 4);
-  }
+  const bool json = absl::GetFlag(FLAGS_json);
+  std::unique_ptr<grpc::ClientContext> context = client.Context();
+  auto stream = client.datasets()->AttributionGraph(context.get(), request);
+  v1::AttributionGraphEvent event;
   v1::AttributionGraphResponse response;
-  grpc::Status status =
-      client.datasets()->AttributionGraph(client.Context().get(), request, &response);
-  if (!status.ok()) return RpcError(status);
+  while (stream->Read(&event)) {
+    if (event.has_graph()) response = event.graph();
+    if (event.has_progress() && !json) {
+      const v1::AttributionGraphProgress& p = event.progress();
+      std::fprintf(stderr, "graph: %d of %d hooks (%s done), %d passes\n", p.hooks_done(),
+                   p.hooks(), p.hook_name().c_str(), p.passes());
+    }
+  }
+  if (grpc::Status status = stream->Finish(); !status.ok()) return RpcError(status);
   if (const std::string html = absl::GetFlag(FLAGS_html); !html.empty()) {
     if (!WriteHtmlFlag(html, AttributionGraphHtml(response, vocab ? &*vocab : nullptr))) {
       return kExitRpcError;
     }
   }
-  if (absl::GetFlag(FLAGS_json)) {
+  if (json) {
     std::printf("%s\n", Json(response).c_str());
   } else {
     std::printf("%s", DescribeAttributionGraph(response, vocab).c_str());

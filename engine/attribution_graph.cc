@@ -20,9 +20,9 @@ struct Candidate {
 
 }  // namespace
 
-absl::StatusOr<AttributionGraph> BuildAttributionGraph(const std::vector<std::string>& hook_labels,
-                                                       const AttributionQuery& metric, int per_hook,
-                                                       const GraphAttribution& attribute) {
+absl::StatusOr<AttributionGraph> BuildAttributionGraph(
+    const std::vector<std::string>& hook_labels, const AttributionQuery& metric, int per_hook,
+    const GraphAttribution& attribute, const std::function<void(int hook, int passes)>& hook_done) {
   const int hooks = static_cast<int>(hook_labels.size());
   if (hooks < 1) return absl::InvalidArgumentError("dataset_ids: an attribution graph needs one");
   if (per_hook < 1 || per_hook > kMaxGraphNodesPerHook) {
@@ -34,6 +34,7 @@ absl::StatusOr<AttributionGraph> BuildAttributionGraph(const std::vector<std::st
   // not the strongest of any one still shows.
   const int listed = std::max(20, 4 * per_hook);
   std::vector<int> targets = {0};
+  int passes = 0;
   g.nodes.push_back({hooks, -1, 0, 0, 1.0});
   for (int hook = hooks - 1; hook >= 0; --hook) {
     std::map<std::pair<int64_t, int64_t>, Candidate> found;  // by (latent, position)
@@ -52,6 +53,7 @@ absl::StatusOr<AttributionGraph> BuildAttributionGraph(const std::vector<std::st
         target_hook = t.hook;
       }
       absl::StatusOr<AttributionResult> answer = attribute(hook, query, target_hook);
+      ++passes;
       if (!answer.ok()) {
         if (target == 0 && hook == hooks - 1) return answer.status();  // the metric itself
         if (absl::IsCancelled(answer.status())) return answer.status();
@@ -78,6 +80,7 @@ absl::StatusOr<AttributionGraph> BuildAttributionGraph(const std::vector<std::st
       error.importance += share * std::abs(answer->error_attribution);
       error.edges.emplace_back(target, answer->error_attribution);
     }
+    if (hook_done) hook_done(hook, passes);
     if (!answered) {
       g.notes.push_back(absl::StrCat(hook_labels[hook], ": no edges: ", refused));
       continue;  // the hook before explains the same targets

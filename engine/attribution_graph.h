@@ -62,9 +62,12 @@ using GraphAttribution = std::function<absl::StatusOr<AttributionResult>(
 // `hook_labels` name the hooks earliest first (for the notes); `metric` is the prompt and the
 // output's metric (its top is set per pass). INVALID_ARGUMENT naming per_hook outside [1,
 // kMaxGraphNodesPerHook] or no hooks; the metric's pass's error as it is.
-absl::StatusOr<AttributionGraph> BuildAttributionGraph(const std::vector<std::string>& hook_labels,
-                                                       const AttributionQuery& metric, int per_hook,
-                                                       const GraphAttribution& attribute);
+// `hook_done` (may be empty) hears of each hook as its passes finish (latest first), with the
+// passes made so far: progress for a person waiting.
+absl::StatusOr<AttributionGraph> BuildAttributionGraph(
+    const std::vector<std::string>& hook_labels, const AttributionQuery& metric, int per_hook,
+    const GraphAttribution& attribute,
+    const std::function<void(int hook, int passes)>& hook_done = nullptr);
 
 }  // namespace latentd::engine
 

@@ -86,8 +86,12 @@ TEST(AttributionGraphTest, EachHookExplainsTheNodesKeptAfterIt) {
   passes.Answer({1, 2, 11, 3}, {{21, 1, -2.0}}, 0.0);
   passes.Answer({0, 1, 21, 1}, {{30, 0, 0.25}}, 0.0);
   passes.Answer({0, 1, 20, 4}, {{31, 2, 1.0}}, 1.0);
-  auto g = BuildAttributionGraph(kHooks, Metric(), 2, Calls(passes));
+  std::vector<std::pair<int, int>> done;  // (hook, passes so far)
+  auto g = BuildAttributionGraph(kHooks, Metric(), 2, Calls(passes),
+                                 [&](int hook, int made) { done.emplace_back(hook, made); });
   ASSERT_TRUE(g.ok()) << g.status();
+  // Progress: the last hook after the metric's pass, then two passes a hook (its kept nodes).
+  EXPECT_EQ(done, (std::vector<std::pair<int, int>>{{2, 1}, {1, 3}, {0, 5}}));
   EXPECT_EQ(g->nodes[0].hook, 3);  // the output, at the last position, its metric as value
   EXPECT_EQ(g->nodes[0].position, 4);
   EXPECT_EQ(g->nodes[0].activation, -1.5f);

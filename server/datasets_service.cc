@@ -816,10 +816,12 @@ grpc::Status DatasetsService::AttributePrompt(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status DatasetsService::AttributionGraph(grpc::ServerContext* context,
-                                               const latentd::v1::AttributionGraphRequest* request,
-                                               latentd::v1::AttributionGraphResponse* response) {
+grpc::Status DatasetsService::AttributionGraph(
+    grpc::ServerContext* context, const latentd::v1::AttributionGraphRequest* request,
+    grpc::ServerWriter<latentd::v1::AttributionGraphEvent>* writer) {
   if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  latentd::v1::AttributionGraphEvent last;
+  latentd::v1::AttributionGraphResponse* response = last.mutable_graph();
   const int n = request->dataset_ids_size();
   if (n < 1 || n > engine::kMaxGraphHooks) {
     return ToGrpcStatus(absl::InvalidArgumentError(
@@ -898,6 +900,15 @@ grpc::Status DatasetsService::AttributionGraph(grpc::ServerContext* context,
                                                   ? &hooks[target_hook].source
                                                   : (metric_target ? &*metric_target : nullptr);
         return options_.dataset_models->AttributePrompt(hooks[hook].source, query, target);
+      },
+      [&](int hook, int passes) {
+        latentd::v1::AttributionGraphEvent event;
+        latentd::v1::AttributionGraphProgress* progress = event.mutable_progress();
+        progress->set_hooks_done(static_cast<int32_t>(hooks.size()) - hook);
+        progress->set_hooks(static_cast<int32_t>(hooks.size()));
+        progress->set_passes(passes);
+        progress->set_hook_name(hooks[hook].source.hook_name);
+        writer->Write(event);  // a caller gone shows at the next pass (IsCancelled)
       });
   if (!graph.ok()) return ToGrpcStatus(graph.status());
   SetAttribution(graph->output, target_latent, response->mutable_output());
@@ -921,6 +932,7 @@ grpc::Status DatasetsService::AttributionGraph(grpc::ServerContext* context,
     out->set_attribution(edge.attribution);
   }
   for (const std::string& note : graph->notes) response->add_notes(note);
+  writer->Write(last);
   return grpc::Status::OK;
 }
 

@@ -77,9 +77,9 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
   grpc::Status AttributePrompt(grpc::ServerContext* context,
                                const latentd::v1::AttributePromptRequest* request,
                                latentd::v1::AttributePromptResponse* response) override;
-  grpc::Status AttributionGraph(grpc::ServerContext* context,
-                                const latentd::v1::AttributionGraphRequest* request,
-                                latentd::v1::AttributionGraphResponse* response) override;
+  grpc::Status AttributionGraph(
+      grpc::ServerContext* context, const latentd::v1::AttributionGraphRequest* request,
+      grpc::ServerWriter<latentd::v1::AttributionGraphEvent>* writer) override;
   grpc::Status ExportDataset(grpc::ServerContext* context,
                              const latentd::v1::ExportDatasetRequest* request,
                              latentd::v1::ExportDatasetResponse* response) override;

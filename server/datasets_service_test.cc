@@ -71,6 +71,21 @@ class DatasetsServiceTest : public ::testing::Test {
   }
 
   // A SPARSE dataset of `rows` rows, 16 latents each out of `width`.
+  // Reads an AttributionGraph stream: its progress events (when `progress` is not null) and
+  // the graph at its end.
+  grpc::Status ReadGraph(const latentd::v1::AttributionGraphRequest& request,
+                         latentd::v1::AttributionGraphResponse* graph,
+                         std::vector<latentd::v1::AttributionGraphProgress>* progress) {
+    grpc::ClientContext c;
+    auto reader = stub_->AttributionGraph(&c, request);
+    latentd::v1::AttributionGraphEvent event;
+    while (reader->Read(&event)) {
+      if (event.has_progress() && progress != nullptr) progress->push_back(event.progress());
+      if (event.has_graph()) *graph = event.graph();
+    }
+    return reader->Finish();
+  }
+
   uint64_t MakeDataset(const std::string& name, int64_t rows, int32_t width = 4096,
                        storage::ValueDtype dtype = storage::ValueDtype::kFloat16,
                        uint64_t job_id = 0, const std::string& hook_name = "") {
@@ -1087,19 +1102,25 @@ TEST_F(DatasetsServiceTest, AttributionGraphConvertsNodesAndEdges) {
   AddPlaneSaeJob(dir_, 45, &jobs_);
   const uint64_t id =
       MakeDataset("graph", 16, 512, storage::ValueDtype::kFloat16, 45, "blocks.0.hook_resid_post");
+  std::vector<latentd::v1::AttributionGraphProgress> progress;
   auto graph = [&](std::vector<uint64_t> ids, uint64_t output,
                    latentd::v1::AttributionGraphResponse* out) {
-    grpc::ClientContext c;
     latentd::v1::AttributionGraphRequest r;
     for (uint64_t d : ids) r.add_dataset_ids(d);
     r.set_output_dataset_id(output);
     for (int32_t t : {3, 1, 4, 1, 5}) r.add_token_ids(t);
     r.set_per_hook(2);
-    return stub_->AttributionGraph(&c, r, out);
+    return ReadGraph(r, out, &progress);
   };
   latentd::v1::AttributionGraphResponse got;
   grpc::Status s = graph({id}, 0, &got);
   ASSERT_TRUE(s.ok()) << s.error_message();
+  // A progress event after the hook's pass, then the graph.
+  ASSERT_EQ(progress.size(), 1u);
+  EXPECT_EQ(progress[0].hooks_done(), 1);
+  EXPECT_EQ(progress[0].hooks(), 1);
+  EXPECT_EQ(progress[0].passes(), 1);
+  EXPECT_EQ(progress[0].hook_name(), "blocks.0.hook_resid_post");
   ASSERT_EQ(got.hooks_size(), 1);
   EXPECT_EQ(got.hooks(0).dataset_id(), id);
   ASSERT_EQ(got.nodes_size(), 4);  // the output, two latents, the error node
@@ -1141,14 +1162,13 @@ TEST_F(DatasetsServiceTest, AttributionGraphConvertsNodesAndEdges) {
            {INT32_MAX, 1, 0, "per_hook"},
            {2, 65, 0, "dataset_ids: 65"},
            {2, 1, INT32_MAX, "target_token_id"}}) {
-    grpc::ClientContext c;
     latentd::v1::AttributionGraphRequest r;
     for (int d = 0; d < datasets; ++d) r.add_dataset_ids(id + d);
     for (int32_t t : {3, 1, 4}) r.add_token_ids(t);
     r.set_per_hook(per_hook);
     if (target != 0) r.set_target_token_id(target);
     latentd::v1::AttributionGraphResponse refused;
-    s = stub_->AttributionGraph(&c, r, &refused);
+    s = ReadGraph(r, &refused, nullptr);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
         << says << ": " << s.error_message();
     EXPECT_NE(s.error_message().find(says), std::string::npos) << s.error_message();

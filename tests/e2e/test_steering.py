@@ -277,8 +277,11 @@ class SteeringTest(DaemonTestCase):
             self.assertIn("<title>output &#183; importance 1.000</title>", f.read())
         # The same graph in Python: the output's parents are the strongest entries, each with
         # its credit as the edge to the output; the notebook view draws it.
+        heard = []
         drawn = c.attribution_graph([layer0, dataset], prompt, target_token_id=target,
-                                    per_hook=2)
+                                    per_hook=2, progress=heard.append)
+        self.assertEqual([(p.hooks_done, p.hooks) for p in heard], [(1, 2), (2, 2)])
+        self.assertEqual(heard[-1].passes, 3)  # the metric's, then one per kept node
         self.assertEqual([h.dataset_id for h in drawn.hooks], [layer0, dataset])
         to_output = [(drawn.nodes[e.from_node], e.attribution) for e in drawn.edges
                      if e.to_node == 0 and drawn.nodes[e.from_node].latent >= 0]
