@@ -36,6 +36,33 @@ latentd::v1::ReferenceModelSpec SmallModel() {
   return m;
 }
 
+// Steering `latent` of `source` by adding 2 at every position of the prompt {4, 8, 15, 16}
+// gives the losses of SmallModel's own run with `adds` spliced in by hand, and moves the next
+// token's distribution.
+void ExpectAddingTwoSteers(DatasetModels& models, const DatasetSource& source, int64_t latent,
+                           const HookSplices& adds, const std::string& what) {
+  SteeringQuery steer;
+  steer.token_ids = {4, 8, 15, 16};
+  steer.interventions = {{latent, InterventionMode::kAdd, 2.0f, {}}};
+  auto steered = models.SteerPrompt(source, steer, nullptr);
+  ASSERT_TRUE(steered.ok()) << what << ": " << steered.status();
+  auto model = CreateReferenceModel(SmallModel(), *ParseHookName("blocks.1.hook_resid_post"),
+                                    at::Device(at::kCPU));
+  ASSERT_TRUE(model.ok());
+  at::NoGradGuard no_grad;
+  const at::Tensor want =
+      (*model)
+          ->PredictNextTokens(
+              at::tensor(steer.token_ids, at::TensorOptions().dtype(at::kLong)).view({1, -1}), adds,
+              true)
+          .losses[0];
+  ASSERT_EQ(steered->steered.token_losses.size(), 3u) << what;
+  for (int64_t p = 0; p < 3; ++p) {
+    EXPECT_NEAR(steered->steered.token_losses[p], want[p].item<float>(), 1e-4) << what << " " << p;
+  }
+  EXPECT_GT(steered->kl_divergence, 0) << what;
+}
+
 // Random weights, with latent 1's decoder direction close to latent 0's and latent 2's opposite
 // to it, so the nearest neighbour of 0 is known.
 SaeWeights MakeWeights(int64_t d_in, uint64_t seed) {
@@ -288,28 +315,11 @@ TEST_F(DatasetModelsTest, ATranscodersDirectionsAreUnembeddedFromTheHookItPredic
   EXPECT_NEAR(got->encoder_norm, w.W_enc.select(1, 3).norm().item<double>(), 1e-4);
 
   // Steering adds to the hook the transcoder predicts (mlp.hook_post), not to the one it reads.
-  SteeringQuery steer;
-  steer.token_ids = {4, 8, 15, 16};
-  steer.interventions = {{3, InterventionMode::kAdd, 2.0f, {}}};
-  auto steered = reader.SteerPrompt(source, steer, nullptr);
-  ASSERT_TRUE(steered.ok()) << steered.status();
-  auto model = CreateReferenceModel(SmallModel(), *ParseHookName("blocks.1.hook_resid_post"),
-                                    at::Device(at::kCPU));
-  ASSERT_TRUE(model.ok());
-  at::NoGradGuard no_grad;
-  const HookSplice add{*ParseHookName("blocks.1.mlp.hook_post"),
-                       [&](const at::Tensor& a) { return a + 2.0f * w.W_dec[3]; }};
-  const at::Tensor want =
-      (*model)
-          ->PredictNextTokens(
-              at::tensor(steer.token_ids, at::TensorOptions().dtype(at::kLong)).view({1, -1}),
-              {add}, true)
-          .losses[0];
-  ASSERT_EQ(steered->steered.token_losses.size(), 3u);
-  for (int64_t p = 0; p < 3; ++p) {
-    EXPECT_NEAR(steered->steered.token_losses[p], want[p].item<float>(), 1e-4) << p;
-  }
-  EXPECT_GT(steered->kl_divergence, 0);
+  const at::Tensor row = w.W_dec[3];
+  ExpectAddingTwoSteers(reader, source, 3,
+                        {{*ParseHookName("blocks.1.mlp.hook_post"),
+                          [row](const at::Tensor& a) { return a + 2.0f * row; }}},
+                        "transcoder");
 }
 
 // A circuit-tracer cross-layer transcoder's latent of layer 0 writes to layers 0 and 1: both
@@ -365,31 +375,14 @@ TEST_F(DatasetModelsTest, ACrossLayerTranscodersLatentWritesToEveryLaterLayer) {
 
     // Steering it adds its decoder into each layer it writes there; attribution credits it
     // through them all (the layers' figures, not 0).
-    SteeringQuery steer;
-    steer.token_ids = {4, 8, 15, 16};
-    steer.interventions = {{5, InterventionMode::kAdd, 2.0f, {}}};
-    auto steered = reader.SteerPrompt(source, steer, nullptr);
-    ASSERT_TRUE(steered.ok()) << steered.status();
-    auto model = CreateReferenceModel(SmallModel(), *ParseHookName("blocks.1.hook_resid_post"),
-                                      at::Device(at::kCPU));
-    ASSERT_TRUE(model.ok());
-    at::NoGradGuard no_grad;
     HookSplices adds;
     for (int t = 0; t < 2 - l; ++t) {
       adds.push_back({*ParseHookName("blocks." + std::to_string(l + t) + ".hook_mlp_out"),
                       [row = rows[t]](const at::Tensor& a) { return a + 2.0f * row; }});
     }
-    const at::Tensor want =
-        (*model)
-            ->PredictNextTokens(
-                at::tensor(steer.token_ids, at::TensorOptions().dtype(at::kLong)).view({1, -1}),
-                adds, true)
-            .losses[0];
-    for (int64_t p = 0; p < 3; ++p) {
-      EXPECT_NEAR(steered->steered.token_losses[p], want[p].item<float>(), 1e-4) << l << " " << p;
-    }
+    ExpectAddingTwoSteers(reader, source, 5, adds, "layer " + std::to_string(l));
     AttributionQuery attribute;
-    attribute.token_ids = steer.token_ids;
+    attribute.token_ids = {4, 8, 15, 16};
     auto attributed = reader.AttributePrompt(source, attribute);
     ASSERT_TRUE(attributed.ok()) << attributed.status();
     EXPECT_FALSE(attributed->top_latents.empty());

@@ -743,17 +743,16 @@ void AddAttributions(const std::vector<engine::LatentAttribution>& in,
   }
 }
 
-// The prompt and metric fields AttributePrompt and AttributionGraph share.
-engine::AttributionQuery AttributionQueryOf(
-    const google::protobuf::RepeatedField<int32_t>& token_ids, bool has_target,
-    int32_t target_token_id, bool has_contrast, int32_t contrast_token_id,
-    const latentd::v1::AttributionTarget* target_latent) {
+// The prompt and metric of an AttributePrompt or AttributionGraph request (the same fields).
+template <typename Request>
+engine::AttributionQuery AttributionQueryOf(const Request& request) {
   engine::AttributionQuery query;
-  query.token_ids.assign(token_ids.begin(), token_ids.end());
-  if (has_target) query.target_token_id = target_token_id;
-  if (has_contrast) query.contrast_token_id = contrast_token_id;
-  if (target_latent != nullptr) {
-    query.target_latent = engine::TargetLatent{target_latent->latent(), target_latent->position()};
+  query.token_ids.assign(request.token_ids().begin(), request.token_ids().end());
+  if (request.has_target_token_id()) query.target_token_id = request.target_token_id();
+  if (request.has_contrast_token_id()) query.contrast_token_id = request.contrast_token_id();
+  if (request.has_target_latent()) {
+    query.target_latent =
+        engine::TargetLatent{request.target_latent().latent(), request.target_latent().position()};
   }
   return query;
 }
@@ -799,9 +798,7 @@ grpc::Status DatasetsService::AttributePrompt(grpc::ServerContext* context,
   if (!source.ok()) return ToGrpcStatus(source.status());
   const latentd::v1::AttributionTarget* target_latent =
       request->has_target_latent() ? &request->target_latent() : nullptr;
-  engine::AttributionQuery query = AttributionQueryOf(
-      request->token_ids(), request->has_target_token_id(), request->target_token_id(),
-      request->has_contrast_token_id(), request->contrast_token_id(), target_latent);
+  engine::AttributionQuery query = AttributionQueryOf(*request);
   query.top = request->top();
   std::optional<engine::DatasetSource> target;
   if (target_latent != nullptr) {
@@ -885,9 +882,7 @@ grpc::Status DatasetsService::AttributionGraph(
   for (const Hook& h : hooks) {
     labels.push_back(absl::StrCat(h.source.hook_name, " (dataset ", h.source.dataset_id, ")"));
   }
-  const engine::AttributionQuery metric = AttributionQueryOf(
-      request->token_ids(), request->has_target_token_id(), request->target_token_id(),
-      request->has_contrast_token_id(), request->contrast_token_id(), target_latent);
+  const engine::AttributionQuery metric = AttributionQueryOf(*request);
   const int per_hook = request->per_hook() == 0 ? 4 : request->per_hook();
   auto graph = engine::BuildAttributionGraph(
       labels, metric, per_hook,

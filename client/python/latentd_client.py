@@ -377,15 +377,7 @@ class Client:
         drive it, the edges of a sparse feature circuit."""
         request = datasets_pb2.AttributePromptRequest(
             dataset_id=dataset_id, token_ids=[int(t) for t in token_ids], top=top)
-        if target_token_id is not None:
-            request.target_token_id = int(target_token_id)
-        if contrast_token_id is not None:
-            request.contrast_token_id = int(contrast_token_id)
-        if target_latent is not None:
-            dataset, latent, position = target_latent
-            request.target_latent.dataset_id = int(dataset)
-            request.target_latent.latent = int(latent)
-            request.target_latent.position = int(position)
+        _set_metric(request, target_token_id, contrast_token_id, target_latent)
         return self.datasets.AttributePrompt(request, metadata=self.metadata,
                                              timeout=self.timeout)
 
@@ -403,15 +395,7 @@ class Client:
         request = datasets_pb2.AttributionGraphRequest(
             dataset_ids=[int(d) for d in dataset_ids], token_ids=[int(t) for t in token_ids],
             per_hook=per_hook, output_dataset_id=output_dataset_id)
-        if target_token_id is not None:
-            request.target_token_id = int(target_token_id)
-        if contrast_token_id is not None:
-            request.contrast_token_id = int(contrast_token_id)
-        if target_latent is not None:
-            dataset, latent, position = target_latent
-            request.target_latent.dataset_id = int(dataset)
-            request.target_latent.latent = int(latent)
-            request.target_latent.position = int(position)
+        _set_metric(request, target_token_id, contrast_token_id, target_latent)
         graph = None
         for event in self.datasets.AttributionGraph(request, metadata=self.metadata,
                                                     timeout=self.timeout):
@@ -609,6 +593,20 @@ class PromptView:
                          '<span style="display:inline-block;width:10em">latent %d (%.4g)</span>'
                          "  %s</div>" % (latent.latent, latent.max_value, "".join(spans)))
         return "\n".join(parts)
+
+
+def _set_metric(request, target_token_id, contrast_token_id, target_latent):
+    """An attribution request's metric: a target token (and a contrast), or a latent as
+    (dataset, latent, position)."""
+    if target_token_id is not None:
+        request.target_token_id = int(target_token_id)
+    if contrast_token_id is not None:
+        request.contrast_token_id = int(contrast_token_id)
+    if target_latent is not None:
+        dataset, latent, position = target_latent
+        request.target_latent.dataset_id = int(dataset)
+        request.target_latent.latent = int(latent)
+        request.target_latent.position = int(position)
 
 
 def _words(decode, ids):
