@@ -628,9 +628,10 @@ def _signed_spans(words, ids, values, scale, titles):
 
 
 class SteeringView:
-    """A SteerPrompt answer that Jupyter renders: the prompt, each run's continuation (clean,
-    steered, then each sweep value's) with its KL from the clean run, and the next token's top
-    predictions of the clean and steered runs."""
+    """A SteerPrompt answer that Jupyter renders: the prompt shaded by how much better (blue) or
+    worse (red) the steered run predicts each token, each run's continuation (clean, steered,
+    then each sweep value's) with its KL from the clean run and its top next token, and for a
+    sweep the KL plotted against the value (as `latentctl steer --html` draws them)."""
 
     def __init__(self, answer, decode=None):
         self.answer = answer
@@ -645,7 +646,13 @@ class SteeringView:
         a = self.answer
         rows = [("clean", 0.0, a.clean), ("steered", a.kl_divergence, a.steered)]
         rows += [("sweep %g" % s.value, s.kl_divergence, s.run) for s in a.sweep]
-        parts = ['<div style="font-family:monospace"><b>%s</b></div>' % self._text(a.prompt),
+        ids = list(a.prompt)
+        # Token s + 1 is what position s predicts: the clean loss minus the steered one.
+        change = [0.0] + [c - t for c, t in zip(a.clean.token_losses, a.steered.token_losses)]
+        change += [0.0] * (len(ids) - len(change))
+        parts = ['<div style="font-family:monospace;white-space:pre">%s</div>' % _signed_spans(
+                     _words(self.decode, ids), ids, change, max(map(abs, change), default=0),
+                     ["loss %+.4f steered" % -d for d in change]),
                  '<table style="font-family:monospace"><tr><th>run</th><th>KL</th>'
                  "<th>next</th><th>continuation</th></tr>"]
         for name, kl, run in rows:
@@ -654,6 +661,23 @@ class SteeringView:
                 name, kl, "%s %.3f" % (self._text([top.token_id]), top.probability) if top else "",
                 self._text(run.generated)))
         parts.append("</table>")
+        points = sorted((s.value, s.kl_divergence) for s in a.sweep)
+        if points:
+            lo, hi = points[0][0], points[-1][0]
+            top = max(kl for _, kl in points) or 1.0
+            span = (hi - lo) or 1.0
+            xy = ["%.1f,%.1f" % (48 + 424 * (v - lo) / span, 8 + 132 * (1 - kl / top))
+                  for v, kl in points]
+            parts.append(
+                '<svg width="480" height="160" style="font-size:11px">'
+                '<polyline points="%s" fill="none" stroke="#0066ff"/>%s'
+                '<text x="48" y="156">%g</text><text x="472" y="156" text-anchor="end">%g</text>'
+                '<text x="44" y="14" text-anchor="end">%.3g</text>'
+                '<text x="260" y="156" text-anchor="middle">KL (nats) against the value</text>'
+                "</svg>" % (" ".join(xy), "".join(
+                    '<circle cx="%s" cy="%s" r="3" fill="#0066ff"><title>value %g: KL %.4g'
+                    "</title></circle>" % (*p.split(","), v, kl)
+                    for p, (v, kl) in zip(xy, points)), lo, hi, top))
         return "\n".join(parts)
 
 

@@ -305,6 +305,10 @@ class SteeringTest(DaemonTestCase):
         steered_view = c.show_steering(dataset, prompt, steering, new_tokens=3,
                                        sweep=[0.5])._repr_html_()
         self.assertIn("<td>sweep 0.5</td>", steered_view)
+        self.assertIn("<title>value 0.5: KL", steered_view)  # the sweep's KL plotted
+        again = c.steer_prompt(dataset, prompt, steering, new_tokens=3, sweep=[0.5])
+        self.assertIn("loss %+.4f steered" % (again.steered.token_losses[0]
+                                              - again.clean.token_losses[0]), steered_view)
         self.assertIn("<td>steered</td><td>%.4g</td>" % got_kl, steered_view)
         with self.assertRaises(grpc.RpcError) as bad_target:
             c.attribute_prompt(dataset, prompt, target_token_id=VOCAB)
