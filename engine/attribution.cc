@@ -40,12 +40,11 @@ absl::Status CheckQuery(const AttributionQuery& query, int64_t vocab) {
   return absl::OkStatus();
 }
 
-// A target latent's query against its SAE and the prompt, and its hook against the hooks the
+// A target SAE's query (no token metric beside it) and its hook against the hooks the
 // attributed SAE writes (the forward must pass them before it reads the target).
-absl::Status CheckTarget(const AttributionQuery& query, const TargetSae* target,
-                         const std::vector<HookName>& written, int64_t prompt_tokens) {
-  const TargetLatent& t = *query.target_latent;
-  if (target == nullptr || target->sae == nullptr) {
+absl::Status CheckTargetSae(const AttributionQuery& query, const TargetSae& target,
+                            const std::vector<HookName>& written) {
+  if (target.sae == nullptr) {
     return absl::InternalError("target_latent: no SAE was given to read it");
   }
   for (const auto& [id, name] : {std::pair{query.target_token_id, "target_token_id"},
@@ -55,7 +54,19 @@ absl::Status CheckTarget(const AttributionQuery& query, const TargetSae* target,
           absl::StrCat(name, ": not with target_latent (the metric is the target latent's value)"));
     }
   }
-  const int64_t d_sae = target->sae->config().d_sae;
+  if (ComputedBefore(target.hook, written.front())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_latent.dataset_id: its SAE reads ", HookNameString(target.hook),
+                     ", which the forward computes before ", HookNameString(written.front()),
+                     ", where this dataset's SAE writes: these latents cannot drive it"));
+  }
+  return absl::OkStatus();
+}
+
+// A target latent against its SAE's width and the prompt.
+absl::Status CheckTargetLatent(const TargetLatent& t, const TargetSae& target,
+                               int64_t prompt_tokens) {
+  const int64_t d_sae = target.sae->config().d_sae;
   if (t.latent < 0 || t.latent >= d_sae) {
     return absl::InvalidArgumentError(
         absl::StrCat("target_latent.latent: ", t.latent, " outside [0, ", d_sae, ")"));
@@ -65,13 +76,46 @@ absl::Status CheckTarget(const AttributionQuery& query, const TargetSae* target,
                                                    " outside the prompt's positions [0, ",
                                                    prompt_tokens, ") (a prepended BOS is 0)"));
   }
-  if (ComputedBefore(target->hook, written.front())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("target_latent.dataset_id: its SAE reads ", HookNameString(target->hook),
-                     ", which the forward computes before ", HookNameString(written.front()),
-                     ", where this dataset's SAE writes: these latents cannot drive it"));
-  }
   return absl::OkStatus();
+}
+
+// What one forward pass keeps: the SAE's input and, at each hook its decoder writes, the
+// activation there and a zero added to it whose gradient is dm/d(activation).
+struct Pass {
+  at::Tensor input;
+  std::vector<at::Tensor> outputs, zeros;
+};
+
+HookSplices PassSplices(const SteeringModel& steering, const std::vector<HookName>& written,
+                        Pass* pass) {
+  pass->outputs.resize(written.size());
+  pass->zeros.resize(written.size());
+  HookSplices splices = {{steering.hook, [pass](const at::Tensor& x) {
+                            pass->input = x.detach();
+                            return x;
+                          }}};
+  for (size_t h = 0; h < written.size(); ++h) {
+    splices.push_back(
+        {written[h], [pass, h](const at::Tensor& x) {
+           pass->outputs[h] = x.detach();
+           pass->zeros[h] =
+               at::zeros(x.sizes(), x.options().dtype(at::kFloat)).requires_grad_(true);
+           return x + pass->zeros[h].to(x.scalar_type());
+         }});
+  }
+  return splices;
+}
+
+// The gradients the last backward pass left at the pass's zeros ([n, width] each; zeros where
+// it did not reach, a written hook after a target latent's), taken out so that the next
+// backward pass starts from none.
+std::vector<at::Tensor> TakeGradients(Pass& pass) {
+  std::vector<at::Tensor> gradients;
+  for (at::Tensor& zero : pass.zeros) {
+    gradients.push_back(zero.grad().defined() ? zero.grad()[0].clone() : at::zeros_like(zero[0]));
+    zero.mutable_grad().reset();
+  }
+  return gradients;
 }
 
 // Orders by |attribution| descending, then position, then latent.
@@ -83,92 +127,22 @@ bool Larger(const LatentAttribution& a, const LatentAttribution& b) {
 
 }  // namespace
 
-absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
-                                                  const std::vector<int64_t>& prompt,
-                                                  bool bos_prepended, const AttributionQuery& query,
-                                                  const TargetSae* target) {
-  ActivationModel& model = *steering.model;
+namespace {
+
+// Credits the SAE's firing entries on the pass's input for each metric's gradients (per
+// written hook, [n, width]), filling each result's latent and error fields. Every firing entry
+// (row, latent, z) is credited z * scale[row] * sum over written hooks h of rows_h[latent] .
+// g_h[row]: the dot products of the distinct firing latents with every position's gradients
+// are products of matrices, a slice of latents at a time (its decoder rows read once for every
+// metric) so that a long prompt of a wide SAE, or a cross-layer transcoder writing many
+// layers, stays within about 16 MiB of decoder rows a slice.
+absl::Status Credit(const SteeringModel& steering, const Pass& pass, int64_t n, int64_t top,
+                    const std::vector<std::vector<at::Tensor>>& gradients,
+                    const std::vector<AttributionResult*>& outs) {
   const Sae& sae = *steering.sae;
-  RETURN_IF_ERROR(CheckQuery(query, model.vocab_size()));
-  if (const std::string why = model.next_token_loss_unsupported(); !why.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("attribution runs the model to its logits: ", why));
-  }
-  const int64_t n = static_cast<int64_t>(prompt.size());
-  if (n < 1) return absl::InvalidArgumentError("token_ids: empty");
-  const int64_t top = query.top > 0 ? query.top : 20;
-  const std::vector<HookName> written = WrittenHooks(steering);
-  if (query.target_latent) RETURN_IF_ERROR(CheckTarget(query, target, written, n));
-
-  // The forward pass keeps the SAE's input and, at each hook its decoder writes, the activation
-  // there and a zero added to it whose gradient is dm/d(activation). (A target latent's SAE
-  // reads its hook after the splices there.)
-  at::Tensor input;
-  std::vector<at::Tensor> outputs(written.size()), zeros(written.size());
-  HookSplices splices = {{steering.hook, [&](const at::Tensor& x) {
-                            input = x.detach();
-                            return x;
-                          }}};
-  for (size_t h = 0; h < written.size(); ++h) {
-    splices.push_back(
-        {written[h], [&, h](const at::Tensor& x) {
-           outputs[h] = x.detach();
-           zeros[h] = at::zeros(x.sizes(), x.options().dtype(at::kFloat)).requires_grad_(true);
-           return x + zeros[h].to(x.scalar_type());
-         }});
-  }
-  AttributionResult out;
-  out.bos_prepended = bos_prepended;
-  out.prompt = prompt;
-  out.target_latent = query.target_latent;
-  std::vector<at::Tensor> gradients;  // per written hook, [n, its width]
-  {
-    at::AutoGradMode grad_mode(true);  // queries run under NoGradGuard
-    const at::Tensor tokens = at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n});
-    at::Tensor metric;
-    if (const std::optional<TargetLatent>& t = query.target_latent) {
-      // Only as far as the target's hook: the rest of the model does not move it.
-      const at::Tensor target_input = model.ForwardSpliced(tokens, {target->hook}, splices)[0];
-      metric = target->sae->LatentValue(target_input[0].narrow(0, t->position, 1).to(at::kFloat),
-                                        t->latent)[0];
-      if (metric.item<double>() == 0) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("target_latent: latent ", t->latent, " is 0 at position ", t->position,
-                         ": nothing moves it to first order (ask at a position where it fires)"));
-      }
-    } else {
-      const at::Tensor logits =
-          model.PredictNextTokens(tokens, splices, /*losses=*/false).last_logits[0];
-      out.target_token_id =
-          query.target_token_id ? *query.target_token_id : logits.argmax().item<int64_t>();
-      out.contrast_token_id = query.contrast_token_id;
-      metric = out.contrast_token_id
-                   ? logits[out.target_token_id] - logits[*out.contrast_token_id]
-                   : at::log_softmax(logits.to(at::kDouble), -1)[out.target_token_id];
-    }
-    out.metric = metric.item<double>();
-    metric.backward();
-    for (const at::Tensor& zero : zeros) {
-      // (A written hook after a target latent's does not reach it.)
-      gradients.push_back(zero.grad().defined() ? zero.grad()[0] : at::zeros_like(zero[0]));
-    }
-  }
-
-  at::NoGradGuard no_grad;
-  const at::Tensor x = input[0].to(at::kFloat);
+  const at::Tensor x = pass.input[0].to(at::kFloat);
   const SparseCodes codes = sae.EncodeSparse(x);
-  const at::Tensor error = outputs[0][0].to(at::kFloat) - sae.Predict(x, codes);
-  const at::Tensor error_by_position = (error * gradients[0]).sum(1).to(at::kDouble).contiguous();
-  out.error_attribution_by_position.assign(
-      error_by_position.data_ptr<double>(),
-      error_by_position.data_ptr<double>() + error_by_position.numel());
-  out.error_attribution = error_by_position.sum().item<double>();
-
-  // Every firing entry (row, latent, z) is credited z * scale[row] * sum over written hooks h of
-  // rows_h[latent] . g_h[row]. The dot products of the distinct firing latents with every
-  // position's gradients are products of matrices, a slice of latents at a time so that a long
-  // prompt of a wide SAE (or a cross-layer transcoder writing many layers) stays within about
-  // 16 MiB of decoder rows a slice.
+  const at::Tensor error = pass.outputs[0][0].to(at::kFloat) - sae.Predict(x, codes);
   const at::Tensor latents = codes.indices.reshape({-1}).to(at::kLong);
   const at::Tensor values = codes.values.reshape({-1});
   const at::Tensor rows =
@@ -182,64 +156,180 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
   const auto [distinct, entry_column] =
       at::_unique(entry_latents, /*sorted=*/true, /*return_inverse=*/true);
   int64_t written_width = 0;
-  for (const at::Tensor& g : gradients) written_width += g.size(1);
+  for (const at::Tensor& g : gradients.front()) written_width += g.size(1);
   const int64_t slice = std::max<int64_t>(1, (int64_t{1} << 22) / written_width);
-  std::vector<at::Tensor> dots_of_slices;  // [latents of the slice, n] each
+  std::vector<std::vector<at::Tensor>> dots(gradients.size());  // per metric, per slice
   for (int64_t d = 0; d < distinct.numel(); d += slice) {
     ASSIGN_OR_RETURN(
         const std::vector<at::Tensor> written_rows,
         WrittenRows(steering, distinct.narrow(0, d, std::min(slice, distinct.numel() - d))));
-    at::Tensor dots;
-    for (size_t h = 0; h < gradients.size(); ++h) {
-      const at::Tensor here = written_rows[h].mm(gradients[h].to(at::kFloat).t());
-      dots = dots.defined() ? dots + here : here;
+    for (size_t m = 0; m < gradients.size(); ++m) {
+      at::Tensor sum;  // [latents of the slice, n]
+      for (size_t h = 0; h < gradients[m].size(); ++h) {
+        const at::Tensor here = written_rows[h].mm(gradients[m][h].to(at::kFloat).t());
+        sum = sum.defined() ? sum + here : here;
+      }
+      dots[m].push_back(sum);
     }
-    dots_of_slices.push_back(dots);
   }
   const at::Tensor scale = sae.DecoderOutputScale(x).view({-1});
-  const at::Tensor attribution =
-      entries == 0
-          ? at::zeros({0}, at::kDouble)
-          : (at::cat(dots_of_slices).view({-1}).index_select(0, entry_column * n + entry_rows) *
-             entry_values * scale.index_select(0, entry_rows))
-                .to(at::kDouble)
-                .contiguous();
-  const at::Tensor by_position =
-      at::zeros({n}, at::kDouble).index_add_(0, entry_rows, attribution).contiguous();
-  out.latent_attribution_by_position.assign(by_position.data_ptr<double>(),
-                                            by_position.data_ptr<double>() + n);
-  out.latent_attribution = attribution.sum().item<double>();
-
   const at::Tensor lat = entry_latents.contiguous(), row = entry_rows.contiguous();
   const at::Tensor val = entry_values.contiguous();
-  const int64_t* l = lat.data_ptr<int64_t>();
-  const int64_t* r = row.data_ptr<int64_t>();
-  const float* v = val.data_ptr<float>();
-  const double* a = attribution.data_ptr<double>();
-  std::vector<LatentAttribution> all(entries);
-  // Per latent: its sum, reported at its entry of largest |attribution| (first by position).
-  std::map<int64_t, std::pair<double, LatentAttribution>> by_latent;
-  for (int64_t e = 0; e < entries; ++e) {
-    all[e] = {l[e], r[e], v[e], a[e]};
-    auto [it, fresh] = by_latent.try_emplace(l[e], 0.0, all[e]);
-    it->second.first += a[e];
-    if (!fresh && Larger(all[e], it->second.second)) it->second.second = all[e];
+  for (size_t m = 0; m < gradients.size(); ++m) {
+    AttributionResult& out = *outs[m];
+    const at::Tensor error_by_position =
+        (error * gradients[m][0]).sum(1).to(at::kDouble).contiguous();
+    out.error_attribution_by_position.assign(
+        error_by_position.data_ptr<double>(),
+        error_by_position.data_ptr<double>() + error_by_position.numel());
+    out.error_attribution = error_by_position.sum().item<double>();
+    const at::Tensor attribution =
+        entries == 0 ? at::zeros({0}, at::kDouble)
+                     : (at::cat(dots[m]).view({-1}).index_select(0, entry_column * n + entry_rows) *
+                        entry_values * scale.index_select(0, entry_rows))
+                           .to(at::kDouble)
+                           .contiguous();
+    const at::Tensor by_position =
+        at::zeros({n}, at::kDouble).index_add_(0, entry_rows, attribution).contiguous();
+    out.latent_attribution_by_position.assign(by_position.data_ptr<double>(),
+                                              by_position.data_ptr<double>() + n);
+    out.latent_attribution = attribution.sum().item<double>();
+
+    const int64_t* l = lat.data_ptr<int64_t>();
+    const int64_t* r = row.data_ptr<int64_t>();
+    const float* v = val.data_ptr<float>();
+    const double* a = attribution.data_ptr<double>();
+    std::vector<LatentAttribution> all(entries);
+    // Per latent: its sum, reported at its entry of largest |attribution| (first by position).
+    std::map<int64_t, std::pair<double, LatentAttribution>> by_latent;
+    for (int64_t e = 0; e < entries; ++e) {
+      all[e] = {l[e], r[e], v[e], a[e]};
+      auto [it, fresh] = by_latent.try_emplace(l[e], 0.0, all[e]);
+      it->second.first += a[e];
+      if (!fresh && Larger(all[e], it->second.second)) it->second.second = all[e];
+    }
+    auto take = [top](std::vector<LatentAttribution> list) {
+      const size_t keep = std::min<size_t>(top, list.size());
+      std::partial_sort(list.begin(), list.begin() + keep, list.end(), Larger);
+      list.resize(keep);
+      return list;
+    };
+    out.top_entries = take(all);
+    std::vector<LatentAttribution> sums;
+    for (const auto& [latent, sum_at] : by_latent) {
+      LatentAttribution sum = sum_at.second;
+      sum.attribution = sum_at.first;
+      sums.push_back(sum);
+    }
+    out.top_latents = take(std::move(sums));
   }
-  auto take = [top](std::vector<LatentAttribution> list) {
-    const size_t keep = std::min<size_t>(top, list.size());
-    std::partial_sort(list.begin(), list.begin() + keep, list.end(), Larger);
-    list.resize(keep);
-    return list;
-  };
-  out.top_entries = take(all);
-  std::vector<LatentAttribution> sums;
-  for (const auto& [latent, sum_at] : by_latent) {
-    LatentAttribution sum = sum_at.second;
-    sum.attribution = sum_at.first;
-    sums.push_back(sum);
+  return absl::OkStatus();
+}
+
+// The checks every attribution makes of the query and the model.
+absl::Status CheckAttribution(const ActivationModel& model, const AttributionQuery& query,
+                              int64_t prompt_tokens) {
+  RETURN_IF_ERROR(CheckQuery(query, model.vocab_size()));
+  if (const std::string why = model.next_token_loss_unsupported(); !why.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("attribution runs the model to its logits: ", why));
   }
-  out.top_latents = take(std::move(sums));
+  if (prompt_tokens < 1) return absl::InvalidArgumentError("token_ids: empty");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
+                                                  const std::vector<int64_t>& prompt,
+                                                  bool bos_prepended, const AttributionQuery& query,
+                                                  const TargetSae* target) {
+  if (query.target_latent) {
+    if (target == nullptr) return absl::InternalError("target_latent: no SAE was given to read it");
+    ASSIGN_OR_RETURN(std::vector<absl::StatusOr<AttributionResult>> answers,
+                     AttributeToLatents(steering, prompt, bos_prepended, query, *target,
+                                        {*query.target_latent}));
+    return std::move(answers.front());
+  }
+  ActivationModel& model = *steering.model;
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  RETURN_IF_ERROR(CheckAttribution(model, query, n));
+  AttributionResult out;
+  out.bos_prepended = bos_prepended;
+  out.prompt = prompt;
+  Pass pass;
+  const HookSplices splices = PassSplices(steering, WrittenHooks(steering), &pass);
+  std::vector<at::Tensor> gradients;
+  {
+    at::AutoGradMode grad_mode(true);  // queries run under NoGradGuard
+    const at::Tensor tokens = at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n});
+    const at::Tensor logits =
+        model.PredictNextTokens(tokens, splices, /*losses=*/false).last_logits[0];
+    out.target_token_id =
+        query.target_token_id ? *query.target_token_id : logits.argmax().item<int64_t>();
+    out.contrast_token_id = query.contrast_token_id;
+    const at::Tensor metric =
+        out.contrast_token_id ? logits[out.target_token_id] - logits[*out.contrast_token_id]
+                              : at::log_softmax(logits.to(at::kDouble), -1)[out.target_token_id];
+    out.metric = metric.item<double>();
+    metric.backward();
+    gradients = TakeGradients(pass);
+  }
+  at::NoGradGuard no_grad;
+  RETURN_IF_ERROR(Credit(steering, pass, n, query.top > 0 ? query.top : 20, {gradients}, {&out}));
   return out;
+}
+
+absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> AttributeToLatents(
+    const SteeringModel& steering, const std::vector<int64_t>& prompt, bool bos_prepended,
+    const AttributionQuery& query, const TargetSae& target,
+    const std::vector<TargetLatent>& targets) {
+  ActivationModel& model = *steering.model;
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  RETURN_IF_ERROR(CheckAttribution(model, query, n));
+  const std::vector<HookName> written = WrittenHooks(steering);
+  RETURN_IF_ERROR(CheckTargetSae(query, target, written));
+  std::vector<absl::StatusOr<AttributionResult>> answers(targets.size());
+  std::vector<std::vector<at::Tensor>> gradients;
+  std::vector<AttributionResult*> credited;
+  Pass pass;
+  const HookSplices splices = PassSplices(steering, written, &pass);
+  {
+    at::AutoGradMode grad_mode(true);  // queries run under NoGradGuard
+    const at::Tensor tokens = at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n});
+    // Only as far as the target's hook (the rest of the model does not move it), once: each
+    // target's backward pass keeps the graph for the next.
+    const at::Tensor target_input = model.ForwardSpliced(tokens, {target.hook}, splices)[0];
+    for (size_t i = 0; i < targets.size(); ++i) {
+      const TargetLatent& t = targets[i];
+      if (absl::Status checked = CheckTargetLatent(t, target, n); !checked.ok()) {
+        answers[i] = checked;
+        continue;
+      }
+      const at::Tensor metric = target.sae->LatentValue(
+          target_input[0].narrow(0, t.position, 1).to(at::kFloat), t.latent)[0];
+      if (metric.item<double>() == 0) {
+        answers[i] = absl::FailedPreconditionError(
+            absl::StrCat("target_latent: latent ", t.latent, " is 0 at position ", t.position,
+                         ": nothing moves it to first order (ask at a position where it fires)"));
+        continue;
+      }
+      AttributionResult out;
+      out.bos_prepended = bos_prepended;
+      out.prompt = prompt;
+      out.target_latent = t;
+      out.metric = metric.item<double>();
+      metric.backward({}, /*retain_graph=*/true);
+      gradients.push_back(TakeGradients(pass));
+      answers[i] = std::move(out);
+      credited.push_back(&*answers[i]);
+    }
+  }
+  at::NoGradGuard no_grad;
+  if (!credited.empty()) {
+    RETURN_IF_ERROR(Credit(steering, pass, n, query.top > 0 ? query.top : 20, gradients, credited));
+  }
+  return answers;
 }
 
 }  // namespace latentd::engine

@@ -87,6 +87,16 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
                                                   bool bos_prepended, const AttributionQuery& query,
                                                   const TargetSae* target = nullptr);
 
+// Several latents of `target`'s SAE at once (the passes of an attribution graph): one forward
+// pass, as far as the target's hook, shared by one backward pass per target; query's
+// target_latent is not read. One answer per target: its attribution, or INVALID_ARGUMENT
+// naming target_latent.latent or .position, FAILED_PRECONDITION for a latent that is 0 there.
+// The call's own errors as AttributePrompt's. May throw c10::Error.
+absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> AttributeToLatents(
+    const SteeringModel& steering, const std::vector<int64_t>& prompt, bool bos_prepended,
+    const AttributionQuery& query, const TargetSae& target,
+    const std::vector<TargetLatent>& targets);
+
 }  // namespace latentd::engine
 
 #endif  // LATENTD_ENGINE_ATTRIBUTION_H_

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace latentd::engine {
 namespace {
@@ -22,7 +23,7 @@ struct Candidate {
 
 absl::StatusOr<AttributionGraph> BuildAttributionGraph(
     const std::vector<std::string>& hook_labels, const AttributionQuery& metric, int per_hook,
-    const GraphAttribution& attribute, const std::function<void(int hook, int passes)>& hook_done) {
+    const GraphPasses& passes, const std::function<void(int hook, int passes)>& hook_done) {
   const int hooks = static_cast<int>(hook_labels.size());
   if (hooks < 1) return absl::InvalidArgumentError("dataset_ids: an attribution graph needs one");
   if (per_hook < 1 || per_hook > kMaxGraphNodesPerHook) {
@@ -32,55 +33,62 @@ absl::StatusOr<AttributionGraph> BuildAttributionGraph(
   AttributionGraph g;
   // Each pass lists more entries than a hook keeps: a parent strong for several children but
   // not the strongest of any one still shows.
-  const int listed = std::max(20, 4 * per_hook);
+  AttributionQuery query = metric;
+  query.top = std::max(20, 4 * per_hook);
+  // The output first: the metric's pass at the last hook.
+  ASSIGN_OR_RETURN(g.output, passes.metric(hooks - 1, query));
+  int made = 1;
+  g.nodes.push_back({hooks, -1, static_cast<int64_t>(g.output.prompt.size()) - 1,
+                     static_cast<float>(g.output.metric), 1.0});
+  // From then on the passes' metrics are the kept nodes' values.
+  query.target_token_id.reset();
+  query.contrast_token_id.reset();
+  query.target_latent.reset();
   std::vector<int> targets = {0};
-  int passes = 0;
-  g.nodes.push_back({hooks, -1, 0, 0, 1.0});
   for (int hook = hooks - 1; hook >= 0; --hook) {
+    // The answers for this hook's parents: one per target (the output's, the first time).
+    std::vector<absl::StatusOr<AttributionResult>> answers;
+    if (targets.front() == 0) {
+      answers.push_back(g.output);
+    } else {
+      std::vector<TargetLatent> latents;
+      for (int t : targets) latents.push_back({g.nodes[t].latent, g.nodes[t].position});
+      absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> asked =
+          passes.latents(hook, query, g.nodes[targets.front()].hook, latents);
+      made += static_cast<int>(latents.size());
+      if (!asked.ok() && absl::IsCancelled(asked.status())) return asked.status();
+      if (asked.ok()) {
+        answers = *std::move(asked);
+      } else {
+        answers.assign(targets.size(), asked.status());
+      }
+    }
     std::map<std::pair<int64_t, int64_t>, Candidate> found;  // by (latent, position)
     Candidate error;
     std::string refused;
     bool answered = false;
-    for (int target : targets) {
-      AttributionQuery query = metric;
-      query.top = listed;
-      int target_hook = -1;
-      if (target != 0) {
-        const GraphNode& t = g.nodes[target];
-        query.target_token_id.reset();
-        query.contrast_token_id.reset();
-        query.target_latent = TargetLatent{t.latent, t.position};
-        target_hook = t.hook;
-      }
-      absl::StatusOr<AttributionResult> answer = attribute(hook, query, target_hook);
-      ++passes;
+    for (size_t i = 0; i < targets.size(); ++i) {
+      const absl::StatusOr<AttributionResult>& answer = answers[i];
       if (!answer.ok()) {
-        if (target == 0 && hook == hooks - 1) return answer.status();  // the metric itself
-        if (absl::IsCancelled(answer.status())) return answer.status();
         refused = std::string(answer.status().message());
         continue;
       }
       answered = true;
-      if (target == 0) {
-        g.output = *answer;
-        g.nodes[0].position = static_cast<int64_t>(answer->prompt.size()) - 1;
-        g.nodes[0].activation = static_cast<float>(answer->metric);
-      }
       // Each parent's share of this child: |its credit| over the child's listed credits and
       // error term, times the child's own share of the output.
       double total = std::abs(answer->error_attribution);
       for (const LatentAttribution& e : answer->top_entries) total += std::abs(e.attribution);
-      const double share = total > 0 ? g.nodes[target].importance / total : 0.0;
+      const double share = total > 0 ? g.nodes[targets[i]].importance / total : 0.0;
       for (const LatentAttribution& e : answer->top_entries) {
         Candidate& c = found[{e.latent, e.position}];
         c.activation = e.activation;
         c.importance += share * std::abs(e.attribution);
-        c.edges.emplace_back(target, e.attribution);
+        c.edges.emplace_back(targets[i], e.attribution);
       }
       error.importance += share * std::abs(answer->error_attribution);
-      error.edges.emplace_back(target, answer->error_attribution);
+      error.edges.emplace_back(targets[i], answer->error_attribution);
     }
-    if (hook_done) hook_done(hook, passes);
+    if (hook_done) hook_done(hook, made);
     if (!answered) {
       g.notes.push_back(absl::StrCat(hook_labels[hook], ": no edges: ", refused));
       continue;  // the hook before explains the same targets

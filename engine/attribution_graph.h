@@ -13,8 +13,8 @@
 //      are its parents; a hook whose passes are all refused is noted and skipped (the hook
 //      before it explains the same nodes).
 //
-// Torch-free: the passes come through a callback (DatasetModels::AttributePrompt in the daemon,
-// a table in tests).
+// Torch-free: the passes come through callbacks (DatasetModels' AttributePrompt and
+// AttributeToLatents in the daemon, a table in tests); the passes of one hook share a forward.
 #ifndef LATENTD_ENGINE_ATTRIBUTION_GRAPH_H_
 #define LATENTD_ENGINE_ATTRIBUTION_GRAPH_H_
 
@@ -54,19 +54,26 @@ struct AttributionGraph {
   std::vector<std::string> notes;  // hooks without edges, and why
 };
 
-// One pass at hook `hook` for `query`. target_hook >= 0: query.target_latent is a latent of that
-// hook's SAE; -1: the metric's own (a target latent of the caller's, or none).
-using GraphAttribution = std::function<absl::StatusOr<AttributionResult>(
-    int hook, const AttributionQuery& query, int target_hook)>;
+// The passes a graph asks for.
+struct GraphPasses {
+  // The metric's pass at `hook` (attribution.h's AttributePrompt).
+  std::function<absl::StatusOr<AttributionResult>(int hook, const AttributionQuery& query)> metric;
+  // Passes at `hook` to `targets`, latents of hook `target_hook`'s SAE, sharing one forward
+  // pass (AttributeToLatents): one answer per target.
+  std::function<absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>>(
+      int hook, const AttributionQuery& query, int target_hook,
+      const std::vector<TargetLatent>& targets)>
+      latents;
+};
 
 // `hook_labels` name the hooks earliest first (for the notes); `metric` is the prompt and the
-// output's metric (its top is set per pass). INVALID_ARGUMENT naming per_hook outside [1,
-// kMaxGraphNodesPerHook] or no hooks; the metric's pass's error as it is.
-// `hook_done` (may be empty) hears of each hook as its passes finish (latest first), with the
-// passes made so far: progress for a person waiting.
+// output's metric (its top is set per pass). `hook_done` (may be empty) hears of each hook as
+// its passes finish (latest first), with the passes (one per target) made so far: progress
+// for a person waiting. INVALID_ARGUMENT naming per_hook outside [1, kMaxGraphNodesPerHook] or
+// no hooks; the metric's pass's error as it is; CANCELLED as a pass says it.
 absl::StatusOr<AttributionGraph> BuildAttributionGraph(
     const std::vector<std::string>& hook_labels, const AttributionQuery& metric, int per_hook,
-    const GraphAttribution& attribute,
+    const GraphPasses& passes,
     const std::function<void(int hook, int passes)>& hook_done = nullptr);
 
 }  // namespace latentd::engine

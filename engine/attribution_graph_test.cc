@@ -71,10 +71,23 @@ const GraphNode* Find(const AttributionGraph& g, int hook, int64_t latent, int64
   return nullptr;
 }
 
-GraphAttribution Calls(FakePasses& passes) {
-  return [&passes](int hook, const AttributionQuery& q, int target_hook) {
-    return passes(hook, q, target_hook);
+// The graph's passes from the table, a latent pass per target (as the daemon's share one
+// forward).
+GraphPasses Calls(FakePasses& passes) {
+  GraphPasses calls;
+  calls.metric = [&passes](int hook, const AttributionQuery& q) { return passes(hook, q, -1); };
+  calls.latents = [&passes](int hook, const AttributionQuery& q, int target_hook,
+                            const std::vector<TargetLatent>& targets)
+      -> absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> {
+    std::vector<absl::StatusOr<AttributionResult>> answers;
+    for (const TargetLatent& t : targets) {
+      AttributionQuery one = q;
+      one.target_latent = t;
+      answers.push_back(passes(hook, one, target_hook));
+    }
+    return answers;
   };
+  return calls;
 }
 
 // The output's parents are the last hook's entries; each kept node's parents the hook before

@@ -283,6 +283,35 @@ TEST(AttributionTest, ALaterSaesLatentIsDrivenByTheEarlierLatents) {
     EXPECT_EQ(got->error_attribution_by_position[p], 0) << p;
   }
 
+  // Several targets at once (one forward, a backward each) answer as each alone; a silent one
+  // and one out of range are refused in their places.
+  const int64_t silent_latent = z_target[position].argmin().item<int64_t>();
+  const std::vector<TargetLatent> targets = {{j, position},
+                                             {silent_latent, position},
+                                             {z_target[3].argmax().item<int64_t>(), 3},
+                                             {kInterventionLatents, 0}};
+  auto batch = AttributeToLatents(upstream, kInterventionPrompt, false, q, reads, targets);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_EQ(batch->size(), 4u);
+  EXPECT_EQ((*batch)[1].status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*batch)[3].status().code(), absl::StatusCode::kInvalidArgument);
+  for (size_t i : {size_t{0}, size_t{2}}) {
+    AttributionQuery alone_query = q;
+    alone_query.target_latent = targets[i];
+    auto alone = AttributePrompt(upstream, kInterventionPrompt, false, alone_query, &reads);
+    ASSERT_TRUE(alone.ok() && (*batch)[i].ok()) << alone.status() << (*batch)[i].status();
+    const AttributionResult& together = *(*batch)[i];
+    EXPECT_NEAR(together.metric, alone->metric, 1e-6) << i;
+    EXPECT_NEAR(together.latent_attribution, alone->latent_attribution, 1e-6) << i;
+    EXPECT_NEAR(together.error_attribution, alone->error_attribution, 1e-6) << i;
+    ASSERT_EQ(together.top_entries.size(), alone->top_entries.size()) << i;
+    for (size_t e = 0; e < alone->top_entries.size(); ++e) {
+      EXPECT_EQ(together.top_entries[e].latent, alone->top_entries[e].latent) << i << " " << e;
+      EXPECT_NEAR(together.top_entries[e].attribution, alone->top_entries[e].attribution, 1e-6);
+    }
+  }
+  EXPECT_NE((*batch)[0]->latent_attribution, (*batch)[2]->latent_attribution);
+
   // Refused: a target the forward computes before the SAE writes; a token target beside it; a
   // latent that is 0 there; a latent or position outside their ranges.
   auto refused = [&](const SteeringModel& s, const TargetSae& t, AttributionQuery query,

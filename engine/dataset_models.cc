@@ -155,6 +155,14 @@ struct InterventionInputs {
   }
 };
 
+// An attribution's model and SAE (InterventionInputs) and, for latent targets, the target
+// dataset's SAE and the hook it reads.
+struct AttributionInputs {
+  InterventionInputs in;
+  std::shared_ptr<const PromptSae> target_sae;
+  std::optional<TargetSae> target;
+};
+
 // num / den where den > 0, else 0 (a zero decoder row has no direction).
 at::Tensor SafeDivide(const at::Tensor& num, const at::Tensor& den) {
   return at::where(den > 0, num / den.clamp_min(std::numeric_limits<float>::min()),
@@ -441,6 +449,11 @@ struct DatasetModels::Impl {
   absl::StatusOr<InterventionInputs> InterventionInputsFor(const DatasetSource& dataset,
                                                            const std::vector<int64_t>& token_ids,
                                                            const std::string& what);
+  // InterventionInputsFor, the target's SAE when `target_dataset` is not null (same model
+  // required) and the memory check of the backward pass.
+  absl::StatusOr<AttributionInputs> AttributionInputsFor(const DatasetSource& dataset,
+                                                         const std::vector<int64_t>& token_ids,
+                                                         const DatasetSource* target_dataset);
   absl::StatusOr<std::shared_ptr<const PreparedSae>> SaeFor(const DatasetSource& dataset,
                                                             const std::string& dir);
   // The unembedding, or null with *unavailable saying why there is none.
@@ -1150,66 +1163,90 @@ absl::StatusOr<SteeringResult> DatasetModels::SteerPrompt(const DatasetSource& d
   }
 }
 
+absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
+    const DatasetSource& dataset, const std::vector<int64_t>& token_ids,
+    const DatasetSource* target_dataset) {
+  AttributionInputs out;
+  ASSIGN_OR_RETURN(out.in, InterventionInputsFor(dataset, token_ids, "attribution"));
+  // A target latent's dataset: its SAE, reading its hook of the same model.
+  if (target_dataset != nullptr) {
+    absl::StatusOr<DatasetInputs> inputs_of_target = InputsOf(*target_dataset);
+    if (!inputs_of_target.ok()) {
+      return absl::Status(
+          inputs_of_target.status().code(),
+          absl::StrCat("target_latent.dataset_id: ", inputs_of_target.status().message()));
+    }
+    const DatasetInputs& of_target = *inputs_of_target;
+    ASSIGN_OR_RETURN(const DatasetInputs of_dataset, InputsOf(dataset));
+    const uint64_t id = target_dataset->dataset_id;
+    if (!of_target.crosscoder_reads.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "target_latent.dataset_id: dataset ", id, "'s SAE is a crosscoder (it reads ",
+          of_target.crosscoder_reads, "): its latents are not read at one hook of this model"));
+    }
+    const bool hashes_differ = !dataset.model_weight_hash.empty() &&
+                               !target_dataset->model_weight_hash.empty() &&
+                               dataset.model_weight_hash != target_dataset->model_weight_hash;
+    if (hashes_differ ||
+        of_target.spec.model().SerializeAsString() != of_dataset.spec.model().SerializeAsString()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "target_latent.dataset_id: dataset ", id, " was made with another model than dataset ",
+          dataset.dataset_id, " (or other weights): the target must read the same forward pass"));
+    }
+    ASSIGN_OR_RETURN(out.target_sae, PromptSaeFor(*target_dataset, of_target.sae_dir));
+    out.target = TargetSae{&out.target_sae->sae, of_target.hook};
+  }
+  // The backward pass keeps every block's activations of the whole prompt: refused with the
+  // numbers rather than an allocation that could take the daemon down.
+  const ActivationModel& model = *out.in.model->model;
+  const int64_t n = static_cast<int64_t>(out.in.tokens.size());
+  const int64_t need =
+      std::max<int64_t>(model.num_blocks(), 1) * model.activation_bytes_per_token(n) * n;
+  const int64_t limit =
+      options.memory_limit_bytes > 0 ? options.memory_limit_bytes : HostAvailableMemoryBytes();
+  if (limit > 0 && need > limit) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "token_ids: attributing a prompt of %d tokens keeps about %.3g GB of activations for "
+        "the backward pass (%d blocks); %.3g GB are available: send a shorter prompt",
+        n, need / 1e9, model.num_blocks(), limit / 1e9));
+  }
+  return out;
+}
+
 absl::StatusOr<AttributionResult> DatasetModels::AttributePrompt(
     const DatasetSource& dataset, const AttributionQuery& query,
     const DatasetSource* target_dataset) {
   try {
-    ASSIGN_OR_RETURN(InterventionInputs in,
-                     impl_->InterventionInputsFor(dataset, query.token_ids, "attribution"));
-    // A target latent: its dataset's SAE, reading its hook of the same model.
-    std::shared_ptr<const PromptSae> target_sae;
-    std::optional<TargetSae> target;
-    if (query.target_latent) {
-      if (target_dataset == nullptr) {
-        return absl::InvalidArgumentError("target_latent.dataset_id: not given");
-      }
-      absl::StatusOr<DatasetInputs> inputs_of_target = impl_->InputsOf(*target_dataset);
-      if (!inputs_of_target.ok()) {
-        return absl::Status(
-            inputs_of_target.status().code(),
-            absl::StrCat("target_latent.dataset_id: ", inputs_of_target.status().message()));
-      }
-      const DatasetInputs& of_target = *inputs_of_target;
-      ASSIGN_OR_RETURN(const DatasetInputs of_dataset, impl_->InputsOf(dataset));
-      const uint64_t id = target_dataset->dataset_id;
-      if (!of_target.crosscoder_reads.empty()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "target_latent.dataset_id: dataset ", id, "'s SAE is a crosscoder (it reads ",
-            of_target.crosscoder_reads, "): its latents are not read at one hook of this model"));
-      }
-      const bool hashes_differ = !dataset.model_weight_hash.empty() &&
-                                 !target_dataset->model_weight_hash.empty() &&
-                                 dataset.model_weight_hash != target_dataset->model_weight_hash;
-      if (hashes_differ || of_target.spec.model().SerializeAsString() !=
-                               of_dataset.spec.model().SerializeAsString()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "target_latent.dataset_id: dataset ", id, " was made with another model than dataset ",
-            dataset.dataset_id, " (or other weights): the target must read the same forward pass"));
-      }
-      ASSIGN_OR_RETURN(target_sae, impl_->PromptSaeFor(*target_dataset, of_target.sae_dir));
-      target = TargetSae{&target_sae->sae, of_target.hook};
+    if (query.target_latent && target_dataset == nullptr) {
+      return absl::InvalidArgumentError("target_latent.dataset_id: not given");
     }
-    // The backward pass keeps every block's activations of the whole prompt: refused with the
-    // numbers rather than an allocation that could take the daemon down.
-    const ActivationModel& model = *in.model->model;
-    const int64_t n = static_cast<int64_t>(in.tokens.size());
-    const int64_t need =
-        std::max<int64_t>(model.num_blocks(), 1) * model.activation_bytes_per_token(n) * n;
-    const int64_t limit = impl_->options.memory_limit_bytes > 0 ? impl_->options.memory_limit_bytes
-                                                                : HostAvailableMemoryBytes();
-    if (limit > 0 && need > limit) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "token_ids: attributing a prompt of %d tokens keeps about %.3g GB of activations for "
-          "the backward pass (%d blocks); %.3g GB are available: send a shorter prompt",
-          n, need / 1e9, model.num_blocks(), limit / 1e9));
-    }
-    return in.Run([&](const SteeringModel& steering) {
-      return engine::AttributePrompt(steering, in.tokens, in.bos_prepended, query,
-                                     target ? &*target : nullptr);
+    ASSIGN_OR_RETURN(AttributionInputs a,
+                     impl_->AttributionInputsFor(dataset, query.token_ids,
+                                                 query.target_latent ? target_dataset : nullptr));
+    return a.in.Run([&](const SteeringModel& steering) {
+      return engine::AttributePrompt(steering, a.in.tokens, a.in.bos_prepended, query,
+                                     a.target ? &*a.target : nullptr);
     });
   } catch (const c10::Error& e) {
     return TorchErrorStatus(e, absl::StrCat("attributing a prompt with dataset ",
                                             dataset.dataset_id, "'s model and SAE"));
+  }
+}
+
+absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> DatasetModels::AttributeToLatents(
+    const DatasetSource& dataset, const AttributionQuery& query,
+    const DatasetSource& target_dataset, const std::vector<TargetLatent>& targets) {
+  try {
+    ASSIGN_OR_RETURN(AttributionInputs a,
+                     impl_->AttributionInputsFor(dataset, query.token_ids, &target_dataset));
+    return a.in.Run([&](const SteeringModel& steering) {
+      return engine::AttributeToLatents(steering, a.in.tokens, a.in.bos_prepended, query, *a.target,
+                                        targets);
+    });
+  } catch (const c10::Error& e) {
+    return TorchErrorStatus(
+        e, absl::StrCat("attributing latents of dataset ", target_dataset.dataset_id,
+                        " to dataset ", dataset.dataset_id, "'s"));
   }
 }
 

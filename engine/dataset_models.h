@@ -230,6 +230,13 @@ class DatasetModels {
                                                     const AttributionQuery& query,
                                                     const DatasetSource* target_dataset = nullptr);
 
+  // AttributePrompt to several latents of `target_dataset` at once (query.target_latent not
+  // read): one forward pass shared by their backward passes (attribution.h's
+  // AttributeToLatents), one answer per target. The call's errors as AttributePrompt's.
+  absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> AttributeToLatents(
+      const DatasetSource& dataset, const AttributionQuery& query,
+      const DatasetSource& target_dataset, const std::vector<TargetLatent>& targets);
+
   // Bytes the cache holds now (for tests and telemetry).
   int64_t cached_bytes() const;
 

@@ -884,19 +884,25 @@ grpc::Status DatasetsService::AttributionGraph(
   }
   const engine::AttributionQuery metric = AttributionQueryOf(*request);
   const int per_hook = request->per_hook() == 0 ? 4 : request->per_hook();
-  auto graph = engine::BuildAttributionGraph(
-      labels, metric, per_hook,
-      [&](int hook, const engine::AttributionQuery& query,
-          int target_hook) -> absl::StatusOr<engine::AttributionResult> {
-        if (context->IsCancelled()) {
-          return absl::CancelledError("the caller left during the attribution graph");
-        }
-        const engine::DatasetSource* target = target_hook >= 0
-                                                  ? &hooks[target_hook].source
-                                                  : (metric_target ? &*metric_target : nullptr);
-        return options_.dataset_models->AttributePrompt(hooks[hook].source, query, target);
-      },
-      [&](int hook, int passes) {
+  const absl::Status cancelled =
+      absl::CancelledError("the caller left during the attribution graph");
+  engine::GraphPasses passes;
+  passes.metric =
+      [&](int hook,
+          const engine::AttributionQuery& query) -> absl::StatusOr<engine::AttributionResult> {
+    if (context->IsCancelled()) return cancelled;
+    return options_.dataset_models->AttributePrompt(hooks[hook].source, query,
+                                                    metric_target ? &*metric_target : nullptr);
+  };
+  passes.latents = [&](int hook, const engine::AttributionQuery& query, int target_hook,
+                       const std::vector<engine::TargetLatent>& targets)
+      -> absl::StatusOr<std::vector<absl::StatusOr<engine::AttributionResult>>> {
+    if (context->IsCancelled()) return cancelled;
+    return options_.dataset_models->AttributeToLatents(hooks[hook].source, query,
+                                                       hooks[target_hook].source, targets);
+  };
+  auto graph =
+      engine::BuildAttributionGraph(labels, metric, per_hook, passes, [&](int hook, int passes) {
         latentd::v1::AttributionGraphEvent event;
         latentd::v1::AttributionGraphProgress* progress = event.mutable_progress();
         progress->set_hooks_done(static_cast<int32_t>(hooks.size()) - hook);
