@@ -245,6 +245,12 @@ th{border-bottom:1px solid #ccc}
 </style>
 )";
 
+// The start of a page: its head (the title, plain text, escaped here; the style) and <body>.
+std::string PageHead(const std::string& title) {
+  return absl::StrCat("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>",
+                      HtmlEscape(title), "</title>\n", kStyle, "</head><body>\n");
+}
+
 // A "fires with" table (LatentsOnRows) under `title` (plain text); latents in `linked` link to
 // their pages.
 void AppendCofiring(const std::string& title, const v1::LatentsOnRowsResponse& c,
@@ -280,11 +286,8 @@ std::string ContextLine(const v1::TopActivation& example, const Vocabulary* voca
 
 std::string LatentHtml(const v1::GetLatentResponse& response, const LatentPageOptions& options) {
   const v1::LatentStatistics& s = response.statistics();
-  std::string html = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">";
-  absl::StrAppendFormat(&html, "<title>dataset %d latent %d</title>\n", options.dataset_id,
-                        s.latent());
-  html += kStyle;
-  html += "</head><body>\n";
+  std::string html =
+      PageHead(absl::StrFormat("dataset %d latent %d", options.dataset_id, s.latent()));
   absl::StrAppendFormat(&html, "<h1>Dataset %d &middot; latent %d</h1>\n", options.dataset_id,
                         s.latent());
   absl::StrAppendFormat(&html,
@@ -350,10 +353,7 @@ std::string LatentHtml(const v1::GetLatentResponse& response, const LatentPageOp
 }
 
 std::string PromptHtml(const v1::EncodePromptResponse& response, const PromptPageOptions& options) {
-  std::string html = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">";
-  absl::StrAppendFormat(&html, "<title>dataset %d prompt</title>\n", options.dataset_id);
-  html += kStyle;
-  html += "</head><body>\n";
+  std::string html = PageHead(absl::StrFormat("dataset %d prompt", options.dataset_id));
   absl::StrAppendFormat(&html, "<h1>Dataset %d &middot; a prompt of %d tokens</h1>\n",
                         options.dataset_id, response.tokens_size());
   if (response.bos_prepended()) html += "<p>BOS prepended, as the dataset's spec did</p>\n";
@@ -403,6 +403,27 @@ std::string PromptHtml(const v1::EncodePromptResponse& response, const PromptPag
 
 namespace {
 
+// What an attribution's metric is, for a heading: log p(<code>T</code>), a logit difference,
+// or a latent of a dataset at a position (and its token).
+std::string MetricHtml(const v1::AttributePromptResponse& r, const Vocabulary* vocab) {
+  auto code = [&](int32_t id) {
+    return absl::StrCat("<code>", HtmlEscape(TokenText(id, vocab)), "</code>");
+  };
+  if (r.has_target_latent()) {
+    const v1::AttributionTarget& t = r.target_latent();
+    std::string metric = absl::StrFormat("latent %d of dataset %d at position %d", t.latent(),
+                                         t.dataset_id(), t.position());
+    if (t.position() < r.prompt_size())
+      absl::StrAppend(&metric, " (", code(r.prompt(t.position())), ")");
+    return metric;
+  }
+  if (r.has_contrast_token_id()) {
+    return absl::StrCat("logit(", code(r.target_token_id()), ") &minus; logit(",
+                        code(r.contrast_token_id()), ")");
+  }
+  return absl::StrCat("log p(", code(r.target_token_id()), ")");
+}
+
 // One token shaded by a signed value over `scale`: blue where it is for the metric, red where
 // against; `title` in the tooltip.
 void AppendSignedToken(int32_t id, double value, double scale, const std::string& title,
@@ -421,27 +442,9 @@ void AppendSignedToken(int32_t id, double value, double scale, const std::string
 std::string AttributionHtml(const v1::AttributePromptResponse& r,
                             const PromptPageOptions& options) {
   const Vocabulary* vocab = options.vocab;
-  std::string html = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">";
-  absl::StrAppendFormat(&html, "<title>dataset %d attribution</title>\n", options.dataset_id);
-  html += kStyle;
-  html += "</head><body>\n";
-  const std::string target = HtmlEscape(TokenText(r.target_token_id(), vocab));
-  std::string metric =
-      r.has_contrast_token_id()
-          ? absl::StrCat("logit(<code>", target, "</code>) &minus; logit(<code>",
-                         HtmlEscape(TokenText(r.contrast_token_id(), vocab)), "</code>)")
-          : absl::StrCat("log p(<code>", target, "</code>)");
-  if (r.has_target_latent()) {
-    const v1::AttributionTarget& t = r.target_latent();
-    metric = absl::StrFormat("latent %d of dataset %d at position %d", t.latent(), t.dataset_id(),
-                             t.position());
-    if (t.position() < r.prompt_size()) {
-      absl::StrAppend(&metric, " (<code>", HtmlEscape(TokenText(r.prompt(t.position()), vocab)),
-                      "</code>)");
-    }
-  }
+  std::string html = PageHead(absl::StrFormat("dataset %d attribution", options.dataset_id));
   absl::StrAppendFormat(&html, "<h1>Dataset %d &middot; what drives %s = %.4f</h1>\n",
-                        options.dataset_id, metric, r.metric());
+                        options.dataset_id, MetricHtml(r, vocab), r.metric());
   absl::StrAppendFormat(&html,
                         "<p>Contributions to first order (removing one moves the metric by about "
                         "minus it): the latents %+.4f, the SAE's error term %+.4f. Blue: for the "
@@ -615,10 +618,7 @@ void AppendSweepPlot(const v1::SteerPromptRequest& request, const v1::SteerPromp
 std::string SteeringHtml(const v1::SteerPromptRequest& request, const v1::SteerPromptResponse& r,
                          const PromptPageOptions& options) {
   const Vocabulary* vocab = options.vocab;
-  std::string html = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">";
-  absl::StrAppendFormat(&html, "<title>dataset %d steering</title>\n", options.dataset_id);
-  html += kStyle;
-  html += "</head><body>\n";
+  std::string html = PageHead(absl::StrFormat("dataset %d steering", options.dataset_id));
   absl::StrAppendFormat(&html, "<h1>Dataset %d &middot; steering</h1>\n<ul>\n", options.dataset_id);
   for (const v1::LatentIntervention& in : request.interventions()) {
     absl::StrAppend(&html, "<li>", HtmlEscape(DescribeIntervention(in)), "</li>\n");
@@ -726,23 +726,9 @@ std::string SteeringHtml(const v1::SteerPromptRequest& request, const v1::SteerP
 
 std::string AttributionGraphHtml(const v1::AttributionGraphResponse& g, const Vocabulary* vocab) {
   const v1::AttributePromptResponse& o = g.output();
-  std::string html = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">";
-  html += "<title>attribution graph</title>\n";
-  html += kStyle;
-  html += "</head><body>\n";
-  std::string metric;
-  if (o.has_target_latent()) {
-    metric = absl::StrFormat("latent %d of dataset %d at position %d", o.target_latent().latent(),
-                             o.target_latent().dataset_id(), o.target_latent().position());
-  } else if (o.has_contrast_token_id()) {
-    metric = absl::StrCat("logit(<code>", HtmlEscape(TokenText(o.target_token_id(), vocab)),
-                          "</code>) &minus; logit(<code>",
-                          HtmlEscape(TokenText(o.contrast_token_id(), vocab)), "</code>)");
-  } else {
-    metric =
-        absl::StrCat("log p(<code>", HtmlEscape(TokenText(o.target_token_id(), vocab)), "</code>)");
-  }
-  absl::StrAppendFormat(&html, "<h1>Attribution graph of %s = %.4f</h1>\n", metric, o.metric());
+  std::string html = PageHead("attribution graph");
+  absl::StrAppendFormat(&html, "<h1>Attribution graph of %s = %.4f</h1>\n", MetricHtml(o, vocab),
+                        o.metric());
   html += "<p class=\"ctx\">";
   for (int p = 0; p < o.prompt_size(); ++p) {
     absl::StrAppendFormat(&html, "<span class=\"t\" title=\"position %d\">%s</span>", p,
@@ -858,10 +844,7 @@ std::string LatentPageName(int32_t latent) { return absl::StrCat("latent-", late
 
 std::string LatentIndexHtml(const v1::ListLatentsResponse& overview,
                             const IndexPageOptions& options) {
-  std::string html = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">";
-  absl::StrAppendFormat(&html, "<title>dataset %d latents</title>\n", options.dataset_id);
-  html += kStyle;
-  html += "</head><body>\n";
+  std::string html = PageHead(absl::StrFormat("dataset %d latents", options.dataset_id));
   absl::StrAppendFormat(&html, "<h1>Dataset %d &middot; %d latents</h1>\n", options.dataset_id,
                         overview.d_sae());
   const double dead_share =

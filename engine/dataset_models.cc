@@ -451,6 +451,10 @@ struct DatasetModels::Impl {
                                                            const std::string& what);
   // InterventionInputsFor, the target's SAE when `target_dataset` is not null (same model
   // required) and the memory check of the backward pass.
+  // Host memory a query may take: options.memory_limit_bytes, else what the host has now.
+  int64_t MemoryLimitBytes() const {
+    return options.memory_limit_bytes > 0 ? options.memory_limit_bytes : HostAvailableMemoryBytes();
+  }
   absl::StatusOr<AttributionInputs> AttributionInputsFor(const DatasetSource& dataset,
                                                          const std::vector<int64_t>& token_ids,
                                                          const DatasetSource* target_dataset);
@@ -654,8 +658,7 @@ absl::Status DatasetModels::Impl::CheckSaeFits(const DatasetSource& dataset,
   // Sae::Load holds the file and float32 copies of W_enc and W_dec at once; Prepare adds the
   // unit rows (the biases are small next to these).
   const int64_t need = file_bytes + 3 * cfg.d_sae * cfg.d_in * int64_t{4};
-  const int64_t limit =
-      options.memory_limit_bytes > 0 ? options.memory_limit_bytes : HostAvailableMemoryBytes();
+  const int64_t limit = MemoryLimitBytes();
   if (limit > 0 && need > limit) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "dataset %d: reading its SAE (%s, d_sae %d x d_in %d) takes about %.2f GB (the file, "
@@ -1202,8 +1205,7 @@ absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
   const int64_t n = static_cast<int64_t>(out.in.tokens.size());
   const int64_t need =
       std::max<int64_t>(model.num_blocks(), 1) * model.activation_bytes_per_token(n) * n;
-  const int64_t limit =
-      options.memory_limit_bytes > 0 ? options.memory_limit_bytes : HostAvailableMemoryBytes();
+  const int64_t limit = MemoryLimitBytes();
   if (limit > 0 && need > limit) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "token_ids: attributing a prompt of %d tokens keeps about %.3g GB of activations for "
