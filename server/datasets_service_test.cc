@@ -1154,6 +1154,19 @@ TEST_F(DatasetsServiceTest, AttributionGraphConvertsNodesAndEdges) {
     EXPECT_EQ(s.error_code(), code) << says << ": " << s.error_message();
     EXPECT_NE(s.error_message().find(says), std::string::npos) << s.error_message();
   }
+  // A latent as the graph's metric: its value is the output's, the target echoed.
+  latentd::v1::AttributionGraphRequest to_latent;
+  to_latent.add_dataset_ids(id);
+  for (int32_t t : {3, 1, 4, 1, 5}) to_latent.add_token_ids(t);
+  to_latent.mutable_target_latent()->set_dataset_id(id);
+  to_latent.mutable_target_latent()->set_latent(plain.top_entries(0).latent());
+  to_latent.mutable_target_latent()->set_position(plain.top_entries(0).position());
+  latentd::v1::AttributionGraphResponse of_latent;
+  s = ReadGraph(to_latent, &of_latent, nullptr);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(of_latent.output().target_latent().latent(), plain.top_entries(0).latent());
+  EXPECT_NEAR(of_latent.nodes(0).activation(), plain.top_entries(0).activation(), 1e-3);
+
   // Hostile sizes: per_hook out of range, too many datasets, a metric field out of range.
   for (const auto& [per_hook, datasets, target, says] :
        std::vector<std::tuple<int32_t, int, int32_t, std::string>>{
