@@ -192,7 +192,7 @@ int RunSuite(const std::string& root, int64_t layers, int64_t d_in, int64_t voca
        {std::pair{"a forward per target", &apart}, std::pair{"a forward per hook", &shared}}) {
     int made = 0;
     const std::optional<double> graph = MedianSeconds(rounds, [&] {
-      return latentd::engine::BuildAttributionGraph(hooks, metric, 4, *passes,
+      return latentd::engine::BuildAttributionGraph(hooks, metric, {4}, *passes,
                                                     [&](int, int n) { made = n; })
           .status();
     });

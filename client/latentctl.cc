@@ -89,6 +89,8 @@ ABSL_FLAG(std::string, html, "",
           "by each top latent); latent: statistics, histogram, every example's tokens "
           "shaded by the latent's value on them");
 ABSL_FLAG(int, per_hook, 4, "graph: latents kept per hook (at most 64)");
+ABSL_FLAG(double, min_importance, 0,
+          "graph: keep no node carrying less than this share of the output (0 to 1)");
 ABSL_FLAG(std::string, layers, "",
           "graph: the datasets of the graph's hooks, comma-separated, in any order (the forward's "
           "is used; default: the dataset's suite up to its hook, one dataset per hook)");
@@ -1459,6 +1461,7 @@ int Graph(Client& client, const std::vector<std::string>& args) {
   if (metric.has_contrast_token_id()) request.set_contrast_token_id(metric.contrast_token_id());
   if (metric.has_target_latent()) *request.mutable_target_latent() = metric.target_latent();
   request.set_per_hook(absl::GetFlag(FLAGS_per_hook));
+  request.set_min_importance(absl::GetFlag(FLAGS_min_importance));
   if (const std::string flag = absl::GetFlag(FLAGS_layers); !flag.empty()) {
     for (absl::string_view item : absl::StrSplit(flag, ',', absl::SkipWhitespace())) {
       uint64_t dataset = 0;
@@ -2177,6 +2180,7 @@ datasets:
                                  later hook of the same model) at position P instead: the
                                  edges of a sparse feature circuit
   graph ID T1 T2 ... [--target=T [--contrast=T] | --target_latent=D:J@P] [--per_hook=N]
+        [--min_importance=F]
         [--layers=D,D,...] [--vocab=F] [--html=FILE.html]
   graph ID --text="..." --vocab=tokenizer.json [...]
                                  an attribution graph over the SAE suite up to dataset ID's

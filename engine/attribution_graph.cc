@@ -22,13 +22,19 @@ struct Candidate {
 }  // namespace
 
 absl::StatusOr<AttributionGraph> BuildAttributionGraph(
-    const std::vector<std::string>& hook_labels, const AttributionQuery& metric, int per_hook,
-    const GraphPasses& passes, const std::function<void(int hook, int passes)>& hook_done) {
+    const std::vector<std::string>& hook_labels, const AttributionQuery& metric,
+    const GraphOptions& options, const GraphPasses& passes,
+    const std::function<void(int hook, int passes)>& hook_done) {
   const int hooks = static_cast<int>(hook_labels.size());
+  const int per_hook = options.per_hook;
   if (hooks < 1) return absl::InvalidArgumentError("dataset_ids: an attribution graph needs one");
   if (per_hook < 1 || per_hook > kMaxGraphNodesPerHook) {
     return absl::InvalidArgumentError(
         absl::StrCat("per_hook: ", per_hook, " outside [1, ", kMaxGraphNodesPerHook, "]"));
+  }
+  if (!(options.min_importance >= 0 && options.min_importance <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_importance: ", options.min_importance, " outside [0, 1]"));
   }
   AttributionGraph g;
   // Each pass lists more entries than a hook keeps: a parent strong for several children but
@@ -99,6 +105,9 @@ absl::StatusOr<AttributionGraph> BuildAttributionGraph(
       return a.second->importance > b.second->importance;
     });
     if (static_cast<int>(ranked.size()) > per_hook) ranked.resize(per_hook);
+    while (!ranked.empty() && ranked.back().second->importance < options.min_importance) {
+      ranked.pop_back();
+    }
     auto add = [&](int64_t latent, int64_t position, const Candidate& c) {
       const int index = static_cast<int>(g.nodes.size());
       g.nodes.push_back({hook, latent, position, c.activation, c.importance});

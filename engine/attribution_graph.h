@@ -54,6 +54,13 @@ struct AttributionGraph {
   std::vector<std::string> notes;  // hooks without edges, and why
 };
 
+struct GraphOptions {
+  int per_hook = 4;  // nodes kept per hook, in [1, kMaxGraphNodesPerHook]
+  // A node whose importance (its share of the output) is below this is not kept, however few
+  // its hook keeps: a graph of a deep suite spends no passes on what barely matters. 0: none.
+  double min_importance = 0;
+};
+
 // The passes a graph asks for.
 struct GraphPasses {
   // The metric's pass at `hook` (attribution.h's AttributePrompt).
@@ -69,11 +76,12 @@ struct GraphPasses {
 // `hook_labels` name the hooks earliest first (for the notes); `metric` is the prompt and the
 // output's metric (its top is set per pass). `hook_done` (may be empty) hears of each hook as
 // its passes finish (latest first), with the passes (one per target) made so far: progress
-// for a person waiting. INVALID_ARGUMENT naming per_hook outside [1, kMaxGraphNodesPerHook] or
-// no hooks; the metric's pass's error as it is; CANCELLED as a pass says it.
+// for a person waiting. INVALID_ARGUMENT naming per_hook outside [1, kMaxGraphNodesPerHook],
+// min_importance outside [0, 1] or no hooks; the metric's pass's error as it is; CANCELLED as a
+// pass says it.
 absl::StatusOr<AttributionGraph> BuildAttributionGraph(
-    const std::vector<std::string>& hook_labels, const AttributionQuery& metric, int per_hook,
-    const GraphPasses& passes,
+    const std::vector<std::string>& hook_labels, const AttributionQuery& metric,
+    const GraphOptions& options, const GraphPasses& passes,
     const std::function<void(int hook, int passes)>& hook_done = nullptr);
 
 }  // namespace latentd::engine

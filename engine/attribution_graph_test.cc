@@ -100,7 +100,7 @@ TEST(AttributionGraphTest, EachHookExplainsTheNodesKeptAfterIt) {
   passes.Answer({0, 1, 21, 1}, {{30, 0, 0.25}}, 0.0);
   passes.Answer({0, 1, 20, 4}, {{31, 2, 1.0}}, 1.0);
   std::vector<std::pair<int, int>> done;  // (hook, passes so far)
-  auto g = BuildAttributionGraph(kHooks, Metric(), 2, Calls(passes),
+  auto g = BuildAttributionGraph(kHooks, Metric(), {2}, Calls(passes),
                                  [&](int hook, int made) { done.emplace_back(hook, made); });
   ASSERT_TRUE(g.ok()) << g.status();
   // Progress: the last hook after the metric's pass, then two passes a hook (its kept nodes).
@@ -143,6 +143,26 @@ TEST(AttributionGraphTest, EachHookExplainsTheNodesKeptAfterIt) {
     EXPECT_EQ(query.top, 20) << i;
   }
   EXPECT_TRUE(g->notes.empty());
+
+  // With a floor on importance: 11@3 (1 / 4.1 = 0.24) is not kept at 0.3, nor asked about.
+  FakePasses floored;
+  floored.Answer({2, -1, -1, -1}, {{10, 4, 2.0}, {11, 3, -1.0}, {12, 2, 0.1}}, 1.0);
+  floored.Answer({1, 2, 10, 4}, {{20, 4, 1.0}, {21, 1, 0.5}}, 0.5);
+  GraphOptions options;
+  options.per_hook = 2;
+  options.min_importance = 0.3;
+  auto pruned = BuildAttributionGraph(kHooks, Metric(), options, Calls(floored));
+  ASSERT_TRUE(pruned.ok()) << pruned.status();
+  EXPECT_NE(Find(*pruned, 2, 10, 4), nullptr);
+  EXPECT_EQ(Find(*pruned, 2, 11, 3), nullptr);
+  for (const auto& [hook, query, target_hook] : floored.asked) {
+    EXPECT_FALSE(query.target_latent && query.target_latent->latent == 11);
+  }
+  // 20@4 carries 0.488 / 2 = 0.24 of the output, below the floor too.
+  EXPECT_EQ(Find(*pruned, 1, 20, 4), nullptr);
+  options.min_importance = 1.5;
+  EXPECT_EQ(BuildAttributionGraph(kHooks, Metric(), options, Calls(floored)).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // A hook whose passes are all refused is noted and skipped: the one before it explains the
@@ -151,7 +171,7 @@ TEST(AttributionGraphTest, ARefusedHookIsSkippedAndARefusedMetricFails) {
   FakePasses passes;
   passes.Answer({2, -1, -1, -1}, {{10, 4, 2.0}}, 0.0);
   passes.Answer({0, 2, 10, 4}, {{30, 0, 0.5}}, 0.0);
-  auto g = BuildAttributionGraph(kHooks, Metric(), 3, Calls(passes));
+  auto g = BuildAttributionGraph(kHooks, Metric(), {3}, Calls(passes));
   ASSERT_TRUE(g.ok()) << g.status();
   ASSERT_EQ(g->notes.size(), 1u);
   EXPECT_EQ(g->notes[0],
@@ -162,12 +182,12 @@ TEST(AttributionGraphTest, ARefusedHookIsSkippedAndARefusedMetricFails) {
   EXPECT_NEAR(first->importance, 1.0, 1e-9);
 
   FakePasses silent;
-  EXPECT_EQ(BuildAttributionGraph(kHooks, Metric(), 3, Calls(silent)).status().code(),
+  EXPECT_EQ(BuildAttributionGraph(kHooks, Metric(), {3}, Calls(silent)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(BuildAttributionGraph({}, Metric(), 3, Calls(passes)).status().code(),
+  EXPECT_EQ(BuildAttributionGraph({}, Metric(), {3}, Calls(passes)).status().code(),
             absl::StatusCode::kInvalidArgument);
   for (int bad : {0, kMaxGraphNodesPerHook + 1}) {
-    auto refused = BuildAttributionGraph(kHooks, Metric(), bad, Calls(passes));
+    auto refused = BuildAttributionGraph(kHooks, Metric(), {bad}, Calls(passes));
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(refused.status().message().find("per_hook"), std::string::npos);
   }

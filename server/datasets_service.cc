@@ -883,7 +883,9 @@ grpc::Status DatasetsService::AttributionGraph(
     labels.push_back(absl::StrCat(h.source.hook_name, " (dataset ", h.source.dataset_id, ")"));
   }
   const engine::AttributionQuery metric = AttributionQueryOf(*request);
-  const int per_hook = request->per_hook() == 0 ? 4 : request->per_hook();
+  engine::GraphOptions options;
+  if (request->per_hook() != 0) options.per_hook = request->per_hook();
+  options.min_importance = request->min_importance();
   const absl::Status cancelled =
       absl::CancelledError("the caller left during the attribution graph");
   engine::GraphPasses passes;
@@ -902,7 +904,7 @@ grpc::Status DatasetsService::AttributionGraph(
                                                        hooks[target_hook].source, targets);
   };
   auto graph =
-      engine::BuildAttributionGraph(labels, metric, per_hook, passes, [&](int hook, int passes) {
+      engine::BuildAttributionGraph(labels, metric, options, passes, [&](int hook, int passes) {
         latentd::v1::AttributionGraphEvent event;
         latentd::v1::AttributionGraphProgress* progress = event.mutable_progress();
         progress->set_hooks_done(static_cast<int32_t>(hooks.size()) - hook);

@@ -1167,6 +1167,21 @@ TEST_F(DatasetsServiceTest, AttributionGraphConvertsNodesAndEdges) {
   EXPECT_EQ(of_latent.output().target_latent().latent(), plain.top_entries(0).latent());
   EXPECT_NEAR(of_latent.nodes(0).activation(), plain.top_entries(0).activation(), 1e-3);
 
+  // A floor on importance no latent reaches keeps the output and the hook's error node alone;
+  // one outside [0, 1] is refused.
+  latentd::v1::AttributionGraphRequest floored = to_latent;
+  floored.clear_target_latent();
+  floored.set_min_importance(1.0);
+  latentd::v1::AttributionGraphResponse pruned;
+  s = ReadGraph(floored, &pruned, nullptr);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(pruned.nodes_size(), 2);
+  EXPECT_EQ(pruned.nodes(1).latent(), -1);
+  floored.set_min_importance(2.0);
+  s = ReadGraph(floored, &pruned, nullptr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("min_importance: 2"), std::string::npos) << s.error_message();
+
   // Hostile sizes: per_hook out of range, too many datasets, a metric field out of range.
   for (const auto& [per_hook, datasets, target, says] :
        std::vector<std::tuple<int32_t, int, int32_t, std::string>>{

@@ -383,18 +383,20 @@ class Client:
 
     def attribution_graph(self, dataset_ids, token_ids, target_token_id=None,
                           contrast_token_id=None, target_latent=None, per_hook=4,
-                          output_dataset_id=0, progress=None):
+                          output_dataset_id=0, progress=None, min_importance=0.0):
         """An attribution graph of the prompt over an SAE suite (dataset_ids: its datasets, any
         order; e.g. the outputs of one EXTRACT job): the latents, at their positions, that
         carry the metric hook by hook (AttributionGraph: nodes with their importance, the
         share of the output through them; edges with each parent's credit for its child; each
         hook's SAE error node). The metric as attribute_prompt's; output_dataset_id: the hook
-        that explains it (later ones left out), 0 the latest. progress: called with each
+        that explains it (later ones left out), 0 the latest; min_importance: keep no node
+        carrying less of the output (pruning a deep suite's passes). progress: called with each
         AttributionGraphProgress (hooks_done, hooks, passes, hook_name) as the daemon streams
         it."""
         request = datasets_pb2.AttributionGraphRequest(
             dataset_ids=[int(d) for d in dataset_ids], token_ids=[int(t) for t in token_ids],
-            per_hook=per_hook, output_dataset_id=output_dataset_id)
+            per_hook=per_hook, output_dataset_id=output_dataset_id,
+            min_importance=min_importance)
         _set_metric(request, target_token_id, contrast_token_id, target_latent)
         graph = None
         for event in self.datasets.AttributionGraph(request, metadata=self.metadata,
