@@ -89,6 +89,7 @@ ABSL_FLAG(std::string, html, "",
           "by each top latent); latent: statistics, histogram, every example's tokens "
           "shaded by the latent's value on them");
 ABSL_FLAG(int, per_hook, 4, "graph: latents kept per hook (at most 64)");
+ABSL_FLAG(std::string, dot, "", "graph: also write the graph as Graphviz DOT here");
 ABSL_FLAG(double, min_importance, 0,
           "graph: keep no node carrying less than this share of the output (0 to 1)");
 ABSL_FLAG(std::string, layers, "",
@@ -1499,6 +1500,16 @@ int Graph(Client& client, const std::vector<std::string>& args) {
       return kExitRpcError;
     }
   }
+  if (const std::string dot = absl::GetFlag(FLAGS_dot); !dot.empty()) {
+    std::ofstream file(dot, std::ios::binary | std::ios::trunc);
+    file << AttributionGraphDot(response, vocab);
+    file.close();
+    if (!file) {
+      std::fprintf(stderr, "latentctl: --dot: cannot write %s\n", dot.c_str());
+      return kExitRpcError;
+    }
+    if (!json) std::printf("wrote %s\n", dot.c_str());
+  }
   if (json) {
     std::printf("%s\n", Json(response).c_str());
   } else {
@@ -2180,7 +2191,7 @@ datasets:
                                  later hook of the same model) at position P instead: the
                                  edges of a sparse feature circuit
   graph ID T1 T2 ... [--target=T [--contrast=T] | --target_latent=D:J@P] [--per_hook=N]
-        [--min_importance=F]
+        [--min_importance=F] [--dot=FILE.dot]
         [--layers=D,D,...] [--vocab=F] [--html=FILE.html]
   graph ID --text="..." --vocab=tokenizer.json [...]
                                  an attribution graph over the SAE suite up to dataset ID's

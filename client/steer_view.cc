@@ -282,4 +282,63 @@ std::string DescribeAttributionGraph(const v1::AttributionGraphResponse& g,
   return out;
 }
 
+namespace {
+
+// Text inside a DOT string: quotes and backslashes escaped, one line.
+std::string DotText(absl::string_view text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"' || c == '\\') out.push_back('\\');
+    out.push_back(c == '\n' ? ' ' : c);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string AttributionGraphDot(const v1::AttributionGraphResponse& g,
+                                const std::optional<Vocabulary>& vocab) {
+  const v1::AttributePromptResponse& o = g.output();
+  std::string out = "digraph attribution {\n  rankdir=LR;\n  node [shape=box, style=rounded];\n";
+  absl::StrAppendFormat(&out, "  n0 [label=\"output\\n%s = %.4g\"];\n",
+                        DotText(AttributionMetric(o, vocab)), o.metric());
+  for (int hook = 0; hook < g.hooks_size(); ++hook) {
+    absl::StrAppendFormat(&out, "  subgraph cluster_%d {\n    label=\"%s (dataset %d)\";\n", hook,
+                          DotText(g.hooks(hook).hook_name()), g.hooks(hook).dataset_id());
+    for (int n = 1; n < g.nodes_size(); ++n) {
+      const v1::GraphNode& node = g.nodes(n);
+      if (node.hook() != hook) continue;
+      const std::string what =
+          node.latent() < 0
+              ? std::string("SAE error")
+              : absl::StrFormat(
+                    "#%d @%d\\n%s = %.3g", node.latent(), node.position(),
+                    DotText(TokenCell(
+                        node.position() < o.prompt_size() ? o.prompt(node.position()) : -1, vocab)),
+                    node.activation());
+      absl::StrAppendFormat(&out, "    n%d [label=\"%s\\nimportance %.3f\"];\n", n, what,
+                            node.importance());
+    }
+    out += "  }\n";
+  }
+  std::vector<double> strongest_into(g.nodes_size(), 0.0);
+  auto valid = [&](int n) { return n >= 0 && n < g.nodes_size(); };
+  for (const v1::GraphEdge& e : g.edges()) {
+    if (valid(e.to_node())) {
+      strongest_into[e.to_node()] =
+          std::max(strongest_into[e.to_node()], std::abs(e.attribution()));
+    }
+  }
+  for (const v1::GraphEdge& e : g.edges()) {
+    if (!valid(e.from_node()) || !valid(e.to_node())) continue;
+    const double into = strongest_into[e.to_node()];
+    absl::StrAppendFormat(&out, "  n%d -> n%d [color=\"%s\", penwidth=%.2f, label=\"%+.3g\"];\n",
+                          e.from_node(), e.to_node(), e.attribution() >= 0 ? "#0066ff" : "#ff3300",
+                          0.5 + 4 * (into > 0 ? std::abs(e.attribution()) / into : 0.0),
+                          e.attribution());
+  }
+  out += "}\n";
+  return out;
+}
+
 }  // namespace latentd::client

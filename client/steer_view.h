@@ -51,6 +51,13 @@ std::string DescribeAttribution(uint64_t dataset_id,
 std::string DescribeAttributionGraph(const latentd::v1::AttributionGraphResponse& graph,
                                      const std::optional<Vocabulary>& vocab);
 
+// The same graph as Graphviz DOT (`dot -Tsvg graph.dot`, or an editor): a cluster per hook, left
+// to right towards the output; each node labelled with its latent, position, token and
+// importance; each edge blue (for) or red (against), its width its share of the strongest edge
+// into the same node, its label the attribution.
+std::string AttributionGraphDot(const latentd::v1::AttributionGraphResponse& graph,
+                                const std::optional<Vocabulary>& vocab);
+
 }  // namespace latentd::client
 
 #endif  // LATENTD_CLIENT_STEER_VIEW_H_

@@ -183,6 +183,21 @@ TEST(SteerViewTest, AnAttributionGraphListsEachHooksNodesAndEdges) {
   EXPECT_NE(text.find("importance 0.250  -> output -1"), std::string::npos) << text;
   EXPECT_NE(text.find("note: blocks.0.hook_resid_post (dataset 5): no edges: why"),
             std::string::npos);
+  // As DOT: the hook's cluster with its nodes, the edges coloured by sign, as wide as their
+  // share of the strongest into the output.
+  const std::string dot = AttributionGraphDot(g, *vocab);
+  EXPECT_NE(dot.find("n0 [label=\"output\\nlog p(\\\" sat\\\") = -0.5\"];"), std::string::npos)
+      << dot;
+  EXPECT_NE(dot.find("subgraph cluster_0 {\n    label=\"blocks.1.hook_resid_post (dataset 6)\";\n"
+                     "    n1 [label=\"#40 @2\\n\\\" sat\\\" = 3\\nimportance 0.500\"];"),
+            std::string::npos)
+      << dot;
+  EXPECT_NE(dot.find("n1 -> n0 [color=\"#0066ff\", penwidth=4.50, label=\"+2\"];"),
+            std::string::npos)
+      << dot;
+  EXPECT_NE(dot.find("n2 -> n0 [color=\"#ff3300\", penwidth=2.50, label=\"-1\"];"),
+            std::string::npos)
+      << dot;
 }
 
 }  // namespace
