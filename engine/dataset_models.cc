@@ -145,6 +145,7 @@ struct InterventionInputs {
   SteeringModel steering;  // model unset: Run sets it
   std::vector<int64_t> tokens;
   bool bos_prepended = false;
+  latentd::v1::ModelSpec model_spec;  // as the dataset's job ran it (a target must match it)
 
   template <typename F>
   auto Run(F&& f) {
@@ -1121,6 +1122,7 @@ absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
         what, " needs (a model run natively, reference or huggingface, has them)"));
   }
   InterventionInputs out;
+  out.model_spec = inputs.spec.model();
   ASSIGN_OR_RETURN(out.sae, PromptSaeFor(dataset, inputs.sae_dir));
   const SaeConfig& cfg = out.sae->sae.config();
   ASSIGN_OR_RETURN(out.model, ModelFor(dataset, inputs));
@@ -1180,7 +1182,6 @@ absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
           absl::StrCat("target_latent.dataset_id: ", inputs_of_target.status().message()));
     }
     const DatasetInputs& of_target = *inputs_of_target;
-    ASSIGN_OR_RETURN(const DatasetInputs of_dataset, InputsOf(dataset));
     const uint64_t id = target_dataset->dataset_id;
     if (!of_target.crosscoder_reads.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -1191,7 +1192,7 @@ absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
                                !target_dataset->model_weight_hash.empty() &&
                                dataset.model_weight_hash != target_dataset->model_weight_hash;
     if (hashes_differ ||
-        of_target.spec.model().SerializeAsString() != of_dataset.spec.model().SerializeAsString()) {
+        of_target.spec.model().SerializeAsString() != out.in.model_spec.SerializeAsString()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "target_latent.dataset_id: dataset ", id, " was made with another model than dataset ",
           dataset.dataset_id, " (or other weights): the target must read the same forward pass"));

@@ -18,6 +18,16 @@ bool ParseLayer(absl::string_view text, int* layer) {
          *layer >= 0;
 }
 
+// Each point within a block with its TransformerLens name (blocks.{L}.<name>): what
+// ParseHookName reads and HookNameString writes.
+constexpr std::pair<HookPoint, const char*> kBlockHookNames[] = {
+    {HookPoint::kResidPre, "hook_resid_pre"},   {HookPoint::kResidMid, "hook_resid_mid"},
+    {HookPoint::kResidPost, "hook_resid_post"}, {HookPoint::kAttnZ, "attn.hook_z"},
+    {HookPoint::kAttnOut, "hook_attn_out"},     {HookPoint::kMlpOut, "hook_mlp_out"},
+    {HookPoint::kMlpPost, "mlp.hook_post"},     {HookPoint::kMlpIn, "ln2.hook_normalized"},
+    {HookPoint::kMlpInput, "mlp.hook_in"},      {HookPoint::kMlpOutput, "mlp.hook_out"},
+};
+
 // A Hugging Face module path whose output is the activation (what sparsify names its SAEs by).
 bool ParseModulePath(absl::string_view name, HookName* hook) {
   for (absl::string_view prefix :
@@ -64,30 +74,13 @@ absl::StatusOr<HookName> ParseHookName(const std::string& name) {
     return bad();
   }
   const std::string rest = name.substr(parts[0].size() + parts[1].size() + 2);
-  if (rest == "hook_resid_pre") {
-    hook.point = HookPoint::kResidPre;
-  } else if (rest == "hook_resid_mid") {
-    hook.point = HookPoint::kResidMid;
-  } else if (rest == "hook_resid_post") {
-    hook.point = HookPoint::kResidPost;
-  } else if (rest == "attn.hook_z") {
-    hook.point = HookPoint::kAttnZ;
-  } else if (rest == "hook_attn_out") {
-    hook.point = HookPoint::kAttnOut;
-  } else if (rest == "hook_mlp_out") {
-    hook.point = HookPoint::kMlpOut;
-  } else if (rest == "mlp.hook_post") {
-    hook.point = HookPoint::kMlpPost;
-  } else if (rest == "ln2.hook_normalized") {
-    hook.point = HookPoint::kMlpIn;
-  } else if (rest == "mlp.hook_in") {
-    hook.point = HookPoint::kMlpInput;
-  } else if (rest == "mlp.hook_out") {
-    hook.point = HookPoint::kMlpOutput;
-  } else {
-    return bad();
+  for (const auto& [point, point_name] : kBlockHookNames) {
+    if (rest == point_name) {
+      hook.point = point;
+      return hook;
+    }
   }
-  return hook;
+  return bad();
 }
 
 absl::StatusOr<int> HiddenStateIndex(const HookName& hook) {
@@ -106,42 +99,11 @@ absl::StatusOr<int> HiddenStateIndex(const HookName& hook) {
 }
 
 std::string HookNameString(const HookName& hook) {
-  const char* point = "";
-  switch (hook.point) {
-    case HookPoint::kHiddenStates:
-      return absl::StrCat("hidden_states.", hook.layer);
-    case HookPoint::kResidPre:
-      point = "hook_resid_pre";
-      break;
-    case HookPoint::kResidMid:
-      point = "hook_resid_mid";
-      break;
-    case HookPoint::kResidPost:
-      point = "hook_resid_post";
-      break;
-    case HookPoint::kAttnZ:
-      point = "attn.hook_z";
-      break;
-    case HookPoint::kAttnOut:
-      point = "hook_attn_out";
-      break;
-    case HookPoint::kMlpIn:
-      point = "ln2.hook_normalized";
-      break;
-    case HookPoint::kMlpInput:
-      point = "mlp.hook_in";
-      break;
-    case HookPoint::kMlpPost:
-      point = "mlp.hook_post";
-      break;
-    case HookPoint::kMlpOutput:
-      point = "mlp.hook_out";
-      break;
-    case HookPoint::kMlpOut:
-      point = "hook_mlp_out";
-      break;
+  if (hook.point == HookPoint::kHiddenStates) return absl::StrCat("hidden_states.", hook.layer);
+  for (const auto& [point, point_name] : kBlockHookNames) {
+    if (point == hook.point) return absl::StrCat("blocks.", hook.layer, ".", point_name);
   }
-  return absl::StrCat("blocks.", hook.layer, ".", point);
+  return absl::StrCat("blocks.", hook.layer, ".?");  // every block point is in the table
 }
 
 bool SameActivation(const HookName& a, const HookName& b) {
