@@ -724,7 +724,20 @@ std::string SteeringHtml(const v1::SteerPromptRequest& request, const v1::SteerP
   return html;
 }
 
-std::string AttributionGraphHtml(const v1::AttributionGraphResponse& g, const Vocabulary* vocab) {
+namespace {
+
+// `text` cut to at most `bytes` bytes at a UTF-8 character's start, "…" marking a cut.
+std::string Shortened(const std::string& text, size_t bytes) {
+  if (text.size() <= bytes) return text;
+  size_t cut = bytes;
+  while (cut > 0 && (static_cast<uint8_t>(text[cut]) & 0xC0) == 0x80) --cut;
+  return absl::StrCat(text.substr(0, cut), "\u2026");
+}
+
+}  // namespace
+
+std::string AttributionGraphHtml(const v1::AttributionGraphResponse& g, const Vocabulary* vocab,
+                                 const GraphNodeLabels* labels) {
   const v1::AttributePromptResponse& o = g.output();
   std::string html = PageHead("attribution graph");
   absl::StrAppendFormat(&html, "<h1>Attribution graph of %s = %.4f</h1>\n", MetricHtml(o, vocab),
@@ -752,7 +765,12 @@ std::string AttributionGraphHtml(const v1::AttributionGraphResponse& g, const Vo
       return x.position() != y.position() ? x.position() < y.position() : x.latent() < y.latent();
     });
   }
-  constexpr int kWidth = 170, kHeight = 38, kColumn = 230, kRow = 50, kTop = 40;
+  bool labelled = false;  // a third line in every box when any node has a label
+  for (int n = 1; n < g.nodes_size() && !labelled; ++n) {
+    labelled = !GraphNodeLabel(g, n, labels).empty();
+  }
+  constexpr int kWidth = 170, kColumn = 230, kTop = 52;
+  const int kHeight = labelled ? 52 : 38, kRow = kHeight + 12;
   std::vector<std::pair<int, int>> at(g.nodes_size());  // each node's box corner
   size_t rows = 1;
   for (int c = 0; c < columns; ++c) {
@@ -770,6 +788,19 @@ std::string AttributionGraphHtml(const v1::AttributionGraphResponse& g, const Vo
     absl::StrAppendFormat(&html, "<text x=\"%d\" y=\"20\" font-weight=\"bold\">%s</text>\n",
                           10 + c * kColumn,
                           c + 1 == columns ? "output" : HtmlEscape(g.hooks(c).hook_name()));
+    if (c + 1 == columns) continue;
+    const v1::GraphHook& hook = g.hooks(c);
+    const double reaching =
+        hook.kept_importance() + hook.error_importance() + hook.dropped_importance();
+    if (reaching > 0) {  // the coverage in brief under the name, in words in the tooltip
+      absl::StrAppendFormat(
+          &html,
+          "<text x=\"%d\" y=\"36\" fill=\"#555\"><title>%s</title>kept %.0f%% &#183; error "
+          "%.0f%% &#183; not kept %.0f%%</text>\n",
+          10 + c * kColumn, HtmlEscape(HookCoverageText(hook)),
+          100 * hook.kept_importance() / reaching, 100 * hook.error_importance() / reaching,
+          100 * hook.dropped_importance() / reaching);
+    }
   }
   auto valid = [&](int n) { return n >= 0 && n < g.nodes_size(); };
   std::vector<double> strongest_into(g.nodes_size(), 0.0);
@@ -808,7 +839,7 @@ std::string AttributionGraphHtml(const v1::AttributionGraphResponse& g, const Vo
   for (int n = 0; n < g.nodes_size(); ++n) {
     const v1::GraphNode& node = g.nodes(n);
     const auto [x, y] = at[n];
-    std::string first, second;
+    std::string first, second, label = GraphNodeLabel(g, n, labels);
     if (n == 0) {
       first = "output";
       second = absl::StrFormat("%.4g", o.metric());
@@ -822,15 +853,24 @@ std::string AttributionGraphHtml(const v1::AttributionGraphResponse& g, const Vo
                                 : -1;
       second = absl::StrFormat("%s = %.3g", TokenText(token, vocab), node.activation());
     }
+    // The label whole in the tooltip, cut to the box's width inside it.
+    const std::string title =
+        label.empty() ? name(n) : absl::StrCat(name(n), " (fires most on ", label, ")");
+    const std::string shown = Shortened(label, 26);
     absl::StrAppendFormat(
         &html,
         "<g><title>%s &#183; importance %.3f</title><rect x=\"%d\" y=\"%d\" width=\"%d\" "
         "height=\"%d\" rx=\"4\" fill=\"rgba(255,102,0,%.3f)\" stroke=\"#999\"/>"
         "<text x=\"%d\" y=\"%d\">%s</text><text x=\"%d\" y=\"%d\" "
-        "font-family=\"monospace\">%s</text></g>\n",
-        HtmlEscape(name(n)), node.importance(), x, y, kWidth, kHeight,
+        "font-family=\"monospace\">%s</text>",
+        HtmlEscape(title), node.importance(), x, y, kWidth, kHeight,
         n == 0 || most <= 0 ? 0.8 : 0.8 * node.importance() / most, x + 6, y + 15,
         HtmlEscape(first), x + 6, y + 31, HtmlEscape(second));
+    if (!shown.empty()) {
+      absl::StrAppendFormat(&html, "<text x=\"%d\" y=\"%d\" fill=\"#444\">%s</text>", x + 6, y + 46,
+                            HtmlEscape(shown));
+    }
+    html += "</g>\n";
   }
   html += "</svg>\n";
   for (const std::string& note : g.notes()) {

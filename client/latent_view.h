@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "client/steer_view.h"
 #include "client/vocabulary.h"
 #include "proto/latentd/v1/datasets.pb.h"
 
@@ -95,12 +96,13 @@ std::string SteeringHtml(const v1::SteerPromptRequest& request,
                          const v1::SteerPromptResponse& response, const PromptPageOptions& options);
 
 // A page for an AttributionGraph answer: the metric and the prompt, then the graph as SVG, one
-// column per hook (earliest left) and the output on the right, each node a latent at a position
-// (its token, value and importance; shaded by importance over the largest), each edge coloured
-// by sign (blue for, red against) and as wide as its |attribution| over the strongest into the
+// column per hook (earliest left, under its name what its kept nodes cover) and the output on
+// the right, each node a latent at a position (its token, value, importance and label from
+// `labels`, which may be null; shaded by importance over the largest), each edge coloured by
+// sign (blue for, red against) and as wide as its |attribution| over the strongest into the
 // same node, its figures in its tooltip; the notes under it.
-std::string AttributionGraphHtml(const v1::AttributionGraphResponse& graph,
-                                 const Vocabulary* vocab);
+std::string AttributionGraphHtml(const v1::AttributionGraphResponse& graph, const Vocabulary* vocab,
+                                 const GraphNodeLabels* labels = nullptr);
 
 struct IndexPageOptions {
   uint64_t dataset_id = 0;

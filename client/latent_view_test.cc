@@ -570,18 +570,18 @@ TEST(LatentViewTest, AnAttributionGraphIsDrawnColumnByColumn) {
   EXPECT_NE(html.find("<text x=\"240\" y=\"20\" font-weight=\"bold\">blocks.1.hook_resid_post"),
             std::string::npos)
       << html;
-  EXPECT_NE(html.find("<title>#40@2 &#183; importance 0.500</title><rect x=\"240\" y=\"40\""),
+  EXPECT_NE(html.find("<title>#40@2 &#183; importance 0.500</title><rect x=\"240\" y=\"52\""),
             std::string::npos)
       << html;
-  EXPECT_NE(html.find("<text x=\"246\" y=\"71\" font-family=\"monospace\">&lt;c&gt; = 3</text>"),
+  EXPECT_NE(html.find("<text x=\"246\" y=\"83\" font-family=\"monospace\">&lt;c&gt; = 3</text>"),
             std::string::npos)
       << html;
-  EXPECT_NE(html.find("<title>#7@1 &#183; importance 0.125</title><rect x=\"10\" y=\"40\""),
+  EXPECT_NE(html.find("<title>#7@1 &#183; importance 0.125</title><rect x=\"10\" y=\"52\""),
             std::string::npos)
       << html;
   // The error node below the latent; the output fully shaded, the others by their importance
   // over the largest (0.5).
-  EXPECT_NE(html.find("importance 0.250</title><rect x=\"240\" y=\"90\" width=\"170\" "
+  EXPECT_NE(html.find("importance 0.250</title><rect x=\"240\" y=\"102\" width=\"170\" "
                       "height=\"38\" rx=\"4\" fill=\"rgba(255,102,0,0.400)\""),
             std::string::npos)
       << html;
@@ -595,6 +595,46 @@ TEST(LatentViewTest, AnAttributionGraphIsDrawnColumnByColumn) {
             std::string::npos)
       << html;
   EXPECT_NE(html.find("<p>Note: a &lt;note&gt;</p>"), std::string::npos);
+  // No coverage in the answer: no line under the hooks' names; no labels: two lines a box.
+  EXPECT_EQ(html.find("kept "), std::string::npos);
+  EXPECT_EQ(html.find("y=\"98\""), std::string::npos);
+}
+
+// With its coverage, a hook's column says under its name where what reaches it goes; with
+// labels, each latent's box grows a third line (cut to the box, whole in its tooltip).
+TEST(LatentViewTest, AGraphPageShowsCoverageAndNodeLabels) {
+  v1::AttributionGraphResponse g = SmallGraph();
+  v1::GraphHook* hook = g.mutable_hooks(1);
+  hook->set_kept_nodes(1);
+  hook->set_kept_importance(0.5);
+  hook->set_error_importance(0.25);
+  hook->set_dropped_importance(0.25);
+  const GraphNodeLabels labels = {
+      {{6, 40}, "\"<cat>\" 60%"},
+      {{5, 7},
+       "\"x\u00e9t\u00e9\u00e9t\u00e9\u00e9t\u00e9\u00e9t\u00e9\u00e9t\u00e9\" 90%, \"b\" 5%"}};
+  const std::string html = AttributionGraphHtml(g, nullptr, &labels);
+  EXPECT_NE(html.find("<text x=\"240\" y=\"36\" fill=\"#555\"><title>1 kept node: 50% of "
+                      "what reaches the hook; SAE error 25%, not kept 25%</title>kept 50% &#183; "
+                      "error 25% &#183; not kept 25%</text>"),
+            std::string::npos)
+      << html;
+  EXPECT_EQ(html.find("<text x=\"10\" y=\"36\""), std::string::npos) << html;  // no coverage
+  // Boxes 52 high, rows 64 apart: the error node of blocks.1 at 52 + 64.
+  EXPECT_NE(html.find("<title>#40@2 (fires most on &quot;&lt;cat&gt;&quot; 60%) &#183; importance "
+                      "0.500</title><rect x=\"240\" y=\"52\" width=\"170\" height=\"52\""),
+            std::string::npos)
+      << html;
+  EXPECT_NE(html.find("<text x=\"246\" y=\"98\" fill=\"#444\">&quot;&lt;cat&gt;&quot; 60%</text>"),
+            std::string::npos)
+      << html;
+  EXPECT_NE(html.find("<rect x=\"240\" y=\"116\""), std::string::npos) << html;
+  // A long label cut at a character's start with an ellipsis: byte 26 is inside the fifth
+  // "été"'s last é (two bytes), so the cut falls before it.
+  EXPECT_NE(html.find("<text x=\"16\" y=\"98\" fill=\"#444\">&quot;x\u00e9t\u00e9\u00e9t"
+                      "\u00e9\u00e9t\u00e9\u00e9t\u00e9\u00e9t\u2026</text>"),
+            std::string::npos)
+      << html;
 }
 
 }  // namespace

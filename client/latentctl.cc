@@ -92,6 +92,12 @@ ABSL_FLAG(int, per_hook, 4, "graph: latents kept per hook (at most 64)");
 ABSL_FLAG(std::string, dot, "", "graph: also write the graph as Graphviz DOT here");
 ABSL_FLAG(double, min_importance, 0,
           "graph: keep no node carrying less than this share of the output (0 to 1)");
+ABSL_FLAG(double, node_threshold, 0,
+          "graph: each hook keeps the fewest nodes (at most --per_hook) carrying this share of "
+          "what its latents carry, e.g. 0.8 (0 or 1: --per_hook alone)");
+ABSL_FLAG(int, node_tokens, 3,
+          "graph: label each latent with the tokens it fires on most over its dataset, this "
+          "many (0: no labels)");
 ABSL_FLAG(std::string, layers, "",
           "graph: the datasets of the graph's hooks, comma-separated, in any order (the forward's "
           "is used; default: the dataset's suite up to its hook, one dataset per hook)");
@@ -1445,6 +1451,44 @@ int Attribute(Client& client, const std::vector<std::string>& args) {
 // An attribution graph of a prompt over an SAE suite (Datasets.AttributionGraph): over the
 // --layers datasets, else dataset `id` and the other datasets of its suite (SiblingDatasets)
 // up to its hook; printed, and with --html drawn.
+// Each latent node of `graph` labelled with the `count` tokens it fires on most over its dataset
+// (GetLatent's top_tokens), e.g. "\" Paris\" 41%, \" France\" 12%". A latent the store cannot
+// answer for goes unlabelled, said once on stderr: the graph stands without labels.
+GraphNodeLabels TopTokenLabels(Client& client, const v1::AttributionGraphResponse& graph, int count,
+                               const std::optional<Vocabulary>& vocab) {
+  GraphNodeLabels labels;
+  bool warned = false;
+  for (int n = 1; n < graph.nodes_size(); ++n) {
+    const v1::GraphNode& node = graph.nodes(n);
+    if (node.latent() < 0 || node.hook() < 0 || node.hook() >= graph.hooks_size()) continue;
+    const std::pair<uint64_t, int32_t> key{graph.hooks(node.hook()).dataset_id(), node.latent()};
+    if (labels.count(key) > 0) continue;
+    v1::GetLatentRequest request;
+    request.set_dataset_id(key.first);
+    request.set_latent(key.second);
+    request.set_top_n(1);
+    request.set_top_tokens(count);
+    v1::GetLatentResponse response;
+    grpc::Status status = client.datasets()->GetLatent(client.Context().get(), request, &response);
+    if (!status.ok()) {
+      if (!warned) {
+        std::fprintf(stderr, "latentctl: no token labels for latent %d of dataset %lu: %s\n",
+                     key.second, static_cast<unsigned long>(key.first),
+                     status.error_message().c_str());
+      }
+      warned = true;
+      continue;
+    }
+    std::vector<std::string> tokens;
+    for (const v1::TokenCount& t : response.top_tokens()) {
+      tokens.push_back(
+          absl::StrFormat("%s %.0f%%", TokenCell(t.token_id(), vocab), 100 * t.fraction()));
+    }
+    labels[key] = absl::StrJoin(tokens, ", ");
+  }
+  return labels;
+}
+
 int Graph(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
   if (!ParseId(args, 1, &id)) {
@@ -1463,6 +1507,11 @@ int Graph(Client& client, const std::vector<std::string>& args) {
   if (metric.has_target_latent()) *request.mutable_target_latent() = metric.target_latent();
   request.set_per_hook(absl::GetFlag(FLAGS_per_hook));
   request.set_min_importance(absl::GetFlag(FLAGS_min_importance));
+  request.set_node_threshold(absl::GetFlag(FLAGS_node_threshold));
+  const int node_tokens = absl::GetFlag(FLAGS_node_tokens);
+  if (node_tokens < 0 || node_tokens > 1000) {
+    return Usage(absl::StrCat("--node_tokens: ", node_tokens, " outside [0, 1000]"));
+  }
   if (const std::string flag = absl::GetFlag(FLAGS_layers); !flag.empty()) {
     for (absl::string_view item : absl::StrSplit(flag, ',', absl::SkipWhitespace())) {
       uint64_t dataset = 0;
@@ -1495,14 +1544,17 @@ int Graph(Client& client, const std::vector<std::string>& args) {
     }
   }
   if (grpc::Status status = stream->Finish(); !status.ok()) return RpcError(status);
+  const GraphNodeLabels labels = node_tokens > 0 && !json
+                                     ? TopTokenLabels(client, response, node_tokens, vocab)
+                                     : GraphNodeLabels();
   if (const std::string html = absl::GetFlag(FLAGS_html); !html.empty()) {
-    if (!WriteHtmlFlag(html, AttributionGraphHtml(response, vocab ? &*vocab : nullptr))) {
+    if (!WriteHtmlFlag(html, AttributionGraphHtml(response, vocab ? &*vocab : nullptr, &labels))) {
       return kExitRpcError;
     }
   }
   if (const std::string dot = absl::GetFlag(FLAGS_dot); !dot.empty()) {
     std::ofstream file(dot, std::ios::binary | std::ios::trunc);
-    file << AttributionGraphDot(response, vocab);
+    file << AttributionGraphDot(response, vocab, &labels);
     file.close();
     if (!file) {
       std::fprintf(stderr, "latentctl: --dot: cannot write %s\n", dot.c_str());
@@ -1513,7 +1565,7 @@ int Graph(Client& client, const std::vector<std::string>& args) {
   if (json) {
     std::printf("%s\n", Json(response).c_str());
   } else {
-    std::printf("%s", DescribeAttributionGraph(response, vocab).c_str());
+    std::printf("%s", DescribeAttributionGraph(response, vocab, &labels).c_str());
   }
   return 0;
 }
@@ -2191,13 +2243,15 @@ datasets:
                                  later hook of the same model) at position P instead: the
                                  edges of a sparse feature circuit
   graph ID T1 T2 ... [--target=T [--contrast=T] | --target_latent=D:J@P] [--per_hook=N]
-        [--min_importance=F] [--dot=FILE.dot]
+        [--min_importance=F] [--node_threshold=F] [--node_tokens=N] [--dot=FILE.dot]
         [--layers=D,D,...] [--vocab=F] [--html=FILE.html]
   graph ID --text="..." --vocab=tokenizer.json [...]
                                  an attribution graph over the SAE suite up to dataset ID's
                                  hook: the N latents (at their positions) that drive the
                                  prediction most, then per earlier hook the N that drive
-                                 those, with each hook's SAE error; --html draws it
+                                 those, with each hook's SAE error and how much of what
+                                 reaches the hook its nodes carry; each latent labelled with
+                                 the tokens it fires on most; --html draws it
   compare ID OTHER [--sample=N] [--limit=N]
                                  how far two datasets' SAEs learned the same directions: each
                                  latent's nearest decoder direction in the other SAE (mean,

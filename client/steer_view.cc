@@ -231,8 +231,27 @@ std::string DescribeAttribution(uint64_t dataset_id, const v1::AttributePromptRe
   return out;
 }
 
+std::string GraphNodeLabel(const v1::AttributionGraphResponse& g, int n,
+                           const GraphNodeLabels* labels) {
+  if (labels == nullptr || n <= 0 || n >= g.nodes_size()) return "";
+  const v1::GraphNode& node = g.nodes(n);
+  if (node.latent() < 0 || node.hook() < 0 || node.hook() >= g.hooks_size()) return "";
+  auto it = labels->find({g.hooks(node.hook()).dataset_id(), node.latent()});
+  return it == labels->end() ? "" : it->second;
+}
+
+std::string HookCoverageText(const v1::GraphHook& hook) {
+  const double total = hook.kept_importance() + hook.error_importance() + hook.dropped_importance();
+  if (total <= 0) return "";
+  return absl::StrFormat(
+      "%d kept node%s: %.0f%% of what reaches the hook; SAE error %.0f%%, not kept %.0f%%",
+      hook.kept_nodes(), hook.kept_nodes() == 1 ? "" : "s", 100 * hook.kept_importance() / total,
+      100 * hook.error_importance() / total, 100 * hook.dropped_importance() / total);
+}
+
 std::string DescribeAttributionGraph(const v1::AttributionGraphResponse& g,
-                                     const std::optional<Vocabulary>& vocab) {
+                                     const std::optional<Vocabulary>& vocab,
+                                     const GraphNodeLabels* labels) {
   const v1::AttributePromptResponse& o = g.output();
   std::string out = absl::StrFormat(
       "attribution graph of %s = %.4f over %d hooks\n(importance: the share of the output that "
@@ -249,6 +268,9 @@ std::string DescribeAttributionGraph(const v1::AttributionGraphResponse& g,
   for (int hook = g.hooks_size() - 1; hook >= 0; --hook) {
     absl::StrAppendFormat(&out, "\n%s (dataset %d):\n", g.hooks(hook).hook_name(),
                           g.hooks(hook).dataset_id());
+    if (std::string coverage = HookCoverageText(g.hooks(hook)); !coverage.empty()) {
+      absl::StrAppend(&out, "  (", coverage, ")\n");
+    }
     for (int n = 0; n < g.nodes_size(); ++n) {
       const v1::GraphNode& node = g.nodes(n);
       if (node.hook() != hook) continue;
@@ -276,6 +298,9 @@ std::string DescribeAttributionGraph(const v1::AttributionGraphResponse& g,
                     node.activation());
       absl::StrAppendFormat(&out, "  %-36s importance %.3f  -> %s\n", what, node.importance(),
                             absl::StrJoin(to, ", "));
+      if (std::string label = GraphNodeLabel(g, n, labels); !label.empty()) {
+        absl::StrAppend(&out, "      fires most on ", label, "\n");
+      }
     }
   }
   for (const std::string& note : g.notes()) absl::StrAppend(&out, "\nnote: ", note, "\n");
@@ -297,14 +322,17 @@ std::string DotText(absl::string_view text) {
 }  // namespace
 
 std::string AttributionGraphDot(const v1::AttributionGraphResponse& g,
-                                const std::optional<Vocabulary>& vocab) {
+                                const std::optional<Vocabulary>& vocab,
+                                const GraphNodeLabels* labels) {
   const v1::AttributePromptResponse& o = g.output();
   std::string out = "digraph attribution {\n  rankdir=LR;\n  node [shape=box, style=rounded];\n";
   absl::StrAppendFormat(&out, "  n0 [label=\"output\\n%s = %.4g\"];\n",
                         DotText(AttributionMetric(o, vocab)), o.metric());
   for (int hook = 0; hook < g.hooks_size(); ++hook) {
-    absl::StrAppendFormat(&out, "  subgraph cluster_%d {\n    label=\"%s (dataset %d)\";\n", hook,
-                          DotText(g.hooks(hook).hook_name()), g.hooks(hook).dataset_id());
+    std::string coverage = HookCoverageText(g.hooks(hook));
+    if (!coverage.empty()) coverage = absl::StrCat("\\n", DotText(coverage));
+    absl::StrAppendFormat(&out, "  subgraph cluster_%d {\n    label=\"%s (dataset %d)%s\";\n", hook,
+                          DotText(g.hooks(hook).hook_name()), g.hooks(hook).dataset_id(), coverage);
     for (int n = 1; n < g.nodes_size(); ++n) {
       const v1::GraphNode& node = g.nodes(n);
       if (node.hook() != hook) continue;
@@ -316,8 +344,10 @@ std::string AttributionGraphDot(const v1::AttributionGraphResponse& g,
                     DotText(TokenCell(
                         node.position() < o.prompt_size() ? o.prompt(node.position()) : -1, vocab)),
                     node.activation());
-      absl::StrAppendFormat(&out, "    n%d [label=\"%s\\nimportance %.3f\"];\n", n, what,
-                            node.importance());
+      std::string label = GraphNodeLabel(g, n, labels);
+      if (!label.empty()) label = absl::StrCat("\\n", DotText(label));
+      absl::StrAppendFormat(&out, "    n%d [label=\"%s\\nimportance %.3f%s\"];\n", n, what,
+                            node.importance(), label);
     }
     out += "  }\n";
   }

@@ -4,8 +4,11 @@
 #ifndef LATENTD_CLIENT_STEER_VIEW_H_
 #define LATENTD_CLIENT_STEER_VIEW_H_
 
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -46,17 +49,33 @@ std::string DescribeAttribution(uint64_t dataset_id,
                                 const latentd::v1::AttributePromptResponse& response,
                                 const std::optional<Vocabulary>& vocab);
 
-// An AttributionGraph answer for a terminal: the metric, then per hook (latest first) its nodes
-// with their importance and strongest edges towards the output, then the notes.
+// What a graph's latents are known for, e.g. the tokens each fires on most over its dataset
+// (latentctl graph asks GetLatent): a short label per (dataset id, latent), shown with the node.
+using GraphNodeLabels = std::map<std::pair<uint64_t, int32_t>, std::string>;
+
+// Node n's label from `labels` (may be null): empty for the output, an error node or a latent
+// without one.
+std::string GraphNodeLabel(const latentd::v1::AttributionGraphResponse& graph, int n,
+                           const GraphNodeLabels* labels);
+
+// Where the output's share reaching a hook goes, in words: "4 kept nodes: 61% of what reaches
+// the hook; SAE error 27%, not kept 12%"; empty for a hook without edges.
+std::string HookCoverageText(const latentd::v1::GraphHook& hook);
+
+// An AttributionGraph answer for a terminal: the metric, then per hook (latest first) what its
+// kept nodes cover and its nodes with their importance, label and strongest edges towards the
+// output, then the notes.
 std::string DescribeAttributionGraph(const latentd::v1::AttributionGraphResponse& graph,
-                                     const std::optional<Vocabulary>& vocab);
+                                     const std::optional<Vocabulary>& vocab,
+                                     const GraphNodeLabels* labels = nullptr);
 
 // The same graph as Graphviz DOT (`dot -Tsvg graph.dot`, or an editor): a cluster per hook, left
-// to right towards the output; each node labelled with its latent, position, token and
-// importance; each edge blue (for) or red (against), its width its share of the strongest edge
-// into the same node, its label the attribution.
+// to right towards the output, labelled with its coverage; each node labelled with its latent,
+// position, token, importance and label; each edge blue (for) or red (against), its width its
+// share of the strongest edge into the same node, its label the attribution.
 std::string AttributionGraphDot(const latentd::v1::AttributionGraphResponse& graph,
-                                const std::optional<Vocabulary>& vocab);
+                                const std::optional<Vocabulary>& vocab,
+                                const GraphNodeLabels* labels = nullptr);
 
 }  // namespace latentd::client
 

@@ -151,6 +151,10 @@ TEST(SteerViewTest, AnAttributionGraphListsEachHooksNodesAndEdges) {
   v1::GraphHook* hook = g.add_hooks();
   hook->set_dataset_id(6);
   hook->set_hook_name("blocks.1.hook_resid_post");
+  hook->set_kept_nodes(1);
+  hook->set_kept_importance(0.5);
+  hook->set_error_importance(0.25);
+  hook->set_dropped_importance(0.25);
   for (int t : {1, 2, 3}) g.mutable_output()->add_prompt(t);
   g.mutable_output()->set_target_token_id(3);
   g.mutable_output()->set_metric(-0.5);
@@ -172,26 +176,42 @@ TEST(SteerViewTest, AnAttributionGraphListsEachHooksNodesAndEdges) {
   g.add_notes("blocks.0.hook_resid_post (dataset 5): no edges: why");
   auto vocab = Vocabulary::Parse("a\nb\n cat\n sat\n");
   ASSERT_TRUE(vocab.ok());
-  const std::string text = DescribeAttributionGraph(g, *vocab);
+  // Latent 40 of dataset 6 labelled; a label for another dataset's latent 40 is not its.
+  const GraphNodeLabels labels = {{{6, 40}, "\" cat\" 60%"}, {{5, 40}, "not this one"}};
+  const std::string text = DescribeAttributionGraph(g, *vocab, &labels);
   EXPECT_NE(text.find("attribution graph of log p(\" sat\") = -0.5000 over 1 hooks"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("blocks.1.hook_resid_post (dataset 6):\n  #40 @2 \" sat\" (3)"),
+  EXPECT_NE(text.find("blocks.1.hook_resid_post (dataset 6):\n  (1 kept node: 50% of what "
+                      "reaches the hook; SAE error 25%, not kept 25%)\n  #40 @2 \" sat\" (3)"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("importance 0.500  -> output +2\n  error"), std::string::npos) << text;
+  EXPECT_NE(text.find("importance 0.500  -> output +2\n      fires most on \" cat\" 60%\n  error"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("not this one"), std::string::npos) << text;
   EXPECT_NE(text.find("importance 0.250  -> output -1"), std::string::npos) << text;
   EXPECT_NE(text.find("note: blocks.0.hook_resid_post (dataset 5): no edges: why"),
             std::string::npos);
   // As DOT: the hook's cluster with its nodes, the edges coloured by sign, as wide as their
   // share of the strongest into the output.
-  const std::string dot = AttributionGraphDot(g, *vocab);
+  const std::string dot = AttributionGraphDot(g, *vocab, &labels);
   EXPECT_NE(dot.find("n0 [label=\"output\\nlog p(\\\" sat\\\") = -0.5\"];"), std::string::npos)
       << dot;
-  EXPECT_NE(dot.find("subgraph cluster_0 {\n    label=\"blocks.1.hook_resid_post (dataset 6)\";\n"
-                     "    n1 [label=\"#40 @2\\n\\\" sat\\\" = 3\\nimportance 0.500\"];"),
+  EXPECT_NE(dot.find("subgraph cluster_0 {\n    label=\"blocks.1.hook_resid_post (dataset 6)\\n1 "
+                     "kept node: 50% of what reaches the hook; SAE error 25%, not kept 25%\";\n"
+                     "    n1 [label=\"#40 @2\\n\\\" sat\\\" = 3\\nimportance 0.500\\n\\\" "
+                     "cat\\\" 60%\"];"),
             std::string::npos)
       << dot;
+  // Without coverage or labels (an older daemon's answer) the cluster and node say no more.
+  g.mutable_hooks(0)->clear_kept_importance();
+  g.mutable_hooks(0)->clear_error_importance();
+  g.mutable_hooks(0)->clear_dropped_importance();
+  EXPECT_NE(AttributionGraphDot(g, *vocab).find(
+                "label=\"blocks.1.hook_resid_post (dataset 6)\";\n    n1 [label=\"#40 @2\\n\\\" "
+                "sat\\\" = 3\\nimportance 0.500\"];"),
+            std::string::npos);
   EXPECT_NE(dot.find("n1 -> n0 [color=\"#0066ff\", penwidth=4.50, label=\"+2\"];"),
             std::string::npos)
       << dot;

@@ -36,7 +36,12 @@ absl::StatusOr<AttributionGraph> BuildAttributionGraph(
     return absl::InvalidArgumentError(
         absl::StrCat("min_importance: ", options.min_importance, " outside [0, 1]"));
   }
+  if (!(options.node_threshold > 0 && options.node_threshold <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node_threshold: ", options.node_threshold, " outside (0, 1]"));
+  }
   AttributionGraph g;
+  g.coverage.resize(hooks);
   // Each pass lists more entries than a hook keeps: a parent strong for several children but
   // not the strongest of any one still shows.
   AttributionQuery query = metric;
@@ -104,10 +109,22 @@ absl::StatusOr<AttributionGraph> BuildAttributionGraph(
     std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
       return a.second->importance > b.second->importance;
     });
-    if (static_cast<int>(ranked.size()) > per_hook) ranked.resize(per_hook);
-    while (!ranked.empty() && ranked.back().second->importance < options.min_importance) {
-      ranked.pop_back();
+    double found_importance = 0;
+    for (const auto& entry : ranked) found_importance += entry.second->importance;
+    size_t keep = 0;
+    for (double carried = 0;
+         keep < ranked.size() && static_cast<int>(keep) < per_hook &&
+         ranked[keep].second->importance >= options.min_importance &&
+         (options.node_threshold >= 1 || carried < options.node_threshold * found_importance);
+         ++keep) {
+      carried += ranked[keep].second->importance;
     }
+    ranked.resize(keep);
+    HookCoverage& coverage = g.coverage[hook];
+    coverage.kept_nodes = static_cast<int>(keep);
+    for (const auto& entry : ranked) coverage.kept += entry.second->importance;
+    coverage.error = error.importance;
+    coverage.dropped = std::max(0.0, found_importance - coverage.kept);
     auto add = [&](int64_t latent, int64_t position, const Candidate& c) {
       const int index = static_cast<int>(g.nodes.size());
       g.nodes.push_back({hook, latent, position, c.activation, c.importance});

@@ -47,11 +47,24 @@ struct GraphEdge {
   double attribution = 0;  // from's first-order credit for to's value (the output: its metric)
 };
 
+// Where the output's share reaching one hook goes (each a share of the output, like a node's
+// importance): kept + error + dropped is the importance of the answered nodes after it (the
+// output's 1 at the last hook), so kept over that sum says how much of what the hook explains
+// the graph shows, and kept at the earliest hook how much of the output reaches it through
+// latents alone. All 0 for a hook without edges.
+struct HookCoverage {
+  int kept_nodes = 0;
+  double kept = 0;     // by the kept nodes
+  double error = 0;    // by the hook's SAE error node
+  double dropped = 0;  // by latents found but not kept (per_hook, min_importance, node_threshold)
+};
+
 struct AttributionGraph {
   AttributionResult output;  // the last hook's pass for the metric
   std::vector<GraphNode> nodes;
   std::vector<GraphEdge> edges;
-  std::vector<std::string> notes;  // hooks without edges, and why
+  std::vector<HookCoverage> coverage;  // per hook, earliest first
+  std::vector<std::string> notes;      // hooks without edges, and why
 };
 
 struct GraphOptions {
@@ -59,6 +72,10 @@ struct GraphOptions {
   // A node whose importance (its share of the output) is below this is not kept, however few
   // its hook keeps: a graph of a deep suite spends no passes on what barely matters. 0: none.
   double min_importance = 0;
+  // Each hook keeps, by importance, the fewest nodes that together carry at least this share of
+  // what its latents carry (circuit-tracer's node threshold, per hook), at most per_hook: a hook
+  // where a few latents carry nearly everything keeps only those. 1: per_hook alone.
+  double node_threshold = 1;
 };
 
 // The passes a graph asks for.
@@ -77,8 +94,8 @@ struct GraphPasses {
 // output's metric (its top is set per pass). `hook_done` (may be empty) hears of each hook as
 // its passes finish (latest first), with the passes (one per target) made so far: progress
 // for a person waiting. INVALID_ARGUMENT naming per_hook outside [1, kMaxGraphNodesPerHook],
-// min_importance outside [0, 1] or no hooks; the metric's pass's error as it is; CANCELLED as a
-// pass says it.
+// min_importance outside [0, 1], node_threshold outside (0, 1] or no hooks; the metric's pass's
+// error as it is; CANCELLED as a pass says it.
 absl::StatusOr<AttributionGraph> BuildAttributionGraph(
     const std::vector<std::string>& hook_labels, const AttributionQuery& metric,
     const GraphOptions& options, const GraphPasses& passes,

@@ -143,6 +143,17 @@ TEST(AttributionGraphTest, EachHookExplainsTheNodesKeptAfterIt) {
     EXPECT_EQ(query.top, 20) << i;
   }
   EXPECT_TRUE(g->notes.empty());
+  // Where the output goes at each hook: at the last, 3 / 4.1 kept, 0.1 / 4.1 dropped (12@2),
+  // 1 / 4.1 through the error; at hook 1 the kept nodes' 3 / 4.1 splits into both parents
+  // (kept) and the error's quarter of 10@4's share.
+  ASSERT_EQ(g->coverage.size(), 3u);
+  EXPECT_EQ(g->coverage[2].kept_nodes, 2);
+  EXPECT_NEAR(g->coverage[2].kept, 3 / 4.1, 1e-9);
+  EXPECT_NEAR(g->coverage[2].dropped, 0.1 / 4.1, 1e-9);
+  EXPECT_NEAR(g->coverage[2].error, 1 / 4.1, 1e-9);
+  EXPECT_NEAR(g->coverage[1].kept, 3 / 4.1 - (2 / 4.1) * 0.25, 1e-9);
+  EXPECT_NEAR(g->coverage[1].error, (2 / 4.1) * 0.25, 1e-9);
+  EXPECT_NEAR(g->coverage[1].dropped, 0, 1e-12);
 
   // With a floor on importance: 11@3 (1 / 4.1 = 0.24) is not kept at 0.3, nor asked about.
   FakePasses floored;
@@ -163,6 +174,40 @@ TEST(AttributionGraphTest, EachHookExplainsTheNodesKeptAfterIt) {
   options.min_importance = 1.5;
   EXPECT_EQ(BuildAttributionGraph(kHooks, Metric(), options, Calls(floored)).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// node_threshold keeps the fewest nodes carrying that share of what a hook's latents carry
+// (never more than per_hook); its coverage says what the cut dropped.
+TEST(AttributionGraphTest, NodeThresholdKeepsTheFewestNodesCarryingItsShare) {
+  FakePasses passes;
+  passes.Answer({2, -1, -1, -1}, {{10, 4, 2.0}, {11, 3, -1.0}, {12, 2, 0.1}}, 1.0);
+  GraphOptions options;
+  options.per_hook = 3;
+  // The latents carry 3.1 / 4.1: 10@4 alone (2 / 4.1) reaches 60% of that, not 70%.
+  options.node_threshold = 0.6;
+  auto few = BuildAttributionGraph(kHooks, Metric(), options, Calls(passes));
+  ASSERT_TRUE(few.ok()) << few.status();
+  EXPECT_NE(Find(*few, 2, 10, 4), nullptr);
+  EXPECT_EQ(Find(*few, 2, 11, 3), nullptr);
+  EXPECT_EQ(few->coverage[2].kept_nodes, 1);
+  EXPECT_NEAR(few->coverage[2].kept, 2 / 4.1, 1e-9);
+  EXPECT_NEAR(few->coverage[2].dropped, 1.1 / 4.1, 1e-9);
+  options.node_threshold = 0.7;
+  auto more = BuildAttributionGraph(kHooks, Metric(), options, Calls(passes));
+  ASSERT_TRUE(more.ok()) << more.status();
+  EXPECT_EQ(more->coverage[2].kept_nodes, 2);
+  EXPECT_NE(Find(*more, 2, 11, 3), nullptr);
+  EXPECT_EQ(Find(*more, 2, 12, 2), nullptr);
+  options.per_hook = 1;  // the cap holds whatever the threshold asks
+  auto capped = BuildAttributionGraph(kHooks, Metric(), options, Calls(passes));
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_EQ(capped->coverage[2].kept_nodes, 1);
+  for (double bad : {0.0, -0.5, 1.5}) {
+    options.node_threshold = bad;
+    auto refused = BuildAttributionGraph(kHooks, Metric(), options, Calls(passes));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(refused.status().message().find("node_threshold"), std::string::npos) << bad;
+  }
 }
 
 // A hook whose passes are all refused is noted and skipped: the one before it explains the

@@ -886,6 +886,7 @@ grpc::Status DatasetsService::AttributionGraph(
   engine::GraphOptions options;
   if (request->per_hook() != 0) options.per_hook = request->per_hook();
   options.min_importance = request->min_importance();
+  if (request->node_threshold() != 0) options.node_threshold = request->node_threshold();
   const absl::Status cancelled =
       absl::CancelledError("the caller left during the attribution graph");
   engine::GraphPasses passes;
@@ -915,10 +916,15 @@ grpc::Status DatasetsService::AttributionGraph(
       });
   if (!graph.ok()) return ToGrpcStatus(graph.status());
   SetAttribution(graph->output, target_latent, response->mutable_output());
-  for (const Hook& h : hooks) {
+  for (size_t i = 0; i < hooks.size(); ++i) {
     latentd::v1::GraphHook* out = response->add_hooks();
-    out->set_dataset_id(h.source.dataset_id);
-    out->set_hook_name(h.source.hook_name);
+    out->set_dataset_id(hooks[i].source.dataset_id);
+    out->set_hook_name(hooks[i].source.hook_name);
+    const engine::HookCoverage& coverage = graph->coverage[i];
+    out->set_kept_nodes(coverage.kept_nodes);
+    out->set_kept_importance(coverage.kept);
+    out->set_error_importance(coverage.error);
+    out->set_dropped_importance(coverage.dropped);
   }
   for (const engine::GraphNode& node : graph->nodes) {
     latentd::v1::GraphNode* out = response->add_nodes();

@@ -1123,6 +1123,12 @@ TEST_F(DatasetsServiceTest, AttributionGraphConvertsNodesAndEdges) {
   EXPECT_EQ(progress[0].hook_name(), "blocks.0.hook_resid_post");
   ASSERT_EQ(got.hooks_size(), 1);
   EXPECT_EQ(got.hooks(0).dataset_id(), id);
+  // The output's whole share reaches the only hook: kept, error and dropped add up to 1.
+  const latentd::v1::GraphHook& hook = got.hooks(0);
+  EXPECT_EQ(hook.kept_nodes(), 2);
+  EXPECT_GT(hook.kept_importance(), 0);
+  EXPECT_NEAR(hook.kept_importance() + hook.error_importance() + hook.dropped_importance(), 1,
+              1e-9);
   ASSERT_EQ(got.nodes_size(), 4);  // the output, two latents, the error node
   EXPECT_EQ(got.nodes(0).hook(), 1);
   EXPECT_EQ(got.nodes(0).position(), 4);
@@ -1181,6 +1187,11 @@ TEST_F(DatasetsServiceTest, AttributionGraphConvertsNodesAndEdges) {
   s = ReadGraph(floored, &pruned, nullptr);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("min_importance: 2"), std::string::npos) << s.error_message();
+  floored.set_min_importance(0);
+  floored.set_node_threshold(-0.2);
+  s = ReadGraph(floored, &pruned, nullptr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("node_threshold: -0.2"), std::string::npos) << s.error_message();
 
   // Hostile sizes: per_hook out of range, too many datasets, a metric field out of range.
   for (const auto& [per_hook, datasets, target, says] :

@@ -383,20 +383,24 @@ class Client:
 
     def attribution_graph(self, dataset_ids, token_ids, target_token_id=None,
                           contrast_token_id=None, target_latent=None, per_hook=4,
-                          output_dataset_id=0, progress=None, min_importance=0.0):
+                          output_dataset_id=0, progress=None, min_importance=0.0,
+                          node_threshold=0.0):
         """An attribution graph of the prompt over an SAE suite (dataset_ids: its datasets, any
         order; e.g. the outputs of one EXTRACT job): the latents, at their positions, that
         carry the metric hook by hook (AttributionGraph: nodes with their importance, the
         share of the output through them; edges with each parent's credit for its child; each
         hook's SAE error node). The metric as attribute_prompt's; output_dataset_id: the hook
         that explains it (later ones left out), 0 the latest; min_importance: keep no node
-        carrying less of the output (pruning a deep suite's passes). progress: called with each
-        AttributionGraphProgress (hooks_done, hooks, passes, hook_name) as the daemon streams
-        it."""
+        carrying less of the output (pruning a deep suite's passes); node_threshold: each hook
+        keeps the fewest nodes (at most per_hook) carrying that share of what its latents carry
+        (e.g. 0.8; 0: per_hook alone). Each of the answer's hooks says where what reaches it
+        goes: kept_nodes, kept_importance, error_importance, dropped_importance. progress:
+        called with each AttributionGraphProgress (hooks_done, hooks, passes, hook_name) as the
+        daemon streams it."""
         request = datasets_pb2.AttributionGraphRequest(
             dataset_ids=[int(d) for d in dataset_ids], token_ids=[int(t) for t in token_ids],
             per_hook=per_hook, output_dataset_id=output_dataset_id,
-            min_importance=min_importance)
+            min_importance=min_importance, node_threshold=node_threshold)
         _set_metric(request, target_token_id, contrast_token_id, target_latent)
         graph = None
         for event in self.datasets.AttributionGraph(request, metadata=self.metadata,
@@ -407,11 +411,33 @@ class Client:
                 progress(event.progress)
         return graph
 
-    def show_attribution_graph(self, dataset_ids, token_ids, decode=None, **graph_args):
+    def show_attribution_graph(self, dataset_ids, token_ids, decode=None, node_tokens=3,
+                               **graph_args):
         """attribution_graph's answer as an AttributionGraphView, which a notebook draws as
-        `latentctl graph --html` does: a column per hook, edges blue (for) or red (against)."""
-        return AttributionGraphView(self.attribution_graph(dataset_ids, token_ids, **graph_args),
-                                    decode)
+        `latentctl graph --html` does: a column per hook with what its nodes cover, edges blue
+        (for) or red (against), each latent labelled with the node_tokens tokens it fires on
+        most over its dataset (0: no labels)."""
+        answer = self.attribution_graph(dataset_ids, token_ids, **graph_args)
+        return AttributionGraphView(answer, decode,
+                                    self.graph_labels(answer, node_tokens, decode))
+
+    def graph_labels(self, graph, tokens=3, decode=None):
+        """A label per latent node of an attribution graph: {(dataset_id, latent): text}, the
+        `tokens` tokens it fires on most over its dataset with their share of its firings (what
+        `latentctl graph` prints under each node)."""
+        labels = {}
+        for node in list(graph.nodes)[1:]:
+            if tokens <= 0 or node.latent < 0 or not 0 <= node.hook < len(graph.hooks):
+                continue
+            key = (graph.hooks[node.hook].dataset_id, node.latent)
+            if key in labels:
+                continue
+            counts = self.get_latent(key[0], key[1], top_n=1, top_tokens=tokens).top_tokens
+            ids = [t.token_id for t in counts]
+            words = ["%r" % w for w in decode(ids)] if decode else [str(i) for i in ids]
+            labels[key] = ", ".join("%s %.0f%%" % (w, 100 * t.fraction)
+                                    for w, t in zip(words, counts))
+        return labels
 
     def compare_saes(self, dataset_id, other_dataset_id, latents=None, sample=0, bins=20):
         """How far two datasets' SAEs learned the same directions: for each compared latent of
@@ -726,14 +752,22 @@ class AttributionView:
 
 
 class AttributionGraphView:
-    """An AttributionGraph answer that Jupyter draws as SVG: a column per hook (earliest left)
-    and the output on the right; each node a latent at a position (shaded by importance over
-    the largest), each edge blue (for) or red (against), as wide as its share of the strongest
-    edge into the same node; the notes under it."""
+    """An AttributionGraph answer that Jupyter draws as SVG: a column per hook (earliest left,
+    under its name where what reaches it goes) and the output on the right; each node a latent
+    at a position (shaded by importance over the largest, with its label if `labels` has one),
+    each edge blue (for) or red (against), as wide as its share of the strongest edge into the
+    same node; the notes under it."""
 
-    def __init__(self, answer, decode=None):
+    def __init__(self, answer, decode=None, labels=None):
         self.answer = answer
         self.decode = decode
+        self.labels = labels or {}  # {(dataset_id, latent): text}, e.g. Client.graph_labels
+
+    def _label(self, node):
+        g = self.answer
+        if node.latent < 0 or not 0 <= node.hook < len(g.hooks):
+            return ""
+        return self.labels.get((g.hooks[node.hook].dataset_id, node.latent), "")
 
     def _repr_html_(self):
         import html
@@ -741,6 +775,8 @@ class AttributionGraphView:
         g = self.answer
         words = _words(self.decode, list(g.output.prompt))
         columns = len(g.hooks) + 1
+        labelled = any(self._label(node) for node in g.nodes)
+        box = 52 if labelled else 38  # a third line in every box for the labels
         rows = [[] for _ in range(columns)]
         for n, node in enumerate(g.nodes):
             rows[min(max(node.hook, 0), columns - 1)].append(n)
@@ -749,16 +785,24 @@ class AttributionGraphView:
             column.sort(key=lambda n: (g.nodes[n].latent < 0, g.nodes[n].position,
                                        g.nodes[n].latent))
             for r, n in enumerate(column):
-                at[n] = (10 + 230 * c, 40 + 50 * r)
-        height = 40 + 50 * max(1, max(len(column) for column in rows))
+                at[n] = (10 + 230 * c, 52 + (box + 12) * r)
+        height = 52 + (box + 12) * max(1, max(len(column) for column in rows))
         parts = ['<div>attribution graph: metric %.4f over %d hooks</div>'
                  % (g.output.metric, len(g.hooks)),
                  '<svg width="%d" height="%d" style="font-size:12px">' % (10 + 230 * columns,
                                                                           height)]
-        labels = [h.hook_name for h in g.hooks] + ["output"]
-        for c, label in enumerate(labels):
+        names = [h.hook_name for h in g.hooks] + ["output"]
+        for c, name in enumerate(names):
             parts.append('<text x="%d" y="20" font-weight="bold">%s</text>'
-                         % (10 + 230 * c, html.escape(label)))
+                         % (10 + 230 * c, html.escape(name)))
+        for c, hook in enumerate(g.hooks):
+            reaching = hook.kept_importance + hook.error_importance + hook.dropped_importance
+            if reaching > 0:
+                parts.append('<text x="%d" y="36" fill="#555">kept %.0f%% &#183; error %.0f%% '
+                             '&#183; not kept %.0f%%</text>'
+                             % (10 + 230 * c, 100 * hook.kept_importance / reaching,
+                                100 * hook.error_importance / reaching,
+                                100 * hook.dropped_importance / reaching))
         strongest = {}
         for e in g.edges:
             strongest[e.to_node] = max(strongest.get(e.to_node, 0.0), abs(e.attribution))
@@ -767,8 +811,8 @@ class AttributionGraphView:
             share = abs(e.attribution) / strongest[e.to_node] if strongest[e.to_node] else 0.0
             parts.append('<path d="M%d %d C%d %d %d %d %d %d" fill="none" stroke="%s" '
                          'stroke-width="%.2f" stroke-opacity="0.6"><title>%+.4g</title></path>'
-                         % (x1 + 170, y1 + 19, (x1 + 170 + x2) // 2, y1 + 19,
-                            (x1 + 170 + x2) // 2, y2 + 19, x2, y2 + 19,
+                         % (x1 + 170, y1 + box // 2, (x1 + 170 + x2) // 2, y1 + box // 2,
+                            (x1 + 170 + x2) // 2, y2 + box // 2, x2, y2 + box // 2,
                             "#0066ff" if e.attribution >= 0 else "#ff3300", 0.5 + 5 * share,
                             e.attribution))
         most = max((node.importance for node in list(g.nodes)[1:]), default=0)
@@ -783,12 +827,18 @@ class AttributionGraphView:
                 first = "#%d @%d" % (node.latent, node.position)
                 second = "%s = %.3g" % (word, node.activation)
             alpha = 0.8 if n == 0 or most <= 0 else 0.8 * node.importance / most
-            parts.append('<g><title>importance %.3f</title><rect x="%d" y="%d" width="170" '
-                         'height="38" rx="4" fill="rgba(255,102,0,%.3f)" stroke="#999"/>'
+            label = self._label(node) if n > 0 else ""
+            shown = label if len(label) <= 26 else label[:25] + "\u2026"
+            parts.append('<g><title>importance %.3f%s</title><rect x="%d" y="%d" width="170" '
+                         'height="%d" rx="4" fill="rgba(255,102,0,%.3f)" stroke="#999"/>'
                          '<text x="%d" y="%d">%s</text><text x="%d" y="%d" '
-                         'font-family="monospace">%s</text></g>'
-                         % (node.importance, x, y, alpha, x + 6, y + 15, html.escape(first),
-                            x + 6, y + 31, html.escape(str(second))))
+                         'font-family="monospace">%s</text>%s</g>'
+                         % (node.importance,
+                            html.escape(" · fires most on " + label) if label else "", x, y,
+                            box, alpha, x + 6, y + 15, html.escape(first), x + 6, y + 31,
+                            html.escape(str(second)),
+                            '<text x="%d" y="%d" fill="#444">%s</text>'
+                            % (x + 6, y + 46, html.escape(shown)) if shown else ""))
         parts.append("</svg>")
         parts.extend("<div>note: %s</div>" % html.escape(note) for note in g.notes)
         return "\n".join(parts)

@@ -270,8 +270,15 @@ class SteeringTest(DaemonTestCase):
         strongest_entry = c.attribute_prompt(dataset, prompt, target_token_id=target,
                                              top=20).top_entries[0]
         block1 = graph.split("%s (dataset %d):\n" % (HOOK, dataset))[1].splitlines()
-        self.assertIn("#%d @%d" % (strongest_entry.latent, strongest_entry.position), block1[0])
-        self.assertIn("-> output %+.3g" % strongest_entry.attribution, block1[0])
+        # First what the hook's kept nodes cover, then each node with its label: the tokens its
+        # latent fires on most over the dataset.
+        self.assertRegex(block1[0], r"^  \(2 kept nodes: \d+% of what reaches the hook; SAE "
+                                    r"error \d+%, not kept \d+%\)$")
+        self.assertIn("#%d @%d" % (strongest_entry.latent, strongest_entry.position), block1[1])
+        self.assertIn("-> output %+.3g" % strongest_entry.attribution, block1[1])
+        most = c.get_latent(dataset, strongest_entry.latent, top_tokens=3).top_tokens
+        self.assertEqual(block1[2], "      fires most on " + ", ".join(
+            "%d %.0f%%" % (t.token_id, 100 * t.fraction) for t in most))
         self.assertIn("blocks.0.hook_resid_post (dataset %d):" % layer0, graph)
         with open(page) as f:
             self.assertIn("<title>output &#183; importance 1.000</title>", f.read())
@@ -289,10 +296,29 @@ class SteeringTest(DaemonTestCase):
                          (strongest_entry.latent, strongest_entry.position))
         self.assertAlmostEqual(to_output[0][1], strongest_entry.attribution, places=5)
         self.assertTrue(any(n.hook == 0 for n in drawn.nodes))  # block 0's latents drive them
+        # Where the output goes: all of it reaches block 1 (kept, error, not kept); block 0
+        # explains what block 1's kept nodes carry.
+        last, first = drawn.hooks[1], drawn.hooks[0]
+        self.assertEqual(last.kept_nodes, 2)
+        self.assertAlmostEqual(last.kept_importance + last.error_importance
+                               + last.dropped_importance, 1.0, places=9)
+        self.assertAlmostEqual(first.kept_importance + first.error_importance
+                               + first.dropped_importance, last.kept_importance, places=9)
+        kept = sum(n.importance for n in drawn.nodes if n.hook == 1 and n.latent >= 0)
+        self.assertAlmostEqual(last.kept_importance, kept, places=9)
+        # A node threshold below the strongest node's share of the latents keeps it alone.
+        lone = c.attribution_graph([layer0, dataset], prompt, target_token_id=target,
+                                   per_hook=2, node_threshold=1e-6)
+        self.assertEqual(lone.hooks[1].kept_nodes, 1)
+        self.assertEqual([n.latent for n in lone.nodes if n.hook == 1 and n.latent >= 0],
+                         [to_output[0][0].latent])
         view = c.show_attribution_graph([dataset, layer0], prompt, target_token_id=target,
                                         per_hook=2)._repr_html_()
         self.assertIn("<svg", view)
         self.assertEqual(view.count("<rect"), len(drawn.nodes))
+        self.assertIn("fires most on %d %.0f%%" % (most[0].token_id, 100 * most[0].fraction),
+                      view)
+        self.assertIn(">kept %.0f%% &#183; error" % (100 * last.kept_importance), view)
         with self.assertRaises(grpc.RpcError) as backwards:  # block 1 comes after block 0
             c.attribute_prompt(dataset, prompt, target_latent=(layer0, 0, 4))
         self.assertIn("target_latent.dataset_id", backwards.exception.details())
