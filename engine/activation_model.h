@@ -83,11 +83,15 @@ class ActivationModel {
   // The activations at `hooks` (in that order, each after the splices at it) of one forward
   // pass over tokens [batch, seq] with `splices` applied on the way, which stops once it has
   // them all: what a later SAE reads when earlier activations change (latent-to-latent
-  // attribution), without the rest of the model and its unembedding. Models that can run
-  // PredictNextTokens can run this. May throw c10::Error.
+  // attribution), without the rest of the model and its unembedding. With `cache`, `tokens`
+  // continue its positions as in PredictNextTokens; a pass that stops early leaves it holding
+  // only the blocks it ran, so give it a copy (a copy shares the tensors, which passes never
+  // change in place) to read a continuation's activations and keep the cache. Models that can
+  // run PredictNextTokens can run this. May throw c10::Error.
   virtual std::vector<at::Tensor> ForwardSpliced(const at::Tensor& tokens,
                                                  const std::vector<HookName>& hooks,
-                                                 const HookSplices& splices) {
+                                                 const HookSplices& splices,
+                                                 KeyValueCache* cache = nullptr) {
     TORCH_CHECK(false, next_token_loss_unsupported());
     return {};
   }

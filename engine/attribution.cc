@@ -79,8 +79,9 @@ absl::Status CheckTargetLatent(const TargetLatent& t, const TargetSae& target,
   return absl::OkStatus();
 }
 
-// What one forward pass keeps: the SAE's input and, at each hook its decoder writes, the
-// activation there and a zero added to it whose gradient is dm/d(activation).
+// What one forward pass keeps: the SAE's input (a crosscoder's: its sources' activations,
+// which are `outputs`) and, at each hook its decoder writes, the activation there and a zero
+// added to it whose gradient is dm/d(activation).
 struct Pass {
   at::Tensor input;
   std::vector<at::Tensor> outputs, zeros;
@@ -90,10 +91,13 @@ HookSplices PassSplices(const SteeringModel& steering, const std::vector<HookNam
                         Pass* pass) {
   pass->outputs.resize(written.size());
   pass->zeros.resize(written.size());
-  HookSplices splices = {{steering.hook, [pass](const at::Tensor& x) {
-                            pass->input = x.detach();
-                            return x;
-                          }}};
+  HookSplices splices;
+  if (steering.crosscoder_sources.empty()) {
+    splices.push_back({steering.hook, [pass](const at::Tensor& x) {
+                         pass->input = x.detach();
+                         return x;
+                       }});
+  }
   for (size_t h = 0; h < written.size(); ++h) {
     splices.push_back(
         {written[h], [pass, h](const at::Tensor& x) {
@@ -140,9 +144,21 @@ absl::Status Credit(const SteeringModel& steering, const Pass& pass, int64_t n, 
                     const std::vector<std::vector<at::Tensor>>& gradients,
                     const std::vector<AttributionResult*>& outs) {
   const Sae& sae = *steering.sae;
-  const at::Tensor x = pass.input[0].to(at::kFloat);
+  // The SAE's error where its decoder writes, per written hook: a crosscoder's at each source;
+  // any other's at the first (a cross-layer transcoder's own layer), the rest left out.
+  const std::vector<int64_t> blocks = WrittenBlocks(steering);
+  std::vector<at::Tensor> by_block(blocks.size());
+  for (size_t h = 0; h < blocks.size(); ++h) by_block[blocks[h]] = pass.outputs[h][0];
+  const at::Tensor x = (blocks.empty() ? pass.input[0] : at::cat(by_block, 1)).to(at::kFloat);
   const SparseCodes codes = sae.EncodeSparse(x);
-  const at::Tensor error = pass.outputs[0][0].to(at::kFloat) - sae.Predict(x, codes);
+  const at::Tensor prediction = sae.Predict(x, codes);
+  std::vector<at::Tensor> errors;
+  if (blocks.empty()) errors.push_back(pass.outputs[0][0].to(at::kFloat) - prediction);
+  for (size_t h = 0; h < blocks.size(); ++h) {
+    const int64_t width = prediction.size(1) / static_cast<int64_t>(blocks.size());
+    errors.push_back(pass.outputs[h][0].to(at::kFloat) -
+                     prediction.narrow(1, blocks[h] * width, width));
+  }
   const at::Tensor latents = codes.indices.reshape({-1}).to(at::kLong);
   const at::Tensor values = codes.values.reshape({-1});
   const at::Tensor rows =
@@ -177,8 +193,11 @@ absl::Status Credit(const SteeringModel& steering, const Pass& pass, int64_t n, 
   const at::Tensor val = entry_values.contiguous();
   for (size_t m = 0; m < gradients.size(); ++m) {
     AttributionResult& out = *outs[m];
-    const at::Tensor error_by_position =
-        (error * gradients[m][0]).sum(1).to(at::kDouble).contiguous();
+    at::Tensor error_by_position = at::zeros({n}, at::kDouble);
+    for (size_t h = 0; h < errors.size(); ++h) {
+      error_by_position += (errors[h] * gradients[m][h]).sum(1).to(at::kDouble);
+    }
+    error_by_position = error_by_position.contiguous();
     out.error_attribution_by_position.assign(
         error_by_position.data_ptr<double>(),
         error_by_position.data_ptr<double>() + error_by_position.numel());
@@ -297,9 +316,13 @@ absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> AttributeToLatent
   {
     at::AutoGradMode grad_mode(true);  // queries run under NoGradGuard
     const at::Tensor tokens = at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n});
-    // Only as far as the target's hook (the rest of the model does not move it), once: each
-    // target's backward pass keeps the graph for the next.
-    const at::Tensor target_input = model.ForwardSpliced(tokens, {target.hook}, splices)[0];
+    // Only as far as the target's hook (the rest of the model does not move it) and a
+    // crosscoder's sources (its input), once: each target's backward pass keeps the graph for
+    // the next.
+    std::vector<HookName> stops = {target.hook};
+    stops.insert(stops.end(), steering.crosscoder_sources.begin(),
+                 steering.crosscoder_sources.end());
+    const at::Tensor target_input = model.ForwardSpliced(tokens, stops, splices)[0];
     for (size_t i = 0; i < targets.size(); ++i) {
       const TargetLatent& t = targets[i];
       if (absl::Status checked = CheckTargetLatent(t, target, n); !checked.ok()) {

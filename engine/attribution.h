@@ -7,7 +7,9 @@
 // minus this). The SAE's error term x - x_hat is credited (x - x_hat) . g, so that latents,
 // error and the decoder's bias add up to g . x. A cross-layer transcoder's latent writes several
 // hooks (decoder_writes.h): it is credited the sum over them, each with its own gradient; its
-// error term is the first hook's.
+// error term is the first hook's. A crosscoder's latent reads and writes each of its sources:
+// it is credited the sum over them likewise, and its error term is every source's
+// (x_s - x_hat_s) . g_s.
 //
 // Torch-free header (dataset_models.h carries these).
 #ifndef LATENTD_ENGINE_ATTRIBUTION_H_

@@ -222,20 +222,102 @@ TEST(AttributionTest, ACrossLayerTranscodersLatentsActAtEveryLayerTheyWrite) {
 }
 
 // The value of latent `latent` of `target` (reading `target_hook`) at `position` in the
-// prompt's run with `add` [n, width] added at `hook`.
-double TargetValue(Gpt2Model& m, const std::string& hook, const at::Tensor& add, const Sae& target,
+// prompt's run with `adds`.
+double TargetValue(Gpt2Model& m, const HookAdds& adds, const Sae& target,
                    const std::string& target_hook, int64_t latent, int64_t position) {
   at::NoGradGuard no_grad;
   at::Tensor read;
-  HookSplices splices = {{*ParseHookName(hook), [&](const at::Tensor& x) { return x + add; }},
-                         {*ParseHookName(target_hook), [&](const at::Tensor& x) {
-                            read = x;
-                            return x;
-                          }}};
+  HookSplices splices;
+  for (const auto& [hook, add] : adds) {
+    splices.push_back({*ParseHookName(hook), [add = add](const at::Tensor& x) { return x + add; }});
+  }
+  splices.push_back({*ParseHookName(target_hook), [&](const at::Tensor& x) {
+                       read = x;
+                       return x;
+                     }});
   m.PredictNextTokens(
       at::tensor(kInterventionPrompt, at::TensorOptions().dtype(at::kLong)).view({1, -1}), splices,
       false);
   return target.EncodeDense(read[0].to(at::kFloat))[position][latent].item<double>();
+}
+
+// The same with `add` [n, width] added at `hook`.
+double TargetValue(Gpt2Model& m, const std::string& hook, const at::Tensor& add, const Sae& target,
+                   const std::string& target_hook, int64_t latent, int64_t position) {
+  return TargetValue(m, HookAdds{{hook, add}}, target, target_hook, latent, position);
+}
+
+// A crosscoder over blocks 1 and 0 (in that order of its blocks): each entry is credited its
+// effect through both hooks it writes, each with its own block of the decoder, and the error
+// term is both sources' error together.
+TEST(AttributionTest, ACrosscodersLatentsActAtEverySourceTheyWrite) {
+  const std::unique_ptr<Gpt2Model> model = InterventionModel(kHook);
+  const Sae crosscoder = InterventionCrosscoder();
+  SteeringModel steering{model.get(), &crosscoder, *ParseHookName(kInterventionCrosscoder[0])};
+  for (const std::string& hook : kInterventionCrosscoder) {
+    steering.crosscoder_sources.push_back(*ParseHookName(hook));
+  }
+  AttributionQuery q;
+  q.target_token_id = 5;
+  q.top = 1000;
+  auto got = AttributePrompt(steering, kInterventionPrompt, false, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  at::Tensor x;
+  {
+    at::NoGradGuard no_grad;
+    const std::vector<at::Tensor> read = model->ForwardSpliced(
+        at::tensor(kInterventionPrompt).view({1, -1}), steering.crosscoder_sources, {});
+    x = at::cat({read[0][0], read[1][0]}, 1);
+  }
+  const at::Tensor z = crosscoder.EncodeDense(x);
+  ASSERT_EQ(static_cast<int64_t>(got->top_entries.size()), z.ne(0).sum().item<int64_t>());
+  const int64_t n = static_cast<int64_t>(kInterventionPrompt.size()), d = kInterventionWidth;
+  // A [n, 2d] change split into its blocks, each added at its hook.
+  auto at_sources = [&](const at::Tensor& both) {
+    return HookAdds{{kInterventionCrosscoder[0], both.narrow(1, 0, d)},
+                    {kInterventionCrosscoder[1], both.narrow(1, d, d)}};
+  };
+  for (int i = 0; i < 3; ++i) {
+    const LatentAttribution& e = got->top_entries[i];
+    EXPECT_NEAR(e.activation, z[e.position][e.latent].item<float>(), 1e-5);
+    at::Tensor both = at::zeros({n, 2 * d});
+    both[e.position] = crosscoder.weights().W_dec[e.latent] * e.activation;
+    ExpectDerivative(Derivative(*model, at_sources(both), 5, std::nullopt), e.attribution,
+                     "crosscoder entry " + std::to_string(i));
+  }
+  const at::Tensor error = x - crosscoder.Predict(x, crosscoder.EncodeSparse(x));
+  ExpectDerivative(Derivative(*model, at_sources(error), 5, std::nullopt), got->error_attribution,
+                   "crosscoder error term");
+  // The source the forward reaches first (block 1's hook) alone is not the whole effect.
+  const double first_alone = Derivative(
+      *model, HookAdds{{kInterventionCrosscoder[1], error.narrow(1, d, d)}}, 5, std::nullopt);
+  EXPECT_GT(std::abs(first_alone - got->error_attribution),
+            0.05 * std::abs(got->error_attribution));
+
+  // Its latents drive a later SAE's latent (block 2's) through both sources.
+  const std::string target_hook = "blocks.2.hook_resid_post";
+  const Sae target = InterventionSae(false);
+  const TargetSae reads{&target, *ParseHookName(target_hook)};
+  const int64_t position = 5;
+  const at::Tensor z_target = target.EncodeDense(
+      InterventionModel(target_hook)->Forward(at::tensor(kInterventionPrompt).view({1, -1}))[0]);
+  AttributionQuery to_latent;
+  to_latent.top = 1000;
+  to_latent.target_latent = TargetLatent{z_target[position].argmax().item<int64_t>(), position};
+  auto driven = AttributePrompt(steering, kInterventionPrompt, false, to_latent, &reads);
+  ASSERT_TRUE(driven.ok()) << driven.status();
+  const double eps = 1e-3;
+  for (int i = 0; i < 3; ++i) {
+    const LatentAttribution& e = driven->top_entries[i];
+    at::Tensor both = at::zeros({n, 2 * d});
+    both[e.position] = crosscoder.weights().W_dec[e.latent] * e.activation;
+    const double derivative = (TargetValue(*model, at_sources(both * eps), target, target_hook,
+                                           to_latent.target_latent->latent, position) -
+                               TargetValue(*model, at_sources(both * -eps), target, target_hook,
+                                           to_latent.target_latent->latent, position)) /
+                              (2 * eps);
+    ExpectDerivative(derivative, e.attribution, "crosscoder to latent " + std::to_string(i));
+  }
 }
 
 // Latent to latent: the metric is a later SAE's latent at one position; each upstream entry is

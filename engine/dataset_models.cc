@@ -1106,14 +1106,44 @@ absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& d
 absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
     const DatasetSource& dataset, const std::vector<int64_t>& token_ids, const std::string& what) {
   RETURN_IF_ERROR(CheckPromptLength(token_ids));
-  ASSIGN_OR_RETURN(const DatasetInputs inputs, InputsOf(dataset));
+  ASSIGN_OR_RETURN(DatasetInputs inputs, InputsOf(dataset));
+  // A crosscoder over hooks of one model runs as that model with all of them; one over two
+  // models (model diffing) would need both forwards, each changed by the other's latents.
+  DatasetSource of_model = dataset;
+  std::vector<HookName> sources;
   if (!inputs.crosscoder_reads.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dataset ", dataset.dataset_id, "'s SAE is a crosscoder (it reads ",
-        inputs.crosscoder_reads,
-        "): its latents are known only once every source has run, and they write every source, "
-        "so no single forward pass can change them; ",
-        what, " takes an SAE, a transcoder or a cross-layer transcoder"));
+    const DatasetInputs::SourceModel& first = inputs.crosscoder_models.front();
+    for (const DatasetInputs::SourceModel& source : inputs.crosscoder_models) {
+      if (!source.unknown.empty()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the crosscoder's input for a prompt: ", source.unknown));
+      }
+      if (source.spec.model().SerializeAsString() != first.spec.model().SerializeAsString() ||
+          source.model_weight_hash != first.model_weight_hash) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("dataset ", dataset.dataset_id,
+                         "'s SAE is a crosscoder over two models' activations "
+                         "(it reads ",
+                         inputs.crosscoder_reads,
+                         "): its latents need both forward passes and "
+                         "write both; ",
+                         what, " runs one model (a crosscoder over hooks of one model works)"));
+      }
+      ASSIGN_OR_RETURN(const HookName hook, ParseHookName(source.spec.hook_name()));
+      sources.push_back(hook);
+    }
+    of_model.model_weight_hash = first.model_weight_hash;
+    DatasetInputs part;
+    part.spec = first.spec;
+    part.sae_dir = inputs.sae_dir;
+    part.hook = sources.front();
+    for (const DatasetInputs::SourceModel& source : inputs.crosscoder_models) {
+      if (std::find(part.job_hooks.begin(), part.job_hooks.end(), source.spec.hook_name()) ==
+          part.job_hooks.end()) {
+        part.job_hooks.push_back(source.spec.hook_name());
+      }
+    }
+    inputs = std::move(part);
   }
   if (inputs.spec.model().has_torchscript()) {  // known before loading it
     return absl::FailedPreconditionError(absl::StrCat(
@@ -1125,11 +1155,11 @@ absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
   out.model_spec = inputs.spec.model();
   ASSIGN_OR_RETURN(out.sae, PromptSaeFor(dataset, inputs.sae_dir));
   const SaeConfig& cfg = out.sae->sae.config();
-  ASSIGN_OR_RETURN(out.model, ModelFor(dataset, inputs));
+  ASSIGN_OR_RETURN(out.model, ModelFor(of_model, inputs));
   out.tokens = AsRun(token_ids, inputs.spec.tokens());
   out.bos_prepended = out.tokens.size() > token_ids.size();
   RETURN_IF_ERROR(CheckPromptFits(token_ids, out.tokens, *out.model->model));
-  out.steering = {nullptr, &out.sae->sae, inputs.hook, std::nullopt, ""};
+  out.steering = {nullptr, &out.sae->sae, inputs.hook, std::nullopt, "", sources};
   if (cfg.circuit_tracer && cfg.circuit_tracer->cross_layer) {
     // Its latents write the output of every later layer of the release, which must be the
     // model's.

@@ -1064,13 +1064,30 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
     prompt.latents_per_token = 1000;
     auto got = models.EncodePrompt(source, prompt);
     ASSERT_TRUE(got.ok()) << got.status();
-    // A crosscoder's latent writes every source at once: not steered.
+    // Over one model's hooks its latents steer and attribute (through every source: the
+    // engine's tests check the figures); over two models (model diffing) they cannot, one
+    // forward pass running one model.
     SteeringQuery steer;
     steer.token_ids = prompt.token_ids;
-    steer.interventions = {{1, InterventionMode::kSet, 0, {}}};
+    steer.interventions = {{1, InterventionMode::kAdd, 5, {}}};
     auto steered = models.SteerPrompt(source, steer, nullptr);
-    EXPECT_EQ(steered.status().code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_NE(steered.status().message().find("crosscoder"), std::string::npos) << steered.status();
+    AttributionQuery attribute;
+    attribute.token_ids = prompt.token_ids;
+    auto attributed = models.AttributePrompt(source, attribute);
+    if (job == 80) {
+      ASSERT_TRUE(steered.ok()) << steered.status();
+      EXPECT_GT(steered->kl_divergence, 0);
+      ASSERT_TRUE(attributed.ok()) << attributed.status();
+      EXPECT_FALSE(attributed->top_entries.empty());
+    } else {
+      for (const absl::Status& s : {steered.status(), attributed.status()}) {
+        EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+        EXPECT_NE(s.message().find("dataset 81's SAE is a crosscoder over two models' "
+                                   "activations (it reads stored datasets 1, 2)"),
+                  std::string::npos)
+            << s;
+      }
+    }
     const at::Tensor ids = at::tensor(prompt.token_ids, at::kLong).view({1, -1});
     auto first = CreateReferenceModel(SmallModel(), *ParseHookName(hooks[0]), at::Device(at::kCPU));
     auto second = CreateReferenceModel(job == 81 ? other : SmallModel(), *ParseHookName(hooks[1]),

@@ -1,5 +1,7 @@
 #include "engine/decoder_writes.h"
 
+#include <algorithm>
+#include <numeric>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -19,7 +21,23 @@ const CircuitTracerLayer* CrossLayer(const SteeringModel& steering) {
 
 }  // namespace
 
+std::vector<int64_t> WrittenBlocks(const SteeringModel& steering) {
+  std::vector<int64_t> blocks(steering.crosscoder_sources.size());
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::stable_sort(blocks.begin(), blocks.end(), [&](int64_t a, int64_t b) {
+    return ComputedBefore(steering.crosscoder_sources[a], steering.crosscoder_sources[b]);
+  });
+  return blocks;
+}
+
 std::vector<HookName> WrittenHooks(const SteeringModel& steering) {
+  if (!steering.crosscoder_sources.empty()) {
+    std::vector<HookName> hooks;
+    for (int64_t block : WrittenBlocks(steering)) {
+      hooks.push_back(steering.crosscoder_sources[block]);
+    }
+    return hooks;
+  }
   const HookName first = steering.hook_out.value_or(steering.hook);
   std::vector<HookName> hooks = {first};
   if (const CircuitTracerLayer* clt = CrossLayer(steering)) {
@@ -33,6 +51,15 @@ std::vector<HookName> WrittenHooks(const SteeringModel& steering) {
 absl::StatusOr<std::vector<at::Tensor>> WrittenRows(const SteeringModel& steering,
                                                     const at::Tensor& latents) {
   const at::Tensor& W_dec = steering.sae->weights().W_dec;
+  if (!steering.crosscoder_sources.empty()) {
+    const at::Tensor rows = W_dec.index_select(0, latents);
+    const int64_t width = W_dec.size(1) / static_cast<int64_t>(steering.crosscoder_sources.size());
+    std::vector<at::Tensor> by_hook;
+    for (int64_t block : WrittenBlocks(steering)) {
+      by_hook.push_back(rows.narrow(1, block * width, width).contiguous());
+    }
+    return by_hook;
+  }
   const CircuitTracerLayer* clt = CrossLayer(steering);
   if (clt == nullptr) return std::vector<at::Tensor>{W_dec.index_select(0, latents)};
   const at::Tensor ids = latents.to(at::kCPU, at::kLong).contiguous();

@@ -141,8 +141,9 @@ NextTokenPredictions Gpt2Model::PredictNextTokens(const at::Tensor& tokens,
 
 std::vector<at::Tensor> Gpt2Model::ForwardSpliced(const at::Tensor& tokens,
                                                   const std::vector<HookName>& hooks,
-                                                  const HookSplices& splices) {
-  return Run(tokens, hooks, nullptr, &splices);
+                                                  const HookSplices& splices,
+                                                  KeyValueCache* cache) {
+  return Run(tokens, hooks, nullptr, &splices, nullptr, cache);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Gpt2Model::NamedWeights() const {

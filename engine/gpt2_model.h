@@ -109,14 +109,15 @@ class Gpt2Model : public ActivationModel {
                                          bool losses, KeyValueCache* cache = nullptr) override;
   std::vector<at::Tensor> ForwardSpliced(const at::Tensor& tokens,
                                          const std::vector<HookName>& hooks,
-                                         const HookSplices& splices) override;
+                                         const HookSplices& splices,
+                                         KeyValueCache* cache = nullptr) override;
 
  private:
   Gpt2Model() = default;
   // The activations of `hooks` (in that order) from one pass that stops once it has them all;
   // with `all`, every block runs and each one's resid_post is appended to it; with `last`, every
   // block runs and *last is the final residual stream. `splices` (may be null) replace their
-  // hooks' activations on the way. `cache` (with `last` only): tokens continue its positions.
+  // hooks' activations on the way. `cache`: tokens continue its positions.
   std::vector<at::Tensor> Run(const at::Tensor& tokens, const std::vector<HookName>& hooks,
                               std::vector<at::Tensor>* all, const HookSplices* splices = nullptr,
                               at::Tensor* last = nullptr, KeyValueCache* cache = nullptr);

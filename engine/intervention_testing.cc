@@ -38,6 +38,23 @@ Sae InterventionSae(bool transcoder) {
   return *std::move(sae);
 }
 
+Sae InterventionCrosscoder() {
+  const int64_t d = 2 * kInterventionWidth, n = kInterventionLatents;
+  at::manual_seed(17);
+  SaeConfig cfg;
+  cfg.d_in = d;
+  cfg.d_sae = n;
+  cfg.architecture = SaeArchitecture::kTopK;
+  cfg.k = 4;
+  cfg.apply_b_dec_to_input = false;
+  cfg.crosscoder_sources = 2;
+  cfg.crosscoder_hooks = kInterventionCrosscoder;
+  auto sae = Sae::Create(cfg, {at::randn({d, n}) * 0.5, at::randn({n}) * 0.1 + 0.5,
+                               at::randn({n, d}), at::randn({d}) * 0.1});
+  EXPECT_TRUE(sae.ok()) << sae.status();
+  return *std::move(sae);
+}
+
 void WriteInterventionClt(const std::string& dir) {
   CltModelOptions options;
   options.architecture = latentd::v1::RELU;

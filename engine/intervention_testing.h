@@ -27,6 +27,12 @@ std::unique_ptr<Gpt2Model> InterventionModel(const std::string& hook);
 // A TopK SAE of random weights (seed 11); a transcoder of the same width when asked.
 Sae InterventionSae(bool transcoder);
 
+// A TopK crosscoder (k = 4) of random weights (seed 17) over the model's kInterventionCrosscoder
+// hooks, in that order: d_in 2 x kInterventionWidth.
+inline const std::vector<std::string> kInterventionCrosscoder = {"blocks.1.hook_resid_post",
+                                                                 "blocks.0.hook_resid_post"};
+Sae InterventionCrosscoder();
+
 // Writes a ReLU cross-layer transcoder over the model's 3 layers in circuit-tracer's release
 // layout to `dir` (kInterventionLatents latents a layer, random weights of seed 13), reading
 // hook_resid_mid and predicting hook_mlp_out; Sae::Load(dir, blocks.L.hook_resid_mid) loads

@@ -344,8 +344,9 @@ NextTokenPredictions LlamaModel::PredictNextTokens(const at::Tensor& tokens,
 
 std::vector<at::Tensor> LlamaModel::ForwardSpliced(const at::Tensor& tokens,
                                                    const std::vector<HookName>& hooks,
-                                                   const HookSplices& splices) {
-  return Run(tokens, hooks, &splices, nullptr, /*losses=*/false, nullptr);
+                                                   const HookSplices& splices,
+                                                   KeyValueCache* cache) {
+  return Run(tokens, hooks, &splices, nullptr, /*losses=*/false, cache);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedWeights() const {

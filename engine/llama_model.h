@@ -156,14 +156,15 @@ class LlamaModel : public ActivationModel {
                                          bool losses, KeyValueCache* cache = nullptr) override;
   std::vector<at::Tensor> ForwardSpliced(const at::Tensor& tokens,
                                          const std::vector<HookName>& hooks,
-                                         const HookSplices& splices) override;
+                                         const HookSplices& splices,
+                                         KeyValueCache* cache = nullptr) override;
 
  private:
   LlamaModel() = default;
   // The activations of `hooks` from one pass that stops once it has them all; with
   // `predictions`, every block runs and *predictions is PredictNextTokens' (the losses when
-  // `losses`). `splices` (may be null) replace their hooks' activations on the way. `cache`
-  // (with `predictions` only): tokens continue its positions.
+  // `losses`). `splices` (may be null) replace their hooks' activations on the way. `cache`:
+  // tokens continue its positions.
   std::vector<at::Tensor> Run(const at::Tensor& tokens, const std::vector<HookName>& hooks,
                               const HookSplices* splices = nullptr,
                               NextTokenPredictions* predictions = nullptr, bool losses = false,

@@ -107,17 +107,39 @@ class Intervener {
 
   // The splices that steer the forward: one where the SAE reads that works out what the
   // interventions change, then one at each hook its decoder writes that adds it (an SAE's
-  // is the same hook, spliced in that order).
+  // is the same hook, spliced in that order). A crosscoder's change comes from the pass
+  // before (ReadCrosscoder).
   HookSplices Splices() {
-    HookSplices splices = {{steering_.hook, [this](const at::Tensor& x) {
-                              Change(x);
-                              return x;
-                            }}};
+    HookSplices splices;
+    if (steering_.crosscoder_sources.empty()) {
+      splices.push_back({steering_.hook, [this](const at::Tensor& x) {
+                           Change(x);
+                           return x;
+                         }});
+    }
     const std::vector<HookName> hooks = WrittenHooks(steering_);
     for (size_t h = 0; h < hooks.size(); ++h) {
       splices.push_back({hooks[h], [this, h](const at::Tensor& out) { return Steered(out, h); }});
     }
     return splices;
+  }
+
+  // For a crosscoder, before each steered pass over `tokens` (continuing `cache`): its sources'
+  // activations from a pass that changes nothing, stopped at the last of them (on a copy of the
+  // cache, which the steered pass then continues), and what the interventions change from
+  // there. The latents are those of each run as it stands before this pass's writes: at the
+  // prompt the clean run's, at a generated token the run's own past. Others read their input
+  // in the steered pass itself.
+  void ReadCrosscoder(ActivationModel& model, const at::Tensor& tokens,
+                      const KeyValueCache& cache) {
+    if (steering_.crosscoder_sources.empty()) return;
+    KeyValueCache copy = cache;
+    const std::vector<at::Tensor> read =
+        model.ForwardSpliced(tokens, WrittenHooks(steering_), {}, &copy);
+    const std::vector<int64_t> blocks = WrittenBlocks(steering_);
+    std::vector<at::Tensor> by_block(read.size());
+    for (size_t h = 0; h < read.size(); ++h) by_block[blocks[h]] = read[h].to(at::kFloat);
+    Change(at::cat(by_block, 2));
   }
 
   // The position the next pass's first token sits at (a cached continuation's).
@@ -262,6 +284,7 @@ absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
       at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n}).repeat({rows, 1});
   // The prompt once; then each new token alone, its attention reading the cached positions.
   KeyValueCache cache;
+  intervener.ReadCrosscoder(model, tokens, cache);
   NextTokenPredictions p = model.PredictNextTokens(tokens, splices, /*losses=*/true, &cache);
 
   SteeringResult out;
@@ -312,8 +335,9 @@ absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
       std::vector<int64_t> last;
       for (const SteeredRun* run : runs) last.push_back(run->generated.back());
       intervener.set_first_position(cache.positions);
-      p = model.PredictNextTokens(at::tensor(last, tokens.options()).view({rows, 1}), splices,
-                                  /*losses=*/false, &cache);
+      const at::Tensor step = at::tensor(last, tokens.options()).view({rows, 1});
+      intervener.ReadCrosscoder(model, step, cache);
+      p = model.PredictNextTokens(step, splices, /*losses=*/false, &cache);
     }
     const std::vector<int64_t> next = NextTokens(p.last_logits, query.temperature, uniform(draws));
     for (int64_t row = 0; row < rows; ++row) runs[row]->generated.push_back(next[row]);

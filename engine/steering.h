@@ -6,6 +6,13 @@
 // reconstruction error stays in, so an intervention that changes nothing leaves the run exactly
 // the clean one, and only the named latents' contributions move.
 //
+// A crosscoder over hooks of the model reads all of them, and block s of its decoder writes
+// source s: its latents are known only once the forward has passed the last source, after the
+// first has been written. So each steered pass is preceded by one that changes nothing, stopped
+// at the last source, whose z the interventions change (at the prompt the clean run's; at a
+// generated token, each run's own as its past stands); then x_s + (z' - z) W_dec_s at each
+// source. About twice a forward's work per pass.
+//
 // Torch-free header (dataset_models.h, which the Datasets service includes, carries these).
 #ifndef LATENTD_ENGINE_STEERING_H_
 #define LATENTD_ENGINE_STEERING_H_

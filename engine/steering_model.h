@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/hook_name.h"
 
@@ -15,7 +16,8 @@ class ActivationModel;
 class Sae;
 
 // `model` (on the CPU), `sae` encoding `hook`'s activation, its decoder writing `hook_out` (a
-// transcoder's output hook; unset: `hook` itself).
+// transcoder's output hook; unset: `hook` itself); or, for a crosscoder over hooks of the model,
+// `crosscoder_sources`.
 struct SteeringModel {
   ActivationModel* model = nullptr;
   const Sae* sae = nullptr;
@@ -26,6 +28,12 @@ struct SteeringModel {
   // release's last, through decoders read from there a latent at a time
   // (LoadCrossLayerDecoderRows), so that a release too large for memory still steers.
   std::string cross_layer_dir;
+  // When `sae` is a crosscoder over hooks of `model` (SaeConfig::crosscoder_sources of them): the
+  // hooks in its blocks' order. It reads them side by side and block s of a latent's decoder
+  // row writes crosscoder_sources[s], so its latents are known only once the forward has passed
+  // the last of them: steering reads them in a pass before the one it changes (steering.h).
+  // `hook` is the first; hook_out and cross_layer_dir are unset.
+  std::vector<HookName> crosscoder_sources;
 };
 
 }  // namespace latentd::engine

@@ -287,6 +287,90 @@ TEST(SteeringTest, ACrossLayerTranscodersLatentWritesEveryLaterLayer) {
   EXPECT_GT(largest, 1e-3);
 }
 
+// A crosscoder over blocks 1 and 0 (in that order of its blocks): its latents are encoded from
+// both hooks' clean activations, and each block of the decoder writes its own hook. SET and ADD
+// at prompt positions equal the hand-made edit at both hooks, through the generated tokens too;
+// ADD everywhere reaches the generated tokens; SCALE by 1 everywhere, which reads each
+// generated token's latents in a pass before the steered one, leaves the clean run.
+TEST(SteeringTest, ACrosscodersLatentIsReadFromEverySourceAndWritesEachOfThem) {
+  const std::unique_ptr<Gpt2Model> model = InterventionModel("blocks.1.hook_resid_post");
+  const Sae crosscoder = InterventionCrosscoder();
+  SteeringModel steering{model.get(), &crosscoder, *ParseHookName(kInterventionCrosscoder[0])};
+  for (const std::string& hook : kInterventionCrosscoder) {
+    steering.crosscoder_sources.push_back(*ParseHookName(hook));
+  }
+  at::Tensor z;
+  {
+    at::NoGradGuard no_grad;
+    const std::vector<at::Tensor> read =
+        model->ForwardSpliced(Row(kInterventionPrompt), steering.crosscoder_sources, {});
+    z = crosscoder.EncodeDense(at::cat({read[0][0], read[1][0]}, 1));
+  }
+  const int64_t p = 2, j = z[p].argmax().item<int64_t>();
+  ASSERT_GT(z[p][j].item<float>(), 0);
+  const at::Tensor row = crosscoder.weights().W_dec[j];  // [2 x width]: block 0, block 1
+  auto edits = [&](float at_p, float at_p2) {
+    HookSplices splices;
+    for (int64_t block = 0; block < 2; ++block) {
+      const at::Tensor w = row.narrow(0, block * kInterventionWidth, kInterventionWidth);
+      splices.push_back({steering.crosscoder_sources[block], [=](const at::Tensor& a) {
+                           at::Tensor o = a.clone();
+                           o[0][p].add_(w * at_p);
+                           o[0][p + 2].add_(w * at_p2);
+                           return o;
+                         }});
+    }
+    return splices;
+  };
+  const SteeringQuery q = Query(
+      {{j, InterventionMode::kSet, 0.0f, {p}}, {j, InterventionMode::kAdd, 3.0f, {p + 2}}}, 4);
+  auto r = SteerPrompt(steering, kInterventionPrompt, false, q, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const HookSplices by_hand = edits(-z[p][j].item<float>(), 3.0f);
+  ExpectNear(r->steered.token_losses, Losses(ByHand(*model, kInterventionPrompt, by_hand)), 1e-4,
+             "crosscoder");
+  ASSERT_EQ(r->latent_values.size(), 1u);
+  for (size_t s = 0; s < kInterventionPrompt.size(); ++s) {
+    EXPECT_NEAR(r->latent_values[0].second[s], z[s][j].item<float>(), 1e-5) << s;
+  }
+  std::vector<int64_t> ids = kInterventionPrompt;
+  for (int t = 0; t < 4; ++t) {
+    ids.push_back(ByHand(*model, ids, by_hand).last_logits[0].argmax().item<int64_t>());
+  }
+  EXPECT_EQ(r->steered.generated, std::vector<int64_t>(ids.end() - 4, ids.end()));
+  // Written at the first source alone (block 0's hook) the run is another.
+  const HookSplices first_only = {by_hand[0]};
+  float largest = 0;
+  const std::vector<float> other = Losses(ByHand(*model, kInterventionPrompt, first_only));
+  for (size_t s = 0; s < other.size(); ++s) {
+    largest = std::max(largest, std::abs(r->steered.token_losses[s] - other[s]));
+  }
+  EXPECT_GT(largest, 1e-3);
+
+  // ADD at every position, generated ones included.
+  auto added = SteerPrompt(steering, kInterventionPrompt, false,
+                           Query({{j, InterventionMode::kAdd, 20.0f, {}}}, 4), nullptr);
+  ASSERT_TRUE(added.ok()) << added.status();
+  HookSplices everywhere;
+  for (int64_t block = 0; block < 2; ++block) {
+    const at::Tensor w = row.narrow(0, block * kInterventionWidth, kInterventionWidth) * 20.0f;
+    everywhere.push_back(
+        {steering.crosscoder_sources[block], [=](const at::Tensor& a) { return a + w; }});
+  }
+  ids = kInterventionPrompt;
+  for (int t = 0; t < 4; ++t) {
+    ids.push_back(ByHand(*model, ids, everywhere).last_logits[0].argmax().item<int64_t>());
+  }
+  EXPECT_EQ(added->steered.generated, std::vector<int64_t>(ids.end() - 4, ids.end()));
+
+  auto unchanged = SteerPrompt(steering, kInterventionPrompt, false,
+                               Query({{j, InterventionMode::kScale, 1.0f, {}}}, 4), nullptr);
+  ASSERT_TRUE(unchanged.ok()) << unchanged.status();
+  ExpectNear(unchanged->steered.token_losses, unchanged->clean.token_losses, 1e-5, "scale 1");
+  EXPECT_EQ(unchanged->steered.generated, unchanged->clean.generated);
+  EXPECT_NEAR(unchanged->kl_divergence, 0, 1e-9);
+}
+
 // A sweep adds a steered run per value of interventions[0] to the batch (the other
 // interventions as given): each run is the one a query of that value alone gives.
 TEST(SteeringTest, ASweepRunsEachValueOfTheFirstIntervention) {

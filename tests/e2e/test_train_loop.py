@@ -916,6 +916,12 @@ class TrainLoop(DaemonTestCase):
         for position, token in enumerate(answer.tokens):
             prompted[position, list(token.latents)] = list(token.values)
         numpy.testing.assert_allclose(prompted, latents[:32], rtol=1e-4, atol=1e-4)
+        # Steering runs one model: a crosscoder of two is refused, saying so.
+        with self.assertRaises(grpc.RpcError) as two_models:
+            c.steer_prompt(encoded.result.extract.dataset_id, [int(t) for t in token_ids[:8]],
+                           [(j, "add", 1.0)])
+        self.assertEqual(two_models.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("crosscoder over two models' activations", two_models.exception.details())
         answer = c.get_latent(encoded.result.extract.dataset_id, j, top_n=3)
         self.assertEqual(answer.statistics.firing_count, (latents[:, j] != 0).sum())
         top = answer.top[0]
@@ -996,6 +1002,30 @@ class TrainLoop(DaemonTestCase):
             for latent, value in zip(token.latents, token.values):
                 prompted[position, latent] = value
         numpy.testing.assert_allclose(prompted, expected[:32], atol=1e-3)
+        # Steering its latent reads it from both hooks and writes both: ablated at one position,
+        # the losses before it stay (the model is causal) and the ones from it on move; its
+        # values over the prompt are the ones the prompt encodes to. The same through latentctl.
+        position = int(numpy.argmax(prompted[:, latent] > 0))
+        self.assertGreater(prompted[position, latent], 0)
+        steered = c.steer_prompt(dataset, first[:16], [(latent, "set", 0.0, [position])],
+                                 new_tokens=2)
+        numpy.testing.assert_allclose(steered.latent_values[0].values, prompted[:16, latent],
+                                      atol=1e-3)
+        numpy.testing.assert_allclose(steered.steered.token_losses[:position],
+                                      steered.clean.token_losses[:position], atol=1e-5)
+        moved = numpy.abs(numpy.subtract(steered.steered.token_losses[position:],
+                                         steered.clean.token_losses[position:]))
+        self.assertGreater(moved.max(), 1e-4)
+        self.assertGreater(steered.kl_divergence, 0)
+        shown = daemon.latentctl("steer", str(dataset), *map(str, first[:16]),
+                                 "--intervene=%d:set=0@%d" % (latent, position),
+                                 "--new_tokens=2").stdout
+        self.assertIn("KL(clean || steered) %.4g nats" % steered.kl_divergence, shown)
+        # Attribution credits its entries through both hooks: their values are the prompt's.
+        credited = c.attribute_prompt(dataset, first[:16], top=5)
+        self.assertEqual(len(credited.top_entries), 5)
+        for e in credited.top_entries:
+            self.assertAlmostEqual(e.activation, prompted[e.position, e.latent], delta=1e-3)
 
         # Its hooks must be named, in number, alike in width; one output only.
         for spec, field in (
