@@ -294,6 +294,10 @@ std::string LatentHtml(const v1::GetLatentResponse& response, const LatentPageOp
                         "<p>fires %d times (density %.5f); mean %.4g, std %.4g, max %.4g</p>\n",
                         s.firing_count(), s.density(), s.mean(), s.stddev(), s.max());
   if (options.in_dashboard) html += "<p><a href=\"index.html\">all latents</a></p>\n";
+  if (!options.back_href.empty()) {
+    absl::StrAppendFormat(&html, "<p><a href=\"%s\">back to %s</a></p>\n",
+                          HtmlEscape(options.back_href), HtmlEscape(options.back_text));
+  }
   AppendBars(s.histogram(), s.histogram_min(), s.histogram_max(), "value histogram", "#ff6600",
              &html);
   if (response.position_histogram_size() > 0) {
@@ -737,7 +741,7 @@ std::string Shortened(const std::string& text, size_t bytes) {
 }  // namespace
 
 std::string AttributionGraphHtml(const v1::AttributionGraphResponse& g, const Vocabulary* vocab,
-                                 const GraphNodeLabels* labels) {
+                                 const GraphNodeLabels* labels, const std::string& link_pattern) {
   const v1::AttributePromptResponse& o = g.output();
   std::string html = PageHead("attribution graph");
   absl::StrAppendFormat(&html, "<h1>Attribution graph of %s = %.4f</h1>\n", MetricHtml(o, vocab),
@@ -857,6 +861,9 @@ std::string AttributionGraphHtml(const v1::AttributionGraphResponse& g, const Vo
     const std::string title =
         label.empty() ? name(n) : absl::StrCat(name(n), " (fires most on ", label, ")");
     const std::string shown = Shortened(label, 26);
+    // SVG 2's <a href> (the page is HTML5: no xlink namespace needed).
+    const std::string link = GraphNodeLink(g, n, link_pattern);
+    if (!link.empty()) absl::StrAppend(&html, "<a href=\"", HtmlEscape(link), "\">");
     absl::StrAppendFormat(
         &html,
         "<g><title>%s &#183; importance %.3f</title><rect x=\"%d\" y=\"%d\" width=\"%d\" "
@@ -870,7 +877,7 @@ std::string AttributionGraphHtml(const v1::AttributionGraphResponse& g, const Vo
       absl::StrAppendFormat(&html, "<text x=\"%d\" y=\"%d\" fill=\"#444\">%s</text>", x + 6, y + 46,
                             HtmlEscape(shown));
     }
-    html += "</g>\n";
+    html += link.empty() ? "</g>\n" : "</g></a>\n";
   }
   html += "</svg>\n";
   for (const std::string& note : g.notes()) {

@@ -44,6 +44,9 @@ struct LatentPageOptions {
   const v1::GetLatentWeightsResponse* weights = nullptr;
   // The page is one of a dashboard's (latentctl dashboard): it links to index.html beside it.
   bool in_dashboard = false;
+  // A link back to the page that led here, e.g. {"../../graph.html", "the attribution graph"}
+  // for a graph's node pages (latentctl graph --node_pages); an empty href: none.
+  std::string back_href, back_text;
   // The latents whose pages lie beside this one (LatentPageName): their numbers become links;
   // null: none.
   const std::set<int32_t>* linked_latents = nullptr;
@@ -100,9 +103,11 @@ std::string SteeringHtml(const v1::SteerPromptRequest& request,
 // the right, each node a latent at a position (its token, value, importance and label from
 // `labels`, which may be null; shaded by importance over the largest), each edge coloured by
 // sign (blue for, red against) and as wide as its |attribution| over the strongest into the
-// same node, its figures in its tooltip; the notes under it.
+// same node, its figures in its tooltip; the notes under it. With `link_pattern` each latent's
+// box links to its page (GraphNodeLink), e.g. its dashboard.
 std::string AttributionGraphHtml(const v1::AttributionGraphResponse& graph, const Vocabulary* vocab,
-                                 const GraphNodeLabels* labels = nullptr);
+                                 const GraphNodeLabels* labels = nullptr,
+                                 const std::string& link_pattern = "");
 
 struct IndexPageOptions {
   uint64_t dataset_id = 0;

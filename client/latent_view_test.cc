@@ -297,6 +297,12 @@ TEST(LatentViewTest, DashboardPagesLinkToEachOther) {
   options.linked_latents = nullptr;
   const std::string alone = LatentHtml(Response(), options);
   EXPECT_EQ(alone.find("<a href"), std::string::npos);
+  options.back_href = "../../graph.html";
+  options.back_text = "the <graph>";
+  EXPECT_NE(LatentHtml(Response(), options)
+                .find("<p><a href=\"../../graph.html\">back to the &lt;graph&gt;</a></p>"),
+            std::string::npos);
+  options.back_href.clear();
   EXPECT_NE(alone.find("<tr><td>11</td><td>6</td>"), std::string::npos);
 
   v1::ListLatentsResponse overview;
@@ -629,6 +635,15 @@ TEST(LatentViewTest, AGraphPageShowsCoverageAndNodeLabels) {
             std::string::npos)
       << html;
   EXPECT_NE(html.find("<rect x=\"240\" y=\"116\""), std::string::npos) << html;
+  // Linked: each latent's box inside an <a> to its page; the error node and output not.
+  const std::string linked =
+      AttributionGraphHtml(g, nullptr, &labels, "board-{dataset}/latent-{latent}.html");
+  EXPECT_NE(linked.find("<a href=\"board-6/latent-40.html\"><g><title>#40@2"), std::string::npos)
+      << linked;
+  EXPECT_NE(linked.find("<a href=\"board-5/latent-7.html\"><g>"), std::string::npos) << linked;
+  EXPECT_EQ(
+      std::count(linked.begin(), linked.end(), '<') - std::count(html.begin(), html.end(), '<'),
+      4);  // two <a>, two </a>
   // A long label cut at a character's start with an ellipsis: byte 26 is inside the fifth
   // "été"'s last é (two bytes), so the cut falls before it.
   EXPECT_NE(html.find("<text x=\"16\" y=\"98\" fill=\"#444\">&quot;x\u00e9t\u00e9\u00e9t"

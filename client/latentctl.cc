@@ -95,6 +95,13 @@ ABSL_FLAG(double, min_importance, 0,
 ABSL_FLAG(double, node_threshold, 0,
           "graph: each hook keeps the fewest nodes (at most --per_hook) carrying this share of "
           "what its latents carry, e.g. 0.8 (0 or 1: --per_hook alone)");
+ABSL_FLAG(std::string, node_links, "",
+          "graph: link each latent of the --html page (and the --dot file) to its page, this "
+          "pattern with {dataset} and {latent} replaced, e.g. board-{dataset}/latent-{latent}.html "
+          "for the pages `latentctl dashboard` writes");
+ABSL_FLAG(bool, node_pages, false,
+          "graph: with --html=F.html, also write each latent's page (as a dashboard's) to "
+          "F-pages/DATASET/latent-J.html and link its node there");
 ABSL_FLAG(int, node_tokens, 3,
           "graph: label each latent with the tokens it fires on most over its dataset, this "
           "many (0: no labels)");
@@ -1451,6 +1458,114 @@ int Attribute(Client& client, const std::vector<std::string>& args) {
 // An attribution graph of a prompt over an SAE suite (Datasets.AttributionGraph): over the
 // --layers datasets, else dataset `id` and the other datasets of its suite (SiblingDatasets)
 // up to its hook; printed, and with --html drawn.
+// Writes `html` to `path`, saying on stderr when it cannot.
+bool WriteFile(const std::filesystem::path& path, const std::string& html) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << html;
+  out.close();
+  if (!out) std::fprintf(stderr, "latentctl: cannot write %s\n", path.c_str());
+  return static_cast<bool>(out);
+}
+
+// Dataset `info`'s page for `latent` as a dashboard shows it (statistics, examples, where in
+// its sequences it fires, what fires with it here and in `siblings`, its weights), written to
+// dir/LatentPageName(latent) with `page`'s links; the tokens it fires on most land in
+// *top_tokens. After one weights query fails (*weights_warned) the pages go without weights.
+// 0, or the exit code of what failed (said on stderr).
+int WriteLatentPage(Client& client, const v1::DatasetInfo& info,
+                    const std::vector<v1::DatasetInfo>& siblings, int32_t latent,
+                    const std::filesystem::path& dir, LatentPageOptions page, bool* weights_warned,
+                    std::vector<v1::TokenCount>* top_tokens) {
+  const uint64_t id = info.id();
+  v1::GetLatentRequest request = LatentRequest(id, latent);
+  if (request.top_tokens() == 0) request.set_top_tokens(10);
+  request.set_positions(info.context_length() > 0);
+  v1::GetLatentResponse response;
+  grpc::Status status = client.datasets()->GetLatent(client.Context().get(), request, &response);
+  if (!status.ok()) return RpcError(status);
+  v1::LatentsOnRowsRequest cofiring_request;
+  cofiring_request.set_dataset_id(id);
+  cofiring_request.set_with_latent(latent);
+  cofiring_request.set_limit(10);
+  v1::LatentsOnRowsResponse cofiring;
+  status = client.datasets()->LatentsOnRows(client.Context().get(), cofiring_request, &cofiring);
+  if (!status.ok()) return RpcError(status);
+  page.cofiring = &cofiring;
+  std::vector<v1::LatentsOnRowsResponse> elsewhere(siblings.size());
+  for (size_t s = 0; s < siblings.size(); ++s) {
+    cofiring_request.set_in_dataset_id(siblings[s].id());
+    status =
+        client.datasets()->LatentsOnRows(client.Context().get(), cofiring_request, &elsewhere[s]);
+    if (!status.ok()) return RpcError(status);
+    page.cofiring_elsewhere.push_back({DatasetLabel(siblings[s]), &elsewhere[s]});
+  }
+  v1::GetLatentWeightsResponse weights;
+  if (!*weights_warned && PageWeights(client, id, latent, 10, &weights, weights_warned)) {
+    page.weights = &weights;
+  }
+  if (!WriteFile(dir / LatentPageName(latent), LatentHtml(response, page))) return kExitRpcError;
+  top_tokens->assign(response.top_tokens().begin(), response.top_tokens().end());
+  return 0;
+}
+
+// Each latent node's page (WriteLatentPage) in F-pages/DATASET/ beside the graph's page F.html,
+// each linking back to it and to the pages of the graph's other latents of its dataset: the
+// link pattern for the graph's nodes (relative to its page) in *pattern. 0, or the exit code of
+// what failed (said on stderr).
+int WriteGraphNodePages(Client& client, const v1::AttributionGraphResponse& graph,
+                        const std::string& html, const std::optional<Vocabulary>& vocab,
+                        std::string* pattern) {
+  const std::filesystem::path page(html);
+  const std::string folder = absl::StrCat(page.stem().string(), "-pages");
+  std::map<uint64_t, std::set<int32_t>> latents;  // by dataset
+  for (const v1::GraphNode& node : graph.nodes()) {
+    if (node.latent() >= 0 && node.hook() >= 0 && node.hook() < graph.hooks_size()) {
+      latents[graph.hooks(node.hook()).dataset_id()].insert(node.latent());
+    }
+  }
+  size_t total = 0, done = 0;
+  for (const auto& [dataset, of_it] : latents) total += of_it.size();
+  const bool progress = isatty(fileno(stderr));
+  bool weights_warned = false;
+  for (const auto& [dataset, of_it] : latents) {
+    v1::GetDatasetRequest request;
+    request.set_dataset_id(dataset);
+    v1::DatasetInfo info;
+    if (grpc::Status s = client.datasets()->GetDataset(client.Context().get(), request, &info);
+        !s.ok()) {
+      return RpcError(s);
+    }
+    auto siblings = SiblingDatasets(client, info);
+    if (!siblings.ok()) {
+      std::fprintf(stderr, "latentctl: %s\n", siblings.status().ToString().c_str());
+      return kExitRpcError;
+    }
+    const std::filesystem::path dir = page.parent_path() / folder / std::to_string(dataset);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      std::fprintf(stderr, "latentctl: %s: %s\n", dir.c_str(), ec.message().c_str());
+      return kExitRpcError;
+    }
+    for (const int32_t latent : of_it) {
+      LatentPageOptions options{dataset, vocab ? &*vocab : nullptr, absl::GetFlag(FLAGS_distinct)};
+      options.linked_latents = &of_it;
+      options.back_href = absl::StrCat("../../", page.filename().string());
+      options.back_text = "the attribution graph";
+      std::vector<v1::TokenCount> top_tokens;
+      if (const int failed = WriteLatentPage(client, info, *siblings, latent, dir, options,
+                                             &weights_warned, &top_tokens);
+          failed != 0) {
+        return failed;
+      }
+      if (progress) std::fprintf(stderr, "\rnode pages: %zu/%zu", ++done, total);
+    }
+  }
+  if (progress && total > 0) std::fprintf(stderr, "\n");
+  *pattern = absl::StrCat(folder, "/{dataset}/latent-{latent}.html");
+  return 0;
+}
+
 // Each latent node of `graph` labelled with the `count` tokens it fires on most over its dataset
 // (GetLatent's top_tokens), e.g. "\" Paris\" 41%, \" France\" 12%". A latent the store cannot
 // answer for goes unlabelled, said once on stderr: the graph stands without labels.
@@ -1512,6 +1627,17 @@ int Graph(Client& client, const std::vector<std::string>& args) {
   if (node_tokens < 0 || node_tokens > 1000) {
     return Usage(absl::StrCat("--node_tokens: ", node_tokens, " outside [0, 1000]"));
   }
+  std::string links = absl::GetFlag(FLAGS_node_links);
+  if (!links.empty() && !absl::StrContains(links, "{latent}")) {
+    return Usage(absl::StrCat("--node_links: \"", links,
+                              "\" names no {latent}: every node would link to one page"));
+  }
+  const std::string html = absl::GetFlag(FLAGS_html);
+  const bool node_pages = absl::GetFlag(FLAGS_node_pages);
+  if (node_pages && html.empty()) return Usage("--node_pages: the pages hang off --html's page");
+  if (node_pages && !links.empty()) {
+    return Usage("--node_pages links the nodes to the pages it writes: no --node_links with it");
+  }
   if (const std::string flag = absl::GetFlag(FLAGS_layers); !flag.empty()) {
     for (absl::string_view item : absl::StrSplit(flag, ',', absl::SkipWhitespace())) {
       uint64_t dataset = 0;
@@ -1547,14 +1673,21 @@ int Graph(Client& client, const std::vector<std::string>& args) {
   const GraphNodeLabels labels = node_tokens > 0 && !json
                                      ? TopTokenLabels(client, response, node_tokens, vocab)
                                      : GraphNodeLabels();
-  if (const std::string html = absl::GetFlag(FLAGS_html); !html.empty()) {
-    if (!WriteHtmlFlag(html, AttributionGraphHtml(response, vocab ? &*vocab : nullptr, &labels))) {
+  if (node_pages) {
+    if (const int failed = WriteGraphNodePages(client, response, html, vocab, &links);
+        failed != 0) {
+      return failed;
+    }
+  }
+  if (!html.empty()) {
+    if (!WriteHtmlFlag(html,
+                       AttributionGraphHtml(response, vocab ? &*vocab : nullptr, &labels, links))) {
       return kExitRpcError;
     }
   }
   if (const std::string dot = absl::GetFlag(FLAGS_dot); !dot.empty()) {
     std::ofstream file(dot, std::ios::binary | std::ios::trunc);
-    file << AttributionGraphDot(response, vocab, &labels);
+    file << AttributionGraphDot(response, vocab, &labels, links);
     file.close();
     if (!file) {
       std::fprintf(stderr, "latentctl: --dot: cannot write %s\n", dot.c_str());
@@ -2043,13 +2176,6 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
     std::fprintf(stderr, "latentctl: %s: %s\n", dir.c_str(), ec.message().c_str());
     return kExitRpcError;
   }
-  auto write = [&](const std::string& name, const std::string& html) {
-    std::ofstream out(dir / name, std::ios::binary | std::ios::trunc);
-    out << html;
-    out.close();
-    if (!out) std::fprintf(stderr, "latentctl: cannot write %s\n", (dir / name).c_str());
-    return static_cast<bool>(out);
-  };
   const int total = overview.latents_size();
   std::map<int32_t, std::vector<v1::TokenCount>> top_tokens;  // for the index
   std::set<int32_t> with_pages;
@@ -2058,37 +2184,14 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
   bool weights_warned = false;                   // after one failure the pages go without weights
   for (int i = 0; i < total; ++i) {
     const int32_t latent = overview.latents(i).latent();
-    v1::GetLatentRequest request = LatentRequest(id, latent);
-    if (request.top_tokens() == 0) request.set_top_tokens(10);
-    request.set_positions(info.context_length() > 0);
-    v1::GetLatentResponse response;
-    status = client.datasets()->GetLatent(client.Context().get(), request, &response);
-    if (!status.ok()) return RpcError(status);
-    v1::LatentsOnRowsRequest cofiring_request;
-    cofiring_request.set_dataset_id(id);
-    cofiring_request.set_with_latent(latent);
-    cofiring_request.set_limit(10);
-    v1::LatentsOnRowsResponse cofiring;
-    status = client.datasets()->LatentsOnRows(client.Context().get(), cofiring_request, &cofiring);
-    if (!status.ok()) return RpcError(status);
     LatentPageOptions page{id, vocab ? &*vocab : nullptr, absl::GetFlag(FLAGS_distinct)};
-    page.cofiring = &cofiring;
-    std::vector<v1::LatentsOnRowsResponse> elsewhere(siblings.size());
-    for (size_t s = 0; s < siblings.size(); ++s) {
-      cofiring_request.set_in_dataset_id(siblings[s].id());
-      status =
-          client.datasets()->LatentsOnRows(client.Context().get(), cofiring_request, &elsewhere[s]);
-      if (!status.ok()) return RpcError(status);
-      page.cofiring_elsewhere.push_back({DatasetLabel(siblings[s]), &elsewhere[s]});
-    }
-    v1::GetLatentWeightsResponse weights;
-    if (!weights_warned && PageWeights(client, id, latent, 10, &weights, &weights_warned)) {
-      page.weights = &weights;
-    }
     page.in_dashboard = true;
     page.linked_latents = &with_pages;
-    if (!write(LatentPageName(latent), LatentHtml(response, page))) return kExitRpcError;
-    top_tokens[latent].assign(response.top_tokens().begin(), response.top_tokens().end());
+    if (const int failed = WriteLatentPage(client, info, siblings, latent, dir, page,
+                                           &weights_warned, &top_tokens[latent]);
+        failed != 0) {
+      return failed;
+    }
     if (progress) std::fprintf(stderr, "\rlatent pages: %d/%d", i + 1, total);
   }
   if (progress && total > 0) std::fprintf(stderr, "\n");
@@ -2099,7 +2202,7 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
                          &top_tokens,
                          vocab ? &*vocab : nullptr,
                          &info.fit()};
-  if (!write("index.html", LatentIndexHtml(overview, index))) return kExitRpcError;
+  if (!WriteFile(dir / "index.html", LatentIndexHtml(overview, index))) return kExitRpcError;
   std::printf("wrote %s with %d latent pages\n", (dir / "index.html").c_str(), total);
   return 0;
 }
@@ -2244,14 +2347,15 @@ datasets:
                                  edges of a sparse feature circuit
   graph ID T1 T2 ... [--target=T [--contrast=T] | --target_latent=D:J@P] [--per_hook=N]
         [--min_importance=F] [--node_threshold=F] [--node_tokens=N] [--dot=FILE.dot]
-        [--layers=D,D,...] [--vocab=F] [--html=FILE.html]
+        [--layers=D,D,...] [--vocab=F] [--html=FILE.html] [--node_links=PATTERN]
   graph ID --text="..." --vocab=tokenizer.json [...]
                                  an attribution graph over the SAE suite up to dataset ID's
                                  hook: the N latents (at their positions) that drive the
                                  prediction most, then per earlier hook the N that drive
                                  those, with each hook's SAE error and how much of what
                                  reaches the hook its nodes carry; each latent labelled with
-                                 the tokens it fires on most; --html draws it
+                                 the tokens it fires on most; --html draws it, each latent
+                                 a link with --node_links=board-{dataset}/latent-{latent}.html
   compare ID OTHER [--sample=N] [--limit=N]
                                  how far two datasets' SAEs learned the same directions: each
                                  latent's nearest decoder direction in the other SAE (mean,

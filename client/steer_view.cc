@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 
 namespace latentd::client {
@@ -240,6 +241,16 @@ std::string GraphNodeLabel(const v1::AttributionGraphResponse& g, int n,
   return it == labels->end() ? "" : it->second;
 }
 
+std::string GraphNodeLink(const v1::AttributionGraphResponse& g, int n,
+                          const std::string& pattern) {
+  if (pattern.empty() || n <= 0 || n >= g.nodes_size()) return "";
+  const v1::GraphNode& node = g.nodes(n);
+  if (node.latent() < 0 || node.hook() < 0 || node.hook() >= g.hooks_size()) return "";
+  return absl::StrReplaceAll(pattern,
+                             {{"{dataset}", absl::StrCat(g.hooks(node.hook()).dataset_id())},
+                              {"{latent}", absl::StrCat(node.latent())}});
+}
+
 std::string HookCoverageText(const v1::GraphHook& hook) {
   const double total = hook.kept_importance() + hook.error_importance() + hook.dropped_importance();
   if (total <= 0) return "";
@@ -323,7 +334,7 @@ std::string DotText(absl::string_view text) {
 
 std::string AttributionGraphDot(const v1::AttributionGraphResponse& g,
                                 const std::optional<Vocabulary>& vocab,
-                                const GraphNodeLabels* labels) {
+                                const GraphNodeLabels* labels, const std::string& link_pattern) {
   const v1::AttributePromptResponse& o = g.output();
   std::string out = "digraph attribution {\n  rankdir=LR;\n  node [shape=box, style=rounded];\n";
   absl::StrAppendFormat(&out, "  n0 [label=\"output\\n%s = %.4g\"];\n",
@@ -346,8 +357,10 @@ std::string AttributionGraphDot(const v1::AttributionGraphResponse& g,
                     node.activation());
       std::string label = GraphNodeLabel(g, n, labels);
       if (!label.empty()) label = absl::StrCat("\\n", DotText(label));
-      absl::StrAppendFormat(&out, "    n%d [label=\"%s\\nimportance %.3f%s\"];\n", n, what,
-                            node.importance(), label);
+      std::string link = GraphNodeLink(g, n, link_pattern);
+      if (!link.empty()) link = absl::StrCat(", URL=\"", DotText(link), "\"");
+      absl::StrAppendFormat(&out, "    n%d [label=\"%s\\nimportance %.3f%s\"%s];\n", n, what,
+                            node.importance(), label, link);
     }
     out += "  }\n";
   }

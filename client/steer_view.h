@@ -58,6 +58,12 @@ using GraphNodeLabels = std::map<std::pair<uint64_t, int32_t>, std::string>;
 std::string GraphNodeLabel(const latentd::v1::AttributionGraphResponse& graph, int n,
                            const GraphNodeLabels* labels);
 
+// Where node n's page is: `pattern` with {dataset} and {latent} replaced, e.g.
+// "board-{dataset}/latent-{latent}.html" for the pages `latentctl dashboard` writes; empty for
+// the output, an error node or an empty pattern.
+std::string GraphNodeLink(const latentd::v1::AttributionGraphResponse& graph, int n,
+                          const std::string& pattern);
+
 // Where the output's share reaching a hook goes, in words: "4 kept nodes: 61% of what reaches
 // the hook; SAE error 27%, not kept 12%"; empty for a hook without edges.
 std::string HookCoverageText(const latentd::v1::GraphHook& hook);
@@ -72,10 +78,12 @@ std::string DescribeAttributionGraph(const latentd::v1::AttributionGraphResponse
 // The same graph as Graphviz DOT (`dot -Tsvg graph.dot`, or an editor): a cluster per hook, left
 // to right towards the output, labelled with its coverage; each node labelled with its latent,
 // position, token, importance and label; each edge blue (for) or red (against), its width its
-// share of the strongest edge into the same node, its label the attribution.
+// share of the strongest edge into the same node, its label the attribution; with
+// `link_pattern`, each latent's URL its page (GraphNodeLink).
 std::string AttributionGraphDot(const latentd::v1::AttributionGraphResponse& graph,
                                 const std::optional<Vocabulary>& vocab,
-                                const GraphNodeLabels* labels = nullptr);
+                                const GraphNodeLabels* labels = nullptr,
+                                const std::string& link_pattern = "");
 
 }  // namespace latentd::client
 

@@ -204,6 +204,12 @@ TEST(SteerViewTest, AnAttributionGraphListsEachHooksNodesAndEdges) {
                      "cat\\\" 60%\"];"),
             std::string::npos)
       << dot;
+  // With a link pattern each latent's node carries its page's URL; the output and the error
+  // node none.
+  const std::string linked = AttributionGraphDot(g, *vocab, nullptr, "b{dataset}/l-{latent}.html");
+  EXPECT_NE(linked.find("importance 0.500\", URL=\"b6/l-40.html\"];"), std::string::npos) << linked;
+  EXPECT_EQ(linked.find("URL", linked.find("n2 [")), std::string::npos) << linked;
+  EXPECT_EQ(GraphNodeLink(g, 0, "b{dataset}/l-{latent}.html"), "");
   // Without coverage or labels (an older daemon's answer) the cluster and node say no more.
   g.mutable_hooks(0)->clear_kept_importance();
   g.mutable_hooks(0)->clear_error_importance();

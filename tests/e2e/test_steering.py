@@ -266,7 +266,7 @@ class SteeringTest(DaemonTestCase):
         # entries; block 0's drive them.
         page = os.path.join(self.tmp, "graph.html")
         graph = daemon.latentctl("graph", str(dataset), *map(str, prompt), "--target=%d" % target,
-                                 "--per_hook=2", "--html=" + page).stdout
+                                 "--per_hook=2", "--html=" + page, "--node_pages").stdout
         strongest_entry = c.attribute_prompt(dataset, prompt, target_token_id=target,
                                              top=20).top_entries[0]
         block1 = graph.split("%s (dataset %d):\n" % (HOOK, dataset))[1].splitlines()
@@ -281,7 +281,13 @@ class SteeringTest(DaemonTestCase):
             "%d %.0f%%" % (t.token_id, 100 * t.fraction) for t in most))
         self.assertIn("blocks.0.hook_resid_post (dataset %d):" % layer0, graph)
         with open(page) as f:
-            self.assertIn("<title>output &#183; importance 1.000</title>", f.read())
+            drawn_page = f.read()
+        self.assertIn("<title>output &#183; importance 1.000</title>", drawn_page)
+        # --node_pages: each latent node links to its page beside the graph's, which links back.
+        node_page = "graph-pages/%d/latent-%d.html" % (dataset, strongest_entry.latent)
+        self.assertIn('<a href="%s"><g>' % node_page, drawn_page)
+        with open(os.path.join(self.tmp, node_page)) as f:
+            self.assertIn('<a href="../../graph.html">back to the attribution graph</a>', f.read())
         # The same graph in Python: the output's parents are the strongest entries, each with
         # its credit as the edge to the output; the notebook view draws it.
         heard = []
