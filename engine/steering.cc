@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <random>
 #include <string>
 #include <utility>
@@ -13,10 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/activation_model.h"
-#include "engine/decoder_writes.h"
 #include "engine/hook_collector.h"
+#include "engine/intervener.h"
 #include "engine/sae.h"
-#include "engine/sparse_codes.h"
 
 namespace latentd::engine {
 namespace {
@@ -77,142 +75,6 @@ absl::Status CheckQuery(const SteeringQuery& query, int64_t d_sae, int64_t promp
   }
   return absl::OkStatus();
 }
-
-// Applies the interventions to rows 1.. of a batch; row 0 runs clean. Row 1 takes them as
-// given, row 1 + i the same with interventions[0]'s value replaced by sweep[i].
-class Intervener {
- public:
-  Intervener(const SteeringModel& steering, const std::vector<LatentIntervention>& interventions,
-             const std::vector<float>& sweep)
-      : steering_(steering), interventions_(interventions) {
-    for (const LatentIntervention& in : interventions) {
-      std::vector<float> by_row(1 + sweep.size(), in.value);
-      if (&in == &interventions.front()) std::copy(sweep.begin(), sweep.end(), by_row.begin() + 1);
-      values_.push_back(at::tensor(by_row).unsqueeze(1));  // [steered rows, 1]
-    }
-    for (const LatentIntervention& in : interventions) column_.emplace(in.latent, 0);
-    std::vector<int64_t> latents;
-    for (auto& [latent, column] : column_) {
-      column = static_cast<int64_t>(latents.size());
-      latents.push_back(latent);
-    }
-    latents_ = at::tensor(latents, at::TensorOptions().dtype(at::kLong));
-  }
-
-  // Reads the intervened latents' decoder rows at every hook the SAE writes.
-  absl::Status Init() {
-    ASSIGN_OR_RETURN(rows_, WrittenRows(steering_, latents_));
-    return absl::OkStatus();
-  }
-
-  // The splices that steer the forward: one where the SAE reads that works out what the
-  // interventions change, then one at each hook its decoder writes that adds it (an SAE's
-  // is the same hook, spliced in that order). A crosscoder's change comes from the pass
-  // before (ReadCrosscoder).
-  HookSplices Splices() {
-    HookSplices splices;
-    if (steering_.crosscoder_sources.empty()) {
-      splices.push_back({steering_.hook, [this](const at::Tensor& x) {
-                           Change(x);
-                           return x;
-                         }});
-    }
-    const std::vector<HookName> hooks = WrittenHooks(steering_);
-    for (size_t h = 0; h < hooks.size(); ++h) {
-      splices.push_back({hooks[h], [this, h](const at::Tensor& out) { return Steered(out, h); }});
-    }
-    return splices;
-  }
-
-  // For a crosscoder, before each steered pass over `tokens` (continuing `cache`): its sources'
-  // activations from a pass that changes nothing, stopped at the last of them (on a copy of the
-  // cache, which the steered pass then continues), and what the interventions change from
-  // there. The latents are those of each run as it stands before this pass's writes: at the
-  // prompt the clean run's, at a generated token the run's own past. Others read their input
-  // in the steered pass itself.
-  void ReadCrosscoder(ActivationModel& model, const at::Tensor& tokens,
-                      const KeyValueCache& cache) {
-    if (steering_.crosscoder_sources.empty()) return;
-    KeyValueCache copy = cache;
-    const std::vector<at::Tensor> read =
-        model.ForwardSpliced(tokens, WrittenHooks(steering_), {}, &copy);
-    const std::vector<int64_t> blocks = WrittenBlocks(steering_);
-    std::vector<at::Tensor> by_block(read.size());
-    for (size_t h = 0; h < read.size(); ++h) by_block[blocks[h]] = read[h].to(at::kFloat);
-    Change(at::cat(by_block, 2));
-  }
-
-  // The position the next pass's first token sits at (a cached continuation's).
-  void set_first_position(int64_t position) { first_position_ = position; }
-
-  // The latents' clean values over the first pass's positions, [prompt, latents].
-  const at::Tensor& first_values() const { return first_values_; }
-  const at::Tensor& latents() const { return latents_; }
-
- private:
-  // From the SAE's input x [batch, seq, d_in], the change of the latents' values in rows 1.. in
-  // the hook's units: (z' - z) * DecoderOutputScale, [runs * seq, latents].
-  void Change(const at::Tensor& in) {
-    const int64_t runs = in.size(0) - 1, seq = in.size(1);
-    const Sae& sae = *steering_.sae;
-    const at::Tensor x = in.narrow(0, 1, runs).to(at::kFloat).reshape({runs * seq, -1});
-    const at::Tensor z =
-        CodeValues(sae.EncodeSparse(x), runs * seq, latents_).view({runs, seq, latents_.size(0)});
-    if (!first_values_.defined()) first_values_ = z[0];  // every row's input is the clean one
-    at::Tensor changed = z.clone();
-    for (size_t i = 0; i < interventions_.size(); ++i) {
-      const LatentIntervention& change = interventions_[i];
-      at::Tensor column = changed.select(2, column_.at(change.latent));  // [runs, seq]
-      at::Tensor positions;
-      if (!change.positions.empty()) {
-        std::vector<int64_t> here;  // its positions among this pass's
-        for (int64_t p : change.positions) {
-          if (p >= first_position_ && p < first_position_ + seq) {
-            here.push_back(p - first_position_);
-          }
-        }
-        if (here.empty()) continue;
-        positions = at::tensor(here, at::TensorOptions().dtype(at::kLong));
-        column = column.index_select(1, positions);  // a copy, written back below
-      }
-      const at::Tensor& value = values_[i];  // per run
-      switch (change.mode) {
-        case InterventionMode::kSet:
-          column.copy_(value.expand_as(column));
-          break;
-        case InterventionMode::kAdd:
-          column.add_(value);
-          break;
-        case InterventionMode::kScale:
-          column.mul_(value);
-          break;
-      }
-      if (positions.defined()) {
-        changed.select(2, column_.at(change.latent)).index_copy_(1, positions, column);
-      }
-    }
-    delta_ = (changed - z).view({runs * seq, -1}) * sae.DecoderOutputScale(x);
-  }
-
-  // `out` [batch, seq, width] of written hook h with rows 1.. moved by the change.
-  at::Tensor Steered(const at::Tensor& out, size_t h) {
-    const int64_t runs = out.size(0) - 1, seq = out.size(1);
-    at::Tensor steered = out.clone();
-    steered.narrow(0, 1, runs)
-        .add_(delta_.mm(rows_[h]).view({runs, seq, -1}).to(out.scalar_type()));
-    return steered;
-  }
-
-  const SteeringModel& steering_;
-  const std::vector<LatentIntervention>& interventions_;
-  std::vector<at::Tensor> values_;     // per intervention: its value in each steered run
-  std::map<int64_t, int64_t> column_;  // latent -> its column in latents_
-  at::Tensor latents_;                 // int64, ascending
-  std::vector<at::Tensor> rows_;       // per written hook: the latents' decoder rows there
-  at::Tensor delta_;                   // the current pass's change (Change)
-  int64_t first_position_ = 0;
-  at::Tensor first_values_;
-};
 
 // Within its scope this thread's ATen operations run on one OpenMP thread (the setting is the
 // calling thread's own: jobs' threads keep theirs). A generation step multiplies two rows by each
@@ -276,7 +138,15 @@ absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
   if (n < 1) return absl::InvalidArgumentError("token_ids: empty");
   at::NoGradGuard no_grad;
   const int64_t top = query.top_tokens > 0 ? query.top_tokens : 10;
-  Intervener intervener(steering, query.interventions, query.sweep);
+  // Each intervention's value in the steered row and the sweep's rows.
+  std::vector<std::vector<float>> by_intervention;
+  for (const LatentIntervention& in : query.interventions) {
+    std::vector<float>& by_row = by_intervention.emplace_back(1 + query.sweep.size(), in.value);
+    if (&in == &query.interventions.front()) {
+      std::copy(query.sweep.begin(), query.sweep.end(), by_row.begin() + 1);
+    }
+  }
+  Intervener intervener(steering, query.interventions, by_intervention);
   RETURN_IF_ERROR(intervener.Init());
   const HookSplices splices = intervener.Splices();
   const int64_t rows = 2 + static_cast<int64_t>(query.sweep.size());  // clean, steered, sweep

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/intervention.h"
 #include "engine/steering_model.h"
 
 namespace latentd::engine {
@@ -31,22 +32,6 @@ inline constexpr int kMaxInterventions = 64;
 inline constexpr int kMaxSteeredTokens = 256;
 inline constexpr int kMaxSteeringTopTokens = 1000;
 inline constexpr int kMaxSweepValues = 16;
-
-enum class InterventionMode {
-  kSet,    // z'_j = value: 0 ablates the latent; a multiple of its largest value clamps it on
-  kAdd,    // z'_j = z_j + value: x + value W_dec[j], steering along its decoder direction
-  kScale,  // z'_j = value z_j
-};
-
-struct LatentIntervention {
-  int64_t latent = 0;
-  InterventionMode mode = InterventionMode::kSet;
-  float value = 0;
-  // The prompt's positions it applies at (a prepended BOS is position 0); empty: every
-  // position, each generated token's included. Interventions apply in order (two on one latent
-  // compose).
-  std::vector<int64_t> positions;
-};
 
 struct SteeringQuery {
   std::vector<int64_t> token_ids;  // the prompt, without BOS; 1 to kMaxPromptTokens ids

@@ -1,0 +1,108 @@
+#include "engine/intervener.h"
+
+#include <string>
+#include <utility>
+
+#include "common/status_macros.h"
+#include "engine/decoder_writes.h"
+#include "engine/sae.h"
+#include "engine/sparse_codes.h"
+
+namespace latentd::engine {
+
+Intervener::Intervener(const SteeringModel& steering,
+                       const std::vector<LatentIntervention>& interventions,
+                       const std::vector<std::vector<float>>& values)
+    : steering_(steering), interventions_(interventions) {
+  for (const std::vector<float>& by_row : values) {
+    values_.push_back(at::tensor(by_row).unsqueeze(1));  // [changed rows, 1]
+  }
+  for (const LatentIntervention& in : interventions) column_.emplace(in.latent, 0);
+  std::vector<int64_t> latents;
+  for (auto& [latent, column] : column_) {
+    column = static_cast<int64_t>(latents.size());
+    latents.push_back(latent);
+  }
+  latents_ = at::tensor(latents, at::TensorOptions().dtype(at::kLong));
+}
+
+absl::Status Intervener::Init() {
+  ASSIGN_OR_RETURN(rows_, WrittenRows(steering_, latents_));
+  return absl::OkStatus();
+}
+
+HookSplices Intervener::Splices() {
+  HookSplices splices;
+  if (steering_.crosscoder_sources.empty()) {
+    splices.push_back({steering_.hook, [this](const at::Tensor& x) {
+                         Change(x);
+                         return x;
+                       }});
+  }
+  const std::vector<HookName> hooks = WrittenHooks(steering_);
+  for (size_t h = 0; h < hooks.size(); ++h) {
+    splices.push_back({hooks[h], [this, h](const at::Tensor& out) { return Changed(out, h); }});
+  }
+  return splices;
+}
+
+void Intervener::ReadCrosscoder(ActivationModel& model, const at::Tensor& tokens,
+                                const KeyValueCache& cache) {
+  if (steering_.crosscoder_sources.empty()) return;
+  KeyValueCache copy = cache;
+  const std::vector<at::Tensor> read =
+      model.ForwardSpliced(tokens, WrittenHooks(steering_), {}, &copy);
+  const std::vector<int64_t> blocks = WrittenBlocks(steering_);
+  std::vector<at::Tensor> by_block(read.size());
+  for (size_t h = 0; h < read.size(); ++h) by_block[blocks[h]] = read[h].to(at::kFloat);
+  Change(at::cat(by_block, 2));
+}
+
+void Intervener::Change(const at::Tensor& in) {
+  const int64_t runs = in.size(0) - 1, seq = in.size(1);
+  const Sae& sae = *steering_.sae;
+  const at::Tensor x = in.narrow(0, 1, runs).to(at::kFloat).reshape({runs * seq, -1});
+  const at::Tensor z =
+      CodeValues(sae.EncodeSparse(x), runs * seq, latents_).view({runs, seq, latents_.size(0)});
+  if (!first_values_.defined()) first_values_ = z[0];  // every row's input is the clean one
+  at::Tensor changed = z.clone();
+  for (size_t i = 0; i < interventions_.size(); ++i) {
+    const LatentIntervention& change = interventions_[i];
+    at::Tensor column = changed.select(2, column_.at(change.latent));  // [runs, seq]
+    at::Tensor positions;
+    if (!change.positions.empty()) {
+      std::vector<int64_t> here;  // its positions among this pass's
+      for (int64_t p : change.positions) {
+        if (p >= first_position_ && p < first_position_ + seq) here.push_back(p - first_position_);
+      }
+      if (here.empty()) continue;
+      positions = at::tensor(here, at::TensorOptions().dtype(at::kLong));
+      column = column.index_select(1, positions);  // a copy, written back below
+    }
+    const at::Tensor& value = values_[i];  // per row
+    switch (change.mode) {
+      case InterventionMode::kSet:
+        column.copy_(value.expand_as(column));
+        break;
+      case InterventionMode::kAdd:
+        column.add_(value);
+        break;
+      case InterventionMode::kScale:
+        column.mul_(value);
+        break;
+    }
+    if (positions.defined()) {
+      changed.select(2, column_.at(change.latent)).index_copy_(1, positions, column);
+    }
+  }
+  delta_ = (changed - z).view({runs * seq, -1}) * sae.DecoderOutputScale(x);
+}
+
+at::Tensor Intervener::Changed(const at::Tensor& out, size_t h) const {
+  const int64_t runs = out.size(0) - 1, seq = out.size(1);
+  at::Tensor changed = out.clone();
+  changed.narrow(0, 1, runs).add_(delta_.mm(rows_[h]).view({runs, seq, -1}).to(out.scalar_type()));
+  return changed;
+}
+
+}  // namespace latentd::engine
