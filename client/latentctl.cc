@@ -89,6 +89,9 @@ ABSL_FLAG(std::string, html, "",
           "by each top latent); latent: statistics, histogram, every example's tokens "
           "shaded by the latent's value on them");
 ABSL_FLAG(int, per_hook, 4, "graph: latents kept per hook (at most 64)");
+ABSL_FLAG(int, ablate, 0,
+          "attribute: also take each of the top N entries (at most 64) out of a run of its own "
+          "and measure the metric's change beside its first-order credit");
 ABSL_FLAG(std::string, dot, "", "graph: also write the graph as Graphviz DOT here");
 ABSL_FLAG(double, min_importance, 0,
           "graph: keep no node carrying less than this share of the output (0 to 1)");
@@ -1394,6 +1397,7 @@ int Attribute(Client& client, const std::vector<std::string>& args) {
   // The page shades each listed latent's entries: it asks for as many entries as may be.
   constexpr int kMostEntries = 1000;  // AttributePromptRequest.top's bound
   request.set_top(html.empty() ? limit : std::max(limit, kMostEntries));
+  request.set_ablate(absl::GetFlag(FLAGS_ablate));
   v1::AttributePromptResponse response;
   grpc::Status status =
       client.datasets()->AttributePrompt(client.Context().get(), request, &response);
@@ -2333,7 +2337,7 @@ datasets:
                                  --html: a page shading the prompt by the loss change, the
                                  runs side by side, the sweep's KL plotted against the value
   attribute ID T1 T2 ... [--target=T [--contrast=T] | --target_latent=D:J@P] [--limit=N]
-            [--vocab=F] [--html=FILE.html] [--all_hooks]
+            [--ablate=N] [--vocab=F] [--html=FILE.html] [--all_hooks]
   attribute ID --text="..." --vocab=tokenizer.json [...]
                                  which latents, where in the prompt, drive the prediction of
                                  the next token (log p(T), or logit(T) - logit(contrast)):
@@ -2344,7 +2348,8 @@ datasets:
                                  --all_hooks: a line per other hook of the suite;
                                  --target_latent=D:J@P: explain latent J of dataset D (a
                                  later hook of the same model) at position P instead: the
-                                 edges of a sparse feature circuit
+                                 edges of a sparse feature circuit; --ablate=N: the top N
+                                 entries each taken out of a run, the change measured
   graph ID T1 T2 ... [--target=T [--contrast=T] | --target_latent=D:J@P] [--per_hook=N]
         [--min_importance=F] [--node_threshold=F] [--node_tokens=N] [--dot=FILE.dot]
         [--layers=D,D,...] [--vocab=F] [--html=FILE.html] [--node_links=PATTERN]

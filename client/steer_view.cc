@@ -221,13 +221,48 @@ std::string DescribeAttribution(uint64_t dataset_id, const v1::AttributePromptRe
         l.position() < r.prompt_size() ? TokenCell(r.prompt(l.position()), vocab) : "",
         l.activation());
   }
-  absl::StrAppendFormat(&out, "\nentries:\n  %-8s %-4s %-20s %-10s %s\n", "LATENT", "POS", "TOKEN",
-                        "VALUE", "ATTRIBUTION");
+  int checked = 0;
+  for (const v1::LatentAttribution& e : r.top_entries()) checked += e.has_ablated_change();
+  absl::StrAppendFormat(&out, "\nentries:\n  %-8s %-4s %-20s %-10s %-12s%s\n", "LATENT", "POS",
+                        "TOKEN", "VALUE", "ATTRIBUTION", checked > 0 ? " ABLATED (measured)" : "");
   for (const v1::LatentAttribution& e : r.top_entries()) {
     absl::StrAppendFormat(
-        &out, "  %-8d %-4d %-20s %-10.4g %+.4f\n", e.latent(), e.position(),
+        &out, "  %-8d %-4d %-20s %-10.4g %-+12.4f%s\n", e.latent(), e.position(),
         e.position() < r.prompt_size() ? TokenCell(r.prompt(e.position()), vocab) : "",
-        e.activation(), e.attribution());
+        e.activation(), e.attribution(),
+        e.has_ablated_change() ? absl::StrFormat(" %+.4f", e.ablated_change()) : "");
+  }
+  if (checked > 0) absl::StrAppend(&out, "\n", AblationSummary(r), "\n");
+  return out;
+}
+
+std::string AblationSummary(const v1::AttributePromptResponse& r) {
+  // Each checked entry's measured change beside its first-order prediction, minus its credit.
+  std::vector<std::pair<double, double>> pairs;
+  for (const v1::LatentAttribution& e : r.top_entries()) {
+    if (e.has_ablated_change()) pairs.emplace_back(-e.attribution(), e.ablated_change());
+  }
+  if (pairs.empty()) return "";
+  int agree = 0;
+  double mx = 0, my = 0;
+  for (const auto& [x, y] : pairs) {
+    agree += (x > 0) == (y > 0);
+    mx += x / pairs.size();
+    my += y / pairs.size();
+  }
+  double sxy = 0, sxx = 0, syy = 0;
+  for (const auto& [x, y] : pairs) {
+    sxy += (x - mx) * (y - my);
+    sxx += (x - mx) * (x - mx);
+    syy += (y - my) * (y - my);
+  }
+  std::string out = absl::StrFormat(
+      "ablation check of the top %d entries: the measured change has the sign the credit "
+      "predicts for %d of them",
+      pairs.size(), agree);
+  if (pairs.size() >= 3 && sxx > 0 && syy > 0) {
+    absl::StrAppendFormat(&out, "; correlation with minus the credit %.3f",
+                          sxy / std::sqrt(sxx * syy));
   }
   return out;
 }

@@ -68,6 +68,11 @@ std::string GraphNodeLink(const latentd::v1::AttributionGraphResponse& graph, in
 // the hook; SAE error 27%, not kept 12%"; empty for a hook without edges.
 std::string HookCoverageText(const latentd::v1::GraphHook& hook);
 
+// The ablation check of an AttributePrompt answer in a line: for the top entries with an
+// ablated_change, in how many the measured change has the sign of minus the credit, and
+// (three or more) their correlation; empty without any.
+std::string AblationSummary(const latentd::v1::AttributePromptResponse& response);
+
 // An AttributionGraph answer for a terminal: the metric, then per hook (latest first) what its
 // kept nodes cover and its nodes with their importance, label and strongest edges towards the
 // output, then the notes.

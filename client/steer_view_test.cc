@@ -143,6 +143,41 @@ TEST(SteerViewTest, AnAttributionShowsTotalsPositionsLatentsAndEntries) {
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(parsed.status().message().find("--target_latent"), std::string::npos);
   }
+  EXPECT_EQ(text.find("ABLATED"), std::string::npos);  // no check asked: no column
+}
+
+// The ablation check: each checked entry's measured change beside its credit, and a line on
+// how far the first-order credit held.
+TEST(SteerViewTest, AnAblationCheckShowsTheMeasuredChanges) {
+  v1::AttributePromptResponse r;
+  r.add_prompt(0);
+  r.add_prompt(1);
+  r.set_target_token_id(1);
+  // Minus the credits 1, -2, 3, 4; measured 0.5, 1, 2.5, 3 (one sign wrong).
+  for (const auto& [latent, attribution, measured] : std::vector<std::tuple<int, double, double>>{
+           {5, -1, 0.5}, {6, 2, 1}, {7, -3, 2.5}, {8, -4, 3}}) {
+    v1::LatentAttribution* e = r.add_top_entries();
+    e->set_latent(latent);
+    e->set_position(1);
+    e->set_activation(1);
+    e->set_attribution(attribution);
+    e->set_ablated_change(measured);
+  }
+  r.add_top_entries()->set_latent(9);  // not checked
+  const std::string text = DescribeAttribution(3, r, std::nullopt);
+  EXPECT_NE(text.find("ATTRIBUTION  ABLATED (measured)"), std::string::npos) << text;
+  EXPECT_NE(text.find("  6        1    1                    1          +2.0000      +1.0000\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("  9        0    0                    0          +0.0000     \n"),
+            std::string::npos)
+      << text;
+  // x = 1, -2, 3, 4 and y = 0.5, 1, 2.5, 3: r = 7.5 / sqrt(21 x 4.25) = 0.794 (sxy, sxx, syy
+  // about the means 1.5 and 1.75).
+  EXPECT_NE(text.find("ablation check of the top 4 entries: the measured change has the sign "
+                      "the credit predicts for 3 of them; correlation with minus the credit 0.794"),
+            std::string::npos)
+      << text;
 }
 
 // The graph for a terminal: per hook, latest first, each node with its strongest edges.

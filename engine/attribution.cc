@@ -12,6 +12,7 @@
 #include "engine/activation_model.h"
 #include "engine/decoder_writes.h"
 #include "engine/hook_collector.h"
+#include "engine/intervener.h"
 #include "engine/sae.h"
 
 namespace latentd::engine {
@@ -36,6 +37,10 @@ absl::Status CheckQuery(const AttributionQuery& query, int64_t vocab) {
   if (query.top < 0 || query.top > kMaxAttributionTop) {
     return absl::InvalidArgumentError(
         absl::StrCat("top: ", query.top, " outside [0, ", kMaxAttributionTop, "]"));
+  }
+  if (query.ablate < 0 || query.ablate > kMaxAblatedEntries) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ablate: ", query.ablate, " outside [0, ", kMaxAblatedEntries, "]"));
   }
   return absl::OkStatus();
 }
@@ -245,6 +250,53 @@ absl::Status Credit(const SteeringModel& steering, const Pass& pass, int64_t n, 
   return absl::OkStatus();
 }
 
+// The ablation check (AttributionQuery.ablate): the prompt once clean and once per checked top
+// entry with that entry alone taken out (its value scaled to 0 at its position by an
+// Intervener: where the SAE writes, its part of the reconstruction goes), one batch; each
+// run's metric less the clean run's, in `out`'s ablated_changes.
+absl::Status Ablate(const SteeringModel& steering, const std::vector<int64_t>& prompt, int ablate,
+                    const TargetSae* target, AttributionResult* out) {
+  const int64_t checked = std::min<int64_t>(ablate, out->top_entries.size());
+  if (checked == 0) return absl::OkStatus();
+  std::vector<LatentIntervention> removals;
+  std::vector<std::vector<float>> values;  // per removal, per run: 0 in its own run, else 1
+  for (int64_t i = 0; i < checked; ++i) {
+    const LatentAttribution& e = out->top_entries[i];
+    removals.push_back({e.latent, InterventionMode::kScale, 0.0f, {e.position}});
+    values.emplace_back(checked, 1.0f)[i] = 0.0f;
+  }
+  Intervener intervener(steering, removals, values);
+  RETURN_IF_ERROR(intervener.Init());
+  const HookSplices splices = intervener.Splices();
+  ActivationModel& model = *steering.model;
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  const at::Tensor tokens = at::tensor(prompt, at::TensorOptions().dtype(at::kLong))
+                                .view({1, n})
+                                .repeat({1 + checked, 1});
+  intervener.ReadCrosscoder(model, tokens, KeyValueCache());
+  at::Tensor metric;  // per run, the clean one first
+  if (out->target_latent) {
+    std::vector<HookName> stops = {target->hook};
+    stops.insert(stops.end(), steering.crosscoder_sources.begin(),
+                 steering.crosscoder_sources.end());
+    const at::Tensor read = model.ForwardSpliced(tokens, stops, splices)[0];
+    metric = target->sae
+                 ->LatentValue(read.select(1, out->target_latent->position).to(at::kFloat),
+                               out->target_latent->latent)
+                 .to(at::kDouble);
+  } else {
+    const at::Tensor logits =
+        model.PredictNextTokens(tokens, splices, /*losses=*/false).last_logits.to(at::kDouble);
+    const int64_t t = out->target_token_id;
+    metric = out->contrast_token_id
+                 ? logits.select(1, t) - logits.select(1, *out->contrast_token_id)
+                 : at::log_softmax(logits, -1).select(1, t);
+  }
+  const at::Tensor changes = (metric.narrow(0, 1, checked) - metric[0]).contiguous();
+  out->ablated_changes.assign(changes.data_ptr<double>(), changes.data_ptr<double>() + checked);
+  return absl::OkStatus();
+}
+
 // The checks every attribution makes of the query and the model.
 absl::Status CheckAttribution(const ActivationModel& model, const AttributionQuery& query,
                               int64_t prompt_tokens) {
@@ -268,6 +320,10 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
     ASSIGN_OR_RETURN(std::vector<absl::StatusOr<AttributionResult>> answers,
                      AttributeToLatents(steering, prompt, bos_prepended, query, *target,
                                         {*query.target_latent}));
+    if (answers.front().ok()) {
+      at::NoGradGuard no_grad;
+      RETURN_IF_ERROR(Ablate(steering, prompt, query.ablate, target, &*answers.front()));
+    }
     return std::move(answers.front());
   }
   ActivationModel& model = *steering.model;
@@ -296,6 +352,7 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
   }
   at::NoGradGuard no_grad;
   RETURN_IF_ERROR(Credit(steering, pass, n, query.top > 0 ? query.top : 20, {gradients}, {&out}));
+  RETURN_IF_ERROR(Ablate(steering, prompt, query.ablate, nullptr, &out));
   return out;
 }
 

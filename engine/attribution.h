@@ -26,6 +26,7 @@
 namespace latentd::engine {
 
 inline constexpr int kMaxAttributionTop = 1000;
+inline constexpr int kMaxAblatedEntries = 64;
 
 // A latent of another SAE on the same model, read at a hook the forward computes at or after
 // the hooks the attributed SAE writes: the target of latent-to-latent attribution.
@@ -50,6 +51,11 @@ struct AttributionQuery {
   // Set: m is this latent's value instead (the target SAE passed beside the query), and
   // target_token_id and contrast_token_id must be unset.
   std::optional<TargetLatent> target_latent;
+  // The ablation check: the first `ablate` top entries (at most kMaxAblatedEntries) are each
+  // taken out of a run of their own (the latent's value 0 at its position, as steering's SET 0
+  // does, the error left in), one batch, and m measured: how far the first-order credit holds.
+  // AttributePrompt only; 0: none.
+  int ablate = 0;
 };
 
 struct LatentAttribution {
@@ -74,6 +80,9 @@ struct AttributionResult {
   double error_attribution = 0;   // of the SAE's error term, over every position
   // Per prompt position: its latents' sum and its error term's (where the prediction reads).
   std::vector<double> latent_attribution_by_position, error_attribution_by_position;
+  // With query.ablate: per top entry of the first `ablate`, m's change with that entry alone
+  // taken out, by a forward pass (to first order: minus its attribution).
+  std::vector<double> ablated_changes;
 };
 
 // One forward and one backward pass of `prompt` (BOS included where the dataset prepends it, ids
@@ -82,8 +91,9 @@ struct AttributionResult {
 // target_token_id or contrast_token_id outside the vocabulary (or the contrast equal to the
 // target, or either beside a target latent), target_latent.latent or .position outside their
 // ranges, target_latent.dataset_id when the target's hook comes before the hooks the SAE
-// writes, top outside [0, kMaxAttributionTop]; FAILED_PRECONDITION when the model cannot run
-// to its logits, or the target latent is 0 at its position. May throw c10::Error.
+// writes, top outside [0, kMaxAttributionTop], ablate outside [0, kMaxAblatedEntries];
+// FAILED_PRECONDITION when the model cannot run to its logits, or the target latent is 0 at its
+// position. May throw c10::Error.
 absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
                                                   const std::vector<int64_t>& prompt,
                                                   bool bos_prepended, const AttributionQuery& query,

@@ -134,6 +134,29 @@ TEST(AttributionTest, EntriesAndTheErrorTermAreTheMetricsDerivatives) {
                               got->error_attribution_by_position.end(), 0.0),
               got->error_attribution, 1e-9);
 
+  // The ablation check: each of the top 3 entries taken out of a run of its own moves the
+  // metric as the model run by hand with its direction subtracted does. (To first order that is
+  // minus its credit; on these random weights, which curve within 1e-2 of the activation, the
+  // whole removal lands far from it: what the check is for.)
+  q.ablate = 3;
+  auto checked = AttributePrompt({model.get(), &sae, *ParseHookName(kHook), std::nullopt},
+                                 kInterventionPrompt, false, q);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  ASSERT_EQ(checked->ablated_changes.size(), 3u);
+  const double clean = Metric(*model, kHook, {}, got->target_token_id, std::nullopt);
+  for (int i = 0; i < 3; ++i) {
+    const LatentAttribution& e = checked->top_entries[i];
+    const double by_hand =
+        Metric(*model, kHook, -EntryDirection(sae, e), got->target_token_id, std::nullopt) - clean;
+    EXPECT_NEAR(checked->ablated_changes[i], by_hand, 1e-4) << i;
+  }
+  q.ablate = kMaxAblatedEntries + 1;
+  auto refused = AttributePrompt({model.get(), &sae, *ParseHookName(kHook), std::nullopt},
+                                 kInterventionPrompt, false, q);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("ablate: 65"), std::string::npos) << refused.status();
+  q.ablate = 0;
+
   q.top = 5;
   auto fewer = AttributePrompt({model.get(), &sae, *ParseHookName(kHook), std::nullopt},
                                kInterventionPrompt, false, q);
@@ -293,6 +316,20 @@ TEST(AttributionTest, ACrosscodersLatentsActAtEverySourceTheyWrite) {
       *model, HookAdds{{kInterventionCrosscoder[1], error.narrow(1, d, d)}}, 5, std::nullopt);
   EXPECT_GT(std::abs(first_alone - got->error_attribution),
             0.05 * std::abs(got->error_attribution));
+  // Its ablation check takes each entry out of both sources.
+  q.ablate = 2;
+  auto checked = AttributePrompt(steering, kInterventionPrompt, false, q);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  ASSERT_EQ(checked->ablated_changes.size(), 2u);
+  const double clean = Metric(*model, HookAdds{}, 5, std::nullopt);
+  for (int i = 0; i < 2; ++i) {
+    const LatentAttribution& e = checked->top_entries[i];
+    at::Tensor both = at::zeros({n, 2 * d});
+    both[e.position] = crosscoder.weights().W_dec[e.latent] * -e.activation;
+    EXPECT_NEAR(checked->ablated_changes[i],
+                Metric(*model, at_sources(both), 5, std::nullopt) - clean, 1e-4)
+        << i;
+  }
 
   // Its latents drive a later SAE's latent (block 2's) through both sources.
   const std::string target_hook = "blocks.2.hook_resid_post";
@@ -318,6 +355,19 @@ TEST(AttributionTest, ACrosscodersLatentsActAtEverySourceTheyWrite) {
                               (2 * eps);
     ExpectDerivative(derivative, e.attribution, "crosscoder to latent " + std::to_string(i));
   }
+  // With a latent as the metric, the ablation check measures that latent.
+  to_latent.ablate = 1;
+  auto checked_latent = AttributePrompt(steering, kInterventionPrompt, false, to_latent, &reads);
+  ASSERT_TRUE(checked_latent.ok()) << checked_latent.status();
+  ASSERT_EQ(checked_latent->ablated_changes.size(), 1u);
+  const LatentAttribution& top = checked_latent->top_entries[0];
+  at::Tensor removed = at::zeros({n, 2 * d});
+  removed[top.position] = crosscoder.weights().W_dec[top.latent] * -top.activation;
+  const int64_t j = to_latent.target_latent->latent;
+  EXPECT_NEAR(checked_latent->ablated_changes[0],
+              TargetValue(*model, at_sources(removed), target, target_hook, j, position) -
+                  TargetValue(*model, HookAdds{}, target, target_hook, j, position),
+              1e-4);
 }
 
 // Latent to latent: the metric is a later SAE's latent at one position; each upstream entry is

@@ -456,9 +456,11 @@ struct DatasetModels::Impl {
   int64_t MemoryLimitBytes() const {
     return options.memory_limit_bytes > 0 ? options.memory_limit_bytes : HostAvailableMemoryBytes();
   }
+  // `ablate`: the runs of the ablation check (AttributionQuery.ablate), for the memory check.
   absl::StatusOr<AttributionInputs> AttributionInputsFor(const DatasetSource& dataset,
                                                          const std::vector<int64_t>& token_ids,
-                                                         const DatasetSource* target_dataset);
+                                                         const DatasetSource* target_dataset,
+                                                         int ablate);
   absl::StatusOr<std::shared_ptr<const PreparedSae>> SaeFor(const DatasetSource& dataset,
                                                             const std::string& dir);
   // The unembedding, or null with *unavailable saying why there is none.
@@ -1200,7 +1202,7 @@ absl::StatusOr<SteeringResult> DatasetModels::SteerPrompt(const DatasetSource& d
 
 absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
     const DatasetSource& dataset, const std::vector<int64_t>& token_ids,
-    const DatasetSource* target_dataset) {
+    const DatasetSource* target_dataset, int ablate) {
   AttributionInputs out;
   ASSIGN_OR_RETURN(out.in, InterventionInputsFor(dataset, token_ids, "attribution"));
   // A target latent's dataset: its SAE, reading its hook of the same model.
@@ -1230,18 +1232,23 @@ absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
     ASSIGN_OR_RETURN(out.target_sae, PromptSaeFor(*target_dataset, of_target.sae_dir));
     out.target = TargetSae{&out.target_sae->sae, of_target.hook};
   }
-  // The backward pass keeps every block's activations of the whole prompt: refused with the
-  // numbers rather than an allocation that could take the daemon down.
+  // The backward pass keeps every block's activations of the whole prompt, the ablation check a
+  // block's of 1 + ablate runs: refused with the numbers rather than an allocation that could
+  // take the daemon down.
   const ActivationModel& model = *out.in.model->model;
   const int64_t n = static_cast<int64_t>(out.in.tokens.size());
-  const int64_t need =
-      std::max<int64_t>(model.num_blocks(), 1) * model.activation_bytes_per_token(n) * n;
+  const int64_t need = std::max<int64_t>({model.num_blocks(), 1, 1 + int64_t{ablate}}) *
+                       model.activation_bytes_per_token(n) * n;
   const int64_t limit = MemoryLimitBytes();
   if (limit > 0 && need > limit) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "token_ids: attributing a prompt of %d tokens keeps about %.3g GB of activations for "
-        "the backward pass (%d blocks); %.3g GB are available: send a shorter prompt",
-        n, need / 1e9, model.num_blocks(), limit / 1e9));
+        "the backward pass (%d blocks)%s; %.3g GB are available: send a shorter prompt",
+        n, need / 1e9, model.num_blocks(),
+        1 + ablate > model.num_blocks() ? absl::StrCat(" or the ablation check (", 1 + ablate,
+                                                       " runs: ask for fewer with ablate)")
+                                        : "",
+        limit / 1e9));
   }
   return out;
 }
@@ -1253,9 +1260,10 @@ absl::StatusOr<AttributionResult> DatasetModels::AttributePrompt(
     if (query.target_latent && target_dataset == nullptr) {
       return absl::InvalidArgumentError("target_latent.dataset_id: not given");
     }
-    ASSIGN_OR_RETURN(AttributionInputs a,
-                     impl_->AttributionInputsFor(dataset, query.token_ids,
-                                                 query.target_latent ? target_dataset : nullptr));
+    ASSIGN_OR_RETURN(
+        AttributionInputs a,
+        impl_->AttributionInputsFor(dataset, query.token_ids,
+                                    query.target_latent ? target_dataset : nullptr, query.ablate));
     return a.in.Run([&](const SteeringModel& steering) {
       return engine::AttributePrompt(steering, a.in.tokens, a.in.bos_prepended, query,
                                      a.target ? &*a.target : nullptr);
@@ -1271,7 +1279,7 @@ absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> DatasetModels::At
     const DatasetSource& target_dataset, const std::vector<TargetLatent>& targets) {
   try {
     ASSIGN_OR_RETURN(AttributionInputs a,
-                     impl_->AttributionInputsFor(dataset, query.token_ids, &target_dataset));
+                     impl_->AttributionInputsFor(dataset, query.token_ids, &target_dataset, 0));
     return a.in.Run([&](const SteeringModel& steering) {
       return engine::AttributeToLatents(steering, a.in.tokens, a.in.bos_prepended, query, *a.target,
                                         targets);

@@ -769,6 +769,10 @@ void SetAttribution(const engine::AttributionResult& found,
   }
   response->set_metric(found.metric);
   AddAttributions(found.top_entries, response->mutable_top_entries());
+  for (size_t i = 0; i < found.ablated_changes.size(); ++i) {
+    response->mutable_top_entries(static_cast<int>(i))
+        ->set_ablated_change(found.ablated_changes[i]);
+  }
   AddAttributions(found.top_latents, response->mutable_top_latents());
   response->set_latent_attribution(found.latent_attribution);
   response->set_error_attribution(found.error_attribution);
@@ -800,6 +804,7 @@ grpc::Status DatasetsService::AttributePrompt(grpc::ServerContext* context,
       request->has_target_latent() ? &request->target_latent() : nullptr;
   engine::AttributionQuery query = AttributionQueryOf(*request);
   query.top = request->top();
+  query.ablate = request->ablate();
   std::optional<engine::DatasetSource> target;
   if (target_latent != nullptr) {
     auto target_source = TargetSource(*target_latent);

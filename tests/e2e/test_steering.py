@@ -211,6 +211,30 @@ class SteeringTest(DaemonTestCase):
             return numpy.log(p[target]) - numpy.log(p[contrast])
         moved = logit_gap(ablated.steered) - logit_gap(ablated.clean)
         self.assertLess(abs(moved + first.attribution), 0.5 * abs(first.attribution) + 1e-3)
+        # The ablation check measures the same in the daemon, for each of the top 3 entries: the
+        # logit difference with z_j[p] W_dec[j] taken out at p, by hand.
+        checked = c.attribute_prompt(dataset, prompt, target_token_id=target,
+                                     contrast_token_id=contrast, top=4, ablate=3)
+        self.assertAlmostEqual(checked.top_entries[0].ablated_change, moved, places=4)
+        self.assertFalse(checked.top_entries[3].HasField("ablated_change"))
+
+        def gap_without(position, change):
+            def take_out(x):
+                x = x.clone()
+                x[0, position] -= change
+                return x
+            with torch.no_grad():
+                final = gpt2(torch.tensor([prompt]), {HOOK: take_out})["final"]
+                logits = (gpt2.layer_norm("ln_f", final)[0] @ weights["wte.weight"].T)[-1]
+            return float(logits[target] - logits[contrast])
+        clean_gap = gap_without(0, torch.zeros(D))
+        for e in checked.top_entries[:3]:
+            by_hand = gap_without(e.position, e.activation * sae["W_dec"][e.latent]) - clean_gap
+            self.assertAlmostEqual(e.ablated_change, by_hand, places=4)
+        shown = daemon.latentctl("attribute", str(dataset), *map(str, prompt),
+                                 "--target=%d" % target, "--contrast=%d" % contrast, "--limit=4",
+                                 "--ablate=3").stdout
+        self.assertIn("ablation check of the top 3 entries", shown)
         shown = daemon.latentctl("attribute", str(dataset), *map(str, prompt),
                                  "--target=%d" % target, "--limit=3").stdout
         page = os.path.join(self.tmp, "attribution.html")
