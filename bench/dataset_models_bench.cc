@@ -16,7 +16,10 @@
 // With steer=N: SteerPrompt on a 64-token prompt of a reference model of layers=L (default 12,
 // GPT-2 small's shape at d_in 768) with an SAE of 4096 latents at its middle block, without and
 // with N generated tokens (the median of rounds=R calls each): the cost of a generated token;
-// sweep=K adds K values of the intervention (K more rows a batch).
+// sweep=K adds K values of the intervention (K more rows a batch). Then AttributePrompt (to the
+// next token, to a latent, with the ablation check of its top 8 entries), and the same steering
+// through a crosscoder over the middle block and the one before it (4096 latents), whose
+// latents are read in a pass before each steered one.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -34,6 +37,7 @@
 #include "absl/strings/str_split.h"
 #include "common/process_memory.h"
 #include "engine/attribution_graph.h"
+#include "engine/crosscoder_model.h"
 #include "engine/dataset_models.h"
 #include "engine/sae.h"
 
@@ -218,11 +222,41 @@ int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t 
   *spec->mutable_model()->mutable_reference() = BenchModel(d_in, vocab, layers);
   spec->set_hook_name(absl::StrCat("blocks.", layers / 2, ".hook_resid_post"));
   spec->mutable_sae()->set_path(dir);
+  // Job 2: a crosscoder (BatchTopK, calibrated on random rows) over the block before the
+  // middle one and the middle one.
+  const std::string crosscoder_dir = root + "/steer-crosscoder";
+  const std::string before = absl::StrCat("blocks.", layers / 2 - 1, ".hook_resid_post");
+  latentd::v1::Job crosscoder_job = job;
+  {
+    latentd::engine::CrosscoderModelOptions options;
+    options.sources = 2;
+    options.d_in = d_in;
+    options.d_sae = 4096;
+    options.seed = 3;
+    latentd::engine::CrosscoderModelImpl crosscoder(options);
+    crosscoder.InitWeights();
+    crosscoder.CalibrateBatchThreshold({at::randn({256, 2 * d_in})});
+    const absl::Status saved = crosscoder.Save(
+        crosscoder_dir, {{before, "reference", "live"}, {spec->hook_name(), "reference", "live"}});
+    if (!saved.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(saved.message()).c_str());
+      return 1;
+    }
+    latentd::v1::ExtractSpec* c = crosscoder_job.mutable_spec()->mutable_extract();
+    c->add_crosscoder_hooks(spec->hook_name());
+    c->set_hook_name(before);
+    c->mutable_sae()->set_path(crosscoder_dir);
+  }
+  auto crosscoder_sae = latentd::engine::Sae::Load(crosscoder_dir);
+  if (!crosscoder_sae.ok()) return 1;
   latentd::engine::ExtractEnv env;
   env.data_roots = {root};
-  env.find_job = [&job](uint64_t) -> absl::StatusOr<latentd::v1::Job> { return job; };
+  env.find_job = [&](uint64_t id) -> absl::StatusOr<latentd::v1::Job> {
+    return id == 2 ? crosscoder_job : job;
+  };
   DatasetModels reader(env);
   const DatasetSource source{1, 1, hash, "", 4096};
+  const DatasetSource crosscoder_source{2, 2, crosscoder_sae->weight_hash(), "", 4096};
   latentd::engine::SteeringQuery query;
   for (int64_t t = 0; t < 64; ++t) query.token_ids.push_back((t * 104729) % vocab);
   query.interventions = {{7, latentd::engine::InterventionMode::kAdd, 10.0f, {}}};
@@ -234,18 +268,30 @@ int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t 
       static_cast<long long>(query.token_ids.size()), static_cast<long long>(layers),
       static_cast<long long>(d_in), static_cast<long long>(vocab), spec->hook_name().c_str(),
       static_cast<long long>(2 + sweep), static_cast<long long>(rounds), at::get_num_threads());
-  query.new_tokens = 0;
-  if (!reader.SteerPrompt(source, query, nullptr).ok()) return 1;  // loads model and SAE
-  std::printf("%-11s %-9s %s\n", "NEW_TOKENS", "CALL_S", "MS_PER_NEW_TOKEN");
-  double base = 0;
-  for (const int64_t n : {int64_t{0}, new_tokens}) {
-    query.new_tokens = static_cast<int>(n);
-    const std::optional<double> median =
-        MedianSeconds(rounds, [&] { return reader.SteerPrompt(source, query, nullptr).status(); });
-    if (!median) return 1;
-    if (n == 0) base = *median;
-    std::printf("%-11lld %-9.3f %s\n", static_cast<long long>(n), *median,
-                n == 0 ? "-" : absl::StrFormat("%.1f", (*median - base) / n * 1e3).c_str());
+  std::printf("%-11s %-9s %-16s %s\n", "NEW_TOKENS", "CALL_S", "MS_PER_NEW_TOKEN", "SAE");
+  // The cost of a new token through each: an SAE, then the crosscoder.
+  std::vector<double> per_token;
+  for (const DatasetSource* steered : {&source, &crosscoder_source}) {
+    query.new_tokens = 0;
+    if (!reader.SteerPrompt(*steered, query, nullptr).ok()) return 1;  // loads model and SAE
+    double base = 0;
+    for (const int64_t n : {int64_t{0}, new_tokens}) {
+      query.new_tokens = static_cast<int>(n);
+      const std::optional<double> median = MedianSeconds(
+          rounds, [&] { return reader.SteerPrompt(*steered, query, nullptr).status(); });
+      if (!median) return 1;
+      if (n == 0) base = *median;
+      if (n > 0) per_token.push_back((*median - base) / n);
+      std::printf("%-11lld %-9.3f %-16s %s\n", static_cast<long long>(n), *median,
+                  n == 0 ? "-" : absl::StrFormat("%.1f", (*median - base) / n * 1e3).c_str(),
+                  steered == &source
+                      ? spec->hook_name().c_str()
+                      : absl::StrCat("crosscoder ", before, " + ", spec->hook_name()).c_str());
+    }
+  }
+  if (per_token.size() == 2 && per_token[0] > 0) {
+    std::printf("a new token through the crosscoder: %.2fx the SAE's\n",
+                per_token[1] / per_token[0]);
   }
   std::printf(
       "(NEW_TOKENS 0: the prompt clean and steered as one batch of two, to the logits, losses at "
@@ -270,6 +316,16 @@ int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t 
   if (!to_latent) return 1;
   std::printf("AttributePrompt to a latent at %s: %.3f s (median), %.2fx the next token's\n",
               spec->hook_name().c_str(), *to_latent, *to_latent / *attributed);
+  // The ablation check of the top 8 entries: a batch of 9 forward passes more.
+  attribute.target_latent.reset();
+  attribute.ablate = 8;
+  const std::optional<double> checked =
+      MedianSeconds(rounds, [&] { return reader.AttributePrompt(source, attribute).status(); });
+  if (!checked) return 1;
+  std::printf(
+      "AttributePrompt with the ablation check of its top 8 entries: %.3f s (median), "
+      "%.2fx without\n",
+      *checked, *checked / *attributed);
   return 0;
 }
 

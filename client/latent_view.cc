@@ -443,6 +443,61 @@ void AppendSignedToken(int32_t id, double value, double scale, const std::string
 
 }  // namespace
 
+namespace {
+
+// The ablation check (entries with an ablated_change) as an SVG scatter: each entry's measured
+// change against its first-order prediction (minus its credit), on equal axes with the
+// diagonal where the two agree; the summary line above it. Nothing without a check.
+void AppendAblationPlot(const v1::AttributePromptResponse& r, std::string* html) {
+  std::vector<const v1::LatentAttribution*> checked;
+  double most = 0;
+  for (const v1::LatentAttribution& e : r.top_entries()) {
+    if (!e.has_ablated_change()) continue;
+    checked.push_back(&e);
+    most = std::max({most, std::abs(e.attribution()), std::abs(e.ablated_change())});
+  }
+  if (checked.empty()) return;
+  if (most <= 0) most = 1;
+  absl::StrAppendFormat(html,
+                        "<h2>Ablation check</h2>\n<p>%s. Each dot an entry taken out of a "
+                        "run of its own: across, the change its credit predicts (minus it); up, "
+                        "the change measured. On the diagonal the first-order credit holds.</p>\n",
+                        HtmlEscape(AblationSummary(r)));
+  const int side = 300, margin = 40;
+  auto at = [&](double v) { return margin + (side - margin - 8) * (v + most) / (2 * most); };
+  auto up = [&](double v) { return 8 + (side - margin - 8) * (most - v) / (2 * most); };
+  absl::StrAppendFormat(html,
+                        "<svg class=\"hist\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
+                        "role=\"img\" aria-label=\"measured against predicted change\">",
+                        side, side, side, side);
+  absl::StrAppendFormat(html,
+                        "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#999\" "
+                        "stroke-dasharray=\"4 3\"/>"
+                        "<line x1=\"%.1f\" y1=\"8\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
+                        "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/>",
+                        at(-most), up(-most), at(most), up(most), at(0), at(0), up(-most), margin,
+                        up(0), side - 8, up(0));
+  for (const v1::LatentAttribution* e : checked) {
+    absl::StrAppendFormat(html,
+                          "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"#ff6600\">"
+                          "<title>latent %d at %d: predicted %+.4g, measured %+.4g</title>"
+                          "</circle>",
+                          at(-e->attribution()), up(e->ablated_change()), e->latent(),
+                          e->position(), -e->attribution(), e->ablated_change());
+  }
+  absl::StrAppendFormat(html,
+                        "<text x=\"%d\" y=\"%d\">%+.3g</text>"
+                        "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%+.3g</text>"
+                        "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">predicted (minus the "
+                        "credit)</text>"
+                        "<text x=\"12\" y=\"%d\" transform=\"rotate(-90 12 %d)\" "
+                        "text-anchor=\"middle\">measured</text></svg>\n",
+                        margin, side - margin + 14, -most, side - 8, side - margin + 14, most,
+                        (margin + side) / 2, side - 6, (side - margin) / 2, (side - margin) / 2);
+}
+
+}  // namespace
+
 std::string AttributionHtml(const v1::AttributePromptResponse& r,
                             const PromptPageOptions& options) {
   const Vocabulary* vocab = options.vocab;
@@ -505,6 +560,7 @@ std::string AttributionHtml(const v1::AttributePromptResponse& r,
     }
     html += "</span></div>\n";
   }
+  AppendAblationPlot(r, &html);
   html += "</body></html>\n";
   return html;
 }

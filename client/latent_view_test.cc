@@ -446,6 +446,26 @@ TEST(LatentViewTest, AnAttributionPageShadesThePromptBySign) {
                 .find("what drives latent 12 of dataset 6 at position 2 (<code>&lt;c&gt;</code>) = "
                       "1.5000"),
             std::string::npos);
+  EXPECT_EQ(html.find("Ablation check"), std::string::npos);  // none asked: no plot
+  // The ablation check: a dot per checked entry, across at minus its credit, up at the measured
+  // change, on equal axes of +-1 (the largest of both); the diagonal dashed.
+  r.mutable_top_entries(0)->set_ablated_change(-0.5);
+  r.mutable_top_entries(1)->set_ablated_change(0.25);
+  const std::string checked = AttributionHtml(r, {4, &*vocab, &pages});
+  EXPECT_NE(checked.find("<h2>Ablation check</h2>\n<p>ablation check of the top 2 entries: the "
+                         "measured change has the sign the credit predicts for 2 of them."),
+            std::string::npos)
+      << checked;
+  // Side 300, margin 40: x(v) = 40 + 252 (v + 1) / 2, y(v) = 8 + 252 (1 - v) / 2.
+  EXPECT_NE(checked.find("<circle cx=\"40.0\" cy=\"197.0\" r=\"3.5\" fill=\"#ff6600\"><title>"
+                         "latent 9 at 1: predicted -1, measured -0.5</title></circle>"),
+            std::string::npos)
+      << checked;
+  EXPECT_NE(checked.find("<circle cx=\"229.0\" cy=\"102.5\""), std::string::npos) << checked;
+  EXPECT_NE(checked.find("<line x1=\"40.0\" y1=\"260.0\" x2=\"292.0\" y2=\"8.0\" "
+                         "stroke=\"#999\" stroke-dasharray=\"4 3\"/>"),
+            std::string::npos)
+      << checked;
 }
 
 // The steering page: the loss change shades each predicted token (blue: the steered run

@@ -715,7 +715,9 @@ class SteeringView:
 class AttributionView:
     """An AttributePrompt answer (asked with a large top) that Jupyter renders: the metric and
     totals, the prompt shaded by each position's attribution (latents and error term; blue for
-    the metric, red against), then a line per top latent shaded by its entries."""
+    the metric, red against), then a line per top latent shaded by its entries; with an
+    ablation check (ablate=N), each checked entry's measured change against the change its
+    credit predicts, plotted about the diagonal."""
 
     def __init__(self, answer, decode=None, top=10):
         self.answer = answer
@@ -751,7 +753,39 @@ class AttributionView:
                 % (latent.latent, latent.attribution),
                 _signed_spans(words, ids, values, scale,
                               ["position %d · %+.4g" % (p, v) for p, v in enumerate(values)])))
+        parts.append(_ablation_plot(a))
         return "\n".join(parts)
+
+
+def _ablation_plot(answer):
+    """The checked entries of an AttributePrompt answer as an SVG scatter (across: minus the
+    credit, the change it predicts; up: the change measured; the diagonal where they agree),
+    or "" without a check."""
+    checked = [e for e in answer.top_entries if e.HasField("ablated_change")]
+    if not checked:
+        return ""
+    most = max(max(abs(e.attribution), abs(e.ablated_change)) for e in checked) or 1.0
+    side, margin = 300, 40
+
+    def at(v):
+        return margin + (side - margin - 8) * (v + most) / (2 * most)
+
+    def up(v):
+        return 8 + (side - margin - 8) * (most - v) / (2 * most)
+    agree = sum((-e.attribution > 0) == (e.ablated_change > 0) for e in checked)
+    parts = ['<div>ablation check of the top %d entries: the measured change has the sign the '
+             'credit predicts for %d of them</div>' % (len(checked), agree),
+             '<svg width="%d" height="%d">' % (side, side),
+             '<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#999" '
+             'stroke-dasharray="4 3"/>' % (at(-most), up(-most), at(most), up(most))]
+    for e in checked:
+        parts.append('<circle cx="%.1f" cy="%.1f" r="3.5" fill="#ff6600"><title>latent %d at '
+                     '%d: predicted %+.4g, measured %+.4g</title></circle>'
+                     % (at(-e.attribution), up(e.ablated_change), e.latent, e.position,
+                        -e.attribution, e.ablated_change))
+    parts.append('<text x="%d" y="%d" text-anchor="middle">predicted (minus the credit)</text>'
+                 '</svg>' % ((margin + side) // 2, side - 6))
+    return "\n".join(parts)
 
 
 class AttributionGraphView:

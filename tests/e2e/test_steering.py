@@ -235,6 +235,10 @@ class SteeringTest(DaemonTestCase):
                                  "--target=%d" % target, "--contrast=%d" % contrast, "--limit=4",
                                  "--ablate=3").stdout
         self.assertIn("ablation check of the top 3 entries", shown)
+        drawn_check = c.show_attribution(dataset, prompt, target_token_id=target,
+                                         contrast_token_id=contrast, ablate=3)._repr_html_()
+        self.assertIn("ablation check of the top 3 entries", drawn_check)
+        self.assertEqual(drawn_check.count("<circle"), 3)
         shown = daemon.latentctl("attribute", str(dataset), *map(str, prompt),
                                  "--target=%d" % target, "--limit=3").stdout
         page = os.path.join(self.tmp, "attribution.html")
