@@ -253,7 +253,10 @@ absl::Status Credit(const SteeringModel& steering, const Pass& pass, int64_t n, 
 // The ablation check (AttributionQuery.ablate): the prompt once clean and once per checked top
 // entry with that entry alone taken out (its value scaled to 0 at its position by an
 // Intervener: where the SAE writes, its part of the reconstruction goes), one batch; each
-// run's metric less the clean run's, in `out`'s ablated_changes.
+// run's metric less the clean run's, in `out`'s ablated_changes. The runs agree before the
+// earliest checked position (the model is causal): that prefix runs once, its keys and values
+// are copied to every run, and the batch runs from there (entries late in a prompt, the usual
+// case, cost a few positions each, not the prompt).
 absl::Status Ablate(const SteeringModel& steering, const std::vector<int64_t>& prompt, int ablate,
                     const TargetSae* target, AttributionResult* out) {
   const int64_t checked = std::min<int64_t>(ablate, out->top_entries.size());
@@ -270,23 +273,32 @@ absl::Status Ablate(const SteeringModel& steering, const std::vector<int64_t>& p
   const HookSplices splices = intervener.Splices();
   ActivationModel& model = *steering.model;
   const int64_t n = static_cast<int64_t>(prompt.size());
-  const at::Tensor tokens = at::tensor(prompt, at::TensorOptions().dtype(at::kLong))
-                                .view({1, n})
-                                .repeat({1 + checked, 1});
-  intervener.ReadCrosscoder(model, tokens, KeyValueCache());
+  int64_t first = out->target_latent ? out->target_latent->position : n - 1;
+  for (int64_t i = 0; i < checked; ++i) first = std::min(first, out->top_entries[i].position);
+  const at::Tensor ids = at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n});
+  KeyValueCache cache;
+  if (first > 0) {
+    model.PredictNextTokens(ids.narrow(1, 0, first), {}, /*losses=*/false, &cache);
+    for (std::vector<at::Tensor>* held : {&cache.keys, &cache.values}) {
+      for (at::Tensor& t : *held) t = t.repeat({1 + checked, 1, 1, 1});
+    }
+  }
+  const at::Tensor tokens = ids.narrow(1, first, n - first).repeat({1 + checked, 1});
+  intervener.set_first_position(first);
+  intervener.ReadCrosscoder(model, tokens, cache);
   at::Tensor metric;  // per run, the clean one first
   if (out->target_latent) {
     std::vector<HookName> stops = {target->hook};
     stops.insert(stops.end(), steering.crosscoder_sources.begin(),
                  steering.crosscoder_sources.end());
-    const at::Tensor read = model.ForwardSpliced(tokens, stops, splices)[0];
+    const at::Tensor read = model.ForwardSpliced(tokens, stops, splices, &cache)[0];
     metric = target->sae
-                 ->LatentValue(read.select(1, out->target_latent->position).to(at::kFloat),
+                 ->LatentValue(read.select(1, out->target_latent->position - first).to(at::kFloat),
                                out->target_latent->latent)
                  .to(at::kDouble);
   } else {
-    const at::Tensor logits =
-        model.PredictNextTokens(tokens, splices, /*losses=*/false).last_logits.to(at::kDouble);
+    const at::Tensor logits = model.PredictNextTokens(tokens, splices, /*losses=*/false, &cache)
+                                  .last_logits.to(at::kDouble);
     const int64_t t = out->target_token_id;
     metric = out->contrast_token_id
                  ? logits.select(1, t) - logits.select(1, *out->contrast_token_id)

@@ -143,6 +143,10 @@ TEST(AttributionTest, EntriesAndTheErrorTermAreTheMetricsDerivatives) {
                                  kInterventionPrompt, false, q);
   ASSERT_TRUE(checked.ok()) << checked.status();
   ASSERT_EQ(checked->ablated_changes.size(), 3u);
+  // (All three past position 0: the runs share the prompt's prefix, run once.)
+  EXPECT_GT(std::min({checked->top_entries[0].position, checked->top_entries[1].position,
+                      checked->top_entries[2].position}),
+            0);
   const double clean = Metric(*model, kHook, {}, got->target_token_id, std::nullopt);
   for (int i = 0; i < 3; ++i) {
     const LatentAttribution& e = checked->top_entries[i];
