@@ -914,8 +914,11 @@ std::string AttributionGraphHtml(const v1::AttributionGraphResponse& g, const Vo
       second = absl::StrFormat("%s = %.3g", TokenText(token, vocab), node.activation());
     }
     // The label whole in the tooltip, cut to the box's width inside it.
-    const std::string title =
+    std::string title =
         label.empty() ? name(n) : absl::StrCat(name(n), " (fires most on ", label, ")");
+    if (node.has_ablated_change()) {
+      absl::StrAppendFormat(&title, " · taken out, the metric moves %+.4g", node.ablated_change());
+    }
     const std::string shown = Shortened(label, 26);
     // SVG 2's <a href> (the page is HTML5: no xlink namespace needed).
     const std::string link = GraphNodeLink(g, n, link_pattern);

@@ -91,7 +91,8 @@ ABSL_FLAG(std::string, html, "",
 ABSL_FLAG(int, per_hook, 4, "graph: latents kept per hook (at most 64)");
 ABSL_FLAG(int, ablate, 0,
           "attribute: also take each of the top N entries (at most 64) out of a run of its own "
-          "and measure the metric's change beside its first-order credit");
+          "and measure the metric's change beside its first-order credit; graph: N > 0 does so "
+          "for the output's kept parents");
 ABSL_FLAG(std::string, dot, "", "graph: also write the graph as Graphviz DOT here");
 ABSL_FLAG(double, min_importance, 0,
           "graph: keep no node carrying less than this share of the output (0 to 1)");
@@ -1627,6 +1628,7 @@ int Graph(Client& client, const std::vector<std::string>& args) {
   request.set_per_hook(absl::GetFlag(FLAGS_per_hook));
   request.set_min_importance(absl::GetFlag(FLAGS_min_importance));
   request.set_node_threshold(absl::GetFlag(FLAGS_node_threshold));
+  request.set_ablate(absl::GetFlag(FLAGS_ablate) > 0);
   const int node_tokens = absl::GetFlag(FLAGS_node_tokens);
   if (node_tokens < 0 || node_tokens > 1000) {
     return Usage(absl::StrCat("--node_tokens: ", node_tokens, " outside [0, 1000]"));
@@ -2351,7 +2353,7 @@ datasets:
                                  edges of a sparse feature circuit; --ablate=N: the top N
                                  entries each taken out of a run, the change measured
   graph ID T1 T2 ... [--target=T [--contrast=T] | --target_latent=D:J@P] [--per_hook=N]
-        [--min_importance=F] [--node_threshold=F] [--node_tokens=N] [--dot=FILE.dot]
+        [--min_importance=F] [--node_threshold=F] [--node_tokens=N] [--ablate=1] [--dot=FILE.dot]
         [--layers=D,D,...] [--vocab=F] [--html=FILE.html] [--node_links=PATTERN]
   graph ID --text="..." --vocab=tokenizer.json [...]
                                  an attribution graph over the SAE suite up to dataset ID's

@@ -342,8 +342,12 @@ std::string DescribeAttributionGraph(const v1::AttributionGraphResponse& g,
                     TokenCell(node.position() < o.prompt_size() ? o.prompt(node.position()) : -1,
                               vocab),
                     node.activation());
-      absl::StrAppendFormat(&out, "  %-36s importance %.3f  -> %s\n", what, node.importance(),
-                            absl::StrJoin(to, ", "));
+      absl::StrAppendFormat(
+          &out, "  %-36s importance %.3f  -> %s%s\n", what, node.importance(),
+          absl::StrJoin(to, ", "),
+          node.has_ablated_change()
+              ? absl::StrFormat(" (ablated: %+.3g measured)", node.ablated_change())
+              : "");
       if (std::string label = GraphNodeLabel(g, n, labels); !label.empty()) {
         absl::StrAppend(&out, "      fires most on ", label, "\n");
       }
@@ -394,8 +398,11 @@ std::string AttributionGraphDot(const v1::AttributionGraphResponse& g,
       if (!label.empty()) label = absl::StrCat("\\n", DotText(label));
       std::string link = GraphNodeLink(g, n, link_pattern);
       if (!link.empty()) link = absl::StrCat(", URL=\"", DotText(link), "\"");
-      absl::StrAppendFormat(&out, "    n%d [label=\"%s\\nimportance %.3f%s\"%s];\n", n, what,
-                            node.importance(), label, link);
+      const std::string ablated = node.has_ablated_change()
+                                      ? absl::StrFormat("\\nablated %+.3g", node.ablated_change())
+                                      : "";
+      absl::StrAppendFormat(&out, "    n%d [label=\"%s\\nimportance %.3f%s%s\"%s];\n", n, what,
+                            node.importance(), ablated, label, link);
     }
     out += "  }\n";
   }

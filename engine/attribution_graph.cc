@@ -46,8 +46,17 @@ absl::StatusOr<AttributionGraph> BuildAttributionGraph(
   // not the strongest of any one still shows.
   AttributionQuery query = metric;
   query.top = std::max(20, 4 * per_hook);
-  // The output first: the metric's pass at the last hook.
+  // The output first: the metric's pass at the last hook. Its strongest entries are the
+  // output's parents in the same order (one child: importance is |attribution| over a common
+  // total), so checking per_hook of them checks every parent the hook can keep.
+  query.ablate = options.ablate ? per_hook : 0;
   ASSIGN_OR_RETURN(g.output, passes.metric(hooks - 1, query));
+  query.ablate = 0;
+  std::map<std::pair<int64_t, int64_t>, double> ablated;  // by (latent, position)
+  for (size_t i = 0; i < g.output.ablated_changes.size(); ++i) {
+    const LatentAttribution& e = g.output.top_entries[i];
+    ablated[{e.latent, e.position}] = g.output.ablated_changes[i];
+  }
   int made = 1;
   g.nodes.push_back({hooks, -1, static_cast<int64_t>(g.output.prompt.size()) - 1,
                      static_cast<float>(g.output.metric), 1.0});
@@ -128,6 +137,11 @@ absl::StatusOr<AttributionGraph> BuildAttributionGraph(
     auto add = [&](int64_t latent, int64_t position, const Candidate& c) {
       const int index = static_cast<int>(g.nodes.size());
       g.nodes.push_back({hook, latent, position, c.activation, c.importance});
+      if (hook == hooks - 1) {
+        if (auto it = ablated.find({latent, position}); it != ablated.end()) {
+          g.nodes.back().ablated_change = it->second;
+        }
+      }
       for (const auto& [child, attribution] : c.edges)
         g.edges.push_back({index, child, attribution});
       return index;

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,9 @@ struct GraphNode {
   int64_t position = 0;
   float activation = 0;  // the latent's value there; the output: the metric
   double importance = 0;
+  // With GraphOptions::ablate, for the output's parents: the metric's change with this entry
+  // taken out of a run of its own (attribution.h's ablation check); NaN otherwise.
+  double ablated_change = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct GraphEdge {
@@ -76,6 +80,9 @@ struct GraphOptions {
   // what its latents carry (circuit-tracer's node threshold, per hook), at most per_hook: a hook
   // where a few latents carry nearly everything keeps only those. 1: per_hook alone.
   double node_threshold = 1;
+  // The ablation check of the output's parents: the metric's pass takes each of its per_hook
+  // strongest entries out of a run of its own, and the kept ones carry the measured change.
+  bool ablate = false;
 };
 
 // The passes a graph asks for.

@@ -1,5 +1,6 @@
 #include "engine/attribution_graph.h"
 
+#include <cmath>
 #include <map>
 #include <string>
 #include <tuple>
@@ -44,6 +45,10 @@ class FakePasses {
       out.top_entries.push_back({e.latent, e.position, 1.0f, e.attribution});
     }
     out.error_attribution = it->second.second;
+    // An ablation check that measures twice what the credit predicts.
+    for (int i = 0; i < q.ablate && i < static_cast<int>(out.top_entries.size()); ++i) {
+      out.ablated_changes.push_back(-2 * out.top_entries[i].attribution);
+    }
     return out;
   }
 
@@ -208,6 +213,34 @@ TEST(AttributionGraphTest, NodeThresholdKeepsTheFewestNodesCarryingItsShare) {
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(refused.status().message().find("node_threshold"), std::string::npos) << bad;
   }
+}
+
+// With ablate, the metric's pass checks as many entries as the hook keeps, and the kept
+// parents of the output carry their measured change; no other pass is asked for one.
+TEST(AttributionGraphTest, TheOutputsParentsCarryTheirAblationCheck) {
+  FakePasses passes;
+  passes.Answer({2, -1, -1, -1}, {{10, 4, 2.0}, {11, 3, -1.0}, {12, 2, 0.1}}, 1.0);
+  passes.Answer({1, 2, 10, 4}, {{20, 4, 1.0}}, 0.5);
+  passes.Answer({1, 2, 11, 3}, {{21, 1, -2.0}}, 0.0);
+  GraphOptions options;
+  options.per_hook = 2;
+  options.ablate = true;
+  auto g = BuildAttributionGraph(kHooks, Metric(), options, Calls(passes));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_DOUBLE_EQ(Find(*g, 2, 10, 4)->ablated_change, -4.0);
+  EXPECT_DOUBLE_EQ(Find(*g, 2, 11, 3)->ablated_change, 2.0);
+  EXPECT_TRUE(std::isnan(Find(*g, 2, kGraphErrorNode, -1)->ablated_change));
+  EXPECT_TRUE(std::isnan(Find(*g, 1, 20, 4)->ablated_change));
+  EXPECT_TRUE(std::isnan(g->nodes[0].ablated_change));
+  ASSERT_GE(passes.asked.size(), 2u);
+  EXPECT_EQ(std::get<1>(passes.asked[0]).ablate, 2);
+  for (size_t i = 1; i < passes.asked.size(); ++i)
+    EXPECT_EQ(std::get<1>(passes.asked[i]).ablate, 0);
+  // Without it, none.
+  options.ablate = false;
+  auto plain = BuildAttributionGraph(kHooks, Metric(), options, Calls(passes));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(std::isnan(Find(*plain, 2, 10, 4)->ablated_change));
 }
 
 // A hook whose passes are all refused is noted and skipped: the one before it explains the

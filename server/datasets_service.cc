@@ -1,6 +1,7 @@
 #include "server/datasets_service.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -892,6 +893,7 @@ grpc::Status DatasetsService::AttributionGraph(
   if (request->per_hook() != 0) options.per_hook = request->per_hook();
   options.min_importance = request->min_importance();
   if (request->node_threshold() != 0) options.node_threshold = request->node_threshold();
+  options.ablate = request->ablate();
   const absl::Status cancelled =
       absl::CancelledError("the caller left during the attribution graph");
   engine::GraphPasses passes;
@@ -938,6 +940,7 @@ grpc::Status DatasetsService::AttributionGraph(
     out->set_position(static_cast<int32_t>(node.position));
     out->set_activation(node.activation);
     out->set_importance(node.importance);
+    if (!std::isnan(node.ablated_change)) out->set_ablated_change(node.ablated_change);
   }
   for (const engine::GraphEdge& edge : graph->edges) {
     latentd::v1::GraphEdge* out = response->add_edges();

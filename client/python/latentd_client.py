@@ -387,7 +387,7 @@ class Client:
     def attribution_graph(self, dataset_ids, token_ids, target_token_id=None,
                           contrast_token_id=None, target_latent=None, per_hook=4,
                           output_dataset_id=0, progress=None, min_importance=0.0,
-                          node_threshold=0.0):
+                          node_threshold=0.0, ablate=False):
         """An attribution graph of the prompt over an SAE suite (dataset_ids: its datasets, any
         order; e.g. the outputs of one EXTRACT job): the latents, at their positions, that
         carry the metric hook by hook (AttributionGraph: nodes with their importance, the
@@ -397,13 +397,15 @@ class Client:
         carrying less of the output (pruning a deep suite's passes); node_threshold: each hook
         keeps the fewest nodes (at most per_hook) carrying that share of what its latents carry
         (e.g. 0.8; 0: per_hook alone). Each of the answer's hooks says where what reaches it
-        goes: kept_nodes, kept_importance, error_importance, dropped_importance. progress:
+        goes: kept_nodes, kept_importance, error_importance, dropped_importance. ablate=True:
+        the output's kept parents carry ablated_change, the metric's measured change with each
+        taken out of a run of its own (attribute_prompt's ablation check). progress:
         called with each AttributionGraphProgress (hooks_done, hooks, passes, hook_name) as the
         daemon streams it."""
         request = datasets_pb2.AttributionGraphRequest(
             dataset_ids=[int(d) for d in dataset_ids], token_ids=[int(t) for t in token_ids],
             per_hook=per_hook, output_dataset_id=output_dataset_id,
-            min_importance=min_importance, node_threshold=node_threshold)
+            min_importance=min_importance, node_threshold=node_threshold, ablate=ablate)
         _set_metric(request, target_token_id, contrast_token_id, target_latent)
         graph = None
         for event in self.datasets.AttributionGraph(request, metadata=self.metadata,

@@ -340,6 +340,19 @@ class SteeringTest(DaemonTestCase):
                                + first.dropped_importance, last.kept_importance, places=9)
         kept = sum(n.importance for n in drawn.nodes if n.hook == 1 and n.latent >= 0)
         self.assertAlmostEqual(last.kept_importance, kept, places=9)
+        # With the ablation check the output's kept parents carry the change AttributePrompt's
+        # check measures for the same entries.
+        checked_graph = c.attribution_graph([layer0, dataset], prompt, target_token_id=target,
+                                            per_hook=2, ablate=True)
+        by_entry = {(e.latent, e.position): e.ablated_change for e in c.attribute_prompt(
+            dataset, prompt, target_token_id=target, top=20, ablate=2).top_entries[:2]}
+        parents = [n for n in checked_graph.nodes if n.hook == 1 and n.latent >= 0]
+        self.assertEqual(len(parents), 2)
+        for node in parents:
+            self.assertAlmostEqual(node.ablated_change, by_entry[(node.latent, node.position)],
+                                   places=5)
+        self.assertFalse(any(n.HasField("ablated_change") for n in checked_graph.nodes
+                             if n.hook != 1 or n.latent < 0))
         # A node threshold below the strongest node's share of the latents keeps it alone.
         lone = c.attribution_graph([layer0, dataset], prompt, target_token_id=target,
                                    per_hook=2, node_threshold=1e-6)
