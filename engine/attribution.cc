@@ -59,13 +59,38 @@ absl::Status CheckTargetSae(const AttributionQuery& query, const TargetSae& targ
           absl::StrCat(name, ": not with target_latent (the metric is the target latent's value)"));
     }
   }
-  if (ComputedBefore(target.hook, written.front())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("target_latent.dataset_id: its SAE reads ", HookNameString(target.hook),
-                     ", which the forward computes before ", HookNameString(written.front()),
-                     ", where this dataset's SAE writes: these latents cannot drive it"));
+  // (A crosscoder target is moved through its last source at least.)
+  HookName last = target.hook;
+  for (const HookName& source : target.crosscoder_sources) {
+    if (ComputedBefore(last, source)) last = source;
+  }
+  if (ComputedBefore(last, written.front())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "target_latent.dataset_id: its ",
+        target.crosscoder_sources.empty() ? "SAE reads " : "crosscoder reads nothing later than ",
+        HookNameString(last), ", which the forward computes before ",
+        HookNameString(written.front()),
+        ", where this dataset's SAE writes: these latents cannot drive it"));
   }
   return absl::OkStatus();
+}
+
+// Where a forward that reads `target` (and the attributed SAE's input, a crosscoder's sources)
+// must run to: the hooks to ask ForwardSpliced for, the target's first.
+std::vector<HookName> TargetStops(const SteeringModel& steering, const TargetSae& target) {
+  std::vector<HookName> stops = {target.hook};
+  stops.insert(stops.end(), target.crosscoder_sources.begin(), target.crosscoder_sources.end());
+  stops.insert(stops.end(), steering.crosscoder_sources.begin(), steering.crosscoder_sources.end());
+  return stops;
+}
+
+// The target SAE's input from those hooks' activations (TargetStops' order): its hook's, or a
+// crosscoder's sources side by side, [batch, positions, d_in].
+at::Tensor TargetInput(const TargetSae& target, const std::vector<at::Tensor>& read) {
+  if (target.crosscoder_sources.empty()) return read[0];
+  return at::cat(std::vector<at::Tensor>(read.begin() + 1,
+                                         read.begin() + 1 + target.crosscoder_sources.size()),
+                 2);
 }
 
 // A target latent against its SAE's width and the prompt.
@@ -288,10 +313,8 @@ absl::Status Ablate(const SteeringModel& steering, const std::vector<int64_t>& p
   intervener.ReadCrosscoder(model, tokens, cache);
   at::Tensor metric;  // per run, the clean one first
   if (out->target_latent) {
-    std::vector<HookName> stops = {target->hook};
-    stops.insert(stops.end(), steering.crosscoder_sources.begin(),
-                 steering.crosscoder_sources.end());
-    const at::Tensor read = model.ForwardSpliced(tokens, stops, splices, &cache)[0];
+    const at::Tensor read = TargetInput(
+        *target, model.ForwardSpliced(tokens, TargetStops(steering, *target), splices, &cache));
     metric = target->sae
                  ->LatentValue(read.select(1, out->target_latent->position - first).to(at::kFloat),
                                out->target_latent->latent)
@@ -385,13 +408,11 @@ absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> AttributeToLatent
   {
     at::AutoGradMode grad_mode(true);  // queries run under NoGradGuard
     const at::Tensor tokens = at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n});
-    // Only as far as the target's hook (the rest of the model does not move it) and a
+    // Only as far as the target's hooks (the rest of the model does not move it) and a
     // crosscoder's sources (its input), once: each target's backward pass keeps the graph for
     // the next.
-    std::vector<HookName> stops = {target.hook};
-    stops.insert(stops.end(), steering.crosscoder_sources.begin(),
-                 steering.crosscoder_sources.end());
-    const at::Tensor target_input = model.ForwardSpliced(tokens, stops, splices)[0];
+    const at::Tensor target_input =
+        TargetInput(target, model.ForwardSpliced(tokens, TargetStops(steering, target), splices));
     for (size_t i = 0; i < targets.size(); ++i) {
       const TargetLatent& t = targets[i];
       if (absl::Status checked = CheckTargetLatent(t, target, n); !checked.ok()) {

@@ -35,10 +35,12 @@ struct TargetLatent {
   int64_t position = 0;  // of the prompt as run (a prepended BOS is 0)
 };
 
-// The SAE that reads a TargetLatent, and the hook it reads.
+// The SAE that reads a TargetLatent, and the hook it reads; a crosscoder over hooks of the
+// model reads `crosscoder_sources` side by side instead (in its blocks' order; `hook` the first).
 struct TargetSae {
   const Sae* sae = nullptr;
   HookName hook;
+  std::vector<HookName> crosscoder_sources;
 };
 
 struct AttributionQuery {

@@ -248,6 +248,58 @@ TEST(AttributionTest, ACrossLayerTranscodersLatentsActAtEveryLayerTheyWrite) {
             0.05 * std::abs(got->latent_attribution));
 }
 
+// A crosscoder's latent as the target: an SAE before both its sources drives it through each
+// (its value read from both, side by side); one that writes after them cannot.
+TEST(AttributionTest, ACrosscodersLatentIsDrivenThroughEverySource) {
+  const std::string upstream_hook = "blocks.0.hook_resid_mid";
+  const std::unique_ptr<Gpt2Model> model = InterventionModel(upstream_hook);
+  const Sae sae = InterventionSae(false);
+  const Sae crosscoder = InterventionCrosscoder();
+  TargetSae reads{&crosscoder, *ParseHookName(kInterventionCrosscoder[0])};
+  for (const std::string& hook : kInterventionCrosscoder) {
+    reads.crosscoder_sources.push_back(*ParseHookName(hook));
+  }
+  // The crosscoder's value of latent j at `position` with `add` at the upstream hook.
+  auto value = [&](const at::Tensor& add, int64_t j, int64_t position) {
+    at::NoGradGuard no_grad;
+    const HookSplices splices = {
+        {*ParseHookName(upstream_hook), [&](const at::Tensor& x) { return x + add; }}};
+    const std::vector<at::Tensor> read = model->ForwardSpliced(
+        at::tensor(kInterventionPrompt).view({1, -1}), reads.crosscoder_sources, splices);
+    return crosscoder.EncodeDense(at::cat({read[0][0], read[1][0]}, 1))[position][j].item<double>();
+  };
+  const int64_t n = static_cast<int64_t>(kInterventionPrompt.size()), position = 6;
+  const at::Tensor none = at::zeros({n, kInterventionWidth});
+  int64_t j = 0;
+  for (int64_t l = 0; l < kInterventionLatents; ++l) {
+    if (value(none, l, position) > value(none, j, position)) j = l;
+  }
+  ASSERT_GT(value(none, j, position), 0);
+  AttributionQuery q;
+  q.top = 1000;
+  q.target_latent = TargetLatent{j, position};
+  const SteeringModel upstream{model.get(), &sae, *ParseHookName(upstream_hook), std::nullopt};
+  auto got = AttributePrompt(upstream, kInterventionPrompt, false, q, &reads);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_NEAR(got->metric, value(none, j, position), 1e-4);
+  const double eps = 1e-3;
+  for (int i = 0; i < 3; ++i) {
+    const LatentAttribution& e = got->top_entries[i];
+    const at::Tensor d = EntryDirection(sae, e);
+    ExpectDerivative((value(d * eps, j, position) - value(d * -eps, j, position)) / (2 * eps),
+                     e.attribution, "crosscoder target entry " + std::to_string(i));
+  }
+  // An SAE that writes after both sources cannot drive it.
+  const SteeringModel later{model.get(), &sae, *ParseHookName("blocks.2.hook_resid_post"),
+                            std::nullopt};
+  auto refused = AttributePrompt(later, kInterventionPrompt, false, q, &reads);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find(
+                "its crosscoder reads nothing later than blocks.1.hook_resid_post"),
+            std::string::npos)
+      << refused.status();
+}
+
 // The value of latent `latent` of `target` (reading `target_hook`) at `position` in the
 // prompt's run with `adds`.
 double TargetValue(Gpt2Model& m, const HookAdds& adds, const Sae& target,

@@ -1215,22 +1215,40 @@ absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
     }
     const DatasetInputs& of_target = *inputs_of_target;
     const uint64_t id = target_dataset->dataset_id;
-    if (!of_target.crosscoder_reads.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "target_latent.dataset_id: dataset ", id, "'s SAE is a crosscoder (it reads ",
-          of_target.crosscoder_reads, "): its latents are not read at one hook of this model"));
+    // A crosscoder over hooks of this model reads them side by side; one over another model's
+    // (model diffing) or stored rows is not this forward's.
+    std::vector<HookName> sources;
+    for (const DatasetInputs::SourceModel& source : of_target.crosscoder_models) {
+      if (!source.unknown.empty() ||
+          source.spec.model().SerializeAsString() !=
+              of_target.crosscoder_models[0].spec.model().SerializeAsString() ||
+          source.model_weight_hash != of_target.crosscoder_models[0].model_weight_hash) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "target_latent.dataset_id: dataset ", id,
+            "'s SAE is a crosscoder over two models' "
+            "activations (it reads ",
+            of_target.crosscoder_reads,
+            "): one forward pass gives one model's (a crosscoder over hooks of one model can be "
+            "the target)"));
+      }
+      ASSIGN_OR_RETURN(const HookName hook, ParseHookName(source.spec.hook_name()));
+      sources.push_back(hook);
     }
     const bool hashes_differ = !dataset.model_weight_hash.empty() &&
                                !target_dataset->model_weight_hash.empty() &&
                                dataset.model_weight_hash != target_dataset->model_weight_hash;
+    const latentd::v1::ModelSpec& target_model = of_target.crosscoder_models.empty()
+                                                     ? of_target.spec.model()
+                                                     : of_target.crosscoder_models[0].spec.model();
     if (hashes_differ ||
-        of_target.spec.model().SerializeAsString() != out.in.model_spec.SerializeAsString()) {
+        target_model.SerializeAsString() != out.in.model_spec.SerializeAsString()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "target_latent.dataset_id: dataset ", id, " was made with another model than dataset ",
           dataset.dataset_id, " (or other weights): the target must read the same forward pass"));
     }
     ASSIGN_OR_RETURN(out.target_sae, PromptSaeFor(*target_dataset, of_target.sae_dir));
-    out.target = TargetSae{&out.target_sae->sae, of_target.hook};
+    out.target =
+        TargetSae{&out.target_sae->sae, sources.empty() ? of_target.hook : sources[0], sources};
   }
   // The backward pass keeps every block's activations of the whole prompt, the ablation check a
   // block's of 1 + ablate runs: refused with the numbers rather than an allocation that could

@@ -1079,6 +1079,15 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
       EXPECT_GT(steered->kl_divergence, 0);
       ASSERT_TRUE(attributed.ok()) << attributed.status();
       EXPECT_FALSE(attributed->top_entries.empty());
+      // Its latent as a target (read from both hooks): here of its own latents.
+      const PromptToken& last = got->tokens.back();
+      ASSERT_FALSE(last.latents.empty());
+      AttributionQuery to_latent;
+      to_latent.token_ids = prompt.token_ids;
+      to_latent.target_latent = TargetLatent{last.latents[0].index, 3};
+      auto driven = models.AttributePrompt(source, to_latent, &source);
+      ASSERT_TRUE(driven.ok()) << driven.status();
+      EXPECT_NEAR(driven->metric, last.latents[0].score, 1e-4);
     } else {
       for (const absl::Status& s : {steered.status(), attributed.status()}) {
         EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
@@ -1087,6 +1096,17 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
                   std::string::npos)
             << s;
       }
+      // Nor is its latent a target of one model's forward.
+      AttributionQuery to_latent;
+      to_latent.token_ids = prompt.token_ids;
+      to_latent.target_latent = TargetLatent{0, 3};
+      const DatasetSource of_one_model{80, 80, sae->weight_hash(), "", kDSae};
+      auto refused = models.AttributePrompt(of_one_model, to_latent, &source);
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_NE(refused.status().message().find("target_latent.dataset_id: dataset 81's SAE is a "
+                                                "crosscoder over two models' activations"),
+                std::string::npos)
+          << refused.status();
     }
     const at::Tensor ids = at::tensor(prompt.token_ids, at::kLong).view({1, -1});
     auto first = CreateReferenceModel(SmallModel(), *ParseHookName(hooks[0]), at::Device(at::kCPU));
