@@ -1026,6 +1026,10 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual(len(credited.top_entries), 5)
         for e in credited.top_entries:
             self.assertAlmostEqual(e.activation, prompted[e.position, e.latent], delta=1e-3)
+        # And its latent as a target, read from both hooks: the value the prompt encodes to.
+        driven = c.attribute_prompt(dataset, first[:16], target_latent=(dataset, latent, position),
+                                    top=3)
+        self.assertAlmostEqual(driven.metric, prompted[position, latent], delta=1e-3)
 
         # Its hooks must be named, in number, alike in width; one output only.
         for spec, field in (
