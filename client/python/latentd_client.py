@@ -868,12 +868,14 @@ class AttributionGraphView:
             alpha = 0.8 if n == 0 or most <= 0 else 0.8 * node.importance / most
             label = self._label(node) if n > 0 else ""
             shown = label if len(label) <= 26 else label[:25] + "\u2026"
+            notes = (" · fires most on " + label if label else "") + (
+                " · taken out, the metric moves %+.4g" % node.ablated_change
+                if node.HasField("ablated_change") else "")
             parts.append('<g><title>importance %.3f%s</title><rect x="%d" y="%d" width="170" '
                          'height="%d" rx="4" fill="rgba(255,102,0,%.3f)" stroke="#999"/>'
                          '<text x="%d" y="%d">%s</text><text x="%d" y="%d" '
                          'font-family="monospace">%s</text>%s</g>'
-                         % (node.importance,
-                            html.escape(" · fires most on " + label) if label else "", x, y,
+                         % (node.importance, html.escape(notes), x, y,
                             box, alpha, x + 6, y + 15, html.escape(first), x + 6, y + 31,
                             html.escape(str(second)),
                             '<text x="%d" y="%d" fill="#444">%s</text>'

@@ -353,6 +353,10 @@ class SteeringTest(DaemonTestCase):
                                    places=5)
         self.assertFalse(any(n.HasField("ablated_change") for n in checked_graph.nodes
                              if n.hook != 1 or n.latent < 0))
+        checked_view = c.show_attribution_graph([layer0, dataset], prompt,
+                                                target_token_id=target, per_hook=2,
+                                                ablate=True)._repr_html_()
+        self.assertEqual(checked_view.count("taken out, the metric moves"), 2)
         # A node threshold below the strongest node's share of the latents keeps it alone.
         lone = c.attribution_graph([layer0, dataset], prompt, target_token_id=target,
                                    per_hook=2, node_threshold=1e-6)
