@@ -1523,10 +1523,9 @@ int WriteGraphNodePages(Client& client, const v1::AttributionGraphResponse& grap
   const std::filesystem::path page(html);
   const std::string folder = absl::StrCat(page.stem().string(), "-pages");
   std::map<uint64_t, std::set<int32_t>> latents;  // by dataset
-  for (const v1::GraphNode& node : graph.nodes()) {
-    if (node.latent() >= 0 && node.hook() >= 0 && node.hook() < graph.hooks_size()) {
-      latents[graph.hooks(node.hook()).dataset_id()].insert(node.latent());
-    }
+  for (int n = 1; n < graph.nodes_size(); ++n) {
+    if (const auto latent = GraphNodeLatent(graph, n))
+      latents[latent->first].insert(latent->second);
   }
   size_t total = 0, done = 0;
   for (const auto& [dataset, of_it] : latents) total += of_it.size();
@@ -1579,10 +1578,9 @@ GraphNodeLabels TopTokenLabels(Client& client, const v1::AttributionGraphRespons
   GraphNodeLabels labels;
   bool warned = false;
   for (int n = 1; n < graph.nodes_size(); ++n) {
-    const v1::GraphNode& node = graph.nodes(n);
-    if (node.latent() < 0 || node.hook() < 0 || node.hook() >= graph.hooks_size()) continue;
-    const std::pair<uint64_t, int32_t> key{graph.hooks(node.hook()).dataset_id(), node.latent()};
-    if (labels.count(key) > 0) continue;
+    const auto latent = GraphNodeLatent(graph, n);
+    if (!latent || labels.count(*latent) > 0) continue;
+    const std::pair<uint64_t, int32_t> key = *latent;
     v1::GetLatentRequest request;
     request.set_dataset_id(key.first);
     request.set_latent(key.second);

@@ -267,23 +267,28 @@ std::string AblationSummary(const v1::AttributePromptResponse& r) {
   return out;
 }
 
+std::optional<std::pair<uint64_t, int32_t>> GraphNodeLatent(const v1::AttributionGraphResponse& g,
+                                                            int n) {
+  if (n <= 0 || n >= g.nodes_size()) return std::nullopt;
+  const v1::GraphNode& node = g.nodes(n);
+  if (node.latent() < 0 || node.hook() < 0 || node.hook() >= g.hooks_size()) return std::nullopt;
+  return std::pair{g.hooks(node.hook()).dataset_id(), node.latent()};
+}
+
 std::string GraphNodeLabel(const v1::AttributionGraphResponse& g, int n,
                            const GraphNodeLabels* labels) {
-  if (labels == nullptr || n <= 0 || n >= g.nodes_size()) return "";
-  const v1::GraphNode& node = g.nodes(n);
-  if (node.latent() < 0 || node.hook() < 0 || node.hook() >= g.hooks_size()) return "";
-  auto it = labels->find({g.hooks(node.hook()).dataset_id(), node.latent()});
+  const auto latent = GraphNodeLatent(g, n);
+  if (labels == nullptr || !latent) return "";
+  auto it = labels->find(*latent);
   return it == labels->end() ? "" : it->second;
 }
 
 std::string GraphNodeLink(const v1::AttributionGraphResponse& g, int n,
                           const std::string& pattern) {
-  if (pattern.empty() || n <= 0 || n >= g.nodes_size()) return "";
-  const v1::GraphNode& node = g.nodes(n);
-  if (node.latent() < 0 || node.hook() < 0 || node.hook() >= g.hooks_size()) return "";
-  return absl::StrReplaceAll(pattern,
-                             {{"{dataset}", absl::StrCat(g.hooks(node.hook()).dataset_id())},
-                              {"{latent}", absl::StrCat(node.latent())}});
+  const auto latent = GraphNodeLatent(g, n);
+  if (pattern.empty() || !latent) return "";
+  return absl::StrReplaceAll(pattern, {{"{dataset}", absl::StrCat(latent->first)},
+                                       {"{latent}", absl::StrCat(latent->second)}});
 }
 
 std::string HookCoverageText(const v1::GraphHook& hook) {

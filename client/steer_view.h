@@ -53,6 +53,11 @@ std::string DescribeAttribution(uint64_t dataset_id,
 // (latentctl graph asks GetLatent): a short label per (dataset id, latent), shown with the node.
 using GraphNodeLabels = std::map<std::pair<uint64_t, int32_t>, std::string>;
 
+// Node n's latent as (its hook's dataset id, latent); nullopt for the output, an error node or
+// an index out of range.
+std::optional<std::pair<uint64_t, int32_t>> GraphNodeLatent(
+    const latentd::v1::AttributionGraphResponse& graph, int n);
+
 // Node n's label from `labels` (may be null): empty for the output, an error node or a latent
 // without one.
 std::string GraphNodeLabel(const latentd::v1::AttributionGraphResponse& graph, int n,
