@@ -21,38 +21,40 @@ std::unique_ptr<Gpt2Model> InterventionModel(const std::string& hook) {
   return m.ok() ? std::move(*m) : nullptr;
 }
 
-Sae InterventionSae(bool transcoder) {
-  const int64_t d = kInterventionWidth, n = kInterventionLatents;
-  at::manual_seed(11);
-  SaeConfig cfg;
-  cfg.d_in = d;
+namespace {
+
+// A TopK SAE (k = 4, kInterventionLatents latents) of `cfg`'s other fields, its weights drawn
+// with `seed` (the decoder's output as wide as its input).
+Sae RandomTopKSae(SaeConfig cfg, uint64_t seed) {
+  const int64_t d = cfg.d_in, n = kInterventionLatents;
+  at::manual_seed(seed);
   cfg.d_sae = n;
   cfg.architecture = SaeArchitecture::kTopK;
   cfg.k = 4;
-  cfg.transcoder = transcoder;
-  cfg.d_out = transcoder ? d : 0;
-  cfg.apply_b_dec_to_input = !transcoder;
   auto sae = Sae::Create(cfg, {at::randn({d, n}) * 0.5, at::randn({n}) * 0.1 + 0.5,
                                at::randn({n, d}), at::randn({d}) * 0.1});
   EXPECT_TRUE(sae.ok()) << sae.status();
   return *std::move(sae);
 }
 
-Sae InterventionCrosscoder() {
-  const int64_t d = 2 * kInterventionWidth, n = kInterventionLatents;
-  at::manual_seed(17);
+}  // namespace
+
+Sae InterventionSae(bool transcoder) {
   SaeConfig cfg;
-  cfg.d_in = d;
-  cfg.d_sae = n;
-  cfg.architecture = SaeArchitecture::kTopK;
-  cfg.k = 4;
+  cfg.d_in = kInterventionWidth;
+  cfg.transcoder = transcoder;
+  cfg.d_out = transcoder ? kInterventionWidth : 0;
+  cfg.apply_b_dec_to_input = !transcoder;
+  return RandomTopKSae(cfg, 11);
+}
+
+Sae InterventionCrosscoder() {
+  SaeConfig cfg;
+  cfg.d_in = 2 * kInterventionWidth;
   cfg.apply_b_dec_to_input = false;
   cfg.crosscoder_sources = 2;
   cfg.crosscoder_hooks = kInterventionCrosscoder;
-  auto sae = Sae::Create(cfg, {at::randn({d, n}) * 0.5, at::randn({n}) * 0.1 + 0.5,
-                               at::randn({n, d}), at::randn({d}) * 0.1});
-  EXPECT_TRUE(sae.ok()) << sae.status();
-  return *std::move(sae);
+  return RandomTopKSae(cfg, 17);
 }
 
 void WriteInterventionClt(const std::string& dir) {
