@@ -995,6 +995,35 @@ absl::Status CheckPromptFits(const std::vector<int64_t>& ids, const std::vector<
 
 }  // namespace
 
+namespace {
+
+// A crosscoder's source `source` as a dataset of its own model: that model's weight hash, and
+// inputs whose spec is the source's and whose hooks are every source of the same model (one
+// forward pass gives them all). FAILED_PRECONDITION when the source's model is not known.
+absl::StatusOr<std::pair<DatasetSource, DatasetInputs>> CrosscoderSourceInputs(
+    const DatasetSource& dataset, const DatasetInputs& inputs,
+    const DatasetInputs::SourceModel& source) {
+  if (!source.unknown.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the crosscoder's input for a prompt: ", source.unknown));
+  }
+  std::pair<DatasetSource, DatasetInputs> out{dataset, DatasetInputs()};
+  auto& [of_source, part] = out;
+  of_source.model_weight_hash = source.model_weight_hash;
+  part.spec = source.spec;
+  for (const DatasetInputs::SourceModel& other : inputs.crosscoder_models) {
+    if (other.spec.model().SerializeAsString() != source.spec.model().SerializeAsString() ||
+        std::find(part.job_hooks.begin(), part.job_hooks.end(), other.spec.hook_name()) !=
+            part.job_hooks.end()) {
+      continue;
+    }
+    part.job_hooks.push_back(other.spec.hook_name());
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& dataset,
                                                           const PromptQuery& query) {
   const std::vector<int64_t>& ids = query.token_ids;
@@ -1014,21 +1043,7 @@ absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& d
   std::vector<std::pair<DatasetSource, DatasetInputs>> parts;
   if (inputs.crosscoder_reads.empty()) parts.emplace_back(dataset, inputs);
   for (const DatasetInputs::SourceModel& source : inputs.crosscoder_models) {
-    if (!source.unknown.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the crosscoder's input for a prompt: ", source.unknown));
-    }
-    auto& [of_source, part] = parts.emplace_back(dataset, DatasetInputs());
-    of_source.model_weight_hash = source.model_weight_hash;
-    part.spec = source.spec;
-    for (const DatasetInputs::SourceModel& other : inputs.crosscoder_models) {
-      if (other.spec.model().SerializeAsString() != source.spec.model().SerializeAsString() ||
-          std::find(part.job_hooks.begin(), part.job_hooks.end(), other.spec.hook_name()) !=
-              part.job_hooks.end()) {
-        continue;
-      }
-      part.job_hooks.push_back(other.spec.hook_name());
-    }
+    ASSIGN_OR_RETURN(parts.emplace_back(), CrosscoderSourceInputs(dataset, inputs, source));
   }
   if (parts.empty()) {  // (InputsOf names a crosscoder's sources with what it reads)
     return absl::InternalError(
@@ -1116,10 +1131,7 @@ absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
   if (!inputs.crosscoder_reads.empty()) {
     const DatasetInputs::SourceModel& first = inputs.crosscoder_models.front();
     for (const DatasetInputs::SourceModel& source : inputs.crosscoder_models) {
-      if (!source.unknown.empty()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("the crosscoder's input for a prompt: ", source.unknown));
-      }
+      RETURN_IF_ERROR(CrosscoderSourceInputs(dataset, inputs, source).status());
       if (source.spec.model().SerializeAsString() != first.spec.model().SerializeAsString() ||
           source.model_weight_hash != first.model_weight_hash) {
         return absl::FailedPreconditionError(
@@ -1134,18 +1146,12 @@ absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
       ASSIGN_OR_RETURN(const HookName hook, ParseHookName(source.spec.hook_name()));
       sources.push_back(hook);
     }
-    of_model.model_weight_hash = first.model_weight_hash;
-    DatasetInputs part;
-    part.spec = first.spec;
-    part.sae_dir = inputs.sae_dir;
-    part.hook = sources.front();
-    for (const DatasetInputs::SourceModel& source : inputs.crosscoder_models) {
-      if (std::find(part.job_hooks.begin(), part.job_hooks.end(), source.spec.hook_name()) ==
-          part.job_hooks.end()) {
-        part.job_hooks.push_back(source.spec.hook_name());
-      }
-    }
-    inputs = std::move(part);
+    // One model: the first source's inputs hold every source's hook.
+    ASSIGN_OR_RETURN(auto of_first, CrosscoderSourceInputs(dataset, inputs, first));
+    of_first.second.sae_dir = inputs.sae_dir;
+    of_first.second.hook = sources.front();
+    of_model = std::move(of_first.first);
+    inputs = std::move(of_first.second);
   }
   if (inputs.spec.model().has_torchscript()) {  // known before loading it
     return absl::FailedPreconditionError(absl::StrCat(
