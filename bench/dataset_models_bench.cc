@@ -11,7 +11,8 @@
 // stream) and a prompt through every layer's dataset in turn, as `latentctl prompt --all_hooks`
 // asks: the suite extracted by one job (its datasets share one model) against the same suite
 // extracted by N one-hook jobs (a model per dataset), rounds=R times each; then an attribution
-// graph of the prompt's prediction over the suite (4 nodes a hook), the median of R.
+// graph of the prompt's prediction over the suite (4 nodes a hook), the median of R, with a
+// forward per pass, per hook, and per hook with the ablation check of every edge.
 //
 // With steer=N: SteerPrompt on a 64-token prompt of a reference model of layers=L (default 12,
 // GPT-2 small's shape at d_in 768) with an SAE of 4096 latents at its middle block, without and
@@ -206,6 +207,17 @@ int RunSuite(const std::string& root, int64_t layers, int64_t d_in, int64_t voca
         "passes\n",
         static_cast<long long>(layers), name, *graph, made);
   }
+  // The same graph with every edge's ablation check (a batch of 5 runs per child).
+  latentd::engine::GraphOptions checked;
+  checked.ablate = true;
+  const std::optional<double> with_check = MedianSeconds(rounds, [&] {
+    return latentd::engine::BuildAttributionGraph(hooks, metric, checked, shared).status();
+  });
+  if (!with_check) return 1;
+  std::printf(
+      "AttributionGraph, a forward per hook, with the ablation check of its edges: %.3f s "
+      "(median)\n",
+      *with_check);
   return 0;
 }
 

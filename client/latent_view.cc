@@ -889,10 +889,14 @@ std::string AttributionGraphHtml(const v1::AttributionGraphResponse& g, const Vo
     absl::StrAppendFormat(
         &html,
         "<path d=\"M%d %d C%d %d %d %d %d %d\" fill=\"none\" stroke=\"%s\" "
-        "stroke-width=\"%.2f\" stroke-opacity=\"0.6\"><title>%s &#8594; %s: %+.4g</title></path>\n",
+        "stroke-width=\"%.2f\" stroke-opacity=\"0.6\"><title>%s &#8594; %s: "
+        "%+.4g%s</title></path>\n",
         from_x, y1 + kHeight / 2, mid, y1 + kHeight / 2, mid, y2 + kHeight / 2, x2,
         y2 + kHeight / 2, e.attribution() >= 0 ? "#0066ff" : "#ff3300", 0.5 + 5 * share,
-        HtmlEscape(name(e.from_node())), HtmlEscape(name(e.to_node())), e.attribution());
+        HtmlEscape(name(e.from_node())), HtmlEscape(name(e.to_node())), e.attribution(),
+        e.has_ablated_change()
+            ? absl::StrFormat(" &#183; taken out, it moves by %+.4g", e.ablated_change())
+            : "");
   }
   double most = 0;  // the largest importance but the output's (1), which shades fully
   for (int n = 1; n < g.nodes_size(); ++n) most = std::max(most, g.nodes(n).importance());
@@ -914,11 +918,8 @@ std::string AttributionGraphHtml(const v1::AttributionGraphResponse& g, const Vo
       second = absl::StrFormat("%s = %.3g", TokenText(token, vocab), node.activation());
     }
     // The label whole in the tooltip, cut to the box's width inside it.
-    std::string title =
+    const std::string title =
         label.empty() ? name(n) : absl::StrCat(name(n), " (fires most on ", label, ")");
-    if (node.has_ablated_change()) {
-      absl::StrAppendFormat(&title, " · taken out, the metric moves %+.4g", node.ablated_change());
-    }
     const std::string shown = Shortened(label, 26);
     // SVG 2's <a href> (the page is HTML5: no xlink namespace needed).
     const std::string link = GraphNodeLink(g, n, link_pattern);

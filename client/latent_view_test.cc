@@ -655,6 +655,12 @@ TEST(LatentViewTest, AGraphPageShowsCoverageAndNodeLabels) {
             std::string::npos)
       << html;
   EXPECT_NE(html.find("<rect x=\"240\" y=\"116\""), std::string::npos) << html;
+  // An edge with its ablation check: the measured change in its tooltip.
+  v1::AttributionGraphResponse checked = g;
+  checked.mutable_edges(0)->set_ablated_change(-1.5);
+  EXPECT_NE(AttributionGraphHtml(checked, nullptr)
+                .find("<title>#40@2 &#8594; output: +2 &#183; taken out, it moves by -1.5</title>"),
+            std::string::npos);
   // Linked: each latent's box inside an <a> to its page; the error node and output not.
   const std::string linked =
       AttributionGraphHtml(g, nullptr, &labels, "board-{dataset}/latent-{latent}.html");

@@ -334,10 +334,12 @@ std::string DescribeAttributionGraph(const v1::AttributionGraphResponse& g,
         if (to.size() == 4) break;
         const v1::GraphNode& child = g.nodes(e->to_node());
         to.push_back(absl::StrFormat(
-            "%s %+.3g",
+            "%s %+.3g%s",
             e->to_node() == 0 ? "output"
                               : absl::StrFormat("#%d@%d", child.latent(), child.position()),
-            e->attribution()));
+            e->attribution(),
+            e->has_ablated_change() ? absl::StrFormat(" (ablated %+.3g)", e->ablated_change())
+                                    : ""));
       }
       const std::string what =
           node.latent() < 0
@@ -347,12 +349,8 @@ std::string DescribeAttributionGraph(const v1::AttributionGraphResponse& g,
                     TokenCell(node.position() < o.prompt_size() ? o.prompt(node.position()) : -1,
                               vocab),
                     node.activation());
-      absl::StrAppendFormat(
-          &out, "  %-36s importance %.3f  -> %s%s\n", what, node.importance(),
-          absl::StrJoin(to, ", "),
-          node.has_ablated_change()
-              ? absl::StrFormat(" (ablated: %+.3g measured)", node.ablated_change())
-              : "");
+      absl::StrAppendFormat(&out, "  %-36s importance %.3f  -> %s\n", what, node.importance(),
+                            absl::StrJoin(to, ", "));
       if (std::string label = GraphNodeLabel(g, n, labels); !label.empty()) {
         absl::StrAppend(&out, "      fires most on ", label, "\n");
       }
@@ -403,11 +401,8 @@ std::string AttributionGraphDot(const v1::AttributionGraphResponse& g,
       if (!label.empty()) label = absl::StrCat("\\n", DotText(label));
       std::string link = GraphNodeLink(g, n, link_pattern);
       if (!link.empty()) link = absl::StrCat(", URL=\"", DotText(link), "\"");
-      const std::string ablated = node.has_ablated_change()
-                                      ? absl::StrFormat("\\nablated %+.3g", node.ablated_change())
-                                      : "";
-      absl::StrAppendFormat(&out, "    n%d [label=\"%s\\nimportance %.3f%s%s\"%s];\n", n, what,
-                            node.importance(), ablated, label, link);
+      absl::StrAppendFormat(&out, "    n%d [label=\"%s\\nimportance %.3f%s\"%s];\n", n, what,
+                            node.importance(), label, link);
     }
     out += "  }\n";
   }
@@ -422,10 +417,11 @@ std::string AttributionGraphDot(const v1::AttributionGraphResponse& g,
   for (const v1::GraphEdge& e : g.edges()) {
     if (!valid(e.from_node()) || !valid(e.to_node())) continue;
     const double into = strongest_into[e.to_node()];
-    absl::StrAppendFormat(&out, "  n%d -> n%d [color=\"%s\", penwidth=%.2f, label=\"%+.3g\"];\n",
-                          e.from_node(), e.to_node(), e.attribution() >= 0 ? "#0066ff" : "#ff3300",
-                          0.5 + 4 * (into > 0 ? std::abs(e.attribution()) / into : 0.0),
-                          e.attribution());
+    absl::StrAppendFormat(
+        &out, "  n%d -> n%d [color=\"%s\", penwidth=%.2f, label=\"%+.3g%s\"];\n", e.from_node(),
+        e.to_node(), e.attribution() >= 0 ? "#0066ff" : "#ff3300",
+        0.5 + 4 * (into > 0 ? std::abs(e.attribution()) / into : 0.0), e.attribution(),
+        e.has_ablated_change() ? absl::StrFormat(" (ablated %+.3g)", e.ablated_change()) : "");
   }
   out += "}\n";
   return out;

@@ -245,14 +245,15 @@ TEST(SteerViewTest, AnAttributionGraphListsEachHooksNodesAndEdges) {
   EXPECT_NE(linked.find("importance 0.500\", URL=\"b6/l-40.html\"];"), std::string::npos) << linked;
   EXPECT_EQ(linked.find("URL", linked.find("n2 [")), std::string::npos) << linked;
   EXPECT_EQ(GraphNodeLink(g, 0, "b{dataset}/l-{latent}.html"), "");
-  // An output parent with its ablation check says what taking it out measured.
-  g.mutable_nodes(1)->set_ablated_change(-2.5);
-  EXPECT_NE(DescribeAttributionGraph(g, *vocab).find(
-                "importance 0.500  -> output +2 (ablated: -2.5 measured)\n"),
+  // An edge with its ablation check says what taking its parent out measured.
+  g.mutable_edges(0)->set_ablated_change(-2.5);
+  EXPECT_NE(
+      DescribeAttributionGraph(g, *vocab).find("importance 0.500  -> output +2 (ablated -2.5)\n"),
+      std::string::npos);
+  EXPECT_NE(AttributionGraphDot(g, *vocab).find("n1 -> n0 [color=\"#0066ff\", penwidth=4.50, "
+                                                "label=\"+2 (ablated -2.5)\"];"),
             std::string::npos);
-  EXPECT_NE(AttributionGraphDot(g, *vocab).find("\\nimportance 0.500\\nablated -2.5\"]"),
-            std::string::npos);
-  g.mutable_nodes(1)->clear_ablated_change();
+  g.mutable_edges(0)->clear_ablated_change();
   // Without coverage or labels (an older daemon's answer) the cluster and node say no more.
   g.mutable_hooks(0)->clear_kept_importance();
   g.mutable_hooks(0)->clear_error_importance();

@@ -355,10 +355,6 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
     ASSIGN_OR_RETURN(std::vector<absl::StatusOr<AttributionResult>> answers,
                      AttributeToLatents(steering, prompt, bos_prepended, query, *target,
                                         {*query.target_latent}));
-    if (answers.front().ok()) {
-      at::NoGradGuard no_grad;
-      RETURN_IF_ERROR(Ablate(steering, prompt, query.ablate, target, &*answers.front()));
-    }
     return std::move(answers.front());
   }
   ActivationModel& model = *steering.model;
@@ -441,6 +437,9 @@ absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> AttributeToLatent
   at::NoGradGuard no_grad;
   if (!credited.empty()) {
     RETURN_IF_ERROR(Credit(steering, pass, n, query.top > 0 ? query.top : 20, gradients, credited));
+  }
+  for (AttributionResult* answer : credited) {
+    RETURN_IF_ERROR(Ablate(steering, prompt, query.ablate, &target, answer));
   }
   return answers;
 }

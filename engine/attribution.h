@@ -56,7 +56,7 @@ struct AttributionQuery {
   // The ablation check: the first `ablate` top entries (at most kMaxAblatedEntries) are each
   // taken out of a run of their own (the latent's value 0 at its position, as steering's SET 0
   // does, the error left in), one batch, and m measured: how far the first-order credit holds.
-  // AttributePrompt only; 0: none.
+  // AttributeToLatents checks each target's entries so (a batch per target). 0: none.
   int ablate = 0;
 };
 

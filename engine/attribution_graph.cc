@@ -16,7 +16,7 @@ namespace {
 struct Candidate {
   float activation = 0;
   double importance = 0;
-  std::vector<std::pair<int, double>> edges;  // (child node, attribution)
+  std::vector<GraphEdge> edges;  // `from` unset until the parent is kept
 };
 
 }  // namespace
@@ -46,17 +46,11 @@ absl::StatusOr<AttributionGraph> BuildAttributionGraph(
   // not the strongest of any one still shows.
   AttributionQuery query = metric;
   query.top = std::max(20, 4 * per_hook);
-  // The output first: the metric's pass at the last hook. Its strongest entries are the
-  // output's parents in the same order (one child: importance is |attribution| over a common
-  // total), so checking per_hook of them checks every parent the hook can keep.
+  // A child's strongest parents are its strongest entries, so checking per_hook of them checks
+  // every parent a child alone would keep.
   query.ablate = options.ablate ? per_hook : 0;
+  // The output first: the metric's pass at the last hook.
   ASSIGN_OR_RETURN(g.output, passes.metric(hooks - 1, query));
-  query.ablate = 0;
-  std::map<std::pair<int64_t, int64_t>, double> ablated;  // by (latent, position)
-  for (size_t i = 0; i < g.output.ablated_changes.size(); ++i) {
-    const LatentAttribution& e = g.output.top_entries[i];
-    ablated[{e.latent, e.position}] = g.output.ablated_changes[i];
-  }
   int made = 1;
   g.nodes.push_back({hooks, -1, static_cast<int64_t>(g.output.prompt.size()) - 1,
                      static_cast<float>(g.output.metric), 1.0});
@@ -99,14 +93,20 @@ absl::StatusOr<AttributionGraph> BuildAttributionGraph(
       double total = std::abs(answer->error_attribution);
       for (const LatentAttribution& e : answer->top_entries) total += std::abs(e.attribution);
       const double share = total > 0 ? g.nodes[targets[i]].importance / total : 0.0;
-      for (const LatentAttribution& e : answer->top_entries) {
+      for (size_t k = 0; k < answer->top_entries.size(); ++k) {
+        const LatentAttribution& e = answer->top_entries[k];
         Candidate& c = found[{e.latent, e.position}];
         c.activation = e.activation;
         c.importance += share * std::abs(e.attribution);
-        c.edges.emplace_back(targets[i], e.attribution);
+        GraphEdge& edge = c.edges.emplace_back();
+        edge.to = targets[i];
+        edge.attribution = e.attribution;
+        if (k < answer->ablated_changes.size()) edge.ablated_change = answer->ablated_changes[k];
       }
       error.importance += share * std::abs(answer->error_attribution);
-      error.edges.emplace_back(targets[i], answer->error_attribution);
+      GraphEdge& edge = error.edges.emplace_back();
+      edge.to = targets[i];
+      edge.attribution = answer->error_attribution;
     }
     if (hook_done) hook_done(hook, made);
     if (!answered) {
@@ -137,13 +137,10 @@ absl::StatusOr<AttributionGraph> BuildAttributionGraph(
     auto add = [&](int64_t latent, int64_t position, const Candidate& c) {
       const int index = static_cast<int>(g.nodes.size());
       g.nodes.push_back({hook, latent, position, c.activation, c.importance});
-      if (hook == hooks - 1) {
-        if (auto it = ablated.find({latent, position}); it != ablated.end()) {
-          g.nodes.back().ablated_change = it->second;
-        }
+      for (GraphEdge edge : c.edges) {
+        edge.from = index;
+        g.edges.push_back(edge);
       }
-      for (const auto& [child, attribution] : c.edges)
-        g.edges.push_back({index, child, attribution});
       return index;
     };
     std::vector<int> kept;

@@ -41,14 +41,15 @@ struct GraphNode {
   int64_t position = 0;
   float activation = 0;  // the latent's value there; the output: the metric
   double importance = 0;
-  // With GraphOptions::ablate, for the output's parents: the metric's change with this entry
-  // taken out of a run of its own (attribution.h's ablation check); NaN otherwise.
-  double ablated_change = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct GraphEdge {
   int from = 0, to = 0;    // into AttributionGraph.nodes
   double attribution = 0;  // from's first-order credit for to's value (the output: its metric)
+  // With GraphOptions::ablate, when `from` is among `to`'s checked parents: to's value (the
+  // output's metric) changes by this with `from` taken out of a run of its own (attribution.h's
+  // ablation check); NaN otherwise.
+  double ablated_change = std::numeric_limits<double>::quiet_NaN();
 };
 
 // Where the output's share reaching one hook goes (each a share of the output, like a node's
@@ -80,8 +81,9 @@ struct GraphOptions {
   // what its latents carry (circuit-tracer's node threshold, per hook), at most per_hook: a hook
   // where a few latents carry nearly everything keeps only those. 1: per_hook alone.
   double node_threshold = 1;
-  // The ablation check of the output's parents: the metric's pass takes each of its per_hook
-  // strongest entries out of a run of its own, and the kept ones carry the measured change.
+  // The ablation check of the edges: every pass takes each of its per_hook strongest parents out
+  // of a run of its own (a batch per child, as far as the child's hook) and measures the
+  // child's value (the output's metric); the edges from those parents carry the change.
   bool ablate = false;
 };
 

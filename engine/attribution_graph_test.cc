@@ -215,9 +215,9 @@ TEST(AttributionGraphTest, NodeThresholdKeepsTheFewestNodesCarryingItsShare) {
   }
 }
 
-// With ablate, the metric's pass checks as many entries as the hook keeps, and the kept
-// parents of the output carry their measured change; no other pass is asked for one.
-TEST(AttributionGraphTest, TheOutputsParentsCarryTheirAblationCheck) {
+// With ablate, every pass checks as many entries as a hook keeps, and the edges from those
+// parents carry the measured change of their child (the output's metric, or a latent).
+TEST(AttributionGraphTest, TheEdgesCarryTheirAblationCheck) {
   FakePasses passes;
   passes.Answer({2, -1, -1, -1}, {{10, 4, 2.0}, {11, 3, -1.0}, {12, 2, 0.1}}, 1.0);
   passes.Answer({1, 2, 10, 4}, {{20, 4, 1.0}}, 0.5);
@@ -227,20 +227,30 @@ TEST(AttributionGraphTest, TheOutputsParentsCarryTheirAblationCheck) {
   options.ablate = true;
   auto g = BuildAttributionGraph(kHooks, Metric(), options, Calls(passes));
   ASSERT_TRUE(g.ok()) << g.status();
-  EXPECT_DOUBLE_EQ(Find(*g, 2, 10, 4)->ablated_change, -4.0);
-  EXPECT_DOUBLE_EQ(Find(*g, 2, 11, 3)->ablated_change, 2.0);
-  EXPECT_TRUE(std::isnan(Find(*g, 2, kGraphErrorNode, -1)->ablated_change));
-  EXPECT_TRUE(std::isnan(Find(*g, 1, 20, 4)->ablated_change));
-  EXPECT_TRUE(std::isnan(g->nodes[0].ablated_change));
-  ASSERT_GE(passes.asked.size(), 2u);
-  EXPECT_EQ(std::get<1>(passes.asked[0]).ablate, 2);
-  for (size_t i = 1; i < passes.asked.size(); ++i)
-    EXPECT_EQ(std::get<1>(passes.asked[i]).ablate, 0);
+  // (from latent, to latent) -> the edge's ablated change; the output is latent -1.
+  std::map<std::pair<int64_t, int64_t>, double> measured;
+  int unmeasured = 0;
+  for (const GraphEdge& e : g->edges) {
+    if (std::isnan(e.ablated_change)) {
+      ++unmeasured;
+      EXPECT_EQ(g->nodes[e.from].latent, kGraphErrorNode);  // only error terms go unchecked
+      continue;
+    }
+    measured[{g->nodes[e.from].latent, g->nodes[e.to].latent}] = e.ablated_change;
+  }
+  // The fake measures twice what the credit predicts, minus twice the attribution.
+  EXPECT_EQ(measured, (std::map<std::pair<int64_t, int64_t>, double>{
+                          {{10, -1}, -4.0}, {{11, -1}, 2.0}, {{20, 10}, -2.0}, {{21, 11}, 4.0}}));
+  EXPECT_EQ(unmeasured, 3);  // the error nodes' edges: to the output, to 10@4 and to 11@3
+  ASSERT_GE(passes.asked.size(), 3u);
+  for (const auto& [hook, query, target_hook] : passes.asked) EXPECT_EQ(query.ablate, 2);
   // Without it, none.
   options.ablate = false;
+  passes.asked.clear();
   auto plain = BuildAttributionGraph(kHooks, Metric(), options, Calls(passes));
   ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_TRUE(std::isnan(Find(*plain, 2, 10, 4)->ablated_change));
+  for (const GraphEdge& e : plain->edges) EXPECT_TRUE(std::isnan(e.ablated_change));
+  for (const auto& [hook, query, target_hook] : passes.asked) EXPECT_EQ(query.ablate, 0);
 }
 
 // A hook whose passes are all refused is noted and skipped: the one before it explains the

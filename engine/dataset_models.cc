@@ -1302,8 +1302,9 @@ absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> DatasetModels::At
     const DatasetSource& dataset, const AttributionQuery& query,
     const DatasetSource& target_dataset, const std::vector<TargetLatent>& targets) {
   try {
-    ASSIGN_OR_RETURN(AttributionInputs a,
-                     impl_->AttributionInputsFor(dataset, query.token_ids, &target_dataset, 0));
+    ASSIGN_OR_RETURN(
+        AttributionInputs a,
+        impl_->AttributionInputsFor(dataset, query.token_ids, &target_dataset, query.ablate));
     return a.in.Run([&](const SteeringModel& steering) {
       return engine::AttributeToLatents(steering, a.in.tokens, a.in.bos_prepended, query, *a.target,
                                         targets);

@@ -940,13 +940,13 @@ grpc::Status DatasetsService::AttributionGraph(
     out->set_position(static_cast<int32_t>(node.position));
     out->set_activation(node.activation);
     out->set_importance(node.importance);
-    if (!std::isnan(node.ablated_change)) out->set_ablated_change(node.ablated_change);
   }
   for (const engine::GraphEdge& edge : graph->edges) {
     latentd::v1::GraphEdge* out = response->add_edges();
     out->set_from_node(edge.from);
     out->set_to_node(edge.to);
     out->set_attribution(edge.attribution);
+    if (!std::isnan(edge.ablated_change)) out->set_ablated_change(edge.ablated_change);
   }
   for (const std::string& note : graph->notes) response->add_notes(note);
   writer->Write(last);

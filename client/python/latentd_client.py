@@ -398,8 +398,9 @@ class Client:
         keeps the fewest nodes (at most per_hook) carrying that share of what its latents carry
         (e.g. 0.8; 0: per_hook alone). Each of the answer's hooks says where what reaches it
         goes: kept_nodes, kept_importance, error_importance, dropped_importance. ablate=True:
-        the output's kept parents carry ablated_change, the metric's measured change with each
-        taken out of a run of its own (attribute_prompt's ablation check). progress:
+        each child's per_hook strongest parents are taken out one run each (attribute_prompt's
+        ablation check) and the edges from them carry ablated_change, the child's (or the
+        metric's) measured change. progress:
         called with each AttributionGraphProgress (hooks_done, hooks, passes, hook_name) as the
         daemon streams it."""
         request = datasets_pb2.AttributionGraphRequest(
@@ -849,11 +850,13 @@ class AttributionGraphView:
             (x1, y1), (x2, y2) = at[e.from_node], at[e.to_node]
             share = abs(e.attribution) / strongest[e.to_node] if strongest[e.to_node] else 0.0
             parts.append('<path d="M%d %d C%d %d %d %d %d %d" fill="none" stroke="%s" '
-                         'stroke-width="%.2f" stroke-opacity="0.6"><title>%+.4g</title></path>'
+                         'stroke-width="%.2f" stroke-opacity="0.6"><title>%+.4g%s</title></path>'
                          % (x1 + 170, y1 + box // 2, (x1 + 170 + x2) // 2, y1 + box // 2,
                             (x1 + 170 + x2) // 2, y2 + box // 2, x2, y2 + box // 2,
                             "#0066ff" if e.attribution >= 0 else "#ff3300", 0.5 + 5 * share,
-                            e.attribution))
+                            e.attribution,
+                            " · taken out, it moves by %+.4g" % e.ablated_change
+                            if e.HasField("ablated_change") else ""))
         most = max((node.importance for node in list(g.nodes)[1:]), default=0)
         for n, node in enumerate(g.nodes):
             x, y = at[n]
@@ -868,9 +871,7 @@ class AttributionGraphView:
             alpha = 0.8 if n == 0 or most <= 0 else 0.8 * node.importance / most
             label = self._label(node) if n > 0 else ""
             shown = label if len(label) <= 26 else label[:25] + "\u2026"
-            notes = (" · fires most on " + label if label else "") + (
-                " · taken out, the metric moves %+.4g" % node.ablated_change
-                if node.HasField("ablated_change") else "")
+            notes = " · fires most on " + label if label else ""
             parts.append('<g><title>importance %.3f%s</title><rect x="%d" y="%d" width="170" '
                          'height="%d" rx="4" fill="rgba(255,102,0,%.3f)" stroke="#999"/>'
                          '<text x="%d" y="%d">%s</text><text x="%d" y="%d" '

@@ -340,23 +340,35 @@ class SteeringTest(DaemonTestCase):
                                + first.dropped_importance, last.kept_importance, places=9)
         kept = sum(n.importance for n in drawn.nodes if n.hook == 1 and n.latent >= 0)
         self.assertAlmostEqual(last.kept_importance, kept, places=9)
-        # With the ablation check the output's kept parents carry the change AttributePrompt's
-        # check measures for the same entries.
+        # With the ablation check each edge from a child's 2 strongest parents carries the
+        # change AttributePrompt's check measures: of the metric for the output's parents, of
+        # the child latent's value for block 0's.
         checked_graph = c.attribution_graph([layer0, dataset], prompt, target_token_id=target,
                                             per_hook=2, ablate=True)
-        by_entry = {(e.latent, e.position): e.ablated_change for e in c.attribute_prompt(
-            dataset, prompt, target_token_id=target, top=20, ablate=2).top_entries[:2]}
-        parents = [n for n in checked_graph.nodes if n.hook == 1 and n.latent >= 0]
-        self.assertEqual(len(parents), 2)
-        for node in parents:
-            self.assertAlmostEqual(node.ablated_change, by_entry[(node.latent, node.position)],
-                                   places=5)
-        self.assertFalse(any(n.HasField("ablated_change") for n in checked_graph.nodes
-                             if n.hook != 1 or n.latent < 0))
+        nodes = checked_graph.nodes
+        by_child = {}  # child node -> {(latent, position): measured change}
+        for e in checked_graph.edges:
+            if e.HasField("ablated_change"):
+                parent = nodes[e.from_node]
+                by_child.setdefault(e.to_node, {})[(parent.latent, parent.position)] = \
+                    e.ablated_change
+        self.assertIn(0, by_child)
+        self.assertGreater(len(by_child), 1)  # block 1's nodes were checked too
+        for child, measured in by_child.items():
+            if child == 0:
+                answer = c.attribute_prompt(dataset, prompt, target_token_id=target, top=20,
+                                            ablate=2)
+            else:
+                answer = c.attribute_prompt(layer0, prompt, top=20, ablate=2, target_latent=(
+                    dataset, nodes[child].latent, nodes[child].position))
+            want = {(e.latent, e.position): e.ablated_change for e in answer.top_entries[:2]}
+            for key, change in measured.items():
+                self.assertAlmostEqual(change, want[key], places=5)
         checked_view = c.show_attribution_graph([layer0, dataset], prompt,
                                                 target_token_id=target, per_hook=2,
                                                 ablate=True)._repr_html_()
-        self.assertEqual(checked_view.count("taken out, the metric moves"), 2)
+        self.assertEqual(checked_view.count("taken out, it moves by"),
+                         sum(len(m) for m in by_child.values()))
         # A node threshold below the strongest node's share of the latents keeps it alone.
         lone = c.attribution_graph([layer0, dataset], prompt, target_token_id=target,
                                    per_hook=2, node_threshold=1e-6)
