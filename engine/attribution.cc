@@ -275,60 +275,90 @@ absl::Status Credit(const SteeringModel& steering, const Pass& pass, int64_t n, 
   return absl::OkStatus();
 }
 
-// The ablation check (AttributionQuery.ablate): the prompt once clean and once per checked top
-// entry with that entry alone taken out (its value scaled to 0 at its position by an
-// Intervener: where the SAE writes, its part of the reconstruction goes), one batch; each
-// run's metric less the clean run's, in `out`'s ablated_changes. The runs agree before the
-// earliest checked position (the model is causal): that prefix runs once, its keys and values
-// are copied to every run, and the batch runs from there (entries late in a prompt, the usual
-// case, cost a few positions each, not the prompt).
+// The ablation check (AttributionQuery.ablate) of one or more answers of one pass (a token
+// metric's, or several target latents' of `target`): the prompt once clean and once per checked
+// top entry of each with that entry alone taken out (its value scaled to 0 at its position by
+// an Intervener: where the SAE writes, its part of the reconstruction goes), all one batch; each
+// run's metric (its answer's) less the clean run's, in its answer's ablated_changes. The runs
+// agree before the earliest checked position (the model is causal): that prefix runs once, its
+// keys and values are copied to every run, and the batch runs from there (entries late in a
+// prompt, the usual case, cost a few positions each, not the prompt); with latent targets the
+// forward stops at the target's hooks.
 absl::Status Ablate(const SteeringModel& steering, const std::vector<int64_t>& prompt, int ablate,
-                    const TargetSae* target, AttributionResult* out) {
-  const int64_t checked = std::min<int64_t>(ablate, out->top_entries.size());
-  if (checked == 0) return absl::OkStatus();
+                    const TargetSae* target, const std::vector<AttributionResult*>& outs) {
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  std::vector<int64_t> checked, row;  // per answer: its entries checked, its first run's row
+  int64_t runs = 0, first = n - 1;
+  for (const AttributionResult* out : outs) {
+    checked.push_back(std::min<int64_t>(ablate, out->top_entries.size()));
+    row.push_back(1 + runs);
+    runs += checked.back();
+    if (out->target_latent && checked.back() > 0) {
+      first = std::min(first, out->target_latent->position);
+    }
+    for (int64_t i = 0; i < checked.back(); ++i) {
+      first = std::min(first, out->top_entries[i].position);
+    }
+  }
+  if (runs == 0) return absl::OkStatus();
   std::vector<LatentIntervention> removals;
   std::vector<std::vector<float>> values;  // per removal, per run: 0 in its own run, else 1
-  for (int64_t i = 0; i < checked; ++i) {
-    const LatentAttribution& e = out->top_entries[i];
-    removals.push_back({e.latent, InterventionMode::kScale, 0.0f, {e.position}});
-    values.emplace_back(checked, 1.0f)[i] = 0.0f;
+  for (size_t o = 0; o < outs.size(); ++o) {
+    for (int64_t i = 0; i < checked[o]; ++i) {
+      const LatentAttribution& e = outs[o]->top_entries[i];
+      removals.push_back({e.latent, InterventionMode::kScale, 0.0f, {e.position}});
+      values.emplace_back(runs, 1.0f)[row[o] - 1 + i] = 0.0f;
+    }
   }
   Intervener intervener(steering, removals, values);
   RETURN_IF_ERROR(intervener.Init());
   const HookSplices splices = intervener.Splices();
   ActivationModel& model = *steering.model;
-  const int64_t n = static_cast<int64_t>(prompt.size());
-  int64_t first = out->target_latent ? out->target_latent->position : n - 1;
-  for (int64_t i = 0; i < checked; ++i) first = std::min(first, out->top_entries[i].position);
+  const bool to_latents = outs.front()->target_latent.has_value();
   const at::Tensor ids = at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n});
   KeyValueCache cache;
   if (first > 0) {
-    model.PredictNextTokens(ids.narrow(1, 0, first), {}, /*losses=*/false, &cache);
+    const at::Tensor prefix = ids.narrow(1, 0, first);
+    if (to_latents) {
+      model.ForwardSpliced(prefix, TargetStops(steering, *target), {}, &cache);
+    } else {
+      model.PredictNextTokens(prefix, {}, /*losses=*/false, &cache);
+    }
     for (std::vector<at::Tensor>* held : {&cache.keys, &cache.values}) {
-      for (at::Tensor& t : *held) t = t.repeat({1 + checked, 1, 1, 1});
+      for (at::Tensor& t : *held) {
+        if (t.defined()) t = t.repeat({1 + runs, 1, 1, 1});
+      }
     }
   }
-  const at::Tensor tokens = ids.narrow(1, first, n - first).repeat({1 + checked, 1});
+  const at::Tensor tokens = ids.narrow(1, first, n - first).repeat({1 + runs, 1});
   intervener.set_first_position(first);
   intervener.ReadCrosscoder(model, tokens, cache);
-  at::Tensor metric;  // per run, the clean one first
-  if (out->target_latent) {
+  if (to_latents) {
     const at::Tensor read = TargetInput(
         *target, model.ForwardSpliced(tokens, TargetStops(steering, *target), splices, &cache));
-    metric = target->sae
-                 ->LatentValue(read.select(1, out->target_latent->position - first).to(at::kFloat),
-                               out->target_latent->latent)
-                 .to(at::kDouble);
-  } else {
-    const at::Tensor logits = model.PredictNextTokens(tokens, splices, /*losses=*/false, &cache)
-                                  .last_logits.to(at::kDouble);
-    const int64_t t = out->target_token_id;
-    metric = out->contrast_token_id
-                 ? logits.select(1, t) - logits.select(1, *out->contrast_token_id)
-                 : at::log_softmax(logits, -1).select(1, t);
+    for (size_t o = 0; o < outs.size(); ++o) {
+      if (checked[o] == 0) continue;
+      const TargetLatent& t = *outs[o]->target_latent;
+      // The clean run and this answer's runs, at its position.
+      const at::Tensor rows = at::cat({read.narrow(0, 0, 1), read.narrow(0, row[o], checked[o])})
+                                  .select(1, t.position - first)
+                                  .to(at::kFloat);
+      const at::Tensor metric = target->sae->LatentValue(rows, t.latent).to(at::kDouble);
+      const at::Tensor changes = (metric.narrow(0, 1, checked[o]) - metric[0]).contiguous();
+      outs[o]->ablated_changes.assign(changes.data_ptr<double>(),
+                                      changes.data_ptr<double>() + checked[o]);
+    }
+    return absl::OkStatus();
   }
-  const at::Tensor changes = (metric.narrow(0, 1, checked) - metric[0]).contiguous();
-  out->ablated_changes.assign(changes.data_ptr<double>(), changes.data_ptr<double>() + checked);
+  AttributionResult& out = *outs.front();
+  const at::Tensor logits = model.PredictNextTokens(tokens, splices, /*losses=*/false, &cache)
+                                .last_logits.to(at::kDouble);
+  const int64_t t = out.target_token_id;
+  const at::Tensor metric = out.contrast_token_id
+                                ? logits.select(1, t) - logits.select(1, *out.contrast_token_id)
+                                : at::log_softmax(logits, -1).select(1, t);
+  const at::Tensor changes = (metric.narrow(0, 1, runs) - metric[0]).contiguous();
+  out.ablated_changes.assign(changes.data_ptr<double>(), changes.data_ptr<double>() + runs);
   return absl::OkStatus();
 }
 
@@ -383,7 +413,7 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
   }
   at::NoGradGuard no_grad;
   RETURN_IF_ERROR(Credit(steering, pass, n, query.top > 0 ? query.top : 20, {gradients}, {&out}));
-  RETURN_IF_ERROR(Ablate(steering, prompt, query.ablate, nullptr, &out));
+  RETURN_IF_ERROR(Ablate(steering, prompt, query.ablate, nullptr, {&out}));
   return out;
 }
 
@@ -438,9 +468,7 @@ absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> AttributeToLatent
   if (!credited.empty()) {
     RETURN_IF_ERROR(Credit(steering, pass, n, query.top > 0 ? query.top : 20, gradients, credited));
   }
-  for (AttributionResult* answer : credited) {
-    RETURN_IF_ERROR(Ablate(steering, prompt, query.ablate, &target, answer));
-  }
+  if (!credited.empty()) RETURN_IF_ERROR(Ablate(steering, prompt, query.ablate, &target, credited));
   return answers;
 }
 
