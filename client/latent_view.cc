@@ -940,6 +940,11 @@ std::string AttributionGraphHtml(const v1::AttributionGraphResponse& g, const Vo
     html += link.empty() ? "</g>\n" : "</g></a>\n";
   }
   html += "</svg>\n";
+  if (std::string checked = GraphAblationSummary(g); !checked.empty()) {
+    absl::StrAppend(&html, "<p>", HtmlEscape(checked),
+                    " (each checked edge's tooltip says what "
+                    "taking its parent out measured)</p>\n");
+  }
   for (const std::string& note : g.notes()) {
     absl::StrAppend(&html, "<p>Note: ", HtmlEscape(note), "</p>\n");
   }

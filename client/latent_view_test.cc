@@ -452,9 +452,12 @@ TEST(LatentViewTest, AnAttributionPageShadesThePromptBySign) {
   r.mutable_top_entries(0)->set_ablated_change(-0.5);
   r.mutable_top_entries(1)->set_ablated_change(0.25);
   const std::string checked = AttributionHtml(r, {4, &*vocab, &pages});
-  EXPECT_NE(checked.find("<h2>Ablation check</h2>\n<p>ablation check of the top 2 entries: the "
-                         "measured change has the sign the credit predicts for 2 of them."),
-            std::string::npos)
+  EXPECT_NE(
+      checked.find(
+          "<h2>Ablation check</h2>\n<p>ablation check of the top 2 entries: the "
+          "measured change has the sign the credit predicts for 2 of them; measured / predicted, "
+          "median 0.5."),
+      std::string::npos)
       << checked;
   // Side 300, margin 40: x(v) = 40 + 252 (v + 1) / 2, y(v) = 8 + 252 (1 - v) / 2.
   EXPECT_NE(checked.find("<circle cx=\"40.0\" cy=\"197.0\" r=\"3.5\" fill=\"#ff6600\"><title>"

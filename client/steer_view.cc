@@ -236,12 +236,14 @@ std::string DescribeAttribution(uint64_t dataset_id, const v1::AttributePromptRe
   return out;
 }
 
-std::string AblationSummary(const v1::AttributePromptResponse& r) {
-  // Each checked entry's measured change beside its first-order prediction, minus its credit.
-  std::vector<std::pair<double, double>> pairs;
-  for (const v1::LatentAttribution& e : r.top_entries()) {
-    if (e.has_ablated_change()) pairs.emplace_back(-e.attribution(), e.ablated_change());
-  }
+namespace {
+
+// `checked` (e.g. "the top 8 entries") against (first-order prediction, measured change) pairs:
+// how often the signs agree, the median of measured over predicted (1 where first order holds;
+// free of the pairs' units) and, with `correlation` and three or more pairs in one unit, their
+// correlation; empty without pairs.
+std::string AgreementLine(const std::string& checked,
+                          const std::vector<std::pair<double, double>>& pairs, bool correlation) {
   if (pairs.empty()) return "";
   int agree = 0;
   double mx = 0, my = 0;
@@ -257,14 +259,43 @@ std::string AblationSummary(const v1::AttributePromptResponse& r) {
     syy += (y - my) * (y - my);
   }
   std::string out = absl::StrFormat(
-      "ablation check of the top %d entries: the measured change has the sign the credit "
-      "predicts for %d of them",
-      pairs.size(), agree);
-  if (pairs.size() >= 3 && sxx > 0 && syy > 0) {
+      "ablation check of %s: the measured change has the sign the credit predicts for %d of "
+      "them",
+      checked, agree);
+  std::vector<double> ratios;
+  for (const auto& [x, y] : pairs) {
+    if (x != 0) ratios.push_back(y / x);
+  }
+  if (!ratios.empty()) {
+    std::nth_element(ratios.begin(), ratios.begin() + ratios.size() / 2, ratios.end());
+    absl::StrAppendFormat(&out, "; measured / predicted, median %.3g", ratios[ratios.size() / 2]);
+  }
+  if (correlation && pairs.size() >= 3 && sxx > 0 && syy > 0) {
     absl::StrAppendFormat(&out, "; correlation with minus the credit %.3f",
                           sxy / std::sqrt(sxx * syy));
   }
   return out;
+}
+
+}  // namespace
+
+std::string AblationSummary(const v1::AttributePromptResponse& r) {
+  // Each checked entry's measured change beside its first-order prediction, minus its credit.
+  std::vector<std::pair<double, double>> pairs;
+  for (const v1::LatentAttribution& e : r.top_entries()) {
+    if (e.has_ablated_change()) pairs.emplace_back(-e.attribution(), e.ablated_change());
+  }
+  return AgreementLine(absl::StrCat("the top ", pairs.size(), " entries"), pairs,
+                       /*correlation=*/true);
+}
+
+std::string GraphAblationSummary(const v1::AttributionGraphResponse& g) {
+  std::vector<std::pair<double, double>> pairs;
+  for (const v1::GraphEdge& e : g.edges()) {
+    if (e.has_ablated_change()) pairs.emplace_back(-e.attribution(), e.ablated_change());
+  }
+  // (Edges into different children measure different units: no correlation across them.)
+  return AgreementLine(absl::StrCat(pairs.size(), " edges"), pairs, /*correlation=*/false);
 }
 
 std::optional<std::pair<uint64_t, int32_t>> GraphNodeLatent(const v1::AttributionGraphResponse& g,
@@ -355,6 +386,9 @@ std::string DescribeAttributionGraph(const v1::AttributionGraphResponse& g,
         absl::StrAppend(&out, "      fires most on ", label, "\n");
       }
     }
+  }
+  if (std::string checked = GraphAblationSummary(g); !checked.empty()) {
+    absl::StrAppend(&out, "\n", checked, "\n");
   }
   for (const std::string& note : g.notes()) absl::StrAppend(&out, "\nnote: ", note, "\n");
   return out;

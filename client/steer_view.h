@@ -74,9 +74,13 @@ std::string GraphNodeLink(const latentd::v1::AttributionGraphResponse& graph, in
 std::string HookCoverageText(const latentd::v1::GraphHook& hook);
 
 // The ablation check of an AttributePrompt answer in a line: for the top entries with an
-// ablated_change, in how many the measured change has the sign of minus the credit, and
-// (three or more) their correlation; empty without any.
+// ablated_change, in how many the measured change has the sign of minus the credit, the median
+// of measured over minus the credit, and (three or more) their correlation; empty without any.
 std::string AblationSummary(const latentd::v1::AttributePromptResponse& response);
+
+// The same over an AttributionGraph answer's checked edges ("ablation check of 24 edges: ..."),
+// without the correlation (edges into different children measure different units).
+std::string GraphAblationSummary(const latentd::v1::AttributionGraphResponse& graph);
 
 // An AttributionGraph answer for a terminal: the metric, then per hook (latest first) what its
 // kept nodes cover and its nodes with their importance, label and strongest edges towards the

@@ -172,10 +172,11 @@ TEST(SteerViewTest, AnAblationCheckShowsTheMeasuredChanges) {
   EXPECT_NE(text.find("  9        0    0                    0          +0.0000     \n"),
             std::string::npos)
       << text;
-  // x = 1, -2, 3, 4 and y = 0.5, 1, 2.5, 3: r = 7.5 / sqrt(21 x 4.25) = 0.794 (sxy, sxx, syy
-  // about the means 1.5 and 1.75).
+  // x = 1, -2, 3, 4 and y = 0.5, 1, 2.5, 3: ratios 0.5, -0.5, 0.833, 0.75 (median, the upper
+  // middle, 0.75); r = 7.5 / sqrt(21 x 4.25) = 0.794 (sxy, sxx, syy about the means 1.5, 1.75).
   EXPECT_NE(text.find("ablation check of the top 4 entries: the measured change has the sign "
-                      "the credit predicts for 3 of them; correlation with minus the credit 0.794"),
+                      "the credit predicts for 3 of them; measured / predicted, median 0.75; "
+                      "correlation with minus the credit 0.794"),
             std::string::npos)
       << text;
 }
@@ -247,9 +248,12 @@ TEST(SteerViewTest, AnAttributionGraphListsEachHooksNodesAndEdges) {
   EXPECT_EQ(GraphNodeLink(g, 0, "b{dataset}/l-{latent}.html"), "");
   // An edge with its ablation check says what taking its parent out measured.
   g.mutable_edges(0)->set_ablated_change(-2.5);
-  EXPECT_NE(
-      DescribeAttributionGraph(g, *vocab).find("importance 0.500  -> output +2 (ablated -2.5)\n"),
-      std::string::npos);
+  const std::string checked = DescribeAttributionGraph(g, *vocab);
+  EXPECT_NE(checked.find("importance 0.500  -> output +2 (ablated -2.5)\n"), std::string::npos);
+  EXPECT_NE(checked.find("\nablation check of 1 edges: the measured change has the sign the "
+                         "credit predicts for 1 of them; measured / predicted, median 1.25\n"),
+            std::string::npos)
+      << checked;
   EXPECT_NE(AttributionGraphDot(g, *vocab).find("n1 -> n0 [color=\"#0066ff\", penwidth=4.50, "
                                                 "label=\"+2 (ablated -2.5)\"];"),
             std::string::npos);

@@ -776,8 +776,10 @@ def _ablation_plot(answer):
     def up(v):
         return 8 + (side - margin - 8) * (most - v) / (2 * most)
     agree = sum((-e.attribution > 0) == (e.ablated_change > 0) for e in checked)
+    ratios = sorted(e.ablated_change / -e.attribution for e in checked if e.attribution)
+    median = "; measured / predicted, median %.3g" % ratios[len(ratios) // 2] if ratios else ""
     parts = ['<div>ablation check of the top %d entries: the measured change has the sign the '
-             'credit predicts for %d of them</div>' % (len(checked), agree),
+             'credit predicts for %d of them%s</div>' % (len(checked), agree, median),
              '<svg width="%d" height="%d">' % (side, side),
              '<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#999" '
              'stroke-dasharray="4 3"/>' % (at(-most), up(-most), at(most), up(most))]
