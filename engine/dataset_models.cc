@@ -1261,6 +1261,8 @@ absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
   // take the daemon down.
   const ActivationModel& model = *out.in.model->model;
   const int64_t n = static_cast<int64_t>(out.in.tokens.size());
+  // (An ablate out of range is the engine's INVALID_ARGUMENT, not a memory refusal.)
+  ablate = std::clamp(ablate, 0, kMaxAblatedEntries);
   const int64_t need = std::max<int64_t>({model.num_blocks(), 1, 1 + int64_t{ablate}}) *
                        model.activation_bytes_per_token(n) * n;
   const int64_t limit = MemoryLimitBytes();

@@ -1599,6 +1599,8 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
             t->set_position(hostile[(i / 3) % 7]);
           }
           req.set_top(int32_of());
+          const int32_t ablates[] = {0, 1, 64, 65, -1, INT32_MAX};  // from i: draws unchanged
+          req.set_ablate(ablates[(i / 5) % 6]);
           what = absl::StrCat("AttributePrompt of ", n,
                               " tokens: ", req.ShortDebugString().substr(0, 300));
           latentd::v1::AttributePromptResponse resp;
@@ -1606,6 +1608,12 @@ TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
           if (status.ok()) {
             EXPECT_EQ(resp.prompt_size(), n) << what;
             EXPECT_LE(resp.top_entries_size(), 1000) << what;
+            int checked = 0;
+            for (const auto& e : resp.top_entries()) checked += e.has_ablated_change();
+            EXPECT_EQ(checked, std::min(req.ablate(), resp.top_entries_size())) << what;
+          } else if (req.ablate() < 0 || req.ablate() > 64) {
+            // Refused for what it is (or for another field), never as a memory estimate.
+            EXPECT_NE(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << what;
           }
           break;
         }
