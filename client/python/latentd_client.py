@@ -884,6 +884,15 @@ class AttributionGraphView:
                             '<text x="%d" y="%d" fill="#444">%s</text>'
                             % (x + 6, y + 46, html.escape(shown)) if shown else ""))
         parts.append("</svg>")
+        checked = [(-e.attribution, e.ablated_change) for e in g.edges
+                   if e.HasField("ablated_change")]
+        if checked:
+            ratios = sorted(y / x for x, y in checked if x)
+            parts.append("<div>ablation check of %d edges: the measured change has the sign the "
+                         "credit predicts for %d of them%s</div>" % (
+                             len(checked), sum((x > 0) == (y > 0) for x, y in checked),
+                             "; measured / predicted, median %.3g" % ratios[len(ratios) // 2]
+                             if ratios else ""))
         parts.extend("<div>note: %s</div>" % html.escape(note) for note in g.notes)
         return "\n".join(parts)
 

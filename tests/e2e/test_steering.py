@@ -369,6 +369,8 @@ class SteeringTest(DaemonTestCase):
                                                 ablate=True)._repr_html_()
         self.assertEqual(checked_view.count("taken out, it moves by"),
                          sum(len(m) for m in by_child.values()))
+        self.assertIn("ablation check of %d edges" % sum(len(m) for m in by_child.values()),
+                      checked_view)
         # A node threshold below the strongest node's share of the latents keeps it alone.
         lone = c.attribution_graph([layer0, dataset], prompt, target_token_id=target,
                                    per_hook=2, node_threshold=1e-6)
