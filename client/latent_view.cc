@@ -945,6 +945,9 @@ std::string AttributionGraphHtml(const v1::AttributionGraphResponse& g, const Vo
                     " (each checked edge's tooltip says what "
                     "taking its parent out measured)</p>\n");
   }
+  if (std::string circuit = CircuitAblationText(g); !circuit.empty()) {
+    absl::StrAppend(&html, "<p><b>", HtmlEscape(circuit), "</b></p>\n");
+  }
   for (const std::string& note : g.notes()) {
     absl::StrAppend(&html, "<p>Note: ", HtmlEscape(note), "</p>\n");
   }

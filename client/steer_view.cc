@@ -289,6 +289,14 @@ std::string AblationSummary(const v1::AttributePromptResponse& r) {
                        /*correlation=*/true);
 }
 
+std::string CircuitAblationText(const v1::AttributionGraphResponse& g) {
+  if (!g.has_circuit_ablated_change()) return "";
+  const double metric = g.output().metric();
+  return absl::StrFormat(
+      "the graph's %d latents taken out together move the metric by %+.4g (%.4f -> %.4f)",
+      g.circuit_latents(), g.circuit_ablated_change(), metric, metric + g.circuit_ablated_change());
+}
+
 std::string GraphAblationSummary(const v1::AttributionGraphResponse& g) {
   std::vector<std::pair<double, double>> pairs;
   for (const v1::GraphEdge& e : g.edges()) {
@@ -389,6 +397,9 @@ std::string DescribeAttributionGraph(const v1::AttributionGraphResponse& g,
   }
   if (std::string checked = GraphAblationSummary(g); !checked.empty()) {
     absl::StrAppend(&out, "\n", checked, "\n");
+  }
+  if (std::string circuit = CircuitAblationText(g); !circuit.empty()) {
+    absl::StrAppend(&out, circuit, "\n");
   }
   for (const std::string& note : g.notes()) absl::StrAppend(&out, "\nnote: ", note, "\n");
   return out;

@@ -82,6 +82,10 @@ std::string AblationSummary(const latentd::v1::AttributePromptResponse& response
 // without the correlation (edges into different children measure different units).
 std::string GraphAblationSummary(const latentd::v1::AttributionGraphResponse& graph);
 
+// With the graph's circuit check: "the graph's 9 latents taken out together move the metric by
+// -1.234 (-7.0457 -> -8.2797)"; empty without one.
+std::string CircuitAblationText(const latentd::v1::AttributionGraphResponse& graph);
+
 // An AttributionGraph answer for a terminal: the metric, then per hook (latest first) what its
 // kept nodes cover and its nodes with their importance, label and strongest edges towards the
 // output, then the notes.

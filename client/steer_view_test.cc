@@ -258,6 +258,15 @@ TEST(SteerViewTest, AnAttributionGraphListsEachHooksNodesAndEdges) {
                                                 "label=\"+2 (ablated -2.5)\"];"),
             std::string::npos);
   g.mutable_edges(0)->clear_ablated_change();
+  // The circuit check: the graph's latents taken out together.
+  g.set_circuit_ablated_change(-1.25);
+  g.set_circuit_latents(1);
+  EXPECT_NE(DescribeAttributionGraph(g, *vocab).find(
+                "the graph's 1 latents taken out together move the metric by -1.25 (-0.5000 -> "
+                "-1.7500)\n"),
+            std::string::npos);
+  g.clear_circuit_ablated_change();
+  g.clear_circuit_latents();
   // Without coverage or labels (an older daemon's answer) the cluster and node say no more.
   g.mutable_hooks(0)->clear_kept_importance();
   g.mutable_hooks(0)->clear_error_importance();

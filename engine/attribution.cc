@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -470,6 +471,59 @@ absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> AttributeToLatent
   }
   if (!credited.empty()) RETURN_IF_ERROR(Ablate(steering, prompt, query.ablate, &target, credited));
   return answers;
+}
+
+absl::StatusOr<double> AblateTogether(const std::vector<SteeringModel>& saes,
+                                      const std::vector<std::vector<TargetLatent>>& removed,
+                                      const std::vector<int64_t>& prompt,
+                                      const AttributionQuery& metric, int64_t target_token,
+                                      const TargetSae* target) {
+  if (saes.empty() || saes.size() != removed.size()) {
+    return absl::InternalError("AblateTogether: one list of removals per SAE");
+  }
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  std::vector<std::vector<LatentIntervention>> removals(saes.size());
+  for (size_t i = 0; i < saes.size(); ++i) {
+    const int64_t d_sae = saes[i].sae->config().d_sae;
+    for (const TargetLatent& r : removed[i]) {
+      if (r.latent < 0 || r.latent >= d_sae || r.position < 0 || r.position >= n) {
+        return absl::InvalidArgumentError(absl::StrCat("removed[", i, "]: latent ", r.latent,
+                                                       " at ", r.position, " outside [0, ", d_sae,
+                                                       ") x [0, ", n, ")"));
+      }
+      removals[i].push_back({r.latent, InterventionMode::kScale, 0.0f, {r.position}});
+    }
+  }
+  // One Intervener a SAE, one changed row: each removal scaled by 0 there.
+  std::vector<std::vector<std::vector<float>>> values(saes.size());
+  std::vector<std::unique_ptr<Intervener>> interveners;
+  HookSplices splices;
+  for (size_t i = 0; i < saes.size(); ++i) {
+    values[i].assign(removals[i].size(), std::vector<float>{0.0f});
+    interveners.push_back(std::make_unique<Intervener>(saes[i], removals[i], values[i]));
+    RETURN_IF_ERROR(interveners.back()->Init());
+    for (HookSplice& splice : interveners.back()->Splices()) splices.push_back(std::move(splice));
+  }
+  ActivationModel& model = *saes.front().model;
+  const at::Tensor tokens =
+      at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n}).repeat({2, 1});
+  for (auto& intervener : interveners) intervener->ReadCrosscoder(model, tokens, KeyValueCache());
+  at::Tensor value;  // the metric per run, the clean one first
+  if (metric.target_latent) {
+    const at::Tensor read = TargetInput(
+        *target, model.ForwardSpliced(tokens, TargetStops(saes.front(), *target), splices));
+    value = target->sae
+                ->LatentValue(read.select(1, metric.target_latent->position).to(at::kFloat),
+                              metric.target_latent->latent)
+                .to(at::kDouble);
+  } else {
+    const at::Tensor logits =
+        model.PredictNextTokens(tokens, splices, /*losses=*/false).last_logits.to(at::kDouble);
+    value = metric.contrast_token_id
+                ? logits.select(1, target_token) - logits.select(1, *metric.contrast_token_id)
+                : at::log_softmax(logits, -1).select(1, target_token);
+  }
+  return (value[1] - value[0]).item<double>();
 }
 
 }  // namespace latentd::engine

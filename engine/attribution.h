@@ -111,6 +111,20 @@ absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> AttributeToLatent
     const AttributionQuery& query, const TargetSae& target,
     const std::vector<TargetLatent>& targets);
 
+// Latents of several SAEs of one model (each `saes[i].model` the same, the SAEs at their own
+// hooks), each (latent, position) of removed[i] taken out of one run together (as the ablation
+// check takes one out: its value scaled to 0 there, the error left in; an SAE after another
+// encodes the activations the earlier removals left), beside a clean run: the metric's change.
+// The metric is `metric`'s token metric with target_token_id `target_token` (its contrast if
+// any), or with metric.target_latent that latent of `target`. An attribution graph's circuit,
+// taken out at once. INVALID_ARGUMENT naming removed[i] for a latent or position out of range;
+// the decoder reads' errors. May throw c10::Error.
+absl::StatusOr<double> AblateTogether(const std::vector<SteeringModel>& saes,
+                                      const std::vector<std::vector<TargetLatent>>& removed,
+                                      const std::vector<int64_t>& prompt,
+                                      const AttributionQuery& metric, int64_t target_token,
+                                      const TargetSae* target);
+
 }  // namespace latentd::engine
 
 #endif  // LATENTD_ENGINE_ATTRIBUTION_H_

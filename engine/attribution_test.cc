@@ -300,6 +300,61 @@ TEST(AttributionTest, ACrosscodersLatentIsDrivenThroughEverySource) {
       << refused.status();
 }
 
+// Latents of two SAEs taken out of one run together: the SAE at block 1 encodes what the
+// removal at block 0 left, as the model run by hand with both removals does.
+TEST(AttributionTest, LatentsOfSeveralSaesAreTakenOutTogether) {
+  const std::unique_ptr<Gpt2Model> model = InterventionModel(kHook);
+  const Sae sae = InterventionSae(false);  // the same SAE at both hooks
+  const std::string early = "blocks.0.hook_resid_post";
+  const std::vector<SteeringModel> saes = {
+      {model.get(), &sae, *ParseHookName(early), std::nullopt},
+      {model.get(), &sae, *ParseHookName(kHook), std::nullopt}};
+  const at::Tensor ids = at::tensor(kInterventionPrompt).view({1, -1});
+  at::Tensor z0, z1;
+  {
+    at::NoGradGuard no_grad;
+    const std::vector<at::Tensor> read =
+        model->ForwardSpliced(ids, {*ParseHookName(early), *ParseHookName(kHook)}, {});
+    z0 = sae.EncodeDense(read[0][0]);
+    z1 = sae.EncodeDense(read[1][0]);
+  }
+  const int64_t p0 = 2, j0 = z0[p0].argmax().item<int64_t>();
+  const int64_t p1 = 5, j1 = z1[p1].argmax().item<int64_t>();
+  AttributionQuery q;
+  q.token_ids = kInterventionPrompt;
+  q.target_token_id = 5;
+  auto got = AblateTogether(saes, {{{j0, p0}}, {{j1, p1}}}, kInterventionPrompt, q, 5, nullptr);
+  ASSERT_TRUE(got.ok()) << got.status();
+  // By hand: block 0's latent out at p0; block 1's encoded from what that left, out at p1.
+  HookAdds none;
+  const double clean = Metric(*model, none, 5, std::nullopt);
+  double by_hand = 0;
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor row0 = sae.weights().W_dec[j0] * z0[p0][j0];
+    HookSplices splices = {{*ParseHookName(early),
+                            [&](const at::Tensor& x) {
+                              at::Tensor o = x.clone();
+                              o[0][p0] -= row0;
+                              return o;
+                            }},
+                           {*ParseHookName(kHook), [&](const at::Tensor& x) {
+                              at::Tensor o = x.clone();
+                              o[0][p1] -= sae.weights().W_dec[j1] * sae.EncodeDense(x[0])[p1][j1];
+                              return o;
+                            }}};
+    const at::Tensor logits =
+        model->PredictNextTokens(ids, splices, false).last_logits[0].to(at::kDouble);
+    by_hand = at::log_softmax(logits, -1)[5].item<double>() - clean;
+  }
+  EXPECT_NEAR(*got, by_hand, 1e-4);
+  EXPECT_GT(std::abs(*got), 1e-4);
+  auto refused = AblateTogether(saes, {{{j0, p0}}, {{kInterventionLatents, 0}}},
+                                kInterventionPrompt, q, 5, nullptr);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("removed[1]"), std::string::npos);
+}
+
 // The value of latent `latent` of `target` (reading `target_hook`) at `position` in the
 // prompt's run with `adds`.
 double TargetValue(Gpt2Model& m, const HookAdds& adds, const Sae& target,

@@ -1318,4 +1318,47 @@ absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> DatasetModels::At
   }
 }
 
+absl::StatusOr<double> DatasetModels::AblateTogether(
+    const std::vector<DatasetSource>& datasets,
+    const std::vector<std::vector<TargetLatent>>& removed, const AttributionQuery& metric,
+    int64_t target_token, const DatasetSource* target_dataset) {
+  try {
+    if (datasets.empty() || datasets.size() != removed.size()) {
+      return absl::InvalidArgumentError("datasets: one list of removals per dataset");
+    }
+    // The first dataset's inputs with the target's SAE; the others' SAEs on the same model.
+    ASSIGN_OR_RETURN(
+        AttributionInputs first,
+        impl_->AttributionInputsFor(datasets[0], metric.token_ids,
+                                    metric.target_latent ? target_dataset : nullptr, 0));
+    std::vector<InterventionInputs> others;
+    for (size_t i = 1; i < datasets.size(); ++i) {
+      ASSIGN_OR_RETURN(InterventionInputs in,
+                       impl_->InterventionInputsFor(datasets[i], metric.token_ids, "ablation"));
+      // (Compared by spec and hash: a model rebuilt with more hooks is the same model.)
+      const bool hashes_differ = !datasets[i].model_weight_hash.empty() &&
+                                 !datasets[0].model_weight_hash.empty() &&
+                                 datasets[i].model_weight_hash != datasets[0].model_weight_hash;
+      if (hashes_differ ||
+          in.model_spec.SerializeAsString() != first.in.model_spec.SerializeAsString()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "dataset ", datasets[i].dataset_id, " was made with another model than dataset ",
+            datasets[0].dataset_id, " (or other weights): one run cannot take their latents out"));
+      }
+      others.push_back(std::move(in));
+    }
+    return first.in.Run([&](const SteeringModel& steering) -> absl::StatusOr<double> {
+      std::vector<SteeringModel> saes = {steering};
+      for (InterventionInputs& in : others) {
+        saes.push_back(in.steering);
+        saes.back().model = steering.model;
+      }
+      return engine::AblateTogether(saes, removed, first.in.tokens, metric, target_token,
+                                    first.target ? &*first.target : nullptr);
+    });
+  } catch (const c10::Error& e) {
+    return TorchErrorStatus(e, "taking latents of several datasets out of one run");
+  }
+}
+
 }  // namespace latentd::engine

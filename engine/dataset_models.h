@@ -237,6 +237,16 @@ class DatasetModels {
       const DatasetSource& dataset, const AttributionQuery& query,
       const DatasetSource& target_dataset, const std::vector<TargetLatent>& targets);
 
+  // Latents of several datasets' SAEs (one model and weights, e.g. an attribution graph's
+  // suite), removed[i] of datasets[i], taken out of one run together (attribution.h's
+  // AblateTogether): the change of `metric`'s metric (its target token, or with target_latent
+  // that latent of `target_dataset`; `target_token` the token an answer resolved). Errors as
+  // AttributePrompt's, and FAILED_PRECONDITION for datasets of different models.
+  absl::StatusOr<double> AblateTogether(const std::vector<DatasetSource>& datasets,
+                                        const std::vector<std::vector<TargetLatent>>& removed,
+                                        const AttributionQuery& metric, int64_t target_token,
+                                        const DatasetSource* target_dataset);
+
   // Bytes the cache holds now (for tests and telemetry).
   int64_t cached_bytes() const;
 

@@ -949,6 +949,36 @@ grpc::Status DatasetsService::AttributionGraph(
     if (!std::isnan(edge.ablated_change)) out->set_ablated_change(edge.ablated_change);
   }
   for (const std::string& note : graph->notes) response->add_notes(note);
+  if (options.ablate) {
+    // The graph's latents at every hook, taken out of one run together.
+    std::vector<engine::DatasetSource> datasets;
+    std::vector<std::vector<engine::TargetLatent>> removed;
+    int latents = 0;
+    for (size_t h = 0; h < hooks.size(); ++h) {
+      std::vector<engine::TargetLatent> here;
+      for (const engine::GraphNode& node : graph->nodes) {
+        if (node.hook == static_cast<int>(h) && node.latent != engine::kGraphErrorNode) {
+          here.push_back({node.latent, node.position});
+        }
+      }
+      if (here.empty()) continue;
+      latents += static_cast<int>(here.size());
+      datasets.push_back(hooks[h].source);
+      removed.push_back(std::move(here));
+    }
+    if (!datasets.empty()) {
+      auto change = options_.dataset_models->AblateTogether(
+          datasets, removed, metric, graph->output.target_token_id,
+          metric_target ? &*metric_target : nullptr);
+      if (change.ok()) {
+        response->set_circuit_ablated_change(*change);
+        response->set_circuit_latents(latents);
+      } else {
+        response->add_notes(absl::StrCat("the graph's latents taken out together: ",
+                                         change.status().message()));
+      }
+    }
+  }
   writer->Write(last);
   return grpc::Status::OK;
 }

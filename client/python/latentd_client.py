@@ -893,6 +893,11 @@ class AttributionGraphView:
                              len(checked), sum((x > 0) == (y > 0) for x, y in checked),
                              "; measured / predicted, median %.3g" % ratios[len(ratios) // 2]
                              if ratios else ""))
+        if g.HasField("circuit_ablated_change"):
+            parts.append("<div><b>the graph's %d latents taken out together move the metric by "
+                         "%+.4g (%.4f -> %.4f)</b></div>" % (
+                             g.circuit_latents, g.circuit_ablated_change, g.output.metric,
+                             g.output.metric + g.circuit_ablated_change))
         parts.extend("<div>note: %s</div>" % html.escape(note) for note in g.notes)
         return "\n".join(parts)
 

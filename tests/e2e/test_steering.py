@@ -371,6 +371,28 @@ class SteeringTest(DaemonTestCase):
                          sum(len(m) for m in by_child.values()))
         self.assertIn("ablation check of %d edges" % sum(len(m) for m in by_child.values()),
                       checked_view)
+        # And the graph's latents at both hooks taken out of one run together: by hand, block
+        # 1's SAE encoding what block 0's removals left.
+        kept = [n for n in nodes[1:] if n.latent >= 0]
+        self.assertEqual(checked_graph.circuit_latents, len(kept))
+
+        def take_out(hook_index):
+            def f(x):
+                x = x.clone()
+                codes = encode(sae, x[0])
+                for n in kept:
+                    if n.hook == hook_index:
+                        x[0, n.position] -= codes[n.position, n.latent] * sae["W_dec"][n.latent]
+                return x
+            return f
+        with torch.no_grad():
+            final = gpt2(torch.tensor([prompt]), {layer0_hook: take_out(0),
+                                                  HOOK: take_out(1)})["final"]
+            logits = (gpt2.layer_norm("ln_f", final)[0] @ weights["wte.weight"].T)[-1]
+        without = float(logits.double().log_softmax(-1)[target])
+        self.assertAlmostEqual(checked_graph.circuit_ablated_change,
+                               without - checked_graph.output.metric, places=4)
+        self.assertIn("the graph's %d latents taken out together" % len(kept), checked_view)
         # A node threshold below the strongest node's share of the latents keeps it alone.
         lone = c.attribution_graph([layer0, dataset], prompt, target_token_id=target,
                                    per_hook=2, node_threshold=1e-6)
