@@ -83,7 +83,7 @@ std::string AblationSummary(const latentd::v1::AttributePromptResponse& response
 std::string GraphAblationSummary(const latentd::v1::AttributionGraphResponse& graph);
 
 // With the graph's circuit check: "the graph's 9 latents taken out together move the metric by
-// -1.234 (-7.0457 -> -8.2797)"; empty without one.
+// +0.02305 (-7.0457 -> -7.0226)"; empty without one.
 std::string CircuitAblationText(const latentd::v1::AttributionGraphResponse& graph);
 
 // An AttributionGraph answer for a terminal: the metric, then per hook (latest first) what its
