@@ -400,7 +400,8 @@ class Client:
         goes: kept_nodes, kept_importance, error_importance, dropped_importance. ablate=True:
         each child's per_hook strongest parents are taken out one run each (attribute_prompt's
         ablation check) and the edges from them carry ablated_change, the child's (or the
-        metric's) measured change. progress:
+        metric's) measured change; circuit_ablated_change is the metric's change with all
+        circuit_latents of the graph's latents taken out of one run together. progress:
         called with each AttributionGraphProgress (hooks_done, hooks, passes, hook_name) as the
         daemon streams it."""
         request = datasets_pb2.AttributionGraphRequest(
