@@ -276,6 +276,14 @@ absl::Status Credit(const SteeringModel& steering, const Pass& pass, int64_t n, 
   return absl::OkStatus();
 }
 
+// A token metric of logits [..., vocab] (one row, or a run per row): logit(target) -
+// logit(contrast) with a contrast, else log p(target) (in float64).
+at::Tensor TokenMetric(const at::Tensor& logits, int64_t target,
+                       const std::optional<int64_t>& contrast) {
+  return contrast ? logits.select(-1, target) - logits.select(-1, *contrast)
+                  : at::log_softmax(logits.to(at::kDouble), -1).select(-1, target);
+}
+
 // The ablation check (AttributionQuery.ablate) of one or more answers of one pass (a token
 // metric's, or several target latents' of `target`): the prompt once clean and once per checked
 // top entry of each with that entry alone taken out (its value scaled to 0 at its position by
@@ -354,10 +362,7 @@ absl::Status Ablate(const SteeringModel& steering, const std::vector<int64_t>& p
   AttributionResult& out = *outs.front();
   const at::Tensor logits = model.PredictNextTokens(tokens, splices, /*losses=*/false, &cache)
                                 .last_logits.to(at::kDouble);
-  const int64_t t = out.target_token_id;
-  const at::Tensor metric = out.contrast_token_id
-                                ? logits.select(1, t) - logits.select(1, *out.contrast_token_id)
-                                : at::log_softmax(logits, -1).select(1, t);
+  const at::Tensor metric = TokenMetric(logits, out.target_token_id, out.contrast_token_id);
   const at::Tensor changes = (metric.narrow(0, 1, runs) - metric[0]).contiguous();
   out.ablated_changes.assign(changes.data_ptr<double>(), changes.data_ptr<double>() + runs);
   return absl::OkStatus();
@@ -405,9 +410,7 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
     out.target_token_id =
         query.target_token_id ? *query.target_token_id : logits.argmax().item<int64_t>();
     out.contrast_token_id = query.contrast_token_id;
-    const at::Tensor metric =
-        out.contrast_token_id ? logits[out.target_token_id] - logits[*out.contrast_token_id]
-                              : at::log_softmax(logits.to(at::kDouble), -1)[out.target_token_id];
+    const at::Tensor metric = TokenMetric(logits, out.target_token_id, out.contrast_token_id);
     out.metric = metric.item<double>();
     metric.backward();
     gradients = TakeGradients(pass);
@@ -519,9 +522,7 @@ absl::StatusOr<double> AblateTogether(const std::vector<SteeringModel>& saes,
   } else {
     const at::Tensor logits =
         model.PredictNextTokens(tokens, splices, /*losses=*/false).last_logits.to(at::kDouble);
-    value = metric.contrast_token_id
-                ? logits.select(1, target_token) - logits.select(1, *metric.contrast_token_id)
-                : at::log_softmax(logits, -1).select(1, target_token);
+    value = TokenMetric(logits, target_token, metric.contrast_token_id);
   }
   return (value[1] - value[0]).item<double>();
 }
