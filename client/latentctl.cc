@@ -183,6 +183,9 @@ ABSL_FLAG(std::string, rendezvous, "",
 ABSL_FLAG(std::string, intervene, "",
           "steer: LATENT:set=V, LATENT:add=V or LATENT:scale=V, each optionally @P+P+... "
           "(positions; default every position), comma-separated");
+ABSL_FLAG(std::string, more_interventions, "",
+          "steer: latents of other datasets of the same model changed in the same steered run, "
+          "DATASET=ITEMS;DATASET=ITEMS with --intervene's ITEMS, e.g. 3=40:set=0@3;4=12:add=4");
 ABSL_FLAG(int, new_tokens, 20, "steer: tokens each run generates after the prompt");
 ABSL_FLAG(float, temperature, 0, "steer: 0 greedy; > 0 sampled (the same draws for both runs)");
 ABSL_FLAG(uint64_t, seed, 0, "steer: the sampling seed");
@@ -1307,6 +1310,9 @@ int Steer(Client& client, const std::vector<std::string>& args) {
   auto interventions = ParseInterventions(absl::GetFlag(FLAGS_intervene));
   if (!interventions.ok()) return Usage(std::string(interventions.status().message()));
   request.mutable_interventions()->Assign(interventions->begin(), interventions->end());
+  auto more = ParseMoreInterventions(absl::GetFlag(FLAGS_more_interventions));
+  if (!more.ok()) return Usage(std::string(more.status().message()));
+  request.mutable_more_interventions()->Assign(more->begin(), more->end());
   request.set_new_tokens(absl::GetFlag(FLAGS_new_tokens));
   request.set_temperature(absl::GetFlag(FLAGS_temperature));
   request.set_seed(absl::GetFlag(FLAGS_seed));

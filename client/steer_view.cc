@@ -177,6 +177,28 @@ absl::StatusOr<v1::AttributionTarget> ParseTargetLatent(const std::string& flag)
   return target;
 }
 
+absl::StatusOr<std::vector<v1::DatasetInterventions>> ParseMoreInterventions(
+    const std::string& flag) {
+  std::vector<v1::DatasetInterventions> out;
+  for (absl::string_view part : absl::StrSplit(flag, ';', absl::SkipWhitespace())) {
+    const std::vector<absl::string_view> halves = absl::StrSplit(part, absl::MaxSplits('=', 1));
+    uint64_t dataset = 0;
+    if (halves.size() != 2 || !absl::SimpleAtoi(halves[0], &dataset)) {
+      return absl::InvalidArgumentError(absl::StrCat("--more_interventions: '", part,
+                                                     "' is not DATASET=ITEMS (e.g. 3=40:set=0@3)"));
+    }
+    auto items = ParseInterventions(std::string(halves[1]));
+    if (!items.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--more_interventions: dataset ", dataset, ": ", items.status().message()));
+    }
+    v1::DatasetInterventions& d = out.emplace_back();
+    d.set_dataset_id(dataset);
+    d.mutable_interventions()->Assign(items->begin(), items->end());
+  }
+  return out;
+}
+
 std::string AttributionMetric(const v1::AttributePromptResponse& r,
                               const std::optional<Vocabulary>& vocab) {
   if (r.has_target_latent()) {

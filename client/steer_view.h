@@ -23,6 +23,12 @@ namespace latentd::client {
 absl::StatusOr<std::vector<latentd::v1::LatentIntervention>> ParseInterventions(
     const std::string& flag);
 
+// "D=ITEMS;D=ITEMS": per other dataset D (of the same model), ParseInterventions' ITEMS, e.g.
+// "3=40:set=0@3;4=12:add=4" (latentctl steer --more_interventions). INVALID_ARGUMENT naming
+// the flag and the part otherwise.
+absl::StatusOr<std::vector<latentd::v1::DatasetInterventions>> ParseMoreInterventions(
+    const std::string& flag);
+
 // "D:J@P": latent J of dataset D at prompt position P, the target of latent-to-latent
 // attribution (latentctl attribute --target_latent). INVALID_ARGUMENT naming the flag otherwise.
 absl::StatusOr<latentd::v1::AttributionTarget> ParseTargetLatent(const std::string& flag);

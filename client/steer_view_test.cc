@@ -26,6 +26,25 @@ TEST(SteerViewTest, InterventionsParseEachModeAndPositions) {
   EXPECT_EQ(DescribeIntervention((*parsed)[1]), "latent 40 set 0 (positions 3, 4)");
 }
 
+TEST(SteerViewTest, OtherDatasetsInterventionsParsePerDataset) {
+  auto more = ParseMoreInterventions("3=40:set=0@3;4=12:add=4,7:scale=2");
+  ASSERT_TRUE(more.ok()) << more.status();
+  ASSERT_EQ(more->size(), 2u);
+  EXPECT_EQ((*more)[0].dataset_id(), 3u);
+  ASSERT_EQ((*more)[0].interventions_size(), 1);
+  EXPECT_EQ((*more)[0].interventions(0).latent(), 40);
+  EXPECT_EQ((*more)[0].interventions(0).positions(0), 3);
+  EXPECT_EQ((*more)[1].dataset_id(), 4u);
+  EXPECT_EQ((*more)[1].interventions_size(), 2);
+  EXPECT_EQ((*more)[1].interventions(1).mode(), v1::LatentIntervention::SCALE);
+  EXPECT_TRUE(ParseMoreInterventions("")->empty());
+  for (const char* bad : {"3:40:set=0", "x=40:set=0", "3=40:jump=1"}) {
+    auto refused = ParseMoreInterventions(bad);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(refused.status().message().find("--more_interventions"), std::string::npos) << bad;
+  }
+}
+
 TEST(SteerViewTest, BadInterventionsNameTheItem) {
   for (const char* flag : {"", "17", "x:add=1", "-1:add=1", "17:mul=2", "17:add", "17:add=x",
                            "17:add=inf", "17:set=0@", "17:set=0@1+y", "17:set=0@-2"}) {

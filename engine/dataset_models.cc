@@ -1191,14 +1191,40 @@ absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
   return out;
 }
 
-absl::StatusOr<SteeringResult> DatasetModels::SteerPrompt(const DatasetSource& dataset,
-                                                          const SteeringQuery& query,
-                                                          const std::function<bool()>& cancelled) {
+absl::StatusOr<SteeringResult> DatasetModels::SteerPrompt(
+    const DatasetSource& dataset, const SteeringQuery& query,
+    const std::function<bool()>& cancelled,
+    const std::vector<std::pair<DatasetSource, std::vector<LatentIntervention>>>& more) {
   try {
     ASSIGN_OR_RETURN(InterventionInputs in,
                      impl_->InterventionInputsFor(dataset, query.token_ids, "steering"));
+    std::vector<InterventionInputs> others;
+    for (size_t k = 0; k < more.size(); ++k) {
+      absl::StatusOr<InterventionInputs> other =
+          impl_->InterventionInputsFor(more[k].first, query.token_ids, "steering");
+      if (!other.ok()) {
+        return absl::Status(other.status().code(), absl::StrCat("more_interventions[", k,
+                                                                "]: ", other.status().message()));
+      }
+      const bool hashes_differ = !more[k].first.model_weight_hash.empty() &&
+                                 !dataset.model_weight_hash.empty() &&
+                                 more[k].first.model_weight_hash != dataset.model_weight_hash;
+      if (hashes_differ ||
+          other->model_spec.SerializeAsString() != in.model_spec.SerializeAsString()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("more_interventions[", k, "]: dataset ", more[k].first.dataset_id,
+                         " was made with another model than dataset ", dataset.dataset_id,
+                         " (or other weights): one run cannot steer both"));
+      }
+      others.push_back(*std::move(other));
+    }
     return in.Run([&](const SteeringModel& steering) {
-      return engine::SteerPrompt(steering, in.tokens, in.bos_prepended, query, cancelled);
+      std::vector<MoreInterventions> also;
+      for (size_t k = 0; k < others.size(); ++k) {
+        also.push_back({others[k].steering, more[k].second});
+        also.back().sae.model = steering.model;
+      }
+      return engine::SteerPrompt(steering, in.tokens, in.bos_prepended, query, cancelled, also);
     });
   } catch (const c10::Error& e) {
     return TorchErrorStatus(

@@ -212,12 +212,16 @@ class DatasetModels {
   // (steering.h), and continued, beside the clean run: the same model and SAE as EncodePrompt
   // (cached and shared with it), BOS prepended as the dataset's spec did, on the CPU. The model
   // runs one query at a time (a long generation holds it). Errors as EncodePrompt, and
-  // steering.h's; FAILED_PRECONDITION for a crosscoder or a cross-layer transcoder (a latent
-  // writes several hooks or models) and a model that cannot run to its logits (TorchScript);
-  // CANCELLED when `cancelled` says so between generated tokens.
-  absl::StatusOr<SteeringResult> SteerPrompt(const DatasetSource& dataset,
-                                             const SteeringQuery& query,
-                                             const std::function<bool()>& cancelled);
+  // steering.h's; FAILED_PRECONDITION for a crosscoder over two models, a cross-layer
+  // transcoder of more layers than the model and a model that cannot run to its logits
+  // (TorchScript); CANCELLED when `cancelled` says so between generated tokens.
+  // `more`: other datasets' SAEs (of the same model and weights, e.g. the other hooks of the
+  // job) whose latents the steered runs change too; FAILED_PRECONDITION naming
+  // more_interventions[k] for one of another model.
+  absl::StatusOr<SteeringResult> SteerPrompt(
+      const DatasetSource& dataset, const SteeringQuery& query,
+      const std::function<bool()>& cancelled,
+      const std::vector<std::pair<DatasetSource, std::vector<LatentIntervention>>>& more = {});
 
   // Which of the SAE's latents, where in the prompt, drive the model's next-token prediction
   // (attribution.h): one forward and backward pass of the dataset's model and SAE (those of

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -19,33 +20,40 @@
 namespace latentd::engine {
 namespace {
 
-absl::Status CheckQuery(const SteeringQuery& query, int64_t d_sae, int64_t prompt_tokens,
-                        int64_t max_context) {
-  if (query.interventions.empty()) {
-    return absl::InvalidArgumentError("interventions: empty (name at least one latent)");
+// `interventions` (named `field`, e.g. "interventions") against the SAE's width and the prompt.
+absl::Status CheckInterventions(const std::vector<LatentIntervention>& interventions, int64_t d_sae,
+                                int64_t prompt_tokens, const std::string& field) {
+  if (interventions.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": empty (name at least one latent)"));
   }
-  if (query.interventions.size() > kMaxInterventions) {
-    return absl::InvalidArgumentError(absl::StrCat("interventions: ", query.interventions.size(),
-                                                   ", at most ", kMaxInterventions));
+  if (interventions.size() > kMaxInterventions) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", interventions.size(), ", at most ", kMaxInterventions));
   }
-  for (size_t i = 0; i < query.interventions.size(); ++i) {
-    const LatentIntervention& in = query.interventions[i];
+  for (size_t i = 0; i < interventions.size(); ++i) {
+    const LatentIntervention& in = interventions[i];
     if (in.latent < 0 || in.latent >= d_sae) {
       return absl::InvalidArgumentError(
-          absl::StrCat("interventions[", i, "].latent: ", in.latent, " outside [0, ", d_sae, ")"));
+          absl::StrCat(field, "[", i, "].latent: ", in.latent, " outside [0, ", d_sae, ")"));
     }
     if (!std::isfinite(in.value)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("interventions[", i, "].value: ", in.value, " is not finite"));
+          absl::StrCat(field, "[", i, "].value: ", in.value, " is not finite"));
     }
     for (size_t p = 0; p < in.positions.size(); ++p) {
       if (in.positions[p] < 0 || in.positions[p] >= prompt_tokens) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "interventions[", i, "].positions[", p, "]: ", in.positions[p],
+            field, "[", i, "].positions[", p, "]: ", in.positions[p],
             " outside the prompt's positions [0, ", prompt_tokens, ") (a prepended BOS is 0)"));
       }
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckQuery(const SteeringQuery& query, int64_t d_sae, int64_t prompt_tokens,
+                        int64_t max_context) {
+  RETURN_IF_ERROR(CheckInterventions(query.interventions, d_sae, prompt_tokens, "interventions"));
   if (query.new_tokens < 0 || query.new_tokens > kMaxSteeredTokens) {
     return absl::InvalidArgumentError(
         absl::StrCat("new_tokens: ", query.new_tokens, " outside [0, ", kMaxSteeredTokens, "]"));
@@ -127,7 +135,8 @@ SteeredRun RunOf(const NextTokenPredictions& p, int64_t row, int64_t top) {
 absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
                                            const std::vector<int64_t>& prompt, bool bos_prepended,
                                            const SteeringQuery& query,
-                                           const std::function<bool()>& cancelled) {
+                                           const std::function<bool()>& cancelled,
+                                           const std::vector<MoreInterventions>& more) {
   ActivationModel& model = *steering.model;
   const int64_t n = static_cast<int64_t>(prompt.size());
   RETURN_IF_ERROR(CheckQuery(query, steering.sae->config().d_sae, n, model.max_context()));
@@ -148,13 +157,36 @@ absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
   }
   Intervener intervener(steering, query.interventions, by_intervention);
   RETURN_IF_ERROR(intervener.Init());
-  const HookSplices splices = intervener.Splices();
+  HookSplices splices = intervener.Splices();
+  // The other SAEs' changes, each value in every steered row.
+  std::vector<std::vector<std::vector<float>>> more_values(more.size());
+  std::vector<std::unique_ptr<Intervener>> others;
+  for (size_t k = 0; k < more.size(); ++k) {
+    RETURN_IF_ERROR(CheckInterventions(more[k].interventions, more[k].sae.sae->config().d_sae, n,
+                                       absl::StrCat("more_interventions[", k, "].interventions")));
+    for (const LatentIntervention& in : more[k].interventions) {
+      more_values[k].emplace_back(1 + query.sweep.size(), in.value);
+    }
+    others.push_back(
+        std::make_unique<Intervener>(more[k].sae, more[k].interventions, more_values[k]));
+    RETURN_IF_ERROR(others.back()->Init());
+    for (HookSplice& splice : others.back()->Splices()) splices.push_back(std::move(splice));
+  }
+  // Every intervener before a pass over `tokens` (continuing `cache`) starting at `first`.
+  auto before_pass = [&](const at::Tensor& tokens, const KeyValueCache& cache, int64_t first) {
+    intervener.set_first_position(first);
+    intervener.ReadCrosscoder(model, tokens, cache);
+    for (auto& other : others) {
+      other->set_first_position(first);
+      other->ReadCrosscoder(model, tokens, cache);
+    }
+  };
   const int64_t rows = 2 + static_cast<int64_t>(query.sweep.size());  // clean, steered, sweep
   const at::Tensor tokens =
       at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n}).repeat({rows, 1});
   // The prompt once; then each new token alone, its attention reading the cached positions.
   KeyValueCache cache;
-  intervener.ReadCrosscoder(model, tokens, cache);
+  before_pass(tokens, cache, 0);
   NextTokenPredictions p = model.PredictNextTokens(tokens, splices, /*losses=*/true, &cache);
 
   SteeringResult out;
@@ -204,9 +236,8 @@ absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
       OneOpenMpThread one_thread;
       std::vector<int64_t> last;
       for (const SteeredRun* run : runs) last.push_back(run->generated.back());
-      intervener.set_first_position(cache.positions);
       const at::Tensor step = at::tensor(last, tokens.options()).view({rows, 1});
-      intervener.ReadCrosscoder(model, step, cache);
+      before_pass(step, cache, cache.positions);
       p = model.PredictNextTokens(step, splices, /*losses=*/false, &cache);
     }
     const std::vector<int64_t> next = NextTokens(p.last_logits, query.temperature, uniform(draws));

@@ -33,6 +33,13 @@ inline constexpr int kMaxSteeredTokens = 256;
 inline constexpr int kMaxSteeringTopTokens = 1000;
 inline constexpr int kMaxSweepValues = 16;
 
+// Latents of another SAE of the same model that the steered runs change too (every steered run
+// alike: a sweep varies interventions[0] only): steering a circuit across hooks at once.
+struct MoreInterventions {
+  SteeringModel sae;  // its model the steered SAE's
+  std::vector<LatentIntervention> interventions;
+};
+
 struct SteeringQuery {
   std::vector<int64_t> token_ids;  // the prompt, without BOS; 1 to kMaxPromptTokens ids
   std::vector<LatentIntervention> interventions;  // 1 to kMaxInterventions
@@ -98,10 +105,14 @@ struct SteeringResult {
 // model's context, temperature, top_tokens, sweep); FAILED_PRECONDITION when the model cannot run
 // to its logits (TorchScript); CANCELLED when `cancelled` says so between tokens. May throw
 // c10::Error (the caller turns it into a Status).
+// `more`: other SAEs' interventions in the same steered runs (each SAE after another encoding
+// what the earlier changes left); INVALID_ARGUMENT naming more_interventions[k] as for
+// interventions.
 absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
                                            const std::vector<int64_t>& prompt, bool bos_prepended,
                                            const SteeringQuery& query,
-                                           const std::function<bool()>& cancelled);
+                                           const std::function<bool()>& cancelled,
+                                           const std::vector<MoreInterventions>& more = {});
 
 }  // namespace latentd::engine
 

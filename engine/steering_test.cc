@@ -371,6 +371,42 @@ TEST(SteeringTest, ACrosscodersLatentIsReadFromEverySourceAndWritesEachOfThem) {
   EXPECT_NEAR(unchanged->kl_divergence, 0, 1e-9);
 }
 
+// Latents of a second SAE (block 0's) change in the same steered runs: both ADDs are the hand-
+// made additions at both hooks, through the generated tokens; a bad one is named.
+TEST(SteeringTest, AnotherSaesInterventionsJoinTheSteeredRuns) {
+  Fixture f;
+  const std::string early = "blocks.0.hook_resid_post";
+  const std::vector<MoreInterventions> more = {
+      {{f.model.get(), &f.sae, *ParseHookName(early), std::nullopt},
+       {{9, InterventionMode::kAdd, 4.0f, {}}}}};
+  const SteeringQuery q = Query({{17, InterventionMode::kAdd, 6.0f, {}}}, 3);
+  auto r = SteerPrompt(f.steering(), kInterventionPrompt, false, q, nullptr, more);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const at::Tensor late = f.sae.weights().W_dec[17] * 6.0f;
+  const at::Tensor first = f.sae.weights().W_dec[9] * 4.0f;
+  const HookSplices both = {
+      {*ParseHookName(early), [&](const at::Tensor& x) { return x + first; }},
+      {*ParseHookName("blocks.1.hook_resid_post"), [&](const at::Tensor& x) { return x + late; }}};
+  ExpectNear(r->steered.token_losses, Losses(ByHand(*f.model, kInterventionPrompt, both)), 1e-4,
+             "both hooks");
+  std::vector<int64_t> ids = kInterventionPrompt;
+  for (int t = 0; t < 3; ++t) {
+    ids.push_back(ByHand(*f.model, ids, both).last_logits[0].argmax().item<int64_t>());
+  }
+  EXPECT_EQ(r->steered.generated, std::vector<int64_t>(ids.end() - 3, ids.end()));
+  // Without the second SAE's change the run is another.
+  auto alone = f.Steer(q);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_NE(alone->steered.token_losses, r->steered.token_losses);
+  std::vector<MoreInterventions> bad = more;
+  bad[0].interventions[0].latent = kInterventionLatents;
+  auto refused = SteerPrompt(f.steering(), kInterventionPrompt, false, q, nullptr, bad);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("more_interventions[0].interventions[0].latent"),
+            std::string::npos)
+      << refused.status();
+}
+
 // A sweep adds a steered run per value of interventions[0] to the batch (the other
 // interventions as given): each run is the one a query of that value alone gives.
 TEST(SteeringTest, ASweepRunsEachValueOfTheFirstIntervention) {

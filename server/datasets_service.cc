@@ -671,6 +671,39 @@ void AddChanges(const std::vector<engine::NextTokenChange>& changes,
 
 }  // namespace
 
+namespace {
+
+// Interventions from the request (named `field`): INVALID_ARGUMENT naming a mode that is none
+// of SET, ADD, SCALE; the rest is the engine's to check.
+absl::Status InterventionsOf(
+    const google::protobuf::RepeatedPtrField<latentd::v1::LatentIntervention>& in,
+    const std::string& field, std::vector<engine::LatentIntervention>* out) {
+  for (int i = 0; i < in.size(); ++i) {
+    engine::LatentIntervention& change = out->emplace_back();
+    switch (in[i].mode()) {
+      case latentd::v1::LatentIntervention::SET:
+        change.mode = engine::InterventionMode::kSet;
+        break;
+      case latentd::v1::LatentIntervention::ADD:
+        change.mode = engine::InterventionMode::kAdd;
+        break;
+      case latentd::v1::LatentIntervention::SCALE:
+        change.mode = engine::InterventionMode::kScale;
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, "[", i, "].mode: ", latentd::v1::LatentIntervention::Mode_Name(in[i].mode()),
+            "; one of SET, ADD, SCALE"));
+    }
+    change.latent = in[i].latent();
+    change.value = in[i].value();
+    change.positions.assign(in[i].positions().begin(), in[i].positions().end());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 grpc::Status DatasetsService::SteerPrompt(grpc::ServerContext* context,
                                           const latentd::v1::SteerPromptRequest* request,
                                           latentd::v1::SteerPromptResponse* response) {
@@ -679,36 +712,35 @@ grpc::Status DatasetsService::SteerPrompt(grpc::ServerContext* context,
   if (!source.ok()) return ToGrpcStatus(source.status());
   engine::SteeringQuery query;
   query.token_ids.assign(request->token_ids().begin(), request->token_ids().end());
-  for (int i = 0; i < request->interventions_size(); ++i) {
-    const latentd::v1::LatentIntervention& in = request->interventions(i);
-    engine::LatentIntervention& out = query.interventions.emplace_back();
-    switch (in.mode()) {
-      case latentd::v1::LatentIntervention::SET:
-        out.mode = engine::InterventionMode::kSet;
-        break;
-      case latentd::v1::LatentIntervention::ADD:
-        out.mode = engine::InterventionMode::kAdd;
-        break;
-      case latentd::v1::LatentIntervention::SCALE:
-        out.mode = engine::InterventionMode::kScale;
-        break;
-      default:
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrCat("interventions[", i, "].mode: ",
-                                         latentd::v1::LatentIntervention::Mode_Name(in.mode()),
-                                         "; one of SET, ADD, SCALE"));
+  if (absl::Status s =
+          InterventionsOf(request->interventions(), "interventions", &query.interventions);
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  std::vector<std::pair<engine::DatasetSource, std::vector<engine::LatentIntervention>>> more;
+  for (int k = 0; k < request->more_interventions_size(); ++k) {
+    const latentd::v1::DatasetInterventions& other = request->more_interventions(k);
+    const std::string field = absl::StrCat("more_interventions[", k, "]");
+    auto other_source = ModelSource(other.dataset_id());
+    if (!other_source.ok()) {
+      return ToGrpcStatus(absl::Status(other_source.status().code(),
+                                       absl::StrCat(field, ": ", other_source.status().message())));
     }
-    out.latent = in.latent();
-    out.value = in.value();
-    out.positions.assign(in.positions().begin(), in.positions().end());
+    auto& [of, interventions] =
+        more.emplace_back(*std::move(other_source), std::vector<engine::LatentIntervention>());
+    if (absl::Status s =
+            InterventionsOf(other.interventions(), field + ".interventions", &interventions);
+        !s.ok()) {
+      return ToGrpcStatus(s);
+    }
   }
   query.new_tokens = request->new_tokens();
   query.temperature = request->temperature();
   query.seed = request->seed();
   query.top_tokens = request->top_tokens();
   query.sweep.assign(request->sweep().begin(), request->sweep().end());
-  auto found = options_.dataset_models->SteerPrompt(*source, query,
-                                                    [context] { return context->IsCancelled(); });
+  auto found = options_.dataset_models->SteerPrompt(
+      *source, query, [context] { return context->IsCancelled(); }, more);
   if (!found.ok()) return ToGrpcStatus(found.status());
   response->set_bos_prepended(found->bos_prepended);
   for (int64_t id : found->prompt) response->add_prompt(static_cast<int32_t>(id));
@@ -974,8 +1006,8 @@ grpc::Status DatasetsService::AttributionGraph(
         response->set_circuit_ablated_change(*change);
         response->set_circuit_latents(latents);
       } else {
-        response->add_notes(absl::StrCat("the graph's latents taken out together: ",
-                                         change.status().message()));
+        response->add_notes(
+            absl::StrCat("the graph's latents taken out together: ", change.status().message()));
       }
     }
   }

@@ -331,7 +331,7 @@ class Client:
         return self.datasets.EncodePrompt(request, metadata=self.metadata, timeout=self.timeout)
 
     def steer_prompt(self, dataset_id, token_ids, interventions, new_tokens=0, temperature=0.0,
-                     seed=0, top_tokens=10, sweep=()):
+                     seed=0, top_tokens=10, sweep=(), more=None):
         """The prompt through the dataset's model with some of its SAE's latents changed where
         the SAE's decoder writes, beside the model as it is (steering and ablation). Each
         intervention is (latent, mode, value) or (latent, mode, value, positions), mode "set"
@@ -343,7 +343,9 @@ class Client:
         token, most_increased / most_decreased (token_id, clean_probability,
         steered_probability) and latent_values (each latent's value per prompt position).
         `sweep`: values of the first intervention, each one more steered run in the same batch
-        (answer.sweep: value, run, kl_divergence), e.g. sweep=[0, 2, 4, 8, 16]."""
+        (answer.sweep: value, run, kl_divergence), e.g. sweep=[0, 2, 4, 8, 16]. `more`: other
+        datasets' latents (same model and weights, e.g. the job's other hooks) changed in the
+        same steered runs, {dataset_id: [interventions as above]}: a circuit steered at once."""
         modes = {"set": datasets_pb2.LatentIntervention.SET,
                  "add": datasets_pb2.LatentIntervention.ADD,
                  "scale": datasets_pb2.LatentIntervention.SCALE}
@@ -351,15 +353,19 @@ class Client:
             dataset_id=dataset_id, token_ids=[int(t) for t in token_ids], new_tokens=new_tokens,
             temperature=temperature, seed=seed, top_tokens=top_tokens,
             sweep=[float(v) for v in sweep])
-        for item in interventions:
-            if isinstance(item, datasets_pb2.LatentIntervention):
-                request.interventions.append(item)
-                continue
-            latent, mode, value = item[:3]
-            if mode not in modes:
-                raise ValueError("intervention mode %r: one of set, add, scale" % (mode,))
-            request.interventions.add(latent=int(latent), mode=modes[mode], value=float(value),
-                                      positions=[int(p) for p in (item[3] if len(item) > 3 else [])])
+        def add(to, items):
+            for item in items:
+                if isinstance(item, datasets_pb2.LatentIntervention):
+                    to.append(item)
+                    continue
+                latent, mode, value = item[:3]
+                if mode not in modes:
+                    raise ValueError("intervention mode %r: one of set, add, scale" % (mode,))
+                to.add(latent=int(latent), mode=modes[mode], value=float(value),
+                       positions=[int(p) for p in (item[3] if len(item) > 3 else [])])
+        add(request.interventions, interventions)
+        for other, items in (more or {}).items():
+            add(request.more_interventions.add(dataset_id=int(other)).interventions, items)
         return self.datasets.SteerPrompt(request, metadata=self.metadata, timeout=self.timeout)
 
     def attribute_prompt(self, dataset_id, token_ids, target_token_id=None,

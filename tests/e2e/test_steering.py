@@ -290,6 +290,38 @@ class SteeringTest(DaemonTestCase):
                                  "--limit=3", "--all_hooks").stdout
         self.assertIn("metric latent %d of dataset %d at position 4 (%d) = %.4f" % (
             target_latent, dataset, prompt[4], driven.metric), shown)
+        # Steering a circuit across hooks: block 0's SAE's latent set to 0 at a position in the
+        # same run as block 1's steering, block 1 encoding what block 0's change left; by hand
+        # with both splices. The same through latentctl.
+        z0 = encode(sae, seen["x"][0])
+        early = int(z0[2].argmax())
+        across = c.steer_prompt(dataset, prompt, steering, top_tokens=5,
+                                more={layer0: [(early, "set", 0.0, [2])]})
+
+        def splice_layer0(x):
+            z = encode(sae, x)
+            changed = z.clone()
+            changed[0, 2, early] = 0.0
+            return x + (changed - z) @ sae["W_dec"]
+        with torch.no_grad():
+            final = gpt2(torch.tensor([prompt]), {layer0_hook: splice_layer0,
+                                                  HOOK: splice(steering)})["final"]
+            logits = gpt2.layer_norm("ln_f", final)[0] @ weights["wte.weight"].T
+        losses = -logits.log_softmax(-1)[:-1].gather(
+            1, torch.tensor(prompt[1:]).unsqueeze(1)).squeeze(1)
+        numpy.testing.assert_allclose(across.steered.token_losses, losses.numpy(), atol=1e-4)
+        alone = c.steer_prompt(dataset, prompt, steering, top_tokens=5)
+        self.assertGreater(numpy.abs(numpy.subtract(across.steered.token_losses,
+                                                    alone.steered.token_losses)).max(), 1e-4)
+        shown = daemon.latentctl("steer", str(dataset), *map(str, prompt), "--new_tokens=0",
+                                 "--intervene=%d:add=4" % steer_along,
+                                 "--more_interventions=%d=%d:set=0@2" % (layer0, early)).stdout
+        self.assertIn("KL", shown)
+        with self.assertRaises(grpc.RpcError) as missing:
+            c.steer_prompt(dataset, prompt, steering, more={dataset + 99: [(0, "add", 1.0)]})
+        self.assertEqual(missing.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.assertIn("more_interventions[0]", missing.exception.details())
+
         # The attribution graph over the suite: block 1's nodes are the prediction's strongest
         # entries; block 0's drive them.
         page = os.path.join(self.tmp, "graph.html")
