@@ -456,6 +456,15 @@ struct DatasetModels::Impl {
   int64_t MemoryLimitBytes() const {
     return options.memory_limit_bytes > 0 ? options.memory_limit_bytes : HostAvailableMemoryBytes();
   }
+  // The intervention inputs of `others` for one run that changes all their SAEs' latents beside
+  // `first`'s (`first_model` its model): each must run on that model and weights. An error of
+  // one carries label(k) before it; FAILED_PRECONDITION for one of another model says the run
+  // "cannot <cannot>".
+  absl::StatusOr<std::vector<InterventionInputs>> InputsOnOneForward(
+      const DatasetSource& first, const latentd::v1::ModelSpec& first_model,
+      const std::vector<DatasetSource>& others, const std::vector<int64_t>& token_ids,
+      const std::string& what, const std::function<std::string(size_t)>& label,
+      const std::string& cannot);
   // `ablate`: the runs of the ablation check (AttributionQuery.ablate), for the memory check.
   absl::StatusOr<AttributionInputs> AttributionInputsFor(const DatasetSource& dataset,
                                                          const std::vector<int64_t>& token_ids,
@@ -997,6 +1006,15 @@ absl::Status CheckPromptFits(const std::vector<int64_t>& ids, const std::vector<
 
 namespace {
 
+// Whether two datasets run one forward pass: the same model spec and, where both record one, the
+// same weight hash (compared so, a model rebuilt with more hooks is still the same model).
+bool SameForward(const DatasetSource& a, const latentd::v1::ModelSpec& a_model,
+                 const DatasetSource& b, const latentd::v1::ModelSpec& b_model) {
+  const bool hashes_differ = !a.model_weight_hash.empty() && !b.model_weight_hash.empty() &&
+                             a.model_weight_hash != b.model_weight_hash;
+  return !hashes_differ && a_model.SerializeAsString() == b_model.SerializeAsString();
+}
+
 // A crosscoder's source `source` as a dataset of its own model: that model's weight hash, and
 // inputs whose spec is the source's and whose hooks are every source of the same model (one
 // forward pass gives them all). FAILED_PRECONDITION when the source's model is not known.
@@ -1198,26 +1216,13 @@ absl::StatusOr<SteeringResult> DatasetModels::SteerPrompt(
   try {
     ASSIGN_OR_RETURN(InterventionInputs in,
                      impl_->InterventionInputsFor(dataset, query.token_ids, "steering"));
-    std::vector<InterventionInputs> others;
-    for (size_t k = 0; k < more.size(); ++k) {
-      absl::StatusOr<InterventionInputs> other =
-          impl_->InterventionInputsFor(more[k].first, query.token_ids, "steering");
-      if (!other.ok()) {
-        return absl::Status(other.status().code(), absl::StrCat("more_interventions[", k,
-                                                                "]: ", other.status().message()));
-      }
-      const bool hashes_differ = !more[k].first.model_weight_hash.empty() &&
-                                 !dataset.model_weight_hash.empty() &&
-                                 more[k].first.model_weight_hash != dataset.model_weight_hash;
-      if (hashes_differ ||
-          other->model_spec.SerializeAsString() != in.model_spec.SerializeAsString()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("more_interventions[", k, "]: dataset ", more[k].first.dataset_id,
-                         " was made with another model than dataset ", dataset.dataset_id,
-                         " (or other weights): one run cannot steer both"));
-      }
-      others.push_back(*std::move(other));
-    }
+    std::vector<DatasetSource> more_datasets;
+    for (const auto& [other, interventions] : more) more_datasets.push_back(other);
+    ASSIGN_OR_RETURN(
+        std::vector<InterventionInputs> others,
+        impl_->InputsOnOneForward(
+            dataset, in.model_spec, more_datasets, query.token_ids, "steering",
+            [](size_t k) { return absl::StrCat("more_interventions[", k, "]: "); }, "steer both"));
     return in.Run([&](const SteeringModel& steering) {
       std::vector<MoreInterventions> also;
       for (size_t k = 0; k < others.size(); ++k) {
@@ -1230,6 +1235,27 @@ absl::StatusOr<SteeringResult> DatasetModels::SteerPrompt(
     return TorchErrorStatus(
         e, absl::StrCat("steering a prompt with dataset ", dataset.dataset_id, "'s model and SAE"));
   }
+}
+
+absl::StatusOr<std::vector<InterventionInputs>> DatasetModels::Impl::InputsOnOneForward(
+    const DatasetSource& first, const latentd::v1::ModelSpec& first_model,
+    const std::vector<DatasetSource>& others, const std::vector<int64_t>& token_ids,
+    const std::string& what, const std::function<std::string(size_t)>& label,
+    const std::string& cannot) {
+  std::vector<InterventionInputs> out;
+  for (size_t k = 0; k < others.size(); ++k) {
+    absl::StatusOr<InterventionInputs> in = InterventionInputsFor(others[k], token_ids, what);
+    if (!in.ok()) {
+      return absl::Status(in.status().code(), absl::StrCat(label(k), in.status().message()));
+    }
+    if (!SameForward(others[k], in->model_spec, first, first_model)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          label(k), "dataset ", others[k].dataset_id, " was made with another model than dataset ",
+          first.dataset_id, " (or other weights): one run cannot ", cannot));
+    }
+    out.push_back(*std::move(in));
+  }
+  return out;
 }
 
 absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
@@ -1266,14 +1292,10 @@ absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
       ASSIGN_OR_RETURN(const HookName hook, ParseHookName(source.spec.hook_name()));
       sources.push_back(hook);
     }
-    const bool hashes_differ = !dataset.model_weight_hash.empty() &&
-                               !target_dataset->model_weight_hash.empty() &&
-                               dataset.model_weight_hash != target_dataset->model_weight_hash;
     const latentd::v1::ModelSpec& target_model = of_target.crosscoder_models.empty()
                                                      ? of_target.spec.model()
                                                      : of_target.crosscoder_models[0].spec.model();
-    if (hashes_differ ||
-        target_model.SerializeAsString() != out.in.model_spec.SerializeAsString()) {
+    if (!SameForward(dataset, out.in.model_spec, *target_dataset, target_model)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "target_latent.dataset_id: dataset ", id, " was made with another model than dataset ",
           dataset.dataset_id, " (or other weights): the target must read the same forward pass"));
@@ -1357,22 +1379,12 @@ absl::StatusOr<double> DatasetModels::AblateTogether(
         AttributionInputs first,
         impl_->AttributionInputsFor(datasets[0], metric.token_ids,
                                     metric.target_latent ? target_dataset : nullptr, 0));
-    std::vector<InterventionInputs> others;
-    for (size_t i = 1; i < datasets.size(); ++i) {
-      ASSIGN_OR_RETURN(InterventionInputs in,
-                       impl_->InterventionInputsFor(datasets[i], metric.token_ids, "ablation"));
-      // (Compared by spec and hash: a model rebuilt with more hooks is the same model.)
-      const bool hashes_differ = !datasets[i].model_weight_hash.empty() &&
-                                 !datasets[0].model_weight_hash.empty() &&
-                                 datasets[i].model_weight_hash != datasets[0].model_weight_hash;
-      if (hashes_differ ||
-          in.model_spec.SerializeAsString() != first.in.model_spec.SerializeAsString()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "dataset ", datasets[i].dataset_id, " was made with another model than dataset ",
-            datasets[0].dataset_id, " (or other weights): one run cannot take their latents out"));
-      }
-      others.push_back(std::move(in));
-    }
+    ASSIGN_OR_RETURN(
+        std::vector<InterventionInputs> others,
+        impl_->InputsOnOneForward(
+            datasets[0], first.in.model_spec,
+            std::vector<DatasetSource>(datasets.begin() + 1, datasets.end()), metric.token_ids,
+            "ablation", [](size_t) { return std::string(); }, "take their latents out"));
     return first.in.Run([&](const SteeringModel& steering) -> absl::StatusOr<double> {
       std::vector<SteeringModel> saes = {steering};
       for (InterventionInputs& in : others) {
