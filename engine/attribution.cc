@@ -498,14 +498,13 @@ absl::StatusOr<double> AblateTogether(const std::vector<SteeringModel>& saes,
     }
   }
   // One Intervener a SAE, one changed row: each removal scaled by 0 there.
-  std::vector<std::vector<std::vector<float>>> values(saes.size());
   std::vector<std::unique_ptr<Intervener>> interveners;
   HookSplices splices;
   for (size_t i = 0; i < saes.size(); ++i) {
-    values[i].assign(removals[i].size(), std::vector<float>{0.0f});
-    interveners.push_back(std::make_unique<Intervener>(saes[i], removals[i], values[i]));
-    RETURN_IF_ERROR(interveners.back()->Init());
-    for (HookSplice& splice : interveners.back()->Splices()) splices.push_back(std::move(splice));
+    ASSIGN_OR_RETURN(
+        interveners.emplace_back(),
+        Intervener::Joining(saes[i], removals[i],
+                            std::vector<std::vector<float>>(removals[i].size(), {0.0f}), &splices));
   }
   ActivationModel& model = *saes.front().model;
   const at::Tensor tokens =

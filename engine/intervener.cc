@@ -26,6 +26,15 @@ Intervener::Intervener(const SteeringModel& steering,
   latents_ = at::tensor(latents, at::TensorOptions().dtype(at::kLong));
 }
 
+absl::StatusOr<std::unique_ptr<Intervener>> Intervener::Joining(
+    const SteeringModel& steering, const std::vector<LatentIntervention>& interventions,
+    const std::vector<std::vector<float>>& values, HookSplices* splices) {
+  auto intervener = std::make_unique<Intervener>(steering, interventions, values);
+  RETURN_IF_ERROR(intervener->Init());
+  for (HookSplice& splice : intervener->Splices()) splices->push_back(std::move(splice));
+  return intervener;
+}
+
 absl::Status Intervener::Init() {
   ASSIGN_OR_RETURN(rows_, WrittenRows(steering_, latents_));
   return absl::OkStatus();

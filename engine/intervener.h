@@ -12,9 +12,11 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "engine/activation_model.h"
 #include "engine/hook_collector.h"
 #include "engine/intervention.h"
@@ -24,10 +26,17 @@ namespace latentd::engine {
 
 class Intervener {
  public:
-  // `values[i][r]`: intervention i's value in row 1 + r (its own `value` is not read). The
-  // arguments must outlive the Intervener.
+  // `values[i][r]`: intervention i's value in row 1 + r (its own `value` is not read; the values
+  // are copied). `steering` and `interventions` must outlive the Intervener.
   Intervener(const SteeringModel& steering, const std::vector<LatentIntervention>& interventions,
              const std::vector<std::vector<float>>& values);
+
+  // One more Intervener in a forward that changes several SAEs: built, Init done, and its
+  // splices appended to *splices (after those already there, so an SAE added later encodes what
+  // the earlier ones changed when it reads at or after their hooks).
+  static absl::StatusOr<std::unique_ptr<Intervener>> Joining(
+      const SteeringModel& steering, const std::vector<LatentIntervention>& interventions,
+      const std::vector<std::vector<float>>& values, HookSplices* splices);
 
   // Reads the intervened latents' decoder rows at every hook the SAE writes (a cross-layer
   // release's from its files: INVALID_ARGUMENT or DATA_LOSS from there).

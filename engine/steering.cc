@@ -159,18 +159,16 @@ absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
   RETURN_IF_ERROR(intervener.Init());
   HookSplices splices = intervener.Splices();
   // The other SAEs' changes, each value in every steered row.
-  std::vector<std::vector<std::vector<float>>> more_values(more.size());
   std::vector<std::unique_ptr<Intervener>> others;
   for (size_t k = 0; k < more.size(); ++k) {
     RETURN_IF_ERROR(CheckInterventions(more[k].interventions, more[k].sae.sae->config().d_sae, n,
                                        absl::StrCat("more_interventions[", k, "].interventions")));
+    std::vector<std::vector<float>> values;
     for (const LatentIntervention& in : more[k].interventions) {
-      more_values[k].emplace_back(1 + query.sweep.size(), in.value);
+      values.emplace_back(1 + query.sweep.size(), in.value);
     }
-    others.push_back(
-        std::make_unique<Intervener>(more[k].sae, more[k].interventions, more_values[k]));
-    RETURN_IF_ERROR(others.back()->Init());
-    for (HookSplice& splice : others.back()->Splices()) splices.push_back(std::move(splice));
+    ASSIGN_OR_RETURN(others.emplace_back(),
+                     Intervener::Joining(more[k].sae, more[k].interventions, values, &splices));
   }
   // Every intervener before a pass over `tokens` (continuing `cache`) starting at `first`.
   auto before_pass = [&](const at::Tensor& tokens, const KeyValueCache& cache, int64_t first) {
