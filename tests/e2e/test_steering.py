@@ -316,7 +316,12 @@ class SteeringTest(DaemonTestCase):
         shown = daemon.latentctl("steer", str(dataset), *map(str, prompt), "--new_tokens=0",
                                  "--intervene=%d:add=4" % steer_along,
                                  "--more_interventions=%d=%d:set=0@2" % (layer0, early)).stdout
-        self.assertIn("KL", shown)
+        # (The flag reaches the daemon: the KL is the one with block 0's change, not without.)
+        with_more = c.steer_prompt(dataset, prompt, [(steer_along, "add", 4.0)],
+                                   more={layer0: [(early, "set", 0.0, [2])]})
+        without = c.steer_prompt(dataset, prompt, [(steer_along, "add", 4.0)])
+        self.assertNotEqual("%.4g" % with_more.kl_divergence, "%.4g" % without.kl_divergence)
+        self.assertIn("KL(clean || steered) %.4g nats" % with_more.kl_divergence, shown)
         with self.assertRaises(grpc.RpcError) as missing:
             c.steer_prompt(dataset, prompt, steering, more={dataset + 99: [(0, "add", 1.0)]})
         self.assertEqual(missing.exception.code(), grpc.StatusCode.NOT_FOUND)
