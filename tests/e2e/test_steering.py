@@ -430,6 +430,13 @@ class SteeringTest(DaemonTestCase):
         self.assertAlmostEqual(checked_graph.circuit_ablated_change,
                                without - checked_graph.output.metric, places=4)
         self.assertIn("the graph's %d latents taken out together" % len(kept), checked_view)
+        checked_text = daemon.latentctl("graph", str(dataset), *map(str, prompt),
+                                        "--target=%d" % target, "--per_hook=2",
+                                        "--node_tokens=0", "--ablate=1").stdout
+        self.assertIn("ablation check of %d edges" % sum(len(m) for m in by_child.values()),
+                      checked_text)
+        self.assertIn("the graph's %d latents taken out together move the metric by %+.4g"
+                      % (len(kept), checked_graph.circuit_ablated_change), checked_text)
         # A node threshold below the strongest node's share of the latents keeps it alone.
         lone = c.attribution_graph([layer0, dataset], prompt, target_token_id=target,
                                    per_hook=2, node_threshold=1e-6)
