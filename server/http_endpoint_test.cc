@@ -1,0 +1,182 @@
+#include "server/http_endpoint.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace latentd::server {
+namespace {
+
+// Connects to the endpoint on loopback; -1 when refused.
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(port);
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+std::string ReadToEnd(int fd) {
+  std::string out;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = recv(fd, buffer, sizeof(buffer), 0)) > 0) out.append(buffer, n);
+  return out;
+}
+
+// Sends `request` as is and returns the whole answer (the endpoint closes the connection).
+std::string Exchange(int port, const std::string& request) {
+  const int fd = Connect(port);
+  if (fd < 0) return "<refused>";
+  send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string answer = ReadToEnd(fd);
+  close(fd);
+  return answer;
+}
+
+HttpResponse Echo(const HttpRequest& request) {
+  HttpResponse response;
+  if (request.path == "/missing") {
+    response.status = 404;
+    response.body = "no such page\n";
+    return response;
+  }
+  response.content_type = "text/x-echo";
+  response.headers.push_back({"X-Seen-Method", request.method});
+  response.body = absl::StrCat("path=", request.path, " query=", request.query,
+                               " token=", request.Header("authorization"), "\n");
+  return response;
+}
+
+TEST(HttpEndpoint, AnswersWithTheHandlersStatusTypeHeadersAndBody) {
+  auto endpoint = HttpEndpoint::Start("127.0.0.1:0", Echo);
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  ASSERT_GT((*endpoint)->port(), 0);
+
+  const std::string answer =
+      Exchange((*endpoint)->port(),
+               "GET /metrics?name=x HTTP/1.1\r\nHost: a\r\nAuthorization:  Bearer s3cret \r\n\r\n");
+  const std::string body = "path=/metrics query=name=x token=Bearer s3cret\n";
+  EXPECT_TRUE(absl::StartsWith(answer, "HTTP/1.1 200 OK\r\n")) << answer;
+  EXPECT_TRUE(absl::StrContains(answer, "Content-Type: text/x-echo\r\n")) << answer;
+  EXPECT_TRUE(absl::StrContains(answer, absl::StrCat("Content-Length: ", body.size(), "\r\n")));
+  EXPECT_TRUE(absl::StrContains(answer, "Connection: close\r\n"));
+  EXPECT_TRUE(absl::StrContains(answer, "X-Seen-Method: GET\r\n"));
+  EXPECT_TRUE(absl::EndsWith(answer, "\r\n\r\n" + body)) << answer;
+
+  const std::string missing = Exchange((*endpoint)->port(), "GET /missing HTTP/1.0\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(missing, "HTTP/1.1 404 Not Found\r\n")) << missing;
+}
+
+TEST(HttpEndpoint, HeadGetsTheHeadersOfGetWithoutABody) {
+  auto endpoint = HttpEndpoint::Start("127.0.0.1:0", Echo);
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const std::string answer = Exchange((*endpoint)->port(), "HEAD /x HTTP/1.1\r\n\r\n");
+  const std::string get_body = "path=/x query= token=\n";
+  EXPECT_TRUE(absl::StartsWith(answer, "HTTP/1.1 200 OK\r\n")) << answer;
+  EXPECT_TRUE(absl::StrContains(answer, absl::StrCat("Content-Length: ", get_body.size())));
+  EXPECT_TRUE(absl::EndsWith(answer, "\r\n\r\n")) << answer;
+}
+
+TEST(HttpEndpoint, MalformedAndOversizedRequestsNeverReachTheHandler) {
+  std::atomic<int> calls{0};
+  HttpEndpointOptions options;
+  options.max_request_bytes = 1024;
+  auto endpoint = HttpEndpoint::Start(
+      "127.0.0.1:0",
+      [&](const HttpRequest& r) {
+        ++calls;
+        return Echo(r);
+      },
+      options);
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const int port = (*endpoint)->port();
+
+  EXPECT_TRUE(absl::StartsWith(Exchange(port, "GET /metrics\r\n\r\n"), "HTTP/1.1 400 "));
+  EXPECT_TRUE(absl::StartsWith(Exchange(port, "GET /metrics SMTP/1.0\r\n\r\n"), "HTTP/1.1 400 "));
+  EXPECT_TRUE(
+      absl::StartsWith(Exchange(port, "GET / HTTP/1.1\r\nno colon here\r\n\r\n"), "HTTP/1.1 400 "));
+  const std::string huge =
+      absl::StrCat("GET / HTTP/1.1\r\nX-Pad: ", std::string(4096, 'p'), "\r\n\r\n");
+  const std::string too_large = Exchange(port, huge);
+  EXPECT_TRUE(absl::StartsWith(too_large, "HTTP/1.1 431 ")) << too_large;
+  EXPECT_EQ(calls.load(), 0);
+  // A client that connects and leaves without a word gets nothing and costs nothing.
+  close(Connect(port));
+  EXPECT_TRUE(absl::StartsWith(Exchange(port, "GET / HTTP/1.1\r\n\r\n"), "HTTP/1.1 200 "));
+  EXPECT_EQ(calls.load(), 1);
+}
+
+TEST(HttpEndpoint, AClientThatStallsTimesOutAndTheNextIsServed) {
+  HttpEndpointOptions options;
+  options.read_timeout = absl::Milliseconds(300);
+  auto endpoint = HttpEndpoint::Start("127.0.0.1:0", Echo, options);
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const int port = (*endpoint)->port();
+
+  const int stalled = Connect(port);
+  ASSERT_GE(stalled, 0);
+  const std::string partial = "GET /slow HTTP/1.1\r\nHost: a\r\n";  // never finished
+  send(stalled, partial.data(), partial.size(), MSG_NOSIGNAL);
+  // Queued behind the stalled one; answered once its read times out.
+  std::string next;
+  std::thread second([&] { next = Exchange(port, "GET /next HTTP/1.1\r\n\r\n"); });
+  const std::string stalled_answer = ReadToEnd(stalled);
+  close(stalled);
+  second.join();
+  EXPECT_TRUE(absl::StartsWith(stalled_answer, "HTTP/1.1 408 Request Timeout\r\n"))
+      << stalled_answer;
+  EXPECT_TRUE(absl::StrContains(next, "path=/next")) << next;
+}
+
+TEST(HttpEndpoint, BadAddressesAreErrorsAndStopClosesThePort) {
+  EXPECT_EQ(HttpEndpoint::Start("no-port", Echo).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(HttpEndpoint::Start("127.0.0.1:99999", Echo).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(HttpEndpoint::Start("127.0.0.1:http", Echo).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  auto endpoint = HttpEndpoint::Start("127.0.0.1:0", Echo);
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const int port = (*endpoint)->port();
+  auto taken = HttpEndpoint::Start(absl::StrCat("127.0.0.1:", port), Echo);
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kUnavailable) << taken.status();
+
+  (*endpoint)->Stop();
+  (*endpoint)->Stop();  // idempotent
+  EXPECT_EQ(Connect(port), -1);
+}
+
+TEST(HttpEndpoint, ListensOnIpv6LoopbackInBrackets) {
+  auto endpoint = HttpEndpoint::Start("[::1]:0", Echo);
+  if (!endpoint.ok()) GTEST_SKIP() << "no IPv6 loopback here: " << endpoint.status();
+  const int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 address{};
+  address.sin6_family = AF_INET6;
+  address.sin6_port = htons((*endpoint)->port());
+  address.sin6_addr = in6addr_loopback;
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  const std::string request = "GET /six HTTP/1.1\r\n\r\n";
+  send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  const std::string answer = ReadToEnd(fd);
+  close(fd);
+  EXPECT_TRUE(absl::StrContains(answer, "path=/six")) << answer;
+}
+
+}  // namespace
+}  // namespace latentd::server
