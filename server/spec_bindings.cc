@@ -1,0 +1,487 @@
+#include "server/spec_bindings.h"
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
+
+#include <limits>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+
+namespace latentd::server {
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+using latentd::v1::JobResult;
+using latentd::v1::JobSpec;
+using latentd::v1::JobType;
+
+// One step of a path: a field, and for a repeated field the element it picks (-1: none).
+struct PathStep {
+  const FieldDescriptor* field;
+  int index = -1;
+};
+
+const FieldDescriptor* FindField(const Descriptor* type, absl::string_view name) {
+  if (const FieldDescriptor* f = type->FindFieldByName(std::string(name))) return f;
+  for (int i = 0; i < type->field_count(); ++i) {
+    if (type->field(i)->json_name() == name) return type->field(i);
+  }
+  return nullptr;
+}
+
+// Resolves `path` in the schema of `root`, ending at a scalar field. A repeated scalar may end
+// the path without an index only when `allow_append`.
+absl::StatusOr<std::vector<PathStep>> ResolvePath(const Descriptor* root, const std::string& path,
+                                                  bool allow_append) {
+  if (path.empty()) return absl::InvalidArgumentError("empty path");
+  std::vector<absl::string_view> parts = absl::StrSplit(path, '.');
+  std::vector<PathStep> steps;
+  const Descriptor* type = root;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (type == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "\"", path, "\": ", steps.back().field->name(), " is a value, it has no \"", parts[i],
+          "\""));
+    }
+    const FieldDescriptor* field = FindField(type, parts[i]);
+    if (field == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", path, "\": ", type->name(),
+                                                     " has no field \"", parts[i], "\""));
+    }
+    PathStep step{field};
+    if (field->is_repeated()) {
+      if (field->is_map()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("\"", path, "\": ", field->name(), " is a map, which bindings do not reach"));
+      }
+      int index = -1;
+      if (i + 1 < parts.size() && absl::SimpleAtoi(parts[i + 1], &index) && index >= 0) {
+        step.index = index;
+        ++i;
+      } else if (!(allow_append && i + 1 == parts.size() &&
+                   field->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "\"", path, "\": ", field->name(), " is a list: name an element (", field->name(),
+            ".0)"));
+      }
+    }
+    steps.push_back(step);
+    type = field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE ? field->message_type() : nullptr;
+  }
+  if (type != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", path, "\" is a message (", type->name(), "); name one of its values"));
+  }
+  return steps;
+}
+
+// `steps` as a path of proto field names: the same for every spelling of one field.
+std::string CanonicalPath(const std::vector<PathStep>& steps) {
+  std::string out;
+  for (const PathStep& step : steps) {
+    absl::StrAppend(&out, out.empty() ? "" : ".", step.field->name());
+    if (step.index >= 0) absl::StrAppend(&out, ".", step.index);
+  }
+  return out;
+}
+
+bool IsInteger(FieldDescriptor::CppType t) {
+  return t == FieldDescriptor::CPPTYPE_INT32 || t == FieldDescriptor::CPPTYPE_INT64 ||
+         t == FieldDescriptor::CPPTYPE_UINT32 || t == FieldDescriptor::CPPTYPE_UINT64;
+}
+
+bool Converts(const FieldDescriptor* from, const FieldDescriptor* to) {
+  const auto a = from->cpp_type(), b = to->cpp_type();
+  if (a == b) return true;
+  if (IsInteger(a) && IsInteger(b)) return true;
+  if ((IsInteger(a) && b == FieldDescriptor::CPPTYPE_STRING) ||
+      (a == FieldDescriptor::CPPTYPE_STRING && IsInteger(b))) {
+    return true;
+  }
+  return (a == FieldDescriptor::CPPTYPE_FLOAT || a == FieldDescriptor::CPPTYPE_DOUBLE) &&
+         (b == FieldDescriptor::CPPTYPE_FLOAT || b == FieldDescriptor::CPPTYPE_DOUBLE);
+}
+
+// The name of a job type's member of the JobSpec and JobResult oneofs ("extract").
+std::string CaseName(JobType type) {
+  switch (type) {
+    case latentd::v1::EXTRACT: return "extract";
+    case latentd::v1::TRAIN: return "train";
+    case latentd::v1::PROBE: return "probe";
+    default: return "";
+  }
+}
+
+// A scalar read from a result, kept in the widest form of its kind.
+struct ScalarValue {
+  enum Kind { kSigned, kUnsigned, kFloating, kString, kBool, kEnum } kind;
+  int64_t i = 0;
+  uint64_t u = 0;
+  double d = 0;
+  std::string s;
+  bool b = false;
+  int e = 0;
+
+  std::string ToString() const {
+    switch (kind) {
+      case kSigned: return absl::StrCat(i);
+      case kUnsigned: return absl::StrCat(u);
+      case kFloating: return absl::StrCat(d);
+      case kString: return absl::StrCat("\"", s, "\"");
+      case kBool: return b ? "true" : "false";
+      case kEnum: return absl::StrCat(e);
+    }
+    return "";
+  }
+};
+
+absl::StatusOr<ScalarValue> ReadScalar(const Message& root, const std::vector<PathStep>& steps,
+                                       const std::string& path) {
+  const Message* message = &root;
+  for (size_t i = 0; i + 1 < steps.size(); ++i) {
+    const Reflection* r = message->GetReflection();
+    const PathStep& step = steps[i];
+    if (step.field->is_repeated()) {
+      const int size = r->FieldSize(*message, step.field);
+      if (step.index >= size) {
+        return absl::InvalidArgumentError(absl::StrCat("\"", path, "\": ", step.field->name(),
+                                                       " has ", size, " elements, no ", step.index));
+      }
+      message = &r->GetRepeatedMessage(*message, step.field, step.index);
+    } else {
+      message = &r->GetMessage(*message, step.field);
+    }
+  }
+  const PathStep& last = steps.back();
+  const Reflection* r = message->GetReflection();
+  const FieldDescriptor* f = last.field;
+  if (f->is_repeated() && last.index >= r->FieldSize(*message, f)) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", path, "\": ", f->name(), " has ",
+                                                   r->FieldSize(*message, f), " elements, no ",
+                                                   last.index));
+  }
+  const bool rep = f->is_repeated();
+  const int k = last.index;
+  ScalarValue v{ScalarValue::kSigned};
+  switch (f->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32:
+      v.i = rep ? r->GetRepeatedInt32(*message, f, k) : r->GetInt32(*message, f);
+      break;
+    case FieldDescriptor::CPPTYPE_INT64:
+      v.i = rep ? r->GetRepeatedInt64(*message, f, k) : r->GetInt64(*message, f);
+      break;
+    case FieldDescriptor::CPPTYPE_UINT32:
+      v.kind = ScalarValue::kUnsigned;
+      v.u = rep ? r->GetRepeatedUInt32(*message, f, k) : r->GetUInt32(*message, f);
+      break;
+    case FieldDescriptor::CPPTYPE_UINT64:
+      v.kind = ScalarValue::kUnsigned;
+      v.u = rep ? r->GetRepeatedUInt64(*message, f, k) : r->GetUInt64(*message, f);
+      break;
+    case FieldDescriptor::CPPTYPE_FLOAT:
+      v.kind = ScalarValue::kFloating;
+      v.d = rep ? r->GetRepeatedFloat(*message, f, k) : r->GetFloat(*message, f);
+      break;
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+      v.kind = ScalarValue::kFloating;
+      v.d = rep ? r->GetRepeatedDouble(*message, f, k) : r->GetDouble(*message, f);
+      break;
+    case FieldDescriptor::CPPTYPE_STRING:
+      v.kind = ScalarValue::kString;
+      v.s = rep ? r->GetRepeatedString(*message, f, k) : r->GetString(*message, f);
+      break;
+    case FieldDescriptor::CPPTYPE_BOOL:
+      v.kind = ScalarValue::kBool;
+      v.b = rep ? r->GetRepeatedBool(*message, f, k) : r->GetBool(*message, f);
+      break;
+    case FieldDescriptor::CPPTYPE_ENUM:
+      v.kind = ScalarValue::kEnum;
+      v.e = rep ? r->GetRepeatedEnumValue(*message, f, k) : r->GetEnumValue(*message, f);
+      break;
+    default:
+      return absl::InternalError("not a scalar");
+  }
+  return v;
+}
+
+// `v` as sign and magnitude, when it is an integer (a decimal string included).
+bool AsSignAndMagnitude(const ScalarValue& v, bool* negative, uint64_t* magnitude) {
+  int64_t i = 0;
+  switch (v.kind) {
+    case ScalarValue::kSigned:
+      i = v.i;
+      break;
+    case ScalarValue::kUnsigned:
+      *negative = false;
+      *magnitude = v.u;
+      return true;
+    case ScalarValue::kString:
+      if (absl::SimpleAtoi(v.s, magnitude)) {
+        *negative = false;
+        return true;
+      }
+      if (!absl::SimpleAtoi(v.s, &i)) return false;
+      break;
+    default:
+      return false;
+  }
+  *negative = i < 0;
+  *magnitude = i < 0 ? uint64_t(0) - static_cast<uint64_t>(i) : static_cast<uint64_t>(i);
+  return true;
+}
+
+absl::Status WriteScalar(Message* root, const std::vector<PathStep>& steps, const ScalarValue& v,
+                         const std::string& path) {
+  Message* message = root;
+  for (size_t i = 0; i + 1 < steps.size(); ++i) {
+    const Reflection* r = message->GetReflection();
+    const PathStep& step = steps[i];
+    if (step.field->is_repeated()) {
+      const int size = r->FieldSize(*message, step.field);
+      if (step.index >= size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "\"", path, "\": the spec's ", step.field->name(), " has ", size, " elements, no ",
+            step.index));
+      }
+      message = r->MutableRepeatedMessage(message, step.field, step.index);
+    } else {
+      message = r->MutableMessage(message, step.field);
+    }
+  }
+  const PathStep& last = steps.back();
+  const FieldDescriptor* f = last.field;
+  const Reflection* r = message->GetReflection();
+  const bool append = f->is_repeated() && last.index < 0;
+  if (f->is_repeated() && !append && last.index >= r->FieldSize(*message, f)) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", path, "\": the spec's ", f->name(),
+                                                   " has ", r->FieldSize(*message, f),
+                                                   " elements, no ", last.index));
+  }
+  const int k = last.index;
+  auto out_of_range = [&](const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", path, "\": ", v.ToString(), " is not ", what));
+  };
+  bool negative = false;
+  uint64_t magnitude = 0;
+  switch (f->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32:
+    case FieldDescriptor::CPPTYPE_INT64:
+    case FieldDescriptor::CPPTYPE_UINT32:
+    case FieldDescriptor::CPPTYPE_UINT64: {
+      if (!AsSignAndMagnitude(v, &negative, &magnitude)) return out_of_range("an integer");
+      const auto t = f->cpp_type();
+      const bool is_unsigned =
+          t == FieldDescriptor::CPPTYPE_UINT32 || t == FieldDescriptor::CPPTYPE_UINT64;
+      const uint64_t max_positive =
+          t == FieldDescriptor::CPPTYPE_INT32    ? uint64_t(std::numeric_limits<int32_t>::max())
+          : t == FieldDescriptor::CPPTYPE_INT64  ? uint64_t(std::numeric_limits<int64_t>::max())
+          : t == FieldDescriptor::CPPTYPE_UINT32 ? uint64_t(std::numeric_limits<uint32_t>::max())
+                                                 : std::numeric_limits<uint64_t>::max();
+      const uint64_t max_negative =
+          is_unsigned ? 0
+          : t == FieldDescriptor::CPPTYPE_INT32
+              ? uint64_t(std::numeric_limits<int32_t>::max()) + 1
+              : uint64_t(std::numeric_limits<int64_t>::max()) + 1;
+      if (negative ? magnitude > max_negative : magnitude > max_positive) {
+        return out_of_range(absl::StrCat("a ", f->cpp_type_name()));
+      }
+      const int64_t as_signed =
+          negative ? static_cast<int64_t>(uint64_t(0) - magnitude) : static_cast<int64_t>(magnitude);
+      switch (t) {
+        case FieldDescriptor::CPPTYPE_INT32:
+          append ? r->AddInt32(message, f, int32_t(as_signed))
+                 : (f->is_repeated() ? r->SetRepeatedInt32(message, f, k, int32_t(as_signed))
+                                     : r->SetInt32(message, f, int32_t(as_signed)));
+          break;
+        case FieldDescriptor::CPPTYPE_INT64:
+          append ? r->AddInt64(message, f, as_signed)
+                 : (f->is_repeated() ? r->SetRepeatedInt64(message, f, k, as_signed)
+                                     : r->SetInt64(message, f, as_signed));
+          break;
+        case FieldDescriptor::CPPTYPE_UINT32:
+          append ? r->AddUInt32(message, f, uint32_t(magnitude))
+                 : (f->is_repeated() ? r->SetRepeatedUInt32(message, f, k, uint32_t(magnitude))
+                                     : r->SetUInt32(message, f, uint32_t(magnitude)));
+          break;
+        default:
+          append ? r->AddUInt64(message, f, magnitude)
+                 : (f->is_repeated() ? r->SetRepeatedUInt64(message, f, k, magnitude)
+                                     : r->SetUInt64(message, f, magnitude));
+          break;
+      }
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_STRING: {
+      std::string s;
+      if (v.kind == ScalarValue::kString) {
+        s = v.s;
+      } else if (v.kind == ScalarValue::kSigned) {
+        s = absl::StrCat(v.i);
+      } else if (v.kind == ScalarValue::kUnsigned) {
+        s = absl::StrCat(v.u);
+      } else {
+        return out_of_range("a string or an integer");
+      }
+      append ? r->AddString(message, f, s)
+             : (f->is_repeated() ? r->SetRepeatedString(message, f, k, s)
+                                 : r->SetString(message, f, s));
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_FLOAT:
+    case FieldDescriptor::CPPTYPE_DOUBLE: {
+      if (v.kind != ScalarValue::kFloating) return out_of_range("a number");
+      if (f->cpp_type() == FieldDescriptor::CPPTYPE_FLOAT) {
+        append ? r->AddFloat(message, f, float(v.d))
+               : (f->is_repeated() ? r->SetRepeatedFloat(message, f, k, float(v.d))
+                                   : r->SetFloat(message, f, float(v.d)));
+      } else {
+        append ? r->AddDouble(message, f, v.d)
+               : (f->is_repeated() ? r->SetRepeatedDouble(message, f, k, v.d)
+                                   : r->SetDouble(message, f, v.d));
+      }
+      return absl::OkStatus();
+    }
+    case FieldDescriptor::CPPTYPE_BOOL:
+      if (v.kind != ScalarValue::kBool) return out_of_range("a bool");
+      append ? r->AddBool(message, f, v.b)
+             : (f->is_repeated() ? r->SetRepeatedBool(message, f, k, v.b)
+                                 : r->SetBool(message, f, v.b));
+      return absl::OkStatus();
+    case FieldDescriptor::CPPTYPE_ENUM:
+      if (v.kind != ScalarValue::kEnum) return out_of_range("an enum value");
+      append ? r->AddEnumValue(message, f, v.e)
+             : (f->is_repeated() ? r->SetRepeatedEnumValue(message, f, k, v.e)
+                                 : r->SetEnumValue(message, f, v.e));
+      return absl::OkStatus();
+    default:
+      return absl::InternalError("not a scalar");
+  }
+}
+
+// The schema checks of binding `i` whose source job has type `source_type`; errors name the
+// binding's fields. Returns the resolved (output, field) paths.
+absl::Status CheckBinding(const JobSpec& spec, int i, JobType source_type,
+                          std::vector<PathStep>* output_steps, std::vector<PathStep>* field_steps) {
+  const latentd::v1::SpecBinding& b = spec.bindings(i);
+  const std::string where = absl::StrCat("spec.bindings[", i, "]");
+  const std::string result_case = CaseName(source_type);
+  auto output = ResolvePath(JobResult::descriptor(), b.output(), /*allow_append=*/false);
+  if (!output.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ".output: ", output.status().message()));
+  }
+  if ((*output)[0].field->name() != result_case) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ".output: job ", b.job_id(), " is a ", latentd::v1::JobType_Name(source_type),
+        " job: its outputs start with \"", result_case, ".\""));
+  }
+  const std::string spec_case = CaseName(spec.type());
+  auto field = ResolvePath(JobSpec::descriptor(), b.field(), /*allow_append=*/true);
+  if (!field.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ".field: ", field.status().message()));
+  }
+  if ((*field)[0].field->name() != spec_case) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ".field: a binding fills this job's own ", spec_case, " spec: \"", spec_case,
+        ".<field>\""));
+  }
+  if (!Converts(output->back().field, field->back().field)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": ", b.output(), " is a ", output->back().field->cpp_type_name(), ", ", b.field(),
+        " a ", field->back().field->cpp_type_name()));
+  }
+  *output_steps = std::move(*output);
+  *field_steps = std::move(*field);
+  return absl::OkStatus();
+}
+
+JobType ResultType(const JobResult& result) {
+  switch (result.result_case()) {
+    case JobResult::kExtract: return latentd::v1::EXTRACT;
+    case JobResult::kTrain: return latentd::v1::TRAIN;
+    case JobResult::kProbe: return latentd::v1::PROBE;
+    default: return latentd::v1::JOB_TYPE_UNSPECIFIED;
+  }
+}
+
+}  // namespace
+
+absl::Status CheckBindings(const JobSpec& spec,
+                           const std::function<std::optional<JobType>(uint64_t)>& type_of) {
+  if (spec.after_job_ids_size() > kMaxAfterJobs) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.after_job_ids: at most ", kMaxAfterJobs,
+                                                   " jobs, got ", spec.after_job_ids_size()));
+  }
+  if (spec.bindings_size() > kMaxBindings) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.bindings: at most ", kMaxBindings,
+                                                   ", got ", spec.bindings_size()));
+  }
+  std::map<uint64_t, JobType> types;
+  for (int i = 0; i < spec.after_job_ids_size(); ++i) {
+    const uint64_t id = spec.after_job_ids(i);
+    const std::optional<JobType> type = type_of(id);
+    if (!type.has_value()) {
+      return absl::NotFoundError(
+          absl::StrCat("spec.after_job_ids[", i, "]: job ", id, " not found"));
+    }
+    types[id] = *type;
+  }
+  std::set<std::string> filled;
+  for (int i = 0; i < spec.bindings_size(); ++i) {
+    const latentd::v1::SpecBinding& b = spec.bindings(i);
+    auto type = types.find(b.job_id());
+    if (type == types.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.bindings[", i, "].job_id: job ", b.job_id(),
+                       " is not one of after_job_ids (a job is bound only to jobs it waits for)"));
+    }
+    std::vector<PathStep> output, field;
+    RETURN_IF_ERROR(CheckBinding(spec, i, type->second, &output, &field));
+    const bool appends = field.back().field->is_repeated() && field.back().index < 0;
+    if (!appends && !filled.insert(CanonicalPath(field)).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.bindings[", i, "].field: ", b.field(), " is bound twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobSpec> ApplyBindings(const JobSpec& spec,
+                                      const std::map<uint64_t, JobResult>& results,
+                                      std::vector<std::string>* applied) {
+  JobSpec bound = spec;
+  for (int i = 0; i < spec.bindings_size(); ++i) {
+    const latentd::v1::SpecBinding& b = spec.bindings(i);
+    const std::string where = absl::StrCat("spec.bindings[", i, "]");
+    auto result = results.find(b.job_id());
+    if (result == results.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": no result of job ", b.job_id(), " to take ", b.output(), " from"));
+    }
+    std::vector<PathStep> output, field;
+    RETURN_IF_ERROR(CheckBinding(spec, i, ResultType(result->second), &output, &field));
+    auto value = ReadScalar(result->second, output, b.output());
+    if (!value.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".output: job ", b.job_id(), "'s ", value.status().message()));
+    }
+    if (absl::Status s = WriteScalar(&bound, field, *value, b.field()); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ".field: ", s.message()));
+    }
+    if (applied != nullptr) {
+      // In proto names, however the paths were spelled.
+      applied->push_back(absl::StrCat(CanonicalPath(field), " = ", value->ToString(), " (job ",
+                                      b.job_id(), "'s ", CanonicalPath(output), ")"));
+    }
+  }
+  return bound;
+}
+
+}  // namespace latentd::server
