@@ -21,6 +21,8 @@ PACKAGES=(
   libopenblas0-pthread
   python3 python3-grpcio python3-protobuf python3-numpy python3-scipy python3-h5py python3-torch
   python3-matplotlib
+  # tests/e2e/test_metrics.py parses GET /metrics with the Prometheus project's own parser.
+  python3-prometheus-client
 )
 
 missing=()

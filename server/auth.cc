@@ -41,13 +41,17 @@ grpc::Status TokenAuth::Check(const grpc::ServerContext& context) const {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "missing 'authorization: Bearer <token>' metadata");
   }
-  std::string value(it->second.data(), it->second.size());
-  constexpr absl::string_view kPrefix = "Bearer ";
-  if (!absl::StartsWith(value, kPrefix) ||
-      !ConstantTimeEquals(value.substr(kPrefix.size()), token_)) {
+  if (!Accepts(std::string(it->second.data(), it->second.size()))) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
   }
   return grpc::Status::OK;
+}
+
+bool TokenAuth::Accepts(const std::string& authorization) const {
+  if (!enabled()) return true;
+  constexpr absl::string_view kPrefix = "Bearer ";
+  return absl::StartsWith(authorization, kPrefix) &&
+         ConstantTimeEquals(authorization.substr(kPrefix.size()), token_);
 }
 
 }  // namespace latentd::server

@@ -27,6 +27,9 @@ class TokenAuth {
 
   bool enabled() const { return !token_.empty(); }
   grpc::Status Check(const grpc::ServerContext& context) const;
+  // Whether an `authorization` value (gRPC metadata or HTTP header) is "Bearer <the token>";
+  // always true without a token.
+  bool Accepts(const std::string& authorization) const;
 
  private:
   std::string token_;

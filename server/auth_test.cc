@@ -40,5 +40,16 @@ TEST(TokenAuth, EnabledRejectsACallWithoutMetadata) {
   EXPECT_EQ(auth.Check(context).error_code(), grpc::StatusCode::UNAUTHENTICATED);
 }
 
+TEST(TokenAuth, AcceptsOnlyTheBearerTokenItHolds) {
+  TokenAuth auth("s3cret");
+  EXPECT_TRUE(auth.Accepts("Bearer s3cret"));
+  EXPECT_FALSE(auth.Accepts("Bearer s3cre"));
+  EXPECT_FALSE(auth.Accepts("Bearer s3cret2"));
+  EXPECT_FALSE(auth.Accepts("s3cret"));
+  EXPECT_FALSE(auth.Accepts("Basic s3cret"));
+  EXPECT_FALSE(auth.Accepts(""));
+  EXPECT_TRUE(TokenAuth().Accepts(""));  // no token: everything passes
+}
+
 }  // namespace
 }  // namespace latentd::server

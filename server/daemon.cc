@@ -5,12 +5,15 @@
 #include <grpcpp/server_builder.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/process_memory.h"
 #include "engine/dataset_models.h"
 #include "engine/device_pool.h"
 #include "server/auth.h"
@@ -18,8 +21,10 @@
 #include "server/devices_service.h"
 #include "server/job_manager.h"
 #include "server/job_runners.h"
+#include "server/http_endpoint.h"
 #include "server/job_store.h"
 #include "server/jobs_service.h"
+#include "server/metrics.h"
 #include "storage/artifact_store.h"
 #include "storage/chunk_store.h"
 #include "storage/db.h"
@@ -56,12 +61,79 @@ struct Daemon::State {
   std::unique_ptr<engine::DatasetModels> dataset_models;
   std::unique_ptr<DatasetsService> datasets_service;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<HttpEndpoint> metrics_endpoint;
+  absl::Time start_time;
+  // False once Shutdown() begins: /healthz then answers 503.
+  std::atomic<bool> serving{false};
   bool shut_down = false;
+
+  HttpResponse ServeHttp(const HttpRequest& request) const;
+  DaemonFigures Figures() const;
 };
+
+DaemonFigures Daemon::State::Figures() const {
+  DaemonFigures figures;
+  figures.jobs = manager->Figures();
+  figures.devices = pool->Snapshot();
+  // Every file of the database (SST, blob, write-ahead log, manifest): what the disk holds,
+  // including what has not been flushed to a table yet.
+  std::error_code ec;
+  int64_t bytes = 0;
+  for (auto it = std::filesystem::recursive_directory_iterator(db->path(), ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    std::error_code size_error;
+    if (it->is_regular_file(size_error)) {
+      const auto size = it->file_size(size_error);
+      if (!size_error) bytes += static_cast<int64_t>(size);
+    }
+  }
+  figures.store_bytes_on_disk = ec ? -1 : bytes;
+  figures.free_disk_bytes = db->FreeDiskBytes();
+  figures.process_rss_bytes = ProcessRssBytes();
+  figures.start_time = start_time;
+  figures.now = absl::Now();
+  return figures;
+}
+
+HttpResponse Daemon::State::ServeHttp(const HttpRequest& request) const {
+  HttpResponse response;
+  if (request.method != "GET") {
+    response.status = 405;
+    response.headers.push_back({"Allow", "GET, HEAD"});
+    response.body = "only GET and HEAD\n";
+    return response;
+  }
+  if (request.path == "/healthz") {
+    // Exempt from auth, as gRPC health checking is: probes carry no credentials.
+    const bool up = serving.load();
+    response.status = up ? 200 : 503;
+    response.body = up ? "serving\n" : "shutting down\n";
+    return response;
+  }
+  if (request.path != "/metrics") {
+    response.status = 404;
+    response.body = "latentd serves /metrics (Prometheus text) and /healthz\n";
+    return response;
+  }
+  if (!auth.Accepts(request.Header("authorization"))) {
+    response.status = 401;
+    response.headers.push_back({"WWW-Authenticate", "Bearer realm=\"latentd\""});
+    response.body = "send 'Authorization: Bearer <token>' (the daemon's --auth_token_file)\n";
+    return response;
+  }
+  response.content_type = kPrometheusContentType;
+  response.body = RenderPrometheusMetrics(Figures());
+  return response;
+}
 
 Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {}
 
 Daemon::~Daemon() { Shutdown(); }
+
+int Daemon::metrics_port() const {
+  if (state_ == nullptr || state_->metrics_endpoint == nullptr) return 0;
+  return state_->metrics_endpoint->port();
+}
 
 std::vector<std::string> Daemon::startup_warnings() const {
   if (state_ == nullptr || state_->manager == nullptr) return {};
@@ -84,10 +156,16 @@ absl::Status Daemon::Start() {
     if (!auth.ok()) return auth.status();
     state->auth = std::move(*auth);
   }
-  if (!IsLoopbackListenAddress(options_.listen) && !state->auth.enabled() && !options_.insecure) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--listen=", options_.listen,
-        " is not a loopback address: give --auth_token_file, or --insecure to serve without auth"));
+  for (const auto& [flag, address] : {std::pair<const char*, const std::string&>{
+                                          "--listen", options_.listen},
+                                      {"--metrics_listen", options_.metrics_listen}}) {
+    if (!address.empty() && !IsLoopbackListenAddress(address) && !state->auth.enabled() &&
+        !options_.insecure) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          flag, "=", address,
+          " is not a loopback address: give --auth_token_file, or --insecure to serve without "
+          "auth"));
+    }
   }
 
   std::error_code ec;
@@ -143,6 +221,20 @@ absl::Status Daemon::Start() {
   state->datasets_service = std::make_unique<DatasetsService>(
       state->chunk_store.get(), state->artifacts.get(), std::move(datasets_options), &state->auth);
 
+  state->start_time = absl::Now();
+  if (!options_.metrics_listen.empty()) {
+    const State* serving_state = state.get();
+    auto endpoint = HttpEndpoint::Start(
+        options_.metrics_listen,
+        [serving_state](const HttpRequest& request) { return serving_state->ServeHttp(request); });
+    if (!endpoint.ok()) {
+      state->manager->Shutdown();
+      return absl::Status(endpoint.status().code(),
+                          absl::StrCat("--metrics_listen: ", endpoint.status().message()));
+    }
+    state->metrics_endpoint = std::move(*endpoint);
+  }
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -157,6 +249,7 @@ absl::Status Daemon::Start() {
     return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", options_.listen));
   }
   state->server->GetHealthCheckService()->SetServingStatus(true);
+  state->serving = true;  // /healthz says so from now on
   state_ = std::move(state);
   return absl::OkStatus();
 }
@@ -164,12 +257,15 @@ absl::Status Daemon::Start() {
 void Daemon::Shutdown() {
   if (!state_ || state_->shut_down) return;
   state_->shut_down = true;
+  state_->serving = false;
   state_->server->GetHealthCheckService()->Shutdown();  // NOT_SERVING from now on
   // Stop jobs first: their watchers end, their state is written while the database is open.
   state_->manager->Shutdown();
   state_->server->Shutdown(std::chrono::system_clock::now() +
                            std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.grace)));
   state_->server->Wait();
+  // Scrapes read the manager and the database: the endpoint goes before them.
+  if (state_->metrics_endpoint != nullptr) state_->metrics_endpoint->Stop();
   state_->manager.reset();
   state_->job_store.reset();
   state_->datasets_service.reset();

@@ -30,6 +30,12 @@ struct DaemonOptions {
   std::vector<std::string> data_roots;
   // Directory server-side exports are written under. Default <data_dir>/exports.
   std::string export_root;
+  // host:port of an HTTP endpoint beside the gRPC port: GET /metrics answers Prometheus text
+  // (server/metrics.h), GET /healthz 200 while serving and 503 once shutdown begins. Empty (the
+  // default) serves none; port 0 picks a free port (see metrics_port()). The rule of `listen`
+  // holds: off loopback it needs auth_token_file (scrapers then send "Authorization: Bearer
+  // <token>"; /healthz needs none) or insecure.
+  std::string metrics_listen;
   // Largest request message accepted. Default 16 MiB.
   int max_message_bytes = 16 << 20;
   // How long in-flight RPCs may run on after Shutdown() begins. Default 5 s.
@@ -57,6 +63,8 @@ class Daemon {
   absl::Status Start();
   // The port actually bound (useful with port 0).
   int bound_port() const { return bound_port_; }
+  // The port of the metrics endpoint, 0 when there is none.
+  int metrics_port() const;
   // What Start() found damaged and left out (unreadable job records), one line each, for the log.
   std::vector<std::string> startup_warnings() const;
   // Health NOT_SERVING, running jobs stopped at a safe point (left resumable), in-flight RPCs given

@@ -58,5 +58,33 @@ TEST(Daemon, BadBlockCacheSizeIsAnErrorNamingTheFlag) {
   EXPECT_NE(s.message().find("--block_cache_mb"), absl::string_view::npos);
 }
 
+TEST(Daemon, MetricsEndpointRulesAreTheListenAddresses) {
+  DaemonOptions options = TestOptions("d5");
+  options.metrics_listen = "0.0.0.0:0";
+  absl::Status s = Daemon(options).Start();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("--metrics_listen=0.0.0.0:0 is not a loopback address"),
+            absl::string_view::npos)
+      << s;
+
+  options.metrics_listen = "127.0.0.1";  // no port
+  s = Daemon(options).Start();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--metrics_listen: "), absl::string_view::npos) << s;
+}
+
+TEST(Daemon, ServesMetricsOnlyWhenAsked) {
+  Daemon without(TestOptions("d6"));
+  ASSERT_TRUE(without.Start().ok());
+  EXPECT_EQ(without.metrics_port(), 0);
+
+  DaemonOptions options = TestOptions("d7");
+  options.metrics_listen = "127.0.0.1:0";
+  Daemon daemon(options);
+  ASSERT_TRUE(daemon.Start().ok());
+  EXPECT_GT(daemon.metrics_port(), 0);
+  EXPECT_NE(daemon.metrics_port(), daemon.bound_port());
+}
+
 }  // namespace
 }  // namespace latentd::server

@@ -6,9 +6,11 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/util/time_util.h"
+#include "server/spec_bindings.h"
 
 namespace latentd::server {
 
@@ -40,6 +42,21 @@ constexpr int kMaxLabelLength = 256;
 constexpr int kMaxPageSize = 1000;
 constexpr int kDefaultPageSize = 50;
 constexpr int kEventsPerRead = 256;
+
+// Runs `spec` with its bindings applied (logged, one line each) and, when it has any, the
+// runner's submit-time checks made now on the values they filled in.
+absl::StatusOr<JobResult> RunBound(const JobRunner& runner, const JobSpec& spec,
+                                   const std::map<uint64_t, JobResult>& bound_results,
+                                   engine::JobContext* context) {
+  if (spec.bindings().empty()) return runner.run(spec, context);
+  std::vector<std::string> applied;
+  ASSIGN_OR_RETURN(JobSpec bound, ApplyBindings(spec, bound_results, &applied));
+  for (const std::string& line : applied) {
+    context->Log(latentd::v1::LogLine::INFO, absl::StrCat("bound ", line));
+  }
+  if (runner.validate) RETURN_IF_ERROR(runner.validate(bound));
+  return runner.run(bound, context);
+}
 
 // The reason a runner's failure is reported with, unless it attached one itself.
 JobReason ReasonFor(const absl::Status& status) {
@@ -76,6 +93,8 @@ struct JobManager::Entry {
   absl::Time rate_window_start = absl::InfinitePast();
   int64_t rate_window_units = 0;
   bool rate_window_closed = false;
+  // The latest ReportTelemetry sample (what /metrics shows of a running job).
+  latentd::v1::Telemetry last_telemetry;
 };
 
 // The JobContext a runner sees. Calls come from the runner's thread (or threads it starts).
@@ -122,6 +141,7 @@ class JobManager::Context final : public engine::JobContext {
 
   void ReportTelemetry(const latentd::v1::Telemetry& sample) override {
     absl::MutexLock lock(&manager_->mu_);
+    entry_->last_telemetry = sample;
     JobEvent event;
     *event.mutable_telemetry() = sample;
     manager_->AppendEventLocked(entry_, std::move(event), /*sync=*/false).IgnoreError();
@@ -250,18 +270,63 @@ absl::Status JobManager::ValidateSpec(const JobSpec& spec, bool with_runner) con
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<JobSpec>> JobManager::ResolveSubmitted(const JobSpec& spec) const {
+  if (spec.after_job_ids().empty() && spec.bindings().empty()) return spec;
+  std::map<uint64_t, JobResult> results;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckBindings(spec, [this](uint64_t id) -> std::optional<JobType> {
+      mu_.AssertHeld();
+      auto it = jobs_.find(id);
+      if (it == jobs_.end()) return std::nullopt;
+      return it->second->job.type();
+    }));
+    for (int i = 0; i < spec.after_job_ids_size(); ++i) {
+      const Job& job = jobs_.at(spec.after_job_ids(i))->job;
+      if (job.state() == latentd::v1::FAILED || job.state() == latentd::v1::CANCELLED) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "spec.after_job_ids[", i, "]: job ", job.id(), " is ",
+            latentd::v1::JobState_Name(job.state()), " (", job.message(),
+            "): a job waiting for it would never start"));
+      }
+    }
+    for (const latentd::v1::SpecBinding& b : spec.bindings()) {
+      const Job& job = jobs_.at(b.job_id())->job;
+      if (job.state() != latentd::v1::SUCCEEDED) return std::optional<JobSpec>();
+      results[b.job_id()] = job.result();
+    }
+  }
+  return ApplyBindings(spec, results);
+}
+
 absl::StatusOr<latentd::v1::JobPlan> JobManager::Plan(const JobSpec& spec) const {
   latentd::v1::JobPlan plan;
   plan.set_type(spec.type());
+  ASSIGN_OR_RETURN(std::optional<JobSpec> runnable, ResolveSubmitted(spec));
+  if (!spec.after_job_ids().empty()) {
+    plan.add_lines(absl::StrCat("starts once job", spec.after_job_ids_size() > 1 ? "s " : " ",
+                                absl::StrJoin(spec.after_job_ids(), ", "),
+                                spec.after_job_ids_size() > 1 ? " have" : " has", " succeeded"));
+  }
+  for (const latentd::v1::SpecBinding& b : spec.bindings()) {
+    plan.add_lines(absl::StrCat(b.field(), " from job ", b.job_id(), "'s ", b.output()));
+  }
+  if (!runnable.has_value()) {
+    RETURN_IF_ERROR(ValidateSpec(spec, /*with_runner=*/false));
+    plan.add_lines(absl::StrCat("the ", latentd::v1::JobType_Name(spec.type()),
+                                " checks and plan wait for those values: they run when the job "
+                                "starts"));
+    return plan;
+  }
   auto runner = runners_.find(spec.type());
   if (runner != runners_.end() && runner->second.plan) {
     // The plan's own checks are the submit checks (and no cheaper to run twice).
-    RETURN_IF_ERROR(ValidateSpec(spec, /*with_runner=*/false));
-    ASSIGN_OR_RETURN(std::vector<std::string> lines, runner->second.plan(spec));
+    RETURN_IF_ERROR(ValidateSpec(*runnable, /*with_runner=*/false));
+    ASSIGN_OR_RETURN(std::vector<std::string> lines, runner->second.plan(*runnable));
     for (std::string& line : lines) plan.add_lines(std::move(line));
     return plan;
   }
-  RETURN_IF_ERROR(ValidateSpec(spec));
+  RETURN_IF_ERROR(ValidateSpec(*runnable));
   plan.add_lines("the spec passed every submit-time check");
   return plan;
 }
@@ -286,7 +351,9 @@ absl::StatusOr<Job> JobManager::Submit(const std::string& request_id, const JobS
       }
     }
   }
-  if (absl::Status s = ValidateSpec(spec); !s.ok()) return s;
+  ASSIGN_OR_RETURN(std::optional<JobSpec> runnable, ResolveSubmitted(spec));
+  RETURN_IF_ERROR(ValidateSpec(runnable.has_value() ? *runnable : spec,
+                               /*with_runner=*/runnable.has_value()));
 
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("latentd is shutting down");
@@ -309,7 +376,12 @@ absl::StatusOr<Job> JobManager::Submit(const std::string& request_id, const JobS
   event.set_sequence(1);
   *event.mutable_time() = job.created();
   event.mutable_state()->set_state(latentd::v1::PENDING);
-  event.mutable_state()->set_message("submitted");
+  event.mutable_state()->set_message(
+      spec.after_job_ids().empty()
+          ? "submitted"
+          : absl::StrCat("submitted; starts once job", spec.after_job_ids_size() > 1 ? "s " : " ",
+                         absl::StrJoin(spec.after_job_ids(), ", "),
+                         spec.after_job_ids_size() > 1 ? " have" : " has", " succeeded"));
   if (absl::Status s = store_->Create(job, {event}); !s.ok()) return s;
   ++next_id_;
   if (!request_id.empty()) by_request_id_[request_id] = job.id();
@@ -325,6 +397,19 @@ absl::StatusOr<Job> JobManager::Get(uint64_t job_id) const {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
   return it->second->job;
+}
+
+JobFigures JobManager::Figures() const {
+  absl::MutexLock lock(&mu_);
+  JobFigures figures;
+  for (const auto& [id, entry] : jobs_) {
+    ++figures.counts[{entry->job.type(), entry->job.state()}];
+    const latentd::v1::JobState state = entry->job.state();
+    if (state == latentd::v1::RUNNING || state == latentd::v1::CANCELLING) {
+      figures.active.push_back({entry->job, entry->last_telemetry});
+    }
+  }
+  return figures;
 }
 
 std::vector<Job> JobManager::UnfinishedJobs() const {
@@ -383,6 +468,12 @@ absl::Status JobManager::Delete(uint64_t job_id) {
         other_runner->second.continues(other->job.spec()) == job_id) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job ", id, " continues job ", job_id, " (resume_from_job_id) and has not finished"));
+    }
+    for (uint64_t waited_for : other->job.spec().after_job_ids()) {
+      if (waited_for == job_id) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "job ", id, " waits for job ", job_id, " (after_job_ids) and has not finished"));
+      }
     }
   }
   if (entry->thread.joinable()) {
@@ -508,11 +599,43 @@ void JobManager::SchedulerLoop() {
       return a->job.spec().priority() > b->job.spec().priority();
     });
     for (Entry* entry : pending) {
+      std::string why;
+      switch (DependenciesLocked(entry->job.spec(), &why)) {
+        case Dependencies::kWaiting:
+          continue;  // not a candidate yet; the jobs behind it are not held up
+        case Dependencies::kFailed:
+          SetStateLocked(entry, latentd::v1::FAILED, latentd::v1::DEPENDENCY_FAILED, why)
+              .IgnoreError();  // unwritten, it is failed again after a restart
+          schedule_dirty_ = true;  // the jobs waiting for this one fail in the next pass
+          continue;
+        case Dependencies::kReady:
+          break;
+      }
       auto devices = pool_->TryAcquire(DevicesRequested(entry->job.spec()), entry->job.id());
       if (!devices.has_value()) break;  // no backfill: the head of the queue waits for its devices
       StartJobLocked(entry, std::move(*devices));
     }
   }
+}
+
+JobManager::Dependencies JobManager::DependenciesLocked(const JobSpec& spec,
+                                                        std::string* why) const {
+  bool waiting = false;
+  for (uint64_t id : spec.after_job_ids()) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) {
+      *why = absl::StrCat("job ", id, ", which this job waits for, was deleted");
+      return Dependencies::kFailed;
+    }
+    const Job& job = it->second->job;
+    if (job.state() == latentd::v1::FAILED || job.state() == latentd::v1::CANCELLED) {
+      *why = absl::StrCat("job ", id, ", which this job waits for, is ",
+                          latentd::v1::JobState_Name(job.state()), ": ", job.message());
+      return Dependencies::kFailed;
+    }
+    if (job.state() != latentd::v1::SUCCEEDED) waiting = true;
+  }
+  return waiting ? Dependencies::kWaiting : Dependencies::kReady;
 }
 
 void JobManager::StartJobLocked(Entry* entry, std::vector<engine::DeviceRef> devices) {
@@ -525,6 +648,7 @@ void JobManager::StartJobLocked(Entry* entry, std::vector<engine::DeviceRef> dev
   job.set_attempts(job.attempts() + 1);
   *job.mutable_started() = Now();
   job.clear_progress();
+  entry->last_telemetry.Clear();
   entry->last_progress_write = absl::InfinitePast();
   entry->rate_window_start = absl::InfinitePast();
   entry->rate_window_closed = false;
@@ -547,15 +671,22 @@ void JobManager::StartJobLocked(Entry* entry, std::vector<engine::DeviceRef> dev
 void JobManager::RunJob(Entry* entry) {
   Context context(this, entry);
   JobSpec spec;
+  std::map<uint64_t, JobResult> bound_results;
   {
     absl::MutexLock lock(&mu_);
     spec = entry->job.spec();
     context.set_attempt(entry->job.attempts());
+    // The jobs it waits for have SUCCEEDED and cannot be deleted while it has not finished.
+    for (const latentd::v1::SpecBinding& b : spec.bindings()) {
+      if (auto it = jobs_.find(b.job_id()); it != jobs_.end()) {
+        bound_results[b.job_id()] = it->second->job.result();
+      }
+    }
   }
   const JobRunner& runner = runners_.at(spec.type());
   absl::StatusOr<JobResult> result;
   try {
-    result = runner.run(spec, &context);
+    result = RunBound(runner, spec, bound_results, &context);
   } catch (const std::exception& e) {
     // Runners should not throw; if one does, the job fails and the daemon lives on.
     result = absl::InternalError(absl::StrCat("runner threw: ", e.what()));

@@ -9,6 +9,9 @@
 // Scheduling: strict priority order (higher first), FIFO by submission within one priority, and no
 // backfill: when the job at the head cannot get its devices, nothing behind it starts (a large job
 // is never starved by a stream of small ones). A device is given to one job at a time (DevicePool).
+// Pipelines: a job with after_job_ids is not a candidate until every job it waits for has
+// SUCCEEDED (it holds nobody up meanwhile), FAILS with DEPENDENCY_FAILED as soon as one has
+// FAILED or been CANCELLED, and takes its bindings (server/spec_bindings.h) when it starts.
 //
 // Durability: every state change is written (synced) with the event that announces it before any
 // caller is told about it; on Start() a job that was RUNNING when the daemon died is re-queued
@@ -23,8 +26,10 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -80,6 +85,19 @@ struct ListJobsResult {
   std::string next_page_token;
 };
 
+// What the manager holds now, for the daemon's /metrics (server/metrics.h).
+struct JobFigures {
+  // Jobs by (type, state): every job the manager holds, finished ones until they are deleted.
+  std::map<std::pair<latentd::v1::JobType, latentd::v1::JobState>, int64_t> counts;
+  struct Active {
+    latentd::v1::Job job;
+    // The job's latest telemetry sample since this daemon started; empty before the first.
+    latentd::v1::Telemetry telemetry;
+  };
+  // RUNNING and CANCELLING jobs, ascending id.
+  std::vector<Active> active;
+};
+
 class JobManager {
  public:
   JobManager(JobStore* store, engine::DevicePool* pool,
@@ -101,6 +119,8 @@ class JobManager {
   void Shutdown();
 
   // The same request_id returns the job it first created (ALREADY_EXISTS if the spec differs).
+  // A spec with bindings whose jobs have not all succeeded passes the shared and pipeline checks
+  // now and its type's checks when it starts (a failure then FAILS it, INVALID_INPUT).
   absl::StatusOr<latentd::v1::Job> Submit(const std::string& request_id,
                                           const latentd::v1::JobSpec& spec);
   // A dry run of Submit: the same checks and errors, then the runner's plan; creates nothing.
@@ -108,6 +128,8 @@ class JobManager {
   absl::StatusOr<latentd::v1::Job> Get(uint64_t job_id) const;
   // Every job not yet SUCCEEDED, FAILED or CANCELLED, ascending id.
   std::vector<latentd::v1::Job> UnfinishedJobs() const;
+  // Counts and running jobs from memory, under the manager's lock (no database read).
+  JobFigures Figures() const;
   // Newest first. page_token is the opaque next_page_token of the previous page.
   absl::StatusOr<ListJobsResult> List(const JobFilter& filter, int page_size,
                                       const std::string& page_token) const;
@@ -116,7 +138,8 @@ class JobManager {
   absl::StatusOr<latentd::v1::Job> Cancel(uint64_t job_id);
   // Forgets a finished job: its record, its events and what its runner keeps for it (a TRAIN
   // job's checkpoint); the datasets and artifacts it made stay. FAILED_PRECONDITION while it
-  // has not finished, or while an unfinished job continues it (resume_from_job_id); NOT_FOUND
+  // has not finished, or while an unfinished job continues it (resume_from_job_id) or waits for
+  // it (after_job_ids); NOT_FOUND
   // for an unknown id. Its id is never given out again; its request id may be.
   absl::Status Delete(uint64_t job_id);
 
@@ -133,6 +156,16 @@ class JobManager {
 
   // The checks every type shares, then (with_runner) the runner's validate.
   absl::Status ValidateSpec(const latentd::v1::JobSpec& spec, bool with_runner = true) const;
+  // Checks a submitted spec's after_job_ids and bindings and returns the spec as it would run
+  // now: its bindings applied when every bound job has SUCCEEDED, nullopt while one has not
+  // (the values do not exist yet). FAILED_PRECONDITION when a job it waits for has failed.
+  absl::StatusOr<std::optional<latentd::v1::JobSpec>> ResolveSubmitted(
+      const latentd::v1::JobSpec& spec) const;
+  // Whether `spec`'s after_job_ids all SUCCEEDED (kReady), one FAILED, was CANCELLED or is gone
+  // (kFailed, `why` says which), or else (kWaiting).
+  enum class Dependencies { kReady, kWaiting, kFailed };
+  Dependencies DependenciesLocked(const latentd::v1::JobSpec& spec, std::string* why) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends one event to `entry` (updating its record) and writes both; caller holds mu_.
   absl::Status AppendEventLocked(Entry* entry, latentd::v1::JobEvent event, bool sync)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

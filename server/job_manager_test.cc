@@ -11,6 +11,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/big_endian.h"
+#include "common/status_macros.h"
 #include "common/test_dir.h"
 #include "gtest/gtest.h"
 
@@ -27,6 +28,7 @@ struct Gate {
   absl::Mutex mu;
   std::vector<uint64_t> started;
   std::map<uint64_t, bool> released;
+  std::map<uint64_t, JobSpec> specs;
   std::atomic<int> running{0};
   std::atomic<int> max_running{0};
 
@@ -34,6 +36,7 @@ struct Gate {
     {
       absl::MutexLock lock(&mu);
       started.push_back(ctx->job_id());
+      specs[ctx->job_id()] = spec;
     }
     int now = ++running;
     int seen = max_running.load();
@@ -41,6 +44,12 @@ struct Gate {
     }
     ctx->ReportProgress(1, 2, "steps");
     ctx->Log(latentd::v1::LogLine::INFO, "working");
+    if (spec.label() == "telemetry") {
+      latentd::v1::Telemetry sample;
+      sample.mutable_train()->set_step(ctx->attempt());
+      sample.mutable_train()->set_loss(0.5 * ctx->job_id());
+      ctx->ReportTelemetry(sample);
+    }
     while (true) {
       if (ctx->cancel_requested()) {
         --running;
@@ -55,7 +64,10 @@ struct Gate {
     --running;
     if (spec.label() == "fail") return absl::InvalidArgumentError("spec.label: bad on purpose");
     latentd::v1::JobResult result;
-    result.mutable_probe()->add_devices()->set_device(ctx->devices()[0].name);
+    // "result=X" labels a job whose result names device X (a value for bindings to take).
+    const bool named = spec.label().rfind("result=", 0) == 0;
+    result.mutable_probe()->add_devices()->set_device(named ? spec.label().substr(7)
+                                                            : ctx->devices()[0].name);
     return result;
   }
 
@@ -66,6 +78,11 @@ struct Gate {
   std::vector<uint64_t> Started() {
     absl::MutexLock lock(&mu);
     return started;
+  }
+  // The spec job `id` ran with (bindings applied).
+  JobSpec SpecOf(uint64_t id) {
+    absl::MutexLock lock(&mu);
+    return specs[id];
   }
 };
 
@@ -86,7 +103,16 @@ class JobManagerTest : public ::testing::Test {
     runner.continues = [](const JobSpec& spec) { return spec.extract().resume_from_job_id(); };
     // EXTRACT answers dry runs: its label is the plan, or "bad" its error.
     JobRunner extract = runner;
-    extract.plan = [](const JobSpec& spec) -> absl::StatusOr<std::vector<std::string>> {
+    extract.validate = [](const JobSpec& spec) -> absl::Status {
+      if (spec.extract().dataset_name() == "invalid") {
+        return absl::InvalidArgumentError("extract.dataset_name: \"invalid\" is refused");
+      }
+      return absl::OkStatus();
+    };
+    // A plan makes validate's checks itself (the JobRunner contract).
+    extract.plan = [validate = extract.validate](
+                       const JobSpec& spec) -> absl::StatusOr<std::vector<std::string>> {
+      RETURN_IF_ERROR(validate(spec));
       if (spec.label() == "bad") return absl::InvalidArgumentError("extract.hook_name: bad");
       return std::vector<std::string>{"plan of " + spec.label(), "second line"};
     };
@@ -301,6 +327,193 @@ TEST_F(JobManagerTest, UnfinishedJobsArePendingRunningAndCancelling) {
   gate_.Release(pending.id());
   WaitFor(pending.id(), latentd::v1::SUCCEEDED);
   EXPECT_TRUE(ids().empty());
+}
+
+TEST_F(JobManagerTest, FiguresCountJobsByTypeAndStateAndShowRunningOnesLatestTelemetry) {
+  Open("cpu:1");
+  Job done = *manager_->Submit("", Probe());
+  gate_.Release(done.id());
+  WaitFor(done.id(), latentd::v1::SUCCEEDED);
+  Job running = *manager_->Submit("", Probe(1, 0, "telemetry"));
+  Job pending = *manager_->Submit("", Probe());
+  WaitFor(running.id(), latentd::v1::RUNNING);
+  // The runner reports its telemetry after RUNNING is written; wait for the sample.
+  JobFigures figures;
+  for (int i = 0; i < 5000; ++i) {
+    figures = manager_->Figures();
+    if (figures.active.size() == 1 && figures.active[0].telemetry.has_train()) break;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  using Key = std::pair<latentd::v1::JobType, latentd::v1::JobState>;
+  EXPECT_EQ(figures.counts, (std::map<Key, int64_t>{{{latentd::v1::PROBE, latentd::v1::SUCCEEDED}, 1},
+                                                    {{latentd::v1::PROBE, latentd::v1::RUNNING}, 1},
+                                                    {{latentd::v1::PROBE, latentd::v1::PENDING}, 1}}));
+  ASSERT_EQ(figures.active.size(), 1u);
+  EXPECT_EQ(figures.active[0].job.id(), running.id());
+  EXPECT_EQ(figures.active[0].job.progress().units_done(), 1);
+  EXPECT_EQ(figures.active[0].telemetry.train().loss(), 0.5 * running.id());
+
+  // Cancelling is still active; a finished job is counted but no longer shown.
+  ASSERT_TRUE(manager_->Cancel(running.id()).ok());
+  WaitFor(running.id(), latentd::v1::CANCELLED);
+  WaitFor(pending.id(), latentd::v1::RUNNING);
+  figures = manager_->Figures();
+  EXPECT_EQ((figures.counts[{latentd::v1::PROBE, latentd::v1::CANCELLED}]), 1);
+  ASSERT_EQ(figures.active.size(), 1u);
+  EXPECT_EQ(figures.active[0].job.id(), pending.id());
+  EXPECT_FALSE(figures.active[0].telemetry.has_train());  // it reports none
+  gate_.Release(pending.id());
+  WaitFor(pending.id(), latentd::v1::SUCCEEDED);
+}
+
+// An EXTRACT job after `after` that takes job `from`'s result device as its dataset name.
+JobSpec BoundExtract(std::vector<uint64_t> after, uint64_t from) {
+  JobSpec spec;
+  spec.set_type(latentd::v1::EXTRACT);
+  spec.mutable_extract();
+  for (uint64_t id : after) spec.add_after_job_ids(id);
+  if (from != 0) {
+    latentd::v1::SpecBinding* b = spec.add_bindings();
+    b->set_job_id(from);
+    b->set_output("probe.devices.0.device");
+    b->set_field("extract.dataset_name");
+  }
+  return spec;
+}
+
+TEST_F(JobManagerTest, APipelineJobWaitsWithoutHoldingOthersUpAndTakesItsInputsResult) {
+  Open("cpu:2");
+  Job first = *manager_->Submit("", Probe(1, 0, "result=cpu:7"));
+  WaitFor(first.id(), latentd::v1::RUNNING);
+  // Higher priority, but waiting: the job behind it still gets the free device.
+  JobSpec waiting_spec = BoundExtract({first.id()}, first.id());
+  waiting_spec.set_priority(5);
+  Job waiting = *manager_->Submit("", waiting_spec);
+  Job other = *manager_->Submit("", Probe());
+  WaitFor(other.id(), latentd::v1::RUNNING);
+  EXPECT_EQ(manager_->Get(waiting.id())->state(), latentd::v1::PENDING);
+  gate_.Release(other.id());
+  WaitFor(other.id(), latentd::v1::SUCCEEDED);
+  EXPECT_EQ(manager_->Get(waiting.id())->state(), latentd::v1::PENDING);
+
+  gate_.Release(first.id());
+  WaitFor(waiting.id(), latentd::v1::RUNNING);
+  EXPECT_EQ(gate_.SpecOf(waiting.id()).extract().dataset_name(), "cpu:7");
+  gate_.Release(waiting.id());
+  Job done = WaitFor(waiting.id(), latentd::v1::SUCCEEDED);
+  // The stored spec is the one submitted; the log says what was filled in.
+  EXPECT_EQ(done.spec().extract().dataset_name(), "");
+  std::vector<std::string> lines;
+  ASSERT_TRUE(manager_
+                  ->Watch(
+                      waiting.id(), 0,
+                      [&](const JobEvent& e) {
+                        if (e.has_log()) lines.push_back(e.log().text());
+                        if (e.has_state() && e.sequence() == 1) lines.push_back(e.state().message());
+                        return true;
+                      },
+                      [] { return false; })
+                  .ok());
+  EXPECT_EQ(lines[0], absl::StrCat("submitted; starts once job ", first.id(), " has succeeded"));
+  EXPECT_EQ(lines[1], absl::StrCat("bound extract.dataset_name = \"cpu:7\" (job ", first.id(),
+                                   "'s probe.devices.0.device)"));
+}
+
+TEST_F(JobManagerTest, AFailedOrCancelledJobFailsEveryJobWaitingForItDownTheChain) {
+  Open("cpu:1");
+  Job head = *manager_->Submit("", Probe(1, 0, "fail"));
+  Job second = *manager_->Submit("", BoundExtract({head.id()}, 0));
+  JobSpec third_spec = BoundExtract({second.id()}, 0);
+  Job third = *manager_->Submit("", third_spec);
+  gate_.Release(head.id());
+  WaitFor(head.id(), latentd::v1::FAILED);
+  Job failed = WaitFor(second.id(), latentd::v1::FAILED);
+  EXPECT_EQ(failed.reason(), latentd::v1::DEPENDENCY_FAILED);
+  EXPECT_EQ(failed.message(), absl::StrCat("job ", head.id(),
+                                           ", which this job waits for, is FAILED: spec.label: "
+                                           "bad on purpose"));
+  EXPECT_EQ(WaitFor(third.id(), latentd::v1::FAILED).reason(), latentd::v1::DEPENDENCY_FAILED);
+  EXPECT_EQ(manager_->Get(second.id())->attempts(), 0);  // never started
+
+  // Cancelled before it ran: its waiter fails as well, and never ran.
+  Job blocker = *manager_->Submit("", Probe());
+  Job queued = *manager_->Submit("", Probe());
+  Job after_queued = *manager_->Submit("", BoundExtract({queued.id()}, 0));
+  ASSERT_TRUE(manager_->Cancel(queued.id()).ok());
+  EXPECT_EQ(WaitFor(after_queued.id(), latentd::v1::FAILED).reason(),
+            latentd::v1::DEPENDENCY_FAILED);
+  gate_.Release(blocker.id());
+  WaitFor(blocker.id(), latentd::v1::SUCCEEDED);
+  for (uint64_t id : gate_.Started()) {
+    EXPECT_NE(id, second.id());
+    EXPECT_NE(id, after_queued.id());
+  }
+}
+
+TEST_F(JobManagerTest, PipelineSubmitChecks) {
+  Open("cpu:1");
+  EXPECT_EQ(manager_->Submit("", BoundExtract({42}, 0)).status().message(),
+            "spec.after_job_ids[0]: job 42 not found");
+  Job bad = *manager_->Submit("", Probe(1, 0, "fail"));
+  gate_.Release(bad.id());
+  WaitFor(bad.id(), latentd::v1::FAILED);
+  auto refused = manager_->Submit("", BoundExtract({bad.id()}, 0));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.status().message(),
+            absl::StrCat("spec.after_job_ids[0]: job ", bad.id(),
+                         " is FAILED (spec.label: bad on purpose): a job waiting for it would "
+                         "never start"));
+
+  // Bound to a job that already succeeded: the values exist, so the type's checks run now.
+  Job good = *manager_->Submit("", Probe(1, 0, "result=invalid"));
+  gate_.Release(good.id());
+  WaitFor(good.id(), latentd::v1::SUCCEEDED);
+  auto invalid = manager_->Submit("", BoundExtract({good.id()}, good.id()));
+  EXPECT_EQ(invalid.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(invalid.status().message(), "extract.dataset_name: \"invalid\" is refused");
+  auto plan = manager_->Plan(BoundExtract({good.id()}, good.id()));
+  EXPECT_EQ(plan.status().message(), "extract.dataset_name: \"invalid\" is refused");
+}
+
+TEST_F(JobManagerTest, ChecksOnBoundValuesThatDoNotExistYetRunAtStart) {
+  Open("cpu:1");
+  Job producer = *manager_->Submit("", Probe(1, 0, "result=invalid"));
+  auto plan = manager_->Plan(BoundExtract({producer.id()}, producer.id()));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(std::vector<std::string>(plan->lines().begin(), plan->lines().end()),
+            (std::vector<std::string>{
+                absl::StrCat("starts once job ", producer.id(), " has succeeded"),
+                absl::StrCat("extract.dataset_name from job ", producer.id(),
+                             "'s probe.devices.0.device"),
+                "the EXTRACT checks and plan wait for those values: they run when the job "
+                "starts"}));
+  Job consumer = *manager_->Submit("", BoundExtract({producer.id()}, producer.id()));
+  gate_.Release(producer.id());
+  WaitFor(producer.id(), latentd::v1::SUCCEEDED);
+  Job failed = WaitFor(consumer.id(), latentd::v1::FAILED);
+  EXPECT_EQ(failed.reason(), latentd::v1::INVALID_INPUT);
+  EXPECT_EQ(failed.message(), "extract.dataset_name: \"invalid\" is refused");
+  for (uint64_t id : gate_.Started()) EXPECT_NE(id, consumer.id());
+}
+
+TEST_F(JobManagerTest, AJobThatAnUnfinishedJobWaitsForCannotBeDeleted) {
+  Open("cpu:1");
+  Job blocker = *manager_->Submit("", Probe());
+  WaitFor(blocker.id(), latentd::v1::RUNNING);
+  Job done = *manager_->Submit("", Probe());
+  Job waiter = *manager_->Submit("", BoundExtract({done.id()}, 0));
+  gate_.Release(blocker.id());
+  WaitFor(done.id(), latentd::v1::RUNNING);
+  gate_.Release(done.id());
+  WaitFor(done.id(), latentd::v1::SUCCEEDED);
+  WaitFor(waiter.id(), latentd::v1::RUNNING);
+  absl::Status refused = manager_->Delete(done.id());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.message(), absl::StrCat("job ", waiter.id(), " waits for job ", done.id(),
+                                            " (after_job_ids) and has not finished"));
+  gate_.Release(waiter.id());
+  WaitFor(waiter.id(), latentd::v1::SUCCEEDED);
+  EXPECT_TRUE(manager_->Delete(done.id()).ok());
 }
 
 TEST_F(JobManagerTest, DeleteForgetsAFinishedJobForGood) {

@@ -24,11 +24,28 @@ ABSL_FLAG(std::string, export_root, "",
           "directory server-side exports go under (default <data_dir>/exports)");
 ABSL_FLAG(std::string, port_file, "",
           "write the bound port to this file once serving (for tests and scripts)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port of an HTTP endpoint with GET /metrics (Prometheus) and GET /healthz "
+          "(default: none; port 0: any free)");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "write the metrics endpoint's bound port to this file once serving");
 ABSL_FLAG(int, grace_seconds, 5, "how long in-flight RPCs may run on after SIGTERM");
 ABSL_FLAG(int64_t, block_cache_mb, 256,
           "RocksDB block cache in MiB, shared by every dataset query");
 ABSL_FLAG(int64_t, dataset_models_cache_mb, 2048,
           "MiB of SAEs and models kept loaded for GetLatentWeights and EncodePrompt (0: none)");
+
+namespace {
+
+// Writes `port` to `path` whole or not at all: readers never see a half-written file.
+void WritePortFile(const std::string& path, int port) {
+  if (path.empty()) return;
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << port << "\n";
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("latentd: the Latentd daemon (see README.md)");
@@ -52,6 +69,7 @@ int main(int argc, char** argv) {
     options.data_roots.emplace_back(root);
   }
   options.export_root = absl::GetFlag(FLAGS_export_root);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.grace = absl::Seconds(absl::GetFlag(FLAGS_grace_seconds));
   options.block_cache_mb = absl::GetFlag(FLAGS_block_cache_mb);
   options.dataset_models_cache_mb = absl::GetFlag(FLAGS_dataset_models_cache_mb);
@@ -65,11 +83,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "latentd: WARNING: %s\n", warning.c_str());
   }
   std::fprintf(stderr, "latentd: serving on port %d\n", daemon.bound_port());
-  if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
-    const std::string tmp = port_file + ".tmp";
-    std::ofstream(tmp) << daemon.bound_port() << "\n";
-    std::rename(tmp.c_str(), port_file.c_str());  // readers never see a half-written file
+  if (daemon.metrics_port() != 0) {
+    std::fprintf(stderr, "latentd: metrics on port %d (GET /metrics, /healthz)\n",
+                 daemon.metrics_port());
   }
+  // The metrics port first: a script that sees the gRPC port file finds both.
+  WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), daemon.metrics_port());
+  WritePortFile(absl::GetFlag(FLAGS_port_file), daemon.bound_port());
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   std::fprintf(stderr, "latentd: signal %d, shutting down\n", signal_number);
