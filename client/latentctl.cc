@@ -62,6 +62,11 @@ ABSL_FLAG(std::string, state, "", "list: only jobs in this state");
 ABSL_FLAG(int, page_size, 50, "list: jobs per page");
 ABSL_FLAG(bool, all, false, "list: follow page tokens to the end");
 ABSL_FLAG(int64_t, after, 0, "watch: resume after this event sequence number");
+ABSL_FLAG(std::string, after_jobs, "",
+          "submit: comma-separated jobs that must succeed before this one starts (a pipeline)");
+ABSL_FLAG(std::string, bind, "",
+          "submit: FIELD=JOB:OUTPUT[,...]: fill a field of this spec from a job's result when it "
+          "starts, e.g. train.dataset_id=5:extract.dataset_id (JOB joins --after_jobs)");
 ABSL_FLAG(int64_t, start, 0, "rows/export/firings: first row");
 ABSL_FLAG(int64_t, count, 0, "rows/export/firings: number of rows (0: to the end; rows: 10)");
 ABSL_FLAG(int, top, 20, "latent, dashboard: top activations to show");
@@ -314,6 +319,8 @@ void PrintJobLine(const v1::Job& job) {
   if (job.progress().units_total() > 0) {
     progress = absl::StrFormat("%d/%d %s", job.progress().units_done(),
                                job.progress().units_total(), job.progress().unit());
+  } else if (job.state() == v1::PENDING && !job.spec().after_job_ids().empty()) {
+    progress = absl::StrCat("after ", absl::StrJoin(job.spec().after_job_ids(), ","));
   }
   std::printf(
       "%-6llu %-8s %-11s %-14s %-20s %s\n", static_cast<unsigned long long>(job.id()),
@@ -409,6 +416,13 @@ void PrintJob(const v1::Job& job) {
                   : absl::StrCat(" (", v1::JobReason_Name(job.reason()), ")").c_str());
   if (!job.message().empty()) std::printf("message    %s\n", job.message().c_str());
   if (!job.spec().label().empty()) std::printf("label      %s\n", job.spec().label().c_str());
+  if (!job.spec().after_job_ids().empty()) {
+    std::printf("after      jobs %s\n", absl::StrJoin(job.spec().after_job_ids(), ", ").c_str());
+  }
+  for (const v1::SpecBinding& b : job.spec().bindings()) {
+    std::printf("binds      %s <- job %llu's %s\n", b.field().c_str(),
+                static_cast<unsigned long long>(b.job_id()), b.output().c_str());
+  }
   std::printf("created    %s\n", Time(job.created()).c_str());
   std::printf("started    %s\n", Time(job.started()).c_str());
   std::printf("finished   %s\n", Time(job.finished()).c_str());
@@ -512,6 +526,34 @@ absl::StatusOr<v1::JobSpec> SpecFromFlags(const std::string& default_type = "") 
           absl::StrCat("--type: '", type, "' is not PROBE, EXTRACT or TRAIN"));
     }
     spec.set_type(parsed);
+  }
+  for (absl::string_view id : absl::StrSplit(absl::GetFlag(FLAGS_after_jobs), ',', absl::SkipEmpty())) {
+    uint64_t parsed = 0;
+    if (!absl::SimpleAtoi(id, &parsed) || parsed == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--after_jobs: '", id, "' is not a job id"));
+    }
+    spec.add_after_job_ids(parsed);
+  }
+  for (absl::string_view item : absl::StrSplit(absl::GetFlag(FLAGS_bind), ',', absl::SkipEmpty())) {
+    // FIELD=JOB:OUTPUT
+    const std::vector<absl::string_view> field_rest = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    const std::vector<absl::string_view> job_output =
+        field_rest.size() == 2 ? absl::StrSplit(field_rest[1], absl::MaxSplits(':', 1))
+                               : std::vector<absl::string_view>();
+    uint64_t job = 0;
+    if (job_output.size() != 2 || field_rest[0].empty() || job_output[1].empty() ||
+        !absl::SimpleAtoi(job_output[0], &job) || job == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--bind: '", item, "' is not FIELD=JOB:OUTPUT (train.dataset_id=5:extract.dataset_id)"));
+    }
+    v1::SpecBinding* binding = spec.add_bindings();
+    binding->set_job_id(job);
+    binding->set_output(std::string(job_output[1]));
+    binding->set_field(std::string(field_rest[0]));
+    if (std::find(spec.after_job_ids().begin(), spec.after_job_ids().end(), job) ==
+        spec.after_job_ids().end()) {
+      spec.add_after_job_ids(job);
+    }
   }
   if (absl::GetFlag(FLAGS_num_devices) != 0) spec.set_num_devices(absl::GetFlag(FLAGS_num_devices));
   if (absl::GetFlag(FLAGS_priority) != 0) spec.set_priority(absl::GetFlag(FLAGS_priority));
@@ -2259,6 +2301,9 @@ constexpr char kHelp[] = R"(latentctl [--server=HOST:PORT] [--token_file=F] [--j
 jobs:
   submit --type=PROBE|EXTRACT|TRAIN [--spec=FILE.json] [--request_id=ID]
          [--num_devices=N] [--priority=P] [--label=L]     prints the job id
+         [--after_jobs=ID,...]   start only once these jobs have succeeded (a pipeline)
+         [--bind=FIELD=ID:OUTPUT,...]   take a value of a job's result when this one starts:
+                                 --bind=train.dataset_id=5:extract.dataset_id
          [--dry_run]             instead: the checks, and what the job would do, no job
   get ID                         one job
   list [--state=S] [--type=T] [--label=L] [--page_size=N] [--all]   newest first

@@ -23,6 +23,50 @@ from latentd.v1 import jobs_pb2, jobs_pb2_grpc
 TERMINAL_STATES = (jobs_pb2.SUCCEEDED, jobs_pb2.FAILED, jobs_pb2.CANCELLED)
 
 
+class Output:
+    """A value of a job's result that does not exist yet: put it in a spec dict where the value
+    goes, and the job waits for that job and takes the value when it starts (a pipeline):
+
+        dense = c.submit("EXTRACT", {... "mode": "DENSE"})
+        sae = c.submit("TRAIN", {"datasetId": Output(dense, "extract.dataset_id"), ...})
+        c.submit("EXTRACT", {"sae": {"artifactId": Output(sae, "train.artifact_id")}, ...})
+
+    `job` is a Job (as submit returns it) or a job id; `path` names a field of its JobResult."""
+
+    def __init__(self, job, path):
+        self.job_id = job if isinstance(job, int) else job.id
+        self.path = path
+
+    def __repr__(self):
+        return "Output(job %d, %r)" % (self.job_id, self.path)
+
+
+def _take_outputs(value, path, bindings):
+    """`value` (a spec dict or list, in the JSON mapping) without its Output placeholders, each
+    recorded in `bindings` as (field path, Output). A list gets its Outputs appended after its
+    plain values, so they must come last."""
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if isinstance(item, Output):
+                bindings.append((path + "." + key, item))
+            else:
+                out[key] = _take_outputs(item, path + "." + key, bindings)
+        return out
+    if isinstance(value, list):
+        out = []
+        for i, item in enumerate(value):
+            if isinstance(item, Output):
+                if any(not isinstance(rest, Output) for rest in value[i:]):
+                    raise ValueError("%s: an Output is appended to its list when the job starts, "
+                                     "so plain values must come before every Output" % path)
+                bindings.append((path, item))
+            else:
+                out.append(_take_outputs(item, "%s.%d" % (path, len(out)), bindings))
+        return out
+    return value
+
+
 class Client:
     def __init__(self, server="127.0.0.1:50051", token=None, token_file=None, timeout=60.0):
         if token_file:
@@ -40,8 +84,9 @@ class Client:
 
     def submit(self, job_type, spec=None, request_id="", **fields):
         """Submits a job. `spec` is a JobSpec, a dict in the protobuf JSON mapping of the type's
-        spec (e.g. ExtractSpec), or None; extra fields (num_devices, priority, label) go on the
-        JobSpec."""
+        spec (e.g. ExtractSpec), or None; extra fields (num_devices, priority, label,
+        after_job_ids) go on the JobSpec. Output placeholders in the dict make a pipeline: the
+        job waits for their jobs and takes the values from their results when it starts."""
         request = jobs_pb2.SubmitJobRequest(request_id=request_id,
                                             spec=self._job_spec(job_type, spec, fields))
         return self.jobs.SubmitJob(request, metadata=self.metadata, timeout=self.timeout)
@@ -61,7 +106,13 @@ class Client:
         elif isinstance(spec, dict):
             inner = {"PROBE": job_spec.probe, "EXTRACT": job_spec.extract,
                      "TRAIN": job_spec.train}[job_type]
-            json_format.ParseDict(spec, inner)
+            bindings = []
+            json_format.ParseDict(_take_outputs(spec, job_type.lower(), bindings), inner)
+            inner.SetInParent()  # a spec whose every value is bound is still this type's
+            for field, output in bindings:
+                job_spec.bindings.add(job_id=output.job_id, output=output.path, field=field)
+                if output.job_id not in job_spec.after_job_ids:
+                    job_spec.after_job_ids.append(output.job_id)
         elif spec is not None:
             getattr(job_spec, job_type.lower()).CopyFrom(spec)
         return job_spec

@@ -1,0 +1,111 @@
+"""Pipelines: the whole loop (extract DENSE -> train an SAE -> extract SPARSE with it) submitted
+at once, each job waiting for the one before and taking its dataset or SAE from its result."""
+
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+import grpc
+
+from harness import DaemonTestCase
+from latentd.v1 import datasets_pb2, jobs_pb2
+from latentd_client import Output
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts")
+MODEL = {"reference": {"dModel": 64, "nLayers": 2, "nHeads": 4, "dMlp": 256, "vocabSize": 4096,
+                       "contextLength": 32, "seed": 1}}
+SAE = {"architecture": "TOPK", "dSae": 256, "k": 8}
+OPTIMIZER = {"name": "smfac", "lr": 3e-3, "damp": 1e-4, "window": 8, "density": 0.05}
+
+
+class Pipeline(DaemonTestCase):
+    def setUp(self):
+        super().setUp()
+        inputs = os.path.join(self.tmp, "inputs")
+        subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_demo_inputs.py"), inputs,
+                        "--sequences", "32", "--context", "32", "--d_in", "64", "--d_sae", "256",
+                        "--k", "8"], check=True, capture_output=True)
+        self.source = {"model": MODEL, "hookName": "blocks.1.hook_resid_post",
+                       "tokens": {"path": os.path.join(inputs, "tokens.npy"),
+                                  "contextLength": 32}}
+        self.daemon = self.start_daemon(devices="cpu:1", extra_args=["--data_roots=" + self.tmp])
+        self.c = self.daemon.client()
+
+    def log_of(self, job_id):
+        return [e.log.text for e in self.c.watch(job_id) if e.HasField("log")]
+
+    def test_the_loop_in_one_submission(self):
+        c = self.c
+        dense = c.submit("EXTRACT", dict(self.source, mode="DENSE", valueDtype="FLOAT32",
+                                         datasetName="dense"))
+        # TRAIN through latentctl's --bind; the last EXTRACT through the client's Output.
+        train_file = os.path.join(self.tmp, "train.json")
+        with open(train_file, "w") as f:
+            json.dump({"sae": SAE, "optimizer": OPTIMIZER, "batchSize": 64, "steps": 30,
+                       "seed": 3, "artifactName": "piped"}, f)
+        printed = self.daemon.latentctl(
+            "submit", "--type=TRAIN", "--spec=" + train_file,
+            "--bind=train.dataset_id=%d:extract.dataset_id" % dense.id).stdout
+        train_id = int(printed.strip())
+        sparse = c.submit("EXTRACT", dict(self.source, mode="SPARSE", datasetName="sparse",
+                                          sae={"artifactId": Output(train_id,
+                                                                    "train.artifact_id")}))
+        self.assertEqual(list(sparse.spec.after_job_ids), [train_id])
+        self.assertEqual(c.get(train_id).state, jobs_pb2.PENDING)
+        shown = self.daemon.latentctl("get", str(train_id)).stdout
+        self.assertIn("binds      train.dataset_id <- job %d's extract.dataset_id" % dense.id,
+                      shown)
+
+        done = c.wait(sparse.id)
+        self.assertEqual(done.state, jobs_pb2.SUCCEEDED, done.message)
+        dense_done, train_done = c.get(dense.id), c.get(train_id)
+        self.assertEqual(train_done.state, jobs_pb2.SUCCEEDED, train_done.message)
+        # Each ran after the one before it had finished.
+        self.assertLessEqual(dense_done.finished.ToNanoseconds(),
+                             train_done.started.ToNanoseconds())
+        self.assertLessEqual(train_done.finished.ToNanoseconds(), done.started.ToNanoseconds())
+        dense_dataset = dense_done.result.extract.dataset_id
+        artifact = train_done.result.train.artifact_id
+        self.assertIn("bound train.dataset_id = %d (job %d's extract.dataset_id)"
+                      % (dense_dataset, dense.id), self.log_of(train_id))
+        self.assertIn("bound extract.sae.artifact_id = %d (job %d's train.artifact_id)"
+                      % (artifact, train_id), self.log_of(sparse.id))
+        # The SPARSE dataset holds the trained SAE's latents over the same rows.
+        info = c.datasets.GetDataset(datasets_pb2.GetDatasetRequest(
+            dataset_id=done.result.extract.dataset_id))
+        self.assertEqual(info.kind, datasets_pb2.SPARSE_LATENTS)
+        self.assertEqual(info.d_sae, 256)
+        self.assertEqual(done.result.extract.rows, 32 * 32)
+        self.assertEqual(done.result.extract.nnz, 32 * 32 * 8)
+
+    def test_a_cancelled_input_fails_its_waiters_and_a_bad_binding_is_refused(self):
+        c = self.c
+        long_train_dense = c.wait(c.submit("EXTRACT", dict(self.source, mode="DENSE",
+                                                           valueDtype="FLOAT32")).id)
+        producer = c.submit("TRAIN", {
+            "datasetId": str(long_train_dense.result.extract.dataset_id), "sae": SAE,
+            "optimizer": OPTIMIZER, "batchSize": 32, "steps": 1000000})
+        waiter = c.submit("EXTRACT", dict(self.source, mode="SPARSE", sae={
+            "artifactId": Output(producer, "train.artifact_id")}))
+        # A binding the schema cannot take is refused at submit, naming it.
+        with self.assertRaises(grpc.RpcError) as refused:
+            c.submit("EXTRACT", dict(self.source, mode="SPARSE", sae={
+                "artifactId": Output(producer, "extract.dataset_id")}))
+        self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertEqual(refused.exception.details(),
+                         "spec.bindings[0].output: job %d is a TRAIN job: its outputs start "
+                         "with \"train.\"" % producer.id)
+        self.wait_for_state(c, producer.id, [jobs_pb2.RUNNING])
+        c.cancel(producer.id)
+        failed = c.wait(waiter.id)
+        self.assertEqual(failed.state, jobs_pb2.FAILED)
+        self.assertEqual(failed.reason, jobs_pb2.DEPENDENCY_FAILED)
+        self.assertTrue(failed.message.startswith(
+            "job %d, which this job waits for, is CANCELLED" % producer.id), failed.message)
+        self.assertEqual(failed.attempts, 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
