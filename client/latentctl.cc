@@ -527,7 +527,8 @@ absl::StatusOr<v1::JobSpec> SpecFromFlags(const std::string& default_type = "") 
     }
     spec.set_type(parsed);
   }
-  for (absl::string_view id : absl::StrSplit(absl::GetFlag(FLAGS_after_jobs), ',', absl::SkipEmpty())) {
+  for (absl::string_view id :
+       absl::StrSplit(absl::GetFlag(FLAGS_after_jobs), ',', absl::SkipEmpty())) {
     uint64_t parsed = 0;
     if (!absl::SimpleAtoi(id, &parsed) || parsed == 0) {
       return absl::InvalidArgumentError(absl::StrCat("--after_jobs: '", id, "' is not a job id"));

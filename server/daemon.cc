@@ -19,9 +19,9 @@
 #include "server/auth.h"
 #include "server/datasets_service.h"
 #include "server/devices_service.h"
+#include "server/http_endpoint.h"
 #include "server/job_manager.h"
 #include "server/job_runners.h"
-#include "server/http_endpoint.h"
 #include "server/job_store.h"
 #include "server/jobs_service.h"
 #include "server/metrics.h"
@@ -156,9 +156,9 @@ absl::Status Daemon::Start() {
     if (!auth.ok()) return auth.status();
     state->auth = std::move(*auth);
   }
-  for (const auto& [flag, address] : {std::pair<const char*, const std::string&>{
-                                          "--listen", options_.listen},
-                                      {"--metrics_listen", options_.metrics_listen}}) {
+  for (const auto& [flag, address] :
+       {std::pair<const char*, const std::string&>{"--listen", options_.listen},
+        {"--metrics_listen", options_.metrics_listen}}) {
     if (!address.empty() && !IsLoopbackListenAddress(address) && !state->auth.enabled() &&
         !options_.insecure) {
       return absl::FailedPreconditionError(absl::StrCat(

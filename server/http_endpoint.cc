@@ -97,11 +97,12 @@ bool ParseHead(absl::string_view head, HttpRequest* request) {
 }
 
 std::string SerializeResponse(const HttpResponse& response, bool with_body) {
-  std::string out = absl::StrCat("HTTP/1.1 ", response.status, " ",
-                                 HttpReasonPhrase(response.status), "\r\nContent-Type: ",
-                                 response.content_type, "\r\nContent-Length: ",
-                                 response.body.size(), "\r\nConnection: close\r\n");
-  for (const auto& [name, value] : response.headers) absl::StrAppend(&out, name, ": ", value, "\r\n");
+  std::string out =
+      absl::StrCat("HTTP/1.1 ", response.status, " ", HttpReasonPhrase(response.status),
+                   "\r\nContent-Type: ", response.content_type,
+                   "\r\nContent-Length: ", response.body.size(), "\r\nConnection: close\r\n");
+  for (const auto& [name, value] : response.headers)
+    absl::StrAppend(&out, name, ": ", value, "\r\n");
   out += "\r\n";
   if (with_body) out += response.body;
   return out;
@@ -141,18 +142,30 @@ std::string HttpRequest::Header(const std::string& lower_case_name) const {
 
 absl::string_view HttpReasonPhrase(int status) {
   switch (status) {
-    case 200: return "OK";
-    case 204: return "No Content";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    default: return "Unknown";
+    case 200:
+      return "OK";
+    case 204:
+      return "No Content";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Unknown";
   }
 }
 
@@ -167,7 +180,8 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::str
   const std::string port_text = listen.substr(colon + 1);
   int port_number = 0;
   if (!absl::SimpleAtoi(port_text, &port_number) || port_number < 0 || port_number > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", listen, "\": bad port \"", port_text, "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", listen, "\": bad port \"", port_text, "\""));
   }
   if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) {
     host = host.substr(1, host.size() - 2);
@@ -177,8 +191,8 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::str
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  if (const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port_text.c_str(), &hints,
-                                 &found);
+  if (const int rc =
+          getaddrinfo(host.empty() ? nullptr : host.c_str(), port_text.c_str(), &hints, &found);
       rc != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("\"", listen, "\": cannot resolve \"", host, "\": ", gai_strerror(rc)));
@@ -205,9 +219,9 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::str
   sockaddr_storage bound{};
   socklen_t bound_size = sizeof(bound);
   getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bound_size);
-  const int port = ntohs(bound.ss_family == AF_INET6
-                             ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  const int port =
+      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   int wake[2];
   if (pipe2(wake, O_CLOEXEC) != 0) {
     const std::string error = std::strerror(errno);

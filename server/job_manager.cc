@@ -284,10 +284,10 @@ absl::StatusOr<std::optional<JobSpec>> JobManager::ResolveSubmitted(const JobSpe
     for (int i = 0; i < spec.after_job_ids_size(); ++i) {
       const Job& job = jobs_.at(spec.after_job_ids(i))->job;
       if (job.state() == latentd::v1::FAILED || job.state() == latentd::v1::CANCELLED) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "spec.after_job_ids[", i, "]: job ", job.id(), " is ",
-            latentd::v1::JobState_Name(job.state()), " (", job.message(),
-            "): a job waiting for it would never start"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("spec.after_job_ids[", i, "]: job ", job.id(), " is ",
+                         latentd::v1::JobState_Name(job.state()), " (", job.message(),
+                         "): a job waiting for it would never start"));
       }
     }
     for (const latentd::v1::SpecBinding& b : spec.bindings()) {
@@ -471,8 +471,8 @@ absl::Status JobManager::Delete(uint64_t job_id) {
     }
     for (uint64_t waited_for : other->job.spec().after_job_ids()) {
       if (waited_for == job_id) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "job ", id, " waits for job ", job_id, " (after_job_ids) and has not finished"));
+        return absl::FailedPreconditionError(absl::StrCat("job ", id, " waits for job ", job_id,
+                                                          " (after_job_ids) and has not finished"));
       }
     }
   }
@@ -605,7 +605,7 @@ void JobManager::SchedulerLoop() {
           continue;  // not a candidate yet; the jobs behind it are not held up
         case Dependencies::kFailed:
           SetStateLocked(entry, latentd::v1::FAILED, latentd::v1::DEPENDENCY_FAILED, why)
-              .IgnoreError();  // unwritten, it is failed again after a restart
+              .IgnoreError();      // unwritten, it is failed again after a restart
           schedule_dirty_ = true;  // the jobs waiting for this one fail in the next pass
           continue;
         case Dependencies::kReady:

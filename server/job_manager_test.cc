@@ -345,9 +345,10 @@ TEST_F(JobManagerTest, FiguresCountJobsByTypeAndStateAndShowRunningOnesLatestTel
     absl::SleepFor(absl::Milliseconds(2));
   }
   using Key = std::pair<latentd::v1::JobType, latentd::v1::JobState>;
-  EXPECT_EQ(figures.counts, (std::map<Key, int64_t>{{{latentd::v1::PROBE, latentd::v1::SUCCEEDED}, 1},
-                                                    {{latentd::v1::PROBE, latentd::v1::RUNNING}, 1},
-                                                    {{latentd::v1::PROBE, latentd::v1::PENDING}, 1}}));
+  EXPECT_EQ(figures.counts,
+            (std::map<Key, int64_t>{{{latentd::v1::PROBE, latentd::v1::SUCCEEDED}, 1},
+                                    {{latentd::v1::PROBE, latentd::v1::RUNNING}, 1},
+                                    {{latentd::v1::PROBE, latentd::v1::PENDING}, 1}}));
   ASSERT_EQ(figures.active.size(), 1u);
   EXPECT_EQ(figures.active[0].job.id(), running.id());
   EXPECT_EQ(figures.active[0].job.progress().units_done(), 1);
@@ -409,7 +410,8 @@ TEST_F(JobManagerTest, APipelineJobWaitsWithoutHoldingOthersUpAndTakesItsInputsR
                       waiting.id(), 0,
                       [&](const JobEvent& e) {
                         if (e.has_log()) lines.push_back(e.log().text());
-                        if (e.has_state() && e.sequence() == 1) lines.push_back(e.state().message());
+                        if (e.has_state() && e.sequence() == 1)
+                          lines.push_back(e.state().message());
                         return true;
                       },
                       [] { return false; })

@@ -74,8 +74,8 @@ void AddJobsByTypeAndState(const JobFigures& jobs, PrometheusText* out) {
   }
 }
 
-void AddExtractTelemetry(const PrometheusText::Labels& job,
-                         const latentd::v1::ExtractTelemetry& t, PrometheusText* out) {
+void AddExtractTelemetry(const PrometheusText::Labels& job, const latentd::v1::ExtractTelemetry& t,
+                         PrometheusText* out) {
   out->Declare("latentd_extract_tokens_per_second", "gauge",
                "Tokens an EXTRACT job processed per second, at its latest sample.");
   out->Add("latentd_extract_tokens_per_second", job, t.tokens_per_second());
@@ -89,8 +89,9 @@ void AddExtractTelemetry(const PrometheusText::Labels& job,
                "Device memory an EXTRACT job holds.");
   out->Add("latentd_extract_device_memory_bytes", job, t.device_memory_bytes());
   if (t.explained_variance() != 0) {
-    out->Declare("latentd_extract_explained_variance", "gauge",
-                 "Variance of the hook's activations the first SAE explains, over this run's rows.");
+    out->Declare(
+        "latentd_extract_explained_variance", "gauge",
+        "Variance of the hook's activations the first SAE explains, over this run's rows.");
     out->Add("latentd_extract_explained_variance", job, t.explained_variance());
   }
 }
@@ -176,7 +177,9 @@ void AddActiveJob(const JobFigures::Active& active, absl::Time now, PrometheusTe
   out->Declare("latentd_job_info", "gauge",
                "1 for each running job, with its label, state and devices.");
   out->Add("latentd_job_info",
-           {labels[0], labels[1], {"label", job.spec().label()},
+           {labels[0],
+            labels[1],
+            {"label", job.spec().label()},
             {"state", Lower(latentd::v1::JobState_Name(job.state()))},
             {"devices", absl::StrJoin(job.devices(), ",")}},
            1);
@@ -184,8 +187,8 @@ void AddActiveJob(const JobFigures::Active& active, absl::Time now, PrometheusTe
                "How many times a running job has been started (more than 1 after restarts).");
   out->Add("latentd_job_attempts", labels, job.attempts());
   if (job.has_started()) {
-    const absl::Time started = absl::FromUnixSeconds(job.started().seconds()) +
-                               absl::Nanoseconds(job.started().nanos());
+    const absl::Time started =
+        absl::FromUnixSeconds(job.started().seconds()) + absl::Nanoseconds(job.started().nanos());
     out->Declare("latentd_job_running_seconds", "gauge",
                  "Seconds since a running job's current attempt started.");
     out->Add("latentd_job_running_seconds", labels, absl::ToDoubleSeconds(now - started));
@@ -272,8 +275,8 @@ std::string RenderPrometheusMetrics(const DaemonFigures& figures) {
   PrometheusText out;
   out.Declare("latentd_start_time_seconds", "gauge",
               "When this daemon started, in seconds since the Unix epoch.");
-  out.Add("latentd_start_time_seconds", {}, absl::ToDoubleSeconds(figures.start_time -
-                                                                  absl::UnixEpoch()));
+  out.Add("latentd_start_time_seconds", {},
+          absl::ToDoubleSeconds(figures.start_time - absl::UnixEpoch()));
   if (figures.process_rss_bytes >= 0) {
     out.Declare("latentd_process_resident_memory_bytes", "gauge",
                 "Resident set size of the daemon process.");
@@ -291,7 +294,8 @@ std::string RenderPrometheusMetrics(const DaemonFigures& figures) {
   }
   AddJobsByTypeAndState(figures.jobs, &out);
   AddDevices(figures.devices, &out);
-  for (const JobFigures::Active& active : figures.jobs.active) AddActiveJob(active, figures.now, &out);
+  for (const JobFigures::Active& active : figures.jobs.active)
+    AddActiveJob(active, figures.now, &out);
   return out.Text();
 }
 

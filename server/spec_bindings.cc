@@ -46,20 +46,19 @@ absl::StatusOr<std::vector<PathStep>> ResolvePath(const Descriptor* root, const 
   const Descriptor* type = root;
   for (size_t i = 0; i < parts.size(); ++i) {
     if (type == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "\"", path, "\": ", steps.back().field->name(), " is a value, it has no \"", parts[i],
-          "\""));
+      return absl::InvalidArgumentError(absl::StrCat("\"", path, "\": ", steps.back().field->name(),
+                                                     " is a value, it has no \"", parts[i], "\""));
     }
     const FieldDescriptor* field = FindField(type, parts[i]);
     if (field == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("\"", path, "\": ", type->name(),
-                                                     " has no field \"", parts[i], "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"", path, "\": ", type->name(), " has no field \"", parts[i], "\""));
     }
     PathStep step{field};
     if (field->is_repeated()) {
       if (field->is_map()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("\"", path, "\": ", field->name(), " is a map, which bindings do not reach"));
+        return absl::InvalidArgumentError(absl::StrCat("\"", path, "\": ", field->name(),
+                                                       " is a map, which bindings do not reach"));
       }
       int index = -1;
       if (i + 1 < parts.size() && absl::SimpleAtoi(parts[i + 1], &index) && index >= 0) {
@@ -67,9 +66,9 @@ absl::StatusOr<std::vector<PathStep>> ResolvePath(const Descriptor* root, const 
         ++i;
       } else if (!(allow_append && i + 1 == parts.size() &&
                    field->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "\"", path, "\": ", field->name(), " is a list: name an element (", field->name(),
-            ".0)"));
+        return absl::InvalidArgumentError(absl::StrCat("\"", path, "\": ", field->name(),
+                                                       " is a list: name an element (",
+                                                       field->name(), ".0)"));
       }
     }
     steps.push_back(step);
@@ -112,10 +111,14 @@ bool Converts(const FieldDescriptor* from, const FieldDescriptor* to) {
 // The name of a job type's member of the JobSpec and JobResult oneofs ("extract").
 std::string CaseName(JobType type) {
   switch (type) {
-    case latentd::v1::EXTRACT: return "extract";
-    case latentd::v1::TRAIN: return "train";
-    case latentd::v1::PROBE: return "probe";
-    default: return "";
+    case latentd::v1::EXTRACT:
+      return "extract";
+    case latentd::v1::TRAIN:
+      return "train";
+    case latentd::v1::PROBE:
+      return "probe";
+    default:
+      return "";
   }
 }
 
@@ -131,12 +134,18 @@ struct ScalarValue {
 
   std::string ToString() const {
     switch (kind) {
-      case kSigned: return absl::StrCat(i);
-      case kUnsigned: return absl::StrCat(u);
-      case kFloating: return absl::StrCat(d);
-      case kString: return absl::StrCat("\"", s, "\"");
-      case kBool: return b ? "true" : "false";
-      case kEnum: return absl::StrCat(e);
+      case kSigned:
+        return absl::StrCat(i);
+      case kUnsigned:
+        return absl::StrCat(u);
+      case kFloating:
+        return absl::StrCat(d);
+      case kString:
+        return absl::StrCat("\"", s, "\"");
+      case kBool:
+        return b ? "true" : "false";
+      case kEnum:
+        return absl::StrCat(e);
     }
     return "";
   }
@@ -151,8 +160,8 @@ absl::StatusOr<ScalarValue> ReadScalar(const Message& root, const std::vector<Pa
     if (step.field->is_repeated()) {
       const int size = r->FieldSize(*message, step.field);
       if (step.index >= size) {
-        return absl::InvalidArgumentError(absl::StrCat("\"", path, "\": ", step.field->name(),
-                                                       " has ", size, " elements, no ", step.index));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "\"", path, "\": ", step.field->name(), " has ", size, " elements, no ", step.index));
       }
       message = &r->GetRepeatedMessage(*message, step.field, step.index);
     } else {
@@ -246,9 +255,9 @@ absl::Status WriteScalar(Message* root, const std::vector<PathStep>& steps, cons
     if (step.field->is_repeated()) {
       const int size = r->FieldSize(*message, step.field);
       if (step.index >= size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "\"", path, "\": the spec's ", step.field->name(), " has ", size, " elements, no ",
-            step.index));
+        return absl::InvalidArgumentError(absl::StrCat("\"", path, "\": the spec's ",
+                                                       step.field->name(), " has ", size,
+                                                       " elements, no ", step.index));
       }
       message = r->MutableRepeatedMessage(message, step.field, step.index);
     } else {
@@ -285,16 +294,15 @@ absl::Status WriteScalar(Message* root, const std::vector<PathStep>& steps, cons
           : t == FieldDescriptor::CPPTYPE_INT64  ? uint64_t(std::numeric_limits<int64_t>::max())
           : t == FieldDescriptor::CPPTYPE_UINT32 ? uint64_t(std::numeric_limits<uint32_t>::max())
                                                  : std::numeric_limits<uint64_t>::max();
-      const uint64_t max_negative =
-          is_unsigned ? 0
-          : t == FieldDescriptor::CPPTYPE_INT32
-              ? uint64_t(std::numeric_limits<int32_t>::max()) + 1
-              : uint64_t(std::numeric_limits<int64_t>::max()) + 1;
+      const uint64_t max_negative = is_unsigned ? 0
+                                    : t == FieldDescriptor::CPPTYPE_INT32
+                                        ? uint64_t(std::numeric_limits<int32_t>::max()) + 1
+                                        : uint64_t(std::numeric_limits<int64_t>::max()) + 1;
       if (negative ? magnitude > max_negative : magnitude > max_positive) {
         return out_of_range(absl::StrCat("a ", f->cpp_type_name()));
       }
-      const int64_t as_signed =
-          negative ? static_cast<int64_t>(uint64_t(0) - magnitude) : static_cast<int64_t>(magnitude);
+      const int64_t as_signed = negative ? static_cast<int64_t>(uint64_t(0) - magnitude)
+                                         : static_cast<int64_t>(magnitude);
       switch (t) {
         case FieldDescriptor::CPPTYPE_INT32:
           append ? r->AddInt32(message, f, int32_t(as_signed))
@@ -388,14 +396,14 @@ absl::Status CheckBinding(const JobSpec& spec, int i, JobType source_type,
     return absl::InvalidArgumentError(absl::StrCat(where, ".field: ", field.status().message()));
   }
   if ((*field)[0].field->name() != spec_case) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ".field: a binding fills this job's own ", spec_case, " spec: \"", spec_case,
-        ".<field>\""));
+    return absl::InvalidArgumentError(absl::StrCat(where, ".field: a binding fills this job's own ",
+                                                   spec_case, " spec: \"", spec_case,
+                                                   ".<field>\""));
   }
   if (!Converts(output->back().field, field->back().field)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": ", b.output(), " is a ", output->back().field->cpp_type_name(), ", ", b.field(),
-        " a ", field->back().field->cpp_type_name()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", b.output(), " is a ", output->back().field->cpp_type_name(), ", ",
+                     b.field(), " a ", field->back().field->cpp_type_name()));
   }
   *output_steps = std::move(*output);
   *field_steps = std::move(*field);
@@ -404,10 +412,14 @@ absl::Status CheckBinding(const JobSpec& spec, int i, JobType source_type,
 
 JobType ResultType(const JobResult& result) {
   switch (result.result_case()) {
-    case JobResult::kExtract: return latentd::v1::EXTRACT;
-    case JobResult::kTrain: return latentd::v1::TRAIN;
-    case JobResult::kProbe: return latentd::v1::PROBE;
-    default: return latentd::v1::JOB_TYPE_UNSPECIFIED;
+    case JobResult::kExtract:
+      return latentd::v1::EXTRACT;
+    case JobResult::kTrain:
+      return latentd::v1::TRAIN;
+    case JobResult::kProbe:
+      return latentd::v1::PROBE;
+    default:
+      return latentd::v1::JOB_TYPE_UNSPECIFIED;
   }
 }
 
@@ -420,8 +432,8 @@ absl::Status CheckBindings(const JobSpec& spec,
                                                    " jobs, got ", spec.after_job_ids_size()));
   }
   if (spec.bindings_size() > kMaxBindings) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.bindings: at most ", kMaxBindings,
-                                                   ", got ", spec.bindings_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.bindings: at most ", kMaxBindings, ", got ", spec.bindings_size()));
   }
   std::map<uint64_t, JobType> types;
   for (int i = 0; i < spec.after_job_ids_size(); ++i) {

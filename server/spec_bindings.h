@@ -46,8 +46,9 @@ absl::Status CheckBindings(
 
 // `spec` with every binding applied, given the results of its after_job_ids (keyed by job id;
 // each must be present). `applied`, when given, receives one line per binding for the job's log
-// ("train.dataset_id = 7 (job 5's extract.dataset_id)", paths in proto names). INVALID_ARGUMENT naming the binding when
-// a value does not exist (an index past the end of a result's list) or does not convert.
+// ("train.dataset_id = 7 (job 5's extract.dataset_id)", paths in proto names). INVALID_ARGUMENT
+// naming the binding when a value does not exist (an index past the end of a result's list) or does
+// not convert.
 absl::StatusOr<latentd::v1::JobSpec> ApplyBindings(
     const latentd::v1::JobSpec& spec, const std::map<uint64_t, latentd::v1::JobResult>& results,
     std::vector<std::string>* applied = nullptr);

@@ -53,7 +53,8 @@ latentd::v1::SpecBinding Bind(uint64_t job, const std::string& output, const std
 
 TEST(SpecBindings, FillTheLoopExtractTrainExtract) {
   // TRAIN on job 1's dataset; then EXTRACT with the SAE job 3 trained, replacing a path.
-  JobSpec train = Spec(latentd::v1::TRAIN, {1}, {Bind(1, "extract.dataset_id", "train.dataset_id")});
+  JobSpec train =
+      Spec(latentd::v1::TRAIN, {1}, {Bind(1, "extract.dataset_id", "train.dataset_id")});
   ASSERT_TRUE(CheckBindings(train, TypeOf).ok()) << CheckBindings(train, TypeOf);
   std::vector<std::string> applied;
   auto bound = ApplyBindings(train, Results(), &applied);
@@ -110,23 +111,28 @@ TEST(SpecBindings, TakeJsonNamesListElementsAndAppendToLists) {
 }
 
 // The error CheckBindings gives for `spec`.
-std::string CheckError(const JobSpec& spec) { return std::string(CheckBindings(spec, TypeOf).message()); }
+std::string CheckError(const JobSpec& spec) {
+  return std::string(CheckBindings(spec, TypeOf).message());
+}
 
 TEST(SpecBindings, SchemaErrorsNameTheBindingAndWhatIsWrong) {
   EXPECT_EQ(CheckBindings(Spec(latentd::v1::TRAIN, {1, 5}, {}), TypeOf).code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(CheckError(Spec(latentd::v1::TRAIN, {1, 5}, {})),
             "spec.after_job_ids[1]: job 5 not found");
-  EXPECT_EQ(CheckError(Spec(latentd::v1::TRAIN, {1},
-                            {Bind(2, "extract.dataset_id", "train.dataset_id")})),
+  EXPECT_EQ(CheckError(
+                Spec(latentd::v1::TRAIN, {1}, {Bind(2, "extract.dataset_id", "train.dataset_id")})),
             "spec.bindings[0].job_id: job 2 is not one of after_job_ids (a job is bound only to "
             "jobs it waits for)");
-  EXPECT_EQ(CheckError(Spec(latentd::v1::TRAIN, {1}, {Bind(1, "extract.dataset", "train.dataset_id")})),
-            "spec.bindings[0].output: \"extract.dataset\": ExtractResult has no field \"dataset\"");
-  EXPECT_EQ(CheckError(Spec(latentd::v1::TRAIN, {3}, {Bind(3, "extract.dataset_id", "train.dataset_id")})),
+  EXPECT_EQ(
+      CheckError(Spec(latentd::v1::TRAIN, {1}, {Bind(1, "extract.dataset", "train.dataset_id")})),
+      "spec.bindings[0].output: \"extract.dataset\": ExtractResult has no field \"dataset\"");
+  EXPECT_EQ(CheckError(
+                Spec(latentd::v1::TRAIN, {3}, {Bind(3, "extract.dataset_id", "train.dataset_id")})),
             "spec.bindings[0].output: job 3 is a TRAIN job: its outputs start with \"train.\"");
-  EXPECT_EQ(CheckError(Spec(latentd::v1::TRAIN, {1}, {Bind(1, "extract.fit", "train.dataset_id")})),
-            "spec.bindings[0].output: \"extract.fit\" is a message (SaeFit); name one of its values");
+  EXPECT_EQ(
+      CheckError(Spec(latentd::v1::TRAIN, {1}, {Bind(1, "extract.fit", "train.dataset_id")})),
+      "spec.bindings[0].output: \"extract.fit\" is a message (SaeFit); name one of its values");
   EXPECT_EQ(CheckError(Spec(latentd::v1::TRAIN, {1},
                             {Bind(1, "extract.more_outputs.dataset_id", "train.dataset_id")})),
             "spec.bindings[0].output: \"extract.more_outputs.dataset_id\": more_outputs is a "
@@ -163,17 +169,16 @@ TEST(SpecBindings, ValueErrorsAtApplyNameTheBinding) {
             "spec.bindings[0].output: job 2's \"extract.more_outputs.0.dataset_id\": more_outputs "
             "has 0 elements, no 0");
   // A string that is no integer into an integer field.
-  JobSpec extract = Spec(latentd::v1::EXTRACT, {3},
-                         {Bind(3, "train.artifact_path", "extract.sae.artifact_id")});
+  JobSpec extract =
+      Spec(latentd::v1::EXTRACT, {3}, {Bind(3, "train.artifact_path", "extract.sae.artifact_id")});
   ASSERT_TRUE(CheckBindings(extract, TypeOf).ok());
   bound = ApplyBindings(extract, Results());
   EXPECT_EQ(bound.status().message(),
             "spec.bindings[0].field: \"extract.sae.artifact_id\": \"/data/artifacts/sae-3\" is not "
             "an integer");
   // No result for a bound job.
-  bound = ApplyBindings(Spec(latentd::v1::TRAIN, {1}, {Bind(1, "extract.dataset_id",
-                                                            "train.dataset_id")}),
-                        {});
+  bound = ApplyBindings(
+      Spec(latentd::v1::TRAIN, {1}, {Bind(1, "extract.dataset_id", "train.dataset_id")}), {});
   EXPECT_EQ(bound.status().message(),
             "spec.bindings[0]: no result of job 1 to take extract.dataset_id from");
 }
