@@ -106,6 +106,32 @@ class Pipeline(DaemonTestCase):
             "job %d, which this job waits for, is CANCELLED" % producer.id), failed.message)
         self.assertEqual(failed.attempts, 0)
 
+    def test_a_pipeline_survives_kill9_of_the_daemon(self):
+        c = self.c
+        dense = c.wait(c.submit("EXTRACT", dict(self.source, mode="DENSE",
+                                                valueDtype="FLOAT32")).id)
+        train = c.submit("TRAIN", {
+            "datasetId": str(dense.result.extract.dataset_id), "sae": SAE,
+            "optimizer": OPTIMIZER, "batchSize": 32, "steps": 3000, "seed": 3,
+            "checkpointEvery": 100})
+        sparse = c.submit("EXTRACT", dict(self.source, mode="SPARSE", sae={
+            "artifactId": Output(train, "train.artifact_id")}))
+        self.wait_for_state(c, train.id, [jobs_pb2.RUNNING])
+        c.close()
+        self.daemon.kill9()
+
+        self.daemon.start()
+        c = self.c = self.daemon.client()
+        done = c.wait(sparse.id)
+        self.assertEqual(done.state, jobs_pb2.SUCCEEDED, done.message)
+        trained = c.get(train.id)
+        self.assertEqual(trained.state, jobs_pb2.SUCCEEDED, trained.message)
+        self.assertEqual(trained.attempts, 2)  # interrupted, resumed
+        self.assertEqual(done.attempts, 1)  # waited through the restart, then ran once
+        self.assertLessEqual(trained.finished.ToNanoseconds(), done.started.ToNanoseconds())
+        self.assertIn("bound extract.sae.artifact_id = %d (job %d's train.artifact_id)"
+                      % (trained.result.train.artifact_id, train.id), self.log_of(sparse.id))
+
 
 if __name__ == "__main__":
     unittest.main()
