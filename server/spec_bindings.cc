@@ -151,68 +151,92 @@ struct ScalarValue {
   }
 };
 
+// "\"path\": the spec's more_outputs has 1 elements, no 1".
+absl::Status NoSuchElement(const std::string& path, absl::string_view whose,
+                           const FieldDescriptor* field, int size, int index) {
+  return absl::InvalidArgumentError(absl::StrCat("\"", path, "\": ", whose, field->name(), " has ",
+                                                 size, " elements, no ", index));
+}
+
+// A scalar through the getters of its type: element `index` of a list, or the field itself
+// (index < 0).
+template <typename T>
+T Get(const Reflection* r, const Message& m, const FieldDescriptor* f, int index,
+      T (Reflection::*get)(const Message&, const FieldDescriptor*) const,
+      T (Reflection::*get_element)(const Message&, const FieldDescriptor*, int) const) {
+  return index < 0 ? (r->*get)(m, f) : (r->*get_element)(m, f, index);
+}
+
+// Sets a scalar through the setters of its type: the field itself, element `index` of a list,
+// or (a list, index < 0) a new last element.
+template <typename T>
+void Put(const Reflection* r, Message* m, const FieldDescriptor* f, int index, T value,
+         void (Reflection::*set)(Message*, const FieldDescriptor*, T) const,
+         void (Reflection::*set_element)(Message*, const FieldDescriptor*, int, T) const,
+         void (Reflection::*add)(Message*, const FieldDescriptor*, T) const) {
+  if (!f->is_repeated()) {
+    (r->*set)(m, f, std::move(value));
+  } else if (index < 0) {
+    (r->*add)(m, f, std::move(value));
+  } else {
+    (r->*set_element)(m, f, index, std::move(value));
+  }
+}
+
 absl::StatusOr<ScalarValue> ReadScalar(const Message& root, const std::vector<PathStep>& steps,
                                        const std::string& path) {
   const Message* message = &root;
-  for (size_t i = 0; i + 1 < steps.size(); ++i) {
+  for (const PathStep& step : steps) {
     const Reflection* r = message->GetReflection();
-    const PathStep& step = steps[i];
-    if (step.field->is_repeated()) {
-      const int size = r->FieldSize(*message, step.field);
-      if (step.index >= size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "\"", path, "\": ", step.field->name(), " has ", size, " elements, no ", step.index));
-      }
-      message = &r->GetRepeatedMessage(*message, step.field, step.index);
-    } else {
-      message = &r->GetMessage(*message, step.field);
+    if (step.field->is_repeated() && step.index >= r->FieldSize(*message, step.field)) {
+      return NoSuchElement(path, "", step.field, r->FieldSize(*message, step.field), step.index);
     }
+    if (&step == &steps.back()) break;
+    message = step.field->is_repeated() ? &r->GetRepeatedMessage(*message, step.field, step.index)
+                                        : &r->GetMessage(*message, step.field);
   }
-  const PathStep& last = steps.back();
   const Reflection* r = message->GetReflection();
-  const FieldDescriptor* f = last.field;
-  if (f->is_repeated() && last.index >= r->FieldSize(*message, f)) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", path, "\": ", f->name(), " has ",
-                                                   r->FieldSize(*message, f), " elements, no ",
-                                                   last.index));
-  }
-  const bool rep = f->is_repeated();
-  const int k = last.index;
+  const FieldDescriptor* f = steps.back().field;
+  const int k = steps.back().index;
   ScalarValue v{ScalarValue::kSigned};
   switch (f->cpp_type()) {
     case FieldDescriptor::CPPTYPE_INT32:
-      v.i = rep ? r->GetRepeatedInt32(*message, f, k) : r->GetInt32(*message, f);
+      v.i = Get<int32_t>(r, *message, f, k, &Reflection::GetInt32, &Reflection::GetRepeatedInt32);
       break;
     case FieldDescriptor::CPPTYPE_INT64:
-      v.i = rep ? r->GetRepeatedInt64(*message, f, k) : r->GetInt64(*message, f);
+      v.i = Get<int64_t>(r, *message, f, k, &Reflection::GetInt64, &Reflection::GetRepeatedInt64);
       break;
     case FieldDescriptor::CPPTYPE_UINT32:
       v.kind = ScalarValue::kUnsigned;
-      v.u = rep ? r->GetRepeatedUInt32(*message, f, k) : r->GetUInt32(*message, f);
+      v.u =
+          Get<uint32_t>(r, *message, f, k, &Reflection::GetUInt32, &Reflection::GetRepeatedUInt32);
       break;
     case FieldDescriptor::CPPTYPE_UINT64:
       v.kind = ScalarValue::kUnsigned;
-      v.u = rep ? r->GetRepeatedUInt64(*message, f, k) : r->GetUInt64(*message, f);
+      v.u =
+          Get<uint64_t>(r, *message, f, k, &Reflection::GetUInt64, &Reflection::GetRepeatedUInt64);
       break;
     case FieldDescriptor::CPPTYPE_FLOAT:
       v.kind = ScalarValue::kFloating;
-      v.d = rep ? r->GetRepeatedFloat(*message, f, k) : r->GetFloat(*message, f);
+      v.d = Get<float>(r, *message, f, k, &Reflection::GetFloat, &Reflection::GetRepeatedFloat);
       break;
     case FieldDescriptor::CPPTYPE_DOUBLE:
       v.kind = ScalarValue::kFloating;
-      v.d = rep ? r->GetRepeatedDouble(*message, f, k) : r->GetDouble(*message, f);
+      v.d = Get<double>(r, *message, f, k, &Reflection::GetDouble, &Reflection::GetRepeatedDouble);
       break;
     case FieldDescriptor::CPPTYPE_STRING:
       v.kind = ScalarValue::kString;
-      v.s = rep ? r->GetRepeatedString(*message, f, k) : r->GetString(*message, f);
+      v.s = Get<std::string>(r, *message, f, k, &Reflection::GetString,
+                             &Reflection::GetRepeatedString);
       break;
     case FieldDescriptor::CPPTYPE_BOOL:
       v.kind = ScalarValue::kBool;
-      v.b = rep ? r->GetRepeatedBool(*message, f, k) : r->GetBool(*message, f);
+      v.b = Get<bool>(r, *message, f, k, &Reflection::GetBool, &Reflection::GetRepeatedBool);
       break;
     case FieldDescriptor::CPPTYPE_ENUM:
       v.kind = ScalarValue::kEnum;
-      v.e = rep ? r->GetRepeatedEnumValue(*message, f, k) : r->GetEnumValue(*message, f);
+      v.e =
+          Get<int>(r, *message, f, k, &Reflection::GetEnumValue, &Reflection::GetRepeatedEnumValue);
       break;
     default:
       return absl::InternalError("not a scalar");
@@ -249,81 +273,57 @@ bool AsSignAndMagnitude(const ScalarValue& v, bool* negative, uint64_t* magnitud
 absl::Status WriteScalar(Message* root, const std::vector<PathStep>& steps, const ScalarValue& v,
                          const std::string& path) {
   Message* message = root;
-  for (size_t i = 0; i + 1 < steps.size(); ++i) {
+  for (const PathStep& step : steps) {
     const Reflection* r = message->GetReflection();
-    const PathStep& step = steps[i];
-    if (step.field->is_repeated()) {
-      const int size = r->FieldSize(*message, step.field);
-      if (step.index >= size) {
-        return absl::InvalidArgumentError(absl::StrCat("\"", path, "\": the spec's ",
-                                                       step.field->name(), " has ", size,
-                                                       " elements, no ", step.index));
-      }
-      message = r->MutableRepeatedMessage(message, step.field, step.index);
-    } else {
-      message = r->MutableMessage(message, step.field);
+    if (step.field->is_repeated() && step.index >= r->FieldSize(*message, step.field)) {
+      return NoSuchElement(path, "the spec's ", step.field, r->FieldSize(*message, step.field),
+                           step.index);
     }
+    if (&step == &steps.back()) break;
+    message = step.field->is_repeated() ? r->MutableRepeatedMessage(message, step.field, step.index)
+                                        : r->MutableMessage(message, step.field);
   }
-  const PathStep& last = steps.back();
-  const FieldDescriptor* f = last.field;
   const Reflection* r = message->GetReflection();
-  const bool append = f->is_repeated() && last.index < 0;
-  if (f->is_repeated() && !append && last.index >= r->FieldSize(*message, f)) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", path, "\": the spec's ", f->name(),
-                                                   " has ", r->FieldSize(*message, f),
-                                                   " elements, no ", last.index));
-  }
-  const int k = last.index;
-  auto out_of_range = [&](const std::string& what) {
+  const FieldDescriptor* f = steps.back().field;
+  const int k = steps.back().index;
+  auto refused = [&](const std::string& what) {
     return absl::InvalidArgumentError(
         absl::StrCat("\"", path, "\": ", v.ToString(), " is not ", what));
   };
-  bool negative = false;
-  uint64_t magnitude = 0;
   switch (f->cpp_type()) {
     case FieldDescriptor::CPPTYPE_INT32:
     case FieldDescriptor::CPPTYPE_INT64:
     case FieldDescriptor::CPPTYPE_UINT32:
     case FieldDescriptor::CPPTYPE_UINT64: {
-      if (!AsSignAndMagnitude(v, &negative, &magnitude)) return out_of_range("an integer");
+      bool negative = false;
+      uint64_t magnitude = 0;
+      if (!AsSignAndMagnitude(v, &negative, &magnitude)) return refused("an integer");
       const auto t = f->cpp_type();
-      const bool is_unsigned =
-          t == FieldDescriptor::CPPTYPE_UINT32 || t == FieldDescriptor::CPPTYPE_UINT64;
       const uint64_t max_positive =
           t == FieldDescriptor::CPPTYPE_INT32    ? uint64_t(std::numeric_limits<int32_t>::max())
           : t == FieldDescriptor::CPPTYPE_INT64  ? uint64_t(std::numeric_limits<int64_t>::max())
           : t == FieldDescriptor::CPPTYPE_UINT32 ? uint64_t(std::numeric_limits<uint32_t>::max())
                                                  : std::numeric_limits<uint64_t>::max();
-      const uint64_t max_negative = is_unsigned ? 0
-                                    : t == FieldDescriptor::CPPTYPE_INT32
-                                        ? uint64_t(std::numeric_limits<int32_t>::max()) + 1
-                                        : uint64_t(std::numeric_limits<int64_t>::max()) + 1;
+      const uint64_t max_negative = t == FieldDescriptor::CPPTYPE_INT32   ? max_positive + 1
+                                    : t == FieldDescriptor::CPPTYPE_INT64 ? max_positive + 1
+                                                                          : 0;
       if (negative ? magnitude > max_negative : magnitude > max_positive) {
-        return out_of_range(absl::StrCat("a ", f->cpp_type_name()));
+        return refused(absl::StrCat("a ", f->cpp_type_name()));
       }
       const int64_t as_signed = negative ? static_cast<int64_t>(uint64_t(0) - magnitude)
                                          : static_cast<int64_t>(magnitude);
-      switch (t) {
-        case FieldDescriptor::CPPTYPE_INT32:
-          append ? r->AddInt32(message, f, int32_t(as_signed))
-                 : (f->is_repeated() ? r->SetRepeatedInt32(message, f, k, int32_t(as_signed))
-                                     : r->SetInt32(message, f, int32_t(as_signed)));
-          break;
-        case FieldDescriptor::CPPTYPE_INT64:
-          append ? r->AddInt64(message, f, as_signed)
-                 : (f->is_repeated() ? r->SetRepeatedInt64(message, f, k, as_signed)
-                                     : r->SetInt64(message, f, as_signed));
-          break;
-        case FieldDescriptor::CPPTYPE_UINT32:
-          append ? r->AddUInt32(message, f, uint32_t(magnitude))
-                 : (f->is_repeated() ? r->SetRepeatedUInt32(message, f, k, uint32_t(magnitude))
-                                     : r->SetUInt32(message, f, uint32_t(magnitude)));
-          break;
-        default:
-          append ? r->AddUInt64(message, f, magnitude)
-                 : (f->is_repeated() ? r->SetRepeatedUInt64(message, f, k, magnitude)
-                                     : r->SetUInt64(message, f, magnitude));
-          break;
+      if (t == FieldDescriptor::CPPTYPE_INT32) {
+        Put<int32_t>(r, message, f, k, int32_t(as_signed), &Reflection::SetInt32,
+                     &Reflection::SetRepeatedInt32, &Reflection::AddInt32);
+      } else if (t == FieldDescriptor::CPPTYPE_INT64) {
+        Put<int64_t>(r, message, f, k, as_signed, &Reflection::SetInt64,
+                     &Reflection::SetRepeatedInt64, &Reflection::AddInt64);
+      } else if (t == FieldDescriptor::CPPTYPE_UINT32) {
+        Put<uint32_t>(r, message, f, k, uint32_t(magnitude), &Reflection::SetUInt32,
+                      &Reflection::SetRepeatedUInt32, &Reflection::AddUInt32);
+      } else {
+        Put<uint64_t>(r, message, f, k, magnitude, &Reflection::SetUInt64,
+                      &Reflection::SetRepeatedUInt64, &Reflection::AddUInt64);
       }
       return absl::OkStatus();
     }
@@ -336,38 +336,31 @@ absl::Status WriteScalar(Message* root, const std::vector<PathStep>& steps, cons
       } else if (v.kind == ScalarValue::kUnsigned) {
         s = absl::StrCat(v.u);
       } else {
-        return out_of_range("a string or an integer");
+        return refused("a string or an integer");
       }
-      append ? r->AddString(message, f, s)
-             : (f->is_repeated() ? r->SetRepeatedString(message, f, k, s)
-                                 : r->SetString(message, f, s));
+      Put<std::string>(r, message, f, k, std::move(s), &Reflection::SetString,
+                       &Reflection::SetRepeatedString, &Reflection::AddString);
       return absl::OkStatus();
     }
     case FieldDescriptor::CPPTYPE_FLOAT:
-    case FieldDescriptor::CPPTYPE_DOUBLE: {
-      if (v.kind != ScalarValue::kFloating) return out_of_range("a number");
-      if (f->cpp_type() == FieldDescriptor::CPPTYPE_FLOAT) {
-        append ? r->AddFloat(message, f, float(v.d))
-               : (f->is_repeated() ? r->SetRepeatedFloat(message, f, k, float(v.d))
-                                   : r->SetFloat(message, f, float(v.d)));
-      } else {
-        append ? r->AddDouble(message, f, v.d)
-               : (f->is_repeated() ? r->SetRepeatedDouble(message, f, k, v.d)
-                                   : r->SetDouble(message, f, v.d));
-      }
+      if (v.kind != ScalarValue::kFloating) return refused("a number");
+      Put<float>(r, message, f, k, float(v.d), &Reflection::SetFloat, &Reflection::SetRepeatedFloat,
+                 &Reflection::AddFloat);
       return absl::OkStatus();
-    }
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+      if (v.kind != ScalarValue::kFloating) return refused("a number");
+      Put<double>(r, message, f, k, v.d, &Reflection::SetDouble, &Reflection::SetRepeatedDouble,
+                  &Reflection::AddDouble);
+      return absl::OkStatus();
     case FieldDescriptor::CPPTYPE_BOOL:
-      if (v.kind != ScalarValue::kBool) return out_of_range("a bool");
-      append ? r->AddBool(message, f, v.b)
-             : (f->is_repeated() ? r->SetRepeatedBool(message, f, k, v.b)
-                                 : r->SetBool(message, f, v.b));
+      if (v.kind != ScalarValue::kBool) return refused("a bool");
+      Put<bool>(r, message, f, k, v.b, &Reflection::SetBool, &Reflection::SetRepeatedBool,
+                &Reflection::AddBool);
       return absl::OkStatus();
     case FieldDescriptor::CPPTYPE_ENUM:
-      if (v.kind != ScalarValue::kEnum) return out_of_range("an enum value");
-      append ? r->AddEnumValue(message, f, v.e)
-             : (f->is_repeated() ? r->SetRepeatedEnumValue(message, f, k, v.e)
-                                 : r->SetEnumValue(message, f, v.e));
+      if (v.kind != ScalarValue::kEnum) return refused("an enum value");
+      Put<int>(r, message, f, k, v.e, &Reflection::SetEnumValue, &Reflection::SetRepeatedEnumValue,
+               &Reflection::AddEnumValue);
       return absl::OkStatus();
     default:
       return absl::InternalError("not a scalar");
