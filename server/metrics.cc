@@ -14,30 +14,18 @@ namespace {
 using latentd::v1::JobState;
 using latentd::v1::JobType;
 
-std::string EscapeLabelValue(const std::string& value) {
+// The text format's escapes: backslash and newline everywhere, and in label values the double
+// quote too (HELP text keeps its quotes).
+std::string Escape(const std::string& text, bool quotes) {
   std::string out;
-  out.reserve(value.size());
-  for (char c : value) {
+  out.reserve(text.size());
+  for (char c : text) {
     if (c == '\\') {
       out += "\\\\";
-    } else if (c == '"') {
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '"' && quotes) {
       out += "\\\"";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-std::string EscapeHelp(const std::string& help) {
-  std::string out;
-  for (char c : help) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '\n') {
-      out += "\\n";
     } else {
       out += c;
     }
@@ -245,7 +233,7 @@ void PrometheusText::Add(const std::string& name, const Labels& labels, double v
     sample += '{';
     for (size_t i = 0; i < labels.size(); ++i) {
       absl::StrAppend(&sample, i == 0 ? "" : ",", labels[i].first, "=\"",
-                      EscapeLabelValue(labels[i].second), "\"");
+                      Escape(labels[i].second, /*quotes=*/true), "\"");
     }
     sample += '}';
   }
@@ -257,8 +245,8 @@ std::string PrometheusText::Text() const {
   std::string out;
   for (const Family& f : families_) {
     if (f.samples.empty()) continue;
-    absl::StrAppend(&out, "# HELP ", f.name, " ", EscapeHelp(f.help), "\n# TYPE ", f.name, " ",
-                    f.type, "\n");
+    absl::StrAppend(&out, "# HELP ", f.name, " ", Escape(f.help, /*quotes=*/false), "\n# TYPE ",
+                    f.name, " ", f.type, "\n");
     for (const std::string& s : f.samples) absl::StrAppend(&out, s, "\n");
   }
   return out;
