@@ -5,6 +5,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "common/directory_bytes.h"
 #include "common/path_within.h"
 #include "common/status_macros.h"
 
@@ -56,14 +57,8 @@ absl::StatusOr<ArtifactDeletion> DeleteArtifact(
   deletion.path = artifact.path();
   const fs::path root = artifact_dir.empty() ? fs::path() : Resolved(artifact_dir);
   if (dir.empty() || dir == root || !PathIsWithin(dir, root)) return deletion;
+  deletion.bytes_freed = std::max<int64_t>(0, DirectoryBytes(dir));
   std::error_code ec;
-  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    std::error_code size_ec;
-    if (it->is_regular_file(size_ec)) {
-      const auto size = it->file_size(size_ec);
-      if (!size_ec) deletion.bytes_freed += static_cast<int64_t>(size);
-    }
-  }
   fs::remove_all(dir, ec);
   if (ec) {
     return absl::InternalError(absl::StrCat("artifact ", id, " deleted, but removing ",

@@ -13,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/directory_bytes.h"
 #include "common/process_memory.h"
 #include "engine/dataset_models.h"
 #include "engine/device_pool.h"
@@ -75,19 +76,9 @@ DaemonFigures Daemon::State::Figures() const {
   DaemonFigures figures;
   figures.jobs = manager->Figures();
   figures.devices = pool->Snapshot();
-  // Every file of the database (SST, blob, write-ahead log, manifest): what the disk holds,
+  // Every file of the database (tables, blobs, write-ahead log, manifest): what the disk holds,
   // including what has not been flushed to a table yet.
-  std::error_code ec;
-  int64_t bytes = 0;
-  for (auto it = std::filesystem::recursive_directory_iterator(db->path(), ec);
-       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
-    std::error_code size_error;
-    if (it->is_regular_file(size_error)) {
-      const auto size = it->file_size(size_error);
-      if (!size_error) bytes += static_cast<int64_t>(size);
-    }
-  }
-  figures.store_bytes_on_disk = ec ? -1 : bytes;
+  figures.store_bytes_on_disk = DirectoryBytes(db->path());
   figures.free_disk_bytes = db->FreeDiskBytes();
   figures.process_rss_bytes = ProcessRssBytes();
   figures.start_time = start_time;
