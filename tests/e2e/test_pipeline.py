@@ -33,6 +33,19 @@ class Pipeline(DaemonTestCase):
         self.daemon = self.start_daemon(devices="cpu:1", extra_args=["--data_roots=" + self.tmp])
         self.c = self.daemon.client()
 
+    def train_then_extract(self, **train):
+        """A finished DENSE extraction, a TRAIN job on it (with `train` on top of the defaults)
+        and a SPARSE extraction with the SAE it will train: (train job, sparse job)."""
+        c = self.c
+        dense = c.wait(c.submit("EXTRACT", dict(self.source, mode="DENSE",
+                                                valueDtype="FLOAT32")).id)
+        producer = c.submit("TRAIN", dict({
+            "datasetId": str(dense.result.extract.dataset_id), "sae": SAE,
+            "optimizer": OPTIMIZER, "batchSize": 32}, **train))
+        waiter = c.submit("EXTRACT", dict(self.source, mode="SPARSE", sae={
+            "artifactId": Output(producer, "train.artifact_id")}))
+        return producer, waiter
+
     def log_of(self, job_id):
         return [e.log.text for e in self.c.watch(job_id) if e.HasField("log")]
 
@@ -82,13 +95,7 @@ class Pipeline(DaemonTestCase):
 
     def test_a_cancelled_input_fails_its_waiters_and_a_bad_binding_is_refused(self):
         c = self.c
-        long_train_dense = c.wait(c.submit("EXTRACT", dict(self.source, mode="DENSE",
-                                                           valueDtype="FLOAT32")).id)
-        producer = c.submit("TRAIN", {
-            "datasetId": str(long_train_dense.result.extract.dataset_id), "sae": SAE,
-            "optimizer": OPTIMIZER, "batchSize": 32, "steps": 1000000})
-        waiter = c.submit("EXTRACT", dict(self.source, mode="SPARSE", sae={
-            "artifactId": Output(producer, "train.artifact_id")}))
+        producer, waiter = self.train_then_extract(steps=1000000)
         # A binding the schema cannot take is refused at submit, naming it.
         with self.assertRaises(grpc.RpcError) as refused:
             c.submit("EXTRACT", dict(self.source, mode="SPARSE", sae={
@@ -108,14 +115,7 @@ class Pipeline(DaemonTestCase):
 
     def test_a_pipeline_survives_kill9_of_the_daemon(self):
         c = self.c
-        dense = c.wait(c.submit("EXTRACT", dict(self.source, mode="DENSE",
-                                                valueDtype="FLOAT32")).id)
-        train = c.submit("TRAIN", {
-            "datasetId": str(dense.result.extract.dataset_id), "sae": SAE,
-            "optimizer": OPTIMIZER, "batchSize": 32, "steps": 3000, "seed": 3,
-            "checkpointEvery": 100})
-        sparse = c.submit("EXTRACT", dict(self.source, mode="SPARSE", sae={
-            "artifactId": Output(train, "train.artifact_id")}))
+        train, sparse = self.train_then_extract(steps=3000, seed=3, checkpointEvery=100)
         self.wait_for_state(c, train.id, [jobs_pb2.RUNNING])
         c.close()
         self.daemon.kill9()
