@@ -1,7 +1,9 @@
 """S1 service benchmark (shared/notes/workloads.md): latentd on loopback, 64 concurrent WatchJob
 streams while jobs run, 1000 GetJob calls from 8 clients; p50/p99 latency against the health Check
 of the same daemon in the same run (the floor of one loopback RPC from Python), and a check that no
-event is lost or reordered on any stream.
+event is lost or reordered on any stream. Then the HTTP side: GET /metrics with the manager
+holding a thousand finished jobs, against GET /healthz of the same endpoint (the floor of one
+loopback HTTP request from Python).
 
     bazel build //server:latentd //client:latentctl //proto:api_py
     PYTHONPATH=bazel-bin/proto/py:client/python:tests/e2e /usr/bin/python3 bench/service_bench.py
@@ -12,6 +14,7 @@ import statistics
 import tempfile
 import threading
 import time
+import urllib.request
 
 from harness import Daemon
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -21,6 +24,8 @@ WATCHERS = 64
 CLIENTS = 8
 GETS = 1000
 JOBS = 8
+FINISHED_JOBS = 1000
+SCRAPES = 200
 
 
 def percentile(values, q):
@@ -28,9 +33,43 @@ def percentile(values, q):
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+def scrape_benchmark(client, port_file):
+    """GET /metrics against GET /healthz, one request at a time (the endpoint serves them in
+    turn), with FINISHED_JOBS more jobs held."""
+    small = [client.submit("PROBE", {"matmulSize": 8, "iterations": 1, "bandwidthBytes": 4096})
+             for _ in range(FINISHED_JOBS)]
+    client.wait(small[-1].id)
+    with open(port_file) as f:
+        port = int(f.read())
+
+    def get(path):
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=30) as r:
+            return r.read()
+
+    scrape_lat, healthz_lat = [], []
+    size = 0
+    for _ in range(SCRAPES):  # alternating, so that both see the same machine
+        start = time.perf_counter()
+        size = len(get("/metrics"))
+        scrape_lat.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        get("/healthz")
+        healthz_lat.append(time.perf_counter() - start)
+    held = sum(1 for _ in client.list())
+    ms = lambda s: s * 1000
+    print("GET /metrics  p50 %.2f ms  p99 %.2f ms  (%d jobs held, %d bytes)" % (
+        ms(percentile(scrape_lat, 0.5)), ms(percentile(scrape_lat, 0.99)), held, size))
+    print("GET /healthz  p50 %.2f ms  p99 %.2f ms  (loopback HTTP floor, same run)" % (
+        ms(percentile(healthz_lat, 0.5)), ms(percentile(healthz_lat, 0.99))))
+    print("ratio /metrics / /healthz p50 %.2f" % (
+        percentile(scrape_lat, 0.5) / percentile(healthz_lat, 0.5)))
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
-        daemon = Daemon(os.path.join(tmp, "d"), devices="cpu:2").start()
+        port_file = os.path.join(tmp, "metrics_port")
+        daemon = Daemon(os.path.join(tmp, "d"), devices="cpu:2", extra_args=[
+            "--metrics_listen=127.0.0.1:0", "--metrics_port_file=" + port_file]).start()
         try:
             client = daemon.client()
             jobs = [client.submit("PROBE", {"matmulSize": 256, "iterations": 40}) for _ in range(JOBS)]
@@ -89,6 +128,7 @@ def main():
             print("jobs succeeded: %d/%d" % (final.count(jobs_pb2.SUCCEEDED), JOBS))
             for p in problems[:5]:
                 print("PROBLEM", p)
+            scrape_benchmark(client, port_file)
         finally:
             daemon.stop()
 
