@@ -1,11 +1,16 @@
 #include "server/metrics.h"
 
+#include <cstdlib>
 #include <limits>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include "common/read_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -144,6 +149,36 @@ TEST(RenderPrometheusMetrics, ShowsDevicesStoreAndProcess) {
   EXPECT_THAT(text, HasSubstr("\nlatentd_process_resident_memory_bytes 123456789\n"));
   EXPECT_THAT(text, HasSubstr("\nlatentd_store_bytes_on_disk 5242880\n"));
   EXPECT_FALSE(absl::StrContains(text, "latentd_store_free_disk_bytes"));  // unknown
+}
+
+// The dashboard in deploy/grafana queries only what the daemon exports: every latentd_ name in
+// its queries is a family of a scrape with an EXTRACT and a TRAIN job running.
+TEST(GrafanaDashboard, QueriesOnlyMetricsTheDaemonExports) {
+  auto text = ReadFileToString(std::string(std::getenv("TEST_SRCDIR")) +
+                               "/latentd/deploy/grafana/latentd.json");
+  ASSERT_TRUE(text.ok()) << text.status();
+  const nlohmann::json dashboard = nlohmann::json::parse(*text);  // throws on bad JSON: a failure
+  DaemonFigures everything = Figures();
+  everything.free_disk_bytes = int64_t{1} << 40;  // known, unlike in Figures()
+  const std::string scrape = RenderPrometheusMetrics(everything);
+  int queries = 0;
+  std::set<std::string> names;
+  for (const nlohmann::json& panel : dashboard.at("panels")) {
+    for (const nlohmann::json& target : panel.at("targets")) {
+      const std::string expr = target.at("expr").get<std::string>();
+      ++queries;
+      static const std::regex kName("latentd_[a-z0-9_]+");
+      for (std::sregex_iterator it(expr.begin(), expr.end(), kName), end; it != end; ++it) {
+        names.insert(it->str());
+      }
+    }
+  }
+  EXPECT_GE(queries, 10);
+  EXPECT_GE(names.size(), 15u);
+  for (const std::string& name : names) {
+    EXPECT_TRUE(absl::StrContains(scrape, "# TYPE " + name + " "))
+        << "the dashboard queries " << name << ", which /metrics does not export";
+  }
 }
 
 TEST(PrometheusText, GroupsEachFamilysSamplesUnderOneHeaderAndLeavesEmptyOnesOut) {
