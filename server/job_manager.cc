@@ -43,19 +43,12 @@ constexpr int kMaxPageSize = 1000;
 constexpr int kDefaultPageSize = 50;
 constexpr int kEventsPerRead = 256;
 
-// Runs `spec` with its bindings applied (logged, one line each) and, when it has any, the
-// runner's submit-time checks made now on the values they filled in.
-absl::StatusOr<JobResult> RunBound(const JobRunner& runner, const JobSpec& spec,
-                                   const std::map<uint64_t, JobResult>& bound_results,
-                                   engine::JobContext* context) {
-  if (spec.bindings().empty()) return runner.run(spec, context);
-  std::vector<std::string> applied;
-  ASSIGN_OR_RETURN(JobSpec bound, ApplyBindings(spec, bound_results, &applied));
-  for (const std::string& line : applied) {
-    context->Log(latentd::v1::LogLine::INFO, absl::StrCat("bound ", line));
-  }
-  if (runner.validate) RETURN_IF_ERROR(runner.validate(bound));
-  return runner.run(bound, context);
+// Runs `spec`; a spec with bindings first passes the runner's submit-time checks, which could not
+// run at submit on the values the bindings have filled in since.
+absl::StatusOr<JobResult> RunChecked(const JobRunner& runner, const JobSpec& spec,
+                                     engine::JobContext* context) {
+  if (!spec.bindings().empty() && runner.validate) RETURN_IF_ERROR(runner.validate(spec));
+  return runner.run(spec, context);
 }
 
 // The reason a runner's failure is reported with, unless it attached one itself.
@@ -342,7 +335,10 @@ absl::StatusOr<Job> JobManager::Submit(const std::string& request_id, const JobS
     if (!request_id.empty()) {
       if (auto it = by_request_id_.find(request_id); it != by_request_id_.end()) {
         const Job& existing = jobs_.at(it->second)->job;
-        if (!google::protobuf::util::MessageDifferencer::Equals(existing.spec(), spec)) {
+        // A pipeline job's spec holds its bound values once they were taken.
+        const JobSpec& submitted =
+            existing.has_submitted_spec() ? existing.submitted_spec() : existing.spec();
+        if (!google::protobuf::util::MessageDifferencer::Equals(submitted, spec)) {
           return absl::AlreadyExistsError(absl::StrCat("request_id '", request_id,
                                                        "' already created job ", existing.id(),
                                                        " with a different spec"));
@@ -611,6 +607,7 @@ void JobManager::SchedulerLoop() {
         case Dependencies::kReady:
           break;
       }
+      if (!BindLocked(entry)) continue;  // it FAILED: a value its bindings took does not fit
       auto devices = pool_->TryAcquire(DevicesRequested(entry->job.spec()), entry->job.id());
       if (!devices.has_value()) break;  // no backfill: the head of the queue waits for its devices
       StartJobLocked(entry, std::move(*devices));
@@ -636,6 +633,36 @@ JobManager::Dependencies JobManager::DependenciesLocked(const JobSpec& spec,
     if (job.state() != latentd::v1::SUCCEEDED) waiting = true;
   }
   return waiting ? Dependencies::kWaiting : Dependencies::kReady;
+}
+
+bool JobManager::BindLocked(Entry* entry) {
+  Job& job = entry->job;
+  if (job.spec().bindings().empty() || job.has_submitted_spec()) return true;
+  // Every job it waits for has SUCCEEDED and cannot be deleted while this one has not finished.
+  std::map<uint64_t, JobResult> results;
+  for (const latentd::v1::SpecBinding& b : job.spec().bindings()) {
+    if (auto it = jobs_.find(b.job_id()); it != jobs_.end()) {
+      results[b.job_id()] = it->second->job.result();
+    }
+  }
+  std::vector<std::string> applied;
+  absl::StatusOr<JobSpec> bound = ApplyBindings(job.spec(), results, &applied);
+  if (!bound.ok()) {
+    SetStateLocked(entry, latentd::v1::FAILED, ReasonFor(bound.status()),
+                   std::string(bound.status().message()))
+        .IgnoreError();  // unwritten, it is failed again after a restart
+    return false;
+  }
+  *job.mutable_submitted_spec() = job.spec();
+  *job.mutable_spec() = *std::move(bound);
+  for (const std::string& line : applied) {
+    JobEvent event;
+    event.mutable_log()->set_level(latentd::v1::LogLine::INFO);
+    event.mutable_log()->set_text(absl::StrCat("bound ", line));
+    // Synced: the record now holds the bound spec, which a restart must not bind again.
+    AppendEventLocked(entry, std::move(event), /*sync=*/true).IgnoreError();
+  }
+  return true;
 }
 
 void JobManager::StartJobLocked(Entry* entry, std::vector<engine::DeviceRef> devices) {
@@ -671,22 +698,15 @@ void JobManager::StartJobLocked(Entry* entry, std::vector<engine::DeviceRef> dev
 void JobManager::RunJob(Entry* entry) {
   Context context(this, entry);
   JobSpec spec;
-  std::map<uint64_t, JobResult> bound_results;
   {
     absl::MutexLock lock(&mu_);
-    spec = entry->job.spec();
+    spec = entry->job.spec();  // with its bindings' values (BindLocked)
     context.set_attempt(entry->job.attempts());
-    // The jobs it waits for have SUCCEEDED and cannot be deleted while it has not finished.
-    for (const latentd::v1::SpecBinding& b : spec.bindings()) {
-      if (auto it = jobs_.find(b.job_id()); it != jobs_.end()) {
-        bound_results[b.job_id()] = it->second->job.result();
-      }
-    }
   }
   const JobRunner& runner = runners_.at(spec.type());
   absl::StatusOr<JobResult> result;
   try {
-    result = RunBound(runner, spec, bound_results, &context);
+    result = RunChecked(runner, spec, &context);
   } catch (const std::exception& e) {
     // Runners should not throw; if one does, the job fails and the daemon lives on.
     result = absl::InternalError(absl::StrCat("runner threw: ", e.what()));

@@ -11,7 +11,9 @@
 // is never starved by a stream of small ones). A device is given to one job at a time (DevicePool).
 // Pipelines: a job with after_job_ids is not a candidate until every job it waits for has
 // SUCCEEDED (it holds nobody up meanwhile), FAILS with DEPENDENCY_FAILED as soon as one has
-// FAILED or been CANCELLED, and takes its bindings (server/spec_bindings.h) when it starts.
+// FAILED or been CANCELLED, and takes its bindings (server/spec_bindings.h) once they all have:
+// its record's spec then holds the values (submitted_spec the original) and its runner's
+// validate runs on them as it starts.
 //
 // Durability: every state change is written (synced) with the event that announces it before any
 // caller is told about it; on Start() a job that was RUNNING when the daemon died is re-queued
@@ -173,6 +175,9 @@ class JobManager {
                               latentd::v1::JobReason reason, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SchedulerLoop();
+  // Applies the bindings of a ready job once (Job.submitted_spec keeps the spec as submitted,
+  // the log says what each took). False when one fails: the job is then FAILED.
+  bool BindLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartJobLocked(Entry* entry, std::vector<engine::DeviceRef> devices)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunJob(Entry* entry);

@@ -92,6 +92,12 @@ class Pipeline(DaemonTestCase):
         self.assertEqual(info.d_sae, 256)
         self.assertEqual(done.result.extract.rows, 32 * 32)
         self.assertEqual(done.result.extract.nnz, 32 * 32 * 8)
+        # What reads the job's spec later finds the SAE its binding gave it.
+        self.assertEqual(done.spec.extract.sae.artifact_id, artifact)
+        self.assertFalse(done.submitted_spec.extract.sae.HasField("artifact_id"))
+        weights = c.latent_weights(done.result.extract.dataset_id, 0)
+        self.assertGreater(weights.decoder_norm, 0)
+        self.assertEqual(len(weights.neighbors), 10)
 
     def test_a_cancelled_input_fails_its_waiters_and_a_bad_binding_is_refused(self):
         c = self.c
