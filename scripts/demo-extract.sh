@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The EXTRACT and TRAIN part of the demo, the loop users run: dense hidden states of the built-in
-# reference transformer over 64 x 128 Zipf tokens -> a TopK SAE trained on them with sparse M-FAC
-# (its memory against dense M-FAC's, live) -> sparse latents of two hooks from one forward pass, a
-# dataset each, with the SAE's fit -> the stored latents queried back.
+# The EXTRACT and TRAIN part of the demo, the loop users run, submitted at once as a pipeline:
+# dense hidden states of the built-in reference transformer over 64 x 128 Zipf tokens -> a TopK
+# SAE trained on them with sparse M-FAC (its memory against dense M-FAC's, live) -> sparse latents
+# of two hooks from one forward pass, a dataset each, with the SAE's fit -> the stored latents
+# queried back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LATENTCTL=${LATENTCTL:-bazel-bin/client/latentctl}
@@ -24,42 +25,45 @@ print(v)' "$2"
 }
 
 echo
-echo "demo: EXTRACT job, DENSE: the hidden states of blocks.2.hook_resid_post"
+echo "demo: the loop as one pipeline, submitted at once; each job waits for the one before and"
+echo "takes its dataset or SAE from that job's result when it starts (--bind):"
+echo "  1. EXTRACT, DENSE: the hidden states of blocks.2.hook_resid_post"
 cat > "$spec" <<JSON
 {"model": $model, "hookName": "blocks.2.hook_resid_post", "tokens": $tokens,
  "mode": "DENSE", "datasetName": "$name-dense"}
 JSON
-job=$($LATENTCTL submit --type=EXTRACT --spec="$spec" --label=demo-dense)
-$LATENTCTL watch "$job" >/dev/null
-dense=$(result "$job" extract.datasetId)
-$LATENTCTL get "$job" | grep '^dataset'
-
-echo
-echo "demo: TRAIN job: a TopK SAE (4096 latents, k=32) on them, optimizer sparse M-FAC at 1% density"
-echo "(each telemetry line: its state in memory against what dense M-FAC's history would take)"
+dense_job=$($LATENTCTL submit --type=EXTRACT --spec="$spec" --label=demo-dense)
+echo "  2. TRAIN: a TopK SAE (4096 latents, k=32) on them, optimizer sparse M-FAC at 1% density"
 cat > "$spec" <<JSON
-{"datasetId": "$dense", "sae": {"architecture": "TOPK", "dSae": 4096, "k": 32},
+{"sae": {"architecture": "TOPK", "dSae": 4096, "k": 32},
  "optimizer": {"name": "smfac", "lr": 0.006, "window": 16, "density": 0.01},
  "batchSize": 256, "steps": 300, "seed": 1, "telemetryEvery": 50, "artifactName": "$name-sae"}
 JSON
-job=$($LATENTCTL submit --type=TRAIN --spec="$spec" --label=demo-train)
-$LATENTCTL watch "$job" | grep --line-buffered 'train step'
-artifact=$(result "$job" train.artifactId)
-$LATENTCTL get "$job" | grep -E '^(artifact|final|optimizer)'
-$LATENTCTL telemetry "$job" --plot="$data_dir/demo-train.png" >/dev/null
-echo "(loss and memory against steps: $data_dir/demo-train.png)"
-
-echo
-echo "demo: EXTRACT job, SPARSE: the trained SAE on blocks.2.hook_resid_post, and the same SAE on"
-echo "blocks.1.hook_resid_post from the same forward pass into a second dataset (an SAE on a layer"
-echo "it was not trained on: see its fit), then each SAE's downstream loss on 16 sequences"
+train_job=$($LATENTCTL submit --type=TRAIN --spec="$spec" --label=demo-train \
+  --bind="train.dataset_id=$dense_job:extract.dataset_id")
+echo "  3. EXTRACT, SPARSE: the trained SAE on blocks.2.hook_resid_post, and the same SAE on"
+echo "     blocks.1.hook_resid_post from the same forward pass into a second dataset (an SAE on a"
+echo "     layer it was not trained on: see its fit), then each SAE's downstream loss"
 cat > "$spec" <<JSON
 {"model": $model, "hookName": "blocks.2.hook_resid_post", "tokens": $tokens,
- "sae": {"artifactId": "$artifact"}, "mode": "SPARSE", "commitRows": 2048,
- "datasetName": "$name", "downstreamLossSequences": 16,
- "moreOutputs": [{"hookName": "blocks.1.hook_resid_post", "sae": {"artifactId": "$artifact"}}]}
+ "mode": "SPARSE", "commitRows": 2048, "datasetName": "$name", "downstreamLossSequences": 16,
+ "moreOutputs": [{"hookName": "blocks.1.hook_resid_post"}]}
 JSON
-job=$($LATENTCTL submit --type=EXTRACT --spec="$spec" --label=demo-extract)
+job=$($LATENTCTL submit --type=EXTRACT --spec="$spec" --label=demo-extract \
+  --bind="extract.sae.artifact_id=$train_job:train.artifact_id,extract.more_outputs.0.sae.artifact_id=$train_job:train.artifact_id")
+$LATENTCTL list --all | head -4
+
+echo
+$LATENTCTL watch "$dense_job" >/dev/null
+$LATENTCTL get "$dense_job" | grep '^dataset'
+echo
+echo "demo: the TRAIN job (each telemetry line: its state in memory against what dense M-FAC's"
+echo "history would take)"
+$LATENTCTL watch "$train_job" | grep --line-buffered -E 'train step|bound'
+$LATENTCTL get "$train_job" | grep -E '^(artifact|final|optimizer)'
+$LATENTCTL telemetry "$train_job" --plot="$data_dir/demo-train.png" >/dev/null
+echo "(loss and memory against steps: $data_dir/demo-train.png)"
+echo
 $LATENTCTL watch "$job"
 $LATENTCTL get "$job"
 dataset=$(result "$job" extract.datasetId)

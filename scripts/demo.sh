@@ -13,7 +13,10 @@ export LATENTCTL=$bin/client/latentctl
 
 if ! $LATENTCTL devices >/dev/null 2>&1; then
   echo "demo: starting latentd (log: /tmp/latentd.log)"
-  nohup "$LATENTD" >/tmp/latentd.log 2>&1 &
+  rm -f /tmp/latentd.metrics_port
+  # Prometheus text on a free port (GET /metrics; docs/SERVICE.md), shown at the end.
+  nohup "$LATENTD" --metrics_listen=127.0.0.1:0 --metrics_port_file=/tmp/latentd.metrics_port \
+    >/tmp/latentd.log 2>&1 &
   echo $! > /tmp/latentd.pid
   for _ in $(seq 1 100); do
     $LATENTCTL devices >/dev/null 2>&1 && break
@@ -30,6 +33,15 @@ $LATENTCTL get "$job"
 
 if [[ -x scripts/demo-extract.sh ]]; then
   scripts/demo-extract.sh
+fi
+if [[ -s /tmp/latentd.metrics_port ]]; then
+  metrics="http://127.0.0.1:$(cat /tmp/latentd.metrics_port)/metrics"
+  echo
+  echo "demo: what a Prometheus scrape of $metrics says of the jobs (deploy/grafana has a dashboard)"
+  /usr/bin/python3 -c 'import sys, urllib.request
+for line in urllib.request.urlopen(sys.argv[1], timeout=10).read().decode().splitlines():
+    if line.startswith("latentd_jobs{") and not line.endswith(" 0"):
+        print(" ", line)' "$metrics"
 fi
 echo
 echo "demo: latentd is still running (pid $(cat /tmp/latentd.pid 2>/dev/null || echo '?')); try: bazel-bin/client/latentctl list"
