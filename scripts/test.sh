@@ -19,9 +19,12 @@ bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" || status=$?
 # so does the tokenizer, which walks UTF-8 by hand over text and tokenizer.json files it is given
 # (and the reader of .gz / .zst text around it), the torch.save reader, which unpickles ae.pt files (and their zip) by hand, the SAE config
 # parsers, fed every field with a value of every other type, and (in //common/...) the Parquet
-# reader, whose footer, page headers and pages are decoded by hand.
+# reader, whose footer, page headers and pages are decoded by hand. So do the HTTP endpoint, which
+# parses whatever a network client sends, and the pipeline bindings, which walk protos by paths
+# users give.
 bazel test --config=asan //storage/... //common/... //server:job_manager_test \
-  //server:job_store_test //client:byte_level_test //client:tokenizer_test \
+  //server:job_store_test //server:http_endpoint_test //server:spec_bindings_test \
+  //client:byte_level_test //client:tokenizer_test \
   //client:tokenize_files_test //client:tokenizer_parity_test //client:text_input_test \
   //engine:torch_pickle_fuzz_test //engine:sae_config_fuzz_test \
   --test_output=errors "$@" 2>&1 |
@@ -31,5 +34,5 @@ bazel test --config=asan //storage/... //common/... //server:job_manager_test \
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)
 failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log" || true)
 rm -f "$log"
-echo "${passed} passed, ${failed} failed (storage, common, the job manager, the tokenizer, the SAE file, Parquet and Arrow readers' fuzz tests run twice: also under ASan/UBSan)"
+echo "${passed} passed, ${failed} failed (storage, common, the job manager, the HTTP endpoint, the pipeline bindings, the tokenizer, the SAE file, Parquet and Arrow readers' fuzz tests run twice: also under ASan/UBSan)"
 exit $status
