@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "client/dataset_siblings.h"
 #include "client/latent_view.h"
+#include "client/pipeline_file.h"
 #include "client/steer_view.h"
 #include "client/telemetry_plot.h"
 #include "client/tokenize_files.h"
@@ -64,6 +65,7 @@ ABSL_FLAG(bool, all, false, "list: follow page tokens to the end");
 ABSL_FLAG(int64_t, after, 0, "watch: resume after this event sequence number");
 ABSL_FLAG(std::string, after_jobs, "",
           "submit: comma-separated jobs that must succeed before this one starts (a pipeline)");
+ABSL_FLAG(bool, watch, false, "pipeline: follow the jobs until they end");
 ABSL_FLAG(std::string, bind, "",
           "submit: FIELD=JOB:OUTPUT[,...]: fill a field of this spec from a job's result when it "
           "starts, e.g. train.dataset_id=5:extract.dataset_id (JOB joins --after_jobs)");
@@ -589,6 +591,91 @@ int Submit(Client& client) {
     std::printf("%llu\n", static_cast<unsigned long long>(job.id()));
   }
   return 0;
+}
+
+// latentctl pipeline FILE.json: submits a pipeline file's jobs in order (client/pipeline_file.h);
+// with --watch, follows them to their ends.
+int Pipeline(Client& client, const std::vector<std::string>& args) {
+  if (args.size() != 2) return Usage("pipeline needs one FILE.json");
+  std::ifstream in(args[1]);
+  if (!in) return Usage(absl::StrCat("pipeline: cannot read ", args[1]));
+  std::stringstream text;
+  text << in.rdbuf();
+  auto jobs = ParsePipeline(text.str());
+  if (!jobs.ok()) return Usage(absl::StrCat(args[1], ": ", jobs.status().message()));
+  const bool dry_run = absl::GetFlag(FLAGS_dry_run);
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < jobs->size(); ++i) {
+    const PipelineJob& job = (*jobs)[i];
+    std::vector<std::string> after;
+    for (int index : job.after) after.push_back((*jobs)[index].name);
+    for (uint64_t id : job.spec.after_job_ids()) after.push_back(absl::StrCat("job ", id));
+    const std::string waits =
+        after.empty() ? "" : absl::StrCat(", after ", absl::StrJoin(after, ", "));
+    if (dry_run) {
+      std::printf("%s (%s%s)\n", job.name.c_str(), v1::JobType_Name(job.spec.type()).c_str(),
+                  waits.c_str());
+      if (!job.after.empty()) {
+        // Its ids do not exist yet: the daemon checks it when the file is submitted.
+        for (const auto& b : job.bindings) {
+          std::printf("  %s from %s's %s\n", b.field.c_str(), (*jobs)[b.job].name.c_str(),
+                      b.output.c_str());
+        }
+        continue;
+      }
+      v1::SubmitJobRequest request;
+      *request.mutable_spec() = job.spec;
+      v1::JobPlan plan;
+      grpc::Status status = client.jobs()->PlanJob(client.Context().get(), request, &plan);
+      if (!status.ok()) {
+        std::fprintf(stderr, "latentctl: pipeline job %s:\n", job.name.c_str());
+        return RpcError(status);
+      }
+      for (const std::string& line : plan.lines()) std::printf("  %s\n", line.c_str());
+      continue;
+    }
+    v1::SubmitJobRequest request;
+    request.set_request_id(job.request_id);
+    *request.mutable_spec() = ResolvedSpec(job, ids);
+    v1::Job made;
+    grpc::Status status = client.jobs()->SubmitJob(client.Context().get(), request, &made);
+    if (!status.ok()) {
+      std::fprintf(stderr, "latentctl: pipeline job %s was refused%s\n", job.name.c_str(),
+                   ids.empty() ? ""
+                               : "; the jobs before it stay submitted (with a pipeline "
+                                 "name, running the file again finds them, not new ones)");
+      return RpcError(status);
+    }
+    ids.push_back(made.id());
+    std::printf("%-16s job %llu (%s%s)\n", job.name.c_str(),
+                static_cast<unsigned long long>(made.id()), v1::JobType_Name(made.type()).c_str(),
+                waits.c_str());
+    std::fflush(stdout);
+  }
+  if (dry_run || !absl::GetFlag(FLAGS_watch)) return 0;
+  // Followed in file order: a job's ending never comes before the ending of those it waits for.
+  bool all_succeeded = true;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    v1::WatchJobRequest request;
+    request.set_job_id(ids[i]);
+    auto context = client.Context();
+    auto reader = client.jobs()->WatchJob(context.get(), request);
+    v1::JobEvent event;
+    v1::StateChange last;
+    while (reader->Read(&event)) {
+      if (event.has_state()) last = event.state();
+    }
+    if (grpc::Status status = reader->Finish(); !status.ok()) return RpcError(status);
+    all_succeeded = all_succeeded && last.state() == v1::SUCCEEDED;
+    std::printf("%-16s job %llu %s%s%s\n", (*jobs)[i].name.c_str(),
+                static_cast<unsigned long long>(ids[i]), v1::JobState_Name(last.state()).c_str(),
+                last.reason() == v1::JOB_REASON_UNSPECIFIED
+                    ? ""
+                    : absl::StrCat(" (", v1::JobReason_Name(last.reason()), ")").c_str(),
+                last.state() == v1::SUCCEEDED ? "" : absl::StrCat(": ", last.message()).c_str());
+    std::fflush(stdout);
+  }
+  return all_succeeded ? 0 : kExitJobNotSucceeded;
 }
 
 int Get(Client& client, const std::vector<std::string>& args) {
@@ -2306,6 +2393,11 @@ jobs:
          [--bind=FIELD=ID:OUTPUT,...]   take a value of a job's result when this one starts:
                                  --bind=train.dataset_id=5:extract.dataset_id
          [--dry_run]             instead: the checks, and what the job would do, no job
+  pipeline FILE.json [--dry_run] [--watch]
+                                 submits an experiment's jobs from one file, each waiting for
+                                 and taking values from jobs before it by name ("bind":
+                                 {"train.dataset_id": "dense:extract.dataset_id"}); --watch
+                                 follows them to their ends (exit 3 unless all SUCCEEDED)
   get ID                         one job
   list [--state=S] [--type=T] [--label=L] [--page_size=N] [--all]   newest first
   watch ID [--after=SEQ]         events until the job ends (exit 3 unless it SUCCEEDED)
@@ -2597,6 +2689,7 @@ int Run(const std::vector<std::string>& args) {
   const std::string& command = args[0];
   if (command == "submit") return Submit(client);
   if (command == "get") return Get(client, args);
+  if (command == "pipeline") return Pipeline(client, args);
   if (command == "list") return List(client);
   if (command == "watch") return Watch(client, args);
   if (command == "cancel") return Cancel(client, args);

@@ -99,6 +99,47 @@ class Pipeline(DaemonTestCase):
         self.assertGreater(weights.decoder_norm, 0)
         self.assertEqual(len(weights.neighbors), 10)
 
+    def test_a_pipeline_file_through_latentctl_and_again(self):
+        path = os.path.join(self.tmp, "experiment.json")
+        with open(path, "w") as f:
+            json.dump({"name": "exp1", "jobs": [
+                {"name": "dense", "type": "EXTRACT",
+                 "spec": dict(self.source, mode="DENSE", valueDtype="FLOAT32")},
+                {"name": "sae", "type": "TRAIN", "label": "from-file",
+                 "spec": {"sae": SAE, "optimizer": OPTIMIZER, "batchSize": 64, "steps": 20},
+                 "bind": {"train.dataset_id": "dense:extract.dataset_id"}},
+                {"name": "latents", "type": "EXTRACT",
+                 "spec": dict(self.source, mode="SPARSE"),
+                 "bind": {"extract.sae.artifact_id": "sae:train.artifact_id"}}]}, f)
+        plan = self.daemon.latentctl("pipeline", path, "--dry_run").stdout
+        self.assertIn("dense (EXTRACT)\n  tokens: ", plan)
+        self.assertIn("latents (EXTRACT, after sae)\n  extract.sae.artifact_id from sae's "
+                      "train.artifact_id", plan)
+        self.assertEqual(list(self.c.list()), [])  # a dry run makes nothing
+
+        first = self.daemon.latentctl("pipeline", path, "--watch").stdout.splitlines()
+        self.assertEqual([line.split()[:2] for line in first[:3]],
+                         [["dense", "job"], ["sae", "job"], ["latents", "job"]])
+        self.assertIn("(TRAIN, after dense)", first[1])
+        self.assertEqual([line.split()[3] for line in first[3:]], ["SUCCEEDED"] * 3)
+        jobs = {j.request_id: j for j in self.c.list()}
+        self.assertEqual(sorted(jobs), ["exp1/dense", "exp1/latents", "exp1/sae"])
+        self.assertEqual(jobs["exp1/sae"].spec.label, "from-file")
+        # Run again (say, after a dropped connection): the same jobs, none made twice.
+        again = self.daemon.latentctl("pipeline", path).stdout.splitlines()
+        self.assertEqual(again, first[:3])
+        self.assertEqual(len(list(self.c.list())), 3)
+
+        # A file with a mistake submits nothing, and says where it is.
+        with open(path, "w") as f:
+            json.dump({"jobs": [{"name": "sae", "type": "TRAIN",
+                                 "bind": {"train.dataset_id": "dense:extract.dataset_id"}}]}, f)
+        refused = self.daemon.latentctl("pipeline", path, check=False)
+        self.assertEqual(refused.returncode, 2)
+        self.assertIn("jobs[0].bind.train.dataset_id: \"dense\" is no earlier job of the file "
+                      "and no job id", refused.stderr)
+        self.assertEqual(len(list(self.c.list())), 3)
+
     def test_a_cancelled_input_fails_its_waiters_and_a_bad_binding_is_refused(self):
         c = self.c
         producer, waiter = self.train_then_extract(steps=1000000)
