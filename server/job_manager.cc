@@ -51,6 +51,14 @@ absl::StatusOr<JobResult> RunChecked(const JobRunner& runner, const JobSpec& spe
   return runner.run(spec, context);
 }
 
+// "starts once jobs 4, 5 have succeeded", for a spec with after_job_ids.
+std::string WaitsFor(const JobSpec& spec) {
+  const bool several = spec.after_job_ids_size() > 1;
+  return absl::StrCat("starts once job", several ? "s " : " ",
+                      absl::StrJoin(spec.after_job_ids(), ", "), several ? " have" : " has",
+                      " succeeded");
+}
+
 // The reason a runner's failure is reported with, unless it attached one itself.
 JobReason ReasonFor(const absl::Status& status) {
   JobReason attached = engine::AttachedReason(status);
@@ -296,11 +304,7 @@ absl::StatusOr<latentd::v1::JobPlan> JobManager::Plan(const JobSpec& spec) const
   latentd::v1::JobPlan plan;
   plan.set_type(spec.type());
   ASSIGN_OR_RETURN(std::optional<JobSpec> runnable, ResolveSubmitted(spec));
-  if (!spec.after_job_ids().empty()) {
-    plan.add_lines(absl::StrCat("starts once job", spec.after_job_ids_size() > 1 ? "s " : " ",
-                                absl::StrJoin(spec.after_job_ids(), ", "),
-                                spec.after_job_ids_size() > 1 ? " have" : " has", " succeeded"));
-  }
+  if (!spec.after_job_ids().empty()) plan.add_lines(WaitsFor(spec));
   for (const latentd::v1::SpecBinding& b : spec.bindings()) {
     plan.add_lines(absl::StrCat(b.field(), " from job ", b.job_id(), "'s ", b.output()));
   }
@@ -373,11 +377,7 @@ absl::StatusOr<Job> JobManager::Submit(const std::string& request_id, const JobS
   *event.mutable_time() = job.created();
   event.mutable_state()->set_state(latentd::v1::PENDING);
   event.mutable_state()->set_message(
-      spec.after_job_ids().empty()
-          ? "submitted"
-          : absl::StrCat("submitted; starts once job", spec.after_job_ids_size() > 1 ? "s " : " ",
-                         absl::StrJoin(spec.after_job_ids(), ", "),
-                         spec.after_job_ids_size() > 1 ? " have" : " has", " succeeded"));
+      spec.after_job_ids().empty() ? "submitted" : absl::StrCat("submitted; ", WaitsFor(spec)));
   if (absl::Status s = store_->Create(job, {event}); !s.ok()) return s;
   ++next_id_;
   if (!request_id.empty()) by_request_id_[request_id] = job.id();
