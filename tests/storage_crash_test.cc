@@ -103,27 +103,36 @@ TEST_P(StorageCrash, KilledWriterLeavesCommittedPrefixAndResumesToSameContent) {
   ASSERT_EQ(ref.rows, tests::kCrashRows);
 
   std::mt19937 rng(12345);
-  // Kill points are drawn over the uninterrupted run's duration. That run can be slower or
-  // faster than the ones after it (a cold page cache, a machine whose load comes and goes), so a
-  // run that finished before its kill halves the window for the next, and one killed before its
-  // first commit doubles it (up to 8 times the first run's): the kills keep landing mid-run
-  // whatever the timing.
+  // Kill points are drawn at random between a delay known to come too early (the writer had
+  // committed nothing: process start and opening the store take most of a run) and one known to
+  // come too late (it had finished), and each outcome narrows that bracket: the kills home in
+  // on the stretch where commits happen, however short it is next to the start-up, and on a
+  // machine whose speed comes and goes a bracket that closed up is widened again.
   const int64_t full_run_us =
       std::chrono::duration_cast<std::chrono::microseconds>(full_run).count();
-  int64_t window_us = full_run_us;
+  int64_t too_early_us = 0, too_late_us = full_run_us;
   int interrupted = 0;
   for (int run = 0; run < 20; ++run) {
     const std::string dir = FreshTestDir("crash_" + std::string(mode) + std::to_string(run));
     pid_t pid = Spawn(dir, mode);
-    std::this_thread::sleep_for(std::chrono::microseconds(rng() % std::max<int64_t>(window_us, 1)));
+    const int64_t delay_us =
+        too_early_us +
+        static_cast<int64_t>(rng() % std::max<int64_t>(too_late_us - too_early_us, 1));
+    std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
     kill(pid, SIGKILL);
     int status;
     waitpid(pid, &status, 0);
-
     Content prefix = ReadContent(dir, false);
     if (prefix.rows > 0 && prefix.rows < tests::kCrashRows) ++interrupted;
-    if (prefix.rows == tests::kCrashRows) window_us /= 2;
-    if (prefix.rows == 0) window_us = std::min(2 * window_us, 8 * full_run_us);
+    if (prefix.rows == 0) {
+      too_early_us = delay_us;
+      if (too_late_us <= too_early_us)
+        too_late_us = std::min(2 * too_early_us + 1, 8 * full_run_us);
+    }
+    if (prefix.rows == tests::kCrashRows) {
+      too_late_us = delay_us;
+      if (too_early_us >= too_late_us) too_early_us = too_late_us / 2;
+    }
     ASSERT_EQ(prefix.rows % tests::kCrashCommitRows, 0) << "run " << run;
     ASSERT_EQ(prefix.csr.num_rows, prefix.rows);
     const int64_t nnz = ref.csr.indptr[prefix.rows];
