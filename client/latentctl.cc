@@ -409,6 +409,38 @@ void PrintCrosscoderSummary(const v1::CrosscoderSummary& summary) {
               bars.c_str(), static_cast<long long>(most));
 }
 
+// One line of a telemetry sample: "train step 50 loss ..." or "extract 4096/8192 rows ...".
+std::string DescribeTelemetry(const v1::Telemetry& t, const std::string& part) {
+  std::string text;
+  if (t.has_train()) {
+    const auto& s = t.train();
+    absl::StrAppendFormat(
+        &text, "train step %d loss %.5g fvu %.4f L0 %.1f opt-state %s (dense M-FAC %s) rss %s",
+        s.step(), s.loss(), s.fvu(), s.l0(), Bytes(s.optimizer_state_total_bytes()),
+        Bytes(s.dense_mfac_history_bytes()), Bytes(s.process_rss_bytes()));
+    for (int i = 0; i < s.prefix_fvu_size() && i < s.prefix_widths_size(); ++i) {
+      absl::StrAppendFormat(&text, " fvu@%d %.4f", s.prefix_widths(i), s.prefix_fvu(i));
+    }
+    if (s.block_fvu_size() > 0) {
+      std::vector<std::string> blocks;
+      for (const double fvu : s.block_fvu()) blocks.push_back(absl::StrFormat("%.3f", fvu));
+      absl::StrAppend(&text, " ", part, "s ", absl::StrJoin(blocks, "/"));
+    }
+  } else if (t.has_extract()) {
+    const auto& s = t.extract();
+    absl::StrAppendFormat(&text, "extract %d/%d rows %.0f tok/s committed %s (%.1f B/token) mem %s",
+                          s.rows_done(), s.rows_total(), s.tokens_per_second(),
+                          Bytes(s.bytes_committed()), s.bytes_per_token(),
+                          Bytes(s.device_memory_bytes()));
+    if (s.explained_variance() != 0) {
+      absl::StrAppendFormat(&text, " sae explained variance %.4f", s.explained_variance());
+    }
+  } else {
+    text = "telemetry";
+  }
+  return text;
+}
+
 void PrintJob(const v1::Job& job) {
   std::printf("job        %llu\n", static_cast<unsigned long long>(job.id()));
   std::printf("type       %s\n", v1::JobType_Name(job.type()).c_str());
@@ -437,6 +469,10 @@ void PrintJob(const v1::Job& job) {
                 static_cast<long long>(job.progress().units_done()),
                 static_cast<long long>(job.progress().units_total()), job.progress().unit().c_str(),
                 job.progress().rate());
+  }
+  if (job.has_latest_telemetry()) {
+    std::printf("telemetry  %s\n",
+                DescribeTelemetry(job.latest_telemetry(), FvuPartName(job.spec())).c_str());
   }
   const v1::JobResult& r = job.result();
   if (r.has_probe()) {
@@ -746,33 +782,7 @@ std::string DescribeEvent(const v1::JobEvent& event, const std::string& part = "
   } else if (event.has_log()) {
     absl::StrAppend(&text, v1::LogLine::Level_Name(event.log().level()), " ", event.log().text());
   } else if (event.has_telemetry()) {
-    const auto& t = event.telemetry();
-    if (t.has_train()) {
-      const auto& s = t.train();
-      absl::StrAppendFormat(
-          &text, "train step %d loss %.5g fvu %.4f L0 %.1f opt-state %s (dense M-FAC %s) rss %s",
-          s.step(), s.loss(), s.fvu(), s.l0(), Bytes(s.optimizer_state_total_bytes()),
-          Bytes(s.dense_mfac_history_bytes()), Bytes(s.process_rss_bytes()));
-      for (int i = 0; i < s.prefix_fvu_size() && i < s.prefix_widths_size(); ++i) {
-        absl::StrAppendFormat(&text, " fvu@%d %.4f", s.prefix_widths(i), s.prefix_fvu(i));
-      }
-      if (s.block_fvu_size() > 0) {
-        std::vector<std::string> blocks;
-        for (const double fvu : s.block_fvu()) blocks.push_back(absl::StrFormat("%.3f", fvu));
-        absl::StrAppend(&text, " ", part, "s ", absl::StrJoin(blocks, "/"));
-      }
-    } else if (t.has_extract()) {
-      const auto& s = t.extract();
-      absl::StrAppendFormat(
-          &text, "extract %d/%d rows %.0f tok/s committed %s (%.1f B/token) mem %s", s.rows_done(),
-          s.rows_total(), s.tokens_per_second(), Bytes(s.bytes_committed()), s.bytes_per_token(),
-          Bytes(s.device_memory_bytes()));
-      if (s.explained_variance() != 0) {
-        absl::StrAppendFormat(&text, " sae explained variance %.4f", s.explained_variance());
-      }
-    } else {
-      absl::StrAppend(&text, "telemetry");
-    }
+    absl::StrAppend(&text, DescribeTelemetry(event.telemetry(), part));
   }
   return text;
 }

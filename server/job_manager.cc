@@ -94,8 +94,6 @@ struct JobManager::Entry {
   absl::Time rate_window_start = absl::InfinitePast();
   int64_t rate_window_units = 0;
   bool rate_window_closed = false;
-  // The latest ReportTelemetry sample (what /metrics shows of a running job).
-  latentd::v1::Telemetry last_telemetry;
 };
 
 // The JobContext a runner sees. Calls come from the runner's thread (or threads it starts).
@@ -142,7 +140,7 @@ class JobManager::Context final : public engine::JobContext {
 
   void ReportTelemetry(const latentd::v1::Telemetry& sample) override {
     absl::MutexLock lock(&manager_->mu_);
-    entry_->last_telemetry = sample;
+    *entry_->job.mutable_latest_telemetry() = sample;  // written with the event's record
     JobEvent event;
     *event.mutable_telemetry() = sample;
     manager_->AppendEventLocked(entry_, std::move(event), /*sync=*/false).IgnoreError();
@@ -402,7 +400,7 @@ JobFigures JobManager::Figures() const {
     ++figures.counts[{entry->job.type(), entry->job.state()}];
     const latentd::v1::JobState state = entry->job.state();
     if (state == latentd::v1::RUNNING || state == latentd::v1::CANCELLING) {
-      figures.active.push_back({entry->job, entry->last_telemetry});
+      figures.active.push_back(entry->job);
     }
   }
   return figures;
@@ -675,7 +673,7 @@ void JobManager::StartJobLocked(Entry* entry, std::vector<engine::DeviceRef> dev
   job.set_attempts(job.attempts() + 1);
   *job.mutable_started() = Now();
   job.clear_progress();
-  entry->last_telemetry.Clear();
+  job.clear_latest_telemetry();
   entry->last_progress_write = absl::InfinitePast();
   entry->rate_window_start = absl::InfinitePast();
   entry->rate_window_closed = false;

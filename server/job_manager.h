@@ -91,13 +91,8 @@ struct ListJobsResult {
 struct JobFigures {
   // Jobs by (type, state): every job the manager holds, finished ones until they are deleted.
   std::map<std::pair<latentd::v1::JobType, latentd::v1::JobState>, int64_t> counts;
-  struct Active {
-    latentd::v1::Job job;
-    // The job's latest telemetry sample since this daemon started; empty before the first.
-    latentd::v1::Telemetry telemetry;
-  };
-  // RUNNING and CANCELLING jobs, ascending id.
-  std::vector<Active> active;
+  // RUNNING and CANCELLING jobs, ascending id (their latest telemetry in Job.latest_telemetry).
+  std::vector<latentd::v1::Job> active;
 };
 
 class JobManager {

@@ -341,7 +341,7 @@ TEST_F(JobManagerTest, FiguresCountJobsByTypeAndStateAndShowRunningOnesLatestTel
   JobFigures figures;
   for (int i = 0; i < 5000; ++i) {
     figures = manager_->Figures();
-    if (figures.active.size() == 1 && figures.active[0].telemetry.has_train()) break;
+    if (figures.active.size() == 1 && figures.active[0].latest_telemetry().has_train()) break;
     absl::SleepFor(absl::Milliseconds(2));
   }
   using Key = std::pair<latentd::v1::JobType, latentd::v1::JobState>;
@@ -350,9 +350,9 @@ TEST_F(JobManagerTest, FiguresCountJobsByTypeAndStateAndShowRunningOnesLatestTel
                                     {{latentd::v1::PROBE, latentd::v1::RUNNING}, 1},
                                     {{latentd::v1::PROBE, latentd::v1::PENDING}, 1}}));
   ASSERT_EQ(figures.active.size(), 1u);
-  EXPECT_EQ(figures.active[0].job.id(), running.id());
-  EXPECT_EQ(figures.active[0].job.progress().units_done(), 1);
-  EXPECT_EQ(figures.active[0].telemetry.train().loss(), 0.5 * running.id());
+  EXPECT_EQ(figures.active[0].id(), running.id());
+  EXPECT_EQ(figures.active[0].progress().units_done(), 1);
+  EXPECT_EQ(figures.active[0].latest_telemetry().train().loss(), 0.5 * running.id());
 
   // Cancelling is still active; a finished job is counted but no longer shown.
   ASSERT_TRUE(manager_->Cancel(running.id()).ok());
@@ -361,8 +361,10 @@ TEST_F(JobManagerTest, FiguresCountJobsByTypeAndStateAndShowRunningOnesLatestTel
   figures = manager_->Figures();
   EXPECT_EQ((figures.counts[{latentd::v1::PROBE, latentd::v1::CANCELLED}]), 1);
   ASSERT_EQ(figures.active.size(), 1u);
-  EXPECT_EQ(figures.active[0].job.id(), pending.id());
-  EXPECT_FALSE(figures.active[0].telemetry.has_train());  // it reports none
+  EXPECT_EQ(figures.active[0].id(), pending.id());
+  EXPECT_FALSE(figures.active[0].latest_telemetry().has_train());  // it reports none
+  // A finished job keeps its last sample, for GetJob, after a restart too.
+  EXPECT_EQ(manager_->Get(running.id())->latest_telemetry().train().loss(), 0.5 * running.id());
   gate_.Release(pending.id());
   WaitFor(pending.id(), latentd::v1::SUCCEEDED);
 }

@@ -158,8 +158,7 @@ void AddTrainTelemetry(const PrometheusText::Labels& job, const latentd::v1::Tra
   }
 }
 
-void AddActiveJob(const JobFigures::Active& active, absl::Time now, PrometheusText* out) {
-  const latentd::v1::Job& job = active.job;
+void AddActiveJob(const latentd::v1::Job& job, absl::Time now, PrometheusText* out) {
   const PrometheusText::Labels labels = {{"job", absl::StrCat(job.id())},
                                          {"type", Lower(latentd::v1::JobType_Name(job.type()))}};
   out->Declare("latentd_job_info", "gauge",
@@ -200,8 +199,9 @@ void AddActiveJob(const JobFigures::Active& active, absl::Time now, PrometheusTe
                static_cast<double>(p.units_done()) / static_cast<double>(p.units_total()));
     }
   }
-  if (active.telemetry.has_extract()) AddExtractTelemetry(labels, active.telemetry.extract(), out);
-  if (active.telemetry.has_train()) AddTrainTelemetry(labels, active.telemetry.train(), out);
+  const latentd::v1::Telemetry& telemetry = job.latest_telemetry();
+  if (telemetry.has_extract()) AddExtractTelemetry(labels, telemetry.extract(), out);
+  if (telemetry.has_train()) AddTrainTelemetry(labels, telemetry.train(), out);
 }
 
 void AddDevices(const std::vector<engine::DeviceStatus>& devices, PrometheusText* out) {
@@ -282,8 +282,7 @@ std::string RenderPrometheusMetrics(const DaemonFigures& figures) {
   }
   AddJobsByTypeAndState(figures.jobs, &out);
   AddDevices(figures.devices, &out);
-  for (const JobFigures::Active& active : figures.jobs.active)
-    AddActiveJob(active, figures.now, &out);
+  for (const latentd::v1::Job& job : figures.jobs.active) AddActiveJob(job, figures.now, &out);
   return out.Text();
 }
 

@@ -32,17 +32,17 @@ std::vector<std::string> SamplesOf(const std::string& text, const std::string& n
   return out;
 }
 
-JobFigures::Active RunningJob(uint64_t id, JobType type, const std::string& label) {
-  JobFigures::Active active;
-  active.job.set_id(id);
-  active.job.set_type(type);
-  active.job.set_state(latentd::v1::RUNNING);
-  active.job.mutable_spec()->set_label(label);
-  active.job.add_devices("cpu:0");
-  active.job.add_devices("cpu:1");
-  active.job.set_attempts(2);
-  active.job.mutable_started()->set_seconds(1000);
-  return active;
+latentd::v1::Job RunningJob(uint64_t id, JobType type, const std::string& label) {
+  latentd::v1::Job job;
+  job.set_id(id);
+  job.set_type(type);
+  job.set_state(latentd::v1::RUNNING);
+  job.mutable_spec()->set_label(label);
+  job.add_devices("cpu:0");
+  job.add_devices("cpu:1");
+  job.set_attempts(2);
+  job.mutable_started()->set_seconds(1000);
+  return job;
 }
 
 DaemonFigures Figures() {
@@ -56,18 +56,18 @@ DaemonFigures Figures() {
   figures.jobs.counts[{latentd::v1::TRAIN, latentd::v1::RUNNING}] = 1;
   figures.jobs.counts[{latentd::v1::PROBE, latentd::v1::SUCCEEDED}] = 7;
 
-  JobFigures::Active extract = RunningJob(3, latentd::v1::EXTRACT, "layer \"8\"\nrun");
-  extract.job.mutable_progress()->set_units_done(4096);
-  extract.job.mutable_progress()->set_units_total(16384);
-  extract.job.mutable_progress()->set_unit("rows");
-  extract.job.mutable_progress()->set_rate(2048.5);
-  extract.telemetry.mutable_extract()->set_tokens_per_second(2048.5);
-  extract.telemetry.mutable_extract()->set_bytes_committed(344064);
-  extract.telemetry.mutable_extract()->set_bytes_per_token(84.0);
+  latentd::v1::Job extract = RunningJob(3, latentd::v1::EXTRACT, "layer \"8\"\nrun");
+  extract.mutable_progress()->set_units_done(4096);
+  extract.mutable_progress()->set_units_total(16384);
+  extract.mutable_progress()->set_unit("rows");
+  extract.mutable_progress()->set_rate(2048.5);
+  extract.mutable_latest_telemetry()->mutable_extract()->set_tokens_per_second(2048.5);
+  extract.mutable_latest_telemetry()->mutable_extract()->set_bytes_committed(344064);
+  extract.mutable_latest_telemetry()->mutable_extract()->set_bytes_per_token(84.0);
   figures.jobs.active.push_back(extract);
 
-  JobFigures::Active train = RunningJob(4, latentd::v1::TRAIN, "");
-  latentd::v1::TrainTelemetry* t = train.telemetry.mutable_train();
+  latentd::v1::Job train = RunningJob(4, latentd::v1::TRAIN, "");
+  latentd::v1::TrainTelemetry* t = train.mutable_latest_telemetry()->mutable_train();
   t->set_step(120);
   t->set_loss(0.03125);
   t->set_fvu(std::numeric_limits<double>::quiet_NaN());

@@ -110,6 +110,8 @@ class Metrics(DaemonTestCase):
         scraped_step = value(parsed, "latentd_train_step", job=job, type="train")
         scraped_loss = value(parsed, "latentd_train_loss", job=job, type="train")
 
+        # A poller of GetJob sees a sample as new as the scrape's, or newer.
+        self.assertGreaterEqual(c.get(train.id).latest_telemetry.train.step, scraped_step)
         c.cancel(train.id)
         cancelled = self.wait_for_state(c, train.id, [jobs_pb2.CANCELLED])
         # The scrape showed one of the job's own telemetry samples, figure for figure.
