@@ -651,8 +651,8 @@ int Pipeline(Client& client, const std::vector<std::string>& args) {
     if (dry_run) {
       std::printf("%s (%s%s)\n", job.name.c_str(), v1::JobType_Name(job.spec.type()).c_str(),
                   waits.c_str());
-      if (!job.after.empty()) {
-        // Its ids do not exist yet: the daemon checks it when the file is submitted.
+      if (!job.bindings.empty()) {
+        // The values it takes do not exist yet: the daemon checks it when the file is submitted.
         for (const auto& b : job.bindings) {
           std::printf("  %s from %s's %s\n", b.field.c_str(), (*jobs)[b.job].name.c_str(),
                       b.output.c_str());

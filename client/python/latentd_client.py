@@ -25,7 +25,8 @@ TERMINAL_STATES = (jobs_pb2.SUCCEEDED, jobs_pb2.FAILED, jobs_pb2.CANCELLED)
 
 class Output:
     """A value of a job's result that does not exist yet: put it in a spec dict where the value
-    goes, and the job waits for that job and takes the value when it starts (a pipeline):
+    goes, and the job waits for that job and takes the value once it has succeeded (a
+    pipeline; if it fails, the waiting job fails with reason DEPENDENCY_FAILED):
 
         dense = c.submit("EXTRACT", {... "mode": "DENSE"})
         sae = c.submit("TRAIN", {"datasetId": Output(dense, "extract.dataset_id"), ...})
@@ -86,7 +87,7 @@ class Client:
         """Submits a job. `spec` is a JobSpec, a dict in the protobuf JSON mapping of the type's
         spec (e.g. ExtractSpec), or None; extra fields (num_devices, priority, label,
         after_job_ids) go on the JobSpec. Output placeholders in the dict make a pipeline: the
-        job waits for their jobs and takes the values from their results when it starts."""
+        job waits for their jobs and takes the values from their results once they succeed."""
         request = jobs_pb2.SubmitJobRequest(request_id=request_id,
                                             spec=self._job_spec(job_type, spec, fields))
         return self.jobs.SubmitJob(request, metadata=self.metadata, timeout=self.timeout)
