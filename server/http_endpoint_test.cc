@@ -15,41 +15,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "server/http_testing.h"
 
 namespace latentd::server {
 namespace {
-
-// Connects to the endpoint on loopback; -1 when refused.
-int Connect(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(port);
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-std::string ReadToEnd(int fd) {
-  std::string out;
-  char buffer[4096];
-  ssize_t n;
-  while ((n = recv(fd, buffer, sizeof(buffer), 0)) > 0) out.append(buffer, n);
-  return out;
-}
-
-// Sends `request` as is and returns the whole answer (the endpoint closes the connection).
-std::string Exchange(int port, const std::string& request) {
-  const int fd = Connect(port);
-  if (fd < 0) return "<refused>";
-  send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-  std::string answer = ReadToEnd(fd);
-  close(fd);
-  return answer;
-}
 
 HttpResponse Echo(const HttpRequest& request) {
   HttpResponse response;
@@ -119,7 +88,7 @@ TEST(HttpEndpoint, MalformedAndOversizedRequestsNeverReachTheHandler) {
   EXPECT_TRUE(absl::StartsWith(too_large, "HTTP/1.1 431 ")) << too_large;
   EXPECT_EQ(calls.load(), 0);
   // A client that connects and leaves without a word gets nothing and costs nothing.
-  close(Connect(port));
+  close(ConnectLoopback(port));
   EXPECT_TRUE(absl::StartsWith(Exchange(port, "GET / HTTP/1.1\r\n\r\n"), "HTTP/1.1 200 "));
   EXPECT_EQ(calls.load(), 1);
 }
@@ -131,7 +100,7 @@ TEST(HttpEndpoint, AClientThatStallsTimesOutAndTheNextIsServed) {
   ASSERT_TRUE(endpoint.ok()) << endpoint.status();
   const int port = (*endpoint)->port();
 
-  const int stalled = Connect(port);
+  const int stalled = ConnectLoopback(port);
   ASSERT_GE(stalled, 0);
   const std::string partial = "GET /slow HTTP/1.1\r\nHost: a\r\n";  // never finished
   send(stalled, partial.data(), partial.size(), MSG_NOSIGNAL);
@@ -162,7 +131,7 @@ TEST(HttpEndpoint, BadAddressesAreErrorsAndStopClosesThePort) {
 
   (*endpoint)->Stop();
   (*endpoint)->Stop();  // idempotent
-  EXPECT_EQ(Connect(port), -1);
+  EXPECT_EQ(ConnectLoopback(port), -1);
 }
 
 // Whatever a client sends, the endpoint answers with a status line (or, when it got nothing,
