@@ -289,13 +289,24 @@ absl::StatusOr<std::optional<JobSpec>> JobManager::ResolveSubmitted(const JobSpe
                          "): a job waiting for it would never start"));
       }
     }
-    for (const latentd::v1::SpecBinding& b : spec.bindings()) {
-      const Job& job = jobs_.at(b.job_id())->job;
-      if (job.state() != latentd::v1::SUCCEEDED) return std::optional<JobSpec>();
-      results[b.job_id()] = job.result();
-    }
+    std::optional<std::map<uint64_t, JobResult>> bound = BoundResultsLocked(spec);
+    if (!bound.has_value()) return std::optional<JobSpec>();  // the values do not exist yet
+    results = *std::move(bound);
   }
   return ApplyBindings(spec, results);
+}
+
+std::optional<std::map<uint64_t, JobResult>> JobManager::BoundResultsLocked(
+    const JobSpec& spec) const {
+  std::map<uint64_t, JobResult> results;
+  for (const latentd::v1::SpecBinding& b : spec.bindings()) {
+    auto it = jobs_.find(b.job_id());
+    if (it == jobs_.end() || it->second->job.state() != latentd::v1::SUCCEEDED) {
+      return std::nullopt;
+    }
+    results[b.job_id()] = it->second->job.result();
+  }
+  return results;
 }
 
 absl::StatusOr<latentd::v1::JobPlan> JobManager::Plan(const JobSpec& spec) const {
@@ -636,15 +647,12 @@ JobManager::Dependencies JobManager::DependenciesLocked(const JobSpec& spec,
 bool JobManager::BindLocked(Entry* entry) {
   Job& job = entry->job;
   if (job.spec().bindings().empty() || job.has_submitted_spec()) return true;
-  // Every job it waits for has SUCCEEDED and cannot be deleted while this one has not finished.
-  std::map<uint64_t, JobResult> results;
-  for (const latentd::v1::SpecBinding& b : job.spec().bindings()) {
-    if (auto it = jobs_.find(b.job_id()); it != jobs_.end()) {
-      results[b.job_id()] = it->second->job.result();
-    }
-  }
+  // Every job it waits for has SUCCEEDED and cannot be deleted while this one has not finished;
+  // were one missing all the same, ApplyBindings would fail the job naming it.
   std::vector<std::string> applied;
-  absl::StatusOr<JobSpec> bound = ApplyBindings(job.spec(), results, &applied);
+  absl::StatusOr<JobSpec> bound = ApplyBindings(
+      job.spec(), BoundResultsLocked(job.spec()).value_or(std::map<uint64_t, JobResult>()),
+      &applied);
   if (!bound.ok()) {
     SetStateLocked(entry, latentd::v1::FAILED, ReasonFor(bound.status()),
                    std::string(bound.status().message()))

@@ -158,6 +158,9 @@ class JobManager {
   // (the values do not exist yet). FAILED_PRECONDITION when a job it waits for has failed.
   absl::StatusOr<std::optional<latentd::v1::JobSpec>> ResolveSubmitted(
       const latentd::v1::JobSpec& spec) const;
+  // The results of the jobs `spec` binds to, by id; nullopt while one has not SUCCEEDED.
+  std::optional<std::map<uint64_t, latentd::v1::JobResult>> BoundResultsLocked(
+      const latentd::v1::JobSpec& spec) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `spec`'s after_job_ids all SUCCEEDED (kReady), one FAILED, was CANCELLED or is gone
   // (kFailed, `why` says which), or else (kWaiting).
   enum class Dependencies { kReady, kWaiting, kFailed };
