@@ -589,10 +589,7 @@ absl::StatusOr<v1::JobSpec> SpecFromFlags(const std::string& default_type = "") 
     binding->set_job_id(job);
     binding->set_output(std::string(job_output[1]));
     binding->set_field(std::string(field_rest[0]));
-    if (std::find(spec.after_job_ids().begin(), spec.after_job_ids().end(), job) ==
-        spec.after_job_ids().end()) {
-      spec.add_after_job_ids(job);
-    }
+    AddAfterJob(&spec, job);
   }
   if (absl::GetFlag(FLAGS_num_devices) != 0) spec.set_num_devices(absl::GetFlag(FLAGS_num_devices));
   if (absl::GetFlag(FLAGS_priority) != 0) spec.set_priority(absl::GetFlag(FLAGS_priority));

@@ -40,11 +40,6 @@ void AddAfter(std::vector<int>* after, int index) {
   if (std::find(after->begin(), after->end(), index) == after->end()) after->push_back(index);
 }
 
-void AddAfterId(latentd::v1::JobSpec* spec, uint64_t id) {
-  const auto& ids = spec->after_job_ids();
-  if (std::find(ids.begin(), ids.end(), id) == ids.end()) spec->add_after_job_ids(id);
-}
-
 absl::StatusOr<PipelineJob> ParseJob(const json& entry, int i, const std::string& pipeline,
                                      const std::map<std::string, int>& earlier) {
   const std::string where = absl::StrCat("jobs[", i, "]");
@@ -106,7 +101,7 @@ absl::StatusOr<PipelineJob> ParseJob(const json& entry, int i, const std::string
       uint64_t id;
       RETURN_IF_ERROR(
           ResolveReference(absl::StrCat(where, ".after[", a, "]"), text, earlier, &index, &id));
-      index >= 0 ? AddAfter(&job.after, index) : AddAfterId(&job.spec, id);
+      index >= 0 ? AddAfter(&job.after, index) : AddAfterJob(&job.spec, id);
     }
   }
   if (entry.contains("bind")) {
@@ -132,7 +127,7 @@ absl::StatusOr<PipelineJob> ParseJob(const json& entry, int i, const std::string
         binding->set_job_id(id);
         binding->set_output(output);
         binding->set_field(field);
-        AddAfterId(&job.spec, id);
+        AddAfterJob(&job.spec, id);
       }
     }
   }
@@ -141,6 +136,11 @@ absl::StatusOr<PipelineJob> ParseJob(const json& entry, int i, const std::string
 }
 
 }  // namespace
+
+void AddAfterJob(latentd::v1::JobSpec* spec, uint64_t id) {
+  const auto& ids = spec->after_job_ids();
+  if (std::find(ids.begin(), ids.end(), id) == ids.end()) spec->add_after_job_ids(id);
+}
 
 absl::StatusOr<std::vector<PipelineJob>> ParsePipeline(const std::string& json_text) {
   const json file = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
@@ -173,7 +173,7 @@ absl::StatusOr<std::vector<PipelineJob>> ParsePipeline(const std::string& json_t
 
 latentd::v1::JobSpec ResolvedSpec(const PipelineJob& job, const std::vector<uint64_t>& ids) {
   latentd::v1::JobSpec spec = job.spec;
-  for (int index : job.after) AddAfterId(&spec, ids[index]);
+  for (int index : job.after) AddAfterJob(&spec, ids[index]);
   for (const PipelineJob::FileBinding& b : job.bindings) {
     latentd::v1::SpecBinding* binding = spec.add_bindings();
     binding->set_job_id(ids[b.job]);

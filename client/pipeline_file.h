@@ -48,6 +48,9 @@ struct PipelineJob {
 // submitted by then, so a bad file submits nothing.
 absl::StatusOr<std::vector<PipelineJob>> ParsePipeline(const std::string& json_text);
 
+// Adds `id` to spec's after_job_ids unless it is there already.
+void AddAfterJob(latentd::v1::JobSpec* spec, uint64_t id);
+
 // The spec job `job` is submitted with, its references to jobs of the file resolved: ids[i] is
 // the id job i of the file was given.
 latentd::v1::JobSpec ResolvedSpec(const PipelineJob& job, const std::vector<uint64_t>& ids);
