@@ -421,9 +421,28 @@ std::vector<Job> JobManager::UnfinishedJobs() const {
   absl::MutexLock lock(&mu_);
   std::vector<Job> out;
   for (const auto& [id, entry] : jobs_) {
-    if (!IsTerminal(entry->job.state())) out.push_back(entry->job);
+    if (IsTerminal(entry->job.state())) continue;
+    out.push_back(entry->job);
+    if (!entry->job.has_submitted_spec() && !entry->job.spec().bindings().empty()) {
+      *out.back().mutable_spec() = PreviewBindingsLocked(entry->job.spec());
+    }
   }
   return out;
+}
+
+JobSpec JobManager::PreviewBindingsLocked(const JobSpec& spec) const {
+  JobSpec preview = spec;
+  for (const latentd::v1::SpecBinding& b : spec.bindings()) {
+    auto it = jobs_.find(b.job_id());
+    if (it == jobs_.end() || it->second->job.state() != latentd::v1::SUCCEEDED) continue;
+    JobSpec one = preview;
+    one.clear_bindings();
+    *one.add_bindings() = b;
+    absl::StatusOr<JobSpec> bound = ApplyBindings(one, {{b.job_id(), it->second->job.result()}});
+    if (bound.ok()) preview = *std::move(bound);
+  }
+  *preview.mutable_bindings() = spec.bindings();
+  return preview;
 }
 
 absl::StatusOr<ListJobsResult> JobManager::List(const JobFilter& filter, int page_size,

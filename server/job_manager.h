@@ -123,7 +123,10 @@ class JobManager {
   // A dry run of Submit: the same checks and errors, then the runner's plan; creates nothing.
   absl::StatusOr<latentd::v1::JobPlan> Plan(const latentd::v1::JobSpec& spec) const;
   absl::StatusOr<latentd::v1::Job> Get(uint64_t job_id) const;
-  // Every job not yet SUCCEEDED, FAILED or CANCELLED, ascending id.
+  // Every job not yet SUCCEEDED, FAILED or CANCELLED, ascending id. A job whose bindings are not
+  // applied yet has the values of those whose jobs have SUCCEEDED in its spec already (as
+  // ApplyBindings will set them), so that a check before deleting a dataset or an artifact sees
+  // the one a waiting pipeline job will take; its submitted_spec stays unset.
   std::vector<latentd::v1::Job> UnfinishedJobs() const;
   // Counts and running jobs from memory, under the manager's lock (no database read).
   JobFigures Figures() const;
@@ -161,6 +164,10 @@ class JobManager {
   // The results of the jobs `spec` binds to, by id; nullopt while one has not SUCCEEDED.
   std::optional<std::map<uint64_t, latentd::v1::JobResult>> BoundResultsLocked(
       const latentd::v1::JobSpec& spec) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `spec` with the bindings whose jobs have SUCCEEDED applied, each on its own (one whose
+  // value does not fit is left out: the job fails on it when it binds).
+  latentd::v1::JobSpec PreviewBindingsLocked(const latentd::v1::JobSpec& spec) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `spec`'s after_job_ids all SUCCEEDED (kReady), one FAILED, was CANCELLED or is gone
   // (kFailed, `why` says which), or else (kWaiting).
   enum class Dependencies { kReady, kWaiting, kFailed };

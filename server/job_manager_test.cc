@@ -430,6 +430,48 @@ TEST_F(JobManagerTest, APipelineJobWaitsWithoutHoldingOthersUpAndTakesItsInputsR
                                    "'s probe.devices.0.device)"));
 }
 
+// What a waiting pipeline job will take from a job that has already succeeded is in its spec as
+// UnfinishedJobs returns it: deleting a dataset or an artifact checks these specs, and must not
+// remove what the job will read once its other inputs are done.
+TEST_F(JobManagerTest, UnfinishedJobsShowTheValuesAWaitingJobWillTakeFromSucceededJobs) {
+  Open("cpu:1");
+  Job first = *manager_->Submit("", Probe(1, 0, "result=cpu:7"));
+  Job second = *manager_->Submit("", Probe(1, 0, "result=cpu:8"));
+  JobSpec spec = BoundExtract({first.id(), second.id()}, first.id());
+  latentd::v1::SpecBinding* b = spec.add_bindings();
+  b->set_job_id(second.id());
+  b->set_output("probe.devices.0.device");
+  b->set_field("extract.hook_name");
+  Job waiting = *manager_->Submit("", spec);
+  auto waiting_as_listed = [&] {
+    for (const Job& job : manager_->UnfinishedJobs()) {
+      if (job.id() == waiting.id()) return job;
+    }
+    ADD_FAILURE() << "job " << waiting.id() << " is not listed";
+    return Job();
+  };
+  EXPECT_EQ(waiting_as_listed().spec().extract().dataset_name(), "");
+
+  gate_.Release(first.id());
+  WaitFor(first.id(), latentd::v1::SUCCEEDED);
+  WaitFor(second.id(), latentd::v1::RUNNING);
+  Job listed = waiting_as_listed();
+  EXPECT_EQ(listed.spec().extract().dataset_name(), "cpu:7");
+  EXPECT_EQ(listed.spec().extract().hook_name(), "");  // job 2 has no result yet
+  EXPECT_EQ(listed.spec().bindings_size(), 2);
+  EXPECT_FALSE(listed.has_submitted_spec());
+  // Only a preview: the record binds once, when the job is ready.
+  EXPECT_EQ(manager_->Get(waiting.id())->spec().extract().dataset_name(), "");
+
+  gate_.Release(second.id());
+  WaitFor(waiting.id(), latentd::v1::RUNNING);
+  listed = waiting_as_listed();
+  EXPECT_EQ(listed.spec().extract().hook_name(), "cpu:8");
+  EXPECT_EQ(listed.submitted_spec().extract().hook_name(), "");
+  gate_.Release(waiting.id());
+  WaitFor(waiting.id(), latentd::v1::SUCCEEDED);
+}
+
 TEST_F(JobManagerTest, AFailedOrCancelledJobFailsEveryJobWaitingForItDownTheChain) {
   Open("cpu:1");
   Job head = *manager_->Submit("", Probe(1, 0, "fail"));
