@@ -15,6 +15,7 @@
 #include "engine/attribution_graph.h"
 #include "engine/hook_name.h"
 #include "server/artifact_deletion.h"
+#include "server/dataset_deletion.h"
 #include "server/grpc_status.h"
 #include "storage/export.h"
 #include "storage/latent_overview.h"
@@ -192,6 +193,10 @@ DatasetsService::DatasetsService(storage::ChunkStore* store, storage::ArtifactSt
 
 grpc::Status DatasetsService::Authorize(const grpc::ServerContext& context) const {
   return auth_ ? auth_->Check(context) : grpc::Status::OK;
+}
+
+std::vector<latentd::v1::Job> DatasetsService::UnfinishedJobs() const {
+  return options_.unfinished_jobs ? options_.unfinished_jobs() : std::vector<latentd::v1::Job>();
 }
 
 grpc::Status DatasetsService::ListDatasets(grpc::ServerContext* context,
@@ -1067,7 +1072,7 @@ grpc::Status DatasetsService::DeleteDataset(grpc::ServerContext* context,
                                             const latentd::v1::DeleteDatasetRequest* request,
                                             latentd::v1::DeleteDatasetResponse*) {
   if (grpc::Status s = Authorize(*context); !s.ok()) return s;
-  return ToGrpcStatus(store_->DeleteDataset(request->dataset_id()));
+  return ToGrpcStatus(server::DeleteDataset(store_, UnfinishedJobs(), request->dataset_id()));
 }
 
 grpc::Status DatasetsService::ListArtifacts(grpc::ServerContext* context,
@@ -1084,10 +1089,8 @@ grpc::Status DatasetsService::DeleteArtifact(grpc::ServerContext* context,
                                              const latentd::v1::DeleteArtifactRequest* request,
                                              latentd::v1::DeleteArtifactResponse* response) {
   if (grpc::Status s = Authorize(*context); !s.ok()) return s;
-  const std::vector<latentd::v1::Job> unfinished =
-      options_.unfinished_jobs ? options_.unfinished_jobs() : std::vector<latentd::v1::Job>();
-  auto deleted =
-      server::DeleteArtifact(artifacts_, options_.artifact_dir, unfinished, request->artifact_id());
+  auto deleted = server::DeleteArtifact(artifacts_, options_.artifact_dir, UnfinishedJobs(),
+                                        request->artifact_id());
   if (!deleted.ok()) return ToGrpcStatus(deleted.status());
   response->set_path(deleted->path);
   response->set_bytes_freed(deleted->bytes_freed);

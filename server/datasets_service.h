@@ -27,8 +27,8 @@ struct DatasetsServiceOptions {
   // DeleteArtifact removes an artifact's files only under this directory (where TRAIN writes).
   // Default empty: records are deleted, files never.
   std::string artifact_dir;
-  // The jobs that have not finished, for DeleteArtifact's check that none needs the SAE.
-  // Default null: none.
+  // The jobs that have not finished (JobManager::UnfinishedJobs), for DeleteArtifact's and
+  // DeleteDataset's checks that none needs what they delete. Default null: none.
   std::function<std::vector<latentd::v1::Job>()> unfinished_jobs;
   // Loads datasets' SAEs and models for GetLatentWeights and EncodePrompt. Default null: those
   // calls are FAILED_PRECONDITION.
@@ -99,6 +99,8 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
 
  private:
   grpc::Status Authorize(const grpc::ServerContext& context) const;
+  // options_.unfinished_jobs(), or none.
+  std::vector<latentd::v1::Job> UnfinishedJobs() const;
   // Which EXTRACT job, SAE and model made a SPARSE dataset, for the calls DatasetModels answers:
   // NOT_FOUND for an unknown dataset, FAILED_PRECONDITION for a DENSE one or without models.
   absl::StatusOr<engine::DatasetSource> ModelSource(uint64_t dataset_id) const;

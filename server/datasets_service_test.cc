@@ -726,6 +726,32 @@ TEST_F(DatasetsServiceTest, DeleteArtifactWaitsForItsJobsThenRemovesItsFiles) {
   EXPECT_EQ(call(&out).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
+TEST_F(DatasetsServiceTest, DeleteDatasetWaitsForTheJobsThatReadIt) {
+  const uint64_t id = MakeDataset("to-train-on", 50);
+  latentd::v1::Job job;
+  job.set_id(21);
+  job.set_state(latentd::v1::PENDING);
+  job.mutable_spec()->mutable_train()->add_crosscoder_dataset_ids(id);
+  unfinished_jobs_ = {job};
+  auto call = [&] {
+    grpc::ClientContext ctx;
+    latentd::v1::DeleteDatasetRequest request;
+    request.set_dataset_id(id);
+    latentd::v1::DeleteDatasetResponse out;
+    return stub_->DeleteDataset(&ctx, request, &out);
+  };
+  grpc::Status refused = call();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(refused.error_message().find("train.crosscoder_dataset_ids[0] of job 21 (PENDING)"),
+            std::string::npos)
+      << refused.error_message();
+  EXPECT_TRUE(store_->GetDataset(id).ok());
+
+  unfinished_jobs_.clear();  // the job finished
+  EXPECT_TRUE(call().ok());
+  EXPECT_EQ(call().error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
 TEST_F(DatasetsServiceTest, ExportStaysInsideTheExportRoot) {
   uint64_t id = MakeDataset("e", 200);
   fs::create_directories(dir_ / "outside");

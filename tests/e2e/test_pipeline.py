@@ -160,6 +160,43 @@ class Pipeline(DaemonTestCase):
             "job %d, which this job waits for, is CANCELLED" % producer.id), failed.message)
         self.assertEqual(failed.attempts, 0)
 
+    def test_what_a_waiting_job_will_read_cannot_be_deleted(self):
+        c = self.c
+        dense = {name: c.wait(c.submit("EXTRACT", dict(self.source, mode="DENSE",
+                                                       valueDtype="FLOAT32",
+                                                       datasetName=name)).id)
+                 for name in ("encode-me", "train-on-me")}
+        producer = c.submit("TRAIN", {
+            "datasetId": str(dense["train-on-me"].result.extract.dataset_id), "sae": SAE,
+            "optimizer": OPTIMIZER, "batchSize": 32, "steps": 1000000})
+        # Encode one stored dataset with the SAE trained on the other, once it is trained: the
+        # dataset comes from a job that has finished, the SAE from one still running, so
+        # nothing is bound yet and the waiting job's spec does not name the dataset.
+        waiter = c.submit("EXTRACT", {"model": {"stored": {"datasetIds": [
+            Output(dense["encode-me"], "extract.dataset_id")]}}, "mode": "SPARSE",
+            "sae": {"artifactId": Output(producer, "train.artifact_id")}})
+        self.assertEqual(list(c.get(waiter.id).spec.extract.model.stored.dataset_ids), [])
+        dataset = dense["encode-me"].result.extract.dataset_id
+        refused = self.daemon.latentctl("delete-dataset", str(dataset), check=False)
+        self.assertNotEqual(refused.returncode, 0)
+        self.assertIn("FAILED_PRECONDITION", refused.stderr)
+        self.assertIn("dataset %d (\"encode-me\") is extract.model.stored.dataset_ids[0] of "
+                      "job %d (PENDING); cancel it or let it finish first"
+                      % (dataset, waiter.id), refused.stderr)
+        # The running TRAIN job holds the other one.
+        other = dense["train-on-me"].result.extract.dataset_id
+        self.assertIn("is train.dataset_id of job %d" % producer.id, self.daemon.latentctl(
+            "delete-dataset", str(other), check=False).stderr)
+        self.assertEqual(len(c.list_datasets()), 2)
+
+        # Cancelling the producer fails the waiting job; nothing needs the datasets now.
+        c.cancel(producer.id)
+        self.assertEqual(c.wait(waiter.id).reason, jobs_pb2.DEPENDENCY_FAILED)
+        self.assertEqual(c.wait(producer.id).state, jobs_pb2.CANCELLED)
+        self.daemon.latentctl("delete-dataset", str(dataset))
+        self.daemon.latentctl("delete-dataset", str(other))
+        self.assertEqual(len(c.list_datasets()), 0)
+
     def test_a_pipeline_survives_kill9_of_the_daemon(self):
         c = self.c
         train, sparse = self.train_then_extract(steps=3000, seed=3, checkpointEvery=100)
