@@ -26,50 +26,12 @@ int MillisecondsUntil(absl::Time deadline) {
   return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(ms, 1 << 30)));
 }
 
-// Waits until `fd` is ready for `events` or the deadline passes; false on the latter (or an
-// error of the socket).
-bool WaitReady(int fd, short events, absl::Time deadline) {
-  for (;;) {
-    pollfd p{fd, events, 0};
-    const int n = poll(&p, 1, MillisecondsUntil(deadline));
-    if (n > 0) return (p.revents & (events | POLLHUP | POLLERR)) != 0;
-    if (n == 0) return false;
-    if (errno != EINTR) return false;
-  }
-}
+bool WouldBlock() { return errno == EAGAIN || errno == EWOULDBLOCK; }
 
-// Sends all of `data` before the deadline; false when the client stops reading or goes away.
-bool SendAll(int fd, absl::string_view data, absl::Time deadline) {
-  while (!data.empty()) {
-    if (!WaitReady(fd, POLLOUT, deadline)) return false;
-    const ssize_t n = send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-      return false;
-    }
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return true;
-}
-
-enum class ReadOutcome { kComplete, kTooLarge, kTimedOut, kClosed };
-
-// Reads until the blank line that ends the headers; `head` gets everything read.
-ReadOutcome ReadHead(int fd, size_t max_bytes, absl::Time deadline, std::string* head) {
-  char buffer[4096];
-  for (;;) {
-    if (head->find("\r\n\r\n") != std::string::npos) return ReadOutcome::kComplete;
-    if (head->size() > max_bytes) return ReadOutcome::kTooLarge;
-    if (!WaitReady(fd, POLLIN, deadline)) return ReadOutcome::kTimedOut;
-    const ssize_t n = recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-      return ReadOutcome::kClosed;
-    }
-    if (n == 0) return ReadOutcome::kClosed;
-    head->append(buffer, static_cast<size_t>(n));
-  }
-}
+// How long a connection whose answer went out is drained before it is closed (CloseGracefully
+// in the connection's state machine below), and how much is read and dropped at most.
+constexpr absl::Duration kDrainTime = absl::Milliseconds(500);
+constexpr size_t kMaxDrainBytes = size_t{1} << 20;
 
 // Parses the request line and headers (`head` ends with the blank line); false when malformed.
 bool ParseHead(absl::string_view head, HttpRequest* request) {
@@ -106,24 +68,6 @@ std::string SerializeResponse(const HttpResponse& response, bool with_body) {
   out += "\r\n";
   if (with_body) out += response.body;
   return out;
-}
-
-// Closes a connection whose answer was sent. Closing a socket with unread input makes the kernel
-// reset the connection, and a client that has not yet read the answer loses it (a request cut
-// short at max_request_bytes leaves input behind); so the sending side is shut first and what the
-// client still sends is read and dropped until it closes, for a short while at most.
-void CloseGracefully(int fd) {
-  shutdown(fd, SHUT_WR);
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(500);
-  char buffer[4096];
-  size_t drained = 0;
-  while (drained < (size_t{1} << 20) && WaitReady(fd, POLLIN, deadline)) {
-    const ssize_t n = recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
-    if (n <= 0) break;
-    drained += static_cast<size_t>(n);
-  }
-  close(fd);
 }
 
 HttpResponse PlainAnswer(int status, absl::string_view text) {
@@ -200,7 +144,8 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(const std::str
   int fd = -1;
   std::string last_error = "no address";
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    // Non-blocking: the serving thread accepts until none is left.
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (fd < 0) {
       last_error = std::strerror(errno);
       continue;
@@ -253,55 +198,158 @@ void HttpEndpoint::Stop() {
   close(listen_fd_);
 }
 
+// One client's connection, from accept to close. Every connection moves through the phases in
+// order, each with its own deadline, so that a slow client holds back only itself:
+//   kReading  until the blank line that ends the headers (or 408 at read_timeout, 431 past
+//             max_request_bytes, 400 when the head does not parse); then the answer is made;
+//   kWriting  until the answer has gone out (or write_timeout: the connection is dropped);
+//   kDraining the sending side is shut and what the client still sends is read and dropped
+//             until it closes, kDrainTime and kMaxDrainBytes at most. Closing a socket with
+//             unread input makes the kernel reset the connection, and a client that has not
+//             yet read its answer would lose it (a request cut short at max_request_bytes
+//             leaves input behind).
+struct HttpEndpoint::Connection {
+  enum class Phase { kReading, kWriting, kDraining, kClosed };
+
+  explicit Connection(int fd_in) : fd(fd_in) {}
+  ~Connection() { close(fd); }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  const int fd;
+  Phase phase = Phase::kReading;
+  absl::Time deadline;
+  std::string received;  // kReading: the request so far
+  std::string answer;    // kWriting: the serialized response
+  size_t sent = 0;
+  size_t drained = 0;
+};
+
 void HttpEndpoint::Serve() {
+  std::vector<std::unique_ptr<Connection>> connections;
+  std::vector<pollfd> fds;
   for (;;) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_read_fd_, POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) {
+    const bool accepting = connections.size() < options_.max_connections;
+    fds.assign(
+        {{wake_read_fd_, POLLIN, 0}, {listen_fd_, static_cast<short>(accepting ? POLLIN : 0), 0}});
+    absl::Time next_deadline = absl::InfiniteFuture();
+    for (const auto& c : connections) {
+      const bool writing = c->phase == Connection::Phase::kWriting;
+      fds.push_back({c->fd, static_cast<short>(writing ? POLLOUT : POLLIN), 0});
+      next_deadline = std::min(next_deadline, c->deadline);
+    }
+    const int timeout = next_deadline == absl::InfiniteFuture()
+                            ? -1
+                            : std::max(1, MillisecondsUntil(next_deadline));
+    if (poll(fds.data(), fds.size(), timeout) < 0) {
       if (errno == EINTR) continue;
       return;
     }
-    if (fds[1].revents != 0) return;  // Stop()
-    if ((fds[0].revents & POLLIN) == 0) continue;
-    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;  // the client gave up between poll and accept, or out of descriptors
-    ServeConnection(fd);
-    CloseGracefully(fd);
+    if (fds[0].revents != 0) return;  // Stop(): the connections close with the vector
+    for (size_t i = 0; i < connections.size(); ++i) {
+      Connection* c = connections[i].get();
+      if (fds[i + 2].revents != 0) Advance(c);
+      if (c->phase != Connection::Phase::kClosed && absl::Now() >= c->deadline) Expire(c);
+    }
+    connections.erase(std::remove_if(connections.begin(), connections.end(),
+                                     [](const std::unique_ptr<Connection>& c) {
+                                       return c->phase == Connection::Phase::kClosed;
+                                     }),
+                      connections.end());
+    while ((fds[1].revents & POLLIN) != 0 && connections.size() < options_.max_connections) {
+      const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) break;  // none left (or the client gave up, or out of descriptors)
+      connections.push_back(std::make_unique<Connection>(fd));
+      connections.back()->deadline = absl::Now() + options_.read_timeout;
+      Advance(connections.back().get());  // the request may be there already
+    }
   }
 }
 
-void HttpEndpoint::ServeConnection(int fd) {
-  std::string head;
-  const ReadOutcome outcome =
-      ReadHead(fd, options_.max_request_bytes, absl::Now() + options_.read_timeout, &head);
-  HttpRequest request;
-  HttpResponse response;
-  bool with_body = true;
-  switch (outcome) {
-    case ReadOutcome::kClosed:
+void HttpEndpoint::Advance(Connection* c) {
+  char buffer[4096];
+  switch (c->phase) {
+    case Connection::Phase::kReading:
+      for (;;) {
+        const ssize_t n = recv(c->fd, buffer, sizeof(buffer), 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && WouldBlock()) break;
+        if (n <= 0) {  // the client went away (or reset) before its request was complete
+          c->phase = Connection::Phase::kClosed;
+          return;
+        }
+        c->received.append(buffer, static_cast<size_t>(n));
+        if (c->received.find("\r\n\r\n") != std::string::npos) {
+          Answer(c);
+          return;
+        }
+        if (c->received.size() > options_.max_request_bytes) {
+          SendAnswer(c,
+                     PlainAnswer(431, absl::StrCat("request line and headers exceed ",
+                                                   options_.max_request_bytes, " bytes")),
+                     /*with_body=*/true);
+          return;
+        }
+      }
       return;
-    case ReadOutcome::kTimedOut:
-      response = PlainAnswer(408, "request not complete in time");
-      break;
-    case ReadOutcome::kTooLarge:
-      response = PlainAnswer(431, absl::StrCat("request line and headers exceed ",
-                                               options_.max_request_bytes, " bytes"));
-      break;
-    case ReadOutcome::kComplete:
-      if (!ParseHead(head, &request)) {
-        response = PlainAnswer(400, "malformed HTTP request");
-        break;
+    case Connection::Phase::kWriting:
+      while (c->sent < c->answer.size()) {
+        const ssize_t n =
+            send(c->fd, c->answer.data() + c->sent, c->answer.size() - c->sent, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && WouldBlock()) return;
+        if (n < 0) {  // the client went away without its answer
+          c->phase = Connection::Phase::kClosed;
+          return;
+        }
+        c->sent += static_cast<size_t>(n);
       }
-      if (request.method == "HEAD") {
-        // Answered as the GET would be, without its body.
-        request.method = "GET";
-        with_body = false;
-        response = handler_(request);
-      } else {
-        response = handler_(request);
+      shutdown(c->fd, SHUT_WR);
+      c->phase = Connection::Phase::kDraining;
+      c->deadline = absl::Now() + kDrainTime;
+      return;
+    case Connection::Phase::kDraining:
+      for (;;) {
+        const ssize_t n = recv(c->fd, buffer, sizeof(buffer), 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && WouldBlock()) return;
+        c->drained += std::max<ssize_t>(n, 0);
+        if (n <= 0 || c->drained >= kMaxDrainBytes) {
+          c->phase = Connection::Phase::kClosed;
+          return;
+        }
       }
-      break;
+    case Connection::Phase::kClosed:
+      return;
   }
-  SendAll(fd, SerializeResponse(response, with_body), absl::Now() + options_.write_timeout);
+}
+
+void HttpEndpoint::Expire(Connection* c) {
+  if (c->phase == Connection::Phase::kReading) {
+    SendAnswer(c, PlainAnswer(408, "request not complete in time"), /*with_body=*/true);
+  } else {
+    c->phase = Connection::Phase::kClosed;  // a client that does not read, or does not close
+  }
+}
+
+void HttpEndpoint::Answer(Connection* c) {
+  HttpRequest request;
+  if (!ParseHead(c->received, &request)) {
+    SendAnswer(c, PlainAnswer(400, "malformed HTTP request"), /*with_body=*/true);
+    return;
+  }
+  // HEAD is answered as the GET would be, without its body.
+  const bool head = request.method == "HEAD";
+  if (head) request.method = "GET";
+  SendAnswer(c, handler_(request), /*with_body=*/!head);
+}
+
+void HttpEndpoint::SendAnswer(Connection* c, const HttpResponse& response, bool with_body) {
+  c->received.clear();
+  c->answer = SerializeResponse(response, with_body);
+  c->phase = Connection::Phase::kWriting;
+  c->deadline = absl::Now() + options_.write_timeout;
+  Advance(c);  // most answers fit the socket's buffer at once
 }
 
 }  // namespace latentd::server

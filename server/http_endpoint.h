@@ -8,11 +8,13 @@
 //    them. A request body is never read (GET and HEAD carry none).
 //  * One request per connection: every response says `Connection: close` and carries its
 //    Content-Length. HEAD gets the headers of the handler's GET answer and no body.
-//  * Requests are served one at a time, on the endpoint's own thread, so handlers must be quick
-//    (a scrape reads in-memory state). A client that sends slowly holds the next ones back for
-//    at most read_timeout; one that does not read its answer, for at most write_timeout.
-//  * Stop() (or the destructor) closes the listening socket and joins the thread; it waits for
-//    the request in progress, bounded by the timeouts above.
+//  * Connections are served side by side by one thread of the endpoint's own, each with its own
+//    deadlines, so a client that sends slowly or does not read its answer holds back no one
+//    else: a liveness probe is answered while a stalled scraper waits out its read_timeout.
+//    Handlers run on that thread, one at a time, so they must be quick (a scrape reads
+//    in-memory state). Past max_connections open at once, new ones wait in the listen backlog.
+//  * Stop() (or the destructor) closes the listening socket and every open connection (an
+//    answer being sent is cut short) and joins the thread.
 #ifndef LATENTD_SERVER_HTTP_ENDPOINT_H_
 #define LATENTD_SERVER_HTTP_ENDPOINT_H_
 
@@ -58,6 +60,9 @@ struct HttpEndpointOptions {
   absl::Duration write_timeout = absl::Seconds(10);
   // Largest request line + headers accepted. Default 16 KiB.
   size_t max_request_bytes = 16 << 10;
+  // Connections open at once (reading, answering or closing); more wait to be accepted.
+  // Default 64.
+  size_t max_connections = 64;
 };
 
 class HttpEndpoint {
@@ -83,8 +88,19 @@ class HttpEndpoint {
  private:
   HttpEndpoint(int listen_fd, int wake_read_fd, int wake_write_fd, int port, Handler handler,
                HttpEndpointOptions options);
+  struct Connection;
+
+  // The serving thread: polls the listening socket and every connection, moving each through
+  // its phases as its socket allows or its deadline passes.
   void Serve();
-  void ServeConnection(int fd);
+  // Reads, writes or drains what `c`'s socket allows now.
+  void Advance(Connection* c);
+  // `c`'s deadline has passed: 408 for a request not complete, else the connection is closed.
+  void Expire(Connection* c);
+  // Parses `c`'s complete request head and answers it (400 when it does not parse).
+  void Answer(Connection* c);
+  // Starts sending `response` on `c`.
+  void SendAnswer(Connection* c, const HttpResponse& response, bool with_body);
 
   const int listen_fd_;
   // A pipe whose write end Stop() closes, waking the poll that waits for connections.

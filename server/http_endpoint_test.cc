@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -104,7 +106,7 @@ TEST(HttpEndpoint, AClientThatStallsTimesOutAndTheNextIsServed) {
   ASSERT_GE(stalled, 0);
   const std::string partial = "GET /slow HTTP/1.1\r\nHost: a\r\n";  // never finished
   send(stalled, partial.data(), partial.size(), MSG_NOSIGNAL);
-  // Queued behind the stalled one; answered once its read times out.
+  // Served beside the stalled one, whatever the order.
   std::string next;
   std::thread second([&] { next = Exchange(port, "GET /next HTTP/1.1\r\n\r\n"); });
   const std::string stalled_answer = ReadToEnd(stalled);
@@ -113,6 +115,61 @@ TEST(HttpEndpoint, AClientThatStallsTimesOutAndTheNextIsServed) {
   EXPECT_TRUE(absl::StartsWith(stalled_answer, "HTTP/1.1 408 Request Timeout\r\n"))
       << stalled_answer;
   EXPECT_TRUE(absl::StrContains(next, "path=/next")) << next;
+}
+
+// Whether `fd` has something to read (or was closed) within `wait`.
+bool Readable(int fd, absl::Duration wait) {
+  pollfd p{fd, POLLIN, 0};
+  return poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(wait))) > 0;
+}
+
+// A liveness probe must not wait behind a scraper that stalls: the endpoint answers a second
+// connection while the first is still inside its read_timeout, and then the first too.
+TEST(HttpEndpoint, AStalledClientHoldsNoOneElseBack) {
+  HttpEndpointOptions options;
+  options.read_timeout = absl::Seconds(60);
+  auto endpoint = HttpEndpoint::Start("127.0.0.1:0", Echo, options);
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const int port = (*endpoint)->port();
+  std::vector<int> stalled;
+  for (int i = 0; i < 5; ++i) {
+    stalled.push_back(ConnectLoopback(port));
+    ASSERT_GE(stalled.back(), 0);
+    const std::string partial = absl::StrCat("GET /slow", i, " HTTP/1.1\r\nHost: a\r\n");
+    send(stalled.back(), partial.data(), partial.size(), MSG_NOSIGNAL);
+  }
+  EXPECT_TRUE(absl::StrContains(Exchange(port, "GET /healthz HTTP/1.1\r\n\r\n"), "path=/healthz"));
+  for (int fd : stalled) EXPECT_FALSE(Readable(fd, absl::ZeroDuration()));  // still waited for
+  // Each stalled request, finished in reverse order, gets its own answer.
+  for (int i = 4; i >= 0; --i) {
+    send(stalled[i], "\r\n", 2, MSG_NOSIGNAL);
+    const std::string answer = ReadToEnd(stalled[i]);
+    close(stalled[i]);
+    EXPECT_TRUE(absl::StrContains(answer, absl::StrCat("path=/slow", i, " "))) << answer;
+  }
+}
+
+TEST(HttpEndpoint, ConnectionsPastTheLimitWaitToBeAccepted) {
+  HttpEndpointOptions options;
+  options.read_timeout = absl::Seconds(60);
+  options.max_connections = 1;
+  auto endpoint = HttpEndpoint::Start("127.0.0.1:0", Echo, options);
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const int port = (*endpoint)->port();
+  const int first = ConnectLoopback(port);
+  ASSERT_GE(first, 0);
+  send(first, "GET /first", 10, MSG_NOSIGNAL);
+  ASSERT_FALSE(Readable(first, absl::Milliseconds(100)));  // accepted, and waiting for the rest
+  const int second = ConnectLoopback(port);                // the kernel's backlog takes it
+  ASSERT_GE(second, 0);
+  const std::string request = "GET /second HTTP/1.1\r\n\r\n";
+  send(second, request.data(), request.size(), MSG_NOSIGNAL);
+  EXPECT_FALSE(Readable(second, absl::Milliseconds(200)));  // not served: the one slot is taken
+  send(first, " HTTP/1.1\r\n\r\n", 13, MSG_NOSIGNAL);
+  EXPECT_TRUE(absl::StrContains(ReadToEnd(first), "path=/first"));
+  close(first);
+  EXPECT_TRUE(absl::StrContains(ReadToEnd(second), "path=/second"));
+  close(second);
 }
 
 TEST(HttpEndpoint, BadAddressesAreErrorsAndStopClosesThePort) {
