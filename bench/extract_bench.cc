@@ -30,11 +30,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/safetensors.h"
 #include "engine/extract_job.h"
 #include "engine/extract_pipeline.h"
 #include "engine/reference_model.h"
 #include "engine/sae.h"
-#include "engine/safetensors.h"
 #include "engine/token_source.h"
 #include "rocksdb/db.h"
 #include "storage/chunk_store.h"
@@ -43,6 +43,9 @@
 namespace {
 
 using namespace latentd::engine;  // NOLINT: a benchmark binary
+using latentd::StDtype;
+using latentd::StTensorToWrite;
+using latentd::WriteSafetensors;
 
 class BenchContext : public JobContext {
  public:

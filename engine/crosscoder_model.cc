@@ -10,9 +10,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "common/write_file.h"
-#include "engine/safetensors.h"
 
 namespace latentd::engine {
 

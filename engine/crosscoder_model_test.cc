@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/read_file.h"
+#include "common/safetensors.h"
 #include "common/test_dir.h"
 #include "engine/sae.h"
-#include "engine/safetensors.h"
 #include "engine/safetensors_tensor.h"
 #include "gtest/gtest.h"
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "common/safetensors.h"
 #include "common/test_dir.h"
 #include "engine/crosscoder_model.h"
 #include "engine/hf_gpt2.h"
@@ -14,7 +15,6 @@
 #include "engine/hf_testing.h"
 #include "engine/reference_model.h"
 #include "engine/sae.h"
-#include "engine/safetensors.h"
 #include "engine/torchscript_model.h"
 #include "gtest/gtest.h"
 

@@ -11,12 +11,12 @@
 #include <random>
 #include <set>
 
+#include "common/safetensors.h"
 #include "engine/crosscoder_model.h"
 #include "engine/extract_runner.h"
 #include "engine/hook_name.h"
 #include "engine/reference_model.h"
 #include "engine/sae.h"
-#include "engine/safetensors.h"
 #include "gtest/gtest.h"
 #include "storage/chunk_store.h"
 #include "storage/db.h"

@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/safetensors.h"
 #include "common/status_macros.h"
-#include "engine/safetensors.h"
 #include "engine/safetensors_tensor.h"
 #include "storage/crc32c.h"
 

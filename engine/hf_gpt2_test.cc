@@ -3,10 +3,10 @@
 #include <fstream>
 #include <map>
 
+#include "common/safetensors.h"
 #include "common/test_dir.h"
 #include "engine/hf_testing.h"
 #include "engine/reference_model.h"
-#include "engine/safetensors.h"
 #include "gtest/gtest.h"
 
 namespace latentd::engine {

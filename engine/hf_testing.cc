@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/safetensors.h"
+#include "common/safetensors.h"
 
 namespace latentd::engine {
 

@@ -15,11 +15,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "engine/circuit_tracer.h"
 #include "engine/hook_name.h"
 #include "engine/npz.h"
-#include "engine/safetensors.h"
 #include "engine/torch_pickle.h"
 
 namespace latentd::engine {

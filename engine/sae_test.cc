@@ -7,7 +7,7 @@
 #include <map>
 #include <set>
 
-#include "engine/safetensors.h"
+#include "common/safetensors.h"
 #include "gtest/gtest.h"
 
 namespace latentd::engine {

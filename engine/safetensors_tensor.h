@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/safetensors.h"
+#include "common/safetensors.h"
 
 namespace latentd::engine {
 

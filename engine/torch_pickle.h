@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/safetensors.h"
+#include "common/safetensors.h"
 #include "engine/zip_archive.h"
 
 namespace latentd::engine {

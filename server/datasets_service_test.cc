@@ -18,8 +18,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/parquet_column.h"
+#include "common/safetensors.h"
 #include "engine/sae_config.h"
-#include "engine/safetensors.h"
 #include "gtest/gtest.h"
 #include "storage/keys.h"
 #include "storage/latents_on_rows.h"
@@ -813,8 +813,8 @@ void WritePlaneSae(const std::string& dir, int32_t d_sae, float relu_bias = 0.0f
     W_enc[d_sae + j] = W_dec[j * 4 + 1];
   }
   fs::create_directories(dir);
-  using engine::StDtype;
-  ASSERT_TRUE(engine::WriteSafetensors(dir + "/sae_weights.safetensors",
+  using latentd::StDtype;
+  ASSERT_TRUE(WriteSafetensors(dir + "/sae_weights.safetensors",
                                        {{"W_enc", StDtype::kF32, {4, d_sae}, W_enc.data()},
                                         {"b_enc", StDtype::kF32, {d_sae}, b_enc.data()},
                                         {"W_dec", StDtype::kF32, {d_sae, 4}, W_dec.data()},

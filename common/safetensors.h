@@ -5,8 +5,8 @@
 // The reader trusts nothing in the file: every header field is validated and a violation is
 // INVALID_ARGUMENT naming the file and the offending tensor (DATA_LOSS would suggest our own store
 // lost data; these are user files). Torch-free, so submit-time validation can read headers cheaply.
-#ifndef LATENTD_ENGINE_SAFETENSORS_H_
-#define LATENTD_ENGINE_SAFETENSORS_H_
+#ifndef LATENTD_COMMON_SAFETENSORS_H_
+#define LATENTD_COMMON_SAFETENSORS_H_
 
 #include <cstdint>
 #include <map>
@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace latentd::engine {
+namespace latentd {
 
 enum class StDtype { kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU64, kU32, kU16, kU8, kBool };
 
@@ -86,6 +86,6 @@ struct StTensorToWrite {
 absl::Status WriteSafetensors(const std::string& path, const std::vector<StTensorToWrite>& tensors,
                               const std::map<std::string, std::string>& metadata = {});
 
-}  // namespace latentd::engine
+}  // namespace latentd
 
-#endif  // LATENTD_ENGINE_SAFETENSORS_H_
+#endif  // LATENTD_COMMON_SAFETENSORS_H_

@@ -1,4 +1,4 @@
-#include "engine/safetensors.h"
+#include "common/safetensors.h"
 
 #include <unistd.h>
 
@@ -9,7 +9,7 @@
 #include "common/mutate.h"
 #include "gtest/gtest.h"
 
-namespace latentd::engine {
+namespace latentd {
 namespace {
 
 std::string TempPath(const std::string& name) {
@@ -148,4 +148,4 @@ TEST(SafetensorsTest, DamagedHeadersAreRejectedOrKeepTheirPromises) {
 }
 
 }  // namespace
-}  // namespace latentd::engine
+}  // namespace latentd

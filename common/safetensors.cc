@@ -1,4 +1,4 @@
-#include "engine/safetensors.h"
+#include "common/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
-namespace latentd::engine {
+namespace latentd {
 namespace {
 
 using nlohmann::json;
@@ -309,4 +309,4 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<StTenso
   return absl::OkStatus();
 }
 
-}  // namespace latentd::engine
+}  // namespace latentd
