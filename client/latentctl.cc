@@ -126,7 +126,9 @@ ABSL_FLAG(std::string, target_latent, "",
 ABSL_FLAG(std::string, unembedding, "",
           "weights, latent --html, dashboard: the TorchScript model's unembedding parameter "
           "(default: lm_head.weight and the other usual names)");
-ABSL_FLAG(std::string, format, "npz", "export: npz, hdf5 or parquet");
+ABSL_FLAG(std::string, format, "npz", "export: npz, hdf5, parquet or delphi");
+ABSL_FLAG(int32_t, splits, 0,
+          "export --format=delphi: files per hook, each a range of latents (0: delphi's 5)");
 ABSL_FLAG(bool, dry_run, false,
           "submit: check the spec as a submit does and print what its job would do (tokens and "
           "rows, model, each dataset's hook and how its SAE is read, disk and memory) without "
@@ -2131,14 +2133,20 @@ int Export(Client& client, const std::vector<std::string>& args) {
   request.set_dataset_id(id);
   request.set_path(args[2]);
   const std::string format = absl::GetFlag(FLAGS_format);
+  if (absl::GetFlag(FLAGS_splits) != 0 && format != "delphi") {
+    return Usage("--splits: only with --format=delphi");
+  }
   if (format == "npz") {
     request.set_format(v1::NPZ);
   } else if (format == "hdf5" || format == "h5") {
     request.set_format(v1::HDF5);
   } else if (format == "parquet") {
     request.set_format(v1::EXPORT_FORMAT_PARQUET);
+  } else if (format == "delphi") {
+    request.set_format(v1::EXPORT_FORMAT_DELPHI);
+    request.set_delphi_splits(absl::GetFlag(FLAGS_splits));
   } else {
-    return Usage(absl::StrCat("--format: '", format, "' is not npz, hdf5 or parquet"));
+    return Usage(absl::StrCat("--format: '", format, "' is not npz, hdf5, parquet or delphi"));
   }
   request.set_row_start(absl::GetFlag(FLAGS_start));
   request.set_row_count(absl::GetFlag(FLAGS_count));
@@ -2521,9 +2529,11 @@ datasets:
                                  --in_dataset: D's latents, e.g. another layer of the same job)
   token ID T [--vocab=F] [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
                                  the latents that fire on token T (an id, or its text with --vocab)
-  export ID PATH [--format=npz|hdf5|parquet] [--start=R] [--count=N]
+  export ID PATH [--format=npz|hdf5|parquet|delphi] [--start=R] [--count=N] [--splits=S]
                                  server-side, under the export root (parquet: a row a row,
-                                 latents and values as lists, for pandas / polars / DuckDB)
+                                 latents and values as lists, for pandas / polars / DuckDB;
+                                 delphi: PATH is a latent cache directory for EleutherAI's
+                                 delphi, the dataset its module PATH/<hook>, S files of it)
   delete-dataset ID
   artifacts                      trained SAEs
   delete-artifact ID             its record and files (refused while an unfinished job uses it)

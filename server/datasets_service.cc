@@ -1046,6 +1046,10 @@ grpc::Status DatasetsService::ExportDataset(grpc::ServerContext* context,
                                             const latentd::v1::ExportDatasetRequest* request,
                                             latentd::v1::ExportDatasetResponse* response) {
   if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  if (request->delphi_splits() != 0 && request->format() != latentd::v1::EXPORT_FORMAT_DELPHI) {
+    return ToGrpcStatus(
+        absl::InvalidArgumentError("delphi_splits: given only with format EXPORT_FORMAT_DELPHI"));
+  }
   auto path = ResolveExportPath(request->path());
   if (!path.ok()) return ToGrpcStatus(path.status());
   std::error_code ec;
@@ -1057,11 +1061,14 @@ grpc::Status DatasetsService::ExportDataset(grpc::ServerContext* context,
   const storage::ExportFormat format =
       request->format() == latentd::v1::HDF5                    ? storage::ExportFormat::kHdf5
       : request->format() == latentd::v1::EXPORT_FORMAT_PARQUET ? storage::ExportFormat::kParquet
+      : request->format() == latentd::v1::EXPORT_FORMAT_DELPHI  ? storage::ExportFormat::kDelphi
                                                                 : storage::ExportFormat::kNpz;
+  storage::ExportOptions options;
+  options.delphi_splits = request->delphi_splits();
   auto result = storage::ExportDataset(*store_, request->dataset_id(), request->row_start(),
-                                       request->row_count(), format, *path);
+                                       request->row_count(), format, *path, options);
   if (!result.ok()) return ToGrpcStatus(result.status());
-  response->set_path(*path);
+  response->set_path(result->path);
   response->set_rows(result->rows);
   response->set_nnz(result->nnz);
   response->set_bytes(result->bytes);

@@ -779,6 +779,40 @@ TEST_F(DatasetsServiceTest, ExportStaysInsideTheExportRoot) {
   EXPECT_FALSE(fs::exists(dir_ / "outside" / "x.h5"));
 }
 
+TEST_F(DatasetsServiceTest, ExportAsADelphiCacheWritesTheHooksModule) {
+  const uint64_t id = MakeDataset("dl", 256, 4096, storage::ValueDtype::kFloat16, 0,
+                                  "blocks.3.hook_resid_post");  // 2 sequences of 128
+  auto call = [&](latentd::v1::ExportFormat format, int splits,
+                  latentd::v1::ExportDatasetResponse* resp) {
+    grpc::ClientContext ctx;
+    latentd::v1::ExportDatasetRequest req;
+    req.set_dataset_id(id);
+    req.set_path("cache");
+    req.set_format(format);
+    req.set_delphi_splits(splits);
+    return stub_->ExportDataset(&ctx, req, resp);
+  };
+  latentd::v1::ExportDatasetResponse resp;
+  ASSERT_TRUE(call(latentd::v1::EXPORT_FORMAT_DELPHI, 4, &resp).ok());
+  EXPECT_EQ(resp.path(), (dir_ / "exports" / "cache" / "blocks.3.hook_resid_post").string());
+  EXPECT_EQ(resp.rows(), 256);
+  EXPECT_EQ(resp.nnz(), 256 * 16);
+  int64_t bytes = 0;
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(resp.path())) {
+    names.push_back(entry.path().filename().string());
+    bytes += static_cast<int64_t>(fs::file_size(entry.path()));
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"0_1023.safetensors", "1024_2047.safetensors",
+                                             "2048_3071.safetensors", "3072_4095.safetensors",
+                                             "config.json"}));
+  EXPECT_EQ(resp.bytes(), bytes);
+  grpc::Status refused = call(latentd::v1::HDF5, 4, &resp);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.error_message(), "delphi_splits: given only with format EXPORT_FORMAT_DELPHI");
+}
+
 TEST_F(DatasetsServiceTest, ExportAsParquetWritesARowARow) {
   const uint64_t id = MakeDataset("p", 200);
   grpc::ClientContext ctx;
@@ -815,10 +849,10 @@ void WritePlaneSae(const std::string& dir, int32_t d_sae, float relu_bias = 0.0f
   fs::create_directories(dir);
   using latentd::StDtype;
   ASSERT_TRUE(WriteSafetensors(dir + "/sae_weights.safetensors",
-                                       {{"W_enc", StDtype::kF32, {4, d_sae}, W_enc.data()},
-                                        {"b_enc", StDtype::kF32, {d_sae}, b_enc.data()},
-                                        {"W_dec", StDtype::kF32, {d_sae, 4}, W_dec.data()},
-                                        {"b_dec", StDtype::kF32, {4}, b_dec.data()}})
+                               {{"W_enc", StDtype::kF32, {4, d_sae}, W_enc.data()},
+                                {"b_enc", StDtype::kF32, {d_sae}, b_enc.data()},
+                                {"W_dec", StDtype::kF32, {d_sae, 4}, W_dec.data()},
+                                {"b_dec", StDtype::kF32, {4}, b_dec.data()}})
                   .ok());
   engine::SaeConfig cfg;
   cfg.d_in = 4;

@@ -339,7 +339,10 @@ absl::Status WriteParquet(const DatasetRecord& rec, int64_t row_start,
 
 absl::StatusOr<ExportResult> ExportDataset(const ChunkStore& store, uint64_t id, int64_t row_start,
                                            int64_t row_count, ExportFormat format,
-                                           const std::string& path) {
+                                           const std::string& path, const ExportOptions& options) {
+  if (format == ExportFormat::kDelphi) {
+    return ExportDelphi(store, id, row_start, row_count, options.delphi_splits, path);
+  }
   ASSIGN_OR_RETURN(DatasetRecord rec, store.GetRecord(id));
   std::vector<Array> arrays;
   std::vector<int64_t> shape;
@@ -385,6 +388,8 @@ absl::StatusOr<ExportResult> ExportDataset(const ChunkStore& store, uint64_t id,
                        is_sparse ? nullptr : &values, is_sparse ? rows.token_ids : tokens, tmp);
       break;
     }
+    case ExportFormat::kDelphi:
+      break;  // exported above
   }
   if (!s.ok()) {
     std::remove(tmp.c_str());
@@ -395,6 +400,7 @@ absl::StatusOr<ExportResult> ExportDataset(const ChunkStore& store, uint64_t id,
     return absl::PermissionDeniedError(
         absl::StrCat("renaming into ", path, ": ", std::strerror(errno)));
   }
+  result.path = path;
   struct stat st;
   if (::stat(path.c_str(), &st) == 0) result.bytes = st.st_size;
   return result;

@@ -7,6 +7,9 @@
 //  - PARQUET: a row a row: row (int64), token_id (int32), latents (list<int32>) and values
 //    (list<float32>), or for DENSE activation (list<float32>, width long); the metadata as JSON
 //    under the footer key "latentd" (pandas, polars, DuckDB, `datasets` and the Hub read it).
+//  - DELPHI (SPARSE): the latent cache EleutherAI's delphi writes and reads for automatic
+//    interpretability; `path` is the latents directory and the dataset becomes <path>/<hook>/
+//    (ExportDelphi below).
 // fp16 values stay fp16 (NPZ, HDF5); bf16 (which numpy lacks), and every value in Parquet, is
 // written as fp32.
 // The range is held in memory while exporting (about 8 B per stored value). The file is written
@@ -22,12 +25,21 @@
 
 namespace latentd::storage {
 
-enum class ExportFormat { kNpz, kHdf5, kParquet };
+enum class ExportFormat { kNpz, kHdf5, kParquet, kDelphi };
+
+// delphi's default n_splits.
+inline constexpr int kDefaultDelphiSplits = 5;
+
+struct ExportOptions {
+  // DELPHI: files per hook, each one range of latents; 0 means kDefaultDelphiSplits.
+  int delphi_splits = 0;
+};
 
 struct ExportResult {
+  std::string path;  // what was written: the file, or DELPHI's <latents_dir>/<hook> directory
   int64_t rows = 0;
   int64_t nnz = 0;
-  int64_t bytes = 0;  // size of the written file
+  int64_t bytes = 0;  // size of the written file (DELPHI: of every file written)
 };
 
 // Rows [row_start, row_start + row_count) (row_count 0: to the committed end). The caller has
@@ -35,7 +47,30 @@ struct ExportResult {
 // RESOURCE_EXHAUSTED when an NPZ member would pass 4 GiB (no ZIP64 support).
 absl::StatusOr<ExportResult> ExportDataset(const ChunkStore& store, uint64_t id, int64_t row_start,
                                            int64_t row_count, ExportFormat format,
-                                           const std::string& path);
+                                           const std::string& path,
+                                           const ExportOptions& options = ExportOptions());
+
+// A SPARSE dataset's rows [row_start, row_start + row_count) as a delphi latent cache under
+// `latents_dir` (LatentCache.save_splits' layout, which delphi's LatentDataset reads):
+//   <latents_dir>/<hook>/<first>_<last>.safetensors for `splits` equal ranges of latents
+//     (first = s * d_sae / splits), each with
+//     locations    [n, 3] uint16 (uint32 when a value passes 65535): sequence within the range,
+//                  position in it, latent - first; in row order, latents ascending in a row;
+//     activations  [n] float16 (float32 when one passes 65504);
+//     tokens       [sequences, context length] int32, in every file, as delphi's loader takes
+//                  them from whichever file it opens first;
+//   <latents_dir>/<hook>/config.json: model_name (delphi's tokenizer), ctx_len, n_tokens,
+//     n_splits, dataset_repo (the token source) and the dataset's own description ("latentd").
+// <hook> is the dataset's hook name ("dataset-<id>" when it has none), so the datasets of several
+// layers exported into one directory are one cache. The range must be whole sequences
+// (INVALID_ARGUMENT naming row_start / row_count otherwise); row_count 0 takes every sequence
+// committed whole. An earlier export of the same hook is replaced only once the new one is
+// complete (it is built in a hidden directory beside it). Holds one split's firings in memory
+// (16 B each); reads the range once per split. INVALID_ARGUMENT for a DENSE dataset or splits
+// outside [1, d_sae].
+absl::StatusOr<ExportResult> ExportDelphi(const ChunkStore& store, uint64_t id, int64_t row_start,
+                                          int64_t row_count, int splits,
+                                          const std::string& latents_dir);
 
 }  // namespace latentd::storage
 

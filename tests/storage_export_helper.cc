@@ -1,6 +1,7 @@
 // Helper of tests/python/test_export.py: writes a SPARSE (fp16) and a DENSE (fp32) dataset into a
-// fresh store under argv[1], exports them (NPZ and HDF5, whole and partial ranges) and writes the
-// store's own view of the rows (ReadRows / ReadDense) to expected.json for comparison.
+// fresh store under argv[1], exports them (NPZ, HDF5 and delphi's latent cache, whole and partial
+// ranges) and writes the store's own view of the rows (ReadRows / ReadDense) to expected.json for
+// comparison.
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -85,14 +86,19 @@ int main(int argc, char** argv) {
     int64_t start, count;
     ExportFormat format;
     std::string file;
+    int delphi_splits = 0;
   };
   for (const Job& j : std::vector<Job>{{*sid, 0, 0, ExportFormat::kNpz, "sparse_full.npz"},
                                        {*sid, 0, 0, ExportFormat::kHdf5, "sparse_full.h5"},
                                        {*sid, 120, 220, ExportFormat::kNpz, "sparse_part.npz"},
                                        {*sid, 120, 220, ExportFormat::kHdf5, "sparse_part.h5"},
                                        {*did, 0, 0, ExportFormat::kNpz, "dense.npz"},
-                                       {*did, 5, 30, ExportFormat::kHdf5, "dense_part.h5"}}) {
-    auto r = ExportDataset(store, j.id, j.start, j.count, j.format, out + "/" + j.file);
+                                       {*did, 5, 30, ExportFormat::kHdf5, "dense_part.h5"},
+                                       {*sid, 0, 0, ExportFormat::kDelphi, "latents", 3},
+                                       {*sid, 100, 300, ExportFormat::kDelphi, "part"}}) {
+    ExportOptions options;
+    options.delphi_splits = j.delphi_splits;
+    auto r = ExportDataset(store, j.id, j.start, j.count, j.format, out + "/" + j.file, options);
     if (!r.ok()) return Fail(r.status());
   }
   auto full = store.ReadRows(*sid, 0, 0);

@@ -36,6 +36,77 @@ class ExportTest(unittest.TestCase):
         np.testing.assert_array_equal(m.indices, want.indices)
         np.testing.assert_array_equal(m.data.astype(np.float32), want.data)
 
+    def read_safetensors(self, path):
+        """{name: numpy array} of a safetensors file, read by the format's definition: an
+        8-byte little-endian header length, the JSON header, then the tensors' bytes."""
+        dtypes = {"U16": np.uint16, "U32": np.uint32, "F16": np.float16, "F32": np.float32,
+                  "I32": np.int32}
+        with open(path, "rb") as f:
+            blob = f.read()
+        n = int.from_bytes(blob[:8], "little")
+        header = json.loads(blob[8:8 + n])
+        self.assertEqual(header["__metadata__"]["written_by"], "latentd")
+        out = {}
+        for name, t in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = t["data_offsets"]
+            out[name] = np.frombuffer(blob[8 + n + begin:8 + n + end],
+                                      dtype=dtypes[t["dtype"]]).reshape(t["shape"])
+        return out
+
+    def load_delphi(self, latents_dir, hook):
+        """What delphi's LatentDataset makes of a cache: every (location, activation) with the
+        latent offset by the file's first latent, and the tokens of the first file."""
+        module = os.path.join(latents_dir, hook)
+        files = sorted((f for f in os.listdir(module) if f.endswith(".safetensors")),
+                       key=lambda f: int(f.split("_")[0]))
+        locations, activations, tokens, edges = [], [], None, []
+        for name in files:
+            first, last = (int(x) for x in name[:-len(".safetensors")].split("_"))
+            edges.append((first, last))
+            data = self.read_safetensors(os.path.join(module, name))
+            loc = data["locations"].astype(np.int64)
+            self.assertTrue(np.all(loc[:, 2] <= last - first))
+            loc[:, 2] += first
+            locations.append(loc)
+            activations.append(data["activations"])
+            if tokens is None:
+                tokens = data["tokens"].astype(np.int64)
+            else:
+                np.testing.assert_array_equal(data["tokens"], tokens)
+        with open(os.path.join(module, "config.json")) as f:
+            config = json.load(f)
+        return np.concatenate(locations), np.concatenate(activations), tokens, edges, config
+
+    def test_delphi_latent_cache_holds_the_stores_rows(self):
+        for name, splits, (start, stop) in (("latents", 3, (0, 500)), ("part", 5, (100, 400))):
+            locations, activations, tokens, edges, config = self.load_delphi(
+                self.path(name), "blocks.2.hook_resid_post")
+            self.assertEqual(len(edges), splits)
+            self.assertEqual(edges[0][0], 0)
+            self.assertEqual(edges[-1][1], 299)  # d_sae 300
+            for (_, last), (first, _) in zip(edges, edges[1:]):
+                self.assertEqual(first, last + 1)
+            self.assertEqual(locations.dtype, np.int64)
+            self.assertEqual(activations.dtype, np.float16)
+            # Rebuilt as a CSR matrix of the range's rows: the store's rows, value for value.
+            rows = locations[:, 0] * 50 + locations[:, 1]
+            m = scipy.sparse.csr_matrix((activations.astype(np.float32),
+                                         (rows, locations[:, 2])), shape=(stop - start, 300))
+            want = self.csr[start:stop]
+            self.assertEqual(m.nnz, want.nnz)
+            self.assertEqual((m != want).nnz, 0)
+            self.assertEqual(tokens.shape, ((stop - start) // 50, 50))
+            np.testing.assert_array_equal(tokens.reshape(-1), self.tokens[start:stop])
+            self.assertEqual(config["model_name"], "ref-gpt2")
+            self.assertEqual(config["ctx_len"], 50)
+            self.assertEqual(config["n_tokens"], stop - start)
+            self.assertEqual(config["n_splits"], splits)
+            self.assertEqual(config["latentd"]["row_start"], start)
+        # Nothing but the module's directory is left in the latents directory.
+        self.assertEqual(os.listdir(self.path("part")), ["blocks.2.hook_resid_post"])
+
     def test_npz_loads_with_scipy(self):
         m = scipy.sparse.load_npz(self.path("sparse_full.npz"))
         self.assertEqual(m.format, "csr")
