@@ -28,8 +28,8 @@ int MillisecondsUntil(absl::Time deadline) {
 
 bool WouldBlock() { return errno == EAGAIN || errno == EWOULDBLOCK; }
 
-// How long a connection whose answer went out is drained before it is closed (CloseGracefully
-// in the connection's state machine below), and how much is read and dropped at most.
+// How long a connection whose answer went out is drained before it is closed (the kDraining
+// phase of a Connection below), and how much is read and dropped at most.
 constexpr absl::Duration kDrainTime = absl::Milliseconds(500);
 constexpr size_t kMaxDrainBytes = size_t{1} << 20;
 

@@ -113,6 +113,10 @@ absl::StatusOr<ExportResult> ExportDelphi(const ChunkStore& store, uint64_t id, 
   const int64_t context = rec.meta.context_length > 0
                               ? rec.meta.context_length
                               : (row_count > 0 ? row_count : rec.rows_committed - row_start);
+  if (context == 0) {  // no sequence boundaries, and no rows from row_start on
+    return absl::InvalidArgumentError(
+        absl::StrCat("row_start: no rows of dataset ", id, " from row ", row_start));
+  }
   if (row_start % context != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("row_start: ", row_start, " is not the start of a sequence (context length ",

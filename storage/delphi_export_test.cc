@@ -94,6 +94,14 @@ TEST_F(DelphiExportTest, RefusesWhatDelphiCannotRead) {
   EXPECT_EQ(ExportDelphi(*store_, dense_id, 0, 0, 0, out).status().message(),
             "format: DELPHI exports the latents of a SPARSE dataset; dataset " +
                 std::to_string(dense_id) + " is DENSE");
+  // Without sequence boundaries the range is one sequence; an empty one is refused too.
+  DatasetMeta flat;
+  flat.name = "flat";
+  flat.width = 8;
+  flat.context_length = 0;
+  const uint64_t flat_id = *store_->CreateDataset(flat);
+  EXPECT_EQ(ExportDelphi(*store_, flat_id, 0, 0, 0, out).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(fs::exists(Module()));  // nothing written by a refused export
 }
 
