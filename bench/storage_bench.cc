@@ -207,7 +207,8 @@ struct Result {
   Percentiles read, row, latent, post;
   Percentiles top_sequences;  // GetLatent with distinct_sequences: top-20 sequences, 32/8
   Percentiles latent_fresh;   // GetLatent before compaction
-  double export_npz_s = 0, export_h5_s = 0, export_parquet_s = 0;  // whole dataset (format 3)
+  double export_npz_s = 0, export_h5_s = 0, export_parquet_s = 0,  // whole dataset (format 3)
+      export_delphi_s = 0;
   // ListLatents over the whole SAE (SummarizeLatents: MOST_FREQUENT, a page of 100), against
   // what a dashboard does without it: one GetLatentStats per latent, in the same run.
   Percentiles overview;
@@ -224,7 +225,7 @@ struct Result {
   double rescan_ms = 0;
   double delete_s = 0;             // DeleteDataset, its compaction included
   uint64_t disk_after_delete = 0;  // bytes on disk once it returned
-  int64_t export_npz_b = 0, export_h5_b = 0, export_parquet_b = 0;
+  int64_t export_npz_b = 0, export_h5_b = 0, export_parquet_b = 0, export_delphi_b = 0;
 };
 
 // One timed write of `rows` into a fresh store at `dir`, committing every g_commit_rows rows as
@@ -374,14 +375,19 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
     }
   }
   if (measure_reads && config.format >= 3) {
-    // The whole dataset exported as scipy .npz, HDF5 and Parquet, as ExportDataset writes them.
+    // The whole dataset exported as scipy .npz, HDF5, Parquet and delphi's latent cache (its 5
+    // files), as ExportDataset writes them.
     for (auto [format, seconds, bytes] :
          {std::tuple{latentd::storage::ExportFormat::kNpz, &res.export_npz_s, &res.export_npz_b},
           std::tuple{latentd::storage::ExportFormat::kHdf5, &res.export_h5_s, &res.export_h5_b},
           std::tuple{latentd::storage::ExportFormat::kParquet, &res.export_parquet_s,
-                     &res.export_parquet_b}}) {
+                     &res.export_parquet_b},
+          std::tuple{latentd::storage::ExportFormat::kDelphi, &res.export_delphi_s,
+                     &res.export_delphi_b}}) {
       const auto a = Clock::now();
-      auto exported = latentd::storage::ExportDataset(store, id, 0, 0, format, dir + "/export");
+      const bool delphi = format == latentd::storage::ExportFormat::kDelphi;  // a directory
+      auto exported = latentd::storage::ExportDataset(store, id, 0, 0, format,
+                                                      dir + (delphi ? "/latents" : "/export"));
       Check(exported.status());
       *seconds = Seconds(a, Clock::now());
       *bytes = exported->bytes;
@@ -565,9 +571,9 @@ int main(int argc, char** argv) {
     if (r.export_npz_s > 0) {
       std::printf(
           "  export, whole dataset: npz %.2f s (%.0f MB), HDF5 %.2f s (%.0f MB), Parquet %.2f s "
-          "(%.0f MB)\n",
+          "(%.0f MB), delphi %.2f s (%.0f MB)\n",
           r.export_npz_s, r.export_npz_b / 1e6, r.export_h5_s, r.export_h5_b / 1e6,
-          r.export_parquet_s, r.export_parquet_b / 1e6);
+          r.export_parquet_s, r.export_parquet_b / 1e6, r.export_delphi_s, r.export_delphi_b / 1e6);
     }
     if (r.overview.p50 > 0) {
       std::printf(

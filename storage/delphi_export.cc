@@ -22,18 +22,30 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Rows read at a time while a split is gathered.
+// Rows read at a time while splits are gathered.
 constexpr int64_t kPieceRows = 1 << 16;
 // Largest finite fp16 value: activations beyond it are written as F32 instead.
 constexpr float kMaxHalf = 65504.0f;
+// Memory a gathered firing takes: its row, latent offset and value.
+constexpr double kFiringBytes = 12;
 
 // The firings of latents [first, last] over the exported rows, in row order (each row's latents
 // ascending), as delphi's torch.nonzero gives them.
 struct Split {
   int64_t first = 0, last = 0;
-  std::vector<uint32_t> locations;  // sequence, position, latent - first; 3 per firing
+  std::vector<uint32_t> rows;     // within the range
+  std::vector<uint32_t> offsets;  // latent - first
   std::vector<float> values;
 };
+
+// The split of `latent` when `width` latents are cut into `splits` ranges, range s starting at
+// s * width / splits.
+int SplitOf(int64_t latent, int64_t width, int splits) {
+  int64_t s = latent * splits / width;
+  while (s + 1 < splits && (s + 1) * width / splits <= latent) ++s;
+  while (s > 0 && s * width / splits > latent) --s;
+  return static_cast<int>(s);
+}
 
 // Narrows `wide` (every value < 2^16) to uint16.
 std::vector<uint16_t> Narrow(const std::vector<uint32_t>& wide) {
@@ -45,13 +57,19 @@ absl::Status WriteSplit(const Split& split, int64_t sequences, int64_t context,
                         const std::map<std::string, std::string>& metadata,
                         const std::string& path) {
   const int64_t n = static_cast<int64_t>(split.values.size());
+  std::vector<uint32_t> locations;  // sequence, position, latent - first; 3 per firing
+  locations.reserve(3 * n);
+  for (int64_t i = 0; i < n; ++i) {
+    locations.push_back(static_cast<uint32_t>(split.rows[i] / context));
+    locations.push_back(static_cast<uint32_t>(split.rows[i] % context));
+    locations.push_back(split.offsets[i]);
+  }
   // delphi stores uint16 locations when they fit, else uint32 (its loader widens either).
-  const uint32_t largest = split.locations.empty()
-                               ? 0
-                               : *std::max_element(split.locations.begin(), split.locations.end());
+  const uint32_t largest =
+      locations.empty() ? 0 : *std::max_element(locations.begin(), locations.end());
   const bool narrow = largest < (1u << 16);
   const std::vector<uint16_t> narrow_locations =
-      narrow ? Narrow(split.locations) : std::vector<uint16_t>();
+      narrow ? Narrow(locations) : std::vector<uint16_t>();
   const bool half = std::all_of(split.values.begin(), split.values.end(),
                                 [](float v) { return std::abs(v) <= kMaxHalf; });
   std::vector<uint16_t> halves;
@@ -64,7 +82,7 @@ absl::Status WriteSplit(const Split& split, int64_t sequences, int64_t context,
                 narrow ? StDtype::kU16 : StDtype::kU32,
                 {n, 3},
                 narrow ? static_cast<const void*>(narrow_locations.data())
-                       : static_cast<const void*>(split.locations.data())};
+                       : static_cast<const void*>(locations.data())};
   tensors[1] = {"activations",
                 half ? StDtype::kF16 : StDtype::kF32,
                 {n},
@@ -92,7 +110,7 @@ absl::Status ErrorAt(const std::string& what, const fs::path& path, const std::e
 
 absl::StatusOr<ExportResult> ExportDelphi(const ChunkStore& store, uint64_t id, int64_t row_start,
                                           int64_t row_count, int splits,
-                                          const std::string& latents_dir) {
+                                          const std::string& latents_dir, int64_t gather_bytes) {
   ASSIGN_OR_RETURN(const DatasetRecord rec, store.GetRecord(id));
   if (rec.meta.kind != DatasetKind::kSparse) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -163,33 +181,47 @@ absl::StatusOr<ExportResult> ExportDelphi(const ChunkStore& store, uint64_t id, 
                                                        {"row_start", std::to_string(row_start)}};
   ExportResult result;
   result.rows = rows;
-  for (int s = 0; s < splits; ++s) {
-    Split split;
-    split.first = s * width / splits;
-    split.last = (s + 1) * width / splits - 1;
+  // Splits gathered per read pass, from the range's expected firings (the dataset's mean).
+  const double split_bytes = rec.rows_committed > 0 ? static_cast<double>(rec.nnz) * rows /
+                                                          rec.rows_committed / splits * kFiringBytes
+                                                    : 0;
+  const int group =
+      split_bytes * splits <= static_cast<double>(gather_bytes)
+          ? splits
+          : std::max(1, static_cast<int>(static_cast<double>(gather_bytes) / split_bytes));
+  for (int begin = 0; begin < splits; begin += group) {
+    const int end = std::min(splits, begin + group);
+    std::vector<Split> gathered(end - begin);
+    for (int s = begin; s < end; ++s) {
+      gathered[s - begin].first = s * width / splits;
+      gathered[s - begin].last = (s + 1) * width / splits - 1;
+    }
     for (int64_t piece = row_start; piece < row_start + rows; piece += kPieceRows) {
       absl::StatusOr<CsrRows> read =
           store.ReadRows(id, piece, std::min(kPieceRows, row_start + rows - piece));
       if (!read.ok()) return fail(read.status());
       for (int64_t r = 0; r < read->num_rows; ++r) {
-        const int64_t row = piece + r - row_start;
+        const auto row = static_cast<uint32_t>(piece + r - row_start);
         for (int64_t j = read->indptr[r]; j < read->indptr[r + 1]; ++j) {
           const int32_t latent = read->indices[j];
-          if (latent < split.first || latent > split.last) continue;
-          split.locations.push_back(static_cast<uint32_t>(row / context));
-          split.locations.push_back(static_cast<uint32_t>(row % context));
-          split.locations.push_back(static_cast<uint32_t>(latent - split.first));
+          const int s = SplitOf(latent, width, splits);
+          if (s < begin || s >= end) continue;
+          Split& split = gathered[s - begin];
+          split.rows.push_back(row);
+          split.offsets.push_back(static_cast<uint32_t>(latent - split.first));
           split.values.push_back(read->values[j]);
         }
       }
     }
-    result.nnz += static_cast<int64_t>(split.values.size());
-    const fs::path file = tmp / absl::StrCat(split.first, "_", split.last, ".safetensors");
-    if (absl::Status w = WriteSplit(split, sequences, context, tokens, metadata, file.string());
-        !w.ok()) {
-      return fail(w);
+    for (const Split& split : gathered) {
+      result.nnz += static_cast<int64_t>(split.values.size());
+      const fs::path file = tmp / absl::StrCat(split.first, "_", split.last, ".safetensors");
+      if (absl::Status w = WriteSplit(split, sequences, context, tokens, metadata, file.string());
+          !w.ok()) {
+        return fail(w);
+      }
+      result.bytes += static_cast<int64_t>(fs::file_size(file, ec));
     }
-    result.bytes += static_cast<int64_t>(fs::file_size(file, ec));
   }
 
   // delphi reads model_name (for the tokenizer) and the context length; the rest says where the

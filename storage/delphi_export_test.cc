@@ -161,6 +161,27 @@ TEST_F(DelphiExportTest, WidensLocationsAndActivationsThatDoNotFit) {
   }
 }
 
+// Gathered in groups of splits (a read pass each) when the firings would not fit the memory
+// allowed: the same files as one pass gives.
+TEST_F(DelphiExportTest, SplitsGatheredInGroupsWriteTheSameFiles) {
+  const uint64_t id = MakeDataset("s", 16, 25);  // 100 firings, 1200 B to gather
+  ASSERT_TRUE(ExportDelphi(*store_, id, 0, 0, 5, dir_ + "/one").ok());
+  ASSERT_TRUE(ExportDelphi(*store_, id, 0, 0, 5, dir_ + "/groups", /*gather_bytes=*/500).ok());
+  const std::string module = "/blocks.0.hook_resid_post/";
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(dir_ + "/one" + module)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "config.json") continue;
+    auto one = SafetensorsFile::Read(entry.path().string());
+    auto grouped = SafetensorsFile::Read(dir_ + "/groups" + module + name);
+    ASSERT_TRUE(one.ok() && grouped.ok()) << name;
+    EXPECT_EQ(one->bytes(), grouped->bytes()) << name;
+    EXPECT_GT(one->header().Find("activations")->numel(), 0) << name;
+    ++files;
+  }
+  EXPECT_EQ(files, 5);
+}
+
 TEST_F(DelphiExportTest, AnExportReplacesTheHooksEarlierOneWhole) {
   const uint64_t id = MakeDataset("s", 16, 3);
   ASSERT_TRUE(ExportDelphi(*store_, id, 0, 0, 4, dir_ + "/latents").ok());

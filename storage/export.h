@@ -65,12 +65,15 @@ absl::StatusOr<ExportResult> ExportDataset(const ChunkStore& store, uint64_t id,
 // layers exported into one directory are one cache. The range must be whole sequences
 // (INVALID_ARGUMENT naming row_start / row_count otherwise); row_count 0 takes every sequence
 // committed whole. An earlier export of the same hook is replaced only once the new one is
-// complete (it is built in a hidden directory beside it). Holds one split's firings in memory
-// (16 B each); reads the range once per split. INVALID_ARGUMENT for a DENSE dataset or splits
-// outside [1, d_sae].
+// complete (it is built in a hidden directory beside it). Reads the range once, gathering every
+// split's firings (12 B each) when they fit `gather_bytes` (512 MiB), else in groups of splits
+// that do, one read per group. INVALID_ARGUMENT for a DENSE dataset or splits outside
+// [1, d_sae].
+inline constexpr int64_t kDelphiGatherBytes = int64_t{512} << 20;
 absl::StatusOr<ExportResult> ExportDelphi(const ChunkStore& store, uint64_t id, int64_t row_start,
                                           int64_t row_count, int splits,
-                                          const std::string& latents_dir);
+                                          const std::string& latents_dir,
+                                          int64_t gather_bytes = kDelphiGatherBytes);
 
 }  // namespace latentd::storage
 
