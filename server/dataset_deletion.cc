@@ -1,6 +1,8 @@
 #include "server/dataset_deletion.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 
 namespace latentd::server {
@@ -8,40 +10,52 @@ namespace {
 
 using latentd::v1::Job;
 
-// Appends `path` when `value` is the dataset, `path[i]` for each element of a list that is.
-void AddIfNames(uint64_t id, uint64_t value, const std::string& path,
-                std::vector<std::string>* out) {
-  if (value == id) out->push_back(path);
-}
-template <typename List>
-void AddEachNaming(uint64_t id, const List& values, const std::string& path,
-                   std::vector<std::string>* out) {
-  for (int i = 0; i < values.size(); ++i) {
-    if (values.Get(i) == id) out->push_back(absl::StrCat(path, "[", i, "]"));
-  }
+// Whether `field` holds dataset ids: a uint64 named dataset_id(s) or *_dataset_id(s). Found by
+// name, so that a dataset field a spec gains later is checked without a list to keep in step.
+bool HoldsDatasetIds(const google::protobuf::FieldDescriptor& field) {
+  if (field.cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_UINT64) return false;
+  const std::string& name = field.name();
+  const absl::string_view suffix = field.is_repeated() ? "dataset_ids" : "dataset_id";
+  return absl::EndsWith(name, suffix) &&
+         (name.size() == suffix.size() || name[name.size() - suffix.size() - 1] == '_');
 }
 
-void AddExtractFields(uint64_t id, const latentd::v1::ExtractSpec& extract,
-                      const std::string& prefix, std::vector<std::string>* out) {
-  AddEachNaming(id, extract.model().stored().dataset_ids(),
-                absl::StrCat(prefix, ".model.stored.dataset_ids"), out);
+// Appends the paths under `message` (named `prefix`) of every field that names dataset `id`.
+void AddFieldsNaming(const google::protobuf::Message& message, const std::string& prefix,
+                     uint64_t id, std::vector<std::string>* out) {
+  const google::protobuf::Reflection& reflection = *message.GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection.ListFields(message, &fields);  // the fields set, by number
+  for (const google::protobuf::FieldDescriptor* field : fields) {
+    const std::string path = prefix.empty() ? field->name() : prefix + "." + field->name();
+    if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (field->is_repeated()) {
+        for (int i = 0; i < reflection.FieldSize(message, field); ++i) {
+          AddFieldsNaming(reflection.GetRepeatedMessage(message, field, i),
+                          absl::StrCat(path, "[", i, "]"), id, out);
+        }
+      } else {
+        AddFieldsNaming(reflection.GetMessage(message, field), path, id, out);
+      }
+    } else if (HoldsDatasetIds(*field)) {
+      if (!field->is_repeated()) {
+        if (reflection.GetUInt64(message, field) == id) out->push_back(path);
+        continue;
+      }
+      for (int i = 0; i < reflection.FieldSize(message, field); ++i) {
+        if (reflection.GetRepeatedUInt64(message, field, i) == id) {
+          out->push_back(absl::StrCat(path, "[", i, "]"));
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
 
 std::vector<std::string> DatasetFieldsNaming(const latentd::v1::JobSpec& spec, uint64_t id) {
   std::vector<std::string> fields;
-  if (spec.has_extract()) AddExtractFields(id, spec.extract(), "extract", &fields);
-  if (spec.has_train()) {
-    const latentd::v1::TrainSpec& train = spec.train();
-    AddIfNames(id, train.dataset_id(), "train.dataset_id", &fields);
-    AddIfNames(id, train.target_dataset_id(), "train.target_dataset_id", &fields);
-    AddEachNaming(id, train.cross_layer_dataset_ids(), "train.cross_layer_dataset_ids", &fields);
-    AddEachNaming(id, train.crosscoder_dataset_ids(), "train.crosscoder_dataset_ids", &fields);
-    if (train.has_activations()) {
-      AddExtractFields(id, train.activations(), "train.activations", &fields);
-    }
-  }
+  AddFieldsNaming(spec, "", id, &fields);
   return fields;
 }
 

@@ -17,7 +17,9 @@
 namespace latentd::server {
 
 // The fields of `spec` that name dataset `id`, as paths in proto names with list indices
-// ("train.dataset_id", "train.crosscoder_dataset_ids[1]", "extract.model.stored.dataset_ids[0]").
+// ("train.dataset_id", "train.crosscoder_dataset_ids[1]", "extract.model.stored.dataset_ids[0]"),
+// ascending field numbers at each level. A field names datasets when it is a uint64 called
+// dataset_id(s) or *_dataset_id(s), wherever it lies in the spec.
 std::vector<std::string> DatasetFieldsNaming(const latentd::v1::JobSpec& spec, uint64_t id);
 
 // OK when no job of `unfinished_jobs` needs dataset `id` (called `name`), written by job
