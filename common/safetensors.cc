@@ -185,6 +185,20 @@ absl::StatusOr<StHeader> ParseStHeader(const std::string& header_json, int64_t h
 
 namespace {
 
+// Opens `path` for reading and gives its size in `size`; the caller closes the descriptor.
+absl::StatusOr<int> OpenForReading(const std::string& path, int64_t* size) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus("open", path);
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    absl::Status error = ErrnoStatus("stat", path);
+    close(fd);
+    return error;
+  }
+  *size = st.st_size;
+  return fd;
+}
+
 absl::StatusOr<StHeader> ReadHeaderFromFd(int fd, const std::string& path, int64_t file_size) {
   if (file_size < 8) return Bad(absl::StrCat(path, ": file shorter than 8 bytes"));
   unsigned char len_bytes[8];
@@ -209,37 +223,27 @@ absl::StatusOr<StHeader> ReadHeaderFromFd(int fd, const std::string& path, int64
 }  // namespace
 
 absl::StatusOr<StHeader> ReadStHeader(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus("open", path);
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    close(fd);
-    return ErrnoStatus("stat", path);
-  }
-  auto header = ReadHeaderFromFd(fd, path, st.st_size);
+  int64_t size = 0;
+  ASSIGN_OR_RETURN(const int fd, OpenForReading(path, &size));
+  auto header = ReadHeaderFromFd(fd, path, size);
   close(fd);
   return header;
 }
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus("open", path);
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    close(fd);
-    return ErrnoStatus("stat", path);
-  }
+  int64_t size = 0;
+  ASSIGN_OR_RETURN(const int fd, OpenForReading(path, &size));
   SafetensorsFile file;
-  auto header = ReadHeaderFromFd(fd, path, st.st_size);
+  auto header = ReadHeaderFromFd(fd, path, size);
   if (!header.ok()) {
     close(fd);
     return header.status();
   }
   file.header_ = std::move(*header);
-  file.bytes_.resize(st.st_size);
+  file.bytes_.resize(size);
   int64_t done = 0;
-  while (done < st.st_size) {
-    ssize_t r = pread(fd, file.bytes_.data() + done, st.st_size - done, done);
+  while (done < size) {
+    ssize_t r = pread(fd, file.bytes_.data() + done, size - done, done);
     if (r <= 0) {
       close(fd);
       return r == 0 ? Bad(path + ": file shrank while reading") : ErrnoStatus("read", path);
