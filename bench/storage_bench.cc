@@ -196,6 +196,15 @@ struct Config {
   int32_t resident_max_width = ChunkStoreOptions().resident_latent_state_max_width;
 };
 
+// The export formats storage_bench measures, as ExportDataset writes them (delphi: its 5 files).
+constexpr struct {
+  latentd::storage::ExportFormat format;
+  const char* name;
+} kExportFormats[4] = {{latentd::storage::ExportFormat::kNpz, "npz"},
+                       {latentd::storage::ExportFormat::kHdf5, "HDF5"},
+                       {latentd::storage::ExportFormat::kParquet, "Parquet"},
+                       {latentd::storage::ExportFormat::kDelphi, "delphi"}};
+
 struct Result {
   Config config;
   uint64_t disk = 0;
@@ -207,8 +216,6 @@ struct Result {
   Percentiles read, row, latent, post;
   Percentiles top_sequences;  // GetLatent with distinct_sequences: top-20 sequences, 32/8
   Percentiles latent_fresh;   // GetLatent before compaction
-  double export_npz_s = 0, export_h5_s = 0, export_parquet_s = 0,  // whole dataset (format 3)
-      export_delphi_s = 0;
   // ListLatents over the whole SAE (SummarizeLatents: MOST_FREQUENT, a page of 100), against
   // what a dashboard does without it: one GetLatentStats per latent, in the same run.
   Percentiles overview;
@@ -225,7 +232,12 @@ struct Result {
   double rescan_ms = 0;
   double delete_s = 0;             // DeleteDataset, its compaction included
   uint64_t disk_after_delete = 0;  // bytes on disk once it returned
-  int64_t export_npz_b = 0, export_h5_b = 0, export_parquet_b = 0, export_delphi_b = 0;
+  // Whole-dataset exports (format 3) in kExportFormats' order: time, size written, and how far
+  // the process's peak RSS rose above its RSS before.
+  struct ExportFigures {
+    double seconds = 0;
+    int64_t bytes = 0, peak_growth = 0;
+  } exports[4];
 };
 
 // One timed write of `rows` into a fresh store at `dir`, committing every g_commit_rows rows as
@@ -377,20 +389,18 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
   if (measure_reads && config.format >= 3) {
     // The whole dataset exported as scipy .npz, HDF5, Parquet and delphi's latent cache (its 5
     // files), as ExportDataset writes them.
-    for (auto [format, seconds, bytes] :
-         {std::tuple{latentd::storage::ExportFormat::kNpz, &res.export_npz_s, &res.export_npz_b},
-          std::tuple{latentd::storage::ExportFormat::kHdf5, &res.export_h5_s, &res.export_h5_b},
-          std::tuple{latentd::storage::ExportFormat::kParquet, &res.export_parquet_s,
-                     &res.export_parquet_b},
-          std::tuple{latentd::storage::ExportFormat::kDelphi, &res.export_delphi_s,
-                     &res.export_delphi_b}}) {
-      const auto a = Clock::now();
+    for (int f = 0; f < 4; ++f) {
+      const auto format = kExportFormats[f].format;
       const bool delphi = format == latentd::storage::ExportFormat::kDelphi;  // a directory
+      const int64_t rss_before = latentd::ProcessRssBytes();
+      latentd::ResetProcessPeakRss();
+      const auto a = Clock::now();
       auto exported = latentd::storage::ExportDataset(store, id, 0, 0, format,
                                                       dir + (delphi ? "/latents" : "/export"));
       Check(exported.status());
-      *seconds = Seconds(a, Clock::now());
-      *bytes = exported->bytes;
+      res.exports[f].seconds = Seconds(a, Clock::now());
+      res.exports[f].bytes = exported->bytes;
+      res.exports[f].peak_growth = latentd::ProcessPeakRssBytes() - rss_before;
     }
   }
   if (measure_reads) {
@@ -568,12 +578,13 @@ int main(int argc, char** argv) {
                   static_cast<double>(r.family_disk[f]) / n);
     }
     std::printf("\n");
-    if (r.export_npz_s > 0) {
-      std::printf(
-          "  export, whole dataset: npz %.2f s (%.0f MB), HDF5 %.2f s (%.0f MB), Parquet %.2f s "
-          "(%.0f MB), delphi %.2f s (%.0f MB)\n",
-          r.export_npz_s, r.export_npz_b / 1e6, r.export_h5_s, r.export_h5_b / 1e6,
-          r.export_parquet_s, r.export_parquet_b / 1e6, r.export_delphi_s, r.export_delphi_b / 1e6);
+    if (r.exports[0].seconds > 0) {
+      std::printf("  export, whole dataset (time, size, peak RSS above the RSS before):");
+      for (int f = 0; f < 4; ++f) {
+        std::printf("%s %s %.2f s %.0f MB +%.0f MB", f > 0 ? "," : "", kExportFormats[f].name,
+                    r.exports[f].seconds, r.exports[f].bytes / 1e6, r.exports[f].peak_growth / 1e6);
+      }
+      std::printf("\n");
     }
     if (r.overview.p50 > 0) {
       std::printf(

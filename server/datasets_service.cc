@@ -1065,6 +1065,9 @@ grpc::Status DatasetsService::ExportDataset(grpc::ServerContext* context,
                                                                 : storage::ExportFormat::kNpz;
   storage::ExportOptions options;
   options.delphi_splits = request->delphi_splits();
+  // A client that goes away (Ctrl-C, its deadline) stops the export at the next block, and the
+  // partial file is removed.
+  options.progress = [context](int64_t, int64_t) { return !context->IsCancelled(); };
   auto result = storage::ExportDataset(*store_, request->dataset_id(), request->row_start(),
                                        request->row_count(), format, *path, options);
   if (!result.ok()) return ToGrpcStatus(result.status());

@@ -260,24 +260,6 @@ absl::Status GetAt(const Db* db, const rocksdb::Snapshot* snap, Family family,
   return FromRocks(s, absl::StrCat("reading ", FamilyName(family)));
 }
 
-absl::Status CheckRange(const DatasetRecord& rec, int64_t row_start, int64_t* row_count) {
-  if (*row_count < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("row_count ", *row_count, " is negative"));
-  }
-  if (row_start < 0 || row_start > rec.rows_committed) {
-    return absl::OutOfRangeError(absl::StrCat("row_start ", row_start, " is outside the ",
-                                              rec.rows_committed, " committed rows of dataset ",
-                                              rec.id));
-  }
-  if (*row_count == 0) *row_count = rec.rows_committed - row_start;
-  if (*row_count > rec.rows_committed - row_start) {
-    return absl::OutOfRangeError(absl::StrCat("rows [", row_start, ", ", row_start + *row_count,
-                                              ") reach past the ", rec.rows_committed,
-                                              " committed rows of dataset ", rec.id));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status ValidateMeta(const DatasetMeta& m) {
   if (m.name.empty()) return absl::InvalidArgumentError("name: must not be empty");
   if (m.width <= 0) return absl::InvalidArgumentError(absl::StrCat("width: ", m.width, " <= 0"));
@@ -332,6 +314,24 @@ absl::Status ChunkError(uint64_t id, int64_t row_start, const absl::Status& s) {
 }
 
 }  // namespace
+
+absl::Status CheckRowRange(const DatasetRecord& rec, int64_t row_start, int64_t* row_count) {
+  if (*row_count < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("row_count ", *row_count, " is negative"));
+  }
+  if (row_start < 0 || row_start > rec.rows_committed) {
+    return absl::OutOfRangeError(absl::StrCat("row_start ", row_start, " is outside the ",
+                                              rec.rows_committed, " committed rows of dataset ",
+                                              rec.id));
+  }
+  if (*row_count == 0) *row_count = rec.rows_committed - row_start;
+  if (*row_count > rec.rows_committed - row_start) {
+    return absl::OutOfRangeError(absl::StrCat("rows [", row_start, ", ", row_start + *row_count,
+                                              ") reach past the ", rec.rows_committed,
+                                              " committed rows of dataset ", rec.id));
+  }
+  return absl::OkStatus();
+}
 
 // ---- ChunkStore --------------------------------------------------------------------------------
 
@@ -913,7 +913,7 @@ absl::StatusOr<CsrRows> ChunkStore::ReadRowsKeeping(uint64_t id, int64_t row_sta
     return absl::FailedPreconditionError(
         absl::StrCat("dataset ", id, " is DENSE: read it with ReadDense"));
   }
-  RETURN_IF_ERROR(CheckRange(rec, row_start, &row_count));
+  RETURN_IF_ERROR(CheckRowRange(rec, row_start, &row_count));
   CsrRows out;
   out.row_start = row_start;
   out.num_rows = row_count;
@@ -958,7 +958,7 @@ absl::Status ChunkStore::ReadDense(uint64_t id, int64_t row_start, int64_t row_c
     return absl::FailedPreconditionError(
         absl::StrCat("dataset ", id, " is SPARSE: read it with ReadRows"));
   }
-  RETURN_IF_ERROR(CheckRange(rec, row_start, &row_count));
+  RETURN_IF_ERROR(CheckRowRange(rec, row_start, &row_count));
   const int64_t width = rec.meta.width, row_end = row_start + row_count;
   values->clear();
   values->reserve(ReserveAhead(row_count, width));
@@ -977,7 +977,7 @@ absl::Status ChunkStore::ReadTokens(uint64_t id, int64_t row_start, int64_t row_
                                     std::vector<int32_t>* token_ids) const {
   SnapshotHolder snap(db_->raw());
   ASSIGN_OR_RETURN(DatasetRecord rec, GetRecordAt(snap.get(), id));
-  RETURN_IF_ERROR(CheckRange(rec, row_start, &row_count));
+  RETURN_IF_ERROR(CheckRowRange(rec, row_start, &row_count));
   const int64_t row_end = row_start + row_count;
   token_ids->clear();
   return ForEachChunk(snap.get(), rec, row_start, row_count, true, [&](const Chunk& c) {

@@ -88,6 +88,11 @@ struct DatasetRecord {
   uint32_t format_version = 0;
 };
 
+// Checks a row range against the dataset's committed rows, as every reader does, and resolves
+// *row_count 0 to "to the committed end": INVALID_ARGUMENT for a negative count, OUT_OF_RANGE
+// for a start or end past the watermark.
+absl::Status CheckRowRange(const DatasetRecord& rec, int64_t row_start, int64_t* row_count);
+
 // Rows [row_start, row_start + num_rows) as CSR (indptr starts at 0), with one token id per row.
 struct CsrRows {
   int64_t row_start = 0;

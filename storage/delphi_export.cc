@@ -15,6 +15,7 @@
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "storage/export.h"
+#include "storage/export_blocks.h"
 #include "storage/value_codec.h"
 
 namespace latentd::storage {
@@ -22,8 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Rows read at a time while splits are gathered.
-constexpr int64_t kPieceRows = 1 << 16;
 // Largest finite fp16 value: activations beyond it are written as F32 instead.
 constexpr float kMaxHalf = 65504.0f;
 // Memory a gathered firing takes: its row, latent offset and value.
@@ -109,15 +108,15 @@ absl::Status ErrorAt(const std::string& what, const fs::path& path, const std::e
 }  // namespace
 
 absl::StatusOr<ExportResult> ExportDelphi(const ChunkStore& store, uint64_t id, int64_t row_start,
-                                          int64_t row_count, int splits,
-                                          const std::string& latents_dir, int64_t gather_bytes) {
+                                          int64_t row_count, const std::string& latents_dir,
+                                          const ExportOptions& options) {
   ASSIGN_OR_RETURN(const DatasetRecord rec, store.GetRecord(id));
   if (rec.meta.kind != DatasetKind::kSparse) {
     return absl::InvalidArgumentError(absl::StrCat(
         "format: DELPHI exports the latents of a SPARSE dataset; dataset ", id, " is DENSE"));
   }
   const int64_t width = rec.meta.width;
-  if (splits == 0) splits = kDefaultDelphiSplits;
+  const int splits = options.delphi_splits == 0 ? kDefaultDelphiSplits : options.delphi_splits;
   if (splits < 0 || splits > width) {
     return absl::InvalidArgumentError(
         absl::StrCat("delphi_splits: ", splits, " is outside [1, d_sae = ", width, "]"));
@@ -185,10 +184,12 @@ absl::StatusOr<ExportResult> ExportDelphi(const ChunkStore& store, uint64_t id, 
   const double split_bytes = rec.rows_committed > 0 ? static_cast<double>(rec.nnz) * rows /
                                                           rec.rows_committed / splits * kFiringBytes
                                                     : 0;
-  const int group =
-      split_bytes * splits <= static_cast<double>(gather_bytes)
-          ? splits
-          : std::max(1, static_cast<int>(static_cast<double>(gather_bytes) / split_bytes));
+  const auto gather_bytes = static_cast<double>(options.delphi_gather_bytes);
+  const int group = split_bytes * splits <= gather_bytes
+                        ? splits
+                        : std::max(1, static_cast<int>(gather_bytes / split_bytes));
+  const int64_t piece_rows = ExportBlockRows(rec, options.block_values);
+  const int passes = (splits + group - 1) / group;
   for (int begin = 0; begin < splits; begin += group) {
     const int end = std::min(splits, begin + group);
     std::vector<Split> gathered(end - begin);
@@ -196,9 +197,9 @@ absl::StatusOr<ExportResult> ExportDelphi(const ChunkStore& store, uint64_t id, 
       gathered[s - begin].first = s * width / splits;
       gathered[s - begin].last = (s + 1) * width / splits - 1;
     }
-    for (int64_t piece = row_start; piece < row_start + rows; piece += kPieceRows) {
+    for (int64_t piece = row_start; piece < row_start + rows; piece += piece_rows) {
       absl::StatusOr<CsrRows> read =
-          store.ReadRows(id, piece, std::min(kPieceRows, row_start + rows - piece));
+          store.ReadRows(id, piece, std::min(piece_rows, row_start + rows - piece));
       if (!read.ok()) return fail(read.status());
       for (int64_t r = 0; r < read->num_rows; ++r) {
         const auto row = static_cast<uint32_t>(piece + r - row_start);
@@ -211,6 +212,11 @@ absl::StatusOr<ExportResult> ExportDelphi(const ChunkStore& store, uint64_t id, 
           split.offsets.push_back(static_cast<uint32_t>(latent - split.first));
           split.values.push_back(read->values[j]);
         }
+      }
+      const int64_t done = begin / group * rows + piece + read->num_rows - row_start;
+      if (options.progress && !options.progress(done, passes * rows)) {
+        return fail(absl::CancelledError(absl::StrCat("export of dataset ", id, " stopped after ",
+                                                      done, " of ", passes * rows, " rows read")));
       }
     }
     for (const Split& split : gathered) {

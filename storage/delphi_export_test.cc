@@ -19,6 +19,19 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// ExportDelphi with `splits` files per hook (0: delphi's default), gathering within
+// `gather_bytes`, reporting to `progress`.
+absl::StatusOr<ExportResult> Delphi(const ChunkStore& store, uint64_t id, int64_t start,
+                                    int64_t count, int splits, const std::string& dir,
+                                    int64_t gather_bytes = kDelphiGatherBytes,
+                                    ExportProgress progress = ExportProgress()) {
+  ExportOptions options;
+  options.delphi_splits = splits;
+  options.delphi_gather_bytes = gather_bytes;
+  options.progress = std::move(progress);
+  return ExportDelphi(store, id, start, count, dir, options);
+}
+
 class DelphiExportTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -73,7 +86,7 @@ TEST_F(DelphiExportTest, RefusesWhatDelphiCannotRead) {
   const uint64_t id = MakeDataset("s", 16, 3);
   const std::string out = dir_ + "/latents";
   auto code = [&](int64_t start, int64_t count, int splits) {
-    return ExportDelphi(*store_, id, start, count, splits, out).status().code();
+    return Delphi(*store_, id, start, count, splits, out).status().code();
   };
   EXPECT_EQ(code(2, 0, 0), absl::StatusCode::kInvalidArgument);  // inside a sequence
   EXPECT_EQ(code(0, 6, 0), absl::StatusCode::kInvalidArgument);  // a sequence and a half
@@ -82,16 +95,16 @@ TEST_F(DelphiExportTest, RefusesWhatDelphiCannotRead) {
   EXPECT_EQ(code(12, 0, 0), absl::StatusCode::kInvalidArgument);  // no sequence left
   EXPECT_EQ(code(0, 0, 17), absl::StatusCode::kInvalidArgument);  // more splits than latents
   EXPECT_EQ(code(0, 0, -1), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ExportDelphi(*store_, id, 2, 0, 0, out).status().message(),
+  EXPECT_EQ(Delphi(*store_, id, 2, 0, 0, out).status().message(),
             "row_start: 2 is not the start of a sequence (context length 4); DELPHI exports "
             "whole sequences");
-  EXPECT_EQ(ExportDelphi(*store_, 999, 0, 0, 0, out).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Delphi(*store_, 999, 0, 0, 0, out).status().code(), absl::StatusCode::kNotFound);
   DatasetMeta dense;
   dense.name = "d";
   dense.kind = DatasetKind::kDense;
   dense.width = 8;
   const uint64_t dense_id = *store_->CreateDataset(dense);
-  EXPECT_EQ(ExportDelphi(*store_, dense_id, 0, 0, 0, out).status().message(),
+  EXPECT_EQ(Delphi(*store_, dense_id, 0, 0, 0, out).status().message(),
             "format: DELPHI exports the latents of a SPARSE dataset; dataset " +
                 std::to_string(dense_id) + " is DENSE");
   // Without sequence boundaries the range is one sequence; an empty one is refused too.
@@ -100,7 +113,7 @@ TEST_F(DelphiExportTest, RefusesWhatDelphiCannotRead) {
   flat.width = 8;
   flat.context_length = 0;
   const uint64_t flat_id = *store_->CreateDataset(flat);
-  EXPECT_EQ(ExportDelphi(*store_, flat_id, 0, 0, 0, out).status().code(),
+  EXPECT_EQ(Delphi(*store_, flat_id, 0, 0, 0, out).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(fs::exists(Module()));  // nothing written by a refused export
 }
@@ -115,7 +128,7 @@ TEST_F(DelphiExportTest, WidensLocationsAndActivationsThatDoNotFit) {
     StDtype locations, activations;
   };
   for (int splits : {1, 2}) {
-    auto exported = ExportDelphi(*store_, id, 0, 0, splits, dir_ + "/latents");
+    auto exported = Delphi(*store_, id, 0, 0, splits, dir_ + "/latents");
     ASSERT_TRUE(exported.ok()) << exported.status();
     EXPECT_EQ(exported->path, Module());
     EXPECT_EQ(exported->rows, 8);
@@ -165,8 +178,17 @@ TEST_F(DelphiExportTest, WidensLocationsAndActivationsThatDoNotFit) {
 // allowed: the same files as one pass gives.
 TEST_F(DelphiExportTest, SplitsGatheredInGroupsWriteTheSameFiles) {
   const uint64_t id = MakeDataset("s", 16, 25);  // 100 firings, 1200 B to gather
-  ASSERT_TRUE(ExportDelphi(*store_, id, 0, 0, 5, dir_ + "/one").ok());
-  ASSERT_TRUE(ExportDelphi(*store_, id, 0, 0, 5, dir_ + "/groups", /*gather_bytes=*/500).ok());
+  // The rows read in all: the range's 100 once per pass.
+  int64_t one_pass = 0, grouped_passes = 0;
+  ASSERT_TRUE(
+      Delphi(*store_, id, 0, 0, 5, dir_ + "/one", kDelphiGatherBytes, [&](int64_t, int64_t total) {
+        return (one_pass = total) > 0;
+      }).ok());
+  ASSERT_TRUE(Delphi(*store_, id, 0, 0, 5, dir_ + "/groups", /*gather_bytes=*/500,
+                     [&](int64_t, int64_t total) { return (grouped_passes = total) > 0; })
+                  .ok());
+  EXPECT_EQ(one_pass, 100);
+  EXPECT_EQ(grouped_passes, 100 * 3);  // 240 B a split: two splits a pass
   const std::string module = "/blocks.0.hook_resid_post/";
   int files = 0;
   for (const auto& entry : fs::directory_iterator(dir_ + "/one" + module)) {
@@ -184,9 +206,9 @@ TEST_F(DelphiExportTest, SplitsGatheredInGroupsWriteTheSameFiles) {
 
 TEST_F(DelphiExportTest, AnExportReplacesTheHooksEarlierOneWhole) {
   const uint64_t id = MakeDataset("s", 16, 3);
-  ASSERT_TRUE(ExportDelphi(*store_, id, 0, 0, 4, dir_ + "/latents").ok());
+  ASSERT_TRUE(Delphi(*store_, id, 0, 0, 4, dir_ + "/latents").ok());
   EXPECT_TRUE(fs::exists(Module() + "/12_15.safetensors"));
-  auto again = ExportDelphi(*store_, id, 4, 4, 2, dir_ + "/latents");
+  auto again = Delphi(*store_, id, 4, 4, 2, dir_ + "/latents");
   ASSERT_TRUE(again.ok()) << again.status();
   std::vector<std::string> names;
   for (const auto& entry : fs::directory_iterator(Module())) {

@@ -2,145 +2,147 @@
 
 #include <hdf5.h>
 #include <sys/stat.h>
-#include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <variant>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/npy_header.h"
 #include "common/status_macros.h"
+#include "storage/export_blocks.h"
+#include "storage/npz_writer.h"
 #include "storage/parquet_writer.h"
 #include "storage/value_codec.h"
 
 namespace latentd::storage {
 namespace {
 
-// An array ready to write: numpy descr, shape, raw little-endian bytes.
-struct Array {
-  std::string name;
-  std::string descr;  // "<f2", "<f4", "<i4", "<i8", "<U3"
-  std::vector<int64_t> shape;
-  std::string bytes;
+// Elements per HDF5 chunk (the unit in which its arrays grow), and the chunk cache that lets a
+// block's partial chunk be completed by the next block without a read back.
+constexpr hsize_t kHdf5ChunkElements = hsize_t{1} << 18;
+constexpr size_t kHdf5ChunkCacheBytes = size_t{4} << 20;
+
+// A block of the range as read: SPARSE rows (CSR, indptr from 0) or DENSE rows (row-major,
+// rows x width), and a token id per row.
+struct Block {
+  int64_t rows = 0;
+  const CsrRows* sparse = nullptr;
+  const float* dense = nullptr;
+  const int32_t* tokens = nullptr;
 };
 
-template <typename T>
-Array MakeArray(const std::string& name, const std::string& descr, std::vector<int64_t> shape,
-                const std::vector<T>& v) {
-  Array a{name, descr, std::move(shape), std::string()};
-  a.bytes.assign(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-  return a;
+// What a format does with the blocks: each Append writes one block in order, Finish completes
+// the file. Destroying a sink before Finish closes its files (the caller removes them).
+class Sink {
+ public:
+  virtual ~Sink() = default;
+  virtual absl::Status Append(const Block& block) = 0;
+  virtual absl::Status Finish(int64_t rows, int64_t nnz) = 0;
+};
+
+// numpy's type string and element size of the dataset's values as exported: fp16 stays fp16,
+// bf16 (which numpy lacks) and fp32 are fp32.
+const char* ValueDescr(ValueDtype dtype) { return dtype == ValueDtype::kFloat16 ? "<f2" : "<f4"; }
+int ValueBytes(ValueDtype dtype) { return dtype == ValueDtype::kFloat16 ? 2 : 4; }
+
+// `n` values in the exported type: `values` itself (fp32) or their halves in `scratch`.
+const void* ExportedValues(const float* values, int64_t n, ValueDtype dtype,
+                           std::vector<uint16_t>* scratch) {
+  if (dtype != ValueDtype::kFloat16) return values;
+  scratch->resize(n);
+  for (int64_t i = 0; i < n; ++i) (*scratch)[i] = FloatToHalf(values[i]);
+  return scratch->data();
 }
 
-Array ValuesArray(const std::string& name, std::vector<int64_t> shape,
-                  const std::vector<float>& values, ValueDtype dtype) {
-  if (dtype != ValueDtype::kFloat16) return MakeArray(name, "<f4", std::move(shape), values);
-  std::vector<uint16_t> half(values.size());
-  for (size_t i = 0; i < values.size(); ++i) half[i] = FloatToHalf(values[i]);
-  return MakeArray(name, "<f2", std::move(shape), half);
+// The indptr entries after the first of a block whose rows start at nnz `base` of the range.
+void GlobalIndptr(const CsrRows& rows, int64_t base, std::vector<int64_t>* out) {
+  out->resize(rows.num_rows);
+  for (int64_t i = 0; i < rows.num_rows; ++i) (*out)[i] = base + rows.indptr[i + 1];
 }
 
-std::string NpyHeader(const Array& a) { return latentd::NpyHeader(a.descr, a.shape); }
+// ---- NPZ ---------------------------------------------------------------------------------------
 
-void Put16(uint16_t v, std::string* o) { o->append(reinterpret_cast<const char*>(&v), 2); }
-void Put32(uint32_t v, std::string* o) { o->append(reinterpret_cast<const char*>(&v), 4); }
-
-absl::Status WriteAll(std::FILE* f, const std::string& s, const std::string& path) {
-  if (s.empty()) return absl::OkStatus();
-  if (std::fwrite(s.data(), 1, s.size(), f) != s.size()) {
-    return absl::ResourceExhaustedError(absl::StrCat("writing ", path, ": ", std::strerror(errno)));
+class NpzSink : public Sink {
+ public:
+  static absl::StatusOr<std::unique_ptr<Sink>> Create(const DatasetRecord& rec, int64_t row_start,
+                                                      const std::string& path,
+                                                      const ExportOptions& options) {
+    NpzWriterOptions npz;
+    npz.zip64_from = options.npz_zip64_from;
+    ASSIGN_OR_RETURN(std::unique_ptr<NpzWriter> writer, NpzWriter::Create(path, npz));
+    auto sink = std::unique_ptr<NpzSink>(new NpzSink(rec, row_start, std::move(writer)));
+    RETURN_IF_ERROR(sink->AddArrays());
+    return std::unique_ptr<Sink>(std::move(sink));
   }
-  return absl::OkStatus();
-}
 
-absl::Status WriteNpz(const std::vector<Array>& arrays, const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f)
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
-  std::string central;
-  uint64_t offset = 0;
-  absl::Status status;
-  for (const Array& a : arrays) {
-    const std::string header = NpyHeader(a);
-    const std::string name = a.name + ".npy";
-    const uint64_t size = header.size() + a.bytes.size();
-    if (size >= 0xffffffffull || offset >= 0xffffffffull) {
-      status = absl::ResourceExhaustedError(absl::StrCat("NPZ member ", name, " is ", size,
-                                                         " bytes; export a smaller row range "
-                                                         "(at most 4 GiB per member) or use HDF5"));
-      break;
+  absl::Status Append(const Block& block) override {
+    const ValueDtype dtype = rec_.meta.value_dtype;
+    if (block.sparse != nullptr) {
+      const CsrRows& r = *block.sparse;
+      const auto n = static_cast<int64_t>(r.indices.size());
+      RETURN_IF_ERROR(writer_->Append(indices_, r.indices.data(), n));
+      RETURN_IF_ERROR(
+          writer_->Append(data_, ExportedValues(r.values.data(), n, dtype, &halves_), n));
+      GlobalIndptr(r, nnz_, &indptr_scratch_);
+      RETURN_IF_ERROR(writer_->Append(indptr_, indptr_scratch_.data(), r.num_rows));
+      nnz_ += n;
+    } else {
+      RETURN_IF_ERROR(writer_->Append(
+          data_, ExportedValues(block.dense, block.rows * rec_.meta.width, dtype, &halves_),
+          block.rows));
     }
-    uLong crc = crc32(0, reinterpret_cast<const Bytef*>(header.data()), header.size());
-    // zlib's crc32 takes uInt lengths: feed large buffers in pieces.
-    for (size_t at = 0; at < a.bytes.size(); at += (1u << 30)) {
-      size_t n = std::min<size_t>(a.bytes.size() - at, 1u << 30);
-      crc = crc32(crc, reinterpret_cast<const Bytef*>(a.bytes.data() + at), static_cast<uInt>(n));
+    return writer_->Append(tokens_, block.tokens, block.rows);
+  }
+
+  absl::Status Finish(int64_t rows, int64_t) override {
+    if (rec_.meta.kind == DatasetKind::kSparse) {
+      // What scipy.sparse.load_npz reads besides the arrays: format and shape.
+      const std::u32string csr = U"csr";
+      writer_->AddWhole("format", "<U3", {},
+                        std::string(reinterpret_cast<const char*>(csr.data()), 12));
+      const int64_t shape[2] = {rows, rec_.meta.width};
+      writer_->AddWhole("shape", "<i8", {2},
+                        std::string(reinterpret_cast<const char*>(shape), sizeof(shape)));
     }
-    std::string local;
-    Put32(0x04034b50, &local);
-    Put16(20, &local);    // version needed
-    Put16(0, &local);     // flags
-    Put16(0, &local);     // stored
-    Put16(0, &local);     // time
-    Put16(0x21, &local);  // date 1980-01-01
-    Put32(static_cast<uint32_t>(crc), &local);
-    Put32(static_cast<uint32_t>(size), &local);
-    Put32(static_cast<uint32_t>(size), &local);
-    Put16(static_cast<uint16_t>(name.size()), &local);
-    Put16(0, &local);
-    local += name;
-    std::string entry;
-    Put32(0x02014b50, &entry);
-    Put16(20, &entry);  // made by
-    Put16(20, &entry);
-    Put16(0, &entry);
-    Put16(0, &entry);
-    Put16(0, &entry);
-    Put16(0x21, &entry);
-    Put32(static_cast<uint32_t>(crc), &entry);
-    Put32(static_cast<uint32_t>(size), &entry);
-    Put32(static_cast<uint32_t>(size), &entry);
-    Put16(static_cast<uint16_t>(name.size()), &entry);
-    Put16(0, &entry);  // extra
-    Put16(0, &entry);  // comment
-    Put16(0, &entry);  // disk
-    Put16(0, &entry);  // internal attributes
-    Put32(0, &entry);  // external attributes
-    Put32(static_cast<uint32_t>(offset), &entry);
-    entry += name;
-    central += entry;
-    status = WriteAll(f, local, path);
-    if (status.ok()) status = WriteAll(f, header, path);
-    if (status.ok()) status = WriteAll(f, a.bytes, path);
-    if (!status.ok()) break;
-    offset += local.size() + size;
+    writer_->AddWhole("row_start", "<i8", {},
+                      std::string(reinterpret_cast<const char*>(&row_start_), 8));
+    return writer_->Finish();
   }
-  if (status.ok() && offset >= 0xffffffffull) {
-    status = absl::ResourceExhaustedError("NPZ file would pass 4 GiB; export a smaller range");
+
+ private:
+  NpzSink(const DatasetRecord& rec, int64_t row_start, std::unique_ptr<NpzWriter> writer)
+      : rec_(rec), row_start_(row_start), writer_(std::move(writer)) {}
+
+  // The largest array first: it goes straight into the file (NpzWriter).
+  absl::Status AddArrays() {
+    const ValueDtype dtype = rec_.meta.value_dtype;
+    if (rec_.meta.kind == DatasetKind::kSparse) {
+      ASSIGN_OR_RETURN(indices_, writer_->AddStreamed("indices", "<i4", 4));
+      ASSIGN_OR_RETURN(data_, writer_->AddStreamed("data", ValueDescr(dtype), ValueBytes(dtype)));
+      ASSIGN_OR_RETURN(indptr_, writer_->AddStreamed("indptr", "<i8", 8));
+      ASSIGN_OR_RETURN(tokens_, writer_->AddStreamed("token_ids", "<i4", 4));
+      const int64_t zero = 0;
+      return writer_->Append(indptr_, &zero, 1);
+    }
+    ASSIGN_OR_RETURN(data_, writer_->AddStreamed("data", ValueDescr(dtype), ValueBytes(dtype),
+                                                 {rec_.meta.width}));
+    ASSIGN_OR_RETURN(tokens_, writer_->AddStreamed("token_ids", "<i4", 4));
+    return absl::OkStatus();
   }
-  if (status.ok()) {
-    std::string end;
-    Put32(0x06054b50, &end);
-    Put16(0, &end);
-    Put16(0, &end);
-    Put16(static_cast<uint16_t>(arrays.size()), &end);
-    Put16(static_cast<uint16_t>(arrays.size()), &end);
-    Put32(static_cast<uint32_t>(central.size()), &end);
-    Put32(static_cast<uint32_t>(offset), &end);
-    Put16(0, &end);
-    status = WriteAll(f, central + end, path);
-  }
-  if (std::fclose(f) != 0 && status.ok()) {
-    status =
-        absl::ResourceExhaustedError(absl::StrCat("closing ", path, ": ", std::strerror(errno)));
-  }
-  return status;
-}
+
+  const DatasetRecord rec_;
+  const int64_t row_start_;
+  std::unique_ptr<NpzWriter> writer_;
+  int data_ = -1, indices_ = -1, indptr_ = -1, tokens_ = -1;
+  int64_t nnz_ = 0;
+  std::vector<uint16_t> halves_;
+  std::vector<int64_t> indptr_scratch_;
+};
 
 // ---- HDF5 --------------------------------------------------------------------------------------
 
@@ -156,33 +158,77 @@ hid_t Hdf5Type(const std::string& descr) {
   return t;
 }
 
+// An HDF5 file whose arrays grow block by block: chunked datasets, unlimited along the first
+// dimension.
 class Hdf5Writer {
  public:
   explicit Hdf5Writer(const std::string& path) : path_(path) {
     file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   }
   ~Hdf5Writer() {
+    for (const Set& set : sets_) CloseSet(set);
     if (file_ >= 0) H5Fclose(file_);
   }
   bool ok() const { return file_ >= 0 && ok_; }
   absl::Status Close() {
+    for (const Set& set : sets_) CloseSet(set);
+    sets_.clear();
     herr_t e = file_ >= 0 ? H5Fclose(file_) : -1;
     file_ = -1;
     if (e < 0 || !ok_) return absl::ResourceExhaustedError(absl::StrCat("writing HDF5 ", path_));
     return absl::OkStatus();
   }
-  void Dataset(const Array& a) {
-    std::vector<hsize_t> dims(a.shape.begin(), a.shape.end());
-    hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
-    hid_t type = Hdf5Type(a.descr);
+  // A dataset of numpy type `descr`, empty until appended to, with `inner` the dimensions
+  // after the first. Returns its handle.
+  int Growing(const std::string& name, const std::string& descr, std::vector<hsize_t> inner) {
+    Set set;
+    set.type = Hdf5Type(descr);
+    set.dims = {0};
+    set.dims.insert(set.dims.end(), inner.begin(), inner.end());
+    std::vector<hsize_t> max_dims = set.dims;
+    max_dims[0] = H5S_UNLIMITED;
+    std::vector<hsize_t> chunk = set.dims;
+    hsize_t inner_elements = 1;
+    for (hsize_t d : inner) inner_elements *= d;
+    chunk[0] = std::max<hsize_t>(1, kHdf5ChunkElements / std::max<hsize_t>(1, inner_elements));
+    const int rank = static_cast<int>(set.dims.size());
+    hid_t space = H5Screate_simple(rank, set.dims.data(), max_dims.data());
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    hid_t set = H5Dcreate2(file_, a.name.c_str(), type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-    if (set < 0 || H5Dwrite(set, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, a.bytes.data()) < 0)
+    hid_t dapl = H5Pcreate(H5P_DATASET_ACCESS);
+    if (H5Pset_chunk(dcpl, rank, chunk.data()) < 0 ||
+        H5Pset_chunk_cache(dapl, 521, kHdf5ChunkCacheBytes, 1.0) < 0) {
       ok_ = false;
-    if (set >= 0) H5Dclose(set);
+    }
+    set.id = H5Dcreate2(file_, name.c_str(), set.type, space, H5P_DEFAULT, dcpl, dapl);
+    if (set.id < 0) ok_ = false;
+    H5Pclose(dapl);
     H5Pclose(dcpl);
-    H5Tclose(type);
     H5Sclose(space);
+    sets_.push_back(std::move(set));
+    return static_cast<int>(sets_.size()) - 1;
+  }
+  // Appends `count` entries along the first dimension.
+  void Append(int handle, const void* data, hsize_t count) {
+    Set& set = sets_[handle];
+    if (count == 0 || set.id < 0) return;
+    std::vector<hsize_t> start(set.dims.size(), 0), extent = set.dims;
+    start[0] = set.dims[0];
+    extent[0] = count;
+    set.dims[0] += count;
+    if (H5Dset_extent(set.id, set.dims.data()) < 0) {
+      ok_ = false;
+      return;
+    }
+    const int rank = static_cast<int>(set.dims.size());
+    hid_t file_space = H5Dget_space(set.id);
+    hid_t memory_space = H5Screate_simple(rank, extent.data(), nullptr);
+    if (H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr, extent.data(),
+                            nullptr) < 0 ||
+        H5Dwrite(set.id, set.type, memory_space, file_space, H5P_DEFAULT, data) < 0) {
+      ok_ = false;
+    }
+    H5Sclose(memory_space);
+    H5Sclose(file_space);
   }
   void AttrString(const char* name, const std::string& value) {
     hid_t type = H5Tcopy(H5T_C_S1);
@@ -205,9 +251,20 @@ class Hdf5Writer {
   }
 
  private:
+  struct Set {
+    hid_t id = -1;
+    hid_t type = -1;
+    std::vector<hsize_t> dims;  // as written so far
+  };
+  static void CloseSet(const Set& set) {
+    if (set.id >= 0) H5Dclose(set.id);
+    if (set.type >= 0) H5Tclose(set.type);
+  }
+
   std::string path_;
   hid_t file_ = -1;
   bool ok_ = true;
+  std::vector<Set> sets_;
 };
 
 const char* DtypeName(ValueDtype d) {
@@ -222,15 +279,14 @@ const char* DtypeName(ValueDtype d) {
   return "";
 }
 
-// The dataset's metadata as HDF5 attributes and the Parquet footer's JSON carry it: a name and
-// a string or integers.
+// The metadata of an export of `rows` rows from `row_start`, as HDF5 attributes and the Parquet
+// footer's JSON carry it: a name and a string or integers.
 using MetaValue = std::variant<std::string, std::vector<int64_t>>;
 std::vector<std::pair<std::string, MetaValue>> MetadataFields(const DatasetRecord& rec,
-                                                              int64_t row_start,
-                                                              const std::vector<int64_t>& shape) {
+                                                              int64_t row_start, int64_t rows) {
   const DatasetMeta& m = rec.meta;
   std::vector<std::pair<std::string, MetaValue>> fields = {
-      {"shape", shape},
+      {"shape", std::vector<int64_t>{rows, m.width}},
       {"format", std::string(m.kind == DatasetKind::kSparse ? "csr" : "dense")},
       {"name", m.name},
       {"model_id", m.model_id},
@@ -257,82 +313,167 @@ std::vector<std::pair<std::string, MetaValue>> MetadataFields(const DatasetRecor
   return fields;
 }
 
-absl::Status WriteHdf5(const std::vector<Array>& arrays, const DatasetRecord& rec,
-                       int64_t row_start, const std::vector<int64_t>& shape,
-                       const std::string& path) {
-  Hdf5Writer w(path);
-  if (!w.ok()) return absl::PermissionDeniedError(absl::StrCat("cannot create HDF5 file ", path));
-  for (const Array& a : arrays) {
-    if (a.descr == "<U3") continue;  // the format goes in an attribute here
-    if (a.name == "shape") continue;
-    w.Dataset(a);
-  }
-  for (const auto& [name, value] : MetadataFields(rec, row_start, shape)) {
-    if (const auto* text = std::get_if<std::string>(&value)) {
-      w.AttrString(name.c_str(), *text);
+class Hdf5Sink : public Sink {
+ public:
+  static absl::StatusOr<std::unique_ptr<Sink>> Create(const DatasetRecord& rec, int64_t row_start,
+                                                      const std::string& path) {
+    auto sink = std::unique_ptr<Hdf5Sink>(new Hdf5Sink(rec, row_start, path));
+    Hdf5Writer& w = sink->writer_;
+    if (!w.ok()) return absl::PermissionDeniedError(absl::StrCat("cannot create HDF5 file ", path));
+    const char* values = ValueDescr(rec.meta.value_dtype);
+    if (rec.meta.kind == DatasetKind::kSparse) {
+      sink->data_ = w.Growing("data", values, {});
+      sink->indices_ = w.Growing("indices", "<i4", {});
+      sink->indptr_ = w.Growing("indptr", "<i8", {});
+      const int64_t zero = 0;
+      w.Append(sink->indptr_, &zero, 1);
     } else {
-      w.AttrInts(name.c_str(), std::get<std::vector<int64_t>>(value));
+      sink->data_ = w.Growing("data", values, {static_cast<hsize_t>(rec.meta.width)});
     }
+    sink->tokens_ = w.Growing("token_ids", "<i4", {});
+    if (!w.ok()) return absl::PermissionDeniedError(absl::StrCat("cannot create HDF5 file ", path));
+    return std::unique_ptr<Sink>(std::move(sink));
   }
-  return w.Close();
-}
+
+  absl::Status Append(const Block& block) override {
+    const ValueDtype dtype = rec_.meta.value_dtype;
+    if (block.sparse != nullptr) {
+      const CsrRows& r = *block.sparse;
+      const auto n = static_cast<int64_t>(r.indices.size());
+      writer_.Append(data_, ExportedValues(r.values.data(), n, dtype, &halves_), n);
+      writer_.Append(indices_, r.indices.data(), n);
+      GlobalIndptr(r, nnz_, &indptr_scratch_);
+      writer_.Append(indptr_, indptr_scratch_.data(), r.num_rows);
+      nnz_ += n;
+    } else {
+      writer_.Append(data_,
+                     ExportedValues(block.dense, block.rows * rec_.meta.width, dtype, &halves_),
+                     block.rows);
+    }
+    writer_.Append(tokens_, block.tokens, block.rows);
+    if (!writer_.ok()) return absl::ResourceExhaustedError(absl::StrCat("writing HDF5 ", path_));
+    return absl::OkStatus();
+  }
+
+  absl::Status Finish(int64_t rows, int64_t) override {
+    for (const auto& [name, value] : MetadataFields(rec_, row_start_, rows)) {
+      if (const auto* text = std::get_if<std::string>(&value)) {
+        writer_.AttrString(name.c_str(), *text);
+      } else {
+        writer_.AttrInts(name.c_str(), std::get<std::vector<int64_t>>(value));
+      }
+    }
+    return writer_.Close();
+  }
+
+ private:
+  Hdf5Sink(const DatasetRecord& rec, int64_t row_start, const std::string& path)
+      : rec_(rec), row_start_(row_start), path_(path), writer_(path) {}
+
+  const DatasetRecord rec_;
+  const int64_t row_start_;
+  const std::string path_;
+  Hdf5Writer writer_;
+  int data_ = -1, indices_ = -1, indptr_ = -1, tokens_ = -1;
+  int64_t nnz_ = 0;
+  std::vector<uint16_t> halves_;
+  std::vector<int64_t> indptr_scratch_;
+};
 
 // ---- Parquet -----------------------------------------------------------------------------------
 
 // A row a Parquet row: row (int64), token_id (int32) and either latents + values (lists, SPARSE)
 // or activation (a list of width values, DENSE); values as float32. Row groups of about a
-// million values; the metadata as JSON under the footer key "latentd".
-absl::Status WriteParquet(const DatasetRecord& rec, int64_t row_start,
-                          const std::vector<int64_t>& shape, const CsrRows* sparse,
-                          const std::vector<float>* dense, const std::vector<int32_t>& tokens,
-                          const std::string& path) {
-  nlohmann::json meta = nlohmann::json::object();
-  for (const auto& [name, value] : MetadataFields(rec, row_start, shape)) {
-    if (const auto* text = std::get_if<std::string>(&value)) {
-      meta[name] = *text;
-    } else {
-      const auto& ints = std::get<std::vector<int64_t>>(value);
-      meta[name] = name == "shape" ? nlohmann::json(ints) : nlohmann::json(ints.front());
+// million values; the metadata as JSON under the footer key "latentd", written when the file
+// is created, so its shape is the range's, known up front.
+class ParquetSink : public Sink {
+ public:
+  static absl::StatusOr<std::unique_ptr<Sink>> Create(const DatasetRecord& rec, int64_t row_start,
+                                                      int64_t rows, const std::string& path) {
+    nlohmann::json meta = nlohmann::json::object();
+    for (const auto& [name, value] : MetadataFields(rec, row_start, rows)) {
+      if (const auto* text = std::get_if<std::string>(&value)) {
+        meta[name] = *text;
+      } else {
+        const auto& ints = std::get<std::vector<int64_t>>(value);
+        meta[name] = name == "shape" ? nlohmann::json(ints) : nlohmann::json(ints.front());
+      }
     }
-  }
-  using Type = ParquetField::Type;
-  std::vector<ParquetField> fields = {{"row", Type::kInt64, false},
-                                      {"token_id", Type::kInt32, false}};
-  if (sparse != nullptr) {
-    fields.push_back({"latents", Type::kInt32, true});
-    fields.push_back({"values", Type::kFloat, true});
-  } else {
-    fields.push_back({"activation", Type::kFloat, true});
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<ParquetWriter> writer,
-                   ParquetWriter::Create(path, fields, {{"latentd", meta.dump()}}));
-  const int64_t rows = static_cast<int64_t>(tokens.size());
-  const int64_t width = sparse != nullptr ? 0 : rec.meta.width;
-  const int64_t values =
-      sparse != nullptr ? static_cast<int64_t>(sparse->indices.size()) : rows * width;
-  constexpr int64_t kValuesPerGroup = 1 << 20;
-  const int64_t per_row = std::max<int64_t>(1, rows > 0 ? values / rows : 1);
-  const int64_t group_rows = std::clamp<int64_t>(kValuesPerGroup / per_row, 1, 1 << 16);
-  std::vector<int64_t> row_ids, offsets;
-  for (int64_t first = 0; first < rows; first += group_rows) {
-    const int64_t n = std::min(group_rows, rows - first);
-    row_ids.resize(n);
-    offsets.resize(n + 1);
-    for (int64_t i = 0; i < n; ++i) row_ids[i] = row_start + first + i;
-    std::vector<ParquetWriter::ColumnData> columns = {{row_ids.data(), n, nullptr},
-                                                      {tokens.data() + first, n, nullptr}};
-    if (sparse != nullptr) {
-      const int64_t begin = sparse->indptr[first];
-      for (int64_t i = 0; i <= n; ++i) offsets[i] = sparse->indptr[first + i] - begin;
-      columns.push_back({sparse->indices.data() + begin, offsets[n], offsets.data()});
-      columns.push_back({sparse->values.data() + begin, offsets[n], offsets.data()});
+    using Type = ParquetField::Type;
+    const bool sparse = rec.meta.kind == DatasetKind::kSparse;
+    std::vector<ParquetField> fields = {{"row", Type::kInt64, false},
+                                        {"token_id", Type::kInt32, false}};
+    if (sparse) {
+      fields.push_back({"latents", Type::kInt32, true});
+      fields.push_back({"values", Type::kFloat, true});
     } else {
-      for (int64_t i = 0; i <= n; ++i) offsets[i] = i * width;
-      columns.push_back({dense->data() + first * width, n * width, offsets.data()});
+      fields.push_back({"activation", Type::kFloat, true});
     }
-    RETURN_IF_ERROR(writer->AppendRowGroup(n, columns));
+    ASSIGN_OR_RETURN(std::unique_ptr<ParquetWriter> writer,
+                     ParquetWriter::Create(path, fields, {{"latentd", meta.dump()}}));
+    // Row groups of about a million values at the dataset's mean row.
+    constexpr int64_t kValuesPerGroup = 1 << 20;
+    const int64_t per_row =
+        sparse ? (rec.rows_committed > 0 ? std::max<int64_t>(1, rec.nnz / rec.rows_committed) : 1)
+               : rec.meta.width;
+    const int64_t group_rows = std::clamp<int64_t>(kValuesPerGroup / per_row, 1, 1 << 16);
+    return std::unique_ptr<Sink>(
+        new ParquetSink(row_start, rec.meta.width, group_rows, std::move(writer)));
   }
-  return writer->Finish();
+
+  absl::Status Append(const Block& block) override {
+    for (int64_t first = 0; first < block.rows; first += group_rows_) {
+      const int64_t n = std::min(group_rows_, block.rows - first);
+      row_ids_.resize(n);
+      offsets_.resize(n + 1);
+      for (int64_t i = 0; i < n; ++i) row_ids_[i] = next_row_ + i;
+      std::vector<ParquetWriter::ColumnData> columns = {{row_ids_.data(), n, nullptr},
+                                                        {block.tokens + first, n, nullptr}};
+      if (block.sparse != nullptr) {
+        const std::vector<int64_t>& indptr = block.sparse->indptr;
+        const int64_t begin = indptr[first];
+        for (int64_t i = 0; i <= n; ++i) offsets_[i] = indptr[first + i] - begin;
+        columns.push_back({block.sparse->indices.data() + begin, offsets_[n], offsets_.data()});
+        columns.push_back({block.sparse->values.data() + begin, offsets_[n], offsets_.data()});
+      } else {
+        for (int64_t i = 0; i <= n; ++i) offsets_[i] = i * width_;
+        columns.push_back({block.dense + first * width_, n * width_, offsets_.data()});
+      }
+      RETURN_IF_ERROR(writer_->AppendRowGroup(n, columns));
+      next_row_ += n;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Finish(int64_t, int64_t) override { return writer_->Finish(); }
+
+ private:
+  ParquetSink(int64_t row_start, int64_t width, int64_t group_rows,
+              std::unique_ptr<ParquetWriter> writer)
+      : next_row_(row_start), width_(width), group_rows_(group_rows), writer_(std::move(writer)) {}
+
+  int64_t next_row_;  // the dataset row of the next row written
+  const int64_t width_;
+  const int64_t group_rows_;
+  std::unique_ptr<ParquetWriter> writer_;
+  std::vector<int64_t> row_ids_, offsets_;
+};
+
+absl::StatusOr<std::unique_ptr<Sink>> MakeSink(ExportFormat format, const DatasetRecord& rec,
+                                               int64_t row_start, int64_t rows,
+                                               const std::string& path,
+                                               const ExportOptions& options) {
+  switch (format) {
+    case ExportFormat::kNpz:
+      return NpzSink::Create(rec, row_start, path, options);
+    case ExportFormat::kHdf5:
+      return Hdf5Sink::Create(rec, row_start, path);
+    case ExportFormat::kParquet:
+      return ParquetSink::Create(rec, row_start, rows, path);
+    case ExportFormat::kDelphi:
+      break;
+  }
+  return absl::InternalError("no block writer for DELPHI");
 }
 
 }  // namespace
@@ -341,64 +482,58 @@ absl::StatusOr<ExportResult> ExportDataset(const ChunkStore& store, uint64_t id,
                                            int64_t row_count, ExportFormat format,
                                            const std::string& path, const ExportOptions& options) {
   if (format == ExportFormat::kDelphi) {
-    return ExportDelphi(store, id, row_start, row_count, options.delphi_splits, path);
+    return ExportDelphi(store, id, row_start, row_count, path, options);
   }
-  ASSIGN_OR_RETURN(DatasetRecord rec, store.GetRecord(id));
-  std::vector<Array> arrays;
-  std::vector<int64_t> shape;
-  ExportResult result;
-  CsrRows rows;
-  std::vector<float> values;
-  std::vector<int32_t> tokens;
-  if (rec.meta.kind == DatasetKind::kSparse) {
-    ASSIGN_OR_RETURN(rows, store.ReadRows(id, row_start, row_count));
-    shape = {rows.num_rows, rows.num_cols};
-    result.rows = rows.num_rows;
-    result.nnz = static_cast<int64_t>(rows.indices.size());
-    arrays.push_back(ValuesArray("data", {result.nnz}, rows.values, rec.meta.value_dtype));
-    arrays.push_back(MakeArray("indices", "<i4", {result.nnz}, rows.indices));
-    arrays.push_back(MakeArray("indptr", "<i8", {rows.num_rows + 1}, rows.indptr));
-    std::vector<uint32_t> csr = {'c', 's', 'r'};
-    arrays.push_back(MakeArray("format", "<U3", {}, csr));
-    arrays.push_back(MakeArray("shape", "<i8", {2}, shape));
-    arrays.push_back(MakeArray("token_ids", "<i4", {rows.num_rows}, rows.token_ids));
-    row_start = rows.row_start;
-  } else {
-    RETURN_IF_ERROR(store.ReadDense(id, row_start, row_count, &values, &tokens));
-    const int64_t n = static_cast<int64_t>(tokens.size());
-    shape = {n, rec.meta.width};
-    result.rows = n;
-    result.nnz = n * rec.meta.width;
-    arrays.push_back(ValuesArray("data", shape, values, rec.meta.value_dtype));
-    arrays.push_back(MakeArray("token_ids", "<i4", {n}, tokens));
-  }
-  arrays.push_back(MakeArray("row_start", "<i8", {}, std::vector<int64_t>{row_start}));
+  ASSIGN_OR_RETURN(const DatasetRecord rec, store.GetRecord(id));
+  // The range is fixed here: rows an extraction commits while this runs are not exported.
+  RETURN_IF_ERROR(CheckRowRange(rec, row_start, &row_count));
   const std::string tmp = path + ".tmp";
-  absl::Status s;
-  switch (format) {
-    case ExportFormat::kNpz:
-      s = WriteNpz(arrays, tmp);
-      break;
-    case ExportFormat::kHdf5:
-      s = WriteHdf5(arrays, rec, row_start, shape, tmp);
-      break;
-    case ExportFormat::kParquet: {
-      const bool is_sparse = rec.meta.kind == DatasetKind::kSparse;
-      s = WriteParquet(rec, row_start, shape, is_sparse ? &rows : nullptr,
-                       is_sparse ? nullptr : &values, is_sparse ? rows.token_ids : tokens, tmp);
-      break;
-    }
-    case ExportFormat::kDelphi:
-      break;  // exported above
-  }
-  if (!s.ok()) {
+  absl::StatusOr<std::unique_ptr<Sink>> sink =
+      MakeSink(format, rec, row_start, row_count, tmp, options);
+  auto fail = [&](absl::Status s) {
+    if (sink.ok()) sink->reset();  // closes its files first
     std::remove(tmp.c_str());
     return s;
+  };
+  if (!sink.ok()) return fail(sink.status());
+
+  ExportResult result;
+  result.rows = row_count;
+  const int64_t block_rows = ExportBlockRows(rec, options.block_values);
+  CsrRows sparse;
+  std::vector<float> dense;
+  std::vector<int32_t> tokens;
+  for (int64_t done = 0; done < row_count;) {
+    const int64_t n = std::min(block_rows, row_count - done);
+    Block block;
+    block.rows = n;
+    if (rec.meta.kind == DatasetKind::kSparse) {
+      absl::StatusOr<CsrRows> read = store.ReadRows(id, row_start + done, n);
+      if (!read.ok()) return fail(read.status());
+      sparse = *std::move(read);
+      block.sparse = &sparse;
+      block.tokens = sparse.token_ids.data();
+      result.nnz += static_cast<int64_t>(sparse.indices.size());
+    } else {
+      if (absl::Status s = store.ReadDense(id, row_start + done, n, &dense, &tokens); !s.ok()) {
+        return fail(s);
+      }
+      block.dense = dense.data();
+      block.tokens = tokens.data();
+      result.nnz += n * rec.meta.width;
+    }
+    if (absl::Status s = (*sink)->Append(block); !s.ok()) return fail(s);
+    done += n;
+    if (options.progress && !options.progress(done, row_count)) {
+      return fail(absl::CancelledError(absl::StrCat("export of dataset ", id, " stopped after ",
+                                                    done, " of ", row_count, " rows")));
+    }
   }
+  if (absl::Status s = (*sink)->Finish(row_count, result.nnz); !s.ok()) return fail(s);
+  sink->reset();
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return absl::PermissionDeniedError(
-        absl::StrCat("renaming into ", path, ": ", std::strerror(errno)));
+    return fail(absl::PermissionDeniedError(
+        absl::StrCat("renaming into ", path, ": ", std::strerror(errno))));
   }
   result.path = path;
   struct stat st;

@@ -12,12 +12,16 @@
 //    (ExportDelphi below).
 // fp16 values stay fp16 (NPZ, HDF5); bf16 (which numpy lacks), and every value in Parquet, is
 // written as fp32.
-// The range is held in memory while exporting (about 8 B per stored value). The file is written
-// to `path` + ".tmp" and renamed, so a failed export leaves no partial file under `path`.
+// Rows stream through in blocks (ExportOptions::block_values), so an export of any size runs in
+// the memory of one block: NPZ members larger than 4 GiB go in ZIP64 fields, and every member
+// but the largest passes through a side file beside `path` (NpzWriter); HDF5 arrays are chunked
+// and grow block by block. The file is written to `path` + ".tmp" and renamed, so a failed or
+// cancelled export leaves no partial file under `path`.
 #ifndef LATENTD_STORAGE_EXPORT_H_
 #define LATENTD_STORAGE_EXPORT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -30,9 +34,28 @@ enum class ExportFormat { kNpz, kHdf5, kParquet, kDelphi };
 // delphi's default n_splits.
 inline constexpr int kDefaultDelphiSplits = 5;
 
+// Called after each block with the rows read so far and the rows the export reads in all
+// (DELPHI reads its range once per group of splits, so its total counts every pass). Returning
+// false stops the export: CANCELLED, and nothing is left under the path.
+using ExportProgress = std::function<bool(int64_t rows_done, int64_t rows_total)>;
+
+// DELPHI's default bound on the firings gathered in memory per read pass (12 B each).
+inline constexpr int64_t kDelphiGatherBytes = int64_t{512} << 20;
+
 struct ExportOptions {
   // DELPHI: files per hook, each one range of latents; 0 means kDefaultDelphiSplits.
   int delphi_splits = 0;
+  // DELPHI: memory for the firings gathered per read pass; splits beyond it are gathered in
+  // further passes. Default kDelphiGatherBytes.
+  int64_t delphi_gather_bytes = kDelphiGatherBytes;
+  // Values read and written per block (SPARSE: firings at the dataset's mean per row; DENSE:
+  // rows x width): the export's working memory, about 10 B a value. Default 4M (about 40 MB).
+  int64_t block_values = int64_t{1} << 22;
+  // May be empty (no progress, never stopped).
+  ExportProgress progress;
+  // NPZ sizes and offsets from this many bytes on are written as ZIP64 (NpzWriterOptions).
+  // Default: the classic format's 4 GiB limit; tests lower it.
+  uint64_t npz_zip64_from = 0xffffffffull;
 };
 
 struct ExportResult {
@@ -42,9 +65,10 @@ struct ExportResult {
   int64_t bytes = 0;  // size of the written file (DELPHI: of every file written)
 };
 
-// Rows [row_start, row_start + row_count) (row_count 0: to the committed end). The caller has
-// already checked that `path` is allowed. OUT_OF_RANGE / NOT_FOUND / DATA_LOSS as the readers;
-// RESOURCE_EXHAUSTED when an NPZ member would pass 4 GiB (no ZIP64 support).
+// Rows [row_start, row_start + row_count) (row_count 0: to the rows committed when it starts;
+// rows an extraction commits meanwhile are not included). The caller has already checked that
+// `path` is allowed. OUT_OF_RANGE / NOT_FOUND / DATA_LOSS as the readers; RESOURCE_EXHAUSTED
+// when a write fails (a full disk); CANCELLED when `progress` says stop.
 absl::StatusOr<ExportResult> ExportDataset(const ChunkStore& store, uint64_t id, int64_t row_start,
                                            int64_t row_count, ExportFormat format,
                                            const std::string& path,
@@ -68,12 +92,11 @@ absl::StatusOr<ExportResult> ExportDataset(const ChunkStore& store, uint64_t id,
 // complete (it is built in a hidden directory beside it). Reads the range once, gathering every
 // split's firings (12 B each) when they fit `gather_bytes` (512 MiB), else in groups of splits
 // that do, one read per group. INVALID_ARGUMENT for a DENSE dataset or splits outside
-// [1, d_sae].
-inline constexpr int64_t kDelphiGatherBytes = int64_t{512} << 20;
+// [1, d_sae]. Takes delphi_splits, delphi_gather_bytes, block_values and progress from
+// `options`.
 absl::StatusOr<ExportResult> ExportDelphi(const ChunkStore& store, uint64_t id, int64_t row_start,
-                                          int64_t row_count, int splits,
-                                          const std::string& latents_dir,
-                                          int64_t gather_bytes = kDelphiGatherBytes);
+                                          int64_t row_count, const std::string& latents_dir,
+                                          const ExportOptions& options = ExportOptions());
 
 }  // namespace latentd::storage
 

@@ -87,17 +87,29 @@ int main(int argc, char** argv) {
     ExportFormat format;
     std::string file;
     int delphi_splits = 0;
+    // Blocks of a few rows, and every NPZ size and offset in ZIP64 fields: the streamed writers'
+    // seams, read back by the same checks.
+    bool small_blocks = false;
   };
-  for (const Job& j : std::vector<Job>{{*sid, 0, 0, ExportFormat::kNpz, "sparse_full.npz"},
-                                       {*sid, 0, 0, ExportFormat::kHdf5, "sparse_full.h5"},
-                                       {*sid, 120, 220, ExportFormat::kNpz, "sparse_part.npz"},
-                                       {*sid, 120, 220, ExportFormat::kHdf5, "sparse_part.h5"},
-                                       {*did, 0, 0, ExportFormat::kNpz, "dense.npz"},
-                                       {*did, 5, 30, ExportFormat::kHdf5, "dense_part.h5"},
-                                       {*sid, 0, 0, ExportFormat::kDelphi, "latents", 3},
-                                       {*sid, 100, 300, ExportFormat::kDelphi, "part"}}) {
+  for (const Job& j :
+       std::vector<Job>{{*sid, 0, 0, ExportFormat::kNpz, "sparse_full.npz"},
+                        {*sid, 0, 0, ExportFormat::kHdf5, "sparse_full.h5"},
+                        {*sid, 120, 220, ExportFormat::kNpz, "sparse_part.npz"},
+                        {*sid, 120, 220, ExportFormat::kHdf5, "sparse_part.h5"},
+                        {*did, 0, 0, ExportFormat::kNpz, "dense.npz"},
+                        {*did, 5, 30, ExportFormat::kHdf5, "dense_part.h5"},
+                        {*sid, 0, 0, ExportFormat::kDelphi, "latents", 3},
+                        {*sid, 100, 300, ExportFormat::kDelphi, "part"},
+                        {*sid, 0, 0, ExportFormat::kNpz, "sparse_blocks.npz", 0, true},
+                        {*sid, 120, 220, ExportFormat::kHdf5, "sparse_part_blocks.h5", 0, true},
+                        {*did, 0, 0, ExportFormat::kNpz, "dense_blocks.npz", 0, true},
+                        {*did, 5, 30, ExportFormat::kHdf5, "dense_part_blocks.h5", 0, true}}) {
     ExportOptions options;
     options.delphi_splits = j.delphi_splits;
+    if (j.small_blocks) {
+      options.block_values = 50;
+      options.npz_zip64_from = 1;
+    }
     auto r = ExportDataset(store, j.id, j.start, j.count, j.format, out + "/" + j.file, options);
     if (!r.ok()) return Fail(r.status());
   }

@@ -196,13 +196,16 @@ class Client:
         return self.datasets.GetDataset(datasets_pb2.GetDatasetRequest(dataset_id=dataset_id),
                                         metadata=self.metadata, timeout=self.timeout)
 
-    def export(self, dataset_id, path, format="npz", row_start=0, row_count=0, splits=0):
+    def export(self, dataset_id, path, format="npz", row_start=0, row_count=0, splits=0,
+               timeout=None):
         """Writes rows on the server under its export root (path relative to it, or absolute
         inside it) as "npz" (scipy.sparse.load_npz reads it), "hdf5", "parquet" (a row a row:
         row, token_id, latents and values lists; pandas, polars, DuckDB) or "delphi" (path is a
         latent cache directory EleutherAI's delphi reads, the dataset its module path/<hook>,
         in `splits` files, delphi's 5 by default; whole sequences only); returns the response
-        with the absolute path written."""
+        with the absolute path written. The server streams the rows in bounded memory, so this
+        waits as long as the export takes unless `timeout` (seconds) is given; an export that
+        runs past it, or whose caller is interrupted, stops and leaves no file."""
         formats = {"npz": datasets_pb2.NPZ, "hdf5": datasets_pb2.HDF5,
                    "parquet": datasets_pb2.EXPORT_FORMAT_PARQUET,
                    "delphi": datasets_pb2.EXPORT_FORMAT_DELPHI}
@@ -211,7 +214,7 @@ class Client:
         request = datasets_pb2.ExportDatasetRequest(dataset_id=dataset_id, path=path,
                                                     format=formats[format], row_start=row_start,
                                                     row_count=row_count, delphi_splits=splits)
-        return self.datasets.ExportDataset(request, metadata=self.metadata, timeout=self.timeout)
+        return self.datasets.ExportDataset(request, metadata=self.metadata, timeout=timeout)
 
     def delete_dataset(self, dataset_id):
         self.datasets.DeleteDataset(datasets_pb2.DeleteDatasetRequest(dataset_id=dataset_id),

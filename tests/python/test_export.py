@@ -5,6 +5,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import zipfile
 
 import h5py
 import numpy as np
@@ -108,13 +109,20 @@ class ExportTest(unittest.TestCase):
         self.assertEqual(os.listdir(self.path("part")), ["blocks.2.hook_resid_post"])
 
     def test_npz_loads_with_scipy(self):
-        m = scipy.sparse.load_npz(self.path("sparse_full.npz"))
-        self.assertEqual(m.format, "csr")
-        self.assertEqual(m.dtype, np.float16)  # the dataset's dtype
-        self.check_csr(m, 0, 500)
-        with np.load(self.path("sparse_full.npz")) as z:
-            np.testing.assert_array_equal(z["token_ids"], self.tokens)
-            self.assertEqual(int(z["row_start"]), 0)
+        # sparse_blocks.npz was written a few rows at a time with every size in ZIP64 fields.
+        for name in ("sparse_full.npz", "sparse_blocks.npz"):
+            m = scipy.sparse.load_npz(self.path(name))
+            self.assertEqual(m.format, "csr")
+            self.assertEqual(m.dtype, np.float16)  # the dataset's dtype
+            self.check_csr(m, 0, 500)
+            with np.load(self.path(name)) as z:
+                np.testing.assert_array_equal(z["token_ids"], self.tokens)
+                self.assertEqual(int(z["row_start"]), 0)
+        with zipfile.ZipFile(self.path("sparse_blocks.npz")) as z:
+            self.assertIsNone(z.testzip())  # every member's CRC
+            self.assertEqual(sorted(i.filename for i in z.infolist()),
+                             ["data.npy", "format.npy", "indices.npy", "indptr.npy",
+                              "row_start.npy", "shape.npy", "token_ids.npy"])
 
     def test_npz_partial_range(self):
         m = scipy.sparse.load_npz(self.path("sparse_part.npz"))
@@ -124,7 +132,8 @@ class ExportTest(unittest.TestCase):
             self.assertEqual(int(z["row_start"]), 120)
 
     def test_hdf5_csr_group(self):
-        for name, (start, stop) in (("sparse_full.h5", (0, 500)), ("sparse_part.h5", (120, 340))):
+        for name, (start, stop) in (("sparse_full.h5", (0, 500)), ("sparse_part.h5", (120, 340)),
+                                    ("sparse_part_blocks.h5", (120, 340))):
             with h5py.File(self.path(name), "r") as f:
                 self.assertEqual(f["data"].dtype, np.float16)
                 shape = tuple(int(x) for x in f.attrs["shape"])
@@ -141,13 +150,16 @@ class ExportTest(unittest.TestCase):
     def test_dense_exports(self):
         d = self.expected["dense"]
         want = np.array(d["values"], dtype=np.float32).reshape(d["shape"])
-        with np.load(self.path("dense.npz")) as z:
-            np.testing.assert_array_equal(z["data"], want)
-            np.testing.assert_array_equal(z["token_ids"], d["token_ids"])
-        with h5py.File(self.path("dense_part.h5"), "r") as f:
-            np.testing.assert_array_equal(f["data"][()], want[5:35])
-            np.testing.assert_array_equal(f["token_ids"][()], d["token_ids"][5:35])
-            self.assertEqual(f.attrs["format"].decode(), "dense")
+        for name in ("dense.npz", "dense_blocks.npz"):
+            with np.load(self.path(name)) as z:
+                np.testing.assert_array_equal(z["data"], want)
+                np.testing.assert_array_equal(z["token_ids"], d["token_ids"])
+        for name in ("dense_part.h5", "dense_part_blocks.h5"):
+            with h5py.File(self.path(name), "r") as f:
+                np.testing.assert_array_equal(f["data"][()], want[5:35])
+                np.testing.assert_array_equal(f["token_ids"][()], d["token_ids"][5:35])
+                self.assertEqual(f.attrs["format"].decode(), "dense")
+                self.assertEqual(tuple(int(x) for x in f.attrs["shape"]), (30, 8))
 
 
 if __name__ == "__main__":
