@@ -65,7 +65,10 @@ ABSL_FLAG(bool, all, false, "list: follow page tokens to the end");
 ABSL_FLAG(int64_t, after, 0, "watch: resume after this event sequence number");
 ABSL_FLAG(std::string, after_jobs, "",
           "submit: comma-separated jobs that must succeed before this one starts (a pipeline)");
-ABSL_FLAG(bool, watch, false, "pipeline: follow the jobs until they end");
+ABSL_FLAG(bool, watch, false, "pipeline, export --job: follow the jobs until they end");
+ABSL_FLAG(bool, job, false,
+          "export: submit an EXPORT job (progress on watch, cancel, pipelines) instead of "
+          "waiting for the export");
 ABSL_FLAG(std::string, bind, "",
           "submit: FIELD=JOB:OUTPUT[,...]: fill a field of this spec from a job's result when it "
           "starts, e.g. train.dataset_id=5:extract.dataset_id (JOB joins --after_jobs)");
@@ -477,7 +480,11 @@ void PrintJob(const v1::Job& job) {
                 DescribeTelemetry(job.latest_telemetry(), FvuPartName(job.spec())).c_str());
   }
   const v1::JobResult& r = job.result();
-  if (r.has_probe()) {
+  if (r.has_export_()) {
+    std::printf("wrote      %s (%lld rows, %lld nonzeros, %s)\n", r.export_().path().c_str(),
+                static_cast<long long>(r.export_().rows()),
+                static_cast<long long>(r.export_().nnz()), Bytes(r.export_().bytes()).c_str());
+  } else if (r.has_probe()) {
     for (const auto& d : r.probe().devices()) {
       std::printf("probe      %-8s matmul %8.1f GFLOP/s   copy %7.2f GB/s\n", d.device().c_str(),
                   d.matmul_gflops(), d.memory_bandwidth_gbps());
@@ -547,10 +554,13 @@ absl::StatusOr<v1::JobSpec> SpecFromFlags(const std::string& default_type = "") 
     // The file may hold a whole JobSpec or just the type's spec.
     if (!google::protobuf::util::JsonStringToMessage(text.str(), &spec).ok()) {
       spec.Clear();
-      google::protobuf::Message* inner =
-          type == "EXTRACT" ? static_cast<google::protobuf::Message*>(spec.mutable_extract())
-          : type == "TRAIN" ? static_cast<google::protobuf::Message*>(spec.mutable_train())
-                            : static_cast<google::protobuf::Message*>(spec.mutable_probe());
+      v1::JobType parsed = v1::PROBE;
+      if (!type.empty() && !v1::JobType_Parse(type, &parsed)) parsed = v1::JOB_TYPE_UNSPECIFIED;
+      google::protobuf::Message* inner = MutableTypeSpec(&spec, parsed);
+      if (inner == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--type: '", type, "' is not PROBE, EXTRACT, TRAIN or EXPORT"));
+      }
       auto status = google::protobuf::util::JsonStringToMessage(text.str(), inner);
       if (!status.ok()) {
         return absl::InvalidArgumentError(
@@ -563,7 +573,7 @@ absl::StatusOr<v1::JobSpec> SpecFromFlags(const std::string& default_type = "") 
     v1::JobType parsed;
     if (!v1::JobType_Parse(type, &parsed) || parsed == v1::JOB_TYPE_UNSPECIFIED) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--type: '", type, "' is not PROBE, EXTRACT or TRAIN"));
+          absl::StrCat("--type: '", type, "' is not PROBE, EXTRACT, TRAIN or EXPORT"));
     }
     spec.set_type(parsed);
   }
@@ -2126,9 +2136,13 @@ int Latents(Client& client, const std::vector<std::string>& args) {
 }
 
 int Export(Client& client, const std::vector<std::string>& args) {
-  uint64_t id;
-  if (!ParseId(args, 1, &id) || args.size() < 3)
-    return Usage("export needs a dataset id and a path");
+  const bool as_job = absl::GetFlag(FLAGS_job);
+  uint64_t id = 0;
+  // "-": an EXPORT job's --bind fills export.dataset_id (the dataset a job it waits for makes).
+  const bool bound_id = as_job && args.size() > 1 && args[1] == "-";
+  if ((!bound_id && !ParseId(args, 1, &id)) || args.size() < 3) {
+    return Usage("export needs a dataset id (with --job, '-' for one --bind fills) and a path");
+  }
   v1::ExportDatasetRequest request;
   request.set_dataset_id(id);
   request.set_path(args[2]);
@@ -2150,6 +2164,26 @@ int Export(Client& client, const std::vector<std::string>& args) {
   }
   request.set_row_start(absl::GetFlag(FLAGS_start));
   request.set_row_count(absl::GetFlag(FLAGS_count));
+  if (as_job) {
+    // The same request as an EXPORT job: progress on `latentctl watch`, CancelJob, pipelines.
+    absl::StatusOr<v1::JobSpec> spec = SpecFromFlags("EXPORT");
+    if (!spec.ok()) return Usage(std::string(spec.status().message()));
+    if (spec->type() != v1::EXPORT) return Usage("export --job: --type must be EXPORT");
+    *spec->mutable_export_() = request;
+    v1::SubmitJobRequest submit;
+    submit.set_request_id(absl::GetFlag(FLAGS_request_id));
+    *submit.mutable_spec() = *std::move(spec);
+    v1::Job job;
+    grpc::Status status = client.jobs()->SubmitJob(client.Context().get(), submit, &job);
+    if (!status.ok()) return RpcError(status);
+    if (absl::GetFlag(FLAGS_watch)) return Watch(client, {"watch", std::to_string(job.id())});
+    if (absl::GetFlag(FLAGS_json)) {
+      std::printf("%s\n", Json(job).c_str());
+    } else {
+      std::printf("%llu\n", static_cast<unsigned long long>(job.id()));
+    }
+    return 0;
+  }
   v1::ExportDatasetResponse response;
   grpc::Status status =
       client.datasets()->ExportDataset(client.Context().get(), request, &response);
@@ -2530,10 +2564,14 @@ datasets:
   token ID T [--vocab=F] [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
                                  the latents that fire on token T (an id, or its text with --vocab)
   export ID PATH [--format=npz|hdf5|parquet|delphi] [--start=R] [--count=N] [--splits=S]
+         [--job [--watch] [--after_jobs=..] [--bind=export.dataset_id=JOB:extract.dataset_id]]
                                  server-side, under the export root (parquet: a row a row,
                                  latents and values as lists, for pandas / polars / DuckDB;
                                  delphi: PATH is a latent cache directory for EleutherAI's
-                                 delphi, the dataset its module PATH/<hook>, S files of it)
+                                 delphi, the dataset its module PATH/<hook>, S files of it);
+                                 streamed in bounded memory; Ctrl-C stops it. --job: run it as
+                                 an EXPORT job (prints its id; progress with watch; ID '-' when
+                                 --bind names the dataset a job it waits for makes)
   delete-dataset ID
   artifacts                      trained SAEs
   delete-artifact ID             its record and files (refused while an unfinished job uses it)

@@ -6,11 +6,21 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace latentd::client {
+
+google::protobuf::Message* MutableTypeSpec(latentd::v1::JobSpec* spec, latentd::v1::JobType type) {
+  if (type == latentd::v1::JOB_TYPE_UNSPECIFIED) return nullptr;
+  const google::protobuf::FieldDescriptor* member =
+      latentd::v1::JobSpec::descriptor()->FindFieldByName(
+          absl::AsciiStrToLower(latentd::v1::JobType_Name(type)));
+  if (member == nullptr) return nullptr;
+  return spec->GetReflection()->MutableMessage(spec, member);
+}
 namespace {
 
 using nlohmann::json;
@@ -54,21 +64,17 @@ absl::StatusOr<PipelineJob> ParseJob(const json& entry, int i, const std::string
     return Bad(where + ".name", absl::StrCat("\"", job.name, "\" names an earlier job too"));
   }
   if (!entry.contains("type") || !entry["type"].is_string()) {
-    return Bad(where + ".type", "required: PROBE, EXTRACT or TRAIN");
+    return Bad(where + ".type", "required: PROBE, EXTRACT, TRAIN or EXPORT");
   }
   latentd::v1::JobType type;
   if (!latentd::v1::JobType_Parse(entry["type"].get<std::string>(), &type) ||
       type == latentd::v1::JOB_TYPE_UNSPECIFIED) {
     return Bad(where + ".type", absl::StrCat("\"", entry["type"].get<std::string>(),
-                                             "\" is not PROBE, EXTRACT or TRAIN"));
+                                             "\" is not PROBE, EXTRACT, TRAIN or EXPORT"));
   }
   job.spec.set_type(type);
-  google::protobuf::Message* inner =
-      type == latentd::v1::EXTRACT
-          ? static_cast<google::protobuf::Message*>(job.spec.mutable_extract())
-      : type == latentd::v1::TRAIN
-          ? static_cast<google::protobuf::Message*>(job.spec.mutable_train())
-          : static_cast<google::protobuf::Message*>(job.spec.mutable_probe());
+  google::protobuf::Message* inner = MutableTypeSpec(&job.spec, type);
+  if (inner == nullptr) return Bad(where + ".type", "has no spec");
   if (entry.contains("spec")) {
     if (!entry["spec"].is_object()) return Bad(where + ".spec", "not an object");
     const auto parsed = google::protobuf::util::JsonStringToMessage(entry["spec"].dump(), inner);

@@ -43,6 +43,10 @@ struct PipelineJob {
   std::string request_id;  // "<pipeline name>/<job name>", or empty
 };
 
+// The member of `spec`'s oneof that holds a `type` job's spec (named after the type: EXTRACT's is
+// `extract`), made present; nullptr for JOB_TYPE_UNSPECIFIED or a type without one.
+google::protobuf::Message* MutableTypeSpec(latentd::v1::JobSpec* spec, latentd::v1::JobType type);
+
 // Parses and checks a pipeline file's text. INVALID_ARGUMENT naming the place ("jobs[1].bind:
 // \"dense2\" is no earlier job of the file and no job id") for anything malformed; nothing is
 // submitted by then, so a bad file submits nothing.

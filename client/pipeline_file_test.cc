@@ -82,7 +82,7 @@ TEST(ParsePipeline, MistakesAreNamedBeforeAnythingIsSubmitted) {
       ErrorOf(R"({"jobs": [{"name": "a", "type": "PROBE"}, {"name": "a", "type": "PROBE"}]})"),
       "jobs[1].name: \"a\" names an earlier job too");
   EXPECT_EQ(ErrorOf(R"({"jobs": [{"name": "a", "type": "SLEEP"}]})"),
-            "jobs[0].type: \"SLEEP\" is not PROBE, EXTRACT or TRAIN");
+            "jobs[0].type: \"SLEEP\" is not PROBE, EXTRACT, TRAIN or EXPORT");
   EXPECT_EQ(ErrorOf(R"({"jobs": [{"name": "a", "type": "PROBE", "prio": 1}]})"),
             "jobs[0].prio: unknown, or not of its type (name, type, spec, bind, after, label, "
             "priority, numDevices)");

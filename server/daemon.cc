@@ -138,6 +138,10 @@ absl::Status Daemon::Start() {
   if (options_.export_root.empty()) options_.export_root = options_.data_dir + "/exports";
   if (options_.data_roots.empty()) options_.data_roots = {options_.data_dir, "/tmp"};
 
+  if (options_.max_export_jobs < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_export_jobs: ", options_.max_export_jobs, " is below 1"));
+  }
   if (options_.block_cache_mb < 1 || options_.block_cache_mb > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--block_cache_mb: ", options_.block_cache_mb, " outside [1, 2^30]"));
@@ -186,14 +190,17 @@ absl::Status Daemon::Start() {
   env.pool = state->pool.get();
   env.data_roots = options_.data_roots;
   env.artifact_dir = options_.data_dir + "/artifacts";
+  env.export_root = options_.export_root;
   // The runners are built before the manager they serve; they ask it for jobs only at submit.
   auto manager_slot = std::make_shared<JobManager*>(nullptr);
   env.find_job = [manager_slot](uint64_t job_id) -> absl::StatusOr<latentd::v1::Job> {
     if (*manager_slot == nullptr) return absl::UnavailableError("latentd is starting");
     return (*manager_slot)->Get(job_id);
   };
-  state->manager =
-      std::make_unique<JobManager>(state->job_store.get(), state->pool.get(), MakeJobRunners(env));
+  JobManagerOptions manager_options;
+  manager_options.max_deviceless_jobs = options_.max_export_jobs;
+  state->manager = std::make_unique<JobManager>(state->job_store.get(), state->pool.get(),
+                                                MakeJobRunners(env), manager_options);
   *manager_slot = state->manager.get();
   if (absl::Status s = state->manager->Start(); !s.ok()) return s;
 

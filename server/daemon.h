@@ -30,6 +30,8 @@ struct DaemonOptions {
   std::vector<std::string> data_roots;
   // Directory server-side exports are written under. Default <data_dir>/exports.
   std::string export_root;
+  // EXPORT jobs running at once (JobManagerOptions::max_deviceless_jobs). Default 2; at least 1.
+  int max_export_jobs = 2;
   // host:port of an HTTP endpoint beside the gRPC port: GET /metrics answers Prometheus text
   // (server/metrics.h), GET /healthz 200 while serving and 503 once shutdown begins. Empty (the
   // default) serves none; port 0 picks a free port (see metrics_port()). The rule of `listen`

@@ -4,20 +4,18 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
 #include <optional>
 #include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/path_within.h"
 #include "common/status_macros.h"
 #include "engine/attribution_graph.h"
 #include "engine/hook_name.h"
 #include "server/artifact_deletion.h"
 #include "server/dataset_deletion.h"
+#include "server/export_request.h"
 #include "server/grpc_status.h"
-#include "storage/export.h"
 #include "storage/latent_overview.h"
 #include "storage/latents_on_rows.h"
 #include "storage/value_codec.h"
@@ -1020,61 +1018,16 @@ grpc::Status DatasetsService::AttributionGraph(
   return grpc::Status::OK;
 }
 
-absl::StatusOr<std::string> DatasetsService::ResolveExportPath(const std::string& requested) const {
-  namespace fs = std::filesystem;
-  if (options_.export_root.empty()) {
-    return absl::FailedPreconditionError("the daemon has no export root configured");
-  }
-  if (requested.empty()) return absl::InvalidArgumentError("path: must not be empty");
-  std::error_code ec;
-  const fs::path root = fs::canonical(options_.export_root, ec);
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("export root ", options_.export_root, " is not usable: ", ec.message()));
-  }
-  fs::path target = fs::path(requested).is_absolute() ? fs::path(requested) : root / requested;
-  target = fs::weakly_canonical(target, ec);  // resolves symlinks of the existing prefix and ..
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("path: ", ec.message()));
-  if (target == root || !PathIsWithin(target, root)) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("path \"", requested, "\" is outside the export root ", root.string()));
-  }
-  return target.string();
-}
-
 grpc::Status DatasetsService::ExportDataset(grpc::ServerContext* context,
                                             const latentd::v1::ExportDatasetRequest* request,
                                             latentd::v1::ExportDatasetResponse* response) {
   if (grpc::Status s = Authorize(*context); !s.ok()) return s;
-  if (request->delphi_splits() != 0 && request->format() != latentd::v1::EXPORT_FORMAT_DELPHI) {
-    return ToGrpcStatus(
-        absl::InvalidArgumentError("delphi_splits: given only with format EXPORT_FORMAT_DELPHI"));
-  }
-  auto path = ResolveExportPath(request->path());
-  if (!path.ok()) return ToGrpcStatus(path.status());
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(*path).parent_path(), ec);
-  if (ec) {
-    return ToGrpcStatus(absl::PermissionDeniedError(
-        absl::StrCat("creating the directory of ", *path, ": ", ec.message())));
-  }
-  const storage::ExportFormat format =
-      request->format() == latentd::v1::HDF5                    ? storage::ExportFormat::kHdf5
-      : request->format() == latentd::v1::EXPORT_FORMAT_PARQUET ? storage::ExportFormat::kParquet
-      : request->format() == latentd::v1::EXPORT_FORMAT_DELPHI  ? storage::ExportFormat::kDelphi
-                                                                : storage::ExportFormat::kNpz;
-  storage::ExportOptions options;
-  options.delphi_splits = request->delphi_splits();
   // A client that goes away (Ctrl-C, its deadline) stops the export at the next block, and the
   // partial file is removed.
-  options.progress = [context](int64_t, int64_t) { return !context->IsCancelled(); };
-  auto result = storage::ExportDataset(*store_, request->dataset_id(), request->row_start(),
-                                       request->row_count(), format, *path, options);
+  auto result = RunExportRequest(*store_, options_.export_root, *request, /*field_prefix=*/"",
+                                 [context](int64_t, int64_t) { return !context->IsCancelled(); });
   if (!result.ok()) return ToGrpcStatus(result.status());
-  response->set_path(result->path);
-  response->set_rows(result->rows);
-  response->set_nnz(result->nnz);
-  response->set_bytes(result->bytes);
+  *response = *std::move(result);
   return grpc::Status::OK;
 }
 

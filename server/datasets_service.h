@@ -93,10 +93,6 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
                               const latentd::v1::DeleteArtifactRequest* request,
                               latentd::v1::DeleteArtifactResponse* response) override;
 
-  // The absolute path `requested` (relative to the export root, or absolute) names, with ".."
-  // and symlinks resolved; PERMISSION_DENIED when it falls outside the export root.
-  absl::StatusOr<std::string> ResolveExportPath(const std::string& requested) const;
-
  private:
   grpc::Status Authorize(const grpc::ServerContext& context) const;
   // options_.unfinished_jobs(), or none.

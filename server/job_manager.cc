@@ -4,6 +4,7 @@
 #include <exception>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -236,22 +237,29 @@ void JobManager::Shutdown() {
 
 absl::Status JobManager::ValidateSpec(const JobSpec& spec, bool with_runner) const {
   if (spec.type() == latentd::v1::JOB_TYPE_UNSPECIFIED) {
-    return absl::InvalidArgumentError("spec.type: required (PROBE, EXTRACT or TRAIN)");
+    return absl::InvalidArgumentError("spec.type: required (PROBE, EXTRACT, TRAIN or EXPORT)");
   }
   auto runner = runners_.find(spec.type());
   if (runner == runners_.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "spec.type: ", latentd::v1::JobType_Name(spec.type()), " jobs are not enabled here"));
   }
-  const JobSpec::SpecCase expected = spec.type() == latentd::v1::PROBE     ? JobSpec::kProbe
-                                     : spec.type() == latentd::v1::EXTRACT ? JobSpec::kExtract
-                                                                           : JobSpec::kTrain;
-  if (spec.spec_case() != JobSpec::SPEC_NOT_SET && spec.spec_case() != expected) {
+  // Each type's spec is the oneof member named after it (EXTRACT: extract).
+  const google::protobuf::FieldDescriptor* expected =
+      JobSpec::descriptor()->FindFieldByName(absl::AsciiStrToLower(JobType_Name(spec.type())));
+  if (spec.spec_case() != JobSpec::SPEC_NOT_SET &&
+      (expected == nullptr || static_cast<int>(spec.spec_case()) != expected->number())) {
     return absl::InvalidArgumentError(absl::StrCat("spec: the type is ",
                                                    latentd::v1::JobType_Name(spec.type()),
                                                    " but the spec set is another type's"));
   }
-  if (spec.num_devices() < 0) {
+  if (!runner->second.holds_devices) {
+    if (spec.num_devices() != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.num_devices: ", latentd::v1::JobType_Name(spec.type()),
+                       " jobs hold no device; leave it 0, not ", spec.num_devices()));
+    }
+  } else if (spec.num_devices() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec.num_devices: must be >= 1, got ", spec.num_devices()));
   }
@@ -605,6 +613,11 @@ absl::Status JobManager::SetStateLocked(Entry* entry, JobState state, JobReason 
   return AppendEventLocked(entry, std::move(event), /*sync=*/true);
 }
 
+bool JobManager::HoldsDevices(const JobSpec& spec) const {
+  auto runner = runners_.find(spec.type());
+  return runner == runners_.end() || runner->second.holds_devices;
+}
+
 void JobManager::SchedulerLoop() {
   absl::MutexLock lock(&mu_);
   while (!shutting_down_) {
@@ -622,7 +635,20 @@ void JobManager::SchedulerLoop() {
     std::stable_sort(pending.begin(), pending.end(), [](const Entry* a, const Entry* b) {
       return a->job.spec().priority() > b->job.spec().priority();
     });
+    int deviceless_running = 0;
+    for (auto& [id, entry] : jobs_) {
+      const JobState state = entry->job.state();
+      if ((state == latentd::v1::RUNNING || state == latentd::v1::CANCELLING) &&
+          !HoldsDevices(entry->job.spec())) {
+        ++deviceless_running;
+      }
+    }
+    bool devices_blocked = false;  // a job that needs devices waits for them: no backfill
     for (Entry* entry : pending) {
+      const bool holds_devices = HoldsDevices(entry->job.spec());
+      if (holds_devices ? devices_blocked : deviceless_running >= options_.max_deviceless_jobs) {
+        continue;
+      }
       std::string why;
       switch (DependenciesLocked(entry->job.spec(), &why)) {
         case Dependencies::kWaiting:
@@ -636,8 +662,16 @@ void JobManager::SchedulerLoop() {
           break;
       }
       if (!BindLocked(entry)) continue;  // it FAILED: a value its bindings took does not fit
+      if (!holds_devices) {
+        ++deviceless_running;
+        StartJobLocked(entry, {});
+        continue;
+      }
       auto devices = pool_->TryAcquire(DevicesRequested(entry->job.spec()), entry->job.id());
-      if (!devices.has_value()) break;  // no backfill: the head of the queue waits for its devices
+      if (!devices.has_value()) {
+        devices_blocked = true;  // the head of the queue waits for its devices
+        continue;
+      }
       StartJobLocked(entry, std::move(*devices));
     }
   }
@@ -708,7 +742,7 @@ void JobManager::StartJobLocked(Entry* entry, std::vector<engine::DeviceRef> dev
   for (const auto& d : entry->devices) absl::StrAppend(&on, on.empty() ? "" : ",", d.name);
   absl::Status s = SetStateLocked(
       entry, latentd::v1::RUNNING, latentd::v1::JOB_REASON_UNSPECIFIED,
-      absl::StrCat("running on ", on,
+      absl::StrCat("running on ", on.empty() ? "the host" : on,
                    job.attempts() > 1 ? absl::StrCat(" (attempt ", job.attempts(), ")") : ""));
   if (!s.ok()) {
     // The record could not be written: do not run a job whose state nobody could read back.

@@ -7,8 +7,11 @@
 //                   (INTERRUPTED)
 //
 // Scheduling: strict priority order (higher first), FIFO by submission within one priority, and no
-// backfill: when the job at the head cannot get its devices, nothing behind it starts (a large job
-// is never starved by a stream of small ones). A device is given to one job at a time (DevicePool).
+// backfill: when the job at the head cannot get its devices, nothing behind it that needs devices
+// starts (a large job is never starved by a stream of small ones). A device is given to one job at
+// a time (DevicePool). Jobs of a type that holds no device (EXPORT: JobRunner::holds_devices
+// false) are outside that queue: they start in priority order as soon as fewer than
+// max_deviceless_jobs of them run, whatever waits for devices.
 // Pipelines: a job with after_job_ids is not a candidate until every job it waits for has
 // SUCCEEDED (it holds nobody up meanwhile), FAILS with DEPENDENCY_FAILED as soon as one has
 // FAILED or been CANCELLED, and takes its bindings (server/spec_bindings.h) once they all have:
@@ -65,6 +68,9 @@ struct JobRunner {
   // The job whose leftovers a job of `spec` takes over (resume_from_job_id), or 0; that job
   // cannot be deleted while this one has not finished. May be empty (never).
   std::function<uint64_t(const latentd::v1::JobSpec& spec)> continues;
+  // False for a type whose jobs run on the host without a device (EXPORT): num_devices must be
+  // 0, and they neither wait for devices nor hold up the jobs that do. Default true.
+  bool holds_devices = true;
 };
 
 struct JobManagerOptions {
@@ -73,6 +79,9 @@ struct JobManagerOptions {
   absl::Duration progress_interval = absl::Milliseconds(200);
   // How often a waiting watcher re-checks whether its client went away. Default 250 ms.
   absl::Duration watch_poll = absl::Milliseconds(250);
+  // Jobs that hold no device (JobRunner::holds_devices false) running at once; more wait in
+  // PENDING. Default 2: exports are bound by the disk, and two keep it busy.
+  int max_deviceless_jobs = 2;
 };
 
 // Which jobs List returns; each field unset (UNSPECIFIED, empty) matches every job.
@@ -180,6 +189,8 @@ class JobManager {
                               latentd::v1::JobReason reason, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SchedulerLoop();
+  // Whether jobs of the spec's type hold devices (JobRunner::holds_devices).
+  bool HoldsDevices(const latentd::v1::JobSpec& spec) const;
   // Applies the bindings of a ready job once (Job.submitted_spec keeps the spec as submitted,
   // the log says what each took). False when one fails: the job is then FAILED.
   bool BindLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

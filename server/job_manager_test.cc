@@ -109,6 +109,9 @@ class JobManagerTest : public ::testing::Test {
       }
       return absl::OkStatus();
     };
+    // EXPORT stands for every type that runs without a device.
+    JobRunner deviceless = runner;
+    deviceless.holds_devices = false;
     // A plan makes validate's checks itself (the JobRunner contract).
     extract.plan = [validate = extract.validate](
                        const JobSpec& spec) -> absl::StatusOr<std::vector<std::string>> {
@@ -119,7 +122,8 @@ class JobManagerTest : public ::testing::Test {
     manager_ = std::make_unique<JobManager>(
         store_.get(), pool_.get(),
         std::map<latentd::v1::JobType, JobRunner>{{latentd::v1::PROBE, runner},
-                                                  {latentd::v1::EXTRACT, extract}});
+                                                  {latentd::v1::EXTRACT, extract},
+                                                  {latentd::v1::EXPORT, deviceless}});
     ASSERT_TRUE(manager_->Start().ok());
   }
   void Close() {
@@ -135,6 +139,14 @@ class JobManagerTest : public ::testing::Test {
     spec.set_type(latentd::v1::PROBE);
     spec.set_num_devices(devices);
     spec.set_priority(priority);
+    spec.set_label(label);
+    return spec;
+  }
+
+  // A job without devices; label "result=X" makes its result name X.
+  JobSpec Export(const std::string& label = "") {
+    JobSpec spec;
+    spec.set_type(latentd::v1::EXPORT);
     spec.set_label(label);
     return spec;
   }
@@ -288,6 +300,46 @@ TEST_F(JobManagerTest, NoBackfillPastAWaitingHead) {
   gate_.Release(two.id());
   gate_.Release(small.id());
   WaitFor(small.id(), latentd::v1::SUCCEEDED);
+}
+
+// Jobs of a type that holds no device (EXPORT) run beside the device queue: they start while a
+// job waits for a device, never take one, and at most max_deviceless_jobs (2) run at once.
+TEST_F(JobManagerTest, JobsWithoutDevicesRunBesideTheDeviceQueueTwoAtATime) {
+  Open("cpu:1");
+  Job busy = *manager_->Submit("", Probe(1));
+  WaitFor(busy.id(), latentd::v1::RUNNING);
+  Job waiting = *manager_->Submit("", Probe(1));  // the head of the device queue
+  std::vector<Job> exports;
+  for (int i = 0; i < 3; ++i) exports.push_back(*manager_->Submit("", Export("result=host")));
+  const Job first = WaitFor(exports[0].id(), latentd::v1::RUNNING);
+  WaitFor(exports[1].id(), latentd::v1::RUNNING);
+  EXPECT_EQ(first.devices_size(), 0);
+  EXPECT_EQ(first.message(), "running on the host");
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(manager_->Get(exports[2].id())->state(), latentd::v1::PENDING);  // two at a time
+  EXPECT_EQ(manager_->Get(waiting.id())->state(), latentd::v1::PENDING);
+  gate_.Release(exports[0].id());
+  WaitFor(exports[2].id(), latentd::v1::RUNNING);
+  EXPECT_EQ(manager_->Get(waiting.id())->state(), latentd::v1::PENDING);  // still its device
+  gate_.Release(busy.id());
+  WaitFor(waiting.id(), latentd::v1::RUNNING);
+  for (const Job& job : exports) gate_.Release(job.id());
+  gate_.Release(waiting.id());
+  for (const Job& job : exports) {
+    EXPECT_EQ(WaitFor(job.id(), latentd::v1::SUCCEEDED).result().probe().devices(0).device(),
+              "host");
+  }
+  WaitFor(waiting.id(), latentd::v1::SUCCEEDED);
+}
+
+TEST_F(JobManagerTest, AJobWithoutDevicesAsksForNone) {
+  Open("cpu:2");
+  JobSpec spec = Export();
+  spec.set_num_devices(1);
+  auto refused = manager_->Submit("", spec);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(),
+            "spec.num_devices: EXPORT jobs hold no device; leave it 0, not 1");
 }
 
 TEST_F(JobManagerTest, CancelPendingRunningAndFinished) {

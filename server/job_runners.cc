@@ -7,6 +7,7 @@
 #include "engine/extract_job.h"
 #include "engine/probe.h"
 #include "engine/train_job.h"
+#include "server/export_request.h"
 
 namespace latentd::server {
 namespace {
@@ -118,6 +119,29 @@ std::map<latentd::v1::JobType, JobRunner> MakeJobRunners(const RunnerEnvironment
     return spec.train().resume_from_job_id();
   };
   runners[latentd::v1::TRAIN] = train;
+
+  JobRunner export_runner;
+  const std::string export_root = env.export_root;
+  export_runner.holds_devices = false;
+  export_runner.validate = [store, export_root](const latentd::v1::JobSpec& spec) {
+    return ValidateExportRequest(*store, export_root, spec.export_(), "export.");
+  };
+  export_runner.run = [store, export_root](
+                          const latentd::v1::JobSpec& spec,
+                          engine::JobContext* context) -> absl::StatusOr<latentd::v1::JobResult> {
+    // Progress in rows; CancelJob or a shutdown stops the export at the next block, leaving
+    // nothing at the path (a restarted daemon runs the job again from the start).
+    auto response = RunExportRequest(*store, export_root, spec.export_(), "export.",
+                                     [context](int64_t done, int64_t total) {
+                                       context->ReportProgress(done, total, "rows");
+                                       return !context->cancel_requested();
+                                     });
+    if (!response.ok()) return response.status();
+    latentd::v1::JobResult out;
+    *out.mutable_export_() = std::move(*response);
+    return out;
+  };
+  runners[latentd::v1::EXPORT] = export_runner;
   return runners;
 }
 

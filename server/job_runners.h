@@ -24,6 +24,8 @@ struct RunnerEnvironment {
   std::vector<std::string> data_roots;
   // Trained SAEs are written under this directory.
   std::string artifact_dir;
+  // EXPORT jobs write only under this directory (as the ExportDataset RPC).
+  std::string export_root;
   // The daemon's job records (TRAIN's resume_from_job_id reads the job it continues). Called
   // only from validation at submit, so it may reach a JobManager built after the runners.
   std::function<absl::StatusOr<latentd::v1::Job>(uint64_t job_id)> find_job;
@@ -33,7 +35,7 @@ struct RunnerEnvironment {
 // the data roots plus the artifact directory, trained SAEs by artifact id, the job records.
 engine::ExtractEnv MakeExtractEnv(const RunnerEnvironment& env);
 
-// PROBE, EXTRACT and TRAIN. The environment's pointers must outlive the runners.
+// PROBE, EXTRACT, TRAIN and EXPORT. The environment's pointers must outlive the runners.
 std::map<latentd::v1::JobType, JobRunner> MakeJobRunners(const RunnerEnvironment& env);
 
 }  // namespace latentd::server

@@ -1,7 +1,11 @@
 #include "server/job_runners.h"
 
+#include <filesystem>
 #include <memory>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/test_dir.h"
 #include "engine/checkpoint.h"
 #include "gtest/gtest.h"
@@ -38,6 +42,85 @@ TEST(JobRunners, ForgettingATrainJobRemovesItsCheckpoint) {
   EXPECT_EQ(runners.at(latentd::v1::TRAIN).continues(train), 7u);
   EXPECT_EQ(runners.at(latentd::v1::EXTRACT).continues(extract), 9u);
   EXPECT_FALSE(runners.at(latentd::v1::PROBE).continues);
+}
+
+// A JobContext that records progress and says "cancel" once `cancel_after` reports came.
+class RecordingContext : public engine::JobContext {
+ public:
+  explicit RecordingContext(int cancel_after) : cancel_after_(cancel_after) {}
+  uint64_t job_id() const override { return 1; }
+  int attempt() const override { return 1; }
+  const std::vector<engine::DeviceRef>& devices() const override { return devices_; }
+  bool cancel_requested() const override {
+    return static_cast<int>(progress_.size()) >= cancel_after_;
+  }
+  void ReportProgress(int64_t done, int64_t total, const std::string& unit) override {
+    progress_.push_back(absl::StrCat(done, "/", total, " ", unit));
+  }
+  void ReportTelemetry(const latentd::v1::Telemetry&) override {}
+  void Log(latentd::v1::LogLine::Level, const std::string&) override {}
+  const std::vector<std::string>& progress() const { return progress_; }
+
+ private:
+  const int cancel_after_;
+  std::vector<engine::DeviceRef> devices_;
+  std::vector<std::string> progress_;
+};
+
+// EXPORT runs an ExportDataset request without a device, reports rows, and stops when cancelled
+// leaving nothing at its path.
+TEST(JobRunners, AnExportJobReportsRowsAndStopsWhenCancelled) {
+  const std::string dir = FreshTestDir("job_runners_export");
+  auto db = storage::Db::Open(dir + "/db");
+  ASSERT_TRUE(db.ok()) << db.status();
+  storage::ChunkStore store(db->get());
+  storage::ArtifactStore artifacts(db->get());
+  auto pool = engine::DevicePool::Create("cpu:1");
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  storage::DatasetMeta meta;
+  meta.name = "dense";
+  meta.kind = storage::DatasetKind::kDense;
+  meta.value_dtype = storage::ValueDtype::kFloat32;
+  meta.width = 1024;
+  const uint64_t id = *store.CreateDataset(meta);
+  {
+    auto writer = store.OpenWriter(id);
+    ASSERT_TRUE(writer.ok());
+    std::vector<float> values(20000 * 1024, 1.5f);  // 5 blocks of 4M values
+    std::vector<int32_t> tokens(20000, 9);
+    ASSERT_TRUE((*writer)->AppendDense(20000, values.data(), tokens.data()).ok());
+    ASSERT_TRUE((*writer)->Commit().ok());
+  }
+  RunnerEnvironment env;
+  env.pool = pool->get();
+  env.store = &store;
+  env.artifacts = &artifacts;
+  env.export_root = dir + "/exports";
+  std::filesystem::create_directories(env.export_root);
+  const JobRunner runner = MakeJobRunners(env).at(latentd::v1::EXPORT);
+  EXPECT_FALSE(runner.holds_devices);
+
+  latentd::v1::JobSpec spec;
+  spec.set_type(latentd::v1::EXPORT);
+  spec.mutable_export_()->set_dataset_id(id);
+  spec.mutable_export_()->set_path("dense.npz");
+  ASSERT_TRUE(runner.validate(spec).ok());
+  RecordingContext whole(/*cancel_after=*/1000);
+  auto result = runner.run(spec, &whole);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->export_().rows(), 20000);
+  ASSERT_EQ(whole.progress().size(), 5u);
+  EXPECT_EQ(whole.progress().back(), "20000/20000 rows");
+
+  spec.mutable_export_()->set_path("stopped.npz");
+  RecordingContext cancelled(/*cancel_after=*/2);
+  EXPECT_EQ(runner.run(spec, &cancelled).status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(cancelled.progress().size(), 2u);
+  EXPECT_FALSE(std::filesystem::exists(env.export_root + "/stopped.npz"));
+  EXPECT_FALSE(std::filesystem::exists(env.export_root + "/stopped.npz.tmp"));
+
+  spec.mutable_export_()->set_path("/elsewhere.npz");
+  EXPECT_EQ(runner.validate(spec).code(), absl::StatusCode::kPermissionDenied);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@ ABSL_FLAG(std::string, data_roots, "",
           "comma-separated directories job inputs must lie under (default: data dir, /tmp)");
 ABSL_FLAG(std::string, export_root, "",
           "directory server-side exports go under (default <data_dir>/exports)");
+ABSL_FLAG(int, max_export_jobs, 2, "EXPORT jobs running at once (they hold no device)");
 ABSL_FLAG(std::string, port_file, "",
           "write the bound port to this file once serving (for tests and scripts)");
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -69,6 +70,7 @@ int main(int argc, char** argv) {
     options.data_roots.emplace_back(root);
   }
   options.export_root = absl::GetFlag(FLAGS_export_root);
+  options.max_export_jobs = absl::GetFlag(FLAGS_max_export_jobs);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.grace = absl::Seconds(absl::GetFlag(FLAGS_grace_seconds));
   options.block_cache_mb = absl::GetFlag(FLAGS_block_cache_mb);

@@ -94,7 +94,8 @@ DaemonFigures Figures() {
 TEST(RenderPrometheusMetrics, CountsEveryTypeAndStateZerosIncluded) {
   const std::string text = RenderPrometheusMetrics(Figures());
   const std::vector<std::string> jobs = SamplesOf(text, "latentd_jobs");
-  EXPECT_EQ(jobs.size(), 3u * 6u);  // EXTRACT, TRAIN, PROBE x six states
+  EXPECT_EQ(jobs.size(), 4u * 6u);  // EXTRACT, TRAIN, PROBE, EXPORT x six states
+  EXPECT_THAT(text, HasSubstr("\nlatentd_jobs{type=\"export\",state=\"pending\"} 0\n"));
   EXPECT_THAT(text, HasSubstr("\nlatentd_jobs{type=\"probe\",state=\"succeeded\"} 7\n"));
   EXPECT_THAT(text, HasSubstr("\nlatentd_jobs{type=\"extract\",state=\"running\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("\nlatentd_jobs{type=\"train\",state=\"failed\"} 0\n"));

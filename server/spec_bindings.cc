@@ -6,6 +6,7 @@
 #include <limits>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -108,18 +109,11 @@ bool Converts(const FieldDescriptor* from, const FieldDescriptor* to) {
          (b == FieldDescriptor::CPPTYPE_FLOAT || b == FieldDescriptor::CPPTYPE_DOUBLE);
 }
 
-// The name of a job type's member of the JobSpec and JobResult oneofs ("extract").
+// The name of a job type's member of the JobSpec and JobResult oneofs: the type's name in lower
+// case ("extract").
 std::string CaseName(JobType type) {
-  switch (type) {
-    case latentd::v1::EXTRACT:
-      return "extract";
-    case latentd::v1::TRAIN:
-      return "train";
-    case latentd::v1::PROBE:
-      return "probe";
-    default:
-      return "";
-  }
+  if (type == latentd::v1::JOB_TYPE_UNSPECIFIED) return "";
+  return absl::AsciiStrToLower(latentd::v1::JobType_Name(type));
 }
 
 // A scalar read from a result, kept in the widest form of its kind.
@@ -404,16 +398,15 @@ absl::Status CheckBinding(const JobSpec& spec, int i, JobType source_type,
 }
 
 JobType ResultType(const JobResult& result) {
-  switch (result.result_case()) {
-    case JobResult::kExtract:
-      return latentd::v1::EXTRACT;
-    case JobResult::kTrain:
-      return latentd::v1::TRAIN;
-    case JobResult::kProbe:
-      return latentd::v1::PROBE;
-    default:
-      return latentd::v1::JOB_TYPE_UNSPECIFIED;
+  if (result.result_case() == JobResult::RESULT_NOT_SET) return latentd::v1::JOB_TYPE_UNSPECIFIED;
+  const google::protobuf::FieldDescriptor* member =
+      JobResult::descriptor()->FindFieldByNumber(result.result_case());
+  JobType type = latentd::v1::JOB_TYPE_UNSPECIFIED;
+  if (member == nullptr ||
+      !latentd::v1::JobType_Parse(absl::AsciiStrToUpper(member->name()), &type)) {
+    return latentd::v1::JOB_TYPE_UNSPECIFIED;
   }
+  return type;
 }
 
 }  // namespace

@@ -105,8 +105,7 @@ class Client:
         if isinstance(spec, jobs_pb2.JobSpec):
             job_spec.MergeFrom(spec)
         elif isinstance(spec, dict):
-            inner = {"PROBE": job_spec.probe, "EXTRACT": job_spec.extract,
-                     "TRAIN": job_spec.train}[job_type]
+            inner = getattr(job_spec, job_type.lower())  # the type's oneof member
             bindings = []
             json_format.ParseDict(_take_outputs(spec, job_type.lower(), bindings), inner)
             inner.SetInParent()  # a spec whose every value is bound is still this type's
@@ -197,7 +196,7 @@ class Client:
                                         metadata=self.metadata, timeout=self.timeout)
 
     def export(self, dataset_id, path, format="npz", row_start=0, row_count=0, splits=0,
-               timeout=None):
+               timeout=None, job=False, **fields):
         """Writes rows on the server under its export root (path relative to it, or absolute
         inside it) as "npz" (scipy.sparse.load_npz reads it), "hdf5", "parquet" (a row a row:
         row, token_id, latents and values lists; pandas, polars, DuckDB) or "delphi" (path is a
@@ -205,12 +204,24 @@ class Client:
         in `splits` files, delphi's 5 by default; whole sequences only); returns the response
         with the absolute path written. The server streams the rows in bounded memory, so this
         waits as long as the export takes unless `timeout` (seconds) is given; an export that
-        runs past it, or whose caller is interrupted, stops and leaves no file."""
+        runs past it, or whose caller is interrupted, stops and leaves no file.
+
+        job=True submits the same export as an EXPORT job and returns the Job at once: its
+        progress (rows) shows on watch() and dashboards, cancel() stops it, and dataset_id may
+        be an Output of a job it then waits for (c.export(Output(extract, "extract.dataset_id"),
+        "x.npz", job=True)); `fields` (priority, label, after_job_ids) go on its JobSpec."""
         formats = {"npz": datasets_pb2.NPZ, "hdf5": datasets_pb2.HDF5,
                    "parquet": datasets_pb2.EXPORT_FORMAT_PARQUET,
                    "delphi": datasets_pb2.EXPORT_FORMAT_DELPHI}
         if format not in formats:
             raise ValueError("format must be one of %s, not %r" % (sorted(formats), format))
+        if job:
+            spec = {"dataset_id": dataset_id, "path": path,
+                    "format": datasets_pb2.ExportFormat.Name(formats[format]),
+                    "row_start": row_start, "row_count": row_count, "delphi_splits": splits}
+            return self.submit("EXPORT", spec, **fields)
+        if fields:
+            raise TypeError("export: %s only with job=True" % ", ".join(sorted(fields)))
         request = datasets_pb2.ExportDatasetRequest(dataset_id=dataset_id, path=path,
                                                     format=formats[format], row_start=row_start,
                                                     row_count=row_count, delphi_splits=splits)

@@ -8,6 +8,7 @@ import sys
 import unittest
 
 import grpc
+import numpy
 
 from harness import DaemonTestCase
 from latentd.v1 import datasets_pb2, jobs_pb2
@@ -98,6 +99,55 @@ class Pipeline(DaemonTestCase):
         weights = c.latent_weights(done.result.extract.dataset_id, 0)
         self.assertGreater(weights.decoder_norm, 0)
         self.assertEqual(len(weights.neighbors), 10)
+
+    def test_an_export_job_writes_what_the_extraction_it_waits_for_made(self):
+        c = self.c
+        dense = c.submit("EXTRACT", dict(self.source, mode="DENSE", valueDtype="FLOAT32"))
+        job = c.export(Output(dense, "extract.dataset_id"), "piped/dense.npz", job=True,
+                       label="export-dense")
+        self.assertEqual(list(job.spec.after_job_ids), [dense.id])
+        self.assertEqual(job.type, jobs_pb2.EXPORT)
+        done = c.wait(job.id)
+        self.assertEqual(done.state, jobs_pb2.SUCCEEDED, done.message)
+        written = done.result.export
+        self.assertTrue(written.path.endswith("/piped/dense.npz"), written.path)
+        self.assertEqual(written.rows, 32 * 32)
+        self.assertEqual(numpy.load(written.path)["data"].shape, (32 * 32, 64))
+        # It held no device, and said how far it was in rows.
+        self.assertEqual(list(done.devices), [])
+        self.assertEqual((done.progress.units_done, done.progress.units_total,
+                          done.progress.unit), (32 * 32, 32 * 32, "rows"))
+        dataset = c.get(dense.id).result.extract.dataset_id
+        self.assertEqual(done.spec.export.dataset_id, dataset)
+
+        # latentctl: the same as a job, and `get` says what it wrote.
+        printed = self.daemon.latentctl("export", str(dataset), "again.h5", "--format=hdf5",
+                                        "--job").stdout
+        again = c.wait(int(printed.strip()))
+        self.assertEqual(again.state, jobs_pb2.SUCCEEDED, again.message)
+        self.assertIn("wrote      %s (1024 rows" % again.result.export.path,
+                      self.daemon.latentctl("get", str(again.id)).stdout)
+        # In a pipeline file, bound to the extraction's output.
+        path = os.path.join(self.tmp, "export.json")
+        with open(path, "w") as f:
+            json.dump({"jobs": [{"name": "files", "type": "EXPORT",
+                                 "spec": {"path": "from-file.parquet",
+                                          "format": "EXPORT_FORMAT_PARQUET"},
+                                 "bind": {"export.dataset_id": "%d:extract.dataset_id"
+                                          % dense.id}}]}, f)
+        self.daemon.latentctl("pipeline", path, "--watch")
+        self.assertTrue(os.path.exists(os.path.join(os.path.dirname(written.path), "..",
+                                                    "from-file.parquet")))
+
+        # Refused at submit as the RPC refuses: a path outside the export root, a device.
+        with self.assertRaises(grpc.RpcError) as refused:
+            c.export(dataset, "../outside.npz", job=True)
+        self.assertEqual(refused.exception.code(), grpc.StatusCode.PERMISSION_DENIED)
+        self.assertIn("export.path", refused.exception.details())
+        with self.assertRaises(grpc.RpcError) as refused:
+            c.export(dataset, "x.npz", job=True, num_devices=1)
+        self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("spec.num_devices: EXPORT jobs hold no device", refused.exception.details())
 
     def test_a_pipeline_file_through_latentctl_and_again(self):
         path = os.path.join(self.tmp, "experiment.json")

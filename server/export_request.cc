@@ -1,0 +1,129 @@
+#include "server/export_request.h"
+
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/path_within.h"
+#include "common/status_macros.h"
+
+namespace latentd::server {
+
+absl::StatusOr<std::string> ResolveExportPath(const std::string& export_root,
+                                              const std::string& requested) {
+  namespace fs = std::filesystem;
+  if (export_root.empty()) {
+    return absl::FailedPreconditionError("the daemon has no export root configured");
+  }
+  if (requested.empty()) return absl::InvalidArgumentError("path: must not be empty");
+  std::error_code ec;
+  const fs::path root = fs::canonical(export_root, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("export root ", export_root, " is not usable: ", ec.message()));
+  }
+  fs::path target = fs::path(requested).is_absolute() ? fs::path(requested) : root / requested;
+  target = fs::weakly_canonical(target, ec);  // resolves symlinks of the existing prefix and ..
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("path: ", ec.message()));
+  if (target == root || !PathIsWithin(target, root)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("path \"", requested, "\" is outside the export root ", root.string()));
+  }
+  return target.string();
+}
+
+namespace {
+
+storage::ExportFormat StorageFormat(latentd::v1::ExportFormat format) {
+  switch (format) {
+    case latentd::v1::HDF5:
+      return storage::ExportFormat::kHdf5;
+    case latentd::v1::EXPORT_FORMAT_PARQUET:
+      return storage::ExportFormat::kParquet;
+    case latentd::v1::EXPORT_FORMAT_DELPHI:
+      return storage::ExportFormat::kDelphi;
+    default:
+      return storage::ExportFormat::kNpz;
+  }
+}
+
+// ValidateExportRequest, returning the resolved path.
+absl::StatusOr<std::string> CheckedPath(const storage::ChunkStore& store,
+                                        const std::string& export_root,
+                                        const latentd::v1::ExportDatasetRequest& request,
+                                        const std::string& field_prefix) {
+  const std::string& p = field_prefix;
+  if (!latentd::v1::ExportFormat_IsValid(request.format())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(p, "format: ", request.format(), " is not an ExportFormat"));
+  }
+  const bool delphi = request.format() == latentd::v1::EXPORT_FORMAT_DELPHI;
+  if (request.delphi_splits() != 0 && !delphi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(p, "delphi_splits: given only with format EXPORT_FORMAT_DELPHI"));
+  }
+  if (request.delphi_splits() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(p, "delphi_splits: ", request.delphi_splits(), " is negative"));
+  }
+  if (request.row_start() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(p, "row_start: ", request.row_start(), " is negative"));
+  }
+  if (request.row_count() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(p, "row_count: ", request.row_count(), " is negative"));
+  }
+  absl::StatusOr<std::string> path = ResolveExportPath(export_root, request.path());
+  if (!path.ok()) {
+    return absl::Status(path.status().code(), absl::StrCat(p, path.status().message()));
+  }
+  absl::StatusOr<storage::DatasetRecord> rec = store.GetRecord(request.dataset_id());
+  if (!rec.ok()) {
+    return absl::Status(rec.status().code(),
+                        absl::StrCat(p, "dataset_id: ", rec.status().message()));
+  }
+  if (delphi && rec->meta.kind != storage::DatasetKind::kSparse) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(p, "format: DELPHI exports the latents of a SPARSE dataset; dataset ",
+                     request.dataset_id(), " is DENSE"));
+  }
+  return path;
+}
+
+}  // namespace
+
+absl::Status ValidateExportRequest(const storage::ChunkStore& store, const std::string& export_root,
+                                   const latentd::v1::ExportDatasetRequest& request,
+                                   const std::string& field_prefix) {
+  return CheckedPath(store, export_root, request, field_prefix).status();
+}
+
+absl::StatusOr<latentd::v1::ExportDatasetResponse> RunExportRequest(
+    const storage::ChunkStore& store, const std::string& export_root,
+    const latentd::v1::ExportDatasetRequest& request, const std::string& field_prefix,
+    storage::ExportProgress progress) {
+  ASSIGN_OR_RETURN(const std::string path, CheckedPath(store, export_root, request, field_prefix));
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("creating the directory of ", path, ": ", ec.message()));
+  }
+  storage::ExportOptions options;
+  options.delphi_splits = request.delphi_splits();
+  options.progress = std::move(progress);
+  ASSIGN_OR_RETURN(
+      storage::ExportResult result,
+      storage::ExportDataset(store, request.dataset_id(), request.row_start(), request.row_count(),
+                             StorageFormat(request.format()), path, options));
+  latentd::v1::ExportDatasetResponse response;
+  response.set_path(result.path);
+  response.set_rows(result.rows);
+  response.set_nnz(result.nnz);
+  response.set_bytes(result.bytes);
+  return response;
+}
+
+}  // namespace latentd::server
