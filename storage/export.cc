@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <variant>
@@ -59,11 +60,38 @@ const void* ExportedValues(const float* values, int64_t n, ValueDtype dtype,
   return scratch->data();
 }
 
-// The indptr entries after the first of a block whose rows start at nnz `base` of the range.
-void GlobalIndptr(const CsrRows& rows, int64_t base, std::vector<int64_t>* out) {
-  out->resize(rows.num_rows);
-  for (int64_t i = 0; i < rows.num_rows; ++i) (*out)[i] = base + rows.indptr[i + 1];
-}
+// The arrays of an NPZ or HDF5 export, by their writer's handles: SPARSE data, indices, indptr
+// (counting over the whole range; whoever creates it writes its leading 0) and token_ids;
+// DENSE data (rows x width) and token_ids.
+class BlockArrays {
+ public:
+  using AppendFn = std::function<absl::Status(int array, const void* data, int64_t count)>;
+
+  int data = -1, indices = -1, indptr = -1, tokens = -1;
+
+  // Appends the next block through the writer's `append`.
+  absl::Status Append(const Block& block, ValueDtype dtype, int64_t width, const AppendFn& append) {
+    if (block.sparse != nullptr) {
+      const CsrRows& r = *block.sparse;
+      const auto n = static_cast<int64_t>(r.indices.size());
+      RETURN_IF_ERROR(append(indices, r.indices.data(), n));
+      RETURN_IF_ERROR(append(data, ExportedValues(r.values.data(), n, dtype, &halves_), n));
+      indptr_.resize(r.num_rows);
+      for (int64_t i = 0; i < r.num_rows; ++i) indptr_[i] = nnz_ + r.indptr[i + 1];
+      RETURN_IF_ERROR(append(indptr, indptr_.data(), r.num_rows));
+      nnz_ += n;
+    } else {
+      RETURN_IF_ERROR(append(data, ExportedValues(block.dense, block.rows * width, dtype, &halves_),
+                             block.rows));
+    }
+    return append(tokens, block.tokens, block.rows);
+  }
+
+ private:
+  int64_t nnz_ = 0;  // before the next block
+  std::vector<uint16_t> halves_;
+  std::vector<int64_t> indptr_;
+};
 
 // ---- NPZ ---------------------------------------------------------------------------------------
 
@@ -81,22 +109,10 @@ class NpzSink : public Sink {
   }
 
   absl::Status Append(const Block& block) override {
-    const ValueDtype dtype = rec_.meta.value_dtype;
-    if (block.sparse != nullptr) {
-      const CsrRows& r = *block.sparse;
-      const auto n = static_cast<int64_t>(r.indices.size());
-      RETURN_IF_ERROR(writer_->Append(indices_, r.indices.data(), n));
-      RETURN_IF_ERROR(
-          writer_->Append(data_, ExportedValues(r.values.data(), n, dtype, &halves_), n));
-      GlobalIndptr(r, nnz_, &indptr_scratch_);
-      RETURN_IF_ERROR(writer_->Append(indptr_, indptr_scratch_.data(), r.num_rows));
-      nnz_ += n;
-    } else {
-      RETURN_IF_ERROR(writer_->Append(
-          data_, ExportedValues(block.dense, block.rows * rec_.meta.width, dtype, &halves_),
-          block.rows));
-    }
-    return writer_->Append(tokens_, block.tokens, block.rows);
+    return arrays_.Append(block, rec_.meta.value_dtype, rec_.meta.width,
+                          [this](int array, const void* data, int64_t count) {
+                            return writer_->Append(array, data, count);
+                          });
   }
 
   absl::Status Finish(int64_t rows, int64_t) override {
@@ -122,26 +138,24 @@ class NpzSink : public Sink {
   absl::Status AddArrays() {
     const ValueDtype dtype = rec_.meta.value_dtype;
     if (rec_.meta.kind == DatasetKind::kSparse) {
-      ASSIGN_OR_RETURN(indices_, writer_->AddStreamed("indices", "<i4", 4));
-      ASSIGN_OR_RETURN(data_, writer_->AddStreamed("data", ValueDescr(dtype), ValueBytes(dtype)));
-      ASSIGN_OR_RETURN(indptr_, writer_->AddStreamed("indptr", "<i8", 8));
-      ASSIGN_OR_RETURN(tokens_, writer_->AddStreamed("token_ids", "<i4", 4));
+      ASSIGN_OR_RETURN(arrays_.indices, writer_->AddStreamed("indices", "<i4", 4));
+      ASSIGN_OR_RETURN(arrays_.data,
+                       writer_->AddStreamed("data", ValueDescr(dtype), ValueBytes(dtype)));
+      ASSIGN_OR_RETURN(arrays_.indptr, writer_->AddStreamed("indptr", "<i8", 8));
+      ASSIGN_OR_RETURN(arrays_.tokens, writer_->AddStreamed("token_ids", "<i4", 4));
       const int64_t zero = 0;
-      return writer_->Append(indptr_, &zero, 1);
+      return writer_->Append(arrays_.indptr, &zero, 1);
     }
-    ASSIGN_OR_RETURN(data_, writer_->AddStreamed("data", ValueDescr(dtype), ValueBytes(dtype),
-                                                 {rec_.meta.width}));
-    ASSIGN_OR_RETURN(tokens_, writer_->AddStreamed("token_ids", "<i4", 4));
+    ASSIGN_OR_RETURN(arrays_.data, writer_->AddStreamed("data", ValueDescr(dtype),
+                                                        ValueBytes(dtype), {rec_.meta.width}));
+    ASSIGN_OR_RETURN(arrays_.tokens, writer_->AddStreamed("token_ids", "<i4", 4));
     return absl::OkStatus();
   }
 
   const DatasetRecord rec_;
   const int64_t row_start_;
   std::unique_ptr<NpzWriter> writer_;
-  int data_ = -1, indices_ = -1, indptr_ = -1, tokens_ = -1;
-  int64_t nnz_ = 0;
-  std::vector<uint16_t> halves_;
-  std::vector<int64_t> indptr_scratch_;
+  BlockArrays arrays_;
 };
 
 // ---- HDF5 --------------------------------------------------------------------------------------
@@ -321,38 +335,29 @@ class Hdf5Sink : public Sink {
     Hdf5Writer& w = sink->writer_;
     if (!w.ok()) return absl::PermissionDeniedError(absl::StrCat("cannot create HDF5 file ", path));
     const char* values = ValueDescr(rec.meta.value_dtype);
+    BlockArrays& arrays = sink->arrays_;
     if (rec.meta.kind == DatasetKind::kSparse) {
-      sink->data_ = w.Growing("data", values, {});
-      sink->indices_ = w.Growing("indices", "<i4", {});
-      sink->indptr_ = w.Growing("indptr", "<i8", {});
+      arrays.data = w.Growing("data", values, {});
+      arrays.indices = w.Growing("indices", "<i4", {});
+      arrays.indptr = w.Growing("indptr", "<i8", {});
       const int64_t zero = 0;
-      w.Append(sink->indptr_, &zero, 1);
+      w.Append(arrays.indptr, &zero, 1);
     } else {
-      sink->data_ = w.Growing("data", values, {static_cast<hsize_t>(rec.meta.width)});
+      arrays.data = w.Growing("data", values, {static_cast<hsize_t>(rec.meta.width)});
     }
-    sink->tokens_ = w.Growing("token_ids", "<i4", {});
+    arrays.tokens = w.Growing("token_ids", "<i4", {});
     if (!w.ok()) return absl::PermissionDeniedError(absl::StrCat("cannot create HDF5 file ", path));
     return std::unique_ptr<Sink>(std::move(sink));
   }
 
   absl::Status Append(const Block& block) override {
-    const ValueDtype dtype = rec_.meta.value_dtype;
-    if (block.sparse != nullptr) {
-      const CsrRows& r = *block.sparse;
-      const auto n = static_cast<int64_t>(r.indices.size());
-      writer_.Append(data_, ExportedValues(r.values.data(), n, dtype, &halves_), n);
-      writer_.Append(indices_, r.indices.data(), n);
-      GlobalIndptr(r, nnz_, &indptr_scratch_);
-      writer_.Append(indptr_, indptr_scratch_.data(), r.num_rows);
-      nnz_ += n;
-    } else {
-      writer_.Append(data_,
-                     ExportedValues(block.dense, block.rows * rec_.meta.width, dtype, &halves_),
-                     block.rows);
-    }
-    writer_.Append(tokens_, block.tokens, block.rows);
-    if (!writer_.ok()) return absl::ResourceExhaustedError(absl::StrCat("writing HDF5 ", path_));
-    return absl::OkStatus();
+    return arrays_.Append(
+        block, rec_.meta.value_dtype, rec_.meta.width,
+        [this](int array, const void* data, int64_t count) {
+          writer_.Append(array, data, static_cast<hsize_t>(count));
+          return writer_.ok() ? absl::OkStatus()
+                              : absl::ResourceExhaustedError(absl::StrCat("writing HDF5 ", path_));
+        });
   }
 
   absl::Status Finish(int64_t rows, int64_t) override {
@@ -374,10 +379,7 @@ class Hdf5Sink : public Sink {
   const int64_t row_start_;
   const std::string path_;
   Hdf5Writer writer_;
-  int data_ = -1, indices_ = -1, indptr_ = -1, tokens_ = -1;
-  int64_t nnz_ = 0;
-  std::vector<uint16_t> halves_;
-  std::vector<int64_t> indptr_scratch_;
+  BlockArrays arrays_;
 };
 
 // ---- Parquet -----------------------------------------------------------------------------------

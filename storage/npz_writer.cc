@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/npy_header.h"
 #include "common/status_macros.h"
+#include "storage/byte_io.h"
 
 namespace latentd::storage {
 namespace {
@@ -25,10 +26,6 @@ constexpr uint16_t kPaddingId = 0xd935;
 constexpr uint16_t kLocalExtraBytes = 20;
 constexpr uint32_t kMax32 = 0xffffffffu;
 constexpr size_t kCopyBuffer = size_t{4} << 20;
-
-void Put16(uint16_t v, std::string* o) { o->append(reinterpret_cast<const char*>(&v), 2); }
-void Put32(uint32_t v, std::string* o) { o->append(reinterpret_cast<const char*>(&v), 4); }
-void Put64(uint64_t v, std::string* o) { o->append(reinterpret_cast<const char*>(&v), 8); }
 
 uint32_t Crc(uint32_t crc, const void* data, size_t size) {
   const auto* bytes = static_cast<const Bytef*>(data);
@@ -184,22 +181,22 @@ absl::Status NpzWriter::WriteMemberHeaders(Member* member) {
   const uint64_t size = member->Size();
   const bool zip64 = size >= options_.zip64_from;
   std::string local;
-  Put32(0x04034b50, &local);
-  Put16(zip64 ? 45 : 20, &local);  // version needed
-  Put16(0, &local);                // flags
-  Put16(0, &local);                // stored
-  Put16(0, &local);                // time
-  Put16(0x21, &local);             // date 1980-01-01
-  Put32(member->crc, &local);
-  Put32(zip64 ? kMax32 : static_cast<uint32_t>(size), &local);
-  Put32(zip64 ? kMax32 : static_cast<uint32_t>(size), &local);
-  Put16(static_cast<uint16_t>(member->name.size()), &local);
-  Put16(kLocalExtraBytes, &local);
+  PutRaw<uint32_t>(0x04034b50, &local);
+  PutRaw<uint16_t>(zip64 ? 45 : 20, &local);  // version needed
+  PutRaw<uint16_t>(0, &local);                // flags
+  PutRaw<uint16_t>(0, &local);                // stored
+  PutRaw<uint16_t>(0, &local);                // time
+  PutRaw<uint16_t>(0x21, &local);             // date 1980-01-01
+  PutRaw<uint32_t>(member->crc, &local);
+  PutRaw<uint32_t>(zip64 ? kMax32 : static_cast<uint32_t>(size), &local);
+  PutRaw<uint32_t>(zip64 ? kMax32 : static_cast<uint32_t>(size), &local);
+  PutRaw<uint16_t>(static_cast<uint16_t>(member->name.size()), &local);
+  PutRaw<uint16_t>(kLocalExtraBytes, &local);
   local += member->name;
-  Put16(zip64 ? kZip64Id : kPaddingId, &local);
-  Put16(16, &local);
-  Put64(zip64 ? size : 0, &local);
-  Put64(zip64 ? size : 0, &local);
+  PutRaw<uint16_t>(zip64 ? kZip64Id : kPaddingId, &local);
+  PutRaw<uint16_t>(16, &local);
+  PutRaw<uint64_t>(zip64 ? size : 0, &local);
+  PutRaw<uint64_t>(zip64 ? size : 0, &local);
   local += member->npy_header;
   if (member->header_offset == offset_) return Write(local.data(), local.size());
   return WriteAt(member->header_offset, local);
@@ -239,32 +236,32 @@ absl::Status NpzWriter::WriteCentralDirectory() {
     if (big_size || big_offset) {
       std::string values;
       if (big_size) {
-        Put64(size, &values);  // uncompressed
-        Put64(size, &values);  // compressed
+        PutRaw<uint64_t>(size, &values);  // uncompressed
+        PutRaw<uint64_t>(size, &values);  // compressed
       }
-      if (big_offset) Put64(m->header_offset, &values);
-      Put16(kZip64Id, &extra);
-      Put16(static_cast<uint16_t>(values.size()), &extra);
+      if (big_offset) PutRaw<uint64_t>(m->header_offset, &values);
+      PutRaw<uint16_t>(kZip64Id, &extra);
+      PutRaw<uint16_t>(static_cast<uint16_t>(values.size()), &extra);
       extra += values;
     }
     const uint16_t version = extra.empty() ? 20 : 45;
-    Put32(0x02014b50, &central);
-    Put16(version, &central);  // made by
-    Put16(version, &central);  // needed
-    Put16(0, &central);        // flags
-    Put16(0, &central);        // stored
-    Put16(0, &central);        // time
-    Put16(0x21, &central);     // date
-    Put32(m->crc, &central);
-    Put32(big_size ? kMax32 : static_cast<uint32_t>(size), &central);
-    Put32(big_size ? kMax32 : static_cast<uint32_t>(size), &central);
-    Put16(static_cast<uint16_t>(m->name.size()), &central);
-    Put16(static_cast<uint16_t>(extra.size()), &central);
-    Put16(0, &central);  // comment
-    Put16(0, &central);  // disk
-    Put16(0, &central);  // internal attributes
-    Put32(0, &central);  // external attributes
-    Put32(big_offset ? kMax32 : static_cast<uint32_t>(m->header_offset), &central);
+    PutRaw<uint32_t>(0x02014b50, &central);
+    PutRaw<uint16_t>(version, &central);  // made by
+    PutRaw<uint16_t>(version, &central);  // needed
+    PutRaw<uint16_t>(0, &central);        // flags
+    PutRaw<uint16_t>(0, &central);        // stored
+    PutRaw<uint16_t>(0, &central);        // time
+    PutRaw<uint16_t>(0x21, &central);     // date
+    PutRaw<uint32_t>(m->crc, &central);
+    PutRaw<uint32_t>(big_size ? kMax32 : static_cast<uint32_t>(size), &central);
+    PutRaw<uint32_t>(big_size ? kMax32 : static_cast<uint32_t>(size), &central);
+    PutRaw<uint16_t>(static_cast<uint16_t>(m->name.size()), &central);
+    PutRaw<uint16_t>(static_cast<uint16_t>(extra.size()), &central);
+    PutRaw<uint16_t>(0, &central);  // comment
+    PutRaw<uint16_t>(0, &central);  // disk
+    PutRaw<uint16_t>(0, &central);  // internal attributes
+    PutRaw<uint32_t>(0, &central);  // external attributes
+    PutRaw<uint32_t>(big_offset ? kMax32 : static_cast<uint32_t>(m->header_offset), &central);
     central += m->name;
     central += extra;
   }
@@ -276,29 +273,29 @@ absl::Status NpzWriter::WriteCentralDirectory() {
   std::string end;
   if (zip64) {
     const uint64_t record_offset = offset_;
-    Put32(0x06064b50, &end);  // ZIP64 end of central directory record
-    Put64(44, &end);          // its size after this field
-    Put16(45, &end);
-    Put16(45, &end);
-    Put32(0, &end);
-    Put32(0, &end);
-    Put64(entries, &end);
-    Put64(entries, &end);
-    Put64(central.size(), &end);
-    Put64(central_offset, &end);
-    Put32(0x07064b50, &end);  // its locator
-    Put32(0, &end);
-    Put64(record_offset, &end);
-    Put32(1, &end);
+    PutRaw<uint32_t>(0x06064b50, &end);  // ZIP64 end of central directory record
+    PutRaw<uint64_t>(44, &end);          // its size after this field
+    PutRaw<uint16_t>(45, &end);
+    PutRaw<uint16_t>(45, &end);
+    PutRaw<uint32_t>(0, &end);
+    PutRaw<uint32_t>(0, &end);
+    PutRaw<uint64_t>(entries, &end);
+    PutRaw<uint64_t>(entries, &end);
+    PutRaw<uint64_t>(central.size(), &end);
+    PutRaw<uint64_t>(central_offset, &end);
+    PutRaw<uint32_t>(0x07064b50, &end);  // its locator
+    PutRaw<uint32_t>(0, &end);
+    PutRaw<uint64_t>(record_offset, &end);
+    PutRaw<uint32_t>(1, &end);
   }
-  Put32(0x06054b50, &end);
-  Put16(0, &end);
-  Put16(0, &end);
-  Put16(static_cast<uint16_t>(std::min<uint64_t>(entries, 0xffff)), &end);
-  Put16(static_cast<uint16_t>(std::min<uint64_t>(entries, 0xffff)), &end);
-  Put32(zip64 ? kMax32 : static_cast<uint32_t>(central.size()), &end);
-  Put32(zip64 ? kMax32 : static_cast<uint32_t>(central_offset), &end);
-  Put16(0, &end);
+  PutRaw<uint32_t>(0x06054b50, &end);
+  PutRaw<uint16_t>(0, &end);
+  PutRaw<uint16_t>(0, &end);
+  PutRaw<uint16_t>(static_cast<uint16_t>(std::min<uint64_t>(entries, 0xffff)), &end);
+  PutRaw<uint16_t>(static_cast<uint16_t>(std::min<uint64_t>(entries, 0xffff)), &end);
+  PutRaw<uint32_t>(zip64 ? kMax32 : static_cast<uint32_t>(central.size()), &end);
+  PutRaw<uint32_t>(zip64 ? kMax32 : static_cast<uint32_t>(central_offset), &end);
+  PutRaw<uint16_t>(0, &end);
   return Write(end.data(), end.size());
 }
 
