@@ -133,7 +133,8 @@ ABSL_FLAG(std::string, format, "npz", "export: npz, hdf5, parquet or delphi");
 ABSL_FLAG(int32_t, splits, 0,
           "export --format=delphi: files per hook, each a range of latents (0: delphi's 5)");
 ABSL_FLAG(bool, dry_run, false,
-          "submit: check the spec as a submit does and print what its job would do (tokens and "
+          "submit, pipeline, export --job: check the spec as a submit does and print what its job "
+          "would do (tokens and "
           "rows, model, each dataset's hook and how its SAE is read, disk and memory) without "
           "creating it");
 ABSL_FLAG(std::string, plot, "",
@@ -2173,6 +2174,13 @@ int Export(Client& client, const std::vector<std::string>& args) {
     v1::SubmitJobRequest submit;
     submit.set_request_id(absl::GetFlag(FLAGS_request_id));
     *submit.mutable_spec() = *std::move(spec);
+    if (absl::GetFlag(FLAGS_dry_run)) {
+      v1::JobPlan plan;
+      grpc::Status status = client.jobs()->PlanJob(client.Context().get(), submit, &plan);
+      if (!status.ok()) return RpcError(status);
+      for (const std::string& line : plan.lines()) std::printf("%s\n", line.c_str());
+      return 0;
+    }
     v1::Job job;
     grpc::Status status = client.jobs()->SubmitJob(client.Context().get(), submit, &job);
     if (!status.ok()) return RpcError(status);
@@ -2564,7 +2572,7 @@ datasets:
   token ID T [--vocab=F] [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
                                  the latents that fire on token T (an id, or its text with --vocab)
   export ID PATH [--format=npz|hdf5|parquet|delphi] [--start=R] [--count=N] [--splits=S]
-         [--job [--watch] [--after_jobs=..] [--bind=export.dataset_id=JOB:extract.dataset_id]]
+         [--job [--watch|--dry_run] [--after_jobs=..] [--bind=export.dataset_id=JOB:extract.dataset_id]]
                                  server-side, under the export root (parquet: a row a row,
                                  latents and values as lists, for pandas / polars / DuckDB;
                                  delphi: PATH is a latent cache directory for EleutherAI's

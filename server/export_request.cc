@@ -1,10 +1,12 @@
 #include "server/export_request.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/path_within.h"
 #include "common/status_macros.h"
 
@@ -98,6 +100,48 @@ absl::Status ValidateExportRequest(const storage::ChunkStore& store, const std::
                                    const latentd::v1::ExportDatasetRequest& request,
                                    const std::string& field_prefix) {
   return CheckedPath(store, export_root, request, field_prefix).status();
+}
+
+absl::StatusOr<std::vector<std::string>> DescribeExportRequest(
+    const storage::ChunkStore& store, const std::string& export_root,
+    const latentd::v1::ExportDatasetRequest& request, const std::string& field_prefix) {
+  ASSIGN_OR_RETURN(const std::string path, CheckedPath(store, export_root, request, field_prefix));
+  ASSIGN_OR_RETURN(const storage::DatasetRecord rec, store.GetRecord(request.dataset_id()));
+  const bool sparse = rec.meta.kind == storage::DatasetKind::kSparse;
+  const int64_t end =
+      request.row_count() > 0 ? request.row_start() + request.row_count() : rec.rows_committed;
+  const int64_t rows = std::max<int64_t>(0, end - request.row_start());
+  std::vector<std::string> lines;
+  lines.push_back(absl::StrCat(
+      "reads dataset ", rec.id, " \"", rec.meta.name, "\" (", sparse ? "SPARSE" : "DENSE",
+      rec.meta.hook_name.empty() ? "" : absl::StrCat(", ", rec.meta.hook_name), "): rows [",
+      request.row_start(), ", ", end, ") of ", rec.rows_committed, " committed",
+      request.row_count() > 0 ? "" : " (to the end as committed when it starts)"));
+  // Stored values at the dataset's mean row; fp16 stays fp16, the rest is written as fp32.
+  const double values = sparse && rec.rows_committed > 0
+                            ? static_cast<double>(rec.nnz) * rows / rec.rows_committed
+                            : static_cast<double>(rows) * rec.meta.width;
+  const int value_bytes = rec.meta.value_dtype == storage::ValueDtype::kFloat16 ? 2 : 4;
+  const double per_row_extra = sparse ? 8 + 4 : 4;  // indptr, token id
+  const int splits =
+      request.delphi_splits() > 0 ? request.delphi_splits() : storage::kDefaultDelphiSplits;
+  const double estimate =
+      request.format() == latentd::v1::EXPORT_FORMAT_DELPHI
+          // uint16 locations (3) and an fp16 activation a firing; the token matrix in each file
+          ? values * 8 + static_cast<double>(rows) * 4 * splits
+          : values * (value_bytes + (sparse ? 4 : 0)) + static_cast<double>(rows) * per_row_extra;
+  const char* name = request.format() == latentd::v1::HDF5                    ? "HDF5"
+                     : request.format() == latentd::v1::EXPORT_FORMAT_PARQUET ? "Parquet"
+                     : request.format() == latentd::v1::EXPORT_FORMAT_DELPHI  ? "delphi"
+                                                                              : "NPZ";
+  lines.push_back(absl::StrCat("writes ", name, " to ", path,
+                               request.format() == latentd::v1::EXPORT_FORMAT_PARQUET
+                                   ? " (ZSTD-compressed: its size is known only once written)"
+                                   : absl::StrFormat(", about %.1f MB", estimate / 1e6)));
+  lines.push_back(
+      "streams in blocks of about 4M values (bounded memory); holds no device; the file "
+      "appears whole when done");
+  return lines;
 }
 
 absl::StatusOr<latentd::v1::ExportDatasetResponse> RunExportRequest(

@@ -4,6 +4,7 @@
 #define LATENTD_SERVER_EXPORT_REQUEST_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -26,6 +27,12 @@ absl::StatusOr<std::string> ResolveExportPath(const std::string& export_root,
 absl::Status ValidateExportRequest(const storage::ChunkStore& store, const std::string& export_root,
                                    const latentd::v1::ExportDatasetRequest& request,
                                    const std::string& field_prefix);
+
+// What running `request` would do, for a dry run (PlanJob): the dataset and rows it reads, the
+// file it writes and about how large. Makes ValidateExportRequest's checks itself.
+absl::StatusOr<std::vector<std::string>> DescribeExportRequest(
+    const storage::ChunkStore& store, const std::string& export_root,
+    const latentd::v1::ExportDatasetRequest& request, const std::string& field_prefix);
 
 // Validates and runs `request`, creating the path's directory. `progress` as in
 // storage::ExportOptions (may be empty).

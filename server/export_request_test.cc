@@ -96,6 +96,25 @@ TEST_F(ExportRequestTest, PathsOutsideTheRootAreRefused) {
   EXPECT_TRUE(fs::is_empty(root_));
 }
 
+TEST_F(ExportRequestTest, ADryRunSaysWhatItWouldWriteAndWritesNothing) {
+  auto request = Request("plan/dense.h5");
+  request.set_format(latentd::v1::HDF5);
+  request.set_row_start(2);
+  auto lines = DescribeExportRequest(*store_, root_, request, "export.");
+  ASSERT_TRUE(lines.ok()) << lines.status();
+  ASSERT_EQ(lines->size(), 3u);
+  EXPECT_EQ((*lines)[0],
+            "reads dataset 1 \"dense\" (DENSE): rows [2, 10) of 10 committed (to the end as "
+            "committed when it starts)");
+  // 8 rows x 4 fp32 values + a token id each.
+  EXPECT_EQ((*lines)[1],
+            "writes HDF5 to " + fs::canonical(root_).string() + "/plan/dense.h5, about 0.0 MB");
+  EXPECT_FALSE(fs::exists(root_ + "/plan"));
+  request.set_path("/etc/x.h5");
+  EXPECT_EQ(DescribeExportRequest(*store_, root_, request, "export.").status().code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
 TEST_F(ExportRequestTest, ARunWritesUnderTheRootCreatingItsDirectory) {
   int calls = 0;
   auto response = RunExportRequest(*store_, root_, Request("deep/er/dense.npz"), "",

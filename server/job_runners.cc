@@ -126,6 +126,9 @@ std::map<latentd::v1::JobType, JobRunner> MakeJobRunners(const RunnerEnvironment
   export_runner.validate = [store, export_root](const latentd::v1::JobSpec& spec) {
     return ValidateExportRequest(*store, export_root, spec.export_(), "export.");
   };
+  export_runner.plan = [store, export_root](const latentd::v1::JobSpec& spec) {
+    return DescribeExportRequest(*store, export_root, spec.export_(), "export.");
+  };
   export_runner.run = [store, export_root](
                           const latentd::v1::JobSpec& spec,
                           engine::JobContext* context) -> absl::StatusOr<latentd::v1::JobResult> {

@@ -194,8 +194,15 @@ absl::StatusOr<ExportResult> ExportDelphi(const ChunkStore& store, uint64_t id, 
     const int end = std::min(splits, begin + group);
     std::vector<Split> gathered(end - begin);
     for (int s = begin; s < end; ++s) {
-      gathered[s - begin].first = s * width / splits;
-      gathered[s - begin].last = (s + 1) * width / splits - 1;
+      Split& split = gathered[s - begin];
+      split.first = s * width / splits;
+      split.last = (s + 1) * width / splits - 1;
+      // Room for the expected firings and a margin, so that growing does not double the
+      // memory the budget allows (a split past it still grows).
+      const auto expected = static_cast<size_t>(split_bytes / kFiringBytes * 1.1);
+      split.rows.reserve(expected);
+      split.offsets.reserve(expected);
+      split.values.reserve(expected);
     }
     for (int64_t piece = row_start; piece < row_start + rows; piece += piece_rows) {
       absl::StatusOr<CsrRows> read =

@@ -127,6 +127,14 @@ class Pipeline(DaemonTestCase):
         self.assertEqual(again.state, jobs_pb2.SUCCEEDED, again.message)
         self.assertIn("wrote      %s (1024 rows" % again.result.export.path,
                       self.daemon.latentctl("get", str(again.id)).stdout)
+        # A dry run says what it would read and write, and makes no job.
+        jobs_before = len(list(c.list()))
+        plan = self.daemon.latentctl("export", str(dataset), "plan.npz", "--count=64", "--job",
+                                     "--dry_run").stdout
+        self.assertIn("reads dataset %d " % dataset, plan)
+        self.assertIn("rows [0, 64) of 1024 committed", plan)
+        self.assertIn("writes NPZ to ", plan)
+        self.assertEqual(len(list(c.list())), jobs_before)
         # In a pipeline file, bound to the extraction's output.
         path = os.path.join(self.tmp, "export.json")
         with open(path, "w") as f:
