@@ -37,24 +37,34 @@ absl::StatusOr<std::string> ResolveExportPath(const std::string& export_root,
 
 namespace {
 
-storage::ExportFormat StorageFormat(latentd::v1::ExportFormat format) {
+// The storage format of an API format, and its name in a plan.
+struct FormatOf {
+  storage::ExportFormat format;
+  const char* name;
+};
+FormatOf Format(latentd::v1::ExportFormat format) {
   switch (format) {
     case latentd::v1::HDF5:
-      return storage::ExportFormat::kHdf5;
+      return {storage::ExportFormat::kHdf5, "HDF5"};
     case latentd::v1::EXPORT_FORMAT_PARQUET:
-      return storage::ExportFormat::kParquet;
+      return {storage::ExportFormat::kParquet, "Parquet"};
     case latentd::v1::EXPORT_FORMAT_DELPHI:
-      return storage::ExportFormat::kDelphi;
+      return {storage::ExportFormat::kDelphi, "delphi"};
     default:
-      return storage::ExportFormat::kNpz;
+      return {storage::ExportFormat::kNpz, "NPZ"};
   }
 }
 
-// ValidateExportRequest, returning the resolved path.
-absl::StatusOr<std::string> CheckedPath(const storage::ChunkStore& store,
-                                        const std::string& export_root,
-                                        const latentd::v1::ExportDatasetRequest& request,
-                                        const std::string& field_prefix) {
+// A request that passed ValidateExportRequest: its resolved path and the dataset's record.
+struct CheckedRequest {
+  std::string path;
+  storage::DatasetRecord rec;
+};
+
+absl::StatusOr<CheckedRequest> Check(const storage::ChunkStore& store,
+                                     const std::string& export_root,
+                                     const latentd::v1::ExportDatasetRequest& request,
+                                     const std::string& field_prefix) {
   const std::string& p = field_prefix;
   if (!latentd::v1::ExportFormat_IsValid(request.format())) {
     return absl::InvalidArgumentError(
@@ -91,7 +101,7 @@ absl::StatusOr<std::string> CheckedPath(const storage::ChunkStore& store,
         absl::StrCat(p, "format: DELPHI exports the latents of a SPARSE dataset; dataset ",
                      request.dataset_id(), " is DENSE"));
   }
-  return path;
+  return CheckedRequest{*std::move(path), *std::move(rec)};
 }
 
 }  // namespace
@@ -99,14 +109,15 @@ absl::StatusOr<std::string> CheckedPath(const storage::ChunkStore& store,
 absl::Status ValidateExportRequest(const storage::ChunkStore& store, const std::string& export_root,
                                    const latentd::v1::ExportDatasetRequest& request,
                                    const std::string& field_prefix) {
-  return CheckedPath(store, export_root, request, field_prefix).status();
+  return Check(store, export_root, request, field_prefix).status();
 }
 
 absl::StatusOr<std::vector<std::string>> DescribeExportRequest(
     const storage::ChunkStore& store, const std::string& export_root,
     const latentd::v1::ExportDatasetRequest& request, const std::string& field_prefix) {
-  ASSIGN_OR_RETURN(const std::string path, CheckedPath(store, export_root, request, field_prefix));
-  ASSIGN_OR_RETURN(const storage::DatasetRecord rec, store.GetRecord(request.dataset_id()));
+  ASSIGN_OR_RETURN(const CheckedRequest checked, Check(store, export_root, request, field_prefix));
+  const std::string& path = checked.path;
+  const storage::DatasetRecord& rec = checked.rec;
   const bool sparse = rec.meta.kind == storage::DatasetKind::kSparse;
   const int64_t end =
       request.row_count() > 0 ? request.row_start() + request.row_count() : rec.rows_committed;
@@ -130,17 +141,14 @@ absl::StatusOr<std::vector<std::string>> DescribeExportRequest(
           // uint16 locations (3) and an fp16 activation a firing; the token matrix in each file
           ? values * 8 + static_cast<double>(rows) * 4 * splits
           : values * (value_bytes + (sparse ? 4 : 0)) + static_cast<double>(rows) * per_row_extra;
-  const char* name = request.format() == latentd::v1::HDF5                    ? "HDF5"
-                     : request.format() == latentd::v1::EXPORT_FORMAT_PARQUET ? "Parquet"
-                     : request.format() == latentd::v1::EXPORT_FORMAT_DELPHI  ? "delphi"
-                                                                              : "NPZ";
-  lines.push_back(absl::StrCat("writes ", name, " to ", path,
+  lines.push_back(absl::StrCat("writes ", Format(request.format()).name, " to ", path,
                                request.format() == latentd::v1::EXPORT_FORMAT_PARQUET
                                    ? " (ZSTD-compressed: its size is known only once written)"
                                    : absl::StrFormat(", about %.1f MB", estimate / 1e6)));
   lines.push_back(
-      "streams in blocks of about 4M values (bounded memory); holds no device; the file "
-      "appears whole when done");
+      absl::StrCat("streams in blocks of about ", storage::ExportOptions().block_values >> 20,
+                   "M values (bounded memory); holds no device; the file appears whole when "
+                   "done"));
   return lines;
 }
 
@@ -148,7 +156,8 @@ absl::StatusOr<latentd::v1::ExportDatasetResponse> RunExportRequest(
     const storage::ChunkStore& store, const std::string& export_root,
     const latentd::v1::ExportDatasetRequest& request, const std::string& field_prefix,
     storage::ExportProgress progress) {
-  ASSIGN_OR_RETURN(const std::string path, CheckedPath(store, export_root, request, field_prefix));
+  ASSIGN_OR_RETURN(const CheckedRequest checked, Check(store, export_root, request, field_prefix));
+  const std::string& path = checked.path;
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   if (ec) {
@@ -161,7 +170,7 @@ absl::StatusOr<latentd::v1::ExportDatasetResponse> RunExportRequest(
   ASSIGN_OR_RETURN(
       storage::ExportResult result,
       storage::ExportDataset(store, request.dataset_id(), request.row_start(), request.row_count(),
-                             StorageFormat(request.format()), path, options));
+                             Format(request.format()).format, path, options));
   latentd::v1::ExportDatasetResponse response;
   response.set_path(result.path);
   response.set_rows(result.rows);

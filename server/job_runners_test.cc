@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "common/test_dir.h"
 #include "engine/checkpoint.h"
+#include "engine/job_context_testing.h"
 #include "gtest/gtest.h"
 
 namespace latentd::server {
@@ -43,29 +43,6 @@ TEST(JobRunners, ForgettingATrainJobRemovesItsCheckpoint) {
   EXPECT_EQ(runners.at(latentd::v1::EXTRACT).continues(extract), 9u);
   EXPECT_FALSE(runners.at(latentd::v1::PROBE).continues);
 }
-
-// A JobContext that records progress and says "cancel" once `cancel_after` reports came.
-class RecordingContext : public engine::JobContext {
- public:
-  explicit RecordingContext(int cancel_after) : cancel_after_(cancel_after) {}
-  uint64_t job_id() const override { return 1; }
-  int attempt() const override { return 1; }
-  const std::vector<engine::DeviceRef>& devices() const override { return devices_; }
-  bool cancel_requested() const override {
-    return static_cast<int>(progress_.size()) >= cancel_after_;
-  }
-  void ReportProgress(int64_t done, int64_t total, const std::string& unit) override {
-    progress_.push_back(absl::StrCat(done, "/", total, " ", unit));
-  }
-  void ReportTelemetry(const latentd::v1::Telemetry&) override {}
-  void Log(latentd::v1::LogLine::Level, const std::string&) override {}
-  const std::vector<std::string>& progress() const { return progress_; }
-
- private:
-  const int cancel_after_;
-  std::vector<engine::DeviceRef> devices_;
-  std::vector<std::string> progress_;
-};
 
 // EXPORT runs an ExportDataset request without a device, reports rows, and stops when cancelled
 // leaving nothing at its path.
@@ -105,15 +82,16 @@ TEST(JobRunners, AnExportJobReportsRowsAndStopsWhenCancelled) {
   spec.mutable_export_()->set_dataset_id(id);
   spec.mutable_export_()->set_path("dense.npz");
   ASSERT_TRUE(runner.validate(spec).ok());
-  RecordingContext whole(/*cancel_after=*/1000);
+  engine::RecordingJobContext whole;
   auto result = runner.run(spec, &whole);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->export_().rows(), 20000);
   ASSERT_EQ(whole.progress().size(), 5u);
-  EXPECT_EQ(whole.progress().back(), "20000/20000 rows");
+  EXPECT_EQ(whole.progress().back().ToString(), "20000/20000 rows");
 
   spec.mutable_export_()->set_path("stopped.npz");
-  RecordingContext cancelled(/*cancel_after=*/2);
+  engine::RecordingJobContext cancelled;
+  cancelled.CancelAfterChecks(1);  // stop at the second block's check
   EXPECT_EQ(runner.run(spec, &cancelled).status().code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(cancelled.progress().size(), 2u);
   EXPECT_FALSE(std::filesystem::exists(env.export_root + "/stopped.npz"));
