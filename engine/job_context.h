@@ -45,6 +45,9 @@ class JobContext {
   virtual const std::vector<DeviceRef>& devices() const = 0;
   virtual bool cancel_requested() const = 0;
 
+  // The rate shown with the progress counts from a run's first report: a runner reports where it
+  // starts (0, or where it resumes) before its first piece of work, so a run whose work comes in
+  // one piece still shows one.
   virtual void ReportProgress(int64_t units_done, int64_t units_total, const std::string& unit) = 0;
   virtual void ReportTelemetry(const latentd::v1::Telemetry& sample) = 0;
   virtual void Log(latentd::v1::LogLine::Level level, const std::string& text) = 0;

@@ -62,6 +62,7 @@ struct Gate {
       absl::SleepFor(absl::Milliseconds(2));
     }
     --running;
+    if (spec.label() == "finish") ctx->ReportProgress(2, 2, "steps");
     if (spec.label() == "fail") return absl::InvalidArgumentError("spec.label: bad on purpose");
     latentd::v1::JobResult result;
     // "result=X" labels a job whose result names device X (a value for bindings to take).
@@ -304,6 +305,23 @@ TEST_F(JobManagerTest, NoBackfillPastAWaitingHead) {
 
 // Jobs of a type that holds no device (EXPORT) run beside the device queue: they start while a
 // job waits for a device, never take one, and at most max_deviceless_jobs (2) run at once.
+// The rate a dashboard shows: units per second between the reports, not since the job started.
+TEST_F(JobManagerTest, TheRateIsUnitsPerSecondBetweenReports) {
+  Open();
+  const absl::Time submitted = absl::Now();
+  Job job = *manager_->Submit("", Probe(1, 0, "finish"));
+  WaitFor(job.id(), latentd::v1::RUNNING);
+  constexpr absl::Duration kBetween = absl::Milliseconds(200);
+  absl::SleepFor(kBetween);  // between the runner's first report (1 of 2) and its last
+  gate_.Release(job.id());
+  const Job done = WaitFor(job.id(), latentd::v1::SUCCEEDED);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - submitted);
+  EXPECT_EQ(done.progress().units_done(), 2);
+  // One unit over at least kBetween and at most the whole test.
+  EXPECT_GE(done.progress().rate(), 1 / seconds);
+  EXPECT_LE(done.progress().rate(), 1 / absl::ToDoubleSeconds(kBetween));
+}
+
 TEST_F(JobManagerTest, JobsWithoutDevicesRunBesideTheDeviceQueueTwoAtATime) {
   Open("cpu:1");
   Job busy = *manager_->Submit("", Probe(1));

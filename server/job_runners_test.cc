@@ -86,12 +86,14 @@ TEST(JobRunners, AnExportJobReportsRowsAndStopsWhenCancelled) {
   auto result = runner.run(spec, &whole);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->export_().rows(), 20000);
-  ASSERT_EQ(whole.progress().size(), 5u);
+  ASSERT_EQ(whole.progress().size(), 6u);
+  // From where it starts (so the rate has a start even when it writes one block) to the end.
+  EXPECT_EQ(whole.progress().front().ToString(), "0/20000 rows");
   EXPECT_EQ(whole.progress().back().ToString(), "20000/20000 rows");
 
   spec.mutable_export_()->set_path("stopped.npz");
   engine::RecordingJobContext cancelled;
-  cancelled.CancelAfterChecks(1);  // stop at the second block's check
+  cancelled.CancelAfterChecks(1);  // stop after the first block
   EXPECT_EQ(runner.run(spec, &cancelled).status().code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(cancelled.progress().size(), 2u);
   EXPECT_FALSE(std::filesystem::exists(env.export_root + "/stopped.npz"));

@@ -190,6 +190,13 @@ absl::StatusOr<ExportResult> ExportDelphi(const ChunkStore& store, uint64_t id, 
                         : std::max(1, static_cast<int>(gather_bytes / split_bytes));
   const int64_t piece_rows = ExportBlockRows(rec, options.block_values);
   const int passes = (splits + group - 1) / group;
+  // Rows read over every pass, told to `progress` from 0 on; its false stops the export.
+  auto report = [&](int64_t done) -> absl::Status {
+    if (!options.progress || options.progress(done, passes * rows)) return absl::OkStatus();
+    return fail(absl::CancelledError(absl::StrCat("export of dataset ", id, " stopped after ", done,
+                                                  " of ", passes * rows, " rows read")));
+  };
+  RETURN_IF_ERROR(report(0));
   for (int begin = 0; begin < splits; begin += group) {
     const int end = std::min(splits, begin + group);
     std::vector<Split> gathered(end - begin);
@@ -221,10 +228,7 @@ absl::StatusOr<ExportResult> ExportDelphi(const ChunkStore& store, uint64_t id, 
         }
       }
       const int64_t done = begin / group * rows + piece + read->num_rows - row_start;
-      if (options.progress && !options.progress(done, passes * rows)) {
-        return fail(absl::CancelledError(absl::StrCat("export of dataset ", id, " stopped after ",
-                                                      done, " of ", passes * rows, " rows read")));
-      }
+      RETURN_IF_ERROR(report(done));
     }
     for (const Split& split : gathered) {
       result.nnz += static_cast<int64_t>(split.values.size());

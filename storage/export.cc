@@ -505,7 +505,12 @@ absl::StatusOr<ExportResult> ExportDataset(const ChunkStore& store, uint64_t id,
   CsrRows sparse;
   std::vector<float> dense;
   std::vector<int32_t> tokens;
-  for (int64_t done = 0; done < row_count;) {
+  for (int64_t done = 0;;) {
+    if (options.progress && !options.progress(done, row_count)) {
+      return fail(absl::CancelledError(absl::StrCat("export of dataset ", id, " stopped after ",
+                                                    done, " of ", row_count, " rows")));
+    }
+    if (done == row_count) break;
     const int64_t n = std::min(block_rows, row_count - done);
     Block block;
     block.rows = n;
@@ -526,10 +531,6 @@ absl::StatusOr<ExportResult> ExportDataset(const ChunkStore& store, uint64_t id,
     }
     if (absl::Status s = (*sink)->Append(block); !s.ok()) return fail(s);
     done += n;
-    if (options.progress && !options.progress(done, row_count)) {
-      return fail(absl::CancelledError(absl::StrCat("export of dataset ", id, " stopped after ",
-                                                    done, " of ", row_count, " rows")));
-    }
   }
   if (absl::Status s = (*sink)->Finish(row_count, result.nnz); !s.ok()) return fail(s);
   sink->reset();

@@ -51,7 +51,8 @@ struct ExportOptions {
   // Values read and written per block (SPARSE: firings at the dataset's mean per row; DENSE:
   // rows x width): the export's working memory, about 10 B a value. Default 4M (about 40 MB).
   int64_t block_values = int64_t{1} << 22;
-  // May be empty (no progress, never stopped).
+  // Called with 0 rows done before the first block and again after each block; false stops the
+  // export. May be empty (no progress, never stopped).
   ExportProgress progress;
   // NPZ sizes and offsets from this many bytes on are written as ZIP64 (NpzWriterOptions).
   // Default: the classic format's 4 GiB limit; tests lower it.

@@ -125,6 +125,7 @@ TEST_F(ExportTest, ProgressCountsRowsUpToTheRange) {
         ExportDataset(*store_, sparse_, 100, 250, format, dir_ + "/progress.out", options);
     ASSERT_TRUE(exported.ok()) << exported.status();
     ASSERT_GT(calls.size(), 5u);
+    EXPECT_EQ(calls.front().first, 0);  // where it starts, before the first block
     for (size_t i = 0; i < calls.size(); ++i) {
       EXPECT_EQ(calls[i].second, 250);
       if (i > 0) {
