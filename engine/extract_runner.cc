@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/byte_size.h"
 #include "common/path_within.h"
 #include "common/status_macros.h"
 #include "engine/device_util.h"
@@ -854,12 +855,6 @@ absl::StatusOr<std::vector<std::string>> ExtractDatasetNamesFor(const ExtractSpe
 
 namespace {
 
-// Bytes for people: "812.3 MB", "1.52 GB".
-std::string Size(int64_t bytes) {
-  return bytes >= 1000000000 ? absl::StrFormat("%.2f GB", bytes / 1e9)
-                             : absl::StrFormat("%.1f MB", bytes / 1e6);
-}
-
 // The checks at submit, and what they found (DescribeExtractSpec words it).
 absl::StatusOr<Checked> CheckAtSubmit(const ExtractSpec& spec, const ExtractEnv& env) {
   ASSIGN_OR_RETURN(Checked c, Check(spec, env, env.cpu_only));
@@ -907,7 +902,7 @@ absl::StatusOr<std::vector<std::string>> DescribeExtractSpec(const ExtractSpec& 
     lines.push_back(absl::StrCat("model: ", c.shape->what, ": ", c.shape->n_layers,
                                  " layers, d_model ", c.shape->d_model, ", ", c.shape->n_heads,
                                  " heads, vocabulary ", c.shape->vocab_size, ", ",
-                                 Size(c.shape->parameter_bytes), " of float32 weights"));
+                                 ByteSize(c.shape->parameter_bytes), " of float32 weights"));
   } else {
     lines.push_back(absl::StrCat("model: the TorchScript module ", c.model_path,
                                  " (hook widths are known once it loads)"));
@@ -953,15 +948,15 @@ absl::StatusOr<std::vector<std::string>> DescribeExtractSpec(const ExtractSpec& 
                                c.commit_rows, " rows (readers see rows as they commit)"));
   const DatasetBytesFloor floor = EstimateDatasetBytesFloor(c, spec);
   if (floor.bytes > 0) {
-    std::string disk = absl::StrCat("disk: at least ", Size(floor.bytes), " (", floor.how, ")");
-    if (env.free_disk_bytes) absl::StrAppend(&disk, "; ", Size(env.free_disk_bytes()), " free");
+    std::string disk = absl::StrCat("disk: at least ", ByteSize(floor.bytes), " (", floor.how, ")");
+    if (env.free_disk_bytes) absl::StrAppend(&disk, "; ", ByteSize(env.free_disk_bytes()), " free");
     lines.push_back(disk);
   }
   if (c.shape) {
     std::string memory =
-        absl::StrCat("device memory: about ", Size(DeviceBytesAtSubmit(c, spec)), " a device");
+        absl::StrCat("device memory: about ", ByteSize(DeviceBytesAtSubmit(c, spec)), " a device");
     if (env.device_memory_bytes > 0)
-      absl::StrAppend(&memory, " of ", Size(env.device_memory_bytes));
+      absl::StrAppend(&memory, " of ", ByteSize(env.device_memory_bytes));
     lines.push_back(memory);
   }
   return lines;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/byte_size.h"
 #include "common/path_within.h"
 #include "common/status_macros.h"
 
@@ -144,7 +145,7 @@ absl::StatusOr<std::vector<std::string>> DescribeExportRequest(
   lines.push_back(absl::StrCat("writes ", Format(request.format()).name, " to ", path,
                                request.format() == latentd::v1::EXPORT_FORMAT_PARQUET
                                    ? " (ZSTD-compressed: its size is known only once written)"
-                                   : absl::StrFormat(", about %.1f MB", estimate / 1e6)));
+                                   : absl::StrCat(", about ", ByteSize(estimate))));
   lines.push_back(
       absl::StrCat("streams in blocks of about ", storage::ExportOptions().block_values >> 20,
                    "M values (bounded memory); holds no device; the file appears whole when "

@@ -106,9 +106,9 @@ TEST_F(ExportRequestTest, ADryRunSaysWhatItWouldWriteAndWritesNothing) {
   EXPECT_EQ((*lines)[0],
             "reads dataset 1 \"dense\" (DENSE): rows [2, 10) of 10 committed (to the end as "
             "committed when it starts)");
-  // 8 rows x 4 fp32 values + a token id each.
+  // 8 rows x (4 fp32 values + a 4-byte token id).
   EXPECT_EQ((*lines)[1],
-            "writes HDF5 to " + fs::canonical(root_).string() + "/plan/dense.h5, about 0.0 MB");
+            "writes HDF5 to " + fs::canonical(root_).string() + "/plan/dense.h5, about 160 B");
   EXPECT_FALSE(fs::exists(root_ + "/plan"));
   request.set_path("/etc/x.h5");
   EXPECT_EQ(DescribeExportRequest(*store_, root_, request, "export.").status().code(),
