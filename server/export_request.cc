@@ -130,9 +130,7 @@ absl::StatusOr<std::vector<std::string>> DescribeExportRequest(
       request.row_start(), ", ", end, ") of ", rec.rows_committed, " committed",
       request.row_count() > 0 ? "" : " (to the end as committed when it starts)"));
   // Stored values at the dataset's mean row; fp16 stays fp16, the rest is written as fp32.
-  const double values = sparse && rec.rows_committed > 0
-                            ? static_cast<double>(rec.nnz) * rows / rec.rows_committed
-                            : static_cast<double>(rows) * rec.meta.width;
+  const double values = storage::MeanValuesPerRow(rec) * rows;
   const int value_bytes = rec.meta.value_dtype == storage::ValueDtype::kFloat16 ? 2 : 4;
   const double per_row_extra = sparse ? 8 + 4 : 4;  // indptr, token id
   const int splits =

@@ -93,6 +93,14 @@ struct DatasetRecord {
 // for a start or end past the watermark.
 absl::Status CheckRowRange(const DatasetRecord& rec, int64_t row_start, int64_t* row_count);
 
+// The values a row holds at the dataset's mean, for sizing blocks, buffers and estimates before
+// a range is read: SPARSE its firings per committed row so far (0 before the first commit),
+// DENSE its width.
+inline double MeanValuesPerRow(const DatasetRecord& rec) {
+  if (rec.meta.kind == DatasetKind::kDense) return rec.meta.width;
+  return rec.rows_committed > 0 ? static_cast<double>(rec.nnz) / rec.rows_committed : 0;
+}
+
 // Rows [row_start, row_start + num_rows) as CSR (indptr starts at 0), with one token id per row.
 struct CsrRows {
   int64_t row_start = 0;

@@ -181,9 +181,7 @@ absl::StatusOr<ExportResult> ExportDelphi(const ChunkStore& store, uint64_t id, 
   ExportResult result;
   result.rows = rows;
   // Splits gathered per read pass, from the range's expected firings (the dataset's mean).
-  const double split_bytes = rec.rows_committed > 0 ? static_cast<double>(rec.nnz) * rows /
-                                                          rec.rows_committed / splits * kFiringBytes
-                                                    : 0;
+  const double split_bytes = MeanValuesPerRow(rec) * rows / splits * kFiringBytes;
   const auto gather_bytes = static_cast<double>(options.delphi_gather_bytes);
   const int group = split_bytes * splits <= gather_bytes
                         ? splits

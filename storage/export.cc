@@ -193,8 +193,11 @@ class Hdf5Writer {
     return absl::OkStatus();
   }
   // A dataset of numpy type `descr`, empty until appended to, with `inner` the dimensions
-  // after the first. Returns its handle.
-  int Growing(const std::string& name, const std::string& descr, std::vector<hsize_t> inner) {
+  // after the first and about `expected` entries along the first in the end (its chunks are no
+  // longer than that: HDF5 stores whole chunks, so a small export would otherwise be padded to
+  // kHdf5ChunkElements per array). Returns its handle.
+  int Growing(const std::string& name, const std::string& descr, std::vector<hsize_t> inner,
+              int64_t expected) {
     Set set;
     set.type = Hdf5Type(descr);
     set.dims = {0};
@@ -204,7 +207,9 @@ class Hdf5Writer {
     std::vector<hsize_t> chunk = set.dims;
     hsize_t inner_elements = 1;
     for (hsize_t d : inner) inner_elements *= d;
-    chunk[0] = std::max<hsize_t>(1, kHdf5ChunkElements / std::max<hsize_t>(1, inner_elements));
+    const hsize_t most =
+        std::max<hsize_t>(1, kHdf5ChunkElements / std::max<hsize_t>(1, inner_elements));
+    chunk[0] = std::min(most, static_cast<hsize_t>(std::max<int64_t>(1, expected)));
     const int rank = static_cast<int>(set.dims.size());
     hid_t space = H5Screate_simple(rank, set.dims.data(), max_dims.data());
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
@@ -330,22 +335,23 @@ std::vector<std::pair<std::string, MetaValue>> MetadataFields(const DatasetRecor
 class Hdf5Sink : public Sink {
  public:
   static absl::StatusOr<std::unique_ptr<Sink>> Create(const DatasetRecord& rec, int64_t row_start,
-                                                      const std::string& path) {
+                                                      int64_t rows, const std::string& path) {
     auto sink = std::unique_ptr<Hdf5Sink>(new Hdf5Sink(rec, row_start, path));
     Hdf5Writer& w = sink->writer_;
     if (!w.ok()) return absl::PermissionDeniedError(absl::StrCat("cannot create HDF5 file ", path));
     const char* values = ValueDescr(rec.meta.value_dtype);
     BlockArrays& arrays = sink->arrays_;
     if (rec.meta.kind == DatasetKind::kSparse) {
-      arrays.data = w.Growing("data", values, {});
-      arrays.indices = w.Growing("indices", "<i4", {});
-      arrays.indptr = w.Growing("indptr", "<i8", {});
+      const auto firings = static_cast<int64_t>(MeanValuesPerRow(rec) * rows);
+      arrays.data = w.Growing("data", values, {}, firings);
+      arrays.indices = w.Growing("indices", "<i4", {}, firings);
+      arrays.indptr = w.Growing("indptr", "<i8", {}, rows + 1);
       const int64_t zero = 0;
       w.Append(arrays.indptr, &zero, 1);
     } else {
-      arrays.data = w.Growing("data", values, {static_cast<hsize_t>(rec.meta.width)});
+      arrays.data = w.Growing("data", values, {static_cast<hsize_t>(rec.meta.width)}, rows);
     }
-    arrays.tokens = w.Growing("token_ids", "<i4", {});
+    arrays.tokens = w.Growing("token_ids", "<i4", {}, rows);
     if (!w.ok()) return absl::PermissionDeniedError(absl::StrCat("cannot create HDF5 file ", path));
     return std::unique_ptr<Sink>(std::move(sink));
   }
@@ -415,9 +421,7 @@ class ParquetSink : public Sink {
                      ParquetWriter::Create(path, fields, {{"latentd", meta.dump()}}));
     // Row groups of about a million values at the dataset's mean row.
     constexpr int64_t kValuesPerGroup = 1 << 20;
-    const int64_t per_row =
-        sparse ? (rec.rows_committed > 0 ? std::max<int64_t>(1, rec.nnz / rec.rows_committed) : 1)
-               : rec.meta.width;
+    const auto per_row = std::max<int64_t>(1, static_cast<int64_t>(MeanValuesPerRow(rec)));
     const int64_t group_rows = std::clamp<int64_t>(kValuesPerGroup / per_row, 1, 1 << 16);
     return std::unique_ptr<Sink>(
         new ParquetSink(row_start, rec.meta.width, group_rows, std::move(writer)));
@@ -469,7 +473,7 @@ absl::StatusOr<std::unique_ptr<Sink>> MakeSink(ExportFormat format, const Datase
     case ExportFormat::kNpz:
       return NpzSink::Create(rec, row_start, path, options);
     case ExportFormat::kHdf5:
-      return Hdf5Sink::Create(rec, row_start, path);
+      return Hdf5Sink::Create(rec, row_start, rows, path);
     case ExportFormat::kParquet:
       return ParquetSink::Create(rec, row_start, rows, path);
     case ExportFormat::kDelphi:

@@ -12,15 +12,10 @@ namespace latentd::storage {
 // Rows read and written per block at most, whatever the value budget allows.
 inline constexpr int64_t kMaxExportBlockRows = int64_t{1} << 20;
 
-// Rows per block: `block_values` at the dataset's mean row (SPARSE: its firings per row so far;
-// DENSE: its width), within [1, kMaxExportBlockRows].
+// Rows per block: `block_values` at the dataset's mean row (MeanValuesPerRow), within
+// [1, kMaxExportBlockRows].
 inline int64_t ExportBlockRows(const DatasetRecord& rec, int64_t block_values) {
-  const double per_row =
-      rec.meta.kind == DatasetKind::kDense
-          ? rec.meta.width
-          : (rec.rows_committed > 0
-                 ? std::max(1.0, static_cast<double>(rec.nnz) / rec.rows_committed)
-                 : 1.0);
+  const double per_row = std::max(1.0, MeanValuesPerRow(rec));
   return std::clamp<int64_t>(static_cast<int64_t>(block_values / per_row), 1, kMaxExportBlockRows);
 }
 
