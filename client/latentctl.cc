@@ -2444,7 +2444,7 @@ int Examples(Client& client, const std::vector<std::string>& args) {
 
 constexpr char kHelp[] = R"(latentctl [--server=HOST:PORT] [--token_file=F] [--json] COMMAND
 jobs:
-  submit --type=PROBE|EXTRACT|TRAIN [--spec=FILE.json] [--request_id=ID]
+  submit --type=PROBE|EXTRACT|TRAIN|EXPORT [--spec=FILE.json] [--request_id=ID]
          [--num_devices=N] [--priority=P] [--label=L]     prints the job id
          [--after_jobs=ID,...]   start only once these jobs have succeeded (a pipeline)
          [--bind=FIELD=ID:OUTPUT,...]   take a value of a job's result when this one starts:
