@@ -15,6 +15,7 @@
 #include "engine/crosscoder_model.h"
 #include "engine/extract_runner.h"
 #include "engine/hook_name.h"
+#include "engine/job_context_testing.h"
 #include "engine/reference_model.h"
 #include "engine/sae.h"
 #include "gtest/gtest.h"
@@ -32,36 +33,31 @@ std::string Tmp(const std::string& name) {
   return d;
 }
 
-class FakeContext : public JobContext {
- public:
-  FakeContext(uint64_t id, int devices) : id_(id) {
-    for (int i = 0; i < devices; ++i)
-      devices_.push_back({DeviceKind::kCpu, i, "cpu:" + std::to_string(i), 0});
+// What a runner reported to `ctx`: the rows done of each progress report (in rows), the
+// EXTRACT telemetry, the WARNING log lines.
+std::vector<int64_t> RowsDone(const RecordingJobContext& ctx) {
+  std::vector<int64_t> done;
+  for (const RecordingJobContext::Progress& p : ctx.progress()) {
+    EXPECT_EQ(p.unit, "rows");
+    done.push_back(p.done);
   }
-  uint64_t job_id() const override { return id_; }
-  int attempt() const override { return 1; }
-  const std::vector<DeviceRef>& devices() const override { return devices_; }
-  bool cancel_requested() const override { return cancel_after_ > 0 && ++checks_ > cancel_after_; }
-  void ReportProgress(int64_t done, int64_t total, const std::string& unit) override {
-    progress_.push_back(done);
-    EXPECT_EQ(unit, "rows");
-  }
-  void ReportTelemetry(const latentd::v1::Telemetry& t) override {
+  return done;
+}
+std::vector<latentd::v1::ExtractTelemetry> ExtractSamples(const RecordingJobContext& ctx) {
+  std::vector<latentd::v1::ExtractTelemetry> samples;
+  for (const latentd::v1::Telemetry& t : ctx.telemetry()) {
     EXPECT_TRUE(t.has_extract());
-    telemetry_.push_back(t.extract());
+    samples.push_back(t.extract());
   }
-  void Log(latentd::v1::LogLine::Level level, const std::string& text) override {
-    if (level == latentd::v1::LogLine::WARNING) warnings_.push_back(text);
+  return samples;
+}
+std::vector<std::string> Warnings(const RecordingJobContext& ctx) {
+  std::vector<std::string> lines;
+  for (const RecordingJobContext::LogLine& line : ctx.logs()) {
+    if (line.level == latentd::v1::LogLine::WARNING) lines.push_back(line.text);
   }
-
-  uint64_t id_;
-  std::vector<DeviceRef> devices_;
-  int cancel_after_ = 0;
-  mutable int checks_ = 0;
-  std::vector<int64_t> progress_;
-  std::vector<latentd::v1::ExtractTelemetry> telemetry_;
-  std::vector<std::string> warnings_;
-};
+  return lines;
+}
 
 class ExtractJobTest : public ::testing::Test {
  protected:
@@ -206,7 +202,7 @@ TEST_F(ExtractJobTest, DownstreamLossIsMeasuredOverSequencesSpreadOverTheShard) 
   auto db = OpenDb("db_downstream");
   storage::ChunkStore store(db.get());
   env_.store = &store;
-  FakeContext ctx(11, 1);
+  RecordingJobContext ctx(1, 11);
   latentd::v1::ExtractSpec spec = Spec();
   spec.set_downstream_loss_sequences(4);
   auto result = RunExtract(spec, env_, &ctx);
@@ -233,7 +229,7 @@ TEST_F(ExtractJobTest, DownstreamLossIsMeasuredOverSequencesSpreadOverTheShard) 
   }
   EXPECT_NEAR(d.clean(), want, 1e-5 * want);
   // Not asked: not measured.
-  FakeContext plain_ctx(12, 1);
+  RecordingJobContext plain_ctx(1, 12);
   auto plain = RunExtract(Spec(), env_, &plain_ctx);
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_FALSE(plain->has_downstream_loss());
@@ -261,7 +257,7 @@ TEST_F(ExtractJobTest, DownstreamLossOfTwoSaesOnOneHook) {
   const std::string other = root_ + "/sae2";
   latentd::v1::ExtractSpec spec = TwoSaesOnOneHook(root_ + "/sae", other, "second");
   spec.set_downstream_loss_sequences(3);
-  FakeContext ctx(13, 1);
+  RecordingJobContext ctx(1, 13);
   auto both = RunExtract(spec, env_, &ctx);
   ASSERT_TRUE(both.ok()) << both.status();
   const latentd::v1::DownstreamLoss& first = both->downstream_loss();
@@ -273,7 +269,7 @@ TEST_F(ExtractJobTest, DownstreamLossOfTwoSaesOnOneHook) {
   alone.mutable_sae()->set_path(other);
   alone.set_dataset_name("alone");
   alone.set_downstream_loss_sequences(3);
-  FakeContext alone_ctx(14, 1);
+  RecordingJobContext alone_ctx(1, 14);
   auto single = RunExtract(alone, env_, &alone_ctx);
   ASSERT_TRUE(single.ok()) << single.status();
   EXPECT_NEAR(single->downstream_loss().with_sae(), second.with_sae(), 1e-6);
@@ -284,7 +280,7 @@ TEST_F(ExtractJobTest, RunsIntoTheChunkStoreAndMatchesTheInMemoryRun) {
   auto db = OpenDb("db1");
   storage::ChunkStore store(db.get());
   env_.store = &store;
-  FakeContext ctx(7, 1);
+  RecordingJobContext ctx(1, 7);
   auto result = RunExtract(Spec(), env_, &ctx);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->rows(), 40 * kCtx);
@@ -303,7 +299,7 @@ TEST_F(ExtractJobTest, RunsIntoTheChunkStoreAndMatchesTheInMemoryRun) {
     EXPECT_EQ(m.rows_planned, 40 * kCtx);
     return OpenedSink{1, std::make_unique<InMemoryRowSink>(&mem)};
   };
-  FakeContext ctx2(8, 1);
+  RecordingJobContext ctx2(1, 8);
   ASSERT_TRUE(RunExtractToSink(Spec(), env_, &ctx2, opener).ok());
   EXPECT_EQ(rows->token_ids, mem.token_ids);
   EXPECT_EQ(rows->indptr, mem.indptr);
@@ -312,17 +308,17 @@ TEST_F(ExtractJobTest, RunsIntoTheChunkStoreAndMatchesTheInMemoryRun) {
     EXPECT_EQ(rows->indices[i], mem.indices[i]);
     EXPECT_NEAR(rows->values[i], mem.values[i], 1e-3 * std::abs(mem.values[i]) + 1e-6);
   }
-  EXPECT_EQ(ctx.progress_.back(), 40 * kCtx);
-  ASSERT_FALSE(ctx.telemetry_.empty());
-  EXPECT_EQ(ctx.telemetry_.back().rows_total(), 40 * kCtx);
-  EXPECT_GT(ctx.telemetry_.back().bytes_committed(), 0);
+  EXPECT_EQ(RowsDone(ctx).back(), 40 * kCtx);
+  ASSERT_FALSE(ExtractSamples(ctx).empty());
+  EXPECT_EQ(ExtractSamples(ctx).back().rows_total(), 40 * kCtx);
+  EXPECT_GT(ExtractSamples(ctx).back().bytes_committed(), 0);
 
   // A rerun of the finished job is a no-op returning the same dataset.
   auto again = RunExtract(Spec(), env_, &ctx);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->dataset_id(), *id);
   // The name taken by another job.
-  FakeContext other(9, 1);
+  RecordingJobContext other(1, 9);
   auto spec = Spec();
   spec.set_dataset_name("extract-7");
   EXPECT_EQ(RunExtract(spec, env_, &other).status().code(), absl::StatusCode::kAlreadyExists);
@@ -351,7 +347,7 @@ TEST_F(ExtractJobTest, WideSaeIsStoredAndIndexedAsTheInMemoryRun) {
   auto db = OpenDb("db_wide");
   storage::ChunkStore store(db.get());
   env_.store = &store;
-  FakeContext ctx(11, 1);
+  RecordingJobContext ctx(1, 11);
   auto result = RunExtract(spec, env_, &ctx);
   ASSERT_TRUE(result.ok()) << result.status();
   InMemoryDataset mem;
@@ -359,7 +355,7 @@ TEST_F(ExtractJobTest, WideSaeIsStoredAndIndexedAsTheInMemoryRun) {
   SinkOpener opener = [&](const ExtractDatasetMeta&) -> absl::StatusOr<OpenedSink> {
     return OpenedSink{1, std::make_unique<InMemoryRowSink>(&mem)};
   };
-  FakeContext ctx2(12, 1);
+  RecordingJobContext ctx2(1, 12);
   ASSERT_TRUE(RunExtractToSink(spec, env_, &ctx2, opener).ok());
   auto rows = store.ReadRows(result->dataset_id(), 0, 0);
   ASSERT_TRUE(rows.ok()) << rows.status();
@@ -397,15 +393,15 @@ TEST_F(ExtractJobTest, CancelledJobsResumeToTheUninterruptedDataset) {
     auto db = OpenDb("db_resume" + std::to_string(devices));
     storage::ChunkStore store(db.get());
     env_.store = &store;
-    FakeContext straight(100, devices);
+    RecordingJobContext straight(devices, 100);
     ASSERT_TRUE(RunExtract(Spec(), env_, &straight).ok());
     int runs = 0;
     absl::StatusOr<latentd::v1::ExtractResult> r = absl::CancelledError("");
     while (!r.ok()) {
       ASSERT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
       ASSERT_LT(++runs, 40);
-      FakeContext ctx(200, devices);
-      ctx.cancel_after_ = 2 + runs % 3;
+      RecordingJobContext ctx(devices, 200);
+      ctx.CancelAfterChecks(2 + runs % 3);
       r = RunExtract(Spec(), env_, &ctx);
     }
     EXPECT_GT(runs, 1);
@@ -443,7 +439,7 @@ TEST_F(ExtractJobTest, MoreOutputsStoreWhatOneHookJobsStore) {
   env_.store = &store;
   const latentd::v1::ExtractSpec multi = MultiSpec();
   ASSERT_TRUE(ValidateExtractJob(multi, env_).ok()) << ValidateExtractJob(multi, env_);
-  FakeContext ctx(20, 1);
+  RecordingJobContext ctx(1, 20);
   auto result = RunExtract(multi, env_, &ctx);
   ASSERT_TRUE(result.ok()) << result.status();
   const std::vector<std::string> names = {"extract-20", "extract-20.blocks.0.hook_resid_mid",
@@ -469,7 +465,7 @@ TEST_F(ExtractJobTest, MoreOutputsStoreWhatOneHookJobsStore) {
     }
     latentd::v1::ExtractSpec one = ExtractOutputSpec(multi, o);
     one.set_dataset_name("alone-" + std::to_string(o));
-    FakeContext alone(30 + o, 1);
+    RecordingJobContext alone(1, 30 + o);
     auto single = RunExtract(one, env_, &alone);
     ASSERT_TRUE(single.ok()) << single.status();
     ExpectSameRows(&store, *id, single->dataset_id());
@@ -479,7 +475,7 @@ TEST_F(ExtractJobTest, MoreOutputsStoreWhatOneHookJobsStore) {
   auto second = store.ReadRows(*store.FindDataset(names[2]), 0, 0);
   ASSERT_TRUE(first.ok() && second.ok());
   EXPECT_NE(first->indices, second->indices);
-  EXPECT_EQ(ctx.progress_.back(), 40 * kCtx);
+  EXPECT_EQ(RowsDone(ctx).back(), 40 * kCtx);
 }
 
 // An SAE whose cfg.json names the hook it was trained on is checked against the hook it is given
@@ -499,10 +495,10 @@ TEST_F(ExtractJobTest, AnSaeTrainedOnAnotherHookIsWarnedAtTheStart) {
   // Both on blocks.1.hook_resid_post.
   const latentd::v1::ExtractSpec spec =
       TwoSaesOnOneHook(root_ + "/sae_next_pre", root_ + "/sae_layer0", "layer0");
-  FakeContext ctx(71, 1);
+  RecordingJobContext ctx(1, 71);
   ASSERT_TRUE(RunExtract(spec, env_, &ctx).ok());
   std::vector<std::string> hook_warnings;
-  for (const std::string& w : ctx.warnings_) {
+  for (const std::string& w : Warnings(ctx)) {
     if (w.find("was trained on hook") != std::string::npos) hook_warnings.push_back(w);
   }
   ASSERT_EQ(hook_warnings.size(), 1u);
@@ -539,7 +535,7 @@ TEST_F(ExtractJobTest, TheSaeFitIsReportedAndAMisfitIsWarned) {
   env_.store = &store;
   latentd::v1::ExtractSpec spec =
       TwoSaesOnOneHook(root_ + "/exact_sae", root_ + "/scaled_sae", "scaled");
-  FakeContext ctx(70, 1);
+  RecordingJobContext ctx(1, 70);
   auto result = RunExtract(spec, env_, &ctx);
   ASSERT_TRUE(result.ok()) << result.status();
   const latentd::v1::SaeFit& exact = result->fit();
@@ -547,18 +543,18 @@ TEST_F(ExtractJobTest, TheSaeFitIsReportedAndAMisfitIsWarned) {
   EXPECT_NEAR(exact.explained_variance(), 1.0, 1e-5);
   EXPECT_NEAR(exact.cosine_similarity(), 1.0, 1e-5);
   EXPECT_LT(exact.mse(), 1e-9);
-  EXPECT_NEAR(ctx.telemetry_.back().explained_variance(), 1.0, 1e-5);
+  EXPECT_NEAR(ExtractSamples(ctx).back().explained_variance(), 1.0, 1e-5);
   const latentd::v1::SaeFit& misfit = result->more_outputs(0).fit();
   EXPECT_EQ(misfit.rows(), 40 * kCtx);
   EXPECT_LT(misfit.explained_variance(), -100);
-  ASSERT_EQ(ctx.warnings_.size(), 1u);
-  EXPECT_NE(ctx.warnings_[0].find("dataset scaled: the SAE reconstructs hook "
+  ASSERT_EQ(Warnings(ctx).size(), 1u);
+  EXPECT_NE(Warnings(ctx)[0].find("dataset scaled: the SAE reconstructs hook "
                                   "blocks.1.hook_resid_post worse than the rows' mean"),
             std::string::npos)
-      << ctx.warnings_[0];
+      << Warnings(ctx)[0];
   // The datasets keep their totals: a rerun of the finished job computes nothing and reports
   // them, and so does the dataset summary.
-  FakeContext rerun(70, 1);
+  RecordingJobContext rerun(1, 70);
   auto again = RunExtract(spec, env_, &rerun);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->fit().rows(), 40 * kCtx);
@@ -633,7 +629,7 @@ TEST_F(ExtractJobTest, ATranscoderIsMeasuredAgainstTheHookItPredicts) {
   more->set_hook_name("blocks.1.ln2.hook_normalized");
   more->mutable_sae()->set_path(root_ + "/ln2_tc");
   more->set_dataset_name("ln2");
-  FakeContext ctx(90, 1);
+  RecordingJobContext ctx(1, 90);
   auto result = RunExtract(spec, env_, &ctx);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->rows(), 40 * kCtx);
@@ -740,10 +736,10 @@ TEST_F(ExtractJobTest, ACrossLayerTranscodersFitSumsTheLayersTheJobExtracts) {
   more->set_hook_name("blocks.0.hook_resid_mid");
   more->mutable_sae()->set_path(clt);
   more->set_dataset_name("clt0");
-  FakeContext ctx(91, 1);
+  RecordingJobContext ctx(1, 91);
   auto result = RunExtract(spec, env_, &ctx);
   ASSERT_TRUE(result.ok()) << result.status();
-  for (const std::string& w : ctx.warnings_) {  // (a random CLT: the misfit warning is right)
+  for (const std::string& w : Warnings(ctx)) {  // (a random CLT: the misfit warning is right)
     EXPECT_EQ(w.find("not measured"), std::string::npos) << w;
   }
   EXPECT_EQ(result->fit().predicted_hook(), "blocks.1.hook_mlp_out");
@@ -847,13 +843,13 @@ TEST_F(ExtractJobTest, ACrossLayerTranscodersFitSumsTheLayersTheJobExtracts) {
   alone.set_hook_name("blocks.1.hook_resid_mid");
   alone.mutable_sae()->set_path(clt);
   alone.set_dataset_name("clt1_alone");
-  FakeContext alone_ctx(92, 1);
+  RecordingJobContext alone_ctx(1, 92);
   auto alone_result = RunExtract(alone, env_, &alone_ctx);
   ASSERT_TRUE(alone_result.ok()) << alone_result.status();
   EXPECT_FALSE(alone_result->has_fit());
-  ASSERT_EQ(alone_ctx.warnings_.size(), 1u);
-  EXPECT_NE(alone_ctx.warnings_[0].find("fit is not measured"), std::string::npos);
-  EXPECT_NE(alone_ctx.warnings_[0].find("layer(s) 0"), std::string::npos) << alone_ctx.warnings_[0];
+  ASSERT_EQ(Warnings(alone_ctx).size(), 1u);
+  EXPECT_NE(Warnings(alone_ctx)[0].find("fit is not measured"), std::string::npos);
+  EXPECT_NE(Warnings(alone_ctx)[0].find("layer(s) 0"), std::string::npos) << Warnings(alone_ctx)[0];
   EXPECT_EQ(alone_result->nnz(), result->nnz());
   // Its downstream loss needs layer 0's latents from the same pass: refused without them.
   alone.set_downstream_loss_sequences(2);
@@ -917,7 +913,7 @@ TEST_F(ExtractJobTest, AnSaeOnSeveralHooksCountsOnce) {
   env_.store = &store;
   shared.set_dataset_name("shared");
   copies.set_dataset_name("copies");
-  FakeContext a(80, 1), b(81, 1);
+  RecordingJobContext a(1, 80), b(1, 81);
   auto ra = RunExtract(shared, env_, &a);
   auto rb = RunExtract(copies, env_, &b);
   ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status() << rb.status();
@@ -1001,7 +997,7 @@ TEST_F(ExtractJobTest, MoreOutputsContinueThroughAChainOfJobs) {
   env_.store = &store;
   latentd::v1::ExtractSpec uninterrupted = MultiSpec();
   uninterrupted.mutable_more_outputs(1)->set_dataset_name("second-straight");
-  FakeContext straight(40, 1);
+  RecordingJobContext straight(1, 40);
   ASSERT_TRUE(RunExtract(uninterrupted, env_, &straight).ok());
 
   std::map<uint64_t, latentd::v1::Job> jobs;
@@ -1022,8 +1018,8 @@ TEST_F(ExtractJobTest, MoreOutputsContinueThroughAChainOfJobs) {
       spec.mutable_more_outputs(1)->clear_dataset_name();  // names come from the first job
       ASSERT_TRUE(ValidateExtractJob(spec, env_).ok()) << ValidateExtractJob(spec, env_);
     }
-    FakeContext ctx(job_id, 1);
-    ctx.cancel_after_ = 3;
+    RecordingJobContext ctx(1, job_id);
+    ctx.CancelAfterChecks(3);
     r = RunExtract(spec, env_, &ctx);
     jobs[job_id].set_id(job_id);
     jobs[job_id].set_state(r.ok() ? latentd::v1::SUCCEEDED : latentd::v1::CANCELLED);
@@ -1060,15 +1056,15 @@ TEST_F(ExtractJobTest, WarnsOnceWhenTheRemainingRowsWillNotFitOnTheDisk) {
     SinkOpener opener = [&](const ExtractDatasetMeta&) -> absl::StatusOr<OpenedSink> {
       return OpenedSink{1, std::make_unique<SmallDiskSink>(&mem, free)};
     };
-    FakeContext ctx(11, 1);
+    RecordingJobContext ctx(1, 11);
     ASSERT_TRUE(RunExtractToSink(Spec(), env_, &ctx, opener).ok());
     if (free > 500) {
-      EXPECT_TRUE(ctx.warnings_.empty());
+      EXPECT_TRUE(Warnings(ctx).empty());
       continue;
     }
-    ASSERT_EQ(ctx.warnings_.size(), 1u);  // commits of 30 rows: 10 chances, one warning
-    EXPECT_NE(ctx.warnings_[0].find("at the 100.0 B/row"), std::string::npos) << ctx.warnings_[0];
-    EXPECT_NE(ctx.warnings_[0].find("0.0 MB free"), std::string::npos) << ctx.warnings_[0];
+    ASSERT_EQ(Warnings(ctx).size(), 1u);  // commits of 30 rows: 10 chances, one warning
+    EXPECT_NE(Warnings(ctx)[0].find("at the 100.0 B/row"), std::string::npos) << Warnings(ctx)[0];
+    EXPECT_NE(Warnings(ctx)[0].find("0.0 MB free"), std::string::npos) << Warnings(ctx)[0];
   }
 }
 
@@ -1130,10 +1126,10 @@ TEST_F(ExtractJobTest, CancelledJobIsContinuedByANewJobToTheUninterruptedDataset
   auto db = OpenDb("db_continue");
   storage::ChunkStore store(db.get());
   env_.store = &store;
-  FakeContext straight(400, 1);
+  RecordingJobContext straight(1, 400);
   ASSERT_TRUE(RunExtract(Spec(), env_, &straight).ok());
-  FakeContext first(500, 1);
-  first.cancel_after_ = 3;
+  RecordingJobContext first(1, 500);
+  first.CancelAfterChecks(3);
   absl::Status cancelled = RunExtract(Spec(), env_, &first).status();
   ASSERT_EQ(cancelled.code(), absl::StatusCode::kCancelled);
   EXPECT_NE(cancelled.message().find("resume_from_job_id 500"), std::string::npos) << cancelled;
@@ -1172,11 +1168,11 @@ TEST_F(ExtractJobTest, CancelledJobIsContinuedByANewJobToTheUninterruptedDataset
   EXPECT_EQ(ValidateExtractJob(other, env_).code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(ValidateExtractJob(next, env_).ok()) << ValidateExtractJob(next, env_);
 
-  FakeContext continued(600, 1);
+  RecordingJobContext continued(1, 600);
   auto r = RunExtract(next, env_, &continued);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->dataset_id(), id);
-  EXPECT_EQ(continued.progress_.front(), kept);  // it began at the kept rows
+  EXPECT_EQ(RowsDone(continued).front(), kept);  // it began at the kept rows
   EXPECT_EQ(store.GetRecord(id)->meta.job_id, 600u);
   auto a = store.ReadRows(*store.FindDataset("extract-400"), 0, 0);
   auto b = store.ReadRows(id, 0, 0);
@@ -1198,8 +1194,8 @@ TEST_F(ExtractJobTest, ResumeWithChangedSaeWeightsIsRefused) {
   auto db = OpenDb("db_sae_changed");
   storage::ChunkStore store(db.get());
   env_.store = &store;
-  FakeContext first(300, 1);
-  first.cancel_after_ = 2;
+  RecordingJobContext first(1, 300);
+  first.CancelAfterChecks(2);
   ASSERT_EQ(RunExtract(Spec(), env_, &first).status().code(), absl::StatusCode::kCancelled);
   const uint64_t id = *store.FindDataset("extract-300");
   const std::string recorded = store.GetDataset(id)->sae_weight_hash();
@@ -1216,7 +1212,7 @@ TEST_F(ExtractJobTest, ResumeWithChangedSaeWeightsIsRefused) {
   ASSERT_TRUE(SaveSae(root_ + "/sae",
                       {dec.t().contiguous(), at::zeros({48}), dec, at::zeros({16}), {}}, cfg)
                   .ok());
-  FakeContext again(300, 1);
+  RecordingJobContext again(1, 300);
   absl::Status refused = RunExtract(Spec(), env_, &again).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_NE(refused.message().find("another SAE"), std::string::npos) << refused;
@@ -1232,7 +1228,7 @@ uint64_t StoreDense(const ExtractEnv& env, latentd::v1::ExtractSpec spec, uint64
   spec.set_mode(latentd::v1::DENSE);
   spec.set_value_dtype(latentd::v1::FLOAT32);
   spec.set_hook_name(hook);
-  FakeContext ctx(job_id, 1);
+  RecordingJobContext ctx(1, job_id);
   auto dense = RunExtract(spec, env, &ctx);
   EXPECT_TRUE(dense.ok()) << dense.status();
   return dense.ok() ? dense->dataset_id() : 0;
@@ -1257,11 +1253,11 @@ TEST_F(ExtractJobTest, EncodingStoredActivationsStoresWhatRunningTheModelStores)
   storage::ChunkStore store(db.get());
   env_.store = &store;
   const uint64_t dense = StoreDense(env_, Spec(), 300, "blocks.1.hook_resid_post");
-  FakeContext model_ctx(301, 1);
+  RecordingJobContext model_ctx(1, 301);
   auto from_model = RunExtract(Spec(), env_, &model_ctx);
   ASSERT_TRUE(from_model.ok()) << from_model.status();
   for (int devices : {1, 2}) {
-    FakeContext ctx(302 + devices, devices);
+    RecordingJobContext ctx(devices, 302 + devices);
     auto stored = RunExtract(StoredSpec({dense}, root_ + "/sae"), env_, &ctx);
     ASSERT_TRUE(stored.ok()) << stored.status();
     EXPECT_EQ(stored->rows(), 40 * kCtx);
@@ -1285,13 +1281,13 @@ TEST_F(ExtractJobTest, EncodingStoredActivationsStoresWhatRunningTheModelStores)
   latentd::v1::ExtractSpec shard = Spec();
   shard.mutable_tokens()->set_sequence_start(5);
   shard.mutable_tokens()->set_sequence_count(10);
-  FakeContext shard_ctx(310, 1);
+  RecordingJobContext shard_ctx(1, 310);
   auto shard_model = RunExtract(shard, env_, &shard_ctx);
   ASSERT_TRUE(shard_model.ok()) << shard_model.status();
   latentd::v1::ExtractSpec stored_shard = StoredSpec({dense}, root_ + "/sae");
   stored_shard.mutable_tokens()->set_sequence_start(5);
   stored_shard.mutable_tokens()->set_sequence_count(10);
-  FakeContext stored_shard_ctx(311, 1);
+  RecordingJobContext stored_shard_ctx(1, 311);
   auto shard_stored = RunExtract(stored_shard, env_, &stored_shard_ctx);
   ASSERT_TRUE(shard_stored.ok()) << shard_stored.status();
   EXPECT_EQ(shard_stored->rows(), 10 * kCtx);
@@ -1316,10 +1312,10 @@ TEST_F(ExtractJobTest, AFloat16DenseDatasetGivesNearlyTheModelRunsLatents) {
   dense.clear_sae();
   dense.set_mode(latentd::v1::DENSE);
   dense.set_value_dtype(latentd::v1::FLOAT16);
-  FakeContext dense_ctx(350, 1);
+  RecordingJobContext dense_ctx(1, 350);
   auto stored_rows = RunExtract(dense, env_, &dense_ctx);
   ASSERT_TRUE(stored_rows.ok()) << stored_rows.status();
-  FakeContext model_ctx(351, 1), stored_ctx(352, 1);
+  RecordingJobContext model_ctx(1, 351), stored_ctx(1, 352);
   auto from_model = RunExtract(Spec(), env_, &model_ctx);
   auto from_stored =
       RunExtract(StoredSpec({stored_rows->dataset_id()}, root_ + "/sae"), env_, &stored_ctx);
@@ -1356,7 +1352,7 @@ TEST_F(ExtractJobTest, SeveralSaesEncodeOneStoredDatasetInOneJob) {
   named->set_hook_name("blocks.1.hook_resid_post");
   named->mutable_sae()->set_path(root_ + "/sae2");
   named->set_dataset_name("sae2-again");
-  FakeContext ctx(361, 1);
+  RecordingJobContext ctx(1, 361);
   auto swept = RunExtract(sweep, env_, &ctx);
   ASSERT_TRUE(swept.ok()) << swept.status();
   ASSERT_EQ(swept->more_outputs_size(), 2);
@@ -1367,7 +1363,7 @@ TEST_F(ExtractJobTest, SeveralSaesEncodeOneStoredDatasetInOneJob) {
        {std::pair{std::string("/sae"), swept->dataset_id()},
         std::pair{std::string("/sae2"), swept->more_outputs(0).dataset_id()},
         std::pair{std::string("/sae2"), swept->more_outputs(1).dataset_id()}}) {
-    FakeContext alone_ctx(370 + dataset, 1);
+    RecordingJobContext alone_ctx(1, 370 + dataset);
     auto alone = RunExtract(StoredSpec({dense}, root_ + sae), env_, &alone_ctx);
     ASSERT_TRUE(alone.ok()) << alone.status();
     ExpectSameRows(&store, alone->dataset_id(), dataset);
@@ -1408,7 +1404,7 @@ TEST_F(ExtractJobTest, ACrosscoderEncodesItsSourcesStoredDatasetsSideBySide) {
   live.set_hook_name(hooks[0]);
   live.add_crosscoder_hooks(hooks[1]);
   live.mutable_sae()->set_path(dir);
-  FakeContext live_ctx(322, 1);
+  RecordingJobContext live_ctx(1, 322);
   auto from_model = RunExtract(live, env_, &live_ctx);
   ASSERT_TRUE(from_model.ok()) << from_model.status();
   EXPECT_GT(from_model->nnz(), 0);
@@ -1418,8 +1414,8 @@ TEST_F(ExtractJobTest, ACrosscoderEncodesItsSourcesStoredDatasetsSideBySide) {
   while (!stored.ok()) {
     ASSERT_EQ(stored.status().code(), absl::StatusCode::kCancelled) << stored.status();
     ASSERT_LT(++runs, 40);
-    FakeContext ctx(323, 1);
-    ctx.cancel_after_ = 3;
+    RecordingJobContext ctx(1, 323);
+    ctx.CancelAfterChecks(3);
     stored = RunExtract(StoredSpec({first, second}, dir), env_, &ctx);
   }
   EXPECT_GT(runs, 1);
@@ -1427,7 +1423,7 @@ TEST_F(ExtractJobTest, ACrosscoderEncodesItsSourcesStoredDatasetsSideBySide) {
   EXPECT_EQ(store.GetRecord(stored->dataset_id())->meta.hook_name, hooks[0]);
 
   // The same datasets in the other order are other sources: other latents.
-  FakeContext swapped_ctx(324, 1);
+  RecordingJobContext swapped_ctx(1, 324);
   auto swapped = RunExtract(StoredSpec({second, first}, dir), env_, &swapped_ctx);
   ASSERT_TRUE(swapped.ok()) << swapped.status();
   auto a = store.ReadRows(stored->dataset_id(), 0, 0);
@@ -1444,7 +1440,7 @@ TEST_F(ExtractJobTest, StoredActivationsSpecsAreCheckedNamingTheField) {
   env_.store = &store;
   const uint64_t dense = StoreDense(env_, Spec(), 330, "blocks.1.hook_resid_post");
   const uint64_t other_hook = StoreDense(env_, Spec(), 331, "blocks.0.hook_resid_post");
-  FakeContext sparse_ctx(332, 1);
+  RecordingJobContext sparse_ctx(1, 332);
   auto sparse = RunExtract(Spec(), env_, &sparse_ctx);
   ASSERT_TRUE(sparse.ok());
   latentd::v1::ExtractSpec fewer = Spec();  // a DENSE job over other tokens: 32 sequences
@@ -1454,8 +1450,8 @@ TEST_F(ExtractJobTest, StoredActivationsSpecsAreCheckedNamingTheField) {
   latentd::v1::ExtractSpec partial = Spec();
   partial.clear_sae();
   partial.set_mode(latentd::v1::DENSE);
-  FakeContext partial_ctx(334, 1);
-  partial_ctx.cancel_after_ = 3;
+  RecordingJobContext partial_ctx(1, 334);
+  partial_ctx.CancelAfterChecks(3);
   ASSERT_EQ(RunExtract(partial, env_, &partial_ctx).status().code(), absl::StatusCode::kCancelled);
   const uint64_t incomplete = *store.FindDataset("extract-334");
 

@@ -11,6 +11,7 @@
 
 #include "common/status_macros.h"
 #include "engine/extract_job.h"
+#include "engine/job_context_testing.h"
 #include "engine/optimizer_factory.h"
 #include "engine/train_job.h"
 #include "storage/artifact_store.h"
@@ -22,24 +23,14 @@ namespace {
 
 constexpr int kContext = 16;
 
-class Context : public JobContext {
- public:
-  explicit Context(uint64_t id) : id_(id), devices_{DeviceRef{DeviceKind::kCpu, 0, "cpu:0", 0}} {}
-  uint64_t job_id() const override { return id_; }
-  int attempt() const override { return 1; }
-  const std::vector<DeviceRef>& devices() const override { return devices_; }
-  bool cancel_requested() const override { return false; }
-  void ReportProgress(int64_t, int64_t, const std::string&) override {}
-  void ReportTelemetry(const latentd::v1::Telemetry& t) override {
-    if (t.has_train()) train.push_back(t.train());
+// The TRAIN telemetry samples a runner reported to `ctx`.
+std::vector<latentd::v1::TrainTelemetry> TrainSamples(const RecordingJobContext& ctx) {
+  std::vector<latentd::v1::TrainTelemetry> samples;
+  for (const latentd::v1::Telemetry& t : ctx.telemetry()) {
+    if (t.has_train()) samples.push_back(t.train());
   }
-  void Log(latentd::v1::LogLine::Level, const std::string&) override {}
-  std::vector<latentd::v1::TrainTelemetry> train;
-
- private:
-  uint64_t id_;
-  std::vector<DeviceRef> devices_;
-};
+  return samples;
+}
 
 TEST(TrainEndToEndTest, ExtractDenseTrainSmfacExtractSparseQuery) {
   const char* tmp = std::getenv("TEST_TMPDIR");
@@ -79,7 +70,7 @@ TEST(TrainEndToEndTest, ExtractDenseTrainSmfacExtractSparseQuery) {
   dense.set_mode(latentd::v1::DENSE);
   dense.set_value_dtype(latentd::v1::FLOAT32);
   dense.set_dataset_name("dense");
-  Context extract_dense(1);
+  RecordingJobContext extract_dense(/*num_devices=*/1, 1);
   ASSERT_TRUE(ValidateExtractSpec(dense, extract_env).ok());
   auto dense_result = RunExtract(dense, extract_env, &extract_dense);
   ASSERT_TRUE(dense_result.ok()) << dense_result.status();
@@ -106,21 +97,22 @@ TEST(TrainEndToEndTest, ExtractDenseTrainSmfacExtractSparseQuery) {
   train.set_telemetry_every(10);
   train.set_checkpoint_every(25);
   ASSERT_TRUE(ValidateTrainSpec(train, train_env).ok());
-  Context training(2);
+  RecordingJobContext training(/*num_devices=*/1, 2);
   auto trained = RunTrain(train, train_env, &training);
   ASSERT_TRUE(trained.ok()) << trained.status();
-  ASSERT_EQ(training.train.size(), 10u);
-  EXPECT_LT(training.train.back().loss(), 0.7 * training.train.front().loss());
+  const std::vector<latentd::v1::TrainTelemetry> samples = TrainSamples(training);
+  ASSERT_EQ(samples.size(), 10u);
+  EXPECT_LT(samples.back().loss(), 0.7 * samples.front().loss());
   // The telemetry is the optimizer's accounting, which equals its static estimate.
   const int64_t d = 2 * 16 * 64 + 64 + 16;
   auto config = OptimizerConfigFromProto(train.optimizer());
   const OptimizerMemory expected =
       EstimateOptimizerMemory(*config, {{16, 64}, {64}, {64, 16}, {16}});
   for (const auto& [name, bytes] : expected.components) {
-    EXPECT_EQ(training.train.back().optimizer_state_bytes().at(name), bytes) << name;
+    EXPECT_EQ(samples.back().optimizer_state_bytes().at(name), bytes) << name;
   }
-  EXPECT_EQ(training.train.back().optimizer_state_total_bytes(), expected.total());
-  EXPECT_EQ(training.train.back().dense_mfac_history_bytes(), 4 * 16 * d);
+  EXPECT_EQ(samples.back().optimizer_state_total_bytes(), expected.total());
+  EXPECT_EQ(samples.back().dense_mfac_history_bytes(), 4 * 16 * d);
   EXPECT_EQ(trained->peak_optimizer_state_bytes(), expected.total());
 
   latentd::v1::ExtractSpec sparse = dense;
@@ -129,7 +121,7 @@ TEST(TrainEndToEndTest, ExtractDenseTrainSmfacExtractSparseQuery) {
   sparse.mutable_sae()->set_artifact_id(trained->artifact_id());
   sparse.set_dataset_name("sparse");
   ASSERT_TRUE(ValidateExtractSpec(sparse, extract_env).ok());
-  Context extract_sparse(3);
+  RecordingJobContext extract_sparse(/*num_devices=*/1, 3);
   auto sparse_result = RunExtract(sparse, extract_env, &extract_sparse);
   ASSERT_TRUE(sparse_result.ok()) << sparse_result.status();
   EXPECT_EQ(sparse_result->rows(), 64 * kContext);

@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
 #include "engine/hook_name.h"
+#include "engine/job_context_testing.h"
 #include "engine/sae.h"
 #include "engine/train_model_source.h"
 #include "storage/artifact_store.h"
@@ -25,52 +25,17 @@ namespace {
 
 constexpr int64_t kWidth = 16;
 
-class FakeContext : public JobContext {
- public:
-  FakeContext(uint64_t job_id, int num_devices) : job_id_(job_id) {
-    for (int i = 0; i < num_devices; ++i) {
-      devices_.push_back(DeviceRef{DeviceKind::kCpu, i, "cpu:" + std::to_string(i), 0});
-    }
-  }
-  uint64_t job_id() const override { return job_id_; }
-  int attempt() const override { return 1; }
-  const std::vector<DeviceRef>& devices() const override { return devices_; }
-  bool cancel_requested() const override {
-    absl::MutexLock lock(&mu_);
-    return cancel_after_polls_ >= 0 && ++polls_ > cancel_after_polls_;
-  }
-  void ReportProgress(int64_t done, int64_t total, const std::string& unit) override {
-    absl::MutexLock lock(&mu_);
-    last_progress_ = done;
-  }
-  void ReportTelemetry(const latentd::v1::Telemetry& sample) override {
-    absl::MutexLock lock(&mu_);
-    telemetry_.push_back(sample.train());
-  }
-  void Log(latentd::v1::LogLine::Level, const std::string& text) override {
-    absl::MutexLock lock(&mu_);
-    logs_.push_back(text);
-  }
-  void CancelAfter(int polls) { cancel_after_polls_ = polls; }
-  std::vector<latentd::v1::TrainTelemetry> telemetry() const {
-    absl::MutexLock lock(&mu_);
-    return telemetry_;
-  }
-  std::vector<std::string> logs() const {
-    absl::MutexLock lock(&mu_);
-    return logs_;
-  }
-
- private:
-  uint64_t job_id_;
-  std::vector<DeviceRef> devices_;
-  mutable absl::Mutex mu_;
-  int cancel_after_polls_ = -1;
-  mutable int polls_ = 0;
-  int64_t last_progress_ = 0;
-  std::vector<latentd::v1::TrainTelemetry> telemetry_;
-  std::vector<std::string> logs_;
-};
+// What a runner reported to `ctx`: its TRAIN telemetry samples and the text of its log lines.
+std::vector<latentd::v1::TrainTelemetry> TrainSamples(const RecordingJobContext& ctx) {
+  std::vector<latentd::v1::TrainTelemetry> samples;
+  for (const latentd::v1::Telemetry& t : ctx.telemetry()) samples.push_back(t.train());
+  return samples;
+}
+std::vector<std::string> LogTexts(const RecordingJobContext& ctx) {
+  std::vector<std::string> texts;
+  for (const RecordingJobContext::LogLine& line : ctx.logs()) texts.push_back(line.text);
+  return texts;
+}
 
 class TrainJobTest : public ::testing::Test {
  protected:
@@ -160,12 +125,12 @@ class TrainJobTest : public ::testing::Test {
   absl::StatusOr<latentd::v1::TrainResult> RunInterrupted(const latentd::v1::TrainSpec& spec,
                                                           uint64_t job_id, int cancel_after_polls,
                                                           size_t* samples) {
-    FakeContext first(job_id, 1);
-    first.CancelAfter(cancel_after_polls);
+    RecordingJobContext first(1, job_id);
+    first.CancelAfterChecks(cancel_after_polls);
     EXPECT_EQ(RunTrain(spec, env_, &first).status().code(), absl::StatusCode::kCancelled);
-    FakeContext second(job_id, 1);
+    RecordingJobContext second(1, job_id);
     auto resumed = RunTrain(spec, env_, &second);
-    *samples = second.telemetry().size();
+    *samples = TrainSamples(second).size();
     return resumed;
   }
 
@@ -271,7 +236,7 @@ TEST_F(TrainJobTest, AdmissionRefusesDenseMfacThatDoesNotFitAndNamesTheSparseAlt
 }
 
 TEST_F(TrainJobTest, TrainsATopKSaeWithSmfacAndWritesALoadableArtifact) {
-  FakeContext context(7, 1);
+  RecordingJobContext context(1, 7);
   auto result = RunTrain(SaeSpec("smfac"), env_, &context);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->steps(), 60);
@@ -280,7 +245,7 @@ TEST_F(TrainJobTest, TrainsATopKSaeWithSmfacAndWritesALoadableArtifact) {
   EXPECT_EQ(artifact->name(), "test-sae");
   EXPECT_EQ(artifact->path(), result->artifact_path());
   EXPECT_EQ(artifact->job_id(), 7u);
-  auto telemetry = context.telemetry();
+  auto telemetry = TrainSamples(context);
   ASSERT_EQ(telemetry.size(), 6u);  // every 10 steps, the last at step 60
   EXPECT_LT(telemetry.back().loss(), telemetry.front().loss());
   EXPECT_LT(result->final_fvu(), 1.0);
@@ -305,7 +270,7 @@ TEST_F(TrainJobTest, TrainsATopKSaeWithSmfacAndWritesALoadableArtifact) {
 // JumpReLU SAE with its learnt threshold on every latent, which fires about k latents a row on
 // the rows it was trained on.
 TEST_F(TrainJobTest, ABatchTopKSaeIsSavedAsAJumpReluWithItsThreshold) {
-  FakeContext context(8, 1);
+  RecordingJobContext context(1, 8);
   latentd::v1::TrainSpec spec = SaeSpec("adam");
   spec.mutable_sae()->set_architecture(latentd::v1::BATCHTOPK);
   spec.set_steps(200);
@@ -338,11 +303,11 @@ TEST_F(TrainJobTest, AMatryoshkaSaeReportsEachLevelsFvuOnOneAndTwoRanks) {
   spec.set_steps(40);
   std::vector<latentd::v1::TrainResult> results;
   for (int devices : {1, 2}) {
-    FakeContext context(20 + devices, devices);
+    RecordingJobContext context(devices, 20 + devices);
     spec.set_artifact_name(absl::StrCat("matryoshka-", devices));
     auto result = RunTrain(spec, env_, &context);
     ASSERT_TRUE(result.ok()) << result.status();
-    const auto telemetry = context.telemetry();
+    const auto telemetry = TrainSamples(context);
     ASSERT_FALSE(telemetry.empty());
     for (const auto& sample : telemetry) {
       ASSERT_EQ(sample.prefix_widths_size(), 2);
@@ -372,14 +337,14 @@ TEST_F(TrainJobTest, AMatryoshkaSaeReportsEachLevelsFvuOnOneAndTwoRanks) {
     EXPECT_NEAR(results[1].final_prefix_fvu(level), results[0].final_prefix_fvu(level), 1e-3);
   }
   // A plain SAE reports none.
-  FakeContext plain_context(23, 1);
+  RecordingJobContext plain_context(1, 23);
   latentd::v1::TrainSpec plain = SaeSpec("adam");
   plain.set_steps(10);
   plain.set_artifact_name("plain");
   auto result = RunTrain(plain, env_, &plain_context);
   ASSERT_TRUE(result.ok());
   EXPECT_EQ(result->final_prefix_fvu_size(), 0);
-  EXPECT_EQ(plain_context.telemetry().back().prefix_widths_size(), 0);
+  EXPECT_EQ(TrainSamples(plain_context).back().prefix_widths_size(), 0);
 }
 
 // A transcoder trains on two datasets of the same rows: it reads the first (16 wide) and learns
@@ -424,11 +389,11 @@ TEST_F(TrainJobTest, ATranscoderLearnsToPredictItsTargetDataset) {
   spec.set_steps(400);
   std::vector<latentd::v1::TrainResult> results;
   for (int devices : {1, 2}) {
-    FakeContext context(40 + devices, devices);
+    RecordingJobContext context(devices, 40 + devices);
     spec.set_artifact_name(absl::StrCat("transcoder-", devices));
     auto result = RunTrain(spec, env_, &context);
     ASSERT_TRUE(result.ok()) << result.status();
-    const auto telemetry = context.telemetry();
+    const auto telemetry = TrainSamples(context);
     EXPECT_LT(telemetry.back().loss(), 0.5 * telemetry.front().loss());
     results.push_back(*result);
   }
@@ -457,7 +422,7 @@ TEST_F(TrainJobTest, ATranscoderLearnsToPredictItsTargetDataset) {
   spec.mutable_sae()->set_k(2);
   std::map<bool, latentd::v1::TrainResult> by_skip;
   for (bool skip : {false, true}) {
-    FakeContext context(50 + skip, 1);
+    RecordingJobContext context(1, 50 + skip);
     spec.mutable_sae()->set_skip_connection(skip);
     spec.set_artifact_name(absl::StrCat("skip-", skip));
     auto result = RunTrain(spec, env_, &context);
@@ -501,7 +466,7 @@ TEST_F(TrainJobTest, ATranscoderLearnsToPredictItsTargetDataset) {
 }
 
 TEST_F(TrainJobTest, InterruptedJobResumesToTheWeightsOfAnUninterruptedOne) {
-  FakeContext straight(1, 1);
+  RecordingJobContext straight(1, 1);
   latentd::v1::TrainSpec spec = SaeSpec("smfac");
   spec.set_artifact_name("straight");
   auto a = RunTrain(spec, env_, &straight);
@@ -511,7 +476,7 @@ TEST_F(TrainJobTest, InterruptedJobResumesToTheWeightsOfAnUninterruptedOne) {
   size_t resumed_samples = 0;
   auto b = RunInterrupted(spec, 2, 23, &resumed_samples);
   ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_LT(resumed_samples, straight.telemetry().size());
+  EXPECT_LT(resumed_samples, TrainSamples(straight).size());
   auto sa = Sae::Load(a->artifact_path());
   auto sb = Sae::Load(b->artifact_path());
   ASSERT_TRUE(sa.ok() && sb.ok());
@@ -538,7 +503,7 @@ TEST_F(TrainJobTest, NameTakenWhileTrainingNeitherOverwritesTheOtherArtifactNorL
   spec.set_steps(10);
   spec.set_artifact_name("race");
   ASSERT_TRUE(ValidateTrainSpec(spec, env_).ok());
-  FakeContext first(4, 1);
+  RecordingJobContext first(1, 4);
   auto a = RunTrain(spec, env_, &first);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->artifact_path(), root_ + "/artifacts/race");
@@ -546,14 +511,14 @@ TEST_F(TrainJobTest, NameTakenWhileTrainingNeitherOverwritesTheOtherArtifactNorL
   ASSERT_TRUE(before.ok()) << before.status();
 
   spec.set_seed(spec.seed() + 1);  // other weights
-  FakeContext second(5, 1);
+  RecordingJobContext second(1, 5);
   auto b = RunTrain(spec, env_, &second);
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(b->artifact_path(), root_ + "/artifacts/race.job5");
   EXPECT_NE(b->artifact_id(), a->artifact_id());
   EXPECT_EQ(artifacts_->FindByName("race.job5")->job_id(), 5u);
-  ASSERT_EQ(second.logs().size(), 1u);
-  EXPECT_NE(second.logs()[0].find("race.job5"), std::string::npos) << second.logs()[0];
+  ASSERT_EQ(LogTexts(second).size(), 1u);
+  EXPECT_NE(LogTexts(second)[0].find("race.job5"), std::string::npos) << LogTexts(second)[0];
   auto after = Sae::Load(a->artifact_path());
   auto other = Sae::Load(b->artifact_path());
   ASSERT_TRUE(after.ok() && other.ok());
@@ -561,7 +526,7 @@ TEST_F(TrainJobTest, NameTakenWhileTrainingNeitherOverwritesTheOtherArtifactNorL
   EXPECT_FALSE(torch::equal(after->weights().W_enc, other->weights().W_enc));
 
   // Resumed after registering (a crash before the job's end): the job's own name still.
-  FakeContext second_again(5, 1);
+  RecordingJobContext second_again(1, 5);
   auto again = RunTrain(spec, env_, &second_again);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->artifact_id(), b->artifact_id());
@@ -570,13 +535,13 @@ TEST_F(TrainJobTest, NameTakenWhileTrainingNeitherOverwritesTheOtherArtifactNorL
 TEST_F(TrainJobTest, CancelledJobIsContinuedByANewJobToTheWeightsOfAnUninterruptedOne) {
   latentd::v1::TrainSpec spec = SaeSpec("smfac");
   spec.set_artifact_name("straight");
-  FakeContext straight(1, 1);
+  RecordingJobContext straight(1, 1);
   auto a = RunTrain(spec, env_, &straight);
   ASSERT_TRUE(a.ok()) << a.status();
 
   spec.set_artifact_name("cancelled");
-  FakeContext first(2, 1);
-  first.CancelAfter(23);
+  RecordingJobContext first(1, 2);
+  first.CancelAfterChecks(23);
   absl::Status cancelled = RunTrain(spec, env_, &first).status();
   ASSERT_EQ(cancelled.code(), absl::StatusCode::kCancelled);
   EXPECT_NE(cancelled.message().find("resume_from_job_id 2"), std::string::npos) << cancelled;
@@ -610,10 +575,10 @@ TEST_F(TrainJobTest, CancelledJobIsContinuedByANewJobToTheWeightsOfAnUninterrupt
   next.set_resume_from_job_id(2);
   ASSERT_TRUE(ValidateTrainSpec(next, env_).ok());
 
-  FakeContext continued(3, 1);
+  RecordingJobContext continued(1, 3);
   auto b = RunTrain(next, env_, &continued);
   ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ(continued.telemetry().front().step(), 25);  // the first sample after step 23
+  EXPECT_EQ(TrainSamples(continued).front().step(), 25);  // the first sample after step 23
   auto sa = Sae::Load(a->artifact_path());
   auto sb = Sae::Load(b->artifact_path());
   ASSERT_TRUE(sa.ok() && sb.ok());
@@ -625,12 +590,12 @@ TEST_F(TrainJobTest, CancelledJobIsContinuedByANewJobToTheWeightsOfAnUninterrupt
 }
 
 TEST_F(TrainJobTest, TwoCpuDevicesTrainDataParallel) {
-  FakeContext context(9, 2);
+  RecordingJobContext context(2, 9);
   latentd::v1::TrainSpec spec = SaeSpec("adam");
   spec.set_steps(30);
   auto result = RunTrain(spec, env_, &context);
   ASSERT_TRUE(result.ok()) << result.status();
-  FakeContext single(10, 1);
+  RecordingJobContext single(1, 10);
   spec.set_artifact_name("single");
   auto reference = RunTrain(spec, env_, &single);
   ASSERT_TRUE(reference.ok());
@@ -738,10 +703,10 @@ TEST_F(TrainJobTest, ACrossLayerTranscoderTrainsOnAModelsHooksIntoACircuitTracer
   EXPECT_NE(absl::StrJoin(*lines, "\n").find("BATCHTOPK cross-layer transcoder over blocks 0..2"),
             std::string::npos)
       << absl::StrJoin(*lines, "\n");
-  FakeContext context(1, 1);
+  RecordingJobContext context(1, 1);
   auto result = RunTrain(spec, env_, &context);
   ASSERT_TRUE(result.ok()) << result.status();
-  const std::vector<latentd::v1::TrainTelemetry> telemetry = context.telemetry();
+  const std::vector<latentd::v1::TrainTelemetry> telemetry = TrainSamples(context);
   ASSERT_GE(telemetry.size(), 2u);
   EXPECT_LT(result->final_fvu(), 0.8 * telemetry.front().fvu());
   EXPECT_NEAR(result->final_l0(), 6, 1.5);  // BatchTopK: k a row and block on average
@@ -795,11 +760,11 @@ TEST_F(TrainJobTest, ACrossLayerTranscoderTrainsOnAModelsHooksIntoACircuitTracer
   // Two ranks share the forward passes and train the same model.
   spec.set_artifact_name("clt-two-ranks");
   spec.set_steps(30);
-  FakeContext two(3, 2);
+  RecordingJobContext two(2, 3);
   auto data_parallel = RunTrain(spec, env_, &two);
   ASSERT_TRUE(data_parallel.ok()) << data_parallel.status();
   spec.set_artifact_name("clt-one-rank");
-  FakeContext one(4, 1);
+  RecordingJobContext one(1, 4);
   auto single = RunTrain(spec, env_, &one);
   ASSERT_TRUE(single.ok()) << single.status();
   EXPECT_NEAR(data_parallel->final_loss(), single->final_loss(), 1e-3 * (1 + single->final_loss()));
@@ -811,7 +776,7 @@ TEST_F(TrainJobTest, ACrossLayerTranscoderTrainsOnAModelsHooksIntoACircuitTracer
   std::vector<latentd::v1::TrainResult> first_step;
   for (int devices : {1, 2}) {
     spec.set_artifact_name(absl::StrCat("clt-first-step-", devices));
-    FakeContext context(10 + devices, devices);
+    RecordingJobContext context(devices, 10 + devices);
     auto run = RunTrain(spec, env_, &context);
     ASSERT_TRUE(run.ok()) << run.status();
     ASSERT_EQ(run->final_block_fvu_size(), 3);
@@ -847,10 +812,10 @@ TEST_F(TrainJobTest, ACrossLayerTranscoderTrainsOnStoredDatasetsOfEveryBlock) {
   EXPECT_NE(absl::StrJoin(*lines, "\n").find(absl::StrCat("from datasets ", ids[0], ", ")),
             std::string::npos)
       << absl::StrJoin(*lines, "\n");
-  FakeContext context(1, 1);
+  RecordingJobContext context(1, 1);
   auto result = RunTrain(spec, env_, &context);
   ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_LT(result->final_fvu(), 0.8 * context.telemetry().front().fvu());
+  EXPECT_LT(result->final_fvu(), 0.8 * TrainSamples(context).front().fvu());
   ASSERT_EQ(result->final_block_fvu_size(), 3);
   std::ifstream yaml(result->artifact_path() + "/config.yaml");
   std::stringstream text;
@@ -933,10 +898,10 @@ TEST_F(TrainJobTest, ACrosscoderTrainsOnAModelsHooksIntoADictionaryLearningCross
                       "reads them, side by side: 512 rows of 48"),
             std::string::npos)
       << plan;
-  FakeContext context(1, 1);
+  RecordingJobContext context(1, 1);
   auto result = RunTrain(spec, env_, &context);
   ASSERT_TRUE(result.ok()) << result.status();
-  const std::vector<latentd::v1::TrainTelemetry> telemetry = context.telemetry();
+  const std::vector<latentd::v1::TrainTelemetry> telemetry = TrainSamples(context);
   ASSERT_GE(telemetry.size(), 2u);
   EXPECT_LT(result->final_fvu(), 0.6 * telemetry.front().fvu());
   EXPECT_NEAR(result->final_l0(), 6, 1.5);  // BatchTopK: k a row on average
@@ -999,10 +964,10 @@ TEST_F(TrainJobTest, ACrosscoderDiffsTwoModelsStoredDatasetsAndResumesExactly) {
           .find(absl::StrCat("blocks.1.hook_resid_post of reference-seed-4 (dataset ", tuned, ")")),
       std::string::npos)
       << absl::StrJoin(*lines, "\n");
-  FakeContext context(1, 1);
+  RecordingJobContext context(1, 1);
   auto result = RunTrain(spec, env_, &context);
   ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_LT(result->final_fvu(), 0.6 * context.telemetry().front().fvu());
+  EXPECT_LT(result->final_fvu(), 0.6 * TrainSamples(context).front().fvu());
   ASSERT_EQ(result->final_block_fvu_size(), 2);
   const latentd::v1::CrosscoderSummary& summary = result->crosscoder();
   ASSERT_EQ(summary.relative_norm_histogram_size(), 20);
