@@ -204,6 +204,9 @@ ABSL_FLAG(float, temperature, 0, "steer: 0 greedy; > 0 sampled (the same draws f
 ABSL_FLAG(uint64_t, seed, 0, "steer: the sampling seed");
 ABSL_FLAG(std::string, sweep, "",
           "steer: values of the first --intervene item, comma-separated: a run for each");
+ABSL_FLAG(int, crosscoder_source, -1,
+          "steer: for a crosscoder over several models (model diffing), the model to steer: its "
+          "source, 0 for the first of the datasets it was trained on (ADD only)");
 ABSL_FLAG(std::string, target, "",
           "attribute: the next token explained (an id, or its text with --vocab; default: the "
           "model's most likely)");
@@ -1467,6 +1470,9 @@ int Steer(Client& client, const std::vector<std::string>& args) {
   request.set_temperature(absl::GetFlag(FLAGS_temperature));
   request.set_seed(absl::GetFlag(FLAGS_seed));
   request.set_top_tokens(absl::GetFlag(FLAGS_limit));
+  if (const int source = absl::GetFlag(FLAGS_crosscoder_source); source >= 0) {
+    request.set_crosscoder_source(source);
+  }
   for (absl::string_view v : absl::StrSplit(absl::GetFlag(FLAGS_sweep), ',', absl::SkipEmpty())) {
     float value = 0;
     if (!absl::SimpleAtof(v, &value))
@@ -2527,6 +2533,7 @@ datasets:
                                  (and of other jobs over the same tokens and model)
   steer ID T1 T2 ... --intervene=J:set=V|J:add=V|J:scale=V[@P+P...][,...] [--new_tokens=N]
         [--temperature=T --seed=S] [--sweep=V,V,...] [--limit=N] [--vocab=F] [--html=FILE.html]
+        [--crosscoder_source=S]
   steer ID --text="..." --vocab=tokenizer.json --intervene=... [...]
                                  the prompt through the dataset's model with latents changed
                                  where the SAE's decoder writes (set 0: ablate; add: steer
@@ -2536,7 +2543,10 @@ datasets:
                                  both runs continued N tokens (default 20); --sweep: a run
                                  for each value of the first intervention, a line each;
                                  --html: a page shading the prompt by the loss change, the
-                                 runs side by side, the sweep's KL plotted against the value
+                                 runs side by side, the sweep's KL plotted against the value;
+                                 --crosscoder_source=S: a model-diffing crosscoder's latents
+                                 added (add only) into model S (0: the first dataset's) along
+                                 the direction it learned for that model
   attribute ID T1 T2 ... [--target=T [--contrast=T] | --target_latent=D:J@P] [--limit=N]
             [--ablate=N] [--vocab=F] [--html=FILE.html] [--all_hooks]
   attribute ID --text="..." --vocab=tokenizer.json [...]

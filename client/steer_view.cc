@@ -89,6 +89,12 @@ std::string DescribeSteering(uint64_t dataset_id, const v1::SteerPromptRequest& 
   std::string out =
       absl::StrFormat("dataset %d: a prompt of %d tokens%s\n", dataset_id, r.prompt_size(),
                       r.bos_prepended() ? " (BOS prepended, as the dataset's spec did)" : "");
+  if (request.has_crosscoder_source()) {
+    absl::StrAppendFormat(&out,
+                          "run by the crosscoder's source %d's model, each latent added along "
+                          "its decoder's block for that model\n",
+                          request.crosscoder_source());
+  }
   for (const v1::LatentIntervention& in : request.interventions()) {
     absl::StrAppend(&out, "  ", DescribeIntervention(in), "\n");
   }

@@ -446,10 +446,12 @@ struct DatasetModels::Impl {
                                                                 const std::string& dir);
   // What a steered or attributed prompt runs through: refuses what has no single hook to
   // change (crosscoders, cross-layer transcoders) or no logits (TorchScript), `what`
-  // ("steering", "attribution") naming the query.
-  absl::StatusOr<InterventionInputs> InterventionInputsFor(const DatasetSource& dataset,
-                                                           const std::vector<int64_t>& token_ids,
-                                                           const std::string& what);
+  // ("steering", "attribution") naming the query. A crosscoder over several models runs as
+  // its source `crosscoder_source`'s model (SteeringModel::diffed_source), which must be given
+  // for one and only for one.
+  absl::StatusOr<InterventionInputs> InterventionInputsFor(
+      const DatasetSource& dataset, const std::vector<int64_t>& token_ids, const std::string& what,
+      std::optional<int> crosscoder_source = std::nullopt);
   // InterventionInputsFor, the target's SAE when `target_dataset` is not null (same model
   // required) and the memory check of the backward pass.
   // Host memory a query may take: options.memory_limit_bytes, else what the host has now.
@@ -1139,37 +1141,63 @@ absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& d
 }
 
 absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
-    const DatasetSource& dataset, const std::vector<int64_t>& token_ids, const std::string& what) {
+    const DatasetSource& dataset, const std::vector<int64_t>& token_ids, const std::string& what,
+    std::optional<int> crosscoder_source) {
   RETURN_IF_ERROR(CheckPromptLength(token_ids));
   ASSIGN_OR_RETURN(DatasetInputs inputs, InputsOf(dataset));
-  // A crosscoder over hooks of one model runs as that model with all of them; one over two
-  // models (model diffing) would need both forwards, each changed by the other's latents.
+  // A crosscoder over hooks of one model runs as that model with all of them. One over several
+  // models (model diffing) would need every forward, each changed by the others' latents: it
+  // runs one of them, its source crosscoder_source, whose latents are then added alone.
   DatasetSource of_model = dataset;
   std::vector<HookName> sources;
+  int diffed_source = -1;
   if (!inputs.crosscoder_reads.empty()) {
-    const DatasetInputs::SourceModel& first = inputs.crosscoder_models.front();
-    for (const DatasetInputs::SourceModel& source : inputs.crosscoder_models) {
+    const std::vector<DatasetInputs::SourceModel>& models = inputs.crosscoder_models;
+    bool one_model = true;
+    for (const DatasetInputs::SourceModel& source : models) {
       RETURN_IF_ERROR(CrosscoderSourceInputs(dataset, inputs, source).status());
-      if (source.spec.model().SerializeAsString() != first.spec.model().SerializeAsString() ||
-          source.model_weight_hash != first.model_weight_hash) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("dataset ", dataset.dataset_id,
-                         "'s SAE is a crosscoder over two models' activations "
-                         "(it reads ",
-                         inputs.crosscoder_reads,
-                         "): its latents need both forward passes and "
-                         "write both; ",
-                         what, " runs one model (a crosscoder over hooks of one model works)"));
-      }
-      ASSIGN_OR_RETURN(const HookName hook, ParseHookName(source.spec.hook_name()));
-      sources.push_back(hook);
+      one_model = one_model &&
+                  source.spec.model().SerializeAsString() ==
+                      models.front().spec.model().SerializeAsString() &&
+                  source.model_weight_hash == models.front().model_weight_hash;
     }
-    // One model: the first source's inputs hold every source's hook.
-    ASSIGN_OR_RETURN(auto of_first, CrosscoderSourceInputs(dataset, inputs, first));
-    of_first.second.sae_dir = inputs.sae_dir;
-    of_first.second.hook = sources.front();
-    of_model = std::move(of_first.first);
-    inputs = std::move(of_first.second);
+    const std::string reads =
+        absl::StrCat("dataset ", dataset.dataset_id, "'s SAE is a crosscoder over ",
+                     one_model ? "hooks of one model" : "several models' activations",
+                     " (it reads ", inputs.crosscoder_reads, ")");
+    if (one_model && crosscoder_source) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("crosscoder_source: ", reads, ": ", what,
+                       " runs that model with all of them; leave it unset"));
+    }
+    if (!one_model && !crosscoder_source) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          reads, ": its latents need every forward pass and write each; ", what, " runs one model",
+          what == "steering" ? " (crosscoder_source: the one to steer, by ADD)"
+                             : " (a crosscoder over hooks of one model works)"));
+    }
+    const int runs = one_model ? 0 : *crosscoder_source;
+    if (runs < 0 || runs >= static_cast<int>(models.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("crosscoder_source: ", runs, " outside [0, ", models.size(), "): ", reads));
+    }
+    if (one_model) {
+      for (const DatasetInputs::SourceModel& source : models) {
+        ASSIGN_OR_RETURN(sources.emplace_back(), ParseHookName(source.spec.hook_name()));
+      }
+    } else {
+      diffed_source = runs;
+    }
+    // The running model's inputs; over one model they hold every source's hook.
+    ASSIGN_OR_RETURN(auto of_source, CrosscoderSourceInputs(dataset, inputs, models[runs]));
+    ASSIGN_OR_RETURN(of_source.second.hook, ParseHookName(models[runs].spec.hook_name()));
+    of_source.second.sae_dir = inputs.sae_dir;
+    of_model = std::move(of_source.first);
+    inputs = std::move(of_source.second);
+  } else if (crosscoder_source) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("crosscoder_source: dataset ", dataset.dataset_id,
+                     "'s SAE is not a crosscoder over several models' activations"));
   }
   if (inputs.spec.model().has_torchscript()) {  // known before loading it
     return absl::FailedPreconditionError(absl::StrCat(
@@ -1185,7 +1213,7 @@ absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
   out.tokens = AsRun(token_ids, inputs.spec.tokens());
   out.bos_prepended = out.tokens.size() > token_ids.size();
   RETURN_IF_ERROR(CheckPromptFits(token_ids, out.tokens, *out.model->model));
-  out.steering = {nullptr, &out.sae->sae, inputs.hook, std::nullopt, "", sources};
+  out.steering = {nullptr, &out.sae->sae, inputs.hook, std::nullopt, "", sources, diffed_source};
   if (cfg.circuit_tracer && cfg.circuit_tracer->cross_layer) {
     // Its latents write the output of every later layer of the release, which must be the
     // model's.
@@ -1215,7 +1243,8 @@ absl::StatusOr<SteeringResult> DatasetModels::SteerPrompt(
     const std::vector<std::pair<DatasetSource, std::vector<LatentIntervention>>>& more) {
   try {
     ASSIGN_OR_RETURN(InterventionInputs in,
-                     impl_->InterventionInputsFor(dataset, query.token_ids, "steering"));
+                     impl_->InterventionInputsFor(dataset, query.token_ids, "steering",
+                                                  query.crosscoder_source));
     std::vector<DatasetSource> more_datasets;
     for (const auto& [other, interventions] : more) more_datasets.push_back(other);
     ASSIGN_OR_RETURN(
@@ -1283,7 +1312,7 @@ absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
           source.model_weight_hash != of_target.crosscoder_models[0].model_weight_hash) {
         return absl::FailedPreconditionError(absl::StrCat(
             "target_latent.dataset_id: dataset ", id,
-            "'s SAE is a crosscoder over two models' "
+            "'s SAE is a crosscoder over several models' "
             "activations (it reads ",
             of_target.crosscoder_reads,
             "): one forward pass gives one model's (a crosscoder over hooks of one model can be "

@@ -861,6 +861,14 @@ TEST_F(DatasetModelsTest, APromptIsSteeredThroughTheDatasetsModelAndSae) {
   q.token_ids = prompt.token_ids;
   q.interventions = {{strongest.index, InterventionMode::kSet, 0, {}}};
   q.new_tokens = 2;
+  SteeringQuery of_a_source = q;  // only a crosscoder over models has sources to choose
+  of_a_source.crosscoder_source = 0;
+  auto not_a_crosscoder = models.SteerPrompt(source, of_a_source, nullptr);
+  EXPECT_EQ(not_a_crosscoder.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(not_a_crosscoder.status().message().find(
+                "crosscoder_source: dataset 7's SAE is not a crosscoder over several models"),
+            std::string::npos)
+      << not_a_crosscoder.status();
   auto got = models.SteerPrompt(source, q, nullptr);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(models.cached_bytes(), cached);  // nothing loaded twice
@@ -1065,8 +1073,8 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
     auto got = models.EncodePrompt(source, prompt);
     ASSERT_TRUE(got.ok()) << got.status();
     // Over one model's hooks its latents steer and attribute (through every source: the
-    // engine's tests check the figures); over two models (model diffing) they cannot, one
-    // forward pass running one model.
+    // engine's tests check the figures); over two models (model diffing) they do not, one
+    // forward pass running one model, unless steering names the model (below).
     SteeringQuery steer;
     steer.token_ids = prompt.token_ids;
     steer.interventions = {{1, InterventionMode::kAdd, 5, {}}};
@@ -1091,11 +1099,53 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
     } else {
       for (const absl::Status& s : {steered.status(), attributed.status()}) {
         EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-        EXPECT_NE(s.message().find("dataset 81's SAE is a crosscoder over two models' "
+        EXPECT_NE(s.message().find("dataset 81's SAE is a crosscoder over several models' "
                                    "activations (it reads stored datasets 1, 2)"),
                   std::string::npos)
             << s;
       }
+      EXPECT_NE(steered.status().message().find("crosscoder_source: the one to steer, by ADD"),
+                std::string::npos)
+          << steered.status();
+      // Named, the model of source 1 (the stored dataset 2's: seed 4) runs, a latent's ADD
+      // writing block 1 of its decoder row at that model's hook.
+      SteeringQuery in_second = steer;
+      in_second.crosscoder_source = 1;
+      auto diffed = models.SteerPrompt(source, in_second, nullptr);
+      ASSERT_TRUE(diffed.ok()) << diffed.status();
+      EXPECT_TRUE(diffed->latent_values.empty());
+      {
+        at::NoGradGuard no_grad;
+        const at::Tensor run = at::tensor(diffed->prompt, at::kLong).view({1, -1});
+        const at::Tensor block = saved_dec[1].slice(0, 16, 32).to(at::kFloat) * 5;
+        const HookSplices add = {
+            {*ParseHookName(hooks[1]), [&](const at::Tensor& a) { return a + block; }}};
+        const NextTokenPredictions clean = (*other_model)->PredictNextTokens(run, {}, true);
+        const NextTokenPredictions added = (*other_model)->PredictNextTokens(run, add, true);
+        ASSERT_EQ(diffed->clean.token_losses.size(), static_cast<size_t>(clean.losses.size(1)));
+        for (size_t s = 0; s < diffed->clean.token_losses.size(); ++s) {
+          EXPECT_NEAR(diffed->clean.token_losses[s], clean.losses[0][s].item<float>(), 1e-4);
+          EXPECT_NEAR(diffed->steered.token_losses[s], added.losses[0][s].item<float>(), 1e-4);
+        }
+      }
+      // Source 0 runs the other model: another clean run.
+      in_second.crosscoder_source = 0;
+      auto first_model = models.SteerPrompt(source, in_second, nullptr);
+      ASSERT_TRUE(first_model.ok()) << first_model.status();
+      EXPECT_NE(first_model->clean.token_losses, diffed->clean.token_losses);
+      // Refused: a source past the crosscoder's, an intervention other than ADD.
+      in_second.crosscoder_source = 2;
+      auto past = models.SteerPrompt(source, in_second, nullptr);
+      EXPECT_EQ(past.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(past.status().message().find("crosscoder_source: 2 outside [0, 2)"),
+                std::string::npos)
+          << past.status();
+      in_second.crosscoder_source = 1;
+      in_second.interventions[0].mode = InterventionMode::kSet;
+      auto set = models.SteerPrompt(source, in_second, nullptr);
+      EXPECT_EQ(set.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(set.status().message().find("interventions[0].mode"), std::string::npos)
+          << set.status();
       // Nor is its latent a target of one model's forward.
       AttributionQuery to_latent;
       to_latent.token_ids = prompt.token_ids;
@@ -1104,7 +1154,18 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
       auto refused = models.AttributePrompt(of_one_model, to_latent, &source);
       EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
       EXPECT_NE(refused.status().message().find("target_latent.dataset_id: dataset 81's SAE is a "
-                                                "crosscoder over two models' activations"),
+                                                "crosscoder over several models' activations"),
+                std::string::npos)
+          << refused.status();
+    }
+    if (job == 80) {
+      // Over one model there is no model to choose.
+      SteeringQuery named = steer;
+      named.crosscoder_source = 0;
+      auto refused = models.SteerPrompt(source, named, nullptr);
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(refused.status().message().find("crosscoder_source: dataset 80's SAE is a "
+                                                "crosscoder over hooks of one model"),
                 std::string::npos)
           << refused.status();
     }

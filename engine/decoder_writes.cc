@@ -60,6 +60,11 @@ absl::StatusOr<std::vector<at::Tensor>> WrittenRows(const SteeringModel& steerin
     }
     return by_hook;
   }
+  if (steering.diffed_source >= 0) {
+    const int64_t width = W_dec.size(1) / steering.sae->config().crosscoder_sources;
+    return std::vector<at::Tensor>{
+        W_dec.index_select(0, latents).narrow(1, steering.diffed_source * width, width)};
+  }
   const CircuitTracerLayer* clt = CrossLayer(steering);
   if (clt == nullptr) return std::vector<at::Tensor>{W_dec.index_select(0, latents)};
   const at::Tensor ids = latents.to(at::kCPU, at::kLong).contiguous();

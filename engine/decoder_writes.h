@@ -5,7 +5,9 @@
 //   a transcoder:                  its output hook, W_dec's rows;
 //   layer L of a cross-layer       the output hook of every layer m >= L of the release, the
 //   transcoder (circuit-tracer):   rows of W_dec_L[:, m - L, :] (read from the release);
-//   a crosscoder over hooks:       each of its sources, block s of W_dec's rows at source s.
+//   a crosscoder over hooks:       each of its sources, block s of W_dec's rows at source s;
+//   a crosscoder over models,      its hook, block s of W_dec's rows.
+//   run as source s's model:
 //
 // In the hook's units a latent's change dz adds dz * DecoderOutputScale(x) * row at each (the
 // SAE's input normalization undone; its bias, a normalization's shift and a skip connection do

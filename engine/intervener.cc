@@ -71,9 +71,16 @@ void Intervener::Change(const at::Tensor& in) {
   const int64_t runs = in.size(0) - 1, seq = in.size(1);
   const Sae& sae = *steering_.sae;
   const at::Tensor x = in.narrow(0, 1, runs).to(at::kFloat).reshape({runs * seq, -1});
-  const at::Tensor z =
-      CodeValues(sae.EncodeSparse(x), runs * seq, latents_).view({runs, seq, latents_.size(0)});
-  if (!first_values_.defined()) first_values_ = z[0];  // every row's input is the clean one
+  // A crosscoder over models cannot encode one model's activation; its interventions all add,
+  // so z' - z is known without z (taken as 0 here) and the output scale is 1 (SteerPrompt
+  // refuses a normalizing one).
+  const bool diffed = steering_.diffed_source >= 0;
+  const at::Tensor z = diffed ? at::zeros({runs, seq, latents_.size(0)}, x.options())
+                              : CodeValues(sae.EncodeSparse(x), runs * seq, latents_)
+                                    .view({runs, seq, latents_.size(0)});
+  if (!first_values_.defined() && !diffed) {
+    first_values_ = z[0];  // every row's input is the clean one
+  }
   at::Tensor changed = z.clone();
   for (size_t i = 0; i < interventions_.size(); ++i) {
     const LatentIntervention& change = interventions_[i];
@@ -104,7 +111,8 @@ void Intervener::Change(const at::Tensor& in) {
       changed.select(2, column_.at(change.latent)).index_copy_(1, positions, column);
     }
   }
-  delta_ = (changed - z).view({runs * seq, -1}) * sae.DecoderOutputScale(x);
+  delta_ = (changed - z).view({runs * seq, -1});
+  if (!diffed) delta_ = delta_ * sae.DecoderOutputScale(x);
 }
 
 at::Tensor Intervener::Changed(const at::Tensor& out, size_t h) const {

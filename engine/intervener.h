@@ -59,7 +59,8 @@ class Intervener {
   // The position the next pass's first token sits at (a cached continuation's).
   void set_first_position(int64_t position) { first_position_ = position; }
 
-  // The latents' clean values over the first pass's positions, [positions, latents].
+  // The latents' clean values over the first pass's positions, [positions, latents]; undefined
+  // for a crosscoder over models (SteeringModel::diffed_source).
   const at::Tensor& first_values() const { return first_values_; }
   // The intervened latents, each once, ascending (the columns of first_values).
   const at::Tensor& latents() const { return latents_; }

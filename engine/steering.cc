@@ -51,6 +51,26 @@ absl::Status CheckInterventions(const std::vector<LatentIntervention>& intervent
   return absl::OkStatus();
 }
 
+// A crosscoder over models steers by ADD alone (steering.h).
+absl::Status CheckDiffed(const SteeringModel& steering, const SteeringQuery& query) {
+  if (steering.diffed_source < 0) return absl::OkStatus();
+  for (size_t i = 0; i < query.interventions.size(); ++i) {
+    if (query.interventions[i].mode != InterventionMode::kAdd) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "interventions[", i,
+          "].mode: a crosscoder over several models' activations is steered by ADD only (a "
+          "latent's value needs every model's activation at the token, and one model runs)"));
+    }
+  }
+  if (steering.sae->config().input_normalization != InputNormalization::kNone) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the crosscoder normalizes its input (",
+        InputNormalizationName(steering.sae->config().input_normalization),
+        "): its decoder's scale depends on every model's activation, and one model runs"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckQuery(const SteeringQuery& query, int64_t d_sae, int64_t prompt_tokens,
                         int64_t max_context) {
   RETURN_IF_ERROR(CheckInterventions(query.interventions, d_sae, prompt_tokens, "interventions"));
@@ -140,6 +160,7 @@ absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
   ActivationModel& model = *steering.model;
   const int64_t n = static_cast<int64_t>(prompt.size());
   RETURN_IF_ERROR(CheckQuery(query, steering.sae->config().d_sae, n, model.max_context()));
+  RETURN_IF_ERROR(CheckDiffed(steering, query));
   if (const std::string why = model.next_token_loss_unsupported(); !why.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("steering runs the model to its logits: ", why));
@@ -215,7 +236,9 @@ absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
           .push_back({id, probs[0][id].item<float>(), probs[1][id].item<float>()});
     }
   }
-  const at::Tensor values = intervener.first_values().contiguous();
+  const at::Tensor values = intervener.first_values().defined()
+                                ? intervener.first_values().contiguous()
+                                : at::zeros({0, 0});
   for (int64_t c = 0; c < values.size(1); ++c) {
     const at::Tensor column = values.select(1, c).contiguous();
     out.latent_values.emplace_back(

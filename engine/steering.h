@@ -13,6 +13,12 @@
 // generated token, each run's own as its past stands); then x_s + (z' - z) W_dec_s at each
 // source. About twice a forward's work per pass.
 //
+// A crosscoder over two (or more) models' activations (model diffing) steers one of them, its
+// source s: latent j's ADD writes value * block s of its decoder row at that model's hook
+// (steering the model along the direction the crosscoder learned for it; a latent of the other
+// model's own has a block near 0 here). SET and SCALE are refused: a latent's value needs every
+// model's activation at the same token, and one model runs.
+//
 // Torch-free header (dataset_models.h, which the Datasets service includes, carries these).
 #ifndef LATENTD_ENGINE_STEERING_H_
 #define LATENTD_ENGINE_STEERING_H_
@@ -53,6 +59,10 @@ struct SteeringQuery {
   // A strength sweep: one more steered run per value, interventions[0]'s value replaced by it
   // (the others as given), in the same batch; at most kMaxSweepValues.
   std::vector<float> sweep;
+  // For a dataset whose SAE is a crosscoder over several models' activations (model diffing):
+  // the source whose model runs (DatasetModels builds the SteeringModel of it); required there
+  // and refused elsewhere.
+  std::optional<int> crosscoder_source;
 };
 
 struct TokenProbability {
@@ -92,7 +102,8 @@ struct SteeringResult {
   // The top_tokens tokens whose probability after the prompt rose (fell) most.
   std::vector<NextTokenChange> most_increased, most_decreased;
   // Each intervened latent (ascending, once) with its value at every prompt position as the
-  // SAE encodes the clean run's activation: what a SET value compares with.
+  // SAE encodes the clean run's activation: what a SET value compares with. Empty for a
+  // crosscoder over models (its values need every model's run: EncodePrompt gives them).
   std::vector<std::pair<int64_t, std::vector<float>>> latent_values;
   std::vector<SweptRun> sweep;  // query.sweep's runs, in its order
 };
@@ -104,7 +115,9 @@ struct SteeringResult {
 // (interventions, their latent, value or positions, new_tokens beyond kMaxSteeredTokens or the
 // model's context, temperature, top_tokens, sweep); FAILED_PRECONDITION when the model cannot run
 // to its logits (TorchScript); CANCELLED when `cancelled` says so between tokens. May throw
-// c10::Error (the caller turns it into a Status).
+// c10::Error (the caller turns it into a Status). With steering.diffed_source set, an
+// intervention other than ADD is INVALID_ARGUMENT naming interventions[i].mode, and a crosscoder
+// that normalizes its input (its output scale depends on every model's) FAILED_PRECONDITION.
 // `more`: other SAEs' interventions in the same steered runs (each SAE after another encoding
 // what the earlier changes left); INVALID_ARGUMENT naming more_interventions[k] as for
 // interventions.

@@ -34,6 +34,12 @@ struct SteeringModel {
   // the last of them: steering reads them in a pass before the one it changes (steering.h).
   // `hook` is the first; hook_out and cross_layer_dir are unset.
   std::vector<HookName> crosscoder_sources;
+  // When `sae` is a crosscoder over several models' activations (model diffing; source s read
+  // at each model's own `hook`) and `model` is source `diffed_source`'s: a latent writes block
+  // diffed_source of its decoder row at `hook`. Its value needs every model's activation and one
+  // model runs, so it is steered by ADD alone (z' - z is the value added, z unknown). -1: not
+  // such a crosscoder.
+  int diffed_source = -1;
 };
 
 }  // namespace latentd::engine

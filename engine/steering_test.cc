@@ -371,6 +371,59 @@ TEST(SteeringTest, ACrosscodersLatentIsReadFromEverySourceAndWritesEachOfThem) {
   EXPECT_NEAR(unchanged->kl_divergence, 0, 1e-9);
 }
 
+// A crosscoder over two models (model diffing) steers the one that runs, source 1 here: ADD
+// writes the value times block 1 of the latent's decoder row at that model's hook, at every
+// position or the named ones, through the generated tokens; nothing is written for the other
+// source, no clean values are given, and SET / SCALE are refused.
+TEST(SteeringTest, ACrosscoderOverModelsSteersTheRunningModelByItsBlockOfTheDecoder) {
+  const std::unique_ptr<Gpt2Model> model = InterventionModel("blocks.1.hook_resid_post");
+  const Sae crosscoder = InterventionCrosscoder();
+  const HookName hook = *ParseHookName(kInterventionCrosscoder[1]);
+  SteeringModel steering{model.get(), &crosscoder, hook};
+  steering.diffed_source = 1;
+  const int64_t j = 3;
+  const at::Tensor block =
+      crosscoder.weights().W_dec[j].narrow(0, kInterventionWidth, kInterventionWidth);
+  auto r = SteerPrompt(steering, kInterventionPrompt, false,
+                       Query({{j, InterventionMode::kAdd, 20.0f, {}}}, 4), nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const HookSplices everywhere = {{hook, [=](const at::Tensor& a) { return a + block * 20.0f; }}};
+  ExpectNear(r->steered.token_losses, Losses(ByHand(*model, kInterventionPrompt, everywhere)), 1e-4,
+             "added everywhere");
+  std::vector<int64_t> ids = kInterventionPrompt;
+  for (int t = 0; t < 4; ++t) {
+    ids.push_back(ByHand(*model, ids, everywhere).last_logits[0].argmax().item<int64_t>());
+  }
+  EXPECT_EQ(r->steered.generated, std::vector<int64_t>(ids.end() - 4, ids.end()));
+  ExpectNear(r->clean.token_losses, Losses(ByHand(*model, kInterventionPrompt, nullptr)), 1e-5,
+             "clean");
+  EXPECT_GT(r->kl_divergence, 0);
+  EXPECT_TRUE(r->latent_values.empty());
+
+  const int64_t p = 2;
+  auto at_p = SteerPrompt(steering, kInterventionPrompt, false,
+                          Query({{j, InterventionMode::kAdd, -7.0f, {p}}}), nullptr);
+  ASSERT_TRUE(at_p.ok()) << at_p.status();
+  const HookSplices there = {{hook, [=](const at::Tensor& a) {
+                                at::Tensor o = a.clone();
+                                o[0][p].add_(block * -7.0f);
+                                return o;
+                              }}};
+  ExpectNear(at_p->steered.token_losses, Losses(ByHand(*model, kInterventionPrompt, there)), 1e-4,
+             "added at one position");
+
+  for (const InterventionMode mode : {InterventionMode::kSet, InterventionMode::kScale}) {
+    auto refused =
+        SteerPrompt(steering, kInterventionPrompt, false,
+                    Query({{j, InterventionMode::kAdd, 1.0f, {}}, {j, mode, 0.0f, {}}}), nullptr);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find("interventions[1].mode: a crosscoder over several "
+                                              "models' activations is steered by ADD only"),
+              std::string::npos)
+        << refused.status();
+  }
+}
+
 // Latents of a second SAE (block 0's) change in the same steered runs: both ADDs are the hand-
 // made additions at both hooks, through the generated tokens; a bad one is named.
 TEST(SteeringTest, AnotherSaesInterventionsJoinTheSteeredRuns) {

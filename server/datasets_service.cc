@@ -742,6 +742,7 @@ grpc::Status DatasetsService::SteerPrompt(grpc::ServerContext* context,
   query.seed = request->seed();
   query.top_tokens = request->top_tokens();
   query.sweep.assign(request->sweep().begin(), request->sweep().end());
+  if (request->has_crosscoder_source()) query.crosscoder_source = request->crosscoder_source();
   auto found = options_.dataset_models->SteerPrompt(
       *source, query, [context] { return context->IsCancelled(); }, more);
   if (!found.ok()) return ToGrpcStatus(found.status());

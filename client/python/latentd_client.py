@@ -400,7 +400,7 @@ class Client:
         return self.datasets.EncodePrompt(request, metadata=self.metadata, timeout=self.timeout)
 
     def steer_prompt(self, dataset_id, token_ids, interventions, new_tokens=0, temperature=0.0,
-                     seed=0, top_tokens=10, sweep=(), more=None):
+                     seed=0, top_tokens=10, sweep=(), more=None, crosscoder_source=None):
         """The prompt through the dataset's model with some of its SAE's latents changed where
         the SAE's decoder writes, beside the model as it is (steering and ablation). Each
         intervention is (latent, mode, value) or (latent, mode, value, positions), mode "set"
@@ -414,7 +414,9 @@ class Client:
         `sweep`: values of the first intervention, each one more steered run in the same batch
         (answer.sweep: value, run, kl_divergence), e.g. sweep=[0, 2, 4, 8, 16]. `more`: other
         datasets' latents (same model and weights, e.g. the job's other hooks) changed in the
-        same steered runs, {dataset_id: [interventions as above]}: a circuit steered at once."""
+        same steered runs, {dataset_id: [interventions as above]}: a circuit steered at once.
+        `crosscoder_source`: for a crosscoder over several models (model diffing), the model to
+        steer (0 for the first of the datasets it was trained on), by "add" only."""
         modes = {"set": datasets_pb2.LatentIntervention.SET,
                  "add": datasets_pb2.LatentIntervention.ADD,
                  "scale": datasets_pb2.LatentIntervention.SCALE}
@@ -422,6 +424,8 @@ class Client:
             dataset_id=dataset_id, token_ids=[int(t) for t in token_ids], new_tokens=new_tokens,
             temperature=temperature, seed=seed, top_tokens=top_tokens,
             sweep=[float(v) for v in sweep])
+        if crosscoder_source is not None:
+            request.crosscoder_source = int(crosscoder_source)
         def add(to, items):
             for item in items:
                 if isinstance(item, datasets_pb2.LatentIntervention):

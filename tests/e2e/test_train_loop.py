@@ -921,7 +921,28 @@ class TrainLoop(DaemonTestCase):
             c.steer_prompt(encoded.result.extract.dataset_id, [int(t) for t in token_ids[:8]],
                            [(j, "add", 1.0)])
         self.assertEqual(two_models.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
-        self.assertIn("crosscoder over two models' activations", two_models.exception.details())
+        self.assertIn("crosscoder over several models' activations",
+                      two_models.exception.details())
+        self.assertIn("crosscoder_source", two_models.exception.details())
+        # Named, one model runs, steered along the direction the crosscoder learned for it:
+        # each source its own model (the clean runs differ) and its own block of the decoder.
+        prompt = [int(t) for t in token_ids[:8]]
+        runs = [c.steer_prompt(encoded.result.extract.dataset_id, prompt, [(j, "add", 8.0)],
+                               crosscoder_source=s) for s in (0, 1)]
+        self.assertNotEqual(list(runs[0].clean.token_losses), list(runs[1].clean.token_losses))
+        kl = [run.kl_divergence for run in runs]
+        self.assertGreater(kl[1], 0)
+        self.assertEqual(len(runs[1].latent_values), 0)
+        with self.assertRaises(grpc.RpcError) as set_refused:
+            c.steer_prompt(encoded.result.extract.dataset_id, prompt, [(j, "set", 0.0)],
+                           crosscoder_source=1)
+        self.assertEqual(set_refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("interventions[0].mode", set_refused.exception.details())
+        shown = daemon.latentctl("steer", str(encoded.result.extract.dataset_id),
+                                 *[str(t) for t in prompt], "--intervene=%d:add=8" % j,
+                                 "--crosscoder_source=1", "--new_tokens=2").stdout
+        self.assertIn("run by the crosscoder's source 1's model", shown)
+        self.assertIn("KL(clean || steered) %.4g nats" % kl[1], shown)
         answer = c.get_latent(encoded.result.extract.dataset_id, j, top_n=3)
         self.assertEqual(answer.statistics.firing_count, (latents[:, j] != 0).sum())
         top = answer.top[0]
