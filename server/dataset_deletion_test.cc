@@ -35,11 +35,7 @@ class DatasetDeletionTest : public ::testing::Test {
     EXPECT_TRUE(writer.ok()) << writer.status();
     std::mt19937 rng(3);
     const storage::SparseRowsForTest rows = storage::RandomSparseRows(rng, 100, 256, 8);
-    EXPECT_TRUE((*writer)
-                    ->AppendSparse(rows.rows(), rows.indptr.data(), rows.indices.data(),
-                                   rows.values.data(), rows.tokens.data())
-                    .ok());
-    EXPECT_TRUE((*writer)->Commit().ok());
+    EXPECT_TRUE(storage::AppendAndCommit(**writer, rows).ok());
     return id;
   }
   static Job JobOf(uint64_t id, latentd::v1::JobState state) {

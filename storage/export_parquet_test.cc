@@ -52,11 +52,7 @@ TEST(ExportParquetTest, RowsReadBackAsTheStoreHoldsThem) {
     ASSERT_TRUE(writer.ok());
     std::mt19937 rng(3);
     const SparseRowsForTest rows = RandomSparseRows(rng, 300, 300, 12);  // 0 to 12 latents
-    ASSERT_TRUE((*writer)
-                    ->AppendSparse(rows.rows(), rows.indptr.data(), rows.indices.data(),
-                                   rows.values.data(), rows.tokens.data())
-                    .ok());
-    ASSERT_TRUE((*writer)->Commit().ok());
+    ASSERT_TRUE(AppendAndCommit(**writer, rows).ok());
   }
   for (const auto& [start, count] : std::vector<std::pair<int64_t, int64_t>>{{0, 0}, {70, 150}}) {
     SCOPED_TRACE(start);

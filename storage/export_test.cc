@@ -53,11 +53,7 @@ class ExportTest : public ::testing::Test {
     ASSERT_TRUE(writer.ok());
     std::mt19937 rng(5);
     const SparseRowsForTest rows = RandomSparseRows(rng, 500, 300, 12);  // 0 to 12 latents
-    ASSERT_TRUE((*writer)
-                    ->AppendSparse(rows.rows(), rows.indptr.data(), rows.indices.data(),
-                                   rows.values.data(), rows.tokens.data())
-                    .ok());
-    ASSERT_TRUE((*writer)->Commit().ok());
+    ASSERT_TRUE(AppendAndCommit(**writer, rows).ok());
 
     meta.name = "dense";
     meta.kind = DatasetKind::kDense;

@@ -9,6 +9,9 @@
 #include <set>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "storage/chunk_store.h"
+
 namespace latentd::storage {
 
 struct SparseRowsForTest {
@@ -34,6 +37,16 @@ inline SparseRowsForTest RandomSparseRows(std::mt19937& rng, int64_t rows, int32
     out.tokens.push_back(static_cast<int32_t>(rng() % 4096));
   }
   return out;
+}
+
+// Appends `rows` to `writer` and commits them.
+inline absl::Status AppendAndCommit(DatasetWriter& writer, const SparseRowsForTest& rows) {
+  if (absl::Status s = writer.AppendSparse(rows.rows(), rows.indptr.data(), rows.indices.data(),
+                                           rows.values.data(), rows.tokens.data());
+      !s.ok()) {
+    return s;
+  }
+  return writer.Commit();
 }
 
 }  // namespace latentd::storage

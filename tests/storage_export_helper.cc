@@ -55,10 +55,7 @@ int main(int argc, char** argv) {
     std::mt19937 rng(3);
     for (int commit = 0; commit < 5; ++commit) {
       const SparseRowsForTest rows = RandomSparseRows(rng, 100, 300, 12);
-      absl::Status s = (*w)->AppendSparse(rows.rows(), rows.indptr.data(), rows.indices.data(),
-                                          rows.values.data(), rows.tokens.data());
-      if (s.ok()) s = (*w)->Commit();
-      if (!s.ok()) return Fail(s);
+      if (absl::Status s = AppendAndCommit(**w, rows); !s.ok()) return Fail(s);
     }
   }
   DatasetMeta dm = sm;
