@@ -311,6 +311,11 @@ TEST_F(JobManagerTest, TheRateIsUnitsPerSecondBetweenReports) {
   const absl::Time submitted = absl::Now();
   Job job = *manager_->Submit("", Probe(1, 0, "finish"));
   WaitFor(job.id(), latentd::v1::RUNNING);
+  // RUNNING is set before the runner starts: wait for its first report to start the interval.
+  for (int i = 0; i < 5000 && manager_->Get(job.id())->progress().units_done() < 1; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(manager_->Get(job.id())->progress().units_done(), 1);
   constexpr absl::Duration kBetween = absl::Milliseconds(200);
   absl::SleepFor(kBetween);  // between the runner's first report (1 of 2) and its last
   gate_.Release(job.id());
