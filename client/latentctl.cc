@@ -206,7 +206,7 @@ ABSL_FLAG(std::string, sweep, "",
           "steer: values of the first --intervene item, comma-separated: a run for each");
 ABSL_FLAG(int, crosscoder_source, -1,
           "steer: for a crosscoder over several models (model diffing), the model to steer: its "
-          "source, 0 for the first of the datasets it was trained on (ADD only)");
+          "source, 0 for the first of the datasets it was trained on (the others run beside it)");
 ABSL_FLAG(std::string, target, "",
           "attribute: the next token explained (an id, or its text with --vocab; default: the "
           "model's most likely)");
@@ -2545,8 +2545,9 @@ datasets:
                                  --html: a page shading the prompt by the loss change, the
                                  runs side by side, the sweep's KL plotted against the value;
                                  --crosscoder_source=S: a model-diffing crosscoder's latents
-                                 added (add only) into model S (0: the first dataset's) along
-                                 the direction it learned for that model
+                                 changed in model S (0: the first dataset's) along the
+                                 direction it learned for that model, the other models run
+                                 beside it for their values
   attribute ID T1 T2 ... [--target=T [--contrast=T] | --target_latent=D:J@P] [--limit=N]
             [--ablate=N] [--vocab=F] [--html=FILE.html] [--all_hooks]
   attribute ID --text="..." --vocab=tokenizer.json [...]

@@ -341,7 +341,7 @@ absl::Status Ablate(const SteeringModel& steering, const std::vector<int64_t>& p
   }
   const at::Tensor tokens = ids.narrow(1, first, n - first).repeat({1 + runs, 1});
   intervener.set_first_position(first);
-  intervener.ReadCrosscoder(model, tokens, cache);
+  intervener.BeforePass(model, tokens, cache);
   if (to_latents) {
     const at::Tensor read = TargetInput(
         *target, model.ForwardSpliced(tokens, TargetStops(steering, *target), splices, &cache));
@@ -509,7 +509,7 @@ absl::StatusOr<double> AblateTogether(const std::vector<SteeringModel>& saes,
   ActivationModel& model = *saes.front().model;
   const at::Tensor tokens =
       at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n}).repeat({2, 1});
-  for (auto& intervener : interveners) intervener->ReadCrosscoder(model, tokens, KeyValueCache());
+  for (auto& intervener : interveners) intervener->BeforePass(model, tokens, KeyValueCache());
   at::Tensor value;  // the metric per run, the clean one first
   if (metric.target_latent) {
     const at::Tensor read = TargetInput(

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <list>
 #include <map>
@@ -120,6 +121,17 @@ struct PromptModel {
     return f(*model);
   }
 
+  // f() with each of `models` to itself: each locked once, all in one order (by address), so
+  // that queries running several of the same models cannot deadlock.
+  template <typename F>
+  static auto LockedAll(std::vector<const PromptModel*> models, F&& f) {
+    std::sort(models.begin(), models.end(), std::less<const PromptModel*>());
+    models.erase(std::unique(models.begin(), models.end()), models.end());
+    std::vector<std::unique_lock<std::mutex>> locks;
+    for (const PromptModel* m : models) locks.emplace_back(m->mu);
+    return f();
+  }
+
   const std::unique_ptr<ActivationModel> model;
   const std::vector<std::string> hooks;  // what HookActivations returns, in order
   int64_t bytes() const { return model->parameter_bytes() + kLastPromptActivationBytes; }
@@ -146,11 +158,19 @@ struct InterventionInputs {
   std::vector<int64_t> tokens;
   bool bos_prepended = false;
   latentd::v1::ModelSpec model_spec;  // as the dataset's job ran it (a target must match it)
+  // A crosscoder over models run beside the steered one: every source's model, in its blocks'
+  // order (steering.diffed_models' hooks; `model` at the steered source).
+  std::vector<std::shared_ptr<const PromptModel>> beside;
 
   template <typename F>
   auto Run(F&& f) {
-    return model->Locked([&](ActivationModel& m) {
-      steering.model = &m;
+    std::vector<const PromptModel*> held = {model.get()};
+    for (const auto& m : beside) held.push_back(m.get());
+    return PromptModel::LockedAll(held, [&] {
+      steering.model = model->model.get();
+      for (size_t s = 0; s < beside.size(); ++s) {
+        steering.diffed_models[s].model = beside[s]->model.get();
+      }
       return f(steering);
     });
   }
@@ -452,6 +472,13 @@ struct DatasetModels::Impl {
   absl::StatusOr<InterventionInputs> InterventionInputsFor(
       const DatasetSource& dataset, const std::vector<int64_t>& token_ids, const std::string& what,
       std::optional<int> crosscoder_source = std::nullopt);
+  // For a crosscoder over models (`crosscoder` its dataset's inputs) steered as its source
+  // `steered` (out->model): every source's model and hook into out->beside and
+  // out->steering.diffed_models, to run beside it on out->tokens. An error says why they cannot
+  // (the query then steers by ADD alone).
+  absl::Status ModelsBeside(const DatasetSource& dataset, const DatasetInputs& crosscoder,
+                            int steered, const std::vector<int64_t>& token_ids,
+                            InterventionInputs* out);
   // InterventionInputsFor, the target's SAE when `target_dataset` is not null (same model
   // required) and the memory check of the backward pass.
   // Host memory a query may take: options.memory_limit_bytes, else what the host has now.
@@ -1151,6 +1178,7 @@ absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
   DatasetSource of_model = dataset;
   std::vector<HookName> sources;
   int diffed_source = -1;
+  DatasetInputs crosscoder;  // a crosscoder over models: its dataset's inputs
   if (!inputs.crosscoder_reads.empty()) {
     const std::vector<DatasetInputs::SourceModel>& models = inputs.crosscoder_models;
     bool one_model = true;
@@ -1187,6 +1215,7 @@ absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
       }
     } else {
       diffed_source = runs;
+      crosscoder = inputs;
     }
     // The running model's inputs; over one model they hold every source's hook.
     ASSIGN_OR_RETURN(auto of_source, CrosscoderSourceInputs(dataset, inputs, models[runs]));
@@ -1227,6 +1256,14 @@ absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
     }
     out.steering.cross_layer_dir = inputs.sae_dir;
   }
+  if (diffed_source >= 0) {
+    if (absl::Status beside = ModelsBeside(dataset, crosscoder, diffed_source, token_ids, &out);
+        !beside.ok()) {
+      out.beside.clear();
+      out.steering.diffed_models.clear();
+      out.steering.diffed_alone = std::string(beside.message());
+    }
+  }
   if (cfg.transcoder) {
     // As EXTRACT found it (datasets record it; the SAE's config says it for older ones).
     ASSIGN_OR_RETURN(const std::string hook_out, TranscoderOutputHook(cfg, inputs.hook));
@@ -1235,6 +1272,40 @@ absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
         ParseHookName(dataset.hook_name_out.empty() ? hook_out : dataset.hook_name_out));
   }
   return out;
+}
+
+absl::Status DatasetModels::Impl::ModelsBeside(const DatasetSource& dataset,
+                                               const DatasetInputs& crosscoder, int steered,
+                                               const std::vector<int64_t>& token_ids,
+                                               InterventionInputs* out) {
+  const std::vector<DatasetInputs::SourceModel>& models = crosscoder.crosscoder_models;
+  for (size_t s = 0; s < models.size(); ++s) {
+    ASSIGN_OR_RETURN(HookName hook, ParseHookName(models[s].spec.hook_name()));
+    std::shared_ptr<const PromptModel> model = out->model;
+    if (static_cast<int>(s) != steered) {
+      ASSIGN_OR_RETURN(auto of_source, CrosscoderSourceInputs(dataset, crosscoder, models[s]));
+      absl::StatusOr<std::shared_ptr<const PromptModel>> loaded =
+          ModelFor(of_source.first, of_source.second);
+      if (!loaded.ok()) {
+        return absl::Status(loaded.status().code(),
+                            absl::StrCat("source ", s, "'s model: ", loaded.status().message()));
+      }
+      model = *std::move(loaded);
+      if (const std::string why = model->model->next_token_loss_unsupported(); !why.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat("source ", s, "'s model: ", why));
+      }
+      if (AsRun(token_ids, models[s].spec.tokens()) != out->tokens) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "source ", s, "'s model runs the prompt with another BOS than the steered one's"));
+      }
+      if (absl::Status fits = CheckPromptFits(token_ids, out->tokens, *model->model); !fits.ok()) {
+        return absl::Status(fits.code(), absl::StrCat("source ", s, "'s model: ", fits.message()));
+      }
+    }
+    out->beside.push_back(std::move(model));
+    out->steering.diffed_models.push_back({nullptr, hook});
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<SteeringResult> DatasetModels::SteerPrompt(

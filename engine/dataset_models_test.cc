@@ -1108,24 +1108,53 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
                 std::string::npos)
           << steered.status();
       // Named, the model of source 1 (the stored dataset 2's: seed 4) runs, a latent's ADD
-      // writing block 1 of its decoder row at that model's hook.
+      // writing block 1 of its decoder row at that model's hook; the other model runs beside
+      // it, so the latent's values are the prompt's (EncodePrompt's) and SET steers too.
       SteeringQuery in_second = steer;
       in_second.crosscoder_source = 1;
       auto diffed = models.SteerPrompt(source, in_second, nullptr);
       ASSERT_TRUE(diffed.ok()) << diffed.status();
-      EXPECT_TRUE(diffed->latent_values.empty());
+      ASSERT_EQ(diffed->prompt.size(), got->tokens.size());
+      ASSERT_FALSE(got->top.empty());
+      const int64_t j = std::max_element(got->top.begin(), got->top.end(),
+                                         [](const PromptLatent& a, const PromptLatent& b) {
+                                           return a.positions < b.positions;
+                                         })
+                            ->latent;                   // the latent firing on the most positions
+      std::vector<float> zj(got->tokens.size(), 0.0f);  // its value at each position
+      for (size_t p = 0; p < got->tokens.size(); ++p) {
+        for (const auto& l : got->tokens[p].latents) {
+          if (l.index == j) zj[p] = l.score;
+        }
+      }
+      SteeringQuery set_in_second = in_second;
+      set_in_second.interventions = {{j, InterventionMode::kSet, 5, {}}};
+      auto set = models.SteerPrompt(source, set_in_second, nullptr);
+      ASSERT_TRUE(set.ok()) << set.status();
+      ASSERT_EQ(set->latent_values.size(), 1u);
+      EXPECT_EQ(set->latent_values[0].first, j);
+      for (size_t p = 0; p < zj.size(); ++p) {
+        EXPECT_NEAR(set->latent_values[0].second[p], zj[p], 1e-4) << p;
+      }
       {
         at::NoGradGuard no_grad;
         const at::Tensor run = at::tensor(diffed->prompt, at::kLong).view({1, -1});
-        const at::Tensor block = saved_dec[1].slice(0, 16, 32).to(at::kFloat) * 5;
+        const at::Tensor block = saved_dec[1].slice(0, 16, 32).to(at::kFloat);
+        const at::Tensor to_5 = (5 - at::tensor(zj)).unsqueeze(1) *
+                                saved_dec[j].slice(0, 16, 32).to(at::kFloat).unsqueeze(0);
         const HookSplices add = {
-            {*ParseHookName(hooks[1]), [&](const at::Tensor& a) { return a + block; }}};
+            {*ParseHookName(hooks[1]), [&](const at::Tensor& a) { return a + block * 5; }}};
+        const HookSplices set_5 = {
+            {*ParseHookName(hooks[1]), [&](const at::Tensor& a) { return a + to_5; }}};
         const NextTokenPredictions clean = (*other_model)->PredictNextTokens(run, {}, true);
         const NextTokenPredictions added = (*other_model)->PredictNextTokens(run, add, true);
+        const NextTokenPredictions set_by_hand =
+            (*other_model)->PredictNextTokens(run, set_5, true);
         ASSERT_EQ(diffed->clean.token_losses.size(), static_cast<size_t>(clean.losses.size(1)));
         for (size_t s = 0; s < diffed->clean.token_losses.size(); ++s) {
           EXPECT_NEAR(diffed->clean.token_losses[s], clean.losses[0][s].item<float>(), 1e-4);
           EXPECT_NEAR(diffed->steered.token_losses[s], added.losses[0][s].item<float>(), 1e-4);
+          EXPECT_NEAR(set->steered.token_losses[s], set_by_hand.losses[0][s].item<float>(), 1e-4);
         }
       }
       // Source 0 runs the other model: another clean run.
@@ -1133,19 +1162,13 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
       auto first_model = models.SteerPrompt(source, in_second, nullptr);
       ASSERT_TRUE(first_model.ok()) << first_model.status();
       EXPECT_NE(first_model->clean.token_losses, diffed->clean.token_losses);
-      // Refused: a source past the crosscoder's, an intervention other than ADD.
+      // Refused: a source past the crosscoder's.
       in_second.crosscoder_source = 2;
       auto past = models.SteerPrompt(source, in_second, nullptr);
       EXPECT_EQ(past.status().code(), absl::StatusCode::kInvalidArgument);
       EXPECT_NE(past.status().message().find("crosscoder_source: 2 outside [0, 2)"),
                 std::string::npos)
           << past.status();
-      in_second.crosscoder_source = 1;
-      in_second.interventions[0].mode = InterventionMode::kSet;
-      auto set = models.SteerPrompt(source, in_second, nullptr);
-      EXPECT_EQ(set.status().code(), absl::StatusCode::kInvalidArgument);
-      EXPECT_NE(set.status().message().find("interventions[0].mode"), std::string::npos)
-          << set.status();
       // Nor is its latent a target of one model's forward.
       AttributionQuery to_latent;
       to_latent.token_ids = prompt.token_ids;

@@ -44,7 +44,7 @@ HookSplices Intervener::Splices() {
   HookSplices splices;
   if (steering_.crosscoder_sources.empty()) {
     splices.push_back({steering_.hook, [this](const at::Tensor& x) {
-                         Change(x);
+                         Change(InputAtHook(x));
                          return x;
                        }});
   }
@@ -55,8 +55,21 @@ HookSplices Intervener::Splices() {
   return splices;
 }
 
-void Intervener::ReadCrosscoder(ActivationModel& model, const at::Tensor& tokens,
-                                const KeyValueCache& cache) {
+void Intervener::BeforePass(ActivationModel& model, const at::Tensor& tokens,
+                            const KeyValueCache& cache) {
+  const std::vector<SteeringModel::SourceModel>& sources = steering_.diffed_models;
+  if (!sources.empty()) {
+    if (first_position_ == 0) beside_caches_.assign(sources.size(), KeyValueCache());
+    beside_.assign(sources.size(), at::Tensor());
+    for (size_t s = 0; s < sources.size(); ++s) {
+      if (static_cast<int>(s) == steering_.diffed_source) continue;
+      TORCH_CHECK(beside_caches_[s].positions == first_position_, "source ", s, "'s model holds ",
+                  beside_caches_[s].positions, " positions, the pass starts at ", first_position_);
+      beside_[s] =
+          sources[s].model->ForwardSpliced(tokens, {sources[s].hook}, {}, &beside_caches_[s])[0];
+    }
+    return;
+  }
   if (steering_.crosscoder_sources.empty()) return;
   KeyValueCache copy = cache;
   const std::vector<at::Tensor> read =
@@ -67,18 +80,28 @@ void Intervener::ReadCrosscoder(ActivationModel& model, const at::Tensor& tokens
   Change(at::cat(by_block, 2));
 }
 
+at::Tensor Intervener::InputAtHook(const at::Tensor& x) const {
+  if (steering_.diffed_models.empty()) return x;
+  std::vector<at::Tensor> blocks;
+  for (size_t s = 0; s < beside_.size(); ++s) {
+    blocks.push_back(static_cast<int>(s) == steering_.diffed_source ? x.to(at::kFloat)
+                                                                    : beside_[s].to(at::kFloat));
+  }
+  return at::cat(blocks, 2);
+}
+
 void Intervener::Change(const at::Tensor& in) {
   const int64_t runs = in.size(0) - 1, seq = in.size(1);
   const Sae& sae = *steering_.sae;
   const at::Tensor x = in.narrow(0, 1, runs).to(at::kFloat).reshape({runs * seq, -1});
-  // A crosscoder over models cannot encode one model's activation; its interventions all add,
-  // so z' - z is known without z (taken as 0 here) and the output scale is 1 (SteerPrompt
-  // refuses a normalizing one).
-  const bool diffed = steering_.diffed_source >= 0;
-  const at::Tensor z = diffed ? at::zeros({runs, seq, latents_.size(0)}, x.options())
-                              : CodeValues(sae.EncodeSparse(x), runs * seq, latents_)
-                                    .view({runs, seq, latents_.size(0)});
-  if (!first_values_.defined() && !diffed) {
+  // A crosscoder over models steered alone cannot encode one model's activation; its
+  // interventions all add, so z' - z is known without z (taken as 0 here) and the output scale
+  // is 1 (SteerPrompt refuses a normalizing one).
+  const bool alone = AddedAlone();
+  const at::Tensor z = alone ? at::zeros({runs, seq, latents_.size(0)}, x.options())
+                             : CodeValues(sae.EncodeSparse(x), runs * seq, latents_)
+                                   .view({runs, seq, latents_.size(0)});
+  if (!first_values_.defined() && !alone) {
     first_values_ = z[0];  // every row's input is the clean one
   }
   at::Tensor changed = z.clone();
@@ -112,7 +135,7 @@ void Intervener::Change(const at::Tensor& in) {
     }
   }
   delta_ = (changed - z).view({runs * seq, -1});
-  if (!diffed) delta_ = delta_ * sae.DecoderOutputScale(x);
+  if (!alone) delta_ = delta_ * sae.DecoderOutputScale(x);
 }
 
 at::Tensor Intervener::Changed(const at::Tensor& out, size_t h) const {

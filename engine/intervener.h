@@ -48,19 +48,22 @@ class Intervener {
   // (ReadCrosscoder).
   HookSplices Splices();
 
-  // For a crosscoder, before each changed pass over `tokens` (continuing `cache`): its sources'
-  // activations from a pass that changes nothing, stopped at the last of them (on a copy of the
-  // cache, which the changed pass then continues), and what the interventions change from
-  // there. The latents are those of each row as it stands before this pass's writes: at the
-  // prompt the clean run's, at a generated token the row's own past. Others read their input
-  // in the changed pass itself: a no-op.
-  void ReadCrosscoder(ActivationModel& model, const at::Tensor& tokens, const KeyValueCache& cache);
+  // Before each changed pass over `tokens` (continuing `cache`; set_first_position first).
+  // For a crosscoder over hooks: its sources' activations from a pass that changes nothing,
+  // stopped at the last of them (on a copy of the cache, which the changed pass then
+  // continues), and what the interventions change from there. The latents are those of each row
+  // as it stands before this pass's writes: at the prompt the clean run's, at a generated token
+  // the row's own past. For a crosscoder over models with SteeringModel::diffed_models: each
+  // other model's activation at its hook, from its own run over the same tokens (its own cache,
+  // started afresh by a pass at position 0), which the changed pass reads beside the steered
+  // model's. Others read their input in the changed pass itself: a no-op.
+  void BeforePass(ActivationModel& model, const at::Tensor& tokens, const KeyValueCache& cache);
 
   // The position the next pass's first token sits at (a cached continuation's).
   void set_first_position(int64_t position) { first_position_ = position; }
 
   // The latents' clean values over the first pass's positions, [positions, latents]; undefined
-  // for a crosscoder over models (SteeringModel::diffed_source).
+  // for a crosscoder over models steered alone (SteeringModel::diffed_models empty).
   const at::Tensor& first_values() const { return first_values_; }
   // The intervened latents, each once, ascending (the columns of first_values).
   const at::Tensor& latents() const { return latents_; }
@@ -69,6 +72,14 @@ class Intervener {
   // From the SAE's input x [batch, seq, d_in], the change of the latents' values in rows 1.. in
   // the hook's units: (z' - z) * DecoderOutputScale, [runs * seq, latents].
   void Change(const at::Tensor& in);
+  // The SAE's input from the activation `x` at steering_.hook: x, or for a crosscoder over
+  // models the other models' activations (BeforePass) and x side by side in its blocks' order.
+  at::Tensor InputAtHook(const at::Tensor& x) const;
+  // A crosscoder over models steered without the others: its latents' values are unknown and
+  // every intervention adds.
+  bool AddedAlone() const {
+    return steering_.diffed_source >= 0 && steering_.diffed_models.empty();
+  }
   // `out` [batch, seq, width] of written hook h with rows 1.. moved by the change.
   at::Tensor Changed(const at::Tensor& out, size_t h) const;
 
@@ -81,6 +92,10 @@ class Intervener {
   at::Tensor delta_;                   // the current pass's change (Change)
   int64_t first_position_ = 0;
   at::Tensor first_values_;
+  // A crosscoder over models: per source, its model's cache and activation in this pass (the
+  // steered source's left empty).
+  std::vector<KeyValueCache> beside_caches_;
+  std::vector<at::Tensor> beside_;
 };
 
 }  // namespace latentd::engine

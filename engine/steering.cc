@@ -51,22 +51,53 @@ absl::Status CheckInterventions(const std::vector<LatentIntervention>& intervent
   return absl::OkStatus();
 }
 
-// A crosscoder over models steers by ADD alone (steering.h).
+// Why a crosscoder over models cannot run its other models beside the steered one for this
+// query ("" when it can, or when it is no such crosscoder).
+std::string CannotRunBeside(const SteeringModel& steering, const SteeringQuery& query) {
+  if (steering.diffed_source < 0) return "";
+  if (steering.diffed_models.empty()) return steering.diffed_alone;
+  const int64_t vocab = steering.model->vocab_size();
+  for (size_t s = 0; s < steering.diffed_models.size(); ++s) {
+    const int64_t reads = steering.diffed_models[s].model->vocab_size();
+    if (query.new_tokens > 0 && reads > 0 && (vocab == 0 || reads < vocab)) {
+      return absl::StrCat("source ", s, "'s model reads token ids below ", reads,
+                          ", and the steered model may generate any below ", vocab);
+    }
+  }
+  return "";
+}
+
+// A crosscoder over models whose other models run beside the steered one steers by any mode;
+// alone, by ADD (steering.h).
 absl::Status CheckDiffed(const SteeringModel& steering, const SteeringQuery& query) {
   if (steering.diffed_source < 0) return absl::OkStatus();
+  const SaeConfig& cfg = steering.sae->config();
+  if (!steering.diffed_models.empty()) {
+    if (static_cast<int>(steering.diffed_models.size()) != cfg.crosscoder_sources ||
+        steering.diffed_models[steering.diffed_source].model != steering.model) {
+      return absl::InternalError(absl::StrCat("steering a crosscoder over ", cfg.crosscoder_sources,
+                                              " models' activations with ",
+                                              steering.diffed_models.size(), " models, source ",
+                                              steering.diffed_source, "'s not the steered one"));
+    }
+    return absl::OkStatus();
+  }
+  const std::string alone = absl::StrCat(
+      "one model runs", steering.diffed_alone.empty() ? "" : ": ", steering.diffed_alone);
   for (size_t i = 0; i < query.interventions.size(); ++i) {
     if (query.interventions[i].mode != InterventionMode::kAdd) {
       return absl::InvalidArgumentError(absl::StrCat(
           "interventions[", i,
-          "].mode: a crosscoder over several models' activations is steered by ADD only (a "
-          "latent's value needs every model's activation at the token, and one model runs)"));
+          "].mode: a crosscoder over several models' activations is steered by ADD only when "
+          "its other models do not run beside the steered one (a latent's value needs every "
+          "model's activation at the token, and ",
+          alone, ")"));
     }
   }
-  if (steering.sae->config().input_normalization != InputNormalization::kNone) {
+  if (cfg.input_normalization != InputNormalization::kNone) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the crosscoder normalizes its input (",
-        InputNormalizationName(steering.sae->config().input_normalization),
-        "): its decoder's scale depends on every model's activation, and one model runs"));
+        "the crosscoder normalizes its input (", InputNormalizationName(cfg.input_normalization),
+        "): its decoder's scale depends on every model's activation, and ", alone));
   }
   return absl::OkStatus();
 }
@@ -152,11 +183,16 @@ SteeredRun RunOf(const NextTokenPredictions& p, int64_t row, int64_t top) {
 
 }  // namespace
 
-absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
+absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& given,
                                            const std::vector<int64_t>& prompt, bool bos_prepended,
                                            const SteeringQuery& query,
                                            const std::function<bool()>& cancelled,
                                            const std::vector<MoreInterventions>& more) {
+  SteeringModel steering = given;
+  if (std::string why = CannotRunBeside(steering, query); !why.empty()) {
+    steering.diffed_models.clear();
+    steering.diffed_alone = std::move(why);
+  }
   ActivationModel& model = *steering.model;
   const int64_t n = static_cast<int64_t>(prompt.size());
   RETURN_IF_ERROR(CheckQuery(query, steering.sae->config().d_sae, n, model.max_context()));
@@ -194,10 +230,10 @@ absl::StatusOr<SteeringResult> SteerPrompt(const SteeringModel& steering,
   // Every intervener before a pass over `tokens` (continuing `cache`) starting at `first`.
   auto before_pass = [&](const at::Tensor& tokens, const KeyValueCache& cache, int64_t first) {
     intervener.set_first_position(first);
-    intervener.ReadCrosscoder(model, tokens, cache);
+    intervener.BeforePass(model, tokens, cache);
     for (auto& other : others) {
       other->set_first_position(first);
-      other->ReadCrosscoder(model, tokens, cache);
+      other->BeforePass(model, tokens, cache);
     }
   };
   const int64_t rows = 2 + static_cast<int64_t>(query.sweep.size());  // clean, steered, sweep

@@ -14,10 +14,15 @@
 // source. About twice a forward's work per pass.
 //
 // A crosscoder over two (or more) models' activations (model diffing) steers one of them, its
-// source s: latent j's ADD writes value * block s of its decoder row at that model's hook
+// source s: latent j's change writes (z' - z) * block s of its decoder row at that model's hook
 // (steering the model along the direction the crosscoder learned for it; a latent of the other
-// model's own has a block near 0 here). SET and SCALE are refused: a latent's value needs every
-// model's activation at the same token, and one model runs.
+// model's own has a block near 0 here). The other models run beside it on the same tokens (the
+// prompt, then each run's generated ones), changing nothing, each to its hook: z is the
+// crosscoder's encoding of their activations and the steered model's own at the token, so SET
+// (an ablation of a chat-only latent in the chat model, say) and SCALE work as for an SAE. Where
+// the others cannot run (SteeringModel::diffed_models empty, or a model with a smaller
+// vocabulary than the steered one's, which may generate ids it cannot read) only ADD steers,
+// its value added without z.
 //
 // Torch-free header (dataset_models.h, which the Datasets service includes, carries these).
 #ifndef LATENTD_ENGINE_STEERING_H_
@@ -103,7 +108,7 @@ struct SteeringResult {
   std::vector<NextTokenChange> most_increased, most_decreased;
   // Each intervened latent (ascending, once) with its value at every prompt position as the
   // SAE encodes the clean run's activation: what a SET value compares with. Empty for a
-  // crosscoder over models (its values need every model's run: EncodePrompt gives them).
+  // crosscoder over models steered alone (its values need every model's run).
   std::vector<std::pair<int64_t, std::vector<float>>> latent_values;
   std::vector<SweptRun> sweep;  // query.sweep's runs, in its order
 };
@@ -115,9 +120,10 @@ struct SteeringResult {
 // (interventions, their latent, value or positions, new_tokens beyond kMaxSteeredTokens or the
 // model's context, temperature, top_tokens, sweep); FAILED_PRECONDITION when the model cannot run
 // to its logits (TorchScript); CANCELLED when `cancelled` says so between tokens. May throw
-// c10::Error (the caller turns it into a Status). With steering.diffed_source set, an
-// intervention other than ADD is INVALID_ARGUMENT naming interventions[i].mode, and a crosscoder
-// that normalizes its input (its output scale depends on every model's) FAILED_PRECONDITION.
+// c10::Error (the caller turns it into a Status). With steering.diffed_source set and the model
+// steered alone, an intervention other than ADD is INVALID_ARGUMENT naming
+// interventions[i].mode, and a crosscoder that normalizes its input (its output scale depends on
+// every model's) FAILED_PRECONDITION, both saying why the others do not run.
 // `more`: other SAEs' interventions in the same steered runs (each SAE after another encoding
 // what the earlier changes left); INVALID_ARGUMENT naming more_interventions[k] as for
 // interventions.

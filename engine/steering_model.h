@@ -36,10 +36,19 @@ struct SteeringModel {
   std::vector<HookName> crosscoder_sources;
   // When `sae` is a crosscoder over several models' activations (model diffing; source s read
   // at each model's own `hook`) and `model` is source `diffed_source`'s: a latent writes block
-  // diffed_source of its decoder row at `hook`. Its value needs every model's activation and one
-  // model runs, so it is steered by ADD alone (z' - z is the value added, z unknown). -1: not
-  // such a crosscoder.
+  // diffed_source of its decoder row at `hook`. -1: not such a crosscoder.
   int diffed_source = -1;
+  // With diffed_source set: every source in the crosscoder's blocks' order, the model it is read
+  // from and its hook (entry diffed_source: `model` at `hook`, read as the steered pass reaches
+  // it). The others run beside the steered model on the same tokens, changing nothing, so a
+  // latent's value is known and SET / SCALE steer too. Empty: ADD alone (the value added needs
+  // no value), and `diffed_alone` says why the others do not run.
+  struct SourceModel {
+    ActivationModel* model = nullptr;
+    HookName hook;
+  };
+  std::vector<SourceModel> diffed_models;
+  std::string diffed_alone;
 };
 
 }  // namespace latentd::engine

@@ -424,6 +424,93 @@ TEST(SteeringTest, ACrosscoderOverModelsSteersTheRunningModelByItsBlockOfTheDeco
   }
 }
 
+// The reference model of the interventions' shape with other weights (and vocabulary).
+std::unique_ptr<ActivationModel> OtherModel(const std::string& hook, uint64_t seed, int64_t vocab) {
+  latentd::v1::ReferenceModelSpec s;
+  s.set_d_model(kInterventionWidth);
+  s.set_n_layers(3);
+  s.set_n_heads(4);
+  s.set_vocab_size(vocab);
+  s.set_context_length(16);
+  s.set_seed(seed);
+  auto m = CreateReferenceModel(s, *ParseHookName(hook), at::kCPU);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+// With the other model beside it (source 0: the reference model of another seed), a crosscoder
+// over models steers by any mode: a latent's value is the crosscoder's encoding of both models'
+// activations at the token, SET 0 takes it out of the steered model (x - z_j * block 1) and
+// SCALE 3 adds it twice more, at every position and through the generated tokens (each run's
+// tokens fed to the other model too); latent_values gives z_j. A model beside it that cannot
+// read what the steered one generates (a smaller vocabulary) leaves it steered by ADD alone.
+TEST(SteeringTest, ACrosscoderOverModelsWithTheOthersBesideSetsItsLatentsValue) {
+  const std::string hook_name = kInterventionCrosscoder[0];
+  const HookName hook = *ParseHookName(hook_name);
+  const std::unique_ptr<Gpt2Model> steered = InterventionModel(hook_name);
+  const std::unique_ptr<ActivationModel> other = OtherModel(hook_name, 6, 100);
+  const Sae crosscoder = InterventionCrosscoder();
+  SteeringModel steering{steered.get(), &crosscoder, hook};
+  steering.diffed_source = 1;
+  steering.diffed_models = {{other.get(), hook}, {steered.get(), hook}};
+  // Every latent's value at each position of `ids`, from both models' clean activations.
+  auto values = [&](const std::vector<int64_t>& ids) {
+    at::NoGradGuard no_grad;
+    return crosscoder.EncodeDense(
+        at::cat({other->Forward(Row(ids))[0], steered->Forward(Row(ids))[0]}, 1));
+  };
+  // The latent that fires at the most prompt positions.
+  const at::Tensor z = values(kInterventionPrompt);
+  const int64_t j = (z > 0).sum(0).argmax().item<int64_t>();
+  ASSERT_GE((z.select(1, j) > 0).sum().item<int64_t>(), 2);
+  const at::Tensor block =
+      crosscoder.weights().W_dec[j].narrow(0, kInterventionWidth, kInterventionWidth);
+  for (const auto& mode_value :
+       {std::pair{InterventionMode::kSet, 0.0f}, std::pair{InterventionMode::kScale, 3.0f}}) {
+    const InterventionMode mode = mode_value.first;
+    const float value = mode_value.second;
+    const std::string what = mode == InterventionMode::kSet ? "set 0" : "scale 3";
+    auto r = SteerPrompt(steering, kInterventionPrompt, false, Query({{j, mode, value, {}}}, 4),
+                         nullptr);
+    ASSERT_TRUE(r.ok()) << r.status();
+    // By hand: each position's z_j changed to value (or times it) along block 1.
+    auto splices = [&](const std::vector<int64_t>& ids) {
+      const at::Tensor zj = values(ids).select(1, j);
+      const at::Tensor change = (mode == InterventionMode::kSet ? value - zj : zj * (value - 1));
+      const at::Tensor add = change.unsqueeze(1) * block.unsqueeze(0);  // [n, width]
+      return HookSplices{{hook, [add](const at::Tensor& a) { return a + add.unsqueeze(0); }}};
+    };
+    ExpectNear(r->steered.token_losses,
+               Losses(ByHand(*steered, kInterventionPrompt, splices(kInterventionPrompt))), 1e-4,
+               what);
+    std::vector<int64_t> ids = kInterventionPrompt;
+    for (int t = 0; t < 4; ++t) {
+      ids.push_back(ByHand(*steered, ids, splices(ids)).last_logits[0].argmax().item<int64_t>());
+    }
+    EXPECT_EQ(r->steered.generated, std::vector<int64_t>(ids.end() - 4, ids.end())) << what;
+    EXPECT_GT(r->kl_divergence, 0) << what;
+    ASSERT_EQ(r->latent_values.size(), 1u);
+    EXPECT_EQ(r->latent_values[0].first, j);
+    for (size_t p = 0; p < kInterventionPrompt.size(); ++p) {
+      EXPECT_NEAR(r->latent_values[0].second[p], z[p][j].item<float>(), 1e-4) << p;
+    }
+  }
+
+  const std::unique_ptr<ActivationModel> narrower = OtherModel(hook_name, 6, 99);
+  steering.diffed_models[0].model = narrower.get();
+  auto refused = SteerPrompt(steering, kInterventionPrompt, false,
+                             Query({{j, InterventionMode::kSet, 0.0f, {}}}, 2), nullptr);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("source 0's model reads token ids below 99, and the "
+                                            "steered model may generate any below 100"),
+            std::string::npos)
+      << refused.status();
+  auto added = SteerPrompt(steering, kInterventionPrompt, false,
+                           Query({{j, InterventionMode::kAdd, 5.0f, {}}}, 2), nullptr);
+  ASSERT_TRUE(added.ok()) << added.status();
+  EXPECT_TRUE(added->latent_values.empty());
+}
+
 // Latents of a second SAE (block 0's) change in the same steered runs: both ADDs are the hand-
 // made additions at both hooks, through the generated tokens; a bad one is named.
 TEST(SteeringTest, AnotherSaesInterventionsJoinTheSteeredRuns) {

@@ -416,7 +416,8 @@ class Client:
         datasets' latents (same model and weights, e.g. the job's other hooks) changed in the
         same steered runs, {dataset_id: [interventions as above]}: a circuit steered at once.
         `crosscoder_source`: for a crosscoder over several models (model diffing), the model to
-        steer (0 for the first of the datasets it was trained on), by "add" only."""
+        steer (0 for the first of the datasets it was trained on); the other models run beside
+        it on the same tokens for the latents' values."""
         modes = {"set": datasets_pb2.LatentIntervention.SET,
                  "add": datasets_pb2.LatentIntervention.ADD,
                  "scale": datasets_pb2.LatentIntervention.SCALE}
