@@ -20,7 +20,9 @@
 // sweep=K adds K values of the intervention (K more rows a batch). Then AttributePrompt (to the
 // next token, to a latent, with the ablation check of its top 8 entries), and the same steering
 // through a crosscoder over the middle block and the one before it (4096 latents), whose
-// latents are read in a pass before each steered one.
+// latents are read in a pass before each steered one, and through a crosscoder over two
+// models' activations at the middle block (model diffing: the reference model and one of
+// another seed), steered in the second with the first running beside it.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -41,6 +43,7 @@
 #include "engine/crosscoder_model.h"
 #include "engine/dataset_models.h"
 #include "engine/sae.h"
+#include "engine/stored_dense.h"
 
 namespace {
 
@@ -261,14 +264,62 @@ int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t 
   }
   auto crosscoder_sae = latentd::engine::Sae::Load(crosscoder_dir);
   if (!crosscoder_sae.ok()) return 1;
+  // Job 3: a crosscoder over two models' stored activations at the middle hook (model
+  // diffing): stored datasets 1 and 2 of jobs 4 (the model) and 5 (the same of another seed).
+  const std::string diff_dir = root + "/steer-diff";
+  latentd::v1::Job diff_job, second_model_job = job;
+  {
+    latentd::engine::CrosscoderModelOptions options;
+    options.sources = 2;
+    options.d_in = d_in;
+    options.d_sae = 4096;
+    options.seed = 4;
+    latentd::engine::CrosscoderModelImpl crosscoder(options);
+    crosscoder.InitWeights();
+    crosscoder.CalibrateBatchThreshold({at::randn({256, 2 * d_in})});
+    const absl::Status saved = crosscoder.Save(
+        diff_dir, {{spec->hook_name(), "base", "live"}, {spec->hook_name(), "chat", "live"}});
+    if (!saved.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(saved.message()).c_str());
+      return 1;
+    }
+    latentd::v1::ExtractSpec* d = diff_job.mutable_spec()->mutable_extract();
+    d->mutable_model()->mutable_stored()->add_dataset_ids(1);
+    d->mutable_model()->mutable_stored()->add_dataset_ids(2);
+    d->mutable_sae()->set_path(diff_dir);
+    latentd::v1::ReferenceModelSpec* chat =
+        second_model_job.mutable_spec()->mutable_extract()->mutable_model()->mutable_reference();
+    chat->set_seed(chat->seed() + 1);
+  }
+  auto diff_sae = latentd::engine::Sae::Load(diff_dir);
+  if (!diff_sae.ok()) return 1;
   latentd::engine::ExtractEnv env;
   env.data_roots = {root};
   env.find_job = [&](uint64_t id) -> absl::StatusOr<latentd::v1::Job> {
-    return id == 2 ? crosscoder_job : job;
+    switch (id) {
+      case 2:
+        return crosscoder_job;
+      case 3:
+        return diff_job;
+      case 5:
+        return second_model_job;
+      default:
+        return job;
+    }
+  };
+  env.open_stored_dense = [&](uint64_t id, const std::string&)
+      -> absl::StatusOr<std::shared_ptr<const latentd::engine::StoredDenseRows>> {
+    latentd::engine::StoredDenseInfo info;
+    info.id = id;
+    info.job_id = 3 + id;
+    info.hook_name = spec->hook_name();
+    info.width = d_in;
+    return latentd::engine::InMemoryStoredDenseRows(info, {}, {});
   };
   DatasetModels reader(env);
   const DatasetSource source{1, 1, hash, "", 4096};
   const DatasetSource crosscoder_source{2, 2, crosscoder_sae->weight_hash(), "", 4096};
+  const DatasetSource diff_source{3, 3, diff_sae->weight_hash(), "", 4096};
   latentd::engine::SteeringQuery query;
   for (int64_t t = 0; t < 64; ++t) query.token_ids.push_back((t * 104729) % vocab);
   query.interventions = {{7, latentd::engine::InterventionMode::kAdd, 10.0f, {}}};
@@ -281,29 +332,42 @@ int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t 
       static_cast<long long>(d_in), static_cast<long long>(vocab), spec->hook_name().c_str(),
       static_cast<long long>(2 + sweep), static_cast<long long>(rounds), at::get_num_threads());
   std::printf("%-11s %-9s %-16s %s\n", "NEW_TOKENS", "CALL_S", "MS_PER_NEW_TOKEN", "SAE");
-  // The cost of a new token through each: an SAE, then the crosscoder.
+  // The cost of a new token through each: an SAE, the crosscoder over hooks, then the one over
+  // two models steered in the second (the first running beside it to the hook).
+  const std::string diffed =
+      absl::StrCat("crosscoder over two models' ", spec->hook_name(), ", the second steered");
+  std::vector<std::pair<const DatasetSource*, std::string>> steered_by = {
+      {&source, spec->hook_name()},
+      {&crosscoder_source, absl::StrCat("crosscoder ", before, " + ", spec->hook_name())},
+      {&diff_source, diffed}};
   std::vector<double> per_token;
-  for (const DatasetSource* steered : {&source, &crosscoder_source}) {
-    query.new_tokens = 0;
-    if (!reader.SteerPrompt(*steered, query, nullptr).ok()) return 1;  // loads model and SAE
+  for (const auto& [steered, name] : steered_by) {
+    latentd::engine::SteeringQuery q = query;
+    if (steered == &diff_source) q.crosscoder_source = 1;
+    q.new_tokens = 0;
+    const auto loaded = reader.SteerPrompt(*steered, q, nullptr);  // loads model(s) and SAE
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(loaded.status().message()).c_str());
+      return 1;
+    }
     double base = 0;
     for (const int64_t n : {int64_t{0}, new_tokens}) {
-      query.new_tokens = static_cast<int>(n);
-      const std::optional<double> median = MedianSeconds(
-          rounds, [&] { return reader.SteerPrompt(*steered, query, nullptr).status(); });
+      q.new_tokens = static_cast<int>(n);
+      const std::optional<double> median =
+          MedianSeconds(rounds, [&] { return reader.SteerPrompt(*steered, q, nullptr).status(); });
       if (!median) return 1;
       if (n == 0) base = *median;
       if (n > 0) per_token.push_back((*median - base) / n);
       std::printf("%-11lld %-9.3f %-16s %s\n", static_cast<long long>(n), *median,
                   n == 0 ? "-" : absl::StrFormat("%.1f", (*median - base) / n * 1e3).c_str(),
-                  steered == &source
-                      ? spec->hook_name().c_str()
-                      : absl::StrCat("crosscoder ", before, " + ", spec->hook_name()).c_str());
+                  name.c_str());
     }
   }
-  if (per_token.size() == 2 && per_token[0] > 0) {
-    std::printf("a new token through the crosscoder: %.2fx the SAE's\n",
-                per_token[1] / per_token[0]);
+  if (per_token.size() == 3 && per_token[0] > 0) {
+    std::printf(
+        "a new token through the crosscoder over hooks: %.2fx the SAE's; over two models: "
+        "%.2fx\n",
+        per_token[1] / per_token[0], per_token[2] / per_token[0]);
   }
   std::printf(
       "(NEW_TOKENS 0: the prompt clean and steered as one batch of two, to the logits, losses at "
