@@ -226,6 +226,24 @@ int RunSuite(const std::string& root, int64_t layers, int64_t d_in, int64_t voca
 
 }  // namespace
 
+// A BatchTopK crosscoder of 4096 latents over `sources` (d_in wide each), random weights of
+// `seed`, its threshold calibrated on random rows, saved to `dir`; false (said on stderr) when
+// it cannot be.
+bool WriteBenchCrosscoder(const std::string& dir, int64_t d_in, uint64_t seed,
+                          const std::vector<latentd::engine::CrosscoderSource>& sources) {
+  latentd::engine::CrosscoderModelOptions options;
+  options.sources = static_cast<int64_t>(sources.size());
+  options.d_in = d_in;
+  options.d_sae = 4096;
+  options.seed = seed;
+  latentd::engine::CrosscoderModelImpl crosscoder(options);
+  crosscoder.InitWeights();
+  crosscoder.CalibrateBatchThreshold({at::randn({256, options.sources * d_in})});
+  const absl::Status saved = crosscoder.Save(dir, sources);
+  if (!saved.ok()) std::fprintf(stderr, "%s\n", std::string(saved.message()).c_str());
+  return saved.ok();
+}
+
 // The steer=N mode (see the top of the file).
 int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t vocab,
              int64_t layers, int64_t rounds, int64_t sweep) {
@@ -243,18 +261,9 @@ int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t 
   const std::string before = absl::StrCat("blocks.", layers / 2 - 1, ".hook_resid_post");
   latentd::v1::Job crosscoder_job = job;
   {
-    latentd::engine::CrosscoderModelOptions options;
-    options.sources = 2;
-    options.d_in = d_in;
-    options.d_sae = 4096;
-    options.seed = 3;
-    latentd::engine::CrosscoderModelImpl crosscoder(options);
-    crosscoder.InitWeights();
-    crosscoder.CalibrateBatchThreshold({at::randn({256, 2 * d_in})});
-    const absl::Status saved = crosscoder.Save(
-        crosscoder_dir, {{before, "reference", "live"}, {spec->hook_name(), "reference", "live"}});
-    if (!saved.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(saved.message()).c_str());
+    if (!WriteBenchCrosscoder(
+            crosscoder_dir, d_in, 3,
+            {{before, "reference", "live"}, {spec->hook_name(), "reference", "live"}})) {
       return 1;
     }
     latentd::v1::ExtractSpec* c = crosscoder_job.mutable_spec()->mutable_extract();
@@ -269,18 +278,9 @@ int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t 
   const std::string diff_dir = root + "/steer-diff";
   latentd::v1::Job diff_job, second_model_job = job;
   {
-    latentd::engine::CrosscoderModelOptions options;
-    options.sources = 2;
-    options.d_in = d_in;
-    options.d_sae = 4096;
-    options.seed = 4;
-    latentd::engine::CrosscoderModelImpl crosscoder(options);
-    crosscoder.InitWeights();
-    crosscoder.CalibrateBatchThreshold({at::randn({256, 2 * d_in})});
-    const absl::Status saved = crosscoder.Save(
-        diff_dir, {{spec->hook_name(), "base", "live"}, {spec->hook_name(), "chat", "live"}});
-    if (!saved.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(saved.message()).c_str());
+    if (!WriteBenchCrosscoder(
+            diff_dir, d_in, 4,
+            {{spec->hook_name(), "base", "live"}, {spec->hook_name(), "chat", "live"}})) {
       return 1;
     }
     latentd::v1::ExtractSpec* d = diff_job.mutable_spec()->mutable_extract();
