@@ -90,10 +90,14 @@ std::string DescribeSteering(uint64_t dataset_id, const v1::SteerPromptRequest& 
       absl::StrFormat("dataset %d: a prompt of %d tokens%s\n", dataset_id, r.prompt_size(),
                       r.bos_prepended() ? " (BOS prepended, as the dataset's spec did)" : "");
   if (request.has_crosscoder_source()) {
-    absl::StrAppendFormat(&out,
-                          "run by the crosscoder's source %d's model, each latent added along "
-                          "its decoder's block for that model\n",
-                          request.crosscoder_source());
+    absl::StrAppendFormat(
+        &out,
+        "run by the crosscoder's source %d's model, each latent changed along its decoder's "
+        "block for that model (%s)\n",
+        request.crosscoder_source(),
+        r.latent_values().empty()
+            ? "added without its value: the other models could not run beside it"
+            : "its value from every model, the others run beside it");
   }
   for (const v1::LatentIntervention& in : request.interventions()) {
     absl::StrAppend(&out, "  ", DescribeIntervention(in), "\n");

@@ -110,6 +110,20 @@ TEST(SteerViewTest, TheAnswerShowsBothRunsSideBySide) {
   // Without a vocabulary: ids.
   const std::string ids = DescribeSteering(7, request, r, std::nullopt);
   EXPECT_NE(ids.find("steered: 3 4"), std::string::npos) << ids;
+  // A model-diffing crosscoder steering one model: with the latents' values the others ran
+  // beside it; without, its latents were added alone.
+  request.set_crosscoder_source(1);
+  const std::string beside = DescribeSteering(7, request, r, std::nullopt);
+  EXPECT_NE(beside.find("run by the crosscoder's source 1's model, each latent changed along its "
+                        "decoder's block for that model (its value from every model, the others "
+                        "run beside it)"),
+            std::string::npos)
+      << beside;
+  r.clear_latent_values();
+  const std::string alone = DescribeSteering(7, request, r, std::nullopt);
+  EXPECT_NE(alone.find("(added without its value: the other models could not run beside it)"),
+            std::string::npos)
+      << alone;
 }
 
 TEST(SteerViewTest, AnAttributionShowsTotalsPositionsLatentsAndEntries) {

@@ -371,10 +371,11 @@ TEST(SteeringTest, ACrosscodersLatentIsReadFromEverySourceAndWritesEachOfThem) {
   EXPECT_NEAR(unchanged->kl_divergence, 0, 1e-9);
 }
 
-// A crosscoder over two models (model diffing) steers the one that runs, source 1 here: ADD
-// writes the value times block 1 of the latent's decoder row at that model's hook, at every
-// position or the named ones, through the generated tokens; nothing is written for the other
-// source, no clean values are given, and SET / SCALE are refused.
+// A crosscoder over two models (model diffing) steers the one that runs, source 1 here, alone
+// (the other model not given to run beside it): ADD writes the value times block 1 of the
+// latent's decoder row at that model's hook, at every position or the named ones, through the
+// generated tokens; nothing is written for the other source, no clean values are given, and
+// SET / SCALE are refused.
 TEST(SteeringTest, ACrosscoderOverModelsSteersTheRunningModelByItsBlockOfTheDecoder) {
   const std::unique_ptr<Gpt2Model> model = InterventionModel("blocks.1.hook_resid_post");
   const Sae crosscoder = InterventionCrosscoder();
