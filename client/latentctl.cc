@@ -205,8 +205,9 @@ ABSL_FLAG(uint64_t, seed, 0, "steer: the sampling seed");
 ABSL_FLAG(std::string, sweep, "",
           "steer: values of the first --intervene item, comma-separated: a run for each");
 ABSL_FLAG(int, crosscoder_source, -1,
-          "steer: for a crosscoder over several models (model diffing), the model to steer: its "
-          "source, 0 for the first of the datasets it was trained on (the others run beside it)");
+          "steer, attribute: for a crosscoder over several models (model diffing), the model to "
+          "steer or credit: its source, 0 for the first of the datasets it was trained on (the "
+          "others run beside it)");
 ABSL_FLAG(std::string, target, "",
           "attribute: the next token explained (an id, or its text with --vocab; default: the "
           "model's most likely)");
@@ -1561,6 +1562,9 @@ int Attribute(Client& client, const std::vector<std::string>& args) {
   constexpr int kMostEntries = 1000;  // AttributePromptRequest.top's bound
   request.set_top(html.empty() ? limit : std::max(limit, kMostEntries));
   request.set_ablate(absl::GetFlag(FLAGS_ablate));
+  if (const int source = absl::GetFlag(FLAGS_crosscoder_source); source >= 0) {
+    request.set_crosscoder_source(source);
+  }
   v1::AttributePromptResponse response;
   grpc::Status status =
       client.datasets()->AttributePrompt(client.Context().get(), request, &response);
@@ -2549,7 +2553,7 @@ datasets:
                                  direction it learned for that model, the other models run
                                  beside it for their values
   attribute ID T1 T2 ... [--target=T [--contrast=T] | --target_latent=D:J@P] [--limit=N]
-            [--ablate=N] [--vocab=F] [--html=FILE.html] [--all_hooks]
+            [--ablate=N] [--vocab=F] [--html=FILE.html] [--all_hooks] [--crosscoder_source=S]
   attribute ID --text="..." --vocab=tokenizer.json [...]
                                  which latents, where in the prompt, drive the prediction of
                                  the next token (log p(T), or logit(T) - logit(contrast)):
@@ -2561,7 +2565,9 @@ datasets:
                                  --target_latent=D:J@P: explain latent J of dataset D (a
                                  later hook of the same model) at position P instead: the
                                  edges of a sparse feature circuit; --ablate=N: the top N
-                                 entries each taken out of a run, the change measured
+                                 entries each taken out of a run, the change measured;
+                                 --crosscoder_source=S: a model-diffing crosscoder's latents
+                                 credited in model S's prediction
   graph ID T1 T2 ... [--target=T [--contrast=T] | --target_latent=D:J@P] [--per_hook=N]
         [--min_importance=F] [--node_threshold=F] [--node_tokens=N] [--ablate=1] [--dot=FILE.dot]
         [--layers=D,D,...] [--vocab=F] [--html=FILE.html] [--node_links=PATTERN]

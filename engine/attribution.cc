@@ -116,6 +116,8 @@ absl::Status CheckTargetLatent(const TargetLatent& t, const TargetSae& target,
 struct Pass {
   at::Tensor input;
   std::vector<at::Tensor> outputs, zeros;
+  // A crosscoder over models: the other models' activations at their hooks (ActivationsBeside).
+  std::vector<at::Tensor> beside;
 };
 
 HookSplices PassSplices(const SteeringModel& steering, const std::vector<HookName>& written,
@@ -180,11 +182,19 @@ absl::Status Credit(const SteeringModel& steering, const Pass& pass, int64_t n, 
   const std::vector<int64_t> blocks = WrittenBlocks(steering);
   std::vector<at::Tensor> by_block(blocks.size());
   for (size_t h = 0; h < blocks.size(); ++h) by_block[blocks[h]] = pass.outputs[h][0];
-  const at::Tensor x = (blocks.empty() ? pass.input[0] : at::cat(by_block, 1)).to(at::kFloat);
+  const bool diffed = steering.diffed_source >= 0;
+  const at::Tensor x = (diffed ? CrosscoderInputBeside(steering, pass.beside, pass.input)[0]
+                               : (blocks.empty() ? pass.input[0] : at::cat(by_block, 1)))
+                           .to(at::kFloat);
   const SparseCodes codes = sae.EncodeSparse(x);
   const at::Tensor prediction = sae.Predict(x, codes);
   std::vector<at::Tensor> errors;
-  if (blocks.empty()) errors.push_back(pass.outputs[0][0].to(at::kFloat) - prediction);
+  if (blocks.empty()) {  // a crosscoder over models: the running model's block
+    const int64_t width = pass.outputs[0].size(2);
+    errors.push_back(
+        pass.outputs[0][0].to(at::kFloat) -
+        (diffed ? prediction.narrow(1, steering.diffed_source * width, width) : prediction));
+  }
   for (size_t h = 0; h < blocks.size(); ++h) {
     const int64_t width = prediction.size(1) / static_cast<int64_t>(blocks.size());
     errors.push_back(pass.outputs[h][0].to(at::kFloat) -
@@ -310,6 +320,8 @@ absl::Status Ablate(const SteeringModel& steering, const std::vector<int64_t>& p
     }
   }
   if (runs == 0) return absl::OkStatus();
+  // The models beside a crosscoder over models run the whole prompt (they hold no prefix).
+  if (steering.diffed_source >= 0) first = 0;
   std::vector<LatentIntervention> removals;
   std::vector<std::vector<float>> values;  // per removal, per run: 0 in its own run, else 1
   for (size_t o = 0; o < outs.size(); ++o) {
@@ -396,6 +408,13 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
   ActivationModel& model = *steering.model;
   const int64_t n = static_cast<int64_t>(prompt.size());
   RETURN_IF_ERROR(CheckAttribution(model, query, n));
+  if (steering.diffed_source >= 0 && steering.diffed_models.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "attribution credits each latent with its value, which for a crosscoder over several "
+        "models' activations needs every model's, and its other models cannot run beside the "
+        "credited one: ",
+        steering.diffed_alone));
+  }
   AttributionResult out;
   out.bos_prepended = bos_prepended;
   out.prompt = prompt;
@@ -405,6 +424,10 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
   {
     at::AutoGradMode grad_mode(true);  // queries run under NoGradGuard
     const at::Tensor tokens = at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n});
+    if (steering.diffed_source >= 0) {
+      at::NoGradGuard beside_no_grad;
+      pass.beside = ActivationsBeside(steering, tokens);
+    }
     const at::Tensor logits =
         model.PredictNextTokens(tokens, splices, /*losses=*/false).last_logits[0];
     out.target_token_id =
@@ -428,6 +451,11 @@ absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> AttributeToLatent
   ActivationModel& model = *steering.model;
   const int64_t n = static_cast<int64_t>(prompt.size());
   RETURN_IF_ERROR(CheckAttribution(model, query, n));
+  if (steering.diffed_source >= 0) {
+    return absl::InvalidArgumentError(
+        "target_latent: a crosscoder over several models' activations (crosscoder_source) is "
+        "credited with the next token's prediction only");
+  }
   const std::vector<HookName> written = WrittenHooks(steering);
   RETURN_IF_ERROR(CheckTargetSae(query, target, written));
   std::vector<absl::StatusOr<AttributionResult>> answers(targets.size());

@@ -9,7 +9,11 @@
 // hooks (decoder_writes.h): it is credited the sum over them, each with its own gradient; its
 // error term is the first hook's. A crosscoder's latent reads and writes each of its sources:
 // it is credited the sum over them likewise, and its error term is every source's
-// (x_s - x_hat_s) . g_s.
+// (x_s - x_hat_s) . g_s. A crosscoder over several models' activations (model diffing) credits
+// its latents in one of them, source s (SteeringModel::diffed_source): z from every model's
+// activation at the token (the others run beside it, SteeringModel::diffed_models), each latent
+// credited z_j (W_dec_s[j] . g) with g that model's gradient at its hook, the error term
+// x_s - x_hat_s: which of the diff's latents drive, say, the chat model's prediction here.
 //
 // Torch-free header (dataset_models.h carries these).
 #ifndef LATENTD_ENGINE_ATTRIBUTION_H_
@@ -58,6 +62,10 @@ struct AttributionQuery {
   // does, the error left in), one batch, and m measured: how far the first-order credit holds.
   // AttributeToLatents checks each target's entries so (a batch per target). 0: none.
   int ablate = 0;
+  // For a dataset whose SAE is a crosscoder over several models' activations (model diffing):
+  // the source whose model runs and is credited (DatasetModels builds the SteeringModel, the
+  // other models beside it); required there, refused elsewhere and beside a target latent.
+  std::optional<int> crosscoder_source;
 };
 
 struct LatentAttribution {
@@ -95,7 +103,8 @@ struct AttributionResult {
 // ranges, target_latent.dataset_id when the target's hook comes before the hooks the SAE
 // writes, top outside [0, kMaxAttributionTop], ablate outside [0, kMaxAblatedEntries];
 // FAILED_PRECONDITION when the model cannot run to its logits, or the target latent is 0 at its
-// position. May throw c10::Error.
+// position, or for a crosscoder over models whose other models cannot run beside it (saying
+// why). May throw c10::Error.
 absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
                                                   const std::vector<int64_t>& prompt,
                                                   bool bos_prepended, const AttributionQuery& query,

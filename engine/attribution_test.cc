@@ -300,6 +300,85 @@ TEST(AttributionTest, ACrosscodersLatentIsDrivenThroughEverySource) {
       << refused.status();
 }
 
+// A crosscoder over two models (model diffing) credited in the second, the first run beside it:
+// each entry's activation is the crosscoder's value from both models' activations, its credit
+// the metric's derivative along z_j[p] times the latent's block 1 at that position of the
+// second model, the error term its block's; the ablation check's changes are the second model
+// run with the entry's part taken out. Alone (no model beside it) it is refused, as is a target
+// latent.
+TEST(AttributionTest, ACrosscoderOverModelsIsCreditedInTheRunningModel) {
+  const std::string hook = kInterventionCrosscoder[0];
+  const std::unique_ptr<Gpt2Model> model = InterventionModel(hook);
+  const std::unique_ptr<Gpt2Model> other = InterventionModel(hook, 6);
+  const Sae crosscoder = InterventionCrosscoder();
+  SteeringModel steering{model.get(), &crosscoder, *ParseHookName(hook)};
+  steering.diffed_source = 1;
+  steering.diffed_models = {{other.get(), *ParseHookName(hook)},
+                            {model.get(), *ParseHookName(hook)}};
+  AttributionQuery q;
+  q.top = 1000;
+  q.ablate = 2;
+  auto got = AttributePrompt(steering, kInterventionPrompt, false, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  at::Tensor x, x_other;
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor ids = at::tensor(kInterventionPrompt).view({1, -1});
+    x = model->Forward(ids)[0];
+    x_other = other->Forward(ids)[0];
+  }
+  const at::Tensor both = at::cat({x_other, x}, 1);
+  const at::Tensor z = crosscoder.EncodeDense(both);
+  const at::Tensor block1 =
+      crosscoder.weights().W_dec.narrow(1, kInterventionWidth, kInterventionWidth);
+  auto direction = [&](const LatentAttribution& e) {
+    at::Tensor d =
+        at::zeros({static_cast<int64_t>(kInterventionPrompt.size()), kInterventionWidth});
+    d[e.position] = block1[e.latent] * e.activation;
+    return d;
+  };
+  ASSERT_EQ(got->top_entries.size(), kInterventionPrompt.size() * 4);  // k = 4
+  for (const LatentAttribution& e : got->top_entries) {
+    EXPECT_NEAR(e.activation, z[e.position][e.latent].item<float>(), 1e-5);
+  }
+  for (int i = 0; i < 3; ++i) {
+    const LatentAttribution& e = got->top_entries[i];
+    ExpectDerivative(Derivative(*model, hook, direction(e), got->target_token_id, std::nullopt),
+                     e.attribution, "entry " + std::to_string(i));
+  }
+  const at::Tensor predicted = crosscoder.Predict(both, crosscoder.EncodeSparse(both));
+  const at::Tensor error = x - predicted.narrow(1, kInterventionWidth, kInterventionWidth);
+  ExpectDerivative(Derivative(*model, hook, error, got->target_token_id, std::nullopt),
+                   got->error_attribution, "error term");
+  ASSERT_EQ(got->ablated_changes.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const LatentAttribution& e = got->top_entries[i];
+    EXPECT_NEAR(
+        got->ablated_changes[i],
+        Metric(*model, hook, -direction(e), got->target_token_id, std::nullopt) - got->metric, 1e-4)
+        << i;
+  }
+
+  SteeringModel alone = steering;
+  alone.diffed_models.clear();
+  alone.diffed_alone = "because the test says so";
+  auto refused = AttributePrompt(alone, kInterventionPrompt, false, q);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("cannot run beside the credited one: because the "
+                                            "test says so"),
+            std::string::npos)
+      << refused.status();
+  const Sae sae = InterventionSae(false);
+  const TargetSae later{&sae, *ParseHookName("blocks.2.hook_resid_post")};
+  AttributionQuery to_latent;
+  to_latent.target_latent = TargetLatent{0, 3};
+  auto no_target = AttributePrompt(steering, kInterventionPrompt, false, to_latent, &later);
+  EXPECT_EQ(no_target.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(no_target.status().message().find("target_latent: a crosscoder over several models'"),
+            std::string::npos)
+      << no_target.status();
+}
+
 // Latents of two SAEs taken out of one run together: the SAE at block 1 encodes what the
 // removal at block 0 left, as the model run by hand with both removals does.
 TEST(AttributionTest, LatentsOfSeveralSaesAreTakenOutTogether) {

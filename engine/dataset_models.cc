@@ -494,11 +494,12 @@ struct DatasetModels::Impl {
       const std::vector<DatasetSource>& others, const std::vector<int64_t>& token_ids,
       const std::string& what, const std::function<std::string(size_t)>& label,
       const std::string& cannot);
-  // `ablate`: the runs of the ablation check (AttributionQuery.ablate), for the memory check.
-  absl::StatusOr<AttributionInputs> AttributionInputsFor(const DatasetSource& dataset,
-                                                         const std::vector<int64_t>& token_ids,
-                                                         const DatasetSource* target_dataset,
-                                                         int ablate);
+  // `ablate`: the runs of the ablation check (AttributionQuery.ablate), for the memory check;
+  // `crosscoder_source` as InterventionInputsFor's.
+  absl::StatusOr<AttributionInputs> AttributionInputsFor(
+      const DatasetSource& dataset, const std::vector<int64_t>& token_ids,
+      const DatasetSource* target_dataset, int ablate,
+      std::optional<int> crosscoder_source = std::nullopt);
   absl::StatusOr<std::shared_ptr<const PreparedSae>> SaeFor(const DatasetSource& dataset,
                                                             const std::string& dir);
   // The unembedding, or null with *unavailable saying why there is none.
@@ -1201,8 +1202,9 @@ absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
     if (!one_model && !crosscoder_source) {
       return absl::FailedPreconditionError(absl::StrCat(
           reads, ": its latents need every forward pass and write each; ", what, " runs one model",
-          what == "steering" ? " (crosscoder_source: the one to steer, by ADD)"
-                             : " (a crosscoder over hooks of one model works)"));
+          what == "steering" || what == "attribution"
+              ? ", named by crosscoder_source (the others run beside it)"
+              : " (a crosscoder over hooks of one model works)"));
     }
     const int runs = one_model ? 0 : *crosscoder_source;
     if (runs < 0 || runs >= static_cast<int>(models.size())) {
@@ -1360,9 +1362,13 @@ absl::StatusOr<std::vector<InterventionInputs>> DatasetModels::Impl::InputsOnOne
 
 absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
     const DatasetSource& dataset, const std::vector<int64_t>& token_ids,
-    const DatasetSource* target_dataset, int ablate) {
+    const DatasetSource* target_dataset, int ablate, std::optional<int> crosscoder_source) {
   AttributionInputs out;
-  ASSIGN_OR_RETURN(out.in, InterventionInputsFor(dataset, token_ids, "attribution"));
+  ASSIGN_OR_RETURN(
+      out.in,
+      InterventionInputsFor(dataset, token_ids,
+                            target_dataset != nullptr ? "attribution to a latent" : "attribution",
+                            crosscoder_source));
   // A target latent's dataset: its SAE, reading its hook of the same model.
   if (target_dataset != nullptr) {
     absl::StatusOr<DatasetInputs> inputs_of_target = InputsOf(*target_dataset);
@@ -1434,10 +1440,10 @@ absl::StatusOr<AttributionResult> DatasetModels::AttributePrompt(
     if (query.target_latent && target_dataset == nullptr) {
       return absl::InvalidArgumentError("target_latent.dataset_id: not given");
     }
-    ASSIGN_OR_RETURN(
-        AttributionInputs a,
-        impl_->AttributionInputsFor(dataset, query.token_ids,
-                                    query.target_latent ? target_dataset : nullptr, query.ablate));
+    ASSIGN_OR_RETURN(AttributionInputs a,
+                     impl_->AttributionInputsFor(dataset, query.token_ids,
+                                                 query.target_latent ? target_dataset : nullptr,
+                                                 query.ablate, query.crosscoder_source));
     return a.in.Run([&](const SteeringModel& steering) {
       return engine::AttributePrompt(steering, a.in.tokens, a.in.bos_prepended, query,
                                      a.target ? &*a.target : nullptr);

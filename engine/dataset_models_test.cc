@@ -1104,7 +1104,9 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
                   std::string::npos)
             << s;
       }
-      EXPECT_NE(steered.status().message().find("crosscoder_source: the one to steer, by ADD"),
+      EXPECT_NE(steered.status().message().find(
+                    "steering runs one model, named by crosscoder_source (the others run beside "
+                    "it)"),
                 std::string::npos)
           << steered.status();
       // Named, the model of source 1 (the stored dataset 2's: seed 4) runs, a latent's ADD
@@ -1156,6 +1158,21 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
           EXPECT_NEAR(diffed->steered.token_losses[s], added.losses[0][s].item<float>(), 1e-4);
           EXPECT_NEAR(set->steered.token_losses[s], set_by_hand.losses[0][s].item<float>(), 1e-4);
         }
+      }
+      // Attribution credits the latents in that model's prediction, each with its value from
+      // both models (the prompt's, as EncodePrompt gives them).
+      AttributionQuery credit;
+      credit.token_ids = prompt.token_ids;
+      credit.crosscoder_source = 1;
+      auto credited = models.AttributePrompt(source, credit);
+      ASSERT_TRUE(credited.ok()) << credited.status();
+      ASSERT_FALSE(credited->top_entries.empty());
+      for (const LatentAttribution& e : credited->top_entries) {
+        float encoded = 0;
+        for (const auto& l : got->tokens[e.position].latents) {
+          if (l.index == e.latent) encoded = l.score;
+        }
+        EXPECT_NEAR(e.activation, encoded, 1e-4) << e.latent << "@" << e.position;
       }
       // Source 0 runs the other model: another clean run.
       in_second.crosscoder_source = 0;

@@ -10,6 +10,28 @@
 
 namespace latentd::engine {
 
+std::vector<at::Tensor> ActivationsBeside(const SteeringModel& steering, const at::Tensor& tokens,
+                                          std::vector<KeyValueCache>* caches) {
+  const std::vector<SteeringModel::SourceModel>& sources = steering.diffed_models;
+  std::vector<at::Tensor> beside(sources.size());
+  for (size_t s = 0; s < sources.size(); ++s) {
+    if (static_cast<int>(s) == steering.diffed_source) continue;
+    beside[s] = sources[s]
+                    .model
+                    ->ForwardSpliced(tokens, {sources[s].hook}, {},
+                                     caches != nullptr ? &(*caches)[s] : nullptr)[0]
+                    .to(at::kFloat);
+  }
+  return beside;
+}
+
+at::Tensor CrosscoderInputBeside(const SteeringModel& steering,
+                                 const std::vector<at::Tensor>& beside, const at::Tensor& x) {
+  std::vector<at::Tensor> blocks = beside;
+  blocks[steering.diffed_source] = x.to(at::kFloat);
+  return at::cat(blocks, 2);
+}
+
 Intervener::Intervener(const SteeringModel& steering,
                        const std::vector<LatentIntervention>& interventions,
                        const std::vector<std::vector<float>>& values)
@@ -60,14 +82,13 @@ void Intervener::BeforePass(ActivationModel& model, const at::Tensor& tokens,
   const std::vector<SteeringModel::SourceModel>& sources = steering_.diffed_models;
   if (!sources.empty()) {
     if (first_position_ == 0) beside_caches_.assign(sources.size(), KeyValueCache());
-    beside_.assign(sources.size(), at::Tensor());
     for (size_t s = 0; s < sources.size(); ++s) {
-      if (static_cast<int>(s) == steering_.diffed_source) continue;
-      TORCH_CHECK(beside_caches_[s].positions == first_position_, "source ", s, "'s model holds ",
-                  beside_caches_[s].positions, " positions, the pass starts at ", first_position_);
-      beside_[s] =
-          sources[s].model->ForwardSpliced(tokens, {sources[s].hook}, {}, &beside_caches_[s])[0];
+      TORCH_CHECK(static_cast<int>(s) == steering_.diffed_source ||
+                      beside_caches_[s].positions == first_position_,
+                  "source ", s, "'s model holds ", beside_caches_[s].positions,
+                  " positions, the pass starts at ", first_position_);
     }
+    beside_ = ActivationsBeside(steering_, tokens, &beside_caches_);
     return;
   }
   if (steering_.crosscoder_sources.empty()) return;
@@ -81,13 +102,7 @@ void Intervener::BeforePass(ActivationModel& model, const at::Tensor& tokens,
 }
 
 at::Tensor Intervener::InputAtHook(const at::Tensor& x) const {
-  if (steering_.diffed_models.empty()) return x;
-  std::vector<at::Tensor> blocks;
-  for (size_t s = 0; s < beside_.size(); ++s) {
-    blocks.push_back(static_cast<int>(s) == steering_.diffed_source ? x.to(at::kFloat)
-                                                                    : beside_[s].to(at::kFloat));
-  }
-  return at::cat(blocks, 2);
+  return steering_.diffed_models.empty() ? x : CrosscoderInputBeside(steering_, beside_, x);
 }
 
 void Intervener::Change(const at::Tensor& in) {

@@ -24,6 +24,16 @@
 
 namespace latentd::engine {
 
+// A crosscoder over models (SteeringModel::diffed_models set): each other model's activation at
+// its hook over `tokens` [batch, seq] (continuing (*caches)[s] when caches is not null; its
+// positions must be where the pass starts), the steered source's entry left undefined.
+std::vector<at::Tensor> ActivationsBeside(const SteeringModel& steering, const at::Tensor& tokens,
+                                          std::vector<KeyValueCache>* caches = nullptr);
+// The crosscoder's input [batch, seq, sources * width]: `beside` (ActivationsBeside) with the
+// steered model's activation `x` at its hook in its block.
+at::Tensor CrosscoderInputBeside(const SteeringModel& steering,
+                                 const std::vector<at::Tensor>& beside, const at::Tensor& x);
+
 class Intervener {
  public:
   // `values[i][r]`: intervention i's value in row 1 + r (its own `value` is not read; the values

@@ -8,14 +8,15 @@
 
 namespace latentd::engine {
 
-std::unique_ptr<Gpt2Model> InterventionModel(const std::string& hook) {
+std::unique_ptr<Gpt2Model> InterventionModel(const std::string& hook, uint64_t seed,
+                                             int64_t vocab) {
   latentd::v1::ReferenceModelSpec s;
   s.set_d_model(kInterventionWidth);
   s.set_n_layers(3);
   s.set_n_heads(4);
-  s.set_vocab_size(100);
+  s.set_vocab_size(vocab);
   s.set_context_length(16);
-  s.set_seed(5);
+  s.set_seed(seed);
   auto m = CreateReferenceModel(s, *ParseHookName(hook), at::kCPU);
   EXPECT_TRUE(m.ok()) << m.status();
   return m.ok() ? std::move(*m) : nullptr;

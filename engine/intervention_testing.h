@@ -21,8 +21,10 @@ inline constexpr int64_t kInterventionWidth = 32;    // d_model
 inline constexpr int64_t kInterventionLatents = 64;  // d_sae, k = 4
 inline const std::vector<int64_t> kInterventionPrompt = {7, 42, 3, 99, 15, 15, 60, 8};
 
-// The reference model (3 layers, 4 heads, vocabulary 100, context 16, seed 5) with `hook`.
-std::unique_ptr<Gpt2Model> InterventionModel(const std::string& hook);
+// The reference model (3 layers, 4 heads, vocabulary 100, context 16, seed 5) with `hook`; other
+// weights (the other model of a model-diffing crosscoder) with another seed, and `vocab`.
+std::unique_ptr<Gpt2Model> InterventionModel(const std::string& hook, uint64_t seed = 5,
+                                             int64_t vocab = 100);
 
 // A TopK SAE of random weights (seed 11); a transcoder of the same width when asked.
 Sae InterventionSae(bool transcoder);

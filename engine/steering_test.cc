@@ -425,20 +425,6 @@ TEST(SteeringTest, ACrosscoderOverModelsSteersTheRunningModelByItsBlockOfTheDeco
   }
 }
 
-// The reference model of the interventions' shape with other weights (and vocabulary).
-std::unique_ptr<ActivationModel> OtherModel(const std::string& hook, uint64_t seed, int64_t vocab) {
-  latentd::v1::ReferenceModelSpec s;
-  s.set_d_model(kInterventionWidth);
-  s.set_n_layers(3);
-  s.set_n_heads(4);
-  s.set_vocab_size(vocab);
-  s.set_context_length(16);
-  s.set_seed(seed);
-  auto m = CreateReferenceModel(s, *ParseHookName(hook), at::kCPU);
-  EXPECT_TRUE(m.ok()) << m.status();
-  return m.ok() ? std::move(*m) : nullptr;
-}
-
 // With the other model beside it (source 0: the reference model of another seed), a crosscoder
 // over models steers by any mode: a latent's value is the crosscoder's encoding of both models'
 // activations at the token, SET 0 takes it out of the steered model (x - z_j * block 1) and
@@ -449,7 +435,7 @@ TEST(SteeringTest, ACrosscoderOverModelsWithTheOthersBesideSetsItsLatentsValue) 
   const std::string hook_name = kInterventionCrosscoder[0];
   const HookName hook = *ParseHookName(hook_name);
   const std::unique_ptr<Gpt2Model> steered = InterventionModel(hook_name);
-  const std::unique_ptr<ActivationModel> other = OtherModel(hook_name, 6, 100);
+  const std::unique_ptr<ActivationModel> other = InterventionModel(hook_name, 6);
   const Sae crosscoder = InterventionCrosscoder();
   SteeringModel steering{steered.get(), &crosscoder, hook};
   steering.diffed_source = 1;
@@ -497,7 +483,7 @@ TEST(SteeringTest, ACrosscoderOverModelsWithTheOthersBesideSetsItsLatentsValue) 
     }
   }
 
-  const std::unique_ptr<ActivationModel> narrower = OtherModel(hook_name, 6, 99);
+  const std::unique_ptr<ActivationModel> narrower = InterventionModel(hook_name, 6, 99);
   steering.diffed_models[0].model = narrower.get();
   auto refused = SteerPrompt(steering, kInterventionPrompt, false,
                              Query({{j, InterventionMode::kSet, 0.0f, {}}}, 2), nullptr);

@@ -842,6 +842,7 @@ grpc::Status DatasetsService::AttributePrompt(grpc::ServerContext* context,
   engine::AttributionQuery query = AttributionQueryOf(*request);
   query.top = request->top();
   query.ablate = request->ablate();
+  if (request->has_crosscoder_source()) query.crosscoder_source = request->crosscoder_source();
   std::optional<engine::DatasetSource> target;
   if (target_latent != nullptr) {
     auto target_source = TargetSource(*target_latent);

@@ -443,7 +443,8 @@ class Client:
         return self.datasets.SteerPrompt(request, metadata=self.metadata, timeout=self.timeout)
 
     def attribute_prompt(self, dataset_id, token_ids, target_token_id=None,
-                         contrast_token_id=None, top=20, target_latent=None, ablate=0):
+                         contrast_token_id=None, top=20, target_latent=None, ablate=0,
+                         crosscoder_source=None):
         """Which of the dataset's SAE latents, where in the prompt, drive the prediction after
         it (attribution patching through the SAE: one forward and backward pass): the metric
         log p(target) (default target: the model's most likely next token), or with a
@@ -456,10 +457,15 @@ class Client:
         that prompt position (an SAE on a later hook of the same model): which latents upstream
         drive it, the edges of a sparse feature circuit. ablate=N (at most 64): the top N
         entries are each taken out of a run of their own and the metric measured, their
-        ablated_change beside the first-order credit (which predicts minus it)."""
+        ablated_change beside the first-order credit (which predicts minus it).
+        `crosscoder_source`: for a crosscoder over several models (model diffing), the model
+        whose prediction is explained (0 for the first of the datasets it was trained on); the
+        other models run beside it for the latents' values."""
         request = datasets_pb2.AttributePromptRequest(
             dataset_id=dataset_id, token_ids=[int(t) for t in token_ids], top=top,
             ablate=ablate)
+        if crosscoder_source is not None:
+            request.crosscoder_source = int(crosscoder_source)
         _set_metric(request, target_token_id, contrast_token_id, target_latent)
         return self.datasets.AttributePrompt(request, metadata=self.metadata,
                                              timeout=self.timeout)

@@ -943,6 +943,18 @@ class TrainLoop(DaemonTestCase):
         numpy.testing.assert_allclose(list(ablated.latent_values[0].values),
                                       latents[peak - peak % 32:peak + 1, j], rtol=1e-4, atol=1e-4)
         self.assertGreater(ablated.kl_divergence, 0)
+        # Attribution credits the diff's latents in model 1's prediction of the next token, each
+        # with its value from both models: the latent at its strongest row among them.
+        credited = c.attribute_prompt(encoded.result.extract.dataset_id, up_to_peak, top=1000,
+                                      crosscoder_source=1)
+        at_peak = [e for e in credited.top_entries
+                   if e.latent == j and e.position == len(up_to_peak) - 1]
+        self.assertEqual(len(at_peak), 1)
+        self.assertAlmostEqual(at_peak[0].activation, latents[peak, j], places=3)
+        shown = daemon.latentctl("attribute", str(encoded.result.extract.dataset_id),
+                                 *[str(t) for t in up_to_peak], "--crosscoder_source=1").stdout
+        self.assertIn("metric log p(", shown)
+        self.assertIn("%.4f" % credited.metric, shown)
         shown = daemon.latentctl("steer", str(encoded.result.extract.dataset_id),
                                  *[str(t) for t in prompt], "--intervene=%d:add=8" % j,
                                  "--crosscoder_source=1", "--new_tokens=2").stdout
