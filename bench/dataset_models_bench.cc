@@ -22,7 +22,7 @@
 // through a crosscoder over the middle block and the one before it (4096 latents), whose
 // latents are read in a pass before each steered one, and through a crosscoder over two
 // models' activations at the middle block (model diffing: the reference model and one of
-// another seed), steered in the second with the first running beside it.
+// another seed), steered in the second with the first running beside it (and attributed so).
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -379,6 +379,16 @@ int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t 
       MedianSeconds(rounds, [&] { return reader.AttributePrompt(source, attribute).status(); });
   if (!attributed) return 1;
   std::printf("AttributePrompt of the prompt: %.3f s (median)\n", *attributed);
+  // The same credited in the second model of the crosscoder over two, the first run beside it.
+  latentd::engine::AttributionQuery in_second = attribute;
+  in_second.crosscoder_source = 1;
+  const std::optional<double> diff_attributed = MedianSeconds(
+      rounds, [&] { return reader.AttributePrompt(diff_source, in_second).status(); });
+  if (!diff_attributed) return 1;
+  std::printf(
+      "AttributePrompt in the second model of the crosscoder over two models' %s: %.3f s "
+      "(median), %.2fx the SAE's\n",
+      spec->hook_name().c_str(), *diff_attributed, *diff_attributed / *attributed);
   // The same pass to a latent at the dataset's own hook (its largest on the last token): the
   // forward stops there, without the later blocks and the unembedding.
   latentd::engine::PromptQuery prompt;
