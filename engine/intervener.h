@@ -55,7 +55,7 @@ class Intervener {
   // The splices that change a forward: one where the SAE reads that works out what the
   // interventions change, then one at each hook its decoder writes that adds it (an SAE's is
   // the same hook, spliced in that order). A crosscoder's change comes from the pass before
-  // (ReadCrosscoder).
+  // (BeforePass).
   HookSplices Splices();
 
   // Before each changed pass over `tokens` (continuing `cache`; set_first_position first).

@@ -40,9 +40,10 @@ struct SteeringModel {
   int diffed_source = -1;
   // With diffed_source set: every source in the crosscoder's blocks' order, the model it is read
   // from and its hook (entry diffed_source: `model` at `hook`, read as the steered pass reaches
-  // it). The others run beside the steered model on the same tokens, changing nothing, so a
-  // latent's value is known and SET / SCALE steer too. Empty: ADD alone (the value added needs
-  // no value), and `diffed_alone` says why the others do not run.
+  // it). The others run beside the steered (or credited) model on the same tokens, changing
+  // nothing, so a latent's value is known: SET / SCALE steer too, and attribution credits it.
+  // Empty: steering by ADD alone (the value added needs no value), no attribution, and
+  // `diffed_alone` says why the others do not run.
   struct SourceModel {
     ActivationModel* model = nullptr;
     HookName hook;
