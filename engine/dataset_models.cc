@@ -472,10 +472,10 @@ struct DatasetModels::Impl {
   absl::StatusOr<InterventionInputs> InterventionInputsFor(
       const DatasetSource& dataset, const std::vector<int64_t>& token_ids, const std::string& what,
       std::optional<int> crosscoder_source = std::nullopt);
-  // For a crosscoder over models (`crosscoder` its dataset's inputs) steered as its source
-  // `steered` (out->model): every source's model and hook into out->beside and
+  // For a crosscoder over models (`crosscoder` its dataset's inputs) run as its source `steered`
+  // (out->model): every source's model and hook into out->beside and
   // out->steering.diffed_models, to run beside it on out->tokens. An error says why they cannot
-  // (the query then steers by ADD alone).
+  // (steering then adds alone, attribution is refused).
   absl::Status ModelsBeside(const DatasetSource& dataset, const DatasetInputs& crosscoder,
                             int steered, const std::vector<int64_t>& token_ids,
                             InterventionInputs* out);
