@@ -1203,7 +1203,8 @@ absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
       return absl::FailedPreconditionError(absl::StrCat(
           reads, ": its latents need every forward pass and write each; ", what, " runs one model",
           what == "steering" || what == "attribution"
-              ? ", named by crosscoder_source (the others run beside it)"
+              ? ", named by crosscoder_source (SteerPrompt, AttributePrompt to the next token; "
+                "the others run beside it)"
               : " (a crosscoder over hooks of one model works)"));
     }
     const int runs = one_model ? 0 : *crosscoder_source;

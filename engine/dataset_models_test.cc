@@ -1105,8 +1105,8 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
             << s;
       }
       EXPECT_NE(steered.status().message().find(
-                    "steering runs one model, named by crosscoder_source (the others run beside "
-                    "it)"),
+                    "steering runs one model, named by crosscoder_source (SteerPrompt, "
+                    "AttributePrompt to the next token; the others run beside it)"),
                 std::string::npos)
           << steered.status();
       // Named, the model of source 1 (the stored dataset 2's: seed 4) runs, a latent's ADD
