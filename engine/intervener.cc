@@ -1,5 +1,6 @@
 #include "engine/intervener.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -13,14 +14,29 @@ namespace latentd::engine {
 std::vector<at::Tensor> ActivationsBeside(const SteeringModel& steering, const at::Tensor& tokens,
                                           std::vector<KeyValueCache>* caches) {
   const std::vector<SteeringModel::SourceModel>& sources = steering.diffed_models;
+  const int64_t rows = tokens.size(0);
+  // Rows that all read the same tokens from the same past (the prompt's pass: clean, steered
+  // and swept rows alike) run once, their activation and cache copied to every row.
+  const bool same = rows > 1 &&
+                    (caches == nullptr || caches->empty() ||
+                     std::all_of(caches->begin(), caches->end(),
+                                 [](const KeyValueCache& c) { return c.positions == 0; })) &&
+                    tokens.eq(tokens.narrow(0, 0, 1)).all().item<bool>();
+  const at::Tensor run = same ? tokens.narrow(0, 0, 1) : tokens;
   std::vector<at::Tensor> beside(sources.size());
   for (size_t s = 0; s < sources.size(); ++s) {
     if (static_cast<int>(s) == steering.diffed_source) continue;
-    beside[s] = sources[s]
-                    .model
-                    ->ForwardSpliced(tokens, {sources[s].hook}, {},
-                                     caches != nullptr ? &(*caches)[s] : nullptr)[0]
-                    .to(at::kFloat);
+    KeyValueCache* cache = caches != nullptr ? &(*caches)[s] : nullptr;
+    beside[s] =
+        sources[s].model->ForwardSpliced(run, {sources[s].hook}, {}, cache)[0].to(at::kFloat);
+    if (!same) continue;
+    beside[s] = beside[s].expand({rows, -1, -1});
+    if (cache == nullptr) continue;
+    for (std::vector<at::Tensor>* held : {&cache->keys, &cache->values}) {
+      for (at::Tensor& t : *held) {
+        if (t.defined()) t = t.expand({rows, -1, -1, -1});
+      }
+    }
   }
   return beside;
 }
