@@ -26,7 +26,9 @@ namespace latentd::engine {
 
 // A crosscoder over models (SteeringModel::diffed_models set): each other model's activation at
 // its hook over `tokens` [batch, seq] (continuing (*caches)[s] when caches is not null; its
-// positions must be where the pass starts), the steered source's entry left undefined.
+// positions must be where the pass starts), the steered source's entry left undefined. Rows
+// that read the same tokens with nothing cached run once, their activation and cache shared
+// (expanded) by every row.
 std::vector<at::Tensor> ActivationsBeside(const SteeringModel& steering, const at::Tensor& tokens,
                                           std::vector<KeyValueCache>* caches = nullptr);
 // The crosscoder's input [batch, seq, sources * width]: `beside` (ActivationsBeside) with the
