@@ -145,7 +145,8 @@ ABSL_FLAG(std::string, order, "latent",
           "index)");
 ABSL_FLAG(int, limit, 20,
           "latents, dashboard, cofiring, token: latents to show; weights: neighbours and logits; "
-          "prompt: top latents over the prompt; compare: the latents matched worst");
+          "prompt: top latents over the prompt; compare: the latents matched worst; scaling: "
+          "own latents fitted when none is named");
 ABSL_FLAG(int64_t, sample, 0,
           "compare: compare this many of the first SAE's latents, evenly spread (0: all)");
 ABSL_FLAG(int64_t, offset, 0, "latents, dashboard: skip this many in the order");
@@ -167,7 +168,8 @@ ABSL_FLAG(std::string, rank, "count",
           "latent's density)");
 ABSL_FLAG(int64_t, max_rows, 0,
           "cofiring/token: count at most this many of the selected rows (from chunks spread "
-          "over the dataset; default 2048)");
+          "over the dataset; default 2048); scaling: firing rows fitted per latent (default "
+          "16384)");
 ABSL_FLAG(std::string, text, "",
           "prompt: the prompt as text, tokenized with --vocab=tokenizer.json (instead of token "
           "ids)");
@@ -207,7 +209,11 @@ ABSL_FLAG(std::string, sweep, "",
 ABSL_FLAG(int, crosscoder_source, -1,
           "steer, attribute: for a crosscoder over several models (model diffing), the model to "
           "steer or credit: its source, 0 for the first of the datasets it was trained on (the "
-          "others run beside it)");
+          "others run beside it); scaling: the model the latents are said to be specific to "
+          "(default: the last)");
+ABSL_FLAG(int, baseline, -1,
+          "scaling: the model compared with --crosscoder_source's (default: source 0, or 1 when "
+          "that is 0)");
 ABSL_FLAG(std::string, target, "",
           "attribute: the next token explained (an id, or its text with --vocab; default: the "
           "model's most likely)");
@@ -1923,6 +1929,60 @@ int Compare(Client& client, const std::vector<std::string>& args) {
   return 0;
 }
 
+// Latent scaling (LatentScaling) of a model-diffing crosscoder's latents: per latent how much
+// of its direction the baseline model carries, in its error and through its other latents,
+// against the source model (nu near 0: the source's own; near 1: an artifact of sparsity).
+int Scaling(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id)) return Usage("scaling needs a dataset id");
+  v1::LatentScalingRequest request;
+  request.set_dataset_id(id);
+  for (size_t i = 2; i < args.size(); ++i) {
+    int32_t latent;
+    if (!absl::SimpleAtoi(args[i], &latent)) {
+      return Usage(absl::StrCat("scaling: '", args[i], "' is not a latent index"));
+    }
+    request.add_latents(latent);
+  }
+  if (absl::GetFlag(FLAGS_crosscoder_source) >= 0) {
+    request.set_source(absl::GetFlag(FLAGS_crosscoder_source));
+  }
+  if (absl::GetFlag(FLAGS_baseline) >= 0) request.set_baseline(absl::GetFlag(FLAGS_baseline));
+  request.set_max_rows(absl::GetFlag(FLAGS_max_rows));
+  if (request.latents().empty()) request.set_limit(absl::GetFlag(FLAGS_limit));
+  v1::LatentScalingResponse response;
+  grpc::Status status =
+      client.datasets()->LatentScaling(client.Context().get(), request, &response);
+  if (!status.ok()) return RpcError(status);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(response).c_str());
+    return 0;
+  }
+  const int s = response.source(), b = response.baseline();
+  std::printf(
+      "dataset %llu: latent scaling of source %d's latents against source %d (%lld rows read)\n"
+      "  nu_err = beta_err(%d) / beta_err(%d): what source %d's error holds of the latent's "
+      "direction\n"
+      "  nu_rec = beta_rec(%d) / beta_rec(%d): what source %d's other latents reconstruct of it\n"
+      "  both near 0: source %d's own; near 1: source %d carries it too (a sparsity artifact)\n",
+      static_cast<unsigned long long>(id), s, b, static_cast<long long>(response.rows_read()), b, s,
+      b, b, s, b, s, b);
+  std::printf("%-8s %-6s %-8s %-8s %-8s %-12s %-12s %-12s %s\n", "LATENT", "SHARE", "ROWS",
+              "NU_ERR", "NU_REC", absl::StrCat("B_ERR(", s, ")").c_str(),
+              absl::StrCat("B_ERR(", b, ")").c_str(), absl::StrCat("B_REC(", s, ")").c_str(),
+              absl::StrCat("B_REC(", b, ")").c_str());
+  for (const v1::LatentScale& l : response.latents()) {
+    std::printf("%-8d %-6.3f %-8lld %-8.3f %-8.3f %-12.4g %-12.4g %-12.4g %.4g\n", l.latent(),
+                l.share(), static_cast<long long>(l.rows()), l.error_ratio(),
+                l.reconstruction_ratio(), l.beta_error_source(), l.beta_error_baseline(),
+                l.beta_reconstruction_source(), l.beta_reconstruction_baseline());
+  }
+  if (response.latents().empty()) {
+    std::printf("(no latent: source %d has no own latent that fires)\n", s);
+  }
+  return 0;
+}
+
 int Latent(Client& client, const std::vector<std::string>& args) {
   LatentArgs parsed;
   if (std::string error; !ParseLatentArgs(args, &parsed, &error)) return Usage(error);
@@ -2583,6 +2643,11 @@ datasets:
                                  how far two datasets' SAEs learned the same directions: each
                                  latent's nearest decoder direction in the other SAE (mean,
                                  histogram), and the N matched worst
+  scaling ID [J ...] [--crosscoder_source=S] [--baseline=B] [--max_rows=R] [--limit=N]
+                                 latent scaling of a model-diffing crosscoder's latents (J, or
+                                 source S's own that fire, at most N): how much of each one's
+                                 direction model B carries in its error and its other latents
+                                 against model S; near 0 S's own, near 1 a sparsity artifact
   cofiring ID J [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C] [--in_dataset=D]
                                  the latents that fire on the rows where latent J fires (with
                                  --in_dataset: D's latents, e.g. another layer of the same job)
@@ -2790,6 +2855,7 @@ int Run(const std::vector<std::string>& args) {
   if (command == "attribute") return Attribute(client, args);
   if (command == "graph") return Graph(client, args);
   if (command == "compare") return Compare(client, args);
+  if (command == "scaling") return Scaling(client, args);
   if (command == "cofiring") return OnRows(client, args, /*by_token=*/false);
   if (command == "token") return OnRows(client, args, /*by_token=*/true);
   if (command == "export") return Export(client, args);

@@ -917,6 +917,47 @@ absl::StatusOr<LatentWeights> DatasetModels::ReadLatentWeights(const DatasetSour
   }
 }
 
+absl::StatusOr<LatentScalingResult> DatasetModels::LatentScaling(
+    const DatasetSource& dataset, const LatentScalingQuery& query,
+    const std::function<bool()>& cancelled) {
+  ASSIGN_OR_RETURN(const DatasetInputs inputs, impl_->InputsOf(dataset));
+  const auto& stored = inputs.spec.model().stored().dataset_ids();
+  if (inputs.crosscoder_models.empty() || stored.size() < 2) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "dataset ", dataset.dataset_id, "'s SAE is ",
+        inputs.crosscoder_models.empty()
+            ? "not a crosscoder"
+            : absl::StrCat("a crosscoder over hooks of one model (", inputs.crosscoder_reads,
+                           "), whose activations are not stored"),
+        ": latent scaling fits a crosscoder's latents in each model's stored activations (a "
+        "crosscoder over stored datasets, model diffing)"));
+  }
+  const ExtractEnv& env = impl_->env;
+  if (env.store == nullptr || !env.open_stored_dense) {
+    return absl::FailedPreconditionError("latent scaling reads the store, which is not open");
+  }
+  std::vector<std::shared_ptr<const StoredDenseRows>> sources;
+  for (int s = 0; s < stored.size(); ++s) {
+    auto rows =
+        env.open_stored_dense(stored[s], absl::StrCat("extract.model.stored.dataset_ids[", s, "]"));
+    if (!rows.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("dataset ", dataset.dataset_id, " encodes the activations of dataset ",
+                       stored[s], " (its crosscoder's source ", s,
+                       "), which latent scaling reads: ", rows.status().message()));
+    }
+    sources.push_back(*std::move(rows));
+  }
+  try {
+    ASSIGN_OR_RETURN(const Sae sae, impl_->LoadSae(dataset, inputs.sae_dir));
+    return FitLatentScaling(
+        sae, query, ChunkStoreCrosscoderRows(env.store, dataset.dataset_id, std::move(sources)),
+        cancelled);
+  } catch (const std::exception& e) {
+    return TorchErrorStatus(e, "latent scaling");
+  }
+}
+
 absl::StatusOr<SaeComparison> DatasetModels::CompareSaes(const DatasetSource& dataset,
                                                          const DatasetSource& other,
                                                          const SaeComparisonQuery& query) {

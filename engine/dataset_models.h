@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "engine/attribution.h"
 #include "engine/extract_runner.h"
+#include "engine/latent_scaling.h"
 #include "engine/steering.h"
 
 namespace latentd::engine {
@@ -250,6 +251,16 @@ class DatasetModels {
                                         const std::vector<std::vector<TargetLatent>>& removed,
                                         const AttributionQuery& metric, int64_t target_token,
                                         const DatasetSource* target_dataset);
+
+  // Latent scaling (latent_scaling.h) of a crosscoder over several models' stored activations
+  // (model diffing): the dataset's codes and postings from the store, each source's DENSE rows
+  // (the stored datasets the dataset encodes, row for row), the crosscoder checked against the
+  // recorded hash. FAILED_PRECONDITION for an SAE other than such a crosscoder (one over a
+  // model's hooks has no stored activations to fit), a source dataset deleted since, and as
+  // ReadLatentWeights; the fit's errors.
+  absl::StatusOr<LatentScalingResult> LatentScaling(const DatasetSource& dataset,
+                                                    const LatentScalingQuery& query,
+                                                    const std::function<bool()>& cancelled);
 
   // Bytes the cache holds now (for tests and telemetry).
   int64_t cached_bytes() const;

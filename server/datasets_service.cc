@@ -6,6 +6,7 @@
 #include <cstring>
 #include <optional>
 #include <system_error>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -612,6 +613,49 @@ grpc::Status DatasetsService::CompareSaes(grpc::ServerContext* context,
       "CompareSaes", absl::StrCat("for ", n, " latents"),
       absl::StrCat("ask a sample of at most ", kMaxLatentAnswerBytes / 12 - 1000, " latents"),
       response));
+}
+
+grpc::Status DatasetsService::LatentScaling(grpc::ServerContext* context,
+                                            const latentd::v1::LatentScalingRequest* request,
+                                            latentd::v1::LatentScalingResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  auto source = ModelSource(request->dataset_id());
+  if (!source.ok()) return ToGrpcStatus(source.status());
+  engine::LatentScalingQuery query;
+  query.latents.assign(request->latents().begin(), request->latents().end());
+  // (The engine's -1 is "unset"; a negative index sent is a mistake to name.)
+  for (const auto& [field, value, set] :
+       {std::make_tuple("source", request->source(), request->has_source()),
+        std::make_tuple("baseline", request->baseline(), request->has_baseline())}) {
+    if (set && value < 0) {
+      return ToGrpcStatus(
+          absl::InvalidArgumentError(absl::StrCat(field, ": ", value, " is negative")));
+    }
+  }
+  if (request->has_source()) query.source = request->source();
+  if (request->has_baseline()) query.baseline = request->baseline();
+  query.max_rows = request->max_rows();
+  query.limit = request->limit();
+  auto fitted = options_.dataset_models->LatentScaling(
+      *source, query, [context] { return context->IsCancelled(); });
+  if (!fitted.ok()) return ToGrpcStatus(fitted.status());
+  response->set_source(fitted->source);
+  response->set_baseline(fitted->baseline);
+  response->set_rows_read(fitted->rows_read);
+  for (const engine::LatentScale& l : fitted->latents) {
+    latentd::v1::LatentScale* out = response->add_latents();
+    out->set_latent(static_cast<int32_t>(l.latent));
+    out->set_rows(l.rows);
+    out->set_firing_count(l.firing_count);
+    out->set_share(l.share);
+    out->set_beta_error_source(l.beta_error_source);
+    out->set_beta_error_baseline(l.beta_error_baseline);
+    out->set_beta_reconstruction_source(l.beta_reconstruction_source);
+    out->set_beta_reconstruction_baseline(l.beta_reconstruction_baseline);
+    out->set_error_ratio(l.error_ratio);
+    out->set_reconstruction_ratio(l.reconstruction_ratio);
+  }
+  return grpc::Status::OK;
 }
 
 grpc::Status DatasetsService::EncodePrompt(grpc::ServerContext* context,

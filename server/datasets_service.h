@@ -68,6 +68,9 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
   grpc::Status CompareSaes(grpc::ServerContext* context,
                            const latentd::v1::CompareSaesRequest* request,
                            latentd::v1::CompareSaesResponse* response) override;
+  grpc::Status LatentScaling(grpc::ServerContext* context,
+                             const latentd::v1::LatentScalingRequest* request,
+                             latentd::v1::LatentScalingResponse* response) override;
   grpc::Status EncodePrompt(grpc::ServerContext* context,
                             const latentd::v1::EncodePromptRequest* request,
                             latentd::v1::EncodePromptResponse* response) override;

@@ -1458,6 +1458,35 @@ TEST_F(DatasetsServiceTest, CompareSaesMatchesEachLatentToTheNearestDirection) {
   EXPECT_EQ(code(a, b, -1), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// Latent scaling fits a model-diffing crosscoder's latents in the stored activations (the
+// engine's and the end-to-end tests fit one); anything else is refused for what it is.
+TEST_F(DatasetsServiceTest, LatentScalingIsRefusedForWhatIsNotAModelDiffingCrosscoder) {
+  AddPlaneSaeJob(dir_, 45, &jobs_);
+  const uint64_t plane = MakeDataset("plane-scaled", 16, 512, storage::ValueDtype::kFloat16, 45);
+  auto scale = [&](uint64_t dataset, std::optional<int32_t> source,
+                   std::optional<int32_t> baseline) {
+    grpc::ClientContext ctx;
+    latentd::v1::LatentScalingRequest req;
+    req.set_dataset_id(dataset);
+    if (source) req.set_source(*source);
+    if (baseline) req.set_baseline(*baseline);
+    latentd::v1::LatentScalingResponse resp;
+    return stub_->LatentScaling(&ctx, req, &resp);
+  };
+  grpc::Status s = scale(plane, std::nullopt, std::nullopt);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_NE(s.error_message().find(
+                absl::StrCat("dataset ", plane, "'s SAE is not a crosscoder: latent scaling fits")),
+            std::string::npos)
+      << s.error_message();
+  s = scale(plane, -2, std::nullopt);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(s.error_message(), "source: -2 is negative");
+  s = scale(plane, 1, -1);
+  EXPECT_EQ(s.error_message(), "baseline: -1 is negative");
+  EXPECT_EQ(scale(999, std::nullopt, std::nullopt).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
 TEST_F(DatasetsServiceTest, HostileRequestsGetClientErrorsNeverACrash) {
   AddPlaneSaeJob(dir_, 42, &jobs_);  // GetLatentWeights reads real weights
   const uint64_t id = MakeDataset("hostile", 300, 512, storage::ValueDtype::kFloat16, 42);

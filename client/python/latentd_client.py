@@ -549,6 +549,44 @@ class Client:
                 "mean_best_cosine": answer.mean_best_cosine,
                 "histogram": np.array(answer.histogram, np.int64)}
 
+    def latent_scaling(self, dataset_id, latents=None, source=None, baseline=None,
+                       max_rows=0, limit=0):
+        """Latent scaling (Minder et al. 2025) of a model-diffing crosscoder's latents: for each
+        latent (the given ones, or the source model's own that fire, at most `limit`, largest
+        share first) the least-squares scale of its source-model decoder direction in each
+        model's reconstruction error (with the latent's own part put back) and in the other
+        latents' reconstruction, over up to `max_rows` of its firing rows, and the ratios
+        baseline / source: error_ratio and reconstruction_ratio both near 0 mark a latent truly
+        the source model's own; near 1, the baseline model carries it too (an artifact of the
+        crosscoder's sparsity). `source` defaults to the last model, `baseline` to the first.
+        A dict of numpy columns (latent, share, rows, firing_count, error_ratio,
+        reconstruction_ratio, beta_error_source, beta_error_baseline,
+        beta_reconstruction_source, beta_reconstruction_baseline; pandas.DataFrame takes it
+        after dropping the scalars) and source, baseline, rows_read."""
+        import numpy as np
+
+        request = datasets_pb2.LatentScalingRequest(
+            dataset_id=dataset_id, latents=[int(j) for j in (latents if latents is not None
+                                                              else [])],
+            max_rows=max_rows, limit=limit)
+        if source is not None:
+            request.source = int(source)
+        if baseline is not None:
+            request.baseline = int(baseline)
+        answer = self.datasets.LatentScaling(request, metadata=self.metadata,
+                                             timeout=self.timeout)
+        out = {"source": answer.source, "baseline": answer.baseline,
+               "rows_read": answer.rows_read}
+        for field, dtype in (("latent", np.int64), ("rows", np.int64),
+                             ("firing_count", np.int64), ("share", np.float64),
+                             ("error_ratio", np.float64), ("reconstruction_ratio", np.float64),
+                             ("beta_error_source", np.float64),
+                             ("beta_error_baseline", np.float64),
+                             ("beta_reconstruction_source", np.float64),
+                             ("beta_reconstruction_baseline", np.float64)):
+            out[field] = np.array([getattr(l, field) for l in answer.latents], dtype)
+        return out
+
     def show_prompt(self, dataset_id, token_ids, decode=None, top_latents=10):
         """encode_prompt's answer as a PromptView, which a notebook shows as the prompt once per
         top latent, each time with the tokens shaded by that latent's value on them. decode maps

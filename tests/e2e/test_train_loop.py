@@ -960,6 +960,41 @@ class TrainLoop(DaemonTestCase):
                                  "--crosscoder_source=1", "--new_tokens=2").stdout
         self.assertIn("run by the crosscoder's source 1's model", shown)
         self.assertIn("KL(clean || steered) %.4g nats" % kl[1], shown)
+        # Latent scaling of the diff's latents (Minder et al. 2025): per latent, how much of its
+        # model-1 direction each model's error and other latents carry, from the stored
+        # activations and codes, as numpy computes it from the exported datasets and the rows.
+        diff = encoded.result.extract.dataset_id
+        decoder = w["decoder.weight"]  # [2, 256, 64], the hooks' own units
+        bias = w["decoder.bias"]
+        fired = numpy.where((latents != 0).any(0))[0]
+        asked = [j, int(next(l for l in fired if l != j))]
+        scaled = c.latent_scaling(diff, asked)
+        self.assertEqual((scaled["source"], scaled["baseline"]), (1, 0))
+        self.assertEqual(list(scaled["latent"]), asked)
+        for i, latent in enumerate(asked):
+            at = latents[:, latent] != 0
+            f = latents[at, latent]
+            d = decoder[1, latent]
+            self.assertEqual(scaled["rows"][i], at.sum())
+            self.assertEqual(scaled["firing_count"][i], at.sum())
+            self.assertAlmostEqual(scaled["share"][i], read.shares[1, latent], places=4)
+            for m, side in ((1, "source"), (0, "baseline")):
+                others = latents[at] @ decoder[m] + bias[m] - f[:, None] * decoder[m, latent]
+                scale = (d @ d) * (f @ f)
+                self.assertAlmostEqual(scaled["beta_error_" + side][i],
+                                       (f @ ((x[at, m] - others) @ d)) / scale, delta=2e-3)
+                self.assertAlmostEqual(scaled["beta_reconstruction_" + side][i],
+                                       (f @ (others @ d)) / scale, delta=2e-3)
+            self.assertAlmostEqual(scaled["error_ratio"][i], scaled["beta_error_baseline"][i] /
+                                   scaled["beta_error_source"][i], places=6)
+        shown = daemon.latentctl("scaling", str(diff), str(j)).stdout
+        self.assertIn("latent scaling of source 1's latents against source 0", shown)
+        self.assertIn("%-8d %-6.3f %-8d %-8.3f" % (j, scaled["share"][0], scaled["rows"][0],
+                                                   scaled["error_ratio"][0]), shown)
+        with self.assertRaises(grpc.RpcError) as same:
+            c.latent_scaling(diff, [j], source=0, baseline=0)
+        self.assertEqual(same.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("baseline: 0 is the source", same.exception.details())
         answer = c.get_latent(encoded.result.extract.dataset_id, j, top_n=3)
         self.assertEqual(answer.statistics.firing_count, (latents[:, j] != 0).sum())
         top = answer.top[0]
