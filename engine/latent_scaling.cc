@@ -13,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/sae.h"
-#include "engine/sparse_codes.h"
 #include "engine/torch_status.h"
 
 namespace latentd::engine {
@@ -22,8 +21,6 @@ namespace {
 // Rows a read spans at most: the sampled rows of a latent lie scattered over the dataset, and one
 // read per row would decode a chunk per row.
 constexpr int64_t kWindowRows = 4096;
-// (row, latent) pairs whose dot products one pass forms (each gathers four [pairs, d] matrices).
-constexpr int64_t kPairsPerPass = 8192;
 
 struct Pair {
   int64_t row = 0;
@@ -71,14 +68,29 @@ class Fit {
                                           const std::function<bool()>& cancelled) {
     RETURN_IF_ERROR(Resolve(query));
     RETURN_IF_ERROR(ChooseLatents(query));
-    std::sort(pairs_.begin(), pairs_.end(),
-              [](const Pair& a, const Pair& b) { return a.row < b.row; });
+    // Slots go in groups whose projections fit kProjectionBytes, each group's pairs in row
+    // order: a group's windows read its rows once.
+    const int64_t budget =
+        query.projection_bytes > 0 ? query.projection_bytes : kDefaultProjectionBytes;
+    const size_t group =
+        static_cast<size_t>(std::max<int64_t>(1, budget / (8 * sae_.config().d_sae)));
+    std::sort(pairs_.begin(), pairs_.end(), [&](const Pair& a, const Pair& b) {
+      const size_t ga = a.slot / group, gb = b.slot / group;
+      return ga != gb ? ga < gb : a.row < b.row;
+    });
     RETURN_IF_ERROR(CheckSourceRows());
     sums_.assign(result_.latents.size(), Sums());
     for (size_t begin = 0; begin < pairs_.size();) {
       if (cancelled && cancelled()) return absl::CancelledError("latent scaling cancelled");
+      const size_t g = pairs_[begin].slot / group;
+      if (begin == 0 || pairs_[begin - 1].slot / group != g) {
+        Project(g * group, std::min(result_.latents.size(), (g + 1) * group));
+      }
       size_t end = begin;
-      while (end < pairs_.size() && pairs_[end].row < pairs_[begin].row + kWindowRows) ++end;
+      while (end < pairs_.size() && pairs_[end].slot / group == g &&
+             pairs_[end].row < pairs_[begin].row + kWindowRows) {
+        ++end;
+      }
       RETURN_IF_ERROR(Window(begin, end));
       begin = end;
     }
@@ -226,98 +238,96 @@ class Fit {
             absl::StrCat("the crosscoder's source ", s, " reads dataset ", info.id,
                          ", whose rows are ", info.width, " wide, not the crosscoder's ", d_));
       }
-      if (!pairs_.empty() && pairs_.back().row >= info.rows) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "the crosscoder's source ", s, " reads dataset ", info.id, ", which has ", info.rows,
-            " committed rows; the crosscoder's codes reach row ", pairs_.back().row));
+      const int64_t last =
+          pairs_.empty()
+              ? -1
+              : std::max_element(pairs_.begin(), pairs_.end(), [](const Pair& a, const Pair& b) {
+                  return a.row < b.row;
+                })->row;
+      if (last >= info.rows) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the crosscoder's source ", s, " reads dataset ", info.id, ", which has ",
+                         info.rows, " committed rows; the crosscoder's codes reach row ", last));
       }
     }
     return absl::OkStatus();
   }
 
-  // The pairs [begin, end), whose rows lie within kWindowRows of the first: one read of each.
+  // The projections of every decoder row of each model onto the directions of the answer's
+  // slots [first, last): d_l . W_dec_m[k] for every latent k, so that a row's reconstruction
+  // along d_l is a sum over its firing latents (k multiply-adds) instead of a decode (k x d).
+  void Project(size_t first, size_t last) {
+    std::vector<int64_t> latents;
+    for (size_t i = first; i < last; ++i) latents.push_back(result_.latents[i].latent);
+    directions_ = W_source_.index_select(0, at::tensor(latents, at::kLong)).contiguous();
+    projected_source_ = directions_.mm(W_source_.t()).contiguous();  // [slots, d_sae]
+    projected_baseline_ = directions_.mm(W_baseline_.t()).contiguous();
+    bias_source_.assign(last - first, 0);
+    bias_baseline_.assign(last - first, 0);
+    if (b_source_.defined()) {
+      const at::Tensor bs = directions_.mv(b_source_), bb = directions_.mv(b_baseline_);
+      for (size_t i = 0; i < last - first; ++i) {
+        bias_source_[i] = bs[i].item<float>();
+        bias_baseline_[i] = bb[i].item<float>();
+      }
+    }
+    first_slot_ = first;
+  }
+
+  // The pairs [begin, end), of the slots Project prepared, whose rows lie within kWindowRows of
+  // the first: one read of the codes and of each model's rows.
   absl::Status Window(size_t begin, size_t end) {
     const int64_t first = pairs_[begin].row;
     const int64_t span = pairs_[end - 1].row - first + 1;
-    std::vector<int64_t> local(end - begin);  // each pair's row among the window's distinct rows
-    std::vector<int64_t> distinct;
     std::vector<uint64_t> keep((span + 63) / 64, 0);
+    int64_t distinct = 0;
     for (size_t p = begin; p < end; ++p) {
       const int64_t offset = pairs_[p].row - first;
-      if (distinct.empty() || distinct.back() != offset) {
-        distinct.push_back(offset);
-        keep[offset / 64] |= uint64_t{1} << (offset % 64);
-      }
-      local[p - begin] = static_cast<int64_t>(distinct.size()) - 1;
+      uint64_t& word = keep[offset / 64];
+      const uint64_t bit = uint64_t{1} << (offset % 64);
+      distinct += (word & bit) == 0;
+      word |= bit;
     }
-    const int64_t n_rows = static_cast<int64_t>(distinct.size());
-    result_.rows_read += n_rows;
-
+    result_.rows_read += distinct;
     ASSIGN_OR_RETURN(const storage::CsrRows codes, rows_.codes(first, span, keep));
-    std::vector<int32_t> indices;
-    std::vector<float> values;
-    std::vector<int64_t> counts;
-    for (int64_t offset : distinct) {
-      const int64_t from = codes.indptr[offset], to = codes.indptr[offset + 1];
-      indices.insert(indices.end(), codes.indices.begin() + from, codes.indices.begin() + to);
-      values.insert(values.end(), codes.values.begin() + from, codes.values.begin() + to);
-      counts.push_back(to - from);
-    }
-    SparseCodes sparse;
-    sparse.indices = at::tensor(indices, at::kInt);
-    sparse.values = at::tensor(values, at::kFloat);
-    sparse.row_counts = at::tensor(counts, at::kLong);
-    const at::Tensor recon_source = DecodeSparseCodes(W_source_, b_source_, sparse, n_rows);
-    const at::Tensor recon_baseline = DecodeSparseCodes(W_baseline_, b_baseline_, sparse, n_rows);
-    const at::Tensor at_rows = at::tensor(distinct, at::kLong);
-    ASSIGN_OR_RETURN(const at::Tensor x_source, ReadSource(result_.source, first, span, at_rows));
-    ASSIGN_OR_RETURN(const at::Tensor x_baseline,
-                     ReadSource(result_.baseline, first, span, at_rows));
-
-    for (size_t from = begin; from < end; from += kPairsPerPass) {
-      const size_t to = std::min(end, from + kPairsPerPass);
-      std::vector<int64_t> row_index(local.begin() + (from - begin), local.begin() + (to - begin));
-      std::vector<int64_t> latent_index;
-      std::vector<float> f;
-      for (size_t p = from; p < to; ++p) {
-        latent_index.push_back(result_.latents[pairs_[p].slot].latent);
-        f.push_back(pairs_[p].value);
+    std::vector<float> x_source, x_baseline;
+    RETURN_IF_ERROR(rows_.sources[result_.source]->ReadValues(first, span, &x_source));
+    RETURN_IF_ERROR(rows_.sources[result_.baseline]->ReadValues(first, span, &x_baseline));
+    const int64_t d_sae = sae_.config().d_sae;
+    const float* directions = directions_.data_ptr<float>();
+    const float* projected_source = projected_source_.data_ptr<float>();
+    const float* projected_baseline = projected_baseline_.data_ptr<float>();
+    for (size_t p = begin; p < end; ++p) {
+      const Pair& pair = pairs_[p];
+      const int64_t offset = pair.row - first;
+      const size_t l = pair.slot - first_slot_;
+      const float* d = directions + l * d_;
+      const float* xs = x_source.data() + offset * d_;
+      const float* xb = x_baseline.data() + offset * d_;
+      double x_along_source = 0, x_along_baseline = 0;
+      for (int64_t i = 0; i < d_; ++i) {
+        x_along_source += static_cast<double>(xs[i]) * d[i];
+        x_along_baseline += static_cast<double>(xb[i]) * d[i];
       }
-      const at::Tensor r = at::tensor(row_index, at::kLong);
-      const at::Tensor d = W_source_.index_select(0, at::tensor(latent_index, at::kLong));
-      auto along = [&](const at::Tensor& m) {
-        return (m.index_select(0, r) * d).sum(1).to(at::kDouble).contiguous();
-      };
-      const at::Tensor xs = along(x_source), xb = along(x_baseline);
-      const at::Tensor rs = along(recon_source), rb = along(recon_baseline);
-      const double* xs_p = xs.data_ptr<double>();
-      const double* xb_p = xb.data_ptr<double>();
-      const double* rs_p = rs.data_ptr<double>();
-      const double* rb_p = rb.data_ptr<double>();
-      for (size_t p = from; p < to; ++p) {
-        const size_t q = p - from;
-        const int32_t slot = pairs_[p].slot;
-        const double z = f[q];
-        // d . (x_hat - f W_dec_m[j]): every other latent's reconstruction along d.
-        const double others_source = rs_p[q] - z * dd_[slot];
-        const double others_baseline = rb_p[q] - z * dd_baseline_[slot];
-        Sums& s = sums_[slot];
-        s.f2 += z * z;
-        s.reconstruction_source += z * others_source;
-        s.reconstruction_baseline += z * others_baseline;
-        s.error_source += z * (xs_p[q] - others_source);
-        s.error_baseline += z * (xb_p[q] - others_baseline);
+      // d . x_hat_m: b_dec_m's part and each firing latent's.
+      double recon_source = bias_source_[l], recon_baseline = bias_baseline_[l];
+      for (int64_t e = codes.indptr[offset]; e < codes.indptr[offset + 1]; ++e) {
+        const double v = codes.values[e];
+        recon_source += v * projected_source[l * d_sae + codes.indices[e]];
+        recon_baseline += v * projected_baseline[l * d_sae + codes.indices[e]];
       }
+      // d . (x_hat - f W_dec_m[j]): every other latent's reconstruction along d.
+      const double z = pair.value;
+      const double others_source = recon_source - z * dd_[pair.slot];
+      const double others_baseline = recon_baseline - z * dd_baseline_[pair.slot];
+      Sums& s = sums_[pair.slot];
+      s.f2 += z * z;
+      s.reconstruction_source += z * others_source;
+      s.reconstruction_baseline += z * others_baseline;
+      s.error_source += z * (x_along_source - others_source);
+      s.error_baseline += z * (x_along_baseline - others_baseline);
     }
     return absl::OkStatus();
-  }
-
-  // Source s's rows at `at_rows` of [first, first + span): [rows, d] float32.
-  absl::StatusOr<at::Tensor> ReadSource(int s, int64_t first, int64_t span,
-                                        const at::Tensor& at_rows) const {
-    std::vector<float> values;
-    RETURN_IF_ERROR(rows_.sources[s]->ReadValues(first, span, &values));
-    return at::from_blob(values.data(), {span, d_}, at::kFloat).index_select(0, at_rows).clone();
   }
 
   const Sae& sae_;
@@ -325,6 +335,10 @@ class Fit {
   int64_t d_ = 0;
   int64_t max_rows_ = 0;
   at::Tensor W_source_, W_baseline_, b_source_, b_baseline_;
+  // Project's: the slots' directions [slots, d] and their projections [slots, d_sae].
+  at::Tensor directions_, projected_source_, projected_baseline_;
+  std::vector<double> bias_source_, bias_baseline_;  // d_l . b_dec_m
+  size_t first_slot_ = 0;
   at::Tensor shares_;                // [d_sae] double
   std::vector<double> dd_;           // |d_j|^2 per answer slot
   std::vector<double> dd_baseline_;  // W_dec_baseline[j] . d_j

@@ -43,6 +43,7 @@ inline constexpr int64_t kDefaultScalingLimit = 100;
 // A latent is a source's own when its block holds at least this share of the decoder norm (at
 // the training scale), as TrainResult.crosscoder counts them.
 inline constexpr double kOwnLatentShare = 0.9;
+inline constexpr int64_t kDefaultProjectionBytes = int64_t{256} << 20;
 
 struct LatentScalingQuery {
   // Latents to fit, each once, at most kMaxScalingLatents. Empty: the source's own latents that
@@ -59,6 +60,10 @@ struct LatentScalingQuery {
   int64_t max_rows = 0;
   // With no latents: how many own latents; 0: kDefaultScalingLimit. At most kMaxScalingLatents.
   int64_t limit = 0;
+  // Memory the projections of every decoder row onto the fitted directions may take (4 bytes a
+  // latent, a fitted latent and a model): more latents than fit are fitted in groups, each
+  // reading its own rows. 0: kDefaultProjectionBytes.
+  int64_t projection_bytes = 0;
 };
 
 struct LatentScale {

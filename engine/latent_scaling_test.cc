@@ -208,6 +208,33 @@ TEST_F(LatentScalingTest, BetasAreTheLeastSquaresScalesOfTheLatentInEachModel) {
   }
 }
 
+// However little memory the projections may take, the latents fitted a group at a time give the
+// same answer, each group reading only its own rows.
+TEST_F(LatentScalingTest, LatentsFittedInGroupsGiveTheSameAnswer) {
+  LatentScalingQuery query;
+  query.latents = {kTrulyOwn, kShrunk, kDecoupled, 0, 1};
+  auto whole = FitLatentScaling(*sae_, query, rows_, nullptr);
+  query.projection_bytes = 2 * 8 * kLatents;  // two latents a group
+  auto grouped = FitLatentScaling(*sae_, query, rows_, nullptr);
+  ASSERT_TRUE(whole.ok() && grouped.ok());
+  ASSERT_EQ(grouped->latents.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(grouped->latents[i].latent, query.latents[i]);
+    EXPECT_NEAR(grouped->latents[i].beta_error_baseline, whole->latents[i].beta_error_baseline,
+                1e-9);
+    EXPECT_NEAR(grouped->latents[i].beta_reconstruction_source,
+                whole->latents[i].beta_reconstruction_source, 1e-9);
+  }
+  // Three groups, each reading the rows its latents fire on.
+  int64_t rows_of_groups = 0;
+  for (const std::vector<int64_t>& g :
+       std::vector<std::vector<int64_t>>{{kTrulyOwn, kShrunk}, {kDecoupled, 0}, {1}}) {
+    rows_of_groups += (z_.index_select(1, at::tensor(g)) != 0).any(1).sum().item<int64_t>();
+  }
+  EXPECT_EQ(grouped->rows_read, rows_of_groups);
+  EXPECT_LT(whole->rows_read, rows_of_groups);
+}
+
 TEST_F(LatentScalingTest, MaxRowsFitsRowsSpreadEvenlyOverTheFirings) {
   LatentScalingQuery query;
   query.latents = {kShrunk};
