@@ -139,7 +139,7 @@ ABSL_FLAG(bool, dry_run, false,
           "creating it");
 ABSL_FLAG(std::string, plot, "",
           "telemetry: write a PNG of loss and memory against steps here; latents: a PNG of the "
-          "log10 feature-density histogram");
+          "log10 feature-density histogram; scaling: a PNG of each latent's two ratios");
 ABSL_FLAG(std::string, order, "latent",
           "latents, dashboard: latent, frequent, rare (dead first), max or mean (ties by latent "
           "index)");
@@ -1980,6 +1980,15 @@ int Scaling(Client& client, const std::vector<std::string>& args) {
   if (response.latents().empty()) {
     std::printf("(no latent: source %d has no own latent that fires)\n", s);
   }
+  if (const std::string plot = absl::GetFlag(FLAGS_plot); !plot.empty()) {
+    absl::Status written =
+        WriteLatentScalingPlot(response, absl::StrCat("dataset ", id, ": latent scaling"), plot);
+    if (!written.ok()) {
+      std::fprintf(stderr, "latentctl: --plot: %s\n", std::string(written.message()).c_str());
+      return kExitRpcError;
+    }
+    std::printf("wrote %s\n", plot.c_str());
+  }
   return 0;
 }
 
@@ -2644,6 +2653,7 @@ datasets:
                                  latent's nearest decoder direction in the other SAE (mean,
                                  histogram), and the N matched worst
   scaling ID [J ...] [--crosscoder_source=S] [--baseline=B] [--max_rows=R] [--limit=N]
+          [--plot=FILE.png]
                                  latent scaling of a model-diffing crosscoder's latents (J, or
                                  source S's own that fire, at most N): how much of each one's
                                  direction model B carries in its error and its other latents

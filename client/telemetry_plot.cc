@@ -789,4 +789,65 @@ absl::Status WriteDensityHistogramPlot(const latentd::v1::ListLatentsResponse& o
   return WritePng(canvas, path);
 }
 
+absl::Status WriteLatentScalingPlot(const latentd::v1::LatentScalingResponse& scaling,
+                                    const std::string& title, const std::string& path) {
+  struct Point {
+    double x, y;
+    bool clipped;
+  };
+  const Scale view{-0.5, 1.5, false};
+  std::vector<Point> points;
+  int64_t without = 0, clipped = 0;
+  for (const latentd::v1::LatentScale& l : scaling.latents()) {
+    const double x = l.error_ratio(), y = l.reconstruction_ratio();
+    if (!std::isfinite(x) || !std::isfinite(y)) {
+      ++without;
+      continue;
+    }
+    const double cx = std::clamp(x, view.lo, view.hi), cy = std::clamp(y, view.lo, view.hi);
+    points.push_back({cx, cy, cx != x || cy != y});
+    clipped += points.back().clipped;
+  }
+  if (points.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no latent has ratios (none fired): nothing to plot into '", path, "'"));
+  }
+  constexpr int kWidth = 800, kHeight = 800;
+  Canvas canvas(kWidth, kHeight);
+  const Rect r{110, 110, 620, 580};
+  canvas.DrawText(kWidth / 2 - Canvas::TextWidth(title, 3) / 2, 14, title, kInk, 3);
+  const std::string subtitle =
+      absl::StrCat(points.size(), " latents: source ", scaling.source(), " against ",
+                   scaling.baseline(), " (", clipped, " held at the edge, ", without, " unfitted)");
+  canvas.DrawText(kWidth / 2 - Canvas::TextWidth(subtitle, 2) / 2, 48, subtitle, kMutedInk, 2);
+  auto px = [&](double v) { return r.left + view.Fraction(v) * r.width; };
+  auto py = [&](double v) { return r.bottom() - view.Fraction(v) * r.height; };
+  for (const Tick& t : LinearTicks(view.lo, view.hi, 4)) {
+    const int x = static_cast<int>(std::lround(px(t.value)));
+    const int y = static_cast<int>(std::lround(py(t.value)));
+    // The lines at 0 (the source's own) and 1 (the baseline's too) drawn darker.
+    const Rgb line = t.value == 0 || t.value == 1 ? kFrame : kGrid;
+    canvas.FillRect(x, r.top + 1, 1, r.height - 1, line);
+    canvas.FillRect(r.left + 1, y, r.width - 1, 1, line);
+    canvas.FillRect(x, r.bottom(), 1, 5, kFrame);
+    canvas.FillRect(r.left - 5, y, 5, 1, kFrame);
+    canvas.DrawText(x - Canvas::TextWidth(t.label, 2) / 2, r.bottom() + 9, t.label, kMutedInk, 2);
+    canvas.DrawText(r.left - 9 - Canvas::TextWidth(t.label, 2), y - 7, t.label, kMutedInk, 2);
+  }
+  const std::string x_title = "error ratio: what the baseline's error holds of it";
+  canvas.DrawText(r.left + r.width / 2 - Canvas::TextWidth(x_title, 2) / 2, r.bottom() + 34,
+                  x_title, kInk, 2);
+  canvas.DrawText(r.left, r.top - 22, "reconstruction ratio: what its other latents hold", kInk, 2);
+  canvas.FillRect(r.left, r.top, r.width, 1, kFrame);
+  canvas.FillRect(r.left, r.bottom(), r.width + 1, 1, kFrame);
+  canvas.FillRect(r.left, r.top, 1, r.height, kFrame);
+  canvas.FillRect(r.right(), r.top, 1, r.height, kFrame);
+  // Points last, over the frame, so that one held at the edge stays whole.
+  for (const Point& p : points) {
+    const double x = px(p.x), y = py(p.y);
+    canvas.DrawLine(x, y, x, y, p.clipped ? kPlotScalingClippedColor : kPlotScalingColor, 7);
+  }
+  return WritePng(canvas, path);
+}
+
 }  // namespace latentd::client

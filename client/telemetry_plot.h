@@ -1,7 +1,7 @@
 // Self-contained PNG plots: an in-memory RGB canvas with an embedded 5x7 bitmap font, a PNG
-// encoder on zlib, the two-panel telemetry plot `latentctl telemetry ID --plot=FILE.png` writes
-// and the feature-density histogram of `latentctl latents ID --plot=FILE.png`. No plotting
-// library, no Python.
+// encoder on zlib, the two-panel telemetry plot `latentctl telemetry ID --plot=FILE.png` writes,
+// the feature-density histogram of `latentctl latents ID --plot=FILE.png` and the latent-scaling
+// scatter of `latentctl scaling ID --plot=FILE.png`. No plotting library, no Python.
 #ifndef LATENTD_CLIENT_TELEMETRY_PLOT_H_
 #define LATENTD_CLIENT_TELEMETRY_PLOT_H_
 
@@ -102,6 +102,20 @@ inline constexpr Rgb kPlotDensityColor = {31, 119, 180};
 // when the file cannot be written.
 absl::Status WriteDensityHistogramPlot(const latentd::v1::ListLatentsResponse& overview,
                                        const std::string& title, const std::string& path);
+
+// The colors of WriteLatentScalingPlot's points: inside the view, and held at its edge.
+inline constexpr Rgb kPlotScalingColor = {31, 119, 180};
+inline constexpr Rgb kPlotScalingClippedColor = {255, 127, 14};
+
+// Writes a PNG of a model-diffing crosscoder's latent scaling (LatentScaling): a point per
+// latent at (error ratio, reconstruction ratio) over [-0.5, 1.5] on both axes: near the origin
+// the latents truly the source model's own, toward 1 on either axis those the baseline model
+// carries too. Points outside the view are drawn at its edge in
+// kPlotScalingClippedColor; latents without ratios (never fired) are left out; the subtitle
+// counts both. INVALID_ARGUMENT when no latent has ratios; UNAVAILABLE/PERMISSION_DENIED naming
+// the path when the file cannot be written.
+absl::Status WriteLatentScalingPlot(const latentd::v1::LatentScalingResponse& scaling,
+                                    const std::string& title, const std::string& path);
 
 }  // namespace latentd::client
 

@@ -376,5 +376,76 @@ TEST(DensityHistogramPlotTest, DrawsABarPerNonEmptyBinWithHeightsInProportion) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(LatentScalingPlotTest, DrawsAPointPerLatentWhereItsRatiosAre) {
+  latentd::v1::LatentScalingResponse scaling;
+  scaling.set_source(1);
+  auto add = [&](double error, double reconstruction) {
+    latentd::v1::LatentScale* l = scaling.add_latents();
+    l->set_error_ratio(error);
+    l->set_reconstruction_ratio(reconstruction);
+  };
+  add(0, 0);                        // the source's own
+  add(1, 0);                        // the baseline's error holds it
+  add(0, 1);                        // the baseline's other latents hold it
+  add(3, -2);                       // outside: at the bottom-right corner
+  add(std::nan(""), std::nan(""));  // never fired: left out
+  const std::string path = TmpPath("scaling.png");
+  absl::Status s = WriteLatentScalingPlot(scaling, "dataset 9", path);
+  ASSERT_TRUE(s.ok()) << s;
+  absl::StatusOr<Image> image = DecodePng(path);
+  ASSERT_TRUE(image.ok()) << image.status();
+  // Each point's center, by color: the mean pixel of each connected blob.
+  auto centers = [&](Rgb color) {
+    std::vector<std::pair<double, double>> found;
+    std::vector<std::vector<bool>> seen(image->width, std::vector<bool>(image->height));
+    for (int x = 0; x < image->width; ++x) {
+      for (int y = 0; y < image->height; ++y) {
+        if (seen[x][y] || image->At(x, y) != color) continue;
+        double sx = 0, sy = 0;
+        int n = 0;
+        std::vector<std::pair<int, int>> stack = {{x, y}};
+        seen[x][y] = true;
+        while (!stack.empty()) {
+          const auto [cx, cy] = stack.back();
+          stack.pop_back();
+          sx += cx;
+          sy += cy;
+          ++n;
+          for (const auto& [dx, dy] : {std::pair{1, 0}, {-1, 0}, {0, 1}, {0, -1}}) {
+            const int nx = cx + dx, ny = cy + dy;
+            if (nx < 0 || ny < 0 || nx >= image->width || ny >= image->height) continue;
+            if (seen[nx][ny] || image->At(nx, ny) != color) continue;
+            seen[nx][ny] = true;
+            stack.push_back({nx, ny});
+          }
+        }
+        found.push_back({sx / n, sy / n});
+      }
+    }
+    return found;
+  };
+  const auto inside = centers(kPlotScalingColor);
+  const auto clipped = centers(kPlotScalingClippedColor);
+  ASSERT_EQ(inside.size(), 3u);
+  ASSERT_EQ(clipped.size(), 1u);
+  // Found column by column: (0, 0) and (0, 1) share a column, (1, 0) is right of them, level
+  // with (0, 0); the axes span 2 units, so one unit is half the plot's side.
+  const auto& origin = inside[0].second > inside[1].second ? inside[0] : inside[1];
+  const auto& up = inside[0].second > inside[1].second ? inside[1] : inside[0];
+  const auto& right = inside[2];
+  const double unit = right.first - origin.first;
+  EXPECT_GT(unit, 200);
+  EXPECT_NEAR(origin.first, up.first, 1);
+  EXPECT_NEAR(origin.second - up.second, unit * 580.0 / 620.0, 2);
+  EXPECT_NEAR(right.second, origin.second, 1);
+  EXPECT_NEAR(clipped[0].first, origin.first + 1.5 * unit, 3);
+  EXPECT_NEAR(clipped[0].second, origin.second + 0.5 * unit * 580.0 / 620.0, 3);
+
+  latentd::v1::LatentScalingResponse none;
+  none.add_latents()->set_error_ratio(std::nan(""));
+  EXPECT_EQ(WriteLatentScalingPlot(none, "none", TmpPath("none.png")).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace latentd::client

@@ -987,8 +987,13 @@ class TrainLoop(DaemonTestCase):
                                        (f @ (others @ d)) / scale, delta=2e-3)
             self.assertAlmostEqual(scaled["error_ratio"][i], scaled["beta_error_baseline"][i] /
                                    scaled["beta_error_source"][i], places=6)
-        shown = daemon.latentctl("scaling", str(diff), str(j)).stdout
+        plot = os.path.join(self.tmp, "scaling.png")
+        shown = daemon.latentctl("scaling", str(diff), *[str(l) for l in asked],
+                                 "--plot=" + plot).stdout
         self.assertIn("latent scaling of source 1's latents against source 0", shown)
+        self.assertIn("wrote " + plot, shown)
+        with open(plot, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
         self.assertIn("%-8d %-6.3f %-8d %-8.3f" % (j, scaled["share"][0], scaled["rows"][0],
                                                    scaled["error_ratio"][0]), shown)
         with self.assertRaises(grpc.RpcError) as same:
