@@ -211,6 +211,9 @@ ABSL_FLAG(int, crosscoder_source, -1,
           "steer or credit: its source, 0 for the first of the datasets it was trained on (the "
           "others run beside it); scaling: the model the latents are said to be specific to "
           "(default: the last)");
+ABSL_FLAG(double, min_share, -1,
+          "scaling: with no latents named, those whose block in --crosscoder_source's model holds "
+          "at least this share of the decoder norm (default 0.9: its own)");
 ABSL_FLAG(int, baseline, -1,
           "scaling: the model compared with --crosscoder_source's (default: source 0, or 1 when "
           "that is 0)");
@@ -1950,6 +1953,7 @@ int Scaling(Client& client, const std::vector<std::string>& args) {
   if (absl::GetFlag(FLAGS_baseline) >= 0) request.set_baseline(absl::GetFlag(FLAGS_baseline));
   request.set_max_rows(absl::GetFlag(FLAGS_max_rows));
   if (request.latents().empty()) request.set_limit(absl::GetFlag(FLAGS_limit));
+  if (absl::GetFlag(FLAGS_min_share) >= 0) request.set_min_share(absl::GetFlag(FLAGS_min_share));
   v1::LatentScalingResponse response;
   grpc::Status status =
       client.datasets()->LatentScaling(client.Context().get(), request, &response);
@@ -1978,7 +1982,10 @@ int Scaling(Client& client, const std::vector<std::string>& args) {
                 l.beta_reconstruction_source(), l.beta_reconstruction_baseline());
   }
   if (response.latents().empty()) {
-    std::printf("(no latent: source %d has no own latent that fires)\n", s);
+    std::printf(
+        "(no latent: none of source %d's that fire holds the share asked of its decoder norm; "
+        "--min_share=0.6 reaches those leaning to it)\n",
+        s);
   }
   if (const std::string plot = absl::GetFlag(FLAGS_plot); !plot.empty()) {
     absl::Status written =
@@ -2653,7 +2660,7 @@ datasets:
                                  latent's nearest decoder direction in the other SAE (mean,
                                  histogram), and the N matched worst
   scaling ID [J ...] [--crosscoder_source=S] [--baseline=B] [--max_rows=R] [--limit=N]
-          [--plot=FILE.png]
+          [--min_share=F] [--plot=FILE.png]
                                  latent scaling of a model-diffing crosscoder's latents (J, or
                                  source S's own that fire, at most N): how much of each one's
                                  direction model B carries in its error and its other latents

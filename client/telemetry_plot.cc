@@ -809,8 +809,9 @@ absl::Status WriteLatentScalingPlot(const latentd::v1::LatentScalingResponse& sc
     clipped += points.back().clipped;
   }
   if (points.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("no latent has ratios (none fired): nothing to plot into '", path, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        scaling.latents().empty() ? "no latent was fitted" : "no latent has ratios (none fired)",
+        ": nothing to plot into '", path, "'"));
   }
   constexpr int kWidth = 800, kHeight = 800;
   Canvas canvas(kWidth, kHeight);

@@ -119,13 +119,13 @@ class Fit {
       return absl::FailedPreconditionError(
           "latent scaling compares a crosscoder's sources; this SAE is not a crosscoder");
     }
-    const int source = query.source < 0 ? n - 1 : query.source;
-    if (source >= n) {
+    const int source = query.source.value_or(n - 1);
+    if (source < 0 || source >= n) {
       return absl::InvalidArgumentError(
           absl::StrCat("source: ", source, " outside [0, ", n, ") (the crosscoder's sources)"));
     }
-    const int baseline = query.baseline < 0 ? (source == 0 ? 1 : 0) : query.baseline;
-    if (baseline >= n) {
+    const int baseline = query.baseline.value_or(source == 0 ? 1 : 0);
+    if (baseline < 0 || baseline >= n) {
       return absl::InvalidArgumentError(
           absl::StrCat("baseline: ", baseline, " outside [0, ", n, ") (the crosscoder's sources)"));
     }
@@ -135,6 +135,10 @@ class Fit {
     }
     RETURN_IF_ERROR(CheckRange("max_rows", query.max_rows, kMaxScalingRows));
     RETURN_IF_ERROR(CheckRange("limit", query.limit, kMaxScalingLatents));
+    if (query.min_share && !(*query.min_share >= 0 && *query.min_share <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("min_share: ", *query.min_share, " outside [0, 1]"));
+    }
     if (static_cast<int64_t>(query.latents.size()) > kMaxScalingLatents) {
       return absl::InvalidArgumentError(
           absl::StrCat("latents: ", query.latents.size(), " named, at most ", kMaxScalingLatents));
@@ -207,10 +211,11 @@ class Fit {
       for (int64_t j : query.latents) RETURN_IF_ERROR(AddLatent(j, false).status());
     } else {
       const int64_t limit = query.limit == 0 ? kDefaultScalingLimit : query.limit;
+      const double min_share = query.min_share.value_or(kOwnLatentShare);
       const double* share = shares_.data_ptr<double>();
       std::vector<int64_t> own;
       for (int64_t j = 0; j < d_sae; ++j) {
-        if (share[j] >= kOwnLatentShare) own.push_back(j);
+        if (share[j] >= min_share) own.push_back(j);
       }
       std::stable_sort(own.begin(), own.end(),
                        [&](int64_t a, int64_t b) { return share[a] > share[b]; });

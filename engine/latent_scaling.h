@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -46,20 +47,25 @@ inline constexpr double kOwnLatentShare = 0.9;
 inline constexpr int64_t kDefaultProjectionBytes = int64_t{256} << 20;
 
 struct LatentScalingQuery {
-  // Latents to fit, each once, at most kMaxScalingLatents. Empty: the source's own latents that
-  // fired, largest share first (ties by latent), at most `limit`.
+  // Latents to fit, each once, at most kMaxScalingLatents. Empty: the latents whose source block
+  // holds at least `min_share` of the decoder norm and that fired, largest share first (ties by
+  // latent), at most `limit`.
   std::vector<int64_t> latents;
   // The model the latents are said to be specific to, as the crosscoder's source index; its
-  // block of the decoder is the direction fitted. -1: the last source (the chat model of a
+  // block of the decoder is the direction fitted. Unset: the last source (the chat model of a
   // base / chat pair, trained in that order).
-  int source = -1;
-  // The model compared with it. -1: source 0, or 1 when source is 0.
-  int baseline = -1;
+  std::optional<int> source;
+  // The model compared with it. Unset: source 0, or 1 when source is 0.
+  std::optional<int> baseline;
   // Firing rows fitted per latent, evenly spread over all of them (deterministic); 0:
   // kDefaultScalingRows. At most kMaxScalingRows.
   int64_t max_rows = 0;
-  // With no latents: how many own latents; 0: kDefaultScalingLimit. At most kMaxScalingLatents.
+  // With no latents: how many; 0: kDefaultScalingLimit. At most kMaxScalingLatents.
   int64_t limit = 0;
+  // With no latents: the least share of the source's block, in [0, 1]. Unset: kOwnLatentShare
+  // (the source's own). A lower one reaches latents that lean to the source where a crosscoder
+  // has few of its own.
+  std::optional<double> min_share;
   // Memory the projections of every decoder row onto the fitted directions may take (4 bytes a
   // latent, a fitted latent and a model): more latents than fit are fitted in groups, each
   // reading its own rows. 0: kDefaultProjectionBytes.

@@ -273,6 +273,18 @@ TEST_F(LatentScalingTest, WithoutLatentsTheSourcesOwnThatFiredAreFitted) {
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->latents.size(), 1u);
   EXPECT_EQ(got->latents[0].latent, kTrulyOwn);
+  // A lower share reaches the latents leaning to source 1 too: every latent that fired but
+  // kStandIn (share 0) and 11 (never fired), by share.
+  query.limit = 0;
+  query.min_share = 0.01;
+  got = FitLatentScaling(*sae_, query, rows_, nullptr);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->latents.size(), static_cast<size_t>(kLatents - 2));
+  for (size_t i = 0; i < got->latents.size(); ++i) {
+    EXPECT_NE(got->latents[i].latent, kStandIn);
+    EXPECT_GT(got->latents[i].rows, 0);
+    if (i > 0) EXPECT_LE(got->latents[i].share, got->latents[i - 1].share);
+  }
 }
 
 TEST_F(LatentScalingTest, BadQueriesAreNamed) {
@@ -285,6 +297,8 @@ TEST_F(LatentScalingTest, BadQueriesAreNamed) {
   LatentScalingQuery q;
   q.source = 2;
   expect(q, absl::StatusCode::kInvalidArgument, "source: 2 outside [0, 2)");
+  q.source = -1;
+  expect(q, absl::StatusCode::kInvalidArgument, "source: -1 outside [0, 2)");
   q = {};
   q.baseline = 1;
   expect(q, absl::StatusCode::kInvalidArgument, "baseline: 1 is the source");
@@ -296,6 +310,9 @@ TEST_F(LatentScalingTest, BadQueriesAreNamed) {
   q = {};
   q.max_rows = -1;
   expect(q, absl::StatusCode::kInvalidArgument, "max_rows: -1 outside [0, 1048576]");
+  q = {};
+  q.min_share = 1.5;
+  expect(q, absl::StatusCode::kInvalidArgument, "min_share: 1.5 outside [0, 1]");
   q = {};
   q.limit = 5000;
   expect(q, absl::StatusCode::kInvalidArgument, "limit: 5000 outside [0, 4096]");

@@ -2,7 +2,9 @@
 # Starts latentd on its embedded default (127.0.0.1:50051, data under ~/.local/share/latentd) and
 # runs a short demo against it: a PROBE of every device, then the loop users run on the reference
 # transformer (DENSE hidden states -> an SAE trained with sparse M-FAC -> SPARSE latents of two
-# hooks in one pass), queried back. latentd keeps running afterwards; stop it with `kill $(cat /tmp/latentd.pid)`.
+# hooks in one pass), queried back; then model diffing (two models' activations -> a crosscoder ->
+# its latents, each model's own tested by latent scaling). latentd keeps running afterwards; stop
+# it with `kill $(cat /tmp/latentd.pid)`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -33,6 +35,9 @@ $LATENTCTL get "$job"
 
 if [[ -x scripts/demo-extract.sh ]]; then
   scripts/demo-extract.sh
+fi
+if [[ -x scripts/demo-diff.sh ]]; then
+  scripts/demo-diff.sh
 fi
 if [[ -s /tmp/latentd.metrics_port ]]; then
   metrics="http://127.0.0.1:$(cat /tmp/latentd.metrics_port)/metrics"

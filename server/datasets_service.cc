@@ -6,7 +6,6 @@
 #include <cstring>
 #include <optional>
 #include <system_error>
-#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -623,19 +622,11 @@ grpc::Status DatasetsService::LatentScaling(grpc::ServerContext* context,
   if (!source.ok()) return ToGrpcStatus(source.status());
   engine::LatentScalingQuery query;
   query.latents.assign(request->latents().begin(), request->latents().end());
-  // (The engine's -1 is "unset"; a negative index sent is a mistake to name.)
-  for (const auto& [field, value, set] :
-       {std::make_tuple("source", request->source(), request->has_source()),
-        std::make_tuple("baseline", request->baseline(), request->has_baseline())}) {
-    if (set && value < 0) {
-      return ToGrpcStatus(
-          absl::InvalidArgumentError(absl::StrCat(field, ": ", value, " is negative")));
-    }
-  }
   if (request->has_source()) query.source = request->source();
   if (request->has_baseline()) query.baseline = request->baseline();
   query.max_rows = request->max_rows();
   query.limit = request->limit();
+  if (request->has_min_share()) query.min_share = request->min_share();
   auto fitted = options_.dataset_models->LatentScaling(
       *source, query, [context] { return context->IsCancelled(); });
   if (!fitted.ok()) return ToGrpcStatus(fitted.status());

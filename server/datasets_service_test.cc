@@ -1479,11 +1479,9 @@ TEST_F(DatasetsServiceTest, LatentScalingIsRefusedForWhatIsNotAModelDiffingCross
                 absl::StrCat("dataset ", plane, "'s SAE is not a crosscoder: latent scaling fits")),
             std::string::npos)
       << s.error_message();
+  // (Before any field: the fields are checked against the crosscoder's sources.)
   s = scale(plane, -2, std::nullopt);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
-  EXPECT_EQ(s.error_message(), "source: -2 is negative");
-  s = scale(plane, 1, -1);
-  EXPECT_EQ(s.error_message(), "baseline: -1 is negative");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
   EXPECT_EQ(scale(999, std::nullopt, std::nullopt).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 

@@ -550,10 +550,11 @@ class Client:
                 "histogram": np.array(answer.histogram, np.int64)}
 
     def latent_scaling(self, dataset_id, latents=None, source=None, baseline=None,
-                       max_rows=0, limit=0):
+                       max_rows=0, limit=0, min_share=None):
         """Latent scaling (Minder et al. 2025) of a model-diffing crosscoder's latents: for each
-        latent (the given ones, or the source model's own that fire, at most `limit`, largest
-        share first) the least-squares scale of its source-model decoder direction in each
+        latent (the given ones, or the source model's own that fire: share of the decoder norm
+        at least `min_share`, default 0.9; at most `limit`, largest share first) the
+        least-squares scale of its source-model decoder direction in each
         model's reconstruction error (with the latent's own part put back) and in the other
         latents' reconstruction, over up to `max_rows` of its firing rows, and the ratios
         baseline / source: error_ratio and reconstruction_ratio both near 0 mark a latent truly
@@ -573,6 +574,8 @@ class Client:
             request.source = int(source)
         if baseline is not None:
             request.baseline = int(baseline)
+        if min_share is not None:
+            request.min_share = float(min_share)
         answer = self.datasets.LatentScaling(request, metadata=self.metadata,
                                              timeout=self.timeout)
         out = {"source": answer.source, "baseline": answer.baseline,
