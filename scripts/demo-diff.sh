@@ -6,29 +6,15 @@
 # then latent scaling's test of the latents that lean to the second side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-LATENTCTL=${LATENTCTL:-bazel-bin/client/latentctl}
-data_dir=${LATENTD_DATA_DIR:-${XDG_DATA_HOME:-$HOME/.local/share}/latentd}
-inputs="$data_dir/demo-inputs"
-[[ -f "$inputs/vocab.json" ]] || /usr/bin/python3 scripts/make_demo_inputs.py "$inputs" --sequences 64
+source scripts/demo-common.sh
 name="demo-diff-$(date +%Y%m%d-%H%M%S)"
-spec=$(mktemp --suffix=.json)
-trap 'rm -f "$spec"' EXIT
-tokens="{\"path\": \"$inputs/tokens.npy\", \"contextLength\": 128}"
-result() {
-  $LATENTCTL --json get "$1" |
-    /usr/bin/python3 -c 'import json,sys; v=json.load(sys.stdin)["result"]
-for k in sys.argv[1].split("."): v=v[int(k)] if k.isdigit() else v[k]
-print(v)' "$2"
-}
 
 echo
 echo "demo: model diffing. 1. blocks.0 and blocks.3.hook_resid_post of the reference model, DENSE"
 ids=()
 for hook in blocks.0.hook_resid_post blocks.3.hook_resid_post; do
   cat > "$spec" <<JSON
-{"model": {"reference": {"dModel": 256, "nLayers": 4, "nHeads": 4, "dMlp": 1024,
-                         "vocabSize": 4096, "contextLength": 128, "seed": 0}},
- "hookName": "$hook", "tokens": $tokens, "mode": "DENSE", "datasetName": "$name-$hook"}
+{"model": $model, "hookName": "$hook", "tokens": $tokens, "mode": "DENSE", "datasetName": "$name-$hook"}
 JSON
   job=$($LATENTCTL submit --type=EXTRACT --spec="$spec" --label=demo-diff-dense)
   $LATENTCTL watch "$job" >/dev/null

@@ -6,23 +6,8 @@
 # queried back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-LATENTCTL=${LATENTCTL:-bazel-bin/client/latentctl}
-data_dir=${LATENTD_DATA_DIR:-${XDG_DATA_HOME:-$HOME/.local/share}/latentd}
-inputs="$data_dir/demo-inputs"
-[[ -f "$inputs/vocab.json" ]] || /usr/bin/python3 scripts/make_demo_inputs.py "$inputs" --sequences 64
+source scripts/demo-common.sh
 name="demo-$(date +%Y%m%d-%H%M%S)"
-spec=$(mktemp --suffix=.json)
-trap 'rm -f "$spec"' EXIT
-model='{"reference": {"dModel": 256, "nLayers": 4, "nHeads": 4, "dMlp": 1024, "vocabSize": 4096,
-                      "contextLength": 128, "seed": 0}}'
-tokens="{\"path\": \"$inputs/tokens.npy\", \"contextLength\": 128}"
-# The value of FIELD (a.b.c) in job JOB's result.
-result() {
-  $LATENTCTL --json get "$1" |
-    /usr/bin/python3 -c 'import json,sys; v=json.load(sys.stdin)["result"]
-for k in sys.argv[1].split("."): v=v[int(k)] if k.isdigit() else v[k]
-print(v)' "$2"
-}
 
 echo
 echo "demo: the loop as one pipeline, submitted at once; each job waits for the one before and"
