@@ -949,10 +949,13 @@ absl::StatusOr<LatentScalingResult> DatasetModels::LatentScaling(
     sources.push_back(*std::move(rows));
   }
   try {
-    ASSIGN_OR_RETURN(const Sae sae, impl_->LoadSae(dataset, inputs.sae_dir));
+    // The crosscoder EncodePrompt and steering keep loaded, so that a notebook's queries one
+    // after another read its file once.
+    ASSIGN_OR_RETURN(std::shared_ptr<const PromptSae> crosscoder,
+                     impl_->PromptSaeFor(dataset, inputs.sae_dir));
     return FitLatentScaling(
-        sae, query, ChunkStoreCrosscoderRows(env.store, dataset.dataset_id, std::move(sources)),
-        cancelled);
+        crosscoder->sae, query,
+        ChunkStoreCrosscoderRows(env.store, dataset.dataset_id, std::move(sources)), cancelled);
   } catch (const std::exception& e) {
     return TorchErrorStatus(e, "latent scaling");
   }

@@ -255,9 +255,9 @@ class DatasetModels {
   // Latent scaling (latent_scaling.h) of a crosscoder over several models' stored activations
   // (model diffing): the dataset's codes and postings from the store, each source's DENSE rows
   // (the stored datasets the dataset encodes, row for row), the crosscoder checked against the
-  // recorded hash. FAILED_PRECONDITION for an SAE other than such a crosscoder (one over a
-  // model's hooks has no stored activations to fit), a source dataset deleted since, and as
-  // ReadLatentWeights; the fit's errors.
+  // recorded hash and kept loaded with EncodePrompt's. FAILED_PRECONDITION for an SAE other than
+  // such a crosscoder (one over a model's hooks has no stored activations to fit), a source dataset
+  // deleted since, and as ReadLatentWeights; the fit's errors.
   absl::StatusOr<LatentScalingResult> LatentScaling(const DatasetSource& dataset,
                                                     const LatentScalingQuery& query,
                                                     const std::function<bool()>& cancelled);

@@ -68,8 +68,8 @@ class Fit {
                                           const std::function<bool()>& cancelled) {
     RETURN_IF_ERROR(Resolve(query));
     RETURN_IF_ERROR(ChooseLatents(query));
-    // Slots go in groups whose projections fit kProjectionBytes, each group's pairs in row
-    // order: a group's windows read its rows once.
+    // Slots go in groups whose projections fit the budget, each group's pairs in row order: a
+    // group's windows read its rows once.
     const int64_t budget =
         query.projection_bytes > 0 ? query.projection_bytes : kDefaultProjectionBytes;
     const size_t group =
@@ -176,13 +176,13 @@ class Fit {
     return absl::OkStatus();
   }
 
-  // Adds latent j to the answer with its sampled rows; false (nothing added) when it never fired
-  // and `skip_silent`.
-  absl::StatusOr<bool> AddLatent(int64_t j, bool skip_silent) {
+  // Adds latent j to the answer with its sampled rows; nothing when it never fired and
+  // `skip_silent`.
+  absl::Status AddLatent(int64_t j, bool skip_silent) {
     std::vector<int64_t> rows;
     std::vector<float> values;
     RETURN_IF_ERROR(rows_.postings(static_cast<int32_t>(j), &rows, &values));
-    if (rows.empty() && skip_silent) return false;
+    if (rows.empty() && skip_silent) return absl::OkStatus();
     const int32_t slot = static_cast<int32_t>(result_.latents.size());
     LatentScale& out = result_.latents.emplace_back();
     out.latent = j;
@@ -191,7 +191,7 @@ class Fit {
     for (int64_t i : Spread(out.firing_count, max_rows_))
       pairs_.push_back({rows[i], slot, values[i]});
     out.rows = std::min(out.firing_count, max_rows_);
-    return true;
+    return absl::OkStatus();
   }
 
   absl::Status ChooseLatents(const LatentScalingQuery& query) {
@@ -208,7 +208,7 @@ class Fit {
           return absl::InvalidArgumentError(absl::StrCat("latents[", i, "]: ", j, " named twice"));
         }
       }
-      for (int64_t j : query.latents) RETURN_IF_ERROR(AddLatent(j, false).status());
+      for (int64_t j : query.latents) RETURN_IF_ERROR(AddLatent(j, false));
     } else {
       const int64_t limit = query.limit == 0 ? kDefaultScalingLimit : query.limit;
       const double min_share = query.min_share.value_or(kOwnLatentShare);
@@ -221,7 +221,7 @@ class Fit {
                        [&](int64_t a, int64_t b) { return share[a] > share[b]; });
       for (size_t i = 0; i < own.size() && static_cast<int64_t>(result_.latents.size()) < limit;
            ++i) {
-        RETURN_IF_ERROR(AddLatent(own[i], true).status());
+        RETURN_IF_ERROR(AddLatent(own[i], true));
       }
     }
     dd_.resize(result_.latents.size());
@@ -236,6 +236,12 @@ class Fit {
   }
 
   absl::Status CheckSourceRows() const {
+    const int64_t last =
+        pairs_.empty()
+            ? -1
+            : std::max_element(pairs_.begin(), pairs_.end(), [](const Pair& a, const Pair& b) {
+                return a.row < b.row;
+              })->row;
     for (int s : {result_.source, result_.baseline}) {
       const StoredDenseInfo& info = rows_.sources[s]->info();
       if (info.width != d_) {
@@ -243,12 +249,6 @@ class Fit {
             absl::StrCat("the crosscoder's source ", s, " reads dataset ", info.id,
                          ", whose rows are ", info.width, " wide, not the crosscoder's ", d_));
       }
-      const int64_t last =
-          pairs_.empty()
-              ? -1
-              : std::max_element(pairs_.begin(), pairs_.end(), [](const Pair& a, const Pair& b) {
-                  return a.row < b.row;
-                })->row;
       if (last >= info.rows) {
         return absl::FailedPreconditionError(
             absl::StrCat("the crosscoder's source ", s, " reads dataset ", info.id, ", which has ",
@@ -317,6 +317,11 @@ class Fit {
       // d . x_hat_m: b_dec_m's part and each firing latent's.
       double recon_source = bias_source_[l], recon_baseline = bias_baseline_[l];
       for (int64_t e = codes.indptr[offset]; e < codes.indptr[offset + 1]; ++e) {
+        if (codes.indices[e] < 0 || codes.indices[e] >= d_sae) {
+          return absl::DataLossError(absl::StrCat("row ", pair.row,
+                                                  " of the crosscoder's codes has latent ",
+                                                  codes.indices[e], ", outside its ", d_sae));
+        }
         const double v = codes.values[e];
         recon_source += v * projected_source[l * d_sae + codes.indices[e]];
         recon_baseline += v * projected_baseline[l * d_sae + codes.indices[e]];
