@@ -590,6 +590,11 @@ class Client:
             out[field] = np.array([getattr(l, field) for l in answer.latents], dtype)
         return out
 
+    def show_latent_scaling(self, dataset_id, latents=None, **scaling_args):
+        """latent_scaling's answer as a LatentScalingView, which a notebook shows as each
+        latent at its two ratios (hover a point for the latent) above the table."""
+        return LatentScalingView(self.latent_scaling(dataset_id, latents, **scaling_args))
+
     def show_prompt(self, dataset_id, token_ids, decode=None, top_latents=10):
         """encode_prompt's answer as a PromptView, which a notebook shows as the prompt once per
         top latent, each time with the tokens shaded by that latent's value on them. decode maps
@@ -885,6 +890,59 @@ class AttributionView:
                 _signed_spans(words, ids, values, scale,
                               ["position %d · %+.4g" % (p, v) for p, v in enumerate(values)])))
         parts.append(_ablation_plot(a))
+        return "\n".join(parts)
+
+
+class LatentScalingView:
+    """latent_scaling's answer that Jupyter renders: an SVG scatter of each latent at (error
+    ratio, reconstruction ratio) over [-0.5, 1.5], held at the edge outside it (the latents truly
+    the source model's own near the origin, as `latentctl scaling --plot` draws them), then a
+    row per latent."""
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def _repr_html_(self):
+        import math
+
+        a = self.answer
+        side, margin, lo, hi = 320, 36, -0.5, 1.5
+
+        def at(v, flip):
+            f = (min(max(v, lo), hi) - lo) / (hi - lo)
+            return margin + (side - margin - 8) * f if not flip else 8 + (
+                side - margin - 8) * (1 - f)
+        parts = ["<div>latent scaling of source %d's latents against source %d (%d rows read): "
+                 "near 0 on both axes, the source's own; near 1, source %d carries it too</div>"
+                 % (a["source"], a["baseline"], a["rows_read"], a["baseline"]),
+                 '<svg width="%d" height="%d" style="font-size:11px">' % (side, side)]
+        for v in (0.0, 1.0):
+            parts.append('<line x1="%.1f" y1="8" x2="%.1f" y2="%d" stroke="#bbb"/>'
+                         '<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#bbb"/>'
+                         '<text x="%.1f" y="%d" text-anchor="middle">%g</text>'
+                         '<text x="%d" y="%.1f" text-anchor="end">%g</text>'
+                         % (at(v, False), at(v, False), side - margin, margin, at(v, True),
+                            side - 8, at(v, True), at(v, False), side - margin + 13, v,
+                            margin - 4, at(v, True) + 4, v))
+        for i, latent in enumerate(a["latent"]):
+            x, y = a["error_ratio"][i], a["reconstruction_ratio"][i]
+            if not (math.isfinite(x) and math.isfinite(y)):
+                continue
+            inside = lo <= x <= hi and lo <= y <= hi
+            parts.append('<circle cx="%.1f" cy="%.1f" r="3.5" fill="%s"><title>latent %d: '
+                         'error ratio %.3f, reconstruction ratio %.3f</title></circle>'
+                         % (at(x, False), at(y, True), "#1f77b4" if inside else "#ff7f0e",
+                            latent, x, y))
+        parts.append('<text x="%d" y="%d" text-anchor="middle">error ratio</text>'
+                     '<text x="4" y="%d">reconstruction ratio</text></svg>'
+                     % ((margin + side) // 2, side - 6, 4 + 8))
+        parts.append('<table style="font-family:monospace"><tr><th>latent</th><th>share</th>'
+                     "<th>rows</th><th>error ratio</th><th>reconstruction ratio</th></tr>")
+        for i, latent in enumerate(a["latent"]):
+            parts.append("<tr><td>%d</td><td>%.3f</td><td>%d</td><td>%.3f</td><td>%.3f</td></tr>"
+                         % (latent, a["share"][i], a["rows"][i], a["error_ratio"][i],
+                            a["reconstruction_ratio"][i]))
+        parts.append("</table>")
         return "\n".join(parts)
 
 

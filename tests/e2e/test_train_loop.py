@@ -996,6 +996,13 @@ class TrainLoop(DaemonTestCase):
             self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
         self.assertIn("%-8d %-6.3f %-8d %-8.3f" % (j, scaled["share"][0], scaled["rows"][0],
                                                    scaled["error_ratio"][0]), shown)
+        # In a notebook: a point per latent (its ratios in its hover text), then the table.
+        shown = c.show_latent_scaling(diff, asked)._repr_html_()
+        for i, latent in enumerate(asked):
+            self.assertIn("<title>latent %d: error ratio %.3f, reconstruction ratio %.3f</title>"
+                          % (latent, scaled["error_ratio"][i], scaled["reconstruction_ratio"][i]),
+                          shown)
+            self.assertIn("<tr><td>%d</td><td>%.3f</td>" % (latent, scaled["share"][i]), shown)
         with self.assertRaises(grpc.RpcError) as same:
             c.latent_scaling(diff, [j], source=0, baseline=0)
         self.assertEqual(same.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
