@@ -933,7 +933,7 @@ absl::StatusOr<LatentScalingResult> DatasetModels::LatentScaling(
         "crosscoder over stored datasets, model diffing)"));
   }
   const ExtractEnv& env = impl_->env;
-  if (env.store == nullptr || !env.open_stored_dense) {
+  if (!env.open_stored_dense) {
     return absl::FailedPreconditionError("latent scaling reads the store, which is not open");
   }
   std::vector<std::shared_ptr<const StoredDenseRows>> sources;
@@ -947,6 +947,9 @@ absl::StatusOr<LatentScalingResult> DatasetModels::LatentScaling(
                        "), which latent scaling reads: ", rows.status().message()));
     }
     sources.push_back(*std::move(rows));
+  }
+  if (env.store == nullptr) {
+    return absl::FailedPreconditionError("latent scaling reads the store, which is not open");
   }
   try {
     // The crosscoder EncodePrompt and steering keep loaded, so that a notebook's queries one

@@ -1229,6 +1229,35 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
     }
     EXPECT_GT(active, 0);
   }
+  // Latent scaling fits stored activations: a crosscoder over hooks has none, and a stored
+  // dataset deleted since is named (the engine's latent_scaling_test and the end-to-end test fit
+  // one).
+  {
+    auto over_hooks = models.LatentScaling({80, 80, sae->weight_hash(), "", kDSae}, {}, nullptr);
+    EXPECT_EQ(over_hooks.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(over_hooks.status().message().find(
+                  "dataset 80's SAE is a crosscoder over hooks of one model "
+                  "(blocks.0.hook_resid_post and blocks.1.hook_resid_post), whose activations are "
+                  "not stored"),
+              std::string::npos)
+        << over_hooks.status();
+    ExtractEnv without_second = env_;
+    const StoredDenseOpener open = env_.open_stored_dense;
+    without_second.open_stored_dense =
+        [open](uint64_t id,
+               const std::string& field) -> absl::StatusOr<std::shared_ptr<const StoredDenseRows>> {
+      if (id == 2) return absl::NotFoundError(absl::StrCat(field, ": no dataset 2"));
+      return open(id, field);
+    };
+    DatasetModels deleted(without_second);
+    auto gone = deleted.LatentScaling({81, 81, sae->weight_hash(), "", kDSae}, {}, nullptr);
+    EXPECT_EQ(gone.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(gone.status().message().find(
+                  "dataset 81 encodes the activations of dataset 2 (its crosscoder's source 1), "
+                  "which latent scaling reads: extract.model.stored.dataset_ids[1]: no dataset 2"),
+              std::string::npos)
+        << gone.status();
+  }
   // A source whose model is not known: the prompt is refused naming it.
   jobs_.erase(91);
   DatasetModels without(env_);

@@ -283,7 +283,9 @@ TEST_F(LatentScalingTest, WithoutLatentsTheSourcesOwnThatFiredAreFitted) {
   for (size_t i = 0; i < got->latents.size(); ++i) {
     EXPECT_NE(got->latents[i].latent, kStandIn);
     EXPECT_GT(got->latents[i].rows, 0);
-    if (i > 0) EXPECT_LE(got->latents[i].share, got->latents[i - 1].share);
+    if (i > 0) {
+      EXPECT_LE(got->latents[i].share, got->latents[i - 1].share);
+    }
   }
 }
 
