@@ -68,6 +68,7 @@ class Fit {
                                           const std::function<bool()>& cancelled) {
     RETURN_IF_ERROR(Resolve(query));
     RETURN_IF_ERROR(ChooseLatents(query));
+    RETURN_IF_ERROR(CheckWork(query));
     // Slots go in groups whose projections fit the budget, each group's pairs in row order: a
     // group's windows read its rows once.
     const int64_t budget =
@@ -210,7 +211,12 @@ class Fit {
       }
       for (int64_t j : query.latents) RETURN_IF_ERROR(AddLatent(j, false));
     } else {
-      const int64_t limit = query.limit == 0 ? kDefaultScalingLimit : query.limit;
+      // The default limit stays within the projections' bound (a wide crosscoder of wide models
+      // fits fewer than 100); a limit asked is checked against it (CheckWork).
+      const int64_t limit =
+          query.limit != 0
+              ? query.limit
+              : std::max<int64_t>(1, std::min(kDefaultScalingLimit, MaxProjectedLatents(query)));
       const double min_share = query.min_share.value_or(kOwnLatentShare);
       const double* share = shares_.data_ptr<double>();
       std::vector<int64_t> own;
@@ -231,6 +237,36 @@ class Fit {
       dd_[i] = d.dot(d).item<double>();
       dd_baseline_[i] =
           W_baseline_[result_.latents[i].latent].to(at::kDouble).dot(d).item<double>();
+    }
+    return absl::OkStatus();
+  }
+
+  int64_t MaxProjectionMacs(const LatentScalingQuery& query) const {
+    return query.max_projection_macs > 0 ? query.max_projection_macs : kDefaultMaxProjectionMacs;
+  }
+  // Multiply-adds of one latent's projections: onto every decoder row of both models.
+  int64_t ProjectionMacsPerLatent() const { return 2 * sae_.config().d_sae * d_; }
+  int64_t MaxProjectedLatents(const LatentScalingQuery& query) const {
+    return MaxProjectionMacs(query) / ProjectionMacsPerLatent();
+  }
+
+  // The call's work against its bounds: RESOURCE_EXHAUSTED with the numbers and what fits.
+  absl::Status CheckWork(const LatentScalingQuery& query) const {
+    const int64_t latents = static_cast<int64_t>(result_.latents.size());
+    const int64_t max_pairs = query.max_pairs > 0 ? query.max_pairs : kDefaultMaxScalingPairs;
+    if (static_cast<int64_t>(pairs_.size()) > max_pairs) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "max_rows: the ", latents, " latents fire on ", pairs_.size(), " rows to fit, past the ",
+          max_pairs, " one call fits: ask a max_rows of at most ",
+          std::max<int64_t>(1, max_pairs / std::max<int64_t>(latents, 1)), " or fewer latents"));
+    }
+    if (latents > MaxProjectedLatents(query)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("latents: projecting ", latents, " latents onto the crosscoder's ",
+                       sae_.config().d_sae, " decoder rows of width ", d_, " in both models takes ",
+                       latents * ProjectionMacsPerLatent(), " multiply-adds, past the ",
+                       MaxProjectionMacs(query), " one call does: ask at most ",
+                       MaxProjectedLatents(query), " latents"));
     }
     return absl::OkStatus();
   }

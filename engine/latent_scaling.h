@@ -45,6 +45,11 @@ inline constexpr int64_t kDefaultScalingLimit = 100;
 // the training scale), as TrainResult.crosscoder counts them.
 inline constexpr double kOwnLatentShare = 0.9;
 inline constexpr int64_t kDefaultProjectionBytes = int64_t{256} << 20;
+// The work one call may do, so that a unary call answers in seconds: (latent, row) pairs fitted
+// (about 1.2 us each on this project's 2-core machines: 2^22 in ~5 s) and multiply-adds of the
+// projections (latents x d_sae x d x 2, a matrix product: 2^36 in a few seconds).
+inline constexpr int64_t kDefaultMaxScalingPairs = int64_t{1} << 22;
+inline constexpr int64_t kDefaultMaxProjectionMacs = int64_t{1} << 36;
 
 struct LatentScalingQuery {
   // Latents to fit, each once, at most kMaxScalingLatents. Empty: the latents whose source block
@@ -70,6 +75,9 @@ struct LatentScalingQuery {
   // latent, a fitted latent and a model): more latents than fit are fitted in groups, each
   // reading its own rows. 0: kDefaultProjectionBytes.
   int64_t projection_bytes = 0;
+  // The work bounds above; 0: the defaults. (The daemon keeps the defaults; tests lower them.)
+  int64_t max_pairs = 0;
+  int64_t max_projection_macs = 0;
 };
 
 struct LatentScale {
@@ -112,8 +120,9 @@ struct CrosscoderDatasetRows {
 // INVALID_ARGUMENT naming the field for a source or baseline outside the crosscoder's sources
 // or equal, a latent outside [0, d_sae) or named twice, too many latents, max_rows or limit
 // out of range; FAILED_PRECONDITION when a source's rows are not as wide as its block or fewer
-// than the codes'; CANCELLED when `cancelled` (may be null) says so between reads; the readers'
-// errors as they come (DATA_LOSS naming a chunk).
+// than the codes'; RESOURCE_EXHAUSTED with the numbers past max_pairs or max_projection_macs;
+// CANCELLED when `cancelled` (may be null) says so between reads; the readers' errors as they
+// come (DATA_LOSS naming a chunk).
 absl::StatusOr<LatentScalingResult> FitLatentScaling(const Sae& crosscoder,
                                                      const LatentScalingQuery& query,
                                                      const CrosscoderDatasetRows& rows,

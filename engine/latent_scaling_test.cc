@@ -318,6 +318,23 @@ TEST_F(LatentScalingTest, BadQueriesAreNamed) {
   q = {};
   q.limit = 5000;
   expect(q, absl::StatusCode::kInvalidArgument, "limit: 5000 outside [0, 4096]");
+  // Work past a call's bounds, with the numbers and what fits.
+  q = {};
+  q.latents = {kTrulyOwn, kShrunk};
+  q.max_pairs = 100;
+  expect(q, absl::StatusCode::kResourceExhausted, "ask a max_rows of at most 50 or fewer latents");
+  q.max_pairs = 0;
+  q.max_projection_macs = 2 * kLatents * kD * 2 - 1;  // one latent short of two
+  expect(q, absl::StatusCode::kResourceExhausted,
+         "latents: projecting 2 latents onto the crosscoder's 16 decoder rows of width 8 in both "
+         "models takes 512 multiply-adds, past the 511 one call does: ask at most 1 latents");
+  // With no latents named, the default limit fits the bound: here one of the three own latents.
+  q = {};
+  q.max_projection_macs = 2 * kLatents * kD * 2 - 1;
+  auto fitting = FitLatentScaling(*sae_, q, rows_, nullptr);
+  ASSERT_TRUE(fitting.ok()) << fitting.status();
+  ASSERT_EQ(fitting->latents.size(), 1u);
+  EXPECT_EQ(fitting->latents[0].latent, kTrulyOwn);
   const CrosscoderDatasetRows narrow = Rows(kD - 1);
   expect({}, absl::StatusCode::kFailedPrecondition,
          "the crosscoder's source 1 reads dataset 21, whose rows are 7 wide, not the "
