@@ -46,8 +46,9 @@ inline constexpr int64_t kDefaultScalingLimit = 100;
 inline constexpr double kOwnLatentShare = 0.9;
 inline constexpr int64_t kDefaultProjectionBytes = int64_t{256} << 20;
 // The work one call may do, so that a unary call answers in seconds: (latent, row) pairs fitted
-// (about 1.2 us each on this project's 2-core machines: 2^22 in ~5 s) and multiply-adds of the
-// projections (latents x d_sae x d x 2, a matrix product: 2^36 in a few seconds).
+// (at most about 2 us each, everything included, on this project's 2-core machines: 2^22 in
+// under 10 s) and multiply-adds of the projections (latents x d_sae x d x 2, a matrix product:
+// 2^36 in a few seconds).
 inline constexpr int64_t kDefaultMaxScalingPairs = int64_t{1} << 22;
 inline constexpr int64_t kDefaultMaxProjectionMacs = int64_t{1} << 36;
 
