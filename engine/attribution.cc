@@ -53,6 +53,11 @@ absl::Status CheckTargetSae(const AttributionQuery& query, const TargetSae& targ
   if (target.sae == nullptr) {
     return absl::InternalError("target_latent: no SAE was given to read it");
   }
+  if (target.diffed_source >= 0 &&
+      (static_cast<int>(target.diffed_models.size()) != target.sae->config().crosscoder_sources ||
+       target.diffed_source >= static_cast<int>(target.diffed_models.size()))) {
+    return absl::InternalError("target_latent: a crosscoder over models without its models");
+  }
   for (const auto& [id, name] : {std::pair{query.target_token_id, "target_token_id"},
                                  std::pair{query.contrast_token_id, "contrast_token_id"}}) {
     if (id) {
@@ -85,9 +90,23 @@ std::vector<HookName> TargetStops(const SteeringModel& steering, const TargetSae
   return stops;
 }
 
-// The target SAE's input from those hooks' activations (TargetStops' order): its hook's, or a
-// crosscoder's sources side by side, [batch, positions, d_in].
-at::Tensor TargetInput(const TargetSae& target, const std::vector<at::Tensor>& read) {
+// The target SAE's input from those hooks' activations (TargetStops' order) over `tokens` (the
+// forward's [batch, positions]): its hook's, a crosscoder's sources side by side, or for a
+// crosscoder over models the forward's model's activation beside the other models' (run here,
+// without gradient), [batch, positions, d_in].
+at::Tensor TargetInput(const TargetSae& target, const std::vector<at::Tensor>& read,
+                       const at::Tensor& tokens) {
+  if (target.diffed_source >= 0) {
+    SteeringModel models;
+    models.diffed_source = target.diffed_source;
+    models.diffed_models = target.diffed_models;
+    std::vector<at::Tensor> beside;
+    {
+      at::NoGradGuard no_grad;
+      beside = ActivationsBeside(models, tokens);
+    }
+    return CrosscoderInputBeside(models, beside, read[0]);
+  }
   if (target.crosscoder_sources.empty()) return read[0];
   return at::cat(std::vector<at::Tensor>(read.begin() + 1,
                                          read.begin() + 1 + target.crosscoder_sources.size()),
@@ -321,7 +340,7 @@ absl::Status Ablate(const SteeringModel& steering, const std::vector<int64_t>& p
   }
   if (runs == 0) return absl::OkStatus();
   // The models beside a crosscoder over models run the whole prompt (they hold no prefix).
-  if (steering.diffed_source >= 0) first = 0;
+  if (steering.diffed_source >= 0 || (target != nullptr && target->diffed_source >= 0)) first = 0;
   std::vector<LatentIntervention> removals;
   std::vector<std::vector<float>> values;  // per removal, per run: 0 in its own run, else 1
   for (size_t o = 0; o < outs.size(); ++o) {
@@ -356,7 +375,8 @@ absl::Status Ablate(const SteeringModel& steering, const std::vector<int64_t>& p
   intervener.BeforePass(model, tokens, cache);
   if (to_latents) {
     const at::Tensor read = TargetInput(
-        *target, model.ForwardSpliced(tokens, TargetStops(steering, *target), splices, &cache));
+        *target, model.ForwardSpliced(tokens, TargetStops(steering, *target), splices, &cache),
+        tokens);
     for (size_t o = 0; o < outs.size(); ++o) {
       if (checked[o] == 0) continue;
       const TargetLatent& t = *outs[o]->target_latent;
@@ -469,8 +489,8 @@ absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> AttributeToLatent
     // Only as far as the target's hooks (the rest of the model does not move it) and a
     // crosscoder's sources (its input), once: each target's backward pass keeps the graph for
     // the next.
-    const at::Tensor target_input =
-        TargetInput(target, model.ForwardSpliced(tokens, TargetStops(steering, target), splices));
+    const at::Tensor target_input = TargetInput(
+        target, model.ForwardSpliced(tokens, TargetStops(steering, target), splices), tokens);
     for (size_t i = 0; i < targets.size(); ++i) {
       const TargetLatent& t = targets[i];
       if (absl::Status checked = CheckTargetLatent(t, target, n); !checked.ok()) {
@@ -541,7 +561,7 @@ absl::StatusOr<double> AblateTogether(const std::vector<SteeringModel>& saes,
   at::Tensor value;  // the metric per run, the clean one first
   if (metric.target_latent) {
     const at::Tensor read = TargetInput(
-        *target, model.ForwardSpliced(tokens, TargetStops(saes.front(), *target), splices));
+        *target, model.ForwardSpliced(tokens, TargetStops(saes.front(), *target), splices), tokens);
     value = target->sae
                 ->LatentValue(read.select(1, metric.target_latent->position).to(at::kFloat),
                               metric.target_latent->latent)

@@ -41,10 +41,17 @@ struct TargetLatent {
 
 // The SAE that reads a TargetLatent, and the hook it reads; a crosscoder over hooks of the
 // model reads `crosscoder_sources` side by side instead (in its blocks' order; `hook` the first).
+// A crosscoder over several models' activations (model diffing) whose source `diffed_source` is
+// the forward's model reads that model at `hook`, and every other source from its own model run
+// beside on the same tokens, changing nothing (`diffed_models`: every source in its blocks'
+// order with its model and hook; the forward's own at diffed_source): what drives, say, a
+// chat-only latent in the chat model. The upstream latents move it through that model alone.
 struct TargetSae {
   const Sae* sae = nullptr;
   HookName hook;
   std::vector<HookName> crosscoder_sources;
+  int diffed_source = -1;
+  std::vector<SteeringModel::SourceModel> diffed_models;
 };
 
 struct AttributionQuery {

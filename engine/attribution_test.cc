@@ -662,6 +662,83 @@ TEST(AttributionTest, ALaterSaesLatentIsDrivenByTheEarlierLatents) {
   refused(upstream, reads, outside, absl::StatusCode::kInvalidArgument, "target_latent.position");
 }
 
+// A latent of a crosscoder over two models (model diffing) as the target, read in the model the
+// upstream SAE hooks (its source 1) and beside it the other model (source 0), which nothing
+// upstream moves: the metric is the crosscoder's latent over both models' activations, each
+// entry its derivative through the running model alone, the ablation check and AblateTogether
+// that latent with the entry taken out.
+TEST(AttributionTest, ALatentOfACrosscoderOverModelsIsDrivenInTheRunningModel) {
+  const std::string target_hook = "blocks.2.hook_resid_post";
+  const HookName read_at = *ParseHookName(target_hook);
+  auto model = InterventionModel(kHook);
+  auto other = InterventionModel(target_hook, 6);
+  const Sae sae = InterventionSae(false);
+  const Sae crosscoder = InterventionCrosscoder();
+  const at::Tensor ids = at::tensor(kInterventionPrompt).view({1, -1});
+  at::Tensor x_other;
+  {
+    at::NoGradGuard no_grad;
+    x_other = other->ForwardSpliced(ids, {read_at}, {})[0][0].to(at::kFloat);
+  }
+  // The latent's value with `adds` made to the running model, the other model as it is.
+  auto value = [&](const HookAdds& adds, int64_t latent, int64_t position) {
+    at::NoGradGuard no_grad;
+    at::Tensor read;
+    HookSplices splices;
+    for (const auto& [hook, add] : adds) {
+      splices.push_back(
+          {*ParseHookName(hook), [add = add](const at::Tensor& x) { return x + add; }});
+    }
+    splices.push_back({read_at, [&](const at::Tensor& x) {
+                         read = x;
+                         return x;
+                       }});
+    model->PredictNextTokens(ids, splices, false);
+    return crosscoder.EncodeDense(at::cat({x_other, read[0].to(at::kFloat)}, 1))[position][latent]
+        .item<double>();
+  };
+  const int64_t position = 5;
+  at::Tensor z;
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor x = model->ForwardSpliced(ids, {read_at}, {})[0][0].to(at::kFloat);
+    z = crosscoder.EncodeDense(at::cat({x_other, x}, 1));
+  }
+  const int64_t j = z[position].argmax().item<int64_t>();
+  ASSERT_GT(z[position][j].item<float>(), 0);
+  const SteeringModel upstream{model.get(), &sae, *ParseHookName(kHook), std::nullopt};
+  TargetSae reads{&crosscoder, read_at};
+  reads.diffed_source = 1;
+  reads.diffed_models = {{other.get(), read_at}, {model.get(), read_at}};
+  AttributionQuery q;
+  q.top = 1000;
+  q.ablate = 2;
+  q.target_latent = TargetLatent{j, position};
+  auto got = AttributePrompt(upstream, kInterventionPrompt, false, q, &reads);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_NEAR(got->metric, z[position][j].item<double>(), 1e-5);
+  EXPECT_NEAR(got->metric, value({}, j, position), 1e-5);
+  const double eps = 1e-3;
+  for (int i = 0; i < 3; ++i) {
+    const LatentAttribution& e = got->top_entries[i];
+    const at::Tensor d = EntryDirection(sae, e);
+    const double derivative =
+        (value({{kHook, d * eps}}, j, position) - value({{kHook, d * -eps}}, j, position)) /
+        (2 * eps);
+    ExpectDerivative(derivative, e.attribution, "entry " + std::to_string(i));
+  }
+  ASSERT_EQ(got->ablated_changes.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const LatentAttribution& e = got->top_entries[i];
+    const double by_hand = value({{kHook, -EntryDirection(sae, e)}}, j, position) - got->metric;
+    EXPECT_NEAR(got->ablated_changes[i], by_hand, 1e-4) << i;
+    auto together =
+        AblateTogether({upstream}, {{{e.latent, e.position}}}, kInterventionPrompt, q, 0, &reads);
+    ASSERT_TRUE(together.ok()) << together.status();
+    EXPECT_NEAR(*together, by_hand, 1e-4) << i;
+  }
+}
+
 TEST(AttributionTest, BadQueriesNameTheirField) {
   auto model = InterventionModel(kHook);
   const Sae sae = InterventionSae(false);

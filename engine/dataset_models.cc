@@ -161,11 +161,14 @@ struct InterventionInputs {
   // A crosscoder over models run beside the steered one: every source's model, in its blocks'
   // order (steering.diffed_models' hooks; `model` at the steered source).
   std::vector<std::shared_ptr<const PromptModel>> beside;
+  // Other models the run reads (a target crosscoder's over models), locked with these.
+  std::vector<std::shared_ptr<const PromptModel>> held_too;
 
   template <typename F>
   auto Run(F&& f) {
     std::vector<const PromptModel*> held = {model.get()};
     for (const auto& m : beside) held.push_back(m.get());
+    for (const auto& m : held_too) held.push_back(m.get());
     return PromptModel::LockedAll(held, [&] {
       steering.model = model->model.get();
       for (size_t s = 0; s < beside.size(); ++s) {
@@ -476,6 +479,14 @@ struct DatasetModels::Impl {
   // (out->model): every source's model and hook into out->beside and
   // out->steering.diffed_models, to run beside it on out->tokens. An error says why they cannot
   // (steering then adds alone, attribution is refused).
+  // For a target latent of a crosscoder over several models (`of_target` its dataset's inputs):
+  // the source that is `dataset`'s model, which the attribution's forward runs, and the other
+  // models beside it, into out->target (their models held in out->in.held_too).
+  // FAILED_PRECONDITION naming target_latent.dataset_id when no source, or several, are that
+  // model, or the others cannot run beside it.
+  absl::Status DiffedTarget(const DatasetSource& dataset, const DatasetSource& target_dataset,
+                            const DatasetInputs& of_target, const std::vector<int64_t>& token_ids,
+                            AttributionInputs* out);
   absl::Status ModelsBeside(const DatasetSource& dataset, const DatasetInputs& crosscoder,
                             int steered, const std::vector<int64_t>& token_ids,
                             InterventionInputs* out);
@@ -1358,6 +1369,57 @@ absl::Status DatasetModels::Impl::ModelsBeside(const DatasetSource& dataset,
   return absl::OkStatus();
 }
 
+absl::Status DatasetModels::Impl::DiffedTarget(const DatasetSource& dataset,
+                                               const DatasetSource& target_dataset,
+                                               const DatasetInputs& of_target,
+                                               const std::vector<int64_t>& token_ids,
+                                               AttributionInputs* out) {
+  const std::vector<DatasetInputs::SourceModel>& models = of_target.crosscoder_models;
+  const std::string what =
+      absl::StrCat("target_latent.dataset_id: dataset ", target_dataset.dataset_id,
+                   "'s SAE is a crosscoder over several models' activations (it reads ",
+                   of_target.crosscoder_reads, ")");
+  int running = -1;
+  for (size_t s = 0; s < models.size(); ++s) {
+    DatasetSource as_source = target_dataset;
+    as_source.model_weight_hash = models[s].model_weight_hash;
+    if (!models[s].unknown.empty() ||
+        !SameForward(dataset, out->in.model_spec, as_source, models[s].spec.model())) {
+      continue;
+    }
+    if (running >= 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": its sources ", running, " and ", s, " are both dataset ",
+                       dataset.dataset_id, "'s model, which a target reads at one source"));
+    }
+    running = static_cast<int>(s);
+  }
+  if (running < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ", none of them dataset ", dataset.dataset_id,
+        "'s model (or its weights): the forward runs that model, one of the crosscoder's"));
+  }
+  InterventionInputs beside;
+  beside.model = out->in.model;
+  beside.tokens = out->in.tokens;
+  if (absl::Status ran = ModelsBeside(target_dataset, of_target, running, token_ids, &beside);
+      !ran.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": its other models cannot run beside dataset ", dataset.dataset_id,
+                     "'s (", ran.message(), ")"));
+  }
+  ASSIGN_OR_RETURN(const HookName hook, ParseHookName(models[running].spec.hook_name()));
+  TargetSae target{&out->target_sae->sae, hook};
+  target.diffed_source = running;
+  target.diffed_models = beside.steering.diffed_models;
+  for (size_t s = 0; s < models.size(); ++s) {
+    target.diffed_models[s].model = beside.beside[s]->model.get();
+  }
+  out->target = std::move(target);
+  out->in.held_too = std::move(beside.beside);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<SteeringResult> DatasetModels::SteerPrompt(
     const DatasetSource& dataset, const SteeringQuery& query,
     const std::function<bool()>& cancelled,
@@ -1427,36 +1489,35 @@ absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
     }
     const DatasetInputs& of_target = *inputs_of_target;
     const uint64_t id = target_dataset->dataset_id;
-    // A crosscoder over hooks of this model reads them side by side; one over another model's
-    // (model diffing) or stored rows is not this forward's.
-    std::vector<HookName> sources;
+    // A crosscoder over hooks of this model reads them side by side; one over several models
+    // (model diffing) reads this forward's model at one source, the others beside it.
+    bool over_models = false;
     for (const DatasetInputs::SourceModel& source : of_target.crosscoder_models) {
-      if (!source.unknown.empty() ||
-          source.spec.model().SerializeAsString() !=
-              of_target.crosscoder_models[0].spec.model().SerializeAsString() ||
-          source.model_weight_hash != of_target.crosscoder_models[0].model_weight_hash) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "target_latent.dataset_id: dataset ", id,
-            "'s SAE is a crosscoder over several models' "
-            "activations (it reads ",
-            of_target.crosscoder_reads,
-            "): one forward pass gives one model's (a crosscoder over hooks of one model can be "
-            "the target)"));
-      }
-      ASSIGN_OR_RETURN(const HookName hook, ParseHookName(source.spec.hook_name()));
-      sources.push_back(hook);
-    }
-    const latentd::v1::ModelSpec& target_model = of_target.crosscoder_models.empty()
-                                                     ? of_target.spec.model()
-                                                     : of_target.crosscoder_models[0].spec.model();
-    if (!SameForward(dataset, out.in.model_spec, *target_dataset, target_model)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "target_latent.dataset_id: dataset ", id, " was made with another model than dataset ",
-          dataset.dataset_id, " (or other weights): the target must read the same forward pass"));
+      over_models |= !source.unknown.empty() ||
+                     source.spec.model().SerializeAsString() !=
+                         of_target.crosscoder_models[0].spec.model().SerializeAsString() ||
+                     source.model_weight_hash != of_target.crosscoder_models[0].model_weight_hash;
     }
     ASSIGN_OR_RETURN(out.target_sae, PromptSaeFor(*target_dataset, of_target.sae_dir));
-    out.target =
-        TargetSae{&out.target_sae->sae, sources.empty() ? of_target.hook : sources[0], sources};
+    if (over_models) {
+      RETURN_IF_ERROR(DiffedTarget(dataset, *target_dataset, of_target, token_ids, &out));
+    } else {
+      std::vector<HookName> sources;
+      for (const DatasetInputs::SourceModel& source : of_target.crosscoder_models) {
+        ASSIGN_OR_RETURN(const HookName hook, ParseHookName(source.spec.hook_name()));
+        sources.push_back(hook);
+      }
+      const latentd::v1::ModelSpec& target_model =
+          of_target.crosscoder_models.empty() ? of_target.spec.model()
+                                              : of_target.crosscoder_models[0].spec.model();
+      if (!SameForward(dataset, out.in.model_spec, *target_dataset, target_model)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "target_latent.dataset_id: dataset ", id, " was made with another model than dataset ",
+            dataset.dataset_id, " (or other weights): the target must read the same forward pass"));
+      }
+      out.target =
+          TargetSae{&out.target_sae->sae, sources.empty() ? of_target.hook : sources[0], sources};
+    }
   }
   // The backward pass keeps every block's activations of the whole prompt, the ablation check a
   // block's of 1 + ablate runs: refused with the numbers rather than an allocation that could

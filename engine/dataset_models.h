@@ -229,8 +229,9 @@ class DatasetModels {
   // SteerPrompt) on the CPU. Errors as SteerPrompt's, and attribution.h's; RESOURCE_EXHAUSTED
   // with the numbers when the backward pass's activations (every block's, over the prompt)
   // would pass memory_limit_bytes. With query.target_latent, `target_dataset` is the dataset
-  // whose latent it is: SPARSE, of the same model (same spec and weights), not a crosscoder
-  // (else FAILED_PRECONDITION, or INVALID_ARGUMENT naming target_latent.dataset_id).
+  // whose latent it is: SPARSE, of the same model (same spec and weights), or a crosscoder over
+  // several models one of whose sources is that model (read there, the others run beside it;
+  // else FAILED_PRECONDITION, or INVALID_ARGUMENT naming target_latent.dataset_id).
   absl::StatusOr<AttributionResult> AttributePrompt(const DatasetSource& dataset,
                                                     const AttributionQuery& query,
                                                     const DatasetSource* target_dataset = nullptr);

@@ -1186,15 +1186,31 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
       EXPECT_NE(past.status().message().find("crosscoder_source: 2 outside [0, 2)"),
                 std::string::npos)
           << past.status();
-      // Nor is its latent a target of one model's forward.
+      // Its latent is a target of the forward of one of its models: dataset 80's model is
+      // source 0's (the reference model), the seed-4 model runs beside it, and the metric is the
+      // latent over both, as EncodePrompt gives it (the engine's attribution_test checks the
+      // entries).
+      ASSERT_FALSE(got->tokens[3].latents.empty());
       AttributionQuery to_latent;
       to_latent.token_ids = prompt.token_ids;
-      to_latent.target_latent = TargetLatent{0, 3};
+      to_latent.target_latent = TargetLatent{got->tokens[3].latents[0].index, 3};
       const DatasetSource of_one_model{80, 80, sae->weight_hash(), "", kDSae};
-      auto refused = models.AttributePrompt(of_one_model, to_latent, &source);
+      auto driven = models.AttributePrompt(of_one_model, to_latent, &source);
+      ASSERT_TRUE(driven.ok()) << driven.status();
+      EXPECT_NEAR(driven->metric, got->tokens[3].latents[0].score, 1e-4);
+      // A model that is none of its sources' is refused, naming the target.
+      const std::string third_dir = root_ + "/sae_third";
+      const std::string third_hash = WriteSae(third_dir, MakeWeights(16, 12));
+      AddReferenceJob(92, hooks[0], third_dir);
+      latentd::v1::ReferenceModelSpec third = SmallModel();
+      third.set_seed(9);
+      *jobs_[92].mutable_spec()->mutable_extract()->mutable_model()->mutable_reference() = third;
+      auto refused = models.AttributePrompt({92, 92, third_hash, "", kDSae}, to_latent, &source);
       EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-      EXPECT_NE(refused.status().message().find("target_latent.dataset_id: dataset 81's SAE is a "
-                                                "crosscoder over several models' activations"),
+      EXPECT_NE(refused.status().message().find(
+                    "target_latent.dataset_id: dataset 81's SAE is a crosscoder over several "
+                    "models' activations (it reads stored datasets 1, 2), none of them dataset "
+                    "92's model"),
                 std::string::npos)
           << refused.status();
     }

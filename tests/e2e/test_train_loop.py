@@ -955,6 +955,19 @@ class TrainLoop(DaemonTestCase):
                                  *[str(t) for t in up_to_peak], "--crosscoder_source=1").stdout
         self.assertIn("metric log p(", shown)
         self.assertIn("%.4f" % credited.metric, shown)
+        # What drives that latent in model 1: an SAE on model 1's block 0 (the demo SAE, over
+        # the same tokens) attributed to the diff's latent at its peak, read in model 1 with
+        # model 0 beside it: the metric is the latent's stored value there.
+        upstream = c.wait(c.submit("EXTRACT", {
+            "model": {"reference": dict(MODEL["reference"], seed=2)},
+            "hookName": "blocks.0.hook_resid_post", "tokens": tokens,
+            "sae": {"path": os.path.join(inputs, "sae")}, "datasetName": "seed-2-block-0"}).id)
+        self.assertEqual(upstream.state, jobs_pb2.SUCCEEDED, upstream.message)
+        drives = c.attribute_prompt(upstream.result.extract.dataset_id, up_to_peak, top=50,
+                                    target_latent=(encoded.result.extract.dataset_id, j,
+                                                   len(up_to_peak) - 1))
+        self.assertAlmostEqual(drives.metric, latents[peak, j], places=3)
+        self.assertGreater(len(drives.top_entries), 0)
         shown = daemon.latentctl("steer", str(encoded.result.extract.dataset_id),
                                  *[str(t) for t in prompt], "--intervene=%d:add=8" % j,
                                  "--crosscoder_source=1", "--new_tokens=2").stdout
