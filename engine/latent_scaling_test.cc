@@ -254,30 +254,30 @@ TEST_F(LatentScalingTest, MaxRowsFitsRowsSpreadEvenlyOverTheFirings) {
 }
 
 TEST_F(LatentScalingTest, WithoutLatentsTheSourcesOwnThatFiredAreFitted) {
+  // The latents a query fits, in the answer's order.
+  auto fitted = [&](const LatentScalingQuery& query) {
+    auto got = FitLatentScaling(*sae_, query, rows_, nullptr);
+    EXPECT_TRUE(got.ok()) << got.status();
+    std::vector<int64_t> latents;
+    if (got.ok()) {
+      for (const LatentScale& l : got->latents) latents.push_back(l.latent);
+    }
+    return latents;
+  };
   LatentScalingQuery query;
-  auto got = FitLatentScaling(*sae_, query, rows_, nullptr);
-  ASSERT_TRUE(got.ok()) << got.status();
-  std::vector<int64_t> latents;
-  for (const LatentScale& l : got->latents) latents.push_back(l.latent);
   // Share 1 each, so by index.
-  EXPECT_EQ(latents, std::vector<int64_t>({kTrulyOwn, kShrunk, kDecoupled}));
+  EXPECT_EQ(fitted(query), std::vector<int64_t>({kTrulyOwn, kShrunk, kDecoupled}));
   // Source 0's own: kStandIn alone; limit 1 of source 1's.
   query.source = 0;
-  got = FitLatentScaling(*sae_, query, rows_, nullptr);
-  ASSERT_TRUE(got.ok()) << got.status();
-  ASSERT_EQ(got->latents.size(), 1u);
-  EXPECT_EQ(got->latents[0].latent, kStandIn);
+  EXPECT_EQ(fitted(query), std::vector<int64_t>({kStandIn}));
   query.source = 1;
   query.limit = 1;
-  got = FitLatentScaling(*sae_, query, rows_, nullptr);
-  ASSERT_TRUE(got.ok()) << got.status();
-  ASSERT_EQ(got->latents.size(), 1u);
-  EXPECT_EQ(got->latents[0].latent, kTrulyOwn);
+  EXPECT_EQ(fitted(query), std::vector<int64_t>({kTrulyOwn}));
   // A lower share reaches the latents leaning to source 1 too: every latent that fired but
   // kStandIn (share 0) and 11 (never fired), by share.
   query.limit = 0;
   query.min_share = 0.01;
-  got = FitLatentScaling(*sae_, query, rows_, nullptr);
+  auto got = FitLatentScaling(*sae_, query, rows_, nullptr);
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->latents.size(), static_cast<size_t>(kLatents - 2));
   for (size_t i = 0; i < got->latents.size(); ++i) {
