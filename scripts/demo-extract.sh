@@ -36,7 +36,10 @@ cat > "$spec" <<JSON
 JSON
 job=$($LATENTCTL submit --type=EXTRACT --spec="$spec" --label=demo-extract \
   --bind="extract.sae.artifact_id=$train_job:train.artifact_id,extract.more_outputs.0.sae.artifact_id=$train_job:train.artifact_id")
-$LATENTCTL list --all | head -4
+# (Read whole first: `head` closing the pipe early would end latentctl with SIGPIPE, which
+# pipefail makes the demo's failure once the daemon has many jobs.)
+listed=$($LATENTCTL list --all)
+head -4 <<< "$listed"
 
 echo
 $LATENTCTL watch "$dense_job" >/dev/null
