@@ -968,6 +968,14 @@ class TrainLoop(DaemonTestCase):
                                                    len(up_to_peak) - 1))
         self.assertAlmostEqual(drives.metric, latents[peak, j], places=3)
         self.assertGreater(len(drives.top_entries), 0)
+        # ... and as an attribution graph's output over that model's SAE, its circuit taken out
+        # of one run with model 0 beside it.
+        graph = c.attribution_graph([upstream.result.extract.dataset_id], up_to_peak,
+                                    target_latent=(encoded.result.extract.dataset_id, j,
+                                                   len(up_to_peak) - 1), per_hook=2, ablate=True)
+        self.assertAlmostEqual(graph.output.metric, drives.metric, places=5)
+        self.assertEqual(len(graph.hooks), 1)
+        self.assertTrue(graph.HasField("circuit_ablated_change"), list(graph.notes))
         shown = daemon.latentctl("steer", str(encoded.result.extract.dataset_id),
                                  *[str(t) for t in prompt], "--intervene=%d:add=8" % j,
                                  "--crosscoder_source=1", "--new_tokens=2").stdout
