@@ -465,6 +465,14 @@ Scale LogScale(double lo, double hi) {
   return {lo / pad, hi * pad, true};
 }
 
+// The frame of the plot area `r`.
+void DrawFrame(Canvas* c, const Rect& r) {
+  c->FillRect(r.left, r.top, r.width, 1, kFrame);
+  c->FillRect(r.left, r.bottom(), r.width + 1, 1, kFrame);
+  c->FillRect(r.left, r.top, 1, r.height, kFrame);
+  c->FillRect(r.right(), r.top, 1, r.height, kFrame);
+}
+
 class Plotter {
  public:
   Plotter(Canvas* canvas, const std::vector<double>& steps) : c_(canvas), steps_(steps) {
@@ -481,12 +489,7 @@ class Plotter {
     return r.bottom() - s.Fraction(v) * r.height;
   }
 
-  void Frame(const Rect& r) {
-    c_->FillRect(r.left, r.top, r.width, 1, kFrame);
-    c_->FillRect(r.left, r.bottom(), r.width + 1, 1, kFrame);
-    c_->FillRect(r.left, r.top, 1, r.height, kFrame);
-    c_->FillRect(r.right(), r.top, 1, r.height, kFrame);
-  }
+  void Frame(const Rect& r) { DrawFrame(c_, r); }
 
   // Integer ticks of the x axis with grid lines, and `title` (if any) centered below them.
   void XAxis(const Rect& r, const std::string& title) {
@@ -839,10 +842,7 @@ absl::Status WriteLatentScalingPlot(const latentd::v1::LatentScalingResponse& sc
   canvas.DrawText(r.left + r.width / 2 - Canvas::TextWidth(x_title, 2) / 2, r.bottom() + 34,
                   x_title, kInk, 2);
   canvas.DrawText(r.left, r.top - 22, "reconstruction ratio: what its other latents hold", kInk, 2);
-  canvas.FillRect(r.left, r.top, r.width, 1, kFrame);
-  canvas.FillRect(r.left, r.bottom(), r.width + 1, 1, kFrame);
-  canvas.FillRect(r.left, r.top, 1, r.height, kFrame);
-  canvas.FillRect(r.right(), r.top, 1, r.height, kFrame);
+  DrawFrame(&canvas, r);
   // Points last, over the frame, so that one held at the edge stays whole.
   for (const Point& p : points) {
     const double x = px(p.x), y = py(p.y);

@@ -944,9 +944,10 @@ absl::StatusOr<LatentScalingResult> DatasetModels::LatentScaling(
         "crosscoder over stored datasets, model diffing)"));
   }
   const ExtractEnv& env = impl_->env;
-  if (!env.open_stored_dense) {
-    return absl::FailedPreconditionError("latent scaling reads the store, which is not open");
-  }
+  // (The sources are named before the store's codes are needed, so a deleted one is named.)
+  const absl::Status not_open =
+      absl::FailedPreconditionError("latent scaling reads the store, which is not open");
+  if (!env.open_stored_dense) return not_open;
   std::vector<std::shared_ptr<const StoredDenseRows>> sources;
   for (int s = 0; s < stored.size(); ++s) {
     auto rows =
@@ -959,9 +960,7 @@ absl::StatusOr<LatentScalingResult> DatasetModels::LatentScaling(
     }
     sources.push_back(*std::move(rows));
   }
-  if (env.store == nullptr) {
-    return absl::FailedPreconditionError("latent scaling reads the store, which is not open");
-  }
+  if (env.store == nullptr) return not_open;
   try {
     // The crosscoder EncodePrompt and steering keep loaded, so that a notebook's queries one
     // after another read its file once.
@@ -1399,6 +1398,7 @@ absl::Status DatasetModels::Impl::DiffedTarget(const DatasetSource& dataset,
         what, ", none of them dataset ", dataset.dataset_id,
         "'s model (or its weights): the forward runs that model, one of the crosscoder's"));
   }
+  ASSIGN_OR_RETURN(out->target_sae, PromptSaeFor(target_dataset, of_target.sae_dir));
   InterventionInputs beside;
   beside.model = out->in.model;
   beside.tokens = out->in.tokens;
@@ -1498,7 +1498,6 @@ absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
                          of_target.crosscoder_models[0].spec.model().SerializeAsString() ||
                      source.model_weight_hash != of_target.crosscoder_models[0].model_weight_hash;
     }
-    ASSIGN_OR_RETURN(out.target_sae, PromptSaeFor(*target_dataset, of_target.sae_dir));
     if (over_models) {
       RETURN_IF_ERROR(DiffedTarget(dataset, *target_dataset, of_target, token_ids, &out));
     } else {
@@ -1515,6 +1514,7 @@ absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
             "target_latent.dataset_id: dataset ", id, " was made with another model than dataset ",
             dataset.dataset_id, " (or other weights): the target must read the same forward pass"));
       }
+      ASSIGN_OR_RETURN(out.target_sae, PromptSaeFor(*target_dataset, of_target.sae_dir));
       out.target =
           TargetSae{&out.target_sae->sae, sources.empty() ? of_target.hook : sources[0], sources};
     }

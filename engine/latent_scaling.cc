@@ -335,6 +335,17 @@ class Fit {
     RETURN_IF_ERROR(rows_.sources[result_.source]->ReadValues(first, span, &x_source));
     RETURN_IF_ERROR(rows_.sources[result_.baseline]->ReadValues(first, span, &x_baseline));
     const int64_t d_sae = sae_.config().d_sae;
+    // Once a window, not for each pair reading a row: a code outside the crosscoder would read
+    // past the projections.
+    for (int64_t row = 0; row < span; ++row) {
+      for (int64_t e = codes.indptr[row]; e < codes.indptr[row + 1]; ++e) {
+        if (codes.indices[e] < 0 || codes.indices[e] >= d_sae) {
+          return absl::DataLossError(absl::StrCat("row ", first + row,
+                                                  " of the crosscoder's codes has latent ",
+                                                  codes.indices[e], ", outside its ", d_sae));
+        }
+      }
+    }
     const float* directions = directions_.data_ptr<float>();
     const float* projected_source = projected_source_.data_ptr<float>();
     const float* projected_baseline = projected_baseline_.data_ptr<float>();
@@ -353,11 +364,6 @@ class Fit {
       // d . x_hat_m: b_dec_m's part and each firing latent's.
       double recon_source = bias_source_[l], recon_baseline = bias_baseline_[l];
       for (int64_t e = codes.indptr[offset]; e < codes.indptr[offset + 1]; ++e) {
-        if (codes.indices[e] < 0 || codes.indices[e] >= d_sae) {
-          return absl::DataLossError(absl::StrCat("row ", pair.row,
-                                                  " of the crosscoder's codes has latent ",
-                                                  codes.indices[e], ", outside its ", d_sae));
-        }
         const double v = codes.values[e];
         recon_source += v * projected_source[l * d_sae + codes.indices[e]];
         recon_baseline += v * projected_baseline[l * d_sae + codes.indices[e]];
