@@ -400,6 +400,28 @@ absl::Status Ablate(const SteeringModel& steering, const std::vector<int64_t>& p
   return absl::OkStatus();
 }
 
+// A crosscoder over several models' activations credits each latent with its value, which
+// needs every model's: FAILED_PRECONDITION (saying why) where the others cannot run beside the
+// credited one.
+absl::Status CheckModelsBeside(const SteeringModel& steering) {
+  if (steering.diffed_source >= 0 && steering.diffed_models.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "attribution credits each latent with its value, which for a crosscoder over several "
+        "models' activations needs every model's, and its other models cannot run beside the "
+        "credited one: ",
+        steering.diffed_alone));
+  }
+  return absl::OkStatus();
+}
+
+// For a crosscoder over several models, the other models' activations on `tokens` (no
+// gradient: nothing the credited model does moves them); otherwise none.
+std::vector<at::Tensor> ModelsBesideRun(const SteeringModel& steering, const at::Tensor& tokens) {
+  if (steering.diffed_source < 0) return {};
+  at::NoGradGuard no_grad;
+  return ActivationsBeside(steering, tokens);
+}
+
 // The checks every attribution makes of the query and the model.
 absl::Status CheckAttribution(const ActivationModel& model, const AttributionQuery& query,
                               int64_t prompt_tokens) {
@@ -428,13 +450,7 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
   ActivationModel& model = *steering.model;
   const int64_t n = static_cast<int64_t>(prompt.size());
   RETURN_IF_ERROR(CheckAttribution(model, query, n));
-  if (steering.diffed_source >= 0 && steering.diffed_models.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "attribution credits each latent with its value, which for a crosscoder over several "
-        "models' activations needs every model's, and its other models cannot run beside the "
-        "credited one: ",
-        steering.diffed_alone));
-  }
+  RETURN_IF_ERROR(CheckModelsBeside(steering));
   AttributionResult out;
   out.bos_prepended = bos_prepended;
   out.prompt = prompt;
@@ -444,10 +460,7 @@ absl::StatusOr<AttributionResult> AttributePrompt(const SteeringModel& steering,
   {
     at::AutoGradMode grad_mode(true);  // queries run under NoGradGuard
     const at::Tensor tokens = at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n});
-    if (steering.diffed_source >= 0) {
-      at::NoGradGuard beside_no_grad;
-      pass.beside = ActivationsBeside(steering, tokens);
-    }
+    pass.beside = ModelsBesideRun(steering, tokens);
     const at::Tensor logits =
         model.PredictNextTokens(tokens, splices, /*losses=*/false).last_logits[0];
     out.target_token_id =
@@ -471,11 +484,7 @@ absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> AttributeToLatent
   ActivationModel& model = *steering.model;
   const int64_t n = static_cast<int64_t>(prompt.size());
   RETURN_IF_ERROR(CheckAttribution(model, query, n));
-  if (steering.diffed_source >= 0) {
-    return absl::InvalidArgumentError(
-        "target_latent: a crosscoder over several models' activations (crosscoder_source) is "
-        "credited with the next token's prediction only");
-  }
+  RETURN_IF_ERROR(CheckModelsBeside(steering));
   const std::vector<HookName> written = WrittenHooks(steering);
   RETURN_IF_ERROR(CheckTargetSae(query, target, written));
   std::vector<absl::StatusOr<AttributionResult>> answers(targets.size());
@@ -486,6 +495,7 @@ absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> AttributeToLatent
   {
     at::AutoGradMode grad_mode(true);  // queries run under NoGradGuard
     const at::Tensor tokens = at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).view({1, n});
+    pass.beside = ModelsBesideRun(steering, tokens);
     // Only as far as the target's hooks (the rest of the model does not move it) and a
     // crosscoder's sources (its input), once: each target's backward pass keeps the graph for
     // the next.

@@ -13,7 +13,8 @@
 // its latents in one of them, source s (SteeringModel::diffed_source): z from every model's
 // activation at the token (the others run beside it, SteeringModel::diffed_models), each latent
 // credited z_j (W_dec_s[j] . g) with g that model's gradient at its hook, the error term
-// x_s - x_hat_s: which of the diff's latents drive, say, the chat model's prediction here.
+// x_s - x_hat_s: which of the diff's latents drive, say, the chat model's prediction here, or
+// a later latent of the chat model (a target latent, read in the same forward).
 //
 // Torch-free header (dataset_models.h carries these).
 #ifndef LATENTD_ENGINE_ATTRIBUTION_H_

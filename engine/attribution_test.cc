@@ -75,6 +75,29 @@ at::Tensor EntryDirection(const Sae& sae, const LatentAttribution& e) {
   return d;
 }
 
+// The same for a crosscoder over two models credited in its source 1: along z_j[p] times the
+// latent's block 1 of the decoder.
+at::Tensor DiffedEntryDirection(const Sae& crosscoder, const LatentAttribution& e) {
+  at::Tensor d = at::zeros({static_cast<int64_t>(kInterventionPrompt.size()), kInterventionWidth});
+  d[e.position] =
+      crosscoder.weights().W_dec.narrow(1, kInterventionWidth, kInterventionWidth)[e.latent] *
+      e.activation;
+  return d;
+}
+
+// A TopK SAE of random weights (seed 21) whose latents fire at block 2 of the intervention model
+// (positive encoder biases): a later latent to drive.
+Sae LaterTargetSae() {
+  const SaeConfig cfg = InterventionSae(false).config();
+  at::manual_seed(21);
+  auto target = Sae::Create(cfg, {at::randn({kInterventionWidth, kInterventionLatents}) * 0.5,
+                                  at::randn({kInterventionLatents}) * 0.1 + 0.5,
+                                  at::randn({kInterventionLatents, kInterventionWidth}),
+                                  at::zeros({kInterventionWidth})});
+  EXPECT_TRUE(target.ok()) << target.status();
+  return *std::move(target);
+}
+
 const std::string kHook = "blocks.1.hook_resid_post";
 
 TEST(AttributionTest, EntriesAndTheErrorTermAreTheMetricsDerivatives) {
@@ -329,14 +352,7 @@ TEST(AttributionTest, ACrosscoderOverModelsIsCreditedInTheRunningModel) {
   }
   const at::Tensor both = at::cat({x_other, x}, 1);
   const at::Tensor z = crosscoder.EncodeDense(both);
-  const at::Tensor block1 =
-      crosscoder.weights().W_dec.narrow(1, kInterventionWidth, kInterventionWidth);
-  auto direction = [&](const LatentAttribution& e) {
-    at::Tensor d =
-        at::zeros({static_cast<int64_t>(kInterventionPrompt.size()), kInterventionWidth});
-    d[e.position] = block1[e.latent] * e.activation;
-    return d;
-  };
+  auto direction = [&](const LatentAttribution& e) { return DiffedEntryDirection(crosscoder, e); };
   ASSERT_EQ(got->top_entries.size(), kInterventionPrompt.size() * 4);  // k = 4
   for (const LatentAttribution& e : got->top_entries) {
     EXPECT_NEAR(e.activation, z[e.position][e.latent].item<float>(), 1e-5);
@@ -368,15 +384,6 @@ TEST(AttributionTest, ACrosscoderOverModelsIsCreditedInTheRunningModel) {
                                             "test says so"),
             std::string::npos)
       << refused.status();
-  const Sae sae = InterventionSae(false);
-  const TargetSae later{&sae, *ParseHookName("blocks.2.hook_resid_post")};
-  AttributionQuery to_latent;
-  to_latent.target_latent = TargetLatent{0, 3};
-  auto no_target = AttributePrompt(steering, kInterventionPrompt, false, to_latent, &later);
-  EXPECT_EQ(no_target.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(no_target.status().message().find("target_latent: a crosscoder over several models'"),
-            std::string::npos)
-      << no_target.status();
 }
 
 // Latents of two SAEs taken out of one run together: the SAE at block 1 encodes what the
@@ -566,21 +573,15 @@ TEST(AttributionTest, ALaterSaesLatentIsDrivenByTheEarlierLatents) {
   const std::string target_hook = "blocks.2.hook_resid_post";
   auto model = InterventionModel(kHook);
   const Sae sae = InterventionSae(false);
-  at::manual_seed(21);
-  SaeConfig cfg = sae.config();
-  auto target = Sae::Create(cfg, {at::randn({kInterventionWidth, kInterventionLatents}) * 0.5,
-                                  at::randn({kInterventionLatents}) * 0.1 + 0.5,
-                                  at::randn({kInterventionLatents, kInterventionWidth}),
-                                  at::zeros({kInterventionWidth})});
-  ASSERT_TRUE(target.ok()) << target.status();
+  const Sae target = LaterTargetSae();
   const int64_t position = 5;
-  const at::Tensor z_target = target->EncodeDense(
+  const at::Tensor z_target = target.EncodeDense(
       InterventionModel(target_hook)->Forward(at::tensor(kInterventionPrompt).view({1, -1}))[0]);
   const int64_t j = z_target[position].argmax().item<int64_t>();
   const double value = z_target[position][j].item<double>();
   ASSERT_GT(value, 0);
   const SteeringModel upstream{model.get(), &sae, *ParseHookName(kHook), std::nullopt};
-  const TargetSae reads{&*target, *ParseHookName(target_hook)};
+  const TargetSae reads{&target, *ParseHookName(target_hook)};
   AttributionQuery q;
   q.top = 1000;
   q.target_latent = TargetLatent{j, position};
@@ -595,8 +596,8 @@ TEST(AttributionTest, ALaterSaesLatentIsDrivenByTheEarlierLatents) {
     EXPECT_LE(e.position, position);
     const at::Tensor d = EntryDirection(sae, e);
     const double derivative =
-        (TargetValue(*model, kHook, d * eps, *target, target_hook, j, position) -
-         TargetValue(*model, kHook, d * -eps, *target, target_hook, j, position)) /
+        (TargetValue(*model, kHook, d * eps, target, target_hook, j, position) -
+         TargetValue(*model, kHook, d * -eps, target, target_hook, j, position)) /
         (2 * eps);
     ExpectDerivative(derivative, e.attribution, "latent target entry " + std::to_string(i));
   }
@@ -642,7 +643,7 @@ TEST(AttributionTest, ALaterSaesLatentIsDrivenByTheEarlierLatents) {
     EXPECT_EQ(r.status().code(), code) << says << " " << r.status();
     EXPECT_NE(r.status().message().find(says), std::string::npos) << r.status();
   };
-  const TargetSae earlier{&*target, *ParseHookName("blocks.0.hook_mlp_out")};
+  const TargetSae earlier{&target, *ParseHookName("blocks.0.hook_mlp_out")};
   refused(upstream, earlier, q, absl::StatusCode::kInvalidArgument,
           "target_latent.dataset_id: its SAE reads blocks.0.hook_mlp_out, which the forward "
           "computes before blocks.1.hook_resid_post");
@@ -737,6 +738,80 @@ TEST(AttributionTest, ALatentOfACrosscoderOverModelsIsDrivenInTheRunningModel) {
     ASSERT_TRUE(together.ok()) << together.status();
     EXPECT_NEAR(*together, by_hand, 1e-4) << i;
   }
+}
+
+// A crosscoder over two models (model diffing) credited in its source 1 with a later latent of
+// that model as the target: each entry's value from both models' activations, its credit the
+// target's derivative along z_j[p] times the latent's block 1 (the other model, beside it, does
+// not move); the ablation check against the model run with that part taken out; the graph's
+// batched passes answer as one; without the other model FAILED_PRECONDITION as to a token.
+TEST(AttributionTest, ACrosscoderOverModelsDrivesALaterLatentOfTheRunningModel) {
+  const std::string hook = kInterventionCrosscoder[0];
+  const std::string target_hook = "blocks.2.hook_resid_post";
+  const std::unique_ptr<Gpt2Model> model = InterventionModel(hook);
+  const std::unique_ptr<Gpt2Model> other = InterventionModel(hook, 6);
+  const Sae crosscoder = InterventionCrosscoder();
+  SteeringModel steering{model.get(), &crosscoder, *ParseHookName(hook)};
+  steering.diffed_source = 1;
+  steering.diffed_models = {{other.get(), *ParseHookName(hook)},
+                            {model.get(), *ParseHookName(hook)}};
+  const Sae target = LaterTargetSae();
+  const at::Tensor ids = at::tensor(kInterventionPrompt).view({1, -1});
+  const int64_t position = 5;
+  at::Tensor z, z_target;
+  {
+    at::NoGradGuard no_grad;
+    z = crosscoder.EncodeDense(at::cat({other->Forward(ids)[0], model->Forward(ids)[0]}, 1));
+    z_target = target.EncodeDense(
+        model->ForwardSpliced(ids, {*ParseHookName(target_hook)}, {})[0][0].to(at::kFloat));
+  }
+  const int64_t j = z_target[position].argmax().item<int64_t>();
+  ASSERT_GT(z_target[position][j].item<float>(), 0);
+  const TargetSae reads{&target, *ParseHookName(target_hook)};
+  AttributionQuery q;
+  q.top = 1000;
+  q.ablate = 2;
+  q.target_latent = TargetLatent{j, position};
+  auto got = AttributePrompt(steering, kInterventionPrompt, false, q, &reads);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_NEAR(got->metric, z_target[position][j].item<double>(), 1e-5);
+  ASSERT_GE(got->top_entries.size(), 3u);
+  for (const LatentAttribution& e : got->top_entries) {
+    EXPECT_NEAR(e.activation, z[e.position][e.latent].item<float>(), 1e-5);
+  }
+  const double eps = 1e-3;
+  for (int i = 0; i < 3; ++i) {
+    const LatentAttribution& e = got->top_entries[i];
+    EXPECT_LE(e.position, position);
+    const at::Tensor d = DiffedEntryDirection(crosscoder, e);
+    const double derivative =
+        (TargetValue(*model, hook, d * eps, target, target_hook, j, position) -
+         TargetValue(*model, hook, d * -eps, target, target_hook, j, position)) /
+        (2 * eps);
+    ExpectDerivative(derivative, e.attribution, "entry " + std::to_string(i));
+  }
+  ASSERT_EQ(got->ablated_changes.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const LatentAttribution& e = got->top_entries[i];
+    EXPECT_NEAR(got->ablated_changes[i],
+                TargetValue(*model, hook, -DiffedEntryDirection(crosscoder, e), target, target_hook,
+                            j, position) -
+                    got->metric,
+                1e-4)
+        << i;
+  }
+  auto batch = AttributeToLatents(steering, kInterventionPrompt, false, q, reads, {{j, position}});
+  ASSERT_TRUE(batch.ok() && batch->front().ok()) << batch.status();
+  EXPECT_NEAR(batch->front()->latent_attribution, got->latent_attribution, 1e-6);
+  EXPECT_NEAR(batch->front()->error_attribution, got->error_attribution, 1e-6);
+
+  SteeringModel alone = steering;
+  alone.diffed_models.clear();
+  alone.diffed_alone = "because the test says so";
+  auto refused = AttributePrompt(alone, kInterventionPrompt, false, q, &reads);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("because the test says so"), std::string::npos)
+      << refused.status();
 }
 
 TEST(AttributionTest, BadQueriesNameTheirField) {

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -158,6 +159,9 @@ struct InterventionInputs {
   std::vector<int64_t> tokens;
   bool bos_prepended = false;
   latentd::v1::ModelSpec model_spec;  // as the dataset's job ran it (a target must match it)
+  // The running model's weight hash as its dataset recorded it ("": not checked); for a
+  // crosscoder over models, the running source's.
+  std::string model_weight_hash;
   // A crosscoder over models run beside the steered one: every source's model, in its blocks'
   // order (steering.diffed_models' hooks; `model` at the steered source).
   std::vector<std::shared_ptr<const PromptModel>> beside;
@@ -1259,9 +1263,9 @@ absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
     if (!one_model && !crosscoder_source) {
       return absl::FailedPreconditionError(absl::StrCat(
           reads, ": its latents need every forward pass and write each; ", what, " runs one model",
-          what == "steering" || what == "attribution"
-              ? ", named by crosscoder_source (SteerPrompt, AttributePrompt to the next token; "
-                "the others run beside it)"
+          what == "steering" || absl::StartsWith(what, "attribution")
+              ? ", named by crosscoder_source (SteerPrompt, AttributePrompt; the others run "
+                "beside it)"
               : " (a crosscoder over hooks of one model works)"));
     }
     const int runs = one_model ? 0 : *crosscoder_source;
@@ -1296,6 +1300,7 @@ absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
   }
   InterventionInputs out;
   out.model_spec = inputs.spec.model();
+  out.model_weight_hash = of_model.model_weight_hash;
   ASSIGN_OR_RETURN(out.sae, PromptSaeFor(dataset, inputs.sae_dir));
   const SaeConfig& cfg = out.sae->sae.config();
   ASSIGN_OR_RETURN(out.model, ModelFor(of_model, inputs));
@@ -1479,7 +1484,10 @@ absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
       InterventionInputsFor(dataset, token_ids,
                             target_dataset != nullptr ? "attribution to a latent" : "attribution",
                             crosscoder_source));
-  // A target latent's dataset: its SAE, reading its hook of the same model.
+  // A target latent's dataset: its SAE, reading its hook of the same model (for a crosscoder
+  // over models, of the source that runs).
+  DatasetSource running = dataset;
+  running.model_weight_hash = out.in.model_weight_hash;
   if (target_dataset != nullptr) {
     absl::StatusOr<DatasetInputs> inputs_of_target = InputsOf(*target_dataset);
     if (!inputs_of_target.ok()) {
@@ -1499,7 +1507,7 @@ absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
                      source.model_weight_hash != of_target.crosscoder_models[0].model_weight_hash;
     }
     if (over_models) {
-      RETURN_IF_ERROR(DiffedTarget(dataset, *target_dataset, of_target, token_ids, &out));
+      RETURN_IF_ERROR(DiffedTarget(running, *target_dataset, of_target, token_ids, &out));
     } else {
       std::vector<HookName> sources;
       for (const DatasetInputs::SourceModel& source : of_target.crosscoder_models) {
@@ -1509,7 +1517,7 @@ absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
       const latentd::v1::ModelSpec& target_model =
           of_target.crosscoder_models.empty() ? of_target.spec.model()
                                               : of_target.crosscoder_models[0].spec.model();
-      if (!SameForward(dataset, out.in.model_spec, *target_dataset, target_model)) {
+      if (!SameForward(running, out.in.model_spec, *target_dataset, target_model)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "target_latent.dataset_id: dataset ", id, " was made with another model than dataset ",
             dataset.dataset_id, " (or other weights): the target must read the same forward pass"));

@@ -1106,7 +1106,7 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
       }
       EXPECT_NE(steered.status().message().find(
                     "steering runs one model, named by crosscoder_source (SteerPrompt, "
-                    "AttributePrompt to the next token; the others run beside it)"),
+                    "AttributePrompt; the others run beside it)"),
                 std::string::npos)
           << steered.status();
       // Named, the model of source 1 (the stored dataset 2's: seed 4) runs, a latent's ADD
@@ -1174,6 +1174,41 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
         }
         EXPECT_NEAR(e.activation, encoded, 1e-4) << e.latent << "@" << e.position;
       }
+      // And in a later latent of that model (credited in source 0, the reference model: a
+      // dataset of its blocks.1 hook is the target), with the same values; a target of another
+      // model than the source that runs is refused.
+      const std::string later_dir = root_ + "/sae_later";
+      const std::string later_hash = WriteSae(later_dir, MakeWeights(16, 12));
+      AddReferenceJob(93, hooks[1], later_dir);
+      const DatasetSource later{93, 93, later_hash, "", kDSae};
+      auto later_latents = models.EncodePrompt(later, prompt);
+      ASSERT_TRUE(later_latents.ok()) << later_latents.status();
+      ASSERT_FALSE(later_latents->tokens[3].latents.empty());
+      AttributionQuery to_later = credit;
+      to_later.crosscoder_source = 0;
+      to_later.ablate = 1;
+      to_later.target_latent = TargetLatent{later_latents->tokens[3].latents[0].index, 3};
+      auto drives = models.AttributePrompt(source, to_later, &later);
+      ASSERT_TRUE(drives.ok()) << drives.status();
+      EXPECT_NEAR(drives->metric, later_latents->tokens[3].latents[0].score, 1e-4);
+      ASSERT_FALSE(drives->top_entries.empty());
+      EXPECT_EQ(drives->ablated_changes.size(), 1u);
+      for (const LatentAttribution& e : drives->top_entries) {
+        EXPECT_LE(e.position, 3);
+        float encoded = 0;
+        for (const auto& l : got->tokens[e.position].latents) {
+          if (l.index == e.latent) encoded = l.score;
+        }
+        EXPECT_NEAR(e.activation, encoded, 1e-4) << e.latent << "@" << e.position;
+      }
+      to_later.crosscoder_source = 1;
+      auto other_forward = models.AttributePrompt(source, to_later, &later);
+      EXPECT_EQ(other_forward.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(other_forward.status().message().find(
+                    "target_latent.dataset_id: dataset 93 was made with another model than "
+                    "dataset 81"),
+                std::string::npos)
+          << other_forward.status();
       // Source 0 runs the other model: another clean run.
       in_second.crosscoder_source = 0;
       auto first_model = models.SteerPrompt(source, in_second, nullptr);
