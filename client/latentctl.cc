@@ -2643,7 +2643,8 @@ datasets:
                                  edges of a sparse feature circuit; --ablate=N: the top N
                                  entries each taken out of a run, the change measured;
                                  --crosscoder_source=S: a model-diffing crosscoder's latents
-                                 credited in model S's prediction
+                                 credited in model S's prediction (with --target_latent: in
+                                 model S's later latent)
   graph ID T1 T2 ... [--target=T [--contrast=T] | --target_latent=D:J@P] [--per_hook=N]
         [--min_importance=F] [--node_threshold=F] [--node_tokens=N] [--ablate=1] [--dot=FILE.dot]
         [--layers=D,D,...] [--vocab=F] [--html=FILE.html] [--node_links=PATTERN]

@@ -459,8 +459,9 @@ class Client:
         entries are each taken out of a run of their own and the metric measured, their
         ablated_change beside the first-order credit (which predicts minus it).
         `crosscoder_source`: for a crosscoder over several models (model diffing), the model
-        whose prediction is explained (0 for the first of the datasets it was trained on); the
-        other models run beside it for the latents' values."""
+        whose prediction (or, with target_latent, whose later latent) is explained (0 for the
+        first of the datasets it was trained on); the other models run beside it for the
+        latents' values."""
         request = datasets_pb2.AttributePromptRequest(
             dataset_id=dataset_id, token_ids=[int(t) for t in token_ids], top=top,
             ablate=ablate)

@@ -976,6 +976,41 @@ class TrainLoop(DaemonTestCase):
         self.assertAlmostEqual(graph.output.metric, drives.metric, places=5)
         self.assertEqual(len(graph.hooks), 1)
         self.assertTrue(graph.HasField("circuit_ablated_change"), list(graph.notes))
+        # The other way round: which of the diff's latents, credited in model 1, drive a latent
+        # of model 1's own SAE (the demo SAE run at the crosscoder's hook): the metric is that
+        # latent's stored value, each entry's value the crosscoder's over both models (the
+        # stored row's). Model 0 does not run that forward: refused naming the target.
+        own = c.wait(c.submit("EXTRACT", {
+            "model": {"reference": dict(MODEL["reference"], seed=2)},
+            "hookName": "blocks.1.hook_resid_post", "tokens": tokens,
+            "sae": {"path": os.path.join(inputs, "sae")}, "valueDtype": "FLOAT32",
+            "datasetName": "seed-2-block-1"}).id)
+        self.assertEqual(own.state, jobs_pb2.SUCCEEDED, own.message)
+        own_rows = c.read_rows(own.result.extract.dataset_id)[0].toarray()
+        own_latent = int(numpy.argmax(own_rows[peak]))
+        self.assertGreater(own_rows[peak, own_latent], 0)
+        by_diff = c.attribute_prompt(
+            encoded.result.extract.dataset_id, up_to_peak, top=1000, crosscoder_source=1,
+            target_latent=(own.result.extract.dataset_id, own_latent, len(up_to_peak) - 1),
+            ablate=1)
+        self.assertAlmostEqual(by_diff.metric, own_rows[peak, own_latent], places=3)
+        self.assertGreater(len(by_diff.top_entries), 0)
+        self.assertTrue(by_diff.top_entries[0].HasField("ablated_change"))
+        for e in by_diff.top_entries:
+            self.assertAlmostEqual(e.activation, latents[peak - peak % 32 + e.position, e.latent],
+                                   places=3)
+        with self.assertRaises(grpc.RpcError) as other_forward:
+            c.attribute_prompt(encoded.result.extract.dataset_id, up_to_peak, crosscoder_source=0,
+                               target_latent=(own.result.extract.dataset_id, own_latent,
+                                              len(up_to_peak) - 1))
+        self.assertEqual(other_forward.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("target_latent.dataset_id", other_forward.exception.details())
+        shown = daemon.latentctl(
+            "attribute", str(encoded.result.extract.dataset_id), *[str(t) for t in up_to_peak],
+            "--crosscoder_source=1",
+            "--target_latent=%d:%d@%d" % (own.result.extract.dataset_id, own_latent,
+                                          len(up_to_peak) - 1)).stdout
+        self.assertIn("%.4f" % by_diff.metric, shown)
         shown = daemon.latentctl("steer", str(encoded.result.extract.dataset_id),
                                  *[str(t) for t in prompt], "--intervene=%d:add=8" % j,
                                  "--crosscoder_source=1", "--new_tokens=2").stdout
