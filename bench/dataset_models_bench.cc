@@ -390,18 +390,31 @@ int RunSteer(const std::string& root, int64_t new_tokens, int64_t d_in, int64_t 
       "(median), %.2fx the SAE's\n",
       spec->hook_name().c_str(), *diff_attributed, *diff_attributed / *attributed);
   // The same pass to a latent at the dataset's own hook (its largest on the last token): the
-  // forward stops there, without the later blocks and the unembedding.
+  // forward stops there, without the later blocks and the unembedding. Then the diff's latents,
+  // credited in the second model, to the latent of the SAE over that model's hook (dataset 5):
+  // the first model runs beside it.
   latentd::engine::PromptQuery prompt;
   prompt.token_ids = query.token_ids;
-  auto encoded = reader.EncodePrompt(source, prompt);
-  if (!encoded.ok() || encoded->tokens.back().latents.empty()) return 1;
-  attribute.target_latent = latentd::engine::TargetLatent{
-      encoded->tokens.back().latents[0].index, static_cast<int64_t>(encoded->tokens.size()) - 1};
-  const std::optional<double> to_latent = MedianSeconds(
-      rounds, [&] { return reader.AttributePrompt(source, attribute, &source).status(); });
-  if (!to_latent) return 1;
+  const DatasetSource second_model{5, 5, hash, "", 4096};
+  std::vector<double> to_latent;
+  for (const auto& [attributed_by, target] :
+       {std::pair{&source, &source}, std::pair{&diff_source, &second_model}}) {
+    auto encoded = reader.EncodePrompt(*target, prompt);
+    if (!encoded.ok() || encoded->tokens.back().latents.empty()) return 1;
+    latentd::engine::AttributionQuery q = attributed_by == &diff_source ? in_second : attribute;
+    q.target_latent = latentd::engine::TargetLatent{
+        encoded->tokens.back().latents[0].index, static_cast<int64_t>(encoded->tokens.size()) - 1};
+    const std::optional<double> median = MedianSeconds(
+        rounds, [&] { return reader.AttributePrompt(*attributed_by, q, target).status(); });
+    if (!median) return 1;
+    to_latent.push_back(*median);
+  }
   std::printf("AttributePrompt to a latent at %s: %.3f s (median), %.2fx the next token's\n",
-              spec->hook_name().c_str(), *to_latent, *to_latent / *attributed);
+              spec->hook_name().c_str(), to_latent[0], to_latent[0] / *attributed);
+  std::printf(
+      "AttributePrompt of the crosscoder over two models to the second model's latent there: "
+      "%.3f s (median), %.2fx to the next token's, %.2fx the SAE's to its latent\n",
+      to_latent[1], to_latent[1] / *diff_attributed, to_latent[1] / to_latent[0]);
   // The ablation check of the top 8 entries: a batch of 9 forward passes more.
   attribute.target_latent.reset();
   attribute.ablate = 8;
