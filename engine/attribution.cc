@@ -542,6 +542,7 @@ absl::StatusOr<double> AblateTogether(const std::vector<SteeringModel>& saes,
   if (saes.empty() || saes.size() != removed.size()) {
     return absl::InternalError("AblateTogether: one list of removals per SAE");
   }
+  for (const SteeringModel& sae : saes) RETURN_IF_ERROR(CheckModelsBeside(sae));
   const int64_t n = static_cast<int64_t>(prompt.size());
   std::vector<std::vector<LatentIntervention>> removals(saes.size());
   for (size_t i = 0; i < saes.size(); ++i) {

@@ -793,12 +793,15 @@ TEST(AttributionTest, ACrosscoderOverModelsDrivesALaterLatentOfTheRunningModel) 
   ASSERT_EQ(got->ablated_changes.size(), 2u);
   for (int i = 0; i < 2; ++i) {
     const LatentAttribution& e = got->top_entries[i];
-    EXPECT_NEAR(got->ablated_changes[i],
-                TargetValue(*model, hook, -DiffedEntryDirection(crosscoder, e), target, target_hook,
-                            j, position) -
-                    got->metric,
-                1e-4)
-        << i;
+    const double by_hand = TargetValue(*model, hook, -DiffedEntryDirection(crosscoder, e), target,
+                                       target_hook, j, position) -
+                           got->metric;
+    EXPECT_NEAR(got->ablated_changes[i], by_hand, 1e-4) << i;
+    // As an attribution graph's circuit takes it out.
+    auto together =
+        AblateTogether({steering}, {{{e.latent, e.position}}}, kInterventionPrompt, q, 0, &reads);
+    ASSERT_TRUE(together.ok()) << together.status();
+    EXPECT_NEAR(*together, by_hand, 1e-4) << i;
   }
   auto batch = AttributeToLatents(steering, kInterventionPrompt, false, q, reads, {{j, position}});
   ASSERT_TRUE(batch.ok() && batch->front().ok()) << batch.status();
@@ -812,6 +815,8 @@ TEST(AttributionTest, ACrosscoderOverModelsDrivesALaterLatentOfTheRunningModel) 
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.status().message().find("because the test says so"), std::string::npos)
       << refused.status();
+  auto not_taken_out = AblateTogether({alone}, {{{0, 0}}}, kInterventionPrompt, q, 0, &reads);
+  EXPECT_EQ(not_taken_out.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(AttributionTest, BadQueriesNameTheirField) {

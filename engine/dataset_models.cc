@@ -191,6 +191,14 @@ struct AttributionInputs {
   std::optional<TargetSae> target;
 };
 
+// `dataset` as the model its inputs run: for a crosscoder over several models, with the running
+// source's weight hash (what a target or another SAE of the same forward must match).
+DatasetSource Running(const DatasetSource& dataset, const InterventionInputs& in) {
+  DatasetSource out = dataset;
+  out.model_weight_hash = in.model_weight_hash;
+  return out;
+}
+
 // num / den where den > 0, else 0 (a zero decoder row has no direction).
 at::Tensor SafeDivide(const at::Tensor& num, const at::Tensor& den) {
   return at::where(den > 0, num / den.clamp_min(std::numeric_limits<float>::min()),
@@ -501,14 +509,16 @@ struct DatasetModels::Impl {
     return options.memory_limit_bytes > 0 ? options.memory_limit_bytes : HostAvailableMemoryBytes();
   }
   // The intervention inputs of `others` for one run that changes all their SAEs' latents beside
-  // `first`'s (`first_model` its model): each must run on that model and weights. An error of
+  // `first`'s (`first_in` its inputs): each must run on that model and weights, a crosscoder
+  // over several models as its source crosscoder_sources[k] (none past its end). An error of
   // one carries label(k) before it; FAILED_PRECONDITION for one of another model says the run
   // "cannot <cannot>".
   absl::StatusOr<std::vector<InterventionInputs>> InputsOnOneForward(
-      const DatasetSource& first, const latentd::v1::ModelSpec& first_model,
-      const std::vector<DatasetSource>& others, const std::vector<int64_t>& token_ids,
-      const std::string& what, const std::function<std::string(size_t)>& label,
-      const std::string& cannot);
+      const DatasetSource& first, const InterventionInputs& first_in,
+      const std::vector<DatasetSource>& others,
+      const std::vector<std::optional<int>>& crosscoder_sources,
+      const std::vector<int64_t>& token_ids, const std::string& what,
+      const std::function<std::string(size_t)>& label, const std::string& cannot);
   // `ablate`: the runs of the ablation check (AttributionQuery.ablate), for the memory check;
   // `crosscoder_source` as InterventionInputsFor's.
   absl::StatusOr<AttributionInputs> AttributionInputsFor(
@@ -1099,6 +1109,20 @@ namespace {
 
 // Whether two datasets run one forward pass: the same model spec and, where both record one, the
 // same weight hash (compared so, a model rebuilt with more hooks is still the same model).
+// Whether a dataset's crosscoder reads several models' activations (model diffing): its
+// sources' models differ in spec or recorded weights, or one is not known.
+bool OverSeveralModels(const DatasetInputs& inputs) {
+  const std::vector<DatasetInputs::SourceModel>& models = inputs.crosscoder_models;
+  for (const DatasetInputs::SourceModel& source : models) {
+    if (!source.unknown.empty() ||
+        source.spec.model().SerializeAsString() != models[0].spec.model().SerializeAsString() ||
+        source.model_weight_hash != models[0].model_weight_hash) {
+      return true;
+    }
+  }
+  return false;
+}
+
 bool SameForward(const DatasetSource& a, const latentd::v1::ModelSpec& a_model,
                  const DatasetSource& b, const latentd::v1::ModelSpec& b_model) {
   const bool hashes_differ = !a.model_weight_hash.empty() && !b.model_weight_hash.empty() &&
@@ -1243,14 +1267,10 @@ absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
   DatasetInputs crosscoder;  // a crosscoder over models: its dataset's inputs
   if (!inputs.crosscoder_reads.empty()) {
     const std::vector<DatasetInputs::SourceModel>& models = inputs.crosscoder_models;
-    bool one_model = true;
     for (const DatasetInputs::SourceModel& source : models) {
       RETURN_IF_ERROR(CrosscoderSourceInputs(dataset, inputs, source).status());
-      one_model = one_model &&
-                  source.spec.model().SerializeAsString() ==
-                      models.front().spec.model().SerializeAsString() &&
-                  source.model_weight_hash == models.front().model_weight_hash;
     }
+    const bool one_model = !OverSeveralModels(inputs);
     const std::string reads =
         absl::StrCat("dataset ", dataset.dataset_id, "'s SAE is a crosscoder over ",
                      one_model ? "hooks of one model" : "several models' activations",
@@ -1264,8 +1284,8 @@ absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
       return absl::FailedPreconditionError(absl::StrCat(
           reads, ": its latents need every forward pass and write each; ", what, " runs one model",
           what == "steering" || absl::StartsWith(what, "attribution")
-              ? ", named by crosscoder_source (SteerPrompt, AttributePrompt; the others run "
-                "beside it)"
+              ? ", named by crosscoder_source (SteerPrompt, AttributePrompt, AttributionGraph; "
+                "the others run beside it)"
               : " (a crosscoder over hooks of one model works)"));
     }
     const int runs = one_model ? 0 : *crosscoder_source;
@@ -1438,7 +1458,7 @@ absl::StatusOr<SteeringResult> DatasetModels::SteerPrompt(
     ASSIGN_OR_RETURN(
         std::vector<InterventionInputs> others,
         impl_->InputsOnOneForward(
-            dataset, in.model_spec, more_datasets, query.token_ids, "steering",
+            dataset, in, more_datasets, {}, query.token_ids, "steering",
             [](size_t k) { return absl::StrCat("more_interventions[", k, "]: "); }, "steer both"));
     return in.Run([&](const SteeringModel& steering) {
       std::vector<MoreInterventions> also;
@@ -1455,17 +1475,21 @@ absl::StatusOr<SteeringResult> DatasetModels::SteerPrompt(
 }
 
 absl::StatusOr<std::vector<InterventionInputs>> DatasetModels::Impl::InputsOnOneForward(
-    const DatasetSource& first, const latentd::v1::ModelSpec& first_model,
-    const std::vector<DatasetSource>& others, const std::vector<int64_t>& token_ids,
-    const std::string& what, const std::function<std::string(size_t)>& label,
-    const std::string& cannot) {
+    const DatasetSource& first, const InterventionInputs& first_in,
+    const std::vector<DatasetSource>& others,
+    const std::vector<std::optional<int>>& crosscoder_sources,
+    const std::vector<int64_t>& token_ids, const std::string& what,
+    const std::function<std::string(size_t)>& label, const std::string& cannot) {
   std::vector<InterventionInputs> out;
   for (size_t k = 0; k < others.size(); ++k) {
-    absl::StatusOr<InterventionInputs> in = InterventionInputsFor(others[k], token_ids, what);
+    absl::StatusOr<InterventionInputs> in =
+        InterventionInputsFor(others[k], token_ids, what,
+                              k < crosscoder_sources.size() ? crosscoder_sources[k] : std::nullopt);
     if (!in.ok()) {
       return absl::Status(in.status().code(), absl::StrCat(label(k), in.status().message()));
     }
-    if (!SameForward(others[k], in->model_spec, first, first_model)) {
+    if (!SameForward(Running(others[k], *in), in->model_spec, Running(first, first_in),
+                     first_in.model_spec)) {
       return absl::FailedPreconditionError(absl::StrCat(
           label(k), "dataset ", others[k].dataset_id, " was made with another model than dataset ",
           first.dataset_id, " (or other weights): one run cannot ", cannot));
@@ -1486,8 +1510,7 @@ absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
                             crosscoder_source));
   // A target latent's dataset: its SAE, reading its hook of the same model (for a crosscoder
   // over models, of the source that runs).
-  DatasetSource running = dataset;
-  running.model_weight_hash = out.in.model_weight_hash;
+  const DatasetSource running = Running(dataset, out.in);
   if (target_dataset != nullptr) {
     absl::StatusOr<DatasetInputs> inputs_of_target = InputsOf(*target_dataset);
     if (!inputs_of_target.ok()) {
@@ -1499,14 +1522,7 @@ absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
     const uint64_t id = target_dataset->dataset_id;
     // A crosscoder over hooks of this model reads them side by side; one over several models
     // (model diffing) reads this forward's model at one source, the others beside it.
-    bool over_models = false;
-    for (const DatasetInputs::SourceModel& source : of_target.crosscoder_models) {
-      over_models |= !source.unknown.empty() ||
-                     source.spec.model().SerializeAsString() !=
-                         of_target.crosscoder_models[0].spec.model().SerializeAsString() ||
-                     source.model_weight_hash != of_target.crosscoder_models[0].model_weight_hash;
-    }
-    if (over_models) {
+    if (OverSeveralModels(of_target)) {
       RETURN_IF_ERROR(DiffedTarget(running, *target_dataset, of_target, token_ids, &out));
     } else {
       std::vector<HookName> sources;
@@ -1575,9 +1591,9 @@ absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> DatasetModels::At
     const DatasetSource& dataset, const AttributionQuery& query,
     const DatasetSource& target_dataset, const std::vector<TargetLatent>& targets) {
   try {
-    ASSIGN_OR_RETURN(
-        AttributionInputs a,
-        impl_->AttributionInputsFor(dataset, query.token_ids, &target_dataset, query.ablate));
+    ASSIGN_OR_RETURN(AttributionInputs a,
+                     impl_->AttributionInputsFor(dataset, query.token_ids, &target_dataset,
+                                                 query.ablate, query.crosscoder_source));
     return a.in.Run([&](const SteeringModel& steering) {
       return engine::AttributeToLatents(steering, a.in.tokens, a.in.bos_prepended, query, *a.target,
                                         targets);
@@ -1589,30 +1605,48 @@ absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> DatasetModels::At
   }
 }
 
+absl::StatusOr<bool> DatasetModels::ReadsSeveralModels(const DatasetSource& dataset) {
+  ASSIGN_OR_RETURN(const DatasetInputs inputs, impl_->InputsOf(dataset));
+  return OverSeveralModels(inputs);
+}
+
 absl::StatusOr<double> DatasetModels::AblateTogether(
     const std::vector<DatasetSource>& datasets,
     const std::vector<std::vector<TargetLatent>>& removed, const AttributionQuery& metric,
-    int64_t target_token, const DatasetSource* target_dataset) {
+    int64_t target_token, const DatasetSource* target_dataset,
+    const std::vector<std::optional<int>>& crosscoder_sources) {
   try {
     if (datasets.empty() || datasets.size() != removed.size()) {
       return absl::InvalidArgumentError("datasets: one list of removals per dataset");
     }
+    if (crosscoder_sources.size() > datasets.size()) {
+      return absl::InvalidArgumentError("crosscoder_sources: more than one per dataset");
+    }
+    std::vector<std::optional<int>> sources = crosscoder_sources;
+    sources.resize(datasets.size());
     // The first dataset's inputs with the target's SAE; the others' SAEs on the same model.
-    ASSIGN_OR_RETURN(
-        AttributionInputs first,
-        impl_->AttributionInputsFor(datasets[0], metric.token_ids,
-                                    metric.target_latent ? target_dataset : nullptr, 0));
+    ASSIGN_OR_RETURN(AttributionInputs first,
+                     impl_->AttributionInputsFor(datasets[0], metric.token_ids,
+                                                 metric.target_latent ? target_dataset : nullptr, 0,
+                                                 sources[0]));
     ASSIGN_OR_RETURN(
         std::vector<InterventionInputs> others,
         impl_->InputsOnOneForward(
-            datasets[0], first.in.model_spec,
-            std::vector<DatasetSource>(datasets.begin() + 1, datasets.end()), metric.token_ids,
+            datasets[0], first.in, std::vector<DatasetSource>(datasets.begin() + 1, datasets.end()),
+            std::vector<std::optional<int>>(sources.begin() + 1, sources.end()), metric.token_ids,
             "ablation", [](size_t) { return std::string(); }, "take their latents out"));
+    // The models beside the others' crosscoders over models run under the same locks.
+    for (const InterventionInputs& in : others) {
+      first.in.held_too.insert(first.in.held_too.end(), in.beside.begin(), in.beside.end());
+    }
     return first.in.Run([&](const SteeringModel& steering) -> absl::StatusOr<double> {
       std::vector<SteeringModel> saes = {steering};
       for (InterventionInputs& in : others) {
         saes.push_back(in.steering);
         saes.back().model = steering.model;
+        for (size_t s = 0; s < in.beside.size(); ++s) {
+          saes.back().diffed_models[s].model = in.beside[s]->model.get();
+        }
       }
       return engine::AblateTogether(saes, removed, first.in.tokens, metric, target_token,
                                     first.target ? &*first.target : nullptr);

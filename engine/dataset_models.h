@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -237,8 +238,9 @@ class DatasetModels {
                                                     const DatasetSource* target_dataset = nullptr);
 
   // AttributePrompt to several latents of `target_dataset` at once (query.target_latent not
-  // read): one forward pass shared by their backward passes (attribution.h's
-  // AttributeToLatents), one answer per target. The call's errors as AttributePrompt's.
+  // read; query.crosscoder_source as AttributePrompt's): one forward pass shared by their
+  // backward passes (attribution.h's AttributeToLatents), one answer per target. The call's
+  // errors as AttributePrompt's.
   absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> AttributeToLatents(
       const DatasetSource& dataset, const AttributionQuery& query,
       const DatasetSource& target_dataset, const std::vector<TargetLatent>& targets);
@@ -246,12 +248,20 @@ class DatasetModels {
   // Latents of several datasets' SAEs (one model and weights, e.g. an attribution graph's
   // suite), removed[i] of datasets[i], taken out of one run together (attribution.h's
   // AblateTogether): the change of `metric`'s metric (its target token, or with target_latent
-  // that latent of `target_dataset`; `target_token` the token an answer resolved). Errors as
-  // AttributePrompt's, and FAILED_PRECONDITION for datasets of different models.
-  absl::StatusOr<double> AblateTogether(const std::vector<DatasetSource>& datasets,
-                                        const std::vector<std::vector<TargetLatent>>& removed,
-                                        const AttributionQuery& metric, int64_t target_token,
-                                        const DatasetSource* target_dataset);
+  // that latent of `target_dataset`; `target_token` the token an answer resolved).
+  // crosscoder_sources[i] is datasets[i]'s AttributionQuery.crosscoder_source (unset past its
+  // end): the model a crosscoder over several models runs as. Errors as AttributePrompt's, and
+  // FAILED_PRECONDITION for datasets of different models.
+  absl::StatusOr<double> AblateTogether(
+      const std::vector<DatasetSource>& datasets,
+      const std::vector<std::vector<TargetLatent>>& removed, const AttributionQuery& metric,
+      int64_t target_token, const DatasetSource* target_dataset,
+      const std::vector<std::optional<int>>& crosscoder_sources = {});
+
+  // Whether the dataset's SAE is a crosscoder over several models' activations (model
+  // diffing), whose queries that run a model name the one to run (crosscoder_source). Errors
+  // as ReadLatentWeights' for a dataset whose job is gone.
+  absl::StatusOr<bool> ReadsSeveralModels(const DatasetSource& dataset);
 
   // Latent scaling (latent_scaling.h) of a crosscoder over several models' stored activations
   // (model diffing): the dataset's codes and postings from the store, each source's DENSE rows

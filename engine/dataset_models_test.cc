@@ -1106,7 +1106,7 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
       }
       EXPECT_NE(steered.status().message().find(
                     "steering runs one model, named by crosscoder_source (SteerPrompt, "
-                    "AttributePrompt; the others run beside it)"),
+                    "AttributePrompt, AttributionGraph; the others run beside it)"),
                 std::string::npos)
           << steered.status();
       // Named, the model of source 1 (the stored dataset 2's: seed 4) runs, a latent's ADD
@@ -1201,6 +1201,22 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
         }
         EXPECT_NEAR(e.activation, encoded, 1e-4) << e.latent << "@" << e.position;
       }
+      // An attribution graph's passes and circuit: the latent alone as AttributePrompt gives it,
+      // and the top entry taken out with the same change as the ablation check's (the source
+      // named per dataset: the diff's, and none for the SAE beside it).
+      EXPECT_EQ(*models.ReadsSeveralModels(source), true);
+      EXPECT_EQ(*models.ReadsSeveralModels(later), false);
+      auto batch = models.AttributeToLatents(source, to_later, later, {*to_later.target_latent});
+      ASSERT_TRUE(batch.ok() && batch->front().ok()) << batch.status();
+      EXPECT_NEAR(batch->front()->latent_attribution, drives->latent_attribution, 1e-6);
+      const LatentAttribution& top = drives->top_entries[0];
+      auto together = models.AblateTogether({source, later}, {{{top.latent, top.position}}, {}},
+                                            to_later, 0, &later, {0, std::nullopt});
+      ASSERT_TRUE(together.ok()) << together.status();
+      EXPECT_NEAR(*together, drives->ablated_changes[0], 1e-5);
+      auto unnamed = models.AblateTogether({later, source}, {{}, {{top.latent, top.position}}},
+                                           to_later, 0, &later);
+      EXPECT_EQ(unnamed.status().code(), absl::StatusCode::kFailedPrecondition) << unnamed.status();
       to_later.crosscoder_source = 1;
       auto other_forward = models.AttributePrompt(source, to_later, &later);
       EXPECT_EQ(other_forward.status().code(), absl::StatusCode::kInvalidArgument);
