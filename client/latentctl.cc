@@ -207,9 +207,10 @@ ABSL_FLAG(uint64_t, seed, 0, "steer: the sampling seed");
 ABSL_FLAG(std::string, sweep, "",
           "steer: values of the first --intervene item, comma-separated: a run for each");
 ABSL_FLAG(int, crosscoder_source, -1,
-          "steer, attribute: for a crosscoder over several models (model diffing), the model to "
-          "steer or credit: its source, 0 for the first of the datasets it was trained on (the "
-          "others run beside it); scaling: the model the latents are said to be specific to "
+          "steer, attribute, graph: for a crosscoder over several models (model diffing), the "
+          "model to steer or credit: its source, 0 for the first of the datasets it was trained "
+          "on (the others run beside it; a graph's other datasets are that model's); scaling: the "
+          "model the latents are said to be specific to "
           "(default: the last)");
 ABSL_FLAG(double, min_share, -1,
           "scaling: with no latents named, those whose block in --crosscoder_source's model holds "
@@ -1528,6 +1529,17 @@ bool TokenFlag(const std::string& flag, const std::string& value,
 
 // Which latents drive the prediction after a prompt (AttributePrompt):
 // `attribute ID T1 T2 ... [--target=T [--contrast=T]] [--limit=N]`.
+// With --crosscoder_source, the line that says which model a model-diffing crosscoder's
+// attribution ran (the answer does not repeat the request); else "".
+std::string CrosscoderSourceLine() {
+  const int source = absl::GetFlag(FLAGS_crosscoder_source);
+  if (source < 0) return "";
+  return absl::StrFormat(
+      "run by the crosscoder's source %d's model, the other models beside it for its latents' "
+      "values\n",
+      source);
+}
+
 // The prompt (tokens or --text) and the metric (--target, --contrast, --target_latent) of an
 // attribute or graph command; false with *error (a usage message) when a flag is wrong.
 bool AttributionRequestFlags(const std::vector<std::string>& args,
@@ -1594,7 +1606,8 @@ int Attribute(Client& client, const std::vector<std::string>& args) {
   if (json) {
     std::printf("%s\n", Json(response).c_str());
   } else {
-    std::printf("%s", DescribeAttribution(id, response, vocab).c_str());
+    std::printf("%s%s", CrosscoderSourceLine().c_str(),
+                DescribeAttribution(id, response, vocab).c_str());
   }
   if (!absl::GetFlag(FLAGS_all_hooks)) return 0;
   // The same prediction at every other hook of the suite: where its latents carry it, and
@@ -1802,6 +1815,9 @@ int Graph(Client& client, const std::vector<std::string>& args) {
   request.set_min_importance(absl::GetFlag(FLAGS_min_importance));
   request.set_node_threshold(absl::GetFlag(FLAGS_node_threshold));
   request.set_ablate(absl::GetFlag(FLAGS_ablate) > 0);
+  if (const int source = absl::GetFlag(FLAGS_crosscoder_source); source >= 0) {
+    request.set_crosscoder_source(source);
+  }
   const int node_tokens = absl::GetFlag(FLAGS_node_tokens);
   if (node_tokens < 0 || node_tokens > 1000) {
     return Usage(absl::StrCat("--node_tokens: ", node_tokens, " outside [0, 1000]"));
@@ -1877,7 +1893,8 @@ int Graph(Client& client, const std::vector<std::string>& args) {
   if (json) {
     std::printf("%s\n", Json(response).c_str());
   } else {
-    std::printf("%s", DescribeAttributionGraph(response, vocab, &labels).c_str());
+    std::printf("%s%s", CrosscoderSourceLine().c_str(),
+                DescribeAttributionGraph(response, vocab, &labels).c_str());
   }
   return 0;
 }
@@ -2648,6 +2665,7 @@ datasets:
   graph ID T1 T2 ... [--target=T [--contrast=T] | --target_latent=D:J@P] [--per_hook=N]
         [--min_importance=F] [--node_threshold=F] [--node_tokens=N] [--ablate=1] [--dot=FILE.dot]
         [--layers=D,D,...] [--vocab=F] [--html=FILE.html] [--node_links=PATTERN]
+        [--crosscoder_source=S]
   graph ID --text="..." --vocab=tokenizer.json [...]
                                  an attribution graph over the SAE suite up to dataset ID's
                                  hook: the N latents (at their positions) that drive the
@@ -2655,7 +2673,9 @@ datasets:
                                  those, with each hook's SAE error and how much of what
                                  reaches the hook its nodes carry; each latent labelled with
                                  the tokens it fires on most; --html draws it, each latent
-                                 a link with --node_links=board-{dataset}/latent-{latent}.html
+                                 a link with --node_links=board-{dataset}/latent-{latent}.html;
+                                 --crosscoder_source=S with a model-diffing crosscoder among
+                                 --layers: model S runs it, the others S's SAEs
   compare ID OTHER [--sample=N] [--limit=N]
                                  how far two datasets' SAEs learned the same directions: each
                                  latent's nearest decoder direction in the other SAE (mean,

@@ -960,6 +960,23 @@ grpc::Status DatasetsService::AttributionGraph(
   for (const Hook& h : hooks) {
     labels.push_back(absl::StrCat(h.source.hook_name, " (dataset ", h.source.dataset_id, ")"));
   }
+  // A crosscoder over several models among them (model diffing) runs as the model the request
+  // names, the other models beside it; every other dataset must be of that model.
+  std::vector<std::optional<int>> crosscoder_sources(hooks.size());
+  bool over_models = false;
+  for (size_t h = 0; h < hooks.size(); ++h) {
+    auto several = options_.dataset_models->ReadsSeveralModels(hooks[h].source);
+    if (!several.ok()) return ToGrpcStatus(several.status());
+    over_models |= *several;
+    if (*several && request->has_crosscoder_source()) {
+      crosscoder_sources[h] = request->crosscoder_source();
+    }
+  }
+  if (request->has_crosscoder_source() && !over_models) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        "crosscoder_source: none of the graph's datasets is a crosscoder over several models' "
+        "activations"));
+  }
   const engine::AttributionQuery metric = AttributionQueryOf(*request);
   engine::GraphOptions options;
   if (request->per_hook() != 0) options.per_hook = request->per_hook();
@@ -973,14 +990,18 @@ grpc::Status DatasetsService::AttributionGraph(
       [&](int hook,
           const engine::AttributionQuery& query) -> absl::StatusOr<engine::AttributionResult> {
     if (context->IsCancelled()) return cancelled;
-    return options_.dataset_models->AttributePrompt(hooks[hook].source, query,
+    engine::AttributionQuery at_hook = query;
+    at_hook.crosscoder_source = crosscoder_sources[hook];
+    return options_.dataset_models->AttributePrompt(hooks[hook].source, at_hook,
                                                     metric_target ? &*metric_target : nullptr);
   };
   passes.latents = [&](int hook, const engine::AttributionQuery& query, int target_hook,
                        const std::vector<engine::TargetLatent>& targets)
       -> absl::StatusOr<std::vector<absl::StatusOr<engine::AttributionResult>>> {
     if (context->IsCancelled()) return cancelled;
-    return options_.dataset_models->AttributeToLatents(hooks[hook].source, query,
+    engine::AttributionQuery at_hook = query;
+    at_hook.crosscoder_source = crosscoder_sources[hook];
+    return options_.dataset_models->AttributeToLatents(hooks[hook].source, at_hook,
                                                        hooks[target_hook].source, targets);
   };
   auto graph =
@@ -1024,6 +1045,7 @@ grpc::Status DatasetsService::AttributionGraph(
   if (options.ablate) {
     // The graph's latents at every hook, taken out of one run together.
     std::vector<engine::DatasetSource> datasets;
+    std::vector<std::optional<int>> sources;
     std::vector<std::vector<engine::TargetLatent>> removed;
     int latents = 0;
     for (size_t h = 0; h < hooks.size(); ++h) {
@@ -1036,12 +1058,13 @@ grpc::Status DatasetsService::AttributionGraph(
       if (here.empty()) continue;
       latents += static_cast<int>(here.size());
       datasets.push_back(hooks[h].source);
+      sources.push_back(crosscoder_sources[h]);
       removed.push_back(std::move(here));
     }
     if (!datasets.empty()) {
       auto change = options_.dataset_models->AblateTogether(
           datasets, removed, metric, graph->output.target_token_id,
-          metric_target ? &*metric_target : nullptr);
+          metric_target ? &*metric_target : nullptr, sources);
       if (change.ok()) {
         response->set_circuit_ablated_change(*change);
         response->set_circuit_latents(latents);

@@ -1252,6 +1252,14 @@ TEST_F(DatasetsServiceTest, AttributionGraphConvertsNodesAndEdges) {
   s = ReadGraph(floored, &pruned, nullptr);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("node_threshold: -0.2"), std::string::npos) << s.error_message();
+  // A model to run named where no dataset is a crosscoder over several models.
+  floored.set_node_threshold(0);
+  floored.set_crosscoder_source(1);
+  s = ReadGraph(floored, &pruned, nullptr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("crosscoder_source: none of the graph's datasets"),
+            std::string::npos)
+      << s.error_message();
 
   // Hostile sizes: per_hook out of range, too many datasets, a metric field out of range.
   for (const auto& [per_hook, datasets, target, says] :

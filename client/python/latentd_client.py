@@ -474,7 +474,7 @@ class Client:
     def attribution_graph(self, dataset_ids, token_ids, target_token_id=None,
                           contrast_token_id=None, target_latent=None, per_hook=4,
                           output_dataset_id=0, progress=None, min_importance=0.0,
-                          node_threshold=0.0, ablate=False):
+                          node_threshold=0.0, ablate=False, crosscoder_source=None):
         """An attribution graph of the prompt over an SAE suite (dataset_ids: its datasets, any
         order; e.g. the outputs of one EXTRACT job): the latents, at their positions, that
         carry the metric hook by hook (AttributionGraph: nodes with their importance, the
@@ -490,11 +490,14 @@ class Client:
         metric's) measured change; circuit_ablated_change is the metric's change with all
         circuit_latents of the graph's latents taken out of one run together. progress:
         called with each AttributionGraphProgress (hooks_done, hooks, passes, hook_name) as the
-        daemon streams it."""
+        daemon streams it. crosscoder_source: with a model-diffing crosscoder among the
+        datasets, the model the graph runs (attribute_prompt's); the others are that model's."""
         request = datasets_pb2.AttributionGraphRequest(
             dataset_ids=[int(d) for d in dataset_ids], token_ids=[int(t) for t in token_ids],
             per_hook=per_hook, output_dataset_id=output_dataset_id,
             min_importance=min_importance, node_threshold=node_threshold, ablate=ablate)
+        if crosscoder_source is not None:
+            request.crosscoder_source = int(crosscoder_source)
         _set_metric(request, target_token_id, contrast_token_id, target_latent)
         graph = None
         for event in self.datasets.AttributionGraph(request, metadata=self.metadata,

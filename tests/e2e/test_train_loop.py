@@ -955,6 +955,7 @@ class TrainLoop(DaemonTestCase):
                                  *[str(t) for t in up_to_peak], "--crosscoder_source=1").stdout
         self.assertIn("metric log p(", shown)
         self.assertIn("%.4f" % credited.metric, shown)
+        self.assertIn("run by the crosscoder's source 1's model", shown)
         # What drives that latent in model 1: an SAE on model 1's block 0 (the demo SAE, over
         # the same tokens) attributed to the diff's latent at its peak, read in model 1 with
         # model 0 beside it: the metric is the latent's stored value there.
@@ -1011,6 +1012,29 @@ class TrainLoop(DaemonTestCase):
             "--target_latent=%d:%d@%d" % (own.result.extract.dataset_id, own_latent,
                                           len(up_to_peak) - 1)).stdout
         self.assertIn("%.4f" % by_diff.metric, shown)
+        # An attribution graph through the diff, run by model 1: the diff's latents (the output's
+        # parents, credited as attribute_prompt credits them) and model 1's block-0 SAE latents
+        # driving those, the circuit taken out of one run with model 0 beside it. Unnamed, the
+        # model to run is asked for; named with no diff among the datasets, refused.
+        suite = [upstream.result.extract.dataset_id, encoded.result.extract.dataset_id]
+        diff_graph = c.attribution_graph(suite, up_to_peak, per_hook=2, ablate=True,
+                                         crosscoder_source=1)
+        self.assertAlmostEqual(diff_graph.output.metric, credited.metric, places=5)
+        self.assertEqual([h.dataset_id for h in diff_graph.hooks], suite)
+        self.assertGreater(diff_graph.hooks[0].kept_nodes, 0, list(diff_graph.notes))
+        self.assertTrue(diff_graph.HasField("circuit_ablated_change"), list(diff_graph.notes))
+        with self.assertRaises(grpc.RpcError) as unnamed:
+            c.attribution_graph(suite, up_to_peak)
+        self.assertEqual(unnamed.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("crosscoder_source", unnamed.exception.details())
+        with self.assertRaises(grpc.RpcError) as no_diff:
+            c.attribution_graph(suite[:1], up_to_peak, crosscoder_source=1)
+        self.assertEqual(no_diff.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("crosscoder_source: none of the graph's datasets", no_diff.exception.details())
+        shown = daemon.latentctl("graph", str(suite[1]), *[str(t) for t in up_to_peak],
+                                 "--layers=%d,%d" % tuple(suite), "--crosscoder_source=1").stdout
+        self.assertIn("%.4f" % diff_graph.output.metric, shown)
+        self.assertIn("run by the crosscoder's source 1's model", shown)
         shown = daemon.latentctl("steer", str(encoded.result.extract.dataset_id),
                                  *[str(t) for t in prompt], "--intervene=%d:add=8" % j,
                                  "--crosscoder_source=1", "--new_tokens=2").stdout
