@@ -168,16 +168,21 @@ struct InterventionInputs {
   // Other models the run reads (a target crosscoder's over models), locked with these.
   std::vector<std::shared_ptr<const PromptModel>> held_too;
 
+  // `steering` with its models set (to be used under their locks: Run).
+  SteeringModel Bound() const {
+    SteeringModel out = steering;
+    out.model = model->model.get();
+    for (size_t s = 0; s < beside.size(); ++s) out.diffed_models[s].model = beside[s]->model.get();
+    return out;
+  }
+
   template <typename F>
   auto Run(F&& f) {
     std::vector<const PromptModel*> held = {model.get()};
     for (const auto& m : beside) held.push_back(m.get());
     for (const auto& m : held_too) held.push_back(m.get());
     return PromptModel::LockedAll(held, [&] {
-      steering.model = model->model.get();
-      for (size_t s = 0; s < beside.size(); ++s) {
-        steering.diffed_models[s].model = beside[s]->model.get();
-      }
+      steering = Bound();
       return f(steering);
     });
   }
@@ -1107,8 +1112,6 @@ absl::Status CheckPromptFits(const std::vector<int64_t>& ids, const std::vector<
 
 namespace {
 
-// Whether two datasets run one forward pass: the same model spec and, where both record one, the
-// same weight hash (compared so, a model rebuilt with more hooks is still the same model).
 // Whether a dataset's crosscoder reads several models' activations (model diffing): its
 // sources' models differ in spec or recorded weights, or one is not known.
 bool OverSeveralModels(const DatasetInputs& inputs) {
@@ -1123,6 +1126,8 @@ bool OverSeveralModels(const DatasetInputs& inputs) {
   return false;
 }
 
+// Whether two datasets run one forward pass: the same model spec and, where both record one, the
+// same weight hash (compared so, a model rebuilt with more hooks is still the same model).
 bool SameForward(const DatasetSource& a, const latentd::v1::ModelSpec& a_model,
                  const DatasetSource& b, const latentd::v1::ModelSpec& b_model) {
   const bool hashes_differ = !a.model_weight_hash.empty() && !b.model_weight_hash.empty() &&
@@ -1436,10 +1441,7 @@ absl::Status DatasetModels::Impl::DiffedTarget(const DatasetSource& dataset,
   ASSIGN_OR_RETURN(const HookName hook, ParseHookName(models[running].spec.hook_name()));
   TargetSae target{&out->target_sae->sae, hook};
   target.diffed_source = running;
-  target.diffed_models = beside.steering.diffed_models;
-  for (size_t s = 0; s < models.size(); ++s) {
-    target.diffed_models[s].model = beside.beside[s]->model.get();
-  }
+  target.diffed_models = beside.Bound().diffed_models;
   out->target = std::move(target);
   out->in.held_too = std::move(beside.beside);
   return absl::OkStatus();
@@ -1641,12 +1643,9 @@ absl::StatusOr<double> DatasetModels::AblateTogether(
     }
     return first.in.Run([&](const SteeringModel& steering) -> absl::StatusOr<double> {
       std::vector<SteeringModel> saes = {steering};
-      for (InterventionInputs& in : others) {
-        saes.push_back(in.steering);
+      for (const InterventionInputs& in : others) {
+        saes.push_back(in.Bound());
         saes.back().model = steering.model;
-        for (size_t s = 0; s < in.beside.size(); ++s) {
-          saes.back().diffed_models[s].model = in.beside[s]->model.get();
-        }
       }
       return engine::AblateTogether(saes, removed, first.in.tokens, metric, target_token,
                                     first.target ? &*first.target : nullptr);
