@@ -467,6 +467,16 @@ double TargetValue(Gpt2Model& m, const std::string& hook, const at::Tensor& add,
   return TargetValue(m, HookAdds{{hook, add}}, target, target_hook, latent, position);
 }
 
+// That value's derivative along `direction` [n, width] added at `hook`, by central differences.
+double TargetDerivative(Gpt2Model& m, const std::string& hook, const at::Tensor& direction,
+                        const Sae& target, const std::string& target_hook, int64_t latent,
+                        int64_t position) {
+  const double eps = 1e-3;
+  return (TargetValue(m, hook, direction * eps, target, target_hook, latent, position) -
+          TargetValue(m, hook, direction * -eps, target, target_hook, latent, position)) /
+         (2 * eps);
+}
+
 // A crosscoder over blocks 1 and 0 (in that order of its blocks): each entry is credited its
 // effect through both hooks it writes, each with its own block of the decoder, and the error
 // term is both sources' error together.
@@ -590,16 +600,12 @@ TEST(AttributionTest, ALaterSaesLatentIsDrivenByTheEarlierLatents) {
   EXPECT_NEAR(got->metric, value, 1e-4);
   ASSERT_TRUE(got->target_latent.has_value());
   EXPECT_EQ(got->target_latent->latent, j);
-  const double eps = 1e-3;
   for (int i = 0; i < 3; ++i) {
     const LatentAttribution& e = got->top_entries[i];
     EXPECT_LE(e.position, position);
-    const at::Tensor d = EntryDirection(sae, e);
-    const double derivative =
-        (TargetValue(*model, kHook, d * eps, target, target_hook, j, position) -
-         TargetValue(*model, kHook, d * -eps, target, target_hook, j, position)) /
-        (2 * eps);
-    ExpectDerivative(derivative, e.attribution, "latent target entry " + std::to_string(i));
+    ExpectDerivative(
+        TargetDerivative(*model, kHook, EntryDirection(sae, e), target, target_hook, j, position),
+        e.attribution, "latent target entry " + std::to_string(i));
   }
   for (size_t p = position + 1; p < kInterventionPrompt.size(); ++p) {
     EXPECT_EQ(got->latent_attribution_by_position[p], 0) << p;
@@ -779,16 +785,12 @@ TEST(AttributionTest, ACrosscoderOverModelsDrivesALaterLatentOfTheRunningModel) 
   for (const LatentAttribution& e : got->top_entries) {
     EXPECT_NEAR(e.activation, z[e.position][e.latent].item<float>(), 1e-5);
   }
-  const double eps = 1e-3;
   for (int i = 0; i < 3; ++i) {
     const LatentAttribution& e = got->top_entries[i];
     EXPECT_LE(e.position, position);
-    const at::Tensor d = DiffedEntryDirection(crosscoder, e);
-    const double derivative =
-        (TargetValue(*model, hook, d * eps, target, target_hook, j, position) -
-         TargetValue(*model, hook, d * -eps, target, target_hook, j, position)) /
-        (2 * eps);
-    ExpectDerivative(derivative, e.attribution, "entry " + std::to_string(i));
+    ExpectDerivative(TargetDerivative(*model, hook, DiffedEntryDirection(crosscoder, e), target,
+                                      target_hook, j, position),
+                     e.attribution, "entry " + std::to_string(i));
   }
   ASSERT_EQ(got->ablated_changes.size(), 2u);
   for (int i = 0; i < 2; ++i) {
