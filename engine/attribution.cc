@@ -364,9 +364,11 @@ absl::Status Ablate(const SteeringModel& steering, const std::vector<int64_t>& p
     } else {
       model.PredictNextTokens(prefix, {}, /*losses=*/false, &cache);
     }
+    // Every run reads the same prefix: a view of it per run, not a copy (each layer's pass
+    // concatenates its new positions onto it, and nothing writes it in place).
     for (std::vector<at::Tensor>* held : {&cache.keys, &cache.values}) {
       for (at::Tensor& t : *held) {
-        if (t.defined()) t = t.repeat({1 + runs, 1, 1, 1});
+        if (t.defined()) t = t.expand({1 + runs, -1, -1, -1});
       }
     }
   }
