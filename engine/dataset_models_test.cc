@@ -1217,6 +1217,9 @@ TEST_F(DatasetModelsTest, ACrosscodersLatentSaysHowItsDecoderSplitsBetweenItsSou
       auto unnamed = models.AblateTogether({later, source}, {{}, {{top.latent, top.position}}},
                                            to_later, 0, &later);
       EXPECT_EQ(unnamed.status().code(), absl::StatusCode::kFailedPrecondition) << unnamed.status();
+      auto too_many = models.AblateTogether({source}, {{{top.latent, top.position}}}, to_later, 0,
+                                            &later, {0, 0});
+      EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument) << too_many.status();
       to_later.crosscoder_source = 1;
       auto other_forward = models.AttributePrompt(source, to_later, &later);
       EXPECT_EQ(other_forward.status().code(), absl::StatusCode::kInvalidArgument);
