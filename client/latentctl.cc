@@ -1324,6 +1324,24 @@ absl::StatusOr<std::vector<v1::DatasetInfo>> SiblingDatasets(Client& client, uin
   return SiblingDatasets(client, info);
 }
 
+// The suite a query over dataset `id` runs beside (attribute --all_hooks, a graph without
+// --layers): its siblings; with --crosscoder_source=S for a crosscoder over stored datasets
+// (model diffing), those of source S's stored dataset instead, the SAEs of the model that runs
+// over the same rows (the diff itself records no model).
+absl::StatusOr<std::vector<v1::DatasetInfo>> SuiteOf(Client& client, uint64_t id) {
+  ASSIGN_OR_RETURN(const v1::DatasetInfo info, GetDatasetInfo(client, id));
+  const int source = absl::GetFlag(FLAGS_crosscoder_source);
+  if (source < 0) return SiblingDatasets(client, info);
+  const v1::JobSpec spec = JobSpecOrEmpty(client, info.job_id());
+  const v1::StoredActivationsSpec& stored = spec.extract().model().stored();
+  if (source >= stored.dataset_ids_size()) {
+    return SiblingDatasets(client, info);  // (out of range: the daemon's answer names it)
+  }
+  ASSIGN_OR_RETURN(const v1::DatasetInfo of_source,
+                   GetDatasetInfo(client, stored.dataset_ids(source)));
+  return SiblingDatasets(client, of_source);
+}
+
 // "dataset D (name)" for a heading, the hook added unless the name (a more_outputs default)
 // ends in it already.
 std::string DatasetLabel(const v1::DatasetInfo& d) {
@@ -1612,12 +1630,13 @@ int Attribute(Client& client, const std::vector<std::string>& args) {
   if (!absl::GetFlag(FLAGS_all_hooks)) return 0;
   // The same prediction at every other hook of the suite: where its latents carry it, and
   // where the SAE's error does.
-  auto siblings = SiblingDatasets(client, id);
+  auto siblings = SuiteOf(client, id);
   if (!siblings.ok()) {
     std::fprintf(stderr, "latentctl: %s\n", siblings.status().ToString().c_str());
     return kExitRpcError;
   }
   request.set_top(limit);
+  request.clear_crosscoder_source();  // the suite's SAEs are the running model's own
   const bool to_latent = request.has_target_latent();
   // The same prediction everywhere (or the same latent, from every hook before it).
   if (!to_latent) request.set_target_token_id(response.target_token_id());
@@ -1842,7 +1861,7 @@ int Graph(Client& client, const std::vector<std::string>& args) {
       request.add_dataset_ids(dataset);
     }
   } else {
-    auto suite = SiblingDatasets(client, id);
+    auto suite = SuiteOf(client, id);
     if (!suite.ok()) {
       std::fprintf(stderr, "latentctl: %s\n", suite.status().ToString().c_str());
       return kExitRpcError;
@@ -2674,8 +2693,9 @@ datasets:
                                  reaches the hook its nodes carry; each latent labelled with
                                  the tokens it fires on most; --html draws it, each latent
                                  a link with --node_links=board-{dataset}/latent-{latent}.html;
-                                 --crosscoder_source=S with a model-diffing crosscoder among
-                                 --layers: model S runs it, the others S's SAEs
+                                 --crosscoder_source=S with a model-diffing crosscoder: model
+                                 S runs it, the other layers S's SAEs (without --layers, those
+                                 over the same rows)
   compare ID OTHER [--sample=N] [--limit=N]
                                  how far two datasets' SAEs learned the same directions: each
                                  latent's nearest decoder direction in the other SAE (mean,

@@ -1035,6 +1035,18 @@ class TrainLoop(DaemonTestCase):
                                  "--layers=%d,%d" % tuple(suite), "--crosscoder_source=1").stdout
         self.assertIn("%.4f" % diff_graph.output.metric, shown)
         self.assertIn("run by the crosscoder's source 1's model", shown)
+        # Without --layers the suite is the SAEs of model 1 over the same rows (those of its
+        # stored dataset's siblings): block 0's joins the diff, and --all_hooks gives a line
+        # for each of them.
+        shown = daemon.latentctl("graph", str(suite[1]), *[str(t) for t in up_to_peak],
+                                 "--crosscoder_source=1").stdout
+        self.assertIn("%.4f" % diff_graph.output.metric, shown)
+        self.assertIn("(dataset %d)" % suite[0], shown)
+        shown = daemon.latentctl("attribute", str(suite[1]), *[str(t) for t in up_to_peak],
+                                 "--crosscoder_source=1", "--all_hooks").stdout
+        self.assertIn("the same metric at the other hooks:", shown)
+        for dataset in (upstream, own):
+            self.assertIn("dataset %d (seed-2-block-" % dataset.result.extract.dataset_id, shown)
         shown = daemon.latentctl("steer", str(encoded.result.extract.dataset_id),
                                  *[str(t) for t in prompt], "--intervene=%d:add=8" % j,
                                  "--crosscoder_source=1", "--new_tokens=2").stdout
