@@ -961,18 +961,19 @@ grpc::Status DatasetsService::AttributionGraph(
     labels.push_back(absl::StrCat(h.source.hook_name, " (dataset ", h.source.dataset_id, ")"));
   }
   // A crosscoder over several models among them (model diffing) runs as the model the request
-  // names, the other models beside it; every other dataset must be of that model.
+  // names, the other models beside it; every other dataset must be of that model. A dataset
+  // whose inputs cannot be read is left to its passes, which say why (an earlier hook whose
+  // passes all fail is noted and skipped, as before).
   std::vector<std::optional<int>> crosscoder_sources(hooks.size());
-  bool over_models = false;
+  bool over_models = false, all_read = true;
   for (size_t h = 0; h < hooks.size(); ++h) {
     auto several = options_.dataset_models->ReadsSeveralModels(hooks[h].source);
-    if (!several.ok()) return ToGrpcStatus(several.status());
-    over_models |= *several;
-    if (*several && request->has_crosscoder_source()) {
-      crosscoder_sources[h] = request->crosscoder_source();
-    }
+    all_read &= several.ok();
+    if (!several.ok() || !*several) continue;
+    over_models = true;
+    if (request->has_crosscoder_source()) crosscoder_sources[h] = request->crosscoder_source();
   }
-  if (request->has_crosscoder_source() && !over_models) {
+  if (request->has_crosscoder_source() && !over_models && all_read) {
     return ToGrpcStatus(absl::InvalidArgumentError(
         "crosscoder_source: none of the graph's datasets is a crosscoder over several models' "
         "activations"));
