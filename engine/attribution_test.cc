@@ -352,14 +352,14 @@ TEST(AttributionTest, ACrosscoderOverModelsIsCreditedInTheRunningModel) {
   }
   const at::Tensor both = at::cat({x_other, x}, 1);
   const at::Tensor z = crosscoder.EncodeDense(both);
-  auto direction = [&](const LatentAttribution& e) { return DiffedEntryDirection(crosscoder, e); };
   ASSERT_EQ(got->top_entries.size(), kInterventionPrompt.size() * 4);  // k = 4
   for (const LatentAttribution& e : got->top_entries) {
     EXPECT_NEAR(e.activation, z[e.position][e.latent].item<float>(), 1e-5);
   }
   for (int i = 0; i < 3; ++i) {
     const LatentAttribution& e = got->top_entries[i];
-    ExpectDerivative(Derivative(*model, hook, direction(e), got->target_token_id, std::nullopt),
+    ExpectDerivative(Derivative(*model, hook, DiffedEntryDirection(crosscoder, e),
+                                got->target_token_id, std::nullopt),
                      e.attribution, "entry " + std::to_string(i));
   }
   const at::Tensor predicted = crosscoder.Predict(both, crosscoder.EncodeSparse(both));
@@ -369,9 +369,11 @@ TEST(AttributionTest, ACrosscoderOverModelsIsCreditedInTheRunningModel) {
   ASSERT_EQ(got->ablated_changes.size(), 2u);
   for (int i = 0; i < 2; ++i) {
     const LatentAttribution& e = got->top_entries[i];
-    EXPECT_NEAR(
-        got->ablated_changes[i],
-        Metric(*model, hook, -direction(e), got->target_token_id, std::nullopt) - got->metric, 1e-4)
+    EXPECT_NEAR(got->ablated_changes[i],
+                Metric(*model, hook, -DiffedEntryDirection(crosscoder, e), got->target_token_id,
+                       std::nullopt) -
+                    got->metric,
+                1e-4)
         << i;
   }
 
