@@ -1,0 +1,89 @@
+// The command-line flags of latentctl, declared for the files of its commands. Each flag's help
+// text (latentctl_flags.cc, `latentctl --helpfull`) names the commands that read it; a flag a
+// command does not read is ignored by it.
+#ifndef LATENTD_CLIENT_LATENTCTL_FLAGS_H_
+#define LATENTD_CLIENT_LATENTCTL_FLAGS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/flags/declare.h"
+
+ABSL_DECLARE_FLAG(std::string, server);
+ABSL_DECLARE_FLAG(std::string, token_file);
+ABSL_DECLARE_FLAG(bool, json);
+ABSL_DECLARE_FLAG(std::string, type);
+ABSL_DECLARE_FLAG(std::string, spec);
+ABSL_DECLARE_FLAG(std::string, request_id);
+ABSL_DECLARE_FLAG(int, num_devices);
+ABSL_DECLARE_FLAG(int, priority);
+ABSL_DECLARE_FLAG(std::string, label);
+ABSL_DECLARE_FLAG(std::string, state);
+ABSL_DECLARE_FLAG(int, page_size);
+ABSL_DECLARE_FLAG(bool, all);
+ABSL_DECLARE_FLAG(int64_t, after);
+ABSL_DECLARE_FLAG(std::string, after_jobs);
+ABSL_DECLARE_FLAG(bool, watch);
+ABSL_DECLARE_FLAG(bool, job);
+ABSL_DECLARE_FLAG(std::string, bind);
+ABSL_DECLARE_FLAG(int64_t, start);
+ABSL_DECLARE_FLAG(int64_t, count);
+ABSL_DECLARE_FLAG(int, top);
+ABSL_DECLARE_FLAG(int, before);
+ABSL_DECLARE_FLAG(int, after_tokens);
+ABSL_DECLARE_FLAG(int, intervals);
+ABSL_DECLARE_FLAG(int, interval_samples);
+ABSL_DECLARE_FLAG(int, tokens);
+ABSL_DECLARE_FLAG(bool, positions);
+ABSL_DECLARE_FLAG(bool, distinct);
+ABSL_DECLARE_FLAG(std::string, vocab);
+ABSL_DECLARE_FLAG(std::string, html);
+ABSL_DECLARE_FLAG(int, per_hook);
+ABSL_DECLARE_FLAG(int, ablate);
+ABSL_DECLARE_FLAG(std::string, dot);
+ABSL_DECLARE_FLAG(double, min_importance);
+ABSL_DECLARE_FLAG(double, node_threshold);
+ABSL_DECLARE_FLAG(std::string, node_links);
+ABSL_DECLARE_FLAG(bool, node_pages);
+ABSL_DECLARE_FLAG(int, node_tokens);
+ABSL_DECLARE_FLAG(std::string, layers);
+ABSL_DECLARE_FLAG(std::string, target_latent);
+ABSL_DECLARE_FLAG(std::string, unembedding);
+ABSL_DECLARE_FLAG(std::string, format);
+ABSL_DECLARE_FLAG(int32_t, splits);
+ABSL_DECLARE_FLAG(bool, dry_run);
+ABSL_DECLARE_FLAG(std::string, plot);
+ABSL_DECLARE_FLAG(std::string, order);
+ABSL_DECLARE_FLAG(int, limit);
+ABSL_DECLARE_FLAG(int64_t, sample);
+ABSL_DECLARE_FLAG(int64_t, offset);
+ABSL_DECLARE_FLAG(int64_t, min_count);
+ABSL_DECLARE_FLAG(int32_t, silent);
+ABSL_DECLARE_FLAG(bool, all_hooks);
+ABSL_DECLARE_FLAG(uint64_t, in_dataset);
+ABSL_DECLARE_FLAG(std::string, rank);
+ABSL_DECLARE_FLAG(int64_t, max_rows);
+ABSL_DECLARE_FLAG(std::string, text);
+ABSL_DECLARE_FLAG(std::string, out);
+ABSL_DECLARE_FLAG(std::string, separator);
+ABSL_DECLARE_FLAG(bool, special_tokens);
+ABSL_DECLARE_FLAG(std::string, field);
+ABSL_DECLARE_FLAG(int, threads);
+ABSL_DECLARE_FLAG(std::string, nodes);
+ABSL_DECLARE_FLAG(std::string, node_devices);
+ABSL_DECLARE_FLAG(std::string, dataset);
+ABSL_DECLARE_FLAG(std::string, rendezvous);
+ABSL_DECLARE_FLAG(std::string, intervene);
+ABSL_DECLARE_FLAG(std::string, more_interventions);
+ABSL_DECLARE_FLAG(int, new_tokens);
+ABSL_DECLARE_FLAG(float, temperature);
+ABSL_DECLARE_FLAG(uint64_t, seed);
+ABSL_DECLARE_FLAG(std::string, sweep);
+ABSL_DECLARE_FLAG(int, crosscoder_source);
+ABSL_DECLARE_FLAG(double, min_share);
+ABSL_DECLARE_FLAG(int, baseline);
+ABSL_DECLARE_FLAG(std::string, target);
+ABSL_DECLARE_FLAG(std::string, contrast);
+ABSL_DECLARE_FLAG(int64_t, max_count);
+
+#endif  // LATENTD_CLIENT_LATENTCTL_FLAGS_H_
