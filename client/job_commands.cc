@@ -485,17 +485,18 @@ int List(Client& client) {
     request.set_type(parsed);
   }
   request.set_label(absl::GetFlag(FLAGS_label));
-  if (!absl::GetFlag(FLAGS_json)) {
-    std::printf("%-6s %-8s %-11s %-14s %-20s %s\n", "ID", "TYPE", "STATE", "REASON", "PROGRESS",
-                "LABEL");
-  }
-  while (true) {
+  for (bool first_page = true;; first_page = false) {
     v1::ListJobsResponse response;
     grpc::Status status = client.jobs()->ListJobs(client.Context().get(), request, &response);
     if (!status.ok()) return RpcError(status);
     if (absl::GetFlag(FLAGS_json)) {
       std::printf("%s\n", Json(response).c_str());
     } else {
+      // The header waits for the first answer: a refused list prints no empty table.
+      if (first_page) {
+        std::printf("%-6s %-8s %-11s %-14s %-20s %s\n", "ID", "TYPE", "STATE", "REASON", "PROGRESS",
+                    "LABEL");
+      }
       for (const auto& job : response.jobs()) PrintJobLine(job);
     }
     if (!absl::GetFlag(FLAGS_all) || response.next_page_token().empty()) break;

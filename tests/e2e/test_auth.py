@@ -61,6 +61,7 @@ class Auth(DaemonTestCase):
         denied = self.daemon.latentctl("list", check=False)
         self.assertEqual(denied.returncode, 1)
         self.assertIn("UNAUTHENTICATED", denied.stderr)
+        self.assertEqual(denied.stdout, "")  # no empty table under the refusal
         ok = self.daemon.latentctl("list", token_file=self.token_file)
         self.assertIn("ID", ok.stdout)
 
