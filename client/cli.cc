@@ -40,7 +40,8 @@ std::string Json(const google::protobuf::Message& message) {
 }
 
 std::string Bar(int64_t count, int64_t peak) {
-  return std::string(count > 0 ? 1 + 40 * count / std::max<int64_t>(peak, 1) : 0, '#');
+  if (count <= 0) return "";
+  return std::string(1 + 39 * count / std::max(peak, count), '#');
 }
 
 std::vector<int64_t> MergeBins(const google::protobuf::RepeatedField<int64_t>& bins, int merge) {

@@ -68,7 +68,8 @@ class Client {
 // `message` in the protobuf JSON mapping (camelCase names), on one line.
 std::string Json(const google::protobuf::Message& message);
 
-// A terminal bar for `count` against the largest count shown, `peak`: 1 to 40 '#', none for 0.
+// A terminal bar for `count` against the largest count shown, `peak`: 1 to 40 '#' (40 at the
+// peak or past it), none for 0.
 std::string Bar(int64_t count, int64_t peak);
 
 // Histogram bins summed `merge` at a time (the last group may hold fewer), so that a long
@@ -87,7 +88,7 @@ std::string Time(const google::protobuf::Timestamp& t);
 // `bytes` in B, KiB, MiB, GiB or TiB.
 std::string Bytes(double bytes);
 
-// args[i] as an id; false when it is missing or not a number.
+// args[i] as an id; false when it is missing or not a positive number.
 bool ParseId(const std::vector<std::string>& args, size_t i, uint64_t* id);
 
 // A failed call's status as an absl::Status (the codes are the same numbers).
