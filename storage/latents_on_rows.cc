@@ -370,6 +370,79 @@ absl::StatusOr<LatentsOnRows> LatentsFiringOnToken(const ChunkStore& store, uint
 
 namespace {
 
+// Calls fn(lo, hi) for each part [lo, hi) of `spans` (ascending, not overlapping) within chunk
+// c's rows, ascending.
+template <typename Fn>
+void ForSpansIn(const std::vector<RowSpan>& spans, const ChunkPick& c, Fn fn) {
+  const auto ends_after_start = [](int64_t row, const RowSpan& s) {
+    return row < s.start + s.count;
+  };
+  for (auto s = std::upper_bound(spans.begin(), spans.end(), c.start, ends_after_start);
+       s != spans.end() && s->start < c.end; ++s) {
+    fn(std::max(s->start, c.start), std::min(s->start + s->count, c.end));
+  }
+}
+
+absl::Status CheckSpans(const std::vector<RowSpan>& spans, const DatasetRecord& rec) {
+  if (static_cast<int64_t>(spans.size()) > kMaxRowSpans) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row_ranges: ", spans.size(), " ranges, more than ", kMaxRowSpans));
+  }
+  int64_t previous_end = 0;  // every span before is within the committed rows, so no overflow
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const RowSpan& s = spans[i];
+    if (s.count < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("row_ranges[", i, "]: count ", s.count, " is below 1"));
+    }
+    if (s.start < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("row_ranges[", i, "]: start ", s.start, " is negative"));
+    }
+    if (i > 0 && s.start < previous_end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "row_ranges[", i, "]: starts at row ", s.start, ", before row_ranges[", i - 1,
+          "] ends (row ", previous_end, "): ranges must ascend without overlapping"));
+    }
+    if (s.count > rec.rows_committed - s.start) {
+      return absl::OutOfRangeError(
+          absl::StrCat("row_ranges[", i, "]: rows [", s.start, ", ", s.start, " + ", s.count,
+                       ") pass the ", rec.rows_committed, " committed rows of dataset ", rec.id));
+    }
+    previous_end = s.start + s.count;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LatentsOnRows> LatentsInRowSpans(const ChunkStore& store, uint64_t id,
+                                                const std::vector<RowSpan>& spans,
+                                                const LatentsOnRowsOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(options));
+  ASSIGN_OR_RETURN(const DatasetRecord selecting, SparseRecord(store, id));
+  ASSIGN_OR_RETURN(const DatasetRecord rec, CountedRecord(store, selecting, options));
+  RETURN_IF_ERROR(CheckSpans(spans, rec));
+  ASSIGN_OR_RETURN(std::vector<ChunkPick> chunks, Chunks(store, rec));
+  for (ChunkPick& c : chunks) {
+    ForSpansIn(spans, c, [&c](int64_t lo, int64_t hi) {
+      if (c.selected == 0) c.first = lo;
+      c.selected += hi - lo;
+      c.last = hi - 1;
+    });
+  }
+  return Tally(store, rec, chunks, /*exclude=*/-1, options,
+               [&](const ChunkPick& c, std::vector<int64_t>* selected) {
+                 selected->clear();
+                 ForSpansIn(spans, c, [selected](int64_t lo, int64_t hi) {
+                   for (int64_t row = lo; row < hi; ++row) selected->push_back(row);
+                 });
+                 return absl::OkStatus();
+               });
+}
+
+namespace {
+
 absl::Status CheckTokenLimit(int32_t limit) {
   if (limit < 1 || limit > kMaxTokensOfLatent) {
     return absl::InvalidArgumentError(

@@ -1,12 +1,13 @@
 // Which latents fire on a set of rows: the rows where one latent fires ("what fires with latent
 // j": feature splitting and absorption show up as latents that always co-fire) or the rows that
-// hold one token id ("what does the SAE see in this token"). Users answer both today by loading
-// every row. Here the selection comes from the latent's latent-major run (one small read per
-// chunk) or from the token-id parts (8 KiB per 4096 rows); then only chunks holding selected
-// rows are read, whole (a row's latents lie in every slice of its chunk), in an order spread over
-// the dataset, until `max_rows` selected rows have been counted. A selection larger than that is
-// thus sampled by chunks: the cost follows max_rows, not the dataset, for common latents and
-// tokens, while a rare one is counted exactly from the few chunks it touches.
+// hold one token id ("what does the SAE see in this token"), or rows the user names (row spans:
+// documents they labelled). Users answer these today by loading every row. Here the selection comes
+// from the latent's latent-major run (one small read per chunk) or from the token-id parts (8 KiB
+// per 4096 rows); then only chunks holding selected rows are read, whole (a row's latents lie in
+// every slice of its chunk), in an order spread over the dataset, until `max_rows` selected rows
+// have been counted. A selection larger than that is thus sampled by chunks: the cost follows
+// max_rows, not the dataset, for common latents and tokens, while a rare one is counted exactly
+// from the few chunks it touches.
 //
 // Two questions about one latent's rows sit here too, answered from its latent-major runs and
 // the token parts only: the tokens it fires on (TokensLatentFiresOn) and where in its sequences
@@ -82,6 +83,27 @@ absl::StatusOr<LatentsOnRows> LatentsFiringWith(const ChunkStore& store, uint64_
 absl::StatusOr<LatentsOnRows> LatentsFiringOnToken(const ChunkStore& store, uint64_t id,
                                                    int32_t token_id,
                                                    const LatentsOnRowsOptions& options);
+
+// Rows [start, start + count) of a dataset.
+struct RowSpan {
+  int64_t start = 0;
+  int64_t count = 0;
+};
+
+// Spans LatentsInRowSpans takes at most.
+inline constexpr int64_t kMaxRowSpans = int64_t{1} << 20;
+
+// The latents firing on the rows of `spans`: the rows a user picked (the documents labelled
+// positive, a range of the token stream), "what does the SAE see there, and what is enriched
+// there" (order by lift: against each latent's density over the whole dataset). The spans must
+// ascend without overlapping, each count >= 1, within the committed rows of the dataset counted
+// (options.in_dataset's when set: the rows are positions in the token stream both datasets
+// share). INVALID_ARGUMENT naming row_ranges[i] for an empty, negative, out-of-order or
+// overlapping span or for more than kMaxRowSpans of them, OUT_OF_RANGE naming it for one past the
+// committed rows; otherwise errors as LatentsFiringWith.
+absl::StatusOr<LatentsOnRows> LatentsInRowSpans(const ChunkStore& store, uint64_t id,
+                                                const std::vector<RowSpan>& spans,
+                                                const LatentsOnRowsOptions& options);
 
 // The tokens a latent fires on most: at most this many asked for.
 inline constexpr int32_t kMaxTokensOfLatent = 1000;

@@ -1,10 +1,12 @@
 #include "storage/latents_on_rows.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
 #include <set>
+#include <string>
 
 #include "common/test_dir.h"
 #include "gtest/gtest.h"
@@ -171,6 +173,78 @@ TEST_P(LatentsOnRowsTest, FiringOnATokenMatchesTheRows) {
   EXPECT_TRUE(none->latents.empty());
 }
 
+TEST_P(LatentsOnRowsTest, RowSpansMatchTheirRows) {
+  // Spans inside one chunk, across a chunk boundary (chunks of 100 rows), over several chunks,
+  // and the last row.
+  const std::vector<RowSpan> spans = {{5, 3}, {97, 10}, {400, 250}, {kRows - 1, 1}};
+  std::vector<int64_t> rows;
+  for (const RowSpan& span : spans) {
+    for (int64_t r = span.start; r < span.start + span.count; ++r) rows.push_back(r);
+  }
+  for (auto order : {LatentsOnRowsOrder::kByCount, LatentsOnRowsOrder::kByLift}) {
+    for (auto [threads, limit] : {std::pair{1, kWidth}, std::pair{3, kWidth}, std::pair{2, 3}}) {
+      LatentsOnRowsOptions o;
+      o.order = order;
+      o.limit = limit;
+      o.max_rows = kMaxRowsOnRows;
+      o.threads = threads;
+      auto got = LatentsInRowSpans(*store_, id_, spans, o);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ExpectSame(*got, Expected(rows, -1, order, 1), limit);
+    }
+  }
+  // The rows of latent 0 (every third) as spans of one row: its companions lead, itself first.
+  std::vector<RowSpan> thirds;
+  for (int64_t r = 0; r < kRows; r += 3) thirds.push_back({r, 1});
+  auto with0 = LatentsInRowSpans(*store_, id_, thirds, LatentsOnRowsOptions());
+  ASSERT_TRUE(with0.ok()) << with0.status();
+  ASSERT_GE(with0->latents.size(), 3u);
+  EXPECT_EQ(with0->rows_selected, kRows / 3);
+  EXPECT_EQ(with0->latents[0].latent, 0);
+  EXPECT_EQ(with0->latents[0].count, with0->rows_read);
+  EXPECT_NEAR(with0->latents[0].lift, 3.0, 1e-9);  // fires on all of them, a third of all rows
+  // No spans: nothing selected.
+  auto none = LatentsInRowSpans(*store_, id_, {}, LatentsOnRowsOptions());
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->rows_selected, 0);
+  EXPECT_TRUE(none->latents.empty());
+}
+
+TEST_P(LatentsOnRowsTest, BadRowSpansAreNamed) {
+  const auto status = [&](std::vector<RowSpan> spans) {
+    return LatentsInRowSpans(*store_, id_, spans, LatentsOnRowsOptions()).status();
+  };
+  const auto expect = [&](std::vector<RowSpan> spans, absl::StatusCode code,
+                          const std::string& message) {
+    const absl::Status s = status(spans);
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_EQ(s.message(), message);
+  };
+  expect({{0, 4}, {10, 0}}, absl::StatusCode::kInvalidArgument,
+         "row_ranges[1]: count 0 is below 1");
+  expect({{-2, 4}}, absl::StatusCode::kInvalidArgument, "row_ranges[0]: start -2 is negative");
+  expect({{10, 4}, {12, 4}}, absl::StatusCode::kInvalidArgument,
+         "row_ranges[1]: starts at row 12, before row_ranges[0] ends (row 14): ranges must "
+         "ascend without overlapping");
+  expect({{10, 4}, {2, 1}}, absl::StatusCode::kInvalidArgument,
+         "row_ranges[1]: starts at row 2, before row_ranges[0] ends (row 14): ranges must ascend "
+         "without overlapping");
+  expect({{0, 1}, {1490, 11}}, absl::StatusCode::kOutOfRange,
+         "row_ranges[1]: rows [1490, 1490 + 11) pass the 1500 committed rows of dataset " +
+             std::to_string(id_));
+  expect({{1, std::numeric_limits<int64_t>::max()}}, absl::StatusCode::kOutOfRange,
+         "row_ranges[0]: rows [1, 1 + 9223372036854775807) pass the 1500 committed rows of "
+         "dataset " +
+             std::to_string(id_));
+  EXPECT_TRUE(status({{0, 4}, {4, 4}}).ok());  // touching, not overlapping
+  EXPECT_EQ(LatentsInRowSpans(*store_, id_ + 9, {{0, 1}}, LatentsOnRowsOptions()).status().code(),
+            absl::StatusCode::kNotFound);
+  LatentsOnRowsOptions o;
+  o.limit = 0;
+  EXPECT_EQ(LatentsInRowSpans(*store_, id_, {{0, 1}}, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // Another dataset over the same rows (another layer of the same job): its latents are counted
 // on the rows the first one selects, up to its own committed prefix, and nothing is left out.
 TEST_P(LatentsOnRowsTest, LatentsOfAnotherDatasetOverTheSameRows) {
@@ -247,6 +321,15 @@ TEST_P(LatentsOnRowsTest, LatentsOfAnotherDatasetOverTheSameRows) {
   auto via = LatentsFiringOnToken(*store_, id_, 3, o);
   ASSERT_TRUE(own.ok() && via.ok());
   ExpectSame(*via, *own, 10);
+  // Row spans are rows of the dataset counted: within its 1000 committed rows.
+  const std::vector<RowSpan> spans = {{90, 30}, {950, 50}};
+  auto own_spans = LatentsInRowSpans(*store_, *other, spans, o);
+  auto via_spans = LatentsInRowSpans(*store_, id_, spans, o);
+  ASSERT_TRUE(own_spans.ok() && via_spans.ok());
+  ExpectSame(*via_spans, *own_spans, 10);
+  EXPECT_EQ(via_spans->rows_selected, 80);
+  EXPECT_EQ(LatentsInRowSpans(*store_, id_, {{990, 20}}, o).status().code(),
+            absl::StatusCode::kOutOfRange);
 
   // A dataset of other tokens, or a DENSE one, is refused.
   m.name = "elsewhere";
