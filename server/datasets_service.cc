@@ -502,8 +502,18 @@ grpc::Status DatasetsService::LatentsOnRows(grpc::ServerContext* context,
       found = storage::LatentsFiringOnToken(*store_, request->dataset_id(), request->token_id(),
                                             options);
       break;
+    case latentd::v1::LatentsOnRowsRequest::kRowRanges: {
+      std::vector<storage::RowSpan> spans;
+      spans.reserve(request->row_ranges().ranges_size());
+      for (const latentd::v1::RowRange& range : request->row_ranges().ranges()) {
+        spans.push_back({range.start(), range.count()});
+      }
+      found = storage::LatentsInRowSpans(*store_, request->dataset_id(), spans, options);
+      break;
+    }
     default:
-      return ToGrpcStatus(absl::InvalidArgumentError("rows: set with_latent or token_id"));
+      return ToGrpcStatus(
+          absl::InvalidArgumentError("rows: set with_latent, token_id or row_ranges"));
   }
   if (!found.ok()) return ToGrpcStatus(found.status());
   response->set_rows_selected(found->rows_selected);

@@ -270,10 +270,10 @@ TEST_F(DatasetsServiceTest, BadInputCodes) {
   }
 }
 
-// LatentsOnRows answers what the storage functions answer, for both selections and orders, with
+// LatentsOnRows answers what the storage functions answer, for each selection and order, with
 // the fraction computed from the rows read; a request without a selection or with an unknown
 // order names the field.
-TEST_F(DatasetsServiceTest, LatentsOnRowsConvertsBothSelections) {
+TEST_F(DatasetsServiceTest, LatentsOnRowsConvertsEachSelection) {
   const uint64_t id = MakeDataset("onrows", 400, 64);
   auto call = [&](const latentd::v1::LatentsOnRowsRequest& req,
                   latentd::v1::LatentsOnRowsResponse* resp) {
@@ -316,10 +316,30 @@ TEST_F(DatasetsServiceTest, LatentsOnRowsConvertsBothSelections) {
   for (int i = 0; i < resp.latents_size(); ++i) {
     EXPECT_EQ(resp.latents(i).latent(), want->latents[i].latent);
   }
-  req.clear_token_id();
+  // Row ranges: rows [10, 40) and [300, 305), ranked by lift as asked above.
+  latentd::v1::RowRange* range = req.mutable_row_ranges()->add_ranges();
+  range->set_start(10);
+  range->set_count(30);
+  range = req.mutable_row_ranges()->add_ranges();
+  range->set_start(300);
+  range->set_count(5);
+  ASSERT_TRUE(call(req, &resp).ok());
+  want = storage::LatentsInRowSpans(*store_, id, {{10, 30}, {300, 5}}, o);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(resp.rows_selected(), 35);
+  ASSERT_EQ(resp.latents_size(), static_cast<int>(want->latents.size()));
+  for (int i = 0; i < resp.latents_size(); ++i) {
+    EXPECT_EQ(resp.latents(i).latent(), want->latents[i].latent);
+    EXPECT_EQ(resp.latents(i).lift(), want->latents[i].lift);
+  }
+  range->set_count(500);  // past the 400 committed rows
   grpc::Status s = call(req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_NE(s.error_message().find("row_ranges[1]"), std::string::npos) << s.error_message();
+  req.clear_row_ranges();
+  s = call(req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(s.error_message().find("with_latent or token_id"), std::string::npos);
+  EXPECT_NE(s.error_message().find("with_latent, token_id or row_ranges"), std::string::npos);
   req.set_with_latent(1);
   req.set_order(static_cast<latentd::v1::RowLatentOrder>(9));
   s = call(req, &resp);
