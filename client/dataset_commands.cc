@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -20,10 +21,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/cli.h"
 #include "client/job_commands.h"
 #include "client/latent_view.h"
 #include "client/latentctl_flags.h"
+#include "client/row_ranges.h"
 #include "client/telemetry_plot.h"
 #include "client/vocabulary.h"
 #include "google/protobuf/util/json_util.h"
@@ -551,32 +554,60 @@ int Latent(Client& client, const std::vector<std::string>& args) {
   return 0;
 }
 
-int OnRows(Client& client, const std::vector<std::string>& args, bool by_token) {
-  const char* what = by_token ? "token" : "cofiring";
+int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
+  const char* what = by == RowsBy::kToken ? "token" : by == RowsBy::kLatent ? "cofiring" : "onrows";
   uint64_t id;
-  if (!ParseId(args, 1, &id) || args.size() < 3) {
-    return Usage(absl::StrCat(what, " needs a dataset id and a ",
-                              by_token ? "token (id, or text with --vocab)" : "latent index"));
+  const std::string rows_file = absl::GetFlag(FLAGS_rows_file);
+  const bool rows_given = args.size() >= 3 || (by == RowsBy::kRanges && !rows_file.empty());
+  if (!ParseId(args, 1, &id) || !rows_given) {
+    return Usage(absl::StrCat(what, " needs a dataset id and ",
+                              by == RowsBy::kToken ? "a token (id, or text with --vocab)"
+                              : by == RowsBy::kLatent
+                                  ? "a latent index"
+                                  : "rows (ROW or START:COUNT, or --rows_file)"));
   }
   std::optional<Vocabulary> vocab;
   if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
   v1::LatentsOnRowsRequest request;
   request.set_dataset_id(id);
-  int32_t selector = 0;
-  if (!absl::SimpleAtoi(args[2], &selector)) {
-    if (!by_token || !vocab)
-      return Usage(absl::StrCat(what, ": '", args[2], "' is not an integer"));
-    const std::vector<int32_t> ids = vocab->Find(args[2]);
-    if (ids.size() != 1) {
-      return Usage(absl::StrCat("token '", args[2], "': ", ids.size(),
-                                " tokens of the vocabulary are exactly that text"));
+  std::string selection;  // the rows, as the heading names them
+  if (by == RowsBy::kRanges) {
+    std::string text = absl::StrJoin(args.begin() + 2, args.end(), " ");
+    if (!rows_file.empty()) {
+      std::ifstream in(rows_file);
+      if (!in) return Usage(absl::StrCat("--rows_file: cannot read ", rows_file));
+      absl::StrAppend(&text, " ", std::string(std::istreambuf_iterator<char>(in), {}));
     }
-    selector = ids[0];
-  }
-  if (by_token) {
-    request.set_token_id(selector);
+    absl::StatusOr<std::vector<RowRange>> ranges = ParseRowRanges(text);
+    if (!ranges.ok()) return Usage(absl::StrCat("onrows: ", ranges.status().message()));
+    request.mutable_row_ranges();  // selected even when it holds no range
+    for (const RowRange& range : *ranges) {
+      v1::RowRange* out = request.mutable_row_ranges()->add_ranges();
+      out->set_start(range.start);
+      out->set_count(range.count);
+    }
+    selection =
+        absl::StrCat("named (", ranges->size(), ranges->size() == 1 ? " range)" : " ranges)");
   } else {
-    request.set_with_latent(selector);
+    int32_t selector = 0;
+    if (!absl::SimpleAtoi(args[2], &selector)) {
+      if (by != RowsBy::kToken || !vocab)
+        return Usage(absl::StrCat(what, ": '", args[2], "' is not an integer"));
+      const std::vector<int32_t> ids = vocab->Find(args[2]);
+      if (ids.size() != 1) {
+        return Usage(absl::StrCat("token '", args[2], "': ", ids.size(),
+                                  " tokens of the vocabulary are exactly that text"));
+      }
+      selector = ids[0];
+    }
+    if (by == RowsBy::kToken) {
+      request.set_token_id(selector);
+      selection = absl::StrCat("of token ", selector,
+                               vocab ? absl::StrCat(" \"", vocab->Display(selector), "\"") : "");
+    } else {
+      request.set_with_latent(selector);
+      selection = absl::StrCat("where latent ", selector, " fires");
+    }
   }
   const std::string rank = absl::GetFlag(FLAGS_rank);
   if (rank != "count" && rank != "lift") return Usage("--rank: use count or lift");
@@ -593,10 +624,6 @@ int OnRows(Client& client, const std::vector<std::string>& args, bool by_token) 
     std::printf("%s\n", Json(response).c_str());
     return 0;
   }
-  const std::string selection =
-      by_token ? absl::StrCat("of token ", selector,
-                              vocab ? absl::StrCat(" \"", vocab->Display(selector), "\"") : "")
-               : absl::StrCat("where latent ", selector, " fires");
   const uint64_t counted = request.in_dataset_id() != 0 ? request.in_dataset_id() : id;
   std::printf("dataset %llu: latents on the %lld rows %s%s (%lld read)\n",
               static_cast<unsigned long long>(counted),

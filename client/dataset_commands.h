@@ -39,10 +39,16 @@ int Latents(Client& client, const std::vector<std::string>& args);
 // "values": [...]}; a count line on stderr.
 int Firings(Client& client, const std::vector<std::string>& args);
 
-// The latents firing on a set of rows (LatentsOnRows): `cofiring ID J` (the rows where J fires)
-// or, with `by_token`, `token ID T` (the rows holding token T: an id, or with --vocab the
-// token's text).
-int OnRows(Client& client, const std::vector<std::string>& args, bool by_token);
+// How OnRows's command names the rows.
+enum class RowsBy {
+  kLatent,  // latentctl cofiring ID J: the rows where latent J fires
+  kToken,   // latentctl token ID T: the rows holding token T (an id, or with --vocab its text)
+  kRanges,  // latentctl onrows ID ROW|START:COUNT ... [--rows_file=F]: these rows (ParseRowRanges)
+};
+
+// The latents firing on a set of rows (LatentsOnRows), ranked by --rank (count or lift), --limit
+// of them, --max_rows counted, --in_dataset's latents.
+int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by);
 
 // latentctl weights ID J: what a latent's weights say: its nearest decoder directions and the
 // tokens its decoder direction raises and lowers most (GetLatentWeights).

@@ -229,6 +229,11 @@ datasets:
                                  --in_dataset: D's latents, e.g. another layer of the same job)
   token ID T [--vocab=F] [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
                                  the latents that fire on token T (an id, or its text with --vocab)
+  onrows ID ROW|START:COUNT ... [--rows_file=F] [--rank=count|lift] [--limit=N] [--max_rows=R]
+         [--min_count=C] [--in_dataset=D]
+                                 the latents that fire on the rows you name (the documents you
+                                 labelled; F: such items, e.g. from numpy.savetxt); with
+                                 --rank=lift, what is enriched there against the whole dataset
   export ID PATH [--format=npz|hdf5|parquet|delphi] [--start=R] [--count=N] [--splits=S]
          [--job [--watch|--dry_run] [--after_jobs=..] [--bind=export.dataset_id=JOB:extract.dataset_id]]
                                  server-side, under the export root (parquet: a row a row,
@@ -278,8 +283,9 @@ int Run(const std::vector<std::string>& args) {
   if (command == "graph") return Graph(client, args);
   if (command == "compare") return Compare(client, args);
   if (command == "scaling") return Scaling(client, args);
-  if (command == "cofiring") return OnRows(client, args, /*by_token=*/false);
-  if (command == "token") return OnRows(client, args, /*by_token=*/true);
+  if (command == "cofiring") return OnRows(client, args, RowsBy::kLatent);
+  if (command == "token") return OnRows(client, args, RowsBy::kToken);
+  if (command == "onrows") return OnRows(client, args, RowsBy::kRanges);
   if (command == "export") return Export(client, args);
   if (command == "delete-dataset") return DeleteDataset(client, args);
   if (command == "artifacts") return Artifacts(client);

@@ -97,15 +97,16 @@ ABSL_FLAG(std::string, plot, "",
 ABSL_FLAG(std::string, order, "latent",
           "latents, dashboard: latent, frequent, rare (dead first), max or mean (ties by latent "
           "index)");
-ABSL_FLAG(int, limit, 20,
-          "latents, dashboard, cofiring, token: latents to show; weights: neighbours and logits; "
-          "prompt: top latents over the prompt; compare: the latents matched worst; scaling: "
-          "own latents fitted when none is named");
+ABSL_FLAG(
+    int, limit, 20,
+    "latents, dashboard, cofiring, token, onrows: latents to show; weights: neighbours and logits; "
+    "prompt: top latents over the prompt; compare: the latents matched worst; scaling: "
+    "own latents fitted when none is named");
 ABSL_FLAG(int64_t, sample, 0,
           "compare: compare this many of the first SAE's latents, evenly spread (0: all)");
 ABSL_FLAG(int64_t, offset, 0, "latents, dashboard: skip this many in the order");
 ABSL_FLAG(int64_t, min_count, 0,
-          "latents: only latents firing at least this often; cofiring/token: at least this "
+          "latents: only latents firing at least this often; cofiring/token/onrows: at least this "
           "often on the rows read (default 1)");
 ABSL_FLAG(int32_t, silent, 0,
           "latent, dashboard, examples: also this many windows where the latent never fires, "
@@ -115,15 +116,17 @@ ABSL_FLAG(bool, all_hooks, false,
           "job, and "
           "other jobs' over the same tokens and model (a suite extracted a job per layer)");
 ABSL_FLAG(uint64_t, in_dataset, 0,
-          "cofiring/token: count the latents of this dataset on the selected rows (another "
+          "cofiring/token/onrows: count the latents of this dataset on the selected rows (another "
           "output of the same EXTRACT job, or a dataset over the same tokens)");
 ABSL_FLAG(std::string, rank, "count",
-          "cofiring/token: count (firings on the rows) or lift (their rate there over the "
+          "cofiring/token/onrows: count (firings on the rows) or lift (their rate there over the "
           "latent's density)");
 ABSL_FLAG(int64_t, max_rows, 0,
-          "cofiring/token: count at most this many of the selected rows (from chunks spread "
+          "cofiring/token/onrows: count at most this many of the selected rows (from chunks spread "
           "over the dataset; default 2048); scaling: firing rows fitted per latent (default "
           "16384)");
+ABSL_FLAG(std::string, rows_file, "",
+          "onrows: a file of rows (ROW or START:COUNT items, whitespace or commas between them)");
 ABSL_FLAG(std::string, text, "",
           "prompt: the prompt as text, tokenized with --vocab=tokenizer.json (instead of token "
           "ids)");

@@ -63,6 +63,7 @@ ABSL_DECLARE_FLAG(bool, all_hooks);
 ABSL_DECLARE_FLAG(uint64_t, in_dataset);
 ABSL_DECLARE_FLAG(std::string, rank);
 ABSL_DECLARE_FLAG(int64_t, max_rows);
+ABSL_DECLARE_FLAG(std::string, rows_file);
 ABSL_DECLARE_FLAG(std::string, text);
 ABSL_DECLARE_FLAG(std::string, out);
 ABSL_DECLARE_FLAG(std::string, separator);

@@ -23,6 +23,36 @@ from latentd.v1 import jobs_pb2, jobs_pb2_grpc
 TERMINAL_STATES = (jobs_pb2.SUCCEEDED, jobs_pb2.FAILED, jobs_pb2.CANCELLED)
 
 
+def _spans_of_rows(rows):
+    """Row indices (any order, repeats allowed) or a boolean mask as ascending (start, count)
+    runs of consecutive rows, as LatentsOnRows takes them."""
+    import numpy as np
+    rows = np.asarray(rows)
+    if rows.dtype == np.bool_:
+        rows = np.flatnonzero(rows)
+    rows = np.unique(rows.astype(np.int64, copy=False))
+    if rows.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    starts = rows[np.concatenate(([0], breaks))]
+    ends = rows[np.concatenate((breaks - 1, [rows.size - 1]))] + 1
+    return list(zip(starts.tolist(), (ends - starts).tolist()))
+
+
+def _merged_spans(row_ranges):
+    """(start, count) pairs sorted, with overlapping or touching ones merged."""
+    merged = []
+    for start, count in sorted((int(s), int(n)) for s, n in row_ranges):
+        if count < 1:
+            raise ValueError("row_ranges: (%d, %d) holds no row" % (start, count))
+        if merged and start <= merged[-1][0] + merged[-1][1]:
+            first = merged[-1][0]
+            merged[-1] = (first, max(merged[-1][1], start + count - first))
+        else:
+            merged.append((start, count))
+    return merged
+
+
 class Output:
     """A value of a job's result that does not exist yet: put it in a spec dict where the value
     goes, and the job waits for that job and takes the value once it has succeeded (a
@@ -346,17 +376,22 @@ class Client:
             request.max_firing_count = max_firing_count
         return self.datasets.ListLatents(request, metadata=self.metadata, timeout=self.timeout)
 
-    def latents_on_rows(self, dataset_id, with_latent=None, token_id=None, order="count",
-                        limit=20, max_rows=0, min_count=0, in_dataset=0):
-        """The latents firing on the rows where `with_latent` fires (what fires with it; it is
-        left out) or on the rows holding `token_id` (what the SAE sees in that token): give one.
+    def latents_on_rows(self, dataset_id, with_latent=None, token_id=None, rows=None,
+                        row_ranges=None, order="count", limit=20, max_rows=0, min_count=0,
+                        in_dataset=0):
+        """The latents firing on a set of rows; give one of: `with_latent` (the rows where it
+        fires: what fires with it; it is left out), `token_id` (the rows holding it: what the SAE
+        sees in that token), `rows` (row indices in any order, or a boolean mask over the rows:
+        the documents you labelled) or `row_ranges` ((start, count) pairs; they may overlap).
         Ranked by "count" (firings there) or "lift" (their rate there over the latent's density
-        in the whole dataset); rows_selected, rows_read (at most max_rows, 0: 2048, taken from
-        chunks spread over the dataset) and latents with latent, count, fraction, mean, lift.
-        in_dataset: count that dataset's latents on the selected rows instead (another output of
-        the same EXTRACT job, e.g. another layer, or any dataset over the same tokens)."""
-        if (with_latent is None) == (token_id is None):
-            raise ValueError("give exactly one of with_latent and token_id")
+        in the whole dataset: what is enriched there); rows_selected, rows_read (at most
+        max_rows, 0: 2048, taken from chunks spread over the dataset) and latents with latent,
+        count, fraction, mean, lift. in_dataset: count that dataset's latents on the selected
+        rows instead (another output of the same EXTRACT job, e.g. another layer, or any dataset
+        over the same tokens)."""
+        given = [x is not None for x in (with_latent, token_id, rows, row_ranges)]
+        if sum(given) != 1:
+            raise ValueError("give exactly one of with_latent, token_id, rows and row_ranges")
         if order not in ("count", "lift"):
             raise ValueError("order must be 'count' or 'lift', not %r" % (order,))
         request = datasets_pb2.LatentsOnRowsRequest(
@@ -365,8 +400,13 @@ class Client:
             in_dataset_id=in_dataset)
         if with_latent is not None:
             request.with_latent = with_latent
-        else:
+        elif token_id is not None:
             request.token_id = token_id
+        else:
+            spans = _spans_of_rows(rows) if rows is not None else _merged_spans(row_ranges)
+            request.row_ranges.SetInParent()  # selected even when there are no rows
+            for start, count in spans:
+                request.row_ranges.ranges.add(start=start, count=count)
         return self.datasets.LatentsOnRows(request, metadata=self.metadata, timeout=self.timeout)
 
     def latent_weights(self, dataset_id, latent, top_n=10, unembedding=""):

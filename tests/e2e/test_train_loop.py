@@ -351,8 +351,28 @@ class TrainLoop(DaemonTestCase):
         seen = c.latents_on_rows(dataset, token_id=token, limit=whole.shape[1])
         self.assertEqual(seen.rows_selected, len(on_token))
         self.assertEqual([(-l.count, l.latent) for l in seen.latents], expected(on_token, None))
+        # Rows named by the caller: a mask, indices in any order with repeats, or ranges that
+        # overlap; each is the same set of rows (sequences 2 and 5 and rows 7..9).
+        picked = numpy.zeros(whole.shape[0], dtype=bool)
+        picked[64:96] = picked[160:192] = picked[7:10] = True
+        chosen = numpy.flatnonzero(picked)
+        for selection in ({"rows": picked}, {"rows": chosen[::-1].tolist() + [8, 70]},
+                          {"row_ranges": [(160, 32), (64, 20), (80, 16), (7, 2), (9, 1)]}):
+            named = c.latents_on_rows(dataset, limit=whole.shape[1], max_rows=1 << 20,
+                                      **selection)
+            self.assertEqual((named.rows_selected, named.rows_read), (67, 67))
+            self.assertEqual([(-l.count, l.latent) for l in named.latents],
+                             expected(chosen, None))
+        enriched = c.latents_on_rows(dataset, rows=fires, order="lift", limit=1)
+        self.assertEqual(enriched.latents[0].latent, latent)  # fires on all, nowhere else
+        with self.assertRaises(grpc.RpcError) as raised:
+            c.latents_on_rows(dataset, row_ranges=[(whole.shape[0] - 1, 2)])
+        self.assertEqual(raised.exception.code(), grpc.StatusCode.OUT_OF_RANGE)
+        self.assertIn("row_ranges[0]", raised.exception.details())
         with self.assertRaises(ValueError):
             c.latents_on_rows(dataset)
+        with self.assertRaises(ValueError):
+            c.latents_on_rows(dataset, row_ranges=[(3, 0)])
         # The tokens it fires on, over every firing.
         ids, counts = numpy.unique(whole_tokens[fires], return_counts=True)
         on = c.get_latent(dataset, latent, top_n=1, top_tokens=1000).top_tokens
@@ -482,6 +502,27 @@ class TrainLoop(DaemonTestCase):
             shown = daemon.latentctl("token", str(dataset), text(token).replace("\u21b5", "\n"),
                                      "--vocab=" + vocab_path, "--limit=3").stdout
             self.assertIn("latents on the %d rows of token %d" % (len(on_token), token), shown)
+        # latentctl onrows: rows on the command line and in a file (as numpy.savetxt writes
+        # them), in any order, overlapping; the answer is Python's for the same rows.
+        rows_file = os.path.join(self.tmp, "rows.txt")
+        numpy.savetxt(rows_file, numpy.flatnonzero(picked[:100])[::-1], fmt="%d")
+        shown = daemon.latentctl("onrows", str(dataset), "160:32", "64:20,80:16",
+                                 "--rows_file=" + rows_file, "--rank=lift", "--limit=5",
+                                 "--max_rows=100000")
+        lines = shown.stdout.splitlines()
+        self.assertEqual(lines[0], "dataset %d: latents on the 67 rows named (3 ranges) "
+                         "(67 read)" % dataset)
+        by_lift = c.latents_on_rows(dataset, rows=picked, order="lift", limit=5,
+                                    max_rows=100000)
+        self.assertEqual([int(line.split()[0]) for line in lines[2:]],
+                         [l.latent for l in by_lift.latents])
+        refused = daemon.latentctl("onrows", str(dataset), "4:0", check=False)
+        self.assertEqual(refused.returncode, 2)
+        self.assertIn("'4:0': the count must be at least 1", refused.stderr)
+        past = daemon.latentctl("onrows", str(dataset), "%d:5" % (whole.shape[0] - 2),
+                                check=False)
+        self.assertEqual(past.returncode, 1)
+        self.assertIn("OUT_OF_RANGE: row_ranges[0]", past.stderr)
         # The same SAE trained with adam instead of smfac: how far the two learned the same
         # directions (CompareSaes) against numpy on both artifacts' decoders.
         adam = c.wait(c.submit("TRAIN", {
