@@ -30,6 +30,17 @@
 #include "google/protobuf/util/json_util.h"
 
 namespace latentd::client::cli {
+namespace {
+
+// Writes `text` to `path`, replacing what was there; false when it cannot.
+bool WriteWhole(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  return static_cast<bool>(out);
+}
+
+}  // namespace
 
 std::string Json(const google::protobuf::Message& message) {
   std::string out;
@@ -149,10 +160,7 @@ absl::StatusOr<std::vector<int32_t>> TokenizeWithVocabFlag(const std::string& te
 }
 
 bool WriteHtmlFlag(const std::string& path, const std::string& html) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << html;
-  out.close();
-  if (!out) {
+  if (!WriteWhole(path, html)) {
     std::fprintf(stderr, "latentctl: --html: cannot write %s\n", path.c_str());
     return false;
   }
@@ -195,11 +203,9 @@ std::string DatasetLabel(const v1::DatasetInfo& d) {
 }
 
 bool WriteFile(const std::filesystem::path& path, const std::string& html) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << html;
-  out.close();
-  if (!out) std::fprintf(stderr, "latentctl: cannot write %s\n", path.c_str());
-  return static_cast<bool>(out);
+  if (WriteWhole(path, html)) return true;
+  std::fprintf(stderr, "latentctl: cannot write %s\n", path.c_str());
+  return false;
 }
 
 }  // namespace latentd::client::cli
