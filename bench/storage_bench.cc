@@ -227,6 +227,7 @@ struct Result {
   // LatentsOnRows over rows a user names: 64 spans of 128 rows at random places (8192 rows,
   // all counted), ranked by lift.
   Percentiles on_spans;
+  Percentiles contrast;   // the same against 64 other spans (ContrastRowSpans, by difference)
   Percentiles tokens_of;  // GetLatent's top_tokens: the 20 tokens a random latent fires on most
   // GetLatent's top_tokens and positions together: two reads of the firings, against one
   // (ProfileLatent), alternating on the same latents.
@@ -450,24 +451,35 @@ Result RunConfig(const std::string& base, const Config& config, const Rows& rows
       Check(latentd::storage::LatentsFiringOnToken(store, id, token, {}).status());
       token_us.push_back(Seconds(b, Clock::now()) * 1e6);
     }
-    std::vector<double> spans_us;
-    for (int i = 0; i < 10 && n >= 64 * 128; ++i) {
+    std::vector<double> spans_us, contrast_us;
+    // 64 spans of 128 rows at random places, ascending.
+    auto random_spans = [&] {
       std::vector<int64_t> starts;
       for (int s = 0; s < 64; ++s) starts.push_back(qrng() % (n / 128) * 128);
       std::sort(starts.begin(), starts.end());
       starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
       std::vector<latentd::storage::RowSpan> spans;
       for (int64_t start : starts) spans.push_back({start, 128});
+      return spans;
+    };
+    for (int i = 0; i < 10 && n >= 64 * 128; ++i) {
+      const std::vector<latentd::storage::RowSpan> spans = random_spans();
       latentd::storage::LatentsOnRowsOptions options;
       options.order = latentd::storage::LatentsOnRowsOrder::kByLift;
       options.max_rows = latentd::storage::kMaxRowsOnRows;
       const auto b = Clock::now();
       Check(latentd::storage::LatentsInRowSpans(store, id, spans, options).status());
       spans_us.push_back(Seconds(b, Clock::now()) * 1e6);
+      options.order = latentd::storage::LatentsOnRowsOrder::kByDifference;
+      const std::vector<latentd::storage::RowSpan> versus = random_spans();
+      const auto v = Clock::now();
+      Check(latentd::storage::ContrastRowSpans(store, id, spans, versus, options).status());
+      contrast_us.push_back(Seconds(v, Clock::now()) * 1e6);
     }
     res.cofiring = Summarize(cofiring_us);
     res.on_token = Summarize(token_us);
     res.on_spans = Summarize(spans_us);
+    res.contrast = Summarize(contrast_us);
     res.tokens_of = Summarize(tokens_of_us);
     res.silent = Summarize(silent_us);
     res.tokens_positions_apart = Summarize(apart_us);
@@ -622,6 +634,10 @@ int main(int argc, char** argv) {
           "  LatentsOnRows on 64 named spans of 128 rows (8192 rows, all counted, by lift) "
           "p50 %.1f / p99 %.1f ms (x%.1f faster than the rescan)\n",
           r.on_spans.p50 / 1e3, r.on_spans.p99 / 1e3, r.rescan_ms * 1e3 / r.on_spans.p50);
+      std::printf(
+          "  ... contrasted with 64 other such spans (ContrastRowSpans, by difference) p50 %.1f "
+          "/ p99 %.1f ms\n",
+          r.contrast.p50 / 1e3, r.contrast.p99 / 1e3);
       std::printf(
           "  GetLatent's top_tokens (the 20 tokens a latent fires on most) p50 %.1f / "
           "p99 %.1f ms\n",

@@ -9,13 +9,19 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "storage/latent_stats.h"
 
 namespace latentd::storage {
 namespace {
 
-absl::Status CheckOptions(const LatentsOnRowsOptions& o) {
+// `versus`: whether there are versus rows, which kByDifference needs.
+absl::Status CheckOptions(const LatentsOnRowsOptions& o, bool versus = false) {
+  if (o.order == LatentsOnRowsOrder::kByDifference && !versus) {
+    return absl::InvalidArgumentError(
+        "order: by difference needs rows to contrast with (versus_row_ranges)");
+  }
   if (o.limit < 1 || o.limit > kMaxLatentsOnRows) {
     return absl::InvalidArgumentError(
         absl::StrCat("limit: ", o.limit, " outside [1, ", kMaxLatentsOnRows, "]"));
@@ -111,25 +117,32 @@ class LatentTally {
   std::vector<int32_t> seen_;
 };
 
-// Counts and ranks the latents of the selected rows: chunks in SpreadOrder until max_rows rows
-// are counted (the last chunk's first ones), `rows_of(chunk, &rows)` giving a chunk's selected
-// rows, ascending; `exclude` is left out. Each chunk is read as a row set (ReadRowSet: values are
-// decoded and rows assembled for the selected rows alone), on up to `threads` threads, each
-// tallying its own share (chunk i of the plan on thread i % threads), merged in thread order.
+// The latents of one selection's rows read, counted.
+struct Counted {
+  LatentTally tally;
+  int64_t rows_selected = 0;  // rows the selection matched
+  int64_t rows_read = 0;      // of them, counted
+};
+
+// Counts the latents of the selected rows: chunks in SpreadOrder until max_rows rows are counted
+// (the last chunk's first ones), `rows_of(chunk, &rows)` giving a chunk's selected rows,
+// ascending. Each chunk is read as a row set (ReadRowSet: values are decoded and rows assembled
+// for the selected rows alone), on up to `threads` threads, each tallying its own share (chunk i
+// of the plan on thread i % threads), merged in thread order.
 template <typename RowsOf>
-absl::StatusOr<LatentsOnRows> Tally(const ChunkStore& store, const DatasetRecord& rec,
-                                    const std::vector<ChunkPick>& chunks, int32_t exclude,
-                                    const LatentsOnRowsOptions& o, RowsOf rows_of) {
+absl::StatusOr<Counted> Count(const ChunkStore& store, const DatasetRecord& rec,
+                              const std::vector<ChunkPick>& chunks, const LatentsOnRowsOptions& o,
+                              RowsOf rows_of) {
   const uint64_t id = rec.id;
   const int32_t width = rec.meta.width;
-  LatentsOnRows out;
-  for (const ChunkPick& c : chunks) out.rows_selected += c.selected;
+  int64_t rows_selected = 0, rows_read = 0;
+  for (const ChunkPick& c : chunks) rows_selected += c.selected;
   std::vector<ChunkRead> plan;
   for (size_t c : SpreadOrder(chunks.size())) {
-    if (out.rows_read >= o.max_rows) break;
+    if (rows_read >= o.max_rows) break;
     if (chunks[c].selected == 0) continue;
-    plan.push_back({c, std::min(chunks[c].selected, o.max_rows - out.rows_read)});
-    out.rows_read += plan.back().take;
+    plan.push_back({c, std::min(chunks[c].selected, o.max_rows - rows_read)});
+    rows_read += plan.back().take;
   }
   // Each thread holds a tally as wide as the SAE (only its touched pages resident): at most
   // 64 MiB of them together.
@@ -187,8 +200,27 @@ absl::StatusOr<LatentsOnRows> Tally(const ChunkStore& store, const DatasetRecord
   const auto first_error = std::min_element(
       errors.begin(), errors.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   if (!first_error->second.ok()) return first_error->second;
-  LatentTally& tally = tallies[0];
-  for (int t = 1; t < threads; ++t) tally.Merge(tallies[t]);
+  for (int t = 1; t < threads; ++t) tallies[0].Merge(tallies[t]);
+  return Counted{std::move(tallies[0]), rows_selected, rows_read};
+}
+
+// Ranks the latents counted (`exclude` left out, and those below min_count) in the order asked,
+// the first `limit` of them, each with its lift; with `versus` (another selection's counts) each
+// also with its count and mean there, and kByDifference ranking by the difference of the two
+// firing fractions.
+absl::StatusOr<LatentsOnRows> Rank(const ChunkStore& store, const DatasetRecord& rec,
+                                   const Counted& counted, int32_t exclude,
+                                   const LatentsOnRowsOptions& o, const Counted* versus) {
+  const uint64_t id = rec.id;
+  const int32_t width = rec.meta.width;
+  const LatentTally& tally = counted.tally;
+  LatentsOnRows out;
+  out.rows_selected = counted.rows_selected;
+  out.rows_read = counted.rows_read;
+  if (versus != nullptr) {
+    out.versus_selected = versus->rows_selected;
+    out.versus_read = versus->rows_read;
+  }
   std::vector<LatentOnRows> ranked;
   for (int32_t l : tally.seen()) {
     if (l == exclude || tally.count(l) < o.min_count) continue;
@@ -196,17 +228,43 @@ absl::StatusOr<LatentsOnRows> Tally(const ChunkStore& store, const DatasetRecord
     entry.latent = l;
     entry.count = tally.count(l);
     entry.mean = tally.sum(l) / tally.count(l);
+    if (versus != nullptr && versus->tally.count(l) > 0) {
+      entry.versus_count = versus->tally.count(l);
+      entry.versus_mean = versus->tally.sum(l) / entry.versus_count;
+    }
     ranked.push_back(entry);
   }
   // Lift needs each latent's density over the whole dataset, from the statistics the store
-  // keeps (never the rows). Ranked by count, only the latents returned need it: a point read
-  // each when they are fewer than the 64-latent statistics blocks, else one scan of them all
-  // (ranked by lift, always the scan).
+  // keeps (never the rows). Ranked by count or difference, only the latents returned need it: a
+  // point read each when they are fewer than the 64-latent statistics blocks, else one scan of
+  // them all (ranked by lift, always the scan).
   auto by_count = [](const LatentOnRows& a, const LatentOnRows& b) {
     return a.count != b.count ? a.count > b.count : a.latent < b.latent;
   };
   auto by_lift = [&](const LatentOnRows& a, const LatentOnRows& b) {
     return a.lift != b.lift ? a.lift > b.lift : by_count(a, b);
+  };
+  auto difference = [&](const LatentOnRows& e) {
+    return static_cast<double>(e.count) / out.rows_read -
+           static_cast<double>(e.versus_count) / out.versus_read;
+  };
+  auto by_difference = [&](const LatentOnRows& a, const LatentOnRows& b) {
+    const double da = difference(a), db = difference(b);
+    return da != db ? da > db : by_count(a, b);
+  };
+  auto rank_first = [&](size_t n) {
+    switch (o.order) {
+      case LatentsOnRowsOrder::kByLift:
+        std::partial_sort(ranked.begin(), ranked.begin() + n, ranked.end(), by_lift);
+        break;
+      case LatentsOnRowsOrder::kByDifference:
+        std::partial_sort(ranked.begin(), ranked.begin() + n, ranked.end(), by_difference);
+        break;
+      case LatentsOnRowsOrder::kByCount:
+        std::partial_sort(ranked.begin(), ranked.begin() + n, ranked.end(), by_count);
+        break;
+    }
+    ranked.resize(n);
   };
   const size_t n = std::min(ranked.size(), static_cast<size_t>(o.limit));
   auto set_lift = [&](LatentOnRows* entry, int64_t firing_count, int64_t rows_committed) {
@@ -216,10 +274,9 @@ absl::StatusOr<LatentsOnRows> Tally(const ChunkStore& store, const DatasetRecord
                     (static_cast<double>(firing_count) / rows_committed);
     }
   };
-  if (o.order == LatentsOnRowsOrder::kByCount &&
+  if (o.order != LatentsOnRowsOrder::kByLift &&
       static_cast<int64_t>(n) * kLatentsPerBlock < width) {
-    std::partial_sort(ranked.begin(), ranked.begin() + n, ranked.end(), by_count);
-    ranked.resize(n);
+    rank_first(n);
     std::vector<int64_t> firing_counts;
     for (const LatentOnRows& entry : ranked) {
       ASSIGN_OR_RETURN(const LatentStats stats, store.GetLatentStats(id, entry.latent));
@@ -241,15 +298,19 @@ absl::StatusOr<LatentsOnRows> Tally(const ChunkStore& store, const DatasetRecord
     for (LatentOnRows& entry : ranked) {
       set_lift(&entry, firing_counts[entry.latent], rows_committed);
     }
-    if (o.order == LatentsOnRowsOrder::kByLift) {
-      std::partial_sort(ranked.begin(), ranked.begin() + n, ranked.end(), by_lift);
-    } else {
-      std::partial_sort(ranked.begin(), ranked.begin() + n, ranked.end(), by_count);
-    }
-    ranked.resize(n);
+    rank_first(n);
   }
   out.latents = std::move(ranked);
   return out;
+}
+
+// Counts and ranks the latents of one selection (Count, then Rank without versus rows).
+template <typename RowsOf>
+absl::StatusOr<LatentsOnRows> Tally(const ChunkStore& store, const DatasetRecord& rec,
+                                    const std::vector<ChunkPick>& chunks, int32_t exclude,
+                                    const LatentsOnRowsOptions& o, RowsOf rows_of) {
+  ASSIGN_OR_RETURN(const Counted counted, Count(store, rec, chunks, o, rows_of));
+  return Rank(store, rec, counted, exclude, o, /*versus=*/nullptr);
 }
 
 // The record of the dataset whose latents are counted: options.in_dataset's when it names
@@ -383,46 +444,51 @@ void ForSpansIn(const std::vector<RowSpan>& spans, const ChunkPick& c, Fn fn) {
   }
 }
 
-absl::Status CheckSpans(const std::vector<RowSpan>& spans, const DatasetRecord& rec) {
+// `field` names the spans in errors: row_ranges or versus_row_ranges.
+absl::Status CheckSpans(const std::vector<RowSpan>& spans, const DatasetRecord& rec,
+                        absl::string_view field) {
   if (static_cast<int64_t>(spans.size()) > kMaxRowSpans) {
     return absl::InvalidArgumentError(
-        absl::StrCat("row_ranges: ", spans.size(), " ranges, more than ", kMaxRowSpans));
+        absl::StrCat(field, ": ", spans.size(), " ranges, more than ", kMaxRowSpans));
   }
   int64_t previous_end = 0;  // every span before is within the committed rows, so no overflow
   for (size_t i = 0; i < spans.size(); ++i) {
     const RowSpan& s = spans[i];
     if (s.count < 1) {
       return absl::InvalidArgumentError(
-          absl::StrCat("row_ranges[", i, "]: count ", s.count, " is below 1"));
+          absl::StrCat(field, "[", i, "]: count ", s.count, " is below 1"));
     }
     if (s.start < 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("row_ranges[", i, "]: start ", s.start, " is negative"));
+          absl::StrCat(field, "[", i, "]: start ", s.start, " is negative"));
     }
     if (i > 0 && s.start < previous_end) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "row_ranges[", i, "]: starts at row ", s.start, ", before row_ranges[", i - 1,
-          "] ends (row ", previous_end, "): ranges must ascend without overlapping"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", i, "]: starts at row ", s.start, ", before ", field, "[", i - 1,
+                       "] ends (row ", previous_end, "): ranges must ascend without overlapping"));
     }
     if (s.count > rec.rows_committed - s.start) {
-      return absl::OutOfRangeError(
-          absl::StrCat("row_ranges[", i, "]: rows [", s.start, ", ", s.start, " + ", s.count,
-                       ") pass the ", rec.rows_committed, " committed rows of dataset ", rec.id));
+      return absl::OutOfRangeError(absl::StrCat(field, "[", i, "]: rows [", s.start, ", ", s.start,
+                                                " + ", s.count, ") pass the ", rec.rows_committed,
+                                                " committed rows of dataset ", rec.id));
     }
     previous_end = s.start + s.count;
   }
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<LatentsOnRows> LatentsInRowSpans(const ChunkStore& store, uint64_t id,
-                                                const std::vector<RowSpan>& spans,
-                                                const LatentsOnRowsOptions& options) {
-  RETURN_IF_ERROR(CheckOptions(options));
+// The record of the dataset row spans select in: options.in_dataset's when set (the spans are
+// positions in the token stream both datasets share), else id's.
+absl::StatusOr<DatasetRecord> SpansRecord(const ChunkStore& store, uint64_t id,
+                                          const LatentsOnRowsOptions& options) {
   ASSIGN_OR_RETURN(const DatasetRecord selecting, SparseRecord(store, id));
-  ASSIGN_OR_RETURN(const DatasetRecord rec, CountedRecord(store, selecting, options));
-  RETURN_IF_ERROR(CheckSpans(spans, rec));
+  return CountedRecord(store, selecting, options);
+}
+
+// The latents of the rows of `spans` (checked), counted.
+absl::StatusOr<Counted> CountSpans(const ChunkStore& store, const DatasetRecord& rec,
+                                   const std::vector<RowSpan>& spans,
+                                   const LatentsOnRowsOptions& options) {
   ASSIGN_OR_RETURN(std::vector<ChunkPick> chunks, Chunks(store, rec));
   for (ChunkPick& c : chunks) {
     ForSpansIn(spans, c, [&c](int64_t lo, int64_t hi) {
@@ -431,7 +497,7 @@ absl::StatusOr<LatentsOnRows> LatentsInRowSpans(const ChunkStore& store, uint64_
       c.last = hi - 1;
     });
   }
-  return Tally(store, rec, chunks, /*exclude=*/-1, options,
+  return Count(store, rec, chunks, options,
                [&](const ChunkPick& c, std::vector<int64_t>* selected) {
                  selected->clear();
                  ForSpansIn(spans, c, [selected](int64_t lo, int64_t hi) {
@@ -439,6 +505,34 @@ absl::StatusOr<LatentsOnRows> LatentsInRowSpans(const ChunkStore& store, uint64_
                  });
                  return absl::OkStatus();
                });
+}
+
+}  // namespace
+
+absl::StatusOr<LatentsOnRows> LatentsInRowSpans(const ChunkStore& store, uint64_t id,
+                                                const std::vector<RowSpan>& spans,
+                                                const LatentsOnRowsOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(options));
+  ASSIGN_OR_RETURN(const DatasetRecord rec, SpansRecord(store, id, options));
+  RETURN_IF_ERROR(CheckSpans(spans, rec, "row_ranges"));
+  ASSIGN_OR_RETURN(const Counted counted, CountSpans(store, rec, spans, options));
+  return Rank(store, rec, counted, /*exclude=*/-1, options, /*versus=*/nullptr);
+}
+
+absl::StatusOr<LatentsOnRows> ContrastRowSpans(const ChunkStore& store, uint64_t id,
+                                               const std::vector<RowSpan>& spans,
+                                               const std::vector<RowSpan>& versus,
+                                               const LatentsOnRowsOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(options, /*versus=*/true));
+  ASSIGN_OR_RETURN(const DatasetRecord rec, SpansRecord(store, id, options));
+  RETURN_IF_ERROR(CheckSpans(spans, rec, "row_ranges"));
+  RETURN_IF_ERROR(CheckSpans(versus, rec, "versus_row_ranges"));
+  if (versus.empty()) {
+    return absl::InvalidArgumentError("versus_row_ranges: no rows to contrast with");
+  }
+  ASSIGN_OR_RETURN(const Counted counted, CountSpans(store, rec, spans, options));
+  ASSIGN_OR_RETURN(const Counted against, CountSpans(store, rec, versus, options));
+  return Rank(store, rec, counted, /*exclude=*/-1, options, &against);
 }
 
 namespace {

@@ -31,6 +31,9 @@ inline constexpr int64_t kMaxRowsOnRows = int64_t{1} << 20;
 enum class LatentsOnRowsOrder {
   kByCount,  // firings on the rows read, descending (ties by latent index)
   kByLift,   // fraction of the rows read / the latent's density over the dataset, descending
+  // Fraction of the rows read minus fraction of the versus rows read, descending (ties by
+  // count): ContrastRowSpans only.
+  kByDifference,
 };
 
 struct LatentsOnRowsOptions {
@@ -62,12 +65,18 @@ struct LatentOnRows {
   int64_t count = 0;  // firings on the rows read
   double mean = 0;    // mean value of those firings
   double lift = 0;    // (count / rows_read) / (firing_count / rows) over the whole dataset
+  // ContrastRowSpans: firings on the versus rows read, and their mean value (0 without any).
+  int64_t versus_count = 0;
+  double versus_mean = 0;
 };
 
 struct LatentsOnRows {
   int64_t rows_selected = 0;  // rows the selection matched (committed ones, at its snapshot)
   int64_t rows_read = 0;      // of them, counted: all, or max_rows from chunks spread over it
   std::vector<LatentOnRows> latents;  // the `limit` first in the order asked
+  // ContrastRowSpans: the same for the versus rows (at most max_rows of them read, alike).
+  int64_t versus_selected = 0;
+  int64_t versus_read = 0;
 };
 
 // The latents firing on the rows where `latent` fires, `latent` itself left out (unless they are
@@ -104,6 +113,18 @@ inline constexpr int64_t kMaxRowSpans = int64_t{1} << 20;
 absl::StatusOr<LatentsOnRows> LatentsInRowSpans(const ChunkStore& store, uint64_t id,
                                                 const std::vector<RowSpan>& spans,
                                                 const LatentsOnRowsOptions& options);
+
+// The latents that tell the rows of `spans` from the rows of `versus` ("fires on 80% of my
+// positive rows and 3% of the negatives": a sparse probe read off the store): both selections
+// counted as LatentsInRowSpans counts one, each latent of `spans` with its count and mean on
+// either, ranked as options.order says (kByDifference: by how much more often it fires on
+// `spans`). The latents found on `spans` alone are ranked; swap the two for the other side.
+// Errors as LatentsInRowSpans, `versus` named versus_row_ranges[i]; INVALID_ARGUMENT for an
+// empty `versus`. kByDifference is refused by the other functions (they have no versus rows).
+absl::StatusOr<LatentsOnRows> ContrastRowSpans(const ChunkStore& store, uint64_t id,
+                                               const std::vector<RowSpan>& spans,
+                                               const std::vector<RowSpan>& versus,
+                                               const LatentsOnRowsOptions& options);
 
 // The tokens a latent fires on most: at most this many asked for.
 inline constexpr int32_t kMaxTokensOfLatent = 1000;

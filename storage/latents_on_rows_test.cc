@@ -210,6 +210,90 @@ TEST_P(LatentsOnRowsTest, RowSpansMatchTheirRows) {
   EXPECT_TRUE(none->latents.empty());
 }
 
+// Rows where latent 0 fires (every third) against the rows after each: 0, 1 and 2 fire on all of
+// the first and none of the second, so they lead by difference; every latent's two counts
+// match the rows.
+TEST_P(LatentsOnRowsTest, ContrastRanksTheLatentsThatTellTwoRowSetsApart) {
+  std::vector<RowSpan> firing, after;
+  std::vector<int64_t> firing_rows, after_rows;
+  for (int64_t r = 0; r < 600; r += 3) {
+    firing.push_back({r, 1});
+    after.push_back({r + 1, 1});
+    firing_rows.push_back(r);
+    after_rows.push_back(r + 1);
+  }
+  std::vector<int64_t> count(kWidth, 0), versus(kWidth, 0);
+  std::vector<double> sum(kWidth, 0), versus_sum(kWidth, 0);
+  for (int64_t r : firing_rows) {
+    for (const auto& [l, v] : data_.rows[r]) ++count[l], sum[l] += v;
+  }
+  for (int64_t r : after_rows) {
+    for (const auto& [l, v] : data_.rows[r]) ++versus[l], versus_sum[l] += v;
+  }
+  std::vector<int32_t> want;
+  for (int32_t l = 0; l < kWidth; ++l) {
+    if (count[l] > 0) want.push_back(l);
+  }
+  const auto difference = [&](int32_t l) {
+    return static_cast<double>(count[l]) / firing_rows.size() -
+           static_cast<double>(versus[l]) / after_rows.size();
+  };
+  std::sort(want.begin(), want.end(), [&](int32_t a, int32_t b) {
+    if (difference(a) != difference(b)) return difference(a) > difference(b);
+    return count[a] != count[b] ? count[a] > count[b] : a < b;
+  });
+  for (auto [threads, limit] : {std::pair{1, kWidth}, std::pair{2, 3}}) {
+    LatentsOnRowsOptions o;
+    o.order = LatentsOnRowsOrder::kByDifference;
+    o.limit = limit;
+    o.threads = threads;
+    auto got = ContrastRowSpans(*store_, id_, firing, after, o);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->rows_selected, 200);
+    EXPECT_EQ(got->versus_selected, 200);
+    EXPECT_EQ(got->rows_read, 200);
+    EXPECT_EQ(got->versus_read, 200);
+    ASSERT_EQ(got->latents.size(), std::min<size_t>(limit, want.size()));
+    for (size_t i = 0; i < got->latents.size(); ++i) {
+      const LatentOnRows& e = got->latents[i];
+      EXPECT_EQ(e.latent, want[i]) << "rank " << i;
+      EXPECT_EQ(e.count, count[e.latent]);
+      EXPECT_EQ(e.versus_count, versus[e.latent]);
+      EXPECT_DOUBLE_EQ(e.mean, sum[e.latent] / count[e.latent]);
+      EXPECT_DOUBLE_EQ(e.versus_mean,
+                       versus[e.latent] > 0 ? versus_sum[e.latent] / versus[e.latent] : 0.0);
+    }
+    EXPECT_EQ(got->latents[0].latent, 0);
+    EXPECT_EQ(got->latents[1].latent, 1);
+    EXPECT_EQ(got->latents[2].latent, 2);
+    EXPECT_EQ(got->latents[0].versus_count, 0);
+  }
+  // By count the contrast still carries both counts; the versus rows are capped by max_rows too.
+  LatentsOnRowsOptions o;
+  o.max_rows = 50;
+  auto capped = ContrastRowSpans(*store_, id_, firing, after, o);
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_EQ(capped->rows_read, 50);
+  EXPECT_EQ(capped->versus_read, 50);
+  EXPECT_EQ(capped->versus_selected, 200);
+  // Bad contrasts: no rows to contrast with, a bad versus span, or the order elsewhere.
+  o = LatentsOnRowsOptions();
+  absl::Status s = ContrastRowSpans(*store_, id_, firing, {}, o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "versus_row_ranges: no rows to contrast with");
+  s = ContrastRowSpans(*store_, id_, firing, {{5, 2}, {6, 1}}, o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("versus_row_ranges[1]: starts at row 6"), std::string::npos) << s;
+  o.order = LatentsOnRowsOrder::kByDifference;
+  for (const absl::Status& refused : {LatentsInRowSpans(*store_, id_, firing, o).status(),
+                                      LatentsFiringWith(*store_, id_, 0, o).status(),
+                                      LatentsFiringOnToken(*store_, id_, 0, o).status()}) {
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(refused.message(),
+              "order: by difference needs rows to contrast with (versus_row_ranges)");
+  }
+}
+
 TEST_P(LatentsOnRowsTest, BadRowSpansAreNamed) {
   const auto status = [&](std::vector<RowSpan> spans) {
     return LatentsInRowSpans(*store_, id_, spans, LatentsOnRowsOptions()).status();
