@@ -183,6 +183,16 @@ absl::StatusOr<std::pair<int64_t, int64_t>> CommittedRange(const storage::Datase
   return std::pair{start, start + count};
 }
 
+// A request's row ranges as the store takes them (checked there).
+std::vector<storage::RowSpan> SpansOf(const latentd::v1::RowRanges& ranges) {
+  std::vector<storage::RowSpan> spans;
+  spans.reserve(ranges.ranges_size());
+  for (const latentd::v1::RowRange& range : ranges.ranges()) {
+    spans.push_back({range.start(), range.count()});
+  }
+  return spans;
+}
+
 }  // namespace
 
 DatasetsService::DatasetsService(storage::ChunkStore* store, storage::ArtifactStore* artifacts,
@@ -484,6 +494,9 @@ grpc::Status DatasetsService::LatentsOnRows(grpc::ServerContext* context,
     case latentd::v1::BY_LIFT:
       options.order = storage::LatentsOnRowsOrder::kByLift;
       break;
+    case latentd::v1::BY_DIFFERENCE:
+      options.order = storage::LatentsOnRowsOrder::kByDifference;
+      break;
     default:
       return ToGrpcStatus(
           absl::InvalidArgumentError(absl::StrCat("order: unknown value ", request->order())));
@@ -492,6 +505,11 @@ grpc::Status DatasetsService::LatentsOnRows(grpc::ServerContext* context,
   if (request->max_rows() != 0) options.max_rows = request->max_rows();
   if (request->min_count() != 0) options.min_count = request->min_count();
   options.in_dataset = request->in_dataset_id();
+  if (request->has_versus_row_ranges() &&
+      request->rows_case() != latentd::v1::LatentsOnRowsRequest::kRowRanges) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        "versus_row_ranges: only beside row_ranges (the rows it is contrasted with)"));
+  }
   absl::StatusOr<storage::LatentsOnRows> found;
   switch (request->rows_case()) {
     case latentd::v1::LatentsOnRowsRequest::kWithLatent:
@@ -502,15 +520,14 @@ grpc::Status DatasetsService::LatentsOnRows(grpc::ServerContext* context,
       found = storage::LatentsFiringOnToken(*store_, request->dataset_id(), request->token_id(),
                                             options);
       break;
-    case latentd::v1::LatentsOnRowsRequest::kRowRanges: {
-      std::vector<storage::RowSpan> spans;
-      spans.reserve(request->row_ranges().ranges_size());
-      for (const latentd::v1::RowRange& range : request->row_ranges().ranges()) {
-        spans.push_back({range.start(), range.count()});
-      }
-      found = storage::LatentsInRowSpans(*store_, request->dataset_id(), spans, options);
+    case latentd::v1::LatentsOnRowsRequest::kRowRanges:
+      found = request->has_versus_row_ranges()
+                  ? storage::ContrastRowSpans(*store_, request->dataset_id(),
+                                              SpansOf(request->row_ranges()),
+                                              SpansOf(request->versus_row_ranges()), options)
+                  : storage::LatentsInRowSpans(*store_, request->dataset_id(),
+                                               SpansOf(request->row_ranges()), options);
       break;
-    }
     default:
       return ToGrpcStatus(
           absl::InvalidArgumentError("rows: set with_latent, token_id or row_ranges"));
@@ -525,7 +542,14 @@ grpc::Status DatasetsService::LatentsOnRows(grpc::ServerContext* context,
     out->set_fraction(found->rows_read > 0 ? static_cast<double>(l.count) / found->rows_read : 0.0);
     out->set_mean(l.mean);
     out->set_lift(l.lift);
+    if (found->versus_read > 0) {
+      out->set_versus_count(l.versus_count);
+      out->set_versus_fraction(static_cast<double>(l.versus_count) / found->versus_read);
+      out->set_versus_mean(l.versus_mean);
+    }
   }
+  response->set_versus_rows_selected(found->versus_selected);
+  response->set_versus_rows_read(found->versus_read);
   return grpc::Status::OK;
 }
 

@@ -332,8 +332,41 @@ TEST_F(DatasetsServiceTest, LatentsOnRowsConvertsEachSelection) {
     EXPECT_EQ(resp.latents(i).latent(), want->latents[i].latent);
     EXPECT_EQ(resp.latents(i).lift(), want->latents[i].lift);
   }
-  range->set_count(500);  // past the 400 committed rows
+  // Contrasted with rows [200, 260): both counts, ranked by difference.
+  latentd::v1::RowRange* versus = req.mutable_versus_row_ranges()->add_ranges();
+  versus->set_start(200);
+  versus->set_count(60);
+  req.set_order(latentd::v1::BY_DIFFERENCE);
+  ASSERT_TRUE(call(req, &resp).ok());
+  o.order = storage::LatentsOnRowsOrder::kByDifference;
+  want = storage::ContrastRowSpans(*store_, id, {{10, 30}, {300, 5}}, {{200, 60}}, o);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(resp.versus_rows_selected(), 60);
+  EXPECT_EQ(resp.versus_rows_read(), 60);
+  ASSERT_EQ(resp.latents_size(), static_cast<int>(want->latents.size()));
+  for (int i = 0; i < resp.latents_size(); ++i) {
+    EXPECT_EQ(resp.latents(i).latent(), want->latents[i].latent);
+    EXPECT_EQ(resp.latents(i).versus_count(), want->latents[i].versus_count);
+    EXPECT_DOUBLE_EQ(resp.latents(i).versus_fraction(), want->latents[i].versus_count / 60.0);
+    EXPECT_EQ(resp.latents(i).versus_mean(), want->latents[i].versus_mean);
+  }
+  req.set_with_latent(1);  // versus rows beside another selection: refused
   grpc::Status s = call(req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("versus_row_ranges: only beside row_ranges"), std::string::npos);
+  req.clear_versus_row_ranges();
+  s = call(req, &resp);  // and the order without versus rows
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("order: by difference"), std::string::npos);
+  req.set_order(latentd::v1::BY_LIFT);
+  range = req.mutable_row_ranges()->add_ranges();
+  range->set_start(10);
+  range->set_count(30);
+  range = req.mutable_row_ranges()->add_ranges();
+  range->set_start(300);
+  range->set_count(5);
+  range->set_count(500);  // past the 400 committed rows
+  s = call(req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE);
   EXPECT_NE(s.error_message().find("row_ranges[1]"), std::string::npos) << s.error_message();
   req.clear_row_ranges();
