@@ -29,6 +29,7 @@
 #include "client/row_ranges.h"
 #include "client/telemetry_plot.h"
 #include "client/vocabulary.h"
+#include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace latentd::client::cli {
@@ -104,6 +105,27 @@ bool LatentListRequest(uint64_t id, v1::ListLatentsRequest* request, std::string
     request->set_max_firing_count(absl::GetFlag(FLAGS_max_count));
   }
   return true;
+}
+
+// The rows of `items` and of the file `file` (flag `file_flag` names it in errors; "" for
+// none), parsed and merged (ParseRowRanges) into `out`, which is set even when empty; the
+// number of ranges.
+absl::StatusOr<size_t> FillRowRanges(const std::string& items, const char* file_flag,
+                                     const std::string& file, v1::RowRanges* out) {
+  std::string text = items;
+  if (!file.empty()) {
+    std::ifstream in(file);
+    if (!in) return absl::InvalidArgumentError(absl::StrCat(file_flag, ": cannot read ", file));
+    absl::StrAppend(&text, " ", std::string(std::istreambuf_iterator<char>(in), {}));
+  }
+  ASSIGN_OR_RETURN(const std::vector<RowRange> ranges, ParseRowRanges(text));
+  out->Clear();
+  for (const RowRange& range : ranges) {
+    v1::RowRange* added = out->add_ranges();
+    added->set_start(range.start);
+    added->set_count(range.count);
+  }
+  return ranges.size();
 }
 
 }  // namespace
@@ -571,23 +593,22 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
   v1::LatentsOnRowsRequest request;
   request.set_dataset_id(id);
   std::string selection;  // the rows, as the heading names them
+  const std::string versus_items = absl::GetFlag(FLAGS_versus);
+  const std::string versus_file = absl::GetFlag(FLAGS_versus_file);
+  const bool contrast = !versus_items.empty() || !versus_file.empty();
+  if (contrast && by != RowsBy::kRanges) return Usage("--versus: only with onrows");
   if (by == RowsBy::kRanges) {
-    std::string text = absl::StrJoin(args.begin() + 2, args.end(), " ");
-    if (!rows_file.empty()) {
-      std::ifstream in(rows_file);
-      if (!in) return Usage(absl::StrCat("--rows_file: cannot read ", rows_file));
-      absl::StrAppend(&text, " ", std::string(std::istreambuf_iterator<char>(in), {}));
-    }
-    absl::StatusOr<std::vector<RowRange>> ranges = ParseRowRanges(text);
+    absl::StatusOr<size_t> ranges =
+        FillRowRanges(absl::StrJoin(args.begin() + 2, args.end(), " "), "--rows_file", rows_file,
+                      request.mutable_row_ranges());
     if (!ranges.ok()) return Usage(absl::StrCat("onrows: ", ranges.status().message()));
-    request.mutable_row_ranges();  // selected even when it holds no range
-    for (const RowRange& range : *ranges) {
-      v1::RowRange* out = request.mutable_row_ranges()->add_ranges();
-      out->set_start(range.start);
-      out->set_count(range.count);
+    selection = absl::StrCat("named (", *ranges, *ranges == 1 ? " range)" : " ranges)");
+    if (contrast) {
+      absl::StatusOr<size_t> versus = FillRowRanges(versus_items, "--versus_file", versus_file,
+                                                    request.mutable_versus_row_ranges());
+      if (!versus.ok()) return Usage(absl::StrCat("--versus: ", versus.status().message()));
+      if (*versus == 0) return Usage("--versus: no rows to contrast with");
     }
-    selection =
-        absl::StrCat("named (", ranges->size(), ranges->size() == 1 ? " range)" : " ranges)");
   } else {
     int32_t selector = 0;
     if (!absl::SimpleAtoi(args[2], &selector)) {
@@ -610,8 +631,13 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
     }
   }
   const std::string rank = absl::GetFlag(FLAGS_rank);
-  if (rank != "count" && rank != "lift") return Usage("--rank: use count or lift");
-  request.set_order(rank == "lift" ? v1::BY_LIFT : v1::BY_COUNT);
+  if (rank == "difference" && !contrast) return Usage("--rank=difference needs --versus");
+  if (rank != "count" && rank != "lift" && rank != "difference") {
+    return Usage("--rank: use count, lift or (with --versus) difference");
+  }
+  request.set_order(rank == "lift"         ? v1::BY_LIFT
+                    : rank == "difference" ? v1::BY_DIFFERENCE
+                                           : v1::BY_COUNT);
   request.set_limit(absl::GetFlag(FLAGS_limit));
   request.set_max_rows(absl::GetFlag(FLAGS_max_rows));
   request.set_min_count(absl::GetFlag(FLAGS_min_count));
@@ -630,6 +656,19 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
               static_cast<long long>(response.rows_selected()), selection.c_str(),
               counted != id ? absl::StrCat(" in dataset ", id).c_str() : "",
               static_cast<long long>(response.rows_read()));
+  if (contrast) {
+    std::printf("versus %lld rows (%lld read)\n",
+                static_cast<long long>(response.versus_rows_selected()),
+                static_cast<long long>(response.versus_rows_read()));
+    std::printf("%-8s %-9s %-9s %-9s %-9s %-10s %-10s %s\n", "LATENT", "COUNT", "FRACTION",
+                "VERSUS", "DIFF", "MEAN", "VS MEAN", "LIFT");
+    for (const v1::RowLatent& l : response.latents()) {
+      std::printf("%-8d %-9lld %-9.4f %-9.4f %-+9.4f %-10.4g %-10.4g %.4g\n", l.latent(),
+                  static_cast<long long>(l.count()), l.fraction(), l.versus_fraction(),
+                  l.fraction() - l.versus_fraction(), l.mean(), l.versus_mean(), l.lift());
+    }
+    return 0;
+  }
   std::printf("%-8s %-9s %-9s %-10s %s\n", "LATENT", "COUNT", "FRACTION", "MEAN", "LIFT");
   for (const v1::RowLatent& l : response.latents()) {
     std::printf("%-8d %-9lld %-9.4f %-10.4g %.4g\n", l.latent(), static_cast<long long>(l.count()),

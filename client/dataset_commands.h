@@ -46,8 +46,9 @@ enum class RowsBy {
   kRanges,  // latentctl onrows ID ROW|START:COUNT ... [--rows_file=F]: these rows (ParseRowRanges)
 };
 
-// The latents firing on a set of rows (LatentsOnRows), ranked by --rank (count or lift), --limit
-// of them, --max_rows counted, --in_dataset's latents.
+// The latents firing on a set of rows (LatentsOnRows), ranked by --rank (count, lift, or with
+// onrows --versus difference), --limit of them, --max_rows counted, --in_dataset's latents;
+// onrows --versus / --versus_file contrast the rows with others.
 int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by);
 
 // latentctl weights ID J: what a latent's weights say: its nearest decoder directions and the

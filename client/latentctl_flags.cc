@@ -119,14 +119,19 @@ ABSL_FLAG(uint64_t, in_dataset, 0,
           "cofiring/token/onrows: count the latents of this dataset on the selected rows (another "
           "output of the same EXTRACT job, or a dataset over the same tokens)");
 ABSL_FLAG(std::string, rank, "count",
-          "cofiring/token/onrows: count (firings on the rows) or lift (their rate there over the "
-          "latent's density)");
+          "cofiring/token/onrows: count (firings on the rows), lift (their rate there over the "
+          "latent's density) or, with --versus, difference (fraction there minus fraction on the "
+          "versus rows)");
 ABSL_FLAG(int64_t, max_rows, 0,
           "cofiring/token/onrows: count at most this many of the selected rows (from chunks spread "
           "over the dataset; default 2048); scaling: firing rows fitted per latent (default "
           "16384)");
 ABSL_FLAG(std::string, rows_file, "",
           "onrows: a file of rows (ROW or START:COUNT items, whitespace or commas between them)");
+ABSL_FLAG(std::string, versus, "",
+          "onrows: rows to contrast the named rows with (ROW or START:COUNT items): each latent's "
+          "fraction there too, and --rank=difference");
+ABSL_FLAG(std::string, versus_file, "", "onrows: a file of rows to contrast with, as --rows_file");
 ABSL_FLAG(std::string, text, "",
           "prompt: the prompt as text, tokenized with --vocab=tokenizer.json (instead of token "
           "ids)");

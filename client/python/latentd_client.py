@@ -53,6 +53,14 @@ def _merged_spans(row_ranges):
     return merged
 
 
+def _set_row_ranges(message, rows, row_ranges):
+    """Fills a RowRanges message from rows (indices or a mask) or (start, count) pairs."""
+    message.SetInParent()  # set even when it holds no range
+    spans = _spans_of_rows(rows) if rows is not None else _merged_spans(row_ranges)
+    for start, count in spans:
+        message.ranges.add(start=start, count=count)
+
+
 class Output:
     """A value of a job's result that does not exist yet: put it in a spec dict where the value
     goes, and the job waits for that job and takes the value once it has succeeded (a
@@ -378,7 +386,7 @@ class Client:
 
     def latents_on_rows(self, dataset_id, with_latent=None, token_id=None, rows=None,
                         row_ranges=None, order="count", limit=20, max_rows=0, min_count=0,
-                        in_dataset=0):
+                        in_dataset=0, versus_rows=None, versus_row_ranges=None):
         """The latents firing on a set of rows; give one of: `with_latent` (the rows where it
         fires: what fires with it; it is left out), `token_id` (the rows holding it: what the SAE
         sees in that token), `rows` (row indices in any order, or a boolean mask over the rows:
@@ -388,25 +396,37 @@ class Client:
         max_rows, 0: 2048, taken from chunks spread over the dataset) and latents with latent,
         count, fraction, mean, lift. in_dataset: count that dataset's latents on the selected
         rows instead (another output of the same EXTRACT job, e.g. another layer, or any dataset
-        over the same tokens)."""
+        over the same tokens).
+
+        With rows or row_ranges, `versus_rows` or `versus_row_ranges` (the same forms) name rows
+        to contrast them with, your negatives: each latent then also carries versus_count,
+        versus_fraction and versus_mean, and order="difference" ranks by fraction minus
+        versus_fraction, the latents that tell the two sets apart."""
         given = [x is not None for x in (with_latent, token_id, rows, row_ranges)]
         if sum(given) != 1:
             raise ValueError("give exactly one of with_latent, token_id, rows and row_ranges")
-        if order not in ("count", "lift"):
-            raise ValueError("order must be 'count' or 'lift', not %r" % (order,))
+        orders = {"count": datasets_pb2.BY_COUNT, "lift": datasets_pb2.BY_LIFT,
+                  "difference": datasets_pb2.BY_DIFFERENCE}
+        if order not in orders:
+            raise ValueError("order must be 'count', 'lift' or 'difference', not %r" % (order,))
+        versus = [x is not None for x in (versus_rows, versus_row_ranges)]
+        if sum(versus) > 1:
+            raise ValueError("give at most one of versus_rows and versus_row_ranges")
+        if any(versus) and rows is None and row_ranges is None:
+            raise ValueError("versus_rows / versus_row_ranges contrast rows or row_ranges")
+        if order == "difference" and not any(versus):
+            raise ValueError("order='difference' needs versus_rows or versus_row_ranges")
         request = datasets_pb2.LatentsOnRowsRequest(
-            dataset_id=dataset_id, order=datasets_pb2.BY_LIFT if order == "lift" else
-            datasets_pb2.BY_COUNT, limit=limit, max_rows=max_rows, min_count=min_count,
-            in_dataset_id=in_dataset)
+            dataset_id=dataset_id, order=orders[order], limit=limit, max_rows=max_rows,
+            min_count=min_count, in_dataset_id=in_dataset)
         if with_latent is not None:
             request.with_latent = with_latent
         elif token_id is not None:
             request.token_id = token_id
         else:
-            spans = _spans_of_rows(rows) if rows is not None else _merged_spans(row_ranges)
-            request.row_ranges.SetInParent()  # selected even when there are no rows
-            for start, count in spans:
-                request.row_ranges.ranges.add(start=start, count=count)
+            _set_row_ranges(request.row_ranges, rows, row_ranges)
+            if any(versus):
+                _set_row_ranges(request.versus_row_ranges, versus_rows, versus_row_ranges)
         return self.datasets.LatentsOnRows(request, metadata=self.metadata, timeout=self.timeout)
 
     def latent_weights(self, dataset_id, latent, top_n=10, unembedding=""):

@@ -365,6 +365,25 @@ class TrainLoop(DaemonTestCase):
                              expected(chosen, None))
         enriched = c.latents_on_rows(dataset, rows=fires, order="lift", limit=1)
         self.assertEqual(enriched.latents[0].latent, latent)  # fires on all, nowhere else
+        # Contrasted with the rows where it is silent: it fires on all of the first and none of
+        # the second, so it leads by difference; both sets' counts are the rows' own.
+        silent = numpy.flatnonzero(column == 0)
+        told = c.latents_on_rows(dataset, rows=fires, versus_rows=silent, order="difference",
+                                 limit=whole.shape[1], max_rows=1 << 20)
+        self.assertEqual((told.rows_read, told.versus_rows_read), (len(fires), len(silent)))
+        self.assertEqual(told.latents[0].latent, latent)
+        self.assertEqual((told.latents[0].fraction, told.latents[0].versus_fraction), (1.0, 0.0))
+        on_silent = numpy.bincount(whole[silent].indices, minlength=whole.shape[1])
+        on_fires = numpy.bincount(whole[fires].indices, minlength=whole.shape[1])
+        self.assertEqual({l.latent: (l.count, l.versus_count) for l in told.latents},
+                         {l: (int(on_fires[l]), int(on_silent[l]))
+                          for l in numpy.flatnonzero(on_fires)})
+        differences = [l.fraction - l.versus_fraction for l in told.latents]
+        self.assertEqual(differences, sorted(differences, reverse=True))
+        with self.assertRaises(ValueError):
+            c.latents_on_rows(dataset, rows=fires, order="difference")
+        with self.assertRaises(ValueError):
+            c.latents_on_rows(dataset, with_latent=latent, versus_rows=silent)
         with self.assertRaises(grpc.RpcError) as raised:
             c.latents_on_rows(dataset, row_ranges=[(whole.shape[0] - 1, 2)])
         self.assertEqual(raised.exception.code(), grpc.StatusCode.OUT_OF_RANGE)
@@ -516,6 +535,17 @@ class TrainLoop(DaemonTestCase):
                                     max_rows=100000)
         self.assertEqual([int(line.split()[0]) for line in lines[2:]],
                          [l.latent for l in by_lift.latents])
+        # ... and contrasted: --versus with the rows of sequences 10 and 11.
+        contrasted = daemon.latentctl("onrows", str(dataset), "--rows_file=" + rows_file,
+                                      "--versus=320:64", "--rank=difference", "--limit=4",
+                                      "--max_rows=100000").stdout.splitlines()
+        self.assertEqual(contrasted[1], "versus 64 rows (64 read)")
+        told_too = c.latents_on_rows(dataset, rows=numpy.flatnonzero(picked[:100]),
+                                     versus_row_ranges=[(320, 64)], order="difference",
+                                     limit=4, max_rows=100000)
+        self.assertEqual([int(line.split()[0]) for line in contrasted[3:]],
+                         [l.latent for l in told_too.latents])
+        self.assertEqual(contrasted[3].split()[3], "%.4f" % told_too.latents[0].versus_fraction)
         refused = daemon.latentctl("onrows", str(dataset), "4:0", check=False)
         self.assertEqual(refused.returncode, 2)
         self.assertIn("'4:0': the count must be at least 1", refused.stderr)
