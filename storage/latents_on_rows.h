@@ -1,13 +1,13 @@
 // Which latents fire on a set of rows: the rows where one latent fires ("what fires with latent
 // j": feature splitting and absorption show up as latents that always co-fire) or the rows that
 // hold one token id ("what does the SAE see in this token"), or rows the user names (row spans:
-// documents they labelled). Users answer these today by loading every row. Here the selection comes
-// from the latent's latent-major run (one small read per chunk) or from the token-id parts (8 KiB
-// per 4096 rows); then only chunks holding selected rows are read, whole (a row's latents lie in
-// every slice of its chunk), in an order spread over the dataset, until `max_rows` selected rows
-// have been counted. A selection larger than that is thus sampled by chunks: the cost follows
-// max_rows, not the dataset, for common latents and tokens, while a rare one is counted exactly
-// from the few chunks it touches.
+// documents they labelled, alone or against others). Users answer these today by loading every
+// row. Here the selection comes from the latent's latent-major run (one small read per chunk),
+// from the token-id parts (8 KiB per 4096 rows) or from the spans themselves; then only chunks
+// holding selected rows are read, whole (a row's latents lie in every slice of its chunk), in an
+// order spread over the dataset, until `max_rows` selected rows have been counted. A selection
+// larger than that is thus sampled by chunks: the cost follows max_rows, not the dataset, for
+// common latents and tokens, while a rare one is counted exactly from the few chunks it touches.
 //
 // Two questions about one latent's rows sit here too, answered from its latent-major runs and
 // the token parts only: the tokens it fires on (TokensLatentFiresOn) and where in its sequences
@@ -118,7 +118,8 @@ absl::StatusOr<LatentsOnRows> LatentsInRowSpans(const ChunkStore& store, uint64_
 // positive rows and 3% of the negatives": a sparse probe read off the store): both selections
 // counted as LatentsInRowSpans counts one, each latent of `spans` with its count and mean on
 // either, ranked as options.order says (kByDifference: by how much more often it fires on
-// `spans`). The latents found on `spans` alone are ranked; swap the two for the other side.
+// `spans`). Only latents found on `spans` are ranked, not those of `versus` alone: swap the two
+// for that side.
 // Errors as LatentsInRowSpans, `versus` named versus_row_ranges[i]; INVALID_ARGUMENT for an
 // empty `versus`. kByDifference is refused by the other functions (they have no versus rows).
 absl::StatusOr<LatentsOnRows> ContrastRowSpans(const ChunkStore& store, uint64_t id,
