@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -29,6 +28,7 @@
 #include "client/row_ranges.h"
 #include "client/telemetry_plot.h"
 #include "client/vocabulary.h"
+#include "common/read_file.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -114,9 +114,11 @@ absl::StatusOr<size_t> FillRowRanges(const std::string& items, const char* file_
                                      const std::string& file, v1::RowRanges* out) {
   std::string text = items;
   if (!file.empty()) {
-    std::ifstream in(file);
-    if (!in) return absl::InvalidArgumentError(absl::StrCat(file_flag, ": cannot read ", file));
-    absl::StrAppend(&text, " ", std::string(std::istreambuf_iterator<char>(in), {}));
+    absl::StatusOr<std::string> contents = ReadFileToString(file);
+    if (!contents.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(file_flag, ": ", contents.status().message()));
+    }
+    absl::StrAppend(&text, " ", *contents);
   }
   ASSIGN_OR_RETURN(const std::vector<RowRange> ranges, ParseRowRanges(text));
   out->Clear();
