@@ -87,6 +87,11 @@ $LATENTCTL cofiring "$dataset" "$latent" --limit=5
 echo "demo: the latents of the layer-1 dataset that fire where layer-2 latent $latent fires"
 $LATENTCTL cofiring "$dataset" "$latent" --in_dataset="$layer1" --rank=lift --min_count=5 --limit=5
 $LATENTCTL token "$dataset" " the" --vocab="$inputs/vocab.json" --rank=lift --min_count=20 --limit=5
+echo "demo: rows you label, from a file (here latent $latent's firing rows among the first 4096),"
+echo "against others (all of the first 4096): the latents that tell them apart"
+$LATENTCTL firings "$dataset" "$latent" --count=4096 2>/dev/null | cut -d' ' -f1 >"$data_dir/labelled-rows.txt"
+$LATENTCTL onrows "$dataset" --rows_file="$data_dir/labelled-rows.txt" --versus=0:4096 \
+  --rank=difference --limit=5 --max_rows=4096
 echo
 echo "demo: the SAE at a glance (most frequent latents; --plot=FILE.png draws the density histogram)"
 $LATENTCTL latents "$dataset" --order=frequent --limit=5
