@@ -295,10 +295,10 @@ TEST_P(LatentsOnRowsTest, ContrastRanksTheLatentsThatTellTwoRowSetsApart) {
 }
 
 TEST_P(LatentsOnRowsTest, BadRowSpansAreNamed) {
-  const auto status = [&](std::vector<RowSpan> spans) {
+  const auto status = [&](const std::vector<RowSpan>& spans) {
     return LatentsInRowSpans(*store_, id_, spans, LatentsOnRowsOptions()).status();
   };
-  const auto expect = [&](std::vector<RowSpan> spans, absl::StatusCode code,
+  const auto expect = [&](const std::vector<RowSpan>& spans, absl::StatusCode code,
                           const std::string& message) {
     const absl::Status s = status(spans);
     EXPECT_EQ(s.code(), code) << s;
@@ -321,6 +321,9 @@ TEST_P(LatentsOnRowsTest, BadRowSpansAreNamed) {
          "dataset " +
              std::to_string(id_));
   EXPECT_TRUE(status({{0, 4}, {4, 4}}).ok());  // touching, not overlapping
+  std::vector<RowSpan> too_many(kMaxRowSpans + 1, RowSpan{0, 1});
+  expect(too_many, absl::StatusCode::kInvalidArgument,
+         "row_ranges: 1048577 ranges, more than 1048576");
   EXPECT_EQ(LatentsInRowSpans(*store_, id_ + 9, {{0, 1}}, LatentsOnRowsOptions()).status().code(),
             absl::StatusCode::kNotFound);
   LatentsOnRowsOptions o;
