@@ -792,45 +792,43 @@ absl::Status WriteDensityHistogramPlot(const latentd::v1::ListLatentsResponse& o
   return WritePng(canvas, path);
 }
 
-absl::Status WriteLatentScalingPlot(const latentd::v1::LatentScalingResponse& scaling,
-                                    const std::string& title, const std::string& path) {
-  struct Point {
-    double x, y;
-    bool clipped;
-  };
-  const Scale view{-0.5, 1.5, false};
-  std::vector<Point> points;
-  int64_t without = 0, clipped = 0;
-  for (const latentd::v1::LatentScale& l : scaling.latents()) {
-    const double x = l.error_ratio(), y = l.reconstruction_ratio();
-    if (!std::isfinite(x) || !std::isfinite(y)) {
-      ++without;
-      continue;
-    }
-    const double cx = std::clamp(x, view.lo, view.hi), cy = std::clamp(y, view.lo, view.hi);
-    points.push_back({cx, cy, cx != x || cy != y});
-    clipped += points.back().clipped;
-  }
-  if (points.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        scaling.latents().empty() ? "no latent was fitted" : "no latent has ratios (none fired)",
-        ": nothing to plot into '", path, "'"));
-  }
+namespace {
+
+// One point of a square scatter plot, drawn in `color`; a non-empty label is written beside it.
+struct ScatterPoint {
+  double x = 0, y = 0;
+  Rgb color;
+  std::string label;
+};
+
+// What a square scatter plot shows besides its points: both axes span `view`; the grid lines at
+// `marked` values are drawn darker; with `diagonal`, the line y = x.
+struct ScatterFrame {
+  Scale view;
+  std::string title, subtitle, x_title, y_title;
+  std::vector<double> marked;
+  bool diagonal = false;
+};
+
+// Draws the frame, then the points over it (so that one at the edge stays whole), and writes
+// the PNG.
+absl::Status WriteScatterPlot(const ScatterFrame& frame, const std::vector<ScatterPoint>& points,
+                              const std::string& path) {
   constexpr int kWidth = 800, kHeight = 800;
   Canvas canvas(kWidth, kHeight);
   const Rect r{110, 110, 620, 580};
-  canvas.DrawText(kWidth / 2 - Canvas::TextWidth(title, 3) / 2, 14, title, kInk, 3);
-  const std::string subtitle =
-      absl::StrCat(points.size(), " latents: source ", scaling.source(), " against ",
-                   scaling.baseline(), " (", clipped, " held at the edge, ", without, " unfitted)");
-  canvas.DrawText(kWidth / 2 - Canvas::TextWidth(subtitle, 2) / 2, 48, subtitle, kMutedInk, 2);
+  const Scale& view = frame.view;
+  canvas.DrawText(kWidth / 2 - Canvas::TextWidth(frame.title, 3) / 2, 14, frame.title, kInk, 3);
+  canvas.DrawText(kWidth / 2 - Canvas::TextWidth(frame.subtitle, 2) / 2, 48, frame.subtitle,
+                  kMutedInk, 2);
   auto px = [&](double v) { return r.left + view.Fraction(v) * r.width; };
   auto py = [&](double v) { return r.bottom() - view.Fraction(v) * r.height; };
   for (const Tick& t : LinearTicks(view.lo, view.hi, 4)) {
     const int x = static_cast<int>(std::lround(px(t.value)));
     const int y = static_cast<int>(std::lround(py(t.value)));
-    // The lines at 0 (the source's own) and 1 (the baseline's too) drawn darker.
-    const Rgb line = t.value == 0 || t.value == 1 ? kFrame : kGrid;
+    const bool marked =
+        std::find(frame.marked.begin(), frame.marked.end(), t.value) != frame.marked.end();
+    const Rgb line = marked ? kFrame : kGrid;
     canvas.FillRect(x, r.top + 1, 1, r.height - 1, line);
     canvas.FillRect(r.left + 1, y, r.width - 1, 1, line);
     canvas.FillRect(x, r.bottom(), 1, 5, kFrame);
@@ -838,17 +836,97 @@ absl::Status WriteLatentScalingPlot(const latentd::v1::LatentScalingResponse& sc
     canvas.DrawText(x - Canvas::TextWidth(t.label, 2) / 2, r.bottom() + 9, t.label, kMutedInk, 2);
     canvas.DrawText(r.left - 9 - Canvas::TextWidth(t.label, 2), y - 7, t.label, kMutedInk, 2);
   }
-  const std::string x_title = "error ratio: what the baseline's error holds of it";
-  canvas.DrawText(r.left + r.width / 2 - Canvas::TextWidth(x_title, 2) / 2, r.bottom() + 34,
-                  x_title, kInk, 2);
-  canvas.DrawText(r.left, r.top - 22, "reconstruction ratio: what its other latents hold", kInk, 2);
+  if (frame.diagonal) {
+    canvas.DrawLine(px(view.lo), py(view.lo), px(view.hi), py(view.hi), kFrame);
+  }
+  canvas.DrawText(r.left + r.width / 2 - Canvas::TextWidth(frame.x_title, 2) / 2, r.bottom() + 34,
+                  frame.x_title, kInk, 2);
+  canvas.DrawText(r.left, r.top - 22, frame.y_title, kInk, 2);
   DrawFrame(&canvas, r);
-  // Points last, over the frame, so that one held at the edge stays whole.
-  for (const Point& p : points) {
+  for (const ScatterPoint& p : points) {
     const double x = px(p.x), y = py(p.y);
-    canvas.DrawLine(x, y, x, y, p.clipped ? kPlotScalingClippedColor : kPlotScalingColor, 7);
+    canvas.DrawLine(x, y, x, y, p.color, 7);
+  }
+  // Labels after every point, so that no point covers one: up-right of their point, or below it
+  // where that would reach into the axis title; one that would overlap a label placed before it
+  // is left out (the points come best first), so that those shown can be read.
+  std::vector<Rect> placed;
+  for (const ScatterPoint& p : points) {
+    if (p.label.empty()) continue;
+    const int x = static_cast<int>(std::lround(px(p.x))) + 7;
+    int y = static_cast<int>(std::lround(py(p.y))) - 16;
+    if (y < r.top) y += 22;
+    const Rect box{x - 2, y - 2, Canvas::TextWidth(p.label, 2) + 4, 18};
+    const bool overlaps = std::any_of(placed.begin(), placed.end(), [&](const Rect& o) {
+      return box.left < o.right() && o.left < box.right() && box.top < o.bottom() &&
+             o.top < box.bottom();
+    });
+    if (overlaps) continue;
+    placed.push_back(box);
+    canvas.DrawText(x, y, p.label, kInk, 2);
   }
   return WritePng(canvas, path);
+}
+
+}  // namespace
+
+absl::Status WriteLatentScalingPlot(const latentd::v1::LatentScalingResponse& scaling,
+                                    const std::string& title, const std::string& path) {
+  ScatterFrame frame;
+  frame.view = Scale{-0.5, 1.5, false};
+  // The lines at 0 (the source's own) and 1 (the baseline's too) drawn darker.
+  frame.marked = {0, 1};
+  std::vector<ScatterPoint> points;
+  int64_t without = 0, clipped = 0;
+  for (const latentd::v1::LatentScale& l : scaling.latents()) {
+    const double x = l.error_ratio(), y = l.reconstruction_ratio();
+    if (!std::isfinite(x) || !std::isfinite(y)) {
+      ++without;
+      continue;
+    }
+    const double cx = std::clamp(x, frame.view.lo, frame.view.hi);
+    const double cy = std::clamp(y, frame.view.lo, frame.view.hi);
+    const bool held = cx != x || cy != y;
+    points.push_back({cx, cy, held ? kPlotScalingClippedColor : kPlotScalingColor, ""});
+    clipped += held;
+  }
+  if (points.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        scaling.latents().empty() ? "no latent was fitted" : "no latent has ratios (none fired)",
+        ": nothing to plot into '", path, "'"));
+  }
+  frame.title = title;
+  frame.subtitle =
+      absl::StrCat(points.size(), " latents: source ", scaling.source(), " against ",
+                   scaling.baseline(), " (", clipped, " held at the edge, ", without, " unfitted)");
+  frame.x_title = "error ratio: what the baseline's error holds of it";
+  frame.y_title = "reconstruction ratio: what its other latents hold";
+  return WriteScatterPlot(frame, points, path);
+}
+
+absl::Status WriteContrastPlot(const latentd::v1::LatentsOnRowsResponse& contrast,
+                               const std::string& title, int labelled, const std::string& path) {
+  if (contrast.versus_rows_read() == 0 || contrast.latents().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(contrast.versus_rows_read() == 0
+                                                       ? "no rows to contrast with"
+                                                       : "no latent fired on the rows",
+                                                   ": nothing to plot into '", path, "'"));
+  }
+  ScatterFrame frame;
+  frame.view = Scale{0, 1, false};
+  frame.diagonal = true;
+  frame.title = title;
+  frame.subtitle = absl::StrCat(contrast.latents_size(), " latents on ", contrast.rows_read(),
+                                " rows against ", contrast.versus_rows_read(), " others");
+  frame.x_title = "fraction of the other rows it fires on";
+  frame.y_title = "fraction of the named rows it fires on";
+  std::vector<ScatterPoint> points;
+  for (int i = 0; i < contrast.latents_size(); ++i) {
+    const latentd::v1::RowLatent& l = contrast.latents(i);
+    points.push_back({l.versus_fraction(), l.fraction(), kPlotContrastColor,
+                      i < labelled ? absl::StrCat(l.latent()) : ""});
+  }
+  return WriteScatterPlot(frame, points, path);
 }
 
 }  // namespace latentd::client

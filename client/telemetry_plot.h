@@ -1,7 +1,8 @@
 // Self-contained PNG plots: an in-memory RGB canvas with an embedded 5x7 bitmap font, a PNG
 // encoder on zlib, the two-panel telemetry plot `latentctl telemetry ID --plot=FILE.png` writes,
-// the feature-density histogram of `latentctl latents ID --plot=FILE.png` and the latent-scaling
-// scatter of `latentctl scaling ID --plot=FILE.png`. No plotting library, no Python.
+// the feature-density histogram of `latentctl latents ID --plot=FILE.png`, the latent-scaling
+// scatter of `latentctl scaling ID --plot=FILE.png` and the contrast scatter of `latentctl onrows
+// ID ... --versus=... --plot=FILE.png`. No plotting library, no Python.
 #ifndef LATENTD_CLIENT_TELEMETRY_PLOT_H_
 #define LATENTD_CLIENT_TELEMETRY_PLOT_H_
 
@@ -116,6 +117,18 @@ inline constexpr Rgb kPlotScalingClippedColor = {255, 127, 14};
 // the path when the file cannot be written.
 absl::Status WriteLatentScalingPlot(const latentd::v1::LatentScalingResponse& scaling,
                                     const std::string& title, const std::string& path);
+
+// The color of WriteContrastPlot's points.
+inline constexpr Rgb kPlotContrastColor = {44, 160, 44};
+
+// Writes a PNG of a contrast of two row sets (LatentsOnRows with versus_row_ranges): a point per
+// latent at (versus_fraction, fraction) over [0, 1] on both axes, with the diagonal: above it the
+// latents that fire more often on the named rows, the farthest up-left the ones that tell the
+// two sets apart. The first `labelled` latents (the response's order: by difference, the best
+// first) carry their numbers. INVALID_ARGUMENT when the response has no versus rows or no
+// latents; UNAVAILABLE/PERMISSION_DENIED naming the path when the file cannot be written.
+absl::Status WriteContrastPlot(const latentd::v1::LatentsOnRowsResponse& contrast,
+                               const std::string& title, int labelled, const std::string& path);
 
 }  // namespace latentd::client
 

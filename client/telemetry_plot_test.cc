@@ -447,5 +447,52 @@ TEST(LatentScalingPlotTest, DrawsAPointPerLatentWhereItsRatiosAre) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ContrastPlotTest, DrawsAPointPerLatentAtItsTwoFractions) {
+  latentd::v1::LatentsOnRowsResponse contrast;
+  contrast.set_rows_read(10);
+  contrast.set_versus_rows_read(20);
+  auto add = [&](int32_t latent, double fraction, double versus) {
+    latentd::v1::RowLatent* l = contrast.add_latents();
+    l->set_latent(latent);
+    l->set_fraction(fraction);
+    l->set_versus_fraction(versus);
+  };
+  add(7, 1.0, 0.0);  // on every named row, on no other: the top-left corner
+  add(8, 0.5, 0.5);  // as often on both: on the diagonal, halfway
+  add(9, 0.5, 1.0);  // on every other row: the right edge, halfway up
+  const std::string path = TmpPath("contrast.png");
+  absl::Status s = WriteContrastPlot(contrast, "dataset 3", /*labelled=*/1, path);
+  ASSERT_TRUE(s.ok()) << s;
+  absl::StatusOr<Image> image = DecodePng(path);
+  ASSERT_TRUE(image.ok()) << image.status();
+  // The points' bounding box by color: from the top-left corner across the plot (620 pixels)
+  // and down half of it (290), the one on the diagonal at its bottom, halfway across.
+  int left = image->width, right = -1, top = image->height, bottom = -1;
+  int64_t pixels = 0;
+  for (int x = 0; x < image->width; ++x) {
+    for (int y = 0; y < image->height; ++y) {
+      if (image->At(x, y) != kPlotContrastColor) continue;
+      left = std::min(left, x), right = std::max(right, x);
+      top = std::min(top, y), bottom = std::max(bottom, y);
+      ++pixels;
+    }
+  }
+  ASSERT_GT(pixels, 0);
+  EXPECT_NEAR(right - left, 620 + 7, 3);  // point centres 620 apart, 7 pixels wide
+  EXPECT_NEAR(bottom - top, 290 + 7, 3);
+  EXPECT_TRUE(image->At(left + 3, top + 3) == kPlotContrastColor) << "no point top-left";
+  EXPECT_TRUE(image->At((left + right) / 2, bottom - 3) == kPlotContrastColor)
+      << "the latent as frequent on both sets is not halfway up the diagonal";
+
+  latentd::v1::LatentsOnRowsResponse alone = contrast;
+  alone.set_versus_rows_read(0);
+  EXPECT_EQ(WriteContrastPlot(alone, "x", 0, TmpPath("alone.png")).code(),
+            absl::StatusCode::kInvalidArgument);
+  alone = contrast;
+  alone.clear_latents();
+  EXPECT_EQ(WriteContrastPlot(alone, "x", 0, TmpPath("empty.png")).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace latentd::client
