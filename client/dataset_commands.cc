@@ -599,6 +599,10 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
   const std::string versus_file = absl::GetFlag(FLAGS_versus_file);
   const bool contrast = !versus_items.empty() || !versus_file.empty();
   if (contrast && by != RowsBy::kRanges) return Usage("--versus: only with onrows");
+  const std::string plot = absl::GetFlag(FLAGS_plot);
+  if (!plot.empty() && !contrast) {
+    return Usage(absl::StrCat("--plot: ", what, " draws a contrast only (onrows --versus)"));
+  }
   if (by == RowsBy::kRanges) {
     absl::StatusOr<size_t> ranges =
         FillRowRanges(absl::StrJoin(args.begin() + 2, args.end(), " "), "--rows_file", rows_file,
@@ -648,11 +652,20 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
   grpc::Status status =
       client.datasets()->LatentsOnRows(client.Context().get(), request, &response);
   if (!status.ok()) return RpcError(status);
+  const uint64_t counted = request.in_dataset_id() != 0 ? request.in_dataset_id() : id;
+  if (!plot.empty()) {
+    // The first ten (the best by the order asked) carry their numbers.
+    absl::Status written = WriteContrastPlot(
+        response, absl::StrCat("dataset ", counted, ": named rows against others"), 10, plot);
+    if (!written.ok()) {
+      std::fprintf(stderr, "latentctl: --plot: %s\n", std::string(written.message()).c_str());
+      return kExitRpcError;
+    }
+  }
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", Json(response).c_str());
     return 0;
   }
-  const uint64_t counted = request.in_dataset_id() != 0 ? request.in_dataset_id() : id;
   std::printf("dataset %llu: latents on the %lld rows %s%s (%lld read)\n",
               static_cast<unsigned long long>(counted),
               static_cast<long long>(response.rows_selected()), selection.c_str(),
@@ -669,6 +682,7 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
                   static_cast<long long>(l.count()), l.fraction(), l.versus_fraction(),
                   l.fraction() - l.versus_fraction(), l.mean(), l.versus_mean(), l.lift());
     }
+    if (!plot.empty()) std::printf("wrote %s\n", plot.c_str());
     return 0;
   }
   std::printf("%-8s %-9s %-9s %-10s %s\n", "LATENT", "COUNT", "FRACTION", "MEAN", "LIFT");

@@ -93,7 +93,8 @@ ABSL_FLAG(bool, dry_run, false,
           "creating it");
 ABSL_FLAG(std::string, plot, "",
           "telemetry: write a PNG of loss and memory against steps here; latents: a PNG of the "
-          "log10 feature-density histogram; scaling: a PNG of each latent's two ratios");
+          "log10 feature-density histogram; scaling: a PNG of each latent's two ratios; "
+          "onrows --versus: a PNG of each latent's fraction on both row sets");
 ABSL_FLAG(std::string, order, "latent",
           "latents, dashboard: latent, frequent, rare (dead first), max or mean (ties by latent "
           "index)");

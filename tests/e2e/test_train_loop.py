@@ -536,9 +536,15 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual([int(line.split()[0]) for line in lines[2:]],
                          [l.latent for l in by_lift.latents])
         # ... and contrasted: --versus with the rows of sequences 10 and 11.
+        contrast_png = os.path.join(self.tmp, "contrast.png")
         contrasted = daemon.latentctl("onrows", str(dataset), "--rows_file=" + rows_file,
                                       "--versus=320:64", "--rank=difference", "--limit=4",
-                                      "--max_rows=100000").stdout.splitlines()
+                                      "--max_rows=100000",
+                                      "--plot=" + contrast_png).stdout.splitlines()
+        self.assertEqual(contrasted[-1], "wrote " + contrast_png)
+        with open(contrast_png, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        contrasted = contrasted[:-1]
         self.assertEqual(contrasted[1], "versus 64 rows (64 read)")
         told_too = c.latents_on_rows(dataset, rows=numpy.flatnonzero(picked[:100]),
                                      versus_row_ranges=[(320, 64)], order="difference",
