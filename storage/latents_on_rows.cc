@@ -485,11 +485,11 @@ absl::StatusOr<DatasetRecord> SpansRecord(const ChunkStore& store, uint64_t id,
   return CountedRecord(store, selecting, options);
 }
 
-// The latents of the rows of `spans` (checked), counted.
+// The latents of the rows of `spans` (checked), counted; `chunks` are the dataset's committed
+// chunks with nothing selected (Chunks), read once for every set counted.
 absl::StatusOr<Counted> CountSpans(const ChunkStore& store, const DatasetRecord& rec,
-                                   const std::vector<RowSpan>& spans,
+                                   std::vector<ChunkPick> chunks, const std::vector<RowSpan>& spans,
                                    const LatentsOnRowsOptions& options) {
-  ASSIGN_OR_RETURN(std::vector<ChunkPick> chunks, Chunks(store, rec));
   for (ChunkPick& c : chunks) {
     ForSpansIn(spans, c, [&c](int64_t lo, int64_t hi) {
       if (c.selected == 0) c.first = lo;
@@ -515,7 +515,9 @@ absl::StatusOr<LatentsOnRows> LatentsInRowSpans(const ChunkStore& store, uint64_
   RETURN_IF_ERROR(CheckOptions(options));
   ASSIGN_OR_RETURN(const DatasetRecord rec, SpansRecord(store, id, options));
   RETURN_IF_ERROR(CheckSpans(spans, rec, "row_ranges"));
-  ASSIGN_OR_RETURN(const Counted counted, CountSpans(store, rec, spans, options));
+  ASSIGN_OR_RETURN(std::vector<ChunkPick> chunks, Chunks(store, rec));
+  ASSIGN_OR_RETURN(const Counted counted,
+                   CountSpans(store, rec, std::move(chunks), spans, options));
   return Rank(store, rec, counted, /*exclude=*/-1, options, /*versus=*/nullptr);
 }
 
@@ -530,8 +532,9 @@ absl::StatusOr<LatentsOnRows> ContrastRowSpans(const ChunkStore& store, uint64_t
   if (versus.empty()) {
     return absl::InvalidArgumentError("versus_row_ranges: no rows to contrast with");
   }
-  ASSIGN_OR_RETURN(const Counted counted, CountSpans(store, rec, spans, options));
-  ASSIGN_OR_RETURN(const Counted against, CountSpans(store, rec, versus, options));
+  ASSIGN_OR_RETURN(const std::vector<ChunkPick> chunks, Chunks(store, rec));
+  ASSIGN_OR_RETURN(const Counted counted, CountSpans(store, rec, chunks, spans, options));
+  ASSIGN_OR_RETURN(const Counted against, CountSpans(store, rec, chunks, versus, options));
   return Rank(store, rec, counted, /*exclude=*/-1, options, &against);
 }
 
