@@ -638,10 +638,11 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
   }
   const std::string rank = absl::GetFlag(FLAGS_rank);
   if (rank == "difference" && !contrast) return Usage("--rank=difference needs --versus");
-  if (rank != "count" && rank != "lift" && rank != "difference") {
-    return Usage("--rank: use count, lift or (with --versus) difference");
+  if (rank != "count" && rank != "lift" && rank != "f1" && rank != "difference") {
+    return Usage("--rank: use count, lift, f1 or (with --versus) difference");
   }
   request.set_order(rank == "lift"         ? v1::BY_LIFT
+                    : rank == "f1"         ? v1::BY_F1
                     : rank == "difference" ? v1::BY_DIFFERENCE
                                            : v1::BY_COUNT);
   request.set_limit(absl::GetFlag(FLAGS_limit));
@@ -685,10 +686,12 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
     if (!plot.empty()) std::printf("wrote %s\n", plot.c_str());
     return 0;
   }
-  std::printf("%-8s %-9s %-9s %-10s %s\n", "LATENT", "COUNT", "FRACTION", "MEAN", "LIFT");
+  std::printf("%-8s %-9s %-9s %-10s %-9s %-9s %s\n", "LATENT", "COUNT", "FRACTION", "MEAN", "LIFT",
+              "PRECISION", "F1");
   for (const v1::RowLatent& l : response.latents()) {
-    std::printf("%-8d %-9lld %-9.4f %-10.4g %.4g\n", l.latent(), static_cast<long long>(l.count()),
-                l.fraction(), l.mean(), l.lift());
+    std::printf("%-8d %-9lld %-9.4f %-10.4g %-9.4g %-9.4f %.4f\n", l.latent(),
+                static_cast<long long>(l.count()), l.fraction(), l.mean(), l.lift(), l.precision(),
+                l.f1());
   }
   return 0;
 }

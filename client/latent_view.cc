@@ -252,20 +252,22 @@ std::string PageHead(const std::string& title) {
 }
 
 // A "fires with" table (LatentsOnRows) under `title` (plain text); latents in `linked` link to
-// their pages.
+// their pages. Precision beside fraction gives both sides of the co-occurrence.
 void AppendCofiring(const std::string& title, const v1::LatentsOnRowsResponse& c,
                     const std::set<int32_t>* linked, std::string* html) {
   absl::StrAppendFormat(html,
                         "<h2>%s</h2>\n<p>latents on the %d rows where it fires "
-                        "(%d read)</p>\n<table><tr><th>latent</th><th>count</th>"
-                        "<th>fraction</th><th>mean</th><th>lift</th></tr>\n",
+                        "(%d read); fraction: the share of those rows where the latent fires, "
+                        "precision: the share of its firings on those rows</p>\n<table><tr>"
+                        "<th>latent</th><th>count</th><th>fraction</th><th>mean</th>"
+                        "<th>lift</th><th>precision</th><th>F1</th></tr>\n",
                         HtmlEscape(title), c.rows_selected(), c.rows_read());
   for (const v1::RowLatent& l : c.latents()) {
     absl::StrAppendFormat(html,
                           "<tr><td>%s</td><td>%d</td><td>%.4f</td><td>%.4g</td><td>%.4g</td>"
-                          "</tr>\n",
+                          "<td>%.4f</td><td>%.4f</td></tr>\n",
                           LatentRef(l.latent(), linked), l.count(), l.fraction(), l.mean(),
-                          l.lift());
+                          l.lift(), l.precision(), l.f1());
   }
   *html += "</table>\n";
 }

@@ -262,6 +262,8 @@ TEST(LatentViewTest, DashboardPagesLinkToEachOther) {
   with->set_count(6);
   with->set_fraction(6.0 / 9);
   with->set_lift(3.5);
+  with->set_precision(0.75);
+  with->set_f1(2 * 0.75 * (6.0 / 9) / (0.75 + 6.0 / 9));
   v1::RowLatent* without_page = cofiring.add_latents();
   without_page->set_latent(12);
   without_page->set_count(2);
@@ -273,6 +275,7 @@ TEST(LatentViewTest, DashboardPagesLinkToEachOther) {
   const std::string page = LatentHtml(Response(), options);
   EXPECT_NE(page.find("<a href=\"index.html\">"), std::string::npos);
   EXPECT_NE(page.find("latents on the 9 rows where it fires (9 read)"), std::string::npos);
+  EXPECT_NE(page.find("<td>3.5</td><td>0.7500</td><td>0.7059</td></tr>"), std::string::npos);
   EXPECT_EQ(All(page, R"re(<tr><td><a href="([^"]+)">11</a></td><td>6</td><td>0.6667</td>)re"),
             std::vector<std::string>{"latent-11.html"});
   EXPECT_NE(page.find("<tr><td>12</td><td>2</td>"), std::string::npos);  // no page: no link

@@ -224,17 +224,22 @@ datasets:
                                  source S's own that fire, at most N): how much of each one's
                                  direction model B carries in its error and its other latents
                                  against model S; near 0 S's own, near 1 a sparsity artifact
-  cofiring ID J [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C] [--in_dataset=D]
+  cofiring ID J [--rank=count|lift|f1] [--limit=N] [--max_rows=R] [--min_count=C]
+           [--in_dataset=D]
                                  the latents that fire on the rows where latent J fires (with
-                                 --in_dataset: D's latents, e.g. another layer of the same job)
-  token ID T [--vocab=F] [--rank=count|lift] [--limit=N] [--max_rows=R] [--min_count=C]
+                                 --in_dataset: D's latents, e.g. another layer of the same job);
+                                 FRACTION is P(latent | J), PRECISION P(J | latent), and
+                                 --rank=f1 puts the latents most nearly J first
+  token ID T [--vocab=F] [--rank=count|lift|f1] [--limit=N] [--max_rows=R] [--min_count=C]
                                  the latents that fire on token T (an id, or its text with --vocab)
-  onrows ID ROW|START:COUNT ... [--rows_file=F] [--rank=count|lift|difference] [--limit=N]
+  onrows ID ROW|START:COUNT ... [--rows_file=F] [--rank=count|lift|f1|difference] [--limit=N]
          [--max_rows=R] [--min_count=C] [--in_dataset=D] [--versus=ROW|START:COUNT,...]
          [--versus_file=F] [--plot=FILE.png]
                                  the latents that fire on the rows you name (the documents you
                                  labelled; F: such items, e.g. from numpy.savetxt); with
                                  --rank=lift, what is enriched there against the whole dataset;
+                                 --rank=f1, the latent that best marks them (fires there, and
+                                 little elsewhere: PRECISION is its firings' share there);
                                  with --versus, each latent's fraction on those rows too (your
                                  negatives) and --rank=difference: what tells the two apart;
                                  --plot: each latent's two fractions, the best ten numbered

@@ -121,8 +121,9 @@ ABSL_FLAG(uint64_t, in_dataset, 0,
           "output of the same EXTRACT job, or a dataset over the same tokens)");
 ABSL_FLAG(std::string, rank, "count",
           "cofiring/token/onrows: count (firings on the rows), lift (their rate there over the "
-          "latent's density) or, with --versus, difference (fraction there minus fraction on the "
-          "versus rows)");
+          "latent's density), f1 (the latent as a detector of the rows: fraction there and share "
+          "of its firings there, harmonic mean) or, with --versus, difference (fraction there "
+          "minus fraction on the versus rows)");
 ABSL_FLAG(int64_t, max_rows, 0,
           "cofiring/token/onrows: count at most this many of the selected rows (from chunks spread "
           "over the dataset; default 2048); scaling: firing rows fitted per latent (default "

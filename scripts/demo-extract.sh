@@ -84,8 +84,9 @@ echo "(open $data_dir/demo-dashboard/prompt.html: the prompt shaded by each top 
 echo
 echo "demo: the latents that fire with latent $latent (by count), and on the token \" the\" (by lift)"
 $LATENTCTL cofiring "$dataset" "$latent" --limit=5
-echo "demo: the latents of the layer-1 dataset that fire where layer-2 latent $latent fires"
-$LATENTCTL cofiring "$dataset" "$latent" --in_dataset="$layer1" --rank=lift --min_count=5 --limit=5
+echo "demo: the latents of the layer-1 dataset most nearly layer-2 latent $latent (by F1: they fire"
+echo "where it fires, FRACTION, and little elsewhere, PRECISION)"
+$LATENTCTL cofiring "$dataset" "$latent" --in_dataset="$layer1" --rank=f1 --limit=5
 $LATENTCTL token "$dataset" " the" --vocab="$inputs/vocab.json" --rank=lift --min_count=20 --limit=5
 echo "demo: rows you label, from a file (here latent $latent's firing rows among the first 4096),"
 echo "against others (all of the first 4096): the latents that tell them apart"

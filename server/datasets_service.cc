@@ -497,6 +497,9 @@ grpc::Status DatasetsService::LatentsOnRows(grpc::ServerContext* context,
     case latentd::v1::BY_DIFFERENCE:
       options.order = storage::LatentsOnRowsOrder::kByDifference;
       break;
+    case latentd::v1::BY_F1:
+      options.order = storage::LatentsOnRowsOrder::kByF1;
+      break;
     default:
       return ToGrpcStatus(
           absl::InvalidArgumentError(absl::StrCat("order: unknown value ", request->order())));
@@ -542,6 +545,8 @@ grpc::Status DatasetsService::LatentsOnRows(grpc::ServerContext* context,
     out->set_fraction(found->rows_read > 0 ? static_cast<double>(l.count) / found->rows_read : 0.0);
     out->set_mean(l.mean);
     out->set_lift(l.lift);
+    out->set_precision(l.precision);
+    out->set_f1(l.f1);
     if (found->versus_read > 0) {
       out->set_versus_count(l.versus_count);
       out->set_versus_fraction(static_cast<double>(l.versus_count) / found->versus_read);

@@ -296,6 +296,20 @@ TEST_F(DatasetsServiceTest, LatentsOnRowsConvertsEachSelection) {
     EXPECT_DOUBLE_EQ(resp.latents(i).fraction(),
                      static_cast<double>(want->latents[i].count) / want->rows_read);
     EXPECT_EQ(resp.latents(i).lift(), want->latents[i].lift);
+    EXPECT_EQ(resp.latents(i).precision(), want->latents[i].precision);
+    EXPECT_EQ(resp.latents(i).f1(), want->latents[i].f1);
+  }
+  // By F1: the order reaches the store.
+  req.set_order(latentd::v1::BY_F1);
+  ASSERT_TRUE(call(req, &resp).ok());
+  storage::LatentsOnRowsOptions by_f1;
+  by_f1.order = storage::LatentsOnRowsOrder::kByF1;
+  want = storage::LatentsFiringWith(*store_, id, 7, by_f1);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(resp.latents_size(), static_cast<int>(want->latents.size()));
+  for (int i = 0; i < resp.latents_size(); ++i) {
+    EXPECT_EQ(resp.latents(i).latent(), want->latents[i].latent);
+    EXPECT_EQ(resp.latents(i).f1(), want->latents[i].f1);
   }
   std::vector<int32_t> first_token;
   ASSERT_TRUE(store_->ReadTokens(id, 0, 1, &first_token).ok());

@@ -205,9 +205,9 @@ absl::StatusOr<Counted> Count(const ChunkStore& store, const DatasetRecord& rec,
 }
 
 // Ranks the latents counted (`exclude` left out, and those below min_count) in the order asked,
-// the first `limit` of them, each with its lift; with `versus` (another selection's counts) each
-// also with its count and mean there, and kByDifference ranking by the difference of the two
-// firing fractions.
+// the first `limit` of them, each with its lift, precision and F1; with `versus` (another
+// selection's counts) each also with its count and mean there, and kByDifference ranking by the
+// difference of the two firing fractions.
 absl::StatusOr<LatentsOnRows> Rank(const ChunkStore& store, const DatasetRecord& rec,
                                    const Counted& counted, int32_t exclude,
                                    const LatentsOnRowsOptions& o, const Counted* versus) {
@@ -234,15 +234,18 @@ absl::StatusOr<LatentsOnRows> Rank(const ChunkStore& store, const DatasetRecord&
     }
     ranked.push_back(entry);
   }
-  // Lift needs each latent's density over the whole dataset, from the statistics the store
-  // keeps (never the rows). Ranked by count or difference, only the latents returned need it: a
-  // point read each when they are fewer than the 64-latent statistics blocks, else one scan of
-  // them all (ranked by lift, always the scan).
+  // Lift, precision and F1 need each latent's firing count over the whole dataset, from the
+  // statistics the store keeps (never the rows). Ranked by count or difference, only the latents
+  // returned need it: a point read each when they are fewer than the 64-latent statistics
+  // blocks, else one scan of them all (ranked by lift or F1, always the scan).
   auto by_count = [](const LatentOnRows& a, const LatentOnRows& b) {
     return a.count != b.count ? a.count > b.count : a.latent < b.latent;
   };
   auto by_lift = [&](const LatentOnRows& a, const LatentOnRows& b) {
     return a.lift != b.lift ? a.lift > b.lift : by_count(a, b);
+  };
+  auto by_f1 = [&](const LatentOnRows& a, const LatentOnRows& b) {
+    return a.f1 != b.f1 ? a.f1 > b.f1 : by_count(a, b);
   };
   auto difference = [&](const LatentOnRows& e) {
     return static_cast<double>(e.count) / out.rows_read -
@@ -260,6 +263,9 @@ absl::StatusOr<LatentsOnRows> Rank(const ChunkStore& store, const DatasetRecord&
       case LatentsOnRowsOrder::kByDifference:
         std::partial_sort(ranked.begin(), ranked.begin() + n, ranked.end(), by_difference);
         break;
+      case LatentsOnRowsOrder::kByF1:
+        std::partial_sort(ranked.begin(), ranked.begin() + n, ranked.end(), by_f1);
+        break;
       case LatentsOnRowsOrder::kByCount:
         std::partial_sort(ranked.begin(), ranked.begin() + n, ranked.end(), by_count);
         break;
@@ -267,15 +273,19 @@ absl::StatusOr<LatentsOnRows> Rank(const ChunkStore& store, const DatasetRecord&
     ranked.resize(n);
   };
   const size_t n = std::min(ranked.size(), static_cast<size_t>(o.limit));
-  auto set_lift = [&](LatentOnRows* entry, int64_t firing_count, int64_t rows_committed) {
+  auto set_density_figures = [&](LatentOnRows* entry, int64_t firing_count,
+                                 int64_t rows_committed) {
     // The statistics are at a later snapshot than the rows read, so they count those rows.
-    if (firing_count > 0) {
-      entry->lift = (static_cast<double>(entry->count) / out.rows_read) /
-                    (static_cast<double>(firing_count) / rows_committed);
-    }
+    if (firing_count <= 0) return;
+    const double fraction = static_cast<double>(entry->count) / out.rows_read;
+    entry->lift = fraction / (static_cast<double>(firing_count) / rows_committed);
+    entry->precision =
+        std::min(1.0, fraction * static_cast<double>(out.rows_selected) / firing_count);
+    entry->f1 = 2 * entry->precision * fraction / (entry->precision + fraction);
   };
-  if (o.order != LatentsOnRowsOrder::kByLift &&
-      static_cast<int64_t>(n) * kLatentsPerBlock < width) {
+  const bool needs_every_density =
+      o.order == LatentsOnRowsOrder::kByLift || o.order == LatentsOnRowsOrder::kByF1;
+  if (!needs_every_density && static_cast<int64_t>(n) * kLatentsPerBlock < width) {
     rank_first(n);
     std::vector<int64_t> firing_counts;
     for (const LatentOnRows& entry : ranked) {
@@ -283,10 +293,11 @@ absl::StatusOr<LatentsOnRows> Rank(const ChunkStore& store, const DatasetRecord&
       firing_counts.push_back(stats.firing_count);
     }
     // The rows committed when the last statistics were read, or later (a writer may be
-    // appending): lift rounds down, never up, while the dataset grows.
+    // appending): lift rounds down, never up, while the dataset grows (precision too: the
+    // firing counts can only have grown since the rows were read).
     ASSIGN_OR_RETURN(const DatasetRecord now, store.GetRecord(id));
     for (size_t i = 0; i < ranked.size(); ++i) {
-      set_lift(&ranked[i], firing_counts[i], now.rows_committed);
+      set_density_figures(&ranked[i], firing_counts[i], now.rows_committed);
     }
   } else {
     std::vector<int64_t> firing_counts(width, 0);
@@ -296,7 +307,7 @@ absl::StatusOr<LatentsOnRows> Rank(const ChunkStore& store, const DatasetRecord&
                                                firing_counts[latent] = stats.firing_count;
                                              }));
     for (LatentOnRows& entry : ranked) {
-      set_lift(&entry, firing_counts[entry.latent], rows_committed);
+      set_density_figures(&entry, firing_counts[entry.latent], rows_committed);
     }
     rank_first(n);
   }

@@ -34,6 +34,11 @@ enum class LatentsOnRowsOrder {
   // Fraction of the rows read minus fraction of the versus rows read, descending (ties by
   // count): ContrastRowSpans only.
   kByDifference,
+  // The latent as a detector of the selected rows: the harmonic mean of its recall (the fraction
+  // of the rows read where it fires) and its precision (the share of all its firings that lie
+  // on selected rows), descending. The latent that best marks a labelled row set ("k = 1 sparse
+  // probing"), or, for the rows where latent j fires, the latent most nearly the same as j.
+  kByF1,
 };
 
 struct LatentsOnRowsOptions {
@@ -65,6 +70,12 @@ struct LatentOnRows {
   int64_t count = 0;  // firings on the rows read
   double mean = 0;    // mean value of those firings
   double lift = 0;    // (count / rows_read) / (firing_count / rows) over the whole dataset
+  // The share of the latent's firings over the whole dataset that lie on the selected rows:
+  // count / firing_count when every selected row is read, else count scaled by rows_selected /
+  // rows_read (an estimate, at most 1). For the rows where latent j fires, P(j fires | this one
+  // fires) beside fraction's P(this one fires | j fires).
+  double precision = 0;
+  double f1 = 0;  // 2 precision fraction / (precision + fraction); 0 when both are
   // ContrastRowSpans: firings on the versus rows read, and their mean value (0 without any).
   int64_t versus_count = 0;
   double versus_mean = 0;

@@ -80,9 +80,11 @@ class LatentsOnRowsTest : public ::testing::TestWithParam<uint32_t> {
     }
   }
 
-  // The answer computed from the rows alone, over `rows` (all of them read).
+  // The answer computed from the rows alone, over `rows` (all of them read; of `rows_selected`
+  // selected, -1: all of them).
   LatentsOnRows Expected(const std::vector<int64_t>& rows, int32_t exclude,
-                         LatentsOnRowsOrder order, int64_t min_count) const {
+                         LatentsOnRowsOrder order, int64_t min_count,
+                         int64_t rows_selected = -1) const {
     std::vector<int64_t> firing(kWidth, 0), count(kWidth, 0);
     std::vector<double> sum(kWidth, 0);
     for (const auto& row : data_.rows) {
@@ -92,15 +94,22 @@ class LatentsOnRowsTest : public ::testing::TestWithParam<uint32_t> {
       for (const auto& [l, v] : data_.rows[r]) ++count[l], sum[l] += v;
     }
     LatentsOnRows out;
-    out.rows_selected = out.rows_read = static_cast<int64_t>(rows.size());
+    out.rows_read = static_cast<int64_t>(rows.size());
+    out.rows_selected = rows_selected < 0 ? out.rows_read : rows_selected;
     for (int32_t l = 0; l < kWidth; ++l) {
       if (l == exclude || count[l] < min_count) continue;
-      const double lift =
-          (static_cast<double>(count[l]) / rows.size()) / (static_cast<double>(firing[l]) / kRows);
-      out.latents.push_back({l, count[l], sum[l] / count[l], lift});
+      const double fraction = static_cast<double>(count[l]) / rows.size();
+      const double lift = fraction / (static_cast<double>(firing[l]) / kRows);
+      LatentOnRows e{l, count[l], sum[l] / count[l], lift};
+      // Of the latent's firings, those on the selected rows: counted, or scaled up from the
+      // rows read.
+      e.precision = std::min(1.0, fraction * out.rows_selected / firing[l]);
+      e.f1 = 2 * e.precision * fraction / (e.precision + fraction);
+      out.latents.push_back(e);
     }
     std::sort(out.latents.begin(), out.latents.end(), [&](const auto& a, const auto& b) {
       if (order == LatentsOnRowsOrder::kByLift && a.lift != b.lift) return a.lift > b.lift;
+      if (order == LatentsOnRowsOrder::kByF1 && a.f1 != b.f1) return a.f1 > b.f1;
       return a.count != b.count ? a.count > b.count : a.latent < b.latent;
     });
     return out;
@@ -115,6 +124,8 @@ class LatentsOnRowsTest : public ::testing::TestWithParam<uint32_t> {
       EXPECT_EQ(got.latents[i].count, want.latents[i].count) << "rank " << i;
       EXPECT_DOUBLE_EQ(got.latents[i].mean, want.latents[i].mean) << "rank " << i;
       EXPECT_NEAR(got.latents[i].lift, want.latents[i].lift, 1e-9) << "rank " << i;
+      EXPECT_NEAR(got.latents[i].precision, want.latents[i].precision, 1e-12) << "rank " << i;
+      EXPECT_NEAR(got.latents[i].f1, want.latents[i].f1, 1e-12) << "rank " << i;
     }
   }
 
@@ -130,7 +141,8 @@ TEST_P(LatentsOnRowsTest, FiringWithALatentMatchesTheRows) {
     for (int64_t r = 0; r < kRows; ++r) {
       if (data_.rows[r].count(j)) rows.push_back(r);
     }
-    for (auto order : {LatentsOnRowsOrder::kByCount, LatentsOnRowsOrder::kByLift}) {
+    for (auto order :
+         {LatentsOnRowsOrder::kByCount, LatentsOnRowsOrder::kByLift, LatentsOnRowsOrder::kByF1}) {
       for (auto [threads, limit] : {std::pair{1, kWidth}, std::pair{3, kWidth}, std::pair{2, 3}}) {
         // Chunks read on one thread or shared; lift from every statistics block, or (by count,
         // 3 latents < 200 / 64 blocks) from those latents' own.
@@ -153,6 +165,18 @@ TEST_P(LatentsOnRowsTest, FiringWithALatentMatchesTheRows) {
   EXPECT_EQ(with0->latents[1].latent, 2);
   EXPECT_EQ(with0->latents[0].count, kRows / 3);
   EXPECT_EQ(with0->latents.size(), 20u);  // the default limit
+  // By F1 too, and each of them is 0 again: it fires on all of 0's rows and nowhere else.
+  LatentsOnRowsOptions by_f1;
+  by_f1.order = LatentsOnRowsOrder::kByF1;
+  auto nearest = LatentsFiringWith(*store_, id_, 0, by_f1);
+  ASSERT_TRUE(nearest.ok()) << nearest.status();
+  ASSERT_GE(nearest->latents.size(), 3u);
+  for (int i : {0, 1}) {
+    EXPECT_EQ(nearest->latents[i].latent, i + 1);
+    EXPECT_DOUBLE_EQ(nearest->latents[i].precision, 1.0);
+    EXPECT_DOUBLE_EQ(nearest->latents[i].f1, 1.0);
+  }
+  EXPECT_LT(nearest->latents[2].f1, 1.0);  // a filler latent: it fires elsewhere too
 }
 
 TEST_P(LatentsOnRowsTest, FiringOnATokenMatchesTheRows) {
@@ -181,7 +205,8 @@ TEST_P(LatentsOnRowsTest, RowSpansMatchTheirRows) {
   for (const RowSpan& span : spans) {
     for (int64_t r = span.start; r < span.start + span.count; ++r) rows.push_back(r);
   }
-  for (auto order : {LatentsOnRowsOrder::kByCount, LatentsOnRowsOrder::kByLift}) {
+  for (auto order :
+       {LatentsOnRowsOrder::kByCount, LatentsOnRowsOrder::kByLift, LatentsOnRowsOrder::kByF1}) {
     for (auto [threads, limit] : {std::pair{1, kWidth}, std::pair{3, kWidth}, std::pair{2, 3}}) {
       LatentsOnRowsOptions o;
       o.order = order;
@@ -393,12 +418,21 @@ TEST_P(LatentsOnRowsTest, LatentsOfAnotherDatasetOverTheSameRows) {
                   (static_cast<double>(count[e.latent]) / selected) /
                       (static_cast<double>(firing[e.latent]) / kOtherRows),
                   1e-9);
+      // Against the other dataset's firings: of its 1000 rows, not the selecting one's 1500.
+      EXPECT_NEAR(e.precision, static_cast<double>(count[e.latent]) / firing[e.latent], 1e-12);
       if (i > 0) {
         EXPECT_GE(got->latents[i - 1].lift, e.lift);
       }
     }
-    // j's own image is there: it fires on every selected row.
+    // j's own image is there: it fires on every selected row, and only there, so it leads by
+    // F1 (for j = 0 tied with the images of 1 and 2, and the lowest of the three).
     EXPECT_EQ(count[other_latent(j)], selected);
+    o.order = LatentsOnRowsOrder::kByF1;
+    auto nearest = LatentsFiringWith(*store_, id_, j, o);
+    ASSERT_TRUE(nearest.ok()) << nearest.status();
+    ASSERT_FALSE(nearest->latents.empty());
+    EXPECT_EQ(nearest->latents[0].latent, other_latent(j));
+    EXPECT_DOUBLE_EQ(nearest->latents[0].f1, 1.0);
   }
   // Rows of a token: the same rows in either dataset, so the other one's own answer.
   LatentsOnRowsOptions o;
@@ -461,17 +495,17 @@ TEST_P(LatentsOnRowsTest, LargeSelectionsAreSampledByChunksSpreadOverTheDataset)
   const std::vector<int64_t> sample = first_of([](int64_t r) { return r % 3 == 0; }, 37);
   ASSERT_EQ(sample.size(), 37u);
   ASSERT_GT(sample.back(), (*starts)[middle]);  // both chunks contribute
-  LatentsOnRows want = Expected(sample, 0, LatentsOnRowsOrder::kByCount, 1);
-  want.rows_selected = kRows / 3;
-  ExpectSame(*got, want, kWidth);
+  // Precision from the sample: each count scaled by the 500 rows selected over the 37 read.
+  ExpectSame(*got, Expected(sample, 0, LatentsOnRowsOrder::kByCount, 1, kRows / 3), kWidth);
   // A token's rows (about 125): 10 of them.
   o.max_rows = 10;
   auto token = LatentsFiringOnToken(*store_, id_, 3, o);
   ASSERT_TRUE(token.ok()) << token.status();
   const std::vector<int64_t> ten = first_of([&](int64_t r) { return data_.tokens[r] == 3; }, 10);
-  LatentsOnRows want_token = Expected(ten, -1, LatentsOnRowsOrder::kByCount, 1);
-  want_token.rows_selected = std::count(data_.tokens.begin(), data_.tokens.end(), 3);
-  ExpectSame(*token, want_token, kWidth);
+  ExpectSame(*token,
+             Expected(ten, -1, LatentsOnRowsOrder::kByCount, 1,
+                      std::count(data_.tokens.begin(), data_.tokens.end(), 3)),
+             kWidth);
 }
 
 TEST_P(LatentsOnRowsTest, TokensOfRowsReadsTheListedRowsTokens) {

@@ -391,10 +391,12 @@ class Client:
         fires: what fires with it; it is left out), `token_id` (the rows holding it: what the SAE
         sees in that token), `rows` (row indices in any order, or a boolean mask over the rows:
         the documents you labelled) or `row_ranges` ((start, count) pairs; they may overlap).
-        Ranked by "count" (firings there) or "lift" (their rate there over the latent's density
-        in the whole dataset: what is enriched there); rows_selected, rows_read (at most
-        max_rows, 0: 2048, taken from chunks spread over the dataset) and latents with latent,
-        count, fraction, mean, lift. in_dataset: count that dataset's latents on the selected
+        Ranked by "count" (firings there), "lift" (their rate there over the latent's density
+        in the whole dataset: what is enriched there) or "f1" (the latent as a detector of the
+        rows: the harmonic mean of fraction, its recall, and precision, the share of all its
+        firings that lie there; with_latent=j: the latents most nearly j); rows_selected,
+        rows_read (at most max_rows, 0: 2048, taken from chunks spread over the dataset) and
+        latents with latent, count, fraction, mean, lift, precision, f1. in_dataset: count that dataset's latents on the selected
         rows instead (another output of the same EXTRACT job, e.g. another layer, or any dataset
         over the same tokens).
 
@@ -406,9 +408,10 @@ class Client:
         if sum(given) != 1:
             raise ValueError("give exactly one of with_latent, token_id, rows and row_ranges")
         orders = {"count": datasets_pb2.BY_COUNT, "lift": datasets_pb2.BY_LIFT,
-                  "difference": datasets_pb2.BY_DIFFERENCE}
+                  "f1": datasets_pb2.BY_F1, "difference": datasets_pb2.BY_DIFFERENCE}
         if order not in orders:
-            raise ValueError("order must be 'count', 'lift' or 'difference', not %r" % (order,))
+            raise ValueError("order must be 'count', 'lift', 'f1' or 'difference', not %r"
+                             % (order,))
         versus = [x is not None for x in (versus_rows, versus_row_ranges)]
         if sum(versus) > 1:
             raise ValueError("give at most one of versus_rows and versus_row_ranges")

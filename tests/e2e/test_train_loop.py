@@ -346,6 +346,22 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual((cofiring.rows_selected, cofiring.rows_read), (len(fires), len(fires)))
         self.assertEqual([(-l.count, l.latent) for l in cofiring.latents],
                          expected(fires, latent))
+        # Ranked as detectors of those rows: precision is the share of each latent's firings
+        # that lie on them (every one read, so exact), F1 its harmonic mean with the fraction.
+        firings = numpy.bincount(whole.indices, minlength=whole.shape[1])
+        on_its_rows = numpy.bincount(whole[fires].indices, minlength=whole.shape[1])
+        nearest = c.latents_on_rows(dataset, with_latent=latent, order="f1",
+                                    limit=whole.shape[1])
+        self.assertEqual(sorted(l.latent for l in nearest.latents),
+                         sorted(l.latent for l in cofiring.latents))
+        for l in nearest.latents:
+            self.assertAlmostEqual(l.precision, on_its_rows[l.latent] / firings[l.latent],
+                                   places=12)
+            recall = on_its_rows[l.latent] / len(fires)
+            self.assertAlmostEqual(l.f1, 2 * l.precision * recall / (l.precision + recall),
+                                   places=12)
+        f1s = [l.f1 for l in nearest.latents]
+        self.assertEqual(f1s, sorted(f1s, reverse=True))
         token = answer.top[0].token_id
         on_token = numpy.flatnonzero(whole_tokens == token)
         seen = c.latents_on_rows(dataset, token_id=token, limit=whole.shape[1])
