@@ -109,9 +109,10 @@ bool LatentListRequest(uint64_t id, v1::ListLatentsRequest* request, std::string
 
 // The rows of `items` and of the file `file` (flag `file_flag` names it in errors; "" for
 // none), parsed and merged (ParseRowRanges) into `out`, which is set even when empty; the
-// number of ranges.
+// number of ranges. With `sequence_rows` > 0 the items are sequences of that many rows each.
 absl::StatusOr<size_t> FillRowRanges(const std::string& items, const char* file_flag,
-                                     const std::string& file, v1::RowRanges* out) {
+                                     const std::string& file, int64_t sequence_rows,
+                                     v1::RowRanges* out) {
   std::string text = items;
   if (!file.empty()) {
     absl::StatusOr<std::string> contents = ReadFileToString(file);
@@ -120,7 +121,10 @@ absl::StatusOr<size_t> FillRowRanges(const std::string& items, const char* file_
     }
     absl::StrAppend(&text, " ", *contents);
   }
-  ASSIGN_OR_RETURN(const std::vector<RowRange> ranges, ParseRowRanges(text));
+  ASSIGN_OR_RETURN(std::vector<RowRange> ranges, ParseRowRanges(text));
+  if (sequence_rows > 0) {
+    ASSIGN_OR_RETURN(ranges, RowsOfSequences(ranges, sequence_rows));
+  }
   out->Clear();
   for (const RowRange& range : ranges) {
     v1::RowRange* added = out->add_ranges();
@@ -599,19 +603,37 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
   const std::string versus_file = absl::GetFlag(FLAGS_versus_file);
   const bool contrast = !versus_items.empty() || !versus_file.empty();
   if (contrast && by != RowsBy::kRanges) return Usage("--versus: only with onrows");
+  const bool by_sequence = absl::GetFlag(FLAGS_sequences);
+  if (by_sequence && by != RowsBy::kRanges) return Usage("--sequences: only with onrows");
   const std::string plot = absl::GetFlag(FLAGS_plot);
   if (!plot.empty() && !contrast) {
     return Usage(absl::StrCat("--plot: ", what, " draws a contrast only (onrows --versus)"));
   }
   if (by == RowsBy::kRanges) {
+    // --sequences: the items are sequences, each the dataset's context_length rows.
+    int64_t sequence_rows = 0;
+    if (by_sequence) {
+      v1::GetDatasetRequest info_request;
+      info_request.set_dataset_id(id);
+      v1::DatasetInfo info;
+      grpc::Status status =
+          client.datasets()->GetDataset(client.Context().get(), info_request, &info);
+      if (!status.ok()) return RpcError(status);
+      if (info.context_length() < 1) {
+        return Usage(absl::StrCat("--sequences: dataset ", id, " has no sequences"));
+      }
+      sequence_rows = info.context_length();
+    }
     absl::StatusOr<size_t> ranges =
         FillRowRanges(absl::StrJoin(args.begin() + 2, args.end(), " "), "--rows_file", rows_file,
-                      request.mutable_row_ranges());
+                      sequence_rows, request.mutable_row_ranges());
     if (!ranges.ok()) return Usage(absl::StrCat("onrows: ", ranges.status().message()));
-    selection = absl::StrCat("named (", *ranges, *ranges == 1 ? " range)" : " ranges)");
+    selection = absl::StrCat("named (", *ranges, *ranges == 1 ? " range" : " ranges",
+                             by_sequence ? " of whole sequences)" : ")");
     if (contrast) {
-      absl::StatusOr<size_t> versus = FillRowRanges(versus_items, "--versus_file", versus_file,
-                                                    request.mutable_versus_row_ranges());
+      absl::StatusOr<size_t> versus =
+          FillRowRanges(versus_items, "--versus_file", versus_file, sequence_rows,
+                        request.mutable_versus_row_ranges());
       if (!versus.ok()) return Usage(absl::StrCat("--versus: ", versus.status().message()));
       if (*versus == 0) return Usage("--versus: no rows to contrast with");
     }

@@ -234,7 +234,7 @@ datasets:
                                  the latents that fire on token T (an id, or its text with --vocab)
   onrows ID ROW|START:COUNT ... [--rows_file=F] [--rank=count|lift|f1|difference] [--limit=N]
          [--max_rows=R] [--min_count=C] [--in_dataset=D] [--versus=ROW|START:COUNT,...]
-         [--versus_file=F] [--plot=FILE.png]
+         [--versus_file=F] [--plot=FILE.png] [--sequences]
                                  the latents that fire on the rows you name (the documents you
                                  labelled; F: such items, e.g. from numpy.savetxt); with
                                  --rank=lift, what is enriched there against the whole dataset;
@@ -242,7 +242,8 @@ datasets:
                                  little elsewhere: PRECISION is its firings' share there);
                                  with --versus, each latent's fraction on those rows too (your
                                  negatives) and --rank=difference: what tells the two apart;
-                                 --plot: each latent's two fractions, the best ten numbered
+                                 --plot: each latent's two fractions, the best ten numbered;
+                                 --sequences: every item names sequences, not rows (documents)
   export ID PATH [--format=npz|hdf5|parquet|delphi] [--start=R] [--count=N] [--splits=S]
          [--job [--watch|--dry_run] [--after_jobs=..] [--bind=export.dataset_id=JOB:extract.dataset_id]]
                                  server-side, under the export root (parquet: a row a row,

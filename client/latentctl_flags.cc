@@ -134,6 +134,10 @@ ABSL_FLAG(std::string, versus, "",
           "onrows: rows to contrast the named rows with (ROW or START:COUNT items): each latent's "
           "fraction there too, and --rank=difference");
 ABSL_FLAG(std::string, versus_file, "", "onrows: a file of rows to contrast with, as --rows_file");
+ABSL_FLAG(bool, sequences, false,
+          "onrows: the items, --rows_file, --versus and --versus_file name sequences (SEQ or "
+          "START:COUNT of them: the documents you labelled), each the dataset's context_length "
+          "rows");
 ABSL_FLAG(std::string, text, "",
           "prompt: the prompt as text, tokenized with --vocab=tokenizer.json (instead of token "
           "ids)");

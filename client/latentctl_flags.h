@@ -66,6 +66,7 @@ ABSL_DECLARE_FLAG(int64_t, max_rows);
 ABSL_DECLARE_FLAG(std::string, rows_file);
 ABSL_DECLARE_FLAG(std::string, versus);
 ABSL_DECLARE_FLAG(std::string, versus_file);
+ABSL_DECLARE_FLAG(bool, sequences);
 ABSL_DECLARE_FLAG(std::string, text);
 ABSL_DECLARE_FLAG(std::string, out);
 ABSL_DECLARE_FLAG(std::string, separator);

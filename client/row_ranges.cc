@@ -46,4 +46,24 @@ absl::StatusOr<std::vector<RowRange>> ParseRowRanges(absl::string_view text) {
   return merged;
 }
 
+absl::StatusOr<std::vector<RowRange>> RowsOfSequences(const std::vector<RowRange>& sequences,
+                                                      int64_t context_length) {
+  if (context_length < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("context_length ", context_length, ": the dataset has no sequences"));
+  }
+  constexpr int64_t kLargest = std::numeric_limits<int64_t>::max();
+  std::vector<RowRange> rows;
+  for (const RowRange& range : sequences) {
+    // The end (start + count) * context_length must fit, so every product below it does.
+    if (range.start + range.count > kLargest / context_length) {
+      return absl::InvalidArgumentError(absl::StrCat("sequences ", range.start, ":", range.count,
+                                                     " of ", context_length,
+                                                     " rows each pass the largest row"));
+    }
+    rows.push_back({range.start * context_length, range.count * context_length});
+  }
+  return rows;
+}
+
 }  // namespace latentd::client

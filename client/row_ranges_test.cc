@@ -1,5 +1,6 @@
 #include "client/row_ranges.h"
 
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,6 +42,24 @@ TEST(ParseRowRanges, QuotesTheBadItem) {
   EXPECT_EQ(message("5:9223372036854775807"),
             "'5:9223372036854775807': the range passes the largest row");
   EXPECT_EQ(ParseRowRanges("x").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RowsOfSequences, EachSequenceIsItsContextLengthRows) {
+  auto sequences = ParseRowRanges("2 5:2 0");
+  ASSERT_TRUE(sequences.ok());
+  auto rows = RowsOfSequences(*sequences, 128);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(Pairs(*rows),
+            (std::vector<std::pair<int64_t, int64_t>>{{0, 128}, {256, 128}, {640, 256}}));
+  EXPECT_EQ(RowsOfSequences(*sequences, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  // The last sequence whose rows fit, and the first that does not.
+  const int64_t last = std::numeric_limits<int64_t>::max() / 1024 - 1;
+  rows = RowsOfSequences({{last, 1}}, 1024);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(Pairs(*rows), (std::vector<std::pair<int64_t, int64_t>>{{last * 1024, 1024}}));
+  absl::Status past = RowsOfSequences({{last, 2}}, 1024).status();
+  EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(past.message().find("pass the largest row"), std::string::npos) << past;
 }
 
 }  // namespace

@@ -53,12 +53,13 @@ def _merged_spans(row_ranges):
     return merged
 
 
-def _set_row_ranges(message, rows, row_ranges):
-    """Fills a RowRanges message from rows (indices or a mask) or (start, count) pairs."""
+def _set_row_ranges(message, rows, row_ranges, rows_per_item=1):
+    """Fills a RowRanges message from rows (indices or a mask) or (start, count) pairs; with
+    rows_per_item > 1 they name sequences of that many rows each."""
     message.SetInParent()  # set even when it holds no range
     spans = _spans_of_rows(rows) if rows is not None else _merged_spans(row_ranges)
     for start, count in spans:
-        message.ranges.add(start=start, count=count)
+        message.ranges.add(start=start * rows_per_item, count=count * rows_per_item)
 
 
 class Output:
@@ -386,39 +387,48 @@ class Client:
 
     def latents_on_rows(self, dataset_id, with_latent=None, token_id=None, rows=None,
                         row_ranges=None, order="count", limit=20, max_rows=0, min_count=0,
-                        in_dataset=0, versus_rows=None, versus_row_ranges=None):
+                        in_dataset=0, versus_rows=None, versus_row_ranges=None,
+                        sequences=None, versus_sequences=None):
         """The latents firing on a set of rows; give one of: `with_latent` (the rows where it
         fires: what fires with it; it is left out), `token_id` (the rows holding it: what the SAE
-        sees in that token), `rows` (row indices in any order, or a boolean mask over the rows:
-        the documents you labelled) or `row_ranges` ((start, count) pairs; they may overlap).
+        sees in that token), `rows` (row indices in any order, or a boolean mask over the rows),
+        `row_ranges` ((start, count) pairs; they may overlap) or `sequences` (sequence indices in
+        any order, or a boolean mask over the sequences: the documents you labelled, each the
+        dataset's context_length rows).
+
         Ranked by "count" (firings there), "lift" (their rate there over the latent's density
         in the whole dataset: what is enriched there) or "f1" (the latent as a detector of the
         rows: the harmonic mean of fraction, its recall, and precision, the share of all its
-        firings that lie there; with_latent=j: the latents most nearly j); rows_selected,
-        rows_read (at most max_rows, 0: 2048, taken from chunks spread over the dataset) and
-        latents with latent, count, fraction, mean, lift, precision, f1. in_dataset: count that dataset's latents on the selected
-        rows instead (another output of the same EXTRACT job, e.g. another layer, or any dataset
-        over the same tokens).
+        firings that lie there; with_latent=j: the latents most nearly j). The answer holds
+        rows_selected, rows_read (at most max_rows, 0: 2048, taken from chunks spread over the
+        dataset) and latents with latent, count, fraction, mean, lift, precision, f1.
+        in_dataset: count that dataset's latents on the selected rows instead (another output of
+        the same EXTRACT job, e.g. another layer, or any dataset over the same tokens).
 
-        With rows or row_ranges, `versus_rows` or `versus_row_ranges` (the same forms) name rows
-        to contrast them with, your negatives: each latent then also carries versus_count,
-        versus_fraction and versus_mean, and order="difference" ranks by fraction minus
-        versus_fraction, the latents that tell the two sets apart."""
-        given = [x is not None for x in (with_latent, token_id, rows, row_ranges)]
+        With rows, row_ranges or sequences, `versus_rows`, `versus_row_ranges` or
+        `versus_sequences` (the same forms) name rows to contrast them with, your negatives:
+        each latent then also carries versus_count, versus_fraction and versus_mean, and
+        order="difference" ranks by fraction minus versus_fraction, the latents that tell the
+        two sets apart."""
+        given = [x is not None for x in (with_latent, token_id, rows, row_ranges, sequences)]
         if sum(given) != 1:
-            raise ValueError("give exactly one of with_latent, token_id, rows and row_ranges")
+            raise ValueError("give exactly one of with_latent, token_id, rows, row_ranges and "
+                             "sequences")
         orders = {"count": datasets_pb2.BY_COUNT, "lift": datasets_pb2.BY_LIFT,
                   "f1": datasets_pb2.BY_F1, "difference": datasets_pb2.BY_DIFFERENCE}
         if order not in orders:
             raise ValueError("order must be 'count', 'lift', 'f1' or 'difference', not %r"
                              % (order,))
-        versus = [x is not None for x in (versus_rows, versus_row_ranges)]
+        versus = [x is not None for x in (versus_rows, versus_row_ranges, versus_sequences)]
         if sum(versus) > 1:
-            raise ValueError("give at most one of versus_rows and versus_row_ranges")
-        if any(versus) and rows is None and row_ranges is None:
-            raise ValueError("versus_rows / versus_row_ranges contrast rows or row_ranges")
+            raise ValueError("give at most one of versus_rows, versus_row_ranges and "
+                             "versus_sequences")
+        if any(versus) and (with_latent is not None or token_id is not None):
+            raise ValueError("versus_rows / versus_row_ranges / versus_sequences contrast rows, "
+                             "row_ranges or sequences")
         if order == "difference" and not any(versus):
-            raise ValueError("order='difference' needs versus_rows or versus_row_ranges")
+            raise ValueError("order='difference' needs versus_rows, versus_row_ranges or "
+                             "versus_sequences")
         request = datasets_pb2.LatentsOnRowsRequest(
             dataset_id=dataset_id, order=orders[order], limit=limit, max_rows=max_rows,
             min_count=min_count, in_dataset_id=in_dataset)
@@ -427,9 +437,18 @@ class Client:
         elif token_id is not None:
             request.token_id = token_id
         else:
-            _set_row_ranges(request.row_ranges, rows, row_ranges)
+            per_sequence = 1
+            if sequences is not None or versus_sequences is not None:
+                per_sequence = self.get_dataset(dataset_id).context_length
+                if per_sequence < 1:
+                    raise ValueError("sequences: dataset %d has no sequences" % dataset_id)
+            _set_row_ranges(request.row_ranges, rows if sequences is None else sequences,
+                            row_ranges, per_sequence if sequences is not None else 1)
             if any(versus):
-                _set_row_ranges(request.versus_row_ranges, versus_rows, versus_row_ranges)
+                _set_row_ranges(request.versus_row_ranges,
+                                versus_rows if versus_sequences is None else versus_sequences,
+                                versus_row_ranges,
+                                per_sequence if versus_sequences is not None else 1)
         return self.datasets.LatentsOnRows(request, metadata=self.metadata, timeout=self.timeout)
 
     def latent_weights(self, dataset_id, latent, top_n=10, unembedding=""):

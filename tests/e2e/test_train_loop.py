@@ -568,6 +568,25 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual([int(line.split()[0]) for line in contrasted[3:]],
                          [l.latent for l in told_too.latents])
         self.assertEqual(contrasted[3].split()[3], "%.4f" % told_too.latents[0].versus_fraction)
+        # --sequences: the items name sequences of 32 rows: sequences 5 and 2 against 10:2 are
+        # rows 64:32 and 160:32 against 320:64; Python's sequences= (indices or a mask) alike.
+        by_sequence = daemon.latentctl("onrows", str(dataset), "5", "2", "--sequences",
+                                       "--versus=10:2", "--rank=difference", "--limit=4",
+                                       "--max_rows=100000").stdout.splitlines()
+        self.assertEqual(by_sequence[0], "dataset %d: latents on the 64 rows named (2 ranges of "
+                         "whole sequences) (64 read)" % dataset)
+        self.assertEqual(by_sequence[1], "versus 64 rows (64 read)")
+        same_rows = c.latents_on_rows(dataset, row_ranges=[(64, 32), (160, 32)],
+                                      versus_row_ranges=[(320, 64)], order="difference",
+                                      limit=4, max_rows=100000)
+        self.assertEqual([int(line.split()[0]) for line in by_sequence[3:]],
+                         [l.latent for l in same_rows.latents])
+        for given in ([5, 2, 5], numpy.isin(numpy.arange(whole.shape[0] // 32), [2, 5])):
+            self.assertEqual(c.latents_on_rows(dataset, sequences=given, versus_sequences=[11, 10],
+                                               order="difference", limit=4, max_rows=100000),
+                             same_rows)
+        self.assertEqual(daemon.latentctl("cofiring", str(dataset), "3", "--sequences",
+                                          check=False).returncode, 2)
         refused = daemon.latentctl("onrows", str(dataset), "4:0", check=False)
         self.assertEqual(refused.returncode, 2)
         self.assertIn("'4:0': the count must be at least 1", refused.stderr)
