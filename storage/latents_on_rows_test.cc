@@ -115,6 +115,24 @@ class LatentsOnRowsTest : public ::testing::TestWithParam<uint32_t> {
     return out;
   }
 
+  // Each order of one selection, its chunks read on one thread or shared, with every latent
+  // returned or 3: lift (and precision) then from every statistics block or, by count, from
+  // those 3 latents' own (3 < 200 / 64 blocks).
+  static std::vector<LatentsOnRowsOptions> EachOrderAndReading() {
+    std::vector<LatentsOnRowsOptions> each;
+    for (auto order :
+         {LatentsOnRowsOrder::kByCount, LatentsOnRowsOrder::kByLift, LatentsOnRowsOrder::kByF1}) {
+      for (auto [threads, limit] : {std::pair{1, kWidth}, std::pair{3, kWidth}, std::pair{2, 3}}) {
+        LatentsOnRowsOptions o;
+        o.order = order;
+        o.limit = limit;
+        o.threads = threads;
+        each.push_back(o);
+      }
+    }
+    return each;
+  }
+
   static void ExpectSame(const LatentsOnRows& got, const LatentsOnRows& want, size_t limit) {
     EXPECT_EQ(got.rows_selected, want.rows_selected);
     EXPECT_EQ(got.rows_read, want.rows_read);
@@ -141,20 +159,11 @@ TEST_P(LatentsOnRowsTest, FiringWithALatentMatchesTheRows) {
     for (int64_t r = 0; r < kRows; ++r) {
       if (data_.rows[r].count(j)) rows.push_back(r);
     }
-    for (auto order :
-         {LatentsOnRowsOrder::kByCount, LatentsOnRowsOrder::kByLift, LatentsOnRowsOrder::kByF1}) {
-      for (auto [threads, limit] : {std::pair{1, kWidth}, std::pair{3, kWidth}, std::pair{2, 3}}) {
-        // Chunks read on one thread or shared; lift from every statistics block, or (by count,
-        // 3 latents < 200 / 64 blocks) from those latents' own.
-        LatentsOnRowsOptions o;
-        o.order = order;
-        o.limit = limit;
-        o.min_count = order == LatentsOnRowsOrder::kByLift ? 3 : 1;
-        o.threads = threads;
-        auto got = LatentsFiringWith(*store_, id_, j, o);
-        ASSERT_TRUE(got.ok()) << got.status();
-        ExpectSame(*got, Expected(rows, j, order, o.min_count), limit);
-      }
+    for (LatentsOnRowsOptions o : EachOrderAndReading()) {
+      o.min_count = o.order == LatentsOnRowsOrder::kByLift ? 3 : 1;
+      auto got = LatentsFiringWith(*store_, id_, j, o);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ExpectSame(*got, Expected(rows, j, o.order, o.min_count), o.limit);
     }
   }
   // Latent 0's companions lead: 1 and 2 fire on every one of its rows.
@@ -205,18 +214,11 @@ TEST_P(LatentsOnRowsTest, RowSpansMatchTheirRows) {
   for (const RowSpan& span : spans) {
     for (int64_t r = span.start; r < span.start + span.count; ++r) rows.push_back(r);
   }
-  for (auto order :
-       {LatentsOnRowsOrder::kByCount, LatentsOnRowsOrder::kByLift, LatentsOnRowsOrder::kByF1}) {
-    for (auto [threads, limit] : {std::pair{1, kWidth}, std::pair{3, kWidth}, std::pair{2, 3}}) {
-      LatentsOnRowsOptions o;
-      o.order = order;
-      o.limit = limit;
-      o.max_rows = kMaxRowsOnRows;
-      o.threads = threads;
-      auto got = LatentsInRowSpans(*store_, id_, spans, o);
-      ASSERT_TRUE(got.ok()) << got.status();
-      ExpectSame(*got, Expected(rows, -1, order, 1), limit);
-    }
+  for (LatentsOnRowsOptions o : EachOrderAndReading()) {
+    o.max_rows = kMaxRowsOnRows;
+    auto got = LatentsInRowSpans(*store_, id_, spans, o);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectSame(*got, Expected(rows, -1, o.order, 1), o.limit);
   }
   // The rows of latent 0 (every third) as spans of one row: its companions lead, itself first.
   std::vector<RowSpan> thirds;
