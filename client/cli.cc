@@ -82,6 +82,11 @@ int RpcError(const grpc::Status& status) {
   return kExitRpcError;
 }
 
+int StatusError(const absl::Status& status) {
+  std::fprintf(stderr, "latentctl: %s\n", status.ToString().c_str());
+  return kExitRpcError;
+}
+
 std::string Time(const google::protobuf::Timestamp& t) {
   if (t.seconds() == 0 && t.nanos() == 0) return "-";
   return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixSeconds(t.seconds()),

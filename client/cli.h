@@ -81,6 +81,9 @@ int Usage(const std::string& message);
 
 // Prints a failed call's code name and message; returns kExitRpcError.
 int RpcError(const grpc::Status& status);
+// The same for a failure a helper below returned (GetDatasetInfo, SiblingDatasets: their calls'
+// statuses, FromGrpc).
+int StatusError(const absl::Status& status);
 
 // `t` in local time, "-" for an unset timestamp.
 std::string Time(const google::protobuf::Timestamp& t);

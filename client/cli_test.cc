@@ -59,6 +59,18 @@ TEST(FromGrpc, KeepsCodeAndMessage) {
   EXPECT_TRUE(FromGrpc(grpc::Status::OK).ok());
 }
 
+// A failure from a helper reads as a failed call does: the code's name, then the message.
+TEST(StatusError, PrintsLikeRpcErrorAndExitsAsOne) {
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(RpcError(grpc::Status(grpc::StatusCode::NOT_FOUND, "dataset 9 not found")),
+            kExitRpcError);
+  const std::string from_call = ::testing::internal::GetCapturedStderr();
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(StatusError(absl::NotFoundError("dataset 9 not found")), kExitRpcError);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), from_call);
+  EXPECT_EQ(from_call, "latentctl: NOT_FOUND: dataset 9 not found\n");
+}
+
 TEST(Time, UnsetIsADash) { EXPECT_EQ(Time(google::protobuf::Timestamp()), "-"); }
 
 TEST(DatasetLabel, AddsTheHookUnlessTheNameCarriesIt) {

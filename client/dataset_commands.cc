@@ -613,16 +613,12 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
     // --sequences: the items are sequences, each the dataset's context_length rows.
     int64_t sequence_rows = 0;
     if (by_sequence) {
-      v1::GetDatasetRequest info_request;
-      info_request.set_dataset_id(id);
-      v1::DatasetInfo info;
-      grpc::Status status =
-          client.datasets()->GetDataset(client.Context().get(), info_request, &info);
-      if (!status.ok()) return RpcError(status);
-      if (info.context_length() < 1) {
+      absl::StatusOr<v1::DatasetInfo> info = GetDatasetInfo(client, id);
+      if (!info.ok()) return StatusError(info.status());
+      if (info->context_length() < 1) {
         return Usage(absl::StrCat("--sequences: dataset ", id, " has no sequences"));
       }
-      sequence_rows = info.context_length();
+      sequence_rows = info->context_length();
     }
     absl::StatusOr<size_t> ranges =
         FillRowRanges(absl::StrJoin(args.begin() + 2, args.end(), " "), "--rows_file", rows_file,
@@ -921,10 +917,7 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
   // The other datasets of the same rows from the same job: each page says which of their
   // latents fire where its latent fires.
   auto found_siblings = SiblingDatasets(client, info);
-  if (!found_siblings.ok()) {
-    std::fprintf(stderr, "latentctl: %s\n", found_siblings.status().ToString().c_str());
-    return kExitRpcError;
-  }
+  if (!found_siblings.ok()) return StatusError(found_siblings.status());
   const std::vector<v1::DatasetInfo>& siblings = *found_siblings;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

@@ -193,10 +193,7 @@ int WriteGraphNodePages(Client& client, const v1::AttributionGraphResponse& grap
       return RpcError(s);
     }
     auto siblings = SiblingDatasets(client, info);
-    if (!siblings.ok()) {
-      std::fprintf(stderr, "latentctl: %s\n", siblings.status().ToString().c_str());
-      return kExitRpcError;
-    }
+    if (!siblings.ok()) return StatusError(siblings.status());
     const std::filesystem::path dir = page.parent_path() / folder / std::to_string(dataset);
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
@@ -311,10 +308,7 @@ int Prompt(Client& client, const std::vector<std::string>& args) {
   if (!absl::GetFlag(FLAGS_all_hooks)) return 0;
   // The same prompt through the other hooks (and SAEs) of the dataset's job.
   auto siblings = SiblingDatasets(client, id);
-  if (!siblings.ok()) {
-    std::fprintf(stderr, "latentctl: %s\n", siblings.status().ToString().c_str());
-    return kExitRpcError;
-  }
+  if (!siblings.ok()) return StatusError(siblings.status());
   for (const v1::DatasetInfo& d : *siblings) {
     request.set_dataset_id(d.id());
     v1::EncodePromptResponse other;
@@ -424,10 +418,7 @@ int Attribute(Client& client, const std::vector<std::string>& args) {
   // The same prediction at every other hook of the suite: where its latents carry it, and
   // where the SAE's error does.
   auto siblings = SuiteOf(client, id);
-  if (!siblings.ok()) {
-    std::fprintf(stderr, "latentctl: %s\n", siblings.status().ToString().c_str());
-    return kExitRpcError;
-  }
+  if (!siblings.ok()) return StatusError(siblings.status());
   request.set_top(limit);
   request.clear_crosscoder_source();  // the suite's SAEs are the running model's own
   const bool to_latent = request.has_target_latent();
@@ -508,10 +499,7 @@ int Graph(Client& client, const std::vector<std::string>& args) {
     }
   } else {
     auto suite = SuiteOf(client, id);
-    if (!suite.ok()) {
-      std::fprintf(stderr, "latentctl: %s\n", suite.status().ToString().c_str());
-      return kExitRpcError;
-    }
+    if (!suite.ok()) return StatusError(suite.status());
     request.add_dataset_ids(id);
     for (const v1::DatasetInfo& d : *suite) request.add_dataset_ids(d.id());
     request.set_output_dataset_id(id);

@@ -75,7 +75,7 @@ struct LatentOnRows {
   // rows_read (an estimate, at most 1). For the rows where latent j fires, P(j fires | this one
   // fires) beside fraction's P(this one fires | j fires).
   double precision = 0;
-  double f1 = 0;  // 2 precision fraction / (precision + fraction); 0 when both are
+  double f1 = 0;  // 2 precision fraction / (precision + fraction), fraction = count / rows_read
   // ContrastRowSpans: firings on the versus rows read, and their mean value (0 without any).
   int64_t versus_count = 0;
   double versus_mean = 0;
