@@ -377,6 +377,8 @@ int WriteLatentPage(Client& client, const v1::DatasetInfo& info,
   status = client.datasets()->LatentsOnRows(client.Context().get(), cofiring_request, &cofiring);
   if (!status.ok()) return RpcError(status);
   page.cofiring = &cofiring;
+  // In another hook's dataset the question is which latents are this one there: by F1.
+  cofiring_request.set_order(v1::BY_F1);
   std::vector<v1::LatentsOnRowsResponse> elsewhere(siblings.size());
   for (size_t s = 0; s < siblings.size(); ++s) {
     cofiring_request.set_in_dataset_id(siblings[s].id());

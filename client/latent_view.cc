@@ -251,17 +251,19 @@ std::string PageHead(const std::string& title) {
                       HtmlEscape(title), "</title>\n", kStyle, "</head><body>\n");
 }
 
-// A "fires with" table (LatentsOnRows) under `title` (plain text); latents in `linked` link to
-// their pages. Precision beside fraction gives both sides of the co-occurrence.
-void AppendCofiring(const std::string& title, const v1::LatentsOnRowsResponse& c,
-                    const std::set<int32_t>* linked, std::string* html) {
+// A "fires with" table (LatentsOnRows) under `title` (plain text), ranked as `ranking` says;
+// latents in `linked` link to their pages. Precision beside fraction gives both sides of the
+// co-occurrence.
+void AppendCofiring(const std::string& title, const char* ranking,
+                    const v1::LatentsOnRowsResponse& c, const std::set<int32_t>* linked,
+                    std::string* html) {
   absl::StrAppendFormat(html,
                         "<h2>%s</h2>\n<p>latents on the %d rows where it fires "
-                        "(%d read); fraction: the share of those rows where the latent fires, "
-                        "precision: the share of its firings on those rows</p>\n<table><tr>"
+                        "(%d read), %s; fraction: the share of those rows where the latent "
+                        "fires, precision: the share of its firings on those rows</p>\n<table><tr>"
                         "<th>latent</th><th>count</th><th>fraction</th><th>mean</th>"
                         "<th>lift</th><th>precision</th><th>F1</th></tr>\n",
-                        HtmlEscape(title), c.rows_selected(), c.rows_read());
+                        HtmlEscape(title), c.rows_selected(), c.rows_read(), ranking);
   for (const v1::RowLatent& l : c.latents()) {
     absl::StrAppendFormat(html,
                           "<tr><td>%s</td><td>%d</td><td>%.4f</td><td>%.4g</td><td>%.4g</td>"
@@ -347,10 +349,12 @@ std::string LatentHtml(const v1::GetLatentResponse& response, const LatentPageOp
     html += "</table>\n";
   }
   if (options.cofiring != nullptr) {
-    AppendCofiring("Fires with", *options.cofiring, options.linked_latents, &html);
+    AppendCofiring("Fires with", "most often first", *options.cofiring, options.linked_latents,
+                   &html);
   }
   for (const LatentPageOptions::CofiringElsewhere& other : options.cofiring_elsewhere) {
-    AppendCofiring(absl::StrCat("Fires with, in ", other.heading), *other.cofiring,
+    AppendCofiring(absl::StrCat("Fires with, in ", other.heading),
+                   "most alike first (by F1: fires there, and little elsewhere)", *other.cofiring,
                    /*linked=*/nullptr, &html);
   }
   if (options.weights != nullptr) AppendWeights(*options.weights, options, &html);

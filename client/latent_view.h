@@ -28,12 +28,13 @@ struct LatentPageOptions {
   // The response's top list holds one row per sequence (GetLatentRequest.distinct_sequences):
   // only the heading says so.
   bool distinct_sequences = false;
-  // The latents firing on the rows where this one fires (LatentsOnRows with_latent), shown as a
-  // table under the examples; null: no such section.
+  // The latents firing on the rows where this one fires (LatentsOnRows with_latent), ranked by
+  // count, shown as a table under the examples; null: no such section.
   const v1::LatentsOnRowsResponse* cofiring = nullptr;
   // The same question asked of other datasets over the same rows (LatentsOnRows in_dataset_id:
-  // other hooks of the same EXTRACT job): a table each, under its heading. Their latents are not
-  // linked (their pages belong to other dashboards).
+  // other hooks of the same EXTRACT job), ranked by F1 (BY_F1: this latent's counterparts
+  // there first): a table each, under its heading. Their latents are not linked (their pages
+  // belong to other dashboards).
   struct CofiringElsewhere {
     std::string heading;  // plain text, e.g. "dataset 3 (blocks.1.hook_resid_post)"
     const v1::LatentsOnRowsResponse* cofiring = nullptr;

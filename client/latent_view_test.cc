@@ -274,7 +274,8 @@ TEST(LatentViewTest, DashboardPagesLinkToEachOther) {
   options.linked_latents = &with_pages;
   const std::string page = LatentHtml(Response(), options);
   EXPECT_NE(page.find("<a href=\"index.html\">"), std::string::npos);
-  EXPECT_NE(page.find("latents on the 9 rows where it fires (9 read)"), std::string::npos);
+  EXPECT_NE(page.find("latents on the 9 rows where it fires (9 read), most often first"),
+            std::string::npos);
   EXPECT_NE(page.find("<td>3.5</td><td>0.7500</td><td>0.7059</td></tr>"), std::string::npos);
   EXPECT_EQ(All(page, R"re(<tr><td><a href="([^"]+)">11</a></td><td>6</td><td>0.6667</td>)re"),
             std::vector<std::string>{"latent-11.html"});
@@ -293,6 +294,7 @@ TEST(LatentViewTest, DashboardPagesLinkToEachOther) {
                             "</h2>"),
             std::string::npos);
   EXPECT_NE(with_other.find("<tr><td>11</td><td>4</td>"), std::string::npos);
+  EXPECT_NE(with_other.find("(9 read), most alike first (by F1"), std::string::npos);
   EXPECT_EQ(All(with_other, R"re(<a href="(latent-11.html)">)re").size(), 1u);  // the own table's
   options.cofiring_elsewhere.clear();
   // Outside a dashboard the same table names latents without links.

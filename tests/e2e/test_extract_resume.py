@@ -7,6 +7,7 @@ shards) gives the rows of the same ids in a .npy."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -153,7 +154,8 @@ class ExtractResume(DaemonTestCase):
                 self.assertEqual([int(l["latent"]) for l in got["topLatents"]],
                                  [l.latent for l in want.top_latents])
             # A dashboard of the first hook's dataset: each page has the same table for the
-            # second hook's dataset, under its name.
+            # second hook's dataset, under its name, its latents ranked by F1 (the latent's
+            # counterparts there first).
             board = os.path.join(self.tmp, "board")
             daemon.latentctl("dashboard", str(pairs[0][1]), board, "--order=frequent",
                              "--limit=2")
@@ -162,8 +164,16 @@ class ExtractResume(DaemonTestCase):
             for page in pages:
                 with open(os.path.join(board, page), encoding="utf-8") as f:
                     html = f.read()
-                self.assertIn("Fires with, in dataset %d (killed.blocks.0.hook_resid_mid)"
-                              % pairs[1][1], html)
+                heading = ("Fires with, in dataset %d (killed.blocks.0.hook_resid_mid)"
+                           % pairs[1][1])
+                self.assertIn(heading, html)
+                latent = int(page[len("latent-"):-len(".html")])
+                want = client.latents_on_rows(pairs[0][1], with_latent=latent,
+                                              in_dataset=pairs[1][1], order="f1", limit=10)
+                table = html.split(heading, 1)[1].split("<h2>", 1)[0]
+                shown = re.findall(r"<tr><td>(\d+)</td>", table)
+                self.assertTrue(shown)
+                self.assertEqual([int(l) for l in shown], [l.latent for l in want.latents])
 
     def test_resume_one_device(self):
         self.run_case(1)
