@@ -62,6 +62,34 @@ def _set_row_ranges(message, rows, row_ranges, rows_per_item=1):
         message.ranges.add(start=start * rows_per_item, count=count * rows_per_item)
 
 
+def _spans_of(rows, row_ranges, sequences, context_length):
+    """(start, count) row spans, ascending and merged, of one of the three forms
+    latents_on_rows takes (sequences scaled by context_length)."""
+    if sequences is not None:
+        return [(s * context_length, n * context_length) for s, n in _spans_of_rows(sequences)]
+    return _spans_of_rows(rows) if rows is not None else _merged_spans(row_ranges)
+
+
+def _fit_logistic(x, y, l2, iterations=100):
+    """Weights and intercept of an L2-penalized logistic regression of y (0/1) on the columns of
+    x (already standardized), by Newton's method: loss summed over rows + l2 / 2 |w|^2, the
+    intercept unpenalized (scikit-learn's LogisticRegression with C = 1 / l2)."""
+    import numpy as np
+    design = np.hstack([x, np.ones((x.shape[0], 1))])
+    penalty = np.full(design.shape[1], float(l2))
+    penalty[-1] = 0.0
+    w = np.zeros(design.shape[1])
+    for _ in range(iterations):
+        p = 1.0 / (1.0 + np.exp(-(design @ w)))
+        gradient = design.T @ (p - y) + penalty * w
+        hessian = (design * (p * (1 - p))[:, None]).T @ design + np.diag(penalty)
+        step = np.linalg.solve(hessian + 1e-12 * np.eye(len(w)), gradient)
+        w -= step
+        if np.max(np.abs(step)) < 1e-10:
+            break
+    return w[:-1], w[-1]
+
+
 class Output:
     """A value of a job's result that does not exist yet: put it in a spec dict where the value
     goes, and the job waits for that job and takes the value once it has succeeded (a
@@ -450,6 +478,100 @@ class Client:
                                 versus_row_ranges,
                                 per_sequence if versus_sequences is not None else 1)
         return self.datasets.LatentsOnRows(request, metadata=self.metadata, timeout=self.timeout)
+
+    def sparse_probe(self, dataset_id, rows=None, row_ranges=None, sequences=None,
+                     versus_rows=None, versus_row_ranges=None, versus_sequences=None,
+                     ks=(1, 2, 5, 10, 20), test_fraction=0.25, seed=0, l2=1.0):
+        """k-sparse probing (as SAEBench evaluates SAEs): how well k latents tell your positive
+        rows from your negatives, for each k in ks. Positives and negatives take the forms of
+        latents_on_rows (rows, row_ranges or sequences; versus_...). Their spans (whole
+        sequences, or runs of consecutive rows) are split at random (seed) into train and test,
+        test_fraction of each class's spans held out, so that no span lends rows to both. The
+        latents are chosen on the train rows alone, by how much more often they fire on the
+        positives (latents_on_rows order="difference", read from the store); then an
+        L2-penalized logistic regression (l2, scikit-learn's 1 / C) on the first k of them,
+        over the rows' latent values, is fitted on the train rows and scored on the test rows.
+
+        A dict: k, train_accuracy, test_accuracy, test_precision, test_recall, test_f1 (numpy
+        arrays, one entry per k), latents (the chosen latents, best first), weights (per k: the
+        logistic weight of each of its latents, per unit of latent value) and intercepts, and
+        rows (train_positive, train_negative, test_positive, test_negative counts). ValueError
+        when a class has fewer than two spans (one for each side of the split)."""
+        import numpy as np
+        import scipy.sparse
+
+        ks = sorted(set(int(k) for k in ks))
+        if not ks or ks[0] < 1:
+            raise ValueError("ks: give k >= 1")
+        context_length = 1
+        if sequences is not None or versus_sequences is not None:
+            context_length = self.get_dataset(dataset_id).context_length
+            if context_length < 1:
+                raise ValueError("sequences: dataset %d has no sequences" % dataset_id)
+        forms = ((rows, row_ranges, sequences), (versus_rows, versus_row_ranges, versus_sequences))
+        rng = np.random.default_rng(seed)
+        split = []  # (train spans, test spans) of the positives, then of the negatives
+        for form, name in zip(forms, ("rows", "versus_rows")):
+            if sum(x is not None for x in form) != 1:
+                raise ValueError("give one of %s, %s and %s" % (
+                    name, name.replace("rows", "row_ranges"), name.replace("rows", "sequences")))
+            spans = _spans_of(*form, context_length)
+            if len(spans) < 2:
+                raise ValueError("%s: %d span(s); a split needs at least 2" % (name, len(spans)))
+            order = rng.permutation(len(spans))
+            held = min(len(spans) - 1, max(1, int(round(test_fraction * len(spans)))))
+            split.append((sorted(spans[i] for i in order[held:]),
+                          sorted(spans[i] for i in order[:held])))
+        chosen = self.latents_on_rows(
+            dataset_id, row_ranges=split[0][0], versus_row_ranges=split[1][0],
+            order="difference", limit=ks[-1], max_rows=1 << 20)
+        latents = np.array([l.latent for l in chosen.latents], np.int64)
+
+        def values(spans):
+            parts = [self.read_rows(dataset_id, start, count)[0] for start, count in spans]
+            return scipy.sparse.vstack(parts).tocsc()[:, latents].toarray().astype(np.float64)
+
+        x_train = np.vstack([values(split[0][0]), values(split[1][0])])
+        y_train = np.concatenate([np.ones(x_train.shape[0] - sum(n for _, n in split[1][0])),
+                                  np.zeros(sum(n for _, n in split[1][0]))])
+        x_test = np.vstack([values(split[0][1]), values(split[1][1])])
+        y_test = np.concatenate([np.ones(x_test.shape[0] - sum(n for _, n in split[1][1])),
+                                 np.zeros(sum(n for _, n in split[1][1]))])
+        mean = x_train.mean(axis=0)
+        scale = x_train.std(axis=0)
+        scale[scale == 0] = 1.0
+        out = {"k": [], "train_accuracy": [], "test_accuracy": [], "test_precision": [],
+               "test_recall": [], "test_f1": [], "weights": [], "intercepts": []}
+        for k in ks:
+            k_used = min(k, len(latents))
+            w, b = _fit_logistic((x_train[:, :k_used] - mean[:k_used]) / scale[:k_used],
+                                 y_train, l2)
+            raw_w = w / scale[:k_used]
+            raw_b = b - float(raw_w @ mean[:k_used])
+            train_hit = (x_train[:, :k_used] @ raw_w + raw_b > 0) == (y_train == 1)
+            said = x_test[:, :k_used] @ raw_w + raw_b > 0
+            truth = y_test == 1
+            true_pos = float(np.sum(said & truth))
+            precision = true_pos / max(1.0, float(np.sum(said)))
+            recall = true_pos / max(1.0, float(np.sum(truth)))
+            out["k"].append(k)
+            out["train_accuracy"].append(float(np.mean(train_hit)))
+            out["test_accuracy"].append(float(np.mean(said == truth)))
+            out["test_precision"].append(precision)
+            out["test_recall"].append(recall)
+            out["test_f1"].append(0.0 if true_pos == 0 else
+                                  2 * precision * recall / (precision + recall))
+            out["weights"].append(raw_w)
+            out["intercepts"].append(raw_b)
+        for field in ("k", "train_accuracy", "test_accuracy", "test_precision", "test_recall",
+                      "test_f1", "intercepts"):
+            out[field] = np.array(out[field])
+        out["latents"] = latents
+        out["rows"] = {"train_positive": int(y_train.sum()),
+                       "train_negative": int((y_train == 0).sum()),
+                       "test_positive": int(y_test.sum()),
+                       "test_negative": int((y_test == 0).sum())}
+        return out
 
     def latent_weights(self, dataset_id, latent, top_n=10, unembedding=""):
         """What the latent's weights say, from the SAE and model that made the dataset (no rows):

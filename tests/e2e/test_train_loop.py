@@ -396,6 +396,22 @@ class TrainLoop(DaemonTestCase):
                           for l in numpy.flatnonzero(on_fires)})
         differences = [l.fraction - l.versus_fraction for l in told.latents]
         self.assertEqual(differences, sorted(differences, reverse=True))
+        # k-sparse probing of the same two sets: chosen on the train spans alone, the latent
+        # leads, and alone it tells the held-out rows apart; every row lands on one side.
+        probe = c.sparse_probe(dataset, rows=fires, versus_rows=silent, ks=(3, 1), seed=1)
+        self.assertEqual(probe["latents"][0], latent)
+        self.assertEqual(probe["k"].tolist(), [1, 3])
+        self.assertGreaterEqual(probe["test_accuracy"][0], 0.95)
+        self.assertGreater(probe["weights"][0][0], 0)  # firing more says positive
+        held = probe["rows"]
+        self.assertEqual(held["train_positive"] + held["test_positive"], len(fires))
+        self.assertEqual(held["train_negative"] + held["test_negative"], len(silent))
+        self.assertGreater(min(held.values()), 0)
+        print("sparse probe: k %s, test accuracy %s, test F1 %s, rows %s" % (
+            probe["k"].tolist(), probe["test_accuracy"].round(4).tolist(),
+            probe["test_f1"].round(4).tolist(), held), file=sys.stderr)
+        with self.assertRaises(ValueError):  # one span cannot be split
+            c.sparse_probe(dataset, row_ranges=[(0, 64)], versus_row_ranges=[(64, 64)])
         with self.assertRaises(ValueError):
             c.latents_on_rows(dataset, rows=fires, order="difference")
         with self.assertRaises(ValueError):
