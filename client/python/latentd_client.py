@@ -481,7 +481,7 @@ class Client:
 
     def sparse_probe(self, dataset_id, rows=None, row_ranges=None, sequences=None,
                      versus_rows=None, versus_row_ranges=None, versus_sequences=None,
-                     ks=(1, 2, 5, 10, 20), test_fraction=0.25, seed=0, l2=1.0):
+                     ks=(1, 2, 5, 10, 20), test_fraction=0.25, seed=0, l2=1.0, pool=None):
         """k-sparse probing (as SAEBench evaluates SAEs): how well k latents tell your positive
         rows from your negatives, for each k in ks. Positives and negatives take the forms of
         latents_on_rows (rows, row_ranges or sequences; versus_...). Their spans (whole
@@ -491,18 +491,25 @@ class Client:
         positives (latents_on_rows order="difference", read from the store); then an
         L2-penalized logistic regression (l2, scikit-learn's 1 / C) on the first k of them,
         over the rows' latent values, is fitted on the train rows and scored on the test rows.
+        pool="mean" or "max" (both classes given as sequences): each sequence is one example,
+        its latent values pooled over its rows, as SAEBench classifies documents.
 
         A dict: k, train_accuracy, test_accuracy, test_precision, test_recall, test_f1 (numpy
         arrays, one entry per k), latents (the chosen latents, best first), weights (per k: the
         logistic weight of each of its latents, per unit of latent value) and intercepts, and
-        rows (train_positive, train_negative, test_positive, test_negative counts). ValueError
-        when a class has fewer than two spans (one for each side of the split)."""
+        examples (train_positive, train_negative, test_positive, test_negative: rows, or
+        sequences when pooled). ValueError when a class has fewer than two spans (one for each
+        side of the split)."""
         import numpy as np
         import scipy.sparse
 
         ks = sorted(set(int(k) for k in ks))
         if not ks or ks[0] < 1:
             raise ValueError("ks: give k >= 1")
+        if pool not in (None, "mean", "max"):
+            raise ValueError("pool must be None, 'mean' or 'max', not %r" % (pool,))
+        if pool is not None and (sequences is None or versus_sequences is None):
+            raise ValueError("pool: give both classes as sequences and versus_sequences")
         context_length = 1
         if sequences is not None or versus_sequences is not None:
             context_length = self.get_dataset(dataset_id).context_length
@@ -527,16 +534,21 @@ class Client:
             order="difference", limit=ks[-1], max_rows=1 << 20)
         latents = np.array([l.latent for l in chosen.latents], np.int64)
 
-        def values(spans):
-            parts = [self.read_rows(dataset_id, start, count)[0] for start, count in spans]
-            return scipy.sparse.vstack(parts).tocsc()[:, latents].toarray().astype(np.float64)
+        def examples(positive_spans, negative_spans):
+            """The chosen latents' values on the spans' rows (or sequences, pooled), labelled."""
+            xs = []
+            for spans in (positive_spans, negative_spans):
+                parts = [self.read_rows(dataset_id, start, count)[0] for start, count in spans]
+                x = scipy.sparse.vstack(parts).tocsc()[:, latents].toarray().astype(np.float64)
+                if pool is not None:
+                    by_sequence = x.reshape(-1, context_length, x.shape[1])
+                    x = by_sequence.mean(axis=1) if pool == "mean" else by_sequence.max(axis=1)
+                xs.append(x)
+            return (np.vstack(xs),
+                    np.concatenate([np.ones(len(xs[0])), np.zeros(len(xs[1]))]))
 
-        x_train = np.vstack([values(split[0][0]), values(split[1][0])])
-        y_train = np.concatenate([np.ones(x_train.shape[0] - sum(n for _, n in split[1][0])),
-                                  np.zeros(sum(n for _, n in split[1][0]))])
-        x_test = np.vstack([values(split[0][1]), values(split[1][1])])
-        y_test = np.concatenate([np.ones(x_test.shape[0] - sum(n for _, n in split[1][1])),
-                                 np.zeros(sum(n for _, n in split[1][1]))])
+        x_train, y_train = examples(split[0][0], split[1][0])
+        x_test, y_test = examples(split[0][1], split[1][1])
         mean = x_train.mean(axis=0)
         scale = x_train.std(axis=0)
         scale[scale == 0] = 1.0
@@ -567,7 +579,7 @@ class Client:
                       "test_f1", "intercepts"):
             out[field] = np.array(out[field])
         out["latents"] = latents
-        out["rows"] = {"train_positive": int(y_train.sum()),
+        out["examples"] = {"train_positive": int(y_train.sum()),
                        "train_negative": int((y_train == 0).sum()),
                        "test_positive": int(y_test.sum()),
                        "test_negative": int((y_test == 0).sum())}

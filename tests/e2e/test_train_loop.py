@@ -403,13 +403,31 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual(probe["k"].tolist(), [1, 3])
         self.assertGreaterEqual(probe["test_accuracy"][0], 0.95)
         self.assertGreater(probe["weights"][0][0], 0)  # firing more says positive
-        held = probe["rows"]
+        held = probe["examples"]
         self.assertEqual(held["train_positive"] + held["test_positive"], len(fires))
         self.assertEqual(held["train_negative"] + held["test_negative"], len(silent))
         self.assertGreater(min(held.values()), 0)
-        print("sparse probe: k %s, test accuracy %s, test F1 %s, rows %s" % (
+        print("sparse probe: k %s, test accuracy %s, test F1 %s, examples %s" % (
             probe["k"].tolist(), probe["test_accuracy"].round(4).tolist(),
             probe["test_f1"].round(4).tolist(), held), file=sys.stderr)
+        # Documents: the sequences where the latent fires more often than in the median one
+        # against those where it fires less, each sequence one example (its values mean-pooled,
+        # as SAEBench pools documents): it leads, and it tells held-out documents apart.
+        per_sequence = (column[:whole.shape[0] // 32 * 32] > 0).reshape(-1, 32).sum(axis=1)
+        often = per_sequence > numpy.median(per_sequence)
+        rarely = per_sequence < numpy.median(per_sequence)
+        by_document = c.sparse_probe(dataset, sequences=often, versus_sequences=rarely,
+                                     ks=(1, 3), pool="mean", seed=2)
+        documents = by_document["examples"]
+        self.assertEqual(documents["train_positive"] + documents["test_positive"], often.sum())
+        self.assertEqual(documents["train_negative"] + documents["test_negative"], rarely.sum())
+        self.assertEqual(by_document["latents"][0], latent)
+        self.assertGreaterEqual(by_document["test_accuracy"][0], 0.75)
+        print("sparse probe by document: latents %s, test accuracy %s, examples %s" % (
+            by_document["latents"].tolist(), by_document["test_accuracy"].tolist(), documents),
+            file=sys.stderr)
+        with self.assertRaises(ValueError):
+            c.sparse_probe(dataset, sequences=often, versus_rows=silent, pool="mean")
         with self.assertRaises(ValueError):  # one span cannot be split
             c.sparse_probe(dataset, row_ranges=[(0, 64)], versus_row_ranges=[(64, 64)])
         with self.assertRaises(ValueError):
