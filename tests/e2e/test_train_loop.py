@@ -428,6 +428,12 @@ class TrainLoop(DaemonTestCase):
             file=sys.stderr)
         with self.assertRaises(ValueError):
             c.sparse_probe(dataset, sequences=often, versus_rows=silent, pool="mean")
+        # The probe's reads: spans far apart each read alone, near ones through their cover.
+        spans = [(3, 2), (40, 5), (100, 1)]
+        want_rows = [3, 4, 40, 41, 42, 43, 44, 100]
+        for gap in (1, 4096):
+            got_rows = c._rows_of_spans(dataset, spans, gap=gap)
+            self.assertEqual((got_rows != whole[want_rows].tocsc()).nnz, 0)
         with self.assertRaises(ValueError):  # one span cannot be split
             c.sparse_probe(dataset, row_ranges=[(0, 64)], versus_row_ranges=[(64, 64)])
         with self.assertRaises(ValueError):
