@@ -585,6 +585,11 @@ class Client:
                            "test_negative": int((y_test == 0).sum())}
         return out
 
+    def show_sparse_probe(self, dataset_id, **probe_args):
+        """sparse_probe's answer as a SparseProbeView, which a notebook shows as held-out
+        accuracy and F1 (and train accuracy) against k, then a row per k with its latents."""
+        return SparseProbeView(self.sparse_probe(dataset_id, **probe_args))
+
     def _rows_of_spans(self, dataset_id, spans, gap=4096):
         """The rows of ascending (start, count) spans, in order, as one CSR matrix: spans less
         than `gap` rows apart come from one read of the range covering them (scattered single
@@ -1186,6 +1191,67 @@ class LatentScalingView:
             parts.append("<tr><td>%d</td><td>%.3f</td><td>%d</td><td>%.3f</td><td>%.3f</td></tr>"
                          % (latent, a["share"][i], a["rows"][i], a["error_ratio"][i],
                             a["reconstruction_ratio"][i]))
+        parts.append("</table>")
+        return "\n".join(parts)
+
+
+class SparseProbeView:
+    """sparse_probe's answer that Jupyter renders: an SVG chart of test accuracy, test F1 and
+    train accuracy against k (evenly spaced, in the order asked; the axis from 0.5, chance for
+    balanced classes, to 1), then a row per k with its metrics and latents."""
+
+    SERIES = (("test_accuracy", "#1f77b4", "test accuracy"), ("test_f1", "#ff7f0e", "test F1"),
+              ("train_accuracy", "#999999", "train accuracy"))
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def _repr_html_(self):
+        a = self.answer
+        # The plot spans [margin, right] across; the legend stands to its right.
+        width, right, height, margin = 470, 340, 220, 40
+        ks = [int(k) for k in a["k"]]
+
+        def x(i):
+            return margin + (right - margin) * (i / max(1, len(ks) - 1))
+
+        def y(v):
+            return 8 + (height - margin - 8) * (1 - (min(max(v, 0.5), 1.0) - 0.5) / 0.5)
+        held = a["examples"]
+        parts = ["<div>k-sparse probe: %d + %d examples to train on, %d + %d held out "
+                 "(positive + negative)</div>"
+                 % (held["train_positive"], held["train_negative"], held["test_positive"],
+                    held["test_negative"]),
+                 '<svg width="%d" height="%d" style="font-size:11px">' % (width, height)]
+        for v in (0.5, 0.75, 1.0):
+            parts.append('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>'
+                         '<text x="%d" y="%.1f" text-anchor="end">%g</text>'
+                         % (margin, y(v), right, y(v), margin - 4, y(v) + 4, v))
+        for i, k in enumerate(ks):
+            parts.append('<text x="%.1f" y="%d" text-anchor="middle">%d</text>'
+                         % (x(i), height - margin + 14, k))
+        for row, (field, color, label) in enumerate(self.SERIES):
+            points = " ".join("%.1f,%.1f" % (x(i), y(v)) for i, v in enumerate(a[field]))
+            parts.append('<polyline points="%s" fill="none" stroke="%s" stroke-width="2"/>'
+                         % (points, color))
+            for i, v in enumerate(a[field]):
+                parts.append('<circle cx="%.1f" cy="%.1f" r="3" fill="%s"><title>k = %d: %s '
+                             '%.4f</title></circle>' % (x(i), y(v), color, ks[i], label, v))
+            parts.append('<text x="%d" y="%d" fill="%s">%s</text>'
+                         % (right + 16, 16 + 14 * row, color, label))
+        parts.append('<text x="%d" y="%d" text-anchor="middle">k</text></svg>'
+                     % ((margin + right) // 2, height - 8))
+        parts.append('<table style="font-family:monospace"><tr><th>k</th><th>train acc</th>'
+                     "<th>test acc</th><th>precision</th><th>recall</th><th>F1</th>"
+                     "<th>latents (weight)</th></tr>")
+        for i, k in enumerate(ks):
+            chosen = ", ".join("%d (%+.3g)" % (l, w)
+                               for l, w in zip(a["latents"][:k], a["weights"][i]))
+            parts.append("<tr><td>%d</td><td>%.4f</td><td>%.4f</td><td>%.4f</td><td>%.4f</td>"
+                         "<td>%.4f</td><td>%s</td></tr>"
+                         % (k, a["train_accuracy"][i], a["test_accuracy"][i],
+                            a["test_precision"][i], a["test_recall"][i], a["test_f1"][i],
+                            chosen))
         parts.append("</table>")
         return "\n".join(parts)
 

@@ -410,6 +410,13 @@ class TrainLoop(DaemonTestCase):
         print("sparse probe: k %s, test accuracy %s, test F1 %s, examples %s" % (
             probe["k"].tolist(), probe["test_accuracy"].round(4).tolist(),
             probe["test_f1"].round(4).tolist(), held), file=sys.stderr)
+        # ... drawn for a notebook: a line per metric over k, a row per k with its latents.
+        shown = c.show_sparse_probe(dataset, rows=fires, versus_rows=silent, ks=(3, 1),
+                                    seed=1)._repr_html_()
+        self.assertEqual(shown.count("<polyline"), 3)
+        self.assertIn("<tr><td>1</td><td>%.4f</td><td>%.4f</td>" % (
+            probe["train_accuracy"][0], probe["test_accuracy"][0]), shown)
+        self.assertIn("<td>%d (+" % latent, shown)
         # Documents: the sequences where the latent fires more often than in the median one
         # against those where it fires less, each sequence one example (its values mean-pooled,
         # as SAEBench pools documents): it leads, and it tells held-out documents apart.
