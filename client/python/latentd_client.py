@@ -80,7 +80,7 @@ def _fit_logistic(x, y, l2, iterations=100):
     penalty[-1] = 0.0
     w = np.zeros(design.shape[1])
     for _ in range(iterations):
-        p = 1.0 / (1.0 + np.exp(-(design @ w)))
+        p = 1.0 / (1.0 + np.exp(-np.clip(design @ w, -50, 50)))
         gradient = design.T @ (p - y) + penalty * w
         hessian = (design * (p * (1 - p))[:, None]).T @ design + np.diag(penalty)
         step = np.linalg.solve(hessian + 1e-12 * np.eye(len(w)), gradient)
@@ -506,6 +506,8 @@ class Client:
         ks = sorted(set(int(k) for k in ks))
         if not ks or ks[0] < 1:
             raise ValueError("ks: give k >= 1")
+        if not l2 > 0:
+            raise ValueError("l2 must be above 0 (the fit needs the penalty), not %r" % (l2,))
         if pool not in (None, "mean", "max"):
             raise ValueError("pool must be None, 'mean' or 'max', not %r" % (pool,))
         if pool is not None and (sequences is None or versus_sequences is None):

@@ -1,0 +1,71 @@
+"""The Python client's own analysis, without a daemon: the logistic fit behind sparse_probe, the
+spans it splits, and the view that draws its answer."""
+import re
+import unittest
+
+import numpy as np
+
+from latentd_client import SparseProbeView, _fit_logistic, _spans_of
+
+
+class FitLogisticTest(unittest.TestCase):
+    def test_the_penalized_loss_is_stationary_at_the_answer(self):
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(500, 3))
+        y = (x @ np.array([2.0, -1.0, 0.5]) + 0.3 + 0.5 * rng.normal(size=500) > 0).astype(float)
+        for l2 in (0.1, 1.0, 10.0):
+            w, b = _fit_logistic(x, y, l2)
+            p = 1 / (1 + np.exp(-(x @ w + b)))
+            # d/dw: X^T (p - y) + l2 w; d/db: sum(p - y) (the intercept is not penalized)
+            self.assertLess(np.abs(x.T @ (p - y) + l2 * w).max(), 1e-8)
+            self.assertLess(abs(np.sum(p - y)), 1e-8)
+            self.assertEqual(np.sign(w).tolist(), [1.0, -1.0, 1.0])
+        # A stronger penalty shrinks the weights.
+        self.assertLess(np.linalg.norm(_fit_logistic(x, y, 100.0)[0]),
+                        np.linalg.norm(_fit_logistic(x, y, 0.1)[0]))
+
+    def test_separable_classes_stay_finite(self):
+        x = np.concatenate([np.zeros(50), np.linspace(0.01, 1, 10)])[:, None]
+        y = np.concatenate([np.zeros(50), np.ones(10)])
+        w, b = _fit_logistic((x - x.mean()) / x.std(), y, 1.0)
+        self.assertTrue(np.isfinite(w).all() and np.isfinite(b))
+        self.assertGreater(w[0], 0)
+
+
+class SpansOfTest(unittest.TestCase):
+    def test_rows_ranges_and_sequences(self):
+        self.assertEqual(_spans_of([9, 3, 4, 5, 3], None, None, 1), [(3, 3), (9, 1)])
+        self.assertEqual(_spans_of(None, [(10, 5), (12, 8), (0, 1)], None, 1),
+                         [(0, 1), (10, 10)])
+        # Sequences 2, 3 and 7 of 16 rows: indices or a mask over the sequences.
+        mask = np.zeros(8, dtype=bool)
+        mask[[2, 3, 7]] = True
+        for sequences in ([7, 2, 3], mask):
+            self.assertEqual(_spans_of(None, None, sequences, 16), [(32, 32), (112, 16)])
+
+
+class SparseProbeViewTest(unittest.TestCase):
+    def test_draws_a_line_per_metric_and_a_row_per_k(self):
+        answer = {"k": np.array([1, 4]), "train_accuracy": np.array([0.9, 0.95]),
+                  "test_accuracy": np.array([0.875, 0.9]), "test_f1": np.array([0.6, 0.7]),
+                  "test_precision": np.array([0.5, 0.75]), "test_recall": np.array([0.75, 0.65]),
+                  "latents": np.array([17, 3, 40, 8]),
+                  "weights": [np.array([1.5]), np.array([1.25, -0.5, 0.25, 2.0])],
+                  "intercepts": np.array([-1.0, -2.0]),
+                  "examples": {"train_positive": 30, "train_negative": 90, "test_positive": 10,
+                               "test_negative": 30}}
+        html = SparseProbeView(answer)._repr_html_()
+        self.assertEqual(html.count("<polyline"), 3)
+        self.assertIn("30 + 90 examples to train on, 10 + 30 held out", html)
+        self.assertIn("<tr><td>1</td><td>0.9000</td><td>0.8750</td><td>0.5000</td>"
+                      "<td>0.7500</td><td>0.6000</td><td>17 (+1.5)</td></tr>", html)
+        self.assertIn("<td>17 (+1.25), 3 (-0.5), 40 (+0.25), 8 (+2)</td>", html)
+        # Points below 0.5 are held at the axis' floor, not drawn off the chart.
+        answer["test_f1"] = np.array([0.1, 0.2])
+        floor = SparseProbeView(answer)._repr_html_()
+        ys = [float(y) for y in re.findall(r'cy="([\d.]+)"', floor)]
+        self.assertLessEqual(max(ys), 220 - 40)
+
+
+if __name__ == "__main__":
+    unittest.main()
