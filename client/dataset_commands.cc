@@ -608,9 +608,6 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
   const bool by_sequence = absl::GetFlag(FLAGS_sequences);
   if (by_sequence && by != RowsBy::kRanges) return Usage("--sequences: only with onrows");
   const std::string plot = absl::GetFlag(FLAGS_plot);
-  if (!plot.empty() && !contrast) {
-    return Usage(absl::StrCat("--plot: ", what, " draws a contrast only (onrows --versus)"));
-  }
   if (by == RowsBy::kRanges) {
     // --sequences: the items are sequences, each the dataset's context_length rows.
     int64_t sequence_rows = 0;
@@ -676,8 +673,14 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
   const uint64_t counted = request.in_dataset_id() != 0 ? request.in_dataset_id() : id;
   if (!plot.empty()) {
     // The first ten (the best by the order asked) carry their numbers.
-    absl::Status written = WriteContrastPlot(
-        response, absl::StrCat("dataset ", counted, ": named rows against others"), 10, plot);
+    absl::Status written =
+        contrast
+            ? WriteContrastPlot(response,
+                                absl::StrCat("dataset ", counted, ": named rows against others"),
+                                10, plot)
+            : WriteDetectorPlot(
+                  response, absl::StrCat("dataset ", counted, ": latents as detectors of the rows"),
+                  10, plot);
     if (!written.ok()) {
       std::fprintf(stderr, "latentctl: --plot: %s\n", std::string(written.message()).c_str());
       return kExitRpcError;
@@ -713,6 +716,7 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
                 static_cast<long long>(l.count()), l.fraction(), l.mean(), l.lift(), l.precision(),
                 l.f1());
   }
+  if (!plot.empty()) std::printf("wrote %s\n", plot.c_str());
   return 0;
 }
 

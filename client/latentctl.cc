@@ -225,11 +225,13 @@ datasets:
                                  direction model B carries in its error and its other latents
                                  against model S; near 0 S's own, near 1 a sparsity artifact
   cofiring ID J [--rank=count|lift|f1] [--limit=N] [--max_rows=R] [--min_count=C]
-           [--in_dataset=D]
+           [--in_dataset=D] [--plot=FILE.png]
                                  the latents that fire on the rows where latent J fires (with
                                  --in_dataset: D's latents, e.g. another layer of the same job);
                                  FRACTION is P(latent | J), PRECISION P(J | latent), and
-                                 --rank=f1 puts the latents most nearly J first
+                                 --rank=f1 puts the latents most nearly J first; --plot
+                                 draws each latent at (FRACTION, PRECISION), the first ten
+                                 numbered (also for token and onrows)
   token ID T [--vocab=F] [--rank=count|lift|f1] [--limit=N] [--max_rows=R] [--min_count=C]
                                  the latents that fire on token T (an id, or its text with --vocab)
   onrows ID ROW|START:COUNT ... [--rows_file=F] [--rank=count|lift|f1|difference] [--limit=N]

@@ -94,7 +94,8 @@ ABSL_FLAG(bool, dry_run, false,
 ABSL_FLAG(std::string, plot, "",
           "telemetry: write a PNG of loss and memory against steps here; latents: a PNG of the "
           "log10 feature-density histogram; scaling: a PNG of each latent's two ratios; "
-          "onrows --versus: a PNG of each latent's fraction on both row sets");
+          "onrows --versus: a PNG of each latent's fraction on both row sets; cofiring, token, "
+          "onrows: a PNG of each latent's precision against its fraction (recall)");
 ABSL_FLAG(std::string, order, "latent",
           "latents, dashboard: latent, frequent, rare (dead first), max or mean (ties by latent "
           "index)");

@@ -929,4 +929,26 @@ absl::Status WriteContrastPlot(const latentd::v1::LatentsOnRowsResponse& contras
   return WriteScatterPlot(frame, points, path);
 }
 
+absl::Status WriteDetectorPlot(const latentd::v1::LatentsOnRowsResponse& found,
+                               const std::string& title, int labelled, const std::string& path) {
+  if (found.latents().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no latent fired on the rows: nothing to plot into '", path, "'"));
+  }
+  ScatterFrame frame;
+  frame.view = Scale{0, 1, false};
+  frame.title = title;
+  frame.subtitle = absl::StrCat(found.latents_size(), " latents on ", found.rows_read(), " of ",
+                                found.rows_selected(), " rows");
+  frame.x_title = "fraction of the rows it fires on (recall)";
+  frame.y_title = "share of its firings on the rows (precision)";
+  std::vector<ScatterPoint> points;
+  for (int i = 0; i < found.latents_size(); ++i) {
+    const latentd::v1::RowLatent& l = found.latents(i);
+    points.push_back({l.fraction(), l.precision(), kPlotDetectorColor,
+                      i < labelled ? absl::StrCat(l.latent()) : ""});
+  }
+  return WriteScatterPlot(frame, points, path);
+}
+
 }  // namespace latentd::client

@@ -130,6 +130,19 @@ inline constexpr Rgb kPlotContrastColor = {44, 160, 44};
 absl::Status WriteContrastPlot(const latentd::v1::LatentsOnRowsResponse& contrast,
                                const std::string& title, int labelled, const std::string& path);
 
+// The color of WriteDetectorPlot's points.
+inline constexpr Rgb kPlotDetectorColor = {214, 39, 40};
+
+// Writes a PNG of the latents on a row set read as detectors of it (LatentsOnRows without
+// versus rows): a point per latent at (fraction, precision) over [0, 1] on both axes, its recall
+// of the rows across and the share of its firings there up: the top-right corner is a latent
+// that fires on every one of the rows and nowhere else (for with_latent j: j again). The first
+// `labelled` latents (the response's order, e.g. by F1) carry their numbers. INVALID_ARGUMENT
+// when the response has no latents; UNAVAILABLE/PERMISSION_DENIED naming the path when the file
+// cannot be written.
+absl::Status WriteDetectorPlot(const latentd::v1::LatentsOnRowsResponse& found,
+                               const std::string& title, int labelled, const std::string& path);
+
 }  // namespace latentd::client
 
 #endif  // LATENTD_CLIENT_TELEMETRY_PLOT_H_

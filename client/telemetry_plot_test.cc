@@ -494,5 +494,45 @@ TEST(ContrastPlotTest, DrawsAPointPerLatentAtItsTwoFractions) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(DetectorPlotTest, DrawsAPointPerLatentAtItsRecallAndPrecision) {
+  latentd::v1::LatentsOnRowsResponse found;
+  found.set_rows_selected(40);
+  found.set_rows_read(40);
+  auto add = [&](int32_t latent, double fraction, double precision) {
+    latentd::v1::RowLatent* l = found.add_latents();
+    l->set_latent(latent);
+    l->set_fraction(fraction);
+    l->set_precision(precision);
+  };
+  add(7, 1.0, 1.0);   // on every row and nowhere else: the top-right corner
+  add(8, 0.5, 0.25);  // half the rows, a quarter of its firings there
+  add(9, 0.0, 0.5);   // (a latent below the rows' resolution): the left edge, halfway up
+  const std::string path = TmpPath("detector.png");
+  absl::Status s = WriteDetectorPlot(found, "dataset 3", /*labelled=*/1, path);
+  ASSERT_TRUE(s.ok()) << s;
+  absl::StatusOr<Image> image = DecodePng(path);
+  ASSERT_TRUE(image.ok()) << image.status();
+  // The points' bounding box by color: across the whole plot (620 pixels) and from its top down
+  // to a quarter of it (435 of 580).
+  int left = image->width, right = -1, top = image->height, bottom = -1;
+  for (int x = 0; x < image->width; ++x) {
+    for (int y = 0; y < image->height; ++y) {
+      if (image->At(x, y) != kPlotDetectorColor) continue;
+      left = std::min(left, x), right = std::max(right, x);
+      top = std::min(top, y), bottom = std::max(bottom, y);
+    }
+  }
+  ASSERT_GE(right, 0) << "no point drawn";
+  EXPECT_NEAR(right - left, 620 + 7, 3);  // point centres 620 apart, 7 pixels wide
+  EXPECT_NEAR(bottom - top, 435 + 7, 3);
+  EXPECT_TRUE(image->At(right - 3, top + 3) == kPlotDetectorColor) << "no point top-right";
+  EXPECT_TRUE(image->At((left + right) / 2, bottom - 3) == kPlotDetectorColor)
+      << "the latent at recall 0.5, precision 0.25 is not at the bottom, halfway across";
+
+  found.clear_latents();
+  EXPECT_EQ(WriteDetectorPlot(found, "x", 0, TmpPath("none.png")).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace latentd::client

@@ -87,6 +87,9 @@ $LATENTCTL cofiring "$dataset" "$latent" --limit=5
 echo "demo: the latents of the layer-1 dataset most nearly layer-2 latent $latent (by F1: they fire"
 echo "where it fires, FRACTION, and little elsewhere, PRECISION)"
 $LATENTCTL cofiring "$dataset" "$latent" --in_dataset="$layer1" --rank=f1 --limit=5
+$LATENTCTL cofiring "$dataset" "$latent" --in_dataset="$layer1" --rank=f1 --limit=200 \
+  --plot="$data_dir/demo-detectors.png" | tail -n 1
+echo "(open $data_dir/demo-detectors.png: each layer-1 latent at its FRACTION and PRECISION)"
 $LATENTCTL token "$dataset" " the" --vocab="$inputs/vocab.json" --rank=lift --min_count=20 --limit=5
 echo "demo: rows you label, from a file (here latent $latent's firing rows among the first 4096),"
 echo "against others (all of the first 4096): the latents that tell them apart"

@@ -615,6 +615,13 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual([int(line.split()[0]) for line in contrasted[3:]],
                          [l.latent for l in told_too.latents])
         self.assertEqual(contrasted[3].split()[3], "%.4f" % told_too.latents[0].versus_fraction)
+        # cofiring --plot: each latent at (fraction, precision), the first ten numbered.
+        detector_png = os.path.join(self.tmp, "detectors.png")
+        drawn = daemon.latentctl("cofiring", str(dataset), str(latent), "--rank=f1", "--limit=40",
+                                 "--plot=" + detector_png).stdout.splitlines()
+        self.assertEqual(drawn[-1], "wrote " + detector_png)
+        with open(detector_png, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
         # --sequences: the items name sequences of 32 rows: sequences 5 and 2 against 10:2 are
         # rows 64:32 and 160:32 against 320:64; Python's sequences= (indices or a mask) alike.
         by_sequence = daemon.latentctl("onrows", str(dataset), "5", "2", "--sequences",
