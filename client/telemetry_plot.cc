@@ -904,6 +904,25 @@ absl::Status WriteLatentScalingPlot(const latentd::v1::LatentScalingResponse& sc
   return WriteScatterPlot(frame, points, path);
 }
 
+namespace {
+
+// A point per latent of `found` at (x_of(latent), y_of(latent)) over [0, 1] on both axes in
+// `color`, the first `labelled` numbered, in `frame` (its view set here).
+template <typename XOf, typename YOf>
+absl::Status WriteRowLatentPlot(const latentd::v1::LatentsOnRowsResponse& found, ScatterFrame frame,
+                                XOf x_of, YOf y_of, Rgb color, int labelled,
+                                const std::string& path) {
+  frame.view = Scale{0, 1, false};
+  std::vector<ScatterPoint> points;
+  for (int i = 0; i < found.latents_size(); ++i) {
+    const latentd::v1::RowLatent& l = found.latents(i);
+    points.push_back({x_of(l), y_of(l), color, i < labelled ? absl::StrCat(l.latent()) : ""});
+  }
+  return WriteScatterPlot(frame, points, path);
+}
+
+}  // namespace
+
 absl::Status WriteContrastPlot(const latentd::v1::LatentsOnRowsResponse& contrast,
                                const std::string& title, int labelled, const std::string& path) {
   if (contrast.versus_rows_read() == 0 || contrast.latents().empty()) {
@@ -913,20 +932,16 @@ absl::Status WriteContrastPlot(const latentd::v1::LatentsOnRowsResponse& contras
                                                    ": nothing to plot into '", path, "'"));
   }
   ScatterFrame frame;
-  frame.view = Scale{0, 1, false};
   frame.diagonal = true;
   frame.title = title;
   frame.subtitle = absl::StrCat(contrast.latents_size(), " latents on ", contrast.rows_read(),
                                 " rows against ", contrast.versus_rows_read(), " others");
   frame.x_title = "fraction of the other rows it fires on";
   frame.y_title = "fraction of the named rows it fires on";
-  std::vector<ScatterPoint> points;
-  for (int i = 0; i < contrast.latents_size(); ++i) {
-    const latentd::v1::RowLatent& l = contrast.latents(i);
-    points.push_back({l.versus_fraction(), l.fraction(), kPlotContrastColor,
-                      i < labelled ? absl::StrCat(l.latent()) : ""});
-  }
-  return WriteScatterPlot(frame, points, path);
+  return WriteRowLatentPlot(
+      contrast, frame, [](const latentd::v1::RowLatent& l) { return l.versus_fraction(); },
+      [](const latentd::v1::RowLatent& l) { return l.fraction(); }, kPlotContrastColor, labelled,
+      path);
 }
 
 absl::Status WriteDetectorPlot(const latentd::v1::LatentsOnRowsResponse& found,
@@ -936,19 +951,15 @@ absl::Status WriteDetectorPlot(const latentd::v1::LatentsOnRowsResponse& found,
         absl::StrCat("no latent fired on the rows: nothing to plot into '", path, "'"));
   }
   ScatterFrame frame;
-  frame.view = Scale{0, 1, false};
   frame.title = title;
   frame.subtitle = absl::StrCat(found.latents_size(), " latents on ", found.rows_read(), " of ",
                                 found.rows_selected(), " rows");
   frame.x_title = "fraction of the rows it fires on (recall)";
   frame.y_title = "share of its firings on the rows (precision)";
-  std::vector<ScatterPoint> points;
-  for (int i = 0; i < found.latents_size(); ++i) {
-    const latentd::v1::RowLatent& l = found.latents(i);
-    points.push_back({l.fraction(), l.precision(), kPlotDetectorColor,
-                      i < labelled ? absl::StrCat(l.latent()) : ""});
-  }
-  return WriteScatterPlot(frame, points, path);
+  return WriteRowLatentPlot(
+      found, frame, [](const latentd::v1::RowLatent& l) { return l.fraction(); },
+      [](const latentd::v1::RowLatent& l) { return l.precision(); }, kPlotDetectorColor, labelled,
+      path);
 }
 
 }  // namespace latentd::client
