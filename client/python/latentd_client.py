@@ -501,7 +501,6 @@ class Client:
         sequences when pooled). ValueError when a class has fewer than two spans (one for each
         side of the split)."""
         import numpy as np
-        import scipy.sparse
 
         ks = sorted(set(int(k) for k in ks))
         if not ks or ks[0] < 1:
