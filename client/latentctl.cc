@@ -244,7 +244,8 @@ datasets:
                                  little elsewhere: PRECISION is its firings' share there);
                                  with --versus, each latent's fraction on those rows too (your
                                  negatives) and --rank=difference: what tells the two apart;
-                                 --plot: each latent's two fractions, the best ten numbered;
+                                 --plot: each latent's two fractions (with --versus) or its
+                                 FRACTION and PRECISION, the best ten numbered;
                                  --sequences: every item names sequences, not rows (documents)
   export ID PATH [--format=npz|hdf5|parquet|delphi] [--start=R] [--count=N] [--splits=S]
          [--job [--watch|--dry_run] [--after_jobs=..] [--bind=export.dataset_id=JOB:extract.dataset_id]]
