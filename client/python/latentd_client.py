@@ -70,6 +70,23 @@ def _spans_of(rows, row_ranges, sequences, context_length):
     return _spans_of_rows(rows) if rows is not None else _merged_spans(row_ranges)
 
 
+def _pooled(rows, context_length, pool):
+    """CSR rows pooled per sequence of context_length rows ("mean" or "max"; None: the rows as
+    they are), a CSR row per sequence."""
+    import numpy as np
+    import scipy.sparse
+    if pool is None:
+        return rows.tocsr()
+    sequences = rows.shape[0] // context_length
+    if pool == "mean":
+        averaging = scipy.sparse.kron(scipy.sparse.identity(sequences, format="csr"),
+                                      np.full((1, context_length), 1.0 / context_length))
+        return (averaging @ rows).tocsr()
+    rows = rows.tocsr()
+    return scipy.sparse.vstack([rows[s * context_length:(s + 1) * context_length].max(axis=0)
+                                for s in range(sequences)]).tocsr()
+
+
 def _fit_logistic(x, y, l2, iterations=100):
     """Weights and intercept of an L2-penalized logistic regression of y (0/1) on the columns of
     x (already standardized), by Newton's method: loss summed over rows + l2 / 2 |w|^2, the
@@ -481,14 +498,17 @@ class Client:
 
     def sparse_probe(self, dataset_id, rows=None, row_ranges=None, sequences=None,
                      versus_rows=None, versus_row_ranges=None, versus_sequences=None,
-                     ks=(1, 2, 5, 10, 20), test_fraction=0.25, seed=0, l2=1.0, pool=None):
+                     ks=(1, 2, 5, 10, 20), test_fraction=0.25, seed=0, l2=1.0, pool=None,
+                     select="fraction"):
         """k-sparse probing (as SAEBench evaluates SAEs): how well k latents tell your positive
         rows from your negatives, for each k in ks. Positives and negatives take the forms of
         latents_on_rows (rows, row_ranges or sequences; versus_...). Their spans (whole
         sequences, or runs of consecutive rows) are split at random (seed) into train and test,
         test_fraction of each class's spans held out, so that no span lends rows to both. The
-        latents are chosen on the train rows alone, by how much more often they fire on the
-        positives (latents_on_rows order="difference", read from the store); then an
+        latents are chosen on the train examples alone: select="fraction" by how much more often
+        they fire on the positives (latents_on_rows order="difference", counted by the store),
+        select="mean" by the largest difference of their mean values between the classes,
+        either sign (over the examples as fitted, pooled or not, as SAEBench selects); then an
         L2-penalized logistic regression (l2, scikit-learn's 1 / C) on the first k of them,
         over the rows' latent values, is fitted on the train rows and scored on the test rows.
         pool="mean" or "max" (both classes given as sequences): each sequence is one example,
@@ -507,6 +527,8 @@ class Client:
             raise ValueError("ks: give k >= 1")
         if not l2 > 0:
             raise ValueError("l2 must be above 0 (the fit needs the penalty), not %r" % (l2,))
+        if select not in ("fraction", "mean"):
+            raise ValueError("select must be 'fraction' or 'mean', not %r" % (select,))
         if pool not in (None, "mean", "max"):
             raise ValueError("pool must be None, 'mean' or 'max', not %r" % (pool,))
         if pool is not None and (sequences is None or versus_sequences is None):
@@ -530,26 +552,27 @@ class Client:
             held = min(len(spans) - 1, max(1, int(round(test_fraction * len(spans)))))
             split.append((sorted(spans[i] for i in order[held:]),
                           sorted(spans[i] for i in order[:held])))
-        chosen = self.latents_on_rows(
-            dataset_id, row_ranges=split[0][0], versus_row_ranges=split[1][0],
-            order="difference", limit=ks[-1], max_rows=1 << 20)
-        latents = np.array([l.latent for l in chosen.latents], np.int64)
+        # Every latent's values on each side's examples (rows, or sequences pooled), sparse.
+        train, test = [[_pooled(self._rows_of_spans(dataset_id, spans), context_length, pool)
+                        for spans in (split[0][side], split[1][side])] for side in (0, 1)]
+        if select == "fraction":
+            chosen = self.latents_on_rows(
+                dataset_id, row_ranges=split[0][0], versus_row_ranges=split[1][0],
+                order="difference", limit=ks[-1], max_rows=1 << 20)
+            latents = np.array([l.latent for l in chosen.latents], np.int64)
+        else:
+            gap = np.abs(np.asarray(train[0].mean(axis=0) - train[1].mean(axis=0)).ravel())
+            ranked = np.argsort(-gap, kind="stable")
+            latents = ranked[:ks[-1]][gap[ranked[:ks[-1]]] > 0].astype(np.int64)
 
-        def examples(positive_spans, negative_spans):
-            """The chosen latents' values on the spans' rows (or sequences, pooled), labelled."""
-            xs = []
-            for spans in (positive_spans, negative_spans):
-                x = self._rows_of_spans(dataset_id, spans)[:, latents].toarray()
-                x = x.astype(np.float64)
-                if pool is not None:
-                    by_sequence = x.reshape(-1, context_length, x.shape[1])
-                    x = by_sequence.mean(axis=1) if pool == "mean" else by_sequence.max(axis=1)
-                xs.append(x)
+        def examples(positive, negative):
+            """The chosen latents' values on both classes' examples, labelled."""
+            xs = [m.tocsc()[:, latents].toarray().astype(np.float64) for m in (positive, negative)]
             return (np.vstack(xs),
                     np.concatenate([np.ones(len(xs[0])), np.zeros(len(xs[1]))]))
 
-        x_train, y_train = examples(split[0][0], split[1][0])
-        x_test, y_test = examples(split[0][1], split[1][1])
+        x_train, y_train = examples(*train)
+        x_test, y_test = examples(*test)
         mean = x_train.mean(axis=0)
         scale = x_train.std(axis=0)
         scale[scale == 0] = 1.0
@@ -613,7 +636,7 @@ class Client:
             group.append(span)
         if group:
             read(group)
-        return scipy.sparse.vstack(parts).tocsc()
+        return scipy.sparse.vstack(parts).tocsr()
 
     def latent_weights(self, dataset_id, latent, top_n=10, unembedding=""):
         """What the latent's weights say, from the SAE and model that made the dataset (no rows):

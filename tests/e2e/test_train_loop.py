@@ -430,6 +430,16 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual(documents["train_negative"] + documents["test_negative"], rarely.sum())
         self.assertEqual(by_document["latents"][0], latent)
         self.assertGreaterEqual(by_document["test_accuracy"][0], 0.75)
+        # Chosen by the difference of pooled means instead (SAEBench's rule), from the same
+        # examples: the same split, so the same counts; the latent leads again.
+        by_mean = c.sparse_probe(dataset, sequences=often, versus_sequences=rarely, ks=(1, 3),
+                                 pool="mean", seed=2, select="mean")
+        self.assertEqual(by_mean["examples"], documents)
+        self.assertEqual(by_mean["latents"][0], latent)
+        print("... selected by mean: latents %s, test accuracy %s" % (
+            by_mean["latents"].tolist(), by_mean["test_accuracy"].tolist()), file=sys.stderr)
+        with self.assertRaises(ValueError):
+            c.sparse_probe(dataset, rows=fires, versus_rows=silent, select="median")
         print("sparse probe by document: latents %s, test accuracy %s, examples %s" % (
             by_document["latents"].tolist(), by_document["test_accuracy"].tolist(), documents),
             file=sys.stderr)

@@ -5,7 +5,9 @@ import unittest
 
 import numpy as np
 
-from latentd_client import SparseProbeView, _fit_logistic, _spans_of
+import scipy.sparse
+
+from latentd_client import SparseProbeView, _fit_logistic, _pooled, _spans_of
 
 
 class FitLogisticTest(unittest.TestCase):
@@ -42,6 +44,17 @@ class SpansOfTest(unittest.TestCase):
         mask[[2, 3, 7]] = True
         for sequences in ([7, 2, 3], mask):
             self.assertEqual(_spans_of(None, None, sequences, 16), [(32, 32), (112, 16)])
+
+
+class PooledTest(unittest.TestCase):
+    def test_mean_and_max_over_each_sequence(self):
+        rng = np.random.default_rng(3)
+        dense = rng.uniform(0.1, 1.0, size=(12, 5)) * (rng.uniform(size=(12, 5)) < 0.4)
+        rows = scipy.sparse.csr_matrix(dense)
+        by_sequence = dense.reshape(3, 4, 5)  # 3 sequences of 4 rows
+        np.testing.assert_allclose(_pooled(rows, 4, "mean").toarray(), by_sequence.mean(axis=1))
+        np.testing.assert_allclose(_pooled(rows, 4, "max").toarray(), by_sequence.max(axis=1))
+        np.testing.assert_allclose(_pooled(rows, 4, None).toarray(), dense)
 
 
 class SparseProbeViewTest(unittest.TestCase):
