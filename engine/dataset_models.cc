@@ -496,6 +496,9 @@ struct DatasetModels::Impl {
   // (out->model): every source's model and hook into out->beside and
   // out->steering.diffed_models, to run beside it on out->tokens. An error says why they cannot
   // (steering then adds alone, attribution is refused).
+  absl::Status ModelsBeside(const DatasetSource& dataset, const DatasetInputs& crosscoder,
+                            int steered, const std::vector<int64_t>& token_ids,
+                            InterventionInputs* out);
   // For a target latent of a crosscoder over several models (`of_target` its dataset's inputs):
   // the source that is `dataset`'s model, which the attribution's forward runs, and the other
   // models beside it, into out->target (their models held in out->in.held_too).
@@ -504,11 +507,6 @@ struct DatasetModels::Impl {
   absl::Status DiffedTarget(const DatasetSource& dataset, const DatasetSource& target_dataset,
                             const DatasetInputs& of_target, const std::vector<int64_t>& token_ids,
                             AttributionInputs* out);
-  absl::Status ModelsBeside(const DatasetSource& dataset, const DatasetInputs& crosscoder,
-                            int steered, const std::vector<int64_t>& token_ids,
-                            InterventionInputs* out);
-  // InterventionInputsFor, the target's SAE when `target_dataset` is not null (same model
-  // required) and the memory check of the backward pass.
   // Host memory a query may take: options.memory_limit_bytes, else what the host has now.
   int64_t MemoryLimitBytes() const {
     return options.memory_limit_bytes > 0 ? options.memory_limit_bytes : HostAvailableMemoryBytes();
@@ -524,8 +522,10 @@ struct DatasetModels::Impl {
       const std::vector<std::optional<int>>& crosscoder_sources,
       const std::vector<int64_t>& token_ids, const std::string& what,
       const std::function<std::string(size_t)>& label, const std::string& cannot);
-  // `ablate`: the runs of the ablation check (AttributionQuery.ablate), for the memory check;
-  // `crosscoder_source` as InterventionInputsFor's.
+  // InterventionInputsFor, the target's SAE when `target_dataset` is not null (same model
+  // required) and the memory check of the backward pass. `ablate`: the runs of the ablation
+  // check (AttributionQuery.ablate), for the memory check; `crosscoder_source` as
+  // InterventionInputsFor's.
   absl::StatusOr<AttributionInputs> AttributionInputsFor(
       const DatasetSource& dataset, const std::vector<int64_t>& token_ids,
       const DatasetSource* target_dataset, int ablate,
