@@ -53,13 +53,11 @@ def _merged_spans(row_ranges):
     return merged
 
 
-def _set_row_ranges(message, rows, row_ranges, rows_per_item=1):
-    """Fills a RowRanges message from rows (indices or a mask) or (start, count) pairs; with
-    rows_per_item > 1 they name sequences of that many rows each."""
-    message.SetInParent()  # set even when it holds no range
-    spans = _spans_of_rows(rows) if rows is not None else _merged_spans(row_ranges)
+def _set_row_ranges(message, spans):
+    """Fills a RowRanges message with (start, count) spans (set even when there are none)."""
+    message.SetInParent()
     for start, count in spans:
-        message.ranges.add(start=start * rows_per_item, count=count * rows_per_item)
+        message.ranges.add(start=start, count=count)
 
 
 def _spans_of(rows, row_ranges, sequences, context_length):
@@ -482,18 +480,13 @@ class Client:
         elif token_id is not None:
             request.token_id = token_id
         else:
-            per_sequence = 1
-            if sequences is not None or versus_sequences is not None:
-                per_sequence = self.get_dataset(dataset_id).context_length
-                if per_sequence < 1:
-                    raise ValueError("sequences: dataset %d has no sequences" % dataset_id)
-            _set_row_ranges(request.row_ranges, rows if sequences is None else sequences,
-                            row_ranges, per_sequence if sequences is not None else 1)
+            context_length = self._context_length(dataset_id, sequences, versus_sequences)
+            _set_row_ranges(request.row_ranges,
+                            _spans_of(rows, row_ranges, sequences, context_length))
             if any(versus):
                 _set_row_ranges(request.versus_row_ranges,
-                                versus_rows if versus_sequences is None else versus_sequences,
-                                versus_row_ranges,
-                                per_sequence if versus_sequences is not None else 1)
+                                _spans_of(versus_rows, versus_row_ranges, versus_sequences,
+                                          context_length))
         return self.datasets.LatentsOnRows(request, metadata=self.metadata, timeout=self.timeout)
 
     def sparse_probe(self, dataset_id, rows=None, row_ranges=None, sequences=None,
@@ -533,11 +526,7 @@ class Client:
             raise ValueError("pool must be None, 'mean' or 'max', not %r" % (pool,))
         if pool is not None and (sequences is None or versus_sequences is None):
             raise ValueError("pool: give both classes as sequences and versus_sequences")
-        context_length = 1
-        if sequences is not None or versus_sequences is not None:
-            context_length = self.get_dataset(dataset_id).context_length
-            if context_length < 1:
-                raise ValueError("sequences: dataset %d has no sequences" % dataset_id)
+        context_length = self._context_length(dataset_id, sequences, versus_sequences)
         forms = ((rows, row_ranges, sequences), (versus_rows, versus_row_ranges, versus_sequences))
         rng = np.random.default_rng(seed)
         split = []  # (train spans, test spans) of the positives, then of the negatives
@@ -613,6 +602,16 @@ class Client:
         """sparse_probe's answer as a SparseProbeView, which a notebook shows as held-out
         accuracy and F1 (and train accuracy) against k, then a row per k with its latents."""
         return SparseProbeView(self.sparse_probe(dataset_id, **probe_args))
+
+    def _context_length(self, dataset_id, *sequence_forms):
+        """The dataset's context_length when any of sequence_forms is given (ValueError for a
+        dataset without sequences), else 1 (no call)."""
+        if all(form is None for form in sequence_forms):
+            return 1
+        context_length = self.get_dataset(dataset_id).context_length
+        if context_length < 1:
+            raise ValueError("sequences: dataset %d has no sequences" % dataset_id)
+        return context_length
 
     def _rows_of_spans(self, dataset_id, spans, gap=4096):
         """The rows of ascending (start, count) spans, in order, as one CSR matrix: spans less
