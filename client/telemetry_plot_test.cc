@@ -38,6 +38,23 @@ struct Image {
     }
     return n;
   }
+  // The bounding box of the pixels of color `c` (right = -1 and pixels = 0 when there are none).
+  struct Box {
+    int left, right, top, bottom;
+    int64_t pixels = 0;
+  };
+  Box BoxOf(Rgb c) const {
+    Box box{width, -1, height, -1};
+    for (int x = 0; x < width; ++x) {
+      for (int y = 0; y < height; ++y) {
+        if (At(x, y) != c) continue;
+        box.left = std::min(box.left, x), box.right = std::max(box.right, x);
+        box.top = std::min(box.top, y), box.bottom = std::max(box.bottom, y);
+        ++box.pixels;
+      }
+    }
+    return box;
+  }
 };
 
 uint32_t BigEndian32(const std::string& s, size_t at) {
@@ -467,16 +484,7 @@ TEST(ContrastPlotTest, DrawsAPointPerLatentAtItsTwoFractions) {
   ASSERT_TRUE(image.ok()) << image.status();
   // The points' bounding box by color: from the top-left corner across the plot (620 pixels)
   // and down half of it (290), the one on the diagonal at its bottom, halfway across.
-  int left = image->width, right = -1, top = image->height, bottom = -1;
-  int64_t pixels = 0;
-  for (int x = 0; x < image->width; ++x) {
-    for (int y = 0; y < image->height; ++y) {
-      if (image->At(x, y) != kPlotContrastColor) continue;
-      left = std::min(left, x), right = std::max(right, x);
-      top = std::min(top, y), bottom = std::max(bottom, y);
-      ++pixels;
-    }
-  }
+  const auto [left, right, top, bottom, pixels] = image->BoxOf(kPlotContrastColor);
   ASSERT_GT(pixels, 0);
   EXPECT_NEAR(right - left, 620 + 7, 3);  // point centres 620 apart, 7 pixels wide
   EXPECT_NEAR(bottom - top, 290 + 7, 3);
@@ -514,14 +522,7 @@ TEST(DetectorPlotTest, DrawsAPointPerLatentAtItsRecallAndPrecision) {
   ASSERT_TRUE(image.ok()) << image.status();
   // The points' bounding box by color: across the whole plot (620 pixels) and from its top down
   // to a quarter of it (435 of 580).
-  int left = image->width, right = -1, top = image->height, bottom = -1;
-  for (int x = 0; x < image->width; ++x) {
-    for (int y = 0; y < image->height; ++y) {
-      if (image->At(x, y) != kPlotDetectorColor) continue;
-      left = std::min(left, x), right = std::max(right, x);
-      top = std::min(top, y), bottom = std::max(bottom, y);
-    }
-  }
+  const auto [left, right, top, bottom, pixels] = image->BoxOf(kPlotDetectorColor);
   ASSERT_GE(right, 0) << "no point drawn";
   EXPECT_NEAR(right - left, 620 + 7, 3);  // point centres 620 apart, 7 pixels wide
   EXPECT_NEAR(bottom - top, 435 + 7, 3);
