@@ -455,39 +455,6 @@ void ForSpansIn(const std::vector<RowSpan>& spans, const ChunkPick& c, Fn fn) {
   }
 }
 
-// `field` names the spans in errors: row_ranges or versus_row_ranges.
-absl::Status CheckSpans(const std::vector<RowSpan>& spans, const DatasetRecord& rec,
-                        absl::string_view field) {
-  if (static_cast<int64_t>(spans.size()) > kMaxRowSpans) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", spans.size(), " ranges, more than ", kMaxRowSpans));
-  }
-  int64_t previous_end = 0;  // every span before is within the committed rows, so no overflow
-  for (size_t i = 0; i < spans.size(); ++i) {
-    const RowSpan& s = spans[i];
-    if (s.count < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, "[", i, "]: count ", s.count, " is below 1"));
-    }
-    if (s.start < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, "[", i, "]: start ", s.start, " is negative"));
-    }
-    if (i > 0 && s.start < previous_end) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, "[", i, "]: starts at row ", s.start, ", before ", field, "[", i - 1,
-                       "] ends (row ", previous_end, "): ranges must ascend without overlapping"));
-    }
-    if (s.count > rec.rows_committed - s.start) {
-      return absl::OutOfRangeError(absl::StrCat(field, "[", i, "]: rows [", s.start, ", ", s.start,
-                                                " + ", s.count, ") pass the ", rec.rows_committed,
-                                                " committed rows of dataset ", rec.id));
-    }
-    previous_end = s.start + s.count;
-  }
-  return absl::OkStatus();
-}
-
 // The record of the dataset row spans select in: options.in_dataset's when set (the spans are
 // positions in the token stream both datasets share), else id's.
 absl::StatusOr<DatasetRecord> SpansRecord(const ChunkStore& store, uint64_t id,
@@ -520,12 +487,44 @@ absl::StatusOr<Counted> CountSpans(const ChunkStore& store, const DatasetRecord&
 
 }  // namespace
 
+absl::Status CheckRowSpans(const std::vector<RowSpan>& spans, const DatasetRecord& rec,
+                           absl::string_view field) {
+  if (static_cast<int64_t>(spans.size()) > kMaxRowSpans) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", spans.size(), " ranges, more than ", kMaxRowSpans));
+  }
+  int64_t previous_end = 0;  // every span before is within the committed rows, so no overflow
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const RowSpan& s = spans[i];
+    if (s.count < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", i, "]: count ", s.count, " is below 1"));
+    }
+    if (s.start < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", i, "]: start ", s.start, " is negative"));
+    }
+    if (i > 0 && s.start < previous_end) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", i, "]: starts at row ", s.start, ", before ", field, "[", i - 1,
+                       "] ends (row ", previous_end, "): ranges must ascend without overlapping"));
+    }
+    if (s.count > rec.rows_committed - s.start) {
+      return absl::OutOfRangeError(absl::StrCat(field, "[", i, "]: rows [", s.start, ", ", s.start,
+                                                " + ", s.count, ") pass the ", rec.rows_committed,
+                                                " committed rows of dataset ", rec.id));
+    }
+    previous_end = s.start + s.count;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LatentsOnRows> LatentsInRowSpans(const ChunkStore& store, uint64_t id,
                                                 const std::vector<RowSpan>& spans,
                                                 const LatentsOnRowsOptions& options) {
   RETURN_IF_ERROR(CheckOptions(options));
   ASSIGN_OR_RETURN(const DatasetRecord rec, SpansRecord(store, id, options));
-  RETURN_IF_ERROR(CheckSpans(spans, rec, "row_ranges"));
+  RETURN_IF_ERROR(CheckRowSpans(spans, rec, "row_ranges"));
   ASSIGN_OR_RETURN(std::vector<ChunkPick> chunks, Chunks(store, rec));
   ASSIGN_OR_RETURN(const Counted counted,
                    CountSpans(store, rec, std::move(chunks), spans, options));
@@ -538,8 +537,8 @@ absl::StatusOr<LatentsOnRows> ContrastRowSpans(const ChunkStore& store, uint64_t
                                                const LatentsOnRowsOptions& options) {
   RETURN_IF_ERROR(CheckOptions(options, /*versus=*/true));
   ASSIGN_OR_RETURN(const DatasetRecord rec, SpansRecord(store, id, options));
-  RETURN_IF_ERROR(CheckSpans(spans, rec, "row_ranges"));
-  RETURN_IF_ERROR(CheckSpans(versus, rec, "versus_row_ranges"));
+  RETURN_IF_ERROR(CheckRowSpans(spans, rec, "row_ranges"));
+  RETURN_IF_ERROR(CheckRowSpans(versus, rec, "versus_row_ranges"));
   if (versus.empty()) {
     return absl::InvalidArgumentError("versus_row_ranges: no rows to contrast with");
   }

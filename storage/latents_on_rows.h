@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "storage/chunk_store.h"
 
 namespace latentd::storage {
@@ -112,6 +113,13 @@ struct RowSpan {
 
 // Spans LatentsInRowSpans takes at most.
 inline constexpr int64_t kMaxRowSpans = int64_t{1} << 20;
+
+// The rules LatentsInRowSpans applies to its spans, against the record of the dataset they
+// select in: at most kMaxRowSpans, each count >= 1 and start >= 0, ascending without
+// overlapping (touching is fine), within the committed rows. INVALID_ARGUMENT / OUT_OF_RANGE
+// naming `field`[i] (row_ranges or versus_row_ranges).
+absl::Status CheckRowSpans(const std::vector<RowSpan>& spans, const DatasetRecord& rec,
+                           absl::string_view field);
 
 // The latents firing on the rows of `spans`: the rows a user picked (the documents labelled
 // positive, a range of the token stream), "what does the SAE see there, and what is enriched
