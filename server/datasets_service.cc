@@ -18,6 +18,7 @@
 #include "server/grpc_status.h"
 #include "storage/latent_overview.h"
 #include "storage/latents_on_rows.h"
+#include "storage/sparse_probe.h"
 #include "storage/value_codec.h"
 
 namespace latentd::server {
@@ -555,6 +556,74 @@ grpc::Status DatasetsService::LatentsOnRows(grpc::ServerContext* context,
   }
   response->set_versus_rows_selected(found->versus_selected);
   response->set_versus_rows_read(found->versus_read);
+  return grpc::Status::OK;
+}
+
+grpc::Status DatasetsService::SparseProbe(grpc::ServerContext* context,
+                                          const latentd::v1::SparseProbeRequest* request,
+                                          latentd::v1::SparseProbeResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  storage::SparseProbeOptions options;
+  if (request->ks_size() > 0) options.ks.assign(request->ks().begin(), request->ks().end());
+  if (request->test_fraction() != 0) options.test_fraction = request->test_fraction();
+  options.seed = request->seed();
+  if (request->l2() != 0) options.l2 = request->l2();
+  if (request->max_rows() != 0) options.max_rows = request->max_rows();
+  switch (request->pool()) {
+    case latentd::v1::POOL_NONE:
+      options.pool = storage::ProbePool::kNone;
+      break;
+    case latentd::v1::POOL_MEAN:
+      options.pool = storage::ProbePool::kMean;
+      break;
+    case latentd::v1::POOL_MAX:
+      options.pool = storage::ProbePool::kMax;
+      break;
+    default:
+      return ToGrpcStatus(
+          absl::InvalidArgumentError(absl::StrCat("pool: unknown value ", request->pool())));
+  }
+  switch (request->select()) {
+    case latentd::v1::SELECT_BY_FRACTION:
+      options.select = storage::ProbeSelect::kByFraction;
+      break;
+    case latentd::v1::SELECT_BY_MEAN:
+      options.select = storage::ProbeSelect::kByMean;
+      break;
+    default:
+      return ToGrpcStatus(
+          absl::InvalidArgumentError(absl::StrCat("select: unknown value ", request->select())));
+  }
+  absl::StatusOr<storage::SparseProbeResult> probe =
+      storage::SparseProbe(*store_, request->dataset_id(), SpansOf(request->row_ranges()),
+                           SpansOf(request->versus_row_ranges()), options);
+  if (!probe.ok()) return ToGrpcStatus(probe.status());
+  response->mutable_latents()->Add(probe->latents.begin(), probe->latents.end());
+  for (const storage::ProbeFit& fit : probe->fits) {
+    latentd::v1::SparseProbeFit* out = response->add_fits();
+    out->set_k(fit.k);
+    out->set_train_accuracy(fit.train_accuracy);
+    out->set_test_accuracy(fit.test_accuracy);
+    out->set_test_precision(fit.test_precision);
+    out->set_test_recall(fit.test_recall);
+    out->set_test_f1(fit.test_f1);
+    out->mutable_weights()->Add(fit.weights.begin(), fit.weights.end());
+    out->set_intercept(fit.intercept);
+  }
+  response->set_train_positive(probe->train_positive);
+  response->set_train_negative(probe->train_negative);
+  response->set_test_positive(probe->test_positive);
+  response->set_test_negative(probe->test_negative);
+  response->set_rows_read(probe->rows_read);
+  for (const auto& [spans, out] :
+       {std::pair{&probe->test_positives, response->mutable_test_row_ranges()},
+        std::pair{&probe->test_negatives, response->mutable_test_versus_row_ranges()}}) {
+    for (const storage::RowSpan& span : *spans) {
+      latentd::v1::RowRange* range = out->add_ranges();
+      range->set_start(span.start);
+      range->set_count(span.count);
+    }
+  }
   return grpc::Status::OK;
 }
 

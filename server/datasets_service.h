@@ -62,6 +62,9 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
   grpc::Status LatentsOnRows(grpc::ServerContext* context,
                              const latentd::v1::LatentsOnRowsRequest* request,
                              latentd::v1::LatentsOnRowsResponse* response) override;
+  grpc::Status SparseProbe(grpc::ServerContext* context,
+                           const latentd::v1::SparseProbeRequest* request,
+                           latentd::v1::SparseProbeResponse* response) override;
   grpc::Status GetLatentWeights(grpc::ServerContext* context,
                                 const latentd::v1::GetLatentWeightsRequest* request,
                                 latentd::v1::GetLatentWeightsResponse* response) override;

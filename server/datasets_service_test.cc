@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "storage/keys.h"
 #include "storage/latents_on_rows.h"
+#include "storage/sparse_probe.h"
 #include "storage/value_codec.h"
 
 namespace latentd::server {
@@ -395,6 +396,102 @@ TEST_F(DatasetsServiceTest, LatentsOnRowsConvertsEachSelection) {
   req.set_max_rows(-1);
   s = call(req, &resp);
   EXPECT_NE(s.error_message().find("max_rows"), std::string::npos);
+}
+
+TEST_F(DatasetsServiceTest, SparseProbeConvertsTheRequestAndTheAnswer) {
+  const uint64_t id = MakeDataset("probe", 1024, 64);  // 8 sequences of 128 rows
+  auto call = [&](const latentd::v1::SparseProbeRequest& req,
+                  latentd::v1::SparseProbeResponse* resp) {
+    grpc::ClientContext ctx;
+    return stub_->SparseProbe(&ctx, req, resp);
+  };
+  latentd::v1::SparseProbeRequest req;
+  req.set_dataset_id(id);
+  const std::vector<storage::RowSpan> positives = {{0, 128}, {256, 128}, {512, 256}};
+  const std::vector<storage::RowSpan> negatives = {{128, 128}, {384, 128}, {768, 256}};
+  for (const storage::RowSpan& s : positives) {
+    latentd::v1::RowRange* r = req.mutable_row_ranges()->add_ranges();
+    r->set_start(s.start);
+    r->set_count(s.count);
+  }
+  for (const storage::RowSpan& s : negatives) {
+    latentd::v1::RowRange* r = req.mutable_versus_row_ranges()->add_ranges();
+    r->set_start(s.start);
+    r->set_count(s.count);
+  }
+  // Every field given reaches the store; what it answers comes back whole.
+  req.add_ks(3);
+  req.add_ks(1);
+  req.set_test_fraction(0.5);
+  req.set_seed(4);
+  req.set_l2(2.5);
+  req.set_pool(latentd::v1::POOL_MAX);
+  req.set_select(latentd::v1::SELECT_BY_MEAN);
+  latentd::v1::SparseProbeResponse resp;
+  grpc::Status s = call(req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  storage::SparseProbeOptions o;
+  o.ks = {3, 1};
+  o.test_fraction = 0.5;
+  o.seed = 4;
+  o.l2 = 2.5;
+  o.pool = storage::ProbePool::kMax;
+  o.select = storage::ProbeSelect::kByMean;
+  auto want = storage::SparseProbe(*store_, id, positives, negatives, o);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(std::vector<int32_t>(resp.latents().begin(), resp.latents().end()), want->latents);
+  ASSERT_EQ(resp.fits_size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(resp.fits(i).k(), want->fits[i].k);
+    EXPECT_EQ(resp.fits(i).train_accuracy(), want->fits[i].train_accuracy);
+    EXPECT_EQ(resp.fits(i).test_accuracy(), want->fits[i].test_accuracy);
+    EXPECT_EQ(resp.fits(i).test_precision(), want->fits[i].test_precision);
+    EXPECT_EQ(resp.fits(i).test_recall(), want->fits[i].test_recall);
+    EXPECT_EQ(resp.fits(i).test_f1(), want->fits[i].test_f1);
+    EXPECT_EQ(std::vector<double>(resp.fits(i).weights().begin(), resp.fits(i).weights().end()),
+              want->fits[i].weights);
+    EXPECT_EQ(resp.fits(i).intercept(), want->fits[i].intercept);
+  }
+  // Pooled: 4 sequences a class, 2 held out each, a range per sequence.
+  EXPECT_EQ(resp.train_positive(), 2);
+  EXPECT_EQ(resp.test_positive(), 2);
+  EXPECT_EQ(resp.train_negative(), 2);
+  EXPECT_EQ(resp.test_negative(), 2);
+  EXPECT_EQ(resp.rows_read(), 1024);
+  ASSERT_EQ(resp.test_row_ranges().ranges_size(), 2);
+  ASSERT_EQ(resp.test_versus_row_ranges().ranges_size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(resp.test_row_ranges().ranges(i).start(), want->test_positives[i].start);
+    EXPECT_EQ(resp.test_versus_row_ranges().ranges(i).start(), want->test_negatives[i].start);
+    EXPECT_EQ(resp.test_versus_row_ranges().ranges(i).count(), 128);
+  }
+  // Zeros take the defaults: k 1, 2, 5, 10, 20 over rows, a quarter of the ranges held out.
+  latentd::v1::SparseProbeRequest defaults = req;
+  defaults.clear_ks();
+  defaults.clear_test_fraction();
+  defaults.clear_l2();
+  defaults.clear_pool();
+  defaults.clear_select();
+  ASSERT_TRUE(call(defaults, &resp).ok());
+  ASSERT_EQ(resp.fits_size(), 5);
+  EXPECT_EQ(resp.fits(4).k(), 20);
+  EXPECT_EQ(resp.train_positive() + resp.test_positive(), 512);
+  EXPECT_EQ(resp.test_row_ranges().ranges_size(), 1);  // round(0.25 * 3)
+  // The store's refusals keep their codes and say what is wrong.
+  defaults.set_max_rows(1000);
+  s = call(defaults, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(s.error_message().find("1024 rows, more than max_rows 1000"), std::string::npos);
+  req.set_pool(static_cast<latentd::v1::ProbePool>(7));
+  s = call(req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("pool: unknown value 7"), std::string::npos);
+  req.set_pool(latentd::v1::POOL_MEAN);
+  req.mutable_row_ranges()->mutable_ranges(0)->set_count(100);
+  s = call(req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("row_ranges[0]: rows [0, 0 + 100) are not whole sequences"),
+            std::string::npos);
 }
 
 TEST_F(DatasetsServiceTest, ListLatentsRanksFromTheStoredStatistics) {
