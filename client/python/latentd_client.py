@@ -68,43 +68,6 @@ def _spans_of(rows, row_ranges, sequences, context_length):
     return _spans_of_rows(rows) if rows is not None else _merged_spans(row_ranges)
 
 
-def _pooled(rows, context_length, pool):
-    """CSR rows pooled per sequence of context_length rows ("mean" or "max"; None: the rows as
-    they are), a CSR row per sequence."""
-    import numpy as np
-    import scipy.sparse
-    if pool is None:
-        return rows.tocsr()
-    sequences = rows.shape[0] // context_length
-    if pool == "mean":
-        averaging = scipy.sparse.kron(scipy.sparse.identity(sequences, format="csr"),
-                                      np.full((1, context_length), 1.0 / context_length))
-        return (averaging @ rows).tocsr()
-    rows = rows.tocsr()
-    return scipy.sparse.vstack([rows[s * context_length:(s + 1) * context_length].max(axis=0)
-                                for s in range(sequences)]).tocsr()
-
-
-def _fit_logistic(x, y, l2, iterations=100):
-    """Weights and intercept of an L2-penalized logistic regression of y (0/1) on the columns of
-    x (already standardized), by Newton's method: loss summed over rows + l2 / 2 |w|^2, the
-    intercept unpenalized (scikit-learn's LogisticRegression with C = 1 / l2)."""
-    import numpy as np
-    design = np.hstack([x, np.ones((x.shape[0], 1))])
-    penalty = np.full(design.shape[1], float(l2))
-    penalty[-1] = 0.0
-    w = np.zeros(design.shape[1])
-    for _ in range(iterations):
-        p = 1.0 / (1.0 + np.exp(-np.clip(design @ w, -50, 50)))
-        gradient = design.T @ (p - y) + penalty * w
-        hessian = (design * (p * (1 - p))[:, None]).T @ design + np.diag(penalty)
-        step = np.linalg.solve(hessian + 1e-12 * np.eye(len(w)), gradient)
-        w -= step
-        if np.max(np.abs(step)) < 1e-10:
-            break
-    return w[:-1], w[-1]
-
-
 class Output:
     """A value of a job's result that does not exist yet: put it in a spec dict where the value
     goes, and the job waits for that job and takes the value once it has succeeded (a
@@ -492,110 +455,71 @@ class Client:
     def sparse_probe(self, dataset_id, rows=None, row_ranges=None, sequences=None,
                      versus_rows=None, versus_row_ranges=None, versus_sequences=None,
                      ks=(1, 2, 5, 10, 20), test_fraction=0.25, seed=0, l2=1.0, pool=None,
-                     select="fraction"):
+                     select="fraction", max_rows=0):
         """k-sparse probing (as SAEBench evaluates SAEs): how well k latents tell your positive
-        rows from your negatives, for each k in ks. Positives and negatives take the forms of
-        latents_on_rows (rows, row_ranges or sequences; versus_...). Their spans (whole
-        sequences, or runs of consecutive rows) are split at random (seed) into train and test,
-        test_fraction of each class's spans held out, so that no span lends rows to both. The
-        latents are chosen on the train examples alone: select="fraction" by how much more often
-        they fire on the positives (latents_on_rows order="difference", counted by the store),
-        select="mean" by the largest difference of their mean values between the classes,
-        either sign (over the examples as fitted, pooled or not, as SAEBench selects); then an
-        L2-penalized logistic regression (l2, scikit-learn's 1 / C) on the first k of them,
-        over the rows' latent values, is fitted on the train rows and scored on the test rows.
-        pool="mean" or "max" (both classes given as sequences): each sequence is one example,
-        its latent values pooled over its rows, as SAEBench classifies documents.
+        rows from your negatives, for each k in ks, computed by the daemon where the rows lie
+        (none cross the wire). Positives and negatives take the forms of latents_on_rows (rows,
+        row_ranges or sequences; versus_...); no row may be in both. Their spans (runs of
+        consecutive rows, or with pooling each sequence) are split at random (seed) into train
+        and test, test_fraction of each class's held out, so that no span lends rows to both.
+        The latents are chosen on the train examples alone: select="fraction" by how much more
+        often they fire on the positives (latents_on_rows order="difference"), select="mean" by
+        the largest difference of their mean values between the classes, either sign (over the
+        examples as fitted, pooled or not, as SAEBench selects); then an L2-penalized logistic
+        regression (l2, scikit-learn's 1 / C, on standardized values) on the first k of them is
+        fitted on the train examples and scored on the test ones. pool="mean" or "max" (both
+        classes given as sequences): each sequence is one example, its latent values pooled
+        over its rows, as SAEBench classifies documents. max_rows (0: 2^20, at most 2^24) caps
+        the rows of both classes.
 
         A dict: k, train_accuracy, test_accuracy, test_precision, test_recall, test_f1 (numpy
         arrays, one entry per k), latents (the chosen latents, best first), weights (per k: the
-        logistic weight of each of its latents, per unit of latent value) and intercepts, and
+        logistic weight of each of its latents, per unit of latent value) and intercepts,
         examples (train_positive, train_negative, test_positive, test_negative: rows, or
-        sequences when pooled). ValueError when a class has fewer than two spans (one for each
-        side of the split)."""
+        sequences when pooled), rows_read, and test_row_ranges / test_versus_row_ranges (the
+        (start, count) spans held out: where to look for the probe's mistakes). grpc.RpcError
+        INVALID_ARGUMENT when a class has fewer than two spans (one for each side)."""
         import numpy as np
 
-        ks = sorted(set(int(k) for k in ks))
-        if not ks or ks[0] < 1:
-            raise ValueError("ks: give k >= 1")
-        if not l2 > 0:
-            raise ValueError("l2 must be above 0 (the fit needs the penalty), not %r" % (l2,))
-        if select not in ("fraction", "mean"):
+        pools = {None: datasets_pb2.POOL_NONE, "mean": datasets_pb2.POOL_MEAN,
+                 "max": datasets_pb2.POOL_MAX}
+        selects = {"fraction": datasets_pb2.SELECT_BY_FRACTION,
+                   "mean": datasets_pb2.SELECT_BY_MEAN}
+        if select not in selects:
             raise ValueError("select must be 'fraction' or 'mean', not %r" % (select,))
-        if pool not in (None, "mean", "max"):
+        if pool not in pools:
             raise ValueError("pool must be None, 'mean' or 'max', not %r" % (pool,))
         if pool is not None and (sequences is None or versus_sequences is None):
             raise ValueError("pool: give both classes as sequences and versus_sequences")
-        context_length = self._context_length(dataset_id, sequences, versus_sequences)
+        if not l2 > 0:
+            raise ValueError("l2 must be above 0 (the fit needs the penalty), not %r" % (l2,))
         forms = ((rows, row_ranges, sequences), (versus_rows, versus_row_ranges, versus_sequences))
-        rng = np.random.default_rng(seed)
-        split = []  # (train spans, test spans) of the positives, then of the negatives
         for form, name in zip(forms, ("rows", "versus_rows")):
             if sum(x is not None for x in form) != 1:
                 raise ValueError("give one of %s, %s and %s" % (
                     name, name.replace("rows", "row_ranges"), name.replace("rows", "sequences")))
-            spans = _spans_of(*form, context_length)
-            if len(spans) < 2:
-                raise ValueError("%s: %d span(s); a split needs at least 2" % (name, len(spans)))
-            order = rng.permutation(len(spans))
-            held = min(len(spans) - 1, max(1, int(round(test_fraction * len(spans)))))
-            split.append((sorted(spans[i] for i in order[held:]),
-                          sorted(spans[i] for i in order[:held])))
-        # Every latent's values on each side's examples (rows, or sequences pooled), sparse.
-        train, test = [[_pooled(self._rows_of_spans(dataset_id, spans), context_length, pool)
-                        for spans in (split[0][side], split[1][side])] for side in (0, 1)]
-        if select == "fraction":
-            chosen = self.latents_on_rows(
-                dataset_id, row_ranges=split[0][0], versus_row_ranges=split[1][0],
-                order="difference", limit=ks[-1], max_rows=1 << 20)
-            latents = np.array([l.latent for l in chosen.latents], np.int64)
-        else:
-            gap = np.abs(np.asarray(train[0].mean(axis=0) - train[1].mean(axis=0)).ravel())
-            ranked = np.argsort(-gap, kind="stable")
-            latents = ranked[:ks[-1]][gap[ranked[:ks[-1]]] > 0].astype(np.int64)
-
-        def examples(positive, negative):
-            """The chosen latents' values on both classes' examples, labelled."""
-            xs = [m.tocsc()[:, latents].toarray().astype(np.float64) for m in (positive, negative)]
-            return (np.vstack(xs),
-                    np.concatenate([np.ones(len(xs[0])), np.zeros(len(xs[1]))]))
-
-        x_train, y_train = examples(*train)
-        x_test, y_test = examples(*test)
-        mean = x_train.mean(axis=0)
-        scale = x_train.std(axis=0)
-        scale[scale == 0] = 1.0
-        out = {"k": [], "train_accuracy": [], "test_accuracy": [], "test_precision": [],
-               "test_recall": [], "test_f1": [], "weights": [], "intercepts": []}
-        for k in ks:
-            k_used = min(k, len(latents))
-            w, b = _fit_logistic((x_train[:, :k_used] - mean[:k_used]) / scale[:k_used],
-                                 y_train, l2)
-            raw_w = w / scale[:k_used]
-            raw_b = b - float(raw_w @ mean[:k_used])
-            train_hit = (x_train[:, :k_used] @ raw_w + raw_b > 0) == (y_train == 1)
-            said = x_test[:, :k_used] @ raw_w + raw_b > 0
-            truth = y_test == 1
-            true_pos = float(np.sum(said & truth))
-            precision = true_pos / max(1.0, float(np.sum(said)))
-            recall = true_pos / max(1.0, float(np.sum(truth)))
-            out["k"].append(k)
-            out["train_accuracy"].append(float(np.mean(train_hit)))
-            out["test_accuracy"].append(float(np.mean(said == truth)))
-            out["test_precision"].append(precision)
-            out["test_recall"].append(recall)
-            out["test_f1"].append(0.0 if true_pos == 0 else
-                                  2 * precision * recall / (precision + recall))
-            out["weights"].append(raw_w)
-            out["intercepts"].append(raw_b)
-        for field in ("k", "train_accuracy", "test_accuracy", "test_precision", "test_recall",
-                      "test_f1", "intercepts"):
-            out[field] = np.array(out[field])
-        out["latents"] = latents
-        out["examples"] = {"train_positive": int(y_train.sum()),
-                           "train_negative": int((y_train == 0).sum()),
-                           "test_positive": int(y_test.sum()),
-                           "test_negative": int((y_test == 0).sum())}
+        context_length = self._context_length(dataset_id, sequences, versus_sequences)
+        request = datasets_pb2.SparseProbeRequest(
+            dataset_id=dataset_id, ks=[int(k) for k in ks], test_fraction=test_fraction,
+            seed=seed, l2=l2, pool=pools[pool], select=selects[select], max_rows=max_rows)
+        _set_row_ranges(request.row_ranges, _spans_of(*forms[0], context_length))
+        _set_row_ranges(request.versus_row_ranges, _spans_of(*forms[1], context_length))
+        answer = self.datasets.SparseProbe(request, metadata=self.metadata, timeout=self.timeout)
+        fits = answer.fits
+        out = {field: np.array([getattr(f, field) for f in fits])
+               for field in ("k", "train_accuracy", "test_accuracy", "test_precision",
+                             "test_recall", "test_f1")}
+        out["weights"] = [np.array(f.weights) for f in fits]
+        out["intercepts"] = np.array([f.intercept for f in fits])
+        out["latents"] = np.array(answer.latents, np.int64)
+        out["examples"] = {"train_positive": answer.train_positive,
+                           "train_negative": answer.train_negative,
+                           "test_positive": answer.test_positive,
+                           "test_negative": answer.test_negative}
+        out["rows_read"] = answer.rows_read
+        out["test_row_ranges"] = [(r.start, r.count) for r in answer.test_row_ranges.ranges]
+        out["test_versus_row_ranges"] = [(r.start, r.count)
+                                         for r in answer.test_versus_row_ranges.ranges]
         return out
 
     def show_sparse_probe(self, dataset_id, **probe_args):
@@ -612,30 +536,6 @@ class Client:
         if context_length < 1:
             raise ValueError("sequences: dataset %d has no sequences" % dataset_id)
         return context_length
-
-    def _rows_of_spans(self, dataset_id, spans, gap=4096):
-        """The rows of ascending (start, count) spans, in order, as one CSR matrix: spans less
-        than `gap` rows apart come from one read of the range covering them (scattered single
-        rows would otherwise cost a call each)."""
-        import numpy as np
-        import scipy.sparse
-
-        parts, group = [], []
-
-        def read(group):
-            first, end = group[0][0], group[-1][0] + group[-1][1]
-            matrix, _ = self.read_rows(dataset_id, first, end - first)
-            take = np.concatenate([np.arange(s - first, s - first + n) for s, n in group])
-            parts.append(matrix[take])
-
-        for span in spans:
-            if group and span[0] - (group[-1][0] + group[-1][1]) >= gap:
-                read(group)
-                group = []
-            group.append(span)
-        if group:
-            read(group)
-        return scipy.sparse.vstack(parts).tocsr()
 
     def latent_weights(self, dataset_id, latent, top_n=10, unembedding=""):
         """What the latent's weights say, from the SAE and model that made the dataset (no rows):

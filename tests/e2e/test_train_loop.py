@@ -407,6 +407,19 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual(held["train_positive"] + held["test_positive"], len(fires))
         self.assertEqual(held["train_negative"] + held["test_negative"], len(silent))
         self.assertGreater(min(held.values()), 0)
+        self.assertEqual(probe["rows_read"], len(fires) + len(silent))
+        # The held-out spans are the test examples, each a run of the rows given.
+        held_rows = numpy.concatenate([numpy.arange(s, s + n)
+                                       for s, n in probe["test_row_ranges"]])
+        self.assertEqual(len(held_rows), held["test_positive"])
+        self.assertTrue(numpy.isin(held_rows, fires).all())
+        # Its held-out accuracy, recomputed here from the rows and its weights at k = 1.
+        held_silent = numpy.concatenate([numpy.arange(s, s + n)
+                                         for s, n in probe["test_versus_row_ranges"]])
+        values = whole[numpy.concatenate([held_rows, held_silent])][:, probe["latents"][:1]]
+        said = values.toarray() @ probe["weights"][0] + probe["intercepts"][0] > 0
+        truth = numpy.arange(len(said)) < len(held_rows)
+        self.assertAlmostEqual(probe["test_accuracy"][0], numpy.mean(said == truth))
         print("sparse probe: k %s, test accuracy %s, test F1 %s, examples %s" % (
             probe["k"].tolist(), probe["test_accuracy"].round(4).tolist(),
             probe["test_f1"].round(4).tolist(), held), file=sys.stderr)
@@ -445,14 +458,10 @@ class TrainLoop(DaemonTestCase):
             file=sys.stderr)
         with self.assertRaises(ValueError):
             c.sparse_probe(dataset, sequences=often, versus_rows=silent, pool="mean")
-        # The probe's reads: spans far apart each read alone, near ones through their cover.
-        spans = [(3, 2), (40, 5), (100, 1)]
-        want_rows = [3, 4, 40, 41, 42, 43, 44, 100]
-        for gap in (1, 4096):
-            got_rows = c._rows_of_spans(dataset, spans, gap=gap)
-            self.assertEqual((got_rows != whole[want_rows].tocsc()).nnz, 0)
-        with self.assertRaises(ValueError):  # one span cannot be split
+        with self.assertRaises(grpc.RpcError) as raised:  # one span cannot be split
             c.sparse_probe(dataset, row_ranges=[(0, 64)], versus_row_ranges=[(64, 64)])
+        self.assertEqual(raised.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("row_ranges: 1 unit", raised.exception.details())
         with self.assertRaises(ValueError):
             c.latents_on_rows(dataset, rows=fires, order="difference")
         with self.assertRaises(ValueError):

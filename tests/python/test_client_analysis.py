@@ -1,37 +1,12 @@
-"""The Python client's own analysis, without a daemon: the logistic fit behind sparse_probe, the
-spans it splits, and the view that draws its answer."""
+"""The Python client's own analysis, without a daemon: the spans sparse_probe and latents_on_rows
+send, and the view that draws a sparse probe's answer (the probe itself runs in the daemon:
+storage/sparse_probe_test.cc)."""
 import re
 import unittest
 
 import numpy as np
 
-import scipy.sparse
-
-from latentd_client import SparseProbeView, _fit_logistic, _pooled, _spans_of
-
-
-class FitLogisticTest(unittest.TestCase):
-    def test_the_penalized_loss_is_stationary_at_the_answer(self):
-        rng = np.random.default_rng(0)
-        x = rng.normal(size=(500, 3))
-        y = (x @ np.array([2.0, -1.0, 0.5]) + 0.3 + 0.5 * rng.normal(size=500) > 0).astype(float)
-        for l2 in (0.1, 1.0, 10.0):
-            w, b = _fit_logistic(x, y, l2)
-            p = 1 / (1 + np.exp(-(x @ w + b)))
-            # d/dw: X^T (p - y) + l2 w; d/db: sum(p - y) (the intercept is not penalized)
-            self.assertLess(np.abs(x.T @ (p - y) + l2 * w).max(), 1e-8)
-            self.assertLess(abs(np.sum(p - y)), 1e-8)
-            self.assertEqual(np.sign(w).tolist(), [1.0, -1.0, 1.0])
-        # A stronger penalty shrinks the weights.
-        self.assertLess(np.linalg.norm(_fit_logistic(x, y, 100.0)[0]),
-                        np.linalg.norm(_fit_logistic(x, y, 0.1)[0]))
-
-    def test_separable_classes_stay_finite(self):
-        x = np.concatenate([np.zeros(50), np.linspace(0.01, 1, 10)])[:, None]
-        y = np.concatenate([np.zeros(50), np.ones(10)])
-        w, b = _fit_logistic((x - x.mean()) / x.std(), y, 1.0)
-        self.assertTrue(np.isfinite(w).all() and np.isfinite(b))
-        self.assertGreater(w[0], 0)
+from latentd_client import SparseProbeView, _spans_of
 
 
 class SpansOfTest(unittest.TestCase):
@@ -44,17 +19,6 @@ class SpansOfTest(unittest.TestCase):
         mask[[2, 3, 7]] = True
         for sequences in ([7, 2, 3], mask):
             self.assertEqual(_spans_of(None, None, sequences, 16), [(32, 32), (112, 16)])
-
-
-class PooledTest(unittest.TestCase):
-    def test_mean_and_max_over_each_sequence(self):
-        rng = np.random.default_rng(3)
-        dense = rng.uniform(0.1, 1.0, size=(12, 5)) * (rng.uniform(size=(12, 5)) < 0.4)
-        rows = scipy.sparse.csr_matrix(dense)
-        by_sequence = dense.reshape(3, 4, 5)  # 3 sequences of 4 rows
-        np.testing.assert_allclose(_pooled(rows, 4, "mean").toarray(), by_sequence.mean(axis=1))
-        np.testing.assert_allclose(_pooled(rows, 4, "max").toarray(), by_sequence.max(axis=1))
-        np.testing.assert_allclose(_pooled(rows, 4, None).toarray(), dense)
 
 
 class SparseProbeViewTest(unittest.TestCase):
