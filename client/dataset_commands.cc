@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "client/cli.h"
 #include "client/job_commands.h"
 #include "client/latent_view.h"
@@ -132,6 +133,65 @@ absl::StatusOr<size_t> FillRowRanges(const std::string& items, const char* file_
     added->set_count(range.count);
   }
   return ranges.size();
+}
+
+// What ReadNamedRows read: the ranges of each side (after merging), and whether versus rows
+// were given at all.
+struct NamedRows {
+  size_t ranges = 0;
+  size_t versus_ranges = 0;
+  bool contrast = false;
+  bool by_sequence = false;
+};
+
+// The rows `onrows` and `probe` name: the items after the dataset id and --rows_file into
+// `rows`, --versus and --versus_file into `versus` when either is given (else it is left as it
+// is); with --sequences every item names whole sequences of the dataset's context_length rows.
+// INVALID_ARGUMENT, to show as a usage error, for a bad item or file (prefixed with `command`:
+// or --versus:) or a dataset without sequences; otherwise the status of the GetDataset call
+// --sequences makes.
+absl::StatusOr<NamedRows> ReadNamedRows(Client& client, uint64_t id, absl::string_view command,
+                                        const std::vector<std::string>& args, v1::RowRanges* rows,
+                                        v1::RowRanges* versus) {
+  NamedRows named;
+  const std::string versus_items = absl::GetFlag(FLAGS_versus);
+  const std::string versus_file = absl::GetFlag(FLAGS_versus_file);
+  named.contrast = !versus_items.empty() || !versus_file.empty();
+  named.by_sequence = absl::GetFlag(FLAGS_sequences);
+  int64_t sequence_rows = 0;
+  if (named.by_sequence) {
+    ASSIGN_OR_RETURN(const v1::DatasetInfo info, GetDatasetInfo(client, id));
+    if (info.context_length() < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--sequences: dataset ", id, " has no sequences"));
+    }
+    sequence_rows = info.context_length();
+  }
+  absl::StatusOr<size_t> ranges =
+      FillRowRanges(absl::StrJoin(args.begin() + 2, args.end(), " "), "--rows_file",
+                    absl::GetFlag(FLAGS_rows_file), sequence_rows, rows);
+  if (!ranges.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(command, ": ", ranges.status().message()));
+  }
+  named.ranges = *ranges;
+  if (named.contrast) {
+    absl::StatusOr<size_t> versus_ranges =
+        FillRowRanges(versus_items, "--versus_file", versus_file, sequence_rows, versus);
+    if (!versus_ranges.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--versus: ", versus_ranges.status().message()));
+    }
+    if (*versus_ranges == 0)
+      return absl::InvalidArgumentError("--versus: no rows to contrast with");
+    named.versus_ranges = *versus_ranges;
+  }
+  return named;
+}
+
+// A usage error for ReadNamedRows' INVALID_ARGUMENT, else the call's failure.
+int NamedRowsError(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kInvalidArgument ? Usage(std::string(status.message()))
+                                                             : StatusError(status);
 }
 
 }  // namespace
@@ -601,37 +661,21 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
   v1::LatentsOnRowsRequest request;
   request.set_dataset_id(id);
   std::string selection;  // the rows, as the heading names them
-  const std::string versus_items = absl::GetFlag(FLAGS_versus);
-  const std::string versus_file = absl::GetFlag(FLAGS_versus_file);
-  const bool contrast = !versus_items.empty() || !versus_file.empty();
+  const bool contrast =
+      !absl::GetFlag(FLAGS_versus).empty() || !absl::GetFlag(FLAGS_versus_file).empty();
   if (contrast && by != RowsBy::kRanges) return Usage("--versus: only with onrows");
-  const bool by_sequence = absl::GetFlag(FLAGS_sequences);
-  if (by_sequence && by != RowsBy::kRanges) return Usage("--sequences: only with onrows");
+  if (absl::GetFlag(FLAGS_sequences) && by != RowsBy::kRanges) {
+    return Usage("--sequences: only with onrows");
+  }
   const std::string plot = absl::GetFlag(FLAGS_plot);
   if (by == RowsBy::kRanges) {
-    // --sequences: the items are sequences, each the dataset's context_length rows.
-    int64_t sequence_rows = 0;
-    if (by_sequence) {
-      absl::StatusOr<v1::DatasetInfo> info = GetDatasetInfo(client, id);
-      if (!info.ok()) return StatusError(info.status());
-      if (info->context_length() < 1) {
-        return Usage(absl::StrCat("--sequences: dataset ", id, " has no sequences"));
-      }
-      sequence_rows = info->context_length();
-    }
-    absl::StatusOr<size_t> ranges =
-        FillRowRanges(absl::StrJoin(args.begin() + 2, args.end(), " "), "--rows_file", rows_file,
-                      sequence_rows, request.mutable_row_ranges());
-    if (!ranges.ok()) return Usage(absl::StrCat("onrows: ", ranges.status().message()));
-    selection = absl::StrCat("named (", *ranges, *ranges == 1 ? " range" : " ranges",
-                             by_sequence ? " of whole sequences)" : ")");
-    if (contrast) {
-      absl::StatusOr<size_t> versus =
-          FillRowRanges(versus_items, "--versus_file", versus_file, sequence_rows,
-                        request.mutable_versus_row_ranges());
-      if (!versus.ok()) return Usage(absl::StrCat("--versus: ", versus.status().message()));
-      if (*versus == 0) return Usage("--versus: no rows to contrast with");
-    }
+    v1::RowRanges versus;  // set in the request only when given (its presence asks to contrast)
+    absl::StatusOr<NamedRows> named =
+        ReadNamedRows(client, id, "onrows", args, request.mutable_row_ranges(), &versus);
+    if (!named.ok()) return NamedRowsError(named.status());
+    if (named->contrast) *request.mutable_versus_row_ranges() = std::move(versus);
+    selection = absl::StrCat("named (", named->ranges, named->ranges == 1 ? " range" : " ranges",
+                             named->by_sequence ? " of whole sequences)" : ")");
   } else {
     int32_t selector = 0;
     if (!absl::SimpleAtoi(args[2], &selector)) {
@@ -715,6 +759,82 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
     std::printf("%-8d %-9lld %-9.4f %-10.4g %-9.4g %-9.4f %.4f\n", l.latent(),
                 static_cast<long long>(l.count()), l.fraction(), l.mean(), l.lift(), l.precision(),
                 l.f1());
+  }
+  if (!plot.empty()) std::printf("wrote %s\n", plot.c_str());
+  return 0;
+}
+
+int Probe(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  const bool rows_given = args.size() >= 3 || !absl::GetFlag(FLAGS_rows_file).empty();
+  if (!ParseId(args, 1, &id) || !rows_given) {
+    return Usage("probe needs a dataset id and rows (ROW or START:COUNT, or --rows_file)");
+  }
+  v1::SparseProbeRequest request;
+  request.set_dataset_id(id);
+  absl::StatusOr<NamedRows> named = ReadNamedRows(
+      client, id, "probe", args, request.mutable_row_ranges(), request.mutable_versus_row_ranges());
+  if (!named.ok()) return NamedRowsError(named.status());
+  if (!named->contrast) return Usage("probe needs --versus or --versus_file: the negatives");
+  for (absl::string_view item : absl::StrSplit(absl::GetFlag(FLAGS_ks), ',', absl::SkipEmpty())) {
+    int32_t k = 0;
+    if (!absl::SimpleAtoi(item, &k)) {
+      return Usage(absl::StrCat("--ks: '", item, "' is not an integer"));
+    }
+    request.add_ks(k);
+  }
+  request.set_test_fraction(absl::GetFlag(FLAGS_test_fraction));
+  request.set_seed(absl::GetFlag(FLAGS_seed));
+  request.set_l2(absl::GetFlag(FLAGS_l2));
+  request.set_max_rows(absl::GetFlag(FLAGS_max_rows));
+  const std::string pool = absl::GetFlag(FLAGS_pool);
+  if (pool != "" && pool != "mean" && pool != "max") return Usage("--pool: use mean or max");
+  if (!pool.empty() && !named->by_sequence) {
+    return Usage("--pool: name sequences (--sequences), each pooled into one example");
+  }
+  request.set_pool(pool == "mean" ? v1::POOL_MEAN : pool == "max" ? v1::POOL_MAX : v1::POOL_NONE);
+  const std::string select = absl::GetFlag(FLAGS_select);
+  if (select != "fraction" && select != "mean") return Usage("--select: use fraction or mean");
+  request.set_select(select == "mean" ? v1::SELECT_BY_MEAN : v1::SELECT_BY_FRACTION);
+  v1::SparseProbeResponse response;
+  grpc::Status status = client.datasets()->SparseProbe(client.Context().get(), request, &response);
+  if (!status.ok()) return RpcError(status);
+  const std::string plot = absl::GetFlag(FLAGS_plot);
+  if (!plot.empty()) {
+    absl::Status written =
+        WriteSparseProbePlot(response, absl::StrCat("dataset ", id, ": k-sparse probe"), plot);
+    if (!written.ok()) {
+      std::fprintf(stderr, "latentctl: --plot: %s\n", std::string(written.message()).c_str());
+      return kExitRpcError;
+    }
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(response).c_str());
+    return 0;
+  }
+  const char* unit = pool.empty() ? "rows" : "sequences";
+  std::printf("dataset %llu: k-sparse probe of %lld rows, named (%zu %s) against others (%zu)\n",
+              static_cast<unsigned long long>(id), static_cast<long long>(response.rows_read()),
+              named->ranges, named->ranges == 1 ? "range" : "ranges", named->versus_ranges);
+  std::printf(
+      "%s: %lld + %lld to train on, %lld + %lld held out (positive + negative); "
+      "latents chosen by %s\n",
+      unit, static_cast<long long>(response.train_positive()),
+      static_cast<long long>(response.train_negative()),
+      static_cast<long long>(response.test_positive()),
+      static_cast<long long>(response.test_negative()),
+      select == "mean" ? "mean difference" : "firing fraction difference");
+  std::printf("%-5s %-9s %-9s %-9s %-9s %-9s %s\n", "K", "TRAIN_ACC", "TEST_ACC", "PRECISION",
+              "RECALL", "F1", "LATENTS (WEIGHT PER UNIT OF VALUE)");
+  for (const v1::SparseProbeFit& fit : response.fits()) {
+    std::string chosen;
+    for (int i = 0; i < fit.weights_size(); ++i) {
+      absl::StrAppend(&chosen, i > 0 ? ", " : "", response.latents(i),
+                      absl::StrFormat(" (%+.3g)", fit.weights(i)));
+    }
+    std::printf("%-5d %-9.4f %-9.4f %-9.4f %-9.4f %-9.4f %s\n", fit.k(), fit.train_accuracy(),
+                fit.test_accuracy(), fit.test_precision(), fit.test_recall(), fit.test_f1(),
+                chosen.empty() ? "(none fired: the intercept alone)" : chosen.c_str());
   }
   if (!plot.empty()) std::printf("wrote %s\n", plot.c_str());
   return 0;

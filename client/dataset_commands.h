@@ -51,6 +51,12 @@ enum class RowsBy {
 // onrows --versus / --versus_file contrast the rows with others.
 int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by);
 
+// latentctl probe ID ROW|START:COUNT ... --versus=...: k-sparse probing of the named rows
+// against the versus rows (SparseProbe, computed by the daemon): per --ks, train and held-out
+// accuracy, precision, recall, F1 and the latents with their weights; --pool (with --sequences)
+// makes each sequence one example; --plot draws the metrics against k.
+int Probe(Client& client, const std::vector<std::string>& args);
+
 // latentctl weights ID J: what a latent's weights say: its nearest decoder directions and the
 // tokens its decoder direction raises and lowers most (GetLatentWeights).
 int Weights(Client& client, const std::vector<std::string>& args);

@@ -247,6 +247,17 @@ datasets:
                                  --plot: each latent's two fractions (with --versus) or its
                                  FRACTION and PRECISION, the best ten numbered;
                                  --sequences: every item names sequences, not rows (documents)
+  probe ID ROW|START:COUNT ... --versus=ROW|START:COUNT,... [--rows_file=F] [--versus_file=F]
+        [--sequences [--pool=mean|max]] [--ks=1,2,5,10,20] [--select=fraction|mean]
+        [--test_fraction=0.25] [--seed=S] [--l2=1] [--max_rows=N] [--plot=FILE.png]
+                                 k-sparse probing (SAEBench's), computed by the daemon: how
+                                 well k latents tell the named rows from the --versus rows.
+                                 Each side's ranges (pooled: sequences) split into train
+                                 and held-out test, latents chosen on train, a logistic
+                                 regression on the first k fitted per --ks; prints train and
+                                 held-out accuracy, precision, recall, F1 and the latents'
+                                 weights; --pool: each sequence one example (documents);
+                                 --plot: the metrics against k
   export ID PATH [--format=npz|hdf5|parquet|delphi] [--start=R] [--count=N] [--splits=S]
          [--job [--watch|--dry_run] [--after_jobs=..] [--bind=export.dataset_id=JOB:extract.dataset_id]]
                                  server-side, under the export root (parquet: a row a row,
@@ -299,6 +310,7 @@ int Run(const std::vector<std::string>& args) {
   if (command == "cofiring") return OnRows(client, args, RowsBy::kLatent);
   if (command == "token") return OnRows(client, args, RowsBy::kToken);
   if (command == "onrows") return OnRows(client, args, RowsBy::kRanges);
+  if (command == "probe") return Probe(client, args);
   if (command == "export") return Export(client, args);
   if (command == "delete-dataset") return DeleteDataset(client, args);
   if (command == "artifacts") return Artifacts(client);

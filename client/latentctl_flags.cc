@@ -95,7 +95,8 @@ ABSL_FLAG(std::string, plot, "",
           "telemetry: write a PNG of loss and memory against steps here; latents: a PNG of the "
           "log10 feature-density histogram; scaling: a PNG of each latent's two ratios; "
           "onrows --versus: a PNG of each latent's fraction on both row sets; cofiring, token, "
-          "onrows: a PNG of each latent's precision against its fraction (recall)");
+          "onrows: a PNG of each latent's precision against its fraction (recall); probe: a PNG of "
+          "held-out accuracy and F1 against k");
 ABSL_FLAG(std::string, order, "latent",
           "latents, dashboard: latent, frequent, rare (dead first), max or mean (ties by latent "
           "index)");
@@ -128,17 +129,20 @@ ABSL_FLAG(std::string, rank, "count",
 ABSL_FLAG(int64_t, max_rows, 0,
           "cofiring/token/onrows: count at most this many of the selected rows (from chunks spread "
           "over the dataset; default 2048); scaling: firing rows fitted per latent (default "
-          "16384)");
+          "16384); probe: rows of both classes (default 2^20)");
 ABSL_FLAG(std::string, rows_file, "",
-          "onrows: a file of rows (ROW or START:COUNT items, whitespace or commas between them)");
+          "onrows, probe: a file of rows (ROW or START:COUNT items, whitespace or commas between "
+          "them)");
 ABSL_FLAG(std::string, versus, "",
           "onrows: rows to contrast the named rows with (ROW or START:COUNT items): each latent's "
-          "fraction there too, and --rank=difference");
-ABSL_FLAG(std::string, versus_file, "", "onrows: a file of rows to contrast with, as --rows_file");
-ABSL_FLAG(bool, sequences, false,
-          "onrows: the items, --rows_file, --versus and --versus_file name sequences (SEQ or "
-          "START:COUNT of them: the documents you labelled), each the dataset's context_length "
-          "rows");
+          "fraction there too, and --rank=difference; probe: the negatives");
+ABSL_FLAG(std::string, versus_file, "",
+          "onrows, probe: a file of rows to contrast with, as --rows_file");
+ABSL_FLAG(
+    bool, sequences, false,
+    "onrows, probe: the items, --rows_file, --versus and --versus_file name sequences (SEQ or "
+    "START:COUNT of them: the documents you labelled), each the dataset's context_length "
+    "rows");
 ABSL_FLAG(std::string, text, "",
           "prompt: the prompt as text, tokenized with --vocab=tokenizer.json (instead of token "
           "ids)");
@@ -172,7 +176,18 @@ ABSL_FLAG(std::string, more_interventions, "",
           "DATASET=ITEMS;DATASET=ITEMS with --intervene's ITEMS, e.g. 3=40:set=0@3;4=12:add=4");
 ABSL_FLAG(int, new_tokens, 20, "steer: tokens each run generates after the prompt");
 ABSL_FLAG(float, temperature, 0, "steer: 0 greedy; > 0 sampled (the same draws for both runs)");
-ABSL_FLAG(uint64_t, seed, 0, "steer: the sampling seed");
+ABSL_FLAG(uint64_t, seed, 0, "steer: the sampling seed; probe: the train/test split's seed");
+ABSL_FLAG(std::string, ks, "1,2,5,10,20", "probe: the probe sizes (latents read), comma-separated");
+ABSL_FLAG(double, test_fraction, 0.25,
+          "probe: the share of each class's ranges (or, pooled, sequences) held out");
+ABSL_FLAG(double, l2, 1.0,
+          "probe: the L2 penalty on the standardized weights (scikit-learn's 1 / C)");
+ABSL_FLAG(std::string, pool, "",
+          "probe --sequences: mean or max: each sequence one example, its latent values pooled "
+          "over its rows (SAEBench's document probes)");
+ABSL_FLAG(std::string, select, "fraction",
+          "probe: choose the latents by the difference of their firing fractions (fraction) or of "
+          "their mean values (mean, SAEBench's rule), on the train examples");
 ABSL_FLAG(std::string, sweep, "",
           "steer: values of the first --intervene item, comma-separated: a run for each");
 ABSL_FLAG(int, crosscoder_source, -1,

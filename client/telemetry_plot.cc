@@ -962,4 +962,54 @@ absl::Status WriteDetectorPlot(const latentd::v1::LatentsOnRowsResponse& found,
       path);
 }
 
+absl::Status WriteSparseProbePlot(const latentd::v1::SparseProbeResponse& probe,
+                                  const std::string& title, const std::string& path) {
+  if (probe.fits().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the probe has no fits: nothing to plot into '", path, "'"));
+  }
+  // The probe sizes evenly spaced in their order (1, 2, 5, 10, 20 would crowd a linear axis).
+  std::vector<double> positions;
+  Series test{"test accuracy", kPlotProbeTestAccuracyColor, {}};
+  Series f1{"test F1", kPlotProbeF1Color, {}};
+  Series train{"train accuracy", kPlotProbeTrainAccuracyColor, {}};
+  double lowest = 0.5;  // chance for balanced classes; lower values widen the axis
+  for (const latentd::v1::SparseProbeFit& fit : probe.fits()) {
+    positions.push_back(static_cast<double>(positions.size()));
+    test.y.push_back(fit.test_accuracy());
+    f1.y.push_back(fit.test_f1());
+    train.y.push_back(fit.train_accuracy());
+    lowest = std::min({lowest, fit.test_accuracy(), fit.test_f1(), fit.train_accuracy()});
+  }
+  constexpr int kWidth = 960, kHeight = 560;
+  Canvas canvas(kWidth, kHeight);
+  Plotter plot(&canvas, positions);
+  const Rect r{118, 110, kWidth - 118 - 40, 360};
+  canvas.DrawText(kWidth / 2 - Canvas::TextWidth(title, 3) / 2, 14, title, kInk, 3);
+  const std::string subtitle = absl::StrCat(
+      probe.train_positive(), " + ", probe.train_negative(), " examples to train on, ",
+      probe.test_positive(), " + ", probe.test_negative(), " held out (positive + negative)");
+  canvas.DrawText(kWidth / 2 - Canvas::TextWidth(subtitle, 2) / 2, 48, subtitle, kMutedInk, 2);
+  const Scale y{std::floor(lowest * 10) / 10, 1.0, false};
+  plot.ValueAxis(r, y, LinearTicks(y.lo, y.hi, 5), false);
+  for (int i = 0; i < probe.fits_size(); ++i) {
+    const int x = static_cast<int>(std::lround(plot.X(r, i)));
+    const std::string label = absl::StrCat(probe.fits(i).k());
+    canvas.FillRect(x, r.top + 1, 1, r.height - 1, kGrid);
+    canvas.FillRect(x, r.bottom(), 1, 5, kFrame);
+    canvas.DrawText(x - Canvas::TextWidth(label, 2) / 2, r.bottom() + 9, label, kMutedInk, 2);
+  }
+  const std::string x_title = "k: latents the probe reads";
+  canvas.DrawText(r.left + r.width / 2 - Canvas::TextWidth(x_title, 2) / 2, r.bottom() + 30,
+                  x_title, kInk, 2);
+  std::vector<std::pair<const Series*, const Scale*>> legend;
+  for (const Series* s : {&test, &f1, &train}) {
+    plot.Line(r, y, *s);
+    legend.push_back({s, &y});
+  }
+  plot.Frame(r);
+  plot.Legend(r, legend);
+  return WritePng(canvas, path);
+}
+
 }  // namespace latentd::client

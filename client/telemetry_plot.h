@@ -1,8 +1,9 @@
 // Self-contained PNG plots: an in-memory RGB canvas with an embedded 5x7 bitmap font, a PNG
 // encoder on zlib, the two-panel telemetry plot `latentctl telemetry ID --plot=FILE.png` writes,
 // the feature-density histogram of `latentctl latents ID --plot=FILE.png`, the latent-scaling
-// scatter of `latentctl scaling ID --plot=FILE.png` and the contrast scatter of `latentctl onrows
-// ID ... --versus=... --plot=FILE.png`. No plotting library, no Python.
+// scatter of `latentctl scaling ID --plot=FILE.png`, the contrast scatter of `latentctl onrows
+// ID ... --versus=... --plot=FILE.png` and the lines of `latentctl probe ... --plot=FILE.png`. No
+// plotting library, no Python.
 #ifndef LATENTD_CLIENT_TELEMETRY_PLOT_H_
 #define LATENTD_CLIENT_TELEMETRY_PLOT_H_
 
@@ -142,6 +143,19 @@ inline constexpr Rgb kPlotDetectorColor = {214, 39, 40};
 // cannot be written.
 absl::Status WriteDetectorPlot(const latentd::v1::LatentsOnRowsResponse& found,
                                const std::string& title, int labelled, const std::string& path);
+
+// The lines of WriteSparseProbePlot.
+inline constexpr Rgb kPlotProbeTestAccuracyColor = {31, 119, 180};
+inline constexpr Rgb kPlotProbeF1Color = {255, 127, 14};
+inline constexpr Rgb kPlotProbeTrainAccuracyColor = {150, 150, 150};
+
+// Writes a PNG of a k-sparse probe (SparseProbe): held-out accuracy, held-out F1 and train
+// accuracy against k, the probe sizes evenly spaced in their order, the y axis from 0.5 (chance
+// for balanced classes; lower when a value is) to 1, a subtitle with the examples on each side.
+// INVALID_ARGUMENT when the probe has no fits; UNAVAILABLE/PERMISSION_DENIED naming the path
+// when the file cannot be written.
+absl::Status WriteSparseProbePlot(const latentd::v1::SparseProbeResponse& probe,
+                                  const std::string& title, const std::string& path);
 
 }  // namespace latentd::client
 

@@ -535,5 +535,50 @@ TEST(DetectorPlotTest, DrawsAPointPerLatentAtItsRecallAndPrecision) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(SparseProbePlotTest, DrawsEachMetricAgainstK) {
+  latentd::v1::SparseProbeResponse probe;
+  probe.set_train_positive(30);
+  probe.set_train_negative(90);
+  auto add = [&](int32_t k, double test, double f1, double train) {
+    latentd::v1::SparseProbeFit* fit = probe.add_fits();
+    fit->set_k(k);
+    fit->set_test_accuracy(test);
+    fit->set_test_f1(f1);
+    fit->set_train_accuracy(train);
+  };
+  add(1, 0.6, 0.55, 0.9);
+  add(5, 0.8, 0.55, 0.9);
+  add(20, 1.0, 0.55, 0.9);
+  const std::string path = TmpPath("probe.png");
+  absl::Status s = WriteSparseProbePlot(probe, "dataset 3", path);
+  ASSERT_TRUE(s.ok()) << s;
+  absl::StatusOr<Image> image = DecodePng(path);
+  ASSERT_TRUE(image.ok()) << image.status();
+  // The plot spans x in [118, 920] and y in [110, 470]; k = 5, the middle size, stands at its
+  // centre, where each line passes at its value (the y axis from `lo` to 1).
+  const auto passes = [&](Rgb color, double value, double lo) {
+    const int y = static_cast<int>(std::lround(470 - (value - lo) / (1 - lo) * 360));
+    for (int dy = -3; dy <= 3; ++dy) {
+      if (image->At(519, y + dy) == color) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(passes(kPlotProbeTestAccuracyColor, 0.8, 0.5));
+  EXPECT_TRUE(passes(kPlotProbeF1Color, 0.55, 0.5));
+  EXPECT_TRUE(passes(kPlotProbeTrainAccuracyColor, 0.9, 0.5));
+  EXPECT_FALSE(passes(kPlotProbeTestAccuracyColor, 0.6, 0.5));
+  // A value below chance widens the axis down to it (the tenth below): F1 0.25 reads at 0.2.
+  probe.mutable_fits(1)->set_test_f1(0.25);
+  ASSERT_TRUE(WriteSparseProbePlot(probe, "dataset 3", path).ok());
+  image = DecodePng(path);
+  ASSERT_TRUE(image.ok()) << image.status();
+  EXPECT_TRUE(passes(kPlotProbeF1Color, 0.25, 0.2));
+  EXPECT_TRUE(passes(kPlotProbeTestAccuracyColor, 0.8, 0.2));
+
+  probe.clear_fits();
+  EXPECT_EQ(WriteSparseProbePlot(probe, "x", TmpPath("none.png")).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace latentd::client

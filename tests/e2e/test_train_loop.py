@@ -660,6 +660,33 @@ class TrainLoop(DaemonTestCase):
                              same_rows)
         self.assertEqual(daemon.latentctl("cofiring", str(dataset), "3", "--sequences",
                                           check=False).returncode, 2)
+        # latentctl probe: the document probe above (sequences from files, mean-pooled), its
+        # table the same answer as Python's; the metrics against k drawn.
+        often_file = os.path.join(self.tmp, "often.txt")
+        rarely_file = os.path.join(self.tmp, "rarely.txt")
+        numpy.savetxt(often_file, numpy.flatnonzero(often), fmt="%d")
+        numpy.savetxt(rarely_file, numpy.flatnonzero(rarely), fmt="%d")
+        probe_png = os.path.join(self.tmp, "probe.png")
+        probed = daemon.latentctl("probe", str(dataset), "--rows_file=" + often_file,
+                                  "--versus_file=" + rarely_file, "--sequences", "--pool=mean",
+                                  "--ks=3,1", "--seed=2", "--plot=" + probe_png).stdout
+        lines = probed.splitlines()
+        self.assertEqual(lines[1], "sequences: %d + %d to train on, %d + %d held out (positive "
+                         "+ negative); latents chosen by firing fraction difference" % (
+                             documents["train_positive"], documents["train_negative"],
+                             documents["test_positive"], documents["test_negative"]))
+        self.assertTrue(lines[3].startswith("%-5d %-9.4f %-9.4f %-9.4f %-9.4f %-9.4f %d (" % (
+            1, by_document["train_accuracy"][0], by_document["test_accuracy"][0],
+            by_document["test_precision"][0], by_document["test_recall"][0],
+            by_document["test_f1"][0], by_document["latents"][0])), lines[3])
+        self.assertEqual(lines[-1], "wrote " + probe_png)
+        with open(probe_png, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        for wrong in (["--rows_file=" + often_file, "--sequences"],  # no negatives
+                      ["5", "--versus=6", "--pool=mean"],  # pooling rows, not sequences
+                      ["5", "--versus=6", "--ks=1,x"]):
+            self.assertEqual(daemon.latentctl("probe", str(dataset), *wrong,
+                                              check=False).returncode, 2, wrong)
         refused = daemon.latentctl("onrows", str(dataset), "4:0", check=False)
         self.assertEqual(refused.returncode, 2)
         self.assertIn("'4:0': the count must be at least 1", refused.stderr)
