@@ -468,8 +468,9 @@ class Client:
         examples as fitted, pooled or not, as SAEBench selects); then an L2-penalized logistic
         regression (l2, scikit-learn's 1 / C, on standardized values) on the first k of them is
         fitted on the train examples and scored on the test ones. pool="mean" or "max" (both
-        classes given as sequences): each sequence is one example, its latent values pooled
-        over its rows, as SAEBench classifies documents. max_rows (0: 2^20, at most 2^24) caps
+        classes given as sequences, or as rows that are whole sequences): each sequence is one
+        example, its latent values pooled over its rows, as SAEBench classifies documents.
+        max_rows (0: 2^20, at most 2^24) caps
         the rows of both classes.
 
         A dict: k, train_accuracy, test_accuracy, test_precision, test_recall, test_f1 (numpy
@@ -489,8 +490,6 @@ class Client:
             raise ValueError("select must be 'fraction' or 'mean', not %r" % (select,))
         if pool not in pools:
             raise ValueError("pool must be None, 'mean' or 'max', not %r" % (pool,))
-        if pool is not None and (sequences is None or versus_sequences is None):
-            raise ValueError("pool: give both classes as sequences and versus_sequences")
         if not l2 > 0:
             raise ValueError("l2 must be above 0 (the fit needs the penalty), not %r" % (l2,))
         forms = ((rows, row_ranges, sequences), (versus_rows, versus_row_ranges, versus_sequences))

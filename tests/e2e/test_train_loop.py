@@ -456,8 +456,18 @@ class TrainLoop(DaemonTestCase):
         print("sparse probe by document: latents %s, test accuracy %s, examples %s" % (
             by_document["latents"].tolist(), by_document["test_accuracy"].tolist(), documents),
             file=sys.stderr)
-        with self.assertRaises(ValueError):
-            c.sparse_probe(dataset, sequences=often, versus_rows=silent, pool="mean")
+        # Rows may stand for sequences when they are whole ones; a part of one cannot be pooled.
+        rare = numpy.flatnonzero(rarely)
+        with self.assertRaises(grpc.RpcError) as raised:
+            c.sparse_probe(dataset, sequences=often, pool="mean", versus_row_ranges=[
+                (int(rare[0]) * 32, 32), (int(rare[-1]) * 32, 5)])
+        self.assertEqual(raised.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("versus_row_ranges[1]: rows [%d, %d + 5) are not whole sequences of 32 "
+                      "rows" % (rare[-1] * 32, rare[-1] * 32), raised.exception.details())
+        # ... and a row named on both sides is refused, naming it.
+        with self.assertRaises(grpc.RpcError) as raised:
+            c.sparse_probe(dataset, sequences=often, versus_rows=silent)
+        self.assertIn("a row is a positive or a negative, not both", raised.exception.details())
         with self.assertRaises(grpc.RpcError) as raised:  # one span cannot be split
             c.sparse_probe(dataset, row_ranges=[(0, 64)], versus_row_ranges=[(64, 64)])
         self.assertEqual(raised.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)

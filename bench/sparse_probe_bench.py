@@ -1,0 +1,208 @@
+"""k-sparse probing two ways, side by side in one run against one latentd on loopback:
+
+  daemon  Client.sparse_probe: the Datasets.SparseProbe RPC, computed where the rows lie
+          (storage/sparse_probe: the rows read in place, a sparse Newton fit in C++);
+  client  the Python client's probe before it: the labelled rows read through ReadRows
+          (packed, spans under 4096 rows apart in one read), pooled with scipy, the logistic
+          fits in numpy (kept here as the baseline, on the daemon's own split and latents so
+          that the two answers can be compared).
+
+Two probes of a latent j of middling frequency: the rows where it fires against those where it
+is silent (every row of the dataset, a span per run of either), and, pooled by mean, the
+sequences where it fires more often than in the median sequence against those where it fires
+less (SAEBench's document probe). ks 1, 2, 5, 10, 20.
+
+The dataset is a real EXTRACT of the X1 reference transformer (docs/EXTRACT.md) with a TopK SAE
+(k = 32, d_sae = 4096, fp16), as bench/read_rows_bench.py makes it.
+
+    bazel build //server:latentd //client:latentctl //proto:api_py
+    PYTHONPATH=bazel-bin/proto/py:client/python:tests/e2e /usr/bin/python3 \\
+        bench/sparse_probe_bench.py [--sequences 1024] [--repeats 3]
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import scipy.sparse
+
+from harness import Daemon
+from latentd.v1 import jobs_pb2
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+KS = (1, 2, 5, 10, 20)
+
+
+def rows_of_spans(client, dataset_id, spans, gap=4096):
+    """The rows of ascending (start, count) spans as one CSR matrix, spans less than `gap` rows
+    apart read through one ReadRows of their cover."""
+    parts, group = [], []
+
+    def read(group):
+        first, end = group[0][0], group[-1][0] + group[-1][1]
+        matrix, _ = client.read_rows(dataset_id, first, end - first)
+        take = np.concatenate([np.arange(s - first, s - first + n) for s, n in group])
+        parts.append(matrix[take])
+
+    for span in spans:
+        if group and span[0] - (group[-1][0] + group[-1][1]) >= gap:
+            read(group)
+            group = []
+        group.append(span)
+    if group:
+        read(group)
+    return scipy.sparse.vstack(parts).tocsr()
+
+
+def pooled(rows, context_length, pool):
+    if pool is None:
+        return rows
+    sequences = rows.shape[0] // context_length
+    averaging = scipy.sparse.kron(scipy.sparse.identity(sequences, format="csr"),
+                                  np.full((1, context_length), 1.0 / context_length))
+    return (averaging @ rows).tocsr()
+
+
+def fit_logistic(x, y, l2, iterations=100):
+    """Newton's method on the log loss + l2 / 2 |w|^2 of standardized columns."""
+    design = np.hstack([x, np.ones((x.shape[0], 1))])
+    penalty = np.full(design.shape[1], float(l2))
+    penalty[-1] = 0.0
+    w = np.zeros(design.shape[1])
+    for _ in range(iterations):
+        p = 1.0 / (1.0 + np.exp(-np.clip(design @ w, -50, 50)))
+        gradient = design.T @ (p - y) + penalty * w
+        hessian = (design * (p * (1 - p))[:, None]).T @ design + np.diag(penalty)
+        step = np.linalg.solve(hessian + 1e-12 * np.eye(len(w)), gradient)
+        w -= step
+        if np.max(np.abs(step)) < 1e-10:
+            break
+    return w[:-1], w[-1]
+
+
+def without(spans, held):
+    """The rows of `spans` outside `held` (both ascending (start, count) lists) as spans."""
+    held_rows = set()
+    for s, n in held:
+        held_rows.update(range(s, s + n))
+    out = []
+    for s, n in spans:
+        for r in range(s, s + n):
+            if r in held_rows:
+                continue
+            if out and out[-1][0] + out[-1][1] == r:
+                out[-1] = (out[-1][0], out[-1][1] + 1)
+            else:
+                out.append((r, 1))
+    return out
+
+
+def client_probe(client, dataset, train, test, latents, context_length, pool):
+    """The former client-side probe of the train and test spans (positives, negatives) and the
+    latents given: test accuracy per k."""
+
+    def examples(sides):
+        xs = [pooled(rows_of_spans(client, dataset, spans), context_length, pool)
+              .tocsc()[:, latents].toarray().astype(np.float64) for spans in sides]
+        return np.vstack(xs), np.concatenate([np.ones(len(xs[0])), np.zeros(len(xs[1]))])
+
+    x_train, y_train = examples(train)
+    x_test, y_test = examples(test)
+    mean, scale = x_train.mean(axis=0), x_train.std(axis=0)
+    scale[scale == 0] = 1.0
+    accuracy = []
+    for k in KS:
+        used = min(k, len(latents))
+        w, b = fit_logistic((x_train[:, :used] - mean[:used]) / scale[:used], y_train, 1.0)
+        raw_w = w / scale[:used]
+        raw_b = b - float(raw_w @ mean[:used])
+        accuracy.append(float(np.mean((x_test[:, :used] @ raw_w + raw_b > 0) == (y_test == 1))))
+    return np.array(accuracy)
+
+
+def spans_of_mask(mask, unit=1):
+    rows = np.flatnonzero(mask)
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    starts = rows[np.concatenate(([0], breaks))]
+    ends = rows[np.concatenate((breaks - 1, [rows.size - 1]))] + 1
+    return [(int(s) * unit, int(e - s) * unit) for s, e in zip(starts, ends)]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sequences", type=int, default=1024, help="128-token sequences to extract")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        inputs = os.path.join(tmp, "inputs")
+        subprocess.run([sys.executable, os.path.join(HERE, "..", "scripts", "make_demo_inputs.py"),
+                        inputs, "--sequences", str(args.sequences)], check=True,
+                       stdout=subprocess.DEVNULL)
+        daemon = Daemon(os.path.join(tmp, "d"), devices="cpu:1").start()
+        try:
+            client = daemon.client(timeout=600)
+            job = client.wait(client.submit("EXTRACT", {
+                "model": {"reference": {"dModel": 256, "nLayers": 4, "nHeads": 4, "dMlp": 1024,
+                                        "vocabSize": 4096, "contextLength": 128, "seed": 0}},
+                "hookName": "blocks.2.hook_resid_post",
+                "tokens": {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 128},
+                "sae": {"path": os.path.join(inputs, "sae")}, "mode": "SPARSE",
+                "datasetName": "probe-bench"}).id)
+            if job.state != jobs_pb2.SUCCEEDED:
+                raise RuntimeError("EXTRACT failed: " + job.message)
+            dataset = job.result.extract.dataset_id
+            whole, _ = client.read_rows(dataset)
+            counts = np.diff(whole.tocsc().indptr)
+            # A latent firing on 2-5% of the rows: a concept of middling frequency.
+            middling = np.flatnonzero((counts > 0.02 * whole.shape[0]) &
+                                      (counts < 0.05 * whole.shape[0]))
+            j = int(middling[len(middling) // 2])
+            fires = np.asarray((whole[:, j] != 0).todense()).ravel()
+            per_sequence = fires[:whole.shape[0] // 128 * 128].reshape(-1, 128).sum(axis=1)
+            often = per_sequence > np.median(per_sequence)
+            rarely = per_sequence < np.median(per_sequence)
+            probes = {
+                "rows": (spans_of_mask(fires), spans_of_mask(~fires), None),
+                "documents": (spans_of_mask(often, 128), spans_of_mask(rarely, 128), "mean"),
+            }
+            print("dataset: %d rows, latent %d fires on %d of them (%.1f%%); %d + %d sequences "
+                  "above / below its median count" % (whole.shape[0], j, fires.sum(),
+                                                      100 * fires.mean(), often.sum(),
+                                                      rarely.sum()))
+            print("probe      daemon s   client s   client/daemon   max |test acc diff|")
+            for name, (positives, negatives, pool) in probes.items():
+                times = {"daemon": [], "client": []}
+                for _ in range(args.repeats):  # alternating, so drift hits both alike
+                    start = time.perf_counter()
+                    answer = client.sparse_probe(dataset, row_ranges=positives,
+                                                 versus_row_ranges=negatives, ks=KS, pool=pool,
+                                                 max_rows=1 << 24)
+                    times["daemon"].append(time.perf_counter() - start)
+                    # The daemon's split, outside the clock (the client drew its own).
+                    train = [without(positives, answer["test_row_ranges"]),
+                             without(negatives, answer["test_versus_row_ranges"])]
+                    test = [answer["test_row_ranges"], answer["test_versus_row_ranges"]]
+                    start = time.perf_counter()
+                    accuracy = client_probe(client, dataset, train, test, answer["latents"], 128,
+                                            pool)
+                    times["client"].append(time.perf_counter() - start)
+                gap = float(np.max(np.abs(accuracy - answer["test_accuracy"])))
+                best = {side: min(t) for side, t in times.items()}
+                print("%-9s  %8.3f   %8.3f   x%-13.1f  %.4f" % (
+                    name, best["daemon"], best["client"], best["client"] / best["daemon"], gap))
+                print("           all runs: daemon %s, client %s" % (
+                    " ".join("%.3f" % t for t in times["daemon"]),
+                    " ".join("%.3f" % t for t in times["client"])))
+                print("           test accuracy per k %s: %s (latents %s)" % (
+                    list(KS), answer["test_accuracy"].round(4).tolist(),
+                    answer["latents"][:5].tolist()))
+        finally:
+            daemon.stop()
+
+
+if __name__ == "__main__":
+    main()
