@@ -134,7 +134,8 @@ def spans_of_mask(mask, unit=1):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sequences", type=int, default=1024, help="128-token sequences to extract")
+    parser.add_argument("--sequences", type=int, default=1024,
+                        help="128-token sequences to extract")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

@@ -813,9 +813,10 @@ int Probe(Client& client, const std::vector<std::string>& args) {
     return 0;
   }
   const char* unit = pool.empty() ? "rows" : "sequences";
-  std::printf("dataset %llu: k-sparse probe of %lld rows, named (%zu %s) against others (%zu)\n",
+  std::printf("dataset %llu: k-sparse probe of %lld rows, named (%zu %s) against others (%zu %s)\n",
               static_cast<unsigned long long>(id), static_cast<long long>(response.rows_read()),
-              named->ranges, named->ranges == 1 ? "range" : "ranges", named->versus_ranges);
+              named->ranges, named->ranges == 1 ? "range" : "ranges", named->versus_ranges,
+              named->versus_ranges == 1 ? "range" : "ranges");
   std::printf(
       "%s: %lld + %lld to train on, %lld + %lld held out (positive + negative); "
       "latents chosen by %s\n",
@@ -824,16 +825,17 @@ int Probe(Client& client, const std::vector<std::string>& args) {
       static_cast<long long>(response.test_positive()),
       static_cast<long long>(response.test_negative()),
       select == "mean" ? "mean difference" : "firing fraction difference");
-  std::printf("%-5s %-9s %-9s %-9s %-9s %-9s %s\n", "K", "TRAIN_ACC", "TEST_ACC", "PRECISION",
-              "RECALL", "F1", "LATENTS (WEIGHT PER UNIT OF VALUE)");
+  std::printf("%-5s %-9s %-9s %-9s %-9s %-9s %-9s %s\n", "K", "TRAIN_ACC", "TEST_ACC", "BAL_ACC",
+              "PRECISION", "RECALL", "F1", "LATENTS (WEIGHT PER UNIT OF VALUE)");
   for (const v1::SparseProbeFit& fit : response.fits()) {
     std::string chosen;
     for (int i = 0; i < fit.weights_size(); ++i) {
       absl::StrAppend(&chosen, i > 0 ? ", " : "", response.latents(i),
                       absl::StrFormat(" (%+.3g)", fit.weights(i)));
     }
-    std::printf("%-5d %-9.4f %-9.4f %-9.4f %-9.4f %-9.4f %s\n", fit.k(), fit.train_accuracy(),
-                fit.test_accuracy(), fit.test_precision(), fit.test_recall(), fit.test_f1(),
+    std::printf("%-5d %-9.4f %-9.4f %-9.4f %-9.4f %-9.4f %-9.4f %s\n", fit.k(),
+                fit.train_accuracy(), fit.test_accuracy(), fit.test_balanced_accuracy(),
+                fit.test_precision(), fit.test_recall(), fit.test_f1(),
                 chosen.empty() ? "(none fired: the intercept alone)" : chosen.c_str());
   }
   if (!plot.empty()) std::printf("wrote %s\n", plot.c_str());

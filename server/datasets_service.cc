@@ -607,6 +607,7 @@ grpc::Status DatasetsService::SparseProbe(grpc::ServerContext* context,
     out->set_test_precision(fit.test_precision);
     out->set_test_recall(fit.test_recall);
     out->set_test_f1(fit.test_f1);
+    out->set_test_balanced_accuracy(fit.test_balanced_accuracy);
     out->mutable_weights()->Add(fit.weights.begin(), fit.weights.end());
     out->set_intercept(fit.intercept);
   }

@@ -448,6 +448,7 @@ TEST_F(DatasetsServiceTest, SparseProbeConvertsTheRequestAndTheAnswer) {
     EXPECT_EQ(resp.fits(i).test_precision(), want->fits[i].test_precision);
     EXPECT_EQ(resp.fits(i).test_recall(), want->fits[i].test_recall);
     EXPECT_EQ(resp.fits(i).test_f1(), want->fits[i].test_f1);
+    EXPECT_EQ(resp.fits(i).test_balanced_accuracy(), want->fits[i].test_balanced_accuracy);
     EXPECT_EQ(std::vector<double>(resp.fits(i).weights().begin(), resp.fits(i).weights().end()),
               want->fits[i].weights);
     EXPECT_EQ(resp.fits(i).intercept(), want->fits[i].intercept);

@@ -416,19 +416,24 @@ absl::StatusOr<SparseProbeResult> SparseProbe(const ChunkStore& store, uint64_t 
       const bool said = Logit(sides[0], i, fitted.weights, fitted.intercept) > 0;
       train_right += said == (sides[0].labels[i] == 1);
     }
-    int64_t test_right = 0, said_positive = 0, true_positive = 0;
+    int64_t test_right = 0, said_positive = 0, true_positive = 0, true_negative = 0;
     for (int64_t i = 0; i < sides[1].size(); ++i) {
       const bool said = Logit(sides[1], i, fitted.weights, fitted.intercept) > 0;
       const bool truth = sides[1].labels[i] == 1;
       test_right += said == truth;
       said_positive += said;
       true_positive += said && truth;
+      true_negative += !said && !truth;
     }
     fit.train_accuracy = static_cast<double>(train_right) / sides[0].size();
     fit.test_accuracy = static_cast<double>(test_right) / sides[1].size();
     fit.test_precision = static_cast<double>(true_positive) / std::max<int64_t>(1, said_positive);
     fit.test_recall =
         static_cast<double>(true_positive) / std::max<int64_t>(1, result.test_positive);
+    fit.test_balanced_accuracy =
+        (static_cast<double>(true_positive) / std::max<int64_t>(1, result.test_positive) +
+         static_cast<double>(true_negative) / std::max<int64_t>(1, result.test_negative)) /
+        2;
     fit.test_f1 = true_positive == 0 ? 0.0
                                      : 2 * fit.test_precision * fit.test_recall /
                                            (fit.test_precision + fit.test_recall);

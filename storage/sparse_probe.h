@@ -70,6 +70,10 @@ struct ProbeFit {
   double test_precision = 0;  // of the test examples it calls positive, the share that are
   double test_recall = 0;     // of the positive test examples, the share it calls positive
   double test_f1 = 0;         // 0 when it finds no positive test example
+  // The mean of its recall on the positive and on the negative test examples: 0.5 for a probe
+  // that calls everything one class, however rare the other (accuracy then reads as the
+  // majority's share).
+  double test_balanced_accuracy = 0;
   // Per latent of SparseProbeResult::latents (in that order), the logistic weight per unit of
   // latent value, and the intercept: it calls an example positive where
   // sum weights[i] * value(latents[i]) + intercept > 0.

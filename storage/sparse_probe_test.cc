@@ -313,6 +313,12 @@ class SparseProbeTest : public ::testing::Test {
       EXPECT_DOUBLE_EQ(fit.test_accuracy, static_cast<double>(right) / held.size()) << fit.k;
       EXPECT_DOUBLE_EQ(fit.test_precision, static_cast<double>(hit) / std::max<int64_t>(1, said));
       EXPECT_DOUBLE_EQ(fit.test_recall, static_cast<double>(hit) / test[1].size());
+      // Negatives called negative: all held-out examples minus the wrong ones and the hits.
+      const int64_t rejected = right - hit;
+      EXPECT_DOUBLE_EQ(fit.test_balanced_accuracy,
+                       (static_cast<double>(hit) / test[1].size() +
+                        static_cast<double>(rejected) / test[0].size()) /
+                           2);
     }
   }
 

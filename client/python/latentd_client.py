@@ -473,9 +473,11 @@ class Client:
         max_rows (0: 2^20, at most 2^24) caps
         the rows of both classes.
 
-        A dict: k, train_accuracy, test_accuracy, test_precision, test_recall, test_f1 (numpy
-        arrays, one entry per k), latents (the chosen latents, best first), weights (per k: the
-        logistic weight of each of its latents, per unit of latent value) and intercepts,
+        A dict: k, train_accuracy, test_accuracy, test_precision, test_recall, test_f1 and
+        test_balanced_accuracy (the mean of the recalls on both classes: 0.5 for a probe that
+        calls everything one class, however rare the other) as numpy arrays, one entry per k;
+        latents (the chosen latents, best first), weights (per k: the logistic weight of each
+        of its latents, per unit of latent value) and intercepts,
         examples (train_positive, train_negative, test_positive, test_negative: rows, or
         sequences when pooled), rows_read, and test_row_ranges / test_versus_row_ranges (the
         (start, count) spans held out: where to look for the probe's mistakes). grpc.RpcError
@@ -507,7 +509,7 @@ class Client:
         fits = answer.fits
         out = {field: np.array([getattr(f, field) for f in fits])
                for field in ("k", "train_accuracy", "test_accuracy", "test_precision",
-                             "test_recall", "test_f1")}
+                             "test_recall", "test_f1", "test_balanced_accuracy")}
         out["weights"] = [np.array(f.weights) for f in fits]
         out["intercepts"] = np.array([f.intercept for f in fits])
         out["latents"] = np.array(answer.latents, np.int64)

@@ -402,6 +402,7 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual(probe["latents"][0], latent)
         self.assertEqual(probe["k"].tolist(), [1, 3])
         self.assertGreaterEqual(probe["test_accuracy"][0], 0.95)
+        self.assertGreaterEqual(probe["test_balanced_accuracy"][0], 0.95)  # not the majority's
         self.assertGreater(probe["weights"][0][0], 0)  # firing more says positive
         held = probe["examples"]
         self.assertEqual(held["train_positive"] + held["test_positive"], len(fires))
@@ -685,10 +686,11 @@ class TrainLoop(DaemonTestCase):
                          "+ negative); latents chosen by firing fraction difference" % (
                              documents["train_positive"], documents["train_negative"],
                              documents["test_positive"], documents["test_negative"]))
-        self.assertTrue(lines[3].startswith("%-5d %-9.4f %-9.4f %-9.4f %-9.4f %-9.4f %d (" % (
-            1, by_document["train_accuracy"][0], by_document["test_accuracy"][0],
-            by_document["test_precision"][0], by_document["test_recall"][0],
-            by_document["test_f1"][0], by_document["latents"][0])), lines[3])
+        metrics = ("train_accuracy", "test_accuracy", "test_balanced_accuracy",
+                   "test_precision", "test_recall", "test_f1")
+        self.assertTrue(lines[3].startswith(
+            "1     " + "".join("%-9.4f " % by_document[m][0] for m in metrics) +
+            "%d (" % by_document["latents"][0]), lines[3])
         self.assertEqual(lines[-1], "wrote " + probe_png)
         with open(probe_png, "rb") as f:
             self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
