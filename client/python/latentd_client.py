@@ -470,18 +470,17 @@ class Client:
         fitted on the train examples and scored on the test ones. pool="mean" or "max" (both
         classes given as sequences, or as rows that are whole sequences): each sequence is one
         example, its latent values pooled over its rows, as SAEBench classifies documents.
-        max_rows (0: 2^20, at most 2^24) caps
-        the rows of both classes.
+        max_rows (0: 2^20, at most 2^24) caps the rows of both classes.
 
         A dict: k, train_accuracy, test_accuracy, test_precision, test_recall, test_f1 and
         test_balanced_accuracy (the mean of the recalls on both classes: 0.5 for a probe that
         calls everything one class, however rare the other) as numpy arrays, one entry per k;
         latents (the chosen latents, best first), weights (per k: the logistic weight of each
-        of its latents, per unit of latent value) and intercepts,
-        examples (train_positive, train_negative, test_positive, test_negative: rows, or
-        sequences when pooled), rows_read, and test_row_ranges / test_versus_row_ranges (the
-        (start, count) spans held out: where to look for the probe's mistakes). grpc.RpcError
-        INVALID_ARGUMENT when a class has fewer than two spans (one for each side)."""
+        of its latents, per unit of latent value) and intercepts, examples (train_positive,
+        train_negative, test_positive, test_negative: rows, or sequences when pooled),
+        rows_read, and test_row_ranges / test_versus_row_ranges (the (start, count) spans held
+        out: where to look for the probe's mistakes). grpc.RpcError INVALID_ARGUMENT when a
+        class has fewer than two spans (one for each side) or a row is in both classes."""
         import numpy as np
 
         pools = {None: datasets_pb2.POOL_NONE, "mean": datasets_pb2.POOL_MEAN,
