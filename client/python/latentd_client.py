@@ -1121,7 +1121,8 @@ class LatentScalingView:
 class SparseProbeView:
     """sparse_probe's answer that Jupyter renders: an SVG chart of test accuracy, test F1 and
     train accuracy against k (evenly spaced, in the order asked; the axis from 0.5, chance for
-    balanced classes, to 1), then a row per k with its metrics and latents."""
+    balanced classes, to 1), then a row per k with its metrics (balanced accuracy too) and
+    latents."""
 
     SERIES = (("test_accuracy", "#1f77b4", "test accuracy"), ("test_f1", "#ff7f0e", "test F1"),
               ("train_accuracy", "#999999", "train accuracy"))
@@ -1165,16 +1166,16 @@ class SparseProbeView:
         parts.append('<text x="%d" y="%d" text-anchor="middle">k</text></svg>'
                      % ((margin + right) // 2, height - 8))
         parts.append('<table style="font-family:monospace"><tr><th>k</th><th>train acc</th>'
-                     "<th>test acc</th><th>precision</th><th>recall</th><th>F1</th>"
-                     "<th>latents (weight)</th></tr>")
+                     "<th>test acc</th><th>balanced acc</th><th>precision</th><th>recall</th>"
+                     "<th>F1</th><th>latents (weight)</th></tr>")
         for i, k in enumerate(ks):
             chosen = ", ".join("%d (%+.3g)" % (l, w)
                                for l, w in zip(a["latents"][:k], a["weights"][i]))
             parts.append("<tr><td>%d</td><td>%.4f</td><td>%.4f</td><td>%.4f</td><td>%.4f</td>"
-                         "<td>%.4f</td><td>%s</td></tr>"
+                         "<td>%.4f</td><td>%.4f</td><td>%s</td></tr>"
                          % (k, a["train_accuracy"][i], a["test_accuracy"][i],
-                            a["test_precision"][i], a["test_recall"][i], a["test_f1"][i],
-                            chosen))
+                            a["test_balanced_accuracy"][i], a["test_precision"][i],
+                            a["test_recall"][i], a["test_f1"][i], chosen))
         parts.append("</table>")
         return "\n".join(parts)
 

@@ -26,6 +26,7 @@ class SparseProbeViewTest(unittest.TestCase):
         answer = {"k": np.array([1, 4]), "train_accuracy": np.array([0.9, 0.95]),
                   "test_accuracy": np.array([0.875, 0.9]), "test_f1": np.array([0.6, 0.7]),
                   "test_precision": np.array([0.5, 0.75]), "test_recall": np.array([0.75, 0.65]),
+                  "test_balanced_accuracy": np.array([0.8125, 0.8]),
                   "latents": np.array([17, 3, 40, 8]),
                   "weights": [np.array([1.5]), np.array([1.25, -0.5, 0.25, 2.0])],
                   "intercepts": np.array([-1.0, -2.0]),
@@ -34,7 +35,7 @@ class SparseProbeViewTest(unittest.TestCase):
         html = SparseProbeView(answer)._repr_html_()
         self.assertEqual(html.count("<polyline"), 3)
         self.assertIn("30 + 90 examples to train on, 10 + 30 held out", html)
-        self.assertIn("<tr><td>1</td><td>0.9000</td><td>0.8750</td><td>0.5000</td>"
+        self.assertIn("<tr><td>1</td><td>0.9000</td><td>0.8750</td><td>0.8125</td><td>0.5000</td>"
                       "<td>0.7500</td><td>0.6000</td><td>17 (+1.5)</td></tr>", html)
         self.assertIn("<td>17 (+1.25), 3 (-0.5), 40 (+0.25), 8 (+2)</td>", html)
         # Points below 0.5 are held at the axis' floor, not drawn off the chart.
