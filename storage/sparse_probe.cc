@@ -246,6 +246,40 @@ double Logit(const LabelledExamples& x, int64_t i, const std::vector<double>& we
   return z;
 }
 
+// The probe `fitted` on the first weights.size() columns, scored on the train and the test
+// examples.
+ProbeFit Score(LogisticFit fitted, int32_t k, const LabelledExamples& train,
+               const LabelledExamples& test) {
+  ProbeFit fit;
+  fit.k = k;
+  int64_t train_right = 0;
+  for (int64_t i = 0; i < train.size(); ++i) {
+    const bool said = Logit(train, i, fitted.weights, fitted.intercept) > 0;
+    train_right += said == (train.labels[i] == 1);
+  }
+  // The held-out examples counted by what the probe said and what they are.
+  int64_t held[2][2] = {{0, 0}, {0, 0}};  // [called positive][is positive]
+  for (int64_t i = 0; i < test.size(); ++i) {
+    const bool said = Logit(test, i, fitted.weights, fitted.intercept) > 0;
+    ++held[said][test.labels[i]];
+  }
+  const int64_t true_positive = held[1][1], true_negative = held[0][0];
+  const int64_t positives = held[0][1] + held[1][1], negatives = held[0][0] + held[1][0];
+  fit.train_accuracy = static_cast<double>(train_right) / train.size();
+  fit.test_accuracy = static_cast<double>(true_positive + true_negative) / test.size();
+  fit.test_precision =
+      static_cast<double>(true_positive) / std::max<int64_t>(1, held[1][0] + held[1][1]);
+  fit.test_recall = static_cast<double>(true_positive) / std::max<int64_t>(1, positives);
+  fit.test_balanced_accuracy =
+      (fit.test_recall + static_cast<double>(true_negative) / std::max<int64_t>(1, negatives)) / 2;
+  fit.test_f1 = true_positive == 0 ? 0.0
+                                   : 2 * fit.test_precision * fit.test_recall /
+                                         (fit.test_precision + fit.test_recall);
+  fit.weights = std::move(fitted.weights);
+  fit.intercept = fitted.intercept;
+  return fit;
+}
+
 }  // namespace
 
 LogisticFit FitLogistic(const LabelledExamples& x, int32_t columns, double l2) {
@@ -288,8 +322,9 @@ LogisticFit FitLogistic(const LabelledExamples& x, int32_t columns, double l2) {
         gradient[c] += residual * v;
         hessian[static_cast<size_t>(c) * d + columns] += curvature * v;
         hessian[static_cast<size_t>(columns) * d + c] += curvature * v;
-        for (const auto& [c2, v2] : row)
+        for (const auto& [c2, v2] : row) {
           hessian[static_cast<size_t>(c) * d + c2] += curvature * v * v2;
+        }
       }
     }
     for (int c = 0; c < d; ++c) {
@@ -389,17 +424,17 @@ absl::StatusOr<SparseProbeResult> SparseProbe(const ChunkStore& store, uint64_t 
     column_of[result.latents[i]] = static_cast<int32_t>(i);
   }
   LabelledExamples sides[2];  // train, test
-  RETURN_IF_ERROR(ForEachExample(store, id, rec.meta.width, units, options.pool,
-                                 [&](const Unit& unit, const Entries& row) {
-                                   LabelledExamples& side = sides[unit.test];
-                                   for (const auto& [latent, value] : row) {
-                                     if (column_of[latent] < 0) continue;
-                                     side.columns.push_back(column_of[latent]);
-                                     side.values.push_back(value);
-                                   }
-                                   side.indptr.push_back(static_cast<int64_t>(side.columns.size()));
-                                   side.labels.push_back(unit.positive);
-                                 }));
+  const auto add_example = [&](const Unit& unit, const Entries& row) {
+    LabelledExamples& side = sides[unit.test];
+    for (const auto& [latent, value] : row) {
+      if (column_of[latent] < 0) continue;
+      side.columns.push_back(column_of[latent]);
+      side.values.push_back(value);
+    }
+    side.indptr.push_back(static_cast<int64_t>(side.columns.size()));
+    side.labels.push_back(unit.positive);
+  };
+  RETURN_IF_ERROR(ForEachExample(store, id, rec.meta.width, units, options.pool, add_example));
   for (int side = 0; side < 2; ++side) {
     const int64_t positive = std::count(sides[side].labels.begin(), sides[side].labels.end(), 1);
     (side == 0 ? result.train_positive : result.test_positive) = positive;
@@ -408,38 +443,7 @@ absl::StatusOr<SparseProbeResult> SparseProbe(const ChunkStore& store, uint64_t 
 
   for (int32_t k : ks) {
     const int32_t used = std::min<int32_t>(k, static_cast<int32_t>(result.latents.size()));
-    LogisticFit fitted = FitLogistic(sides[0], used, options.l2);
-    ProbeFit fit;
-    fit.k = k;
-    int64_t train_right = 0;
-    for (int64_t i = 0; i < sides[0].size(); ++i) {
-      const bool said = Logit(sides[0], i, fitted.weights, fitted.intercept) > 0;
-      train_right += said == (sides[0].labels[i] == 1);
-    }
-    int64_t test_right = 0, said_positive = 0, true_positive = 0, true_negative = 0;
-    for (int64_t i = 0; i < sides[1].size(); ++i) {
-      const bool said = Logit(sides[1], i, fitted.weights, fitted.intercept) > 0;
-      const bool truth = sides[1].labels[i] == 1;
-      test_right += said == truth;
-      said_positive += said;
-      true_positive += said && truth;
-      true_negative += !said && !truth;
-    }
-    fit.train_accuracy = static_cast<double>(train_right) / sides[0].size();
-    fit.test_accuracy = static_cast<double>(test_right) / sides[1].size();
-    fit.test_precision = static_cast<double>(true_positive) / std::max<int64_t>(1, said_positive);
-    fit.test_recall =
-        static_cast<double>(true_positive) / std::max<int64_t>(1, result.test_positive);
-    fit.test_balanced_accuracy =
-        (static_cast<double>(true_positive) / std::max<int64_t>(1, result.test_positive) +
-         static_cast<double>(true_negative) / std::max<int64_t>(1, result.test_negative)) /
-        2;
-    fit.test_f1 = true_positive == 0 ? 0.0
-                                     : 2 * fit.test_precision * fit.test_recall /
-                                           (fit.test_precision + fit.test_recall);
-    fit.weights = std::move(fitted.weights);
-    fit.intercept = fitted.intercept;
-    result.fits.push_back(std::move(fit));
+    result.fits.push_back(Score(FitLogistic(sides[0], used, options.l2), k, sides[0], sides[1]));
   }
   return result;
 }
