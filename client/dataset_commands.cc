@@ -135,8 +135,8 @@ absl::StatusOr<size_t> FillRowRanges(const std::string& items, const char* file_
   return ranges.size();
 }
 
-// What ReadNamedRows read: the ranges of each side (after merging), and whether versus rows
-// were given at all.
+// What ReadNamedRows read: the ranges of each side (after merging), whether versus rows were
+// given at all, and whether the items named sequences.
 struct NamedRows {
   size_t ranges = 0;
   size_t versus_ranges = 0;
@@ -181,8 +181,9 @@ absl::StatusOr<NamedRows> ReadNamedRows(Client& client, uint64_t id, absl::strin
       return absl::InvalidArgumentError(
           absl::StrCat("--versus: ", versus_ranges.status().message()));
     }
-    if (*versus_ranges == 0)
+    if (*versus_ranges == 0) {
       return absl::InvalidArgumentError("--versus: no rows to contrast with");
+    }
     named.versus_ranges = *versus_ranges;
   }
   return named;
@@ -839,6 +840,33 @@ int Probe(Client& client, const std::vector<std::string>& args) {
                 chosen.empty() ? "(none fired: the intercept alone)" : chosen.c_str());
   }
   if (!plot.empty()) std::printf("wrote %s\n", plot.c_str());
+  if (!absl::GetFlag(FLAGS_all_hooks)) return 0;
+  // The same labels and split (it depends on the rows and the seed alone) through the other
+  // hooks (and SAEs) over the same rows: where along the model the concept is best read.
+  auto siblings = SiblingDatasets(client, id);
+  if (!siblings.ok()) return StatusError(siblings.status());
+  std::printf("held-out balanced accuracy by hook (the same split):\n%-40s", "DATASET");
+  for (const v1::SparseProbeFit& fit : response.fits()) {
+    std::printf(" %-8s", absl::StrCat("K=", fit.k()).c_str());
+  }
+  std::printf("\n");
+  const auto print_row = [](const std::string& label, const v1::SparseProbeResponse& probe) {
+    std::printf("%-40s", label.c_str());
+    for (const v1::SparseProbeFit& fit : probe.fits()) {
+      std::printf(" %-8.4f", fit.test_balanced_accuracy());
+    }
+    std::printf("\n");
+  };
+  absl::StatusOr<v1::DatasetInfo> info = GetDatasetInfo(client, id);
+  if (!info.ok()) return StatusError(info.status());
+  print_row(DatasetLabel(*info), response);
+  for (const v1::DatasetInfo& d : *siblings) {
+    request.set_dataset_id(d.id());
+    v1::SparseProbeResponse other;
+    status = client.datasets()->SparseProbe(client.Context().get(), request, &other);
+    if (!status.ok()) return RpcError(status);
+    print_row(DatasetLabel(d), other);
+  }
   return 0;
 }
 
