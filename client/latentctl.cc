@@ -249,7 +249,7 @@ datasets:
                                  --sequences: every item names sequences, not rows (documents)
   probe ID ROW|START:COUNT ... --versus=ROW|START:COUNT,... [--rows_file=F] [--versus_file=F]
         [--sequences [--pool=mean|max]] [--ks=1,2,5,10,20] [--select=fraction|mean]
-        [--test_fraction=0.25] [--seed=S] [--l2=1] [--max_rows=N] [--plot=FILE.png]
+        [--test_fraction=0.25] [--seed=S] [--l2=1] [--max_rows=N] [--plot=FILE.png] [--all_hooks]
                                  k-sparse probing (SAEBench's), computed by the daemon: how
                                  well k latents tell the named rows from the --versus rows.
                                  Each side's ranges (pooled: sequences) split into train
@@ -257,7 +257,10 @@ datasets:
                                  regression on the first k fitted per --ks; prints train and
                                  held-out accuracy, precision, recall, F1 and the latents'
                                  weights; --pool: each sequence one example (documents);
-                                 --plot: the metrics against k
+                                 --plot: the metrics against k; --all_hooks: the same
+                                 probe (and split) through every other hook of the
+                                 suite, a line of balanced accuracies each: which layer
+                                 reads the concept best
   export ID PATH [--format=npz|hdf5|parquet|delphi] [--start=R] [--count=N] [--splits=S]
          [--job [--watch|--dry_run] [--after_jobs=..] [--bind=export.dataset_id=JOB:extract.dataset_id]]
                                  server-side, under the export root (parquet: a row a row,

@@ -115,9 +115,9 @@ ABSL_FLAG(int32_t, silent, 0,
           "latent, dashboard, examples: also this many windows where the latent never fires, "
           "drawn at random (reproducibly), to read its examples against");
 ABSL_FLAG(bool, all_hooks, false,
-          "prompt, attribute: also through the other hooks (and SAEs) of the dataset's EXTRACT "
-          "job, and "
-          "other jobs' over the same tokens and model (a suite extracted a job per layer)");
+          "prompt, attribute, probe: also through the other hooks (and SAEs) of the dataset's "
+          "EXTRACT job, and other jobs' over the same tokens and model (a suite extracted a job "
+          "per layer)");
 ABSL_FLAG(uint64_t, in_dataset, 0,
           "cofiring/token/onrows: count the latents of this dataset on the selected rows (another "
           "output of the same EXTRACT job, or a dataset over the same tokens)");

@@ -153,6 +153,25 @@ class ExtractResume(DaemonTestCase):
                 got = json.loads(line)
                 self.assertEqual([int(l["latent"]) for l in got["topLatents"]],
                                  [l.latent for l in want.top_latents])
+            # A probe of where the first hook's latent fires, through both hooks with one split:
+            # a line per hook, each that dataset's own SparseProbe.
+            labelled = os.path.join(self.tmp, "fires.txt")
+            others = os.path.join(self.tmp, "silent.txt")
+            np.savetxt(labelled, rows, fmt="%d")
+            np.savetxt(others, np.setdiff1d(np.arange(total), rows), fmt="%d")
+            probed = daemon.latentctl("probe", str(pairs[0][1]), "--rows_file=" + labelled,
+                                      "--versus_file=" + others, "--ks=1,2",
+                                      "--all_hooks").stdout.splitlines()
+            by_hook = probed[probed.index("held-out balanced accuracy by hook (the same "
+                                          "split):") + 2:]
+            self.assertEqual(len(by_hook), 2)
+            for line, dataset_id in zip(by_hook, (pairs[0][1], pairs[1][1])):
+                want = client.sparse_probe(dataset_id, rows=rows,
+                                           versus_rows=np.setdiff1d(np.arange(total), rows),
+                                           ks=(1, 2))
+                self.assertTrue(line.startswith("dataset %d (" % dataset_id), line)
+                self.assertEqual(line.split()[-2:], ["%.4f" % v
+                                                     for v in want["test_balanced_accuracy"]])
             # A dashboard of the first hook's dataset: each page has the same table for the
             # second hook's dataset, under its name, its latents ranked by F1 (the latent's
             # counterparts there first).
