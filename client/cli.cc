@@ -87,6 +87,11 @@ int StatusError(const absl::Status& status) {
   return kExitRpcError;
 }
 
+int PlotError(const absl::Status& status) {
+  std::fprintf(stderr, "latentctl: --plot: %s\n", std::string(status.message()).c_str());
+  return kExitRpcError;
+}
+
 std::string Time(const google::protobuf::Timestamp& t) {
   if (t.seconds() == 0 && t.nanos() == 0) return "-";
   return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixSeconds(t.seconds()),

@@ -84,6 +84,8 @@ int RpcError(const grpc::Status& status);
 // The same for a failure a helper below returned (GetDatasetInfo, SiblingDatasets: their calls'
 // statuses, FromGrpc).
 int StatusError(const absl::Status& status);
+// Prints why a --plot file was not written ("latentctl: --plot: ..."); returns kExitRpcError.
+int PlotError(const absl::Status& status);
 
 // `t` in local time, "-" for an unset timestamp.
 std::string Time(const google::protobuf::Timestamp& t);

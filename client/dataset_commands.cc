@@ -560,10 +560,7 @@ int Scaling(Client& client, const std::vector<std::string>& args) {
   if (const std::string plot = absl::GetFlag(FLAGS_plot); !plot.empty()) {
     absl::Status written =
         WriteLatentScalingPlot(response, absl::StrCat("dataset ", id, ": latent scaling"), plot);
-    if (!written.ok()) {
-      std::fprintf(stderr, "latentctl: --plot: %s\n", std::string(written.message()).c_str());
-      return kExitRpcError;
-    }
+    if (!written.ok()) return PlotError(written);
     std::printf("wrote %s\n", plot.c_str());
   }
   return 0;
@@ -726,10 +723,7 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
             : WriteDetectorPlot(
                   response, absl::StrCat("dataset ", counted, ": latents as detectors of the rows"),
                   10, plot);
-    if (!written.ok()) {
-      std::fprintf(stderr, "latentctl: --plot: %s\n", std::string(written.message()).c_str());
-      return kExitRpcError;
-    }
+    if (!written.ok()) return PlotError(written);
   }
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", Json(response).c_str());
@@ -804,10 +798,7 @@ int Probe(Client& client, const std::vector<std::string>& args) {
   if (!plot.empty()) {
     absl::Status written =
         WriteSparseProbePlot(response, absl::StrCat("dataset ", id, ": k-sparse probe"), plot);
-    if (!written.ok()) {
-      std::fprintf(stderr, "latentctl: --plot: %s\n", std::string(written.message()).c_str());
-      return kExitRpcError;
-    }
+    if (!written.ok()) return PlotError(written);
   }
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", Json(response).c_str());
@@ -919,10 +910,7 @@ int Latents(Client& client, const std::vector<std::string>& args) {
   if (const std::string plot = absl::GetFlag(FLAGS_plot); !plot.empty()) {
     absl::Status s = WriteDensityHistogramPlot(
         response, absl::StrCat("dataset ", id, ": feature density"), plot);
-    if (!s.ok()) {
-      std::fprintf(stderr, "latentctl: --plot: %s\n", std::string(s.message()).c_str());
-      return kExitRpcError;
-    }
+    if (!s.ok()) return PlotError(s);
     if (!json) std::printf("wrote %s\n", plot.c_str());
   }
   return 0;

@@ -659,10 +659,7 @@ int Telemetry(Client& client, const std::vector<std::string>& args) {
   }
   if (const std::string plot = absl::GetFlag(FLAGS_plot); !plot.empty()) {
     absl::Status s = WriteTelemetryPlot(samples, absl::StrCat("job ", id), plot, part);
-    if (!s.ok()) {
-      std::fprintf(stderr, "latentctl: --plot: %s\n", std::string(s.message()).c_str());
-      return kExitRpcError;
-    }
+    if (!s.ok()) return PlotError(s);
     if (!json) std::printf("wrote %s\n", plot.c_str());
   }
   return 0;
