@@ -18,18 +18,16 @@ The dataset is a real EXTRACT of the X1 reference transformer (docs/EXTRACT.md) 
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
 import time
 
 import numpy as np
 import scipy.sparse
 
+import x1_sparse
 from harness import Daemon
-from latentd.v1 import datasets_pb2, jobs_pb2
+from latentd.v1 import datasets_pb2
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def read_lists(client, dataset_id):
@@ -62,22 +60,11 @@ def main():
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         inputs = os.path.join(tmp, "inputs")
-        subprocess.run([sys.executable, os.path.join(HERE, "..", "scripts", "make_demo_inputs.py"),
-                        inputs, "--sequences", str(args.sequences)], check=True,
-                       stdout=subprocess.DEVNULL)
+        x1_sparse.make_inputs(inputs, args.sequences)
         daemon = Daemon(os.path.join(tmp, "d"), devices="cpu:1").start()
         try:
             client = daemon.client(timeout=600)
-            job = client.wait(client.submit("EXTRACT", {
-                "model": {"reference": {"dModel": 256, "nLayers": 4, "nHeads": 4, "dMlp": 1024,
-                                        "vocabSize": 4096, "contextLength": 128, "seed": 0}},
-                "hookName": "blocks.2.hook_resid_post",
-                "tokens": {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 128},
-                "sae": {"path": os.path.join(inputs, "sae")}, "mode": "SPARSE",
-                "datasetName": "read-bench"}).id)
-            if job.state != jobs_pb2.SUCCEEDED:
-                raise RuntimeError("EXTRACT failed: " + job.message)
-            dataset = job.result.extract.dataset_id
+            dataset = x1_sparse.extract(client, inputs, "read-bench")
             readers = {
                 "lists": lambda: read_lists(client, dataset),
                 "repeated": lambda: client.read_rows(dataset, packed=False),

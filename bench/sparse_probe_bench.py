@@ -13,7 +13,7 @@ run of either), and, pooled by mean, the sequences holding more of them than the
 sequence against those holding fewer (SAEBench's document probe). ks 1, 2, 5, 10, 20.
 
 The dataset is a real EXTRACT of the X1 reference transformer (docs/EXTRACT.md) with a TopK SAE
-(k = 32, d_sae = 4096, fp16), as bench/read_rows_bench.py makes it.
+(k = 32, d_sae = 4096, fp16): bench/x1_sparse.py.
 
     bazel build //server:latentd //client:latentctl //proto:api_py
     PYTHONPATH=bazel-bin/proto/py:client/python:tests/e2e /usr/bin/python3 \\
@@ -22,18 +22,15 @@ The dataset is a real EXTRACT of the X1 reference transformer (docs/EXTRACT.md) 
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
 import time
 
 import numpy as np
 import scipy.sparse
 
+import x1_sparse
 from harness import Daemon
-from latentd.v1 import jobs_pb2
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 KS = (1, 2, 5, 10, 20)
 
 
@@ -140,22 +137,11 @@ def main():
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         inputs = os.path.join(tmp, "inputs")
-        subprocess.run([sys.executable, os.path.join(HERE, "..", "scripts", "make_demo_inputs.py"),
-                        inputs, "--sequences", str(args.sequences)], check=True,
-                       stdout=subprocess.DEVNULL)
+        x1_sparse.make_inputs(inputs, args.sequences)
         daemon = Daemon(os.path.join(tmp, "d"), devices="cpu:1").start()
         try:
             client = daemon.client(timeout=600)
-            job = client.wait(client.submit("EXTRACT", {
-                "model": {"reference": {"dModel": 256, "nLayers": 4, "nHeads": 4, "dMlp": 1024,
-                                        "vocabSize": 4096, "contextLength": 128, "seed": 0}},
-                "hookName": "blocks.2.hook_resid_post",
-                "tokens": {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 128},
-                "sae": {"path": os.path.join(inputs, "sae")}, "mode": "SPARSE",
-                "datasetName": "probe-bench"}).id)
-            if job.state != jobs_pb2.SUCCEEDED:
-                raise RuntimeError("EXTRACT failed: " + job.message)
-            dataset = job.result.extract.dataset_id
+            dataset = x1_sparse.extract(client, inputs, "probe-bench")
             whole, tokens = client.read_rows(dataset)
             # The label: the row holds one of the 8 tokens ranked 9th to 16th by frequency (a
             # made-up "concept" of several tokens, which no one latent marks exactly).

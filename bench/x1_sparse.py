@@ -1,0 +1,32 @@
+"""The SPARSE dataset several benches read: the X1 reference transformer (d 256, 4 layers,
+vocabulary 4096, context 128; docs/EXTRACT.md) over make_demo_inputs.py's Zipf tokens, hook
+blocks.2.hook_resid_post, encoded by its TopK SAE (k = 32, d_sae 4096), stored fp16."""
+
+import os
+import subprocess
+import sys
+
+from latentd.v1 import jobs_pb2
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def make_inputs(directory, sequences):
+    """Writes tokens.npy (`sequences` x 128 ids), the SAE and a vocabulary into `directory`."""
+    subprocess.run([sys.executable, os.path.join(HERE, "..", "scripts", "make_demo_inputs.py"),
+                    directory, "--sequences", str(sequences)], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def extract(client, inputs, name):
+    """EXTRACTs the dataset from make_inputs' `inputs` through `client`; its id."""
+    job = client.wait(client.submit("EXTRACT", {
+        "model": {"reference": {"dModel": 256, "nLayers": 4, "nHeads": 4, "dMlp": 1024,
+                                "vocabSize": 4096, "contextLength": 128, "seed": 0}},
+        "hookName": "blocks.2.hook_resid_post",
+        "tokens": {"path": os.path.join(inputs, "tokens.npy"), "contextLength": 128},
+        "sae": {"path": os.path.join(inputs, "sae")}, "mode": "SPARSE",
+        "datasetName": name}).id)
+    if job.state != jobs_pb2.SUCCEEDED:
+        raise RuntimeError("EXTRACT failed: " + job.message)
+    return job.result.extract.dataset_id
