@@ -539,6 +539,8 @@ absl::Status ChunkStore::DeleteDataset(uint64_t id) {
     for (Family f : kDataFamilies) batch.DeleteRange(db_->handle(f), begin, end);
     const std::string dir = keys::ChunkDirPrefix(id);
     batch.DeleteRange(db_->handle(Family::kMeta), dir, keys::PrefixEnd(dir));
+    const std::string explained = keys::ExplanationPrefix(id);
+    batch.DeleteRange(db_->handle(Family::kMeta), explained, keys::PrefixEnd(explained));
     batch.Delete(db_->handle(Family::kMeta), keys::Watermark(id));
     batch.Delete(db_->handle(Family::kMeta), keys::Fit(id));
     for (const std::string& name : names) {

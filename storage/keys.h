@@ -12,6 +12,8 @@
 //   kMeta         "ds/k" id row_start                  chunk directory: num_rows, nnz
 //   kMeta         "ds/i"                               next dataset id (id_counter.h; stores
 //                                                      written before it: "ds/next")
+//   kMeta         "ds/e" id latent(u32)                a latent's explanation
+//                                                      (latent_explanations.h)
 //   kChunks       id row_start                         encoded chunk (chunk_codec.h): DENSE
 //                                                      datasets, SPARSE ones of format 1-2
 //   kChunks       id part(u16) row_start               SPARSE format 3: header, token ids, latent
@@ -48,6 +50,12 @@ inline std::string ChunkDir(uint64_t id, int64_t row_start) {
   return k;
 }
 inline std::string ChunkDirPrefix(uint64_t id) { return WithId("ds/k", id); }
+inline std::string ExplanationPrefix(uint64_t id) { return WithId("ds/e", id); }
+inline std::string Explanation(uint64_t id, uint32_t latent) {
+  std::string k = ExplanationPrefix(id);
+  AppendBigEndian32(latent, &k);
+  return k;
+}
 // Id counters (id_counter.h): no name key ("ds/n" + name) can equal these.
 inline const char* kDatasetIdCounter = "ds/i";
 inline const char* kLegacyDatasetIdCounter = "ds/next";

@@ -1,0 +1,172 @@
+#include "storage/latent_explanations.h"
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/test_dir.h"
+#include "gtest/gtest.h"
+#include "storage/keys.h"
+
+namespace latentd::storage {
+namespace {
+
+class LatentExplanationsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto db = Db::Open(FreshTestDir("latent_explanations"), DbOptions());
+    ASSERT_TRUE(db.ok()) << db.status();
+    db_ = *std::move(db);
+    store_ = std::make_unique<ChunkStore>(db_.get());
+    id_ = MakeDataset("sae", DatasetKind::kSparse);
+  }
+
+  uint64_t MakeDataset(const std::string& name, DatasetKind kind) {
+    DatasetMeta m;
+    m.name = name;
+    m.kind = kind;
+    m.value_dtype = ValueDtype::kFloat32;
+    m.width = 100;
+    if (kind == DatasetKind::kSparse) m.encoder = "relu";
+    auto id = store_->CreateDataset(m);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return *id;
+  }
+
+  static LatentExplanation Explained(int32_t latent, const std::string& text,
+                                     std::optional<double> score = std::nullopt,
+                                     const std::string& source = "") {
+    LatentExplanation e;
+    e.latent = latent;
+    e.text = text;
+    e.score = score;
+    e.source = source;
+    return e;
+  }
+
+  std::vector<int32_t> Found(absl::string_view query, int32_t limit = 100) {
+    auto found = SearchExplanations(*store_, id_, query, limit);
+    EXPECT_TRUE(found.ok()) << found.status();
+    std::vector<int32_t> latents;
+    if (found.ok()) {
+      for (const LatentExplanation& e : found->explanations) latents.push_back(e.latent);
+    }
+    return latents;
+  }
+
+  std::unique_ptr<Db> db_;
+  std::unique_ptr<ChunkStore> store_;
+  uint64_t id_ = 0;
+};
+
+TEST_F(LatentExplanationsTest, StoredExplanationsComeBackAndReplaceEarlierOnes) {
+  ASSERT_TRUE(PutExplanations(
+                  *store_, id_,
+                  {Explained(3, "French words", 0.8, "delphi"), Explained(40, "closing brackets")},
+                  /*replace_all=*/false)
+                  .ok());
+  auto got = GetExplanation(*store_, id_, 3);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(got->has_value());
+  EXPECT_EQ((*got)->text, "French words");
+  EXPECT_EQ((*got)->score, 0.8);
+  EXPECT_EQ((*got)->source, "delphi");
+  got = GetExplanation(*store_, id_, 40);
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_FALSE((*got)->score.has_value());
+  got = GetExplanation(*store_, id_, 41);
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(got->has_value());
+  // A later explanation of latent 3 replaces its first; 40 keeps its own.
+  ASSERT_TRUE(
+      PutExplanations(*store_, id_, {Explained(3, "French and Spanish words", 0.9)}, false).ok());
+  EXPECT_EQ((*GetExplanation(*store_, id_, 3))->text, "French and Spanish words");
+  EXPECT_TRUE(GetExplanation(*store_, id_, 40)->has_value());
+  // replace_all: the dataset's explanations are the new set alone.
+  ASSERT_TRUE(PutExplanations(*store_, id_, {Explained(7, "digits")}, true).ok());
+  EXPECT_FALSE(GetExplanation(*store_, id_, 3)->has_value());
+  EXPECT_FALSE(GetExplanation(*store_, id_, 40)->has_value());
+  EXPECT_TRUE(GetExplanation(*store_, id_, 7)->has_value());
+}
+
+TEST_F(LatentExplanationsTest, SearchMatchesEveryWordAndRanksByScore) {
+  ASSERT_TRUE(PutExplanations(*store_, id_,
+                              {Explained(1, "French nouns after an article", 0.55),
+                               Explained(2, "the word 'France' and French cities", 0.9),
+                               Explained(5, "french verbs"), Explained(9, "German nouns", 0.7),
+                               Explained(4, "closing parentheses", 0.2, "human rater")},
+                              false)
+                  .ok());
+  // Case aside, anywhere in the text; every word must be there.
+  EXPECT_EQ(Found("FRENCH"), (std::vector<int32_t>{2, 1, 5}));  // scored by score, then unscored
+  EXPECT_EQ(Found("french nouns"), (std::vector<int32_t>{1}));
+  EXPECT_EQ(Found("fren"), (std::vector<int32_t>{2, 1, 5}));
+  EXPECT_EQ(Found("nouns"), (std::vector<int32_t>{9, 1}));
+  EXPECT_EQ(Found("human"), (std::vector<int32_t>{4}));  // the source counts too
+  EXPECT_TRUE(Found("Italian").empty());
+  // An empty query lists every one; limit cuts the list, not the count.
+  auto all = SearchExplanations(*store_, id_, "  ", 2);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->explained, 5);
+  EXPECT_EQ(all->matched, 5);
+  ASSERT_EQ(all->explanations.size(), 2u);
+  EXPECT_EQ(all->explanations[0].latent, 2);
+  EXPECT_EQ(all->explanations[1].latent, 9);
+  for (int32_t limit : {0, kMaxExplanationResults + 1}) {
+    EXPECT_EQ(SearchExplanations(*store_, id_, "", limit).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST_F(LatentExplanationsTest, BadExplanationsAreRefusedAndNothingOfTheirPutIsStored) {
+  const auto refused = [&](const std::vector<LatentExplanation>& put, const std::string& says) {
+    const absl::Status s = PutExplanations(*store_, id_, put, false);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(says), std::string::npos) << s;
+  };
+  refused({Explained(1, "fine"), Explained(100, "past the width")},
+          "explanations[1].latent: 100 outside [0, 100)");
+  refused({Explained(-1, "negative")}, "explanations[0].latent");
+  refused({Explained(1, "a"), Explained(1, "b")}, "explanations[1].latent: 1 is given twice");
+  refused({Explained(1, "")}, "explanations[0].text: 0 bytes");
+  refused({Explained(1, std::string(kMaxExplanationBytes + 1, 'x'))}, "explanations[0].text");
+  refused({Explained(1, "x", std::nullopt, std::string(kMaxExplanationSourceBytes + 1, 's'))},
+          "explanations[0].source");
+  refused({Explained(1, "x", std::numeric_limits<double>::quiet_NaN())}, "explanations[0].score");
+  // The good first entry of each refused call was not stored either.
+  EXPECT_FALSE(GetExplanation(*store_, id_, 1)->has_value());
+  EXPECT_EQ(GetExplanation(*store_, id_, 100).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PutExplanations(*store_, id_ + 50, {Explained(1, "x")}, false).code(),
+            absl::StatusCode::kNotFound);
+  const uint64_t dense = MakeDataset("dense", DatasetKind::kDense);
+  EXPECT_EQ(PutExplanations(*store_, dense, {Explained(1, "x")}, false).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(SearchExplanations(*store_, dense, "", 10).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(LatentExplanationsTest, ADamagedValueIsDataLossNamingTheLatent) {
+  ASSERT_TRUE(PutExplanations(*store_, id_, {Explained(12, "quotes")}, false).ok());
+  ASSERT_TRUE(db_->Put(Family::kMeta, keys::Explanation(id_, 12), "\x01\x01", true).ok());
+  auto got = GetExplanation(*store_, id_, 12);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(got.status().message().find("latent 12 of dataset"), std::string::npos);
+  EXPECT_EQ(SearchExplanations(*store_, id_, "", 10).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(LatentExplanationsTest, DeletingTheDatasetDeletesItsExplanations) {
+  const uint64_t other = MakeDataset("other", DatasetKind::kSparse);
+  ASSERT_TRUE(PutExplanations(*store_, id_, {Explained(1, "a"), Explained(2, "b")}, false).ok());
+  ASSERT_TRUE(PutExplanations(*store_, other, {Explained(1, "kept")}, false).ok());
+  ASSERT_TRUE(store_->DeleteDataset(id_).ok());
+  const std::string prefix = keys::ExplanationPrefix(id_);
+  auto it = db_->NewIterator(Family::kMeta);
+  it->Seek(prefix);
+  EXPECT_FALSE(it->Valid() && it->key().starts_with(prefix)) << "an explanation outlived it";
+  EXPECT_EQ((*GetExplanation(*store_, other, 1))->text, "kept");
+}
+
+}  // namespace
+}  // namespace latentd::storage
