@@ -16,6 +16,7 @@
 #include "server/dataset_deletion.h"
 #include "server/export_request.h"
 #include "server/grpc_status.h"
+#include "storage/latent_explanations.h"
 #include "storage/latent_overview.h"
 #include "storage/latents_on_rows.h"
 #include "storage/sparse_probe.h"
@@ -143,6 +144,13 @@ void FillPiece(const storage::CsrRows& rows, int64_t r, int64_t stop, const Piec
   }
   packed->mutable_token_ids()->assign(reinterpret_cast<const char*>(rows.token_ids.data() + r),
                                       (stop - r) * sizeof(int32_t));
+}
+
+void ToProto(const storage::LatentExplanation& e, latentd::v1::LatentExplanation* out) {
+  out->set_latent(e.latent);
+  out->set_text(e.text);
+  if (e.score.has_value()) out->set_score(*e.score);
+  out->set_source(e.source);
 }
 
 void ToProto(const storage::TopActivationContext& t, latentd::v1::TopActivation* out) {
@@ -411,6 +419,9 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
     out_interval->set_count(interval.count);
     for (const auto& t : interval.samples) ToProto(t, out_interval->add_samples());
   }
+  auto explanation = storage::GetExplanation(*store_, request->dataset_id(), request->latent());
+  if (!explanation.ok()) return ToGrpcStatus(explanation.status());
+  if (explanation->has_value()) ToProto(**explanation, response->mutable_explanation());
   // Tokens and positions from one read of the latent's firings.
   auto profile = storage::ProfileLatent(*store_, request->dataset_id(), request->latent(),
                                         request->top_tokens(), request->positions());
@@ -624,6 +635,44 @@ grpc::Status DatasetsService::SparseProbe(grpc::ServerContext* context,
       range->set_start(span.start);
       range->set_count(span.count);
     }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status DatasetsService::SetExplanations(grpc::ServerContext* context,
+                                              const latentd::v1::SetExplanationsRequest* request,
+                                              latentd::v1::SetExplanationsResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  std::vector<storage::LatentExplanation> explanations;
+  explanations.reserve(request->explanations_size());
+  for (const latentd::v1::LatentExplanation& e : request->explanations()) {
+    storage::LatentExplanation& out = explanations.emplace_back();
+    out.latent = e.latent();
+    out.text = e.text();
+    if (e.has_score()) out.score = e.score();
+    out.source = e.source();
+  }
+  absl::Status stored = storage::PutExplanations(*store_, request->dataset_id(), explanations,
+                                                 request->replace_all());
+  if (!stored.ok()) return ToGrpcStatus(stored);
+  auto all = storage::SearchExplanations(*store_, request->dataset_id(), "", 1);
+  if (!all.ok()) return ToGrpcStatus(all.status());
+  response->set_stored(static_cast<int32_t>(explanations.size()));
+  response->set_explained(all->explained);
+  return grpc::Status::OK;
+}
+
+grpc::Status DatasetsService::SearchExplanations(
+    grpc::ServerContext* context, const latentd::v1::SearchExplanationsRequest* request,
+    latentd::v1::SearchExplanationsResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  auto found = storage::SearchExplanations(*store_, request->dataset_id(), request->query(),
+                                           request->limit() != 0 ? request->limit() : 20);
+  if (!found.ok()) return ToGrpcStatus(found.status());
+  response->set_explained(found->explained);
+  response->set_matched(found->matched);
+  for (const storage::LatentExplanation& e : found->explanations) {
+    ToProto(e, response->add_explanations());
   }
   return grpc::Status::OK;
 }

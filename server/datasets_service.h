@@ -65,6 +65,12 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
   grpc::Status SparseProbe(grpc::ServerContext* context,
                            const latentd::v1::SparseProbeRequest* request,
                            latentd::v1::SparseProbeResponse* response) override;
+  grpc::Status SetExplanations(grpc::ServerContext* context,
+                               const latentd::v1::SetExplanationsRequest* request,
+                               latentd::v1::SetExplanationsResponse* response) override;
+  grpc::Status SearchExplanations(grpc::ServerContext* context,
+                                  const latentd::v1::SearchExplanationsRequest* request,
+                                  latentd::v1::SearchExplanationsResponse* response) override;
   grpc::Status GetLatentWeights(grpc::ServerContext* context,
                                 const latentd::v1::GetLatentWeightsRequest* request,
                                 latentd::v1::GetLatentWeightsResponse* response) override;

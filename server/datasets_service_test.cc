@@ -398,6 +398,85 @@ TEST_F(DatasetsServiceTest, LatentsOnRowsConvertsEachSelection) {
   EXPECT_NE(s.error_message().find("max_rows"), std::string::npos);
 }
 
+TEST_F(DatasetsServiceTest, ExplanationsAreStoredSearchedAndShownWithTheLatent) {
+  const uint64_t id = MakeDataset("explained", 64, 64);
+  latentd::v1::SetExplanationsRequest set;
+  set.set_dataset_id(id);
+  auto add = [&](int32_t latent, const std::string& text, std::optional<double> score) {
+    latentd::v1::LatentExplanation* e = set.add_explanations();
+    e->set_latent(latent);
+    e->set_text(text);
+    if (score) e->set_score(*score);
+    e->set_source("delphi");
+  };
+  add(5, "French words", 0.75);
+  add(9, "French cities", std::nullopt);
+  add(11, "brackets", 0.5);
+  latentd::v1::SetExplanationsResponse stored;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->SetExplanations(&ctx, set, &stored);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  EXPECT_EQ(stored.stored(), 3);
+  EXPECT_EQ(stored.explained(), 3);
+  // GetLatent carries the latent's explanation, score and source; none for another latent.
+  latentd::v1::GetLatentRequest get;
+  get.set_dataset_id(id);
+  get.set_latent(5);
+  latentd::v1::GetLatentResponse latent;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->GetLatent(&ctx, get, &latent).ok());
+  }
+  ASSERT_TRUE(latent.has_explanation());
+  EXPECT_EQ(latent.explanation().text(), "French words");
+  EXPECT_EQ(latent.explanation().score(), 0.75);
+  EXPECT_EQ(latent.explanation().source(), "delphi");
+  get.set_latent(6);
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->GetLatent(&ctx, get, &latent).ok());
+  }
+  EXPECT_FALSE(latent.has_explanation());
+  // Search: scored first; the unscored match keeps no score.
+  latentd::v1::SearchExplanationsRequest search;
+  search.set_dataset_id(id);
+  search.set_query("french");
+  latentd::v1::SearchExplanationsResponse found;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->SearchExplanations(&ctx, search, &found).ok());
+  }
+  EXPECT_EQ(found.explained(), 3);
+  EXPECT_EQ(found.matched(), 2);
+  ASSERT_EQ(found.explanations_size(), 2);
+  EXPECT_EQ(found.explanations(0).latent(), 5);
+  EXPECT_EQ(found.explanations(1).latent(), 9);
+  EXPECT_FALSE(found.explanations(1).has_score());
+  // A refused set names the entry and stores none of it.
+  set.set_replace_all(true);
+  set.mutable_explanations(1)->set_latent(64);
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->SetExplanations(&ctx, set, &stored);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("explanations[1].latent: 64"), std::string::npos);
+  }
+  search.clear_query();
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->SearchExplanations(&ctx, search, &found).ok());
+  }
+  EXPECT_EQ(found.matched(), 3);
+  search.set_limit(-1);
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(stub_->SearchExplanations(&ctx, search, &found).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+}
+
 TEST_F(DatasetsServiceTest, SparseProbeConvertsTheRequestAndTheAnswer) {
   const uint64_t id = MakeDataset("probe", 1024, 64);  // 8 sequences of 128 rows
   auto call = [&](const latentd::v1::SparseProbeRequest& req,
