@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/cli.h"
+#include "client/explanation_files.h"
 #include "client/job_commands.h"
 #include "client/latent_view.h"
 #include "client/latentctl_flags.h"
@@ -592,6 +594,9 @@ int Latent(Client& client, const std::vector<std::string>& args) {
   std::printf("latent %d: fires %lld times (density %.5f), mean %.4g, std %.4g, max %.4g\n",
               s.latent(), static_cast<long long>(s.firing_count()), s.density(), s.mean(),
               s.stddev(), s.max());
+  if (response.has_explanation()) {
+    std::printf("explanation: %s\n", ExplanationLine(response.explanation()).c_str());
+  }
   if (s.histogram_size() > 0) {
     const int64_t peak = *std::max_element(s.histogram().begin(), s.histogram().end());
     std::printf("histogram of nonzero values [%.3g, %.3g]:\n", s.histogram_min(),
@@ -756,6 +761,73 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
                 l.f1());
   }
   if (!plot.empty()) std::printf("wrote %s\n", plot.c_str());
+  return 0;
+}
+
+int Explain(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id) || args.size() != 3) {
+    return Usage("explain needs a dataset id and a file, a directory, or a latent with --text");
+  }
+  v1::SetExplanationsRequest request;
+  request.set_dataset_id(id);
+  request.set_replace_all(absl::GetFlag(FLAGS_replace_all));
+  const std::string source = absl::GetFlag(FLAGS_source);
+  if (int32_t latent = 0; absl::SimpleAtoi(args[2], &latent)) {
+    // One explanation, written by hand.
+    const std::string text = absl::GetFlag(FLAGS_text);
+    if (text.empty()) return Usage("explain ID J: give the explanation with --text");
+    v1::LatentExplanation* e = request.add_explanations();
+    e->set_latent(latent);
+    e->set_text(text);
+    if (const double score = absl::GetFlag(FLAGS_score); !std::isnan(score)) e->set_score(score);
+    e->set_source(source.empty() ? "human" : source);
+  } else {
+    const bool delphi = std::filesystem::is_directory(args[2]);
+    absl::StatusOr<std::vector<v1::LatentExplanation>> read =
+        ReadExplanations(args[2], source.empty() && delphi ? "delphi" : source);
+    if (!read.ok()) return Usage(std::string(read.status().message()));
+    request.mutable_explanations()->Assign(read->begin(), read->end());
+  }
+  v1::SetExplanationsResponse response;
+  grpc::Status status =
+      client.datasets()->SetExplanations(client.Context().get(), request, &response);
+  if (!status.ok()) return RpcError(status);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(response).c_str());
+    return 0;
+  }
+  std::printf("dataset %llu: stored %d %s; %lld latents explained\n",
+              static_cast<unsigned long long>(id), response.stored(),
+              response.stored() == 1 ? "explanation" : "explanations",
+              static_cast<long long>(response.explained()));
+  return 0;
+}
+
+int Search(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id)) return Usage("search needs a dataset id (and words to look for)");
+  v1::SearchExplanationsRequest request;
+  request.set_dataset_id(id);
+  request.set_query(absl::StrJoin(args.begin() + 2, args.end(), " "));
+  request.set_limit(absl::GetFlag(FLAGS_limit));
+  v1::SearchExplanationsResponse response;
+  grpc::Status status =
+      client.datasets()->SearchExplanations(client.Context().get(), request, &response);
+  if (!status.ok()) return RpcError(status);
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(response).c_str());
+    return 0;
+  }
+  std::printf("dataset %llu: %lld of %lld explanations match \"%s\"\n",
+              static_cast<unsigned long long>(id), static_cast<long long>(response.matched()),
+              static_cast<long long>(response.explained()), request.query().c_str());
+  std::printf("%-8s %-7s %-12s %s\n", "LATENT", "SCORE", "SOURCE", "EXPLANATION");
+  for (const v1::LatentExplanation& e : response.explanations()) {
+    std::printf("%-8d %-7s %-12s %s\n", e.latent(),
+                e.has_score() ? absl::StrFormat("%.3g", e.score()).c_str() : "-",
+                e.source().c_str(), e.text().c_str());
+  }
   return 0;
 }
 
@@ -1095,6 +1167,16 @@ int Dashboard(Client& client, const std::vector<std::string>& args) {
                          &top_tokens,
                          vocab ? &*vocab : nullptr,
                          &info.fit()};
+  // What was written about the latents: a column of the index when anything was.
+  v1::SearchExplanationsRequest search;
+  search.set_dataset_id(id);
+  search.set_limit(10000);
+  v1::SearchExplanationsResponse explained;
+  status = client.datasets()->SearchExplanations(client.Context().get(), search, &explained);
+  if (!status.ok()) return RpcError(status);
+  std::map<int32_t, v1::LatentExplanation> explanations;
+  for (const v1::LatentExplanation& e : explained.explanations()) explanations[e.latent()] = e;
+  if (!explanations.empty()) index.explanations = &explanations;
   if (!WriteFile(dir / "index.html", LatentIndexHtml(overview, index))) return kExitRpcError;
   std::printf("wrote %s with %d latent pages\n", (dir / "index.html").c_str(), total);
   return 0;

@@ -57,6 +57,14 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by);
 // makes each sequence one example; --plot draws the metrics against k.
 int Probe(Client& client, const std::vector<std::string>& args);
 
+// latentctl explain ID FILE|DIR, or ID J --text=...: stores explanations of latents
+// (SetExplanations) from JSON Lines, delphi's explanations directory, or the command line.
+int Explain(Client& client, const std::vector<std::string>& args);
+
+// latentctl search ID WORDS...: the latents whose explanations hold every word
+// (SearchExplanations), scored first.
+int Search(Client& client, const std::vector<std::string>& args);
+
 // latentctl weights ID J: what a latent's weights say: its nearest decoder directions and the
 // tokens its decoder direction raises and lowers most (GetLatentWeights).
 int Weights(Client& client, const std::vector<std::string>& args);

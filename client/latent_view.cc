@@ -288,12 +288,24 @@ std::string ContextLine(const v1::TopActivation& example, const Vocabulary* voca
   return line;
 }
 
+std::string ExplanationLine(const v1::LatentExplanation& explanation) {
+  std::vector<std::string> about;
+  if (explanation.has_score()) about.push_back(absl::StrFormat("score %.3g", explanation.score()));
+  if (!explanation.source().empty()) about.push_back(explanation.source());
+  return about.empty() ? explanation.text()
+                       : absl::StrCat(explanation.text(), " (", absl::StrJoin(about, ", "), ")");
+}
+
 std::string LatentHtml(const v1::GetLatentResponse& response, const LatentPageOptions& options) {
   const v1::LatentStatistics& s = response.statistics();
   std::string html =
       PageHead(absl::StrFormat("dataset %d latent %d", options.dataset_id, s.latent()));
   absl::StrAppendFormat(&html, "<h1>Dataset %d &middot; latent %d</h1>\n", options.dataset_id,
                         s.latent());
+  if (response.has_explanation()) {
+    absl::StrAppendFormat(&html, "<p class=\"explanation\"><b>%s</b></p>\n",
+                          HtmlEscape(ExplanationLine(response.explanation())));
+  }
   absl::StrAppendFormat(&html,
                         "<p>fires %d times (density %.5f); mean %.4g, std %.4g, max %.4g</p>\n",
                         s.firing_count(), s.density(), s.mean(), s.stddev(), s.max());
@@ -991,7 +1003,8 @@ std::string LatentIndexHtml(const v1::ListLatentsResponse& overview,
       "<h2>%s</h2>\n<table><tr><th>latent</th><th>firings</th><th>density</th>"
       "<th>mean</th><th>max</th>%s</tr>\n",
       HtmlEscape(options.heading),
-      options.top_tokens != nullptr ? "<th class=\"ctx\">fires most on</th>" : "");
+      absl::StrCat(options.top_tokens != nullptr ? "<th class=\"ctx\">fires most on</th>" : "",
+                   options.explanations != nullptr ? "<th>explanation</th>" : ""));
   for (const v1::LatentSummary& l : overview.latents()) {
     absl::StrAppendFormat(&html,
                           "<tr><td>%s</td><td>%d</td><td>%.4g</td><td>%.4g</td><td>%.4g</td>",
@@ -1010,6 +1023,12 @@ std::string LatentIndexHtml(const v1::ListLatentsResponse& overview,
         }
       }
       absl::StrAppendFormat(&html, "<td class=\"ctx\">%s</td>", absl::StrJoin(shown, ", "));
+    }
+    if (options.explanations != nullptr) {
+      const auto it = options.explanations->find(l.latent());
+      absl::StrAppendFormat(
+          &html, "<td>%s</td>",
+          it == options.explanations->end() ? "" : HtmlEscape(ExplanationLine(it->second)));
     }
     html += "</tr>\n";
   }

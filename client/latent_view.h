@@ -60,6 +60,10 @@ struct LatentPageOptions {
 // tooltip the row, id and value.
 std::string LatentHtml(const v1::GetLatentResponse& response, const LatentPageOptions& options);
 
+// An explanation as one line: its text, then its score and source when it has them: `French
+// words (score 0.8, delphi)`.
+std::string ExplanationLine(const v1::LatentExplanation& explanation);
+
 // A crosscoder latent's decoder by source (GetLatentWeightsResponse.decoder_by_source), a line
 // each: "source 1 blocks.1.hook_resid_post  |W_dec| 1.41  share 0.92 ##################   cos
 // with source 0 0.050" (the bar is the share, 20 characters at 1). Empty for other SAEs.
@@ -124,6 +128,9 @@ struct IndexPageOptions {
   // How well the SAE reconstructs the rows (DatasetInfo.fit), under the heading; null or no
   // rows: not shown.
   const v1::SaeFit* fit = nullptr;
+  // Per latent, what was written about it (SearchExplanations), in a column after the tokens;
+  // null: no column.
+  const std::map<int32_t, v1::LatentExplanation>* explanations = nullptr;
 };
 
 // A dashboard's index page: rows, dead latents, the SAE's fit, the log10 feature-density

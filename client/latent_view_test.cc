@@ -369,6 +369,46 @@ TEST(LatentViewTest, DashboardPagesLinkToEachOther) {
   EXPECT_EQ(LatentPageName(42), "latent-42.html");
 }
 
+// What was written about a latent: a line under the page's title, and a column of the index.
+TEST(LatentViewTest, ExplanationsStandOnThePageAndInTheIndex) {
+  v1::LatentExplanation e;
+  e.set_latent(5);
+  e.set_text("<b>French</b> words");
+  EXPECT_EQ(ExplanationLine(e), "<b>French</b> words");
+  e.set_source("delphi");
+  EXPECT_EQ(ExplanationLine(e), "<b>French</b> words (delphi)");
+  e.set_score(0.8125);
+  EXPECT_EQ(ExplanationLine(e), "<b>French</b> words (score 0.812, delphi)");
+
+  v1::GetLatentResponse response;
+  response.mutable_statistics()->set_latent(5);
+  LatentPageOptions options;
+  options.dataset_id = 3;
+  EXPECT_EQ(LatentHtml(response, options).find("class=\"explanation\""), std::string::npos);
+  *response.mutable_explanation() = e;
+  const std::string page = LatentHtml(response, options);
+  const size_t title = page.find("<h1>");
+  const size_t line = page.find(
+      "<p class=\"explanation\"><b>&lt;b&gt;French&lt;/b&gt; words (score 0.812, delphi)</b></p>");
+  ASSERT_NE(line, std::string::npos) << page;
+  EXPECT_LT(title, line);
+
+  v1::ListLatentsResponse overview;
+  overview.set_rows(10);
+  overview.set_d_sae(8);
+  for (int32_t l : {5, 0}) overview.add_latents()->set_latent(l);
+  std::map<int32_t, v1::LatentExplanation> explanations = {{5, e}};
+  IndexPageOptions index{3, "two", false};
+  EXPECT_EQ(LatentIndexHtml(overview, index).find("<th>explanation</th>"), std::string::npos);
+  index.explanations = &explanations;
+  const std::string html = LatentIndexHtml(overview, index);
+  EXPECT_NE(html.find("<th>explanation</th>"), std::string::npos);
+  EXPECT_NE(html.find("<td>&lt;b&gt;French&lt;/b&gt; words (score 0.812, delphi)</td></tr>"),
+            std::string::npos)
+      << html;
+  EXPECT_NE(html.find("<td></td></tr>"), std::string::npos);  // latent 0 has none
+}
+
 // One JSON line per latent for auto-interpretation: everything the answer holds, token texts
 // exactly as the vocabulary has them (a newline stays a newline), silent windows included.
 TEST(LatentViewTest, ExamplesAreOneJsonLineWithTheTokensText) {

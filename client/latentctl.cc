@@ -261,6 +261,15 @@ datasets:
                                  probe (and split) through every other hook of the
                                  suite, a line of balanced accuracies each: which layer
                                  reads the concept best
+  explain ID FILE.jsonl|DIR [--source=S] [--replace_all]
+  explain ID J --text="..." [--score=X] [--source=S]
+                                 store what latents stand for: JSON Lines ({"latent": 12,
+                                 "text": "French words", "score": 0.8, "source": "delphi"}),
+                                 delphi's explanations directory (<module>_latent<J>.txt),
+                                 or one written by hand; shown by latent, dashboard pages
+                                 and the index; deleted with the dataset
+  search ID WORDS... [--limit=N]  the latents whose explanations hold every word (any case,
+                                 "fren" finds French), scored ones first
   export ID PATH [--format=npz|hdf5|parquet|delphi] [--start=R] [--count=N] [--splits=S]
          [--job [--watch|--dry_run] [--after_jobs=..] [--bind=export.dataset_id=JOB:extract.dataset_id]]
                                  server-side, under the export root (parquet: a row a row,
@@ -314,6 +323,8 @@ int Run(const std::vector<std::string>& args) {
   if (command == "token") return OnRows(client, args, RowsBy::kToken);
   if (command == "onrows") return OnRows(client, args, RowsBy::kRanges);
   if (command == "probe") return Probe(client, args);
+  if (command == "explain") return Explain(client, args);
+  if (command == "search") return Search(client, args);
   if (command == "export") return Export(client, args);
   if (command == "delete-dataset") return DeleteDataset(client, args);
   if (command == "artifacts") return Artifacts(client);

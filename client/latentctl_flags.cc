@@ -1,6 +1,8 @@
 // latentctl's flags: their defaults and help texts (declared in latentctl_flags.h).
 #include "client/latentctl_flags.h"
 
+#include <limits>
+
 #include "absl/flags/flag.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "latentd address");
@@ -145,7 +147,7 @@ ABSL_FLAG(
     "rows");
 ABSL_FLAG(std::string, text, "",
           "prompt: the prompt as text, tokenized with --vocab=tokenizer.json (instead of token "
-          "ids)");
+          "ids); explain ID J: the explanation of latent J");
 ABSL_FLAG(std::string, out, "", "tokenize: the .npy token stream to write");
 ABSL_FLAG(std::string, separator, "",
           "tokenize: a token appended after each document (an id, or its text: \"<|endoftext|>\")");
@@ -177,6 +179,13 @@ ABSL_FLAG(std::string, more_interventions, "",
 ABSL_FLAG(int, new_tokens, 20, "steer: tokens each run generates after the prompt");
 ABSL_FLAG(float, temperature, 0, "steer: 0 greedy; > 0 sampled (the same draws for both runs)");
 ABSL_FLAG(uint64_t, seed, 0, "steer: the sampling seed; probe: the train/test split's seed");
+ABSL_FLAG(std::string, source, "",
+          "explain: who wrote the explanations (\"human\", a model's name), where they name none "
+          "(default: human for --text, delphi for a delphi directory)");
+ABSL_FLAG(double, score, std::numeric_limits<double>::quiet_NaN(),
+          "explain --text: the explanation's score (none by default)");
+ABSL_FLAG(bool, replace_all, false,
+          "explain: the dataset's earlier explanations are removed (in the same write)");
 ABSL_FLAG(std::string, ks, "1,2,5,10,20", "probe: the probe sizes (latents read), comma-separated");
 ABSL_FLAG(double, test_fraction, 0.25,
           "probe: the share of each class's ranges (or, pooled, sequences) held out");
