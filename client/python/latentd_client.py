@@ -537,6 +537,35 @@ class Client:
             raise ValueError("sequences: dataset %d has no sequences" % dataset_id)
         return context_length
 
+    def set_explanations(self, dataset_id, explanations, source="", replace_all=False):
+        """Stores what latents stand for (auto-interpretation's output, or your own notes): a
+        dict {latent: text}, or dicts with latent, text and optionally score and source (delphi's
+        records name the text "explanation", taken too). `source` fills those that name none;
+        replace_all removes the dataset's earlier explanations in the same write. All or none is
+        stored (grpc.RpcError INVALID_ARGUMENT naming explanations[i] otherwise); get_latent then
+        carries each latent's, and dashboards show them. The response: stored, explained."""
+        items = ([{"latent": l, "text": t} for l, t in explanations.items()]
+                 if isinstance(explanations, dict) else explanations)
+        request = datasets_pb2.SetExplanationsRequest(dataset_id=dataset_id,
+                                                      replace_all=replace_all)
+        for item in items:
+            e = request.explanations.add(latent=int(item["latent"]),
+                                         text=item.get("text", item.get("explanation", "")),
+                                         source=item.get("source") or source)
+            if item.get("score") is not None:
+                e.score = float(item["score"])
+        return self.datasets.SetExplanations(request, metadata=self.metadata,
+                                             timeout=self.timeout)
+
+    def search_explanations(self, dataset_id, query="", limit=20):
+        """The latents whose explanations hold every word of `query` (any case, anywhere:
+        "fren" finds "French"; empty: all), scored ones first by score, then by latent. The
+        response: explained, matched, explanations (latent, text, score when set, source)."""
+        request = datasets_pb2.SearchExplanationsRequest(dataset_id=dataset_id, query=query,
+                                                         limit=limit)
+        return self.datasets.SearchExplanations(request, metadata=self.metadata,
+                                                timeout=self.timeout)
+
     def latent_weights(self, dataset_id, latent, top_n=10, unembedding=""):
         """What the latent's weights say, from the SAE and model that made the dataset (no rows):
         neighbors (the top_n latents with the nearest decoder directions: latent, cosine),

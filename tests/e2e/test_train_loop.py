@@ -533,8 +533,40 @@ class TrainLoop(DaemonTestCase):
         self.assertIn("fires most on: <code>%s</code>" % text(on[0].token_id).replace(
             "'", "&#x27;"), shown_html)
         self.assertIn(">%s</span>" % text(first.token_id).replace("'", "&#x27;"), shown_html)
+        # Explanations: delphi's directory for the two most frequent latents, one by hand, and a
+        # note from Python; searched by word, carried by GetLatent and latentctl latent.
+        delphi_dir = os.path.join(self.tmp, "explanations")
+        os.makedirs(delphi_dir)
+        first_two = [l.latent for l in glance.latents[:2]]
+        for j, words in zip(first_two, ("French words", "closing brackets")):
+            with open(os.path.join(delphi_dir, "blocks.1_latent%d.txt" % j), "w") as f:
+                json.dump(words, f)
+        stored = daemon.latentctl("explain", str(dataset), delphi_dir).stdout
+        self.assertEqual(stored.strip(), "dataset %d: stored 2 explanations; 2 latents "
+                         "explained" % dataset)
+        daemon.latentctl("explain", str(dataset), str(glance.latents[2].latent),
+                         "--text=French cities", "--score=0.9")
+        c.set_explanations(dataset, [{"latent": glance.latents[3].latent,
+                                      "explanation": "nothing French", "score": 0.25}],
+                           source="notebook")
+        found = daemon.latentctl("search", str(dataset), "french").stdout.splitlines()
+        self.assertEqual(found[0], 'dataset %d: 3 of 4 explanations match "french"' % dataset)
+        self.assertEqual([int(line.split()[0]) for line in found[2:]],
+                         [glance.latents[2].latent, glance.latents[3].latent, first_two[0]])
+        self.assertEqual(found[2].split(None, 3)[1:], ["0.9", "human", "French cities"])
+        searched = c.search_explanations(dataset, "FRENCH words")
+        self.assertEqual([(e.latent, e.text, e.source) for e in searched.explanations],
+                         [(first_two[0], "French words", "delphi")])
+        self.assertEqual(c.get_latent(dataset, first_two[1]).explanation.text,
+                         "closing brackets")
+        self.assertIn("explanation: French cities (score 0.9, human)",
+                      daemon.latentctl("latent", str(dataset),
+                                       str(glance.latents[2].latent)).stdout)
+        refused = daemon.latentctl("explain", str(dataset), "999999", "--text=x", check=False)
+        self.assertEqual(refused.returncode, 1)
+        self.assertIn("INVALID_ARGUMENT: explanations[0].latent: 999999", refused.stderr)
         # A dashboard: index.html links the listed latents' pages, each with its examples, its
-        # interval samples and the latents it fires with.
+        # interval samples and the latents it fires with (and what was written about them).
         board = os.path.join(self.tmp, "board")
         made = daemon.latentctl("dashboard", str(dataset), board, "--order=frequent", "--limit=4",
                                 "--intervals=3", "--vocab=" + vocab_path).stdout
@@ -543,6 +575,10 @@ class TrainLoop(DaemonTestCase):
             index = f.read()
         linked = re.findall(r'<a href="(latent-\d+\.html)">', index)
         self.assertEqual(linked, ["latent-%d.html" % l.latent for l in glance.latents[:4]])
+        self.assertIn("<td>French words (delphi)</td></tr>", index)
+        with open(os.path.join(board, linked[2]), encoding="utf-8") as f:
+            self.assertIn('<p class="explanation"><b>French cities (score 0.9, human)</b></p>',
+                          f.read())
         for name in linked:
             with open(os.path.join(board, name), encoding="utf-8") as f:
                 page = f.read()
