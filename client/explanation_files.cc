@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
 #include <regex>
 
 #include "absl/strings/ascii.h"
@@ -10,31 +12,39 @@
 #include "absl/strings/str_split.h"
 #include "common/read_file.h"
 #include "common/status_macros.h"
-#include "google/protobuf/util/json_util.h"
 
 namespace latentd::client {
 namespace {
 
 namespace fs = std::filesystem;
 
-// One JSON Lines object as an explanation ("explanation" read as "text").
+// One JSON Lines object as an explanation ("explanation" read as "text"; other fields ignored).
 absl::StatusOr<v1::LatentExplanation> ParseLine(absl::string_view line) {
-  google::protobuf::util::JsonParseOptions options;
-  options.ignore_unknown_fields = true;
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("not a JSON object");
   v1::LatentExplanation e;
-  auto parsed = google::protobuf::util::JsonStringToMessage(std::string(line), &e, options);
-  if (!parsed.ok()) return absl::InvalidArgumentError(std::string(parsed.message()));
-  if (e.text().empty()) {
-    // Records that call it "explanation": the same object with that key renamed.
-    static constexpr absl::string_view kKey = "\"explanation\"";
-    if (const size_t at = line.find(kKey); at != absl::string_view::npos) {
-      std::string renamed(line);
-      renamed.replace(at, kKey.size(), "\"text\"");
-      v1::LatentExplanation alias;
-      if (google::protobuf::util::JsonStringToMessage(renamed, &alias, options).ok()) {
-        e.set_text(alias.text());
-      }
+  const auto latent = j.find("latent");
+  if (latent == j.end() || !latent->is_number_integer() || *latent < 0 ||
+      *latent > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError("\"latent\" is not a latent index");
+  }
+  e.set_latent(latent->get<int32_t>());
+  for (const char* key : {"text", "explanation"}) {
+    const auto text = j.find(key);
+    if (text == j.end()) continue;
+    if (!text->is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" is not a string"));
     }
+    e.set_text(text->get<std::string>());
+    break;
+  }
+  if (const auto score = j.find("score"); score != j.end() && !score->is_null()) {
+    if (!score->is_number()) return absl::InvalidArgumentError("\"score\" is not a number");
+    e.set_score(score->get<double>());
+  }
+  if (const auto source = j.find("source"); source != j.end() && !source->is_null()) {
+    if (!source->is_string()) return absl::InvalidArgumentError("\"source\" is not a string");
+    e.set_source(source->get<std::string>());
   }
   return e;
 }
@@ -71,14 +81,12 @@ absl::StatusOr<std::vector<v1::LatentExplanation>> ReadDelphiDirectory(const std
           absl::StrCat(entry.path().string(), ": latent ", match[1].str(), " is out of range"));
     }
     ASSIGN_OR_RETURN(const std::string content, ReadFileToString(entry.path().string()));
-    // The file holds a JSON string: read it as the text field of an object.
-    auto parsed =
-        google::protobuf::util::JsonStringToMessage(absl::StrCat("{\"text\": ", content, "}"), &e);
-    if (!parsed.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          entry.path().string(),
-          ": not a JSON string (delphi's explanation file): ", std::string(parsed.message())));
+    const nlohmann::json text = nlohmann::json::parse(content, nullptr, false);
+    if (!text.is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(entry.path().string(), ": not a JSON string (delphi's explanation file)"));
     }
+    e.set_text(text.get<std::string>());
     e.set_latent(latent);
     out.push_back(std::move(e));
   }

@@ -1079,6 +1079,12 @@ std::string LatentExamplesJson(const v1::GetLatentResponse& response, uint64_t d
                          {"examples", examples(interval.samples())}});
   }
   line["intervals"] = std::move(intervals);
+  if (response.has_explanation()) {
+    // The explanation already written, to be scored again or replaced.
+    const v1::LatentExplanation& e = response.explanation();
+    line["explanation"] = {{"text", e.text()}, {"source", e.source()}};
+    if (e.has_score()) line["explanation"]["score"] = e.score();
+  }
   // Invalid UTF-8 in a token's text (a byte-level piece) is replaced, not an exception.
   return line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }

@@ -141,8 +141,9 @@ std::string LatentIndexHtml(const v1::ListLatentsResponse& overview,
 // One latent's examples as one line of JSON (JSON Lines), the input auto-interpretation tools
 // (delphi-style explainers and scorers) read: {"dataset_id", "latent", "firing_count",
 // "density", "mean", "max", "top": [...], "intervals": [{"low", "high", "count", "examples"}],
-// "silent": [...]}, each example {"row", "value", "token_ids", "values"} and, with a vocabulary,
-// "tokens" (each token's text). No trailing newline.
+// "silent": [...], and when it has one "explanation": {"text", "source", "score"}}, each example
+// {"row", "value", "token_ids", "values"} and, with a vocabulary, "tokens" (each token's text). No
+// trailing newline.
 std::string LatentExamplesJson(const v1::GetLatentResponse& response, uint64_t dataset_id,
                                const Vocabulary* vocab);
 

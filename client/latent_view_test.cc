@@ -439,6 +439,14 @@ TEST(LatentViewTest, ExamplesAreOneJsonLineWithTheTokensText) {
   // Without a vocabulary: ids and values only.
   const nlohmann::json bare = nlohmann::json::parse(LatentExamplesJson(r, 3, nullptr));
   EXPECT_FALSE(bare["top"][0].contains("tokens"));
+  EXPECT_FALSE(bare.contains("explanation"));
+  // A latent already explained carries it, to be scored again or replaced.
+  r.mutable_explanation()->set_text("digits");
+  r.mutable_explanation()->set_source("delphi");
+  const nlohmann::json explained = nlohmann::json::parse(LatentExamplesJson(r, 3, nullptr));
+  EXPECT_EQ(explained["explanation"], nlohmann::json({{"text", "digits"}, {"source", "delphi"}}));
+  r.mutable_explanation()->set_score(0.5);
+  EXPECT_EQ(nlohmann::json::parse(LatentExamplesJson(r, 3, nullptr))["explanation"]["score"], 0.5);
 }
 
 // The attribution page: the metric, positions shaded by sign (blue for, red against), a line
