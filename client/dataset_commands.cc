@@ -854,6 +854,7 @@ int Probe(Client& client, const std::vector<std::string>& args) {
   request.set_seed(absl::GetFlag(FLAGS_seed));
   request.set_l2(absl::GetFlag(FLAGS_l2));
   request.set_max_rows(absl::GetFlag(FLAGS_max_rows));
+  request.set_balanced(absl::GetFlag(FLAGS_balanced));
   const std::string pool = absl::GetFlag(FLAGS_pool);
   if (pool != "" && pool != "mean" && pool != "max") return Usage("--pool: use mean or max");
   if (!pool.empty() && !named->by_sequence) {

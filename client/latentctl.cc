@@ -249,7 +249,8 @@ datasets:
                                  --sequences: every item names sequences, not rows (documents)
   probe ID ROW|START:COUNT ... --versus=ROW|START:COUNT,... [--rows_file=F] [--versus_file=F]
         [--sequences [--pool=mean|max]] [--ks=1,2,5,10,20] [--select=fraction|mean]
-        [--test_fraction=0.25] [--seed=S] [--l2=1] [--max_rows=N] [--plot=FILE.png] [--all_hooks]
+        [--test_fraction=0.25] [--seed=S] [--l2=1] [--balanced] [--max_rows=N] [--plot=FILE.png]
+        [--all_hooks]
                                  k-sparse probing (SAEBench's), computed by the daemon: how
                                  well k latents tell the named rows from the --versus rows.
                                  Each side's ranges (pooled: sequences) split into train
@@ -257,6 +258,8 @@ datasets:
                                  regression on the first k fitted per --ks; prints train and
                                  held-out accuracy, precision, recall, F1 and the latents'
                                  weights; --pool: each sequence one example (documents);
+                                 --balanced: each class weighed by n / (2 n_class) (a rare
+                                 label);
                                  --plot: the metrics against k; --all_hooks: the same
                                  probe (and split) through every other hook of the
                                  suite, a line of balanced accuracies each: which layer

@@ -186,6 +186,9 @@ ABSL_FLAG(double, score, std::numeric_limits<double>::quiet_NaN(),
           "explain --text: the explanation's score (none by default)");
 ABSL_FLAG(bool, replace_all, false,
           "explain: the dataset's earlier explanations are removed (in the same write)");
+ABSL_FLAG(bool, balanced, false,
+          "probe: weigh each class by n / (2 n_class) in the fit, so that a rare label counts as "
+          "much as the rest");
 ABSL_FLAG(std::string, ks, "1,2,5,10,20", "probe: the probe sizes (latents read), comma-separated");
 ABSL_FLAG(double, test_fraction, 0.25,
           "probe: the share of each class's ranges (or, pooled, sequences) held out");

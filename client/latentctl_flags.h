@@ -83,6 +83,7 @@ ABSL_DECLARE_FLAG(int, new_tokens);
 ABSL_DECLARE_FLAG(float, temperature);
 ABSL_DECLARE_FLAG(uint64_t, seed);
 ABSL_DECLARE_FLAG(std::string, ks);
+ABSL_DECLARE_FLAG(bool, balanced);
 ABSL_DECLARE_FLAG(std::string, source);
 ABSL_DECLARE_FLAG(double, score);
 ABSL_DECLARE_FLAG(bool, replace_all);

@@ -973,13 +973,16 @@ absl::Status WriteSparseProbePlot(const latentd::v1::SparseProbeResponse& probe,
   Series test{"test accuracy", kPlotProbeTestAccuracyColor, {}};
   Series f1{"test F1", kPlotProbeF1Color, {}};
   Series train{"train accuracy", kPlotProbeTrainAccuracyColor, {}};
+  Series balanced{"test balanced accuracy", kPlotProbeBalancedAccuracyColor, {}};
   double lowest = 0.5;  // chance for balanced classes; lower values widen the axis
   for (const latentd::v1::SparseProbeFit& fit : probe.fits()) {
     positions.push_back(static_cast<double>(positions.size()));
     test.y.push_back(fit.test_accuracy());
     f1.y.push_back(fit.test_f1());
     train.y.push_back(fit.train_accuracy());
-    lowest = std::min({lowest, fit.test_accuracy(), fit.test_f1(), fit.train_accuracy()});
+    balanced.y.push_back(fit.test_balanced_accuracy());
+    lowest = std::min({lowest, fit.test_accuracy(), fit.test_f1(), fit.train_accuracy(),
+                       fit.test_balanced_accuracy()});
   }
   constexpr int kWidth = 960, kHeight = 560;
   Canvas canvas(kWidth, kHeight);
@@ -1003,7 +1006,7 @@ absl::Status WriteSparseProbePlot(const latentd::v1::SparseProbeResponse& probe,
   canvas.DrawText(r.left + r.width / 2 - Canvas::TextWidth(x_title, 2) / 2, r.bottom() + 30,
                   x_title, kInk, 2);
   std::vector<std::pair<const Series*, const Scale*>> legend;
-  for (const Series* s : {&test, &f1, &train}) {
+  for (const Series* s : {&test, &balanced, &f1, &train}) {
     plot.Line(r, y, *s);
     legend.push_back({s, &y});
   }

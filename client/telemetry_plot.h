@@ -148,11 +148,12 @@ absl::Status WriteDetectorPlot(const latentd::v1::LatentsOnRowsResponse& found,
 inline constexpr Rgb kPlotProbeTestAccuracyColor = {31, 119, 180};
 inline constexpr Rgb kPlotProbeF1Color = {255, 127, 14};
 inline constexpr Rgb kPlotProbeTrainAccuracyColor = {150, 150, 150};
+inline constexpr Rgb kPlotProbeBalancedAccuracyColor = {44, 160, 44};
 
-// Writes a PNG of a k-sparse probe (SparseProbe): held-out accuracy, held-out F1 and train
-// accuracy against k, the probe sizes evenly spaced in their order, the y axis from 0.5 (chance
-// for balanced classes; lower when a value is) to 1, a subtitle with the examples on each side.
-// INVALID_ARGUMENT when the probe has no fits; UNAVAILABLE/PERMISSION_DENIED naming the path
+// Writes a PNG of a k-sparse probe (SparseProbe): held-out accuracy, balanced accuracy and F1,
+// and train accuracy against k, the probe sizes evenly spaced in their order, the y axis from 0.5
+// (chance for balanced classes; lower when a value is) to 1, a subtitle with the examples on each
+// side. INVALID_ARGUMENT when the probe has no fits; UNAVAILABLE/PERMISSION_DENIED naming the path
 // when the file cannot be written.
 absl::Status WriteSparseProbePlot(const latentd::v1::SparseProbeResponse& probe,
                                   const std::string& title, const std::string& path);

@@ -545,6 +545,7 @@ TEST(SparseProbePlotTest, DrawsEachMetricAgainstK) {
     fit->set_test_accuracy(test);
     fit->set_test_f1(f1);
     fit->set_train_accuracy(train);
+    fit->set_test_balanced_accuracy(0.7);
   };
   add(1, 0.6, 0.55, 0.9);
   add(5, 0.8, 0.55, 0.9);
@@ -566,6 +567,7 @@ TEST(SparseProbePlotTest, DrawsEachMetricAgainstK) {
   EXPECT_TRUE(passes(kPlotProbeTestAccuracyColor, 0.8, 0.5));
   EXPECT_TRUE(passes(kPlotProbeF1Color, 0.55, 0.5));
   EXPECT_TRUE(passes(kPlotProbeTrainAccuracyColor, 0.9, 0.5));
+  EXPECT_TRUE(passes(kPlotProbeBalancedAccuracyColor, 0.7, 0.5));
   EXPECT_FALSE(passes(kPlotProbeTestAccuracyColor, 0.6, 0.5));
   // A value below chance widens the axis down to it (the tenth below): F1 0.25 reads at 0.2.
   probe.mutable_fits(1)->set_test_f1(0.25);

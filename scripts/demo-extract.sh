@@ -97,12 +97,14 @@ $LATENTCTL firings "$dataset" "$latent" --count=4096 2>/dev/null | cut -d' ' -f1
 $LATENTCTL onrows "$dataset" --rows_file="$data_dir/labelled-rows.txt" --versus=0:4096 \
   --rank=difference --limit=5 --max_rows=4096
 echo "demo: k-sparse probing: how well k layer-1 latents predict where layer-2 latent $latent"
-echo "fires (those rows against the rest of the first 4096, a quarter of each held out)"
+echo "fires (those rows against the rest of the first 4096, a quarter of each held out; the rare"
+echo "class weighed up, --balanced)"
 awk -v rows=4096 'NR == FNR { fires[$1] = 1; next }
   END { for (r = 0; r < rows; ++r) if (!(r in fires)) print r }' \
   "$data_dir/labelled-rows.txt" /dev/null >"$data_dir/unlabelled-rows.txt"
 $LATENTCTL probe "$layer1" --rows_file="$data_dir/labelled-rows.txt" \
-  --versus_file="$data_dir/unlabelled-rows.txt" --ks=1,2,5,10 --plot="$data_dir/demo-probe.png"
+  --versus_file="$data_dir/unlabelled-rows.txt" --ks=1,2,5,10 --balanced \
+  --plot="$data_dir/demo-probe.png"
 echo "(open $data_dir/demo-probe.png: held-out accuracy and F1 against k)"
 echo
 echo "demo: the SAE at a glance (most frequent latents; --plot=FILE.png draws the density histogram)"

@@ -580,6 +580,7 @@ grpc::Status DatasetsService::SparseProbe(grpc::ServerContext* context,
   options.seed = request->seed();
   if (request->l2() != 0) options.l2 = request->l2();
   if (request->max_rows() != 0) options.max_rows = request->max_rows();
+  options.balanced = request->balanced();
   switch (request->pool()) {
     case latentd::v1::POOL_NONE:
       options.pool = storage::ProbePool::kNone;

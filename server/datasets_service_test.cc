@@ -506,6 +506,7 @@ TEST_F(DatasetsServiceTest, SparseProbeConvertsTheRequestAndTheAnswer) {
   req.set_l2(2.5);
   req.set_pool(latentd::v1::POOL_MAX);
   req.set_select(latentd::v1::SELECT_BY_MEAN);
+  req.set_balanced(true);
   latentd::v1::SparseProbeResponse resp;
   grpc::Status s = call(req, &resp);
   ASSERT_TRUE(s.ok()) << s.error_message();
@@ -516,6 +517,7 @@ TEST_F(DatasetsServiceTest, SparseProbeConvertsTheRequestAndTheAnswer) {
   o.l2 = 2.5;
   o.pool = storage::ProbePool::kMax;
   o.select = storage::ProbeSelect::kByMean;
+  o.balanced = true;
   auto want = storage::SparseProbe(*store_, id, positives, negatives, o);
   ASSERT_TRUE(want.ok()) << want.status();
   EXPECT_EQ(std::vector<int32_t>(resp.latents().begin(), resp.latents().end()), want->latents);

@@ -282,9 +282,18 @@ ProbeFit Score(LogisticFit fitted, int32_t k, const LabelledExamples& train,
 
 }  // namespace
 
-LogisticFit FitLogistic(const LabelledExamples& x, int32_t columns, double l2) {
+LogisticFit FitLogistic(const LabelledExamples& x, int32_t columns, double l2, bool balanced) {
   const int64_t n = x.size();
   const int d = columns + 1;  // the weights, then the intercept
+  // Each class's weight in the loss: 1, or n / (2 n_class) (scikit-learn's "balanced").
+  double class_weight[2] = {1.0, 1.0};
+  if (balanced) {
+    const int64_t positives = std::count(x.labels.begin(), x.labels.end(), 1);
+    for (int label = 0; label < 2; ++label) {
+      const int64_t in_class = label == 1 ? positives : n - positives;
+      if (in_class > 0) class_weight[label] = static_cast<double>(n) / (2.0 * in_class);
+    }
+  }
   // Each column's standard deviation over the examples (the silent ones count 0).
   std::vector<double> sum(columns, 0.0), sum_sq(columns, 0.0), scale(columns, 1.0);
   for (size_t e = 0; e < x.columns.size(); ++e) {
@@ -314,8 +323,9 @@ LogisticFit FitLogistic(const LabelledExamples& x, int32_t columns, double l2) {
         z += w[x.columns[e]] * row.back().second;
       }
       const double p = 1.0 / (1.0 + std::exp(-std::clamp(z, -50.0, 50.0)));
-      const double residual = p - x.labels[i];
-      const double curvature = p * (1.0 - p);
+      const double weight = class_weight[x.labels[i]];
+      const double residual = weight * (p - x.labels[i]);
+      const double curvature = weight * p * (1.0 - p);
       gradient[columns] += residual;
       hessian[static_cast<size_t>(columns) * d + columns] += curvature;
       for (const auto& [c, v] : row) {
@@ -443,7 +453,8 @@ absl::StatusOr<SparseProbeResult> SparseProbe(const ChunkStore& store, uint64_t 
 
   for (int32_t k : ks) {
     const int32_t used = std::min<int32_t>(k, static_cast<int32_t>(result.latents.size()));
-    result.fits.push_back(Score(FitLogistic(sides[0], used, options.l2), k, sides[0], sides[1]));
+    result.fits.push_back(
+        Score(FitLogistic(sides[0], used, options.l2, options.balanced), k, sides[0], sides[1]));
   }
   return result;
 }

@@ -57,6 +57,9 @@ struct SparseProbeOptions {
   double l2 = 1.0;
   ProbePool pool = ProbePool::kNone;
   ProbeSelect select = ProbeSelect::kByFraction;
+  // Weigh each class's examples by n / (2 n_class) in the fit (FitLogistic), so that a rare
+  // label is not traded away for the majority's accuracy. Default false.
+  bool balanced = false;
   // The rows of both classes together, all read, at most this many, in [1, kMaxProbeRows]
   // (RESOURCE_EXHAUSTED with both numbers beyond). Default 2^20.
   int64_t max_rows = int64_t{1} << 20;
@@ -130,8 +133,11 @@ struct LogisticFit {
 // examples (a constant column keeps its scale), the intercept unpenalized; scikit-learn's
 // LogisticRegression with C = 1 / l2 on standardized features has the same optimum (centering
 // only moves the intercept). Newton's method until no step passes 1e-10 (at most 100 steps),
-// the logits clipped at +-50 so that separable classes keep finite weights. l2 > 0.
-LogisticFit FitLogistic(const LabelledExamples& examples, int32_t columns, double l2);
+// the logits clipped at +-50 so that separable classes keep finite weights. l2 > 0. balanced:
+// each example's loss weighted by n / (2 n_its_class), scikit-learn's class_weight="balanced",
+// so that a rare class counts as much as a common one.
+LogisticFit FitLogistic(const LabelledExamples& examples, int32_t columns, double l2,
+                        bool balanced = false);
 
 }  // namespace latentd::storage
 

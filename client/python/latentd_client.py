@@ -455,7 +455,7 @@ class Client:
     def sparse_probe(self, dataset_id, rows=None, row_ranges=None, sequences=None,
                      versus_rows=None, versus_row_ranges=None, versus_sequences=None,
                      ks=(1, 2, 5, 10, 20), test_fraction=0.25, seed=0, l2=1.0, pool=None,
-                     select="fraction", max_rows=0):
+                     select="fraction", max_rows=0, balanced=False):
         """k-sparse probing (as SAEBench evaluates SAEs): how well k latents tell your positive
         rows from your negatives, for each k in ks, computed by the daemon where the rows lie
         (none cross the wire). Positives and negatives take the forms of latents_on_rows (rows,
@@ -470,7 +470,9 @@ class Client:
         fitted on the train examples and scored on the test ones. pool="mean" or "max" (both
         classes given as sequences, or as rows that are whole sequences): each sequence is one
         example, its latent values pooled over its rows, as SAEBench classifies documents.
-        max_rows (0: 2^20, at most 2^24) caps the rows of both classes.
+        max_rows (0: 2^20, at most 2^24) caps the rows of both classes. balanced=True weighs
+        each class by n / (2 n_class) in the fit (scikit-learn's class_weight="balanced"), so
+        that a rare label is not traded away for the majority's accuracy.
 
         A dict: k, train_accuracy, test_accuracy, test_precision, test_recall, test_f1 and
         test_balanced_accuracy (the mean of the recalls on both classes: 0.5 for a probe that
@@ -501,7 +503,8 @@ class Client:
         context_length = self._context_length(dataset_id, sequences, versus_sequences)
         request = datasets_pb2.SparseProbeRequest(
             dataset_id=dataset_id, ks=[int(k) for k in ks], test_fraction=test_fraction,
-            seed=seed, l2=l2, pool=pools[pool], select=selects[select], max_rows=max_rows)
+            seed=seed, l2=l2, pool=pools[pool], select=selects[select], max_rows=max_rows,
+            balanced=balanced)
         _set_row_ranges(request.row_ranges, _spans_of(*forms[0], context_length))
         _set_row_ranges(request.versus_row_ranges, _spans_of(*forms[1], context_length))
         answer = self.datasets.SparseProbe(request, metadata=self.metadata, timeout=self.timeout)
@@ -1148,13 +1151,14 @@ class LatentScalingView:
 
 
 class SparseProbeView:
-    """sparse_probe's answer that Jupyter renders: an SVG chart of test accuracy, test F1 and
-    train accuracy against k (evenly spaced, in the order asked; the axis from 0.5, chance for
+    """sparse_probe's answer that Jupyter renders: an SVG chart of test accuracy, balanced
+    accuracy and F1, and train accuracy against k (evenly spaced, in the order asked; the axis from 0.5, chance for
     balanced classes, to 1), then a row per k with its metrics (balanced accuracy too) and
     latents."""
 
-    SERIES = (("test_accuracy", "#1f77b4", "test accuracy"), ("test_f1", "#ff7f0e", "test F1"),
-              ("train_accuracy", "#999999", "train accuracy"))
+    SERIES = (("test_accuracy", "#1f77b4", "test accuracy"),
+              ("test_balanced_accuracy", "#2ca02c", "test balanced accuracy"),
+              ("test_f1", "#ff7f0e", "test F1"), ("train_accuracy", "#999999", "train accuracy"))
 
     def __init__(self, answer):
         self.answer = answer
@@ -1162,7 +1166,7 @@ class SparseProbeView:
     def _repr_html_(self):
         a = self.answer
         # The plot spans [margin, right] across; the legend stands to its right.
-        width, right, height, margin = 470, 340, 220, 40
+        width, right, height, margin = 510, 340, 220, 40
         ks = [int(k) for k in a["k"]]
 
         def x(i):

@@ -403,6 +403,11 @@ class TrainLoop(DaemonTestCase):
         self.assertEqual(probe["k"].tolist(), [1, 3])
         self.assertGreaterEqual(probe["test_accuracy"][0], 0.95)
         self.assertGreaterEqual(probe["test_balanced_accuracy"][0], 0.95)  # not the majority's
+        # With the rare positives weighed up (204 against 1844), the boundary moves their way.
+        weighed = c.sparse_probe(dataset, rows=fires, versus_rows=silent, ks=(3, 1), seed=1,
+                                 balanced=True)
+        self.assertGreater(weighed["intercepts"][0], probe["intercepts"][0])
+        self.assertGreaterEqual(weighed["test_recall"][0], probe["test_recall"][0])
         self.assertGreater(probe["weights"][0][0], 0)  # firing more says positive
         held = probe["examples"]
         self.assertEqual(held["train_positive"] + held["test_positive"], len(fires))
@@ -427,7 +432,7 @@ class TrainLoop(DaemonTestCase):
         # ... drawn for a notebook: a line per metric over k, a row per k with its latents.
         shown = c.show_sparse_probe(dataset, rows=fires, versus_rows=silent, ks=(3, 1),
                                     seed=1)._repr_html_()
-        self.assertEqual(shown.count("<polyline"), 3)
+        self.assertEqual(shown.count("<polyline"), 4)
         self.assertIn("<tr><td>1</td><td>%.4f</td><td>%.4f</td>" % (
             probe["train_accuracy"][0], probe["test_accuracy"][0]), shown)
         self.assertIn("<td>%d (+" % latent, shown)

@@ -33,7 +33,7 @@ class SparseProbeViewTest(unittest.TestCase):
                   "examples": {"train_positive": 30, "train_negative": 90, "test_positive": 10,
                                "test_negative": 30}}
         html = SparseProbeView(answer)._repr_html_()
-        self.assertEqual(html.count("<polyline"), 3)
+        self.assertEqual(html.count("<polyline"), 4)
         self.assertIn("30 + 90 examples to train on, 10 + 30 held out", html)
         self.assertIn("<tr><td>1</td><td>0.9000</td><td>0.8750</td><td>0.8125</td><td>0.5000</td>"
                       "<td>0.7500</td><td>0.6000</td><td>17 (+1.5)</td></tr>", html)
