@@ -356,6 +356,15 @@ absl::StatusOr<DatasetRecord> ChunkStore::GetRecord(uint64_t id) const {
   return GetRecordAt(snap.get(), id);
 }
 
+absl::StatusOr<DatasetRecord> ChunkStore::GetSparseRecord(uint64_t id) const {
+  ASSIGN_OR_RETURN(DatasetRecord rec, GetRecord(id));
+  if (rec.meta.kind != DatasetKind::kSparse) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("dataset ", id, " is DENSE: it has no latents"));
+  }
+  return rec;
+}
+
 absl::StatusOr<uint64_t> ChunkStore::BytesOnDisk(uint64_t id) const {
   std::string begin = keys::IdPrefix(id), end = keys::IdPrefix(id + 1);
   // Files: RocksDB's estimate from the SST index blocks. Memtables of the chunk and meta

@@ -184,6 +184,8 @@ class ChunkStore {
   absl::StatusOr<uint64_t> CreateDataset(const DatasetMeta& meta);
   absl::StatusOr<uint64_t> FindDataset(const std::string& name) const;  // NOT_FOUND
   absl::StatusOr<DatasetRecord> GetRecord(uint64_t id) const;           // NOT_FOUND
+  // GetRecord of a dataset that has latents: FAILED_PRECONDITION for a DENSE one.
+  absl::StatusOr<DatasetRecord> GetSparseRecord(uint64_t id) const;
   // The summary as the API shows it (rows, nnz, density, dead latents, bytes on disk).
   absl::StatusOr<latentd::v1::DatasetInfo> GetDataset(uint64_t id) const;
   // Every dataset's summary; a dataset whose metadata cannot be read is listed as unreadable

@@ -49,15 +49,6 @@ absl::StatusOr<LatentExplanation> Decode(uint64_t id, int32_t latent, absl::stri
   return e;
 }
 
-absl::StatusOr<DatasetRecord> SparseRecord(const ChunkStore& store, uint64_t id) {
-  ASSIGN_OR_RETURN(DatasetRecord rec, store.GetRecord(id));
-  if (rec.meta.kind != DatasetKind::kSparse) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("dataset ", id, " is DENSE: it has no latents to explain"));
-  }
-  return rec;
-}
-
 absl::Status CheckExplanation(const LatentExplanation& e, int32_t width, size_t i) {
   const std::string field = absl::StrCat("explanations[", i, "]");
   if (e.latent < 0 || e.latent >= width) {
@@ -94,7 +85,7 @@ absl::Status PutExplanations(const ChunkStore& store, uint64_t id,
                                                    ", more than ", kMaxExplanationsPerPut,
                                                    " in one call"));
   }
-  ASSIGN_OR_RETURN(const DatasetRecord rec, SparseRecord(store, id));
+  ASSIGN_OR_RETURN(const DatasetRecord rec, store.GetSparseRecord(id));
   std::set<int32_t> seen;
   for (size_t i = 0; i < explanations.size(); ++i) {
     RETURN_IF_ERROR(CheckExplanation(explanations[i], rec.meta.width, i));
@@ -118,7 +109,7 @@ absl::Status PutExplanations(const ChunkStore& store, uint64_t id,
 
 absl::StatusOr<std::optional<LatentExplanation>> GetExplanation(const ChunkStore& store,
                                                                 uint64_t id, int32_t latent) {
-  ASSIGN_OR_RETURN(const DatasetRecord rec, SparseRecord(store, id));
+  ASSIGN_OR_RETURN(const DatasetRecord rec, store.GetSparseRecord(id));
   if (latent < 0 || latent >= rec.meta.width) {
     return absl::InvalidArgumentError(
         absl::StrCat("latent: ", latent, " outside [0, ", rec.meta.width, ")"));
@@ -137,7 +128,7 @@ absl::StatusOr<ExplanationMatches> SearchExplanations(const ChunkStore& store, u
     return absl::InvalidArgumentError(
         absl::StrCat("limit: ", limit, " outside [1, ", kMaxExplanationResults, "]"));
   }
-  RETURN_IF_ERROR(SparseRecord(store, id).status());
+  RETURN_IF_ERROR(store.GetSparseRecord(id).status());
   const std::vector<std::string> words =
       absl::StrSplit(absl::AsciiStrToLower(query), absl::ByAnyChar(" \t\n\r"), absl::SkipEmpty());
   const std::string prefix = keys::ExplanationPrefix(id);

@@ -39,15 +39,6 @@ absl::Status CheckOptions(const LatentsOnRowsOptions& o, bool versus = false) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<DatasetRecord> SparseRecord(const ChunkStore& store, uint64_t id) {
-  ASSIGN_OR_RETURN(DatasetRecord rec, store.GetRecord(id));
-  if (rec.meta.kind != DatasetKind::kSparse) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("dataset ", id, " is DENSE: it has no latents"));
-  }
-  return rec;
-}
-
 // The selection within one committed chunk [start, end): how many rows it holds, the first and
 // the last of them (only [first, last] is read: a chunk's slices are (latent, row)-ordered, so
 // every key is scanned, but values are decoded and rows assembled for that range alone).
@@ -329,7 +320,7 @@ absl::StatusOr<LatentsOnRows> Tally(const ChunkStore& store, const DatasetRecord
 absl::StatusOr<DatasetRecord> CountedRecord(const ChunkStore& store, const DatasetRecord& selecting,
                                             const LatentsOnRowsOptions& options) {
   if (options.in_dataset == 0 || options.in_dataset == selecting.id) return selecting;
-  ASSIGN_OR_RETURN(DatasetRecord other, SparseRecord(store, options.in_dataset));
+  ASSIGN_OR_RETURN(DatasetRecord other, store.GetSparseRecord(options.in_dataset));
   const DatasetMeta &a = selecting.meta, &b = other.meta;
   if (a.token_source != b.token_source || a.token_order_start != b.token_order_start ||
       a.context_length != b.context_length) {
@@ -363,7 +354,7 @@ struct LatentRows {
 
 absl::StatusOr<LatentRows> ReadLatentRows(const ChunkStore& store, uint64_t id, int32_t latent) {
   LatentRows out;
-  ASSIGN_OR_RETURN(out.rec, SparseRecord(store, id));
+  ASSIGN_OR_RETURN(out.rec, store.GetSparseRecord(id));
   RETURN_IF_ERROR(store.LatentPostings(id, latent, &out.rows, &out.values));
   const size_t committed =
       std::lower_bound(out.rows.begin(), out.rows.end(), out.rec.rows_committed) - out.rows.begin();
@@ -406,7 +397,7 @@ absl::StatusOr<LatentsOnRows> LatentsFiringOnToken(const ChunkStore& store, uint
                                                    int32_t token_id,
                                                    const LatentsOnRowsOptions& options) {
   RETURN_IF_ERROR(CheckOptions(options));
-  ASSIGN_OR_RETURN(const DatasetRecord selecting, SparseRecord(store, id));
+  ASSIGN_OR_RETURN(const DatasetRecord selecting, store.GetSparseRecord(id));
   // The rows holding the token are the same in a dataset of the same rows: select and count
   // there.
   ASSIGN_OR_RETURN(const DatasetRecord rec, CountedRecord(store, selecting, options));
@@ -459,7 +450,7 @@ void ForSpansIn(const std::vector<RowSpan>& spans, const ChunkPick& c, Fn fn) {
 // positions in the token stream both datasets share), else id's.
 absl::StatusOr<DatasetRecord> SpansRecord(const ChunkStore& store, uint64_t id,
                                           const LatentsOnRowsOptions& options) {
-  ASSIGN_OR_RETURN(const DatasetRecord selecting, SparseRecord(store, id));
+  ASSIGN_OR_RETURN(const DatasetRecord selecting, store.GetSparseRecord(id));
   return CountedRecord(store, selecting, options);
 }
 
@@ -637,7 +628,7 @@ absl::StatusOr<LatentPositions> PositionsLatentFiresAt(const ChunkStore& store, 
 
 absl::Status TokensOfRows(const ChunkStore& store, uint64_t id, const std::vector<int64_t>& rows,
                           std::vector<int32_t>* tokens) {
-  ASSIGN_OR_RETURN(const DatasetRecord rec, SparseRecord(store, id));
+  ASSIGN_OR_RETURN(const DatasetRecord rec, store.GetSparseRecord(id));
   if (!std::is_sorted(rows.begin(), rows.end())) {
     return absl::InvalidArgumentError("rows: not ascending");
   }

@@ -364,11 +364,7 @@ absl::StatusOr<SparseProbeResult> SparseProbe(const ChunkStore& store, uint64_t 
                                               const std::vector<RowSpan>& negatives,
                                               const SparseProbeOptions& options) {
   RETURN_IF_ERROR(CheckOptions(options));
-  ASSIGN_OR_RETURN(const DatasetRecord rec, store.GetRecord(id));
-  if (rec.meta.kind != DatasetKind::kSparse) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("dataset ", id, " is DENSE: it has no latents to probe with"));
-  }
+  ASSIGN_OR_RETURN(const DatasetRecord rec, store.GetSparseRecord(id));
   RETURN_IF_ERROR(CheckRowSpans(positives, rec, "row_ranges"));
   RETURN_IF_ERROR(CheckRowSpans(negatives, rec, "versus_row_ranges"));
   RETURN_IF_ERROR(CheckDisjoint(positives, negatives));
