@@ -17,15 +17,12 @@ The dataset is a real EXTRACT of the X1 reference transformer (docs/EXTRACT.md) 
 """
 
 import argparse
-import os
-import tempfile
 import time
 
 import numpy as np
 import scipy.sparse
 
 import x1_sparse
-from harness import Daemon
 from latentd.v1 import datasets_pb2
 
 
@@ -55,63 +52,56 @@ def wire_bytes(client, dataset_id, packed):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sequences", type=int, default=1024, help="128-token sequences to extract")
+    parser.add_argument("--sequences", type=int, default=1024,
+                        help="128-token sequences to extract")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        inputs = os.path.join(tmp, "inputs")
-        x1_sparse.make_inputs(inputs, args.sequences)
-        daemon = Daemon(os.path.join(tmp, "d"), devices="cpu:1").start()
-        try:
-            client = daemon.client(timeout=600)
-            dataset = x1_sparse.extract(client, inputs, "read-bench")
-            readers = {
-                "lists": lambda: read_lists(client, dataset),
-                "repeated": lambda: client.read_rows(dataset, packed=False),
-                "packed": lambda: client.read_rows(dataset),
-            }
-            reference, reference_tokens = readers["lists"]()
-            times = {name: [] for name in readers}
-            for _ in range(args.repeats):  # alternating, so drift hits every reader alike
-                for name, read in readers.items():
-                    start = time.perf_counter()
-                    matrix, tokens = read()
-                    times[name].append(time.perf_counter() - start)
-                    if (matrix != reference).nnz or not (tokens == reference_tokens).all():
-                        raise RuntimeError(name + " read different rows")
-            rows, nnz = reference.shape[0], reference.nnz
-            print("dataset: %d rows, %d entries (k = 32, d_sae = 4096, fp16)" % (rows, nnz))
-            print("reader     best s   rows/s      entries/s   wire B/entry   vs lists")
-            best_lists = min(times["lists"])
-            for name in readers:
-                best = min(times[name])
-                wire = wire_bytes(client, dataset, name == "packed") / nnz
-                print("%-9s  %6.3f   %9.0f   %9.2fM   %8.2f      x%.1f" % (
-                    name, best, rows / best, nnz / best / 1e6, wire, best_lists / best))
-                print("           all runs: " + " ".join("%.3f" % t for t in times[name]))
-            # One latent's firings: latent-major through ReadLatentFirings against the column
-            # of the whole matrix read packed (what a user without it does), same latents.
-            columns = reference.tocsc()
-            counts = np.diff(columns.indptr)
-            latents = np.argsort(-counts, kind="stable")[np.linspace(0, 4095, 20).astype(int)]
-            per_latent = []
-            for j in latents:
+    with x1_sparse.served(args.sequences, "read-bench") as (client, dataset):
+        readers = {
+            "lists": lambda: read_lists(client, dataset),
+            "repeated": lambda: client.read_rows(dataset, packed=False),
+            "packed": lambda: client.read_rows(dataset),
+        }
+        reference, reference_tokens = readers["lists"]()
+        times = {name: [] for name in readers}
+        for _ in range(args.repeats):  # alternating, so drift hits every reader alike
+            for name, read in readers.items():
                 start = time.perf_counter()
-                rows_j, values_j = client.latent_firings(dataset, int(j))
-                per_latent.append(time.perf_counter() - start)
-                column = columns[:, int(j)].tocoo()
-                order = np.argsort(column.row)
-                if rows_j.tolist() != column.row[order].tolist() or \
-                        not (values_j == column.data[order]).all():
-                    raise RuntimeError("latent %d: firings differ from the rows' column" % j)
-            per_latent.sort()
-            print("latent_firings of 20 latents spread over the frequency ranks (%d to %d "
-                  "firings): p50 %.2f ms, max %.2f ms; the whole matrix packed: %.3f s (x%.0f)" % (
-                      counts[latents].min(), counts[latents].max(), per_latent[10] * 1e3,
-                      per_latent[-1] * 1e3, min(times["packed"]),
-                      min(times["packed"]) / per_latent[10]))
-        finally:
-            daemon.stop()
+                matrix, tokens = read()
+                times[name].append(time.perf_counter() - start)
+                if (matrix != reference).nnz or not (tokens == reference_tokens).all():
+                    raise RuntimeError(name + " read different rows")
+        rows, nnz = reference.shape[0], reference.nnz
+        print("dataset: %d rows, %d entries (k = 32, d_sae = 4096, fp16)" % (rows, nnz))
+        print("reader     best s   rows/s      entries/s   wire B/entry   vs lists")
+        best_lists = min(times["lists"])
+        for name in readers:
+            best = min(times[name])
+            wire = wire_bytes(client, dataset, name == "packed") / nnz
+            print("%-9s  %6.3f   %9.0f   %9.2fM   %8.2f      x%.1f" % (
+                name, best, rows / best, nnz / best / 1e6, wire, best_lists / best))
+            print("           all runs: " + " ".join("%.3f" % t for t in times[name]))
+        # One latent's firings: latent-major through ReadLatentFirings against the column
+        # of the whole matrix read packed (what a user without it does), same latents.
+        columns = reference.tocsc()
+        counts = np.diff(columns.indptr)
+        latents = np.argsort(-counts, kind="stable")[np.linspace(0, 4095, 20).astype(int)]
+        per_latent = []
+        for j in latents:
+            start = time.perf_counter()
+            rows_j, values_j = client.latent_firings(dataset, int(j))
+            per_latent.append(time.perf_counter() - start)
+            column = columns[:, int(j)].tocoo()
+            order = np.argsort(column.row)
+            if rows_j.tolist() != column.row[order].tolist() or \
+                    not (values_j == column.data[order]).all():
+                raise RuntimeError("latent %d: firings differ from the rows' column" % j)
+        per_latent.sort()
+        print("latent_firings of 20 latents spread over the frequency ranks (%d to %d "
+              "firings): p50 %.2f ms, max %.2f ms; the whole matrix packed: %.3f s (x%.0f)" % (
+                  counts[latents].min(), counts[latents].max(), per_latent[10] * 1e3,
+                  per_latent[-1] * 1e3, min(times["packed"]),
+                  min(times["packed"]) / per_latent[10]))
 
 
 if __name__ == "__main__":

@@ -21,15 +21,12 @@ The dataset is a real EXTRACT of the X1 reference transformer (docs/EXTRACT.md) 
 """
 
 import argparse
-import os
-import tempfile
 import time
 
 import numpy as np
 import scipy.sparse
 
 import x1_sparse
-from harness import Daemon
 
 KS = (1, 2, 5, 10, 20)
 
@@ -135,58 +132,50 @@ def main():
                         help="128-token sequences to extract")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        inputs = os.path.join(tmp, "inputs")
-        x1_sparse.make_inputs(inputs, args.sequences)
-        daemon = Daemon(os.path.join(tmp, "d"), devices="cpu:1").start()
-        try:
-            client = daemon.client(timeout=600)
-            dataset = x1_sparse.extract(client, inputs, "probe-bench")
-            whole, tokens = client.read_rows(dataset)
-            # The label: the row holds one of the 8 tokens ranked 9th to 16th by frequency (a
-            # made-up "concept" of several tokens, which no one latent marks exactly).
-            by_frequency = np.argsort(-np.bincount(tokens), kind="stable")
-            fires = np.isin(tokens, by_frequency[8:16])
-            per_sequence = fires[:whole.shape[0] // 128 * 128].reshape(-1, 128).sum(axis=1)
-            often = per_sequence > np.median(per_sequence)
-            rarely = per_sequence < np.median(per_sequence)
-            probes = {
-                "rows": (spans_of_mask(fires), spans_of_mask(~fires), None),
-                "documents": (spans_of_mask(often, 128), spans_of_mask(rarely, 128), "mean"),
-            }
-            print("dataset: %d rows, %d of them (%.1f%%) hold one of the tokens %s; %d + %d "
-                  "sequences above / below the median count" % (
-                      whole.shape[0], fires.sum(), 100 * fires.mean(),
-                      by_frequency[8:16].tolist(), often.sum(), rarely.sum()))
-            print("probe      daemon s   client s   client/daemon   max |test acc diff|")
-            for name, (positives, negatives, pool) in probes.items():
-                times = {"daemon": [], "client": []}
-                for _ in range(args.repeats):  # alternating, so drift hits both alike
-                    start = time.perf_counter()
-                    answer = client.sparse_probe(dataset, row_ranges=positives,
-                                                 versus_row_ranges=negatives, ks=KS, pool=pool,
-                                                 max_rows=1 << 24)
-                    times["daemon"].append(time.perf_counter() - start)
-                    # The daemon's split, outside the clock (the client drew its own).
-                    train = [without(positives, answer["test_row_ranges"]),
-                             without(negatives, answer["test_versus_row_ranges"])]
-                    test = [answer["test_row_ranges"], answer["test_versus_row_ranges"]]
-                    start = time.perf_counter()
-                    accuracy = client_probe(client, dataset, train, test, answer["latents"], 128,
-                                            pool)
-                    times["client"].append(time.perf_counter() - start)
-                gap = float(np.max(np.abs(accuracy - answer["test_accuracy"])))
-                best = {side: min(t) for side, t in times.items()}
-                print("%-9s  %8.3f   %8.3f   x%-13.1f  %.4f" % (
-                    name, best["daemon"], best["client"], best["client"] / best["daemon"], gap))
-                print("           all runs: daemon %s, client %s" % (
-                    " ".join("%.3f" % t for t in times["daemon"]),
-                    " ".join("%.3f" % t for t in times["client"])))
-                print("           test accuracy per k %s: %s (latents %s)" % (
-                    list(KS), answer["test_accuracy"].round(4).tolist(),
-                    answer["latents"][:5].tolist()))
-        finally:
-            daemon.stop()
+    with x1_sparse.served(args.sequences, "probe-bench") as (client, dataset):
+        whole, tokens = client.read_rows(dataset)
+        # The label: the row holds one of the 8 tokens ranked 9th to 16th by frequency (a
+        # made-up "concept" of several tokens, which no one latent marks exactly).
+        by_frequency = np.argsort(-np.bincount(tokens), kind="stable")
+        fires = np.isin(tokens, by_frequency[8:16])
+        per_sequence = fires[:whole.shape[0] // 128 * 128].reshape(-1, 128).sum(axis=1)
+        often = per_sequence > np.median(per_sequence)
+        rarely = per_sequence < np.median(per_sequence)
+        probes = {
+            "rows": (spans_of_mask(fires), spans_of_mask(~fires), None),
+            "documents": (spans_of_mask(often, 128), spans_of_mask(rarely, 128), "mean"),
+        }
+        print("dataset: %d rows, %d of them (%.1f%%) hold one of the tokens %s; %d + %d "
+              "sequences above / below the median count" % (
+                  whole.shape[0], fires.sum(), 100 * fires.mean(),
+                  by_frequency[8:16].tolist(), often.sum(), rarely.sum()))
+        print("probe      daemon s   client s   client/daemon   max |test acc diff|")
+        for name, (positives, negatives, pool) in probes.items():
+            times = {"daemon": [], "client": []}
+            for _ in range(args.repeats):  # alternating, so drift hits both alike
+                start = time.perf_counter()
+                answer = client.sparse_probe(dataset, row_ranges=positives,
+                                             versus_row_ranges=negatives, ks=KS, pool=pool,
+                                             max_rows=1 << 24)
+                times["daemon"].append(time.perf_counter() - start)
+                # The daemon's split, outside the clock (the client drew its own).
+                train = [without(positives, answer["test_row_ranges"]),
+                         without(negatives, answer["test_versus_row_ranges"])]
+                test = [answer["test_row_ranges"], answer["test_versus_row_ranges"]]
+                start = time.perf_counter()
+                accuracy = client_probe(client, dataset, train, test, answer["latents"], 128,
+                                        pool)
+                times["client"].append(time.perf_counter() - start)
+            gap = float(np.max(np.abs(accuracy - answer["test_accuracy"])))
+            best = {side: min(t) for side, t in times.items()}
+            print("%-9s  %8.3f   %8.3f   x%-13.1f  %.4f" % (
+                name, best["daemon"], best["client"], best["client"] / best["daemon"], gap))
+            print("           all runs: daemon %s, client %s" % (
+                " ".join("%.3f" % t for t in times["daemon"]),
+                " ".join("%.3f" % t for t in times["client"])))
+            print("           test accuracy per k %s: %s (latents %s)" % (
+                list(KS), answer["test_accuracy"].round(4).tolist(),
+                answer["latents"][:5].tolist()))
 
 
 if __name__ == "__main__":

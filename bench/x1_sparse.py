@@ -2,10 +2,13 @@
 vocabulary 4096, context 128; docs/EXTRACT.md) over make_demo_inputs.py's Zipf tokens, hook
 blocks.2.hook_resid_post, encoded by its TopK SAE (k = 32, d_sae 4096), stored fp16."""
 
+import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 
+from harness import Daemon
 from latentd.v1 import jobs_pb2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -30,3 +33,18 @@ def extract(client, inputs, name):
     if job.state != jobs_pb2.SUCCEEDED:
         raise RuntimeError("EXTRACT failed: " + job.message)
     return job.result.extract.dataset_id
+
+
+@contextlib.contextmanager
+def served(sequences, name):
+    """A latentd on loopback (one CPU device) serving the dataset, made in a temporary directory:
+    yields (client, dataset id), and stops the daemon after."""
+    with tempfile.TemporaryDirectory() as tmp:
+        inputs = os.path.join(tmp, "inputs")
+        make_inputs(inputs, sequences)
+        daemon = Daemon(os.path.join(tmp, "d"), devices="cpu:1").start()
+        try:
+            client = daemon.client(timeout=600)
+            yield client, extract(client, inputs, name)
+        finally:
+            daemon.stop()
