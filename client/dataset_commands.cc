@@ -789,17 +789,34 @@ int Explain(Client& client, const std::vector<std::string>& args) {
     if (!read.ok()) return Usage(std::string(read.status().message()));
     request.mutable_explanations()->Assign(read->begin(), read->end());
   }
+  // In calls of at most 8 MiB (the daemon takes 16 MiB a message; an SAE of 10^6 explained
+  // latents holds ~100 MB of them), each stored whole; replace_all goes with the first.
+  const std::vector<v1::LatentExplanation> all(request.explanations().begin(),
+                                               request.explanations().end());
   v1::SetExplanationsResponse response;
-  grpc::Status status =
-      client.datasets()->SetExplanations(client.Context().get(), request, &response);
-  if (!status.ok()) return RpcError(status);
+  int64_t stored = 0;
+  for (const std::vector<v1::LatentExplanation>& batch : ExplanationBatches(all, 8 << 20)) {
+    request.mutable_explanations()->Assign(batch.begin(), batch.end());
+    grpc::Status status =
+        client.datasets()->SetExplanations(client.Context().get(), request, &response);
+    if (!status.ok()) {
+      if (stored > 0) {
+        std::fprintf(stderr, "latentctl: %lld explanations were stored before this call\n",
+                     static_cast<long long>(stored));
+      }
+      return RpcError(status);
+    }
+    stored += response.stored();
+    request.set_replace_all(false);
+  }
+  response.set_stored(static_cast<int32_t>(stored));
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", Json(response).c_str());
     return 0;
   }
-  std::printf("dataset %llu: stored %d %s; %lld latents explained\n",
-              static_cast<unsigned long long>(id), response.stored(),
-              response.stored() == 1 ? "explanation" : "explanations",
+  std::printf("dataset %llu: stored %lld %s; %lld latents explained\n",
+              static_cast<unsigned long long>(id), static_cast<long long>(stored),
+              stored == 1 ? "explanation" : "explanations",
               static_cast<long long>(response.explained()));
   return 0;
 }

@@ -112,4 +112,20 @@ absl::StatusOr<std::vector<v1::LatentExplanation>> ReadExplanations(
   return out;
 }
 
+std::vector<std::vector<v1::LatentExplanation>> ExplanationBatches(
+    const std::vector<v1::LatentExplanation>& explanations, size_t max_bytes) {
+  std::vector<std::vector<v1::LatentExplanation>> batches(1);
+  size_t bytes = 0;
+  for (const v1::LatentExplanation& e : explanations) {
+    const size_t size = e.ByteSizeLong();
+    if (!batches.back().empty() && bytes + size > max_bytes) {
+      batches.emplace_back();
+      bytes = 0;
+    }
+    batches.back().push_back(e);
+    bytes += size;
+  }
+  return batches;
+}
+
 }  // namespace latentd::client

@@ -22,6 +22,12 @@ namespace latentd::client {
 absl::StatusOr<std::vector<v1::LatentExplanation>> ReadExplanations(
     const std::string& path, const std::string& default_source);
 
+// `explanations` cut in order into runs of at most `max_bytes` (their serialized sizes; one
+// larger than that is a run alone), what one SetExplanations call carries; one empty run for
+// none, so that a call is still made.
+std::vector<std::vector<v1::LatentExplanation>> ExplanationBatches(
+    const std::vector<v1::LatentExplanation>& explanations, size_t max_bytes);
+
 }  // namespace latentd::client
 
 #endif  // LATENTD_CLIENT_EXPLANATION_FILES_H_

@@ -65,5 +65,30 @@ TEST(ReadExplanationsTest, DelphisExplanationsDirectory) {
       << got.status();
 }
 
+TEST(ExplanationBatchesTest, RunsUnderTheByteBoundInOrder) {
+  std::vector<v1::LatentExplanation> all;
+  for (int32_t latent = 0; latent < 10; ++latent) {
+    v1::LatentExplanation& e = all.emplace_back();
+    e.set_latent(latent);
+    e.set_text(std::string(latent == 4 ? 500 : 90, 'x'));  // latent 4 alone passes the bound
+  }
+  const size_t bound = 3 * all[1].ByteSizeLong();  // (latent 0 is 2 bytes shorter: no field)
+  const auto batches = ExplanationBatches(all, bound);
+  std::vector<int32_t> order;
+  for (const auto& batch : batches) {
+    size_t bytes = 0;
+    for (const auto& e : batch) bytes += e.ByteSizeLong(), order.push_back(e.latent());
+    EXPECT_TRUE(bytes <= bound || batch.size() == 1) << bytes;
+    EXPECT_FALSE(batch.empty());
+  }
+  EXPECT_EQ(order, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  ASSERT_EQ(batches.size(), 5u);  // 0-2, 3, 4, 5-7, 8-9
+  EXPECT_EQ(batches[2].size(), 1u);
+  // None: one empty call still goes (--replace_all with an empty file clears).
+  const auto none = ExplanationBatches({}, bound);
+  ASSERT_EQ(none.size(), 1u);
+  EXPECT_TRUE(none[0].empty());
+}
+
 }  // namespace
 }  // namespace latentd::client

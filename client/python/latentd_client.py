@@ -68,6 +68,19 @@ def _spans_of(rows, row_ranges, sequences, context_length):
     return _spans_of_rows(rows) if rows is not None else _merged_spans(row_ranges)
 
 
+def _batches_of(messages, max_bytes):
+    """`messages` cut in order into lists of at most max_bytes serialized (one larger is a list
+    alone); one empty list for none, so that a call is still made."""
+    batches, size = [[]], 0
+    for m in messages:
+        if batches[-1] and size + m.ByteSize() > max_bytes:
+            batches.append([])
+            size = 0
+        batches[-1].append(m)
+        size += m.ByteSize()
+    return batches
+
+
 class Output:
     """A value of a job's result that does not exist yet: put it in a spec dict where the value
     goes, and the job waits for that job and takes the value once it has succeeded (a
@@ -545,20 +558,32 @@ class Client:
         dict {latent: text}, or dicts with latent, text and optionally score and source (delphi's
         records name the text "explanation", taken too). `source` fills those that name none;
         replace_all removes the dataset's earlier explanations in the same write. All or none is
-        stored (grpc.RpcError INVALID_ARGUMENT naming explanations[i] otherwise); get_latent then
-        carries each latent's, and dashboards show them. The response: stored, explained."""
+        stored (grpc.RpcError INVALID_ARGUMENT naming explanations[i] otherwise; past 8 MiB of
+        them, all or none of each 8 MiB call); get_latent then carries each latent's, and
+        dashboards show them. The response: stored, explained."""
         items = ([{"latent": l, "text": t} for l, t in explanations.items()]
                  if isinstance(explanations, dict) else explanations)
-        request = datasets_pb2.SetExplanationsRequest(dataset_id=dataset_id,
-                                                      replace_all=replace_all)
+        messages = []
         for item in items:
-            e = request.explanations.add(latent=int(item["latent"]),
-                                         text=item.get("text", item.get("explanation", "")),
-                                         source=item.get("source") or source)
+            e = datasets_pb2.LatentExplanation(
+                latent=int(item["latent"]), text=item.get("text", item.get("explanation", "")),
+                source=item.get("source") or source)
             if item.get("score") is not None:
                 e.score = float(item["score"])
-        return self.datasets.SetExplanations(request, metadata=self.metadata,
-                                             timeout=self.timeout)
+            messages.append(e)
+        # Calls of at most 8 MiB (the daemon takes 16 MiB a message), each stored whole;
+        # replace_all goes with the first.
+        batches = _batches_of(messages, 8 << 20)
+        stored = 0
+        for batch in batches:
+            request = datasets_pb2.SetExplanationsRequest(
+                dataset_id=dataset_id, replace_all=replace_all and batch is batches[0],
+                explanations=batch)
+            answer = self.datasets.SetExplanations(request, metadata=self.metadata,
+                                                   timeout=self.timeout)
+            stored += answer.stored
+        answer.stored = stored
+        return answer
 
     def search_explanations(self, dataset_id, query="", limit=20):
         """The latents whose explanations hold every word of `query` (any case, anywhere:

@@ -6,7 +6,8 @@ import unittest
 
 import numpy as np
 
-from latentd_client import SparseProbeView, _spans_of
+from latentd.v1 import datasets_pb2
+from latentd_client import Client, SparseProbeView, _batches_of, _spans_of
 
 
 class SpansOfTest(unittest.TestCase):
@@ -19,6 +20,53 @@ class SpansOfTest(unittest.TestCase):
         mask[[2, 3, 7]] = True
         for sequences in ([7, 2, 3], mask):
             self.assertEqual(_spans_of(None, None, sequences, 16), [(32, 32), (112, 16)])
+
+
+class SetExplanationsTest(unittest.TestCase):
+    """set_explanations' calls, against a stand-in for the Datasets stub."""
+
+    class Recorder:
+        def __init__(self):
+            self.requests = []
+
+        def SetExplanations(self, request, metadata=None, timeout=None):
+            self.requests.append(request)
+            return datasets_pb2.SetExplanationsResponse(stored=len(request.explanations),
+                                                        explained=7)
+
+    def client(self):
+        c = Client.__new__(Client)  # no channel: the stub stands in
+        c.datasets, c.metadata, c.timeout = self.Recorder(), [], None
+        return c
+
+    def test_forms_and_batches(self):
+        c = self.client()
+        answer = c.set_explanations(3, [{"latent": 5, "explanation": "French", "score": 0.5},
+                                        {"latent": 6, "text": "digits", "source": "me"}],
+                                    source="delphi", replace_all=True)
+        (request,) = c.datasets.requests
+        self.assertEqual(request.dataset_id, 3)
+        self.assertTrue(request.replace_all)
+        self.assertEqual([(e.latent, e.text, e.source, e.HasField("score"))
+                          for e in request.explanations],
+                         [(5, "French", "delphi", True), (6, "digits", "me", False)])
+        self.assertEqual((answer.stored, answer.explained), (2, 7))
+        # 3000 explanations of 4000 bytes (12 MB): two calls under 8 MiB each, replace_all
+        # with the first alone, the stored counts summed.
+        c = self.client()
+        answer = c.set_explanations(3, {j: "x" * 4000 for j in range(3000)}, replace_all=True)
+        self.assertEqual([len(r.explanations) for r in c.datasets.requests], [2094, 906])
+        self.assertEqual([r.replace_all for r in c.datasets.requests], [True, False])
+        self.assertTrue(all(r.ByteSize() < 8.1 * (1 << 20) for r in c.datasets.requests))
+        self.assertEqual(answer.stored, 3000)
+
+    def test_batches_of(self):
+        messages = [datasets_pb2.LatentExplanation(latent=j + 1, text="x" * n)
+                    for j, n in enumerate((10, 10, 50, 10))]
+        sizes = [m.ByteSize() for m in messages]
+        self.assertEqual([[m.latent for m in b] for b in _batches_of(messages, sizes[0] * 2)],
+                         [[1, 2], [3], [4]])
+        self.assertEqual(_batches_of([], 10), [[]])
 
 
 class SparseProbeViewTest(unittest.TestCase):
