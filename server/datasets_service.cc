@@ -656,10 +656,10 @@ grpc::Status DatasetsService::SetExplanations(grpc::ServerContext* context,
   absl::Status stored = storage::PutExplanations(*store_, request->dataset_id(), explanations,
                                                  request->replace_all());
   if (!stored.ok()) return ToGrpcStatus(stored);
-  auto all = storage::SearchExplanations(*store_, request->dataset_id(), "", 1);
-  if (!all.ok()) return ToGrpcStatus(all.status());
+  auto explained = storage::CountExplanations(*store_, request->dataset_id());
+  if (!explained.ok()) return ToGrpcStatus(explained.status());
   response->set_stored(static_cast<int32_t>(explanations.size()));
-  response->set_explained(all->explained);
+  response->set_explained(*explained);
   return grpc::Status::OK;
 }
 

@@ -122,6 +122,16 @@ absl::StatusOr<std::optional<LatentExplanation>> GetExplanation(const ChunkStore
   return std::optional<LatentExplanation>(std::move(e));
 }
 
+absl::StatusOr<int64_t> CountExplanations(const ChunkStore& store, uint64_t id) {
+  RETURN_IF_ERROR(store.GetSparseRecord(id).status());
+  const std::string prefix = keys::ExplanationPrefix(id);
+  int64_t count = 0;
+  std::unique_ptr<rocksdb::Iterator> it = store.db()->NewIterator(Family::kMeta);
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) ++count;
+  RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("dataset ", id, ": explanations")));
+  return count;
+}
+
 absl::StatusOr<ExplanationMatches> SearchExplanations(const ChunkStore& store, uint64_t id,
                                                       absl::string_view query, int32_t limit) {
   if (limit < 1 || limit > kMaxExplanationResults) {

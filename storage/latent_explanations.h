@@ -48,6 +48,10 @@ absl::Status PutExplanations(const ChunkStore& store, uint64_t id,
 absl::StatusOr<std::optional<LatentExplanation>> GetExplanation(const ChunkStore& store,
                                                                 uint64_t id, int32_t latent);
 
+// How many of the dataset's latents have an explanation: one pass over the keys, no value
+// decoded. NOT_FOUND; FAILED_PRECONDITION for a DENSE dataset.
+absl::StatusOr<int64_t> CountExplanations(const ChunkStore& store, uint64_t id);
+
 struct ExplanationMatches {
   int64_t explained = 0;  // latents of the dataset with an explanation
   int64_t matched = 0;    // of them, those the query matched

@@ -110,6 +110,7 @@ TEST_F(LatentExplanationsTest, SearchMatchesEveryWordAndRanksByScore) {
   auto all = SearchExplanations(*store_, id_, "  ", 2);
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ(all->explained, 5);
+  EXPECT_EQ(*CountExplanations(*store_, id_), 5);
   EXPECT_EQ(all->matched, 5);
   ASSERT_EQ(all->explanations.size(), 2u);
   EXPECT_EQ(all->explanations[0].latent, 2);
