@@ -559,6 +559,22 @@ TEST_F(DatasetsServiceTest, SparseProbeConvertsTheRequestAndTheAnswer) {
   EXPECT_EQ(resp.fits(4).k(), 20);
   EXPECT_EQ(resp.train_positive() + resp.test_positive(), 512);
   EXPECT_EQ(resp.test_row_ranges().ranges_size(), 1);  // round(0.25 * 3)
+  // balanced reaches the store: with 384 positive rows against 512, weighing the classes moves
+  // the boundary, and the answer is the store's weighed one.
+  latentd::v1::SparseProbeRequest rare = defaults;
+  rare.mutable_row_ranges()->mutable_ranges(2)->set_count(128);
+  rare.set_balanced(true);
+  ASSERT_TRUE(call(rare, &resp).ok());
+  storage::SparseProbeOptions rare_options;
+  rare_options.seed = 4;
+  rare_options.balanced = true;
+  const std::vector<storage::RowSpan> few = {{0, 128}, {256, 128}, {512, 128}};
+  auto weighed = storage::SparseProbe(*store_, id, few, negatives, rare_options);
+  rare_options.balanced = false;
+  auto unweighed = storage::SparseProbe(*store_, id, few, negatives, rare_options);
+  ASSERT_TRUE(weighed.ok() && unweighed.ok());
+  EXPECT_NE(weighed->fits[0].intercept, unweighed->fits[0].intercept);
+  EXPECT_EQ(resp.fits(0).intercept(), weighed->fits[0].intercept);
   // The store's refusals keep their codes and say what is wrong.
   defaults.set_max_rows(1000);
   s = call(defaults, &resp);
