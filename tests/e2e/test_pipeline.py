@@ -67,7 +67,9 @@ class Pipeline(DaemonTestCase):
                                           sae={"artifactId": Output(train_id,
                                                                     "train.artifact_id")}))
         self.assertEqual(list(sparse.spec.after_job_ids), [train_id])
-        self.assertEqual(c.get(train_id).state, jobs_pb2.PENDING)
+        # The last job waits for the TRAIN (which may already run: its input, 1024 tokens,
+        # can finish within the submissions); the order of all three is checked below.
+        self.assertEqual(c.get(sparse.id).state, jobs_pb2.PENDING)
         shown = self.daemon.latentctl("get", str(train_id)).stdout
         self.assertIn("binds      train.dataset_id <- job %d's extract.dataset_id" % dense.id,
                       shown)
