@@ -924,7 +924,9 @@ int Probe(Client& client, const std::vector<std::string>& args) {
   if (!absl::GetFlag(FLAGS_all_hooks)) return 0;
   // The same labels and split (it depends on the rows and the seed alone) through the other
   // hooks (and SAEs) over the same rows: where along the model the concept is best read.
-  auto siblings = SiblingDatasets(client, id);
+  absl::StatusOr<v1::DatasetInfo> info = GetDatasetInfo(client, id);
+  if (!info.ok()) return StatusError(info.status());
+  auto siblings = SiblingDatasets(client, *info);
   if (!siblings.ok()) return StatusError(siblings.status());
   std::printf("held-out balanced accuracy by hook (the same split):\n%-40s", "DATASET");
   for (const v1::SparseProbeFit& fit : response.fits()) {
@@ -938,8 +940,6 @@ int Probe(Client& client, const std::vector<std::string>& args) {
     }
     std::printf("\n");
   };
-  absl::StatusOr<v1::DatasetInfo> info = GetDatasetInfo(client, id);
-  if (!info.ok()) return StatusError(info.status());
   print_row(DatasetLabel(*info), response);
   for (const v1::DatasetInfo& d : *siblings) {
     request.set_dataset_id(d.id());
