@@ -1177,8 +1177,8 @@ class LatentScalingView:
 
 class SparseProbeView:
     """sparse_probe's answer that Jupyter renders: an SVG chart of test accuracy, balanced
-    accuracy and F1, and train accuracy against k (evenly spaced, in the order asked; the axis from 0.5, chance for
-    balanced classes, to 1), then a row per k with its metrics (balanced accuracy too) and
+    accuracy and F1, and train accuracy against k (evenly spaced, in the order asked; the axis
+    from 0.5, chance for balanced classes, to 1), then a row per k with its metrics and
     latents."""
 
     SERIES = (("test_accuracy", "#1f77b4", "test accuracy"),
