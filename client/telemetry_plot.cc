@@ -491,9 +491,11 @@ class Plotter {
 
   void Frame(const Rect& r) { DrawFrame(c_, r); }
 
-  // Integer ticks of the x axis with grid lines, and `title` (if any) centered below them.
-  void XAxis(const Rect& r, const std::string& title) {
-    for (const Tick& t : LinearTicks(x_.lo, x_.hi, 8, /*integers=*/true)) {
+  // Ticks of the x axis with grid lines (`ticks`, or integer ones when empty), and `title` (if
+  // any) centered below them.
+  void XAxis(const Rect& r, const std::string& title, std::vector<Tick> ticks = {}) {
+    if (ticks.empty()) ticks = LinearTicks(x_.lo, x_.hi, 8, /*integers=*/true);
+    for (const Tick& t : ticks) {
       const int x = static_cast<int>(std::lround(X(r, t.value)));
       c_->FillRect(x, r.top + 1, 1, r.height - 1, kGrid);
       c_->FillRect(x, r.bottom(), 1, 5, kFrame);
@@ -995,16 +997,11 @@ absl::Status WriteSparseProbePlot(const latentd::v1::SparseProbeResponse& probe,
   canvas.DrawText(kWidth / 2 - Canvas::TextWidth(subtitle, 2) / 2, 48, subtitle, kMutedInk, 2);
   const Scale y{std::floor(lowest * 10) / 10, 1.0, false};
   plot.ValueAxis(r, y, LinearTicks(y.lo, y.hi, 5), false);
+  std::vector<Tick> ks;
   for (int i = 0; i < probe.fits_size(); ++i) {
-    const int x = static_cast<int>(std::lround(plot.X(r, i)));
-    const std::string label = absl::StrCat(probe.fits(i).k());
-    canvas.FillRect(x, r.top + 1, 1, r.height - 1, kGrid);
-    canvas.FillRect(x, r.bottom(), 1, 5, kFrame);
-    canvas.DrawText(x - Canvas::TextWidth(label, 2) / 2, r.bottom() + 9, label, kMutedInk, 2);
+    ks.push_back({static_cast<double>(i), absl::StrCat(probe.fits(i).k())});
   }
-  const std::string x_title = "k: latents the probe reads";
-  canvas.DrawText(r.left + r.width / 2 - Canvas::TextWidth(x_title, 2) / 2, r.bottom() + 30,
-                  x_title, kInk, 2);
+  plot.XAxis(r, "k: latents the probe reads", std::move(ks));
   std::vector<std::pair<const Series*, const Scale*>> legend;
   for (const Series* s : {&test, &balanced, &f1, &train}) {
     plot.Line(r, y, *s);
