@@ -595,6 +595,15 @@ class TrainLoop(DaemonTestCase):
                 self.assertIn(part, page)
             for target in re.findall(r'<a href="([^"]+)">', page):  # no link leads nowhere
                 self.assertTrue(os.path.exists(os.path.join(board, target)), target)
+        # --replace_all from a JSON Lines file: the dataset's explanations are that file's alone.
+        replacing = os.path.join(self.tmp, "replace.jsonl")
+        with open(replacing, "w") as f:
+            f.write(json.dumps({"latent": first_two[1], "text": "only this one"}) + "\n")
+        stored = daemon.latentctl("explain", str(dataset), replacing, "--replace_all").stdout
+        self.assertEqual(stored.strip(), "dataset %d: stored 1 explanation; 1 latents "
+                         "explained" % dataset)
+        self.assertEqual([(e.latent, e.text) for e in c.search_explanations(dataset).explanations],
+                         [(first_two[1], "only this one")])
         # The examples of the 5 most frequent latents as JSON Lines for auto-interpretation:
         # top examples as GetLatent gives them, silent windows where the latent fires on no row.
         examples_path = os.path.join(self.tmp, "examples.jsonl")
