@@ -782,10 +782,43 @@ int Explain(Client& client, const std::vector<std::string>& args) {
     e->set_text(text);
     if (const double score = absl::GetFlag(FLAGS_score); !std::isnan(score)) e->set_score(score);
     e->set_source(source.empty() ? "human" : source);
+  } else if (std::filesystem::is_directory(args[2])) {
+    // A delphi run (or its explanations directory): the module that is this dataset, scored by
+    // a classifier scorer's verdicts where the run has them.
+    absl::StatusOr<DelphiRun> run = LocateDelphiRun(args[2], absl::GetFlag(FLAGS_scores));
+    if (!run.ok()) return Usage(std::string(run.status().message()));
+    absl::StatusOr<std::vector<std::string>> modules = DelphiModules(run->explanations_dir);
+    if (!modules.ok()) return Usage(std::string(modules.status().message()));
+    std::string hook;
+    if (modules->size() > 1 && absl::GetFlag(FLAGS_module).empty()) {
+      absl::StatusOr<v1::DatasetInfo> info = GetDatasetInfo(client, id);
+      if (!info.ok()) return StatusError(info.status());
+      hook = info->hook_name();
+    }
+    absl::StatusOr<std::string> module =
+        ChooseDelphiModule(*modules, absl::GetFlag(FLAGS_module), hook);
+    if (!module.ok())
+      return Usage(absl::StrCat(run->explanations_dir, ": ", module.status().message()));
+    absl::StatusOr<std::vector<v1::LatentExplanation>> read = ReadDelphiExplanations(*run, *module);
+    if (!read.ok()) return Usage(std::string(read.status().message()));
+    int64_t scored = 0;
+    for (v1::LatentExplanation& e : *read) {
+      scored += e.has_score();
+      if (!source.empty()) e.set_source(source);
+    }
+    if (!absl::GetFlag(FLAGS_json)) {
+      std::string line = absl::StrCat("read ", read->size(), " explanations");
+      if (!module->empty()) absl::StrAppend(&line, " of ", *module);
+      absl::StrAppend(&line, " from ", run->explanations_dir);
+      if (!run->scores_dir.empty()) {
+        absl::StrAppend(&line, "; ", scored, " scored by ", run->scores_dir,
+                        " (balanced accuracy)");
+      }
+      std::printf("%s\n", line.c_str());
+    }
+    request.mutable_explanations()->Assign(read->begin(), read->end());
   } else {
-    const bool delphi = std::filesystem::is_directory(args[2]);
-    absl::StatusOr<std::vector<v1::LatentExplanation>> read =
-        ReadExplanations(args[2], source.empty() && delphi ? "delphi" : source);
+    absl::StatusOr<std::vector<v1::LatentExplanation>> read = ReadExplanations(args[2], source);
     if (!read.ok()) return Usage(std::string(read.status().message()));
     request.mutable_explanations()->Assign(read->begin(), read->end());
   }

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "common/test_dir.h"
 #include "gtest/gtest.h"
 
@@ -44,12 +45,19 @@ TEST(ReadExplanationsTest, JsonLinesWithEitherNameForTheText) {
             absl::StatusCode::kNotFound);
 }
 
-TEST(ReadExplanationsTest, DelphisExplanationsDirectory) {
+TEST(DelphiTest, ExplanationsDirectoryOfOneModule) {
   const fs::path dir = FreshTestDir("explanation_files_delphi");
   Write(dir / "layers.6_latent40.txt", "\"Mentions of \\\"Paris\\\" and French cities\"");
   Write(dir / "layers.6_latent7.txt", "\"digits\"");
   Write(dir / "notes.md", "not an explanation");
-  auto got = ReadExplanations(dir.string(), "delphi");
+  auto run = LocateDelphiRun(dir.string(), "");
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->explanations_dir, dir.string());
+  EXPECT_EQ(run->scores_dir, "");  // not a whole run: nothing to score with
+  auto modules = DelphiModules(dir.string());
+  ASSERT_TRUE(modules.ok()) << modules.status();
+  EXPECT_EQ(*modules, std::vector<std::string>{"layers.6"});
+  auto got = ReadDelphiExplanations(*run, "layers.6");
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->size(), 2u);  // by latent
   EXPECT_EQ((*got)[0].latent(), 7);
@@ -57,10 +65,131 @@ TEST(ReadExplanationsTest, DelphisExplanationsDirectory) {
   EXPECT_EQ((*got)[1].latent(), 40);
   EXPECT_EQ((*got)[1].text(), "Mentions of \"Paris\" and French cities");
   EXPECT_EQ((*got)[1].source(), "delphi");
+  EXPECT_FALSE((*got)[1].has_score());
   Write(dir / "layers.6_latent8.txt", "digits without quotes");
-  got = ReadExplanations(dir.string(), "delphi");
+  got = ReadDelphiExplanations(*run, "layers.6");
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(got.status().message().find("layers.6_latent8.txt: not a JSON string"),
+            std::string::npos)
+      << got.status();
+  EXPECT_EQ(LocateDelphiRun((dir / "missing").string(), "").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// One record of delphi's ClassifierOutput, as its scorers save them.
+std::string Verdict(bool activating, const std::string& prediction) {
+  return absl::StrCat("{\"str_tokens\": [\"a\", \" b\"], \"activations\": [0.0, 1.5], ",
+                      "\"distance\": 0, \"activating\": ", activating ? "true" : "false",
+                      ", \"prediction\": ", prediction, ", \"probability\": 0.5}");
+}
+
+TEST(DelphiTest, ClassifierScoreIsBalancedOverTheAnsweredExamples) {
+  // 3 activating (2 found), 1 not (called activating), 1 unanswered.
+  const std::string verdicts = absl::StrCat(
+      "[", Verdict(true, "true"), ",", Verdict(true, "true"), ",", Verdict(true, "false"), ",",
+      Verdict(false, "true"), ",", Verdict(false, "null"), "]");
+  auto score = ParseClassifierScore(verdicts);
+  ASSERT_TRUE(score.ok()) << score.status();
+  EXPECT_EQ(score->answered, 4);
+  EXPECT_EQ(score->unanswered, 1);
+  EXPECT_DOUBLE_EQ(score->accuracy, 0.5);
+  EXPECT_DOUBLE_EQ(score->balanced_accuracy, (2.0 / 3 + 0.0) / 2);
+  // Some delphi versions write 0/1 (and -1 for a reply that could not be parsed).
+  score = ParseClassifierScore(absl::StrCat("[", Verdict(false, "0"), ",", Verdict(true, "1"), ",",
+                                            Verdict(true, "-1"), "]"));
+  ASSERT_TRUE(score.ok()) << score.status();
+  EXPECT_EQ(score->answered, 2);
+  EXPECT_EQ(score->unanswered, 1);
+  EXPECT_DOUBLE_EQ(score->balanced_accuracy, 1.0);
+  // One class only: its recall.
+  score = ParseClassifierScore(
+      absl::StrCat("[", Verdict(true, "true"), ",", Verdict(true, "false"), "]"));
+  ASSERT_TRUE(score.ok()) << score.status();
+  EXPECT_DOUBLE_EQ(score->balanced_accuracy, 0.5);
+
+  for (const char* bad : {"{}", "[{\"prediction\": true}]", "[1]", "not json"}) {
+    EXPECT_EQ(ParseClassifierScore(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_NE(ParseClassifierScore(absl::StrCat("[", Verdict(true, "true"), ", {}]"))
+                .status()
+                .message()
+                .find("record 1 has no boolean \"activating\""),
+            std::string::npos);
+}
+
+TEST(DelphiTest, WholeRunOfSeveralModulesWithScores) {
+  const fs::path root = FreshTestDir("explanation_files_delphi_run");
+  fs::create_directories(root / "explanations");
+  fs::create_directories(root / "scores" / "detection");
+  fs::create_directories(root / "scores" / "fuzz");
+  for (const std::string module : {"blocks.1.hook_resid_post", "blocks.2.hook_resid_post"}) {
+    Write(root / "explanations" / (module + "_latent3.txt"), "\"" + module + " three\"");
+    Write(root / "explanations" / (module + "_latent5.txt"), "\"" + module + " five\"");
+  }
+  // Latent 3 of layer 2 is scored by both scorers, latent 5 by none.
+  Write(root / "scores" / "detection" / "blocks.2.hook_resid_post_latent3.txt",
+        absl::StrCat("[", Verdict(true, "true"), ",", Verdict(false, "true"), "]"));
+  Write(root / "scores" / "fuzz" / "blocks.2.hook_resid_post_latent3.txt",
+        absl::StrCat("[", Verdict(true, "true"), ",", Verdict(false, "false"), "]"));
+  // A file the scorer wrote without an answered example leaves its explanation unscored.
+  Write(root / "scores" / "detection" / "blocks.1.hook_resid_post_latent3.txt",
+        absl::StrCat("[", Verdict(true, "null"), "]"));
+
+  auto run = LocateDelphiRun(root.string(), "");
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->explanations_dir, (root / "explanations").string());
+  EXPECT_EQ(run->scorer, "detection");  // detection before fuzz
+  auto modules = DelphiModules(run->explanations_dir);
+  ASSERT_TRUE(modules.ok()) << modules.status();
+  EXPECT_EQ(modules->size(), 2u);
+  // Several modules: the dataset's hook picks, or --module; else a clear refusal.
+  EXPECT_EQ(ChooseDelphiModule(*modules, "", "blocks.2.hook_resid_post").value(),
+            "blocks.2.hook_resid_post");
+  EXPECT_EQ(
+      ChooseDelphiModule(*modules, "blocks.1.hook_resid_post", "blocks.2.hook_resid_post").value(),
+      "blocks.1.hook_resid_post");
+  absl::Status refused = ChooseDelphiModule(*modules, "", "blocks.0.hook_resid_post").status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("2 modules (blocks.1.hook_resid_post, "
+                                   "blocks.2.hook_resid_post)"),
+            std::string::npos)
+      << refused;
+  EXPECT_EQ(ChooseDelphiModule(*modules, "layers.6", "").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ChooseDelphiModule({"layers.6"}, "", "blocks.0.hook_resid_post").value(), "layers.6");
+
+  auto got = ReadDelphiExplanations(*run, "blocks.2.hook_resid_post");
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 2u);
+  EXPECT_EQ((*got)[0].text(), "blocks.2.hook_resid_post three");
+  ASSERT_TRUE((*got)[0].has_score());
+  EXPECT_DOUBLE_EQ((*got)[0].score(), 0.5);
+  EXPECT_EQ((*got)[0].source(), "delphi/detection");
+  EXPECT_FALSE((*got)[1].has_score());
+  EXPECT_EQ((*got)[1].source(), "delphi");
+  got = ReadDelphiExplanations(*run, "blocks.1.hook_resid_post");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE((*got)[0].has_score());
+
+  // Another scorer by name, or by its directory.
+  for (const std::string& scores : {std::string("fuzz"), (root / "scores" / "fuzz/").string()}) {
+    run = LocateDelphiRun(root.string(), scores);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_EQ(run->scorer, "fuzz") << scores;
+    got = ReadDelphiExplanations(*run, "blocks.2.hook_resid_post");
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_DOUBLE_EQ((*got)[0].score(), 1.0);
+    EXPECT_EQ((*got)[0].source(), "delphi/fuzz");
+  }
+  EXPECT_EQ(LocateDelphiRun(root.string(), "simulation").status().code(),
+            absl::StatusCode::kNotFound);
+  // A scorer file that is not a classifier's is named in the refusal.
+  Write(root / "scores" / "detection" / "blocks.2.hook_resid_post_latent3.txt", "{\"ev\": 1}");
+  run = LocateDelphiRun(root.string(), "");
+  got = ReadDelphiExplanations(*run, "blocks.2.hook_resid_post");
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(got.status().message().find("detection/blocks.2.hook_resid_post_latent3.txt: not a "
+                                        "JSON array"),
             std::string::npos)
       << got.status();
 }

@@ -264,13 +264,16 @@ datasets:
                                  probe (and split) through every other hook of the
                                  suite, a line of balanced accuracies each: which layer
                                  reads the concept best
-  explain ID FILE.jsonl|DIR [--source=S] [--replace_all]
+  explain ID FILE.jsonl|DIR [--source=S] [--replace_all] [--module=M] [--scores=SCORER]
   explain ID J --text="..." [--score=X] [--source=S]
                                  store what latents stand for: JSON Lines ({"latent": 12,
                                  "text": "French words", "score": 0.8, "source": "delphi"}),
-                                 delphi's explanations directory (<module>_latent<J>.txt),
-                                 or one written by hand; shown by latent, dashboard pages
-                                 and the index; deleted with the dataset
+                                 a delphi run's directory (or its explanations/), or one
+                                 written by hand; delphi's are scored by the balanced
+                                 accuracy of its detection (else fuzz, or --scores)
+                                 scorer's verdicts, and its module is the dataset's hook
+                                 (or --module); shown by latent, dashboard pages and the
+                                 index; deleted with the dataset
   search ID WORDS... [--limit=N]  the latents whose explanations hold every word (any case,
                                  "fren" finds French), scored ones first
   export ID PATH [--format=npz|hdf5|parquet|delphi] [--start=R] [--count=N] [--splits=S]

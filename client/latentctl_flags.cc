@@ -186,6 +186,14 @@ ABSL_FLAG(double, score, std::numeric_limits<double>::quiet_NaN(),
           "explain --text: the explanation's score (none by default)");
 ABSL_FLAG(bool, replace_all, false,
           "explain: the dataset's earlier explanations are removed (in the same write)");
+ABSL_FLAG(std::string, module, "",
+          "explain DIR: the delphi module whose latents are read where the run covers several "
+          "(default: the one named as the dataset's hook, as latentctl's delphi export names "
+          "them)");
+ABSL_FLAG(std::string, scores, "",
+          "explain DIR: the delphi scorer (under the run's scores/) or the directory whose "
+          "verdicts score the explanations, by balanced accuracy (default: detection, else "
+          "fuzz, where the run has them)");
 ABSL_FLAG(bool, balanced, false,
           "probe: weigh each class by n / (2 n_class) in the fit, so that a rare label counts as "
           "much as the rest");

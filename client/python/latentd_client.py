@@ -11,6 +11,7 @@ put that directory and this one on PYTHONPATH (scripts/latentd-python does it fo
     print(c.get(job.id).result)
 """
 
+import re
 import warnings
 
 import grpc
@@ -79,6 +80,92 @@ def _batches_of(messages, max_bytes):
         batches[-1].append(m)
         size += m.ByteSize()
     return batches
+
+
+def _delphi_score(verdicts):
+    """The balanced accuracy of a classifier scorer's verdicts (delphi's ClassifierOutput
+    records: "activating" the truth, "prediction" a boolean, 0/1, or null/-1 unanswered) over
+    the answered ones; None where none was answered."""
+    counts = {}
+    for i, record in enumerate(verdicts):
+        if not isinstance(record, dict) or not isinstance(record.get("activating"), bool):
+            raise ValueError('record %d has no boolean "activating" (not a detection or fuzz '
+                             "scorer's)" % i)
+        prediction = record.get("prediction")
+        if prediction not in (True, False):  # 0 and 1 compare equal to them
+            continue
+        truth = record["activating"]
+        hits, n = counts.get(truth, (0, 0))
+        counts[truth] = (hits + (bool(prediction) == truth), n + 1)
+    if not counts:
+        return None
+    return sum(hits / n for hits, n in counts.values()) / len(counts)
+
+
+def delphi_explanations(path, module=None, scores=None):
+    """The explanations an EleutherAI delphi run wrote, as records for set_explanations. `path`
+    is the run's directory (explanations/, scores/) or an explanations directory; `module` the
+    module read where the files cover several (latentctl's delphi export names each dataset's
+    module by its hook: pass get_dataset(id).hook_name). Each explanation is scored by the
+    balanced accuracy of a classifier scorer's verdicts where it has them: `scores` is a scorer
+    under the run's scores/ or a directory (default detection, else fuzz); source "delphi", or
+    "delphi/<scorer>" when scored. What latentctl explain reads from a directory."""
+    import json
+    import os
+    name = re.compile(r"(?:(.*)_)?latent(\d+)\.txt")
+
+    def latent_files(directory):
+        files = {}
+        for entry in sorted(os.listdir(directory)):
+            match = name.fullmatch(entry)
+            if match and os.path.isfile(os.path.join(directory, entry)):
+                files.setdefault(match.group(1) or "", {})[int(match.group(2))] = \
+                    os.path.join(directory, entry)
+        return files
+
+    whole_run = os.path.isdir(os.path.join(path, "explanations"))
+    explained = latent_files(os.path.join(path, "explanations") if whole_run else path)
+    if scores:
+        candidates = ([os.path.join(path, "scores", scores)] if whole_run else []) + [scores]
+    elif whole_run:
+        candidates = [os.path.join(path, "scores", s) for s in ("detection", "fuzz")]
+    else:
+        candidates = []
+    scores_dir = next((c for c in candidates if os.path.isdir(c)), None)
+    if scores and scores_dir is None:
+        raise FileNotFoundError("scores: %s is neither a directory nor a scorer under %s" %
+                                (scores, os.path.join(path, "scores")))
+    if module is None:
+        if len(explained) > 1:
+            raise ValueError("the latent files are of %d modules (%s): name one with module=" %
+                             (len(explained), ", ".join(sorted(explained))))
+        module = next(iter(explained), "")
+    elif module not in explained:
+        raise ValueError("module: no latent files of %s (the modules there: %s)" %
+                         (module, ", ".join(sorted(explained)) or "none"))
+    scored = latent_files(scores_dir).get(module, {}) if scores_dir else {}
+    scorer = os.path.basename(os.path.normpath(scores_dir)) if scores_dir else None
+    records = []
+    for latent, file in sorted(explained.get(module, {}).items()):
+        with open(file, encoding="utf-8") as f:
+            text = json.load(f)
+        if not isinstance(text, str):
+            raise ValueError("%s: not a JSON string (delphi's explanation file)" % file)
+        record = {"latent": latent, "text": text, "source": "delphi"}
+        if latent in scored:
+            with open(scored[latent], encoding="utf-8") as f:
+                verdicts = json.load(f)
+            if not isinstance(verdicts, list):
+                raise ValueError("%s: not a JSON array of a classifier scorer's records" %
+                                 scored[latent])
+            try:
+                score = _delphi_score(verdicts)
+            except ValueError as e:
+                raise ValueError("%s: %s" % (scored[latent], e)) from None
+            if score is not None:
+                record.update(score=score, source="delphi/" + scorer)
+        records.append(record)
+    return records
 
 
 class Output:

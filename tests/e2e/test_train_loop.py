@@ -14,7 +14,7 @@ import numpy
 import scipy.sparse
 
 from harness import DaemonTestCase, assert_prompt_matches_rows
-from latentd_client import Crosscoder
+from latentd_client import Crosscoder, delphi_explanations
 from latentd.v1 import datasets_pb2, jobs_pb2
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts")
@@ -538,17 +538,43 @@ class TrainLoop(DaemonTestCase):
         self.assertIn("fires most on: <code>%s</code>" % text(on[0].token_id).replace(
             "'", "&#x27;"), shown_html)
         self.assertIn(">%s</span>" % text(first.token_id).replace("'", "&#x27;"), shown_html)
-        # Explanations: delphi's directory for the two most frequent latents, one by hand, and a
-        # note from Python; searched by word, carried by GetLatent and latentctl latent.
-        delphi_dir = os.path.join(self.tmp, "explanations")
-        os.makedirs(delphi_dir)
+        # Explanations: a delphi run's for the two most frequent latents (the run covers another
+        # layer too: the dataset's hook picks its module; its detection scorer scored one), one
+        # by hand, and a note from Python; searched by word, carried by GetLatent and latentctl
+        # latent.
+        delphi_run = os.path.join(self.tmp, "delphi_run")
+        hook = c.get_dataset(dataset).hook_name
+        os.makedirs(os.path.join(delphi_run, "explanations"))
+        os.makedirs(os.path.join(delphi_run, "scores", "detection"))
         first_two = [l.latent for l in glance.latents[:2]]
-        for j, words in zip(first_two, ("French words", "closing brackets")):
-            with open(os.path.join(delphi_dir, "blocks.1_latent%d.txt" % j), "w") as f:
-                json.dump(words, f)
-        stored = daemon.latentctl("explain", str(dataset), delphi_dir).stdout
-        self.assertEqual(stored.strip(), "dataset %d: stored 2 explanations; 2 latents "
-                         "explained" % dataset)
+        for module, texts in ((hook, ("French words", "closing brackets")),
+                              ("blocks.0.hook_resid_pre", ("decoy", "decoy"))):
+            for j, words in zip(first_two, texts):
+                with open(os.path.join(delphi_run, "explanations",
+                                       "%s_latent%d.txt" % (module, j)), "w") as f:
+                    json.dump(words, f)
+        with open(os.path.join(delphi_run, "scores", "detection",
+                               "%s_latent%d.txt" % (hook, first_two[1])), "w") as f:
+            # Recall 1/2 on the activating examples, 2/2 on the others: balanced accuracy 0.75.
+            json.dump([{"str_tokens": ["a"], "activations": [1.0], "distance": 0,
+                        "activating": truth, "prediction": guess, "probability": 0.5}
+                       for truth, guess in ((True, True), (True, False), (False, False),
+                                            (False, False), (True, None))], f)
+        stored = daemon.latentctl("explain", str(dataset), delphi_run).stdout.splitlines()
+        self.assertEqual(stored, [
+            "read 2 explanations of %s from %s; 1 scored by %s (balanced accuracy)" % (
+                hook, os.path.join(delphi_run, "explanations"),
+                os.path.join(delphi_run, "scores", "detection")),
+            "dataset %d: stored 2 explanations; 2 latents explained" % dataset])
+        scored = c.get_latent(dataset, first_two[1]).explanation
+        self.assertEqual((scored.text, scored.score, scored.source),
+                         ("closing brackets", 0.75, "delphi/detection"))
+        # Python reads the run as latentctl did.
+        self.assertEqual(
+            [(r["latent"], r["text"], r.get("score"), r["source"])
+             for r in delphi_explanations(delphi_run, module=hook)],
+            [(j, e.text, e.score if e.HasField("score") else None, e.source)
+             for j, e in ((j, c.get_latent(dataset, j).explanation) for j in first_two)])
         daemon.latentctl("explain", str(dataset), str(glance.latents[2].latent),
                          "--text=French cities", "--score=0.9")
         c.set_explanations(dataset, [{"latent": glance.latents[3].latent,

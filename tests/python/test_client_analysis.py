@@ -1,13 +1,17 @@
 """The Python client's own analysis, without a daemon: the spans sparse_probe and latents_on_rows
 send, and the view that draws a sparse probe's answer (the probe itself runs in the daemon:
 storage/sparse_probe_test.cc)."""
+import json
+import os
 import re
+import tempfile
 import unittest
 
 import numpy as np
 
 from latentd.v1 import datasets_pb2
-from latentd_client import Client, SparseProbeView, _batches_of, _spans_of
+from latentd_client import (Client, SparseProbeView, _batches_of, _spans_of,
+                            delphi_explanations)
 
 
 class SpansOfTest(unittest.TestCase):
@@ -67,6 +71,60 @@ class SetExplanationsTest(unittest.TestCase):
         self.assertEqual([[m.latent for m in b] for b in _batches_of(messages, sizes[0] * 2)],
                          [[1, 2], [3], [4]])
         self.assertEqual(_batches_of([], 10), [[]])
+
+
+class DelphiExplanationsTest(unittest.TestCase):
+    """A delphi run's directory read as set_explanations' records (latentctl reads it the same
+    way: client/explanation_files_test.cc)."""
+
+    @staticmethod
+    def verdicts(pairs):
+        return [{"str_tokens": ["a"], "activations": [1.0], "distance": 0, "activating": truth,
+                 "prediction": guess, "probability": 0.5} for truth, guess in pairs]
+
+    def test_module_scores_and_refusals(self):
+        with tempfile.TemporaryDirectory() as run:
+            os.makedirs(os.path.join(run, "explanations"))
+            for scorer in ("detection", "fuzz"):
+                os.makedirs(os.path.join(run, "scores", scorer))
+            for module in ("blocks.1.hook_resid_post", "blocks.2.hook_resid_post"):
+                for j in (3, 5):
+                    with open(os.path.join(run, "explanations", "%s_latent%d.txt" % (module, j)),
+                              "w") as f:
+                        json.dump("%s %d" % (module, j), f)
+            with open(os.path.join(run, "notes.md"), "w") as f:
+                f.write("not a latent's")
+            detection = os.path.join(run, "scores", "detection",
+                                     "blocks.2.hook_resid_post_latent3.txt")
+            with open(detection, "w") as f:  # recalls 2/3 and 0 (and one unanswered)
+                json.dump(self.verdicts([(True, True), (True, True), (True, False),
+                                         (False, True), (False, None)]), f)
+            with open(os.path.join(run, "scores", "fuzz",
+                                   "blocks.2.hook_resid_post_latent3.txt"), "w") as f:
+                json.dump(self.verdicts([(True, 1), (False, 0), (True, -1)]), f)
+
+            got = delphi_explanations(run, module="blocks.2.hook_resid_post")
+            self.assertEqual(got, [
+                {"latent": 3, "text": "blocks.2.hook_resid_post 3", "source": "delphi/detection",
+                 "score": (2 / 3 + 0) / 2},
+                {"latent": 5, "text": "blocks.2.hook_resid_post 5", "source": "delphi"}])
+            fuzz = delphi_explanations(run, module="blocks.2.hook_resid_post", scores="fuzz")
+            self.assertEqual((fuzz[0]["score"], fuzz[0]["source"]), (1.0, "delphi/fuzz"))
+            unscored = delphi_explanations(os.path.join(run, "explanations"),
+                                           module="blocks.1.hook_resid_post")
+            self.assertEqual([r["source"] for r in unscored], ["delphi", "delphi"])
+
+            with self.assertRaisesRegex(ValueError, "2 modules .*name one with module="):
+                delphi_explanations(run)
+            with self.assertRaisesRegex(ValueError, "module: no latent files of layers.6"):
+                delphi_explanations(run, module="layers.6")
+            with self.assertRaises(FileNotFoundError):
+                delphi_explanations(run, module="blocks.2.hook_resid_post", scores="simulation")
+            with open(detection, "w") as f:
+                json.dump([{"prediction": True}], f)
+            with self.assertRaisesRegex(ValueError, 'latent3.txt: record 0 has no boolean '
+                                        '"activating"'):
+                delphi_explanations(run, module="blocks.2.hook_resid_post")
 
 
 class SparseProbeViewTest(unittest.TestCase):
