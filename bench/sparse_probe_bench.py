@@ -12,12 +12,16 @@ frequency): the rows with it against the rows without (every row of the dataset,
 run of either), and, pooled by mean, the sequences holding more of them than the median
 sequence against those holding fewer (SAEBench's document probe). ks 1, 2, 5, 10, 20.
 
+With --orientations N, it then asks each probe both ways round (the class given as positive,
+then the other) under each selection rule, and prints the held-out balanced accuracy per k,
+averaged over N seeds: a rule that reads the classes alike gives the same figures both ways.
+
 The dataset is a real EXTRACT of the X1 reference transformer (docs/EXTRACT.md) with a TopK SAE
 (k = 32, d_sae = 4096, fp16): bench/x1_sparse.py.
 
     bazel build //server:latentd //client:latentctl //proto:api_py
     PYTHONPATH=bazel-bin/proto/py:client/python:tests/e2e /usr/bin/python3 \\
-        bench/sparse_probe_bench.py [--sequences 1024] [--repeats 3]
+        bench/sparse_probe_bench.py [--sequences 1024] [--repeats 3] [--orientations 6]
 """
 
 import argparse
@@ -131,6 +135,8 @@ def main():
     parser.add_argument("--sequences", type=int, default=1024,
                         help="128-token sequences to extract")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--orientations", type=int, default=0,
+                        help="seeds of the both-ways-round table (0: no table)")
     args = parser.parse_args()
     with x1_sparse.served(args.sequences, "probe-bench") as (client, dataset):
         whole, tokens = client.read_rows(dataset)
@@ -176,6 +182,26 @@ def main():
             print("           test accuracy per k %s: %s (latents %s)" % (
                 list(KS), answer["test_accuracy"].round(4).tolist(),
                 answer["latents"][:5].tolist()))
+        if args.orientations > 0:
+            orientation_table(client, dataset, probes, args.orientations)
+
+
+def orientation_table(client, dataset, probes, seeds):
+    """Each probe with its classes as given and swapped, per selection rule: the held-out
+    balanced accuracy per k, averaged over `seeds` splits."""
+    print("\nheld-out balanced accuracy per k %s, mean of %d seeds" % (list(KS), seeds))
+    print("probe      select    classes    balanced accuracy")
+    for name, (positives, negatives, pool) in probes.items():
+        for select in ("fraction", "mean"):
+            for swapped in (False, True):
+                a, b = (negatives, positives) if swapped else (positives, negatives)
+                scores = [client.sparse_probe(dataset, row_ranges=a, versus_row_ranges=b, ks=KS,
+                                              pool=pool, select=select, seed=seed,
+                                              max_rows=1 << 24)["test_balanced_accuracy"]
+                          for seed in range(seeds)]
+                print("%-9s  %-8s  %-9s  %s" % (
+                    name, select, "swapped" if swapped else "as given",
+                    " ".join("%.3f" % x for x in np.mean(scores, axis=0))))
 
 
 if __name__ == "__main__":

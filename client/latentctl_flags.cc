@@ -206,8 +206,9 @@ ABSL_FLAG(std::string, pool, "",
           "probe --sequences: mean or max: each sequence one example, its latent values pooled "
           "over its rows (SAEBench's document probes)");
 ABSL_FLAG(std::string, select, "fraction",
-          "probe: choose the latents by the difference of their firing fractions (fraction) or of "
-          "their mean values (mean, SAEBench's rule), on the train examples");
+          "probe: choose the latents by the difference, either sign, of the shares of rows they "
+          "fire on (fraction) or of their mean values (mean, SAEBench's rule) between the "
+          "classes' train examples");
 ABSL_FLAG(std::string, sweep, "",
           "steer: values of the first --intervene item, comma-separated: a run for each");
 ABSL_FLAG(int, crosscoder_source, -1,

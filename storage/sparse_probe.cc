@@ -179,18 +179,25 @@ absl::Status ForEachExample(const ChunkStore& store, uint64_t id, int32_t width,
   return absl::OkStatus();
 }
 
-// Latents by the gap between their mean values on the train positives and negatives, largest
-// first (ties by index), at most `limit`, none without a gap.
-absl::StatusOr<std::vector<int32_t>> ChooseByMean(const ChunkStore& store, uint64_t id,
-                                                  int32_t width, const std::vector<Unit>& train,
-                                                  ProbePool pool, int32_t limit) {
+// Latents by the gap, either sign, between the classes' train examples, largest first (ties by
+// index), at most `limit`, none without a gap: of their mean values over the examples as fitted
+// (kByMean), or of the share of rows they fire on (kByFraction, rows even when pooled: a latent
+// fires somewhere in nearly every long sequence). Either sign, so that which class is called
+// positive does not change the latents a probe may use.
+absl::StatusOr<std::vector<int32_t>> ChooseLatents(const ChunkStore& store, uint64_t id,
+                                                   int32_t width, const std::vector<Unit>& train,
+                                                   ProbePool pool, ProbeSelect select,
+                                                   int32_t limit) {
+  const bool by_mean = select == ProbeSelect::kByMean;
   std::vector<double> sums[2] = {std::vector<double>(width, 0.0), std::vector<double>(width, 0.0)};
   int64_t examples[2] = {0, 0};
-  RETURN_IF_ERROR(
-      ForEachExample(store, id, width, train, pool, [&](const Unit& unit, const Entries& row) {
-        ++examples[unit.positive];
-        for (const auto& [latent, value] : row) sums[unit.positive][latent] += value;
-      }));
+  RETURN_IF_ERROR(ForEachExample(store, id, width, train, by_mean ? pool : ProbePool::kNone,
+                                 [&](const Unit& unit, const Entries& row) {
+                                   ++examples[unit.positive];
+                                   for (const auto& [latent, value] : row) {
+                                     sums[unit.positive][latent] += by_mean ? value : 1.0;
+                                   }
+                                 }));
   std::vector<double> gap(width);
   for (int32_t l = 0; l < width; ++l) {
     gap[l] = std::abs(sums[1][l] / examples[1] - sums[0][l] / examples[0]);
@@ -409,20 +416,8 @@ absl::StatusOr<SparseProbeResult> SparseProbe(const ChunkStore& store, uint64_t 
       (u.positive ? result.test_positives : result.test_negatives).push_back(u.rows);
     }
   }
-  if (options.select == ProbeSelect::kByMean) {
-    ASSIGN_OR_RETURN(result.latents,
-                     ChooseByMean(store, id, rec.meta.width, train, options.pool, ks.back()));
-  } else {
-    std::vector<RowSpan> train_spans[2];
-    for (const Unit& u : train) train_spans[u.positive].push_back(u.rows);
-    LatentsOnRowsOptions counting;
-    counting.order = LatentsOnRowsOrder::kByDifference;
-    counting.limit = ks.back();
-    counting.max_rows = kMaxRowsOnRows;
-    ASSIGN_OR_RETURN(const LatentsOnRows chosen,
-                     ContrastRowSpans(store, id, train_spans[1], train_spans[0], counting));
-    for (const LatentOnRows& l : chosen.latents) result.latents.push_back(l.latent);
-  }
+  ASSIGN_OR_RETURN(result.latents, ChooseLatents(store, id, rec.meta.width, train, options.pool,
+                                                 options.select, ks.back()));
 
   // Every example's values of the chosen latents, column i being latents[i].
   std::vector<int32_t> column_of(rec.meta.width, -1);

@@ -34,9 +34,11 @@ enum class ProbePool {
 
 // How the latents a probe may use are chosen, on the train examples only.
 enum class ProbeSelect {
-  // By how much more often they fire on the positives than on the negatives (ContrastRowSpans
-  // ranked by difference, counted by the store from the train spans, at most kMaxRowsOnRows
-  // rows of each class, sampled by chunks beyond).
+  // By the largest difference between the shares of the classes' train rows they fire on,
+  // either sign (a latent that marks the negatives tells the classes apart as well; calling
+  // the other class positive chooses the same latents). Rows even when pooled: nearly every
+  // latent fires somewhere in a long sequence. Ties by latent index; a latent with no
+  // difference is never chosen.
   kByFraction,
   // By the largest difference of their mean values between the classes, either sign, over the
   // examples as fitted (pooled or not): SAEBench's rule. Ties by latent index; a latent with

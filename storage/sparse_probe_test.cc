@@ -137,7 +137,8 @@ TEST(FitLogisticTest, LaterColumnsAreLeftOutAndSeparableClassesStayFinite) {
 
 // A dataset of sequences of kContext rows; a sequence is positive when (s / 3) % 2 == 0 (runs of
 // three). Latent 7 fires on 90% of the positive rows and 5% of the negative ones, latent 9 on 30%
-// and 10%, latents 10..39 at random everywhere.
+// and 10%, latent 3 marks the negatives (15% of their rows, 2% of the positives'), latents
+// 10..39 fire at random everywhere.
 constexpr int32_t kWidth = 40;
 constexpr int32_t kContext = 48;  // 16384 rows (a read window) is not a whole number of them
 constexpr int64_t kSequences = 1000;
@@ -147,10 +148,12 @@ bool PositiveSequence(int64_t s) { return (s / 3) % 2 == 0; }
 
 std::vector<std::map<int32_t, float>> MakeRows() {
   std::mt19937 rng(5);
+  std::mt19937 negative_marks(11);
   std::uniform_real_distribution<float> unit(0.0f, 1.0f);
   std::vector<std::map<int32_t, float>> rows(kRows);
   for (int64_t r = 0; r < kRows; ++r) {
     const bool positive = PositiveSequence(r / kContext);
+    if (unit(negative_marks) < (positive ? 0.02f : 0.15f)) rows[r][3] = 0.4f;
     if (unit(rng) < (positive ? 0.9f : 0.05f)) rows[r][7] = positive ? 1 + unit(rng) : 0.3f;
     if (unit(rng) < (positive ? 0.3f : 0.1f)) rows[r][9] = 0.5f + unit(rng);
     for (int n = static_cast<int>(rng() % 4); n > 0; --n) {
@@ -294,33 +297,29 @@ class SparseProbeTest : public ::testing::Test {
     EXPECT_EQ(got.test_negative, test[0].size());
     EXPECT_EQ(got.test_positive, test[1].size());
     const int32_t most = *std::max_element(o.ks.begin(), o.ks.end());
+    // The gap of each latent between the classes: of the mean value over the examples as
+    // fitted, or of the share of rows it fires on (rows even when pooled).
+    const bool by_mean = o.select == ProbeSelect::kByMean;
+    const ProbePool counted_as = by_mean ? o.pool : ProbePool::kNone;
+    const LabelledExamples chosen_on[2] = {Examples(train_spans[0], 0, counted_as),
+                                           Examples(train_spans[1], 1, counted_as)};
+    std::vector<double> gap(kWidth, 0.0);
+    for (int side = 0; side < 2; ++side) {
+      for (size_t e = 0; e < chosen_on[side].columns.size(); ++e) {
+        gap[chosen_on[side].columns[e]] += (side == 1 ? 1 : -1) *
+                                           (by_mean ? chosen_on[side].values[e] : 1.0) /
+                                           chosen_on[side].size();
+      }
+    }
+    std::vector<int32_t> order(kWidth);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&gap](int32_t a, int32_t b) { return std::abs(gap[a]) > std::abs(gap[b]); });
     std::vector<int32_t> latents;
-    if (o.select == ProbeSelect::kByMean) {
-      std::vector<double> gap(kWidth, 0.0);
-      for (int side = 0; side < 2; ++side) {
-        for (size_t e = 0; e < train[side].columns.size(); ++e) {
-          gap[train[side].columns[e]] +=
-              (side == 1 ? 1 : -1) * train[side].values[e] / train[side].size();
-        }
+    for (int32_t l : order) {
+      if (static_cast<int32_t>(latents.size()) < most && std::abs(gap[l]) > 1e-12) {
+        latents.push_back(l);
       }
-      std::vector<int32_t> order(kWidth);
-      std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&gap](int32_t a, int32_t b) {
-        return std::abs(gap[a]) > std::abs(gap[b]);
-      });
-      for (int32_t l : order) {
-        if (static_cast<int32_t>(latents.size()) < most && std::abs(gap[l]) > 1e-12) {
-          latents.push_back(l);
-        }
-      }
-    } else {
-      LatentsOnRowsOptions counting;
-      counting.order = LatentsOnRowsOrder::kByDifference;
-      counting.limit = most;
-      counting.max_rows = kMaxRowsOnRows;
-      auto chosen = ContrastRowSpans(*store_, id_, train_spans[1], train_spans[0], counting);
-      ASSERT_TRUE(chosen.ok()) << chosen.status();
-      for (const LatentOnRows& l : chosen->latents) latents.push_back(l.latent);
     }
     ASSERT_EQ(got.latents, latents);
     const LabelledExamples fitted = Keep({train[0], train[1]}, latents);
@@ -376,9 +375,12 @@ TEST_F(SparseProbeTest, TheLatentThatMarksThePositivesLeadsAndTellsHeldOutRowsAp
   // 90% against 5% of the rows: about 0.92 of the held-out rows told apart by latent 7 alone.
   EXPECT_GE(got->fits[0].test_accuracy, 0.88);
   EXPECT_GT(got->fits[0].weights[0], 0);
-  // Latent 9 (30% against 10%) comes next, and the larger probes weigh it up too.
+  // Latent 9 (30% against 10%) comes next, and the larger probes weigh it up too; then latent 3,
+  // which marks the negatives (2% against 15%): weighed down.
   EXPECT_EQ(got->latents[1], 9);
   EXPECT_GT(got->fits[1].weights[1], 0);
+  EXPECT_EQ(got->latents[2], 3);
+  EXPECT_LT(got->fits[2].weights[2], 0);
   // Each class's spans split 1 : 3, whole: every row of a span lies on one side.
   const std::vector<RowSpan> positives = Runs(true);
   EXPECT_EQ(static_cast<int64_t>(got->test_positives.size()),
@@ -405,6 +407,32 @@ TEST_F(SparseProbeTest, TheLatentThatMarksThePositivesLeadsAndTellsHeldOutRowsAp
     return out;
   };
   EXPECT_NE(starts(reseeded->test_positives), starts(got->test_positives));
+}
+
+TEST_F(SparseProbeTest, CallingTheOtherClassPositiveChoosesTheSameLatents) {
+  // Latents are chosen by their gap either way, so a marker of either class is used whichever
+  // class the user calls positive; its weight changes sign with the labels.
+  for (ProbeSelect select : {ProbeSelect::kByFraction, ProbeSelect::kByMean}) {
+    SCOPED_TRACE(static_cast<int>(select));
+    SparseProbeOptions o;
+    o.ks = {3};
+    o.select = select;
+    auto got = SparseProbe(*store_, id_, Runs(true), Runs(false), o);
+    auto swapped = SparseProbe(*store_, id_, Runs(false), Runs(true), o);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_TRUE(swapped.ok()) << swapped.status();
+    const std::vector<int32_t> markers = {7, 9, 3};
+    ASSERT_GE(got->latents.size(), 3u);
+    EXPECT_EQ(std::vector<int32_t>(got->latents.begin(), got->latents.begin() + 3), markers);
+    ASSERT_GE(swapped->latents.size(), 3u);
+    EXPECT_EQ(std::vector<int32_t>(swapped->latents.begin(), swapped->latents.begin() + 3),
+              markers);
+    for (int c = 0; c < 3; ++c) {
+      EXPECT_LT(got->fits[0].weights[c] * swapped->fits[0].weights[c], 0) << markers[c];
+    }
+    EXPECT_GE(swapped->fits[0].test_accuracy, 0.88);
+    ExpectAsRecomputed(*got, o);
+  }
 }
 
 TEST_F(SparseProbeTest, BalancedClassesMoveTheBoundaryTowardTheRareOne) {

@@ -562,12 +562,12 @@ class Client:
         row_ranges or sequences; versus_...); no row may be in both. Their spans (runs of
         consecutive rows, or with pooling each sequence) are split at random (seed) into train
         and test, test_fraction of each class's held out, so that no span lends rows to both.
-        The latents are chosen on the train examples alone: select="fraction" by how much more
-        often they fire on the positives (latents_on_rows order="difference"), select="mean" by
-        the largest difference of their mean values between the classes, either sign (over the
-        examples as fitted, pooled or not, as SAEBench selects); then an L2-penalized logistic
-        regression (l2, scikit-learn's 1 / C, on standardized values) on the first k of them is
-        fitted on the train examples and scored on the test ones. pool="mean" or "max" (both
+        The latents are chosen on the train examples alone, by their largest difference
+        between the classes, either sign (a marker of the negatives counts too):
+        select="fraction" of the shares of rows they fire on, select="mean" of their mean
+        values (over the examples as fitted, pooled or not, as SAEBench selects); then an
+        L2-penalized logistic regression (l2, scikit-learn's 1 / C, on standardized values) on
+        the first k of them is fitted on the train examples and scored on the test ones. pool="mean" or "max" (both
         classes given as sequences, or as rows that are whole sequences): each sequence is one
         example, its latent values pooled over its rows, as SAEBench classifies documents.
         max_rows (0: 2^20, at most 2^24) caps the rows of both classes. balanced=True weighs
