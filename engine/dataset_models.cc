@@ -6,17 +6,15 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
-#include <list>
 #include <map>
 #include <mutex>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/process_memory.h"
 #include "common/status_macros.h"
+#include "engine/dataset_models_internal.h"
 #include "engine/gpt2_model.h"
 #include "engine/hf_model.h"
 #include "engine/hook_name.h"
@@ -27,182 +25,20 @@
 #include "engine/torchscript_model.h"
 
 namespace latentd::engine {
+
+using dataset_models_internal::AsRun;
+using dataset_models_internal::CheckPromptFits;
+using dataset_models_internal::CheckPromptLength;
+using dataset_models_internal::CrosscoderSourceInputs;
+using dataset_models_internal::DatasetInputs;
+using dataset_models_internal::PreparedSae;
+using dataset_models_internal::PreparedUnembedding;
+using dataset_models_internal::PromptModel;
+using dataset_models_internal::PromptSae;
+
 namespace {
 
 constexpr int kDefaultTopN = 10;
-
-int64_t TensorBytes(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
-
-// An SAE's decoder prepared for cosine queries: one matrix-vector product answers a latent.
-struct PreparedSae {
-  at::Tensor unit_dec;     // [d_sae, d_in] float32, W_dec rows scaled to norm 1 (0 rows stay 0)
-  at::Tensor dec_norm;     // [d_sae]
-  at::Tensor enc_norm;     // [d_sae], of W_enc's columns
-  at::Tensor enc_dec_cos;  // [d_sae]
-  std::optional<CircuitTracerLayer> circuit_tracer;  // the SAE's config says
-  // A crosscoder's sources (0 for an SAE): each decoder row is their n blocks side by side.
-  int crosscoder_sources = 0;
-  std::vector<std::string> crosscoder_hooks;
-  std::vector<double> crosscoder_scales;
-  int64_t bytes() const {
-    return TensorBytes(unit_dec) + TensorBytes(dec_norm) + TensorBytes(enc_norm) +
-           TensorBytes(enc_dec_cos);
-  }
-};
-
-// The map from the hooked activation space to the logits.
-struct PreparedUnembedding {
-  at::Tensor W_U;  // [vocab, d_resid] float32, contiguous
-  // What the hook's width takes to the residual stream: [d_mlp, d_resid] (the MLP's W_out) for
-  // mlp.hook_post, [heads * d_head, d_resid] (W_O) for attn.hook_z; undefined otherwise.
-  at::Tensor W_out;
-  std::string source;
-  int64_t bytes() const { return TensorBytes(W_U) + TensorBytes(W_out); }
-};
-
-// What a dataset was made from, as its EXTRACT job's spec says.
-struct DatasetInputs {
-  latentd::v1::ExtractSpec spec;  // the dataset's output of the job
-  std::string sae_dir;
-  HookName hook;
-  // Where the SAE's decoder writes: `hook`, or a transcoder's output hook (the space its
-  // decoder directions live in, which the logit tables unembed from).
-  HookName decoder_hook;
-  // Every hook of the job's outputs, each once, in output order: the model for prompts is built
-  // with all of them, since the job's other datasets are likely asked next (--all_hooks).
-  std::vector<std::string> job_hooks;
-  // A crosscoder's dataset: what it reads together ("blocks.0.hook_resid_post and ...", "stored
-  // datasets 7, 8"), which no prompt through one model at one hook gives; "" for an SAE. The
-  // hook fields above are then unset (its directions span several hooks)...
-  std::string crosscoder_reads;
-  // ... and each source's model and hook are here, in source order, for its logits.
-  struct SourceModel {
-    latentd::v1::ExtractSpec spec;  // the model; hook_name the source's hook
-    std::string model_weight_hash;  // as recorded where the source's rows were made
-    std::string unknown;            // why the model is not known; "" when it is
-  };
-  std::vector<SourceModel> crosscoder_models;
-};
-
-// A model on the CPU for prompts, built with the hooks of every dataset asked so far whose job
-// ran these weights, so that all their prompts (an SAE suite: one per layer, from one job or a
-// job per layer) share one copy of the weights; a model per hook would keep n copies, or, past
-// the cache budget, reload the model for every dataset of the suite in turn. Forward runs one
-// prompt at a time (a TorchScript module is not promised to be reentrant).
-struct PromptModel {
-  PromptModel(std::unique_ptr<ActivationModel> m, std::vector<std::string> hook_names)
-      : model(std::move(m)), hooks(std::move(hook_names)) {}
-
-  // Where `hook` is among the model's hooks; hooks.size() when it is not.
-  size_t IndexOf(const std::string& hook) const {
-    return std::find(hooks.begin(), hooks.end(), hook) - hooks.begin();
-  }
-
-  // Every hook's activations on `tokens` ([1, n] int64): one forward pass, or none when the
-  // last call had the same tokens (`latentctl prompt --all_hooks` sends one prompt to each
-  // dataset of the job in turn: the suite costs one forward and an encode per SAE).
-  std::vector<at::Tensor> HookActivations(const std::vector<int64_t>& tokens) const {
-    std::lock_guard<std::mutex> lock(mu);
-    if (tokens == last_tokens) return last_activations;
-    at::NoGradGuard no_grad;
-    std::vector<at::Tensor> activations =
-        model->ForwardHooks(at::tensor(tokens, at::TensorOptions().dtype(at::kLong)).view({1, -1}));
-    int64_t bytes = 0;
-    for (const at::Tensor& a : activations) bytes += a.numel() * a.element_size();
-    last_tokens = bytes <= kLastPromptActivationBytes ? tokens : std::vector<int64_t>();
-    last_activations =
-        bytes <= kLastPromptActivationBytes ? activations : std::vector<at::Tensor>();
-    return activations;
-  }
-
-  // f(model) with the model to itself (a steered prompt runs many forward passes).
-  template <typename F>
-  auto Locked(F&& f) const {
-    std::lock_guard<std::mutex> lock(mu);
-    return f(*model);
-  }
-
-  // f() with each of `models` to itself: each locked once, all in one order (by address), so
-  // that queries running several of the same models cannot deadlock.
-  template <typename F>
-  static auto LockedAll(std::vector<const PromptModel*> models, F&& f) {
-    std::sort(models.begin(), models.end(), std::less<const PromptModel*>());
-    models.erase(std::unique(models.begin(), models.end()), models.end());
-    std::vector<std::unique_lock<std::mutex>> locks;
-    for (const PromptModel* m : models) locks.emplace_back(m->mu);
-    return f();
-  }
-
-  const std::unique_ptr<ActivationModel> model;
-  const std::vector<std::string> hooks;  // what HookActivations returns, in order
-  int64_t bytes() const { return model->parameter_bytes() + kLastPromptActivationBytes; }
-
- private:
-  mutable std::mutex mu;  // guards the model's forward and the last prompt
-  mutable std::vector<int64_t> last_tokens;
-  mutable std::vector<at::Tensor> last_activations;
-};
-
-// A dataset's SAE on the CPU, for prompts (encoding is reentrant).
-struct PromptSae {
-  explicit PromptSae(Sae s) : sae(std::move(s)) {}
-  const Sae sae;
-  int64_t bytes() const { return sae.weight_bytes(); }
-};
-
-// What a steered or attributed prompt runs through: the dataset's model (to itself while
-// `run` holds it) and SAE, where the SAE reads and its decoder writes, the prompt as run.
-struct InterventionInputs {
-  std::shared_ptr<const PromptModel> model;
-  std::shared_ptr<const PromptSae> sae;
-  SteeringModel steering;  // model unset: Run sets it
-  std::vector<int64_t> tokens;
-  bool bos_prepended = false;
-  latentd::v1::ModelSpec model_spec;  // as the dataset's job ran it (a target must match it)
-  // The running model's weight hash as its dataset recorded it ("": not checked); for a
-  // crosscoder over models, the running source's.
-  std::string model_weight_hash;
-  // A crosscoder over models run beside the steered one: every source's model, in its blocks'
-  // order (steering.diffed_models' hooks; `model` at the steered source).
-  std::vector<std::shared_ptr<const PromptModel>> beside;
-  // Other models the run reads (a target crosscoder's over models), locked with these.
-  std::vector<std::shared_ptr<const PromptModel>> held_too;
-
-  // `steering` with its models set (to be used under their locks: Run).
-  SteeringModel Bound() const {
-    SteeringModel out = steering;
-    out.model = model->model.get();
-    for (size_t s = 0; s < beside.size(); ++s) out.diffed_models[s].model = beside[s]->model.get();
-    return out;
-  }
-
-  template <typename F>
-  auto Run(F&& f) {
-    std::vector<const PromptModel*> held = {model.get()};
-    for (const auto& m : beside) held.push_back(m.get());
-    for (const auto& m : held_too) held.push_back(m.get());
-    return PromptModel::LockedAll(held, [&] {
-      steering = Bound();
-      return f(steering);
-    });
-  }
-};
-
-// An attribution's model and SAE (InterventionInputs) and, for latent targets, the target
-// dataset's SAE and the hook it reads.
-struct AttributionInputs {
-  InterventionInputs in;
-  std::shared_ptr<const PromptSae> target_sae;
-  std::optional<TargetSae> target;
-};
-
-// `dataset` as the model its inputs run: for a crosscoder over several models, with the running
-// source's weight hash (what a target or another SAE of the same forward must match).
-DatasetSource Running(const DatasetSource& dataset, const InterventionInputs& in) {
-  DatasetSource out = dataset;
-  out.model_weight_hash = in.model_weight_hash;
-  return out;
-}
 
 // num / den where den > 0, else 0 (a zero decoder row has no direction).
 at::Tensor SafeDivide(const at::Tensor& num, const at::Tensor& den) {
@@ -401,142 +237,85 @@ absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> TorchScriptUnembeddin
 
 }  // namespace
 
-struct DatasetModels::Impl {
-  ExtractEnv env;
-  DatasetModelsOptions options;
+namespace dataset_models_internal {
 
-  mutable std::mutex mu;
-  struct Entry {
-    std::string key;
-    std::shared_ptr<const void> value;
-    int64_t bytes = 0;
-  };
-  std::list<Entry> lru;  // most recently used first
-  int64_t bytes = 0;
-
-  template <typename T>
-  std::shared_ptr<const T> Find(const std::string& key) {
-    std::lock_guard<std::mutex> lock(mu);
-    for (auto it = lru.begin(); it != lru.end(); ++it) {
-      if (it->key != key) continue;
-      lru.splice(lru.begin(), lru, it);
-      return std::static_pointer_cast<const T>(lru.front().value);
-    }
-    return nullptr;
+absl::Status CheckPromptLength(const std::vector<int64_t>& ids) {
+  if (ids.empty()) return absl::InvalidArgumentError("token_ids: empty");
+  if (static_cast<int64_t>(ids.size()) > kMaxPromptTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token_ids: ", ids.size(), " tokens, at most ", kMaxPromptTokens));
   }
+  return absl::OkStatus();
+}
 
-  template <typename T>
-  void Insert(const std::string& key, std::shared_ptr<const T> value, int64_t value_bytes) {
-    if (value_bytes > options.cache_bytes) return;
-    std::lock_guard<std::mutex> lock(mu);
-    for (auto it = lru.begin(); it != lru.end(); ++it) {
-      if (it->key == key) {  // a concurrent query prepared it too
-        bytes -= it->bytes;
-        lru.erase(it);
-        break;
-      }
-    }
-    lru.push_front({key, std::move(value), value_bytes});
-    bytes += value_bytes;
-    while (bytes > options.cache_bytes) {
-      bytes -= lru.back().bytes;
-      lru.pop_back();
+std::vector<int64_t> AsRun(const std::vector<int64_t>& ids,
+                           const latentd::v1::TokenSource& token_spec) {
+  std::vector<int64_t> tokens;
+  if (token_spec.prepend_bos()) tokens.push_back(token_spec.bos_token_id());
+  tokens.insert(tokens.end(), ids.begin(), ids.end());
+  return tokens;
+}
+
+absl::Status CheckPromptFits(const std::vector<int64_t>& ids, const std::vector<int64_t>& tokens,
+                             const ActivationModel& model) {
+  const int64_t vocab = model.vocab_size();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || (vocab > 0 && ids[i] >= vocab)) {
+      return absl::InvalidArgumentError(absl::StrCat("token_ids[", i, "]: id ", ids[i],
+                                                     " outside the vocabulary [0, ", vocab, ")"));
     }
   }
-
-  // The value cached under `key`, else what load() gives (StatusOr<shared_ptr<const T>>), kept
-  // unless it is null (nothing to keep, e.g. no unembedding; the caller was told why).
-  template <typename T, typename Load>
-  absl::StatusOr<std::shared_ptr<const T>> Cached(const std::string& key, Load load) {
-    if (auto hit = Find<T>(key)) return hit;
-    ASSIGN_OR_RETURN(std::shared_ptr<const T> value, load());
-    if (value != nullptr) Insert<T>(key, value, value->bytes());
-    return value;
+  const int64_t context = model.max_context();
+  if (context > 0 && static_cast<int64_t>(tokens.size()) > context) {
+    return absl::InvalidArgumentError(absl::StrCat("token_ids: ", tokens.size(), " tokens",
+                                                   tokens.size() > ids.size() ? " with BOS" : "",
+                                                   ", the model takes at most ", context));
   }
+  return absl::OkStatus();
+}
 
-  // The dataset's EXTRACT spec, SAE directory and hook, FAILED_PRECONDITION when the job
-  // record or the SAE is gone.
-  absl::StatusOr<DatasetInputs> InputsOf(const DatasetSource& dataset) const;
-  // RESOURCE_EXHAUSTED when loading the SAE in `dir` would take more than the memory limit.
-  absl::Status CheckSaeFits(const DatasetSource& dataset, const std::string& dir) const;
-  // The SAE in `dir`, checked against the dataset (hash, d_sae) and the memory limit.
-  absl::StatusOr<Sae> LoadSae(const DatasetSource& dataset, const std::string& dir) const;
-  // The model (with every hook of the dataset's job, and those of earlier queries on the same
-  // weights) and the dataset's SAE on the CPU, cached apart, for EncodePrompt.
-  absl::StatusOr<std::shared_ptr<const PromptModel>> ModelFor(const DatasetSource& dataset,
-                                                              const DatasetInputs& inputs);
-  // A model of `model`'s weights with these hooks, checked against the dataset's model hash.
-  absl::StatusOr<std::shared_ptr<const PromptModel>> BuildPromptModel(
-      const DatasetSource& dataset, const latentd::v1::ModelSpec& model,
-      const std::vector<std::string>& hook_names) const;
-  // A dataset encoded from stored activations (ModelSpec.stored): `spec`, naming the first
-  // stored dataset, gets the model, hook and BOS handling of the job that stored it, and
-  // *model_weight_hash (when not null) the model hash that dataset recorded.
-  absl::Status ModelOfStoredSource(const DatasetSource& dataset, latentd::v1::ExtractSpec* spec,
-                                   std::string* model_weight_hash) const;
-  // The logit tables of `direction` (a decoder direction in `hook`'s space, d values) through
-  // the unembedding of `spec`'s model, top_n each way, into *positive / *negative and *source;
-  // *unavailable says why there are none.
-  absl::Status LogitsOf(const DatasetSource& dataset, const latentd::v1::ExtractSpec& spec,
-                        const HookName& hook, at::Tensor direction, int64_t top_n,
-                        const std::string& requested, std::vector<ScoredIndex>* positive,
-                        std::vector<ScoredIndex>* negative, std::string* source,
-                        std::string* unavailable);
-  absl::StatusOr<std::shared_ptr<const PromptSae>> PromptSaeFor(const DatasetSource& dataset,
-                                                                const std::string& dir);
-  // What a steered or attributed prompt runs through: refuses what has no single hook to
-  // change (crosscoders, cross-layer transcoders) or no logits (TorchScript), `what`
-  // ("steering", "attribution") naming the query. A crosscoder over several models runs as
-  // its source `crosscoder_source`'s model (SteeringModel::diffed_source), which must be given
-  // for one and only for one.
-  absl::StatusOr<InterventionInputs> InterventionInputsFor(
-      const DatasetSource& dataset, const std::vector<int64_t>& token_ids, const std::string& what,
-      std::optional<int> crosscoder_source = std::nullopt);
-  // For a crosscoder over models (`crosscoder` its dataset's inputs) run as its source `steered`
-  // (out->model): every source's model and hook into out->beside and
-  // out->steering.diffed_models, to run beside it on out->tokens. An error says why they cannot
-  // (steering then adds alone, attribution is refused).
-  absl::Status ModelsBeside(const DatasetSource& dataset, const DatasetInputs& crosscoder,
-                            int steered, const std::vector<int64_t>& token_ids,
-                            InterventionInputs* out);
-  // For a target latent of a crosscoder over several models (`of_target` its dataset's inputs):
-  // the source that is `dataset`'s model, which the attribution's forward runs, and the other
-  // models beside it, into out->target (their models held in out->in.held_too).
-  // FAILED_PRECONDITION naming target_latent.dataset_id when no source, or several, are that
-  // model, or the others cannot run beside it.
-  absl::Status DiffedTarget(const DatasetSource& dataset, const DatasetSource& target_dataset,
-                            const DatasetInputs& of_target, const std::vector<int64_t>& token_ids,
-                            AttributionInputs* out);
-  // Host memory a query may take: options.memory_limit_bytes, else what the host has now.
-  int64_t MemoryLimitBytes() const {
-    return options.memory_limit_bytes > 0 ? options.memory_limit_bytes : HostAvailableMemoryBytes();
+bool OverSeveralModels(const DatasetInputs& inputs) {
+  const std::vector<DatasetInputs::SourceModel>& models = inputs.crosscoder_models;
+  for (const DatasetInputs::SourceModel& source : models) {
+    if (!source.unknown.empty() ||
+        source.spec.model().SerializeAsString() != models[0].spec.model().SerializeAsString() ||
+        source.model_weight_hash != models[0].model_weight_hash) {
+      return true;
+    }
   }
-  // The intervention inputs of `others` for one run that changes all their SAEs' latents beside
-  // `first`'s (`first_in` its inputs): each must run on that model and weights, a crosscoder
-  // over several models as its source crosscoder_sources[k] (none past its end). An error of
-  // one carries label(k) before it; FAILED_PRECONDITION for one of another model says the run
-  // "cannot <cannot>".
-  absl::StatusOr<std::vector<InterventionInputs>> InputsOnOneForward(
-      const DatasetSource& first, const InterventionInputs& first_in,
-      const std::vector<DatasetSource>& others,
-      const std::vector<std::optional<int>>& crosscoder_sources,
-      const std::vector<int64_t>& token_ids, const std::string& what,
-      const std::function<std::string(size_t)>& label, const std::string& cannot);
-  // InterventionInputsFor, the target's SAE when `target_dataset` is not null (same model
-  // required) and the memory check of the backward pass. `ablate`: the runs of the ablation
-  // check (AttributionQuery.ablate), for the memory check; `crosscoder_source` as
-  // InterventionInputsFor's.
-  absl::StatusOr<AttributionInputs> AttributionInputsFor(
-      const DatasetSource& dataset, const std::vector<int64_t>& token_ids,
-      const DatasetSource* target_dataset, int ablate,
-      std::optional<int> crosscoder_source = std::nullopt);
-  absl::StatusOr<std::shared_ptr<const PreparedSae>> SaeFor(const DatasetSource& dataset,
-                                                            const std::string& dir);
-  // The unembedding, or null with *unavailable saying why there is none.
-  absl::StatusOr<std::shared_ptr<const PreparedUnembedding>> UnembeddingFor(
-      const DatasetSource& dataset, const latentd::v1::ExtractSpec& spec, const HookName& hook,
-      int64_t d_in, const std::string& requested, std::string* unavailable);
-};
+  return false;
+}
+
+bool SameForward(const DatasetSource& a, const latentd::v1::ModelSpec& a_model,
+                 const DatasetSource& b, const latentd::v1::ModelSpec& b_model) {
+  const bool hashes_differ = !a.model_weight_hash.empty() && !b.model_weight_hash.empty() &&
+                             a.model_weight_hash != b.model_weight_hash;
+  return !hashes_differ && a_model.SerializeAsString() == b_model.SerializeAsString();
+}
+
+absl::StatusOr<std::pair<DatasetSource, DatasetInputs>> CrosscoderSourceInputs(
+    const DatasetSource& dataset, const DatasetInputs& inputs,
+    const DatasetInputs::SourceModel& source) {
+  if (!source.unknown.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the crosscoder's input for a prompt: ", source.unknown));
+  }
+  std::pair<DatasetSource, DatasetInputs> out{dataset, DatasetInputs()};
+  auto& [of_source, part] = out;
+  of_source.model_weight_hash = source.model_weight_hash;
+  part.spec = source.spec;
+  for (const DatasetInputs::SourceModel& other : inputs.crosscoder_models) {
+    if (other.spec.model().SerializeAsString() != source.spec.model().SerializeAsString() ||
+        std::find(part.job_hooks.begin(), part.job_hooks.end(), other.spec.hook_name()) !=
+            part.job_hooks.end()) {
+      continue;
+    }
+    part.job_hooks.push_back(other.spec.hook_name());
+  }
+  return out;
+}
+
+}  // namespace dataset_models_internal
 
 absl::Status DatasetModels::Impl::ModelOfStoredSource(const DatasetSource& dataset,
                                                       latentd::v1::ExtractSpec* spec,
@@ -1069,99 +848,6 @@ absl::StatusOr<SaeComparison> DatasetModels::CompareSaes(const DatasetSource& da
   }
 }
 
-namespace {
-
-absl::Status CheckPromptLength(const std::vector<int64_t>& ids) {
-  if (ids.empty()) return absl::InvalidArgumentError("token_ids: empty");
-  if (static_cast<int64_t>(ids.size()) > kMaxPromptTokens) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("token_ids: ", ids.size(), " tokens, at most ", kMaxPromptTokens));
-  }
-  return absl::OkStatus();
-}
-
-// The prompt as the dataset's sequences ran: BOS first where its spec prepends one.
-std::vector<int64_t> AsRun(const std::vector<int64_t>& ids,
-                           const latentd::v1::TokenSource& token_spec) {
-  std::vector<int64_t> tokens;
-  if (token_spec.prepend_bos()) tokens.push_back(token_spec.bos_token_id());
-  tokens.insert(tokens.end(), ids.begin(), ids.end());
-  return tokens;
-}
-
-// INVALID_ARGUMENT naming token_ids when the model cannot take the prompt as run (`tokens`).
-absl::Status CheckPromptFits(const std::vector<int64_t>& ids, const std::vector<int64_t>& tokens,
-                             const ActivationModel& model) {
-  const int64_t vocab = model.vocab_size();
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || (vocab > 0 && ids[i] >= vocab)) {
-      return absl::InvalidArgumentError(absl::StrCat("token_ids[", i, "]: id ", ids[i],
-                                                     " outside the vocabulary [0, ", vocab, ")"));
-    }
-  }
-  const int64_t context = model.max_context();
-  if (context > 0 && static_cast<int64_t>(tokens.size()) > context) {
-    return absl::InvalidArgumentError(absl::StrCat("token_ids: ", tokens.size(), " tokens",
-                                                   tokens.size() > ids.size() ? " with BOS" : "",
-                                                   ", the model takes at most ", context));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-namespace {
-
-// Whether a dataset's crosscoder reads several models' activations (model diffing): its
-// sources' models differ in spec or recorded weights, or one is not known.
-bool OverSeveralModels(const DatasetInputs& inputs) {
-  const std::vector<DatasetInputs::SourceModel>& models = inputs.crosscoder_models;
-  for (const DatasetInputs::SourceModel& source : models) {
-    if (!source.unknown.empty() ||
-        source.spec.model().SerializeAsString() != models[0].spec.model().SerializeAsString() ||
-        source.model_weight_hash != models[0].model_weight_hash) {
-      return true;
-    }
-  }
-  return false;
-}
-
-// Whether two datasets run one forward pass: the same model spec and, where both record one, the
-// same weight hash (compared so, a model rebuilt with more hooks is still the same model).
-bool SameForward(const DatasetSource& a, const latentd::v1::ModelSpec& a_model,
-                 const DatasetSource& b, const latentd::v1::ModelSpec& b_model) {
-  const bool hashes_differ = !a.model_weight_hash.empty() && !b.model_weight_hash.empty() &&
-                             a.model_weight_hash != b.model_weight_hash;
-  return !hashes_differ && a_model.SerializeAsString() == b_model.SerializeAsString();
-}
-
-// A crosscoder's source `source` as a dataset of its own model: that model's weight hash, and
-// inputs whose spec is the source's and whose hooks are every source of the same model (one
-// forward pass gives them all). FAILED_PRECONDITION when the source's model is not known.
-absl::StatusOr<std::pair<DatasetSource, DatasetInputs>> CrosscoderSourceInputs(
-    const DatasetSource& dataset, const DatasetInputs& inputs,
-    const DatasetInputs::SourceModel& source) {
-  if (!source.unknown.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the crosscoder's input for a prompt: ", source.unknown));
-  }
-  std::pair<DatasetSource, DatasetInputs> out{dataset, DatasetInputs()};
-  auto& [of_source, part] = out;
-  of_source.model_weight_hash = source.model_weight_hash;
-  part.spec = source.spec;
-  for (const DatasetInputs::SourceModel& other : inputs.crosscoder_models) {
-    if (other.spec.model().SerializeAsString() != source.spec.model().SerializeAsString() ||
-        std::find(part.job_hooks.begin(), part.job_hooks.end(), other.spec.hook_name()) !=
-            part.job_hooks.end()) {
-      continue;
-    }
-    part.job_hooks.push_back(other.spec.hook_name());
-  }
-  return out;
-}
-
-}  // namespace
-
 absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& dataset,
                                                           const PromptQuery& query) {
   const std::vector<int64_t>& ids = query.token_ids;
@@ -1255,403 +941,6 @@ absl::StatusOr<PromptLatents> DatasetModels::EncodePrompt(const DatasetSource& d
   } catch (const c10::Error& e) {
     return TorchErrorStatus(
         e, absl::StrCat("encoding a prompt with dataset ", dataset.dataset_id, "'s model and SAE"));
-  }
-}
-
-absl::StatusOr<InterventionInputs> DatasetModels::Impl::InterventionInputsFor(
-    const DatasetSource& dataset, const std::vector<int64_t>& token_ids, const std::string& what,
-    std::optional<int> crosscoder_source) {
-  RETURN_IF_ERROR(CheckPromptLength(token_ids));
-  ASSIGN_OR_RETURN(DatasetInputs inputs, InputsOf(dataset));
-  // A crosscoder over hooks of one model runs as that model with all of them. One over several
-  // models (model diffing) would need every forward, each changed by the others' latents: it
-  // runs one of them, its source crosscoder_source, whose latents are then added alone.
-  DatasetSource of_model = dataset;
-  std::vector<HookName> sources;
-  int diffed_source = -1;
-  DatasetInputs crosscoder;  // a crosscoder over models: its dataset's inputs
-  if (!inputs.crosscoder_reads.empty()) {
-    const std::vector<DatasetInputs::SourceModel>& models = inputs.crosscoder_models;
-    for (const DatasetInputs::SourceModel& source : models) {
-      RETURN_IF_ERROR(CrosscoderSourceInputs(dataset, inputs, source).status());
-    }
-    const bool one_model = !OverSeveralModels(inputs);
-    const std::string reads =
-        absl::StrCat("dataset ", dataset.dataset_id, "'s SAE is a crosscoder over ",
-                     one_model ? "hooks of one model" : "several models' activations",
-                     " (it reads ", inputs.crosscoder_reads, ")");
-    if (one_model && crosscoder_source) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("crosscoder_source: ", reads, ": ", what,
-                       " runs that model with all of them; leave it unset"));
-    }
-    if (!one_model && !crosscoder_source) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          reads, ": its latents need every forward pass and write each; ", what, " runs one model",
-          what == "steering" || absl::StartsWith(what, "attribution")
-              ? ", named by crosscoder_source (SteerPrompt, AttributePrompt, AttributionGraph; "
-                "the others run beside it)"
-              : " (a crosscoder over hooks of one model works)"));
-    }
-    const int runs = one_model ? 0 : *crosscoder_source;
-    if (runs < 0 || runs >= static_cast<int>(models.size())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("crosscoder_source: ", runs, " outside [0, ", models.size(), "): ", reads));
-    }
-    if (one_model) {
-      for (const DatasetInputs::SourceModel& source : models) {
-        ASSIGN_OR_RETURN(sources.emplace_back(), ParseHookName(source.spec.hook_name()));
-      }
-    } else {
-      diffed_source = runs;
-      crosscoder = inputs;
-    }
-    // The running model's inputs; over one model they hold every source's hook.
-    ASSIGN_OR_RETURN(auto of_source, CrosscoderSourceInputs(dataset, inputs, models[runs]));
-    ASSIGN_OR_RETURN(of_source.second.hook, ParseHookName(models[runs].spec.hook_name()));
-    of_source.second.sae_dir = inputs.sae_dir;
-    of_model = std::move(of_source.first);
-    inputs = std::move(of_source.second);
-  } else if (crosscoder_source) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("crosscoder_source: dataset ", dataset.dataset_id,
-                     "'s SAE is not a crosscoder over several models' activations"));
-  }
-  if (inputs.spec.model().has_torchscript()) {  // known before loading it
-    return absl::FailedPreconditionError(absl::StrCat(
-        "dataset ", dataset.dataset_id,
-        "'s model is a TorchScript module: it gives its hidden states, not its logits, which ",
-        what, " needs (a model run natively, reference or huggingface, has them)"));
-  }
-  InterventionInputs out;
-  out.model_spec = inputs.spec.model();
-  out.model_weight_hash = of_model.model_weight_hash;
-  ASSIGN_OR_RETURN(out.sae, PromptSaeFor(dataset, inputs.sae_dir));
-  const SaeConfig& cfg = out.sae->sae.config();
-  ASSIGN_OR_RETURN(out.model, ModelFor(of_model, inputs));
-  out.tokens = AsRun(token_ids, inputs.spec.tokens());
-  out.bos_prepended = out.tokens.size() > token_ids.size();
-  RETURN_IF_ERROR(CheckPromptFits(token_ids, out.tokens, *out.model->model));
-  out.steering = {nullptr, &out.sae->sae, inputs.hook, std::nullopt, "", sources, diffed_source};
-  if (cfg.circuit_tracer && cfg.circuit_tracer->cross_layer) {
-    // Its latents write the output of every later layer of the release, which must be the
-    // model's.
-    const int blocks = out.model->model->num_blocks();
-    if (cfg.circuit_tracer->n_layers > blocks) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "dataset ", dataset.dataset_id, "'s SAE is layer ", cfg.circuit_tracer->layer,
-          " of a cross-layer transcoder of ", cfg.circuit_tracer->n_layers,
-          " layers, whose latents write every layer from it on; the model has ", blocks,
-          " blocks"));
-    }
-    out.steering.cross_layer_dir = inputs.sae_dir;
-  }
-  if (diffed_source >= 0) {
-    if (absl::Status beside = ModelsBeside(dataset, crosscoder, diffed_source, token_ids, &out);
-        !beside.ok()) {
-      out.beside.clear();
-      out.steering.diffed_models.clear();
-      out.steering.diffed_alone = std::string(beside.message());
-    }
-  }
-  if (cfg.transcoder) {
-    // As EXTRACT found it (datasets record it; the SAE's config says it for older ones).
-    ASSIGN_OR_RETURN(const std::string hook_out, TranscoderOutputHook(cfg, inputs.hook));
-    ASSIGN_OR_RETURN(
-        out.steering.hook_out,
-        ParseHookName(dataset.hook_name_out.empty() ? hook_out : dataset.hook_name_out));
-  }
-  return out;
-}
-
-absl::Status DatasetModels::Impl::ModelsBeside(const DatasetSource& dataset,
-                                               const DatasetInputs& crosscoder, int steered,
-                                               const std::vector<int64_t>& token_ids,
-                                               InterventionInputs* out) {
-  const std::vector<DatasetInputs::SourceModel>& models = crosscoder.crosscoder_models;
-  for (size_t s = 0; s < models.size(); ++s) {
-    ASSIGN_OR_RETURN(HookName hook, ParseHookName(models[s].spec.hook_name()));
-    std::shared_ptr<const PromptModel> model = out->model;
-    if (static_cast<int>(s) != steered) {
-      ASSIGN_OR_RETURN(auto of_source, CrosscoderSourceInputs(dataset, crosscoder, models[s]));
-      absl::StatusOr<std::shared_ptr<const PromptModel>> loaded =
-          ModelFor(of_source.first, of_source.second);
-      if (!loaded.ok()) {
-        return absl::Status(loaded.status().code(),
-                            absl::StrCat("source ", s, "'s model: ", loaded.status().message()));
-      }
-      model = *std::move(loaded);
-      if (const std::string why = model->model->next_token_loss_unsupported(); !why.empty()) {
-        return absl::FailedPreconditionError(absl::StrCat("source ", s, "'s model: ", why));
-      }
-      if (AsRun(token_ids, models[s].spec.tokens()) != out->tokens) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "source ", s, "'s model runs the prompt with another BOS than the steered one's"));
-      }
-      if (absl::Status fits = CheckPromptFits(token_ids, out->tokens, *model->model); !fits.ok()) {
-        return absl::Status(fits.code(), absl::StrCat("source ", s, "'s model: ", fits.message()));
-      }
-    }
-    out->beside.push_back(std::move(model));
-    out->steering.diffed_models.push_back({nullptr, hook});
-  }
-  return absl::OkStatus();
-}
-
-absl::Status DatasetModels::Impl::DiffedTarget(const DatasetSource& dataset,
-                                               const DatasetSource& target_dataset,
-                                               const DatasetInputs& of_target,
-                                               const std::vector<int64_t>& token_ids,
-                                               AttributionInputs* out) {
-  const std::vector<DatasetInputs::SourceModel>& models = of_target.crosscoder_models;
-  const std::string what =
-      absl::StrCat("target_latent.dataset_id: dataset ", target_dataset.dataset_id,
-                   "'s SAE is a crosscoder over several models' activations (it reads ",
-                   of_target.crosscoder_reads, ")");
-  int running = -1;
-  for (size_t s = 0; s < models.size(); ++s) {
-    DatasetSource as_source = target_dataset;
-    as_source.model_weight_hash = models[s].model_weight_hash;
-    if (!models[s].unknown.empty() ||
-        !SameForward(dataset, out->in.model_spec, as_source, models[s].spec.model())) {
-      continue;
-    }
-    if (running >= 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(what, ": its sources ", running, " and ", s, " are both dataset ",
-                       dataset.dataset_id, "'s model, which a target reads at one source"));
-    }
-    running = static_cast<int>(s);
-  }
-  if (running < 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, ", none of them dataset ", dataset.dataset_id,
-        "'s model (or its weights): the forward runs that model, one of the crosscoder's"));
-  }
-  ASSIGN_OR_RETURN(out->target_sae, PromptSaeFor(target_dataset, of_target.sae_dir));
-  InterventionInputs beside;
-  beside.model = out->in.model;
-  beside.tokens = out->in.tokens;
-  if (absl::Status ran = ModelsBeside(target_dataset, of_target, running, token_ids, &beside);
-      !ran.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, ": its other models cannot run beside dataset ", dataset.dataset_id,
-                     "'s (", ran.message(), ")"));
-  }
-  ASSIGN_OR_RETURN(const HookName hook, ParseHookName(models[running].spec.hook_name()));
-  TargetSae target{&out->target_sae->sae, hook};
-  target.diffed_source = running;
-  target.diffed_models = beside.Bound().diffed_models;
-  out->target = std::move(target);
-  out->in.held_too = std::move(beside.beside);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<SteeringResult> DatasetModels::SteerPrompt(
-    const DatasetSource& dataset, const SteeringQuery& query,
-    const std::function<bool()>& cancelled,
-    const std::vector<std::pair<DatasetSource, std::vector<LatentIntervention>>>& more) {
-  try {
-    ASSIGN_OR_RETURN(InterventionInputs in,
-                     impl_->InterventionInputsFor(dataset, query.token_ids, "steering",
-                                                  query.crosscoder_source));
-    std::vector<DatasetSource> more_datasets;
-    for (const auto& [other, interventions] : more) more_datasets.push_back(other);
-    ASSIGN_OR_RETURN(
-        std::vector<InterventionInputs> others,
-        impl_->InputsOnOneForward(
-            dataset, in, more_datasets, {}, query.token_ids, "steering",
-            [](size_t k) { return absl::StrCat("more_interventions[", k, "]: "); }, "steer both"));
-    return in.Run([&](const SteeringModel& steering) {
-      std::vector<MoreInterventions> also;
-      for (size_t k = 0; k < others.size(); ++k) {
-        also.push_back({others[k].steering, more[k].second});
-        also.back().sae.model = steering.model;
-      }
-      return engine::SteerPrompt(steering, in.tokens, in.bos_prepended, query, cancelled, also);
-    });
-  } catch (const c10::Error& e) {
-    return TorchErrorStatus(
-        e, absl::StrCat("steering a prompt with dataset ", dataset.dataset_id, "'s model and SAE"));
-  }
-}
-
-absl::StatusOr<std::vector<InterventionInputs>> DatasetModels::Impl::InputsOnOneForward(
-    const DatasetSource& first, const InterventionInputs& first_in,
-    const std::vector<DatasetSource>& others,
-    const std::vector<std::optional<int>>& crosscoder_sources,
-    const std::vector<int64_t>& token_ids, const std::string& what,
-    const std::function<std::string(size_t)>& label, const std::string& cannot) {
-  std::vector<InterventionInputs> out;
-  for (size_t k = 0; k < others.size(); ++k) {
-    absl::StatusOr<InterventionInputs> in =
-        InterventionInputsFor(others[k], token_ids, what,
-                              k < crosscoder_sources.size() ? crosscoder_sources[k] : std::nullopt);
-    if (!in.ok()) {
-      return absl::Status(in.status().code(), absl::StrCat(label(k), in.status().message()));
-    }
-    if (!SameForward(Running(others[k], *in), in->model_spec, Running(first, first_in),
-                     first_in.model_spec)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          label(k), "dataset ", others[k].dataset_id, " was made with another model than dataset ",
-          first.dataset_id, " (or other weights): one run cannot ", cannot));
-    }
-    out.push_back(*std::move(in));
-  }
-  return out;
-}
-
-absl::StatusOr<AttributionInputs> DatasetModels::Impl::AttributionInputsFor(
-    const DatasetSource& dataset, const std::vector<int64_t>& token_ids,
-    const DatasetSource* target_dataset, int ablate, std::optional<int> crosscoder_source) {
-  AttributionInputs out;
-  ASSIGN_OR_RETURN(
-      out.in,
-      InterventionInputsFor(dataset, token_ids,
-                            target_dataset != nullptr ? "attribution to a latent" : "attribution",
-                            crosscoder_source));
-  // A target latent's dataset: its SAE, reading its hook of the same model (for a crosscoder
-  // over models, of the source that runs).
-  const DatasetSource running = Running(dataset, out.in);
-  if (target_dataset != nullptr) {
-    absl::StatusOr<DatasetInputs> inputs_of_target = InputsOf(*target_dataset);
-    if (!inputs_of_target.ok()) {
-      return absl::Status(
-          inputs_of_target.status().code(),
-          absl::StrCat("target_latent.dataset_id: ", inputs_of_target.status().message()));
-    }
-    const DatasetInputs& of_target = *inputs_of_target;
-    const uint64_t id = target_dataset->dataset_id;
-    // A crosscoder over hooks of this model reads them side by side; one over several models
-    // (model diffing) reads this forward's model at one source, the others beside it.
-    if (OverSeveralModels(of_target)) {
-      RETURN_IF_ERROR(DiffedTarget(running, *target_dataset, of_target, token_ids, &out));
-    } else {
-      std::vector<HookName> sources;
-      for (const DatasetInputs::SourceModel& source : of_target.crosscoder_models) {
-        ASSIGN_OR_RETURN(const HookName hook, ParseHookName(source.spec.hook_name()));
-        sources.push_back(hook);
-      }
-      const latentd::v1::ModelSpec& target_model =
-          of_target.crosscoder_models.empty() ? of_target.spec.model()
-                                              : of_target.crosscoder_models[0].spec.model();
-      if (!SameForward(running, out.in.model_spec, *target_dataset, target_model)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "target_latent.dataset_id: dataset ", id, " was made with another model than dataset ",
-            dataset.dataset_id, " (or other weights): the target must read the same forward pass"));
-      }
-      ASSIGN_OR_RETURN(out.target_sae, PromptSaeFor(*target_dataset, of_target.sae_dir));
-      out.target =
-          TargetSae{&out.target_sae->sae, sources.empty() ? of_target.hook : sources[0], sources};
-    }
-  }
-  // The backward pass keeps every block's activations of the whole prompt, the ablation check a
-  // block's of 1 + ablate runs: refused with the numbers rather than an allocation that could
-  // take the daemon down.
-  const ActivationModel& model = *out.in.model->model;
-  const int64_t n = static_cast<int64_t>(out.in.tokens.size());
-  // (An ablate out of range is the engine's INVALID_ARGUMENT, not a memory refusal.)
-  ablate = std::clamp(ablate, 0, kMaxAblatedEntries);
-  const int64_t need = std::max<int64_t>({model.num_blocks(), 1, 1 + int64_t{ablate}}) *
-                       model.activation_bytes_per_token(n) * n;
-  const int64_t limit = MemoryLimitBytes();
-  if (limit > 0 && need > limit) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "token_ids: attributing a prompt of %d tokens keeps about %.3g GB of activations for "
-        "the backward pass (%d blocks)%s; %.3g GB are available: send a shorter prompt",
-        n, need / 1e9, model.num_blocks(),
-        1 + ablate > model.num_blocks() ? absl::StrCat(" or the ablation check (", 1 + ablate,
-                                                       " runs: ask for fewer with ablate)")
-                                        : "",
-        limit / 1e9));
-  }
-  return out;
-}
-
-absl::StatusOr<AttributionResult> DatasetModels::AttributePrompt(
-    const DatasetSource& dataset, const AttributionQuery& query,
-    const DatasetSource* target_dataset) {
-  try {
-    if (query.target_latent && target_dataset == nullptr) {
-      return absl::InvalidArgumentError("target_latent.dataset_id: not given");
-    }
-    ASSIGN_OR_RETURN(AttributionInputs a,
-                     impl_->AttributionInputsFor(dataset, query.token_ids,
-                                                 query.target_latent ? target_dataset : nullptr,
-                                                 query.ablate, query.crosscoder_source));
-    return a.in.Run([&](const SteeringModel& steering) {
-      return engine::AttributePrompt(steering, a.in.tokens, a.in.bos_prepended, query,
-                                     a.target ? &*a.target : nullptr);
-    });
-  } catch (const c10::Error& e) {
-    return TorchErrorStatus(e, absl::StrCat("attributing a prompt with dataset ",
-                                            dataset.dataset_id, "'s model and SAE"));
-  }
-}
-
-absl::StatusOr<std::vector<absl::StatusOr<AttributionResult>>> DatasetModels::AttributeToLatents(
-    const DatasetSource& dataset, const AttributionQuery& query,
-    const DatasetSource& target_dataset, const std::vector<TargetLatent>& targets) {
-  try {
-    ASSIGN_OR_RETURN(AttributionInputs a,
-                     impl_->AttributionInputsFor(dataset, query.token_ids, &target_dataset,
-                                                 query.ablate, query.crosscoder_source));
-    return a.in.Run([&](const SteeringModel& steering) {
-      return engine::AttributeToLatents(steering, a.in.tokens, a.in.bos_prepended, query, *a.target,
-                                        targets);
-    });
-  } catch (const c10::Error& e) {
-    return TorchErrorStatus(
-        e, absl::StrCat("attributing latents of dataset ", target_dataset.dataset_id,
-                        " to dataset ", dataset.dataset_id, "'s"));
-  }
-}
-
-absl::StatusOr<bool> DatasetModels::ReadsSeveralModels(const DatasetSource& dataset) {
-  ASSIGN_OR_RETURN(const DatasetInputs inputs, impl_->InputsOf(dataset));
-  return OverSeveralModels(inputs);
-}
-
-absl::StatusOr<double> DatasetModels::AblateTogether(
-    const std::vector<DatasetSource>& datasets,
-    const std::vector<std::vector<TargetLatent>>& removed, const AttributionQuery& metric,
-    int64_t target_token, const DatasetSource* target_dataset,
-    const std::vector<std::optional<int>>& crosscoder_sources) {
-  try {
-    if (datasets.empty() || datasets.size() != removed.size()) {
-      return absl::InvalidArgumentError("datasets: one list of removals per dataset");
-    }
-    if (crosscoder_sources.size() > datasets.size()) {
-      return absl::InvalidArgumentError("crosscoder_sources: more than one per dataset");
-    }
-    std::vector<std::optional<int>> sources = crosscoder_sources;
-    sources.resize(datasets.size());
-    // The first dataset's inputs with the target's SAE; the others' SAEs on the same model.
-    ASSIGN_OR_RETURN(AttributionInputs first,
-                     impl_->AttributionInputsFor(datasets[0], metric.token_ids,
-                                                 metric.target_latent ? target_dataset : nullptr, 0,
-                                                 sources[0]));
-    ASSIGN_OR_RETURN(
-        std::vector<InterventionInputs> others,
-        impl_->InputsOnOneForward(
-            datasets[0], first.in, std::vector<DatasetSource>(datasets.begin() + 1, datasets.end()),
-            std::vector<std::optional<int>>(sources.begin() + 1, sources.end()), metric.token_ids,
-            "ablation", [](size_t) { return std::string(); }, "take their latents out"));
-    // The models beside the others' crosscoders over models run under the same locks.
-    for (const InterventionInputs& in : others) {
-      first.in.held_too.insert(first.in.held_too.end(), in.beside.begin(), in.beside.end());
-    }
-    return first.in.Run([&](const SteeringModel& steering) -> absl::StatusOr<double> {
-      std::vector<SteeringModel> saes = {steering};
-      for (const InterventionInputs& in : others) {
-        saes.push_back(in.Bound());
-        saes.back().model = steering.model;
-      }
-      return engine::AblateTogether(saes, removed, first.in.tokens, metric, target_token,
-                                    first.target ? &*first.target : nullptr);
-    });
-  } catch (const c10::Error& e) {
-    return TorchErrorStatus(e, "taking latents of several datasets out of one run");
   }
 }
 
