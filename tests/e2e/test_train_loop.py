@@ -574,7 +574,7 @@ class TrainLoop(DaemonTestCase):
             [(r["latent"], r["text"], r.get("score"), r["source"])
              for r in delphi_explanations(delphi_run, module=hook)],
             [(j, e.text, e.score if e.HasField("score") else None, e.source)
-             for j, e in ((j, c.get_latent(dataset, j).explanation) for j in first_two)])
+             for j, e in ((j, c.get_latent(dataset, j).explanation) for j in sorted(first_two))])
         daemon.latentctl("explain", str(dataset), str(glance.latents[2].latent),
                          "--text=French cities", "--score=0.9")
         c.set_explanations(dataset, [{"latent": glance.latents[3].latent,
