@@ -191,13 +191,11 @@ absl::StatusOr<std::vector<int32_t>> ChooseLatents(const ChunkStore& store, uint
   const bool by_mean = select == ProbeSelect::kByMean;
   std::vector<double> sums[2] = {std::vector<double>(width, 0.0), std::vector<double>(width, 0.0)};
   int64_t examples[2] = {0, 0};
-  RETURN_IF_ERROR(ForEachExample(store, id, width, train, by_mean ? pool : ProbePool::kNone,
-                                 [&](const Unit& unit, const Entries& row) {
-                                   ++examples[unit.positive];
-                                   for (const auto& [latent, value] : row) {
-                                     sums[unit.positive][latent] += by_mean ? value : 1.0;
-                                   }
-                                 }));
+  const auto add = [&](const Unit& unit, const Entries& row) {
+    ++examples[unit.positive];
+    for (const auto& [latent, value] : row) sums[unit.positive][latent] += by_mean ? value : 1.0;
+  };
+  RETURN_IF_ERROR(ForEachExample(store, id, width, train, by_mean ? pool : ProbePool::kNone, add));
   std::vector<double> gap(width);
   for (int32_t l = 0; l < width; ++l) {
     gap[l] = std::abs(sums[1][l] / examples[1] - sums[0][l] / examples[0]);
