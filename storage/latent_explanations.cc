@@ -41,7 +41,8 @@ absl::StatusOr<LatentExplanation> Decode(uint64_t id, int32_t latent, absl::stri
   const double score = in.Raw<double>();
   e.source = in.String();
   e.text = in.String();
-  if (!in.ok() || version != kExplanationVersion || !in.rest().empty()) {
+  if (!in.ok() || version != kExplanationVersion || !in.rest().empty() ||
+      (has_score && !std::isfinite(score))) {
     return absl::DataLossError(
         absl::StrCat("the explanation of latent ", latent, " of dataset ", id, " is damaged"));
   }
@@ -143,6 +144,20 @@ absl::StatusOr<ExplanationMatches> SearchExplanations(const ChunkStore& store, u
       absl::StrSplit(absl::AsciiStrToLower(query), absl::ByAnyChar(" \t\n\r"), absl::SkipEmpty());
   const std::string prefix = keys::ExplanationPrefix(id);
   ExplanationMatches found;
+  // Scored first, by score descending, then by latent: a total order (a latent has one
+  // explanation, a stored score is finite).
+  const auto ranks_before = [](const LatentExplanation& a, const LatentExplanation& b) {
+    if (a.score.has_value() != b.score.has_value()) return a.score.has_value();
+    if (a.score.has_value() && *a.score != *b.score) return *a.score > *b.score;
+    return a.latent < b.latent;
+  };
+  // Only the best `limit` matches are kept, cut back each time they reach twice that: a search
+  // that matches a million explanations holds at most 2 * limit of them.
+  std::vector<LatentExplanation>& best = found.explanations;
+  const auto keep_best = [&] {
+    std::nth_element(best.begin(), best.begin() + limit, best.end(), ranks_before);
+    best.resize(limit);
+  };
   std::unique_ptr<rocksdb::Iterator> it = store.db()->NewIterator(Family::kMeta);
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
     const rocksdb::Slice key = it->key();
@@ -156,16 +171,12 @@ absl::StatusOr<ExplanationMatches> SearchExplanations(const ChunkStore& store, u
     ++found.explained;
     if (!HoldsAll(absl::StrCat(e.text, "\n", e.source), words)) continue;
     ++found.matched;
-    found.explanations.push_back(std::move(e));
+    best.push_back(std::move(e));
+    if (static_cast<int64_t>(best.size()) >= 2 * static_cast<int64_t>(limit)) keep_best();
   }
   RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("dataset ", id, ": explanations")));
-  // Scored first, by score descending, then by latent (the keys' order, kept by a stable sort).
-  std::stable_sort(found.explanations.begin(), found.explanations.end(),
-                   [](const LatentExplanation& a, const LatentExplanation& b) {
-                     if (a.score.has_value() != b.score.has_value()) return a.score.has_value();
-                     return a.score.has_value() && *a.score > *b.score;
-                   });
-  if (static_cast<int64_t>(found.explanations.size()) > limit) found.explanations.resize(limit);
+  if (static_cast<int64_t>(best.size()) > limit) keep_best();
+  std::sort(best.begin(), best.end(), ranks_before);
   return found;
 }
 

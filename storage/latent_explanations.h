@@ -62,7 +62,8 @@ struct ExplanationMatches {
 // The explanations whose text (or source) holds every word of `query` (split at whitespace,
 // matched case-insensitively for ASCII letters, anywhere in the text: "fren" finds "French");
 // an empty query matches every one. limit in [1, kMaxExplanationResults], else
-// INVALID_ARGUMENT; NOT_FOUND; DATA_LOSS naming the latent for a damaged value.
+// INVALID_ARGUMENT; NOT_FOUND; DATA_LOSS naming the latent for a damaged value. One scan of
+// the dataset's explanations, holding at most 2 * limit matches at a time.
 absl::StatusOr<ExplanationMatches> SearchExplanations(const ChunkStore& store, uint64_t id,
                                                       absl::string_view query, int32_t limit);
 

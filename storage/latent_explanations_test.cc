@@ -1,8 +1,10 @@
 #include "storage/latent_explanations.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -155,6 +157,39 @@ TEST_F(LatentExplanationsTest, ADamagedValueIsDataLossNamingTheLatent) {
   EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(got.status().message().find("latent 12 of dataset"), std::string::npos);
   EXPECT_EQ(SearchExplanations(*store_, id_, "", 10).status().code(), absl::StatusCode::kDataLoss);
+  // A score that is not a number can only come from damage (puts refuse one): the ranking
+  // would have no order with it.
+  ASSERT_TRUE(PutExplanations(*store_, id_, {Explained(12, "quotes", 0.5)}, false).ok());
+  auto value = db_->Get(Family::kMeta, keys::Explanation(id_, 12));
+  ASSERT_TRUE(value.ok()) << value.status();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  value->replace(2, sizeof(nan), reinterpret_cast<const char*>(&nan),
+                 sizeof(nan));  // version, flag
+  ASSERT_TRUE(db_->Put(Family::kMeta, keys::Explanation(id_, 12), *value, true).ok());
+  EXPECT_EQ(GetExplanation(*store_, id_, 12).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(LatentExplanationsTest, AWideSearchKeepsTheBestInOrder) {
+  // More matches than twice the limit: the list is cut back while searching, and what is left
+  // is the best `limit` in order (scored by score, ties and the unscored by latent).
+  std::vector<LatentExplanation> all;
+  for (int32_t latent = 0; latent < 100; ++latent) {
+    std::optional<double> score;
+    if (latent % 3 != 0) score = (latent * 37 % 11) / 10.0;  // repeats: ties broken by latent
+    all.push_back(Explained(latent, "a word", score));
+  }
+  ASSERT_TRUE(PutExplanations(*store_, id_, all, false).ok());
+  std::vector<LatentExplanation> want = all;
+  std::sort(want.begin(), want.end(), [](const LatentExplanation& a, const LatentExplanation& b) {
+    if (a.score.has_value() != b.score.has_value()) return a.score.has_value();
+    if (a.score != b.score) return *a.score > *b.score;
+    return a.latent < b.latent;
+  });
+  for (int32_t limit : {1, 7, 66, 67, 100}) {
+    std::vector<int32_t> first;
+    for (int32_t i = 0; i < limit; ++i) first.push_back(want[i].latent);
+    EXPECT_EQ(Found("word", limit), first) << limit;
+  }
 }
 
 TEST_F(LatentExplanationsTest, DeletingTheDatasetDeletesItsExplanations) {
