@@ -764,14 +764,43 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
   return 0;
 }
 
+namespace {
+
+// What SetExplanations stored in dataset `id`, as a line or (--json) the response.
+int PrintStored(uint64_t id, const v1::SetExplanationsResponse& response) {
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(response).c_str());
+    return 0;
+  }
+  std::printf("dataset %llu: stored %d %s; %lld latents explained\n",
+              static_cast<unsigned long long>(id), response.stored(),
+              response.stored() == 1 ? "explanation" : "explanations",
+              static_cast<long long>(response.explained()));
+  return 0;
+}
+
+}  // namespace
+
 int Explain(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
-  if (!ParseId(args, 1, &id) || args.size() != 3) {
-    return Usage("explain needs a dataset id and a file, a directory, or a latent with --text");
+  const uint64_t from = absl::GetFlag(FLAGS_from_dataset);
+  if (!ParseId(args, 1, &id) || args.size() != (from != 0 ? 2 : 3)) {
+    return Usage(
+        "explain needs a dataset id and a file, a directory, a latent with --text, or "
+        "--from_dataset");
   }
   v1::SetExplanationsRequest request;
   request.set_dataset_id(id);
   request.set_replace_all(absl::GetFlag(FLAGS_replace_all));
+  if (from != 0) {
+    // Copied by the daemon, in one write: no explanation crosses the wire.
+    request.set_from_dataset_id(from);
+    v1::SetExplanationsResponse response;
+    grpc::Status status =
+        client.datasets()->SetExplanations(client.Context().get(), request, &response);
+    if (!status.ok()) return RpcError(status);
+    return PrintStored(id, response);
+  }
   const std::string source = absl::GetFlag(FLAGS_source);
   if (int32_t latent = 0; absl::SimpleAtoi(args[2], &latent)) {
     // One explanation, written by hand.
@@ -843,15 +872,7 @@ int Explain(Client& client, const std::vector<std::string>& args) {
     request.set_replace_all(false);
   }
   response.set_stored(static_cast<int32_t>(stored));
-  if (absl::GetFlag(FLAGS_json)) {
-    std::printf("%s\n", Json(response).c_str());
-    return 0;
-  }
-  std::printf("dataset %llu: stored %lld %s; %lld latents explained\n",
-              static_cast<unsigned long long>(id), static_cast<long long>(stored),
-              stored == 1 ? "explanation" : "explanations",
-              static_cast<long long>(response.explained()));
-  return 0;
+  return PrintStored(id, response);
 }
 
 int Search(Client& client, const std::vector<std::string>& args) {

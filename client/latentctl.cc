@@ -266,14 +266,16 @@ datasets:
                                  reads the concept best
   explain ID FILE.jsonl|DIR [--source=S] [--replace_all] [--module=M] [--scores=SCORER]
   explain ID J --text="..." [--score=X] [--source=S]
+  explain ID --from_dataset=D [--replace_all]
                                  store what latents stand for: JSON Lines ({"latent": 12,
                                  "text": "French words", "score": 0.8, "source": "delphi"}),
                                  a delphi run's directory (or its explanations/), or one
                                  written by hand; delphi's are scored by the balanced
                                  accuracy of its detection (else fuzz, or --scores)
                                  scorer's verdicts, and its module is the dataset's hook
-                                 (or --module); shown by latent, dashboard pages and the
-                                 index; deleted with the dataset
+                                 (or --module); or copied from dataset D of the same SAE
+                                 (the same SAE over other tokens); shown by latent,
+                                 dashboard pages and the index; deleted with the dataset
   search ID WORDS... [--limit=N]  the latents whose explanations hold every word (any case,
                                  "fren" finds French), scored ones first
   export ID PATH [--format=npz|hdf5|parquet|delphi] [--start=R] [--count=N] [--splits=S]

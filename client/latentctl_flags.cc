@@ -186,6 +186,9 @@ ABSL_FLAG(double, score, std::numeric_limits<double>::quiet_NaN(),
           "explain --text: the explanation's score (none by default)");
 ABSL_FLAG(bool, replace_all, false,
           "explain: the dataset's earlier explanations are removed (in the same write)");
+ABSL_FLAG(uint64_t, from_dataset, 0,
+          "explain ID --from_dataset=D: copy dataset D's explanations (D must be of the same "
+          "SAE: the same tokens' re-extraction, or others')");
 ABSL_FLAG(std::string, module, "",
           "explain DIR: the delphi module whose latents are read where the run covers several "
           "(default: the one named as the dataset's hook, as latentctl's delphi export names "

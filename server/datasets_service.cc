@@ -644,21 +644,34 @@ grpc::Status DatasetsService::SetExplanations(grpc::ServerContext* context,
                                               const latentd::v1::SetExplanationsRequest* request,
                                               latentd::v1::SetExplanationsResponse* response) {
   if (grpc::Status s = Authorize(*context); !s.ok()) return s;
-  std::vector<storage::LatentExplanation> explanations;
-  explanations.reserve(request->explanations_size());
-  for (const latentd::v1::LatentExplanation& e : request->explanations()) {
-    storage::LatentExplanation& out = explanations.emplace_back();
-    out.latent = e.latent();
-    out.text = e.text();
-    if (e.has_score()) out.score = e.score();
-    out.source = e.source();
+  int64_t stored = 0;
+  if (request->from_dataset_id() != 0) {
+    if (request->explanations_size() > 0) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          "explanations: give them or from_dataset_id, not both in one call"));
+    }
+    auto copied = storage::CopyExplanations(*store_, request->from_dataset_id(),
+                                            request->dataset_id(), request->replace_all());
+    if (!copied.ok()) return ToGrpcStatus(copied.status());
+    stored = *copied;
+  } else {
+    std::vector<storage::LatentExplanation> explanations;
+    explanations.reserve(request->explanations_size());
+    for (const latentd::v1::LatentExplanation& e : request->explanations()) {
+      storage::LatentExplanation& out = explanations.emplace_back();
+      out.latent = e.latent();
+      out.text = e.text();
+      if (e.has_score()) out.score = e.score();
+      out.source = e.source();
+    }
+    absl::Status put = storage::PutExplanations(*store_, request->dataset_id(), explanations,
+                                                request->replace_all());
+    if (!put.ok()) return ToGrpcStatus(put);
+    stored = static_cast<int64_t>(explanations.size());
   }
-  absl::Status stored = storage::PutExplanations(*store_, request->dataset_id(), explanations,
-                                                 request->replace_all());
-  if (!stored.ok()) return ToGrpcStatus(stored);
   auto explained = storage::CountExplanations(*store_, request->dataset_id());
   if (!explained.ok()) return ToGrpcStatus(explained.status());
-  response->set_stored(static_cast<int32_t>(explanations.size()));
+  response->set_stored(static_cast<int32_t>(stored));
   response->set_explained(*explained);
   return grpc::Status::OK;
 }

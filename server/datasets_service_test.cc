@@ -22,6 +22,7 @@
 #include "engine/sae_config.h"
 #include "gtest/gtest.h"
 #include "storage/keys.h"
+#include "storage/latent_explanations.h"
 #include "storage/latents_on_rows.h"
 #include "storage/sparse_probe.h"
 #include "storage/value_codec.h"
@@ -475,6 +476,58 @@ TEST_F(DatasetsServiceTest, ExplanationsAreStoredSearchedAndShownWithTheLatent) 
     EXPECT_EQ(stub_->SearchExplanations(&ctx, search, &found).error_code(),
               grpc::StatusCode::INVALID_ARGUMENT);
   }
+}
+
+TEST_F(DatasetsServiceTest, ExplanationsCopyToADatasetOfTheSameSae) {
+  const auto make = [&](const std::string& name, const std::string& sae_weight_hash) {
+    storage::DatasetMeta m;
+    m.name = name;
+    m.width = 64;
+    m.value_dtype = storage::ValueDtype::kFloat16;
+    m.k = 16;
+    m.encoder = "topk";
+    m.sae_weight_hash = sae_weight_hash;
+    return *store_->CreateDataset(m);
+  };
+  const uint64_t first = make("first tokens", "crc32c:0badcafe:4096");
+  const uint64_t more = make("more tokens", "crc32c:0badcafe:4096");
+  const uint64_t other = make("another sae", "crc32c:12345678:4096");
+  auto call = [&](const latentd::v1::SetExplanationsRequest& req,
+                  latentd::v1::SetExplanationsResponse* resp) {
+    grpc::ClientContext ctx;
+    return stub_->SetExplanations(&ctx, req, resp);
+  };
+  latentd::v1::SetExplanationsRequest set;
+  set.set_dataset_id(first);
+  for (int32_t latent : {4, 8}) {
+    latentd::v1::LatentExplanation* e = set.add_explanations();
+    e->set_latent(latent);
+    e->set_text(absl::StrCat("latent ", latent));
+  }
+  latentd::v1::SetExplanationsResponse stored;
+  ASSERT_TRUE(call(set, &stored).ok());
+  set.clear_explanations();
+  set.set_dataset_id(more);
+  set.set_from_dataset_id(first);
+  grpc::Status s = call(set, &stored);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(stored.stored(), 2);
+  EXPECT_EQ(stored.explained(), 2);
+  EXPECT_EQ(storage::GetExplanation(*store_, more, 8)->value().text, "latent 8");
+  // Refused: another SAE (both named), a missing source, explanations given too.
+  set.set_dataset_id(other);
+  s = call(set, &stored);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("crc32c:12345678:4096"), std::string::npos) << s.error_message();
+  EXPECT_NE(s.error_message().find("crc32c:0badcafe:4096"), std::string::npos) << s.error_message();
+  set.set_from_dataset_id(first + 100);
+  EXPECT_EQ(call(set, &stored).error_code(), grpc::StatusCode::NOT_FOUND);
+  set.set_dataset_id(more);
+  set.set_from_dataset_id(first);
+  set.add_explanations()->set_text("x");
+  s = call(set, &stored);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("from_dataset_id"), std::string::npos) << s.error_message();
 }
 
 TEST_F(DatasetsServiceTest, SparseProbeConvertsTheRequestAndTheAnswer) {

@@ -50,6 +50,24 @@ absl::StatusOr<LatentExplanation> Decode(uint64_t id, int32_t latent, absl::stri
   return e;
 }
 
+// Calls visit(latent, value) for each stored explanation of dataset `id`, by latent, until it
+// returns an error; DATA_LOSS for a malformed key.
+template <typename Visit>
+absl::Status ForEachExplanation(const ChunkStore& store, uint64_t id, Visit visit) {
+  const std::string prefix = keys::ExplanationPrefix(id);
+  std::unique_ptr<rocksdb::Iterator> it = store.db()->NewIterator(Family::kMeta);
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    const rocksdb::Slice key = it->key();
+    if (key.size() != prefix.size() + 4) {
+      return absl::DataLossError(
+          absl::StrCat("an explanation key of dataset ", id, " has ", key.size(), " bytes"));
+    }
+    const auto latent = static_cast<int32_t>(ReadBigEndian32(key.data() + prefix.size()));
+    RETURN_IF_ERROR(visit(latent, absl::string_view(it->value().data(), it->value().size())));
+  }
+  return FromRocks(it->status(), absl::StrCat("dataset ", id, ": explanations"));
+}
+
 absl::Status CheckExplanation(const LatentExplanation& e, int32_t width, size_t i) {
   const std::string field = absl::StrCat("explanations[", i, "]");
   if (e.latent < 0 || e.latent >= width) {
@@ -108,6 +126,53 @@ absl::Status PutExplanations(const ChunkStore& store, uint64_t id,
   return db->Write(&batch, /*sync=*/true);
 }
 
+absl::StatusOr<int64_t> CopyExplanations(const ChunkStore& store, uint64_t from, uint64_t to,
+                                         bool replace_all) {
+  ASSIGN_OR_RETURN(const DatasetRecord target, store.GetSparseRecord(to));
+  absl::StatusOr<DatasetRecord> source = store.GetSparseRecord(from);
+  if (absl::IsNotFound(source.status())) {
+    return absl::NotFoundError(absl::StrCat("from_dataset_id: ", source.status().message()));
+  }
+  RETURN_IF_ERROR(source.status());
+  if (from == to) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("from_dataset_id: ", from, " is the dataset itself"));
+  }
+  const auto sae_of = [](const DatasetRecord& r) {
+    return absl::StrCat("dataset ", r.id, "'s SAE (",
+                        r.meta.sae_weight_hash.empty() ? "not recorded" : r.meta.sae_weight_hash,
+                        ", ", r.meta.width, " latents)");
+  };
+  if (source->meta.sae_weight_hash.empty() ||
+      source->meta.sae_weight_hash != target.meta.sae_weight_hash ||
+      source->meta.width != target.meta.width) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("explanations describe the latents of one SAE: ", sae_of(*source),
+                     " is not known to be ", sae_of(target)));
+  }
+  Db* db = store.db();
+  rocksdb::WriteBatch batch;
+  if (replace_all) {
+    const std::string prefix = keys::ExplanationPrefix(to);
+    batch.DeleteRange(db->handle(Family::kMeta), prefix, keys::PrefixEnd(prefix));
+  }
+  int64_t copied = 0;
+  RETURN_IF_ERROR(ForEachExplanation(store, from, [&](int32_t latent, absl::string_view value) {
+    // Decoded only to be checked: a damaged value is not passed on.
+    RETURN_IF_ERROR(Decode(from, latent, value).status());
+    if (++copied > static_cast<int64_t>(kMaxExplanationsPerPut)) {
+      return absl::ResourceExhaustedError(absl::StrCat("dataset ", from, " has more than ",
+                                                       kMaxExplanationsPerPut,
+                                                       " explanations, the most one copy takes"));
+    }
+    batch.Put(db->handle(Family::kMeta), keys::Explanation(to, static_cast<uint32_t>(latent)),
+              rocksdb::Slice(value.data(), value.size()));
+    return absl::OkStatus();
+  }));
+  RETURN_IF_ERROR(db->Write(&batch, /*sync=*/true));
+  return copied;
+}
+
 absl::StatusOr<std::optional<LatentExplanation>> GetExplanation(const ChunkStore& store,
                                                                 uint64_t id, int32_t latent) {
   ASSIGN_OR_RETURN(const DatasetRecord rec, store.GetSparseRecord(id));
@@ -142,7 +207,6 @@ absl::StatusOr<ExplanationMatches> SearchExplanations(const ChunkStore& store, u
   RETURN_IF_ERROR(store.GetSparseRecord(id).status());
   const std::vector<std::string> words =
       absl::StrSplit(absl::AsciiStrToLower(query), absl::ByAnyChar(" \t\n\r"), absl::SkipEmpty());
-  const std::string prefix = keys::ExplanationPrefix(id);
   ExplanationMatches found;
   // Scored first, by score descending, then by latent: a total order (a latent has one
   // explanation, a stored score is finite).
@@ -158,23 +222,15 @@ absl::StatusOr<ExplanationMatches> SearchExplanations(const ChunkStore& store, u
     std::nth_element(best.begin(), best.begin() + limit, best.end(), ranks_before);
     best.resize(limit);
   };
-  std::unique_ptr<rocksdb::Iterator> it = store.db()->NewIterator(Family::kMeta);
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-    const rocksdb::Slice key = it->key();
-    if (key.size() != prefix.size() + 4) {
-      return absl::DataLossError(
-          absl::StrCat("an explanation key of dataset ", id, " has ", key.size(), " bytes"));
-    }
-    const auto latent = static_cast<int32_t>(ReadBigEndian32(key.data() + prefix.size()));
-    ASSIGN_OR_RETURN(LatentExplanation e,
-                     Decode(id, latent, absl::string_view(it->value().data(), it->value().size())));
+  RETURN_IF_ERROR(ForEachExplanation(store, id, [&](int32_t latent, absl::string_view value) {
+    ASSIGN_OR_RETURN(LatentExplanation e, Decode(id, latent, value));
     ++found.explained;
-    if (!HoldsAll(absl::StrCat(e.text, "\n", e.source), words)) continue;
+    if (!HoldsAll(absl::StrCat(e.text, "\n", e.source), words)) return absl::OkStatus();
     ++found.matched;
     best.push_back(std::move(e));
     if (static_cast<int64_t>(best.size()) >= 2 * static_cast<int64_t>(limit)) keep_best();
-  }
-  RETURN_IF_ERROR(FromRocks(it->status(), absl::StrCat("dataset ", id, ": explanations")));
+    return absl::OkStatus();
+  }));
   if (static_cast<int64_t>(best.size()) > limit) keep_best();
   std::sort(best.begin(), best.end(), ranks_before);
   return found;

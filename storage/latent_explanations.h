@@ -43,6 +43,17 @@ struct LatentExplanation {
 absl::Status PutExplanations(const ChunkStore& store, uint64_t id,
                              const std::vector<LatentExplanation>& explanations, bool replace_all);
 
+// Copies every explanation of dataset `from` to dataset `to` in one synced batch (with
+// replace_all, `to`'s earlier ones are removed in it; else each copied one replaces its latent's):
+// an explanation describes a latent of an SAE, so a dataset the same SAE encoded from other
+// tokens takes them over. Returns how many were copied. FAILED_PRECONDITION unless both are
+// SPARSE datasets of one SAE (the same width and sae_weight_hash, each recorded; the message
+// names both), or when from == to; NOT_FOUND naming from_dataset_id for a missing source;
+// RESOURCE_EXHAUSTED past kMaxExplanationsPerPut of them; DATA_LOSS naming the latent for a
+// damaged value of the source (nothing is copied then).
+absl::StatusOr<int64_t> CopyExplanations(const ChunkStore& store, uint64_t from, uint64_t to,
+                                         bool replace_all);
+
 // The latent's explanation, nullopt when it has none. INVALID_ARGUMENT for a latent outside
 // [0, width); NOT_FOUND; DATA_LOSS naming the latent for a damaged value.
 absl::StatusOr<std::optional<LatentExplanation>> GetExplanation(const ChunkStore& store,

@@ -25,12 +25,14 @@ class LatentExplanationsTest : public ::testing::Test {
     id_ = MakeDataset("sae", DatasetKind::kSparse);
   }
 
-  uint64_t MakeDataset(const std::string& name, DatasetKind kind) {
+  uint64_t MakeDataset(const std::string& name, DatasetKind kind,
+                       const std::string& sae_weight_hash = "", int32_t width = 100) {
     DatasetMeta m;
     m.name = name;
     m.kind = kind;
     m.value_dtype = ValueDtype::kFloat32;
-    m.width = 100;
+    m.width = width;
+    m.sae_weight_hash = sae_weight_hash;
     if (kind == DatasetKind::kSparse) m.encoder = "relu";
     auto id = store_->CreateDataset(m);
     EXPECT_TRUE(id.ok()) << id.status();
@@ -190,6 +192,57 @@ TEST_F(LatentExplanationsTest, AWideSearchKeepsTheBestInOrder) {
     for (int32_t i = 0; i < limit; ++i) first.push_back(want[i].latent);
     EXPECT_EQ(Found("word", limit), first) << limit;
   }
+}
+
+TEST_F(LatentExplanationsTest, ADatasetOfTheSameSaeTakesTheExplanationsOver) {
+  const std::string sae = "crc32c:0badcafe:4096";
+  const uint64_t first = MakeDataset("first", DatasetKind::kSparse, sae);
+  const uint64_t more = MakeDataset("more tokens", DatasetKind::kSparse, sae);
+  ASSERT_TRUE(PutExplanations(*store_, first,
+                              {Explained(1, "French words", 0.8, "delphi"), Explained(2, "digits")},
+                              false)
+                  .ok());
+  ASSERT_TRUE(
+      PutExplanations(*store_, more, {Explained(1, "mine"), Explained(3, "kept")}, false).ok());
+  // Each copied explanation replaces its latent's; the others stay.
+  auto copied = CopyExplanations(*store_, first, more, /*replace_all=*/false);
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  EXPECT_EQ(*copied, 2);
+  auto one = GetExplanation(*store_, more, 1);
+  ASSERT_TRUE(one.ok() && one->has_value());
+  EXPECT_EQ((*one)->text, "French words");
+  EXPECT_EQ((*one)->score, 0.8);
+  EXPECT_EQ((*one)->source, "delphi");
+  EXPECT_EQ(*CountExplanations(*store_, more), 3);
+  // replace_all: the copy alone; the source keeps its own.
+  ASSERT_TRUE(CopyExplanations(*store_, first, more, /*replace_all=*/true).ok());
+  EXPECT_EQ(*CountExplanations(*store_, more), 2);
+  EXPECT_FALSE(GetExplanation(*store_, more, 3)->has_value());
+  EXPECT_EQ(*CountExplanations(*store_, first), 2);
+
+  // Only between datasets known to be of one SAE.
+  const auto refused = [&](uint64_t from, uint64_t to, absl::StatusCode code,
+                           const std::string& says) {
+    auto got = CopyExplanations(*store_, from, to, false);
+    EXPECT_EQ(got.status().code(), code) << got.status();
+    EXPECT_NE(got.status().message().find(says), std::string::npos) << got.status();
+  };
+  refused(first, MakeDataset("other sae", DatasetKind::kSparse, "crc32c:12345678:4096"),
+          absl::StatusCode::kFailedPrecondition, "(crc32c:12345678:4096, 100 latents)");
+  refused(first, MakeDataset("wider", DatasetKind::kSparse, sae, 200),
+          absl::StatusCode::kFailedPrecondition, "200 latents");
+  const uint64_t unrecorded = MakeDataset("old", DatasetKind::kSparse);
+  refused(unrecorded, unrecorded, absl::StatusCode::kFailedPrecondition, "itself");
+  refused(first, unrecorded, absl::StatusCode::kFailedPrecondition, "not recorded");
+  refused(unrecorded, first, absl::StatusCode::kFailedPrecondition, "not recorded");
+  refused(first + 500, more, absl::StatusCode::kNotFound, "from_dataset_id");
+  refused(MakeDataset("dense", DatasetKind::kDense), more, absl::StatusCode::kFailedPrecondition,
+          "");
+  // A damaged explanation of the source stops the copy before anything is written.
+  ASSERT_TRUE(db_->Put(Family::kMeta, keys::Explanation(first, 2), "\x01", true).ok());
+  refused(first, more, absl::StatusCode::kDataLoss, "latent 2 of dataset");
+  EXPECT_EQ(*CountExplanations(*store_, more), 2);
+  EXPECT_EQ(GetExplanation(*store_, more, 2)->value().text, "digits");
 }
 
 TEST_F(LatentExplanationsTest, DeletingTheDatasetDeletesItsExplanations) {

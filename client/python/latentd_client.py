@@ -672,6 +672,17 @@ class Client:
         answer.stored = stored
         return answer
 
+    def copy_explanations(self, dataset_id, from_dataset, replace_all=False):
+        """Copies every explanation of dataset from_dataset into dataset_id, in one write by
+        the daemon: an explanation belongs to a latent of an SAE, so a dataset the same SAE
+        encoded from other tokens takes them over (grpc.RpcError FAILED_PRECONDITION naming
+        both SAEs otherwise). replace_all removes dataset_id's earlier explanations in the same
+        write. The response: stored (copied), explained."""
+        request = datasets_pb2.SetExplanationsRequest(
+            dataset_id=dataset_id, from_dataset_id=from_dataset, replace_all=replace_all)
+        return self.datasets.SetExplanations(request, metadata=self.metadata,
+                                             timeout=self.timeout)
+
     def search_explanations(self, dataset_id, query="", limit=20):
         """The latents whose explanations hold every word of `query` (any case, anywhere:
         "fren" finds "French"; empty: all), scored ones first by score, then by latent. The

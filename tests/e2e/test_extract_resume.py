@@ -123,6 +123,19 @@ class ExtractResume(DaemonTestCase):
         for reference_id, final_id in pairs:
             b, _ = self.assert_same_rows(client, reference_id, final_id)
             self.assertEqual(b.shape, (total, 1024))
+        # An explanation belongs to a latent of the SAE: the resumed run's dataset, of the same
+        # SAE, takes the reference's over (latentctl, then Python replacing its own).
+        reference_id, final_id = pairs[0]
+        daemon.latentctl("explain", str(reference_id), "7", "--text=seven", "--score=0.5")
+        copied = daemon.latentctl("explain", str(final_id),
+                                  "--from_dataset=%d" % reference_id).stdout
+        self.assertEqual(copied.strip(), "dataset %d: stored 1 explanation; 1 latents "
+                         "explained" % final_id)
+        explanation = client.get_latent(final_id, 7).explanation
+        self.assertEqual((explanation.text, explanation.score), ("seven", 0.5))
+        client.set_explanations(final_id, {9: "nine"})
+        answer = client.copy_explanations(final_id, reference_id, replace_all=True)
+        self.assertEqual((answer.stored, answer.explained), (1, 1))
         if more_outputs:  # two hooks, two different matrices
             first, _ = client.read_rows(pairs[0][1])
             second, _ = client.read_rows(pairs[1][1])
