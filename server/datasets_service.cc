@@ -16,6 +16,7 @@
 #include "server/dataset_deletion.h"
 #include "server/export_request.h"
 #include "server/grpc_status.h"
+#include "storage/dense_projection.h"
 #include "storage/latent_explanations.h"
 #include "storage/latent_overview.h"
 #include "storage/latents_on_rows.h"
@@ -172,6 +173,26 @@ absl::Status BoundAnswer(absl::string_view rpc, absl::string_view what, absl::st
   return absl::ResourceExhaustedError(absl::StrCat(rpc, " would return ", bytes, " bytes ", what,
                                                    ", above the ", kMaxLatentAnswerBytes,
                                                    " a client receives by default: ", instead));
+}
+
+// OK when `windows` context windows of `before` + 1 + `after` rows (clipped to the dataset's
+// sequences) fit one answer of at most kMaxLatentAnswerBytes; else RESOURCE_EXHAUSTED before any
+// is built, naming `rpc`, the numbers, and what to ask `instead`.
+absl::Status WindowsFit(absl::string_view rpc, const storage::DatasetRecord& record,
+                        int64_t windows, int32_t before, int32_t after, absl::string_view instead) {
+  // Windows never cross a sequence, so a dataset with sequences bounds them too.
+  const int64_t seq = record.meta.context_length;
+  const int64_t window =
+      std::min<int64_t>(int64_t{before} + after + 1, seq > 0 ? seq : record.rows_committed);
+  // window <= 2^32, so window_bytes < 2^36 and windows x window_bytes is compared by division.
+  const int64_t window_bytes = kWindowBytes + window * kContextTokenBytes;
+  if (windows <= kMaxLatentAnswerBytes / window_bytes) return absl::OkStatus();
+  const std::string bytes = windows <= INT64_MAX / window_bytes
+                                ? absl::StrCat(windows * window_bytes)
+                                : std::string("more than 2^63");
+  return absl::ResourceExhaustedError(absl::StrCat(
+      rpc, " would return up to ", windows, " context windows of up to ", window, " tokens (up to ",
+      bytes, " bytes), above the ", kMaxLatentAnswerBytes, " one answer carries: ", instead));
 }
 
 // [start, end) of the committed rows that a request's row_start and row_count (0: to the end)
@@ -354,28 +375,17 @@ grpc::Status DatasetsService::GetLatent(grpc::ServerContext* context,
       request->context_before() > 0 ? request->context_before() : kDefaultContextBefore;
   const int32_t after =
       request->context_after() > 0 ? request->context_after() : kDefaultContextAfter;
-  // Windows never cross a sequence, so a dataset with sequences bounds them too.
-  const int64_t seq = record->meta.context_length;
-  const int64_t window =
-      std::min<int64_t>(int64_t{before} + after + 1, seq > 0 ? seq : record->rows_committed);
   const int64_t samples =
       request->interval_samples() > 0 ? request->interval_samples() : kDefaultIntervalSamples;
   // intervals x samples < 2^62 fits; windows x window need not (2^31 intervals x 2^31 samples
-  // x a long window), so it is compared by division.
+  // x a long window), so WindowsFit compares by division.
   const int64_t windows = top_n + request->silent_samples() +
                           (request->intervals() > 0 ? int64_t{request->intervals()} * samples : 0);
-  // window <= 2^32, so window_bytes < 2^36 and windows x window_bytes is compared by division.
-  const int64_t window_bytes = kWindowBytes + window * kContextTokenBytes;
-  if (windows > kMaxLatentAnswerBytes / window_bytes) {
-    const std::string bytes = windows <= INT64_MAX / window_bytes
-                                  ? absl::StrCat(windows * window_bytes)
-                                  : std::string("more than 2^63");
-    return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
-        "GetLatent would return up to ", windows, " context windows of up to ", window,
-        " tokens (up to ", bytes, " bytes), above the ", kMaxLatentAnswerBytes,
-        " one answer carries: ask for fewer intervals, interval_samples, silent_samples or "
-        "top_n, or shorter "
-        "context_before / context_after")));
+  if (absl::Status fits = WindowsFit("GetLatent", *record, windows, before, after,
+                                     "ask for fewer intervals, interval_samples, silent_samples "
+                                     "or top_n, or shorter context_before / context_after");
+      !fits.ok()) {
+    return ToGrpcStatus(fits);
   }
   auto top =
       request->distinct_sequences()
@@ -636,6 +646,61 @@ grpc::Status DatasetsService::SparseProbe(grpc::ServerContext* context,
       range->set_start(span.start);
       range->set_count(span.count);
     }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status DatasetsService::ProjectRows(grpc::ServerContext* context,
+                                          const latentd::v1::ProjectRowsRequest* request,
+                                          latentd::v1::ProjectRowsResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
+  storage::ProjectionOptions options;
+  switch (request->measure()) {
+    case latentd::v1::PROJECTION_DOT:
+      options.measure = storage::ProjectionMeasure::kDot;
+      break;
+    case latentd::v1::PROJECTION_COSINE:
+      options.measure = storage::ProjectionMeasure::kCosine;
+      break;
+    default:
+      return ToGrpcStatus(
+          absl::InvalidArgumentError(absl::StrCat("measure: unknown value ", request->measure())));
+  }
+  if (request->top_n() != 0) options.top_n = request->top_n();
+  if (request->bins() != 0) options.bins = request->bins();
+  if (request->context_before() != 0) options.context_before = request->context_before();
+  if (request->context_after() != 0) options.context_after = request->context_after();
+  options.distinct_sequences = request->distinct_sequences();
+  options.row_start = request->row_start();
+  options.row_count = request->row_count();
+  if (absl::Status valid = storage::CheckProjectionOptions(options); !valid.ok()) {
+    return ToGrpcStatus(valid);
+  }
+  auto record = store_->GetRecord(request->dataset_id());
+  if (!record.ok()) return ToGrpcStatus(record.status());
+  if (absl::Status fits = WindowsFit("ProjectRows", *record, 2 * int64_t{options.top_n},
+                                     options.context_before, options.context_after,
+                                     "ask for a smaller top_n or shorter context_before / "
+                                     "context_after");
+      !fits.ok()) {
+    return ToGrpcStatus(fits);
+  }
+  auto projection = storage::ProjectDenseRows(
+      *store_, request->dataset_id(), {request->direction().begin(), request->direction().end()},
+      options);
+  if (!projection.ok()) return ToGrpcStatus(projection.status());
+  response->set_rows(projection->rows);
+  response->set_mean(projection->mean);
+  response->set_stddev(projection->stddev);
+  response->set_min(projection->min);
+  response->set_max(projection->max);
+  response->set_bin_width(projection->bin_width);
+  response->mutable_histogram()->Add(projection->histogram.begin(), projection->histogram.end());
+  for (const storage::TopActivationContext& t : projection->largest) {
+    ToProto(t, response->add_largest());
+  }
+  for (const storage::TopActivationContext& t : projection->smallest) {
+    ToProto(t, response->add_smallest());
   }
   return grpc::Status::OK;
 }

@@ -65,6 +65,9 @@ class DatasetsService final : public latentd::v1::Datasets::Service {
   grpc::Status SparseProbe(grpc::ServerContext* context,
                            const latentd::v1::SparseProbeRequest* request,
                            latentd::v1::SparseProbeResponse* response) override;
+  grpc::Status ProjectRows(grpc::ServerContext* context,
+                           const latentd::v1::ProjectRowsRequest* request,
+                           latentd::v1::ProjectRowsResponse* response) override;
   grpc::Status SetExplanations(grpc::ServerContext* context,
                                const latentd::v1::SetExplanationsRequest* request,
                                latentd::v1::SetExplanationsResponse* response) override;

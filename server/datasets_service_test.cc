@@ -12,6 +12,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <set>
@@ -528,6 +529,99 @@ TEST_F(DatasetsServiceTest, ExplanationsCopyToADatasetOfTheSameSae) {
   s = call(set, &stored);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("from_dataset_id"), std::string::npos) << s.error_message();
+}
+
+TEST_F(DatasetsServiceTest, ProjectRowsConvertsTheRequestAndTheAnswer) {
+  // 40 rows of 4 values, sequences of 8; row r is (r, 1, 0, 0) but row 13, which points
+  // against the first axis.
+  storage::DatasetMeta m;
+  m.name = "hidden";
+  m.kind = storage::DatasetKind::kDense;
+  m.value_dtype = storage::ValueDtype::kFloat32;
+  m.width = 4;
+  m.context_length = 8;
+  const uint64_t id = *store_->CreateDataset(m);
+  std::vector<float> values(40 * 4, 0.0f);
+  std::vector<int32_t> tokens(40);
+  for (int r = 0; r < 40; ++r) {
+    values[r * 4] = r == 13 ? -100.0f : static_cast<float>(r);
+    values[r * 4 + 1] = 1.0f;
+    tokens[r] = 500 + r;
+  }
+  {
+    auto w = store_->OpenWriter(id);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->AppendDense(40, values.data(), tokens.data()).ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+  }
+  auto call = [&](const latentd::v1::ProjectRowsRequest& req,
+                  latentd::v1::ProjectRowsResponse* resp) {
+    grpc::ClientContext ctx;
+    return stub_->ProjectRows(&ctx, req, resp);
+  };
+  latentd::v1::ProjectRowsRequest req;
+  req.set_dataset_id(id);
+  for (float v : {2.0f, 0.0f, 0.0f, 0.0f}) req.add_direction(v);
+  req.set_top_n(2);
+  req.set_context_before(3);
+  req.set_context_after(1);
+  req.set_bins(4);
+  latentd::v1::ProjectRowsResponse resp;
+  grpc::Status s = call(req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.rows(), 40);
+  EXPECT_FLOAT_EQ(resp.max(), 78.0f);
+  EXPECT_FLOAT_EQ(resp.min(), -200.0f);
+  EXPECT_EQ(resp.histogram_size(), 4);
+  EXPECT_EQ(std::accumulate(resp.histogram().begin(), resp.histogram().end(), int64_t{0}), 40);
+  ASSERT_EQ(resp.largest_size(), 2);
+  EXPECT_EQ(resp.largest(0).row(), 39);
+  EXPECT_EQ(resp.largest(1).row(), 38);
+  const latentd::v1::TopActivation& low = resp.smallest(0);
+  EXPECT_EQ(low.row(), 13);
+  EXPECT_FLOAT_EQ(low.value(), -200.0f);
+  EXPECT_EQ(low.token_id(), 513);
+  EXPECT_EQ(low.context_start_row(), 10);
+  EXPECT_EQ(std::vector<int32_t>(low.context_token_ids().begin(), low.context_token_ids().end()),
+            (std::vector<int32_t>{510, 511, 512, 513, 514}));
+  EXPECT_FLOAT_EQ(low.context_values(3), -200.0f);
+  EXPECT_FLOAT_EQ(low.context_values(0), 20.0f);
+  // Cosine: every row but 13 and 0 points the same way by a little.
+  req.set_measure(latentd::v1::PROJECTION_COSINE);
+  ASSERT_TRUE(call(req, &resp).ok());
+  EXPECT_NEAR(resp.smallest(0).value(), -100.0 / std::sqrt(100.0 * 100 + 1), 1e-6);
+  // Refused: an unknown measure, an option out of range, an answer too large, a SPARSE dataset.
+  req.set_measure(static_cast<latentd::v1::ProjectionMeasure>(7));
+  s = call(req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("measure"), std::string::npos);
+  req.set_measure(latentd::v1::PROJECTION_DOT);
+  req.set_top_n(5000);
+  s = call(req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("top_n"), std::string::npos);
+  req.set_top_n(1000);
+  req.set_context_before(1024);
+  req.set_context_after(1024);
+  m.name = "long";
+  m.context_length = 0;
+  req.set_dataset_id(*store_->CreateDataset(m));
+  {
+    auto w = store_->OpenWriter(req.dataset_id());
+    ASSERT_TRUE(w.ok());
+    std::vector<float> many(4096 * 4, 1.0f);
+    std::vector<int32_t> ids(4096, 1);
+    ASSERT_TRUE((*w)->AppendDense(4096, many.data(), ids.data()).ok());
+    ASSERT_TRUE((*w)->Commit().ok());
+  }
+  s = call(req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(s.error_message().find("ProjectRows would return up to 2000 context windows"),
+            std::string::npos)
+      << s.error_message();
+  req.set_dataset_id(MakeDataset("latents", 8, 64));
+  req.set_top_n(2);
+  EXPECT_EQ(call(req, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
 TEST_F(DatasetsServiceTest, SparseProbeConvertsTheRequestAndTheAnswer) {

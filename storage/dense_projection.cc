@@ -14,26 +14,6 @@ namespace {
 // Floats decoded per read of the scan (16 MB).
 constexpr int64_t kScanFloats = int64_t{1} << 22;
 
-absl::Status CheckOptions(const ProjectionOptions& o) {
-  const auto outside = [](const char* field, int64_t value, int64_t lo, int64_t hi) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", value, " outside [", lo, ", ", hi, "]"));
-  };
-  if (o.top_n < 1 || o.top_n > kMaxProjectionTop) {
-    return outside("top_n", o.top_n, 1, kMaxProjectionTop);
-  }
-  if (o.bins < 1 || o.bins > kMaxProjectionBins) {
-    return outside("bins", o.bins, 1, kMaxProjectionBins);
-  }
-  if (o.context_before < 0 || o.context_before > kMaxProjectionContext) {
-    return outside("context_before", o.context_before, 0, kMaxProjectionContext);
-  }
-  if (o.context_after < 0 || o.context_after > kMaxProjectionContext) {
-    return outside("context_after", o.context_after, 0, kMaxProjectionContext);
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckDirection(const std::vector<float>& direction, int32_t width) {
   if (static_cast<int64_t>(direction.size()) != width) {
     return absl::InvalidArgumentError(
@@ -73,10 +53,30 @@ std::vector<int64_t> Best(size_t n, Before before, ForEachCandidate for_each_can
 
 }  // namespace
 
+absl::Status CheckProjectionOptions(const ProjectionOptions& o) {
+  const auto outside = [](const char* field, int64_t value, int64_t lo, int64_t hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", value, " outside [", lo, ", ", hi, "]"));
+  };
+  if (o.top_n < 1 || o.top_n > kMaxProjectionTop) {
+    return outside("top_n", o.top_n, 1, kMaxProjectionTop);
+  }
+  if (o.bins < 1 || o.bins > kMaxProjectionBins) {
+    return outside("bins", o.bins, 1, kMaxProjectionBins);
+  }
+  if (o.context_before < 0 || o.context_before > kMaxProjectionContext) {
+    return outside("context_before", o.context_before, 0, kMaxProjectionContext);
+  }
+  if (o.context_after < 0 || o.context_after > kMaxProjectionContext) {
+    return outside("context_after", o.context_after, 0, kMaxProjectionContext);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Projection> ProjectDenseRows(const ChunkStore& store, uint64_t id,
                                             const std::vector<float>& direction,
                                             const ProjectionOptions& options) {
-  RETURN_IF_ERROR(CheckOptions(options));
+  RETURN_IF_ERROR(CheckProjectionOptions(options));
   ASSIGN_OR_RETURN(const DatasetRecord rec, store.GetRecord(id));
   if (rec.meta.kind != DatasetKind::kDense) {
     return absl::FailedPreconditionError(

@@ -64,6 +64,10 @@ struct Projection {
   std::vector<TopActivationContext> smallest;
 };
 
+// INVALID_ARGUMENT naming the first option out of its range (ProjectDenseRows checks them too;
+// a caller that sizes the answer first checks them before).
+absl::Status CheckProjectionOptions(const ProjectionOptions& options);
+
 // Projects rows of DENSE dataset `id` on `direction` (the dataset's width values).
 // INVALID_ARGUMENT naming the field: a direction of another length, with a value that is not
 // finite, or all zeros; an option out of its range. FAILED_PRECONDITION for a SPARSE dataset;
