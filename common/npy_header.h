@@ -1,6 +1,6 @@
-// The header of a .npy file (NumPy format version 1.0): magic, version, header length and the
-// dictionary {'descr', 'fortran_order': False, 'shape'}, space-padded so that the data starts at
-// a multiple of 64 bytes, as numpy writes it.
+// The header of a .npy file: magic, version, header length and the dictionary {'descr',
+// 'fortran_order', 'shape'}. NpyHeader writes one (format version 1.0, space-padded so that the
+// data starts at a multiple of 64 bytes, as numpy writes it); ParseNpyHeader reads any version.
 #ifndef LATENTD_COMMON_NPY_HEADER_H_
 #define LATENTD_COMMON_NPY_HEADER_H_
 
@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
@@ -36,6 +37,20 @@ inline std::string NpyHeader(absl::string_view descr, const std::vector<int64_t>
   header.push_back(static_cast<char>(dict.size() >> 8));
   return header + dict;
 }
+
+struct NpyArrayInfo {
+  std::string name;   // the caller's (e.g. an .npz entry name without ".npy"); not parsed
+  std::string descr;  // e.g. "<f4"
+  std::vector<int64_t> shape;
+  int64_t item_size = 0;
+  bool fortran_order = false;  // the data is column-major (numpy writes a transposed view so)
+};
+
+// Parses the .npy preamble at the start of `bytes` (magic, version 1-3, header dict) into
+// `info` (its name left as is); *header_bytes is where the data starts. INVALID_ARGUMENT
+// "<what>: ..." when it is not one. The data size is not checked here.
+absl::Status ParseNpyHeader(const std::string& bytes, const std::string& what, NpyArrayInfo* info,
+                            uint64_t* header_bytes);
 
 }  // namespace latentd
 

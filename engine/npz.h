@@ -18,23 +18,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/npy_header.h"
 #include "engine/zip_archive.h"
 
 namespace latentd::engine {
-
-struct NpyArrayInfo {
-  std::string name;   // the entry name without ".npy"
-  std::string descr;  // e.g. "<f4"
-  std::vector<int64_t> shape;
-  int64_t item_size = 0;
-  bool fortran_order = false;  // the data is column-major (numpy writes a transposed view so)
-};
-
-// Parses the .npy preamble at the start of `bytes` (magic, version 1-3, header dict) into
-// `info` (its name left as is); *header_bytes is where the data starts. INVALID_ARGUMENT
-// "<what>: ..." when it is not one. The data size is not checked here.
-absl::Status ParseNpyHeader(const std::string& bytes, const std::string& what, NpyArrayInfo* info,
-                            uint64_t* header_bytes);
 
 class NpzReader {
  public:

@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/arrow_column.h"
+#include "common/npy_header.h"
 #include "common/parquet_column.h"
 #include "common/status_macros.h"
 #include "engine/npz.h"
