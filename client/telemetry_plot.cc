@@ -754,44 +754,63 @@ absl::Status WriteTelemetryPlot(const std::vector<latentd::v1::TrainTelemetry>& 
   return WritePng(canvas, path);
 }
 
-absl::Status WriteDensityHistogramPlot(const latentd::v1::ListLatentsResponse& overview,
-                                       const std::string& title, const std::string& path) {
-  const auto& bins = overview.log10_density_histogram();
+absl::Status WriteHistogramPlot(const HistogramPlot& histogram, const std::string& path) {
+  const std::vector<int64_t>& bins = histogram.bins;
   if (bins.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the dataset has no committed rows: no density histogram to plot into '", path, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("no histogram bins to plot into '", path, "'"));
   }
-  // One committed row puts every live latent at density 1: show the decade below it too.
-  const double lo = overview.log10_density_min() < 0 ? overview.log10_density_min() : -1.0;
-  const double bin_width = -lo / bins.size();
+  // A histogram of one value has no width: a unit-wide view centred on it, one bar in the middle.
+  const double width = histogram.bin_width > 0 ? histogram.bin_width : 1.0 / bins.size();
+  const double lo = histogram.bin_width > 0 ? histogram.lo : histogram.lo - 0.5;
+  const double hi = lo + width * bins.size();
   int64_t peak = 1;
   for (int64_t c : bins) peak = std::max(peak, c);
 
   constexpr int kWidth = 960, kHeight = 560;
   Canvas canvas(kWidth, kHeight);
-  const std::vector<double> x_range = {lo, 0.0};
+  const std::vector<double> x_range = {lo, hi};
   Plotter plot(&canvas, x_range);
   const Rect r{118, 110, kWidth - 118 - 40, 360};
-  canvas.DrawText(kWidth / 2 - Canvas::TextWidth(title, 3) / 2, 14, title, kInk, 3);
-  const std::string subtitle =
-      absl::StrCat(overview.rows(), " rows, ", overview.d_sae(), " latents, ",
-                   overview.dead_latents(), " dead (never fired, not shown)");
-  canvas.DrawText(kWidth / 2 - Canvas::TextWidth(subtitle, 2) / 2, 48, subtitle, kMutedInk, 2);
-  canvas.DrawText(r.left, r.top - 20, "latents", kInk, 2);
+  canvas.DrawText(kWidth / 2 - Canvas::TextWidth(histogram.title, 3) / 2, 14, histogram.title, kInk,
+                  3);
+  canvas.DrawText(kWidth / 2 - Canvas::TextWidth(histogram.subtitle, 2) / 2, 48, histogram.subtitle,
+                  kMutedInk, 2);
+  canvas.DrawText(r.left, r.top - 20, histogram.y_label, kInk, 2);
 
   const Scale y{0, peak * 1.08, false};
   plot.ValueAxis(r, y, LinearTicks(0, y.hi, 5, /*integers=*/true), false);
-  plot.XAxis(r, "log10 firing density (firings / rows)");
-  for (int i = 0; i < bins.size(); ++i) {
+  plot.XAxis(r, histogram.x_label);
+  for (size_t i = 0; i < bins.size(); ++i) {
     if (bins[i] == 0) continue;
-    const int x0 = static_cast<int>(std::lround(plot.X(r, lo + i * bin_width)));
-    const int x1 = static_cast<int>(std::lround(plot.X(r, lo + (i + 1) * bin_width)));
+    const double at = histogram.bin_width > 0 ? lo + i * width : histogram.lo - width / 2;
+    const int x0 = static_cast<int>(std::lround(plot.X(r, at)));
+    const int x1 = static_cast<int>(std::lround(plot.X(r, at + width)));
     const int top = static_cast<int>(std::lround(plot.Y(r, y, static_cast<double>(bins[i]))));
     // A pixel of background between neighbours, so that bars of one height stay readable.
     canvas.FillRect(x0 + 1, top, std::max(1, x1 - x0 - 1), r.bottom() - top, kPlotDensityColor);
   }
   plot.Frame(r);
   return WritePng(canvas, path);
+}
+
+absl::Status WriteDensityHistogramPlot(const latentd::v1::ListLatentsResponse& overview,
+                                       const std::string& title, const std::string& path) {
+  if (overview.log10_density_histogram().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the dataset has no committed rows: no density histogram to plot into '", path, "'"));
+  }
+  HistogramPlot histogram;
+  histogram.bins.assign(overview.log10_density_histogram().begin(),
+                        overview.log10_density_histogram().end());
+  // One committed row puts every live latent at density 1: show the decade below it too.
+  histogram.lo = overview.log10_density_min() < 0 ? overview.log10_density_min() : -1.0;
+  histogram.bin_width = -histogram.lo / histogram.bins.size();
+  histogram.title = title;
+  histogram.subtitle = absl::StrCat(overview.rows(), " rows, ", overview.d_sae(), " latents, ",
+                                    overview.dead_latents(), " dead (never fired, not shown)");
+  histogram.x_label = "log10 firing density (firings / rows)";
+  histogram.y_label = "latents";
+  return WriteHistogramPlot(histogram, path);
 }
 
 namespace {

@@ -94,8 +94,24 @@ absl::Status WriteTelemetryPlot(const std::vector<latentd::v1::TrainTelemetry>& 
                                 const std::string& title, const std::string& path,
                                 const std::string& part = "block");
 
-// The color of WriteDensityHistogramPlot's bars.
+// The color of WriteHistogramPlot's bars (and so WriteDensityHistogramPlot's).
 inline constexpr Rgb kPlotDensityColor = {31, 119, 180};
+
+// A histogram as WriteHistogramPlot draws it: bins[i] counts the values in
+// [lo + i * bin_width, lo + (i + 1) * bin_width).
+struct HistogramPlot {
+  std::vector<int64_t> bins;
+  double lo = 0;
+  double bin_width = 0;  // 0: every value is lo (one bar, a unit-wide view around it)
+  std::string title, subtitle;
+  std::string x_label;  // under the axis
+  std::string y_label;  // above it: what a bar counts
+};
+
+// Writes a PNG of `histogram`: a bar per nonzero bin, a linear count axis. INVALID_ARGUMENT
+// when it has no bins; UNAVAILABLE/PERMISSION_DENIED naming the path when the file cannot be
+// written.
+absl::Status WriteHistogramPlot(const HistogramPlot& histogram, const std::string& path);
 
 // Writes a PNG of an SAE's log10 feature-density histogram (ListLatents): a bar per bin of
 // log10(firings / rows) over [log10_density_min, 0], bar heights in latents, and a subtitle with

@@ -351,6 +351,25 @@ TEST(TelemetryPlotTest, RejectsEmptySamplesAndUnwritablePaths) {
 }
 
 // Bars of the density histogram: one per nonzero bin, as tall as its count says, in bin order.
+// Runs of columns holding bar pixels (kPlotDensityColor), left to right, each as its first
+// column and its tallest column's height.
+std::vector<std::pair<int, int>> HistogramBars(const Image& image) {
+  std::vector<std::pair<int, int>> bars;
+  bool in_bar = false;
+  for (int x = 0; x < image.width; ++x) {
+    int height = 0;
+    for (int y = 0; y < image.height; ++y) height += image.At(x, y) == kPlotDensityColor;
+    if (height == 0) {
+      in_bar = false;
+      continue;
+    }
+    if (!in_bar) bars.push_back({x, 0});
+    in_bar = true;
+    bars.back().second = std::max(bars.back().second, height);
+  }
+  return bars;
+}
+
 TEST(DensityHistogramPlotTest, DrawsABarPerNonEmptyBinWithHeightsInProportion) {
   latentd::v1::ListLatentsResponse overview;
   overview.set_rows(100000);
@@ -366,20 +385,7 @@ TEST(DensityHistogramPlotTest, DrawsABarPerNonEmptyBinWithHeightsInProportion) {
   ASSERT_TRUE(s.ok()) << s;
   absl::StatusOr<Image> image = DecodePng(path);
   ASSERT_TRUE(image.ok()) << image.status();
-  // Runs of columns holding bar pixels, left to right, with each run's tallest column.
-  std::vector<std::pair<int, int>> bars;  // (first column, height)
-  bool in_bar = false;
-  for (int x = 0; x < image->width; ++x) {
-    int height = 0;
-    for (int y = 0; y < image->height; ++y) height += image->At(x, y) == kPlotDensityColor;
-    if (height == 0) {
-      in_bar = false;
-      continue;
-    }
-    if (!in_bar) bars.push_back({x, 0});
-    in_bar = true;
-    bars.back().second = std::max(bars.back().second, height);
-  }
+  const std::vector<std::pair<int, int>> bars = HistogramBars(*image);
   ASSERT_EQ(bars.size(), 3u);
   EXPECT_LT(bars[0].first, bars[1].first);
   EXPECT_NEAR(static_cast<double>(bars[1].second) / bars[0].second, 2.0, 0.02);
@@ -391,6 +397,36 @@ TEST(DensityHistogramPlotTest, DrawsABarPerNonEmptyBinWithHeightsInProportion) {
   overview.clear_log10_density_histogram();
   EXPECT_EQ(WriteDensityHistogramPlot(overview, "empty", TmpPath("empty.png")).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(HistogramPlotTest, BarsStandAtTheirBinsAndOneValueIsOneBar) {
+  HistogramPlot histogram;
+  histogram.bins = {4, 0, 0, 8, 2};
+  histogram.lo = -2.5;
+  histogram.bin_width = 1.0;
+  histogram.title = "projection";
+  histogram.x_label = "x . v";
+  histogram.y_label = "rows";
+  const std::string path = TmpPath("histogram.png");
+  ASSERT_TRUE(WriteHistogramPlot(histogram, path).ok());
+  absl::StatusOr<Image> image = DecodePng(path);
+  ASSERT_TRUE(image.ok()) << image.status();
+  std::vector<std::pair<int, int>> bars = HistogramBars(*image);
+  ASSERT_EQ(bars.size(), 3u);
+  EXPECT_NEAR(static_cast<double>(bars[1].second) / bars[0].second, 2.0, 0.02);
+  EXPECT_NEAR(static_cast<double>(bars[2].second) / bars[0].second, 0.5, 0.02);
+  EXPECT_NEAR(bars[1].first - bars[0].first, 3 * (bars[2].first - bars[1].first), 2);
+  // Every value equal (bin_width 0): one bar, in the middle of the view.
+  histogram.bins = {40, 0, 0};
+  histogram.bin_width = 0;
+  ASSERT_TRUE(WriteHistogramPlot(histogram, path).ok());
+  image = DecodePng(path);
+  ASSERT_TRUE(image.ok()) << image.status();
+  bars = HistogramBars(*image);
+  ASSERT_EQ(bars.size(), 1u);
+  EXPECT_NEAR(bars[0].first, 118 + (960 - 118 - 40) / 3.0, 3);
+  histogram.bins.clear();
+  EXPECT_EQ(WriteHistogramPlot(histogram, path).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(LatentScalingPlotTest, DrawsAPointPerLatentWhereItsRatiosAre) {
