@@ -24,6 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/cli.h"
+#include "client/direction_file.h"
 #include "client/explanation_files.h"
 #include "client/job_commands.h"
 #include "client/latent_view.h"
@@ -568,6 +569,31 @@ int Scaling(Client& client, const std::vector<std::string>& args) {
   return 0;
 }
 
+namespace {
+
+// Each nonzero bin of a histogram as a line: its low edge, a bar, its count; with `max_lines`
+// > 0, neighbouring bins merged so that there are at most that many.
+void PrintHistogramBins(const google::protobuf::RepeatedField<int64_t>& bins, double lo,
+                        double width, int max_lines = 0) {
+  if (bins.empty()) return;
+  const int merge = max_lines > 0 ? (bins.size() + max_lines - 1) / max_lines : 1;
+  const std::vector<int64_t> merged = MergeBins(bins, merge);
+  const int64_t peak = *std::max_element(merged.begin(), merged.end());
+  for (size_t b = 0; b < merged.size(); ++b) {
+    if (merged[b] == 0) continue;
+    std::printf("  %8.3g %s %lld\n", lo + width * merge * b, Bar(merged[b], peak).c_str(),
+                static_cast<long long>(merged[b]));
+  }
+}
+
+// An example row as one line: row, value, token and its window (ContextLine).
+void PrintExample(const v1::TopActivation& t, const Vocabulary* decoder) {
+  std::printf("  row %-9lld value %-9.4g token %-6d %s\n", static_cast<long long>(t.row()),
+              t.value(), t.token_id(), ContextLine(t, decoder).c_str());
+}
+
+}  // namespace
+
 int Latent(Client& client, const std::vector<std::string>& args) {
   LatentArgs parsed;
   if (std::string error; !ParseLatentArgs(args, &parsed, &error)) return Usage(error);
@@ -598,20 +624,12 @@ int Latent(Client& client, const std::vector<std::string>& args) {
     std::printf("explanation: %s\n", ExplanationLine(response.explanation()).c_str());
   }
   if (s.histogram_size() > 0) {
-    const int64_t peak = *std::max_element(s.histogram().begin(), s.histogram().end());
     std::printf("histogram of nonzero values [%.3g, %.3g]:\n", s.histogram_min(),
                 s.histogram_max());
-    const double width = (s.histogram_max() - s.histogram_min()) / s.histogram_size();
-    for (int b = 0; b < s.histogram_size(); ++b) {
-      if (s.histogram(b) == 0) continue;
-      std::printf("  %8.3g %s %lld\n", s.histogram_min() + width * b,
-                  Bar(s.histogram(b), peak).c_str(), static_cast<long long>(s.histogram(b)));
-    }
+    PrintHistogramBins(s.histogram(), s.histogram_min(),
+                       (s.histogram_max() - s.histogram_min()) / s.histogram_size());
   }
-  auto print_row = [&](const v1::TopActivation& t) {
-    std::printf("  row %-9lld value %-9.4g token %-6d %s\n", static_cast<long long>(t.row()),
-                t.value(), t.token_id(), ContextLine(t, decoder).c_str());
-  };
+  auto print_row = [&](const v1::TopActivation& t) { PrintExample(t, decoder); };
   if (const int bins = response.position_histogram_size(); bins > 0) {
     // At most 16 lines: neighbouring bins merged.
     const int merge = (bins + 15) / 16;
@@ -761,6 +779,68 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
                 l.f1());
   }
   if (!plot.empty()) std::printf("wrote %s\n", plot.c_str());
+  return 0;
+}
+
+int Project(Client& client, const std::vector<std::string>& args) {
+  uint64_t id;
+  if (!ParseId(args, 1, &id) || args.size() != 3) {
+    return Usage("project needs a DENSE dataset id and a direction file (.npy or text)");
+  }
+  absl::StatusOr<std::vector<float>> direction = ReadDirection(args[2]);
+  if (!direction.ok()) return Usage(std::string(direction.status().message()));
+  std::optional<Vocabulary> vocab;
+  if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
+  const Vocabulary* decoder = vocab ? &*vocab : nullptr;
+  const bool cosine = absl::GetFlag(FLAGS_cosine);
+  v1::ProjectRowsRequest request;
+  request.set_dataset_id(id);
+  request.mutable_direction()->Assign(direction->begin(), direction->end());
+  request.set_measure(cosine ? v1::PROJECTION_COSINE : v1::PROJECTION_DOT);
+  request.set_top_n(absl::GetFlag(FLAGS_top));
+  request.set_context_before(absl::GetFlag(FLAGS_before));
+  request.set_context_after(absl::GetFlag(FLAGS_after_tokens));
+  request.set_distinct_sequences(absl::GetFlag(FLAGS_distinct));
+  request.set_row_start(absl::GetFlag(FLAGS_start));
+  request.set_row_count(absl::GetFlag(FLAGS_count));
+  v1::ProjectRowsResponse response;
+  grpc::Status status = client.datasets()->ProjectRows(client.Context().get(), request, &response);
+  if (!status.ok()) return RpcError(status);
+  const std::string measure = cosine ? "cos(x, v)" : "x . v";
+  if (const std::string plot = absl::GetFlag(FLAGS_plot); !plot.empty()) {
+    HistogramPlot histogram;
+    histogram.bins.assign(response.histogram().begin(), response.histogram().end());
+    histogram.lo = response.min();
+    histogram.bin_width = response.bin_width();
+    histogram.title = absl::StrCat("dataset ", id, ": ", measure, " on each row");
+    histogram.subtitle = absl::StrFormat("v = %s; %lld rows, mean %.4g, stddev %.4g", args[2],
+                                         static_cast<long long>(response.rows()), response.mean(),
+                                         response.stddev());
+    histogram.x_label = measure;
+    histogram.y_label = "rows";
+    if (absl::Status written = WriteHistogramPlot(histogram, plot); !written.ok()) {
+      return PlotError(written);
+    }
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", Json(response).c_str());
+    return 0;
+  }
+  std::printf("dataset %llu: %s over %lld rows, v = %s (%zu values)\n",
+              static_cast<unsigned long long>(id), measure.c_str(),
+              static_cast<long long>(response.rows()), args[2].c_str(), direction->size());
+  std::printf("mean %.4g, stddev %.4g, min %.4g, max %.4g\n", response.mean(), response.stddev(),
+              response.min(), response.max());
+  PrintHistogramBins(response.histogram(), response.min(), response.bin_width(),
+                     /*max_lines=*/16);
+  const bool distinct = absl::GetFlag(FLAGS_distinct);
+  std::printf("largest%s:\n", distinct ? " (a row per sequence, its largest)" : "");
+  for (const v1::TopActivation& t : response.largest()) PrintExample(t, decoder);
+  std::printf("smallest%s:\n", distinct ? " (a row per sequence, its smallest)" : "");
+  for (const v1::TopActivation& t : response.smallest()) PrintExample(t, decoder);
+  if (const std::string plot = absl::GetFlag(FLAGS_plot); !plot.empty()) {
+    std::printf("wrote %s\n", plot.c_str());
+  }
   return 0;
 }
 

@@ -57,8 +57,14 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by);
 // makes each sequence one example; --plot draws the metrics against k.
 int Probe(Client& client, const std::vector<std::string>& args);
 
-// latentctl explain ID FILE|DIR, or ID J --text=...: stores explanations of latents
-// (SetExplanations) from JSON Lines, delphi's explanations directory, or the command line.
+// latentctl project ID FILE: a direction (.npy or text) projected on a DENSE dataset's rows
+// (ProjectRows): the spread and the rows at both ends with their contexts; --plot the
+// histogram.
+int Project(Client& client, const std::vector<std::string>& args);
+
+// latentctl explain ID FILE|DIR, ID J --text=..., or ID --from_dataset=D: stores explanations
+// of latents (SetExplanations) from JSON Lines, a delphi run, the command line, or another
+// dataset of the same SAE.
 int Explain(Client& client, const std::vector<std::string>& args);
 
 // latentctl search ID WORDS...: the latents whose explanations hold every word

@@ -264,6 +264,12 @@ datasets:
                                  probe (and split) through every other hook of the
                                  suite, a line of balanced accuracies each: which layer
                                  reads the concept best
+  project ID FILE [--cosine] [--top=N] [--distinct] [--start=R --count=N] [--vocab=F]
+          [--plot=F.png]
+                                 a direction (numpy.save's .npy, or numbers as text: a steering
+                                 vector, a probe's weights, an SAE decoder row) on a DENSE
+                                 dataset's hidden states: mean, spread, histogram, and the
+                                 rows it is largest and smallest on, with their contexts
   explain ID FILE.jsonl|DIR [--source=S] [--replace_all] [--module=M] [--scores=SCORER]
   explain ID J --text="..." [--score=X] [--source=S]
   explain ID --from_dataset=D [--replace_all]
@@ -331,6 +337,7 @@ int Run(const std::vector<std::string>& args) {
   if (command == "token") return OnRows(client, args, RowsBy::kToken);
   if (command == "onrows") return OnRows(client, args, RowsBy::kRanges);
   if (command == "probe") return Probe(client, args);
+  if (command == "project") return Project(client, args);
   if (command == "explain") return Explain(client, args);
   if (command == "search") return Search(client, args);
   if (command == "export") return Export(client, args);

@@ -186,6 +186,10 @@ ABSL_FLAG(double, score, std::numeric_limits<double>::quiet_NaN(),
           "explain --text: the explanation's score (none by default)");
 ABSL_FLAG(bool, replace_all, false,
           "explain: the dataset's earlier explanations are removed (in the same write)");
+ABSL_FLAG(bool, cosine, false,
+          "project: rank rows by the cosine of their hidden state with the direction, not the "
+          "dot product (rows of outsized norm, often the first token's, then rank like any "
+          "other)");
 ABSL_FLAG(uint64_t, from_dataset, 0,
           "explain ID --from_dataset=D: copy dataset D's explanations (D must be of the same "
           "SAE: the same tokens' re-extraction, or others')");

@@ -14,6 +14,22 @@ namespace {
 // Floats decoded per read of the scan (16 MB).
 constexpr int64_t kScanFloats = int64_t{1} << 22;
 
+// a . b over n floats, in kLanes independent partial sums: the compiler keeps them in one
+// vector register (a single running sum would pin the additions to one order, and so to
+// scalar code).
+float Dot(const float* a, const float* b, int32_t n) {
+  constexpr int kLanes = 8;
+  float lanes[kLanes] = {};
+  int32_t k = 0;
+  for (; k + kLanes <= n; k += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lanes[l] += a[k + l] * b[k + l];
+  }
+  float sum = 0;
+  for (; k < n; ++k) sum += a[k] * b[k];
+  for (float lane : lanes) sum += lane;
+  return sum;
+}
+
 absl::Status CheckDirection(const std::vector<float>& direction, int32_t width) {
   if (static_cast<int64_t>(direction.size()) != width) {
     return absl::InvalidArgumentError(
@@ -98,24 +114,28 @@ absl::StatusOr<Projection> ProjectDenseRows(const ChunkStore& store, uint64_t id
   for (float v : direction) direction_norm += static_cast<double>(v) * v;
   direction_norm = std::sqrt(direction_norm);
 
-  // Every row's projection, p[i] of row start + i.
+  // Every row's projection and token, p[i] and tokens[i] of row start + i: the windows are
+  // cut from them (reading a window's tokens again would read its chunk's values again).
   std::vector<float> p(row_count);
+  std::vector<int32_t> tokens;
+  tokens.reserve(row_count);
   std::vector<float> values;
+  std::vector<int32_t> block_tokens;
   const int64_t block = std::max<int64_t>(1, kScanFloats / width);
   for (int64_t done = 0; done < row_count;) {
     const int64_t n = std::min(block, row_count - done);
-    RETURN_IF_ERROR(store.ReadDense(id, start + done, n, &values, /*token_ids=*/nullptr));
+    RETURN_IF_ERROR(store.ReadDense(id, start + done, n, &values, &block_tokens));
+    tokens.insert(tokens.end(), block_tokens.begin(), block_tokens.end());
     for (int64_t r = 0; r < n; ++r) {
       const float* x = values.data() + r * width;
-      float dot = 0, squares = 0;
-      for (int32_t k = 0; k < width; ++k) {
-        dot += x[k] * direction[k];
-        squares += x[k] * x[k];
+      const float dot = Dot(x, direction.data(), width);
+      if (!cosine) {
+        p[done + r] = dot;
+        continue;
       }
+      const float squares = Dot(x, x, width);
       p[done + r] =
-          !cosine ? dot
-                  : (squares > 0 ? static_cast<float>(dot / (std::sqrt(squares) * direction_norm))
-                                 : 0.0f);
+          squares > 0 ? static_cast<float>(dot / (std::sqrt(squares) * direction_norm)) : 0.0f;
     }
     done += n;
   }
@@ -168,7 +188,6 @@ absl::StatusOr<Projection> ProjectDenseRows(const ChunkStore& store, uint64_t id
       }
     });
   };
-  std::vector<int32_t> tokens;
   for (const bool largest : {true, false}) {
     std::vector<TopActivationContext>& list = largest ? out.largest : out.smallest;
     for (int64_t i : listed(largest)) {
@@ -177,11 +196,10 @@ absl::StatusOr<Projection> ProjectDenseRows(const ChunkStore& store, uint64_t id
       t.value = p[i];
       const int64_t first = std::max(i - options.context_before, sequence_start(i));
       const int64_t last = std::min(i + options.context_after, sequence_end(i) - 1);
-      RETURN_IF_ERROR(store.ReadTokens(id, start + first, last - first + 1, &tokens));
+      t.token_id = tokens[i];
       t.context_start_row = start + first;
-      t.context_token_ids = tokens;
+      t.context_token_ids.assign(tokens.begin() + first, tokens.begin() + last + 1);
       t.context_values.assign(p.begin() + first, p.begin() + last + 1);
-      t.token_id = tokens[i - first];
     }
   }
   return out;

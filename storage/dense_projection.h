@@ -3,7 +3,7 @@
 // row, a difference of means), the rows at either end with their contexts, and how the
 // projection is spread over the rows. Without the store a user loads the activations into
 // RAM and projects them in numpy; here one pass over the stored rows answers it, in memory
-// bounded by the rows asked for (4 bytes a row), never by the activations.
+// bounded by the rows asked for (8 bytes a row), never by the activations.
 #ifndef LATENTD_STORAGE_DENSE_PROJECTION_H_
 #define LATENTD_STORAGE_DENSE_PROJECTION_H_
 
@@ -18,8 +18,8 @@ namespace latentd::storage {
 inline constexpr int32_t kMaxProjectionTop = 1000;
 inline constexpr int32_t kMaxProjectionBins = 1000;
 inline constexpr int32_t kMaxProjectionContext = 1024;
-// Rows one projection scans: it holds a float per row.
-inline constexpr int64_t kMaxProjectionRows = int64_t{1} << 24;
+// Rows one projection scans: it holds a float and a token id per row (64 MiB at most).
+inline constexpr int64_t kMaxProjectionRows = int64_t{1} << 23;
 
 enum class ProjectionMeasure {
   kDot,     // x . v

@@ -552,6 +552,26 @@ class Client:
                                           context_length))
         return self.datasets.LatentsOnRows(request, metadata=self.metadata, timeout=self.timeout)
 
+    def project_rows(self, dataset_id, direction, cosine=False, top_n=20,
+                     distinct_sequences=False, context_before=32, context_after=8, row_start=0,
+                     row_count=0, bins=50):
+        """A direction (a steering vector, a probe's weights, an SAE latent's decoder row: d_in
+        numbers) projected on every row of a DENSE dataset, computed where the rows lie: the
+        response has rows, mean, stddev, min, max, a histogram (bins of bin_width from min) and
+        the rows at both ends, largest and smallest, each a TopActivation with its context
+        window (context_values: the projection of each window row). cosine=True ranks by
+        cos(x, direction), so that rows of outsized norm do not crowd the top;
+        distinct_sequences keeps one row per sequence at each end. grpc.RpcError
+        INVALID_ARGUMENT when the direction is not d_in finite values, not all zero."""
+        import numpy as np
+        request = datasets_pb2.ProjectRowsRequest(
+            dataset_id=dataset_id,
+            direction=np.asarray(direction, dtype=np.float32).ravel().tolist(),
+            measure=datasets_pb2.PROJECTION_COSINE if cosine else datasets_pb2.PROJECTION_DOT,
+            top_n=top_n, distinct_sequences=distinct_sequences, context_before=context_before,
+            context_after=context_after, row_start=row_start, row_count=row_count, bins=bins)
+        return self.datasets.ProjectRows(request, metadata=self.metadata, timeout=self.timeout)
+
     def sparse_probe(self, dataset_id, rows=None, row_ranges=None, sequences=None,
                      versus_rows=None, versus_row_ranges=None, versus_sequences=None,
                      ks=(1, 2, 5, 10, 20), test_fraction=0.25, seed=0, l2=1.0, pool=None,

@@ -247,6 +247,31 @@ class TrainLoop(DaemonTestCase):
         with self.assertRaises(grpc.RpcError) as dense_weights:
             c.latent_weights(dense_id, 0)
         self.assertEqual(dense_weights.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        # A direction projected on the DENSE rows in the daemon (here a latent's decoder row of
+        # the trained SAE) ranks the rows as numpy does on the exported activations.
+        direction = w_dec[5]
+        hidden = numpy.load(c.export(dense_id, "hidden.npz").path)["data"]
+        want = hidden.astype(numpy.float64) @ direction.astype(numpy.float64)
+        projected = c.project_rows(dense_id, direction, top_n=5, context_before=2,
+                                   context_after=1)
+        self.assertEqual(projected.rows, hidden.shape[0])
+        self.assertAlmostEqual(projected.mean, want.mean(), places=4)
+        self.assertEqual([t.row for t in projected.largest], list(numpy.argsort(-want)[:5]))
+        self.assertEqual([t.row for t in projected.smallest], list(numpy.argsort(want)[:5]))
+        numpy.testing.assert_allclose([t.value for t in projected.largest],
+                                      numpy.sort(want)[::-1][:5], rtol=1e-4)
+        self.assertEqual(sum(projected.histogram), hidden.shape[0])
+        direction_path = os.path.join(self.tmp, "direction.npy")
+        numpy.save(direction_path, direction)
+        shown = daemon.latentctl("project", str(dense_id), direction_path, "--top=3",
+                                 "--cosine", "--plot=" + os.path.join(self.tmp, "proj.png"))
+        lines = shown.stdout.splitlines()
+        self.assertEqual(lines[0], "dataset %d: cos(x, v) over %d rows, v = %s (64 values)" % (
+            dense_id, hidden.shape[0], direction_path))
+        cosines = want / (numpy.linalg.norm(hidden, axis=1) * numpy.linalg.norm(direction))
+        first = lines[lines.index("largest:") + 1].split()
+        self.assertEqual(int(first[1]), int(numpy.argmax(cosines)))
+        self.assertTrue(os.path.getsize(os.path.join(self.tmp, "proj.png")) > 0)
 
 
         # The dataset helpers: listing, a server-side export scipy reads back, deletion.
