@@ -16,7 +16,6 @@ a seeded Gaussian vector; both sides list the 20 largest and 20 smallest rows.
         bench/projection_bench.py [--sequences 1024] [--repeats 3]
 """
 
-import argparse
 import os
 import time
 
@@ -28,11 +27,7 @@ TOP = 20
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--sequences", type=int, default=1024,
-                        help="128-token sequences to extract")
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = x1_sparse.arguments().parse_args()
     direction = np.random.default_rng(0).standard_normal(256).astype(np.float32)
     with x1_sparse.served(args.sequences, "projection-bench", mode="DENSE") as (client, dataset):
         times = {"daemon": [], "client": []}

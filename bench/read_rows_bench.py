@@ -16,7 +16,6 @@ The dataset is a real EXTRACT of the X1 reference transformer (docs/EXTRACT.md) 
         bench/read_rows_bench.py [--sequences 1024] [--repeats 3]
 """
 
-import argparse
 import time
 
 import numpy as np
@@ -51,11 +50,7 @@ def wire_bytes(client, dataset_id, packed):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--sequences", type=int, default=1024,
-                        help="128-token sequences to extract")
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = x1_sparse.arguments().parse_args()
     with x1_sparse.served(args.sequences, "read-bench") as (client, dataset):
         readers = {
             "lists": lambda: read_lists(client, dataset),

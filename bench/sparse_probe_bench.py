@@ -24,7 +24,6 @@ The dataset is a real EXTRACT of the X1 reference transformer (docs/EXTRACT.md) 
         bench/sparse_probe_bench.py [--sequences 1024] [--repeats 3] [--orientations 6]
 """
 
-import argparse
 import time
 
 import numpy as np
@@ -131,10 +130,7 @@ def spans_of_mask(mask, unit=1):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--sequences", type=int, default=1024,
-                        help="128-token sequences to extract")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = x1_sparse.arguments()
     parser.add_argument("--orientations", type=int, default=0,
                         help="seeds of the both-ways-round table (0: no table)")
     args = parser.parse_args()

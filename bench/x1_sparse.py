@@ -3,6 +3,7 @@ vocabulary 4096, context 128; docs/EXTRACT.md) over make_demo_inputs.py's Zipf t
 blocks.2.hook_resid_post, encoded by its TopK SAE (k = 32, d_sae 4096), stored fp16; or, DENSE,
 the hook's hidden states themselves."""
 
+import argparse
 import contextlib
 import os
 import subprocess
@@ -13,6 +14,16 @@ from harness import Daemon
 from latentd.v1 import jobs_pb2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def arguments():
+    """The options of every bench over this dataset: --sequences (of 128 tokens, to extract)
+    and --repeats (of each timed way); a bench adds its own before parse_args()."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sequences", type=int, default=1024,
+                        help="128-token sequences to extract")
+    parser.add_argument("--repeats", type=int, default=3)
+    return parser
 
 
 def make_inputs(directory, sequences):

@@ -14,9 +14,8 @@ namespace {
 // Floats decoded per read of the scan (16 MB).
 constexpr int64_t kScanFloats = int64_t{1} << 22;
 
-// a . b over n floats, in kLanes independent partial sums: the compiler keeps them in one
-// vector register (a single running sum would pin the additions to one order, and so to
-// scalar code).
+// a . b over n floats, in kLanes independent partial sums, which the compiler may keep in
+// vector registers (one running sum fixes the order of the additions, and so scalar code).
 float Dot(const float* a, const float* b, int32_t n) {
   constexpr int kLanes = 8;
   float lanes[kLanes] = {};
