@@ -784,18 +784,47 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
 
 int Project(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
-  if (!ParseId(args, 1, &id) || args.size() != 3) {
-    return Usage("project needs a DENSE dataset id and a direction file (.npy or text)");
+  const std::string latent_flag = absl::GetFlag(FLAGS_latent);
+  if (!ParseId(args, 1, &id) || args.size() != (latent_flag.empty() ? 3 : 2)) {
+    return Usage(
+        "project needs a DENSE dataset id and a direction file (.npy or text), or "
+        "--latent=D:J");
   }
-  absl::StatusOr<std::vector<float>> direction = ReadDirection(args[2]);
-  if (!direction.ok()) return Usage(std::string(direction.status().message()));
+  std::vector<float> direction;
+  std::string named;  // what the direction is, for the heading
+  if (latent_flag.empty()) {
+    absl::StatusOr<std::vector<float>> read = ReadDirection(args[2]);
+    if (!read.ok()) return Usage(std::string(read.status().message()));
+    direction = *std::move(read);
+    named = args[2];
+  } else {
+    // A latent's decoder row, from the SAE that made dataset D (GetLatentWeights).
+    const std::vector<std::string> parts = absl::StrSplit(latent_flag, ':');
+    v1::GetLatentWeightsRequest request;
+    uint64_t sae_dataset = 0;
+    int32_t latent = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &sae_dataset) ||
+        !absl::SimpleAtoi(parts[1], &latent)) {
+      return Usage(absl::StrCat("--latent: \"", latent_flag, "\" is not DATASET:LATENT"));
+    }
+    request.set_dataset_id(sae_dataset);
+    request.set_latent(latent);
+    request.set_top_n(1);
+    request.set_include_decoder(true);
+    v1::GetLatentWeightsResponse weights;
+    grpc::Status status =
+        client.datasets()->GetLatentWeights(client.Context().get(), request, &weights);
+    if (!status.ok()) return RpcError(status);
+    direction.assign(weights.decoder().begin(), weights.decoder().end());
+    named = absl::StrCat("latent ", latent, "'s decoder row in dataset ", sae_dataset);
+  }
   std::optional<Vocabulary> vocab;
   if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
   const Vocabulary* decoder = vocab ? &*vocab : nullptr;
   const bool cosine = absl::GetFlag(FLAGS_cosine);
   v1::ProjectRowsRequest request;
   request.set_dataset_id(id);
-  request.mutable_direction()->Assign(direction->begin(), direction->end());
+  request.mutable_direction()->Assign(direction.begin(), direction.end());
   request.set_measure(cosine ? v1::PROJECTION_COSINE : v1::PROJECTION_DOT);
   request.set_top_n(absl::GetFlag(FLAGS_top));
   request.set_context_before(absl::GetFlag(FLAGS_before));
@@ -813,7 +842,7 @@ int Project(Client& client, const std::vector<std::string>& args) {
     histogram.lo = response.min();
     histogram.bin_width = response.bin_width();
     histogram.title = absl::StrCat("dataset ", id, ": ", measure, " on each row");
-    histogram.subtitle = absl::StrFormat("v = %s; %lld rows, mean %.4g, stddev %.4g", args[2],
+    histogram.subtitle = absl::StrFormat("v = %s; %lld rows, mean %.4g, stddev %.4g", named,
                                          static_cast<long long>(response.rows()), response.mean(),
                                          response.stddev());
     histogram.x_label = measure;
@@ -828,7 +857,7 @@ int Project(Client& client, const std::vector<std::string>& args) {
   }
   std::printf("dataset %llu: %s over %lld rows, v = %s (%zu values)\n",
               static_cast<unsigned long long>(id), measure.c_str(),
-              static_cast<long long>(response.rows()), args[2].c_str(), direction->size());
+              static_cast<long long>(response.rows()), named.c_str(), direction.size());
   std::printf("mean %.4g, stddev %.4g, min %.4g, max %.4g\n", response.mean(), response.stddev(),
               response.min(), response.max());
   PrintHistogramBins(response.histogram(), response.min(), response.bin_width(),

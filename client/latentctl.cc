@@ -264,10 +264,11 @@ datasets:
                                  probe (and split) through every other hook of the
                                  suite, a line of balanced accuracies each: which layer
                                  reads the concept best
-  project ID FILE [--cosine] [--top=N] [--distinct] [--start=R --count=N] [--vocab=F]
-          [--plot=F.png]
+  project ID FILE|--latent=D:J [--cosine] [--top=N] [--distinct] [--start=R --count=N]
+          [--vocab=F] [--plot=F.png]
                                  a direction (numpy.save's .npy, or numbers as text: a steering
-                                 vector, a probe's weights, an SAE decoder row) on a DENSE
+                                 vector, a probe's weights; or latent J's decoder row in
+                                 dataset D's SAE) on a DENSE
                                  dataset's hidden states: mean, spread, histogram, and the
                                  rows it is largest and smallest on, with their contexts
   explain ID FILE.jsonl|DIR [--source=S] [--replace_all] [--module=M] [--scores=SCORER]

@@ -186,6 +186,9 @@ ABSL_FLAG(double, score, std::numeric_limits<double>::quiet_NaN(),
           "explain --text: the explanation's score (none by default)");
 ABSL_FLAG(bool, replace_all, false,
           "explain: the dataset's earlier explanations are removed (in the same write)");
+ABSL_FLAG(std::string, latent, "",
+          "project: D:J, the direction is latent J's decoder row in dataset D's SAE (instead of a "
+          "file)");
 ABSL_FLAG(bool, cosine, false,
           "project: rank rows by the cosine of their hidden state with the direction, not the "
           "dot product (rows of outsized norm, often the first token's, then rank like any "

@@ -87,6 +87,7 @@ ABSL_DECLARE_FLAG(bool, balanced);
 ABSL_DECLARE_FLAG(std::string, source);
 ABSL_DECLARE_FLAG(double, score);
 ABSL_DECLARE_FLAG(bool, replace_all);
+ABSL_DECLARE_FLAG(std::string, latent);
 ABSL_DECLARE_FLAG(bool, cosine);
 ABSL_DECLARE_FLAG(uint64_t, from_dataset);
 ABSL_DECLARE_FLAG(std::string, module);

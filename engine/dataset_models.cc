@@ -671,6 +671,10 @@ absl::StatusOr<LatentWeights> DatasetModels::ReadLatentWeights(const DatasetSour
     out.encoder_decoder_cosine = sae->enc_dec_cos[j].item<float>();
     const at::Tensor unit = sae->unit_dec[j];
     out.neighbors = Largest(sae->unit_dec.mv(unit), top_n, j, /*ascending=*/false);
+    if (query.decoder) {
+      const at::Tensor row = (unit * out.decoder_norm).contiguous();
+      out.decoder.assign(row.data_ptr<float>(), row.data_ptr<float>() + row.numel());
+    }
     if (sae->crosscoder_sources > 0) {
       const at::Tensor blocks = (unit * out.decoder_norm).view({sae->crosscoder_sources, -1});
       out.decoder_by_source = DecoderBySource(*sae, blocks);

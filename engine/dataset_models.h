@@ -52,6 +52,8 @@ struct LatentWeightsQuery {
   // TorchScript models: the parameter holding the unembedding; empty: the first of
   // kUnembeddingCandidates the module has. Must be empty for the reference model.
   std::string unembedding;
+  // Also the decoder row itself (LatentWeights::decoder). Default false.
+  bool decoder = false;
 };
 
 struct ScoredIndex {
@@ -90,6 +92,10 @@ struct LatentWeights {
   // the logits are per source only (each source is a hook or a model of its own). Empty for
   // other SAEs.
   std::vector<SourceDecoder> decoder_by_source;
+  // With LatentWeightsQuery::decoder: W_dec[j], the direction the latent writes into the hook
+  // its decoder predicts (a crosscoder's: every source's block side by side; a cross-layer
+  // transcoder's: the one into its own layer), as the neighbours compare it. Empty otherwise.
+  std::vector<float> decoder;
 };
 
 inline constexpr int64_t kMaxPromptTokens = 4096;

@@ -234,6 +234,18 @@ TEST_F(DatasetModelsTest, NeighboursAndLogitsOfAResidualStreamSae) {
   EXPECT_EQ(got->logits_unavailable, "");
   const at::Tensor W_E = ReferenceWeight("embed.W_E").to(at::kDouble);
   ExpectLogits(*got, W_E.mv(w.W_dec[0].to(at::kDouble)), 5);
+  EXPECT_TRUE(got->decoder.empty());  // only when asked
+  // The decoder row itself, when asked: W_dec[j].
+  q.latent = 3;
+  q.decoder = true;
+  got = reader.ReadLatentWeights(source, q);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(static_cast<int64_t>(got->decoder.size()), w.W_dec.size(1));
+  for (int64_t k = 0; k < w.W_dec.size(1); ++k) {
+    EXPECT_NEAR(got->decoder[k], w.W_dec[3][k].item<float>(), 1e-6) << k;
+  }
+  q.latent = 0;
+  q.decoder = false;
 
   // The default top_n is 10; at most d_sae - 1 neighbours exist.
   q.top_n = 0;

@@ -787,9 +787,11 @@ grpc::Status DatasetsService::GetLatentWeights(grpc::ServerContext* context,
   query.latent = request->latent();
   query.top_n = request->top_n();
   query.unembedding = request->unembedding();
+  query.decoder = request->include_decoder();
   auto weights = options_.dataset_models->ReadLatentWeights(*source, query);
   if (!weights.ok()) return ToGrpcStatus(weights.status());
   response->set_latent(request->latent());
+  response->mutable_decoder()->Add(weights->decoder.begin(), weights->decoder.end());
   response->set_decoder_norm(weights->decoder_norm);
   response->set_encoder_norm(weights->encoder_norm);
   response->set_encoder_decoder_cosine(weights->encoder_decoder_cosine);

@@ -712,7 +712,7 @@ class Client:
         return self.datasets.SearchExplanations(request, metadata=self.metadata,
                                                 timeout=self.timeout)
 
-    def latent_weights(self, dataset_id, latent, top_n=10, unembedding=""):
+    def latent_weights(self, dataset_id, latent, top_n=10, unembedding="", decoder=False):
         """What the latent's weights say, from the SAE and model that made the dataset (no rows):
         neighbors (the top_n latents with the nearest decoder directions: latent, cosine),
         positive_logits / negative_logits (the tokens its decoder direction raises and lowers
@@ -724,9 +724,11 @@ class Client:
         of its decoders. For a crosscoder's latent, decoder_by_source (hook_name, norm at the
         training scale, share, cosine_with_first) says how its decoder splits between the
         sources (model diffing: a share near 1 is that model's own latent), each with the logits
-        of its block through its own model's unembedding."""
+        of its block through its own model's unembedding. decoder=True adds the decoder row
+        itself, W_dec[latent] (response.decoder; a direction for project_rows or steering)."""
         request = datasets_pb2.GetLatentWeightsRequest(dataset_id=dataset_id, latent=latent,
-                                                       top_n=top_n, unembedding=unembedding)
+                                                       top_n=top_n, unembedding=unembedding,
+                                                       include_decoder=decoder)
         return self.datasets.GetLatentWeights(request, metadata=self.metadata,
                                               timeout=self.timeout)
 

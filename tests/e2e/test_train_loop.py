@@ -272,6 +272,15 @@ class TrainLoop(DaemonTestCase):
         first = lines[lines.index("largest:") + 1].split()
         self.assertEqual(int(first[1]), int(numpy.argmax(cosines)))
         self.assertTrue(os.path.getsize(os.path.join(self.tmp, "proj.png")) > 0)
+        # The same direction named as the latent: its decoder row from the daemon's SAE.
+        numpy.testing.assert_allclose(c.latent_weights(dataset, 5, decoder=True).decoder,
+                                      direction, rtol=1e-5, atol=1e-6)
+        by_latent = daemon.latentctl("project", str(dense_id), "--latent=%d:5" % dataset,
+                                     "--top=3").stdout.splitlines()
+        self.assertEqual(by_latent[0], "dataset %d: x . v over %d rows, v = latent 5's decoder "
+                         "row in dataset %d (64 values)" % (dense_id, hidden.shape[0], dataset))
+        first = by_latent[by_latent.index("largest:") + 1].split()
+        self.assertEqual(int(first[1]), int(numpy.argmax(want)))
 
 
         # The dataset helpers: listing, a server-side export scipy reads back, deletion.
