@@ -107,5 +107,13 @@ $LATENTCTL probe "$layer1" --rows_file="$data_dir/labelled-rows.txt" \
   --plot="$data_dir/demo-probe.png"
 echo "(open $data_dir/demo-probe.png: held-out accuracy and F1 against k)"
 echo
+echo "demo: latent $latent's decoder direction on the DENSE hidden states the SAE was trained on"
+echo "(cosine, a row per sequence): where the direction shows in the raw activations, whether"
+echo "the SAE fires there or not"
+dense=$(result "$dense_job" extract.datasetId)
+$LATENTCTL project "$dense" --latent="$dataset:$latent" --cosine --distinct --top=3 --before=6 \
+  --after_tokens=1 --vocab="$inputs/vocab.json" --plot="$data_dir/demo-projection.png"
+echo "(open $data_dir/demo-projection.png: the cosine's histogram over the rows)"
+echo
 echo "demo: the SAE at a glance (most frequent latents; --plot=FILE.png draws the density histogram)"
 $LATENTCTL latents "$dataset" --order=frequent --limit=5
