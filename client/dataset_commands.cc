@@ -782,41 +782,55 @@ int OnRows(Client& client, const std::vector<std::string>& args, RowsBy by) {
   return 0;
 }
 
+namespace {
+
+// The direction `project` is asked for: the file args[2], or with --latent=D:J latent J's
+// decoder row in dataset D's SAE (GetLatentWeights); *named says which, for the headings.
+// nullopt when it was read, else the exit code (why was printed).
+std::optional<int> ProjectDirection(Client& client, const std::vector<std::string>& args,
+                                    std::vector<float>* direction, std::string* named) {
+  const std::string latent_flag = absl::GetFlag(FLAGS_latent);
+  if (latent_flag.empty()) {
+    absl::StatusOr<std::vector<float>> read = ReadDirection(args[2]);
+    if (!read.ok()) return Usage(std::string(read.status().message()));
+    *direction = *std::move(read);
+    *named = args[2];
+    return std::nullopt;
+  }
+  const std::vector<std::string> parts = absl::StrSplit(latent_flag, ':');
+  uint64_t sae_dataset = 0;
+  int32_t latent = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &sae_dataset) ||
+      !absl::SimpleAtoi(parts[1], &latent)) {
+    return Usage(absl::StrCat("--latent: \"", latent_flag, "\" is not DATASET:LATENT"));
+  }
+  v1::GetLatentWeightsRequest request;
+  request.set_dataset_id(sae_dataset);
+  request.set_latent(latent);
+  request.set_top_n(1);
+  request.set_include_decoder(true);
+  v1::GetLatentWeightsResponse weights;
+  grpc::Status status =
+      client.datasets()->GetLatentWeights(client.Context().get(), request, &weights);
+  if (!status.ok()) return RpcError(status);
+  direction->assign(weights.decoder().begin(), weights.decoder().end());
+  *named = absl::StrCat("latent ", latent, "'s decoder row in dataset ", sae_dataset);
+  return std::nullopt;
+}
+
+}  // namespace
+
 int Project(Client& client, const std::vector<std::string>& args) {
   uint64_t id;
-  const std::string latent_flag = absl::GetFlag(FLAGS_latent);
-  if (!ParseId(args, 1, &id) || args.size() != (latent_flag.empty() ? 3 : 2)) {
+  if (!ParseId(args, 1, &id) || args.size() != (absl::GetFlag(FLAGS_latent).empty() ? 3 : 2)) {
     return Usage(
         "project needs a DENSE dataset id and a direction file (.npy or text), or "
         "--latent=D:J");
   }
   std::vector<float> direction;
-  std::string named;  // what the direction is, for the heading
-  if (latent_flag.empty()) {
-    absl::StatusOr<std::vector<float>> read = ReadDirection(args[2]);
-    if (!read.ok()) return Usage(std::string(read.status().message()));
-    direction = *std::move(read);
-    named = args[2];
-  } else {
-    // A latent's decoder row, from the SAE that made dataset D (GetLatentWeights).
-    const std::vector<std::string> parts = absl::StrSplit(latent_flag, ':');
-    v1::GetLatentWeightsRequest request;
-    uint64_t sae_dataset = 0;
-    int32_t latent = 0;
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &sae_dataset) ||
-        !absl::SimpleAtoi(parts[1], &latent)) {
-      return Usage(absl::StrCat("--latent: \"", latent_flag, "\" is not DATASET:LATENT"));
-    }
-    request.set_dataset_id(sae_dataset);
-    request.set_latent(latent);
-    request.set_top_n(1);
-    request.set_include_decoder(true);
-    v1::GetLatentWeightsResponse weights;
-    grpc::Status status =
-        client.datasets()->GetLatentWeights(client.Context().get(), request, &weights);
-    if (!status.ok()) return RpcError(status);
-    direction.assign(weights.decoder().begin(), weights.decoder().end());
-    named = absl::StrCat("latent ", latent, "'s decoder row in dataset ", sae_dataset);
+  std::string named;
+  if (std::optional<int> failed = ProjectDirection(client, args, &direction, &named)) {
+    return *failed;
   }
   std::optional<Vocabulary> vocab;
   if (std::string error; !LoadVocabFlag(&vocab, &error)) return Usage(error);
@@ -888,6 +902,47 @@ int PrintStored(uint64_t id, const v1::SetExplanationsResponse& response) {
   return 0;
 }
 
+// The explanations of the delphi run (or explanations directory) at `path` for dataset `id`,
+// added to *request: the module that is this dataset, scored by a classifier scorer's
+// verdicts where the run has them; `source`, when given, replaces theirs. Says what it read
+// (unless --json). nullopt, else the exit code (why was printed).
+std::optional<int> AddDelphiRun(Client& client, uint64_t id, const std::string& path,
+                                const std::string& source, v1::SetExplanationsRequest* request) {
+  absl::StatusOr<DelphiRun> run = LocateDelphiRun(path, absl::GetFlag(FLAGS_scores));
+  if (!run.ok()) return Usage(std::string(run.status().message()));
+  absl::StatusOr<std::vector<std::string>> modules = DelphiModules(run->explanations_dir);
+  if (!modules.ok()) return Usage(std::string(modules.status().message()));
+  std::string hook;  // asked for only when the module must be chosen by it
+  if (modules->size() > 1 && absl::GetFlag(FLAGS_module).empty()) {
+    absl::StatusOr<v1::DatasetInfo> info = GetDatasetInfo(client, id);
+    if (!info.ok()) return StatusError(info.status());
+    hook = info->hook_name();
+  }
+  absl::StatusOr<std::string> module =
+      ChooseDelphiModule(*modules, absl::GetFlag(FLAGS_module), hook);
+  if (!module.ok()) {
+    return Usage(absl::StrCat(run->explanations_dir, ": ", module.status().message()));
+  }
+  absl::StatusOr<std::vector<v1::LatentExplanation>> read = ReadDelphiExplanations(*run, *module);
+  if (!read.ok()) return Usage(std::string(read.status().message()));
+  int64_t scored = 0;
+  for (v1::LatentExplanation& e : *read) {
+    scored += e.has_score();
+    if (!source.empty()) e.set_source(source);
+  }
+  if (!absl::GetFlag(FLAGS_json)) {
+    std::string line = absl::StrCat("read ", read->size(), " explanations");
+    if (!module->empty()) absl::StrAppend(&line, " of ", *module);
+    absl::StrAppend(&line, " from ", run->explanations_dir);
+    if (!run->scores_dir.empty()) {
+      absl::StrAppend(&line, "; ", scored, " scored by ", run->scores_dir, " (balanced accuracy)");
+    }
+    std::printf("%s\n", line.c_str());
+  }
+  request->mutable_explanations()->Assign(read->begin(), read->end());
+  return std::nullopt;
+}
+
 }  // namespace
 
 int Explain(Client& client, const std::vector<std::string>& args) {
@@ -921,40 +976,9 @@ int Explain(Client& client, const std::vector<std::string>& args) {
     if (const double score = absl::GetFlag(FLAGS_score); !std::isnan(score)) e->set_score(score);
     e->set_source(source.empty() ? "human" : source);
   } else if (std::filesystem::is_directory(args[2])) {
-    // A delphi run (or its explanations directory): the module that is this dataset, scored by
-    // a classifier scorer's verdicts where the run has them.
-    absl::StatusOr<DelphiRun> run = LocateDelphiRun(args[2], absl::GetFlag(FLAGS_scores));
-    if (!run.ok()) return Usage(std::string(run.status().message()));
-    absl::StatusOr<std::vector<std::string>> modules = DelphiModules(run->explanations_dir);
-    if (!modules.ok()) return Usage(std::string(modules.status().message()));
-    std::string hook;
-    if (modules->size() > 1 && absl::GetFlag(FLAGS_module).empty()) {
-      absl::StatusOr<v1::DatasetInfo> info = GetDatasetInfo(client, id);
-      if (!info.ok()) return StatusError(info.status());
-      hook = info->hook_name();
+    if (std::optional<int> failed = AddDelphiRun(client, id, args[2], source, &request)) {
+      return *failed;
     }
-    absl::StatusOr<std::string> module =
-        ChooseDelphiModule(*modules, absl::GetFlag(FLAGS_module), hook);
-    if (!module.ok())
-      return Usage(absl::StrCat(run->explanations_dir, ": ", module.status().message()));
-    absl::StatusOr<std::vector<v1::LatentExplanation>> read = ReadDelphiExplanations(*run, *module);
-    if (!read.ok()) return Usage(std::string(read.status().message()));
-    int64_t scored = 0;
-    for (v1::LatentExplanation& e : *read) {
-      scored += e.has_score();
-      if (!source.empty()) e.set_source(source);
-    }
-    if (!absl::GetFlag(FLAGS_json)) {
-      std::string line = absl::StrCat("read ", read->size(), " explanations");
-      if (!module->empty()) absl::StrAppend(&line, " of ", *module);
-      absl::StrAppend(&line, " from ", run->explanations_dir);
-      if (!run->scores_dir.empty()) {
-        absl::StrAppend(&line, "; ", scored, " scored by ", run->scores_dir,
-                        " (balanced accuracy)");
-      }
-      std::printf("%s\n", line.c_str());
-    }
-    request.mutable_explanations()->Assign(read->begin(), read->end());
   } else {
     absl::StatusOr<std::vector<v1::LatentExplanation>> read = ReadExplanations(args[2], source);
     if (!read.ok()) return Usage(std::string(read.status().message()));
