@@ -68,6 +68,12 @@ absl::Status ForEachExplanation(const ChunkStore& store, uint64_t id, Visit visi
   return FromRocks(it->status(), absl::StrCat("dataset ", id, ": explanations"));
 }
 
+// Adds the deletion of every explanation of dataset `id` to `batch` (replace_all).
+void DeleteAllOf(const Db& db, uint64_t id, rocksdb::WriteBatch* batch) {
+  const std::string prefix = keys::ExplanationPrefix(id);
+  batch->DeleteRange(db.handle(Family::kMeta), prefix, keys::PrefixEnd(prefix));
+}
+
 absl::Status CheckExplanation(const LatentExplanation& e, int32_t width, size_t i) {
   const std::string field = absl::StrCat("explanations[", i, "]");
   if (e.latent < 0 || e.latent >= width) {
@@ -115,10 +121,7 @@ absl::Status PutExplanations(const ChunkStore& store, uint64_t id,
   }
   Db* db = store.db();
   rocksdb::WriteBatch batch;
-  if (replace_all) {
-    const std::string prefix = keys::ExplanationPrefix(id);
-    batch.DeleteRange(db->handle(Family::kMeta), prefix, keys::PrefixEnd(prefix));
-  }
+  if (replace_all) DeleteAllOf(*db, id, &batch);
   for (const LatentExplanation& e : explanations) {
     batch.Put(db->handle(Family::kMeta), keys::Explanation(id, static_cast<uint32_t>(e.latent)),
               Encode(e));
@@ -152,10 +155,7 @@ absl::StatusOr<int64_t> CopyExplanations(const ChunkStore& store, uint64_t from,
   }
   Db* db = store.db();
   rocksdb::WriteBatch batch;
-  if (replace_all) {
-    const std::string prefix = keys::ExplanationPrefix(to);
-    batch.DeleteRange(db->handle(Family::kMeta), prefix, keys::PrefixEnd(prefix));
-  }
+  if (replace_all) DeleteAllOf(*db, to, &batch);
   int64_t copied = 0;
   RETURN_IF_ERROR(ForEachExplanation(store, from, [&](int32_t latent, absl::string_view value) {
     // Decoded only to be checked: a damaged value is not passed on.
