@@ -910,16 +910,15 @@ std::optional<int> AddDelphiRun(Client& client, uint64_t id, const std::string& 
                                 const std::string& source, v1::SetExplanationsRequest* request) {
   absl::StatusOr<DelphiRun> run = LocateDelphiRun(path, absl::GetFlag(FLAGS_scores));
   if (!run.ok()) return Usage(std::string(run.status().message()));
-  absl::StatusOr<std::vector<std::string>> modules = DelphiModules(run->explanations_dir);
-  if (!modules.ok()) return Usage(std::string(modules.status().message()));
+  const std::vector<std::string> modules = DelphiModules(*run);
   std::string hook;  // asked for only when the module must be chosen by it
-  if (modules->size() > 1 && absl::GetFlag(FLAGS_module).empty()) {
+  if (modules.size() > 1 && absl::GetFlag(FLAGS_module).empty()) {
     absl::StatusOr<v1::DatasetInfo> info = GetDatasetInfo(client, id);
     if (!info.ok()) return StatusError(info.status());
     hook = info->hook_name();
   }
   absl::StatusOr<std::string> module =
-      ChooseDelphiModule(*modules, absl::GetFlag(FLAGS_module), hook);
+      ChooseDelphiModule(modules, absl::GetFlag(FLAGS_module), hook);
   if (!module.ok()) {
     return Usage(absl::StrCat(run->explanations_dir, ": ", module.status().message()));
   }

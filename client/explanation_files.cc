@@ -71,7 +71,7 @@ absl::StatusOr<std::vector<v1::LatentExplanation>> ReadJsonLines(const std::stri
 
 // delphi's files in `dir`: module -> latent -> path, for each name <module>_latent<J>.txt (or
 // latent<J>.txt, module ""); other files are skipped.
-using LatentFiles = std::map<std::string, std::map<int32_t, fs::path>>;
+using LatentFiles = std::map<std::string, std::map<int32_t, std::string>>;
 
 absl::StatusOr<LatentFiles> ListLatentFiles(const std::string& dir) {
   static const std::regex kName(R"((?:(.*)_)?latent(\d+)\.txt)");
@@ -89,18 +89,18 @@ absl::StatusOr<LatentFiles> ListLatentFiles(const std::string& dir) {
       return absl::InvalidArgumentError(
           absl::StrCat(entry.path().string(), ": latent ", match[2].str(), " is out of range"));
     }
-    files[match[1].str()][latent] = entry.path();
+    files[match[1].str()][latent] = entry.path().string();
   }
   if (ec) return absl::InvalidArgumentError(absl::StrCat(dir, ": ", ec.message()));
   return files;
 }
 
-absl::StatusOr<std::string> ReadDelphiExplanation(const fs::path& path) {
-  ASSIGN_OR_RETURN(const std::string content, ReadFileToString(path.string()));
+absl::StatusOr<std::string> ReadDelphiExplanation(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string content, ReadFileToString(path));
   const nlohmann::json text = nlohmann::json::parse(content, nullptr, false);
   if (!text.is_string()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path.string(), ": not a JSON string (delphi's explanation file)"));
+        absl::StrCat(path, ": not a JSON string (delphi's explanation file)"));
   }
   return text.get<std::string>();
 }
@@ -137,6 +137,7 @@ absl::StatusOr<DelphiRun> LocateDelphiRun(const std::string& path, const std::st
   const fs::path root(path);
   const bool whole_run = fs::is_directory(root / "explanations", ec);
   run.explanations_dir = whole_run ? (root / "explanations").string() : path;
+  ASSIGN_OR_RETURN(run.explanation_files, ListLatentFiles(run.explanations_dir));
   std::vector<fs::path> candidates;
   if (!scores.empty()) {
     if (whole_run) candidates.push_back(root / "scores" / scores);
@@ -161,10 +162,9 @@ absl::StatusOr<DelphiRun> LocateDelphiRun(const std::string& path, const std::st
   return run;
 }
 
-absl::StatusOr<std::vector<std::string>> DelphiModules(const std::string& dir) {
-  ASSIGN_OR_RETURN(const LatentFiles files, ListLatentFiles(dir));
+std::vector<std::string> DelphiModules(const DelphiRun& run) {
   std::vector<std::string> modules;
-  for (const auto& [module, latents] : files) modules.push_back(module);
+  for (const auto& [module, latents] : run.explanation_files) modules.push_back(module);
   return modules;
 }
 
@@ -232,24 +232,24 @@ absl::StatusOr<ClassifierScore> ParseClassifierScore(absl::string_view json) {
 
 absl::StatusOr<std::vector<v1::LatentExplanation>> ReadDelphiExplanations(
     const DelphiRun& run, const std::string& module) {
-  ASSIGN_OR_RETURN(LatentFiles explanations, ListLatentFiles(run.explanations_dir));
   LatentFiles scores;
   if (!run.scores_dir.empty()) {
     ASSIGN_OR_RETURN(scores, ListLatentFiles(run.scores_dir));
   }
-  const std::map<int32_t, fs::path>& scored = scores[module];
+  const std::map<int32_t, std::string>& scored = scores[module];
+  const auto explained = run.explanation_files.find(module);
+  if (explained == run.explanation_files.end()) return std::vector<v1::LatentExplanation>();
   std::vector<v1::LatentExplanation> out;
-  for (const auto& [latent, path] : explanations[module]) {
+  for (const auto& [latent, path] : explained->second) {
     v1::LatentExplanation e;
     e.set_latent(latent);
     ASSIGN_OR_RETURN(*e.mutable_text(), ReadDelphiExplanation(path));
     e.set_source("delphi");
     if (const auto it = scored.find(latent); it != scored.end()) {
-      ASSIGN_OR_RETURN(const std::string verdicts, ReadFileToString(it->second.string()));
+      ASSIGN_OR_RETURN(const std::string verdicts, ReadFileToString(it->second));
       absl::StatusOr<ClassifierScore> score = ParseClassifierScore(verdicts);
       if (!score.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(it->second.string(), ": ", score.status().message()));
+        return absl::InvalidArgumentError(absl::StrCat(it->second, ": ", score.status().message()));
       }
       if (score->answered > 0) {
         e.set_score(score->balanced_accuracy);

@@ -5,6 +5,7 @@
 #define LATENTD_CLIENT_EXPLANATION_FILES_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -31,16 +32,20 @@ struct DelphiRun {
   std::string scores_dir;
   // Its name (the directory's), kept in each scored explanation's source ("delphi/detection").
   std::string scorer;
+  // The explanation files in explanations_dir, listed once: module -> latent -> path
+  // (<module>_latent<J>.txt; latent<J>.txt is module "").
+  std::map<std::string, std::map<int32_t, std::string>> explanation_files;
 };
 
 // `path` is a delphi run's directory (holding explanations/ and scores/) or an explanations
 // directory. `scores` names the scores to read: a scorer under the run's scores/, or a
 // directory; empty: the run's scores/detection, else its scores/fuzz, else none. NOT_FOUND for a
-// missing path or scorer.
+// missing path or scorer; INVALID_ARGUMENT naming a file whose latent is out of range.
 absl::StatusOr<DelphiRun> LocateDelphiRun(const std::string& path, const std::string& scores);
 
-// The modules that have latent files in `dir`, sorted ("" for files named latent<J>.txt).
-absl::StatusOr<std::vector<std::string>> DelphiModules(const std::string& dir);
+// The modules that have explanation files in the run, sorted ("" for files named
+// latent<J>.txt).
+std::vector<std::string> DelphiModules(const DelphiRun& run);
 
 // The module to read among `modules`: `requested` when given (INVALID_ARGUMENT if it has no
 // files); else the only one; else `hook` where it is one of them (latentctl's delphi export

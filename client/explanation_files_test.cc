@@ -54,9 +54,7 @@ TEST(DelphiTest, ExplanationsDirectoryOfOneModule) {
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_EQ(run->explanations_dir, dir.string());
   EXPECT_EQ(run->scores_dir, "");  // not a whole run: nothing to score with
-  auto modules = DelphiModules(dir.string());
-  ASSERT_TRUE(modules.ok()) << modules.status();
-  EXPECT_EQ(*modules, std::vector<std::string>{"layers.6"});
+  EXPECT_EQ(DelphiModules(*run), std::vector<std::string>{"layers.6"});
   auto got = ReadDelphiExplanations(*run, "layers.6");
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->size(), 2u);  // by latent
@@ -67,6 +65,8 @@ TEST(DelphiTest, ExplanationsDirectoryOfOneModule) {
   EXPECT_EQ((*got)[1].source(), "delphi");
   EXPECT_FALSE((*got)[1].has_score());
   Write(dir / "layers.6_latent8.txt", "digits without quotes");
+  run = LocateDelphiRun(dir.string(), "");
+  ASSERT_TRUE(run.ok()) << run.status();
   got = ReadDelphiExplanations(*run, "layers.6");
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(got.status().message().find("layers.6_latent8.txt: not a JSON string"),
@@ -139,22 +139,21 @@ TEST(DelphiTest, WholeRunOfSeveralModulesWithScores) {
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_EQ(run->explanations_dir, (root / "explanations").string());
   EXPECT_EQ(run->scorer, "detection");  // detection before fuzz
-  auto modules = DelphiModules(run->explanations_dir);
-  ASSERT_TRUE(modules.ok()) << modules.status();
-  EXPECT_EQ(modules->size(), 2u);
+  const std::vector<std::string> modules = DelphiModules(*run);
+  EXPECT_EQ(modules.size(), 2u);
   // Several modules: the dataset's hook picks, or --module; else a clear refusal.
-  EXPECT_EQ(ChooseDelphiModule(*modules, "", "blocks.2.hook_resid_post").value(),
+  EXPECT_EQ(ChooseDelphiModule(modules, "", "blocks.2.hook_resid_post").value(),
             "blocks.2.hook_resid_post");
   EXPECT_EQ(
-      ChooseDelphiModule(*modules, "blocks.1.hook_resid_post", "blocks.2.hook_resid_post").value(),
+      ChooseDelphiModule(modules, "blocks.1.hook_resid_post", "blocks.2.hook_resid_post").value(),
       "blocks.1.hook_resid_post");
-  absl::Status refused = ChooseDelphiModule(*modules, "", "blocks.0.hook_resid_post").status();
+  absl::Status refused = ChooseDelphiModule(modules, "", "blocks.0.hook_resid_post").status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.message().find("2 modules (blocks.1.hook_resid_post, "
                                    "blocks.2.hook_resid_post)"),
             std::string::npos)
       << refused;
-  EXPECT_EQ(ChooseDelphiModule(*modules, "layers.6", "").status().code(),
+  EXPECT_EQ(ChooseDelphiModule(modules, "layers.6", "").status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ChooseDelphiModule({"layers.6"}, "", "blocks.0.hook_resid_post").value(), "layers.6");
 
