@@ -92,6 +92,20 @@ class DenseProjectionTest : public ::testing::Test {
     EXPECT_EQ(static_cast<int32_t>(got.histogram.size()), o.bins);
     EXPECT_GT(got.histogram.front(), 0);  // the minimum's
     EXPECT_GT(got.histogram.back(), 0);   // the maximum's
+    // Each bin as recounted from the float64 projections over [min, max] (a row within rounding
+    // of a bin edge may fall on either side of it).
+    const auto [lo, hi] = std::minmax_element(rows.begin(), rows.end(),
+                                              [&](int64_t a, int64_t b) { return p[a] < p[b]; });
+    EXPECT_NEAR(got.min, p[*lo], 1e-4 * (1 + std::abs(p[*lo])));
+    EXPECT_NEAR(got.max, p[*hi], 1e-4 * (1 + std::abs(p[*hi])));
+    std::vector<int64_t> recounted(o.bins, 0);
+    for (int64_t r : rows) {
+      const double at = (p[r] - p[*lo]) / (p[*hi] - p[*lo]) * o.bins;
+      ++recounted[std::min<int64_t>(static_cast<int64_t>(at), o.bins - 1)];
+    }
+    int64_t moved = 0;
+    for (int32_t b = 0; b < o.bins; ++b) moved += std::abs(got.histogram[b] - recounted[b]);
+    EXPECT_LE(moved, 2) << "bins differ beyond an edge row";
     for (const bool largest : {true, false}) {
       std::vector<int64_t> ranked = rows;
       if (o.distinct_sequences) {  // each sequence's extreme row alone
